@@ -1,0 +1,114 @@
+//! Stable error codes of the HTTP API and the status each maps to (SPEC §9).
+
+/// A stable error code. The string form is a public contract.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorCode {
+    /// 400: the body is not JSON, or not the JSON this endpoint takes.
+    InvalidJson,
+    /// 400: a field has a bad value; the message names it.
+    InvalidField,
+    /// 400: the message has no recipients.
+    NoRecipients,
+    /// 401: the client certificate is not one the hub issued.
+    UnknownCertificate,
+    /// 401: the client certificate was revoked.
+    CertificateRevoked,
+    /// 403: the certificate's role may not use this endpoint.
+    WrongRole,
+    /// 403: the thing exists but belongs to another host or producer.
+    NotYours,
+    /// 404: no such thing.
+    NotFound,
+    /// 409: the idempotency key was used with different content.
+    IdempotencyConflict,
+    /// 409: the claim is not held by this instance and token (any more).
+    StaleClaim,
+    /// 409: the delivery is not in a state that allows this transition.
+    InvalidTransition,
+    /// 409: the report id was used with different content.
+    ReportConflict,
+    /// 409: another instance of this host still holds work; only one instance may be active.
+    InstanceConflict,
+    /// 413: the body or a field is over its size bound.
+    TooLarge,
+    /// 429: a capacity bound is reached.
+    OverCapacity,
+    /// 503: the store cannot be written or read right now.
+    StorageUnavailable,
+    /// 503: the hub is shutting down.
+    ShuttingDown,
+    /// 500: a bug; details are in the hub's log.
+    Internal,
+}
+
+impl ErrorCode {
+    /// Every code.
+    pub const ALL: [ErrorCode; 18] = [
+        ErrorCode::InvalidJson,
+        ErrorCode::InvalidField,
+        ErrorCode::NoRecipients,
+        ErrorCode::UnknownCertificate,
+        ErrorCode::CertificateRevoked,
+        ErrorCode::WrongRole,
+        ErrorCode::NotYours,
+        ErrorCode::NotFound,
+        ErrorCode::IdempotencyConflict,
+        ErrorCode::StaleClaim,
+        ErrorCode::InvalidTransition,
+        ErrorCode::ReportConflict,
+        ErrorCode::InstanceConflict,
+        ErrorCode::TooLarge,
+        ErrorCode::OverCapacity,
+        ErrorCode::StorageUnavailable,
+        ErrorCode::ShuttingDown,
+        ErrorCode::Internal,
+    ];
+
+    /// The stable string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::InvalidJson => "invalid_json",
+            ErrorCode::InvalidField => "invalid_field",
+            ErrorCode::NoRecipients => "no_recipients",
+            ErrorCode::UnknownCertificate => "unknown_certificate",
+            ErrorCode::CertificateRevoked => "certificate_revoked",
+            ErrorCode::WrongRole => "wrong_role",
+            ErrorCode::NotYours => "not_yours",
+            ErrorCode::NotFound => "not_found",
+            ErrorCode::IdempotencyConflict => "idempotency_conflict",
+            ErrorCode::StaleClaim => "stale_claim",
+            ErrorCode::InvalidTransition => "invalid_transition",
+            ErrorCode::ReportConflict => "report_conflict",
+            ErrorCode::InstanceConflict => "instance_conflict",
+            ErrorCode::TooLarge => "too_large",
+            ErrorCode::OverCapacity => "over_capacity",
+            ErrorCode::StorageUnavailable => "storage_unavailable",
+            ErrorCode::ShuttingDown => "shutting_down",
+            ErrorCode::Internal => "internal",
+        }
+    }
+
+    /// Parses the stable string back into a code.
+    pub fn parse(s: &str) -> Option<ErrorCode> {
+        ErrorCode::ALL.into_iter().find(|c| c.as_str() == s)
+    }
+
+    /// The HTTP status this code is sent with.
+    pub fn status(self) -> u16 {
+        match self {
+            ErrorCode::InvalidJson | ErrorCode::InvalidField | ErrorCode::NoRecipients => 400,
+            ErrorCode::UnknownCertificate | ErrorCode::CertificateRevoked => 401,
+            ErrorCode::WrongRole | ErrorCode::NotYours => 403,
+            ErrorCode::NotFound => 404,
+            ErrorCode::IdempotencyConflict
+            | ErrorCode::StaleClaim
+            | ErrorCode::InvalidTransition
+            | ErrorCode::ReportConflict
+            | ErrorCode::InstanceConflict => 409,
+            ErrorCode::TooLarge => 413,
+            ErrorCode::OverCapacity => 429,
+            ErrorCode::StorageUnavailable | ErrorCode::ShuttingDown => 503,
+            ErrorCode::Internal => 500,
+        }
+    }
+}

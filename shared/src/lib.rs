@@ -1,0 +1,28 @@
+//! Code both Baton binaries use: the wire types of the HTTP API, identifier grammar, error
+//! codes, default limits, the certificate authority helpers, the strict SQLite open sequence
+//! and crash points for fault tests.
+//!
+//! Layout:
+//! - `ids`: identifier grammar and roles.
+//! - `states`: delivery states and attempt outcomes.
+//! - `wire`: request and response bodies (the public API contract).
+//! - `error`: stable error codes and their HTTP statuses.
+//! - `limits`: default bounds.
+//! - `pki`: CA creation, certificate issue, identity from a verified certificate.
+//! - `sqlite`: opening a store with pragmas asserted and migrations applied.
+//! - `crash`: crash points, compiled in only for fault tests.
+//! - `duration`: human durations (`"30s"`) in configuration.
+//!
+//! Invariant: nothing here opens a socket or a listener.
+
+pub mod crash;
+pub mod duration;
+pub mod error;
+pub mod ids;
+pub mod limits;
+pub mod pki;
+pub mod sqlite;
+pub mod states;
+pub mod wire;
+
+pub use crash::crash_point;

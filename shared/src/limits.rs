@@ -1,0 +1,29 @@
+//! Default bounds shared by the hub and the node. Every one is configurable; these are the
+//! values used when the configuration does not say otherwise.
+
+use std::time::Duration;
+
+/// Largest payload (serialised JSON) a message may carry.
+pub const PAYLOAD_BYTES_MAX_DEFAULT: u64 = 256 * 1024;
+/// Largest result body a report may carry.
+pub const RESULT_BYTES_MAX_DEFAULT: u64 = 64 * 1024;
+/// Largest number of deliveries one claim returns.
+pub const CLAIM_BATCH_MAX_DEFAULT: u32 = 64;
+/// Longest a claim or a message read may wait for news.
+pub const LONG_POLL_WAIT_MAX_DEFAULT: Duration = Duration::from_secs(30);
+/// Most recipients one message may name.
+pub const RECIPIENTS_MAX_DEFAULT: u32 = 64;
+/// Most deliveries waiting (queued or held) for one host before accepts are refused with 429.
+pub const QUEUED_PER_HOST_MAX_DEFAULT: u64 = 1_000_000;
+/// How long idempotency keys (and the messages behind them) are kept.
+pub const RETENTION_DEFAULT: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Largest request body the hub reads; bigger bodies get 413 before they are buffered.
+pub const REQUEST_BODY_BYTES_MAX_DEFAULT: u64 = 1024 * 1024;
+/// Longest reason text an operator or a node may attach.
+pub const REASON_CHARS_MAX: usize = 1024;
+
+/// How much longer than the longest long-poll a client waits for an answer.
+pub const CLIENT_TIMEOUT_MARGIN: Duration = Duration::from_secs(15);
+
+const _: () = assert!(PAYLOAD_BYTES_MAX_DEFAULT < REQUEST_BODY_BYTES_MAX_DEFAULT);
+const _: () = assert!(RESULT_BYTES_MAX_DEFAULT < REQUEST_BODY_BYTES_MAX_DEFAULT);

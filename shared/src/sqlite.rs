@@ -1,0 +1,257 @@
+//! Opening a Baton SQLite store the strict way, shared by the hub and the node.
+//!
+//! The sequence: refuse a file that is not a database or fails `quick_check`; refuse a schema
+//! newer than this binary; set and read back every pragma; then apply the numbered migrations
+//! in one transaction each. Nothing here ever rewrites a database it refuses.
+
+use rusqlite::{Connection, OpenFlags};
+use rusqlite_migration::{M, Migrations};
+use std::path::Path;
+use std::time::Duration;
+
+/// How long a connection waits for another writer's lock before giving up.
+pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// SQLite's `synchronous` setting for a store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Synchronous {
+    /// Every commit is fsynced before it returns. The default, and what the answers promise.
+    Full,
+    /// Commits may be lost on power failure (not on a process crash). Faster; warned about.
+    Normal,
+}
+
+impl Synchronous {
+    fn pragma_value(self) -> i64 {
+        match self {
+            Synchronous::Full => 2,
+            Synchronous::Normal => 1,
+        }
+    }
+}
+
+/// Why a store could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The file is not an SQLite database, or is damaged.
+    #[error("{path} is damaged or not a Baton database ({detail}); refusing to use it")]
+    Damaged {
+        /// The file.
+        path: String,
+        /// What SQLite said.
+        detail: String,
+    },
+    /// The schema is newer than this binary knows.
+    #[error(
+        "{path} has schema version {found}, newer than this binary's {known}; refusing to use it (upgrade the binary)"
+    )]
+    TooNew {
+        /// The file.
+        path: String,
+        /// The version in the file.
+        found: i64,
+        /// The newest version this binary knows.
+        known: i64,
+    },
+    /// A pragma did not take the value it was set to.
+    #[error("{path}: pragma {pragma} reads back {found}, expected {expected}")]
+    Pragma {
+        /// The file.
+        path: String,
+        /// The pragma.
+        pragma: &'static str,
+        /// What it read back.
+        found: String,
+        /// What it was set to.
+        expected: String,
+    },
+    /// The file does not exist and creation was not asked for.
+    #[error("{path} does not exist")]
+    Missing {
+        /// The file.
+        path: String,
+    },
+    /// A migration failed; the database is left as it was.
+    #[error("{path}: migration failed: {detail}")]
+    Migration {
+        /// The file.
+        path: String,
+        /// What went wrong.
+        detail: String,
+    },
+    /// Any other SQLite error while opening.
+    #[error("{path}: {source}")]
+    Sqlite {
+        /// The file.
+        path: String,
+        /// The error.
+        #[source]
+        source: rusqlite::Error,
+    },
+}
+
+/// How to open a store.
+#[derive(Debug, Clone, Copy)]
+pub struct OpenOptions {
+    /// The `synchronous` setting for writers.
+    pub synchronous: Synchronous,
+    /// Create the file when it does not exist.
+    pub create: bool,
+    /// Open read-only (no migrations, no pragmas that write).
+    pub read_only: bool,
+    /// Run `PRAGMA quick_check` before using the file.
+    pub check: bool,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions { synchronous: Synchronous::Full, create: true, read_only: false, check: true }
+    }
+}
+
+/// Opens (and migrates) a store at `path` with the given ordered migration scripts.
+pub fn open(path: &Path, migrations: &[&'static str], opts: OpenOptions) -> Result<Connection, OpenError> {
+    let shown = path.display().to_string();
+    let sql_err = |source| OpenError::Sqlite { path: shown.clone(), source };
+    let exists = path.exists();
+    if !exists && (!opts.create || opts.read_only) {
+        return Err(OpenError::Missing { path: shown });
+    }
+    let flags = if opts.read_only {
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX
+    } else {
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX
+    };
+    let mut conn = Connection::open_with_flags(path, flags).map_err(sql_err)?;
+    conn.busy_timeout(BUSY_TIMEOUT).map_err(sql_err)?;
+    let damaged = |e: rusqlite::Error| OpenError::Damaged { path: shown.clone(), detail: e.to_string() };
+    let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).map_err(damaged)?;
+    if exists && opts.check {
+        let check: String = conn.query_row("PRAGMA quick_check", [], |r| r.get(0)).map_err(damaged)?;
+        if check != "ok" {
+            return Err(OpenError::Damaged { path: shown, detail: format!("quick_check: {check}") });
+        }
+    }
+    let known = migrations.len() as i64;
+    if version > known {
+        return Err(OpenError::TooNew { path: shown, found: version, known });
+    }
+    if opts.read_only {
+        conn.pragma_update(None, "query_only", true).map_err(sql_err)?;
+        return Ok(conn);
+    }
+    set_and_check(&conn, &shown, "journal_mode", "wal", |c| {
+        c.query_row("PRAGMA journal_mode=WAL", [], |r| r.get::<_, String>(0))
+    })?;
+    conn.pragma_update(None, "synchronous", opts.synchronous.pragma_value()).map_err(sql_err)?;
+    check_pragma(&conn, &shown, "synchronous", &opts.synchronous.pragma_value().to_string())?;
+    conn.pragma_update(None, "foreign_keys", true).map_err(sql_err)?;
+    check_pragma(&conn, &shown, "foreign_keys", "1")?;
+    check_pragma(&conn, &shown, "busy_timeout", &BUSY_TIMEOUT.as_millis().to_string())?;
+    let ms = Migrations::new(migrations.iter().map(|s| M::up(s)).collect());
+    ms.to_latest(&mut conn).map_err(|e| OpenError::Migration { path: shown.clone(), detail: e.to_string() })?;
+    Ok(conn)
+}
+
+fn set_and_check(
+    conn: &Connection,
+    path: &str,
+    pragma: &'static str,
+    expected: &str,
+    set: impl FnOnce(&Connection) -> rusqlite::Result<String>,
+) -> Result<(), OpenError> {
+    let found = set(conn).map_err(|source| OpenError::Sqlite { path: path.to_string(), source })?;
+    if found.eq_ignore_ascii_case(expected) {
+        Ok(())
+    } else {
+        Err(OpenError::Pragma { path: path.to_string(), pragma, found, expected: expected.to_string() })
+    }
+}
+
+fn check_pragma(conn: &Connection, path: &str, pragma: &'static str, expected: &str) -> Result<(), OpenError> {
+    let found: rusqlite::types::Value = conn
+        .query_row(&format!("PRAGMA {pragma}"), [], |r| r.get(0))
+        .map_err(|source| OpenError::Sqlite { path: path.to_string(), source })?;
+    let found = match found {
+        rusqlite::types::Value::Integer(i) => i.to_string(),
+        rusqlite::types::Value::Text(t) => t,
+        other => format!("{other:?}"),
+    };
+    if found == expected {
+        Ok(())
+    } else {
+        Err(OpenError::Pragma { path: path.to_string(), pragma, found, expected: expected.to_string() })
+    }
+}
+
+/// Reads back the pragmas a writer depends on, as `(name, value)` pairs, for status output.
+pub fn pragmas(conn: &Connection) -> rusqlite::Result<Vec<(&'static str, String)>> {
+    let mut out = Vec::new();
+    for p in ["journal_mode", "synchronous", "foreign_keys", "busy_timeout", "user_version"] {
+        let v: rusqlite::types::Value = conn.query_row(&format!("PRAGMA {p}"), [], |r| r.get(0))?;
+        let v = match v {
+            rusqlite::types::Value::Integer(i) => i.to_string(),
+            rusqlite::types::Value::Text(t) => t,
+            other => format!("{other:?}"),
+        };
+        out.push((p, v));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: &[&str] = &["CREATE TABLE t(x INTEGER);", "ALTER TABLE t ADD COLUMN y TEXT;"];
+
+    #[test]
+    fn fresh_store_is_migrated_with_pragmas_asserted() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let conn = open(&path, MS, OpenOptions::default()).unwrap();
+        let p = pragmas(&conn).unwrap();
+        assert!(p.contains(&("journal_mode", "wal".into())));
+        assert!(p.contains(&("synchronous", "2".into())));
+        assert!(p.contains(&("foreign_keys", "1".into())));
+        assert!(p.contains(&("user_version", "2".into())));
+    }
+
+    #[test]
+    fn newer_schema_is_refused_and_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        drop(open(&path, MS, OpenOptions::default()).unwrap());
+        let err = open(&path, &MS[..1], OpenOptions::default()).unwrap_err();
+        assert!(matches!(err, OpenError::TooNew { found: 2, known: 1, .. }), "{err}");
+        let conn = open(&path, MS, OpenOptions::default()).unwrap();
+        assert_eq!(pragmas(&conn).unwrap()[4].1, "2");
+    }
+
+    #[test]
+    fn garbage_file_is_refused_and_not_rewritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let garbage = vec![0x42u8; 8192];
+        std::fs::write(&path, &garbage).unwrap();
+        let err = open(&path, MS, OpenOptions::default()).unwrap_err();
+        assert!(matches!(err, OpenError::Damaged { .. }), "{err}");
+        assert_eq!(std::fs::read(&path).unwrap(), garbage);
+    }
+
+    #[test]
+    fn failed_migration_leaves_data_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let conn = open(&path, &MS[..1], OpenOptions::default()).unwrap();
+        conn.execute("INSERT INTO t(x) VALUES (7)", []).unwrap();
+        drop(conn);
+        let bad: &[&str] = &[MS[0], "ALTER TABLE t ADD COLUMN y TEXT; THIS IS NOT SQL;"];
+        assert!(open(&path, bad, OpenOptions::default()).is_err());
+        let conn = open(&path, &MS[..1], OpenOptions::default()).unwrap();
+        let x: i64 = conn.query_row("SELECT x FROM t", [], |r| r.get(0)).unwrap();
+        assert_eq!(x, 7);
+        assert_eq!(pragmas(&conn).unwrap()[4].1, "1");
+    }
+}

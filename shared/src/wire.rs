@@ -1,0 +1,232 @@
+//! The HTTP API's request and response bodies (SPEC §12). These are the public contract:
+//! fields may be added, none renamed. Requests refuse unknown fields so that a typo is an
+//! error instead of a silently ignored option.
+
+use crate::states::{DeliveryState, Outcome};
+use serde::{Deserialize, Serialize};
+
+/// `POST /v1/messages`: a producer submits a message into a conversation.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubmitRequest {
+    /// The conversation the message belongs to.
+    pub conversation: String,
+    /// The producer-chosen idempotency key.
+    pub idempotency_key: String,
+    /// Any JSON value; handed to the harness on stdin.
+    pub payload: serde_json::Value,
+    /// The recipient hosts; when absent, the conversation's members.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<Vec<String>>,
+}
+
+/// One delivery as summarised in an accept answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeliverySummary {
+    /// The delivery's id.
+    pub delivery_id: String,
+    /// The recipient host.
+    pub host: String,
+    /// The delivery's state when the answer was made.
+    pub state: DeliveryState,
+}
+
+/// The answer to `POST /v1/messages` (201 new, 200 replay).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SubmitResponse {
+    /// The hub-assigned message id.
+    pub message_id: String,
+    /// The message's sequence number in its conversation.
+    pub seq: i64,
+    /// True when this answer is a replay of an earlier accept with the same key and content.
+    pub duplicate: bool,
+    /// One delivery per recipient host.
+    pub deliveries: Vec<DeliverySummary>,
+}
+
+/// One attempt (an execution and its reported outcome).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AttemptView {
+    /// The hub-assigned attempt id.
+    pub attempt_id: String,
+    /// The node-scoped report id the outcome arrived with.
+    pub report_id: String,
+    /// How the turn ended.
+    pub outcome: Outcome,
+    /// The harness's exit status, when it exited.
+    pub exit_code: Option<i32>,
+    /// How long the turn ran.
+    pub duration_ms: Option<u64>,
+    /// The bounded result body (the harness's stdout).
+    pub result: Option<String>,
+    /// Why the outcome is what it is (timeout, shutdown, crash), when the node said.
+    pub reason: Option<String>,
+    /// When the hub recorded it (unix milliseconds).
+    pub reported_at_ms: i64,
+}
+
+/// One delivery with its attempts, as a producer or operator reads it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeliveryView {
+    /// The delivery's id.
+    pub delivery_id: String,
+    /// The recipient host.
+    pub host: String,
+    /// Its current state.
+    pub state: DeliveryState,
+    /// Why it is failed, unknown or held, when it is.
+    pub reason: Option<String>,
+    /// When its state last changed (unix milliseconds).
+    pub updated_at_ms: i64,
+    /// Its attempts, oldest first.
+    pub attempts: Vec<AttemptView>,
+}
+
+/// `GET /v1/messages/{id}`: a message with its deliveries and their attempts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MessageView {
+    /// The hub-assigned message id.
+    pub message_id: String,
+    /// The conversation.
+    pub conversation: String,
+    /// The sequence number in the conversation.
+    pub seq: i64,
+    /// The producer that submitted it.
+    pub producer: String,
+    /// The producer's idempotency key.
+    pub idempotency_key: String,
+    /// The payload as submitted.
+    pub payload: serde_json::Value,
+    /// When it was accepted (unix milliseconds).
+    pub accepted_at_ms: i64,
+    /// Its deliveries.
+    pub deliveries: Vec<DeliveryView>,
+}
+
+/// `POST /v1/claims`: a node asks for work.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClaimRequest {
+    /// The claiming node instance.
+    pub instance_id: String,
+    /// At most this many deliveries (bounded by the hub's batch limit).
+    #[serde(default)]
+    pub max: Option<u32>,
+    /// Wait up to this long for claimable work (bounded by the hub's long-poll limit).
+    #[serde(default)]
+    pub wait_ms: Option<u64>,
+}
+
+/// A delivery handed to a node, by a claim or in its holdings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClaimedDelivery {
+    /// The delivery's id.
+    pub delivery_id: String,
+    /// The message's id.
+    pub message_id: String,
+    /// The conversation.
+    pub conversation: String,
+    /// The message's sequence number in the conversation.
+    pub seq: i64,
+    /// The payload.
+    pub payload: serde_json::Value,
+    /// The token that binds this claim to the claiming instance.
+    pub claim_token: String,
+    /// The delivery's state on the hub (claimed in a claim answer).
+    pub state: DeliveryState,
+}
+
+/// The answer to `POST /v1/claims`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClaimResponse {
+    /// The claimed deliveries, oldest first. Empty when the wait elapsed.
+    pub deliveries: Vec<ClaimedDelivery>,
+}
+
+/// The answer to `GET /v1/holdings`: claimed, mirrored, or delivered without an outcome.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HoldingsResponse {
+    /// What the instance holds, oldest first.
+    pub deliveries: Vec<ClaimedDelivery>,
+}
+
+/// `POST /v1/deliveries/{id}/mirrored` and `/ack`: the holder moves its delivery on.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HolderRequest {
+    /// The holding instance.
+    pub instance_id: String,
+    /// The claim token from the claim.
+    pub claim_token: String,
+}
+
+/// `POST /v1/deliveries/{id}/reject`: the holder refuses a delivery.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RejectRequest {
+    /// The holding instance.
+    pub instance_id: String,
+    /// The claim token from the claim.
+    pub claim_token: String,
+    /// Why the node refuses it.
+    pub reason: String,
+}
+
+/// The answer to mirrored, ack and reject.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TransitionResponse {
+    /// The delivery's id.
+    pub delivery_id: String,
+    /// Its state after the call.
+    pub state: DeliveryState,
+    /// False when the call repeated a transition already made (nothing changed).
+    pub changed: bool,
+}
+
+/// `POST /delivery-report`: the outcome of one attempt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReportRequest {
+    /// The delivery the attempt ran.
+    pub delivery_id: String,
+    /// The holding instance.
+    pub instance_id: String,
+    /// The claim token from the claim.
+    pub claim_token: String,
+    /// Node-scoped idempotency key: the same id again is counted once.
+    pub report_id: String,
+    /// How the turn ended.
+    pub outcome: Outcome,
+    /// The harness's exit status, when it exited.
+    #[serde(default)]
+    pub exit_code: Option<i32>,
+    /// How long the turn ran.
+    #[serde(default)]
+    pub duration_ms: Option<u64>,
+    /// The bounded result body.
+    #[serde(default)]
+    pub result: Option<String>,
+    /// Why the outcome is what it is (timeout, shutdown, crash).
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+/// The answer to `POST /delivery-report`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReportResponse {
+    /// The recorded attempt.
+    pub attempt: AttemptView,
+    /// The delivery it belongs to.
+    pub delivery_id: String,
+    /// True when this report id was already recorded (nothing was added).
+    pub duplicate: bool,
+}
+
+/// Every error answer: a stable code and a human message.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// Stable, machine-readable code (see `ErrorCode`).
+    pub code: String,
+    /// What went wrong, for a human; never contains internals.
+    pub message: String,
+}
