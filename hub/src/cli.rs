@@ -1,0 +1,916 @@
+//! The operator CLI (SPEC §10). Every command takes `--data-dir`; listing commands take
+//! `--json`; changing commands take `--reason` (recorded with the operator's name).
+//!
+//! Commands that change the record open the database directly (the hub may or may not be
+//! running; SQLite serialises the writers) and then wake a running hub through its socket.
+
+use crate::config::{CONFIG_TEMPLATE, HubConfig};
+use crate::datadir::{DATA_DIR_DEFAULT, DATA_DIR_ENV, DataDir};
+use crate::store::accept::{self, AcceptLimits, Accepted, NewMessage};
+use crate::store::claim::{FenceKind, FenceScope};
+use crate::store::operator::{self, Selector};
+use crate::store::read::{self, DeliveryFilter};
+use crate::store::{self, StoreError, in_write_txn};
+use crate::{now_ms, wake};
+use baton_shared::ids::{Role, check_key, check_name};
+use baton_shared::pki::{self, LeafKind};
+use clap::{Args, Parser, Subcommand};
+use rusqlite::Connection;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Exit status: success.
+pub const EXIT_OK: u8 = 0;
+/// Exit status: nothing matched (not found, nothing to do).
+pub const EXIT_NOT_FOUND: u8 = 1;
+/// Exit status: bad usage or input (clap uses it too).
+pub const EXIT_USAGE: u8 = 2;
+/// Exit status: the store or the configuration was refused (damaged, too new, invalid).
+pub const EXIT_REFUSED: u8 = 3;
+/// Exit status: any other failure.
+pub const EXIT_FAILURE: u8 = 4;
+
+const EXIT_CODES_HELP: &str = "Exit status: 0 ok; 1 not found or nothing to do; 2 usage or invalid input; \
+3 store or configuration refused (damaged, newer than this binary, invalid); 4 other failure.";
+
+/// The Baton hub: delivery record, mTLS API and operator commands.
+#[derive(Debug, Parser)]
+#[command(name = "baton-hub", version, about, after_help = EXIT_CODES_HELP)]
+pub struct Cli {
+    /// The hub's data directory.
+    #[arg(long, global = true, env = DATA_DIR_ENV, default_value = DATA_DIR_DEFAULT)]
+    pub data_dir: PathBuf,
+    /// Operator name recorded with changes.
+    #[arg(long, global = true, env = "BATON_OPERATOR")]
+    pub operator: Option<String>,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Operator commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create the data directory, the database, the CA and the hub's server certificate.
+    Init {
+        /// Extra DNS names or IP addresses nodes dial (localhost, 127.0.0.1 and ::1 are always included).
+        #[arg(long = "hostname", value_name = "NAME")]
+        hostnames: Vec<String>,
+    },
+    /// Run the hub.
+    Serve {
+        /// ADDR:PORT to listen on; port 0 picks a free port (printed, and written to DIR/hub.addr).
+        #[arg(long)]
+        listen: Option<String>,
+        /// Configuration file (default DIR/hub.toml when it exists).
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Issue a certificate for a node host or a producer.
+    #[command(subcommand)]
+    Enroll(Enroll),
+    /// Revoke every certificate of a name (or one serial). Takes effect on the next request.
+    Revoke {
+        /// Host or producer name, or a certificate serial.
+        name: String,
+        /// Why (recorded).
+        #[command(flatten)]
+        why: Reason,
+    },
+    /// Issue a fresh certificate for an enrolled name.
+    Renew {
+        /// Host or producer name.
+        name: String,
+        /// Where to write NAME.crt, NAME.key and ca.crt.
+        #[arg(long)]
+        out: PathBuf,
+        /// Validity in days.
+        #[arg(long, default_value_t = 365)]
+        days: u32,
+    },
+    /// Retire a host: no more work; its pending deliveries fail (mirrored ones become unknown).
+    Retire {
+        /// The host.
+        host: String,
+        /// Why (recorded).
+        #[command(flatten)]
+        why: Reason,
+    },
+    /// Requeue what a node instance that is gone for good holds.
+    Requeue {
+        /// The instance id (see `deliveries list`).
+        #[arg(long)]
+        instance: String,
+        /// Why (recorded).
+        #[command(flatten)]
+        why: Reason,
+    },
+    /// Fences: pause, hold or block a conversation, a host, or everything.
+    #[command(subcommand)]
+    Fence(FenceCmd),
+    /// The held queue.
+    #[command(subcommand)]
+    Held(HeldCmd),
+    /// Inspect and cancel deliveries.
+    #[command(subcommand)]
+    Deliveries(DeliveriesCmd),
+    /// Submit a message by hand.
+    Send {
+        /// The conversation.
+        #[arg(long)]
+        conversation: String,
+        /// Recipient hosts, comma-separated.
+        #[arg(long, value_delimiter = ',', required = true)]
+        to: Vec<String>,
+        /// Idempotency key.
+        #[arg(long)]
+        key: String,
+        /// The payload as JSON text.
+        #[arg(long, conflicts_with = "payload_file")]
+        payload: Option<String>,
+        /// A file holding the payload JSON.
+        #[arg(long)]
+        payload_file: Option<PathBuf>,
+        /// Producer name the message is recorded under (keys are scoped to it).
+        #[arg(long, default_value = "operator")]
+        producer: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Overview of the record.
+    Status {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write a consistent copy of the database while the hub runs.
+    Backup {
+        /// The copy's path (must not exist).
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Check the record's invariants offline; lists every problem found.
+    Verify {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Validate a configuration file and exit.
+    #[command(subcommand)]
+    Config(ConfigCmd),
+}
+
+/// `enroll` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Enroll {
+    /// A node host: writes DIR/HOST.crt, DIR/HOST.key, DIR/ca.crt.
+    Node(EnrollArgs),
+    /// A producer: writes DIR/NAME.crt, DIR/NAME.key, DIR/ca.crt.
+    Producer(EnrollArgs),
+}
+
+/// Arguments of `enroll`.
+#[derive(Debug, Args)]
+pub struct EnrollArgs {
+    /// Host or producer name.
+    pub name: String,
+    /// Output directory.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Validity in days.
+    #[arg(long, default_value_t = 365)]
+    pub days: u32,
+}
+
+/// `--reason`, recorded with changes.
+#[derive(Debug, Args)]
+pub struct Reason {
+    /// Why; recorded with the operator's name.
+    #[arg(long, default_value = "no reason given")]
+    pub reason: String,
+}
+
+/// `fence` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum FenceCmd {
+    /// Matching deliveries stay queued until the fence lifts.
+    Pause(FenceSet),
+    /// Matching deliveries park in the held queue until released.
+    Hold(FenceSet),
+    /// Matching deliveries are refused: failed, naming the fence.
+    Block(FenceSet),
+    /// Lift a fence.
+    Lift {
+        /// The fence id.
+        id: i64,
+        /// Why (recorded).
+        #[command(flatten)]
+        why: Reason,
+    },
+    /// List active fences.
+    List {
+        /// Include lifted fences.
+        #[arg(long)]
+        all: bool,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// What a new fence covers.
+#[derive(Debug, Args)]
+#[group(required = true, multiple = false, id = "scope")]
+pub struct FenceTarget {
+    /// One conversation.
+    #[arg(long, group = "scope")]
+    pub conversation: Option<String>,
+    /// One host.
+    #[arg(long, group = "scope")]
+    pub host: Option<String>,
+    /// Everything.
+    #[arg(long, group = "scope")]
+    pub all: bool,
+}
+
+/// Arguments of `fence pause|hold|block`.
+#[derive(Debug, Args)]
+pub struct FenceSet {
+    #[command(flatten)]
+    target: FenceTarget,
+    #[command(flatten)]
+    why: Reason,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `held` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum HeldCmd {
+    /// List held deliveries.
+    List {
+        /// Only this conversation.
+        #[arg(long)]
+        conversation: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Release one held delivery, or all of a conversation, back to queued.
+    Release {
+        /// The delivery id.
+        #[arg(required_unless_present = "conversation", conflicts_with = "conversation")]
+        id: Option<String>,
+        /// Release every held delivery of this conversation.
+        #[arg(long)]
+        conversation: Option<String>,
+        /// Why (recorded).
+        #[command(flatten)]
+        why: Reason,
+    },
+}
+
+/// `deliveries` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum DeliveriesCmd {
+    /// List deliveries, oldest first.
+    List {
+        /// Only this state.
+        #[arg(long)]
+        state: Option<String>,
+        /// Only this host.
+        #[arg(long)]
+        host: Option<String>,
+        /// Only this conversation.
+        #[arg(long)]
+        conversation: Option<String>,
+        /// At most this many.
+        #[arg(long, default_value_t = 1000)]
+        limit: u32,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One delivery with its event history and attempts.
+    Show {
+        /// The delivery id.
+        id: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Cancel a delivery that has not been delivered (it fails, naming you).
+    Cancel {
+        /// The delivery id.
+        id: String,
+        /// Why (recorded).
+        #[command(flatten)]
+        why: Reason,
+    },
+}
+
+/// `config` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum ConfigCmd {
+    /// Validate the configuration (default DIR/hub.toml) and exit 0 (valid) or 3 (invalid).
+    Check {
+        /// The file.
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+}
+
+/// A CLI failure with its exit status.
+#[derive(Debug)]
+pub struct CliError {
+    /// The exit status.
+    pub code: u8,
+    /// The message (printed once, to stderr).
+    pub message: String,
+}
+
+impl CliError {
+    fn new(code: u8, message: impl Into<String>) -> CliError {
+        CliError { code, message: message.into() }
+    }
+}
+
+impl From<StoreError> for CliError {
+    fn from(e: StoreError) -> Self {
+        let code = match e {
+            StoreError::NotFound(_) => EXIT_NOT_FOUND,
+            StoreError::Storage(_) => EXIT_FAILURE,
+            _ => EXIT_USAGE,
+        };
+        CliError::new(code, e.to_string())
+    }
+}
+
+impl From<baton_shared::sqlite::OpenError> for CliError {
+    fn from(e: baton_shared::sqlite::OpenError) -> Self {
+        CliError::new(EXIT_REFUSED, e.to_string())
+    }
+}
+
+impl From<std::io::Error> for CliError {
+    fn from(e: std::io::Error) -> Self {
+        CliError::new(EXIT_FAILURE, e.to_string())
+    }
+}
+
+impl From<baton_shared::ids::IdError> for CliError {
+    fn from(e: baton_shared::ids::IdError) -> Self {
+        CliError::new(EXIT_USAGE, e.to_string())
+    }
+}
+
+type CliResult = Result<(), CliError>;
+
+fn operator_name(cli_operator: Option<&str>) -> String {
+    let name = cli_operator
+        .map(str::to_string)
+        .or_else(|| std::env::var("USER").ok())
+        .unwrap_or_else(|| "operator".to_string());
+    if name.is_empty() { "operator".into() } else { name }
+}
+
+fn open_db(dir: &DataDir) -> Result<Connection, CliError> {
+    if !dir.db().exists() {
+        return Err(CliError::new(
+            EXIT_REFUSED,
+            format!(
+                "{} has no hub database; run `baton-hub init --data-dir {}` first",
+                dir.root().display(),
+                dir.root().display()
+            ),
+        ));
+    }
+    let config = HubConfig::load(None, &dir.config()).map_err(|e| CliError::new(EXIT_REFUSED, e))?;
+    Ok(store::open_write(&dir.db(), config.synchronous)?)
+}
+
+fn out() -> std::io::StdoutLock<'static> {
+    std::io::stdout().lock()
+}
+
+fn print_json(v: &impl serde::Serialize) -> CliResult {
+    let text = serde_json::to_string_pretty(v).map_err(|e| CliError::new(EXIT_FAILURE, e.to_string()))?;
+    writeln!(out(), "{text}")?;
+    Ok(())
+}
+
+/// Prints rows as an aligned table with a header.
+fn print_table(header: &[&str], rows: &[Vec<String>]) -> CliResult {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate() {
+            widths[i] = widths[i].max(cell.chars().count());
+        }
+    }
+    let mut o = out();
+    let line = |cells: Vec<String>| -> String {
+        let mut s = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            if i + 1 == cells.len() {
+                s.push_str(c);
+            } else {
+                s.push_str(&format!("{c:<w$}  ", w = widths[i]));
+            }
+        }
+        s.trim_end().to_string()
+    };
+    writeln!(o, "{}", line(header.iter().map(|h| h.to_string()).collect()))?;
+    for row in rows {
+        writeln!(o, "{}", line(row.clone()))?;
+    }
+    Ok(())
+}
+
+fn fmt_ms(ms: i64) -> String {
+    let t = time::OffsetDateTime::from_unix_timestamp_nanos(ms as i128 * 1_000_000)
+        .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
+    let f = time::macros::format_description!("[year]-[month]-[day] [hour]:[minute]:[second]");
+    t.format(&f).unwrap_or_default()
+}
+
+/// Runs one CLI command except `serve` (which `main` runs on the async runtime).
+pub fn run(cli: &Cli) -> CliResult {
+    let dir = DataDir::new(&cli.data_dir);
+    let op = operator_name(cli.operator.as_deref());
+    match &cli.command {
+        Command::Init { hostnames } => init(&dir, hostnames),
+        Command::Serve { .. } => Err(CliError::new(EXIT_FAILURE, "serve runs from main")),
+        Command::Enroll(e) => {
+            let (role, args) = match e {
+                Enroll::Node(a) => (Role::Node, a),
+                Enroll::Producer(a) => (Role::Producer, a),
+            };
+            enroll(&dir, role, &args.name, &args.out, args.days)
+        }
+        Command::Renew { name, out, days } => {
+            let conn = open_db(&dir)?;
+            let roles: Vec<String> = conn
+                .prepare("SELECT DISTINCT role FROM certificates WHERE name = ?1")
+                .and_then(|mut s| s.query_map([name], |r| r.get(0))?.collect())
+                .map_err(StoreError::from)?;
+            let role = match roles.as_slice() {
+                [r] => Role::parse(r).ok_or_else(|| CliError::new(EXIT_FAILURE, "bad role in the record"))?,
+                [] => return Err(CliError::new(EXIT_NOT_FOUND, format!("{name} was never enrolled"))),
+                _ => return Err(CliError::new(EXIT_USAGE, format!("{name} is enrolled as both node and producer"))),
+            };
+            enroll(&dir, role, name, out, *days)
+        }
+        Command::Revoke { name, why } => {
+            let conn = open_db(&dir)?;
+            let serials = in_write_txn(&conn, |c| operator::revoke(c, name, &op, &why.reason, now_ms()))?;
+            writeln!(out(), "revoked {} certificate(s) of {name}: {}", serials.len(), serials.join(", "))?;
+            Ok(())
+        }
+        Command::Retire { host, why } => {
+            let conn = open_db(&dir)?;
+            let swept = in_write_txn(&conn, |c| operator::retire(c, host, &op, &why.reason, now_ms()))?;
+            wake::notify(&dir.wake_socket());
+            writeln!(
+                out(),
+                "retired {host}: {} failed, {} unknown, {} delivered without outcome marked unknown",
+                swept.failed.len(),
+                swept.unknown.len(),
+                swept.outcome_unknown.len()
+            )?;
+            Ok(())
+        }
+        Command::Requeue { instance, why } => {
+            let conn = open_db(&dir)?;
+            let swept = in_write_txn(&conn, |c| operator::requeue_instance(c, instance, &op, &why.reason, now_ms()))?;
+            wake::notify(&dir.wake_socket());
+            writeln!(
+                out(),
+                "instance {instance}: {} requeued, {} delivered without outcome marked unknown",
+                swept.requeued.len(),
+                swept.outcome_unknown.len()
+            )?;
+            Ok(())
+        }
+        Command::Fence(f) => fence(&dir, &op, f),
+        Command::Held(h) => held(&dir, &op, h),
+        Command::Deliveries(d) => deliveries(&dir, &op, d),
+        Command::Send { conversation, to, key, payload, payload_file, producer, json } => {
+            send(&dir, conversation, to, key, payload.as_deref(), payload_file.as_deref(), producer, *json)
+        }
+        Command::Status { json } => status(&dir, *json),
+        Command::Backup { out: path } => backup(&dir, path),
+        Command::Verify { json } => verify(&dir, *json),
+        Command::Config(ConfigCmd::Check { config }) => match HubConfig::load(config.as_deref(), &dir.config()) {
+            Ok(_) => {
+                writeln!(out(), "configuration is valid")?;
+                Ok(())
+            }
+            Err(e) => Err(CliError::new(EXIT_REFUSED, e)),
+        },
+    }
+}
+
+fn write_new(path: &Path, contents: &str, private: bool) -> CliResult {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(if private { 0o600 } else { 0o644 })
+        .open(path)
+        .map_err(|e| CliError::new(EXIT_FAILURE, format!("{}: {e}", path.display())))?;
+    f.write_all(contents.as_bytes())?;
+    f.sync_all()?;
+    Ok(())
+}
+
+fn init(dir: &DataDir, hostnames: &[String]) -> CliResult {
+    if dir.ca_cert().exists() || dir.db().exists() {
+        return Err(CliError::new(
+            EXIT_USAGE,
+            format!("{} is already initialised; refusing to overwrite it", dir.root().display()),
+        ));
+    }
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir.root())?;
+    }
+    let ca = pki::create_ca("Baton hub CA").map_err(|e| CliError::new(EXIT_FAILURE, e.to_string()))?;
+    let mut names: Vec<String> = vec!["localhost".into(), "127.0.0.1".into(), "::1".into()];
+    for h in hostnames {
+        if !names.contains(h) {
+            names.push(h.clone());
+        }
+    }
+    let server = pki::issue(&ca.cert_pem, &ca.key_pem, &LeafKind::Server { hostnames: names.clone() })
+        .map_err(|e| CliError::new(EXIT_USAGE, e.to_string()))?;
+    write_new(&dir.ca_key(), &ca.key_pem, true)?;
+    write_new(&dir.ca_cert(), &ca.cert_pem, false)?;
+    write_new(&dir.server_key(), &server.key_pem, true)?;
+    write_new(&dir.server_cert(), &server.cert_pem, false)?;
+    if !dir.config().exists() {
+        write_new(&dir.config(), CONFIG_TEMPLATE, false)?;
+    }
+    drop(store::open_write(&dir.db(), baton_shared::sqlite::Synchronous::Full)?);
+    writeln!(out(), "initialised {} (server names: {})", dir.root().display(), names.join(", "))?;
+    Ok(())
+}
+
+fn enroll(dir: &DataDir, role: Role, name: &str, out_dir: &Path, days: u32) -> CliResult {
+    check_name("name", name)?;
+    if days == 0 || days > 3650 {
+        return Err(CliError::new(EXIT_USAGE, format!("--days {days} is out of range; allowed 1..=3650")));
+    }
+    let conn = open_db(dir)?;
+    let ca_cert = std::fs::read_to_string(dir.ca_cert())?;
+    let ca_key = std::fs::read_to_string(dir.ca_key())?;
+    let lifetime = Duration::from_secs(u64::from(days) * 24 * 3600);
+    let leaf = pki::issue(&ca_cert, &ca_key, &LeafKind::Client { role, name: name.into(), lifetime })
+        .map_err(|e| CliError::new(EXIT_USAGE, e.to_string()))?;
+    std::fs::create_dir_all(out_dir)?;
+    let cert_path = out_dir.join(format!("{name}.crt"));
+    let key_path = out_dir.join(format!("{name}.key"));
+    for p in [&cert_path, &key_path] {
+        if p.exists() {
+            return Err(CliError::new(EXIT_USAGE, format!("{} exists; refusing to overwrite it", p.display())));
+        }
+    }
+    in_write_txn(&conn, |c| {
+        if role == Role::Node {
+            let retired: Option<Option<i64>> = c
+                .query_row("SELECT retired_at FROM hosts WHERE name = ?1", [name], |r| r.get(0))
+                .map(Some)
+                .or_else(|e| if e == rusqlite::Error::QueryReturnedNoRows { Ok(None) } else { Err(e) })?;
+            if let Some(Some(_)) = retired {
+                return Err(StoreError::Invalid(format!("host {name} is retired")));
+            }
+            operator::add_host(c, name, now_ms())?;
+        }
+        operator::record_certificate(c, &leaf.serial, role.as_str(), name, leaf.not_after_unix, now_ms())?;
+        operator::record_operator_event(c, &format!("enroll_{role}"), name, "cli", None, now_ms())
+    })?;
+    write_new(&key_path, &leaf.key_pem, true)?;
+    write_new(&cert_path, &leaf.cert_pem, false)?;
+    let ca_out = out_dir.join("ca.crt");
+    if !ca_out.exists() {
+        write_new(&ca_out, &ca_cert, false)?;
+    }
+    writeln!(out(), "enrolled {role} {name}: {} (serial {})", cert_path.display(), leaf.serial)?;
+    Ok(())
+}
+
+fn fence(dir: &DataDir, op: &str, f: &FenceCmd) -> CliResult {
+    let conn = open_db(dir)?;
+    let (kind, set) = match f {
+        FenceCmd::Pause(s) => (FenceKind::Pause, s),
+        FenceCmd::Hold(s) => (FenceKind::Hold, s),
+        FenceCmd::Block(s) => (FenceKind::Block, s),
+        FenceCmd::Lift { id, why } => {
+            in_write_txn(&conn, |c| operator::fence_lift(c, *id, op, &why.reason, now_ms()))?;
+            wake::notify(&dir.wake_socket());
+            writeln!(out(), "lifted fence {id}")?;
+            return Ok(());
+        }
+        FenceCmd::List { all, json } => {
+            let rows = operator::fence_list(&conn, *all)?;
+            if *json {
+                return print_json(&rows);
+            }
+            let rows: Vec<Vec<String>> = rows
+                .iter()
+                .map(|r| {
+                    vec![
+                        r.id.to_string(),
+                        r.kind.clone(),
+                        r.scope.clone(),
+                        r.target.clone().unwrap_or_else(|| "*".into()),
+                        r.set_by.clone(),
+                        fmt_ms(r.set_at_ms),
+                        r.lifted_at_ms.map(fmt_ms).unwrap_or_else(|| "active".into()),
+                        r.reason.clone(),
+                    ]
+                })
+                .collect();
+            return print_table(&["ID", "KIND", "SCOPE", "TARGET", "SET BY", "SET AT", "LIFTED", "REASON"], &rows);
+        }
+    };
+    let (scope, target) = match (&set.target.conversation, &set.target.host, set.target.all) {
+        (Some(c), _, _) => {
+            check_name("conversation", c)?;
+            (FenceScope::Conversation, Some(c.as_str()))
+        }
+        (_, Some(h), _) => {
+            check_name("host", h)?;
+            (FenceScope::Host, Some(h.as_str()))
+        }
+        _ => (FenceScope::All, None),
+    };
+    let id = in_write_txn(&conn, |c| operator::fence_set(c, kind, scope, target, op, &set.why.reason, now_ms()))?;
+    if set.json {
+        return print_json(
+            &serde_json::json!({"id": id, "kind": kind.as_str(), "scope": scope.as_str(), "target": target}),
+        );
+    }
+    writeln!(
+        out(),
+        "fence {id}: {} {}{}",
+        kind.as_str(),
+        scope.as_str(),
+        target.map(|t| format!(" {t}")).unwrap_or_default()
+    )?;
+    Ok(())
+}
+
+fn delivery_rows(rows: &[read::DeliveryRow]) -> Vec<Vec<String>> {
+    rows.iter()
+        .map(|r| {
+            vec![
+                r.delivery_id.clone(),
+                r.host.clone(),
+                r.conversation.clone(),
+                r.seq.to_string(),
+                r.state.clone(),
+                r.outcome.clone().unwrap_or_else(|| "-".into()),
+                fmt_ms(r.updated_at_ms),
+                r.reason.clone().unwrap_or_default(),
+            ]
+        })
+        .collect()
+}
+
+const DELIVERY_HEADER: [&str; 8] = ["DELIVERY", "HOST", "CONVERSATION", "SEQ", "STATE", "OUTCOME", "UPDATED", "REASON"];
+
+fn held(dir: &DataDir, op: &str, h: &HeldCmd) -> CliResult {
+    let conn = open_db(dir)?;
+    match h {
+        HeldCmd::List { conversation, json } => {
+            let f = DeliveryFilter {
+                state: Some("held".into()),
+                conversation: conversation.clone(),
+                limit: 100_000,
+                ..Default::default()
+            };
+            let rows = read::list_deliveries(&conn, &f)?;
+            if *json {
+                return print_json(&rows);
+            }
+            print_table(&DELIVERY_HEADER, &delivery_rows(&rows))
+        }
+        HeldCmd::Release { id, conversation, why } => {
+            let sel = match (id, conversation) {
+                (Some(id), _) => Selector::Delivery(id),
+                (None, Some(c)) => Selector::Conversation(c),
+                (None, None) => return Err(CliError::new(EXIT_USAGE, "give a delivery id or --conversation")),
+            };
+            let ids = in_write_txn(&conn, |c| operator::release(c, sel, op, &why.reason, now_ms()))?;
+            wake::notify(&dir.wake_socket());
+            writeln!(out(), "released {} deliveries", ids.len())?;
+            if ids.is_empty() {
+                return Err(CliError::new(EXIT_NOT_FOUND, "nothing was held"));
+            }
+            Ok(())
+        }
+    }
+}
+
+fn deliveries(dir: &DataDir, op: &str, d: &DeliveriesCmd) -> CliResult {
+    let conn = open_db(dir)?;
+    match d {
+        DeliveriesCmd::List { state, host, conversation, limit, json } => {
+            if let Some(s) = state
+                && baton_shared::states::DeliveryState::parse(s).is_none()
+            {
+                return Err(CliError::new(
+                    EXIT_USAGE,
+                    format!("--state {s:?} is not one of queued, claimed, mirrored, delivered, held, failed, unknown"),
+                ));
+            }
+            let f = DeliveryFilter {
+                state: state.clone(),
+                host: host.clone(),
+                conversation: conversation.clone(),
+                limit: *limit,
+            };
+            let rows = read::list_deliveries(&conn, &f)?;
+            if *json {
+                return print_json(&rows);
+            }
+            print_table(&DELIVERY_HEADER, &delivery_rows(&rows))
+        }
+        DeliveriesCmd::Show { id, json } => {
+            let detail = read::delivery_detail(&conn, id)?;
+            if *json {
+                return print_json(&detail);
+            }
+            let d = &detail.delivery;
+            let mut o = out();
+            writeln!(o, "delivery      {}", d.delivery_id)?;
+            writeln!(o, "message       {}", d.message_id)?;
+            writeln!(o, "host          {}", d.host)?;
+            writeln!(o, "conversation  {} (seq {})", d.conversation, d.seq)?;
+            writeln!(o, "state         {}", d.state)?;
+            if let Some(i) = &d.instance_id {
+                writeln!(o, "instance      {i}")?;
+            }
+            if let Some(r) = &d.reason {
+                writeln!(o, "reason        {r}")?;
+            }
+            writeln!(o, "events:")?;
+            for e in &detail.events {
+                writeln!(
+                    o,
+                    "  {}  {:>9} -> {:<9}  {} {}{}",
+                    fmt_ms(e.at_ms),
+                    e.from_state.clone().unwrap_or_else(|| "(new)".into()),
+                    e.to_state,
+                    e.actor_kind,
+                    e.actor,
+                    e.reason.as_ref().map(|r| format!(": {r}")).unwrap_or_default()
+                )?;
+            }
+            writeln!(o, "attempts:")?;
+            for a in &detail.attempts {
+                writeln!(
+                    o,
+                    "  {}  {}  exit {}  {} ms{}",
+                    fmt_ms(a.reported_at_ms),
+                    a.outcome,
+                    a.exit_code.map(|c| c.to_string()).unwrap_or_else(|| "-".into()),
+                    a.duration_ms.map(|c| c.to_string()).unwrap_or_else(|| "-".into()),
+                    a.reason.as_ref().map(|r| format!("  ({r})")).unwrap_or_default()
+                )?;
+            }
+            Ok(())
+        }
+        DeliveriesCmd::Cancel { id, why } => {
+            in_write_txn(&conn, |c| operator::cancel(c, id, op, &why.reason, now_ms()))?;
+            wake::notify(&dir.wake_socket());
+            writeln!(out(), "cancelled {id}")?;
+            Ok(())
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn send(
+    dir: &DataDir,
+    conversation: &str,
+    to: &[String],
+    key: &str,
+    payload: Option<&str>,
+    payload_file: Option<&Path>,
+    producer: &str,
+    json: bool,
+) -> CliResult {
+    check_name("conversation", conversation)?;
+    check_key("key", key)?;
+    check_name("producer", producer)?;
+    for h in to {
+        check_name("to", h)?;
+    }
+    let text = match (payload, payload_file) {
+        (Some(p), _) => p.to_string(),
+        (None, Some(f)) => {
+            std::fs::read_to_string(f).map_err(|e| CliError::new(EXIT_USAGE, format!("{}: {e}", f.display())))?
+        }
+        (None, None) => return Err(CliError::new(EXIT_USAGE, "give --payload JSON or --payload-file FILE")),
+    };
+    let value: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| CliError::new(EXIT_USAGE, format!("payload is not JSON: {e}")))?;
+    let config = HubConfig::load(None, &dir.config()).map_err(|e| CliError::new(EXIT_REFUSED, e))?;
+    let payload = value.to_string();
+    if payload.len() as u64 > config.limits.payload_bytes_max {
+        return Err(CliError::new(
+            EXIT_USAGE,
+            format!("payload is {} bytes; at most {} are accepted", payload.len(), config.limits.payload_bytes_max),
+        ));
+    }
+    let mut to = to.to_vec();
+    to.sort();
+    to.dedup();
+    let msg = NewMessage {
+        producer: producer.into(),
+        conversation: conversation.into(),
+        idempotency_key: key.into(),
+        payload,
+        to,
+    };
+    let conn = open_db(dir)?;
+    let limits = AcceptLimits { queued_per_host_max: config.limits.queued_per_host_max };
+    let accepted = in_write_txn(&conn, |c| accept::accept(c, &msg, limits, now_ms()))?;
+    let (id, seq, duplicate) = match accepted {
+        Accepted::New { message_id, seq } => (message_id, seq, false),
+        Accepted::Duplicate { message_id, seq } => (message_id, seq, true),
+    };
+    let deliveries = in_write_txn(&conn, |c| accept::fan_out(c, &id, now_ms()))?;
+    wake::notify(&dir.wake_socket());
+    if json {
+        return print_json(&baton_shared::wire::SubmitResponse { message_id: id, seq, duplicate, deliveries });
+    }
+    writeln!(out(), "message {id} seq {seq}{}", if duplicate { " (duplicate: already accepted)" } else { "" })?;
+    for d in deliveries {
+        writeln!(out(), "  delivery {} -> {} ({})", d.delivery_id, d.host, d.state)?;
+    }
+    Ok(())
+}
+
+fn status(dir: &DataDir, json: bool) -> CliResult {
+    let conn = open_db(dir)?;
+    let s = read::status(&conn)?;
+    let running = wake::notify(&dir.wake_socket());
+    if json {
+        let mut v = serde_json::to_value(&s).map_err(|e| CliError::new(EXIT_FAILURE, e.to_string()))?;
+        v["hub_running"] = serde_json::Value::Bool(running);
+        return print_json(&v);
+    }
+    let mut o = out();
+    writeln!(o, "hub           {}", if running { "running" } else { "not running" })?;
+    writeln!(o, "schema        version {}", s.schema_version)?;
+    writeln!(o, "hosts         {}", s.hosts)?;
+    writeln!(o, "messages      {}", s.messages)?;
+    writeln!(o, "fan-out due   {}", s.pending_fanout)?;
+    writeln!(o, "fences        {} active", s.active_fences)?;
+    writeln!(o, "attempts      {}", s.attempts)?;
+    writeln!(o, "deliveries:")?;
+    for (state, n) in &s.deliveries {
+        writeln!(o, "  {state:<10} {n}")?;
+    }
+    Ok(())
+}
+
+fn backup(dir: &DataDir, path: &Path) -> CliResult {
+    if path.exists() {
+        return Err(CliError::new(EXIT_USAGE, format!("{} exists; refusing to overwrite it", path.display())));
+    }
+    let conn = open_db(dir)?;
+    let target = path.to_str().ok_or_else(|| CliError::new(EXIT_USAGE, "the backup path is not UTF-8"))?;
+    conn.execute("VACUUM INTO ?1", [target]).map_err(StoreError::from)?;
+    let copy = store::open_read(path)?;
+    let check: String = copy.query_row("PRAGMA integrity_check", [], |r| r.get(0)).map_err(StoreError::from)?;
+    if check != "ok" {
+        return Err(CliError::new(EXIT_FAILURE, format!("the copy failed its integrity check: {check}")));
+    }
+    writeln!(out(), "backup written to {} (integrity ok)", path.display())?;
+    Ok(())
+}
+
+fn verify(dir: &DataDir, json: bool) -> CliResult {
+    let conn = store::open_read(&dir.db())?;
+    let problems = crate::verify::check(&conn).map_err(CliError::from)?;
+    if json {
+        print_json(&serde_json::json!({"problems": problems}))?;
+    } else if problems.is_empty() {
+        writeln!(out(), "ok: no invariant violated")?;
+    } else {
+        for p in &problems {
+            writeln!(out(), "{p}")?;
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(CliError::new(EXIT_FAILURE, format!("{} problem(s) found", problems.len())))
+    }
+}

@@ -1,0 +1,269 @@
+//! The HTTP API (SPEC §12): the router, the error mapping, and the extractors for identity,
+//! JSON bodies and query strings. Every error leaves as `{code, message}` with its status;
+//! internals are logged, never sent.
+//!
+//! Layout: `node` (claims, holdings, mirrored/ack/reject, reports), `producer` (accept and
+//! read), `health` (healthz, readyz, metrics).
+
+mod health;
+mod node;
+mod producer;
+
+use crate::config::Limits;
+use crate::store::{Readers, StoreError, Writer};
+use crate::tls::PeerCerts;
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::StatusCode;
+use axum::http::request::Parts;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use baton_shared::error::ErrorCode;
+use baton_shared::ids::Role;
+use baton_shared::wire::ErrorBody;
+use metrics_exporter_prometheus::PrometheusHandle;
+use serde::de::DeserializeOwned;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+/// Everything a handler needs, shared by all requests.
+pub struct Shared {
+    /// The single writer.
+    pub writer: Writer,
+    /// Read connections.
+    pub readers: Arc<Readers>,
+    /// Bumped when work may have become claimable (fan-out, lift, release, requeue).
+    pub work: watch::Sender<u64>,
+    /// Bumped when a delivery moved or an attempt landed (producer long-polls).
+    pub outcomes: watch::Sender<u64>,
+    /// Bounds.
+    pub limits: Limits,
+    /// Cancelled when the hub shuts down; long-polls return early.
+    pub shutdown: CancellationToken,
+    /// Set once the store is open and repair is done.
+    pub ready: AtomicBool,
+    /// The Prometheus recorder's handle, when metrics are on.
+    pub metrics: Option<PrometheusHandle>,
+}
+
+/// The router's state.
+pub type AppState = Arc<Shared>;
+
+impl Shared {
+    /// Tells waiting claims that work may be claimable.
+    pub fn work_changed(&self) {
+        self.work.send_modify(|n| *n = n.wrapping_add(1));
+    }
+    /// Tells waiting producer reads that a delivery or attempt changed.
+    pub fn outcome_changed(&self) {
+        self.outcomes.send_modify(|n| *n = n.wrapping_add(1));
+    }
+    /// Whether the hub is ready to serve.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::SeqCst) && !self.shutdown.is_cancelled()
+    }
+}
+
+/// The whole API as an axum router (no sockets: tests can drive it directly).
+pub fn app(state: AppState) -> Router {
+    let body_max = state.limits.request_body_bytes_max as usize;
+    Router::new()
+        .route("/v1/messages", post(producer::submit).get(producer::get_by_key))
+        .route("/v1/messages/{message_id}", get(producer::get_by_id))
+        .route("/v1/claims", post(node::claim))
+        .route("/v1/holdings", get(node::holdings))
+        .route("/v1/deliveries/{delivery_id}/mirrored", post(node::mirrored))
+        .route("/v1/deliveries/{delivery_id}/ack", post(node::ack))
+        .route("/v1/deliveries/{delivery_id}/reject", post(node::reject))
+        .route("/delivery-report", post(node::report))
+        .route("/healthz", get(health::healthz))
+        .route("/readyz", get(health::readyz))
+        .route("/metrics", get(health::metrics))
+        .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such endpoint") })
+        .layer(axum::middleware::from_fn_with_state(state.clone(), refuse_large_bodies))
+        .layer(axum::extract::DefaultBodyLimit::max(body_max))
+        .with_state(state)
+}
+
+/// Refuses a body whose declared length is over the bound before reading any of it.
+async fn refuse_large_bodies(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    req: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let max = state.limits.request_body_bytes_max;
+    let declared = req
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if let Some(len) = declared
+        && len > max
+    {
+        return ApiError::new(
+            ErrorCode::TooLarge,
+            format!("request body is {len} bytes; at most {max} are read (limits.request_body_bytes_max)"),
+        )
+        .into_response();
+    }
+    next.run(req).await
+}
+
+/// An API error: a stable code (which fixes the status) and a message for humans.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    /// The stable code.
+    pub code: ErrorCode,
+    /// What went wrong.
+    pub message: String,
+}
+
+impl ApiError {
+    /// An error with `code` and `message`.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> ApiError {
+        ApiError { code, message: message.into() }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.code.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        metrics::counter!("baton_hub_http_errors_total", "code" => self.code.as_str()).increment(1);
+        (status, Json(ErrorBody { code: self.code.as_str().into(), message: self.message })).into_response()
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Storage(detail) => {
+                tracing::error!(error = %detail, "storage error");
+                ApiError::new(ErrorCode::StorageUnavailable, "the hub's storage is unavailable; retry later")
+            }
+            other => ApiError::new(other.code(), other.to_string()),
+        }
+    }
+}
+
+impl From<baton_shared::ids::IdError> for ApiError {
+    fn from(e: baton_shared::ids::IdError) -> Self {
+        ApiError::new(ErrorCode::InvalidField, e.to_string())
+    }
+}
+
+/// A JSON body whose rejections are API errors naming what is wrong.
+pub struct ApiJson<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        use axum::extract::rejection::JsonRejection;
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(v)) => Ok(ApiJson(v)),
+            Err(JsonRejection::BytesRejection(r)) if r.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                Err(ApiError::new(ErrorCode::TooLarge, "request body is over limits.request_body_bytes_max"))
+            }
+            Err(JsonRejection::MissingJsonContentType(_)) => {
+                Err(ApiError::new(ErrorCode::InvalidJson, "expected a JSON body with Content-Type: application/json"))
+            }
+            Err(r) => Err(ApiError::new(ErrorCode::InvalidJson, r.body_text())),
+        }
+    }
+}
+
+/// A query string whose rejections are API errors naming what is wrong.
+pub struct ApiQuery<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Query(v)) => Ok(ApiQuery(v)),
+            Err(r) => Err(ApiError::new(ErrorCode::InvalidField, r.body_text())),
+        }
+    }
+}
+
+/// Who is calling, read from the verified client certificate and checked against the record.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    /// node or producer.
+    pub role: Role,
+    /// The host or producer name.
+    pub name: String,
+}
+
+impl FromRequestParts<AppState> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+        let unknown = |m: String| ApiError::new(ErrorCode::UnknownCertificate, m);
+        let peer = parts.extensions.get::<PeerCerts>().ok_or_else(|| unknown("no client certificate".into()))?;
+        let leaf = peer.0.first().ok_or_else(|| unknown("no client certificate".into()))?;
+        let id = baton_shared::pki::peer_identity(leaf).map_err(|e| unknown(e.to_string()))?;
+        let serial = id.serial.clone();
+        let status = state.readers.read(move |c| crate::store::operator::cert_status(c, &serial)).await?;
+        match status {
+            None => Err(unknown(format!("certificate {} is not in the hub's record", id.serial))),
+            Some(s) if s.revoked => {
+                Err(ApiError::new(ErrorCode::CertificateRevoked, format!("certificate {} was revoked", id.serial)))
+            }
+            Some(s) if s.role != id.role.as_str() || s.name != id.name => {
+                Err(unknown(format!("certificate {} does not match the hub's record", id.serial)))
+            }
+            Some(_) => Ok(Caller { role: id.role, name: id.name }),
+        }
+    }
+}
+
+/// A caller holding a node certificate; the name is the host.
+pub struct NodeCaller(pub Caller);
+
+impl FromRequestParts<AppState> for NodeCaller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+        let c = Caller::from_request_parts(parts, state).await?;
+        if c.role != Role::Node {
+            return Err(ApiError::new(
+                ErrorCode::WrongRole,
+                format!("a {} certificate may not use node endpoints", c.role),
+            ));
+        }
+        Ok(NodeCaller(c))
+    }
+}
+
+/// A caller holding a producer certificate.
+pub struct ProducerCaller(pub Caller);
+
+impl FromRequestParts<AppState> for ProducerCaller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+        let c = Caller::from_request_parts(parts, state).await?;
+        if c.role != Role::Producer {
+            return Err(ApiError::new(
+                ErrorCode::WrongRole,
+                format!("a {} certificate may not use producer endpoints", c.role),
+            ));
+        }
+        Ok(ProducerCaller(c))
+    }
+}
+
+/// Checks an id taken from the URL path (ids are hub-made UUIDs).
+pub fn check_path_id(field: &'static str, id: &str) -> Result<(), ApiError> {
+    if uuid::Uuid::parse_str(id).is_ok() {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            ErrorCode::InvalidField,
+            format!("{field} {:?} is not a valid id", id.chars().take(80).collect::<String>()),
+        ))
+    }
+}

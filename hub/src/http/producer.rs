@@ -1,0 +1,155 @@
+//! Producer endpoints: accept a message, read it back (by id or idempotency key) with an
+//! optional long-poll for outcomes.
+
+use super::{ApiError, ApiJson, ApiQuery, AppState, ProducerCaller, check_path_id};
+use crate::now_ms;
+use crate::store::accept::{self, AcceptLimits, Accepted, NewMessage};
+use crate::store::read;
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use baton_shared::crash_point;
+use baton_shared::error::ErrorCode;
+use baton_shared::ids::{check_key, check_name};
+use baton_shared::wire::{MessageView, SubmitRequest, SubmitResponse};
+use serde::Deserialize;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Validates a submission into a `NewMessage`.
+fn validate(producer: &str, req: SubmitRequest, state: &AppState) -> Result<NewMessage, ApiError> {
+    check_name("conversation", &req.conversation)?;
+    check_key("idempotency_key", &req.idempotency_key)?;
+    let payload = serde_json::to_string(&req.payload)
+        .map_err(|e| ApiError::new(ErrorCode::InvalidJson, format!("payload: {e}")))?;
+    let max = state.limits.payload_bytes_max;
+    if payload.len() as u64 > max {
+        return Err(ApiError::new(
+            ErrorCode::TooLarge,
+            format!("payload is {} bytes; at most {max} are accepted (limits.payload_bytes_max)", payload.len()),
+        ));
+    }
+    let mut to = req.to.unwrap_or_default();
+    if to.is_empty() {
+        return Err(ApiError::new(
+            ErrorCode::NoRecipients,
+            "to: the message names no recipient hosts (give \"to\": [\"host\", …])",
+        ));
+    }
+    let max = state.limits.recipients_max as usize;
+    if to.len() > max {
+        return Err(ApiError::new(
+            ErrorCode::InvalidField,
+            format!("to: {} recipients; at most {max} are allowed (limits.recipients_max)", to.len()),
+        ));
+    }
+    for (i, host) in to.iter().enumerate() {
+        check_name("to", host).map_err(|e| ApiError::new(ErrorCode::InvalidField, format!("to[{i}]: {e}")))?;
+    }
+    to.sort();
+    to.dedup();
+    Ok(NewMessage {
+        producer: producer.to_string(),
+        conversation: req.conversation,
+        idempotency_key: req.idempotency_key,
+        payload,
+        to,
+    })
+}
+
+/// `POST /v1/messages`.
+pub(super) async fn submit(
+    ProducerCaller(caller): ProducerCaller,
+    State(state): State<AppState>,
+    ApiJson(req): ApiJson<SubmitRequest>,
+) -> Result<(StatusCode, Json<SubmitResponse>), ApiError> {
+    let msg = validate(&caller.name, req, &state)?;
+    let limits = AcceptLimits { queued_per_host_max: state.limits.queued_per_host_max };
+    crash_point("hub.accept.before_txn");
+    let accepted = state.writer.call(move |c| accept::accept(c, &msg, limits, now_ms())).await?;
+    let (message_id, seq, duplicate) = match accepted {
+        Accepted::New { message_id, seq } => {
+            crash_point("hub.accept.after_commit");
+            metrics::counter!("baton_hub_messages_accepted_total").increment(1);
+            (message_id, seq, false)
+        }
+        Accepted::Duplicate { message_id, seq } => {
+            metrics::counter!("baton_hub_messages_duplicate_total").increment(1);
+            (message_id, seq, true)
+        }
+    };
+    let id = message_id.clone();
+    let deliveries = state.writer.call(move |c| accept::fan_out(c, &id, now_ms())).await?;
+    if !duplicate {
+        state.work_changed();
+    }
+    let status = if duplicate { StatusCode::OK } else { StatusCode::CREATED };
+    Ok((status, Json(SubmitResponse { message_id, seq, duplicate, deliveries })))
+}
+
+/// Query of the message reads.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ReadQuery {
+    idempotency_key: Option<String>,
+    wait_ms: Option<u64>,
+}
+
+/// `GET /v1/messages/{message_id}`.
+pub(super) async fn get_by_id(
+    ProducerCaller(caller): ProducerCaller,
+    State(state): State<AppState>,
+    Path(message_id): Path<String>,
+    ApiQuery(q): ApiQuery<ReadQuery>,
+) -> Result<Json<MessageView>, ApiError> {
+    check_path_id("message_id", &message_id)?;
+    if q.idempotency_key.is_some() {
+        return Err(ApiError::new(ErrorCode::InvalidField, "idempotency_key: not taken with a message id"));
+    }
+    read_waiting(&state, &caller.name, message_id, q.wait_ms).await.map(Json)
+}
+
+/// `GET /v1/messages?idempotency_key=K`.
+pub(super) async fn get_by_key(
+    ProducerCaller(caller): ProducerCaller,
+    State(state): State<AppState>,
+    ApiQuery(q): ApiQuery<ReadQuery>,
+) -> Result<Json<MessageView>, ApiError> {
+    let key = q.idempotency_key.ok_or_else(|| ApiError::new(ErrorCode::InvalidField, "idempotency_key: required"))?;
+    check_key("idempotency_key", &key)?;
+    let producer = caller.name.clone();
+    let found = state.readers.read(move |c| read::message_id_by_key(c, &producer, &key)).await?;
+    let id = found.ok_or_else(|| ApiError::new(ErrorCode::NotFound, "no message with that idempotency key"))?;
+    read_waiting(&state, &caller.name, id, q.wait_ms).await.map(Json)
+}
+
+/// Reads a message; with `wait_ms`, waits until a delivery settles that had not settled when
+/// the read began (or all are settled already), or the wait elapses.
+async fn read_waiting(
+    state: &AppState,
+    producer: &str,
+    id: String,
+    wait_ms: Option<u64>,
+) -> Result<MessageView, ApiError> {
+    let wait = Duration::from_millis(wait_ms.unwrap_or(0)).min(state.limits.long_poll_wait_max);
+    let deadline = Instant::now() + wait;
+    let mut settled_at_start = None;
+    loop {
+        let mut rx = state.outcomes.subscribe();
+        let mid = id.clone();
+        let view = state.readers.read(move |c| read::message_view(c, &mid)).await?;
+        if view.producer != producer {
+            return Err(ApiError::new(ErrorCode::NotYours, "that message belongs to another producer"));
+        }
+        let settled = view.deliveries.iter().filter(|d| read::settled(d)).count();
+        let start = *settled_at_start.get_or_insert(settled);
+        if wait.is_zero() || settled > start || settled == view.deliveries.len() || Instant::now() >= deadline {
+            return Ok(view);
+        }
+        tokio::select! {
+            _ = rx.changed() => {}
+            _ = tokio::time::sleep_until(deadline) => {}
+            _ = state.shutdown.cancelled() => return Ok(view),
+        }
+    }
+}

@@ -1,0 +1,29 @@
+//! The Baton hub: the delivery record in transactional SQLite, the mTLS HTTP API that nodes and
+//! producers use, and the operator CLI.
+//!
+//! Layout:
+//! - `store`: the record (SQLite), behind one narrow interface; every state transition.
+//! - `config`: the hub's validated configuration and limits.
+//! - `datadir`: the files in the hub's data directory.
+//! - `tls`: the rustls server config and the accept loop that turns a verified client
+//!   certificate into a request extension.
+//! - `http`: the axum router (`app`), extractors, error mapping and handlers.
+//! - `server`: `run`, which opens the store, repairs, and serves until shutdown.
+//! - `wake`: the local socket through which CLI changes wake waiting long-polls.
+//! - `verify`: the offline invariant check.
+//! - `cli`: the operator commands.
+
+pub mod cli;
+pub mod config;
+pub mod datadir;
+pub mod http;
+pub mod server;
+pub mod store;
+pub mod tls;
+pub mod verify;
+pub mod wake;
+
+/// Wall-clock milliseconds since the Unix epoch, the unit of every stored timestamp.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}

@@ -1,0 +1,313 @@
+//! Acceptance, fan-out and startup repair (SPEC §3).
+//!
+//! Acceptance is one transaction: the message, its routing (recipient hosts) and a durable
+//! fan-out obligation. Fan-out runs after that commit, in its own transaction, creating one
+//! delivery per recipient and marking the obligation done. Startup repair runs every obligation
+//! a crash left pending before the hub serves a claim.
+//!
+//! Invariant: a message row exists iff its routing and obligation exist (same transaction), and
+//! an obligation is done iff every routed host has exactly one delivery.
+
+use super::transition::record_event;
+use super::{Actor, StoreError, StoreResult, new_id};
+use baton_shared::crash_point;
+use baton_shared::states::DeliveryState;
+use baton_shared::wire::DeliverySummary;
+use rusqlite::{Connection, OptionalExtension, named_params};
+use sha2::{Digest, Sha256};
+
+/// A validated submission, ready to be accepted.
+#[derive(Debug, Clone)]
+pub struct NewMessage {
+    /// The submitting producer (from its certificate, or the operator for `send`).
+    pub producer: String,
+    /// The conversation.
+    pub conversation: String,
+    /// The producer's idempotency key.
+    pub idempotency_key: String,
+    /// The payload as compact JSON text.
+    pub payload: String,
+    /// The recipient hosts, deduplicated and sorted.
+    pub to: Vec<String>,
+}
+
+impl NewMessage {
+    /// The content hash that decides "same content" for an idempotent replay.
+    pub fn content_hash(&self) -> String {
+        let mut h = Sha256::new();
+        for part in [self.conversation.as_str(), self.payload.as_str()] {
+            h.update((part.len() as u64).to_le_bytes());
+            h.update(part.as_bytes());
+        }
+        for host in &self.to {
+            h.update((host.len() as u64).to_le_bytes());
+            h.update(host.as_bytes());
+        }
+        h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+/// Bounds checked inside the acceptance transaction.
+#[derive(Debug, Clone, Copy)]
+pub struct AcceptLimits {
+    /// Most deliveries waiting (queued or held) per host.
+    pub queued_per_host_max: u64,
+}
+
+/// What an accept did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Accepted {
+    /// A new message was committed; fan-out must follow.
+    New {
+        /// Its id.
+        message_id: String,
+        /// Its sequence number.
+        seq: i64,
+    },
+    /// The same key and content were accepted before; nothing was added.
+    Duplicate {
+        /// The original message's id.
+        message_id: String,
+        /// Its sequence number.
+        seq: i64,
+    },
+}
+
+/// The acceptance transaction: message, routing, obligation. Call inside a write transaction.
+pub fn accept(conn: &Connection, msg: &NewMessage, limits: AcceptLimits, now_ms: i64) -> StoreResult<Accepted> {
+    let hash = msg.content_hash();
+    let existing: Option<(String, i64, String)> = conn
+        .prepare_cached("SELECT id, seq, content_hash FROM messages WHERE producer = ?1 AND idempotency_key = ?2")?
+        .query_row([&msg.producer, &msg.idempotency_key], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .optional()?;
+    if let Some((message_id, seq, old_hash)) = existing {
+        if old_hash == hash {
+            return Ok(Accepted::Duplicate { message_id, seq });
+        }
+        return Err(StoreError::IdempotencyConflict(format!(
+            "idempotency_key {:?} was already used by producer {} for different content (message {message_id})",
+            msg.idempotency_key, msg.producer
+        )));
+    }
+    for (i, host) in msg.to.iter().enumerate() {
+        check_recipient(conn, i, host)?;
+        let waiting: i64 = conn
+            .prepare_cached("SELECT count(*) FROM deliveries WHERE host = ?1 AND state IN ('queued', 'held')")?
+            .query_row([host], |r| r.get(0))?;
+        if waiting as u64 >= limits.queued_per_host_max {
+            return Err(StoreError::OverCapacity(format!(
+                "host {host} already has {waiting} deliveries waiting (queued_per_host_max = {})",
+                limits.queued_per_host_max
+            )));
+        }
+    }
+    let seq: i64 = conn
+        .prepare_cached(
+            "INSERT INTO conversations (name, last_seq) VALUES (?1, 1)
+             ON CONFLICT (name) DO UPDATE SET last_seq = last_seq + 1 RETURNING last_seq",
+        )?
+        .query_row([&msg.conversation], |r| r.get(0))?;
+    let message_id = new_id();
+    conn.prepare_cached(
+        "INSERT INTO messages (id, conversation, seq, producer, idempotency_key, content_hash, payload, accepted_at)
+         VALUES (:id, :c, :seq, :p, :k, :h, :payload, :now)",
+    )?
+    .execute(named_params! {
+        ":id": message_id, ":c": msg.conversation, ":seq": seq, ":p": msg.producer, ":k": msg.idempotency_key,
+        ":h": hash, ":payload": msg.payload, ":now": now_ms,
+    })?;
+    crash_point("hub.accept.after_message_insert");
+    let mut route = conn.prepare_cached("INSERT INTO message_recipients (message_id, host) VALUES (?1, ?2)")?;
+    for host in &msg.to {
+        route.execute([&message_id, host])?;
+    }
+    conn.prepare_cached("INSERT INTO fanout_obligations (message_id, created_at) VALUES (?1, ?2)")?
+        .execute(rusqlite::params![message_id, now_ms])?;
+    crash_point("hub.accept.before_commit");
+    Ok(Accepted::New { message_id, seq })
+}
+
+fn check_recipient(conn: &Connection, index: usize, host: &str) -> StoreResult<()> {
+    let row: Option<Option<i64>> = conn
+        .prepare_cached("SELECT retired_at FROM hosts WHERE name = ?1")?
+        .query_row([host], |r| r.get(0))
+        .optional()?;
+    match row {
+        None => Err(StoreError::Invalid(format!("to[{index}]: host {host:?} is not enrolled"))),
+        Some(Some(_)) => Err(StoreError::Invalid(format!("to[{index}]: host {host:?} is retired"))),
+        Some(None) => Ok(()),
+    }
+}
+
+/// Fan-out for one message: one queued delivery per routed host that has none yet, then the
+/// obligation is marked done. Idempotent. Returns the message's deliveries.
+pub fn fan_out(conn: &Connection, message_id: &str, now_ms: i64) -> StoreResult<Vec<DeliverySummary>> {
+    let pending: Option<Option<i64>> = conn
+        .prepare_cached("SELECT done_at FROM fanout_obligations WHERE message_id = ?1")?
+        .query_row([message_id], |r| r.get(0))
+        .optional()?;
+    if let Some(None) = pending {
+        crash_point("hub.fanout.before_first");
+        let (conversation, seq): (String, i64) = conn
+            .prepare_cached("SELECT conversation, seq FROM messages WHERE id = ?1")?
+            .query_row([message_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        let missing: Vec<String> = conn
+            .prepare_cached(
+                "SELECT r.host FROM message_recipients r
+                 WHERE r.message_id = ?1
+                   AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.message_id = r.message_id AND d.host = r.host)
+                 ORDER BY r.host",
+            )?
+            .query_map([message_id], |r| r.get(0))?
+            .collect::<Result<_, _>>()?;
+        let hub = Actor::hub();
+        for host in &missing {
+            let id = new_id();
+            conn.prepare_cached(
+                "INSERT INTO deliveries (id, message_id, host, conversation, seq, state, created_at, updated_at)
+                 VALUES (:id, :m, :h, :c, :seq, 'queued', :now, :now)",
+            )?
+            .execute(named_params! {":id": id, ":m": message_id, ":h": host, ":c": conversation, ":seq": seq, ":now": now_ms})?;
+            record_event(conn, &id, None, DeliveryState::Queued, &hub, None, Some("fan-out"), now_ms)?;
+            crash_point("hub.fanout.after_k");
+        }
+        crash_point("hub.fanout.before_mark_done");
+        conn.prepare_cached("UPDATE fanout_obligations SET done_at = ?2 WHERE message_id = ?1 AND done_at IS NULL")?
+            .execute(rusqlite::params![message_id, now_ms])?;
+    }
+    deliveries_of(conn, message_id)
+}
+
+/// The deliveries of one message, by host.
+pub fn deliveries_of(conn: &Connection, message_id: &str) -> StoreResult<Vec<DeliverySummary>> {
+    let rows = conn
+        .prepare_cached("SELECT id, host, state FROM deliveries WHERE message_id = ?1 ORDER BY host")?
+        .query_map([message_id], |r| {
+            let state: String = r.get(2)?;
+            Ok(DeliverySummary {
+                delivery_id: r.get(0)?,
+                host: r.get(1)?,
+                state: DeliveryState::parse(&state).unwrap_or(DeliveryState::Unknown),
+            })
+        })?
+        .collect::<Result<_, _>>()?;
+    Ok(rows)
+}
+
+/// Message ids whose fan-out a crash left pending, oldest first.
+pub fn pending_obligations(conn: &Connection, limit: usize) -> StoreResult<Vec<String>> {
+    let ids = conn
+        .prepare_cached(
+            "SELECT o.message_id FROM fanout_obligations o JOIN messages m ON m.id = o.message_id
+             WHERE o.done_at IS NULL ORDER BY m.accepted_at, m.id LIMIT ?1",
+        )?
+        .query_map([limit as i64], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    Ok(ids)
+}
+
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::*;
+
+    /// Accepts and fans out one message, returning its id.
+    pub(crate) fn accept_one(conn: &Connection, conversation: &str, key: &str, to: &[&str]) -> String {
+        let msg = NewMessage {
+            producer: "prod".into(),
+            conversation: conversation.into(),
+            idempotency_key: key.into(),
+            payload: "{}".into(),
+            to: to.iter().map(|s| s.to_string()).collect(),
+        };
+        let Accepted::New { message_id, .. } =
+            accept(conn, &msg, AcceptLimits { queued_per_host_max: 1 << 40 }, 1).unwrap()
+        else {
+            panic!("duplicate")
+        };
+        fan_out(conn, &message_id, 1).unwrap();
+        message_id
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::testing;
+
+    fn msg(key: &str, payload: &str, to: &[&str]) -> NewMessage {
+        NewMessage {
+            producer: "prod".into(),
+            conversation: "c1".into(),
+            idempotency_key: key.into(),
+            payload: payload.into(),
+            to: to.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+    const BIG: AcceptLimits = AcceptLimits { queued_per_host_max: 1000 };
+
+    #[test]
+    fn accept_then_fan_out_creates_one_delivery_per_host() {
+        let db = testing::db();
+        let Accepted::New { message_id, seq } =
+            accept(&db.conn, &msg("k", "1", &["host-a", "host-b"]), BIG, 5).unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(seq, 1);
+        assert!(deliveries_of(&db.conn, &message_id).unwrap().is_empty());
+        assert_eq!(pending_obligations(&db.conn, 10).unwrap(), vec![message_id.clone()]);
+        let d = fan_out(&db.conn, &message_id, 6).unwrap();
+        assert_eq!(d.len(), 2);
+        assert!(d.iter().all(|d| d.state == DeliveryState::Queued));
+        // Repair is idempotent: a second fan-out adds nothing.
+        assert_eq!(fan_out(&db.conn, &message_id, 7).unwrap(), d);
+        assert!(pending_obligations(&db.conn, 10).unwrap().is_empty());
+    }
+
+    #[test]
+    fn replay_and_conflict() {
+        let db = testing::db();
+        let first = accept(&db.conn, &msg("k", "1", &["host-a"]), BIG, 5).unwrap();
+        let Accepted::New { message_id, seq } = first else { panic!() };
+        assert_eq!(
+            accept(&db.conn, &msg("k", "1", &["host-a"]), BIG, 6).unwrap(),
+            Accepted::Duplicate { message_id, seq }
+        );
+        assert!(matches!(
+            accept(&db.conn, &msg("k", "2", &["host-a"]), BIG, 6),
+            Err(StoreError::IdempotencyConflict(_))
+        ));
+        assert!(matches!(
+            accept(&db.conn, &msg("k", "1", &["host-b"]), BIG, 6),
+            Err(StoreError::IdempotencyConflict(_))
+        ));
+        let n: i64 = db.conn.query_row("SELECT count(*) FROM messages", [], |r| r.get(0)).unwrap();
+        assert_eq!(n, 1);
+    }
+
+    #[test]
+    fn unknown_host_is_named_and_capacity_is_bounded() {
+        let db = testing::db();
+        let e = accept(&db.conn, &msg("k", "1", &["host-a", "nope"]), BIG, 5).unwrap_err();
+        assert!(e.to_string().contains("to[1]") && e.to_string().contains("nope"), "{e}");
+        let small = AcceptLimits { queued_per_host_max: 1 };
+        let Accepted::New { message_id, .. } = accept(&db.conn, &msg("k1", "1", &["host-a"]), small, 5).unwrap() else {
+            panic!()
+        };
+        fan_out(&db.conn, &message_id, 5).unwrap();
+        assert!(matches!(accept(&db.conn, &msg("k2", "1", &["host-a"]), small, 5), Err(StoreError::OverCapacity(_))));
+    }
+
+    #[test]
+    fn sequence_numbers_are_per_conversation() {
+        let db = testing::db();
+        let mut m = msg("a", "1", &["host-a"]);
+        let Accepted::New { seq: s1, .. } = accept(&db.conn, &m, BIG, 1).unwrap() else { panic!() };
+        m.idempotency_key = "b".into();
+        let Accepted::New { seq: s2, .. } = accept(&db.conn, &m, BIG, 1).unwrap() else { panic!() };
+        m.idempotency_key = "c".into();
+        m.conversation = "other".into();
+        let Accepted::New { seq: s3, .. } = accept(&db.conn, &m, BIG, 1).unwrap() else { panic!() };
+        assert_eq!((s1, s2, s3), (1, 2, 1));
+    }
+}

@@ -1,0 +1,464 @@
+//! Claims (with fences evaluated in the claim's own transaction), holdings, and the holder's
+//! mirrored / ack / reject (SPEC §2, §4, §5).
+//!
+//! Invariant: a host has at most one bound node instance. A claim from another instance is
+//! refused (`InstanceConflict`) while the bound one still holds anything; once it holds
+//! nothing, the new instance takes the binding (recorded as an operator-visible event).
+
+use super::transition::{self, Change, Holder};
+use super::{Actor, StoreError, StoreResult, new_token};
+use baton_shared::crash_point;
+use baton_shared::states::DeliveryState::{self, *};
+use baton_shared::wire::{ClaimedDelivery, TransitionResponse};
+use rusqlite::{Connection, OptionalExtension, named_params};
+
+/// Rows read per step while scanning the queue in a claim.
+const CLAIM_SCAN_CHUNK: i64 = 256;
+
+/// One active fence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    /// Its id.
+    pub id: i64,
+    /// pause, hold or block.
+    pub kind: FenceKind,
+    /// conversation, host or all.
+    pub scope: FenceScope,
+    /// The conversation or host, for those scopes.
+    pub target: Option<String>,
+    /// Why it was set.
+    pub reason: String,
+}
+
+/// What a fence does at claim time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum FenceKind {
+    /// Not handed out; stays queued.
+    Pause,
+    /// Parked in the held queue until released.
+    Hold,
+    /// Refused: failed.
+    Block,
+}
+
+impl FenceKind {
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FenceKind::Pause => "pause",
+            FenceKind::Hold => "hold",
+            FenceKind::Block => "block",
+        }
+    }
+    /// Parses a stored name.
+    pub fn parse(s: &str) -> Option<FenceKind> {
+        match s {
+            "pause" => Some(FenceKind::Pause),
+            "hold" => Some(FenceKind::Hold),
+            "block" => Some(FenceKind::Block),
+            _ => None,
+        }
+    }
+}
+
+/// What a fence covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FenceScope {
+    /// One conversation.
+    Conversation,
+    /// One host.
+    Host,
+    /// Everything.
+    All,
+}
+
+impl FenceScope {
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FenceScope::Conversation => "conversation",
+            FenceScope::Host => "host",
+            FenceScope::All => "all",
+        }
+    }
+    /// Parses a stored name.
+    pub fn parse(s: &str) -> Option<FenceScope> {
+        match s {
+            "conversation" => Some(FenceScope::Conversation),
+            "host" => Some(FenceScope::Host),
+            "all" => Some(FenceScope::All),
+            _ => None,
+        }
+    }
+}
+
+impl Fence {
+    fn covers(&self, conversation: &str, host: &str) -> bool {
+        match self.scope {
+            FenceScope::All => true,
+            FenceScope::Host => self.target.as_deref() == Some(host),
+            FenceScope::Conversation => self.target.as_deref() == Some(conversation),
+        }
+    }
+
+    /// How the fence names itself in a delivery's reason.
+    pub fn describe(&self) -> String {
+        let scope = match (&self.scope, &self.target) {
+            (FenceScope::All, _) => "everything".to_string(),
+            (s, Some(t)) => format!("{} {t}", s.as_str()),
+            (s, None) => s.as_str().to_string(),
+        };
+        format!("{} fence {} on {scope}: {}", self.kind.as_str(), self.id, self.reason)
+    }
+}
+
+/// The active (not lifted) fences.
+pub fn active_fences(conn: &Connection) -> StoreResult<Vec<Fence>> {
+    let rows = conn
+        .prepare_cached("SELECT id, kind, scope, target, reason FROM fences WHERE lifted_at IS NULL ORDER BY id")?
+        .query_map([], |r| {
+            let kind: String = r.get(1)?;
+            let scope: String = r.get(2)?;
+            Ok(Fence {
+                id: r.get(0)?,
+                kind: FenceKind::parse(&kind).unwrap_or(FenceKind::Block),
+                scope: FenceScope::parse(&scope).unwrap_or(FenceScope::All),
+                target: r.get(3)?,
+                reason: r.get(4)?,
+            })
+        })?
+        .collect::<Result<_, _>>()?;
+    Ok(rows)
+}
+
+/// The strongest fence covering a delivery (block over hold over pause), if any.
+pub fn strongest<'a>(fences: &'a [Fence], conversation: &str, host: &str) -> Option<&'a Fence> {
+    fences.iter().filter(|f| f.covers(conversation, host)).max_by_key(|f| (f.kind, std::cmp::Reverse(f.id)))
+}
+
+/// Whether the host row exists and is not retired; fails its queued work when it is retired.
+fn host_may_claim(conn: &Connection, host: &str, now_ms: i64) -> StoreResult<bool> {
+    let retired: Option<Option<i64>> = conn
+        .prepare_cached("SELECT retired_at FROM hosts WHERE name = ?1")?
+        .query_row([host], |r| r.get(0))
+        .optional()?;
+    match retired {
+        None => Err(StoreError::NotYours(format!("host {host} is not enrolled"))),
+        Some(None) => Ok(true),
+        Some(Some(_)) => {
+            let ids: Vec<String> = conn
+                .prepare_cached("SELECT id FROM deliveries WHERE host = ?1 AND state = 'queued'")?
+                .query_map([host], |r| r.get(0))?
+                .collect::<Result<_, _>>()?;
+            for id in ids {
+                let change = Change {
+                    delivery_id: &id,
+                    from: Queued,
+                    to: Failed,
+                    expect_holder: None,
+                    new_holder: None,
+                    reason: Some("host retired"),
+                };
+                transition::apply(conn, change, &Actor::hub(), now_ms)?;
+            }
+            Ok(false)
+        }
+    }
+}
+
+/// How many deliveries `instance_id` holds: claimed, mirrored, or delivered with no attempt.
+pub fn holding_count(conn: &Connection, instance_id: &str) -> StoreResult<i64> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT count(*) FROM deliveries d WHERE d.instance_id = ?1
+               AND (d.state IN ('claimed', 'mirrored')
+                    OR (d.state = 'delivered' AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id)))",
+        )?
+        .query_row([instance_id], |r| r.get(0))?)
+}
+
+/// Binds `instance_id` to `host`, or refuses when another instance still holds work.
+fn bind_instance(conn: &Connection, host: &str, instance_id: &str, now_ms: i64) -> StoreResult<()> {
+    let bound: Option<String> =
+        conn.prepare_cached("SELECT instance_id FROM hosts WHERE name = ?1")?.query_row([host], |r| r.get(0))?;
+    if bound.as_deref() == Some(instance_id) {
+        return Ok(());
+    }
+    if let Some(old) = &bound {
+        let held = holding_count(conn, old)?;
+        if held > 0 {
+            return Err(StoreError::InstanceConflict(format!(
+                "instance {old} of host {host} still holds {held} deliveries; only one instance of a host may be \
+                 active (restart it with its own data directory, or requeue its claims with \
+                 `baton-hub requeue --instance {old}` if it is gone for good)"
+            )));
+        }
+    }
+    conn.prepare_cached("UPDATE hosts SET instance_id = ?2, instance_since = ?3 WHERE name = ?1")?
+        .execute(rusqlite::params![host, instance_id, now_ms])?;
+    conn.prepare_cached(
+        "INSERT INTO operator_events (action, subject, operator, reason, at) VALUES ('bind_instance', ?1, 'hub', ?2, ?3)",
+    )?
+    .execute(rusqlite::params![
+        host,
+        format!("instance {instance_id} replaces {}", bound.as_deref().unwrap_or("none")),
+        now_ms
+    ])?;
+    Ok(())
+}
+
+/// The claim transaction: up to `max` queued deliveries for `host`, oldest first, with fences
+/// applied on the way (pause skips, hold parks, block fails).
+pub fn claim(
+    conn: &Connection,
+    host: &str,
+    instance_id: &str,
+    max: u32,
+    now_ms: i64,
+) -> StoreResult<Vec<ClaimedDelivery>> {
+    if !host_may_claim(conn, host, now_ms)? {
+        return Ok(Vec::new());
+    }
+    bind_instance(conn, host, instance_id, now_ms)?;
+    let fences = active_fences(conn)?;
+    crash_point("hub.claim.after_fence_eval");
+    let host_paused = fences.iter().any(|f| {
+        f.kind == FenceKind::Pause && matches!(f.scope, FenceScope::All | FenceScope::Host) && f.covers("", host)
+    });
+    if host_paused || max == 0 {
+        return Ok(Vec::new());
+    }
+    let mut out = Vec::new();
+    let mut after = 0i64;
+    let node = Actor::node(host);
+    let hub = Actor::hub();
+    'scan: loop {
+        let rows: Vec<(i64, String, String, String, i64, String)> = conn
+            .prepare_cached(
+                "SELECT d.n, d.id, d.message_id, d.conversation, d.seq, m.payload
+                 FROM deliveries d JOIN messages m ON m.id = d.message_id
+                 WHERE d.host = :host AND d.state = 'queued' AND d.n > :after
+                   AND NOT EXISTS (SELECT 1 FROM fences f WHERE f.lifted_at IS NULL AND f.kind = 'pause'
+                                   AND f.scope = 'conversation' AND f.target = d.conversation)
+                 ORDER BY d.n LIMIT :chunk",
+            )?
+            .query_map(named_params! {":host": host, ":after": after, ":chunk": CLAIM_SCAN_CHUNK}, |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?))
+            })?
+            .collect::<Result<_, _>>()?;
+        if rows.is_empty() {
+            break;
+        }
+        for (n, id, message_id, conversation, seq, payload) in rows {
+            after = n;
+            let fence = strongest(&fences, &conversation, host);
+            match fence.map(|f| f.kind) {
+                Some(FenceKind::Block) | Some(FenceKind::Hold) => {
+                    let f = fence.map(Fence::describe).unwrap_or_default();
+                    let to = if fence.map(|f| f.kind) == Some(FenceKind::Block) { Failed } else { Held };
+                    let reason = format!("{} by {f}", if to == Failed { "blocked" } else { "held" });
+                    let change = Change {
+                        delivery_id: &id,
+                        from: Queued,
+                        to,
+                        expect_holder: None,
+                        new_holder: None,
+                        reason: Some(&reason),
+                    };
+                    transition::apply(conn, change, &hub, now_ms)?;
+                }
+                Some(FenceKind::Pause) => {}
+                None => {
+                    let token = new_token();
+                    let holder = Holder { instance_id, claim_token: &token };
+                    let change = Change {
+                        delivery_id: &id,
+                        from: Queued,
+                        to: Claimed,
+                        expect_holder: None,
+                        new_holder: Some(holder),
+                        reason: None,
+                    };
+                    transition::apply(conn, change, &node, now_ms)?;
+                    let payload = serde_json::from_str(&payload).unwrap_or(serde_json::Value::Null);
+                    out.push(ClaimedDelivery {
+                        delivery_id: id,
+                        message_id,
+                        conversation,
+                        seq,
+                        payload,
+                        claim_token: token,
+                        state: Claimed,
+                    });
+                    if out.len() >= max as usize {
+                        break 'scan;
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// What `instance_id` holds on `host`: claimed, mirrored, or delivered without an outcome.
+pub fn holdings(conn: &Connection, host: &str, instance_id: &str) -> StoreResult<Vec<ClaimedDelivery>> {
+    let rows = conn
+        .prepare_cached(
+            "SELECT d.id, d.message_id, d.conversation, d.seq, m.payload, d.claim_token, d.state
+             FROM deliveries d JOIN messages m ON m.id = d.message_id
+             WHERE d.instance_id = :i AND d.host = :h
+               AND (d.state IN ('claimed', 'mirrored')
+                    OR (d.state = 'delivered' AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id)))
+             ORDER BY d.n",
+        )?
+        .query_map(named_params! {":i": instance_id, ":h": host}, |r| {
+            let payload: String = r.get(4)?;
+            let state: String = r.get(6)?;
+            Ok(ClaimedDelivery {
+                delivery_id: r.get(0)?,
+                message_id: r.get(1)?,
+                conversation: r.get(2)?,
+                seq: r.get(3)?,
+                payload: serde_json::from_str(&payload).unwrap_or(serde_json::Value::Null),
+                claim_token: r.get(5)?,
+                state: DeliveryState::parse(&state).unwrap_or(Unknown),
+            })
+        })?
+        .collect::<Result<_, _>>()?;
+    Ok(rows)
+}
+
+/// A delivery's host, state and holder, for the holder checks.
+struct HeldRow {
+    host: String,
+    state: DeliveryState,
+    instance_id: Option<String>,
+    claim_token: Option<String>,
+}
+
+fn load(conn: &Connection, delivery_id: &str, host: &str) -> StoreResult<HeldRow> {
+    let row = conn
+        .prepare_cached("SELECT host, state, instance_id, claim_token FROM deliveries WHERE id = ?1")?
+        .query_row([delivery_id], |r| {
+            let state: String = r.get(1)?;
+            Ok(HeldRow {
+                host: r.get(0)?,
+                state: DeliveryState::parse(&state).unwrap_or(Unknown),
+                instance_id: r.get(2)?,
+                claim_token: r.get(3)?,
+            })
+        })
+        .optional()?
+        .ok_or_else(|| StoreError::NotFound(format!("no delivery {delivery_id}")))?;
+    if row.host != host {
+        return Err(StoreError::NotYours(format!("delivery {delivery_id} is not for host {host}")));
+    }
+    Ok(row)
+}
+
+fn check_holder(row: &HeldRow, delivery_id: &str, holder: Holder<'_>) -> StoreResult<()> {
+    if row.instance_id.as_deref() == Some(holder.instance_id) && row.claim_token.as_deref() == Some(holder.claim_token)
+    {
+        return Ok(());
+    }
+    Err(StoreError::StaleClaim(format!(
+        "delivery {delivery_id} is {} and not held by instance {} with that claim token",
+        row.state, holder.instance_id
+    )))
+}
+
+/// The holder recorded its local copy: claimed → mirrored. Repeating it changes nothing.
+pub fn mirrored(
+    conn: &Connection,
+    host: &str,
+    delivery_id: &str,
+    holder: Holder<'_>,
+    now_ms: i64,
+) -> StoreResult<TransitionResponse> {
+    let row = load(conn, delivery_id, host)?;
+    check_holder(&row, delivery_id, holder)?;
+    holder_step(conn, host, delivery_id, holder, row.state, Claimed, Mirrored, &[Mirrored, Delivered], now_ms)
+}
+
+/// The holder acked the durable handoff: mirrored → delivered. Repeating it changes nothing.
+pub fn ack(
+    conn: &Connection,
+    host: &str,
+    delivery_id: &str,
+    holder: Holder<'_>,
+    now_ms: i64,
+) -> StoreResult<TransitionResponse> {
+    let row = load(conn, delivery_id, host)?;
+    check_holder(&row, delivery_id, holder)?;
+    holder_step(conn, host, delivery_id, holder, row.state, Mirrored, Delivered, &[Delivered], now_ms)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn holder_step(
+    conn: &Connection,
+    host: &str,
+    delivery_id: &str,
+    holder: Holder<'_>,
+    state: DeliveryState,
+    from: DeliveryState,
+    to: DeliveryState,
+    already: &[DeliveryState],
+    now_ms: i64,
+) -> StoreResult<TransitionResponse> {
+    if already.contains(&state) {
+        return Ok(TransitionResponse { delivery_id: delivery_id.into(), state, changed: false });
+    }
+    if state != from {
+        return Err(StoreError::InvalidTransition(format!(
+            "delivery {delivery_id} is {state}; it must be {from} to become {to}"
+        )));
+    }
+    let change = Change { delivery_id, from, to, expect_holder: Some(holder), new_holder: None, reason: None };
+    transition::apply(conn, change, &Actor::node(host), now_ms)?;
+    Ok(TransitionResponse { delivery_id: delivery_id.into(), state: to, changed: true })
+}
+
+/// The holder refuses the delivery: claimed or mirrored → failed, with its reason.
+pub fn reject(
+    conn: &Connection,
+    host: &str,
+    delivery_id: &str,
+    holder: Holder<'_>,
+    reason: &str,
+    now_ms: i64,
+) -> StoreResult<TransitionResponse> {
+    let row = load(conn, delivery_id, host)?;
+    if row.state == Failed {
+        // A repeated reject by the same instance is a no-op success.
+        let last: Option<(String, Option<String>)> = conn
+            .prepare_cached(
+                "SELECT actor_kind, instance_id FROM delivery_events WHERE delivery_id = ?1 ORDER BY id DESC LIMIT 1",
+            )?
+            .query_row([delivery_id], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()?;
+        if let Some((kind, Some(inst))) = last
+            && kind == "node"
+            && inst == holder.instance_id
+        {
+            return Ok(TransitionResponse { delivery_id: delivery_id.into(), state: Failed, changed: false });
+        }
+    }
+    check_holder(&row, delivery_id, holder)?;
+    if !matches!(row.state, Claimed | Mirrored) {
+        return Err(StoreError::InvalidTransition(format!(
+            "delivery {delivery_id} is {}; only claimed or mirrored deliveries can be rejected",
+            row.state
+        )));
+    }
+    let why = format!("rejected by node: {reason}");
+    let change = Change {
+        delivery_id,
+        from: row.state,
+        to: Failed,
+        expect_holder: Some(holder),
+        new_holder: None,
+        reason: Some(&why),
+    };
+    transition::apply(conn, change, &Actor::node(host), now_ms)?;
+    Ok(TransitionResponse { delivery_id: delivery_id.into(), state: Failed, changed: true })
+}

@@ -1,0 +1,243 @@
+//! The SPEC §2 transition table, and the one guarded update that every state change uses.
+//!
+//! Invariant: every change of `deliveries.state` goes through `apply`, which checks the pair
+//! against `allowed`, guards the UPDATE on the expected state (and holder, when given), checks
+//! the affected-row count, and appends the event in the same transaction.
+
+use super::{Actor, ActorKind, StoreError, StoreResult};
+use baton_shared::states::DeliveryState::{self, *};
+use rusqlite::{Connection, named_params};
+
+/// Whether `actor` may move a delivery from `from` to `to`: the SPEC §2 table, and nothing else.
+pub fn allowed(from: DeliveryState, to: DeliveryState, actor: ActorKind) -> bool {
+    use ActorKind::*;
+    matches!(
+        (from, to, actor),
+        (Queued, Claimed, Node)
+            | (Queued, Held, Hub)
+            | (Queued, Failed, Hub)
+            | (Held, Queued, Operator)
+            | (Queued | Held | Claimed | Mirrored, Failed, Operator)
+            | (Mirrored, Unknown, Operator)
+            | (Claimed | Mirrored, Queued, Operator)
+            | (Claimed, Mirrored, Node)
+            | (Claimed | Mirrored, Failed, Node)
+            | (Mirrored, Delivered, Node)
+    )
+}
+
+/// The holder a guarded transition expects (instance and claim token).
+#[derive(Debug, Clone, Copy)]
+pub struct Holder<'a> {
+    /// The holding instance.
+    pub instance_id: &'a str,
+    /// The claim token.
+    pub claim_token: &'a str,
+}
+
+/// One requested transition.
+#[derive(Debug, Clone, Copy)]
+pub struct Change<'a> {
+    /// The delivery.
+    pub delivery_id: &'a str,
+    /// The state it must be in now.
+    pub from: DeliveryState,
+    /// The state it moves to.
+    pub to: DeliveryState,
+    /// The holder it must have now, when the caller is a node.
+    pub expect_holder: Option<Holder<'a>>,
+    /// The new holder, when moving into claimed.
+    pub new_holder: Option<Holder<'a>>,
+    /// Why, recorded on the delivery (for failed, unknown, held) and in the event.
+    pub reason: Option<&'a str>,
+}
+
+/// Applies one transition: guarded UPDATE, row-count check, event row. Returns `InvalidTransition`
+/// when the table forbids it, and `StaleClaim` when the delivery is not (any more) in `from` with
+/// the expected holder.
+pub fn apply(conn: &Connection, change: Change<'_>, actor: &Actor, now_ms: i64) -> StoreResult<()> {
+    if !allowed(change.from, change.to, actor.kind) {
+        return Err(StoreError::InvalidTransition(format!(
+            "a {} may not move a delivery from {} to {}",
+            actor.kind.as_str(),
+            change.from,
+            change.to
+        )));
+    }
+    let keeps_holder = matches!(change.to, Claimed | Mirrored | Delivered);
+    let (new_instance, new_token) = match (change.to, change.new_holder, change.expect_holder) {
+        (Claimed, Some(h), _) => (Some(h.instance_id), Some(h.claim_token)),
+        (Claimed, None, _) => {
+            return Err(StoreError::InvalidTransition("a claim needs a holder".into()));
+        }
+        (_, _, Some(h)) if keeps_holder => (Some(h.instance_id), Some(h.claim_token)),
+        _ if keeps_holder => return Err(StoreError::InvalidTransition("the holder must be named".into())),
+        _ => (None, None),
+    };
+    let reason_kept = match change.to {
+        Failed | Unknown | Held => change.reason,
+        _ => None,
+    };
+    let rows = match change.expect_holder {
+        Some(h) => conn
+            .prepare_cached(
+                "UPDATE deliveries SET state = :to, instance_id = :ni, claim_token = :nt, reason = :reason,
+                        updated_at = :now
+                 WHERE id = :id AND state = :from AND instance_id = :ei AND claim_token = :et",
+            )?
+            .execute(named_params! {
+                ":to": change.to.as_str(), ":ni": new_instance, ":nt": new_token, ":reason": reason_kept,
+                ":now": now_ms, ":id": change.delivery_id, ":from": change.from.as_str(),
+                ":ei": h.instance_id, ":et": h.claim_token,
+            })?,
+        None => conn
+            .prepare_cached(
+                "UPDATE deliveries SET state = :to, instance_id = :ni, claim_token = :nt, reason = :reason,
+                        updated_at = :now
+                 WHERE id = :id AND state = :from",
+            )?
+            .execute(named_params! {
+                ":to": change.to.as_str(), ":ni": new_instance, ":nt": new_token, ":reason": reason_kept,
+                ":now": now_ms, ":id": change.delivery_id, ":from": change.from.as_str(),
+            })?,
+    };
+    if rows != 1 {
+        return Err(StoreError::StaleClaim(format!(
+            "delivery {} is not {} with the expected holder any more",
+            change.delivery_id, change.from
+        )));
+    }
+    record_event(
+        conn,
+        change.delivery_id,
+        Some(change.from),
+        change.to,
+        actor,
+        new_instance.or(change.expect_holder.map(|h| h.instance_id)),
+        change.reason,
+        now_ms,
+    )
+}
+
+/// Appends one row to the delivery event log.
+#[allow(clippy::too_many_arguments)]
+pub fn record_event(
+    conn: &Connection,
+    delivery_id: &str,
+    from: Option<DeliveryState>,
+    to: DeliveryState,
+    actor: &Actor,
+    instance_id: Option<&str>,
+    reason: Option<&str>,
+    now_ms: i64,
+) -> StoreResult<()> {
+    conn.prepare_cached(
+        "INSERT INTO delivery_events (delivery_id, from_state, to_state, actor_kind, actor, instance_id, reason, at)
+         VALUES (:d, :f, :t, :k, :a, :i, :r, :at)",
+    )?
+    .execute(named_params! {
+        ":d": delivery_id, ":f": from.map(|s| s.as_str()), ":t": to.as_str(), ":k": actor.kind.as_str(),
+        ":a": actor.name, ":i": instance_id, ":r": reason, ":at": now_ms,
+    })?;
+    Ok(())
+}
+
+/// Reads a delivery's current state.
+pub fn state_of(conn: &Connection, delivery_id: &str) -> StoreResult<Option<DeliveryState>> {
+    use rusqlite::OptionalExtension;
+    let s: Option<String> = conn
+        .prepare_cached("SELECT state FROM deliveries WHERE id = ?1")?
+        .query_row([delivery_id], |r| r.get(0))
+        .optional()?;
+    Ok(s.and_then(|s| DeliveryState::parse(&s)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::testing;
+    use crate::store::{accept, new_token};
+    use baton_shared::states::DeliveryState;
+
+    /// Puts a fresh delivery into `state` directly (bypassing the table, as a fixture).
+    fn delivery_in(conn: &Connection, state: DeliveryState, n: usize) -> (String, String, String) {
+        let msg = accept::testing::accept_one(conn, "conv", &format!("k{n}"), &["host-a"]);
+        let id: String =
+            conn.query_row("SELECT id FROM deliveries WHERE message_id = ?1", [&msg], |r| r.get(0)).unwrap();
+        let (inst, tok) = ("inst-1".to_string(), new_token());
+        let holder = matches!(state, Claimed | Mirrored | Delivered);
+        conn.execute(
+            "UPDATE deliveries SET state = ?1, instance_id = ?2, claim_token = ?3 WHERE id = ?4",
+            rusqlite::params![state.as_str(), holder.then_some(&inst), holder.then_some(&tok), id],
+        )
+        .unwrap();
+        (id, inst, tok)
+    }
+
+    #[test]
+    fn walks_the_whole_table_including_every_forbidden_pair() {
+        let db = testing::db();
+        let kinds = [ActorKind::Hub, ActorKind::Node, ActorKind::Operator];
+        let mut n = 0;
+        let mut allowed_count = 0;
+        for from in DeliveryState::ALL {
+            for to in DeliveryState::ALL {
+                for kind in kinds {
+                    n += 1;
+                    let (id, inst, tok) = delivery_in(&db.conn, from, n);
+                    let actor = Actor { kind, name: "x".into() };
+                    let holder = Holder { instance_id: &inst, claim_token: &tok };
+                    let has_holder = matches!(from, Claimed | Mirrored | Delivered);
+                    let change = Change {
+                        delivery_id: &id,
+                        from,
+                        to,
+                        expect_holder: has_holder.then_some(holder),
+                        new_holder: (to == Claimed).then_some(holder),
+                        reason: Some("test"),
+                    };
+                    let r = apply(&db.conn, change, &actor, 1);
+                    let after = state_of(&db.conn, &id).unwrap().unwrap();
+                    if allowed(from, to, kind) {
+                        allowed_count += 1;
+                        assert!(r.is_ok(), "{from}->{to} by {kind:?} should work: {r:?}");
+                        assert_eq!(after, to);
+                        let events: i64 = db
+                            .conn
+                            .query_row("SELECT count(*) FROM delivery_events WHERE delivery_id = ?1 AND from_state IS NOT NULL", [&id], |r| r.get(0))
+                            .unwrap();
+                        assert_eq!(events, 1, "one event per transition");
+                    } else {
+                        assert!(matches!(r, Err(StoreError::InvalidTransition(_))), "{from}->{to} by {kind:?}: {r:?}");
+                        assert_eq!(after, from, "a refused transition changes nothing");
+                    }
+                }
+            }
+        }
+        // The SPEC table has 15 (from, to, actor) rows once the "or" cells are spelled out.
+        assert_eq!(allowed_count, 15);
+    }
+
+    #[test]
+    fn guard_refuses_wrong_state_or_holder() {
+        let db = testing::db();
+        let (id, inst, tok) = delivery_in(&db.conn, Claimed, 1);
+        let node = Actor::node("host-a");
+        let wrong = Holder { instance_id: "other", claim_token: &tok };
+        let change = |h| Change {
+            delivery_id: &id,
+            from: Claimed,
+            to: Mirrored,
+            expect_holder: Some(h),
+            new_holder: None,
+            reason: None,
+        };
+        assert!(matches!(apply(&db.conn, change(wrong), &node, 1), Err(StoreError::StaleClaim(_))));
+        let wrong_tok = Holder { instance_id: &inst, claim_token: "nope" };
+        assert!(matches!(apply(&db.conn, change(wrong_tok), &node, 1), Err(StoreError::StaleClaim(_))));
+        let right = Holder { instance_id: &inst, claim_token: &tok };
+        apply(&db.conn, change(right), &node, 1).unwrap();
+        // Now it is mirrored: the same change again no longer matches the guard.
+        assert!(matches!(apply(&db.conn, change(right), &node, 1), Err(StoreError::StaleClaim(_))));
+    }
+}

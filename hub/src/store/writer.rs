@@ -1,0 +1,175 @@
+//! The single writer thread with group commit, and the pool of read connections.
+//!
+//! Invariant: only the writer thread touches the hub's write connection, and rusqlite never
+//! runs on an async worker thread (readers run inside `spawn_blocking`).
+//!
+//! Group commit: the writer takes every job already waiting (up to `GROUP_COMMIT_JOBS_MAX`),
+//! runs each in its own savepoint inside one `BEGIN IMMEDIATE` transaction, commits once (one
+//! fsync), and only then answers each caller. A job that fails is rolled back to its savepoint
+//! and does not disturb the others; a failed commit fails them all.
+
+use super::{StoreError, StoreResult};
+use rusqlite::Connection;
+use std::panic::AssertUnwindSafe;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use tokio::sync::{mpsc, oneshot};
+
+/// Most jobs folded into one transaction.
+pub const GROUP_COMMIT_JOBS_MAX: usize = 256;
+/// Most jobs waiting for the writer before callers wait for room.
+pub const WRITE_QUEUE_DEPTH: usize = 4096;
+/// Most idle read connections kept.
+pub const READERS_IDLE_MAX: usize = 8;
+
+type Reply = Box<dyn FnOnce(StoreResult<()>) + Send>;
+type Job = Box<dyn FnOnce(Option<&Connection>) -> (bool, Reply) + Send>;
+
+/// Handle to the writer thread. Cloning shares the thread.
+#[derive(Clone)]
+pub struct Writer {
+    tx: mpsc::Sender<Job>,
+}
+
+impl Writer {
+    /// Starts the writer thread owning `conn`. The thread ends when every handle is dropped.
+    pub fn start(conn: Connection) -> std::io::Result<Writer> {
+        let (tx, rx) = mpsc::channel::<Job>(WRITE_QUEUE_DEPTH);
+        std::thread::Builder::new().name("baton-writer".into()).spawn(move || run(conn, rx))?;
+        Ok(Writer { tx })
+    }
+
+    /// Runs `f` in the next write transaction and answers after that transaction committed.
+    pub async fn call<R, F>(&self, f: F) -> StoreResult<R>
+    where
+        R: Send + 'static,
+        F: FnOnce(&Connection) -> StoreResult<R> + Send + 'static,
+    {
+        let (otx, orx) = oneshot::channel::<StoreResult<R>>();
+        let job: Job = Box::new(move |conn| {
+            let Some(conn) = conn else {
+                let reply: Reply = Box::new(move |_| {
+                    let _ = otx.send(Err(StoreError::Storage("could not begin a write transaction".into())));
+                });
+                return (false, reply);
+            };
+            let result = match std::panic::catch_unwind(AssertUnwindSafe(|| f(conn))) {
+                Ok(r) => r,
+                Err(_) => Err(StoreError::Storage("internal error in a write job (see the log)".into())),
+            };
+            let ok = result.is_ok();
+            let reply: Reply = Box::new(move |commit: StoreResult<()>| {
+                let _ = otx.send(commit.and(result));
+            });
+            (ok, reply)
+        });
+        self.tx.send(job).await.map_err(|_| StoreError::Storage("the writer has stopped".into()))?;
+        orx.await.map_err(|_| StoreError::Storage("the writer has stopped".into()))?
+    }
+}
+
+fn run(conn: Connection, mut rx: mpsc::Receiver<Job>) {
+    let mut jobs: Vec<Job> = Vec::with_capacity(GROUP_COMMIT_JOBS_MAX);
+    while let Some(first) = rx.blocking_recv() {
+        jobs.push(first);
+        while jobs.len() < GROUP_COMMIT_JOBS_MAX {
+            match rx.try_recv() {
+                Ok(j) => jobs.push(j),
+                Err(_) => break,
+            }
+        }
+        run_batch(&conn, &mut jobs);
+    }
+}
+
+fn run_batch(conn: &Connection, jobs: &mut Vec<Job>) {
+    if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+        tracing::error!(error = %e, "cannot begin a write transaction");
+        for job in jobs.drain(..) {
+            let (_, reply) = job(None);
+            reply(Err(StoreError::Storage(e.to_string())));
+        }
+        return;
+    }
+    let mut replies: Vec<Reply> = Vec::with_capacity(jobs.len());
+    let mut poisoned: Option<String> = None;
+    for job in jobs.drain(..) {
+        if poisoned.is_some() {
+            let (_, reply) = job(None);
+            replies.push(reply);
+            continue;
+        }
+        if let Err(e) = conn.execute_batch("SAVEPOINT job") {
+            poisoned = Some(e.to_string());
+            let (_, reply) = job(None);
+            replies.push(reply);
+            continue;
+        }
+        let (ok, reply) = job(Some(conn));
+        let end = if ok { "RELEASE job" } else { "ROLLBACK TO job; RELEASE job" };
+        if let Err(e) = conn.execute_batch(end) {
+            poisoned = Some(e.to_string());
+        }
+        replies.push(reply);
+    }
+    let outcome: StoreResult<()> = match poisoned {
+        Some(e) => Err(StoreError::Storage(e)),
+        None => conn.execute_batch("COMMIT").map_err(StoreError::from),
+    };
+    if let Err(e) = &outcome {
+        tracing::error!(error = %e, "write transaction failed; rolled back");
+        let _ = conn.execute_batch("ROLLBACK");
+    }
+    for reply in replies {
+        reply(outcome.clone());
+    }
+}
+
+/// A pool of read connections, used only inside `spawn_blocking`.
+pub struct Readers {
+    path: PathBuf,
+    idle: Mutex<Vec<Connection>>,
+}
+
+impl Readers {
+    /// A pool reading the database at `path`.
+    pub fn new(path: PathBuf) -> Readers {
+        Readers { path, idle: Mutex::new(Vec::new()) }
+    }
+
+    fn take(&self) -> StoreResult<Connection> {
+        let pooled = self.idle.lock().map_err(|_| StoreError::Storage("reader pool poisoned".into()))?.pop();
+        match pooled {
+            Some(c) => Ok(c),
+            None => super::open_read(&self.path).map_err(|e| StoreError::Storage(e.to_string())),
+        }
+    }
+
+    fn give_back(&self, conn: Connection) {
+        if let Ok(mut idle) = self.idle.lock()
+            && idle.len() < READERS_IDLE_MAX
+        {
+            idle.push(conn);
+        }
+    }
+
+    /// Runs a read-only `f` on a pooled connection off the async threads.
+    pub async fn read<R, F>(self: &std::sync::Arc<Self>, f: F) -> StoreResult<R>
+    where
+        R: Send + 'static,
+        F: FnOnce(&Connection) -> StoreResult<R> + Send + 'static,
+    {
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let conn = this.take()?;
+            // One read transaction: every query in `f` sees the same snapshot.
+            conn.execute_batch("BEGIN")?;
+            let r = f(&conn);
+            let _ = conn.execute_batch("COMMIT");
+            this.give_back(conn);
+            r
+        })
+        .await
+        .map_err(|_| StoreError::Storage("read task failed".into()))?
+    }
+}
