@@ -78,6 +78,7 @@ impl Hub {
                 relay.outcome_changed();
             }
         });
+        tokio::spawn(sweep_retention(shared.clone(), self.config.limits.retention));
         tracing::info!(addr = %listener.local_addr()?, "serving");
         tls::serve(
             listener,
@@ -90,6 +91,33 @@ impl Hub {
         .await;
         tracing::info!("stopped");
         Ok(())
+    }
+}
+
+/// How often settled messages past the retention window are removed.
+const RETENTION_SWEEP_INTERVAL: Duration = Duration::from_secs(600);
+
+async fn sweep_retention(shared: Arc<Shared>, retention: Duration) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(RETENTION_SWEEP_INTERVAL) => {}
+            _ = shared.shutdown.cancelled() => return,
+        }
+        let cutoff = now_ms() - retention.as_millis() as i64;
+        loop {
+            match shared
+                .writer
+                .call(move |c| store::retention::sweep(c, cutoff, store::retention::SWEEP_MESSAGES_MAX))
+                .await
+            {
+                Ok(0) => break,
+                Ok(n) => tracing::info!(removed = n, "retention: removed settled messages"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "retention sweep failed");
+                    break;
+                }
+            }
+        }
     }
 }
 

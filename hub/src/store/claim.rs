@@ -462,3 +462,144 @@ pub fn reject(
     transition::apply(conn, change, &Actor::node(host), now_ms)?;
     Ok(TransitionResponse { delivery_id: delivery_id.into(), state: Failed, changed: true })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::accept::testing::accept_one;
+    use crate::store::operator::{fence_lift, fence_set};
+    use crate::store::testing;
+
+    fn state_of_msg(conn: &Connection, msg: &str) -> (String, Option<String>) {
+        conn.query_row("SELECT state, reason FROM deliveries WHERE message_id = ?1", [msg], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .unwrap()
+    }
+
+    /// One case: a fence on some scope, a message in conversation `conv` to `host-a`, and the
+    /// state the claim leaves it in.
+    fn check(kind: FenceKind, scope: FenceScope, target: Option<&str>, conv: &str, expected: &str) {
+        let db = testing::db();
+        let msg = accept_one(&db.conn, conv, "k", &["host-a"]);
+        let id = fence_set(&db.conn, kind, scope, target, "op", "because", 1).unwrap();
+        let got = claim(&db.conn, "host-a", "inst", 10, 2).unwrap();
+        let (state, reason) = state_of_msg(&db.conn, &msg);
+        assert_eq!(state, expected, "{kind:?} {scope:?} {target:?} on {conv}");
+        assert_eq!(got.len(), usize::from(expected == "claimed"));
+        if expected == "held" || expected == "failed" {
+            let reason = reason.unwrap();
+            assert!(reason.contains(&format!("fence {id}")) && reason.contains("because"), "{reason}");
+        }
+    }
+
+    #[test]
+    fn fences_by_kind_and_scope() {
+        use FenceKind::*;
+        use FenceScope::*;
+        for (kind, covered) in [(Pause, "queued"), (Hold, "held"), (Block, "failed")] {
+            check(kind, Conversation, Some("c1"), "c1", covered);
+            check(kind, Conversation, Some("c2"), "c1", "claimed");
+            check(kind, Host, Some("host-a"), "c1", covered);
+            check(kind, Host, Some("host-b"), "c1", "claimed");
+            check(kind, All, None, "c1", covered);
+        }
+    }
+
+    #[test]
+    fn strongest_fence_wins_and_lift_takes_effect_on_next_claim() {
+        let db = testing::db();
+        let m1 = accept_one(&db.conn, "c1", "k1", &["host-a"]);
+        let pause = fence_set(&db.conn, FenceKind::Pause, FenceScope::All, None, "op", "r", 1).unwrap();
+        let _hold = fence_set(&db.conn, FenceKind::Hold, FenceScope::Conversation, Some("c1"), "op", "r", 1).unwrap();
+        // A pause on everything stops the claim before any row is looked at.
+        assert!(claim(&db.conn, "host-a", "inst", 10, 2).unwrap().is_empty());
+        assert_eq!(state_of_msg(&db.conn, &m1).0, "queued");
+        fence_lift(&db.conn, pause, "op", "r", 3).unwrap();
+        assert!(claim(&db.conn, "host-a", "inst", 10, 4).unwrap().is_empty());
+        assert_eq!(state_of_msg(&db.conn, &m1).0, "held");
+        let fences = vec![
+            Fence { id: 1, kind: FenceKind::Pause, scope: FenceScope::All, target: None, reason: "r".into() },
+            Fence {
+                id: 2,
+                kind: FenceKind::Block,
+                scope: FenceScope::Host,
+                target: Some("host-a".into()),
+                reason: "r".into(),
+            },
+            Fence {
+                id: 3,
+                kind: FenceKind::Hold,
+                scope: FenceScope::Conversation,
+                target: Some("c".into()),
+                reason: "r".into(),
+            },
+        ];
+        assert_eq!(strongest(&fences, "c", "host-a").map(|f| f.id), Some(2));
+        assert_eq!(strongest(&fences, "c", "host-b").map(|f| f.id), Some(3));
+        assert_eq!(strongest(&fences, "d", "host-b").map(|f| f.id), Some(1));
+    }
+
+    #[test]
+    fn paused_conversation_does_not_block_others_and_order_is_oldest_first() {
+        let db = testing::db();
+        let a1 = accept_one(&db.conn, "a", "k1", &["host-a"]);
+        let _b1 = accept_one(&db.conn, "b", "k2", &["host-a"]);
+        let a2 = accept_one(&db.conn, "a", "k3", &["host-a"]);
+        fence_set(&db.conn, FenceKind::Pause, FenceScope::Conversation, Some("b"), "op", "r", 1).unwrap();
+        let got = claim(&db.conn, "host-a", "inst", 10, 2).unwrap();
+        let ids: Vec<&str> = got.iter().map(|d| d.message_id.as_str()).collect();
+        assert_eq!(ids, vec![a1.as_str(), a2.as_str()]);
+        assert!(got.iter().all(|d| d.claim_token.len() == 32));
+    }
+
+    #[test]
+    fn batch_is_bounded_and_other_hosts_get_nothing() {
+        let db = testing::db();
+        for i in 0..5 {
+            accept_one(&db.conn, "c", &format!("k{i}"), &["host-a"]);
+        }
+        assert!(claim(&db.conn, "host-b", "inst-b", 10, 1).unwrap().is_empty());
+        assert_eq!(claim(&db.conn, "host-a", "inst", 2, 1).unwrap().len(), 2);
+        assert_eq!(claim(&db.conn, "host-a", "inst", 10, 1).unwrap().len(), 3);
+        assert!(claim(&db.conn, "host-a", "inst", 10, 1).unwrap().is_empty());
+    }
+
+    #[test]
+    fn one_active_instance_per_host() {
+        let db = testing::db();
+        accept_one(&db.conn, "c", "k1", &["host-a"]);
+        let got = claim(&db.conn, "host-a", "first", 10, 1).unwrap();
+        assert_eq!(got.len(), 1);
+        // A clone with the same certificate is refused while the first holds work.
+        assert!(matches!(claim(&db.conn, "host-a", "clone", 10, 1), Err(StoreError::InstanceConflict(_))));
+        assert!(holdings(&db.conn, "host-a", "clone").unwrap().is_empty());
+        let d = &got[0];
+        let clone_holder = Holder { instance_id: "clone", claim_token: &d.claim_token };
+        assert!(matches!(
+            mirrored(&db.conn, "host-a", &d.delivery_id, clone_holder, 2),
+            Err(StoreError::StaleClaim(_))
+        ));
+        // Once the first instance holds nothing, a new instance may take over.
+        let h = Holder { instance_id: "first", claim_token: &d.claim_token };
+        reject(&db.conn, "host-a", &d.delivery_id, h, "no", 3).unwrap();
+        assert!(claim(&db.conn, "host-a", "clone", 10, 4).unwrap().is_empty());
+        assert!(claim(&db.conn, "host-a", "other", 10, 5).is_ok());
+    }
+
+    #[test]
+    fn holder_steps_repeat_as_no_ops() {
+        let db = testing::db();
+        accept_one(&db.conn, "c", "k1", &["host-a"]);
+        let d = claim(&db.conn, "host-a", "i", 10, 1).unwrap().remove(0);
+        let h = Holder { instance_id: "i", claim_token: &d.claim_token };
+        assert!(matches!(ack(&db.conn, "host-a", &d.delivery_id, h, 2), Err(StoreError::InvalidTransition(_))));
+        assert!(mirrored(&db.conn, "host-a", &d.delivery_id, h, 2).unwrap().changed);
+        assert!(!mirrored(&db.conn, "host-a", &d.delivery_id, h, 3).unwrap().changed);
+        assert!(ack(&db.conn, "host-a", &d.delivery_id, h, 4).unwrap().changed);
+        assert!(!ack(&db.conn, "host-a", &d.delivery_id, h, 5).unwrap().changed);
+        assert!(matches!(reject(&db.conn, "host-a", &d.delivery_id, h, "x", 6), Err(StoreError::InvalidTransition(_))));
+        assert!(matches!(mirrored(&db.conn, "host-b", &d.delivery_id, h, 6), Err(StoreError::NotYours(_))));
+        assert_eq!(holdings(&db.conn, "host-a", "i").unwrap().len(), 1, "delivered without outcome is still held");
+    }
+}

@@ -15,12 +15,14 @@
 //! - `report`: attempt reports.
 //! - `operator`: fences, releases, cancel, retire, requeue, certificates and hosts.
 //! - `read`: views for producers, operators and status.
+//! - `retention`: removing settled messages older than the retention window.
 
 pub mod accept;
 pub mod claim;
 pub mod operator;
 pub mod read;
 pub mod report;
+pub mod retention;
 pub mod transition;
 pub mod writer;
 

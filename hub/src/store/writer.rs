@@ -173,3 +173,46 @@ impl Readers {
         .map_err(|_| StoreError::Storage("read task failed".into()))?
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use baton_shared::sqlite::Synchronous;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failing_job_rolls_back_alone_and_others_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hub.db");
+        let conn = crate::store::open_write(&path, Synchronous::Full).unwrap();
+        conn.execute_batch("CREATE TABLE t (x INTEGER)").unwrap();
+        let w = Writer::start(conn).unwrap();
+        let mut calls = Vec::new();
+        for i in 0..50i64 {
+            let w = w.clone();
+            calls.push(tokio::spawn(async move {
+                w.call(move |c| {
+                    c.execute("INSERT INTO t (x) VALUES (?1)", [i])?;
+                    if i % 5 == 0 { Err(StoreError::Invalid("refused".into())) } else { Ok(i) }
+                })
+                .await
+            }));
+        }
+        let mut ok = 0;
+        for c in calls {
+            if c.await.unwrap().is_ok() {
+                ok += 1;
+            }
+        }
+        assert_eq!(ok, 40);
+        let readers = std::sync::Arc::new(Readers::new(path));
+        let (n, bad): (i64, i64) = readers
+            .read(|c| {
+                Ok(c.query_row("SELECT count(*), count(*) FILTER (WHERE x % 5 = 0) FROM t", [], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })?)
+            })
+            .await
+            .unwrap();
+        assert_eq!((n, bad), (40, 0), "every successful job committed, no refused job left a row");
+    }
+}
