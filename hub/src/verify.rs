@@ -64,6 +64,15 @@ pub fn check(conn: &Connection) -> StoreResult<Vec<String>> {
         "conversation sequence behind its messages",
         &mut out,
     )?;
+    list(
+        conn,
+        "SELECT h.name || ': recorded ' || coalesce(b.waiting, 0) || ', actual ' ||
+                (SELECT count(*) FROM deliveries d WHERE d.host = h.name AND d.state IN ('queued', 'held'))
+         FROM hosts h LEFT JOIN host_backlog b ON b.host = h.name
+         WHERE coalesce(b.waiting, 0) <> (SELECT count(*) FROM deliveries d WHERE d.host = h.name AND d.state IN ('queued', 'held'))",
+        "host backlog count out of step",
+        &mut out,
+    )?;
     check_event_chains(conn, &mut out)?;
     Ok(out)
 }
@@ -130,5 +139,42 @@ fn check_event_chains(conn: &Connection, out: &mut Vec<String>) -> StoreResult<(
 impl From<StoreError> for String {
     fn from(e: StoreError) -> String {
         e.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::accept::testing::accept_one;
+    use crate::store::claim::{self, FenceKind, FenceScope};
+    use crate::store::operator::{self, Selector};
+    use crate::store::testing;
+    use crate::store::transition::Holder;
+
+    #[test]
+    fn a_legal_history_verifies_and_each_breakage_is_named() {
+        let db = testing::db();
+        let c = &db.conn;
+        accept_one(c, "a", "k1", &["host-a", "host-b"]);
+        let held = accept_one(c, "b", "k2", &["host-a"]);
+        operator::fence_set(c, FenceKind::Hold, FenceScope::Conversation, Some("b"), "op", "r", 1).unwrap();
+        let got = claim::claim(c, "host-a", "i", 10, 2).unwrap();
+        let h = Holder { instance_id: "i", claim_token: &got[0].claim_token };
+        claim::mirrored(c, "host-a", &got[0].delivery_id, h, 3).unwrap();
+        claim::ack(c, "host-a", &got[0].delivery_id, h, 4).unwrap();
+        operator::release(c, Selector::Conversation("b"), "op", "r", 5).unwrap();
+        operator::retire(c, "host-b", "op", "r", 6).unwrap();
+        assert_eq!(check(c).unwrap(), Vec::<String>::new());
+        assert!(!held.is_empty());
+
+        // A state changed behind the event log's back is found, and so is a broken backlog count.
+        c.execute("UPDATE deliveries SET state = 'failed', reason = 'x' WHERE message_id = ?1", [&held]).unwrap();
+        let problems = check(c).unwrap();
+        assert!(problems.iter().any(|p| p.starts_with("event log:")), "{problems:?}");
+        assert!(problems.iter().any(|p| p.starts_with("host backlog")), "{problems:?}");
+        // A delivery missing from a completed fan-out is found.
+        c.execute("DELETE FROM deliveries WHERE host = 'host-b'", []).unwrap();
+        let problems = check(c).unwrap();
+        assert!(problems.iter().any(|p| p.starts_with("fan-out: obligation done")), "{problems:?}");
     }
 }

@@ -79,6 +79,13 @@ CREATE INDEX deliveries_by_instance ON deliveries (instance_id, state) WHERE ins
 CREATE INDEX deliveries_by_conversation ON deliveries (conversation, state);
 CREATE INDEX deliveries_by_state ON deliveries (state, n);
 
+-- How many deliveries wait (queued or held) per host, kept in step by every transition, so the
+-- capacity check at accept costs one lookup however long the backlog is.
+CREATE TABLE host_backlog (
+    host          TEXT PRIMARY KEY,
+    waiting       INTEGER NOT NULL CHECK (waiting >= 0)
+) STRICT;
+
 -- Every transition, written in the same transaction as the change it records.
 CREATE TABLE delivery_events (
     id            INTEGER PRIMARY KEY AUTOINCREMENT, -- total commit order

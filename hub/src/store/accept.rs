@@ -8,7 +8,7 @@
 //! Invariant: a message row exists iff its routing and obligation exist (same transaction), and
 //! an obligation is done iff every routed host has exactly one delivery.
 
-use super::transition::record_event;
+use super::transition::{adjust_backlog, record_event};
 use super::{Actor, StoreError, StoreResult, new_id};
 use baton_shared::crash_point;
 use baton_shared::states::DeliveryState;
@@ -92,8 +92,10 @@ pub fn accept(conn: &Connection, msg: &NewMessage, limits: AcceptLimits, now_ms:
     for (i, host) in msg.to.iter().enumerate() {
         check_recipient(conn, i, host)?;
         let waiting: i64 = conn
-            .prepare_cached("SELECT count(*) FROM deliveries WHERE host = ?1 AND state IN ('queued', 'held')")?
-            .query_row([host], |r| r.get(0))?;
+            .prepare_cached("SELECT waiting FROM host_backlog WHERE host = ?1")?
+            .query_row([host], |r| r.get(0))
+            .optional()?
+            .unwrap_or(0);
         if waiting as u64 >= limits.queued_per_host_max {
             return Err(StoreError::OverCapacity(format!(
                 "host {host} already has {waiting} deliveries waiting (queued_per_host_max = {})",
@@ -169,6 +171,7 @@ pub fn fan_out(conn: &Connection, message_id: &str, now_ms: i64) -> StoreResult<
             )?
             .execute(named_params! {":id": id, ":m": message_id, ":h": host, ":c": conversation, ":seq": seq, ":now": now_ms})?;
             record_event(conn, &id, None, DeliveryState::Queued, &hub, None, Some("fan-out"), now_ms)?;
+            adjust_backlog(conn, host, 1)?;
             crash_point("hub.fanout.after_k");
         }
         crash_point("hub.fanout.before_mark_done");

@@ -107,6 +107,10 @@ pub fn apply(conn: &Connection, change: Change<'_>, actor: &Actor, now_ms: i64) 
             change.delivery_id, change.from
         )));
     }
+    let (was_waiting, now_waiting) = (matches!(change.from, Queued | Held), matches!(change.to, Queued | Held));
+    if was_waiting != now_waiting {
+        adjust_backlog_of(conn, change.delivery_id, if now_waiting { 1 } else { -1 })?;
+    }
     record_event(
         conn,
         change.delivery_id,
@@ -117,6 +121,26 @@ pub fn apply(conn: &Connection, change: Change<'_>, actor: &Actor, now_ms: i64) 
         change.reason,
         now_ms,
     )
+}
+
+/// Moves the waiting count of a delivery's host by `delta`.
+fn adjust_backlog_of(conn: &Connection, delivery_id: &str, delta: i64) -> StoreResult<()> {
+    conn.prepare_cached(
+        "INSERT INTO host_backlog (host, waiting) SELECT host, max(?2, 0) FROM deliveries WHERE id = ?1
+         ON CONFLICT (host) DO UPDATE SET waiting = waiting + ?2",
+    )?
+    .execute(rusqlite::params![delivery_id, delta])?;
+    Ok(())
+}
+
+/// Adds `delta` to the waiting count of `host`.
+pub fn adjust_backlog(conn: &Connection, host: &str, delta: i64) -> StoreResult<()> {
+    conn.prepare_cached(
+        "INSERT INTO host_backlog (host, waiting) VALUES (?1, max(?2, 0))
+         ON CONFLICT (host) DO UPDATE SET waiting = waiting + ?2",
+    )?
+    .execute(rusqlite::params![host, delta])?;
+    Ok(())
 }
 
 /// Appends one row to the delivery event log.
@@ -171,6 +195,9 @@ mod tests {
             rusqlite::params![state.as_str(), holder.then_some(&inst), holder.then_some(&tok), id],
         )
         .unwrap();
+        if !matches!(state, Queued | Held) {
+            adjust_backlog(conn, "host-a", -1).unwrap();
+        }
         (id, inst, tok)
     }
 
