@@ -26,13 +26,14 @@ pub const EXIT_OK: u8 = 0;
 pub const EXIT_NOT_FOUND: u8 = 1;
 /// Exit status: bad usage or input (clap uses it too).
 pub const EXIT_USAGE: u8 = 2;
-/// Exit status: the store or the configuration was refused (damaged, too new, invalid).
+/// Exit status: the store was refused (damaged, newer than this binary, not initialised).
 pub const EXIT_REFUSED: u8 = 3;
 /// Exit status: any other failure.
 pub const EXIT_FAILURE: u8 = 4;
 
-const EXIT_CODES_HELP: &str = "Exit status: 0 ok; 1 not found or nothing to do; 2 usage or invalid input; \
-3 store or configuration refused (damaged, newer than this binary, invalid); 4 other failure.";
+const EXIT_CODES_HELP: &str = "Exit status: 0 ok; 1 not found or nothing to do; 2 usage or invalid input \
+(including an invalid configuration file); 3 store refused (damaged, newer than this binary, not initialised); \
+4 other failure.";
 
 /// The Baton hub: delivery record, mTLS API and operator commands.
 #[derive(Debug, Parser)]
@@ -315,7 +316,7 @@ pub enum DeliveriesCmd {
 /// `config` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum ConfigCmd {
-    /// Validate the configuration (default DIR/hub.toml) and exit 0 (valid) or 3 (invalid).
+    /// Validate the configuration (default DIR/hub.toml) and exit 0 (valid) or 2 (invalid).
     Check {
         /// The file.
         #[arg(long)]
@@ -388,7 +389,7 @@ fn open_db(dir: &DataDir) -> Result<Connection, CliError> {
             ),
         ));
     }
-    let config = HubConfig::load(None, &dir.config()).map_err(|e| CliError::new(EXIT_REFUSED, e))?;
+    let config = HubConfig::load(None, &dir.config()).map_err(|e| CliError::new(EXIT_USAGE, e))?;
     Ok(store::open_write(&dir.db(), config.synchronous)?)
 }
 
@@ -508,7 +509,7 @@ pub fn run(cli: &Cli) -> CliResult {
                 writeln!(out(), "configuration is valid")?;
                 Ok(())
             }
-            Err(e) => Err(CliError::new(EXIT_REFUSED, e)),
+            Err(e) => Err(CliError::new(EXIT_USAGE, e)),
         },
     }
 }
@@ -781,6 +782,9 @@ fn deliveries(dir: &DataDir, op: &str, d: &DeliveriesCmd) -> CliResult {
                     a.duration_ms.map(|c| c.to_string()).unwrap_or_else(|| "-".into()),
                     a.reason.as_ref().map(|r| format!("  ({r})")).unwrap_or_default()
                 )?;
+                if let Some(r) = &a.result {
+                    writeln!(o, "    result: {}", r.trim_end())?;
+                }
             }
             Ok(())
         }
@@ -819,7 +823,7 @@ fn send(
     };
     let value: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| CliError::new(EXIT_USAGE, format!("payload is not JSON: {e}")))?;
-    let config = HubConfig::load(None, &dir.config()).map_err(|e| CliError::new(EXIT_REFUSED, e))?;
+    let config = HubConfig::load(None, &dir.config()).map_err(|e| CliError::new(EXIT_USAGE, e))?;
     let payload = value.to_string();
     if payload.len() as u64 > config.limits.payload_bytes_max {
         return Err(CliError::new(

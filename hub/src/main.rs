@@ -42,7 +42,7 @@ fn init_logging(json: bool) {
 fn serve(cli: &Cli, listen: Option<&str>, config: Option<&std::path::Path>) -> Result<(), cli::CliError> {
     let dir = DataDir::new(&cli.data_dir);
     let mut config =
-        HubConfig::load(config, &dir.config()).map_err(|e| cli::CliError { code: EXIT_REFUSED, message: e })?;
+        HubConfig::load(config, &dir.config()).map_err(|e| cli::CliError { code: EXIT_USAGE, message: e })?;
     init_logging(config.log_json);
     if let Some(l) = listen {
         config.listen = l.parse().map_err(|_| cli::CliError {

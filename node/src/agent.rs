@@ -1,0 +1,430 @@
+//! The node loop (SPEC §4): startup recovery, holdings resync, long-poll claims, mirror, tell
+//! the hub `mirrored`, ack; and the tasks that run turns (`sched`) and send reports (`report`).
+//!
+//! Tasks: the claim loop runs on the caller's task; the scheduler and the outbox each run on
+//! their own. They share one `Shared` (hub client, store, config) and one shutdown token.
+//!
+//! Invariant (execution gate): only a delivery the hub confirmed `delivered` is marked
+//! `acked` locally, and only `acked` deliveries start (`Db::start_attempt` checks it in SQL).
+//! Invariant (crash honesty): an attempt with a start marker and no end marker at startup is
+//! ended `unknown` and reported, never run again (`Db::recover_interrupted_attempts`).
+
+use crate::backoff::Backoff;
+use crate::client::{Hub, HubError};
+use crate::config::NodeConfig;
+use crate::limits::BACKOFF_BASE;
+use crate::store::{ExecState, Mirrored, ReportState, Store, StoreError};
+use crate::{report, sched};
+use baton_shared::crash_point;
+use baton_shared::error::ErrorCode;
+use baton_shared::states::DeliveryState;
+use baton_shared::wire::ClaimedDelivery;
+use std::collections::HashSet;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+/// After an empty claim answer, the next claim waits at least this long since the last one
+/// was sent, so a short `claim_wait` never turns into busy polling.
+const EMPTY_CLAIM_PACE: Duration = Duration::from_secs(1);
+
+/// Wall-clock now, in unix milliseconds, for stored timestamps.
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+/// What the node's tasks share.
+pub(crate) struct Shared<H> {
+    /// The hub.
+    pub(crate) hub: H,
+    /// The node store.
+    pub(crate) store: Store,
+    /// The validated configuration.
+    pub(crate) config: NodeConfig,
+    /// This instance's id.
+    pub(crate) instance_id: String,
+    /// Wakes the scheduler: a gate opened or a turn ended.
+    pub(crate) wake_scheduler: Notify,
+    /// Wakes the outbox: a report was queued.
+    pub(crate) wake_outbox: Notify,
+    /// Cancelled once, when the node stops: no new claims, no new turns.
+    pub(crate) shutdown: CancellationToken,
+}
+
+/// Why a step of the loop stopped.
+#[derive(Debug)]
+enum Stop {
+    /// The hub could not be reached or refused; the caller backs off and retries.
+    Hub(HubError),
+    /// Shutdown began.
+    Shutdown,
+    /// The store failed: fatal.
+    Store(StoreError),
+}
+
+impl From<StoreError> for Stop {
+    fn from(e: StoreError) -> Self {
+        Stop::Store(e)
+    }
+}
+
+/// Runs the node until `shutdown` completes (or the store fails), then stops claiming, lets
+/// running turns finish within `shutdown_grace`, kills the rest, and flushes the outbox.
+pub async fn run_agent<H: Hub>(
+    config: NodeConfig,
+    store: Store,
+    hub: H,
+    instance_id: String,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let recovered = store.call(|db| db.recover_interrupted_attempts(now_ms())).await?;
+    for attempt_id in &recovered {
+        tracing::warn!(
+            attempt_id,
+            "attempt was running when the node stopped; reporting it unknown, not running it again"
+        );
+    }
+    let sh = Arc::new(Shared {
+        hub,
+        store,
+        config,
+        instance_id,
+        wake_scheduler: Notify::new(),
+        wake_outbox: Notify::new(),
+        shutdown: CancellationToken::new(),
+    });
+    let token = sh.shutdown.clone();
+    let signal = tokio::spawn(async move {
+        shutdown.await;
+        tracing::info!("shutdown requested: no new claims or turns");
+        token.cancel();
+    });
+    let sched = tokio::spawn(stop_all_on_error(Arc::clone(&sh), sched::scheduler(Arc::clone(&sh))));
+    let outbox_stop = CancellationToken::new();
+    let outbox =
+        tokio::spawn(stop_all_on_error(Arc::clone(&sh), report::outbox_loop(Arc::clone(&sh), outbox_stop.clone())));
+    let claimed = claim_loop(&sh).await;
+    sh.shutdown.cancel();
+    let sched = sched.await.map_err(anyhow::Error::from).and_then(|r| r);
+    outbox_stop.cancel();
+    let outbox = outbox.await.map_err(anyhow::Error::from).and_then(|r| r);
+    let flushed = tokio::time::timeout(crate::limits::SHUTDOWN_REPORT_FLUSH, report::flush(&sh)).await;
+    signal.abort();
+    claimed?;
+    sched?;
+    outbox?;
+    match flushed {
+        Ok(r) => r?,
+        Err(_) => tracing::warn!("reports still waiting at shutdown; they are sent at the next start"),
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn stop_all_on_error<H: Hub>(
+    sh: Arc<Shared<H>>,
+    task: impl Future<Output = anyhow::Result<()>>,
+) -> anyhow::Result<()> {
+    let r = task.await;
+    if let Err(e) = &r {
+        tracing::error!("{e:#}; stopping");
+        sh.shutdown.cancel();
+    }
+    r
+}
+
+/// Claims until shutdown. Resyncs the holdings first, and again after any claim whose answer
+/// was lost. Returns an error only when the store fails.
+async fn claim_loop<H: Hub>(sh: &Arc<Shared<H>>) -> anyhow::Result<()> {
+    let mut backoff = Backoff::new(BACKOFF_BASE, sh.config.backoff_max);
+    let mut need_resync = true;
+    while !sh.shutdown.is_cancelled() {
+        if need_resync {
+            match resync(sh).await {
+                Ok(()) => {
+                    need_resync = false;
+                    backoff.reset();
+                }
+                Err(Stop::Shutdown) => break,
+                Err(Stop::Store(e)) => return Err(e.into()),
+                Err(Stop::Hub(e)) => {
+                    log_hub_error("holdings resync", &e);
+                    pause(sh, backoff.next_delay()).await;
+                    continue;
+                }
+            }
+        }
+        let sent = Instant::now();
+        let answer = tokio::select! {
+            r = sh.hub.claim(sh.config.claim_batch_max, sh.config.claim_wait) => r,
+            _ = sh.shutdown.cancelled() => break,
+        };
+        match answer {
+            Ok(batch) if batch.is_empty() => {
+                backoff.reset();
+                pause(sh, EMPTY_CLAIM_PACE.saturating_sub(sent.elapsed())).await;
+            }
+            Ok(batch) => {
+                backoff.reset();
+                crash_point("node.claim.after_response");
+                match take_batch(sh, batch).await {
+                    Ok(()) | Err(Stop::Shutdown) | Err(Stop::Hub(_)) => {}
+                    Err(Stop::Store(e)) => return Err(e.into()),
+                }
+            }
+            Err(e) if e.code() == Some(ErrorCode::InstanceConflict) => {
+                tracing::error!(
+                    instance_id = %sh.instance_id,
+                    "the hub refuses claims from this instance: another instance of this host still holds work \
+                     ({e}). This node touches nothing and retries every {}; an operator can requeue the other \
+                     instance's claims if it is gone for good",
+                    humantime::format_duration(sh.config.backoff_max)
+                );
+                pause(sh, sh.config.backoff_max).await;
+            }
+            Err(e) => {
+                if e.answer_lost() {
+                    tracing::warn!(
+                        "the claim's answer was lost; the hub may have claimed work for us: resyncing holdings"
+                    );
+                    need_resync = true;
+                }
+                log_hub_error("claim", &e);
+                pause(sh, backoff.next_delay()).await;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn log_hub_error(what: &str, e: &HubError) {
+    match e.code() {
+        Some(ErrorCode::CertificateRevoked | ErrorCode::UnknownCertificate) => {
+            tracing::error!(
+                "{what}: the hub refused our client certificate (revoked, expired or not issued by it): {e}"
+            )
+        }
+        _ => tracing::warn!("{what}: {e}"),
+    }
+}
+
+async fn pause<H>(sh: &Shared<H>, d: Duration) {
+    tokio::select! {
+        _ = tokio::time::sleep(d) => {}
+        _ = sh.shutdown.cancelled() => {}
+    }
+}
+
+/// Checks a delivery from the hub before it is written to the store.
+fn validate(d: &ClaimedDelivery) -> Result<(), String> {
+    let id_ok = |s: &str| !s.is_empty() && s.len() <= 128 && s.chars().all(|c| c.is_ascii_graphic() && c != '/');
+    if !id_ok(&d.delivery_id) {
+        return Err(format!("delivery_id {:?} is not a valid id", d.delivery_id));
+    }
+    if !id_ok(&d.message_id) {
+        return Err(format!("message_id {:?} is not a valid id", d.message_id));
+    }
+    baton_shared::ids::check_name("conversation", &d.conversation).map_err(|e| e.to_string())?;
+    baton_shared::ids::check_token("claim_token", &d.claim_token).map_err(|e| e.to_string())?;
+    if d.seq < 0 {
+        return Err(format!("seq {} is negative", d.seq));
+    }
+    Ok(())
+}
+
+/// Refuses a delivery the node cannot take (bad fields); best effort, never retried.
+async fn reject<H: Hub>(sh: &Shared<H>, d: &ClaimedDelivery, why: &str) {
+    tracing::error!(delivery_id = %d.delivery_id, "refusing a delivery the hub sent: {why}");
+    if let Err(e) = sh.hub.reject(&d.delivery_id, &d.claim_token, why).await {
+        tracing::warn!(delivery_id = %d.delivery_id, "reject not delivered: {e}");
+    }
+}
+
+/// Mirrors a fresh claim batch in one local transaction, then hands each delivery off
+/// (`mirrored`, then `ack`) concurrently.
+async fn take_batch<H: Hub>(sh: &Arc<Shared<H>>, batch: Vec<ClaimedDelivery>) -> Result<(), Stop> {
+    let mut good = Vec::with_capacity(batch.len());
+    for d in batch {
+        match validate(&d) {
+            Ok(()) => good.push(d),
+            Err(why) => reject(sh, &d, &why).await,
+        }
+    }
+    let mirror = good.clone();
+    let done = sh.store.call(move |db| db.mirror_batch(&mirror, now_ms())).await?;
+    crash_point("node.mirror.after_commit");
+    let mut handoffs = JoinSet::new();
+    for (d, m) in good.into_iter().zip(done) {
+        if m == Mirrored::AlreadyRan {
+            tracing::warn!(delivery_id = %d.delivery_id, "claimed again although it already ran here; not acking it");
+            continue;
+        }
+        let sh = Arc::clone(sh);
+        handoffs.spawn(async move { handoff(&sh, &d, DeliveryState::Claimed).await });
+    }
+    let mut result = Ok(());
+    while let Some(r) = handoffs.join_next().await {
+        match r {
+            Ok(Ok(())) => {}
+            Ok(Err(Stop::Store(e))) => result = Err(Stop::Store(e)),
+            Ok(Err(other)) => {
+                if result.is_ok() {
+                    result = Err(other);
+                }
+            }
+            Err(e) => tracing::error!("a handoff task failed: {e}"),
+        }
+    }
+    result
+}
+
+/// Tells the hub `mirrored` (unless it already is) and acks; opens the local gate once the
+/// hub confirms `delivered`. Transient failures are retried; a refusal drops the local copy.
+async fn handoff<H: Hub>(sh: &Shared<H>, d: &ClaimedDelivery, hub_state: DeliveryState) -> Result<(), Stop> {
+    let (id, token) = (d.delivery_id.as_str(), d.claim_token.as_str());
+    if hub_state == DeliveryState::Claimed {
+        match retry(sh, || sh.hub.mirrored(id, token)).await {
+            Ok(_) => crash_point("node.mirrored.after_response"),
+            Err(Stop::Hub(e)) => return drop_local(sh, id, "mirrored", &e).await,
+            Err(other) => return Err(other),
+        }
+    }
+    let acked = match retry(sh, || sh.hub.ack(id, token)).await {
+        Ok(t) => t,
+        Err(Stop::Hub(e)) => return drop_local(sh, id, "ack", &e).await,
+        Err(other) => return Err(other),
+    };
+    crash_point("node.ack.after_response");
+    if acked.state != DeliveryState::Delivered {
+        tracing::error!(delivery_id = id, state = %acked.state, "the hub answered an ack without delivering; not running it");
+        return Ok(());
+    }
+    let (i, t) = (id.to_string(), token.to_string());
+    if sh.store.call(move |db| db.mark_acked(&i, &t, now_ms())).await? {
+        tracing::debug!(delivery_id = id, "acked: the execution gate is open");
+    }
+    sh.wake_scheduler.notify_one();
+    Ok(())
+}
+
+/// The hub refused a transition for good: the delivery is not ours any more. It never runs.
+async fn drop_local<H: Hub>(sh: &Shared<H>, id: &str, step: &str, e: &HubError) -> Result<(), Stop> {
+    tracing::warn!(delivery_id = id, "the hub refused {step}: {e}; dropping the local copy, it will not run here");
+    let (i, why) = (id.to_string(), format!("{step} refused: {e}"));
+    sh.store.call(move |db| db.drop_delivery(&i, &why, now_ms())).await?;
+    sh.wake_scheduler.notify_one();
+    Ok(())
+}
+
+/// Calls the hub until it answers, backing off on transient failures.
+async fn retry<H, T, F, Fut>(sh: &Shared<H>, mut call: F) -> Result<T, Stop>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, HubError>>,
+{
+    let mut backoff = Backoff::new(BACKOFF_BASE, sh.config.backoff_max);
+    loop {
+        let r = tokio::select! {
+            r = call() => r,
+            _ = sh.shutdown.cancelled() => return Err(Stop::Shutdown),
+        };
+        match r {
+            Ok(v) => return Ok(v),
+            Err(e) if e.is_transient() => {
+                tracing::warn!("hub call failed, retrying: {e}");
+                pause(sh, backoff.next_delay()).await;
+                if sh.shutdown.is_cancelled() {
+                    return Err(Stop::Shutdown);
+                }
+            }
+            Err(e) => return Err(Stop::Hub(e)),
+        }
+    }
+}
+
+/// Holdings resync: asks the hub what this instance holds and resumes each; then drops local
+/// copies still waiting for an ack that the hub no longer lists.
+async fn resync<H: Hub>(sh: &Arc<Shared<H>>) -> Result<(), Stop> {
+    let holdings = tokio::select! {
+        r = sh.hub.holdings() => r.map_err(Stop::Hub)?,
+        _ = sh.shutdown.cancelled() => return Err(Stop::Shutdown),
+    };
+    tracing::info!(count = holdings.len(), "holdings resync");
+    let half = holdings.len() / 2;
+    for (i, h) in holdings.iter().enumerate() {
+        if i == half {
+            crash_point("node.resync.mid");
+        }
+        match validate(h) {
+            Ok(()) => resume(sh, h).await?,
+            Err(why) => reject(sh, h, &why).await,
+        }
+    }
+    let listed: HashSet<&str> = holdings.iter().map(|h| h.delivery_id.as_str()).collect();
+    let unacked = sh.store.call(|db| db.unacked()).await?;
+    for (id, _) in unacked.into_iter().filter(|(id, _)| !listed.contains(id.as_str())) {
+        tracing::warn!(delivery_id = %id, "the hub no longer lists this unacked delivery for us (requeued or cancelled); dropping the local copy");
+        let i = id.clone();
+        sh.store.call(move |db| db.drop_delivery(&i, "no longer held by this instance", now_ms())).await?;
+    }
+    sh.wake_scheduler.notify_one();
+    sh.wake_outbox.notify_one();
+    Ok(())
+}
+
+/// Resumes one holding from where the hub says it is.
+async fn resume<H: Hub>(sh: &Arc<Shared<H>>, h: &ClaimedDelivery) -> Result<(), Stop> {
+    let acked = match h.state {
+        DeliveryState::Claimed | DeliveryState::Mirrored => false,
+        DeliveryState::Delivered => true,
+        other => {
+            tracing::warn!(delivery_id = %h.delivery_id, state = %other, "holdings listed a delivery in an unexpected state; ignoring it");
+            return Ok(());
+        }
+    };
+    let d = h.clone();
+    let m = sh.store.call(move |db| db.mirror(&d, acked, now_ms())).await?;
+    if !acked {
+        if m == Mirrored::AlreadyRan {
+            tracing::error!(delivery_id = %h.delivery_id, "the hub lists as not acked a delivery that already ran here; not acking it");
+            return Ok(());
+        }
+        return handoff(sh, h, h.state).await;
+    }
+    if m == Mirrored::New || m == Mirrored::Replaced {
+        tracing::info!(delivery_id = %h.delivery_id, "the hub lists a delivered turn with no local attempt; it runs now");
+    }
+    if m != Mirrored::AlreadyRan {
+        return Ok(());
+    }
+    let id = h.delivery_id.clone();
+    let Some(local) = sh.store.call(move |db| db.local(&id)).await? else {
+        return Err(Stop::Store(StoreError::Corrupt(format!("delivery {} vanished", h.delivery_id))));
+    };
+    match (local.exec, local.report) {
+        // Running in this process: its report follows when it ends.
+        (ExecState::Started, _) => {}
+        (ExecState::Ended, Some((_, ReportState::Pending))) => sh.wake_outbox.notify_one(),
+        (ExecState::Ended, Some((report_id, ReportState::Confirmed))) => {
+            tracing::warn!(delivery_id = %h.delivery_id, report_id, "the hub lists as unreported a turn whose report it confirmed; sending it again (same report id)");
+            sh.store.call(move |db| db.reopen_report(&report_id)).await?;
+            sh.wake_outbox.notify_one();
+        }
+        (ExecState::Ended, Some((report_id, ReportState::Dead))) => {
+            tracing::warn!(delivery_id = %h.delivery_id, report_id, "the hub lists as unreported a turn whose report it refused for good; see `baton-node status`");
+        }
+        (exec, report) => {
+            return Err(Stop::Store(StoreError::Corrupt(format!(
+                "delivery {} ran but is {exec:?} with report {report:?}",
+                h.delivery_id
+            ))));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

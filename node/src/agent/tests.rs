@@ -1,0 +1,479 @@
+//! The loop against an in-memory hub that follows SPEC §2/§12: claims, holdings, mirrored,
+//! ack, report, with faults on demand (refused acks, lost claim answers, outages).
+
+use super::*;
+use crate::config::{Harness, LogFormat};
+use crate::store::{Db, LocalState};
+use baton_shared::states::Outcome;
+use baton_shared::wire::{AttemptView, ReportRequest, ReportResponse, TransitionResponse};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::path::Path;
+use std::sync::Mutex;
+
+#[derive(Default)]
+struct HubState {
+    /// Claimable, oldest first.
+    queue: VecDeque<ClaimedDelivery>,
+    /// What our instance holds, with the hub-side state.
+    held: BTreeMap<String, (ClaimedDelivery, DeliveryState)>,
+    /// Every report received, duplicates included.
+    reports: Vec<ReportRequest>,
+    /// report_id of the recorded outcome, per delivery.
+    outcomes: HashMap<String, String>,
+    /// Deliveries whose ack is refused with 409 stale_claim (as after an operator requeue).
+    refuse_ack: HashSet<String>,
+    /// Reports are refused with 409 report_conflict.
+    refuse_reports: bool,
+    /// The next this many claims commit but their answer is lost.
+    lose_claim_answers: usize,
+    /// Every call fails as if the hub were unreachable.
+    down: bool,
+    /// Call log: "claim", "holdings", "mirrored d1", "ack d1", "report d1".
+    calls: Vec<String>,
+}
+
+#[derive(Clone, Default)]
+struct FakeHub(Arc<Mutex<HubState>>);
+
+fn refused(code: ErrorCode) -> HubError {
+    HubError::Refused { status: code.status(), code: code.as_str().into(), message: "fake".into() }
+}
+
+fn down() -> HubError {
+    HubError::Unreachable { detail: "connection refused".into(), maybe_sent: false }
+}
+
+impl FakeHub {
+    fn with<T>(&self, f: impl FnOnce(&mut HubState) -> T) -> T {
+        f(&mut self.0.lock().unwrap())
+    }
+
+    fn transition(
+        &self,
+        what: &str,
+        id: &str,
+        token: &str,
+        from: DeliveryState,
+        to: DeliveryState,
+    ) -> Result<TransitionResponse, HubError> {
+        self.with(|s| {
+            s.calls.push(format!("{what} {id}"));
+            if s.down {
+                return Err(down());
+            }
+            if what == "ack" && s.refuse_ack.contains(id) {
+                s.held.remove(id);
+                return Err(refused(ErrorCode::StaleClaim));
+            }
+            let Some((d, state)) = s.held.get_mut(id) else { return Err(refused(ErrorCode::StaleClaim)) };
+            if d.claim_token != token {
+                return Err(refused(ErrorCode::StaleClaim));
+            }
+            let changed = if *state == from {
+                *state = to;
+                true
+            } else if *state == to || (what == "mirrored" && *state == DeliveryState::Delivered) {
+                false
+            } else {
+                return Err(refused(ErrorCode::InvalidTransition));
+            };
+            Ok(TransitionResponse { delivery_id: id.into(), state: *state, changed })
+        })
+    }
+}
+
+impl Hub for FakeHub {
+    async fn claim(&self, max: u32, _wait: Duration) -> Result<Vec<ClaimedDelivery>, HubError> {
+        let (out, lost) = self.with(|s| {
+            s.calls.push("claim".into());
+            if s.down {
+                return Err(down());
+            }
+            let mut out = Vec::new();
+            while out.len() < max as usize {
+                let Some(mut d) = s.queue.pop_front() else { break };
+                d.state = DeliveryState::Claimed;
+                s.held.insert(d.delivery_id.clone(), (d.clone(), DeliveryState::Claimed));
+                out.push(d);
+            }
+            let lost = !out.is_empty() && s.lose_claim_answers > 0;
+            if lost {
+                s.lose_claim_answers -= 1;
+            }
+            Ok((out, lost))
+        })?;
+        if out.is_empty() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if lost {
+            return Err(HubError::Unreachable { detail: "timed out".into(), maybe_sent: true });
+        }
+        Ok(out)
+    }
+
+    async fn holdings(&self) -> Result<Vec<ClaimedDelivery>, HubError> {
+        self.with(|s| {
+            s.calls.push("holdings".into());
+            if s.down {
+                return Err(down());
+            }
+            Ok(s.held
+                .values()
+                .filter(|(d, _)| !s.outcomes.contains_key(&d.delivery_id))
+                .map(|(d, st)| ClaimedDelivery { state: *st, ..d.clone() })
+                .collect())
+        })
+    }
+
+    async fn mirrored(&self, id: &str, token: &str) -> Result<TransitionResponse, HubError> {
+        self.transition("mirrored", id, token, DeliveryState::Claimed, DeliveryState::Mirrored)
+    }
+
+    async fn ack(&self, id: &str, token: &str) -> Result<TransitionResponse, HubError> {
+        self.transition("ack", id, token, DeliveryState::Mirrored, DeliveryState::Delivered)
+    }
+
+    async fn reject(&self, id: &str, _token: &str, _reason: &str) -> Result<TransitionResponse, HubError> {
+        self.with(|s| s.calls.push(format!("reject {id}")));
+        Ok(TransitionResponse { delivery_id: id.into(), state: DeliveryState::Failed, changed: true })
+    }
+
+    async fn report(&self, body: &ReportRequest) -> Result<ReportResponse, HubError> {
+        self.with(|s| {
+            s.calls.push(format!("report {}", body.delivery_id));
+            if s.down {
+                return Err(down());
+            }
+            if s.refuse_reports {
+                return Err(refused(ErrorCode::ReportConflict));
+            }
+            match s.held.get(&body.delivery_id) {
+                Some((d, DeliveryState::Delivered)) if d.claim_token == body.claim_token => {}
+                _ => return Err(refused(ErrorCode::StaleClaim)),
+            }
+            let duplicate = s.outcomes.get(&body.delivery_id) == Some(&body.report_id);
+            s.outcomes.insert(body.delivery_id.clone(), body.report_id.clone());
+            s.reports.push(body.clone());
+            Ok(ReportResponse {
+                attempt: AttemptView {
+                    attempt_id: format!("a-{}", body.report_id),
+                    report_id: body.report_id.clone(),
+                    outcome: body.outcome,
+                    exit_code: body.exit_code,
+                    duration_ms: body.duration_ms,
+                    result: body.result.clone(),
+                    reason: body.reason.clone(),
+                    reported_at_ms: 0,
+                },
+                delivery_id: body.delivery_id.clone(),
+                duplicate,
+            })
+        })
+    }
+}
+
+fn delivery(id: &str, conversation: &str, seq: i64) -> ClaimedDelivery {
+    crate::store::tests::delivery(id, conversation, seq)
+}
+
+fn config(dir: &Path, script: &str) -> NodeConfig {
+    NodeConfig {
+        hub_url: "https://hub.invalid".into(),
+        ca_file: dir.join("ca.crt"),
+        cert_file: dir.join("h.crt"),
+        key_file: dir.join("h.key"),
+        data_dir: dir.to_path_buf(),
+        command: vec!["sh".into(), "-c".into(), script.into()],
+        parallel_conversations: 4,
+        exec_timeout: Duration::from_secs(30),
+        claim_wait: Duration::ZERO,
+        claim_batch_max: 16,
+        result_bytes_max: 4096,
+        shutdown_grace: Duration::from_secs(5),
+        backoff_max: Duration::from_millis(200),
+        log_format: LogFormat::Text,
+        harness: Harness::Command,
+        synchronous: baton_shared::sqlite::Synchronous::Full,
+    }
+}
+
+fn open_db(dir: &Path) -> Db {
+    let mut db = Db::open(&dir.join("node.db"), baton_shared::sqlite::Synchronous::Full).unwrap();
+    db.instance_id().unwrap();
+    db
+}
+
+struct Running {
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Running {
+    async fn stop(self) {
+        self.stop.cancel();
+        let r = tokio::time::timeout(Duration::from_secs(20), self.task).await.expect("node stops in time");
+        r.unwrap().unwrap();
+    }
+}
+
+fn start(config: NodeConfig, hub: &FakeHub) -> Running {
+    let mut db = open_db(&config.data_dir);
+    let instance_id = db.instance_id().unwrap();
+    let store = Store::new(db);
+    let stop = CancellationToken::new();
+    let s = stop.clone();
+    let hub = hub.clone();
+    let task = tokio::spawn(async move { run_agent(config, store, hub, instance_id, s.cancelled_owned()).await });
+    Running { stop, task }
+}
+
+async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    for _ in 0..1000 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("timed out waiting until {what}");
+}
+
+fn lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path).unwrap_or_default().lines().map(str::to_string).collect()
+}
+
+/// A harness that appends its delivery id to `ran` and echoes its payload.
+fn recording(dir: &Path) -> String {
+    format!("echo $BATON_DELIVERY_ID >> {}; cat", dir.join("ran").display())
+}
+
+#[tokio::test]
+async fn claims_mirror_ack_run_and_report_each_turn_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = FakeHub::default();
+    hub.with(|s| s.queue.extend([delivery("a1", "a", 1), delivery("a2", "a", 2), delivery("b1", "b", 1)]));
+    let node = start(config(dir.path(), &recording(dir.path())), &hub);
+    wait_until("three reports", || hub.with(|s| s.reports.len() == 3)).await;
+    node.stop().await;
+    let ran = lines(&dir.path().join("ran"));
+    assert_eq!(ran.len(), 3, "{ran:?}");
+    let pos = |id: &str| ran.iter().position(|r| r == id).unwrap();
+    assert!(pos("a1") < pos("a2"), "a conversation runs in sequence order: {ran:?}");
+    hub.with(|s| {
+        for r in &s.reports {
+            assert_eq!(r.outcome, Outcome::Succeeded);
+            assert!(uuid::Uuid::parse_str(&r.instance_id).is_ok());
+            let seq = s.held[&r.delivery_id].0.seq;
+            assert_eq!(r.result.as_deref(), Some(format!("{{\"turn\":{seq}}}").as_str()));
+            let at = |c: &str| s.calls.iter().position(|x| x == &format!("{c} {}", r.delivery_id)).unwrap();
+            assert!(at("mirrored") < at("ack") && at("ack") < at("report"), "{:?}", s.calls);
+        }
+    });
+}
+
+#[tokio::test]
+async fn a_refused_ack_drops_the_copy_and_never_runs_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = FakeHub::default();
+    hub.with(|s| {
+        s.queue.extend([delivery("x1", "x", 1), delivery("y1", "y", 1)]);
+        s.refuse_ack.insert("x1".into());
+    });
+    let node = start(config(dir.path(), &recording(dir.path())), &hub);
+    wait_until("y1 reported", || hub.with(|s| s.reports.len() == 1)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    node.stop().await;
+    assert_eq!(lines(&dir.path().join("ran")), ["y1"]);
+    let local = open_db(dir.path()).local("x1").unwrap().unwrap();
+    assert_eq!(local.state, LocalState::Dropped);
+}
+
+#[tokio::test]
+async fn a_lost_claim_answer_is_found_again_by_resync() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = FakeHub::default();
+    hub.with(|s| {
+        s.queue.push_back(delivery("l1", "l", 1));
+        s.lose_claim_answers = 1;
+    });
+    let node = start(config(dir.path(), &recording(dir.path())), &hub);
+    wait_until("l1 reported", || hub.with(|s| s.reports.len() == 1)).await;
+    node.stop().await;
+    assert_eq!(lines(&dir.path().join("ran")), ["l1"]);
+    hub.with(|s| assert!(s.calls.iter().filter(|c| *c == "holdings").count() >= 2, "{:?}", s.calls));
+}
+
+#[tokio::test]
+async fn an_interrupted_attempt_is_reported_unknown_and_never_rerun() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = delivery("u1", "u", 1);
+    {
+        let mut db = open_db(dir.path());
+        db.mirror(&d, true, 1).unwrap();
+        db.start_attempt("u1", 2).unwrap().unwrap();
+    }
+    let hub = FakeHub::default();
+    hub.with(|s| s.held.insert("u1".into(), (d.clone(), DeliveryState::Delivered)));
+    let node = start(config(dir.path(), &recording(dir.path())), &hub);
+    wait_until("u1 reported", || hub.with(|s| s.reports.len() == 1)).await;
+    node.stop().await;
+    hub.with(|s| {
+        assert_eq!(s.reports[0].outcome, Outcome::Unknown);
+        assert_eq!(s.reports[0].reason.as_deref(), Some(crate::store::REASON_RESTARTED));
+    });
+    assert!(lines(&dir.path().join("ran")).is_empty(), "never run again");
+}
+
+#[tokio::test]
+async fn acked_on_the_hub_but_not_locally_runs_after_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = delivery("k1", "k", 1);
+    open_db(dir.path()).mirror(&d, false, 1).unwrap();
+    let hub = FakeHub::default();
+    hub.with(|s| s.held.insert("k1".into(), (d.clone(), DeliveryState::Delivered)));
+    let node = start(config(dir.path(), &recording(dir.path())), &hub);
+    wait_until("k1 reported", || hub.with(|s| s.reports.len() == 1)).await;
+    node.stop().await;
+    assert_eq!(lines(&dir.path().join("ran")), ["k1"]);
+    hub.with(|s| assert!(!s.calls.iter().any(|c| c == "ack k1"), "no second ack needed: {:?}", s.calls));
+}
+
+#[tokio::test]
+async fn during_an_outage_held_turns_run_and_reports_wait_then_arrive_once() {
+    let dir = tempfile::tempdir().unwrap();
+    open_db(dir.path()).mirror(&delivery("o1", "o", 1), true, 1).unwrap();
+    let hub = FakeHub::default();
+    hub.with(|s| {
+        s.down = true;
+        s.held.insert("o1".into(), (delivery("o1", "o", 1), DeliveryState::Delivered));
+    });
+    let node = start(config(dir.path(), &recording(dir.path())), &hub);
+    wait_until("o1 ran while the hub is down", || lines(&dir.path().join("ran")).len() == 1).await;
+    wait_until("a report try failed", || hub.with(|s| s.calls.iter().any(|c| c == "report o1"))).await;
+    hub.with(|s| s.down = false);
+    wait_until("o1 reported", || hub.with(|s| s.reports.len() == 1)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    node.stop().await;
+    hub.with(|s| assert_eq!(s.reports.len(), 1));
+}
+
+#[tokio::test]
+async fn a_refused_report_is_marked_dead_not_retried_forever() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = FakeHub::default();
+    hub.with(|s| {
+        s.queue.push_back(delivery("r1", "r", 1));
+        s.refuse_reports = true;
+    });
+    let node = start(config(dir.path(), "cat"), &hub);
+    wait_until("a report was tried", || hub.with(|s| s.calls.iter().any(|c| c == "report r1"))).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    node.stop().await;
+    hub.with(|s| assert_eq!(s.calls.iter().filter(|c| *c == "report r1").count(), 1));
+    assert_eq!(open_db(dir.path()).summary().unwrap().dead_reports.len(), 1);
+}
+
+#[tokio::test]
+async fn shutdown_kills_turns_past_the_grace_and_reports_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = FakeHub::default();
+    hub.with(|s| s.queue.push_back(delivery("s1", "s", 1)));
+    let mut cfg = config(dir.path(), &format!("touch {}; sleep 60", dir.path().join("started").display()));
+    cfg.shutdown_grace = Duration::from_millis(200);
+    let node = start(cfg, &hub);
+    wait_until("the turn started", || dir.path().join("started").exists()).await;
+    node.stop().await;
+    hub.with(|s| {
+        assert_eq!(s.reports.len(), 1, "the shutdown report is flushed before exit");
+        assert_eq!((s.reports[0].outcome, s.reports[0].reason.as_deref()), (Outcome::Failed, Some("shutdown")));
+    });
+}
+
+#[tokio::test]
+async fn parallel_limit_holds_and_a_conversation_never_overlaps() {
+    let dir = tempfile::tempdir().unwrap();
+    let live = dir.path().join("live");
+    std::fs::create_dir(&live).unwrap();
+    let script = format!(
+        "touch {live}/$BATON_CONVERSATION-$BATON_SEQ; ls {live} | wc -l >> {max}; \
+         echo $BATON_CONVERSATION $BATON_SEQ $(ls {live} | grep -c ^$BATON_CONVERSATION-) >> {log}; \
+         sleep 0.3; rm {live}/$BATON_CONVERSATION-$BATON_SEQ",
+        live = live.display(),
+        max = dir.path().join("max").display(),
+        log = dir.path().join("log").display(),
+    );
+    let hub = FakeHub::default();
+    hub.with(|s| {
+        for c in ["c", "d", "e", "f"] {
+            s.queue.push_back(delivery(&format!("{c}1"), c, 1));
+        }
+        s.queue.extend([delivery("g1", "g", 1), delivery("g2", "g", 2), delivery("g3", "g", 3)]);
+    });
+    let mut cfg = config(dir.path(), &script);
+    cfg.parallel_conversations = 2;
+    let node = start(cfg, &hub);
+    wait_until("seven reports", || hub.with(|s| s.reports.len() == 7)).await;
+    node.stop().await;
+    let most: usize = lines(&dir.path().join("max")).iter().map(|l| l.trim().parse().unwrap()).max().unwrap();
+    assert!(most <= 2, "at most 2 conversations at once, saw {most}");
+    let g: Vec<String> = lines(&dir.path().join("log")).into_iter().filter(|l| l.starts_with("g ")).collect();
+    assert_eq!(g, ["g 1 1", "g 2 1", "g 3 1"], "sequence order, one at a time");
+}
+
+#[tokio::test]
+async fn noop_harness_goes_through_markers_and_reports_succeeded() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = FakeHub::default();
+    hub.with(|s| s.queue.push_back(delivery("n1", "n", 1)));
+    let mut cfg = config(dir.path(), "exit 1");
+    cfg.harness = Harness::Noop;
+    let node = start(cfg, &hub);
+    wait_until("n1 reported", || hub.with(|s| s.reports.len() == 1)).await;
+    node.stop().await;
+    hub.with(|s| assert_eq!((s.reports[0].outcome, s.reports[0].exit_code), (Outcome::Succeeded, Some(0))));
+    let db = open_db(dir.path());
+    let ended: i64 =
+        db.conn().query_row("SELECT count(*) FROM attempts WHERE ended_at_ms IS NOT NULL", [], |r| r.get(0)).unwrap();
+    assert_eq!(ended, 1);
+}
+
+#[tokio::test]
+async fn instance_conflict_backs_off_and_touches_nothing() {
+    // A hub that answers every claim with instance_conflict.
+    #[derive(Clone, Default)]
+    struct Conflicted(Arc<Mutex<usize>>);
+    impl Hub for Conflicted {
+        async fn claim(&self, _: u32, _: Duration) -> Result<Vec<ClaimedDelivery>, HubError> {
+            *self.0.lock().unwrap() += 1;
+            Err(refused(ErrorCode::InstanceConflict))
+        }
+        async fn holdings(&self) -> Result<Vec<ClaimedDelivery>, HubError> {
+            Ok(vec![])
+        }
+        async fn mirrored(&self, _: &str, _: &str) -> Result<TransitionResponse, HubError> {
+            unreachable!("nothing is claimed")
+        }
+        async fn ack(&self, _: &str, _: &str) -> Result<TransitionResponse, HubError> {
+            unreachable!("nothing is claimed")
+        }
+        async fn reject(&self, _: &str, _: &str, _: &str) -> Result<TransitionResponse, HubError> {
+            unreachable!("nothing is claimed")
+        }
+        async fn report(&self, _: &ReportRequest) -> Result<ReportResponse, HubError> {
+            unreachable!("nothing ran")
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path(), "cat");
+    cfg.backoff_max = Duration::from_millis(300);
+    let store = Store::new(open_db(dir.path()));
+    let hub = Conflicted::default();
+    let stop = CancellationToken::new();
+    let s = stop.clone();
+    let h = hub.clone();
+    let task = tokio::spawn(async move { run_agent(cfg, store, h, "inst-2".into(), s.cancelled_owned()).await });
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    stop.cancel();
+    task.await.unwrap().unwrap();
+    let claims = *hub.0.lock().unwrap();
+    assert!((2..=5).contains(&claims), "paced at backoff_max, not busy: {claims} claims in 1s");
+}

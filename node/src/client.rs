@@ -1,0 +1,271 @@
+//! The hub's node API (SPEC §12), behind the `Hub` trait so the loop can be tested against an
+//! in-memory hub, and `HubClient`, its mTLS implementation over reqwest.
+
+use crate::config::{ConfigError, NodeConfig};
+use crate::limits::{CONNECT_TIMEOUT, REQUEST_TIMEOUT};
+use baton_shared::error::ErrorCode;
+use baton_shared::wire::{
+    ClaimRequest, ClaimResponse, ClaimedDelivery, ErrorBody, HolderRequest, HoldingsResponse, RejectRequest,
+    ReportRequest, ReportResponse, TransitionResponse,
+};
+use std::future::Future;
+use std::time::Duration;
+
+/// Why a hub call did not succeed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum HubError {
+    /// The hub answered with an error body.
+    #[error("hub refused ({status} {code}): {message}")]
+    Refused {
+        /// The HTTP status.
+        status: u16,
+        /// The stable error code as sent (see `ErrorCode`).
+        code: String,
+        /// The hub's message.
+        message: String,
+    },
+    /// No answer arrived. `maybe_sent` is true when the request may have reached the hub
+    /// (a timeout or a connection lost after sending), so its effect may have happened.
+    #[error("hub unreachable: {detail}")]
+    Unreachable {
+        /// What failed, with a hint when it looks like a certificate problem.
+        detail: String,
+        /// Whether the hub may have acted on the request.
+        maybe_sent: bool,
+    },
+    /// The hub answered 2xx with a body that is not the documented answer.
+    #[error("hub sent an unexpected answer: {0}")]
+    BadAnswer(String),
+}
+
+impl HubError {
+    /// The stable error code, when the hub sent one we know.
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            HubError::Refused { code, .. } => ErrorCode::parse(code),
+            _ => None,
+        }
+    }
+
+    /// Whether the answer to this request is lost: the hub may have acted on it.
+    pub fn answer_lost(&self) -> bool {
+        match self {
+            HubError::Unreachable { maybe_sent, .. } => *maybe_sent,
+            HubError::BadAnswer(_) => true,
+            HubError::Refused { .. } => false,
+        }
+    }
+
+    /// Whether retrying the same request later may succeed (outages, overload, 5xx).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            HubError::Unreachable { .. } | HubError::BadAnswer(_) => true,
+            // 401: a revoked or expired certificate may be renewed by the operator.
+            HubError::Refused { status, .. } => *status >= 500 || *status == 429 || *status == 401,
+        }
+    }
+}
+
+/// The hub calls the node makes. Every call is safe to repeat (SPEC §12).
+pub trait Hub: Send + Sync + 'static {
+    /// `POST /v1/claims`: long-polls for up to `max` deliveries.
+    fn claim(&self, max: u32, wait: Duration) -> impl Future<Output = Result<Vec<ClaimedDelivery>, HubError>> + Send;
+    /// `GET /v1/holdings`: everything this instance holds.
+    fn holdings(&self) -> impl Future<Output = Result<Vec<ClaimedDelivery>, HubError>> + Send;
+    /// `POST /v1/deliveries/{id}/mirrored`.
+    fn mirrored(
+        &self,
+        delivery_id: &str,
+        claim_token: &str,
+    ) -> impl Future<Output = Result<TransitionResponse, HubError>> + Send;
+    /// `POST /v1/deliveries/{id}/ack`.
+    fn ack(
+        &self,
+        delivery_id: &str,
+        claim_token: &str,
+    ) -> impl Future<Output = Result<TransitionResponse, HubError>> + Send;
+    /// `POST /v1/deliveries/{id}/reject`.
+    fn reject(
+        &self,
+        delivery_id: &str,
+        claim_token: &str,
+        reason: &str,
+    ) -> impl Future<Output = Result<TransitionResponse, HubError>> + Send;
+    /// `POST /delivery-report`.
+    fn report(&self, body: &ReportRequest) -> impl Future<Output = Result<ReportResponse, HubError>> + Send;
+}
+
+/// The real hub, over HTTPS with this host's client certificate.
+pub struct HubClient {
+    http: reqwest::Client,
+    base: String,
+    instance_id: String,
+    claim_timeout: Duration,
+}
+
+impl HubClient {
+    /// Builds the mTLS client: only the hub CA is trusted, this host's certificate is
+    /// presented, plain HTTP is refused.
+    pub fn new(config: &NodeConfig, instance_id: String) -> Result<HubClient, ConfigError> {
+        let read = |field: &'static str, path: &std::path::Path| {
+            std::fs::read(path).map_err(|e| ConfigError::invalid(field, format!("cannot read {}: {e}", path.display())))
+        };
+        let ca = read("ca_file", &config.ca_file)?;
+        let mut identity = read("cert_file", &config.cert_file)?;
+        identity.push(b'\n');
+        identity.extend(read("key_file", &config.key_file)?);
+        let ca = reqwest::Certificate::from_pem(&ca)
+            .map_err(|e| ConfigError::invalid("ca_file", format!("not a PEM certificate: {e}")))?;
+        let identity = reqwest::Identity::from_pem(&identity).map_err(|e| {
+            ConfigError::invalid("cert_file", format!("cert_file and key_file are not a PEM certificate and key: {e}"))
+        })?;
+        let claim_timeout = config.claim_wait + baton_shared::limits::CLIENT_TIMEOUT_MARGIN;
+        let http = reqwest::Client::builder()
+            .tls_certs_only([ca])
+            .identity(identity)
+            .https_only(true)
+            .connect_timeout(CONNECT_TIMEOUT)
+            .timeout(claim_timeout.max(REQUEST_TIMEOUT))
+            .build()
+            .map_err(|e| ConfigError::invalid("hub_url", format!("cannot build the TLS client: {e}")))?;
+        Ok(HubClient { http, base: config.hub_url.clone(), instance_id, claim_timeout })
+    }
+
+    fn holder(&self, claim_token: &str) -> HolderRequest {
+        HolderRequest { instance_id: self.instance_id.clone(), claim_token: claim_token.to_string() }
+    }
+
+    async fn send<T: serde::de::DeserializeOwned>(&self, req: reqwest::RequestBuilder) -> Result<T, HubError> {
+        let resp = req.send().await.map_err(transport_error)?;
+        let status = resp.status();
+        let bytes = resp.bytes().await.map_err(transport_error)?;
+        if status.is_success() {
+            return serde_json::from_slice(&bytes).map_err(|e| HubError::BadAnswer(format!("{status}: {e}")));
+        }
+        match serde_json::from_slice::<ErrorBody>(&bytes) {
+            Ok(b) => Err(HubError::Refused { status: status.as_u16(), code: b.code, message: b.message }),
+            Err(_) => Err(HubError::Refused {
+                status: status.as_u16(),
+                code: String::new(),
+                message: String::from_utf8_lossy(&bytes[..bytes.len().min(200)]).into_owned(),
+            }),
+        }
+    }
+
+    async fn transition(
+        &self,
+        delivery_id: &str,
+        what: &str,
+        body: impl serde::Serialize,
+    ) -> Result<TransitionResponse, HubError> {
+        let url = format!("{}/v1/deliveries/{}/{what}", self.base, path_segment(delivery_id));
+        self.send(self.http.post(url).timeout(REQUEST_TIMEOUT).json(&body)).await
+    }
+}
+
+impl Hub for HubClient {
+    async fn claim(&self, max: u32, wait: Duration) -> Result<Vec<ClaimedDelivery>, HubError> {
+        let body = ClaimRequest {
+            instance_id: self.instance_id.clone(),
+            max: Some(max),
+            wait_ms: Some(wait.as_millis() as u64),
+        };
+        let url = format!("{}/v1/claims", self.base);
+        let r: ClaimResponse = self.send(self.http.post(url).timeout(self.claim_timeout).json(&body)).await?;
+        Ok(r.deliveries)
+    }
+
+    async fn holdings(&self) -> Result<Vec<ClaimedDelivery>, HubError> {
+        let mut url = reqwest::Url::parse(&format!("{}/v1/holdings", self.base))
+            .map_err(|e| HubError::BadAnswer(e.to_string()))?;
+        url.query_pairs_mut().append_pair("instance_id", &self.instance_id);
+        let r: HoldingsResponse = self.send(self.http.get(url).timeout(REQUEST_TIMEOUT)).await?;
+        Ok(r.deliveries)
+    }
+
+    async fn mirrored(&self, delivery_id: &str, claim_token: &str) -> Result<TransitionResponse, HubError> {
+        self.transition(delivery_id, "mirrored", self.holder(claim_token)).await
+    }
+
+    async fn ack(&self, delivery_id: &str, claim_token: &str) -> Result<TransitionResponse, HubError> {
+        self.transition(delivery_id, "ack", self.holder(claim_token)).await
+    }
+
+    async fn reject(&self, delivery_id: &str, claim_token: &str, reason: &str) -> Result<TransitionResponse, HubError> {
+        let body = RejectRequest {
+            instance_id: self.instance_id.clone(),
+            claim_token: claim_token.to_string(),
+            reason: reason.to_string(),
+        };
+        self.transition(delivery_id, "reject", body).await
+    }
+
+    async fn report(&self, body: &ReportRequest) -> Result<ReportResponse, HubError> {
+        let url = format!("{}/delivery-report", self.base);
+        self.send(self.http.post(url).timeout(REQUEST_TIMEOUT).json(body)).await
+    }
+}
+
+/// Keeps a hub-assigned id from changing the path: anything outside `[A-Za-z0-9._:-]` is
+/// percent-encoded.
+fn path_segment(id: &str) -> String {
+    let mut out = String::with_capacity(id.len());
+    for b in id.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// Classifies a reqwest failure. A failure to connect means the hub never saw the request;
+/// anything later (timeout, connection lost) may have reached it.
+fn transport_error(e: reqwest::Error) -> HubError {
+    let chain = error_chain(&e);
+    let maybe_sent = !e.is_connect() && !e.is_builder();
+    let lower = chain.to_ascii_lowercase();
+    let tls_hint = ["certificate", "alert", "handshake", "tls", "connection closed", "channel closed", "reset"]
+        .iter()
+        .any(|w| lower.contains(w));
+    let detail = if tls_hint {
+        format!("{chain} (the hub may have refused our client certificate: revoked or expired? the hub's log says why)")
+    } else {
+        chain
+    };
+    HubError::Unreachable { detail, maybe_sent }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(cause) = src {
+        s.push_str(": ");
+        s.push_str(&cause.to_string());
+        src = cause.source();
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_stay_one_path_segment() {
+        assert_eq!(path_segment("0190-ab_c.d:e"), "0190-ab_c.d:e");
+        assert_eq!(path_segment("../x y"), "..%2Fx%20y");
+    }
+
+    #[test]
+    fn error_classification() {
+        let refused = |status: u16, code: &str| HubError::Refused { status, code: code.into(), message: String::new() };
+        assert_eq!(refused(409, "stale_claim").code(), Some(ErrorCode::StaleClaim));
+        assert!(!refused(409, "stale_claim").is_transient());
+        assert!(refused(503, "storage_unavailable").is_transient());
+        assert!(!refused(503, "storage_unavailable").answer_lost());
+        assert!(HubError::Unreachable { detail: String::new(), maybe_sent: true }.answer_lost());
+        assert!(!HubError::Unreachable { detail: String::new(), maybe_sent: false }.answer_lost());
+    }
+}

@@ -1,0 +1,91 @@
+//! baton-node, the Baton worker agent: claims this host's deliveries from the hub, mirrors
+//! them into a local SQLite store, acks them, runs the harness turn for each (one at a time per
+//! conversation), and reports how each turn ended through a durable outbox (SPEC §4).
+//!
+//! Layout:
+//! - `cli`: flags, subcommands, exit codes; `main` only calls `cli::main_with`.
+//! - `config`: file + `BATON_NODE_<KEY>` + flags, merged and validated into `NodeConfig`.
+//! - `limits`: every bound, named once.
+//! - `store`: the node store (instance id, mirror, execution queue, attempt markers, outbox).
+//! - `client`: the hub API (`Hub` trait) and its mTLS implementation `HubClient`.
+//! - `agent`: the claim loop, holdings resync, mirrored/ack handoff, startup recovery.
+//! - `sched`: per-conversation ordering and the parallel limit; shutdown grace.
+//! - `exec`: runs one turn in its own process group; timeout, output bounds.
+//! - `report`: the report outbox sender.
+//! - `backoff`: bounded exponential backoff with jitter.
+//! - `status`: `baton-node status`, read-only.
+//!
+//! Invariant: only this crate opens the node store, through one connection used on blocking
+//! threads only.
+//! Invariant: nothing runs before the hub confirmed its ack; nothing that started is run twice.
+
+pub mod agent;
+pub mod backoff;
+pub mod cli;
+pub mod client;
+pub mod config;
+pub mod exec;
+pub mod limits;
+pub mod report;
+pub mod sched;
+pub mod status;
+pub mod store;
+
+use anyhow::Context as _;
+use config::NodeConfig;
+use std::future::Future;
+use std::path::Path;
+
+/// Runs a node until `shutdown` completes: opens (or creates) the store in `data_dir`, takes
+/// the data directory's lock, and runs the loop against the hub at `config.hub_url`.
+pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&config.data_dir)
+        .with_context(|| format!("creating data_dir {}", config.data_dir.display()))?;
+    let _lock = lock_data_dir(&config.data_dir)?;
+    let (path, sync) = (config.db_path(), config.synchronous);
+    let db = tokio::task::spawn_blocking(move || store::Db::open(&path, sync)).await??;
+    let store = store::Store::new(db);
+    let instance_id = store.call(|db| db.instance_id()).await?;
+    tracing::info!(
+        instance_id, data_dir = %config.data_dir.display(), hub_url = %config.hub_url,
+        version = env!("CARGO_PKG_VERSION"), "baton-node starting"
+    );
+    let hub = client::HubClient::new(&config, instance_id.clone())?;
+    agent::run_agent(config, store, hub, instance_id, shutdown).await
+}
+
+/// Holds an exclusive lock on `data_dir/node.lock` for as long as the returned file lives, so
+/// two processes never share one data directory (one instance, one process).
+fn lock_data_dir(data_dir: &Path) -> anyhow::Result<std::fs::File> {
+    let path = data_dir.join("node.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => {
+            anyhow::bail!("another baton-node is running with data_dir {}", data_dir.display())
+        }
+        Err(std::fs::TryLockError::Error(e)) => Err(e).with_context(|| format!("locking {}", path.display())),
+    }
+}
+
+/// Completes on the first SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!("cannot listen for SIGTERM: {e}; only SIGINT stops the node cleanly");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+    }
+}

@@ -1,0 +1,62 @@
+//! The node's bounds, named once. Configurable ones appear here as their default and their
+//! allowed range; the rest are fixed and carry the reason they have the value they have.
+
+use std::time::Duration;
+
+/// Default for `parallel_conversations`: conversations that may run a turn at the same time.
+pub const PARALLEL_CONVERSATIONS_DEFAULT: u32 = 4;
+/// Allowed range of `parallel_conversations`.
+pub const PARALLEL_CONVERSATIONS_RANGE: (u32, u32) = (1, 256);
+
+/// Default for `exec_timeout`: how long one harness turn may run before its group is killed.
+pub const EXEC_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10 * 60);
+/// Allowed range of `exec_timeout`.
+pub const EXEC_TIMEOUT_RANGE: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(24 * 3600));
+
+/// Default for `claim_wait`: how long one claim long-poll may wait for work.
+pub const CLAIM_WAIT_DEFAULT: Duration = Duration::from_secs(30);
+/// Allowed range of `claim_wait`.
+pub const CLAIM_WAIT_RANGE: (Duration, Duration) = (Duration::ZERO, Duration::from_secs(5 * 60));
+
+/// Default for `claim_batch_max`: most deliveries asked for in one claim.
+pub const CLAIM_BATCH_MAX_DEFAULT: u32 = 16;
+/// Allowed range of `claim_batch_max`.
+pub const CLAIM_BATCH_MAX_RANGE: (u32, u32) = (1, 1000);
+
+/// Default for `result_bytes_max`: most stdout bytes kept as an attempt's result.
+pub const RESULT_BYTES_MAX_DEFAULT: u64 = baton_shared::limits::RESULT_BYTES_MAX_DEFAULT;
+/// Allowed range of `result_bytes_max`.
+pub const RESULT_BYTES_MAX_RANGE: (u64, u64) = (1, 16 * 1024 * 1024);
+
+/// Default for `shutdown_grace`: how long running turns may finish after SIGTERM.
+pub const SHUTDOWN_GRACE_DEFAULT: Duration = Duration::from_secs(10);
+/// Allowed range of `shutdown_grace`.
+pub const SHUTDOWN_GRACE_RANGE: (Duration, Duration) = (Duration::ZERO, Duration::from_secs(3600));
+
+/// Default for `backoff_max`: the longest pause between retries when the hub is unreachable.
+pub const BACKOFF_MAX_DEFAULT: Duration = Duration::from_secs(30);
+/// Allowed range of `backoff_max`.
+pub const BACKOFF_MAX_RANGE: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(3600));
+
+/// First retry pause after a failure; doubled on each further failure up to `backoff_max`.
+pub const BACKOFF_BASE: Duration = Duration::from_millis(100);
+
+/// Timeout of every hub request except the claim long-poll (which waits `claim_wait` more).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Timeout of establishing a connection to the hub: a dead hub is noticed quickly.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long, after the harness exits, its stdout/stderr may stay open (held by a process it
+/// left behind) before the node kills its process group to stop waiting.
+pub const PIPE_DRAIN_AFTER_EXIT: Duration = Duration::from_secs(2);
+/// Most bytes of one attempt's stderr copied to the node's log; the rest is drained and counted.
+pub const STDERR_LOG_BYTES_MAX: usize = 64 * 1024;
+
+/// How long, at shutdown, the node keeps trying to deliver queued reports before it exits.
+pub const SHUTDOWN_REPORT_FLUSH: Duration = Duration::from_secs(5);
+/// Most outbox entries sent in one pass; the next pass takes the rest.
+pub const OUTBOX_BATCH_MAX: u32 = 64;
+
+const _: () = assert!(CLAIM_BATCH_MAX_DEFAULT <= CLAIM_BATCH_MAX_RANGE.1);
+const _: () = assert!(RESULT_BYTES_MAX_DEFAULT <= RESULT_BYTES_MAX_RANGE.1);
+const _: () = assert!(BACKOFF_BASE.as_millis() <= BACKOFF_MAX_RANGE.0.as_millis());

@@ -1,0 +1,97 @@
+//! The report outbox: sends every ended attempt's report to `POST /delivery-report` until the
+//! hub confirms it. A report's id is its attempt id, so a retry is counted once by the hub.
+//!
+//! Transient failures (no answer, 5xx, 429, 401) are retried with backoff, forever: nothing is
+//! lost. A final refusal (409 `report_conflict` or `stale_claim`, or another 4xx) is logged and
+//! the entry marked dead: never retried forever, never silently dropped (`status` lists it).
+
+use crate::agent::{Shared, now_ms};
+use crate::backoff::Backoff;
+use crate::client::Hub;
+use crate::limits::{BACKOFF_BASE, OUTBOX_BATCH_MAX};
+use crate::store::StoreError;
+use baton_shared::crash_point;
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+/// What one pass over the outbox achieved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pass {
+    /// Nothing was waiting.
+    Idle,
+    /// Every entry of the batch was confirmed or marked dead.
+    Progress,
+    /// The hub could not be reached; try again after a pause.
+    HubDown,
+}
+
+/// Sends reports until `stop` is cancelled.
+pub(crate) async fn outbox_loop<H: Hub>(sh: Arc<Shared<H>>, stop: CancellationToken) -> anyhow::Result<()> {
+    let mut backoff = Backoff::new(BACKOFF_BASE, sh.config.backoff_max);
+    loop {
+        match send_pending(&sh).await? {
+            Pass::Progress => backoff.reset(),
+            Pass::Idle => tokio::select! {
+                _ = sh.wake_outbox.notified() => {}
+                _ = stop.cancelled() => return Ok(()),
+            },
+            Pass::HubDown => tokio::select! {
+                _ = tokio::time::sleep(backoff.next_delay()) => {}
+                _ = stop.cancelled() => return Ok(()),
+            },
+        }
+    }
+}
+
+/// At shutdown: tries every waiting report once more, stopping at the first outage.
+pub(crate) async fn flush<H: Hub>(sh: &Shared<H>) -> Result<(), StoreError> {
+    loop {
+        match send_pending(sh).await? {
+            Pass::Progress => continue,
+            Pass::Idle => return Ok(()),
+            Pass::HubDown => {
+                tracing::warn!("reports still waiting for the hub at shutdown; they are sent at the next start");
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// One pass: sends up to `OUTBOX_BATCH_MAX` waiting reports, oldest first.
+pub(crate) async fn send_pending<H: Hub>(sh: &Shared<H>) -> Result<Pass, StoreError> {
+    let batch = sh.store.call(|db| db.pending_reports(OUTBOX_BATCH_MAX)).await?;
+    if batch.is_empty() {
+        return Ok(Pass::Idle);
+    }
+    for entry in batch {
+        let report_id = entry.report_id.clone();
+        match sh.hub.report(&entry.body).await {
+            Ok(resp) => {
+                crash_point("node.report.after_response");
+                if resp.attempt.report_id != report_id {
+                    tracing::warn!(report_id, hub_report_id = %resp.attempt.report_id, "the hub answered a report with another report id");
+                }
+                tracing::info!(
+                    delivery_id = %entry.delivery_id, report_id, outcome = %entry.body.outcome,
+                    duplicate = resp.duplicate, "report confirmed by the hub"
+                );
+                sh.store.call(move |db| db.report_confirmed(&report_id, now_ms())).await?;
+            }
+            Err(e) if e.is_transient() => {
+                tracing::warn!(delivery_id = %entry.delivery_id, report_id, "report not delivered yet: {e}");
+                let detail = e.to_string();
+                sh.store.call(move |db| db.report_tried(&report_id, &detail, now_ms())).await?;
+                return Ok(Pass::HubDown);
+            }
+            Err(e) => {
+                tracing::error!(
+                    delivery_id = %entry.delivery_id, report_id,
+                    "the hub refused this report for good; it will not be retried: {e}"
+                );
+                let reason = e.to_string();
+                sh.store.call(move |db| db.report_dead(&report_id, &reason, now_ms())).await?;
+            }
+        }
+    }
+    Ok(Pass::Progress)
+}

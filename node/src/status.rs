@@ -1,0 +1,84 @@
+//! `baton-node status`: what this node holds locally, read from its store without the hub.
+
+use crate::store::{Db, StoreError, Summary};
+use std::fmt::Write as _;
+use std::path::Path;
+
+/// Reads the store in `data_dir` read-only and renders its summary as text or JSON.
+pub fn status(data_dir: &Path, json: bool) -> Result<String, StoreError> {
+    let db = Db::open_read_only(&crate::config::db_path(data_dir))?;
+    let s = db.summary()?;
+    Ok(if json { render_json(&s) } else { render_text(&s) })
+}
+
+/// The summary as one JSON object (stable field names; scripts read them).
+pub fn render_json(s: &Summary) -> String {
+    let open: Vec<_> = s
+        .open
+        .iter()
+        .map(|(id, c, seq, st)| serde_json::json!({"delivery_id": id, "conversation": c, "seq": seq, "state": st}))
+        .collect();
+    let dead: Vec<_> =
+        s.dead_reports.iter().map(|(id, why)| serde_json::json!({"report_id": id, "reason": why})).collect();
+    let counts: serde_json::Map<String, serde_json::Value> =
+        s.counts.iter().map(|(st, n)| (st.clone(), serde_json::Value::from(*n))).collect();
+    let v = serde_json::json!({
+        "instance_id": s.instance_id,
+        "counts": counts,
+        "mirrored": s.open.iter().filter(|o| o.3 == "mirrored").count(),
+        "acked": s.open.iter().filter(|o| o.3 == "acked").count(),
+        "running": s.running,
+        "awaiting_report": s.awaiting_report,
+        "dead_reports": dead,
+        "open": open,
+    });
+    v.to_string()
+}
+
+/// The summary for a human.
+pub fn render_text(s: &Summary) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "instance id:      {}", s.instance_id.as_deref().unwrap_or("(none yet)"));
+    let counts: Vec<String> = s.counts.iter().map(|(st, n)| format!("{st} {n}")).collect();
+    let _ = writeln!(out, "deliveries:       {}", if counts.is_empty() { "none".into() } else { counts.join(", ") });
+    let _ = writeln!(out, "running:          {}", s.running.len());
+    let _ = writeln!(out, "awaiting report:  {}", s.awaiting_report.len());
+    let _ = writeln!(out, "dead reports:     {}", s.dead_reports.len());
+    for (id, c, seq, st) in &s.open {
+        let run = if s.running.contains(id) { " (running)" } else { "" };
+        let _ = writeln!(out, "  {id}  {c} #{seq}  {st}{run}");
+    }
+    for (id, why) in &s.dead_reports {
+        let _ = writeln!(out, "  dead report {id}: {why}");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::tests::{delivery, open_temp};
+
+    #[test]
+    fn status_lists_what_is_held() {
+        let (dir, mut db) = open_temp();
+        db.mirror(&delivery("d1", "c", 1), false, 1).unwrap();
+        db.mirror(&delivery("d2", "c", 2), true, 1).unwrap();
+        db.start_attempt("d2", 2).unwrap().unwrap();
+        drop(db);
+        let text = status(dir.path(), false).unwrap();
+        assert!(text.contains("running:          1"), "{text}");
+        assert!(text.contains("d2  c #2  acked (running)"), "{text}");
+        let v: serde_json::Value = serde_json::from_str(&status(dir.path(), true).unwrap()).unwrap();
+        assert_eq!(v["mirrored"], 1);
+        assert_eq!(v["running"][0], "d2");
+        assert_eq!(v["counts"]["acked"], 1);
+    }
+
+    #[test]
+    fn missing_store_is_an_error_not_a_new_store() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(status(dir.path(), false).is_err());
+        assert!(!dir.path().join("node.db").exists());
+    }
+}
