@@ -918,3 +918,57 @@ fn verify(dir: &DataDir, json: bool) -> CliResult {
         Err(CliError::new(EXIT_FAILURE, format!("{} problem(s) found", problems.len())))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn public_surface_parses() {
+        for args in [
+            vec!["baton-hub", "init", "--hostname", "hub.example"],
+            vec!["baton-hub", "serve", "--listen", "127.0.0.1:0"],
+            vec!["baton-hub", "enroll", "node", "host-a", "--out", "d"],
+            vec!["baton-hub", "enroll", "producer", "p", "--out", "d"],
+            vec!["baton-hub", "revoke", "host-a", "--reason", "lost laptop"],
+            vec!["baton-hub", "renew", "host-a", "--out", "d"],
+            vec!["baton-hub", "retire", "host-a"],
+            vec!["baton-hub", "fence", "pause", "--conversation", "c"],
+            vec!["baton-hub", "fence", "hold", "--host", "h", "--reason", "r"],
+            vec!["baton-hub", "fence", "block", "--all"],
+            vec!["baton-hub", "fence", "lift", "3"],
+            vec!["baton-hub", "fence", "list", "--json"],
+            vec!["baton-hub", "held", "list", "--json"],
+            vec!["baton-hub", "held", "release", "abc"],
+            vec!["baton-hub", "held", "release", "--conversation", "c"],
+            vec![
+                "baton-hub",
+                "deliveries",
+                "list",
+                "--state",
+                "queued",
+                "--host",
+                "h",
+                "--conversation",
+                "c",
+                "--json",
+            ],
+            vec!["baton-hub", "deliveries", "show", "abc", "--json"],
+            vec!["baton-hub", "send", "--conversation", "c", "--to", "a,b", "--key", "k", "--payload", "{}"],
+            vec!["baton-hub", "status", "--json"],
+            vec!["baton-hub", "backup", "--out", "f"],
+            vec!["baton-hub", "verify"],
+        ] {
+            assert!(Cli::try_parse_from(&args).is_ok(), "{args:?}");
+        }
+        // A fence needs exactly one scope.
+        assert!(Cli::try_parse_from(["baton-hub", "fence", "pause"]).is_err());
+        assert!(Cli::try_parse_from(["baton-hub", "fence", "pause", "--all", "--host", "h"]).is_err());
+    }
+}

@@ -267,3 +267,212 @@ pub fn check_path_id(field: &'static str, id: &str) -> Result<(), ApiError> {
         ))
     }
 }
+
+/// Every route of the API as (method, path). `docs/openapi.json` describes exactly these; a
+/// test holds the two together and checks that the router serves each one.
+pub const ROUTES: &[(&str, &str)] = &[
+    ("POST", "/v1/messages"),
+    ("GET", "/v1/messages"),
+    ("GET", "/v1/messages/{message_id}"),
+    ("POST", "/v1/claims"),
+    ("GET", "/v1/holdings"),
+    ("POST", "/v1/deliveries/{delivery_id}/mirrored"),
+    ("POST", "/v1/deliveries/{delivery_id}/ack"),
+    ("POST", "/v1/deliveries/{delivery_id}/reject"),
+    ("POST", "/delivery-report"),
+    ("GET", "/healthz"),
+    ("GET", "/readyz"),
+    ("GET", "/metrics"),
+];
+
+#[cfg(test)]
+mod openapi_tests {
+    use super::*;
+    use baton_shared::states::{DeliveryState, Outcome};
+    use baton_shared::wire::*;
+    use std::collections::BTreeSet;
+    use tower::ServiceExt;
+
+    const OPENAPI: &str = include_str!("../../../docs/openapi.json");
+
+    fn spec() -> serde_json::Value {
+        serde_json::from_str(OPENAPI).unwrap()
+    }
+
+    #[test]
+    fn openapi_lists_exactly_the_routes() {
+        let spec = spec();
+        let mut documented = BTreeSet::new();
+        for (path, ops) in spec["paths"].as_object().unwrap() {
+            for method in ops.as_object().unwrap().keys() {
+                documented.insert((method.to_uppercase(), path.clone()));
+            }
+        }
+        let served: BTreeSet<(String, String)> = ROUTES.iter().map(|(m, p)| (m.to_string(), p.to_string())).collect();
+        assert_eq!(documented, served);
+    }
+
+    /// The documented properties of each schema are exactly the fields the code sends.
+    #[test]
+    fn openapi_schemas_match_the_wire_types() {
+        let spec = spec();
+        let attempt = AttemptView {
+            attempt_id: "a".into(),
+            report_id: "r".into(),
+            outcome: Outcome::Succeeded,
+            exit_code: Some(0),
+            duration_ms: Some(1),
+            result: None,
+            reason: None,
+            reported_at_ms: 1,
+        };
+        let delivery = DeliveryView {
+            delivery_id: "d".into(),
+            host: "h".into(),
+            state: DeliveryState::Delivered,
+            reason: None,
+            updated_at_ms: 1,
+            attempts: vec![attempt.clone()],
+        };
+        let claimed = ClaimedDelivery {
+            delivery_id: "d".into(),
+            message_id: "m".into(),
+            conversation: "c".into(),
+            seq: 1,
+            payload: serde_json::json!({}),
+            claim_token: "t".into(),
+            state: DeliveryState::Claimed,
+        };
+        let summary = DeliverySummary { delivery_id: "d".into(), host: "h".into(), state: DeliveryState::Queued };
+        let samples: Vec<(&str, serde_json::Value)> = vec![
+            (
+                "SubmitRequest",
+                serde_json::to_value(SubmitRequest {
+                    conversation: "c".into(),
+                    idempotency_key: "k".into(),
+                    payload: serde_json::json!(1),
+                    to: Some(vec!["h".into()]),
+                })
+                .unwrap(),
+            ),
+            (
+                "SubmitResponse",
+                serde_json::to_value(SubmitResponse {
+                    message_id: "m".into(),
+                    seq: 1,
+                    duplicate: false,
+                    deliveries: vec![summary.clone()],
+                })
+                .unwrap(),
+            ),
+            ("DeliverySummary", serde_json::to_value(&summary).unwrap()),
+            ("Attempt", serde_json::to_value(&attempt).unwrap()),
+            ("DeliveryView", serde_json::to_value(&delivery).unwrap()),
+            (
+                "MessageView",
+                serde_json::to_value(MessageView {
+                    message_id: "m".into(),
+                    conversation: "c".into(),
+                    seq: 1,
+                    producer: "p".into(),
+                    idempotency_key: "k".into(),
+                    payload: serde_json::json!({}),
+                    accepted_at_ms: 1,
+                    deliveries: vec![delivery.clone()],
+                })
+                .unwrap(),
+            ),
+            (
+                "ClaimRequest",
+                serde_json::to_value(ClaimRequest { instance_id: "i".into(), max: Some(1), wait_ms: Some(1) }).unwrap(),
+            ),
+            ("ClaimedDelivery", serde_json::to_value(&claimed).unwrap()),
+            ("ClaimResponse", serde_json::to_value(ClaimResponse { deliveries: vec![claimed.clone()] }).unwrap()),
+            (
+                "HolderRequest",
+                serde_json::to_value(HolderRequest { instance_id: "i".into(), claim_token: "t".into() }).unwrap(),
+            ),
+            (
+                "RejectRequest",
+                serde_json::to_value(RejectRequest {
+                    instance_id: "i".into(),
+                    claim_token: "t".into(),
+                    reason: "r".into(),
+                })
+                .unwrap(),
+            ),
+            (
+                "TransitionResponse",
+                serde_json::to_value(TransitionResponse {
+                    delivery_id: "d".into(),
+                    state: DeliveryState::Mirrored,
+                    changed: true,
+                })
+                .unwrap(),
+            ),
+            (
+                "ReportRequest",
+                serde_json::to_value(ReportRequest {
+                    delivery_id: "d".into(),
+                    instance_id: "i".into(),
+                    claim_token: "t".into(),
+                    report_id: "r".into(),
+                    outcome: Outcome::Failed,
+                    exit_code: Some(1),
+                    duration_ms: Some(1),
+                    result: Some("x".into()),
+                    reason: Some("y".into()),
+                })
+                .unwrap(),
+            ),
+            (
+                "ReportResponse",
+                serde_json::to_value(ReportResponse { attempt, delivery_id: "d".into(), duplicate: false }).unwrap(),
+            ),
+            ("Error", serde_json::to_value(ErrorBody { code: "c".into(), message: "m".into() }).unwrap()),
+        ];
+        let schemas = spec["components"]["schemas"].as_object().unwrap();
+        assert_eq!(schemas.len(), samples.len(), "every documented schema has a sample here");
+        for (name, value) in samples {
+            let documented: BTreeSet<&String> = schemas[name]["properties"].as_object().unwrap().keys().collect();
+            let sent: BTreeSet<&String> = value.as_object().unwrap().keys().collect();
+            assert_eq!(documented, sent, "schema {name}");
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_router_serves_every_documented_route() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hub.db");
+        let conn = crate::store::open_write(&path, baton_shared::sqlite::Synchronous::Normal).unwrap();
+        let state = Arc::new(Shared {
+            writer: Writer::start(conn).unwrap(),
+            readers: Arc::new(Readers::new(path)),
+            work: watch::channel(0).0,
+            outcomes: watch::channel(0).0,
+            limits: Limits::default(),
+            shutdown: CancellationToken::new(),
+            ready: AtomicBool::new(true),
+            metrics: None,
+        });
+        let app = app(state);
+        for (method, path) in ROUTES {
+            let uri = path
+                .replace("{message_id}", &uuid::Uuid::now_v7().to_string())
+                .replace("{delivery_id}", &uuid::Uuid::now_v7().to_string());
+            let req = axum::http::Request::builder().method(*method).uri(&uri).body(axum::body::Body::empty()).unwrap();
+            let resp = app.clone().oneshot(req).await.unwrap();
+            let status = resp.status();
+            let body = axum::body::to_bytes(resp.into_body(), 1 << 20).await.unwrap();
+            let text = String::from_utf8_lossy(&body);
+            assert!(!text.contains("no such endpoint"), "{method} {path} is not routed");
+            assert_ne!(status, StatusCode::METHOD_NOT_ALLOWED, "{method} {path}");
+            // Without a verified certificate, every identity-checked route refuses with 401.
+            if !matches!(*path, "/healthz" | "/readyz") {
+                assert_eq!(status, StatusCode::UNAUTHORIZED, "{method} {path}: {text}");
+                let e: ErrorBody = serde_json::from_slice(&body).unwrap();
+                assert_eq!(e.code, "unknown_certificate");
+            }
+        }
+    }
+}
