@@ -79,6 +79,7 @@ impl Hub {
             }
         });
         tokio::spawn(sweep_retention(shared.clone(), self.config.limits.retention));
+        tokio::spawn(publish_gauges(shared.clone()));
         tracing::info!(addr = %listener.local_addr()?, "serving");
         tls::serve(
             listener,
@@ -91,6 +92,30 @@ impl Hub {
         .await;
         tracing::info!("stopped");
         Ok(())
+    }
+}
+
+/// How often the delivery-state gauges are refreshed.
+const GAUGE_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Publishes deliveries per state, pending fan-out and active fences as gauges.
+async fn publish_gauges(shared: Arc<Shared>) {
+    loop {
+        match shared.readers.read(store::read::status).await {
+            Ok(s) => {
+                for st in baton_shared::states::DeliveryState::ALL {
+                    let n = s.deliveries.iter().find(|(name, _)| name == st.as_str()).map(|(_, n)| *n).unwrap_or(0);
+                    metrics::gauge!("baton_hub_deliveries", "state" => st.as_str()).set(n as f64);
+                }
+                metrics::gauge!("baton_hub_fanout_pending").set(s.pending_fanout as f64);
+                metrics::gauge!("baton_hub_fences_active").set(s.active_fences as f64);
+            }
+            Err(e) => tracing::warn!(error = %e, "could not read the status for the gauges"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(GAUGE_INTERVAL) => {}
+            _ = shared.shutdown.cancelled() => return,
+        }
     }
 }
 

@@ -83,6 +83,8 @@ fn run(conn: Connection, mut rx: mpsc::Receiver<Job>) {
 }
 
 fn run_batch(conn: &Connection, jobs: &mut Vec<Job>) {
+    let started = std::time::Instant::now();
+    metrics::histogram!("baton_hub_write_batch_jobs").record(jobs.len() as f64);
     if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
         tracing::error!(error = %e, "cannot begin a write transaction");
         for job in jobs.drain(..) {
@@ -119,6 +121,10 @@ fn run_batch(conn: &Connection, jobs: &mut Vec<Job>) {
     if let Err(e) = &outcome {
         tracing::error!(error = %e, "write transaction failed; rolled back");
         let _ = conn.execute_batch("ROLLBACK");
+    }
+    metrics::histogram!("baton_hub_write_transaction_seconds").record(started.elapsed().as_secs_f64());
+    if outcome.is_err() {
+        metrics::counter!("baton_hub_write_transaction_failures_total").increment(1);
     }
     for reply in replies {
         reply(outcome.clone());
