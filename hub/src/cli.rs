@@ -487,6 +487,9 @@ pub fn run(cli: &Cli) -> CliResult {
             let conn = open_db(&dir)?;
             let swept = in_write_txn(&conn, |c| operator::requeue_instance(c, instance, &op, &why.reason, now_ms()))?;
             wake::notify(&dir.wake_socket());
+            if swept.requeued.is_empty() && swept.outcome_unknown.is_empty() {
+                return Err(CliError::new(EXIT_NOT_FOUND, format!("instance {instance} holds nothing")));
+            }
             writeln!(
                 out(),
                 "instance {instance}: {} requeued, {} delivered without outcome marked unknown",

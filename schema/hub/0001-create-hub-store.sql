@@ -124,8 +124,10 @@ CREATE TABLE fences (
     target        TEXT,                         -- conversation or host name; NULL for all
     set_by        TEXT NOT NULL,
     set_at        INTEGER NOT NULL,
+    set_after_event INTEGER NOT NULL,           -- last delivery_events.id committed before the fence
     reason        TEXT NOT NULL,
     lifted_at     INTEGER,
+    lifted_after_event INTEGER,                 -- last delivery_events.id committed before the lift
     lifted_by     TEXT,
     lifted_reason TEXT,
     CHECK ((scope = 'all') = (target IS NULL))

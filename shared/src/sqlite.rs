@@ -111,7 +111,31 @@ impl Default for OpenOptions {
 }
 
 /// Opens (and migrates) a store at `path` with the given ordered migration scripts.
+///
+/// A store that is refused is left as it was found: the WAL is not folded into it, and the
+/// `-wal`/`-shm` side files that opening created (and only those) are removed again.
 pub fn open(path: &Path, migrations: &[&'static str], opts: OpenOptions) -> Result<Connection, OpenError> {
+    let side = |suffix: &str| {
+        let mut p = path.as_os_str().to_owned();
+        p.push(suffix);
+        std::path::PathBuf::from(p)
+    };
+    let (wal, shm) = (side("-wal"), side("-shm"));
+    let (had_wal, had_shm) = (wal.exists(), shm.exists());
+    let result = open_inner(path, migrations, opts);
+    if result.is_err() {
+        // The connection is closed by now. Side files nobody had before belong to this attempt.
+        if !had_wal && std::fs::metadata(&wal).is_ok_and(|m| m.len() == 0) {
+            let _ = std::fs::remove_file(&wal);
+        }
+        if !had_shm {
+            let _ = std::fs::remove_file(&shm);
+        }
+    }
+    result
+}
+
+fn open_inner(path: &Path, migrations: &[&'static str], opts: OpenOptions) -> Result<Connection, OpenError> {
     let shown = path.display().to_string();
     let sql_err = |source| OpenError::Sqlite { path: shown.clone(), source };
     let exists = path.exists();
@@ -124,6 +148,9 @@ pub fn open(path: &Path, migrations: &[&'static str], opts: OpenOptions) -> Resu
         OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX
     };
     let mut conn = Connection::open_with_flags(path, flags).map_err(sql_err)?;
+    // Until the file has passed its checks, closing must not fold a WAL into it: a refused
+    // database is left exactly as it was found.
+    conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true).map_err(sql_err)?;
     conn.busy_timeout(BUSY_TIMEOUT).map_err(sql_err)?;
     let damaged = |e: rusqlite::Error| OpenError::Damaged { path: shown.clone(), detail: e.to_string() };
     let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).map_err(damaged)?;
@@ -151,6 +178,7 @@ pub fn open(path: &Path, migrations: &[&'static str], opts: OpenOptions) -> Resu
     check_pragma(&conn, &shown, "busy_timeout", &BUSY_TIMEOUT.as_millis().to_string())?;
     let ms = Migrations::new(migrations.iter().map(|s| M::up(s)).collect());
     ms.to_latest(&mut conn).map_err(|e| OpenError::Migration { path: shown.clone(), detail: e.to_string() })?;
+    conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, false).map_err(sql_err)?;
     Ok(conn)
 }
 
@@ -238,6 +266,34 @@ mod tests {
         let err = open(&path, MS, OpenOptions::default()).unwrap_err();
         assert!(matches!(err, OpenError::Damaged { .. }), "{err}");
         assert_eq!(std::fs::read(&path).unwrap(), garbage);
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("s.db")], "no side files are left behind");
+    }
+
+    #[test]
+    fn damaged_file_with_a_wal_is_refused_and_neither_file_rewritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let conn = open(&path, MS, OpenOptions::default()).unwrap();
+        conn.execute_batch("PRAGMA wal_autocheckpoint = 0; CREATE TABLE big (x BLOB);").unwrap();
+        for _ in 0..20 {
+            conn.execute("INSERT INTO big (x) VALUES (randomblob(3000))", []).unwrap();
+        }
+        conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);").unwrap();
+        conn.execute("INSERT INTO big (x) VALUES (randomblob(3000))", []).unwrap();
+        // Leave the WAL behind as a crash would, then damage a page of the main file.
+        let wal = dir.path().join("s.db-wal");
+        let wal_before = std::fs::read(&wal).unwrap();
+        std::mem::forget(conn);
+        let mut bytes = std::fs::read(&path).unwrap();
+        for b in &mut bytes[4096..8192] {
+            *b = 0x5a;
+        }
+        std::fs::write(&path, &bytes).unwrap();
+        let err = open(&path, MS, OpenOptions::default()).unwrap_err();
+        assert!(matches!(err, OpenError::Damaged { .. }), "{err}");
+        assert_eq!(std::fs::read(&path).unwrap(), bytes, "the damaged file was rewritten");
+        assert_eq!(std::fs::read(&wal).unwrap(), wal_before, "the WAL was folded in or removed");
     }
 
     #[test]

@@ -1,1 +1,29 @@
-//! tests
+//! End-to-end tests: the real `baton-hub` (and later `baton-node`) binaries, started in fresh
+//! temp directories with freshly enrolled certificates, driven over real mTLS and through the
+//! operator CLI.
+//!
+//! Layout:
+//! - `harness`: the `Hub` fixture, CLI runner, TLS clients and node calls.
+//! - `hub_contract`: the SPEC §2 state machine through the API and CLI, idempotent accept,
+//!   reports, instance binding, operator transitions.
+//! - `hub_longpoll`: claims and producer reads that wait, and what wakes them.
+//! - `hub_fences`: pause, hold and block per scope.
+//! - `hub_auth`: identity and transport (mTLS, roles, revocation).
+//! - `hub_errors`: every 4xx answer and its `{code, message}` body.
+//! - `hub_crash`: crash points, restart and repair.
+//! - `hub_cli`: configuration validation and the CLI's outputs and exit codes.
+//! - `node_*`, `power_loss`: the node agent and durability under power loss (see each module).
+
+// A test binary exports nothing, so `pub` in its private modules only means "shared between
+// modules"; spelling every item `pub(crate)` would add noise, not safety.
+#![allow(unreachable_pub)]
+
+mod harness;
+mod hub_auth;
+mod hub_cli;
+mod hub_contract;
+mod hub_crash;
+mod hub_errors;
+mod hub_fences;
+mod hub_longpoll;
+mod power_loss;

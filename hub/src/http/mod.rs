@@ -195,6 +195,8 @@ pub struct Caller {
     pub role: Role,
     /// The host or producer name.
     pub name: String,
+    /// The certificate's serial (lowercase hex), for re-checks inside transactions.
+    pub serial: String,
 }
 
 impl FromRequestParts<AppState> for Caller {
@@ -215,7 +217,7 @@ impl FromRequestParts<AppState> for Caller {
             Some(s) if s.role != id.role.as_str() || s.name != id.name => {
                 Err(unknown(format!("certificate {} does not match the hub's record", id.serial)))
             }
-            Some(_) => Ok(Caller { role: id.role, name: id.name }),
+            Some(_) => Ok(Caller { role: id.role, name: id.name, serial: id.serial }),
         }
     }
 }

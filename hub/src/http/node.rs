@@ -38,8 +38,14 @@ pub(super) async fn claim(
     loop {
         // Subscribe before looking, so a change between the look and the wait is not missed.
         let mut rx = state.work.subscribe();
-        let (host, instance) = (caller.name.clone(), req.instance_id.clone());
-        let batch = state.writer.call(move |c| claim::claim(c, &host, &instance, max, now_ms())).await?;
+        let (host, instance, serial) = (caller.name.clone(), req.instance_id.clone(), caller.serial.clone());
+        let batch = state
+            .writer
+            .call(move |c| {
+                let who = claim::Claimant { host: &host, serial: Some(&serial), instance_id: &instance };
+                claim::claim_as(c, who, max, now_ms())
+            })
+            .await?;
         if !batch.is_empty() {
             crash_point("hub.claim.after_commit");
             metrics::counter!("baton_hub_deliveries_claimed_total").increment(batch.len() as u64);

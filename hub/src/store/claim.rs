@@ -207,8 +207,7 @@ fn bind_instance(conn: &Connection, host: &str, instance_id: &str, now_ms: i64) 
     Ok(())
 }
 
-/// The claim transaction: up to `max` queued deliveries for `host`, oldest first, with fences
-/// applied on the way (pause skips, hold parks, block fails).
+/// `claim_as` without a certificate to re-check (in-process callers: tests, benchmarks).
 pub fn claim(
     conn: &Connection,
     host: &str,
@@ -216,6 +215,36 @@ pub fn claim(
     max: u32,
     now_ms: i64,
 ) -> StoreResult<Vec<ClaimedDelivery>> {
+    claim_as(conn, Claimant { host, serial: None, instance_id }, max, now_ms)
+}
+
+/// Who is claiming: the host, the certificate it presented, and its instance.
+#[derive(Debug, Clone, Copy)]
+pub struct Claimant<'a> {
+    /// The host, from the certificate.
+    pub host: &'a str,
+    /// The presenting certificate's serial; re-checked inside the claim.
+    pub serial: Option<&'a str>,
+    /// The node instance.
+    pub instance_id: &'a str,
+}
+
+/// The claim transaction: up to `max` queued deliveries for the claimant's host, oldest first,
+/// with fences applied on the way (pause skips, hold parks, block fails). Authorization is
+/// re-checked here, inside the transaction that would hand work out: the certificate must not
+/// be revoked and the host not retired, so a long-poll that began before a revocation or a
+/// retirement hands out nothing after it.
+pub fn claim_as(conn: &Connection, who: Claimant<'_>, max: u32, now_ms: i64) -> StoreResult<Vec<ClaimedDelivery>> {
+    let (host, instance_id) = (who.host, who.instance_id);
+    if let Some(serial) = who.serial {
+        let revoked: Option<bool> = conn
+            .prepare_cached("SELECT revoked_at IS NOT NULL FROM certificates WHERE serial = ?1")?
+            .query_row([serial], |r| r.get(0))
+            .optional()?;
+        if revoked != Some(false) {
+            return Err(StoreError::CertificateRevoked(format!("certificate {serial} was revoked")));
+        }
+    }
     if !host_may_claim(conn, host, now_ms)? {
         return Ok(Vec::new());
     }
@@ -469,6 +498,20 @@ mod tests {
     use crate::store::accept::testing::accept_one;
     use crate::store::operator::{fence_lift, fence_set};
     use crate::store::testing;
+
+    #[test]
+    fn a_revoked_certificate_is_handed_nothing() {
+        let db = testing::db();
+        accept_one(&db.conn, "c", "k1", &["host-a"]);
+        crate::store::operator::record_certificate(&db.conn, "aa01", "node", "host-a", i64::MAX, 1).unwrap();
+        let who = Claimant { host: "host-a", serial: Some("aa01"), instance_id: "i" };
+        crate::store::operator::revoke(&db.conn, "aa01", "op", "lost", 2).unwrap();
+        assert!(matches!(claim_as(&db.conn, who, 10, 3), Err(StoreError::CertificateRevoked(_))));
+        let unknown = Claimant { serial: Some("bb02"), ..who };
+        assert!(matches!(claim_as(&db.conn, unknown, 10, 3), Err(StoreError::CertificateRevoked(_))));
+        let state: String = db.conn.query_row("SELECT state FROM deliveries", [], |r| r.get(0)).unwrap();
+        assert_eq!(state, "queued", "nothing was handed out or failed");
+    }
 
     fn state_of_msg(conn: &Connection, msg: &str) -> (String, Option<String>) {
         conn.query_row("SELECT state, reason FROM deliveries WHERE message_id = ?1", [msg], |r| {

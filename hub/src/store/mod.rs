@@ -112,6 +112,9 @@ pub enum StoreError {
     /// A capacity bound is reached.
     #[error("{0}")]
     OverCapacity(String),
+    /// The caller's certificate was revoked (found when re-checked inside a transaction).
+    #[error("{0}")]
+    CertificateRevoked(String),
     /// SQLite failed (disk full, I/O error, busy past the timeout). Details are logged.
     #[error("storage error: {0}")]
     Storage(String),
@@ -130,6 +133,7 @@ impl StoreError {
             StoreError::ReportConflict(_) => ErrorCode::ReportConflict,
             StoreError::InstanceConflict(_) => ErrorCode::InstanceConflict,
             StoreError::OverCapacity(_) => ErrorCode::OverCapacity,
+            StoreError::CertificateRevoked(_) => ErrorCode::CertificateRevoked,
             StoreError::Storage(_) => ErrorCode::StorageUnavailable,
         }
     }

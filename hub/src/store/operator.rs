@@ -91,6 +91,10 @@ pub fn revoke(
 }
 
 /// Sets a fence. `target` is the conversation or host (None for all). Returns its id.
+///
+/// The fence records the last delivery event committed before it (and its lift the same), which
+/// places it exactly in the record's commit order: a claim event with a higher id committed
+/// after the fence. Checkers use this to prove no claim slipped past an active fence.
 pub fn fence_set(
     conn: &Connection,
     kind: FenceKind,
@@ -104,7 +108,8 @@ pub fn fence_set(
         return Err(StoreError::Invalid("a fence names a conversation or a host, or covers all".into()));
     }
     conn.prepare_cached(
-        "INSERT INTO fences (kind, scope, target, set_by, set_at, reason) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        "INSERT INTO fences (kind, scope, target, set_by, set_at, set_after_event, reason)
+         VALUES (?1, ?2, ?3, ?4, ?5, (SELECT coalesce(max(seq), 0) FROM sqlite_sequence WHERE name = 'delivery_events'), ?6)",
     )?
     .execute(rusqlite::params![kind.as_str(), scope.as_str(), target, operator, now_ms, reason])?;
     let id = conn.last_insert_rowid();
@@ -123,7 +128,9 @@ pub fn fence_set(
 pub fn fence_lift(conn: &Connection, id: i64, operator: &str, reason: &str, now_ms: i64) -> StoreResult<()> {
     let n = conn
         .prepare_cached(
-            "UPDATE fences SET lifted_at = ?2, lifted_by = ?3, lifted_reason = ?4 WHERE id = ?1 AND lifted_at IS NULL",
+            "UPDATE fences SET lifted_at = ?2, lifted_by = ?3, lifted_reason = ?4,
+                    lifted_after_event = (SELECT coalesce(max(seq), 0) FROM sqlite_sequence WHERE name = 'delivery_events')
+             WHERE id = ?1 AND lifted_at IS NULL",
         )?
         .execute(rusqlite::params![id, now_ms, operator, reason])?;
     if n != 1 {

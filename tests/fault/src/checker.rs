@@ -1,0 +1,998 @@
+//! The invariant checker (RELIABILITY.md §6.3): loads the hub database, every node database, the
+//! client history and the effects ledger, and reports every violation with the chain of events
+//! behind it.
+//!
+//! Every database is opened read-only (`SQLITE_OPEN_READ_ONLY` plus `query_only`), so the checker
+//! can run against a live hub and never changes what it inspects. The hub-side rules already in
+//! `baton_hub::verify::check` are reused (and sorted into their invariant families); the rules
+//! that need more than the hub's record are here.
+
+use crate::records::{EffectLine, HistoryLine, read_lines};
+use rusqlite::{Connection, OpenFlags, OptionalExtension};
+use serde::Serialize;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+
+/// What to check.
+#[derive(Debug, Clone)]
+pub struct Inputs {
+    /// The hub database.
+    pub hub_db: PathBuf,
+    /// Every node database (`DATA_DIR/node.db`).
+    pub node_dbs: Vec<PathBuf>,
+    /// The client history (JSON lines), if any.
+    pub history: Option<PathBuf>,
+    /// The effects ledger (JSON lines), if any.
+    pub ledger: Option<PathBuf>,
+    /// Whether the system is quiescent after heal, so the liveness rules (I10) apply.
+    pub liveness: bool,
+}
+
+impl Inputs {
+    /// Inputs for a hub database alone, liveness off.
+    pub fn hub_only(hub_db: &Path) -> Inputs {
+        Inputs { hub_db: hub_db.to_path_buf(), node_dbs: Vec::new(), history: None, ledger: None, liveness: false }
+    }
+}
+
+/// One broken rule.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Violation {
+    /// The invariant family: `I1` … `I14`.
+    pub invariant: String,
+    /// What it is about (a delivery id, a key, a database).
+    pub subject: String,
+    /// What is wrong.
+    pub message: String,
+    /// Every recorded fact about the subject, in order: hub events, attempts, node rows,
+    /// history and ledger lines.
+    pub chain: Vec<String>,
+}
+
+/// The checker's result.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Report {
+    /// Sizes of what was read.
+    pub counts: BTreeMap<String, u64>,
+    /// Every violation found; empty means the run is clean.
+    pub violations: Vec<Violation>,
+}
+
+impl Report {
+    /// The invariant families that were violated, deduplicated.
+    pub fn families(&self) -> BTreeSet<String> {
+        self.violations.iter().map(|v| v.invariant.clone()).collect()
+    }
+
+    /// A human-readable rendering: counts, then each violation with its chain.
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        for (k, v) in &self.counts {
+            s.push_str(&format!("{k}: {v}\n"));
+        }
+        for v in &self.violations {
+            s.push_str(&format!("\n[{}] {}: {}\n", v.invariant, v.subject, v.message));
+            for c in &v.chain {
+                s.push_str(&format!("    {c}\n"));
+            }
+        }
+        s.push_str(&format!("violations: {}\n", self.violations.len()));
+        s
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The loaded model
+
+struct Message {
+    id: String,
+    producer: String,
+    key: String,
+}
+
+struct Delivery {
+    id: String,
+    message_id: String,
+    host: String,
+    conversation: String,
+    state: String,
+    instance_id: Option<String>,
+}
+
+struct Event {
+    id: i64,
+    delivery_id: String,
+    from: Option<String>,
+    to: String,
+    actor_kind: String,
+    actor: String,
+    instance_id: Option<String>,
+    reason: Option<String>,
+    at: i64,
+}
+
+struct HubAttempt {
+    id: String,
+    delivery_id: String,
+    host: String,
+    instance_id: String,
+    report_id: String,
+    outcome: String,
+}
+
+struct Fence {
+    id: i64,
+    kind: String,
+    scope: String,
+    target: Option<String>,
+    set_at: i64,
+    lifted_at: Option<i64>,
+    set_after_event: i64,
+    lifted_after_event: Option<i64>,
+}
+
+struct NodeDelivery {
+    delivery_id: String,
+    state: String,
+}
+
+struct NodeAttempt {
+    attempt_id: String,
+    delivery_id: String,
+    ended: bool,
+    outcome: Option<String>,
+}
+
+struct NodeDb {
+    path: String,
+    instance_id: Option<String>,
+    deliveries: Vec<NodeDelivery>,
+    attempts: Vec<NodeAttempt>,
+}
+
+struct Model {
+    messages: Vec<Message>,
+    recipients: Vec<(String, String)>,
+    obligations: Vec<(String, Option<i64>)>,
+    deliveries: Vec<Delivery>,
+    events: Vec<Event>,
+    attempts: Vec<HubAttempt>,
+    fences: Vec<Fence>,
+    nodes: Vec<NodeDb>,
+    history: Vec<HistoryLine>,
+    ledger: Vec<EffectLine>,
+}
+
+/// Opens an SQLite file strictly read-only.
+pub fn open_read_only(path: &Path) -> anyhow::Result<Connection> {
+    if !path.exists() {
+        anyhow::bail!("{} does not exist", path.display());
+    }
+    let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)?;
+    conn.busy_timeout(std::time::Duration::from_secs(10))?;
+    conn.pragma_update(None, "query_only", true)?;
+    Ok(conn)
+}
+
+fn rows<T>(
+    conn: &Connection,
+    sql: &str,
+    f: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+) -> anyhow::Result<Vec<T>> {
+    let mut stmt = conn.prepare(sql)?;
+    let out = stmt.query_map([], f)?.collect::<Result<Vec<_>, _>>()?;
+    Ok(out)
+}
+
+fn load_hub(conn: &Connection, m: &mut Model) -> anyhow::Result<()> {
+    m.messages = rows(conn, "SELECT id, producer, idempotency_key FROM messages ORDER BY rowid", |r| {
+        Ok(Message { id: r.get(0)?, producer: r.get(1)?, key: r.get(2)? })
+    })?;
+    m.recipients = rows(conn, "SELECT message_id, host FROM message_recipients", |r| Ok((r.get(0)?, r.get(1)?)))?;
+    m.obligations = rows(conn, "SELECT message_id, done_at FROM fanout_obligations", |r| Ok((r.get(0)?, r.get(1)?)))?;
+    m.deliveries =
+        rows(conn, "SELECT id, message_id, host, conversation, state, instance_id FROM deliveries ORDER BY n", |r| {
+            Ok(Delivery {
+                id: r.get(0)?,
+                message_id: r.get(1)?,
+                host: r.get(2)?,
+                conversation: r.get(3)?,
+                state: r.get(4)?,
+                instance_id: r.get(5)?,
+            })
+        })?;
+    m.events = rows(
+        conn,
+        "SELECT id, delivery_id, from_state, to_state, actor_kind, actor, instance_id, reason, at
+         FROM delivery_events ORDER BY id",
+        |r| {
+            Ok(Event {
+                id: r.get(0)?,
+                delivery_id: r.get(1)?,
+                from: r.get(2)?,
+                to: r.get(3)?,
+                actor_kind: r.get(4)?,
+                actor: r.get(5)?,
+                instance_id: r.get(6)?,
+                reason: r.get(7)?,
+                at: r.get(8)?,
+            })
+        },
+    )?;
+    m.attempts = rows(
+        conn,
+        "SELECT id, delivery_id, host, instance_id, report_id, outcome FROM attempts ORDER BY reported_at, id",
+        |r| {
+            Ok(HubAttempt {
+                id: r.get(0)?,
+                delivery_id: r.get(1)?,
+                host: r.get(2)?,
+                instance_id: r.get(3)?,
+                report_id: r.get(4)?,
+                outcome: r.get(5)?,
+            })
+        },
+    )?;
+    m.fences = rows(
+        conn,
+        "SELECT id, kind, scope, target, set_at, lifted_at, set_after_event, lifted_after_event FROM fences ORDER BY id",
+        |r| {
+            Ok(Fence {
+                id: r.get(0)?,
+                kind: r.get(1)?,
+                scope: r.get(2)?,
+                target: r.get(3)?,
+                set_at: r.get(4)?,
+                lifted_at: r.get(5)?,
+                set_after_event: r.get(6)?,
+                lifted_after_event: r.get(7)?,
+            })
+        },
+    )?;
+    Ok(())
+}
+
+fn load_node(path: &Path, out: &mut Vec<Violation>) -> anyhow::Result<NodeDb> {
+    let conn = open_read_only(path)?;
+    let shown = path.display().to_string();
+    integrity(&conn, &shown, out)?;
+    let instance_id =
+        conn.query_row("SELECT value FROM meta WHERE key = 'instance_id'", [], |r| r.get::<_, String>(0)).optional()?;
+    let deliveries = rows(&conn, "SELECT delivery_id, state FROM deliveries ORDER BY mirrored_at_ms", |r| {
+        Ok(NodeDelivery { delivery_id: r.get(0)?, state: r.get(1)? })
+    })?;
+    let attempts = rows(
+        &conn,
+        "SELECT attempt_id, delivery_id, ended_at_ms IS NOT NULL, outcome FROM attempts ORDER BY started_at_ms",
+        |r| Ok(NodeAttempt { attempt_id: r.get(0)?, delivery_id: r.get(1)?, ended: r.get(2)?, outcome: r.get(3)? }),
+    )?;
+    Ok(NodeDb { path: shown, instance_id, deliveries, attempts })
+}
+
+/// I12 on one database: `integrity_check` and `foreign_key_check`.
+fn integrity(conn: &Connection, shown: &str, out: &mut Vec<Violation>) -> anyhow::Result<()> {
+    let check: Vec<String> = rows(conn, "PRAGMA integrity_check", |r| r.get(0))?;
+    if check != ["ok"] {
+        out.push(violation("I12", shown, format!("integrity_check: {}", check.join("; ")), Vec::new()));
+    }
+    let fk: Vec<String> =
+        rows(conn, "SELECT \"table\" || ' row ' || rowid FROM pragma_foreign_key_check", |r| r.get(0))?;
+    if !fk.is_empty() {
+        out.push(violation("I12", shown, format!("foreign_key_check: {}", fk.join("; ")), Vec::new()));
+    }
+    Ok(())
+}
+
+fn violation(inv: &str, subject: &str, message: String, chain: Vec<String>) -> Violation {
+    Violation { invariant: inv.into(), subject: subject.into(), message, chain }
+}
+
+/// Runs every check. An `Err` means the inputs could not be read at all (not a violation).
+pub fn check(inputs: &Inputs) -> anyhow::Result<Report> {
+    let mut report = Report::default();
+    let hub = open_read_only(&inputs.hub_db)?;
+    let mut m = Model {
+        messages: Vec::new(),
+        recipients: Vec::new(),
+        obligations: Vec::new(),
+        deliveries: Vec::new(),
+        events: Vec::new(),
+        attempts: Vec::new(),
+        fences: Vec::new(),
+        nodes: Vec::new(),
+        history: Vec::new(),
+        ledger: Vec::new(),
+    };
+    load_hub(&hub, &mut m)?;
+    let mut v = Vec::new();
+    for problem in baton_hub::verify::check(&hub).map_err(|e| anyhow::anyhow!("verify: {e}"))? {
+        v.push(hub_problem(&problem));
+    }
+    for p in &inputs.node_dbs {
+        let node = load_node(p, &mut v)?;
+        m.nodes.push(node);
+    }
+    if let Some(h) = &inputs.history {
+        let lines = read_lines::<HistoryLine>(h)?;
+        report.counts.insert("history_unreadable_lines".into(), lines.unreadable as u64);
+        m.history = lines.items;
+    }
+    if let Some(l) = &inputs.ledger {
+        let lines = read_lines::<EffectLine>(l)?;
+        report.counts.insert("ledger_unreadable_lines".into(), lines.unreadable as u64);
+        m.ledger = lines.items;
+    }
+    let ix = Index::new(&m);
+    check_accepts(&m, &ix, &mut v);
+    check_fanout(&m, &ix, &mut v);
+    check_exclusivity(&m, &ix, &mut v);
+    check_fences(&m, &ix, &mut v);
+    check_effects(&m, &ix, inputs, &mut v);
+    check_reports(&m, &ix, &mut v);
+    check_agreement(&m, &ix, &mut v);
+    if inputs.liveness {
+        check_liveness(&m, &ix, &mut v);
+    }
+    for viol in &mut v {
+        if viol.chain.is_empty() {
+            viol.chain = ix.chain_for(&m, &viol.subject);
+        }
+        if viol.chain.is_empty() {
+            viol.chain.push(format!("(a finding about {} as a whole; no delivery, message or key)", viol.subject));
+        }
+    }
+    report.counts.insert("messages".into(), m.messages.len() as u64);
+    report.counts.insert("deliveries".into(), m.deliveries.len() as u64);
+    report.counts.insert("events".into(), m.events.len() as u64);
+    report.counts.insert("hub_attempts".into(), m.attempts.len() as u64);
+    report.counts.insert("fences".into(), m.fences.len() as u64);
+    report.counts.insert("node_dbs".into(), m.nodes.len() as u64);
+    report.counts.insert("history_lines".into(), m.history.len() as u64);
+    report.counts.insert("effects".into(), m.ledger.len() as u64);
+    report.violations = v;
+    Ok(report)
+}
+
+/// Sorts a `baton_hub::verify` line into its invariant family.
+fn hub_problem(p: &str) -> Violation {
+    let family = if p.starts_with("integrity") || p.starts_with("foreign key") {
+        "I12"
+    } else if p.starts_with("atomic accept") {
+        "I3"
+    } else if p.starts_with("fan-out") {
+        "I4"
+    } else if p.starts_with("attempt on a delivery") {
+        "I8"
+    } else {
+        "I14"
+    };
+    // The subject is the first id-looking token, so the chain can be found.
+    let subject = p
+        .split(|c: char| c.is_whitespace() || c == ':' || c == '(' || c == ')')
+        .find(|t| t.len() >= 32 && t.contains('-'))
+        .unwrap_or("hub")
+        .to_string();
+    violation(family, &subject, format!("hub verify: {p}"), Vec::new())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Indices and chains
+
+struct Index {
+    message_by_key: HashMap<(String, String), Vec<usize>>,
+    message_by_id: HashMap<String, usize>,
+    delivery_by_id: HashMap<String, usize>,
+    deliveries_by_message: HashMap<String, Vec<usize>>,
+    events_by_delivery: HashMap<String, Vec<usize>>,
+    attempts_by_delivery: HashMap<String, Vec<usize>>,
+    ledger_by_delivery: HashMap<String, Vec<usize>>,
+    history_by_key: HashMap<String, Vec<usize>>,
+    /// Every node attempt id → (node index, attempt index).
+    node_attempt: HashMap<String, (usize, usize)>,
+}
+
+fn push<K: std::hash::Hash + Eq>(map: &mut HashMap<K, Vec<usize>>, k: K, i: usize) {
+    map.entry(k).or_default().push(i);
+}
+
+impl Index {
+    fn new(m: &Model) -> Index {
+        let mut ix = Index {
+            message_by_key: HashMap::new(),
+            message_by_id: HashMap::new(),
+            delivery_by_id: HashMap::new(),
+            deliveries_by_message: HashMap::new(),
+            events_by_delivery: HashMap::new(),
+            attempts_by_delivery: HashMap::new(),
+            ledger_by_delivery: HashMap::new(),
+            history_by_key: HashMap::new(),
+            node_attempt: HashMap::new(),
+        };
+        for (i, msg) in m.messages.iter().enumerate() {
+            push(&mut ix.message_by_key, (msg.producer.clone(), msg.key.clone()), i);
+            ix.message_by_id.insert(msg.id.clone(), i);
+        }
+        for (i, d) in m.deliveries.iter().enumerate() {
+            ix.delivery_by_id.insert(d.id.clone(), i);
+            push(&mut ix.deliveries_by_message, d.message_id.clone(), i);
+        }
+        for (i, e) in m.events.iter().enumerate() {
+            push(&mut ix.events_by_delivery, e.delivery_id.clone(), i);
+        }
+        for (i, a) in m.attempts.iter().enumerate() {
+            push(&mut ix.attempts_by_delivery, a.delivery_id.clone(), i);
+        }
+        for (i, l) in m.ledger.iter().enumerate() {
+            push(&mut ix.ledger_by_delivery, l.delivery_id.clone(), i);
+        }
+        for (i, h) in m.history.iter().enumerate() {
+            push(&mut ix.history_by_key, h.key.clone(), i);
+        }
+        for (n, node) in m.nodes.iter().enumerate() {
+            for (a, att) in node.attempts.iter().enumerate() {
+                ix.node_attempt.insert(att.attempt_id.clone(), (n, a));
+            }
+        }
+        ix
+    }
+
+    /// Messages with this key, whatever the producer (`None`) or for one producer.
+    fn messages_with_key(&self, m: &Model, producer: Option<&str>, key: &str) -> Vec<usize> {
+        match producer {
+            Some(p) => self.message_by_key.get(&(p.to_string(), key.to_string())).cloned().unwrap_or_default(),
+            None => m.messages.iter().enumerate().filter(|(_, msg)| msg.key == key).map(|(i, _)| i).collect(),
+        }
+    }
+
+    /// Every recorded fact about `subject` (a delivery id, message id or idempotency key).
+    fn chain_for(&self, m: &Model, subject: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut keys: BTreeSet<String> = BTreeSet::new();
+        let mut deliveries: Vec<usize> = Vec::new();
+        if let Some(&d) = self.delivery_by_id.get(subject) {
+            deliveries.push(d);
+        }
+        let mut message_ids: Vec<String> = Vec::new();
+        if let Some(&mi) = self.message_by_id.get(subject) {
+            message_ids.push(m.messages[mi].id.clone());
+        }
+        for d in &deliveries {
+            message_ids.push(m.deliveries[*d].message_id.clone());
+        }
+        for (i, msg) in m.messages.iter().enumerate() {
+            if msg.key == subject {
+                message_ids.push(m.messages[i].id.clone());
+            }
+        }
+        if self.history_by_key.contains_key(subject) {
+            keys.insert(subject.to_string());
+        }
+        message_ids.sort();
+        message_ids.dedup();
+        for mid in &message_ids {
+            if let Some(&mi) = self.message_by_id.get(mid) {
+                let msg = &m.messages[mi];
+                out.push(format!("hub message {} producer={} key={}", msg.id, msg.producer, msg.key));
+                keys.insert(msg.key.clone());
+            }
+            for &d in self.deliveries_by_message.get(mid).map(Vec::as_slice).unwrap_or(&[]) {
+                if !deliveries.contains(&d) {
+                    deliveries.push(d);
+                }
+            }
+        }
+        for key in &keys {
+            for &h in self.history_by_key.get(key).map(Vec::as_slice).unwrap_or(&[]) {
+                let line = &m.history[h];
+                out.push(format!(
+                    "history {} {} key={} hash={} message_id={:?} http={:?} err={:?}",
+                    line.op, line.phase, line.key, line.payload_hash, line.message_id, line.http, line.err
+                ));
+            }
+        }
+        for &d in &deliveries {
+            let del = &m.deliveries[d];
+            out.push(format!(
+                "hub delivery {} host={} conversation={} state={} holder={:?}",
+                del.id, del.host, del.conversation, del.state, del.instance_id
+            ));
+            for &e in self.events_by_delivery.get(&del.id).map(Vec::as_slice).unwrap_or(&[]) {
+                let ev = &m.events[e];
+                out.push(format!(
+                    "  event #{} at={} {:?} -> {} by {} {} instance={:?} reason={:?}",
+                    ev.id, ev.at, ev.from, ev.to, ev.actor_kind, ev.actor, ev.instance_id, ev.reason
+                ));
+            }
+            for &a in self.attempts_by_delivery.get(&del.id).map(Vec::as_slice).unwrap_or(&[]) {
+                let at = &m.attempts[a];
+                out.push(format!(
+                    "  hub attempt {} host={} instance={} report_id={} outcome={}",
+                    at.id, at.host, at.instance_id, at.report_id, at.outcome
+                ));
+            }
+            for node in &m.nodes {
+                for nd in node.deliveries.iter().filter(|nd| nd.delivery_id == del.id) {
+                    out.push(format!(
+                        "  node {} (instance {:?}) local state={}",
+                        node.path, node.instance_id, nd.state
+                    ));
+                }
+                for na in node.attempts.iter().filter(|na| na.delivery_id == del.id) {
+                    out.push(format!(
+                        "  node {} attempt {} ended={} outcome={:?}",
+                        node.path, na.attempt_id, na.ended, na.outcome
+                    ));
+                }
+            }
+            for &l in self.ledger_by_delivery.get(&del.id).map(Vec::as_slice).unwrap_or(&[]) {
+                let e = &m.ledger[l];
+                out.push(format!("  effect attempt={} host={} nonce={}", e.attempt_id, e.host, e.nonce));
+            }
+        }
+        out
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// I1, I2: accepts against the record
+
+fn check_accepts(m: &Model, ix: &Index, v: &mut Vec<Violation>) {
+    let mut keys: Vec<&String> = ix.history_by_key.keys().collect();
+    keys.sort();
+    for key in keys {
+        let lines: Vec<&HistoryLine> = ix.history_by_key[key].iter().map(|&i| &m.history[i]).collect();
+        let producer = lines.iter().find_map(|l| l.producer.as_deref());
+        let rows = ix.messages_with_key(m, producer, key);
+        let oks: Vec<&&HistoryLine> = lines.iter().filter(|l| l.op == "accept" && l.phase == "ok").collect();
+        if rows.len() > 1 {
+            v.push(violation("I2", key, format!("{} messages carry this idempotency key", rows.len()), Vec::new()));
+        }
+        let ids: BTreeSet<Option<&str>> = oks.iter().map(|l| l.message_id.as_deref()).collect();
+        if ids.len() > 1 {
+            v.push(violation(
+                "I2",
+                key,
+                format!("replays of this key were answered with different ids: {ids:?}"),
+                Vec::new(),
+            ));
+        }
+        let hashes: BTreeSet<&str> = oks.iter().map(|l| l.payload_hash.as_str()).collect();
+        if hashes.len() > 1 {
+            v.push(violation(
+                "I2",
+                key,
+                "the same key was accepted with different content (must be 409)".into(),
+                Vec::new(),
+            ));
+        }
+        for ok in &oks {
+            let Some(id) = ok.message_id.as_deref() else {
+                v.push(violation("I1", key, "an ok accept without a message id".into(), Vec::new()));
+                continue;
+            };
+            if !rows.iter().any(|&r| m.messages[r].id == id) {
+                v.push(violation(
+                    "I1",
+                    key,
+                    format!("accept answered ok with message {id}, but the record has no such message for the key"),
+                    Vec::new(),
+                ));
+                break;
+            }
+        }
+        let invoked = lines.iter().any(|l| l.phase == "invoke");
+        if !rows.is_empty() && !invoked && !lines.is_empty() {
+            v.push(violation("I2", key, "a message exists for a key the client never submitted".into(), Vec::new()));
+        }
+    }
+    // A message whose key the history never mentions, when a history covers its producer.
+    let producers: BTreeSet<&str> = m.history.iter().filter_map(|l| l.producer.as_deref()).collect();
+    if !m.history.is_empty() {
+        for msg in &m.messages {
+            let covered = producers.is_empty() || producers.contains(msg.producer.as_str());
+            if covered && !ix.history_by_key.contains_key(&msg.key) {
+                v.push(violation("I2", &msg.id, "a message no client submitted (phantom accept)".into(), Vec::new()));
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// I3, I4: routing, obligations and deliveries
+
+fn check_fanout(m: &Model, ix: &Index, v: &mut Vec<Violation>) {
+    let mut routed: HashMap<&str, BTreeSet<&str>> = HashMap::new();
+    for (mid, host) in &m.recipients {
+        routed.entry(mid.as_str()).or_default().insert(host.as_str());
+    }
+    let obligations: HashMap<&str, Option<i64>> = m.obligations.iter().map(|(id, d)| (id.as_str(), *d)).collect();
+    for (mid, _) in &m.obligations {
+        if !ix.message_by_id.contains_key(mid) {
+            v.push(violation("I3", mid, "a fan-out obligation without its message".into(), Vec::new()));
+        }
+    }
+    for (mid, _) in &m.recipients {
+        if !ix.message_by_id.contains_key(mid) {
+            v.push(violation("I3", mid, "routing without its message".into(), Vec::new()));
+        }
+    }
+    for msg in &m.messages {
+        let hosts: Vec<&str> = ix
+            .deliveries_by_message
+            .get(&msg.id)
+            .map(|ds| ds.iter().map(|&d| m.deliveries[d].host.as_str()).collect())
+            .unwrap_or_default();
+        let unique: BTreeSet<&str> = hosts.iter().copied().collect();
+        if unique.len() != hosts.len() {
+            v.push(violation("I4", &msg.id, "two deliveries of one message for the same host".into(), Vec::new()));
+        }
+        let want = routed.get(msg.id.as_str()).cloned().unwrap_or_default();
+        if let Some(Some(_done)) = obligations.get(msg.id.as_str())
+            && unique != want
+        {
+            v.push(violation(
+                "I4",
+                &msg.id,
+                format!("fan-out marked done but deliveries {unique:?} differ from routing {want:?}"),
+                Vec::new(),
+            ));
+        }
+        let extra: Vec<&&str> = unique.difference(&want).collect();
+        if !extra.is_empty() {
+            v.push(violation("I4", &msg.id, format!("deliveries for hosts never routed: {extra:?}"), Vec::new()));
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// I5: one holder at a time, replaying the event log in commit order
+
+fn check_exclusivity(m: &Model, ix: &Index, v: &mut Vec<Violation>) {
+    let mut holder: HashMap<&str, Option<&str>> = HashMap::new();
+    // Per host: which instance holds which delivery (claimed or mirrored) right now.
+    let mut active: HashMap<&str, HashMap<&str, &str>> = HashMap::new();
+    let mut flagged: BTreeSet<&str> = BTreeSet::new();
+    for e in &m.events {
+        let Some(&di) = ix.delivery_by_id.get(&e.delivery_id) else { continue };
+        let d = &m.deliveries[di];
+        let cur = holder.entry(e.delivery_id.as_str()).or_insert(None);
+        let inst = e.instance_id.as_deref();
+        let mut bad = |msg: String| {
+            if flagged.insert(d.id.as_str()) {
+                v.push(violation("I5", &d.id, format!("event #{}: {msg}", e.id), Vec::new()));
+            }
+        };
+        if e.actor_kind == "node" && e.actor != d.host {
+            bad(format!("node {} moved a delivery of host {}", e.actor, d.host));
+        }
+        let from_held = matches!(e.from.as_deref(), Some("claimed" | "mirrored" | "delivered"));
+        if e.to == "claimed" {
+            if let Some(h) = cur {
+                bad(format!("claimed by {inst:?} while {h} still held it"));
+            }
+            if let (Some(i), Some(hosts)) = (inst, active.get(d.host.as_str()))
+                && let Some((other_d, other_i)) = hosts.iter().find(|(_, hi)| **hi != i)
+            {
+                bad(format!(
+                    "instance {i} claimed on host {} while instance {other_i} still held delivery {other_d} (clone)",
+                    d.host
+                ));
+            }
+        } else if from_held && e.actor_kind == "node" && inst != *cur {
+            bad(format!("{:?} -> {} by instance {inst:?}, but the holder is {cur:?}", e.from, e.to));
+        } else if from_held && e.actor_kind != "node" && e.to == "queued" && e.actor_kind != "operator" {
+            bad(format!("holder dropped by {} without an operator requeue", e.actor_kind));
+        }
+        *cur = match e.to.as_str() {
+            "claimed" => inst,
+            "mirrored" | "delivered" => *cur,
+            _ => None,
+        };
+        let host_map = active.entry(d.host.as_str()).or_default();
+        match (e.to.as_str(), *cur) {
+            ("claimed" | "mirrored", Some(h)) => {
+                host_map.insert(d.id.as_str(), h);
+            }
+            _ => {
+                host_map.remove(d.id.as_str());
+            }
+        }
+    }
+    // The record's current holder must be the one the log ends with.
+    for d in &m.deliveries {
+        let logged = holder.get(d.id.as_str()).copied().flatten();
+        if matches!(d.state.as_str(), "claimed" | "mirrored" | "delivered") && logged != d.instance_id.as_deref() {
+            v.push(violation(
+                "I5",
+                &d.id,
+                format!("held by {:?} on the record but the event log gives the holder as {logged:?}", d.instance_id),
+                Vec::new(),
+            ));
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// I6: no claim under an active fence
+
+fn covers(f: &Fence, d: &Delivery) -> bool {
+    match f.scope.as_str() {
+        "all" => true,
+        "conversation" => f.target.as_deref() == Some(d.conversation.as_str()),
+        "host" => f.target.as_deref() == Some(d.host.as_str()),
+        _ => false,
+    }
+}
+
+fn check_fences(m: &Model, ix: &Index, v: &mut Vec<Violation>) {
+    for e in m.events.iter().filter(|e| e.to == "claimed") {
+        let Some(&di) = ix.delivery_by_id.get(&e.delivery_id) else { continue };
+        let d = &m.deliveries[di];
+        // Fences sit in the commit order: active for every event after `set_after_event` up to
+        // and including `lifted_after_event`.
+        let fence = m
+            .fences
+            .iter()
+            .find(|f| covers(f, d) && f.set_after_event < e.id && f.lifted_after_event.is_none_or(|l| e.id <= l));
+        if let Some(f) = fence {
+            v.push(violation(
+                "I6",
+                &d.id,
+                format!(
+                    "event #{} claimed at {} under {} fence #{} ({} {:?}) set at {} lifted at {:?}",
+                    e.id, e.at, f.kind, f.id, f.scope, f.target, f.set_at, f.lifted_at
+                ),
+                Vec::new(),
+            ));
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// I7, I8: effects against attempts
+
+fn check_effects(m: &Model, ix: &Index, inputs: &Inputs, v: &mut Vec<Violation>) {
+    let mut dids: Vec<&String> = ix.ledger_by_delivery.keys().collect();
+    dids.sort();
+    for did in dids {
+        let effects: Vec<&EffectLine> = ix.ledger_by_delivery[did].iter().map(|&i| &m.ledger[i]).collect();
+        if effects.len() > 1 {
+            v.push(violation("I7", did, format!("{} executions of one delivery", effects.len()), Vec::new()));
+        }
+        let Some(&di) = ix.delivery_by_id.get(did.as_str()) else {
+            v.push(violation("I7", did, "an execution of a delivery the hub does not know".into(), Vec::new()));
+            continue;
+        };
+        let d = &m.deliveries[di];
+        if d.state != "delivered" {
+            v.push(violation("I7", did, format!("executed although the hub has it {} (gate)", d.state), Vec::new()));
+        }
+        let delivered_by = ix
+            .events_by_delivery
+            .get(did.as_str())
+            .and_then(|es| es.iter().map(|&i| &m.events[i]).find(|e| e.to == "delivered"))
+            .and_then(|e| e.instance_id.clone());
+        for eff in &effects {
+            if eff.host != d.host {
+                v.push(violation("I7", did, format!("executed on host {} for host {}", eff.host, d.host), Vec::new()));
+            }
+            let node = ix.node_attempt.get(&eff.attempt_id).map(|&(n, a)| (&m.nodes[n], &m.nodes[n].attempts[a]));
+            let instance = if eff.instance.is_empty() {
+                node.and_then(|(n, _)| n.instance_id.clone())
+            } else {
+                Some(eff.instance.clone())
+            };
+            if instance.is_some() && delivered_by.is_some() && instance != delivered_by {
+                v.push(violation(
+                    "I7",
+                    did,
+                    format!("executed by instance {instance:?}, but the ack came from {delivered_by:?}"),
+                    Vec::new(),
+                ));
+            }
+            check_effect_visible(m, ix, inputs, d, eff, node.map(|(_, a)| a), v);
+        }
+    }
+    // A succeeded hub attempt is a claim that the harness ran: there must be an effect.
+    if inputs.ledger.is_some() {
+        for a in m.attempts.iter().filter(|a| a.outcome == "succeeded") {
+            let has = ix
+                .ledger_by_delivery
+                .get(&a.delivery_id)
+                .is_some_and(|es| es.iter().any(|&i| m.ledger[i].attempt_id == a.report_id));
+            if !has {
+                v.push(violation(
+                    "I8",
+                    &a.delivery_id,
+                    format!("attempt {} succeeded without an effect", a.id),
+                    Vec::new(),
+                ));
+            }
+        }
+    }
+    // On each node: at most one started attempt per delivery, and every one visible on the hub.
+    for node in &m.nodes {
+        let mut per: HashMap<&str, usize> = HashMap::new();
+        for a in &node.attempts {
+            *per.entry(a.delivery_id.as_str()).or_default() += 1;
+            if inputs.liveness && !m.attempts.iter().any(|h| h.report_id == a.attempt_id) {
+                v.push(violation(
+                    "I8",
+                    &a.delivery_id,
+                    format!("node attempt {} (started on {}) has no hub attempt", a.attempt_id, node.path),
+                    Vec::new(),
+                ));
+            }
+        }
+        for (d, n) in per {
+            if n > 1 {
+                v.push(violation(
+                    "I7",
+                    d,
+                    format!("{n} attempts started on {} for one delivery", node.path),
+                    Vec::new(),
+                ));
+            }
+        }
+    }
+}
+
+fn check_effect_visible(
+    m: &Model,
+    ix: &Index,
+    inputs: &Inputs,
+    d: &Delivery,
+    eff: &EffectLine,
+    node_attempt: Option<&NodeAttempt>,
+    v: &mut Vec<Violation>,
+) {
+    let hub: Vec<&HubAttempt> =
+        ix.attempts_by_delivery.get(&d.id).map(|as_| as_.iter().map(|&i| &m.attempts[i]).collect()).unwrap_or_default();
+    let mine: Vec<&&HubAttempt> = hub.iter().filter(|a| a.report_id == eff.attempt_id).collect();
+    let by_hub: Vec<&&HubAttempt> = hub.iter().filter(|a| a.report_id.starts_with("hub:")).collect();
+    if mine.len() > 1 {
+        v.push(violation(
+            "I8",
+            &d.id,
+            format!("effect {} maps to {} hub attempts", eff.attempt_id, mine.len()),
+            Vec::new(),
+        ));
+    }
+    if inputs.liveness && mine.is_empty() && by_hub.is_empty() {
+        v.push(violation("I8", &d.id, format!("effect {} has no hub attempt", eff.attempt_id), Vec::new()));
+    }
+    if node_attempt.is_none() && !inputs.node_dbs.is_empty() {
+        v.push(violation(
+            "I8",
+            &d.id,
+            format!("effect {} has no durable start marker on any node", eff.attempt_id),
+            Vec::new(),
+        ));
+    }
+    if let (Some(na), Some(ha)) = (node_attempt, mine.first()) {
+        let node_unknown = !na.ended || na.outcome.as_deref() == Some("unknown");
+        if node_unknown && ha.outcome != "unknown" {
+            v.push(violation(
+                "I8",
+                &d.id,
+                format!("attempt {} has no known end on the node but the hub says {}", na.attempt_id, ha.outcome),
+                Vec::new(),
+            ));
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// I9: report idempotency
+
+fn check_reports(m: &Model, ix: &Index, v: &mut Vec<Violation>) {
+    let mut per_key: HashMap<(&str, &str), usize> = HashMap::new();
+    for a in &m.attempts {
+        *per_key.entry((a.host.as_str(), a.report_id.as_str())).or_default() += 1;
+    }
+    for ((host, rid), n) in per_key {
+        if n > 1 {
+            v.push(violation("I9", rid, format!("{n} hub attempts for report {rid} of host {host}"), Vec::new()));
+        }
+    }
+    for (did, list) in &ix.attempts_by_delivery {
+        let from_nodes: BTreeSet<&str> = list
+            .iter()
+            .map(|&i| &m.attempts[i])
+            .filter(|a| !a.report_id.starts_with("hub:"))
+            .map(|a| a.report_id.as_str())
+            .collect();
+        if from_nodes.len() > 1 {
+            v.push(violation(
+                "I9",
+                did,
+                format!(
+                    "{} reports with different report ids counted for one delivery: {from_nodes:?}",
+                    from_nodes.len()
+                ),
+                Vec::new(),
+            ));
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// I13: what nodes believe against the hub's record
+
+fn check_agreement(m: &Model, ix: &Index, v: &mut Vec<Violation>) {
+    for node in &m.nodes {
+        let Some(inst) = node.instance_id.as_deref() else { continue };
+        for nd in &node.deliveries {
+            let Some(&di) = ix.delivery_by_id.get(&nd.delivery_id) else {
+                if matches!(nd.state.as_str(), "acked" | "done") {
+                    v.push(violation(
+                        "I13",
+                        &nd.delivery_id,
+                        format!("{} holds a delivery the hub does not know", node.path),
+                        Vec::new(),
+                    ));
+                }
+                continue;
+            };
+            let d = &m.deliveries[di];
+            if matches!(nd.state.as_str(), "acked" | "done")
+                && (d.state != "delivered" || d.instance_id.as_deref() != Some(inst))
+            {
+                v.push(violation(
+                    "I13",
+                    &d.id,
+                    format!(
+                        "{} believes it acked (local {}), but the hub has it {} held by {:?}",
+                        node.path, nd.state, d.state, d.instance_id
+                    ),
+                    Vec::new(),
+                ));
+            }
+        }
+        for d in m.deliveries.iter().filter(|d| d.instance_id.as_deref() == Some(inst)) {
+            let has = node.deliveries.iter().any(|nd| nd.delivery_id == d.id);
+            if matches!(d.state.as_str(), "mirrored" | "delivered") && !has {
+                v.push(violation(
+                    "I13",
+                    &d.id,
+                    format!("the hub has it {} by instance {inst}, but {} has no local copy", d.state, node.path),
+                    Vec::new(),
+                ));
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// I10: liveness after heal
+
+fn check_liveness(m: &Model, ix: &Index, v: &mut Vec<Violation>) {
+    for (mid, done) in &m.obligations {
+        if done.is_none() {
+            v.push(violation("I10", mid, "fan-out obligation still pending after heal".into(), Vec::new()));
+        }
+    }
+    for d in &m.deliveries {
+        let paused = m.fences.iter().any(|f| f.lifted_at.is_none() && covers(f, d));
+        match d.state.as_str() {
+            "queued" if paused => {}
+            "queued" | "claimed" | "mirrored" => {
+                v.push(violation("I10", &d.id, format!("still {} after heal", d.state), Vec::new()));
+            }
+            "delivered" if !ix.attempts_by_delivery.contains_key(&d.id) => {
+                v.push(violation("I10", &d.id, "delivered but no attempt reported after heal".into(), Vec::new()));
+            }
+            _ => {}
+        }
+    }
+    for node in &m.nodes {
+        for nd in node.deliveries.iter().filter(|nd| nd.state == "mirrored" || nd.state == "acked") {
+            v.push(violation(
+                "I10",
+                &nd.delivery_id,
+                format!("{} still has it {} locally after heal", node.path, nd.state),
+                Vec::new(),
+            ));
+        }
+    }
+}

@@ -1,0 +1,183 @@
+//! The crash-point matrix (RELIABILITY.md R1): one short run per crash point and seed, with real
+//! processes. The seed picks the message count (3–8), the routing, the payloads and the hit on
+//! which the point fires. The armed process aborts there; the run restarts it without the point,
+//! replays the client's retries with the same keys, waits for quiescence and runs the checker.
+
+use crate::checker::{self, Report};
+use crate::cluster::{AcceptOutcome, Bins, Cluster, Started};
+use rand::{Rng, SeedableRng, rngs::StdRng};
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// Every crash point compiled into `baton-hub` and `baton-node` (kept equal to the source by a
+/// test that greps for `crash_point(`).
+pub const CRASH_POINTS: &[&str] = &[
+    "hub.accept.before_txn",
+    "hub.accept.after_message_insert",
+    "hub.accept.before_commit",
+    "hub.accept.after_commit",
+    "hub.fanout.before_first",
+    "hub.fanout.after_k",
+    "hub.fanout.before_mark_done",
+    "hub.claim.after_fence_eval",
+    "hub.claim.after_commit",
+    "hub.mirrored.after_commit",
+    "hub.ack.after_commit",
+    "hub.report.before_commit",
+    "hub.report.after_commit",
+    "hub.repair.mid",
+    "node.claim.after_response",
+    "node.mirror.after_commit",
+    "node.mirrored.after_response",
+    "node.ack.after_response",
+    "node.exec.after_start_marker",
+    "node.exec.during_effect",
+    "node.exec.after_end_marker",
+    "node.report.after_response",
+    "node.resync.mid",
+];
+
+/// How long a run may take to drain after its workload before liveness counts as violated.
+pub const DRAIN_LIMIT: Duration = Duration::from_secs(20);
+/// Accept attempts per key before the workload gives up on it (it stays `info`).
+const ACCEPT_TRIES_MAX: u32 = 40;
+
+/// What one crash-point run did.
+#[derive(Debug)]
+pub struct CrashRun {
+    /// The checker's report over the final state.
+    pub report: Report,
+    /// Whether the armed point actually fired (a crash happened).
+    pub fired: bool,
+    /// Messages accepted.
+    pub accepted: usize,
+    /// Restarts of crashed processes.
+    pub restarts: u32,
+    /// Every process's log (for failure messages).
+    pub logs: String,
+}
+
+/// The successive arms of the process that gets the point: some points need a state only an
+/// earlier crash leaves (pending obligations for repair, holdings for resync).
+fn arms(point: &str, nth: u32) -> VecDeque<String> {
+    let mut v = VecDeque::new();
+    match point {
+        "hub.repair.mid" => v.push_back("hub.fanout.before_first@1".to_string()),
+        "node.resync.mid" => v.push_back("node.mirror.after_commit@1".to_string()),
+        _ => {}
+    }
+    // Points hit only once or twice in a short run fire on their first hit.
+    let n = if matches!(point, "hub.repair.mid" | "node.resync.mid" | "node.claim.after_response") { 1 } else { nth };
+    v.push_back(format!("{point}@{n}"));
+    v
+}
+
+/// Runs one crash point with one seed.
+pub async fn crash_run(bins: &Bins, point: &str, seed: u64) -> anyhow::Result<CrashRun> {
+    let (c, restarts) = settle(bins, Some(point), seed).await?;
+    let logs = c.logs();
+    let fired = logs.contains(&format!("crash point {point} reached"));
+    let report = checker::check(&c.inputs(true))?;
+    let accepted = report.counts.get("messages").copied().unwrap_or(0) as usize;
+    Ok(CrashRun { report, fired, accepted, restarts, logs })
+}
+
+/// A run without any crash, drained and stopped: the clean baseline the mutation tests break.
+pub async fn clean_cluster(bins: &Bins, seed: u64) -> anyhow::Result<Cluster> {
+    Ok(settle(bins, None, seed).await?.0)
+}
+
+/// Runs the workload (with `point` armed, if any), drains, and stops every process.
+async fn settle(bins: &Bins, point: Option<&str>, seed: u64) -> anyhow::Result<(Cluster, u32)> {
+    let mut rng = StdRng::seed_from_u64(seed ^ crate::cluster::fxhash(point.unwrap_or("")));
+    let count = rng.random_range(3..=8usize);
+    let nth = rng.random_range(1..=2u32);
+    let mut c = Cluster::new(bins, &["host-a", "host-b"]).await?;
+    let on_hub = point.is_some_and(|p| p.starts_with("hub."));
+    let mut pending = point.map(|p| arms(p, nth)).unwrap_or_default();
+    let mut restarts = 0;
+    let first = if on_hub { pending.pop_front() } else { None };
+    if c.start_hub(first.as_deref())? == Started::Exited {
+        anyhow::bail!("the hub exited at its first start:\n{}", c.logs());
+    }
+    let node_arm = if on_hub { None } else { pending.pop_front() };
+    c.nodes[0].start(node_arm.as_deref())?;
+    c.nodes[1].start(None)?;
+    let mut sup = Supervisor { on_hub, pending, restarts: 0 };
+    let mut keys = Vec::new();
+    for i in 0..count {
+        let to: Vec<String> = match rng.random_range(0..3) {
+            0 => vec!["host-a".into()],
+            1 => vec!["host-a".into(), "host-b".into()],
+            _ => vec!["host-b".into(), "host-a".into()],
+        };
+        let key = format!("k-{seed}-{i}");
+        let payload = serde_json::json!({"i": i, "seed": seed, "pad": rng.random::<u32>()});
+        let conversation = format!("c{}", i % 2);
+        keys.push((key.clone(), conversation.clone(), payload.clone(), to.clone()));
+        submit(&mut c, &mut sup, &conversation, &key, &payload, &to).await?;
+    }
+    // The client's retry: every key once more, as after a lost answer.
+    for (key, conversation, payload, to) in &keys {
+        submit(&mut c, &mut sup, conversation, key, payload, to).await?;
+    }
+    let start = Instant::now();
+    while start.elapsed() < DRAIN_LIMIT {
+        sup.tend(&mut c)?;
+        if c.quiesce(Duration::from_millis(300)).await {
+            break;
+        }
+    }
+    restarts += sup.restarts;
+    c.hub.kill9();
+    for n in &mut c.nodes {
+        n.kill9();
+    }
+    Ok((c, restarts))
+}
+
+/// Restarts whatever died, arming the next pending point on the process that gets it.
+struct Supervisor {
+    on_hub: bool,
+    pending: VecDeque<String>,
+    restarts: u32,
+}
+
+impl Supervisor {
+    fn tend(&mut self, c: &mut Cluster) -> anyhow::Result<()> {
+        if !c.hub.running() {
+            let mut arm = if self.on_hub { self.pending.pop_front() } else { None };
+            self.restarts += 1;
+            while c.start_hub(arm.as_deref())? == Started::Exited {
+                self.restarts += 1;
+                arm = if self.on_hub { self.pending.pop_front() } else { None };
+            }
+        }
+        for (i, n) in c.nodes.iter_mut().enumerate() {
+            if !n.running() {
+                let arm = if !self.on_hub && i == 0 { self.pending.pop_front() } else { None };
+                self.restarts += 1;
+                n.start(arm.as_deref())?;
+            }
+        }
+        Ok(())
+    }
+}
+
+async fn submit(
+    c: &mut Cluster,
+    sup: &mut Supervisor,
+    conversation: &str,
+    key: &str,
+    payload: &serde_json::Value,
+    to: &[String],
+) -> anyhow::Result<()> {
+    for _ in 0..ACCEPT_TRIES_MAX {
+        sup.tend(c)?;
+        match c.producer.accept(c.hub.addr(), conversation, key, payload, to).await {
+            AcceptOutcome::Ok(_) | AcceptOutcome::Fail(_) => return Ok(()),
+            AcceptOutcome::Info => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    Ok(())
+}

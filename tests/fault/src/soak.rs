@@ -1,0 +1,253 @@
+//! The kill/pause/partition/fence soak (RELIABILITY.md R5, R7, R8): hub + 3 nodes (each dialing
+//! the hub through its own fault proxy) + producers that retry with the same keys, against a
+//! nemesis driven by a printed seed. Then heal, restart, drain, and run the checker.
+
+use crate::checker::{self, Report};
+use crate::cluster::{AcceptOutcome, Bins, Cluster, Started};
+use crate::proxy::Fault;
+use rand::{Rng, SeedableRng, rngs::StdRng};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Hosts the soak runs.
+pub const HOSTS: [&str; 3] = ["host-a", "host-b", "host-c"];
+/// Concurrent producer tasks.
+const PRODUCERS: usize = 3;
+/// How long the drain after heal may take before liveness counts as violated.
+pub const DRAIN_LIMIT: Duration = Duration::from_secs(60);
+
+/// What the soak does.
+#[derive(Debug, Clone, Copy)]
+pub struct SoakConfig {
+    /// Seconds of faults and load.
+    pub seconds: u64,
+    /// The nemesis and workload seed.
+    pub seed: u64,
+    /// Longest SIGSTOP, in milliseconds.
+    pub pause_ms_max: u64,
+}
+
+/// The figures the soak prints.
+#[derive(Debug, Default)]
+pub struct Figures {
+    /// Distinct keys answered ok.
+    pub accepted: u64,
+    /// SIGKILLs of hub and nodes.
+    pub kills: u64,
+    /// SIGSTOP/SIGCONT pauses.
+    pub pauses: u64,
+    /// Proxy faults applied.
+    pub partitions: u64,
+    /// Fences set.
+    pub fences: u64,
+    /// Accepts re-sent for a key already answered ok.
+    pub duplicate_submissions: u64,
+    /// Harness executions (effects ledger lines).
+    pub executions: u64,
+}
+
+/// The soak's outcome.
+#[derive(Debug)]
+pub struct SoakResult {
+    /// The figures.
+    pub figures: Figures,
+    /// The checker's report.
+    pub report: Report,
+    /// Whether the drain finished before its limit.
+    pub drained: bool,
+}
+
+#[derive(Default)]
+struct Counters {
+    accepted: AtomicU64,
+    duplicates: AtomicU64,
+}
+
+/// Runs the soak. `log` receives one line per nemesis action.
+pub async fn run(bins: &Bins, cfg: SoakConfig, log: &mut dyn FnMut(String)) -> anyhow::Result<SoakResult> {
+    let mut rng = StdRng::seed_from_u64(cfg.seed);
+    let mut c = Cluster::new(bins, &HOSTS).await?;
+    if c.start_hub(None)? == Started::Exited {
+        anyhow::bail!("the hub did not start:\n{}", c.logs());
+    }
+    for n in &mut c.nodes {
+        n.start(None)?;
+    }
+    let addr: Arc<Mutex<Option<SocketAddr>>> = Arc::new(Mutex::new(c.hub.addr()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let counters = Arc::new(Counters::default());
+    let mut tasks = Vec::new();
+    for p in 0..PRODUCERS {
+        let seed = cfg.seed.wrapping_mul(31).wrapping_add(p as u64);
+        tasks.push(tokio::spawn(produce(
+            Arc::clone(&c.producer),
+            Arc::clone(&addr),
+            Arc::clone(&stop),
+            Arc::clone(&counters),
+            p,
+            seed,
+        )));
+    }
+    let mut f = Figures::default();
+    let deadline = Instant::now() + Duration::from_secs(cfg.seconds);
+    while Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(rng.random_range(300..900))).await;
+        let action = rng.random_range(0..100u32);
+        match action {
+            0..25 => {} // a fault-free period
+            25..45 => {
+                log("kill hub".into());
+                c.hub.kill9();
+                f.kills += 1;
+                tokio::time::sleep(Duration::from_millis(rng.random_range(0..1000))).await;
+            }
+            45..65 => {
+                let i = rng.random_range(0..c.nodes.len());
+                log(format!("kill {}", c.nodes[i].host));
+                c.nodes[i].kill9();
+                f.kills += 1;
+                tokio::time::sleep(Duration::from_millis(rng.random_range(0..1000))).await;
+            }
+            65..75 => {
+                let i = rng.random_range(0..=c.nodes.len());
+                let ms = rng.random_range(500..=cfg.pause_ms_max.max(500));
+                let proc = if i == c.nodes.len() { c.hub.proc() } else { c.nodes[i].proc() };
+                if let Some(p) = proc
+                    && p.signal("STOP").is_ok()
+                {
+                    log(format!("pause {} for {ms} ms", if i == c.nodes.len() { "hub" } else { &c.nodes[i].host }));
+                    f.pauses += 1;
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                    let _ = p.signal("CONT");
+                }
+            }
+            75..90 => {
+                // Cut links one by one, then heal them in random order.
+                let fault = match rng.random_range(0..4) {
+                    0 => Fault::Blackhole,
+                    1 => Fault::Reset,
+                    2 => Fault::CutAfter(rng.random_range(1..4000)),
+                    _ => Fault::Delay(Duration::from_millis(rng.random_range(10..500))),
+                };
+                let mut order: Vec<usize> = (0..c.proxies.len()).collect();
+                let k = rng.random_range(1..=order.len());
+                for i in order.iter().take(k) {
+                    c.proxies[*i].set(fault);
+                    f.partitions += 1;
+                    tokio::time::sleep(Duration::from_millis(rng.random_range(50..300))).await;
+                }
+                log(format!("partition {k} link(s) with {fault:?}"));
+                tokio::time::sleep(Duration::from_millis(rng.random_range(200..3000))).await;
+                for i in (0..order.len()).rev() {
+                    order.swap(i, rng.random_range(0..=i));
+                }
+                for i in order {
+                    c.proxies[i].heal();
+                }
+            }
+            _ => {
+                let conv = format!("c{}", rng.random_range(0..4));
+                let kind = if rng.random_bool(0.5) { "hold" } else { "pause" };
+                if c.hub.cli(&["fence", kind, "--conversation", &conv, "--reason", "soak"]).is_ok() {
+                    log(format!("fence {kind} {conv}"));
+                    f.fences += 1;
+                }
+                if rng.random_bool(0.5) {
+                    let _ = c.lift_all_fences();
+                }
+            }
+        }
+        tend(&mut c, &addr)?;
+    }
+    stop.store(true, Ordering::SeqCst);
+    for t in tasks {
+        let _ = t.await;
+    }
+    // Heal: every link passes, every process runs, every fence is lifted, everything released.
+    for p in &c.proxies {
+        p.heal();
+    }
+    tend(&mut c, &addr)?;
+    let _ = c.lift_all_fences();
+    let drained = c.quiesce(DRAIN_LIMIT).await;
+    c.hub.kill9();
+    for n in &mut c.nodes {
+        n.kill9();
+    }
+    let report = checker::check(&c.inputs(true))?;
+    f.accepted = counters.accepted.load(Ordering::SeqCst);
+    f.duplicate_submissions = counters.duplicates.load(Ordering::SeqCst);
+    f.executions = report.counts.get("effects").copied().unwrap_or(0);
+    if !drained {
+        log(format!("drain did not finish within {DRAIN_LIMIT:?}; logs:\n{}", c.logs()));
+    }
+    Ok(SoakResult { figures: f, report, drained })
+}
+
+/// Restarts whatever died and keeps the producers' view of the hub address current.
+fn tend(c: &mut Cluster, addr: &Mutex<Option<SocketAddr>>) -> anyhow::Result<()> {
+    if !c.hub.running() {
+        c.start_hub(None)?;
+        if let Ok(mut a) = addr.lock() {
+            *a = c.hub.addr();
+        }
+    }
+    for n in &mut c.nodes {
+        if !n.running() {
+            n.start(None)?;
+        }
+    }
+    Ok(())
+}
+
+async fn produce(
+    producer: Arc<crate::cluster::Producer>,
+    addr: Arc<Mutex<Option<SocketAddr>>>,
+    stop: Arc<AtomicBool>,
+    counters: Arc<Counters>,
+    index: usize,
+    seed: u64,
+) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut done: Vec<(String, String, serde_json::Value, Vec<String>)> = Vec::new();
+    let mut i = 0u64;
+    while !stop.load(Ordering::SeqCst) {
+        let replay = !done.is_empty() && rng.random_bool(0.2);
+        let (key, conv, payload, to) = if replay {
+            done[rng.random_range(0..done.len())].clone()
+        } else {
+            i += 1;
+            let mut to: Vec<String> = HOSTS.iter().filter(|_| rng.random_bool(0.5)).map(|h| h.to_string()).collect();
+            if to.is_empty() {
+                to.push(HOSTS[rng.random_range(0..HOSTS.len())].to_string());
+            }
+            let payload = serde_json::json!({"p": index, "i": i});
+            (format!("p{index}-{seed}-{i}"), format!("c{}", rng.random_range(0..4)), payload, to)
+        };
+        if replay {
+            counters.duplicates.fetch_add(1, Ordering::Relaxed);
+        }
+        for _ in 0..50 {
+            if stop.load(Ordering::SeqCst) && !replay {
+                break;
+            }
+            let hub = addr.lock().ok().and_then(|a| *a);
+            match producer.accept(hub, &conv, &key, &payload, &to).await {
+                AcceptOutcome::Ok(_) => {
+                    if !replay {
+                        counters.accepted.fetch_add(1, Ordering::Relaxed);
+                        done.push((key.clone(), conv.clone(), payload.clone(), to.clone()));
+                    }
+                    break;
+                }
+                AcceptOutcome::Fail(_) => break,
+                AcceptOutcome::Info => {
+                    counters.duplicates.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,909 @@
+//! The test harness: a fresh hub in a temp directory, driven through its real binary.
+//!
+//! In the style of ripgrep's `tests/util.rs`: every test gets its own temp directory, the
+//! binaries run with a scrubbed environment, and nothing is shared between tests (port 0, own
+//! CA, own certificates), so the suite runs in parallel.
+//!
+//! - `Hub` owns one data directory and, while it runs, one `baton-hub serve` child process. It
+//!   runs the operator CLI against the same directory (`cli`), enrolls identities, kills the
+//!   server with SIGKILL (`kill9`) or SIGTERM (`terminate`) and starts it again (`restart`).
+//! - `Identity` is an enrolled certificate, key and CA bundle on disk; node tests hand the same
+//!   files to `baton-node`.
+//! - `Api` is a reqwest client holding one identity; `Node` is an `Api` bound to an instance id
+//!   with the claim/mirror/ack/report calls a node makes.
+//!
+//! Binaries: `BATON_HUB_BIN` / `BATON_NODE_BIN` name them explicitly. Otherwise they are looked
+//! up in the target directory next to the test executable (`target/debug/deps/it-*` →
+//! `target/debug/baton-hub`), and built there once per test process with
+//! `cargo build -p <package> --all-features` (crash points compiled in), because
+//! `cargo test` does not build the binaries of other packages and a stale binary would test
+//! old code. `BATON_TESTS_NO_BUILD=1` skips that build.
+
+#![allow(dead_code)] // Not every helper is used by every module yet (node tests come next).
+
+use reqwest::{Certificate, Identity as TlsIdentity};
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::fs;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// How long we wait for a process event (start, exit, an addr file) before failing the test.
+/// Generous on purpose: a loaded 2-core CI machine must not make the suite flaky.
+pub const EVENT_WAIT: Duration = Duration::from_secs(20);
+/// Request timeout of the test clients: above the longest long-poll a test asks for (20 s).
+pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(60);
+/// A long-poll that should be woken must answer within this, although it asked for 20 s.
+pub const WAKE_MAX: Duration = Duration::from_secs(5);
+/// The wait a test asks for when it expects to be woken long before it elapses.
+pub const LONG_WAIT_MS: u64 = 20_000;
+/// How long a test lets a long-poll settle into its wait before causing the wake-up.
+pub const SETTLE: Duration = Duration::from_millis(400);
+/// The operator name the CLI records (set through `BATON_OPERATOR`).
+pub const OPERATOR: &str = "e2e";
+
+// ---------------------------------------------------------------------------------------------
+// Binaries
+
+fn target_profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    // target/<profile>/deps/it-<hash>
+    let deps = exe.parent().expect("deps dir");
+    deps.parent().expect("profile dir").to_path_buf()
+}
+
+fn build_once(package: &'static str, cell: &'static OnceLock<Result<(), String>>) {
+    let result = cell.get_or_init(|| {
+        if std::env::var_os("BATON_TESTS_NO_BUILD").is_some_and(|v| v == "1") {
+            return Ok(());
+        }
+        let profile_dir = target_profile_dir();
+        let target_dir = profile_dir.parent().expect("target dir");
+        let profile = profile_dir.file_name().and_then(OsStr::to_str).unwrap_or("debug");
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "--quiet", "-p", package, "--bin", package, "--all-features", "--target-dir"])
+            .arg(target_dir)
+            .current_dir(env!("CARGO_MANIFEST_DIR"));
+        match profile {
+            "debug" => {}
+            "release" => {
+                cmd.arg("--release");
+            }
+            other => {
+                cmd.args(["--profile", other]);
+            }
+        }
+        let out = cmd.output().map_err(|e| format!("running cargo: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!("cargo build -p {package} failed:\n{}", String::from_utf8_lossy(&out.stderr)))
+        }
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
+fn binary(package: &'static str, env: &str, cell: &'static OnceLock<Result<(), String>>) -> PathBuf {
+    if let Some(p) = std::env::var_os(env) {
+        return PathBuf::from(p);
+    }
+    build_once(package, cell);
+    let path = target_profile_dir().join(package);
+    assert!(
+        path.exists(),
+        "{} does not exist; build it with `cargo build -p {package} --all-features`",
+        path.display()
+    );
+    path
+}
+
+/// The `baton-hub` binary.
+pub fn hub_bin() -> PathBuf {
+    static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
+    binary("baton-hub", "BATON_HUB_BIN", &BUILT)
+}
+
+/// The `baton-node` binary.
+pub fn node_bin() -> PathBuf {
+    static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
+    binary("baton-node", "BATON_NODE_BIN", &BUILT)
+}
+
+/// A command with a scrubbed environment: only PATH survives.
+pub fn scrubbed(bin: &Path) -> Command {
+    let mut cmd = Command::new(bin);
+    cmd.env_clear();
+    if let Some(path) = std::env::var_os("PATH") {
+        cmd.env("PATH", path);
+    }
+    cmd.stdin(Stdio::null());
+    cmd
+}
+
+/// Runs `cmd` to completion with stdout and stderr captured, killing it (and failing the test)
+/// if it outlives `limit`.
+pub fn output_within(mut cmd: Command, limit: Duration) -> Output {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (out_path, err_path) = (dir.path().join("stdout"), dir.path().join("stderr"));
+    cmd.stdout(fs::File::create(&out_path).expect("stdout file"));
+    cmd.stderr(fs::File::create(&err_path).expect("stderr file"));
+    let mut child = cmd.spawn().expect("spawn");
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("try_wait") {
+            break s;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{cmd:?} was still running after {limit:?}; killed it");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    Output { status, stdout: fs::read(&out_path).unwrap_or_default(), stderr: fs::read(&err_path).unwrap_or_default() }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Identities
+
+/// The role an identity was enrolled with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// A node host.
+    Node,
+    /// A producer.
+    Producer,
+}
+
+/// An enrolled certificate on disk: what a node or producer is handed.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    /// node or producer.
+    pub role: Role,
+    /// The host or producer name.
+    pub name: String,
+    /// `NAME.crt`.
+    pub cert: PathBuf,
+    /// `NAME.key`.
+    pub key: PathBuf,
+    /// `ca.crt`, the hub CA the hub's server certificate chains to.
+    pub ca: PathBuf,
+}
+
+impl Identity {
+    /// The certificate and key as one PEM, as reqwest wants them.
+    pub fn pem(&self) -> Vec<u8> {
+        let mut pem = fs::read(&self.cert).expect("read cert");
+        pem.push(b'\n');
+        pem.extend(fs::read(&self.key).expect("read key"));
+        pem
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The hub
+
+/// How to set up a hub before it starts.
+#[derive(Debug, Clone)]
+pub struct HubBuilder {
+    nodes: Vec<String>,
+    producers: Vec<String>,
+    config: Option<String>,
+    crash_point: Option<String>,
+    serve: bool,
+}
+
+impl HubBuilder {
+    /// Node hosts to enroll (replaces the defaults).
+    pub fn nodes(mut self, names: &[&str]) -> Self {
+        self.nodes = names.iter().map(|s| s.to_string()).collect();
+        self
+    }
+    /// Producers to enroll (replaces the defaults).
+    pub fn producers(mut self, names: &[&str]) -> Self {
+        self.producers = names.iter().map(|s| s.to_string()).collect();
+        self
+    }
+    /// The text of `DATA_DIR/hub.toml` (replacing the template `init` writes).
+    pub fn config(mut self, toml: &str) -> Self {
+        self.config = Some(toml.to_string());
+        self
+    }
+    /// Arms `BATON_CRASH_POINT` for the first run of `serve`.
+    pub fn crash_point(mut self, point: &str) -> Self {
+        self.crash_point = Some(point.to_string());
+        self
+    }
+    /// Sets everything up but does not start `serve`.
+    pub fn stopped(mut self) -> Self {
+        self.serve = false;
+        self
+    }
+    /// Initialises the data directory, enrolls everyone, and (unless `stopped`) serves.
+    pub fn start(self) -> Hub {
+        let root = tempfile::Builder::new().prefix("baton-it-").tempdir().expect("tempdir");
+        let data = root.path().join("hub");
+        let certs = data.join("certs");
+        let logs = root.path().join("logs");
+        fs::create_dir_all(&logs).expect("logs dir");
+        let mut hub = Hub { data, certs, logs, child: None, addr: None, runs: 0, identities: HashMap::new(), root };
+        hub.cli_ok(["init"]);
+        if let Some(text) = &self.config {
+            hub.write_config(text);
+        }
+        for n in &self.nodes {
+            hub.enroll_node(n);
+        }
+        for p in &self.producers {
+            hub.enroll_producer(p);
+        }
+        if self.serve {
+            hub.serve(self.crash_point.as_deref());
+        }
+        hub
+    }
+}
+
+/// One hub data directory and, while it runs, its `serve` process.
+pub struct Hub {
+    data: PathBuf,
+    certs: PathBuf,
+    logs: PathBuf,
+    child: Option<Child>,
+    addr: Option<SocketAddr>,
+    runs: u32,
+    identities: HashMap<String, Identity>,
+    // Dropped last: the directory outlives the process using it.
+    root: tempfile::TempDir,
+}
+
+impl Drop for Hub {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Hub {
+    /// A running hub with nodes `host-a`, `host-b` and producers `prod`, `prod-two`.
+    pub fn start() -> Hub {
+        Hub::builder().start()
+    }
+
+    /// A builder with the default identities (see `start`).
+    pub fn builder() -> HubBuilder {
+        HubBuilder {
+            nodes: vec!["host-a".into(), "host-b".into()],
+            producers: vec!["prod".into(), "prod-two".into()],
+            config: None,
+            crash_point: None,
+            serve: true,
+        }
+    }
+
+    /// The data directory (`--data-dir`).
+    pub fn data_dir(&self) -> &Path {
+        &self.data
+    }
+
+    /// Where enrolled certificates are written.
+    pub fn certs_dir(&self) -> &Path {
+        &self.certs
+    }
+
+    /// A scratch directory for the test, inside the hub's temp root.
+    pub fn scratch(&self, name: &str) -> PathBuf {
+        let p = self.root.path().join(name);
+        fs::create_dir_all(&p).expect("scratch dir");
+        p
+    }
+
+    /// The address the running hub listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr.expect("the hub is not running")
+    }
+
+    /// `https://ADDR`.
+    pub fn url(&self) -> String {
+        format!("https://{}", self.addr())
+    }
+
+    /// Replaces `DATA_DIR/hub.toml`.
+    pub fn write_config(&self, text: &str) {
+        fs::write(self.data.join("hub.toml"), text).expect("write hub.toml");
+    }
+
+    fn log_paths(&self, run: u32) -> (PathBuf, PathBuf) {
+        (self.logs.join(format!("serve-{run}.stdout")), self.logs.join(format!("serve-{run}.stderr")))
+    }
+
+    /// Starts `serve` (which must not be running) and waits until it listens.
+    pub fn serve(&mut self, crash_point: Option<&str>) {
+        assert!(self.child.is_none(), "the hub is already running");
+        let addr_file = self.data.join("hub.addr");
+        let _ = fs::remove_file(&addr_file);
+        self.runs += 1;
+        let (out, err) = self.log_paths(self.runs);
+        let mut cmd = scrubbed(&hub_bin());
+        cmd.arg("--data-dir").arg(&self.data).args(["serve", "--listen", "127.0.0.1:0"]);
+        if let Some(p) = crash_point {
+            cmd.env("BATON_CRASH_POINT", p);
+        }
+        cmd.stdout(fs::File::create(&out).expect("stdout log")).stderr(fs::File::create(&err).expect("stderr log"));
+        let mut child = cmd.spawn().expect("spawn baton-hub serve");
+        let start = Instant::now();
+        let addr = loop {
+            if let Ok(text) = fs::read_to_string(&addr_file)
+                && let Ok(addr) = text.trim().parse::<SocketAddr>()
+            {
+                break addr;
+            }
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                panic!("baton-hub serve exited ({status}) before listening:\n{}", self.stderr_of(self.runs));
+            }
+            assert!(start.elapsed() < EVENT_WAIT, "baton-hub serve did not write hub.addr within {EVENT_WAIT:?}");
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        self.child = Some(child);
+        self.addr = Some(addr);
+    }
+
+    /// Whether `serve` is running (and has not exited on its own).
+    pub fn is_running(&mut self) -> bool {
+        match &mut self.child {
+            None => false,
+            Some(c) => c.try_wait().expect("try_wait").is_none(),
+        }
+    }
+
+    /// Kills `serve` with SIGKILL and reaps it.
+    pub fn kill9(&mut self) -> ExitStatus {
+        let mut child = self.child.take().expect("the hub is not running");
+        let _ = child.kill();
+        let status = child.wait().expect("wait");
+        self.addr = None;
+        status
+    }
+
+    /// Sends SIGTERM (through `kill`, since this crate forbids unsafe code) and waits for exit.
+    pub fn terminate(&mut self) -> ExitStatus {
+        let pid = self.child.as_ref().expect("the hub is not running").id();
+        let st = Command::new("kill").args(["-TERM", &pid.to_string()]).status().expect("run kill");
+        assert!(st.success(), "kill -TERM {pid} failed");
+        self.wait_exit().expect("baton-hub did not exit after SIGTERM")
+    }
+
+    /// Waits up to `EVENT_WAIT` for `serve` to exit on its own; reaps it.
+    pub fn wait_exit(&mut self) -> Option<ExitStatus> {
+        let start = Instant::now();
+        loop {
+            let child = self.child.as_mut().expect("the hub is not running");
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                self.child = None;
+                self.addr = None;
+                return Some(status);
+            }
+            if start.elapsed() > EVENT_WAIT {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Stops `serve` if it runs (SIGKILL) and starts it again without a crash point.
+    pub fn restart(&mut self) {
+        if self.child.is_some() {
+            self.kill9();
+        }
+        self.serve(None);
+    }
+
+    fn stderr_of(&self, run: u32) -> String {
+        fs::read_to_string(self.log_paths(run).1).unwrap_or_default()
+    }
+
+    /// The stderr of the latest `serve` run.
+    pub fn serve_stderr(&self) -> String {
+        self.stderr_of(self.runs)
+    }
+
+    /// The stdout of the latest `serve` run.
+    pub fn serve_stdout(&self) -> String {
+        fs::read_to_string(self.log_paths(self.runs).0).unwrap_or_default()
+    }
+
+    // --- CLI -----------------------------------------------------------------------------
+
+    /// The CLI command for `args`, with `--data-dir` and a scrubbed environment.
+    pub fn cli_command<I, S>(&self, args: I) -> Command
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let mut cmd = scrubbed(&hub_bin());
+        cmd.env("BATON_OPERATOR", OPERATOR).arg("--data-dir").arg(&self.data).args(args);
+        cmd
+    }
+
+    /// Runs `baton-hub --data-dir D ARGS…` and returns what it did.
+    pub fn cli<I, S>(&self, args: I) -> Output
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        output_within(self.cli_command(args), EVENT_WAIT)
+    }
+
+    /// Runs the CLI, asserts exit status 0, and returns stdout.
+    pub fn cli_ok<I, S>(&self, args: I) -> String
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let args: Vec<S> = args.into_iter().collect();
+        let shown: Vec<String> = args.iter().map(|a| a.as_ref().to_string_lossy().into_owned()).collect();
+        let out = self.cli(args);
+        assert!(
+            out.status.success(),
+            "baton-hub {} exited {}:\nstdout: {}\nstderr: {}",
+            shown.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).expect("utf-8 stdout")
+    }
+
+    /// Runs the CLI (the caller passes `--json`), asserts exit 0, and parses stdout.
+    pub fn cli_json<I, S>(&self, args: I) -> Value
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let text = self.cli_ok(args);
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("CLI output is not JSON ({e}): {text}"))
+    }
+
+    /// `deliveries list --json`: every delivery, oldest first.
+    pub fn deliveries(&self) -> Vec<Value> {
+        let v = self.cli_json(["deliveries", "list", "--json"]);
+        v.as_array().expect("deliveries list is an array").clone()
+    }
+
+    /// `deliveries show ID --json`: the delivery with its events and attempts.
+    pub fn show(&self, delivery_id: &str) -> Value {
+        self.cli_json(["deliveries", "show", delivery_id, "--json"])
+    }
+
+    /// The delivery's current state, from `deliveries show`.
+    pub fn state(&self, delivery_id: &str) -> String {
+        self.show(delivery_id)["delivery"]["state"].as_str().expect("state").to_string()
+    }
+
+    /// The delivery's (state, reason), from `deliveries show`.
+    pub fn state_reason(&self, delivery_id: &str) -> (String, Option<String>) {
+        let d = self.show(delivery_id);
+        (
+            d["delivery"]["state"].as_str().expect("state").to_string(),
+            d["delivery"]["reason"].as_str().map(str::to_string),
+        )
+    }
+
+    /// The delivery's events as (from, to, actor_kind, actor) tuples, in commit order.
+    pub fn events(&self, delivery_id: &str) -> Vec<(Option<String>, String, String, String)> {
+        let d = self.show(delivery_id);
+        d["events"]
+            .as_array()
+            .expect("events")
+            .iter()
+            .map(|e| {
+                (
+                    e["from_state"].as_str().map(str::to_string),
+                    e["to_state"].as_str().expect("to_state").to_string(),
+                    e["actor_kind"].as_str().expect("actor_kind").to_string(),
+                    e["actor"].as_str().expect("actor").to_string(),
+                )
+            })
+            .collect()
+    }
+
+    /// Sets a fence through the CLI and returns its id. `scope` is e.g. `["--conversation", "c"]`.
+    pub fn fence(&self, kind: &str, scope: &[&str], reason: &str) -> i64 {
+        let mut args = vec!["fence", kind];
+        args.extend_from_slice(scope);
+        args.extend_from_slice(&["--reason", reason, "--json"]);
+        let v = self.cli_json(args);
+        v["id"].as_i64().unwrap_or_else(|| panic!("fence id in {v}"))
+    }
+
+    /// Lifts a fence through the CLI.
+    pub fn lift(&self, id: i64) {
+        self.cli_ok(["fence", "lift", &id.to_string(), "--reason", "test lifts it"]);
+    }
+
+    /// `baton-hub verify` must exit 0.
+    pub fn verify_ok(&self) {
+        let out = self.cli(["verify"]);
+        assert!(
+            out.status.success(),
+            "verify exited {}:\n{}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    // --- identities ----------------------------------------------------------------------
+
+    fn enroll(&mut self, role: Role, name: &str) -> Identity {
+        let kind = match role {
+            Role::Node => "node",
+            Role::Producer => "producer",
+        };
+        let certs = self.certs.clone();
+        self.cli_ok([OsStr::new("enroll"), OsStr::new(kind), OsStr::new(name), OsStr::new("--out"), certs.as_os_str()]);
+        let id = Identity {
+            role,
+            name: name.to_string(),
+            cert: certs.join(format!("{name}.crt")),
+            key: certs.join(format!("{name}.key")),
+            ca: certs.join("ca.crt"),
+        };
+        for p in [&id.cert, &id.key, &id.ca] {
+            assert!(p.exists(), "enroll did not write {}", p.display());
+        }
+        self.identities.insert(name.to_string(), id.clone());
+        id
+    }
+
+    /// Enrolls a node host; returns its certificate, key and CA paths (for `baton-node`).
+    pub fn enroll_node(&mut self, host: &str) -> Identity {
+        self.enroll(Role::Node, host)
+    }
+
+    /// Enrolls a producer.
+    pub fn enroll_producer(&mut self, name: &str) -> Identity {
+        self.enroll(Role::Producer, name)
+    }
+
+    /// An identity enrolled earlier.
+    pub fn identity(&self, name: &str) -> &Identity {
+        self.identities.get(name).unwrap_or_else(|| panic!("{name} was not enrolled"))
+    }
+
+    /// The hub CA certificate (PEM).
+    pub fn ca_pem(&self) -> String {
+        fs::read_to_string(self.data.join("ca.crt")).expect("ca.crt")
+    }
+
+    /// The hub CA private key (PEM).
+    pub fn ca_key_pem(&self) -> String {
+        fs::read_to_string(self.data.join("ca.key")).expect("ca.key")
+    }
+
+    // --- clients -------------------------------------------------------------------------
+
+    /// A client holding the enrolled identity `name`.
+    pub fn client(&self, name: &str) -> Api {
+        let id = self.identity(name);
+        Api::new(&self.url(), Some(&fs::read(&id.ca).expect("ca")), Some(&id.pem()))
+    }
+
+    /// A client holding an arbitrary certificate+key PEM (trusting the hub CA).
+    pub fn client_with_pem(&self, pem: &[u8]) -> Api {
+        Api::new(&self.url(), Some(self.ca_pem().as_bytes()), Some(pem))
+    }
+
+    /// A client trusting the hub CA but presenting no certificate.
+    pub fn anonymous_client(&self) -> Api {
+        Api::new(&self.url(), Some(self.ca_pem().as_bytes()), None)
+    }
+
+    /// A node client for `host` acting as `instance`.
+    pub fn node(&self, host: &str, instance: &str) -> Node {
+        Node { api: self.client(host), instance: instance.to_string() }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// HTTP
+
+/// An answer: status and JSON body (`Value::Null` when the body is not JSON).
+#[derive(Debug, Clone)]
+pub struct Resp {
+    /// HTTP status.
+    pub status: u16,
+    /// The body as JSON.
+    pub body: Value,
+    /// The body as text.
+    pub text: String,
+}
+
+impl Resp {
+    /// Asserts the status and returns the body.
+    #[track_caller]
+    pub fn ok(&self, status: u16) -> &Value {
+        assert_eq!(self.status, status, "unexpected status; body: {}", self.text);
+        &self.body
+    }
+
+    /// Asserts an error answer: the status, the stable code, and the `{code, message}` shape.
+    /// Returns the message.
+    #[track_caller]
+    pub fn err(&self, status: u16, code: &str) -> String {
+        assert_eq!((self.status, self.body["code"].as_str()), (status, Some(code)), "body: {}", self.text);
+        let obj = self.body.as_object().unwrap_or_else(|| panic!("error body is not an object: {}", self.text));
+        let mut keys: Vec<&str> = obj.keys().map(String::as_str).collect();
+        keys.sort();
+        assert_eq!(keys, ["code", "message"], "error body is exactly {{code, message}}: {}", self.text);
+        let message = self.body["message"].as_str().expect("message").to_string();
+        assert!(!message.is_empty(), "the error message is empty");
+        message
+    }
+}
+
+/// A TLS client with (usually) a client certificate.
+#[derive(Clone)]
+pub struct Api {
+    http: reqwest::Client,
+    base: String,
+}
+
+impl Api {
+    /// A client for `base`, trusting only `ca` (PEM) and presenting `identity` (cert+key PEM).
+    pub fn new(base: &str, ca: Option<&[u8]>, identity: Option<&[u8]>) -> Api {
+        let mut b = reqwest::Client::builder().https_only(true).timeout(CLIENT_TIMEOUT);
+        if let Some(ca) = ca {
+            b = b.tls_certs_only([Certificate::from_pem(ca).expect("CA PEM")]);
+        }
+        if let Some(pem) = identity {
+            b = b.identity(TlsIdentity::from_pem(pem).expect("identity PEM"));
+        }
+        Api { http: b.build().expect("reqwest client"), base: base.to_string() }
+    }
+
+    /// The hub's base URL.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    async fn read(r: reqwest::Response) -> reqwest::Result<Resp> {
+        let status = r.status().as_u16();
+        let text = r.text().await?;
+        let body = serde_json::from_str(&text).unwrap_or(Value::Null);
+        Ok(Resp { status, body, text })
+    }
+
+    /// GET; transport errors are returned.
+    pub async fn try_get(&self, path: &str) -> reqwest::Result<Resp> {
+        Self::read(self.http.get(format!("{}{path}", self.base)).send().await?).await
+    }
+
+    /// POST JSON; transport errors are returned.
+    pub async fn try_post(&self, path: &str, body: &Value) -> reqwest::Result<Resp> {
+        Self::read(self.http.post(format!("{}{path}", self.base)).json(body).send().await?).await
+    }
+
+    /// GET; a transport error fails the test.
+    pub async fn get(&self, path: &str) -> Resp {
+        self.try_get(path).await.unwrap_or_else(|e| panic!("GET {path}: {e:?}"))
+    }
+
+    /// POST JSON; a transport error fails the test.
+    pub async fn post(&self, path: &str, body: &Value) -> Resp {
+        self.try_post(path, body).await.unwrap_or_else(|e| panic!("POST {path}: {e:?}"))
+    }
+
+    /// POST raw bytes with a content type.
+    pub async fn post_raw(&self, path: &str, body: Vec<u8>, content_type: &str) -> Resp {
+        let r = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .header(reqwest::header::CONTENT_TYPE, content_type)
+            .body(body)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("POST {path}: {e:?}"));
+        Self::read(r).await.expect("read body")
+    }
+
+    /// `POST /v1/messages` with `to`.
+    pub async fn submit(&self, conversation: &str, key: &str, payload: Value, to: &[&str]) -> Resp {
+        self.post("/v1/messages", &submit_body(conversation, key, payload, to)).await
+    }
+
+    /// `POST /v1/messages`, asserting 201, returning (message_id, {host: delivery_id}).
+    pub async fn submit_new(&self, conversation: &str, key: &str, to: &[&str]) -> Submitted {
+        let r = self.submit(conversation, key, json!({"key": key}), to).await;
+        Submitted::from_body(r.ok(201))
+    }
+
+    /// `GET /v1/messages/{id}`.
+    pub async fn message(&self, message_id: &str) -> Resp {
+        self.get(&format!("/v1/messages/{message_id}")).await
+    }
+}
+
+/// The body of a submit.
+pub fn submit_body(conversation: &str, key: &str, payload: Value, to: &[&str]) -> Value {
+    json!({"conversation": conversation, "idempotency_key": key, "payload": payload, "to": to})
+}
+
+/// An accepted message: its id and its delivery per host.
+#[derive(Debug, Clone)]
+pub struct Submitted {
+    /// The message id.
+    pub message_id: String,
+    /// Its sequence number.
+    pub seq: i64,
+    /// host → delivery id.
+    pub deliveries: HashMap<String, String>,
+}
+
+impl Submitted {
+    /// Reads a 200/201 submit answer.
+    pub fn from_body(v: &Value) -> Submitted {
+        let deliveries = v["deliveries"]
+            .as_array()
+            .expect("deliveries")
+            .iter()
+            .map(|d| {
+                (d["host"].as_str().expect("host").to_string(), d["delivery_id"].as_str().expect("id").to_string())
+            })
+            .collect();
+        Submitted {
+            message_id: v["message_id"].as_str().expect("message_id").to_string(),
+            seq: v["seq"].as_i64().expect("seq"),
+            deliveries,
+        }
+    }
+
+    /// The delivery for `host`.
+    pub fn to(&self, host: &str) -> &str {
+        self.deliveries.get(host).unwrap_or_else(|| panic!("no delivery for {host}"))
+    }
+}
+
+/// A delivery as a claim (or holdings) handed it out.
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    /// Delivery id.
+    pub delivery_id: String,
+    /// Message id.
+    pub message_id: String,
+    /// Conversation.
+    pub conversation: String,
+    /// Sequence number.
+    pub seq: i64,
+    /// Payload.
+    pub payload: Value,
+    /// The claim token.
+    pub claim_token: String,
+    /// The state reported with it.
+    pub state: String,
+}
+
+impl Claimed {
+    fn from_value(v: &Value) -> Claimed {
+        let s = |k: &str| v[k].as_str().unwrap_or_else(|| panic!("{k} missing in {v}")).to_string();
+        Claimed {
+            delivery_id: s("delivery_id"),
+            message_id: s("message_id"),
+            conversation: s("conversation"),
+            seq: v["seq"].as_i64().expect("seq"),
+            payload: v["payload"].clone(),
+            claim_token: s("claim_token"),
+            state: s("state"),
+        }
+    }
+
+    /// Parses the `deliveries` array of a claim or holdings answer.
+    pub fn list(body: &Value) -> Vec<Claimed> {
+        body["deliveries"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no deliveries in {body}"))
+            .iter()
+            .map(Self::from_value)
+            .collect()
+    }
+}
+
+/// A node: a node-certificate client acting as one instance.
+#[derive(Clone)]
+pub struct Node {
+    /// The client.
+    pub api: Api,
+    /// The instance id it sends.
+    pub instance: String,
+}
+
+impl Node {
+    /// The same certificate as another instance.
+    pub fn as_instance(&self, instance: &str) -> Node {
+        Node { api: self.api.clone(), instance: instance.to_string() }
+    }
+
+    /// `POST /v1/claims`, raw.
+    pub async fn claim_raw(&self, max: u32, wait_ms: u64) -> Resp {
+        self.api.post("/v1/claims", &json!({"instance_id": self.instance, "max": max, "wait_ms": wait_ms})).await
+    }
+
+    /// `POST /v1/claims`, asserting 200.
+    pub async fn claim(&self, max: u32, wait_ms: u64) -> Vec<Claimed> {
+        Claimed::list(self.claim_raw(max, wait_ms).await.ok(200))
+    }
+
+    /// `GET /v1/holdings?instance_id=`, asserting 200.
+    pub async fn holdings(&self) -> Vec<Claimed> {
+        Claimed::list(self.api.get(&format!("/v1/holdings?instance_id={}", self.instance)).await.ok(200))
+    }
+
+    fn holder(&self, c: &Claimed) -> Value {
+        json!({"instance_id": self.instance, "claim_token": c.claim_token})
+    }
+
+    /// `POST /v1/deliveries/{id}/mirrored`.
+    pub async fn mirrored(&self, c: &Claimed) -> Resp {
+        self.api.post(&format!("/v1/deliveries/{}/mirrored", c.delivery_id), &self.holder(c)).await
+    }
+
+    /// `POST /v1/deliveries/{id}/ack`.
+    pub async fn ack(&self, c: &Claimed) -> Resp {
+        self.api.post(&format!("/v1/deliveries/{}/ack", c.delivery_id), &self.holder(c)).await
+    }
+
+    /// `POST /v1/deliveries/{id}/reject`.
+    pub async fn reject(&self, c: &Claimed, reason: &str) -> Resp {
+        let mut body = self.holder(c);
+        body["reason"] = json!(reason);
+        self.api.post(&format!("/v1/deliveries/{}/reject", c.delivery_id), &body).await
+    }
+
+    /// The body of a report.
+    pub fn report_body(&self, c: &Claimed, report_id: &str, outcome: &str, exit_code: i32) -> Value {
+        json!({
+            "delivery_id": c.delivery_id,
+            "instance_id": self.instance,
+            "claim_token": c.claim_token,
+            "report_id": report_id,
+            "outcome": outcome,
+            "exit_code": exit_code,
+            "duration_ms": 12,
+            "result": "done",
+        })
+    }
+
+    /// `POST /delivery-report`.
+    pub async fn report(&self, c: &Claimed, report_id: &str, outcome: &str, exit_code: i32) -> Resp {
+        self.api.post("/delivery-report", &self.report_body(c, report_id, outcome, exit_code)).await
+    }
+
+    /// Mirrors and acks, asserting both change the state.
+    pub async fn mirror_and_ack(&self, c: &Claimed) {
+        let m = self.mirrored(c).await;
+        assert_eq!(m.ok(200)["state"], "mirrored");
+        let a = self.ack(c).await;
+        assert_eq!(a.ok(200)["state"], "delivered");
+    }
+}
+
+/// Runs `f` and returns its result with how long it took.
+pub async fn timed<F: std::future::Future>(f: F) -> (F::Output, Duration) {
+    let start = Instant::now();
+    let r = f.await;
+    (r, start.elapsed())
+}
+
+/// A random UUID string (for ids that do not exist).
+pub fn random_id() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
