@@ -91,6 +91,18 @@ pub fn report(conn: &Connection, host: &str, r: &NewReport<'_>, now_ms: i64) -> 
             r.delivery_id
         )));
     }
+    // One execution, one outcome: a second node report (under another report id) for a delivery
+    // that already has one would count a turn twice. Outcomes the hub wrote itself (`unknown`
+    // after a requeue or retire, empty request hash) do not stand in the way of the real one.
+    let reported: i64 = conn
+        .prepare_cached("SELECT count(*) FROM attempts WHERE delivery_id = ?1 AND request_hash <> ''")?
+        .query_row([r.delivery_id], |row| row.get(0))?;
+    if reported > 0 {
+        return Err(StoreError::ReportConflict(format!(
+            "delivery {} already has a reported outcome; report_id {:?} would count its turn twice",
+            r.delivery_id, r.report_id
+        )));
+    }
     let attempt_id = new_id();
     conn.prepare_cached(
         "INSERT INTO attempts (id, delivery_id, host, instance_id, report_id, request_hash, outcome, exit_code,
@@ -128,4 +140,47 @@ pub fn attempt_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<AttemptView> {
         reason: r.get(6)?,
         reported_at_ms: r.get(7)?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::accept::testing::accept_one;
+    use crate::store::{claim, testing};
+
+    #[test]
+    fn one_outcome_per_delivery_and_per_report_id() {
+        let db = testing::db();
+        accept_one(&db.conn, "c", "k", &["host-a"]);
+        let d = claim::claim(&db.conn, "host-a", "i", 1, 1).unwrap().remove(0);
+        let holder = Holder { instance_id: "i", claim_token: &d.claim_token };
+        let r = |id: &'static str, outcome| NewReport {
+            delivery_id: &d.delivery_id,
+            holder,
+            report_id: id,
+            outcome,
+            exit_code: Some(0),
+            duration_ms: Some(5),
+            result: Some("ok"),
+            reason: None,
+        };
+        assert!(matches!(
+            report(&db.conn, "host-a", &r("a1", Outcome::Succeeded), 2),
+            Err(StoreError::InvalidTransition(_))
+        ));
+        claim::mirrored(&db.conn, "host-a", &d.delivery_id, holder, 2).unwrap();
+        claim::ack(&db.conn, "host-a", &d.delivery_id, holder, 3).unwrap();
+        let (first, dup) = report(&db.conn, "host-a", &r("a1", Outcome::Succeeded), 4).unwrap();
+        assert!(!dup);
+        let (again, dup) = report(&db.conn, "host-a", &r("a1", Outcome::Succeeded), 5).unwrap();
+        assert!(dup);
+        assert_eq!(again, first, "a replay answers the same attempt");
+        assert!(matches!(report(&db.conn, "host-a", &r("a1", Outcome::Failed), 6), Err(StoreError::ReportConflict(_))));
+        assert!(matches!(
+            report(&db.conn, "host-a", &r("a2", Outcome::Succeeded), 6),
+            Err(StoreError::ReportConflict(_))
+        ));
+        let n: i64 = db.conn.query_row("SELECT count(*) FROM attempts", [], |row| row.get(0)).unwrap();
+        assert_eq!(n, 1);
+    }
 }

@@ -1,0 +1,164 @@
+//! The node's normal flow with real processes: fan-out to two hosts, exactly-once execution
+//! and reporting, per-conversation order; `baton-node status` without the hub; and the
+//! configuration refusals of `baton-node run`.
+
+use crate::harness::{EVENT_WAIT, node_bin, output_within, scrubbed};
+use crate::node_harness::{NODE_WAIT, TestHub, node_status, wait_for};
+use std::collections::HashMap;
+use std::fs;
+
+/// Two hosts, three conversations, 50 messages (some to both hosts, some to one): every
+/// delivery is claimed and delivered once, runs once on its own host, is reported once with
+/// `succeeded`, and each host runs each conversation's turns in `seq` order.
+#[test]
+fn two_hosts_three_conversations_fifty_messages_run_once_each_in_order() {
+    let hub = TestHub::start(&["host-a", "host-b"]);
+    // Small claim batches and two parallel conversations: many claims, real interleaving. Turns
+    // take 0-40 ms, varying with seq, so turns run at once within a conversation would overlap
+    // or finish out of order in the log.
+    let turn = "sleep 0.0$(( ($BATON_SEQ * 7) % 5 ))";
+    let node = |host: &str, batch: &str| hub.node(host).then(turn).trace_ends().set("claim_batch_max", batch);
+    let _a = node("host-a", "3").set("parallel_conversations", "2").start();
+    let _b = node("host-b", "5").start();
+
+    let producer = hub.producer();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    // delivery id → (host, conversation, seq)
+    let mut expected: HashMap<String, (String, String, i64)> = HashMap::new();
+    for i in 0..50 {
+        let conversation = format!("conv-{}", i % 3);
+        let to: &[&str] = match i % 4 {
+            0 | 2 => &["host-a", "host-b"],
+            1 => &["host-a"],
+            _ => &["host-b"],
+        };
+        let m = rt.block_on(producer.submit_new(&conversation, &format!("k{i}"), to));
+        assert_eq!(m.deliveries.len(), to.len(), "one delivery per recipient");
+        for (host, id) in m.deliveries {
+            expected.insert(id, (host, conversation.clone(), m.seq));
+        }
+    }
+    assert_eq!(expected.len(), 75);
+
+    let all = wait_for("every delivery to have an outcome", NODE_WAIT, || {
+        let list = hub.deliveries();
+        list.iter().all(|d| !d["outcome"].is_null()).then_some(list)
+    });
+    assert_eq!(all.len(), expected.len(), "no delivery more or less than accepted");
+    for d in &all {
+        let id = d["delivery_id"].as_str().expect("delivery_id");
+        let (host, conversation, seq) = expected.get(id).unwrap_or_else(|| panic!("unexpected delivery {d}"));
+        let same = d["host"] == host.as_str() && d["conversation"] == conversation.as_str() && d["seq"] == *seq;
+        assert!(same, "{d} is not ({host}, {conversation}, {seq})");
+        assert_eq!(d["state"], "delivered", "{d}");
+        hub.assert_one_attempt(id, "succeeded");
+        assert_eq!(hub.entered(id, "claimed"), 1, "claimed once: {id}");
+        assert_eq!(hub.entered(id, "delivered"), 1, "delivered once: {id}");
+    }
+    assert_eq!(hub.cli_json(["status", "--json"])["attempts"], 75, "reported once each, counted once");
+
+    let ran = hub.exec_log().lines();
+    assert_eq!(ran.len(), 75, "one turn per delivery: {ran:#?}");
+    for r in &ran {
+        let (host, conversation, seq) = expected.get(&r.delivery_id).expect("the log names a known delivery");
+        assert_eq!((&r.host, &r.conversation, r.seq), (host, conversation, *seq), "ran where and as sent");
+    }
+    hub.exec_log().assert_one_at_a_time_in_order();
+    assert_eq!(hub.exec_log().events().len(), 150, "every turn ended");
+    let mut ids: Vec<&str> = ran.iter().map(|r| r.delivery_id.as_str()).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 75, "no delivery ran twice");
+    hub.verify_ok();
+}
+
+/// `baton-node status` reads the local store only: it answers with the hub gone, while the
+/// node runs and after it stopped, and shows the finished turn.
+#[test]
+fn status_works_with_the_hub_down() {
+    let mut hub = TestHub::start(&["host-a"]);
+    let mut node = hub.node("host-a").start();
+    let id = hub.send_one("c", "k1", "host-a");
+    let shown = hub.wait_outcome(&id);
+    let instance = shown["delivery"]["instance_id"].as_str().expect("instance_id").to_string();
+    node.wait_idle();
+    hub.kill9();
+
+    for _ in 0..2 {
+        let s = node.status();
+        assert_eq!(s["instance_id"], instance.as_str(), "{s}");
+        assert_eq!(s["counts"]["done"], 1, "{s}");
+        assert_eq!((s["open"].as_array().map(Vec::len), s["running"].as_array().map(Vec::len)), (Some(0), Some(0)));
+        let text = node.status_output(false);
+        assert!(text.status.success(), "status (text) exited {}", text.status);
+        assert!(String::from_utf8_lossy(&text.stdout).contains(&instance));
+        if node.is_running() {
+            let st = node.term();
+            assert_eq!(st.code(), Some(0), "SIGTERM with the hub down is still a clean exit: {st}");
+        }
+    }
+}
+
+/// `status` on a directory that never held a node store fails instead of creating one.
+#[test]
+fn status_of_a_missing_store_fails_and_creates_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = node_status(dir.path(), true);
+    assert!(!out.status.success());
+    assert!(!dir.path().join("node.db").exists());
+}
+
+/// Runs `baton-node run --config F` with `extra` appended to an otherwise valid config.
+fn run_with_config(extra: &str, hub_url: &str) -> (std::process::Output, bool) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    for f in ["ca.crt", "h.crt", "h.key"] {
+        fs::write(dir.path().join(f), "-----BEGIN CERTIFICATE-----\n").expect("write");
+    }
+    let text = format!(
+        "hub_url = \"{hub_url}\"\nca_file = \"{d}/ca.crt\"\ncert_file = \"{d}/h.crt\"\nkey_file = \"{d}/h.key\"\n\
+         data_dir = \"{data}\"\ncommand = [\"true\"]\n{extra}",
+        d = dir.path().display(),
+        data = data.display()
+    );
+    let config = dir.path().join("node.toml");
+    fs::write(&config, text).expect("write config");
+    let mut cmd = scrubbed(&node_bin());
+    cmd.arg("run").arg("--config").arg(&config);
+    let out = output_within(cmd, EVENT_WAIT);
+    (out, data.exists())
+}
+
+/// An unknown key and a plain-http hub URL are refused at start: exit 2, the key named,
+/// nothing created.
+#[test]
+fn bad_config_is_refused_with_exit_2_naming_the_key() {
+    for (extra, url, names) in [
+        ("colour = \"blue\"\n", "https://127.0.0.1:9", "colour"),
+        ("", "http://127.0.0.1:9", "hub_url"),
+        ("exec_timeout = \"0s\"\n", "https://127.0.0.1:9", "exec_timeout"),
+    ] {
+        let (out, created) = run_with_config(extra, url);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{extra:?} {url}: exited {}: {stderr}", out.status);
+        assert!(stderr.contains(names), "{extra:?} {url}: stderr does not name {names}: {stderr}");
+        assert!(!created, "{extra:?} {url}: the data directory was created before validation");
+    }
+}
+
+/// A second `baton-node run` on a data directory in use is refused (exit 1, saying why); the
+/// running node is unaffected and keeps working.
+#[test]
+fn a_second_process_on_the_same_data_directory_is_refused() {
+    let hub = TestHub::start(&["host-a"]);
+    let mut node = hub.node("host-a").start();
+    node.wait_log("holdings resync");
+    let out = output_within(node.second_run_command(), EVENT_WAIT);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "exited {}: {stderr}", out.status);
+    assert!(stderr.contains("another baton-node is running"), "{stderr}");
+    assert!(node.is_running());
+    let id = hub.send_one("conv", "k1", "host-a");
+    hub.wait_outcome(&id);
+    hub.assert_one_attempt(&id, "succeeded");
+}

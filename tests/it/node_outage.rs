@@ -1,0 +1,85 @@
+//! The hub SIGKILLed and restarted (same address) while nodes run turns and reports are in
+//! flight: nothing lost, nothing counted twice, order kept.
+
+use crate::node_harness::{NODE_WAIT, TestHub, wait_for};
+use std::collections::HashMap;
+use std::time::Duration;
+
+#[test]
+fn hub_killed_and_restarted_mid_flight_loses_nothing_and_counts_nothing_twice() {
+    let mut hub = TestHub::start(&["host-a", "host-b"]);
+    let a = hub.node("host-a").then("sleep 0.2").trace_ends().start();
+    let b = hub.node("host-b").then("sleep 0.2").trace_ends().start();
+    let mut expected: HashMap<String, (String, String)> = HashMap::new();
+    for i in 0..30 {
+        let conversation = format!("conv-{}", i % 3);
+        for (host, id) in hub.send(&conversation, &format!("k{i}"), &["host-a", "host-b"]) {
+            expected.insert(id, (host, conversation.clone()));
+        }
+    }
+    let total = expected.len();
+
+    let done_count = |hub: &TestHub| hub.deliveries().iter().filter(|d| !d["outcome"].is_null()).count();
+    let at_kill = wait_for("some outcomes before the kill", NODE_WAIT, || {
+        let n = done_count(&hub);
+        (n >= 6).then_some(n)
+    });
+    hub.kill9();
+    let ran_at_kill = hub.exec_log().lines().len();
+    std::thread::sleep(Duration::from_secs(1));
+    // Turns already delivered go on running while the hub is down; their reports wait.
+    let ran_while_down = hub.exec_log().lines().len() - ran_at_kill;
+    assert!(ran_while_down > 0, "the nodes kept running what they held while the hub was down");
+    hub.restart();
+
+    wait_for("every delivery to have an outcome", NODE_WAIT, || (done_count(&hub) == total).then_some(()));
+    a.wait_idle();
+    b.wait_idle();
+    assert!(at_kill < total, "the kill happened mid-way ({at_kill} of {total} done)");
+    for id in expected.keys() {
+        hub.assert_one_attempt(id, "succeeded");
+    }
+    assert_eq!(hub.deliveries().len(), total);
+    assert_eq!(hub.cli_json(["status", "--json"])["attempts"], total, "every report counted exactly once");
+
+    let ran = hub.exec_log().lines();
+    assert_eq!(ran.len(), total, "one turn per delivery");
+    for r in &ran {
+        let (host, conversation) = expected.get(&r.delivery_id).expect("known delivery");
+        assert_eq!((&r.host, &r.conversation), (host, conversation));
+    }
+    hub.exec_log().assert_one_at_a_time_in_order();
+    assert!(
+        a.logs().contains("hub unreachable") || b.logs().contains("hub unreachable"),
+        "the nodes noticed the outage"
+    );
+    hub.verify_ok();
+}
+
+/// A turn that ends while the hub is down leaves its report in the outbox; the node stops
+/// (SIGTERM, exit 0, the hub still down) and starts again later: the report is sent then,
+/// once, and the turn is not run again.
+#[test]
+fn a_report_waiting_through_a_hub_outage_and_a_node_restart_counts_once() {
+    let mut hub = TestHub::start(&["host-a"]);
+    let mut node = hub.node("host-a").then("sleep 1").start();
+    let id = hub.send_one("conv", "k1", "host-a");
+    hub.exec_log().wait_ran(&id);
+    hub.kill9();
+    wait_for("the turn to end and wait in the outbox", NODE_WAIT, || {
+        let s = node.status();
+        s["awaiting_report"].as_array().is_some_and(|a| a.len() == 1).then_some(())
+    });
+    let st = node.term();
+    assert_eq!(st.code(), Some(0), "a stop with the hub down is still clean: {st}");
+    assert_eq!(node.status()["awaiting_report"].as_array().map(Vec::len), Some(1), "the report waits on disk");
+    assert!(hub.delivery(&id)["outcome"].is_null());
+
+    hub.restart();
+    node.restart();
+    hub.wait_outcome(&id);
+    node.wait_idle();
+    hub.assert_one_attempt(&id, "succeeded");
+    assert_eq!(hub.exec_log().runs_of(&id), 1, "reported, not run again");
+    hub.verify_ok();
+}
