@@ -166,6 +166,9 @@ fn open_inner(path: &Path, migrations: &[&'static str], opts: OpenOptions) -> Re
     }
     if opts.read_only {
         conn.pragma_update(None, "query_only", true).map_err(sql_err)?;
+        if version == known {
+            check_schema(&conn, &shown, migrations)?;
+        }
         return Ok(conn);
     }
     set_and_check(&conn, &shown, "journal_mode", "wal", |c| {
@@ -178,8 +181,39 @@ fn open_inner(path: &Path, migrations: &[&'static str], opts: OpenOptions) -> Re
     check_pragma(&conn, &shown, "busy_timeout", &BUSY_TIMEOUT.as_millis().to_string())?;
     let ms = Migrations::new(migrations.iter().map(|s| M::up(s)).collect());
     ms.to_latest(&mut conn).map_err(|e| OpenError::Migration { path: shown.clone(), detail: e.to_string() })?;
+    check_schema(&conn, &shown, migrations)?;
     conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, false).map_err(sql_err)?;
     Ok(conn)
+}
+
+/// The schema (every table, index and trigger with its SQL) as `name: sql` lines.
+fn schema_of(conn: &Connection) -> rusqlite::Result<Vec<String>> {
+    let mut stmt = conn.prepare(
+        "SELECT type, name, coalesce(sql, '') FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' ORDER BY type, name",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        Ok(format!("{} {}: {}", r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?))
+    })?;
+    rows.collect()
+}
+
+/// Refuses a file whose schema is not exactly what the migrations build: a damaged schema
+/// record can still parse, and would otherwise surface later as baffling SQL errors.
+fn check_schema(conn: &Connection, path: &str, migrations: &[&'static str]) -> Result<(), OpenError> {
+    let damaged = |detail: String| OpenError::Damaged { path: path.to_string(), detail };
+    let found = schema_of(conn).map_err(|e| damaged(e.to_string()))?;
+    let mut reference = Connection::open_in_memory().map_err(|e| damaged(e.to_string()))?;
+    Migrations::new(migrations.iter().map(|s| M::up(s)).collect())
+        .to_latest(&mut reference)
+        .map_err(|e| damaged(format!("reference schema: {e}")))?;
+    let expected = schema_of(&reference).map_err(|e| damaged(e.to_string()))?;
+    if found != expected {
+        let first = found.iter().zip(&expected).position(|(a, b)| a != b).unwrap_or(found.len().min(expected.len()));
+        let shown =
+            found.get(first).map(|s| s.chars().take(120).collect::<String>()).unwrap_or_else(|| "(missing)".into());
+        return Err(damaged(format!("its schema differs from the one this binary builds, at {shown:?}")));
+    }
+    Ok(())
 }
 
 fn set_and_check(
@@ -294,6 +328,19 @@ mod tests {
         assert!(matches!(err, OpenError::Damaged { .. }), "{err}");
         assert_eq!(std::fs::read(&path).unwrap(), bytes, "the damaged file was rewritten");
         assert_eq!(std::fs::read(&wal).unwrap(), wal_before, "the WAL was folded in or removed");
+    }
+
+    #[test]
+    fn a_tampered_schema_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let conn = open(&path, MS, OpenOptions::default()).unwrap();
+        conn.execute_batch("PRAGMA writable_schema = ON; UPDATE sqlite_master SET sql = replace(sql, 'y TEXT', 'z TEXT') WHERE name = 't'; PRAGMA writable_schema = OFF;").unwrap();
+        drop(conn);
+        let err = open(&path, MS, OpenOptions::default()).unwrap_err();
+        assert!(matches!(err, OpenError::Damaged { .. }) && err.to_string().contains("schema"), "{err}");
+        let ro = OpenOptions { read_only: true, create: false, ..Default::default() };
+        assert!(matches!(open(&path, MS, ro), Err(OpenError::Damaged { .. })));
     }
 
     #[test]

@@ -18,6 +18,7 @@
 // modules"; spelling every item `pub(crate)` would add noise, not safety.
 #![allow(unreachable_pub)]
 
+mod corruption;
 mod harness;
 mod hub_auth;
 mod hub_cli;

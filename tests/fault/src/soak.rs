@@ -91,40 +91,45 @@ pub async fn run(bins: &Bins, cfg: SoakConfig, log: &mut dyn FnMut(String)) -> a
         )));
     }
     let mut f = Figures::default();
+    let mut n = Nemesis::new(c.nodes.len());
     let deadline = Instant::now() + Duration::from_secs(cfg.seconds);
     while Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(rng.random_range(300..900))).await;
-        let action = rng.random_range(0..100u32);
-        match action {
-            0..25 => {} // a fault-free period
-            25..45 => {
-                log("kill hub".into());
-                c.hub.kill9();
+        tokio::time::sleep(Duration::from_millis(rng.random_range(KILL_EVERY_MS.0..KILL_EVERY_MS.1))).await;
+        n.settle(&mut c, &addr)?;
+        // One kill in most ticks (R5: a kill every few hundred milliseconds), never blocking:
+        // the victim comes back after a random delay, while the next faults are already going.
+        if rng.random_range(0..100u32) < KILL_PERCENT {
+            let victims: Vec<usize> = (0..=c.nodes.len()).filter(|&i| n.restart_at[i].is_none()).collect();
+            if !victims.is_empty() {
+                let i = victims[rng.random_range(0..victims.len())];
+                let hub = i == c.nodes.len();
+                if hub {
+                    c.hub.kill9();
+                } else {
+                    c.nodes[i].kill9();
+                }
+                log(format!("kill {}", if hub { "hub" } else { c.nodes[i].host.as_str() }));
                 f.kills += 1;
-                tokio::time::sleep(Duration::from_millis(rng.random_range(0..1000))).await;
+                n.restart_at[i] =
+                    Some(Instant::now() + Duration::from_millis(rng.random_range(0..RESTART_DELAY_MS_MAX)));
             }
-            45..65 => {
-                let i = rng.random_range(0..c.nodes.len());
-                log(format!("kill {}", c.nodes[i].host));
-                c.nodes[i].kill9();
-                f.kills += 1;
-                tokio::time::sleep(Duration::from_millis(rng.random_range(0..1000))).await;
-            }
-            65..75 => {
+        }
+        match rng.random_range(0..100u32) {
+            0..12 => {
                 let i = rng.random_range(0..=c.nodes.len());
                 let ms = rng.random_range(500..=cfg.pause_ms_max.max(500));
                 let proc = if i == c.nodes.len() { c.hub.proc() } else { c.nodes[i].proc() };
-                if let Some(p) = proc
+                if n.paused[i].is_none()
+                    && let Some(p) = proc
                     && p.signal("STOP").is_ok()
                 {
                     log(format!("pause {} for {ms} ms", if i == c.nodes.len() { "hub" } else { &c.nodes[i].host }));
                     f.pauses += 1;
-                    tokio::time::sleep(Duration::from_millis(ms)).await;
-                    let _ = p.signal("CONT");
+                    n.paused[i] = Some((p.pid(), Instant::now() + Duration::from_millis(ms)));
                 }
             }
-            75..90 => {
-                // Cut links one by one, then heal them in random order.
+            12..30 if n.heal_at.is_empty() => {
+                // Cut links one by one; they heal later, one by one, in random order.
                 let fault = match rng.random_range(0..4) {
                     0 => Fault::Blackhole,
                     1 => Fault::Reset,
@@ -132,44 +137,39 @@ pub async fn run(bins: &Bins, cfg: SoakConfig, log: &mut dyn FnMut(String)) -> a
                     _ => Fault::Delay(Duration::from_millis(rng.random_range(10..500))),
                 };
                 let mut order: Vec<usize> = (0..c.proxies.len()).collect();
-                let k = rng.random_range(1..=order.len());
-                for i in order.iter().take(k) {
-                    c.proxies[*i].set(fault);
-                    f.partitions += 1;
-                    tokio::time::sleep(Duration::from_millis(rng.random_range(50..300))).await;
-                }
-                log(format!("partition {k} link(s) with {fault:?}"));
-                tokio::time::sleep(Duration::from_millis(rng.random_range(200..3000))).await;
                 for i in (0..order.len()).rev() {
                     order.swap(i, rng.random_range(0..=i));
                 }
-                for i in order {
-                    c.proxies[i].heal();
+                let k = rng.random_range(1..=order.len());
+                for &i in order.iter().take(k) {
+                    c.proxies[i].set(fault);
+                    f.partitions += 1;
+                    let heal = Instant::now() + Duration::from_millis(rng.random_range(200..3000));
+                    n.heal_at.push((i, heal));
                 }
+                log(format!("partition {k} link(s) with {fault:?}"));
             }
-            _ => {
+            30..38 => {
                 let conv = format!("c{}", rng.random_range(0..4));
                 let kind = if rng.random_bool(0.5) { "hold" } else { "pause" };
                 if c.hub.cli(&["fence", kind, "--conversation", &conv, "--reason", "soak"]).is_ok() {
                     log(format!("fence {kind} {conv}"));
                     f.fences += 1;
                 }
-                if rng.random_bool(0.5) {
-                    let _ = c.lift_all_fences();
-                }
             }
+            38..44 => {
+                let _ = c.lift_all_fences();
+            }
+            _ => {} // no extra fault this tick
         }
-        tend(&mut c, &addr)?;
     }
+    n.heal_all(&mut c, &addr)?;
     stop.store(true, Ordering::SeqCst);
     for t in tasks {
         let _ = t.await;
     }
     // Heal: every link passes, every process runs, every fence is lifted, everything released.
-    for p in &c.proxies {
-        p.heal();
-    }
-    tend(&mut c, &addr)?;
+    n.heal_all(&mut c, &addr)?;
     let _ = c.lift_all_fences();
     let drained = c.quiesce(DRAIN_LIMIT).await;
     c.hub.kill9();
@@ -186,16 +186,88 @@ pub async fn run(bins: &Bins, cfg: SoakConfig, log: &mut dyn FnMut(String)) -> a
     Ok(SoakResult { figures: f, report, drained })
 }
 
-/// Restarts whatever died and keeps the producers' view of the hub address current.
-fn tend(c: &mut Cluster, addr: &Mutex<Option<SocketAddr>>) -> anyhow::Result<()> {
-    if !c.hub.running() {
+/// Milliseconds between nemesis ticks (uniform in this range).
+const KILL_EVERY_MS: (u64, u64) = (150, 500);
+/// Percent of ticks that kill the hub or a node.
+const KILL_PERCENT: u32 = 90;
+/// Longest a killed process stays down before it is restarted.
+const RESTART_DELAY_MS_MAX: u64 = 1500;
+
+/// Faults in progress: restarts, resumes and heals that are due later. Index `nodes.len()` is
+/// the hub.
+struct Nemesis {
+    restart_at: Vec<Option<Instant>>,
+    paused: Vec<Option<(u32, Instant)>>,
+    heal_at: Vec<(usize, Instant)>,
+}
+
+impl Nemesis {
+    fn new(nodes: usize) -> Nemesis {
+        Nemesis { restart_at: vec![None; nodes + 1], paused: vec![None; nodes + 1], heal_at: Vec::new() }
+    }
+
+    /// Resumes, heals and restarts whatever is due.
+    fn settle(&mut self, c: &mut Cluster, addr: &Mutex<Option<SocketAddr>>) -> anyhow::Result<()> {
+        let now = Instant::now();
+        for p in &mut self.paused {
+            if let Some((pid, at)) = *p
+                && at <= now
+            {
+                let _ = std::process::Command::new("kill")
+                    .args(["-CONT", &pid.to_string()])
+                    .stderr(std::process::Stdio::null())
+                    .status();
+                *p = None;
+            }
+        }
+        self.heal_at.retain(|&(i, at)| {
+            if at <= now {
+                c.proxies[i].heal();
+                false
+            } else {
+                true
+            }
+        });
+        for r in &mut self.restart_at {
+            if r.is_some_and(|at| at <= now) {
+                *r = None;
+            }
+        }
+        let down: Vec<bool> = self.restart_at.iter().map(Option::is_some).collect();
+        tend(c, addr, &down)
+    }
+
+    /// Ends every fault now: resumes, heals, restarts.
+    fn heal_all(&mut self, c: &mut Cluster, addr: &Mutex<Option<SocketAddr>>) -> anyhow::Result<()> {
+        let now = Instant::now();
+        for p in self.paused.iter_mut().flatten() {
+            p.1 = now;
+        }
+        for h in &mut self.heal_at {
+            h.1 = now;
+        }
+        for r in self.restart_at.iter_mut().flatten() {
+            *r = now;
+        }
+        for p in &c.proxies {
+            p.heal();
+        }
+        self.settle(c, addr)
+    }
+}
+
+/// Restarts whatever died (except those still meant to be down) and keeps the producers' view
+/// of the hub address current.
+fn tend(c: &mut Cluster, addr: &Mutex<Option<SocketAddr>>, down: &[bool]) -> anyhow::Result<()> {
+    let hub_down = down.last().copied().unwrap_or(false);
+    if !hub_down && !c.hub.running() {
         c.start_hub(None)?;
         if let Ok(mut a) = addr.lock() {
             *a = c.hub.addr();
         }
     }
-    for n in &mut c.nodes {
-        if !n.running() {
+    for (i, n) in c.nodes.iter_mut().enumerate() {
+        if !down.get(i).copied().unwrap_or(false) && !n.running() {
             n.start(None)?;
         }
     }

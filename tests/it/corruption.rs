@@ -1,0 +1,186 @@
+//! Bad state at rest: damaged databases are refused at start with a clear message and exit 3,
+//! never served and never rewritten; a damage that SQLite cannot see must be harmless (the
+//! record still verifies and holds every message). A node whose data directory was wiped comes
+//! back as a new instance and takes none of the old instance's work.
+
+use crate::harness::{Hub, output_within};
+use crate::node_harness::{TestHub, node_status};
+use std::fs;
+use std::path::Path;
+use std::time::Duration;
+
+/// Damage patterns per file: truncations and single-byte flips at seeded offsets.
+const FLIPS: u64 = 16;
+
+/// Deterministic offsets in `[start, len)` from a seed (a small LCG; no extra crates).
+fn offset(seed: u64, start: u64, len: u64) -> u64 {
+    let x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    start + (x >> 11) % (len - start)
+}
+
+fn flip_byte(path: &Path, at: u64) {
+    let mut bytes = fs::read(path).expect("read db");
+    bytes[at as usize] ^= 0xff;
+    fs::write(path, bytes).expect("write db");
+}
+
+fn truncate_to(path: &Path, len: u64) {
+    let f = fs::OpenOptions::new().write(true).open(path).expect("open db");
+    f.set_len(len).expect("truncate");
+}
+
+/// A stopped hub with 20 messages accepted and its WAL folded into the main file.
+async fn stopped_hub() -> (Hub, i64) {
+    let mut hub = Hub::start();
+    let prod = hub.client("prod");
+    for i in 0..20 {
+        prod.submit_new(&format!("c{i}"), &format!("k{i}"), &["host-a", "host-b"]).await;
+    }
+    hub.terminate();
+    let conn = rusqlite::Connection::open(hub.data_dir().join("hub.db")).expect("open");
+    conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(())).expect("checkpoint");
+    drop(conn);
+    let _ = fs::remove_file(hub.data_dir().join("hub.addr"));
+    (hub, 20)
+}
+
+/// Either the hub refuses the damaged file (exit 3, says why, file untouched), or the damage
+/// is harmless: the hub opens it, `verify` passes and every message is still there.
+fn refused_or_harmless(hub: &Hub, messages: i64, what: &str) {
+    let db = hub.data_dir().join("hub.db");
+    let before = fs::read(&db).expect("read");
+    let out = hub.cli(["status", "--json"]);
+    match out.status.code() {
+        Some(3) => {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(stderr.contains("damaged") || stderr.contains("not a"), "{what}: unclear refusal: {stderr}");
+            assert_eq!(fs::read(&db).expect("read"), before, "{what}: a refused file was rewritten");
+            let serve = output_within(hub.cli_command(["serve", "--listen", "127.0.0.1:0"]), Duration::from_secs(20));
+            assert_eq!(serve.status.code(), Some(3), "{what}: serve must refuse it too");
+            assert!(!hub.data_dir().join("hub.addr").exists(), "{what}: serve listened on a damaged store");
+            assert_eq!(fs::read(&db).expect("read"), before, "{what}: serve rewrote a refused file");
+        }
+        Some(0) => {
+            let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("status json");
+            assert_eq!(status["messages"], messages, "{what}: opened, but messages are missing");
+            let verify = hub.cli(["verify"]);
+            assert_eq!(verify.status.code(), Some(0), "{what}: opened a store that fails verify");
+        }
+        other => panic!("{what}: status exited {other:?}: {}", String::from_utf8_lossy(&out.stderr)),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn damaged_hub_databases_are_refused_or_harmless() {
+    let (hub, messages) = stopped_hub().await;
+    let db = hub.data_dir().join("hub.db");
+    let pristine = fs::read(&db).expect("read");
+    let len = pristine.len() as u64;
+    let mut refused = 0;
+    for (what, cut) in
+        [("truncated to half", len / 2), ("truncated mid-page", len - 1000), ("truncated to 100 bytes", 100)]
+    {
+        truncate_to(&db, cut);
+        refused += usize::from(hub.cli(["status"]).status.code() == Some(3));
+        refused_or_harmless(&hub, messages, what);
+        fs::write(&db, &pristine).expect("restore");
+    }
+    for seed in 0..FLIPS {
+        let at = offset(seed, 100, len);
+        flip_byte(&db, at);
+        refused += usize::from(hub.cli(["status"]).status.code() == Some(3));
+        refused_or_harmless(&hub, messages, &format!("byte {at} flipped"));
+        fs::write(&db, &pristine).expect("restore");
+    }
+    assert!(refused >= 3, "at least the truncations must be refused; {refused} refusals");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn damaged_node_databases_are_refused_and_left_alone() {
+    let t = TestHub::start(&["host-a"]);
+    let mut node = t.node("host-a").start();
+    let d = t.send_one("c", "k1", "host-a");
+    t.wait_outcome(&d);
+    t.assert_one_attempt(&d, "succeeded");
+    assert!(node.term().success());
+    let db = t.scratch("node-host-a").join("data").join("node.db");
+    let conn = rusqlite::Connection::open(&db).expect("open node db");
+    conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(())).expect("checkpoint");
+    drop(conn);
+    let pristine = fs::read(&db).expect("read");
+    let len = pristine.len() as u64;
+    let mut cases: Vec<(String, Box<dyn Fn(&Path)>)> = vec![
+        ("truncated to half".into(), Box::new(move |p: &Path| truncate_to(p, len / 2))),
+        ("truncated to 100 bytes".into(), Box::new(|p: &Path| truncate_to(p, 100))),
+    ];
+    for seed in 0..FLIPS {
+        let at = offset(seed + 1000, 100, len);
+        cases.push((format!("byte {at} flipped"), Box::new(move |p: &Path| flip_byte(p, at))));
+    }
+    let mut refused = 0;
+    for (what, damage) in cases {
+        damage(&db);
+        let damaged = fs::read(&db).expect("read");
+        let status = node_status(db.parent().expect("data dir"), true);
+        if status.status.code() == Some(3) {
+            refused += 1;
+            let stderr = String::from_utf8_lossy(&status.stderr);
+            assert!(stderr.contains("damaged") || stderr.contains("not a"), "{what}: unclear refusal: {stderr}");
+            node.restart();
+            let exit = node
+                .wait_exit(Duration::from_secs(20))
+                .unwrap_or_else(|| panic!("{what}: the node ran on a damaged store"));
+            assert_eq!(exit.code(), Some(3), "{what}: baton-node run must exit 3");
+            assert_eq!(fs::read(&db).expect("read"), damaged, "{what}: a refused node store was rewritten");
+        } else {
+            // Damage SQLite cannot see (unused bytes) must be harmless: the store still opens
+            // and reads, and the node must not run the finished delivery again (checked below).
+            assert!(
+                status.status.success(),
+                "{what}: status failed oddly: {}",
+                String::from_utf8_lossy(&status.stderr)
+            );
+        }
+        fs::write(&db, &pristine).expect("restore");
+    }
+    assert!(refused >= 2, "the truncations must be refused; {refused} refusals");
+    // The pristine store still works.
+    node.restart();
+    let d2 = t.send_one("c", "k2", "host-a");
+    t.wait_outcome(&d2);
+    t.assert_one_attempt(&d2, "succeeded");
+    assert_eq!(t.exec_log().runs_of(&d), 1, "the first delivery never ran again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wiped_node_comes_back_as_a_new_instance_and_takes_nothing_of_the_old() {
+    let t = TestHub::start(&["host-a"]);
+    // The old instance crashes holding a delivered turn with no outcome.
+    let mut node = t.node("host-a").crash_point("node.ack.after_response").start();
+    let d = t.send_one("c", "k1", "host-a");
+    node.wait_crash("node.ack.after_response");
+    let old = t.delivery(&d);
+    let old_instance = old["instance_id"].as_str().expect("holder").to_string();
+    // Its data directory is lost; the same certificate starts again from nothing.
+    fs::remove_dir_all(t.scratch("node-host-a").join("data")).expect("wipe");
+    node.restart();
+    node.wait_log("instance_conflict");
+    let d2 = t.send_one("c", "k2", "host-a");
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(t.exec_log().runs_of(&d), 0, "the new instance ran the old instance's turn");
+    assert_eq!(t.exec_log().runs_of(&d2), 0, "the new instance took work while the old one holds some");
+    let now = t.delivery(&d);
+    assert_eq!(now["state"], "delivered");
+    assert_eq!(now["instance_id"].as_str(), Some(old_instance.as_str()), "the old claim was handed over");
+    // The operator declares the old instance gone: its turn becomes a visible `unknown`, and
+    // the new instance takes the new work.
+    let out = t.cli(["requeue", "--instance", &old_instance, "--reason", "disk replaced"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let attempts = t.attempts(&d);
+    assert_eq!(attempts.len(), 1);
+    assert_eq!(attempts[0]["outcome"], "unknown");
+    t.wait_outcome(&d2);
+    t.assert_one_attempt(&d2, "succeeded");
+    assert_eq!(t.exec_log().runs_of(&d), 0, "the old turn was never run again");
+    t.verify_ok();
+}
