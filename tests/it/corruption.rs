@@ -9,6 +9,9 @@ use std::fs;
 use std::path::Path;
 use std::time::Duration;
 
+/// One way to damage a file, with its name.
+type Damage = (String, Box<dyn Fn(&Path)>);
+
 /// Damage patterns per file: truncations and single-byte flips at seeded offsets.
 const FLIPS: u64 = 16;
 
@@ -109,7 +112,7 @@ async fn damaged_node_databases_are_refused_and_left_alone() {
     drop(conn);
     let pristine = fs::read(&db).expect("read");
     let len = pristine.len() as u64;
-    let mut cases: Vec<(String, Box<dyn Fn(&Path)>)> = vec![
+    let mut cases: Vec<Damage> = vec![
         ("truncated to half".into(), Box::new(move |p: &Path| truncate_to(p, len / 2))),
         ("truncated to 100 bytes".into(), Box::new(|p: &Path| truncate_to(p, 100))),
     ];
