@@ -1,0 +1,174 @@
+//! Step 3: the cost of one claim against a backlog of queued deliveries for one host.
+//!
+//! The backlog is prefilled through the hub's own store code (`accept` and `fan_out`, in big
+//! transactions) into a hub data directory made by the real CLI, and grown size by size. At
+//! each size a claim of one delivery is timed two ways: in-process, calling
+//! `baton_hub::store::claim::claim` inside one write transaction that is rolled back (so the
+//! backlog is not consumed; the commit is not timed), and through the real hub process
+//! (`POST /v1/claims`, max 1, no wait; durable commit included).
+//!
+//! The prefill connection alone runs with `synchronous=OFF`: a crash during the prefill would
+//! only lose benchmark data, and it keeps a 1M prefill to seconds. The hub itself opens the
+//! database with `synchronous=FULL` as always.
+
+use crate::cluster::{self, Binaries, HubSetup};
+use crate::procfs;
+use crate::stats::{self, Summary};
+use anyhow::{Context, bail};
+use baton_hub::store::accept::{self, AcceptLimits, Accepted, NewMessage};
+use baton_hub::store::{self, claim, in_write_txn};
+use baton_shared::sqlite::Synchronous;
+use baton_shared::wire::{ClaimRequest, ClaimResponse};
+use rusqlite::Connection;
+use std::path::Path;
+use std::time::Instant;
+
+/// Messages accepted and fanned out per prefill transaction.
+const PREFILL_TXN_MESSAGES: usize = 20_000;
+/// Conversations the backlog is spread over.
+const PREFILL_CONVERSATIONS: usize = 1_000;
+/// Claims made and not timed before the timed ones (caches, connection setup).
+const WARMUP_CLAIMS: usize = 10;
+/// The one host the backlog is queued for.
+const HOST: &str = "backlog-host";
+/// The node instance that claims.
+const INSTANCE: &str = "bench-backlog-instance";
+
+/// The figures at one backlog size.
+#[derive(Debug, Clone)]
+pub struct BacklogPoint {
+    /// Queued deliveries before the timed claims.
+    pub size: usize,
+    /// Seconds the prefill up to this size took (from the previous size).
+    pub prefill_s: f64,
+    /// In-process claim of one, milliseconds (no commit).
+    pub inproc_ms: Summary,
+    /// `POST /v1/claims` of one through the real hub, milliseconds (durable commit included).
+    pub hub_ms: Summary,
+    /// Seconds from starting the hub on this database to it listening.
+    pub hub_start_s: f64,
+    /// The hub's peak RSS (VmHWM) after the claims, bytes.
+    pub hub_peak_rss_bytes: u64,
+}
+
+/// Prefills `sizes` (ascending) in turn and times `claims` claims of one at each.
+pub fn run(
+    rt: &tokio::runtime::Runtime,
+    bins: &Binaries,
+    root: &Path,
+    sizes: &[usize],
+    claims: usize,
+) -> anyhow::Result<Vec<BacklogPoint>> {
+    let setup = HubSetup::create(bins, root, &[HOST.to_string()], &[])?;
+    let conn = store::open_write(&setup.db(), Synchronous::Normal).context("opening the backlog database")?;
+    conn.execute_batch("PRAGMA synchronous = OFF")?;
+    let sync: i64 = conn.query_row("PRAGMA synchronous", [], |r| r.get(0))?;
+    if sync != 0 {
+        bail!("the prefill connection reads back synchronous = {sync}, expected 0 (off)");
+    }
+    let client = cluster::client(&setup.certs, HOST)?;
+    let clk = procfs::clock_ticks();
+    let mut filled = 0;
+    let mut points = Vec::new();
+    for &size in sizes {
+        eprintln!("baton-bench: backlog: prefilling to {size} queued deliveries");
+        let started = Instant::now();
+        prefill(&conn, filled, size)?;
+        let prefill_s = started.elapsed().as_secs_f64();
+        filled = size;
+        let inproc_ms = claim_in_process(&conn, claims)?;
+        let hub = cluster::start_hub(bins, &setup, &root.join(format!("hub-{size}.log")))?;
+        let hub_ms = rt.block_on(async {
+            cluster::wait_ready(&client, &hub.url).await?;
+            claim_over_http(&client, &hub.url, claims).await
+        })?;
+        let hub_peak_rss_bytes = procfs::sample(hub.guard.pid(), clk)?.peak_rss_bytes;
+        let hub_start_s = hub.start_s;
+        let status = hub.guard.stop()?;
+        if !status.success() {
+            bail!("the backlog hub exited with {status}");
+        }
+        // The hub's claims consumed some of the backlog; the next size tops it up again.
+        filled -= WARMUP_CLAIMS + claims;
+        points.push(BacklogPoint { size, prefill_s, inproc_ms, hub_ms, hub_start_s, hub_peak_rss_bytes });
+    }
+    Ok(points)
+}
+
+/// Accepts and fans out messages `from..to` for the backlog host.
+fn prefill(conn: &Connection, from: usize, to: usize) -> anyhow::Result<()> {
+    let limits = AcceptLimits { queued_per_host_max: u64::MAX };
+    let mut i = from;
+    while i < to {
+        let end = (i + PREFILL_TXN_MESSAGES).min(to);
+        in_write_txn(conn, |c| {
+            let now = baton_hub::now_ms();
+            for n in i..end {
+                let msg = NewMessage {
+                    producer: "bench".into(),
+                    conversation: format!("backlog-{}", n % PREFILL_CONVERSATIONS),
+                    idempotency_key: format!("backlog-{n}-{}", uuid::Uuid::new_v4().simple()),
+                    payload: format!("{{\"i\":{n}}}"),
+                    to: vec![HOST.into()],
+                };
+                let Accepted::New { message_id, .. } = accept::accept(c, &msg, limits, now)? else {
+                    return Err(store::StoreError::Invalid("a fresh key was taken as a duplicate".into()));
+                };
+                accept::fan_out(c, &message_id, now)?;
+            }
+            Ok(())
+        })?;
+        i = end;
+    }
+    let queued: i64 =
+        conn.query_row("SELECT count(*) FROM deliveries WHERE host = ?1 AND state = 'queued'", [HOST], |r| r.get(0))?;
+    if queued as usize != to {
+        bail!("the backlog holds {queued} queued deliveries, expected {to}");
+    }
+    Ok(())
+}
+
+/// Times `claims` in-process claims of one inside one write transaction, then rolls it back.
+fn claim_in_process(conn: &Connection, claims: usize) -> anyhow::Result<Summary> {
+    conn.execute_batch("BEGIN IMMEDIATE")?;
+    let timed = (|| -> anyhow::Result<Vec<f64>> {
+        let mut ms = Vec::with_capacity(claims);
+        for k in 0..WARMUP_CLAIMS + claims {
+            let started = Instant::now();
+            let got = claim::claim(conn, HOST, INSTANCE, 1, baton_hub::now_ms())?;
+            let elapsed = started.elapsed().as_secs_f64() * 1000.0;
+            if got.len() != 1 {
+                bail!("an in-process claim returned {} deliveries, expected 1", got.len());
+            }
+            if k >= WARMUP_CLAIMS {
+                ms.push(elapsed);
+            }
+        }
+        Ok(ms)
+    })();
+    conn.execute_batch("ROLLBACK")?;
+    stats::summarize(timed?).context("no claim was timed")
+}
+
+/// Times `claims` claims of one through `POST /v1/claims`.
+async fn claim_over_http(client: &reqwest::Client, url: &str, claims: usize) -> anyhow::Result<Summary> {
+    let body = ClaimRequest { instance_id: INSTANCE.into(), max: Some(1), wait_ms: Some(0) };
+    let mut ms = Vec::with_capacity(claims);
+    for k in 0..WARMUP_CLAIMS + claims {
+        let started = Instant::now();
+        let r = client.post(format!("{url}/v1/claims")).json(&body).send().await?;
+        let status = r.status();
+        if !status.is_success() {
+            bail!("POST /v1/claims answered {status}: {}", r.text().await.unwrap_or_default());
+        }
+        let got: ClaimResponse = r.json().await?;
+        let elapsed = started.elapsed().as_secs_f64() * 1000.0;
+        if got.deliveries.len() != 1 {
+            bail!("a claim returned {} deliveries, expected 1", got.deliveries.len());
+        }
+        if k >= WARMUP_CLAIMS {
+            ms.push(elapsed);
+        }
+    }
+    stats::summarize(ms).context("no claim was timed")
+}

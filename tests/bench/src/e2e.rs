@@ -1,0 +1,291 @@
+//! Step 2: end-to-end passes against the real hub and K real nodes.
+//!
+//! A pass starts fresh nodes (new data directories, so new instances), waits until each has
+//! bound its host with a first claim, then C producer tasks submit N messages, each to one
+//! host round-robin, over many conversations per host so each node can run turns in parallel.
+//! Producers either go as fast as the hub answers or follow a fixed schedule (`rate_per_s`).
+//! When every delivery's report is in, the figures are read from the hub's database: accept
+//! time (`messages.accepted_at`), claim time (the `claimed` event) and report time
+//! (`attempts.reported_at`), all unix milliseconds from the hub's one clock.
+
+use crate::cluster::{self, Binaries, ChildGuard, HubSetup, NodeSettings, RunningHub};
+use crate::procfs;
+use crate::stats::{self, Summary};
+use anyhow::{Context, bail};
+use baton_shared::wire::SubmitRequest;
+use rusqlite::Connection;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// A pass with no new report for this long is declared stuck.
+const STALL_TIMEOUT: Duration = Duration::from_secs(60);
+/// How often the hub database is polled for reports.
+const POLL_INTERVAL: Duration = Duration::from_millis(100);
+/// The producer every benchmark message is submitted as.
+pub const PRODUCER: &str = "bench";
+
+/// What one pass does.
+#[derive(Debug, Clone)]
+pub struct Pass {
+    /// Short lowercase name; prefixes idempotency keys and conversations, so each pass's
+    /// messages can be found again.
+    pub name: String,
+    /// How many messages.
+    pub messages: usize,
+    /// Submit on a fixed schedule at this many messages per second; `None` for as fast as
+    /// the hub accepts.
+    pub rate_per_s: Option<f64>,
+    /// Conversations per host.
+    pub convs_per_host: usize,
+    /// How each node is configured.
+    pub node: NodeSettings,
+}
+
+/// What one pass measured.
+#[derive(Debug, Clone)]
+pub struct PassResult {
+    /// Messages the hub accepted (201).
+    pub accepted: usize,
+    /// Submissions refused or failed.
+    pub errors: usize,
+    /// The first refusal or failure, if any.
+    pub first_error: Option<String>,
+    /// Accepted messages per second, from the first submit to the last accept answer.
+    pub accepted_per_s: f64,
+    /// Deliveries reported per second, from the first submit to the last report committed.
+    pub e2e_deliveries_per_s: f64,
+    /// Deliveries reported.
+    pub deliveries: usize,
+    /// From accept to the claim that took it, milliseconds.
+    pub accept_to_claim: Option<Summary>,
+    /// From accept to its attempt report, milliseconds.
+    pub accept_to_report: Option<Summary>,
+    /// Hub CPU seconds used during the pass.
+    pub hub_cpu_s: f64,
+    /// CPU seconds used by all nodes together during the pass (harness children not included).
+    pub nodes_cpu_s: f64,
+    /// CPU seconds used by this benchmark process (producers, polling) during the pass.
+    pub bench_cpu_s: f64,
+}
+
+impl PassResult {
+    /// CPU seconds per 1,000 deliveries for `cpu_s`.
+    pub fn per_1k(&self, cpu_s: f64) -> f64 {
+        if self.deliveries == 0 { f64::NAN } else { cpu_s / self.deliveries as f64 * 1000.0 }
+    }
+}
+
+/// The hosts' nodes for one pass; stopped (and reaped) when dropped.
+struct Nodes(Vec<ChildGuard>);
+
+/// The running system a pass drives.
+pub struct Rig<'a> {
+    /// Runs the producers.
+    pub rt: &'a tokio::runtime::Runtime,
+    /// The binaries (for the nodes).
+    pub bins: &'a Binaries,
+    /// The hub's data directory and certificates.
+    pub setup: &'a HubSetup,
+    /// The running hub.
+    pub hub: &'a RunningHub,
+    /// The enrolled hosts, one node each.
+    pub hosts: &'a [String],
+    /// One mTLS client per producer task.
+    pub producers: &'a [reqwest::Client],
+    /// Where node data directories, configs and logs go.
+    pub work_dir: &'a Path,
+}
+
+/// Runs one pass: fresh nodes, producers, wait for every report, read the figures.
+pub fn run_pass(rig: &Rig<'_>, pass: &Pass) -> anyhow::Result<PassResult> {
+    let Rig { rt, bins, setup, hub, hosts, producers, work_dir } = *rig;
+    let clk = procfs::clock_ticks();
+    let db = baton_hub::store::open_read(&setup.db()).context("opening the hub database read-only")?;
+    let dir = work_dir.join(format!("nodes-{}", pass.name));
+    let started_ms = baton_hub::now_ms();
+    let mut nodes = Nodes(
+        hosts
+            .iter()
+            .map(|h| cluster::start_node(bins, &hub.url, &setup.certs, h, &dir, &pass.node))
+            .collect::<anyhow::Result<_>>()?,
+    );
+    wait_bound(&db, &mut nodes, hosts, started_ms)?;
+    let base_attempts = count_attempts(&db)?;
+    let cpu = |pid: u32| procfs::sample(pid, clk).map(|s| s.cpu_s);
+    let node_cpu = |nodes: &Nodes| -> anyhow::Result<f64> { nodes.0.iter().map(|n| cpu(n.pid())).sum() };
+    let (hub0, nodes0, bench0) = (cpu(hub.guard.pid())?, node_cpu(&nodes)?, cpu(std::process::id())?);
+
+    let t0_ms = baton_hub::now_ms();
+    let tally = rt.block_on(submit_all(pass, hosts, producers, &hub.url))?;
+    if tally.ok == 0 {
+        bail!("pass {}: the hub accepted nothing; first error: {}", pass.name, tally.first_error.unwrap_or_default());
+    }
+    wait_reported(&db, &mut nodes, base_attempts, tally.ok)?;
+    let (hub1, nodes1, bench1) = (cpu(hub.guard.pid())?, node_cpu(&nodes)?, cpu(std::process::id())?);
+    drop(nodes);
+
+    let rows = latencies(&db, &pass.name)?;
+    let last_report_ms = rows.iter().filter_map(|r| r.2).max().unwrap_or(t0_ms);
+    let deliveries = rows.iter().filter(|r| r.2.is_some()).count();
+    let e2e_s = ((last_report_ms - t0_ms) as f64 / 1000.0).max(1e-3);
+    let to_claim = rows.iter().filter_map(|(a, c, _)| c.map(|c| (c - a) as f64)).collect();
+    let to_report = rows.iter().filter_map(|(a, _, r)| r.map(|r| (r - a) as f64)).collect();
+    Ok(PassResult {
+        accepted: tally.ok,
+        errors: tally.errors,
+        first_error: tally.first_error,
+        accepted_per_s: tally.ok as f64 / tally.accept_s.max(1e-3),
+        e2e_deliveries_per_s: deliveries as f64 / e2e_s,
+        deliveries,
+        accept_to_claim: stats::summarize(to_claim),
+        accept_to_report: stats::summarize(to_report),
+        hub_cpu_s: hub1 - hub0,
+        nodes_cpu_s: nodes1 - nodes0,
+        bench_cpu_s: bench1 - bench0,
+    })
+}
+
+/// Waits until every host is bound to an instance that claimed after `since_ms`.
+fn wait_bound(db: &Connection, nodes: &mut Nodes, hosts: &[String], since_ms: i64) -> anyhow::Result<()> {
+    let deadline = Instant::now() + cluster::NODE_START_TIMEOUT;
+    loop {
+        let mut bound = 0;
+        for h in hosts {
+            let since: Option<i64> =
+                db.query_row("SELECT instance_since FROM hosts WHERE name = ?1", [h], |r| r.get(0))?;
+            bound += usize::from(since.is_some_and(|s| s >= since_ms));
+        }
+        if bound == hosts.len() {
+            return Ok(());
+        }
+        for n in &mut nodes.0 {
+            n.check_running()?;
+        }
+        if Instant::now() > deadline {
+            bail!("only {bound} of {} nodes claimed within {:?}", hosts.len(), cluster::NODE_START_TIMEOUT);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn count_attempts(db: &Connection) -> anyhow::Result<usize> {
+    Ok(db.query_row("SELECT count(*) FROM attempts", [], |r| r.get::<_, i64>(0))? as usize)
+}
+
+/// Waits until `expected` new attempts are recorded, failing when progress stops.
+fn wait_reported(db: &Connection, nodes: &mut Nodes, base: usize, expected: usize) -> anyhow::Result<()> {
+    let mut last = (0usize, Instant::now());
+    loop {
+        let done = count_attempts(db)?.saturating_sub(base);
+        if done >= expected {
+            return Ok(());
+        }
+        if done != last.0 {
+            last = (done, Instant::now());
+        } else if last.1.elapsed() > STALL_TIMEOUT {
+            bail!("stuck: {done} of {expected} deliveries reported, none in the last {STALL_TIMEOUT:?}");
+        }
+        for n in &mut nodes.0 {
+            n.check_running()?;
+        }
+        std::thread::sleep(POLL_INTERVAL);
+    }
+}
+
+/// (accepted_at, first claimed event, first report) of every delivery of a pass's messages.
+type LatencyRow = (i64, Option<i64>, Option<i64>);
+
+fn latencies(db: &Connection, pass: &str) -> anyhow::Result<Vec<LatencyRow>> {
+    let mut stmt = db.prepare(
+        "SELECT m.accepted_at,
+                (SELECT min(e.at) FROM delivery_events e WHERE e.delivery_id = d.id AND e.to_state = 'claimed'),
+                (SELECT min(a.reported_at) FROM attempts a WHERE a.delivery_id = d.id)
+         FROM messages m JOIN deliveries d ON d.message_id = m.id
+         WHERE m.producer = ?1 AND m.idempotency_key LIKE ?2",
+    )?;
+    let rows = stmt
+        .query_map(rusqlite::params![PRODUCER, format!("{pass}-%")], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+        .collect::<Result<_, _>>()?;
+    Ok(rows)
+}
+
+/// What the producers got back.
+#[derive(Debug, Default)]
+struct Tally {
+    ok: usize,
+    errors: usize,
+    first_error: Option<String>,
+    accept_s: f64,
+}
+
+/// Submits every message of the pass from one task per producer client.
+async fn submit_all(pass: &Pass, hosts: &[String], producers: &[reqwest::Client], url: &str) -> anyhow::Result<Tally> {
+    let next = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for client in producers {
+        let (client, next, pass, hosts) = (client.clone(), next.clone(), pass.clone(), hosts.to_vec());
+        let url = format!("{url}/v1/messages");
+        tasks.spawn(async move { produce(client, url, next, pass, hosts, start).await });
+    }
+    let mut tally = Tally::default();
+    let mut last_ok = start;
+    while let Some(r) = tasks.join_next().await {
+        let (t, last) = r.context("a producer task failed")?;
+        tally.ok += t.ok;
+        tally.errors += t.errors;
+        tally.first_error = tally.first_error.or(t.first_error);
+        last_ok = last_ok.max(last);
+    }
+    tally.accept_s = (last_ok - start).as_secs_f64();
+    Ok(tally)
+}
+
+/// One producer: takes the next message number until all are taken.
+async fn produce(
+    client: reqwest::Client,
+    url: String,
+    next: Arc<AtomicUsize>,
+    pass: Pass,
+    hosts: Vec<String>,
+    start: Instant,
+) -> (Tally, Instant) {
+    let mut tally = Tally::default();
+    let mut last_ok = start;
+    loop {
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        if i >= pass.messages {
+            return (tally, last_ok);
+        }
+        if let Some(rate) = pass.rate_per_s {
+            tokio::time::sleep_until((start + Duration::from_secs_f64(i as f64 / rate)).into()).await;
+        }
+        let k = hosts.len();
+        let body = SubmitRequest {
+            conversation: format!("{}-{}-{}", pass.name, i % k, (i / k) % pass.convs_per_host),
+            idempotency_key: format!("{}-{i}", pass.name),
+            payload: serde_json::json!({ "i": i }),
+            to: Some(vec![hosts[i % k].clone()]),
+        };
+        let error = match client.post(&url).json(&body).send().await {
+            Ok(r) if r.status() == reqwest::StatusCode::CREATED => None,
+            Ok(r) => {
+                let status = r.status();
+                Some(format!("{status}: {}", r.text().await.unwrap_or_default()))
+            }
+            Err(e) => Some(e.to_string()),
+        };
+        match error {
+            None => {
+                tally.ok += 1;
+                last_ok = Instant::now();
+            }
+            Some(e) => {
+                tally.errors += 1;
+                tally.first_error.get_or_insert(e);
+            }
+        }
+    }
+}

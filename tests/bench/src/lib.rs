@@ -1,0 +1,20 @@
+//! `baton-bench`: end-to-end throughput, latency and memory of Baton, set against the SQLite
+//! ceiling measured on the same disk in the same run. A benchmark is a command that prints
+//! figures; nothing here asserts a time.
+
+//! Layout:
+//! - `ceiling`: step 1, bare SQLite commits/s and rows/s, and the hub's store cycle in-process.
+//! - `cluster`: the real `baton-hub` and `baton-node` processes (guarded: stopped and reaped on
+//!   drop), their data directories and certificates, mTLS clients.
+//! - `e2e`: step 2, passes with producers against the hub and K nodes.
+//! - `backlog`: step 3, claim latency with 10k, 100k and 1M queued deliveries.
+//! - `figures`: the table, the JSON, the targets.
+//! - `stats`, `procfs`: percentiles; CPU time and peak RSS from `/proc`.
+
+pub mod backlog;
+pub mod ceiling;
+pub mod cluster;
+pub mod e2e;
+pub mod figures;
+pub mod procfs;
+pub mod stats;

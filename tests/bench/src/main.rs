@@ -1,0 +1,427 @@
+//! `baton-bench`: parses the flags into a `Plan`, runs the steps of `baton_bench`, prints the
+//! table and writes the JSON. Exit status: 0 the run completed; 1 the run failed (the error
+//! chain is printed); 2 usage.
+
+use anyhow::Context;
+use baton_bench::cluster::{self, Binaries, HarnessKind, HubSetup, NodeSettings};
+use baton_bench::figures::Figures;
+use baton_bench::{backlog, ceiling, e2e, procfs, stats};
+use clap::Parser;
+use serde_json::json;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// Measure Baton end to end (real hub, real nodes, mTLS on loopback) against the SQLite
+/// ceiling of the same disk, and print the figures.
+#[derive(Debug, Parser)]
+#[command(name = "baton-bench", version, after_help = "Exit status: 0 completed; 1 the run failed; 2 usage.")]
+struct Cli {
+    /// Hosts, each served by its own baton-node process.
+    #[arg(long = "hosts", value_name = "K", default_value_t = 4)]
+    hosts: usize,
+    /// Concurrent producers (tasks with their own mTLS client).
+    #[arg(long = "producers", value_name = "C", default_value_t = 16)]
+    producers: usize,
+    /// Messages in the main (no-op harness) pass [default: 40000, or 2000 with --quick].
+    #[arg(long = "messages", value_name = "N")]
+    messages: Option<usize>,
+    /// Messages in the /bin/true pass [default: a tenth of --messages].
+    #[arg(long, value_name = "N")]
+    true_messages: Option<usize>,
+    /// Seconds of the half-load pass [default: 10, or 2 with --quick].
+    #[arg(long, value_name = "S")]
+    half_load_seconds: Option<f64>,
+    /// Seconds of each storage-ceiling measurement [default: 3, or 1 with --quick].
+    #[arg(long, value_name = "S")]
+    ceiling_seconds: Option<f64>,
+    /// `parallel_conversations` of each node.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    node_parallel: u32,
+    /// `claim_batch_max` of each node.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    node_batch: u32,
+    /// Timed claims at each backlog size [default: 200, or 50 with --quick].
+    #[arg(long, value_name = "N")]
+    backlog_claims: Option<usize>,
+    /// A reduced run (small N, backlogs of 1k and 10k, short ceilings) for CI.
+    #[arg(long)]
+    quick: bool,
+    /// Also write the figures as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Where the run's temporary directory is made (the disk under test) [default: system temp].
+    #[arg(long, value_name = "DIR")]
+    dir: Option<PathBuf>,
+    /// Skip step 3 (the backlog claims).
+    #[arg(long)]
+    skip_backlog: bool,
+    /// Skip step 2 (the end-to-end passes); with --skip-backlog only the ceiling runs, which
+    /// is how the store cycle is profiled (valgrind --tool=callgrind baton-bench --skip-e2e …).
+    #[arg(long)]
+    skip_e2e: bool,
+    /// Keep the temporary directory (databases, logs, configs) and print where it is; a failed
+    /// run always keeps it.
+    #[arg(long)]
+    keep: bool,
+    /// The baton-hub binary [default: next to this executable].
+    #[arg(long, env = "BATON_HUB_BIN", value_name = "PATH")]
+    hub_bin: Option<PathBuf>,
+    /// The baton-node binary [default: next to this executable].
+    #[arg(long, env = "BATON_NODE_BIN", value_name = "PATH")]
+    node_bin: Option<PathBuf>,
+}
+
+/// A validated run plan: every count and duration resolved.
+#[derive(Debug, Clone)]
+struct Plan {
+    hosts: Vec<String>,
+    producers: usize,
+    messages: usize,
+    true_messages: usize,
+    half_load: Duration,
+    ceiling: Duration,
+    node_parallel: u32,
+    node_batch: u32,
+    backlog_sizes: Vec<usize>,
+    backlog_claims: usize,
+    skip_e2e: bool,
+    quick: bool,
+}
+
+impl Plan {
+    fn from_cli(cli: &Cli) -> anyhow::Result<Plan> {
+        let q = cli.quick;
+        anyhow::ensure!((1..=64).contains(&cli.hosts), "--hosts {} is out of range; allowed 1..=64", cli.hosts);
+        anyhow::ensure!(
+            (1..=1024).contains(&cli.producers),
+            "--producers {} is out of range; allowed 1..=1024",
+            cli.producers
+        );
+        let messages = cli.messages.unwrap_or(if q { 2_000 } else { 40_000 });
+        anyhow::ensure!(messages >= 1, "--messages must be at least 1");
+        let seconds = |v: Option<f64>, full: f64, quick: f64, flag: &str| -> anyhow::Result<Duration> {
+            let s = v.unwrap_or(if q { quick } else { full });
+            anyhow::ensure!(s > 0.0 && s <= 3600.0, "{flag} {s} is out of range; allowed (0, 3600]");
+            Ok(Duration::from_secs_f64(s))
+        };
+        Ok(Plan {
+            hosts: (0..cli.hosts).map(|i| format!("host-{i}")).collect(),
+            producers: cli.producers,
+            messages,
+            true_messages: cli.true_messages.unwrap_or((messages / 10).max(100)),
+            half_load: seconds(cli.half_load_seconds, 10.0, 2.0, "--half-load-seconds")?,
+            ceiling: seconds(cli.ceiling_seconds, 3.0, 1.0, "--ceiling-seconds")?,
+            node_parallel: cli.node_parallel,
+            node_batch: cli.node_batch,
+            backlog_sizes: if cli.skip_backlog {
+                Vec::new()
+            } else if q {
+                vec![1_000, 10_000]
+            } else {
+                vec![10_000, 100_000, 1_000_000]
+            },
+            backlog_claims: cli.backlog_claims.unwrap_or(if q { 50 } else { 200 }).max(1),
+            skip_e2e: cli.skip_e2e,
+            quick: q,
+        })
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(&cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "baton-bench: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: &Cli) -> anyhow::Result<()> {
+    let plan = Plan::from_cli(cli)?;
+    let bins = Binaries::locate(cli.hub_bin.clone(), cli.node_bin.clone())?;
+    let parent = cli.dir.clone().unwrap_or_else(std::env::temp_dir);
+    let tmp =
+        tempfile::Builder::new().prefix("baton-bench-").tempdir_in(&parent).context("making the run directory")?;
+    let root = tmp.path().to_path_buf();
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.spawn(cluster::stop_children_on_signal());
+    let mut figs = Figures::default();
+    describe(&mut figs, &plan, &root);
+    let result = measure(&rt, &bins, &plan, &root, &mut figs);
+    // Other work on the machine skews every figure; the load averages say how much there was.
+    figs.context("loadavg_at_end", json!(loadavg()));
+    derive(&mut figs, &plan);
+    let mut out = std::io::stdout().lock();
+    figs.print_table(&mut out)?;
+    if let Some(path) = &cli.json {
+        let text = serde_json::to_string_pretty(&figs.to_json())?;
+        std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
+    }
+    // A failed run keeps its directory: the hub's and nodes' logs say what went wrong.
+    if cli.keep || result.is_err() {
+        let kept = tmp.keep();
+        writeln!(out, "# kept: {}", kept.display())?;
+    }
+    result
+}
+
+/// The machine and the parameters, for the table and the JSON.
+fn describe(figs: &mut Figures, plan: &Plan, root: &std::path::Path) {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo.lines().find_map(|l| l.strip_prefix("model name")?.split_once(':').map(|(_, m)| m.trim()));
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    figs.context("cpus", json!(std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)));
+    figs.context("cpu_model", json!(model.unwrap_or("unknown")));
+    figs.context("mem_total_bytes", json!(procfs::parse_status_bytes(&meminfo, "MemTotal")));
+    figs.context("clk_tck", json!(procfs::clock_ticks()));
+    figs.context("loadavg_at_start", json!(loadavg()));
+    figs.context("dir", json!(root.display().to_string()));
+    figs.context("quick", json!(plan.quick));
+    figs.context("hosts", json!(plan.hosts.len()));
+    figs.context("producers", json!(plan.producers));
+    figs.context("messages", json!(plan.messages));
+    figs.context("true_messages", json!(plan.true_messages));
+    figs.context("node_parallel_conversations", json!(plan.node_parallel));
+    figs.context("node_claim_batch_max", json!(plan.node_batch));
+    figs.context("backlog_sizes", json!(plan.backlog_sizes));
+    figs.context(
+        "notes",
+        json!(
+            "hub and nodes at synchronous=FULL; backlog prefill connection at synchronous=OFF; \
+             latencies from hub timestamps (1 ms resolution); claim_ms_backlog_* from the real hub (p50 of \
+             POST /v1/claims max=1, durable commit included), inproc_* from store::claim::claim without commit"
+        ),
+    );
+}
+
+/// The first three fields of `/proc/loadavg` (1, 5 and 15 minutes).
+fn loadavg() -> String {
+    let text = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    text.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+}
+
+fn progress(what: &str) {
+    let _ = writeln!(std::io::stderr(), "baton-bench: {what}");
+}
+
+/// Runs every step, recording figures as they come, so a failure late keeps the early ones.
+fn measure(
+    rt: &tokio::runtime::Runtime,
+    bins: &Binaries,
+    plan: &Plan,
+    root: &std::path::Path,
+    figs: &mut Figures,
+) -> anyhow::Result<()> {
+    let e2e_root = root.join("e2e");
+    std::fs::create_dir_all(&e2e_root)?;
+    progress("step 1: storage ceiling");
+    let c = ceiling::measure(&e2e_root, plan.ceiling)?;
+    figs.put("sqlite_commits_per_s", Some(c.commits_per_s), "durable commits/s, 1 small insert each (FULL, WAL)");
+    figs.put("sqlite_rows_per_s_batch64", Some(c.rows_per_s_batch64), "rows/s at 64 inserts per durable commit");
+    figs.put("sqlite_commit_ms", Some(1000.0 / c.commits_per_s), "one durable commit, ms (1000 / commits/s)");
+    figs.put(
+        "hub_store_cycle_per_s_single",
+        Some(c.store_cycle_per_s_single),
+        "accept+fan-out+claim+mirrored+ack+report via hub store code, 1 per commit",
+    );
+    figs.put("hub_store_cycle_per_s_batch64", Some(c.store_cycle_per_s_batch64), "the same, 64 per commit");
+    figs.put(
+        "hub_store_cycle_per_s_batch64_cache128",
+        Some(c.store_cycle_per_s_batch64_cache128),
+        "the same with the statement cache raised from 16 to 128 (probe, not the hub's setting)",
+    );
+
+    if !plan.skip_e2e {
+        end_to_end(rt, bins, plan, &e2e_root, figs)?;
+    }
+    if plan.backlog_sizes.is_empty() {
+        return Ok(());
+    }
+    progress("step 3: claim latency with a backlog");
+    let points = backlog::run(rt, bins, &root.join("backlog"), &plan.backlog_sizes, plan.backlog_claims)?;
+    for p in &points {
+        let l = size_label(p.size);
+        figs.put(
+            &format!("claim_ms_backlog_{l}"),
+            Some(p.hub_ms.p50),
+            "p50 POST /v1/claims max=1 via the real hub, ms",
+        );
+        figs.put(&format!("claim_ms_p99_backlog_{l}"), Some(p.hub_ms.p99), "p99 of the same, ms");
+        figs.put(&format!("inproc_claim_ms_backlog_{l}"), Some(p.inproc_ms.p50), "p50 store::claim::claim, ms");
+        figs.put(&format!("inproc_claim_ms_p99_backlog_{l}"), Some(p.inproc_ms.p99), "p99 of the same, ms");
+        figs.put(&format!("hub_start_s_backlog_{l}"), Some(p.hub_start_s), "hub spawn to listening, s");
+        figs.put(&format!("prefill_s_backlog_{l}"), Some(p.prefill_s), "prefill time to this size, s");
+        figs.put(&format!("hub_peak_rss_bytes_backlog_{l}"), Some(p.hub_peak_rss_bytes as f64), "hub VmHWM, bytes");
+    }
+    if let Some(last) = points.last() {
+        figs.put(
+            "hub_peak_rss_bytes",
+            Some(last.hub_peak_rss_bytes as f64),
+            &format!("hub VmHWM serving the {} backlog", size_label(last.size)),
+        );
+    }
+    Ok(())
+}
+
+/// Step 2: the hub and its nodes, three passes (no-op, half load, /bin/true).
+fn end_to_end(
+    rt: &tokio::runtime::Runtime,
+    bins: &Binaries,
+    plan: &Plan,
+    e2e_root: &std::path::Path,
+    figs: &mut Figures,
+) -> anyhow::Result<()> {
+    progress("step 2: end to end (init, enroll, serve)");
+    let setup = HubSetup::create(bins, e2e_root, &plan.hosts, &[e2e::PRODUCER])?;
+    let hub = cluster::start_hub(bins, &setup, &e2e_root.join("hub.log"))?;
+    let producers: Vec<reqwest::Client> =
+        (0..plan.producers).map(|_| cluster::client(&setup.certs, e2e::PRODUCER)).collect::<anyhow::Result<_>>()?;
+    rt.block_on(cluster::wait_ready(&producers[0], &hub.url))?;
+    let settings = |harness| NodeSettings {
+        harness,
+        parallel_conversations: plan.node_parallel,
+        claim_batch_max: plan.node_batch,
+    };
+    let convs_per_host = (plan.node_parallel as usize * 2).max(1);
+    let pass = |name: &str, messages, rate_per_s, harness| e2e::Pass {
+        name: name.into(),
+        messages,
+        rate_per_s,
+        convs_per_host,
+        node: settings(harness),
+    };
+    let rig =
+        e2e::Rig { rt, bins, setup: &setup, hub: &hub, hosts: &plan.hosts, producers: &producers, work_dir: e2e_root };
+    let run = |p: &e2e::Pass| e2e::run_pass(&rig, p);
+
+    progress(&format!("step 2: no-op pass, {} messages", plan.messages));
+    let r = run(&pass("noop", plan.messages, None, HarnessKind::Noop))?;
+    record_pass(figs, "", &r);
+
+    let rate = (r.e2e_deliveries_per_s / 2.0).max(1.0);
+    let half_messages = ((rate * plan.half_load.as_secs_f64()) as usize).max(20);
+    progress(&format!("step 2: half-load pass, {half_messages} messages at {rate:.0}/s"));
+    let h = run(&pass("half", half_messages, Some(rate), HarnessKind::Noop))?;
+    figs.put("half_load_rate_per_s", Some(rate), "offered rate: half the no-op pass's e2e deliveries/s");
+    record_pass(figs, "half_load_", &h);
+
+    progress(&format!("step 2: /bin/true pass, {} messages", plan.true_messages));
+    let t = run(&pass("true", plan.true_messages, None, HarnessKind::Command(vec!["/bin/true".into()])))?;
+    record_pass(figs, "true_harness_", &t);
+
+    let clk = procfs::clock_ticks();
+    let rss = procfs::sample(hub.guard.pid(), clk)?.peak_rss_bytes;
+    figs.put("e2e_hub_peak_rss_bytes", Some(rss as f64), "hub VmHWM after the end-to-end passes");
+    figs.put("hub_peak_rss_bytes", Some(rss as f64), "hub VmHWM (e2e hub; replaced by the largest backlog below)");
+    let status = hub.guard.stop()?;
+    anyhow::ensure!(status.success(), "the hub exited with {status} at the end of the passes");
+    Ok(())
+}
+
+/// Records one pass's figures under `prefix`.
+fn record_pass(figs: &mut Figures, prefix: &str, r: &e2e::PassResult) {
+    let k = |name: &str| format!("{prefix}{name}");
+    figs.put(&k("messages_accepted"), Some(r.accepted as f64), "messages accepted (201)");
+    figs.put(&k("submit_errors"), Some(r.errors as f64), r.first_error.as_deref().unwrap_or("none"));
+    figs.put(&k("accepted_per_s"), Some(r.accepted_per_s), "accepted messages/s");
+    figs.put(&k("e2e_deliveries_per_s"), Some(r.e2e_deliveries_per_s), "first submit to last report committed");
+    let s = |v: Option<stats::Summary>, f: fn(&stats::Summary) -> f64| v.as_ref().map(f);
+    figs.put(&k("accept_to_claim_p50_ms"), s(r.accept_to_claim, |x| x.p50), "ms");
+    figs.put(&k("accept_to_claim_p99_ms"), s(r.accept_to_claim, |x| x.p99), "ms");
+    figs.put(&k("accept_to_claim_max_ms"), s(r.accept_to_claim, |x| x.max), "ms");
+    figs.put(&k("accept_to_report_p50_ms"), s(r.accept_to_report, |x| x.p50), "ms");
+    figs.put(&k("accept_to_report_p99_ms"), s(r.accept_to_report, |x| x.p99), "ms");
+    figs.put(&k("accept_to_report_max_ms"), s(r.accept_to_report, |x| x.max), "ms");
+    figs.put(&k("hub_cpu_s_per_1k_deliveries"), Some(r.per_1k(r.hub_cpu_s)), "hub user+sys CPU s per 1000");
+    figs.put(&k("nodes_cpu_s_per_1k_deliveries"), Some(r.per_1k(r.nodes_cpu_s)), "all nodes' CPU s per 1000");
+    figs.put(&k("bench_cpu_s_per_1k_deliveries"), Some(r.per_1k(r.bench_cpu_s)), "producers' CPU s per 1000");
+}
+
+/// `10k`, `100k`, `1m` …
+fn size_label(n: usize) -> String {
+    if n >= 1_000_000 && n.is_multiple_of(1_000_000) {
+        format!("{}m", n / 1_000_000)
+    } else if n >= 1_000 && n.is_multiple_of(1_000) {
+        format!("{}k", n / 1_000)
+    } else {
+        n.to_string()
+    }
+}
+
+/// The ratios to the ceiling and the issue's targets, from whatever was measured.
+fn derive(figs: &mut Figures, plan: &Plan) {
+    for key in ["claim_ms_backlog_10k", "claim_ms_backlog_100k", "claim_ms_backlog_1m", "hub_peak_rss_bytes"] {
+        if figs.get(key).is_none() {
+            figs.put(key, None, "not measured in this run");
+        }
+    }
+    figs.put(
+        "sqlite_s_per_1k_rows_batch64",
+        figs.get("sqlite_rows_per_s_batch64").map(|r| 1000.0 / r),
+        "seconds the ceiling needs for 1000 rows at 64 per commit",
+    );
+    for prefix in ["", "half_load_", "true_harness_"] {
+        for (key, ceiling) in [
+            ("accepted_per_s", "sqlite_commits_per_s"),
+            ("accepted_per_s", "sqlite_rows_per_s_batch64"),
+            ("e2e_deliveries_per_s", "sqlite_rows_per_s_batch64"),
+            ("e2e_deliveries_per_s", "hub_store_cycle_per_s_batch64"),
+            ("accept_to_claim_p50_ms", "sqlite_commit_ms"),
+            ("accept_to_claim_p99_ms", "sqlite_commit_ms"),
+            ("accept_to_report_p99_ms", "sqlite_commit_ms"),
+            ("hub_cpu_s_per_1k_deliveries", "sqlite_s_per_1k_rows_batch64"),
+        ] {
+            figs.ratio(&format!("{prefix}{key}"), ceiling);
+        }
+    }
+    for size in &plan.backlog_sizes {
+        figs.ratio(&format!("claim_ms_backlog_{}", size_label(*size)), "sqlite_commit_ms");
+    }
+    figs.ratio("claim_ms_backlog_1m", "claim_ms_backlog_10k");
+    figs.ratio("inproc_claim_ms_backlog_1m", "inproc_claim_ms_backlog_10k");
+    figs.target("e2e_deliveries_per_s >= 10000", "e2e_deliveries_per_s", 10_000.0, true);
+    figs.target("half_load_accept_to_claim_p99_ms < 5", "half_load_accept_to_claim_p99_ms", 5.0, false);
+    figs.target(
+        "claim_ms_backlog_1m / claim_ms_backlog_10k <= 1.5",
+        "claim_ms_backlog_1m_over_claim_ms_backlog_10k",
+        1.5,
+        false,
+    );
+    let rss_1m = figs.get("hub_peak_rss_bytes_backlog_1m");
+    figs.target_value("hub_peak_rss_bytes (1M queued) < 100 MB", rss_1m, 100.0 * 1024.0 * 1024.0, false);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn quick_plan_is_small_and_flags_are_checked() {
+        let cli = Cli::parse_from(["baton-bench", "--quick"]);
+        let p = Plan::from_cli(&cli).unwrap();
+        assert_eq!((p.messages, p.true_messages, p.backlog_sizes.clone()), (2_000, 200, vec![1_000, 10_000]));
+        let cli = Cli::parse_from(["baton-bench", "--skip-backlog", "--messages", "500"]);
+        let p = Plan::from_cli(&cli).unwrap();
+        assert!(p.backlog_sizes.is_empty());
+        assert_eq!(p.true_messages, 100);
+        let cli = Cli::parse_from(["baton-bench", "--hosts", "0"]);
+        assert!(Plan::from_cli(&cli).unwrap_err().to_string().contains("--hosts 0"));
+    }
+
+    #[test]
+    fn size_labels() {
+        for (n, l) in [(1_000, "1k"), (10_000, "10k"), (100_000, "100k"), (1_000_000, "1m"), (1_500, "1500")] {
+            assert_eq!(size_label(n), l);
+        }
+    }
+}
