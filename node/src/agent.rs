@@ -31,6 +31,11 @@ use tokio_util::sync::CancellationToken;
 /// was sent, so a short `claim_wait` never turns into busy polling.
 const EMPTY_CLAIM_PACE: Duration = Duration::from_secs(1);
 
+/// The node stops claiming while this many claim batches (`claim_batch_max` each) wait
+/// locally unstarted: work it cannot start soon stays on the hub, queued, where operators see it
+/// and fences still apply.
+pub(crate) const QUEUE_AHEAD_BATCHES: i64 = 4;
+
 /// Wall-clock now, in unix milliseconds, for stored timestamps.
 pub(crate) fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
@@ -50,6 +55,8 @@ pub(crate) struct Shared<H> {
     pub(crate) wake_scheduler: Notify,
     /// Wakes the outbox: a report was queued.
     pub(crate) wake_outbox: Notify,
+    /// Wakes the claim loop: a turn ended, so the local queue shrank.
+    pub(crate) wake_claimer: Notify,
     /// Cancelled once, when the node stops: no new claims, no new turns.
     pub(crate) shutdown: CancellationToken,
 }
@@ -94,6 +101,7 @@ pub async fn run_agent<H: Hub>(
         instance_id,
         wake_scheduler: Notify::new(),
         wake_outbox: Notify::new(),
+        wake_claimer: Notify::new(),
         shutdown: CancellationToken::new(),
     });
     let token = sh.shutdown.clone();
@@ -156,6 +164,21 @@ async fn claim_loop<H: Hub>(sh: &Arc<Shared<H>>) -> anyhow::Result<()> {
                     continue;
                 }
             }
+        }
+        let ahead_max = QUEUE_AHEAD_BATCHES * i64::from(sh.config.claim_batch_max);
+        loop {
+            // Register for the wake before counting, so a turn ending in between is not missed.
+            let woken = sh.wake_claimer.notified();
+            if sh.store.call(|db| db.queued_count()).await? < ahead_max {
+                break;
+            }
+            tokio::select! {
+                _ = woken => {}
+                _ = sh.shutdown.cancelled() => break,
+            }
+        }
+        if sh.shutdown.is_cancelled() {
+            break;
         }
         let sent = Instant::now();
         let answer = tokio::select! {
@@ -316,6 +339,7 @@ async fn drop_local<H: Hub>(sh: &Shared<H>, id: &str, step: &str, e: &HubError) 
     let (i, why) = (id.to_string(), format!("{step} refused: {e}"));
     sh.store.call(move |db| db.drop_delivery(&i, &why, now_ms())).await?;
     sh.wake_scheduler.notify_one();
+    sh.wake_claimer.notify_one();
     Ok(())
 }
 

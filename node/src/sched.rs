@@ -66,6 +66,7 @@ pub(crate) async fn scheduler<H: Hub>(sh: Arc<Shared<H>>) -> anyhow::Result<()> 
                 if let Some(c) = by_task.remove(&id) {
                     running.remove(&c);
                 }
+                sh.wake_claimer.notify_one();
             }
             _ = sh.shutdown.cancelled() => {}
         }

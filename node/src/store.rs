@@ -351,12 +351,24 @@ impl Db {
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
-    /// Every queued execution, by conversation then sequence.
+    /// How many executions wait locally (queued, not started).
+    pub fn queued_count(&self) -> Result<i64, StoreError> {
+        Ok(self
+            .conn
+            .prepare_cached("SELECT count(*) FROM executions WHERE state = 'queued'")?
+            .query_row([], |r| r.get(0))?)
+    }
+
+    /// The head turn of every conversation with queued work (its lowest queued sequence).
     pub fn queued_turns(&self) -> Result<Vec<QueuedTurn>, StoreError> {
         let mut st = self.conn.prepare_cached(
-            "SELECT e.delivery_id, e.conversation, e.seq, d.state = 'acked', e.queued_at_ms FROM executions e
+            // Only each conversation's head (lowest queued seq) can start, so only heads are read:
+            // the scheduler runs this on every wake, and the local queue can be long.
+            "SELECT e.delivery_id, e.conversation, e.seq, d.state = 'acked', e.queued_at_ms
+             FROM (SELECT conversation, min(seq) AS seq FROM executions WHERE state = 'queued' GROUP BY conversation) h
+             JOIN executions e ON e.conversation = h.conversation AND e.seq = h.seq AND e.state = 'queued'
              JOIN deliveries d ON d.delivery_id = e.delivery_id
-             WHERE e.state = 'queued' ORDER BY e.conversation, e.seq",
+             ORDER BY e.conversation, e.seq",
         )?;
         let rows = st.query_map([], |r| {
             Ok(QueuedTurn {

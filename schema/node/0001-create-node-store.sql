@@ -70,3 +70,5 @@ CREATE TABLE outbox (
     dead_at_ms      INTEGER,
     dead_reason     TEXT
 ) STRICT;
+-- The outbox sender reads only what still waits, oldest first.
+CREATE INDEX outbox_waiting ON outbox(created_at_ms, report_id) WHERE confirmed_at_ms IS NULL AND dead_at_ms IS NULL;

@@ -12,7 +12,7 @@ use baton_shared::states::DeliveryState::{self, *};
 use baton_shared::wire::{ClaimedDelivery, TransitionResponse};
 use rusqlite::{Connection, OptionalExtension, named_params};
 
-/// Rows read per step while scanning the queue in a claim.
+/// Most rows read per step while scanning the queue in a claim.
 const CLAIM_SCAN_CHUNK: i64 = 256;
 
 /// One active fence.
@@ -259,6 +259,8 @@ pub fn claim_as(conn: &Connection, who: Claimant<'_>, max: u32, now_ms: i64) -> 
     }
     let mut out = Vec::new();
     let mut after = 0i64;
+    // Read a little more than asked (held and blocked rows do not count), never the whole queue.
+    let chunk = (i64::from(max) * 2 + 8).min(CLAIM_SCAN_CHUNK);
     let node = Actor::node(host);
     let hub = Actor::hub();
     'scan: loop {
@@ -271,7 +273,7 @@ pub fn claim_as(conn: &Connection, who: Claimant<'_>, max: u32, now_ms: i64) -> 
                                    AND f.scope = 'conversation' AND f.target = d.conversation)
                  ORDER BY d.n LIMIT :chunk",
             )?
-            .query_map(named_params! {":host": host, ":after": after, ":chunk": CLAIM_SCAN_CHUNK}, |r| {
+            .query_map(named_params! {":host": host, ":after": after, ":chunk": chunk}, |r| {
                 Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?))
             })?
             .collect::<Result<_, _>>()?;

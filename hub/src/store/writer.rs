@@ -190,14 +190,16 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("hub.db");
         let conn = crate::store::open_write(&path, Synchronous::Full).unwrap();
-        conn.execute_batch("CREATE TABLE t (x INTEGER)").unwrap();
         let w = Writer::start(conn).unwrap();
         let mut calls = Vec::new();
         for i in 0..50i64 {
             let w = w.clone();
             calls.push(tokio::spawn(async move {
                 w.call(move |c| {
-                    c.execute("INSERT INTO t (x) VALUES (?1)", [i])?;
+                    c.execute(
+                        "INSERT INTO operator_events (action, subject, operator, at) VALUES ('t', ?1, 'x', ?1)",
+                        [i],
+                    )?;
                     if i % 5 == 0 { Err(StoreError::Invalid("refused".into())) } else { Ok(i) }
                 })
                 .await
@@ -213,7 +215,7 @@ mod tests {
         let readers = std::sync::Arc::new(Readers::new(path));
         let (n, bad): (i64, i64) = readers
             .read(|c| {
-                Ok(c.query_row("SELECT count(*), count(*) FILTER (WHERE x % 5 = 0) FROM t", [], |r| {
+                Ok(c.query_row("SELECT count(*), count(*) FILTER (WHERE at % 5 = 0) FROM operator_events", [], |r| {
                     Ok((r.get(0)?, r.get(1)?))
                 })?)
             })
