@@ -226,9 +226,9 @@ fn transport_error(e: reqwest::Error) -> HubError {
     let chain = error_chain(&e);
     let maybe_sent = !e.is_connect() && !e.is_builder();
     let lower = chain.to_ascii_lowercase();
-    let tls_hint = ["certificate", "alert", "handshake", "tls", "connection closed", "channel closed", "reset"]
-        .iter()
-        .any(|w| lower.contains(w));
+    // Only failures that name the handshake point at our certificate; a hub that simply went
+    // away (connection closed or reset, no TLS close_notify) is an outage, not a refusal.
+    let tls_hint = ["certificate", "alert", "handshake"].iter().any(|w| lower.contains(w));
     let detail = if tls_hint {
         format!("{chain} (the hub may have refused our client certificate: revoked or expired? the hub's log says why)")
     } else {

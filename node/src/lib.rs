@@ -50,6 +50,12 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()> + Send +
         instance_id, data_dir = %config.data_dir.display(), hub_url = %config.hub_url,
         version = env!("CARGO_PKG_VERSION"), "baton-node starting"
     );
+    if config.synchronous != baton_shared::sqlite::Synchronous::Full {
+        tracing::warn!(
+            "synchronous = normal: after a power failure a started turn's marker can be lost, and that turn \
+             can then run a second time; use \"full\" (the default) wherever that matters"
+        );
+    }
     let hub = client::HubClient::new(&config, instance_id.clone())?;
     agent::run_agent(config, store, hub, instance_id, shutdown).await
 }

@@ -276,6 +276,7 @@ impl TestHub {
             ],
             crash_point: None,
             trace_ends: false,
+            env: Vec::new(),
         }
     }
 }
@@ -394,9 +395,16 @@ pub struct NodeBuilder<'a> {
     settings: Vec<(String, String)>,
     crash_point: Option<String>,
     trace_ends: bool,
+    env: Vec<(String, String)>,
 }
 
 impl NodeBuilder<'_> {
+    /// An extra environment variable for every run (`LD_PRELOAD` for the power-loss tests).
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.env.push((key.to_string(), value.to_string()));
+        self
+    }
+
     /// The harness also logs `DELIVERY CONVERSATION SEQ HOST end` when its work is done.
     pub fn trace_ends(mut self) -> Self {
         self.trace_ends = true;
@@ -466,7 +474,8 @@ impl NodeBuilder<'_> {
         }
         let config = dir.join("node.toml");
         fs::write(&config, toml).expect("write node.toml");
-        let mut node = NodeProc { config, data_dir, dir, pids, runs: 0, child: None, exec_log: log.to_path_buf() };
+        let mut node =
+            NodeProc { config, data_dir, dir, pids, runs: 0, child: None, exec_log: log.to_path_buf(), env: self.env };
         node.spawn(self.crash_point.as_deref());
         node
     }
@@ -481,6 +490,7 @@ pub struct NodeProc {
     exec_log: PathBuf,
     runs: u32,
     child: Option<Child>,
+    env: Vec<(String, String)>,
 }
 
 impl Drop for NodeProc {
@@ -518,6 +528,9 @@ impl NodeProc {
         cmd.arg("run").arg("--config").arg(&self.config);
         if let Some(p) = crash_point {
             cmd.env("BATON_CRASH_POINT", p);
+        }
+        for (k, v) in &self.env {
+            cmd.env(k, v);
         }
         cmd.stdout(fs::File::create(self.dir.join(format!("node-{}.stdout", self.runs))).expect("stdout log"));
         cmd.stderr(fs::File::create(self.log_path(self.runs)).expect("stderr log"));
@@ -577,6 +590,16 @@ impl NodeProc {
         let st = Command::new("kill").args([&format!("-{sig}"), &pid.to_string()]).status().expect("run kill");
         assert!(st.success(), "kill -{sig} {pid} failed");
         self.wait_exit(NODE_WAIT).unwrap_or_else(|| panic!("baton-node did not exit within {NODE_WAIT:?} of SIG{sig}"))
+    }
+
+    /// The node's data directory.
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    /// Drops the extra environment for later runs.
+    pub fn clear_env(&mut self) {
+        self.env.clear();
     }
 
     /// Starts the same instance again (same data directory), without a crash point.

@@ -80,6 +80,7 @@ int fdatasync(int fd) {
 "#;
 
 const DB_FILES: [&str; 3] = ["hub.db", "hub.db-wal", "hub.db-journal"];
+const NODE_DB_FILES: [&str; 3] = ["node.db", "node.db-wal", "node.db-journal"];
 
 /// Compiles the sync-shadowing library into `dir`.
 fn build_shim(dir: &Path) -> PathBuf {
@@ -99,7 +100,11 @@ fn build_shim(dir: &Path) -> PathBuf {
 
 /// Marks what is on disk now as durable (the set-up processes exited cleanly).
 fn snapshot_durable(data: &Path) {
-    for f in DB_FILES {
+    snapshot_files(data, &DB_FILES);
+}
+
+fn snapshot_files(data: &Path, files: &[&str]) {
+    for f in files {
         let p = data.join(f);
         let d = data.join(format!("{f}.durable"));
         if p.exists() {
@@ -112,7 +117,11 @@ fn snapshot_durable(data: &Path) {
 
 /// Throws away every write that was not synced.
 fn lose_power(data: &Path) {
-    for f in DB_FILES {
+    lose_power_of(data, &DB_FILES, "hub.db-shm");
+}
+
+fn lose_power_of(data: &Path, files: &[&str], shm: &str) {
+    for f in files {
         let p = data.join(f);
         let d = data.join(format!("{f}.durable"));
         if d.exists() {
@@ -121,7 +130,7 @@ fn lose_power(data: &Path) {
             let _ = fs::remove_file(&p);
         }
     }
-    let _ = fs::remove_file(data.join("hub.db-shm"));
+    let _ = fs::remove_file(data.join(shm));
 }
 
 /// Starts `serve` with the shim preloaded; returns the child and its address.
@@ -236,4 +245,53 @@ async fn power_loss_keeps_every_answer_with_synchronous_full() {
 async fn power_loss_test_bites_when_synchronous_is_normal() {
     let (lost_accepts, _) = run("normal").await;
     assert!(lost_accepts > 0, "with synchronous=normal unsynced commits must be lost; the simulation is not biting");
+}
+
+/// The node's start marker is durable before the harness runs: after a power cut during a turn
+/// the restarted node reports the attempt `unknown` and never runs it again. With the node store
+/// at `synchronous = "normal"` the marker is lost and the turn runs twice: the test bites.
+async fn node_power_cut_during_a_turn(synchronous: &str) -> usize {
+    use crate::node_harness::TestHub;
+    let t = TestHub::start(&["host-a"]);
+    let shim = build_shim(&t.scratch("shim"));
+    let mut node = t
+        .node("host-a")
+        .set("synchronous", &format!("\"{synchronous}\""))
+        .env("LD_PRELOAD", &shim.display().to_string())
+        .start();
+    let data = node.data_dir().to_path_buf();
+    // A first clean run creates the store; a clean stop leaves it fully on disk.
+    let warm = t.send_one("c", "k0", "host-a");
+    t.wait_outcome(&warm);
+    assert!(node.term().success());
+    snapshot_files(&data, &NODE_DB_FILES);
+    node.restart_with("node.exec.during_effect");
+    let d = t.send_one("c", "k1", "host-a");
+    node.wait_crash("node.exec.during_effect");
+    t.exec_log().wait_ran(&d);
+    lose_power_of(&data, &NODE_DB_FILES, "node.db-shm");
+    node.clear_env();
+    node.restart();
+    t.wait_outcome(&d);
+    // Give a wrongly re-run turn time to show up in the execution log.
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let runs = t.exec_log().runs_of(&d);
+    if synchronous == "full" {
+        t.assert_one_attempt(&d, "unknown");
+    }
+    runs
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_power_loss_never_runs_a_started_turn_again_with_synchronous_full() {
+    assert_eq!(node_power_cut_during_a_turn("full").await, 1, "the turn ran again after a power cut");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_power_loss_test_bites_when_synchronous_is_normal() {
+    assert_eq!(
+        node_power_cut_during_a_turn("normal").await,
+        2,
+        "with synchronous=normal the start marker must be lost and the turn run twice; the simulation is not biting"
+    );
 }

@@ -13,6 +13,10 @@ use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
+/// Violations that get their full event chain; a flood of violations (one bug seen thousands of
+/// times) still reports quickly, every one counted and named.
+pub const CHAINS_MAX: usize = 50;
+
 /// What to check.
 #[derive(Debug, Clone)]
 pub struct Inputs {
@@ -333,9 +337,11 @@ pub fn check(inputs: &Inputs) -> anyhow::Result<Report> {
     if inputs.liveness {
         check_liveness(&m, &ix, &mut v);
     }
-    for viol in &mut v {
-        if viol.chain.is_empty() {
+    for (i, viol) in v.iter_mut().enumerate() {
+        if viol.chain.is_empty() && i < CHAINS_MAX {
             viol.chain = ix.chain_for(&m, &viol.subject);
+        } else if viol.chain.is_empty() {
+            viol.chain.push(format!("(chain omitted: only the first {CHAINS_MAX} violations carry one)"));
         }
         if viol.chain.is_empty() {
             viol.chain.push(format!("(a finding about {} as a whole; no delivery, message or key)", viol.subject));

@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 /// Hosts the soak runs.
 pub const HOSTS: [&str; 3] = ["host-a", "host-b", "host-c"];
 /// Concurrent producer tasks.
-const PRODUCERS: usize = 3;
+const PRODUCERS: usize = 4;
+/// Pause after each new message a producer got accepted (4 producers: at most ~40 messages/s).
+const PRODUCER_PACE: Duration = Duration::from_millis(100);
 /// How long the drain after heal may take before liveness counts as violated.
 pub const DRAIN_LIMIT: Duration = Duration::from_secs(60);
 
@@ -311,6 +313,9 @@ async fn produce(
                     if !replay {
                         counters.accepted.fetch_add(1, Ordering::Relaxed);
                         done.push((key.clone(), conv.clone(), payload.clone(), to.clone()));
+                        // Offer a steady load the cluster can drain while it is being killed, so
+                        // the liveness check after heal measures recovery, not a backlog.
+                        tokio::time::sleep(PRODUCER_PACE).await;
                     }
                     break;
                 }
