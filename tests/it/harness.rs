@@ -19,7 +19,7 @@
 //! `cargo test` does not build the binaries of other packages and a stale binary would test
 //! old code. `BATON_TESTS_NO_BUILD=1` skips that build.
 
-#![allow(dead_code)] // Not every helper is used by every module yet (node tests come next).
+#![allow(dead_code)] // Not every fixture method is used by every module.
 
 use reqwest::{Certificate, Identity as TlsIdentity};
 use serde_json::{Value, json};
