@@ -88,12 +88,18 @@ fn check_holder(req: &HolderRequest) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// `POST /v1/deliveries/{id}/mirrored`.
-pub(super) async fn mirrored(
-    NodeCaller(caller): NodeCaller,
-    State(state): State<AppState>,
-    Path(id): Path<String>,
-    ApiJson(req): ApiJson<HolderRequest>,
+/// A holder's step on one delivery: `claim::mirrored` or `claim::ack`.
+type HolderStep =
+    fn(&rusqlite::Connection, &str, &str, Holder<'_>, i64) -> crate::store::StoreResult<TransitionResponse>;
+
+/// Runs a holder's step for the caller's host, then marks its crash point and wakes readers.
+async fn holder_step(
+    caller: crate::http::Caller,
+    state: AppState,
+    id: String,
+    req: HolderRequest,
+    step: HolderStep,
+    after_commit: &'static str,
 ) -> Result<Json<TransitionResponse>, ApiError> {
     check_path_id("delivery_id", &id)?;
     check_holder(&req)?;
@@ -101,12 +107,22 @@ pub(super) async fn mirrored(
         .writer
         .call(move |c| {
             let h = Holder { instance_id: &req.instance_id, claim_token: &req.claim_token };
-            claim::mirrored(c, &caller.name, &id, h, now_ms())
+            step(c, &caller.name, &id, h, now_ms())
         })
         .await?;
-    crash_point("hub.mirrored.after_commit");
+    crash_point(after_commit);
     state.outcome_changed();
     Ok(Json(r))
+}
+
+/// `POST /v1/deliveries/{id}/mirrored`.
+pub(super) async fn mirrored(
+    NodeCaller(caller): NodeCaller,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<HolderRequest>,
+) -> Result<Json<TransitionResponse>, ApiError> {
+    holder_step(caller, state, id, req, claim::mirrored, "hub.mirrored.after_commit").await
 }
 
 /// `POST /v1/deliveries/{id}/ack`.
@@ -116,18 +132,7 @@ pub(super) async fn ack(
     Path(id): Path<String>,
     ApiJson(req): ApiJson<HolderRequest>,
 ) -> Result<Json<TransitionResponse>, ApiError> {
-    check_path_id("delivery_id", &id)?;
-    check_holder(&req)?;
-    let r = state
-        .writer
-        .call(move |c| {
-            let h = Holder { instance_id: &req.instance_id, claim_token: &req.claim_token };
-            claim::ack(c, &caller.name, &id, h, now_ms())
-        })
-        .await?;
-    crash_point("hub.ack.after_commit");
-    state.outcome_changed();
-    Ok(Json(r))
+    holder_step(caller, state, id, req, claim::ack, "hub.ack.after_commit").await
 }
 
 /// `POST /v1/deliveries/{id}/reject`.

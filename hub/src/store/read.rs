@@ -100,6 +100,23 @@ pub struct DeliveryRow {
     pub outcome: Option<String>,
 }
 
+/// Maps a row in the listing's column order (id, message, host, conversation, seq, state,
+/// instance, reason, updated, latest outcome) to a `DeliveryRow`.
+fn delivery_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<DeliveryRow> {
+    Ok(DeliveryRow {
+        delivery_id: r.get(0)?,
+        message_id: r.get(1)?,
+        host: r.get(2)?,
+        conversation: r.get(3)?,
+        seq: r.get(4)?,
+        state: r.get(5)?,
+        instance_id: r.get(6)?,
+        reason: r.get(7)?,
+        updated_at_ms: r.get(8)?,
+        outcome: r.get(9)?,
+    })
+}
+
 /// Filters for `deliveries list`.
 #[derive(Debug, Clone, Default)]
 pub struct DeliveryFilter {
@@ -123,20 +140,7 @@ pub fn list_deliveries(conn: &Connection, f: &DeliveryFilter) -> StoreResult<Vec
              WHERE (:s IS NULL OR d.state = :s) AND (:h IS NULL OR d.host = :h) AND (:c IS NULL OR d.conversation = :c)
              ORDER BY d.n LIMIT :limit",
         )?
-        .query_map(named_params! {":s": f.state, ":h": f.host, ":c": f.conversation, ":limit": f.limit}, |r| {
-            Ok(DeliveryRow {
-                delivery_id: r.get(0)?,
-                message_id: r.get(1)?,
-                host: r.get(2)?,
-                conversation: r.get(3)?,
-                seq: r.get(4)?,
-                state: r.get(5)?,
-                instance_id: r.get(6)?,
-                reason: r.get(7)?,
-                updated_at_ms: r.get(8)?,
-                outcome: r.get(9)?,
-            })
-        })?
+        .query_map(named_params! {":s": f.state, ":h": f.host, ":c": f.conversation, ":limit": f.limit}, delivery_row)?
         .collect::<Result<_, _>>()?;
     Ok(rows)
 }
@@ -181,20 +185,7 @@ pub fn delivery_detail(conn: &Connection, delivery_id: &str) -> StoreResult<Deli
                     (SELECT outcome FROM attempts a WHERE a.delivery_id = d.id ORDER BY reported_at DESC LIMIT 1)
              FROM deliveries d WHERE d.id = ?1",
         )?
-        .query_row([delivery_id], |r| {
-            Ok(DeliveryRow {
-                delivery_id: r.get(0)?,
-                message_id: r.get(1)?,
-                host: r.get(2)?,
-                conversation: r.get(3)?,
-                seq: r.get(4)?,
-                state: r.get(5)?,
-                instance_id: r.get(6)?,
-                reason: r.get(7)?,
-                updated_at_ms: r.get(8)?,
-                outcome: r.get(9)?,
-            })
-        })
+        .query_row([delivery_id], delivery_row)
         .optional()?
         .ok_or_else(|| StoreError::NotFound(format!("no delivery {delivery_id}")))?;
     let events = conn
