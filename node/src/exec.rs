@@ -32,6 +32,8 @@ pub struct ExecSpec {
     pub timeout: Duration,
     /// Most stdout bytes kept as the result (the truncation marker included).
     pub result_bytes_max: usize,
+    /// This node instance, given to the harness as `BATON_INSTANCE_ID`.
+    pub instance_id: String,
 }
 
 enum Waited {
@@ -54,7 +56,8 @@ pub async fn run_command(spec: &ExecSpec, turn: &StartedTurn, kill: &Cancellatio
         .env("BATON_MESSAGE_ID", &turn.message_id)
         .env("BATON_CONVERSATION", &turn.conversation)
         .env("BATON_SEQ", turn.seq.to_string())
-        .env("BATON_ATTEMPT_ID", &turn.attempt_id);
+        .env("BATON_ATTEMPT_ID", &turn.attempt_id)
+        .env("BATON_INSTANCE_ID", &spec.instance_id);
     let mut child = match cmd.spawn() {
         Ok(child) => child,
         Err(e) => {
@@ -280,7 +283,12 @@ mod tests {
     }
 
     fn spec(script: &str, timeout: Duration, max: usize) -> ExecSpec {
-        ExecSpec { argv: vec!["sh".into(), "-c".into(), script.into()], timeout, result_bytes_max: max }
+        ExecSpec {
+            argv: vec!["sh".into(), "-c".into(), script.into()],
+            timeout,
+            result_bytes_max: max,
+            instance_id: "inst-1".into(),
+        }
     }
 
     async fn run(script: &str) -> Ending {
@@ -296,8 +304,8 @@ mod tests {
 
     #[tokio::test]
     async fn environment_names_the_delivery() {
-        let e = run(r#"printf '%s|%s|%s|%s|%s' "$BATON_DELIVERY_ID" "$BATON_MESSAGE_ID" "$BATON_CONVERSATION" "$BATON_SEQ" "$BATON_ATTEMPT_ID""#).await;
-        assert_eq!(e.result.as_deref(), Some("del-1|msg-1|conv-a|7|att-1"));
+        let e = run(r#"printf '%s|%s|%s|%s|%s|%s' "$BATON_DELIVERY_ID" "$BATON_MESSAGE_ID" "$BATON_CONVERSATION" "$BATON_SEQ" "$BATON_ATTEMPT_ID" "$BATON_INSTANCE_ID""#).await;
+        assert_eq!(e.result.as_deref(), Some("del-1|msg-1|conv-a|7|att-1|inst-1"));
     }
 
     #[tokio::test]
@@ -321,6 +329,7 @@ mod tests {
             argv: vec!["/nonexistent/harness".into()],
             timeout: Duration::from_secs(5),
             result_bytes_max: 10,
+            instance_id: "inst-1".into(),
         };
         let e = run_command(&s, &turn("{}"), &CancellationToken::new()).await;
         assert_eq!(e.outcome, Outcome::Failed);

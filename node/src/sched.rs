@@ -104,6 +104,7 @@ async fn execute<H: Hub>(sh: Arc<Shared<H>>, turn: StartedTurn, kill: Cancellati
                 argv: sh.config.command.clone(),
                 timeout: sh.config.exec_timeout,
                 result_bytes_max: sh.config.result_bytes_max,
+                instance_id: sh.instance_id.clone(),
             };
             run_command(&spec, &turn, &kill).await
         }
