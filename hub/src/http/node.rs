@@ -92,15 +92,14 @@ fn check_holder(req: &HolderRequest) -> Result<(), ApiError> {
 type HolderStep =
     fn(&rusqlite::Connection, &str, &str, Holder<'_>, i64) -> crate::store::StoreResult<TransitionResponse>;
 
-/// Runs a holder's step for the caller's host, then marks its crash point and wakes readers.
+/// Runs a holder's step for the caller's host; the caller marks its crash point and answers.
 async fn holder_step(
     caller: crate::http::Caller,
-    state: AppState,
+    state: &AppState,
     id: String,
     req: HolderRequest,
     step: HolderStep,
-    after_commit: &'static str,
-) -> Result<Json<TransitionResponse>, ApiError> {
+) -> Result<TransitionResponse, ApiError> {
     check_path_id("delivery_id", &id)?;
     check_holder(&req)?;
     let r = state
@@ -110,9 +109,7 @@ async fn holder_step(
             step(c, &caller.name, &id, h, now_ms())
         })
         .await?;
-    crash_point(after_commit);
-    state.outcome_changed();
-    Ok(Json(r))
+    Ok(r)
 }
 
 /// `POST /v1/deliveries/{id}/mirrored`.
@@ -122,7 +119,10 @@ pub(super) async fn mirrored(
     Path(id): Path<String>,
     ApiJson(req): ApiJson<HolderRequest>,
 ) -> Result<Json<TransitionResponse>, ApiError> {
-    holder_step(caller, state, id, req, claim::mirrored, "hub.mirrored.after_commit").await
+    let r = holder_step(caller, &state, id, req, claim::mirrored).await?;
+    crash_point("hub.mirrored.after_commit");
+    state.outcome_changed();
+    Ok(Json(r))
 }
 
 /// `POST /v1/deliveries/{id}/ack`.
@@ -132,7 +132,10 @@ pub(super) async fn ack(
     Path(id): Path<String>,
     ApiJson(req): ApiJson<HolderRequest>,
 ) -> Result<Json<TransitionResponse>, ApiError> {
-    holder_step(caller, state, id, req, claim::ack, "hub.ack.after_commit").await
+    let r = holder_step(caller, &state, id, req, claim::ack).await?;
+    crash_point("hub.ack.after_commit");
+    state.outcome_changed();
+    Ok(Json(r))
 }
 
 /// `POST /v1/deliveries/{id}/reject`.
