@@ -31,11 +31,6 @@ use tokio_util::sync::CancellationToken;
 /// was sent, so a short `claim_wait` never turns into busy polling.
 const EMPTY_CLAIM_PACE: Duration = Duration::from_secs(1);
 
-/// The node stops claiming while this many claim batches (`claim_batch_max` each) wait
-/// locally unstarted: work it cannot start soon stays on the hub, queued, where operators see it
-/// and fences still apply.
-pub(crate) const QUEUE_AHEAD_BATCHES: i64 = 4;
-
 /// Wall-clock now, in unix milliseconds, for stored timestamps.
 pub(crate) fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
@@ -165,7 +160,8 @@ async fn claim_loop<H: Hub>(sh: &Arc<Shared<H>>) -> anyhow::Result<()> {
                 }
             }
         }
-        let ahead_max = QUEUE_AHEAD_BATCHES * i64::from(sh.config.claim_batch_max);
+        // Work the node cannot start soon stays on the hub (`queue_ahead_batches`).
+        let ahead_max = i64::from(sh.config.queue_ahead_batches) * i64::from(sh.config.claim_batch_max);
         loop {
             // Register for the wake before counting, so a turn ending in between is not missed.
             let woken = sh.wake_claimer.notified();

@@ -113,6 +113,9 @@ pub struct ConfigFlags {
     /// Most deliveries per claim, 1..=1000, default 16 [env: BATON_NODE_CLAIM_BATCH_MAX].
     #[arg(long, value_name = "N")]
     pub claim_batch_max: Option<String>,
+    /// Claim batches that may wait locally before claiming pauses, 1..=1000, default 4 [env: BATON_NODE_QUEUE_AHEAD_BATCHES].
+    #[arg(long, value_name = "N")]
+    pub queue_ahead_batches: Option<String>,
     /// Most stdout bytes kept as a result, 1..=16777216, default 65536 [env: BATON_NODE_RESULT_BYTES_MAX].
     #[arg(long, value_name = "BYTES")]
     pub result_bytes_max: Option<String>,
@@ -148,6 +151,7 @@ impl ConfigFlags {
             ("exec_timeout", &self.exec_timeout),
             ("claim_wait", &self.claim_wait),
             ("claim_batch_max", &self.claim_batch_max),
+            ("queue_ahead_batches", &self.queue_ahead_batches),
             ("result_bytes_max", &self.result_bytes_max),
             ("shutdown_grace", &self.shutdown_grace),
             ("backoff_max", &self.backoff_max),

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 /// Every configuration key, as written in the file; the flag is `--key-with-dashes` and the
 /// environment variable `BATON_NODE_KEY_IN_CAPITALS`.
-pub const KEYS: [&str; 16] = [
+pub const KEYS: [&str; 17] = [
     "hub_url",
     "ca_file",
     "cert_file",
@@ -24,6 +24,7 @@ pub const KEYS: [&str; 16] = [
     "exec_timeout",
     "claim_wait",
     "claim_batch_max",
+    "queue_ahead_batches",
     "result_bytes_max",
     "shutdown_grace",
     "backoff_max",
@@ -111,6 +112,8 @@ pub struct RawConfig {
     pub claim_wait: Option<String>,
     /// See `NodeConfig::claim_batch_max`.
     pub claim_batch_max: Option<i64>,
+    /// See `NodeConfig::queue_ahead_batches`.
+    pub queue_ahead_batches: Option<i64>,
     /// See `NodeConfig::result_bytes_max`.
     pub result_bytes_max: Option<i64>,
     /// See `NodeConfig::shutdown_grace`.
@@ -173,6 +176,7 @@ impl RawConfig {
             "exec_timeout" => self.exec_timeout = text,
             "claim_wait" => self.claim_wait = text,
             "claim_batch_max" => self.claim_batch_max = Some(int(value)?),
+            "queue_ahead_batches" => self.queue_ahead_batches = Some(int(value)?),
             "result_bytes_max" => self.result_bytes_max = Some(int(value)?),
             "shutdown_grace" => self.shutdown_grace = text,
             "backoff_max" => self.backoff_max = text,
@@ -197,6 +201,7 @@ impl RawConfig {
             exec_timeout: top.exec_timeout.or(self.exec_timeout),
             claim_wait: top.claim_wait.or(self.claim_wait),
             claim_batch_max: top.claim_batch_max.or(self.claim_batch_max),
+            queue_ahead_batches: top.queue_ahead_batches.or(self.queue_ahead_batches),
             result_bytes_max: top.result_bytes_max.or(self.result_bytes_max),
             shutdown_grace: top.shutdown_grace.or(self.shutdown_grace),
             backoff_max: top.backoff_max.or(self.backoff_max),
@@ -263,6 +268,9 @@ pub struct NodeConfig {
     pub claim_wait: Duration,
     /// Most deliveries asked for in one claim.
     pub claim_batch_max: u32,
+    /// The node stops claiming while this many claim batches wait locally unstarted, so work
+    /// it cannot start soon stays queued on the hub, where fences and operators see it.
+    pub queue_ahead_batches: u32,
     /// Most bytes of stdout kept as an attempt's result (truncation is marked inside it).
     pub result_bytes_max: usize,
     /// How long running turns may finish after SIGTERM before they are killed.
@@ -348,6 +356,13 @@ impl NodeConfig {
                 CLAIM_BATCH_MAX_DEFAULT.into(),
                 CLAIM_BATCH_MAX_RANGE.0.into(),
                 CLAIM_BATCH_MAX_RANGE.1.into(),
+            )? as u32,
+            queue_ahead_batches: int_in(
+                "queue_ahead_batches",
+                raw.queue_ahead_batches,
+                QUEUE_AHEAD_BATCHES_DEFAULT.into(),
+                QUEUE_AHEAD_BATCHES_RANGE.0.into(),
+                QUEUE_AHEAD_BATCHES_RANGE.1.into(),
             )? as u32,
             result_bytes_max: int_in(
                 "result_bytes_max",
@@ -510,6 +525,7 @@ command = ["/usr/bin/harness", "--turn"]
         check_refused("parallel_conversations = 0\n", &["parallel_conversations", "1..=256"]);
         check_refused("parallel_conversations = 257\n", &["parallel_conversations", "1..=256"]);
         check_refused("claim_batch_max = 1001\n", &["claim_batch_max", "1..=1000"]);
+        check_refused("queue_ahead_batches = 0\n", &["queue_ahead_batches", "1..=1000"]);
         check_refused("result_bytes_max = 16777217\n", &["result_bytes_max", "1..=16777216"]);
         check_refused("exec_timeout = \"0s\"\n", &["exec_timeout", "1s..=1day"]);
         check_refused("exec_timeout = \"25h\"\n", &["exec_timeout", "out of the allowed range"]);

@@ -22,6 +22,10 @@ pub const CLAIM_WAIT_RANGE: (Duration, Duration) = (Duration::ZERO, Duration::fr
 pub const CLAIM_BATCH_MAX_DEFAULT: u32 = 16;
 /// Allowed range of `claim_batch_max`.
 pub const CLAIM_BATCH_MAX_RANGE: (u32, u32) = (1, 1000);
+/// Claim batches that may wait locally unstarted before the node stops claiming.
+pub const QUEUE_AHEAD_BATCHES_DEFAULT: u32 = 4;
+/// Allowed range of `queue_ahead_batches`.
+pub const QUEUE_AHEAD_BATCHES_RANGE: (u32, u32) = (1, 1000);
 
 /// Default for `result_bytes_max`: most stdout bytes kept as an attempt's result.
 pub const RESULT_BYTES_MAX_DEFAULT: u64 = baton_shared::limits::RESULT_BYTES_MAX_DEFAULT;

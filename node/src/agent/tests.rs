@@ -188,6 +188,7 @@ fn config(dir: &Path, script: &str) -> NodeConfig {
         exec_timeout: Duration::from_secs(30),
         claim_wait: Duration::ZERO,
         claim_batch_max: 16,
+        queue_ahead_batches: 4,
         result_bytes_max: 4096,
         shutdown_grace: Duration::from_secs(5),
         backoff_max: Duration::from_millis(200),
