@@ -36,14 +36,7 @@ pub struct Ceiling {
     pub store_cycle_per_s_single: f64,
     /// Full message cycles per second through the hub's store code, 64 per transaction.
     pub store_cycle_per_s_batch64: f64,
-    /// The same, with the connection's prepared-statement cache raised from rusqlite's
-    /// default of 16 to `STATEMENT_CACHE_PROBE` (the hub's store uses more distinct statements
-    /// than 16, so with the default every `prepare_cached` in the cycle re-parses its SQL).
-    pub store_cycle_per_s_batch64_cache128: f64,
 }
-
-/// Statement-cache capacity of the probe that shows what the default of 16 costs the hub.
-pub const STATEMENT_CACHE_PROBE: usize = 128;
 
 /// Measures every ceiling in `dir` (the directory the hub's database will live next to),
 /// each for `duration`, and removes the files it made.
@@ -61,17 +54,9 @@ pub fn measure(dir: &Path, duration: Duration) -> anyhow::Result<Ceiling> {
     in_write_txn(&conn, |c| operator::add_host(c, CYCLE_HOST, 0))?;
     let store_cycle_per_s_single = cycle_rate(&conn, "single", 1, duration)?;
     let store_cycle_per_s_batch64 = cycle_rate(&conn, "batch", BATCH_ROWS, duration)?;
-    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE_PROBE);
-    let store_cycle_per_s_batch64_cache128 = cycle_rate(&conn, "cache", BATCH_ROWS, duration)?;
     drop(conn);
     remove_db(&path);
-    Ok(Ceiling {
-        commits_per_s,
-        rows_per_s_batch64,
-        store_cycle_per_s_single,
-        store_cycle_per_s_batch64,
-        store_cycle_per_s_batch64_cache128,
-    })
+    Ok(Ceiling { commits_per_s, rows_per_s_batch64, store_cycle_per_s_single, store_cycle_per_s_batch64 })
 }
 
 fn remove_db(path: &Path) {

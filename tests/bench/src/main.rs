@@ -229,11 +229,6 @@ fn measure(
         "accept+fan-out+claim+mirrored+ack+report via hub store code, 1 per commit",
     );
     figs.put("hub_store_cycle_per_s_batch64", Some(c.store_cycle_per_s_batch64), "the same, 64 per commit");
-    figs.put(
-        "hub_store_cycle_per_s_batch64_cache128",
-        Some(c.store_cycle_per_s_batch64_cache128),
-        "the same with the statement cache raised from 16 to 128 (probe, not the hub's setting)",
-    );
 
     if !plan.skip_e2e {
         end_to_end(rt, bins, plan, &e2e_root, figs)?;
