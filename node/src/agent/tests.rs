@@ -478,3 +478,28 @@ async fn instance_conflict_backs_off_and_touches_nothing() {
     let claims = *hub.0.lock().unwrap();
     assert!((2..=5).contains(&claims), "paced at backoff_max, not busy: {claims} claims in 1s");
 }
+
+#[tokio::test]
+async fn claims_stop_while_queue_ahead_batches_wait_unstarted() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = FakeHub::default();
+    // One conversation runs one turn at a time, so everything claimed beyond the running turn waits.
+    hub.with(|s| s.queue.extend((1..=10).map(|i| delivery(&format!("q{i}"), "q", i))));
+    let mut cfg = config(dir.path(), "sleep 0.2");
+    cfg.claim_batch_max = 1;
+    cfg.queue_ahead_batches = 2;
+    let node = start(cfg, &hub);
+    let mut most = 0;
+    for _ in 0..1500 {
+        let (claimed, reported) = hub.with(|s| (s.held.len(), s.reports.len()));
+        most = most.max(claimed - reported);
+        if reported == 10 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    node.stop().await;
+    assert_eq!(hub.with(|s| s.reports.len()), 10, "every turn ran");
+    // Two waiting, one running, and one whose turn just ended but whose report is in flight.
+    assert!(most <= 4, "the node claimed {most} ahead of its reports; the bound is 2 waiting batches of 1");
+}
