@@ -12,15 +12,23 @@
 //! - `sqlite`: opening a store with pragmas asserted and migrations applied.
 //! - `crash`: crash points, compiled in only for fault tests.
 //! - `duration`: human durations (`"30s"`) in configuration.
+//! - `exit`: the exit statuses both binaries share.
+//! - `clock`: injected wall-clock time (`Clock`, `SystemClock`, `ManualClock`).
+//! - `logging`: one log filter variable (`BATON_LOG`) and format for both binaries.
+//! - `signal`: the one SIGTERM/SIGINT shutdown path and SIGHUP.
 //!
 //! Invariant: nothing here opens a socket or a listener.
 
+pub mod clock;
 pub mod crash;
 pub mod duration;
 pub mod error;
+pub mod exit;
 pub mod ids;
 pub mod limits;
+pub mod logging;
 pub mod pki;
+pub mod signal;
 pub mod sqlite;
 pub mod states;
 pub mod wire;

@@ -1,0 +1,42 @@
+//! Exit statuses, the same for `baton-hub` and `baton-node` (and every CLI command of either).
+//!
+//! Scripts depend on these numbers; they are listed in each binary's `--help` and in README.
+//! A status means the same thing in both binaries: 1 is never "failure" in one and "not found"
+//! in the other.
+
+/// Success, including a clean shutdown on SIGTERM or SIGINT.
+pub const OK: u8 = 0;
+/// Nothing to do, or what was asked for does not exist (a listing filter that matched nothing
+/// is still 0; a command that was asked to change something and changed nothing is 1).
+pub const NOTHING: u8 = 1;
+/// Usage error, invalid input or invalid configuration (clap's own usage errors are 2 too).
+pub const USAGE: u8 = 2;
+/// A store was refused: damaged, newer than this binary, not initialised, or not readable.
+pub const REFUSED: u8 = 3;
+/// Any other failure: I/O, the network, a store write that failed, a refused credential.
+pub const FAILURE: u8 = 4;
+
+/// The text both binaries print under "Exit status" in `--help`.
+pub const HELP: &str = "\
+Exit status:
+  0  ok (a clean shutdown on SIGTERM/SIGINT included)
+  1  nothing to do, or not found
+  2  usage error, invalid input or invalid configuration
+  3  store refused (damaged, newer than this binary, not initialised, or not readable)
+  4  any other failure";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_are_distinct_and_documented() {
+        let all = [OK, NOTHING, USAGE, REFUSED, FAILURE];
+        for (i, a) in all.iter().enumerate() {
+            assert!(HELP.contains(&format!("  {a}  ")), "status {a} is not in HELP");
+            for b in &all[i + 1..] {
+                assert_ne!(a, b);
+            }
+        }
+    }
+}

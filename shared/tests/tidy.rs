@@ -1,0 +1,160 @@
+//! Tidy checks over the workspace's own source, run by `cargo test` (tigerbeetle's `tidy.zig`,
+//! rust-analyzer's tidy tests): rules that a reviewer would otherwise have to remember.
+//!
+//! - Product code (`hub/src`, `node/src`, `shared/src`, outside test modules) has no `unwrap()`
+//!   and no `expect(`, unless the line carries `tidy: allow(unwrap) <reason>`.
+//! - No unfinished-work marker (the four-letter one) anywhere in the source, the schema or the
+//!   docs; unfinished behaviour is asserted as it is today with a FIXME, or it is done.
+//! - Every constant in a `limits` module is documented; integer limits are named with their
+//!   qualifier last (time limits are `Duration`s, which carry their unit).
+//! - `docs/ARCHITECTURE.md` names every module of the hub, the node and the shared crate.
+//! - Migrations in `schema/hub` and `schema/node` are numbered from 0001 without gaps.
+
+use std::path::{Path, PathBuf};
+
+/// The workspace root (this crate lives in `shared/`).
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            if p.file_name().is_some_and(|n| n == "target") {
+                continue;
+            }
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+fn product_files() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for krate in ["hub", "node", "shared"] {
+        rust_files(&root().join(krate).join("src"), &mut out);
+    }
+    out.sort();
+    out
+}
+
+fn rel(p: &Path) -> String {
+    p.strip_prefix(root()).unwrap_or(p).display().to_string()
+}
+
+/// The part of a source file that is product code: everything before its first test module.
+/// A file that is itself a test module (`tests.rs`, `*/tests/*.rs`) has none.
+fn product_part(path: &Path, text: &str) -> String {
+    if path.file_name().is_some_and(|n| n == "tests.rs") || path.components().any(|c| c.as_os_str() == "tests") {
+        return String::new();
+    }
+    match text.find("#[cfg(test)]") {
+        Some(i) => text[..i].to_string(),
+        None => text.to_string(),
+    }
+}
+
+#[test]
+fn no_unwrap_or_expect_in_product_code() {
+    let mut found = Vec::new();
+    for p in product_files() {
+        let text = std::fs::read_to_string(&p).unwrap();
+        for (i, line) in product_part(&p, &text).lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            if (code.contains(".unwrap()") || code.contains(".expect(")) && !line.contains("tidy: allow(unwrap)") {
+                found.push(format!("{}:{}: {}", rel(&p), i + 1, line.trim()));
+            }
+        }
+    }
+    assert!(found.is_empty(), "unwrap()/expect( in product code (return an error instead):\n{}", found.join("\n"));
+}
+
+#[test]
+fn no_todo_anywhere() {
+    let mut files = Vec::new();
+    for dir in ["hub", "node", "shared", "tests"] {
+        rust_files(&root().join(dir), &mut files);
+    }
+    for dir in ["schema/hub", "schema/node", "docs"] {
+        if let Ok(entries) = std::fs::read_dir(root().join(dir)) {
+            files.extend(entries.flatten().map(|e| e.path()).filter(|p| p.is_file()));
+        }
+    }
+    files.push(root().join("README.md"));
+    let needle = ["TO", "DO"].concat();
+    let mut found = Vec::new();
+    for p in files {
+        let Ok(text) = std::fs::read_to_string(&p) else { continue };
+        for (i, line) in text.lines().enumerate() {
+            if line.contains(&needle) || line.contains(&format!("{}!(", needle.to_lowercase())) {
+                found.push(format!("{}:{}: {}", rel(&p), i + 1, line.trim()));
+            }
+        }
+    }
+    assert!(found.is_empty(), "unfinished-work markers found:\n{}", found.join("\n"));
+}
+
+/// Suffixes a limit's name may end with: the unit or the qualifier comes last (STYLE habit 5).
+const LIMIT_SUFFIXES: [&str; 7] = ["_MAX", "_MIN", "_DEFAULT", "_RANGE", "_MARGIN", "_PACE", "_GRACE"];
+
+#[test]
+fn limits_are_documented_and_named() {
+    let mut found = Vec::new();
+    for p in product_files().into_iter().filter(|p| p.file_name().is_some_and(|n| n == "limits.rs")) {
+        let text = std::fs::read_to_string(&p).unwrap();
+        let product = product_part(&p, &text);
+        let lines: Vec<&str> = product.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            let t = line.trim_start();
+            let Some(rest) = t.strip_prefix("pub const ").or_else(|| t.strip_prefix("pub(crate) const ")) else {
+                continue;
+            };
+            let name = rest.split(':').next().unwrap_or("").trim();
+            let is_duration = rest.contains("Duration");
+            let documented = i > 0 && lines[i - 1].trim_start().starts_with("///");
+            if !documented {
+                found.push(format!("{}:{}: {name} has no doc comment", rel(&p), i + 1));
+            }
+            if !is_duration && !LIMIT_SUFFIXES.iter().any(|s| name.ends_with(s)) {
+                found.push(format!("{}:{}: {name} does not end with one of {LIMIT_SUFFIXES:?}", rel(&p), i + 1));
+            }
+        }
+    }
+    assert!(found.is_empty(), "limits must be named and documented:\n{}", found.join("\n"));
+}
+
+#[test]
+fn architecture_names_every_module() {
+    let doc = std::fs::read_to_string(root().join("docs/ARCHITECTURE.md")).unwrap();
+    let mut missing = Vec::new();
+    for p in product_files() {
+        let stem = p.file_stem().and_then(|s| s.to_str()).unwrap_or("");
+        if matches!(stem, "lib" | "main" | "mod" | "tests") {
+            continue;
+        }
+        if !doc.contains(&format!("`{stem}`"))
+            && !doc.contains(&format!("{stem}/"))
+            && !doc.contains(&format!("{stem},"))
+        {
+            missing.push(rel(&p));
+        }
+    }
+    assert!(missing.is_empty(), "docs/ARCHITECTURE.md does not name these modules:\n{}", missing.join("\n"));
+}
+
+#[test]
+fn migrations_are_numbered_without_gaps() {
+    for store in ["hub", "node"] {
+        let mut numbers: Vec<u32> = std::fs::read_dir(root().join("schema").join(store))
+            .unwrap()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str().and_then(|n| n.get(..4)).and_then(|n| n.parse().ok()))
+            .collect();
+        numbers.sort_unstable();
+        let expected: Vec<u32> = (1..=numbers.len() as u32).collect();
+        assert_eq!(numbers, expected, "schema/{store} migrations must be numbered 0001.. without gaps");
+    }
+}
