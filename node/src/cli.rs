@@ -1,37 +1,29 @@
 //! The command line: flags defined once with their help, parsed into low-level args, then
-//! turned into a validated `NodeConfig` before any work. `main` only calls `main_with`.
+//! turned into a validated `NodeConfig` before any work. `main` only calls `main_with`, which
+//! owns the exit status (`baton_shared::exit`).
 
-use crate::config::{ConfigError, LogFormat, NodeConfig, RawConfig};
+use crate::config::{ConfigError, NodeConfig, RawConfig};
+use anyhow::Context as _;
+use baton_shared::exit;
 use clap::{Args, Parser, Subcommand};
+use std::io::Write as _;
 use std::path::PathBuf;
 
-/// Exit codes, documented in `--help`.
-pub mod exit {
-    /// Success, including a clean shutdown on SIGTERM or SIGINT.
-    pub const OK: u8 = 0;
-    /// Any other failure (I/O, the data directory is in use, a store write failed, ...).
-    pub const FAILURE: u8 = 1;
-    /// Usage error or invalid configuration.
-    pub const CONFIG: u8 = 2;
-    /// The node store was refused: damaged, or newer than this binary.
-    pub const STORE_REFUSED: u8 = 3;
-}
-
-const AFTER_HELP: &str = "\
+/// How the configuration layers stack, printed above the exit statuses in `--help`.
+const LAYERING_HELP: &str = "\
 Every configuration key can be set in the TOML file, by its flag (--claim-wait) or by the
 environment variable BATON_NODE_<KEY> (BATON_NODE_CLAIM_WAIT); a flag beats the environment,
-which beats the file, which beats the default.
+which beats the file, which beats the default. The log filter is BATON_LOG (default info).";
 
-Exit codes:
-  0  ok (including a clean shutdown on SIGTERM/SIGINT)
-  1  other failure
-  2  usage error or invalid configuration
-  3  node store refused (damaged, or newer than this binary)";
+/// The text under the flags in `--help`: the configuration layering and the exit statuses.
+fn after_help() -> String {
+    format!("{LAYERING_HELP}\n\n{}", exit::HELP)
+}
 
 /// baton-node: the Baton worker agent. Claims this host's deliveries from the hub, mirrors
 /// them locally, acks them, runs the harness turn for each, and reports how it ended.
 #[derive(Debug, Parser)]
-#[command(name = "baton-node", version, after_help = AFTER_HELP)]
+#[command(name = "baton-node", version, after_help = after_help())]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
@@ -42,6 +34,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the node until SIGTERM or SIGINT.
+    #[command(after_help = after_help())]
     Run(RunArgs),
     /// Configuration tools.
     #[command(subcommand)]
@@ -54,6 +47,7 @@ pub enum Command {
 #[derive(Debug, Subcommand)]
 pub enum ConfigCommand {
     /// Validate the configuration (file, environment and flags): exit 0 if valid, 2 if not.
+    #[command(after_help = after_help())]
     Check(RunArgs),
 }
 
@@ -180,13 +174,14 @@ impl RunArgs {
     }
 }
 
-/// Runs a parsed command line and returns the process exit code. Errors are printed once, as
-/// a chain, to stderr.
+/// Runs a parsed command line and returns the process exit status. Errors are printed once,
+/// as a chain, to stderr.
 pub fn main_with(cli: Cli) -> u8 {
     match dispatch(cli) {
         Ok(()) => exit::OK,
         Err(e) => {
-            eprintln!("baton-node: {e:#}");
+            // A closed stderr leaves nowhere to say it; the exit status still does.
+            let _ = writeln!(std::io::stderr(), "baton-node: {e:#}");
             exit_code(&e)
         }
     }
@@ -198,51 +193,42 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Config(ConfigCommand::Check(args)) => {
             let config = args.resolve(env)?;
             config.check_files()?;
-            println!("configuration is valid (hub {}, data dir {})", config.hub_url, config.data_dir.display());
-            Ok(())
+            let valid =
+                format!("configuration is valid (hub {}, data dir {})\n", config.hub_url, config.data_dir.display());
+            crate::output::print(&valid).context("writing to stdout")
         }
         Command::Status(args) => {
-            print!("{}", crate::status::status(&args.data_dir, args.json)?);
+            let mut text = crate::status::status(&args.data_dir, args.json)?;
             if args.json {
-                println!();
+                text.push('\n');
             }
-            Ok(())
+            crate::output::print(&text).context("writing to stdout")
         }
         Command::Run(args) => {
             let config = args.resolve(env)?;
             config.check_files()?;
-            init_logging(config.log_format);
+            baton_shared::logging::init(config.log_format);
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-            runtime.block_on(crate::run(config, crate::shutdown_signal()))
+            runtime.block_on(async move {
+                let shutdown =
+                    baton_shared::signal::shutdown_token().context("installing the SIGTERM/SIGINT handlers")?;
+                crate::run(config, baton_shared::clock::system(), shutdown.cancelled_owned()).await
+            })
         }
     }
 }
 
-fn init_logging(format: LogFormat) {
-    use std::io::IsTerminal as _;
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal());
-    let _ = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
-    };
-}
-
-/// The documented exit code for an error.
+/// The documented exit status for an error (`baton_shared::exit`).
 pub fn exit_code(e: &anyhow::Error) -> u8 {
     for cause in e.chain() {
         if cause.downcast_ref::<ConfigError>().is_some() {
-            return exit::CONFIG;
+            return exit::USAGE;
         }
         if let Some(s) = cause.downcast_ref::<crate::store::StoreError>() {
-            return if s.is_refused() { exit::STORE_REFUSED } else { exit::FAILURE };
+            return if s.is_refused() { exit::REFUSED } else { exit::FAILURE };
         }
-        if let Some(o) = cause.downcast_ref::<baton_shared::sqlite::OpenError>() {
-            return if crate::store::StoreError::is_refused_open(o) { exit::STORE_REFUSED } else { exit::FAILURE };
+        if cause.downcast_ref::<baton_shared::sqlite::OpenError>().is_some() {
+            return exit::REFUSED;
         }
     }
     exit::FAILURE
@@ -259,9 +245,10 @@ mod tests {
     }
 
     #[test]
-    fn help_documents_exit_codes() {
+    fn help_documents_the_shared_exit_statuses_and_the_log_variable() {
         let help = Cli::command().render_long_help().to_string();
-        assert!(help.contains("Exit codes") && help.contains("3  node store refused"), "{help}");
+        assert!(help.contains(exit::HELP), "{help}");
+        assert!(help.contains(baton_shared::logging::FILTER_VAR), "{help}");
     }
 
     #[test]
@@ -292,15 +279,18 @@ mod tests {
     }
 
     #[test]
-    fn config_errors_exit_2_and_refused_stores_exit_3() {
+    fn config_errors_exit_2_refused_stores_exit_3_and_other_failures_exit_4() {
         let e = anyhow::Error::from(NodeConfig::validate(RawConfig::default()).unwrap_err());
-        assert_eq!(exit_code(&e), exit::CONFIG);
+        assert_eq!(exit_code(&e), exit::USAGE);
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("node.db");
         std::fs::write(&path, vec![7u8; 4096]).unwrap();
         let e =
             anyhow::Error::from(crate::store::Db::open(&path, baton_shared::sqlite::Synchronous::Full).err().unwrap());
-        assert_eq!(exit_code(&e), exit::STORE_REFUSED);
+        assert_eq!(exit_code(&e), exit::REFUSED);
+        let missing = crate::status::status(&dir.path().join("nowhere"), false).unwrap_err();
+        assert_eq!(exit_code(&anyhow::Error::from(missing).context("status")), exit::REFUSED, "not initialised");
         assert_eq!(exit_code(&anyhow::anyhow!("boom")), exit::FAILURE);
+        assert_eq!(exit::FAILURE, 4);
     }
 }

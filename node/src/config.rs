@@ -225,14 +225,7 @@ fn parse_command(value: &str) -> Result<Vec<String>, ConfigError> {
     }
 }
 
-/// How log lines are written to stderr.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
-}
+pub use baton_shared::logging::LogFormat;
 
 /// What runs a delivered turn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

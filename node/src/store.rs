@@ -43,14 +43,10 @@ pub enum StoreError {
 }
 
 impl StoreError {
-    /// Whether this error means the store file itself was refused (exit code 3).
+    /// Whether this error means the store itself was refused (exit status 3): it could not be
+    /// opened (damaged, newer than this binary, missing, unreadable), or a row in it is corrupt.
     pub fn is_refused(&self) -> bool {
-        matches!(self, StoreError::Open(o) if StoreError::is_refused_open(o))
-    }
-
-    /// Whether an open error means the file was refused (damaged, newer, failed migration).
-    pub fn is_refused_open(e: &OpenError) -> bool {
-        matches!(e, OpenError::Damaged { .. } | OpenError::TooNew { .. } | OpenError::Migration { .. })
+        matches!(self, StoreError::Open(_) | StoreError::Corrupt(_))
     }
 }
 

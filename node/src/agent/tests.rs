@@ -218,13 +218,18 @@ impl Running {
 }
 
 fn start(config: NodeConfig, hub: &FakeHub) -> Running {
+    start_with_clock(config, hub, baton_shared::clock::system())
+}
+
+fn start_with_clock(config: NodeConfig, hub: &FakeHub, clock: SharedClock) -> Running {
     let mut db = open_db(&config.data_dir);
     let instance_id = db.instance_id().unwrap();
     let store = Store::new(db);
     let stop = CancellationToken::new();
     let s = stop.clone();
     let hub = hub.clone();
-    let task = tokio::spawn(async move { run_agent(config, store, hub, instance_id, s.cancelled_owned()).await });
+    let task =
+        tokio::spawn(async move { run_agent(config, store, hub, instance_id, clock, s.cancelled_owned()).await });
     Running { stop, task }
 }
 
@@ -269,6 +274,28 @@ async fn claims_mirror_ack_run_and_report_each_turn_once() {
             assert!(at("mirrored") < at("ack") && at("ack") < at("report"), "{:?}", s.calls);
         }
     });
+}
+
+#[tokio::test]
+async fn stored_timestamps_come_from_the_injected_clock() {
+    const T0_MS: i64 = 1_234_000;
+    let dir = tempfile::tempdir().unwrap();
+    let hub = FakeHub::default();
+    hub.with(|s| s.queue.push_back(delivery("t1", "t", 1)));
+    let clock = baton_shared::clock::ManualClock::new(T0_MS);
+    let node = start_with_clock(config(dir.path(), "cat"), &hub, Arc::new(clock));
+    wait_until("t1 reported", || hub.with(|s| s.reports.len() == 1)).await;
+    node.stop().await;
+    let db = open_db(dir.path());
+    for sql in [
+        "SELECT min(mirrored_at_ms), max(updated_at_ms) FROM deliveries",
+        "SELECT min(queued_at_ms), max(queued_at_ms) FROM executions",
+        "SELECT min(started_at_ms), max(ended_at_ms) FROM attempts",
+        "SELECT min(created_at_ms), max(confirmed_at_ms) FROM outbox",
+    ] {
+        let (low, high): (i64, i64) = db.conn().query_row(sql, [], |r| Ok((r.get(0)?, r.get(1)?))).unwrap();
+        assert_eq!((low, high), (T0_MS, T0_MS), "{sql}");
+    }
 }
 
 #[tokio::test]
@@ -471,7 +498,9 @@ async fn instance_conflict_backs_off_and_touches_nothing() {
     let stop = CancellationToken::new();
     let s = stop.clone();
     let h = hub.clone();
-    let task = tokio::spawn(async move { run_agent(cfg, store, h, "inst-2".into(), s.cancelled_owned()).await });
+    let task = tokio::spawn(async move {
+        run_agent(cfg, store, h, "inst-2".into(), baton_shared::clock::system(), s.cancelled_owned()).await
+    });
     tokio::time::sleep(Duration::from_millis(1000)).await;
     stop.cancel();
     task.await.unwrap().unwrap();
