@@ -2,7 +2,7 @@
 //! turned into a validated `NodeConfig` before any work. `main` only calls `main_with`, which
 //! owns the exit status (`baton_shared::exit`).
 
-use crate::config::{ConfigError, NodeConfig, RawConfig};
+use crate::config::{ConfigError, ConfigFlags, Layer, NodeConfig};
 use anyhow::Context as _;
 use baton_shared::exit;
 use clap::{Args, Parser, Subcommand};
@@ -68,109 +68,19 @@ pub struct RunArgs {
     /// The TOML config file; may be omitted when flags and environment give every required key.
     #[arg(long, env = "BATON_NODE_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Per-key overrides.
+    /// One flag per configuration key, generated from the key table (`config::KEYS`).
     #[command(flatten)]
     pub flags: ConfigFlags,
-}
-
-/// One flag per configuration key (each also read from `BATON_NODE_<KEY>`, by `RawConfig::from_env`).
-#[derive(Debug, Default, Args)]
-pub struct ConfigFlags {
-    /// Hub base URL; https only [env: BATON_NODE_HUB_URL].
-    #[arg(long, value_name = "URL")]
-    pub hub_url: Option<String>,
-    /// PEM file with the hub CA certificate [env: BATON_NODE_CA_FILE].
-    #[arg(long, value_name = "FILE")]
-    pub ca_file: Option<String>,
-    /// PEM file with this host's certificate [env: BATON_NODE_CERT_FILE].
-    #[arg(long, value_name = "FILE")]
-    pub cert_file: Option<String>,
-    /// PEM file with this host's private key [env: BATON_NODE_KEY_FILE].
-    #[arg(long, value_name = "FILE")]
-    pub key_file: Option<String>,
-    /// Data directory; it holds node.db, the instance's identity [env: BATON_NODE_DATA_DIR].
-    #[arg(long, value_name = "DIR")]
-    pub data_dir: Option<String>,
-    /// Harness argv as a JSON array ('["/usr/bin/harness","--turn"]') or a single program
-    /// path; no shell [env: BATON_NODE_COMMAND].
-    #[arg(long, value_name = "ARGV")]
-    pub command: Option<String>,
-    /// Conversations running a turn at once, 1..=256, default 4 [env: BATON_NODE_PARALLEL_CONVERSATIONS].
-    #[arg(long, value_name = "N")]
-    pub parallel_conversations: Option<String>,
-    /// Longest a turn may run, 1s..=24h, default 10m [env: BATON_NODE_EXEC_TIMEOUT].
-    #[arg(long, value_name = "DURATION")]
-    pub exec_timeout: Option<String>,
-    /// Claim long-poll wait, 0s..=5m, default 30s [env: BATON_NODE_CLAIM_WAIT].
-    #[arg(long, value_name = "DURATION")]
-    pub claim_wait: Option<String>,
-    /// Most deliveries per claim, 1..=1000, default 16 [env: BATON_NODE_CLAIM_BATCH_MAX].
-    #[arg(long, value_name = "N")]
-    pub claim_batch_max: Option<String>,
-    /// Claim batches that may wait locally before claiming pauses, 1..=1000, default 4 [env: BATON_NODE_QUEUE_AHEAD_BATCHES].
-    #[arg(long, value_name = "N")]
-    pub queue_ahead_batches: Option<String>,
-    /// Most stdout bytes kept as a result, 1..=16777216, default 65536 [env: BATON_NODE_RESULT_BYTES_MAX].
-    #[arg(long, value_name = "BYTES")]
-    pub result_bytes_max: Option<String>,
-    /// Time running turns get after SIGTERM, 0s..=1h, default 10s [env: BATON_NODE_SHUTDOWN_GRACE].
-    #[arg(long, value_name = "DURATION")]
-    pub shutdown_grace: Option<String>,
-    /// Longest retry pause while the hub is down, 100ms..=1h, default 30s [env: BATON_NODE_BACKOFF_MAX].
-    #[arg(long, value_name = "DURATION")]
-    pub backoff_max: Option<String>,
-    /// Log format: text or json, default text [env: BATON_NODE_LOG_FORMAT].
-    #[arg(long, value_name = "FORMAT")]
-    pub log_format: Option<String>,
-    /// Harness: command (default) or noop (benchmarks) [env: BATON_NODE_HARNESS].
-    #[arg(long, value_name = "KIND")]
-    pub harness: Option<String>,
-    /// Store durability: full (default) or normal (faster, not power-loss safe) [env: BATON_NODE_SYNCHRONOUS].
-    #[arg(long, value_name = "MODE")]
-    pub synchronous: Option<String>,
-}
-
-impl ConfigFlags {
-    /// The flags as a configuration layer.
-    pub fn to_raw(&self) -> Result<RawConfig, ConfigError> {
-        let mut raw = RawConfig::default();
-        let pairs = [
-            ("hub_url", &self.hub_url),
-            ("ca_file", &self.ca_file),
-            ("cert_file", &self.cert_file),
-            ("key_file", &self.key_file),
-            ("data_dir", &self.data_dir),
-            ("command", &self.command),
-            ("parallel_conversations", &self.parallel_conversations),
-            ("exec_timeout", &self.exec_timeout),
-            ("claim_wait", &self.claim_wait),
-            ("claim_batch_max", &self.claim_batch_max),
-            ("queue_ahead_batches", &self.queue_ahead_batches),
-            ("result_bytes_max", &self.result_bytes_max),
-            ("shutdown_grace", &self.shutdown_grace),
-            ("backoff_max", &self.backoff_max),
-            ("log_format", &self.log_format),
-            ("harness", &self.harness),
-            ("synchronous", &self.synchronous),
-        ];
-        debug_assert_eq!(pairs.len(), crate::config::KEYS.len(), "one flag per key");
-        for (key, value) in pairs {
-            if let Some(v) = value {
-                raw.set(key, v)?;
-            }
-        }
-        Ok(raw)
-    }
 }
 
 impl RunArgs {
     /// Builds the validated configuration: flags > environment > file > defaults.
     pub fn resolve(&self, env: impl Fn(&str) -> Option<String>) -> Result<NodeConfig, ConfigError> {
         let file = match &self.config {
-            Some(path) => RawConfig::from_file(path)?,
-            None => RawConfig::default(),
+            Some(path) => Layer::from_file(path)?,
+            None => Layer::default(),
         };
-        NodeConfig::resolve(file, RawConfig::from_env(env)?, self.flags.to_raw()?)
+        NodeConfig::resolve(file, Layer::from_env(env)?, self.flags.layer()?)
     }
 }
 
@@ -280,7 +190,7 @@ mod tests {
 
     #[test]
     fn config_errors_exit_2_refused_stores_exit_3_and_other_failures_exit_4() {
-        let e = anyhow::Error::from(NodeConfig::validate(RawConfig::default()).unwrap_err());
+        let e = anyhow::Error::from(NodeConfig::validate(Layer::default()).unwrap_err());
         assert_eq!(exit_code(&e), exit::USAGE);
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("node.db");
