@@ -102,7 +102,15 @@ pub async fn run_command(spec: &ExecSpec, turn: &StartedTurn, kill: &Cancellatio
         kill_group(group);
     }
     let (captured, total) = match stdout {
-        Some(h) => h.await.unwrap_or_default(),
+        Some(h) => match h.await {
+            Ok(read) => read,
+            Err(e) => {
+                // The reader task cannot fail short of a panic; say so rather than report an
+                // empty result as if the harness had printed nothing.
+                tracing::error!(delivery_id = %turn.delivery_id, "reading the harness's stdout failed: {e}");
+                (Vec::new(), 0)
+            }
+        },
         None => (Vec::new(), 0),
     };
     if let Some(h) = stderr {

@@ -103,3 +103,24 @@ fn help_lists_every_key_with_its_flag_and_environment_variable_and_the_exit_stat
     }
     assert!(help.contains(exit::HELP), "{help}");
 }
+
+#[test]
+fn status_refuses_a_corrupt_row_by_name_exit_3() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("node.db");
+    let mut db = baton_node::store::Db::open(&path, baton_shared::sqlite::Synchronous::Full).unwrap();
+    db.instance_id().unwrap();
+    drop(db);
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.execute_batch(
+        "PRAGMA ignore_check_constraints = ON;
+         INSERT INTO deliveries(delivery_id, message_id, conversation, seq, payload, claim_token, state,
+             mirrored_at_ms, updated_at_ms)
+         VALUES ('d-corrupt', 'm1', 'c', 1, '{}', 'tok', 'half-acked', 0, 0);",
+    )
+    .unwrap();
+    drop(conn);
+    let out = node().arg("status").arg("--data-dir").arg(dir.path()).output().unwrap();
+    assert_eq!(out.status.code(), Some(i32::from(exit::REFUSED)), "{}", stderr(&out));
+    assert!(stderr(&out).contains("delivery d-corrupt") && stderr(&out).contains("half-acked"), "{}", stderr(&out));
+}
