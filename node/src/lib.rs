@@ -3,10 +3,13 @@
 //! conversation), and reports how each turn ended through a durable outbox (SPEC §4).
 //!
 //! Layout:
-//! - `cli`: flags, subcommands, exit codes; `main` only calls `cli::main_with`.
-//! - `config`: file + `BATON_NODE_<KEY>` + flags, merged and validated into `NodeConfig`.
+//! - `cli`: subcommands and the exit status (`baton_shared::exit`); `main` only calls
+//!   `cli::main_with`.
+//! - `config`: every key declared once (doc, type, default, range); file < `BATON_NODE_<KEY>` <
+//!   flag, stacked and validated into `NodeConfig`.
 //! - `limits`: every bound, named once.
-//! - `store`: the node store (instance id, mirror, execution queue, attempt markers, outbox).
+//! - `store`: the node store (instance id, mirror, execution queue, attempt markers, outbox),
+//!   one file per noun.
 //! - `client`: the hub API (`Hub` trait) and its mTLS implementation `HubClient`.
 //! - `shared_state`: `Shared`, what the claim loop, the scheduler and the outbox share
 //!   (hub, store, config, clock, wake-ups, shutdown).
