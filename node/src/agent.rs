@@ -2,7 +2,8 @@
 //! the hub `mirrored`, ack; and the tasks that run turns (`sched`) and send reports (`report`).
 //!
 //! Tasks: the claim loop runs on the caller's task; the scheduler and the outbox each run on
-//! their own. They share one `Shared` (hub client, store, config) and one shutdown token.
+//! their own. They share one `shared_state::Shared` (hub client, store, config, clock) and one
+//! shutdown token.
 //!
 //! Invariant (execution gate): only a delivery the hub confirmed `delivered` is marked
 //! `acked` locally, and only `acked` deliveries start (`Db::start_attempt` checks it in SQL).
@@ -13,8 +14,10 @@ use crate::backoff::Backoff;
 use crate::client::{Hub, HubError};
 use crate::config::NodeConfig;
 use crate::limits::BACKOFF_BASE;
+use crate::shared_state::Shared;
 use crate::store::{ExecState, Mirrored, ReportState, Store, StoreError};
 use crate::{report, sched};
+use baton_shared::clock::SharedClock;
 use baton_shared::crash_point;
 use baton_shared::error::ErrorCode;
 use baton_shared::states::DeliveryState;
@@ -30,31 +33,6 @@ use tokio_util::sync::CancellationToken;
 /// After an empty claim answer, the next claim waits at least this long since the last one
 /// was sent, so a short `claim_wait` never turns into busy polling.
 const EMPTY_CLAIM_PACE: Duration = Duration::from_secs(1);
-
-/// Wall-clock now, in unix milliseconds, for stored timestamps.
-pub(crate) fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
-}
-
-/// What the node's tasks share.
-pub(crate) struct Shared<H> {
-    /// The hub.
-    pub(crate) hub: H,
-    /// The node store.
-    pub(crate) store: Store,
-    /// The validated configuration.
-    pub(crate) config: NodeConfig,
-    /// This instance's id.
-    pub(crate) instance_id: String,
-    /// Wakes the scheduler: a gate opened or a turn ended.
-    pub(crate) wake_scheduler: Notify,
-    /// Wakes the outbox: a report was queued.
-    pub(crate) wake_outbox: Notify,
-    /// Wakes the claim loop: a turn ended, so the local queue shrank.
-    pub(crate) wake_claimer: Notify,
-    /// Cancelled once, when the node stops: no new claims, no new turns.
-    pub(crate) shutdown: CancellationToken,
-}
 
 /// Why a step of the loop stopped.
 #[derive(Debug)]
@@ -75,14 +53,17 @@ impl From<StoreError> for Stop {
 
 /// Runs the node until `shutdown` completes (or the store fails), then stops claiming, lets
 /// running turns finish within `shutdown_grace`, kills the rest, and flushes the outbox.
+/// Stored timestamps come from `clock`.
 pub async fn run_agent<H: Hub>(
     config: NodeConfig,
     store: Store,
     hub: H,
     instance_id: String,
+    clock: SharedClock,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let recovered = store.call(|db| db.recover_interrupted_attempts(now_ms())).await?;
+    let now_ms = clock.now_ms();
+    let recovered = store.call(move |db| db.recover_interrupted_attempts(now_ms)).await?;
     for attempt_id in &recovered {
         tracing::warn!(
             attempt_id,
@@ -94,6 +75,7 @@ pub async fn run_agent<H: Hub>(
         store,
         config,
         instance_id,
+        clock,
         wake_scheduler: Notify::new(),
         wake_outbox: Notify::new(),
         wake_claimer: Notify::new(),
@@ -155,7 +137,7 @@ async fn claim_loop<H: Hub>(sh: &Arc<Shared<H>>) -> anyhow::Result<()> {
                 Err(Stop::Store(e)) => return Err(e.into()),
                 Err(Stop::Hub(e)) => {
                     log_hub_error("holdings resync", &e);
-                    pause(sh, backoff.next_delay()).await;
+                    sh.pause(backoff.next_delay()).await;
                     continue;
                 }
             }
@@ -184,7 +166,7 @@ async fn claim_loop<H: Hub>(sh: &Arc<Shared<H>>) -> anyhow::Result<()> {
         match answer {
             Ok(batch) if batch.is_empty() => {
                 backoff.reset();
-                pause(sh, EMPTY_CLAIM_PACE.saturating_sub(sent.elapsed())).await;
+                sh.pause(EMPTY_CLAIM_PACE.saturating_sub(sent.elapsed())).await;
             }
             Ok(batch) => {
                 backoff.reset();
@@ -202,7 +184,7 @@ async fn claim_loop<H: Hub>(sh: &Arc<Shared<H>>) -> anyhow::Result<()> {
                      instance's claims if it is gone for good",
                     humantime::format_duration(sh.config.backoff_max)
                 );
-                pause(sh, sh.config.backoff_max).await;
+                sh.pause(sh.config.backoff_max).await;
             }
             Err(e) => {
                 if e.answer_lost() {
@@ -212,7 +194,7 @@ async fn claim_loop<H: Hub>(sh: &Arc<Shared<H>>) -> anyhow::Result<()> {
                     need_resync = true;
                 }
                 log_hub_error("claim", &e);
-                pause(sh, backoff.next_delay()).await;
+                sh.pause(backoff.next_delay()).await;
             }
         }
     }
@@ -227,13 +209,6 @@ fn log_hub_error(what: &str, e: &HubError) {
             )
         }
         _ => tracing::warn!("{what}: {e}"),
-    }
-}
-
-async fn pause<H>(sh: &Shared<H>, d: Duration) {
-    tokio::select! {
-        _ = tokio::time::sleep(d) => {}
-        _ = sh.shutdown.cancelled() => {}
     }
 }
 
@@ -272,8 +247,8 @@ async fn take_batch<H: Hub>(sh: &Arc<Shared<H>>, batch: Vec<ClaimedDelivery>) ->
             Err(why) => reject(sh, &d, &why).await,
         }
     }
-    let mirror = good.clone();
-    let done = sh.store.call(move |db| db.mirror_batch(&mirror, now_ms())).await?;
+    let (mirror, now_ms) = (good.clone(), sh.now_ms());
+    let done = sh.store.call(move |db| db.mirror_batch(&mirror, now_ms)).await?;
     crash_point("node.mirror.after_commit");
     let mut handoffs = JoinSet::new();
     for (d, m) in good.into_iter().zip(done) {
@@ -321,8 +296,8 @@ async fn handoff<H: Hub>(sh: &Shared<H>, d: &ClaimedDelivery, hub_state: Deliver
         tracing::error!(delivery_id = id, state = %acked.state, "the hub answered an ack without delivering; not running it");
         return Ok(());
     }
-    let (i, t) = (id.to_string(), token.to_string());
-    if sh.store.call(move |db| db.mark_acked(&i, &t, now_ms())).await? {
+    let (i, t, now_ms) = (id.to_string(), token.to_string(), sh.now_ms());
+    if sh.store.call(move |db| db.mark_acked(&i, &t, now_ms)).await? {
         tracing::debug!(delivery_id = id, "acked: the execution gate is open");
     }
     sh.wake_scheduler.notify_one();
@@ -332,8 +307,8 @@ async fn handoff<H: Hub>(sh: &Shared<H>, d: &ClaimedDelivery, hub_state: Deliver
 /// The hub refused a transition for good: the delivery is not ours any more. It never runs.
 async fn drop_local<H: Hub>(sh: &Shared<H>, id: &str, step: &str, e: &HubError) -> Result<(), Stop> {
     tracing::warn!(delivery_id = id, "the hub refused {step}: {e}; dropping the local copy, it will not run here");
-    let (i, why) = (id.to_string(), format!("{step} refused: {e}"));
-    sh.store.call(move |db| db.drop_delivery(&i, &why, now_ms())).await?;
+    let (i, why, now_ms) = (id.to_string(), format!("{step} refused: {e}"), sh.now_ms());
+    sh.store.call(move |db| db.drop_delivery(&i, &why, now_ms)).await?;
     sh.wake_scheduler.notify_one();
     sh.wake_claimer.notify_one();
     Ok(())
@@ -355,7 +330,7 @@ where
             Ok(v) => return Ok(v),
             Err(e) if e.is_transient() => {
                 tracing::warn!("hub call failed, retrying: {e}");
-                pause(sh, backoff.next_delay()).await;
+                sh.pause(backoff.next_delay()).await;
                 if sh.shutdown.is_cancelled() {
                     return Err(Stop::Shutdown);
                 }
@@ -387,8 +362,8 @@ async fn resync<H: Hub>(sh: &Arc<Shared<H>>) -> Result<(), Stop> {
     let unacked = sh.store.call(|db| db.unacked()).await?;
     for (id, _) in unacked.into_iter().filter(|(id, _)| !listed.contains(id.as_str())) {
         tracing::warn!(delivery_id = %id, "the hub no longer lists this unacked delivery for us (requeued or cancelled); dropping the local copy");
-        let i = id.clone();
-        sh.store.call(move |db| db.drop_delivery(&i, "no longer held by this instance", now_ms())).await?;
+        let (i, now_ms) = (id.clone(), sh.now_ms());
+        sh.store.call(move |db| db.drop_delivery(&i, "no longer held by this instance", now_ms)).await?;
     }
     sh.wake_scheduler.notify_one();
     sh.wake_outbox.notify_one();
@@ -405,8 +380,8 @@ async fn resume<H: Hub>(sh: &Arc<Shared<H>>, h: &ClaimedDelivery) -> Result<(), 
             return Ok(());
         }
     };
-    let d = h.clone();
-    let m = sh.store.call(move |db| db.mirror(&d, acked, now_ms())).await?;
+    let (d, now_ms) = (h.clone(), sh.now_ms());
+    let m = sh.store.call(move |db| db.mirror(&d, acked, now_ms)).await?;
     if !acked {
         if m == Mirrored::AlreadyRan {
             tracing::error!(delivery_id = %h.delivery_id, "the hub lists as not acked a delivery that already ran here; not acking it");

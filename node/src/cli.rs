@@ -1,37 +1,29 @@
 //! The command line: flags defined once with their help, parsed into low-level args, then
-//! turned into a validated `NodeConfig` before any work. `main` only calls `main_with`.
+//! turned into a validated `NodeConfig` before any work. `main` only calls `main_with`, which
+//! owns the exit status (`baton_shared::exit`).
 
-use crate::config::{ConfigError, LogFormat, NodeConfig, RawConfig};
+use crate::config::{ConfigError, ConfigFlags, Layer, NodeConfig};
+use anyhow::Context as _;
+use baton_shared::exit;
 use clap::{Args, Parser, Subcommand};
+use std::io::Write as _;
 use std::path::PathBuf;
 
-/// Exit codes, documented in `--help`.
-pub mod exit {
-    /// Success, including a clean shutdown on SIGTERM or SIGINT.
-    pub const OK: u8 = 0;
-    /// Any other failure (I/O, the data directory is in use, a store write failed, ...).
-    pub const FAILURE: u8 = 1;
-    /// Usage error or invalid configuration.
-    pub const CONFIG: u8 = 2;
-    /// The node store was refused: damaged, or newer than this binary.
-    pub const STORE_REFUSED: u8 = 3;
-}
-
-const AFTER_HELP: &str = "\
+/// How the configuration layers stack, printed above the exit statuses in `--help`.
+const LAYERING_HELP: &str = "\
 Every configuration key can be set in the TOML file, by its flag (--claim-wait) or by the
 environment variable BATON_NODE_<KEY> (BATON_NODE_CLAIM_WAIT); a flag beats the environment,
-which beats the file, which beats the default.
+which beats the file, which beats the default. The log filter is BATON_LOG (default info).";
 
-Exit codes:
-  0  ok (including a clean shutdown on SIGTERM/SIGINT)
-  1  other failure
-  2  usage error or invalid configuration
-  3  node store refused (damaged, or newer than this binary)";
+/// The text under the flags in `--help`: the configuration layering and the exit statuses.
+fn after_help() -> String {
+    format!("{LAYERING_HELP}\n\n{}", exit::HELP)
+}
 
 /// baton-node: the Baton worker agent. Claims this host's deliveries from the hub, mirrors
 /// them locally, acks them, runs the harness turn for each, and reports how it ended.
 #[derive(Debug, Parser)]
-#[command(name = "baton-node", version, after_help = AFTER_HELP)]
+#[command(name = "baton-node", version, after_help = after_help())]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
@@ -42,6 +34,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the node until SIGTERM or SIGINT.
+    #[command(after_help = after_help())]
     Run(RunArgs),
     /// Configuration tools.
     #[command(subcommand)]
@@ -54,6 +47,7 @@ pub enum Command {
 #[derive(Debug, Subcommand)]
 pub enum ConfigCommand {
     /// Validate the configuration (file, environment and flags): exit 0 if valid, 2 if not.
+    #[command(after_help = after_help())]
     Check(RunArgs),
 }
 
@@ -74,119 +68,30 @@ pub struct RunArgs {
     /// The TOML config file; may be omitted when flags and environment give every required key.
     #[arg(long, env = "BATON_NODE_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Per-key overrides.
+    /// One flag per configuration key, generated from the key table (`config::KEYS`).
     #[command(flatten)]
     pub flags: ConfigFlags,
-}
-
-/// One flag per configuration key (each also read from `BATON_NODE_<KEY>`, by `RawConfig::from_env`).
-#[derive(Debug, Default, Args)]
-pub struct ConfigFlags {
-    /// Hub base URL; https only [env: BATON_NODE_HUB_URL].
-    #[arg(long, value_name = "URL")]
-    pub hub_url: Option<String>,
-    /// PEM file with the hub CA certificate [env: BATON_NODE_CA_FILE].
-    #[arg(long, value_name = "FILE")]
-    pub ca_file: Option<String>,
-    /// PEM file with this host's certificate [env: BATON_NODE_CERT_FILE].
-    #[arg(long, value_name = "FILE")]
-    pub cert_file: Option<String>,
-    /// PEM file with this host's private key [env: BATON_NODE_KEY_FILE].
-    #[arg(long, value_name = "FILE")]
-    pub key_file: Option<String>,
-    /// Data directory; it holds node.db, the instance's identity [env: BATON_NODE_DATA_DIR].
-    #[arg(long, value_name = "DIR")]
-    pub data_dir: Option<String>,
-    /// Harness argv as a JSON array ('["/usr/bin/harness","--turn"]') or a single program
-    /// path; no shell [env: BATON_NODE_COMMAND].
-    #[arg(long, value_name = "ARGV")]
-    pub command: Option<String>,
-    /// Conversations running a turn at once, 1..=256, default 4 [env: BATON_NODE_PARALLEL_CONVERSATIONS].
-    #[arg(long, value_name = "N")]
-    pub parallel_conversations: Option<String>,
-    /// Longest a turn may run, 1s..=24h, default 10m [env: BATON_NODE_EXEC_TIMEOUT].
-    #[arg(long, value_name = "DURATION")]
-    pub exec_timeout: Option<String>,
-    /// Claim long-poll wait, 0s..=5m, default 30s [env: BATON_NODE_CLAIM_WAIT].
-    #[arg(long, value_name = "DURATION")]
-    pub claim_wait: Option<String>,
-    /// Most deliveries per claim, 1..=1000, default 16 [env: BATON_NODE_CLAIM_BATCH_MAX].
-    #[arg(long, value_name = "N")]
-    pub claim_batch_max: Option<String>,
-    /// Claim batches that may wait locally before claiming pauses, 1..=1000, default 4 [env: BATON_NODE_QUEUE_AHEAD_BATCHES].
-    #[arg(long, value_name = "N")]
-    pub queue_ahead_batches: Option<String>,
-    /// Most stdout bytes kept as a result, 1..=16777216, default 65536 [env: BATON_NODE_RESULT_BYTES_MAX].
-    #[arg(long, value_name = "BYTES")]
-    pub result_bytes_max: Option<String>,
-    /// Time running turns get after SIGTERM, 0s..=1h, default 10s [env: BATON_NODE_SHUTDOWN_GRACE].
-    #[arg(long, value_name = "DURATION")]
-    pub shutdown_grace: Option<String>,
-    /// Longest retry pause while the hub is down, 100ms..=1h, default 30s [env: BATON_NODE_BACKOFF_MAX].
-    #[arg(long, value_name = "DURATION")]
-    pub backoff_max: Option<String>,
-    /// Log format: text or json, default text [env: BATON_NODE_LOG_FORMAT].
-    #[arg(long, value_name = "FORMAT")]
-    pub log_format: Option<String>,
-    /// Harness: command (default) or noop (benchmarks) [env: BATON_NODE_HARNESS].
-    #[arg(long, value_name = "KIND")]
-    pub harness: Option<String>,
-    /// Store durability: full (default) or normal (faster, not power-loss safe) [env: BATON_NODE_SYNCHRONOUS].
-    #[arg(long, value_name = "MODE")]
-    pub synchronous: Option<String>,
-}
-
-impl ConfigFlags {
-    /// The flags as a configuration layer.
-    pub fn to_raw(&self) -> Result<RawConfig, ConfigError> {
-        let mut raw = RawConfig::default();
-        let pairs = [
-            ("hub_url", &self.hub_url),
-            ("ca_file", &self.ca_file),
-            ("cert_file", &self.cert_file),
-            ("key_file", &self.key_file),
-            ("data_dir", &self.data_dir),
-            ("command", &self.command),
-            ("parallel_conversations", &self.parallel_conversations),
-            ("exec_timeout", &self.exec_timeout),
-            ("claim_wait", &self.claim_wait),
-            ("claim_batch_max", &self.claim_batch_max),
-            ("queue_ahead_batches", &self.queue_ahead_batches),
-            ("result_bytes_max", &self.result_bytes_max),
-            ("shutdown_grace", &self.shutdown_grace),
-            ("backoff_max", &self.backoff_max),
-            ("log_format", &self.log_format),
-            ("harness", &self.harness),
-            ("synchronous", &self.synchronous),
-        ];
-        debug_assert_eq!(pairs.len(), crate::config::KEYS.len(), "one flag per key");
-        for (key, value) in pairs {
-            if let Some(v) = value {
-                raw.set(key, v)?;
-            }
-        }
-        Ok(raw)
-    }
 }
 
 impl RunArgs {
     /// Builds the validated configuration: flags > environment > file > defaults.
     pub fn resolve(&self, env: impl Fn(&str) -> Option<String>) -> Result<NodeConfig, ConfigError> {
         let file = match &self.config {
-            Some(path) => RawConfig::from_file(path)?,
-            None => RawConfig::default(),
+            Some(path) => Layer::from_file(path)?,
+            None => Layer::default(),
         };
-        NodeConfig::resolve(file, RawConfig::from_env(env)?, self.flags.to_raw()?)
+        NodeConfig::resolve(file, Layer::from_env(env)?, self.flags.layer()?)
     }
 }
 
-/// Runs a parsed command line and returns the process exit code. Errors are printed once, as
-/// a chain, to stderr.
+/// Runs a parsed command line and returns the process exit status. Errors are printed once,
+/// as a chain, to stderr.
 pub fn main_with(cli: Cli) -> u8 {
     match dispatch(cli) {
         Ok(()) => exit::OK,
         Err(e) => {
-            eprintln!("baton-node: {e:#}");
+            // A closed stderr leaves nowhere to say it; the exit status still does.
+            let _ = writeln!(std::io::stderr(), "baton-node: {e:#}");
             exit_code(&e)
         }
     }
@@ -198,51 +103,42 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Config(ConfigCommand::Check(args)) => {
             let config = args.resolve(env)?;
             config.check_files()?;
-            println!("configuration is valid (hub {}, data dir {})", config.hub_url, config.data_dir.display());
-            Ok(())
+            let valid =
+                format!("configuration is valid (hub {}, data dir {})\n", config.hub_url, config.data_dir.display());
+            crate::output::print(&valid).context("writing to stdout")
         }
         Command::Status(args) => {
-            print!("{}", crate::status::status(&args.data_dir, args.json)?);
+            let mut text = crate::status::status(&args.data_dir, args.json)?;
             if args.json {
-                println!();
+                text.push('\n');
             }
-            Ok(())
+            crate::output::print(&text).context("writing to stdout")
         }
         Command::Run(args) => {
             let config = args.resolve(env)?;
             config.check_files()?;
-            init_logging(config.log_format);
+            baton_shared::logging::init(config.log_format);
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-            runtime.block_on(crate::run(config, crate::shutdown_signal()))
+            runtime.block_on(async move {
+                let shutdown =
+                    baton_shared::signal::shutdown_token().context("installing the SIGTERM/SIGINT handlers")?;
+                crate::run(config, baton_shared::clock::system(), shutdown.cancelled_owned()).await
+            })
         }
     }
 }
 
-fn init_logging(format: LogFormat) {
-    use std::io::IsTerminal as _;
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal());
-    let _ = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
-    };
-}
-
-/// The documented exit code for an error.
+/// The documented exit status for an error (`baton_shared::exit`).
 pub fn exit_code(e: &anyhow::Error) -> u8 {
     for cause in e.chain() {
         if cause.downcast_ref::<ConfigError>().is_some() {
-            return exit::CONFIG;
+            return exit::USAGE;
         }
         if let Some(s) = cause.downcast_ref::<crate::store::StoreError>() {
-            return if s.is_refused() { exit::STORE_REFUSED } else { exit::FAILURE };
+            return if s.is_refused() { exit::REFUSED } else { exit::FAILURE };
         }
-        if let Some(o) = cause.downcast_ref::<baton_shared::sqlite::OpenError>() {
-            return if crate::store::StoreError::is_refused_open(o) { exit::STORE_REFUSED } else { exit::FAILURE };
+        if cause.downcast_ref::<baton_shared::sqlite::OpenError>().is_some() {
+            return exit::REFUSED;
         }
     }
     exit::FAILURE
@@ -259,9 +155,10 @@ mod tests {
     }
 
     #[test]
-    fn help_documents_exit_codes() {
+    fn help_documents_the_shared_exit_statuses_and_the_log_variable() {
         let help = Cli::command().render_long_help().to_string();
-        assert!(help.contains("Exit codes") && help.contains("3  node store refused"), "{help}");
+        assert!(help.contains(exit::HELP), "{help}");
+        assert!(help.contains(baton_shared::logging::FILTER_VAR), "{help}");
     }
 
     #[test]
@@ -292,15 +189,18 @@ mod tests {
     }
 
     #[test]
-    fn config_errors_exit_2_and_refused_stores_exit_3() {
-        let e = anyhow::Error::from(NodeConfig::validate(RawConfig::default()).unwrap_err());
-        assert_eq!(exit_code(&e), exit::CONFIG);
+    fn config_errors_exit_2_refused_stores_exit_3_and_other_failures_exit_4() {
+        let e = anyhow::Error::from(NodeConfig::validate(Layer::default()).unwrap_err());
+        assert_eq!(exit_code(&e), exit::USAGE);
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("node.db");
         std::fs::write(&path, vec![7u8; 4096]).unwrap();
         let e =
             anyhow::Error::from(crate::store::Db::open(&path, baton_shared::sqlite::Synchronous::Full).err().unwrap());
-        assert_eq!(exit_code(&e), exit::STORE_REFUSED);
+        assert_eq!(exit_code(&e), exit::REFUSED);
+        let missing = crate::status::status(&dir.path().join("nowhere"), false).unwrap_err();
+        assert_eq!(exit_code(&anyhow::Error::from(missing).context("status")), exit::REFUSED, "not initialised");
         assert_eq!(exit_code(&anyhow::anyhow!("boom")), exit::FAILURE);
+        assert_eq!(exit::FAILURE, 4);
     }
 }

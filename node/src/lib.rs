@@ -3,17 +3,23 @@
 //! conversation), and reports how each turn ended through a durable outbox (SPEC §4).
 //!
 //! Layout:
-//! - `cli`: flags, subcommands, exit codes; `main` only calls `cli::main_with`.
-//! - `config`: file + `BATON_NODE_<KEY>` + flags, merged and validated into `NodeConfig`.
+//! - `cli`: subcommands and the exit status (`baton_shared::exit`); `main` only calls
+//!   `cli::main_with`.
+//! - `config`: every key declared once (doc, type, default, range); file < `BATON_NODE_<KEY>` <
+//!   flag, stacked and validated into `NodeConfig`.
 //! - `limits`: every bound, named once.
-//! - `store`: the node store (instance id, mirror, execution queue, attempt markers, outbox).
+//! - `store`: the node store (instance id, mirror, execution queue, attempt markers, outbox),
+//!   one file per noun.
 //! - `client`: the hub API (`Hub` trait) and its mTLS implementation `HubClient`.
+//! - `shared_state`: `Shared`, what the claim loop, the scheduler and the outbox share
+//!   (hub, store, config, clock, wake-ups, shutdown).
 //! - `agent`: the claim loop, holdings resync, mirrored/ack handoff, startup recovery.
 //! - `sched`: per-conversation ordering and the parallel limit; shutdown grace.
 //! - `exec`: runs one turn in its own process group; timeout, output bounds.
 //! - `report`: the report outbox sender.
 //! - `backoff`: bounded exponential backoff with jitter.
 //! - `status`: `baton-node status`, read-only.
+//! - `output`: stdout writes that end quietly when the reader has gone (a broken pipe).
 //!
 //! Invariant: only this crate opens the node store, through one connection used on blocking
 //! threads only.
@@ -26,19 +32,27 @@ pub mod client;
 pub mod config;
 pub mod exec;
 pub mod limits;
+pub mod output;
 pub mod report;
 pub mod sched;
+mod shared_state;
 pub mod status;
 pub mod store;
 
 use anyhow::Context as _;
+use baton_shared::clock::SharedClock;
 use config::NodeConfig;
 use std::future::Future;
 use std::path::Path;
 
 /// Runs a node until `shutdown` completes: opens (or creates) the store in `data_dir`, takes
-/// the data directory's lock, and runs the loop against the hub at `config.hub_url`.
-pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+/// the data directory's lock, and runs the loop against the hub at `config.hub_url`. Stored
+/// timestamps are read from `clock`.
+pub async fn run(
+    config: NodeConfig,
+    clock: SharedClock,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("creating data_dir {}", config.data_dir.display()))?;
     let _lock = lock_data_dir(&config.data_dir)?;
@@ -57,7 +71,7 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()> + Send +
         );
     }
     let hub = client::HubClient::new(&config, instance_id.clone())?;
-    agent::run_agent(config, store, hub, instance_id, shutdown).await
+    agent::run_agent(config, store, hub, instance_id, clock, shutdown).await
 }
 
 /// Holds an exclusive lock on `data_dir/node.lock` for as long as the returned file lives, so
@@ -76,22 +90,5 @@ fn lock_data_dir(data_dir: &Path) -> anyhow::Result<std::fs::File> {
             anyhow::bail!("another baton-node is running with data_dir {}", data_dir.display())
         }
         Err(std::fs::TryLockError::Error(e)) => Err(e).with_context(|| format!("locking {}", path.display())),
-    }
-}
-
-/// Completes on the first SIGTERM or SIGINT.
-pub async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::error!("cannot listen for SIGTERM: {e}; only SIGINT stops the node cleanly");
-            let _ = tokio::signal::ctrl_c().await;
-            return;
-        }
-    };
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM received"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
     }
 }

@@ -1,12 +1,14 @@
 //! The node's bounds, named once. Configurable ones appear here as their default and their
-//! allowed range; the rest are fixed and carry the reason they have the value they have.
+//! allowed range (read by the key table in `config`; whole numbers are `u64` there, and the
+//! `NodeConfig` field narrows them); the rest are fixed and carry the reason they have the value
+//! they have.
 
 use std::time::Duration;
 
 /// Default for `parallel_conversations`: conversations that may run a turn at the same time.
-pub const PARALLEL_CONVERSATIONS_DEFAULT: u32 = 4;
+pub const PARALLEL_CONVERSATIONS_DEFAULT: u64 = 4;
 /// Allowed range of `parallel_conversations`.
-pub const PARALLEL_CONVERSATIONS_RANGE: (u32, u32) = (1, 256);
+pub const PARALLEL_CONVERSATIONS_RANGE: (u64, u64) = (1, 256);
 
 /// Default for `exec_timeout`: how long one harness turn may run before its group is killed.
 pub const EXEC_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10 * 60);
@@ -19,13 +21,13 @@ pub const CLAIM_WAIT_DEFAULT: Duration = Duration::from_secs(30);
 pub const CLAIM_WAIT_RANGE: (Duration, Duration) = (Duration::ZERO, Duration::from_secs(5 * 60));
 
 /// Default for `claim_batch_max`: most deliveries asked for in one claim.
-pub const CLAIM_BATCH_MAX_DEFAULT: u32 = 16;
+pub const CLAIM_BATCH_MAX_DEFAULT: u64 = 16;
 /// Allowed range of `claim_batch_max`.
-pub const CLAIM_BATCH_MAX_RANGE: (u32, u32) = (1, 1000);
+pub const CLAIM_BATCH_MAX_RANGE: (u64, u64) = (1, 1000);
 /// Claim batches that may wait locally unstarted before the node stops claiming.
-pub const QUEUE_AHEAD_BATCHES_DEFAULT: u32 = 4;
+pub const QUEUE_AHEAD_BATCHES_DEFAULT: u64 = 4;
 /// Allowed range of `queue_ahead_batches`.
-pub const QUEUE_AHEAD_BATCHES_RANGE: (u32, u32) = (1, 1000);
+pub const QUEUE_AHEAD_BATCHES_RANGE: (u64, u64) = (1, 1000);
 
 /// Default for `result_bytes_max`: most stdout bytes kept as an attempt's result.
 pub const RESULT_BYTES_MAX_DEFAULT: u64 = baton_shared::limits::RESULT_BYTES_MAX_DEFAULT;
@@ -61,6 +63,9 @@ pub const SHUTDOWN_REPORT_FLUSH: Duration = Duration::from_secs(5);
 /// Most outbox entries sent in one pass; the next pass takes the rest.
 pub const OUTBOX_BATCH_MAX: u32 = 64;
 
+const _: () = assert!(PARALLEL_CONVERSATIONS_RANGE.1 <= u32::MAX as u64);
+const _: () = assert!(CLAIM_BATCH_MAX_RANGE.1 <= u32::MAX as u64);
+const _: () = assert!(QUEUE_AHEAD_BATCHES_RANGE.1 <= u32::MAX as u64);
 const _: () = assert!(CLAIM_BATCH_MAX_DEFAULT <= CLAIM_BATCH_MAX_RANGE.1);
 const _: () = assert!(RESULT_BYTES_MAX_DEFAULT <= RESULT_BYTES_MAX_RANGE.1);
 const _: () = assert!(BACKOFF_BASE.as_millis() <= BACKOFF_MAX_RANGE.0.as_millis());

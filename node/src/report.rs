@@ -5,10 +5,10 @@
 //! lost. A final refusal (409 `report_conflict` or `stale_claim`, or another 4xx) is logged and
 //! the entry marked dead: never retried forever, never silently dropped (`status` lists it).
 
-use crate::agent::{Shared, now_ms};
 use crate::backoff::Backoff;
 use crate::client::Hub;
 use crate::limits::{BACKOFF_BASE, OUTBOX_BATCH_MAX};
+use crate::shared_state::Shared;
 use crate::store::StoreError;
 use baton_shared::crash_point;
 use std::sync::Arc;
@@ -75,12 +75,13 @@ pub(crate) async fn send_pending<H: Hub>(sh: &Shared<H>) -> Result<Pass, StoreEr
                     delivery_id = %entry.delivery_id, report_id, outcome = %entry.body.outcome,
                     duplicate = resp.duplicate, "report confirmed by the hub"
                 );
-                sh.store.call(move |db| db.report_confirmed(&report_id, now_ms())).await?;
+                let now_ms = sh.now_ms();
+                sh.store.call(move |db| db.report_confirmed(&report_id, now_ms)).await?;
             }
             Err(e) if e.is_transient() => {
                 tracing::warn!(delivery_id = %entry.delivery_id, report_id, "report not delivered yet: {e}");
-                let detail = e.to_string();
-                sh.store.call(move |db| db.report_tried(&report_id, &detail, now_ms())).await?;
+                let (detail, now_ms) = (e.to_string(), sh.now_ms());
+                sh.store.call(move |db| db.report_tried(&report_id, &detail, now_ms)).await?;
                 return Ok(Pass::HubDown);
             }
             Err(e) => {
@@ -88,8 +89,8 @@ pub(crate) async fn send_pending<H: Hub>(sh: &Shared<H>) -> Result<Pass, StoreEr
                     delivery_id = %entry.delivery_id, report_id,
                     "the hub refused this report for good; it will not be retried: {e}"
                 );
-                let reason = e.to_string();
-                sh.store.call(move |db| db.report_dead(&report_id, &reason, now_ms())).await?;
+                let (reason, now_ms) = (e.to_string(), sh.now_ms());
+                sh.store.call(move |db| db.report_dead(&report_id, &reason, now_ms)).await?;
             }
         }
     }

@@ -2,10 +2,10 @@
 //! sequence order, and at most `parallel_conversations` at once; at shutdown it gives running
 //! turns `shutdown_grace` and then kills them.
 
-use crate::agent::{Shared, now_ms};
 use crate::client::Hub;
 use crate::config::Harness;
 use crate::exec::{ExecSpec, run_command, run_noop};
+use crate::shared_state::Shared;
 use crate::store::{QueuedTurn, StartedTurn};
 use baton_shared::crash_point;
 use std::collections::{HashMap, HashSet};
@@ -43,8 +43,8 @@ pub(crate) async fn scheduler<H: Hub>(sh: Arc<Shared<H>>) -> anyhow::Result<()> 
     while !sh.shutdown.is_cancelled() {
         let queued = sh.store.call(|db| db.queued_turns()).await?;
         for t in pick(&queued, &running, limit.saturating_sub(running.len())) {
-            let id = t.delivery_id.clone();
-            let Some(turn) = sh.store.call(move |db| db.start_attempt(&id, now_ms())).await? else {
+            let (id, now_ms) = (t.delivery_id.clone(), sh.now_ms());
+            let Some(turn) = sh.store.call(move |db| db.start_attempt(&id, now_ms)).await? else {
                 continue;
             };
             crash_point("node.exec.after_start_marker");
@@ -113,8 +113,8 @@ async fn execute<H: Hub>(sh: Arc<Shared<H>>, turn: StartedTurn, kill: Cancellati
         delivery_id = %turn.delivery_id, attempt_id = %turn.attempt_id, outcome = %ending.outcome,
         exit_code = ?ending.exit_code, duration_ms = ?ending.duration_ms, reason = ?ending.reason, "turn ended"
     );
-    let attempt_id = turn.attempt_id.clone();
-    match sh.store.call(move |db| db.end_attempt(&attempt_id, &ending, now_ms())).await {
+    let (attempt_id, now_ms) = (turn.attempt_id.clone(), sh.now_ms());
+    match sh.store.call(move |db| db.end_attempt(&attempt_id, &ending, now_ms)).await {
         Ok(()) => {
             crash_point("node.exec.after_end_marker");
             sh.wake_outbox.notify_one();

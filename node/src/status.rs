@@ -1,6 +1,6 @@
 //! `baton-node status`: what this node holds locally, read from its store without the hub.
 
-use crate::store::{Db, StoreError, Summary};
+use crate::store::{Db, LocalState, StoreError, Summary};
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -16,17 +16,22 @@ pub fn render_json(s: &Summary) -> String {
     let open: Vec<_> = s
         .open
         .iter()
-        .map(|(id, c, seq, st)| serde_json::json!({"delivery_id": id, "conversation": c, "seq": seq, "state": st}))
+        .map(|o| {
+            serde_json::json!({
+                "delivery_id": o.delivery_id, "conversation": o.conversation, "seq": o.seq, "state": o.state.as_str(),
+            })
+        })
         .collect();
     let dead: Vec<_> =
-        s.dead_reports.iter().map(|(id, why)| serde_json::json!({"report_id": id, "reason": why})).collect();
+        s.dead_reports.iter().map(|d| serde_json::json!({"report_id": d.report_id, "reason": d.reason})).collect();
     let counts: serde_json::Map<String, serde_json::Value> =
-        s.counts.iter().map(|(st, n)| (st.clone(), serde_json::Value::from(*n))).collect();
+        s.counts.iter().map(|(st, n)| (st.as_str().to_string(), serde_json::Value::from(*n))).collect();
+    let in_state = |state: LocalState| s.open.iter().filter(|o| o.state == state).count();
     let v = serde_json::json!({
         "instance_id": s.instance_id,
         "counts": counts,
-        "mirrored": s.open.iter().filter(|o| o.3 == "mirrored").count(),
-        "acked": s.open.iter().filter(|o| o.3 == "acked").count(),
+        "mirrored": in_state(LocalState::Mirrored),
+        "acked": in_state(LocalState::Acked),
         "running": s.running,
         "awaiting_report": s.awaiting_report,
         "dead_reports": dead,
@@ -39,17 +44,17 @@ pub fn render_json(s: &Summary) -> String {
 pub fn render_text(s: &Summary) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "instance id:      {}", s.instance_id.as_deref().unwrap_or("(none yet)"));
-    let counts: Vec<String> = s.counts.iter().map(|(st, n)| format!("{st} {n}")).collect();
+    let counts: Vec<String> = s.counts.iter().map(|(st, n)| format!("{} {n}", st.as_str())).collect();
     let _ = writeln!(out, "deliveries:       {}", if counts.is_empty() { "none".into() } else { counts.join(", ") });
     let _ = writeln!(out, "running:          {}", s.running.len());
     let _ = writeln!(out, "awaiting report:  {}", s.awaiting_report.len());
     let _ = writeln!(out, "dead reports:     {}", s.dead_reports.len());
-    for (id, c, seq, st) in &s.open {
-        let run = if s.running.contains(id) { " (running)" } else { "" };
-        let _ = writeln!(out, "  {id}  {c} #{seq}  {st}{run}");
+    for o in &s.open {
+        let run = if s.running.contains(&o.delivery_id) { " (running)" } else { "" };
+        let _ = writeln!(out, "  {}  {} #{}  {}{run}", o.delivery_id, o.conversation, o.seq, o.state.as_str());
     }
-    for (id, why) in &s.dead_reports {
-        let _ = writeln!(out, "  dead report {id}: {why}");
+    for d in &s.dead_reports {
+        let _ = writeln!(out, "  dead report {}: {}", d.report_id, d.reason);
     }
     out
 }

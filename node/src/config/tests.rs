@@ -1,0 +1,208 @@
+//! The key table, the layers and validation: messages that name the key and the range.
+
+use super::*;
+use std::collections::HashMap;
+
+const BASE: &str = r#"
+hub_url = "https://hub.example:7443"
+ca_file = "/etc/baton/ca.crt"
+cert_file = "/etc/baton/h.crt"
+key_file = "/etc/baton/h.key"
+data_dir = "/var/lib/baton-node"
+command = ["/usr/bin/harness", "--turn"]
+"#;
+
+fn parse(extra: &str) -> Result<NodeConfig, ConfigError> {
+    let layer = Layer::from_toml("test.toml", &format!("{BASE}{extra}"))?;
+    NodeConfig::validate(layer)
+}
+
+/// Checks that `extra` appended to a valid file is refused with a message containing every
+/// one of `expected`.
+fn check_refused(extra: &str, expected: &[&str]) {
+    let err = parse(extra).expect_err(extra).to_string();
+    for e in expected {
+        assert!(err.contains(e), "{extra:?}: {err:?} lacks {e:?}");
+    }
+}
+
+#[test]
+fn defaults_fill_the_optional_keys() {
+    let c = parse("").unwrap();
+    assert_eq!(c.hub_url, "https://hub.example:7443");
+    assert_eq!(c.command, ["/usr/bin/harness", "--turn"]);
+    assert_eq!(c.parallel_conversations, 4);
+    assert_eq!(c.exec_timeout, Duration::from_secs(600));
+    assert_eq!(c.claim_wait, Duration::from_secs(30));
+    assert_eq!(c.claim_batch_max, 16);
+    assert_eq!(c.result_bytes_max, 65536);
+    assert_eq!(c.shutdown_grace, Duration::from_secs(10));
+    assert_eq!(c.backoff_max, Duration::from_secs(30));
+    assert_eq!(c.log_format, LogFormat::Text);
+    assert_eq!(c.harness, Harness::Command);
+}
+
+#[test]
+fn unknown_key_is_refused_by_name() {
+    check_refused("ca_fiel = \"x\"\n", &["test.toml", "unknown key", "ca_fiel", "ca_file"]);
+}
+
+#[test]
+fn out_of_range_values_name_the_field_and_range() {
+    check_refused("parallel_conversations = 0\n", &["parallel_conversations", "1..=256"]);
+    check_refused("parallel_conversations = 257\n", &["parallel_conversations", "1..=256"]);
+    check_refused("claim_batch_max = 1001\n", &["claim_batch_max", "1..=1000"]);
+    check_refused("queue_ahead_batches = 0\n", &["queue_ahead_batches", "1..=1000"]);
+    check_refused("result_bytes_max = 16777217\n", &["result_bytes_max", "1..=16777216"]);
+    check_refused("exec_timeout = \"0s\"\n", &["exec_timeout", "1s..=1day"]);
+    check_refused("exec_timeout = \"25h\"\n", &["exec_timeout", "out of the allowed range"]);
+    check_refused("claim_wait = \"6m\"\n", &["claim_wait", "0s..=5m"]);
+    check_refused("claim_wait = \"soon\"\n", &["claim_wait", "not a duration"]);
+    check_refused("log_format = \"xml\"\n", &["log_format", "\"text\""]);
+    check_refused("harness = \"magic\"\n", &["harness", "\"noop\""]);
+    check_refused("parallel_conversations = \"4\"\n", &["parallel_conversations", "expected a whole number"]);
+    check_refused(
+        "parallel_conversations = -1\n",
+        &["parallel_conversations", "-1 is out of the allowed range 1..=256"],
+    );
+    check_refused("claim_wait = 30\n", &["claim_wait", "expected a duration"]);
+    check_refused("synchronous = \"off\"\n", &["synchronous", "\"full\", \"normal\""]);
+    for (alone, expected) in [
+        ("command = [\"sh\", 1]", "command: expected an array of strings"),
+        ("data_dir = \"\"", "data_dir: must not be empty"),
+    ] {
+        let err = Layer::from_toml("t", alone).unwrap_err().to_string();
+        assert!(err.contains(expected), "{alone}: {err}");
+    }
+}
+
+#[test]
+fn http_hub_url_is_refused() {
+    let mut layer = Layer::from_toml("t", BASE).unwrap();
+    let err = layer.set("hub_url", "http://hub:7443").unwrap_err().to_string();
+    assert!(err.starts_with("hub_url:") && err.contains("only https://"), "{err}");
+}
+
+#[test]
+fn empty_command_is_refused_unless_noop() {
+    let mut layer = Layer::from_toml("t", BASE).unwrap();
+    layer.set("command", "[]").unwrap();
+    let err = NodeConfig::validate(layer.clone()).unwrap_err().to_string();
+    assert!(err.starts_with("command:"), "{err}");
+    layer.set("harness", "noop").unwrap();
+    assert_eq!(NodeConfig::validate(layer).unwrap().harness, Harness::Noop);
+}
+
+#[test]
+fn missing_required_key_names_flag_and_env() {
+    let err = NodeConfig::validate(Layer::default()).unwrap_err().to_string();
+    assert!(err.contains("hub_url is required") && err.contains("--hub-url") && err.contains("BATON_NODE_HUB_URL"));
+}
+
+#[test]
+fn precedence_is_flag_then_env_then_file_then_default() {
+    let file =
+        Layer::from_toml("t", &format!("{BASE}claim_wait = \"5s\"\nexec_timeout = \"1m\"\nclaim_batch_max = 3\n"))
+            .unwrap();
+    let vars: HashMap<String, String> = [
+        ("BATON_NODE_CLAIM_WAIT", "7s"),
+        ("BATON_NODE_EXEC_TIMEOUT", "2m"),
+        ("BATON_NODE_COMMAND", r#"["sh", "-c", "cat"]"#),
+        ("OTHER", "x"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    let env = Layer::from_env(|k| vars.get(k).cloned()).unwrap();
+    let mut flags = Layer::default();
+    flags.set("claim_wait", "9s").unwrap();
+    let c = NodeConfig::resolve(file, env, flags).unwrap();
+    assert_eq!(c.claim_wait, Duration::from_secs(9), "flag beats env and file");
+    assert_eq!(c.exec_timeout, Duration::from_secs(120), "env beats file");
+    assert_eq!(c.claim_batch_max, 3, "file beats default");
+    assert_eq!(c.parallel_conversations, 4, "default");
+    assert_eq!(c.command, ["sh", "-c", "cat"]);
+}
+
+#[test]
+fn everything_can_come_from_env_without_a_file() {
+    let vars: HashMap<String, String> = [
+        ("BATON_NODE_HUB_URL", "https://127.0.0.1:9/"),
+        ("BATON_NODE_CA_FILE", "ca.crt"),
+        ("BATON_NODE_CERT_FILE", "h.crt"),
+        ("BATON_NODE_KEY_FILE", "h.key"),
+        ("BATON_NODE_DATA_DIR", "d"),
+        ("BATON_NODE_COMMAND", "/bin/true"),
+        ("BATON_NODE_PARALLEL_CONVERSATIONS", "8"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    let env = Layer::from_env(|k| vars.get(k).cloned()).unwrap();
+    let c = NodeConfig::resolve(Layer::default(), env, Layer::default()).unwrap();
+    assert_eq!(c.hub_url, "https://127.0.0.1:9");
+    assert_eq!(c.command, ["/bin/true"]);
+    assert_eq!(c.parallel_conversations, 8);
+}
+
+#[test]
+fn bad_env_number_names_the_field() {
+    let err = Layer::from_env(|k| (k == "BATON_NODE_CLAIM_BATCH_MAX").then(|| "lots".to_string())).unwrap_err();
+    assert!(err.to_string().starts_with("claim_batch_max:"), "{err}");
+}
+
+/// Every key: its default (when it has one) builds, each allowed word builds into its field's
+/// type, the flag and the variable reach the same field, and the help names all three.
+#[test]
+fn every_key_is_declared_once_and_reaches_its_field() {
+    let mut names: Vec<&str> = KEYS.iter().map(|k| k.name).collect();
+    names.sort_unstable();
+    names.dedup();
+    assert_eq!(names.len(), KEYS.len(), "a key is declared twice");
+    for key in KEYS {
+        let help = key.help();
+        assert!(help.contains(&key.env_var()) && !key.doc.trim().is_empty(), "{}: {help}", key.name);
+        let samples: Vec<String> = match key.kind {
+            Kind::HttpsUrl => vec!["https://other:1".into()],
+            Kind::Path => vec!["/elsewhere".into()],
+            Kind::Argv => vec![r#"["x", "y"]"#.into(), "/bin/x".into()],
+            Kind::Count { range: (min, max), .. } => vec![min.to_string(), max.to_string()],
+            Kind::Duration { range: (min, max), .. } => {
+                vec![humantime::format_duration(min).to_string(), humantime::format_duration(max).to_string()]
+            }
+            Kind::Word(words) => words.iter().map(|w| w.to_string()).collect(),
+        };
+        for sample in samples {
+            let base = Layer::from_toml("t", BASE).unwrap();
+            let mut flags = Layer::default();
+            flags.set(key.name, &sample).unwrap();
+            let vars = Layer::from_env(|v| (v == key.env_var()).then(|| sample.clone())).unwrap();
+            assert_eq!(flags, vars, "{}: the flag and the variable read {sample:?} alike", key.name);
+            let config = NodeConfig::resolve(base, Layer::default(), flags)
+                .unwrap_or_else(|e| panic!("{} = {sample:?}: {e}", key.name));
+            let shown = format!("{config:?}");
+            assert!(shown.contains(&format!("{}: ", key.name)), "{shown}");
+        }
+    }
+}
+
+#[test]
+fn flags_are_generated_from_the_table() {
+    use clap::{CommandFactory as _, Parser};
+    #[derive(Parser)]
+    struct Probe {
+        #[command(flatten)]
+        flags: ConfigFlags,
+    }
+    let cmd = Probe::command();
+    let longs: Vec<String> = cmd.get_arguments().filter_map(|a| a.get_long()).map(|l| format!("--{l}")).collect();
+    let flags: Vec<String> = KEYS.iter().map(Key::flag).collect();
+    assert_eq!(longs, flags);
+    let probe = Probe::try_parse_from(["probe", "--claim-wait", "3s", "--parallel-conversations", "8"]).unwrap();
+    let mut expected = Layer::default();
+    expected.set("claim_wait", "3s").unwrap();
+    expected.set("parallel_conversations", "8").unwrap();
+    assert_eq!(probe.flags.layer().unwrap(), expected);
+    let bad = Probe::try_parse_from(["probe", "--claim-wait", "forever"]).unwrap();
+    assert!(bad.flags.layer().unwrap_err().to_string().starts_with("claim_wait:"));
+}

@@ -1,0 +1,243 @@
+//! The execution queue and the attempts: each start marker is written before a turn runs and
+//! each end marker (with its queued report) after it ends, so a turn is never run twice.
+
+use super::{Db, REASON_RESTARTED, StoreError};
+use baton_shared::states::Outcome;
+use baton_shared::wire::ReportRequest;
+use rusqlite::{OptionalExtension, TransactionBehavior, named_params};
+
+/// Where a delivery's execution is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExecState {
+    /// Waiting for the gate and for its turn in the conversation.
+    Queued,
+    /// Start marker written; the attempt has not ended.
+    Started,
+    /// End marker written.
+    Ended,
+    /// Dropped before it ran.
+    Cancelled,
+}
+
+impl ExecState {
+    /// Every state, in the order `as_str` spells them.
+    pub const ALL: [ExecState; 4] = [ExecState::Queued, ExecState::Started, ExecState::Ended, ExecState::Cancelled];
+
+    /// The text stored in `executions.state`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExecState::Queued => "queued",
+            ExecState::Started => "started",
+            ExecState::Ended => "ended",
+            ExecState::Cancelled => "cancelled",
+        }
+    }
+
+    /// Parses `executions.state` of delivery `delivery_id`; any other text is corrupt.
+    pub(crate) fn parse(delivery_id: &str, s: &str) -> Result<ExecState, StoreError> {
+        ExecState::ALL.into_iter().find(|st| st.as_str() == s).ok_or_else(|| {
+            StoreError::corrupt(format!("execution of delivery {delivery_id}"), format!("unknown state {s:?}"))
+        })
+    }
+}
+
+/// A queued execution as the scheduler sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueuedTurn {
+    /// The delivery's id.
+    pub delivery_id: String,
+    /// Its conversation.
+    pub conversation: String,
+    /// Its sequence number in the conversation.
+    pub seq: i64,
+    /// Whether the hub confirmed the ack (only then may it run).
+    pub acked: bool,
+    /// When it was queued (unix milliseconds); older conversations go first.
+    pub queued_at_ms: i64,
+}
+
+/// An execution whose start marker is durable: everything the executor needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StartedTurn {
+    /// The attempt's id (also the report id).
+    pub attempt_id: String,
+    /// The delivery's id.
+    pub delivery_id: String,
+    /// The message's id.
+    pub message_id: String,
+    /// The conversation.
+    pub conversation: String,
+    /// The sequence number.
+    pub seq: i64,
+    /// The payload, serialised JSON, exactly as mirrored; fed to the harness on stdin.
+    pub payload: String,
+}
+
+/// How an attempt ended, to be written as its end marker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ending {
+    /// The outcome.
+    pub outcome: Outcome,
+    /// The exit status, when the harness exited.
+    pub exit_code: Option<i32>,
+    /// How long it ran.
+    pub duration_ms: Option<u64>,
+    /// The bounded result (stdout).
+    pub result: Option<String>,
+    /// Why, when the outcome needs explaining (timeout, signal, shutdown, restart).
+    pub reason: Option<String>,
+}
+
+impl Db {
+    /// How many executions wait locally (queued, not started).
+    pub fn queued_count(&self) -> Result<i64, StoreError> {
+        Ok(self
+            .conn
+            .prepare_cached("SELECT count(*) FROM executions WHERE state = 'queued'")?
+            .query_row([], |r| r.get(0))?)
+    }
+
+    /// The head turn of every conversation with queued work (its lowest queued sequence).
+    pub fn queued_turns(&self) -> Result<Vec<QueuedTurn>, StoreError> {
+        let mut st = self.conn.prepare_cached(
+            // Only each conversation's head (lowest queued seq) can start, so only heads are read:
+            // the scheduler runs this on every wake, and the local queue can be long.
+            "SELECT e.delivery_id, e.conversation, e.seq, d.state = 'acked', e.queued_at_ms
+             FROM (SELECT conversation, min(seq) AS seq FROM executions WHERE state = 'queued' GROUP BY conversation) h
+             JOIN executions e ON e.conversation = h.conversation AND e.seq = h.seq AND e.state = 'queued'
+             JOIN deliveries d ON d.delivery_id = e.delivery_id
+             ORDER BY e.conversation, e.seq",
+        )?;
+        let rows = st.query_map([], |r| {
+            Ok(QueuedTurn {
+                delivery_id: r.get(0)?,
+                conversation: r.get(1)?,
+                seq: r.get(2)?,
+                acked: r.get(3)?,
+                queued_at_ms: r.get(4)?,
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Writes the durable start marker of a new attempt, if the execution is queued and its
+    /// gate is open. Returns `None` (and writes nothing) otherwise.
+    pub fn start_attempt(&mut self, delivery_id: &str, now_ms: i64) -> Result<Option<StartedTurn>, StoreError> {
+        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let n = tx.execute(
+            "UPDATE executions SET state = 'started'
+             WHERE delivery_id = ?1 AND state = 'queued'
+               AND EXISTS (SELECT 1 FROM deliveries d WHERE d.delivery_id = ?1 AND d.state = 'acked')",
+            [delivery_id],
+        )?;
+        if n == 0 {
+            return Ok(None);
+        }
+        let attempt_id = uuid::Uuid::now_v7().to_string();
+        tx.execute(
+            "INSERT INTO attempts(attempt_id, delivery_id, started_at_ms) VALUES (?1, ?2, ?3)",
+            (&attempt_id, delivery_id, now_ms),
+        )?;
+        let turn = tx.query_row(
+            "SELECT message_id, conversation, seq, payload FROM deliveries WHERE delivery_id = ?1",
+            [delivery_id],
+            |r| {
+                Ok(StartedTurn {
+                    attempt_id: attempt_id.clone(),
+                    delivery_id: delivery_id.to_string(),
+                    message_id: r.get(0)?,
+                    conversation: r.get(1)?,
+                    seq: r.get(2)?,
+                    payload: r.get(3)?,
+                })
+            },
+        )?;
+        // Checked again on the way out (it was checked on the way in): the harness gets JSON.
+        if let Err(e) = serde_json::from_str::<serde_json::Value>(&turn.payload) {
+            return Err(StoreError::corrupt(format!("delivery {delivery_id}"), format!("payload is not JSON ({e})")));
+        }
+        tx.commit()?;
+        Ok(Some(turn))
+    }
+
+    /// Writes the durable end marker of an attempt and queues its report, in one transaction.
+    pub fn end_attempt(&mut self, attempt_id: &str, ending: &Ending, now_ms: i64) -> Result<(), StoreError> {
+        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        end_attempt_in(&tx, attempt_id, ending, now_ms)?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Startup recovery: every attempt with a start marker and no end marker was interrupted
+    /// by a crash. It is ended as `unknown` and reported, never run again. Returns their ids.
+    pub fn recover_interrupted_attempts(&mut self, now_ms: i64) -> Result<Vec<String>, StoreError> {
+        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let ids: Vec<String> = {
+            let mut st = tx.prepare("SELECT attempt_id FROM attempts WHERE ended_at_ms IS NULL ORDER BY attempt_id")?;
+            st.query_map([], |r| r.get(0))?.collect::<Result<_, _>>()?
+        };
+        let ending = Ending {
+            outcome: Outcome::Unknown,
+            exit_code: None,
+            duration_ms: None,
+            result: None,
+            reason: Some(REASON_RESTARTED.to_string()),
+        };
+        for id in &ids {
+            end_attempt_in(&tx, id, &ending, now_ms)?;
+        }
+        tx.commit()?;
+        Ok(ids)
+    }
+}
+
+fn end_attempt_in(tx: &rusqlite::Transaction<'_>, attempt_id: &str, e: &Ending, now_ms: i64) -> Result<(), StoreError> {
+    let n = tx.execute(
+        "UPDATE attempts SET ended_at_ms = :now, outcome = :outcome, exit_code = :exit, duration_ms = :duration,
+             result = :result, reason = :reason
+         WHERE attempt_id = :id AND ended_at_ms IS NULL",
+        named_params! {
+            ":id": attempt_id, ":now": now_ms, ":outcome": e.outcome.as_str(), ":exit": e.exit_code,
+            ":duration": e.duration_ms.map(|d| d as i64), ":result": e.result, ":reason": e.reason,
+        },
+    )?;
+    if n != 1 {
+        return Err(StoreError::Conflict(format!("attempt {attempt_id} is not running")));
+    }
+    let (delivery_id, claim_token): (String, String) = tx.query_row(
+        "SELECT d.delivery_id, d.claim_token FROM attempts a JOIN deliveries d ON d.delivery_id = a.delivery_id
+         WHERE a.attempt_id = ?1",
+        [attempt_id],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )?;
+    let x = tx.execute(
+        "UPDATE executions SET state = 'ended' WHERE delivery_id = ?1 AND state = 'started'",
+        [&delivery_id],
+    )?;
+    if x != 1 {
+        return Err(StoreError::corrupt(format!("attempt {attempt_id}"), "ended but its execution was not started"));
+    }
+    let instance_id: String = tx
+        .query_row("SELECT value FROM meta WHERE key = 'instance_id'", [], |r| r.get(0))
+        .optional()?
+        .ok_or_else(|| StoreError::corrupt("meta", "has no instance_id"))?;
+    let body = ReportRequest {
+        delivery_id: delivery_id.clone(),
+        instance_id,
+        claim_token,
+        report_id: attempt_id.to_string(),
+        outcome: e.outcome,
+        exit_code: e.exit_code,
+        duration_ms: e.duration_ms,
+        result: e.result.clone(),
+        reason: e.reason.clone(),
+    };
+    let body = serde_json::to_string(&body).map_err(|e| {
+        StoreError::corrupt(format!("attempt {attempt_id}"), format!("report does not serialise ({e})"))
+    })?;
+    tx.execute(
+        "INSERT INTO outbox(report_id, delivery_id, body, created_at_ms) VALUES (?1, ?2, ?3, ?4)",
+        (attempt_id, &delivery_id, &body, now_ms),
+    )?;
+    Ok(())
+}

@@ -1,0 +1,246 @@
+//! The mirror: the local copy of each delivery this instance took, written together with its
+//! queued execution, and the execution gate (`mirrored` → `acked`) the hub's ack opens.
+
+use super::attempts::ExecState;
+use super::outbox::ReportState;
+use super::{Db, StoreError};
+use baton_shared::wire::ClaimedDelivery;
+use rusqlite::{OptionalExtension, TransactionBehavior, named_params};
+
+/// The local lifecycle of a mirrored delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LocalState {
+    /// Local copy committed; the hub has not confirmed the ack yet. Must not run.
+    Mirrored,
+    /// The hub confirmed `delivered`: the execution gate is open.
+    Acked,
+    /// Its attempt's report was confirmed (or is dead). Nothing more to do.
+    Done,
+    /// The hub said it is not ours any more. Never runs.
+    Dropped,
+}
+
+impl LocalState {
+    /// Every state, in the order `as_str` spells them.
+    pub const ALL: [LocalState; 4] = [LocalState::Mirrored, LocalState::Acked, LocalState::Done, LocalState::Dropped];
+
+    /// The text stored in `deliveries.state` (and shown by `status`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LocalState::Mirrored => "mirrored",
+            LocalState::Acked => "acked",
+            LocalState::Done => "done",
+            LocalState::Dropped => "dropped",
+        }
+    }
+
+    /// Parses `deliveries.state` of delivery `delivery_id`; any other text is corrupt.
+    pub(crate) fn parse(delivery_id: &str, s: &str) -> Result<LocalState, StoreError> {
+        LocalState::ALL
+            .into_iter()
+            .find(|st| st.as_str() == s)
+            .ok_or_else(|| StoreError::corrupt(format!("delivery {delivery_id}"), format!("unknown local state {s:?}")))
+    }
+}
+
+/// What the node knows locally about one delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalDelivery {
+    /// The delivery's id.
+    pub delivery_id: String,
+    /// The claim token it was mirrored with.
+    pub claim_token: String,
+    /// Its local lifecycle state.
+    pub state: LocalState,
+    /// Its execution's state.
+    pub exec: ExecState,
+    /// The report of its (latest) attempt, when that attempt ended.
+    pub report: Option<(String, ReportState)>,
+}
+
+/// What `Db::mirror` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mirrored {
+    /// A new local copy and a queued execution were written.
+    New,
+    /// The same claim was already mirrored; nothing changed (except opening the gate if asked).
+    Existing,
+    /// An older copy (dropped, or another claim token) was replaced by this claim.
+    Replaced,
+    /// Its execution already started or ended; nothing changed.
+    AlreadyRan,
+}
+
+impl Db {
+    /// Mirrors a delivery and queues its execution, in one transaction. With `acked` (the hub
+    /// already lists it delivered) the gate is opened in the same transaction.
+    pub fn mirror(&mut self, d: &ClaimedDelivery, acked: bool, now_ms: i64) -> Result<Mirrored, StoreError> {
+        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let done = mirror_in(&tx, d, acked, now_ms)?;
+        tx.commit()?;
+        Ok(done)
+    }
+
+    /// Mirrors a claim batch: every delivery with its queued execution, all in one
+    /// transaction (one fsync for the batch).
+    pub fn mirror_batch(&mut self, ds: &[ClaimedDelivery], now_ms: i64) -> Result<Vec<Mirrored>, StoreError> {
+        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let done = ds.iter().map(|d| mirror_in(&tx, d, false, now_ms)).collect::<Result<Vec<_>, _>>()?;
+        tx.commit()?;
+        Ok(done)
+    }
+
+    /// Opens the execution gate: the hub confirmed the ack of this claim. Returns whether the
+    /// delivery moved (false when it was already acked, or is not this claim's).
+    pub fn mark_acked(&mut self, delivery_id: &str, claim_token: &str, now_ms: i64) -> Result<bool, StoreError> {
+        let n = self.conn.execute(
+            "UPDATE deliveries SET state = 'acked', updated_at_ms = ?3
+             WHERE delivery_id = ?1 AND claim_token = ?2 AND state = 'mirrored'",
+            (delivery_id, claim_token, now_ms),
+        )?;
+        Ok(n == 1)
+    }
+
+    /// Drops a delivery that is not ours any more: it will never run. Only a delivery whose gate
+    /// is still closed can be dropped. Returns whether it was dropped.
+    pub fn drop_delivery(&mut self, delivery_id: &str, reason: &str, now_ms: i64) -> Result<bool, StoreError> {
+        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let n = tx.execute(
+            "UPDATE deliveries SET state = 'dropped', reason = ?2, updated_at_ms = ?3
+             WHERE delivery_id = ?1 AND state = 'mirrored'",
+            (delivery_id, reason, now_ms),
+        )?;
+        if n == 1 {
+            let e = tx.execute(
+                "UPDATE executions SET state = 'cancelled' WHERE delivery_id = ?1 AND state = 'queued'",
+                [delivery_id],
+            )?;
+            assert_eq!(e, 1, "a mirrored delivery has a queued execution");
+        }
+        tx.commit()?;
+        Ok(n == 1)
+    }
+
+    /// What the node knows about one delivery, if anything.
+    pub fn local(&self, delivery_id: &str) -> Result<Option<LocalDelivery>, StoreError> {
+        let row: Option<(String, String, Option<String>)> = self
+            .conn
+            .query_row(
+                "SELECT d.claim_token, d.state, e.state FROM deliveries d
+                 LEFT JOIN executions e ON e.delivery_id = d.delivery_id WHERE d.delivery_id = ?1",
+                [delivery_id],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .optional()?;
+        let Some((claim_token, state, exec)) = row else { return Ok(None) };
+        let (state, exec) = parse_states(delivery_id, &state, exec.as_deref())?;
+        let report: Option<(String, Option<i64>, Option<i64>)> = self
+            .conn
+            .query_row(
+                "SELECT o.report_id, o.confirmed_at_ms, o.dead_at_ms FROM outbox o
+                 WHERE o.delivery_id = ?1 ORDER BY o.created_at_ms DESC LIMIT 1",
+                [delivery_id],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .optional()?;
+        let report = report.map(|(id, confirmed, dead)| {
+            let st = match (confirmed, dead) {
+                (_, Some(_)) => ReportState::Dead,
+                (Some(_), None) => ReportState::Confirmed,
+                (None, None) => ReportState::Pending,
+            };
+            (id, st)
+        });
+        Ok(Some(LocalDelivery { delivery_id: delivery_id.to_string(), claim_token, state, exec, report }))
+    }
+
+    /// Deliveries whose gate is still closed (`mirrored`), with their claim tokens.
+    pub fn unacked(&self) -> Result<Vec<(String, String)>, StoreError> {
+        let mut st = self.conn.prepare_cached(
+            "SELECT delivery_id, claim_token FROM deliveries WHERE state = 'mirrored' ORDER BY conversation, seq",
+        )?;
+        let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+}
+
+fn mirror_in(
+    tx: &rusqlite::Transaction<'_>,
+    d: &ClaimedDelivery,
+    acked: bool,
+    now_ms: i64,
+) -> Result<Mirrored, StoreError> {
+    let payload = serde_json::to_string(&d.payload).map_err(|e| {
+        StoreError::corrupt(format!("delivery {}", d.delivery_id), format!("payload does not serialise ({e})"))
+    })?;
+    let state = if acked { "acked" } else { "mirrored" };
+    let existing: Option<(String, String, Option<String>)> = tx
+        .query_row(
+            "SELECT d.claim_token, d.state, e.state FROM deliveries d
+             LEFT JOIN executions e ON e.delivery_id = d.delivery_id WHERE d.delivery_id = ?1",
+            [&d.delivery_id],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .optional()?;
+    let existing = match existing {
+        None => None,
+        Some((token, local, exec)) => Some((token, parse_states(&d.delivery_id, &local, exec.as_deref())?)),
+    };
+    let params = named_params! {
+        ":id": d.delivery_id, ":message": d.message_id, ":conversation": d.conversation, ":seq": d.seq,
+        ":payload": payload, ":token": d.claim_token, ":state": state, ":now": now_ms,
+    };
+    let done = match existing {
+        None => {
+            tx.execute(
+                "INSERT INTO deliveries(delivery_id, message_id, conversation, seq, payload, claim_token, state,
+                     mirrored_at_ms, updated_at_ms)
+                 VALUES (:id, :message, :conversation, :seq, :payload, :token, :state, :now, :now)",
+                params,
+            )?;
+            tx.execute(
+                "INSERT INTO executions(delivery_id, conversation, seq, state, queued_at_ms)
+                 VALUES (?1, ?2, ?3, 'queued', ?4)",
+                (&d.delivery_id, &d.conversation, d.seq, now_ms),
+            )?;
+            Mirrored::New
+        }
+        Some((_, (_, ExecState::Started | ExecState::Ended))) => Mirrored::AlreadyRan,
+        Some((token, (local, _))) if token == d.claim_token && local != LocalState::Dropped => {
+            if acked {
+                tx.execute(
+                    "UPDATE deliveries SET state = 'acked', updated_at_ms = ?2
+                     WHERE delivery_id = ?1 AND state = 'mirrored'",
+                    (&d.delivery_id, now_ms),
+                )?;
+            }
+            Mirrored::Existing
+        }
+        Some(_) => {
+            let n = tx.execute(
+                "UPDATE deliveries SET message_id = :message, conversation = :conversation, seq = :seq,
+                     payload = :payload, claim_token = :token, state = :state, reason = NULL,
+                     mirrored_at_ms = :now, updated_at_ms = :now
+                 WHERE delivery_id = :id",
+                params,
+            )?;
+            assert_eq!(n, 1, "the row was just read");
+            tx.execute(
+                "INSERT INTO executions(delivery_id, conversation, seq, state, queued_at_ms)
+                 VALUES (?1, ?2, ?3, 'queued', ?4)
+                 ON CONFLICT(delivery_id) DO UPDATE SET state = 'queued', conversation = excluded.conversation,
+                     seq = excluded.seq, queued_at_ms = excluded.queued_at_ms",
+                (&d.delivery_id, &d.conversation, d.seq, now_ms),
+            )?;
+            Mirrored::Replaced
+        }
+    };
+    Ok(done)
+}
+
+/// Parses a delivery's local state and its execution's state (the execution row is written in
+/// the same transaction as the delivery, so a missing one is corrupt too).
+fn parse_states(delivery_id: &str, local: &str, exec: Option<&str>) -> Result<(LocalState, ExecState), StoreError> {
+    let exec = exec.ok_or_else(|| StoreError::corrupt(format!("delivery {delivery_id}"), "has no execution row"))?;
+    Ok((LocalState::parse(delivery_id, local)?, ExecState::parse(delivery_id, exec)?))
+}

@@ -1,0 +1,107 @@
+//! The report outbox: every ended attempt's report, kept until the hub confirms it (or refuses
+//! it for good, which marks it dead).
+
+use super::{Db, StoreError};
+use baton_shared::wire::ReportRequest;
+use rusqlite::TransactionBehavior;
+
+/// Where an ended attempt's report is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReportState {
+    /// Waiting in the outbox for the hub's confirmation.
+    Pending,
+    /// The hub confirmed it.
+    Confirmed,
+    /// The hub refused it for good (409); it will not be retried.
+    Dead,
+}
+
+/// One report waiting in the outbox.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutboxEntry {
+    /// The report id (= attempt id).
+    pub report_id: String,
+    /// The delivery reported on.
+    pub delivery_id: String,
+    /// The exact request body.
+    pub body: ReportRequest,
+}
+
+impl Db {
+    /// Up to `limit` reports not yet confirmed nor dead, oldest first.
+    pub fn pending_reports(&self, limit: u32) -> Result<Vec<OutboxEntry>, StoreError> {
+        let mut st = self.conn.prepare_cached(
+            "SELECT report_id, delivery_id, body FROM outbox
+             WHERE confirmed_at_ms IS NULL AND dead_at_ms IS NULL ORDER BY created_at_ms, report_id LIMIT ?1",
+        )?;
+        let rows =
+            st.query_map([limit], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?)))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (report_id, delivery_id, body) = row?;
+            let body: ReportRequest = serde_json::from_str(&body).map_err(|e| {
+                StoreError::corrupt(format!("outbox {report_id}"), format!("body is not a report ({e})"))
+            })?;
+            if body.report_id != report_id || body.delivery_id != delivery_id {
+                return Err(StoreError::corrupt(format!("outbox {report_id}"), "body names another report"));
+            }
+            out.push(OutboxEntry { report_id, delivery_id, body });
+        }
+        Ok(out)
+    }
+
+    /// Records a failed try to send a report.
+    pub fn report_tried(&mut self, report_id: &str, error: &str, now_ms: i64) -> Result<(), StoreError> {
+        self.conn.execute(
+            "UPDATE outbox SET tries = tries + 1, last_try_at_ms = ?2, last_error = ?3 WHERE report_id = ?1",
+            (report_id, now_ms, error),
+        )?;
+        Ok(())
+    }
+
+    /// Marks a report confirmed by the hub; its delivery is done.
+    pub fn report_confirmed(&mut self, report_id: &str, now_ms: i64) -> Result<(), StoreError> {
+        self.finish_report(report_id, None, now_ms)
+    }
+
+    /// Marks a report refused for good (never retried); its delivery is done, with the reason.
+    pub fn report_dead(&mut self, report_id: &str, reason: &str, now_ms: i64) -> Result<(), StoreError> {
+        self.finish_report(report_id, Some(reason), now_ms)
+    }
+
+    fn finish_report(&mut self, report_id: &str, dead: Option<&str>, now_ms: i64) -> Result<(), StoreError> {
+        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let n = match dead {
+            None => tx.execute(
+                "UPDATE outbox SET confirmed_at_ms = ?2, tries = tries + 1, last_try_at_ms = ?2, last_error = NULL
+                 WHERE report_id = ?1 AND confirmed_at_ms IS NULL AND dead_at_ms IS NULL",
+                (report_id, now_ms),
+            )?,
+            Some(reason) => tx.execute(
+                "UPDATE outbox SET dead_at_ms = ?2, dead_reason = ?3, tries = tries + 1, last_try_at_ms = ?2
+                 WHERE report_id = ?1 AND confirmed_at_ms IS NULL AND dead_at_ms IS NULL",
+                (report_id, now_ms, reason),
+            )?,
+        };
+        if n != 1 {
+            return Err(StoreError::Conflict(format!("report {report_id} is not pending")));
+        }
+        tx.execute(
+            "UPDATE deliveries SET state = 'done', reason = ?2, updated_at_ms = ?3
+             WHERE delivery_id = (SELECT delivery_id FROM outbox WHERE report_id = ?1)",
+            (report_id, dead, now_ms),
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Puts a confirmed report back in the outbox (the hub lists its delivery without an
+    /// outcome, so it must not have kept it). The same report id makes the resend idempotent.
+    pub fn reopen_report(&mut self, report_id: &str) -> Result<bool, StoreError> {
+        let n = self.conn.execute(
+            "UPDATE outbox SET confirmed_at_ms = NULL WHERE report_id = ?1 AND confirmed_at_ms IS NOT NULL",
+            [report_id],
+        )?;
+        Ok(n == 1)
+    }
+}

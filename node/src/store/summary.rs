@@ -1,0 +1,101 @@
+//! What `baton-node status` shows: counts and lists of what the node holds, read without the
+//! hub.
+
+use super::deliveries::LocalState;
+use super::{Db, StoreError};
+use rusqlite::OptionalExtension;
+
+/// A delivery that is neither done nor dropped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenDelivery {
+    /// The delivery's id.
+    pub delivery_id: String,
+    /// Its conversation.
+    pub conversation: String,
+    /// Its sequence number in the conversation.
+    pub seq: i64,
+    /// `Mirrored` or `Acked`.
+    pub state: LocalState,
+}
+
+/// A report the hub refused for good.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadReport {
+    /// The report id (= attempt id).
+    pub report_id: String,
+    /// Why the hub refused it.
+    pub reason: String,
+}
+
+/// Counts and lists for `baton-node status`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Summary {
+    /// The instance id, when one was created.
+    pub instance_id: Option<String>,
+    /// Every delivery not done or dropped, by conversation and sequence.
+    pub open: Vec<OpenDelivery>,
+    /// Delivery ids whose attempt is running (start marker, no end marker).
+    pub running: Vec<String>,
+    /// Report ids waiting for the hub.
+    pub awaiting_report: Vec<String>,
+    /// Reports the hub refused for good.
+    pub dead_reports: Vec<DeadReport>,
+    /// `(local state, count)` for every delivery state present, alphabetically by name.
+    pub counts: Vec<(LocalState, i64)>,
+}
+
+impl Db {
+    /// Counts and lists of what the node holds, for `status`. A stored state that does not
+    /// parse, or a dead report without its reason, is an error naming the row.
+    pub fn summary(&self) -> Result<Summary, StoreError> {
+        let instance_id =
+            self.conn.query_row("SELECT value FROM meta WHERE key = 'instance_id'", [], |r| r.get(0)).optional()?;
+        let strings = |sql: &str| -> Result<Vec<String>, StoreError> {
+            let mut st = self.conn.prepare(sql)?;
+            Ok(st.query_map([], |r| r.get(0))?.collect::<Result<_, _>>()?)
+        };
+        let mut st = self.conn.prepare(
+            "SELECT delivery_id, conversation, seq, state FROM deliveries
+             WHERE state IN ('mirrored', 'acked') ORDER BY conversation, seq",
+        )?;
+        let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get::<_, String>(3)?)))?;
+        let mut open = Vec::new();
+        for row in rows {
+            let (delivery_id, conversation, seq, state): (String, String, i64, String) = row?;
+            let state = LocalState::parse(&delivery_id, &state)?;
+            open.push(OpenDelivery { delivery_id, conversation, seq, state });
+        }
+        let mut st = self
+            .conn
+            .prepare("SELECT report_id, dead_reason FROM outbox WHERE dead_at_ms IS NOT NULL ORDER BY created_at_ms")?;
+        let rows = st.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?)))?;
+        let mut dead_reports = Vec::new();
+        for row in rows {
+            let (report_id, reason) = row?;
+            let reason =
+                reason.ok_or_else(|| StoreError::corrupt(format!("outbox {report_id}"), "dead without a reason"))?;
+            dead_reports.push(DeadReport { report_id, reason });
+        }
+        // min(delivery_id) names one row of each state, so a state that does not parse is
+        // reported with a row that holds it.
+        let mut st = self
+            .conn
+            .prepare("SELECT state, count(*), min(delivery_id) FROM deliveries GROUP BY state ORDER BY state")?;
+        let rows = st.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, String>(2)?)))?;
+        let mut counts = Vec::new();
+        for row in rows {
+            let (state, n, example) = row?;
+            counts.push((LocalState::parse(&example, &state)?, n));
+        }
+        Ok(Summary {
+            instance_id,
+            open,
+            running: strings("SELECT delivery_id FROM attempts WHERE ended_at_ms IS NULL ORDER BY started_at_ms")?,
+            awaiting_report: strings(
+                "SELECT report_id FROM outbox WHERE confirmed_at_ms IS NULL AND dead_at_ms IS NULL ORDER BY created_at_ms",
+            )?,
+            dead_reports,
+            counts,
+        })
+    }
+}

@@ -1,0 +1,248 @@
+//! The node store against real SQLite files: migrations, the gate, markers, the outbox, and
+//! corrupt rows that must be refused by name.
+
+use super::*;
+use baton_shared::sqlite::Synchronous;
+use baton_shared::states::{DeliveryState, Outcome};
+use baton_shared::wire::ClaimedDelivery;
+
+pub(crate) fn delivery(id: &str, conversation: &str, seq: i64) -> ClaimedDelivery {
+    ClaimedDelivery {
+        delivery_id: id.into(),
+        message_id: format!("m-{id}"),
+        conversation: conversation.into(),
+        seq,
+        payload: serde_json::json!({"turn": seq}),
+        claim_token: format!("tok-{id}"),
+        state: DeliveryState::Claimed,
+    }
+}
+
+pub(crate) fn open_temp() -> (tempfile::TempDir, Db) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut db = Db::open(&dir.path().join("node.db"), Synchronous::Full).unwrap();
+    db.instance_id().unwrap();
+    (dir, db)
+}
+
+fn count(db: &Db, sql: &str) -> i64 {
+    db.conn().query_row(sql, [], |r| r.get(0)).unwrap()
+}
+
+#[test]
+fn migrations_apply_to_an_empty_store() {
+    let (_dir, db) = open_temp();
+    let p = baton_shared::sqlite::pragmas(db.conn()).unwrap();
+    assert!(p.contains(&("journal_mode", "wal".into())));
+    assert!(p.contains(&("synchronous", "2".into())));
+    assert!(p.contains(&("user_version", MIGRATIONS.len().to_string())));
+}
+
+#[test]
+fn reopen_keeps_the_instance_id_and_a_new_dir_gets_a_new_one() {
+    let (dir, mut db) = open_temp();
+    let first = db.instance_id().unwrap();
+    assert!(uuid::Uuid::parse_str(&first).is_ok());
+    drop(db);
+    let mut again = Db::open(&dir.path().join("node.db"), Synchronous::Full).unwrap();
+    assert_eq!(again.instance_id().unwrap(), first);
+    let (_other, mut fresh) = open_temp();
+    assert_ne!(fresh.instance_id().unwrap(), first);
+}
+
+#[test]
+fn mirror_writes_delivery_and_queued_execution_together() {
+    let (_dir, mut db) = open_temp();
+    let d = delivery("d1", "c", 1);
+    assert_eq!(db.mirror(&d, false, 10).unwrap(), Mirrored::New);
+    assert_eq!(count(&db, "SELECT count(*) FROM deliveries WHERE state = 'mirrored'"), 1);
+    assert_eq!(count(&db, "SELECT count(*) FROM executions WHERE state = 'queued'"), 1);
+    assert_eq!(db.mirror(&d, false, 11).unwrap(), Mirrored::Existing);
+    let payload: String = db.conn().query_row("SELECT payload FROM deliveries", [], |r| r.get(0)).unwrap();
+    assert_eq!(payload, r#"{"turn":1}"#);
+}
+
+#[test]
+fn a_failed_mirror_leaves_nothing_behind() {
+    let (_dir, mut db) = open_temp();
+    // An execution row for this id already exists without its delivery: the second insert
+    // of the mirror transaction fails, so the first must be rolled back with it.
+    db.conn().execute_batch("PRAGMA foreign_keys = OFF;").unwrap();
+    db.conn().execute("INSERT INTO executions VALUES ('d1', 'c', 1, 'queued', 0)", []).unwrap();
+    db.conn().execute_batch("PRAGMA foreign_keys = ON;").unwrap();
+    assert!(db.mirror(&delivery("d1", "c", 1), false, 10).is_err());
+    assert_eq!(count(&db, "SELECT count(*) FROM deliveries"), 0);
+}
+
+#[test]
+fn the_gate_stays_closed_until_acked() {
+    let (_dir, mut db) = open_temp();
+    db.mirror(&delivery("d1", "c", 1), false, 10).unwrap();
+    assert_eq!(db.start_attempt("d1", 11).unwrap(), None, "not acked: must not start");
+    assert_eq!(count(&db, "SELECT count(*) FROM attempts"), 0);
+    assert!(db.mark_acked("d1", "tok-d1", 12).unwrap());
+    let turn = db.start_attempt("d1", 13).unwrap().unwrap();
+    assert_eq!(turn.payload, r#"{"turn":1}"#);
+    assert_eq!(db.start_attempt("d1", 14).unwrap(), None, "a started execution never starts twice");
+}
+
+#[test]
+fn dropped_delivery_never_runs_and_acked_cannot_be_dropped() {
+    let (_dir, mut db) = open_temp();
+    db.mirror(&delivery("d1", "c", 1), false, 10).unwrap();
+    assert!(db.drop_delivery("d1", "stale_claim", 11).unwrap());
+    assert!(!db.mark_acked("d1", "tok-d1", 12).unwrap());
+    assert_eq!(db.start_attempt("d1", 13).unwrap(), None);
+    assert!(db.queued_turns().unwrap().is_empty());
+    db.mirror(&delivery("d2", "c", 2), true, 10).unwrap();
+    assert!(!db.drop_delivery("d2", "x", 11).unwrap());
+}
+
+#[test]
+fn markers_and_outbox() {
+    let (_dir, mut db) = open_temp();
+    db.mirror(&delivery("d1", "c", 1), true, 10).unwrap();
+    let turn = db.start_attempt("d1", 11).unwrap().unwrap();
+    assert_eq!(count(&db, "SELECT count(*) FROM attempts WHERE ended_at_ms IS NULL"), 1);
+    let ending = Ending {
+        outcome: Outcome::Succeeded,
+        exit_code: Some(0),
+        duration_ms: Some(5),
+        result: Some("ok".into()),
+        reason: None,
+    };
+    db.end_attempt(&turn.attempt_id, &ending, 16).unwrap();
+    assert!(db.end_attempt(&turn.attempt_id, &ending, 17).is_err(), "an end marker is written once");
+    let pending = db.pending_reports(10).unwrap();
+    assert_eq!(pending.len(), 1);
+    let body = &pending[0].body;
+    assert_eq!((body.report_id.as_str(), body.claim_token.as_str()), (turn.attempt_id.as_str(), "tok-d1"));
+    assert_eq!(body.result.as_deref(), Some("ok"));
+    db.report_tried(&turn.attempt_id, "hub down", 18).unwrap();
+    assert_eq!(db.pending_reports(10).unwrap().len(), 1);
+    db.report_confirmed(&turn.attempt_id, 19).unwrap();
+    assert!(db.pending_reports(10).unwrap().is_empty());
+    assert!(db.report_confirmed(&turn.attempt_id, 20).is_err());
+    let local = db.local("d1").unwrap().unwrap();
+    assert_eq!(local.state, LocalState::Done);
+    assert_eq!(local.report, Some((turn.attempt_id.clone(), ReportState::Confirmed)));
+}
+
+#[test]
+fn interrupted_attempt_becomes_unknown_and_is_never_restarted() {
+    let (dir, mut db) = open_temp();
+    db.mirror(&delivery("d1", "c", 1), true, 10).unwrap();
+    let turn = db.start_attempt("d1", 11).unwrap().unwrap();
+    drop(db);
+    let mut db = Db::open(&dir.path().join("node.db"), Synchronous::Full).unwrap();
+    assert_eq!(db.recover_interrupted_attempts(20).unwrap(), vec![turn.attempt_id.clone()]);
+    assert!(db.recover_interrupted_attempts(21).unwrap().is_empty());
+    assert_eq!(db.start_attempt("d1", 22).unwrap(), None);
+    let r = &db.pending_reports(10).unwrap()[0].body;
+    assert_eq!(r.outcome, Outcome::Unknown);
+    assert_eq!(r.reason.as_deref(), Some(REASON_RESTARTED));
+    assert_eq!(db.local("d1").unwrap().unwrap().exec, ExecState::Ended);
+}
+
+#[test]
+fn dead_report_is_not_retried() {
+    let (_dir, mut db) = open_temp();
+    db.mirror(&delivery("d1", "c", 1), true, 10).unwrap();
+    let turn = db.start_attempt("d1", 11).unwrap().unwrap();
+    let ending =
+        Ending { outcome: Outcome::Failed, exit_code: Some(3), duration_ms: Some(1), result: None, reason: None };
+    db.end_attempt(&turn.attempt_id, &ending, 12).unwrap();
+    db.report_dead(&turn.attempt_id, "stale_claim", 13).unwrap();
+    assert!(db.pending_reports(10).unwrap().is_empty());
+    let dead = DeadReport { report_id: turn.attempt_id, reason: "stale_claim".to_string() };
+    assert_eq!(db.summary().unwrap().dead_reports, vec![dead]);
+}
+
+#[test]
+fn a_new_claim_replaces_a_dropped_copy() {
+    let (_dir, mut db) = open_temp();
+    db.mirror(&delivery("d1", "c", 1), false, 10).unwrap();
+    db.drop_delivery("d1", "requeued", 11).unwrap();
+    let mut again = delivery("d1", "c", 1);
+    again.claim_token = "tok-2".into();
+    assert_eq!(db.mirror(&again, false, 12).unwrap(), Mirrored::Replaced);
+    assert!(db.mark_acked("d1", "tok-2", 13).unwrap());
+    assert!(db.start_attempt("d1", 14).unwrap().is_some());
+}
+
+#[test]
+fn status_summary_reads_a_closed_store_read_only() {
+    let (dir, mut db) = open_temp();
+    db.mirror(&delivery("d1", "c", 1), false, 10).unwrap();
+    db.mirror(&delivery("d2", "c", 2), true, 10).unwrap();
+    db.start_attempt("d2", 11).unwrap().unwrap();
+    let id = db.instance_id().unwrap();
+    drop(db);
+    let ro = Db::open_read_only(&dir.path().join("node.db")).unwrap();
+    let s = ro.summary().unwrap();
+    assert_eq!(s.instance_id, Some(id));
+    assert_eq!(s.open.len(), 2);
+    assert_eq!(s.running, vec!["d2".to_string()]);
+    assert_eq!(s.counts, vec![(LocalState::Acked, 1), (LocalState::Mirrored, 1)]);
+    assert_eq!(s.open[0].state, LocalState::Mirrored);
+}
+
+/// Writes `sql` past the schema's CHECK constraints, as a hand edit or a bug could.
+fn corrupt(db: &Db, sql: &str) {
+    db.conn()
+        .execute_batch(&format!("PRAGMA ignore_check_constraints = ON; {sql}; PRAGMA ignore_check_constraints = OFF;"))
+        .unwrap();
+}
+
+/// Checks that `result` is a `Corrupt` error whose message contains every one of `expected`.
+fn check_corrupt<T: std::fmt::Debug>(result: Result<T, StoreError>, expected: &[&str]) {
+    let err = result.expect_err("a corrupt row must be refused");
+    assert!(matches!(err, StoreError::Corrupt(_)) && err.is_refused(), "{err:?}");
+    let message = err.to_string();
+    for e in expected {
+        assert!(message.contains(e), "{message:?} lacks {e:?}");
+    }
+}
+
+#[test]
+fn a_state_that_does_not_parse_is_an_error_naming_the_row_not_a_default() {
+    let (_dir, mut db) = open_temp();
+    db.mirror(&delivery("d1", "c", 1), false, 10).unwrap();
+    db.mirror(&delivery("d2", "c", 2), false, 10).unwrap();
+    corrupt(&db, "UPDATE deliveries SET state = 'bogus' WHERE delivery_id = 'd1'");
+    check_corrupt(db.local("d1"), &["delivery d1", "\"bogus\""]);
+    check_corrupt(db.summary(), &["delivery d1", "\"bogus\""]);
+    // A claim of the same delivery must not treat the unknown state as one it can overwrite.
+    check_corrupt(db.mirror(&delivery("d1", "c", 1), true, 11), &["delivery d1", "\"bogus\""]);
+    corrupt(&db, "UPDATE executions SET state = 'half-run' WHERE delivery_id = 'd2'");
+    check_corrupt(db.local("d2"), &["execution of delivery d2", "\"half-run\""]);
+    let mut again = delivery("d2", "c", 2);
+    again.claim_token = "tok-new".into();
+    check_corrupt(db.mirror(&again, false, 12), &["execution of delivery d2", "\"half-run\""]);
+    assert_eq!(count(&db, "SELECT count(*) FROM deliveries WHERE claim_token = 'tok-new'"), 0, "nothing replaced");
+}
+
+#[test]
+fn a_payload_that_does_not_parse_is_never_handed_to_the_harness() {
+    let (_dir, mut db) = open_temp();
+    db.mirror(&delivery("d1", "c", 1), true, 10).unwrap();
+    corrupt(&db, "UPDATE deliveries SET payload = '{\"turn\": 1' WHERE delivery_id = 'd1'");
+    check_corrupt(db.start_attempt("d1", 11), &["delivery d1", "payload is not JSON"]);
+    assert_eq!(count(&db, "SELECT count(*) FROM attempts"), 0, "no start marker for a turn that did not start");
+    assert_eq!(db.local("d1").unwrap().unwrap().exec, ExecState::Queued);
+}
+
+#[test]
+fn a_dead_report_without_its_reason_is_an_error_naming_the_row() {
+    let (_dir, mut db) = open_temp();
+    db.mirror(&delivery("d1", "c", 1), true, 10).unwrap();
+    let turn = db.start_attempt("d1", 11).unwrap().unwrap();
+    let ending =
+        Ending { outcome: Outcome::Failed, exit_code: Some(3), duration_ms: Some(1), result: None, reason: None };
+    db.end_attempt(&turn.attempt_id, &ending, 12).unwrap();
+    db.report_dead(&turn.attempt_id, "stale_claim", 13).unwrap();
+    corrupt(&db, "UPDATE outbox SET dead_reason = NULL");
+    check_corrupt(db.summary(), &[&format!("outbox {}", turn.attempt_id), "without a reason"]);
+    corrupt(&db, "UPDATE outbox SET dead_at_ms = NULL, dead_reason = NULL, body = 'not json'");
+    check_corrupt(db.pending_reports(10), &[&format!("outbox {}", turn.attempt_id), "not a report"]);
+}
