@@ -50,11 +50,7 @@ impl Binaries {
         let pick = |given: Option<PathBuf>, var: &str, name: &str| -> anyhow::Result<PathBuf> {
             let path = given.or_else(|| std::env::var_os(var).map(PathBuf::from)).unwrap_or_else(|| dir.join(name));
             if !path.is_file() {
-                bail!(
-                    "{name} not found at {}; build it (cargo build -p baton-hub -p baton-node --all-features) \
-                     or name it with {var}",
-                    path.display()
-                );
+                bail!("{name} not found at {}; build it (cargo build -p {name}) or name it with {var}", path.display());
             }
             Ok(path)
         };
