@@ -148,27 +148,22 @@ pub fn run_pass(rig: &Rig<'_>, pass: &Pass) -> anyhow::Result<PassResult> {
     })
 }
 
-/// Waits until every host is bound to an instance that claimed after `since_ms`.
+/// Waits until every host is bound to an instance that claimed after `since_ms`; fails at
+/// once when a node exits.
 fn wait_bound(db: &Connection, nodes: &mut Nodes, hosts: &[String], since_ms: i64) -> anyhow::Result<()> {
-    let deadline = Instant::now() + cluster::NODE_START_TIMEOUT;
-    loop {
+    let what = format!("all {} nodes to claim", hosts.len());
+    baton_testkit::wait::until(&what, cluster::NODE_START_TIMEOUT, || {
         let mut bound = 0;
         for h in hosts {
             let since: Option<i64> =
                 db.query_row("SELECT instance_since FROM hosts WHERE name = ?1", [h], |r| r.get(0))?;
             bound += usize::from(since.is_some_and(|s| s >= since_ms));
         }
-        if bound == hosts.len() {
-            return Ok(());
-        }
         for n in &mut nodes.0 {
             n.proc_mut().check_running()?;
         }
-        if Instant::now() > deadline {
-            bail!("only {bound} of {} nodes claimed within {:?}", hosts.len(), cluster::NODE_START_TIMEOUT);
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        Ok((bound == hosts.len()).then_some(()))
+    })
 }
 
 fn count_attempts(db: &Connection) -> anyhow::Result<usize> {

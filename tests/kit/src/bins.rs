@@ -152,3 +152,45 @@ pub fn run(mut cmd: Command, limit: Duration) -> anyhow::Result<Output> {
     };
     Ok(Output { status, stdout: std::fs::read(&out_path)?, stderr: std::fs::read(&err_path)? })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_captures_both_streams_and_the_status() {
+        let mut cmd = command(Path::new("sh"));
+        cmd.args(["-c", "echo out; echo err >&2; exit 3"]);
+        let out = run(cmd, Duration::from_secs(20)).unwrap();
+        assert_eq!((out.status.code(), &out.stdout[..], &out.stderr[..]), (Some(3), &b"out\n"[..], &b"err\n"[..]));
+    }
+
+    #[test]
+    fn run_kills_a_command_that_outlives_its_deadline() {
+        let mut cmd = command(Path::new("sleep"));
+        cmd.arg("60");
+        let err = run(cmd, Duration::from_millis(100)).unwrap_err().to_string();
+        assert!(err.contains("still running after"), "{err}");
+    }
+
+    #[test]
+    fn commands_run_with_a_scrubbed_environment() {
+        let out = run(command(Path::new("env")), Duration::from_secs(20)).unwrap();
+        let text = String::from_utf8(out.stdout).unwrap();
+        let mut names: Vec<&str> = text.lines().filter_map(|l| l.split_once('=').map(|(k, _)| k)).collect();
+        names.sort();
+        let expected: Vec<&str> =
+            if std::env::var_os("PATH").is_some() { vec!["BATON_LOG", "PATH"] } else { vec!["BATON_LOG"] };
+        assert_eq!(names, expected, "{text}");
+        assert!(text.contains(&format!("BATON_LOG={CHILD_LOG_FILTER}\n")), "{text}");
+    }
+
+    #[test]
+    fn binaries_that_do_not_exist_are_reported_with_how_to_name_them() {
+        let missing = PathBuf::from("/nonexistent/baton-hub");
+        let err = Binaries::at(Some(missing), Some(PathBuf::from("/bin/sh"))).unwrap_err().to_string();
+        assert!(err.contains("/nonexistent/baton-hub") && err.contains(HUB_BIN_VAR), "{err}");
+        let found = Binaries::at(Some(PathBuf::from("/bin/sh")), Some(PathBuf::from("/bin/sh"))).unwrap();
+        assert_eq!(found.hub, PathBuf::from("/bin/sh"));
+    }
+}

@@ -174,3 +174,39 @@ pub fn status(bins: &Binaries, data_dir: &Path, json: bool) -> anyhow::Result<Ou
     }
     bins::run(cmd, EVENT_WAIT)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::Role;
+
+    #[test]
+    fn the_config_is_toml_with_every_key_once() {
+        let dir = Path::new("/tmp/odd \"dir\"");
+        let id = Identity {
+            role: Role::Node,
+            name: "host-a".into(),
+            cert: dir.join("host-a.crt"),
+            key: dir.join("host-a.key"),
+            ca: dir.join("ca.crt"),
+        };
+        let argv = vec!["sh".to_string(), "-c".to_string(), "echo \"$X\" 'y'\n".to_string()];
+        let config = NodeConfig::new("https://127.0.0.1:9", &id, &dir.join("data"), Harness::Command(argv.clone()))
+            .set("claim_wait", "\"5s\"")
+            .set("parallel_conversations", "2")
+            .set("claim_wait", "\"1s\"");
+        let text = config.to_toml().unwrap();
+        let v: toml::Table = text.parse().unwrap_or_else(|e| panic!("{e}:\n{text}"));
+        assert_eq!(v["hub_url"].as_str(), Some("https://127.0.0.1:9"));
+        assert_eq!(v["ca_file"].as_str(), Some("/tmp/odd \"dir\"/ca.crt"));
+        assert_eq!(v["data_dir"].as_str(), Some("/tmp/odd \"dir\"/data"));
+        let command: Vec<&str> = v["command"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+        assert_eq!(command, argv);
+        assert_eq!((v["claim_wait"].as_str(), v["parallel_conversations"].as_integer()), (Some("1s"), Some(2)));
+        assert_eq!(text.matches("claim_wait").count(), 1, "a key set twice is written once");
+
+        let noop = NodeConfig::new("https://h", &id, &dir.join("data"), Harness::Noop).to_toml().unwrap();
+        let v: toml::Table = noop.parse().unwrap();
+        assert_eq!((v["harness"].as_str(), v.get("command")), (Some("noop"), None));
+    }
+}

@@ -272,3 +272,93 @@ pub(crate) fn tail(text: &str, n: usize) -> String {
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::ExitStatusExt as _;
+
+    fn sh(script: &str) -> Command {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", script]);
+        cmd
+    }
+
+    /// Whether `pid` is gone (reaped, or a zombie nobody reaped yet).
+    fn gone(pid: u32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map_or(true, |s| s.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('Z')))
+    }
+
+    /// Waits until the script said its trap is set.
+    fn ready(p: &Proc) {
+        crate::wait::until("the trap", Duration::from_secs(20), || Ok(p.stderr().contains("ready").then_some(())))
+            .unwrap();
+    }
+
+    #[test]
+    fn each_run_appends_and_the_current_run_reads_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = Proc::new(dir.path(), "p");
+        for run in 1..=2 {
+            p.spawn(sh(&format!("echo out{run}; echo err{run} >&2"))).unwrap();
+            let status = p.wait_exit(Duration::from_secs(20)).unwrap().expect("exited");
+            assert!(status.success());
+            assert_eq!((p.stdout(), p.stderr()), (format!("out{run}\n"), format!("err{run}\n")));
+        }
+        assert_eq!(p.stderr_all(), "err1\n----- p run 2 -----\nerr2\n");
+        assert_eq!(std::fs::read_to_string(dir.path().join("p.stdout")).unwrap(), "out1\nout2\n");
+        assert_eq!(p.log_path(), dir.path().join("p.log"));
+    }
+
+    #[test]
+    fn a_running_process_is_not_started_twice_and_is_killed_and_reaped() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = Proc::new(dir.path(), "sleeper");
+        assert!(p.wait_exit(Duration::ZERO).is_err(), "never started");
+        p.spawn(sh("sleep 60")).unwrap();
+        assert!(p.running());
+        assert!(p.spawn(sh("true")).is_err(), "a second run while the first is alive");
+        assert_eq!(p.wait_exit(Duration::from_millis(50)).unwrap(), None);
+        let pid = p.pid().unwrap();
+        let status = p.kill().unwrap().expect("it ran");
+        assert_eq!(status.signal(), Some(Signal::SIGKILL as i32));
+        assert!(gone(pid) && !p.running() && p.pid().is_none());
+        let err = p.check_running().unwrap_err().to_string();
+        assert!(err.contains("sleeper exited early"), "{err}");
+    }
+
+    #[test]
+    fn signals_reach_the_process() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = Proc::new(dir.path(), "trap");
+        p.spawn(sh("trap 'echo got-term >&2; exit 7' TERM; echo ready >&2; while :; do sleep 0.05; done")).unwrap();
+        ready(&p);
+        p.signal(Signal::SIGTERM).unwrap();
+        let status = p.wait_exit(Duration::from_secs(20)).unwrap().expect("exited on SIGTERM");
+        assert_eq!(status.code(), Some(7));
+        assert!(p.stderr().contains("got-term"), "{}", p.stderr());
+        assert!(p.signal(Signal::SIGTERM).is_err(), "nothing runs any more");
+    }
+
+    #[test]
+    fn drop_kills_at_once_or_after_a_graceful_sigterm() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = Proc::new(dir.path(), "hard");
+        p.spawn(sh("sleep 60")).unwrap();
+        let pid = p.pid().unwrap();
+        drop(p);
+        assert!(gone(pid), "a dropped Proc leaves no process behind");
+
+        let mut p = Proc::new(dir.path(), "soft");
+        p.set_drop_grace(Duration::from_secs(20));
+        p.spawn(sh("trap 'echo stopped-cleanly >&2; exit 0' TERM; echo ready >&2; while :; do sleep 0.05; done"))
+            .unwrap();
+        ready(&p);
+        let pid = p.pid().unwrap();
+        drop(p);
+        assert!(gone(pid));
+        let log = std::fs::read_to_string(dir.path().join("soft.log")).unwrap();
+        assert!(log.contains("stopped-cleanly"), "SIGTERM came first: {log:?}");
+    }
+}
