@@ -47,10 +47,11 @@ impl Identity {
 }
 
 /// A client builder for the hub: `https` only, trusting only `ca_pem`, presenting
-/// `identity_pem` (certificate and key) when given.
+/// `identity_pem` (certificate and key) when given, and dialing directly (a proxy named in the
+/// environment of the test process never stands between a suite and its own hub).
 pub fn client_builder(ca_pem: &[u8], identity_pem: Option<&[u8]>) -> anyhow::Result<reqwest::ClientBuilder> {
     let ca = reqwest::Certificate::from_pem(ca_pem).context("the CA is not a PEM certificate")?;
-    let mut b = reqwest::Client::builder().https_only(true).tls_certs_only([ca]);
+    let mut b = reqwest::Client::builder().https_only(true).tls_certs_only([ca]).no_proxy();
     if let Some(pem) = identity_pem {
         b = b.identity(reqwest::Identity::from_pem(pem).context("the identity is not a PEM certificate and key")?);
     }

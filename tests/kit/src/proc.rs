@@ -4,7 +4,7 @@
 //! offsets where a run starts are remembered, so the current run's output and the whole
 //! history both stay readable after restarts. A dropped `Proc` stops its child (SIGKILL, or
 //! SIGTERM first with `set_drop_grace`) and reaps it; when the drop happens because a test
-//! panics, the end of its log is printed, so a CI failure shows what the process said.
+//! panics, the end of both files is printed, so a CI failure shows what the process said.
 //!
 //! Invariant: a child is in `LIVE` from its spawn until it is reaped, so `stop_all_on_signal`
 //! can stop what `Drop` will not reach when the whole program is signalled.
@@ -244,15 +244,26 @@ impl Proc {
 impl Drop for Proc {
     fn drop(&mut self) {
         let _ = if self.drop_grace.is_zero() { self.kill() } else { self.stop(self.drop_grace) };
-        if std::thread::panicking() && !self.runs.is_empty() {
-            let _ = writeln!(
-                std::io::stderr(),
-                "----- {} (last {PANIC_TAIL_LINES} lines of {}) -----\n{}",
-                self.stem,
-                self.stderr.display(),
-                tail(&self.stderr_all(), PANIC_TAIL_LINES)
-            );
+        if std::thread::panicking() {
+            let _ = write!(std::io::stderr(), "{}", self.failure_report());
         }
+    }
+}
+
+impl Proc {
+    /// What a failing test shows of this process: the end of its stdout and of its log, each
+    /// under a line naming the file (nothing for an empty file).
+    fn failure_report(&self) -> String {
+        let mut report = String::new();
+        for path in [&self.stdout, &self.stderr] {
+            let text = read_from(path, 0);
+            if !text.is_empty() {
+                let shown = tail(&text, PANIC_TAIL_LINES);
+                let header = format!("----- {} (last {PANIC_TAIL_LINES} lines of {}) -----", self.stem, path.display());
+                report.push_str(&format!("{header}\n{shown}\n"));
+            }
+        }
+        report
     }
 }
 
@@ -309,6 +320,20 @@ mod tests {
         assert_eq!(p.stderr_all(), "err1\n----- p run 2 -----\nerr2\n");
         assert_eq!(std::fs::read_to_string(dir.path().join("p.stdout")).unwrap(), "out1\nout2\n");
         assert_eq!(p.log_path(), dir.path().join("p.log"));
+    }
+
+    #[test]
+    fn a_failing_test_is_shown_the_end_of_both_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = Proc::new(dir.path(), "chatty");
+        assert_eq!(p.failure_report(), "", "nothing ran, nothing to show");
+        p.spawn(sh("echo listening; i=0; while [ $i -lt 100 ]; do echo line-$i >&2; i=$((i+1)); done")).unwrap();
+        p.wait_exit(Duration::from_secs(20)).unwrap().expect("exited");
+        let report = p.failure_report();
+        assert!(report.contains(&format!("chatty (last {PANIC_TAIL_LINES} lines of {}", p.stdout.display())));
+        assert!(report.contains("listening\n"), "{report}");
+        assert!(report.contains("line-99\n") && report.contains("line-20\n"), "{report}");
+        assert!(!report.contains("line-19\n"), "only the last {PANIC_TAIL_LINES} lines: {report}");
     }
 
     #[test]
