@@ -50,13 +50,8 @@ impl NodeConfig {
         self
     }
 
-    /// The node's data directory.
-    pub fn data_dir(&self) -> &Path {
-        &self.data_dir
-    }
-
     /// The file's text.
-    pub fn to_toml(&self) -> anyhow::Result<String> {
+    pub(crate) fn to_toml(&self) -> anyhow::Result<String> {
         // A JSON string is a valid TOML basic string.
         let s = |v: &str| serde_json::to_string(v);
         let p = |p: &Path| s(&p.display().to_string());
@@ -132,11 +127,6 @@ impl Node {
     /// Drops the extra environment for later runs.
     pub fn clear_env(&mut self) {
         self.env.clear();
-    }
-
-    /// The config file.
-    pub fn config_path(&self) -> &Path {
-        &self.config
     }
 
     /// The data directory (the instance).

@@ -236,7 +236,7 @@ impl Proc {
     }
 
     /// The file holding every run's stderr.
-    pub fn log_path(&self) -> &Path {
+    pub(crate) fn log_path(&self) -> &Path {
         &self.stderr
     }
 }
