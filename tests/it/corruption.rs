@@ -4,7 +4,7 @@
 //! back as a new instance and takes none of the old instance's work.
 
 use crate::harness::{Hub, output_within};
-use crate::node_harness::{TestHub, node_status};
+use crate::node_harness::node_status;
 use std::fs;
 use std::path::Path;
 use std::time::Duration;
@@ -100,13 +100,13 @@ async fn damaged_hub_databases_are_refused_or_harmless() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn damaged_node_databases_are_refused_and_left_alone() {
-    let t = TestHub::start(&["host-a"]);
-    let mut node = t.node("host-a").start();
+    let t = Hub::with_nodes(&["host-a"]);
+    let mut node = t.node_process("host-a").start();
     let d = t.send_one("c", "k1", "host-a");
     t.wait_outcome(&d);
     t.assert_one_attempt(&d, "succeeded");
     assert!(node.term().success());
-    let db = t.scratch("node-host-a").join("data").join("node.db");
+    let db = node.data_dir().join("node.db");
     let conn = rusqlite::Connection::open(&db).expect("open node db");
     conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(())).expect("checkpoint");
     drop(conn);
@@ -157,19 +157,20 @@ async fn damaged_node_databases_are_refused_and_left_alone() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wiped_node_comes_back_as_a_new_instance_and_takes_nothing_of_the_old() {
-    let t = TestHub::start(&["host-a"]);
+    let t = Hub::with_nodes(&["host-a"]);
     // The old instance crashes holding a delivered turn with no outcome.
-    let mut node = t.node("host-a").crash_point("node.ack.after_response").start();
+    let mut node = t.node_process("host-a").crash_point("node.ack.after_response").start();
     let d = t.send_one("c", "k1", "host-a");
     node.wait_crash("node.ack.after_response");
     let old = t.delivery(&d);
     let old_instance = old["instance_id"].as_str().expect("holder").to_string();
     // Its data directory is lost; the same certificate starts again from nothing.
-    fs::remove_dir_all(t.scratch("node-host-a").join("data")).expect("wipe");
+    fs::remove_dir_all(node.data_dir()).expect("wipe");
     node.restart();
-    node.wait_log("instance_conflict");
+    let refused = node.wait_log_count("instance_conflict", 1);
     let d2 = t.send_one("c", "k2", "host-a");
-    std::thread::sleep(Duration::from_secs(2));
+    // Two more refused claims after the send: the new instance had its chances at `d2`.
+    node.wait_log_count("instance_conflict", refused + 2);
     assert_eq!(t.exec_log().runs_of(&d), 0, "the new instance ran the old instance's turn");
     assert_eq!(t.exec_log().runs_of(&d2), 0, "the new instance took work while the old one holds some");
     let now = t.delivery(&d);

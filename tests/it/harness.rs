@@ -1,43 +1,41 @@
-//! The test harness: a fresh hub in a temp directory, driven through its real binary.
+//! The test fixture: a fresh hub in a temp directory, driven through its real binary.
 //!
-//! In the style of ripgrep's `tests/util.rs`: every test gets its own temp directory, the
-//! binaries run with a scrubbed environment, and nothing is shared between tests (port 0, own
-//! CA, own certificates), so the suite runs in parallel.
+//! Everything about processes comes from the test kit (`baton_testkit`): finding and building
+//! the binaries, the scrubbed environment, starting `serve` on port 0 and waiting until it is
+//! ready, signals, waiting for exits, and printing a process's log when a test fails. What is
+//! here is what this suite adds on top: assertions on exit statuses, JSON views of the CLI, and
+//! HTTP clients shaped for the API's contract.
 //!
-//! - `Hub` owns one data directory and, while it runs, one `baton-hub serve` child process. It
-//!   runs the operator CLI against the same directory (`cli`), enrolls identities, kills the
-//!   server with SIGKILL (`kill9`) or SIGTERM (`terminate`) and starts it again (`restart`).
-//! - `Identity` is an enrolled certificate, key and CA bundle on disk; node tests hand the same
-//!   files to `baton-node`.
+//! - `Hub` owns one temp root: the hub's data directory and identities, its `serve` process
+//!   (`kill9`, `terminate`, `restart`), the CLI run against it (`cli`, `cli_ok`, `cli_json`),
+//!   and the execution log its nodes write (`node_harness`). A restart listens where the first
+//!   run listened, so node configurations written earlier still find it.
 //! - `Api` is a reqwest client holding one identity; `Node` is an `Api` bound to an instance id
 //!   with the claim/mirror/ack/report calls a node makes.
 //!
-//! Binaries: `BATON_HUB_BIN` / `BATON_NODE_BIN` name them explicitly. Otherwise they are looked
-//! up in the target directory next to the test executable (`target/debug/deps/it-*` →
-//! `target/debug/baton-hub`), and built there once per test process with
-//! `cargo build -p <package> --all-features` (crash points compiled in), because
-//! `cargo test` does not build the binaries of other packages and a stale binary would test
-//! old code. `BATON_TESTS_NO_BUILD=1` skips that build.
+//! Binaries: see `baton_testkit::bins` (`BATON_HUB_BIN` / `BATON_NODE_BIN`, else built next to
+//! the test executable once per test process; `BATON_TESTS_NO_BUILD=1` skips that build).
 
 #![allow(dead_code)] // Not every fixture method is used by every module.
 
-use reqwest::{Certificate, Identity as TlsIdentity};
+use crate::node_harness::ExecLog;
+use baton_testkit::{Binaries, Identity, Role, Started};
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::process::{Command, ExitStatus, Output};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-/// How long we wait for a process event (start, exit, an addr file) before failing the test.
-/// Generous on purpose: a loaded 2-core CI machine must not make the suite flaky.
-pub const EVENT_WAIT: Duration = Duration::from_secs(20);
+pub use baton_testkit::EVENT_WAIT;
+
 /// Request timeout of the test clients: above the longest long-poll a test asks for (20 s).
 pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(60);
-/// A long-poll that should be woken must answer within this, although it asked for 20 s.
+/// A long-poll that should be woken must answer within this of the waking event, although it
+/// asked to wait `LONG_WAIT_MS`: far above a wake-up, far below the wait.
 pub const WAKE_MAX: Duration = Duration::from_secs(5);
 /// The wait a test asks for when it expects to be woken long before it elapses.
 pub const LONG_WAIT_MS: u64 = 20_000;
@@ -47,143 +45,21 @@ pub const SETTLE: Duration = Duration::from_millis(400);
 pub const OPERATOR: &str = "e2e";
 
 // ---------------------------------------------------------------------------------------------
-// Binaries
+// Binaries and commands
 
-fn target_profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    // target/<profile>/deps/it-<hash>
-    let deps = exe.parent().expect("deps dir");
-    deps.parent().expect("profile dir").to_path_buf()
-}
-
-fn build_once(package: &'static str, cell: &'static OnceLock<Result<(), String>>) {
-    let result = cell.get_or_init(|| {
-        if std::env::var_os("BATON_TESTS_NO_BUILD").is_some_and(|v| v == "1") {
-            return Ok(());
-        }
-        let profile_dir = target_profile_dir();
-        let target_dir = profile_dir.parent().expect("target dir");
-        let profile = profile_dir.file_name().and_then(OsStr::to_str).unwrap_or("debug");
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut cmd = Command::new(cargo);
-        cmd.args(["build", "--quiet", "-p", package, "--bin", package, "--all-features", "--target-dir"])
-            .arg(target_dir)
-            .current_dir(env!("CARGO_MANIFEST_DIR"));
-        match profile {
-            "debug" => {}
-            "release" => {
-                cmd.arg("--release");
-            }
-            other => {
-                cmd.args(["--profile", other]);
-            }
-        }
-        let out = cmd.output().map_err(|e| format!("running cargo: {e}"))?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(format!("cargo build -p {package} failed:\n{}", String::from_utf8_lossy(&out.stderr)))
-        }
-    });
-    if let Err(e) = result {
-        panic!("{e}");
-    }
-}
-
-fn binary(package: &'static str, env: &str, cell: &'static OnceLock<Result<(), String>>) -> PathBuf {
-    if let Some(p) = std::env::var_os(env) {
-        return PathBuf::from(p);
-    }
-    build_once(package, cell);
-    let path = target_profile_dir().join(package);
-    assert!(
-        path.exists(),
-        "{} does not exist; build it with `cargo build -p {package} --all-features`",
-        path.display()
-    );
-    path
-}
-
-/// The `baton-hub` binary.
-pub fn hub_bin() -> PathBuf {
-    static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
-    binary("baton-hub", "BATON_HUB_BIN", &BUILT)
-}
-
-/// The `baton-node` binary.
-pub fn node_bin() -> PathBuf {
-    static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
-    binary("baton-node", "BATON_NODE_BIN", &BUILT)
-}
-
-/// A command with a scrubbed environment: only PATH survives.
-pub fn scrubbed(bin: &Path) -> Command {
-    let mut cmd = Command::new(bin);
-    cmd.env_clear();
-    if let Some(path) = std::env::var_os("PATH") {
-        cmd.env("PATH", path);
-    }
-    cmd.stdin(Stdio::null());
-    cmd
+/// The binaries under test, built once per test process.
+pub fn bins() -> &'static Binaries {
+    static BINS: OnceLock<Binaries> = OnceLock::new();
+    BINS.get_or_init(|| Binaries::build().unwrap_or_else(|e| panic!("{e:#}")))
 }
 
 /// Runs `cmd` to completion with stdout and stderr captured, killing it (and failing the test)
 /// if it outlives `limit`.
-pub fn output_within(mut cmd: Command, limit: Duration) -> Output {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (out_path, err_path) = (dir.path().join("stdout"), dir.path().join("stderr"));
-    cmd.stdout(fs::File::create(&out_path).expect("stdout file"));
-    cmd.stderr(fs::File::create(&err_path).expect("stderr file"));
-    let mut child = cmd.spawn().expect("spawn");
-    let start = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("try_wait") {
-            break s;
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{cmd:?} was still running after {limit:?}; killed it");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    Output { status, stdout: fs::read(&out_path).unwrap_or_default(), stderr: fs::read(&err_path).unwrap_or_default() }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Identities
-
-/// The role an identity was enrolled with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    /// A node host.
-    Node,
-    /// A producer.
-    Producer,
-}
-
-/// An enrolled certificate on disk: what a node or producer is handed.
-#[derive(Debug, Clone)]
-pub struct Identity {
-    /// node or producer.
-    pub role: Role,
-    /// The host or producer name.
-    pub name: String,
-    /// `NAME.crt`.
-    pub cert: PathBuf,
-    /// `NAME.key`.
-    pub key: PathBuf,
-    /// `ca.crt`, the hub CA the hub's server certificate chains to.
-    pub ca: PathBuf,
-}
-
-impl Identity {
-    /// The certificate and key as one PEM, as reqwest wants them.
-    pub fn pem(&self) -> Vec<u8> {
-        let mut pem = fs::read(&self.cert).expect("read cert");
-        pem.push(b'\n');
-        pem.extend(fs::read(&self.key).expect("read key"));
-        pem
+#[track_caller]
+pub fn output_within(cmd: Command, limit: Duration) -> Output {
+    match baton_testkit::bins::run(cmd, limit) {
+        Ok(out) => out,
+        Err(e) => panic!("{e:#}"),
     }
 }
 
@@ -228,13 +104,10 @@ impl HubBuilder {
     }
     /// Initialises the data directory, enrolls everyone, and (unless `stopped`) serves.
     pub fn start(self) -> Hub {
-        let root = tempfile::Builder::new().prefix("baton-it-").tempdir().expect("tempdir");
-        let data = root.path().join("hub");
-        let certs = data.join("certs");
-        let logs = root.path().join("logs");
-        fs::create_dir_all(&logs).expect("logs dir");
-        let mut hub = Hub { data, certs, logs, child: None, addr: None, runs: 0, identities: HashMap::new(), root };
-        hub.cli_ok(["init"]);
+        let root = baton_testkit::fresh_dir("baton-it-").expect("tempdir");
+        let kit = baton_testkit::Hub::init(bins(), root.path(), OPERATOR).unwrap_or_else(|e| panic!("{e:#}"));
+        let exec_log = ExecLog::create(&root.path().join("exec").join("exec.log"));
+        let mut hub = Hub { kit, addr: None, exec_log, root };
         if let Some(text) = &self.config {
             hub.write_config(text);
         }
@@ -253,22 +126,18 @@ impl HubBuilder {
 
 /// One hub data directory and, while it runs, its `serve` process.
 pub struct Hub {
-    data: PathBuf,
-    certs: PathBuf,
-    logs: PathBuf,
-    child: Option<Child>,
+    kit: baton_testkit::Hub,
+    /// Where the first run listened; every restart listens there again.
     addr: Option<SocketAddr>,
-    runs: u32,
-    identities: HashMap<String, Identity>,
-    // Dropped last: the directory outlives the process using it.
+    exec_log: ExecLog,
+    // Dropped last: the directory outlives the processes using it.
     root: tempfile::TempDir,
 }
 
 impl Drop for Hub {
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+        if std::thread::panicking() {
+            self.exec_log.print();
         }
     }
 }
@@ -277,6 +146,11 @@ impl Hub {
     /// A running hub with nodes `host-a`, `host-b` and producers `prod`, `prod-two`.
     pub fn start() -> Hub {
         Hub::builder().start()
+    }
+
+    /// A running hub with node hosts `hosts` and the producer `prod`.
+    pub fn with_nodes(hosts: &[&str]) -> Hub {
+        Hub::builder().nodes(hosts).producers(&["prod"]).start()
     }
 
     /// A builder with the default identities (see `start`).
@@ -290,14 +164,19 @@ impl Hub {
         }
     }
 
+    /// The kit's hub, for what this fixture does not wrap (extra `serve` environment).
+    pub fn kit_mut(&mut self) -> &mut baton_testkit::Hub {
+        &mut self.kit
+    }
+
     /// The data directory (`--data-dir`).
     pub fn data_dir(&self) -> &Path {
-        &self.data
+        self.kit.data_dir()
     }
 
     /// Where enrolled certificates are written.
     pub fn certs_dir(&self) -> &Path {
-        &self.certs
+        self.kit.certs_dir()
     }
 
     /// A scratch directory for the test, inside the hub's temp root.
@@ -307,9 +186,9 @@ impl Hub {
         p
     }
 
-    /// The address the running hub listens on.
+    /// The address the hub listens on (the same across restarts).
     pub fn addr(&self) -> SocketAddr {
-        self.addr.expect("the hub is not running")
+        self.addr.expect("the hub never listened")
     }
 
     /// `https://ADDR`.
@@ -317,108 +196,76 @@ impl Hub {
         format!("https://{}", self.addr())
     }
 
+    /// The shared execution log of this hub's nodes.
+    pub fn exec_log(&self) -> &ExecLog {
+        &self.exec_log
+    }
+
     /// Replaces `DATA_DIR/hub.toml`.
     pub fn write_config(&self, text: &str) {
-        fs::write(self.data.join("hub.toml"), text).expect("write hub.toml");
+        fs::write(self.data_dir().join("hub.toml"), text).expect("write hub.toml");
     }
 
-    fn log_paths(&self, run: u32) -> (PathBuf, PathBuf) {
-        (self.logs.join(format!("serve-{run}.stdout")), self.logs.join(format!("serve-{run}.stderr")))
-    }
-
-    /// Starts `serve` (which must not be running) and waits until it listens.
+    /// Starts `serve` (which must not be running) and waits until it is ready.
+    #[track_caller]
     pub fn serve(&mut self, crash_point: Option<&str>) {
-        assert!(self.child.is_none(), "the hub is already running");
-        let addr_file = self.data.join("hub.addr");
-        let _ = fs::remove_file(&addr_file);
-        self.runs += 1;
-        let (out, err) = self.log_paths(self.runs);
-        let mut cmd = scrubbed(&hub_bin());
-        cmd.arg("--data-dir").arg(&self.data).args(["serve", "--listen", "127.0.0.1:0"]);
-        if let Some(p) = crash_point {
-            cmd.env("BATON_CRASH_POINT", p);
+        match self.kit.serve(crash_point) {
+            Ok(Started::Ready(addr)) => {
+                if let Some(first) = self.addr {
+                    assert_eq!(addr, first, "the restarted hub must listen where the nodes look for it");
+                }
+                self.addr = Some(addr);
+                self.kit.listen_on(addr);
+            }
+            Ok(Started::Exited(status)) => {
+                panic!("baton-hub serve exited ({status}) before it was ready:\n{}", self.serve_stderr())
+            }
+            Err(e) => panic!("{e:#}"),
         }
-        cmd.stdout(fs::File::create(&out).expect("stdout log")).stderr(fs::File::create(&err).expect("stderr log"));
-        let mut child = cmd.spawn().expect("spawn baton-hub serve");
-        let start = Instant::now();
-        let addr = loop {
-            if let Ok(text) = fs::read_to_string(&addr_file)
-                && let Ok(addr) = text.trim().parse::<SocketAddr>()
-            {
-                break addr;
-            }
-            if let Some(status) = child.try_wait().expect("try_wait") {
-                panic!("baton-hub serve exited ({status}) before listening:\n{}", self.stderr_of(self.runs));
-            }
-            assert!(start.elapsed() < EVENT_WAIT, "baton-hub serve did not write hub.addr within {EVENT_WAIT:?}");
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        self.child = Some(child);
-        self.addr = Some(addr);
     }
 
     /// Whether `serve` is running (and has not exited on its own).
     pub fn is_running(&mut self) -> bool {
-        match &mut self.child {
-            None => false,
-            Some(c) => c.try_wait().expect("try_wait").is_none(),
-        }
+        self.kit.proc_mut().running()
     }
 
-    /// Kills `serve` with SIGKILL and reaps it.
+    /// Kills `serve` with SIGKILL and reaps it; returns how it ended.
     pub fn kill9(&mut self) -> ExitStatus {
-        let mut child = self.child.take().expect("the hub is not running");
-        let _ = child.kill();
-        let status = child.wait().expect("wait");
-        self.addr = None;
-        status
+        self.kit.kill().expect("kill baton-hub serve").expect("the hub was never started")
     }
 
-    /// Sends SIGTERM (through `kill`, since this crate forbids unsafe code) and waits for exit.
+    /// Sends SIGTERM and waits (up to `EVENT_WAIT`) for the exit.
+    #[track_caller]
     pub fn terminate(&mut self) -> ExitStatus {
-        let pid = self.child.as_ref().expect("the hub is not running").id();
-        let st = Command::new("kill").args(["-TERM", &pid.to_string()]).status().expect("run kill");
-        assert!(st.success(), "kill -TERM {pid} failed");
-        self.wait_exit().expect("baton-hub did not exit after SIGTERM")
+        self.kit.proc().signal(baton_testkit::Signal::SIGTERM).expect("SIGTERM to baton-hub serve");
+        self.wait_exit(EVENT_WAIT).expect("baton-hub did not exit after SIGTERM")
     }
 
-    /// Waits up to `EVENT_WAIT` for `serve` to exit on its own; reaps it.
-    pub fn wait_exit(&mut self) -> Option<ExitStatus> {
-        let start = Instant::now();
-        loop {
-            let child = self.child.as_mut().expect("the hub is not running");
-            if let Some(status) = child.try_wait().expect("try_wait") {
-                self.child = None;
-                self.addr = None;
-                return Some(status);
-            }
-            if start.elapsed() > EVENT_WAIT {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+    /// Waits up to `limit` for `serve` to exit on its own (a crash point, a signal); reaps it.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
+        self.kit.proc_mut().wait_exit(limit).expect("wait for baton-hub serve")
     }
 
-    /// Stops `serve` if it runs (SIGKILL) and starts it again without a crash point.
+    /// Stops `serve` if it runs (SIGKILL) and starts it again, on the same address, without a
+    /// crash point.
     pub fn restart(&mut self) {
-        if self.child.is_some() {
-            self.kill9();
-        }
+        self.kit.kill().expect("kill baton-hub serve");
         self.serve(None);
-    }
-
-    fn stderr_of(&self, run: u32) -> String {
-        fs::read_to_string(self.log_paths(run).1).unwrap_or_default()
     }
 
     /// The stderr of the latest `serve` run.
     pub fn serve_stderr(&self) -> String {
-        self.stderr_of(self.runs)
+        self.kit.proc().stderr()
     }
 
     /// The stdout of the latest `serve` run.
     pub fn serve_stdout(&self) -> String {
-        fs::read_to_string(self.log_paths(self.runs).0).unwrap_or_default()
+        self.kit.proc().stdout()
+    }
+
+    /// The stderr of every `serve` run so far.
+    pub fn serve_logs(&self) -> String {
+        self.kit.proc().stderr_all()
     }
 
     // --- CLI -----------------------------------------------------------------------------
@@ -429,9 +276,7 @@ impl Hub {
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
-        let mut cmd = scrubbed(&hub_bin());
-        cmd.env("BATON_OPERATOR", OPERATOR).arg("--data-dir").arg(&self.data).args(args);
-        cmd
+        self.kit.command(args)
     }
 
     /// Runs `baton-hub --data-dir D ARGS…` and returns what it did.
@@ -444,26 +289,20 @@ impl Hub {
     }
 
     /// Runs the CLI, asserts exit status 0, and returns stdout.
+    #[track_caller]
     pub fn cli_ok<I, S>(&self, args: I) -> String
     where
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
-        let args: Vec<S> = args.into_iter().collect();
-        let shown: Vec<String> = args.iter().map(|a| a.as_ref().to_string_lossy().into_owned()).collect();
-        let out = self.cli(args);
-        assert!(
-            out.status.success(),
-            "baton-hub {} exited {}:\nstdout: {}\nstderr: {}",
-            shown.join(" "),
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).expect("utf-8 stdout")
+        match self.kit.cli(args) {
+            Ok(out) => out,
+            Err(e) => panic!("{e:#}"),
+        }
     }
 
     /// Runs the CLI (the caller passes `--json`), asserts exit 0, and parses stdout.
+    #[track_caller]
     pub fn cli_json<I, S>(&self, args: I) -> Value
     where
         I: IntoIterator<Item = S>,
@@ -472,7 +311,6 @@ impl Hub {
         let text = self.cli_ok(args);
         serde_json::from_str(&text).unwrap_or_else(|e| panic!("CLI output is not JSON ({e}): {text}"))
     }
-
     /// `deliveries list --json`: every delivery, oldest first.
     pub fn deliveries(&self) -> Vec<Value> {
         let v = self.cli_json(["deliveries", "list", "--json"]);
@@ -544,50 +382,29 @@ impl Hub {
 
     // --- identities ----------------------------------------------------------------------
 
-    fn enroll(&mut self, role: Role, name: &str) -> Identity {
-        let kind = match role {
-            Role::Node => "node",
-            Role::Producer => "producer",
-        };
-        let certs = self.certs.clone();
-        self.cli_ok([OsStr::new("enroll"), OsStr::new(kind), OsStr::new(name), OsStr::new("--out"), certs.as_os_str()]);
-        let id = Identity {
-            role,
-            name: name.to_string(),
-            cert: certs.join(format!("{name}.crt")),
-            key: certs.join(format!("{name}.key")),
-            ca: certs.join("ca.crt"),
-        };
-        for p in [&id.cert, &id.key, &id.ca] {
-            assert!(p.exists(), "enroll did not write {}", p.display());
-        }
-        self.identities.insert(name.to_string(), id.clone());
-        id
-    }
-
     /// Enrolls a node host; returns its certificate, key and CA paths (for `baton-node`).
     pub fn enroll_node(&mut self, host: &str) -> Identity {
-        self.enroll(Role::Node, host)
+        self.kit.enroll(Role::Node, host).unwrap_or_else(|e| panic!("{e:#}"))
     }
 
     /// Enrolls a producer.
     pub fn enroll_producer(&mut self, name: &str) -> Identity {
-        self.enroll(Role::Producer, name)
+        self.kit.enroll(Role::Producer, name).unwrap_or_else(|e| panic!("{e:#}"))
     }
 
     /// An identity enrolled earlier.
     pub fn identity(&self, name: &str) -> &Identity {
-        self.identities.get(name).unwrap_or_else(|| panic!("{name} was not enrolled"))
+        self.kit.identity(name).unwrap_or_else(|e| panic!("{e:#}"))
     }
 
     /// The hub CA certificate (PEM).
     pub fn ca_pem(&self) -> String {
-        fs::read_to_string(self.data.join("ca.crt")).expect("ca.crt")
+        fs::read_to_string(self.data_dir().join("ca.crt")).expect("ca.crt")
     }
 
     /// The hub CA private key (PEM).
     pub fn ca_key_pem(&self) -> String {
-        fs::read_to_string(self.data.join("ca.key")).expect("ca.key")
+        fs::read_to_string(self.data_dir().join("ca.key")).expect("ca.key")
     }
 
     // --- clients -------------------------------------------------------------------------
@@ -595,17 +412,17 @@ impl Hub {
     /// A client holding the enrolled identity `name`.
     pub fn client(&self, name: &str) -> Api {
         let id = self.identity(name);
-        Api::new(&self.url(), Some(&fs::read(&id.ca).expect("ca")), Some(&id.pem()))
+        Api::new(&self.url(), &id.ca_pem().expect("ca"), Some(&id.pem().expect("identity")))
     }
 
     /// A client holding an arbitrary certificate+key PEM (trusting the hub CA).
     pub fn client_with_pem(&self, pem: &[u8]) -> Api {
-        Api::new(&self.url(), Some(self.ca_pem().as_bytes()), Some(pem))
+        Api::new(&self.url(), self.ca_pem().as_bytes(), Some(pem))
     }
 
     /// A client trusting the hub CA but presenting no certificate.
     pub fn anonymous_client(&self) -> Api {
-        Api::new(&self.url(), Some(self.ca_pem().as_bytes()), None)
+        Api::new(&self.url(), self.ca_pem().as_bytes(), None)
     }
 
     /// A node client for `host` acting as `instance`.
@@ -660,15 +477,9 @@ pub struct Api {
 
 impl Api {
     /// A client for `base`, trusting only `ca` (PEM) and presenting `identity` (cert+key PEM).
-    pub fn new(base: &str, ca: Option<&[u8]>, identity: Option<&[u8]>) -> Api {
-        let mut b = reqwest::Client::builder().https_only(true).timeout(CLIENT_TIMEOUT);
-        if let Some(ca) = ca {
-            b = b.tls_certs_only([Certificate::from_pem(ca).expect("CA PEM")]);
-        }
-        if let Some(pem) = identity {
-            b = b.identity(TlsIdentity::from_pem(pem).expect("identity PEM"));
-        }
-        Api { http: b.build().expect("reqwest client"), base: base.to_string() }
+    pub fn new(base: &str, ca: &[u8], identity: Option<&[u8]>) -> Api {
+        let b = baton_testkit::identity::client_builder(ca, identity).unwrap_or_else(|e| panic!("{e:#}"));
+        Api { http: b.timeout(CLIENT_TIMEOUT).build().expect("reqwest client"), base: base.to_string() }
     }
 
     /// The hub's base URL.

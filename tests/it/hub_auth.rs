@@ -217,7 +217,11 @@ async fn an_expired_certificate_is_refused_even_when_recorded() {
     )
     .expect("record the certificate");
     drop(db);
-    tokio::time::sleep(Duration::from_secs(2)).await; // past its not_after (one-second resolution)
+    // Wait for the clock to pass its not_after (certificate times have one-second resolution).
+    let expired = std::time::UNIX_EPOCH + Duration::from_secs(u64::try_from(leaf.not_after_unix).unwrap() + 1);
+    while std::time::SystemTime::now() <= expired {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let pem = format!("{}\n{}", leaf.cert_pem, leaf.key_pem).into_bytes();
     let r = hub.client_with_pem(&pem).try_post("/v1/messages", &submit_body("c", "k", json!(1), &["host-a"])).await;
     assert!(

@@ -11,7 +11,7 @@ use std::os::unix::process::ExitStatusExt;
 /// something else.
 fn assert_crashed_at(hub: &mut Hub, point: &str) {
     let status = hub
-        .wait_exit()
+        .wait_exit(crate::harness::EVENT_WAIT)
         .unwrap_or_else(|| panic!("the hub did not exit at {point}; was it built with --features crash-points?"));
     assert!(!status.success(), "the hub exited cleanly instead of crashing at {point}");
     assert_eq!(status.signal(), Some(6), "the crash point aborts (SIGABRT): {status}");

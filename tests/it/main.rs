@@ -1,9 +1,11 @@
-//! End-to-end tests: the real `baton-hub` (and later `baton-node`) binaries, started in fresh
-//! temp directories with freshly enrolled certificates, driven over real mTLS and through the
-//! operator CLI.
+//! End-to-end tests: the real `baton-hub` and `baton-node` binaries, started in fresh temp
+//! directories with freshly enrolled certificates, driven over real mTLS and through the
+//! operator CLI. Processes, readiness, signals and logs come from the test kit
+//! (`baton_testkit`); the fixtures here add what this suite asserts with.
 //!
 //! Layout:
 //! - `harness`: the `Hub` fixture, CLI runner, TLS clients and node calls.
+//! - `node_harness`: real nodes (`Hub::node_process`), their execution log, node-side waits.
 //! - `hub_contract`: the SPEC §2 state machine through the API and CLI, idempotent accept,
 //!   reports, instance binding, operator transitions.
 //! - `hub_longpoll`: claims and producer reads that wait, and what wakes them.

@@ -2,7 +2,8 @@
 //! re-provisioned machine) while the first instance still holds work: it takes nothing and
 //! acts on nothing; the first instance resumes after its restart.
 
-use crate::node_harness::{TestHub, wait_for};
+use crate::harness::Hub;
+use crate::node_harness::wait_for;
 use std::time::Duration;
 
 /// Counts the clone's refused claims in its log.
@@ -25,15 +26,15 @@ fn a_clone_takes_nothing_while_the_first_holds_a_claim() {
 /// The first instance crashes at `point`, leaving its delivery in `held_state`; a clone runs
 /// meanwhile; then the first restarts.
 fn check(point: &str, held_state: &str) {
-    let hub = TestHub::start(&["host-a"]);
-    let mut first = hub.node("host-a").crash_point(point).start();
+    let hub = Hub::with_nodes(&["host-a"]);
+    let mut first = hub.node_process("host-a").crash_point(point).start();
     let held = hub.send_one("conv", "k1", "host-a");
     first.wait_crash(point);
     let record = hub.show(&held);
     assert_eq!(record["delivery"]["state"], held_state);
     let first_instance = record["delivery"]["instance_id"].as_str().expect("instance").to_string();
 
-    let mut clone = hub.node("host-a").named("host-a-clone").set("backoff_max", "\"200ms\"").start();
+    let mut clone = hub.node_process("host-a").named("host-a-clone").set("backoff_max", "\"200ms\"").start();
     clone.wait_log("instance_conflict");
     // New work for the host while the clone runs: the clone must not get it either.
     let queued = hub.send_one("conv", "k2", "host-a");

@@ -2,8 +2,8 @@
 //! directory: the same delivery, never run twice, the honest outcome, one attempt. Also the
 //! hub losing a claim's answer, and deliveries taken away from a node before its ack.
 
-use crate::node_harness::{NODE_WAIT, TestHub, process_gone, wait_for};
-use std::time::Duration;
+use crate::harness::Hub;
+use crate::node_harness::{NODE_WAIT, process_gone, wait_for};
 
 /// What a crash at one point must leave and lead to.
 struct Case {
@@ -21,8 +21,8 @@ struct Case {
 
 fn check(case: Case) {
     let Case { point, hub_state_at_crash, outcome_at_crash, outcome, runs } = case;
-    let hub = TestHub::start(&["host-a"]);
-    let mut node = hub.node("host-a").crash_point(point).start();
+    let hub = Hub::with_nodes(&["host-a"]);
+    let mut node = hub.node_process("host-a").crash_point(point).start();
     let id = hub.send_one("conv", "k1", "host-a");
     node.wait_crash(point);
 
@@ -149,16 +149,17 @@ fn crash_after_the_report_response_does_not_count_twice() {
 /// resyncs its holdings once the hub is back, finds the claim and completes it.
 #[test]
 fn a_claim_answer_lost_in_transit_is_found_through_holdings() {
-    let mut hub = TestHub::start_with(&["host-a"], Some("hub.claim.after_commit"));
-    let node = hub.node("host-a").start();
+    let mut hub = Hub::builder().nodes(&["host-a"]).producers(&["prod"]).crash_point("hub.claim.after_commit").start();
+    let node = hub.node_process("host-a").start();
     // Let the node's first claim settle into its long poll, so the send wakes it.
     node.wait_log("holdings resync");
     let id = hub.send_one("conv", "k1", "host-a");
-    let st = hub.wait_exit(NODE_WAIT);
+    let st = hub.wait_exit(NODE_WAIT).expect("the hub reached hub.claim.after_commit");
     assert!(!st.success(), "the hub aborted at hub.claim.after_commit: {st}");
     assert!(hub.serve_logs().contains("crash point hub.claim.after_commit reached"));
     assert_eq!(hub.delivery(&id)["state"], "claimed", "the claim committed before the answer was lost");
-    std::thread::sleep(Duration::from_millis(300));
+    // The node sees its claim fail with the hub gone, before the hub is back.
+    node.wait_log("the claim's answer was lost");
     hub.restart();
 
     hub.wait_outcome(&id);
@@ -174,8 +175,8 @@ fn a_claim_answer_lost_in_transit_is_found_through_holdings() {
 /// restart the node drops its copy and never runs it.
 #[test]
 fn a_delivery_cancelled_before_the_ack_is_dropped_and_never_runs() {
-    let hub = TestHub::start(&["host-a"]);
-    let mut node = hub.node("host-a").crash_point("node.mirror.after_commit").start();
+    let hub = Hub::with_nodes(&["host-a"]);
+    let mut node = hub.node_process("host-a").crash_point("node.mirror.after_commit").start();
     let id = hub.send_one("conv", "k1", "host-a");
     node.wait_crash("node.mirror.after_commit");
     let before = node.status();
@@ -204,11 +205,12 @@ fn a_delivery_cancelled_before_the_ack_is_dropped_and_never_runs() {
 /// copy, says so, and nothing runs. The node keeps running throughout.
 #[test]
 fn a_refused_handoff_drops_the_local_copy() {
-    let mut hub = TestHub::start_with(&["host-a"], Some("hub.mirrored.after_commit"));
-    let node = hub.node("host-a").start();
+    let mut hub =
+        Hub::builder().nodes(&["host-a"]).producers(&["prod"]).crash_point("hub.mirrored.after_commit").start();
+    let node = hub.node_process("host-a").start();
     node.wait_log("holdings resync");
     let id = hub.send_one("conv", "k1", "host-a");
-    let st = hub.wait_exit(NODE_WAIT);
+    let st = hub.wait_exit(NODE_WAIT).expect("the hub reached hub.mirrored.after_commit");
     assert!(!st.success(), "the hub aborted at hub.mirrored.after_commit: {st}");
     assert_eq!(hub.delivery(&id)["state"], "mirrored");
     hub.cli_ok(["deliveries", "cancel", &id, "--reason", "cancelled while the hub was down"]);
@@ -231,10 +233,10 @@ fn a_refused_handoff_drops_the_local_copy() {
 /// fixture itself does it (a leaked `sleep` would outlive the suite).
 #[test]
 fn harness_groups_left_by_a_crashed_node_are_reaped() {
-    let hub = TestHub::start(&["host-a"]);
+    let hub = Hub::with_nodes(&["host-a"]);
     let pidfile = hub.scratch("pids").join("sleep.pid");
     let mut node = hub
-        .node("host-a")
+        .node_process("host-a")
         .then(&format!("sleep 60 & echo $! > '{}'; wait", pidfile.display()))
         .crash_point("node.exec.during_effect")
         .start();
@@ -255,9 +257,9 @@ fn harness_groups_left_by_a_crashed_node_are_reaped() {
 /// may be `unknown`.
 #[test]
 fn crash_in_the_middle_of_the_holdings_resync() {
-    let hub = TestHub::start(&["host-a"]);
+    let hub = Hub::with_nodes(&["host-a"]);
     let ids: Vec<String> = (0..4).map(|i| hub.send_one(&format!("conv-{i}"), &format!("k{i}"), "host-a")).collect();
-    let mut node = hub.node("host-a").crash_point("node.mirror.after_commit").start();
+    let mut node = hub.node_process("host-a").crash_point("node.mirror.after_commit").start();
     node.wait_crash("node.mirror.after_commit");
     for id in &ids {
         assert_eq!(hub.state(id), "claimed", "one batch claimed all four");
@@ -288,8 +290,8 @@ fn crash_in_the_middle_of_the_holdings_resync() {
 /// delivery again with a fresh token, and runs it once.
 #[test]
 fn a_requeued_claim_is_claimed_again_by_the_returning_instance_and_runs_once() {
-    let hub = TestHub::start(&["host-a"]);
-    let mut node = hub.node("host-a").crash_point("node.mirror.after_commit").start();
+    let hub = Hub::with_nodes(&["host-a"]);
+    let mut node = hub.node_process("host-a").crash_point("node.mirror.after_commit").start();
     let id = hub.send_one("conv", "k1", "host-a");
     node.wait_crash("node.mirror.after_commit");
     let instance = hub.delivery(&id)["instance_id"].as_str().expect("claimed by the instance").to_string();

@@ -1,17 +1,19 @@
 //! The executor through the real node: the timeout kills the harness's whole process group;
 //! SIGTERM drains running turns within the grace period and kills them after it.
 
-use crate::node_harness::{NODE_WAIT, TestHub, process_gone, wait_for};
+use crate::harness::Hub;
+use crate::node_harness::{NODE_WAIT, process_gone, wait_for};
+use baton_testkit::Signal;
 use std::fs;
 
 /// A harness that leaves a background child and waits for it runs past `exec_timeout`: the
 /// attempt fails with reason `timeout`, and the background child dies with its group.
 #[test]
 fn timeout_kills_the_whole_process_group() {
-    let hub = TestHub::start(&["host-a"]);
+    let hub = Hub::with_nodes(&["host-a"]);
     let pidfile = hub.scratch("pids").join("child.pid");
     let _node = hub
-        .node("host-a")
+        .node_process("host-a")
         .then(&format!("sleep 60 & echo $! > '{}'; wait", pidfile.display()))
         .set("exec_timeout", "\"1s\"")
         .start();
@@ -31,23 +33,23 @@ fn timeout_kills_the_whole_process_group() {
 /// running; the turn finishes, and its report is sent before the node exits 0.
 #[test]
 fn sigterm_lets_a_running_turn_finish_within_the_grace() {
-    check_drain("TERM");
+    check_drain(Signal::SIGTERM);
 }
 
 #[test]
 fn sigint_drains_like_sigterm() {
-    check_drain("INT");
+    check_drain(Signal::SIGINT);
 }
 
-fn check_drain(sig: &str) {
-    let hub = TestHub::start(&["host-a"]);
-    let mut node = hub.node("host-a").then("sleep 1").set("shutdown_grace", "\"10s\"").start();
+fn check_drain(sig: Signal) {
+    let hub = Hub::with_nodes(&["host-a"]);
+    let mut node = hub.node_process("host-a").then("sleep 1").set("shutdown_grace", "\"10s\"").start();
     let id = hub.send_one("conv", "k1", "host-a");
     hub.exec_log().wait_ran(&id);
     let running = node.status();
     assert_eq!(running["running"], serde_json::json!([id]), "status shows the running turn: {running}");
     let st = node.signal(sig);
-    assert_eq!(st.code(), Some(0), "a drained shutdown on SIG{sig} exits 0: {st}");
+    assert_eq!(st.code(), Some(0), "a drained shutdown on {sig} exits 0: {st}");
     // Reported before the exit: nothing is left for a later start.
     let attempt = hub.assert_one_attempt(&id, "succeeded");
     assert_eq!(attempt["exit_code"], 0);
@@ -62,10 +64,10 @@ fn check_drain(sig: &str) {
 /// reported `failed` with reason `shutdown`, and the node exits 0.
 #[test]
 fn sigterm_kills_a_turn_that_outlives_the_grace() {
-    let hub = TestHub::start(&["host-a"]);
+    let hub = Hub::with_nodes(&["host-a"]);
     let pidfile = hub.scratch("pids").join("turn.pid");
     let mut node = hub
-        .node("host-a")
+        .node_process("host-a")
         .then(&format!("echo $$ > '{}'; sleep 300", pidfile.display()))
         .set("shutdown_grace", "\"1s\"")
         .start();

@@ -2,8 +2,8 @@
 //! and reporting, per-conversation order; `baton-node status` without the hub; and the
 //! configuration refusals of `baton-node run`.
 
-use crate::harness::{EVENT_WAIT, node_bin, output_within, scrubbed};
-use crate::node_harness::{NODE_WAIT, TestHub, node_status, wait_for};
+use crate::harness::{EVENT_WAIT, Hub, bins, output_within};
+use crate::node_harness::{NODE_WAIT, node_status, wait_for};
 use std::collections::HashMap;
 use std::fs;
 
@@ -12,16 +12,16 @@ use std::fs;
 /// `succeeded`, and each host runs each conversation's turns in `seq` order.
 #[test]
 fn two_hosts_three_conversations_fifty_messages_run_once_each_in_order() {
-    let hub = TestHub::start(&["host-a", "host-b"]);
+    let hub = Hub::with_nodes(&["host-a", "host-b"]);
     // Small claim batches and two parallel conversations: many claims, real interleaving. Turns
     // take 0-40 ms, varying with seq, so turns run at once within a conversation would overlap
     // or finish out of order in the log.
     let turn = "sleep 0.0$(( ($BATON_SEQ * 7) % 5 ))";
-    let node = |host: &str, batch: &str| hub.node(host).then(turn).trace_ends().set("claim_batch_max", batch);
+    let node = |host: &str, batch: &str| hub.node_process(host).then(turn).trace_ends().set("claim_batch_max", batch);
     let _a = node("host-a", "3").set("parallel_conversations", "2").start();
     let _b = node("host-b", "5").start();
 
-    let producer = hub.producer();
+    let producer = hub.client("prod");
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     // delivery id → (host, conversation, seq)
     let mut expected: HashMap<String, (String, String, i64)> = HashMap::new();
@@ -76,8 +76,8 @@ fn two_hosts_three_conversations_fifty_messages_run_once_each_in_order() {
 /// node runs and after it stopped, and shows the finished turn.
 #[test]
 fn status_works_with_the_hub_down() {
-    let mut hub = TestHub::start(&["host-a"]);
-    let mut node = hub.node("host-a").start();
+    let mut hub = Hub::with_nodes(&["host-a"]);
+    let mut node = hub.node_process("host-a").start();
     let id = hub.send_one("c", "k1", "host-a");
     let shown = hub.wait_outcome(&id);
     let instance = shown["delivery"]["instance_id"].as_str().expect("instance_id").to_string();
@@ -123,7 +123,7 @@ fn run_with_config(extra: &str, hub_url: &str) -> (std::process::Output, bool) {
     );
     let config = dir.path().join("node.toml");
     fs::write(&config, text).expect("write config");
-    let mut cmd = scrubbed(&node_bin());
+    let mut cmd = bins().node_command();
     cmd.arg("run").arg("--config").arg(&config);
     let out = output_within(cmd, EVENT_WAIT);
     (out, data.exists())
@@ -150,8 +150,8 @@ fn bad_config_is_refused_with_exit_2_naming_the_key() {
 /// running node is unaffected and keeps working.
 #[test]
 fn a_second_process_on_the_same_data_directory_is_refused() {
-    let hub = TestHub::start(&["host-a"]);
-    let mut node = hub.node("host-a").start();
+    let hub = Hub::with_nodes(&["host-a"]);
+    let mut node = hub.node_process("host-a").start();
     node.wait_log("holdings resync");
     let out = output_within(node.second_run_command(), EVENT_WAIT);
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -8,13 +8,11 @@
 //! accept, claim, ack and report the clients saw answered is still there. The same run with
 //! `synchronous = "normal"` must lose acknowledged accepts: that shows the test bites.
 
-use crate::harness::{Api, Claimed, EVENT_WAIT, Hub, Node, hub_bin, scrubbed};
+use crate::harness::{Claimed, Hub};
 use serde_json::json;
 use std::fs;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Instant;
 
 const SHIM: &str = r#"
 #define _GNU_SOURCE
@@ -133,35 +131,6 @@ fn lose_power_of(data: &Path, files: &[&str], shm: &str) {
     let _ = fs::remove_file(data.join(shm));
 }
 
-/// Starts `serve` with the shim preloaded; returns the child and its address.
-fn serve_with_shim(hub: &Hub, shim: &Path) -> (std::process::Child, SocketAddr) {
-    let addr_file = hub.data_dir().join("hub.addr");
-    let _ = fs::remove_file(&addr_file);
-    let log = fs::File::create(hub.scratch("logs").join("shimmed-serve.stderr")).expect("log");
-    let mut child = scrubbed(&hub_bin())
-        .env("LD_PRELOAD", shim)
-        .arg("--data-dir")
-        .arg(hub.data_dir())
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .stdout(std::process::Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("spawn shimmed hub");
-    let start = Instant::now();
-    loop {
-        if let Ok(text) = fs::read_to_string(&addr_file)
-            && let Ok(addr) = text.trim().parse::<SocketAddr>()
-        {
-            return (child, addr);
-        }
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            panic!("shimmed hub exited early: {status}");
-        }
-        assert!(start.elapsed() < EVENT_WAIT, "shimmed hub did not start");
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-}
-
 struct Seen {
     accepted: Vec<String>,
     claimed: Vec<Claimed>,
@@ -175,12 +144,10 @@ async fn run(synchronous: &str) -> (usize, usize) {
     let mut hub = Hub::builder().config(&format!("synchronous = \"{synchronous}\"\n")).stopped().start();
     let shim = build_shim(&hub.scratch("shim"));
     snapshot_durable(hub.data_dir());
-    let (mut child, addr) = serve_with_shim(&hub, &shim);
-    let url = format!("https://{addr}");
-    let ca = hub.ca_pem();
-    let producer = Api::new(&url, Some(ca.as_bytes()), Some(&hub.identity("prod").pem()));
-    let node =
-        Node { api: Api::new(&url, Some(ca.as_bytes()), Some(&hub.identity("host-a").pem())), instance: "pl-1".into() };
+    hub.kit_mut().set_env("LD_PRELOAD", &shim.display().to_string());
+    hub.serve(None);
+    let producer = hub.client("prod");
+    let node = hub.node("host-a", "pl-1");
 
     let mut seen = Seen { accepted: Vec::new(), claimed: Vec::new(), acked: Vec::new(), reported: Vec::new() };
     for i in 0..20 {
@@ -197,8 +164,8 @@ async fn run(synchronous: &str) -> (usize, usize) {
         node.report(c, &format!("r-{}", c.delivery_id), "succeeded", 0).await.ok(201);
         seen.reported.push(c.clone());
     }
-    let _ = child.kill();
-    let _ = child.wait();
+    hub.kill9();
+    hub.kit_mut().clear_env();
 
     lose_power(hub.data_dir());
     hub.serve(None);
@@ -251,11 +218,10 @@ async fn power_loss_test_bites_when_synchronous_is_normal() {
 /// the restarted node reports the attempt `unknown` and never runs it again. With the node store
 /// at `synchronous = "normal"` the marker is lost and the turn runs twice: the test bites.
 async fn node_power_cut_during_a_turn(synchronous: &str) -> usize {
-    use crate::node_harness::TestHub;
-    let t = TestHub::start(&["host-a"]);
+    let t = Hub::with_nodes(&["host-a"]);
     let shim = build_shim(&t.scratch("shim"));
     let mut node = t
-        .node("host-a")
+        .node_process("host-a")
         .set("synchronous", &format!("\"{synchronous}\""))
         .env("LD_PRELOAD", &shim.display().to_string())
         .start();
@@ -273,8 +239,9 @@ async fn node_power_cut_during_a_turn(synchronous: &str) -> usize {
     node.clear_env();
     node.restart();
     t.wait_outcome(&d);
-    // Give a wrongly re-run turn time to show up in the execution log.
-    std::thread::sleep(std::time::Duration::from_secs(2));
+    // Once the node holds nothing (nothing queued, running or unreported), a wrongly re-run
+    // turn has already shown up in the execution log: it is logged before anything else.
+    node.wait_idle();
     let runs = t.exec_log().runs_of(&d);
     if synchronous == "full" {
         t.assert_one_attempt(&d, "unknown");

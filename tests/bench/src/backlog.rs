@@ -11,7 +11,7 @@
 //! only lose benchmark data, and it keeps a 1M prefill to seconds. The hub itself opens the
 //! database with `synchronous=FULL` as always.
 
-use crate::cluster::{self, Binaries, HubSetup};
+use crate::cluster;
 use crate::procfs;
 use crate::stats::{self, Summary};
 use anyhow::{Context, bail};
@@ -19,6 +19,7 @@ use baton_hub::store::accept::{self, AcceptLimits, Accepted, NewMessage};
 use baton_hub::store::{self, claim, in_write_txn};
 use baton_shared::sqlite::Synchronous;
 use baton_shared::wire::{ClaimRequest, ClaimResponse};
+use baton_testkit::Binaries;
 use rusqlite::Connection;
 use std::path::Path;
 use std::time::Instant;
@@ -59,14 +60,14 @@ pub fn run(
     sizes: &[usize],
     claims: usize,
 ) -> anyhow::Result<Vec<BacklogPoint>> {
-    let setup = HubSetup::create(bins, root, &[HOST.to_string()], &[])?;
-    let conn = store::open_write(&setup.db(), Synchronous::Normal).context("opening the backlog database")?;
+    let mut hub = cluster::create_hub(bins, root, &[HOST.to_string()], &[])?;
+    let conn = store::open_write(&hub.db(), Synchronous::Normal).context("opening the backlog database")?;
     conn.execute_batch("PRAGMA synchronous = OFF")?;
     let sync: i64 = conn.query_row("PRAGMA synchronous", [], |r| r.get(0))?;
     if sync != 0 {
         bail!("the prefill connection reads back synchronous = {sync}, expected 0 (off)");
     }
-    let client = cluster::client(&setup.certs, HOST)?;
+    let client = cluster::client(&hub, HOST)?;
     let clk = procfs::clock_ticks();
     let mut filled = 0;
     let mut points = Vec::new();
@@ -77,14 +78,11 @@ pub fn run(
         let prefill_s = started.elapsed().as_secs_f64();
         filled = size;
         let inproc_ms = claim_in_process(&conn, claims)?;
-        let hub = cluster::start_hub(bins, &setup, &root.join(format!("hub-{size}.log")))?;
-        let hub_ms = rt.block_on(async {
-            cluster::wait_ready(&client, &hub.url).await?;
-            claim_over_http(&client, &hub.url, claims).await
-        })?;
-        let hub_peak_rss_bytes = procfs::sample(hub.guard.pid(), clk)?.peak_rss_bytes;
-        let hub_start_s = hub.start_s;
-        let status = hub.guard.stop()?;
+        let (url, hub_start_s) = cluster::start_hub(&mut hub)?;
+        let hub_ms = rt.block_on(claim_over_http(&client, &url, claims))?;
+        let pid = hub.proc().pid().context("the backlog hub is not running")?;
+        let hub_peak_rss_bytes = procfs::sample(pid, clk)?.peak_rss_bytes;
+        let status = hub.proc_mut().stop(cluster::STOP_GRACE)?.context("the backlog hub never ran")?;
         if !status.success() {
             bail!("the backlog hub exited with {status}");
         }

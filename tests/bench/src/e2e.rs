@@ -8,11 +8,12 @@
 //! time (`messages.accepted_at`), claim time (the `claimed` event) and report time
 //! (`attempts.reported_at`), all unix milliseconds from the hub's one clock.
 
-use crate::cluster::{self, Binaries, ChildGuard, HubSetup, NodeSettings, RunningHub};
+use crate::cluster::{self, NodeSettings};
 use crate::procfs;
 use crate::stats::{self, Summary};
 use anyhow::{Context, bail};
 use baton_shared::wire::SubmitRequest;
+use baton_testkit::{Binaries, Hub, Node};
 use rusqlite::Connection;
 use std::path::Path;
 use std::sync::Arc;
@@ -78,7 +79,7 @@ impl PassResult {
 }
 
 /// The hosts' nodes for one pass; stopped (and reaped) when dropped.
-struct Nodes(Vec<ChildGuard>);
+struct Nodes(Vec<Node>);
 
 /// The running system a pass drives.
 pub struct Rig<'a> {
@@ -86,10 +87,10 @@ pub struct Rig<'a> {
     pub rt: &'a tokio::runtime::Runtime,
     /// The binaries (for the nodes).
     pub bins: &'a Binaries,
-    /// The hub's data directory and certificates.
-    pub setup: &'a HubSetup,
-    /// The running hub.
-    pub hub: &'a RunningHub,
+    /// The running hub: its data directory, identities and process.
+    pub hub: &'a Hub,
+    /// The hub's base URL, `https://127.0.0.1:PORT`.
+    pub url: &'a str,
     /// The enrolled hosts, one node each.
     pub hosts: &'a [String],
     /// One mTLS client per producer task.
@@ -100,30 +101,30 @@ pub struct Rig<'a> {
 
 /// Runs one pass: fresh nodes, producers, wait for every report, read the figures.
 pub fn run_pass(rig: &Rig<'_>, pass: &Pass) -> anyhow::Result<PassResult> {
-    let Rig { rt, bins, setup, hub, hosts, producers, work_dir } = *rig;
+    let Rig { rt, bins, hub, url, hosts, producers, work_dir } = *rig;
     let clk = procfs::clock_ticks();
-    let db = baton_hub::store::open_read(&setup.db()).context("opening the hub database read-only")?;
+    let db = baton_hub::store::open_read(&hub.db()).context("opening the hub database read-only")?;
     let dir = work_dir.join(format!("nodes-{}", pass.name));
     let started_ms = baton_hub::now_ms();
     let mut nodes = Nodes(
         hosts
             .iter()
-            .map(|h| cluster::start_node(bins, &hub.url, &setup.certs, h, &dir, &pass.node))
+            .map(|h| cluster::start_node(bins, hub, url, h, &dir, &pass.node))
             .collect::<anyhow::Result<_>>()?,
     );
     wait_bound(&db, &mut nodes, hosts, started_ms)?;
     let base_attempts = count_attempts(&db)?;
-    let cpu = |pid: u32| procfs::sample(pid, clk).map(|s| s.cpu_s);
-    let node_cpu = |nodes: &Nodes| -> anyhow::Result<f64> { nodes.0.iter().map(|n| cpu(n.pid())).sum() };
-    let (hub0, nodes0, bench0) = (cpu(hub.guard.pid())?, node_cpu(&nodes)?, cpu(std::process::id())?);
+    let cpu = |pid: Option<u32>| procfs::sample(pid.context("a process is not running")?, clk).map(|s| s.cpu_s);
+    let node_cpu = |nodes: &Nodes| -> anyhow::Result<f64> { nodes.0.iter().map(|n| cpu(n.proc().pid())).sum() };
+    let (hub0, nodes0, bench0) = (cpu(hub.proc().pid())?, node_cpu(&nodes)?, cpu(Some(std::process::id()))?);
 
     let t0_ms = baton_hub::now_ms();
-    let tally = rt.block_on(submit_all(pass, hosts, producers, &hub.url))?;
+    let tally = rt.block_on(submit_all(pass, hosts, producers, url))?;
     if tally.ok == 0 {
         bail!("pass {}: the hub accepted nothing; first error: {}", pass.name, tally.first_error.unwrap_or_default());
     }
     wait_reported(&db, &mut nodes, base_attempts, tally.ok)?;
-    let (hub1, nodes1, bench1) = (cpu(hub.guard.pid())?, node_cpu(&nodes)?, cpu(std::process::id())?);
+    let (hub1, nodes1, bench1) = (cpu(hub.proc().pid())?, node_cpu(&nodes)?, cpu(Some(std::process::id()))?);
     drop(nodes);
 
     let rows = latencies(&db, &pass.name)?;
@@ -147,27 +148,22 @@ pub fn run_pass(rig: &Rig<'_>, pass: &Pass) -> anyhow::Result<PassResult> {
     })
 }
 
-/// Waits until every host is bound to an instance that claimed after `since_ms`.
+/// Waits until every host is bound to an instance that claimed after `since_ms`; fails at
+/// once when a node exits.
 fn wait_bound(db: &Connection, nodes: &mut Nodes, hosts: &[String], since_ms: i64) -> anyhow::Result<()> {
-    let deadline = Instant::now() + cluster::NODE_START_TIMEOUT;
-    loop {
+    let what = format!("all {} nodes to claim", hosts.len());
+    baton_testkit::wait::until(&what, cluster::NODE_START_TIMEOUT, || {
         let mut bound = 0;
         for h in hosts {
             let since: Option<i64> =
                 db.query_row("SELECT instance_since FROM hosts WHERE name = ?1", [h], |r| r.get(0))?;
             bound += usize::from(since.is_some_and(|s| s >= since_ms));
         }
-        if bound == hosts.len() {
-            return Ok(());
-        }
         for n in &mut nodes.0 {
-            n.check_running()?;
+            n.proc_mut().check_running()?;
         }
-        if Instant::now() > deadline {
-            bail!("only {bound} of {} nodes claimed within {:?}", hosts.len(), cluster::NODE_START_TIMEOUT);
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        Ok((bound == hosts.len()).then_some(()))
+    })
 }
 
 fn count_attempts(db: &Connection) -> anyhow::Result<usize> {
@@ -188,7 +184,7 @@ fn wait_reported(db: &Connection, nodes: &mut Nodes, base: usize, expected: usiz
             bail!("stuck: {done} of {expected} deliveries reported, none in the last {STALL_TIMEOUT:?}");
         }
         for n in &mut nodes.0 {
-            n.check_running()?;
+            n.proc_mut().check_running()?;
         }
         std::thread::sleep(POLL_INTERVAL);
     }

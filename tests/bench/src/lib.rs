@@ -4,8 +4,8 @@
 
 //! Layout:
 //! - `ceiling`: step 1, bare SQLite commits/s and rows/s, and the hub's store cycle in-process.
-//! - `cluster`: the real `baton-hub` and `baton-node` processes (guarded: stopped and reaped on
-//!   drop), their data directories and certificates, mTLS clients.
+//! - `cluster`: the real `baton-hub` and `baton-node` processes through the test kit (stopped
+//!   gracefully and reaped on drop), their data directories and certificates, mTLS clients.
 //! - `e2e`: step 2, passes with producers against the hub and K nodes.
 //! - `backlog`: step 3, claim latency with 10k, 100k and 1M queued deliveries.
 //! - `figures`: the table, the JSON, the targets.

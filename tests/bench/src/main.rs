@@ -3,9 +3,10 @@
 //! chain is printed); 2 usage.
 
 use anyhow::Context;
-use baton_bench::cluster::{self, Binaries, HarnessKind, HubSetup, NodeSettings};
+use baton_bench::cluster::{self, NodeSettings};
 use baton_bench::figures::Figures;
 use baton_bench::{backlog, ceiling, e2e, procfs, stats};
+use baton_testkit::{Binaries, Harness};
 use clap::Parser;
 use serde_json::json;
 use std::io::Write;
@@ -142,13 +143,13 @@ fn main() -> ExitCode {
 
 fn run(cli: &Cli) -> anyhow::Result<()> {
     let plan = Plan::from_cli(cli)?;
-    let bins = Binaries::locate(cli.hub_bin.clone(), cli.node_bin.clone())?;
+    let bins = Binaries::at(cli.hub_bin.clone(), cli.node_bin.clone())?;
     let parent = cli.dir.clone().unwrap_or_else(std::env::temp_dir);
     let tmp =
         tempfile::Builder::new().prefix("baton-bench-").tempdir_in(&parent).context("making the run directory")?;
     let root = tmp.path().to_path_buf();
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    rt.spawn(cluster::stop_children_on_signal());
+    rt.spawn(baton_testkit::proc::stop_all_on_signal("baton-bench"));
     let mut figs = Figures::default();
     describe(&mut figs, &plan, &root);
     let result = measure(&rt, &bins, &plan, &root, &mut figs);
@@ -248,7 +249,7 @@ fn measure(
         figs.put(&format!("claim_ms_p99_backlog_{l}"), Some(p.hub_ms.p99), "p99 of the same, ms");
         figs.put(&format!("inproc_claim_ms_backlog_{l}"), Some(p.inproc_ms.p50), "p50 store::claim::claim, ms");
         figs.put(&format!("inproc_claim_ms_p99_backlog_{l}"), Some(p.inproc_ms.p99), "p99 of the same, ms");
-        figs.put(&format!("hub_start_s_backlog_{l}"), Some(p.hub_start_s), "hub spawn to listening, s");
+        figs.put(&format!("hub_start_s_backlog_{l}"), Some(p.hub_start_s), "hub spawn to ready (/readyz answers), s");
         figs.put(&format!("prefill_s_backlog_{l}"), Some(p.prefill_s), "prefill time to this size, s");
         figs.put(&format!("hub_peak_rss_bytes_backlog_{l}"), Some(p.hub_peak_rss_bytes as f64), "hub VmHWM, bytes");
     }
@@ -271,11 +272,10 @@ fn end_to_end(
     figs: &mut Figures,
 ) -> anyhow::Result<()> {
     progress("step 2: end to end (init, enroll, serve)");
-    let setup = HubSetup::create(bins, e2e_root, &plan.hosts, &[e2e::PRODUCER])?;
-    let hub = cluster::start_hub(bins, &setup, &e2e_root.join("hub.log"))?;
+    let mut hub = cluster::create_hub(bins, e2e_root, &plan.hosts, &[e2e::PRODUCER])?;
+    let (url, _) = cluster::start_hub(&mut hub)?;
     let producers: Vec<reqwest::Client> =
-        (0..plan.producers).map(|_| cluster::client(&setup.certs, e2e::PRODUCER)).collect::<anyhow::Result<_>>()?;
-    rt.block_on(cluster::wait_ready(&producers[0], &hub.url))?;
+        (0..plan.producers).map(|_| cluster::client(&hub, e2e::PRODUCER)).collect::<anyhow::Result<_>>()?;
     let settings = |harness| NodeSettings {
         harness,
         parallel_conversations: plan.node_parallel,
@@ -290,29 +290,29 @@ fn end_to_end(
         node: settings(harness),
     };
     let rig =
-        e2e::Rig { rt, bins, setup: &setup, hub: &hub, hosts: &plan.hosts, producers: &producers, work_dir: e2e_root };
+        e2e::Rig { rt, bins, hub: &hub, url: &url, hosts: &plan.hosts, producers: &producers, work_dir: e2e_root };
     let run = |p: &e2e::Pass| e2e::run_pass(&rig, p);
 
     progress(&format!("step 2: no-op pass, {} messages", plan.messages));
-    let r = run(&pass("noop", plan.messages, None, HarnessKind::Noop))?;
+    let r = run(&pass("noop", plan.messages, None, Harness::Noop))?;
     record_pass(figs, "", &r);
 
     let rate = (r.e2e_deliveries_per_s / 2.0).max(1.0);
     let half_messages = ((rate * plan.half_load.as_secs_f64()) as usize).max(20);
     progress(&format!("step 2: half-load pass, {half_messages} messages at {rate:.0}/s"));
-    let h = run(&pass("half", half_messages, Some(rate), HarnessKind::Noop))?;
+    let h = run(&pass("half", half_messages, Some(rate), Harness::Noop))?;
     figs.put("half_load_rate_per_s", Some(rate), "offered rate: half the no-op pass's e2e deliveries/s");
     record_pass(figs, "half_load_", &h);
 
     progress(&format!("step 2: /bin/true pass, {} messages", plan.true_messages));
-    let t = run(&pass("true", plan.true_messages, None, HarnessKind::Command(vec!["/bin/true".into()])))?;
+    let t = run(&pass("true", plan.true_messages, None, Harness::Command(vec!["/bin/true".into()])))?;
     record_pass(figs, "true_harness_", &t);
 
     let clk = procfs::clock_ticks();
-    let rss = procfs::sample(hub.guard.pid(), clk)?.peak_rss_bytes;
+    let rss = procfs::sample(hub.proc().pid().context("the hub is not running")?, clk)?.peak_rss_bytes;
     figs.put("e2e_hub_peak_rss_bytes", Some(rss as f64), "hub VmHWM after the end-to-end passes");
     figs.put("hub_peak_rss_bytes", Some(rss as f64), "hub VmHWM (e2e hub; replaced by the largest backlog below)");
-    let status = hub.guard.stop()?;
+    let status = hub.proc_mut().stop(cluster::STOP_GRACE)?.context("the hub never ran")?;
     anyhow::ensure!(status.success(), "the hub exited with {status} at the end of the passes");
     Ok(())
 }

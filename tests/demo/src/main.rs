@@ -7,49 +7,18 @@
 //! that is removed at the end (`--keep` keeps it).
 
 use anyhow::{Context, Result, bail};
+use baton_testkit::{Binaries, Harness, Hub, Node, NodeConfig, Proc, Role, Signal, Started};
 use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How long the demo waits for the deliveries it expects before giving up.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a process may take to stop after SIGTERM before it is killed.
+const STOP_GRACE: Duration = Duration::from_secs(15);
 /// Messages sent into each conversation.
 const MESSAGES_PER_CONVERSATION: usize = 3;
 /// The sample harness: reads the payload and answers with one line naming the turn.
 const HARNESS: &str = r#"read -r payload; echo "turn $BATON_CONVERSATION#$BATON_SEQ handled: $payload"; sleep 0.2"#;
-
-/// A child process that is stopped (SIGTERM, then SIGKILL) when dropped.
-struct Proc {
-    name: &'static str,
-    child: Child,
-}
-
-impl Proc {
-    fn terminate(&mut self) -> Result<()> {
-        if self.child.try_wait()?.is_some() {
-            return Ok(());
-        }
-        Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status()?;
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while Instant::now() < deadline {
-            if let Some(status) = self.child.try_wait()? {
-                say(&format!("{} stopped ({status})", self.name));
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        self.child.kill()?;
-        bail!("{} did not stop within 15 s of SIGTERM; killed", self.name)
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn say(line: &str) {
     let mut out = std::io::stdout().lock();
@@ -62,49 +31,44 @@ fn section(title: &str) {
     say(&format!("== {title}"));
 }
 
-/// Builds the two binaries with the same profile as this one and returns their directory.
-fn build_binaries() -> Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    let dir = exe.parent().context("no directory for the demo binary")?.to_path_buf();
-    if let Ok(cargo) = std::env::var("CARGO") {
-        let release = dir.file_name().is_some_and(|n| n == "release");
+/// The two binaries: built first with the same profile as this one when the demo runs through
+/// cargo, else taken from next to this binary.
+fn binaries() -> Result<Binaries> {
+    if std::env::var_os("CARGO").is_some() {
         say("building baton-hub and baton-node …");
-        let mut cmd = Command::new(cargo);
-        cmd.args(["build", "-q", "-p", "baton-hub", "-p", "baton-node"]);
-        if release {
-            cmd.arg("--release");
+        Binaries::build()
+    } else {
+        Binaries::locate()
+    }
+}
+
+/// Stops a process with SIGTERM, saying so; kills it (and fails) after `STOP_GRACE`.
+fn stop(proc: &mut Proc, name: &str) -> Result<()> {
+    if !proc.running() {
+        return Ok(());
+    }
+    proc.signal(Signal::SIGTERM)?;
+    match proc.wait_exit(STOP_GRACE)? {
+        Some(status) => {
+            say(&format!("{name} stopped ({status})"));
+            Ok(())
         }
-        if !cmd.status()?.success() {
-            bail!("cargo build failed");
+        None => {
+            proc.kill()?;
+            bail!("{name} did not stop within {} s of SIGTERM; killed", STOP_GRACE.as_secs())
         }
     }
-    for bin in ["baton-hub", "baton-node"] {
-        if !dir.join(bin).exists() {
-            bail!("{} is missing; run `cargo build -p baton-hub -p baton-node` first", dir.join(bin).display());
-        }
-    }
-    Ok(dir)
 }
 
 struct Demo {
-    bin: PathBuf,
-    dir: PathBuf,
+    bins: Binaries,
+    hub: Hub,
 }
 
 impl Demo {
-    fn hub(&self) -> Command {
-        let mut c = Command::new(self.bin.join("baton-hub"));
-        c.arg("--data-dir").arg(self.dir.join("hub")).env("BATON_OPERATOR", "demo");
-        c
-    }
-
     /// Runs a hub CLI command and returns its stdout, failing on a non-zero exit.
     fn cli(&self, args: &[&str]) -> Result<String> {
-        let out = self.hub().args(args).output()?;
-        if !out.status.success() {
-            bail!("baton-hub {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        self.hub.cli(args)
     }
 
     fn show(&self, args: &[&str]) -> Result<()> {
@@ -122,80 +86,52 @@ impl Demo {
 
     /// Waits until `done` holds for the deliveries list.
     fn wait_for(&self, what: &str, done: impl Fn(&[serde_json::Value]) -> bool) -> Result<()> {
-        let deadline = Instant::now() + SETTLE_TIMEOUT;
-        loop {
-            if done(&self.deliveries()?) {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                bail!("timed out waiting for {what}");
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        baton_testkit::wait::until(what, SETTLE_TIMEOUT, || Ok(done(&self.deliveries()?).then_some(())))
     }
 
-    fn start_node(&self, host: &str, addr: &str) -> Result<Proc> {
-        let certs = self.dir.join("certs");
-        let config = self.dir.join(format!("{host}.toml"));
-        let command = serde_json::to_string(&["sh", "-c", HARNESS])?;
-        std::fs::write(
-            &config,
-            format!(
-                "hub_url = \"https://{addr}\"\nca_file = {:?}\ncert_file = {:?}\nkey_file = {:?}\ndata_dir = {:?}\n\
-                 command = {command}\nparallel_conversations = 2\nexec_timeout = \"30s\"\nclaim_wait = \"5s\"\n",
-                certs.join("ca.crt"),
-                certs.join(format!("{host}.crt")),
-                certs.join(format!("{host}.key")),
-                self.dir.join(format!("{host}-data")),
-            ),
-        )?;
-        let log = std::fs::File::create(self.dir.join(format!("{host}.log")))?;
-        let child = Command::new(self.bin.join("baton-node"))
-            .arg("run")
-            .arg("--config")
-            .arg(&config)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()?;
+    /// Enrolls a node host, showing the command.
+    fn enroll(&mut self, host: &str) -> Result<()> {
+        let certs = self.hub.certs_dir().to_str().context("temp path is not UTF-8")?.to_string();
+        self.show(&["enroll", "node", host, "--out", &certs])?;
+        self.hub.enrolled(Role::Node, host)?;
+        Ok(())
+    }
+
+    fn start_node(&self, dir: &std::path::Path, host: &str, url: &str) -> Result<Node> {
+        let harness = Harness::Command(vec!["sh".into(), "-c".into(), HARNESS.into()]);
+        let config = NodeConfig::new(url, self.hub.identity(host)?, &dir.join(format!("{host}-data")), harness)
+            .set("parallel_conversations", "2")
+            .set("exec_timeout", "\"30s\"")
+            .set("claim_wait", "\"5s\"");
+        let mut node = Node::create(&self.bins, dir, host, &config)?;
+        node.start(None)?;
         say(&format!("started baton-node for {host} (log: {host}.log)"));
-        Ok(Proc { name: if host == "host-a" { "node host-a" } else { "node host-b" }, child })
+        Ok(node)
     }
-}
-
-fn wait_for_file(path: &Path, timeout: Duration) -> Result<String> {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if let Ok(s) = std::fs::read_to_string(path)
-            && s.ends_with('\n')
-        {
-            return Ok(s.trim().to_string());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    bail!("{} did not appear", path.display())
 }
 
 fn main() -> Result<()> {
     let keep = std::env::args().any(|a| a == "--keep");
-    let bin = build_binaries()?;
-    let tmp = tempfile::Builder::new().prefix("baton-demo-").tempdir()?;
-    let demo = Demo { bin, dir: tmp.path().to_path_buf() };
+    let bins = binaries()?;
+    let tmp = baton_testkit::fresh_dir("baton-demo-")?;
+    let dir = tmp.path().to_path_buf();
+    let hub = Hub::new(&bins, &dir, "demo")?;
+    let mut demo = Demo { bins, hub };
 
     section("a hub with its own CA");
     demo.show(&["init"])?;
-    let certs = demo.dir.join("certs");
-    let certs = certs.to_str().context("temp path is not UTF-8")?;
-    demo.show(&["enroll", "node", "host-a", "--out", certs])?;
-    demo.show(&["enroll", "node", "host-b", "--out", certs])?;
-    let log = std::fs::File::create(demo.dir.join("hub.log"))?;
-    let hub_child = demo.hub().args(["serve", "--listen", "127.0.0.1:0"]).stdout(Stdio::null()).stderr(log).spawn()?;
-    let mut hub = Proc { name: "hub", child: hub_child };
-    let addr = wait_for_file(&demo.dir.join("hub").join("hub.addr"), Duration::from_secs(20))?;
+    demo.enroll("host-a")?;
+    demo.enroll("host-b")?;
+    let addr = match demo.hub.serve(None)? {
+        Started::Ready(addr) => addr,
+        Started::Exited(status) => bail!("the hub exited ({status}):\n{}", demo.hub.proc().stderr()),
+    };
     say(&format!("hub listening on {addr} (mTLS only)"));
+    let url = format!("https://{addr}");
 
     section("two nodes");
-    let mut node_a = demo.start_node("host-a", &addr)?;
-    let mut node_b = demo.start_node("host-b", &addr)?;
+    let mut node_a = demo.start_node(&dir, "host-a", &url)?;
+    let mut node_b = demo.start_node(&dir, "host-b", &url)?;
 
     section("pause conversation \"beta\", then send into \"alpha\" and \"beta\"");
     demo.show(&["fence", "pause", "--conversation", "beta", "--reason", "demo: hold beta back"])?;
@@ -235,9 +171,9 @@ fn main() -> Result<()> {
     demo.show(&["status"])?;
 
     section("shut down (SIGTERM)");
-    node_a.terminate()?;
-    node_b.terminate()?;
-    hub.terminate()?;
+    stop(node_a.proc_mut(), "node host-a")?;
+    stop(node_b.proc_mut(), "node host-b")?;
+    stop(demo.hub.proc_mut(), "hub")?;
     let all = demo.deliveries()?;
     let ok = all.iter().filter(|d| d["outcome"] == "succeeded").count();
     say(&format!("{ok} of {} deliveries succeeded", all.len()));

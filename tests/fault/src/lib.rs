@@ -6,8 +6,8 @@
 //! - `checker`: loads hub and node databases read-only plus the records, checks RELIABILITY.md
 //!   §6.3 (I1–I10, I12–I14) and explains every violation with its chain of events.
 //! - `proxy`: the loopback TCP fault proxy (blackhole, reset, cut after N bytes, delay).
-//! - `cluster`: real `baton-hub` / `baton-node` processes (killed and reaped on drop), each node
-//!   behind its own proxy, and the producer that writes the client history.
+//! - `cluster`: the hub and its nodes as test-kit processes (`baton_testkit`, killed and reaped
+//!   on drop), each node behind its own proxy, and the producer that writes the client history.
 //! - `matrix`: one crash-point run (arm, crash, restart, retry, drain, check).
 //! - `soak`: the seeded kill/pause/partition/fence soak behind `baton-soak`.
 

@@ -4,7 +4,8 @@
 //! replays the client's retries with the same keys, waits for quiescence and runs the checker.
 
 use crate::checker::{self, Report};
-use crate::cluster::{AcceptOutcome, Bins, Cluster, Started};
+use crate::cluster::{AcceptOutcome, Cluster};
+use baton_testkit::{Binaries, Started};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -73,7 +74,7 @@ fn arms(point: &str, nth: u32) -> VecDeque<String> {
 }
 
 /// Runs one crash point with one seed.
-pub async fn crash_run(bins: &Bins, point: &str, seed: u64) -> anyhow::Result<CrashRun> {
+pub async fn crash_run(bins: &Binaries, point: &str, seed: u64) -> anyhow::Result<CrashRun> {
     let (c, restarts) = settle(bins, Some(point), seed).await?;
     let logs = c.logs();
     let fired = logs.contains(&format!("crash point {point} reached"));
@@ -83,12 +84,12 @@ pub async fn crash_run(bins: &Bins, point: &str, seed: u64) -> anyhow::Result<Cr
 }
 
 /// A run without any crash, drained and stopped: the clean baseline the mutation tests break.
-pub async fn clean_cluster(bins: &Bins, seed: u64) -> anyhow::Result<Cluster> {
+pub async fn clean_cluster(bins: &Binaries, seed: u64) -> anyhow::Result<Cluster> {
     Ok(settle(bins, None, seed).await?.0)
 }
 
 /// Runs the workload (with `point` armed, if any), drains, and stops every process.
-async fn settle(bins: &Bins, point: Option<&str>, seed: u64) -> anyhow::Result<(Cluster, u32)> {
+async fn settle(bins: &Binaries, point: Option<&str>, seed: u64) -> anyhow::Result<(Cluster, u32)> {
     let mut rng = StdRng::seed_from_u64(seed ^ crate::cluster::fxhash(point.unwrap_or("")));
     let count = rng.random_range(3..=8usize);
     let nth = rng.random_range(1..=2u32);
@@ -97,7 +98,7 @@ async fn settle(bins: &Bins, point: Option<&str>, seed: u64) -> anyhow::Result<(
     let mut pending = point.map(|p| arms(p, nth)).unwrap_or_default();
     let mut restarts = 0;
     let first = if on_hub { pending.pop_front() } else { None };
-    if c.start_hub(first.as_deref())? == Started::Exited {
+    if matches!(c.start_hub(first.as_deref())?, Started::Exited(_)) {
         anyhow::bail!("the hub exited at its first start:\n{}", c.logs());
     }
     let node_arm = if on_hub { None } else { pending.pop_front() };
@@ -129,9 +130,9 @@ async fn settle(bins: &Bins, point: Option<&str>, seed: u64) -> anyhow::Result<(
         }
     }
     restarts += sup.restarts;
-    c.hub.kill9();
+    c.hub.kill()?;
     for n in &mut c.nodes {
-        n.kill9();
+        n.proc_mut().kill()?;
     }
     Ok((c, restarts))
 }
@@ -145,16 +146,16 @@ struct Supervisor {
 
 impl Supervisor {
     fn tend(&mut self, c: &mut Cluster) -> anyhow::Result<()> {
-        if !c.hub.running() {
+        if !c.hub.proc_mut().running() {
             let mut arm = if self.on_hub { self.pending.pop_front() } else { None };
             self.restarts += 1;
-            while c.start_hub(arm.as_deref())? == Started::Exited {
+            while matches!(c.start_hub(arm.as_deref())?, Started::Exited(_)) {
                 self.restarts += 1;
                 arm = if self.on_hub { self.pending.pop_front() } else { None };
             }
         }
         for (i, n) in c.nodes.iter_mut().enumerate() {
-            if !n.running() {
+            if !n.proc_mut().running() {
                 let arm = if !self.on_hub && i == 0 { self.pending.pop_front() } else { None };
                 self.restarts += 1;
                 n.start(arm.as_deref())?;

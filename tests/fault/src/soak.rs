@@ -3,8 +3,9 @@
 //! nemesis driven by a printed seed. Then heal, restart, drain, and run the checker.
 
 use crate::checker::{self, Report};
-use crate::cluster::{AcceptOutcome, Bins, Cluster, Started};
+use crate::cluster::{AcceptOutcome, Cluster};
 use crate::proxy::Fault;
+use baton_testkit::{Binaries, Signal, Started};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -68,10 +69,10 @@ struct Counters {
 }
 
 /// Runs the soak. `log` receives one line per nemesis action.
-pub async fn run(bins: &Bins, cfg: SoakConfig, log: &mut dyn FnMut(String)) -> anyhow::Result<SoakResult> {
+pub async fn run(bins: &Binaries, cfg: SoakConfig, log: &mut dyn FnMut(String)) -> anyhow::Result<SoakResult> {
     let mut rng = StdRng::seed_from_u64(cfg.seed);
     let mut c = Cluster::new(bins, &HOSTS).await?;
-    if c.start_hub(None)? == Started::Exited {
+    if matches!(c.start_hub(None)?, Started::Exited(_)) {
         anyhow::bail!("the hub did not start:\n{}", c.logs());
     }
     for n in &mut c.nodes {
@@ -106,11 +107,11 @@ pub async fn run(bins: &Bins, cfg: SoakConfig, log: &mut dyn FnMut(String)) -> a
                 let i = victims[rng.random_range(0..victims.len())];
                 let hub = i == c.nodes.len();
                 if hub {
-                    c.hub.kill9();
+                    c.hub.kill()?;
                 } else {
-                    c.nodes[i].kill9();
+                    c.nodes[i].proc_mut().kill()?;
                 }
-                log(format!("kill {}", if hub { "hub" } else { c.nodes[i].host.as_str() }));
+                log(format!("kill {}", if hub { "hub" } else { c.nodes[i].proc().stem() }));
                 f.kills += 1;
                 n.restart_at[i] =
                     Some(Instant::now() + Duration::from_millis(rng.random_range(0..RESTART_DELAY_MS_MAX)));
@@ -120,14 +121,14 @@ pub async fn run(bins: &Bins, cfg: SoakConfig, log: &mut dyn FnMut(String)) -> a
             0..12 => {
                 let i = rng.random_range(0..=c.nodes.len());
                 let ms = rng.random_range(500..=cfg.pause_ms_max.max(500));
-                let proc = if i == c.nodes.len() { c.hub.proc() } else { c.nodes[i].proc() };
+                let p = c.proc(i);
                 if n.paused[i].is_none()
-                    && let Some(p) = proc
-                    && p.signal("STOP").is_ok()
+                    && let Some(pid) = p.pid()
+                    && p.signal(Signal::SIGSTOP).is_ok()
                 {
-                    log(format!("pause {} for {ms} ms", if i == c.nodes.len() { "hub" } else { &c.nodes[i].host }));
+                    log(format!("pause {} for {ms} ms", if i == c.nodes.len() { "hub" } else { p.stem() }));
                     f.pauses += 1;
-                    n.paused[i] = Some((p.pid(), Instant::now() + Duration::from_millis(ms)));
+                    n.paused[i] = Some((pid, Instant::now() + Duration::from_millis(ms)));
                 }
             }
             12..30 if n.heal_at.is_empty() => {
@@ -154,7 +155,7 @@ pub async fn run(bins: &Bins, cfg: SoakConfig, log: &mut dyn FnMut(String)) -> a
             30..38 => {
                 let conv = format!("c{}", rng.random_range(0..4));
                 let kind = if rng.random_bool(0.5) { "hold" } else { "pause" };
-                if c.hub.cli(&["fence", kind, "--conversation", &conv, "--reason", "soak"]).is_ok() {
+                if c.hub.cli(["fence", kind, "--conversation", &conv, "--reason", "soak"]).is_ok() {
                     log(format!("fence {kind} {conv}"));
                     f.fences += 1;
                 }
@@ -174,9 +175,9 @@ pub async fn run(bins: &Bins, cfg: SoakConfig, log: &mut dyn FnMut(String)) -> a
     n.heal_all(&mut c, &addr)?;
     let _ = c.lift_all_fences();
     let drained = c.quiesce(DRAIN_LIMIT).await;
-    c.hub.kill9();
+    c.hub.kill()?;
     for n in &mut c.nodes {
-        n.kill9();
+        n.proc_mut().kill()?;
     }
     let report = checker::check(&c.inputs(true))?;
     f.accepted = counters.accepted.load(Ordering::SeqCst);
@@ -211,14 +212,15 @@ impl Nemesis {
     /// Resumes, heals and restarts whatever is due.
     fn settle(&mut self, c: &mut Cluster, addr: &Mutex<Option<SocketAddr>>) -> anyhow::Result<()> {
         let now = Instant::now();
-        for p in &mut self.paused {
+        for (i, p) in self.paused.iter_mut().enumerate() {
             if let Some((pid, at)) = *p
                 && at <= now
             {
-                let _ = std::process::Command::new("kill")
-                    .args(["-CONT", &pid.to_string()])
-                    .stderr(std::process::Stdio::null())
-                    .status();
+                // Only the run that was paused; a killed one is gone, its restart never paused.
+                let proc = c.proc(i);
+                if proc.pid() == Some(pid) {
+                    let _ = proc.signal(Signal::SIGCONT);
+                }
                 *p = None;
             }
         }
@@ -262,14 +264,14 @@ impl Nemesis {
 /// of the hub address current.
 fn tend(c: &mut Cluster, addr: &Mutex<Option<SocketAddr>>, down: &[bool]) -> anyhow::Result<()> {
     let hub_down = down.last().copied().unwrap_or(false);
-    if !hub_down && !c.hub.running() {
+    if !hub_down && !c.hub.proc_mut().running() {
         c.start_hub(None)?;
         if let Ok(mut a) = addr.lock() {
             *a = c.hub.addr();
         }
     }
     for (i, n) in c.nodes.iter_mut().enumerate() {
-        if !down.get(i).copied().unwrap_or(false) && !n.running() {
+        if !down.get(i).copied().unwrap_or(false) && !n.proc_mut().running() {
             n.start(None)?;
         }
     }

@@ -1,8 +1,8 @@
 //! R1: every crash point in `baton-hub` and `baton-node` × 3 seeds, with real processes; each run
 //! must end with zero checker violations, and the armed point must actually have fired.
 
-use baton_fault::cluster::Bins;
 use baton_fault::matrix::{CRASH_POINTS, crash_run};
+use baton_testkit::Binaries;
 use std::collections::BTreeSet;
 use std::path::Path;
 
@@ -35,7 +35,7 @@ fn the_matrix_covers_every_crash_point_in_the_source() {
 }
 
 fn run_points(filter: impl Fn(&str) -> bool) {
-    let bins = Bins::locate(true).unwrap();
+    let bins = Binaries::build().unwrap();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let only = std::env::var("BATON_FAULT_POINT").ok();
     let mut failures = Vec::new();

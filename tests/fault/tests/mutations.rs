@@ -4,14 +4,15 @@
 //! must report nothing.
 
 use baton_fault::checker::{self, Report};
-use baton_fault::cluster::{Bins, Cluster};
+use baton_fault::cluster::Cluster;
 use baton_fault::matrix::clean_cluster;
 use baton_fault::records::{EffectLine, HistoryLine, LineWriter, read_lines};
+use baton_testkit::Binaries;
 use rusqlite::Connection;
 use std::collections::BTreeSet;
 
 fn with_cluster(seed: u64, mutate: impl FnOnce(&Cluster)) -> Report {
-    let bins = Bins::locate(true).unwrap();
+    let bins = Binaries::build().unwrap();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let c = rt.block_on(clean_cluster(&bins, seed)).unwrap();
     let before = checker::check(&c.inputs(true)).unwrap();

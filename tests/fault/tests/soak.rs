@@ -1,12 +1,12 @@
 //! The short fixed-seed soak, so `baton-soak` cannot rot: 30 s of kills, pauses, partitions and
 //! fences against hub + 3 nodes, then heal, drain and zero checker violations.
 
-use baton_fault::cluster::Bins;
 use baton_fault::soak::{self, SoakConfig};
+use baton_testkit::Binaries;
 
 #[test]
 fn a_short_fixed_seed_soak_has_no_violations() {
-    let bins = Bins::locate(true).unwrap();
+    let bins = Binaries::build().unwrap();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let cfg = SoakConfig { seconds: 30, seed: 1, pause_ms_max: 3000 };
     let r = rt.block_on(soak::run(&bins, cfg, &mut |l| eprintln!("nemesis: {l}"))).unwrap();

@@ -3,7 +3,6 @@
 //! check. Prints the figures one `name: value` a line, `violations` last; exits 1 on any
 //! violation (2 when the run could not be set up).
 
-use baton_fault::cluster::Bins;
 use baton_fault::soak::{self, SoakConfig};
 use clap::Parser;
 use std::process::ExitCode;
@@ -30,7 +29,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     println!("seed: {}", cli.seed);
     let run = || -> anyhow::Result<soak::SoakResult> {
-        let bins = Bins::locate(false)?;
+        let bins = baton_testkit::Binaries::locate()?;
         let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
         let cfg = SoakConfig { seconds: cli.seconds, seed: cli.seed, pause_ms_max: cli.pause_ms_max };
         let verbose = cli.verbose;

@@ -1,0 +1,196 @@
+//! The binaries under test, and how a command is run: with a scrubbed environment, to
+//! completion under a deadline.
+//!
+//! `CARGO_BIN_EXE_<name>` is set only for the package that owns a binary, so the suites find
+//! `baton-hub` and `baton-node` another way (ripgrep's `tests/util.rs` fallback): a path named
+//! in the environment, else the target directory next to the running executable
+//! (`target/debug/deps/it-*` and `target/release/baton-bench` both give `target/<profile>/`).
+//! `cargo test` does not build other packages' binaries, and a stale binary tests old code, so
+//! `Binaries::build` builds them there first, once per process, with `--all-features` (crash
+//! points compiled in; the same features as the test command, so neither build undoes the
+//! other).
+
+use anyhow::{Context, anyhow, bail};
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// Names the `baton-hub` binary to use instead of the one next to the running executable.
+pub const HUB_BIN_VAR: &str = "BATON_HUB_BIN";
+/// Names the `baton-node` binary to use instead of the one next to the running executable.
+pub const NODE_BIN_VAR: &str = "BATON_NODE_BIN";
+/// `1` skips the build in `Binaries::build` (the binaries are taken as they are).
+pub const NO_BUILD_VAR: &str = "BATON_TESTS_NO_BUILD";
+/// The log filter every child gets in `BATON_LOG` (the tests wait for `info` lines).
+pub const CHILD_LOG_FILTER: &str = "info";
+/// How often a running command is checked for its exit.
+pub(crate) const EXIT_POLL: Duration = Duration::from_millis(10);
+
+/// The two binaries the suites drive.
+#[derive(Debug, Clone)]
+pub struct Binaries {
+    /// `baton-hub`.
+    pub hub: PathBuf,
+    /// `baton-node`.
+    pub node: PathBuf,
+}
+
+impl Binaries {
+    /// The binaries named by `BATON_HUB_BIN` / `BATON_NODE_BIN`, else the ones next to the
+    /// running executable. Fails when one is not a file.
+    pub fn locate() -> anyhow::Result<Binaries> {
+        Binaries::at(None, None)
+    }
+
+    /// `hub` and `node` where given, else as `locate` finds them.
+    pub fn at(hub: Option<PathBuf>, node: Option<PathBuf>) -> anyhow::Result<Binaries> {
+        let dir = profile_dir()?;
+        let pick = |given: Option<PathBuf>, var: &str, name: &str| -> anyhow::Result<PathBuf> {
+            let path = given.or_else(|| std::env::var_os(var).map(PathBuf::from)).unwrap_or_else(|| dir.join(name));
+            if !path.is_file() {
+                bail!("{name} not found at {}; build it (cargo build -p {name}) or name it with {var}", path.display());
+            }
+            Ok(path)
+        };
+        Ok(Binaries { hub: pick(hub, HUB_BIN_VAR, "baton-hub")?, node: pick(node, NODE_BIN_VAR, "baton-node")? })
+    }
+
+    /// Builds both binaries next to the running executable (same profile, `--all-features`)
+    /// once per process, then `locate`s them. The build is skipped when both are named in the
+    /// environment or `BATON_TESTS_NO_BUILD=1`.
+    pub fn build() -> anyhow::Result<Binaries> {
+        static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
+        let named = std::env::var_os(HUB_BIN_VAR).is_some() && std::env::var_os(NODE_BIN_VAR).is_some();
+        let skip = named || std::env::var_os(NO_BUILD_VAR).is_some_and(|v| v == "1");
+        if !skip {
+            BUILT.get_or_init(|| cargo_build().map_err(|e| format!("{e:#}"))).clone().map_err(|e| anyhow!(e))?;
+        }
+        Binaries::locate()
+    }
+
+    /// A scrubbed `baton-hub` command (see `command`).
+    pub fn hub_command(&self) -> Command {
+        command(&self.hub)
+    }
+
+    /// A scrubbed `baton-node` command (see `command`).
+    pub fn node_command(&self) -> Command {
+        command(&self.node)
+    }
+}
+
+/// `target/<profile>`: the directory of the running executable, above `deps/` for a test.
+fn profile_dir() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe().context("locating the running executable")?;
+    let mut dir = exe.parent().ok_or_else(|| anyhow!("{} has no directory", exe.display()))?.to_path_buf();
+    if dir.file_name().is_some_and(|n| n == "deps") {
+        dir.pop();
+    }
+    Ok(dir)
+}
+
+fn cargo_build() -> anyhow::Result<()> {
+    let profile_dir = profile_dir()?;
+    let target = profile_dir.parent().ok_or_else(|| anyhow!("no target directory above {}", profile_dir.display()))?;
+    let profile = profile_dir.file_name().and_then(OsStr::to_str).unwrap_or("debug");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.args(["build", "--quiet", "-p", "baton-hub", "-p", "baton-node", "--all-features", "--target-dir"])
+        .arg(target)
+        .current_dir(env!("CARGO_MANIFEST_DIR"));
+    match profile {
+        "debug" => {}
+        "release" => {
+            cmd.arg("--release");
+        }
+        other => {
+            cmd.args(["--profile", other]);
+        }
+    }
+    let out = cmd.output().context("running cargo build")?;
+    if !out.status.success() {
+        bail!("cargo build -p baton-hub -p baton-node failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(())
+}
+
+/// A command for `program` with a scrubbed environment: only `PATH` survives, `BATON_LOG` is
+/// `CHILD_LOG_FILTER`, and stdin is empty. Whatever the test process inherited (a developer's
+/// `BATON_NODE_*` or `BATON_HUB_DATA_DIR`) cannot leak into the run.
+pub fn command(program: &Path) -> Command {
+    let mut cmd = Command::new(program);
+    cmd.env_clear();
+    if let Some(path) = std::env::var_os("PATH") {
+        cmd.env("PATH", path);
+    }
+    cmd.env(baton_shared::logging::FILTER_VAR, CHILD_LOG_FILTER);
+    cmd.stdin(Stdio::null());
+    cmd
+}
+
+/// Runs `cmd` to completion with stdout and stderr captured. A command still running after
+/// `limit` is killed and the call fails.
+pub fn run(mut cmd: Command, limit: Duration) -> anyhow::Result<Output> {
+    // Files, not pipes: a chatty command cannot block on a full pipe while we wait for it.
+    let dir = tempfile::tempdir()?;
+    let (out_path, err_path) = (dir.path().join("stdout"), dir.path().join("stderr"));
+    cmd.stdout(std::fs::File::create(&out_path)?).stderr(std::fs::File::create(&err_path)?);
+    let mut child = cmd.spawn().with_context(|| format!("spawning {cmd:?}"))?;
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait()? {
+            break s;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("{cmd:?} was still running after {limit:?}; killed it");
+        }
+        std::thread::sleep(EXIT_POLL);
+    };
+    Ok(Output { status, stdout: std::fs::read(&out_path)?, stderr: std::fs::read(&err_path)? })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_captures_both_streams_and_the_status() {
+        let mut cmd = command(Path::new("sh"));
+        cmd.args(["-c", "echo out; echo err >&2; exit 3"]);
+        let out = run(cmd, Duration::from_secs(20)).unwrap();
+        assert_eq!((out.status.code(), &out.stdout[..], &out.stderr[..]), (Some(3), &b"out\n"[..], &b"err\n"[..]));
+    }
+
+    #[test]
+    fn run_kills_a_command_that_outlives_its_deadline() {
+        let mut cmd = command(Path::new("sleep"));
+        cmd.arg("60");
+        let err = run(cmd, Duration::from_millis(100)).unwrap_err().to_string();
+        assert!(err.contains("still running after"), "{err}");
+    }
+
+    #[test]
+    fn commands_run_with_a_scrubbed_environment() {
+        let out = run(command(Path::new("env")), Duration::from_secs(20)).unwrap();
+        let text = String::from_utf8(out.stdout).unwrap();
+        let mut names: Vec<&str> = text.lines().filter_map(|l| l.split_once('=').map(|(k, _)| k)).collect();
+        names.sort();
+        let expected: Vec<&str> =
+            if std::env::var_os("PATH").is_some() { vec!["BATON_LOG", "PATH"] } else { vec!["BATON_LOG"] };
+        assert_eq!(names, expected, "{text}");
+        assert!(text.contains(&format!("BATON_LOG={CHILD_LOG_FILTER}\n")), "{text}");
+    }
+
+    #[test]
+    fn binaries_that_do_not_exist_are_reported_with_how_to_name_them() {
+        let missing = PathBuf::from("/nonexistent/baton-hub");
+        let err = Binaries::at(Some(missing), Some(PathBuf::from("/bin/sh"))).unwrap_err().to_string();
+        assert!(err.contains("/nonexistent/baton-hub") && err.contains(HUB_BIN_VAR), "{err}");
+        let found = Binaries::at(Some(PathBuf::from("/bin/sh")), Some(PathBuf::from("/bin/sh"))).unwrap();
+        assert_eq!(found.hub, PathBuf::from("/bin/sh"));
+    }
+}

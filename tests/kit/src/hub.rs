@@ -1,0 +1,301 @@
+//! `Hub`: one hub data directory, the operator CLI run against it, the identities enrolled in
+//! it, and its `serve` process.
+//!
+//! Directory layout under the root a suite hands in: `hub/` (the data directory), `certs/`
+//! (what `enroll` writes), `logs/` (`hub.log`, `hub.stdout`, every `serve` run appended).
+//!
+//! `serve` is ready when it answers `GET /readyz` with 200 over mTLS (store open, startup repair
+//! done), not merely when `hub.addr` appears: the address file is only the way to learn the
+//! port. A `serve` that exits first (an armed crash point in startup repair, a refused store)
+//! is reported as `Started::Exited`, not as an error, because the fault suite expects it.
+
+use crate::EVENT_WAIT;
+use crate::bins::{self, Binaries, EXIT_POLL};
+use crate::identity::{Identity, Role, client_builder};
+use crate::proc::{Proc, tail};
+use anyhow::{Context, anyhow, bail};
+use std::collections::BTreeMap;
+use std::ffi::{OsStr, OsString};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Output};
+use std::time::{Duration, Instant};
+
+/// How long one `/readyz` probe may take before it counts as unanswered.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// The pause between two `/readyz` probes.
+const PROBE_PACE: Duration = Duration::from_millis(50);
+/// Lines of the log quoted when `serve` does not become ready.
+const ERROR_TAIL_LINES: usize = 30;
+
+/// How a `serve` start ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Started {
+    /// Listening on this address and answering `/readyz` with 200.
+    Ready(SocketAddr),
+    /// It exited before it was ready, with this status.
+    Exited(ExitStatus),
+}
+
+/// One hub data directory and, while it runs, its `serve` process.
+#[derive(Debug)]
+pub struct Hub {
+    bins: Binaries,
+    data: PathBuf,
+    certs: PathBuf,
+    /// Recorded as the actor of every operator change (`BATON_OPERATOR`).
+    operator: String,
+    identities: BTreeMap<String, Identity>,
+    /// Where `serve` listens; port 0 picks a free port on every start.
+    listen: SocketAddr,
+    /// Extra environment for every `serve` run.
+    env: Vec<(String, String)>,
+    /// How long a `serve` start may take to become ready.
+    ready_within: Duration,
+    /// The address of the latest `serve` that became ready, until it is killed.
+    addr: Option<SocketAddr>,
+    serve: Proc,
+}
+
+impl Hub {
+    /// A hub rooted at `root` (see the module docs), not initialised; `operator` is the name
+    /// the CLI records for operator changes.
+    pub fn new(bins: &Binaries, root: &Path, operator: &str) -> anyhow::Result<Hub> {
+        let logs = root.join("logs");
+        std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
+        Ok(Hub {
+            bins: bins.clone(),
+            data: root.join("hub"),
+            certs: root.join("certs"),
+            operator: operator.to_string(),
+            identities: BTreeMap::new(),
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            env: Vec::new(),
+            ready_within: EVENT_WAIT,
+            addr: None,
+            serve: Proc::new(&logs, "hub"),
+        })
+    }
+
+    /// `new`, then `baton-hub init`.
+    pub fn init(bins: &Binaries, root: &Path, operator: &str) -> anyhow::Result<Hub> {
+        let hub = Hub::new(bins, root, operator)?;
+        hub.cli(["init"])?;
+        Ok(hub)
+    }
+
+    /// The data directory (`--data-dir`).
+    pub fn data_dir(&self) -> &Path {
+        &self.data
+    }
+
+    /// The hub database.
+    pub fn db(&self) -> PathBuf {
+        self.data.join("hub.db")
+    }
+
+    /// Where `enroll` writes certificates and keys.
+    pub fn certs_dir(&self) -> &Path {
+        &self.certs
+    }
+
+    /// A scrubbed `baton-hub --data-dir DIR ARGS…` command with `BATON_OPERATOR` set.
+    pub fn command<I, S>(&self, args: I) -> Command
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let mut cmd = self.bins.hub_command();
+        cmd.env("BATON_OPERATOR", &self.operator).arg("--data-dir").arg(&self.data).args(args);
+        cmd
+    }
+
+    /// Runs an operator command to completion (within `EVENT_WAIT`) and returns what it did.
+    pub fn cli_output<I, S>(&self, args: I) -> anyhow::Result<Output>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        bins::run(self.command(args), EVENT_WAIT)
+    }
+
+    /// Runs an operator command; fails unless it exits 0. Returns its stdout.
+    pub fn cli<I, S>(&self, args: I) -> anyhow::Result<String>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let args: Vec<OsString> = args.into_iter().map(|a| a.as_ref().to_os_string()).collect();
+        let out = self.cli_output(&args)?;
+        if !out.status.success() {
+            let shown: Vec<String> = args.iter().map(|a| a.to_string_lossy().into_owned()).collect();
+            bail!(
+                "baton-hub {} exited {}:\nstdout: {}\nstderr: {}",
+                shown.join(" "),
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        String::from_utf8(out.stdout).context("the CLI's stdout is not UTF-8")
+    }
+
+    /// `baton-hub enroll ROLE NAME --out CERTS`; returns (and remembers) the identity.
+    pub fn enroll(&mut self, role: Role, name: &str) -> anyhow::Result<Identity> {
+        let certs = self.certs.clone();
+        self.cli([
+            OsStr::new("enroll"),
+            OsStr::new(role.as_str()),
+            OsStr::new(name),
+            OsStr::new("--out"),
+            certs.as_os_str(),
+        ])?;
+        self.enrolled(role, name)
+    }
+
+    /// Remembers the identity `name` that an `enroll` run by the caller wrote into `certs_dir`
+    /// (for a caller that shows the command's output itself). Fails when a file is missing.
+    pub fn enrolled(&mut self, role: Role, name: &str) -> anyhow::Result<Identity> {
+        let id = Identity {
+            role,
+            name: name.to_string(),
+            cert: self.certs.join(format!("{name}.crt")),
+            key: self.certs.join(format!("{name}.key")),
+            ca: self.certs.join("ca.crt"),
+        };
+        for p in [&id.cert, &id.key, &id.ca] {
+            if !p.is_file() {
+                bail!("enroll did not write {}", p.display());
+            }
+        }
+        self.identities.insert(name.to_string(), id.clone());
+        Ok(id)
+    }
+
+    /// An identity enrolled earlier.
+    pub fn identity(&self, name: &str) -> anyhow::Result<&Identity> {
+        self.identities.get(name).ok_or_else(|| anyhow!("{name} was not enrolled"))
+    }
+
+    /// Every later `serve` listens on `addr` (a restart that nodes must find again).
+    pub fn listen_on(&mut self, addr: SocketAddr) {
+        self.listen = addr;
+    }
+
+    /// An environment variable for every later `serve` run (`LD_PRELOAD`, say).
+    pub fn set_env(&mut self, key: &str, value: &str) {
+        self.env.push((key.to_string(), value.to_string()));
+    }
+
+    /// Drops the extra environment for later runs.
+    pub fn clear_env(&mut self) {
+        self.env.clear();
+    }
+
+    /// How long later `serve` starts may take to become ready (default `EVENT_WAIT`; a store
+    /// holding a large backlog takes longer to open).
+    pub fn set_ready_within(&mut self, limit: Duration) {
+        self.ready_within = limit;
+    }
+
+    /// Starts `serve` (with `BATON_CRASH_POINT` armed if given) and waits until it is ready or
+    /// has exited. Fails when it is already running, when no identity was enrolled to probe it
+    /// with, or when it is neither ready nor gone within the limit.
+    pub fn serve(&mut self, crash_point: Option<&str>) -> anyhow::Result<Started> {
+        let probe = self.identities.values().next().ok_or_else(|| anyhow!("serve needs an enrolled identity"))?;
+        let (ca, pem) = (probe.ca_pem()?, probe.pem()?);
+        let addr_file = self.data.join("hub.addr");
+        if let Err(e) = std::fs::remove_file(&addr_file)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            return Err(e).with_context(|| format!("removing {}", addr_file.display()));
+        }
+        let mut cmd = self.command([OsString::from("serve"), "--listen".into(), self.listen.to_string().into()]);
+        if let Some(p) = crash_point {
+            cmd.env(baton_shared::crash::CRASH_POINT_ENV, p);
+        }
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        self.addr = None;
+        self.serve.spawn(cmd)?;
+        let deadline = Instant::now() + self.ready_within;
+        let addr = loop {
+            if let Some(addr) = std::fs::read_to_string(&addr_file).ok().and_then(|t| t.trim().parse().ok()) {
+                break addr;
+            }
+            if let Some(status) = self.serve.wait_exit(Duration::ZERO)? {
+                return Ok(Started::Exited(status));
+            }
+            if Instant::now() > deadline {
+                bail!("{}", self.not_ready(&format!("wrote no {}", addr_file.display())));
+            }
+            std::thread::sleep(EXIT_POLL);
+        };
+        loop {
+            let timeout = PROBE_TIMEOUT.min(deadline.saturating_duration_since(Instant::now())).max(PROBE_PACE);
+            let last = match probe_ready(&ca, &pem, addr, timeout) {
+                Ok(200) => {
+                    self.addr = Some(addr);
+                    return Ok(Started::Ready(addr));
+                }
+                Ok(status) => format!("answered {status}"),
+                Err(e) => format!("failed: {e:#}"),
+            };
+            if let Some(status) = self.serve.wait_exit(Duration::ZERO)? {
+                return Ok(Started::Exited(status));
+            }
+            if Instant::now() > deadline {
+                bail!("{}", self.not_ready(&format!("listens on {addr}, but GET /readyz {last}")));
+            }
+            std::thread::sleep(PROBE_PACE);
+        }
+    }
+
+    fn not_ready(&self, what: &str) -> String {
+        format!(
+            "baton-hub serve {what} within {:?}; end of {}:\n{}",
+            self.ready_within,
+            self.serve.log_path().display(),
+            tail(&self.serve.stderr(), ERROR_TAIL_LINES)
+        )
+    }
+
+    /// The address of the latest `serve` that became ready (`None` before, and after `kill`).
+    pub fn addr(&self) -> Option<SocketAddr> {
+        self.addr
+    }
+
+    /// SIGKILLs `serve` if it runs and reaps it; returns how the run ended.
+    pub fn kill(&mut self) -> anyhow::Result<Option<ExitStatus>> {
+        self.addr = None;
+        self.serve.kill()
+    }
+
+    /// The `serve` process: signals, exit, logs.
+    pub fn proc(&self) -> &Proc {
+        &self.serve
+    }
+
+    /// The `serve` process, to signal, wait for or stop it.
+    pub fn proc_mut(&mut self) -> &mut Proc {
+        &mut self.serve
+    }
+}
+
+/// One `GET /readyz` with `identity` on a thread of its own (callers may be inside a runtime
+/// or not); returns the HTTP status.
+fn probe_ready(ca: &[u8], identity: &[u8], addr: SocketAddr, timeout: Duration) -> anyhow::Result<u16> {
+    std::thread::scope(|s| {
+        s.spawn(|| -> anyhow::Result<u16> {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            rt.block_on(async {
+                let client = client_builder(ca, Some(identity))?.timeout(timeout).build()?;
+                let r = client.get(format!("https://{addr}/readyz")).send().await?;
+                Ok(r.status().as_u16())
+            })
+        })
+        .join()
+        .map_err(|_| anyhow!("the readiness probe panicked"))?
+    })
+}
