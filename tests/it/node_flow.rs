@@ -146,7 +146,7 @@ fn bad_config_is_refused_with_exit_2_naming_the_key() {
     }
 }
 
-/// A second `baton-node run` on a data directory in use is refused (exit 1, saying why); the
+/// A second `baton-node run` on a data directory in use is refused (exit 4, saying why); the
 /// running node is unaffected and keeps working.
 #[test]
 fn a_second_process_on_the_same_data_directory_is_refused() {
@@ -155,7 +155,7 @@ fn a_second_process_on_the_same_data_directory_is_refused() {
     node.wait_log("holdings resync");
     let out = output_within(node.second_run_command(), EVENT_WAIT);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "exited {}: {stderr}", out.status);
+    assert_eq!(out.status.code(), Some(i32::from(baton_shared::exit::FAILURE)), "exited {}: {stderr}", out.status);
     assert!(stderr.contains("another baton-node is running"), "{stderr}");
     assert!(node.is_running());
     let id = hub.send_one("conv", "k1", "host-a");
