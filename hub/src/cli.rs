@@ -7,7 +7,8 @@
 use crate::config::{CONFIG_TEMPLATE, HubConfig};
 use crate::datadir::{DATA_DIR_DEFAULT, DATA_DIR_ENV, DataDir};
 use crate::store::accept::{self, AcceptLimits, Accepted, NewMessage};
-use crate::store::claim::{FenceKind, FenceScope};
+use crate::store::fences::{self, FenceKind, FenceScope, NewFence};
+use crate::store::hosts::{self, Issued};
 use crate::store::operator::{self, Selector};
 use crate::store::read::{self, DeliveryFilter};
 use crate::store::{self, StoreError, in_write_txn};
@@ -430,6 +431,44 @@ fn print_table(header: &[&str], rows: &[Vec<String>]) -> CliResult {
     Ok(())
 }
 
+fn fence_json(r: &fences::FenceRow) -> serde_json::Value {
+    serde_json::json!({
+        "id": r.id, "kind": r.kind.as_str(), "scope": r.scope.as_str(), "target": r.target, "set_by": r.set_by,
+        "set_at_ms": r.set_at_ms, "reason": r.reason, "lifted_at_ms": r.lifted_at_ms, "lifted_by": r.lifted_by,
+    })
+}
+
+fn delivery_json(r: &read::DeliveryRow) -> serde_json::Value {
+    serde_json::json!({
+        "delivery_id": r.delivery_id, "message_id": r.message_id, "host": r.host, "conversation": r.conversation,
+        "seq": r.seq, "state": r.state.as_str(), "instance_id": r.instance_id, "reason": r.reason,
+        "updated_at_ms": r.updated_at_ms, "outcome": r.outcome.map(|o| o.as_str()),
+    })
+}
+
+fn detail_json(d: &read::DeliveryDetail) -> serde_json::Value {
+    let events: Vec<_> = d
+        .events
+        .iter()
+        .map(|e| {
+            serde_json::json!({
+                "id": e.id, "from_state": e.from_state.map(|s| s.as_str()), "to_state": e.to_state.as_str(),
+                "actor_kind": e.actor_kind.as_str(), "actor": e.actor, "instance_id": e.instance_id,
+                "reason": e.reason, "at_ms": e.at_ms,
+            })
+        })
+        .collect();
+    serde_json::json!({"delivery": delivery_json(&d.delivery), "events": events, "attempts": d.attempts})
+}
+
+fn status_json(s: &read::StatusView) -> serde_json::Value {
+    let deliveries: Vec<_> = s.deliveries.iter().map(|(st, n)| serde_json::json!([st.as_str(), n])).collect();
+    serde_json::json!({
+        "deliveries": deliveries, "messages": s.messages, "pending_fanout": s.pending_fanout,
+        "active_fences": s.active_fences, "hosts": s.hosts, "attempts": s.attempts, "schema_version": s.schema_version,
+    })
+}
+
 fn fmt_ms(ms: i64) -> String {
     let t = time::OffsetDateTime::from_unix_timestamp_nanos(ms as i128 * 1_000_000)
         .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
@@ -453,12 +492,9 @@ pub fn run(cli: &Cli) -> CliResult {
         }
         Command::Renew { name, out, days } => {
             let conn = open_db(&dir)?;
-            let roles: Vec<String> = conn
-                .prepare("SELECT DISTINCT role FROM certificates WHERE name = ?1")
-                .and_then(|mut s| s.query_map([name], |r| r.get(0))?.collect())
-                .map_err(StoreError::from)?;
+            let roles = hosts::enrolled_roles(&conn, name)?;
             let role = match roles.as_slice() {
-                [r] => Role::parse(r).ok_or_else(|| CliError::new(EXIT_FAILURE, "bad role in the record"))?,
+                [r] => *r,
                 [] => return Err(CliError::new(EXIT_NOT_FOUND, format!("{name} was never enrolled"))),
                 _ => return Err(CliError::new(EXIT_USAGE, format!("{name} is enrolled as both node and producer"))),
             };
@@ -466,7 +502,7 @@ pub fn run(cli: &Cli) -> CliResult {
         }
         Command::Revoke { name, why } => {
             let conn = open_db(&dir)?;
-            let serials = in_write_txn(&conn, |c| operator::revoke(c, name, &op, &why.reason, now_ms()))?;
+            let serials = in_write_txn(&conn, |c| hosts::revoke(c, name, &op, &why.reason, now_ms()))?;
             writeln!(out(), "revoked {} certificate(s) of {name}: {}", serials.len(), serials.join(", "))?;
             Ok(())
         }
@@ -581,20 +617,8 @@ fn enroll(dir: &DataDir, role: Role, name: &str, out_dir: &Path, days: u32) -> C
             return Err(CliError::new(EXIT_USAGE, format!("{} exists; refusing to overwrite it", p.display())));
         }
     }
-    in_write_txn(&conn, |c| {
-        if role == Role::Node {
-            let retired: Option<Option<i64>> = c
-                .query_row("SELECT retired_at FROM hosts WHERE name = ?1", [name], |r| r.get(0))
-                .map(Some)
-                .or_else(|e| if e == rusqlite::Error::QueryReturnedNoRows { Ok(None) } else { Err(e) })?;
-            if let Some(Some(_)) = retired {
-                return Err(StoreError::Invalid(format!("host {name} is retired")));
-            }
-            operator::add_host(c, name, now_ms())?;
-        }
-        operator::record_certificate(c, &leaf.serial, role.as_str(), name, leaf.not_after_unix, now_ms())?;
-        operator::record_operator_event(c, &format!("enroll_{role}"), name, "cli", None, now_ms())
-    })?;
+    let issued = Issued { role, name, serial: &leaf.serial, not_after_unix: leaf.not_after_unix };
+    in_write_txn(&conn, |c| hosts::enroll(c, issued, "cli", now_ms()))?;
     write_new(&key_path, &leaf.key_pem, true)?;
     write_new(&cert_path, &leaf.cert_pem, false)?;
     let ca_out = out_dir.join("ca.crt");
@@ -612,23 +636,23 @@ fn fence(dir: &DataDir, op: &str, f: &FenceCmd) -> CliResult {
         FenceCmd::Hold(s) => (FenceKind::Hold, s),
         FenceCmd::Block(s) => (FenceKind::Block, s),
         FenceCmd::Lift { id, why } => {
-            in_write_txn(&conn, |c| operator::fence_lift(c, *id, op, &why.reason, now_ms()))?;
+            in_write_txn(&conn, |c| fences::lift(c, *id, op, &why.reason, now_ms()))?;
             wake::notify(&dir.wake_socket());
             writeln!(out(), "lifted fence {id}")?;
             return Ok(());
         }
         FenceCmd::List { all, json } => {
-            let rows = operator::fence_list(&conn, *all)?;
+            let rows = fences::list(&conn, *all)?;
             if *json {
-                return print_json(&rows);
+                return print_json(&rows.iter().map(fence_json).collect::<Vec<_>>());
             }
             let rows: Vec<Vec<String>> = rows
                 .iter()
                 .map(|r| {
                     vec![
                         r.id.to_string(),
-                        r.kind.clone(),
-                        r.scope.clone(),
+                        r.kind.as_str().to_string(),
+                        r.scope.as_str().to_string(),
                         r.target.clone().unwrap_or_else(|| "*".into()),
                         r.set_by.clone(),
                         fmt_ms(r.set_at_ms),
@@ -651,7 +675,8 @@ fn fence(dir: &DataDir, op: &str, f: &FenceCmd) -> CliResult {
         }
         _ => (FenceScope::All, None),
     };
-    let id = in_write_txn(&conn, |c| operator::fence_set(c, kind, scope, target, op, &set.why.reason, now_ms()))?;
+    let new = NewFence { kind, scope, target, operator: op, reason: &set.why.reason };
+    let id = in_write_txn(&conn, |c| fences::set(c, new, now_ms()))?;
     if set.json {
         return print_json(
             &serde_json::json!({"id": id, "kind": kind.as_str(), "scope": scope.as_str(), "target": target}),
@@ -675,8 +700,8 @@ fn delivery_rows(rows: &[read::DeliveryRow]) -> Vec<Vec<String>> {
                 r.host.clone(),
                 r.conversation.clone(),
                 r.seq.to_string(),
-                r.state.clone(),
-                r.outcome.clone().unwrap_or_else(|| "-".into()),
+                r.state.to_string(),
+                r.outcome.map(|o| o.to_string()).unwrap_or_else(|| "-".into()),
                 fmt_ms(r.updated_at_ms),
                 r.reason.clone().unwrap_or_default(),
             ]
@@ -691,14 +716,14 @@ fn held(dir: &DataDir, op: &str, h: &HeldCmd) -> CliResult {
     match h {
         HeldCmd::List { conversation, json } => {
             let f = DeliveryFilter {
-                state: Some("held".into()),
+                state: Some(baton_shared::states::DeliveryState::Held),
                 conversation: conversation.clone(),
                 limit: 100_000,
                 ..Default::default()
             };
             let rows = read::list_deliveries(&conn, &f)?;
             if *json {
-                return print_json(&rows);
+                return print_json(&rows.iter().map(delivery_json).collect::<Vec<_>>());
             }
             print_table(&DELIVERY_HEADER, &delivery_rows(&rows))
         }
@@ -723,30 +748,28 @@ fn deliveries(dir: &DataDir, op: &str, d: &DeliveriesCmd) -> CliResult {
     let conn = open_db(dir)?;
     match d {
         DeliveriesCmd::List { state, host, conversation, limit, json } => {
-            if let Some(s) = state
-                && baton_shared::states::DeliveryState::parse(s).is_none()
-            {
-                return Err(CliError::new(
-                    EXIT_USAGE,
-                    format!("--state {s:?} is not one of queued, claimed, mirrored, delivered, held, failed, unknown"),
-                ));
-            }
-            let f = DeliveryFilter {
-                state: state.clone(),
-                host: host.clone(),
-                conversation: conversation.clone(),
-                limit: *limit,
+            let state = match state {
+                None => None,
+                Some(s) => Some(baton_shared::states::DeliveryState::parse(s).ok_or_else(|| {
+                    CliError::new(
+                        EXIT_USAGE,
+                        format!(
+                            "--state {s:?} is not one of queued, claimed, mirrored, delivered, held, failed, unknown"
+                        ),
+                    )
+                })?),
             };
+            let f = DeliveryFilter { state, host: host.clone(), conversation: conversation.clone(), limit: *limit };
             let rows = read::list_deliveries(&conn, &f)?;
             if *json {
-                return print_json(&rows);
+                return print_json(&rows.iter().map(delivery_json).collect::<Vec<_>>());
             }
             print_table(&DELIVERY_HEADER, &delivery_rows(&rows))
         }
         DeliveriesCmd::Show { id, json } => {
             let detail = read::delivery_detail(&conn, id)?;
             if *json {
-                return print_json(&detail);
+                return print_json(&detail_json(&detail));
             }
             let d = &detail.delivery;
             let mut o = out();
@@ -767,9 +790,9 @@ fn deliveries(dir: &DataDir, op: &str, d: &DeliveriesCmd) -> CliResult {
                     o,
                     "  {}  {:>9} -> {:<9}  {} {}{}",
                     fmt_ms(e.at_ms),
-                    e.from_state.clone().unwrap_or_else(|| "(new)".into()),
+                    e.from_state.map(|s| s.to_string()).unwrap_or_else(|| "(new)".into()),
                     e.to_state,
-                    e.actor_kind,
+                    e.actor_kind.as_str(),
                     e.actor,
                     e.reason.as_ref().map(|r| format!(": {r}")).unwrap_or_default()
                 )?;
@@ -868,7 +891,7 @@ fn status(dir: &DataDir, json: bool) -> CliResult {
     let s = read::status(&conn)?;
     let running = wake::notify(&dir.wake_socket());
     if json {
-        let mut v = serde_json::to_value(&s).map_err(|e| CliError::new(EXIT_FAILURE, e.to_string()))?;
+        let mut v = status_json(&s);
         v["hub_running"] = serde_json::Value::Bool(running);
         return print_json(&v);
     }
@@ -892,22 +915,20 @@ fn backup(dir: &DataDir, path: &Path) -> CliResult {
         return Err(CliError::new(EXIT_USAGE, format!("{} exists; refusing to overwrite it", path.display())));
     }
     let conn = open_db(dir)?;
-    let target = path.to_str().ok_or_else(|| CliError::new(EXIT_USAGE, "the backup path is not UTF-8"))?;
-    conn.execute("VACUUM INTO ?1", [target]).map_err(StoreError::from)?;
-    let copy = store::open_read(path)?;
-    let check: String = copy.query_row("PRAGMA integrity_check", [], |r| r.get(0)).map_err(StoreError::from)?;
-    if check != "ok" {
-        return Err(CliError::new(EXIT_FAILURE, format!("the copy failed its integrity check: {check}")));
-    }
+    store::backup::copy_to(&conn, path)?;
     writeln!(out(), "backup written to {} (integrity ok)", path.display())?;
     Ok(())
 }
 
 fn verify(dir: &DataDir, json: bool) -> CliResult {
     let conn = store::open_read(&dir.db())?;
-    let problems = crate::verify::check(&conn).map_err(CliError::from)?;
+    let problems = store::verify::check(&conn).map_err(CliError::from)?;
     if json {
-        print_json(&serde_json::json!({"problems": problems}))?;
+        let typed: Vec<_> = problems
+            .iter()
+            .map(|p| serde_json::json!({"kind": p.kind.as_str(), "subject": p.subject, "detail": p.detail}))
+            .collect();
+        print_json(&serde_json::json!({"problems": typed}))?;
     } else if problems.is_empty() {
         writeln!(out(), "ok: no invariant violated")?;
     } else {

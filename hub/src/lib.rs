@@ -20,8 +20,10 @@ pub mod http;
 pub mod server;
 pub mod store;
 pub mod tls;
-pub mod verify;
 pub mod wake;
+
+/// The offline invariant check, at the path tools outside the hub (the fault checker) use.
+pub use store::verify;
 
 /// Wall-clock milliseconds since the Unix epoch, the unit of every stored timestamp.
 pub fn now_ms() -> i64 {

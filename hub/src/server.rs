@@ -104,7 +104,7 @@ async fn publish_gauges(shared: Arc<Shared>) {
         match shared.readers.read(store::read::status).await {
             Ok(s) => {
                 for st in baton_shared::states::DeliveryState::ALL {
-                    let n = s.deliveries.iter().find(|(name, _)| name == st.as_str()).map(|(_, n)| *n).unwrap_or(0);
+                    let n = s.deliveries.iter().find(|(state, _)| *state == st).map(|(_, n)| *n).unwrap_or(0);
                     metrics::gauge!("baton_hub_deliveries", "state" => st.as_str()).set(n as f64);
                 }
                 metrics::gauge!("baton_hub_fanout_pending").set(s.pending_fanout as f64);

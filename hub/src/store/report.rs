@@ -4,7 +4,7 @@
 //! with different content is refused and changes nothing.
 
 use super::transition::Holder;
-use super::{StoreError, StoreResult, new_id};
+use super::{StoreError, StoreResult, corrupt, new_id, parse_column};
 use baton_shared::crash_point;
 use baton_shared::states::{DeliveryState, Outcome};
 use baton_shared::wire::AttemptView;
@@ -127,18 +127,26 @@ pub fn attempt(conn: &Connection, attempt_id: &str) -> StoreResult<AttemptView> 
         .query_row([attempt_id], attempt_row)?)
 }
 
-/// Maps an attempts row (in the column order used above) to its view.
+/// Maps an attempts row (in the column order used above) to its view. An outcome that does not
+/// parse, or a negative duration, is an error naming the attempt.
 pub fn attempt_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<AttemptView> {
-    let outcome: String = r.get(2)?;
+    let attempt_id: String = r.get(0)?;
+    let duration = match r.get::<_, Option<i64>>(4)? {
+        None => None,
+        Some(d) => Some(
+            u64::try_from(d)
+                .map_err(|_| corrupt(r, 4, "attempts", &attempt_id, "duration in milliseconds", &d.to_string()))?,
+        ),
+    };
     Ok(AttemptView {
-        attempt_id: r.get(0)?,
         report_id: r.get(1)?,
-        outcome: Outcome::parse(&outcome).unwrap_or(Outcome::Unknown),
+        outcome: parse_column(r, 2, "attempts", &attempt_id, "outcome", Outcome::parse)?,
         exit_code: r.get(3)?,
-        duration_ms: r.get::<_, Option<i64>>(4)?.map(|d| d.max(0) as u64),
+        duration_ms: duration,
         result: r.get(5)?,
         reason: r.get(6)?,
         reported_at_ms: r.get(7)?,
+        attempt_id,
     })
 }
 
