@@ -17,6 +17,7 @@ pub mod cli;
 pub mod config;
 pub mod datadir;
 pub mod http;
+pub mod lock;
 pub mod server;
 pub mod store;
 pub mod tls;
@@ -25,7 +26,9 @@ pub mod wake;
 /// The offline invariant check, at the path tools outside the hub (the fault checker) use.
 pub use store::verify;
 
-/// Wall-clock milliseconds since the Unix epoch, the unit of every stored timestamp.
+/// Wall-clock milliseconds since the Unix epoch, the unit of every stored timestamp. The hub
+/// itself reads time through an injected `Clock` (`baton_shared::clock`); this is for tools
+/// outside it that call the store functions directly (the benchmark's prefill).
 pub fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+    baton_shared::clock::system_now_ms()
 }

@@ -18,6 +18,7 @@ use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use baton_shared::clock::SharedClock;
 use baton_shared::error::ErrorCode;
 use baton_shared::ids::Role;
 use baton_shared::wire::ErrorBody;
@@ -46,6 +47,8 @@ pub struct Shared {
     pub ready: AtomicBool,
     /// The Prometheus recorder's handle, when metrics are on.
     pub metrics: Option<PrometheusHandle>,
+    /// Wall-clock time for everything stored (`now_ms` of the store functions).
+    pub clock: SharedClock,
 }
 
 /// The router's state.
@@ -489,6 +492,7 @@ mod openapi_tests {
             shutdown: CancellationToken::new(),
             ready: AtomicBool::new(true),
             metrics: None,
+            clock: baton_shared::clock::system(),
         });
         let app = app(state);
         for (method, path) in ROUTES {

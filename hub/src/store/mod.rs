@@ -292,6 +292,11 @@ pub fn open_read(path: &Path) -> Result<Connection, OpenError> {
     Ok(conn)
 }
 
+/// The schema version of the database (`PRAGMA user_version`): how many migrations it has.
+pub fn schema_version(conn: &Connection) -> StoreResult<i64> {
+    Ok(conn.query_row("PRAGMA user_version", [], |r| r.get(0))?)
+}
+
 /// Runs `f` inside one `BEGIN IMMEDIATE` transaction on `conn`, committing only if it succeeds.
 /// This is how the CLI (a separate process) writes; the hub's own writes go through `Writer`.
 pub fn in_write_txn<R>(conn: &Connection, f: impl FnOnce(&Connection) -> StoreResult<R>) -> StoreResult<R> {

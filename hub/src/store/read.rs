@@ -254,7 +254,7 @@ pub fn status(conn: &Connection) -> StoreResult<StatusView> {
         active_fences: super::fences::active_count(conn)?,
         hosts: super::hosts::active_count(conn)?,
         attempts: one("SELECT count(*) FROM attempts")?,
-        schema_version: one("PRAGMA user_version")?,
+        schema_version: super::schema_version(conn)?,
     })
 }
 
