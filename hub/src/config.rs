@@ -289,15 +289,31 @@ enum Raw {
     Text(String),
 }
 
-/// The layers merged: for each key given anywhere, the value of the highest layer.
+/// The layers, key by key: every value given for a key, lowest layer first. Every one of them
+/// is validated (an invalid file value is refused even when a flag overrides it); the highest
+/// one is used.
 #[derive(Debug, Default)]
 struct Merged {
-    values: BTreeMap<String, (Raw, Source)>,
+    values: BTreeMap<String, Vec<(Raw, Source)>>,
 }
 
 impl Merged {
-    fn get(&self, key: &Key) -> Option<&(Raw, Source)> {
-        self.values.get(&key.name.field())
+    fn add(&mut self, key: &Key, raw: Raw, source: Source) {
+        self.values.entry(key.name.field()).or_default().push((raw, source));
+    }
+
+    /// Parses every value given for `key` with `parse`; the highest layer's, or `default`.
+    fn resolve<T>(
+        &self,
+        key: &Key,
+        default: T,
+        parse: impl Fn(&Raw, &Source) -> Result<T, String>,
+    ) -> Result<T, String> {
+        let mut value = default;
+        for (raw, source) in self.values.get(&key.name.field()).map(Vec::as_slice).unwrap_or_default() {
+            value = parse(raw, source)?;
+        }
+        Ok(value)
     }
 
     fn int(&self, key: &Key) -> Result<u64, String> {
@@ -305,21 +321,24 @@ impl Merged {
             return Err(format!("{}: not a whole-number key", key.name.field()));
         };
         let field = key.name.field();
-        let Some((raw, source)) = self.get(key) else { return Ok(default) };
-        let v: i128 = match raw {
-            Raw::Toml(toml::Value::Integer(i)) => i128::from(*i),
-            Raw::Text(t) => t
-                .trim()
-                .parse()
-                .map_err(|_| source.tell(format!("{field} = {t:?} is not a whole number; allowed {min}..={max}")))?,
-            Raw::Toml(other) => {
-                return Err(source.tell(format!("{field} = {other} is not a whole number; allowed {min}..={max}")));
+        self.resolve(key, default, |raw, source| {
+            let out_of_range = |v: &dyn std::fmt::Display| {
+                source.tell(format!("{field} = {v} is out of range; allowed {min}..={max}"))
+            };
+            let v: i128 = match raw {
+                Raw::Toml(toml::Value::Integer(i)) => i128::from(*i),
+                Raw::Text(t) => t.trim().parse().map_err(|_| {
+                    source.tell(format!("{field} = {t:?} is not a whole number; allowed {min}..={max}"))
+                })?,
+                Raw::Toml(other) => {
+                    return Err(source.tell(format!("{field} = {other} is not a whole number; allowed {min}..={max}")));
+                }
+            };
+            if v < i128::from(min) || v > i128::from(max) {
+                return Err(out_of_range(&v));
             }
-        };
-        if v < i128::from(min) || v > i128::from(max) {
-            return Err(source.tell(format!("{field} = {v} is out of range; allowed {min}..={max}")));
-        }
-        u64::try_from(v).map_err(|_| source.tell(format!("{field} = {v} is out of range; allowed {min}..={max}")))
+            u64::try_from(v).map_err(|_| out_of_range(&v))
+        })
     }
 
     fn duration(&self, key: &Key) -> Result<Duration, String> {
@@ -327,13 +346,14 @@ impl Merged {
             return Err(format!("{}: not a duration key", key.name.field()));
         };
         let field = key.name.field();
-        let Some((raw, source)) = self.get(key) else { return Ok(default) };
-        let d = baton_shared::duration::parse(&field, text(raw, &field, source)?).map_err(|e| source.tell(e))?;
-        if d < min || d > max {
-            let range = key.range();
-            return Err(source.tell(format!("{field} = {} is out of range; allowed {range}", humanize(d))));
-        }
-        Ok(d)
+        self.resolve(key, default, |raw, source| {
+            let d = baton_shared::duration::parse(&field, text(raw, &field, source)?).map_err(|e| source.tell(e))?;
+            if d < min || d > max {
+                let range = key.range();
+                return Err(source.tell(format!("{field} = {} is out of range; allowed {range}", humanize(d))));
+            }
+            Ok(d)
+        })
     }
 
     fn addr(&self, key: &Key) -> Result<SocketAddr, String> {
@@ -341,13 +361,13 @@ impl Merged {
             return Err(format!("{}: not an address key", key.name.field()));
         };
         let field = key.name.field();
-        let (value, source) = match self.get(key) {
-            Some((raw, source)) => (text(raw, &field, source)?, source.clone()),
-            None => (default, Source::Default),
+        let parse = |value: &str, source: &Source| {
+            value.parse().map_err(|_| {
+                source.tell(format!("{field} = {value:?} is not an ADDR:PORT such as \"{LISTEN_DEFAULT}\""))
+            })
         };
-        value
-            .parse()
-            .map_err(|_| source.tell(format!("{field} = {value:?} is not an ADDR:PORT such as \"{LISTEN_DEFAULT}\"")))
+        let default = parse(default, &Source::Default)?;
+        self.resolve(key, default, |raw, source| parse(text(raw, &field, source)?, source))
     }
 
     fn choice(&self, key: &Key) -> Result<&'static str, String> {
@@ -355,13 +375,14 @@ impl Merged {
             return Err(format!("{}: not a choice key", key.name.field()));
         };
         let field = key.name.field();
-        let Some((raw, source)) = self.get(key) else { return Ok(default) };
-        let value = text(raw, &field, source)?;
-        allowed
-            .iter()
-            .find(|a| **a == value)
-            .copied()
-            .ok_or_else(|| source.tell(format!("{field} = {value:?} is not one of {}", key.range())))
+        self.resolve(key, default, |raw, source| {
+            let value = text(raw, &field, source)?;
+            allowed
+                .iter()
+                .find(|a| **a == value)
+                .copied()
+                .ok_or_else(|| source.tell(format!("{field} = {value:?} is not one of {}", key.range())))
+        })
     }
 }
 
@@ -517,11 +538,11 @@ impl HubConfig {
         }
         for key in KEYS {
             if let Some(v) = (sources.env)(key.name.env) {
-                merged.values.insert(key.name.field(), (Raw::Text(v), Source::Env(key.name.env)));
+                merged.add(key, Raw::Text(v), Source::Env(key.name.env));
             }
         }
         for (key, v) in &sources.flags.given {
-            merged.values.insert(key.name.field(), (Raw::Text(v.clone()), Source::Flag(key.name.flag)));
+            merged.add(key, Raw::Text(v.clone()), Source::Flag(key.name.flag));
         }
         HubConfig::validate(&merged)
     }
@@ -588,7 +609,7 @@ fn read_file(text: &str, path: &Path, merged: &mut Merged) -> Result<(), String>
                     let Some(key) = key else {
                         return Err(format!("{shown}: unknown key {name}.{leaf}"));
                     };
-                    merged.values.insert(key.name.field(), (Raw::Toml(v), Source::File(path.to_path_buf())));
+                    merged.add(key, Raw::Toml(v), Source::File(path.to_path_buf()));
                 }
             }
             v => {
@@ -596,7 +617,7 @@ fn read_file(text: &str, path: &Path, merged: &mut Merged) -> Result<(), String>
                 let Some(key) = key else {
                     return Err(format!("{shown}: unknown key {name}"));
                 };
-                merged.values.insert(key.name.field(), (Raw::Toml(v), Source::File(path.to_path_buf())));
+                merged.add(key, Raw::Toml(v), Source::File(path.to_path_buf()));
             }
         }
     }
@@ -735,6 +756,11 @@ mod tests {
         assert!(e.contains("limits.retention") && e.contains("--retention"), "{e}");
         let e = layered("[limits]\nclaim_batch_max = 0\n", &[], &[]).unwrap_err();
         assert!(e.contains("hub.toml: limits.claim_batch_max = 0"), "{e}");
+        let e = layered("listen = \"nowhere\"\n", &[], &["--listen", "127.0.0.1:0"]).unwrap_err();
+        assert!(
+            e.contains("hub.toml: listen = \"nowhere\""),
+            "an invalid file value is refused even when overridden: {e}"
+        );
         let e = layered("", &[("BATON_HUB_SYNCHRONOUS", "off")], &[]).unwrap_err();
         assert!(e.contains("synchronous = \"off\" is not one of \"full\" or \"normal\""), "{e}");
     }

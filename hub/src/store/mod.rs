@@ -177,6 +177,12 @@ impl From<rusqlite::Error> for StoreError {
         {
             return StoreError::Corrupt(c.to_string());
         }
+        // Damage SQLite meets while reading is a damaged record, not a passing storage fault.
+        if let rusqlite::Error::SqliteFailure(f, _) = &e
+            && matches!(f.code, rusqlite::ErrorCode::DatabaseCorrupt | rusqlite::ErrorCode::NotADatabase)
+        {
+            return StoreError::Corrupt(format!("the database is damaged: {e}"));
+        }
         StoreError::Storage(e.to_string())
     }
 }
@@ -324,6 +330,22 @@ pub fn new_token() -> String {
 /// A new time-ordered id.
 pub fn new_id() -> String {
     uuid::Uuid::now_v7().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn damage_sqlite_meets_is_corrupt_and_other_failures_are_storage() {
+        let failure = |code| rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(code), None);
+        for code in [rusqlite::ffi::SQLITE_CORRUPT, rusqlite::ffi::SQLITE_NOTADB] {
+            assert!(matches!(StoreError::from(failure(code)), StoreError::Corrupt(_)));
+        }
+        for code in [rusqlite::ffi::SQLITE_IOERR, rusqlite::ffi::SQLITE_FULL, rusqlite::ffi::SQLITE_BUSY] {
+            assert!(matches!(StoreError::from(failure(code)), StoreError::Storage(_)));
+        }
+    }
 }
 
 #[cfg(test)]
