@@ -23,8 +23,8 @@ pub(super) struct Submission<'a> {
     pub(super) producer: &'a str,
 }
 
-/// Validates the submission into a `NewMessage` (bounded by the configured payload limit).
-fn validate(ctx: &Context, s: Submission<'_>) -> Result<NewMessage, CliError> {
+/// Validates the submission into a `NewMessage`, at most `payload_bytes_max` of payload.
+fn validate(s: Submission<'_>, payload_bytes_max: u64) -> Result<NewMessage, CliError> {
     check_name("conversation", s.conversation)?;
     check_key("key", s.key)?;
     check_name("producer", s.producer)?;
@@ -38,7 +38,7 @@ fn validate(ctx: &Context, s: Submission<'_>) -> Result<NewMessage, CliError> {
     };
     let value: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| CliError::usage(format!("payload is not JSON: {e}")))?;
-    let max = ctx.config(None)?.limits.payload_bytes_max;
+    let max = payload_bytes_max;
     let payload = value.to_string();
     if payload.len() as u64 > max {
         return Err(CliError::usage(format!("payload is {} bytes; at most {max} are accepted", payload.len())));
@@ -57,8 +57,9 @@ fn validate(ctx: &Context, s: Submission<'_>) -> Result<NewMessage, CliError> {
 
 /// `send`: accepts and fans out one message, then wakes a running hub.
 pub(super) fn send(ctx: &Context, s: Submission<'_>, json: bool) -> CliResult {
-    let msg = validate(ctx, s)?;
-    let limits = AcceptLimits { queued_per_host_max: ctx.config(None)?.limits.queued_per_host_max };
+    let config = ctx.config(None)?;
+    let msg = validate(s, config.limits.payload_bytes_max)?;
+    let limits = AcceptLimits { queued_per_host_max: config.limits.queued_per_host_max };
     let conn = ctx.open_write()?;
     let accepted = in_write_txn(&conn, |c| accept::accept(c, &msg, limits, ctx.now_ms()))?;
     let (id, seq, duplicate) = match accepted {
