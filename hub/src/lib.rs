@@ -2,16 +2,18 @@
 //! producers use, and the operator CLI.
 //!
 //! Layout:
-//! - `store`: the record (SQLite), behind one narrow interface; every state transition.
-//! - `config`: the hub's validated configuration and limits.
+//! - `store`: the record (SQLite), the only code that runs SQL; every state transition, the
+//!   fences and their precedence, and the offline invariant check (`store::verify`).
+//! - `config`: every configuration key, declared once, layered file < environment < flag into
+//!   the validated `HubConfig`.
 //! - `datadir`: the files in the hub's data directory.
+//! - `lock`: one hub per data directory (`DIR/hub.lock`).
 //! - `tls`: the rustls server config and the accept loop that turns a verified client
 //!   certificate into a request extension.
 //! - `http`: the axum router (`app`), extractors, error mapping and handlers.
-//! - `server`: `run`, which opens the store, repairs, and serves until shutdown.
+//! - `server`: `Hub`: `open` (lock, store, repair), `announce`, `serve` until shutdown.
 //! - `wake`: the local socket through which CLI changes wake waiting long-polls.
-//! - `verify`: the offline invariant check.
-//! - `cli`: the operator commands.
+//! - `cli`: the operator commands: arguments, output, and the commands by job.
 
 pub mod cli;
 pub mod config;
