@@ -50,6 +50,11 @@ impl DataDir {
     pub fn wake_socket(&self) -> PathBuf {
         self.root.join("hub.sock")
     }
+    /// The lock `serve` holds while it runs (one hub per data directory), naming its pid and
+    /// listen address.
+    pub fn lock_file(&self) -> PathBuf {
+        self.root.join("hub.lock")
+    }
     /// The optional configuration file.
     pub fn config(&self) -> PathBuf {
         self.root.join("hub.toml")

@@ -2,28 +2,35 @@
 //! producers use, and the operator CLI.
 //!
 //! Layout:
-//! - `store`: the record (SQLite), behind one narrow interface; every state transition.
-//! - `config`: the hub's validated configuration and limits.
+//! - `store`: the record (SQLite), the only code that runs SQL; every state transition, the
+//!   fences and their precedence, and the offline invariant check (`store::verify`).
+//! - `config`: every configuration key, declared once, layered file < environment < flag into
+//!   the validated `HubConfig`.
 //! - `datadir`: the files in the hub's data directory.
+//! - `lock`: one hub per data directory (`DIR/hub.lock`).
 //! - `tls`: the rustls server config and the accept loop that turns a verified client
 //!   certificate into a request extension.
 //! - `http`: the axum router (`app`), extractors, error mapping and handlers.
-//! - `server`: `run`, which opens the store, repairs, and serves until shutdown.
+//! - `server`: `Hub`: `open` (lock, store, repair), `announce`, `serve` until shutdown.
 //! - `wake`: the local socket through which CLI changes wake waiting long-polls.
-//! - `verify`: the offline invariant check.
-//! - `cli`: the operator commands.
+//! - `cli`: the operator commands: arguments, output, and the commands by job.
 
 pub mod cli;
 pub mod config;
 pub mod datadir;
 pub mod http;
+pub mod lock;
 pub mod server;
 pub mod store;
 pub mod tls;
-pub mod verify;
 pub mod wake;
 
-/// Wall-clock milliseconds since the Unix epoch, the unit of every stored timestamp.
+/// The offline invariant check, at the path tools outside the hub (the fault checker) use.
+pub use store::verify;
+
+/// Wall-clock milliseconds since the Unix epoch, the unit of every stored timestamp. The hub
+/// itself reads time through an injected `Clock` (`baton_shared::clock`); this is for tools
+/// outside it that call the store functions directly (the benchmark's prefill).
 pub fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+    baton_shared::clock::system_now_ms()
 }

@@ -1,17 +1,23 @@
-//! Running the hub: open the store, repair what a crash left, then serve until shutdown.
+//! Running the hub: take the data directory's lock, open the store, repair what a crash left,
+//! then serve until shutdown.
 //!
 //! Invariant: startup repair completes every pending fan-out obligation before the listener
 //! accepts its first connection, so no claim is served against a half-fanned-out message.
+//! Invariant: the lock is taken before anything in the data directory is touched, so a second
+//! `serve` on it changes nothing (not the store, the wake socket, nor `hub.addr`).
 
 use crate::config::HubConfig;
 use crate::datadir::DataDir;
 use crate::http::{Shared, app};
+use crate::lock::DirLock;
 use crate::store::{self, Readers, StoreError, Writer, accept, in_write_txn};
-use crate::{now_ms, tls, wake};
+use crate::{tls, wake};
 use anyhow::Context;
+use baton_shared::clock::{Clock, SharedClock};
 use baton_shared::crash_point;
 use baton_shared::sqlite::Synchronous;
 use rusqlite::Connection;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
@@ -22,18 +28,23 @@ use tokio_util::sync::CancellationToken;
 /// Obligations repaired per query during startup repair.
 const REPAIR_BATCH: usize = 512;
 
-/// A hub whose store is open and repaired, ready to serve.
+/// A hub that holds its data directory's lock, with its store open and repaired, ready to serve.
 pub struct Hub {
     dir: DataDir,
     config: HubConfig,
     conn: Connection,
+    clock: SharedClock,
+    lock: DirLock,
     /// How many messages startup repair fanned out.
     pub repaired: usize,
 }
 
 impl Hub {
-    /// Opens the store (refusing a damaged or newer one) and runs startup repair.
-    pub fn open(dir: DataDir, config: HubConfig) -> anyhow::Result<Hub> {
+    /// Takes the data directory's lock (refusing when another hub holds it), opens the store
+    /// (refusing a damaged or newer one) and runs startup repair. `clock` stamps everything the
+    /// hub stores.
+    pub fn open(dir: DataDir, config: HubConfig, clock: SharedClock) -> anyhow::Result<Hub> {
+        let lock = DirLock::acquire(&dir)?;
         if config.synchronous != Synchronous::Full {
             tracing::warn!(
                 "synchronous = {:?}: answers are no longer promised to survive a power failure",
@@ -41,11 +52,22 @@ impl Hub {
             );
         }
         let conn = store::open_write(&dir.db(), config.synchronous)?;
-        let repaired = repair(&conn).context("startup repair")?;
+        let repaired = repair(&conn, clock.as_ref()).context("startup repair")?;
         if repaired > 0 {
             tracing::info!(repaired, "startup repair completed fan-out a crash interrupted");
         }
-        Ok(Hub { dir, config, conn, repaired })
+        Ok(Hub { dir, config, conn, clock, lock, repaired })
+    }
+
+    /// Makes the bound address known: in the lock file (for `status` and a refused second hub)
+    /// and in `DIR/hub.addr` (written whole, then renamed into place).
+    pub fn announce(&mut self, addr: SocketAddr) -> anyhow::Result<()> {
+        self.lock.record_listen(addr)?;
+        let file = self.dir.addr_file();
+        let tmp = file.with_extension("addr.tmp");
+        std::fs::write(&tmp, format!("{addr}\n"))
+            .and_then(|_| std::fs::rename(&tmp, &file))
+            .with_context(|| format!("writing {}", file.display()))
     }
 
     /// Serves on `listener` until `shutdown` is cancelled.
@@ -65,6 +87,7 @@ impl Hub {
             shutdown: shutdown.clone(),
             ready: AtomicBool::new(true),
             metrics,
+            clock: self.clock.clone(),
         });
         // CLI changes wake both kinds of waiter.
         let (wake_tx, mut wake_rx) = watch::channel(0u64);
@@ -91,6 +114,8 @@ impl Hub {
         )
         .await;
         tracing::info!("stopped");
+        // The lock is held to the very end: a second hub cannot start while this one drains.
+        drop(self.lock);
         Ok(())
     }
 }
@@ -104,7 +129,7 @@ async fn publish_gauges(shared: Arc<Shared>) {
         match shared.readers.read(store::read::status).await {
             Ok(s) => {
                 for st in baton_shared::states::DeliveryState::ALL {
-                    let n = s.deliveries.iter().find(|(name, _)| name == st.as_str()).map(|(_, n)| *n).unwrap_or(0);
+                    let n = s.deliveries.iter().find(|(state, _)| *state == st).map(|(_, n)| *n).unwrap_or(0);
                     metrics::gauge!("baton_hub_deliveries", "state" => st.as_str()).set(n as f64);
                 }
                 metrics::gauge!("baton_hub_fanout_pending").set(s.pending_fanout as f64);
@@ -122,13 +147,18 @@ async fn publish_gauges(shared: Arc<Shared>) {
 /// How often settled messages past the retention window are removed.
 const RETENTION_SWEEP_INTERVAL: Duration = Duration::from_secs(600);
 
+/// Messages accepted before this time (unix ms) are past the retention window.
+fn retention_cutoff_ms(clock: &dyn Clock, retention: Duration) -> i64 {
+    clock.now_ms().saturating_sub(i64::try_from(retention.as_millis()).unwrap_or(i64::MAX))
+}
+
 async fn sweep_retention(shared: Arc<Shared>, retention: Duration) {
     loop {
         tokio::select! {
             _ = tokio::time::sleep(RETENTION_SWEEP_INTERVAL) => {}
             _ = shared.shutdown.cancelled() => return,
         }
-        let cutoff = now_ms() - retention.as_millis() as i64;
+        let cutoff = retention_cutoff_ms(shared.clock.as_ref(), retention);
         loop {
             match shared
                 .writer
@@ -165,7 +195,7 @@ fn install_metrics() -> Option<metrics_exporter_prometheus::PrometheusHandle> {
 }
 
 /// Completes every fan-out obligation a crash left pending. Returns how many it completed.
-pub fn repair(conn: &Connection) -> Result<usize, StoreError> {
+pub fn repair(conn: &Connection, clock: &dyn Clock) -> Result<usize, StoreError> {
     let mut done = 0;
     loop {
         let pending = accept::pending_obligations(conn, REPAIR_BATCH)?;
@@ -173,9 +203,38 @@ pub fn repair(conn: &Connection) -> Result<usize, StoreError> {
             return Ok(done);
         }
         for id in pending {
-            in_write_txn(conn, |c| accept::fan_out(c, &id, now_ms()))?;
+            in_write_txn(conn, |c| accept::fan_out(c, &id, clock.now_ms()))?;
             done += 1;
             crash_point("hub.repair.mid");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::accept::{AcceptLimits, Accepted, NewMessage};
+    use baton_shared::clock::ManualClock;
+
+    /// Repair stamps what it creates with the injected clock, and the retention cutoff reads it.
+    #[test]
+    fn repair_and_retention_read_the_injected_clock() {
+        let db = store::testing::db();
+        let msg = NewMessage {
+            producer: "p".into(),
+            conversation: "c".into(),
+            idempotency_key: "k".into(),
+            payload: "{}".into(),
+            to: vec!["host-a".into()],
+        };
+        let limits = AcceptLimits { queued_per_host_max: 10 };
+        let Ok(Accepted::New { .. }) = in_write_txn(&db.conn, |c| accept::accept(c, &msg, limits, 1)) else {
+            panic!("not accepted")
+        };
+        let clock = ManualClock::new(1_234_567);
+        assert_eq!(repair(&db.conn, &clock).unwrap(), 1);
+        let created: i64 = db.conn.query_row("SELECT created_at FROM deliveries", [], |r| r.get(0)).unwrap();
+        assert_eq!(created, 1_234_567);
+        assert_eq!(retention_cutoff_ms(&clock, Duration::from_secs(1_000)), 234_567);
     }
 }

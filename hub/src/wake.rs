@@ -4,6 +4,10 @@
 //! that can make work claimable (a lift, a release, a send, a requeue), connects and closes.
 //! Each connection bumps the hub's change counter. When the hub is not running the connect
 //! fails and nothing is lost: the change is committed, and the next claim sees it.
+//!
+//! Only the hub that holds the data directory's lock (`lock`) listens, replacing a socket file a
+//! crashed hub left; a refused second hub never reaches this. `status` does not connect here (a
+//! connection wakes every waiting long-poll); it reads the lock.
 
 use std::path::Path;
 use tokio::sync::watch;

@@ -18,6 +18,7 @@ use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use baton_shared::clock::SharedClock;
 use baton_shared::error::ErrorCode;
 use baton_shared::ids::Role;
 use baton_shared::wire::ErrorBody;
@@ -46,6 +47,8 @@ pub struct Shared {
     pub ready: AtomicBool,
     /// The Prometheus recorder's handle, when metrics are on.
     pub metrics: Option<PrometheusHandle>,
+    /// Wall-clock time for everything stored (`now_ms` of the store functions).
+    pub clock: SharedClock,
 }
 
 /// The router's state.
@@ -142,6 +145,14 @@ impl From<StoreError> for ApiError {
                 tracing::error!(error = %detail, "storage error");
                 ApiError::new(ErrorCode::StorageUnavailable, "the hub's storage is unavailable; retry later")
             }
+            StoreError::Internal(detail) => {
+                tracing::error!(error = %detail, "internal error");
+                ApiError::new(ErrorCode::Internal, "internal error in the hub (see its log)")
+            }
+            StoreError::Corrupt(detail) => {
+                tracing::error!(error = %detail, "a stored value does not parse");
+                ApiError::new(ErrorCode::Internal, "the hub's record holds a corrupt value (see its log)")
+            }
             other => ApiError::new(other.code(), other.to_string()),
         }
     }
@@ -208,13 +219,13 @@ impl FromRequestParts<AppState> for Caller {
         let leaf = peer.0.first().ok_or_else(|| unknown("no client certificate".into()))?;
         let id = baton_shared::pki::peer_identity(leaf).map_err(|e| unknown(e.to_string()))?;
         let serial = id.serial.clone();
-        let status = state.readers.read(move |c| crate::store::operator::cert_status(c, &serial)).await?;
+        let status = state.readers.read(move |c| crate::store::hosts::cert_status(c, &serial)).await?;
         match status {
             None => Err(unknown(format!("certificate {} is not in the hub's record", id.serial))),
             Some(s) if s.revoked => {
                 Err(ApiError::new(ErrorCode::CertificateRevoked, format!("certificate {} was revoked", id.serial)))
             }
-            Some(s) if s.role != id.role.as_str() || s.name != id.name => {
+            Some(s) if s.role != id.role || s.name != id.name => {
                 Err(unknown(format!("certificate {} does not match the hub's record", id.serial)))
             }
             Some(_) => Ok(Caller { role: id.role, name: id.name, serial: id.serial }),
@@ -267,6 +278,31 @@ pub fn check_path_id(field: &'static str, id: &str) -> Result<(), ApiError> {
             ErrorCode::InvalidField,
             format!("{field} {:?} is not a valid id", id.chars().take(80).collect::<String>()),
         ))
+    }
+}
+
+#[cfg(test)]
+mod error_tests {
+    use super::*;
+
+    /// One case: a store error and the status and code it leaves with.
+    fn check(e: StoreError, status: u16, code: &str) {
+        let resp = ApiError::from(e.clone()).into_response();
+        assert_eq!(resp.status().as_u16(), status, "{e:?}");
+        let api = ApiError::from(e);
+        assert_eq!(api.code.as_str(), code);
+    }
+
+    /// Internals are never sent; a bug or a corrupt record is 500 `internal`, which nodes do not
+    /// retry forever, and only storage trouble is 503.
+    #[test]
+    fn store_errors_map_to_stable_codes() {
+        check(StoreError::Storage("disk I/O error".into()), 503, "storage_unavailable");
+        check(StoreError::Internal("index out of bounds".into()), 500, "internal");
+        check(StoreError::Corrupt("corrupt record".into()), 500, "internal");
+        check(StoreError::StaleClaim("x".into()), 409, "stale_claim");
+        let sent = ApiError::from(StoreError::Internal("secret detail".into())).message;
+        assert!(!sent.contains("secret detail"), "{sent}");
     }
 }
 
@@ -456,6 +492,7 @@ mod openapi_tests {
             shutdown: CancellationToken::new(),
             ready: AtomicBool::new(true),
             metrics: None,
+            clock: baton_shared::clock::system(),
         });
         let app = app(state);
         for (method, path) in ROUTES {

@@ -2,7 +2,6 @@
 //! Every one acts only on the caller's own host, read from its certificate.
 
 use super::{ApiError, ApiJson, ApiQuery, AppState, NodeCaller, check_path_id};
-use crate::now_ms;
 use crate::store::claim;
 use crate::store::report::{self, NewReport};
 use crate::store::transition::Holder;
@@ -39,11 +38,12 @@ pub(super) async fn claim(
         // Subscribe before looking, so a change between the look and the wait is not missed.
         let mut rx = state.work.subscribe();
         let (host, instance, serial) = (caller.name.clone(), req.instance_id.clone(), caller.serial.clone());
+        let clock = state.clock.clone();
         let batch = state
             .writer
             .call(move |c| {
                 let who = claim::Claimant { host: &host, serial: Some(&serial), instance_id: &instance };
-                claim::claim_as(c, who, max, now_ms())
+                claim::claim_as(c, who, max, clock.now_ms())
             })
             .await?;
         if !batch.is_empty() {
@@ -102,11 +102,12 @@ async fn holder_step(
 ) -> Result<TransitionResponse, ApiError> {
     check_path_id("delivery_id", &id)?;
     check_holder(&req)?;
+    let clock = state.clock.clone();
     let r = state
         .writer
         .call(move |c| {
             let h = Holder { instance_id: &req.instance_id, claim_token: &req.claim_token };
-            step(c, &caller.name, &id, h, now_ms())
+            step(c, &caller.name, &id, h, clock.now_ms())
         })
         .await?;
     Ok(r)
@@ -154,11 +155,12 @@ pub(super) async fn reject(
             format!("reason: must be 1..={REASON_CHARS_MAX} characters"),
         ));
     }
+    let clock = state.clock.clone();
     let r = state
         .writer
         .call(move |c| {
             let h = Holder { instance_id: &req.instance_id, claim_token: &req.claim_token };
-            claim::reject(c, &caller.name, &id, h, &req.reason, now_ms())
+            claim::reject(c, &caller.name, &id, h, &req.reason, clock.now_ms())
         })
         .await?;
     state.outcome_changed();
@@ -189,6 +191,7 @@ pub(super) async fn report(
     }
     let outcome = req.outcome;
     let delivery_id = req.delivery_id.clone();
+    let clock = state.clock.clone();
     let (attempt, duplicate) = state
         .writer
         .call(move |c| {
@@ -202,7 +205,7 @@ pub(super) async fn report(
                 result: req.result.as_deref(),
                 reason: req.reason.as_deref(),
             };
-            report::report(c, &caller.name, &r, now_ms())
+            report::report(c, &caller.name, &r, clock.now_ms())
         })
         .await?;
     crash_point("hub.report.after_commit");

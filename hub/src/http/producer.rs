@@ -2,7 +2,6 @@
 //! optional long-poll for outcomes.
 
 use super::{ApiError, ApiJson, ApiQuery, AppState, ProducerCaller, check_path_id};
-use crate::now_ms;
 use crate::store::accept::{self, AcceptLimits, Accepted, NewMessage};
 use crate::store::read;
 use axum::Json;
@@ -66,7 +65,8 @@ pub(super) async fn submit(
     let msg = validate(&caller.name, req, &state)?;
     let limits = AcceptLimits { queued_per_host_max: state.limits.queued_per_host_max };
     crash_point("hub.accept.before_txn");
-    let accepted = state.writer.call(move |c| accept::accept(c, &msg, limits, now_ms())).await?;
+    let clock = state.clock.clone();
+    let accepted = state.writer.call(move |c| accept::accept(c, &msg, limits, clock.now_ms())).await?;
     let (message_id, seq, duplicate) = match accepted {
         Accepted::New { message_id, seq } => {
             crash_point("hub.accept.after_commit");
@@ -79,7 +79,8 @@ pub(super) async fn submit(
         }
     };
     let id = message_id.clone();
-    let deliveries = state.writer.call(move |c| accept::fan_out(c, &id, now_ms())).await?;
+    let clock = state.clock.clone();
+    let deliveries = state.writer.call(move |c| accept::fan_out(c, &id, clock.now_ms())).await?;
     if !duplicate {
         state.work_changed();
     }

@@ -9,7 +9,7 @@
 //! an obligation is done iff every routed host has exactly one delivery.
 
 use super::transition::{adjust_backlog, record_event};
-use super::{Actor, StoreError, StoreResult, new_id};
+use super::{Actor, StoreError, StoreResult, new_id, state_column};
 use baton_shared::crash_point;
 use baton_shared::states::DeliveryState;
 use baton_shared::wire::DeliverySummary;
@@ -186,12 +186,8 @@ pub fn deliveries_of(conn: &Connection, message_id: &str) -> StoreResult<Vec<Del
     let rows = conn
         .prepare_cached("SELECT id, host, state FROM deliveries WHERE message_id = ?1 ORDER BY host")?
         .query_map([message_id], |r| {
-            let state: String = r.get(2)?;
-            Ok(DeliverySummary {
-                delivery_id: r.get(0)?,
-                host: r.get(1)?,
-                state: DeliveryState::parse(&state).unwrap_or(DeliveryState::Unknown),
-            })
+            let delivery_id: String = r.get(0)?;
+            Ok(DeliverySummary { state: state_column(r, 2, "deliveries", &delivery_id)?, delivery_id, host: r.get(1)? })
         })?
         .collect::<Result<_, _>>()?;
     Ok(rows)

@@ -5,8 +5,9 @@
 //! refused (`InstanceConflict`) while the bound one still holds anything; once it holds
 //! nothing, the new instance takes the binding (recorded as an operator-visible event).
 
+use super::fences::{self, ClaimScan, Fence, FenceKind};
 use super::transition::{self, Change, Holder};
-use super::{Actor, StoreError, StoreResult, new_token};
+use super::{Actor, StoreError, StoreResult, json_column, new_token, state_column};
 use baton_shared::crash_point;
 use baton_shared::states::DeliveryState::{self, *};
 use baton_shared::wire::{ClaimedDelivery, TransitionResponse};
@@ -14,127 +15,6 @@ use rusqlite::{Connection, OptionalExtension, named_params};
 
 /// Most rows read per step while scanning the queue in a claim.
 const CLAIM_SCAN_CHUNK: i64 = 256;
-
-/// One active fence.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Fence {
-    /// Its id.
-    pub id: i64,
-    /// pause, hold or block.
-    pub kind: FenceKind,
-    /// conversation, host or all.
-    pub scope: FenceScope,
-    /// The conversation or host, for those scopes.
-    pub target: Option<String>,
-    /// Why it was set.
-    pub reason: String,
-}
-
-/// What a fence does at claim time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum FenceKind {
-    /// Not handed out; stays queued.
-    Pause,
-    /// Parked in the held queue until released.
-    Hold,
-    /// Refused: failed.
-    Block,
-}
-
-impl FenceKind {
-    /// The stored name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FenceKind::Pause => "pause",
-            FenceKind::Hold => "hold",
-            FenceKind::Block => "block",
-        }
-    }
-    /// Parses a stored name.
-    pub fn parse(s: &str) -> Option<FenceKind> {
-        match s {
-            "pause" => Some(FenceKind::Pause),
-            "hold" => Some(FenceKind::Hold),
-            "block" => Some(FenceKind::Block),
-            _ => None,
-        }
-    }
-}
-
-/// What a fence covers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FenceScope {
-    /// One conversation.
-    Conversation,
-    /// One host.
-    Host,
-    /// Everything.
-    All,
-}
-
-impl FenceScope {
-    /// The stored name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FenceScope::Conversation => "conversation",
-            FenceScope::Host => "host",
-            FenceScope::All => "all",
-        }
-    }
-    /// Parses a stored name.
-    pub fn parse(s: &str) -> Option<FenceScope> {
-        match s {
-            "conversation" => Some(FenceScope::Conversation),
-            "host" => Some(FenceScope::Host),
-            "all" => Some(FenceScope::All),
-            _ => None,
-        }
-    }
-}
-
-impl Fence {
-    fn covers(&self, conversation: &str, host: &str) -> bool {
-        match self.scope {
-            FenceScope::All => true,
-            FenceScope::Host => self.target.as_deref() == Some(host),
-            FenceScope::Conversation => self.target.as_deref() == Some(conversation),
-        }
-    }
-
-    /// How the fence names itself in a delivery's reason.
-    pub fn describe(&self) -> String {
-        let scope = match (&self.scope, &self.target) {
-            (FenceScope::All, _) => "everything".to_string(),
-            (s, Some(t)) => format!("{} {t}", s.as_str()),
-            (s, None) => s.as_str().to_string(),
-        };
-        format!("{} fence {} on {scope}: {}", self.kind.as_str(), self.id, self.reason)
-    }
-}
-
-/// The active (not lifted) fences.
-pub fn active_fences(conn: &Connection) -> StoreResult<Vec<Fence>> {
-    let rows = conn
-        .prepare_cached("SELECT id, kind, scope, target, reason FROM fences WHERE lifted_at IS NULL ORDER BY id")?
-        .query_map([], |r| {
-            let kind: String = r.get(1)?;
-            let scope: String = r.get(2)?;
-            Ok(Fence {
-                id: r.get(0)?,
-                kind: FenceKind::parse(&kind).unwrap_or(FenceKind::Block),
-                scope: FenceScope::parse(&scope).unwrap_or(FenceScope::All),
-                target: r.get(3)?,
-                reason: r.get(4)?,
-            })
-        })?
-        .collect::<Result<_, _>>()?;
-    Ok(rows)
-}
-
-/// The strongest fence covering a delivery (block over hold over pause), if any.
-pub fn strongest<'a>(fences: &'a [Fence], conversation: &str, host: &str) -> Option<&'a Fence> {
-    fences.iter().filter(|f| f.covers(conversation, host)).max_by_key(|f| (f.kind, std::cmp::Reverse(f.id)))
-}
 
 /// Whether the host row exists and is not retired; fails its queued work when it is retired.
 fn host_may_claim(conn: &Connection, host: &str, now_ms: i64) -> StoreResult<bool> {
@@ -249,12 +129,16 @@ pub fn claim_as(conn: &Connection, who: Claimant<'_>, max: u32, now_ms: i64) -> 
         return Ok(Vec::new());
     }
     bind_instance(conn, host, instance_id, now_ms)?;
-    let fences = active_fences(conn)?;
+    let fences = fences::active(conn)?;
     crash_point("hub.claim.after_fence_eval");
-    let host_paused = fences.iter().any(|f| {
-        f.kind == FenceKind::Pause && matches!(f.scope, FenceScope::All | FenceScope::Host) && f.covers("", host)
-    });
-    if host_paused || max == 0 {
+    // The rows the precedence rule pauses are not read at all; every other row is decided below
+    // by the same rule (`fences::strongest`), so a hold or block under a pause still applies.
+    let (only, skip) = match fences::claim_scan(&fences, host) {
+        ClaimScan::Nothing => return Ok(Vec::new()),
+        ClaimScan::Only(c) => (Some(conversation_list(&c)?), conversation_list(&[])?),
+        ClaimScan::Except(c) => (None, conversation_list(&c)?),
+    };
+    if max == 0 {
         return Ok(Vec::new());
     }
     let mut out = Vec::new();
@@ -264,25 +148,30 @@ pub fn claim_as(conn: &Connection, who: Claimant<'_>, max: u32, now_ms: i64) -> 
     let node = Actor::node(host);
     let hub = Actor::hub();
     'scan: loop {
-        let rows: Vec<(i64, String, String, String, i64, String)> = conn
+        let rows: Vec<(i64, String, String, String, i64, serde_json::Value)> = conn
             .prepare_cached(
                 "SELECT d.n, d.id, d.message_id, d.conversation, d.seq, m.payload
                  FROM deliveries d JOIN messages m ON m.id = d.message_id
                  WHERE d.host = :host AND d.state = 'queued' AND d.n > :after
-                   AND NOT EXISTS (SELECT 1 FROM fences f WHERE f.lifted_at IS NULL AND f.kind = 'pause'
-                                   AND f.scope = 'conversation' AND f.target = d.conversation)
+                   AND (:only IS NULL OR d.conversation IN (SELECT value FROM json_each(:only)))
+                   AND d.conversation NOT IN (SELECT value FROM json_each(:skip))
                  ORDER BY d.n LIMIT :chunk",
             )?
-            .query_map(named_params! {":host": host, ":after": after, ":chunk": chunk}, |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?))
-            })?
+            .query_map(
+                named_params! {":host": host, ":after": after, ":chunk": chunk, ":only": only, ":skip": skip},
+                |r| {
+                    let message_id: String = r.get(2)?;
+                    let payload = json_column(r, 5, "messages", &message_id)?;
+                    Ok((r.get(0)?, r.get(1)?, message_id, r.get(3)?, r.get(4)?, payload))
+                },
+            )?
             .collect::<Result<_, _>>()?;
         if rows.is_empty() {
             break;
         }
         for (n, id, message_id, conversation, seq, payload) in rows {
             after = n;
-            let fence = strongest(&fences, &conversation, host);
+            let fence = fences::strongest(&fences, &conversation, host);
             match fence.map(|f| f.kind) {
                 Some(FenceKind::Block) | Some(FenceKind::Hold) => {
                     let f = fence.map(Fence::describe).unwrap_or_default();
@@ -298,6 +187,7 @@ pub fn claim_as(conn: &Connection, who: Claimant<'_>, max: u32, now_ms: i64) -> 
                     };
                     transition::apply(conn, change, &hub, now_ms)?;
                 }
+                // Never read (see `claim_scan`); were it read, staying queued is the rule's answer.
                 Some(FenceKind::Pause) => {}
                 None => {
                     let token = new_token();
@@ -311,7 +201,6 @@ pub fn claim_as(conn: &Connection, who: Claimant<'_>, max: u32, now_ms: i64) -> 
                         reason: None,
                     };
                     transition::apply(conn, change, &node, now_ms)?;
-                    let payload = serde_json::from_str(&payload).unwrap_or(serde_json::Value::Null);
                     out.push(ClaimedDelivery {
                         delivery_id: id,
                         message_id,
@@ -331,6 +220,11 @@ pub fn claim_as(conn: &Connection, who: Claimant<'_>, max: u32, now_ms: i64) -> 
     Ok(out)
 }
 
+/// A list of conversation names as the JSON array the claim's `json_each` reads.
+fn conversation_list(names: &[String]) -> StoreResult<String> {
+    serde_json::to_string(names).map_err(|e| StoreError::Internal(format!("encoding conversation names: {e}")))
+}
+
 /// What `instance_id` holds on `host`: claimed, mirrored, or delivered without an outcome.
 pub fn holdings(conn: &Connection, host: &str, instance_id: &str) -> StoreResult<Vec<ClaimedDelivery>> {
     let rows = conn
@@ -343,16 +237,16 @@ pub fn holdings(conn: &Connection, host: &str, instance_id: &str) -> StoreResult
              ORDER BY d.n",
         )?
         .query_map(named_params! {":i": instance_id, ":h": host}, |r| {
-            let payload: String = r.get(4)?;
-            let state: String = r.get(6)?;
+            let delivery_id: String = r.get(0)?;
+            let message_id: String = r.get(1)?;
             Ok(ClaimedDelivery {
-                delivery_id: r.get(0)?,
-                message_id: r.get(1)?,
+                payload: json_column(r, 4, "messages", &message_id)?,
+                state: state_column(r, 6, "deliveries", &delivery_id)?,
+                delivery_id,
+                message_id,
                 conversation: r.get(2)?,
                 seq: r.get(3)?,
-                payload: serde_json::from_str(&payload).unwrap_or(serde_json::Value::Null),
                 claim_token: r.get(5)?,
-                state: DeliveryState::parse(&state).unwrap_or(Unknown),
             })
         })?
         .collect::<Result<_, _>>()?;
@@ -371,10 +265,9 @@ fn load(conn: &Connection, delivery_id: &str, host: &str) -> StoreResult<HeldRow
     let row = conn
         .prepare_cached("SELECT host, state, instance_id, claim_token FROM deliveries WHERE id = ?1")?
         .query_row([delivery_id], |r| {
-            let state: String = r.get(1)?;
             Ok(HeldRow {
                 host: r.get(0)?,
-                state: DeliveryState::parse(&state).unwrap_or(Unknown),
+                state: state_column(r, 1, "deliveries", delivery_id)?,
                 instance_id: r.get(2)?,
                 claim_token: r.get(3)?,
             })
@@ -498,21 +391,34 @@ pub fn reject(
 mod tests {
     use super::*;
     use crate::store::accept::testing::accept_one;
-    use crate::store::operator::{fence_lift, fence_set};
+    use crate::store::fences::{FenceScope, NewFence, lift as fence_lift};
     use crate::store::testing;
+    use FenceKind::*;
 
     #[test]
     fn a_revoked_certificate_is_handed_nothing() {
         let db = testing::db();
         accept_one(&db.conn, "c", "k1", &["host-a"]);
-        crate::store::operator::record_certificate(&db.conn, "aa01", "node", "host-a", i64::MAX, 1).unwrap();
+        let role = baton_shared::ids::Role::Node;
+        crate::store::hosts::record_certificate(&db.conn, "aa01", role, "host-a", i64::MAX, 1).unwrap();
         let who = Claimant { host: "host-a", serial: Some("aa01"), instance_id: "i" };
-        crate::store::operator::revoke(&db.conn, "aa01", "op", "lost", 2).unwrap();
+        crate::store::hosts::revoke(&db.conn, "aa01", "op", "lost", 2).unwrap();
         assert!(matches!(claim_as(&db.conn, who, 10, 3), Err(StoreError::CertificateRevoked(_))));
         let unknown = Claimant { serial: Some("bb02"), ..who };
         assert!(matches!(claim_as(&db.conn, unknown, 10, 3), Err(StoreError::CertificateRevoked(_))));
         let state: String = db.conn.query_row("SELECT state FROM deliveries", [], |r| r.get(0)).unwrap();
         assert_eq!(state, "queued", "nothing was handed out or failed");
+    }
+
+    fn fence_set(
+        conn: &Connection,
+        kind: FenceKind,
+        scope: FenceScope,
+        target: Option<&str>,
+        reason: &str,
+        now_ms: i64,
+    ) -> StoreResult<i64> {
+        fences::set(conn, NewFence { kind, scope, target, operator: "op", reason }, now_ms)
     }
 
     fn state_of_msg(conn: &Connection, msg: &str) -> (String, Option<String>) {
@@ -527,7 +433,7 @@ mod tests {
     fn check(kind: FenceKind, scope: FenceScope, target: Option<&str>, conv: &str, expected: &str) {
         let db = testing::db();
         let msg = accept_one(&db.conn, conv, "k", &["host-a"]);
-        let id = fence_set(&db.conn, kind, scope, target, "op", "because", 1).unwrap();
+        let id = fence_set(&db.conn, kind, scope, target, "because", 1).unwrap();
         let got = claim(&db.conn, "host-a", "inst", 10, 2).unwrap();
         let (state, reason) = state_of_msg(&db.conn, &msg);
         assert_eq!(state, expected, "{kind:?} {scope:?} {target:?} on {conv}");
@@ -540,7 +446,6 @@ mod tests {
 
     #[test]
     fn fences_by_kind_and_scope() {
-        use FenceKind::*;
         use FenceScope::*;
         for (kind, covered) in [(Pause, "queued"), (Hold, "held"), (Block, "failed")] {
             check(kind, Conversation, Some("c1"), "c1", covered);
@@ -551,38 +456,61 @@ mod tests {
         }
     }
 
+    /// Regression: a covering conversation pause was applied before the precedence rule (the
+    /// claim's SQL dropped paused conversations, and a pause on everything or on the host ended
+    /// the claim early), so a hold or block under a pause never applied. Block > hold > pause now
+    /// holds whatever the scopes.
     #[test]
-    fn strongest_fence_wins_and_lift_takes_effect_on_next_claim() {
+    fn fence_precedence_holds_under_a_pause() {
+        use FenceKind::*;
+        use FenceScope::*;
+        type Case<'a> = (&'a [(FenceKind, FenceScope, Option<&'a str>)], &'a str, &'a str);
+        let cases: [Case<'_>; 6] = [
+            (&[(Pause, Conversation, Some("c1")), (Hold, Conversation, Some("c1"))], "c1", "held"),
+            (&[(Pause, Conversation, Some("c1")), (Block, Host, Some("host-a"))], "c1", "failed"),
+            (&[(Pause, Conversation, Some("c1")), (Hold, All, None)], "c1", "held"),
+            (&[(Pause, All, None), (Block, Conversation, Some("c1"))], "c1", "failed"),
+            (&[(Pause, Host, Some("host-a")), (Hold, Conversation, Some("c1"))], "c1", "held"),
+            (&[(Pause, All, None), (Block, Conversation, Some("c1"))], "c2", "queued"),
+        ];
+        for (set, conv, expected) in cases {
+            let db = testing::db();
+            let msg = accept_one(&db.conn, conv, "k", &["host-a"]);
+            for (kind, scope, target) in set {
+                fence_set(&db.conn, *kind, *scope, *target, "r", 1).unwrap();
+            }
+            assert!(claim(&db.conn, "host-a", "inst", 10, 2).unwrap().is_empty());
+            assert_eq!(state_of_msg(&db.conn, &msg).0, expected, "{conv} under {set:?}");
+        }
+    }
+
+    #[test]
+    fn lift_takes_effect_on_next_claim() {
         let db = testing::db();
         let m1 = accept_one(&db.conn, "c1", "k1", &["host-a"]);
-        let pause = fence_set(&db.conn, FenceKind::Pause, FenceScope::All, None, "op", "r", 1).unwrap();
-        let _hold = fence_set(&db.conn, FenceKind::Hold, FenceScope::Conversation, Some("c1"), "op", "r", 1).unwrap();
-        // A pause on everything stops the claim before any row is looked at.
+        let m2 = accept_one(&db.conn, "c2", "k2", &["host-a"]);
+        let pause = fence_set(&db.conn, Pause, FenceScope::All, None, "r", 1).unwrap();
+        let _hold = fence_set(&db.conn, Hold, FenceScope::Conversation, Some("c1"), "r", 1).unwrap();
         assert!(claim(&db.conn, "host-a", "inst", 10, 2).unwrap().is_empty());
-        assert_eq!(state_of_msg(&db.conn, &m1).0, "queued");
+        assert_eq!(
+            (state_of_msg(&db.conn, &m1).0.as_str(), state_of_msg(&db.conn, &m2).0.as_str()),
+            ("held", "queued")
+        );
         fence_lift(&db.conn, pause, "op", "r", 3).unwrap();
-        assert!(claim(&db.conn, "host-a", "inst", 10, 4).unwrap().is_empty());
-        assert_eq!(state_of_msg(&db.conn, &m1).0, "held");
-        let fences = vec![
-            Fence { id: 1, kind: FenceKind::Pause, scope: FenceScope::All, target: None, reason: "r".into() },
-            Fence {
-                id: 2,
-                kind: FenceKind::Block,
-                scope: FenceScope::Host,
-                target: Some("host-a".into()),
-                reason: "r".into(),
-            },
-            Fence {
-                id: 3,
-                kind: FenceKind::Hold,
-                scope: FenceScope::Conversation,
-                target: Some("c".into()),
-                reason: "r".into(),
-            },
-        ];
-        assert_eq!(strongest(&fences, "c", "host-a").map(|f| f.id), Some(2));
-        assert_eq!(strongest(&fences, "c", "host-b").map(|f| f.id), Some(3));
-        assert_eq!(strongest(&fences, "d", "host-b").map(|f| f.id), Some(1));
+        let got = claim(&db.conn, "host-a", "inst", 10, 4).unwrap();
+        assert_eq!(got.iter().map(|d| d.message_id.as_str()).collect::<Vec<_>>(), vec![m2.as_str()]);
+    }
+
+    /// A stored payload that is not JSON is an error naming the message, never a `null` payload
+    /// handed to a node; nothing is claimed.
+    #[test]
+    fn a_corrupt_payload_is_an_error_naming_the_message() {
+        let db = testing::db();
+        let msg = accept_one(&db.conn, "c", "k", &["host-a"]);
+        db.conn.execute("UPDATE messages SET payload = '{not json' WHERE id = ?1", [&msg]).unwrap();
+        let e = crate::store::in_write_txn(&db.conn, |c| claim(c, "host-a", "inst", 10, 2)).unwrap_err();
+        assert!(matches!(&e, StoreError::Corrupt(t) if t.contains(&msg) && t.contains("payload")), "{e:?}");
+        assert_eq!(state_of_msg(&db.conn, &msg).0, "queued");
     }
 
     #[test]
@@ -591,7 +519,7 @@ mod tests {
         let a1 = accept_one(&db.conn, "a", "k1", &["host-a"]);
         let _b1 = accept_one(&db.conn, "b", "k2", &["host-a"]);
         let a2 = accept_one(&db.conn, "a", "k3", &["host-a"]);
-        fence_set(&db.conn, FenceKind::Pause, FenceScope::Conversation, Some("b"), "op", "r", 1).unwrap();
+        fence_set(&db.conn, Pause, FenceScope::Conversation, Some("b"), "r", 1).unwrap();
         let got = claim(&db.conn, "host-a", "inst", 10, 2).unwrap();
         let ids: Vec<&str> = got.iter().map(|d| d.message_id.as_str()).collect();
         assert_eq!(ids, vec![a1.as_str(), a2.as_str()]);

@@ -2,34 +2,49 @@
 //!
 //! Everything the HTTP layer and the CLI may do to the record is a function in this module
 //! tree; nothing outside it writes SQL. The operations are plain synchronous functions over a
-//! `rusqlite::Connection` already inside a write transaction (so the CLI and the tests can run
-//! them directly), and `Store` runs them on the hub's single writer thread with group commit.
-//! A second backend (SPEC §11) replaces `Store`'s internals, not its method set.
+//! `rusqlite::Connection` (inside a write transaction when they change anything), so the HTTP
+//! layer (through `Writer`, the single writer thread with group commit), the CLI (through
+//! `in_write_txn`) and the tests run the same code. A second backend (SPEC §11) replaces these
+//! functions' bodies, not their signatures.
 //!
 //! Layout:
 //! - `writer`: the writer thread (one owner of the write connection, group commit) and the
 //!   reader pool.
 //! - `transition`: the SPEC §2 transition table and the one guarded update every transition uses.
 //! - `accept`: acceptance, fan-out and startup repair.
-//! - `claim`: claims with fences, holdings, and the holder's mirrored/ack/reject.
+//! - `claim`: claims (fences applied through `fences`), holdings, and the holder's
+//!   mirrored/ack/reject.
+//! - `fences`: the fence types, set/lift/list, and the one precedence rule claims apply.
 //! - `report`: attempt reports.
-//! - `operator`: fences, releases, cancel, retire, requeue, certificates and hosts.
+//! - `hosts`: hosts, certificates and operator events (enroll, revoke, renew look-ups).
+//! - `operator`: the operator's delivery transitions: release, cancel, retire, requeue.
 //! - `read`: views for producers, operators and status.
 //! - `retention`: removing settled messages older than the retention window.
+//! - `backup`: a consistent copy of the database, checked.
+//! - `verify`: the offline invariant check, returning typed problems.
+//!
+//! Invariant: a stored value that does not parse into its type (a state, kind, scope, outcome
+//! or payload) is a `StoreError::Corrupt` naming its table, row and column; it never becomes a
+//! default.
 
 pub mod accept;
+pub mod backup;
 pub mod claim;
+pub mod fences;
+pub mod hosts;
 pub mod operator;
 pub mod read;
 pub mod report;
 pub mod retention;
 pub mod transition;
+pub mod verify;
 pub mod writer;
 
 pub use writer::{Readers, Writer};
 
 use baton_shared::error::ErrorCode;
 use baton_shared::sqlite::{self, OpenError, OpenOptions, Synchronous};
+use baton_shared::states::DeliveryState;
 use rusqlite::Connection;
 use std::path::Path;
 
@@ -72,6 +87,9 @@ pub enum ActorKind {
 }
 
 impl ActorKind {
+    /// Every kind.
+    pub const ALL: [ActorKind; 3] = [ActorKind::Hub, ActorKind::Node, ActorKind::Operator];
+
     /// The stored name.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -79,6 +97,11 @@ impl ActorKind {
             ActorKind::Node => "node",
             ActorKind::Operator => "operator",
         }
+    }
+
+    /// Parses a stored name.
+    pub fn parse(s: &str) -> Option<ActorKind> {
+        ActorKind::ALL.into_iter().find(|k| k.as_str() == s)
     }
 }
 
@@ -118,6 +141,13 @@ pub enum StoreError {
     /// SQLite failed (disk full, I/O error, busy past the timeout). Details are logged.
     #[error("storage error: {0}")]
     Storage(String),
+    /// A stored value does not parse into its type; the text names the table, row and column.
+    /// Retrying cannot help: the record needs an operator.
+    #[error("{0}")]
+    Corrupt(String),
+    /// A bug in the hub (a write job panicked); the text is the panic message, which is logged.
+    #[error("internal error: {0}")]
+    Internal(String),
 }
 
 impl StoreError {
@@ -135,14 +165,110 @@ impl StoreError {
             StoreError::OverCapacity(_) => ErrorCode::OverCapacity,
             StoreError::CertificateRevoked(_) => ErrorCode::CertificateRevoked,
             StoreError::Storage(_) => ErrorCode::StorageUnavailable,
+            StoreError::Corrupt(_) | StoreError::Internal(_) => ErrorCode::Internal,
         }
     }
 }
 
 impl From<rusqlite::Error> for StoreError {
     fn from(e: rusqlite::Error) -> Self {
+        if let rusqlite::Error::FromSqlConversionFailure(_, _, inner) = &e
+            && let Some(c) = inner.downcast_ref::<CorruptValue>()
+        {
+            return StoreError::Corrupt(c.to_string());
+        }
+        // Damage SQLite meets while reading is a damaged record, not a passing storage fault.
+        if let rusqlite::Error::SqliteFailure(f, _) = &e
+            && matches!(f.code, rusqlite::ErrorCode::DatabaseCorrupt | rusqlite::ErrorCode::NotADatabase)
+        {
+            return StoreError::Corrupt(format!("the database is damaged: {e}"));
+        }
         StoreError::Storage(e.to_string())
     }
+}
+
+/// A stored value that does not parse into its type, named down to the row and column.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("corrupt record: {table} {row}: {column} holds {value:?}, which is not a valid {what}")]
+pub struct CorruptValue {
+    /// The table.
+    pub table: &'static str,
+    /// The row's identifier (its id, or its key columns).
+    pub row: String,
+    /// The column.
+    pub column: String,
+    /// The stored text, cut to a readable length.
+    pub value: String,
+    /// What the column should hold ("delivery state", "JSON payload", …).
+    pub what: &'static str,
+}
+
+/// Stored text shown in a `CorruptValue`, at most this many characters.
+const CORRUPT_VALUE_SHOWN_CHARS_MAX: usize = 80;
+
+/// Reads column `idx` of `row` as text and parses it with `parse`. A value that does not parse is
+/// an error naming `table`, the row (`row_id`) and the column, which `StoreError::from` turns into
+/// `StoreError::Corrupt`; it never becomes a default. For use inside rusqlite row closures.
+pub(crate) fn parse_column<T>(
+    row: &rusqlite::Row<'_>,
+    idx: usize,
+    table: &'static str,
+    row_id: &str,
+    what: &'static str,
+    parse: impl FnOnce(&str) -> Option<T>,
+) -> rusqlite::Result<T> {
+    let text: String = row.get(idx)?;
+    parse(&text).ok_or_else(|| corrupt(row, idx, table, row_id, what, &text))
+}
+
+/// The error `parse_column` returns for a value that does not parse.
+pub(crate) fn corrupt(
+    row: &rusqlite::Row<'_>,
+    idx: usize,
+    table: &'static str,
+    row_id: &str,
+    what: &'static str,
+    value: &str,
+) -> rusqlite::Error {
+    let column = row.as_ref().column_name(idx).map(str::to_string).unwrap_or_else(|_| format!("column {idx}"));
+    let value = value.chars().take(CORRUPT_VALUE_SHOWN_CHARS_MAX).collect();
+    let c = CorruptValue { table, row: row_id.to_string(), column, value, what };
+    rusqlite::Error::FromSqlConversionFailure(idx, rusqlite::types::Type::Text, Box::new(c))
+}
+
+/// `parse_column` for a column that may be NULL.
+pub(crate) fn parse_column_opt<T>(
+    row: &rusqlite::Row<'_>,
+    idx: usize,
+    table: &'static str,
+    row_id: &str,
+    what: &'static str,
+    parse: impl FnOnce(&str) -> Option<T>,
+) -> rusqlite::Result<Option<T>> {
+    match row.get_ref(idx)? {
+        rusqlite::types::ValueRef::Null => Ok(None),
+        _ => parse_column(row, idx, table, row_id, what, parse).map(Some),
+    }
+}
+
+/// A delivery state column (`deliveries.state`, `delivery_events.to_state`, …).
+pub(crate) fn state_column(
+    row: &rusqlite::Row<'_>,
+    idx: usize,
+    table: &'static str,
+    row_id: &str,
+) -> rusqlite::Result<DeliveryState> {
+    parse_column(row, idx, table, row_id, "delivery state", DeliveryState::parse)
+}
+
+/// A JSON payload column (`messages.payload`).
+pub(crate) fn json_column(
+    row: &rusqlite::Row<'_>,
+    idx: usize,
+    table: &'static str,
+    row_id: &str,
+) -> rusqlite::Result<serde_json::Value> {
+    parse_column(row, idx, table, row_id, "JSON payload", |s| serde_json::from_str(s).ok())
 }
 
 /// Shorthand for store results.
@@ -170,6 +296,11 @@ pub fn open_read(path: &Path) -> Result<Connection, OpenError> {
     )?;
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE_CAPACITY);
     Ok(conn)
+}
+
+/// The schema version of the database (`PRAGMA user_version`): how many migrations it has.
+pub fn schema_version(conn: &Connection) -> StoreResult<i64> {
+    Ok(conn.query_row("PRAGMA user_version", [], |r| r.get(0))?)
 }
 
 /// Runs `f` inside one `BEGIN IMMEDIATE` transaction on `conn`, committing only if it succeeds.
@@ -202,21 +333,39 @@ pub fn new_id() -> String {
 }
 
 #[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn damage_sqlite_meets_is_corrupt_and_other_failures_are_storage() {
+        let failure = |code| rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(code), None);
+        for code in [rusqlite::ffi::SQLITE_CORRUPT, rusqlite::ffi::SQLITE_NOTADB] {
+            assert!(matches!(StoreError::from(failure(code)), StoreError::Corrupt(_)));
+        }
+        for code in [rusqlite::ffi::SQLITE_IOERR, rusqlite::ffi::SQLITE_FULL, rusqlite::ffi::SQLITE_BUSY] {
+            assert!(matches!(StoreError::from(failure(code)), StoreError::Storage(_)));
+        }
+    }
+}
+
+#[cfg(test)]
 pub mod testing {
     //! A fresh store in a temp dir with a few enrolled hosts, for unit tests.
     use super::*;
 
     pub(crate) struct TestDb {
         pub(crate) conn: Connection,
+        pub(crate) path: std::path::PathBuf,
         _dir: tempfile::TempDir,
     }
 
     pub(crate) fn db() -> TestDb {
         let dir = tempfile::tempdir().unwrap();
-        let conn = open_write(&dir.path().join("hub.db"), Synchronous::Normal).unwrap();
+        let path = dir.path().join("hub.db");
+        let conn = open_write(&path, Synchronous::Normal).unwrap();
         for h in ["host-a", "host-b", "host-c"] {
-            operator::add_host(&conn, h, 0).unwrap();
+            hosts::add_host(&conn, h, 0).unwrap();
         }
-        TestDb { conn, _dir: dir }
+        TestDb { conn, path, _dir: dir }
     }
 }

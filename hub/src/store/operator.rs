@@ -1,197 +1,23 @@
-//! What operators change through the CLI: hosts and certificates, fences, the held queue,
-//! cancel, retire and requeue. Each change carries who made it and why.
+//! The operator's delivery transitions: releasing the held queue, cancelling, retiring a host
+//! and requeueing what a vanished instance held. Each change carries who made it and why.
+//! (Hosts and certificates are in `hosts`, fences in `fences`.)
 
-use super::claim::{FenceKind, FenceScope};
+use super::hosts::record_operator_event;
 use super::transition::{self, Change};
-use super::{Actor, StoreError, StoreResult};
+use super::{Actor, StoreError, StoreResult, state_column};
 use baton_shared::states::DeliveryState::{self, *};
 use rusqlite::{Connection, OptionalExtension, named_params};
 
-/// Records an operator action that is not a delivery transition.
-pub fn record_operator_event(
-    conn: &Connection,
-    action: &str,
-    subject: &str,
-    operator: &str,
-    reason: Option<&str>,
-    now_ms: i64,
-) -> StoreResult<()> {
-    conn.prepare_cached(
-        "INSERT INTO operator_events (action, subject, operator, reason, at) VALUES (?1, ?2, ?3, ?4, ?5)",
-    )?
-    .execute(rusqlite::params![action, subject, operator, reason, now_ms])?;
-    Ok(())
-}
-
-/// Adds a host (idempotent); enrolling a node does this.
-pub fn add_host(conn: &Connection, host: &str, now_ms: i64) -> StoreResult<()> {
-    conn.prepare_cached("INSERT INTO hosts (name, enrolled_at) VALUES (?1, ?2) ON CONFLICT (name) DO NOTHING")?
-        .execute(rusqlite::params![host, now_ms])?;
-    Ok(())
-}
-
-/// Records an issued certificate.
-pub fn record_certificate(
-    conn: &Connection,
-    serial: &str,
-    role: &str,
-    name: &str,
-    not_after_unix: i64,
-    now_ms: i64,
-) -> StoreResult<()> {
-    conn.prepare_cached(
-        "INSERT INTO certificates (serial, role, name, issued_at, not_after) VALUES (?1, ?2, ?3, ?4, ?5)",
-    )?
-    .execute(rusqlite::params![serial, role, name, now_ms, not_after_unix])?;
-    Ok(())
-}
-
-/// What the store says about a certificate serial: its role, name, and whether it is revoked.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CertStatus {
-    /// node or producer.
-    pub role: String,
-    /// The host or producer name.
-    pub name: String,
-    /// Set when revoked.
-    pub revoked: bool,
-}
-
-/// Looks a certificate up by serial.
-pub fn cert_status(conn: &Connection, serial: &str) -> StoreResult<Option<CertStatus>> {
-    Ok(conn
-        .prepare_cached("SELECT role, name, revoked_at IS NOT NULL FROM certificates WHERE serial = ?1")?
-        .query_row([serial], |r| Ok(CertStatus { role: r.get(0)?, name: r.get(1)?, revoked: r.get(2)? }))
-        .optional()?)
-}
-
-/// Revokes every unrevoked certificate of `name` (any role), or one serial. Returns the serials.
-pub fn revoke(
-    conn: &Connection,
-    name_or_serial: &str,
-    operator: &str,
-    reason: &str,
-    now_ms: i64,
-) -> StoreResult<Vec<String>> {
-    let serials: Vec<String> = conn
-        .prepare_cached("SELECT serial FROM certificates WHERE (name = ?1 OR serial = ?1) AND revoked_at IS NULL")?
-        .query_map([name_or_serial], |r| r.get(0))?
-        .collect::<Result<_, _>>()?;
-    if serials.is_empty() {
-        return Err(StoreError::NotFound(format!("no unrevoked certificate for {name_or_serial:?}")));
-    }
-    for s in &serials {
-        conn.prepare_cached(
-            "UPDATE certificates SET revoked_at = ?2, revoked_by = ?3, revoked_reason = ?4 WHERE serial = ?1",
-        )?
-        .execute(rusqlite::params![s, now_ms, operator, reason])?;
-        record_operator_event(conn, "revoke", s, operator, Some(reason), now_ms)?;
-    }
-    Ok(serials)
-}
-
-/// Sets a fence. `target` is the conversation or host (None for all). Returns its id.
-///
-/// The fence records the last delivery event committed before it (and its lift the same), which
-/// places it exactly in the record's commit order: a claim event with a higher id committed
-/// after the fence. Checkers use this to prove no claim slipped past an active fence.
-pub fn fence_set(
-    conn: &Connection,
-    kind: FenceKind,
-    scope: FenceScope,
-    target: Option<&str>,
-    operator: &str,
-    reason: &str,
-    now_ms: i64,
-) -> StoreResult<i64> {
-    if (scope == FenceScope::All) != target.is_none() {
-        return Err(StoreError::Invalid("a fence names a conversation or a host, or covers all".into()));
-    }
-    conn.prepare_cached(
-        "INSERT INTO fences (kind, scope, target, set_by, set_at, set_after_event, reason)
-         VALUES (?1, ?2, ?3, ?4, ?5, (SELECT coalesce(max(seq), 0) FROM sqlite_sequence WHERE name = 'delivery_events'), ?6)",
-    )?
-    .execute(rusqlite::params![kind.as_str(), scope.as_str(), target, operator, now_ms, reason])?;
-    let id = conn.last_insert_rowid();
-    record_operator_event(
-        conn,
-        &format!("fence_{}", kind.as_str()),
-        &format!("fence {id}"),
-        operator,
-        Some(reason),
-        now_ms,
-    )?;
-    Ok(id)
-}
-
-/// Lifts an active fence.
-pub fn fence_lift(conn: &Connection, id: i64, operator: &str, reason: &str, now_ms: i64) -> StoreResult<()> {
-    let n = conn
-        .prepare_cached(
-            "UPDATE fences SET lifted_at = ?2, lifted_by = ?3, lifted_reason = ?4,
-                    lifted_after_event = (SELECT coalesce(max(seq), 0) FROM sqlite_sequence WHERE name = 'delivery_events')
-             WHERE id = ?1 AND lifted_at IS NULL",
-        )?
-        .execute(rusqlite::params![id, now_ms, operator, reason])?;
-    if n != 1 {
-        return Err(StoreError::NotFound(format!("no active fence {id}")));
-    }
-    record_operator_event(conn, "fence_lift", &format!("fence {id}"), operator, Some(reason), now_ms)
-}
-
-/// A fence as listed for operators, active or lifted.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct FenceRow {
-    /// Its id.
-    pub id: i64,
-    /// pause, hold or block.
-    pub kind: String,
-    /// conversation, host or all.
-    pub scope: String,
-    /// The conversation or host.
-    pub target: Option<String>,
-    /// Who set it.
-    pub set_by: String,
-    /// When (unix ms).
-    pub set_at_ms: i64,
-    /// Why.
-    pub reason: String,
-    /// When it was lifted, if it was.
-    pub lifted_at_ms: Option<i64>,
-    /// Who lifted it.
-    pub lifted_by: Option<String>,
-}
-
-/// Lists fences, newest first; only active ones unless `all`.
-pub fn fence_list(conn: &Connection, all: bool) -> StoreResult<Vec<FenceRow>> {
-    let rows = conn
-        .prepare_cached(
-            "SELECT id, kind, scope, target, set_by, set_at, reason, lifted_at, lifted_by FROM fences
-             WHERE ?1 OR lifted_at IS NULL ORDER BY id DESC",
-        )?
-        .query_map([all], |r| {
-            Ok(FenceRow {
-                id: r.get(0)?,
-                kind: r.get(1)?,
-                scope: r.get(2)?,
-                target: r.get(3)?,
-                set_by: r.get(4)?,
-                set_at_ms: r.get(5)?,
-                reason: r.get(6)?,
-                lifted_at_ms: r.get(7)?,
-                lifted_by: r.get(8)?,
-            })
-        })?
-        .collect::<Result<_, _>>()?;
-    Ok(rows)
-}
+/// Enrolling a host, re-exported where callers outside the hub (the benchmark's prefill) find it.
+pub use super::hosts::add_host;
 
 fn ids_where(conn: &Connection, sql: &str, arg: &str) -> StoreResult<Vec<(String, DeliveryState)>> {
     let rows = conn
         .prepare_cached(sql)?
         .query_map([arg], |r| {
-            let s: String = r.get(1)?;
-            Ok((r.get(0)?, DeliveryState::parse(&s).unwrap_or(Unknown)))
+            let id: String = r.get(0)?;
+            let state = state_column(r, 1, "deliveries", &id)?;
+            Ok((id, state))
         })?
         .collect::<Result<_, _>>()?;
     Ok(rows)
@@ -293,7 +119,7 @@ fn unknown_attempt(conn: &Connection, delivery_id: &str, why: &str, now_ms: i64)
 }
 
 /// What retire or requeue did.
-#[derive(Debug, Clone, Default, serde::Serialize)]
+#[derive(Debug, Clone, Default)]
 pub struct Swept {
     /// Deliveries moved to failed.
     pub failed: Vec<String>,
@@ -385,7 +211,6 @@ pub fn requeue_instance(
             swept.requeued.push(id);
         }
     }
-    swept.outcome_unknown.retain(|id| !id.is_empty());
     conn.prepare_cached("UPDATE hosts SET instance_id = NULL WHERE instance_id = ?1")?.execute([instance_id])?;
     record_operator_event(conn, "requeue_instance", instance_id, operator, Some(reason), now_ms)?;
     Ok(swept)

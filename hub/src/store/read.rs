@@ -2,8 +2,8 @@
 //! history, and the status overview.
 
 use super::report::attempt_row;
-use super::{StoreError, StoreResult};
-use baton_shared::states::DeliveryState;
+use super::{ActorKind, StoreError, StoreResult, json_column, parse_column, parse_column_opt, state_column};
+use baton_shared::states::{DeliveryState, Outcome};
 use baton_shared::wire::{AttemptView, DeliveryView, MessageView};
 use rusqlite::{Connection, OptionalExtension, named_params};
 
@@ -22,32 +22,35 @@ pub fn message_view(conn: &Connection, message_id: &str) -> StoreResult<MessageV
             "SELECT id, conversation, seq, producer, idempotency_key, payload, accepted_at FROM messages WHERE id = ?1",
         )?
         .query_row([message_id], |r| {
-            let payload: String = r.get(5)?;
             Ok(MessageView {
                 message_id: r.get(0)?,
                 conversation: r.get(1)?,
                 seq: r.get(2)?,
                 producer: r.get(3)?,
                 idempotency_key: r.get(4)?,
-                payload: serde_json::from_str(&payload).unwrap_or(serde_json::Value::Null),
+                payload: json_column(r, 5, "messages", message_id)?,
                 accepted_at_ms: r.get(6)?,
                 deliveries: Vec::new(),
             })
         })
         .optional()?
         .ok_or_else(|| StoreError::NotFound(format!("no message {message_id}")))?;
-    let deliveries: Vec<(String, String, String, Option<String>, i64)> = conn
+    let deliveries: Vec<(String, String, DeliveryState, Option<String>, i64)> = conn
         .prepare_cached(
             "SELECT id, host, state, reason, updated_at FROM deliveries WHERE message_id = ?1 ORDER BY host",
         )?
-        .query_map([message_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))?
+        .query_map([message_id], |r| {
+            let id: String = r.get(0)?;
+            let state = state_column(r, 2, "deliveries", &id)?;
+            Ok((id, r.get(1)?, state, r.get(3)?, r.get(4)?))
+        })?
         .collect::<Result<_, _>>()?;
     for (id, host, state, reason, updated_at_ms) in deliveries {
         view.deliveries.push(DeliveryView {
             attempts: attempts_of(conn, &id)?,
             delivery_id: id,
             host,
-            state: DeliveryState::parse(&state).unwrap_or(DeliveryState::Unknown),
+            state,
             reason,
             updated_at_ms,
         });
@@ -76,7 +79,7 @@ pub fn settled(d: &DeliveryView) -> bool {
 }
 
 /// A delivery as listed for operators.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeliveryRow {
     /// Its id.
     pub delivery_id: String,
@@ -89,7 +92,7 @@ pub struct DeliveryRow {
     /// Sequence in the conversation.
     pub seq: i64,
     /// State.
-    pub state: String,
+    pub state: DeliveryState,
     /// Holding instance.
     pub instance_id: Option<String>,
     /// Reason, for failed, unknown, held.
@@ -97,23 +100,24 @@ pub struct DeliveryRow {
     /// Last change (unix ms).
     pub updated_at_ms: i64,
     /// Outcome of the latest attempt, if any.
-    pub outcome: Option<String>,
+    pub outcome: Option<Outcome>,
 }
 
 /// Maps a row in the listing's column order (id, message, host, conversation, seq, state,
 /// instance, reason, updated, latest outcome) to a `DeliveryRow`.
 fn delivery_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<DeliveryRow> {
+    let delivery_id: String = r.get(0)?;
     Ok(DeliveryRow {
-        delivery_id: r.get(0)?,
         message_id: r.get(1)?,
         host: r.get(2)?,
         conversation: r.get(3)?,
         seq: r.get(4)?,
-        state: r.get(5)?,
+        state: state_column(r, 5, "deliveries", &delivery_id)?,
         instance_id: r.get(6)?,
         reason: r.get(7)?,
         updated_at_ms: r.get(8)?,
-        outcome: r.get(9)?,
+        outcome: parse_column_opt(r, 9, "attempts", &format!("of delivery {delivery_id}"), "outcome", Outcome::parse)?,
+        delivery_id,
     })
 }
 
@@ -121,7 +125,7 @@ fn delivery_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<DeliveryRow> {
 #[derive(Debug, Clone, Default)]
 pub struct DeliveryFilter {
     /// Only this state.
-    pub state: Option<String>,
+    pub state: Option<DeliveryState>,
     /// Only this host.
     pub host: Option<String>,
     /// Only this conversation.
@@ -140,22 +144,25 @@ pub fn list_deliveries(conn: &Connection, f: &DeliveryFilter) -> StoreResult<Vec
              WHERE (:s IS NULL OR d.state = :s) AND (:h IS NULL OR d.host = :h) AND (:c IS NULL OR d.conversation = :c)
              ORDER BY d.n LIMIT :limit",
         )?
-        .query_map(named_params! {":s": f.state, ":h": f.host, ":c": f.conversation, ":limit": f.limit}, delivery_row)?
+        .query_map(
+            named_params! {":s": f.state.map(DeliveryState::as_str), ":h": f.host, ":c": f.conversation, ":limit": f.limit},
+            delivery_row,
+        )?
         .collect::<Result<_, _>>()?;
     Ok(rows)
 }
 
 /// One event of a delivery's history.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EventRow {
     /// Commit order.
     pub id: i64,
     /// Previous state (none for creation).
-    pub from_state: Option<String>,
+    pub from_state: Option<DeliveryState>,
     /// New state.
-    pub to_state: String,
-    /// hub, node or operator.
-    pub actor_kind: String,
+    pub to_state: DeliveryState,
+    /// Hub, node or operator.
+    pub actor_kind: ActorKind,
     /// Who.
     pub actor: String,
     /// The node instance involved.
@@ -167,7 +174,7 @@ pub struct EventRow {
 }
 
 /// A delivery with its history and attempts.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct DeliveryDetail {
     /// The delivery.
     pub delivery: DeliveryRow,
@@ -194,11 +201,13 @@ pub fn delivery_detail(conn: &Connection, delivery_id: &str) -> StoreResult<Deli
              WHERE delivery_id = ?1 ORDER BY id",
         )?
         .query_map([delivery_id], |r| {
+            let id: i64 = r.get(0)?;
+            let row = id.to_string();
             Ok(EventRow {
-                id: r.get(0)?,
-                from_state: r.get(1)?,
-                to_state: r.get(2)?,
-                actor_kind: r.get(3)?,
+                id,
+                from_state: parse_column_opt(r, 1, "delivery_events", &row, "delivery state", DeliveryState::parse)?,
+                to_state: state_column(r, 2, "delivery_events", &row)?,
+                actor_kind: parse_column(r, 3, "delivery_events", &row, "actor kind", ActorKind::parse)?,
                 actor: r.get(4)?,
                 instance_id: r.get(5)?,
                 reason: r.get(6)?,
@@ -210,10 +219,10 @@ pub fn delivery_detail(conn: &Connection, delivery_id: &str) -> StoreResult<Deli
 }
 
 /// The overview printed by `status`.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StatusView {
-    /// Deliveries per state.
-    pub deliveries: Vec<(String, i64)>,
+    /// Deliveries per state (states with none are left out), by state name.
+    pub deliveries: Vec<(DeliveryState, i64)>,
     /// Messages accepted.
     pub messages: i64,
     /// Fan-out obligations not yet done.
@@ -232,16 +241,84 @@ pub struct StatusView {
 pub fn status(conn: &Connection) -> StoreResult<StatusView> {
     let deliveries = conn
         .prepare_cached("SELECT state, count(*) FROM deliveries GROUP BY state ORDER BY state")?
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .query_map([], |r| {
+            let state = parse_column(r, 0, "deliveries", "(grouped by state)", "delivery state", DeliveryState::parse)?;
+            Ok((state, r.get(1)?))
+        })?
         .collect::<Result<_, _>>()?;
     let one = |sql: &str| -> StoreResult<i64> { Ok(conn.query_row(sql, [], |r| r.get(0))?) };
     Ok(StatusView {
         deliveries,
         messages: one("SELECT count(*) FROM messages")?,
         pending_fanout: one("SELECT count(*) FROM fanout_obligations WHERE done_at IS NULL")?,
-        active_fences: one("SELECT count(*) FROM fences WHERE lifted_at IS NULL")?,
-        hosts: one("SELECT count(*) FROM hosts WHERE retired_at IS NULL")?,
+        active_fences: super::fences::active_count(conn)?,
+        hosts: super::hosts::active_count(conn)?,
         attempts: one("SELECT count(*) FROM attempts")?,
-        schema_version: one("PRAGMA user_version")?,
+        schema_version: super::schema_version(conn)?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::accept::testing::accept_one;
+    use crate::store::testing;
+
+    /// Corrupts one stored value behind the schema's back (as damage would).
+    fn corrupt(conn: &Connection, sql: &str, id: &str) {
+        conn.execute_batch("PRAGMA ignore_check_constraints = ON").unwrap();
+        conn.execute(sql, [id]).unwrap();
+    }
+
+    /// One case: `read` fails with `Corrupt`, naming `needle` (the row) and `column`.
+    fn check<T: std::fmt::Debug>(read: StoreResult<T>, needle: &str, column: &str) {
+        match read {
+            Err(StoreError::Corrupt(text)) => {
+                assert!(text.contains(needle) && text.contains(column), "{text} should name {needle} and {column}")
+            }
+            other => panic!("expected a corrupt-record error naming {needle}, got {other:?}"),
+        }
+    }
+
+    /// Regression: unparsable stored states, outcomes, actor kinds and payloads read as
+    /// `unknown`, `null` or the raw string; they are errors naming the row.
+    #[test]
+    fn corrupt_values_are_errors_naming_the_row() {
+        let db = testing::db();
+        let c = &db.conn;
+        let msg = accept_one(c, "c", "k", &["host-a"]);
+        let d: String = c.query_row("SELECT id FROM deliveries", [], |r| r.get(0)).unwrap();
+        let all = DeliveryFilter { limit: 10, ..Default::default() };
+        assert_eq!(list_deliveries(c, &all).unwrap()[0].state, DeliveryState::Queued);
+
+        corrupt(c, "UPDATE deliveries SET state = 'lost' WHERE id = ?1", &d);
+        check(list_deliveries(c, &all), &d, "state");
+        check(delivery_detail(c, &d), &d, "state");
+        check(message_view(c, &msg), &d, "state");
+        check(status(c), "deliveries", "state");
+        check(crate::store::transition::state_of(c, &d), &d, "state");
+        corrupt(c, "UPDATE deliveries SET state = 'queued' WHERE id = ?1", &d);
+
+        corrupt(c, "UPDATE delivery_events SET actor_kind = 'ghost' WHERE delivery_id = ?1", &d);
+        check(delivery_detail(c, &d), "delivery_events", "actor_kind");
+        corrupt(c, "UPDATE delivery_events SET actor_kind = 'hub', to_state = 'gone' WHERE delivery_id = ?1", &d);
+        check(delivery_detail(c, &d), "delivery_events", "to_state");
+        corrupt(c, "UPDATE delivery_events SET to_state = 'queued' WHERE delivery_id = ?1", &d);
+
+        c.execute(
+            "INSERT INTO attempts (id, delivery_id, host, instance_id, report_id, request_hash, outcome, reported_at)
+             VALUES ('att-1', ?1, 'host-a', 'i', 'r1', 'h', 'succeeded', 1)",
+            [&d],
+        )
+        .unwrap();
+        corrupt(c, "UPDATE attempts SET outcome = 'maybe' WHERE delivery_id = ?1", &d);
+        check(attempts_of(c, &d), "att-1", "outcome");
+        check(list_deliveries(c, &all), &d, "outcome");
+        corrupt(c, "UPDATE attempts SET outcome = 'failed', duration_ms = -5 WHERE delivery_id = ?1", &d);
+        check(attempts_of(c, &d), "att-1", "duration_ms");
+        corrupt(c, "UPDATE attempts SET duration_ms = 5 WHERE delivery_id = ?1", &d);
+
+        c.execute("UPDATE messages SET payload = '{oops' WHERE id = ?1", [&msg]).unwrap();
+        check(message_view(c, &msg), &msg, "payload");
+    }
 }

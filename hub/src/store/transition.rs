@@ -166,14 +166,14 @@ pub fn record_event(
     Ok(())
 }
 
-/// Reads a delivery's current state.
+/// Reads a delivery's current state (`None`: no such delivery; a state that does not parse is
+/// `StoreError::Corrupt`).
 pub fn state_of(conn: &Connection, delivery_id: &str) -> StoreResult<Option<DeliveryState>> {
     use rusqlite::OptionalExtension;
-    let s: Option<String> = conn
+    Ok(conn
         .prepare_cached("SELECT state FROM deliveries WHERE id = ?1")?
-        .query_row([delivery_id], |r| r.get(0))
-        .optional()?;
-    Ok(s.and_then(|s| DeliveryState::parse(&s)))
+        .query_row([delivery_id], |r| super::state_column(r, 0, "deliveries", delivery_id))
+        .optional()?)
 }
 
 #[cfg(test)]

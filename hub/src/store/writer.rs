@@ -55,7 +55,13 @@ impl Writer {
             };
             let result = match std::panic::catch_unwind(AssertUnwindSafe(|| f(conn))) {
                 Ok(r) => r,
-                Err(_) => Err(StoreError::Storage("internal error in a write job (see the log)".into())),
+                Err(panic) => {
+                    // A bug, not a storage failure: answered 500 `internal` (which nodes do not
+                    // retry forever), and only this job is rolled back.
+                    let message = panic_message(panic.as_ref());
+                    tracing::error!(panic = %message, "a write job panicked; its changes are rolled back");
+                    Err(StoreError::Internal(message))
+                }
             };
             let ok = result.is_ok();
             let reply: Reply = Box::new(move |commit: StoreResult<()>| {
@@ -65,6 +71,17 @@ impl Writer {
         });
         self.tx.send(job).await.map_err(|_| StoreError::Storage("the writer has stopped".into()))?;
         orx.await.map_err(|_| StoreError::Storage("the writer has stopped".into()))?
+    }
+}
+
+/// The text a panic was raised with (`panic!("…")` carries a `&str` or a `String`).
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic without a message".to_string()
     }
 }
 
@@ -176,7 +193,14 @@ impl Readers {
             r
         })
         .await
-        .map_err(|_| StoreError::Storage("read task failed".into()))?
+        .map_err(|e| match e.try_into_panic() {
+            Ok(panic) => {
+                let message = panic_message(panic.as_ref());
+                tracing::error!(panic = %message, "a read job panicked");
+                StoreError::Internal(message)
+            }
+            Err(_) => StoreError::Storage("the read task was cancelled".into()),
+        })?
     }
 }
 
@@ -222,5 +246,39 @@ mod tests {
             .await
             .unwrap();
         assert_eq!((n, bad), (40, 0), "every successful job committed, no refused job left a row");
+    }
+
+    /// Regression: a panic inside a write job was answered as `Storage` (503
+    /// `storage_unavailable`), which nodes retry forever. It is `Internal` (500 `internal`),
+    /// carrying the panic message, and the other jobs of its batch still commit.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_panicking_job_is_an_internal_error_and_rolls_back_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hub.db");
+        let w = Writer::start(crate::store::open_write(&path, Synchronous::Normal).unwrap()).unwrap();
+        let insert = |c: &Connection, i: i64| {
+            c.execute("INSERT INTO operator_events (action, subject, operator, at) VALUES ('t', ?1, 'x', ?1)", [i])
+        };
+        let (a, b, c) = tokio::join!(
+            w.call(move |c| Ok(insert(c, 1)?)),
+            w.call(move |c| -> StoreResult<usize> {
+                insert(c, 2)?;
+                panic!("the job's own bug")
+            }),
+            w.call(move |c| Ok(insert(c, 3)?)),
+        );
+        assert!((a.is_ok(), c.is_ok()) == (true, true), "{a:?} {c:?}");
+        let e = b.unwrap_err();
+        assert!(matches!(&e, StoreError::Internal(m) if m.contains("the job's own bug")), "{e:?}");
+        assert_eq!(e.code(), baton_shared::error::ErrorCode::Internal);
+        let readers = std::sync::Arc::new(Readers::new(path));
+        let ats: Vec<i64> = readers
+            .read(|c| {
+                let mut s = c.prepare("SELECT at FROM operator_events ORDER BY at")?;
+                Ok(s.query_map([], |r| r.get(0))?.collect::<Result<_, _>>()?)
+            })
+            .await
+            .unwrap();
+        assert_eq!(ats, vec![1, 3]);
     }
 }

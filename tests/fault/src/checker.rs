@@ -359,26 +359,18 @@ pub fn check(inputs: &Inputs) -> anyhow::Result<Report> {
     Ok(report)
 }
 
-/// Sorts a `baton_hub::verify` line into its invariant family.
-fn hub_problem(p: &str) -> Violation {
-    let family = if p.starts_with("integrity") || p.starts_with("foreign key") {
-        "I12"
-    } else if p.starts_with("atomic accept") {
-        "I3"
-    } else if p.starts_with("fan-out") {
-        "I4"
-    } else if p.starts_with("attempt on a delivery") {
-        "I8"
-    } else {
-        "I14"
+/// Sorts a typed `baton_hub::verify` problem into its invariant family. The match is
+/// exhaustive: a new kind of problem must be given its family here.
+fn hub_problem(p: &baton_hub::verify::Problem) -> Violation {
+    use baton_hub::verify::ProblemKind as K;
+    let family = match p.kind {
+        K::Integrity | K::ForeignKey => "I12",
+        K::AtomicAccept => "I3",
+        K::FanOut => "I4",
+        K::AttemptWithoutDelivery => "I8",
+        K::SequenceBehind | K::BacklogCount | K::EventLog | K::IllegalTransition | K::CorruptValue => "I14",
     };
-    // The subject is the first id-looking token, so the chain can be found.
-    let subject = p
-        .split(|c: char| c.is_whitespace() || c == ':' || c == '(' || c == ')')
-        .find(|t| t.len() >= 32 && t.contains('-'))
-        .unwrap_or("hub")
-        .to_string();
-    violation(family, &subject, format!("hub verify: {p}"), Vec::new())
+    violation(family, &p.subject, format!("hub verify: {p}"), Vec::new())
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,0 +1,364 @@
+//! The command line, defined once: every command, flag and help text (clap derive; doc
+//! comments are the help). Nothing here does work; `cli::run` dispatches the parsed `Cli`.
+
+use crate::config::Flags;
+use crate::datadir::{DATA_DIR_DEFAULT, DATA_DIR_ENV};
+use baton_shared::exit;
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+
+/// The Baton hub: delivery record, mTLS API and operator commands.
+#[derive(Debug, Parser)]
+#[command(name = "baton-hub", version, about, after_help = exit::HELP)]
+pub struct Cli {
+    /// The hub's data directory.
+    #[arg(long, global = true, env = DATA_DIR_ENV, default_value = DATA_DIR_DEFAULT)]
+    pub data_dir: PathBuf,
+    /// Operator name recorded with changes.
+    #[arg(long, global = true, env = "BATON_OPERATOR")]
+    pub operator: Option<String>,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Operator commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create the data directory, the database, the CA and the hub's server certificate.
+    Init {
+        /// Extra DNS names or IP addresses nodes dial (localhost, 127.0.0.1 and ::1 are always included).
+        #[arg(long = "hostname", value_name = "NAME")]
+        hostnames: Vec<String>,
+    },
+    /// Run the hub. Every configuration key is also a flag here (and an environment variable
+    /// everywhere): a flag beats the environment, which beats the file.
+    Serve {
+        /// Configuration file (default DIR/hub.toml when it exists).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// The configuration keys, one flag each.
+        #[command(flatten)]
+        settings: Flags,
+    },
+    /// Issue a certificate for a node host or a producer.
+    #[command(subcommand)]
+    Enroll(Enroll),
+    /// Revoke every certificate of a name (or one serial). Takes effect on the next request.
+    Revoke {
+        /// Host or producer name, or a certificate serial.
+        name: String,
+        /// Why (recorded).
+        #[command(flatten)]
+        why: Reason,
+    },
+    /// Issue a fresh certificate for an enrolled name.
+    Renew {
+        /// Host or producer name.
+        name: String,
+        /// Where to write NAME.crt, NAME.key and ca.crt.
+        #[arg(long)]
+        out: PathBuf,
+        /// Validity in days.
+        #[arg(long, default_value_t = 365)]
+        days: u32,
+    },
+    /// Retire a host: no more work; its pending deliveries fail (mirrored ones become unknown).
+    Retire {
+        /// The host.
+        host: String,
+        /// Why (recorded).
+        #[command(flatten)]
+        why: Reason,
+    },
+    /// Requeue what a node instance that is gone for good holds.
+    Requeue {
+        /// The instance id (see `deliveries list`).
+        #[arg(long)]
+        instance: String,
+        /// Why (recorded).
+        #[command(flatten)]
+        why: Reason,
+    },
+    /// Fences: pause, hold or block a conversation, a host, or everything.
+    #[command(subcommand)]
+    Fence(FenceCmd),
+    /// The held queue.
+    #[command(subcommand)]
+    Held(HeldCmd),
+    /// Inspect and cancel deliveries.
+    #[command(subcommand)]
+    Deliveries(DeliveriesCmd),
+    /// Submit a message by hand.
+    Send {
+        /// The conversation.
+        #[arg(long)]
+        conversation: String,
+        /// Recipient hosts, comma-separated.
+        #[arg(long, value_delimiter = ',', required = true)]
+        to: Vec<String>,
+        /// Idempotency key.
+        #[arg(long)]
+        key: String,
+        /// The payload as JSON text.
+        #[arg(long, conflicts_with = "payload_file")]
+        payload: Option<String>,
+        /// A file holding the payload JSON.
+        #[arg(long)]
+        payload_file: Option<PathBuf>,
+        /// Producer name the message is recorded under (keys are scoped to it).
+        #[arg(long, default_value = "operator")]
+        producer: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Overview of the record.
+    Status {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write a consistent copy of the database while the hub runs.
+    Backup {
+        /// The copy's path (must not exist).
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Check the record's invariants offline; lists every problem found.
+    Verify {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Validate a configuration file and exit.
+    #[command(subcommand)]
+    Config(ConfigCmd),
+}
+
+/// `enroll` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Enroll {
+    /// A node host: writes DIR/HOST.crt, DIR/HOST.key, DIR/ca.crt.
+    Node(EnrollArgs),
+    /// A producer: writes DIR/NAME.crt, DIR/NAME.key, DIR/ca.crt.
+    Producer(EnrollArgs),
+}
+
+/// Arguments of `enroll`.
+#[derive(Debug, Args)]
+pub struct EnrollArgs {
+    /// Host or producer name.
+    pub name: String,
+    /// Output directory.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Validity in days.
+    #[arg(long, default_value_t = 365)]
+    pub days: u32,
+}
+
+/// `--reason`, recorded with changes.
+#[derive(Debug, Args)]
+pub struct Reason {
+    /// Why; recorded with the operator's name.
+    #[arg(long, default_value = "no reason given")]
+    pub reason: String,
+}
+
+/// `fence` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum FenceCmd {
+    /// Matching deliveries stay queued until the fence lifts.
+    Pause(FenceSet),
+    /// Matching deliveries park in the held queue until released.
+    Hold(FenceSet),
+    /// Matching deliveries are refused: failed, naming the fence.
+    Block(FenceSet),
+    /// Lift a fence.
+    Lift {
+        /// The fence id.
+        id: i64,
+        /// Why (recorded).
+        #[command(flatten)]
+        why: Reason,
+    },
+    /// List active fences.
+    List {
+        /// Include lifted fences.
+        #[arg(long)]
+        all: bool,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// What a new fence covers.
+#[derive(Debug, Args)]
+#[group(required = true, multiple = false, id = "scope")]
+pub struct FenceTarget {
+    /// One conversation.
+    #[arg(long, group = "scope")]
+    pub conversation: Option<String>,
+    /// One host.
+    #[arg(long, group = "scope")]
+    pub host: Option<String>,
+    /// Everything.
+    #[arg(long, group = "scope")]
+    pub all: bool,
+}
+
+/// Arguments of `fence pause|hold|block`.
+#[derive(Debug, Args)]
+pub struct FenceSet {
+    /// What the fence covers.
+    #[command(flatten)]
+    pub target: FenceTarget,
+    /// Why (recorded).
+    #[command(flatten)]
+    pub why: Reason,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `held` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum HeldCmd {
+    /// List held deliveries.
+    List {
+        /// Only this conversation.
+        #[arg(long)]
+        conversation: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Release one held delivery, or all of a conversation, back to queued.
+    Release {
+        /// The delivery id.
+        #[arg(required_unless_present = "conversation", conflicts_with = "conversation")]
+        id: Option<String>,
+        /// Release every held delivery of this conversation.
+        #[arg(long)]
+        conversation: Option<String>,
+        /// Why (recorded).
+        #[command(flatten)]
+        why: Reason,
+    },
+}
+
+/// `deliveries` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum DeliveriesCmd {
+    /// List deliveries, oldest first.
+    List {
+        /// Only this state.
+        #[arg(long)]
+        state: Option<String>,
+        /// Only this host.
+        #[arg(long)]
+        host: Option<String>,
+        /// Only this conversation.
+        #[arg(long)]
+        conversation: Option<String>,
+        /// At most this many.
+        #[arg(long, default_value_t = 1000)]
+        limit: u32,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One delivery with its event history and attempts.
+    Show {
+        /// The delivery id.
+        id: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Cancel a delivery that has not been delivered (it fails, naming you).
+    Cancel {
+        /// The delivery id.
+        id: String,
+        /// Why (recorded).
+        #[command(flatten)]
+        why: Reason,
+    },
+}
+
+/// `config` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum ConfigCmd {
+    /// Validate the configuration (default DIR/hub.toml, with the environment's BATON_HUB_* keys
+    /// over it) and exit 0 (valid) or 2 (invalid).
+    Check {
+        /// The file.
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn help_lists_the_shared_exit_statuses() {
+        let help = Cli::command().render_long_help().to_string();
+        assert!(help.contains(exit::HELP.lines().nth(1).unwrap_or_default().trim()), "{help}");
+    }
+
+    #[test]
+    fn public_surface_parses() {
+        for args in [
+            vec!["baton-hub", "init", "--hostname", "hub.example"],
+            vec!["baton-hub", "serve", "--listen", "127.0.0.1:0"],
+            vec!["baton-hub", "serve", "--claim-batch-max", "5", "--config", "f"],
+            vec!["baton-hub", "enroll", "node", "host-a", "--out", "d"],
+            vec!["baton-hub", "enroll", "producer", "p", "--out", "d"],
+            vec!["baton-hub", "revoke", "host-a", "--reason", "lost laptop"],
+            vec!["baton-hub", "renew", "host-a", "--out", "d"],
+            vec!["baton-hub", "retire", "host-a"],
+            vec!["baton-hub", "fence", "pause", "--conversation", "c"],
+            vec!["baton-hub", "fence", "hold", "--host", "h", "--reason", "r"],
+            vec!["baton-hub", "fence", "block", "--all"],
+            vec!["baton-hub", "fence", "lift", "3"],
+            vec!["baton-hub", "fence", "list", "--json"],
+            vec!["baton-hub", "held", "list", "--json"],
+            vec!["baton-hub", "held", "release", "abc"],
+            vec!["baton-hub", "held", "release", "--conversation", "c"],
+            vec![
+                "baton-hub",
+                "deliveries",
+                "list",
+                "--state",
+                "queued",
+                "--host",
+                "h",
+                "--conversation",
+                "c",
+                "--json",
+            ],
+            vec!["baton-hub", "deliveries", "show", "abc", "--json"],
+            vec!["baton-hub", "send", "--conversation", "c", "--to", "a,b", "--key", "k", "--payload", "{}"],
+            vec!["baton-hub", "status", "--json"],
+            vec!["baton-hub", "backup", "--out", "f"],
+            vec!["baton-hub", "verify"],
+        ] {
+            assert!(Cli::try_parse_from(&args).is_ok(), "{args:?}");
+        }
+        // A fence needs exactly one scope.
+        assert!(Cli::try_parse_from(["baton-hub", "fence", "pause"]).is_err());
+        assert!(Cli::try_parse_from(["baton-hub", "fence", "pause", "--all", "--host", "h"]).is_err());
+        // Configuration flags belong to `serve` only.
+        assert!(Cli::try_parse_from(["baton-hub", "status", "--claim-batch-max", "5"]).is_err());
+    }
+}

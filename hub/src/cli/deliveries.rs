@@ -1,0 +1,96 @@
+//! Inspecting and steering deliveries: `deliveries list|show|cancel`, `held list|release`,
+//! `retire HOST` and `requeue --instance ID`.
+
+use super::args::{DeliveriesCmd, HeldCmd};
+use super::{CliError, CliResult, Context, output};
+use crate::store::in_write_txn;
+use crate::store::operator::{self, Selector};
+use crate::store::read::{self, DeliveryFilter};
+use baton_shared::exit;
+use baton_shared::states::DeliveryState;
+
+/// Most held deliveries `held list` prints.
+const HELD_LISTED_MAX: u32 = 100_000;
+
+/// Runs one `deliveries` subcommand.
+pub(super) fn run(ctx: &Context, d: &DeliveriesCmd) -> CliResult {
+    match d {
+        DeliveriesCmd::List { state, host, conversation, limit, json } => {
+            let state = match state {
+                None => None,
+                Some(s) => Some(DeliveryState::parse(s).ok_or_else(|| {
+                    CliError::usage(format!(
+                        "--state {s:?} is not one of queued, claimed, mirrored, delivered, held, failed, unknown"
+                    ))
+                })?),
+            };
+            let f = DeliveryFilter { state, host: host.clone(), conversation: conversation.clone(), limit: *limit };
+            output::deliveries(&read::list_deliveries(&ctx.open_read()?, &f)?, *json)
+        }
+        DeliveriesCmd::Show { id, json } => output::detail(&read::delivery_detail(&ctx.open_read()?, id)?, *json),
+        DeliveriesCmd::Cancel { id, why } => {
+            let conn = ctx.open_write()?;
+            in_write_txn(&conn, |c| operator::cancel(c, id, &ctx.operator, &why.reason, ctx.now_ms()))?;
+            ctx.wake_hub();
+            output::line(format!("cancelled {id}"))
+        }
+    }
+}
+
+/// Runs one `held` subcommand.
+pub(super) fn held(ctx: &Context, h: &HeldCmd) -> CliResult {
+    match h {
+        HeldCmd::List { conversation, json } => {
+            let f = DeliveryFilter {
+                state: Some(DeliveryState::Held),
+                conversation: conversation.clone(),
+                limit: HELD_LISTED_MAX,
+                ..Default::default()
+            };
+            output::deliveries(&read::list_deliveries(&ctx.open_read()?, &f)?, *json)
+        }
+        HeldCmd::Release { id, conversation, why } => {
+            let sel = match (id, conversation) {
+                (Some(id), _) => Selector::Delivery(id),
+                (None, Some(c)) => Selector::Conversation(c),
+                (None, None) => return Err(CliError::usage("give a delivery id or --conversation")),
+            };
+            let conn = ctx.open_write()?;
+            let ids = in_write_txn(&conn, |c| operator::release(c, sel, &ctx.operator, &why.reason, ctx.now_ms()))?;
+            ctx.wake_hub();
+            output::line(format!("released {} deliveries", ids.len()))?;
+            if ids.is_empty() {
+                return Err(CliError::new(exit::NOTHING, "nothing was held"));
+            }
+            Ok(())
+        }
+    }
+}
+
+/// `retire HOST`.
+pub(super) fn retire(ctx: &Context, host: &str, reason: &str) -> CliResult {
+    let conn = ctx.open_write()?;
+    let swept = in_write_txn(&conn, |c| operator::retire(c, host, &ctx.operator, reason, ctx.now_ms()))?;
+    ctx.wake_hub();
+    output::line(format!(
+        "retired {host}: {} failed, {} unknown, {} delivered without outcome marked unknown",
+        swept.failed.len(),
+        swept.unknown.len(),
+        swept.outcome_unknown.len()
+    ))
+}
+
+/// `requeue --instance ID`.
+pub(super) fn requeue(ctx: &Context, instance: &str, reason: &str) -> CliResult {
+    let conn = ctx.open_write()?;
+    let swept = in_write_txn(&conn, |c| operator::requeue_instance(c, instance, &ctx.operator, reason, ctx.now_ms()))?;
+    ctx.wake_hub();
+    if swept.requeued.is_empty() && swept.outcome_unknown.is_empty() {
+        return Err(CliError::new(exit::NOTHING, format!("instance {instance} holds nothing")));
+    }
+    output::line(format!(
+        "instance {instance}: {} requeued, {} delivered without outcome marked unknown",
+        swept.requeued.len(),
+        swept.outcome_unknown.len()
+    ))
+}

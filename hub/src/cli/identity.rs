@@ -1,0 +1,122 @@
+//! The hub's identities: `init` (the data directory, the CA, the server certificate, the
+//! database), `enroll` and `renew` (a node's or producer's certificate), `revoke`.
+
+use super::args::Enroll;
+use super::{CliError, CliResult, Context, output};
+use crate::store::{self, hosts, in_write_txn};
+use baton_shared::ids::{Role, check_name};
+use baton_shared::pki::{self, LeafKind};
+use std::io::Write;
+use std::path::Path;
+use std::time::Duration;
+
+/// The longest certificate validity `enroll` and `renew` issue, in days.
+const CERT_DAYS_MAX: u32 = 3650;
+
+/// Writes a new file (never over an existing one) and syncs it; keys get mode 0600.
+fn write_new(path: &Path, contents: &str, private: bool) -> CliResult {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(if private { 0o600 } else { 0o644 })
+        .open(path)
+        .map_err(|e| CliError::failure(format!("{}: {e}", path.display())))?;
+    f.write_all(contents.as_bytes())?;
+    f.sync_all()?;
+    Ok(())
+}
+
+/// `init`: creates the data directory, the CA, the server certificate, the configuration
+/// template and the database. Refuses a directory that is already initialised.
+pub(super) fn init(ctx: &Context, hostnames: &[String]) -> CliResult {
+    let dir = &ctx.dir;
+    if dir.ca_cert().exists() || dir.db().exists() {
+        return Err(CliError::usage(format!(
+            "{} is already initialised; refusing to overwrite it",
+            dir.root().display()
+        )));
+    }
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir.root())?;
+    }
+    let ca = pki::create_ca("Baton hub CA").map_err(|e| CliError::failure(e.to_string()))?;
+    let mut names: Vec<String> = vec!["localhost".into(), "127.0.0.1".into(), "::1".into()];
+    for h in hostnames {
+        if !names.contains(h) {
+            names.push(h.clone());
+        }
+    }
+    let server = pki::issue(&ca.cert_pem, &ca.key_pem, &LeafKind::Server { hostnames: names.clone() })
+        .map_err(|e| CliError::usage(e.to_string()))?;
+    write_new(&dir.ca_key(), &ca.key_pem, true)?;
+    write_new(&dir.ca_cert(), &ca.cert_pem, false)?;
+    write_new(&dir.server_key(), &server.key_pem, true)?;
+    write_new(&dir.server_cert(), &server.cert_pem, false)?;
+    if !dir.config().exists() {
+        write_new(&dir.config(), &crate::config::template(), false)?;
+    }
+    drop(store::open_write(&dir.db(), baton_shared::sqlite::Synchronous::Full)?);
+    output::line(format!("initialised {} (server names: {})", dir.root().display(), names.join(", ")))
+}
+
+/// `enroll node|producer NAME --out DIR`.
+pub(super) fn enroll_cmd(ctx: &Context, e: &Enroll) -> CliResult {
+    let (role, args) = match e {
+        Enroll::Node(a) => (Role::Node, a),
+        Enroll::Producer(a) => (Role::Producer, a),
+    };
+    enroll(ctx, role, &args.name, &args.out, args.days)
+}
+
+/// `renew NAME --out DIR`: a fresh certificate under the role `NAME` was enrolled with.
+pub(super) fn renew(ctx: &Context, name: &str, out: &Path, days: u32) -> CliResult {
+    let roles = hosts::enrolled_roles(&ctx.open_read()?, name)?;
+    let role = match roles.as_slice() {
+        [r] => *r,
+        [] => return Err(CliError::new(baton_shared::exit::NOTHING, format!("{name} was never enrolled"))),
+        _ => return Err(CliError::usage(format!("{name} is enrolled as both node and producer"))),
+    };
+    enroll(ctx, role, name, out, days)
+}
+
+/// Issues a certificate for `name`, records it, and writes `NAME.crt`, `NAME.key` and `ca.crt`
+/// into `out_dir` (refusing to overwrite a certificate or key).
+fn enroll(ctx: &Context, role: Role, name: &str, out_dir: &Path, days: u32) -> CliResult {
+    check_name("name", name)?;
+    if days == 0 || days > CERT_DAYS_MAX {
+        return Err(CliError::usage(format!("--days {days} is out of range; allowed 1..={CERT_DAYS_MAX}")));
+    }
+    let conn = ctx.open_write()?;
+    let dir = &ctx.dir;
+    let ca_cert = std::fs::read_to_string(dir.ca_cert())?;
+    let ca_key = std::fs::read_to_string(dir.ca_key())?;
+    let lifetime = Duration::from_secs(u64::from(days) * 24 * 3600);
+    let leaf = pki::issue(&ca_cert, &ca_key, &LeafKind::Client { role, name: name.into(), lifetime })
+        .map_err(|e| CliError::usage(e.to_string()))?;
+    std::fs::create_dir_all(out_dir)?;
+    let cert_path = out_dir.join(format!("{name}.crt"));
+    let key_path = out_dir.join(format!("{name}.key"));
+    for p in [&cert_path, &key_path] {
+        if p.exists() {
+            return Err(CliError::usage(format!("{} exists; refusing to overwrite it", p.display())));
+        }
+    }
+    let issued = hosts::Issued { role, name, serial: &leaf.serial, not_after_unix: leaf.not_after_unix };
+    in_write_txn(&conn, |c| hosts::enroll(c, issued, "cli", ctx.now_ms()))?;
+    write_new(&key_path, &leaf.key_pem, true)?;
+    write_new(&cert_path, &leaf.cert_pem, false)?;
+    let ca_out = out_dir.join("ca.crt");
+    if !ca_out.exists() {
+        write_new(&ca_out, &ca_cert, false)?;
+    }
+    output::line(format!("enrolled {role} {name}: {} (serial {})", cert_path.display(), leaf.serial))
+}
+
+/// `revoke NAME|SERIAL`.
+pub(super) fn revoke(ctx: &Context, name: &str, reason: &str) -> CliResult {
+    let conn = ctx.open_write()?;
+    let serials = in_write_txn(&conn, |c| hosts::revoke(c, name, &ctx.operator, reason, ctx.now_ms()))?;
+    output::line(format!("revoked {} certificate(s) of {name}: {}", serials.len(), serials.join(", ")))
+}

@@ -1,0 +1,214 @@
+//! The operator CLI (SPEC §10). Every command takes `--data-dir`; listing commands take
+//! `--json`; changing commands take `--reason` (recorded with the operator's name).
+//!
+//! Layout:
+//! - `args`: the command line, defined once (clap derive).
+//! - `output`: everything written to stdout (tables, JSON, one-line answers).
+//! - `identity`: `init`, `enroll`, `renew`, `revoke`.
+//! - `fence`: `fence pause|hold|block|lift|list`.
+//! - `deliveries`: `deliveries`, `held`, `retire`, `requeue`.
+//! - `send`: submitting a message by hand.
+//! - `inspect`: `status`, `backup`, `verify`, `config check`.
+//! - `serve`: running the hub.
+//!
+//! Read-only commands open a read-only connection without a whole-file check, so their cost
+//! does not grow with the database, and never wake the hub. Changing commands open the write
+//! path (the strict open, `BEGIN IMMEDIATE`; the hub may or may not be running, SQLite
+//! serialises the writers) and then wake a running hub through its socket.
+
+mod args;
+mod deliveries;
+mod fence;
+mod identity;
+mod inspect;
+mod output;
+mod send;
+mod serve;
+
+pub use args::*;
+
+use crate::config::{Flags, HubConfig, Sources, process_env};
+use crate::datadir::DataDir;
+use crate::store::{self, StoreError};
+use crate::wake;
+use baton_shared::clock::SharedClock;
+use baton_shared::exit;
+use baton_shared::logging::{self, LogFormat};
+use rusqlite::Connection;
+use std::path::Path;
+
+/// A CLI failure with its exit status (`baton_shared::exit`).
+#[derive(Debug)]
+pub struct CliError {
+    /// The exit status.
+    pub code: u8,
+    /// The message (printed once, to stderr).
+    pub message: String,
+}
+
+impl CliError {
+    /// A failure with exit status `code`.
+    pub fn new(code: u8, message: impl Into<String>) -> CliError {
+        CliError { code, message: message.into() }
+    }
+    /// Bad usage or input (exit 2).
+    pub fn usage(message: impl Into<String>) -> CliError {
+        CliError::new(exit::USAGE, message)
+    }
+    /// Any other failure (exit 4).
+    pub fn failure(message: impl Into<String>) -> CliError {
+        CliError::new(exit::FAILURE, message)
+    }
+}
+
+impl From<StoreError> for CliError {
+    fn from(e: StoreError) -> Self {
+        let code = match e {
+            StoreError::NotFound(_) => exit::NOTHING,
+            StoreError::Storage(_) | StoreError::Internal(_) => exit::FAILURE,
+            StoreError::Corrupt(_) => exit::REFUSED,
+            _ => exit::USAGE,
+        };
+        CliError::new(code, e.to_string())
+    }
+}
+
+impl From<baton_shared::sqlite::OpenError> for CliError {
+    fn from(e: baton_shared::sqlite::OpenError) -> Self {
+        CliError::new(exit::REFUSED, e.to_string())
+    }
+}
+
+impl From<std::io::Error> for CliError {
+    fn from(e: std::io::Error) -> Self {
+        CliError::failure(e.to_string())
+    }
+}
+
+impl From<baton_shared::ids::IdError> for CliError {
+    fn from(e: baton_shared::ids::IdError) -> Self {
+        CliError::usage(e.to_string())
+    }
+}
+
+impl From<crate::lock::LockError> for CliError {
+    fn from(e: crate::lock::LockError) -> Self {
+        CliError::failure(e.to_string())
+    }
+}
+
+/// What a command's result is.
+pub type CliResult = Result<(), CliError>;
+
+/// What every command works with: the data directory, who is acting, and the clock that
+/// stamps what it stores.
+pub struct Context {
+    /// The data directory.
+    pub dir: DataDir,
+    /// The operator recorded with changes.
+    pub operator: String,
+    /// Wall-clock time for everything stored.
+    pub clock: SharedClock,
+}
+
+impl Context {
+    /// The context of `cli`, with the system clock.
+    pub fn new(cli: &Cli, clock: SharedClock) -> Context {
+        Context { dir: DataDir::new(&cli.data_dir), operator: operator_name(cli.operator.as_deref()), clock }
+    }
+
+    /// Now, for storing.
+    pub fn now_ms(&self) -> i64 {
+        self.clock.now_ms()
+    }
+
+    /// The configuration as every command but `serve` sees it: the data directory's file, then
+    /// the environment.
+    pub fn config(&self, file: Option<&Path>) -> Result<HubConfig, CliError> {
+        let config_file = self.dir.config();
+        let sources = Sources { file, default_file: &config_file, env: &process_env, flags: &Flags::none() };
+        HubConfig::load(sources).map_err(CliError::usage)
+    }
+
+    fn require_db(&self) -> CliResult {
+        if self.dir.db().exists() {
+            return Ok(());
+        }
+        let root = self.dir.root().display();
+        Err(CliError::new(
+            exit::REFUSED,
+            format!("{root} has no hub database; run `baton-hub init --data-dir {root}` first"),
+        ))
+    }
+
+    /// A read-only connection, without a whole-file check. A database whose schema is older
+    /// than this binary is migrated first (through the write path), as the next `serve` would.
+    pub fn open_read(&self) -> Result<Connection, CliError> {
+        self.require_db()?;
+        let conn = store::open_read(&self.dir.db())?;
+        if store::schema_version(&conn)? >= store::MIGRATIONS.len() as i64 {
+            return Ok(conn);
+        }
+        drop(conn);
+        tracing::info!("the database's schema is older than this binary; migrating it");
+        drop(self.open_write()?);
+        Ok(store::open_read(&self.dir.db())?)
+    }
+
+    /// The write path: the strict open (checked, migrated, pragmas asserted).
+    pub fn open_write(&self) -> Result<Connection, CliError> {
+        self.require_db()?;
+        let config = self.config(None)?;
+        Ok(store::open_write(&self.dir.db(), config.synchronous)?)
+    }
+
+    /// Tells a running hub that the record changed, so waiting long-polls look again.
+    pub fn wake_hub(&self) {
+        wake::notify(&self.dir.wake_socket());
+    }
+}
+
+fn operator_name(cli_operator: Option<&str>) -> String {
+    let name = cli_operator
+        .map(str::to_string)
+        .or_else(|| std::env::var("USER").ok())
+        .unwrap_or_else(|| "operator".to_string());
+    if name.is_empty() { "operator".into() } else { name }
+}
+
+/// Runs one command. `serve` sets up its own logging from its configuration; every other
+/// command logs as text.
+pub fn run(cli: &Cli) -> CliResult {
+    let ctx = Context::new(cli, baton_shared::clock::system());
+    if let Command::Serve { config, settings } = &cli.command {
+        return serve::serve(&ctx, config.as_deref(), settings);
+    }
+    logging::init(LogFormat::Text);
+    match &cli.command {
+        Command::Serve { .. } => Err(CliError::failure("serve is run above")),
+        Command::Init { hostnames } => identity::init(&ctx, hostnames),
+        Command::Enroll(e) => identity::enroll_cmd(&ctx, e),
+        Command::Renew { name, out, days } => identity::renew(&ctx, name, out, *days),
+        Command::Revoke { name, why } => identity::revoke(&ctx, name, &why.reason),
+        Command::Retire { host, why } => deliveries::retire(&ctx, host, &why.reason),
+        Command::Requeue { instance, why } => deliveries::requeue(&ctx, instance, &why.reason),
+        Command::Fence(f) => fence::run(&ctx, f),
+        Command::Held(h) => deliveries::held(&ctx, h),
+        Command::Deliveries(d) => deliveries::run(&ctx, d),
+        Command::Send { conversation, to, key, payload, payload_file, producer, json } => {
+            let s = send::Submission {
+                conversation,
+                to,
+                key,
+                payload: payload.as_deref(),
+                payload_file: payload_file.as_deref(),
+                producer,
+            };
+            send::send(&ctx, s, *json)
+        }
+        Command::Status { json } => inspect::status(&ctx, *json),
+        Command::Backup { out } => inspect::backup(&ctx, out),
+        Command::Verify { json } => inspect::verify(&ctx, *json),
+        Command::Config(ConfigCmd::Check { config }) => inspect::config_check(&ctx, config.as_deref()),
+    }
+}

@@ -1,0 +1,269 @@
+//! Everything the CLI writes to stdout: aligned tables for people, JSON for scripts, and the
+//! one-line answers of changing commands. The JSON field names are a public contract (scripts
+//! and the tests read them); store rows do not derive `Serialize`, so each shape is built here,
+//! explicitly.
+
+use super::{CliError, CliResult};
+use crate::lock::Holder;
+use crate::store::fences::FenceRow;
+use crate::store::read::{DeliveryDetail, DeliveryRow, StatusView};
+use crate::store::verify::Problem;
+use serde_json::{Value, json};
+use std::io::Write;
+
+fn out() -> std::io::StdoutLock<'static> {
+    std::io::stdout().lock()
+}
+
+/// Prints one line.
+pub(super) fn line(text: impl std::fmt::Display) -> CliResult {
+    writeln!(out(), "{text}")?;
+    Ok(())
+}
+
+/// Prints a JSON value, pretty.
+pub(super) fn json(v: &Value) -> CliResult {
+    let text = serde_json::to_string_pretty(v).map_err(|e| CliError::failure(e.to_string()))?;
+    line(text)
+}
+
+/// Prints rows as an aligned table with a header.
+fn table(header: &[&str], rows: &[Vec<String>]) -> CliResult {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let render = |cells: &[String]| -> String {
+        let mut s = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            if i + 1 == cells.len() {
+                s.push_str(c);
+            } else {
+                s.push_str(&format!("{c:<w$}  ", w = widths.get(i).copied().unwrap_or(0)));
+            }
+        }
+        s.trim_end().to_string()
+    };
+    let mut o = out();
+    writeln!(o, "{}", render(&header.iter().map(|h| h.to_string()).collect::<Vec<_>>()))?;
+    for row in rows {
+        writeln!(o, "{}", render(row))?;
+    }
+    Ok(())
+}
+
+/// A stored timestamp (unix ms) as UTC date and time; one out of range shows as its number.
+pub(super) fn fmt_ms(ms: i64) -> String {
+    let f = time::macros::format_description!("[year]-[month]-[day] [hour]:[minute]:[second]");
+    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .ok()
+        .and_then(|t| t.format(&f).ok())
+        .unwrap_or_else(|| format!("{ms} ms"))
+}
+
+fn fence_json(r: &FenceRow) -> Value {
+    json!({
+        "id": r.id,
+        "kind": r.kind.as_str(),
+        "scope": r.scope.as_str(),
+        "target": r.target,
+        "set_by": r.set_by,
+        "set_at_ms": r.set_at_ms,
+        "reason": r.reason,
+        "lifted_at_ms": r.lifted_at_ms,
+        "lifted_by": r.lifted_by,
+    })
+}
+
+/// `fence list`.
+pub(super) fn fences(rows: &[FenceRow], as_json: bool) -> CliResult {
+    if as_json {
+        return json(&Value::Array(rows.iter().map(fence_json).collect()));
+    }
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            vec![
+                r.id.to_string(),
+                r.kind.as_str().to_string(),
+                r.scope.as_str().to_string(),
+                r.target.clone().unwrap_or_else(|| "*".into()),
+                r.set_by.clone(),
+                fmt_ms(r.set_at_ms),
+                r.lifted_at_ms.map(fmt_ms).unwrap_or_else(|| "active".into()),
+                r.reason.clone(),
+            ]
+        })
+        .collect();
+    table(&["ID", "KIND", "SCOPE", "TARGET", "SET BY", "SET AT", "LIFTED", "REASON"], &rows)
+}
+
+fn delivery_json(r: &DeliveryRow) -> Value {
+    json!({
+        "delivery_id": r.delivery_id,
+        "message_id": r.message_id,
+        "host": r.host,
+        "conversation": r.conversation,
+        "seq": r.seq,
+        "state": r.state.as_str(),
+        "instance_id": r.instance_id,
+        "reason": r.reason,
+        "updated_at_ms": r.updated_at_ms,
+        "outcome": r.outcome.map(|o| o.as_str()),
+    })
+}
+
+/// `deliveries list` and `held list`.
+pub(super) fn deliveries(rows: &[DeliveryRow], as_json: bool) -> CliResult {
+    if as_json {
+        return json(&Value::Array(rows.iter().map(delivery_json).collect()));
+    }
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            vec![
+                r.delivery_id.clone(),
+                r.host.clone(),
+                r.conversation.clone(),
+                r.seq.to_string(),
+                r.state.to_string(),
+                r.outcome.map(|o| o.to_string()).unwrap_or_else(|| "-".into()),
+                fmt_ms(r.updated_at_ms),
+                r.reason.clone().unwrap_or_default(),
+            ]
+        })
+        .collect();
+    table(&["DELIVERY", "HOST", "CONVERSATION", "SEQ", "STATE", "OUTCOME", "UPDATED", "REASON"], &rows)
+}
+
+/// `deliveries show`.
+pub(super) fn detail(d: &DeliveryDetail, as_json: bool) -> CliResult {
+    if as_json {
+        let events: Vec<Value> = d
+            .events
+            .iter()
+            .map(|e| {
+                json!({
+                    "id": e.id,
+                    "from_state": e.from_state.map(|s| s.as_str()),
+                    "to_state": e.to_state.as_str(),
+                    "actor_kind": e.actor_kind.as_str(),
+                    "actor": e.actor,
+                    "instance_id": e.instance_id,
+                    "reason": e.reason,
+                    "at_ms": e.at_ms,
+                })
+            })
+            .collect();
+        return json(&json!({"delivery": delivery_json(&d.delivery), "events": events, "attempts": d.attempts}));
+    }
+    let r = &d.delivery;
+    let mut o = out();
+    writeln!(o, "delivery      {}", r.delivery_id)?;
+    writeln!(o, "message       {}", r.message_id)?;
+    writeln!(o, "host          {}", r.host)?;
+    writeln!(o, "conversation  {} (seq {})", r.conversation, r.seq)?;
+    writeln!(o, "state         {}", r.state)?;
+    if let Some(i) = &r.instance_id {
+        writeln!(o, "instance      {i}")?;
+    }
+    if let Some(reason) = &r.reason {
+        writeln!(o, "reason        {reason}")?;
+    }
+    writeln!(o, "events:")?;
+    for e in &d.events {
+        writeln!(
+            o,
+            "  {}  {:>9} -> {:<9}  {} {}{}",
+            fmt_ms(e.at_ms),
+            e.from_state.map(|s| s.to_string()).unwrap_or_else(|| "(new)".into()),
+            e.to_state,
+            e.actor_kind.as_str(),
+            e.actor,
+            e.reason.as_ref().map(|r| format!(": {r}")).unwrap_or_default()
+        )?;
+    }
+    writeln!(o, "attempts:")?;
+    for a in &d.attempts {
+        writeln!(
+            o,
+            "  {}  {}  exit {}  {} ms{}",
+            fmt_ms(a.reported_at_ms),
+            a.outcome,
+            a.exit_code.map(|c| c.to_string()).unwrap_or_else(|| "-".into()),
+            a.duration_ms.map(|c| c.to_string()).unwrap_or_else(|| "-".into()),
+            a.reason.as_ref().map(|r| format!("  ({r})")).unwrap_or_default()
+        )?;
+        if let Some(r) = &a.result {
+            writeln!(o, "    result: {}", r.trim_end())?;
+        }
+    }
+    Ok(())
+}
+
+/// `status`: the record's counts and whether a hub serves this data directory.
+pub(super) fn status(s: &StatusView, hub: Option<&Holder>, as_json: bool) -> CliResult {
+    if as_json {
+        let deliveries: Vec<Value> = s.deliveries.iter().map(|(st, n)| json!([st.as_str(), n])).collect();
+        return json(&json!({
+            "deliveries": deliveries,
+            "messages": s.messages,
+            "pending_fanout": s.pending_fanout,
+            "active_fences": s.active_fences,
+            "hosts": s.hosts,
+            "attempts": s.attempts,
+            "schema_version": s.schema_version,
+            "hub_running": hub.is_some(),
+            "hub_pid": hub.and_then(|h| h.pid),
+            "hub_listen": hub.and_then(|h| h.listen).map(|a| a.to_string()),
+        }));
+    }
+    let mut o = out();
+    match hub {
+        Some(h) => writeln!(o, "hub           running ({h})")?,
+        None => writeln!(o, "hub           not running")?,
+    }
+    writeln!(o, "schema        version {}", s.schema_version)?;
+    writeln!(o, "hosts         {}", s.hosts)?;
+    writeln!(o, "messages      {}", s.messages)?;
+    writeln!(o, "fan-out due   {}", s.pending_fanout)?;
+    writeln!(o, "fences        {} active", s.active_fences)?;
+    writeln!(o, "attempts      {}", s.attempts)?;
+    writeln!(o, "deliveries:")?;
+    for (state, n) in &s.deliveries {
+        writeln!(o, "  {:<10} {n}", state.as_str())?;
+    }
+    Ok(())
+}
+
+/// `verify`: every problem, typed in JSON (`{"problems": [{"kind", "subject", "detail"}]}`).
+pub(super) fn problems(problems: &[Problem], as_json: bool) -> CliResult {
+    if as_json {
+        let typed: Vec<Value> = problems
+            .iter()
+            .map(|p| json!({"kind": p.kind.as_str(), "subject": p.subject, "detail": p.detail}))
+            .collect();
+        return json(&json!({ "problems": typed }));
+    }
+    if problems.is_empty() {
+        return line("ok: no invariant violated");
+    }
+    for p in problems {
+        line(p)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_show_as_utc_and_out_of_range_as_numbers() {
+        assert_eq!(fmt_ms(0), "1970-01-01 00:00:00");
+        assert_eq!(fmt_ms(1_700_000_000_123), "2023-11-14 22:13:20");
+        assert_eq!(fmt_ms(i64::MAX), format!("{} ms", i64::MAX));
+    }
+}

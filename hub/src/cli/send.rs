@@ -1,0 +1,80 @@
+//! `send`: submitting a message by hand, through the same acceptance and fan-out as the API.
+
+use super::{CliError, CliResult, Context, output};
+use crate::store::accept::{self, AcceptLimits, Accepted, NewMessage};
+use crate::store::in_write_txn;
+use baton_shared::ids::{check_key, check_name};
+use std::path::Path;
+
+/// What `send` was asked to submit.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Submission<'a> {
+    /// The conversation.
+    pub(super) conversation: &'a str,
+    /// Recipient hosts.
+    pub(super) to: &'a [String],
+    /// The idempotency key.
+    pub(super) key: &'a str,
+    /// The payload as JSON text, if given inline.
+    pub(super) payload: Option<&'a str>,
+    /// A file holding the payload JSON, if given so.
+    pub(super) payload_file: Option<&'a Path>,
+    /// The producer the message is recorded under.
+    pub(super) producer: &'a str,
+}
+
+/// Validates the submission into a `NewMessage`, at most `payload_bytes_max` of payload.
+fn validate(s: Submission<'_>, payload_bytes_max: u64) -> Result<NewMessage, CliError> {
+    check_name("conversation", s.conversation)?;
+    check_key("key", s.key)?;
+    check_name("producer", s.producer)?;
+    for h in s.to {
+        check_name("to", h)?;
+    }
+    let text = match (s.payload, s.payload_file) {
+        (Some(p), _) => p.to_string(),
+        (None, Some(f)) => std::fs::read_to_string(f).map_err(|e| CliError::usage(format!("{}: {e}", f.display())))?,
+        (None, None) => return Err(CliError::usage("give --payload JSON or --payload-file FILE")),
+    };
+    let value: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| CliError::usage(format!("payload is not JSON: {e}")))?;
+    let max = payload_bytes_max;
+    let payload = value.to_string();
+    if payload.len() as u64 > max {
+        return Err(CliError::usage(format!("payload is {} bytes; at most {max} are accepted", payload.len())));
+    }
+    let mut to = s.to.to_vec();
+    to.sort();
+    to.dedup();
+    Ok(NewMessage {
+        producer: s.producer.into(),
+        conversation: s.conversation.into(),
+        idempotency_key: s.key.into(),
+        payload,
+        to,
+    })
+}
+
+/// `send`: accepts and fans out one message, then wakes a running hub.
+pub(super) fn send(ctx: &Context, s: Submission<'_>, json: bool) -> CliResult {
+    let config = ctx.config(None)?;
+    let msg = validate(s, config.limits.payload_bytes_max)?;
+    let limits = AcceptLimits { queued_per_host_max: config.limits.queued_per_host_max };
+    let conn = ctx.open_write()?;
+    let accepted = in_write_txn(&conn, |c| accept::accept(c, &msg, limits, ctx.now_ms()))?;
+    let (id, seq, duplicate) = match accepted {
+        Accepted::New { message_id, seq } => (message_id, seq, false),
+        Accepted::Duplicate { message_id, seq } => (message_id, seq, true),
+    };
+    let deliveries = in_write_txn(&conn, |c| accept::fan_out(c, &id, ctx.now_ms()))?;
+    ctx.wake_hub();
+    if json {
+        let response = baton_shared::wire::SubmitResponse { message_id: id, seq, duplicate, deliveries };
+        return output::json(&serde_json::to_value(response).map_err(|e| CliError::failure(e.to_string()))?);
+    }
+    output::line(format!("message {id} seq {seq}{}", if duplicate { " (duplicate: already accepted)" } else { "" }))?;
+    for d in deliveries {
+        output::line(format!("  delivery {} -> {} ({})", d.delivery_id, d.host, d.state))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,46 @@
+//! `serve`: load the layered configuration, take the data directory's lock, open and repair
+//! the store, bind, announce the address, and serve until SIGTERM or SIGINT.
+
+use super::{CliError, CliResult, Context, output};
+use crate::config::{Flags, HubConfig, Sources, process_env};
+use crate::lock::LockError;
+use crate::server::Hub;
+use baton_shared::exit;
+use baton_shared::logging;
+use std::path::Path;
+
+/// Runs the hub in the foreground.
+pub(super) fn serve(ctx: &Context, file: Option<&Path>, flags: &Flags) -> CliResult {
+    let dir = &ctx.dir;
+    let config_file = dir.config();
+    let sources = Sources { file, default_file: &config_file, env: &process_env, flags };
+    let config = HubConfig::load(sources).map_err(CliError::usage)?;
+    logging::init(config.log_format);
+    if !dir.db().exists() || !dir.ca_cert().exists() {
+        return Err(CliError::new(
+            exit::REFUSED,
+            format!("{} is not initialised; run `baton-hub init` first", dir.root().display()),
+        ));
+    }
+    let mut hub = Hub::open(dir.clone(), config.clone(), ctx.clock.clone()).map_err(|e| {
+        let refused = e.chain().any(|c| c.downcast_ref::<baton_shared::sqlite::OpenError>().is_some());
+        let held = e.chain().any(|c| matches!(c.downcast_ref::<LockError>(), Some(LockError::Held { .. })));
+        let code = if refused && !held { exit::REFUSED } else { exit::FAILURE };
+        CliError::new(code, format!("{e:#}"))
+    })?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::failure(format!("starting the async runtime: {e}")))?;
+    rt.block_on(async move {
+        let shutdown = baton_shared::signal::shutdown_token()
+            .map_err(|e| CliError::failure(format!("cannot install the SIGTERM/SIGINT handlers: {e}")))?;
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .map_err(|e| CliError::failure(format!("cannot listen on {}: {e}", config.listen)))?;
+        let addr = listener.local_addr()?;
+        hub.announce(addr).map_err(|e| CliError::failure(format!("{e:#}")))?;
+        output::line(format!("listening on {addr}"))?;
+        hub.serve(listener, shutdown).await.map_err(|e| CliError::failure(format!("{e:#}")))
+    })
+}

@@ -1,0 +1,275 @@
+//! The configuration keys, each declared once with its names in every layer, its doc, its
+//! default and its allowed range; the `hub.toml` template is generated from them.
+
+use baton_shared::limits::*;
+use std::time::Duration;
+
+/// The listen address used when no layer names one.
+pub const LISTEN_DEFAULT: &str = "127.0.0.1:7443";
+/// How long a TLS handshake may take before the connection is dropped (slowloris guard).
+pub const HANDSHAKE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
+/// How long shutdown waits for open requests.
+pub const SHUTDOWN_GRACE_DEFAULT: Duration = Duration::from_secs(10);
+/// The prefix of every key's environment variable.
+pub const ENV_PREFIX: &str = "BATON_HUB_";
+const MIB: u64 = 1024 * 1024;
+
+/// Where a key lives and how it is named in each layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyName {
+    /// Its table in the file (`[limits]`), if not at the top level.
+    pub section: Option<&'static str>,
+    /// Its name in the file.
+    pub name: &'static str,
+    /// Its `serve` flag, without the dashes: the name with `-` for `_`.
+    pub flag: &'static str,
+    /// Its environment variable: `BATON_HUB_` and the name in capitals.
+    pub env: &'static str,
+}
+
+impl KeyName {
+    /// The name messages use: `limits.claim_batch_max`, `listen`.
+    pub fn field(&self) -> String {
+        match self.section {
+            Some(s) => format!("{s}.{}", self.name),
+            None => self.name.to_string(),
+        }
+    }
+}
+
+/// What values a key takes, with its default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyKind {
+    /// A whole number in `min..=max` (bytes or a count).
+    Int {
+        /// The default.
+        default: u64,
+        /// The smallest allowed.
+        min: u64,
+        /// The largest allowed.
+        max: u64,
+    },
+    /// A duration written like `"30s"`, in `min..=max`.
+    Duration {
+        /// The default.
+        default: Duration,
+        /// The shortest allowed.
+        min: Duration,
+        /// The longest allowed.
+        max: Duration,
+    },
+    /// `ADDR:PORT`.
+    Addr {
+        /// The default.
+        default: &'static str,
+    },
+    /// One word of a fixed set.
+    Choice {
+        /// The default.
+        default: &'static str,
+        /// The allowed words.
+        allowed: &'static [&'static str],
+    },
+}
+
+/// One configuration key, declared once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Key {
+    /// Its names.
+    pub name: KeyName,
+    /// Its values and default.
+    pub kind: KeyKind,
+    /// What it sets, for people (the template and `--help`).
+    pub doc: &'static str,
+}
+
+macro_rules! key_name {
+    ($section:expr, $name:literal, $flag:literal, $env:literal) => {
+        KeyName { section: $section, name: $name, flag: $flag, env: $env }
+    };
+}
+
+/// `listen`.
+pub const LISTEN: Key = Key {
+    name: key_name!(None, "listen", "listen", "BATON_HUB_LISTEN"),
+    kind: KeyKind::Addr { default: LISTEN_DEFAULT },
+    doc: "ADDR:PORT to listen on; port 0 picks a free port (printed, and written to DIR/hub.addr)",
+};
+/// `synchronous`.
+pub const SYNCHRONOUS: Key = Key {
+    name: key_name!(None, "synchronous", "synchronous", "BATON_HUB_SYNCHRONOUS"),
+    kind: KeyKind::Choice { default: "full", allowed: &["full", "normal"] },
+    doc: "\"full\": every answer is on stable storage; \"normal\" is faster and may lose answered \
+          changes on power failure (warned about)",
+};
+/// `shutdown_grace`.
+pub const SHUTDOWN_GRACE: Key = Key {
+    name: key_name!(None, "shutdown_grace", "shutdown-grace", "BATON_HUB_SHUTDOWN_GRACE"),
+    kind: KeyKind::Duration { default: SHUTDOWN_GRACE_DEFAULT, min: Duration::ZERO, max: Duration::from_secs(600) },
+    doc: "how long SIGTERM waits for open requests",
+};
+/// `log_format`.
+pub const LOG_FORMAT: Key = Key {
+    name: key_name!(None, "log_format", "log-format", "BATON_HUB_LOG_FORMAT"),
+    kind: KeyKind::Choice { default: "text", allowed: &["text", "json"] },
+    doc: "log lines on stderr as text or as JSON objects (the filter is BATON_LOG)",
+};
+/// `limits.payload_bytes_max`.
+pub const PAYLOAD_BYTES_MAX: Key = Key {
+    name: key_name!(Some("limits"), "payload_bytes_max", "payload-bytes-max", "BATON_HUB_PAYLOAD_BYTES_MAX"),
+    kind: KeyKind::Int { default: PAYLOAD_BYTES_MAX_DEFAULT, min: 1, max: 16 * MIB },
+    doc: "bytes of serialised payload JSON per message",
+};
+/// `limits.result_bytes_max`.
+pub const RESULT_BYTES_MAX: Key = Key {
+    name: key_name!(Some("limits"), "result_bytes_max", "result-bytes-max", "BATON_HUB_RESULT_BYTES_MAX"),
+    kind: KeyKind::Int { default: RESULT_BYTES_MAX_DEFAULT, min: 1, max: 16 * MIB },
+    doc: "bytes of a report's result body",
+};
+/// `limits.claim_batch_max`.
+pub const CLAIM_BATCH_MAX: Key = Key {
+    name: key_name!(Some("limits"), "claim_batch_max", "claim-batch-max", "BATON_HUB_CLAIM_BATCH_MAX"),
+    kind: KeyKind::Int { default: CLAIM_BATCH_MAX_DEFAULT as u64, min: 1, max: 1000 },
+    doc: "deliveries per claim",
+};
+/// `limits.long_poll_wait_max`.
+pub const LONG_POLL_WAIT_MAX: Key = Key {
+    name: key_name!(Some("limits"), "long_poll_wait_max", "long-poll-wait-max", "BATON_HUB_LONG_POLL_WAIT_MAX"),
+    kind: KeyKind::Duration { default: LONG_POLL_WAIT_MAX_DEFAULT, min: Duration::ZERO, max: Duration::from_secs(300) },
+    doc: "longest wait of a claim or a message read",
+};
+/// `limits.recipients_max`.
+pub const RECIPIENTS_MAX: Key = Key {
+    name: key_name!(Some("limits"), "recipients_max", "recipients-max", "BATON_HUB_RECIPIENTS_MAX"),
+    kind: KeyKind::Int { default: RECIPIENTS_MAX_DEFAULT as u64, min: 1, max: 1024 },
+    doc: "recipients per message",
+};
+/// `limits.queued_per_host_max`.
+pub const QUEUED_PER_HOST_MAX: Key = Key {
+    name: key_name!(Some("limits"), "queued_per_host_max", "queued-per-host-max", "BATON_HUB_QUEUED_PER_HOST_MAX"),
+    kind: KeyKind::Int { default: QUEUED_PER_HOST_MAX_DEFAULT, min: 1, max: 1_000_000_000 },
+    doc: "deliveries waiting (queued or held) per host before submissions get 429",
+};
+/// `limits.retention`.
+pub const RETENTION: Key = Key {
+    name: key_name!(Some("limits"), "retention", "retention", "BATON_HUB_RETENTION"),
+    kind: KeyKind::Duration {
+        default: RETENTION_DEFAULT,
+        min: Duration::from_secs(3600),
+        max: Duration::from_secs(3650 * 24 * 3600),
+    },
+    doc: "how long settled messages and their idempotency keys are kept",
+};
+/// `limits.request_body_bytes_max`.
+pub const REQUEST_BODY_BYTES_MAX: Key = Key {
+    name: key_name!(
+        Some("limits"),
+        "request_body_bytes_max",
+        "request-body-bytes-max",
+        "BATON_HUB_REQUEST_BODY_BYTES_MAX"
+    ),
+    kind: KeyKind::Int { default: REQUEST_BODY_BYTES_MAX_DEFAULT, min: 1024, max: 64 * MIB },
+    doc: "larger request bodies get 413 before they are read",
+};
+/// `limits.handshake_timeout`.
+pub const HANDSHAKE_TIMEOUT: Key = Key {
+    name: key_name!(Some("limits"), "handshake_timeout", "handshake-timeout", "BATON_HUB_HANDSHAKE_TIMEOUT"),
+    kind: KeyKind::Duration {
+        default: HANDSHAKE_TIMEOUT_DEFAULT,
+        min: Duration::from_secs(1),
+        max: Duration::from_secs(60),
+    },
+    doc: "longest TLS handshake",
+};
+
+/// Every key, in the order of the template.
+pub const KEYS: [&Key; 13] = [
+    &LISTEN,
+    &SYNCHRONOUS,
+    &SHUTDOWN_GRACE,
+    &LOG_FORMAT,
+    &PAYLOAD_BYTES_MAX,
+    &RESULT_BYTES_MAX,
+    &CLAIM_BATCH_MAX,
+    &LONG_POLL_WAIT_MAX,
+    &RECIPIENTS_MAX,
+    &QUEUED_PER_HOST_MAX,
+    &RETENTION,
+    &REQUEST_BODY_BYTES_MAX,
+    &HANDSHAKE_TIMEOUT,
+];
+
+/// Writes a duration the way the configuration takes it: the largest whole unit.
+pub fn humanize(d: Duration) -> String {
+    let ms = d.as_millis();
+    for (unit, size) in [("d", 86_400_000u128), ("h", 3_600_000), ("m", 60_000), ("s", 1_000)] {
+        if ms != 0 && ms.is_multiple_of(size) {
+            return format!("{}{unit}", ms / size);
+        }
+    }
+    if ms == 0 { "0s".to_string() } else { format!("{ms}ms") }
+}
+
+impl Key {
+    /// The allowed values, for messages and the template.
+    pub fn range(&self) -> String {
+        match self.kind {
+            KeyKind::Int { min, max, .. } => format!("{min}..={max}"),
+            KeyKind::Duration { min, max, .. } => format!("{}..={}", humanize(min), humanize(max)),
+            KeyKind::Addr { .. } => "ADDR:PORT".to_string(),
+            KeyKind::Choice { allowed, .. } => {
+                allowed.iter().map(|a| format!("{a:?}")).collect::<Vec<_>>().join(" or ")
+            }
+        }
+    }
+
+    /// The default, written as the file takes it.
+    pub fn default_toml(&self) -> String {
+        match self.kind {
+            KeyKind::Int { default, .. } => default.to_string(),
+            KeyKind::Duration { default, .. } => format!("{:?}", humanize(default)),
+            KeyKind::Addr { default } | KeyKind::Choice { default, .. } => format!("{default:?}"),
+        }
+    }
+
+    /// The placeholder `--help` shows for the flag's value.
+    pub(super) fn value_name(&self) -> &'static str {
+        match self.kind {
+            KeyKind::Int { .. } => "N",
+            KeyKind::Duration { .. } => "DURATION",
+            KeyKind::Addr { .. } => "ADDR:PORT",
+            KeyKind::Choice { .. } => "WORD",
+        }
+    }
+}
+
+/// The commented configuration `init` writes: every key with its doc, range, environment
+/// variable, flag and default, all from `KEYS`.
+pub fn template() -> String {
+    let mut out = String::from(
+        "# Baton hub configuration. Every key is optional; the values shown are the defaults.\n\
+         # Each key can also be set by its environment variable or, for `serve`, its flag: a flag\n\
+         # beats the environment, which beats this file. Unknown keys and out-of-range values are\n\
+         # refused at start, naming the field.\n",
+    );
+    let mut section: Option<&str> = None;
+    for key in KEYS {
+        if key.name.section != section {
+            section = key.name.section;
+            if let Some(s) = section {
+                out.push_str(&format!("\n[{s}]\n"));
+            }
+        }
+        let mut doc = key.doc.chars();
+        let doc: String = doc.next().map(|c| c.to_uppercase().chain(doc).collect()).unwrap_or_default();
+        out.push_str(&format!(
+            "\n# {doc}.\n# Allowed: {}. Environment: {}. Flag: --{}.\n# {} = {}\n",
+            key.range(),
+            key.name.env,
+            key.name.flag,
+            key.name.name,
+            key.default_toml()
+        ));
+    }
+    out
+}

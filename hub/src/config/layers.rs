@@ -1,0 +1,227 @@
+//! The layers a configuration is read from (file, environment, `serve` flags), merged key by
+//! key, and the typed, range-checked reading of each key's values.
+
+use super::keys::{KEYS, Key, KeyKind, LISTEN_DEFAULT, humanize};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Where a value came from, named in messages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// The key's default.
+    Default,
+    /// The configuration file.
+    File(PathBuf),
+    /// Its environment variable.
+    Env(&'static str),
+    /// Its `serve` flag.
+    Flag(&'static str),
+}
+
+impl Source {
+    /// Puts the source into a message about a value.
+    pub(super) fn tell(&self, message: String) -> String {
+        match self {
+            Source::Default => message,
+            Source::File(p) => format!("{}: {message}", p.display()),
+            Source::Env(var) => format!("{message} (from {var})"),
+            Source::Flag(flag) => format!("{message} (from --{flag})"),
+        }
+    }
+}
+
+/// One raw value as a layer gave it: TOML from the file, text from the environment or a flag.
+#[derive(Debug, Clone)]
+pub(super) enum Raw {
+    Toml(toml::Value),
+    Text(String),
+}
+
+/// The layers, key by key: every value given for a key, lowest layer first. Every one of them
+/// is validated (an invalid file value is refused even when a flag overrides it); the highest
+/// one is used.
+#[derive(Debug, Default)]
+pub(super) struct Merged {
+    values: BTreeMap<String, Vec<(Raw, Source)>>,
+}
+
+impl Merged {
+    pub(super) fn add(&mut self, key: &Key, raw: Raw, source: Source) {
+        self.values.entry(key.name.field()).or_default().push((raw, source));
+    }
+
+    /// Parses every value given for `key` with `parse`; the highest layer's, or `default`.
+    fn resolve<T>(
+        &self,
+        key: &Key,
+        default: T,
+        parse: impl Fn(&Raw, &Source) -> Result<T, String>,
+    ) -> Result<T, String> {
+        let mut value = default;
+        for (raw, source) in self.values.get(&key.name.field()).map(Vec::as_slice).unwrap_or_default() {
+            value = parse(raw, source)?;
+        }
+        Ok(value)
+    }
+
+    pub(super) fn int(&self, key: &Key) -> Result<u64, String> {
+        let KeyKind::Int { default, min, max } = key.kind else {
+            return Err(format!("{}: not a whole-number key", key.name.field()));
+        };
+        let field = key.name.field();
+        self.resolve(key, default, |raw, source| {
+            let out_of_range = |v: &dyn std::fmt::Display| {
+                source.tell(format!("{field} = {v} is out of range; allowed {min}..={max}"))
+            };
+            let v: i128 = match raw {
+                Raw::Toml(toml::Value::Integer(i)) => i128::from(*i),
+                Raw::Text(t) => t.trim().parse().map_err(|_| {
+                    source.tell(format!("{field} = {t:?} is not a whole number; allowed {min}..={max}"))
+                })?,
+                Raw::Toml(other) => {
+                    return Err(source.tell(format!("{field} = {other} is not a whole number; allowed {min}..={max}")));
+                }
+            };
+            if v < i128::from(min) || v > i128::from(max) {
+                return Err(out_of_range(&v));
+            }
+            u64::try_from(v).map_err(|_| out_of_range(&v))
+        })
+    }
+
+    pub(super) fn duration(&self, key: &Key) -> Result<Duration, String> {
+        let KeyKind::Duration { default, min, max } = key.kind else {
+            return Err(format!("{}: not a duration key", key.name.field()));
+        };
+        let field = key.name.field();
+        self.resolve(key, default, |raw, source| {
+            let d = baton_shared::duration::parse(&field, text(raw, &field, source)?).map_err(|e| source.tell(e))?;
+            if d < min || d > max {
+                let range = key.range();
+                return Err(source.tell(format!("{field} = {} is out of range; allowed {range}", humanize(d))));
+            }
+            Ok(d)
+        })
+    }
+
+    pub(super) fn addr(&self, key: &Key) -> Result<SocketAddr, String> {
+        let KeyKind::Addr { default } = key.kind else {
+            return Err(format!("{}: not an address key", key.name.field()));
+        };
+        let field = key.name.field();
+        let parse = |value: &str, source: &Source| {
+            value.parse().map_err(|_| {
+                source.tell(format!("{field} = {value:?} is not an ADDR:PORT such as \"{LISTEN_DEFAULT}\""))
+            })
+        };
+        let default = parse(default, &Source::Default)?;
+        self.resolve(key, default, |raw, source| parse(text(raw, &field, source)?, source))
+    }
+
+    pub(super) fn choice(&self, key: &Key) -> Result<&'static str, String> {
+        let KeyKind::Choice { default, allowed } = key.kind else {
+            return Err(format!("{}: not a choice key", key.name.field()));
+        };
+        let field = key.name.field();
+        self.resolve(key, default, |raw, source| {
+            let value = text(raw, &field, source)?;
+            allowed
+                .iter()
+                .find(|a| **a == value)
+                .copied()
+                .ok_or_else(|| source.tell(format!("{field} = {value:?} is not one of {}", key.range())))
+        })
+    }
+}
+
+/// The text of a value that must be a string.
+fn text<'a>(raw: &'a Raw, field: &str, source: &Source) -> Result<&'a str, String> {
+    match raw {
+        Raw::Text(t) => Ok(t),
+        Raw::Toml(toml::Value::String(s)) => Ok(s),
+        Raw::Toml(other) => Err(source.tell(format!("{field} = {other} must be a string"))),
+    }
+}
+
+/// Values given as `serve` flags, one per key; clap builds it from `KEYS` (see its `Args`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Flags {
+    pub(super) given: Vec<(Key, String)>,
+}
+
+impl Flags {
+    /// No flags (every command but `serve`).
+    pub fn none() -> Flags {
+        Flags::default()
+    }
+}
+
+impl clap::FromArgMatches for Flags {
+    fn from_arg_matches(m: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        let mut flags = Flags::default();
+        flags.update_from_arg_matches(m)?;
+        Ok(flags)
+    }
+
+    fn update_from_arg_matches(&mut self, m: &clap::ArgMatches) -> Result<(), clap::Error> {
+        for key in KEYS {
+            let value = m
+                .try_get_one::<String>(key.name.flag)
+                .map_err(|e| clap::Error::raw(clap::error::ErrorKind::ArgumentConflict, e))?;
+            if let Some(v) = value {
+                self.given.retain(|(k, _)| k != key);
+                self.given.push((*key, v.clone()));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl clap::Args for Flags {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        KEYS.iter().fold(cmd, |cmd, key| {
+            let help = format!(
+                "{} [env: {}] [file: {}] [default: {}] [allowed: {}]",
+                key.doc,
+                key.name.env,
+                key.name.field(),
+                key.default_toml().trim_matches('"'),
+                key.range()
+            );
+            cmd.arg(clap::Arg::new(key.name.flag).long(key.name.flag).value_name(key.value_name()).help(help))
+        })
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_args(cmd)
+    }
+}
+
+/// Reads the file's keys into `merged`, refusing a key no `Key` declares.
+pub(super) fn read_file(text: &str, path: &Path, merged: &mut Merged) -> Result<(), String> {
+    let shown = path.display();
+    let table: toml::Table = toml::from_str(text).map_err(|e| format!("{shown}: {e}"))?;
+    for (name, value) in table {
+        match value {
+            toml::Value::Table(inner) if KEYS.iter().any(|k| k.name.section == Some(name.as_str())) => {
+                for (leaf, v) in inner {
+                    let key = KEYS.iter().find(|k| k.name.section == Some(name.as_str()) && k.name.name == leaf);
+                    let Some(key) = key else {
+                        return Err(format!("{shown}: unknown key {name}.{leaf}"));
+                    };
+                    merged.add(key, Raw::Toml(v), Source::File(path.to_path_buf()));
+                }
+            }
+            v => {
+                let key = KEYS.iter().find(|k| k.name.section.is_none() && k.name.name == name);
+                let Some(key) = key else {
+                    return Err(format!("{shown}: unknown key {name}"));
+                };
+                merged.add(key, Raw::Toml(v), Source::File(path.to_path_buf()));
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,296 @@
+//! The hub's configuration, layered key by key: default < file (`DIR/hub.toml` or `--config`)
+//! < environment (`BATON_HUB_<KEY>`) < flag (`serve --key`), then validated into a `HubConfig`
+//! before the hub does any work. The node follows the same rule.
+//!
+//! Every key is declared once (in `keys`) with its doc, default and range; the file parser, the
+//! environment, `serve`'s flags (`Flags`), the template `init` writes and `--help` are all
+//! derived from that one declaration. Unknown keys in the file and out-of-range values are
+//! refused with a message that names the field, its allowed range, and where the value came
+//! from.
+//!
+//! Layout: `keys` (the declarations and the template), `layers` (reading and merging the
+//! layers, `Flags`).
+
+mod keys;
+mod layers;
+
+pub use keys::*;
+pub use layers::{Flags, Source};
+
+use baton_shared::limits::*;
+use baton_shared::logging::LogFormat;
+use baton_shared::sqlite::Synchronous;
+use layers::{Merged, Raw, read_file};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+/// Bytes of a request left for everything but the payload or result (ids, field names).
+const REQUEST_OVERHEAD_BYTES: u64 = 4096;
+
+/// Every bound the hub enforces, with its configured value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest payload (serialised JSON), bytes.
+    pub payload_bytes_max: u64,
+    /// Largest result body in a report, bytes.
+    pub result_bytes_max: u64,
+    /// Most deliveries one claim returns.
+    pub claim_batch_max: u32,
+    /// Longest a long-poll (claim or message read) waits.
+    pub long_poll_wait_max: Duration,
+    /// Most recipients one message may name.
+    pub recipients_max: u32,
+    /// Most deliveries waiting (queued or held) per host.
+    pub queued_per_host_max: u64,
+    /// How long messages (and their idempotency keys) are kept once settled.
+    pub retention: Duration,
+    /// Largest request body read, bytes.
+    pub request_body_bytes_max: u64,
+    /// Longest TLS handshake.
+    pub handshake_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            payload_bytes_max: PAYLOAD_BYTES_MAX_DEFAULT,
+            result_bytes_max: RESULT_BYTES_MAX_DEFAULT,
+            claim_batch_max: CLAIM_BATCH_MAX_DEFAULT,
+            long_poll_wait_max: LONG_POLL_WAIT_MAX_DEFAULT,
+            recipients_max: RECIPIENTS_MAX_DEFAULT,
+            queued_per_host_max: QUEUED_PER_HOST_MAX_DEFAULT,
+            retention: RETENTION_DEFAULT,
+            request_body_bytes_max: REQUEST_BODY_BYTES_MAX_DEFAULT,
+            handshake_timeout: HANDSHAKE_TIMEOUT_DEFAULT,
+        }
+    }
+}
+
+/// The validated hub configuration.
+#[derive(Debug, Clone)]
+pub struct HubConfig {
+    /// Where to listen.
+    pub listen: SocketAddr,
+    /// SQLite `synchronous`; anything below full is warned about at start.
+    pub synchronous: Synchronous,
+    /// Bounds.
+    pub limits: Limits,
+    /// How long shutdown waits for open requests.
+    pub shutdown_grace: Duration,
+    /// How log lines are written.
+    pub log_format: LogFormat,
+}
+
+/// What a configuration is read from, lowest layer first.
+#[derive(Clone, Copy)]
+pub struct Sources<'a> {
+    /// The file named by `--config`, which must exist.
+    pub file: Option<&'a Path>,
+    /// The data directory's `hub.toml`, used when no file is named and it exists.
+    pub default_file: &'a Path,
+    /// Reads an environment variable (`std::env::var` in the binaries; a map in tests).
+    pub env: &'a dyn Fn(&str) -> Option<String>,
+    /// `serve`'s flags.
+    pub flags: &'a Flags,
+}
+
+/// Reads an environment variable of this process; a value that is not UTF-8 reads as given
+/// in lossy form, so that its validation names the variable.
+pub fn process_env(var: &str) -> Option<String> {
+    std::env::var_os(var).map(|v| v.to_string_lossy().into_owned())
+}
+
+impl HubConfig {
+    /// Loads the layers and validates the result. The error names the field, its allowed range
+    /// and where the value came from.
+    pub fn load(sources: Sources<'_>) -> Result<HubConfig, String> {
+        let file = match sources.file {
+            Some(p) => Some(p),
+            None if sources.default_file.exists() => Some(sources.default_file),
+            None => None,
+        };
+        let mut merged = Merged::default();
+        if let Some(p) = file {
+            let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
+            read_file(&text, p, &mut merged)?;
+        }
+        for key in KEYS {
+            if let Some(v) = (sources.env)(key.name.env) {
+                merged.add(key, Raw::Text(v), Source::Env(key.name.env));
+            }
+        }
+        for (key, v) in &sources.flags.given {
+            merged.add(key, Raw::Text(v.clone()), Source::Flag(key.name.flag));
+        }
+        HubConfig::validate(&merged)
+    }
+
+    /// Parses and validates configuration text alone (no environment, no flags).
+    pub fn from_toml(text: &str) -> Result<HubConfig, String> {
+        let mut merged = Merged::default();
+        read_file(text, Path::new("hub.toml"), &mut merged).map_err(|e| e.replacen("hub.toml: ", "", 1))?;
+        HubConfig::validate(&merged)
+    }
+
+    fn validate(m: &Merged) -> Result<HubConfig, String> {
+        let narrow = |key: &Key| -> Result<u32, String> {
+            u32::try_from(m.int(key)?).map_err(|_| format!("{} does not fit in 32 bits", key.name.field()))
+        };
+        let limits = Limits {
+            payload_bytes_max: m.int(&PAYLOAD_BYTES_MAX)?,
+            result_bytes_max: m.int(&RESULT_BYTES_MAX)?,
+            claim_batch_max: narrow(&CLAIM_BATCH_MAX)?,
+            long_poll_wait_max: m.duration(&LONG_POLL_WAIT_MAX)?,
+            recipients_max: narrow(&RECIPIENTS_MAX)?,
+            queued_per_host_max: m.int(&QUEUED_PER_HOST_MAX)?,
+            retention: m.duration(&RETENTION)?,
+            request_body_bytes_max: m.int(&REQUEST_BODY_BYTES_MAX)?,
+            handshake_timeout: m.duration(&HANDSHAKE_TIMEOUT)?,
+        };
+        for (key, v) in [(&PAYLOAD_BYTES_MAX, limits.payload_bytes_max), (&RESULT_BYTES_MAX, limits.result_bytes_max)] {
+            if v + REQUEST_OVERHEAD_BYTES > limits.request_body_bytes_max {
+                return Err(format!(
+                    "{} = {v} does not fit in {} = {} (leave {REQUEST_OVERHEAD_BYTES} bytes for the rest of the request)",
+                    key.name.field(),
+                    REQUEST_BODY_BYTES_MAX.name.field(),
+                    limits.request_body_bytes_max
+                ));
+            }
+        }
+        let synchronous = match m.choice(&SYNCHRONOUS)? {
+            "normal" => Synchronous::Normal,
+            _ => Synchronous::Full,
+        };
+        let log_format = match m.choice(&LOG_FORMAT)? {
+            "json" => LogFormat::Json,
+            _ => LogFormat::Text,
+        };
+        Ok(HubConfig {
+            listen: m.addr(&LISTEN)?,
+            synchronous,
+            limits,
+            shutdown_grace: m.duration(&SHUTDOWN_GRACE)?,
+            log_format,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{Args, FromArgMatches};
+    use std::collections::BTreeMap;
+
+    fn check_err(text: &str, needle: &str) {
+        let e = HubConfig::from_toml(text).unwrap_err();
+        assert!(e.contains(needle), "{e:?} should mention {needle:?}");
+    }
+
+    #[test]
+    fn defaults_and_template_parse() {
+        let c = HubConfig::from_toml("").unwrap();
+        assert_eq!(c.limits, Limits::default());
+        assert_eq!(c.listen, LISTEN_DEFAULT.parse::<SocketAddr>().unwrap());
+        let uncommented: String = template()
+            .lines()
+            .map(|l| if l.starts_with("# ") && l.contains(" = ") { &l[2..] } else { l })
+            .collect::<Vec<_>>()
+            .join("\n");
+        let c = HubConfig::from_toml(&uncommented).unwrap();
+        assert_eq!(c.limits, Limits::default());
+        assert_eq!((c.synchronous, c.log_format), (Synchronous::Full, LogFormat::Text));
+        assert_eq!(c.shutdown_grace, SHUTDOWN_GRACE_DEFAULT);
+    }
+
+    #[test]
+    fn refusals_name_the_field_and_range() {
+        check_err("lisen = \"x\"", "lisen");
+        check_err("[limits]\nclaim_batch_max = 0", "limits.claim_batch_max = 0 is out of range; allowed 1..=1000");
+        check_err("[limits]\nclaim_batch_max = \"5\"", "limits.claim_batch_max");
+        check_err("[limits]\nlong_poll_wait_max = \"1h\"", "limits.long_poll_wait_max = 1h is out of range");
+        check_err("[limits]\nretention = \"soon\"", "limits.retention");
+        check_err("[limits]\nretention = \"1m\"", "allowed 1h..=3650d");
+        check_err("[limits]\npayload_bytes_max = 2000000", "limits.payload_bytes_max");
+        check_err("synchronous = \"off\"", "synchronous");
+        check_err("listen = \"nowhere\"", "listen");
+        check_err("listen = 7443", "listen");
+        check_err("[limits]\nbogus = 1", "limits.bogus");
+        check_err("[elsewhere]\nx = 1", "elsewhere");
+    }
+
+    #[test]
+    fn values_are_taken() {
+        let c = HubConfig::from_toml(
+            "synchronous = \"normal\"\nlog_format = \"json\"\n[limits]\nclaim_batch_max = 5\nlong_poll_wait_max = \"2s\"",
+        )
+        .unwrap();
+        assert_eq!((c.synchronous, c.log_format), (Synchronous::Normal, LogFormat::Json));
+        assert_eq!(c.limits.claim_batch_max, 5);
+        assert_eq!(c.limits.long_poll_wait_max, Duration::from_secs(2));
+    }
+
+    /// Each key's flag and variable are derived from its name by the one rule, so the table
+    /// cannot drift; and every key is a `serve` flag.
+    #[test]
+    fn every_key_is_named_by_the_rule_and_is_a_flag() {
+        let cmd = Flags::augment_args(clap::Command::new("serve"));
+        for key in KEYS {
+            assert_eq!(key.name.flag, key.name.name.replace('_', "-"));
+            assert_eq!(key.name.env, format!("{ENV_PREFIX}{}", key.name.name.to_ascii_uppercase()));
+            assert!(cmd.get_arguments().any(|a| a.get_long() == Some(key.name.flag)), "{}", key.name.flag);
+        }
+        cmd.debug_assert();
+    }
+
+    /// Loads `file` (TOML) under `env` and `args` (serve flags).
+    fn layered(file: &str, env: &[(&str, &str)], args: &[&str]) -> Result<HubConfig, String> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hub.toml");
+        std::fs::write(&path, file).unwrap();
+        let cmd = Flags::augment_args(clap::Command::new("serve").no_binary_name(true));
+        let flags = Flags::from_arg_matches(&cmd.try_get_matches_from(args).unwrap()).unwrap();
+        let env: BTreeMap<String, String> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let lookup = move |var: &str| env.get(var).cloned();
+        HubConfig::load(Sources { file: None, default_file: &path, env: &lookup, flags: &flags })
+    }
+
+    #[test]
+    fn a_flag_beats_the_environment_which_beats_the_file() {
+        let file = "listen = \"127.0.0.1:1\"\n[limits]\nclaim_batch_max = 5\nretention = \"2h\"\n";
+        let c = layered(file, &[], &[]).unwrap();
+        assert_eq!((c.listen.port(), c.limits.claim_batch_max, c.limits.retention.as_secs()), (1, 5, 7200));
+        let env = [("BATON_HUB_CLAIM_BATCH_MAX", "7"), ("BATON_HUB_LISTEN", "127.0.0.1:2")];
+        let c = layered(file, &env, &[]).unwrap();
+        assert_eq!((c.listen.port(), c.limits.claim_batch_max, c.limits.retention.as_secs()), (2, 7, 7200));
+        let c = layered(file, &env, &["--claim-batch-max", "9", "--listen", "127.0.0.1:3"]).unwrap();
+        assert_eq!((c.listen.port(), c.limits.claim_batch_max, c.limits.retention.as_secs()), (3, 9, 7200));
+    }
+
+    #[test]
+    fn a_refused_value_names_its_layer() {
+        let e = layered("", &[("BATON_HUB_CLAIM_BATCH_MAX", "0")], &[]).unwrap_err();
+        assert!(
+            e.contains("limits.claim_batch_max = 0 is out of range") && e.contains("BATON_HUB_CLAIM_BATCH_MAX"),
+            "{e}"
+        );
+        let e = layered("", &[], &["--retention", "soon"]).unwrap_err();
+        assert!(e.contains("limits.retention") && e.contains("--retention"), "{e}");
+        let e = layered("[limits]\nclaim_batch_max = 0\n", &[], &[]).unwrap_err();
+        assert!(e.contains("hub.toml: limits.claim_batch_max = 0"), "{e}");
+        let e = layered("listen = \"nowhere\"\n", &[], &["--listen", "127.0.0.1:0"]).unwrap_err();
+        assert!(
+            e.contains("hub.toml: listen = \"nowhere\""),
+            "an invalid file value is refused even when overridden: {e}"
+        );
+        let e = layered("", &[("BATON_HUB_SYNCHRONOUS", "off")], &[]).unwrap_err();
+        assert!(e.contains("synchronous = \"off\" is not one of \"full\" or \"normal\""), "{e}");
+    }
+
+    #[test]
+    fn durations_are_written_in_their_largest_unit() {
+        for (d, text) in [(0, "0s"), (250, "250ms"), (30_000, "30s"), (3_600_000, "1h"), (604_800_000, "7d")] {
+            assert_eq!(humanize(Duration::from_millis(d)), text);
+        }
+    }
+}

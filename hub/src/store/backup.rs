@@ -1,0 +1,58 @@
+//! A consistent copy of the hub database (`baton-hub backup`), taken while the hub may be
+//! running, and checked before it is reported good.
+
+use super::{StoreError, StoreResult};
+use rusqlite::Connection;
+use std::path::Path;
+
+/// Writes a consistent copy of the database `conn` reads to `path` (which must not exist), then
+/// opens the copy and runs a full integrity check on it. A read-only connection is enough.
+pub fn copy_to(conn: &Connection, path: &Path) -> StoreResult<()> {
+    let target = path
+        .to_str()
+        .ok_or_else(|| StoreError::Invalid(format!("{}: the backup path is not UTF-8", path.display())))?;
+    // `VACUUM INTO` writes only the new file, which SQLite allows on a read-only connection, but
+    // `query_only` (set by `open_read`) refuses it; lift it for this one statement.
+    let query_only: bool = conn.query_row("PRAGMA query_only", [], |r| r.get(0))?;
+    conn.pragma_update(None, "query_only", false)?;
+    let copied = conn.execute("VACUUM INTO ?1", [target]);
+    conn.pragma_update(None, "query_only", query_only)?;
+    copied?;
+    let copy = super::open_read(path).map_err(|e| StoreError::Storage(e.to_string()))?;
+    let problems = integrity(&copy)?;
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(StoreError::Storage(format!("the copy failed its integrity check: {}", problems.join("; "))))
+    }
+}
+
+/// SQLite's full `integrity_check` of the whole file: every problem it reports, none when the
+/// file is sound. Its time grows with the database; only `verify` and `backup` run it.
+pub fn integrity(conn: &Connection) -> StoreResult<Vec<String>> {
+    let mut stmt = conn.prepare("PRAGMA integrity_check")?;
+    let lines: Vec<String> = stmt.query_map([], |r| r.get(0))?.collect::<Result<_, _>>()?;
+    Ok(lines.into_iter().filter(|l| l != "ok").collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::accept::testing::accept_one;
+    use crate::store::testing;
+
+    #[test]
+    fn a_copy_is_complete_and_checked() {
+        let db = testing::db();
+        accept_one(&db.conn, "c", "k", &["host-a"]);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("copy.db");
+        let reader = crate::store::open_read(&db.path).unwrap();
+        copy_to(&reader, &path).unwrap();
+        let copy = crate::store::open_read(&path).unwrap();
+        let n: i64 = copy.query_row("SELECT count(*) FROM deliveries", [], |r| r.get(0)).unwrap();
+        assert_eq!(n, 1);
+        assert!(copy_to(&reader, &path).is_err(), "an existing file is never overwritten");
+        assert!(integrity(&copy).unwrap().is_empty());
+    }
+}

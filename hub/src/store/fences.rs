@@ -1,0 +1,422 @@
+//! Fences (SPEC §5): operator rules on the record that gate claims — pause, hold, block — on a
+//! conversation, a host, or everything. This module owns the fence types, setting, lifting and
+//! listing them, and the one precedence rule the claim applies.
+//!
+//! Precedence: the fences that cover a delivery (conversation C, host H) are those on
+//! everything, on H and on C. The strongest kind among them decides, block over hold over pause,
+//! whatever their scopes; of two fences of that kind the older names itself in the reason. A
+//! delivery no fence covers is claimable. `strongest` is that rule; `claim_scan` derives from it
+//! which of a host's queued deliveries a claim need not read at all (those the rule pauses), so a
+//! paused backlog costs a claim nothing.
+//!
+//! Invariant: each fence records the last delivery event committed before it was set and before
+//! it was lifted, which places it exactly in the record's commit order.
+
+use super::hosts::record_operator_event;
+use super::{StoreError, StoreResult, parse_column};
+use rusqlite::Connection;
+
+/// What a fence does at claim time. Ordered by strength: `Block` > `Hold` > `Pause`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum FenceKind {
+    /// Not handed out; stays queued.
+    Pause,
+    /// Parked in the held queue until released.
+    Hold,
+    /// Refused: failed.
+    Block,
+}
+
+impl FenceKind {
+    /// Every kind, weakest first.
+    pub const ALL: [FenceKind; 3] = [FenceKind::Pause, FenceKind::Hold, FenceKind::Block];
+
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FenceKind::Pause => "pause",
+            FenceKind::Hold => "hold",
+            FenceKind::Block => "block",
+        }
+    }
+
+    /// Parses a stored name.
+    pub fn parse(s: &str) -> Option<FenceKind> {
+        FenceKind::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+}
+
+/// What a fence covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FenceScope {
+    /// One conversation.
+    Conversation,
+    /// One host.
+    Host,
+    /// Everything.
+    All,
+}
+
+impl FenceScope {
+    /// Every scope.
+    pub const ALL: [FenceScope; 3] = [FenceScope::Conversation, FenceScope::Host, FenceScope::All];
+
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FenceScope::Conversation => "conversation",
+            FenceScope::Host => "host",
+            FenceScope::All => "all",
+        }
+    }
+
+    /// Parses a stored name.
+    pub fn parse(s: &str) -> Option<FenceScope> {
+        FenceScope::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+}
+
+/// One active fence, as the claim sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    /// Its id (also its age: ids grow).
+    pub id: i64,
+    /// Pause, hold or block.
+    pub kind: FenceKind,
+    /// Conversation, host or all.
+    pub scope: FenceScope,
+    /// The conversation or host, for those scopes.
+    pub target: Option<String>,
+    /// Why it was set.
+    pub reason: String,
+}
+
+impl Fence {
+    /// Whether the fence covers a delivery of `conversation` to `host`.
+    pub fn covers(&self, conversation: &str, host: &str) -> bool {
+        match self.scope {
+            FenceScope::All => true,
+            FenceScope::Host => self.target.as_deref() == Some(host),
+            FenceScope::Conversation => self.target.as_deref() == Some(conversation),
+        }
+    }
+
+    /// Whether the fence covers every delivery of `host`, whatever its conversation.
+    fn covers_host(&self, host: &str) -> bool {
+        match self.scope {
+            FenceScope::All => true,
+            FenceScope::Host => self.target.as_deref() == Some(host),
+            FenceScope::Conversation => false,
+        }
+    }
+
+    /// How the fence names itself in a delivery's reason.
+    pub fn describe(&self) -> String {
+        let scope = match (&self.scope, &self.target) {
+            (FenceScope::All, _) => "everything".to_string(),
+            (s, Some(t)) => format!("{} {t}", s.as_str()),
+            (s, None) => s.as_str().to_string(),
+        };
+        format!("{} fence {} on {scope}: {}", self.kind.as_str(), self.id, self.reason)
+    }
+}
+
+/// The precedence rule: the strongest fence covering a delivery of `conversation` to `host`
+/// (block over hold over pause; the oldest of that kind), or `None` when it is claimable.
+pub fn strongest<'a>(fences: &'a [Fence], conversation: &str, host: &str) -> Option<&'a Fence> {
+    fences.iter().filter(|f| f.covers(conversation, host)).max_by_key(|f| (f.kind, std::cmp::Reverse(f.id)))
+}
+
+/// Which of a host's queued deliveries a claim must read: exactly those `strongest` does not
+/// pause. Rows it leaves out are paused and stay queued untouched.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimScan {
+    /// None: every delivery of the host is paused.
+    Nothing,
+    /// Only these conversations' deliveries (the host is paused; these conversations carry a
+    /// stronger fence of their own).
+    Only(Vec<String>),
+    /// Every delivery except these conversations' (paused, with nothing stronger).
+    Except(Vec<String>),
+}
+
+impl ClaimScan {
+    /// Whether a delivery of `conversation` is read by the claim.
+    pub fn reads(&self, conversation: &str) -> bool {
+        match self {
+            ClaimScan::Nothing => false,
+            ClaimScan::Only(c) => c.iter().any(|x| x == conversation),
+            ClaimScan::Except(c) => !c.iter().any(|x| x == conversation),
+        }
+    }
+}
+
+/// Derives the claim's scan for `host` from the precedence rule.
+///
+/// The fences on everything and on the host cover every delivery of the host; call the
+/// strongest kind among them K. If K is hold or block, nothing is paused and the scan reads
+/// everything. If K is pause, a delivery escapes the pause only through a hold or block on its
+/// own conversation: the scan reads only those conversations. Without K, exactly the
+/// conversations whose strongest own fence is a pause are left out.
+pub fn claim_scan(fences: &[Fence], host: &str) -> ClaimScan {
+    let host_kind = fences.iter().filter(|f| f.covers_host(host)).map(|f| f.kind).max();
+    let mut own: Vec<(&str, FenceKind)> = Vec::new();
+    for f in fences.iter().filter(|f| f.scope == FenceScope::Conversation) {
+        let Some(c) = f.target.as_deref() else { continue };
+        match own.iter_mut().find(|(name, _)| *name == c) {
+            Some(entry) => entry.1 = entry.1.max(f.kind),
+            None => own.push((c, f.kind)),
+        }
+    }
+    let names = |keep: fn(FenceKind) -> bool| -> Vec<String> {
+        let mut v: Vec<String> = own.iter().filter(|(_, k)| keep(*k)).map(|(c, _)| c.to_string()).collect();
+        v.sort();
+        v
+    };
+    match host_kind {
+        Some(FenceKind::Hold | FenceKind::Block) => ClaimScan::Except(Vec::new()),
+        Some(FenceKind::Pause) => {
+            let stronger = names(|k| k > FenceKind::Pause);
+            if stronger.is_empty() { ClaimScan::Nothing } else { ClaimScan::Only(stronger) }
+        }
+        None => ClaimScan::Except(names(|k| k == FenceKind::Pause)),
+    }
+}
+
+/// The active (not lifted) fences, oldest first.
+pub fn active(conn: &Connection) -> StoreResult<Vec<Fence>> {
+    let rows = conn
+        .prepare_cached("SELECT id, kind, scope, target, reason FROM fences WHERE lifted_at IS NULL ORDER BY id")?
+        .query_map([], |r| {
+            let id: i64 = r.get(0)?;
+            let row = id.to_string();
+            Ok(Fence {
+                id,
+                kind: parse_column(r, 1, "fences", &row, "fence kind", FenceKind::parse)?,
+                scope: parse_column(r, 2, "fences", &row, "fence scope", FenceScope::parse)?,
+                target: r.get(3)?,
+                reason: r.get(4)?,
+            })
+        })?
+        .collect::<Result<_, _>>()?;
+    Ok(rows)
+}
+
+/// A new fence: what it does, what it covers, who sets it and why.
+#[derive(Debug, Clone, Copy)]
+pub struct NewFence<'a> {
+    /// Pause, hold or block.
+    pub kind: FenceKind,
+    /// Conversation, host or all.
+    pub scope: FenceScope,
+    /// The conversation or host; `None` exactly when the scope is all.
+    pub target: Option<&'a str>,
+    /// The operator.
+    pub operator: &'a str,
+    /// Why (recorded).
+    pub reason: &'a str,
+}
+
+/// Sets a fence. Returns its id.
+///
+/// The fence records the last delivery event committed before it (and its lift the same), which
+/// places it exactly in the record's commit order: a claim event with a higher id committed
+/// after the fence. Checkers use this to prove no claim slipped past an active fence.
+pub fn set(conn: &Connection, f: NewFence<'_>, now_ms: i64) -> StoreResult<i64> {
+    if (f.scope == FenceScope::All) != f.target.is_none() {
+        return Err(StoreError::Invalid("a fence names a conversation or a host, or covers all".into()));
+    }
+    conn.prepare_cached(
+        "INSERT INTO fences (kind, scope, target, set_by, set_at, set_after_event, reason)
+         VALUES (?1, ?2, ?3, ?4, ?5, (SELECT coalesce(max(seq), 0) FROM sqlite_sequence WHERE name = 'delivery_events'), ?6)",
+    )?
+    .execute(rusqlite::params![f.kind.as_str(), f.scope.as_str(), f.target, f.operator, now_ms, f.reason])?;
+    let id = conn.last_insert_rowid();
+    let action = format!("fence_{}", f.kind.as_str());
+    record_operator_event(conn, &action, &format!("fence {id}"), f.operator, Some(f.reason), now_ms)?;
+    Ok(id)
+}
+
+/// Lifts an active fence.
+pub fn lift(conn: &Connection, id: i64, operator: &str, reason: &str, now_ms: i64) -> StoreResult<()> {
+    let n = conn
+        .prepare_cached(
+            "UPDATE fences SET lifted_at = ?2, lifted_by = ?3, lifted_reason = ?4,
+                    lifted_after_event = (SELECT coalesce(max(seq), 0) FROM sqlite_sequence WHERE name = 'delivery_events')
+             WHERE id = ?1 AND lifted_at IS NULL",
+        )?
+        .execute(rusqlite::params![id, now_ms, operator, reason])?;
+    if n != 1 {
+        return Err(StoreError::NotFound(format!("no active fence {id}")));
+    }
+    record_operator_event(conn, "fence_lift", &format!("fence {id}"), operator, Some(reason), now_ms)
+}
+
+/// A fence as listed for operators, active or lifted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FenceRow {
+    /// Its id.
+    pub id: i64,
+    /// Pause, hold or block.
+    pub kind: FenceKind,
+    /// Conversation, host or all.
+    pub scope: FenceScope,
+    /// The conversation or host.
+    pub target: Option<String>,
+    /// Who set it.
+    pub set_by: String,
+    /// When (unix ms).
+    pub set_at_ms: i64,
+    /// Why.
+    pub reason: String,
+    /// When it was lifted, if it was.
+    pub lifted_at_ms: Option<i64>,
+    /// Who lifted it.
+    pub lifted_by: Option<String>,
+}
+
+/// Lists fences, newest first; only active ones unless `all`.
+pub fn list(conn: &Connection, all: bool) -> StoreResult<Vec<FenceRow>> {
+    let rows = conn
+        .prepare_cached(
+            "SELECT id, kind, scope, target, set_by, set_at, reason, lifted_at, lifted_by FROM fences
+             WHERE ?1 OR lifted_at IS NULL ORDER BY id DESC",
+        )?
+        .query_map([all], |r| {
+            let id: i64 = r.get(0)?;
+            let row = id.to_string();
+            Ok(FenceRow {
+                id,
+                kind: parse_column(r, 1, "fences", &row, "fence kind", FenceKind::parse)?,
+                scope: parse_column(r, 2, "fences", &row, "fence scope", FenceScope::parse)?,
+                target: r.get(3)?,
+                set_by: r.get(4)?,
+                set_at_ms: r.get(5)?,
+                reason: r.get(6)?,
+                lifted_at_ms: r.get(7)?,
+                lifted_by: r.get(8)?,
+            })
+        })?
+        .collect::<Result<_, _>>()?;
+    Ok(rows)
+}
+
+/// How many fences are active.
+pub fn active_count(conn: &Connection) -> StoreResult<i64> {
+    Ok(conn.prepare_cached("SELECT count(*) FROM fences WHERE lifted_at IS NULL")?.query_row([], |r| r.get(0))?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::testing;
+    use FenceKind::*;
+
+    fn fence(id: i64, kind: FenceKind, scope: FenceScope, target: Option<&str>) -> Fence {
+        Fence { id, kind, scope, target: target.map(str::to_string), reason: "r".into() }
+    }
+
+    /// One case of the rule: the fence (by id) that decides a delivery of `conv` to `host`.
+    fn check(fences: &[Fence], conv: &str, host: &str, expected: Option<i64>) {
+        assert_eq!(strongest(fences, conv, host).map(|f| f.id), expected, "{conv} to {host} under {fences:?}");
+    }
+
+    #[test]
+    fn block_over_hold_over_pause_whatever_the_scope() {
+        use FenceScope::*;
+        let fences = [
+            fence(1, Pause, All, None),
+            fence(2, Block, Host, Some("host-a")),
+            fence(3, Hold, Conversation, Some("c")),
+            fence(4, Pause, Conversation, Some("d")),
+            fence(5, Hold, Conversation, Some("d")),
+            fence(6, Hold, Host, Some("host-c")),
+            fence(7, Hold, All, None),
+        ];
+        check(&fences, "c", "host-a", Some(2));
+        check(&fences, "c", "host-b", Some(3));
+        check(&fences, "d", "host-b", Some(5));
+        check(&fences, "e", "host-b", Some(7));
+        check(&fences, "e", "host-c", Some(6));
+        check(&fences[..1], "e", "host-b", Some(1));
+        check(&fences[3..4], "e", "host-b", None);
+    }
+
+    /// Every fence a small world can hold: each kind on all, on two hosts, on two conversations.
+    fn universe() -> Vec<Fence> {
+        let mut all = Vec::new();
+        let mut id = 0;
+        for kind in FenceKind::ALL {
+            for (scope, target) in [
+                (FenceScope::All, None),
+                (FenceScope::Host, Some("host-a")),
+                (FenceScope::Host, Some("host-b")),
+                (FenceScope::Conversation, Some("c1")),
+                (FenceScope::Conversation, Some("c2")),
+            ] {
+                id += 1;
+                all.push(fence(id, kind, scope, target));
+            }
+        }
+        all
+    }
+
+    /// `claim_scan` reads a delivery exactly when the rule does not pause it, for every set of up
+    /// to three fences of the universe and every conversation, fenced or not.
+    #[test]
+    fn the_scan_skips_exactly_what_the_rule_pauses() {
+        let u = universe();
+        let mut sets: Vec<Vec<Fence>> = vec![Vec::new()];
+        for i in 0..u.len() {
+            sets.push(vec![u[i].clone()]);
+            for j in i + 1..u.len() {
+                sets.push(vec![u[i].clone(), u[j].clone()]);
+                for k in j + 1..u.len() {
+                    sets.push(vec![u[i].clone(), u[j].clone(), u[k].clone()]);
+                }
+            }
+        }
+        for fences in &sets {
+            let scan = claim_scan(fences, "host-a");
+            for conv in ["c1", "c2", "c3"] {
+                let paused = strongest(fences, conv, "host-a").map(|f| f.kind) == Some(Pause);
+                assert_eq!(scan.reads(conv), !paused, "{conv} under {fences:?}: {scan:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn set_lift_and_list_round_trip() {
+        let db = testing::db();
+        let c = &db.conn;
+        let f = NewFence { kind: Hold, scope: FenceScope::Host, target: Some("host-a"), operator: "op", reason: "why" };
+        let id = set(c, f, 5).unwrap();
+        assert!(matches!(set(c, NewFence { target: None, ..f }, 5), Err(StoreError::Invalid(_))));
+        let mut expected = fence(id, Hold, FenceScope::Host, Some("host-a"));
+        expected.reason = "why".into();
+        assert_eq!(active(c).unwrap(), vec![expected]);
+        lift(c, id, "op2", "done", 6).unwrap();
+        assert!(matches!(lift(c, id, "op2", "again", 7), Err(StoreError::NotFound(_))));
+        assert!(list(c, false).unwrap().is_empty());
+        let rows = list(c, true).unwrap();
+        assert_eq!((rows[0].kind, rows[0].lifted_at_ms, rows[0].lifted_by.as_deref()), (Hold, Some(6), Some("op2")));
+    }
+
+    /// A stored kind or scope that does not parse is an error naming the fence, never a block or
+    /// a fence on everything.
+    #[test]
+    fn a_corrupt_fence_is_an_error_naming_it() {
+        let db = testing::db();
+        let c = &db.conn;
+        let f = NewFence { kind: Pause, scope: FenceScope::All, target: None, operator: "op", reason: "r" };
+        let id = set(c, f, 1).unwrap();
+        c.execute_batch("PRAGMA ignore_check_constraints = ON").unwrap();
+        c.execute("UPDATE fences SET kind = 'stop' WHERE id = ?1", [id]).unwrap();
+        for e in [active(c).unwrap_err(), list(c, true).unwrap_err()] {
+            let StoreError::Corrupt(text) = &e else { panic!("{e:?}") };
+            assert!(text.contains(&format!("fences {id}")) && text.contains("kind") && text.contains("stop"), "{text}");
+        }
+        c.execute("UPDATE fences SET kind = 'pause', scope = 'everywhere' WHERE id = ?1", [id]).unwrap();
+        assert!(matches!(active(c), Err(StoreError::Corrupt(t)) if t.contains("scope")));
+    }
+}

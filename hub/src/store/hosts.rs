@@ -1,0 +1,176 @@
+//! Hosts and certificates: enrolling a host or producer, looking a certificate up, revoking,
+//! and the operator event log for changes that are not delivery transitions.
+
+use super::{StoreError, StoreResult, parse_column};
+use baton_shared::ids::Role;
+use rusqlite::{Connection, OptionalExtension};
+
+/// Records an operator action that is not a delivery transition.
+pub fn record_operator_event(
+    conn: &Connection,
+    action: &str,
+    subject: &str,
+    operator: &str,
+    reason: Option<&str>,
+    now_ms: i64,
+) -> StoreResult<()> {
+    conn.prepare_cached(
+        "INSERT INTO operator_events (action, subject, operator, reason, at) VALUES (?1, ?2, ?3, ?4, ?5)",
+    )?
+    .execute(rusqlite::params![action, subject, operator, reason, now_ms])?;
+    Ok(())
+}
+
+/// Adds a host (idempotent); enrolling a node does this.
+pub fn add_host(conn: &Connection, host: &str, now_ms: i64) -> StoreResult<()> {
+    conn.prepare_cached("INSERT INTO hosts (name, enrolled_at) VALUES (?1, ?2) ON CONFLICT (name) DO NOTHING")?
+        .execute(rusqlite::params![host, now_ms])?;
+    Ok(())
+}
+
+/// Records an issued certificate.
+pub fn record_certificate(
+    conn: &Connection,
+    serial: &str,
+    role: Role,
+    name: &str,
+    not_after_unix: i64,
+    now_ms: i64,
+) -> StoreResult<()> {
+    conn.prepare_cached(
+        "INSERT INTO certificates (serial, role, name, issued_at, not_after) VALUES (?1, ?2, ?3, ?4, ?5)",
+    )?
+    .execute(rusqlite::params![serial, role.as_str(), name, now_ms, not_after_unix])?;
+    Ok(())
+}
+
+/// A certificate just issued, to be recorded.
+#[derive(Debug, Clone, Copy)]
+pub struct Issued<'a> {
+    /// Node or producer.
+    pub role: Role,
+    /// The host or producer name.
+    pub name: &'a str,
+    /// The certificate's serial (lowercase hex).
+    pub serial: &'a str,
+    /// When it expires (unix seconds).
+    pub not_after_unix: i64,
+}
+
+/// Records an enrollment: for a node, the host (refused when it is retired), then the
+/// certificate and an operator event.
+pub fn enroll(conn: &Connection, cert: Issued<'_>, operator: &str, now_ms: i64) -> StoreResult<()> {
+    if cert.role == Role::Node {
+        let retired: Option<Option<i64>> = conn
+            .prepare_cached("SELECT retired_at FROM hosts WHERE name = ?1")?
+            .query_row([cert.name], |r| r.get(0))
+            .optional()?;
+        if let Some(Some(_)) = retired {
+            return Err(StoreError::Invalid(format!("host {} is retired", cert.name)));
+        }
+        add_host(conn, cert.name, now_ms)?;
+    }
+    record_certificate(conn, cert.serial, cert.role, cert.name, cert.not_after_unix, now_ms)?;
+    record_operator_event(conn, &format!("enroll_{}", cert.role), cert.name, operator, None, now_ms)
+}
+
+/// The roles `name` was ever enrolled under (renewal needs exactly one).
+pub fn enrolled_roles(conn: &Connection, name: &str) -> StoreResult<Vec<Role>> {
+    let roles = conn
+        .prepare_cached("SELECT DISTINCT role FROM certificates WHERE name = ?1 ORDER BY role")?
+        .query_map([name], |r| parse_column(r, 0, "certificates", &format!("of {name}"), "role", Role::parse))?
+        .collect::<Result<_, _>>()?;
+    Ok(roles)
+}
+
+/// What the store says about a certificate serial: its role, name, and whether it is revoked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertStatus {
+    /// Node or producer.
+    pub role: Role,
+    /// The host or producer name.
+    pub name: String,
+    /// Set when revoked.
+    pub revoked: bool,
+}
+
+/// Looks a certificate up by serial.
+pub fn cert_status(conn: &Connection, serial: &str) -> StoreResult<Option<CertStatus>> {
+    Ok(conn
+        .prepare_cached("SELECT role, name, revoked_at IS NOT NULL FROM certificates WHERE serial = ?1")?
+        .query_row([serial], |r| {
+            Ok(CertStatus {
+                role: parse_column(r, 0, "certificates", serial, "role", Role::parse)?,
+                name: r.get(1)?,
+                revoked: r.get(2)?,
+            })
+        })
+        .optional()?)
+}
+
+/// Revokes every unrevoked certificate of `name` (any role), or one serial. Returns the serials.
+pub fn revoke(
+    conn: &Connection,
+    name_or_serial: &str,
+    operator: &str,
+    reason: &str,
+    now_ms: i64,
+) -> StoreResult<Vec<String>> {
+    let serials: Vec<String> = conn
+        .prepare_cached("SELECT serial FROM certificates WHERE (name = ?1 OR serial = ?1) AND revoked_at IS NULL")?
+        .query_map([name_or_serial], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    if serials.is_empty() {
+        return Err(StoreError::NotFound(format!("no unrevoked certificate for {name_or_serial:?}")));
+    }
+    for s in &serials {
+        conn.prepare_cached(
+            "UPDATE certificates SET revoked_at = ?2, revoked_by = ?3, revoked_reason = ?4 WHERE serial = ?1",
+        )?
+        .execute(rusqlite::params![s, now_ms, operator, reason])?;
+        record_operator_event(conn, "revoke", s, operator, Some(reason), now_ms)?;
+    }
+    Ok(serials)
+}
+
+/// How many hosts are enrolled and not retired.
+pub fn active_count(conn: &Connection) -> StoreResult<i64> {
+    Ok(conn.prepare_cached("SELECT count(*) FROM hosts WHERE retired_at IS NULL")?.query_row([], |r| r.get(0))?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::testing;
+
+    #[test]
+    fn enroll_records_the_host_and_refuses_a_retired_one() {
+        let db = testing::db();
+        let c = &db.conn;
+        let node = Issued { role: Role::Node, name: "host-d", serial: "aa01", not_after_unix: 9 };
+        enroll(c, node, "op", 1).unwrap();
+        enroll(c, Issued { role: Role::Producer, name: "prod", serial: "aa02", ..node }, "op", 1).unwrap();
+        assert_eq!(enrolled_roles(c, "host-d").unwrap(), vec![Role::Node]);
+        assert_eq!(enrolled_roles(c, "prod").unwrap(), vec![Role::Producer]);
+        assert!(enrolled_roles(c, "nobody").unwrap().is_empty());
+        let s = cert_status(c, "aa01").unwrap().unwrap();
+        assert_eq!((s.role, s.name.as_str(), s.revoked), (Role::Node, "host-d", false));
+        assert_eq!(revoke(c, "host-d", "op", "lost", 2).unwrap(), vec!["aa01".to_string()]);
+        assert!(cert_status(c, "aa01").unwrap().unwrap().revoked);
+        crate::store::operator::retire(c, "host-d", "op", "gone", 3).unwrap();
+        let again = Issued { serial: "aa03", ..node };
+        assert!(matches!(enroll(c, again, "op", 4), Err(StoreError::Invalid(_))));
+    }
+
+    #[test]
+    fn a_corrupt_role_is_an_error_naming_the_certificate() {
+        let db = testing::db();
+        let c = &db.conn;
+        enroll(c, Issued { role: Role::Node, name: "host-d", serial: "aa01", not_after_unix: 9 }, "op", 1).unwrap();
+        c.execute_batch("PRAGMA ignore_check_constraints = ON; UPDATE certificates SET role = 'admin'").unwrap();
+        assert!(
+            matches!(cert_status(c, "aa01"), Err(StoreError::Corrupt(t)) if t.contains("aa01") && t.contains("admin"))
+        );
+        assert!(matches!(enrolled_roles(c, "host-d"), Err(StoreError::Corrupt(_))));
+    }
+}

@@ -1,0 +1,349 @@
+//! Offline invariant check of a hub database (`baton-hub verify`): the same rules the fault
+//! checker applies to the hub's side. Returns every problem found, each typed by its kind with
+//! its subject and detail, so callers (the CLI's JSON, the fault checker) read a type, not prose.
+
+use super::transition::allowed;
+use super::{ActorKind, StoreResult};
+use baton_shared::states::DeliveryState;
+use rusqlite::Connection;
+use std::fmt;
+
+/// What kind of rule a problem breaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ProblemKind {
+    /// SQLite's own integrity check failed. Subject: `database`.
+    Integrity,
+    /// A foreign key points nowhere. Subject: the table and row.
+    ForeignKey,
+    /// A message exists without its routing or its fan-out obligation. Subject: the message.
+    AtomicAccept,
+    /// Fan-out is incomplete or went astray: an obligation marked done while a recipient has no
+    /// delivery (subject: the message), or a delivery for a host the message was not routed to
+    /// (subject: the delivery).
+    FanOut,
+    /// An attempt on a delivery that was never delivered. Subject: the delivery.
+    AttemptWithoutDelivery,
+    /// A conversation's sequence counter is behind its messages. Subject: the conversation.
+    SequenceBehind,
+    /// A host's waiting count disagrees with its queued and held deliveries. Subject: the host.
+    BacklogCount,
+    /// A delivery's event log does not lead from its creation to its current state. Subject:
+    /// the delivery.
+    EventLog,
+    /// An event records a transition the SPEC §2 table forbids. Subject: the delivery.
+    IllegalTransition,
+    /// A stored value does not parse into its type. Subject: the row.
+    CorruptValue,
+}
+
+impl ProblemKind {
+    /// Every kind.
+    pub const ALL: [ProblemKind; 10] = [
+        ProblemKind::Integrity,
+        ProblemKind::ForeignKey,
+        ProblemKind::AtomicAccept,
+        ProblemKind::FanOut,
+        ProblemKind::AttemptWithoutDelivery,
+        ProblemKind::SequenceBehind,
+        ProblemKind::BacklogCount,
+        ProblemKind::EventLog,
+        ProblemKind::IllegalTransition,
+        ProblemKind::CorruptValue,
+    ];
+
+    /// The stable name (`verify --json` prints it).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProblemKind::Integrity => "integrity",
+            ProblemKind::ForeignKey => "foreign_key",
+            ProblemKind::AtomicAccept => "atomic_accept",
+            ProblemKind::FanOut => "fan_out",
+            ProblemKind::AttemptWithoutDelivery => "attempt_without_delivery",
+            ProblemKind::SequenceBehind => "sequence_behind",
+            ProblemKind::BacklogCount => "backlog_count",
+            ProblemKind::EventLog => "event_log",
+            ProblemKind::IllegalTransition => "illegal_transition",
+            ProblemKind::CorruptValue => "corrupt_value",
+        }
+    }
+
+    /// Parses a stable name.
+    pub fn parse(s: &str) -> Option<ProblemKind> {
+        ProblemKind::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+}
+
+impl fmt::Display for ProblemKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One broken invariant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// The rule it breaks.
+    pub kind: ProblemKind,
+    /// What it is about: a delivery, message, conversation or host name, a table row, or
+    /// `database` (see each kind).
+    pub subject: String,
+    /// What exactly is wrong, for people.
+    pub detail: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}: {}", self.kind, self.subject, self.detail)
+    }
+}
+
+/// Adds one problem of `kind` per row of `sql`, whose columns are (subject, detail).
+fn collect(conn: &Connection, kind: ProblemKind, sql: &str, out: &mut Vec<Problem>) -> StoreResult<()> {
+    let mut stmt = conn.prepare(sql)?;
+    let rows = stmt.query_map([], |r| Ok(Problem { kind, subject: r.get(0)?, detail: r.get(1)? }))?;
+    for r in rows {
+        out.push(r?);
+    }
+    Ok(())
+}
+
+/// Checks every hub-side invariant, including a full integrity check of the file; an empty list
+/// means none is violated.
+pub fn check(conn: &Connection) -> StoreResult<Vec<Problem>> {
+    use ProblemKind::*;
+    let mut out = Vec::new();
+    for line in super::backup::integrity(conn)? {
+        out.push(Problem { kind: Integrity, subject: "database".into(), detail: line });
+    }
+    for (kind, sql) in RULES {
+        collect(conn, *kind, sql, &mut out)?;
+    }
+    check_event_chains(conn, &mut out)?;
+    Ok(out)
+}
+
+/// The rules that are one query each: (kind, SQL selecting subject and detail).
+const RULES: &[(ProblemKind, &str)] = &[
+    (
+        ProblemKind::ForeignKey,
+        "SELECT \"table\" || ' row ' || rowid, 'refers to a missing ' || parent || ' row' FROM pragma_foreign_key_check",
+    ),
+    (
+        ProblemKind::AtomicAccept,
+        "SELECT id, 'message without a fan-out obligation' FROM messages m
+         WHERE NOT EXISTS (SELECT 1 FROM fanout_obligations o WHERE o.message_id = m.id)",
+    ),
+    (
+        ProblemKind::AtomicAccept,
+        "SELECT id, 'message without routing' FROM messages m
+         WHERE NOT EXISTS (SELECT 1 FROM message_recipients r WHERE r.message_id = m.id)",
+    ),
+    (
+        ProblemKind::FanOut,
+        "SELECT r.message_id, 'obligation done but recipient ' || r.host || ' has no delivery'
+         FROM message_recipients r JOIN fanout_obligations o ON o.message_id = r.message_id
+         WHERE o.done_at IS NOT NULL
+           AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.message_id = r.message_id AND d.host = r.host)",
+    ),
+    (
+        ProblemKind::FanOut,
+        "SELECT d.id, 'delivery for host ' || d.host || ', to which message ' || d.message_id || ' was not routed'
+         FROM deliveries d
+         WHERE NOT EXISTS (SELECT 1 FROM message_recipients r WHERE r.message_id = d.message_id AND r.host = d.host)",
+    ),
+    (
+        ProblemKind::AttemptWithoutDelivery,
+        "SELECT d.id, 'attempt ' || a.id || ' on a delivery that is ' || d.state || ', never delivered'
+         FROM attempts a JOIN deliveries d ON d.id = a.delivery_id WHERE d.state <> 'delivered'",
+    ),
+    (
+        ProblemKind::SequenceBehind,
+        "SELECT c.name, 'last_seq ' || c.last_seq || ' is behind its messages'
+         FROM conversations c WHERE c.last_seq < (SELECT max(seq) FROM messages m WHERE m.conversation = c.name)",
+    ),
+    (
+        ProblemKind::BacklogCount,
+        "SELECT h.name, 'waiting count recorded ' || coalesce(b.waiting, 0) || ', actual ' ||
+                (SELECT count(*) FROM deliveries d WHERE d.host = h.name AND d.state IN ('queued', 'held'))
+         FROM hosts h LEFT JOIN host_backlog b ON b.host = h.name
+         WHERE coalesce(b.waiting, 0) <> (SELECT count(*) FROM deliveries d WHERE d.host = h.name AND d.state IN ('queued', 'held'))",
+    ),
+    (
+        ProblemKind::CorruptValue,
+        "SELECT id, 'payload is not JSON' FROM messages WHERE NOT json_valid(payload)",
+    ),
+];
+
+/// The event log's last word on one delivery while its chain is walked.
+struct Chain {
+    id: String,
+    state: String,
+    last_to: Option<String>,
+}
+
+impl Chain {
+    /// The chain must end in the delivery's current state.
+    fn finish(self, out: &mut Vec<Problem>) {
+        if self.last_to.as_deref() != Some(self.state.as_str()) {
+            out.push(Problem {
+                kind: ProblemKind::EventLog,
+                subject: self.id,
+                detail: format!("the delivery is {} but its last event says {:?}", self.state, self.last_to),
+            });
+        }
+    }
+}
+
+/// Every delivery's events form a path in the SPEC §2 table from creation to its current state.
+fn check_event_chains(conn: &Connection, out: &mut Vec<Problem>) -> StoreResult<()> {
+    let mut stmt = conn.prepare(
+        "SELECT d.id, d.state, e.from_state, e.to_state, e.actor_kind FROM deliveries d
+         LEFT JOIN delivery_events e ON e.delivery_id = d.id ORDER BY d.id, e.id",
+    )?;
+    let mut rows = stmt.query([])?;
+    let mut current: Option<Chain> = None;
+    let problem = |kind, subject: &str, detail: String| Problem { kind, subject: subject.to_string(), detail };
+    while let Some(r) = rows.next()? {
+        let id: String = r.get(0)?;
+        let state: String = r.get(1)?;
+        let from: Option<String> = r.get(2)?;
+        let to: Option<String> = r.get(3)?;
+        let kind: Option<String> = r.get(4)?;
+        if current.as_ref().map(|c| &c.id) != Some(&id) {
+            if let Some(done) = current.take() {
+                done.finish(out);
+            }
+            current = Some(Chain { id: id.clone(), state, last_to: None });
+            if to.is_none() {
+                out.push(problem(ProblemKind::EventLog, &id, "the delivery has no events".into()));
+                continue;
+            }
+            if from.is_some() || to.as_deref() != Some("queued") || kind.as_deref() != Some("hub") {
+                out.push(problem(
+                    ProblemKind::EventLog,
+                    &id,
+                    "the log does not start with its creation by the hub".into(),
+                ));
+            }
+        } else {
+            let prev = current.as_ref().and_then(|c| c.last_to.clone());
+            if from != prev {
+                out.push(problem(
+                    ProblemKind::EventLog,
+                    &id,
+                    format!("the log jumps from {prev:?} to an event from {from:?}"),
+                ));
+            }
+            let parsed = (
+                from.as_deref().and_then(DeliveryState::parse),
+                to.as_deref().and_then(DeliveryState::parse),
+                kind.as_deref().and_then(ActorKind::parse),
+            );
+            match parsed {
+                (Some(f), Some(t), Some(k)) if allowed(f, t, k) => {}
+                _ => out.push(problem(ProblemKind::IllegalTransition, &id, format!("{from:?} -> {to:?} by {kind:?}"))),
+            }
+        }
+        if let Some(c) = current.as_mut() {
+            c.last_to = to;
+        }
+    }
+    if let Some(done) = current {
+        done.finish(out);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::accept::testing::accept_one;
+    use crate::store::fences::{self, FenceKind, FenceScope, NewFence};
+    use crate::store::operator::{self, Selector};
+    use crate::store::transition::Holder;
+    use crate::store::{claim, testing};
+
+    fn kinds(problems: &[Problem]) -> Vec<ProblemKind> {
+        problems.iter().map(|p| p.kind).collect()
+    }
+
+    #[test]
+    fn a_legal_history_verifies_and_each_breakage_is_typed() {
+        let db = testing::db();
+        let c = &db.conn;
+        let fanned = accept_one(c, "a", "k1", &["host-a", "host-b"]);
+        let held = accept_one(c, "b", "k2", &["host-a"]);
+        let hold = NewFence {
+            kind: FenceKind::Hold,
+            scope: FenceScope::Conversation,
+            target: Some("b"),
+            operator: "op",
+            reason: "r",
+        };
+        fences::set(c, hold, 1).unwrap();
+        let got = claim::claim(c, "host-a", "i", 10, 2).unwrap();
+        let h = Holder { instance_id: "i", claim_token: &got[0].claim_token };
+        claim::mirrored(c, "host-a", &got[0].delivery_id, h, 3).unwrap();
+        claim::ack(c, "host-a", &got[0].delivery_id, h, 4).unwrap();
+        operator::release(c, Selector::Conversation("b"), "op", "r", 5).unwrap();
+        operator::retire(c, "host-b", "op", "r", 6).unwrap();
+        assert_eq!(check(c).unwrap(), Vec::<Problem>::new());
+
+        // A state changed behind the event log's back is found, and so is a broken backlog count.
+        c.execute("UPDATE deliveries SET state = 'failed', reason = 'x' WHERE message_id = ?1", [&held]).unwrap();
+        let held_delivery: String =
+            c.query_row("SELECT id FROM deliveries WHERE message_id = ?1", [&held], |r| r.get(0)).unwrap();
+        let problems = check(c).unwrap();
+        assert!(problems.iter().any(|p| p.kind == ProblemKind::EventLog && p.subject == held_delivery), "{problems:?}");
+        assert!(problems.iter().any(|p| p.kind == ProblemKind::BacklogCount && p.subject == "host-a"), "{problems:?}");
+        // A delivery missing from a completed fan-out is found, naming the message.
+        c.execute("DELETE FROM deliveries WHERE host = 'host-b'", []).unwrap();
+        let problems = check(c).unwrap();
+        assert!(problems.iter().any(|p| p.kind == ProblemKind::FanOut && p.subject == fanned), "{problems:?}");
+        // A payload that is not JSON is found, naming the message.
+        c.execute("UPDATE messages SET payload = 'nope' WHERE id = ?1", [&fanned]).unwrap();
+        let problems = check(c).unwrap();
+        assert!(problems.iter().any(|p| p.kind == ProblemKind::CorruptValue && p.subject == fanned), "{problems:?}");
+    }
+
+    #[test]
+    fn an_attempt_without_delivery_and_an_illegal_step_are_typed() {
+        let db = testing::db();
+        let c = &db.conn;
+        accept_one(c, "a", "k1", &["host-a"]);
+        let d: String = c.query_row("SELECT id FROM deliveries", [], |r| r.get(0)).unwrap();
+        c.execute(
+            "INSERT INTO attempts (id, delivery_id, host, instance_id, report_id, request_hash, outcome, reported_at)
+             VALUES ('a1', ?1, 'host-a', 'i', 'r1', 'h', 'succeeded', 1)",
+            [&d],
+        )
+        .unwrap();
+        c.execute(
+            "INSERT INTO delivery_events (delivery_id, from_state, to_state, actor_kind, actor, at)
+             VALUES (?1, 'queued', 'delivered', 'operator', 'op', 2)",
+            [&d],
+        )
+        .unwrap();
+        c.execute(
+            "UPDATE deliveries SET state = 'delivered', instance_id = 'i', claim_token = 't' WHERE id = ?1",
+            [&d],
+        )
+        .unwrap();
+        let problems = check(c).unwrap();
+        assert!(kinds(&problems).contains(&ProblemKind::IllegalTransition), "{problems:?}");
+        c.execute("UPDATE deliveries SET state = 'failed', instance_id = NULL, claim_token = NULL, reason = 'x'", [])
+            .unwrap();
+        let problems = check(c).unwrap();
+        assert!(
+            problems.iter().any(|p| p.kind == ProblemKind::AttemptWithoutDelivery && p.subject == d),
+            "{problems:?}"
+        );
+    }
+
+    #[test]
+    fn kinds_have_stable_names() {
+        for k in ProblemKind::ALL {
+            assert_eq!(ProblemKind::parse(k.as_str()), Some(k));
+        }
+    }
+}
