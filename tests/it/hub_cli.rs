@@ -204,9 +204,23 @@ async fn check_refused_store(damage: impl FnOnce(&std::path::Path), says: &str, 
     assert_eq!(out.status.code(), Some(3), "serve: {stderr}");
     assert!(stderr.contains(says), "serve says why: {stderr}");
     assert!(!hub.data_dir().join("hub.addr").exists(), "serve listened on a refused store");
-    let out = hub.cli(["deliveries", "list", "--json"]);
-    assert_eq!(out.status.code(), Some(3), "deliveries list: {}", String::from_utf8_lossy(&out.stderr));
+    // Changing commands open the store as strictly as `serve`; `verify` reads it whole. Both
+    // refuse it. (Read-only listings skip the whole-file check, so they may answer from the
+    // pages they read; they are not the probe here.)
+    let out = hub.cli(["fence", "pause", "--all", "--reason", "probe"]);
+    assert_eq!(out.status.code(), Some(3), "fence pause: {}", String::from_utf8_lossy(&out.stderr));
+    let out = hub.cli(["verify"]);
+    assert_ne!(out.status.code(), Some(0), "verify passed a refused store: {}", String::from_utf8_lossy(&out.stdout));
     let after = db_bytes(&hub);
+    // A read-only open (`verify`) may leave SQLite's empty side files behind (an empty WAL and
+    // the shared-memory index, which hold no data); the database itself must be untouched.
+    let after: Vec<_> = after
+        .into_iter()
+        .filter(|(n, b)| {
+            let harmless_new = n.ends_with("-shm") || (n.ends_with("-wal") && b.is_empty());
+            before.iter().any(|(m, _)| m == n) || !harmless_new
+        })
+        .collect();
     let names = |v: &[(String, Vec<u8>)]| v.iter().map(|(n, b)| format!("{n} ({} bytes)", b.len())).collect::<Vec<_>>();
     assert_eq!(names(&after), names(&before), "the database files changed");
     for ((name, a), (_, b)) in after.iter().zip(&before) {
