@@ -719,6 +719,7 @@ pub(crate) mod tests {
             payload: serde_json::json!({"turn": seq}),
             claim_token: format!("tok-{id}"),
             state: DeliveryState::Claimed,
+            producer: Some("prod".into()),
         }
     }
 

@@ -1,19 +1,31 @@
 //! Claims (with fences evaluated in the claim's own transaction), holdings, and the holder's
-//! mirrored / ack / reject (SPEC §2, §4, §5).
+//! mirrored / ack / reject (SPEC §2, §4, §5, §6).
+//!
+//! Invariant (order): for each (host, conversation), a claim hands out a delivery with `seq` s
+//! only when no earlier message of the conversation routed to that host still has a pending
+//! fan-out obligation, and none has a delivery that is queued or held. It is checked inside the
+//! claim transaction for every candidate, after the earlier candidates of the same claim were
+//! handed out, so one batch may carry several turns of a conversation, in order; a conversation
+//! found waiting is skipped for the rest of the claim. A pause or hold of the conversation
+//! therefore keeps everything after it back too, and releasing a later held delivery does not
+//! let it pass an earlier one.
+//!
+//! Invariant (fairness): the conversations with queued work for a host take turns within a
+//! claim, one delivery per turn, least recently served first (`conversation_queues.served`,
+//! a per-host tick), and a claim looks at no more than `CLAIM_HEADS_MAX` queue heads; each
+//! look is one indexed lookup, so a claim's cost does not grow with the backlog.
 //!
 //! Invariant: a host has at most one bound node instance. A claim from another instance is
 //! refused (`InstanceConflict`) while the bound one still holds anything; once it holds
 //! nothing, the new instance takes the binding (recorded as an operator-visible event).
 
 use super::transition::{self, Change, Holder};
-use super::{Actor, StoreError, StoreResult, new_token};
+use super::{Actor, StoreError, StoreResult, members, new_token};
 use baton_shared::crash_point;
 use baton_shared::states::DeliveryState::{self, *};
 use baton_shared::wire::{ClaimedDelivery, TransitionResponse};
 use rusqlite::{Connection, OptionalExtension, named_params};
-
-/// Most rows read per step while scanning the queue in a claim.
-const CLAIM_SCAN_CHUNK: i64 = 256;
+use std::collections::VecDeque;
 
 /// One active fence.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -229,11 +241,20 @@ pub struct Claimant<'a> {
     pub instance_id: &'a str,
 }
 
-/// The claim transaction: up to `max` queued deliveries for the claimant's host, oldest first,
-/// with fences applied on the way (pause skips, hold parks, block fails). Authorization is
-/// re-checked here, inside the transaction that would hand work out: the certificate must not
-/// be revoked and the host not retired, so a long-poll that began before a revocation or a
-/// retirement hands out nothing after it.
+/// The claim transaction: up to `max` queued deliveries for the claimant's host, taken in turns
+/// across the host's conversations and in `seq` order within each, with fences applied on the
+/// way (pause skips, hold parks, block fails).
+///
+/// Authorization is re-checked here, inside the transaction that would hand work out: the
+/// presenting certificate must not be revoked (else the claim is refused and nothing changes,
+/// so the host's work waits for a renewed certificate), the host must not be retired (its
+/// queued work fails with `host retired`), and each delivery's host must be authorized for the
+/// message's `seq` by the membership registry (else it fails with `not a member`).
+///
+/// Order: a delivery (h, c, s) is handed out only when no earlier message of c routed to h is
+/// still owed its fan-out, and none has a delivery that is queued or held. Fairness: the
+/// conversations with queued work for the host take turns, least recently served first, one
+/// delivery per turn, so a deep conversation cannot fill a batch while another one waits.
 pub fn claim_as(conn: &Connection, who: Claimant<'_>, max: u32, now_ms: i64) -> StoreResult<Vec<ClaimedDelivery>> {
     let (host, instance_id) = (who.host, who.instance_id);
     if let Some(serial) = who.serial {
@@ -257,85 +278,303 @@ pub fn claim_as(conn: &Connection, who: Claimant<'_>, max: u32, now_ms: i64) -> 
     if host_paused || max == 0 {
         return Ok(Vec::new());
     }
-    let mut out = Vec::new();
-    let mut after = 0i64;
-    // Read a little more than asked (held and blocked rows do not count), never the whole queue.
-    let chunk = (i64::from(max) * 2 + 8).min(CLAIM_SCAN_CHUNK);
-    let node = Actor::node(host);
-    let hub = Actor::hub();
-    'scan: loop {
-        let rows: Vec<(i64, String, String, String, i64, String)> = conn
-            .prepare_cached(
-                "SELECT d.n, d.id, d.message_id, d.conversation, d.seq, m.payload
-                 FROM deliveries d JOIN messages m ON m.id = d.message_id
-                 WHERE d.host = :host AND d.state = 'queued' AND d.n > :after
-                   AND NOT EXISTS (SELECT 1 FROM fences f WHERE f.lifted_at IS NULL AND f.kind = 'pause'
-                                   AND f.scope = 'conversation' AND f.target = d.conversation)
-                 ORDER BY d.n LIMIT :chunk",
-            )?
-            .query_map(named_params! {":host": host, ":after": after, ":chunk": chunk}, |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?))
-            })?
-            .collect::<Result<_, _>>()?;
-        if rows.is_empty() {
-            break;
-        }
-        for (n, id, message_id, conversation, seq, payload) in rows {
-            after = n;
-            let fence = strongest(&fences, &conversation, host);
-            match fence.map(|f| f.kind) {
-                Some(FenceKind::Block) | Some(FenceKind::Hold) => {
-                    let f = fence.map(Fence::describe).unwrap_or_default();
-                    let to = if fence.map(|f| f.kind) == Some(FenceKind::Block) { Failed } else { Held };
-                    let reason = format!("{} by {f}", if to == Failed { "blocked" } else { "held" });
-                    let change = Change {
-                        delivery_id: &id,
-                        from: Queued,
-                        to,
-                        expect_holder: None,
-                        new_holder: None,
-                        reason: Some(&reason),
-                    };
-                    transition::apply(conn, change, &hub, now_ms)?;
+    let mut scan = Scan::new(conn, host, instance_id, &fences, max as usize, now_ms)?;
+    scan.run()?;
+    scan.finish()
+}
+
+/// Most queue heads one claim looks at (handed out, parked, failed, or found waiting behind an
+/// earlier turn). It bounds the claim's transaction however deep the backlog is and however
+/// many conversations are blocked; what is left is looked at by the next claim.
+pub const CLAIM_HEADS_MAX: usize = 4096;
+
+/// Conversation queues read per step while taking the first round of turns.
+const CLAIM_TURNS_CHUNK: i64 = 64;
+
+/// What one turn of a conversation in a claim came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Turn {
+    /// One delivery was handed out; the conversation may have more.
+    Claimed,
+    /// Nothing may be handed out now (paused, an earlier turn queued, held or not fanned out,
+    /// or held by the fence); skip it for the rest of this claim.
+    Blocked,
+    /// No queued delivery is left.
+    Empty,
+    /// The claim looked at `CLAIM_HEADS_MAX` heads; it stops here.
+    Spent,
+}
+
+/// The first waiting (queued or held) delivery of a (host, conversation), lowest `seq`.
+struct Head {
+    id: String,
+    message_id: String,
+    seq: i64,
+    state: String,
+}
+
+/// One claim's walk over the host's conversation queues.
+struct Scan<'a> {
+    conn: &'a Connection,
+    host: &'a str,
+    holder_instance: &'a str,
+    fences: &'a [Fence],
+    max: usize,
+    now_ms: i64,
+    out: Vec<ClaimedDelivery>,
+    heads: usize,
+    /// Whether any fan-out obligation is pending at all (then the order rule looks them up).
+    obligations_pending: bool,
+    /// The last tick given out; each turn taken (or found blocked) gets the next one.
+    tick: i64,
+    /// Conversations turned to in this claim, with their new tick, in turn order.
+    turned: Vec<(String, i64)>,
+}
+
+impl<'a> Scan<'a> {
+    fn new(
+        conn: &'a Connection,
+        host: &'a str,
+        holder_instance: &'a str,
+        fences: &'a [Fence],
+        max: usize,
+        now_ms: i64,
+    ) -> StoreResult<Scan<'a>> {
+        let tick: i64 = conn
+            .prepare_cached("SELECT coalesce(max(served), 0) FROM conversation_queues WHERE host = ?1 AND queued > 0")?
+            .query_row([host], |r| r.get(0))?;
+        let obligations_pending: bool = conn
+            .prepare_cached("SELECT EXISTS (SELECT 1 FROM fanout_obligations WHERE done_at IS NULL)")?
+            .query_row([], |r| r.get(0))?;
+        Ok(Scan {
+            conn,
+            host,
+            holder_instance,
+            fences,
+            max,
+            now_ms,
+            out: Vec::new(),
+            heads: 0,
+            obligations_pending,
+            tick,
+            turned: Vec::new(),
+        })
+    }
+
+    fn done(&self) -> bool {
+        self.out.len() >= self.max || self.heads >= CLAIM_HEADS_MAX
+    }
+
+    /// First round: every conversation with queued work, least recently served first, one turn
+    /// each; then further rounds over those that handed one out, until the batch is full.
+    fn run(&mut self) -> StoreResult<()> {
+        let mut again: VecDeque<String> = VecDeque::new();
+        let mut after: (i64, String) = (i64::MIN, String::new());
+        'first: loop {
+            let queues: Vec<(i64, String)> = self
+                .conn
+                .prepare_cached(
+                    "SELECT served, conversation FROM conversation_queues
+                     WHERE host = :h AND queued > 0 AND (served, conversation) > (:s, :c)
+                     ORDER BY served, conversation LIMIT :n",
+                )?
+                .query_map(
+                    named_params! {":h": self.host, ":s": after.0, ":c": after.1, ":n": CLAIM_TURNS_CHUNK},
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )?
+                .collect::<Result<_, _>>()?;
+            if queues.is_empty() {
+                break;
+            }
+            for (served, conversation) in queues {
+                if self.done() {
+                    break 'first;
                 }
-                Some(FenceKind::Pause) => {}
-                None => {
-                    let token = new_token();
-                    let holder = Holder { instance_id, claim_token: &token };
-                    let change = Change {
-                        delivery_id: &id,
-                        from: Queued,
-                        to: Claimed,
-                        expect_holder: None,
-                        new_holder: Some(holder),
-                        reason: None,
-                    };
-                    transition::apply(conn, change, &node, now_ms)?;
-                    let payload = serde_json::from_str(&payload).unwrap_or(serde_json::Value::Null);
-                    out.push(ClaimedDelivery {
-                        delivery_id: id,
-                        message_id,
-                        conversation,
-                        seq,
-                        payload,
-                        claim_token: token,
-                        state: Claimed,
-                    });
-                    if out.len() >= max as usize {
-                        break 'scan;
+                match self.turn(&conversation)? {
+                    Turn::Claimed => {
+                        self.turned_to(&conversation);
+                        again.push_back(conversation.clone());
                     }
+                    Turn::Blocked => self.turned_to(&conversation),
+                    Turn::Empty => {}
+                    Turn::Spent => break 'first,
                 }
+                after = (served, conversation);
             }
         }
+        while !self.done() {
+            let Some(conversation) = again.pop_front() else { break };
+            match self.turn(&conversation)? {
+                Turn::Claimed => {
+                    self.turned_to(&conversation);
+                    again.push_back(conversation);
+                }
+                Turn::Blocked => self.turned_to(&conversation),
+                Turn::Empty => {}
+                Turn::Spent => break,
+            }
+        }
+        Ok(())
     }
-    Ok(out)
+
+    fn turned_to(&mut self, conversation: &str) {
+        self.tick += 1;
+        self.turned.push((conversation.to_string(), self.tick));
+    }
+
+    /// Records when each conversation was last turned to, and returns the batch.
+    fn finish(self) -> StoreResult<Vec<ClaimedDelivery>> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("UPDATE conversation_queues SET served = :t WHERE host = :h AND conversation = :c")?;
+        for (conversation, tick) in &self.turned {
+            stmt.execute(named_params! {":t": tick, ":h": self.host, ":c": conversation})?;
+        }
+        Ok(self.out)
+    }
+
+    /// The lowest-`seq` waiting delivery of `conversation` on this host.
+    fn head(&self, conversation: &str) -> StoreResult<Option<Head>> {
+        Ok(self
+            .conn
+            .prepare_cached(
+                "SELECT id, message_id, seq, state FROM deliveries
+                 WHERE host = :h AND conversation = :c AND state IN ('queued', 'held')
+                 ORDER BY seq LIMIT 1",
+            )?
+            .query_row(named_params! {":h": self.host, ":c": conversation}, |r| {
+                Ok(Head { id: r.get(0)?, message_id: r.get(1)?, seq: r.get(2)?, state: r.get(3)? })
+            })
+            .optional()?)
+    }
+
+    /// The lowest-`seq` queued delivery of `conversation` on this host after `seq`.
+    fn next_queued(&self, conversation: &str, seq: i64) -> StoreResult<Option<(String, i64)>> {
+        Ok(self
+            .conn
+            .prepare_cached(
+                "SELECT id, seq FROM deliveries
+                 WHERE host = :h AND conversation = :c AND state IN ('queued', 'held') AND state = 'queued'
+                   AND seq > :s
+                 ORDER BY seq LIMIT 1",
+            )?
+            .query_row(named_params! {":h": self.host, ":c": conversation, ":s": seq}, |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()?)
+    }
+
+    /// Whether an earlier message of `conversation` routed to this host is still owed its
+    /// fan-out (its delivery does not exist yet).
+    fn earlier_not_fanned_out(&self, conversation: &str, seq: i64) -> StoreResult<bool> {
+        if !self.obligations_pending {
+            return Ok(false);
+        }
+        // CROSS JOIN keeps the (tiny) pending set as the outer loop.
+        Ok(self
+            .conn
+            .prepare_cached(
+                "SELECT EXISTS (
+                    SELECT 1 FROM fanout_obligations o CROSS JOIN messages m ON m.id = o.message_id
+                    WHERE o.done_at IS NULL AND m.conversation = :c AND m.seq < :s
+                      AND EXISTS (SELECT 1 FROM message_recipients r WHERE r.message_id = o.message_id AND r.host = :h))",
+            )?
+            .query_row(named_params! {":c": conversation, ":s": seq, ":h": self.host}, |r| r.get(0))?)
+    }
+
+    /// Moves a queued delivery on without handing it out (held by a fence, failed by a fence
+    /// or by the re-authorization).
+    fn settle(&mut self, id: &str, to: DeliveryState, reason: &str) -> StoreResult<()> {
+        self.heads += 1;
+        let change =
+            Change { delivery_id: id, from: Queued, to, expect_holder: None, new_holder: None, reason: Some(reason) };
+        transition::apply(self.conn, change, &Actor::hub(), self.now_ms)
+    }
+
+    /// One turn of `conversation`: hand out its next delivery if the order rule, the fences
+    /// and the registry allow it.
+    fn turn(&mut self, conversation: &str) -> StoreResult<Turn> {
+        let fence = strongest(self.fences, conversation, self.host);
+        match fence.map(|f| f.kind) {
+            Some(FenceKind::Pause) => return Ok(Turn::Blocked),
+            Some(kind @ (FenceKind::Hold | FenceKind::Block)) => {
+                // Every queued delivery the fence covers is parked or failed, in seq order.
+                let described = fence.map(Fence::describe).unwrap_or_default();
+                let (to, reason) = match kind {
+                    FenceKind::Hold => (Held, format!("held by {described}")),
+                    _ => (Failed, format!("blocked by {described}")),
+                };
+                let mut after = i64::MIN;
+                while let Some((id, seq)) = self.next_queued(conversation, after)? {
+                    if self.heads >= CLAIM_HEADS_MAX {
+                        return Ok(Turn::Spent);
+                    }
+                    self.settle(&id, to, &reason)?;
+                    after = seq;
+                }
+                return Ok(if to == Held { Turn::Blocked } else { Turn::Empty });
+            }
+            None => {}
+        }
+        loop {
+            if self.heads >= CLAIM_HEADS_MAX {
+                return Ok(Turn::Spent);
+            }
+            let Some(head) = self.head(conversation)? else { return Ok(Turn::Empty) };
+            if head.state != Queued.as_str() || self.earlier_not_fanned_out(conversation, head.seq)? {
+                self.heads += 1;
+                return Ok(Turn::Blocked);
+            }
+            if !members::authorized(self.conn, conversation, self.host, head.seq)? {
+                self.settle(&head.id, Failed, NOT_A_MEMBER)?;
+                continue;
+            }
+            self.hand_out(conversation, head)?;
+            return Ok(Turn::Claimed);
+        }
+    }
+
+    /// queued → claimed for the claiming instance, and into the batch.
+    fn hand_out(&mut self, conversation: &str, head: Head) -> StoreResult<()> {
+        self.heads += 1;
+        let (payload, producer): (String, String) = self
+            .conn
+            .prepare_cached("SELECT payload, producer FROM messages WHERE id = ?1")?
+            .query_row([&head.message_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        let payload = serde_json::from_str(&payload).map_err(|e| {
+            StoreError::Storage(format!("message {} holds a payload that is not JSON: {e}", head.message_id))
+        })?;
+        let token = new_token();
+        let holder = Holder { instance_id: self.holder_instance, claim_token: &token };
+        let change = Change {
+            delivery_id: &head.id,
+            from: Queued,
+            to: Claimed,
+            expect_holder: None,
+            new_holder: Some(holder),
+            reason: None,
+        };
+        transition::apply(self.conn, change, &Actor::node(self.host), self.now_ms)?;
+        self.out.push(ClaimedDelivery {
+            delivery_id: head.id,
+            message_id: head.message_id,
+            conversation: conversation.to_string(),
+            seq: head.seq,
+            payload,
+            claim_token: token,
+            state: Claimed,
+            producer: Some(producer),
+        });
+        Ok(())
+    }
 }
+
+/// The reason a delivery fails with when its host is not a member for the message's `seq`.
+pub const NOT_A_MEMBER: &str = "not a member";
 
 /// What `instance_id` holds on `host`: claimed, mirrored, or delivered without an outcome.
 pub fn holdings(conn: &Connection, host: &str, instance_id: &str) -> StoreResult<Vec<ClaimedDelivery>> {
     let rows = conn
         .prepare_cached(
-            "SELECT d.id, d.message_id, d.conversation, d.seq, m.payload, d.claim_token, d.state
+            "SELECT d.id, d.message_id, d.conversation, d.seq, m.payload, d.claim_token, d.state, m.producer
              FROM deliveries d JOIN messages m ON m.id = d.message_id
              WHERE d.instance_id = :i AND d.host = :h
                AND (d.state IN ('claimed', 'mirrored')
@@ -353,6 +592,7 @@ pub fn holdings(conn: &Connection, host: &str, instance_id: &str) -> StoreResult
                 payload: serde_json::from_str(&payload).unwrap_or(serde_json::Value::Null),
                 claim_token: r.get(5)?,
                 state: DeliveryState::parse(&state).unwrap_or(Unknown),
+                producer: Some(r.get(7)?),
             })
         })?
         .collect::<Result<_, _>>()?;
@@ -497,9 +737,277 @@ pub fn reject(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::accept::testing::accept_one;
-    use crate::store::operator::{fence_lift, fence_set};
+    use crate::store::accept::fan_out;
+    use crate::store::accept::testing::{accept_one, accept_only};
+    use crate::store::operator::{Selector, fence_lift, fence_set, release};
     use crate::store::testing;
+
+    /// The (conversation, seq) of each claimed delivery, in batch order.
+    fn turns(got: &[ClaimedDelivery]) -> Vec<(&str, i64)> {
+        got.iter().map(|d| (d.conversation.as_str(), d.seq)).collect()
+    }
+
+    fn delivery_of(conn: &Connection, message_id: &str, host: &str) -> String {
+        conn.query_row("SELECT id FROM deliveries WHERE message_id = ?1 AND host = ?2", [message_id, host], |r| {
+            r.get(0)
+        })
+        .unwrap()
+    }
+
+    /// Accept and fan-out are separate writer jobs: a later message can be fanned out (and its
+    /// delivery be claimable) before an earlier one is. The claim waits for the earlier one.
+    #[test]
+    fn a_later_turn_waits_for_an_earlier_one_still_owed_its_fan_out() {
+        let db = testing::db();
+        let c = &db.conn;
+        let m1 = accept_only(c, "c", "k1", &["host-a", "host-b"]);
+        let m2 = accept_only(c, "c", "k2", &["host-a"]);
+        fan_out(c, &m2, 1).unwrap();
+        // An earlier message routed only elsewhere does not hold host-a back.
+        let other = accept_only(c, "d", "k3", &["host-b"]);
+        let later = accept_only(c, "d", "k4", &["host-a"]);
+        fan_out(c, &later, 1).unwrap();
+        assert_eq!(turns(&claim(c, "host-a", "i", 10, 2).unwrap()), [("d", 2)]);
+        assert!(claim(c, "host-a", "i", 10, 2).unwrap().is_empty(), "c #2 waits for c #1's fan-out");
+        fan_out(c, &m1, 3).unwrap();
+        fan_out(c, &other, 3).unwrap();
+        assert_eq!(turns(&claim(c, "host-a", "i", 10, 4).unwrap()), [("c", 1), ("c", 2)], "both, in seq order");
+        assert_eq!(turns(&claim(c, "host-b", "j", 10, 4).unwrap()), [("c", 1), ("d", 1)]);
+    }
+
+    /// Deliveries created out of seq order (fan-out of #3 before #2) are handed out by seq.
+    #[test]
+    fn turns_are_handed_out_by_seq_not_by_creation() {
+        let db = testing::db();
+        let c = &db.conn;
+        let ids: Vec<String> = (1..=3).map(|i| accept_only(c, "c", &format!("k{i}"), &["host-a"])).collect();
+        for i in [0, 2, 1] {
+            fan_out(c, &ids[i], 1).unwrap();
+        }
+        assert_eq!(turns(&claim(c, "host-a", "i", 2, 2).unwrap()), [("c", 1), ("c", 2)]);
+        assert_eq!(turns(&claim(c, "host-a", "i", 2, 2).unwrap()), [("c", 3)]);
+    }
+
+    /// A hold parks a conversation's queued turns; while an earlier one is held, a later one
+    /// (accepted after the hold was lifted) is not handed out; after the release both go, in order.
+    #[test]
+    fn a_held_earlier_turn_keeps_later_ones_back() {
+        let db = testing::db();
+        let c = &db.conn;
+        let hold = fence_set(c, FenceKind::Hold, FenceScope::Conversation, Some("c"), "op", "look", 1).unwrap();
+        let m1 = accept_one(c, "c", "k1", &["host-a"]);
+        accept_one(c, "x", "k0", &["host-a"]);
+        assert_eq!(turns(&claim(c, "host-a", "i", 10, 2).unwrap()), [("x", 1)]);
+        assert_eq!(state_of_msg(c, &m1).0, "held");
+        fence_lift(c, hold, "op", "done", 3).unwrap();
+        accept_one(c, "c", "k2", &["host-a"]);
+        assert!(claim(c, "host-a", "i", 10, 4).unwrap().is_empty(), "c #2 waits behind the held c #1");
+        release(c, Selector::Conversation("c"), "op", "ok", 5).unwrap();
+        assert_eq!(turns(&claim(c, "host-a", "i", 10, 6).unwrap()), [("c", 1), ("c", 2)]);
+    }
+
+    /// A pause of the conversation keeps every turn back, and the lift lets them go in order.
+    #[test]
+    fn a_paused_conversation_hands_out_nothing_until_the_lift() {
+        let db = testing::db();
+        let c = &db.conn;
+        let pause = fence_set(c, FenceKind::Pause, FenceScope::Conversation, Some("c"), "op", "r", 1).unwrap();
+        for i in 1..=3 {
+            accept_one(c, "c", &format!("k{i}"), &["host-a"]);
+        }
+        assert!(claim(c, "host-a", "i", 10, 2).unwrap().is_empty());
+        fence_lift(c, pause, "op", "r", 3).unwrap();
+        assert_eq!(turns(&claim(c, "host-a", "i", 10, 4).unwrap()), [("c", 1), ("c", 2), ("c", 3)]);
+    }
+
+    /// Releasing a later held turn does not let it pass an earlier one that is still held.
+    #[test]
+    fn releasing_a_later_held_turn_does_not_jump_an_earlier_held_one() {
+        let db = testing::db();
+        let c = &db.conn;
+        let hold = fence_set(c, FenceKind::Hold, FenceScope::Conversation, Some("c"), "op", "r", 1).unwrap();
+        let ms: Vec<String> = (1..=3).map(|i| accept_one(c, "c", &format!("k{i}"), &["host-a"])).collect();
+        assert!(claim(c, "host-a", "i", 10, 2).unwrap().is_empty());
+        for m in &ms {
+            assert_eq!(state_of_msg(c, m).0, "held", "the hold parks every queued turn");
+        }
+        fence_lift(c, hold, "op", "r", 3).unwrap();
+        let d2 = delivery_of(c, &ms[1], "host-a");
+        release(c, Selector::Delivery(&d2), "op", "r", 4).unwrap();
+        assert!(claim(c, "host-a", "i", 10, 5).unwrap().is_empty(), "c #2 must not pass the held c #1");
+        let d1 = delivery_of(c, &ms[0], "host-a");
+        release(c, Selector::Delivery(&d1), "op", "r", 6).unwrap();
+        assert_eq!(turns(&claim(c, "host-a", "i", 10, 7).unwrap()), [("c", 1), ("c", 2)], "c #3 is still held");
+    }
+
+    /// 5,000 queued turns in A and 20 in B on one host: B's turns all go out while A still has
+    /// almost all of its backlog, and each conversation's turns go out in seq order.
+    #[test]
+    fn a_deep_conversation_does_not_starve_a_light_one() {
+        let db = testing::db();
+        let c = &db.conn;
+        c.execute_batch("BEGIN").unwrap();
+        for i in 0..5_000 {
+            accept_one(c, "deep", &format!("a{i}"), &["host-a"]);
+        }
+        for i in 0..20 {
+            accept_one(c, "light", &format!("b{i}"), &["host-a"]);
+        }
+        c.execute_batch("COMMIT").unwrap();
+        let mut seen: Vec<(String, i64)> = Vec::new();
+        while seen.iter().filter(|(conv, _)| conv == "light").count() < 20 {
+            let got = claim(c, "host-a", "i", 16, 2).unwrap();
+            assert!(!got.is_empty());
+            seen.extend(got.iter().map(|d| (d.conversation.clone(), d.seq)));
+        }
+        let deep = seen.iter().filter(|(conv, _)| conv == "deep").count();
+        assert!(deep <= 32, "light finished after {deep} deep turns were handed out");
+        for conv in ["deep", "light"] {
+            let seqs: Vec<i64> = seen.iter().filter(|(c, _)| c == conv).map(|(_, s)| *s).collect();
+            assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{conv} in order: {seqs:?}");
+        }
+    }
+
+    /// Claims of one take turns: the least recently served conversation goes first.
+    #[test]
+    fn single_claims_alternate_between_conversations() {
+        let db = testing::db();
+        let c = &db.conn;
+        for i in 0..3 {
+            accept_one(c, "a", &format!("a{i}"), &["host-a"]);
+        }
+        for i in 0..2 {
+            accept_one(c, "b", &format!("b{i}"), &["host-a"]);
+        }
+        let mut order = Vec::new();
+        for _ in 0..6 {
+            order.extend(claim(c, "host-a", "i", 1, 2).unwrap().into_iter().map(|d| (d.conversation, d.seq)));
+        }
+        let order: Vec<(&str, i64)> = order.iter().map(|(c, s)| (c.as_str(), *s)).collect();
+        assert_eq!(order, [("a", 1), ("b", 1), ("a", 2), ("b", 2), ("a", 3)]);
+    }
+
+    /// A conversation that gains work after being idle is served before those that kept busy.
+    #[test]
+    fn a_conversation_back_from_idle_goes_first() {
+        let db = testing::db();
+        let c = &db.conn;
+        accept_one(c, "b", "b0", &["host-a"]);
+        for i in 0..4 {
+            accept_one(c, "a", &format!("a{i}"), &["host-a"]);
+        }
+        assert_eq!(turns(&claim(c, "host-a", "i", 3, 2).unwrap()), [("a", 1), ("b", 1), ("a", 2)]);
+        accept_one(c, "b", "b1", &["host-a"]);
+        assert_eq!(turns(&claim(c, "host-a", "i", 1, 3).unwrap()), [("b", 2)]);
+    }
+
+    /// The claim carries the producer that wrote the turn.
+    #[test]
+    fn a_claim_names_the_producer() {
+        let db = testing::db();
+        accept_one(&db.conn, "c", "k", &["host-a"]);
+        let got = claim(&db.conn, "host-a", "i", 10, 2).unwrap();
+        assert_eq!(got[0].producer.as_deref(), Some("prod"));
+        assert_eq!(holdings(&db.conn, "host-a", "i").unwrap()[0].producer.as_deref(), Some("prod"));
+    }
+
+    /// Re-authorization at release: a delivery whose host holds no membership interval for its
+    /// seq is failed with `not a member`, never handed out. The registry and routing cannot
+    /// disagree through the store's own functions (routing is decided from the registry in the
+    /// accept's transaction), so this fixture writes a registry that does, as a faulty or older
+    /// writer could have.
+    #[test]
+    fn a_host_not_a_member_at_the_seq_gets_not_a_member() {
+        let db = testing::db();
+        let c = &db.conn;
+        let m1 = accept_one(c, "c", "k1", &["host-a"]);
+        let m2 = accept_one(c, "c", "k2", &["host-a"]);
+        c.execute(
+            "INSERT INTO memberships (conversation, host, join_seq, joined_at, joined_by, join_reason)
+             VALUES ('c', 'host-b', 0, 1, 'op', 'fixture'), ('c', 'host-a', 1, 1, 'op', 'fixture')",
+            [],
+        )
+        .unwrap();
+        assert_eq!(turns(&claim(c, "host-a", "i", 10, 2).unwrap()), [("c", 2)], "seq 2 is in host-a's interval");
+        assert_eq!(state_of_msg(c, &m1), ("failed".to_string(), Some(NOT_A_MEMBER.to_string())));
+        assert_eq!(state_of_msg(c, &m2).0, "claimed");
+        let last: (String, String) = c
+            .query_row(
+                "SELECT actor_kind, to_state FROM delivery_events WHERE delivery_id = ?1 ORDER BY id DESC LIMIT 1",
+                [delivery_of(c, &m1, "host-a")],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        assert_eq!(last, ("hub".to_string(), "failed".to_string()));
+    }
+
+    /// A store written before the queue bookkeeping existed gets it filled by the migration,
+    /// and its backlog is claimed in seq order.
+    #[test]
+    fn an_older_store_gets_its_queue_counts_on_upgrade() {
+        use baton_shared::sqlite::{OpenOptions, Synchronous};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hub.db");
+        {
+            let opts = OpenOptions { synchronous: Synchronous::Normal, ..Default::default() };
+            let old = baton_shared::sqlite::open(&path, &crate::store::MIGRATIONS[..1], opts).unwrap();
+            old.execute_batch(
+                "INSERT INTO hosts (name, enrolled_at) VALUES ('host-a', 1);
+                 INSERT INTO host_backlog (host, waiting) VALUES ('host-a', 2);
+                 INSERT INTO conversations (name, last_seq) VALUES ('c', 3);
+                 INSERT INTO messages (id, conversation, seq, producer, idempotency_key, content_hash, payload, accepted_at)
+                 VALUES ('m1', 'c', 1, 'p', 'k1', 'h', '{}', 1), ('m2', 'c', 2, 'p', 'k2', 'h', '{}', 1),
+                        ('m3', 'c', 3, 'p', 'k3', 'h', '{}', 1);
+                 INSERT INTO message_recipients (message_id, host) VALUES ('m1', 'host-a'), ('m2', 'host-a'), ('m3', 'host-a');
+                 INSERT INTO fanout_obligations (message_id, created_at, done_at) VALUES ('m1', 1, 1), ('m2', 1, 1), ('m3', 1, 1);
+                 INSERT INTO deliveries (id, message_id, host, conversation, seq, state, created_at, updated_at)
+                 VALUES ('d3', 'm3', 'host-a', 'c', 3, 'queued', 1, 1), ('d2', 'm2', 'host-a', 'c', 2, 'queued', 1, 1),
+                        ('d1', 'm1', 'host-a', 'c', 1, 'failed', 1, 1);",
+            )
+            .unwrap();
+        }
+        let c = crate::store::open_write(&path, Synchronous::Normal).unwrap();
+        let queued: i64 = c
+            .query_row("SELECT queued FROM conversation_queues WHERE host = 'host-a' AND conversation = 'c'", [], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        assert_eq!(queued, 2);
+        assert_eq!(turns(&claim(&c, "host-a", "i", 10, 2).unwrap()), [("c", 2), ("c", 3)]);
+    }
+
+    /// The per-(host, conversation) queue counts stay equal to the queued deliveries through
+    /// every kind of change.
+    #[test]
+    fn queue_counts_follow_every_transition() {
+        let db = testing::db();
+        let c = &db.conn;
+        let hold = fence_set(c, FenceKind::Hold, FenceScope::Conversation, Some("h"), "op", "r", 1).unwrap();
+        for i in 0..4 {
+            accept_one(c, "h", &format!("h{i}"), &["host-a", "host-b"]);
+            accept_one(c, "q", &format!("q{i}"), &["host-a"]);
+        }
+        claim(c, "host-a", "i", 3, 2).unwrap();
+        fence_lift(c, hold, "op", "r", 3).unwrap();
+        release(c, Selector::Conversation("h"), "op", "r", 4).unwrap();
+        crate::store::operator::retire(c, "host-b", "op", "r", 5).unwrap();
+        let mismatched: i64 = c
+            .query_row(
+                "SELECT count(*) FROM (
+                    SELECT host, conversation, count(*) AS n FROM deliveries WHERE state = 'queued' GROUP BY host, conversation
+                 ) d FULL JOIN (SELECT host, conversation, queued AS n FROM conversation_queues WHERE queued > 0) q
+                   USING (host, conversation)
+                 WHERE d.n IS NOT q.n",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(mismatched, 0);
+        let total: i64 = c.query_row("SELECT sum(queued) FROM conversation_queues", [], |r| r.get(0)).unwrap();
+        // host-a: the 4 of h parked and released, 1 of q left after 3 claims (the hold kept h
+        // out of the claim); host-b's 4 of h failed at retire.
+        assert_eq!(total, 5);
+    }
 
     #[test]
     fn a_revoked_certificate_is_handed_nothing() {

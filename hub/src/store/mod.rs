@@ -11,7 +11,10 @@
 //!   reader pool.
 //! - `transition`: the SPEC §2 transition table and the one guarded update every transition uses.
 //! - `accept`: acceptance, fan-out and startup repair.
-//! - `claim`: claims with fences, holdings, and the holder's mirrored/ack/reject.
+//! - `claim`: claims with fences, order and fairness, holdings, and the holder's
+//!   mirrored/ack/reject.
+//! - `members`: the membership registry (join/leave intervals per conversation and host).
+//! - `producers`: producers' publish scopes.
 //! - `report`: attempt reports.
 //! - `operator`: fences, releases, cancel, retire, requeue, certificates and hosts.
 //! - `read`: views for producers, operators and status.
@@ -19,7 +22,9 @@
 
 pub mod accept;
 pub mod claim;
+pub mod members;
 pub mod operator;
+pub mod producers;
 pub mod read;
 pub mod report;
 pub mod retention;
@@ -34,7 +39,10 @@ use rusqlite::Connection;
 use std::path::Path;
 
 /// The hub schema's migrations, in order. Append-only.
-pub const MIGRATIONS: &[&str] = &[include_str!("../../../schema/hub/0001-create-hub-store.sql")];
+pub const MIGRATIONS: &[&str] = &[
+    include_str!("../../../schema/hub/0001-create-hub-store.sql"),
+    include_str!("../../../schema/hub/0002-conversations.sql"),
+];
 
 /// Who made a change, as recorded in the event log.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -88,6 +96,9 @@ pub enum StoreError {
     /// A field has a bad value; the text names the field.
     #[error("{0}")]
     Invalid(String),
+    /// A message has no recipients: no `to`, and its conversation has no members.
+    #[error("{0}")]
+    NoRecipients(String),
     /// No such thing.
     #[error("{0}")]
     NotFound(String),
@@ -115,6 +126,9 @@ pub enum StoreError {
     /// The caller's certificate was revoked (found when re-checked inside a transaction).
     #[error("{0}")]
     CertificateRevoked(String),
+    /// The caller may not do this here (a producer posting outside its publish scope).
+    #[error("{0}")]
+    Forbidden(String),
     /// SQLite failed (disk full, I/O error, busy past the timeout). Details are logged.
     #[error("storage error: {0}")]
     Storage(String),
@@ -125,6 +139,7 @@ impl StoreError {
     pub fn code(&self) -> ErrorCode {
         match self {
             StoreError::Invalid(_) => ErrorCode::InvalidField,
+            StoreError::NoRecipients(_) => ErrorCode::NoRecipients,
             StoreError::NotFound(_) => ErrorCode::NotFound,
             StoreError::NotYours(_) => ErrorCode::NotYours,
             StoreError::StaleClaim(_) => ErrorCode::StaleClaim,
@@ -134,6 +149,7 @@ impl StoreError {
             StoreError::InstanceConflict(_) => ErrorCode::InstanceConflict,
             StoreError::OverCapacity(_) => ErrorCode::OverCapacity,
             StoreError::CertificateRevoked(_) => ErrorCode::CertificateRevoked,
+            StoreError::Forbidden(_) => ErrorCode::Forbidden,
             StoreError::Storage(_) => ErrorCode::StorageUnavailable,
         }
     }
