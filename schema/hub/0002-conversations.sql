@@ -36,9 +36,10 @@ CREATE TABLE producer_scopes (
     PRIMARY KEY (producer, pattern)
 ) STRICT;
 
--- The waiting deliveries of one (host, conversation) in seq order: the claim finds a
--- conversation's next turn, and whether an earlier one is still queued or held, with one lookup.
-CREATE INDEX deliveries_waiting ON deliveries (host, conversation, seq) WHERE state IN ('queued', 'held');
+-- The queued and the held deliveries of one (host, conversation) in seq order: the claim finds a
+-- conversation's next turn, and whether an earlier one is held, with one lookup in each.
+CREATE INDEX deliveries_queued_turns ON deliveries (host, conversation, seq) WHERE state = 'queued';
+CREATE INDEX deliveries_held_turns ON deliveries (host, conversation, seq) WHERE state = 'held';
 
 -- Per (host, conversation): how many deliveries are queued, and when the claim last turned to it
 -- (`served`, a per-host tick; 0 when it (re)gained work after being idle). The claim takes turns

@@ -1,12 +1,17 @@
-//! Conversation order under concurrent producers (SPEC §2 "Order"): many producer connections
-//! submit at once into two shared conversations for two hosts, real nodes run every turn, and
-//! each host must have run each conversation's turns in strictly increasing `seq`.
+//! Conversations end to end.
 //!
-//! The harness command logs `BATON_DELIVERY_ID BATON_CONVERSATION BATON_SEQ HOST` as the first
-//! thing it does, so the execution log is the order in which turns started on each host.
+//! - Order under concurrent producers (SPEC §2 "Order"): many producer connections submit at
+//!   once into two shared conversations for two hosts, real nodes run every turn, and each host
+//!   must have run each conversation's turns in strictly increasing `seq`. The harness command
+//!   logs `BATON_DELIVERY_ID BATON_CONVERSATION BATON_SEQ HOST` as the first thing it does, so
+//!   the execution log is the order in which turns started on each host.
+//! - The producer's side of membership and publish scope (SPEC §3, §6): posts without `to`,
+//!   `to` checked against the members, `GET /v1/conversations/{name}`, `forbidden` outside the
+//!   scope, and the producer's name in claims.
 
-use crate::harness::Api;
+use crate::harness::{Api, Hub};
 use crate::node_harness::{TestHub, wait_for};
+use serde_json::json;
 use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::time::Duration;
@@ -91,4 +96,96 @@ fn concurrent_producers_into_shared_conversations_run_in_seq_order_per_host() {
         out_of_order.join("\n")
     );
     hub.verify_ok();
+}
+
+/// Writes the record the way the operator's membership and scope commands do, while the hub runs.
+/// (The store functions behind those commands are unit-tested in the hub; this only needs the
+/// record to say something.)
+fn write_record(hub: &Hub, sql: &str) {
+    let conn = rusqlite::Connection::open(hub.data_dir().join("hub.db")).expect("open hub.db");
+    conn.busy_timeout(Duration::from_secs(10)).expect("busy_timeout");
+    conn.execute_batch(sql).expect("write the record");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn membership_and_publish_scope_through_the_api() {
+    let hub = Hub::start();
+    let prod = hub.client("prod");
+
+    // An open conversation: a post must name its recipients; the view says it is open.
+    let m = prod.submit("open-c", "k0", json!({}), &[]).await.err(400, "no_recipients");
+    assert!(m.contains("open-c") && m.contains("to"), "{m}");
+    prod.submit_new("open-c", "k1", &["host-a"]).await;
+    let v = prod.get("/v1/conversations/open-c").await;
+    assert_eq!(v.ok(200), &json!({"conversation": "open-c", "last_seq": 1, "open": true, "members": []}));
+    prod.get("/v1/conversations/nowhere").await.err(404, "not_found");
+    prod.get("/v1/conversations/Bad").await.err(400, "invalid_field");
+    hub.client("host-a").get("/v1/conversations/open-c").await.err(403, "wrong_role");
+
+    // Members host-a and host-b from the start: a post without `to` goes to both.
+    write_record(
+        &hub,
+        "INSERT INTO conversations (name, last_seq) VALUES ('team', 0);
+         INSERT INTO memberships (conversation, host, join_seq, joined_at, joined_by, join_reason)
+         VALUES ('team', 'host-a', 0, 1, 'e2e', 'test'), ('team', 'host-b', 0, 1, 'e2e', 'test');",
+    );
+    let first = Submitted(prod.submit("team", "t1", json!({"n": 1}), &[]).await.ok(201).clone());
+    assert_eq!(first.hosts(), ["host-a", "host-b"]);
+    // host-b leaves after seq 1: a later post without `to` is host-a's alone, and `to` may not
+    // name host-b any more.
+    write_record(
+        &hub,
+        "UPDATE memberships SET leave_seq = 1, left_at = 2, left_by = 'e2e', leave_reason = 'test'
+         WHERE conversation = 'team' AND host = 'host-b';",
+    );
+    let second = Submitted(prod.submit("team", "t2", json!({"n": 2}), &[]).await.ok(201).clone());
+    assert_eq!(second.hosts(), ["host-a"]);
+    let m = prod.submit("team", "t3", json!({}), &["host-b"]).await.err(400, "invalid_field");
+    assert!(m.contains("to[0]") && m.contains("host-b") && m.contains("not a member"), "{m}");
+    let view = prod.get("/v1/conversations/team").await;
+    let view = view.ok(200);
+    assert_eq!((view["last_seq"].as_i64(), view["open"].as_bool()), (Some(2), Some(false)));
+    let b = &view["members"][1];
+    assert_eq!((b["host"].as_str(), b["current"].as_bool()), (Some("host-b"), Some(false)));
+    assert_eq!((b["intervals"][0]["join_seq"].as_i64(), b["intervals"][0]["leave_seq"].as_i64()), (Some(0), Some(1)));
+
+    // host-b still gets the post from before its leave, and the claim names the producer.
+    let got = hub.node("host-b", "inst-b").claim(10, 0).await;
+    assert_eq!(got.len(), 1);
+    assert_eq!((got[0].conversation.as_str(), got[0].seq), ("team", 1));
+    let raw = hub.node("host-a", "inst-a").claim_raw(10, 0).await;
+    let producers: Vec<&str> = raw.ok(200)["deliveries"]
+        .as_array()
+        .expect("deliveries")
+        .iter()
+        .filter_map(|d| d["producer"].as_str())
+        .collect();
+    assert_eq!(producers, ["prod", "prod", "prod"], "open-c #1, team #1, team #2, all by prod");
+
+    // A scoped producer: only `team` and `ops-*`; elsewhere 403 forbidden naming the conversation.
+    write_record(
+        &hub,
+        "INSERT INTO producer_scopes (producer, pattern, set_by, set_at)
+         VALUES ('prod-two', 'team', 'e2e', 1), ('prod-two', 'ops-*', 'e2e', 1);",
+    );
+    let two = hub.client("prod-two");
+    let m = two.submit("open-c", "x1", json!({}), &["host-a"]).await.err(403, "forbidden");
+    assert!(m.contains("\"open-c\""), "{m}");
+    two.get("/v1/conversations/open-c").await.err(403, "forbidden");
+    two.get("/v1/conversations/nowhere").await.err(403, "forbidden");
+    two.submit_new("ops-night", "x2", &["host-b"]).await;
+    assert_eq!(Submitted(two.submit("team", "x3", json!({}), &[]).await.ok(201).clone()).hosts(), ["host-a"]);
+    hub.verify_ok();
+}
+
+/// A submit answer, read for its recipient hosts.
+struct Submitted(serde_json::Value);
+
+impl Submitted {
+    fn hosts(&self) -> Vec<&str> {
+        let mut h: Vec<&str> =
+            self.0["deliveries"].as_array().expect("deliveries").iter().filter_map(|d| d["host"].as_str()).collect();
+        h.sort_unstable();
+        h
+    }
 }

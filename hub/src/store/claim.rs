@@ -305,12 +305,11 @@ enum Turn {
     Spent,
 }
 
-/// The first waiting (queued or held) delivery of a (host, conversation), lowest `seq`.
+/// A queued delivery of a (host, conversation): the next turn, or one a fence covers.
 struct Head {
     id: String,
     message_id: String,
     seq: i64,
-    state: String,
 }
 
 /// One claim's walk over the host's conversation queues.
@@ -340,9 +339,15 @@ impl<'a> Scan<'a> {
         max: usize,
         now_ms: i64,
     ) -> StoreResult<Scan<'a>> {
+        // The newest tick among the queues with work (read backwards along the index).
         let tick: i64 = conn
-            .prepare_cached("SELECT coalesce(max(served), 0) FROM conversation_queues WHERE host = ?1 AND queued > 0")?
-            .query_row([host], |r| r.get(0))?;
+            .prepare_cached(
+                "SELECT served FROM conversation_queues WHERE host = ?1 AND queued > 0
+                 ORDER BY served DESC, conversation DESC LIMIT 1",
+            )?
+            .query_row([host], |r| r.get(0))
+            .optional()?
+            .unwrap_or(0);
         let obligations_pending: bool = conn
             .prepare_cached("SELECT EXISTS (SELECT 1 FROM fanout_obligations WHERE done_at IS NULL)")?
             .query_row([], |r| r.get(0))?;
@@ -359,6 +364,11 @@ impl<'a> Scan<'a> {
             tick,
             turned: Vec::new(),
         })
+    }
+
+    /// Queues to read per step: a few more than the batch still needs (some may be blocked).
+    fn chunk(&self) -> i64 {
+        ((self.max - self.out.len()) as i64 + 8).min(CLAIM_TURNS_CHUNK)
     }
 
     fn done(&self) -> bool {
@@ -378,10 +388,9 @@ impl<'a> Scan<'a> {
                      WHERE host = :h AND queued > 0 AND (served, conversation) > (:s, :c)
                      ORDER BY served, conversation LIMIT :n",
                 )?
-                .query_map(
-                    named_params! {":h": self.host, ":s": after.0, ":c": after.1, ":n": CLAIM_TURNS_CHUNK},
-                    |r| Ok((r.get(0)?, r.get(1)?)),
-                )?
+                .query_map(named_params! {":h": self.host, ":s": after.0, ":c": after.1, ":n": self.chunk()}, |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })?
                 .collect::<Result<_, _>>()?;
             if queues.is_empty() {
                 break;
@@ -433,33 +442,30 @@ impl<'a> Scan<'a> {
         Ok(self.out)
     }
 
-    /// The lowest-`seq` waiting delivery of `conversation` on this host.
-    fn head(&self, conversation: &str) -> StoreResult<Option<Head>> {
+    /// The lowest-`seq` queued delivery of `conversation` on this host after `seq`.
+    fn next_queued(&self, conversation: &str, seq: i64) -> StoreResult<Option<Head>> {
         Ok(self
             .conn
             .prepare_cached(
-                "SELECT id, message_id, seq, state FROM deliveries
-                 WHERE host = :h AND conversation = :c AND state IN ('queued', 'held')
+                "SELECT id, message_id, seq FROM deliveries
+                 WHERE host = :h AND conversation = :c AND state = 'queued' AND seq > :s
                  ORDER BY seq LIMIT 1",
             )?
-            .query_row(named_params! {":h": self.host, ":c": conversation}, |r| {
-                Ok(Head { id: r.get(0)?, message_id: r.get(1)?, seq: r.get(2)?, state: r.get(3)? })
+            .query_row(named_params! {":h": self.host, ":c": conversation, ":s": seq}, |r| {
+                Ok(Head { id: r.get(0)?, message_id: r.get(1)?, seq: r.get(2)? })
             })
             .optional()?)
     }
 
-    /// The lowest-`seq` queued delivery of `conversation` on this host after `seq`.
-    fn next_queued(&self, conversation: &str, seq: i64) -> StoreResult<Option<(String, i64)>> {
+    /// Whether `conversation` has a held delivery on this host before `seq`.
+    fn held_before(&self, conversation: &str, seq: i64) -> StoreResult<bool> {
         Ok(self
             .conn
             .prepare_cached(
-                "SELECT id, seq FROM deliveries
-                 WHERE host = :h AND conversation = :c AND state IN ('queued', 'held') AND state = 'queued'
-                   AND seq > :s
-                 ORDER BY seq LIMIT 1",
+                "SELECT EXISTS (SELECT 1 FROM deliveries
+                                WHERE host = :h AND conversation = :c AND state = 'held' AND seq < :s)",
             )?
-            .query_row(named_params! {":h": self.host, ":c": conversation, ":s": seq}, |r| Ok((r.get(0)?, r.get(1)?)))
-            .optional()?)
+            .query_row(named_params! {":h": self.host, ":c": conversation, ":s": seq}, |r| r.get(0))?)
     }
 
     /// Whether an earlier message of `conversation` routed to this host is still owed its
@@ -503,12 +509,12 @@ impl<'a> Scan<'a> {
                     _ => (Failed, format!("blocked by {described}")),
                 };
                 let mut after = i64::MIN;
-                while let Some((id, seq)) = self.next_queued(conversation, after)? {
+                while let Some(head) = self.next_queued(conversation, after)? {
                     if self.heads >= CLAIM_HEADS_MAX {
                         return Ok(Turn::Spent);
                     }
-                    self.settle(&id, to, &reason)?;
-                    after = seq;
+                    self.settle(&head.id, to, &reason)?;
+                    after = head.seq;
                 }
                 return Ok(if to == Held { Turn::Blocked } else { Turn::Empty });
             }
@@ -518,8 +524,9 @@ impl<'a> Scan<'a> {
             if self.heads >= CLAIM_HEADS_MAX {
                 return Ok(Turn::Spent);
             }
-            let Some(head) = self.head(conversation)? else { return Ok(Turn::Empty) };
-            if head.state != Queued.as_str() || self.earlier_not_fanned_out(conversation, head.seq)? {
+            // Queued turns before this one were handed out or failed already in this loop.
+            let Some(head) = self.next_queued(conversation, i64::MIN)? else { return Ok(Turn::Empty) };
+            if self.held_before(conversation, head.seq)? || self.earlier_not_fanned_out(conversation, head.seq)? {
                 self.heads += 1;
                 return Ok(Turn::Blocked);
             }

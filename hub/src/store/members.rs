@@ -219,6 +219,22 @@ pub fn remove(
     Ok(out)
 }
 
+/// Ends every open membership of `host`, each at its conversation's `last_seq`: what `retire`
+/// does to the registry, so a retired host is no member anywhere. Returns the conversations it
+/// left, by name. Call inside a write transaction.
+pub fn leave_all(conn: &Connection, host: &str, operator: &str, reason: &str, now_ms: i64) -> StoreResult<Vec<String>> {
+    let conversations: Vec<String> = conn
+        .prepare_cached(
+            "SELECT conversation FROM memberships WHERE host = ?1 AND leave_seq IS NULL ORDER BY conversation",
+        )?
+        .query_map([host], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    for c in &conversations {
+        remove(conn, c, &[host.to_string()], operator, reason, now_ms)?;
+    }
+    Ok(conversations)
+}
+
 /// The current members (open intervals) of a conversation, by name.
 pub fn current_members(conn: &Connection, conversation: &str) -> StoreResult<Vec<String>> {
     Ok(conn
@@ -459,6 +475,21 @@ mod tests {
         // Nothing refused left a trace: seqs 1..=3 only.
         let last: i64 = c.query_row("SELECT last_seq FROM conversations WHERE name = 'c'", [], |r| r.get(0)).unwrap();
         assert_eq!(last, 3);
+    }
+
+    #[test]
+    fn leave_all_closes_every_open_interval_of_a_host() {
+        let db = testing::db();
+        let c = &db.conn;
+        add(c, "c1", &hosts(&["host-a", "host-b"]), "op", "r", 1).unwrap();
+        add(c, "c2", &hosts(&["host-a"]), "op", "r", 1).unwrap();
+        accept_one(c, "c2", "k", &[]);
+        assert_eq!(leave_all(c, "host-a", "op", "retired", 2).unwrap(), ["c1", "c2"]);
+        assert_eq!(current_members(c, "c1").unwrap(), ["host-b"]);
+        let r = registry(c, "c2").unwrap();
+        assert_eq!(r.members[0].intervals[0].leave_seq, Some(1));
+        assert!(!r.members[0].current);
+        assert!(leave_all(c, "host-a", "op", "again", 3).unwrap().is_empty());
     }
 
     /// A post and a membership change made in either order land on the same side of the cursor:
