@@ -41,36 +41,43 @@ CREATE TABLE producer_scopes (
 CREATE INDEX deliveries_queued_turns ON deliveries (host, conversation, seq) WHERE state = 'queued';
 CREATE INDEX deliveries_held_turns ON deliveries (host, conversation, seq) WHERE state = 'held';
 
--- Per (host, conversation): how many deliveries are queued, and when the claim last turned to it
--- (`served`, a per-host tick; 0 when it (re)gained work after being idle). The claim takes turns
--- round-robin, least recently served first, over the rows with queued work. Kept in step with
--- `deliveries.state` by the triggers below, so every path that changes a state (the guarded
--- transition, creation at fan-out, retention) keeps it true.
+-- Per (host, conversation): how many deliveries are queued, when the claim last turned to it
+-- (`served`, a per-host tick; 0 when it (re)gained work after being idle), and since when it has
+-- had queued work (`since`, the queue position `deliveries.n` of the delivery that brought it).
+-- The claim takes turns round-robin over the rows with queued work, least recently served first
+-- and, among those never served since they gained work, the one waiting longest first. Kept in
+-- step with `deliveries.state` by the triggers below, so every path that changes a state (the
+-- guarded transition, creation at fan-out, retention) keeps it true.
 CREATE TABLE conversation_queues (
     host          TEXT NOT NULL,
     conversation  TEXT NOT NULL,
     queued        INTEGER NOT NULL CHECK (queued >= 0),
     served        INTEGER NOT NULL DEFAULT 0,
+    since         INTEGER NOT NULL,
     PRIMARY KEY (host, conversation)
 ) STRICT;
-CREATE INDEX conversation_queues_turns ON conversation_queues (host, served, conversation) WHERE queued > 0;
+CREATE INDEX conversation_queues_turns ON conversation_queues (host, served, since, conversation) WHERE queued > 0;
 
-INSERT INTO conversation_queues (host, conversation, queued)
-    SELECT host, conversation, count(*) FROM deliveries WHERE state = 'queued' GROUP BY host, conversation;
+INSERT INTO conversation_queues (host, conversation, queued, since)
+    SELECT host, conversation, count(*), min(n) FROM deliveries WHERE state = 'queued' GROUP BY host, conversation;
 
 CREATE TRIGGER deliveries_queue_created AFTER INSERT ON deliveries WHEN NEW.state = 'queued'
 BEGIN
-    INSERT INTO conversation_queues (host, conversation, queued) VALUES (NEW.host, NEW.conversation, 1)
+    INSERT INTO conversation_queues (host, conversation, queued, since) VALUES (NEW.host, NEW.conversation, 1, NEW.n)
         ON CONFLICT (host, conversation) DO UPDATE
-        SET served = CASE WHEN queued = 0 THEN 0 ELSE served END, queued = queued + 1;
+        SET served = CASE WHEN queued = 0 THEN 0 ELSE served END,
+            since = CASE WHEN queued = 0 THEN excluded.since ELSE since END,
+            queued = queued + 1;
 END;
 
 CREATE TRIGGER deliveries_queue_entered AFTER UPDATE OF state ON deliveries
     WHEN NEW.state = 'queued' AND OLD.state <> 'queued'
 BEGIN
-    INSERT INTO conversation_queues (host, conversation, queued) VALUES (NEW.host, NEW.conversation, 1)
+    INSERT INTO conversation_queues (host, conversation, queued, since) VALUES (NEW.host, NEW.conversation, 1, NEW.n)
         ON CONFLICT (host, conversation) DO UPDATE
-        SET served = CASE WHEN queued = 0 THEN 0 ELSE served END, queued = queued + 1;
+        SET served = CASE WHEN queued = 0 THEN 0 ELSE served END,
+            since = CASE WHEN queued = 0 THEN excluded.since ELSE since END,
+            queued = queued + 1;
 END;
 
 CREATE TRIGGER deliveries_queue_left AFTER UPDATE OF state ON deliveries

@@ -12,8 +12,9 @@
 //!
 //! Invariant (fairness): the conversations with queued work for a host take turns within a
 //! claim, one delivery per turn, least recently served first (`conversation_queues.served`,
-//! a per-host tick), and a claim looks at no more than `CLAIM_HEADS_MAX` queue heads; each
-//! look is one indexed lookup, so a claim's cost does not grow with the backlog.
+//! a per-host tick; among those not served since they gained work, the one waiting longest),
+//! and a claim looks at no more than `CLAIM_HEADS_MAX` queue heads; each look is one indexed
+//! lookup, so a claim's cost does not grow with the backlog.
 //!
 //! Invariant: a host has at most one bound node instance. A claim from another instance is
 //! refused (`InstanceConflict`) while the bound one still holds anything; once it holds
@@ -343,7 +344,7 @@ impl<'a> Scan<'a> {
         let tick: i64 = conn
             .prepare_cached(
                 "SELECT served FROM conversation_queues WHERE host = ?1 AND queued > 0
-                 ORDER BY served DESC, conversation DESC LIMIT 1",
+                 ORDER BY served DESC, since DESC, conversation DESC LIMIT 1",
             )?
             .query_row([host], |r| r.get(0))
             .optional()?
@@ -379,23 +380,26 @@ impl<'a> Scan<'a> {
     /// each; then further rounds over those that handed one out, until the batch is full.
     fn run(&mut self) -> StoreResult<()> {
         let mut again: VecDeque<String> = VecDeque::new();
-        let mut after: (i64, String) = (i64::MIN, String::new());
+        let mut after: (i64, i64, String) = (i64::MIN, i64::MIN, String::new());
         'first: loop {
-            let queues: Vec<(i64, String)> = self
+            let queues: Vec<(i64, i64, String)> = self
                 .conn
                 .prepare_cached(
-                    "SELECT served, conversation FROM conversation_queues
-                     WHERE host = :h AND queued > 0 AND (served, conversation) > (:s, :c)
-                     ORDER BY served, conversation LIMIT :n",
+                    "SELECT served, since, conversation FROM conversation_queues
+                     WHERE host = :h AND queued > 0 AND (served, since, conversation) > (:s, :n, :c)
+                     ORDER BY served, since, conversation LIMIT :limit",
                 )?
-                .query_map(named_params! {":h": self.host, ":s": after.0, ":c": after.1, ":n": self.chunk()}, |r| {
-                    Ok((r.get(0)?, r.get(1)?))
-                })?
+                .query_map(
+                    named_params! {
+                        ":h": self.host, ":s": after.0, ":n": after.1, ":c": after.2, ":limit": self.chunk(),
+                    },
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                )?
                 .collect::<Result<_, _>>()?;
             if queues.is_empty() {
                 break;
             }
-            for (served, conversation) in queues {
+            for (served, since, conversation) in queues {
                 if self.done() {
                     break 'first;
                 }
@@ -408,7 +412,7 @@ impl<'a> Scan<'a> {
                     Turn::Empty => {}
                     Turn::Spent => break 'first,
                 }
-                after = (served, conversation);
+                after = (served, since, conversation);
             }
         }
         while !self.done() {
@@ -894,7 +898,8 @@ mod tests {
         assert_eq!(order, [("a", 1), ("b", 1), ("a", 2), ("b", 2), ("a", 3)]);
     }
 
-    /// A conversation that gains work after being idle is served before those that kept busy.
+    /// A conversation that gains work after being idle is served before those that kept busy;
+    /// among conversations not yet served, the one waiting longest goes first.
     #[test]
     fn a_conversation_back_from_idle_goes_first() {
         let db = testing::db();
@@ -903,7 +908,8 @@ mod tests {
         for i in 0..4 {
             accept_one(c, "a", &format!("a{i}"), &["host-a"]);
         }
-        assert_eq!(turns(&claim(c, "host-a", "i", 3, 2).unwrap()), [("a", 1), ("b", 1), ("a", 2)]);
+        // Neither served yet: the one waiting longest (b) first.
+        assert_eq!(turns(&claim(c, "host-a", "i", 3, 2).unwrap()), [("b", 1), ("a", 1), ("a", 2)]);
         accept_one(c, "b", "b1", &["host-a"]);
         assert_eq!(turns(&claim(c, "host-a", "i", 1, 3).unwrap()), [("b", 2)]);
     }
