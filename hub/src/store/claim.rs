@@ -26,7 +26,7 @@ use baton_shared::crash_point;
 use baton_shared::states::DeliveryState::{self, *};
 use baton_shared::wire::{ClaimedDelivery, TransitionResponse};
 use rusqlite::{Connection, OptionalExtension, named_params};
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 
 /// One active fence.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -329,6 +329,9 @@ struct Scan<'a> {
     tick: i64,
     /// Conversations turned to in this claim, with their new tick, in turn order.
     turned: Vec<(String, i64)>,
+    /// Whether each conversation looked at has ever had a member (else every host may have
+    /// its posts, and the registry need not be asked per delivery).
+    managed: HashMap<String, bool>,
 }
 
 impl<'a> Scan<'a> {
@@ -364,6 +367,7 @@ impl<'a> Scan<'a> {
             obligations_pending,
             tick,
             turned: Vec::new(),
+            managed: HashMap::new(),
         })
     }
 
@@ -490,6 +494,23 @@ impl<'a> Scan<'a> {
             .query_row(named_params! {":c": conversation, ":s": seq, ":h": self.host}, |r| r.get(0))?)
     }
 
+    /// Whether this host may receive post `seq` of `conversation` (the registry's re-check).
+    /// A conversation that never had a member (most) is looked up once per claim.
+    fn authorized(&mut self, conversation: &str, seq: i64) -> StoreResult<bool> {
+        let managed = match self.managed.get(conversation) {
+            Some(m) => *m,
+            None => {
+                let m = members::has_membership(self.conn, conversation)?;
+                self.managed.insert(conversation.to_string(), m);
+                m
+            }
+        };
+        if !managed {
+            return Ok(true);
+        }
+        members::authorized(self.conn, conversation, self.host, seq)
+    }
+
     /// Moves a queued delivery on without handing it out (held by a fence, failed by a fence
     /// or by the re-authorization).
     fn settle(&mut self, id: &str, to: DeliveryState, reason: &str) -> StoreResult<()> {
@@ -502,15 +523,13 @@ impl<'a> Scan<'a> {
     /// One turn of `conversation`: hand out its next delivery if the order rule, the fences
     /// and the registry allow it.
     fn turn(&mut self, conversation: &str) -> StoreResult<Turn> {
-        let fence = strongest(self.fences, conversation, self.host);
-        match fence.map(|f| f.kind) {
-            Some(FenceKind::Pause) => return Ok(Turn::Blocked),
-            Some(kind @ (FenceKind::Hold | FenceKind::Block)) => {
+        match strongest(self.fences, conversation, self.host) {
+            Some(f) if f.kind == FenceKind::Pause => return Ok(Turn::Blocked),
+            Some(f) => {
                 // Every queued delivery the fence covers is parked or failed, in seq order.
-                let described = fence.map(Fence::describe).unwrap_or_default();
-                let (to, reason) = match kind {
-                    FenceKind::Hold => (Held, format!("held by {described}")),
-                    _ => (Failed, format!("blocked by {described}")),
+                let (to, reason) = match f.kind {
+                    FenceKind::Hold => (Held, format!("held by {}", f.describe())),
+                    _ => (Failed, format!("blocked by {}", f.describe())),
                 };
                 let mut after = i64::MIN;
                 while let Some(head) = self.next_queued(conversation, after)? {
@@ -534,7 +553,7 @@ impl<'a> Scan<'a> {
                 self.heads += 1;
                 return Ok(Turn::Blocked);
             }
-            if !members::authorized(self.conn, conversation, self.host, head.seq)? {
+            if !self.authorized(conversation, head.seq)? {
                 self.settle(&head.id, Failed, NOT_A_MEMBER)?;
                 continue;
             }
