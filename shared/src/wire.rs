@@ -15,7 +15,8 @@ pub struct SubmitRequest {
     pub idempotency_key: String,
     /// Any JSON value; handed to the harness on stdin.
     pub payload: serde_json::Value,
-    /// The recipient hosts; when absent, the conversation's members.
+    /// The recipient hosts; when absent or empty, the conversation's members at the message's
+    /// `seq` (a conversation without members then refuses the message).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub to: Option<Vec<String>>,
 }
