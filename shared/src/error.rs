@@ -17,6 +17,8 @@ pub enum ErrorCode {
     WrongRole,
     /// 403: the thing exists but belongs to another host or producer.
     NotYours,
+    /// 403: the caller may not do this here (a producer posting outside its publish scope).
+    Forbidden,
     /// 404: no such thing.
     NotFound,
     /// 409: the idempotency key was used with different content.
@@ -43,7 +45,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 18] = [
+    pub const ALL: [ErrorCode; 19] = [
         ErrorCode::InvalidJson,
         ErrorCode::InvalidField,
         ErrorCode::NoRecipients,
@@ -51,6 +53,7 @@ impl ErrorCode {
         ErrorCode::CertificateRevoked,
         ErrorCode::WrongRole,
         ErrorCode::NotYours,
+        ErrorCode::Forbidden,
         ErrorCode::NotFound,
         ErrorCode::IdempotencyConflict,
         ErrorCode::StaleClaim,
@@ -74,6 +77,7 @@ impl ErrorCode {
             ErrorCode::CertificateRevoked => "certificate_revoked",
             ErrorCode::WrongRole => "wrong_role",
             ErrorCode::NotYours => "not_yours",
+            ErrorCode::Forbidden => "forbidden",
             ErrorCode::NotFound => "not_found",
             ErrorCode::IdempotencyConflict => "idempotency_conflict",
             ErrorCode::StaleClaim => "stale_claim",
@@ -98,7 +102,7 @@ impl ErrorCode {
         match self {
             ErrorCode::InvalidJson | ErrorCode::InvalidField | ErrorCode::NoRecipients => 400,
             ErrorCode::UnknownCertificate | ErrorCode::CertificateRevoked => 401,
-            ErrorCode::WrongRole | ErrorCode::NotYours => 403,
+            ErrorCode::WrongRole | ErrorCode::NotYours | ErrorCode::Forbidden => 403,
             ErrorCode::NotFound => 404,
             ErrorCode::IdempotencyConflict
             | ErrorCode::StaleClaim

@@ -15,7 +15,8 @@ pub struct SubmitRequest {
     pub idempotency_key: String,
     /// Any JSON value; handed to the harness on stdin.
     pub payload: serde_json::Value,
-    /// The recipient hosts; when absent, the conversation's members.
+    /// The recipient hosts; when absent or empty, the conversation's members at the message's
+    /// `seq` (a conversation without members then refuses the message).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub to: Option<Vec<String>>,
 }
@@ -134,6 +135,10 @@ pub struct ClaimedDelivery {
     pub claim_token: String,
     /// The delivery's state on the hub (claimed in a claim answer).
     pub state: DeliveryState,
+    /// The producer that submitted the message (so a harness can tell who wrote the turn).
+    /// Always sent by this hub; absent (None) only from a hub that predates the field.
+    #[serde(default)]
+    pub producer: Option<String>,
 }
 
 /// The answer to `POST /v1/claims`.
@@ -220,6 +225,45 @@ pub struct ReportResponse {
     pub delivery_id: String,
     /// True when this report id was already recorded (nothing was added).
     pub duplicate: bool,
+}
+
+/// `GET /v1/conversations/{name}`: a conversation's position and its membership registry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ConversationView {
+    /// The conversation's name.
+    pub conversation: String,
+    /// The highest `seq` given to a message so far (0 before the first).
+    pub last_seq: i64,
+    /// True while the conversation never had a member: any enrolled host may be named in `to`,
+    /// and a message must name its recipients.
+    pub open: bool,
+    /// Every host that is or was a member, by name, each with its intervals.
+    pub members: Vec<MemberView>,
+}
+
+/// One host's membership of a conversation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MemberView {
+    /// The host.
+    pub host: String,
+    /// True while its latest interval is open (it receives posts without `to`).
+    pub current: bool,
+    /// Its intervals, oldest first.
+    pub intervals: Vec<MembershipInterval>,
+}
+
+/// One membership interval: the host receives the posts with `join_seq < seq <= leave_seq`
+/// (no upper bound while `leave_seq` is absent).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MembershipInterval {
+    /// The conversation's `last_seq` when the host joined.
+    pub join_seq: i64,
+    /// When it joined (unix milliseconds).
+    pub joined_at_ms: i64,
+    /// The conversation's `last_seq` when the host left; absent while it is a member.
+    pub leave_seq: Option<i64>,
+    /// When it left (unix milliseconds); absent while it is a member.
+    pub left_at_ms: Option<i64>,
 }
 
 /// Every error answer: a stable code and a human message.

@@ -498,7 +498,7 @@ pub(crate) fn listed(hub: &Hub, args: &[&str], field: &str) -> Vec<Value> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claim_batch_is_bounded_and_oldest_first() {
+async fn a_claim_batch_is_bounded_and_conversations_take_turns() {
     let hub = Hub::builder().config("[limits]\nclaim_batch_max = 2\n").start();
     let prod = hub.client("prod");
     let node = hub.node("host-a", "inst-1");
@@ -513,16 +513,18 @@ async fn a_claim_batch_is_bounded_and_oldest_first() {
     let third = node.claim(1, 0).await;
     let got: Vec<Vec<&str>> =
         [&first, &second, &third].iter().map(|b| b.iter().map(|c| c.delivery_id.as_str()).collect()).collect();
+    // c3 and c1 waited longest; then c2, never served, goes before c3 and c1 (served in the
+    // first batch, c3 before c1), each conversation in seq order (SPEC §2 "Order").
     assert_eq!(
         got,
-        vec![vec![&*ids[0], &*ids[1]], vec![&*ids[2], &*ids[3]], vec![&*ids[4]]],
-        "oldest first, in bounded batches"
+        vec![vec![&*ids[0], &*ids[1]], vec![&*ids[2], &*ids[4]], vec![&*ids[3]]],
+        "conversations take turns, least recently served first, in bounded batches"
     );
     // Sequence numbers are per conversation.
     let seqs: Vec<(String, i64)> =
         first.iter().chain(&second).chain(&third).map(|c| (c.conversation.clone(), c.seq)).collect();
     let expect: Vec<(String, i64)> =
-        [("c3", 1), ("c1", 1), ("c2", 1), ("c1", 2), ("c3", 2)].iter().map(|(c, s)| (c.to_string(), *s)).collect();
+        [("c3", 1), ("c1", 1), ("c2", 1), ("c3", 2), ("c1", 2)].iter().map(|(c, s)| (c.to_string(), *s)).collect();
     assert_eq!(seqs, expect);
 }
 

@@ -103,15 +103,16 @@ async fn lifting_a_hold_stops_new_parking_but_held_ones_wait_for_release() {
 
     hub.lift(fence);
     let second = prod.submit_new("c", "k2", &["host-a"]).await;
-    let got = node.claim(10, 0).await;
-    let ids: Vec<&str> = got.iter().map(|c| c.delivery_id.as_str()).collect();
-    assert_eq!(ids, [second.to("host-a")], "only the new one flows; the held one stays held");
+    // The lifted hold parks nothing new, but the new turn waits behind the held earlier one:
+    // a conversation's turns are handed out in seq order (SPEC §2 "Order").
+    assert!(node.claim(10, 0).await.is_empty(), "c #2 must not pass the held c #1");
+    assert_eq!(hub.state(second.to("host-a")), "queued");
     assert_eq!(hub.state(first.to("host-a")), "held");
 
     hub.cli_ok(["held", "release", first.to("host-a"), "--reason", "ok now"]);
     let got = node.claim(10, 0).await;
     let ids: Vec<&str> = got.iter().map(|c| c.delivery_id.as_str()).collect();
-    assert_eq!(ids, [first.to("host-a")]);
+    assert_eq!(ids, [first.to("host-a"), second.to("host-a")], "both, in seq order");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

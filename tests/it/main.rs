@@ -14,12 +14,14 @@
 //! - `hub_errors`: every 4xx answer and its `{code, message}` body.
 //! - `hub_crash`: crash points, restart and repair.
 //! - `hub_cli`: configuration validation and the CLI's outputs and exit codes.
+//! - `conversation_order`: per-conversation order on each host under concurrent producers.
 //! - `node_*`, `power_loss`: the node agent and durability under power loss (see each module).
 
 // A test binary exports nothing, so `pub` in its private modules only means "shared between
 // modules"; spelling every item `pub(crate)` would add noise, not safety.
 #![allow(unreachable_pub)]
 
+mod conversation_order;
 mod corruption;
 mod harness;
 mod hub_auth;

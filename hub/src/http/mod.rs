@@ -75,6 +75,7 @@ pub fn app(state: AppState) -> Router {
     Router::new()
         .route("/v1/messages", post(producer::submit).get(producer::get_by_key))
         .route("/v1/messages/{message_id}", get(producer::get_by_id))
+        .route("/v1/conversations/{name}", get(producer::get_conversation))
         .route("/v1/claims", post(node::claim))
         .route("/v1/holdings", get(node::holdings))
         .route("/v1/deliveries/{delivery_id}/mirrored", post(node::mirrored))
@@ -312,6 +313,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/messages"),
     ("GET", "/v1/messages"),
     ("GET", "/v1/messages/{message_id}"),
+    ("GET", "/v1/conversations/{name}"),
     ("POST", "/v1/claims"),
     ("GET", "/v1/holdings"),
     ("POST", "/v1/deliveries/{delivery_id}/mirrored"),
@@ -380,7 +382,9 @@ mod openapi_tests {
             payload: serde_json::json!({}),
             claim_token: "t".into(),
             state: DeliveryState::Claimed,
+            producer: Some("p".into()),
         };
+        let interval = MembershipInterval { join_seq: 0, joined_at_ms: 1, leave_seq: Some(2), left_at_ms: Some(3) };
         let summary = DeliverySummary { delivery_id: "d".into(), host: "h".into(), state: DeliveryState::Queued };
         let samples: Vec<(&str, serde_json::Value)> = vec![
             (
@@ -467,6 +471,21 @@ mod openapi_tests {
                 "ReportResponse",
                 serde_json::to_value(ReportResponse { attempt, delivery_id: "d".into(), duplicate: false }).unwrap(),
             ),
+            (
+                "ConversationView",
+                serde_json::to_value(ConversationView {
+                    conversation: "c".into(),
+                    last_seq: 3,
+                    open: false,
+                    members: vec![MemberView { host: "h".into(), current: true, intervals: vec![interval.clone()] }],
+                })
+                .unwrap(),
+            ),
+            (
+                "MemberView",
+                serde_json::to_value(MemberView { host: "h".into(), current: true, intervals: vec![] }).unwrap(),
+            ),
+            ("MembershipInterval", serde_json::to_value(&interval).unwrap()),
             ("Error", serde_json::to_value(ErrorBody { code: "c".into(), message: "m".into() }).unwrap()),
         ];
         let schemas = spec["components"]["schemas"].as_object().unwrap();
@@ -498,7 +517,8 @@ mod openapi_tests {
         for (method, path) in ROUTES {
             let uri = path
                 .replace("{message_id}", &uuid::Uuid::now_v7().to_string())
-                .replace("{delivery_id}", &uuid::Uuid::now_v7().to_string());
+                .replace("{delivery_id}", &uuid::Uuid::now_v7().to_string())
+                .replace("{name}", "some-conversation");
             let req = axum::http::Request::builder().method(*method).uri(&uri).body(axum::body::Body::empty()).unwrap();
             let resp = app.clone().oneshot(req).await.unwrap();
             let status = resp.status();

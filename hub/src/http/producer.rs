@@ -1,16 +1,16 @@
 //! Producer endpoints: accept a message, read it back (by id or idempotency key) with an
-//! optional long-poll for outcomes.
+//! optional long-poll for outcomes, and read a conversation's membership.
 
 use super::{ApiError, ApiJson, ApiQuery, AppState, ProducerCaller, check_path_id};
 use crate::store::accept::{self, AcceptLimits, Accepted, NewMessage};
-use crate::store::read;
+use crate::store::{members, producers, read};
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use baton_shared::crash_point;
 use baton_shared::error::ErrorCode;
 use baton_shared::ids::{check_key, check_name};
-use baton_shared::wire::{MessageView, SubmitRequest, SubmitResponse};
+use baton_shared::wire::{ConversationView, MessageView, SubmitRequest, SubmitResponse};
 use serde::Deserialize;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -28,13 +28,9 @@ fn validate(producer: &str, req: SubmitRequest, state: &AppState) -> Result<NewM
             format!("payload is {} bytes; at most {max} are accepted (limits.payload_bytes_max)", payload.len()),
         ));
     }
+    // No `to` (or an empty one): the conversation's members at the message's seq; the store
+    // refuses it with `no_recipients` when the conversation has none.
     let mut to = req.to.unwrap_or_default();
-    if to.is_empty() {
-        return Err(ApiError::new(
-            ErrorCode::NoRecipients,
-            "to: the message names no recipient hosts (give \"to\": [\"host\", …])",
-        ));
-    }
     let max = state.limits.recipients_max as usize;
     if to.len() > max {
         return Err(ApiError::new(
@@ -153,4 +149,22 @@ async fn read_waiting(
             _ = state.shutdown.cancelled() => return Ok(view),
         }
     }
+}
+
+/// `GET /v1/conversations/{name}`: the conversation's `last_seq` and membership registry, for a
+/// producer whose publish scope covers it (else 403 `forbidden`, whether or not it exists).
+pub(super) async fn get_conversation(
+    ProducerCaller(caller): ProducerCaller,
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Json<ConversationView>, ApiError> {
+    check_name("conversation", &name)?;
+    let view = state
+        .readers
+        .read(move |c| {
+            producers::check_may_post(c, &caller.name, &name)?;
+            members::view(c, &name)
+        })
+        .await?;
+    Ok(Json(view))
 }

@@ -1,15 +1,22 @@
 //! Acceptance, fan-out and startup repair (SPEC §3).
 //!
-//! Acceptance is one transaction: the message, its routing (recipient hosts) and a durable
-//! fan-out obligation. Fan-out runs after that commit, in its own transaction, creating one
-//! delivery per recipient and marking the obligation done. Startup repair runs every obligation
-//! a crash left pending before the hub serves a claim.
+//! Acceptance is one transaction: the publish-scope check, the message, its routing (recipient
+//! hosts) and a durable fan-out obligation. Fan-out runs after that commit, in its own
+//! transaction, creating one delivery per recipient and marking the obligation done. Startup
+//! repair runs every obligation a crash left pending before the hub serves a claim.
+//!
+//! Routing: the message's `to`, or else the conversation's members at the message's `seq`
+//! (`members`). A conversation that has had members accepts only current members in `to`; an
+//! open one (never had members) accepts any enrolled, unretired host.
 //!
 //! Invariant: a message row exists iff its routing and obligation exist (same transaction), and
 //! an obligation is done iff every routed host has exactly one delivery.
+//!
+//! Invariant: fan-out never leaves work queued for a retired host: a recipient retired since the
+//! accept gets its delivery created and, in the same transaction, failed with `host retired`.
 
-use super::transition::{adjust_backlog, record_event};
-use super::{Actor, StoreError, StoreResult, new_id, state_column};
+use super::transition::{self, Change, adjust_backlog, record_event};
+use super::{Actor, StoreError, StoreResult, members, new_id, producers, state_column};
 use baton_shared::crash_point;
 use baton_shared::states::DeliveryState;
 use baton_shared::wire::DeliverySummary;
@@ -27,7 +34,8 @@ pub struct NewMessage {
     pub idempotency_key: String,
     /// The payload as compact JSON text.
     pub payload: String,
-    /// The recipient hosts, deduplicated and sorted.
+    /// The recipient hosts, deduplicated and sorted; empty for "the conversation's members at
+    /// the message's `seq`".
     pub to: Vec<String>,
 }
 
@@ -73,8 +81,10 @@ pub enum Accepted {
     },
 }
 
-/// The acceptance transaction: message, routing, obligation. Call inside a write transaction.
+/// The acceptance transaction: scope check, message, routing, obligation. Call inside a write
+/// transaction.
 pub fn accept(conn: &Connection, msg: &NewMessage, limits: AcceptLimits, now_ms: i64) -> StoreResult<Accepted> {
+    producers::check_may_post(conn, &msg.producer, &msg.conversation)?;
     let hash = msg.content_hash();
     let existing: Option<(String, i64, String)> = conn
         .prepare_cached("SELECT id, seq, content_hash FROM messages WHERE producer = ?1 AND idempotency_key = ?2")?
@@ -89,8 +99,8 @@ pub fn accept(conn: &Connection, msg: &NewMessage, limits: AcceptLimits, now_ms:
             msg.idempotency_key, msg.producer
         )));
     }
-    for (i, host) in msg.to.iter().enumerate() {
-        check_recipient(conn, i, host)?;
+    let recipients = route(conn, msg)?;
+    for host in &recipients {
         let waiting: i64 = conn
             .prepare_cached("SELECT waiting FROM host_backlog WHERE host = ?1")?
             .query_row([host], |r| r.get(0))
@@ -120,13 +130,47 @@ pub fn accept(conn: &Connection, msg: &NewMessage, limits: AcceptLimits, now_ms:
     })?;
     crash_point("hub.accept.after_message_insert");
     let mut route = conn.prepare_cached("INSERT INTO message_recipients (message_id, host) VALUES (?1, ?2)")?;
-    for host in &msg.to {
+    for host in &recipients {
         route.execute([&message_id, host])?;
     }
     conn.prepare_cached("INSERT INTO fanout_obligations (message_id, created_at) VALUES (?1, ?2)")?
         .execute(rusqlite::params![message_id, now_ms])?;
     crash_point("hub.accept.before_commit");
     Ok(Accepted::New { message_id, seq })
+}
+
+/// The recipients of a new message: its `to`, checked, or the conversation's current members
+/// (the members at the `seq` this transaction is about to give it), retired ones left out.
+fn route(conn: &Connection, msg: &NewMessage) -> StoreResult<Vec<String>> {
+    let managed = members::has_membership(conn, &msg.conversation)?;
+    if msg.to.is_empty() {
+        let mut current = Vec::new();
+        for host in members::current_members(conn, &msg.conversation)? {
+            if !host_retired(conn, &host)? {
+                current.push(host);
+            }
+        }
+        if current.is_empty() {
+            let why = if managed { "has no current members" } else { "has no members" };
+            return Err(StoreError::NoRecipients(format!(
+                "to: the message names no recipient hosts and conversation {:?} {why} \
+                 (give \"to\": [\"host\", …], or make hosts members of the conversation)",
+                msg.conversation
+            )));
+        }
+        return Ok(current);
+    }
+    let current = if managed { members::current_members(conn, &msg.conversation)? } else { Vec::new() };
+    for (i, host) in msg.to.iter().enumerate() {
+        check_recipient(conn, i, host)?;
+        if managed && current.binary_search(host).is_err() {
+            return Err(StoreError::Invalid(format!(
+                "to[{i}]: host {host:?} is not a member of conversation {:?}",
+                msg.conversation
+            )));
+        }
+    }
+    Ok(msg.to.clone())
 }
 
 fn check_recipient(conn: &Connection, index: usize, host: &str) -> StoreResult<()> {
@@ -142,7 +186,9 @@ fn check_recipient(conn: &Connection, index: usize, host: &str) -> StoreResult<(
 }
 
 /// Fan-out for one message: one queued delivery per routed host that has none yet, then the
-/// obligation is marked done. Idempotent. Returns the message's deliveries.
+/// obligation is marked done. A host retired since the accept gets its delivery failed with
+/// `host retired` in the same transaction, so no queued work is left that no node will claim.
+/// Idempotent. Returns the message's deliveries.
 pub fn fan_out(conn: &Connection, message_id: &str, now_ms: i64) -> StoreResult<Vec<DeliverySummary>> {
     let pending: Option<Option<i64>> = conn
         .prepare_cached("SELECT done_at FROM fanout_obligations WHERE message_id = ?1")?
@@ -172,6 +218,17 @@ pub fn fan_out(conn: &Connection, message_id: &str, now_ms: i64) -> StoreResult<
             .execute(named_params! {":id": id, ":m": message_id, ":h": host, ":c": conversation, ":seq": seq, ":now": now_ms})?;
             record_event(conn, &id, None, DeliveryState::Queued, &hub, None, Some("fan-out"), now_ms)?;
             adjust_backlog(conn, host, 1)?;
+            if host_retired(conn, host)? {
+                let change = Change {
+                    delivery_id: &id,
+                    from: DeliveryState::Queued,
+                    to: DeliveryState::Failed,
+                    expect_holder: None,
+                    new_holder: None,
+                    reason: Some(HOST_RETIRED),
+                };
+                transition::apply(conn, change, &hub, now_ms)?;
+            }
             crash_point("hub.fanout.after_k");
         }
         crash_point("hub.fanout.before_mark_done");
@@ -179,6 +236,18 @@ pub fn fan_out(conn: &Connection, message_id: &str, now_ms: i64) -> StoreResult<
             .execute(rusqlite::params![message_id, now_ms])?;
     }
     deliveries_of(conn, message_id)
+}
+
+/// The reason a delivery for a retired host carries.
+pub const HOST_RETIRED: &str = "host retired";
+
+/// Whether `host` is retired (an unknown host counts as retired: no node can claim for it).
+fn host_retired(conn: &Connection, host: &str) -> StoreResult<bool> {
+    let retired: Option<Option<i64>> = conn
+        .prepare_cached("SELECT retired_at FROM hosts WHERE name = ?1")?
+        .query_row([host], |r| r.get(0))
+        .optional()?;
+    Ok(!matches!(retired, Some(None)))
 }
 
 /// The deliveries of one message, by host.
@@ -211,6 +280,14 @@ pub(crate) mod testing {
 
     /// Accepts and fans out one message, returning its id.
     pub(crate) fn accept_one(conn: &Connection, conversation: &str, key: &str, to: &[&str]) -> String {
+        let message_id = accept_only(conn, conversation, key, to);
+        fan_out(conn, &message_id, 1).unwrap();
+        message_id
+    }
+
+    /// Accepts one message without fanning it out (its obligation stays pending), returning its
+    /// id. An empty `to` routes to the conversation's members.
+    pub(crate) fn accept_only(conn: &Connection, conversation: &str, key: &str, to: &[&str]) -> String {
         let msg = NewMessage {
             producer: "prod".into(),
             conversation: conversation.into(),
@@ -223,7 +300,6 @@ pub(crate) mod testing {
         else {
             panic!("duplicate")
         };
-        fan_out(conn, &message_id, 1).unwrap();
         message_id
     }
 }
@@ -295,6 +371,33 @@ mod tests {
         };
         fan_out(&db.conn, &message_id, 5).unwrap();
         assert!(matches!(accept(&db.conn, &msg("k2", "1", &["host-a"]), small, 5), Err(StoreError::OverCapacity(_))));
+    }
+
+    /// A recipient retired between the accept and the fan-out (or the repair) gets its delivery
+    /// created and failed with `host retired` in the same transaction: never queued work that
+    /// no node will claim.
+    #[test]
+    fn fan_out_to_a_host_retired_meanwhile_fails_its_delivery() {
+        let db = testing::db();
+        let Accepted::New { message_id, .. } = accept(&db.conn, &msg("k", "1", &["host-a", "host-b"]), BIG, 5).unwrap()
+        else {
+            panic!()
+        };
+        crate::store::operator::retire(&db.conn, "host-b", "op", "gone", 6).unwrap();
+        let d = fan_out(&db.conn, &message_id, 7).unwrap();
+        let states: Vec<(&str, DeliveryState)> = d.iter().map(|d| (d.host.as_str(), d.state)).collect();
+        assert_eq!(states, [("host-a", DeliveryState::Queued), ("host-b", DeliveryState::Failed)]);
+        let (reason, waiting): (String, i64) = db
+            .conn
+            .query_row(
+                "SELECT d.reason, b.waiting FROM deliveries d JOIN host_backlog b ON b.host = d.host WHERE d.host = 'host-b'",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        assert_eq!((reason.as_str(), waiting), (HOST_RETIRED, 0));
+        assert!(pending_obligations(&db.conn, 10).unwrap().is_empty());
+        assert_eq!(crate::store::verify::check(&db.conn).unwrap(), Vec::new(), "a history verify accepts");
     }
 
     #[test]

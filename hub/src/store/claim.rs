@@ -1,5 +1,20 @@
 //! Claims (with fences evaluated in the claim's own transaction), holdings, and the holder's
-//! mirrored / ack / reject (SPEC §2, §4, §5).
+//! mirrored / ack / reject (SPEC §2, §4, §5, §6).
+//!
+//! Invariant (order): for each (host, conversation), a claim hands out a delivery with `seq` s
+//! only when no earlier message of the conversation routed to that host still has a pending
+//! fan-out obligation, and none has a delivery that is queued or held. It is checked inside the
+//! claim transaction for every candidate, after the earlier candidates of the same claim were
+//! handed out, so one batch may carry several turns of a conversation, in order; a conversation
+//! found waiting is skipped for the rest of the claim. A pause or hold of the conversation
+//! therefore keeps everything after it back too, and releasing a later held delivery does not
+//! let it pass an earlier one.
+//!
+//! Invariant (fairness): the conversations with queued work for a host take turns within a
+//! claim, one delivery per turn, least recently served first (`conversation_queues.served`,
+//! a per-host tick; among those not served since they gained work, the one waiting longest),
+//! and a claim looks at no more than `CLAIM_HEADS_MAX` queue heads; each look is one indexed
+//! lookup, so a claim's cost does not grow with the backlog.
 //!
 //! Invariant: a host has at most one bound node instance. A claim from another instance is
 //! refused (`InstanceConflict`) while the bound one still holds anything; once it holds
@@ -7,14 +22,12 @@
 
 use super::fences::{self, ClaimScan, Fence, FenceKind};
 use super::transition::{self, Change, Holder};
-use super::{Actor, StoreError, StoreResult, json_column, new_token, state_column};
+use super::{Actor, StoreError, StoreResult, json_column, members, new_token, state_column};
 use baton_shared::crash_point;
 use baton_shared::states::DeliveryState::{self, *};
 use baton_shared::wire::{ClaimedDelivery, TransitionResponse};
 use rusqlite::{Connection, OptionalExtension, named_params};
-
-/// Most rows read per step while scanning the queue in a claim.
-const CLAIM_SCAN_CHUNK: i64 = 256;
+use std::collections::{HashMap, VecDeque};
 
 /// Whether the host row exists and is not retired; fails its queued work when it is retired.
 fn host_may_claim(conn: &Connection, host: &str, now_ms: i64) -> StoreResult<bool> {
@@ -109,11 +122,20 @@ pub struct Claimant<'a> {
     pub instance_id: &'a str,
 }
 
-/// The claim transaction: up to `max` queued deliveries for the claimant's host, oldest first,
-/// with fences applied on the way (pause skips, hold parks, block fails). Authorization is
-/// re-checked here, inside the transaction that would hand work out: the certificate must not
-/// be revoked and the host not retired, so a long-poll that began before a revocation or a
-/// retirement hands out nothing after it.
+/// The claim transaction: up to `max` queued deliveries for the claimant's host, taken in turns
+/// across the host's conversations and in `seq` order within each, with fences applied on the
+/// way (pause skips, hold parks, block fails).
+///
+/// Authorization is re-checked here, inside the transaction that would hand work out: the
+/// presenting certificate must not be revoked (else the claim is refused and nothing changes,
+/// so the host's work waits for a renewed certificate), the host must not be retired (its
+/// queued work fails with `host retired`), and each delivery's host must be authorized for the
+/// message's `seq` by the membership registry (else it fails with `not a member`).
+///
+/// Order: a delivery (h, c, s) is handed out only when no earlier message of c routed to h is
+/// still owed its fan-out, and none has a delivery that is queued or held. Fairness: the
+/// conversations with queued work for the host take turns, least recently served first, one
+/// delivery per turn, so a deep conversation cannot fill a batch while another one waits.
 pub fn claim_as(conn: &Connection, who: Claimant<'_>, max: u32, now_ms: i64) -> StoreResult<Vec<ClaimedDelivery>> {
     let (host, instance_id) = (who.host, who.instance_id);
     if let Some(serial) = who.serial {
@@ -131,105 +153,335 @@ pub fn claim_as(conn: &Connection, who: Claimant<'_>, max: u32, now_ms: i64) -> 
     bind_instance(conn, host, instance_id, now_ms)?;
     let fences = fences::active(conn)?;
     crash_point("hub.claim.after_fence_eval");
-    // The rows the precedence rule pauses are not read at all; every other row is decided below
-    // by the same rule (`fences::strongest`), so a hold or block under a pause still applies.
-    let (only, skip) = match fences::claim_scan(&fences, host) {
-        ClaimScan::Nothing => return Ok(Vec::new()),
-        ClaimScan::Only(c) => (Some(conversation_list(&c)?), conversation_list(&[])?),
-        ClaimScan::Except(c) => (None, conversation_list(&c)?),
-    };
-    if max == 0 {
+    // Every delivery of the host paused by the precedence rule (and nothing stronger on any of
+    // its conversations): nothing to look at. Otherwise each conversation's turn asks the same
+    // rule (`fences::strongest`), so a hold or block under a pause still applies.
+    if fences::claim_scan(&fences, host) == ClaimScan::Nothing || max == 0 {
         return Ok(Vec::new());
     }
-    let mut out = Vec::new();
-    let mut after = 0i64;
-    // Read a little more than asked (held and blocked rows do not count), never the whole queue.
-    let chunk = (i64::from(max) * 2 + 8).min(CLAIM_SCAN_CHUNK);
-    let node = Actor::node(host);
-    let hub = Actor::hub();
-    'scan: loop {
-        let rows: Vec<(i64, String, String, String, i64, serde_json::Value)> = conn
-            .prepare_cached(
-                "SELECT d.n, d.id, d.message_id, d.conversation, d.seq, m.payload
-                 FROM deliveries d JOIN messages m ON m.id = d.message_id
-                 WHERE d.host = :host AND d.state = 'queued' AND d.n > :after
-                   AND (:only IS NULL OR d.conversation IN (SELECT value FROM json_each(:only)))
-                   AND d.conversation NOT IN (SELECT value FROM json_each(:skip))
-                 ORDER BY d.n LIMIT :chunk",
-            )?
-            .query_map(
-                named_params! {":host": host, ":after": after, ":chunk": chunk, ":only": only, ":skip": skip},
-                |r| {
-                    let message_id: String = r.get(2)?;
-                    let payload = json_column(r, 5, "messages", &message_id)?;
-                    Ok((r.get(0)?, r.get(1)?, message_id, r.get(3)?, r.get(4)?, payload))
-                },
-            )?
-            .collect::<Result<_, _>>()?;
-        if rows.is_empty() {
-            break;
-        }
-        for (n, id, message_id, conversation, seq, payload) in rows {
-            after = n;
-            let fence = fences::strongest(&fences, &conversation, host);
-            match fence.map(|f| f.kind) {
-                Some(FenceKind::Block) | Some(FenceKind::Hold) => {
-                    let f = fence.map(Fence::describe).unwrap_or_default();
-                    let to = if fence.map(|f| f.kind) == Some(FenceKind::Block) { Failed } else { Held };
-                    let reason = format!("{} by {f}", if to == Failed { "blocked" } else { "held" });
-                    let change = Change {
-                        delivery_id: &id,
-                        from: Queued,
-                        to,
-                        expect_holder: None,
-                        new_holder: None,
-                        reason: Some(&reason),
-                    };
-                    transition::apply(conn, change, &hub, now_ms)?;
-                }
-                // Never read (see `claim_scan`); were it read, staying queued is the rule's answer.
-                Some(FenceKind::Pause) => {}
-                None => {
-                    let token = new_token();
-                    let holder = Holder { instance_id, claim_token: &token };
-                    let change = Change {
-                        delivery_id: &id,
-                        from: Queued,
-                        to: Claimed,
-                        expect_holder: None,
-                        new_holder: Some(holder),
-                        reason: None,
-                    };
-                    transition::apply(conn, change, &node, now_ms)?;
-                    out.push(ClaimedDelivery {
-                        delivery_id: id,
-                        message_id,
-                        conversation,
-                        seq,
-                        payload,
-                        claim_token: token,
-                        state: Claimed,
-                    });
-                    if out.len() >= max as usize {
-                        break 'scan;
-                    }
-                }
-            }
-        }
-    }
-    Ok(out)
+    let mut scan = Scan::new(conn, host, instance_id, &fences, max as usize, now_ms)?;
+    scan.run()?;
+    scan.finish()
 }
 
-/// A list of conversation names as the JSON array the claim's `json_each` reads.
-fn conversation_list(names: &[String]) -> StoreResult<String> {
-    serde_json::to_string(names).map_err(|e| StoreError::Internal(format!("encoding conversation names: {e}")))
+/// Most queue heads one claim looks at (handed out, parked, failed, or found waiting behind an
+/// earlier turn). It bounds the claim's transaction however deep the backlog is and however
+/// many conversations are blocked; what is left is looked at by the next claim.
+pub const CLAIM_HEADS_MAX: usize = 4096;
+
+/// Conversation queues read per step while taking the first round of turns.
+const CLAIM_TURNS_CHUNK: i64 = 64;
+
+/// What one turn of a conversation in a claim came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Turn {
+    /// One delivery was handed out; the conversation may have more.
+    Claimed,
+    /// Nothing may be handed out now (paused, an earlier turn queued, held or not fanned out,
+    /// or held by the fence); skip it for the rest of this claim.
+    Blocked,
+    /// No queued delivery is left.
+    Empty,
+    /// The claim looked at `CLAIM_HEADS_MAX` heads; it stops here.
+    Spent,
 }
+
+/// A queued delivery of a (host, conversation): the next turn, or one a fence covers.
+struct Head {
+    id: String,
+    message_id: String,
+    seq: i64,
+}
+
+/// One claim's walk over the host's conversation queues.
+struct Scan<'a> {
+    conn: &'a Connection,
+    host: &'a str,
+    holder_instance: &'a str,
+    fences: &'a [Fence],
+    max: usize,
+    now_ms: i64,
+    out: Vec<ClaimedDelivery>,
+    heads: usize,
+    /// Whether any fan-out obligation is pending at all (then the order rule looks them up).
+    obligations_pending: bool,
+    /// The last tick given out; each turn taken (or found blocked) gets the next one.
+    tick: i64,
+    /// Conversations turned to in this claim, with their new tick, in turn order.
+    turned: Vec<(String, i64)>,
+    /// Whether each conversation looked at has ever had a member (else every host may have
+    /// its posts, and the registry need not be asked per delivery).
+    managed: HashMap<String, bool>,
+}
+
+impl<'a> Scan<'a> {
+    fn new(
+        conn: &'a Connection,
+        host: &'a str,
+        holder_instance: &'a str,
+        fences: &'a [Fence],
+        max: usize,
+        now_ms: i64,
+    ) -> StoreResult<Scan<'a>> {
+        // The newest tick among the queues with work (read backwards along the index).
+        let tick: i64 = conn
+            .prepare_cached(
+                "SELECT served FROM conversation_queues WHERE host = ?1 AND queued > 0
+                 ORDER BY served DESC, since DESC, conversation DESC LIMIT 1",
+            )?
+            .query_row([host], |r| r.get(0))
+            .optional()?
+            .unwrap_or(0);
+        let obligations_pending: bool = conn
+            .prepare_cached("SELECT EXISTS (SELECT 1 FROM fanout_obligations WHERE done_at IS NULL)")?
+            .query_row([], |r| r.get(0))?;
+        Ok(Scan {
+            conn,
+            host,
+            holder_instance,
+            fences,
+            max,
+            now_ms,
+            out: Vec::new(),
+            heads: 0,
+            obligations_pending,
+            tick,
+            turned: Vec::new(),
+            managed: HashMap::new(),
+        })
+    }
+
+    /// Queues to read per step: a few more than the batch still needs (some may be blocked).
+    fn chunk(&self) -> i64 {
+        ((self.max - self.out.len()) as i64 + 8).min(CLAIM_TURNS_CHUNK)
+    }
+
+    fn done(&self) -> bool {
+        self.out.len() >= self.max || self.heads >= CLAIM_HEADS_MAX
+    }
+
+    /// First round: every conversation with queued work, least recently served first, one turn
+    /// each; then further rounds over those that handed one out, until the batch is full.
+    fn run(&mut self) -> StoreResult<()> {
+        let mut again: VecDeque<String> = VecDeque::new();
+        let mut after: (i64, i64, String) = (i64::MIN, i64::MIN, String::new());
+        'first: loop {
+            let queues: Vec<(i64, i64, String)> = self
+                .conn
+                .prepare_cached(
+                    "SELECT served, since, conversation FROM conversation_queues
+                     WHERE host = :h AND queued > 0 AND (served, since, conversation) > (:s, :n, :c)
+                     ORDER BY served, since, conversation LIMIT :limit",
+                )?
+                .query_map(
+                    named_params! {
+                        ":h": self.host, ":s": after.0, ":n": after.1, ":c": after.2, ":limit": self.chunk(),
+                    },
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                )?
+                .collect::<Result<_, _>>()?;
+            if queues.is_empty() {
+                break;
+            }
+            for (served, since, conversation) in queues {
+                if self.done() {
+                    break 'first;
+                }
+                match self.turn(&conversation)? {
+                    Turn::Claimed => {
+                        self.turned_to(&conversation);
+                        again.push_back(conversation.clone());
+                    }
+                    Turn::Blocked => self.turned_to(&conversation),
+                    Turn::Empty => {}
+                    Turn::Spent => break 'first,
+                }
+                after = (served, since, conversation);
+            }
+        }
+        while !self.done() {
+            let Some(conversation) = again.pop_front() else { break };
+            match self.turn(&conversation)? {
+                Turn::Claimed => {
+                    self.turned_to(&conversation);
+                    again.push_back(conversation);
+                }
+                Turn::Blocked => self.turned_to(&conversation),
+                Turn::Empty => {}
+                Turn::Spent => break,
+            }
+        }
+        Ok(())
+    }
+
+    fn turned_to(&mut self, conversation: &str) {
+        self.tick += 1;
+        self.turned.push((conversation.to_string(), self.tick));
+    }
+
+    /// Records when each conversation was last turned to, and returns the batch.
+    fn finish(self) -> StoreResult<Vec<ClaimedDelivery>> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("UPDATE conversation_queues SET served = :t WHERE host = :h AND conversation = :c")?;
+        for (conversation, tick) in &self.turned {
+            stmt.execute(named_params! {":t": tick, ":h": self.host, ":c": conversation})?;
+        }
+        Ok(self.out)
+    }
+
+    /// The lowest-`seq` queued delivery of `conversation` on this host after `seq`.
+    fn next_queued(&self, conversation: &str, seq: i64) -> StoreResult<Option<Head>> {
+        Ok(self
+            .conn
+            .prepare_cached(
+                "SELECT id, message_id, seq FROM deliveries
+                 WHERE host = :h AND conversation = :c AND state = 'queued' AND seq > :s
+                 ORDER BY seq LIMIT 1",
+            )?
+            .query_row(named_params! {":h": self.host, ":c": conversation, ":s": seq}, |r| {
+                Ok(Head { id: r.get(0)?, message_id: r.get(1)?, seq: r.get(2)? })
+            })
+            .optional()?)
+    }
+
+    /// Whether `conversation` has a held delivery on this host before `seq`.
+    fn held_before(&self, conversation: &str, seq: i64) -> StoreResult<bool> {
+        Ok(self
+            .conn
+            .prepare_cached(
+                "SELECT EXISTS (SELECT 1 FROM deliveries
+                                WHERE host = :h AND conversation = :c AND state = 'held' AND seq < :s)",
+            )?
+            .query_row(named_params! {":h": self.host, ":c": conversation, ":s": seq}, |r| r.get(0))?)
+    }
+
+    /// Whether an earlier message of `conversation` routed to this host is still owed its
+    /// fan-out (its delivery does not exist yet).
+    fn earlier_not_fanned_out(&self, conversation: &str, seq: i64) -> StoreResult<bool> {
+        if !self.obligations_pending {
+            return Ok(false);
+        }
+        // CROSS JOIN keeps the (tiny) pending set as the outer loop.
+        Ok(self
+            .conn
+            .prepare_cached(
+                "SELECT EXISTS (
+                    SELECT 1 FROM fanout_obligations o CROSS JOIN messages m ON m.id = o.message_id
+                    WHERE o.done_at IS NULL AND m.conversation = :c AND m.seq < :s
+                      AND EXISTS (SELECT 1 FROM message_recipients r WHERE r.message_id = o.message_id AND r.host = :h))",
+            )?
+            .query_row(named_params! {":c": conversation, ":s": seq, ":h": self.host}, |r| r.get(0))?)
+    }
+
+    /// Whether this host may receive post `seq` of `conversation` (the registry's re-check).
+    /// A conversation that never had a member (most) is looked up once per claim.
+    fn authorized(&mut self, conversation: &str, seq: i64) -> StoreResult<bool> {
+        let managed = match self.managed.get(conversation) {
+            Some(m) => *m,
+            None => {
+                let m = members::has_membership(self.conn, conversation)?;
+                self.managed.insert(conversation.to_string(), m);
+                m
+            }
+        };
+        if !managed {
+            return Ok(true);
+        }
+        members::authorized(self.conn, conversation, self.host, seq)
+    }
+
+    /// Moves a queued delivery on without handing it out (held by a fence, failed by a fence
+    /// or by the re-authorization).
+    fn settle(&mut self, id: &str, to: DeliveryState, reason: &str) -> StoreResult<()> {
+        self.heads += 1;
+        let change =
+            Change { delivery_id: id, from: Queued, to, expect_holder: None, new_holder: None, reason: Some(reason) };
+        transition::apply(self.conn, change, &Actor::hub(), self.now_ms)
+    }
+
+    /// One turn of `conversation`: hand out its next delivery if the order rule, the fences
+    /// and the registry allow it.
+    fn turn(&mut self, conversation: &str) -> StoreResult<Turn> {
+        match fences::strongest(self.fences, conversation, self.host) {
+            Some(f) if f.kind == FenceKind::Pause => return Ok(Turn::Blocked),
+            Some(f) => {
+                // Every queued delivery the fence covers is parked or failed, in seq order.
+                let (to, reason) = match f.kind {
+                    FenceKind::Hold => (Held, format!("held by {}", f.describe())),
+                    _ => (Failed, format!("blocked by {}", f.describe())),
+                };
+                let mut after = i64::MIN;
+                while let Some(head) = self.next_queued(conversation, after)? {
+                    if self.heads >= CLAIM_HEADS_MAX {
+                        return Ok(Turn::Spent);
+                    }
+                    self.settle(&head.id, to, &reason)?;
+                    after = head.seq;
+                }
+                return Ok(if to == Held { Turn::Blocked } else { Turn::Empty });
+            }
+            None => {}
+        }
+        loop {
+            if self.heads >= CLAIM_HEADS_MAX {
+                return Ok(Turn::Spent);
+            }
+            // Queued turns before this one were handed out or failed already in this loop.
+            let Some(head) = self.next_queued(conversation, i64::MIN)? else { return Ok(Turn::Empty) };
+            if self.held_before(conversation, head.seq)? || self.earlier_not_fanned_out(conversation, head.seq)? {
+                self.heads += 1;
+                return Ok(Turn::Blocked);
+            }
+            if !self.authorized(conversation, head.seq)? {
+                self.settle(&head.id, Failed, NOT_A_MEMBER)?;
+                continue;
+            }
+            self.hand_out(conversation, head)?;
+            return Ok(Turn::Claimed);
+        }
+    }
+
+    /// queued → claimed for the claiming instance, and into the batch.
+    fn hand_out(&mut self, conversation: &str, head: Head) -> StoreResult<()> {
+        self.heads += 1;
+        let (payload, producer): (serde_json::Value, String) = self
+            .conn
+            .prepare_cached("SELECT payload, producer FROM messages WHERE id = ?1")?
+            .query_row([&head.message_id], |r| Ok((json_column(r, 0, "messages", &head.message_id)?, r.get(1)?)))?;
+        let token = new_token();
+        let holder = Holder { instance_id: self.holder_instance, claim_token: &token };
+        let change = Change {
+            delivery_id: &head.id,
+            from: Queued,
+            to: Claimed,
+            expect_holder: None,
+            new_holder: Some(holder),
+            reason: None,
+        };
+        transition::apply(self.conn, change, &Actor::node(self.host), self.now_ms)?;
+        self.out.push(ClaimedDelivery {
+            delivery_id: head.id,
+            message_id: head.message_id,
+            conversation: conversation.to_string(),
+            seq: head.seq,
+            payload,
+            claim_token: token,
+            state: Claimed,
+            producer: Some(producer),
+        });
+        Ok(())
+    }
+}
+
+/// The reason a delivery fails with when its host is not a member for the message's `seq`.
+pub const NOT_A_MEMBER: &str = "not a member";
 
 /// What `instance_id` holds on `host`: claimed, mirrored, or delivered without an outcome.
 pub fn holdings(conn: &Connection, host: &str, instance_id: &str) -> StoreResult<Vec<ClaimedDelivery>> {
     let rows = conn
         .prepare_cached(
-            "SELECT d.id, d.message_id, d.conversation, d.seq, m.payload, d.claim_token, d.state
+            "SELECT d.id, d.message_id, d.conversation, d.seq, m.payload, d.claim_token, d.state, m.producer
              FROM deliveries d JOIN messages m ON m.id = d.message_id
              WHERE d.instance_id = :i AND d.host = :h
                AND (d.state IN ('claimed', 'mirrored')
@@ -247,6 +499,7 @@ pub fn holdings(conn: &Connection, host: &str, instance_id: &str) -> StoreResult
                 conversation: r.get(2)?,
                 seq: r.get(3)?,
                 claim_token: r.get(5)?,
+                producer: Some(r.get(7)?),
             })
         })?
         .collect::<Result<_, _>>()?;
@@ -390,10 +643,292 @@ pub fn reject(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::accept::testing::accept_one;
+    use crate::store::accept::fan_out;
+    use crate::store::accept::testing::{accept_one, accept_only};
     use crate::store::fences::{FenceScope, NewFence, lift as fence_lift};
+    use crate::store::operator::{Selector, release};
     use crate::store::testing;
     use FenceKind::*;
+
+    fn fence_set(
+        conn: &Connection,
+        kind: FenceKind,
+        scope: FenceScope,
+        target: Option<&str>,
+        reason: &str,
+        now_ms: i64,
+    ) -> StoreResult<i64> {
+        fences::set(conn, NewFence { kind, scope, target, operator: "op", reason }, now_ms)
+    }
+
+    /// The (conversation, seq) of each claimed delivery, in batch order.
+    fn turns(got: &[ClaimedDelivery]) -> Vec<(&str, i64)> {
+        got.iter().map(|d| (d.conversation.as_str(), d.seq)).collect()
+    }
+
+    fn delivery_of(conn: &Connection, message_id: &str, host: &str) -> String {
+        conn.query_row("SELECT id FROM deliveries WHERE message_id = ?1 AND host = ?2", [message_id, host], |r| {
+            r.get(0)
+        })
+        .unwrap()
+    }
+
+    /// Accept and fan-out are separate writer jobs: a later message can be fanned out (and its
+    /// delivery be claimable) before an earlier one is. The claim waits for the earlier one.
+    #[test]
+    fn a_later_turn_waits_for_an_earlier_one_still_owed_its_fan_out() {
+        let db = testing::db();
+        let c = &db.conn;
+        let m1 = accept_only(c, "c", "k1", &["host-a", "host-b"]);
+        let m2 = accept_only(c, "c", "k2", &["host-a"]);
+        fan_out(c, &m2, 1).unwrap();
+        // An earlier message routed only elsewhere does not hold host-a back.
+        let other = accept_only(c, "d", "k3", &["host-b"]);
+        let later = accept_only(c, "d", "k4", &["host-a"]);
+        fan_out(c, &later, 1).unwrap();
+        assert_eq!(turns(&claim(c, "host-a", "i", 10, 2).unwrap()), [("d", 2)]);
+        assert!(claim(c, "host-a", "i", 10, 2).unwrap().is_empty(), "c #2 waits for c #1's fan-out");
+        fan_out(c, &m1, 3).unwrap();
+        fan_out(c, &other, 3).unwrap();
+        assert_eq!(turns(&claim(c, "host-a", "i", 10, 4).unwrap()), [("c", 1), ("c", 2)], "both, in seq order");
+        assert_eq!(turns(&claim(c, "host-b", "j", 10, 4).unwrap()), [("c", 1), ("d", 1)]);
+    }
+
+    /// Deliveries created out of seq order (fan-out of #3 before #2) are handed out by seq.
+    #[test]
+    fn turns_are_handed_out_by_seq_not_by_creation() {
+        let db = testing::db();
+        let c = &db.conn;
+        let ids: Vec<String> = (1..=3).map(|i| accept_only(c, "c", &format!("k{i}"), &["host-a"])).collect();
+        for i in [0, 2, 1] {
+            fan_out(c, &ids[i], 1).unwrap();
+        }
+        assert_eq!(turns(&claim(c, "host-a", "i", 2, 2).unwrap()), [("c", 1), ("c", 2)]);
+        assert_eq!(turns(&claim(c, "host-a", "i", 2, 2).unwrap()), [("c", 3)]);
+    }
+
+    /// A hold parks a conversation's queued turns; while an earlier one is held, a later one
+    /// (accepted after the hold was lifted) is not handed out; after the release both go, in order.
+    #[test]
+    fn a_held_earlier_turn_keeps_later_ones_back() {
+        let db = testing::db();
+        let c = &db.conn;
+        let hold = fence_set(c, FenceKind::Hold, FenceScope::Conversation, Some("c"), "look", 1).unwrap();
+        let m1 = accept_one(c, "c", "k1", &["host-a"]);
+        accept_one(c, "x", "k0", &["host-a"]);
+        assert_eq!(turns(&claim(c, "host-a", "i", 10, 2).unwrap()), [("x", 1)]);
+        assert_eq!(state_of_msg(c, &m1).0, "held");
+        fence_lift(c, hold, "op", "done", 3).unwrap();
+        accept_one(c, "c", "k2", &["host-a"]);
+        assert!(claim(c, "host-a", "i", 10, 4).unwrap().is_empty(), "c #2 waits behind the held c #1");
+        release(c, Selector::Conversation("c"), "op", "ok", 5).unwrap();
+        assert_eq!(turns(&claim(c, "host-a", "i", 10, 6).unwrap()), [("c", 1), ("c", 2)]);
+    }
+
+    /// A pause of the conversation keeps every turn back, and the lift lets them go in order.
+    #[test]
+    fn a_paused_conversation_hands_out_nothing_until_the_lift() {
+        let db = testing::db();
+        let c = &db.conn;
+        let pause = fence_set(c, FenceKind::Pause, FenceScope::Conversation, Some("c"), "r", 1).unwrap();
+        for i in 1..=3 {
+            accept_one(c, "c", &format!("k{i}"), &["host-a"]);
+        }
+        assert!(claim(c, "host-a", "i", 10, 2).unwrap().is_empty());
+        fence_lift(c, pause, "op", "r", 3).unwrap();
+        assert_eq!(turns(&claim(c, "host-a", "i", 10, 4).unwrap()), [("c", 1), ("c", 2), ("c", 3)]);
+    }
+
+    /// Releasing a later held turn does not let it pass an earlier one that is still held.
+    #[test]
+    fn releasing_a_later_held_turn_does_not_jump_an_earlier_held_one() {
+        let db = testing::db();
+        let c = &db.conn;
+        let hold = fence_set(c, FenceKind::Hold, FenceScope::Conversation, Some("c"), "r", 1).unwrap();
+        let ms: Vec<String> = (1..=3).map(|i| accept_one(c, "c", &format!("k{i}"), &["host-a"])).collect();
+        assert!(claim(c, "host-a", "i", 10, 2).unwrap().is_empty());
+        for m in &ms {
+            assert_eq!(state_of_msg(c, m).0, "held", "the hold parks every queued turn");
+        }
+        fence_lift(c, hold, "op", "r", 3).unwrap();
+        let d2 = delivery_of(c, &ms[1], "host-a");
+        release(c, Selector::Delivery(&d2), "op", "r", 4).unwrap();
+        assert!(claim(c, "host-a", "i", 10, 5).unwrap().is_empty(), "c #2 must not pass the held c #1");
+        let d1 = delivery_of(c, &ms[0], "host-a");
+        release(c, Selector::Delivery(&d1), "op", "r", 6).unwrap();
+        assert_eq!(turns(&claim(c, "host-a", "i", 10, 7).unwrap()), [("c", 1), ("c", 2)], "c #3 is still held");
+    }
+
+    /// 5,000 queued turns in A and 20 in B on one host: B's turns all go out while A still has
+    /// almost all of its backlog, and each conversation's turns go out in seq order.
+    #[test]
+    fn a_deep_conversation_does_not_starve_a_light_one() {
+        let db = testing::db();
+        let c = &db.conn;
+        c.execute_batch("BEGIN").unwrap();
+        for i in 0..5_000 {
+            accept_one(c, "deep", &format!("a{i}"), &["host-a"]);
+        }
+        for i in 0..20 {
+            accept_one(c, "light", &format!("b{i}"), &["host-a"]);
+        }
+        c.execute_batch("COMMIT").unwrap();
+        let mut seen: Vec<(String, i64)> = Vec::new();
+        while seen.iter().filter(|(conv, _)| conv == "light").count() < 20 {
+            let got = claim(c, "host-a", "i", 16, 2).unwrap();
+            assert!(!got.is_empty());
+            seen.extend(got.iter().map(|d| (d.conversation.clone(), d.seq)));
+        }
+        let deep = seen.iter().filter(|(conv, _)| conv == "deep").count();
+        assert!(deep <= 32, "light finished after {deep} deep turns were handed out");
+        for conv in ["deep", "light"] {
+            let seqs: Vec<i64> = seen.iter().filter(|(c, _)| c == conv).map(|(_, s)| *s).collect();
+            assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{conv} in order: {seqs:?}");
+        }
+    }
+
+    /// Claims of one take turns: the least recently served conversation goes first.
+    #[test]
+    fn single_claims_alternate_between_conversations() {
+        let db = testing::db();
+        let c = &db.conn;
+        for i in 0..3 {
+            accept_one(c, "a", &format!("a{i}"), &["host-a"]);
+        }
+        for i in 0..2 {
+            accept_one(c, "b", &format!("b{i}"), &["host-a"]);
+        }
+        let mut order = Vec::new();
+        for _ in 0..6 {
+            order.extend(claim(c, "host-a", "i", 1, 2).unwrap().into_iter().map(|d| (d.conversation, d.seq)));
+        }
+        let order: Vec<(&str, i64)> = order.iter().map(|(c, s)| (c.as_str(), *s)).collect();
+        assert_eq!(order, [("a", 1), ("b", 1), ("a", 2), ("b", 2), ("a", 3)]);
+    }
+
+    /// A conversation that gains work after being idle is served before those that kept busy;
+    /// among conversations not yet served, the one waiting longest goes first.
+    #[test]
+    fn a_conversation_back_from_idle_goes_first() {
+        let db = testing::db();
+        let c = &db.conn;
+        accept_one(c, "b", "b0", &["host-a"]);
+        for i in 0..4 {
+            accept_one(c, "a", &format!("a{i}"), &["host-a"]);
+        }
+        // Neither served yet: the one waiting longest (b) first.
+        assert_eq!(turns(&claim(c, "host-a", "i", 3, 2).unwrap()), [("b", 1), ("a", 1), ("a", 2)]);
+        accept_one(c, "b", "b1", &["host-a"]);
+        assert_eq!(turns(&claim(c, "host-a", "i", 1, 3).unwrap()), [("b", 2)]);
+    }
+
+    /// The claim carries the producer that wrote the turn.
+    #[test]
+    fn a_claim_names_the_producer() {
+        let db = testing::db();
+        accept_one(&db.conn, "c", "k", &["host-a"]);
+        let got = claim(&db.conn, "host-a", "i", 10, 2).unwrap();
+        assert_eq!(got[0].producer.as_deref(), Some("prod"));
+        assert_eq!(holdings(&db.conn, "host-a", "i").unwrap()[0].producer.as_deref(), Some("prod"));
+    }
+
+    /// Re-authorization at release: a delivery whose host holds no membership interval for its
+    /// seq is failed with `not a member`, never handed out. The registry and routing cannot
+    /// disagree through the store's own functions (routing is decided from the registry in the
+    /// accept's transaction), so this fixture writes a registry that does, as a faulty or older
+    /// writer could have.
+    #[test]
+    fn a_host_not_a_member_at_the_seq_gets_not_a_member() {
+        let db = testing::db();
+        let c = &db.conn;
+        let m1 = accept_one(c, "c", "k1", &["host-a"]);
+        let m2 = accept_one(c, "c", "k2", &["host-a"]);
+        c.execute(
+            "INSERT INTO memberships (conversation, host, join_seq, joined_at, joined_by, join_reason)
+             VALUES ('c', 'host-b', 0, 1, 'op', 'fixture'), ('c', 'host-a', 1, 1, 'op', 'fixture')",
+            [],
+        )
+        .unwrap();
+        assert_eq!(turns(&claim(c, "host-a", "i", 10, 2).unwrap()), [("c", 2)], "seq 2 is in host-a's interval");
+        assert_eq!(state_of_msg(c, &m1), ("failed".to_string(), Some(NOT_A_MEMBER.to_string())));
+        assert_eq!(state_of_msg(c, &m2).0, "claimed");
+        let last: (String, String) = c
+            .query_row(
+                "SELECT actor_kind, to_state FROM delivery_events WHERE delivery_id = ?1 ORDER BY id DESC LIMIT 1",
+                [delivery_of(c, &m1, "host-a")],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        assert_eq!(last, ("hub".to_string(), "failed".to_string()));
+    }
+
+    /// A store written before the queue bookkeeping existed gets it filled by the migration,
+    /// and its backlog is claimed in seq order.
+    #[test]
+    fn an_older_store_gets_its_queue_counts_on_upgrade() {
+        use baton_shared::sqlite::{OpenOptions, Synchronous};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hub.db");
+        {
+            let opts = OpenOptions { synchronous: Synchronous::Normal, ..Default::default() };
+            let old = baton_shared::sqlite::open(&path, &crate::store::MIGRATIONS[..1], opts).unwrap();
+            old.execute_batch(
+                "INSERT INTO hosts (name, enrolled_at) VALUES ('host-a', 1);
+                 INSERT INTO host_backlog (host, waiting) VALUES ('host-a', 2);
+                 INSERT INTO conversations (name, last_seq) VALUES ('c', 3);
+                 INSERT INTO messages (id, conversation, seq, producer, idempotency_key, content_hash, payload, accepted_at)
+                 VALUES ('m1', 'c', 1, 'p', 'k1', 'h', '{}', 1), ('m2', 'c', 2, 'p', 'k2', 'h', '{}', 1),
+                        ('m3', 'c', 3, 'p', 'k3', 'h', '{}', 1);
+                 INSERT INTO message_recipients (message_id, host) VALUES ('m1', 'host-a'), ('m2', 'host-a'), ('m3', 'host-a');
+                 INSERT INTO fanout_obligations (message_id, created_at, done_at) VALUES ('m1', 1, 1), ('m2', 1, 1), ('m3', 1, 1);
+                 INSERT INTO deliveries (id, message_id, host, conversation, seq, state, created_at, updated_at)
+                 VALUES ('d3', 'm3', 'host-a', 'c', 3, 'queued', 1, 1), ('d2', 'm2', 'host-a', 'c', 2, 'queued', 1, 1),
+                        ('d1', 'm1', 'host-a', 'c', 1, 'failed', 1, 1);",
+            )
+            .unwrap();
+        }
+        let c = crate::store::open_write(&path, Synchronous::Normal).unwrap();
+        let queued: i64 = c
+            .query_row("SELECT queued FROM conversation_queues WHERE host = 'host-a' AND conversation = 'c'", [], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        assert_eq!(queued, 2);
+        assert_eq!(turns(&claim(&c, "host-a", "i", 10, 2).unwrap()), [("c", 2), ("c", 3)]);
+    }
+
+    /// The per-(host, conversation) queue counts stay equal to the queued deliveries through
+    /// every kind of change.
+    #[test]
+    fn queue_counts_follow_every_transition() {
+        let db = testing::db();
+        let c = &db.conn;
+        let hold = fence_set(c, FenceKind::Hold, FenceScope::Conversation, Some("h"), "r", 1).unwrap();
+        for i in 0..4 {
+            accept_one(c, "h", &format!("h{i}"), &["host-a", "host-b"]);
+            accept_one(c, "q", &format!("q{i}"), &["host-a"]);
+        }
+        claim(c, "host-a", "i", 3, 2).unwrap();
+        fence_lift(c, hold, "op", "r", 3).unwrap();
+        release(c, Selector::Conversation("h"), "op", "r", 4).unwrap();
+        crate::store::operator::retire(c, "host-b", "op", "r", 5).unwrap();
+        let mismatched: i64 = c
+            .query_row(
+                "SELECT count(*) FROM (
+                    SELECT host, conversation, count(*) AS n FROM deliveries WHERE state = 'queued' GROUP BY host, conversation
+                 ) d FULL JOIN (SELECT host, conversation, queued AS n FROM conversation_queues WHERE queued > 0) q
+                   USING (host, conversation)
+                 WHERE d.n IS NOT q.n",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(mismatched, 0);
+        let total: i64 = c.query_row("SELECT sum(queued) FROM conversation_queues", [], |r| r.get(0)).unwrap();
+        // host-a: the 4 of h parked and released, 1 of q left after 3 claims (the hold kept h
+        // out of the claim); host-b's 4 of h failed at retire.
+        assert_eq!(total, 5);
+    }
 
     #[test]
     fn a_revoked_certificate_is_handed_nothing() {
@@ -408,17 +943,6 @@ mod tests {
         assert!(matches!(claim_as(&db.conn, unknown, 10, 3), Err(StoreError::CertificateRevoked(_))));
         let state: String = db.conn.query_row("SELECT state FROM deliveries", [], |r| r.get(0)).unwrap();
         assert_eq!(state, "queued", "nothing was handed out or failed");
-    }
-
-    fn fence_set(
-        conn: &Connection,
-        kind: FenceKind,
-        scope: FenceScope,
-        target: Option<&str>,
-        reason: &str,
-        now_ms: i64,
-    ) -> StoreResult<i64> {
-        fences::set(conn, NewFence { kind, scope, target, operator: "op", reason }, now_ms)
     }
 
     fn state_of_msg(conn: &Connection, msg: &str) -> (String, Option<String>) {
@@ -446,6 +970,7 @@ mod tests {
 
     #[test]
     fn fences_by_kind_and_scope() {
+        use FenceKind::*;
         use FenceScope::*;
         for (kind, covered) in [(Pause, "queued"), (Hold, "held"), (Block, "failed")] {
             check(kind, Conversation, Some("c1"), "c1", covered);
@@ -454,6 +979,69 @@ mod tests {
             check(kind, Host, Some("host-b"), "c1", "claimed");
             check(kind, All, None, "c1", covered);
         }
+    }
+
+    #[test]
+    fn paused_conversation_does_not_block_others_and_order_is_oldest_first() {
+        let db = testing::db();
+        let a1 = accept_one(&db.conn, "a", "k1", &["host-a"]);
+        let _b1 = accept_one(&db.conn, "b", "k2", &["host-a"]);
+        let a2 = accept_one(&db.conn, "a", "k3", &["host-a"]);
+        fence_set(&db.conn, FenceKind::Pause, FenceScope::Conversation, Some("b"), "r", 1).unwrap();
+        let got = claim(&db.conn, "host-a", "inst", 10, 2).unwrap();
+        let ids: Vec<&str> = got.iter().map(|d| d.message_id.as_str()).collect();
+        assert_eq!(ids, vec![a1.as_str(), a2.as_str()]);
+        assert!(got.iter().all(|d| d.claim_token.len() == 32));
+    }
+
+    #[test]
+    fn batch_is_bounded_and_other_hosts_get_nothing() {
+        let db = testing::db();
+        for i in 0..5 {
+            accept_one(&db.conn, "c", &format!("k{i}"), &["host-a"]);
+        }
+        assert!(claim(&db.conn, "host-b", "inst-b", 10, 1).unwrap().is_empty());
+        assert_eq!(claim(&db.conn, "host-a", "inst", 2, 1).unwrap().len(), 2);
+        assert_eq!(claim(&db.conn, "host-a", "inst", 10, 1).unwrap().len(), 3);
+        assert!(claim(&db.conn, "host-a", "inst", 10, 1).unwrap().is_empty());
+    }
+
+    #[test]
+    fn one_active_instance_per_host() {
+        let db = testing::db();
+        accept_one(&db.conn, "c", "k1", &["host-a"]);
+        let got = claim(&db.conn, "host-a", "first", 10, 1).unwrap();
+        assert_eq!(got.len(), 1);
+        // A clone with the same certificate is refused while the first holds work.
+        assert!(matches!(claim(&db.conn, "host-a", "clone", 10, 1), Err(StoreError::InstanceConflict(_))));
+        assert!(holdings(&db.conn, "host-a", "clone").unwrap().is_empty());
+        let d = &got[0];
+        let clone_holder = Holder { instance_id: "clone", claim_token: &d.claim_token };
+        assert!(matches!(
+            mirrored(&db.conn, "host-a", &d.delivery_id, clone_holder, 2),
+            Err(StoreError::StaleClaim(_))
+        ));
+        // Once the first instance holds nothing, a new instance may take over.
+        let h = Holder { instance_id: "first", claim_token: &d.claim_token };
+        reject(&db.conn, "host-a", &d.delivery_id, h, "no", 3).unwrap();
+        assert!(claim(&db.conn, "host-a", "clone", 10, 4).unwrap().is_empty());
+        assert!(claim(&db.conn, "host-a", "other", 10, 5).is_ok());
+    }
+
+    #[test]
+    fn holder_steps_repeat_as_no_ops() {
+        let db = testing::db();
+        accept_one(&db.conn, "c", "k1", &["host-a"]);
+        let d = claim(&db.conn, "host-a", "i", 10, 1).unwrap().remove(0);
+        let h = Holder { instance_id: "i", claim_token: &d.claim_token };
+        assert!(matches!(ack(&db.conn, "host-a", &d.delivery_id, h, 2), Err(StoreError::InvalidTransition(_))));
+        assert!(mirrored(&db.conn, "host-a", &d.delivery_id, h, 2).unwrap().changed);
+        assert!(!mirrored(&db.conn, "host-a", &d.delivery_id, h, 3).unwrap().changed);
+        assert!(ack(&db.conn, "host-a", &d.delivery_id, h, 4).unwrap().changed);
+        assert!(!ack(&db.conn, "host-a", &d.delivery_id, h, 5).unwrap().changed);
+        assert!(matches!(reject(&db.conn, "host-a", &d.delivery_id, h, "x", 6), Err(StoreError::InvalidTransition(_))));
+        assert!(matches!(mirrored(&db.conn, "host-b", &d.delivery_id, h, 6), Err(StoreError::NotYours(_))));
+        assert_eq!(holdings(&db.conn, "host-a", "i").unwrap().len(), 1, "delivered without outcome is still held");
     }
 
     /// Regression: a covering conversation pause was applied before the precedence rule (the
@@ -511,68 +1099,5 @@ mod tests {
         let e = crate::store::in_write_txn(&db.conn, |c| claim(c, "host-a", "inst", 10, 2)).unwrap_err();
         assert!(matches!(&e, StoreError::Corrupt(t) if t.contains(&msg) && t.contains("payload")), "{e:?}");
         assert_eq!(state_of_msg(&db.conn, &msg).0, "queued");
-    }
-
-    #[test]
-    fn paused_conversation_does_not_block_others_and_order_is_oldest_first() {
-        let db = testing::db();
-        let a1 = accept_one(&db.conn, "a", "k1", &["host-a"]);
-        let _b1 = accept_one(&db.conn, "b", "k2", &["host-a"]);
-        let a2 = accept_one(&db.conn, "a", "k3", &["host-a"]);
-        fence_set(&db.conn, Pause, FenceScope::Conversation, Some("b"), "r", 1).unwrap();
-        let got = claim(&db.conn, "host-a", "inst", 10, 2).unwrap();
-        let ids: Vec<&str> = got.iter().map(|d| d.message_id.as_str()).collect();
-        assert_eq!(ids, vec![a1.as_str(), a2.as_str()]);
-        assert!(got.iter().all(|d| d.claim_token.len() == 32));
-    }
-
-    #[test]
-    fn batch_is_bounded_and_other_hosts_get_nothing() {
-        let db = testing::db();
-        for i in 0..5 {
-            accept_one(&db.conn, "c", &format!("k{i}"), &["host-a"]);
-        }
-        assert!(claim(&db.conn, "host-b", "inst-b", 10, 1).unwrap().is_empty());
-        assert_eq!(claim(&db.conn, "host-a", "inst", 2, 1).unwrap().len(), 2);
-        assert_eq!(claim(&db.conn, "host-a", "inst", 10, 1).unwrap().len(), 3);
-        assert!(claim(&db.conn, "host-a", "inst", 10, 1).unwrap().is_empty());
-    }
-
-    #[test]
-    fn one_active_instance_per_host() {
-        let db = testing::db();
-        accept_one(&db.conn, "c", "k1", &["host-a"]);
-        let got = claim(&db.conn, "host-a", "first", 10, 1).unwrap();
-        assert_eq!(got.len(), 1);
-        // A clone with the same certificate is refused while the first holds work.
-        assert!(matches!(claim(&db.conn, "host-a", "clone", 10, 1), Err(StoreError::InstanceConflict(_))));
-        assert!(holdings(&db.conn, "host-a", "clone").unwrap().is_empty());
-        let d = &got[0];
-        let clone_holder = Holder { instance_id: "clone", claim_token: &d.claim_token };
-        assert!(matches!(
-            mirrored(&db.conn, "host-a", &d.delivery_id, clone_holder, 2),
-            Err(StoreError::StaleClaim(_))
-        ));
-        // Once the first instance holds nothing, a new instance may take over.
-        let h = Holder { instance_id: "first", claim_token: &d.claim_token };
-        reject(&db.conn, "host-a", &d.delivery_id, h, "no", 3).unwrap();
-        assert!(claim(&db.conn, "host-a", "clone", 10, 4).unwrap().is_empty());
-        assert!(claim(&db.conn, "host-a", "other", 10, 5).is_ok());
-    }
-
-    #[test]
-    fn holder_steps_repeat_as_no_ops() {
-        let db = testing::db();
-        accept_one(&db.conn, "c", "k1", &["host-a"]);
-        let d = claim(&db.conn, "host-a", "i", 10, 1).unwrap().remove(0);
-        let h = Holder { instance_id: "i", claim_token: &d.claim_token };
-        assert!(matches!(ack(&db.conn, "host-a", &d.delivery_id, h, 2), Err(StoreError::InvalidTransition(_))));
-        assert!(mirrored(&db.conn, "host-a", &d.delivery_id, h, 2).unwrap().changed);
-        assert!(!mirrored(&db.conn, "host-a", &d.delivery_id, h, 3).unwrap().changed);
-        assert!(ack(&db.conn, "host-a", &d.delivery_id, h, 4).unwrap().changed);
-        assert!(!ack(&db.conn, "host-a", &d.delivery_id, h, 5).unwrap().changed);
-        assert!(matches!(reject(&db.conn, "host-a", &d.delivery_id, h, "x", 6), Err(StoreError::InvalidTransition(_))));
-        assert!(matches!(mirrored(&db.conn, "host-b", &d.delivery_id, h, 6), Err(StoreError::NotYours(_))));
-        assert_eq!(holdings(&db.conn, "host-a", "i").unwrap().len(), 1, "delivered without outcome is still held");
     }
 }

@@ -12,9 +12,11 @@
 //!   reader pool.
 //! - `transition`: the SPEC §2 transition table and the one guarded update every transition uses.
 //! - `accept`: acceptance, fan-out and startup repair.
-//! - `claim`: claims (fences applied through `fences`), holdings, and the holder's
-//!   mirrored/ack/reject.
+//! - `claim`: claims (fences applied through `fences`), order and fairness, holdings, and the
+//!   holder's mirrored/ack/reject.
 //! - `fences`: the fence types, set/lift/list, and the one precedence rule claims apply.
+//! - `members`: the membership registry (join/leave intervals per conversation and host).
+//! - `producers`: producers' publish scopes.
 //! - `report`: attempt reports.
 //! - `hosts`: hosts, certificates and operator events (enroll, revoke, renew look-ups).
 //! - `operator`: the operator's delivery transitions: release, cancel, retire, requeue.
@@ -32,7 +34,9 @@ pub mod backup;
 pub mod claim;
 pub mod fences;
 pub mod hosts;
+pub mod members;
 pub mod operator;
+pub mod producers;
 pub mod read;
 pub mod report;
 pub mod retention;
@@ -49,7 +53,10 @@ use rusqlite::Connection;
 use std::path::Path;
 
 /// The hub schema's migrations, in order. Append-only.
-pub const MIGRATIONS: &[&str] = &[include_str!("../../../schema/hub/0001-create-hub-store.sql")];
+pub const MIGRATIONS: &[&str] = &[
+    include_str!("../../../schema/hub/0001-create-hub-store.sql"),
+    include_str!("../../../schema/hub/0002-conversations.sql"),
+];
 
 /// Who made a change, as recorded in the event log.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -111,6 +118,9 @@ pub enum StoreError {
     /// A field has a bad value; the text names the field.
     #[error("{0}")]
     Invalid(String),
+    /// A message has no recipients: no `to`, and its conversation has no members.
+    #[error("{0}")]
+    NoRecipients(String),
     /// No such thing.
     #[error("{0}")]
     NotFound(String),
@@ -138,6 +148,9 @@ pub enum StoreError {
     /// The caller's certificate was revoked (found when re-checked inside a transaction).
     #[error("{0}")]
     CertificateRevoked(String),
+    /// The caller may not do this here (a producer posting outside its publish scope).
+    #[error("{0}")]
+    Forbidden(String),
     /// SQLite failed (disk full, I/O error, busy past the timeout). Details are logged.
     #[error("storage error: {0}")]
     Storage(String),
@@ -155,6 +168,7 @@ impl StoreError {
     pub fn code(&self) -> ErrorCode {
         match self {
             StoreError::Invalid(_) => ErrorCode::InvalidField,
+            StoreError::NoRecipients(_) => ErrorCode::NoRecipients,
             StoreError::NotFound(_) => ErrorCode::NotFound,
             StoreError::NotYours(_) => ErrorCode::NotYours,
             StoreError::StaleClaim(_) => ErrorCode::StaleClaim,
@@ -164,6 +178,7 @@ impl StoreError {
             StoreError::InstanceConflict(_) => ErrorCode::InstanceConflict,
             StoreError::OverCapacity(_) => ErrorCode::OverCapacity,
             StoreError::CertificateRevoked(_) => ErrorCode::CertificateRevoked,
+            StoreError::Forbidden(_) => ErrorCode::Forbidden,
             StoreError::Storage(_) => ErrorCode::StorageUnavailable,
             StoreError::Corrupt(_) | StoreError::Internal(_) => ErrorCode::Internal,
         }

@@ -15,6 +15,7 @@ pub(crate) fn delivery(id: &str, conversation: &str, seq: i64) -> ClaimedDeliver
         payload: serde_json::json!({"turn": seq}),
         claim_token: format!("tok-{id}"),
         state: DeliveryState::Claimed,
+        producer: Some("prod".into()),
     }
 }
 

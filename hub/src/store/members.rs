@@ -1,0 +1,513 @@
+//! The membership registry (SPEC §6): which hosts are members of a conversation, as intervals of
+//! the conversation's `seq`.
+//!
+//! A join or a leave is a cursor: the conversation's `last_seq`, read in the transaction that
+//! makes the change. A host receives the posts with `join_seq < seq <= leave_seq` (no upper
+//! bound while it is a member), so a post and a membership change always order the same way:
+//! a post committed before a join is not for the joining host, a post committed before a leave
+//! still is. Leave is a hard boundary; a rejoin opens a new interval. Only operators change the
+//! registry (through the CLI); nodes cannot.
+//!
+//! A conversation that never had a member is *open*: any enrolled host may be named in `to`.
+//! Once it has had one, `to` may name only current members, and a post without `to` goes to
+//! the members at its `seq` (see `accept`).
+//!
+//! Invariant: a (conversation, host) has at most one open interval, and intervals are never
+//! rewritten: a closed interval stays closed, its cursors never move.
+
+use super::hosts::record_operator_event;
+use super::{StoreError, StoreResult};
+use baton_shared::ids::check_name;
+use baton_shared::wire::{ConversationView, MemberView, MembershipInterval};
+use rusqlite::{Connection, OptionalExtension, named_params};
+
+/// Most current members one conversation may have: every post without `to` fans out to all of
+/// them, so this bounds one message's fan-out the way `recipients_max` bounds `to`.
+pub const MEMBERS_PER_CONVERSATION_MAX: usize = 256;
+
+/// What one `add` or `remove` did for one host.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct MemberChange {
+    /// The host.
+    pub host: String,
+    /// False when nothing changed (already a member, or not a member).
+    pub changed: bool,
+    /// The cursor taken (join or leave `seq`), or for an unchanged add the open interval's
+    /// join cursor; `None` for an unchanged remove.
+    pub seq: Option<i64>,
+}
+
+/// One interval as the operator sees it: cursors, when, who and why. Serialised only for the
+/// CLI's `--json`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct IntervalRow {
+    /// The join cursor.
+    pub join_seq: i64,
+    /// When (unix ms).
+    pub joined_at_ms: i64,
+    /// Which operator.
+    pub joined_by: String,
+    /// Why.
+    pub join_reason: String,
+    /// The leave cursor, once it left.
+    pub leave_seq: Option<i64>,
+    /// When it left (unix ms).
+    pub left_at_ms: Option<i64>,
+    /// Which operator removed it.
+    pub left_by: Option<String>,
+    /// Why.
+    pub leave_reason: Option<String>,
+}
+
+/// One host's intervals in one conversation, for the operator.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct MemberRow {
+    /// The host.
+    pub host: String,
+    /// Whether its latest interval is open.
+    pub current: bool,
+    /// Its intervals, oldest first.
+    pub intervals: Vec<IntervalRow>,
+}
+
+/// A conversation's registry, for the operator (`members list`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ConversationMembers {
+    /// The conversation.
+    pub conversation: String,
+    /// Its `last_seq`.
+    pub last_seq: i64,
+    /// Every host that is or was a member, by name.
+    pub members: Vec<MemberRow>,
+}
+
+fn name(field: &'static str, value: &str) -> StoreResult<()> {
+    check_name(field, value).map_err(|e| StoreError::Invalid(e.to_string()))
+}
+
+/// The conversation's `last_seq`, creating the conversation (at 0) if it has no message yet.
+fn cursor(conn: &Connection, conversation: &str) -> StoreResult<i64> {
+    Ok(conn
+        .prepare_cached(
+            "INSERT INTO conversations (name, last_seq) VALUES (?1, 0)
+             ON CONFLICT (name) DO UPDATE SET last_seq = last_seq RETURNING last_seq",
+        )?
+        .query_row([conversation], |r| r.get(0))?)
+}
+
+/// The conversation's `last_seq`, or `NotFound`.
+fn existing_cursor(conn: &Connection, conversation: &str) -> StoreResult<i64> {
+    conn.prepare_cached("SELECT last_seq FROM conversations WHERE name = ?1")?
+        .query_row([conversation], |r| r.get(0))
+        .optional()?
+        .ok_or_else(|| StoreError::NotFound(format!("no conversation {conversation:?}")))
+}
+
+fn open_interval(conn: &Connection, conversation: &str, host: &str) -> StoreResult<Option<i64>> {
+    Ok(conn
+        .prepare_cached("SELECT join_seq FROM memberships WHERE conversation = ?1 AND host = ?2 AND leave_seq IS NULL")?
+        .query_row([conversation, host], |r| r.get(0))
+        .optional()?)
+}
+
+fn sorted_unique(hosts: &[String]) -> StoreResult<Vec<&str>> {
+    if hosts.is_empty() {
+        return Err(StoreError::Invalid("hosts: name at least one host".into()));
+    }
+    let mut out: Vec<&str> = hosts.iter().map(String::as_str).collect();
+    out.sort_unstable();
+    out.dedup();
+    for h in &out {
+        name("host", h)?;
+    }
+    Ok(out)
+}
+
+/// Makes `hosts` members of `conversation` from its current `last_seq` on. A host that is
+/// already a member is left as it is (`changed: false`). Every host must be enrolled and not
+/// retired; all are checked before anything is written. Call inside a write transaction.
+pub fn add(
+    conn: &Connection,
+    conversation: &str,
+    hosts: &[String],
+    operator: &str,
+    reason: &str,
+    now_ms: i64,
+) -> StoreResult<Vec<MemberChange>> {
+    name("conversation", conversation)?;
+    let hosts = sorted_unique(hosts)?;
+    for host in &hosts {
+        let retired: Option<Option<i64>> = conn
+            .prepare_cached("SELECT retired_at FROM hosts WHERE name = ?1")?
+            .query_row([host], |r| r.get(0))
+            .optional()?;
+        match retired {
+            None => return Err(StoreError::Invalid(format!("host {host:?} is not enrolled"))),
+            Some(Some(_)) => return Err(StoreError::Invalid(format!("host {host:?} is retired"))),
+            Some(None) => {}
+        }
+    }
+    let join_seq = cursor(conn, conversation)?;
+    let mut out = Vec::with_capacity(hosts.len());
+    for host in hosts {
+        if let Some(seq) = open_interval(conn, conversation, host)? {
+            out.push(MemberChange { host: host.into(), changed: false, seq: Some(seq) });
+            continue;
+        }
+        conn.prepare_cached(
+            "INSERT INTO memberships (conversation, host, join_seq, joined_at, joined_by, join_reason)
+             VALUES (:c, :h, :seq, :now, :op, :why)",
+        )?
+        .execute(named_params! {
+            ":c": conversation, ":h": host, ":seq": join_seq, ":now": now_ms, ":op": operator, ":why": reason,
+        })?;
+        record_operator_event(
+            conn,
+            "member_add",
+            &format!("conversation {conversation} host {host} after seq {join_seq}"),
+            operator,
+            Some(reason),
+            now_ms,
+        )?;
+        out.push(MemberChange { host: host.into(), changed: true, seq: Some(join_seq) });
+    }
+    let current = current_members(conn, conversation)?.len();
+    if current > MEMBERS_PER_CONVERSATION_MAX {
+        return Err(StoreError::OverCapacity(format!(
+            "conversation {conversation} would have {current} members; at most {MEMBERS_PER_CONVERSATION_MAX} are allowed"
+        )));
+    }
+    Ok(out)
+}
+
+/// Ends the membership of `hosts` in `conversation` at its current `last_seq`: posts up to
+/// and including it are still theirs, later ones are not. A host that is not a member is left
+/// as it is (`changed: false`). Call inside a write transaction.
+pub fn remove(
+    conn: &Connection,
+    conversation: &str,
+    hosts: &[String],
+    operator: &str,
+    reason: &str,
+    now_ms: i64,
+) -> StoreResult<Vec<MemberChange>> {
+    name("conversation", conversation)?;
+    let hosts = sorted_unique(hosts)?;
+    let leave_seq = existing_cursor(conn, conversation)?;
+    let mut out = Vec::with_capacity(hosts.len());
+    for host in hosts {
+        let n = conn
+            .prepare_cached(
+                "UPDATE memberships SET leave_seq = :seq, left_at = :now, left_by = :op, leave_reason = :why
+                 WHERE conversation = :c AND host = :h AND leave_seq IS NULL",
+            )?
+            .execute(named_params! {
+                ":c": conversation, ":h": host, ":seq": leave_seq, ":now": now_ms, ":op": operator, ":why": reason,
+            })?;
+        if n == 1 {
+            record_operator_event(
+                conn,
+                "member_remove",
+                &format!("conversation {conversation} host {host} after seq {leave_seq}"),
+                operator,
+                Some(reason),
+                now_ms,
+            )?;
+        }
+        out.push(MemberChange { host: host.into(), changed: n == 1, seq: (n == 1).then_some(leave_seq) });
+    }
+    Ok(out)
+}
+
+/// Ends every open membership of `host`, each at its conversation's `last_seq`: what `retire`
+/// does to the registry, so a retired host is no member anywhere. Returns the conversations it
+/// left, by name. Call inside a write transaction.
+pub fn leave_all(conn: &Connection, host: &str, operator: &str, reason: &str, now_ms: i64) -> StoreResult<Vec<String>> {
+    let conversations: Vec<String> = conn
+        .prepare_cached(
+            "SELECT conversation FROM memberships WHERE host = ?1 AND leave_seq IS NULL ORDER BY conversation",
+        )?
+        .query_map([host], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    for c in &conversations {
+        remove(conn, c, &[host.to_string()], operator, reason, now_ms)?;
+    }
+    Ok(conversations)
+}
+
+/// The current members (open intervals) of a conversation, by name.
+pub fn current_members(conn: &Connection, conversation: &str) -> StoreResult<Vec<String>> {
+    Ok(conn
+        .prepare_cached("SELECT host FROM memberships WHERE conversation = ?1 AND leave_seq IS NULL ORDER BY host")?
+        .query_map([conversation], |r| r.get(0))?
+        .collect::<Result<_, _>>()?)
+}
+
+/// Whether the conversation has ever had a member (it is then not open any more).
+pub fn has_membership(conn: &Connection, conversation: &str) -> StoreResult<bool> {
+    Ok(conn
+        .prepare_cached("SELECT EXISTS (SELECT 1 FROM memberships WHERE conversation = ?1)")?
+        .query_row([conversation], |r| r.get(0))?)
+}
+
+/// Whether `host` may receive post `seq` of `conversation`: the conversation was open at that
+/// seq (no interval had begun before it), or one of the host's intervals holds it.
+pub fn authorized(conn: &Connection, conversation: &str, host: &str, seq: i64) -> StoreResult<bool> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT NOT EXISTS (SELECT 1 FROM memberships WHERE conversation = :c AND join_seq < :s)
+                 OR EXISTS (SELECT 1 FROM memberships WHERE conversation = :c AND host = :h AND join_seq < :s
+                                AND (leave_seq IS NULL OR :s <= leave_seq))",
+        )?
+        .query_row(named_params! {":c": conversation, ":h": host, ":s": seq}, |r| r.get(0))?)
+}
+
+fn intervals(conn: &Connection, conversation: &str) -> StoreResult<Vec<(String, IntervalRow)>> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT host, join_seq, joined_at, joined_by, join_reason, leave_seq, left_at, left_by, leave_reason
+             FROM memberships WHERE conversation = ?1 ORDER BY host, join_seq, id",
+        )?
+        .query_map([conversation], |r| {
+            Ok((
+                r.get(0)?,
+                IntervalRow {
+                    join_seq: r.get(1)?,
+                    joined_at_ms: r.get(2)?,
+                    joined_by: r.get(3)?,
+                    join_reason: r.get(4)?,
+                    leave_seq: r.get(5)?,
+                    left_at_ms: r.get(6)?,
+                    left_by: r.get(7)?,
+                    leave_reason: r.get(8)?,
+                },
+            ))
+        })?
+        .collect::<Result<_, _>>()?)
+}
+
+/// One conversation's registry. `NotFound` when the conversation has neither a message nor a
+/// membership change.
+pub fn registry(conn: &Connection, conversation: &str) -> StoreResult<ConversationMembers> {
+    let last_seq = existing_cursor(conn, conversation)?;
+    let mut members: Vec<MemberRow> = Vec::new();
+    for (host, interval) in intervals(conn, conversation)? {
+        match members.last_mut() {
+            Some(m) if m.host == host => m.intervals.push(interval),
+            _ => members.push(MemberRow { host, current: false, intervals: vec![interval] }),
+        }
+    }
+    for m in &mut members {
+        m.current = m.intervals.last().is_some_and(|i| i.leave_seq.is_none());
+    }
+    Ok(ConversationMembers { conversation: conversation.into(), last_seq, members })
+}
+
+/// The registries of every conversation that has (had) members, or of the one named.
+pub fn list(conn: &Connection, conversation: Option<&str>) -> StoreResult<Vec<ConversationMembers>> {
+    if let Some(c) = conversation {
+        return Ok(vec![registry(conn, c)?]);
+    }
+    let names: Vec<String> = conn
+        .prepare_cached("SELECT DISTINCT conversation FROM memberships ORDER BY conversation")?
+        .query_map([], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    names.iter().map(|c| registry(conn, c)).collect()
+}
+
+/// The producer's view of a conversation (`GET /v1/conversations/{name}`): who operated on the
+/// registry, and why, stays with the operators.
+pub fn view(conn: &Connection, conversation: &str) -> StoreResult<ConversationView> {
+    let r = registry(conn, conversation)?;
+    Ok(ConversationView {
+        conversation: r.conversation,
+        last_seq: r.last_seq,
+        open: r.members.is_empty(),
+        members: r
+            .members
+            .into_iter()
+            .map(|m| MemberView {
+                host: m.host,
+                current: m.current,
+                intervals: m
+                    .intervals
+                    .into_iter()
+                    .map(|i| MembershipInterval {
+                        join_seq: i.join_seq,
+                        joined_at_ms: i.joined_at_ms,
+                        leave_seq: i.leave_seq,
+                        left_at_ms: i.left_at_ms,
+                    })
+                    .collect(),
+            })
+            .collect(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::accept::testing::{accept_one, accept_only};
+    use crate::store::accept::{AcceptLimits, NewMessage, accept, deliveries_of};
+    use crate::store::testing;
+
+    fn hosts(names: &[&str]) -> Vec<String> {
+        names.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn routed(conn: &Connection, message_id: &str) -> Vec<String> {
+        deliveries_of(conn, message_id).unwrap().into_iter().map(|d| d.host).collect()
+    }
+
+    fn post(conn: &Connection, key: &str, to: &[&str]) -> StoreResult<crate::store::accept::Accepted> {
+        let msg = NewMessage {
+            producer: "prod".into(),
+            conversation: "c".into(),
+            idempotency_key: key.into(),
+            payload: "{}".into(),
+            to: hosts(to),
+        };
+        accept(conn, &msg, AcceptLimits { queued_per_host_max: 1000 }, 1)
+    }
+
+    /// Joins and leaves are cursors at the conversation's `last_seq`; a post goes to the members
+    /// whose interval holds its seq; leave is a hard boundary; a rejoin opens a new interval.
+    #[test]
+    fn intervals_follow_the_conversation_cursor() {
+        let db = testing::db();
+        let c = &db.conn;
+        let added = add(c, "c", &hosts(&["host-a"]), "op", "start", 10).unwrap();
+        assert_eq!(added, [MemberChange { host: "host-a".into(), changed: true, seq: Some(0) }]);
+        let m1 = accept_one(c, "c", "k1", &[]);
+        add(c, "c", &hosts(&["host-b", "host-a"]), "op", "grow", 11).unwrap();
+        let m2 = accept_one(c, "c", "k2", &[]);
+        let removed = remove(c, "c", &hosts(&["host-a", "host-c"]), "op", "shrink", 12).unwrap();
+        assert_eq!(
+            removed,
+            [
+                MemberChange { host: "host-a".into(), changed: true, seq: Some(2) },
+                MemberChange { host: "host-c".into(), changed: false, seq: None },
+            ]
+        );
+        let m3 = accept_one(c, "c", "k3", &[]);
+        add(c, "c", &hosts(&["host-a"]), "op", "back", 13).unwrap();
+        let m4 = accept_one(c, "c", "k4", &[]);
+        assert_eq!(routed(c, &m1), ["host-a"]);
+        assert_eq!(routed(c, &m2), ["host-a", "host-b"]);
+        assert_eq!(routed(c, &m3), ["host-b"], "host-a left after seq 2");
+        assert_eq!(routed(c, &m4), ["host-a", "host-b"], "host-a rejoined after seq 3");
+
+        // (join, leave] per host, as the registry records them.
+        for (host, seq, member) in [
+            ("host-a", 1, true),
+            ("host-a", 2, true),
+            ("host-a", 3, false),
+            ("host-a", 4, true),
+            ("host-b", 1, false),
+            ("host-b", 2, true),
+        ] {
+            assert_eq!(authorized(c, "c", host, seq).unwrap(), member, "{host} for seq {seq}");
+        }
+        let r = registry(c, "c").unwrap();
+        assert_eq!(r.last_seq, 4);
+        let a = &r.members[0];
+        assert!(a.current);
+        let cursors: Vec<(i64, Option<i64>)> = a.intervals.iter().map(|i| (i.join_seq, i.leave_seq)).collect();
+        assert_eq!(cursors, [(0, Some(2)), (3, None)]);
+        assert_eq!(
+            (a.intervals[0].left_by.as_deref(), a.intervals[0].leave_reason.as_deref()),
+            (Some("op"), Some("shrink"))
+        );
+        assert_eq!(a.intervals[1].joined_at_ms, 13);
+        let v = view(c, "c").unwrap();
+        assert!(!v.open);
+        assert_eq!(v.members.iter().map(|m| m.host.as_str()).collect::<Vec<_>>(), ["host-a", "host-b"]);
+    }
+
+    /// Adding a member again or removing a non-member changes nothing; unknown and retired hosts
+    /// and bad names are refused; an unknown conversation is not found.
+    #[test]
+    fn changes_are_checked_and_idempotent() {
+        let db = testing::db();
+        let c = &db.conn;
+        add(c, "c", &hosts(&["host-a"]), "op", "r", 1).unwrap();
+        let again = add(c, "c", &hosts(&["host-a"]), "op", "r", 2).unwrap();
+        assert_eq!(again, [MemberChange { host: "host-a".into(), changed: false, seq: Some(0) }]);
+        assert!(matches!(add(c, "c", &hosts(&["nobody"]), "op", "r", 3), Err(StoreError::Invalid(_))));
+        crate::store::operator::retire(c, "host-c", "op", "r", 3).unwrap();
+        let e = add(c, "c", &hosts(&["host-b", "host-c"]), "op", "r", 3).unwrap_err();
+        assert!(e.to_string().contains("host-c") && e.to_string().contains("retired"), "{e}");
+        assert!(matches!(add(c, "Bad", &hosts(&["host-a"]), "op", "r", 3), Err(StoreError::Invalid(_))));
+        assert!(matches!(add(c, "c", &[], "op", "r", 3), Err(StoreError::Invalid(_))));
+        assert!(matches!(remove(c, "nope", &hosts(&["host-a"]), "op", "r", 3), Err(StoreError::NotFound(_))));
+        assert!(matches!(registry(c, "nope"), Err(StoreError::NotFound(_))));
+        let events: i64 =
+            c.query_row("SELECT count(*) FROM operator_events WHERE action LIKE 'member_%'", [], |r| r.get(0)).unwrap();
+        assert_eq!(events, 1, "only the one real change is recorded");
+        assert_eq!(list(c, None).unwrap().len(), 1);
+    }
+
+    /// Routing at accept: an open conversation keeps `to` as it was and refuses a post without
+    /// it; one with members routes a post without `to` to them, accepts only members in `to`,
+    /// and refuses a post when no member is left.
+    #[test]
+    fn accept_routes_by_the_registry() {
+        let db = testing::db();
+        let c = &db.conn;
+        let e = post(c, "k0", &[]).unwrap_err();
+        assert!(matches!(e, StoreError::NoRecipients(_)) && e.to_string().contains("\"c\""), "{e}");
+        accept_one(c, "c", "k1", &["host-c"]);
+        add(c, "c", &hosts(&["host-a", "host-b"]), "op", "r", 1).unwrap();
+        let e = post(c, "k2", &["host-a", "host-c"]).unwrap_err();
+        assert!(
+            matches!(e, StoreError::Invalid(_)) && e.to_string().contains("to[1]") && e.to_string().contains("host-c"),
+            "{e}"
+        );
+        let m = accept_one(c, "c", "k3", &["host-b"]);
+        assert_eq!(routed(c, &m), ["host-b"]);
+        crate::store::operator::retire(c, "host-b", "op", "r", 2).unwrap();
+        let m = accept_one(c, "c", "k4", &[]);
+        assert_eq!(routed(c, &m), ["host-a"], "a retired member gets no new work");
+        remove(c, "c", &hosts(&["host-a", "host-b"]), "op", "r", 3).unwrap();
+        let e = post(c, "k5", &[]).unwrap_err();
+        assert!(matches!(e, StoreError::NoRecipients(_)) && e.to_string().contains("no current members"), "{e}");
+        assert!(matches!(post(c, "k6", &["host-a"]), Err(StoreError::Invalid(_))), "a former member is not a member");
+        // Nothing refused left a trace: seqs 1..=3 only.
+        let last: i64 = c.query_row("SELECT last_seq FROM conversations WHERE name = 'c'", [], |r| r.get(0)).unwrap();
+        assert_eq!(last, 3);
+    }
+
+    #[test]
+    fn leave_all_closes_every_open_interval_of_a_host() {
+        let db = testing::db();
+        let c = &db.conn;
+        add(c, "c1", &hosts(&["host-a", "host-b"]), "op", "r", 1).unwrap();
+        add(c, "c2", &hosts(&["host-a"]), "op", "r", 1).unwrap();
+        accept_one(c, "c2", "k", &[]);
+        assert_eq!(leave_all(c, "host-a", "op", "retired", 2).unwrap(), ["c1", "c2"]);
+        assert_eq!(current_members(c, "c1").unwrap(), ["host-b"]);
+        let r = registry(c, "c2").unwrap();
+        assert_eq!(r.members[0].intervals[0].leave_seq, Some(1));
+        assert!(!r.members[0].current);
+        assert!(leave_all(c, "host-a", "op", "again", 3).unwrap().is_empty());
+    }
+
+    /// A post and a membership change made in either order land on the same side of the cursor:
+    /// the post accepted before the leave is still the leaving host's, the one after is not.
+    #[test]
+    fn a_leave_between_two_posts_splits_them() {
+        let db = testing::db();
+        let c = &db.conn;
+        add(c, "c", &hosts(&["host-a", "host-b"]), "op", "r", 1).unwrap();
+        let before = accept_only(c, "c", "k1", &[]);
+        remove(c, "c", &hosts(&["host-b"]), "op", "r", 2).unwrap();
+        let after = accept_only(c, "c", "k2", &[]);
+        crate::store::accept::fan_out(c, &after, 3).unwrap();
+        crate::store::accept::fan_out(c, &before, 3).unwrap();
+        assert_eq!(routed(c, &before), ["host-a", "host-b"]);
+        assert_eq!(routed(c, &after), ["host-a"]);
+        let got = crate::store::claim::claim(c, "host-b", "i", 10, 4).unwrap();
+        assert_eq!(got.len(), 1, "host-b still gets the post from before its leave");
+        assert_eq!(got[0].seq, 1);
+    }
+}
