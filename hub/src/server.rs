@@ -51,7 +51,7 @@ impl Hub {
                 config.synchronous
             );
         }
-        let conn = store::open_write(&dir.db(), config.synchronous)?;
+        let conn = store::open_serve(&dir.db(), config.synchronous)?;
         let repaired = repair(&conn, clock.as_ref()).context("startup repair")?;
         if repaired > 0 {
             tracing::info!(repaired, "startup repair completed fan-out a crash interrupted");

@@ -100,13 +100,26 @@ pub struct OpenOptions {
     pub create: bool,
     /// Open read-only (no migrations, no pragmas that write).
     pub read_only: bool,
-    /// Run `PRAGMA quick_check` before using the file.
-    pub check: bool,
+    /// How much of an existing file is checked before it is used.
+    pub check: Check,
+}
+
+/// How much of an existing database file is checked at open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Check {
+    /// Nothing (read-only listings: the pages they read are checked by SQLite as they go).
+    None,
+    /// `PRAGMA quick_check`: every page's structure, not index contents.
+    Quick,
+    /// `PRAGMA integrity_check`: also that every index agrees with its table, so a damaged
+    /// index cannot hide rows from the queries that use it. Used where a process is about to
+    /// serve from the file for a long time.
+    Full,
 }
 
 impl Default for OpenOptions {
     fn default() -> Self {
-        OpenOptions { synchronous: Synchronous::Full, create: true, read_only: false, check: true }
+        OpenOptions { synchronous: Synchronous::Full, create: true, read_only: false, check: Check::Quick }
     }
 }
 
@@ -154,10 +167,15 @@ fn open_inner(path: &Path, migrations: &[&'static str], opts: OpenOptions) -> Re
     conn.busy_timeout(BUSY_TIMEOUT).map_err(sql_err)?;
     let damaged = |e: rusqlite::Error| OpenError::Damaged { path: shown.clone(), detail: e.to_string() };
     let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).map_err(damaged)?;
-    if exists && opts.check {
-        let check: String = conn.query_row("PRAGMA quick_check", [], |r| r.get(0)).map_err(damaged)?;
+    let pragma = match opts.check {
+        Check::None => None,
+        Check::Quick => Some("quick_check"),
+        Check::Full => Some("integrity_check"),
+    };
+    if let (true, Some(pragma)) = (exists, pragma) {
+        let check: String = conn.query_row(&format!("PRAGMA {pragma}"), [], |r| r.get(0)).map_err(damaged)?;
         if check != "ok" {
-            return Err(OpenError::Damaged { path: shown, detail: format!("quick_check: {check}") });
+            return Err(OpenError::Damaged { path: shown, detail: format!("{pragma}: {check}") });
         }
     }
     let known = migrations.len() as i64;

@@ -21,8 +21,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Output};
 use std::time::Duration;
 
-/// How long a test waits for a node-side event (a turn, a report, an exit).
-pub const NODE_WAIT: Duration = Duration::from_secs(30);
+/// How long a test waits for a node-side event (a turn, a report, an exit): generous, since a
+/// shared 2-core machine under a parallel build can stall a process for many seconds.
+pub const NODE_WAIT: Duration = Duration::from_secs(90);
 
 /// Polls `f` until it returns `Some`, failing the test after `limit`.
 #[track_caller]

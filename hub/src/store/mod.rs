@@ -289,10 +289,21 @@ pub(crate) fn json_column(
 /// Shorthand for store results.
 pub type StoreResult<T> = Result<T, StoreError>;
 
-/// Opens the hub database for writing, applying migrations, with pragmas asserted.
+/// Opens the hub database for writing, applying migrations, with pragmas asserted and the
+/// file's structure checked (`quick_check`): what a changing CLI command needs.
 pub fn open_write(path: &Path, synchronous: Synchronous) -> Result<Connection, OpenError> {
-    let conn =
-        sqlite::open(path, MIGRATIONS, OpenOptions { synchronous, create: true, read_only: false, check: true })?;
+    open_write_checked(path, synchronous, sqlite::Check::Quick)
+}
+
+/// Opens the hub database for serving: as `open_write`, but with the whole-file
+/// `integrity_check`, so a damaged index (which `quick_check` does not compare with its table)
+/// cannot hide queued work from the claims of a hub that serves from it for days.
+pub fn open_serve(path: &Path, synchronous: Synchronous) -> Result<Connection, OpenError> {
+    open_write_checked(path, synchronous, sqlite::Check::Full)
+}
+
+fn open_write_checked(path: &Path, synchronous: Synchronous, check: sqlite::Check) -> Result<Connection, OpenError> {
+    let conn = sqlite::open(path, MIGRATIONS, OpenOptions { synchronous, create: true, read_only: false, check })?;
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE_CAPACITY);
     Ok(conn)
 }
@@ -307,7 +318,7 @@ pub fn open_read(path: &Path) -> Result<Connection, OpenError> {
     let conn = sqlite::open(
         path,
         MIGRATIONS,
-        OpenOptions { create: false, read_only: true, check: false, ..Default::default() },
+        OpenOptions { create: false, read_only: true, check: sqlite::Check::None, ..Default::default() },
     )?;
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE_CAPACITY);
     Ok(conn)
