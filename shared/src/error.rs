@@ -19,6 +19,10 @@ pub enum ErrorCode {
     NotYours,
     /// 404: no such thing.
     NotFound,
+    /// 405: the endpoint exists but not with this method.
+    MethodNotAllowed,
+    /// 408: the client took longer than `limits.request_body_timeout` to send the body.
+    RequestTimeout,
     /// 409: the idempotency key was used with different content.
     IdempotencyConflict,
     /// 409: the claim is not held by this instance and token (any more).
@@ -43,7 +47,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 18] = [
+    pub const ALL: [ErrorCode; 20] = [
         ErrorCode::InvalidJson,
         ErrorCode::InvalidField,
         ErrorCode::NoRecipients,
@@ -52,6 +56,8 @@ impl ErrorCode {
         ErrorCode::WrongRole,
         ErrorCode::NotYours,
         ErrorCode::NotFound,
+        ErrorCode::MethodNotAllowed,
+        ErrorCode::RequestTimeout,
         ErrorCode::IdempotencyConflict,
         ErrorCode::StaleClaim,
         ErrorCode::InvalidTransition,
@@ -75,6 +81,8 @@ impl ErrorCode {
             ErrorCode::WrongRole => "wrong_role",
             ErrorCode::NotYours => "not_yours",
             ErrorCode::NotFound => "not_found",
+            ErrorCode::MethodNotAllowed => "method_not_allowed",
+            ErrorCode::RequestTimeout => "request_timeout",
             ErrorCode::IdempotencyConflict => "idempotency_conflict",
             ErrorCode::StaleClaim => "stale_claim",
             ErrorCode::InvalidTransition => "invalid_transition",
@@ -100,6 +108,8 @@ impl ErrorCode {
             ErrorCode::UnknownCertificate | ErrorCode::CertificateRevoked => 401,
             ErrorCode::WrongRole | ErrorCode::NotYours => 403,
             ErrorCode::NotFound => 404,
+            ErrorCode::MethodNotAllowed => 405,
+            ErrorCode::RequestTimeout => 408,
             ErrorCode::IdempotencyConflict
             | ErrorCode::StaleClaim
             | ErrorCode::InvalidTransition

@@ -118,5 +118,7 @@ fn enroll(ctx: &Context, role: Role, name: &str, out_dir: &Path, days: u32) -> C
 pub(super) fn revoke(ctx: &Context, name: &str, reason: &str) -> CliResult {
     let conn = ctx.open_write()?;
     let serials = in_write_txn(&conn, |c| hosts::revoke(c, name, &ctx.operator, reason, ctx.now_ms()))?;
+    // A running hub re-checks its open connections and waiting reads at once.
+    ctx.wake_hub();
     output::line(format!("revoked {} certificate(s) of {name}: {}", serials.len(), serials.join(", ")))
 }

@@ -85,6 +85,7 @@ pub fn app(state: AppState) -> Router {
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(health::metrics))
         .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such endpoint") })
+        .layer(axum::middleware::from_fn_with_state(state.clone(), read_body_in_time))
         .layer(axum::middleware::from_fn_with_state(state.clone(), refuse_large_bodies))
         .layer(axum::extract::DefaultBodyLimit::max(body_max))
         .with_state(state)
@@ -112,6 +113,66 @@ async fn refuse_large_bodies(
         .into_response();
     }
     next.run(req).await
+}
+
+/// Why a request body could not be read whole.
+enum BodyError {
+    /// It is over the bound.
+    TooLarge,
+    /// The client broke off or sent something that is not HTTP.
+    Broken,
+}
+
+/// Reads a body whole, at most `max` bytes.
+async fn read_body(mut body: axum::body::Body, max: u64) -> Result<axum::body::Bytes, BodyError> {
+    use axum::body::HttpBody;
+    let mut buf = Vec::new();
+    while let Some(frame) = std::future::poll_fn(|cx| std::pin::Pin::new(&mut body).poll_frame(cx)).await {
+        let frame = frame.map_err(|_| BodyError::Broken)?;
+        if let Ok(data) = frame.into_data() {
+            if (buf.len() + data.len()) as u64 > max {
+                return Err(BodyError::TooLarge);
+            }
+            buf.extend_from_slice(&data);
+        }
+    }
+    Ok(buf.into())
+}
+
+/// Reads the request body whole within `limits.request_body_timeout` (a client that trickles
+/// it gets 408), before the handler runs: a handler's own wait (a long poll) is not counted.
+async fn read_body_in_time(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    req: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let (parts, body) = req.into_parts();
+    let (max, timeout) = (state.limits.request_body_bytes_max, state.limits.request_body_timeout);
+    let bytes = match tokio::time::timeout(timeout, read_body(body, max)).await {
+        Ok(Ok(bytes)) => bytes,
+        Ok(Err(BodyError::TooLarge)) => {
+            return ApiError::new(
+                ErrorCode::TooLarge,
+                format!("request body is over {max} bytes (limits.request_body_bytes_max)"),
+            )
+            .into_response();
+        }
+        Ok(Err(BodyError::Broken)) => {
+            return ApiError::new(ErrorCode::InvalidJson, "the request body broke off").into_response();
+        }
+        Err(_) => {
+            metrics::counter!("baton_hub_request_body_timeouts_total").increment(1);
+            return ApiError::new(
+                ErrorCode::RequestTimeout,
+                format!(
+                    "the request body took longer than {} to arrive (limits.request_body_timeout)",
+                    crate::config::humanize(timeout)
+                ),
+            )
+            .into_response();
+        }
+    };
+    next.run(Request::from_parts(parts, axum::body::Body::from(bytes))).await
 }
 
 /// An API error: a stable code (which fixes the status) and a message for humans.
