@@ -357,6 +357,8 @@ async fn connection(a: &Accepting, tcp: TcpStream, remote: SocketAddr) {
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), TowerToHyperService::new(svc));
     tokio::pin!(conn);
     let mut changes = a.revocations.changes.clone();
+    // Only changes after this connection began are news to it: its requests are checked anyway.
+    changes.borrow_and_update();
     let mut watching = serial.is_some();
     let mut draining = false;
     let mut idle_since = Some(Instant::now());

@@ -209,3 +209,22 @@ async fn revoking_a_certificate_closes_its_open_connections() {
         assert!(read_to_close(c, OUTLAST).await.is_some(), "a revoked certificate's connection stayed open");
     }
 }
+
+/// Issue 13: a producer's long-poll read that began before its certificate was revoked answers
+/// 401, not the outcomes written after the revocation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_waiting_when_its_certificate_is_revoked_answers_401() {
+    let hub = Hub::start();
+    let prod = hub.client("prod");
+    let s = prod.submit_new("c", "k", &["host-a"]).await;
+    let path = format!("/v1/messages/{}?wait_ms=25000", s.message_id);
+    let waiting = tokio::spawn(async move { prod.get(&path).await });
+    // The read is waiting once nothing settled; give it a moment to start, then revoke and
+    // write an outcome it would otherwise return.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    hub.cli_ok(["revoke", "prod", "--reason", "stolen"]);
+    hub.cli_ok(["deliveries", "cancel", s.to("host-a"), "--reason", "after the revocation"]);
+    let r = waiting.await.unwrap();
+    r.err(401, "certificate_revoked");
+    assert!(!r.text.contains("after the revocation"), "{}", r.text);
+}

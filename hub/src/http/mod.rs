@@ -294,6 +294,27 @@ impl FromRequestParts<AppState> for Caller {
     }
 }
 
+impl Caller {
+    /// Re-checks, as the answer is about to leave, that the certificate is still in the record
+    /// and not revoked: a request that began before a revocation (a long poll) answers 401,
+    /// never data.
+    pub async fn recheck(&self, state: &AppState) -> Result<(), ApiError> {
+        let serial = self.serial.clone();
+        let status = state.readers.read(move |c| crate::store::hosts::cert_status(c, &serial)).await?;
+        match status {
+            Some(s) if !s.revoked => Ok(()),
+            Some(_) => Err(ApiError::new(
+                ErrorCode::CertificateRevoked,
+                format!("certificate {} was revoked while the request was in progress", self.serial),
+            )),
+            None => Err(ApiError::new(
+                ErrorCode::UnknownCertificate,
+                format!("certificate {} is not in the hub's record", self.serial),
+            )),
+        }
+    }
+}
+
 /// A caller holding a node certificate; the name is the host.
 pub struct NodeCaller(pub Caller);
 
