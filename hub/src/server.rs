@@ -40,10 +40,12 @@ pub struct Hub {
 }
 
 impl Hub {
-    /// Takes the data directory's lock (refusing when another hub holds it), opens the store
+    /// Refuses a data directory or private file other users may read (`DataDir::check_private`),
+    /// takes the data directory's lock (refusing when another hub holds it), opens the store
     /// (refusing a damaged or newer one) and runs startup repair. `clock` stamps everything the
     /// hub stores.
     pub fn open(dir: DataDir, config: HubConfig, clock: SharedClock) -> anyhow::Result<Hub> {
+        dir.check_private().map_err(anyhow::Error::msg)?;
         let lock = DirLock::acquire(&dir)?;
         if config.synchronous != Synchronous::Full {
             tracing::warn!(

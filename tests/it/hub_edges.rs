@@ -228,3 +228,34 @@ async fn a_read_waiting_when_its_certificate_is_revoked_answers_401() {
     r.err(401, "certificate_revoked");
     assert!(!r.text.contains("after the revocation"), "{}", r.text);
 }
+
+/// Issue 13: `init` in a pre-existing 0755 directory leaves it 0700 and the keys and database
+/// 0600 (SQLite's side files follow the database); a directory loosened afterwards stops
+/// `serve`, naming the path and the fix.
+#[test]
+fn files_are_private_and_a_loose_directory_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+    let mut hub = Hub::builder().nodes(&[]).producers(&[]).stopped().start();
+    let data = hub.data_dir().to_path_buf();
+    // The fixture's `init` made the directory; make it a loose, pre-existing one and start over.
+    std::fs::remove_dir_all(&data).unwrap();
+    std::fs::create_dir(&data).unwrap();
+    std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o755)).unwrap();
+    hub.cli_ok(["init"]);
+    assert_eq!(mode(&data), 0o700);
+    for f in ["ca.key", "hub.key", "hub.db"] {
+        assert_eq!(mode(&data.join(f)), 0o600, "{f}");
+    }
+    hub.enroll_producer("prod");
+    hub.serve(None);
+    let wal = data.join("hub.db-wal");
+    assert!(wal.exists(), "a serving hub has its WAL open");
+    assert_eq!(mode(&wal), 0o600);
+    hub.kill9();
+    std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = hub.cli(["serve", "--listen", "127.0.0.1:0"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "serve ran on a 0755 data directory");
+    assert!(err.contains(&format!("{} is mode 0755", data.display())) && err.contains("chmod 700"), "{err}");
+}
