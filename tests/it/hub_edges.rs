@@ -259,3 +259,42 @@ fn files_are_private_and_a_loose_directory_is_refused() {
     assert!(!out.status.success(), "serve ran on a 0755 data directory");
     assert!(err.contains(&format!("{} is mode 0755", data.display())) && err.contains("chmod 700"), "{err}");
 }
+
+/// Issue 13: axum's own refusals come out as `{code, message}` with a stable code, and no
+/// message names a Rust type.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_refusal_is_in_our_shape() {
+    let hub = Hub::start();
+    let tls = connector(&hub, "prod");
+    let json = "application/json";
+    let cases: &[(&str, &str, &str, &str, u16, &str)] = &[
+        ("DELETE", "/v1/messages", "", "", 405, "method_not_allowed"),
+        ("PUT", "/healthz", "", "", 405, "method_not_allowed"),
+        ("GET", "/nowhere", "", "", 404, "not_found"),
+        ("GET", "/v1/messages/%FF%FE", "", "", 400, "invalid_field"),
+        ("GET", "/v1/messages?wait_ms=soon&idempotency_key=k", "", "", 400, "invalid_field"),
+        ("POST", "/v1/messages", "text/plain", "{}", 400, "invalid_json"),
+        ("POST", "/v1/messages", json, "[]", 400, "invalid_json"),
+        ("POST", "/v1/messages", json, "\"x\"", 400, "invalid_json"),
+    ];
+    for (method, path, ctype, body, status, code) in cases {
+        let mut conn = dial(&hub, &tls).await.expect("handshake");
+        let ctype = if ctype.is_empty() { String::new() } else { format!("content-type: {ctype}\r\n") };
+        let req = format!(
+            "{method} {path} HTTP/1.1\r\nhost: hub\r\nconnection: close\r\n{ctype}content-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        conn.write_all(req.as_bytes()).await.unwrap();
+        let answer = read_to_close(&mut conn, OUTLAST).await.expect("the hub kept the connection open");
+        let (head, text) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+        assert!(head.starts_with(&format!("HTTP/1.1 {status}")), "{method} {path}: {answer}");
+        let v: serde_json::Value = serde_json::from_str(text).unwrap_or_else(|_| panic!("{method} {path}: {answer}"));
+        let keys: Vec<&String> = v.as_object().unwrap().keys().collect();
+        assert_eq!(keys, ["code", "message"], "{method} {path}: {text}");
+        assert_eq!(v["code"], json!(code), "{method} {path}: {text}");
+        let message = v["message"].as_str().unwrap();
+        for internal in ["struct ", "enum ", "Request", "Query", "axum", "serde"] {
+            assert!(!message.contains(internal), "{method} {path} names {internal:?}: {message}");
+        }
+    }
+}

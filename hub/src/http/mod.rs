@@ -85,6 +85,10 @@ pub fn app(state: AppState) -> Router {
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(health::metrics))
         .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such endpoint") })
+        .method_not_allowed_fallback(|method: axum::http::Method| async move {
+            ApiError::new(ErrorCode::MethodNotAllowed, format!("this endpoint does not take {method}"))
+        })
+        .layer(axum::middleware::from_fn(errors_in_our_shape))
         .layer(axum::middleware::from_fn_with_state(state.clone(), read_body_in_time))
         .layer(axum::middleware::from_fn_with_state(state.clone(), refuse_large_bodies))
         .layer(axum::extract::DefaultBodyLimit::max(body_max))
@@ -113,6 +117,55 @@ async fn refuse_large_bodies(
         .into_response();
     }
     next.run(req).await
+}
+
+/// Puts any error answer that is not already `{code, message}` JSON (one of axum's own
+/// rejections) into that shape, with a stable code and a message that names nothing internal.
+async fn errors_in_our_shape(req: Request, next: axum::middleware::Next) -> Response {
+    let resp = next.run(req).await;
+    let status = resp.status();
+    let is_json = resp
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return resp;
+    }
+    let (code, message) = match status.as_u16() {
+        404 => (ErrorCode::NotFound, "no such endpoint or resource"),
+        405 => (ErrorCode::MethodNotAllowed, "this endpoint does not take this method"),
+        408 => (ErrorCode::RequestTimeout, "the request took too long to arrive"),
+        413 => (ErrorCode::TooLarge, "request body is over limits.request_body_bytes_max"),
+        415 => (ErrorCode::InvalidJson, "expected a JSON body with Content-Type: application/json"),
+        400..=499 => (ErrorCode::InvalidField, "the request's path or query is not valid"),
+        _ => (ErrorCode::Internal, "internal error in the hub (see its log)"),
+    };
+    tracing::debug!(%status, "an answer was put into the {{code, message}} shape");
+    ApiError::new(code, message).into_response()
+}
+
+/// Rewrites a deserialisation error so it names no Rust type: serde says "expected struct
+/// SubmitRequest" where a client needs "expected a JSON object".
+fn without_type_names(text: &str) -> String {
+    let mut out = Vec::new();
+    let mut words = text.split(' ').peekable();
+    while let Some(w) = words.next() {
+        match (w, words.peek()) {
+            ("struct", Some(name)) if name.starts_with(|c: char| c.is_ascii_uppercase()) => {
+                let rest: String = name.chars().skip_while(|c| c.is_alphanumeric() || *c == '_').collect();
+                out.push(format!("a JSON object{rest}"));
+                words.next();
+            }
+            ("enum", Some(name)) if name.starts_with(|c: char| c.is_ascii_uppercase()) => {
+                let rest: String = name.chars().skip_while(|c| c.is_alphanumeric() || *c == '_').collect();
+                out.push(format!("one of the allowed values{rest}"));
+                words.next();
+            }
+            _ => out.push(w.to_string()),
+        }
+    }
+    out.join(" ").replace("into the target type", "")
 }
 
 /// Why a request body could not be read whole.
@@ -241,7 +294,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
             Err(JsonRejection::MissingJsonContentType(_)) => {
                 Err(ApiError::new(ErrorCode::InvalidJson, "expected a JSON body with Content-Type: application/json"))
             }
-            Err(r) => Err(ApiError::new(ErrorCode::InvalidJson, r.body_text())),
+            Err(r) => Err(ApiError::new(ErrorCode::InvalidJson, without_type_names(&r.body_text()))),
         }
     }
 }
@@ -255,7 +308,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
         match axum::extract::Query::<T>::from_request_parts(parts, state).await {
             Ok(axum::extract::Query(v)) => Ok(ApiQuery(v)),
-            Err(r) => Err(ApiError::new(ErrorCode::InvalidField, r.body_text())),
+            Err(r) => Err(ApiError::new(ErrorCode::InvalidField, without_type_names(&r.body_text()))),
         }
     }
 }
@@ -373,6 +426,21 @@ mod error_tests {
         assert_eq!(resp.status().as_u16(), status, "{e:?}");
         let api = ApiError::from(e);
         assert_eq!(api.code.as_str(), code);
+    }
+
+    /// Serde's messages lose the Rust type names they carry.
+    #[test]
+    fn type_names_are_not_sent() {
+        for (given, sent) in [
+            (
+                "invalid type: string, expected struct SubmitRequest at line 1",
+                "invalid type: string, expected a JSON object at line 1",
+            ),
+            ("expected enum Outcome, found x", "expected one of the allowed values, found x"),
+            ("missing field `to`", "missing field `to`"),
+        ] {
+            assert_eq!(without_type_names(given), sent);
+        }
     }
 
     /// Internals are never sent; a bug or a corrupt record is 500 `internal`, which nodes do not
