@@ -40,10 +40,12 @@ pub struct Hub {
 }
 
 impl Hub {
-    /// Takes the data directory's lock (refusing when another hub holds it), opens the store
+    /// Refuses a data directory or private file other users may read (`DataDir::check_private`),
+    /// takes the data directory's lock (refusing when another hub holds it), opens the store
     /// (refusing a damaged or newer one) and runs startup repair. `clock` stamps everything the
     /// hub stores.
     pub fn open(dir: DataDir, config: HubConfig, clock: SharedClock) -> anyhow::Result<Hub> {
+        dir.check_private().map_err(anyhow::Error::msg)?;
         let lock = DirLock::acquire(&dir)?;
         if config.synchronous != Synchronous::Full {
             tracing::warn!(
@@ -94,21 +96,26 @@ impl Hub {
         if let Err(e) = wake::listen(&self.dir.wake_socket(), wake_tx, shutdown.clone()).await {
             tracing::warn!(error = %e, "no wake socket: CLI changes reach waiting long-polls only at their next claim");
         }
+        // ...and make open connections re-check their certificates (a revocation).
+        let (records, records_rx) = watch::channel(0u64);
         let relay = shared.clone();
         tokio::spawn(async move {
             while wake_rx.changed().await.is_ok() {
                 relay.work_changed();
                 relay.outcome_changed();
+                records.send_modify(|n| *n = n.wrapping_add(1));
             }
         });
         tokio::spawn(sweep_retention(shared.clone(), self.config.limits.retention));
         tokio::spawn(publish_gauges(shared.clone()));
         tracing::info!(addr = %listener.local_addr()?, "serving");
+        let revocations = tls::Revocations { changes: records_rx, check: cert_check(shared.clone()) };
         tls::serve(
             listener,
             tls_config,
             app(shared.clone()),
-            self.config.limits.handshake_timeout,
+            tls::ConnLimits::from(&self.config.limits),
+            revocations,
             shutdown,
             self.config.shutdown_grace,
         )
@@ -118,6 +125,24 @@ impl Hub {
         drop(self.lock);
         Ok(())
     }
+}
+
+/// Whether a certificate may still be used, from the record: unknown or revoked may not. A
+/// record that cannot be read leaves the connection open; its next request is re-checked.
+fn cert_check(shared: Arc<Shared>) -> tls::CertCheck {
+    Arc::new(move |serial: String| {
+        let shared = shared.clone();
+        Box::pin(async move {
+            match shared.readers.read(move |c| store::hosts::cert_status(c, &serial)).await {
+                Ok(Some(s)) => !s.revoked,
+                Ok(None) => false,
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not re-check a connection's certificate");
+                    true
+                }
+            }
+        })
+    })
 }
 
 /// How often the delivery-state gauges are refreshed.

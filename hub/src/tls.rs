@@ -1,24 +1,42 @@
 //! TLS for the hub: the rustls server config (client certificates required, verified against
 //! the hub's CA) and the accept loop that hands each request the verified peer certificate.
 //!
+//! The accept loop bounds every connection (`ConnLimits`): how many are open at once in total
+//! (counted from accept, so handshaking ones count) and per client certificate (counted after
+//! the handshake), the handshake, the wait for request headers (hyper's `header_read_timeout`,
+//! which on HTTP/1 also bounds the wait for the next request), the time with no request in
+//! progress, and the requests one connection carries. A request in progress is bounded by its
+//! handler (a long poll by `limits.long_poll_wait_max`), never by these waits. Connections
+//! refused at a limit are counted and logged once per `REFUSAL_LOG_INTERVAL`, not one line each.
+//!
+//! Invariant: a connection whose certificate is revoked is closed once the record change
+//! reaches the hub (the wake socket): it is re-checked on every change, finishes what is in
+//! progress (whose answer re-checks the certificate too) and takes no new request.
+//!
 //! Boundary: identity enters the HTTP layer only as `PeerCerts`, inserted here from the
 //! verified handshake; handlers never read identity from bodies, headers or URLs.
 
+use crate::config::Limits;
 use crate::datadir::DataDir;
 use anyhow::Context;
 use axum::Router;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use rustls::ServerConfig;
 use rustls::server::WebPkiClientVerifier;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use std::collections::HashMap;
+use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Notify, Semaphore, watch};
+use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
@@ -51,75 +69,371 @@ pub fn server_config(dir: &DataDir) -> anyhow::Result<Arc<ServerConfig>> {
     Ok(Arc::new(config))
 }
 
-/// Serves `app` over TLS on `listener` until `shutdown` is cancelled, then waits up to `grace`
-/// for open connections to finish.
+/// How often connections refused at a limit are summed up in the log.
+pub const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
+/// The pause after a failed `accept` (out of file descriptors and the like) instead of spinning.
+const ACCEPT_RETRY_PAUSE: Duration = Duration::from_millis(50);
+
+/// The bounds the accept loop puts on every connection (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnLimits {
+    /// Most connections open at once, handshaking ones included.
+    pub connections_max: u32,
+    /// Most connections open at once from one client certificate.
+    pub connections_per_cert_max: u32,
+    /// Longest TLS handshake.
+    pub handshake_timeout: Duration,
+    /// Longest wait for a request's headers (HTTP/1), and so for the next request.
+    pub header_read_timeout: Duration,
+    /// Longest time with no request in progress.
+    pub idle_timeout: Duration,
+    /// Most requests one connection carries.
+    pub requests_per_connection_max: u64,
+}
+
+impl From<&Limits> for ConnLimits {
+    fn from(l: &Limits) -> Self {
+        ConnLimits {
+            connections_max: l.connections_max,
+            connections_per_cert_max: l.connections_per_cert_max,
+            handshake_timeout: l.handshake_timeout,
+            header_read_timeout: l.header_read_timeout,
+            idle_timeout: l.idle_timeout,
+            requests_per_connection_max: l.requests_per_connection_max,
+        }
+    }
+}
+
+/// A boxed answer of a `CertCheck`.
+pub type CheckFuture = Pin<Box<dyn Future<Output = bool> + Send>>;
+
+/// Asks the record whether the certificate with this serial (lowercase hex) may still be used.
+pub type CertCheck = Arc<dyn Fn(String) -> CheckFuture + Send + Sync>;
+
+/// How open connections learn that certificates may have been revoked.
+#[derive(Clone)]
+pub struct Revocations {
+    /// Changes when the record may have changed (a CLI change woke the hub).
+    pub changes: watch::Receiver<u64>,
+    /// Re-checks one certificate.
+    pub check: CertCheck,
+}
+
+/// Connections refused since the last log line, by reason.
+#[derive(Debug, Default)]
+struct Refusals {
+    /// At `limits.connections_max`.
+    total: AtomicU64,
+    /// At `limits.connections_per_cert_max`.
+    per_cert: AtomicU64,
+    /// TLS handshakes that failed or timed out.
+    handshakes: AtomicU64,
+}
+
+impl Refusals {
+    /// Logs what was refused since the last call, if anything: one line per interval.
+    fn log(&self) {
+        let total = self.total.swap(0, Ordering::Relaxed);
+        let per_cert = self.per_cert.swap(0, Ordering::Relaxed);
+        let handshakes = self.handshakes.swap(0, Ordering::Relaxed);
+        if total + per_cert > 0 {
+            tracing::warn!(
+                at_connections_max = total,
+                at_connections_per_cert_max = per_cert,
+                interval = ?REFUSAL_LOG_INTERVAL,
+                "connections refused at their limits (limits.connections_max, limits.connections_per_cert_max)"
+            );
+        }
+        if handshakes > 0 {
+            tracing::info!(handshakes, interval = ?REFUSAL_LOG_INTERVAL, "TLS handshakes refused or timed out");
+        }
+    }
+}
+
+/// Open connections per client certificate (keyed by the leaf's DER bytes).
+#[derive(Debug, Default)]
+struct PerCert {
+    open: Mutex<HashMap<Vec<u8>, u32>>,
+}
+
+/// One connection's place in `PerCert`; leaving frees it.
+struct CertSlot {
+    table: Arc<PerCert>,
+    key: Vec<u8>,
+}
+
+impl PerCert {
+    /// Takes a slot for `key`, or `None` when it holds `max` already.
+    fn enter(table: &Arc<PerCert>, key: Vec<u8>, max: u32) -> Option<CertSlot> {
+        let mut open = table.open.lock().unwrap_or_else(|p| p.into_inner());
+        let n = open.entry(key.clone()).or_insert(0);
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(CertSlot { table: table.clone(), key })
+    }
+}
+
+impl Drop for CertSlot {
+    fn drop(&mut self) {
+        let mut open = self.table.open.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = open.get_mut(&self.key) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                open.remove(&self.key);
+            }
+        }
+    }
+}
+
+/// What one connection's requests are doing, shared between its service and its task.
+#[derive(Debug, Default)]
+struct Activity {
+    /// Requests in progress.
+    in_flight: AtomicUsize,
+    /// Requests begun on this connection.
+    begun: AtomicU64,
+    /// Woken when a request begins or ends.
+    changed: Notify,
+}
+
+/// A request in progress; ending (or being dropped) tells the connection's task.
+struct InFlight(Arc<Activity>);
+
+impl InFlight {
+    /// Counts a request that begins; also says whether it is the last one the connection
+    /// carries (the `max`th).
+    fn begin(activity: &Arc<Activity>, max: u64) -> (InFlight, bool) {
+        activity.in_flight.fetch_add(1, Ordering::SeqCst);
+        let n = activity.begun.fetch_add(1, Ordering::SeqCst) + 1;
+        activity.changed.notify_one();
+        (InFlight(activity.clone()), n >= max)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.0.changed.notify_one();
+    }
+}
+
+/// What every connection task shares.
+struct Accepting {
+    acceptor: TlsAcceptor,
+    app: Router,
+    limits: ConnLimits,
+    revocations: Revocations,
+    per_cert: Arc<PerCert>,
+    refusals: Arc<Refusals>,
+    shutdown: CancellationToken,
+}
+
+/// Serves `app` over TLS on `listener` within `limits` until `shutdown` is cancelled, then waits
+/// up to `grace` for open connections to finish.
 pub async fn serve(
     listener: TcpListener,
     tls: Arc<ServerConfig>,
     app: Router,
-    handshake_timeout: Duration,
+    limits: ConnLimits,
+    revocations: Revocations,
     shutdown: CancellationToken,
     grace: Duration,
 ) {
-    let graceful = GracefulShutdown::new();
-    let acceptor = TlsAcceptor::from(tls);
+    let open = Arc::new(Semaphore::new(limits.connections_max as usize));
+    let refusals = Arc::new(Refusals::default());
+    tokio::spawn(log_refusals(refusals.clone(), shutdown.clone()));
+    let accepting = Arc::new(Accepting {
+        acceptor: TlsAcceptor::from(tls),
+        app,
+        limits,
+        revocations,
+        per_cert: Arc::new(PerCert::default()),
+        refusals,
+        shutdown: shutdown.clone(),
+    });
     loop {
         let (tcp, remote) = tokio::select! {
             r = listener.accept() => match r {
                 Ok(x) => x,
                 Err(e) => {
-                    // Out of file descriptors and the like: pause briefly instead of spinning.
                     tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    tokio::time::sleep(ACCEPT_RETRY_PAUSE).await;
                     continue;
                 }
             },
             _ = shutdown.cancelled() => break,
         };
+        let Ok(permit) = open.clone().try_acquire_owned() else {
+            accepting.refusals.total.fetch_add(1, Ordering::Relaxed);
+            drop(tcp);
+            continue;
+        };
         let _ = tcp.set_nodelay(true);
-        let acceptor = acceptor.clone();
-        let app = app.clone();
-        let watcher = graceful.watcher();
-        let shutdown = shutdown.clone();
+        let accepting = accepting.clone();
         tokio::spawn(async move {
-            let tls = tokio::select! {
-                r = tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)) => r,
-                _ = shutdown.cancelled() => return,
-            };
-            let tls = match tls {
-                Ok(Ok(s)) => s,
-                Ok(Err(e)) => {
-                    tracing::info!(%remote, error = %e, "TLS handshake refused");
-                    metrics::counter!("baton_hub_tls_handshake_failures_total").increment(1);
-                    return;
-                }
-                Err(_) => {
-                    tracing::info!(%remote, "TLS handshake timed out");
-                    metrics::counter!("baton_hub_tls_handshake_failures_total").increment(1);
-                    return;
-                }
-            };
-            let certs: Vec<CertificateDer<'static>> = tls
-                .get_ref()
-                .1
-                .peer_certificates()
-                .map(|c| c.iter().map(|c| c.clone().into_owned()).collect())
-                .unwrap_or_default();
-            let peer = PeerCerts(Arc::new(certs));
-            let svc = app.map_request(move |mut req: hyper::Request<hyper::body::Incoming>| {
-                req.extensions_mut().insert(peer.clone());
-                req.extensions_mut().insert(axum::extract::ConnectInfo::<SocketAddr>(remote));
-                req
-            });
-            let builder = Builder::new(TokioExecutor::new());
-            let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), TowerToHyperService::new(svc));
-            if let Err(e) = watcher.watch(conn.into_owned()).await {
-                tracing::debug!(%remote, error = %e, "connection ended with an error");
-            }
+            connection(&accepting, tcp, remote).await;
+            drop(permit);
         });
     }
     drop(listener);
-    if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
+    // Every open connection holds a permit; all of them back means all have finished.
+    if tokio::time::timeout(grace, open.acquire_many(limits.connections_max)).await.is_err() {
         tracing::warn!(?grace, "connections still open after the grace period; closing them");
+    }
+}
+
+/// Logs the refusals once per interval until shutdown.
+async fn log_refusals(refusals: Arc<Refusals>, shutdown: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(REFUSAL_LOG_INTERVAL) => refusals.log(),
+            _ = shutdown.cancelled() => return refusals.log(),
+        }
+    }
+}
+
+/// One connection: the handshake, the per-certificate slot, then HTTP until it ends, is idle
+/// too long, has carried its requests, its certificate is revoked, or the hub shuts down.
+async fn connection(a: &Accepting, tcp: TcpStream, remote: SocketAddr) {
+    let tls = tokio::select! {
+        r = tokio::time::timeout(a.limits.handshake_timeout, a.acceptor.accept(tcp)) => r,
+        _ = a.shutdown.cancelled() => return,
+    };
+    let tls = match tls {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            tracing::debug!(%remote, error = %e, "TLS handshake refused");
+            a.refusals.handshakes.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!("baton_hub_tls_handshake_failures_total").increment(1);
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(%remote, "TLS handshake timed out");
+            a.refusals.handshakes.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!("baton_hub_tls_handshake_failures_total").increment(1);
+            return;
+        }
+    };
+    let certs: Vec<CertificateDer<'static>> = tls
+        .get_ref()
+        .1
+        .peer_certificates()
+        .map(|c| c.iter().map(|c| c.clone().into_owned()).collect())
+        .unwrap_or_default();
+    let leaf = certs.first().map(|c| c.as_ref().to_vec()).unwrap_or_default();
+    let Some(_slot) = PerCert::enter(&a.per_cert, leaf, a.limits.connections_per_cert_max) else {
+        a.refusals.per_cert.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("baton_hub_connections_refused_total", "limit" => "per_cert").increment(1);
+        return;
+    };
+    let serial = certs.first().and_then(|c| baton_shared::pki::peer_identity(c).ok()).map(|id| id.serial);
+    let peer = PeerCerts(Arc::new(certs));
+    let activity = Arc::new(Activity::default());
+    let app = a.app.clone();
+    let counted = activity.clone();
+    let requests_max = a.limits.requests_per_connection_max;
+    let svc = tower::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+        req.extensions_mut().insert(peer.clone());
+        req.extensions_mut().insert(axum::extract::ConnectInfo::<SocketAddr>(remote));
+        let (in_flight, last) = InFlight::begin(&counted, requests_max);
+        let http1 = req.version() < hyper::Version::HTTP_2;
+        let app = app.clone();
+        async move {
+            let mut answer = app.oneshot(req).await;
+            // HTTP/1 is told in the answer itself, so that a pipelined next request is not
+            // read; HTTP/2 gets a GOAWAY from the connection's task.
+            if let (true, true, Ok(a)) = (last, http1, answer.as_mut()) {
+                a.headers_mut().insert(hyper::header::CONNECTION, hyper::header::HeaderValue::from_static("close"));
+            }
+            drop(in_flight);
+            answer
+        }
+    });
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(a.limits.header_read_timeout);
+    builder.http2().timer(TokioTimer::new());
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), TowerToHyperService::new(svc));
+    tokio::pin!(conn);
+    let mut changes = a.revocations.changes.clone();
+    // Only changes after this connection began are news to it: its requests are checked anyway.
+    changes.borrow_and_update();
+    let mut watching = serial.is_some();
+    let mut draining = false;
+    let mut idle_since = Some(Instant::now());
+    loop {
+        let idle_deadline = idle_since.map(|t| t + a.limits.idle_timeout);
+        tokio::select! {
+            r = conn.as_mut() => {
+                if let Err(e) = r {
+                    tracing::debug!(%remote, error = %e, "connection ended with an error");
+                }
+                return;
+            }
+            _ = activity.changed.notified() => {
+                let idle = activity.in_flight.load(Ordering::SeqCst) == 0;
+                idle_since = match (idle, idle_since) {
+                    (true, Some(t)) => Some(t),
+                    (true, None) => Some(Instant::now()),
+                    (false, _) => None,
+                };
+                if !draining && activity.begun.load(Ordering::SeqCst) >= a.limits.requests_per_connection_max {
+                    tracing::debug!(%remote, "closing a connection that carried its requests");
+                    draining = true;
+                    conn.as_mut().graceful_shutdown();
+                }
+            }
+            _ = sleep_until_some(idle_deadline) => {
+                tracing::debug!(%remote, "closing an idle connection");
+                return;
+            }
+            r = changes.changed(), if watching && !draining => {
+                let still_valid = match (&serial, r) {
+                    (Some(s), Ok(())) => (a.revocations.check)(s.clone()).await,
+                    _ => {
+                        watching = false;
+                        true
+                    }
+                };
+                if !still_valid {
+                    tracing::info!(%remote, "closing a connection whose certificate was revoked");
+                    draining = true;
+                    conn.as_mut().graceful_shutdown();
+                }
+            }
+            _ = a.shutdown.cancelled(), if !draining => {
+                draining = true;
+                conn.as_mut().graceful_shutdown();
+            }
+        }
+    }
+}
+
+/// Sleeps until `deadline`, or forever when there is none.
+async fn sleep_until_some(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A certificate gets at most its slots; a slot left is free again, and the table forgets
+    /// a certificate with no connection.
+    #[test]
+    fn per_cert_slots_are_bounded_and_freed() {
+        let table = Arc::new(PerCert::default());
+        let a1 = PerCert::enter(&table, b"a".to_vec(), 2).unwrap();
+        let _a2 = PerCert::enter(&table, b"a".to_vec(), 2).unwrap();
+        assert!(PerCert::enter(&table, b"a".to_vec(), 2).is_none());
+        let b = PerCert::enter(&table, b"b".to_vec(), 2).unwrap();
+        drop(a1);
+        assert!(PerCert::enter(&table, b"a".to_vec(), 2).is_some());
+        drop(b);
+        assert!(!table.open.lock().unwrap().contains_key(b"b".as_slice()));
     }
 }

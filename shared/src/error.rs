@@ -21,6 +21,10 @@ pub enum ErrorCode {
     Forbidden,
     /// 404: no such thing.
     NotFound,
+    /// 405: the endpoint exists but not with this method.
+    MethodNotAllowed,
+    /// 408: the client took longer than `limits.request_body_timeout` to send the body.
+    RequestTimeout,
     /// 409: the idempotency key was used with different content.
     IdempotencyConflict,
     /// 409: the claim is not held by this instance and token (any more).
@@ -45,7 +49,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 19] = [
+    pub const ALL: [ErrorCode; 21] = [
         ErrorCode::InvalidJson,
         ErrorCode::InvalidField,
         ErrorCode::NoRecipients,
@@ -55,6 +59,8 @@ impl ErrorCode {
         ErrorCode::NotYours,
         ErrorCode::Forbidden,
         ErrorCode::NotFound,
+        ErrorCode::MethodNotAllowed,
+        ErrorCode::RequestTimeout,
         ErrorCode::IdempotencyConflict,
         ErrorCode::StaleClaim,
         ErrorCode::InvalidTransition,
@@ -79,6 +85,8 @@ impl ErrorCode {
             ErrorCode::NotYours => "not_yours",
             ErrorCode::Forbidden => "forbidden",
             ErrorCode::NotFound => "not_found",
+            ErrorCode::MethodNotAllowed => "method_not_allowed",
+            ErrorCode::RequestTimeout => "request_timeout",
             ErrorCode::IdempotencyConflict => "idempotency_conflict",
             ErrorCode::StaleClaim => "stale_claim",
             ErrorCode::InvalidTransition => "invalid_transition",
@@ -104,6 +112,8 @@ impl ErrorCode {
             ErrorCode::UnknownCertificate | ErrorCode::CertificateRevoked => 401,
             ErrorCode::WrongRole | ErrorCode::NotYours | ErrorCode::Forbidden => 403,
             ErrorCode::NotFound => 404,
+            ErrorCode::MethodNotAllowed => 405,
+            ErrorCode::RequestTimeout => 408,
             ErrorCode::IdempotencyConflict
             | ErrorCode::StaleClaim
             | ErrorCode::InvalidTransition

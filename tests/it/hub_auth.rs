@@ -122,7 +122,9 @@ async fn revocation_takes_effect_at_once_and_after_a_restart() {
     let out = hub.cli_ok(["revoke", "prod", "--reason", "laptop stolen"]);
     assert!(out.contains("revoked 1"), "{out}");
     hub.cli_ok(["revoke", "host-a", "--reason", "host compromised"]);
-    // The same clients (and their open connections), no restart.
+    // No restart. The hub closes the revoked certificates' open connections (`hub_edges`), so
+    // the next requests come on new connections, which are refused.
+    let (prod, node) = (hub.client("prod"), hub.node("host-a", "inst-1"));
     prod.submit("c", "k2", json!(1), &["host-a"]).await.err(401, "certificate_revoked");
     node.claim_raw(1, 0).await.err(401, "certificate_revoked");
     node.api.get("/v1/holdings?instance_id=inst-1").await.err(401, "certificate_revoked");

@@ -12,6 +12,8 @@
 //! - `hub_fences`: pause, hold and block per scope.
 //! - `hub_auth`: identity and transport (mTLS, roles, revocation).
 //! - `hub_errors`: every 4xx answer and its `{code, message}` body.
+//! - `hub_edges`: the hub's edges under abuse: connection limits and timeouts, revocation of
+//!   open connections and of waiting reads, file modes, and axum's own refusals in our shape.
 //! - `hub_crash`: crash points, restart and repair.
 //! - `hub_cli`: configuration validation and the CLI's outputs and exit codes.
 //! - `conversation_order`: per-conversation order on each host under concurrent producers.
@@ -28,6 +30,7 @@ mod hub_auth;
 mod hub_cli;
 mod hub_contract;
 mod hub_crash;
+mod hub_edges;
 mod hub_errors;
 mod hub_fences;
 mod hub_longpoll;

@@ -41,6 +41,8 @@ pub(super) fn init(ctx: &Context, hostnames: &[String]) -> CliResult {
         use std::os::unix::fs::DirBuilderExt;
         std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir.root())?;
     }
+    // A directory that existed already may be looser than 0700: tighten it before any file.
+    dir.tighten().map_err(|e| CliError::failure(format!("{}: {e}", dir.root().display())))?;
     let ca = pki::create_ca("Baton hub CA").map_err(|e| CliError::failure(e.to_string()))?;
     let mut names: Vec<String> = vec!["localhost".into(), "127.0.0.1".into(), "::1".into()];
     for h in hostnames {
@@ -58,6 +60,9 @@ pub(super) fn init(ctx: &Context, hostnames: &[String]) -> CliResult {
         write_new(&dir.config(), &crate::config::template(), false)?;
     }
     drop(store::open_write(&dir.db(), baton_shared::sqlite::Synchronous::Full)?);
+    // SQLite creates the database (and later its -wal and -shm, with the same mode) under the
+    // umask; make it the owner's alone.
+    dir.tighten().map_err(|e| CliError::failure(format!("{}: {e}", dir.root().display())))?;
     output::line(format!("initialised {} (server names: {})", dir.root().display(), names.join(", ")))
 }
 
@@ -118,5 +123,7 @@ fn enroll(ctx: &Context, role: Role, name: &str, out_dir: &Path, days: u32) -> C
 pub(super) fn revoke(ctx: &Context, name: &str, reason: &str) -> CliResult {
     let conn = ctx.open_write()?;
     let serials = in_write_txn(&conn, |c| hosts::revoke(c, name, &ctx.operator, reason, ctx.now_ms()))?;
+    // A running hub re-checks its open connections and waiting reads at once.
+    ctx.wake_hub();
     output::line(format!("revoked {} certificate(s) of {name}: {}", serials.len(), serials.join(", ")))
 }

@@ -130,15 +130,11 @@ impl Context {
         HubConfig::load(sources).map_err(CliError::usage)
     }
 
+    /// Tells "not initialised" from "permission denied" before SQLite is asked (which would
+    /// call an unreadable file damaged or missing).
     fn require_db(&self) -> CliResult {
-        if self.dir.db().exists() {
-            return Ok(());
-        }
-        let root = self.dir.root().display();
-        Err(CliError::new(
-            exit::REFUSED,
-            format!("{root} has no hub database; run `baton-hub init --data-dir {root}` first"),
-        ))
+        let db = self.dir.db();
+        std::fs::File::open(&db).map(drop).map_err(|e| db_open_error(self.dir.root(), &db, &e))
     }
 
     /// A read-only connection, without a whole-file check. A database whose schema is older
@@ -165,6 +161,24 @@ impl Context {
     /// Tells a running hub that the record changed, so waiting long-polls look again.
     pub fn wake_hub(&self) {
         wake::notify(&self.dir.wake_socket());
+    }
+}
+
+/// Why the database file could not be opened, told apart: not there (not initialised) or not
+/// this user's to read (permission denied), never "damaged".
+fn db_open_error(root: &std::path::Path, db: &std::path::Path, e: &std::io::Error) -> CliError {
+    let root = root.display();
+    match e.kind() {
+        std::io::ErrorKind::PermissionDenied => CliError::failure(format!(
+            "permission denied: {} cannot be read by this user; run as the hub's user, or check the owner \
+             and mode of it and of {root}",
+            db.display()
+        )),
+        std::io::ErrorKind::NotFound => CliError::new(
+            exit::REFUSED,
+            format!("{root} has no hub database; run `baton-hub init --data-dir {root}` first"),
+        ),
+        _ => CliError::failure(format!("{}: {e}", db.display())),
     }
 }
 
@@ -210,5 +224,28 @@ pub fn run(cli: &Cli) -> CliResult {
         Command::Backup { out } => inspect::backup(&ctx, out),
         Command::Verify { json } => inspect::verify(&ctx, *json),
         Command::Config(ConfigCmd::Check { config }) => inspect::config_check(&ctx, config.as_deref()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Error, ErrorKind};
+    use std::path::Path;
+
+    /// One case: an open failure and the status and words the CLI answers with.
+    fn check(kind: ErrorKind, code: u8, words: &str) {
+        let e = db_open_error(Path::new("/d"), Path::new("/d/hub.db"), &Error::from(kind));
+        assert_eq!(e.code, code, "{kind:?}: {}", e.message);
+        assert!(e.message.contains(words), "{kind:?}: {}", e.message);
+        assert!(!e.message.contains("damaged"), "{kind:?}: {}", e.message);
+    }
+
+    /// Issue 13: a database this user may not read is "permission denied", not "damaged" and
+    /// not "not initialised".
+    #[test]
+    fn open_failures_are_told_apart() {
+        check(ErrorKind::PermissionDenied, exit::FAILURE, "permission denied: /d/hub.db");
+        check(ErrorKind::NotFound, exit::REFUSED, "run `baton-hub init --data-dir /d`");
     }
 }

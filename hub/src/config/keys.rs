@@ -8,6 +8,29 @@ use std::time::Duration;
 pub const LISTEN_DEFAULT: &str = "127.0.0.1:7443";
 /// How long a TLS handshake may take before the connection is dropped (slowloris guard).
 pub const HANDSHAKE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
+/// Most connections open at once, handshaking ones included; more are closed at accept.
+pub const CONNECTIONS_MAX_DEFAULT: u64 = 1024;
+/// Most connections open at once from one client certificate; more are closed after the
+/// handshake, so one identity cannot take every slot.
+pub const CONNECTIONS_PER_CERT_MAX_DEFAULT: u64 = 32;
+/// How long a client may take to send a request's headers (HTTP/1), from the first byte it may
+/// send (after the handshake, or after the previous answer on a kept-alive connection).
+pub const HEADER_READ_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
+/// How long a client may take to send a whole request body, once its headers are read.
+pub const REQUEST_BODY_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
+/// How long a connection may stay open with no request in progress.
+pub const IDLE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(60);
+/// Most requests one connection may carry before the hub closes it (after answering).
+pub const REQUESTS_PER_CONNECTION_MAX_DEFAULT: u64 = 10_000;
+
+// The header timeout is also the wait for the next request on an HTTP/1 connection, so it must
+// not outlast the idle timeout it would otherwise override. A request in progress (a long poll
+// waiting up to `limits.long_poll_wait_max`) is under neither: both count only while the hub
+// waits for the client.
+const _: () = assert!(HEADER_READ_TIMEOUT_DEFAULT.as_millis() <= IDLE_TIMEOUT_DEFAULT.as_millis());
+const _: () = assert!(CONNECTIONS_PER_CERT_MAX_DEFAULT < CONNECTIONS_MAX_DEFAULT);
+const _: () = assert!(HANDSHAKE_TIMEOUT_DEFAULT.as_millis() <= IDLE_TIMEOUT_DEFAULT.as_millis());
+
 /// How long shutdown waits for open requests.
 pub const SHUTDOWN_GRACE_DEFAULT: Duration = Duration::from_secs(10);
 /// The prefix of every key's environment variable.
@@ -182,8 +205,69 @@ pub const HANDSHAKE_TIMEOUT: Key = Key {
     doc: "longest TLS handshake",
 };
 
+/// `limits.connections_max`.
+pub const CONNECTIONS_MAX: Key = Key {
+    name: key_name!(Some("limits"), "connections_max", "connections-max", "BATON_HUB_CONNECTIONS_MAX"),
+    kind: KeyKind::Int { default: CONNECTIONS_MAX_DEFAULT, min: 1, max: 1_000_000 },
+    doc: "connections open at once, handshaking ones included; more are closed at accept (keep it \
+          below the hub's file limit)",
+};
+/// `limits.connections_per_cert_max`.
+pub const CONNECTIONS_PER_CERT_MAX: Key = Key {
+    name: key_name!(
+        Some("limits"),
+        "connections_per_cert_max",
+        "connections-per-cert-max",
+        "BATON_HUB_CONNECTIONS_PER_CERT_MAX"
+    ),
+    kind: KeyKind::Int { default: CONNECTIONS_PER_CERT_MAX_DEFAULT, min: 1, max: 1_000_000 },
+    doc: "connections open at once from one client certificate; more are closed after the handshake",
+};
+/// `limits.header_read_timeout`.
+pub const HEADER_READ_TIMEOUT: Key = Key {
+    name: key_name!(Some("limits"), "header_read_timeout", "header-read-timeout", "BATON_HUB_HEADER_READ_TIMEOUT"),
+    kind: KeyKind::Duration {
+        default: HEADER_READ_TIMEOUT_DEFAULT,
+        min: Duration::from_secs(1),
+        max: Duration::from_secs(300),
+    },
+    doc: "longest a client takes to send a request's headers, counted from when it may start \
+          (slowloris guard); at most idle_timeout",
+};
+/// `limits.request_body_timeout`.
+pub const REQUEST_BODY_TIMEOUT: Key = Key {
+    name: key_name!(Some("limits"), "request_body_timeout", "request-body-timeout", "BATON_HUB_REQUEST_BODY_TIMEOUT"),
+    kind: KeyKind::Duration {
+        default: REQUEST_BODY_TIMEOUT_DEFAULT,
+        min: Duration::from_secs(1),
+        max: Duration::from_secs(600),
+    },
+    doc: "longest a client takes to send a request body (408 after); a long poll's wait is not counted",
+};
+/// `limits.idle_timeout`.
+pub const IDLE_TIMEOUT: Key = Key {
+    name: key_name!(Some("limits"), "idle_timeout", "idle-timeout", "BATON_HUB_IDLE_TIMEOUT"),
+    kind: KeyKind::Duration {
+        default: IDLE_TIMEOUT_DEFAULT,
+        min: Duration::from_secs(1),
+        max: Duration::from_secs(3600),
+    },
+    doc: "longest a kept-alive connection stays open with no request in progress",
+};
+/// `limits.requests_per_connection_max`.
+pub const REQUESTS_PER_CONNECTION_MAX: Key = Key {
+    name: key_name!(
+        Some("limits"),
+        "requests_per_connection_max",
+        "requests-per-connection-max",
+        "BATON_HUB_REQUESTS_PER_CONNECTION_MAX"
+    ),
+    kind: KeyKind::Int { default: REQUESTS_PER_CONNECTION_MAX_DEFAULT, min: 1, max: 1_000_000_000 },
+    doc: "requests one connection carries before the hub closes it after answering",
+};
+
 /// Every key, in the order of the template.
-pub const KEYS: [&Key; 13] = [
+pub const KEYS: [&Key; 19] = [
     &LISTEN,
     &SYNCHRONOUS,
     &SHUTDOWN_GRACE,
@@ -197,6 +281,12 @@ pub const KEYS: [&Key; 13] = [
     &RETENTION,
     &REQUEST_BODY_BYTES_MAX,
     &HANDSHAKE_TIMEOUT,
+    &CONNECTIONS_MAX,
+    &CONNECTIONS_PER_CERT_MAX,
+    &HEADER_READ_TIMEOUT,
+    &REQUEST_BODY_TIMEOUT,
+    &IDLE_TIMEOUT,
+    &REQUESTS_PER_CONNECTION_MAX,
 ];
 
 /// Writes a duration the way the configuration takes it: the largest whole unit.

@@ -49,6 +49,18 @@ pub struct Limits {
     pub request_body_bytes_max: u64,
     /// Longest TLS handshake.
     pub handshake_timeout: Duration,
+    /// Most connections open at once (handshaking ones included).
+    pub connections_max: u32,
+    /// Most connections open at once from one client certificate.
+    pub connections_per_cert_max: u32,
+    /// Longest wait for a request's headers (HTTP/1), counted from when the client may send.
+    pub header_read_timeout: Duration,
+    /// Longest wait for a request's whole body once its headers are read.
+    pub request_body_timeout: Duration,
+    /// Longest a connection stays open with no request in progress.
+    pub idle_timeout: Duration,
+    /// Most requests one connection carries.
+    pub requests_per_connection_max: u64,
 }
 
 impl Default for Limits {
@@ -63,6 +75,12 @@ impl Default for Limits {
             retention: RETENTION_DEFAULT,
             request_body_bytes_max: REQUEST_BODY_BYTES_MAX_DEFAULT,
             handshake_timeout: HANDSHAKE_TIMEOUT_DEFAULT,
+            connections_max: CONNECTIONS_MAX_DEFAULT as u32,
+            connections_per_cert_max: CONNECTIONS_PER_CERT_MAX_DEFAULT as u32,
+            header_read_timeout: HEADER_READ_TIMEOUT_DEFAULT,
+            request_body_timeout: REQUEST_BODY_TIMEOUT_DEFAULT,
+            idle_timeout: IDLE_TIMEOUT_DEFAULT,
+            requests_per_connection_max: REQUESTS_PER_CONNECTION_MAX_DEFAULT,
         }
     }
 }
@@ -147,7 +165,22 @@ impl HubConfig {
             retention: m.duration(&RETENTION)?,
             request_body_bytes_max: m.int(&REQUEST_BODY_BYTES_MAX)?,
             handshake_timeout: m.duration(&HANDSHAKE_TIMEOUT)?,
+            connections_max: narrow(&CONNECTIONS_MAX)?,
+            connections_per_cert_max: narrow(&CONNECTIONS_PER_CERT_MAX)?,
+            header_read_timeout: m.duration(&HEADER_READ_TIMEOUT)?,
+            request_body_timeout: m.duration(&REQUEST_BODY_TIMEOUT)?,
+            idle_timeout: m.duration(&IDLE_TIMEOUT)?,
+            requests_per_connection_max: m.int(&REQUESTS_PER_CONNECTION_MAX)?,
         };
+        if limits.header_read_timeout > limits.idle_timeout {
+            return Err(format!(
+                "{} = {} is longer than {} = {} (the header wait is also the wait for the next request)",
+                HEADER_READ_TIMEOUT.name.field(),
+                humanize(limits.header_read_timeout),
+                IDLE_TIMEOUT.name.field(),
+                humanize(limits.idle_timeout)
+            ));
+        }
         for (key, v) in [(&PAYLOAD_BYTES_MAX, limits.payload_bytes_max), (&RESULT_BYTES_MAX, limits.result_bytes_max)] {
             if v + REQUEST_OVERHEAD_BYTES > limits.request_body_bytes_max {
                 return Err(format!(
@@ -217,6 +250,11 @@ mod tests {
         check_err("listen = 7443", "listen");
         check_err("[limits]\nbogus = 1", "limits.bogus");
         check_err("[elsewhere]\nx = 1", "elsewhere");
+        check_err("[limits]\nconnections_max = 0", "limits.connections_max = 0 is out of range; allowed 1..=1000000");
+        check_err(
+            "[limits]\nheader_read_timeout = \"20s\"\nidle_timeout = \"15s\"",
+            "longer than limits.idle_timeout = 15s",
+        );
     }
 
     #[test]

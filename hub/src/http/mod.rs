@@ -86,6 +86,11 @@ pub fn app(state: AppState) -> Router {
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(health::metrics))
         .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such endpoint") })
+        .method_not_allowed_fallback(|method: axum::http::Method| async move {
+            ApiError::new(ErrorCode::MethodNotAllowed, format!("this endpoint does not take {method}"))
+        })
+        .layer(axum::middleware::from_fn(errors_in_our_shape))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), read_body_in_time))
         .layer(axum::middleware::from_fn_with_state(state.clone(), refuse_large_bodies))
         .layer(axum::extract::DefaultBodyLimit::max(body_max))
         .with_state(state)
@@ -113,6 +118,115 @@ async fn refuse_large_bodies(
         .into_response();
     }
     next.run(req).await
+}
+
+/// Puts any error answer that is not already `{code, message}` JSON (one of axum's own
+/// rejections) into that shape, with a stable code and a message that names nothing internal.
+async fn errors_in_our_shape(req: Request, next: axum::middleware::Next) -> Response {
+    let resp = next.run(req).await;
+    let status = resp.status();
+    let is_json = resp
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return resp;
+    }
+    let (code, message) = match status.as_u16() {
+        404 => (ErrorCode::NotFound, "no such endpoint or resource"),
+        405 => (ErrorCode::MethodNotAllowed, "this endpoint does not take this method"),
+        408 => (ErrorCode::RequestTimeout, "the request took too long to arrive"),
+        413 => (ErrorCode::TooLarge, "request body is over limits.request_body_bytes_max"),
+        415 => (ErrorCode::InvalidJson, "expected a JSON body with Content-Type: application/json"),
+        400..=499 => (ErrorCode::InvalidField, "the request's path or query is not valid"),
+        _ => (ErrorCode::Internal, "internal error in the hub (see its log)"),
+    };
+    tracing::debug!(%status, "an answer was put into the {{code, message}} shape");
+    ApiError::new(code, message).into_response()
+}
+
+/// Rewrites a deserialisation error so it names no Rust type: serde says "expected struct
+/// SubmitRequest" where a client needs "expected a JSON object".
+fn without_type_names(text: &str) -> String {
+    let mut out = Vec::new();
+    let mut words = text.split(' ').peekable();
+    while let Some(w) = words.next() {
+        match (w, words.peek()) {
+            ("struct", Some(name)) if name.starts_with(|c: char| c.is_ascii_uppercase()) => {
+                let rest: String = name.chars().skip_while(|c| c.is_alphanumeric() || *c == '_').collect();
+                out.push(format!("a JSON object{rest}"));
+                words.next();
+            }
+            ("enum", Some(name)) if name.starts_with(|c: char| c.is_ascii_uppercase()) => {
+                let rest: String = name.chars().skip_while(|c| c.is_alphanumeric() || *c == '_').collect();
+                out.push(format!("one of the allowed values{rest}"));
+                words.next();
+            }
+            _ => out.push(w.to_string()),
+        }
+    }
+    out.join(" ").replace("into the target type", "")
+}
+
+/// Why a request body could not be read whole.
+enum BodyError {
+    /// It is over the bound.
+    TooLarge,
+    /// The client broke off or sent something that is not HTTP.
+    Broken,
+}
+
+/// Reads a body whole, at most `max` bytes.
+async fn read_body(mut body: axum::body::Body, max: u64) -> Result<axum::body::Bytes, BodyError> {
+    use axum::body::HttpBody;
+    let mut buf = Vec::new();
+    while let Some(frame) = std::future::poll_fn(|cx| std::pin::Pin::new(&mut body).poll_frame(cx)).await {
+        let frame = frame.map_err(|_| BodyError::Broken)?;
+        if let Ok(data) = frame.into_data() {
+            if (buf.len() + data.len()) as u64 > max {
+                return Err(BodyError::TooLarge);
+            }
+            buf.extend_from_slice(&data);
+        }
+    }
+    Ok(buf.into())
+}
+
+/// Reads the request body whole within `limits.request_body_timeout` (a client that trickles
+/// it gets 408), before the handler runs: a handler's own wait (a long poll) is not counted.
+async fn read_body_in_time(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    req: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let (parts, body) = req.into_parts();
+    let (max, timeout) = (state.limits.request_body_bytes_max, state.limits.request_body_timeout);
+    let bytes = match tokio::time::timeout(timeout, read_body(body, max)).await {
+        Ok(Ok(bytes)) => bytes,
+        Ok(Err(BodyError::TooLarge)) => {
+            return ApiError::new(
+                ErrorCode::TooLarge,
+                format!("request body is over {max} bytes (limits.request_body_bytes_max)"),
+            )
+            .into_response();
+        }
+        Ok(Err(BodyError::Broken)) => {
+            return ApiError::new(ErrorCode::InvalidJson, "the request body broke off").into_response();
+        }
+        Err(_) => {
+            metrics::counter!("baton_hub_request_body_timeouts_total").increment(1);
+            return ApiError::new(
+                ErrorCode::RequestTimeout,
+                format!(
+                    "the request body took longer than {} to arrive (limits.request_body_timeout)",
+                    crate::config::humanize(timeout)
+                ),
+            )
+            .into_response();
+        }
+    };
+    next.run(Request::from_parts(parts, axum::body::Body::from(bytes))).await
 }
 
 /// An API error: a stable code (which fixes the status) and a message for humans.
@@ -181,7 +295,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
             Err(JsonRejection::MissingJsonContentType(_)) => {
                 Err(ApiError::new(ErrorCode::InvalidJson, "expected a JSON body with Content-Type: application/json"))
             }
-            Err(r) => Err(ApiError::new(ErrorCode::InvalidJson, r.body_text())),
+            Err(r) => Err(ApiError::new(ErrorCode::InvalidJson, without_type_names(&r.body_text()))),
         }
     }
 }
@@ -195,7 +309,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
         match axum::extract::Query::<T>::from_request_parts(parts, state).await {
             Ok(axum::extract::Query(v)) => Ok(ApiQuery(v)),
-            Err(r) => Err(ApiError::new(ErrorCode::InvalidField, r.body_text())),
+            Err(r) => Err(ApiError::new(ErrorCode::InvalidField, without_type_names(&r.body_text()))),
         }
     }
 }
@@ -230,6 +344,27 @@ impl FromRequestParts<AppState> for Caller {
                 Err(unknown(format!("certificate {} does not match the hub's record", id.serial)))
             }
             Some(_) => Ok(Caller { role: id.role, name: id.name, serial: id.serial }),
+        }
+    }
+}
+
+impl Caller {
+    /// Re-checks, as the answer is about to leave, that the certificate is still in the record
+    /// and not revoked: a request that began before a revocation (a long poll) answers 401,
+    /// never data.
+    pub async fn recheck(&self, state: &AppState) -> Result<(), ApiError> {
+        let serial = self.serial.clone();
+        let status = state.readers.read(move |c| crate::store::hosts::cert_status(c, &serial)).await?;
+        match status {
+            Some(s) if !s.revoked => Ok(()),
+            Some(_) => Err(ApiError::new(
+                ErrorCode::CertificateRevoked,
+                format!("certificate {} was revoked while the request was in progress", self.serial),
+            )),
+            None => Err(ApiError::new(
+                ErrorCode::UnknownCertificate,
+                format!("certificate {} is not in the hub's record", self.serial),
+            )),
         }
     }
 }
@@ -292,6 +427,21 @@ mod error_tests {
         assert_eq!(resp.status().as_u16(), status, "{e:?}");
         let api = ApiError::from(e);
         assert_eq!(api.code.as_str(), code);
+    }
+
+    /// Serde's messages lose the Rust type names they carry.
+    #[test]
+    fn type_names_are_not_sent() {
+        for (given, sent) in [
+            (
+                "invalid type: string, expected struct SubmitRequest at line 1",
+                "invalid type: string, expected a JSON object at line 1",
+            ),
+            ("expected enum Outcome, found x", "expected one of the allowed values, found x"),
+            ("missing field `to`", "missing field `to`"),
+        ] {
+            assert_eq!(without_type_names(given), sent);
+        }
     }
 
     /// Internals are never sent; a bug or a corrupt record is 500 `internal`, which nodes do not

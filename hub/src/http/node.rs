@@ -77,8 +77,9 @@ pub(super) async fn holdings(
     ApiQuery(q): ApiQuery<HoldingsQuery>,
 ) -> Result<Json<HoldingsResponse>, ApiError> {
     check_token("instance_id", &q.instance_id)?;
-    let host = caller.name;
+    let host = caller.name.clone();
     let deliveries = state.readers.read(move |c| claim::holdings(c, &host, &q.instance_id)).await?;
+    caller.recheck(&state).await?;
     Ok(Json(HoldingsResponse { deliveries }))
 }
 

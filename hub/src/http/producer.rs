@@ -1,7 +1,7 @@
 //! Producer endpoints: accept a message, read it back (by id or idempotency key) with an
 //! optional long-poll for outcomes, and read a conversation's membership.
 
-use super::{ApiError, ApiJson, ApiQuery, AppState, ProducerCaller, check_path_id};
+use super::{ApiError, ApiJson, ApiQuery, AppState, Caller, ProducerCaller, check_path_id};
 use crate::store::accept::{self, AcceptLimits, Accepted, NewMessage};
 use crate::store::{members, producers, read};
 use axum::Json;
@@ -103,7 +103,7 @@ pub(super) async fn get_by_id(
     if q.idempotency_key.is_some() {
         return Err(ApiError::new(ErrorCode::InvalidField, "idempotency_key: not taken with a message id"));
     }
-    read_waiting(&state, &caller.name, message_id, q.wait_ms).await.map(Json)
+    read_waiting(&state, &caller, message_id, q.wait_ms).await.map(Json)
 }
 
 /// `GET /v1/messages?idempotency_key=K`.
@@ -117,12 +117,25 @@ pub(super) async fn get_by_key(
     let producer = caller.name.clone();
     let found = state.readers.read(move |c| read::message_id_by_key(c, &producer, &key)).await?;
     let id = found.ok_or_else(|| ApiError::new(ErrorCode::NotFound, "no message with that idempotency key"))?;
-    read_waiting(&state, &caller.name, id, q.wait_ms).await.map(Json)
+    read_waiting(&state, &caller, id, q.wait_ms).await.map(Json)
 }
 
 /// Reads a message; with `wait_ms`, waits until a delivery settles that had not settled when
-/// the read began (or all are settled already), or the wait elapses.
+/// the read began (or all are settled already), or the wait elapses. The caller's certificate
+/// is re-checked when the answer leaves, so a revocation during the wait answers 401.
 async fn read_waiting(
+    state: &AppState,
+    caller: &Caller,
+    id: String,
+    wait_ms: Option<u64>,
+) -> Result<MessageView, ApiError> {
+    let view = wait_for_outcomes(state, &caller.name, id, wait_ms).await?;
+    caller.recheck(state).await?;
+    Ok(view)
+}
+
+/// The long poll of `read_waiting`, without the answer-time check.
+async fn wait_for_outcomes(
     state: &AppState,
     producer: &str,
     id: String,

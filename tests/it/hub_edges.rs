@@ -1,0 +1,300 @@
+//! The hub's edges under abuse, through the real binary: bounded connections (slowloris, one
+//! certificate's idle connections, requests per connection, slow bodies), refusals logged once
+//! per interval, revoked certificates' connections closed, and a long poll that outlasts every
+//! connection timeout.
+
+use crate::harness::Hub;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use serde_json::json;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+use tokio_rustls::client::TlsStream;
+
+/// Short connection bounds, so that the tests see them act; the long-poll bound stays long.
+const TIGHT: &str = "[limits]
+header_read_timeout = \"1s\"
+idle_timeout = \"2s\"
+request_body_timeout = \"1s\"
+requests_per_connection_max = 3
+";
+
+/// Longer than any bound in `TIGHT`; a client that is still served after it was not cut off.
+const OUTLAST: Duration = Duration::from_secs(20);
+
+/// A raw TLS connector presenting `name`'s certificate and trusting the hub CA (HTTP/1 only).
+fn connector(hub: &Hub, name: &str) -> TlsConnector {
+    let id = hub.identity(name);
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(&id.ca).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let chain: Vec<CertificateDer<'static>> =
+        CertificateDer::pem_file_iter(&id.cert).unwrap().collect::<Result<_, _>>().unwrap();
+    let key = PrivateKeyDer::from_pem_file(&id.key).unwrap();
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)
+        .unwrap();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    TlsConnector::from(Arc::new(config))
+}
+
+/// Dials the hub and completes the TLS handshake.
+async fn dial(hub: &Hub, tls: &TlsConnector) -> std::io::Result<TlsStream<TcpStream>> {
+    let tcp = TcpStream::connect(hub.addr()).await?;
+    tls.connect(ServerName::IpAddress(hub.addr().ip().into()), tcp).await
+}
+
+/// Reads until the hub closes the connection (or `limit` passes: `None`); returns what it sent.
+async fn read_to_close(conn: &mut TlsStream<TcpStream>, limit: Duration) -> Option<String> {
+    let mut seen = Vec::new();
+    let closed = tokio::time::timeout(limit, async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match conn.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    closed.ok().map(|()| String::from_utf8_lossy(&seen).into_owned())
+}
+
+/// Issue 13: a client that finishes the handshake and then trickles its headers is cut off
+/// within the header timeout, however long it keeps trickling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slowloris_client_is_cut_off_within_the_header_timeout() {
+    let hub = Hub::builder().config(TIGHT).start();
+    let mut conn = dial(&hub, &connector(&hub, "prod")).await.expect("handshake");
+    conn.write_all(b"GET /healthz HTTP/1.1\r\nhost: hub\r\n").await.unwrap();
+    let started = Instant::now();
+    let mut cut = false;
+    // One header byte every 200 ms, for at most OUTLAST.
+    while started.elapsed() < OUTLAST {
+        if conn.write_all(b"x").await.is_err() || conn.flush().await.is_err() {
+            cut = true;
+            break;
+        }
+        let mut buf = [0u8; 256];
+        match tokio::time::timeout(Duration::from_millis(200), conn.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => {
+                cut = true;
+                break;
+            }
+            Ok(Ok(_)) | Err(_) => {}
+        }
+    }
+    assert!(cut, "a client trickling its headers was still connected after {OUTLAST:?}");
+}
+
+/// A body trickled slower than `limits.request_body_timeout` is answered 408 in our shape.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trickled_body_is_answered_408() {
+    let hub = Hub::builder().config(TIGHT).start();
+    let mut conn = dial(&hub, &connector(&hub, "prod")).await.expect("handshake");
+    conn.write_all(
+        b"POST /v1/messages HTTP/1.1\r\nhost: hub\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{",
+    )
+    .await
+    .unwrap();
+    let answer = tokio::spawn(async move { read_to_close(&mut conn, OUTLAST).await });
+    let answer = answer.await.unwrap().expect("the hub kept a slow body's connection open");
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(
+        answer.contains("\"code\":\"request_timeout\"") && answer.contains("limits.request_body_timeout"),
+        "{answer}"
+    );
+}
+
+/// The connection that carried `requests_per_connection_max` requests is closed after the last
+/// answer, even when more were pipelined behind it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_carries_at_most_its_requests() {
+    let hub = Hub::builder().config(TIGHT).start();
+    let mut conn = dial(&hub, &connector(&hub, "prod")).await.expect("handshake");
+    conn.write_all(&b"GET /healthz HTTP/1.1\r\nhost: hub\r\n\r\n".repeat(5)).await.unwrap();
+    let seen = read_to_close(&mut conn, OUTLAST).await.expect("the connection stayed open");
+    assert_eq!(seen.matches("HTTP/1.1 200").count(), 3, "{seen}");
+}
+
+/// A long poll outlasts the header and idle timeouts: they count only while the hub waits for
+/// the client, never while a request is in progress.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_poll_is_not_cut_by_the_connection_timeouts() {
+    let hub = Hub::builder().config(TIGHT).start();
+    let prod = hub.client("prod");
+    let s = prod.submit_new("c", "k", &["host-a"]).await;
+    // Five seconds: longer than the header (1 s) and idle (2 s) timeouts.
+    let r = prod.get(&format!("/v1/messages/{}?wait_ms=5000", s.message_id)).await;
+    assert_eq!(r.ok(200)["message_id"], json!(s.message_id));
+}
+
+/// A connection idle past `limits.idle_timeout` is closed by the hub.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_connection_is_closed() {
+    let hub = Hub::builder().config(TIGHT).start();
+    let mut conn = dial(&hub, &connector(&hub, "prod")).await.expect("handshake");
+    assert!(read_to_close(&mut conn, OUTLAST).await.is_some(), "an idle connection stayed open for {OUTLAST:?}");
+}
+
+/// Issue 13: 1,000 idle connections from one certificate do not stop a second certificate's
+/// requests; the connections refused past `limits.connections_per_cert_max` are summed up in
+/// the log once per interval, not one line each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_certificates_idle_connections_do_not_starve_another() {
+    const FLOOD: usize = 1000;
+    const PER_CERT: usize = 8;
+    let hub = Hub::builder().config(&format!("[limits]\nconnections_per_cert_max = {PER_CERT}\n")).start();
+    let tls = connector(&hub, "prod");
+    let mut held = Vec::new();
+    // Dialled in bounded batches; each handshake itself is bounded by the hub's timeout.
+    for _ in 0..FLOOD / 50 {
+        let batch: Vec<_> = (0..50).map(|_| dial(&hub, &tls)).collect();
+        for c in batch {
+            if let Ok(c) = c.await {
+                held.push(c);
+            }
+        }
+    }
+    let r = hub.client("prod-two").get("/healthz").await;
+    r.ok(200);
+    let s = hub.client("prod-two").submit_new("c", "while-flooded", &["host-a"]).await;
+    hub.client("prod-two").get(&format!("/v1/messages/{}", s.message_id)).await.ok(200);
+    // Of the held connections, at most PER_CERT are still served: the rest were closed.
+    let mut open = 0;
+    for c in &mut held {
+        let mut buf = [0u8; 1];
+        if tokio::time::timeout(Duration::from_millis(10), c.read(&mut buf)).await.is_err() {
+            open += 1;
+        }
+    }
+    assert!(open <= PER_CERT, "{open} connections of one certificate are open, over {PER_CERT}");
+    let line = "connections refused at their limits";
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while !hub.serve_logs().contains(line) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let logs = hub.serve_logs();
+    let lines: Vec<&str> = logs.lines().filter(|l| l.contains(line)).collect();
+    assert!(!lines.is_empty(), "no refusal line in the log:\n{logs}");
+    let refused: u64 = lines
+        .iter()
+        .filter_map(|l| l.split("at_connections_per_cert_max=").nth(1))
+        .filter_map(|v| v.split(|c: char| !c.is_ascii_digit()).next()?.parse::<u64>().ok())
+        .sum();
+    assert!(refused >= (FLOOD - PER_CERT) as u64 / 2, "the log counts {refused} refusals: {lines:?}");
+    assert!(lines.len() <= 5, "{} refusal lines for one burst; one per interval was promised", lines.len());
+    drop(held);
+}
+
+/// Revoking a certificate closes its open, idle connections (the CLI wakes the hub).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoking_a_certificate_closes_its_open_connections() {
+    let hub = Hub::builder().config("[limits]\nidle_timeout = \"1h\"\nheader_read_timeout = \"5m\"\n").start();
+    let tls = connector(&hub, "prod");
+    let mut conns = Vec::new();
+    for _ in 0..3 {
+        conns.push(dial(&hub, &tls).await.expect("handshake"));
+    }
+    hub.cli_ok(["revoke", "prod", "--reason", "stolen"]);
+    for c in &mut conns {
+        assert!(read_to_close(c, OUTLAST).await.is_some(), "a revoked certificate's connection stayed open");
+    }
+}
+
+/// Issue 13: a producer's long-poll read that began before its certificate was revoked answers
+/// 401, not the outcomes written after the revocation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_waiting_when_its_certificate_is_revoked_answers_401() {
+    let hub = Hub::start();
+    let prod = hub.client("prod");
+    let s = prod.submit_new("c", "k", &["host-a"]).await;
+    let path = format!("/v1/messages/{}?wait_ms=25000", s.message_id);
+    let waiting = tokio::spawn(async move { prod.get(&path).await });
+    // The read is waiting once nothing settled; give it a moment to start, then revoke and
+    // write an outcome it would otherwise return.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    hub.cli_ok(["revoke", "prod", "--reason", "stolen"]);
+    hub.cli_ok(["deliveries", "cancel", s.to("host-a"), "--reason", "after the revocation"]);
+    let r = waiting.await.unwrap();
+    r.err(401, "certificate_revoked");
+    assert!(!r.text.contains("after the revocation"), "{}", r.text);
+}
+
+/// Issue 13: `init` in a pre-existing 0755 directory leaves it 0700 and the keys and database
+/// 0600 (SQLite's side files follow the database); a directory loosened afterwards stops
+/// `serve`, naming the path and the fix.
+#[test]
+fn files_are_private_and_a_loose_directory_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+    let mut hub = Hub::builder().nodes(&[]).producers(&[]).stopped().start();
+    let data = hub.data_dir().to_path_buf();
+    // The fixture's `init` made the directory; make it a loose, pre-existing one and start over.
+    std::fs::remove_dir_all(&data).unwrap();
+    std::fs::create_dir(&data).unwrap();
+    std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o755)).unwrap();
+    hub.cli_ok(["init"]);
+    assert_eq!(mode(&data), 0o700);
+    for f in ["ca.key", "hub.key", "hub.db"] {
+        assert_eq!(mode(&data.join(f)), 0o600, "{f}");
+    }
+    hub.enroll_producer("prod");
+    hub.serve(None);
+    let wal = data.join("hub.db-wal");
+    assert!(wal.exists(), "a serving hub has its WAL open");
+    assert_eq!(mode(&wal), 0o600);
+    hub.kill9();
+    std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = hub.cli(["serve", "--listen", "127.0.0.1:0"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "serve ran on a 0755 data directory");
+    assert!(err.contains(&format!("{} is mode 0755", data.display())) && err.contains("chmod 700"), "{err}");
+}
+
+/// Issue 13: axum's own refusals come out as `{code, message}` with a stable code, and no
+/// message names a Rust type.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_refusal_is_in_our_shape() {
+    let hub = Hub::start();
+    let tls = connector(&hub, "prod");
+    let json = "application/json";
+    let cases: &[(&str, &str, &str, &str, u16, &str)] = &[
+        ("DELETE", "/v1/messages", "", "", 405, "method_not_allowed"),
+        ("PUT", "/healthz", "", "", 405, "method_not_allowed"),
+        ("GET", "/nowhere", "", "", 404, "not_found"),
+        ("GET", "/v1/messages/%FF%FE", "", "", 400, "invalid_field"),
+        ("GET", "/v1/messages?wait_ms=soon&idempotency_key=k", "", "", 400, "invalid_field"),
+        ("POST", "/v1/messages", "text/plain", "{}", 400, "invalid_json"),
+        ("POST", "/v1/messages", json, "[]", 400, "invalid_json"),
+        ("POST", "/v1/messages", json, "\"x\"", 400, "invalid_json"),
+    ];
+    for (method, path, ctype, body, status, code) in cases {
+        let mut conn = dial(&hub, &tls).await.expect("handshake");
+        let ctype = if ctype.is_empty() { String::new() } else { format!("content-type: {ctype}\r\n") };
+        let req = format!(
+            "{method} {path} HTTP/1.1\r\nhost: hub\r\nconnection: close\r\n{ctype}content-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        conn.write_all(req.as_bytes()).await.unwrap();
+        let answer = read_to_close(&mut conn, OUTLAST).await.expect("the hub kept the connection open");
+        let (head, text) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+        assert!(head.starts_with(&format!("HTTP/1.1 {status}")), "{method} {path}: {answer}");
+        let v: serde_json::Value = serde_json::from_str(text).unwrap_or_else(|_| panic!("{method} {path}: {answer}"));
+        let keys: Vec<&String> = v.as_object().unwrap().keys().collect();
+        assert_eq!(keys, ["code", "message"], "{method} {path}: {text}");
+        assert_eq!(v["code"], json!(code), "{method} {path}: {text}");
+        let message = v["message"].as_str().unwrap();
+        for internal in ["struct ", "enum ", "Request", "Query", "axum", "serde"] {
+            assert!(!message.contains(internal), "{method} {path} names {internal:?}: {message}");
+        }
+    }
+}
