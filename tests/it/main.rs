@@ -17,12 +17,14 @@
 //! - `hub_crash`: crash points, restart and repair.
 //! - `hub_cli`: configuration validation and the CLI's outputs and exit codes.
 //! - `conversation_order`: per-conversation order on each host under concurrent producers.
+//! - `conversation_fairness`: a deep backlog in one conversation does not starve another.
 //! - `node_*`, `power_loss`: the node agent and durability under power loss (see each module).
 
 // A test binary exports nothing, so `pub` in its private modules only means "shared between
 // modules"; spelling every item `pub(crate)` would add noise, not safety.
 #![allow(unreachable_pub)]
 
+mod conversation_fairness;
 mod conversation_order;
 mod corruption;
 mod harness;

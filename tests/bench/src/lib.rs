@@ -7,6 +7,7 @@
 //! - `cluster`: the real `baton-hub` and `baton-node` processes through the test kit (stopped
 //!   gracefully and reaped on drop), their data directories and certificates, mTLS clients.
 //! - `e2e`: step 2, passes with producers against the hub and K nodes.
+//! - `fairness`: step 2b, a light conversation's latency while a heavy one drains on its host.
 //! - `backlog`: step 3, claim latency with 10k, 100k and 1M queued deliveries.
 //! - `figures`: the table, the JSON, the targets.
 //! - `stats`, `procfs`: percentiles; CPU time and peak RSS from `/proc`.
@@ -15,6 +16,7 @@ pub mod backlog;
 pub mod ceiling;
 pub mod cluster;
 pub mod e2e;
+pub mod fairness;
 pub mod figures;
 pub mod procfs;
 pub mod stats;

@@ -5,7 +5,7 @@
 use anyhow::Context;
 use baton_bench::cluster::{self, NodeSettings};
 use baton_bench::figures::Figures;
-use baton_bench::{backlog, ceiling, e2e, procfs, stats};
+use baton_bench::{backlog, ceiling, e2e, fairness, procfs, stats};
 use baton_testkit::{Binaries, Harness};
 use clap::Parser;
 use serde_json::json;
@@ -233,6 +233,19 @@ fn measure(
 
     if !plan.skip_e2e {
         end_to_end(rt, bins, plan, &e2e_root, figs)?;
+        let (heavy, light) = if plan.quick { FAIRNESS_QUICK } else { FAIRNESS_FULL };
+        progress(&format!("step 2b: fairness, {light} light turns while {heavy} heavy ones drain"));
+        let f = fairness::run(rt, bins, &root.join("fairness"), heavy, light, plan.node_parallel)?;
+        figs.put(
+            "light_conversation_p99_ms",
+            Some(f.light_accept_to_report_ms.p99),
+            "p99 accept->report of a light conversation while a heavy one drains on its host, ms",
+        );
+        figs.put(
+            "light_conversation_heavy_left_share",
+            Some(f.heavy_left_share),
+            "share of the heavy backlog still waiting when the light conversation was done",
+        );
     }
     if plan.backlog_sizes.is_empty() {
         return Ok(());
@@ -264,6 +277,11 @@ fn measure(
 }
 
 /// Step 2: the hub and its nodes, three passes (no-op, half load, /bin/true).
+/// Step 2b sizes (heavy queued turns, light turns) of a full run.
+const FAIRNESS_FULL: (usize, usize) = (50_000, 200);
+/// Step 2b sizes of a `--quick` run.
+const FAIRNESS_QUICK: (usize, usize) = (5_000, 20);
+
 fn end_to_end(
     rt: &tokio::runtime::Runtime,
     bins: &Binaries,

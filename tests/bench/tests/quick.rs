@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 /// The figures `--json` must always carry (step results may be `null` only when skipped).
-const KEYS: [&str; 12] = [
+const KEYS: [&str; 13] = [
     "sqlite_commits_per_s",
     "sqlite_rows_per_s_batch64",
     "accepted_per_s",
@@ -20,6 +20,7 @@ const KEYS: [&str; 12] = [
     "claim_ms_backlog_1m",
     "hub_peak_rss_bytes",
     "hub_cpu_s_per_1k_deliveries",
+    "light_conversation_p99_ms",
 ];
 
 /// How long the reduced run may take before the test fails: it takes well under a minute

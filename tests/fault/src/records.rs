@@ -50,6 +50,24 @@ pub struct EffectLine {
     /// A value unique to this execution (a pid and a clock reading).
     #[serde(default)]
     pub nonce: String,
+    /// The conversation of the turn (`BATON_CONVERSATION`); empty in ledgers written before
+    /// the order invariant I15 was checked.
+    #[serde(default)]
+    pub conversation: String,
+    /// The turn's `seq` in its conversation (`BATON_SEQ`); a line without one is not ordered.
+    #[serde(default)]
+    pub seq: Option<i64>,
+    /// Wall-clock nanoseconds when the harness started (before it read its payload).
+    #[serde(default)]
+    pub started_ns: Option<u64>,
+    /// Wall-clock nanoseconds when the harness ended (just before it wrote this line).
+    #[serde(default)]
+    pub ended_ns: Option<u64>,
+    /// Set only when the record marks this execution as an operator's deliberate re-run (a
+    /// retry or redrive) with its kind; such a line is exempt from the order invariant I15.
+    /// Nothing sets it yet: the harness environment has no such marker.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rerun: Option<String>,
 }
 
 /// Lines read from a JSON-lines file, with the count of unreadable (torn) lines.
@@ -106,11 +124,14 @@ impl LineWriter {
 
 /// The harness command that records one effect line in `ledger` and succeeds: it drains its
 /// stdin (the payload) first, so an effect is recorded even when the node dies mid-turn, and it
-/// never writes to stdout (whose reader may be gone).
+/// never writes to stdout (whose reader may be gone). The line carries the turn's conversation
+/// and `seq` and the wall-clock start and end of the execution, for the order invariant I15.
+/// Conversation names are written verbatim, so they must need no JSON escaping.
 pub fn ledger_harness(ledger: &Path, host: &str) -> Vec<String> {
     let script = format!(
-        "cat >/dev/null; printf '{{\"delivery_id\":\"%s\",\"attempt_id\":\"%s\",\"host\":\"{host}\",\"instance\":\"\",\"nonce\":\"%s-%s\"}}\\n' \
-         \"$BATON_DELIVERY_ID\" \"$BATON_ATTEMPT_ID\" \"$$\" \"$(date +%s%N)\" >> '{}'",
+        "s=$(date +%s%N); cat >/dev/null; \
+         printf '{{\"delivery_id\":\"%s\",\"attempt_id\":\"%s\",\"host\":\"{host}\",\"instance\":\"\",\"nonce\":\"%s-%s\",\"conversation\":\"%s\",\"seq\":%s,\"started_ns\":%s,\"ended_ns\":%s}}\\n' \
+         \"$BATON_DELIVERY_ID\" \"$BATON_ATTEMPT_ID\" \"$$\" \"$s\" \"$BATON_CONVERSATION\" \"$BATON_SEQ\" \"$s\" \"$(date +%s%N)\" >> '{}'",
         ledger.display()
     );
     vec!["sh".into(), "-c".into(), script]

@@ -14,10 +14,13 @@ use std::time::{Duration, Instant};
 
 /// Hosts the soak runs.
 pub const HOSTS: [&str; 3] = ["host-a", "host-b", "host-c"];
-/// Concurrent producer tasks.
-const PRODUCERS: usize = 4;
-/// Pause after each new message a producer got accepted (4 producers: at most ~40 messages/s).
-const PRODUCER_PACE: Duration = Duration::from_millis(100);
+/// Concurrent producer tasks, each on its own connections, all submitting into the same few
+/// shared conversations so their messages interleave in each conversation's `seq` (I15).
+const PRODUCERS: usize = 8;
+/// The shared conversations every producer submits into (and the nemesis fences).
+pub const CONVERSATIONS: u32 = 2;
+/// Pause after each new message a producer got accepted (8 producers: at most ~40 messages/s).
+const PRODUCER_PACE: Duration = Duration::from_millis(200);
 /// How long the drain after heal may take before liveness counts as violated.
 pub const DRAIN_LIMIT: Duration = Duration::from_secs(60);
 
@@ -49,6 +52,8 @@ pub struct Figures {
     pub duplicate_submissions: u64,
     /// Harness executions (effects ledger lines).
     pub executions: u64,
+    /// Executions the order invariant I15 compared (per host and conversation).
+    pub ordered_executions: u64,
 }
 
 /// The soak's outcome.
@@ -153,7 +158,7 @@ pub async fn run(bins: &Binaries, cfg: SoakConfig, log: &mut dyn FnMut(String)) 
                 log(format!("partition {k} link(s) with {fault:?}"));
             }
             30..38 => {
-                let conv = format!("c{}", rng.random_range(0..4));
+                let conv = format!("c{}", rng.random_range(0..CONVERSATIONS));
                 let kind = if rng.random_bool(0.5) { "hold" } else { "pause" };
                 if c.hub.cli(["fence", kind, "--conversation", &conv, "--reason", "soak"]).is_ok() {
                     log(format!("fence {kind} {conv}"));
@@ -183,6 +188,7 @@ pub async fn run(bins: &Binaries, cfg: SoakConfig, log: &mut dyn FnMut(String)) 
     f.accepted = counters.accepted.load(Ordering::SeqCst);
     f.duplicate_submissions = counters.duplicates.load(Ordering::SeqCst);
     f.executions = report.counts.get("effects").copied().unwrap_or(0);
+    f.ordered_executions = report.counts.get("ordered_effects").copied().unwrap_or(0);
     if !drained {
         log(format!("drain did not finish within {DRAIN_LIMIT:?}; logs:\n{}", c.logs()));
     }
@@ -300,7 +306,7 @@ async fn produce(
                 to.push(HOSTS[rng.random_range(0..HOSTS.len())].to_string());
             }
             let payload = serde_json::json!({"p": index, "i": i});
-            (format!("p{index}-{seed}-{i}"), format!("c{}", rng.random_range(0..4)), payload, to)
+            (format!("p{index}-{seed}-{i}"), format!("c{}", rng.random_range(0..CONVERSATIONS)), payload, to)
         };
         if replay {
             counters.duplicates.fetch_add(1, Ordering::Relaxed);

@@ -240,3 +240,71 @@ fn i14_a_claim_recorded_as_made_by_an_operator() {
     });
     assert_only(&report, "I14");
 }
+
+/// Rewrites the ledger after `change` edits its lines.
+fn rewrite_ledger(c: &Cluster, change: impl FnOnce(&mut Vec<EffectLine>)) {
+    let mut lines = read_lines::<EffectLine>(&c.ledger).unwrap().items;
+    change(&mut lines);
+    std::fs::remove_file(&c.ledger).unwrap();
+    let mut w = LineWriter::append(&c.ledger).unwrap();
+    for l in &lines {
+        w.write(l).unwrap();
+    }
+}
+
+/// Indices of two ledger lines of one conversation on one host, in start order.
+fn two_turns_of_one_conversation(lines: &[EffectLine]) -> (usize, usize) {
+    let mut idx: Vec<usize> = (0..lines.len()).collect();
+    idx.sort_by_key(|&i| lines[i].started_ns);
+    for (n, &i) in idx.iter().enumerate() {
+        for &j in &idx[n + 1..] {
+            if lines[i].host == lines[j].host && lines[i].conversation == lines[j].conversation {
+                assert!(lines[i].seq < lines[j].seq, "the clean run is already out of order: {lines:?}");
+                return (i, j);
+            }
+        }
+    }
+    panic!("no conversation ran two turns on one host: {lines:?}");
+}
+
+#[test]
+fn i15_a_later_seq_ran_before_an_earlier_one() {
+    // The bug: a later message's delivery was claimed and run before an earlier one's existed.
+    let report = with_cluster(25, |c| {
+        rewrite_ledger(c, |lines| {
+            let (i, j) = two_turns_of_one_conversation(lines);
+            let (a, b) = (lines[i].seq, lines[j].seq);
+            lines[i].seq = b;
+            lines[j].seq = a;
+        });
+    });
+    assert_only(&report, "I15");
+}
+
+#[test]
+fn i15_a_turn_started_before_the_previous_one_ended() {
+    // The bug: two turns of one conversation handed out together and run in parallel.
+    let report = with_cluster(26, |c| {
+        rewrite_ledger(c, |lines| {
+            let (i, j) = two_turns_of_one_conversation(lines);
+            let start = lines[i].started_ns.unwrap();
+            lines[i].ended_ns = Some(lines[j].started_ns.unwrap() + 1);
+            assert!(lines[i].ended_ns > Some(start));
+        });
+    });
+    assert_only(&report, "I15");
+}
+
+#[test]
+fn i15_an_operator_rerun_marked_in_the_record_is_exempt() {
+    let report = with_cluster(27, |c| {
+        rewrite_ledger(c, |lines| {
+            let (i, j) = two_turns_of_one_conversation(lines);
+            let (a, b) = (lines[i].seq, lines[j].seq);
+            lines[i].seq = b;
+            lines[j].seq = a;
+            lines[i].rerun = Some("redrive".into());
+        });
+    });
+    assert!(report.violations.is_empty(), "{}", report.render());
+}

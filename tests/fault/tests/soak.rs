@@ -1,5 +1,6 @@
 //! The short fixed-seed soak, so `baton-soak` cannot rot: 30 s of kills, pauses, partitions and
-//! fences against hub + 3 nodes, then heal, drain and zero checker violations.
+//! fences against hub + 3 nodes, with
+//! concurrent producers in shared conversations (so the order invariant I15 is exercised), then heal, drain and zero checker violations.
 
 use baton_fault::soak::{self, SoakConfig};
 use baton_testkit::Binaries;
@@ -13,5 +14,7 @@ fn a_short_fixed_seed_soak_has_no_violations() {
     eprintln!("{:?}", r.figures);
     assert!(r.drained, "the drain did not finish");
     assert!(r.figures.accepted > 0 && r.figures.kills > 0, "{:?}", r.figures);
+    // Concurrent producers into shared conversations: the order invariant had turns to compare.
+    assert!(r.figures.ordered_executions > 2 * soak::HOSTS.len() as u64, "{:?}", r.figures);
     assert!(r.report.violations.is_empty(), "{}", r.report.render());
 }

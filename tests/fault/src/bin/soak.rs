@@ -57,6 +57,7 @@ fn main() -> ExitCode {
     println!("fences: {}", f.fences);
     println!("duplicate_submissions: {}", f.duplicate_submissions);
     println!("executions: {}", f.executions);
+    println!("ordered_executions: {}", f.ordered_executions);
     println!("drained: {}", r.drained);
     println!("violations: {}", r.report.violations.len());
     if r.report.violations.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) }
