@@ -1,7 +1,7 @@
 //! The executor: runs one harness turn and says how it ended.
 //!
 //! The configured argv runs directly (no shell) in its own process group, with the payload on
-//! stdin and the delivery's ids in the environment. A timeout or a shutdown kills the whole
+//! stdin and the delivery's ids (and the message's producer, `BATON_PRODUCER`) in the environment. A timeout or a shutdown kills the whole
 //! group with SIGKILL (through `nix::sys::signal::killpg`, a safe wrapper, since this crate
 //! forbids `unsafe`). stdout is kept up to `result_bytes_max` and the rest drained, so the child
 //! never blocks on a full pipe; stderr goes to the node's log, bounded.
@@ -56,6 +56,7 @@ pub async fn run_command(spec: &ExecSpec, turn: &StartedTurn, kill: &Cancellatio
         .env("BATON_MESSAGE_ID", &turn.message_id)
         .env("BATON_CONVERSATION", &turn.conversation)
         .env("BATON_SEQ", turn.seq.to_string())
+        .env("BATON_PRODUCER", turn.producer.as_deref().unwrap_or_default())
         .env("BATON_ATTEMPT_ID", &turn.attempt_id)
         .env("BATON_INSTANCE_ID", &spec.instance_id);
     let mut child = match cmd.spawn() {
@@ -290,6 +291,7 @@ mod tests {
             conversation: "conv-a".into(),
             seq: 7,
             payload: payload.into(),
+            producer: Some("prod-a".into()),
         }
     }
 
@@ -315,8 +317,8 @@ mod tests {
 
     #[tokio::test]
     async fn environment_names_the_delivery() {
-        let e = run(r#"printf '%s|%s|%s|%s|%s|%s' "$BATON_DELIVERY_ID" "$BATON_MESSAGE_ID" "$BATON_CONVERSATION" "$BATON_SEQ" "$BATON_ATTEMPT_ID" "$BATON_INSTANCE_ID""#).await;
-        assert_eq!(e.result.as_deref(), Some("del-1|msg-1|conv-a|7|att-1|inst-1"));
+        let e = run(r#"printf '%s|%s|%s|%s|%s|%s|%s' "$BATON_DELIVERY_ID" "$BATON_MESSAGE_ID" "$BATON_CONVERSATION" "$BATON_SEQ" "$BATON_ATTEMPT_ID" "$BATON_INSTANCE_ID" "$BATON_PRODUCER""#).await;
+        assert_eq!(e.result.as_deref(), Some("del-1|msg-1|conv-a|7|att-1|inst-1|prod-a"));
     }
 
     #[tokio::test]

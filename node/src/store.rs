@@ -32,7 +32,10 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 /// The node store's migrations, in order. Append-only.
-pub const MIGRATIONS: &[&str] = &[include_str!("../../schema/node/0001-create-node-store.sql")];
+pub const MIGRATIONS: &[&str] = &[
+    include_str!("../../schema/node/0001-create-node-store.sql"),
+    include_str!("../../schema/node/0002-delivery-producer.sql"),
+];
 
 /// The reason recorded for an attempt found started but not ended at startup.
 pub const REASON_RESTARTED: &str = "node restarted during execution";

@@ -7,7 +7,8 @@
 //!   the execution log is the order in which turns started on each host.
 //! - The producer's side of membership and publish scope (SPEC §3, §6): posts without `to`,
 //!   `to` checked against the members, `GET /v1/conversations/{name}`, `forbidden` outside the
-//!   scope, and the producer's name in claims.
+//!   scope, and the producer's name in claims; membership and scopes are set through the
+//!   operator's CLI (`members`, `producers scope`) while the hub runs.
 
 use crate::harness::{Api, Hub};
 use crate::node_harness::wait_for;
@@ -95,15 +96,6 @@ fn concurrent_producers_into_shared_conversations_run_in_seq_order_per_host() {
     hub.verify_ok();
 }
 
-/// Writes the record the way the operator's membership and scope commands do, while the hub runs.
-/// (The store functions behind those commands are unit-tested in the hub; this only needs the
-/// record to say something.)
-fn write_record(hub: &Hub, sql: &str) {
-    let conn = rusqlite::Connection::open(hub.data_dir().join("hub.db")).expect("open hub.db");
-    conn.busy_timeout(Duration::from_secs(10)).expect("busy_timeout");
-    conn.execute_batch(sql).expect("write the record");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn membership_and_publish_scope_through_the_api() {
     let hub = Hub::start();
@@ -119,22 +111,14 @@ async fn membership_and_publish_scope_through_the_api() {
     prod.get("/v1/conversations/Bad").await.err(400, "invalid_field");
     hub.client("host-a").get("/v1/conversations/open-c").await.err(403, "wrong_role");
 
-    // Members host-a and host-b from the start: a post without `to` goes to both.
-    write_record(
-        &hub,
-        "INSERT INTO conversations (name, last_seq) VALUES ('team', 0);
-         INSERT INTO memberships (conversation, host, join_seq, joined_at, joined_by, join_reason)
-         VALUES ('team', 'host-a', 0, 1, 'e2e', 'test'), ('team', 'host-b', 0, 1, 'e2e', 'test');",
-    );
+    // Members host-a and host-b from the start (the operator's command, while the hub runs):
+    // a post without `to` goes to both.
+    hub.cli_ok(["members", "add", "--conversation", "team", "host-a", "host-b", "--reason", "test"]);
     let first = Submitted(prod.submit("team", "t1", json!({"n": 1}), &[]).await.ok(201).clone());
     assert_eq!(first.hosts(), ["host-a", "host-b"]);
     // host-b leaves after seq 1: a later post without `to` is host-a's alone, and `to` may not
     // name host-b any more.
-    write_record(
-        &hub,
-        "UPDATE memberships SET leave_seq = 1, left_at = 2, left_by = 'e2e', leave_reason = 'test'
-         WHERE conversation = 'team' AND host = 'host-b';",
-    );
+    hub.cli_ok(["members", "remove", "--conversation", "team", "host-b", "--reason", "test"]);
     let second = Submitted(prod.submit("team", "t2", json!({"n": 2}), &[]).await.ok(201).clone());
     assert_eq!(second.hosts(), ["host-a"]);
     let m = prod.submit("team", "t3", json!({}), &["host-b"]).await.err(400, "invalid_field");
@@ -160,11 +144,7 @@ async fn membership_and_publish_scope_through_the_api() {
     assert_eq!(producers, ["prod", "prod", "prod"], "open-c #1, team #1, team #2, all by prod");
 
     // A scoped producer: only `team` and `ops-*`; elsewhere 403 forbidden naming the conversation.
-    write_record(
-        &hub,
-        "INSERT INTO producer_scopes (producer, pattern, set_by, set_at)
-         VALUES ('prod-two', 'team', 'e2e', 1), ('prod-two', 'ops-*', 'e2e', 1);",
-    );
+    hub.cli_ok(["producers", "scope", "prod-two", "team", "ops-*", "--reason", "test"]);
     let two = hub.client("prod-two");
     let m = two.submit("open-c", "x1", json!({}), &["host-a"]).await.err(403, "forbidden");
     assert!(m.contains("\"open-c\""), "{m}");

@@ -174,7 +174,7 @@ async fn a_crash_before_the_accept_commits_keeps_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cli_send_that_crashes_before_fan_out_is_completed_by_its_retry() {
+async fn a_cli_send_that_crashes_before_fan_out_leaves_nothing_and_its_retry_is_new() {
     let hub = Hub::start();
     let args =
         ["send", "--conversation", "c", "--to", "host-a,host-b", "--key", "by-hand", "--payload", "{}", "--json"];
@@ -182,13 +182,13 @@ async fn a_cli_send_that_crashes_before_fan_out_is_completed_by_its_retry() {
     cmd.env("BATON_CRASH_POINT", "hub.fanout.before_first");
     let out = crate::harness::output_within(cmd, crate::harness::EVENT_WAIT);
     assert_eq!(out.status.signal(), Some(6), "the send aborted at the crash point: {out:?}");
-    // The message is accepted, its fan-out is due, and no delivery exists yet.
+    // Accept and fan-out are one transaction: the crash left no message and no fan-out due.
     let status = hub.cli_json(["status", "--json"]);
-    assert_eq!((status["messages"].as_i64(), status["pending_fanout"].as_i64()), (Some(1), Some(1)), "{status}");
+    assert_eq!((status["messages"].as_i64(), status["pending_fanout"].as_i64()), (Some(0), Some(0)), "{status}");
     assert!(hub.deliveries().is_empty());
-    // The operator's retry takes the idempotency branch and completes the fan-out.
+    // The operator's retry is a new accept, fanned out in the same step.
     let again = hub.cli_json(args);
-    assert_eq!(again["duplicate"], true);
+    assert_eq!(again["duplicate"], false);
     assert_eq!(again["deliveries"].as_array().unwrap().len(), 2);
     assert_eq!(hub.cli_json(["status", "--json"])["pending_fanout"], 0);
     assert_eq!(hub.node("host-b", "inst-b").claim(10, 0).await.len(), 1);

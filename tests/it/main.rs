@@ -18,6 +18,8 @@
 //! - `hub_cli`: configuration validation and the CLI's outputs and exit codes.
 //! - `conversation_order`: per-conversation order on each host under concurrent producers.
 //! - `conversation_fairness`: a deep backlog in one conversation does not starve another.
+//! - `conversations_cli`: the operator's membership and publish-scope commands, and posts
+//!   without `to` running on exactly the members.
 //! - `node_*`, `power_loss`: the node agent and durability under power loss (see each module).
 
 // A test binary exports nothing, so `pub` in its private modules only means "shared between
@@ -26,6 +28,7 @@
 
 mod conversation_fairness;
 mod conversation_order;
+mod conversations_cli;
 mod corruption;
 mod harness;
 mod hub_auth;

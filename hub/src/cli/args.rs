@@ -63,7 +63,8 @@ pub enum Command {
         #[arg(long, default_value_t = 365)]
         days: u32,
     },
-    /// Retire a host: no more work; its pending deliveries fail (mirrored ones become unknown).
+    /// Retire a host: no more work; its pending deliveries fail (mirrored ones become unknown)
+    /// and it leaves every conversation it is a member of.
     Retire {
         /// The host.
         host: String,
@@ -80,6 +81,12 @@ pub enum Command {
         #[command(flatten)]
         why: Reason,
     },
+    /// Conversation membership: which hosts a post without `--to` reaches.
+    #[command(subcommand)]
+    Members(MembersCmd),
+    /// Producers and their publish scopes.
+    #[command(subcommand)]
+    Producers(ProducersCmd),
     /// Fences: pause, hold or block a conversation, a host, or everything.
     #[command(subcommand)]
     Fence(FenceCmd),
@@ -94,8 +101,8 @@ pub enum Command {
         /// The conversation.
         #[arg(long)]
         conversation: String,
-        /// Recipient hosts, comma-separated.
-        #[arg(long, value_delimiter = ',', required = true)]
+        /// Recipient hosts, comma-separated (default: the conversation's current members).
+        #[arg(long, value_delimiter = ',')]
         to: Vec<String>,
         /// Idempotency key.
         #[arg(long)]
@@ -142,7 +149,74 @@ pub enum Enroll {
     /// A node host: writes DIR/HOST.crt, DIR/HOST.key, DIR/ca.crt.
     Node(EnrollArgs),
     /// A producer: writes DIR/NAME.crt, DIR/NAME.key, DIR/ca.crt.
-    Producer(EnrollArgs),
+    Producer(EnrollProducerArgs),
+}
+
+/// Arguments of `enroll producer`.
+#[derive(Debug, Args)]
+pub struct EnrollProducerArgs {
+    /// Name, output directory and validity.
+    #[command(flatten)]
+    pub common: EnrollArgs,
+    /// The conversations it may post into: exact names, or a prefix ending in `*` (`*` alone is
+    /// every conversation). Without it, a new producer may post anywhere and an enrolled one
+    /// keeps its scope.
+    #[arg(long, num_args = 1.., value_name = "PATTERN")]
+    pub conversations: Option<Vec<String>>,
+}
+
+/// Arguments of `members add|remove`.
+#[derive(Debug, Args)]
+pub struct MembersChange {
+    /// The conversation.
+    #[arg(long)]
+    pub conversation: String,
+    /// The hosts.
+    #[arg(required = true, value_name = "HOST")]
+    pub hosts: Vec<String>,
+    /// Why (recorded).
+    #[command(flatten)]
+    pub why: Reason,
+}
+
+/// `members` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum MembersCmd {
+    /// Make hosts members from the conversation's next post on (exit 1 when all already were).
+    Add(MembersChange),
+    /// End hosts' membership after the conversation's last post (exit 1 when none was a member).
+    Remove(MembersChange),
+    /// Every member with its intervals: join and leave `seq`, when, who, why.
+    List {
+        /// Only this conversation.
+        #[arg(long)]
+        conversation: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `producers` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum ProducersCmd {
+    /// Replace a producer's publish scope; takes effect on its next post.
+    Scope {
+        /// The producer.
+        name: String,
+        /// Exact conversation names, or prefixes ending in `*` (`*` alone is every conversation).
+        #[arg(required = true, value_name = "PATTERN")]
+        patterns: Vec<String>,
+        /// Why (recorded).
+        #[command(flatten)]
+        why: Reason,
+    },
+    /// Every enrolled producer with its publish scope.
+    List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Arguments of `enroll`.
@@ -324,6 +398,13 @@ mod tests {
             vec!["baton-hub", "serve", "--claim-batch-max", "5", "--config", "f"],
             vec!["baton-hub", "enroll", "node", "host-a", "--out", "d"],
             vec!["baton-hub", "enroll", "producer", "p", "--out", "d"],
+            vec!["baton-hub", "enroll", "producer", "p", "--out", "d", "--conversations", "a", "b-*"],
+            vec!["baton-hub", "members", "add", "--conversation", "c", "h1", "h2", "--reason", "r"],
+            vec!["baton-hub", "members", "remove", "--conversation", "c", "h1"],
+            vec!["baton-hub", "members", "list", "--conversation", "c", "--json"],
+            vec!["baton-hub", "producers", "scope", "p", "a", "b-*", "--reason", "r"],
+            vec!["baton-hub", "producers", "list", "--json"],
+            vec!["baton-hub", "send", "--conversation", "c", "--key", "k", "--payload", "{}"],
             vec!["baton-hub", "revoke", "host-a", "--reason", "lost laptop"],
             vec!["baton-hub", "renew", "host-a", "--out", "d"],
             vec!["baton-hub", "retire", "host-a"],
@@ -358,6 +439,10 @@ mod tests {
         // A fence needs exactly one scope.
         assert!(Cli::try_parse_from(["baton-hub", "fence", "pause"]).is_err());
         assert!(Cli::try_parse_from(["baton-hub", "fence", "pause", "--all", "--host", "h"]).is_err());
+        // A membership change names its conversation and at least one host; a scope a pattern.
+        assert!(Cli::try_parse_from(["baton-hub", "members", "add", "h1"]).is_err());
+        assert!(Cli::try_parse_from(["baton-hub", "members", "add", "--conversation", "c"]).is_err());
+        assert!(Cli::try_parse_from(["baton-hub", "producers", "scope", "p"]).is_err());
         // Configuration flags belong to `serve` only.
         assert!(Cli::try_parse_from(["baton-hub", "status", "--claim-batch-max", "5"]).is_err());
     }

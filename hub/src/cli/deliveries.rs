@@ -1,11 +1,11 @@
 //! Inspecting and steering deliveries: `deliveries list|show|cancel`, `held list|release`,
-//! `retire HOST` and `requeue --instance ID`.
+//! `retire HOST` (which also ends its memberships) and `requeue --instance ID`.
 
 use super::args::{DeliveriesCmd, HeldCmd};
 use super::{CliError, CliResult, Context, output};
-use crate::store::in_write_txn;
 use crate::store::operator::{self, Selector};
 use crate::store::read::{self, DeliveryFilter};
+use crate::store::{in_write_txn, members};
 use baton_shared::exit;
 use baton_shared::states::DeliveryState;
 
@@ -67,16 +67,23 @@ pub(super) fn held(ctx: &Context, h: &HeldCmd) -> CliResult {
     }
 }
 
-/// `retire HOST`.
+/// `retire HOST`: its pending work is swept and it leaves every conversation, in one
+/// transaction, so no post after the retirement counts it as a member.
 pub(super) fn retire(ctx: &Context, host: &str, reason: &str) -> CliResult {
     let conn = ctx.open_write()?;
-    let swept = in_write_txn(&conn, |c| operator::retire(c, host, &ctx.operator, reason, ctx.now_ms()))?;
+    let (swept, left) = in_write_txn(&conn, |c| {
+        let swept = operator::retire(c, host, &ctx.operator, reason, ctx.now_ms())?;
+        let left = members::leave_all(c, host, &ctx.operator, reason, ctx.now_ms())?;
+        Ok((swept, left))
+    })?;
     ctx.wake_hub();
     output::line(format!(
-        "retired {host}: {} failed, {} unknown, {} delivered without outcome marked unknown",
+        "retired {host}: {} failed, {} unknown, {} delivered without outcome marked unknown; left {} conversation(s){}",
         swept.failed.len(),
         swept.unknown.len(),
-        swept.outcome_unknown.len()
+        swept.outcome_unknown.len(),
+        left.len(),
+        if left.is_empty() { String::new() } else { format!(": {}", left.join(", ")) }
     ))
 }
 

@@ -3,7 +3,7 @@
 
 use super::args::Enroll;
 use super::{CliError, CliResult, Context, output};
-use crate::store::{self, hosts, in_write_txn};
+use crate::store::{self, hosts, in_write_txn, producers};
 use baton_shared::ids::{Role, check_name};
 use baton_shared::pki::{self, LeafKind};
 use std::io::Write;
@@ -68,11 +68,16 @@ pub(super) fn init(ctx: &Context, hostnames: &[String]) -> CliResult {
 
 /// `enroll node|producer NAME --out DIR`.
 pub(super) fn enroll_cmd(ctx: &Context, e: &Enroll) -> CliResult {
-    let (role, args) = match e {
-        Enroll::Node(a) => (Role::Node, a),
-        Enroll::Producer(a) => (Role::Producer, a),
-    };
-    enroll(ctx, role, &args.name, &args.out, args.days)
+    match e {
+        Enroll::Node(a) => enroll(ctx, Role::Node, &a.name, &a.out, a.days, None),
+        Enroll::Producer(p) => {
+            let scope = p.conversations.as_deref();
+            if let Some(patterns) = scope {
+                super::conversations::check_patterns(patterns)?;
+            }
+            enroll(ctx, Role::Producer, &p.common.name, &p.common.out, p.common.days, scope)
+        }
+    }
 }
 
 /// `renew NAME --out DIR`: a fresh certificate under the role `NAME` was enrolled with.
@@ -83,12 +88,13 @@ pub(super) fn renew(ctx: &Context, name: &str, out: &Path, days: u32) -> CliResu
         [] => return Err(CliError::new(baton_shared::exit::NOTHING, format!("{name} was never enrolled"))),
         _ => return Err(CliError::usage(format!("{name} is enrolled as both node and producer"))),
     };
-    enroll(ctx, role, name, out, days)
+    enroll(ctx, role, name, out, days, None)
 }
 
-/// Issues a certificate for `name`, records it, and writes `NAME.crt`, `NAME.key` and `ca.crt`
-/// into `out_dir` (refusing to overwrite a certificate or key).
-fn enroll(ctx: &Context, role: Role, name: &str, out_dir: &Path, days: u32) -> CliResult {
+/// Issues a certificate for `name`, records it (with a producer's publish `scope`, when given,
+/// in the same transaction), and writes `NAME.crt`, `NAME.key` and `ca.crt` into `out_dir`
+/// (refusing to overwrite a certificate or key).
+fn enroll(ctx: &Context, role: Role, name: &str, out_dir: &Path, days: u32, scope: Option<&[String]>) -> CliResult {
     check_name("name", name)?;
     if days == 0 || days > CERT_DAYS_MAX {
         return Err(CliError::usage(format!("--days {days} is out of range; allowed 1..={CERT_DAYS_MAX}")));
@@ -109,14 +115,24 @@ fn enroll(ctx: &Context, role: Role, name: &str, out_dir: &Path, days: u32) -> C
         }
     }
     let issued = hosts::Issued { role, name, serial: &leaf.serial, not_after_unix: leaf.not_after_unix };
-    in_write_txn(&conn, |c| hosts::enroll(c, issued, "cli", ctx.now_ms()))?;
+    in_write_txn(&conn, |c| {
+        hosts::enroll(c, issued, "cli", ctx.now_ms())?;
+        if let Some(patterns) = scope {
+            producers::set_scope(c, name, patterns, &ctx.operator, "enrolled", ctx.now_ms())?;
+        }
+        Ok(())
+    })?;
     write_new(&key_path, &leaf.key_pem, true)?;
     write_new(&cert_path, &leaf.cert_pem, false)?;
     let ca_out = out_dir.join("ca.crt");
     if !ca_out.exists() {
         write_new(&ca_out, &ca_cert, false)?;
     }
-    output::line(format!("enrolled {role} {name}: {} (serial {})", cert_path.display(), leaf.serial))
+    output::line(format!("enrolled {role} {name}: {} (serial {})", cert_path.display(), leaf.serial))?;
+    if let Some(patterns) = scope {
+        output::line(format!("producer {name} may post into: {}", patterns.join(" ")))?;
+    }
+    Ok(())
 }
 
 /// `revoke NAME|SERIAL`.

@@ -5,6 +5,7 @@
 //! - `args`: the command line, defined once (clap derive).
 //! - `output`: everything written to stdout (tables, JSON, one-line answers).
 //! - `identity`: `init`, `enroll`, `renew`, `revoke`.
+//! - `conversations`: `members add|remove|list`, `producers scope|list`.
 //! - `fence`: `fence pause|hold|block|lift|list`.
 //! - `deliveries`: `deliveries`, `held`, `retire`, `requeue`.
 //! - `send`: submitting a message by hand.
@@ -17,6 +18,7 @@
 //! serialises the writers) and then wake a running hub through its socket.
 
 mod args;
+mod conversations;
 mod deliveries;
 mod fence;
 mod identity;
@@ -206,6 +208,8 @@ pub fn run(cli: &Cli) -> CliResult {
         Command::Revoke { name, why } => identity::revoke(&ctx, name, &why.reason),
         Command::Retire { host, why } => deliveries::retire(&ctx, host, &why.reason),
         Command::Requeue { instance, why } => deliveries::requeue(&ctx, instance, &why.reason),
+        Command::Members(m) => conversations::members(&ctx, m),
+        Command::Producers(p) => conversations::producers(&ctx, p),
         Command::Fence(f) => fence::run(&ctx, f),
         Command::Held(h) => deliveries::held(&ctx, h),
         Command::Deliveries(d) => deliveries::run(&ctx, d),

@@ -6,6 +6,8 @@
 use super::{CliError, CliResult};
 use crate::lock::Holder;
 use crate::store::fences::FenceRow;
+use crate::store::members::{ConversationMembers, IntervalRow};
+use crate::store::producers::ProducerRow;
 use crate::store::read::{DeliveryDetail, DeliveryRow, StatusView};
 use crate::store::verify::Problem;
 use serde_json::{Value, json};
@@ -98,6 +100,98 @@ pub(super) fn fences(rows: &[FenceRow], as_json: bool) -> CliResult {
         })
         .collect();
     table(&["ID", "KIND", "SCOPE", "TARGET", "SET BY", "SET AT", "LIFTED", "REASON"], &rows)
+}
+
+fn interval_json(i: &IntervalRow) -> Value {
+    json!({
+        "join_seq": i.join_seq,
+        "joined_at_ms": i.joined_at_ms,
+        "joined_by": i.joined_by,
+        "join_reason": i.join_reason,
+        "leave_seq": i.leave_seq,
+        "left_at_ms": i.left_at_ms,
+        "left_by": i.left_by,
+        "leave_reason": i.leave_reason,
+    })
+}
+
+fn conversation_members_json(c: &ConversationMembers) -> Value {
+    let members: Vec<Value> = c
+        .members
+        .iter()
+        .map(|m| {
+            json!({
+                "host": m.host,
+                "current": m.current,
+                "intervals": m.intervals.iter().map(interval_json).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    json!({"conversation": c.conversation, "last_seq": c.last_seq, "members": members})
+}
+
+/// `members list`: one table row per interval, or JSON (`[{"conversation", "last_seq",
+/// "members": [{"host", "current", "intervals": [...]}]}]`).
+pub(super) fn members(rows: &[ConversationMembers], as_json: bool) -> CliResult {
+    if as_json {
+        return json(&Value::Array(rows.iter().map(conversation_members_json).collect()));
+    }
+    let mut table_rows: Vec<Vec<String>> = Vec::new();
+    for c in rows {
+        for m in &c.members {
+            for i in &m.intervals {
+                let left = match (i.leave_seq, i.left_at_ms) {
+                    (Some(seq), Some(at)) => format!("after {seq}, {}", fmt_ms(at)),
+                    (Some(seq), None) => format!("after {seq}"),
+                    _ => "member".into(),
+                };
+                table_rows.push(vec![
+                    c.conversation.clone(),
+                    m.host.clone(),
+                    format!("after {}, {}", i.join_seq, fmt_ms(i.joined_at_ms)),
+                    format!("{}: {}", i.joined_by, i.join_reason),
+                    left,
+                    match (&i.left_by, &i.leave_reason) {
+                        (Some(by), Some(why)) => format!("{by}: {why}"),
+                        _ => "-".into(),
+                    },
+                ]);
+            }
+        }
+    }
+    table(&["CONVERSATION", "HOST", "JOINED", "JOINED BY", "LEFT", "LEFT BY"], &table_rows)
+}
+
+/// `producers list`: a table, or JSON (`[{"name", "conversations", "default_scope",
+/// "active_certificates", "revoked_certificates"}]`).
+pub(super) fn producers(rows: &[ProducerRow], as_json: bool) -> CliResult {
+    if as_json {
+        let typed: Vec<Value> = rows
+            .iter()
+            .map(|p| {
+                json!({
+                    "name": p.name,
+                    "conversations": p.conversations,
+                    "default_scope": p.default_scope,
+                    "active_certificates": p.active_certificates,
+                    "revoked_certificates": p.revoked_certificates,
+                })
+            })
+            .collect();
+        return json(&Value::Array(typed));
+    }
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|p| {
+            vec![
+                p.name.clone(),
+                p.active_certificates.to_string(),
+                p.revoked_certificates.to_string(),
+                format!("{}{}", p.conversations.join(" "), if p.default_scope { " (default)" } else { "" }),
+            ]
+        })
+        .collect();
+    table(&["PRODUCER", "CERTS", "REVOKED", "MAY POST INTO"], &rows)
 }
 
 fn delivery_json(r: &DeliveryRow) -> Value {

@@ -11,7 +11,7 @@ use std::path::Path;
 pub(super) struct Submission<'a> {
     /// The conversation.
     pub(super) conversation: &'a str,
-    /// Recipient hosts.
+    /// Recipient hosts; empty means the conversation's current members.
     pub(super) to: &'a [String],
     /// The idempotency key.
     pub(super) key: &'a str,
@@ -55,18 +55,21 @@ fn validate(s: Submission<'_>, payload_bytes_max: u64) -> Result<NewMessage, Cli
     })
 }
 
-/// `send`: accepts and fans out one message, then wakes a running hub.
+/// `send`: accepts and fans out one message in one write transaction, then wakes a running hub.
 pub(super) fn send(ctx: &Context, s: Submission<'_>, json: bool) -> CliResult {
     let config = ctx.config(None)?;
     let msg = validate(s, config.limits.payload_bytes_max)?;
     let limits = AcceptLimits { queued_per_host_max: config.limits.queued_per_host_max };
     let conn = ctx.open_write()?;
-    let accepted = in_write_txn(&conn, |c| accept::accept(c, &msg, limits, ctx.now_ms()))?;
-    let (id, seq, duplicate) = match accepted {
-        Accepted::New { message_id, seq } => (message_id, seq, false),
-        Accepted::Duplicate { message_id, seq } => (message_id, seq, true),
-    };
-    let deliveries = in_write_txn(&conn, |c| accept::fan_out(c, &id, ctx.now_ms()))?;
+    // Accept and fan-out in one transaction: no claim can see this message half routed.
+    let (id, seq, duplicate, deliveries) = in_write_txn(&conn, |c| {
+        let (id, seq, duplicate) = match accept::accept(c, &msg, limits, ctx.now_ms())? {
+            Accepted::New { message_id, seq } => (message_id, seq, false),
+            Accepted::Duplicate { message_id, seq } => (message_id, seq, true),
+        };
+        let deliveries = accept::fan_out(c, &id, ctx.now_ms())?;
+        Ok((id, seq, duplicate, deliveries))
+    })?;
     ctx.wake_hub();
     if json {
         let response = baton_shared::wire::SubmitResponse { message_id: id, seq, duplicate, deliveries };

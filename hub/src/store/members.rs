@@ -182,7 +182,8 @@ pub fn add(
 
 /// Ends the membership of `hosts` in `conversation` at its current `last_seq`: posts up to
 /// and including it are still theirs, later ones are not. A host that is not a member is left
-/// as it is (`changed: false`). Call inside a write transaction.
+/// as it is (`changed: false`); one that was never enrolled is refused, naming it, before
+/// anything is written. Call inside a write transaction.
 pub fn remove(
     conn: &Connection,
     conversation: &str,
@@ -193,6 +194,14 @@ pub fn remove(
 ) -> StoreResult<Vec<MemberChange>> {
     name("conversation", conversation)?;
     let hosts = sorted_unique(hosts)?;
+    for host in &hosts {
+        let enrolled: bool = conn
+            .prepare_cached("SELECT EXISTS (SELECT 1 FROM hosts WHERE name = ?1)")?
+            .query_row([host], |r| r.get(0))?;
+        if !enrolled {
+            return Err(StoreError::Invalid(format!("host {host:?} is not enrolled")));
+        }
+    }
     let leave_seq = existing_cursor(conn, conversation)?;
     let mut out = Vec::with_capacity(hosts.len());
     for host in hosts {
@@ -440,6 +449,8 @@ mod tests {
         assert!(matches!(add(c, "Bad", &hosts(&["host-a"]), "op", "r", 3), Err(StoreError::Invalid(_))));
         assert!(matches!(add(c, "c", &[], "op", "r", 3), Err(StoreError::Invalid(_))));
         assert!(matches!(remove(c, "nope", &hosts(&["host-a"]), "op", "r", 3), Err(StoreError::NotFound(_))));
+        let e = remove(c, "c", &hosts(&["host-a", "ghost"]), "op", "r", 3).unwrap_err();
+        assert!(matches!(e, StoreError::Invalid(_)) && e.to_string().contains("ghost"), "{e}");
         assert!(matches!(registry(c, "nope"), Err(StoreError::NotFound(_))));
         let events: i64 =
             c.query_row("SELECT count(*) FROM operator_events WHERE action LIKE 'member_%'", [], |r| r.get(0)).unwrap();

@@ -71,6 +71,8 @@ pub struct StartedTurn {
     pub seq: i64,
     /// The payload, serialised JSON, exactly as mirrored; fed to the harness on stdin.
     pub payload: String,
+    /// The producer that submitted the message; `None` when the hub did not say.
+    pub producer: Option<String>,
 }
 
 /// How an attempt ended, to be written as its end marker.
@@ -139,7 +141,7 @@ impl Db {
             (&attempt_id, delivery_id, now_ms),
         )?;
         let turn = tx.query_row(
-            "SELECT message_id, conversation, seq, payload FROM deliveries WHERE delivery_id = ?1",
+            "SELECT message_id, conversation, seq, payload, producer FROM deliveries WHERE delivery_id = ?1",
             [delivery_id],
             |r| {
                 Ok(StartedTurn {
@@ -149,6 +151,7 @@ impl Db {
                     conversation: r.get(1)?,
                     seq: r.get(2)?,
                     payload: r.get(3)?,
+                    producer: r.get(4)?,
                 })
             },
         )?;

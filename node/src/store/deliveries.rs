@@ -188,14 +188,14 @@ fn mirror_in(
     };
     let params = named_params! {
         ":id": d.delivery_id, ":message": d.message_id, ":conversation": d.conversation, ":seq": d.seq,
-        ":payload": payload, ":token": d.claim_token, ":state": state, ":now": now_ms,
+        ":payload": payload, ":token": d.claim_token, ":state": state, ":now": now_ms, ":producer": d.producer,
     };
     let done = match existing {
         None => {
             tx.execute(
                 "INSERT INTO deliveries(delivery_id, message_id, conversation, seq, payload, claim_token, state,
-                     mirrored_at_ms, updated_at_ms)
-                 VALUES (:id, :message, :conversation, :seq, :payload, :token, :state, :now, :now)",
+                     mirrored_at_ms, updated_at_ms, producer)
+                 VALUES (:id, :message, :conversation, :seq, :payload, :token, :state, :now, :now, :producer)",
                 params,
             )?;
             tx.execute(
@@ -220,7 +220,7 @@ fn mirror_in(
             let n = tx.execute(
                 "UPDATE deliveries SET message_id = :message, conversation = :conversation, seq = :seq,
                      payload = :payload, claim_token = :token, state = :state, reason = NULL,
-                     mirrored_at_ms = :now, updated_at_ms = :now
+                     mirrored_at_ms = :now, updated_at_ms = :now, producer = :producer
                  WHERE delivery_id = :id",
                 params,
             )?;

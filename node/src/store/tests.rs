@@ -84,6 +84,7 @@ fn the_gate_stays_closed_until_acked() {
     assert!(db.mark_acked("d1", "tok-d1", 12).unwrap());
     let turn = db.start_attempt("d1", 13).unwrap().unwrap();
     assert_eq!(turn.payload, r#"{"turn":1}"#);
+    assert_eq!(turn.producer.as_deref(), Some("prod"), "the producer is kept for the harness");
     assert_eq!(db.start_attempt("d1", 14).unwrap(), None, "a started execution never starts twice");
 }
 
