@@ -9,10 +9,14 @@
 //! `acked` locally, and only `acked` deliveries start (`Db::start_attempt` checks it in SQL).
 //! Invariant (crash honesty): an attempt with a start marker and no end marker at startup is
 //! ended `unknown` and reported, never run again (`Db::recover_interrupted_attempts`).
+//! Invariant (no orphaned harness): before that, what is left of each such attempt's recorded
+//! process group is stopped (`recover`, through `group::stop_recorded`).
 
 use crate::backoff::Backoff;
 use crate::client::{Hub, HubError};
 use crate::config::NodeConfig;
+use crate::exec::Gate;
+use crate::group;
 use crate::limits::BACKOFF_BASE;
 use crate::shared_state::Shared;
 use crate::store::{ExecState, Mirrored, ReportState, Store, StoreError};
@@ -22,7 +26,7 @@ use baton_shared::crash_point;
 use baton_shared::error::ErrorCode;
 use baton_shared::states::DeliveryState;
 use baton_shared::wire::ClaimedDelivery;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -52,29 +56,24 @@ impl From<StoreError> for Stop {
 }
 
 /// Runs the node until `shutdown` completes (or the store fails), then stops claiming, lets
-/// running turns finish within `shutdown_grace`, kills the rest, and flushes the outbox.
-/// Stored timestamps come from `clock`.
+/// running turns finish within `shutdown_grace`, stops the rest, and flushes the outbox.
+/// Stored timestamps come from `clock`; turns start through `gate`.
 pub async fn run_agent<H: Hub>(
     config: NodeConfig,
     store: Store,
     hub: H,
     instance_id: String,
     clock: SharedClock,
+    gate: Gate,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let now_ms = clock.now_ms();
-    let recovered = store.call(move |db| db.recover_interrupted_attempts(now_ms)).await?;
-    for attempt_id in &recovered {
-        tracing::warn!(
-            attempt_id,
-            "attempt was running when the node stopped; reporting it unknown, not running it again"
-        );
-    }
+    recover(&store, config.kill_grace, &clock).await?;
     let sh = Arc::new(Shared {
         hub,
         store,
         config,
         instance_id,
+        gate,
         clock,
         wake_scheduler: Notify::new(),
         wake_outbox: Notify::new(),
@@ -106,6 +105,50 @@ pub async fn run_agent<H: Hub>(
         Err(_) => tracing::warn!("reports still waiting at shutdown; they are sent at the next start"),
     }
     tracing::info!("stopped");
+    Ok(())
+}
+
+/// Startup recovery, before anything else runs: for every attempt with a start marker and no
+/// end marker, stops what is left of its recorded process group (SIGTERM, SIGKILL after
+/// `kill_grace`; all groups at once, only after the same-process check), and then ends the
+/// attempt `unknown`, to be reported and never run again.
+async fn recover(store: &Store, kill_grace: Duration, clock: &SharedClock) -> Result<(), StoreError> {
+    let interrupted = store.call(|db| db.interrupted_attempts()).await?;
+    let mut notes = HashMap::new();
+    let mut stops = JoinSet::new();
+    for i in interrupted {
+        match i.process {
+            None => {
+                notes.insert(i.attempt_id, "no harness process was recorded for it".to_string());
+            }
+            Some(p) => {
+                tracing::info!(attempt_id = %i.attempt_id, pgid = p.pgid, "stopping what is left of an interrupted turn's harness");
+                stops.spawn(async move {
+                    let stopped = group::stop_recorded(&p, kill_grace).await;
+                    (i.attempt_id, p.pgid, stopped)
+                });
+            }
+        }
+    }
+    while let Some(joined) = stops.join_next().await {
+        let (attempt_id, pgid, stopped) = joined.map_err(|e| StoreError::Task(e.to_string()))?;
+        let note = match stopped {
+            Ok(s) => s.describe(pgid, kill_grace),
+            Err(e) => {
+                tracing::error!(attempt_id, pgid, "cannot check the harness process group: {e}");
+                format!("its harness process group {pgid} could not be checked ({e})")
+            }
+        };
+        notes.insert(attempt_id, note);
+    }
+    let now_ms = clock.now_ms();
+    let recovered = store.call(move |db| db.recover_interrupted_attempts(&notes, now_ms)).await?;
+    for attempt_id in &recovered {
+        tracing::warn!(
+            attempt_id,
+            "attempt was running when the node stopped; reporting it unknown, not running it again"
+        );
+    }
     Ok(())
 }
 

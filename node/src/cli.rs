@@ -41,6 +41,18 @@ pub enum Command {
     Config(ConfigCommand),
     /// Show what this node holds locally (no hub needed).
     Status(StatusArgs),
+    /// How the node starts a turn: waits for the node's go on stdin, then becomes ARGV (same
+    /// process, same group). Not for operators; see `exec`.
+    #[command(name = crate::exec::GATE_SUBCOMMAND, hide = true)]
+    TurnGate(TurnGateArgs),
+}
+
+/// `turn-gate` arguments.
+#[derive(Debug, Args)]
+pub struct TurnGateArgs {
+    /// The harness argv.
+    #[arg(last = true, required = true, value_name = "ARGV")]
+    pub argv: Vec<String>,
 }
 
 /// `config` subcommands.
@@ -87,6 +99,10 @@ impl RunArgs {
 /// Runs a parsed command line and returns the process exit status. Errors are printed once,
 /// as a chain, to stderr.
 pub fn main_with(cli: Cli) -> u8 {
+    if let Command::TurnGate(gate) = &cli.command {
+        // Returns only when it could not become the harness.
+        return crate::exec::gate(&gate.argv);
+    }
     match dispatch(cli) {
         Ok(()) => exit::OK,
         Err(e) => {
@@ -113,6 +129,9 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 text.push('\n');
             }
             crate::output::print(&text).context("writing to stdout")
+        }
+        Command::TurnGate(gate) => {
+            anyhow::bail!("{} runs from main_with ({} arguments)", crate::exec::GATE_SUBCOMMAND, gate.argv.len())
         }
         Command::Run(args) => {
             let config = args.resolve(env)?;

@@ -15,7 +15,10 @@
 //!   (hub, store, config, clock, wake-ups, shutdown).
 //! - `agent`: the claim loop, holdings resync, mirrored/ack handoff, startup recovery.
 //! - `sched`: per-conversation ordering and the parallel limit; shutdown grace.
-//! - `exec`: runs one turn in its own process group; timeout, output bounds.
+//! - `exec`: runs one turn in its own process group, held at a gate until the group is stored;
+//!   timeout (SIGTERM, then SIGKILL after `kill_grace`), output bounds; the `turn-gate` itself.
+//! - `group`: a harness's process group: its identity (group id, start time, boot id), the
+//!   same-process check, and stopping what a crashed node left behind.
 //! - `report`: the report outbox sender.
 //! - `backoff`: bounded exponential backoff with jitter.
 //! - `status`: `baton-node status`, read-only.
@@ -31,6 +34,7 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod exec;
+pub mod group;
 pub mod limits;
 pub mod output;
 pub mod report;
@@ -71,7 +75,7 @@ pub async fn run(
         );
     }
     let hub = client::HubClient::new(&config, instance_id.clone())?;
-    agent::run_agent(config, store, hub, instance_id, clock, shutdown).await
+    agent::run_agent(config, store, hub, instance_id, clock, exec::Gate::this_binary(), shutdown).await
 }
 
 /// Holds an exclusive lock on `data_dir/node.lock` for as long as the returned file lives, so

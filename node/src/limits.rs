@@ -39,6 +39,12 @@ pub const SHUTDOWN_GRACE_DEFAULT: Duration = Duration::from_secs(10);
 /// Allowed range of `shutdown_grace`.
 pub const SHUTDOWN_GRACE_RANGE: (Duration, Duration) = (Duration::ZERO, Duration::from_secs(3600));
 
+/// Default for `kill_grace`: how long a harness group sent SIGTERM (timeout, shutdown, or what a
+/// crashed node left behind) may take to end before it gets SIGKILL.
+pub const KILL_GRACE_DEFAULT: Duration = Duration::from_secs(10);
+/// Allowed range of `kill_grace` (zero sends SIGKILL right after SIGTERM).
+pub const KILL_GRACE_RANGE: (Duration, Duration) = (Duration::ZERO, Duration::from_secs(10 * 60));
+
 /// Default for `backoff_max`: the longest pause between retries when the hub is unreachable.
 pub const BACKOFF_MAX_DEFAULT: Duration = Duration::from_secs(30);
 /// Allowed range of `backoff_max`.

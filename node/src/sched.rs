@@ -1,13 +1,20 @@
 //! The scheduler: starts queued turns whose gate is open, one at a time per conversation in
 //! sequence order, and at most `parallel_conversations` at once; at shutdown it gives running
-//! turns `shutdown_grace` and then kills them.
+//! turns `shutdown_grace` and then stops them (SIGTERM, SIGKILL after `kill_grace`).
+//!
+//! Starting a turn takes three durable steps: the start marker (`Db::start_attempt`), the
+//! process spawned at the gate and its group stored (`Db::record_process`), and only then the
+//! release (`exec::Spawned::run`). A crash between any two leaves a start marker without an end
+//! marker: the next start stops what is left of the recorded group, if any, and reports the
+//! attempt `unknown`.
 
 use crate::client::Hub;
 use crate::config::Harness;
-use crate::exec::{ExecSpec, run_command, run_noop};
+use crate::exec::{ExecSpec, run_noop};
 use crate::shared_state::Shared;
-use crate::store::{QueuedTurn, StartedTurn};
+use crate::store::{Ending, QueuedTurn, StartedTurn};
 use baton_shared::crash_point;
+use baton_shared::states::Outcome;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use tokio::task::JoinSet;
@@ -81,7 +88,8 @@ pub(crate) async fn scheduler<H: Hub>(sh: Arc<Shared<H>>) -> anyhow::Result<()> 
         let drained = tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} }).await;
         if drained.is_err() {
             tracing::warn!(
-                "killing {} turn(s) still running after shutdown_grace; they are reported failed (shutdown)",
+                "stopping {} turn(s) still running after shutdown_grace (SIGTERM, then SIGKILL after kill_grace); \
+                 they are reported failed (shutdown)",
                 tasks.len()
             );
             kill.cancel();
@@ -99,15 +107,7 @@ async fn execute<H: Hub>(sh: Arc<Shared<H>>, turn: StartedTurn, kill: Cancellati
             crash_point("node.exec.during_effect");
             run_noop()
         }
-        Harness::Command => {
-            let spec = ExecSpec {
-                argv: sh.config.command.clone(),
-                timeout: sh.config.exec_timeout,
-                result_bytes_max: sh.config.result_bytes_max,
-                instance_id: sh.instance_id.clone(),
-            };
-            run_command(&spec, &turn, &kill).await
-        }
+        Harness::Command => run_command(&sh, &turn, &kill).await,
     };
     tracing::info!(
         delivery_id = %turn.delivery_id, attempt_id = %turn.attempt_id, outcome = %ending.outcome,
@@ -124,6 +124,45 @@ async fn execute<H: Hub>(sh: Arc<Shared<H>>, turn: StartedTurn, kill: Cancellati
             "writing the end marker failed: {e}; the attempt will be reported unknown at the next start"
         ),
     }
+}
+
+/// Runs one turn of the command harness: spawns it at the gate, stores its process group, and
+/// only then releases it.
+async fn run_command<H: Hub>(sh: &Shared<H>, turn: &StartedTurn, kill: &CancellationToken) -> Ending {
+    let spec = ExecSpec {
+        argv: sh.config.command.clone(),
+        timeout: sh.config.exec_timeout,
+        kill_grace: sh.config.kill_grace,
+        result_bytes_max: sh.config.result_bytes_max,
+        instance_id: sh.instance_id.clone(),
+        gate: sh.gate.clone(),
+    };
+    let spawned = match crate::exec::spawn(&spec, turn) {
+        Ok(spawned) => spawned,
+        Err(ending) => return ending,
+    };
+    crash_point("node.exec.after_spawn");
+    let recorded = match spawned.identity() {
+        Ok(process) => {
+            let attempt_id = turn.attempt_id.clone();
+            sh.store.call(move |db| db.record_process(&attempt_id, &process)).await.map_err(|e| e.to_string())
+        }
+        Err(e) => Err(format!("cannot read its process group from /proc: {e}")),
+    };
+    if let Err(why) = recorded {
+        // Never released: the harness did not run, and nothing of it is left.
+        tracing::error!(attempt_id = %turn.attempt_id, pgid = spawned.pgid(), "not running the turn: {why}");
+        spawned.abandon().await;
+        return Ending {
+            outcome: Outcome::Failed,
+            exit_code: None,
+            duration_ms: None,
+            result: None,
+            reason: Some(format!("not started: storing the harness's process group failed: {why}")),
+        };
+    }
+    crash_point("node.exec.after_process_record");
+    spawned.run(&spec, turn, kill).await
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 //! that none of them imports another for it.
 
 use crate::config::NodeConfig;
+use crate::exec::Gate;
 use crate::store::Store;
 use baton_shared::clock::SharedClock;
 use std::time::Duration;
@@ -20,6 +21,8 @@ pub(crate) struct Shared<H> {
     pub(crate) config: NodeConfig,
     /// This instance's id.
     pub(crate) instance_id: String,
+    /// How a turn's process starts (`exec`): held at the gate until its group is stored.
+    pub(crate) gate: Gate,
     /// Wall-clock time for stored timestamps (waits use tokio's monotonic clock instead).
     pub(crate) clock: SharedClock,
     /// Wakes the scheduler: a gate opened or a turn ended.

@@ -13,6 +13,8 @@
 //! current state, and the affected row count is checked.
 //! Invariant (execution gate): `Db::start_attempt` only starts an execution whose delivery is
 //! `acked`, i.e. the hub confirmed `delivered`.
+//! Invariant: an attempt's harness is released only after `Db::record_process` committed its
+//! process group, so every attempt that may have had effects names the group to stop.
 //! Invariant: a stored value that does not parse (a state, a payload, a report body) is a
 //! `StoreError::Corrupt` naming its row, never a default.
 
@@ -21,7 +23,7 @@ mod deliveries;
 mod outbox;
 mod summary;
 
-pub use attempts::{Ending, ExecState, QueuedTurn, StartedTurn};
+pub use attempts::{Ending, ExecState, Interrupted, QueuedTurn, StartedTurn};
 pub use deliveries::{LocalDelivery, LocalState, Mirrored};
 pub use outbox::{OutboxEntry, ReportState};
 pub use summary::{DeadReport, OpenDelivery, Summary};
@@ -32,7 +34,10 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 /// The node store's migrations, in order. Append-only.
-pub const MIGRATIONS: &[&str] = &[include_str!("../../schema/node/0001-create-node-store.sql")];
+pub const MIGRATIONS: &[&str] = &[
+    include_str!("../../schema/node/0001-create-node-store.sql"),
+    include_str!("../../schema/node/0002-attempt-process-group.sql"),
+];
 
 /// The reason recorded for an attempt found started but not ended at startup.
 pub const REASON_RESTARTED: &str = "node restarted during execution";

@@ -14,7 +14,8 @@
 //! - `hub_errors`: every 4xx answer and its `{code, message}` body.
 //! - `hub_crash`: crash points, restart and repair.
 //! - `hub_cli`: configuration validation and the CLI's outputs and exit codes.
-//! - `node_*`, `power_loss`: the node agent and durability under power loss (see each module).
+//! - `node_*`, `power_loss`: the node agent and durability under power loss (see each module);
+//!   `node_turns`: orphaned harnesses, SIGTERM before SIGKILL, revocation, renewal, store size.
 
 // A test binary exports nothing, so `pub` in its private modules only means "shared between
 // modules"; spelling every item `pub(crate)` would add noise, not safety.
@@ -35,4 +36,5 @@ mod node_exec;
 mod node_flow;
 mod node_harness;
 mod node_outage;
+mod node_turns;
 mod power_loss;

@@ -211,6 +211,7 @@ fn config(dir: &Path, script: &str) -> NodeConfig {
         queue_ahead_batches: 4,
         result_bytes_max: 4096,
         shutdown_grace: Duration::from_secs(5),
+        kill_grace: Duration::from_secs(5),
         backoff_max: Duration::from_millis(200),
         log_format: LogFormat::Text,
         harness: Harness::Command,
@@ -248,8 +249,9 @@ fn start_with_clock(config: NodeConfig, hub: &FakeHub, clock: SharedClock) -> Ru
     let stop = CancellationToken::new();
     let s = stop.clone();
     let hub = hub.clone();
-    let task =
-        tokio::spawn(async move { run_agent(config, store, hub, instance_id, clock, s.cancelled_owned()).await });
+    let task = tokio::spawn(async move {
+        run_agent(config, store, hub, instance_id, clock, crate::exec::Gate::shell(), s.cancelled_owned()).await
+    });
     Running { stop, task }
 }
 
@@ -369,7 +371,50 @@ async fn an_interrupted_attempt_is_reported_unknown_and_never_rerun() {
     node.stop().await;
     hub.with(|s| {
         assert_eq!(s.reports[0].outcome, Outcome::Unknown);
-        assert_eq!(s.reports[0].reason.as_deref(), Some(crate::store::REASON_RESTARTED));
+        let reason = s.reports[0].reason.as_deref().unwrap_or_default();
+        assert_eq!(reason, format!("{}; no harness process was recorded for it", crate::store::REASON_RESTARTED));
+    });
+    assert!(lines(&dir.path().join("ran")).is_empty(), "never run again");
+}
+
+/// A harness a crashed node left running (recorded with its attempt) is stopped at the next start
+/// before the attempt is reported `unknown`: SIGTERM first (it records it), SIGKILL after the
+/// grace since it ignores SIGTERM, and the report says so.
+#[tokio::test]
+async fn an_orphaned_harness_is_stopped_before_its_attempt_is_reported_unknown() {
+    use std::os::unix::process::CommandExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let signals = dir.path().join("signals");
+    let script =
+        format!("trap 'echo TERM >> {0}' TERM; echo ready >> {0}; while :; do sleep 0.05; done", signals.display());
+    let mut orphan = std::process::Command::new("sh").args(["-c", &script]).process_group(0).spawn().unwrap();
+    wait_until("the orphan is ready", || std::fs::read_to_string(&signals).unwrap_or_default().contains("ready")).await;
+    let d = delivery("o1", "o", 1);
+    {
+        let mut db = open_db(dir.path());
+        db.mirror(&d, true, 1).unwrap();
+        let turn = db.start_attempt("o1", 2).unwrap().unwrap();
+        let process = crate::group::ProcessIdentity::of_leader(orphan.id() as i32).unwrap();
+        db.record_process(&turn.attempt_id, &process).unwrap();
+    }
+    let hub = FakeHub::default();
+    hub.with(|s| s.held.insert("o1".into(), (d.clone(), DeliveryState::Delivered)));
+    let mut cfg = config(dir.path(), &recording(dir.path()));
+    cfg.kill_grace = Duration::from_millis(300);
+    let node = start(cfg, &hub);
+    // A holdings list taken before the report landed makes the node send it again under the
+    // same report id; the hub counts that once, so any number of copies is one report.
+    wait_until("o1 reported", || hub.with(|s| !s.reports.is_empty())).await;
+    node.stop().await;
+    use std::os::unix::process::ExitStatusExt as _;
+    assert_eq!(orphan.wait().unwrap().signal(), Some(nix::sys::signal::Signal::SIGKILL as i32));
+    assert!(std::fs::read_to_string(&signals).unwrap().contains("TERM"), "SIGTERM came first");
+    hub.with(|s| {
+        assert!(s.reports.iter().all(|r| r.report_id == s.reports[0].report_id), "one report id");
+        assert_eq!(s.reports[0].outcome, Outcome::Unknown);
+        let reason = s.reports[0].reason.as_deref().unwrap_or_default();
+        assert!(reason.starts_with(crate::store::REASON_RESTARTED), "{reason}");
+        assert!(reason.contains("killed with SIGKILL after kill_grace (300ms)"), "{reason}");
     });
     assert!(lines(&dir.path().join("ran")).is_empty(), "never run again");
 }
@@ -437,7 +482,9 @@ async fn shutdown_kills_turns_past_the_grace_and_reports_them() {
     node.stop().await;
     hub.with(|s| {
         assert_eq!(s.reports.len(), 1, "the shutdown report is flushed before exit");
-        assert_eq!((s.reports[0].outcome, s.reports[0].reason.as_deref()), (Outcome::Failed, Some("shutdown")));
+        assert_eq!(s.reports[0].outcome, Outcome::Failed);
+        let reason = s.reports[0].reason.as_deref().unwrap_or_default();
+        assert!(reason.starts_with("shutdown: still running"), "{reason}");
     });
 }
 
@@ -525,7 +572,8 @@ async fn instance_conflict_backs_off_and_touches_nothing() {
     let s = stop.clone();
     let h = hub.clone();
     let task = tokio::spawn(async move {
-        run_agent(cfg, store, h, "inst-2".into(), baton_shared::clock::system(), s.cancelled_owned()).await
+        let gate = crate::exec::Gate::shell();
+        run_agent(cfg, store, h, "inst-2".into(), baton_shared::clock::system(), gate, s.cancelled_owned()).await
     });
     wait_until("four refused claims", || hub.0.lock().unwrap().len() >= 4).await;
     stop.cancel();

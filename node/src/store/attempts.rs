@@ -2,9 +2,11 @@
 //! each end marker (with its queued report) after it ends, so a turn is never run twice.
 
 use super::{Db, REASON_RESTARTED, StoreError};
+use crate::group::ProcessIdentity;
 use baton_shared::states::Outcome;
 use baton_shared::wire::ReportRequest;
 use rusqlite::{OptionalExtension, TransactionBehavior, named_params};
+use std::collections::HashMap;
 
 /// Where a delivery's execution is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,6 +73,17 @@ pub struct StartedTurn {
     pub seq: i64,
     /// The payload, serialised JSON, exactly as mirrored; fed to the harness on stdin.
     pub payload: String,
+}
+
+/// An attempt found started and not ended at startup: the node stopped while it ran.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Interrupted {
+    /// The attempt's id.
+    pub attempt_id: String,
+    /// Its delivery.
+    pub delivery_id: String,
+    /// Its harness's process group, when one was recorded (none: it never ran a process).
+    pub process: Option<ProcessIdentity>,
 }
 
 /// How an attempt ended, to be written as its end marker.
@@ -168,22 +181,87 @@ impl Db {
         Ok(())
     }
 
+    /// Stores the process group of a started attempt, before its harness is released. Written
+    /// once; fails when the attempt is not running or already has one.
+    pub fn record_process(&mut self, attempt_id: &str, p: &ProcessIdentity) -> Result<(), StoreError> {
+        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let n = tx.execute(
+            "UPDATE attempts SET pgid = :pgid, proc_start_ticks = :start, boot_id = :boot
+             WHERE attempt_id = :id AND ended_at_ms IS NULL AND pgid IS NULL",
+            named_params! {
+                ":id": attempt_id, ":pgid": p.pgid, ":boot": p.boot_id,
+                ":start": i64::try_from(p.start_ticks).map_err(|_| {
+                    StoreError::Conflict(format!("attempt {attempt_id}: start time {} is out of range", p.start_ticks))
+                })?,
+            },
+        )?;
+        if n != 1 {
+            return Err(StoreError::Conflict(format!("attempt {attempt_id} is not running without a process")));
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// The attempts with a start marker and no end marker, with their process groups.
+    pub fn interrupted_attempts(&self) -> Result<Vec<Interrupted>, StoreError> {
+        let mut st = self.conn.prepare(
+            "SELECT attempt_id, delivery_id, pgid, proc_start_ticks, boot_id FROM attempts
+             WHERE ended_at_ms IS NULL ORDER BY attempt_id",
+        )?;
+        let rows = st.query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, Option<i32>>(2)?,
+                r.get::<_, Option<i64>>(3)?,
+                r.get::<_, Option<String>>(4)?,
+            ))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (attempt_id, delivery_id, pgid, start, boot_id) = row?;
+            let process = match (pgid, start, boot_id) {
+                (None, None, None) => None,
+                (Some(pgid), Some(start), Some(boot_id)) if pgid > 0 && start >= 0 && !boot_id.is_empty() => {
+                    Some(ProcessIdentity { pgid, start_ticks: start.unsigned_abs(), boot_id })
+                }
+                other => {
+                    return Err(StoreError::corrupt(
+                        format!("attempt {attempt_id}"),
+                        format!("process group, start time and boot id are not all set or all unset: {other:?}"),
+                    ));
+                }
+            };
+            out.push(Interrupted { attempt_id, delivery_id, process });
+        }
+        Ok(out)
+    }
+
     /// Startup recovery: every attempt with a start marker and no end marker was interrupted
-    /// by a crash. It is ended as `unknown` and reported, never run again. Returns their ids.
-    pub fn recover_interrupted_attempts(&mut self, now_ms: i64) -> Result<Vec<String>, StoreError> {
+    /// by a crash. It is ended as `unknown` and reported, never run again; `notes` adds, per
+    /// attempt id, what became of its process group. Returns their ids.
+    pub fn recover_interrupted_attempts(
+        &mut self,
+        notes: &HashMap<String, String>,
+        now_ms: i64,
+    ) -> Result<Vec<String>, StoreError> {
         let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let ids: Vec<String> = {
             let mut st = tx.prepare("SELECT attempt_id FROM attempts WHERE ended_at_ms IS NULL ORDER BY attempt_id")?;
             st.query_map([], |r| r.get(0))?.collect::<Result<_, _>>()?
         };
-        let ending = Ending {
-            outcome: Outcome::Unknown,
-            exit_code: None,
-            duration_ms: None,
-            result: None,
-            reason: Some(REASON_RESTARTED.to_string()),
-        };
         for id in &ids {
+            let reason = match notes.get(id) {
+                Some(note) => format!("{REASON_RESTARTED}; {note}"),
+                None => REASON_RESTARTED.to_string(),
+            };
+            let ending = Ending {
+                outcome: Outcome::Unknown,
+                exit_code: None,
+                duration_ms: None,
+                result: None,
+                reason: Some(reason),
+            };
             end_attempt_in(&tx, id, &ending, now_ms)?;
         }
         tx.commit()?;

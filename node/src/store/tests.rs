@@ -135,8 +135,9 @@ fn interrupted_attempt_becomes_unknown_and_is_never_restarted() {
     let turn = db.start_attempt("d1", 11).unwrap().unwrap();
     drop(db);
     let mut db = Db::open(&dir.path().join("node.db"), Synchronous::Full).unwrap();
-    assert_eq!(db.recover_interrupted_attempts(20).unwrap(), vec![turn.attempt_id.clone()]);
-    assert!(db.recover_interrupted_attempts(21).unwrap().is_empty());
+    let none = std::collections::HashMap::new();
+    assert_eq!(db.recover_interrupted_attempts(&none, 20).unwrap(), vec![turn.attempt_id.clone()]);
+    assert!(db.recover_interrupted_attempts(&none, 21).unwrap().is_empty());
     assert_eq!(db.start_attempt("d1", 22).unwrap(), None);
     let r = &db.pending_reports(10).unwrap()[0].body;
     assert_eq!(r.outcome, Outcome::Unknown);
@@ -245,4 +246,71 @@ fn a_dead_report_without_its_reason_is_an_error_naming_the_row() {
     check_corrupt(db.summary(), &[&format!("outbox {}", turn.attempt_id), "without a reason"]);
     corrupt(&db, "UPDATE outbox SET dead_at_ms = NULL, dead_reason = NULL, body = 'not json'");
     check_corrupt(db.pending_reports(10), &[&format!("outbox {}", turn.attempt_id), "not a report"]);
+}
+
+fn process(pgid: i32) -> crate::group::ProcessIdentity {
+    crate::group::ProcessIdentity { pgid, start_ticks: 123_456, boot_id: "boot-1".into() }
+}
+
+#[test]
+fn the_process_group_is_recorded_once_and_read_back_with_the_interrupted_attempt() {
+    let (_dir, mut db) = open_temp();
+    db.mirror(&delivery("d1", "c", 1), true, 10).unwrap();
+    db.mirror(&delivery("d2", "c2", 1), true, 10).unwrap();
+    let t1 = db.start_attempt("d1", 11).unwrap().unwrap();
+    let t2 = db.start_attempt("d2", 11).unwrap().unwrap();
+    db.record_process(&t1.attempt_id, &process(4242)).unwrap();
+    assert!(db.record_process(&t1.attempt_id, &process(4243)).is_err(), "recorded once");
+    assert!(db.record_process("no-such-attempt", &process(1)).is_err());
+    let mut got = db.interrupted_attempts().unwrap();
+    got.sort_by(|a, b| a.delivery_id.cmp(&b.delivery_id));
+    let expected = vec![
+        Interrupted { attempt_id: t1.attempt_id.clone(), delivery_id: "d1".into(), process: Some(process(4242)) },
+        Interrupted { attempt_id: t2.attempt_id.clone(), delivery_id: "d2".into(), process: None },
+    ];
+    assert_eq!(got, expected);
+    let notes = std::collections::HashMap::from([(t1.attempt_id.clone(), "its group had ended".to_string())]);
+    assert_eq!(db.recover_interrupted_attempts(&notes, 20).unwrap().len(), 2);
+    assert!(db.interrupted_attempts().unwrap().is_empty());
+    let reasons: Vec<(String, Option<String>)> =
+        db.pending_reports(10).unwrap().into_iter().map(|e| (e.delivery_id, e.body.reason)).collect();
+    assert!(reasons.contains(&("d1".into(), Some(format!("{REASON_RESTARTED}; its group had ended")))), "{reasons:?}");
+    assert!(reasons.contains(&("d2".into(), Some(REASON_RESTARTED.into()))), "{reasons:?}");
+    let ended = db.end_attempt(
+        &t1.attempt_id,
+        &Ending { outcome: Outcome::Succeeded, exit_code: Some(0), duration_ms: None, result: None, reason: None },
+        21,
+    );
+    assert!(ended.is_err(), "an ended attempt takes no second end marker");
+    assert!(db.record_process(&t2.attempt_id, &process(7)).is_err(), "an ended attempt takes no process");
+}
+
+#[test]
+fn a_half_recorded_process_group_is_an_error_naming_the_attempt() {
+    let (_dir, mut db) = open_temp();
+    db.mirror(&delivery("d1", "c", 1), true, 10).unwrap();
+    let t = db.start_attempt("d1", 11).unwrap().unwrap();
+    db.conn().execute("UPDATE attempts SET pgid = 77", []).unwrap();
+    check_corrupt(db.interrupted_attempts(), &[&format!("attempt {}", t.attempt_id), "not all set"]);
+}
+
+/// A store written by the first schema, with a turn running, opens under the current one: the
+/// rows stay and the running attempt is interrupted without a recorded process.
+#[test]
+fn a_store_of_the_first_schema_upgrades_with_its_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("node.db");
+    {
+        let opts = baton_shared::sqlite::OpenOptions::default();
+        let conn = baton_shared::sqlite::open(&path, &MIGRATIONS[..1], opts).unwrap();
+        let mut db = Db { conn };
+        db.instance_id().unwrap();
+        db.mirror(&delivery("d1", "c", 1), true, 10).unwrap();
+        db.start_attempt("d1", 11).unwrap().unwrap();
+    }
+    let db = Db::open(&path, Synchronous::Full).unwrap();
+    let p = baton_shared::sqlite::pragmas(db.conn()).unwrap();
+    assert!(p.contains(&("user_version", MIGRATIONS.len().to_string())), "{p:?}");
+    let got = db.interrupted_attempts().unwrap();
+    assert_eq!((got.len(), got[0].delivery_id.as_str(), got[0].process.as_ref()), (1, "d1", None));
 }
