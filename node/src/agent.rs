@@ -38,6 +38,12 @@ use tokio_util::sync::CancellationToken;
 /// was sent, so a short `claim_wait` never turns into busy polling.
 const EMPTY_CLAIM_PACE: Duration = Duration::from_secs(1);
 
+/// The error `run_agent` ends with when the hub refused this node for good (its certificate
+/// revoked): exit status `baton_shared::exit::REVOKED`, not a failure to retry.
+#[derive(Debug, thiserror::Error)]
+#[error("stopped for good: {0}")]
+pub struct Finished(pub String);
+
 /// Why a step of the loop stopped.
 #[derive(Debug)]
 enum Stop {
@@ -79,6 +85,7 @@ pub async fn run_agent<H: Hub>(
         wake_outbox: Notify::new(),
         wake_claimer: Notify::new(),
         shutdown: CancellationToken::new(),
+        finished: std::sync::OnceLock::new(),
     });
     let token = sh.shutdown.clone();
     let signal = tokio::spawn(async move {
@@ -103,6 +110,9 @@ pub async fn run_agent<H: Hub>(
     match flushed {
         Ok(r) => r?,
         Err(_) => tracing::warn!("reports still waiting at shutdown; they are sent at the next start"),
+    }
+    if let Some(why) = sh.finished.get() {
+        return Err(Finished(why.clone()).into());
     }
     tracing::info!("stopped");
     Ok(())
@@ -179,6 +189,10 @@ async fn claim_loop<H: Hub>(sh: &Arc<Shared<H>>) -> anyhow::Result<()> {
                 Err(Stop::Shutdown) => break,
                 Err(Stop::Store(e)) => return Err(e.into()),
                 Err(Stop::Hub(e)) => {
+                    if let Some(why) = e.refused_for_good() {
+                        sh.finish(why);
+                        break;
+                    }
                     log_hub_error("holdings resync", &e);
                     sh.pause(backoff.next_delay()).await;
                     continue;
@@ -218,6 +232,10 @@ async fn claim_loop<H: Hub>(sh: &Arc<Shared<H>>) -> anyhow::Result<()> {
                     Ok(()) | Err(Stop::Shutdown) | Err(Stop::Hub(_)) => {}
                     Err(Stop::Store(e)) => return Err(e.into()),
                 }
+            }
+            Err(e) if let Some(why) = e.refused_for_good() => {
+                sh.finish(why);
+                break;
             }
             Err(e) if e.code() == Some(ErrorCode::InstanceConflict) => {
                 tracing::error!(
@@ -371,6 +389,10 @@ where
         };
         match r {
             Ok(v) => return Ok(v),
+            Err(e) if let Some(why) = e.refused_for_good() => {
+                sh.finish(why);
+                return Err(Stop::Shutdown);
+            }
             Err(e) if e.is_transient() => {
                 tracing::warn!("hub call failed, retrying: {e}");
                 sh.pause(backoff.next_delay()).await;

@@ -51,11 +51,16 @@ use std::path::Path;
 
 /// Runs a node until `shutdown` completes: opens (or creates) the store in `data_dir`, takes
 /// the data directory's lock, and runs the loop against the hub at `config.hub_url`. Stored
-/// timestamps are read from `clock`.
+/// timestamps are read from `clock`. Each arrival on `hangups` (SIGHUP) re-reads the CA,
+/// certificate and key files for the requests that follow; a reload that fails is logged and
+/// the node goes on with what it had.
+///
+/// Ends with `agent::Finished` when the hub refused this node for good.
 pub async fn run(
     config: NodeConfig,
     clock: SharedClock,
     shutdown: impl Future<Output = ()> + Send + 'static,
+    mut hangups: tokio::signal::unix::Signal,
 ) -> anyhow::Result<()> {
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("creating data_dir {}", config.data_dir.display()))?;
@@ -75,7 +80,25 @@ pub async fn run(
         );
     }
     let hub = client::HubClient::new(&config, instance_id.clone())?;
-    agent::run_agent(config, store, hub, instance_id, clock, exec::Gate::this_binary(), shutdown).await
+    let reloader = hub.clone();
+    let reloads = tokio::spawn(async move {
+        while hangups.recv().await.is_some() {
+            let hub = reloader.clone();
+            match tokio::task::spawn_blocking(move || hub.reload()).await {
+                Ok(Ok(generation)) => tracing::info!(
+                    generation,
+                    "SIGHUP: read ca_file, cert_file and key_file again; the next requests present that certificate"
+                ),
+                Ok(Err(e)) => {
+                    tracing::error!("SIGHUP: cannot reload the certificate ({e}); still using the one before")
+                }
+                Err(e) => tracing::error!("SIGHUP: the reload failed ({e}); still using the certificate before"),
+            }
+        }
+    });
+    let ran = agent::run_agent(config, store, hub, instance_id, clock, exec::Gate::this_binary(), shutdown).await;
+    reloads.abort();
+    ran
 }
 
 /// Holds an exclusive lock on `data_dir/node.lock` for as long as the returned file lives, so

@@ -57,6 +57,11 @@ impl TurnNode {
         self.node.proc_mut().kill().expect("kill baton-node");
     }
 
+    /// Sends `sig` without waiting for anything.
+    fn signal(&self, sig: Signal) {
+        self.node.proc().signal(sig).unwrap_or_else(|e| panic!("{e:#}"));
+    }
+
     fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
         self.node.proc_mut().wait_exit(limit).expect("wait for baton-node")
     }
@@ -229,4 +234,71 @@ fn a_crash_before_the_release_never_runs_the_harness() {
         assert!(!ran.exists(), "{point}: the harness ran although it was never released");
         assert!(node.running(), "{point}");
     }
+}
+
+/// The serials of the certificates issued to `name`, oldest first, from the hub's record.
+fn serials(hub: &Hub, name: &str) -> Vec<String> {
+    let conn = rusqlite::Connection::open_with_flags(
+        hub.data_dir().join("hub.db"),
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+    )
+    .expect("open hub.db read-only");
+    let mut st = conn.prepare("SELECT serial FROM certificates WHERE name = ?1 ORDER BY rowid").expect("prepare");
+    st.query_map([name], |r| r.get(0)).expect("query").collect::<Result<_, _>>().expect("serials")
+}
+
+/// The operator revokes the node's certificate while it runs: the node stops claiming, logs one
+/// clear error, and exits with status 5 within a bounded time instead of retrying forever. A
+/// start with the same certificate ends the same way.
+#[test]
+fn a_node_whose_certificate_is_revoked_exits_with_status_5() {
+    let hub = Hub::with_nodes(&["host-a"]);
+    let mut node = TurnNode::start(&hub, "host-a", "node-a", "cat", &[]);
+    let before = hub.send_one("conv", "k1", "host-a");
+    hub.wait_outcome(&before);
+    hub.cli_ok(["revoke", "host-a", "--reason", "host decommissioned"]);
+
+    let status = node.wait_exit(NODE_WAIT).expect("the node stops on its own after the revocation");
+    assert_eq!(status.code(), Some(5), "{status}: {}", node.logs());
+    let logs = node.logs();
+    assert_eq!(logs.matches("This node stops for good").count(), 1, "one clear error: {logs}");
+    assert!(logs.contains("revoked this node's certificate"), "{logs}");
+
+    node.start_again(None);
+    let status = node.wait_exit(NODE_WAIT).expect("a revoked node does not start working");
+    assert_eq!(status.code(), Some(5), "{status}");
+    hub.assert_one_attempt(&before, "succeeded");
+}
+
+/// Renewal without a restart: the operator renews the certificate, copies the new files over
+/// the ones the node reads, and sends SIGHUP; the node keeps running (SIGHUP never ends it) and
+/// presents the new certificate, so revoking the old serial afterwards changes nothing.
+#[test]
+fn sighup_reloads_a_renewed_certificate_and_the_old_serial_can_then_be_revoked() {
+    let hub = Hub::with_nodes(&["host-a"]);
+    let mut node = TurnNode::start(&hub, "host-a", "node-a", "cat", &[]);
+    let first = hub.send_one("conv", "k1", "host-a");
+    hub.wait_outcome(&first);
+    let old = serials(&hub, "host-a");
+    assert_eq!(old.len(), 1, "{old:?}");
+
+    let renewed = hub.scratch("renewed");
+    hub.cli_ok([std::ffi::OsStr::new("renew"), "host-a".as_ref(), "--out".as_ref(), renewed.as_os_str()]);
+    let id = hub.identity("host-a").clone();
+    fs::copy(renewed.join("host-a.crt"), &id.cert).expect("install the renewed certificate");
+    fs::copy(renewed.join("host-a.key"), &id.key).expect("install the renewed key");
+    node.signal(Signal::SIGHUP);
+    node.wait_log("SIGHUP: read ca_file, cert_file and key_file again");
+    assert!(node.running(), "SIGHUP does not end the node");
+
+    hub.cli_ok(["revoke", &old[0], "--reason", "replaced by the renewed certificate"]);
+    let second = hub.send_one("conv", "k2", "host-a");
+    hub.wait_outcome(&second);
+    hub.assert_one_attempt(&second, "succeeded");
+    node.signal(Signal::SIGHUP);
+    let third = hub.send_one("conv", "k3", "host-a");
+    hub.wait_outcome(&third);
+    hub.assert_one_attempt(&third, "succeeded");
+    assert!(node.running(), "still running after a second SIGHUP and the old serial's revocation");
+    assert!(!node.logs().contains("stops for good"), "{}", node.logs());
 }

@@ -33,6 +33,8 @@ struct HubState {
     lose_claim_answers: usize,
     /// Every call fails as if the hub were unreachable.
     down: bool,
+    /// Every call is refused with 401 certificate_revoked.
+    revoked: bool,
     /// Call log: "claim", "holdings", "mirrored d1", "ack d1", "report d1".
     calls: Vec<String>,
     /// When each claim arrived.
@@ -48,6 +50,10 @@ struct FakeHub(Arc<Mutex<HubState>>);
 
 fn refused(code: ErrorCode) -> HubError {
     HubError::Refused { status: code.status(), code: code.as_str().into(), message: "fake".into() }
+}
+
+fn revoked() -> HubError {
+    HubError::Refused { status: 401, code: "certificate_revoked".into(), message: "certificate 0a was revoked".into() }
 }
 
 fn down() -> HubError {
@@ -69,6 +75,9 @@ impl FakeHub {
     ) -> Result<TransitionResponse, HubError> {
         self.with(|s| {
             s.calls.push(format!("{what} {id}"));
+            if s.revoked {
+                return Err(revoked());
+            }
             if s.down {
                 return Err(down());
             }
@@ -106,6 +115,9 @@ impl Hub for FakeHub {
                 let queued = conn.query_row("SELECT count(*) FROM executions WHERE state = 'queued'", [], |r| r.get(0));
                 s.queued_at_claim.push(queued.unwrap());
             }
+            if s.revoked {
+                return Err(revoked());
+            }
             if s.down {
                 return Err(down());
             }
@@ -134,6 +146,9 @@ impl Hub for FakeHub {
     async fn holdings(&self) -> Result<Vec<ClaimedDelivery>, HubError> {
         self.with(|s| {
             s.calls.push("holdings".into());
+            if s.revoked {
+                return Err(revoked());
+            }
             if s.down {
                 return Err(down());
             }
@@ -161,6 +176,9 @@ impl Hub for FakeHub {
     async fn report(&self, body: &ReportRequest) -> Result<ReportResponse, HubError> {
         self.with(|s| {
             s.calls.push(format!("report {}", body.delivery_id));
+            if s.revoked {
+                return Err(revoked());
+            }
             if s.down {
                 return Err(down());
             }
@@ -486,6 +504,41 @@ async fn shutdown_kills_turns_past_the_grace_and_reports_them() {
         let reason = s.reports[0].reason.as_deref().unwrap_or_default();
         assert!(reason.starts_with("shutdown: still running"), "{reason}");
     });
+}
+
+/// The hub revokes the node's certificate while a turn runs: the node stops claiming at the
+/// first refusal, lets the running turn end, keeps its report (refused too) for a later start,
+/// and ends with `Finished` (exit status 5) on its own.
+#[tokio::test]
+async fn a_revoked_certificate_stops_the_node_for_good_and_keeps_the_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let (started, go) = (dir.path().join("started"), dir.path().join("go"));
+    let script =
+        format!("touch {}; while [ ! -f {} ]; do sleep 0.05; done; echo done", started.display(), go.display());
+    let hub = FakeHub::default();
+    hub.with(|s| s.queue.push_back(delivery("v1", "v", 1)));
+    let mut cfg = config(dir.path(), &script);
+    cfg.shutdown_grace = Duration::from_secs(60);
+    let node = start(cfg, &hub);
+    wait_until("the turn started", || started.exists()).await;
+    let revoked_at = hub.with(|s| {
+        s.revoked = true;
+        s.calls.len()
+    });
+    wait_until("the node is refused", || hub.with(|s| s.calls.len() > revoked_at)).await;
+    std::fs::write(&go, "").unwrap();
+    let ended = tokio::time::timeout(EVENT_WAIT, node.task).await.expect("the node stops on its own").unwrap();
+    let err = ended.expect_err("a revoked node ends with an error");
+    assert!(err.downcast_ref::<Finished>().is_some(), "{err:#}");
+    assert_eq!(crate::cli::exit_code(&err), baton_shared::exit::REVOKED);
+    hub.with(|s| {
+        let claims = s.calls[revoked_at..].iter().filter(|c| *c == "claim").count();
+        assert!(claims <= 1, "claims stop at the first refusal: {:?}", &s.calls[revoked_at..]);
+        assert!(s.reports.is_empty());
+    });
+    let local = open_db(dir.path()).local("v1").unwrap().unwrap();
+    assert_eq!(local.exec, ExecState::Ended, "the running turn ended within shutdown_grace");
+    assert!(matches!(local.report, Some((_, crate::store::ReportState::Pending))), "kept for later: {local:?}");
 }
 
 #[tokio::test]
