@@ -1,8 +1,8 @@
 //! The node loop (SPEC §4): startup recovery, holdings resync, long-poll claims, mirror, tell
 //! the hub `mirrored`, ack; and the tasks that run turns (`sched`) and send reports (`report`).
 //!
-//! Tasks: the claim loop runs on the caller's task; the scheduler and the outbox each run on
-//! their own. They share one `shared_state::Shared` (hub client, store, config, clock) and one
+//! Tasks: the claim loop runs on the caller's task; the scheduler, the outbox and the retention
+//! sweep each run on their own. They share one `shared_state::Shared` (hub client, store, config, clock) and one
 //! shutdown token.
 //!
 //! Invariant (execution gate): only a delivery the hub confirmed `delivered` is marked
@@ -20,7 +20,7 @@ use crate::group;
 use crate::limits::BACKOFF_BASE;
 use crate::shared_state::Shared;
 use crate::store::{ExecState, Mirrored, ReportState, Store, StoreError};
-use crate::{report, sched};
+use crate::{report, retention, sched};
 use baton_shared::clock::SharedClock;
 use baton_shared::crash_point;
 use baton_shared::error::ErrorCode;
@@ -94,18 +94,21 @@ pub async fn run_agent<H: Hub>(
         token.cancel();
     });
     let sched = tokio::spawn(stop_all_on_error(Arc::clone(&sh), sched::scheduler(Arc::clone(&sh))));
+    let retention = tokio::spawn(stop_all_on_error(Arc::clone(&sh), retention::retention_loop(Arc::clone(&sh))));
     let outbox_stop = CancellationToken::new();
     let outbox =
         tokio::spawn(stop_all_on_error(Arc::clone(&sh), report::outbox_loop(Arc::clone(&sh), outbox_stop.clone())));
     let claimed = claim_loop(&sh).await;
     sh.shutdown.cancel();
     let sched = sched.await.map_err(anyhow::Error::from).and_then(|r| r);
+    let retention = retention.await.map_err(anyhow::Error::from).and_then(|r| r);
     outbox_stop.cancel();
     let outbox = outbox.await.map_err(anyhow::Error::from).and_then(|r| r);
     let flushed = tokio::time::timeout(crate::limits::SHUTDOWN_REPORT_FLUSH, report::flush(&sh)).await;
     signal.abort();
     claimed?;
     sched?;
+    retention?;
     outbox?;
     match flushed {
         Ok(r) => r?,

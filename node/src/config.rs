@@ -149,6 +149,10 @@ keys! {
     /// `shutdown_grace`, or left behind by a crashed node and found at the next start) may take
     /// to end before the node sends it SIGKILL.
     kill_grace: Duration = Kind::Duration { default: KILL_GRACE_DEFAULT, range: KILL_GRACE_RANGE };
+    /// How long the node keeps the local rows of a turn whose report the hub confirmed (and of
+    /// a delivery the hub took back before it ran); older ones are removed, so the store stays
+    /// bounded. Within it, a turn the hub hands out again is recognised and never run twice.
+    local_retention: Duration = Kind::Duration { default: LOCAL_RETENTION_DEFAULT, range: LOCAL_RETENTION_RANGE };
     /// Longest pause between retries while the hub is unreachable.
     backoff_max: Duration = Kind::Duration { default: BACKOFF_MAX_DEFAULT, range: BACKOFF_MAX_RANGE };
     /// Log line format on stderr (the filter is the BATON_LOG variable).

@@ -8,8 +8,8 @@
 //! - `config`: every key declared once (doc, type, default, range); file < `BATON_NODE_<KEY>` <
 //!   flag, stacked and validated into `NodeConfig`.
 //! - `limits`: every bound, named once.
-//! - `store`: the node store (instance id, mirror, execution queue, attempt markers, outbox),
-//!   one file per noun.
+//! - `store`: the node store (instance id, mirror, execution queue, attempt markers and process
+//!   groups, outbox, retention), one file per noun.
 //! - `client`: the hub API (`Hub` trait) and its mTLS implementation `HubClient`.
 //! - `shared_state`: `Shared`, what the claim loop, the scheduler and the outbox share
 //!   (hub, store, config, clock, wake-ups, shutdown).
@@ -20,6 +20,7 @@
 //! - `group`: a harness's process group: its identity (group id, start time, boot id), the
 //!   same-process check, and stopping what a crashed node left behind.
 //! - `report`: the report outbox sender.
+//! - `retention`: removes what the hub settled more than `local_retention` ago.
 //! - `backoff`: bounded exponential backoff with jitter.
 //! - `status`: `baton-node status`, read-only.
 //! - `output`: stdout writes that end quietly when the reader has gone (a broken pipe).
@@ -38,6 +39,7 @@ pub mod group;
 pub mod limits;
 pub mod output;
 pub mod report;
+mod retention;
 pub mod sched;
 mod shared_state;
 pub mod status;

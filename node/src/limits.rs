@@ -45,6 +45,18 @@ pub const KILL_GRACE_DEFAULT: Duration = Duration::from_secs(10);
 /// Allowed range of `kill_grace` (zero sends SIGKILL right after SIGTERM).
 pub const KILL_GRACE_RANGE: (Duration, Duration) = (Duration::ZERO, Duration::from_secs(10 * 60));
 
+/// Default for `local_retention`: how long the node keeps the rows of a turn whose report the hub
+/// confirmed (or of a delivery the hub took back before it ran).
+pub const LOCAL_RETENTION_DEFAULT: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Allowed range of `local_retention`: an hour to a year (365.25 days, which `--help` shows as
+/// `1year`).
+pub const LOCAL_RETENTION_RANGE: (Duration, Duration) = (Duration::from_secs(3600), Duration::from_secs(31_557_600));
+/// How often the node removes rows older than `local_retention` (also once at every start).
+pub const RETENTION_SWEEP_PACE: Duration = Duration::from_secs(10 * 60);
+/// Most deliveries removed in one store transaction, so a large sweep never holds the store
+/// for long; the sweep takes batches until none is left.
+pub const RETENTION_BATCH_MAX: u32 = 500;
+
 /// Default for `backoff_max`: the longest pause between retries when the hub is unreachable.
 pub const BACKOFF_MAX_DEFAULT: Duration = Duration::from_secs(30);
 /// Allowed range of `backoff_max`.

@@ -4,8 +4,8 @@
 //!
 //! Layout: this file opens the store (`Db`) and shares it (`Store`); the operations live with
 //! their noun: `deliveries` (the mirror and its execution gate), `attempts` (the execution queue
-//! and the start and end markers), `outbox` (reports until the hub confirms them), `summary`
-//! (what `baton-node status` shows).
+//! and the start and end markers), `outbox` (reports until the hub confirms them), `retention`
+//! (removing what the hub settled long ago), `summary` (what `baton-node status` shows).
 //!
 //! Invariant: one `Connection`, behind one `Mutex`, used only inside `spawn_blocking`
 //! (`Store::call`); no lock is ever held across an `.await`.
@@ -21,12 +21,13 @@
 mod attempts;
 mod deliveries;
 mod outbox;
+mod retention;
 mod summary;
 
 pub use attempts::{Ending, ExecState, Interrupted, QueuedTurn, StartedTurn};
 pub use deliveries::{LocalDelivery, LocalState, Mirrored};
 pub use outbox::{OutboxEntry, ReportState};
-pub use summary::{DeadReport, OpenDelivery, Summary};
+pub use summary::{DeadReport, OpenDelivery, StoreSize, Summary};
 
 use baton_shared::sqlite::{OpenError, OpenOptions, Synchronous};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
@@ -37,6 +38,7 @@ use std::sync::{Arc, Mutex};
 pub const MIGRATIONS: &[&str] = &[
     include_str!("../../schema/node/0001-create-node-store.sql"),
     include_str!("../../schema/node/0002-attempt-process-group.sql"),
+    include_str!("../../schema/node/0003-settled-deliveries-index.sql"),
 ];
 
 /// The reason recorded for an attempt found started but not ended at startup.

@@ -1,7 +1,8 @@
 //! Turn control on the node: no orphaned harness after a crash (the next start stops what is
 //! left of the recorded process group before it reports the turn `unknown`), SIGTERM before
 //! SIGKILL at a timeout, a node that knows when the hub refused it for good, certificate renewal
-//! on SIGHUP, and the store's size in `status`.
+//! on SIGHUP, and the store's size in `status` (local retention itself is tested on the injected
+//! clock, in the node's own tests).
 //!
 //! Nodes here are the kit's `Node` wrapped in `TurnNode`, which can be SIGKILLed, started again
 //! and sent SIGHUP separately. Each harness writes its pid (= its process group id) to a file
@@ -78,6 +79,14 @@ impl TurnNode {
     #[track_caller]
     fn wait_log(&self, text: &str) {
         wait_for(&format!("baton-node to log {text:?}"), NODE_WAIT, || self.logs().contains(text).then_some(()))
+    }
+
+    /// `baton-node status --json`, asserting exit 0.
+    #[track_caller]
+    fn status(&self) -> Value {
+        let out = self.node.status(true).unwrap_or_else(|e| panic!("{e:#}"));
+        assert!(out.status.success(), "status exited {}: {}", out.status, String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("status --json is JSON")
     }
 
     /// The process group of the harness this node started first, once it has started.
@@ -301,4 +310,28 @@ fn sighup_reloads_a_renewed_certificate_and_the_old_serial_can_then_be_revoked()
     hub.assert_one_attempt(&third, "succeeded");
     assert!(node.running(), "still running after a second SIGHUP and the old serial's revocation");
     assert!(!node.logs().contains("stops for good"), "{}", node.logs());
+}
+
+/// `baton-node status` shows how big the store is: rows by table and bytes.
+#[test]
+fn status_shows_the_size_of_the_store() {
+    let hub = Hub::with_nodes(&["host-a"]);
+    let node = TurnNode::start(&hub, "host-a", "node-a", "cat", &[]);
+    for key in ["k1", "k2"] {
+        let id = hub.send_one("conv", key, "host-a");
+        hub.wait_outcome(&id);
+    }
+    let s = wait_for("both reports confirmed locally", NODE_WAIT, || {
+        let s = node.status();
+        s["awaiting_report"].as_array().is_some_and(Vec::is_empty).then_some(s)
+    });
+    let rows = &s["store"]["rows"];
+    assert_eq!(rows, &serde_json::json!({"deliveries": 2, "executions": 2, "attempts": 2, "outbox": 2}), "{s}");
+    let bytes = s["store"]["bytes"].as_i64().unwrap_or_default();
+    assert!(bytes > 0 && s["store"]["free_bytes"].as_i64().is_some_and(|f| f <= bytes), "{s}");
+    assert!(s["store"]["wal_bytes"].is_u64(), "{s}");
+    let out = node.node.status(false).unwrap_or_else(|e| panic!("{e:#}"));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("store rows:       deliveries 2, executions 2, attempts 2, outbox 2"), "{text}");
+    assert!(text.contains("store bytes:      "), "{text}");
 }

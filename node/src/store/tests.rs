@@ -314,3 +314,59 @@ fn a_store_of_the_first_schema_upgrades_with_its_rows() {
     let got = db.interrupted_attempts().unwrap();
     assert_eq!((got.len(), got[0].delivery_id.as_str(), got[0].process.as_ref()), (1, "d1", None));
 }
+
+/// Runs `id` to an end marker at `at`, as the scheduler would.
+fn run_to_end(db: &mut Db, id: &str, conversation: &str, at: i64) -> String {
+    db.mirror(&delivery(id, conversation, 1), true, at).unwrap();
+    let turn = db.start_attempt(id, at).unwrap().unwrap();
+    let ending =
+        Ending { outcome: Outcome::Succeeded, exit_code: Some(0), duration_ms: Some(1), result: None, reason: None };
+    db.end_attempt(&turn.attempt_id, &ending, at).unwrap();
+    turn.attempt_id
+}
+
+fn rows_of(db: &Db, id: &str) -> i64 {
+    ["deliveries", "executions", "attempts", "outbox"]
+        .iter()
+        .map(|t| count(db, &format!("SELECT count(*) FROM {t} WHERE delivery_id = '{id}'")))
+        .sum()
+}
+
+/// Only what the hub settled before the cutoff goes: confirmed turns and dropped deliveries.
+/// Waiting, running, unreported, reopened and dead-report deliveries stay, whatever their age.
+#[test]
+fn retention_removes_only_what_the_hub_settled_before_the_cutoff() {
+    let (_dir, mut db) = open_temp();
+    let old = run_to_end(&mut db, "confirmed-old", "a", 100);
+    db.report_confirmed(&old, 100).unwrap();
+    let new = run_to_end(&mut db, "confirmed-new", "b", 300);
+    db.report_confirmed(&new, 300).unwrap();
+    let dead = run_to_end(&mut db, "dead-old", "c", 100);
+    db.report_dead(&dead, "stale_claim", 100).unwrap();
+    run_to_end(&mut db, "unreported-old", "d", 100);
+    let reopened = run_to_end(&mut db, "reopened-old", "e", 100);
+    db.report_confirmed(&reopened, 100).unwrap();
+    assert!(db.reopen_report(&reopened).unwrap());
+    db.mirror(&delivery("running-old", "f", 1), true, 100).unwrap();
+    db.start_attempt("running-old", 100).unwrap().unwrap();
+    db.mirror(&delivery("dropped-old", "g", 1), false, 100).unwrap();
+    db.drop_delivery("dropped-old", "requeued", 100).unwrap();
+    db.mirror(&delivery("waiting-old", "h", 1), false, 100).unwrap();
+    let before = db.size().unwrap();
+
+    assert_eq!(db.remove_settled(200, 1).unwrap(), 1, "a batch holds at most its limit");
+    assert_eq!(db.remove_settled(200, 500).unwrap(), 1, "the rest of what is due");
+    assert_eq!(db.remove_settled(200, 500).unwrap(), 0, "nothing more is due");
+    for gone in ["confirmed-old", "dropped-old"] {
+        assert_eq!(rows_of(&db, gone), 0, "{gone}");
+        assert_eq!(db.local(gone).unwrap(), None, "{gone}");
+    }
+    for kept in ["confirmed-new", "dead-old", "unreported-old", "reopened-old", "running-old", "waiting-old"] {
+        assert!(rows_of(&db, kept) > 0, "{kept} must stay");
+    }
+    let after = db.size().unwrap();
+    let n = |s: &StoreSize, t: &str| s.rows.iter().find(|(name, _)| *name == t).unwrap().1;
+    assert_eq!((n(&before, "deliveries"), n(&after, "deliveries")), (8, 6));
+    assert_eq!((n(&before, "outbox"), n(&after, "outbox")), (5, 4));
+    assert_eq!(db.summary().unwrap().dead_reports.len(), 1, "a dead report stays for the operator");
+}
