@@ -19,7 +19,7 @@
 //! wrapper, since this crate forbids `unsafe`).
 
 use crate::group::{self, ProcessIdentity};
-use crate::limits::{PIPE_DRAIN_AFTER_EXIT, STDERR_LOG_BYTES_MAX};
+use crate::limits::{GROUP_POLL_PACE, PIPE_DRAIN_AFTER_EXIT, STDERR_LOG_BYTES_MAX};
 use crate::store::{Ending, StartedTurn};
 use baton_shared::states::Outcome;
 use nix::errno::Errno;
@@ -337,7 +337,7 @@ async fn stop_group(
                 group::signal_group(pgid, Signal::SIGKILL);
                 return (status, Stop::Killed);
             }
-            Ok(Ok(_)) => tokio::time::sleep(STOP_POLL_PACE).await,
+            Ok(Ok(_)) => tokio::time::sleep(GROUP_POLL_PACE).await,
             Ok(Err(e)) => {
                 tracing::warn!(pgid, "cannot list the harness group ({e}); sending SIGKILL to what may be left");
                 group::signal_group(pgid, Signal::SIGKILL);
@@ -351,9 +351,6 @@ async fn stop_group(
         }
     }
 }
-
-/// How often a group being stopped is looked at again after its leader ended.
-const STOP_POLL_PACE: Duration = Duration::from_millis(50);
 
 /// Runs one turn of the no-op harness: succeeds at once with an empty result.
 pub fn run_noop() -> Ending {

@@ -20,17 +20,12 @@
 //! takes a pid wrap-around while the node is down and a dead leader; even then only a group
 //! that already outlived its leader is signalled.
 
+use crate::limits::{GROUP_POLL_PACE, KILLED_GROUP_WAIT};
 use nix::errno::Errno;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use std::io;
 use std::time::Duration;
-
-/// How often a group being stopped is looked at again.
-const GROUP_POLL_PACE: Duration = Duration::from_millis(50);
-/// How long, after SIGKILL, the node waits for the kernel to take the group down before it
-/// goes on (a process in uninterruptible sleep dies when its I/O returns).
-const KILLED_GROUP_WAIT: Duration = Duration::from_secs(5);
 
 /// Which process group a turn ran in, recorded before the harness could have any effect.
 #[derive(Debug, Clone, PartialEq, Eq)]

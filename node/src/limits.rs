@@ -73,6 +73,14 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long, after the harness exits, its stdout/stderr may stay open (held by a process it
 /// left behind) before the node kills its process group to stop waiting.
 pub const PIPE_DRAIN_AFTER_EXIT: Duration = Duration::from_secs(2);
+/// How often a harness process group being stopped (SIGTERM sent, `kill_grace` running) is
+/// looked at again: often enough that a group that ends is noticed at once, rarely enough that
+/// reading `/proc` costs nothing.
+pub const GROUP_POLL_PACE: Duration = Duration::from_millis(50);
+/// How long, after SIGKILL to what a crashed node left behind, the next start waits for the
+/// kernel to take the group down before it goes on (a process in uninterruptible sleep dies
+/// only when its I/O returns; it has no effects left either way).
+pub const KILLED_GROUP_WAIT: Duration = Duration::from_secs(5);
 /// Most bytes of one attempt's stderr copied to the node's log; the rest is drained and counted.
 pub const STDERR_LOG_BYTES_MAX: usize = 64 * 1024;
 
