@@ -6,7 +6,7 @@
 //! shutdown token.
 //!
 //! Invariant (execution gate): only a delivery the hub confirmed `delivered` is marked
-//! `acked` locally, and only `acked` deliveries start (`Db::start_attempt` checks it in SQL).
+//! `acked` locally, and only `acked` deliveries start (`Db::begin_attempt` checks it in SQL).
 //! Invariant (crash honesty): an attempt with a start marker and no end marker at startup is
 //! ended `unknown` and reported, never run again (`Db::recover_interrupted_attempts`).
 //! Invariant (no orphaned harness): before that, what is left of each such attempt's recorded

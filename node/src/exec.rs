@@ -8,11 +8,11 @@
 //! The gate. A turn starts as `baton-node turn-gate -- ARGV…` (`Gate`), in a new process group
 //! whose id is its pid. The gate reads one byte from stdin and only then becomes the harness
 //! (`exec`, which keeps the pid, the group and the start time). Between `spawn` and
-//! `Spawned::run`, the caller stores the group's `ProcessIdentity`; `run` writes the release
-//! byte and then the payload. So the harness cannot have any effect before its process group is
-//! on disk: if the node dies in that window, the gate reads end-of-file and exits without ever
-//! becoming the harness, and the next start finds a start marker without a process (reported
-//! `unknown`, never run again).
+//! `Spawned::run`, the caller writes the start marker together with the group's
+//! `ProcessIdentity` (`Db::begin_attempt`); `run` writes the release byte and then the payload.
+//! So the harness cannot have any effect before its start marker and process group are on disk:
+//! if the node dies before that, the gate reads end-of-file and exits without ever becoming the
+//! harness, and with no start marker the turn simply runs after the restart.
 //!
 //! Stopping. A timeout or a shutdown sends SIGTERM to the whole group, waits up to `kill_grace`
 //! for it to end, then sends SIGKILL to what is left (`nix::sys::signal::killpg`, a safe

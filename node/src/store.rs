@@ -11,10 +11,11 @@
 //! (`Store::call`); no lock is ever held across an `.await`.
 //! Invariant: every state change is one `BEGIN IMMEDIATE` transaction guarded on the expected
 //! current state, and the affected row count is checked.
-//! Invariant (execution gate): `Db::start_attempt` only starts an execution whose delivery is
+//! Invariant (execution gate): `Db::begin_attempt` only starts an execution whose delivery is
 //! `acked`, i.e. the hub confirmed `delivered`.
-//! Invariant: an attempt's harness is released only after `Db::record_process` committed its
-//! process group, so every attempt that may have had effects names the group to stop.
+//! Invariant: an attempt's harness is released only after `Db::begin_attempt` committed its
+//! start marker with its process group, so every attempt that may have had effects names the
+//! group to stop.
 //! Invariant: a stored value that does not parse (a state, a payload, a report body) is a
 //! `StoreError::Corrupt` naming its row, never a default.
 

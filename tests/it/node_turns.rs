@@ -220,12 +220,16 @@ fn a_timeout_sends_sigterm_first_and_sigkill_only_after_kill_grace() {
     assert!(process_gone(pgid));
 }
 
-/// A crash after the harness process is spawned but before its group is stored, and one after
-/// it is stored but before the release: in neither does the harness run, and the restart
-/// reports the turn `unknown` (a start marker without an end marker), never running it.
+/// The window around the start marker. A crash after the harness process is spawned at the gate
+/// but before the start marker (written with its process group) leaves no marker, and the gate,
+/// never released, exits without running anything: the restart runs the turn, once. A crash
+/// right after the marker leaves a recorded group that never ran: the restart finds it (ended,
+/// or stops it) and reports the turn `unknown`, never running it.
 #[test]
-fn a_crash_before_the_release_never_runs_the_harness() {
-    for point in ["node.exec.after_spawn", "node.exec.after_process_record"] {
+fn a_crash_around_the_start_marker_never_runs_a_harness_twice() {
+    for (point, outcome, runs) in
+        [("node.exec.after_spawn", "succeeded", 1), ("node.exec.after_start_marker", "unknown", 0)]
+    {
         let hub = Hub::with_nodes(&["host-a"]);
         let ran = hub.scratch("turn").join("ran");
         let mut node = TurnNode::new(&hub, "host-a", "node-a", &format!("echo ran >> '{}'", ran.display()), &[]);
@@ -233,14 +237,15 @@ fn a_crash_before_the_release_never_runs_the_harness() {
         let id = hub.send_one("conv", "k1", "host-a");
         let status = node.wait_exit(NODE_WAIT).unwrap_or_else(|| panic!("{point} was not reached"));
         assert!(!status.success(), "{point}: aborted, {status}");
+        assert!(!ran.exists(), "{point}: the harness ran although it was never released");
         node.start_again(None);
         hub.wait_outcome(&id);
-        let reason = attempt_reason(&hub.assert_one_attempt(&id, "unknown"));
-        assert!(reason.starts_with("node restarted during execution"), "{point}: {reason}");
-        if point == "node.exec.after_spawn" {
-            assert!(reason.contains("no harness process was recorded"), "{point}: {reason}");
+        let reason = attempt_reason(&hub.assert_one_attempt(&id, outcome));
+        if outcome == "unknown" {
+            assert!(reason.starts_with("node restarted during execution"), "{point}: {reason}");
+            assert!(reason.contains("harness process group"), "{point}: the group was recorded: {reason}");
         }
-        assert!(!ran.exists(), "{point}: the harness ran although it was never released");
+        assert_eq!(lines(&ran).len(), runs, "{point}: harness runs");
         assert!(node.running(), "{point}");
     }
 }

@@ -446,9 +446,9 @@ async fn an_orphaned_harness_is_stopped_before_its_attempt_is_reported_unknown()
     {
         let mut db = open_db(dir.path());
         db.mirror(&d, true, 1).unwrap();
-        let turn = db.start_attempt("o1", 2).unwrap().unwrap();
+        let turn = db.next_attempt("o1").unwrap().unwrap();
         let process = crate::group::ProcessIdentity::of_leader(orphan.id() as i32).unwrap();
-        db.record_process(&turn.attempt_id, &process).unwrap();
+        assert!(db.begin_attempt(&turn, Some(&process), 2).unwrap());
     }
     let hub = FakeHub::default();
     hub.with(|s| s.held.insert("o1".into(), (d.clone(), DeliveryState::Delivered)));

@@ -133,71 +133,91 @@ impl Db {
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
-    /// Writes the durable start marker of a new attempt, if the execution is queued and its
-    /// gate is open. Returns `None` (and writes nothing) otherwise.
-    pub fn start_attempt(&mut self, delivery_id: &str, now_ms: i64) -> Result<Option<StartedTurn>, StoreError> {
-        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let n = tx.execute(
-            "UPDATE executions SET state = 'started'
-             WHERE delivery_id = ?1 AND state = 'queued'
-               AND EXISTS (SELECT 1 FROM deliveries d WHERE d.delivery_id = ?1 AND d.state = 'acked')",
-            [delivery_id],
-        )?;
-        if n == 0 {
-            return Ok(None);
-        }
-        let attempt_id = uuid::Uuid::now_v7().to_string();
-        tx.execute(
-            "INSERT INTO attempts(attempt_id, delivery_id, started_at_ms) VALUES (?1, ?2, ?3)",
-            (&attempt_id, delivery_id, now_ms),
-        )?;
-        let turn = tx.query_row(
-            "SELECT message_id, conversation, seq, payload FROM deliveries WHERE delivery_id = ?1",
-            [delivery_id],
-            |r| {
+    /// What a new attempt of this delivery needs to start (with a fresh attempt id), if its
+    /// execution is queued and its gate open; writes nothing. The turn starts only when
+    /// `begin_attempt` then writes its start marker.
+    pub fn next_attempt(&self, delivery_id: &str) -> Result<Option<StartedTurn>, StoreError> {
+        let turn = self
+            .conn
+            .prepare_cached(
+                "SELECT d.message_id, d.conversation, d.seq, d.payload FROM deliveries d
+                 JOIN executions e ON e.delivery_id = d.delivery_id
+                 WHERE d.delivery_id = ?1 AND d.state = 'acked' AND e.state = 'queued'",
+            )?
+            .query_row([delivery_id], |r| {
                 Ok(StartedTurn {
-                    attempt_id: attempt_id.clone(),
+                    attempt_id: uuid::Uuid::now_v7().to_string(),
                     delivery_id: delivery_id.to_string(),
                     message_id: r.get(0)?,
                     conversation: r.get(1)?,
                     seq: r.get(2)?,
                     payload: r.get(3)?,
                 })
-            },
-        )?;
+            })
+            .optional()?;
         // Checked again on the way out (it was checked on the way in): the harness gets JSON.
-        if let Err(e) = serde_json::from_str::<serde_json::Value>(&turn.payload) {
+        if let Some(t) = &turn
+            && let Err(e) = serde_json::from_str::<serde_json::Value>(&t.payload)
+        {
             return Err(StoreError::corrupt(format!("delivery {delivery_id}"), format!("payload is not JSON ({e})")));
         }
+        Ok(turn)
+    }
+
+    /// Writes the durable start marker of `turn` (from `next_attempt`), together with its
+    /// harness's process group when it has one, if the execution is still queued, its gate open
+    /// and its delivery what `turn` was read from. Returns whether it was written; when it was
+    /// not, nothing was.
+    pub fn begin_attempt(
+        &mut self,
+        turn: &StartedTurn,
+        process: Option<&ProcessIdentity>,
+        now_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let n = tx.execute(
+            "UPDATE executions SET state = 'started'
+             WHERE delivery_id = :id AND state = 'queued'
+               AND EXISTS (SELECT 1 FROM deliveries d WHERE d.delivery_id = :id AND d.state = 'acked'
+                             AND d.message_id = :message AND d.payload = :payload)",
+            named_params! { ":id": turn.delivery_id, ":message": turn.message_id, ":payload": turn.payload },
+        )?;
+        if n == 0 {
+            return Ok(false);
+        }
+        let start_ticks = match process {
+            None => None,
+            Some(p) => Some(i64::try_from(p.start_ticks).map_err(|_| {
+                StoreError::Conflict(format!(
+                    "attempt {}: start time {} is out of range",
+                    turn.attempt_id, p.start_ticks
+                ))
+            })?),
+        };
+        tx.execute(
+            "INSERT INTO attempts(attempt_id, delivery_id, started_at_ms, pgid, proc_start_ticks, boot_id)
+             VALUES (:attempt, :id, :now, :pgid, :start, :boot)",
+            named_params! {
+                ":attempt": turn.attempt_id, ":id": turn.delivery_id, ":now": now_ms,
+                ":pgid": process.map(|p| p.pgid), ":start": start_ticks, ":boot": process.map(|p| p.boot_id.as_str()),
+            },
+        )?;
         tx.commit()?;
-        Ok(Some(turn))
+        Ok(true)
+    }
+
+    /// `next_attempt` and `begin_attempt` without a process (the no-op harness): the start
+    /// marker of a new attempt, if the execution is queued and its gate open. Returns `None`
+    /// (and writes nothing) otherwise.
+    pub fn start_attempt(&mut self, delivery_id: &str, now_ms: i64) -> Result<Option<StartedTurn>, StoreError> {
+        let Some(turn) = self.next_attempt(delivery_id)? else { return Ok(None) };
+        Ok(self.begin_attempt(&turn, None, now_ms)?.then_some(turn))
     }
 
     /// Writes the durable end marker of an attempt and queues its report, in one transaction.
     pub fn end_attempt(&mut self, attempt_id: &str, ending: &Ending, now_ms: i64) -> Result<(), StoreError> {
         let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         end_attempt_in(&tx, attempt_id, ending, now_ms)?;
-        tx.commit()?;
-        Ok(())
-    }
-
-    /// Stores the process group of a started attempt, before its harness is released. Written
-    /// once; fails when the attempt is not running or already has one.
-    pub fn record_process(&mut self, attempt_id: &str, p: &ProcessIdentity) -> Result<(), StoreError> {
-        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let n = tx.execute(
-            "UPDATE attempts SET pgid = :pgid, proc_start_ticks = :start, boot_id = :boot
-             WHERE attempt_id = :id AND ended_at_ms IS NULL AND pgid IS NULL",
-            named_params! {
-                ":id": attempt_id, ":pgid": p.pgid, ":boot": p.boot_id,
-                ":start": i64::try_from(p.start_ticks).map_err(|_| {
-                    StoreError::Conflict(format!("attempt {attempt_id}: start time {} is out of range", p.start_ticks))
-                })?,
-            },
-        )?;
-        if n != 1 {
-            return Err(StoreError::Conflict(format!("attempt {attempt_id} is not running without a process")));
-        }
         tx.commit()?;
         Ok(())
     }
