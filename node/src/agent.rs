@@ -1,28 +1,32 @@
 //! The node loop (SPEC §4): startup recovery, holdings resync, long-poll claims, mirror, tell
 //! the hub `mirrored`, ack; and the tasks that run turns (`sched`) and send reports (`report`).
 //!
-//! Tasks: the claim loop runs on the caller's task; the scheduler and the outbox each run on
-//! their own. They share one `shared_state::Shared` (hub client, store, config, clock) and one
+//! Tasks: the claim loop runs on the caller's task; the scheduler, the outbox and the retention
+//! sweep each run on their own. They share one `shared_state::Shared` (hub client, store, config, clock) and one
 //! shutdown token.
 //!
 //! Invariant (execution gate): only a delivery the hub confirmed `delivered` is marked
-//! `acked` locally, and only `acked` deliveries start (`Db::start_attempt` checks it in SQL).
+//! `acked` locally, and only `acked` deliveries start (`Db::begin_attempt` checks it in SQL).
 //! Invariant (crash honesty): an attempt with a start marker and no end marker at startup is
 //! ended `unknown` and reported, never run again (`Db::recover_interrupted_attempts`).
+//! Invariant (no orphaned harness): before that, what is left of each such attempt's recorded
+//! process group is stopped (`recover`, through `group::stop_recorded`).
 
 use crate::backoff::Backoff;
 use crate::client::{Hub, HubError};
 use crate::config::NodeConfig;
+use crate::exec::Gate;
+use crate::group;
 use crate::limits::BACKOFF_BASE;
 use crate::shared_state::Shared;
 use crate::store::{ExecState, Mirrored, ReportState, Store, StoreError};
-use crate::{report, sched};
+use crate::{report, retention, sched};
 use baton_shared::clock::SharedClock;
 use baton_shared::crash_point;
 use baton_shared::error::ErrorCode;
 use baton_shared::states::DeliveryState;
 use baton_shared::wire::ClaimedDelivery;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -33,6 +37,12 @@ use tokio_util::sync::CancellationToken;
 /// After an empty claim answer, the next claim waits at least this long since the last one
 /// was sent, so a short `claim_wait` never turns into busy polling.
 const EMPTY_CLAIM_PACE: Duration = Duration::from_secs(1);
+
+/// The error `run_agent` ends with when the hub refused this node for good (its certificate
+/// revoked): exit status `baton_shared::exit::REVOKED`, not a failure to retry.
+#[derive(Debug, thiserror::Error)]
+#[error("stopped for good: {0}")]
+pub struct Finished(pub String);
 
 /// Why a step of the loop stopped.
 #[derive(Debug)]
@@ -52,34 +62,30 @@ impl From<StoreError> for Stop {
 }
 
 /// Runs the node until `shutdown` completes (or the store fails), then stops claiming, lets
-/// running turns finish within `shutdown_grace`, kills the rest, and flushes the outbox.
-/// Stored timestamps come from `clock`.
+/// running turns finish within `shutdown_grace`, stops the rest, and flushes the outbox.
+/// Stored timestamps come from `clock`; turns start through `gate`.
 pub async fn run_agent<H: Hub>(
     config: NodeConfig,
     store: Store,
     hub: H,
     instance_id: String,
     clock: SharedClock,
+    gate: Gate,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let now_ms = clock.now_ms();
-    let recovered = store.call(move |db| db.recover_interrupted_attempts(now_ms)).await?;
-    for attempt_id in &recovered {
-        tracing::warn!(
-            attempt_id,
-            "attempt was running when the node stopped; reporting it unknown, not running it again"
-        );
-    }
+    recover(&store, config.kill_grace, &clock).await?;
     let sh = Arc::new(Shared {
         hub,
         store,
         config,
         instance_id,
+        gate,
         clock,
         wake_scheduler: Notify::new(),
         wake_outbox: Notify::new(),
         wake_claimer: Notify::new(),
         shutdown: CancellationToken::new(),
+        finished: std::sync::OnceLock::new(),
     });
     let token = sh.shutdown.clone();
     let signal = tokio::spawn(async move {
@@ -88,24 +94,74 @@ pub async fn run_agent<H: Hub>(
         token.cancel();
     });
     let sched = tokio::spawn(stop_all_on_error(Arc::clone(&sh), sched::scheduler(Arc::clone(&sh))));
+    let retention = tokio::spawn(stop_all_on_error(Arc::clone(&sh), retention::retention_loop(Arc::clone(&sh))));
     let outbox_stop = CancellationToken::new();
     let outbox =
         tokio::spawn(stop_all_on_error(Arc::clone(&sh), report::outbox_loop(Arc::clone(&sh), outbox_stop.clone())));
     let claimed = claim_loop(&sh).await;
     sh.shutdown.cancel();
     let sched = sched.await.map_err(anyhow::Error::from).and_then(|r| r);
+    let retention = retention.await.map_err(anyhow::Error::from).and_then(|r| r);
     outbox_stop.cancel();
     let outbox = outbox.await.map_err(anyhow::Error::from).and_then(|r| r);
     let flushed = tokio::time::timeout(crate::limits::SHUTDOWN_REPORT_FLUSH, report::flush(&sh)).await;
     signal.abort();
     claimed?;
     sched?;
+    retention?;
     outbox?;
     match flushed {
         Ok(r) => r?,
         Err(_) => tracing::warn!("reports still waiting at shutdown; they are sent at the next start"),
     }
+    if let Some(why) = sh.finished.get() {
+        return Err(Finished(why.clone()).into());
+    }
     tracing::info!("stopped");
+    Ok(())
+}
+
+/// Startup recovery, before anything else runs: for every attempt with a start marker and no
+/// end marker, stops what is left of its recorded process group (SIGTERM, SIGKILL after
+/// `kill_grace`; all groups at once, only after the same-process check), and then ends the
+/// attempt `unknown`, to be reported and never run again.
+async fn recover(store: &Store, kill_grace: Duration, clock: &SharedClock) -> Result<(), StoreError> {
+    let interrupted = store.call(|db| db.interrupted_attempts()).await?;
+    let mut notes = HashMap::new();
+    let mut stops = JoinSet::new();
+    for i in interrupted {
+        match i.process {
+            None => {
+                notes.insert(i.attempt_id, "no harness process was recorded for it".to_string());
+            }
+            Some(p) => {
+                tracing::info!(attempt_id = %i.attempt_id, pgid = p.pgid, "stopping what is left of an interrupted turn's harness");
+                stops.spawn(async move {
+                    let stopped = group::stop_recorded(&p, kill_grace).await;
+                    (i.attempt_id, p.pgid, stopped)
+                });
+            }
+        }
+    }
+    while let Some(joined) = stops.join_next().await {
+        let (attempt_id, pgid, stopped) = joined.map_err(|e| StoreError::Task(e.to_string()))?;
+        let note = match stopped {
+            Ok(s) => s.describe(pgid, kill_grace),
+            Err(e) => {
+                tracing::error!(attempt_id, pgid, "cannot check the harness process group: {e}");
+                format!("its harness process group {pgid} could not be checked ({e})")
+            }
+        };
+        notes.insert(attempt_id, note);
+    }
+    let now_ms = clock.now_ms();
+    let recovered = store.call(move |db| db.recover_interrupted_attempts(&notes, now_ms)).await?;
+    for attempt_id in &recovered {
+        tracing::warn!(
+            attempt_id,
+            "attempt was running when the node stopped; reporting it unknown, not running it again"
+        );
+    }
     Ok(())
 }
 
@@ -136,6 +192,10 @@ async fn claim_loop<H: Hub>(sh: &Arc<Shared<H>>) -> anyhow::Result<()> {
                 Err(Stop::Shutdown) => break,
                 Err(Stop::Store(e)) => return Err(e.into()),
                 Err(Stop::Hub(e)) => {
+                    if let Some(why) = e.refused_for_good() {
+                        sh.finish(why);
+                        break;
+                    }
                     log_hub_error("holdings resync", &e);
                     sh.pause(backoff.next_delay()).await;
                     continue;
@@ -175,6 +235,10 @@ async fn claim_loop<H: Hub>(sh: &Arc<Shared<H>>) -> anyhow::Result<()> {
                     Ok(()) | Err(Stop::Shutdown) | Err(Stop::Hub(_)) => {}
                     Err(Stop::Store(e)) => return Err(e.into()),
                 }
+            }
+            Err(e) if let Some(why) = e.refused_for_good() => {
+                sh.finish(why);
+                break;
             }
             Err(e) if e.code() == Some(ErrorCode::InstanceConflict) => {
                 tracing::error!(
@@ -328,6 +392,10 @@ where
         };
         match r {
             Ok(v) => return Ok(v),
+            Err(e) if let Some(why) = e.refused_for_good() => {
+                sh.finish(why);
+                return Err(Stop::Shutdown);
+            }
             Err(e) if e.is_transient() => {
                 tracing::warn!("hub call failed, retrying: {e}");
                 sh.pause(backoff.next_delay()).await;

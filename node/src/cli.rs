@@ -33,7 +33,7 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run the node until SIGTERM or SIGINT.
+    /// Run the node until SIGTERM or SIGINT (SIGHUP re-reads the certificate and key files).
     #[command(after_help = after_help())]
     Run(RunArgs),
     /// Configuration tools.
@@ -41,6 +41,18 @@ pub enum Command {
     Config(ConfigCommand),
     /// Show what this node holds locally (no hub needed).
     Status(StatusArgs),
+    /// How the node starts a turn: waits for the node's go on stdin, then becomes ARGV (same
+    /// process, same group). Not for operators; see `exec`.
+    #[command(name = crate::exec::GATE_SUBCOMMAND, hide = true)]
+    TurnGate(TurnGateArgs),
+}
+
+/// `turn-gate` arguments.
+#[derive(Debug, Args)]
+pub struct TurnGateArgs {
+    /// The harness argv.
+    #[arg(last = true, required = true, value_name = "ARGV")]
+    pub argv: Vec<String>,
 }
 
 /// `config` subcommands.
@@ -87,6 +99,10 @@ impl RunArgs {
 /// Runs a parsed command line and returns the process exit status. Errors are printed once,
 /// as a chain, to stderr.
 pub fn main_with(cli: Cli) -> u8 {
+    if let Command::TurnGate(gate) = &cli.command {
+        // Returns only when it could not become the harness.
+        return crate::exec::gate(&gate.argv);
+    }
     match dispatch(cli) {
         Ok(()) => exit::OK,
         Err(e) => {
@@ -114,6 +130,9 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
             }
             crate::output::print(&text).context("writing to stdout")
         }
+        Command::TurnGate(gate) => {
+            anyhow::bail!("{} runs from main_with ({} arguments)", crate::exec::GATE_SUBCOMMAND, gate.argv.len())
+        }
         Command::Run(args) => {
             let config = args.resolve(env)?;
             config.check_files()?;
@@ -122,7 +141,9 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
             runtime.block_on(async move {
                 let shutdown =
                     baton_shared::signal::shutdown_token().context("installing the SIGTERM/SIGINT handlers")?;
-                crate::run(config, baton_shared::clock::system(), shutdown.cancelled_owned()).await
+                // Installed before anything else runs: SIGHUP's default action would end the node.
+                let hangups = baton_shared::signal::hangups().context("installing the SIGHUP handler")?;
+                crate::run(config, baton_shared::clock::system(), shutdown.cancelled_owned(), hangups).await
             })
         }
     }
@@ -131,6 +152,9 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
 /// The documented exit status for an error (`baton_shared::exit`).
 pub fn exit_code(e: &anyhow::Error) -> u8 {
     for cause in e.chain() {
+        if cause.downcast_ref::<crate::agent::Finished>().is_some() {
+            return exit::REVOKED;
+        }
         if cause.downcast_ref::<ConfigError>().is_some() {
             return exit::USAGE;
         }
@@ -202,5 +226,14 @@ mod tests {
         assert_eq!(exit_code(&anyhow::Error::from(missing).context("status")), exit::REFUSED, "not initialised");
         assert_eq!(exit_code(&anyhow::anyhow!("boom")), exit::FAILURE);
         assert_eq!(exit::FAILURE, 4);
+    }
+
+    #[test]
+    fn a_node_the_hub_refused_for_good_exits_5() {
+        let finished = anyhow::Error::from(crate::agent::Finished("the hub revoked this node's certificate".into()));
+        assert_eq!(exit_code(&finished.context("running the node")), exit::REVOKED);
+        assert_eq!(exit::REVOKED, 5);
+        let help = Cli::command().render_long_help().to_string();
+        assert!(help.contains("5  refused for good"), "{help}");
     }
 }

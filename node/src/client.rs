@@ -1,5 +1,11 @@
 //! The hub's node API (SPEC §12), behind the `Hub` trait so the loop can be tested against an
 //! in-memory hub, and `HubClient`, its mTLS implementation over reqwest.
+//!
+//! `HubClient::reload` re-reads the CA, certificate and key files and builds a new TLS client
+//! for the requests that follow (renewal without a restart, on SIGHUP). Each client has a
+//! generation; a request refused for good that was sent with an older generation than the
+//! current one is reported as a passing failure, so revoking the old serial after a renewal
+//! never stops the node.
 
 use crate::config::{ConfigError, NodeConfig};
 use crate::limits::{CONNECT_TIMEOUT, REQUEST_TIMEOUT};
@@ -9,6 +15,8 @@ use baton_shared::wire::{
     ReportRequest, ReportResponse, TransitionResponse,
 };
 use std::future::Future;
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 /// Why a hub call did not succeed.
@@ -36,6 +44,13 @@ pub enum HubError {
     /// The hub answered 2xx with a body that is not the documented answer.
     #[error("hub sent an unexpected answer: {0}")]
     BadAnswer(String),
+    /// The TLS handshake failed with the hub's alert that our certificate is revoked.
+    #[error("the hub refused our client certificate as revoked in the TLS handshake: {0}")]
+    CertificateRevoked(String),
+    /// A refusal of the certificate a request presented that has been replaced since (SIGHUP):
+    /// the next try presents the new one.
+    #[error("{0} (sent with the certificate in use before the reload; retrying with the new one)")]
+    SentBeforeReload(Box<HubError>),
 }
 
 impl HubError {
@@ -52,16 +67,40 @@ impl HubError {
         match self {
             HubError::Unreachable { maybe_sent, .. } => *maybe_sent,
             HubError::BadAnswer(_) => true,
-            HubError::Refused { .. } => false,
+            HubError::Refused { .. } | HubError::CertificateRevoked(_) | HubError::SentBeforeReload(_) => false,
         }
     }
 
     /// Whether retrying the same request later may succeed (outages, overload, 5xx).
     pub fn is_transient(&self) -> bool {
         match self {
-            HubError::Unreachable { .. } | HubError::BadAnswer(_) => true,
-            // 401: a revoked or expired certificate may be renewed by the operator.
+            HubError::Unreachable { .. }
+            | HubError::BadAnswer(_)
+            | HubError::CertificateRevoked(_)
+            | HubError::SentBeforeReload(_) => true,
+            // 401: an expired or unknown certificate may be renewed by the operator (a revoked one
+            // is `refused_for_good`, which callers check first).
             HubError::Refused { status, .. } => *status >= 500 || *status == 429 || *status == 401,
+        }
+    }
+
+    /// Why the hub will never take this node's requests again, when this error says so: the
+    /// hub revoked our certificate (401 `certificate_revoked`, or its TLS alert naming the
+    /// revocation). Running on cannot help; the node stops (`agent::Finished`).
+    ///
+    /// A retired host is not told apart by the hub's answers today (its claims come back
+    /// empty), so it is not recognised here; when the hub names it, this is where it goes.
+    pub fn refused_for_good(&self) -> Option<String> {
+        match self {
+            HubError::Refused { status: 401, code, message }
+                if ErrorCode::parse(code) == Some(ErrorCode::CertificateRevoked) =>
+            {
+                Some(format!("the hub revoked this node's certificate (401 {code}: {message})"))
+            }
+            HubError::CertificateRevoked(detail) => {
+                Some(format!("the hub revoked this node's certificate (TLS handshake refused: {detail})"))
+            }
+            _ => None,
         }
     }
 }
@@ -95,47 +134,86 @@ pub trait Hub: Send + Sync + 'static {
     fn report(&self, body: &ReportRequest) -> impl Future<Output = Result<ReportResponse, HubError>> + Send;
 }
 
-/// The real hub, over HTTPS with this host's client certificate.
+/// The real hub, over HTTPS with this host's client certificate. Clones share one client, so a
+/// `reload` through any clone takes effect for all.
+#[derive(Clone)]
 pub struct HubClient {
-    http: reqwest::Client,
+    inner: Arc<Inner>,
+}
+
+struct Inner {
     base: String,
     instance_id: String,
     claim_timeout: Duration,
+    /// `ca_file`, `cert_file`, `key_file`, read again by `reload`.
+    files: [(&'static str, PathBuf); 3],
+    /// The TLS client for new requests and its generation (1 at start, +1 per reload).
+    current: RwLock<(u64, reqwest::Client)>,
 }
 
 impl HubClient {
     /// Builds the mTLS client: only the hub CA is trusted, this host's certificate is
     /// presented, plain HTTP is refused.
     pub fn new(config: &NodeConfig, instance_id: String) -> Result<HubClient, ConfigError> {
-        let read = |field: &'static str, path: &std::path::Path| {
-            std::fs::read(path).map_err(|e| ConfigError::invalid(field, format!("cannot read {}: {e}", path.display())))
-        };
-        let ca = read("ca_file", &config.ca_file)?;
-        let mut identity = read("cert_file", &config.cert_file)?;
-        identity.push(b'\n');
-        identity.extend(read("key_file", &config.key_file)?);
-        let ca = reqwest::Certificate::from_pem(&ca)
-            .map_err(|e| ConfigError::invalid("ca_file", format!("not a PEM certificate: {e}")))?;
-        let identity = reqwest::Identity::from_pem(&identity).map_err(|e| {
-            ConfigError::invalid("cert_file", format!("cert_file and key_file are not a PEM certificate and key: {e}"))
-        })?;
         let claim_timeout = config.claim_wait + baton_shared::limits::CLIENT_TIMEOUT_MARGIN;
-        let http = reqwest::Client::builder()
-            .tls_certs_only([ca])
-            .identity(identity)
-            .https_only(true)
-            .connect_timeout(CONNECT_TIMEOUT)
-            .timeout(claim_timeout.max(REQUEST_TIMEOUT))
-            .build()
-            .map_err(|e| ConfigError::invalid("hub_url", format!("cannot build the TLS client: {e}")))?;
-        Ok(HubClient { http, base: config.hub_url.clone(), instance_id, claim_timeout })
+        let files = [
+            ("ca_file", config.ca_file.clone()),
+            ("cert_file", config.cert_file.clone()),
+            ("key_file", config.key_file.clone()),
+        ];
+        let http = build_client(&files, claim_timeout)?;
+        let inner =
+            Inner { base: config.hub_url.clone(), instance_id, claim_timeout, files, current: RwLock::new((1, http)) };
+        Ok(HubClient { inner: Arc::new(inner) })
+    }
+
+    /// Reads the CA, certificate and key files again and uses a new TLS client, presenting
+    /// what they hold now, for every request that starts after this returns. On failure the
+    /// current client stays. Returns the new generation.
+    pub fn reload(&self) -> Result<u64, ConfigError> {
+        let http = build_client(&self.inner.files, self.inner.claim_timeout)?;
+        let mut current =
+            self.inner.current.write().map_err(|_| ConfigError::invalid("cert_file", "client lock poisoned"))?;
+        current.0 += 1;
+        current.1 = http;
+        Ok(current.0)
+    }
+
+    /// The client for a new request, with its generation.
+    fn client(&self) -> (u64, reqwest::Client) {
+        match self.inner.current.read() {
+            Ok(c) => c.clone(),
+            // Only a panic inside `reload`'s two assignments poisons it; the pair is still whole.
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    fn generation(&self) -> u64 {
+        self.client().0
     }
 
     fn holder(&self, claim_token: &str) -> HolderRequest {
-        HolderRequest { instance_id: self.instance_id.clone(), claim_token: claim_token.to_string() }
+        HolderRequest { instance_id: self.inner.instance_id.clone(), claim_token: claim_token.to_string() }
     }
 
-    async fn send<T: serde::de::DeserializeOwned>(&self, req: reqwest::RequestBuilder) -> Result<T, HubError> {
+    /// Sends the request `build` makes with the current client. A refusal for good of a
+    /// request sent before a reload is a passing failure: the next try presents the new
+    /// certificate.
+    async fn send<T: serde::de::DeserializeOwned>(
+        &self,
+        build: impl FnOnce(&reqwest::Client) -> reqwest::RequestBuilder,
+    ) -> Result<T, HubError> {
+        let (generation, http) = self.client();
+        let result = self.send_with(build(&http)).await;
+        match result {
+            Err(e) if e.refused_for_good().is_some() && self.generation() != generation => {
+                Err(HubError::SentBeforeReload(Box::new(e)))
+            }
+            other => other,
+        }
+    }
+
+    async fn send_with<T: serde::de::DeserializeOwned>(&self, req: reqwest::RequestBuilder) -> Result<T, HubError> {
         let resp = req.send().await.map_err(transport_error)?;
         let status = resp.status();
         let bytes = resp.bytes().await.map_err(transport_error)?;
@@ -158,28 +236,55 @@ impl HubClient {
         what: &str,
         body: impl serde::Serialize,
     ) -> Result<TransitionResponse, HubError> {
-        let url = format!("{}/v1/deliveries/{}/{what}", self.base, path_segment(delivery_id));
-        self.send(self.http.post(url).timeout(REQUEST_TIMEOUT).json(&body)).await
+        let url = format!("{}/v1/deliveries/{}/{what}", self.inner.base, path_segment(delivery_id));
+        self.send(|http| http.post(url).timeout(REQUEST_TIMEOUT).json(&body)).await
     }
+}
+
+/// The mTLS client from the files: only the CA in `ca_file` is trusted, the certificate and key
+/// are presented, plain HTTP is refused. Every message names the file's key.
+fn build_client(files: &[(&'static str, PathBuf); 3], claim_timeout: Duration) -> Result<reqwest::Client, ConfigError> {
+    let read = |(field, path): &(&'static str, PathBuf)| {
+        std::fs::read(path).map_err(|e| ConfigError::invalid(field, format!("cannot read {}: {e}", path.display())))
+    };
+    let [ca, cert, key] = files;
+    let ca = read(ca)?;
+    let mut identity = read(cert)?;
+    identity.push(b'\n');
+    identity.extend(read(key)?);
+    let ca = reqwest::Certificate::from_pem(&ca)
+        .map_err(|e| ConfigError::invalid("ca_file", format!("not a PEM certificate: {e}")))?;
+    let identity = reqwest::Identity::from_pem(&identity).map_err(|e| {
+        ConfigError::invalid("cert_file", format!("cert_file and key_file are not a PEM certificate and key: {e}"))
+    })?;
+    reqwest::Client::builder()
+        .tls_certs_only([ca])
+        .identity(identity)
+        .https_only(true)
+        .connect_timeout(CONNECT_TIMEOUT)
+        .timeout(claim_timeout.max(REQUEST_TIMEOUT))
+        .build()
+        .map_err(|e| ConfigError::invalid("hub_url", format!("cannot build the TLS client: {e}")))
 }
 
 impl Hub for HubClient {
     async fn claim(&self, max: u32, wait: Duration) -> Result<Vec<ClaimedDelivery>, HubError> {
         let body = ClaimRequest {
-            instance_id: self.instance_id.clone(),
+            instance_id: self.inner.instance_id.clone(),
             max: Some(max),
             wait_ms: Some(wait.as_millis() as u64),
         };
-        let url = format!("{}/v1/claims", self.base);
-        let r: ClaimResponse = self.send(self.http.post(url).timeout(self.claim_timeout).json(&body)).await?;
+        let url = format!("{}/v1/claims", self.inner.base);
+        let timeout = self.inner.claim_timeout;
+        let r: ClaimResponse = self.send(|http| http.post(url).timeout(timeout).json(&body)).await?;
         Ok(r.deliveries)
     }
 
     async fn holdings(&self) -> Result<Vec<ClaimedDelivery>, HubError> {
-        let mut url = reqwest::Url::parse(&format!("{}/v1/holdings", self.base))
+        let mut url = reqwest::Url::parse(&format!("{}/v1/holdings", self.inner.base))
             .map_err(|e| HubError::BadAnswer(e.to_string()))?;
-        url.query_pairs_mut().append_pair("instance_id", &self.instance_id);
-        let r: HoldingsResponse = self.send(self.http.get(url).timeout(REQUEST_TIMEOUT)).await?;
+        url.query_pairs_mut().append_pair("instance_id", &self.inner.instance_id);
+        let r: HoldingsResponse = self.send(|http| http.get(url).timeout(REQUEST_TIMEOUT)).await?;
         Ok(r.deliveries)
     }
 
@@ -193,7 +298,7 @@ impl Hub for HubClient {
 
     async fn reject(&self, delivery_id: &str, claim_token: &str, reason: &str) -> Result<TransitionResponse, HubError> {
         let body = RejectRequest {
-            instance_id: self.instance_id.clone(),
+            instance_id: self.inner.instance_id.clone(),
             claim_token: claim_token.to_string(),
             reason: reason.to_string(),
         };
@@ -201,8 +306,8 @@ impl Hub for HubClient {
     }
 
     async fn report(&self, body: &ReportRequest) -> Result<ReportResponse, HubError> {
-        let url = format!("{}/delivery-report", self.base);
-        self.send(self.http.post(url).timeout(REQUEST_TIMEOUT).json(body)).await
+        let url = format!("{}/delivery-report", self.inner.base);
+        self.send(|http| http.post(url).timeout(REQUEST_TIMEOUT).json(body)).await
     }
 }
 
@@ -224,6 +329,11 @@ fn path_segment(id: &str) -> String {
 /// anything later (timeout, connection lost) may have reached it.
 fn transport_error(e: reqwest::Error) -> HubError {
     let chain = error_chain(&e);
+    // The one TLS refusal that names its reason reliably (under TLS 1.3 the client may instead
+    // see only "connection closed"; the hub's log says why then).
+    if chain.contains("CertificateRevoked") {
+        return HubError::CertificateRevoked(chain);
+    }
     let maybe_sent = !e.is_connect() && !e.is_builder();
     let lower = chain.to_ascii_lowercase();
     // Only failures that name the handshake point at our certificate; a hub that simply went
@@ -267,5 +377,25 @@ mod tests {
         assert!(!refused(503, "storage_unavailable").answer_lost());
         assert!(HubError::Unreachable { detail: String::new(), maybe_sent: true }.answer_lost());
         assert!(!HubError::Unreachable { detail: String::new(), maybe_sent: false }.answer_lost());
+    }
+
+    #[test]
+    fn only_a_revoked_certificate_is_refused_for_good() {
+        let refused = |status: u16, code: &str| HubError::Refused { status, code: code.into(), message: "m".into() };
+        let revoked = refused(401, "certificate_revoked").refused_for_good().unwrap();
+        assert!(revoked.contains("revoked this node's certificate"), "{revoked}");
+        let tls = HubError::CertificateRevoked("received fatal alert: CertificateRevoked".into());
+        assert!(tls.refused_for_good().is_some() && !tls.answer_lost());
+        let stale = HubError::SentBeforeReload(Box::new(refused(401, "certificate_revoked")));
+        assert!(stale.refused_for_good().is_none() && stale.is_transient() && !stale.answer_lost());
+        for passing in [
+            refused(401, "unknown_certificate"),
+            refused(403, "wrong_role"),
+            refused(409, "instance_conflict"),
+            refused(503, "storage_unavailable"),
+            HubError::Unreachable { detail: "connection closed".into(), maybe_sent: false },
+        ] {
+            assert_eq!(passing.refused_for_good(), None, "{passing}");
+        }
     }
 }

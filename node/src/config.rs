@@ -129,7 +129,8 @@ keys! {
     /// Conversations that may run a turn at the same time.
     parallel_conversations: u32 =
         Kind::Count { default: PARALLEL_CONVERSATIONS_DEFAULT, range: PARALLEL_CONVERSATIONS_RANGE };
-    /// How long one turn may run before its process group is killed (`failed`, `timeout`).
+    /// How long one turn may run before its process group is stopped (`failed`, `timeout`):
+    /// SIGTERM, then SIGKILL after `kill_grace`.
     exec_timeout: Duration = Kind::Duration { default: EXEC_TIMEOUT_DEFAULT, range: EXEC_TIMEOUT_RANGE };
     /// How long one claim long-poll asks the hub to wait for work.
     claim_wait: Duration = Kind::Duration { default: CLAIM_WAIT_DEFAULT, range: CLAIM_WAIT_RANGE };
@@ -141,8 +142,17 @@ keys! {
         Kind::Count { default: QUEUE_AHEAD_BATCHES_DEFAULT, range: QUEUE_AHEAD_BATCHES_RANGE };
     /// Most bytes of stdout kept as an attempt's result (a truncation marker counts inside it).
     result_bytes_max: usize = Kind::Count { default: RESULT_BYTES_MAX_DEFAULT, range: RESULT_BYTES_MAX_RANGE };
-    /// How long running turns may finish after SIGTERM before they are killed.
+    /// How long running turns may finish after the node gets SIGTERM; then their process groups
+    /// get SIGTERM, and SIGKILL after `kill_grace`.
     shutdown_grace: Duration = Kind::Duration { default: SHUTDOWN_GRACE_DEFAULT, range: SHUTDOWN_GRACE_RANGE };
+    /// How long a harness process group sent SIGTERM (at a timeout, at shutdown after
+    /// `shutdown_grace`, or left behind by a crashed node and found at the next start) may take
+    /// to end before the node sends it SIGKILL.
+    kill_grace: Duration = Kind::Duration { default: KILL_GRACE_DEFAULT, range: KILL_GRACE_RANGE };
+    /// How long the node keeps the local rows of a turn whose report the hub confirmed (and of
+    /// a delivery the hub took back before it ran); older ones are removed, so the store stays
+    /// bounded. Within it, a turn the hub hands out again is recognised and never run twice.
+    local_retention: Duration = Kind::Duration { default: LOCAL_RETENTION_DEFAULT, range: LOCAL_RETENTION_RANGE };
     /// Longest pause between retries while the hub is unreachable.
     backoff_max: Duration = Kind::Duration { default: BACKOFF_MAX_DEFAULT, range: BACKOFF_MAX_RANGE };
     /// Log line format on stderr (the filter is the BATON_LOG variable).

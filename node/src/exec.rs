@@ -1,27 +1,105 @@
 //! The executor: runs one harness turn and says how it ended.
 //!
 //! The configured argv runs directly (no shell) in its own process group, with the payload on
-//! stdin and the delivery's ids (and the message's producer, `BATON_PRODUCER`) in the environment. A timeout or a shutdown kills the whole
-//! group with SIGKILL (through `nix::sys::signal::killpg`, a safe wrapper, since this crate
-//! forbids `unsafe`). stdout is kept up to `result_bytes_max` and the rest drained, so the child
-//! never blocks on a full pipe; stderr goes to the node's log, bounded.
+//! stdin and the delivery's ids (and the message's producer, `BATON_PRODUCER`) in the
+//! environment. stdout is kept up to `result_bytes_max` and
+//! the rest drained, so the child never blocks on a full pipe; stderr goes to the node's log,
+//! bounded.
+//!
+//! The gate. A turn starts as `baton-node turn-gate -- ARGV…` (`Gate`), in a new process group
+//! whose id is its pid. The gate reads one byte from stdin and only then becomes the harness
+//! (`exec`, which keeps the pid, the group and the start time). Between `spawn` and
+//! `Spawned::run`, the caller writes the start marker together with the group's
+//! `ProcessIdentity` (`Db::begin_attempt`); `run` writes the release byte and then the payload.
+//! So the harness cannot have any effect before its start marker and process group are on disk:
+//! if the node dies before that, the gate reads end-of-file and exits without ever becoming the
+//! harness, and with no start marker the turn simply runs after the restart.
+//!
+//! Stopping. A timeout or a shutdown sends SIGTERM to the whole group, waits up to `kill_grace`
+//! for it to end, then sends SIGKILL to what is left (`nix::sys::signal::killpg`, a safe
+//! wrapper, since this crate forbids `unsafe`).
 
-use crate::limits::{PIPE_DRAIN_AFTER_EXIT, STDERR_LOG_BYTES_MAX};
+use crate::group::{self, ProcessIdentity};
+use crate::limits::{GROUP_POLL_PACE, PIPE_DRAIN_AFTER_EXIT, STDERR_LOG_BYTES_MAX};
 use crate::store::{Ending, StartedTurn};
 use baton_shared::states::Outcome;
-use nix::sys::signal::{Signal, killpg};
-use nix::unistd::Pid;
-use std::os::unix::process::ExitStatusExt as _;
+use nix::errno::Errno;
+use nix::sys::signal::Signal;
+use std::io::Write as _;
+use std::os::fd::AsFd as _;
+use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::process::{Child, ChildStdin};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-/// The reason recorded when a turn ran past `exec_timeout`.
+/// The reason recorded when a turn ran past `exec_timeout` starts with this word.
 pub const REASON_TIMEOUT: &str = "timeout";
-/// The reason recorded when a turn was killed because the node shut down.
+/// The reason recorded when a turn was stopped because the node shut down starts with this word.
 pub const REASON_SHUTDOWN: &str = "shutdown";
+
+/// The hidden subcommand that runs the gate (`baton-node turn-gate -- ARGV…`).
+pub const GATE_SUBCOMMAND: &str = "turn-gate";
+/// The byte the node writes to the gate's stdin to let it become the harness. A newline, so a
+/// shell's `read` (the `Gate::shell` stand-in) takes exactly it and leaves the payload.
+pub const GATE_RELEASE: u8 = b'\n';
+/// The gate's exit status when it could not become the harness (the shell's "cannot run").
+pub const GATE_EXEC_FAILED_STATUS: u8 = 127;
+
+/// How a turn's process starts: the argv put before the harness argv. The program it names
+/// must wait for `GATE_RELEASE` on stdin and then become the rest of its argv.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gate {
+    argv: Vec<String>,
+}
+
+impl Gate {
+    /// This very binary's `turn-gate`, through `/proc/self/exe`: the running executable even when
+    /// the file on disk was replaced by an upgrade since the node started.
+    pub fn this_binary() -> Gate {
+        Gate::binary(Path::new("/proc/self/exe"))
+    }
+
+    /// The `turn-gate` of the `baton-node` binary at `path` (tests that run the executor from
+    /// another program).
+    pub fn binary(path: &Path) -> Gate {
+        Gate { argv: vec![path.display().to_string(), GATE_SUBCOMMAND.into(), "--".into()] }
+    }
+
+    /// The same protocol in `sh`: `read` takes the release line, `exec` becomes the harness.
+    /// For unit tests, which run inside a test binary rather than `baton-node`.
+    pub fn shell() -> Gate {
+        Gate { argv: vec!["sh".into(), "-c".into(), "read -r _ || exit 1; exec \"$@\"".into(), "turn-gate".into()] }
+    }
+}
+
+/// The `turn-gate` subcommand: waits for the release byte on stdin, then replaces itself with
+/// `argv` (same pid, group and start time). Returns only when it does not: the node never
+/// released it (end of file: nothing runs) or `argv` cannot be run.
+pub fn gate(argv: &[String]) -> u8 {
+    let Some((program, args)) = argv.split_first() else {
+        return baton_shared::exit::USAGE;
+    };
+    let stdin = std::io::stdin();
+    let mut byte = [0u8; 1];
+    // One byte, unbuffered: whatever follows on stdin is the harness's payload.
+    let read = loop {
+        match nix::unistd::read(stdin.as_fd(), &mut byte) {
+            Err(Errno::EINTR) => continue,
+            other => break other,
+        }
+    };
+    if read != Ok(1) || byte[0] != GATE_RELEASE {
+        return baton_shared::exit::NOTHING;
+    }
+    let err = std::process::Command::new(program).args(args).exec();
+    // stderr is the harness's stderr pipe: the node logs this line with the turn.
+    let _ = writeln!(std::io::stderr(), "baton-node {GATE_SUBCOMMAND}: cannot start {program:?}: {err}");
+    GATE_EXEC_FAILED_STATUS
+}
 
 /// How to run turns.
 #[derive(Debug, Clone)]
@@ -30,24 +108,49 @@ pub struct ExecSpec {
     pub argv: Vec<String>,
     /// Longest a turn may run.
     pub timeout: Duration,
+    /// How long a group sent SIGTERM (timeout, shutdown) may take to end before SIGKILL.
+    pub kill_grace: Duration,
     /// Most stdout bytes kept as the result (the truncation marker included).
     pub result_bytes_max: usize,
     /// This node instance, given to the harness as `BATON_INSTANCE_ID`.
     pub instance_id: String,
+    /// How the turn's process starts.
+    pub gate: Gate,
 }
 
-enum Waited {
-    Exited(std::io::Result<std::process::ExitStatus>),
-    TimedOut,
-    Killed,
+/// A turn's process, spawned and held at the gate: it has done nothing yet.
+#[derive(Debug)]
+pub struct Spawned {
+    child: Child,
+    /// The process group id (= the gate's pid, and later the harness's).
+    pgid: i32,
+    started: Instant,
+    stdin: Option<ChildStdin>,
+    stdout: Option<JoinHandle<(Vec<u8>, u64)>>,
+    stderr: Option<JoinHandle<()>>,
 }
 
-/// Runs one turn of the command harness. `kill` is cancelled when the node stops waiting
-/// (shutdown after the grace period): the group is then killed and the turn ends `failed`.
-pub async fn run_command(spec: &ExecSpec, turn: &StartedTurn, kill: &CancellationToken) -> Ending {
+/// Spawns the turn's process at the gate, in its own process group. Fails (as the turn's
+/// ending) when the harness program cannot be found or the process cannot be spawned.
+pub fn spawn(spec: &ExecSpec, turn: &StartedTurn) -> Result<Spawned, Ending> {
     let started = Instant::now();
-    let mut cmd = tokio::process::Command::new(&spec.argv[0]);
-    cmd.args(&spec.argv[1..])
+    let cannot_start = |why: String| Ending {
+        outcome: Outcome::Failed,
+        exit_code: None,
+        duration_ms: Some(elapsed_ms(started)),
+        result: None,
+        reason: Some(format!("cannot start {:?}: {why}", spec.argv.first().map_or("", String::as_str))),
+    };
+    let Some(program) = spec.argv.first() else { return Err(cannot_start("the command is empty".into())) };
+    if find_program(program).is_none() {
+        return Err(cannot_start("no such executable file".into()));
+    }
+    let Some((gate, gate_args)) = spec.gate.argv.split_first() else {
+        return Err(cannot_start("the gate is empty".into()));
+    };
+    let mut cmd = tokio::process::Command::new(gate);
+    cmd.args(gate_args)
+        .args(&spec.argv)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -59,88 +162,196 @@ pub async fn run_command(spec: &ExecSpec, turn: &StartedTurn, kill: &Cancellatio
         .env("BATON_PRODUCER", turn.producer.as_deref().unwrap_or_default())
         .env("BATON_ATTEMPT_ID", &turn.attempt_id)
         .env("BATON_INSTANCE_ID", &spec.instance_id);
-    let mut child = match cmd.spawn() {
-        Ok(child) => child,
-        Err(e) => {
-            return Ending {
-                outcome: Outcome::Failed,
-                exit_code: None,
-                duration_ms: Some(elapsed_ms(started)),
-                result: None,
-                reason: Some(format!("cannot start {:?}: {e}", spec.argv[0])),
-            };
-        }
-    };
-    baton_shared::crash_point("node.exec.during_effect");
+    let mut child = cmd.spawn().map_err(|e| cannot_start(format!("spawning {gate:?} failed: {e}")))?;
     // With process_group(0) the child leads a new group whose id is its pid.
-    let group = child.id().map(|pid| Pid::from_raw(pid as i32));
-    let stdin = child.stdin.take().map(|mut w| {
-        let payload = turn.payload.clone().into_bytes();
-        tokio::spawn(async move {
-            // A harness that does not read its stdin closes the pipe: that is its business.
-            let _ = w.write_all(&payload).await;
-            let _ = w.shutdown().await;
-        })
-    });
-    let mut stdout = child.stdout.take().map(|r| tokio::spawn(read_bounded(r, spec.result_bytes_max)));
-    let mut stderr = child.stderr.take().map(|r| tokio::spawn(log_stderr(r, turn.delivery_id.clone())));
-    let waited = tokio::select! {
-        r = child.wait() => Waited::Exited(r),
-        _ = tokio::time::sleep(spec.timeout) => Waited::TimedOut,
-        _ = kill.cancelled() => Waited::Killed,
+    let Some(pgid) = child.id().and_then(|pid| i32::try_from(pid).ok()) else {
+        return Err(cannot_start("the spawned process has no pid".into()));
     };
-    let (status, killed_for) = match waited {
-        Waited::Exited(r) => (r, None),
-        Waited::TimedOut => (kill_and_reap(group, &mut child).await, Some(REASON_TIMEOUT)),
-        Waited::Killed => (kill_and_reap(group, &mut child).await, Some(REASON_SHUTDOWN)),
-    };
-    let duration_ms = Some(elapsed_ms(started));
-    // The harness is gone; a process it left behind may still hold the pipes open.
-    let deadline = tokio::time::Instant::now() + PIPE_DRAIN_AFTER_EXIT;
-    let pipes_open = !finished_by(&mut stdout, deadline).await || !finished_by(&mut stderr, deadline).await;
-    if pipes_open {
-        tracing::warn!(delivery_id = %turn.delivery_id, "the harness exited but left processes holding its output open; killing its process group");
-        kill_group(group);
-    }
-    let (captured, total) = match stdout {
-        Some(h) => match h.await {
-            Ok(read) => read,
-            Err(e) => {
-                // The reader task cannot fail short of a panic; say so rather than report an
-                // empty result as if the harness had printed nothing.
-                tracing::error!(delivery_id = %turn.delivery_id, "reading the harness's stdout failed: {e}");
-                (Vec::new(), 0)
-            }
-        },
-        None => (Vec::new(), 0),
-    };
-    if let Some(h) = stderr {
-        let _ = h.await;
-    }
-    if let Some(h) = stdin {
-        h.abort();
-    }
-    let result = Some(bounded_result(&captured, total, spec.result_bytes_max));
-    let (outcome, exit_code, reason) = match (killed_for, status) {
-        // A turn the node killed is reported for that reason, whatever its status says.
-        (Some(reason), _) => (Outcome::Failed, None, Some(reason.to_string())),
-        (None, Ok(s)) => match (s.code(), s.signal()) {
-            (Some(0), _) => (Outcome::Succeeded, Some(0), None),
-            (Some(code), _) => (Outcome::Failed, Some(code), Some(format!("exited with status {code}"))),
-            (None, Some(sig)) => (Outcome::Failed, None, Some(format!("killed by signal {}", signal_name(sig)))),
-            (None, None) => (Outcome::Failed, None, Some("ended without a status".into())),
-        },
-        (None, Err(e)) => (Outcome::Failed, None, Some(format!("waiting for the harness failed: {e}"))),
-    };
-    Ending { outcome, exit_code, duration_ms, result, reason }
+    let stdout = child.stdout.take().map(|r| tokio::spawn(read_bounded(r, spec.result_bytes_max)));
+    let stderr = child.stderr.take().map(|r| tokio::spawn(log_stderr(r, turn.delivery_id.clone())));
+    let stdin = child.stdin.take();
+    Ok(Spawned { child, pgid, started, stdin, stdout, stderr })
 }
 
-async fn kill_and_reap(
-    group: Option<Pid>,
-    child: &mut tokio::process::Child,
-) -> std::io::Result<std::process::ExitStatus> {
-    kill_group(group);
-    child.wait().await
+/// `program` as the gate will find it: a path with a slash as it is, else the first match on
+/// `PATH`; only an executable regular file counts.
+fn find_program(program: &str) -> Option<PathBuf> {
+    let executable = |p: &Path| {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if program.contains('/') {
+        let p = PathBuf::from(program);
+        return executable(&p).then_some(p);
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path).map(|dir| dir.join(program)).find(|p| executable(p))
+}
+
+enum Waited {
+    Exited(std::io::Result<std::process::ExitStatus>),
+    TimedOut,
+    Killed,
+}
+
+impl Spawned {
+    /// The process group id.
+    pub fn pgid(&self) -> i32 {
+        self.pgid
+    }
+
+    /// The group's identity, to be stored before `run`.
+    pub fn identity(&self) -> std::io::Result<ProcessIdentity> {
+        ProcessIdentity::of_leader(self.pgid)
+    }
+
+    /// Never releases the gate: the process ends without having become the harness.
+    pub async fn abandon(mut self) {
+        // Only the gate is in the group, and it has not been released: nothing to be gentle with.
+        group::signal_group(self.pgid, Signal::SIGKILL);
+        drop(self.stdin.take());
+        let _ = self.child.wait().await;
+    }
+
+    /// Releases the gate, feeds the payload, and waits for the turn to end. `kill` is cancelled
+    /// when the node stops waiting (shutdown after its grace): the group is then stopped and the
+    /// turn ends `failed`.
+    pub async fn run(mut self, spec: &ExecSpec, turn: &StartedTurn, kill: &CancellationToken) -> Ending {
+        let stdin = self.stdin.take().map(|mut w| {
+            let payload = turn.payload.clone().into_bytes();
+            tokio::spawn(async move {
+                // A harness that does not read its stdin closes the pipe: that is its business.
+                // A failed release means the gate is gone; its exit status says how.
+                if w.write_all(&[GATE_RELEASE]).await.is_ok() {
+                    baton_shared::crash_point("node.exec.during_effect");
+                    let _ = w.write_all(&payload).await;
+                }
+                let _ = w.shutdown().await;
+            })
+        });
+        let waited = tokio::select! {
+            r = self.child.wait() => Waited::Exited(r),
+            _ = tokio::time::sleep(spec.timeout) => Waited::TimedOut,
+            _ = kill.cancelled() => Waited::Killed,
+        };
+        let (status, stopped_for) = match waited {
+            Waited::Exited(r) => (r, None),
+            Waited::TimedOut => {
+                let (status, how) = stop_group(self.pgid, &mut self.child, spec.kill_grace).await;
+                let why = format!("ran past exec_timeout ({})", humantime::format_duration(spec.timeout));
+                (status, Some(format!("{REASON_TIMEOUT}: {why}; {}", how.describe(spec.kill_grace))))
+            }
+            Waited::Killed => {
+                let (status, how) = stop_group(self.pgid, &mut self.child, spec.kill_grace).await;
+                let why = "still running when the node shut down after shutdown_grace";
+                (status, Some(format!("{REASON_SHUTDOWN}: {why}; {}", how.describe(spec.kill_grace))))
+            }
+        };
+        let duration_ms = Some(elapsed_ms(self.started));
+        // The harness is gone; a process it left behind may still hold the pipes open.
+        let deadline = tokio::time::Instant::now() + PIPE_DRAIN_AFTER_EXIT;
+        let pipes_open =
+            !finished_by(&mut self.stdout, deadline).await || !finished_by(&mut self.stderr, deadline).await;
+        if pipes_open {
+            tracing::warn!(delivery_id = %turn.delivery_id, "the harness exited but left processes holding its output open; killing its process group");
+            group::signal_group(self.pgid, Signal::SIGKILL);
+        }
+        let (captured, total) = match self.stdout.take() {
+            Some(h) => match h.await {
+                Ok(read) => read,
+                Err(e) => {
+                    // The reader task cannot fail short of a panic; say so rather than report an
+                    // empty result as if the harness had printed nothing.
+                    tracing::error!(delivery_id = %turn.delivery_id, "reading the harness's stdout failed: {e}");
+                    (Vec::new(), 0)
+                }
+            },
+            None => (Vec::new(), 0),
+        };
+        if let Some(h) = self.stderr.take() {
+            let _ = h.await;
+        }
+        if let Some(h) = stdin {
+            h.abort();
+        }
+        let result = Some(bounded_result(&captured, total, spec.result_bytes_max));
+        let (outcome, exit_code, reason) = match (stopped_for, status) {
+            // A turn the node stopped is reported for that reason, whatever its status says.
+            (Some(reason), _) => (Outcome::Failed, None, Some(reason)),
+            (None, Ok(s)) => match (s.code(), s.signal()) {
+                (Some(0), _) => (Outcome::Succeeded, Some(0), None),
+                (Some(code), _) => (Outcome::Failed, Some(code), Some(format!("exited with status {code}"))),
+                (None, Some(sig)) => (Outcome::Failed, None, Some(format!("killed by signal {}", signal_name(sig)))),
+                (None, None) => (Outcome::Failed, None, Some("ended without a status".into())),
+            },
+            (None, Err(e)) => (Outcome::Failed, None, Some(format!("waiting for the harness failed: {e}"))),
+        };
+        Ending { outcome, exit_code, duration_ms, result, reason }
+    }
+}
+
+/// How a group the node stopped ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    /// Everything in it ended on SIGTERM within the grace.
+    Terminated,
+    /// Something still ran when the grace ended and was sent SIGKILL.
+    Killed,
+}
+
+impl Stop {
+    fn describe(self, grace: Duration) -> String {
+        match self {
+            Stop::Terminated => "its process group ended on SIGTERM".to_string(),
+            Stop::Killed => {
+                format!(
+                    "its process group was killed with SIGKILL after kill_grace ({})",
+                    humantime::format_duration(grace)
+                )
+            }
+        }
+    }
+}
+
+/// Stops the group this node's child leads: SIGTERM to all of it, up to `grace` for all of it to
+/// end, SIGKILL to what is left. Reaps the child.
+async fn stop_group(
+    pgid: i32,
+    child: &mut Child,
+    grace: Duration,
+) -> (std::io::Result<std::process::ExitStatus>, Stop) {
+    group::signal_group(pgid, Signal::SIGTERM);
+    let deadline = tokio::time::Instant::now() + grace;
+    let status = match tokio::time::timeout_at(deadline, child.wait()).await {
+        Ok(status) => status,
+        Err(_) => {
+            group::signal_group(pgid, Signal::SIGKILL);
+            return (child.wait().await, Stop::Killed);
+        }
+    };
+    // The leader ended. The rest of its group got the same SIGTERM and has what is left of the
+    // grace. While any of them lives, the group id cannot be reused, so SIGKILL reaches only them.
+    loop {
+        let left = tokio::task::spawn_blocking(move || group::members(pgid)).await;
+        match left {
+            Ok(Ok(members)) if members.is_empty() => return (status, Stop::Terminated),
+            Ok(Ok(_)) if tokio::time::Instant::now() >= deadline => {
+                group::signal_group(pgid, Signal::SIGKILL);
+                return (status, Stop::Killed);
+            }
+            Ok(Ok(_)) => tokio::time::sleep(GROUP_POLL_PACE).await,
+            Ok(Err(e)) => {
+                tracing::warn!(pgid, "cannot list the harness group ({e}); sending SIGKILL to what may be left");
+                group::signal_group(pgid, Signal::SIGKILL);
+                return (status, Stop::Killed);
+            }
+            Err(e) => {
+                tracing::error!(pgid, "listing the harness group failed: {e}");
+                group::signal_group(pgid, Signal::SIGKILL);
+                return (status, Stop::Killed);
+            }
+        }
+    }
 }
 
 /// Runs one turn of the no-op harness: succeeds at once with an empty result.
@@ -165,14 +376,6 @@ async fn finished_by<T>(handle: &mut Option<JoinHandle<T>>, deadline: tokio::tim
         })
         .await
         .is_ok(),
-    }
-}
-
-fn kill_group(group: Option<Pid>) {
-    let Some(pgid) = group else { return };
-    match killpg(pgid, Signal::SIGKILL) {
-        Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
-        Err(e) => tracing::error!(pgid = pgid.as_raw(), "killing the harness process group failed: {e}"),
     }
 }
 
@@ -299,8 +502,21 @@ mod tests {
         ExecSpec {
             argv: vec!["sh".into(), "-c".into(), script.into()],
             timeout,
+            kill_grace: Duration::from_secs(20),
             result_bytes_max: max,
             instance_id: "inst-1".into(),
+            gate: Gate::shell(),
+        }
+    }
+
+    /// Spawns at the gate and runs, as the scheduler does minus the stored process record.
+    async fn run_command(spec: &ExecSpec, turn: &StartedTurn, kill: &CancellationToken) -> Ending {
+        match spawn(spec, turn) {
+            Ok(spawned) => {
+                assert_eq!(spawned.identity().unwrap().pgid, spawned.pgid());
+                spawned.run(spec, turn, kill).await
+            }
+            Err(ending) => ending,
         }
     }
 
@@ -338,15 +554,16 @@ mod tests {
 
     #[tokio::test]
     async fn missing_program_fails_without_panicking() {
-        let s = ExecSpec {
-            argv: vec!["/nonexistent/harness".into()],
-            timeout: Duration::from_secs(5),
-            result_bytes_max: 10,
-            instance_id: "inst-1".into(),
-        };
-        let e = run_command(&s, &turn("{}"), &CancellationToken::new()).await;
-        assert_eq!(e.outcome, Outcome::Failed);
-        assert!(e.reason.unwrap().contains("cannot start"));
+        let dir = tempfile::tempdir().unwrap();
+        let not_executable = dir.path().join("harness.txt");
+        std::fs::write(&not_executable, "echo hi\n").unwrap();
+        let not_executable = not_executable.display().to_string();
+        for program in ["/nonexistent/harness", "no-such-harness-on-path", not_executable.as_str()] {
+            let s = ExecSpec { argv: vec![program.into()], ..spec("", Duration::from_secs(5), 10) };
+            let e = run_command(&s, &turn("{}"), &CancellationToken::new()).await;
+            assert_eq!(e.outcome, Outcome::Failed);
+            assert!(e.reason.as_deref().is_some_and(|r| r.contains("cannot start")), "{program}: {e:?}");
+        }
     }
 
     #[tokio::test]
@@ -372,7 +589,10 @@ mod tests {
         let e = tokio::time::timeout(EVENT_WAIT, run_command(&s, &turn("{}"), &CancellationToken::new()))
             .await
             .expect("a timed-out turn ends");
-        assert_eq!((e.outcome, e.reason.as_deref(), e.exit_code), (Outcome::Failed, Some(REASON_TIMEOUT), None));
+        assert_eq!((e.outcome, e.exit_code), (Outcome::Failed, None));
+        let reason = e.reason.unwrap();
+        assert!(reason.starts_with(&format!("{REASON_TIMEOUT}: ran past exec_timeout")), "{reason}");
+        assert!(reason.ends_with("ended on SIGTERM"), "{reason}");
         let pid: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
         assert!(gone(pid).await, "grandchild {pid} outlived the timeout");
     }
@@ -386,7 +606,8 @@ mod tests {
             k.cancel();
         });
         let e = run_command(&spec("sleep 300", Duration::from_secs(60), 100), &turn("{}"), &kill).await;
-        assert_eq!((e.outcome, e.reason.as_deref()), (Outcome::Failed, Some(REASON_SHUTDOWN)));
+        assert_eq!(e.outcome, Outcome::Failed);
+        assert!(e.reason.as_deref().is_some_and(|r| r.starts_with(REASON_SHUTDOWN)), "{e:?}");
     }
 
     #[tokio::test]
@@ -394,6 +615,47 @@ mod tests {
         let e = run("sleep 300 & echo done").await;
         assert_eq!(e.outcome, Outcome::Succeeded);
         assert_eq!(e.result.as_deref(), Some("done\n"));
+    }
+
+    /// A harness that ignores SIGTERM: the timeout sends SIGTERM first (it records it and keeps
+    /// going, which shows SIGKILL did not come with it), and SIGKILL only after `kill_grace`.
+    #[tokio::test]
+    async fn timeout_sends_sigterm_first_and_sigkill_after_the_grace() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("signals");
+        let script = format!(
+            "trap 'echo TERM >> {log}' TERM; echo start >> {log}; while :; do echo tick >> {log}; sleep 0.05; done",
+            log = log.display()
+        );
+        let s = ExecSpec { kill_grace: Duration::from_millis(500), ..spec(&script, Duration::from_millis(300), 100) };
+        let e = tokio::time::timeout(EVENT_WAIT, run_command(&s, &turn("{}"), &CancellationToken::new()))
+            .await
+            .expect("a timed-out turn ends");
+        let reason = e.reason.unwrap();
+        assert!(reason.starts_with(REASON_TIMEOUT), "{reason}");
+        assert!(reason.ends_with("killed with SIGKILL after kill_grace (500ms)"), "{reason}");
+        let lines: Vec<String> = std::fs::read_to_string(&log).unwrap().lines().map(String::from).collect();
+        let term = lines.iter().position(|l| l == "TERM").expect("the harness got SIGTERM");
+        assert!(lines[term..].iter().any(|l| l == "tick"), "it still ran after SIGTERM: {lines:?}");
+    }
+
+    /// The gate holds the harness until it is released: nothing the harness does happens before
+    /// `run`, and an abandoned gate never becomes the harness.
+    #[tokio::test]
+    async fn nothing_runs_before_the_release_and_an_abandoned_gate_never_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let ran = dir.path().join("ran");
+        let s = spec(&format!("touch {}; cat", ran.display()), Duration::from_secs(20), 100);
+        let spawned = spawn(&s, &turn("{}")).unwrap();
+        let id = spawned.identity().unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!ran.exists(), "the harness ran before it was released");
+        spawned.abandon().await;
+        assert_eq!(group::left_of(&id).unwrap(), group::Left::Gone);
+        assert!(!ran.exists(), "an abandoned gate became the harness");
+        let e = run_command(&s, &turn(r#"{"after":"release"}"#), &CancellationToken::new()).await;
+        assert_eq!(e.result.as_deref(), Some(r#"{"after":"release"}"#), "the payload follows the release byte");
+        assert!(ran.exists());
     }
 
     /// Whether `pid` is gone (or a zombie awaiting its reaper) within `EVENT_WAIT`.

@@ -8,15 +8,19 @@
 //! - `config`: every key declared once (doc, type, default, range); file < `BATON_NODE_<KEY>` <
 //!   flag, stacked and validated into `NodeConfig`.
 //! - `limits`: every bound, named once.
-//! - `store`: the node store (instance id, mirror, execution queue, attempt markers, outbox),
-//!   one file per noun.
+//! - `store`: the node store (instance id, mirror, execution queue, attempt markers and process
+//!   groups, outbox, retention), one file per noun.
 //! - `client`: the hub API (`Hub` trait) and its mTLS implementation `HubClient`.
 //! - `shared_state`: `Shared`, what the claim loop, the scheduler and the outbox share
 //!   (hub, store, config, clock, wake-ups, shutdown).
 //! - `agent`: the claim loop, holdings resync, mirrored/ack handoff, startup recovery.
 //! - `sched`: per-conversation ordering and the parallel limit; shutdown grace.
-//! - `exec`: runs one turn in its own process group; timeout, output bounds.
+//! - `exec`: runs one turn in its own process group, held at a gate until the group is stored;
+//!   timeout (SIGTERM, then SIGKILL after `kill_grace`), output bounds; the `turn-gate` itself.
+//! - `group`: a harness's process group: its identity (group id, start time, boot id), the
+//!   same-process check, and stopping what a crashed node left behind.
 //! - `report`: the report outbox sender.
+//! - `retention`: removes what the hub settled more than `local_retention` ago.
 //! - `backoff`: bounded exponential backoff with jitter.
 //! - `status`: `baton-node status`, read-only.
 //! - `output`: stdout writes that end quietly when the reader has gone (a broken pipe).
@@ -31,9 +35,11 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod exec;
+pub mod group;
 pub mod limits;
 pub mod output;
 pub mod report;
+mod retention;
 pub mod sched;
 mod shared_state;
 pub mod status;
@@ -47,11 +53,16 @@ use std::path::Path;
 
 /// Runs a node until `shutdown` completes: opens (or creates) the store in `data_dir`, takes
 /// the data directory's lock, and runs the loop against the hub at `config.hub_url`. Stored
-/// timestamps are read from `clock`.
+/// timestamps are read from `clock`. Each arrival on `hangups` (SIGHUP) re-reads the CA,
+/// certificate and key files for the requests that follow; a reload that fails is logged and
+/// the node goes on with what it had.
+///
+/// Ends with `agent::Finished` when the hub refused this node for good.
 pub async fn run(
     config: NodeConfig,
     clock: SharedClock,
     shutdown: impl Future<Output = ()> + Send + 'static,
+    mut hangups: tokio::signal::unix::Signal,
 ) -> anyhow::Result<()> {
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("creating data_dir {}", config.data_dir.display()))?;
@@ -71,7 +82,25 @@ pub async fn run(
         );
     }
     let hub = client::HubClient::new(&config, instance_id.clone())?;
-    agent::run_agent(config, store, hub, instance_id, clock, shutdown).await
+    let reloader = hub.clone();
+    let reloads = tokio::spawn(async move {
+        while hangups.recv().await.is_some() {
+            let hub = reloader.clone();
+            match tokio::task::spawn_blocking(move || hub.reload()).await {
+                Ok(Ok(generation)) => tracing::info!(
+                    generation,
+                    "SIGHUP: read ca_file, cert_file and key_file again; the next requests present that certificate"
+                ),
+                Ok(Err(e)) => {
+                    tracing::error!("SIGHUP: cannot reload the certificate ({e}); still using the one before")
+                }
+                Err(e) => tracing::error!("SIGHUP: the reload failed ({e}); still using the certificate before"),
+            }
+        }
+    });
+    let ran = agent::run_agent(config, store, hub, instance_id, clock, exec::Gate::this_binary(), shutdown).await;
+    reloads.abort();
+    ran
 }
 
 /// Holds an exclusive lock on `data_dir/node.lock` for as long as the returned file lives, so

@@ -39,6 +39,24 @@ pub const SHUTDOWN_GRACE_DEFAULT: Duration = Duration::from_secs(10);
 /// Allowed range of `shutdown_grace`.
 pub const SHUTDOWN_GRACE_RANGE: (Duration, Duration) = (Duration::ZERO, Duration::from_secs(3600));
 
+/// Default for `kill_grace`: how long a harness group sent SIGTERM (timeout, shutdown, or what a
+/// crashed node left behind) may take to end before it gets SIGKILL.
+pub const KILL_GRACE_DEFAULT: Duration = Duration::from_secs(10);
+/// Allowed range of `kill_grace` (zero sends SIGKILL right after SIGTERM).
+pub const KILL_GRACE_RANGE: (Duration, Duration) = (Duration::ZERO, Duration::from_secs(10 * 60));
+
+/// Default for `local_retention`: how long the node keeps the rows of a turn whose report the hub
+/// confirmed (or of a delivery the hub took back before it ran).
+pub const LOCAL_RETENTION_DEFAULT: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Allowed range of `local_retention`: an hour to a year (365.25 days, which `--help` shows as
+/// `1year`).
+pub const LOCAL_RETENTION_RANGE: (Duration, Duration) = (Duration::from_secs(3600), Duration::from_secs(31_557_600));
+/// How often the node removes rows older than `local_retention` (also once at every start).
+pub const RETENTION_SWEEP_PACE: Duration = Duration::from_secs(10 * 60);
+/// Most deliveries removed in one store transaction, so a large sweep never holds the store
+/// for long; the sweep takes batches until none is left.
+pub const RETENTION_BATCH_MAX: u32 = 500;
+
 /// Default for `backoff_max`: the longest pause between retries when the hub is unreachable.
 pub const BACKOFF_MAX_DEFAULT: Duration = Duration::from_secs(30);
 /// Allowed range of `backoff_max`.
@@ -55,6 +73,14 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long, after the harness exits, its stdout/stderr may stay open (held by a process it
 /// left behind) before the node kills its process group to stop waiting.
 pub const PIPE_DRAIN_AFTER_EXIT: Duration = Duration::from_secs(2);
+/// How often a harness process group being stopped (SIGTERM sent, `kill_grace` running) is
+/// looked at again: often enough that a group that ends is noticed at once, rarely enough that
+/// reading `/proc` costs nothing.
+pub const GROUP_POLL_PACE: Duration = Duration::from_millis(50);
+/// How long, after SIGKILL to what a crashed node left behind, the next start waits for the
+/// kernel to take the group down before it goes on (a process in uninterruptible sleep dies
+/// only when its I/O returns; it has no effects left either way).
+pub const KILLED_GROUP_WAIT: Duration = Duration::from_secs(5);
 /// Most bytes of one attempt's stderr copied to the node's log; the rest is drained and counted.
 pub const STDERR_LOG_BYTES_MAX: usize = 64 * 1024;
 

@@ -2,7 +2,7 @@
 //! hub confirms it. A report's id is its attempt id, so a retry is counted once by the hub.
 //!
 //! Transient failures (no answer, 5xx, 429, 401) are retried with backoff, forever: nothing is
-//! lost. A final refusal (409 `report_conflict` or `stale_claim`, or another 4xx) is logged and
+//! lost. A revoked certificate stops the node (`Shared::finish`); the report stays stored. A final refusal (409 `report_conflict` or `stale_claim`, or another 4xx) is logged and
 //! the entry marked dead: never retried forever, never silently dropped (`status` lists it).
 
 use crate::backoff::Backoff;
@@ -77,6 +77,13 @@ pub(crate) async fn send_pending<H: Hub>(sh: &Shared<H>) -> Result<Pass, StoreEr
                 );
                 let now_ms = sh.now_ms();
                 sh.store.call(move |db| db.report_confirmed(&report_id, now_ms)).await?;
+            }
+            Err(e) if let Some(why) = e.refused_for_good() => {
+                // Kept, not dead: a node started again with a renewed certificate sends it.
+                sh.finish(why);
+                let (detail, now_ms) = (e.to_string(), sh.now_ms());
+                sh.store.call(move |db| db.report_tried(&report_id, &detail, now_ms)).await?;
+                return Ok(Pass::HubDown);
             }
             Err(e) if e.is_transient() => {
                 tracing::warn!(delivery_id = %entry.delivery_id, report_id, "report not delivered yet: {e}");

@@ -1,13 +1,21 @@
 //! The scheduler: starts queued turns whose gate is open, one at a time per conversation in
 //! sequence order, and at most `parallel_conversations` at once; at shutdown it gives running
-//! turns `shutdown_grace` and then kills them.
+//! turns `shutdown_grace` and then stops them (SIGTERM, SIGKILL after `kill_grace`).
+//!
+//! Starting a command turn: the process is spawned and held at the gate (`exec::spawn`), then
+//! the start marker is written together with its process group (`Db::begin_attempt`, one
+//! transaction), and only then is it released (`exec::Spawned::run`). A crash before the marker
+//! leaves no marker and a gate that reads end-of-file and exits: the harness never ran, and the
+//! turn runs after the restart. A crash after it leaves a start marker without an end marker: the
+//! next start stops what is left of the recorded group and reports the attempt `unknown`.
 
 use crate::client::Hub;
 use crate::config::Harness;
-use crate::exec::{ExecSpec, run_command, run_noop};
+use crate::exec::{ExecSpec, Spawned, run_noop};
 use crate::shared_state::Shared;
-use crate::store::{QueuedTurn, StartedTurn};
+use crate::store::{Ending, QueuedTurn, StartedTurn, StoreError};
 use baton_shared::crash_point;
+use baton_shared::states::Outcome;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use tokio::task::JoinSet;
@@ -43,14 +51,17 @@ pub(crate) async fn scheduler<H: Hub>(sh: Arc<Shared<H>>) -> anyhow::Result<()> 
     while !sh.shutdown.is_cancelled() {
         let queued = sh.store.call(|db| db.queued_turns()).await?;
         for t in pick(&queued, &running, limit.saturating_sub(running.len())) {
-            let (id, now_ms) = (t.delivery_id.clone(), sh.now_ms());
-            let Some(turn) = sh.store.call(move |db| db.start_attempt(&id, now_ms)).await? else {
+            let id = t.delivery_id.clone();
+            let Some(turn) = sh.store.call(move |db| db.next_attempt(&id)).await? else {
+                continue;
+            };
+            let Some(start) = start(&sh, &turn).await? else {
                 continue;
             };
             crash_point("node.exec.after_start_marker");
             running.insert(turn.conversation.clone());
             let conversation = turn.conversation.clone();
-            let handle = tasks.spawn(execute(Arc::clone(&sh), turn, kill.clone()));
+            let handle = tasks.spawn(execute(Arc::clone(&sh), turn, start, kill.clone()));
             by_task.insert(handle.id(), conversation);
         }
         tokio::select! {
@@ -81,7 +92,8 @@ pub(crate) async fn scheduler<H: Hub>(sh: Arc<Shared<H>>) -> anyhow::Result<()> 
         let drained = tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} }).await;
         if drained.is_err() {
             tracing::warn!(
-                "killing {} turn(s) still running after shutdown_grace; they are reported failed (shutdown)",
+                "stopping {} turn(s) still running after shutdown_grace (SIGTERM, then SIGKILL after kill_grace); \
+                 they are reported failed (shutdown)",
                 tasks.len()
             );
             kill.cancel();
@@ -91,23 +103,77 @@ pub(crate) async fn scheduler<H: Hub>(sh: Arc<Shared<H>>) -> anyhow::Result<()> 
     Ok(())
 }
 
+/// A turn whose start marker is written, and what runs it.
+enum Start {
+    /// The in-process no-op harness.
+    Noop,
+    /// The command's process, held at the gate; its group is stored with the start marker.
+    Command(Spawned),
+    /// The command could not be started; this is how the attempt ends.
+    Failed(Ending),
+}
+
+/// Writes `turn`'s start marker; for a command, spawns its process at the gate first and stores
+/// its process group in the same transaction. `None` when the turn cannot start after all
+/// (nothing was written, and a spawned process is let go without running anything).
+async fn start<H: Hub>(sh: &Shared<H>, turn: &StartedTurn) -> Result<Option<Start>, StoreError> {
+    let (start, process) = match sh.config.harness {
+        Harness::Noop => (Start::Noop, None),
+        Harness::Command => match crate::exec::spawn(&spec(sh), turn) {
+            Err(ending) => (Start::Failed(ending), None),
+            Ok(spawned) => {
+                crash_point("node.exec.after_spawn");
+                match spawned.identity() {
+                    Ok(process) => (Start::Command(spawned), Some(process)),
+                    Err(e) => {
+                        // Never released: the harness does not run, and nothing of it is left.
+                        tracing::error!(delivery_id = %turn.delivery_id, pgid = spawned.pgid(), "not running the turn: cannot read its process group from /proc: {e}");
+                        spawned.abandon().await;
+                        let ending = Ending {
+                            outcome: Outcome::Failed,
+                            exit_code: None,
+                            duration_ms: None,
+                            result: None,
+                            reason: Some(format!("not started: cannot read its process group from /proc: {e}")),
+                        };
+                        (Start::Failed(ending), None)
+                    }
+                }
+            }
+        },
+    };
+    let (t, now_ms) = (turn.clone(), sh.now_ms());
+    let begun = sh.store.call(move |db| db.begin_attempt(&t, process.as_ref(), now_ms)).await?;
+    if begun {
+        return Ok(Some(start));
+    }
+    if let Start::Command(spawned) = start {
+        spawned.abandon().await;
+    }
+    Ok(None)
+}
+
+fn spec<H>(sh: &Shared<H>) -> ExecSpec {
+    ExecSpec {
+        argv: sh.config.command.clone(),
+        timeout: sh.config.exec_timeout,
+        kill_grace: sh.config.kill_grace,
+        result_bytes_max: sh.config.result_bytes_max,
+        instance_id: sh.instance_id.clone(),
+        gate: sh.gate.clone(),
+    }
+}
+
 /// Runs one started turn and writes its end marker (which queues its report).
-async fn execute<H: Hub>(sh: Arc<Shared<H>>, turn: StartedTurn, kill: CancellationToken) {
+async fn execute<H: Hub>(sh: Arc<Shared<H>>, turn: StartedTurn, start: Start, kill: CancellationToken) {
     tracing::info!(delivery_id = %turn.delivery_id, attempt_id = %turn.attempt_id, conversation = %turn.conversation, seq = turn.seq, "running turn");
-    let ending = match sh.config.harness {
-        Harness::Noop => {
+    let ending = match start {
+        Start::Noop => {
             crash_point("node.exec.during_effect");
             run_noop()
         }
-        Harness::Command => {
-            let spec = ExecSpec {
-                argv: sh.config.command.clone(),
-                timeout: sh.config.exec_timeout,
-                result_bytes_max: sh.config.result_bytes_max,
-                instance_id: sh.instance_id.clone(),
-            };
-            run_command(&spec, &turn, &kill).await
-        }
+        Start::Command(spawned) => spawned.run(&spec(&sh), &turn, &kill).await,
+        Start::Failed(ending) => ending,
     };
     tracing::info!(
         delivery_id = %turn.delivery_id, attempt_id = %turn.attempt_id, outcome = %ending.outcome,

@@ -6,13 +6,23 @@ use std::path::Path;
 
 /// Reads the store in `data_dir` read-only and renders its summary as text or JSON.
 pub fn status(data_dir: &Path, json: bool) -> Result<String, StoreError> {
-    let db = Db::open_read_only(&crate::config::db_path(data_dir))?;
+    let path = crate::config::db_path(data_dir);
+    let db = Db::open_read_only(&path)?;
     let s = db.summary()?;
-    Ok(if json { render_json(&s) } else { render_text(&s) })
+    let wal_bytes = wal_bytes(&path);
+    Ok(if json { render_json(&s, wal_bytes) } else { render_text(&s, wal_bytes) })
+}
+
+/// The size of the store's write-ahead log file (0 when there is none): disk the store holds
+/// until the next checkpoint.
+fn wal_bytes(db_path: &Path) -> u64 {
+    let mut wal = db_path.as_os_str().to_owned();
+    wal.push("-wal");
+    std::fs::metadata(wal).map_or(0, |m| m.len())
 }
 
 /// The summary as one JSON object (stable field names; scripts read them).
-pub fn render_json(s: &Summary) -> String {
+pub fn render_json(s: &Summary, wal_bytes: u64) -> String {
     let open: Vec<_> = s
         .open
         .iter()
@@ -27,6 +37,11 @@ pub fn render_json(s: &Summary) -> String {
     let counts: serde_json::Map<String, serde_json::Value> =
         s.counts.iter().map(|(st, n)| (st.as_str().to_string(), serde_json::Value::from(*n))).collect();
     let in_state = |state: LocalState| s.open.iter().filter(|o| o.state == state).count();
+    let rows: serde_json::Map<String, serde_json::Value> =
+        s.size.rows.iter().map(|(t, n)| (t.to_string(), serde_json::Value::from(*n))).collect();
+    let store = serde_json::json!({
+        "rows": rows, "bytes": s.size.bytes, "free_bytes": s.size.free_bytes, "wal_bytes": wal_bytes,
+    });
     let v = serde_json::json!({
         "instance_id": s.instance_id,
         "counts": counts,
@@ -36,12 +51,13 @@ pub fn render_json(s: &Summary) -> String {
         "awaiting_report": s.awaiting_report,
         "dead_reports": dead,
         "open": open,
+        "store": store,
     });
     v.to_string()
 }
 
 /// The summary for a human.
-pub fn render_text(s: &Summary) -> String {
+pub fn render_text(s: &Summary, wal_bytes: u64) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "instance id:      {}", s.instance_id.as_deref().unwrap_or("(none yet)"));
     let counts: Vec<String> = s.counts.iter().map(|(st, n)| format!("{} {n}", st.as_str())).collect();
@@ -49,6 +65,10 @@ pub fn render_text(s: &Summary) -> String {
     let _ = writeln!(out, "running:          {}", s.running.len());
     let _ = writeln!(out, "awaiting report:  {}", s.awaiting_report.len());
     let _ = writeln!(out, "dead reports:     {}", s.dead_reports.len());
+    let rows: Vec<String> = s.size.rows.iter().map(|(t, n)| format!("{t} {n}")).collect();
+    let _ = writeln!(out, "store rows:       {}", rows.join(", "));
+    let _ =
+        writeln!(out, "store bytes:      {} ({} free), write-ahead log {wal_bytes}", s.size.bytes, s.size.free_bytes);
     for o in &s.open {
         let run = if s.running.contains(&o.delivery_id) { " (running)" } else { "" };
         let _ = writeln!(out, "  {}  {} #{}  {}{run}", o.delivery_id, o.conversation, o.seq, o.state.as_str());
@@ -78,6 +98,13 @@ mod tests {
         assert_eq!(v["mirrored"], 1);
         assert_eq!(v["running"][0], "d2");
         assert_eq!(v["counts"]["acked"], 1);
+        assert_eq!(
+            v["store"]["rows"],
+            serde_json::json!({"deliveries": 2, "executions": 2, "attempts": 1, "outbox": 0})
+        );
+        assert!(v["store"]["bytes"].as_i64().is_some_and(|b| b > 0), "{v}");
+        assert!(text.contains("store rows:       deliveries 2, executions 2, attempts 1, outbox 0"), "{text}");
+        assert!(text.contains("store bytes:      "), "{text}");
     }
 
     #[test]

@@ -4,27 +4,31 @@
 //!
 //! Layout: this file opens the store (`Db`) and shares it (`Store`); the operations live with
 //! their noun: `deliveries` (the mirror and its execution gate), `attempts` (the execution queue
-//! and the start and end markers), `outbox` (reports until the hub confirms them), `summary`
-//! (what `baton-node status` shows).
+//! and the start and end markers), `outbox` (reports until the hub confirms them), `retention`
+//! (removing what the hub settled long ago), `summary` (what `baton-node status` shows).
 //!
 //! Invariant: one `Connection`, behind one `Mutex`, used only inside `spawn_blocking`
 //! (`Store::call`); no lock is ever held across an `.await`.
 //! Invariant: every state change is one `BEGIN IMMEDIATE` transaction guarded on the expected
 //! current state, and the affected row count is checked.
-//! Invariant (execution gate): `Db::start_attempt` only starts an execution whose delivery is
+//! Invariant (execution gate): `Db::begin_attempt` only starts an execution whose delivery is
 //! `acked`, i.e. the hub confirmed `delivered`.
+//! Invariant: an attempt's harness is released only after `Db::begin_attempt` committed its
+//! start marker with its process group, so every attempt that may have had effects names the
+//! group to stop.
 //! Invariant: a stored value that does not parse (a state, a payload, a report body) is a
 //! `StoreError::Corrupt` naming its row, never a default.
 
 mod attempts;
 mod deliveries;
 mod outbox;
+mod retention;
 mod summary;
 
-pub use attempts::{Ending, ExecState, QueuedTurn, StartedTurn};
+pub use attempts::{Ending, ExecState, Interrupted, QueuedTurn, StartedTurn};
 pub use deliveries::{LocalDelivery, LocalState, Mirrored};
 pub use outbox::{OutboxEntry, ReportState};
-pub use summary::{DeadReport, OpenDelivery, Summary};
+pub use summary::{DeadReport, OpenDelivery, StoreSize, Summary};
 
 use baton_shared::sqlite::{OpenError, OpenOptions, Synchronous};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
@@ -35,6 +39,8 @@ use std::sync::{Arc, Mutex};
 pub const MIGRATIONS: &[&str] = &[
     include_str!("../../schema/node/0001-create-node-store.sql"),
     include_str!("../../schema/node/0002-delivery-producer.sql"),
+    include_str!("../../schema/node/0003-attempt-process-group.sql"),
+    include_str!("../../schema/node/0004-settled-deliveries-index.sql"),
 ];
 
 /// The reason recorded for an attempt found started but not ended at startup.

@@ -15,6 +15,10 @@ pub const USAGE: u8 = 2;
 pub const REFUSED: u8 = 3;
 /// Any other failure: I/O, the network, a store write that failed, a refused credential.
 pub const FAILURE: u8 = 4;
+/// Refused for good: the hub revoked this node's certificate (or retired its host), so
+/// running it again as it is cannot help. `baton-node` stops with it instead of retrying
+/// forever; a supervisor should not restart it (systemd: `RestartPreventExitStatus=5`).
+pub const REVOKED: u8 = 5;
 
 /// The text both binaries print under "Exit status" in `--help`.
 pub const HELP: &str = "\
@@ -23,7 +27,8 @@ Exit status:
   1  nothing to do, or not found
   2  usage error, invalid input or invalid configuration
   3  store refused (damaged, newer than this binary, not initialised, or not readable)
-  4  any other failure";
+  4  any other failure
+  5  refused for good: the hub revoked this node's certificate or retired its host";
 
 #[cfg(test)]
 mod tests {
@@ -31,7 +36,7 @@ mod tests {
 
     #[test]
     fn statuses_are_distinct_and_documented() {
-        let all = [OK, NOTHING, USAGE, REFUSED, FAILURE];
+        let all = [OK, NOTHING, USAGE, REFUSED, FAILURE, REVOKED];
         for (i, a) in all.iter().enumerate() {
             assert!(HELP.contains(&format!("  {a}  ")), "status {a} is not in HELP");
             for b in &all[i + 1..] {

@@ -20,7 +20,8 @@
 //! - `conversation_fairness`: a deep backlog in one conversation does not starve another.
 //! - `conversations_cli`: the operator's membership and publish-scope commands, and posts
 //!   without `to` running on exactly the members.
-//! - `node_*`, `power_loss`: the node agent and durability under power loss (see each module).
+//! - `node_*`, `power_loss`: the node agent and durability under power loss (see each module);
+//!   `node_turns`: orphaned harnesses, SIGTERM before SIGKILL, revocation, renewal, store size.
 
 // A test binary exports nothing, so `pub` in its private modules only means "shared between
 // modules"; spelling every item `pub(crate)` would add noise, not safety.
@@ -45,4 +46,5 @@ mod node_exec;
 mod node_flow;
 mod node_harness;
 mod node_outage;
+mod node_turns;
 mod power_loss;

@@ -33,6 +33,8 @@ struct HubState {
     lose_claim_answers: usize,
     /// Every call fails as if the hub were unreachable.
     down: bool,
+    /// Every call is refused with 401 certificate_revoked.
+    revoked: bool,
     /// Call log: "claim", "holdings", "mirrored d1", "ack d1", "report d1".
     calls: Vec<String>,
     /// When each claim arrived.
@@ -48,6 +50,10 @@ struct FakeHub(Arc<Mutex<HubState>>);
 
 fn refused(code: ErrorCode) -> HubError {
     HubError::Refused { status: code.status(), code: code.as_str().into(), message: "fake".into() }
+}
+
+fn revoked() -> HubError {
+    HubError::Refused { status: 401, code: "certificate_revoked".into(), message: "certificate 0a was revoked".into() }
 }
 
 fn down() -> HubError {
@@ -69,6 +75,9 @@ impl FakeHub {
     ) -> Result<TransitionResponse, HubError> {
         self.with(|s| {
             s.calls.push(format!("{what} {id}"));
+            if s.revoked {
+                return Err(revoked());
+            }
             if s.down {
                 return Err(down());
             }
@@ -106,6 +115,9 @@ impl Hub for FakeHub {
                 let queued = conn.query_row("SELECT count(*) FROM executions WHERE state = 'queued'", [], |r| r.get(0));
                 s.queued_at_claim.push(queued.unwrap());
             }
+            if s.revoked {
+                return Err(revoked());
+            }
             if s.down {
                 return Err(down());
             }
@@ -134,6 +146,9 @@ impl Hub for FakeHub {
     async fn holdings(&self) -> Result<Vec<ClaimedDelivery>, HubError> {
         self.with(|s| {
             s.calls.push("holdings".into());
+            if s.revoked {
+                return Err(revoked());
+            }
             if s.down {
                 return Err(down());
             }
@@ -161,6 +176,9 @@ impl Hub for FakeHub {
     async fn report(&self, body: &ReportRequest) -> Result<ReportResponse, HubError> {
         self.with(|s| {
             s.calls.push(format!("report {}", body.delivery_id));
+            if s.revoked {
+                return Err(revoked());
+            }
             if s.down {
                 return Err(down());
             }
@@ -211,6 +229,8 @@ fn config(dir: &Path, script: &str) -> NodeConfig {
         queue_ahead_batches: 4,
         result_bytes_max: 4096,
         shutdown_grace: Duration::from_secs(5),
+        kill_grace: Duration::from_secs(5),
+        local_retention: Duration::from_secs(24 * 3600),
         backoff_max: Duration::from_millis(200),
         log_format: LogFormat::Text,
         harness: Harness::Command,
@@ -248,8 +268,9 @@ fn start_with_clock(config: NodeConfig, hub: &FakeHub, clock: SharedClock) -> Ru
     let stop = CancellationToken::new();
     let s = stop.clone();
     let hub = hub.clone();
-    let task =
-        tokio::spawn(async move { run_agent(config, store, hub, instance_id, clock, s.cancelled_owned()).await });
+    let task = tokio::spawn(async move {
+        run_agent(config, store, hub, instance_id, clock, crate::exec::Gate::shell(), s.cancelled_owned()).await
+    });
     Running { stop, task }
 }
 
@@ -319,6 +340,37 @@ async fn stored_timestamps_come_from_the_injected_clock() {
     }
 }
 
+/// Local retention on the injected clock: a turn the hub confirmed is removed once it is older
+/// than `local_retention` (the sweep runs at every start), a younger one is kept.
+#[tokio::test]
+async fn turns_the_hub_confirmed_are_removed_after_local_retention() {
+    const T0_MS: i64 = 1_700_000_000_000;
+    const HOUR_MS: i64 = 3_600_000;
+    let dir = tempfile::tempdir().unwrap();
+    let hub = FakeHub::default();
+    let clock = baton_shared::clock::ManualClock::new(T0_MS);
+    let cfg = config(dir.path(), "cat");
+    assert_eq!(cfg.local_retention, Duration::from_secs(24 * 3600));
+    hub.with(|s| s.queue.push_back(delivery("old", "a", 1)));
+    let node = start_with_clock(cfg.clone(), &hub, Arc::new(clock.clone()));
+    wait_until("old reported", || hub.with(|s| s.reports.len() == 1)).await;
+    clock.set_ms(T0_MS + 2 * HOUR_MS);
+    hub.with(|s| s.queue.push_back(delivery("young", "b", 1)));
+    wait_until("young reported", || hub.with(|s| s.reports.len() == 2)).await;
+    node.stop().await;
+    let held = |id: &str| open_db(dir.path()).local(id).unwrap().is_some();
+    assert!(held("old") && held("young"), "nothing is due while the node runs at T0 + 2h");
+
+    // A day and an hour after the first turn: the first is due, the second (2 h) is not.
+    clock.set_ms(T0_MS + 25 * HOUR_MS);
+    let node = start_with_clock(cfg, &hub, Arc::new(clock.clone()));
+    wait_until("the old turn is removed", || !held("old")).await;
+    node.stop().await;
+    assert!(held("young"), "a turn confirmed less than local_retention ago stays");
+    let size = open_db(dir.path()).size().unwrap();
+    assert_eq!(size.rows, vec![("deliveries", 1), ("executions", 1), ("attempts", 1), ("outbox", 1)]);
+}
+
 #[tokio::test]
 async fn a_refused_ack_drops_the_copy_and_never_runs_it() {
     let dir = tempfile::tempdir().unwrap();
@@ -365,11 +417,57 @@ async fn an_interrupted_attempt_is_reported_unknown_and_never_rerun() {
     let hub = FakeHub::default();
     hub.with(|s| s.held.insert("u1".into(), (d.clone(), DeliveryState::Delivered)));
     let node = start(config(dir.path(), &recording(dir.path())), &hub);
-    wait_until("u1 reported", || hub.with(|s| s.reports.len() == 1)).await;
+    // A holdings list taken before the report landed makes the node send it again under the
+    // same report id (counted once by the hub), so wait for the first, not for exactly one.
+    wait_until("u1 reported", || hub.with(|s| !s.reports.is_empty())).await;
     node.stop().await;
     hub.with(|s| {
+        assert!(s.reports.iter().all(|r| r.report_id == s.reports[0].report_id), "one report id");
         assert_eq!(s.reports[0].outcome, Outcome::Unknown);
-        assert_eq!(s.reports[0].reason.as_deref(), Some(crate::store::REASON_RESTARTED));
+        let reason = s.reports[0].reason.as_deref().unwrap_or_default();
+        assert_eq!(reason, format!("{}; no harness process was recorded for it", crate::store::REASON_RESTARTED));
+    });
+    assert!(lines(&dir.path().join("ran")).is_empty(), "never run again");
+}
+
+/// A harness a crashed node left running (recorded with its attempt) is stopped at the next start
+/// before the attempt is reported `unknown`: SIGTERM first (it records it), SIGKILL after the
+/// grace since it ignores SIGTERM, and the report says so.
+#[tokio::test]
+async fn an_orphaned_harness_is_stopped_before_its_attempt_is_reported_unknown() {
+    use std::os::unix::process::CommandExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let signals = dir.path().join("signals");
+    let script =
+        format!("trap 'echo TERM >> {0}' TERM; echo ready >> {0}; while :; do sleep 0.05; done", signals.display());
+    let mut orphan = std::process::Command::new("sh").args(["-c", &script]).process_group(0).spawn().unwrap();
+    wait_until("the orphan is ready", || std::fs::read_to_string(&signals).unwrap_or_default().contains("ready")).await;
+    let d = delivery("o1", "o", 1);
+    {
+        let mut db = open_db(dir.path());
+        db.mirror(&d, true, 1).unwrap();
+        let turn = db.next_attempt("o1").unwrap().unwrap();
+        let process = crate::group::ProcessIdentity::of_leader(orphan.id() as i32).unwrap();
+        assert!(db.begin_attempt(&turn, Some(&process), 2).unwrap());
+    }
+    let hub = FakeHub::default();
+    hub.with(|s| s.held.insert("o1".into(), (d.clone(), DeliveryState::Delivered)));
+    let mut cfg = config(dir.path(), &recording(dir.path()));
+    cfg.kill_grace = Duration::from_millis(300);
+    let node = start(cfg, &hub);
+    // A holdings list taken before the report landed makes the node send it again under the
+    // same report id; the hub counts that once, so any number of copies is one report.
+    wait_until("o1 reported", || hub.with(|s| !s.reports.is_empty())).await;
+    node.stop().await;
+    use std::os::unix::process::ExitStatusExt as _;
+    assert_eq!(orphan.wait().unwrap().signal(), Some(nix::sys::signal::Signal::SIGKILL as i32));
+    assert!(std::fs::read_to_string(&signals).unwrap().contains("TERM"), "SIGTERM came first");
+    hub.with(|s| {
+        assert!(s.reports.iter().all(|r| r.report_id == s.reports[0].report_id), "one report id");
+        assert_eq!(s.reports[0].outcome, Outcome::Unknown);
+        let reason = s.reports[0].reason.as_deref().unwrap_or_default();
+        assert!(reason.starts_with(crate::store::REASON_RESTARTED), "{reason}");
+        assert!(reason.contains("killed with SIGKILL after kill_grace (300ms)"), "{reason}");
     });
     assert!(lines(&dir.path().join("ran")).is_empty(), "never run again");
 }
@@ -437,8 +535,45 @@ async fn shutdown_kills_turns_past_the_grace_and_reports_them() {
     node.stop().await;
     hub.with(|s| {
         assert_eq!(s.reports.len(), 1, "the shutdown report is flushed before exit");
-        assert_eq!((s.reports[0].outcome, s.reports[0].reason.as_deref()), (Outcome::Failed, Some("shutdown")));
+        assert_eq!(s.reports[0].outcome, Outcome::Failed);
+        let reason = s.reports[0].reason.as_deref().unwrap_or_default();
+        assert!(reason.starts_with("shutdown: still running"), "{reason}");
     });
+}
+
+/// The hub revokes the node's certificate while a turn runs: the node stops claiming at the
+/// first refusal, lets the running turn end, keeps its report (refused too) for a later start,
+/// and ends with `Finished` (exit status 5) on its own.
+#[tokio::test]
+async fn a_revoked_certificate_stops_the_node_for_good_and_keeps_the_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let (started, go) = (dir.path().join("started"), dir.path().join("go"));
+    let script =
+        format!("touch {}; while [ ! -f {} ]; do sleep 0.05; done; echo done", started.display(), go.display());
+    let hub = FakeHub::default();
+    hub.with(|s| s.queue.push_back(delivery("v1", "v", 1)));
+    let mut cfg = config(dir.path(), &script);
+    cfg.shutdown_grace = Duration::from_secs(60);
+    let node = start(cfg, &hub);
+    wait_until("the turn started", || started.exists()).await;
+    let revoked_at = hub.with(|s| {
+        s.revoked = true;
+        s.calls.len()
+    });
+    wait_until("the node is refused", || hub.with(|s| s.calls.len() > revoked_at)).await;
+    std::fs::write(&go, "").unwrap();
+    let ended = tokio::time::timeout(EVENT_WAIT, node.task).await.expect("the node stops on its own").unwrap();
+    let err = ended.expect_err("a revoked node ends with an error");
+    assert!(err.downcast_ref::<Finished>().is_some(), "{err:#}");
+    assert_eq!(crate::cli::exit_code(&err), baton_shared::exit::REVOKED);
+    hub.with(|s| {
+        let claims = s.calls[revoked_at..].iter().filter(|c| *c == "claim").count();
+        assert!(claims <= 1, "claims stop at the first refusal: {:?}", &s.calls[revoked_at..]);
+        assert!(s.reports.is_empty());
+    });
+    let local = open_db(dir.path()).local("v1").unwrap().unwrap();
+    assert_eq!(local.exec, ExecState::Ended, "the running turn ended within shutdown_grace");
+    assert!(matches!(local.report, Some((_, crate::store::ReportState::Pending))), "kept for later: {local:?}");
 }
 
 #[tokio::test]
@@ -525,7 +660,8 @@ async fn instance_conflict_backs_off_and_touches_nothing() {
     let s = stop.clone();
     let h = hub.clone();
     let task = tokio::spawn(async move {
-        run_agent(cfg, store, h, "inst-2".into(), baton_shared::clock::system(), s.cancelled_owned()).await
+        let gate = crate::exec::Gate::shell();
+        run_agent(cfg, store, h, "inst-2".into(), baton_shared::clock::system(), gate, s.cancelled_owned()).await
     });
     wait_until("four refused claims", || hub.0.lock().unwrap().len() >= 4).await;
     stop.cancel();

@@ -38,6 +38,8 @@ fn defaults_fill_the_optional_keys() {
     assert_eq!(c.result_bytes_max, 65536);
     assert_eq!(c.shutdown_grace, Duration::from_secs(10));
     assert_eq!(c.backoff_max, Duration::from_secs(30));
+    assert_eq!(c.kill_grace, Duration::from_secs(10));
+    assert_eq!(c.local_retention, Duration::from_secs(7 * 24 * 3600));
     assert_eq!(c.log_format, LogFormat::Text);
     assert_eq!(c.harness, Harness::Command);
 }
@@ -58,6 +60,8 @@ fn out_of_range_values_name_the_field_and_range() {
     check_refused("exec_timeout = \"25h\"\n", &["exec_timeout", "out of the allowed range"]);
     check_refused("claim_wait = \"6m\"\n", &["claim_wait", "0s..=5m"]);
     check_refused("claim_wait = \"soon\"\n", &["claim_wait", "not a duration"]);
+    check_refused("kill_grace = \"11m\"\n", &["kill_grace", "0s..=10m"]);
+    check_refused("local_retention = \"59m\"\n", &["local_retention", "1h..=1year"]);
     check_refused("log_format = \"xml\"\n", &["log_format", "\"text\""]);
     check_refused("harness = \"magic\"\n", &["harness", "\"noop\""]);
     check_refused("parallel_conversations = \"4\"\n", &["parallel_conversations", "expected a whole number"]);

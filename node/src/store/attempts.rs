@@ -2,9 +2,11 @@
 //! each end marker (with its queued report) after it ends, so a turn is never run twice.
 
 use super::{Db, REASON_RESTARTED, StoreError};
+use crate::group::ProcessIdentity;
 use baton_shared::states::Outcome;
 use baton_shared::wire::ReportRequest;
 use rusqlite::{OptionalExtension, TransactionBehavior, named_params};
+use std::collections::HashMap;
 
 /// Where a delivery's execution is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,6 +77,17 @@ pub struct StartedTurn {
     pub producer: Option<String>,
 }
 
+/// An attempt found started and not ended at startup: the node stopped while it ran.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Interrupted {
+    /// The attempt's id.
+    pub attempt_id: String,
+    /// Its delivery.
+    pub delivery_id: String,
+    /// Its harness's process group, when one was recorded (none: it never ran a process).
+    pub process: Option<ProcessIdentity>,
+}
+
 /// How an attempt ended, to be written as its end marker.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ending {
@@ -122,30 +135,20 @@ impl Db {
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
-    /// Writes the durable start marker of a new attempt, if the execution is queued and its
-    /// gate is open. Returns `None` (and writes nothing) otherwise.
-    pub fn start_attempt(&mut self, delivery_id: &str, now_ms: i64) -> Result<Option<StartedTurn>, StoreError> {
-        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let n = tx.execute(
-            "UPDATE executions SET state = 'started'
-             WHERE delivery_id = ?1 AND state = 'queued'
-               AND EXISTS (SELECT 1 FROM deliveries d WHERE d.delivery_id = ?1 AND d.state = 'acked')",
-            [delivery_id],
-        )?;
-        if n == 0 {
-            return Ok(None);
-        }
-        let attempt_id = uuid::Uuid::now_v7().to_string();
-        tx.execute(
-            "INSERT INTO attempts(attempt_id, delivery_id, started_at_ms) VALUES (?1, ?2, ?3)",
-            (&attempt_id, delivery_id, now_ms),
-        )?;
-        let turn = tx.query_row(
-            "SELECT message_id, conversation, seq, payload, producer FROM deliveries WHERE delivery_id = ?1",
-            [delivery_id],
-            |r| {
+    /// What a new attempt of this delivery needs to start (with a fresh attempt id), if its
+    /// execution is queued and its gate open; writes nothing. The turn starts only when
+    /// `begin_attempt` then writes its start marker.
+    pub fn next_attempt(&self, delivery_id: &str) -> Result<Option<StartedTurn>, StoreError> {
+        let turn = self
+            .conn
+            .prepare_cached(
+                "SELECT d.message_id, d.conversation, d.seq, d.payload, d.producer FROM deliveries d
+                 JOIN executions e ON e.delivery_id = d.delivery_id
+                 WHERE d.delivery_id = ?1 AND d.state = 'acked' AND e.state = 'queued'",
+            )?
+            .query_row([delivery_id], |r| {
                 Ok(StartedTurn {
-                    attempt_id: attempt_id.clone(),
+                    attempt_id: uuid::Uuid::now_v7().to_string(),
                     delivery_id: delivery_id.to_string(),
                     message_id: r.get(0)?,
                     conversation: r.get(1)?,
@@ -153,14 +156,65 @@ impl Db {
                     payload: r.get(3)?,
                     producer: r.get(4)?,
                 })
-            },
-        )?;
+            })
+            .optional()?;
         // Checked again on the way out (it was checked on the way in): the harness gets JSON.
-        if let Err(e) = serde_json::from_str::<serde_json::Value>(&turn.payload) {
+        if let Some(t) = &turn
+            && let Err(e) = serde_json::from_str::<serde_json::Value>(&t.payload)
+        {
             return Err(StoreError::corrupt(format!("delivery {delivery_id}"), format!("payload is not JSON ({e})")));
         }
+        Ok(turn)
+    }
+
+    /// Writes the durable start marker of `turn` (from `next_attempt`), together with its
+    /// harness's process group when it has one, if the execution is still queued, its gate open
+    /// and its delivery what `turn` was read from. Returns whether it was written; when it was
+    /// not, nothing was.
+    pub fn begin_attempt(
+        &mut self,
+        turn: &StartedTurn,
+        process: Option<&ProcessIdentity>,
+        now_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let n = tx.execute(
+            "UPDATE executions SET state = 'started'
+             WHERE delivery_id = :id AND state = 'queued'
+               AND EXISTS (SELECT 1 FROM deliveries d WHERE d.delivery_id = :id AND d.state = 'acked'
+                             AND d.message_id = :message AND d.payload = :payload)",
+            named_params! { ":id": turn.delivery_id, ":message": turn.message_id, ":payload": turn.payload },
+        )?;
+        if n == 0 {
+            return Ok(false);
+        }
+        let start_ticks = match process {
+            None => None,
+            Some(p) => Some(i64::try_from(p.start_ticks).map_err(|_| {
+                StoreError::Conflict(format!(
+                    "attempt {}: start time {} is out of range",
+                    turn.attempt_id, p.start_ticks
+                ))
+            })?),
+        };
+        tx.execute(
+            "INSERT INTO attempts(attempt_id, delivery_id, started_at_ms, pgid, proc_start_ticks, boot_id)
+             VALUES (:attempt, :id, :now, :pgid, :start, :boot)",
+            named_params! {
+                ":attempt": turn.attempt_id, ":id": turn.delivery_id, ":now": now_ms,
+                ":pgid": process.map(|p| p.pgid), ":start": start_ticks, ":boot": process.map(|p| p.boot_id.as_str()),
+            },
+        )?;
         tx.commit()?;
-        Ok(Some(turn))
+        Ok(true)
+    }
+
+    /// `next_attempt` and `begin_attempt` without a process (the no-op harness): the start
+    /// marker of a new attempt, if the execution is queued and its gate open. Returns `None`
+    /// (and writes nothing) otherwise.
+    pub fn start_attempt(&mut self, delivery_id: &str, now_ms: i64) -> Result<Option<StartedTurn>, StoreError> {
+        let Some(turn) = self.next_attempt(delivery_id)? else { return Ok(None) };
+        Ok(self.begin_attempt(&turn, None, now_ms)?.then_some(turn))
     }
 
     /// Writes the durable end marker of an attempt and queues its report, in one transaction.
@@ -171,22 +225,66 @@ impl Db {
         Ok(())
     }
 
+    /// The attempts with a start marker and no end marker, with their process groups.
+    pub fn interrupted_attempts(&self) -> Result<Vec<Interrupted>, StoreError> {
+        let mut st = self.conn.prepare(
+            "SELECT attempt_id, delivery_id, pgid, proc_start_ticks, boot_id FROM attempts
+             WHERE ended_at_ms IS NULL ORDER BY attempt_id",
+        )?;
+        let rows = st.query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, Option<i32>>(2)?,
+                r.get::<_, Option<i64>>(3)?,
+                r.get::<_, Option<String>>(4)?,
+            ))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (attempt_id, delivery_id, pgid, start, boot_id) = row?;
+            let process = match (pgid, start, boot_id) {
+                (None, None, None) => None,
+                (Some(pgid), Some(start), Some(boot_id)) if pgid > 0 && start >= 0 && !boot_id.is_empty() => {
+                    Some(ProcessIdentity { pgid, start_ticks: start.unsigned_abs(), boot_id })
+                }
+                other => {
+                    return Err(StoreError::corrupt(
+                        format!("attempt {attempt_id}"),
+                        format!("process group, start time and boot id are not all set or all unset: {other:?}"),
+                    ));
+                }
+            };
+            out.push(Interrupted { attempt_id, delivery_id, process });
+        }
+        Ok(out)
+    }
+
     /// Startup recovery: every attempt with a start marker and no end marker was interrupted
-    /// by a crash. It is ended as `unknown` and reported, never run again. Returns their ids.
-    pub fn recover_interrupted_attempts(&mut self, now_ms: i64) -> Result<Vec<String>, StoreError> {
+    /// by a crash. It is ended as `unknown` and reported, never run again; `notes` adds, per
+    /// attempt id, what became of its process group. Returns their ids.
+    pub fn recover_interrupted_attempts(
+        &mut self,
+        notes: &HashMap<String, String>,
+        now_ms: i64,
+    ) -> Result<Vec<String>, StoreError> {
         let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let ids: Vec<String> = {
             let mut st = tx.prepare("SELECT attempt_id FROM attempts WHERE ended_at_ms IS NULL ORDER BY attempt_id")?;
             st.query_map([], |r| r.get(0))?.collect::<Result<_, _>>()?
         };
-        let ending = Ending {
-            outcome: Outcome::Unknown,
-            exit_code: None,
-            duration_ms: None,
-            result: None,
-            reason: Some(REASON_RESTARTED.to_string()),
-        };
         for id in &ids {
+            let reason = match notes.get(id) {
+                Some(note) => format!("{REASON_RESTARTED}; {note}"),
+                None => REASON_RESTARTED.to_string(),
+            };
+            let ending = Ending {
+                outcome: Outcome::Unknown,
+                exit_code: None,
+                duration_ms: None,
+                result: None,
+                reason: Some(reason),
+            };
             end_attempt_in(&tx, id, &ending, now_ms)?;
         }
         tx.commit()?;

@@ -27,6 +27,17 @@ pub struct DeadReport {
     pub reason: String,
 }
 
+/// How big the store is: what `local_retention` keeps bounded.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoreSize {
+    /// `(table, rows)` for every table that grows with the turns run, in a fixed order.
+    pub rows: Vec<(&'static str, i64)>,
+    /// The database's size (page count × page size, including what the WAL adds).
+    pub bytes: i64,
+    /// Of `bytes`, the free pages that new rows reuse before the file grows.
+    pub free_bytes: i64,
+}
+
 /// Counts and lists for `baton-node status`.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Summary {
@@ -42,9 +53,28 @@ pub struct Summary {
     pub dead_reports: Vec<DeadReport>,
     /// `(local state, count)` for every delivery state present, alphabetically by name.
     pub counts: Vec<(LocalState, i64)>,
+    /// How big the store is.
+    pub size: StoreSize,
 }
 
+/// The tables that grow with the turns run (`meta` holds a row or two), as `size` counts them.
+const GROWING_TABLES: [&str; 4] = ["deliveries", "executions", "attempts", "outbox"];
+
 impl Db {
+    /// How big the store is: rows per table and bytes.
+    pub fn size(&self) -> Result<StoreSize, StoreError> {
+        let mut rows = Vec::with_capacity(GROWING_TABLES.len());
+        for table in GROWING_TABLES {
+            let n: i64 = self.conn.query_row(&format!("SELECT count(*) FROM {table}"), [], |r| r.get(0))?;
+            rows.push((table, n));
+        }
+        let pragma = |name: &str| -> Result<i64, StoreError> {
+            Ok(self.conn.query_row(&format!("PRAGMA {name}"), [], |r| r.get(0))?)
+        };
+        let page = pragma("page_size")?;
+        Ok(StoreSize { rows, bytes: pragma("page_count")? * page, free_bytes: pragma("freelist_count")? * page })
+    }
+
     /// Counts and lists of what the node holds, for `status`. A stored state that does not
     /// parse, or a dead report without its reason, is an error naming the row.
     pub fn summary(&self) -> Result<Summary, StoreError> {
@@ -88,6 +118,7 @@ impl Db {
             counts.push((LocalState::parse(&example, &state)?, n));
         }
         Ok(Summary {
+            size: self.size()?,
             instance_id,
             open,
             running: strings("SELECT delivery_id FROM attempts WHERE ended_at_ms IS NULL ORDER BY started_at_ms")?,

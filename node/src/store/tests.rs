@@ -137,8 +137,9 @@ fn interrupted_attempt_becomes_unknown_and_is_never_restarted() {
     let turn = db.start_attempt("d1", 11).unwrap().unwrap();
     drop(db);
     let mut db = Db::open(&dir.path().join("node.db"), Synchronous::Full).unwrap();
-    assert_eq!(db.recover_interrupted_attempts(20).unwrap(), vec![turn.attempt_id.clone()]);
-    assert!(db.recover_interrupted_attempts(21).unwrap().is_empty());
+    let none = std::collections::HashMap::new();
+    assert_eq!(db.recover_interrupted_attempts(&none, 20).unwrap(), vec![turn.attempt_id.clone()]);
+    assert!(db.recover_interrupted_attempts(&none, 21).unwrap().is_empty());
     assert_eq!(db.start_attempt("d1", 22).unwrap(), None);
     let r = &db.pending_reports(10).unwrap()[0].body;
     assert_eq!(r.outcome, Outcome::Unknown);
@@ -247,4 +248,145 @@ fn a_dead_report_without_its_reason_is_an_error_naming_the_row() {
     check_corrupt(db.summary(), &[&format!("outbox {}", turn.attempt_id), "without a reason"]);
     corrupt(&db, "UPDATE outbox SET dead_at_ms = NULL, dead_reason = NULL, body = 'not json'");
     check_corrupt(db.pending_reports(10), &[&format!("outbox {}", turn.attempt_id), "not a report"]);
+}
+
+fn process(pgid: i32) -> crate::group::ProcessIdentity {
+    crate::group::ProcessIdentity { pgid, start_ticks: 123_456, boot_id: "boot-1".into() }
+}
+
+/// The start marker and the process group are one write: read back with the interrupted
+/// attempt, and never written for a turn that is not startable (any more).
+#[test]
+fn the_process_group_is_written_with_the_start_marker_and_read_back_when_interrupted() {
+    let (_dir, mut db) = open_temp();
+    db.mirror(&delivery("d1", "c", 1), true, 10).unwrap();
+    db.mirror(&delivery("d2", "c2", 1), true, 10).unwrap();
+    db.mirror(&delivery("d3", "c3", 1), false, 10).unwrap();
+    let t1 = db.next_attempt("d1").unwrap().unwrap();
+    assert_eq!(db.next_attempt("d3").unwrap(), None, "not acked: nothing to start");
+    assert_eq!(count(&db, "SELECT count(*) FROM attempts"), 0, "next_attempt writes nothing");
+    assert!(db.begin_attempt(&t1, Some(&process(4242)), 11).unwrap());
+    assert!(!db.begin_attempt(&t1, Some(&process(4243)), 12).unwrap(), "a started execution never starts twice");
+    let t2 = db.start_attempt("d2", 11).unwrap().unwrap();
+    let mut got = db.interrupted_attempts().unwrap();
+    got.sort_by(|a, b| a.delivery_id.cmp(&b.delivery_id));
+    let expected = vec![
+        Interrupted { attempt_id: t1.attempt_id.clone(), delivery_id: "d1".into(), process: Some(process(4242)) },
+        Interrupted { attempt_id: t2.attempt_id.clone(), delivery_id: "d2".into(), process: None },
+    ];
+    assert_eq!(got, expected);
+    let notes = std::collections::HashMap::from([(t1.attempt_id.clone(), "its group had ended".to_string())]);
+    assert_eq!(db.recover_interrupted_attempts(&notes, 20).unwrap().len(), 2);
+    assert!(db.interrupted_attempts().unwrap().is_empty());
+    let reasons: Vec<(String, Option<String>)> =
+        db.pending_reports(10).unwrap().into_iter().map(|e| (e.delivery_id, e.body.reason)).collect();
+    assert!(reasons.contains(&("d1".into(), Some(format!("{REASON_RESTARTED}; its group had ended")))), "{reasons:?}");
+    assert!(reasons.contains(&("d2".into(), Some(REASON_RESTARTED.into()))), "{reasons:?}");
+}
+
+/// A turn read for starting whose delivery changed before its start marker (a new claim
+/// replaced it) does not start from the stale read.
+#[test]
+fn a_stale_read_does_not_start() {
+    let (_dir, mut db) = open_temp();
+    db.mirror(&delivery("d1", "c", 1), true, 10).unwrap();
+    let mut stale = db.next_attempt("d1").unwrap().unwrap();
+    stale.payload = r#"{"turn":"other"}"#.into();
+    assert!(!db.begin_attempt(&stale, None, 11).unwrap());
+    assert_eq!(count(&db, "SELECT count(*) FROM attempts"), 0);
+    assert_eq!(db.local("d1").unwrap().unwrap().exec, ExecState::Queued);
+}
+
+#[test]
+fn a_half_recorded_process_group_is_an_error_naming_the_attempt() {
+    let (_dir, mut db) = open_temp();
+    db.mirror(&delivery("d1", "c", 1), true, 10).unwrap();
+    let t = db.start_attempt("d1", 11).unwrap().unwrap();
+    db.conn().execute("UPDATE attempts SET pgid = 77", []).unwrap();
+    check_corrupt(db.interrupted_attempts(), &[&format!("attempt {}", t.attempt_id), "not all set"]);
+}
+
+/// A store written before attempts recorded their process group, with a turn running, opens
+/// under the current schema: the rows stay and the running attempt is interrupted without a
+/// recorded process.
+#[test]
+fn a_store_from_before_process_groups_upgrades_with_its_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("node.db");
+    {
+        let opts = baton_shared::sqlite::OpenOptions::default();
+        // 0001 and 0002: the schema before the process-group columns (0003).
+        let conn = baton_shared::sqlite::open(&path, &MIGRATIONS[..2], opts).unwrap();
+        let mut db = Db { conn };
+        db.instance_id().unwrap();
+        db.mirror(&delivery("d1", "c", 1), true, 10).unwrap();
+        // The start marker as the code of that schema wrote it.
+        db.conn()
+            .execute_batch(
+                "UPDATE executions SET state = 'started' WHERE delivery_id = 'd1';
+                 INSERT INTO attempts(attempt_id, delivery_id, started_at_ms) VALUES ('a1', 'd1', 11);",
+            )
+            .unwrap();
+    }
+    let db = Db::open(&path, Synchronous::Full).unwrap();
+    let p = baton_shared::sqlite::pragmas(db.conn()).unwrap();
+    assert!(p.contains(&("user_version", MIGRATIONS.len().to_string())), "{p:?}");
+    let got = db.interrupted_attempts().unwrap();
+    assert_eq!((got.len(), got[0].delivery_id.as_str(), got[0].process.as_ref()), (1, "d1", None));
+}
+
+/// Runs `id` to an end marker at `at`, as the scheduler would.
+fn run_to_end(db: &mut Db, id: &str, conversation: &str, at: i64) -> String {
+    db.mirror(&delivery(id, conversation, 1), true, at).unwrap();
+    let turn = db.start_attempt(id, at).unwrap().unwrap();
+    let ending =
+        Ending { outcome: Outcome::Succeeded, exit_code: Some(0), duration_ms: Some(1), result: None, reason: None };
+    db.end_attempt(&turn.attempt_id, &ending, at).unwrap();
+    turn.attempt_id
+}
+
+fn rows_of(db: &Db, id: &str) -> i64 {
+    ["deliveries", "executions", "attempts", "outbox"]
+        .iter()
+        .map(|t| count(db, &format!("SELECT count(*) FROM {t} WHERE delivery_id = '{id}'")))
+        .sum()
+}
+
+/// Only what the hub settled before the cutoff goes: confirmed turns and dropped deliveries.
+/// Waiting, running, unreported, reopened and dead-report deliveries stay, whatever their age.
+#[test]
+fn retention_removes_only_what_the_hub_settled_before_the_cutoff() {
+    let (_dir, mut db) = open_temp();
+    let old = run_to_end(&mut db, "confirmed-old", "a", 100);
+    db.report_confirmed(&old, 100).unwrap();
+    let new = run_to_end(&mut db, "confirmed-new", "b", 300);
+    db.report_confirmed(&new, 300).unwrap();
+    let dead = run_to_end(&mut db, "dead-old", "c", 100);
+    db.report_dead(&dead, "stale_claim", 100).unwrap();
+    run_to_end(&mut db, "unreported-old", "d", 100);
+    let reopened = run_to_end(&mut db, "reopened-old", "e", 100);
+    db.report_confirmed(&reopened, 100).unwrap();
+    assert!(db.reopen_report(&reopened).unwrap());
+    db.mirror(&delivery("running-old", "f", 1), true, 100).unwrap();
+    db.start_attempt("running-old", 100).unwrap().unwrap();
+    db.mirror(&delivery("dropped-old", "g", 1), false, 100).unwrap();
+    db.drop_delivery("dropped-old", "requeued", 100).unwrap();
+    db.mirror(&delivery("waiting-old", "h", 1), false, 100).unwrap();
+    let before = db.size().unwrap();
+
+    assert_eq!(db.remove_settled(200, 1).unwrap(), 1, "a batch holds at most its limit");
+    assert_eq!(db.remove_settled(200, 500).unwrap(), 1, "the rest of what is due");
+    assert_eq!(db.remove_settled(200, 500).unwrap(), 0, "nothing more is due");
+    for gone in ["confirmed-old", "dropped-old"] {
+        assert_eq!(rows_of(&db, gone), 0, "{gone}");
+        assert_eq!(db.local(gone).unwrap(), None, "{gone}");
+    }
+    for kept in ["confirmed-new", "dead-old", "unreported-old", "reopened-old", "running-old", "waiting-old"] {
+        assert!(rows_of(&db, kept) > 0, "{kept} must stay");
+    }
+    let after = db.size().unwrap();
+    let n = |s: &StoreSize, t: &str| s.rows.iter().find(|(name, _)| *name == t).unwrap().1;
+    assert_eq!((n(&before, "deliveries"), n(&after, "deliveries")), (8, 6));
+    assert_eq!((n(&before, "outbox"), n(&after, "outbox")), (5, 4));
+    assert_eq!(db.summary().unwrap().dead_reports.len(), 1, "a dead report stays for the operator");
 }

@@ -31,6 +31,7 @@ pub const CRASH_POINTS: &[&str] = &[
     "node.mirror.after_commit",
     "node.mirrored.after_response",
     "node.ack.after_response",
+    "node.exec.after_spawn",
     "node.exec.after_start_marker",
     "node.exec.during_effect",
     "node.exec.after_end_marker",
