@@ -68,7 +68,7 @@ async fn read_to_close(conn: &mut TlsStream<TcpStream>, limit: Duration) -> Opti
     closed.ok().map(|()| String::from_utf8_lossy(&seen).into_owned())
 }
 
-/// Issue 13: a client that finishes the handshake and then trickles its headers is cut off
+/// A client that finishes the handshake and then trickles its headers is cut off
 /// within the header timeout, however long it keeps trickling.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slowloris_client_is_cut_off_within_the_header_timeout() {
@@ -145,7 +145,7 @@ async fn an_idle_connection_is_closed() {
     assert!(read_to_close(&mut conn, OUTLAST).await.is_some(), "an idle connection stayed open for {OUTLAST:?}");
 }
 
-/// Issue 13: 1,000 idle connections from one certificate do not stop a second certificate's
+/// 1,000 idle connections from one certificate do not stop a second certificate's
 /// requests; the connections refused past `limits.connections_per_cert_max` are summed up in
 /// the log once per interval, not one line each.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -210,7 +210,7 @@ async fn revoking_a_certificate_closes_its_open_connections() {
     }
 }
 
-/// Issue 13: a producer's long-poll read that began before its certificate was revoked answers
+/// A producer's long-poll read that began before its certificate was revoked answers
 /// 401, not the outcomes written after the revocation.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_waiting_when_its_certificate_is_revoked_answers_401() {
@@ -229,7 +229,7 @@ async fn a_read_waiting_when_its_certificate_is_revoked_answers_401() {
     assert!(!r.text.contains("after the revocation"), "{}", r.text);
 }
 
-/// Issue 13: `init` in a pre-existing 0755 directory leaves it 0700 and the keys and database
+/// `init` in a pre-existing 0755 directory leaves it 0700 and the keys and database
 /// 0600 (SQLite's side files follow the database); a directory loosened afterwards stops
 /// `serve`, naming the path and the fix.
 #[test]
@@ -260,7 +260,7 @@ fn files_are_private_and_a_loose_directory_is_refused() {
     assert!(err.contains(&format!("{} is mode 0755", data.display())) && err.contains("chmod 700"), "{err}");
 }
 
-/// Issue 13: axum's own refusals come out as `{code, message}` with a stable code, and no
+/// axum's own refusals come out as `{code, message}` with a stable code, and no
 /// message names a Rust type.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_refusal_is_in_our_shape() {

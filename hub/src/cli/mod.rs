@@ -245,7 +245,7 @@ mod tests {
         assert!(!e.message.contains("damaged"), "{kind:?}: {}", e.message);
     }
 
-    /// Issue 13: a database this user may not read is "permission denied", not "damaged" and
+    /// A database this user may not read is "permission denied", not "damaged" and
     /// not "not initialised".
     #[test]
     fn open_failures_are_told_apart() {
