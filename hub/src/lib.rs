@@ -27,10 +27,3 @@ pub mod wake;
 
 /// The offline invariant check, at the path tools outside the hub (the fault checker) use.
 pub use store::verify;
-
-/// Wall-clock milliseconds since the Unix epoch, the unit of every stored timestamp. The hub
-/// itself reads time through an injected `Clock` (`baton_shared::clock`); this is for tools
-/// outside it that call the store functions directly (the benchmark's prefill).
-pub fn now_ms() -> i64 {
-    baton_shared::clock::system_now_ms()
-}

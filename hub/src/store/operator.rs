@@ -8,9 +8,6 @@ use super::{Actor, StoreError, StoreResult, state_column};
 use baton_shared::states::DeliveryState::{self, *};
 use rusqlite::{Connection, OptionalExtension, named_params};
 
-/// Enrolling a host, re-exported where callers outside the hub (the benchmark's prefill) find it.
-pub use super::hosts::add_host;
-
 fn ids_where(conn: &Connection, sql: &str, arg: &str) -> StoreResult<Vec<(String, DeliveryState)>> {
     let rows = conn
         .prepare_cached(sql)?

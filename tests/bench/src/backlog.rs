@@ -95,19 +95,41 @@ pub fn run(
 
 /// Accepts and fans out messages `from..to` for the backlog host.
 fn prefill(conn: &Connection, from: usize, to: usize) -> anyhow::Result<()> {
+    accept_range(conn, from..to, "bench", HOST, |n| {
+        (format!("backlog-{}", n % PREFILL_CONVERSATIONS), format!("backlog-{n}-{}", uuid::Uuid::new_v4().simple()))
+    })?;
+    let queued: i64 =
+        conn.query_row("SELECT count(*) FROM deliveries WHERE host = ?1 AND state = 'queued'", [HOST], |r| r.get(0))?;
+    if queued as usize != to {
+        bail!("the backlog holds {queued} queued deliveries, expected {to}");
+    }
+    Ok(())
+}
+
+/// Accepts and fans out one message per `n` in `range` from `producer` to `host` through the hub's own store
+/// functions, `PREFILL_TXN_MESSAGES` to a transaction; `name(n)` gives its conversation and
+/// idempotency key. The benchmark's backlog and fairness steps both fill their queues with it.
+pub(crate) fn accept_range(
+    conn: &Connection,
+    range: std::ops::Range<usize>,
+    producer: &str,
+    host: &str,
+    name: impl Fn(usize) -> (String, String),
+) -> anyhow::Result<()> {
     let limits = AcceptLimits { queued_per_host_max: u64::MAX };
-    let mut i = from;
-    while i < to {
-        let end = (i + PREFILL_TXN_MESSAGES).min(to);
+    let mut i = range.start;
+    while i < range.end {
+        let end = (i + PREFILL_TXN_MESSAGES).min(range.end);
         in_write_txn(conn, |c| {
-            let now = baton_hub::now_ms();
+            let now = baton_shared::clock::system_now_ms();
             for n in i..end {
+                let (conversation, idempotency_key) = name(n);
                 let msg = NewMessage {
-                    producer: "bench".into(),
-                    conversation: format!("backlog-{}", n % PREFILL_CONVERSATIONS),
-                    idempotency_key: format!("backlog-{n}-{}", uuid::Uuid::new_v4().simple()),
+                    producer: producer.into(),
+                    conversation,
+                    idempotency_key,
                     payload: format!("{{\"i\":{n}}}"),
-                    to: vec![HOST.into()],
+                    to: vec![host.into()],
                 };
                 let Accepted::New { message_id, .. } = accept::accept(c, &msg, limits, now)? else {
                     return Err(store::StoreError::Invalid("a fresh key was taken as a duplicate".into()));
@@ -117,11 +139,6 @@ fn prefill(conn: &Connection, from: usize, to: usize) -> anyhow::Result<()> {
             Ok(())
         })?;
         i = end;
-    }
-    let queued: i64 =
-        conn.query_row("SELECT count(*) FROM deliveries WHERE host = ?1 AND state = 'queued'", [HOST], |r| r.get(0))?;
-    if queued as usize != to {
-        bail!("the backlog holds {queued} queued deliveries, expected {to}");
     }
     Ok(())
 }
@@ -133,7 +150,7 @@ fn claim_in_process(conn: &Connection, claims: usize) -> anyhow::Result<Summary>
         let mut ms = Vec::with_capacity(claims);
         for k in 0..WARMUP_CLAIMS + claims {
             let started = Instant::now();
-            let got = claim::claim(conn, HOST, INSTANCE, 1, baton_hub::now_ms())?;
+            let got = claim::claim(conn, HOST, INSTANCE, 1, baton_shared::clock::system_now_ms())?;
             let elapsed = started.elapsed().as_secs_f64() * 1000.0;
             if got.len() != 1 {
                 bail!("an in-process claim returned {} deliveries, expected 1", got.len());

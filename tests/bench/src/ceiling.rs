@@ -10,7 +10,7 @@ use anyhow::Context;
 use baton_hub::store::accept::{self, AcceptLimits, Accepted, NewMessage};
 use baton_hub::store::report::{self, NewReport};
 use baton_hub::store::transition::Holder;
-use baton_hub::store::{self, claim, in_write_txn, operator};
+use baton_hub::store::{self, claim, hosts, in_write_txn};
 use baton_shared::sqlite::{self, OpenOptions, Synchronous};
 use baton_shared::states::Outcome;
 use rusqlite::Connection;
@@ -51,7 +51,7 @@ pub fn measure(dir: &Path, duration: Duration) -> anyhow::Result<Ceiling> {
     remove_db(&path);
     let path = dir.join("ceiling-store.db");
     let conn = store::open_write(&path, Synchronous::Full).context("opening the store-cycle database")?;
-    in_write_txn(&conn, |c| operator::add_host(c, CYCLE_HOST, 0))?;
+    in_write_txn(&conn, |c| hosts::add_host(c, CYCLE_HOST, 0))?;
     let store_cycle_per_s_single = cycle_rate(&conn, "single", 1, duration)?;
     let store_cycle_per_s_batch64 = cycle_rate(&conn, "batch", BATCH_ROWS, duration)?;
     drop(conn);
@@ -96,7 +96,7 @@ fn cycle_rate(conn: &Connection, tag: &str, per_txn: usize, duration: Duration) 
     while start.elapsed() < duration {
         in_write_txn(conn, |c| {
             for _ in 0..per_txn {
-                let now = baton_hub::now_ms();
+                let now = baton_shared::clock::system_now_ms();
                 let msg = NewMessage {
                     producer: "bench".into(),
                     conversation: format!("cycle-{}", done % 64),

@@ -105,7 +105,7 @@ pub fn run_pass(rig: &Rig<'_>, pass: &Pass) -> anyhow::Result<PassResult> {
     let clk = procfs::clock_ticks();
     let db = baton_hub::store::open_read(&hub.db()).context("opening the hub database read-only")?;
     let dir = work_dir.join(format!("nodes-{}", pass.name));
-    let started_ms = baton_hub::now_ms();
+    let started_ms = baton_shared::clock::system_now_ms();
     let mut nodes = Nodes(
         hosts
             .iter()
@@ -118,7 +118,7 @@ pub fn run_pass(rig: &Rig<'_>, pass: &Pass) -> anyhow::Result<PassResult> {
     let node_cpu = |nodes: &Nodes| -> anyhow::Result<f64> { nodes.0.iter().map(|n| cpu(n.proc().pid())).sum() };
     let (hub0, nodes0, bench0) = (cpu(hub.proc().pid())?, node_cpu(&nodes)?, cpu(Some(std::process::id()))?);
 
-    let t0_ms = baton_hub::now_ms();
+    let t0_ms = baton_shared::clock::system_now_ms();
     let tally = rt.block_on(submit_all(pass, hosts, producers, url))?;
     if tally.ok == 0 {
         bail!("pass {}: the hub accepted nothing; first error: {}", pass.name, tally.first_error.unwrap_or_default());

@@ -9,8 +9,7 @@
 use crate::cluster::{self, NodeSettings};
 use crate::stats::{self, Summary};
 use anyhow::{Context, bail};
-use baton_hub::store::accept::{self, AcceptLimits, Accepted, NewMessage};
-use baton_hub::store::{self, in_write_txn};
+use baton_hub::store;
 use baton_shared::sqlite::Synchronous;
 use baton_shared::wire::SubmitRequest;
 use baton_testkit::{Binaries, Harness};
@@ -26,8 +25,6 @@ const PRODUCER: &str = "bench-fair";
 const HEAVY: &str = "fair-heavy";
 /// The light conversation.
 const LIGHT: &str = "fair-light";
-/// Messages per prefill transaction.
-const PREFILL_TXN_MESSAGES: usize = 20_000;
 /// The gap between two light messages (one producer, one at a time).
 const LIGHT_GAP: Duration = Duration::from_millis(20);
 /// How long the light messages may take to be reported before the step fails.
@@ -96,30 +93,7 @@ pub fn run(
 fn prefill(db: &Path, count: usize) -> anyhow::Result<()> {
     let conn: Connection = store::open_write(db, Synchronous::Normal).context("opening the fairness database")?;
     conn.execute_batch("PRAGMA synchronous = OFF")?;
-    let limits = AcceptLimits { queued_per_host_max: u64::MAX };
-    let mut i = 0;
-    while i < count {
-        let end = (i + PREFILL_TXN_MESSAGES).min(count);
-        in_write_txn(&conn, |c| {
-            let now = baton_hub::now_ms();
-            for n in i..end {
-                let msg = NewMessage {
-                    producer: PRODUCER.into(),
-                    conversation: HEAVY.into(),
-                    idempotency_key: format!("heavy-{n}"),
-                    payload: format!("{{\"i\":{n}}}"),
-                    to: vec![HOST.into()],
-                };
-                let Accepted::New { message_id, .. } = accept::accept(c, &msg, limits, now)? else {
-                    return Err(store::StoreError::Invalid("a fresh key was taken as a duplicate".into()));
-                };
-                accept::fan_out(c, &message_id, now)?;
-            }
-            Ok(())
-        })?;
-        i = end;
-    }
-    Ok(())
+    crate::backlog::accept_range(&conn, 0..count, PRODUCER, HOST, |n| (HEAVY.to_string(), format!("heavy-{n}")))
 }
 
 /// Submits the light messages one at a time, `LIGHT_GAP` apart.
