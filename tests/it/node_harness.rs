@@ -182,7 +182,10 @@ impl ExecLog {
     /// Every start and (with `trace_ends`) end so far, in append order; `true` for an end.
     pub fn events(&self) -> Vec<(Ran, bool)> {
         let text = fs::read_to_string(&self.path).expect("read exec log");
-        text.lines()
+        // A harness may be writing its line right now: only lines with their newline are whole.
+        let whole = text.rfind('\n').map_or("", |i| &text[..i]);
+        whole
+            .lines()
             .map(|l| {
                 let f: Vec<&str> = l.split(' ').collect();
                 let end = match f.get(4) {

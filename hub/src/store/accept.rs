@@ -16,7 +16,7 @@
 //! accept gets its delivery created and, in the same transaction, failed with `host retired`.
 
 use super::transition::{self, Change, adjust_backlog, record_event};
-use super::{Actor, StoreError, StoreResult, members, new_id, producers, state_column};
+use super::{Actor, StoreError, StoreResult, hosts, members, new_id, producers, state_column};
 use baton_shared::crash_point;
 use baton_shared::states::DeliveryState;
 use baton_shared::wire::DeliverySummary;
@@ -174,15 +174,7 @@ fn route(conn: &Connection, msg: &NewMessage) -> StoreResult<Vec<String>> {
 }
 
 fn check_recipient(conn: &Connection, index: usize, host: &str) -> StoreResult<()> {
-    let row: Option<Option<i64>> = conn
-        .prepare_cached("SELECT retired_at FROM hosts WHERE name = ?1")?
-        .query_row([host], |r| r.get(0))
-        .optional()?;
-    match row {
-        None => Err(StoreError::Invalid(format!("to[{index}]: host {host:?} is not enrolled"))),
-        Some(Some(_)) => Err(StoreError::Invalid(format!("to[{index}]: host {host:?} is retired"))),
-        Some(None) => Ok(()),
-    }
+    hosts::require_active(conn, host, &format!("to[{index}]: "))
 }
 
 /// Fan-out for one message: one queued delivery per routed host that has none yet, then the
@@ -243,11 +235,7 @@ pub const HOST_RETIRED: &str = "host retired";
 
 /// Whether `host` is retired (an unknown host counts as retired: no node can claim for it).
 fn host_retired(conn: &Connection, host: &str) -> StoreResult<bool> {
-    let retired: Option<Option<i64>> = conn
-        .prepare_cached("SELECT retired_at FROM hosts WHERE name = ?1")?
-        .query_row([host], |r| r.get(0))
-        .optional()?;
-    Ok(!matches!(retired, Some(None)))
+    Ok(hosts::standing(conn, host)? != hosts::Standing::Active)
 }
 
 /// The deliveries of one message, by host.

@@ -21,6 +21,7 @@
 //! nothing, the new instance takes the binding (recorded as an operator-visible event).
 
 use super::fences::{self, ClaimScan, Fence, FenceKind};
+use super::hosts::{self, Standing};
 use super::transition::{self, Change, Holder};
 use super::{Actor, StoreError, StoreResult, json_column, members, new_token, state_column};
 use baton_shared::crash_point;
@@ -31,14 +32,10 @@ use std::collections::{HashMap, VecDeque};
 
 /// Whether the host row exists and is not retired; fails its queued work when it is retired.
 fn host_may_claim(conn: &Connection, host: &str, now_ms: i64) -> StoreResult<bool> {
-    let retired: Option<Option<i64>> = conn
-        .prepare_cached("SELECT retired_at FROM hosts WHERE name = ?1")?
-        .query_row([host], |r| r.get(0))
-        .optional()?;
-    match retired {
-        None => Err(StoreError::NotYours(format!("host {host} is not enrolled"))),
-        Some(None) => Ok(true),
-        Some(Some(_)) => {
+    match hosts::standing(conn, host)? {
+        Standing::NotEnrolled => Err(StoreError::NotYours(format!("host {host} is not enrolled"))),
+        Standing::Active => Ok(true),
+        Standing::Retired => {
             let ids: Vec<String> = conn
                 .prepare_cached("SELECT id FROM deliveries WHERE host = ?1 AND state = 'queued'")?
                 .query_map([host], |r| r.get(0))?

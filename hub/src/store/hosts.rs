@@ -57,15 +57,44 @@ pub struct Issued<'a> {
     pub not_after_unix: i64,
 }
 
+/// Where a host stands in the record: what every check of "may this host get work" reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+    /// Never enrolled.
+    NotEnrolled,
+    /// Enrolled, then retired.
+    Retired,
+    /// Enrolled and not retired.
+    Active,
+}
+
+/// How `host` stands: not enrolled, retired, or active.
+pub fn standing(conn: &Connection, host: &str) -> StoreResult<Standing> {
+    let retired: Option<Option<i64>> = conn
+        .prepare_cached("SELECT retired_at FROM hosts WHERE name = ?1")?
+        .query_row([host], |r| r.get(0))
+        .optional()?;
+    Ok(match retired {
+        None => Standing::NotEnrolled,
+        Some(Some(_)) => Standing::Retired,
+        Some(None) => Standing::Active,
+    })
+}
+
+/// Refuses a host that is not enrolled or is retired, naming it after `what` (e.g. `to[0]: `).
+pub fn require_active(conn: &Connection, host: &str, what: &str) -> StoreResult<()> {
+    match standing(conn, host)? {
+        Standing::NotEnrolled => Err(StoreError::Invalid(format!("{what}host {host:?} is not enrolled"))),
+        Standing::Retired => Err(StoreError::Invalid(format!("{what}host {host:?} is retired"))),
+        Standing::Active => Ok(()),
+    }
+}
+
 /// Records an enrollment: for a node, the host (refused when it is retired), then the
 /// certificate and an operator event.
 pub fn enroll(conn: &Connection, cert: Issued<'_>, operator: &str, now_ms: i64) -> StoreResult<()> {
     if cert.role == Role::Node {
-        let retired: Option<Option<i64>> = conn
-            .prepare_cached("SELECT retired_at FROM hosts WHERE name = ?1")?
-            .query_row([cert.name], |r| r.get(0))
-            .optional()?;
-        if let Some(Some(_)) = retired {
+        if standing(conn, cert.name)? == Standing::Retired {
             return Err(StoreError::Invalid(format!("host {} is retired", cert.name)));
         }
         add_host(conn, cert.name, now_ms)?;

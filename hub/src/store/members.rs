@@ -137,15 +137,7 @@ pub fn add(
     name("conversation", conversation)?;
     let hosts = sorted_unique(hosts)?;
     for host in &hosts {
-        let retired: Option<Option<i64>> = conn
-            .prepare_cached("SELECT retired_at FROM hosts WHERE name = ?1")?
-            .query_row([host], |r| r.get(0))
-            .optional()?;
-        match retired {
-            None => return Err(StoreError::Invalid(format!("host {host:?} is not enrolled"))),
-            Some(Some(_)) => return Err(StoreError::Invalid(format!("host {host:?} is retired"))),
-            Some(None) => {}
-        }
+        super::hosts::require_active(conn, host, "")?;
     }
     let join_seq = cursor(conn, conversation)?;
     let mut out = Vec::with_capacity(hosts.len());
