@@ -20,6 +20,12 @@ pub const FAILURE: u8 = 4;
 /// forever; a supervisor should not restart it (systemd: `RestartPreventExitStatus=5`).
 pub const REVOKED: u8 = 5;
 
+/// Taken over: another `baton-node` process started with this node's data directory (a copy
+/// of it, or the same directory twice) registered a newer session with the hub, which now
+/// refuses this one. Nothing this process still held runs again here; a supervisor should not
+/// restart it before an operator has looked (systemd: `RestartPreventExitStatus=6`).
+pub const SUPERSEDED: u8 = 6;
+
 /// The text both binaries print under "Exit status" in `--help`.
 pub const HELP: &str = "\
 Exit status:
@@ -28,7 +34,8 @@ Exit status:
   2  usage error, invalid input or invalid configuration
   3  store refused (damaged, newer than this binary, not initialised, or not readable)
   4  any other failure
-  5  refused for good: the hub revoked this node's certificate or retired its host";
+  5  refused for good: the hub revoked this node's certificate or retired its host
+  6  taken over: a newer session of this node instance (a copied data directory) replaced it";
 
 #[cfg(test)]
 mod tests {
@@ -36,7 +43,7 @@ mod tests {
 
     #[test]
     fn statuses_are_distinct_and_documented() {
-        let all = [OK, NOTHING, USAGE, REFUSED, FAILURE, REVOKED];
+        let all = [OK, NOTHING, USAGE, REFUSED, FAILURE, REVOKED, SUPERSEDED];
         for (i, a) in all.iter().enumerate() {
             assert!(HELP.contains(&format!("  {a}  ")), "status {a} is not in HELP");
             for b in &all[i + 1..] {

@@ -75,6 +75,9 @@ pub enum Outcome {
     Failed,
     /// The node cannot tell how the turn ended (it crashed mid-execution).
     Unknown,
+    /// An operator or the producer cancelled the turn: it never started, or its process group
+    /// was stopped (SIGTERM, then SIGKILL after the node's `cancel_grace`).
+    Cancelled,
 }
 
 impl Outcome {
@@ -84,6 +87,7 @@ impl Outcome {
             Outcome::Succeeded => "succeeded",
             Outcome::Failed => "failed",
             Outcome::Unknown => "unknown",
+            Outcome::Cancelled => "cancelled",
         }
     }
 
@@ -93,6 +97,38 @@ impl Outcome {
             "succeeded" => Some(Outcome::Succeeded),
             "failed" => Some(Outcome::Failed),
             "unknown" => Some(Outcome::Unknown),
+            "cancelled" => Some(Outcome::Cancelled),
+            _ => None,
+        }
+    }
+}
+
+/// Why an attempt after the first one ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Rerun {
+    /// The harness asked for it (exit 75, attempts left): the hub requeued the delivery with a
+    /// durable not-before time. It keeps the conversation's order (later turns wait for it).
+    Retry,
+    /// An operator re-ran a final delivery (`deliveries retry`, `redrive`): the only run ever
+    /// allowed out of `seq` order.
+    Redrive,
+}
+
+impl Rerun {
+    /// The stored and wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Rerun::Retry => "retry",
+            Rerun::Redrive => "redrive",
+        }
+    }
+
+    /// Parses a stored or wire name.
+    pub fn parse(s: &str) -> Option<Rerun> {
+        match s {
+            "retry" => Some(Rerun::Retry),
+            "redrive" => Some(Rerun::Redrive),
             _ => None,
         }
     }

@@ -2,7 +2,7 @@
 //! fields may be added, none renamed. Requests refuse unknown fields so that a typo is an
 //! error instead of a silently ignored option.
 
-use crate::states::{DeliveryState, Outcome};
+use crate::states::{DeliveryState, Outcome, Rerun};
 use serde::{Deserialize, Serialize};
 
 /// `POST /v1/messages`: a producer submits a message into a conversation.
@@ -19,6 +19,14 @@ pub struct SubmitRequest {
     /// `seq` (a conversation without members then refuses the message).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub to: Option<Vec<String>>,
+    /// How many attempts each delivery may get when the harness asks for a retry (exit 75).
+    /// Default 1 (no retry); bounded by the hub's `max_attempts_max`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<u32>,
+    /// The first retry's backoff; later ones double it, capped by the hub's
+    /// `retry_backoff_max` and jittered. Default: the hub's `retry_backoff`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_backoff_ms: Option<u64>,
 }
 
 /// One delivery as summarised in an accept answer.
@@ -58,12 +66,33 @@ pub struct AttemptView {
     pub exit_code: Option<i32>,
     /// How long the turn ran.
     pub duration_ms: Option<u64>,
+    /// The signal that ended the harness, when one did.
+    #[serde(default)]
+    pub signal: Option<i32>,
     /// The bounded result body (the harness's stdout).
     pub result: Option<String>,
     /// Why the outcome is what it is (timeout, shutdown, crash), when the node said.
     pub reason: Option<String>,
     /// When the hub recorded it (unix milliseconds).
     pub reported_at_ms: i64,
+    /// Which run of the delivery this was (1 for the first).
+    #[serde(default = "first_attempt")]
+    pub attempt: u32,
+    /// True when the harness asked for a retry (exit 75) and the message's `max_attempts`
+    /// left room, so the hub requeued the delivery.
+    #[serde(default)]
+    pub retryable: bool,
+    /// Why this run happened, when it is not the first.
+    #[serde(default)]
+    pub rerun: Option<Rerun>,
+    /// Who caused this run: `producer:NAME` for the first, `hub` for a retry the harness asked
+    /// for, `operator:NAME` for a redrive.
+    #[serde(default)]
+    pub caused_by: Option<String>,
+}
+
+fn first_attempt() -> u32 {
+    1
 }
 
 /// One delivery with its attempts, as a producer or operator reads it.
@@ -81,6 +110,22 @@ pub struct DeliveryView {
     pub updated_at_ms: i64,
     /// Its attempts, oldest first.
     pub attempts: Vec<AttemptView>,
+    /// The current run (1 for the first; a retry or redrive adds one).
+    #[serde(default = "first_attempt")]
+    pub attempt: u32,
+    /// The message's bound on runs the harness may ask for.
+    #[serde(default = "first_attempt")]
+    pub max_attempts: u32,
+    /// While queued for a retry: not handed out before this time (unix milliseconds).
+    #[serde(default)]
+    pub not_before_ms: Option<i64>,
+    /// When a cancel was asked for, while it waits for the node to confirm it (delivered), or
+    /// after it took effect.
+    #[serde(default)]
+    pub cancel_requested_at_ms: Option<i64>,
+    /// Why it was cancelled, when it was.
+    #[serde(default)]
+    pub cancel_reason: Option<String>,
 }
 
 /// `GET /v1/messages/{id}`: a message with its deliveries and their attempts.
@@ -139,6 +184,18 @@ pub struct ClaimedDelivery {
     /// Always sent by this hub; absent (None) only from a hub that predates the field.
     #[serde(default)]
     pub producer: Option<String>,
+    /// Which run of the delivery this claim is for (1 for the first).
+    #[serde(default = "first_attempt")]
+    pub attempt: u32,
+    /// The message's bound on runs (a harness exit 75 is retryable while `attempt` is below it).
+    #[serde(default = "first_attempt")]
+    pub max_attempts: u32,
+    /// Why this run happens, when it is not the first.
+    #[serde(default)]
+    pub rerun: Option<Rerun>,
+    /// True when a cancel was asked for: the node never starts it, and stops it if it runs.
+    #[serde(default)]
+    pub cancel_requested: bool,
 }
 
 /// The answer to `POST /v1/claims`.
@@ -146,6 +203,137 @@ pub struct ClaimedDelivery {
 pub struct ClaimResponse {
     /// The claimed deliveries, oldest first. Empty when the wait elapsed.
     pub deliveries: Vec<ClaimedDelivery>,
+    /// Delivered turns this instance holds whose cancel was asked for and whose outcome the hub
+    /// does not have yet. A claim that waits is answered at once when one appears.
+    #[serde(default)]
+    pub cancels: Vec<CancelNotice>,
+}
+
+/// A delivered turn to stop: never start it; if it runs, SIGTERM its process group, SIGKILL
+/// after `cancel_grace`, and report the attempt `cancelled`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CancelNotice {
+    /// The delivery.
+    pub delivery_id: String,
+    /// The run the cancel is for.
+    pub attempt: u32,
+    /// Why.
+    pub reason: String,
+}
+
+/// The request header every node request carries after `POST /v1/sessions`: the node's current
+/// session number. The hub answers 409 `session_superseded` to a request whose session is older
+/// than the host's newest one.
+pub const SESSION_HEADER: &str = "baton-session";
+
+/// `POST /v1/sessions`: a node process registers a fresh session when it starts.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionRequest {
+    /// The node instance (the data directory's id).
+    pub instance_id: String,
+    /// The node's version, shown to operators.
+    #[serde(default)]
+    pub node_version: Option<String>,
+}
+
+/// The answer to `POST /v1/sessions`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionResponse {
+    /// The new session number (per host, increasing); sent in `baton-session` from now on.
+    pub session: u64,
+    /// The session this one replaced without that one having ended cleanly (a crash, or a
+    /// copy of the data directory still running), when there was one.
+    #[serde(default)]
+    pub took_over: Option<u64>,
+}
+
+/// `POST /v1/sessions/end`: a node process ends its session cleanly (on shutdown).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionEndRequest {
+    /// The node instance.
+    pub instance_id: String,
+    /// The session that ends.
+    pub session: u64,
+}
+
+/// `POST /v1/starts`: the node asks, once per scheduler pass, to start delivered turns. A turn
+/// runs only if the hub records its start here for the current session: never twice, never
+/// after a cancel.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StartRequest {
+    /// The holding instance.
+    pub instance_id: String,
+    /// The turns to start (bounded by the hub's `claim_batch_max`).
+    pub starts: Vec<StartItem>,
+}
+
+/// One turn the node wants to start.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StartItem {
+    /// The delivery.
+    pub delivery_id: String,
+    /// The claim token of the current run's claim.
+    pub claim_token: String,
+    /// The run (from the claim).
+    pub attempt: u32,
+}
+
+/// The answer to `POST /v1/starts`: one result per item, in request order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StartResponse {
+    /// Per-item results.
+    pub results: Vec<StartResult>,
+}
+
+/// Whether one turn may start.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StartResult {
+    /// The delivery.
+    pub delivery_id: String,
+    /// True: the start is recorded for this session (again true when repeated by it); run it.
+    pub start: bool,
+    /// Why not, when not: `cancelled`, `started_elsewhere` (another session already started
+    /// this run: report it `unknown`), `stale_claim`, `not_found`.
+    #[serde(default)]
+    pub code: Option<String>,
+    /// What went wrong, for a human.
+    #[serde(default)]
+    pub message: Option<String>,
+}
+
+/// `POST /v1/messages/{id}/cancel` (producer) and the operator's cancel: why.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CancelRequest {
+    /// Why the message is cancelled (recorded, shown to operators).
+    pub reason: String,
+}
+
+/// The answer to a cancel: what happened to each delivery.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CancelResponse {
+    /// The message.
+    pub message_id: String,
+    /// One entry per delivery of the message.
+    pub deliveries: Vec<CancelResult>,
+}
+
+/// What a cancel did to one delivery.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CancelResult {
+    /// The delivery.
+    pub delivery_id: String,
+    /// The host.
+    pub host: String,
+    /// `cancelled` (done in the hub: it never ran), `requested` (delivered: its node stops
+    /// it and reports the attempt), or `final` (it had already ended; nothing changed).
+    pub effect: String,
+    /// Its state after the call.
+    pub state: DeliveryState,
 }
 
 /// The answer to `GET /v1/holdings`: claimed, mirrored, or delivered without an outcome.
@@ -214,6 +402,12 @@ pub struct ReportRequest {
     /// Why the outcome is what it is (timeout, shutdown, crash).
     #[serde(default)]
     pub reason: Option<String>,
+    /// The run this report is for (from the claim); absent means the delivery's current run.
+    #[serde(default)]
+    pub attempt: Option<u32>,
+    /// The signal that ended the harness, when one did.
+    #[serde(default)]
+    pub signal: Option<i32>,
 }
 
 /// The answer to `POST /delivery-report`.
@@ -225,6 +419,10 @@ pub struct ReportResponse {
     pub delivery_id: String,
     /// True when this report id was already recorded (nothing was added).
     pub duplicate: bool,
+    /// When the attempt was retryable and the hub requeued the delivery: not handed out again
+    /// before this time (unix milliseconds).
+    #[serde(default)]
+    pub retry_at_ms: Option<i64>,
 }
 
 /// `GET /v1/conversations/{name}`: a conversation's position and its membership registry.

@@ -515,6 +515,11 @@ mod openapi_tests {
             result: None,
             reason: None,
             reported_at_ms: 1,
+            signal: None,
+            attempt: 1,
+            retryable: false,
+            rerun: None,
+            caused_by: Some("producer:p".into()),
         };
         let delivery = DeliveryView {
             delivery_id: "d".into(),
@@ -523,6 +528,11 @@ mod openapi_tests {
             reason: None,
             updated_at_ms: 1,
             attempts: vec![attempt.clone()],
+            attempt: 1,
+            max_attempts: 1,
+            not_before_ms: None,
+            cancel_requested_at_ms: None,
+            cancel_reason: None,
         };
         let claimed = ClaimedDelivery {
             delivery_id: "d".into(),
@@ -533,6 +543,10 @@ mod openapi_tests {
             claim_token: "t".into(),
             state: DeliveryState::Claimed,
             producer: Some("p".into()),
+            attempt: 1,
+            max_attempts: 1,
+            rerun: None,
+            cancel_requested: false,
         };
         let interval = MembershipInterval { join_seq: 0, joined_at_ms: 1, leave_seq: Some(2), left_at_ms: Some(3) };
         let summary = DeliverySummary { delivery_id: "d".into(), host: "h".into(), state: DeliveryState::Queued };
@@ -544,6 +558,8 @@ mod openapi_tests {
                     idempotency_key: "k".into(),
                     payload: serde_json::json!(1),
                     to: Some(vec!["h".into()]),
+                    max_attempts: None,
+                    retry_backoff_ms: None,
                 })
                 .unwrap(),
             ),
@@ -579,7 +595,10 @@ mod openapi_tests {
                 serde_json::to_value(ClaimRequest { instance_id: "i".into(), max: Some(1), wait_ms: Some(1) }).unwrap(),
             ),
             ("ClaimedDelivery", serde_json::to_value(&claimed).unwrap()),
-            ("ClaimResponse", serde_json::to_value(ClaimResponse { deliveries: vec![claimed.clone()] }).unwrap()),
+            (
+                "ClaimResponse",
+                serde_json::to_value(ClaimResponse { deliveries: vec![claimed.clone()], cancels: Vec::new() }).unwrap(),
+            ),
             (
                 "HolderRequest",
                 serde_json::to_value(HolderRequest { instance_id: "i".into(), claim_token: "t".into() }).unwrap(),
@@ -614,12 +633,20 @@ mod openapi_tests {
                     duration_ms: Some(1),
                     result: Some("x".into()),
                     reason: Some("y".into()),
+                    attempt: Some(1),
+                    signal: None,
                 })
                 .unwrap(),
             ),
             (
                 "ReportResponse",
-                serde_json::to_value(ReportResponse { attempt, delivery_id: "d".into(), duplicate: false }).unwrap(),
+                serde_json::to_value(ReportResponse {
+                    attempt,
+                    delivery_id: "d".into(),
+                    duplicate: false,
+                    retry_at_ms: None,
+                })
+                .unwrap(),
             ),
             (
                 "ConversationView",

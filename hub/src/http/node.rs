@@ -50,15 +50,15 @@ pub(super) async fn claim(
             crash_point("hub.claim.after_commit");
             metrics::counter!("baton_hub_deliveries_claimed_total").increment(batch.len() as u64);
             state.outcome_changed();
-            return Ok(Json(ClaimResponse { deliveries: batch }));
+            return Ok(Json(ClaimResponse { deliveries: batch, cancels: Vec::new() }));
         }
         if Instant::now() >= deadline {
-            return Ok(Json(ClaimResponse { deliveries: Vec::new() }));
+            return Ok(Json(ClaimResponse { deliveries: Vec::new(), cancels: Vec::new() }));
         }
         tokio::select! {
             _ = rx.changed() => {}
             _ = tokio::time::sleep_until(deadline) => {}
-            _ = state.shutdown.cancelled() => return Ok(Json(ClaimResponse { deliveries: Vec::new() })),
+            _ = state.shutdown.cancelled() => return Ok(Json(ClaimResponse { deliveries: Vec::new(), cancels: Vec::new() })),
         }
     }
 }
@@ -215,5 +215,5 @@ pub(super) async fn report(
         state.outcome_changed();
     }
     let status = if duplicate { StatusCode::OK } else { StatusCode::CREATED };
-    Ok((status, Json(ReportResponse { attempt, delivery_id, duplicate })))
+    Ok((status, Json(ReportResponse { attempt, delivery_id, duplicate, retry_at_ms: None })))
 }

@@ -466,6 +466,10 @@ impl<'a> Scan<'a> {
             claim_token: token,
             state: Claimed,
             producer: Some(producer),
+            attempt: 1,
+            max_attempts: 1,
+            rerun: None,
+            cancel_requested: false,
         });
         Ok(())
     }
@@ -497,6 +501,10 @@ pub fn holdings(conn: &Connection, host: &str, instance_id: &str) -> StoreResult
                 seq: r.get(3)?,
                 claim_token: r.get(5)?,
                 producer: Some(r.get(7)?),
+                attempt: 1,
+                max_attempts: 1,
+                rerun: None,
+                cancel_requested: false,
             })
         })?
         .collect::<Result<_, _>>()?;

@@ -56,6 +56,7 @@ use std::path::Path;
 pub const MIGRATIONS: &[&str] = &[
     include_str!("../../../schema/hub/0001-create-hub-store.sql"),
     include_str!("../../../schema/hub/0002-conversations.sql"),
+    include_str!("../../../schema/hub/0003-turn-control.sql"),
 ];
 
 /// Who made a change, as recorded in the event log.

@@ -53,6 +53,11 @@ pub fn message_view(conn: &Connection, message_id: &str) -> StoreResult<MessageV
             state,
             reason,
             updated_at_ms,
+            attempt: 1,
+            max_attempts: 1,
+            not_before_ms: None,
+            cancel_requested_at_ms: None,
+            cancel_reason: None,
         });
     }
     Ok(view)

@@ -208,6 +208,11 @@ pub fn attempt_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<AttemptView> {
         reason: r.get(6)?,
         reported_at_ms: r.get(7)?,
         attempt_id,
+        signal: None,
+        attempt: 1,
+        retryable: false,
+        rerun: None,
+        caused_by: None,
     })
 }
 

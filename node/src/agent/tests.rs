@@ -202,9 +202,15 @@ impl Hub for FakeHub {
                     result: body.result.clone(),
                     reason: body.reason.clone(),
                     reported_at_ms: 0,
+                    signal: body.signal,
+                    attempt: body.attempt.unwrap_or(1),
+                    retryable: false,
+                    rerun: None,
+                    caused_by: None,
                 },
                 delivery_id: body.delivery_id.clone(),
                 duplicate,
+                retry_at_ms: None,
             })
         })
     }

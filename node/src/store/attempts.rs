@@ -332,6 +332,8 @@ fn end_attempt_in(tx: &rusqlite::Transaction<'_>, attempt_id: &str, e: &Ending, 
         duration_ms: e.duration_ms,
         result: e.result.clone(),
         reason: e.reason.clone(),
+        attempt: None,
+        signal: None,
     };
     let body = serde_json::to_string(&body).map_err(|e| {
         StoreError::corrupt(format!("attempt {attempt_id}"), format!("report does not serialise ({e})"))

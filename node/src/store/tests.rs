@@ -16,6 +16,10 @@ pub(crate) fn delivery(id: &str, conversation: &str, seq: i64) -> ClaimedDeliver
         claim_token: format!("tok-{id}"),
         state: DeliveryState::Claimed,
         producer: Some("prod".into()),
+        attempt: 1,
+        max_attempts: 1,
+        rerun: None,
+        cancel_requested: false,
     }
 }
 

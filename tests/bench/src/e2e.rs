@@ -264,6 +264,8 @@ async fn produce(
             idempotency_key: format!("{}-{i}", pass.name),
             payload: serde_json::json!({ "i": i }),
             to: Some(vec![hosts[i % k].clone()]),
+            max_attempts: None,
+            retry_backoff_ms: None,
         };
         let error = match client.post(&url).json(&body).send().await {
             Ok(r) if r.status() == reqwest::StatusCode::CREATED => None,

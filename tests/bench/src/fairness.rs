@@ -104,6 +104,8 @@ async fn submit_light(client: &reqwest::Client, url: &str, count: usize) -> anyh
             idempotency_key: format!("light-{i}"),
             payload: serde_json::json!({ "i": i }),
             to: Some(vec![HOST.into()]),
+            max_attempts: None,
+            retry_backoff_ms: None,
         };
         let r = client.post(format!("{url}/v1/messages")).json(&body).send().await?;
         let status = r.status();
