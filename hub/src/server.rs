@@ -90,6 +90,7 @@ impl Hub {
             ready: AtomicBool::new(true),
             metrics,
             clock: self.clock.clone(),
+            turns: Default::default(),
         });
         // CLI changes wake both kinds of waiter.
         let (wake_tx, mut wake_rx) = watch::channel(0u64);
@@ -108,6 +109,7 @@ impl Hub {
         });
         tokio::spawn(sweep_retention(shared.clone(), self.config.limits.retention));
         tokio::spawn(publish_gauges(shared.clone()));
+        tokio::spawn(flush_contacts(shared.clone()));
         tracing::info!(addr = %listener.local_addr()?, "serving");
         let revocations = tls::Revocations { changes: records_rx, check: cert_check(shared.clone()) };
         tls::serve(
@@ -175,6 +177,26 @@ const RETENTION_SWEEP_INTERVAL: Duration = Duration::from_secs(600);
 /// Messages accepted before this time (unix ms) are past the retention window.
 fn retention_cutoff_ms(clock: &dyn Clock, retention: Duration) -> i64 {
     clock.now_ms().saturating_sub(i64::try_from(retention.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// Writes the node sessions' last contact every `CONTACT_FLUSH_INTERVAL` (and once more at
+/// shutdown), in one write job.
+async fn flush_contacts(shared: Arc<Shared>) {
+    loop {
+        let stopping = tokio::select! {
+            _ = tokio::time::sleep(crate::http::CONTACT_FLUSH_INTERVAL) => false,
+            _ = shared.shutdown.cancelled() => true,
+        };
+        let contacts = shared.turns.take_contacts();
+        if !contacts.is_empty()
+            && let Err(e) = shared.writer.call(move |c| store::sessions::record_contacts(c, &contacts)).await
+        {
+            tracing::warn!(error = %e, "could not record the node sessions' last contact");
+        }
+        if stopping {
+            return;
+        }
+    }
 }
 
 async fn sweep_retention(shared: Arc<Shared>, retention: Duration) {

@@ -35,6 +35,9 @@ pub enum ErrorCode {
     ReportConflict,
     /// 409: another instance of this host still holds work; only one instance may be active.
     InstanceConflict,
+    /// 409: the request's `baton-session` names a node session older than the host's newest:
+    /// another process took over this node instance.
+    SessionSuperseded,
     /// 413: the body or a field is over its size bound.
     TooLarge,
     /// 429: a capacity bound is reached.
@@ -49,7 +52,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 21] = [
+    pub const ALL: [ErrorCode; 22] = [
         ErrorCode::InvalidJson,
         ErrorCode::InvalidField,
         ErrorCode::NoRecipients,
@@ -66,6 +69,7 @@ impl ErrorCode {
         ErrorCode::InvalidTransition,
         ErrorCode::ReportConflict,
         ErrorCode::InstanceConflict,
+        ErrorCode::SessionSuperseded,
         ErrorCode::TooLarge,
         ErrorCode::OverCapacity,
         ErrorCode::StorageUnavailable,
@@ -92,6 +96,7 @@ impl ErrorCode {
             ErrorCode::InvalidTransition => "invalid_transition",
             ErrorCode::ReportConflict => "report_conflict",
             ErrorCode::InstanceConflict => "instance_conflict",
+            ErrorCode::SessionSuperseded => "session_superseded",
             ErrorCode::TooLarge => "too_large",
             ErrorCode::OverCapacity => "over_capacity",
             ErrorCode::StorageUnavailable => "storage_unavailable",
@@ -118,7 +123,8 @@ impl ErrorCode {
             | ErrorCode::StaleClaim
             | ErrorCode::InvalidTransition
             | ErrorCode::ReportConflict
-            | ErrorCode::InstanceConflict => 409,
+            | ErrorCode::InstanceConflict
+            | ErrorCode::SessionSuperseded => 409,
             ErrorCode::TooLarge => 413,
             ErrorCode::OverCapacity => 429,
             ErrorCode::StorageUnavailable | ErrorCode::ShuttingDown => 503,

@@ -93,9 +93,12 @@ pub enum Command {
     /// The held queue.
     #[command(subcommand)]
     Held(HeldCmd),
-    /// Inspect and cancel deliveries.
+    /// Inspect, cancel and re-run deliveries.
     #[command(subcommand)]
     Deliveries(DeliveriesCmd),
+    /// Re-run many final deliveries (failed, unknown or cancelled) as redrives, in bounded
+    /// batches; idempotent by --request-id.
+    Redrive(super::turns::RedriveArgs),
     /// Submit a message by hand.
     Send {
         /// The conversation.
@@ -352,14 +355,11 @@ pub enum DeliveriesCmd {
         #[arg(long)]
         json: bool,
     },
-    /// Cancel a delivery that has not been delivered (it fails, naming you).
-    Cancel {
-        /// The delivery id.
-        id: String,
-        /// Why (recorded).
-        #[command(flatten)]
-        why: Reason,
-    },
+    /// Cancel a delivery, or those of a conversation or host that have not ended: one not yet
+    /// delivered fails at once; a delivered one is stopped by its node.
+    Cancel(super::turns::CancelArgs),
+    /// Re-run one final delivery (failed, unknown or cancelled) as a new run (a redrive).
+    Retry(super::turns::RetryArgs),
 }
 
 /// `config` subcommands.

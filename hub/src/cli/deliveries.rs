@@ -1,4 +1,4 @@
-//! Inspecting and steering deliveries: `deliveries list|show|cancel`, `held list|release`,
+//! Inspecting and steering deliveries: `deliveries list|show` (cancel and retry are in `turns`), `held list|release`,
 //! `retire HOST` (which also ends its memberships) and `requeue --instance ID`.
 
 use super::args::{DeliveriesCmd, HeldCmd};
@@ -28,12 +28,8 @@ pub(super) fn run(ctx: &Context, d: &DeliveriesCmd) -> CliResult {
             output::deliveries(&read::list_deliveries(&ctx.open_read()?, &f)?, *json)
         }
         DeliveriesCmd::Show { id, json } => output::detail(&read::delivery_detail(&ctx.open_read()?, id)?, *json),
-        DeliveriesCmd::Cancel { id, why } => {
-            let conn = ctx.open_write()?;
-            in_write_txn(&conn, |c| operator::cancel(c, id, &ctx.operator, &why.reason, ctx.now_ms()))?;
-            ctx.wake_hub();
-            output::line(format!("cancelled {id}"))
-        }
+        DeliveriesCmd::Cancel(a) => super::turns::cancel(ctx, a),
+        DeliveriesCmd::Retry(a) => super::turns::retry(ctx, a),
     }
 }
 

@@ -7,7 +7,8 @@
 //! - `identity`: `init`, `enroll`, `renew`, `revoke`.
 //! - `conversations`: `members add|remove|list`, `producers scope|list`.
 //! - `fence`: `fence pause|hold|block|lift|list`.
-//! - `deliveries`: `deliveries`, `held`, `retire`, `requeue`.
+//! - `deliveries`: `deliveries list|show`, `held`, `retire`, `requeue`.
+//! - `turns`: `deliveries cancel|retry`, `redrive`.
 //! - `send`: submitting a message by hand.
 //! - `inspect`: `status`, `backup`, `verify`, `config check`.
 //! - `serve`: running the hub.
@@ -26,6 +27,7 @@ mod inspect;
 mod output;
 mod send;
 mod serve;
+mod turns;
 
 pub use args::*;
 
@@ -213,6 +215,7 @@ pub fn run(cli: &Cli) -> CliResult {
         Command::Fence(f) => fence::run(&ctx, f),
         Command::Held(h) => deliveries::held(&ctx, h),
         Command::Deliveries(d) => deliveries::run(&ctx, d),
+        Command::Redrive(r) => turns::redrive(&ctx, r),
         Command::Send { conversation, to, key, payload, payload_file, producer, json } => {
             let s = send::Submission {
                 conversation,

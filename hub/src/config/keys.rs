@@ -31,6 +31,16 @@ const _: () = assert!(HEADER_READ_TIMEOUT_DEFAULT.as_millis() <= IDLE_TIMEOUT_DE
 const _: () = assert!(CONNECTIONS_PER_CERT_MAX_DEFAULT < CONNECTIONS_MAX_DEFAULT);
 const _: () = assert!(HANDSHAKE_TIMEOUT_DEFAULT.as_millis() <= IDLE_TIMEOUT_DEFAULT.as_millis());
 
+/// Most runs a message may ask for (`max_attempts` of a submission).
+pub const MAX_ATTEMPTS_MAX_DEFAULT: u64 = 10;
+/// The first retry's backoff when a message names none.
+pub const RETRY_BACKOFF_DEFAULT: Duration = Duration::from_secs(1);
+/// The longest backoff before a retry, however many runs came before.
+pub const RETRY_BACKOFF_MAX_DEFAULT: Duration = Duration::from_secs(300);
+/// Most deliveries one `redrive` transaction re-runs (it goes on in further batches).
+pub const REDRIVE_BATCH_MAX_DEFAULT: u64 = 500;
+const _: () = assert!(RETRY_BACKOFF_DEFAULT.as_millis() <= RETRY_BACKOFF_MAX_DEFAULT.as_millis());
+
 /// How long shutdown waits for open requests.
 pub const SHUTDOWN_GRACE_DEFAULT: Duration = Duration::from_secs(10);
 /// The prefix of every key's environment variable.
@@ -266,8 +276,37 @@ pub const REQUESTS_PER_CONNECTION_MAX: Key = Key {
     doc: "requests one connection carries before the hub closes it after answering",
 };
 
+/// `limits.max_attempts_max`.
+pub const MAX_ATTEMPTS_MAX: Key = Key {
+    name: key_name!(Some("limits"), "max_attempts_max", "max-attempts-max", "BATON_HUB_MAX_ATTEMPTS_MAX"),
+    kind: KeyKind::Int { default: MAX_ATTEMPTS_MAX_DEFAULT, min: 1, max: 1000 },
+    doc: "most runs a message may ask for with max_attempts (a harness exit 75 is retried while runs remain)",
+};
+/// `limits.retry_backoff`.
+pub const RETRY_BACKOFF: Key = Key {
+    name: key_name!(Some("limits"), "retry_backoff", "retry-backoff", "BATON_HUB_RETRY_BACKOFF"),
+    kind: KeyKind::Duration { default: RETRY_BACKOFF_DEFAULT, min: Duration::ZERO, max: Duration::from_secs(3600) },
+    doc: "the first retry's backoff when a message names no retry_backoff_ms; each later retry doubles it",
+};
+/// `limits.retry_backoff_max`.
+pub const RETRY_BACKOFF_MAX: Key = Key {
+    name: key_name!(Some("limits"), "retry_backoff_max", "retry-backoff-max", "BATON_HUB_RETRY_BACKOFF_MAX"),
+    kind: KeyKind::Duration {
+        default: RETRY_BACKOFF_MAX_DEFAULT,
+        min: Duration::ZERO,
+        max: Duration::from_secs(24 * 3600),
+    },
+    doc: "the longest backoff before a retry (and the largest retry_backoff_ms a message may name)",
+};
+/// `limits.redrive_batch_max`.
+pub const REDRIVE_BATCH_MAX: Key = Key {
+    name: key_name!(Some("limits"), "redrive_batch_max", "redrive-batch-max", "BATON_HUB_REDRIVE_BATCH_MAX"),
+    kind: KeyKind::Int { default: REDRIVE_BATCH_MAX_DEFAULT, min: 1, max: 100_000 },
+    doc: "deliveries one redrive transaction re-runs; a larger redrive goes on in further batches",
+};
+
 /// Every key, in the order of the template.
-pub const KEYS: [&Key; 19] = [
+pub const KEYS: [&Key; 23] = [
     &LISTEN,
     &SYNCHRONOUS,
     &SHUTDOWN_GRACE,
@@ -287,6 +326,10 @@ pub const KEYS: [&Key; 19] = [
     &REQUEST_BODY_TIMEOUT,
     &IDLE_TIMEOUT,
     &REQUESTS_PER_CONNECTION_MAX,
+    &MAX_ATTEMPTS_MAX,
+    &RETRY_BACKOFF,
+    &RETRY_BACKOFF_MAX,
+    &REDRIVE_BATCH_MAX,
 ];
 
 /// Writes a duration the way the configuration takes it: the largest whole unit.

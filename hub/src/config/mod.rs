@@ -61,6 +61,14 @@ pub struct Limits {
     pub idle_timeout: Duration,
     /// Most requests one connection carries.
     pub requests_per_connection_max: u64,
+    /// Most runs a message may ask for (`max_attempts`).
+    pub max_attempts_max: u32,
+    /// The first retry's backoff when a message names none.
+    pub retry_backoff: Duration,
+    /// The longest backoff before a retry.
+    pub retry_backoff_max: Duration,
+    /// Most deliveries one redrive transaction re-runs.
+    pub redrive_batch_max: u32,
 }
 
 impl Default for Limits {
@@ -81,6 +89,10 @@ impl Default for Limits {
             request_body_timeout: REQUEST_BODY_TIMEOUT_DEFAULT,
             idle_timeout: IDLE_TIMEOUT_DEFAULT,
             requests_per_connection_max: REQUESTS_PER_CONNECTION_MAX_DEFAULT,
+            max_attempts_max: MAX_ATTEMPTS_MAX_DEFAULT as u32,
+            retry_backoff: RETRY_BACKOFF_DEFAULT,
+            retry_backoff_max: RETRY_BACKOFF_MAX_DEFAULT,
+            redrive_batch_max: REDRIVE_BATCH_MAX_DEFAULT as u32,
         }
     }
 }
@@ -171,7 +183,20 @@ impl HubConfig {
             request_body_timeout: m.duration(&REQUEST_BODY_TIMEOUT)?,
             idle_timeout: m.duration(&IDLE_TIMEOUT)?,
             requests_per_connection_max: m.int(&REQUESTS_PER_CONNECTION_MAX)?,
+            max_attempts_max: narrow(&MAX_ATTEMPTS_MAX)?,
+            retry_backoff: m.duration(&RETRY_BACKOFF)?,
+            retry_backoff_max: m.duration(&RETRY_BACKOFF_MAX)?,
+            redrive_batch_max: narrow(&REDRIVE_BATCH_MAX)?,
         };
+        if limits.retry_backoff > limits.retry_backoff_max {
+            return Err(format!(
+                "{} = {} is longer than {} = {}",
+                RETRY_BACKOFF.name.field(),
+                humanize(limits.retry_backoff),
+                RETRY_BACKOFF_MAX.name.field(),
+                humanize(limits.retry_backoff_max)
+            ));
+        }
         if limits.header_read_timeout > limits.idle_timeout {
             return Err(format!(
                 "{} = {} is longer than {} = {} (the header wait is also the wait for the next request)",

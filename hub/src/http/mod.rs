@@ -2,8 +2,9 @@
 //! JSON bodies and query strings. Every error leaves as `{code, message}` with its status;
 //! internals are logged, never sent.
 //!
-//! Layout: `node` (claims, holdings, mirrored/ack/reject, reports), `producer` (accept and
-//! read), `health` (healthz, readyz, metrics).
+//! Layout: `node` (sessions, claims, holdings, starts, mirrored/ack/reject, reports; every one
+//! checks the `baton-session` header), `producer` (accept, read and cancel), `health` (healthz,
+//! readyz, metrics).
 
 mod health;
 mod node;
@@ -49,6 +50,55 @@ pub struct Shared {
     pub metrics: Option<PrometheusHandle>,
     /// Wall-clock time for everything stored (`now_ms` of the store functions).
     pub clock: SharedClock,
+    /// What the hub keeps in memory about node sessions and cancel notices.
+    pub turns: TurnState,
+}
+
+/// In-memory turn-control bookkeeping: when each node session was last heard from (written to
+/// `node_sessions.last_contact_at` every `CONTACT_FLUSH_INTERVAL`, so no read opens a write
+/// transaction for it), and which cancel notices each instance's claims were already answered
+/// with (a waiting claim returns at once only for a new one).
+#[derive(Debug, Default)]
+pub struct TurnState {
+    contacts: std::sync::Mutex<std::collections::HashMap<(String, u64), i64>>,
+    announced: std::sync::Mutex<std::collections::HashMap<String, std::collections::HashSet<(String, u32)>>>,
+}
+
+/// How often the last contact of node sessions is written to the record.
+pub const CONTACT_FLUSH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+
+impl TurnState {
+    /// Notes that `host`'s session `session` was heard from at `now_ms`.
+    pub fn contact(&self, host: &str, session: Option<u64>, now_ms: i64) {
+        let Some(session) = session else { return };
+        if let Ok(mut c) = self.contacts.lock() {
+            let at = c.entry((host.to_string(), session)).or_insert(now_ms);
+            *at = (*at).max(now_ms);
+        }
+    }
+
+    /// Takes the contacts noted since the last call.
+    pub fn take_contacts(&self) -> Vec<(String, u64, i64)> {
+        match self.contacts.lock() {
+            Ok(mut c) => c.drain().map(|((h, s), at)| (h, s, at)).collect(),
+            Err(_) => Vec::new(),
+        }
+    }
+
+    /// Records that `instance`'s claim is answered with `cancels`; returns whether any of them
+    /// was not in an earlier answer. Notices no longer pending are forgotten.
+    pub fn announce(&self, instance: &str, cancels: &[baton_shared::wire::CancelNotice]) -> bool {
+        let Ok(mut all) = self.announced.lock() else { return !cancels.is_empty() };
+        let now: std::collections::HashSet<(String, u32)> =
+            cancels.iter().map(|c| (c.delivery_id.clone(), c.attempt)).collect();
+        let seen = all.entry(instance.to_string()).or_default();
+        let fresh = now.iter().any(|k| !seen.contains(k));
+        *seen = now;
+        if seen.is_empty() {
+            all.remove(instance);
+        }
+        fresh
+    }
 }
 
 /// The router's state.
@@ -75,8 +125,12 @@ pub fn app(state: AppState) -> Router {
     Router::new()
         .route("/v1/messages", post(producer::submit).get(producer::get_by_key))
         .route("/v1/messages/{message_id}", get(producer::get_by_id))
+        .route("/v1/messages/{message_id}/cancel", post(producer::cancel))
         .route("/v1/conversations/{name}", get(producer::get_conversation))
+        .route("/v1/sessions", post(node::open_session))
+        .route("/v1/sessions/end", post(node::end_session))
         .route("/v1/claims", post(node::claim))
+        .route("/v1/starts", post(node::starts))
         .route("/v1/holdings", get(node::holdings))
         .route("/v1/deliveries/{delivery_id}/mirrored", post(node::mirrored))
         .route("/v1/deliveries/{delivery_id}/ack", post(node::ack))
@@ -463,8 +517,12 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/messages"),
     ("GET", "/v1/messages"),
     ("GET", "/v1/messages/{message_id}"),
+    ("POST", "/v1/messages/{message_id}/cancel"),
     ("GET", "/v1/conversations/{name}"),
+    ("POST", "/v1/sessions"),
+    ("POST", "/v1/sessions/end"),
     ("POST", "/v1/claims"),
+    ("POST", "/v1/starts"),
     ("GET", "/v1/holdings"),
     ("POST", "/v1/deliveries/{delivery_id}/mirrored"),
     ("POST", "/v1/deliveries/{delivery_id}/ack"),
@@ -550,6 +608,20 @@ mod openapi_tests {
         };
         let interval = MembershipInterval { join_seq: 0, joined_at_ms: 1, leave_seq: Some(2), left_at_ms: Some(3) };
         let summary = DeliverySummary { delivery_id: "d".into(), host: "h".into(), state: DeliveryState::Queued };
+        let notice = CancelNotice { delivery_id: "d".into(), attempt: 1, reason: "r".into() };
+        let item = StartItem { delivery_id: "d".into(), claim_token: "t".into(), attempt: 1 };
+        let start = StartResult {
+            delivery_id: "d".into(),
+            start: false,
+            code: Some("cancelled".into()),
+            message: Some("m".into()),
+        };
+        let cancelled = CancelResult {
+            delivery_id: "d".into(),
+            host: "h".into(),
+            effect: "requested".into(),
+            state: DeliveryState::Delivered,
+        };
         let samples: Vec<(&str, serde_json::Value)> = vec![
             (
                 "SubmitRequest",
@@ -558,8 +630,8 @@ mod openapi_tests {
                     idempotency_key: "k".into(),
                     payload: serde_json::json!(1),
                     to: Some(vec!["h".into()]),
-                    max_attempts: None,
-                    retry_backoff_ms: None,
+                    max_attempts: Some(3),
+                    retry_backoff_ms: Some(1000),
                 })
                 .unwrap(),
             ),
@@ -597,7 +669,11 @@ mod openapi_tests {
             ("ClaimedDelivery", serde_json::to_value(&claimed).unwrap()),
             (
                 "ClaimResponse",
-                serde_json::to_value(ClaimResponse { deliveries: vec![claimed.clone()], cancels: Vec::new() }).unwrap(),
+                serde_json::to_value(ClaimResponse {
+                    deliveries: vec![claimed.clone()],
+                    cancels: vec![notice.clone()],
+                })
+                .unwrap(),
             ),
             (
                 "HolderRequest",
@@ -634,7 +710,7 @@ mod openapi_tests {
                     result: Some("x".into()),
                     reason: Some("y".into()),
                     attempt: Some(1),
-                    signal: None,
+                    signal: Some(15),
                 })
                 .unwrap(),
             ),
@@ -644,7 +720,7 @@ mod openapi_tests {
                     attempt,
                     delivery_id: "d".into(),
                     duplicate: false,
-                    retry_at_ms: None,
+                    retry_at_ms: Some(5),
                 })
                 .unwrap(),
             ),
@@ -664,6 +740,31 @@ mod openapi_tests {
             ),
             ("MembershipInterval", serde_json::to_value(&interval).unwrap()),
             ("Error", serde_json::to_value(ErrorBody { code: "c".into(), message: "m".into() }).unwrap()),
+            ("CancelNotice", serde_json::to_value(&notice).unwrap()),
+            (
+                "SessionRequest",
+                serde_json::to_value(SessionRequest { instance_id: "i".into(), node_version: Some("1".into()) })
+                    .unwrap(),
+            ),
+            ("SessionResponse", serde_json::to_value(SessionResponse { session: 2, took_over: Some(1) }).unwrap()),
+            (
+                "SessionEndRequest",
+                serde_json::to_value(SessionEndRequest { instance_id: "i".into(), session: 1 }).unwrap(),
+            ),
+            ("StartItem", serde_json::to_value(&item).unwrap()),
+            (
+                "StartRequest",
+                serde_json::to_value(StartRequest { instance_id: "i".into(), starts: vec![item.clone()] }).unwrap(),
+            ),
+            ("StartResult", serde_json::to_value(&start).unwrap()),
+            ("StartResponse", serde_json::to_value(StartResponse { results: vec![start.clone()] }).unwrap()),
+            ("CancelRequest", serde_json::to_value(CancelRequest { reason: "r".into() }).unwrap()),
+            ("CancelResult", serde_json::to_value(&cancelled).unwrap()),
+            (
+                "CancelResponse",
+                serde_json::to_value(CancelResponse { message_id: "m".into(), deliveries: vec![cancelled.clone()] })
+                    .unwrap(),
+            ),
         ];
         let schemas = spec["components"]["schemas"].as_object().unwrap();
         assert_eq!(schemas.len(), samples.len(), "every documented schema has a sample here");
@@ -689,6 +790,7 @@ mod openapi_tests {
             ready: AtomicBool::new(true),
             metrics: None,
             clock: baton_shared::clock::system(),
+            turns: TurnState::default(),
         });
         let app = app(state);
         for (method, path) in ROUTES {

@@ -1,10 +1,12 @@
-//! Node endpoints: claims (long-poll), holdings, mirrored / ack / reject, attempt reports.
-//! Every one acts only on the caller's own host, read from its certificate.
+//! Node endpoints: sessions, claims (long-poll), holdings, starts, mirrored / ack / reject,
+//! attempt reports. Every one acts only on the caller's own host, read from its certificate,
+//! and refuses a request whose `baton-session` is not the host's newest session (checked in the
+//! same transaction that acts).
 
 use super::{ApiError, ApiJson, ApiQuery, AppState, NodeCaller, check_path_id};
-use crate::store::claim;
-use crate::store::report::{self, NewReport};
+use crate::store::report::{self, NewReport, RunReport};
 use crate::store::transition::Holder;
+use crate::store::{claim, sessions, turns};
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -14,16 +16,142 @@ use baton_shared::ids::{check_key, check_token};
 use baton_shared::limits::REASON_CHARS_MAX;
 use baton_shared::wire::{
     ClaimRequest, ClaimResponse, HolderRequest, HoldingsResponse, RejectRequest, ReportRequest, ReportResponse,
+    SESSION_HEADER, SessionEndRequest, SessionRequest, SessionResponse, StartRequest, StartResponse,
     TransitionResponse,
 };
 use serde::Deserialize;
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// `POST /v1/claims`: answers as soon as work is claimable, or when the wait elapses.
+/// The request's `baton-session` header: the node session it comes from (absent for a node that
+/// predates sessions).
+pub(super) struct Session(Option<u64>);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Session {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let Some(value) = parts.headers.get(SESSION_HEADER) else { return Ok(Session(None)) };
+        value
+            .to_str()
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .filter(|s| *s >= 1)
+            .map(|s| Session(Some(s)))
+            .ok_or_else(|| {
+                ApiError::new(
+                    ErrorCode::InvalidField,
+                    format!("{SESSION_HEADER}: must be a session number (1 or more)"),
+                )
+            })
+    }
+}
+
+/// Longest `node_version` a session may name.
+const NODE_VERSION_CHARS_MAX: usize = 100;
+
+/// `POST /v1/sessions`: a node process registers a fresh session (refused with
+/// `instance_conflict` while another instance of the host holds work).
+pub(super) async fn open_session(
+    NodeCaller(caller): NodeCaller,
+    State(state): State<AppState>,
+    ApiJson(req): ApiJson<SessionRequest>,
+) -> Result<Json<SessionResponse>, ApiError> {
+    check_token("instance_id", &req.instance_id)?;
+    if req.node_version.as_ref().is_some_and(|v| v.chars().count() > NODE_VERSION_CHARS_MAX) {
+        return Err(ApiError::new(
+            ErrorCode::InvalidField,
+            format!("node_version: at most {NODE_VERSION_CHARS_MAX} characters"),
+        ));
+    }
+    let host = caller.name.clone();
+    let clock = state.clock.clone();
+    let instance = req.instance_id.clone();
+    let opened = state
+        .writer
+        .call(move |c| sessions::open(c, &host, &req.instance_id, req.node_version.as_deref(), clock.now_ms()))
+        .await?;
+    if let Some(previous) = opened.took_over {
+        tracing::warn!(
+            host = %caller.name,
+            instance = %instance,
+            session = opened.session,
+            took_over = previous,
+            "a node session took over from one that had not ended (a crash, or a copy of its data directory)"
+        );
+    }
+    // Waiting claims of the superseded session look again, and are refused.
+    state.work_changed();
+    Ok(Json(SessionResponse { session: opened.session, took_over: opened.took_over }))
+}
+
+/// `POST /v1/sessions/end`: the node ends its session cleanly.
+pub(super) async fn end_session(
+    NodeCaller(caller): NodeCaller,
+    State(state): State<AppState>,
+    Session(session): Session,
+    ApiJson(req): ApiJson<SessionEndRequest>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    check_token("instance_id", &req.instance_id)?;
+    let clock = state.clock.clone();
+    state
+        .writer
+        .call(move |c| {
+            sessions::check(c, &caller.name, session)?;
+            sessions::end(c, &caller.name, &req.instance_id, req.session, clock.now_ms())
+        })
+        .await?;
+    Ok(Json(serde_json::json!({})))
+}
+
+/// `POST /v1/starts`: which of the turns the node is about to start may run (one write job for
+/// the whole request).
+pub(super) async fn starts(
+    NodeCaller(caller): NodeCaller,
+    State(state): State<AppState>,
+    Session(session): Session,
+    ApiJson(req): ApiJson<StartRequest>,
+) -> Result<Json<StartResponse>, ApiError> {
+    check_token("instance_id", &req.instance_id)?;
+    let Some(session) = session else {
+        return Err(ApiError::new(
+            ErrorCode::InvalidField,
+            format!("{SESSION_HEADER}: required to start turns (register one with POST /v1/sessions)"),
+        ));
+    };
+    let max = state.limits.claim_batch_max as usize;
+    if req.starts.len() > max {
+        return Err(ApiError::new(
+            ErrorCode::InvalidField,
+            format!("starts: {} items; at most {max} are taken (limits.claim_batch_max)", req.starts.len()),
+        ));
+    }
+    for item in &req.starts {
+        check_path_id("delivery_id", &item.delivery_id)?;
+        check_token("claim_token", &item.claim_token)?;
+        if item.attempt == 0 {
+            return Err(ApiError::new(ErrorCode::InvalidField, "attempt: must be at least 1"));
+        }
+    }
+    let host = caller.name.clone();
+    let clock = state.clock.clone();
+    let results = state
+        .writer
+        .call(move |c| {
+            sessions::check(c, &host, Some(session))?;
+            turns::start(c, &host, &req.instance_id, session, &req.starts, clock.now_ms())
+        })
+        .await?;
+    state.turns.contact(&caller.name, Some(session), state.clock.now_ms());
+    Ok(Json(StartResponse { results }))
+}
+
+/// `POST /v1/claims`: answers as soon as work is claimable or a new cancel notice is pending,
+/// or when the wait elapses; a wait ends early when a retry of the host becomes due.
 pub(super) async fn claim(
     NodeCaller(caller): NodeCaller,
     State(state): State<AppState>,
+    Session(session): Session,
     ApiJson(req): ApiJson<ClaimRequest>,
 ) -> Result<Json<ClaimResponse>, ApiError> {
     check_token("instance_id", &req.instance_id)?;
@@ -39,29 +167,46 @@ pub(super) async fn claim(
         let mut rx = state.work.subscribe();
         let (host, instance, serial) = (caller.name.clone(), req.instance_id.clone(), caller.serial.clone());
         let clock = state.clock.clone();
-        let batch = state
+        let (batch, cancels, next_retry) = state
             .writer
             .call(move |c| {
+                let now = clock.now_ms();
+                sessions::check(c, &host, session)?;
                 let who = claim::Claimant { host: &host, serial: Some(&serial), instance_id: &instance };
-                claim::claim_as(c, who, max, clock.now_ms())
+                let batch = claim::claim_as(c, who, max, now)?;
+                let cancels = turns::cancels_for(c, &host, &instance)?;
+                Ok((batch, cancels, turns::next_retry_at(c, &host, now)?))
             })
             .await?;
+        state.turns.contact(&caller.name, session, state.clock.now_ms());
+        let fresh_cancels = state.turns.announce(&req.instance_id, &cancels);
         if !batch.is_empty() {
             crash_point("hub.claim.after_commit");
             metrics::counter!("baton_hub_deliveries_claimed_total").increment(batch.len() as u64);
             state.outcome_changed();
-            return Ok(Json(ClaimResponse { deliveries: batch, cancels: Vec::new() }));
+            return Ok(Json(ClaimResponse { deliveries: batch, cancels }));
         }
-        if Instant::now() >= deadline {
-            return Ok(Json(ClaimResponse { deliveries: Vec::new(), cancels: Vec::new() }));
+        if fresh_cancels || Instant::now() >= deadline {
+            return Ok(Json(ClaimResponse { deliveries: Vec::new(), cancels }));
         }
+        // A retry that becomes due during the wait ends it (the record's clock decides when).
+        let wake = match next_retry {
+            Some(at) => {
+                let wait = u64::try_from(at.saturating_sub(state.clock.now_ms())).unwrap_or(0);
+                (Instant::now() + Duration::from_millis(wait) + RETRY_WAKE_SLACK).min(deadline)
+            }
+            None => deadline,
+        };
         tokio::select! {
             _ = rx.changed() => {}
-            _ = tokio::time::sleep_until(deadline) => {}
-            _ = state.shutdown.cancelled() => return Ok(Json(ClaimResponse { deliveries: Vec::new(), cancels: Vec::new() })),
+            _ = tokio::time::sleep_until(wake) => {}
+            _ = state.shutdown.cancelled() => return Ok(Json(ClaimResponse { deliveries: Vec::new(), cancels })),
         }
     }
 }
+
+/// Added to a waiting claim's wake-up for a due retry, so the look after it finds it due.
+const RETRY_WAKE_SLACK: Duration = Duration::from_millis(5);
 
 /// Query of `GET /v1/holdings`.
 #[derive(Debug, Deserialize)]
@@ -74,12 +219,20 @@ pub(super) struct HoldingsQuery {
 pub(super) async fn holdings(
     NodeCaller(caller): NodeCaller,
     State(state): State<AppState>,
+    Session(session): Session,
     ApiQuery(q): ApiQuery<HoldingsQuery>,
 ) -> Result<Json<HoldingsResponse>, ApiError> {
     check_token("instance_id", &q.instance_id)?;
     let host = caller.name.clone();
-    let deliveries = state.readers.read(move |c| claim::holdings(c, &host, &q.instance_id)).await?;
+    let deliveries = state
+        .readers
+        .read(move |c| {
+            sessions::check(c, &host, session)?;
+            claim::holdings(c, &host, &q.instance_id)
+        })
+        .await?;
     caller.recheck(&state).await?;
+    state.turns.contact(&caller.name, session, state.clock.now_ms());
     Ok(Json(HoldingsResponse { deliveries }))
 }
 
@@ -97,6 +250,7 @@ type HolderStep =
 async fn holder_step(
     caller: crate::http::Caller,
     state: &AppState,
+    session: Option<u64>,
     id: String,
     req: HolderRequest,
     step: HolderStep,
@@ -104,13 +258,16 @@ async fn holder_step(
     check_path_id("delivery_id", &id)?;
     check_holder(&req)?;
     let clock = state.clock.clone();
+    let host = caller.name.clone();
     let r = state
         .writer
         .call(move |c| {
+            sessions::check(c, &host, session)?;
             let h = Holder { instance_id: &req.instance_id, claim_token: &req.claim_token };
-            step(c, &caller.name, &id, h, clock.now_ms())
+            step(c, &host, &id, h, clock.now_ms())
         })
         .await?;
+    state.turns.contact(&caller.name, session, state.clock.now_ms());
     Ok(r)
 }
 
@@ -118,10 +275,11 @@ async fn holder_step(
 pub(super) async fn mirrored(
     NodeCaller(caller): NodeCaller,
     State(state): State<AppState>,
+    Session(session): Session,
     Path(id): Path<String>,
     ApiJson(req): ApiJson<HolderRequest>,
 ) -> Result<Json<TransitionResponse>, ApiError> {
-    let r = holder_step(caller, &state, id, req, claim::mirrored).await?;
+    let r = holder_step(caller, &state, session, id, req, claim::mirrored).await?;
     crash_point("hub.mirrored.after_commit");
     state.outcome_changed();
     Ok(Json(r))
@@ -131,10 +289,11 @@ pub(super) async fn mirrored(
 pub(super) async fn ack(
     NodeCaller(caller): NodeCaller,
     State(state): State<AppState>,
+    Session(session): Session,
     Path(id): Path<String>,
     ApiJson(req): ApiJson<HolderRequest>,
 ) -> Result<Json<TransitionResponse>, ApiError> {
-    let r = holder_step(caller, &state, id, req, claim::ack).await?;
+    let r = holder_step(caller, &state, session, id, req, claim::ack).await?;
     crash_point("hub.ack.after_commit");
     state.outcome_changed();
     Ok(Json(r))
@@ -144,6 +303,7 @@ pub(super) async fn ack(
 pub(super) async fn reject(
     NodeCaller(caller): NodeCaller,
     State(state): State<AppState>,
+    Session(session): Session,
     Path(id): Path<String>,
     ApiJson(req): ApiJson<RejectRequest>,
 ) -> Result<Json<TransitionResponse>, ApiError> {
@@ -157,13 +317,16 @@ pub(super) async fn reject(
         ));
     }
     let clock = state.clock.clone();
+    let host = caller.name.clone();
     let r = state
         .writer
         .call(move |c| {
+            sessions::check(c, &host, session)?;
             let h = Holder { instance_id: &req.instance_id, claim_token: &req.claim_token };
-            claim::reject(c, &caller.name, &id, h, &req.reason, clock.now_ms())
+            claim::reject(c, &host, &id, h, &req.reason, clock.now_ms())
         })
         .await?;
+    state.turns.contact(&caller.name, session, state.clock.now_ms());
     state.outcome_changed();
     Ok(Json(r))
 }
@@ -172,6 +335,7 @@ pub(super) async fn reject(
 pub(super) async fn report(
     NodeCaller(caller): NodeCaller,
     State(state): State<AppState>,
+    Session(session): Session,
     ApiJson(req): ApiJson<ReportRequest>,
 ) -> Result<(StatusCode, Json<ReportResponse>), ApiError> {
     check_path_id("delivery_id", &req.delivery_id)?;
@@ -190,12 +354,24 @@ pub(super) async fn report(
     if req.reason.as_ref().is_some_and(|r| r.chars().count() > REASON_CHARS_MAX) {
         return Err(ApiError::new(ErrorCode::InvalidField, format!("reason: at most {REASON_CHARS_MAX} characters")));
     }
+    if req.attempt == Some(0) {
+        return Err(ApiError::new(ErrorCode::InvalidField, "attempt: must be at least 1"));
+    }
     let outcome = req.outcome;
     let delivery_id = req.delivery_id.clone();
     let clock = state.clock.clone();
-    let (attempt, duplicate) = state
+    let host = caller.name.clone();
+    let run = RunReport {
+        attempt: req.attempt,
+        signal: req.signal,
+        session,
+        retry_backoff: state.limits.retry_backoff,
+        retry_backoff_max: state.limits.retry_backoff_max,
+    };
+    let (attempt, duplicate, retry_at_ms) = state
         .writer
         .call(move |c| {
+            sessions::check(c, &host, session)?;
             let r = NewReport {
                 delivery_id: &req.delivery_id,
                 holder: Holder { instance_id: &req.instance_id, claim_token: &req.claim_token },
@@ -206,14 +382,19 @@ pub(super) async fn report(
                 result: req.result.as_deref(),
                 reason: req.reason.as_deref(),
             };
-            report::report(c, &caller.name, &r, clock.now_ms())
+            report::report_run(c, &host, &r, &run, clock.now_ms())
         })
         .await?;
     crash_point("hub.report.after_commit");
+    state.turns.contact(&caller.name, session, state.clock.now_ms());
     if !duplicate {
         metrics::counter!("baton_hub_attempts_reported_total", "outcome" => outcome.as_str()).increment(1);
         state.outcome_changed();
+        if retry_at_ms.is_some() {
+            // Waiting claims of the host look again, and wake when the retry is due.
+            state.work_changed();
+        }
     }
     let status = if duplicate { StatusCode::OK } else { StatusCode::CREATED };
-    Ok((status, Json(ReportResponse { attempt, delivery_id, duplicate, retry_at_ms: None })))
+    Ok((status, Json(ReportResponse { attempt, delivery_id, duplicate, retry_at_ms })))
 }

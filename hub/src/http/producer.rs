@@ -1,22 +1,47 @@
 //! Producer endpoints: accept a message, read it back (by id or idempotency key) with an
-//! optional long-poll for outcomes, and read a conversation's membership.
+//! optional long-poll for outcomes, cancel it, and read a conversation's membership.
 
 use super::{ApiError, ApiJson, ApiQuery, AppState, Caller, ProducerCaller, check_path_id};
-use crate::store::accept::{self, AcceptLimits, Accepted, NewMessage};
-use crate::store::{members, producers, read};
+use crate::store::accept::{self, AcceptLimits, Accepted, NewMessage, RetryPolicy};
+use crate::store::{members, producers, read, turns};
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use baton_shared::crash_point;
 use baton_shared::error::ErrorCode;
 use baton_shared::ids::{check_key, check_name};
-use baton_shared::wire::{ConversationView, MessageView, SubmitRequest, SubmitResponse};
+use baton_shared::limits::REASON_CHARS_MAX;
+use baton_shared::wire::{CancelRequest, CancelResponse, ConversationView, MessageView, SubmitRequest, SubmitResponse};
 use serde::Deserialize;
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// Validates a submission into a `NewMessage`.
-fn validate(producer: &str, req: SubmitRequest, state: &AppState) -> Result<NewMessage, ApiError> {
+/// Validates a message's retry policy against the hub's bounds.
+fn validate_retry(req: &SubmitRequest, state: &AppState) -> Result<RetryPolicy, ApiError> {
+    let max = state.limits.max_attempts_max;
+    if let Some(n) = req.max_attempts
+        && !(1..=max).contains(&n)
+    {
+        return Err(ApiError::new(
+            ErrorCode::InvalidField,
+            format!("max_attempts: {n} is out of range; allowed 1..={max} (limits.max_attempts_max)"),
+        ));
+    }
+    let max_ms = state.limits.retry_backoff_max.as_millis() as u64;
+    if let Some(ms) = req.retry_backoff_ms
+        && ms > max_ms
+    {
+        return Err(ApiError::new(
+            ErrorCode::InvalidField,
+            format!("retry_backoff_ms: {ms} is over {max_ms} (limits.retry_backoff_max)"),
+        ));
+    }
+    Ok(RetryPolicy { max_attempts: req.max_attempts, retry_backoff_ms: req.retry_backoff_ms })
+}
+
+/// Validates a submission into a `NewMessage` and its retry policy.
+fn validate(producer: &str, req: SubmitRequest, state: &AppState) -> Result<(NewMessage, RetryPolicy), ApiError> {
+    let retry = validate_retry(&req, state)?;
     check_name("conversation", &req.conversation)?;
     check_key("idempotency_key", &req.idempotency_key)?;
     let payload = serde_json::to_string(&req.payload)
@@ -43,13 +68,14 @@ fn validate(producer: &str, req: SubmitRequest, state: &AppState) -> Result<NewM
     }
     to.sort();
     to.dedup();
-    Ok(NewMessage {
+    let msg = NewMessage {
         producer: producer.to_string(),
         conversation: req.conversation,
         idempotency_key: req.idempotency_key,
         payload,
         to,
-    })
+    };
+    Ok((msg, retry))
 }
 
 /// `POST /v1/messages`.
@@ -58,11 +84,12 @@ pub(super) async fn submit(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<SubmitRequest>,
 ) -> Result<(StatusCode, Json<SubmitResponse>), ApiError> {
-    let msg = validate(&caller.name, req, &state)?;
+    let (msg, retry) = validate(&caller.name, req, &state)?;
     let limits = AcceptLimits { queued_per_host_max: state.limits.queued_per_host_max };
     crash_point("hub.accept.before_txn");
     let clock = state.clock.clone();
-    let accepted = state.writer.call(move |c| accept::accept(c, &msg, limits, clock.now_ms())).await?;
+    let accepted =
+        state.writer.call(move |c| accept::accept_with_retry(c, &msg, retry, limits, clock.now_ms())).await?;
     let (message_id, seq, duplicate) = match accepted {
         Accepted::New { message_id, seq } => {
             crash_point("hub.accept.after_commit");
@@ -82,6 +109,32 @@ pub(super) async fn submit(
     }
     let status = if duplicate { StatusCode::OK } else { StatusCode::CREATED };
     Ok((status, Json(SubmitResponse { message_id, seq, duplicate, deliveries })))
+}
+
+/// `POST /v1/messages/{message_id}/cancel`: the producer cancels its own message (403
+/// `forbidden` for another's): each delivery is cancelled in the hub, asked of its node, or left
+/// as it ended.
+pub(super) async fn cancel(
+    ProducerCaller(caller): ProducerCaller,
+    State(state): State<AppState>,
+    Path(message_id): Path<String>,
+    ApiJson(req): ApiJson<CancelRequest>,
+) -> Result<Json<CancelResponse>, ApiError> {
+    check_path_id("message_id", &message_id)?;
+    if req.reason.trim().is_empty() || req.reason.chars().count() > REASON_CHARS_MAX {
+        return Err(ApiError::new(
+            ErrorCode::InvalidField,
+            format!("reason: must be 1..={REASON_CHARS_MAX} characters"),
+        ));
+    }
+    let clock = state.clock.clone();
+    let id = message_id.clone();
+    let deliveries =
+        state.writer.call(move |c| turns::cancel_message(c, &id, &caller.name, &req.reason, clock.now_ms())).await?;
+    // Waiting claims carry the cancel notice to the node; waiting reads see the outcome.
+    state.work_changed();
+    state.outcome_changed();
+    Ok(Json(CancelResponse { message_id, deliveries }))
 }
 
 /// Query of the message reads.

@@ -42,6 +42,13 @@ pub struct NewMessage {
 impl NewMessage {
     /// The content hash that decides "same content" for an idempotent replay.
     pub fn content_hash(&self) -> String {
+        self.content_hash_with(RetryPolicy::default())
+    }
+
+    /// The content hash with the message's retry policy: the fields of `content_hash`, then,
+    /// only for a field that was given, its name and value (so a message without a retry policy
+    /// hashes exactly as before the policy existed, and stored keys keep matching).
+    pub fn content_hash_with(&self, retry: RetryPolicy) -> String {
         let mut h = Sha256::new();
         for part in [self.conversation.as_str(), self.payload.as_str()] {
             h.update((part.len() as u64).to_le_bytes());
@@ -51,8 +58,26 @@ impl NewMessage {
             h.update((host.len() as u64).to_le_bytes());
             h.update(host.as_bytes());
         }
+        let given = [
+            retry.max_attempts.map(|n| format!("max_attempts={n}")),
+            retry.retry_backoff_ms.map(|ms| format!("retry_backoff_ms={ms}")),
+        ];
+        for part in given.into_iter().flatten() {
+            h.update((part.len() as u64).to_le_bytes());
+            h.update(part.as_bytes());
+        }
         h.finalize().iter().map(|b| format!("{b:02x}")).collect()
     }
+}
+
+/// A message's retry policy as submitted (each field absent when not given). Validated by the
+/// caller against the hub's bounds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Runs the harness may ask for (default 1).
+    pub max_attempts: Option<u32>,
+    /// The first retry's backoff (default: the hub's `retry_backoff`).
+    pub retry_backoff_ms: Option<u64>,
 }
 
 /// Bounds checked inside the acceptance transaction.
@@ -84,8 +109,20 @@ pub enum Accepted {
 /// The acceptance transaction: scope check, message, routing, obligation. Call inside a write
 /// transaction.
 pub fn accept(conn: &Connection, msg: &NewMessage, limits: AcceptLimits, now_ms: i64) -> StoreResult<Accepted> {
+    accept_with_retry(conn, msg, RetryPolicy::default(), limits, now_ms)
+}
+
+/// `accept` for a message with a retry policy (stored with the message, and part of its content
+/// hash only for the fields given).
+pub fn accept_with_retry(
+    conn: &Connection,
+    msg: &NewMessage,
+    retry: RetryPolicy,
+    limits: AcceptLimits,
+    now_ms: i64,
+) -> StoreResult<Accepted> {
     producers::check_may_post(conn, &msg.producer, &msg.conversation)?;
-    let hash = msg.content_hash();
+    let hash = msg.content_hash_with(retry);
     let existing: Option<(String, i64, String)> = conn
         .prepare_cached("SELECT id, seq, content_hash FROM messages WHERE producer = ?1 AND idempotency_key = ?2")?
         .query_row([&msg.producer, &msg.idempotency_key], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
@@ -121,12 +158,14 @@ pub fn accept(conn: &Connection, msg: &NewMessage, limits: AcceptLimits, now_ms:
         .query_row([&msg.conversation], |r| r.get(0))?;
     let message_id = new_id();
     conn.prepare_cached(
-        "INSERT INTO messages (id, conversation, seq, producer, idempotency_key, content_hash, payload, accepted_at)
-         VALUES (:id, :c, :seq, :p, :k, :h, :payload, :now)",
+        "INSERT INTO messages (id, conversation, seq, producer, idempotency_key, content_hash, payload, accepted_at,
+                               max_attempts, retry_backoff_ms)
+         VALUES (:id, :c, :seq, :p, :k, :h, :payload, :now, :max, :backoff)",
     )?
     .execute(named_params! {
         ":id": message_id, ":c": msg.conversation, ":seq": seq, ":p": msg.producer, ":k": msg.idempotency_key,
-        ":h": hash, ":payload": msg.payload, ":now": now_ms,
+        ":h": hash, ":payload": msg.payload, ":now": now_ms, ":max": retry.max_attempts.unwrap_or(1),
+        ":backoff": retry.retry_backoff_ms.map(|ms| ms as i64),
     })?;
     crash_point("hub.accept.after_message_insert");
     let mut route = conn.prepare_cached("INSERT INTO message_recipients (message_id, host) VALUES (?1, ?2)")?;

@@ -23,9 +23,10 @@
 use super::fences::{self, ClaimScan, Fence, FenceKind};
 use super::hosts::{self, Standing};
 use super::transition::{self, Change, Holder};
-use super::{Actor, StoreError, StoreResult, json_column, members, new_token, state_column};
+use super::{Actor, StoreError, StoreResult, json_column, members, new_token, parse_column_opt, state_column};
 use baton_shared::crash_point;
 use baton_shared::states::DeliveryState::{self, *};
+use baton_shared::states::Rerun;
 use baton_shared::wire::{ClaimedDelivery, TransitionResponse};
 use rusqlite::{Connection, OptionalExtension, named_params};
 use std::collections::{HashMap, VecDeque};
@@ -56,19 +57,21 @@ fn host_may_claim(conn: &Connection, host: &str, now_ms: i64) -> StoreResult<boo
     }
 }
 
-/// How many deliveries `instance_id` holds: claimed, mirrored, or delivered with no attempt.
+/// How many deliveries `instance_id` holds: claimed, mirrored, or delivered with no outcome of
+/// the current run.
 pub fn holding_count(conn: &Connection, instance_id: &str) -> StoreResult<i64> {
     Ok(conn
         .prepare_cached(
             "SELECT count(*) FROM deliveries d WHERE d.instance_id = ?1
                AND (d.state IN ('claimed', 'mirrored')
-                    OR (d.state = 'delivered' AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id)))",
+                    OR (d.state = 'delivered' AND NOT EXISTS (
+                        SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)))",
         )?
         .query_row([instance_id], |r| r.get(0))?)
 }
 
 /// Binds `instance_id` to `host`, or refuses when another instance still holds work.
-fn bind_instance(conn: &Connection, host: &str, instance_id: &str, now_ms: i64) -> StoreResult<()> {
+pub(crate) fn bind_instance(conn: &Connection, host: &str, instance_id: &str, now_ms: i64) -> StoreResult<()> {
     let bound: Option<String> =
         conn.prepare_cached("SELECT instance_id FROM hosts WHERE name = ?1")?.query_row([host], |r| r.get(0))?;
     if bound.as_deref() == Some(instance_id) {
@@ -188,6 +191,22 @@ struct Head {
     id: String,
     message_id: String,
     seq: i64,
+    /// While waiting for a retry: not handed out before (unix ms).
+    not_before: Option<i64>,
+    /// An operator's redrive: handed out whatever the order rule says.
+    redrive: bool,
+}
+
+impl Head {
+    fn from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Head> {
+        Ok(Head {
+            id: r.get(0)?,
+            message_id: r.get(1)?,
+            seq: r.get(2)?,
+            not_before: r.get(3)?,
+            redrive: r.get::<_, Option<String>>(4)?.as_deref() == Some("redrive"),
+        })
+    }
 }
 
 /// One claim's walk over the host's conversation queues.
@@ -202,6 +221,8 @@ struct Scan<'a> {
     heads: usize,
     /// Whether any fan-out obligation is pending at all (then the order rule looks them up).
     obligations_pending: bool,
+    /// Whether any message may be retried at all (then the retry barrier looks them up).
+    retryable_messages: bool,
     /// The last tick given out; each turn taken (or found blocked) gets the next one.
     tick: i64,
     /// Conversations turned to in this claim, with their new tick, in turn order.
@@ -232,6 +253,9 @@ impl<'a> Scan<'a> {
         let obligations_pending: bool = conn
             .prepare_cached("SELECT EXISTS (SELECT 1 FROM fanout_obligations WHERE done_at IS NULL)")?
             .query_row([], |r| r.get(0))?;
+        let retryable_messages: bool = conn
+            .prepare_cached("SELECT EXISTS (SELECT 1 FROM messages WHERE max_attempts > 1)")?
+            .query_row([], |r| r.get(0))?;
         Ok(Scan {
             conn,
             host,
@@ -242,6 +266,7 @@ impl<'a> Scan<'a> {
             out: Vec::new(),
             heads: 0,
             obligations_pending,
+            retryable_messages,
             tick,
             turned: Vec::new(),
             managed: HashMap::new(),
@@ -332,14 +357,46 @@ impl<'a> Scan<'a> {
         Ok(self
             .conn
             .prepare_cached(
-                "SELECT id, message_id, seq FROM deliveries
+                "SELECT id, message_id, seq, not_before, rerun FROM deliveries
                  WHERE host = :h AND conversation = :c AND state = 'queued' AND seq > :s
                  ORDER BY seq LIMIT 1",
             )?
-            .query_row(named_params! {":h": self.host, ":c": conversation, ":s": seq}, |r| {
-                Ok(Head { id: r.get(0)?, message_id: r.get(1)?, seq: r.get(2)? })
-            })
+            .query_row(named_params! {":h": self.host, ":c": conversation, ":s": seq}, Head::from_row)
             .optional()?)
+    }
+
+    /// The lowest-`seq` queued redrive of `conversation` on this host (not held back by order).
+    fn next_redrive(&self, conversation: &str) -> StoreResult<Option<Head>> {
+        Ok(self
+            .conn
+            .prepare_cached(
+                "SELECT id, message_id, seq, not_before, rerun FROM deliveries
+                 WHERE host = :h AND conversation = :c AND state = 'queued' AND rerun = 'redrive'
+                 ORDER BY seq LIMIT 1",
+            )?
+            .query_row(named_params! {":h": self.host, ":c": conversation}, Head::from_row)
+            .optional()?)
+    }
+
+    /// The retry barrier: whether an earlier delivery of `conversation` on this host, of a
+    /// message that may be retried, was handed out and has no outcome of its current run yet
+    /// (its retry would come back before this turn). A redrive is no barrier.
+    fn retry_pending_before(&self, conversation: &str, seq: i64) -> StoreResult<bool> {
+        if !self.retryable_messages {
+            return Ok(false);
+        }
+        Ok(self
+            .conn
+            .prepare_cached(
+                "SELECT EXISTS (
+                    SELECT 1 FROM messages m JOIN deliveries d ON d.message_id = m.id AND d.host = :h
+                    WHERE m.conversation = :c AND m.seq < :s AND m.max_attempts > 1
+                      AND d.state IN ('claimed', 'mirrored', 'delivered')
+                      AND (d.rerun IS NULL OR d.rerun <> 'redrive')
+                      AND (d.state <> 'delivered' OR NOT EXISTS (
+                            SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)))",
+            )?
+            .query_row(named_params! {":h": self.host, ":c": conversation, ":s": seq}, |r| r.get(0))?)
     }
 
     /// Whether `conversation` has a held delivery on this host before `seq`.
@@ -426,9 +483,22 @@ impl<'a> Scan<'a> {
             }
             // Queued turns before this one were handed out or failed already in this loop.
             let Some(head) = self.next_queued(conversation, i64::MIN)? else { return Ok(Turn::Empty) };
-            if self.held_before(conversation, head.seq)? || self.earlier_not_fanned_out(conversation, head.seq)? {
+            // A redrive is handed out whatever came before it; anything else keeps the order,
+            // and a retry waits for its not-before time (holding later turns back).
+            let waits = !head.redrive
+                && (head.not_before.is_some_and(|t| t > self.now_ms)
+                    || self.held_before(conversation, head.seq)?
+                    || self.earlier_not_fanned_out(conversation, head.seq)?
+                    || self.retry_pending_before(conversation, head.seq)?);
+            if waits {
                 self.heads += 1;
-                return Ok(Turn::Blocked);
+                let Some(redrive) = self.next_redrive(conversation)? else { return Ok(Turn::Blocked) };
+                if !self.authorized(conversation, redrive.seq)? {
+                    self.settle(&redrive.id, Failed, NOT_A_MEMBER)?;
+                    continue;
+                }
+                self.hand_out(conversation, redrive)?;
+                return Ok(Turn::Claimed);
             }
             if !self.authorized(conversation, head.seq)? {
                 self.settle(&head.id, Failed, NOT_A_MEMBER)?;
@@ -442,10 +512,12 @@ impl<'a> Scan<'a> {
     /// queued → claimed for the claiming instance, and into the batch.
     fn hand_out(&mut self, conversation: &str, head: Head) -> StoreResult<()> {
         self.heads += 1;
-        let (payload, producer): (serde_json::Value, String) = self
+        let (payload, producer, max_attempts): (serde_json::Value, String, u32) = self
             .conn
-            .prepare_cached("SELECT payload, producer FROM messages WHERE id = ?1")?
-            .query_row([&head.message_id], |r| Ok((json_column(r, 0, "messages", &head.message_id)?, r.get(1)?)))?;
+            .prepare_cached("SELECT payload, producer, max_attempts FROM messages WHERE id = ?1")?
+            .query_row([&head.message_id], |r| {
+                Ok((json_column(r, 0, "messages", &head.message_id)?, r.get(1)?, r.get(2)?))
+            })?;
         let token = new_token();
         let holder = Holder { instance_id: self.holder_instance, claim_token: &token };
         let change = Change {
@@ -457,6 +529,12 @@ impl<'a> Scan<'a> {
             reason: None,
         };
         transition::apply(self.conn, change, &Actor::node(self.host), self.now_ms)?;
+        let (attempt, rerun): (u32, Option<Rerun>) = self
+            .conn
+            .prepare_cached("SELECT attempt, rerun FROM deliveries WHERE id = ?1")?
+            .query_row([&head.id], |r| {
+                Ok((r.get(0)?, parse_column_opt(r, 1, "deliveries", &head.id, "rerun", Rerun::parse)?))
+            })?;
         self.out.push(ClaimedDelivery {
             delivery_id: head.id,
             message_id: head.message_id,
@@ -466,9 +544,9 @@ impl<'a> Scan<'a> {
             claim_token: token,
             state: Claimed,
             producer: Some(producer),
-            attempt: 1,
-            max_attempts: 1,
-            rerun: None,
+            attempt,
+            max_attempts,
+            rerun,
             cancel_requested: false,
         });
         Ok(())
@@ -478,15 +556,18 @@ impl<'a> Scan<'a> {
 /// The reason a delivery fails with when its host is not a member for the message's `seq`.
 pub const NOT_A_MEMBER: &str = "not a member";
 
-/// What `instance_id` holds on `host`: claimed, mirrored, or delivered without an outcome.
+/// What `instance_id` holds on `host`: claimed, mirrored, or delivered without an outcome of the
+/// current run; each with its run and whether a cancel was asked for.
 pub fn holdings(conn: &Connection, host: &str, instance_id: &str) -> StoreResult<Vec<ClaimedDelivery>> {
     let rows = conn
         .prepare_cached(
-            "SELECT d.id, d.message_id, d.conversation, d.seq, m.payload, d.claim_token, d.state, m.producer
+            "SELECT d.id, d.message_id, d.conversation, d.seq, m.payload, d.claim_token, d.state, m.producer,
+                    d.attempt, m.max_attempts, d.rerun, d.cancel_requested_at IS NOT NULL
              FROM deliveries d JOIN messages m ON m.id = d.message_id
              WHERE d.instance_id = :i AND d.host = :h
                AND (d.state IN ('claimed', 'mirrored')
-                    OR (d.state = 'delivered' AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id)))
+                    OR (d.state = 'delivered' AND NOT EXISTS (
+                        SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)))
              ORDER BY d.n",
         )?
         .query_map(named_params! {":i": instance_id, ":h": host}, |r| {
@@ -495,16 +576,16 @@ pub fn holdings(conn: &Connection, host: &str, instance_id: &str) -> StoreResult
             Ok(ClaimedDelivery {
                 payload: json_column(r, 4, "messages", &message_id)?,
                 state: state_column(r, 6, "deliveries", &delivery_id)?,
-                delivery_id,
                 message_id,
                 conversation: r.get(2)?,
                 seq: r.get(3)?,
                 claim_token: r.get(5)?,
                 producer: Some(r.get(7)?),
-                attempt: 1,
-                max_attempts: 1,
-                rerun: None,
-                cancel_requested: false,
+                attempt: r.get(8)?,
+                max_attempts: r.get(9)?,
+                rerun: parse_column_opt(r, 10, "deliveries", &delivery_id, "rerun", Rerun::parse)?,
+                cancel_requested: r.get(11)?,
+                delivery_id,
             })
         })?
         .collect::<Result<_, _>>()?;

@@ -17,7 +17,10 @@
 //! - `fences`: the fence types, set/lift/list, and the one precedence rule claims apply.
 //! - `members`: the membership registry (join/leave intervals per conversation and host).
 //! - `producers`: producers' publish scopes.
-//! - `report`: attempt reports.
+//! - `report`: attempt reports, and the retry a harness asks for (exit 75).
+//! - `sessions`: node sessions (a fencing epoch per node process) and their check.
+//! - `turns`: hub-confirmed starts, cancel, the claim's cancel notices, operator retry and
+//!   redrive.
 //! - `hosts`: hosts, certificates and operator events (enroll, revoke, renew look-ups).
 //! - `operator`: the operator's delivery transitions: release, cancel, retire, requeue.
 //! - `read`: views for producers, operators and status.
@@ -40,7 +43,9 @@ pub mod producers;
 pub mod read;
 pub mod report;
 pub mod retention;
+pub mod sessions;
 pub mod transition;
+pub mod turns;
 pub mod verify;
 pub mod writer;
 
@@ -57,6 +62,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../../schema/hub/0001-create-hub-store.sql"),
     include_str!("../../../schema/hub/0002-conversations.sql"),
     include_str!("../../../schema/hub/0003-turn-control.sql"),
+    include_str!("../../../schema/hub/0004-turn-control-indexes.sql"),
 ];
 
 /// Who made a change, as recorded in the event log.
@@ -143,6 +149,9 @@ pub enum StoreError {
     /// Another instance of this host holds work.
     #[error("{0}")]
     InstanceConflict(String),
+    /// The caller's node session is older than its host's newest (another process took over).
+    #[error("{0}")]
+    SessionSuperseded(String),
     /// A capacity bound is reached.
     #[error("{0}")]
     OverCapacity(String),
@@ -177,6 +186,7 @@ impl StoreError {
             StoreError::IdempotencyConflict(_) => ErrorCode::IdempotencyConflict,
             StoreError::ReportConflict(_) => ErrorCode::ReportConflict,
             StoreError::InstanceConflict(_) => ErrorCode::InstanceConflict,
+            StoreError::SessionSuperseded(_) => ErrorCode::SessionSuperseded,
             StoreError::OverCapacity(_) => ErrorCode::OverCapacity,
             StoreError::CertificateRevoked(_) => ErrorCode::CertificateRevoked,
             StoreError::Forbidden(_) => ErrorCode::Forbidden,

@@ -1,5 +1,5 @@
-//! The operator's delivery transitions: releasing the held queue, cancelling, retiring a host
-//! and requeueing what a vanished instance held. Each change carries who made it and why.
+//! The operator's delivery transitions: releasing the held queue, retiring a host and
+//! requeueing what a vanished instance held (cancel, retry and redrive are in `turns`). Each change carries who made it and why.
 //! (Hosts and certificates are in `hosts`, fences in `fences`.)
 
 use super::hosts::record_operator_event;
@@ -70,46 +70,29 @@ pub enum Selector<'a> {
     Conversation(&'a str),
 }
 
-/// Cancels one delivery that has not been delivered: queued, held, claimed or mirrored → failed.
-pub fn cancel(
-    conn: &Connection,
-    delivery_id: &str,
-    operator: &str,
-    reason: &str,
-    now_ms: i64,
-) -> StoreResult<DeliveryState> {
-    let state = transition::state_of(conn, delivery_id)?
-        .ok_or_else(|| StoreError::NotFound(format!("no delivery {delivery_id}")))?;
-    if !matches!(state, Queued | Held | Claimed | Mirrored) {
-        return Err(StoreError::InvalidTransition(format!(
-            "delivery {delivery_id} is {state}; only queued, held, claimed or mirrored deliveries can be cancelled"
-        )));
-    }
-    let why = format!("cancelled by operator {operator}: {reason}");
-    let change =
-        Change { delivery_id, from: state, to: Failed, expect_holder: None, new_holder: None, reason: Some(&why) };
-    transition::apply(conn, change, &Actor::operator(operator), now_ms)?;
-    Ok(Failed)
-}
-
 /// Records an `unknown` attempt, written by the hub for an operator, so a delivered delivery
 /// whose node is gone does not stall silently.
 fn unknown_attempt(conn: &Connection, delivery_id: &str, why: &str, now_ms: i64) -> StoreResult<()> {
-    let row: Option<(String, String)> = conn
+    let row: Option<(String, String, u32, Option<String>, String)> = conn
         .prepare_cached(
-            "SELECT host, instance_id FROM deliveries d WHERE id = ?1 AND state = 'delivered'
-               AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id)",
+            "SELECT d.host, d.instance_id, d.attempt, d.rerun, coalesce(d.rerun_by, 'producer:' || m.producer)
+             FROM deliveries d JOIN messages m ON m.id = d.message_id WHERE d.id = ?1 AND d.state = 'delivered'
+               AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)",
         )?
-        .query_row([delivery_id], |r| Ok((r.get(0)?, r.get(1)?)))
+        .query_row([delivery_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))
         .optional()?;
-    if let Some((host, instance)) = row {
+    if let Some((host, instance, attempt, rerun, caused_by)) = row {
+        // The first run keeps the report id an earlier version gave it; later runs name theirs.
+        let report_id =
+            if attempt == 1 { format!("hub:{delivery_id}") } else { format!("hub:{delivery_id}:{attempt}") };
         conn.prepare_cached(
-            "INSERT INTO attempts (id, delivery_id, host, instance_id, report_id, request_hash, outcome, reason, reported_at)
-             VALUES (:id, :d, :h, :i, :r, '', 'unknown', :why, :now)",
+            "INSERT INTO attempts (id, delivery_id, host, instance_id, report_id, request_hash, outcome, reason,
+                                   reported_at, attempt, rerun, caused_by)
+             VALUES (:id, :d, :h, :i, :r, '', 'unknown', :why, :now, :n, :rerun, :by)",
         )?
         .execute(named_params! {
             ":id": super::new_id(), ":d": delivery_id, ":h": host, ":i": instance,
-            ":r": format!("hub:{delivery_id}"), ":why": why, ":now": now_ms,
+            ":r": report_id, ":why": why, ":now": now_ms, ":n": attempt, ":rerun": rerun, ":by": caused_by,
         })?;
     }
     Ok(())

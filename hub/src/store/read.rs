@@ -1,7 +1,7 @@
 //! Read-only views: messages with deliveries and attempts, delivery listings with their event
 //! history, and the status overview.
 
-use super::report::attempt_row;
+use super::report::{ATTEMPT_COLUMNS, attempt_row};
 use super::{ActorKind, StoreError, StoreResult, json_column, parse_column, parse_column_opt, state_column};
 use baton_shared::states::{DeliveryState, Outcome};
 use baton_shared::wire::{AttemptView, DeliveryView, MessageView};
@@ -35,50 +35,52 @@ pub fn message_view(conn: &Connection, message_id: &str) -> StoreResult<MessageV
         })
         .optional()?
         .ok_or_else(|| StoreError::NotFound(format!("no message {message_id}")))?;
-    let deliveries: Vec<(String, String, DeliveryState, Option<String>, i64)> = conn
+    let mut deliveries: Vec<DeliveryView> = conn
         .prepare_cached(
-            "SELECT id, host, state, reason, updated_at FROM deliveries WHERE message_id = ?1 ORDER BY host",
+            "SELECT d.id, d.host, d.state, d.reason, d.updated_at, d.attempt, m.max_attempts, d.not_before,
+                    d.cancel_requested_at, d.cancel_reason
+             FROM deliveries d JOIN messages m ON m.id = d.message_id WHERE d.message_id = ?1 ORDER BY d.host",
         )?
         .query_map([message_id], |r| {
             let id: String = r.get(0)?;
-            let state = state_column(r, 2, "deliveries", &id)?;
-            Ok((id, r.get(1)?, state, r.get(3)?, r.get(4)?))
+            Ok(DeliveryView {
+                host: r.get(1)?,
+                state: state_column(r, 2, "deliveries", &id)?,
+                reason: r.get(3)?,
+                updated_at_ms: r.get(4)?,
+                attempts: Vec::new(),
+                attempt: r.get(5)?,
+                max_attempts: r.get(6)?,
+                not_before_ms: r.get(7)?,
+                cancel_requested_at_ms: r.get(8)?,
+                cancel_reason: r.get(9)?,
+                delivery_id: id,
+            })
         })?
         .collect::<Result<_, _>>()?;
-    for (id, host, state, reason, updated_at_ms) in deliveries {
-        view.deliveries.push(DeliveryView {
-            attempts: attempts_of(conn, &id)?,
-            delivery_id: id,
-            host,
-            state,
-            reason,
-            updated_at_ms,
-            attempt: 1,
-            max_attempts: 1,
-            not_before_ms: None,
-            cancel_requested_at_ms: None,
-            cancel_reason: None,
-        });
+    for d in &mut deliveries {
+        d.attempts = attempts_of(conn, &d.delivery_id)?;
     }
+    view.deliveries = deliveries;
     Ok(view)
 }
 
 /// The attempts of one delivery, oldest first.
 pub fn attempts_of(conn: &Connection, delivery_id: &str) -> StoreResult<Vec<AttemptView>> {
     Ok(conn
-        .prepare_cached(
-            "SELECT id, report_id, outcome, exit_code, duration_ms, result, reason, reported_at FROM attempts
-             WHERE delivery_id = ?1 ORDER BY reported_at, id",
-        )?
+        .prepare_cached(&format!(
+            "SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE delivery_id = ?1 ORDER BY attempt, reported_at, id"
+        ))?
         .query_map([delivery_id], attempt_row)?
         .collect::<Result<_, _>>()?)
 }
 
-/// Whether a delivery is settled: terminal and, when delivered, with an outcome.
+/// Whether a delivery is settled: terminal and, when delivered, with an outcome of its current
+/// run.
 pub fn settled(d: &DeliveryView) -> bool {
     match d.state {
         DeliveryState::Failed | DeliveryState::Unknown => true,
-        DeliveryState::Delivered => !d.attempts.is_empty(),
+        DeliveryState::Delivered => d.attempts.iter().any(|a| a.attempt == d.attempt),
         _ => false,
     }
 }

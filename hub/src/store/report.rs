@@ -3,13 +3,14 @@
 //! Invariant: `(host, report_id)` is unique, so a retried report is counted once; the same id
 //! with different content is refused and changes nothing.
 
-use super::transition::Holder;
-use super::{StoreError, StoreResult, corrupt, new_id, parse_column};
+use super::transition::{self, Change, Holder};
+use super::{Actor, StoreError, StoreResult, corrupt, new_id, parse_column, parse_column_opt};
 use baton_shared::crash_point;
-use baton_shared::states::{DeliveryState, Outcome};
+use baton_shared::states::{DeliveryState, Outcome, Rerun};
 use baton_shared::wire::AttemptView;
 use rusqlite::{Connection, OptionalExtension, named_params};
 use sha2::{Digest, Sha256};
+use std::time::Duration;
 
 /// A validated report.
 #[derive(Debug, Clone)]
@@ -46,9 +47,17 @@ impl NewReport<'_> {
     /// Text is its UTF-8; numbers are their decimal digits (with a leading `-` when negative);
     /// the outcome is its wire name. Nothing here depends on how Rust formats a value.
     pub fn request_hash(&self) -> String {
+        self.request_hash_of_run(None, None)
+    }
+
+    /// The request hash of a report that also names its run and the signal that ended it: as
+    /// `request_hash`, followed, only when either is present, by `signal` and `attempt` in the
+    /// same encoding (so a report without them hashes as before).
+    pub fn request_hash_of_run(&self, attempt: Option<u32>, signal: Option<i32>) -> String {
         let exit_code = self.exit_code.map(|c| c.to_string());
         let duration_ms = self.duration_ms.map(|d| d.to_string());
-        let fields: [Option<&str>; 8] = [
+        let (signal, attempt) = (signal.map(|s| s.to_string()), attempt.map(|a| a.to_string()));
+        let mut fields: Vec<Option<&str>> = vec![
             Some(self.delivery_id),
             Some(self.holder.instance_id),
             Some(self.holder.claim_token),
@@ -58,6 +67,9 @@ impl NewReport<'_> {
             self.result,
             self.reason,
         ];
+        if signal.is_some() || attempt.is_some() {
+            fields.extend([signal.as_deref(), attempt.as_deref()]);
+        }
         let mut h = Sha256::new();
         for field in fields {
             match field {
@@ -114,9 +126,88 @@ fn same_as_stored(conn: &Connection, attempt_id: &str, stored: &str, r: &NewRepo
         && reason.as_deref() == r.reason)
 }
 
-/// Records one attempt. Returns the attempt and whether it was already recorded.
+/// Records one attempt of the delivery's current run, with the default retry bounds. Returns the
+/// attempt and whether it was already recorded.
 pub fn report(conn: &Connection, host: &str, r: &NewReport<'_>, now_ms: i64) -> StoreResult<(AttemptView, bool)> {
-    let hash = r.request_hash();
+    let (attempt, duplicate, _) = report_run(conn, host, r, &RunReport::default(), now_ms)?;
+    Ok((attempt, duplicate))
+}
+
+/// What a report says beyond `NewReport`, and the bounds of the retry it may cause.
+#[derive(Debug, Clone, Copy)]
+pub struct RunReport {
+    /// The run the report is for; `None` means the delivery's current run.
+    pub attempt: Option<u32>,
+    /// The signal that ended the harness.
+    pub signal: Option<i32>,
+    /// The reporting node session, recorded with the attempt.
+    pub session: Option<u64>,
+    /// The first retry's backoff when the message names none (`limits.retry_backoff`).
+    pub retry_backoff: Duration,
+    /// The longest backoff (`limits.retry_backoff_max`).
+    pub retry_backoff_max: Duration,
+}
+
+impl Default for RunReport {
+    fn default() -> Self {
+        RunReport {
+            attempt: None,
+            signal: None,
+            session: None,
+            retry_backoff: crate::config::RETRY_BACKOFF_DEFAULT,
+            retry_backoff_max: crate::config::RETRY_BACKOFF_MAX_DEFAULT,
+        }
+    }
+}
+
+/// The exit status a harness asks for a retry with (`EX_TEMPFAIL`).
+pub const RETRY_EXIT_CODE: i32 = 75;
+
+/// Jitter applied to a retry's backoff, in parts per ten thousand either way (±20%).
+const RETRY_JITTER_PER_10K: i64 = 2000;
+
+/// The backoff before retry `n` (1 for the first): `base · 2^(n-1)`, jittered by
+/// `jitter_per_10k` parts per ten thousand (within ±`RETRY_JITTER_PER_10K`), at most `max_ms`.
+pub fn backoff_ms(base_ms: i64, n: u32, max_ms: i64, jitter_per_10k: i64) -> i64 {
+    let doublings = n.saturating_sub(1).min(40);
+    let raw = i128::from(base_ms.max(0)) << doublings;
+    let capped = raw.min(i128::from(max_ms));
+    let jitter = i128::from(jitter_per_10k.clamp(-RETRY_JITTER_PER_10K, RETRY_JITTER_PER_10K));
+    let jittered = capped * (10_000 + jitter) / 10_000;
+    i64::try_from(jittered.clamp(0, i128::from(max_ms))).unwrap_or(max_ms)
+}
+
+/// A random jitter in `-RETRY_JITTER_PER_10K..=RETRY_JITTER_PER_10K`.
+fn random_jitter() -> i64 {
+    let span = (2 * RETRY_JITTER_PER_10K + 1) as u128;
+    (uuid::Uuid::new_v4().as_u128() % span) as i64 - RETRY_JITTER_PER_10K
+}
+
+/// The delivery row a report is checked against.
+struct ReportedDelivery {
+    host: String,
+    state: String,
+    instance_id: Option<String>,
+    claim_token: Option<String>,
+    attempt: u32,
+    cancel_requested: bool,
+    max_attempts: u32,
+    retry_backoff_ms: Option<i64>,
+    rerun: Option<String>,
+    caused_by: String,
+}
+
+/// Records one attempt of a run. Returns the attempt, whether it was already recorded, and,
+/// when the harness asked for a retry (failed with exit 75, no cancel asked for, runs left) and
+/// the hub requeued the delivery, the time before which it is not handed out again.
+pub fn report_run(
+    conn: &Connection,
+    host: &str,
+    r: &NewReport<'_>,
+    run: &RunReport,
+    now_ms: i64,
+) -> StoreResult<(AttemptView, bool, Option<i64>)> {
+    let hash = r.request_hash_of_run(run.attempt, run.signal);
     let existing: Option<(String, String)> = conn
         .prepare_cached("SELECT id, request_hash FROM attempts WHERE host = ?1 AND report_id = ?2")?
         .query_row([host, r.report_id], |row| Ok((row.get(0)?, row.get(1)?)))
@@ -128,15 +219,35 @@ pub fn report(conn: &Connection, host: &str, r: &NewReport<'_>, now_ms: i64) -> 
                 r.report_id
             )));
         }
-        return Ok((attempt(conn, &attempt_id)?, true));
+        let view = attempt(conn, &attempt_id)?;
+        let retry_at = if view.retryable { retry_time(conn, r.delivery_id, view.attempt)? } else { None };
+        return Ok((view, true, retry_at));
     }
-    let row: Option<(String, String, Option<String>, Option<String>)> = conn
-        .prepare_cached("SELECT host, state, instance_id, claim_token FROM deliveries WHERE id = ?1")?
-        .query_row([r.delivery_id], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?)))
+    let row: Option<ReportedDelivery> = conn
+        .prepare_cached(
+            "SELECT d.host, d.state, d.instance_id, d.claim_token, d.attempt, d.cancel_requested_at IS NOT NULL,
+                    m.max_attempts, m.retry_backoff_ms, d.rerun, coalesce(d.rerun_by, 'producer:' || m.producer)
+             FROM deliveries d JOIN messages m ON m.id = d.message_id WHERE d.id = ?1",
+        )?
+        .query_row([r.delivery_id], |row| {
+            Ok(ReportedDelivery {
+                host: row.get(0)?,
+                state: row.get(1)?,
+                instance_id: row.get(2)?,
+                claim_token: row.get(3)?,
+                attempt: row.get(4)?,
+                cancel_requested: row.get(5)?,
+                max_attempts: row.get(6)?,
+                retry_backoff_ms: row.get(7)?,
+                rerun: row.get(8)?,
+                caused_by: row.get(9)?,
+            })
+        })
         .optional()?;
-    let Some((d_host, state, inst, tok)) = row else {
+    let Some(d) = row else {
         return Err(StoreError::NotFound(format!("no delivery {}", r.delivery_id)));
     };
+    let (d_host, state, inst, tok) = (&d.host, &d.state, &d.instance_id, &d.claim_token);
     if d_host != host {
         return Err(StoreError::NotYours(format!("delivery {} is not for host {host}", r.delivery_id)));
     }
@@ -146,49 +257,125 @@ pub fn report(conn: &Connection, host: &str, r: &NewReport<'_>, now_ms: i64) -> 
             r.delivery_id, r.holder.instance_id
         )));
     }
+    if let Some(n) = run.attempt
+        && n != d.attempt
+    {
+        return Err(StoreError::StaleClaim(format!(
+            "delivery {} is on run {}; a report for run {n} is not for the current run",
+            r.delivery_id, d.attempt
+        )));
+    }
     if state != DeliveryState::Delivered.as_str() {
         return Err(StoreError::InvalidTransition(format!(
             "delivery {} is {state}; an attempt can only be reported for a delivered delivery",
             r.delivery_id
         )));
     }
-    // One execution, one outcome: a second node report (under another report id) for a delivery
-    // that already has one would count a turn twice. Outcomes the hub wrote itself (`unknown`
-    // after a requeue or retire, empty request hash) do not stand in the way of the real one.
-    let reported: i64 = conn
-        .prepare_cached("SELECT count(*) FROM attempts WHERE delivery_id = ?1 AND request_hash <> ''")?
-        .query_row([r.delivery_id], |row| row.get(0))?;
-    if reported > 0 {
-        return Err(StoreError::ReportConflict(format!(
-            "delivery {} already has a reported outcome; report_id {:?} would count its turn twice",
-            r.delivery_id, r.report_id
+    // One execution, one outcome per run: a second node report (under another report id) for a
+    // run that already has one would count a turn twice. An outcome the hub wrote itself
+    // (`unknown` after a requeue or retire, empty request hash) gives way to the node's.
+    let reported: Option<String> = conn
+        .prepare_cached("SELECT request_hash FROM attempts WHERE delivery_id = ?1 AND attempt = ?2")?
+        .query_row(rusqlite::params![r.delivery_id, d.attempt], |row| row.get(0))
+        .optional()?;
+    match reported.as_deref() {
+        None => {}
+        Some("") => {
+            conn.prepare_cached("DELETE FROM attempts WHERE delivery_id = ?1 AND attempt = ?2 AND request_hash = ''")?
+                .execute(rusqlite::params![r.delivery_id, d.attempt])?;
+        }
+        Some(_) => {
+            return Err(StoreError::ReportConflict(format!(
+                "run {} of delivery {} already has a reported outcome; report_id {:?} would count its turn twice",
+                d.attempt, r.delivery_id, r.report_id
+            )));
+        }
+    }
+    if r.outcome == Outcome::Cancelled && !d.cancel_requested {
+        return Err(StoreError::Invalid(format!(
+            "outcome: cancelled is accepted only for a run whose cancel was asked for; delivery {} has none",
+            r.delivery_id
         )));
     }
+    let retryable = r.outcome == Outcome::Failed
+        && r.exit_code == Some(RETRY_EXIT_CODE)
+        && !d.cancel_requested
+        && d.attempt < d.max_attempts;
     let attempt_id = new_id();
     conn.prepare_cached(
         "INSERT INTO attempts (id, delivery_id, host, instance_id, report_id, request_hash, outcome, exit_code,
-                               duration_ms, result, reason, reported_at)
-         VALUES (:id, :d, :h, :i, :r, :hash, :o, :e, :dur, :res, :why, :now)",
+                               duration_ms, result, reason, reported_at, attempt, signal, retryable, rerun,
+                               caused_by, session)
+         VALUES (:id, :d, :h, :i, :r, :hash, :o, :e, :dur, :res, :why, :now, :n, :sig, :retry, :rerun, :by, :ses)",
     )?
     .execute(named_params! {
         ":id": attempt_id, ":d": r.delivery_id, ":h": host, ":i": r.holder.instance_id, ":r": r.report_id,
         ":hash": hash, ":o": r.outcome.as_str(), ":e": r.exit_code, ":dur": r.duration_ms.map(|d| d as i64),
-        ":res": r.result, ":why": r.reason, ":now": now_ms,
+        ":res": r.result, ":why": r.reason, ":now": now_ms, ":n": d.attempt, ":sig": run.signal,
+        ":retry": retryable, ":rerun": d.rerun, ":by": d.caused_by, ":ses": run.session.map(|s| s as i64),
     })?;
+    let retry_at = if retryable { Some(requeue_for_retry(conn, r.delivery_id, &d, run, now_ms)?) } else { None };
     crash_point("hub.report.before_commit");
-    Ok((attempt(conn, &attempt_id)?, false))
+    Ok((attempt(conn, &attempt_id)?, false, retry_at))
+}
+
+/// The harness asked for a retry: delivered → queued (by the hub) as the next run, not handed
+/// out before the backoff passed. Returns that time.
+fn requeue_for_retry(
+    conn: &Connection,
+    delivery_id: &str,
+    d: &ReportedDelivery,
+    run: &RunReport,
+    now_ms: i64,
+) -> StoreResult<i64> {
+    let base = d.retry_backoff_ms.unwrap_or(run.retry_backoff.as_millis() as i64);
+    let wait = backoff_ms(base, d.attempt, run.retry_backoff_max.as_millis() as i64, random_jitter());
+    let not_before = now_ms.saturating_add(wait);
+    let why = format!("retry {} of {} after exit {RETRY_EXIT_CODE}", d.attempt, d.max_attempts - 1);
+    let change = Change {
+        delivery_id,
+        from: DeliveryState::Delivered,
+        to: DeliveryState::Queued,
+        expect_holder: None,
+        new_holder: None,
+        reason: Some(&why),
+    };
+    transition::apply(conn, change, &Actor::hub(), now_ms)?;
+    conn.prepare_cached(
+        "UPDATE deliveries SET attempt = attempt + 1, rerun = 'retry', rerun_by = 'hub', rerun_reason = NULL,
+                not_before = ?2, started_session = NULL, started_at = NULL
+         WHERE id = ?1",
+    )?
+    .execute(rusqlite::params![delivery_id, not_before])?;
+    Ok(not_before)
+}
+
+/// For a replayed retryable report: the not-before time of the retry it caused, while that
+/// retry is still the delivery's current run.
+fn retry_time(conn: &Connection, delivery_id: &str, reported_run: u32) -> StoreResult<Option<i64>> {
+    Ok(conn
+        .prepare_cached("SELECT not_before FROM deliveries WHERE id = ?1 AND attempt = ?2 AND rerun = 'retry'")?
+        .query_row(rusqlite::params![delivery_id, reported_run + 1], |r| r.get::<_, Option<i64>>(0))
+        .optional()?
+        .flatten())
 }
 
 /// Reads one attempt.
 pub fn attempt(conn: &Connection, attempt_id: &str) -> StoreResult<AttemptView> {
     Ok(conn
         .prepare_cached(
-            "SELECT id, report_id, outcome, exit_code, duration_ms, result, reason, reported_at FROM attempts WHERE id = ?1",
+            "SELECT id, report_id, outcome, exit_code, duration_ms, result, reason, reported_at, signal, attempt,
+                    retryable, rerun, caused_by
+             FROM attempts WHERE id = ?1",
         )?
         .query_row([attempt_id], attempt_row)?)
 }
 
-/// Maps an attempts row (in the column order used above) to its view. An outcome that does not
+/// The columns `attempt_row` reads, in its order.
+pub const ATTEMPT_COLUMNS: &str = "id, report_id, outcome, exit_code, duration_ms, result, reason, reported_at, signal, attempt, retryable, rerun, \
+     caused_by";
+
+/// Maps an attempts row (in the column order of `ATTEMPT_COLUMNS`) to its view. An outcome that does not
 /// parse, or a negative duration, is an error naming the attempt.
 pub fn attempt_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<AttemptView> {
     let attempt_id: String = r.get(0)?;
@@ -207,12 +394,12 @@ pub fn attempt_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<AttemptView> {
         result: r.get(5)?,
         reason: r.get(6)?,
         reported_at_ms: r.get(7)?,
+        signal: r.get(8)?,
+        attempt: r.get(9)?,
+        retryable: r.get(10)?,
+        rerun: parse_column_opt(r, 11, "attempts", &attempt_id, "rerun", Rerun::parse)?,
+        caused_by: r.get(12)?,
         attempt_id,
-        signal: None,
-        attempt: 1,
-        retryable: false,
-        rerun: None,
-        caused_by: None,
     })
 }
 

@@ -21,7 +21,8 @@ pub fn sweep(conn: &Connection, cutoff_ms: i64, max: usize) -> StoreResult<usize
                       SELECT 1 FROM deliveries d WHERE d.message_id = m.id
                         AND (d.state IN ('queued', 'held', 'claimed', 'mirrored')
                              OR (d.state = 'delivered'
-                                 AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id))))
+                                 AND NOT EXISTS (
+                                     SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt))))
                 ORDER BY m.accepted_at LIMIT ?2)",
         )?
         .execute(rusqlite::params![cutoff_ms, max as i64])?;

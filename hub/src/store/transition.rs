@@ -23,6 +23,8 @@ pub fn allowed(from: DeliveryState, to: DeliveryState, actor: ActorKind) -> bool
             | (Claimed, Mirrored, Node)
             | (Claimed | Mirrored, Failed, Node)
             | (Mirrored, Delivered, Node)
+            | (Delivered, Queued, Hub)
+            | (Delivered | Failed | Unknown, Queued, Operator)
     )
 }
 
@@ -241,8 +243,10 @@ mod tests {
                 }
             }
         }
-        // The SPEC table has 15 (from, to, actor) rows once the "or" cells are spelled out.
-        assert_eq!(allowed_count, 15);
+        // The SPEC table has 19 (from, to, actor) rows once the "or" cells are spelled out: 15,
+        // and the retry (delivered → queued by the hub) and the operator's retry and redrive
+        // (delivered, failed or unknown → queued).
+        assert_eq!(allowed_count, 19);
     }
 
     #[test]

@@ -21,7 +21,9 @@ pub enum ProblemKind {
     /// delivery (subject: the message), or a delivery for a host the message was not routed to
     /// (subject: the delivery).
     FanOut,
-    /// An attempt on a delivery that was never delivered. Subject: the delivery.
+    /// An attempt of a run that was never delivered: the delivery's current run while it is not
+    /// delivered, or a run after it. (Earlier runs of a retried or redriven delivery keep their
+    /// attempts.) Subject: the delivery.
     AttemptWithoutDelivery,
     /// A conversation's sequence counter is behind its messages. Subject: the conversation.
     SequenceBehind,
@@ -153,8 +155,10 @@ const RULES: &[(ProblemKind, &str)] = &[
     ),
     (
         ProblemKind::AttemptWithoutDelivery,
-        "SELECT d.id, 'attempt ' || a.id || ' on a delivery that is ' || d.state || ', never delivered'
-         FROM attempts a JOIN deliveries d ON d.id = a.delivery_id WHERE d.state <> 'delivered'",
+        "SELECT d.id, 'attempt ' || a.id || ' of run ' || a.attempt || ' on a delivery that is ' || d.state ||
+                ' on run ' || d.attempt || ', that run never delivered'
+         FROM attempts a JOIN deliveries d ON d.id = a.delivery_id
+         WHERE a.attempt > d.attempt OR (a.attempt = d.attempt AND d.state <> 'delivered')",
     ),
     (
         ProblemKind::SequenceBehind,

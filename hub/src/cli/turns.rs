@@ -1,0 +1,209 @@
+//! Stopping and repeating turns: `deliveries cancel`, `deliveries retry` and `redrive`.
+
+use super::args::Reason;
+use super::{CliError, CliResult, Context, output};
+use crate::store::in_write_txn;
+use crate::store::turns::{self, CancelScope, Canceller, RedriveFilter};
+use baton_shared::exit;
+use baton_shared::wire::CancelResult;
+use serde_json::json;
+
+/// `deliveries cancel ID | --conversation C | --host H --reason R [--dry-run]`.
+#[derive(Debug, clap::Args)]
+pub struct CancelArgs {
+    /// The delivery id (or give --conversation or --host).
+    pub id: Option<String>,
+    /// Every delivery of this conversation that has not ended.
+    #[arg(long, conflicts_with_all = ["id", "host"])]
+    pub conversation: Option<String>,
+    /// Every delivery to this host that has not ended.
+    #[arg(long, conflicts_with = "id")]
+    pub host: Option<String>,
+    /// Print what would be cancelled, change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Why (recorded).
+    #[command(flatten)]
+    pub why: Reason,
+}
+
+/// `deliveries retry ID --reason R`.
+#[derive(Debug, clap::Args)]
+pub struct RetryArgs {
+    /// The delivery id: failed, unknown, or delivered whose run failed, ended unknown or was
+    /// cancelled.
+    pub id: String,
+    /// Why (recorded).
+    #[command(flatten)]
+    pub why: Reason,
+}
+
+/// `redrive --outcome O [filters] --reason R [--dry-run] [--request-id ID]`.
+#[derive(Debug, clap::Args)]
+pub struct RedriveArgs {
+    /// Re-run the deliveries that ended with this outcome: failed, unknown or cancelled.
+    #[arg(long)]
+    pub outcome: String,
+    /// Only this conversation.
+    #[arg(long)]
+    pub conversation: Option<String>,
+    /// Only this host.
+    #[arg(long)]
+    pub host: Option<String>,
+    /// Only deliveries that ended at or after this time (unix milliseconds).
+    #[arg(long)]
+    pub since: Option<i64>,
+    /// At most this many in all.
+    #[arg(long)]
+    pub limit: Option<u32>,
+    /// Print what would be re-run, change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Makes the redrive idempotent: a repeat with the same id prints what the first did and
+    /// changes nothing.
+    #[arg(long)]
+    pub request_id: Option<String>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Why (recorded).
+    #[command(flatten)]
+    pub why: Reason,
+}
+
+/// Runs `deliveries cancel`.
+pub(super) fn cancel(ctx: &Context, a: &CancelArgs) -> CliResult {
+    let scope = match (&a.id, &a.conversation, &a.host) {
+        (Some(_), _, _) => None,
+        (None, Some(c), _) => Some(CancelScope::Conversation(c)),
+        (None, None, Some(h)) => Some(CancelScope::Host(h)),
+        (None, None, None) => return Err(CliError::usage("give a delivery id, --conversation or --host")),
+    };
+    let by = Canceller::Operator(&ctx.operator);
+    let conn = ctx.open_write()?;
+    let results: Vec<CancelResult> = in_write_txn(&conn, |c| {
+        let ids = match (&a.id, scope) {
+            (Some(id), _) => vec![id.clone()],
+            (None, Some(scope)) => turns::cancellable(c, scope)?,
+            (None, None) => Vec::new(),
+        };
+        ids.iter().map(|id| turns::cancel(c, id, by, &a.why.reason, a.dry_run, ctx.now_ms())).collect()
+    })?;
+    if !a.dry_run {
+        ctx.wake_hub();
+    }
+    if a.json {
+        output::json(&json!({"dry_run": a.dry_run, "deliveries": results}))?;
+    } else {
+        let verb = if a.dry_run { "would be" } else { "is" };
+        for r in &results {
+            output::line(format!("{} ({}): {} {verb} {}", r.delivery_id, r.host, effect_text(&r.effect), r.state))?;
+        }
+    }
+    if results.is_empty() {
+        return Err(CliError::new(exit::NOTHING, "nothing to cancel"));
+    }
+    Ok(())
+}
+
+fn effect_text(effect: &str) -> &'static str {
+    match effect {
+        turns::EFFECT_CANCELLED => "cancelled in the hub;",
+        turns::EFFECT_REQUESTED => "cancel requested from its node;",
+        _ => "already ended, unchanged;",
+    }
+}
+
+/// Runs `deliveries retry`.
+pub(super) fn retry(ctx: &Context, a: &RetryArgs) -> CliResult {
+    let conn = ctx.open_write()?;
+    let run = in_write_txn(&conn, |c| turns::retry(c, &a.id, &ctx.operator, &a.why.reason, ctx.now_ms()))?;
+    ctx.wake_hub();
+    output::line(format!("{} queued again as run {run} (a redrive)", a.id))
+}
+
+/// Runs `redrive`: in transactions of at most `limits.redrive_batch_max` deliveries each.
+pub(super) fn redrive(ctx: &Context, a: &RedriveArgs) -> CliResult {
+    if !matches!(a.outcome.as_str(), "failed" | "unknown" | "cancelled") {
+        return Err(CliError::usage(format!("--outcome {:?} is not one of failed, unknown, cancelled", a.outcome)));
+    }
+    if a.limit == Some(0) {
+        return Err(CliError::usage("--limit must be at least 1"));
+    }
+    let batch_max = ctx.config(None)?.limits.redrive_batch_max;
+    let filter = RedriveFilter {
+        outcome: a.outcome.clone(),
+        conversation: a.conversation.clone(),
+        host: a.host.clone(),
+        since_ms: a.since,
+        limit: a.limit,
+    };
+    let conn = ctx.open_write()?;
+    if let Some(request_id) = &a.request_id
+        && let Some(done) = turns::recorded_redrive(&conn, request_id)?
+    {
+        let text = format!(
+            "request {request_id} was already run by {} at {}: {} deliveries re-run ({}); nothing changed",
+            done.operator,
+            output::fmt_ms(done.at_ms),
+            done.redriven,
+            done.filter
+        );
+        return if a.json {
+            output::json(&json!({"request_id": request_id, "repeat": true, "redriven": done.redriven}))
+        } else {
+            output::line(text)
+        };
+    }
+    let mut after = i64::MIN;
+    let mut ids: Vec<String> = Vec::new();
+    loop {
+        let room = a.limit.map_or(batch_max, |l| batch_max.min(l - ids.len() as u32));
+        if room == 0 {
+            break;
+        }
+        let batch = if a.dry_run {
+            turns::redrive_batch(&conn, &filter, after, room)?
+        } else {
+            in_write_txn(&conn, |c| {
+                let batch = turns::redrive_batch(c, &filter, after, room)?;
+                for (id, _) in &batch {
+                    turns::retry(c, id, &ctx.operator, &a.why.reason, ctx.now_ms())?;
+                }
+                Ok(batch)
+            })?
+        };
+        let Some((_, last)) = batch.last() else { break };
+        after = *last;
+        let full = batch.len() as u32 == room;
+        ids.extend(batch.into_iter().map(|(id, _)| id));
+        if !full {
+            break;
+        }
+    }
+    if !a.dry_run {
+        if let Some(request_id) = &a.request_id {
+            let n = ids.len() as i64;
+            in_write_txn(&conn, |c| {
+                turns::record_redrive(c, request_id, &ctx.operator, &a.why.reason, &filter, n, ctx.now_ms())
+            })?;
+        }
+        ctx.wake_hub();
+    }
+    if a.json {
+        output::json(&json!({"dry_run": a.dry_run, "request_id": a.request_id, "repeat": false, "deliveries": ids}))?;
+    } else {
+        for id in &ids {
+            output::line(id)?;
+        }
+        let verb = if a.dry_run { "would be re-run" } else { "re-run" };
+        output::line(format!("{} deliveries {verb}", ids.len()))?;
+    }
+    if ids.is_empty() {
+        return Err(CliError::new(exit::NOTHING, "nothing matched"));
+    }
+    Ok(())
+}

@@ -1,0 +1,184 @@
+//! Node sessions: each `baton-node` process start registers one, a fencing epoch per host.
+//!
+//! Invariant: only the host's newest session may act. Every node request that names its session
+//! (the `baton-session` header) is checked against `node_sessions` inside the transaction that
+//! acts on it, so a request from a superseded session (a copy of the data directory, or a process
+//! that outlived its restart) changes nothing. A request without the header is accepted (a node
+//! that predates sessions).
+//!
+//! Invariant: a session that begins while the host's previous one has not ended is a takeover:
+//! the previous row is ended `superseded`, the new row names it in `took_over`, and an operator
+//! event records it.
+
+use super::claim::bind_instance;
+use super::hosts::{self, Standing};
+use super::{StoreError, StoreResult};
+use rusqlite::{Connection, OptionalExtension, named_params};
+
+/// What registering a session did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Opened {
+    /// The new session number.
+    pub session: u64,
+    /// The session it replaced without that one having ended cleanly, when there was one.
+    pub took_over: Option<u64>,
+}
+
+/// Registers a new session of `host` for `instance_id` (`POST /v1/sessions`). The instance rule
+/// of the claim applies: another instance while the bound one holds work is `InstanceConflict`.
+pub fn open(
+    conn: &Connection,
+    host: &str,
+    instance_id: &str,
+    node_version: Option<&str>,
+    now_ms: i64,
+) -> StoreResult<Opened> {
+    match hosts::standing(conn, host)? {
+        Standing::NotEnrolled => return Err(StoreError::NotYours(format!("host {host} is not enrolled"))),
+        Standing::Retired => return Err(StoreError::NotYours(format!("host {host} is retired"))),
+        Standing::Active => {}
+    }
+    bind_instance(conn, host, instance_id, now_ms)?;
+    let last: Option<(i64, Option<i64>)> = conn
+        .prepare_cached("SELECT session, ended_at FROM node_sessions WHERE host = ?1 ORDER BY session DESC LIMIT 1")?
+        .query_row([host], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    let session = last.map_or(1, |(s, _)| s + 1);
+    let took_over = match last {
+        Some((previous, None)) => {
+            conn.prepare_cached(
+                "UPDATE node_sessions SET ended_at = ?3, ended_how = 'superseded' WHERE host = ?1 AND session = ?2",
+            )?
+            .execute(rusqlite::params![host, previous, now_ms])?;
+            super::hosts::record_operator_event(
+                conn,
+                "session_takeover",
+                host,
+                "hub",
+                Some(&format!(
+                    "session {session} (instance {instance_id}) took over from session {previous}, which had not ended"
+                )),
+                now_ms,
+            )?;
+            Some(previous)
+        }
+        _ => None,
+    };
+    conn.prepare_cached(
+        "INSERT INTO node_sessions (host, session, instance_id, node_version, started_at, took_over, last_contact_at)
+         VALUES (:h, :s, :i, :v, :now, :t, :now)",
+    )?
+    .execute(named_params! {
+        ":h": host, ":s": session, ":i": instance_id, ":v": node_version, ":now": now_ms, ":t": took_over,
+    })?;
+    Ok(Opened { session: session as u64, took_over: took_over.map(|t| t as u64) })
+}
+
+/// Ends a session cleanly (`POST /v1/sessions/end`). Repeating it changes nothing; ending a
+/// superseded session is refused (`SessionSuperseded`).
+pub fn end(conn: &Connection, host: &str, instance_id: &str, session: u64, now_ms: i64) -> StoreResult<()> {
+    check(conn, host, Some(session))?;
+    let row: Option<(String, Option<i64>)> = conn
+        .prepare_cached("SELECT instance_id, ended_at FROM node_sessions WHERE host = ?1 AND session = ?2")?
+        .query_row(rusqlite::params![host, session as i64], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    let Some((owner, ended_at)) = row else {
+        return Err(StoreError::NotFound(format!("host {host} has no session {session}")));
+    };
+    if owner != instance_id {
+        return Err(StoreError::NotYours(format!("session {session} belongs to instance {owner}")));
+    }
+    if ended_at.is_none() {
+        conn.prepare_cached(
+            "UPDATE node_sessions SET ended_at = ?3, ended_how = 'clean', last_contact_at = ?3
+             WHERE host = ?1 AND session = ?2",
+        )?
+        .execute(rusqlite::params![host, session as i64, now_ms])?;
+    }
+    Ok(())
+}
+
+/// Refuses a request whose session is not the host's newest (`SessionSuperseded`). `None` (no
+/// header: a node that predates sessions) is accepted. A session the hub has no record of (a
+/// hub restored from an older backup) is refused the same way, so the node registers anew.
+pub fn check(conn: &Connection, host: &str, session: Option<u64>) -> StoreResult<()> {
+    let Some(session) = session else { return Ok(()) };
+    let newest: Option<i64> = conn
+        .prepare_cached("SELECT max(session) FROM node_sessions WHERE host = ?1")?
+        .query_row([host], |r| r.get(0))?;
+    match newest {
+        Some(n) if n == session as i64 => Ok(()),
+        Some(n) if n > session as i64 => Err(StoreError::SessionSuperseded(format!(
+            "session {session} of host {host} was superseded: session {n} replaced it (another process took over \
+             this node instance)"
+        ))),
+        _ => Err(StoreError::SessionSuperseded(format!(
+            "host {host} has no session {session} in the hub's record; register a new session"
+        ))),
+    }
+}
+
+/// Writes the last time each session was heard from (`last_contact_at`), from the hub's
+/// in-memory record of accepted node requests; a time never moves backwards.
+pub fn record_contacts(conn: &Connection, contacts: &[(String, u64, i64)]) -> StoreResult<()> {
+    let mut stmt = conn.prepare_cached(
+        "UPDATE node_sessions SET last_contact_at = max(last_contact_at, ?3) WHERE host = ?1 AND session = ?2",
+    )?;
+    for (host, session, at) in contacts {
+        stmt.execute(rusqlite::params![host, *session as i64, at])?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::testing;
+
+    fn row(conn: &Connection, session: i64) -> (Option<i64>, Option<String>, Option<i64>, i64) {
+        conn.query_row(
+            "SELECT ended_at, ended_how, took_over, last_contact_at FROM node_sessions WHERE host = 'host-a' AND session = ?1",
+            [session],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_new_session_supersedes_an_open_one_and_a_clean_end_is_no_takeover() {
+        let db = testing::db();
+        let c = &db.conn;
+        assert_eq!(open(c, "host-a", "i", Some("1.0"), 1).unwrap(), Opened { session: 1, took_over: None });
+        assert_eq!(open(c, "host-a", "i", None, 2).unwrap(), Opened { session: 2, took_over: Some(1) });
+        assert_eq!(row(c, 1), (Some(2), Some("superseded".into()), None, 1));
+        assert_eq!(row(c, 2).2, Some(1));
+        let events: i64 = c
+            .query_row("SELECT count(*) FROM operator_events WHERE action = 'session_takeover'", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(events, 1);
+        assert!(matches!(check(c, "host-a", Some(1)), Err(StoreError::SessionSuperseded(_))));
+        assert!(matches!(end(c, "host-a", "i", 1, 3), Err(StoreError::SessionSuperseded(_))));
+        check(c, "host-a", Some(2)).unwrap();
+        check(c, "host-a", None).unwrap();
+        assert!(matches!(check(c, "host-a", Some(9)), Err(StoreError::SessionSuperseded(_))));
+        end(c, "host-a", "i", 2, 4).unwrap();
+        end(c, "host-a", "i", 2, 5).unwrap();
+        assert_eq!(row(c, 2).0, Some(4), "a repeated end changes nothing");
+        assert_eq!(open(c, "host-a", "i", None, 6).unwrap(), Opened { session: 3, took_over: None });
+        // Sessions are per host.
+        assert_eq!(open(c, "host-b", "j", None, 7).unwrap().session, 1);
+        record_contacts(c, &[("host-a".into(), 3, 9), ("host-a".into(), 3, 8)]).unwrap();
+        assert_eq!(row(c, 3).3, 9);
+    }
+
+    #[test]
+    fn another_instance_is_refused_while_the_bound_one_holds_work() {
+        let db = testing::db();
+        let c = &db.conn;
+        crate::store::accept::testing::accept_one(c, "conv", "k", &["host-a"]);
+        open(c, "host-a", "first", None, 1).unwrap();
+        assert_eq!(crate::store::claim::claim(c, "host-a", "first", 10, 2).unwrap().len(), 1);
+        assert!(matches!(open(c, "host-a", "copy", None, 3), Err(StoreError::InstanceConflict(_))));
+        assert_eq!(open(c, "host-a", "first", None, 4).unwrap().session, 2);
+    }
+}

@@ -1,0 +1,450 @@
+//! Turn control: hub-confirmed starts, cancel (in every state), the claim's cancel notices and
+//! retry wake-up, and the operator's retry and redrive of final deliveries.
+//!
+//! Invariant (execution gate, second half): a node runs a delivered turn only after the hub
+//! recorded its start for the caller's session (`started_session`); a run already started by
+//! another session, or whose cancel was asked for, is never started.
+//!
+//! Invariant (cancel): a delivery not yet delivered is failed at once; a delivered one without
+//! an outcome of its current run gets `cancel_requested_*`, which its node learns from claims
+//! and holdings; a final one is left as it is. Repeating a cancel answers the same and records
+//! nothing more.
+//!
+//! Invariant (rerun): an operator's retry or redrive moves a final delivery back to `queued` as
+//! a new run (`attempt + 1`, `rerun = 'redrive'`), clearing the holder, start and cancel of the
+//! run before; it is the only run handed out out of `seq` order.
+
+use super::hosts::record_operator_event;
+use super::transition::{self, Change};
+use super::{Actor, StoreError, StoreResult, parse_column_opt, state_column};
+use baton_shared::states::DeliveryState::{self, *};
+use baton_shared::states::Outcome;
+use baton_shared::wire::{CancelNotice, CancelResult, StartItem, StartResult};
+use rusqlite::{Connection, OptionalExtension, named_params};
+
+/// A delivery's state and control columns, as the turn-control operations read them.
+struct Turn {
+    host: String,
+    state: DeliveryState,
+    instance_id: Option<String>,
+    claim_token: Option<String>,
+    attempt: u32,
+    started_session: Option<i64>,
+    cancel_requested: bool,
+    /// The outcome of the current run, when it has one.
+    outcome: Option<Outcome>,
+}
+
+fn load(conn: &Connection, delivery_id: &str) -> StoreResult<Option<Turn>> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT d.host, d.state, d.instance_id, d.claim_token, d.attempt, d.started_session,
+                    d.cancel_requested_at IS NOT NULL,
+                    (SELECT a.outcome FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)
+             FROM deliveries d WHERE d.id = ?1",
+        )?
+        .query_row([delivery_id], |r| {
+            Ok(Turn {
+                host: r.get(0)?,
+                state: state_column(r, 1, "deliveries", delivery_id)?,
+                instance_id: r.get(2)?,
+                claim_token: r.get(3)?,
+                attempt: r.get(4)?,
+                started_session: r.get(5)?,
+                cancel_requested: r.get(6)?,
+                outcome: parse_column_opt(
+                    r,
+                    7,
+                    "attempts",
+                    &format!("of delivery {delivery_id}"),
+                    "outcome",
+                    Outcome::parse,
+                )?,
+            })
+        })
+        .optional()?)
+}
+
+/// `POST /v1/starts`: for each item, whether the caller's session may start that run (and the
+/// start recorded when it may). Items are answered in order; one item's refusal does not
+/// affect the others.
+pub fn start(
+    conn: &Connection,
+    host: &str,
+    instance_id: &str,
+    session: u64,
+    items: &[StartItem],
+    now_ms: i64,
+) -> StoreResult<Vec<StartResult>> {
+    let mut out = Vec::with_capacity(items.len());
+    for item in items {
+        let refuse = |code: &str, message: String| StartResult {
+            delivery_id: item.delivery_id.clone(),
+            start: false,
+            code: Some(code.to_string()),
+            message: Some(message),
+        };
+        let turn = match load(conn, &item.delivery_id)? {
+            Some(t) if t.host == host => t,
+            _ => {
+                out.push(refuse("not_found", format!("host {host} has no delivery {}", item.delivery_id)));
+                continue;
+            }
+        };
+        let held = turn.instance_id.as_deref() == Some(instance_id)
+            && turn.claim_token.as_deref() == Some(item.claim_token.as_str());
+        if !held || turn.state != Delivered || turn.attempt != item.attempt || turn.outcome.is_some() {
+            out.push(refuse(
+                "stale_claim",
+                format!(
+                    "delivery {} is {} (run {}) and not a delivered run {} held by instance {instance_id} with that \
+                     claim token",
+                    item.delivery_id, turn.state, turn.attempt, item.attempt
+                ),
+            ));
+            continue;
+        }
+        if turn.cancel_requested {
+            out.push(refuse("cancelled", format!("delivery {} was cancelled before it started", item.delivery_id)));
+            continue;
+        }
+        match turn.started_session {
+            None => {
+                conn.prepare_cached(
+                    "UPDATE deliveries SET started_session = ?2, started_at = ?3 WHERE id = ?1 AND started_session IS NULL",
+                )?
+                .execute(rusqlite::params![item.delivery_id, session as i64, now_ms])?;
+            }
+            Some(s) if s == session as i64 => {}
+            Some(s) => {
+                out.push(refuse(
+                    "started_elsewhere",
+                    format!("run {} of delivery {} was started by session {s}", turn.attempt, item.delivery_id),
+                ));
+                continue;
+            }
+        }
+        out.push(StartResult { delivery_id: item.delivery_id.clone(), start: true, code: None, message: None });
+    }
+    Ok(out)
+}
+
+/// Who asks for a cancel.
+#[derive(Debug, Clone, Copy)]
+pub enum Canceller<'a> {
+    /// An operator, through the CLI.
+    Operator(&'a str),
+    /// The producer of the message, through the API.
+    Producer(&'a str),
+}
+
+impl Canceller<'_> {
+    /// How it is recorded (`cancel_by`, the operator event): `operator:NAME`, `producer:NAME`.
+    pub fn recorded(&self) -> String {
+        match self {
+            Canceller::Operator(n) => format!("operator:{n}"),
+            Canceller::Producer(n) => format!("producer:{n}"),
+        }
+    }
+
+    /// The actor of the delivery event. The event log knows hub, node and operator: a producer's
+    /// cancel is recorded as the operator kind under the name `producer:NAME`.
+    fn actor(&self) -> Actor {
+        match self {
+            Canceller::Operator(n) => Actor::operator(n),
+            Canceller::Producer(_) => Actor::operator(&self.recorded()),
+        }
+    }
+}
+
+/// What a cancel does (or did) to one delivery.
+pub const EFFECT_CANCELLED: &str = "cancelled";
+/// A delivered turn's cancel waits for its node.
+pub const EFFECT_REQUESTED: &str = "requested";
+/// It had already ended; nothing changes.
+pub const EFFECT_FINAL: &str = "final";
+
+/// Cancels one delivery (or, with `dry_run`, says what a cancel would do, changing nothing).
+pub fn cancel(
+    conn: &Connection,
+    delivery_id: &str,
+    by: Canceller<'_>,
+    reason: &str,
+    dry_run: bool,
+    now_ms: i64,
+) -> StoreResult<CancelResult> {
+    let turn = load(conn, delivery_id)?.ok_or_else(|| StoreError::NotFound(format!("no delivery {delivery_id}")))?;
+    let answer = |effect: &str, state| CancelResult {
+        delivery_id: delivery_id.to_string(),
+        host: turn.host.clone(),
+        effect: effect.to_string(),
+        state,
+    };
+    match turn.state {
+        Queued | Held | Claimed | Mirrored => {
+            if !dry_run {
+                let why = format!("cancelled: {reason}");
+                let change = Change {
+                    delivery_id,
+                    from: turn.state,
+                    to: Failed,
+                    expect_holder: None,
+                    new_holder: None,
+                    reason: Some(&why),
+                };
+                transition::apply(conn, change, &by.actor(), now_ms)?;
+                mark_cancelled(conn, delivery_id, &by.recorded(), reason, now_ms)?;
+            }
+            Ok(answer(EFFECT_CANCELLED, Failed))
+        }
+        Delivered if turn.outcome.is_none() => {
+            if !dry_run && !turn.cancel_requested {
+                mark_cancelled(conn, delivery_id, &by.recorded(), reason, now_ms)?;
+                record_operator_event(conn, "cancel", delivery_id, &by.recorded(), Some(reason), now_ms)?;
+            }
+            Ok(answer(EFFECT_REQUESTED, Delivered))
+        }
+        // Failed by an earlier cancel before it was delivered: the same answer again.
+        Failed if turn.cancel_requested => Ok(answer(EFFECT_CANCELLED, Failed)),
+        state => Ok(answer(EFFECT_FINAL, state)),
+    }
+}
+
+fn mark_cancelled(conn: &Connection, delivery_id: &str, by: &str, reason: &str, now_ms: i64) -> StoreResult<()> {
+    conn.prepare_cached(
+        "UPDATE deliveries SET cancel_requested_at = ?2, cancel_by = ?3, cancel_reason = ?4, not_before = NULL
+         WHERE id = ?1",
+    )?
+    .execute(rusqlite::params![delivery_id, now_ms, by, reason])?;
+    Ok(())
+}
+
+/// Picks deliveries for a cancel of many.
+#[derive(Debug, Clone, Copy)]
+pub enum CancelScope<'a> {
+    /// Every delivery of a conversation.
+    Conversation(&'a str),
+    /// Every delivery to a host.
+    Host(&'a str),
+    /// Every delivery of a message.
+    Message(&'a str),
+}
+
+/// The deliveries of `scope` a cancel can still change (not final), oldest first.
+pub fn cancellable(conn: &Connection, scope: CancelScope<'_>) -> StoreResult<Vec<String>> {
+    let (column, value) = match scope {
+        CancelScope::Conversation(c) => ("conversation", c),
+        CancelScope::Host(h) => ("host", h),
+        CancelScope::Message(m) => ("message_id", m),
+    };
+    let sql = format!(
+        "SELECT d.id FROM deliveries d WHERE d.{column} = ?1
+           AND (d.state IN ('queued', 'held', 'claimed', 'mirrored')
+                OR (d.state = 'delivered' AND d.cancel_requested_at IS NULL AND NOT EXISTS (
+                    SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)))
+         ORDER BY d.n"
+    );
+    Ok(conn.prepare_cached(&sql)?.query_map([value], |r| r.get(0))?.collect::<Result<_, _>>()?)
+}
+
+/// Cancels every delivery of message `message_id` for its producer (`POST
+/// /v1/messages/{id}/cancel`): `NotFound` for an unknown message, `Forbidden` for another
+/// producer's.
+pub fn cancel_message(
+    conn: &Connection,
+    message_id: &str,
+    producer: &str,
+    reason: &str,
+    now_ms: i64,
+) -> StoreResult<Vec<CancelResult>> {
+    let owner: Option<String> = conn
+        .prepare_cached("SELECT producer FROM messages WHERE id = ?1")?
+        .query_row([message_id], |r| r.get(0))
+        .optional()?;
+    match owner {
+        None => return Err(StoreError::NotFound(format!("no message {message_id}"))),
+        Some(o) if o != producer => {
+            return Err(StoreError::Forbidden(format!("message {message_id} belongs to another producer")));
+        }
+        Some(_) => {}
+    }
+    let ids: Vec<String> = conn
+        .prepare_cached("SELECT id FROM deliveries WHERE message_id = ?1 ORDER BY host")?
+        .query_map([message_id], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    ids.iter().map(|id| cancel(conn, id, Canceller::Producer(producer), reason, false, now_ms)).collect()
+}
+
+/// The delivered turns `instance_id` holds whose cancel was asked for and whose current run has
+/// no outcome yet: the claim answer's `cancels`.
+pub fn cancels_for(conn: &Connection, host: &str, instance_id: &str) -> StoreResult<Vec<CancelNotice>> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT d.id, d.attempt, coalesce(d.cancel_reason, '') FROM deliveries d
+             WHERE d.instance_id = ?1 AND d.host = ?2 AND d.state = 'delivered' AND d.cancel_requested_at IS NOT NULL
+               AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)
+             ORDER BY d.n",
+        )?
+        .query_map([instance_id, host], |r| {
+            Ok(CancelNotice { delivery_id: r.get(0)?, attempt: r.get(1)?, reason: r.get(2)? })
+        })?
+        .collect::<Result<_, _>>()?)
+}
+
+/// The earliest not-before time after `now_ms` of the host's deliveries queued for a retry: a
+/// waiting claim wakes then.
+pub fn next_retry_at(conn: &Connection, host: &str, now_ms: i64) -> StoreResult<Option<i64>> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT min(not_before) FROM deliveries
+             WHERE host = ?1 AND state = 'queued' AND not_before IS NOT NULL AND not_before > ?2",
+        )?
+        .query_row(rusqlite::params![host, now_ms], |r| r.get(0))?)
+}
+
+/// The outcome a final delivery ended with, as `retry` and `redrive` select by it: its current
+/// run's outcome when delivered; `cancelled` when the hub cancelled it before delivery;
+/// otherwise its state (`failed`, `unknown`). `None` while it is not final.
+const FINAL_OUTCOME_SQL: &str = "CASE WHEN d.state = 'delivered' THEN
+        (SELECT a.outcome FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)
+     WHEN d.state = 'failed' AND d.cancel_requested_at IS NOT NULL THEN 'cancelled'
+     WHEN d.state IN ('failed', 'unknown') THEN d.state END";
+
+/// `deliveries retry ID`: re-runs one final delivery (failed, unknown, or delivered whose current
+/// run failed, ended unknown or was cancelled) as a new run marked as a redrive. Returns the new
+/// run number.
+pub fn retry(conn: &Connection, delivery_id: &str, operator: &str, reason: &str, now_ms: i64) -> StoreResult<u32> {
+    let sql = format!("SELECT d.state, {FINAL_OUTCOME_SQL} FROM deliveries d WHERE d.id = ?1");
+    let row: Option<(DeliveryState, Option<String>)> = conn
+        .prepare_cached(&sql)?
+        .query_row([delivery_id], |r| Ok((state_column(r, 0, "deliveries", delivery_id)?, r.get(1)?)))
+        .optional()?;
+    let Some((state, outcome)) = row else {
+        return Err(StoreError::NotFound(format!("no delivery {delivery_id}")));
+    };
+    match outcome.as_deref() {
+        Some("failed" | "unknown" | "cancelled") => {}
+        Some(o) => {
+            return Err(StoreError::InvalidTransition(format!(
+                "delivery {delivery_id} {o}; only a failed, unknown or cancelled delivery can be re-run"
+            )));
+        }
+        None => {
+            return Err(StoreError::InvalidTransition(format!(
+                "delivery {delivery_id} is {state} and its run has not ended; only a failed, unknown or cancelled \
+                 delivery can be re-run"
+            )));
+        }
+    }
+    let why = format!("redrive by operator {operator}: {reason}");
+    let change =
+        Change { delivery_id, from: state, to: Queued, expect_holder: None, new_holder: None, reason: Some(&why) };
+    transition::apply(conn, change, &Actor::operator(operator), now_ms)?;
+    let attempt: u32 = conn
+        .prepare_cached(
+            "UPDATE deliveries SET attempt = attempt + 1, rerun = 'redrive', rerun_by = ?2, rerun_reason = ?3,
+                    not_before = NULL, started_session = NULL, started_at = NULL,
+                    cancel_requested_at = NULL, cancel_by = NULL, cancel_reason = NULL, reason = NULL
+             WHERE id = ?1 RETURNING attempt",
+        )?
+        .query_row(rusqlite::params![delivery_id, format!("operator:{operator}"), reason], |r| r.get(0))?;
+    Ok(attempt)
+}
+
+/// What `redrive` selects.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RedriveFilter {
+    /// The final outcome: `failed`, `unknown` or `cancelled`.
+    pub outcome: String,
+    /// Only this conversation.
+    pub conversation: Option<String>,
+    /// Only this host.
+    pub host: Option<String>,
+    /// Only deliveries that ended at or after this time (unix ms).
+    pub since_ms: Option<i64>,
+    /// At most this many in all.
+    pub limit: Option<u32>,
+}
+
+/// The next `batch` deliveries `filter` selects after position `after_n` (the deliveries'
+/// insertion order), with their positions.
+pub fn redrive_batch(
+    conn: &Connection,
+    filter: &RedriveFilter,
+    after_n: i64,
+    batch: u32,
+) -> StoreResult<Vec<(String, i64)>> {
+    let sql = format!(
+        "SELECT d.id, d.n FROM deliveries d
+         WHERE d.n > :after AND (:c IS NULL OR d.conversation = :c) AND (:h IS NULL OR d.host = :h)
+           AND (:since IS NULL OR d.updated_at >= :since) AND d.state IN ('delivered', 'failed', 'unknown')
+           AND {FINAL_OUTCOME_SQL} = :o
+         ORDER BY d.n LIMIT :batch"
+    );
+    Ok(conn
+        .prepare_cached(&sql)?
+        .query_map(
+            named_params! {
+                ":after": after_n, ":c": filter.conversation, ":h": filter.host, ":since": filter.since_ms,
+                ":o": filter.outcome, ":batch": batch,
+            },
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?
+        .collect::<Result<_, _>>()?)
+}
+
+/// A redrive request already recorded under its request id: what it did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordedRedrive {
+    /// Who ran it.
+    pub operator: String,
+    /// Why.
+    pub reason: String,
+    /// Its selection, as JSON.
+    pub filter: String,
+    /// How many deliveries it re-ran.
+    pub redriven: i64,
+    /// When (unix ms).
+    pub at_ms: i64,
+}
+
+/// The redrive recorded under `request_id`, when there is one.
+pub fn recorded_redrive(conn: &Connection, request_id: &str) -> StoreResult<Option<RecordedRedrive>> {
+    Ok(conn
+        .prepare_cached("SELECT operator, reason, filter, redriven, at FROM redrive_requests WHERE request_id = ?1")?
+        .query_row([request_id], |r| {
+            Ok(RecordedRedrive {
+                operator: r.get(0)?,
+                reason: r.get(1)?,
+                filter: r.get(2)?,
+                redriven: r.get(3)?,
+                at_ms: r.get(4)?,
+            })
+        })
+        .optional()?)
+}
+
+/// Records a finished redrive under its request id (and an operator event).
+pub fn record_redrive(
+    conn: &Connection,
+    request_id: &str,
+    operator: &str,
+    reason: &str,
+    filter: &RedriveFilter,
+    redriven: i64,
+    now_ms: i64,
+) -> StoreResult<()> {
+    let filter = serde_json::to_string(filter).map_err(|e| StoreError::Internal(e.to_string()))?;
+    conn.prepare_cached(
+        "INSERT INTO redrive_requests (request_id, operator, reason, filter, redriven, at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    )?
+    .execute(rusqlite::params![request_id, operator, reason, filter, redriven, now_ms])?;
+    record_operator_event(
+        conn,
+        "redrive",
+        request_id,
+        operator,
+        Some(&format!("{redriven} deliveries re-run ({filter}): {reason}")),
+        now_ms,
+    )
+}
