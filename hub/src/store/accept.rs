@@ -347,6 +347,39 @@ mod tests {
     }
     const BIG: AcceptLimits = AcceptLimits { queued_per_host_max: 1000 };
 
+    /// A message without a retry policy hashes as before the policy existed (stored keys keep
+    /// matching their replays); a policy is part of the content once given, and stored.
+    #[test]
+    fn the_retry_policy_is_content_only_when_given() {
+        let m = msg("k", "1", &["host-a"]);
+        // Computed from the encoding before the policy existed.
+        let before = {
+            let mut h = Sha256::new();
+            for part in ["c1", "1", "host-a"] {
+                h.update((part.len() as u64).to_le_bytes());
+                h.update(part.as_bytes());
+            }
+            h.finalize().iter().map(|b| format!("{b:02x}")).collect::<String>()
+        };
+        assert_eq!(m.content_hash(), before);
+        assert_eq!(m.content_hash_with(RetryPolicy::default()), before);
+        let three = RetryPolicy { max_attempts: Some(3), retry_backoff_ms: None };
+        assert_ne!(m.content_hash_with(three), before);
+        let db = testing::db();
+        let Accepted::New { message_id, .. } = accept_with_retry(&db.conn, &m, three, BIG, 1).unwrap() else {
+            panic!()
+        };
+        assert!(matches!(accept_with_retry(&db.conn, &m, three, BIG, 2).unwrap(), Accepted::Duplicate { .. }));
+        assert!(matches!(accept(&db.conn, &m, BIG, 2), Err(StoreError::IdempotencyConflict(_))));
+        let stored: (u32, Option<i64>) = db
+            .conn
+            .query_row("SELECT max_attempts, retry_backoff_ms FROM messages WHERE id = ?1", [&message_id], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .unwrap();
+        assert_eq!(stored, (3, None));
+    }
+
     #[test]
     fn accept_then_fan_out_creates_one_delivery_per_host() {
         let db = testing::db();
