@@ -15,6 +15,8 @@
 //! - `hub_edges`: the hub's edges under abuse: connection limits and timeouts, revocation of
 //!   open connections and of waiting reads, file modes, and axum's own refusals in our shape.
 //! - `hub_crash`: crash points, restart and repair.
+//! - `hub_turns`: node sessions, hub-confirmed starts, cancel, retries and redrive, with a raw
+//!   client playing the node.
 //! - `hub_cli`: configuration validation and the CLI's outputs and exit codes.
 //! - `conversation_order`: per-conversation order on each host under concurrent producers.
 //! - `conversation_fairness`: a deep backlog in one conversation does not starve another.
@@ -40,6 +42,7 @@ mod hub_edges;
 mod hub_errors;
 mod hub_fences;
 mod hub_longpoll;
+mod hub_turns;
 mod node_clone;
 mod node_crash;
 mod node_exec;

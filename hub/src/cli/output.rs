@@ -283,7 +283,15 @@ pub(super) fn detail(d: &DeliveryDetail, as_json: bool) -> CliResult {
     for a in &d.attempts {
         writeln!(
             o,
-            "  {}  {}  exit {}  {} ms{}",
+            "  run {}{}{}  by {}",
+            a.attempt,
+            a.rerun.map(|r| format!(" ({})", r.as_str())).unwrap_or_default(),
+            if a.retryable { "  retryable" } else { "" },
+            a.caused_by.as_deref().unwrap_or("-")
+        )?;
+        writeln!(
+            o,
+            "    {}  {}  exit {}  {} ms{}",
             fmt_ms(a.reported_at_ms),
             a.outcome,
             a.exit_code.map(|c| c.to_string()).unwrap_or_else(|| "-".into()),
