@@ -9,7 +9,10 @@ use super::*;
 use crate::config::{Harness, LogFormat};
 use crate::store::{Db, LocalState};
 use baton_shared::states::Outcome;
-use baton_shared::wire::{AttemptView, ReportRequest, ReportResponse, TransitionResponse};
+use baton_shared::wire::{
+    AttemptView, ClaimResponse, ReportRequest, ReportResponse, SessionResponse, StartItem, StartResult,
+    TransitionResponse,
+};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -43,6 +46,22 @@ struct HubState {
     node_db: Option<PathBuf>,
     /// The node's unstarted executions at the moment each claim arrived (with `node_db`).
     queued_at_claim: Vec<i64>,
+    /// The host's newest session on the hub (0: none registered yet).
+    newest_session: u64,
+    /// The session the node registered (sent with every later request; 0 before).
+    node_session: u64,
+    /// Every call after the first registration, with the session it carried.
+    sent_sessions: Vec<(String, u64)>,
+    /// Sessions the node ended cleanly.
+    ended_sessions: Vec<u64>,
+    /// Every `POST /v1/starts`, as the delivery ids it asked for.
+    start_requests: Vec<Vec<String>>,
+    /// The session that started each delivery's current run.
+    started: HashMap<String, u64>,
+    /// Start refusals on demand: delivery id → code.
+    refuse_start: HashMap<String, String>,
+    /// Cancels asked for: delivery id → (run, reason); listed in claim answers and holdings.
+    cancels: BTreeMap<String, (u32, String)>,
 }
 
 #[derive(Clone, Default)]
@@ -60,6 +79,27 @@ fn down() -> HubError {
     HubError::Unreachable { detail: "connection refused".into(), maybe_sent: false }
 }
 
+fn superseded() -> HubError {
+    HubError::Refused {
+        status: 409,
+        code: crate::client::SESSION_SUPERSEDED.into(),
+        message: "session 2 replaced session 1".into(),
+    }
+}
+
+impl HubState {
+    /// Notes a call with the session it carried; refuses it when a newer session exists.
+    fn session_check(&mut self, call: &str) -> Result<(), HubError> {
+        if self.node_session > 0 {
+            self.sent_sessions.push((call.to_string(), self.node_session));
+            if self.node_session < self.newest_session {
+                return Err(superseded());
+            }
+        }
+        Ok(())
+    }
+}
+
 impl FakeHub {
     fn with<T>(&self, f: impl FnOnce(&mut HubState) -> T) -> T {
         f(&mut self.0.lock().unwrap())
@@ -75,6 +115,7 @@ impl FakeHub {
     ) -> Result<TransitionResponse, HubError> {
         self.with(|s| {
             s.calls.push(format!("{what} {id}"));
+            s.session_check(what)?;
             if s.revoked {
                 return Err(revoked());
             }
@@ -103,9 +144,77 @@ impl FakeHub {
 }
 
 impl Hub for FakeHub {
-    async fn claim(&self, max: u32, _wait: Duration) -> Result<Vec<ClaimedDelivery>, HubError> {
-        let (out, lost) = self.with(|s| {
+    async fn register_session(&self) -> Result<SessionResponse, HubError> {
+        self.with(|s| {
+            s.calls.push("session".into());
+            if s.revoked {
+                return Err(revoked());
+            }
+            if s.down {
+                return Err(down());
+            }
+            let took_over = (s.newest_session > 0).then_some(s.newest_session);
+            s.newest_session += 1;
+            s.node_session = s.newest_session;
+            Ok(SessionResponse { session: s.newest_session, took_over })
+        })
+    }
+
+    async fn end_session(&self) -> Result<(), HubError> {
+        self.with(|s| {
+            s.calls.push("session end".into());
+            s.session_check("session end")?;
+            s.ended_sessions.push(s.node_session);
+            Ok(())
+        })
+    }
+
+    async fn starts(&self, items: Vec<StartItem>) -> Result<Vec<StartResult>, HubError> {
+        self.with(|s| {
+            s.calls.push("starts".into());
+            s.session_check("starts")?;
+            if s.revoked {
+                return Err(revoked());
+            }
+            if s.down {
+                return Err(down());
+            }
+            s.start_requests.push(items.iter().map(|i| i.delivery_id.clone()).collect());
+            let session = s.node_session;
+            let answer = |id: &str, code: Option<&str>| StartResult {
+                delivery_id: id.into(),
+                start: code.is_none(),
+                code: code.map(str::to_string),
+                message: code.map(|c| format!("fake {c}")),
+            };
+            let mut out = Vec::new();
+            for i in items {
+                let id = i.delivery_id.as_str();
+                if let Some(code) = s.refuse_start.get(id) {
+                    out.push(answer(id, Some(code.as_str())));
+                    continue;
+                }
+                let ok = matches!(s.held.get(id), Some((d, DeliveryState::Delivered))
+                    if d.claim_token == i.claim_token && d.attempt == i.attempt);
+                if !ok {
+                    out.push(answer(id, Some("stale_claim")));
+                } else if s.cancels.get(id).is_some_and(|(run, _)| *run == i.attempt) {
+                    out.push(answer(id, Some("cancelled")));
+                } else if s.started.get(id).is_some_and(|by| *by != session) {
+                    out.push(answer(id, Some("started_elsewhere")));
+                } else {
+                    s.started.insert(id.to_string(), session);
+                    out.push(answer(id, None));
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    async fn claim(&self, max: u32, _wait: Duration) -> Result<ClaimResponse, HubError> {
+        let (out, lost, cancels) = self.with(|s| {
             s.calls.push("claim".into());
+            s.session_check("claim")?;
             s.claim_times.push(Instant::now());
             if let Some(path) = &s.node_db {
                 // The node decided to claim after counting these; none can start in between
@@ -132,7 +241,17 @@ impl Hub for FakeHub {
             if lost {
                 s.lose_claim_answers -= 1;
             }
-            Ok((out, lost))
+            let cancels = s
+                .cancels
+                .iter()
+                .filter(|(id, _)| !s.outcomes.contains_key(*id))
+                .map(|(id, (run, reason))| CancelNotice {
+                    delivery_id: id.clone(),
+                    attempt: *run,
+                    reason: reason.clone(),
+                })
+                .collect();
+            Ok((out, lost, cancels))
         })?;
         if out.is_empty() {
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -140,12 +259,13 @@ impl Hub for FakeHub {
         if lost {
             return Err(HubError::Unreachable { detail: "timed out".into(), maybe_sent: true });
         }
-        Ok(out)
+        Ok(ClaimResponse { deliveries: out, cancels })
     }
 
     async fn holdings(&self) -> Result<Vec<ClaimedDelivery>, HubError> {
         self.with(|s| {
             s.calls.push("holdings".into());
+            s.session_check("holdings")?;
             if s.revoked {
                 return Err(revoked());
             }
@@ -155,7 +275,11 @@ impl Hub for FakeHub {
             Ok(s.held
                 .values()
                 .filter(|(d, _)| !s.outcomes.contains_key(&d.delivery_id))
-                .map(|(d, st)| ClaimedDelivery { state: *st, ..d.clone() })
+                .map(|(d, st)| ClaimedDelivery {
+                    state: *st,
+                    cancel_requested: s.cancels.get(&d.delivery_id).is_some_and(|(run, _)| *run == d.attempt),
+                    ..d.clone()
+                })
                 .collect())
         })
     }
@@ -176,6 +300,7 @@ impl Hub for FakeHub {
     async fn report(&self, body: &ReportRequest) -> Result<ReportResponse, HubError> {
         self.with(|s| {
             s.calls.push(format!("report {}", body.delivery_id));
+            s.session_check("report")?;
             if s.revoked {
                 return Err(revoked());
             }
@@ -236,6 +361,7 @@ fn config(dir: &Path, script: &str) -> NodeConfig {
         result_bytes_max: 4096,
         shutdown_grace: Duration::from_secs(5),
         kill_grace: Duration::from_secs(5),
+        cancel_grace: Duration::from_secs(5),
         local_retention: Duration::from_secs(24 * 3600),
         backoff_max: Duration::from_millis(200),
         log_format: LogFormat::Text,
@@ -492,23 +618,38 @@ async fn acked_on_the_hub_but_not_locally_runs_after_restart() {
     hub.with(|s| assert!(!s.calls.iter().any(|c| c == "ack k1"), "no second ack needed: {:?}", s.calls));
 }
 
+/// A hub outage: a running turn goes on and its report waits in the outbox, then arrives once;
+/// a turn the hub has not confirmed the start of waits for the hub (no start without it).
 #[tokio::test]
-async fn during_an_outage_held_turns_run_and_reports_wait_then_arrive_once() {
+async fn during_an_outage_reports_wait_and_starts_wait_for_the_hub() {
     let dir = tempfile::tempdir().unwrap();
+    let go = dir.path().join("go");
+    let script = format!(
+        "echo $BATON_DELIVERY_ID >> {}; while [ ! -f {} ]; do sleep 0.05; done",
+        dir.path().join("ran").display(),
+        go.display()
+    );
     open_db(dir.path()).mirror(&delivery("o1", "o", 1), true, 1).unwrap();
+    // The next turn of the same conversation: it may start only after o1 ended.
+    open_db(dir.path()).mirror(&delivery("p1", "o", 2), true, 1).unwrap();
     let hub = FakeHub::default();
     hub.with(|s| {
-        s.down = true;
         s.held.insert("o1".into(), (delivery("o1", "o", 1), DeliveryState::Delivered));
+        s.held.insert("p1".into(), (delivery("p1", "o", 2), DeliveryState::Delivered));
     });
-    let node = start(config(dir.path(), &recording(dir.path())), &hub);
-    wait_until("o1 ran while the hub is down", || lines(&dir.path().join("ran")).len() == 1).await;
+    let node = start(config(dir.path(), &script), &hub);
+    wait_until("o1 runs", || lines(&dir.path().join("ran")) == ["o1"]).await;
+    hub.with(|s| s.down = true);
+    std::fs::write(&go, "").unwrap();
     wait_until("a report try failed", || hub.with(|s| s.calls.iter().any(|c| c == "report o1"))).await;
+    wait_until("p1's start was asked for", || hub.with(|s| s.calls.iter().filter(|c| *c == "starts").count() >= 2))
+        .await;
+    assert_eq!(lines(&dir.path().join("ran")), ["o1"], "p1 does not start while the hub cannot confirm it");
     hub.with(|s| s.down = false);
-    wait_until("o1 reported", || hub.with(|s| s.reports.len() == 1)).await;
+    wait_until("both reported", || hub.with(|s| s.outcomes.len() == 2)).await;
     // Stopping flushes the outbox: a report not marked confirmed would be sent again here.
     node.stop().await;
-    hub.with(|s| assert_eq!(s.reports.len(), 1));
+    hub.with(|s| assert_eq!(s.reports.iter().filter(|r| r.delivery_id == "o1").count(), 1));
     let local = open_db(dir.path()).local("o1").unwrap().unwrap();
     assert!(matches!(local.report, Some((_, crate::store::ReportState::Confirmed))), "{local:?}");
 }
@@ -636,7 +777,16 @@ async fn instance_conflict_backs_off_and_touches_nothing() {
     #[derive(Clone, Default)]
     struct Conflicted(Arc<Mutex<Vec<Instant>>>);
     impl Hub for Conflicted {
-        async fn claim(&self, _: u32, _: Duration) -> Result<Vec<ClaimedDelivery>, HubError> {
+        async fn register_session(&self) -> Result<SessionResponse, HubError> {
+            Ok(SessionResponse { session: 1, took_over: None })
+        }
+        async fn end_session(&self) -> Result<(), HubError> {
+            Ok(())
+        }
+        async fn starts(&self, _: Vec<StartItem>) -> Result<Vec<StartResult>, HubError> {
+            unreachable!("nothing is claimed")
+        }
+        async fn claim(&self, _: u32, _: Duration) -> Result<ClaimResponse, HubError> {
             self.0.lock().unwrap().push(Instant::now());
             Err(refused(ErrorCode::InstanceConflict))
         }

@@ -73,7 +73,7 @@ fn a_failed_mirror_leaves_nothing_behind() {
     // An execution row for this id already exists without its delivery: the second insert
     // of the mirror transaction fails, so the first must be rolled back with it.
     db.conn().execute_batch("PRAGMA foreign_keys = OFF;").unwrap();
-    db.conn().execute("INSERT INTO executions VALUES ('d1', 'c', 1, 'queued', 0)", []).unwrap();
+    db.conn().execute("INSERT INTO executions(delivery_id, conversation, seq, state, queued_at_ms) VALUES ('d1', 'c', 1, 'queued', 0)", []).unwrap();
     db.conn().execute_batch("PRAGMA foreign_keys = ON;").unwrap();
     assert!(db.mirror(&delivery("d1", "c", 1), false, 10).is_err());
     assert_eq!(count(&db, "SELECT count(*) FROM deliveries"), 0);
@@ -116,6 +116,7 @@ fn markers_and_outbox() {
         duration_ms: Some(5),
         result: Some("ok".into()),
         reason: None,
+        signal: None,
     };
     db.end_attempt(&turn.attempt_id, &ending, 16).unwrap();
     assert!(db.end_attempt(&turn.attempt_id, &ending, 17).is_err(), "an end marker is written once");
@@ -156,8 +157,14 @@ fn dead_report_is_not_retried() {
     let (_dir, mut db) = open_temp();
     db.mirror(&delivery("d1", "c", 1), true, 10).unwrap();
     let turn = db.start_attempt("d1", 11).unwrap().unwrap();
-    let ending =
-        Ending { outcome: Outcome::Failed, exit_code: Some(3), duration_ms: Some(1), result: None, reason: None };
+    let ending = Ending {
+        outcome: Outcome::Failed,
+        exit_code: Some(3),
+        duration_ms: Some(1),
+        result: None,
+        reason: None,
+        signal: None,
+    };
     db.end_attempt(&turn.attempt_id, &ending, 12).unwrap();
     db.report_dead(&turn.attempt_id, "stale_claim", 13).unwrap();
     assert!(db.pending_reports(10).unwrap().is_empty());
@@ -244,8 +251,14 @@ fn a_dead_report_without_its_reason_is_an_error_naming_the_row() {
     let (_dir, mut db) = open_temp();
     db.mirror(&delivery("d1", "c", 1), true, 10).unwrap();
     let turn = db.start_attempt("d1", 11).unwrap().unwrap();
-    let ending =
-        Ending { outcome: Outcome::Failed, exit_code: Some(3), duration_ms: Some(1), result: None, reason: None };
+    let ending = Ending {
+        outcome: Outcome::Failed,
+        exit_code: Some(3),
+        duration_ms: Some(1),
+        result: None,
+        reason: None,
+        signal: None,
+    };
     db.end_attempt(&turn.attempt_id, &ending, 12).unwrap();
     db.report_dead(&turn.attempt_id, "stale_claim", 13).unwrap();
     corrupt(&db, "UPDATE outbox SET dead_reason = NULL");
@@ -323,11 +336,14 @@ fn a_store_from_before_process_groups_upgrades_with_its_rows() {
         let conn = baton_shared::sqlite::open(&path, &MIGRATIONS[..2], opts).unwrap();
         let mut db = Db { conn };
         db.instance_id().unwrap();
-        db.mirror(&delivery("d1", "c", 1), true, 10).unwrap();
-        // The start marker as the code of that schema wrote it.
+        // The mirror and the start marker as the code of that schema wrote them.
         db.conn()
             .execute_batch(
-                "UPDATE executions SET state = 'started' WHERE delivery_id = 'd1';
+                "INSERT INTO deliveries(delivery_id, message_id, conversation, seq, payload, claim_token, state,
+                     mirrored_at_ms, updated_at_ms, producer)
+                 VALUES ('d1', 'm-d1', 'c', 1, '{\"turn\":1}', 'tok-d1', 'acked', 10, 10, 'prod');
+                 INSERT INTO executions(delivery_id, conversation, seq, state, queued_at_ms)
+                 VALUES ('d1', 'c', 1, 'started', 10);
                  INSERT INTO attempts(attempt_id, delivery_id, started_at_ms) VALUES ('a1', 'd1', 11);",
             )
             .unwrap();
@@ -343,8 +359,14 @@ fn a_store_from_before_process_groups_upgrades_with_its_rows() {
 fn run_to_end(db: &mut Db, id: &str, conversation: &str, at: i64) -> String {
     db.mirror(&delivery(id, conversation, 1), true, at).unwrap();
     let turn = db.start_attempt(id, at).unwrap().unwrap();
-    let ending =
-        Ending { outcome: Outcome::Succeeded, exit_code: Some(0), duration_ms: Some(1), result: None, reason: None };
+    let ending = Ending {
+        outcome: Outcome::Succeeded,
+        exit_code: Some(0),
+        duration_ms: Some(1),
+        result: None,
+        reason: None,
+        signal: None,
+    };
     db.end_attempt(&turn.attempt_id, &ending, at).unwrap();
     turn.attempt_id
 }
