@@ -416,3 +416,51 @@ fn retention_removes_only_what_the_hub_settled_before_the_cutoff() {
     assert_eq!((n(&before, "outbox"), n(&after, "outbox")), (5, 4));
     assert_eq!(db.summary().unwrap().dead_reports.len(), 1, "a dead report stays for the operator");
 }
+
+/// Run 2 of a delivery that ran here: its own execution and attempt; the late confirmation of
+/// run 1's report does not settle the delivery while run 2 waits, so retention keeps it.
+#[test]
+fn a_later_run_has_its_own_execution_and_an_earlier_report_does_not_settle_it() {
+    let (_dir, mut db) = open_temp();
+    db.mirror(&delivery("d1", "c", 1), true, 10).unwrap();
+    let run1 = db.start_attempt("d1", 11).unwrap().unwrap();
+    let ending = Ending::unstarted(Outcome::Failed, "exited with status 75");
+    db.end_attempt(&run1.attempt_id, &ending, 12).unwrap();
+    let mut again = delivery("d1", "c", 1);
+    again.attempt = 2;
+    again.claim_token = "tok-d1-2".into();
+    assert_eq!(db.mirror(&again, false, 13).unwrap(), Mirrored::NewRun);
+    assert_eq!(db.mirror(&delivery("d1", "c", 1), false, 13).unwrap(), Mirrored::AlreadyRan, "an older run is stale");
+    db.report_confirmed(&run1.attempt_id, 14).unwrap();
+    let local = db.local("d1").unwrap().unwrap();
+    assert_eq!((local.state, local.run, local.exec), (LocalState::Mirrored, 2, ExecState::Queued));
+    assert_eq!(db.remove_settled(i64::MAX, 10).unwrap(), 0, "run 2 waits: nothing is removed");
+    assert!(db.mark_acked("d1", "tok-d1-2", 15).unwrap());
+    let run2 = db.start_attempt("d1", 16).unwrap().unwrap();
+    assert_eq!((run2.run, run2.claim_token.as_str()), (2, "tok-d1-2"));
+    assert_ne!(run2.attempt_id, run1.attempt_id);
+    assert_eq!(count(&db, "SELECT count(*) FROM executions WHERE delivery_id = 'd1'"), 2);
+}
+
+/// A cancel of a run that has not started is one transaction that the start checks: after it
+/// the run never starts; a cancel of a started run says so and changes nothing.
+#[test]
+fn a_local_cancel_wins_over_a_later_start_and_leaves_a_started_run_alone() {
+    let (_dir, mut db) = open_temp();
+    db.mirror(&delivery("d1", "c", 1), true, 10).unwrap();
+    let turn = db.next_attempt("d1").unwrap().unwrap();
+    assert!(matches!(
+        db.cancel_unstarted("d1", 1, "cancelled before it started: r", 11).unwrap(),
+        CancelLocal::Cancelled(_)
+    ));
+    assert!(!db.begin_attempt(&turn, None, 12).unwrap(), "a cancelled run never starts");
+    assert_eq!(db.cancel_unstarted("d1", 1, "again", 13).unwrap(), CancelLocal::Settled, "idempotent");
+    let pending = db.pending_reports(10).unwrap();
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].body.outcome, Outcome::Cancelled);
+    assert_eq!(pending[0].body.attempt, Some(1));
+    db.mirror(&delivery("d2", "c", 2), true, 10).unwrap();
+    db.start_attempt("d2", 14).unwrap().unwrap();
+    assert_eq!(db.cancel_unstarted("d2", 1, "r", 15).unwrap(), CancelLocal::Started);
+    assert_eq!(db.pending_reports(10).unwrap().len(), 1, "nothing written for a started run");
+}
