@@ -72,21 +72,21 @@ pub(crate) async fn scheduler<H: Hub>(sh: Arc<Shared<H>>) -> anyhow::Result<()> 
         }
         let mut retry_in = None;
         if !turns.is_empty() {
-            match confirm_starts(&sh, turns).await? {
-                Confirmed::Start(turns) => {
-                    backoff.reset();
-                    for turn in turns {
-                        let Some(start) = start(&sh, &turn).await? else {
-                            continue;
-                        };
-                        crash_point("node.exec.after_start_marker");
-                        running.insert(turn.conversation.clone());
-                        let conversation = turn.conversation.clone();
-                        let handle = tasks.spawn(execute(Arc::clone(&sh), turn, start, kill.clone()));
-                        by_task.insert(handle.id(), conversation);
-                    }
-                }
-                Confirmed::Later => retry_in = Some(backoff.next_delay()),
+            let (confirmed, later) = confirm_starts(&sh, turns).await?;
+            if later {
+                retry_in = Some(backoff.next_delay());
+            } else {
+                backoff.reset();
+            }
+            for turn in confirmed {
+                let Some(start) = start(&sh, &turn).await? else {
+                    continue;
+                };
+                crash_point("node.exec.after_start_marker");
+                running.insert(turn.conversation.clone());
+                let conversation = turn.conversation.clone();
+                let handle = tasks.spawn(execute(Arc::clone(&sh), turn, start, kill.clone()));
+                by_task.insert(handle.id(), conversation);
             }
         }
         let retry = async {
@@ -143,10 +143,30 @@ enum Confirmed {
     Later,
 }
 
-/// Asks the hub to record the start of `turns` (one request) and settles the refused ones:
-/// `cancelled` → reported `cancelled`, never started; `started_elsewhere` → reported `unknown`;
-/// `stale_claim`, `not_found` (or anything else) → dropped locally, never run here.
-async fn confirm_starts<H: Hub>(sh: &Shared<H>, turns: Vec<StartedTurn>) -> Result<Confirmed, StoreError> {
+/// Asks the hub to record the start of `turns`, in one request (more only past
+/// `claim_batch_max` turns, the hub's bound on one request), and settles the refused ones.
+/// Returns the turns to start, and whether some could not be asked about now (try later).
+async fn confirm_starts<H: Hub>(
+    sh: &Shared<H>,
+    turns: Vec<StartedTurn>,
+) -> Result<(Vec<StartedTurn>, bool), StoreError> {
+    let per_request = (sh.config.claim_batch_max as usize).max(1);
+    let (mut start, mut later) = (Vec::new(), false);
+    let mut turns = turns.into_iter().peekable();
+    while turns.peek().is_some() {
+        let chunk: Vec<StartedTurn> = turns.by_ref().take(per_request).collect();
+        match confirm_chunk(sh, chunk).await? {
+            Confirmed::Start(confirmed) => start.extend(confirmed),
+            Confirmed::Later => later = true,
+        }
+    }
+    Ok((start, later))
+}
+
+/// One `POST /v1/starts` for `turns`; settles the refused ones: `cancelled` → reported
+/// `cancelled`, never started; `started_elsewhere` → reported `unknown`; `stale_claim`,
+/// `not_found` (or anything else) → dropped locally, never run here.
+async fn confirm_chunk<H: Hub>(sh: &Shared<H>, turns: Vec<StartedTurn>) -> Result<Confirmed, StoreError> {
     if sh.starts_unconfirmed.load(Ordering::Relaxed) {
         return Ok(Confirmed::Start(turns));
     }

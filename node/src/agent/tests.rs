@@ -62,6 +62,8 @@ struct HubState {
     refuse_start: HashMap<String, String>,
     /// Cancels asked for: delivery id → (run, reason); listed in claim answers and holdings.
     cancels: BTreeMap<String, (u32, String)>,
+    /// A hub that predates sessions and starts: both routes answer 404.
+    no_turn_control: bool,
 }
 
 #[derive(Clone, Default)]
@@ -147,6 +149,9 @@ impl Hub for FakeHub {
     async fn register_session(&self) -> Result<SessionResponse, HubError> {
         self.with(|s| {
             s.calls.push("session".into());
+            if s.no_turn_control {
+                return Err(HubError::Refused { status: 404, code: "not_found".into(), message: "no route".into() });
+            }
             if s.revoked {
                 return Err(revoked());
             }
@@ -172,6 +177,9 @@ impl Hub for FakeHub {
     async fn starts(&self, items: Vec<StartItem>) -> Result<Vec<StartResult>, HubError> {
         self.with(|s| {
             s.calls.push("starts".into());
+            if s.no_turn_control {
+                return Err(HubError::Refused { status: 404, code: "not_found".into(), message: "no route".into() });
+            }
             s.session_check("starts")?;
             if s.revoked {
                 return Err(revoked());
@@ -1075,4 +1083,43 @@ async fn a_second_run_of_a_delivery_gets_its_own_attempt_report_and_environment(
         .unwrap();
     assert_eq!(runs, [(1, "failed".to_string()), (2, "failed".to_string())]);
     assert_eq!(db.local("d1").unwrap().unwrap().run, 2);
+}
+
+/// Past `claim_batch_max` turns, one pass asks in more than one request, each within the bound.
+#[tokio::test]
+async fn a_start_request_holds_at_most_claim_batch_max_turns() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = FakeHub::default();
+    for c in ["a", "b", "c"] {
+        held_delivered(&hub, dir.path(), &delivery(&format!("{c}1"), c, 1));
+    }
+    let mut cfg = config(dir.path(), "cat");
+    cfg.claim_batch_max = 2;
+    let node = start(cfg, &hub);
+    wait_until("three reports", || hub.with(|s| s.outcomes.len() == 3)).await;
+    node.stop().await;
+    hub.with(|s| {
+        assert!(s.start_requests.iter().all(|r| !r.is_empty() && r.len() <= 2), "{:?}", s.start_requests);
+        assert_eq!(s.start_requests.iter().map(Vec::len).sum::<usize>(), 3, "{:?}", s.start_requests);
+    });
+}
+
+/// A hub that predates sessions and hub-confirmed starts (404 to both): the node works as
+/// before, on its local gate alone, and sends no session.
+#[tokio::test]
+async fn a_hub_without_sessions_or_starts_is_worked_with_as_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = FakeHub::default();
+    hub.with(|s| {
+        s.no_turn_control = true;
+        s.queue.extend([delivery("a1", "a", 1), delivery("a2", "a", 2)]);
+    });
+    let node = start(config(dir.path(), &recording(dir.path())), &hub);
+    wait_until("two reports", || hub.with(|s| s.reports.len() == 2)).await;
+    node.stop().await;
+    assert_eq!(lines(&dir.path().join("ran")), ["a1", "a2"]);
+    hub.with(|s| {
+        assert!(s.sent_sessions.is_empty());
+        assert_eq!(s.calls.iter().filter(|c| *c == "starts").count(), 1, "asked once, then not again");
+    });
 }
