@@ -19,13 +19,13 @@ use crate::exec::Gate;
 use crate::group;
 use crate::limits::BACKOFF_BASE;
 use crate::shared_state::Shared;
-use crate::store::{ExecState, Mirrored, ReportState, Store, StoreError};
+use crate::store::{CancelLocal, ExecState, Mirrored, ReportState, Store, StoreError};
 use crate::{report, retention, sched};
 use baton_shared::clock::SharedClock;
 use baton_shared::crash_point;
 use baton_shared::error::ErrorCode;
 use baton_shared::states::DeliveryState;
-use baton_shared::wire::ClaimedDelivery;
+use baton_shared::wire::{CancelNotice, ClaimedDelivery};
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::Arc;
@@ -43,6 +43,18 @@ const EMPTY_CLAIM_PACE: Duration = Duration::from_secs(1);
 #[derive(Debug, thiserror::Error)]
 #[error("stopped for good: {0}")]
 pub struct Finished(pub String);
+
+/// The error `run_agent` ends with when a newer session of this node instance (another process
+/// with this data directory, or a copy of it) replaced this one: exit status
+/// `baton_shared::exit::SUPERSEDED`.
+#[derive(Debug, thiserror::Error)]
+#[error("taken over: {0}")]
+pub struct Superseded(pub String);
+
+/// The reason an attempt is reported `unknown` with when the hub lists a delivered run this
+/// data directory has no record of: it never runs here.
+pub const REASON_NO_LOCAL_RECORD: &str =
+    "delivered to this instance, but this data directory has no record of it (a copy or a restore?)";
 
 /// Why a step of the loop stopped.
 #[derive(Debug)]
@@ -86,6 +98,11 @@ pub async fn run_agent<H: Hub>(
         wake_claimer: Notify::new(),
         shutdown: CancellationToken::new(),
         finished: std::sync::OnceLock::new(),
+        superseded: std::sync::OnceLock::new(),
+        kill_turns: CancellationToken::new(),
+        session: std::sync::OnceLock::new(),
+        running: std::sync::Mutex::new(HashMap::new()),
+        starts_unconfirmed: std::sync::atomic::AtomicBool::new(false),
     });
     let token = sh.shutdown.clone();
     let signal = tokio::spawn(async move {
@@ -93,32 +110,122 @@ pub async fn run_agent<H: Hub>(
         tracing::info!("shutdown requested: no new claims or turns");
         token.cancel();
     });
-    let sched = tokio::spawn(stop_all_on_error(Arc::clone(&sh), sched::scheduler(Arc::clone(&sh))));
-    let retention = tokio::spawn(stop_all_on_error(Arc::clone(&sh), retention::retention_loop(Arc::clone(&sh))));
+    if register_session(&sh).await? {
+        run_tasks(&sh).await?;
+    }
+    signal.abort();
+    if let Some(why) = sh.superseded.get() {
+        sh.store.call(|db| db.record_session_end("superseded")).await?;
+        return Err(Superseded(why.clone()).into());
+    }
+    if let Some(why) = sh.finished.get() {
+        return Err(Finished(why.clone()).into());
+    }
+    end_session(&sh).await?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Runs the claim loop, the scheduler, the retention sweep and the outbox until shutdown, then
+/// drains them (the outbox is flushed once more, unless a newer session replaced this one).
+async fn run_tasks<H: Hub>(sh: &Arc<Shared<H>>) -> anyhow::Result<()> {
+    let sched = tokio::spawn(stop_all_on_error(Arc::clone(sh), sched::scheduler(Arc::clone(sh))));
+    let retention = tokio::spawn(stop_all_on_error(Arc::clone(sh), retention::retention_loop(Arc::clone(sh))));
     let outbox_stop = CancellationToken::new();
     let outbox =
-        tokio::spawn(stop_all_on_error(Arc::clone(&sh), report::outbox_loop(Arc::clone(&sh), outbox_stop.clone())));
-    let claimed = claim_loop(&sh).await;
+        tokio::spawn(stop_all_on_error(Arc::clone(sh), report::outbox_loop(Arc::clone(sh), outbox_stop.clone())));
+    let claimed = claim_loop(sh).await;
     sh.shutdown.cancel();
     let sched = sched.await.map_err(anyhow::Error::from).and_then(|r| r);
     let retention = retention.await.map_err(anyhow::Error::from).and_then(|r| r);
     outbox_stop.cancel();
     let outbox = outbox.await.map_err(anyhow::Error::from).and_then(|r| r);
-    let flushed = tokio::time::timeout(crate::limits::SHUTDOWN_REPORT_FLUSH, report::flush(&sh)).await;
-    signal.abort();
     claimed?;
     sched?;
     retention?;
     outbox?;
-    match flushed {
+    if sh.superseded.get().is_some() {
+        return Ok(());
+    }
+    match tokio::time::timeout(crate::limits::SHUTDOWN_REPORT_FLUSH, report::flush(sh)).await {
         Ok(r) => r?,
         Err(_) => tracing::warn!("reports still waiting at shutdown; they are sent at the next start"),
     }
-    if let Some(why) = sh.finished.get() {
-        return Err(Finished(why.clone()).into());
-    }
-    tracing::info!("stopped");
     Ok(())
+}
+
+/// Registers this process's session with the hub, after the startup recovery and before any
+/// claim or holdings call; retries (paced) while the hub is unreachable. Returns false when the
+/// node stopped first (shutdown, or refused for good). A hub that does not know sessions (it
+/// predates them) is worked with as before, without one.
+async fn register_session<H: Hub>(sh: &Arc<Shared<H>>) -> anyhow::Result<bool> {
+    let mut backoff = Backoff::new(BACKOFF_BASE, sh.config.backoff_max);
+    loop {
+        if sh.shutdown.is_cancelled() {
+            return Ok(false);
+        }
+        let answer = tokio::select! {
+            r = sh.hub.register_session() => r,
+            _ = sh.shutdown.cancelled() => return Ok(false),
+        };
+        match answer {
+            Ok(r) => {
+                let _ = sh.session.set(r.session);
+                match r.took_over {
+                    Some(previous) => tracing::warn!(
+                        session = r.session,
+                        took_over = previous,
+                        "registered session {} with the hub; it replaced session {previous}, which had not ended \
+                         cleanly (a crash, or another process with this data directory still running)",
+                        r.session
+                    ),
+                    None => tracing::info!(session = r.session, "registered session {} with the hub", r.session),
+                }
+                let now_ms = sh.now_ms();
+                sh.store.call(move |db| db.record_session(r.session, r.took_over, now_ms)).await?;
+                return Ok(true);
+            }
+            Err(e) if let Some(why) = e.refused_for_good() => {
+                sh.finish(why);
+                return Ok(false);
+            }
+            Err(e) if e.route_unknown() => {
+                tracing::warn!("the hub does not know node sessions ({e}); running without one");
+                return Ok(true);
+            }
+            Err(e) if e.code() == Some(ErrorCode::InstanceConflict) => {
+                tracing::error!(
+                    instance_id = %sh.instance_id,
+                    "the hub refuses a session for this instance: another instance of this host still holds work \
+                     ({e}); retrying every {}",
+                    humantime::format_duration(sh.config.backoff_max)
+                );
+                sh.pause(sh.config.backoff_max).await;
+            }
+            Err(e) => {
+                log_hub_error("session registration", &e);
+                sh.pause(backoff.next_delay()).await;
+            }
+        }
+    }
+}
+
+/// At a clean shutdown: tells the hub this session ended (best effort, bounded), and records it.
+async fn end_session<H: Hub>(sh: &Arc<Shared<H>>) -> Result<(), StoreError> {
+    if sh.session.get().is_none() {
+        return Ok(());
+    }
+    match tokio::time::timeout(crate::limits::SESSION_END_WAIT, sh.hub.end_session()).await {
+        Ok(Ok(())) => sh.store.call(|db| db.record_session_end("clean")).await,
+        Ok(Err(e)) => {
+            tracing::warn!("the hub did not record the end of this session: {e}");
+            Ok(())
+        }
+        Err(_) => {
+            tracing::warn!("the hub did not answer the end of this session in time");
+            Ok(())
+        }
+    }
 }
 
 /// Startup recovery, before anything else runs: for every attempt with a start marker and no
@@ -196,6 +303,10 @@ async fn claim_loop<H: Hub>(sh: &Arc<Shared<H>>) -> anyhow::Result<()> {
                         sh.finish(why);
                         break;
                     }
+                    if let Some(message) = e.superseded() {
+                        sh.supersede(&message);
+                        break;
+                    }
                     log_hub_error("holdings resync", &e);
                     sh.pause(backoff.next_delay()).await;
                     continue;
@@ -224,20 +335,27 @@ async fn claim_loop<H: Hub>(sh: &Arc<Shared<H>>) -> anyhow::Result<()> {
             _ = sh.shutdown.cancelled() => break,
         };
         match answer {
-            Ok(batch) if batch.is_empty() => {
+            Ok(answer) => {
                 backoff.reset();
-                sh.pause(EMPTY_CLAIM_PACE.saturating_sub(sent.elapsed())).await;
-            }
-            Ok(batch) => {
-                backoff.reset();
+                for notice in &answer.cancels {
+                    cancel_turn(sh, notice).await?;
+                }
+                if answer.deliveries.is_empty() {
+                    sh.pause(EMPTY_CLAIM_PACE.saturating_sub(sent.elapsed())).await;
+                    continue;
+                }
                 crash_point("node.claim.after_response");
-                match take_batch(sh, batch).await {
+                match take_batch(sh, answer.deliveries).await {
                     Ok(()) | Err(Stop::Shutdown) | Err(Stop::Hub(_)) => {}
                     Err(Stop::Store(e)) => return Err(e.into()),
                 }
             }
             Err(e) if let Some(why) = e.refused_for_good() => {
                 sh.finish(why);
+                break;
+            }
+            Err(e) if let Some(message) = e.superseded() => {
+                sh.supersede(&message);
                 break;
             }
             Err(e) if e.code() == Some(ErrorCode::InstanceConflict) => {
@@ -396,6 +514,10 @@ where
                 sh.finish(why);
                 return Err(Stop::Shutdown);
             }
+            Err(e) if let Some(message) = e.superseded() => {
+                sh.supersede(&message);
+                return Err(Stop::Shutdown);
+            }
             Err(e) if e.is_transient() => {
                 tracing::warn!("hub call failed, retrying: {e}");
                 sh.pause(backoff.next_delay()).await;
@@ -438,7 +560,8 @@ async fn resync<H: Hub>(sh: &Arc<Shared<H>>) -> Result<(), Stop> {
     Ok(())
 }
 
-/// Resumes one holding from where the hub says it is.
+/// Resumes one holding from where the hub says it is. A delivered run this store has no
+/// record of never runs here: it is reported `unknown` (`Db::adopt_delivered`).
 async fn resume<H: Hub>(sh: &Arc<Shared<H>>, h: &ClaimedDelivery) -> Result<(), Stop> {
     let acked = match h.state {
         DeliveryState::Claimed | DeliveryState::Mirrored => false,
@@ -449,7 +572,11 @@ async fn resume<H: Hub>(sh: &Arc<Shared<H>>, h: &ClaimedDelivery) -> Result<(), 
         }
     };
     let (d, now_ms) = (h.clone(), sh.now_ms());
-    let m = sh.store.call(move |db| db.mirror(&d, acked, now_ms)).await?;
+    let m = if acked {
+        sh.store.call(move |db| db.adopt_delivered(&d, REASON_NO_LOCAL_RECORD, now_ms)).await?
+    } else {
+        sh.store.call(move |db| db.mirror(&d, false, now_ms)).await?
+    };
     if !acked {
         if m == Mirrored::AlreadyRan {
             tracing::error!(delivery_id = %h.delivery_id, "the hub lists as not acked a delivery that already ran here; not acking it");
@@ -457,26 +584,56 @@ async fn resume<H: Hub>(sh: &Arc<Shared<H>>, h: &ClaimedDelivery) -> Result<(), 
         }
         return handoff(sh, h, h.state).await;
     }
-    if m == Mirrored::New || m == Mirrored::Replaced {
-        tracing::info!(delivery_id = %h.delivery_id, "the hub lists a delivered turn with no local attempt; it runs now");
-    }
-    if m != Mirrored::AlreadyRan {
-        return Ok(());
+    match m {
+        Mirrored::New | Mirrored::Replaced | Mirrored::NewRun => {
+            tracing::error!(
+                delivery_id = %h.delivery_id, attempt = h.attempt,
+                "the hub lists a delivered turn this data directory has no record of (a copy or a restore?); \
+                 it never runs here: reporting it unknown"
+            );
+            sh.wake_outbox.notify_one();
+            return Ok(());
+        }
+        Mirrored::Existing => {
+            if h.cancel_requested {
+                let notice = CancelNotice {
+                    delivery_id: h.delivery_id.clone(),
+                    attempt: h.attempt,
+                    reason: "cancel requested".into(),
+                };
+                cancel_turn(sh, &notice).await?;
+            }
+            return Ok(());
+        }
+        Mirrored::AlreadyRan => {}
     }
     let id = h.delivery_id.clone();
     let Some(local) = sh.store.call(move |db| db.local(&id)).await? else {
         return Err(Stop::Store(StoreError::Corrupt(format!("delivery {} vanished", h.delivery_id))));
     };
+    if local.run != h.attempt {
+        tracing::warn!(delivery_id = %h.delivery_id, hub_run = h.attempt, local_run = local.run, "the hub lists another run of this delivery than the one held here; leaving it");
+        return Ok(());
+    }
     match (local.exec, local.report) {
-        // Running in this process: its report follows when it ends.
-        (ExecState::Started, _) => {}
-        (ExecState::Ended, Some((_, ReportState::Pending))) => sh.wake_outbox.notify_one(),
-        (ExecState::Ended, Some((report_id, ReportState::Confirmed))) => {
+        // Running in this process: its report follows when it ends; a cancel reaches it.
+        (ExecState::Started, _) => {
+            if h.cancel_requested {
+                let notice = CancelNotice {
+                    delivery_id: h.delivery_id.clone(),
+                    attempt: h.attempt,
+                    reason: "cancel requested".into(),
+                };
+                cancel_turn(sh, &notice).await?;
+            }
+        }
+        (ExecState::Ended | ExecState::Cancelled, Some((_, ReportState::Pending))) => sh.wake_outbox.notify_one(),
+        (ExecState::Ended | ExecState::Cancelled, Some((report_id, ReportState::Confirmed))) => {
             tracing::warn!(delivery_id = %h.delivery_id, report_id, "the hub lists as unreported a turn whose report it confirmed; sending it again (same report id)");
             sh.store.call(move |db| db.reopen_report(&report_id)).await?;
             sh.wake_outbox.notify_one();
         }
-        (ExecState::Ended, Some((report_id, ReportState::Dead))) => {
+        (ExecState::Ended | ExecState::Cancelled, Some((report_id, ReportState::Dead))) => {
             tracing::warn!(delivery_id = %h.delivery_id, report_id, "the hub lists as unreported a turn whose report it refused for good; see `baton-node status`");
         }
         (exec, report) => {
@@ -485,6 +642,42 @@ async fn resume<H: Hub>(sh: &Arc<Shared<H>>, h: &ClaimedDelivery) -> Result<(), 
                 h.delivery_id
             ))));
         }
+    }
+    Ok(())
+}
+
+/// A cancel the hub passed on (an operator's or the producer's) for run `attempt` of a delivered
+/// turn: one not started never starts and is reported `cancelled` (one local transaction, which
+/// the scheduler's start checks); a running one is stopped (SIGTERM to its process group,
+/// SIGKILL after `cancel_grace`) and reported `cancelled`; one that ended is left alone.
+/// Repeating it changes nothing.
+async fn cancel_turn<H: Hub>(sh: &Arc<Shared<H>>, notice: &CancelNotice) -> Result<(), StoreError> {
+    let (id, run) = (notice.delivery_id.as_str(), notice.attempt);
+    // The entry is made before the start marker: look here first, and again if the store says
+    // it started in between.
+    if let Some(handle) = sh.running_turn(id, run) {
+        if !handle.is_requested() {
+            tracing::warn!(delivery_id = id, attempt = run, reason = %notice.reason, "cancel: stopping the running turn");
+        }
+        handle.request(&notice.reason);
+        return Ok(());
+    }
+    let (i, why, now_ms) = (id.to_string(), format!("cancelled before it started: {}", notice.reason), sh.now_ms());
+    match sh.store.call(move |db| db.cancel_unstarted(&i, run, &why, now_ms)).await? {
+        CancelLocal::Cancelled(attempt_id) => {
+            tracing::warn!(delivery_id = id, attempt = run, attempt_id, reason = %notice.reason, "cancel: the turn had not started and never will; reporting it cancelled");
+            sh.wake_outbox.notify_one();
+            sh.wake_scheduler.notify_one();
+            sh.wake_claimer.notify_one();
+        }
+        CancelLocal::Started => match sh.running_turn(id, run) {
+            Some(handle) => {
+                tracing::warn!(delivery_id = id, attempt = run, reason = %notice.reason, "cancel: stopping the running turn");
+                handle.request(&notice.reason);
+            }
+            None => tracing::debug!(delivery_id = id, "cancel: the turn has just ended; its report stands"),
+        },
+        CancelLocal::Settled => tracing::debug!(delivery_id = id, "cancel: nothing to stop here (ended, or not held)"),
     }
     Ok(())
 }

@@ -155,6 +155,9 @@ pub fn exit_code(e: &anyhow::Error) -> u8 {
         if cause.downcast_ref::<crate::agent::Finished>().is_some() {
             return exit::REVOKED;
         }
+        if cause.downcast_ref::<crate::agent::Superseded>().is_some() {
+            return exit::SUPERSEDED;
+        }
         if cause.downcast_ref::<ConfigError>().is_some() {
             return exit::USAGE;
         }
@@ -226,6 +229,15 @@ mod tests {
         assert_eq!(exit_code(&anyhow::Error::from(missing).context("status")), exit::REFUSED, "not initialised");
         assert_eq!(exit_code(&anyhow::anyhow!("boom")), exit::FAILURE);
         assert_eq!(exit::FAILURE, 4);
+    }
+
+    #[test]
+    fn a_node_taken_over_by_a_newer_session_exits_6() {
+        let taken = anyhow::Error::from(crate::agent::Superseded("a newer session replaced this one".into()));
+        assert_eq!(exit_code(&taken.context("running the node")), exit::SUPERSEDED);
+        assert_eq!(exit::SUPERSEDED, 6);
+        let help = Cli::command().render_long_help().to_string();
+        assert!(help.contains("6  taken over"), "{help}");
     }
 
     #[test]

@@ -12,11 +12,17 @@ use crate::limits::{CONNECT_TIMEOUT, REQUEST_TIMEOUT};
 use baton_shared::error::ErrorCode;
 use baton_shared::wire::{
     ClaimRequest, ClaimResponse, ClaimedDelivery, ErrorBody, HolderRequest, HoldingsResponse, RejectRequest,
-    ReportRequest, ReportResponse, TransitionResponse,
+    ReportRequest, ReportResponse, SESSION_HEADER, SessionEndRequest, SessionRequest, SessionResponse, StartItem,
+    StartRequest, StartResponse, StartResult, TransitionResponse,
 };
 use std::future::Future;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
+
+/// The error code with which the hub refuses a request of a session older than the host's
+/// newest one (another process registered a newer session for this node instance).
+pub const SESSION_SUPERSEDED: &str = "session_superseded";
 use std::time::Duration;
 
 /// Why a hub call did not succeed.
@@ -84,6 +90,21 @@ impl HubError {
         }
     }
 
+    /// The hub's message when it refused the request because a newer session of this node
+    /// instance replaced ours (409 `session_superseded`): this process must stop at once.
+    pub fn superseded(&self) -> Option<String> {
+        match self {
+            HubError::Refused { status: 409, code, message } if code == SESSION_SUPERSEDED => Some(message.clone()),
+            _ => None,
+        }
+    }
+
+    /// Whether the hub does not know the route at all (404 or 405 to the whole request): a hub
+    /// older than the route, which the node then works without.
+    pub fn route_unknown(&self) -> bool {
+        matches!(self, HubError::Refused { status: 404 | 405, .. })
+    }
+
     /// Why the hub will never take this node's requests again, when this error says so: the
     /// hub revoked our certificate (401 `certificate_revoked`, or its TLS alert naming the
     /// revocation). Running on cannot help; the node stops (`agent::Finished`).
@@ -105,10 +126,17 @@ impl HubError {
     }
 }
 
-/// The hub calls the node makes. Every call is safe to repeat (SPEC §12).
+/// The hub calls the node makes. Every call is safe to repeat (SPEC §12). Once
+/// `register_session` succeeded, every request carries the session (`SESSION_HEADER`).
 pub trait Hub: Send + Sync + 'static {
-    /// `POST /v1/claims`: long-polls for up to `max` deliveries.
-    fn claim(&self, max: u32, wait: Duration) -> impl Future<Output = Result<Vec<ClaimedDelivery>, HubError>> + Send;
+    /// `POST /v1/sessions`: registers a fresh session for this process; later requests carry it.
+    fn register_session(&self) -> impl Future<Output = Result<SessionResponse, HubError>> + Send;
+    /// `POST /v1/sessions/end`: ends the registered session cleanly (at shutdown).
+    fn end_session(&self) -> impl Future<Output = Result<(), HubError>> + Send;
+    /// `POST /v1/claims`: long-polls for up to `max` deliveries (and the pending cancels).
+    fn claim(&self, max: u32, wait: Duration) -> impl Future<Output = Result<ClaimResponse, HubError>> + Send;
+    /// `POST /v1/starts`: asks to start these turns; one result per item.
+    fn starts(&self, items: Vec<StartItem>) -> impl Future<Output = Result<Vec<StartResult>, HubError>> + Send;
     /// `GET /v1/holdings`: everything this instance holds.
     fn holdings(&self) -> impl Future<Output = Result<Vec<ClaimedDelivery>, HubError>> + Send;
     /// `POST /v1/deliveries/{id}/mirrored`.
@@ -149,6 +177,8 @@ struct Inner {
     files: [(&'static str, PathBuf); 3],
     /// The TLS client for new requests and its generation (1 at start, +1 per reload).
     current: RwLock<(u64, reqwest::Client)>,
+    /// The registered session (0 before `register_session`), sent in `SESSION_HEADER`.
+    session: AtomicU64,
 }
 
 impl HubClient {
@@ -162,8 +192,14 @@ impl HubClient {
             ("key_file", config.key_file.clone()),
         ];
         let http = build_client(&files, claim_timeout)?;
-        let inner =
-            Inner { base: config.hub_url.clone(), instance_id, claim_timeout, files, current: RwLock::new((1, http)) };
+        let inner = Inner {
+            base: config.hub_url.clone(),
+            instance_id,
+            claim_timeout,
+            files,
+            current: RwLock::new((1, http)),
+            session: AtomicU64::new(0),
+        };
         Ok(HubClient { inner: Arc::new(inner) })
     }
 
@@ -204,7 +240,12 @@ impl HubClient {
         build: impl FnOnce(&reqwest::Client) -> reqwest::RequestBuilder,
     ) -> Result<T, HubError> {
         let (generation, http) = self.client();
-        let result = self.send_with(build(&http)).await;
+        let mut req = build(&http);
+        let session = self.inner.session.load(Ordering::SeqCst);
+        if session > 0 {
+            req = req.header(SESSION_HEADER, session.to_string());
+        }
+        let result = self.send_with(req).await;
         match result {
             Err(e) if e.refused_for_good().is_some() && self.generation() != generation => {
                 Err(HubError::SentBeforeReload(Box::new(e)))
@@ -218,7 +259,9 @@ impl HubClient {
         let status = resp.status();
         let bytes = resp.bytes().await.map_err(transport_error)?;
         if status.is_success() {
-            return serde_json::from_slice(&bytes).map_err(|e| HubError::BadAnswer(format!("{status}: {e}")));
+            // An empty answer (204) reads as `null`: only a caller that expects nothing accepts it.
+            let body: &[u8] = if bytes.is_empty() { b"null" } else { &bytes };
+            return serde_json::from_slice(body).map_err(|e| HubError::BadAnswer(format!("{status}: {e}")));
         }
         match serde_json::from_slice::<ErrorBody>(&bytes) {
             Ok(b) => Err(HubError::Refused { status: status.as_u16(), code: b.code, message: b.message }),
@@ -268,7 +311,36 @@ fn build_client(files: &[(&'static str, PathBuf); 3], claim_timeout: Duration) -
 }
 
 impl Hub for HubClient {
-    async fn claim(&self, max: u32, wait: Duration) -> Result<Vec<ClaimedDelivery>, HubError> {
+    async fn register_session(&self) -> Result<SessionResponse, HubError> {
+        let body = SessionRequest {
+            instance_id: self.inner.instance_id.clone(),
+            node_version: Some(env!("CARGO_PKG_VERSION").to_string()),
+        };
+        let url = format!("{}/v1/sessions", self.inner.base);
+        let r: SessionResponse = self.send(|http| http.post(url).timeout(REQUEST_TIMEOUT).json(&body)).await?;
+        self.inner.session.store(r.session, Ordering::SeqCst);
+        Ok(r)
+    }
+
+    async fn end_session(&self) -> Result<(), HubError> {
+        let session = self.inner.session.load(Ordering::SeqCst);
+        if session == 0 {
+            return Ok(());
+        }
+        let body = SessionEndRequest { instance_id: self.inner.instance_id.clone(), session };
+        let url = format!("{}/v1/sessions/end", self.inner.base);
+        let _: serde_json::Value = self.send(|http| http.post(url).timeout(REQUEST_TIMEOUT).json(&body)).await?;
+        Ok(())
+    }
+
+    async fn starts(&self, items: Vec<StartItem>) -> Result<Vec<StartResult>, HubError> {
+        let body = StartRequest { instance_id: self.inner.instance_id.clone(), starts: items };
+        let url = format!("{}/v1/starts", self.inner.base);
+        let r: StartResponse = self.send(|http| http.post(url).timeout(REQUEST_TIMEOUT).json(&body)).await?;
+        Ok(r.results)
+    }
+
+    async fn claim(&self, max: u32, wait: Duration) -> Result<ClaimResponse, HubError> {
         let body = ClaimRequest {
             instance_id: self.inner.instance_id.clone(),
             max: Some(max),
@@ -276,8 +348,7 @@ impl Hub for HubClient {
         };
         let url = format!("{}/v1/claims", self.inner.base);
         let timeout = self.inner.claim_timeout;
-        let r: ClaimResponse = self.send(|http| http.post(url).timeout(timeout).json(&body)).await?;
-        Ok(r.deliveries)
+        self.send(|http| http.post(url).timeout(timeout).json(&body)).await
     }
 
     async fn holdings(&self) -> Result<Vec<ClaimedDelivery>, HubError> {
@@ -380,6 +451,15 @@ mod tests {
     }
 
     #[test]
+    fn a_newer_session_is_recognised() {
+        let superseded = HubError::Refused { status: 409, code: SESSION_SUPERSEDED.into(), message: "m".into() };
+        assert_eq!(superseded.superseded().as_deref(), Some("m"));
+        assert!(!superseded.is_transient());
+        let stale = HubError::Refused { status: 409, code: "stale_claim".into(), message: "m".into() };
+        assert_eq!(stale.superseded(), None);
+    }
+
+    #[test]
     fn only_a_revoked_certificate_is_refused_for_good() {
         let refused = |status: u16, code: &str| HubError::Refused { status, code: code.into(), message: "m".into() };
         let revoked = refused(401, "certificate_revoked").refused_for_good().unwrap();
@@ -392,6 +472,7 @@ mod tests {
             refused(401, "unknown_certificate"),
             refused(403, "wrong_role"),
             refused(409, "instance_conflict"),
+            refused(409, SESSION_SUPERSEDED),
             refused(503, "storage_unavailable"),
             HubError::Unreachable { detail: "connection closed".into(), maybe_sent: false },
         ] {

@@ -149,6 +149,10 @@ keys! {
     /// `shutdown_grace`, or left behind by a crashed node and found at the next start) may take
     /// to end before the node sends it SIGKILL.
     kill_grace: Duration = Kind::Duration { default: KILL_GRACE_DEFAULT, range: KILL_GRACE_RANGE };
+    /// How long a running turn that was cancelled (by an operator or the producer, through the
+    /// hub) may take to end after SIGTERM to its process group before the node sends it SIGKILL;
+    /// it is then reported `cancelled` with what the process returned.
+    cancel_grace: Duration = Kind::Duration { default: CANCEL_GRACE_DEFAULT, range: CANCEL_GRACE_RANGE };
     /// How long the node keeps the local rows of a turn whose report the hub confirmed (and of
     /// a delivery the hub took back before it ran); older ones are removed, so the store stays
     /// bounded. Within it, a turn the hub hands out again is recognised and never run twice.

@@ -30,6 +30,7 @@ use std::os::fd::AsFd as _;
 use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::process::{Child, ChildStdin};
@@ -40,6 +41,35 @@ use tokio_util::sync::CancellationToken;
 pub const REASON_TIMEOUT: &str = "timeout";
 /// The reason recorded when a turn was stopped because the node shut down starts with this word.
 pub const REASON_SHUTDOWN: &str = "shutdown";
+/// The reason recorded when a running turn was cancelled starts with this word.
+pub const REASON_CANCELLED: &str = "cancelled";
+
+/// A cancel of one running turn, asked for by the hub (an operator or the producer): set once
+/// with its reason; the turn's `Spawned::run` then stops its process group (SIGTERM, SIGKILL
+/// after `cancel_grace`) and ends it `cancelled`.
+#[derive(Debug, Clone, Default)]
+pub struct CancelHandle {
+    token: CancellationToken,
+    reason: Arc<OnceLock<String>>,
+}
+
+impl CancelHandle {
+    /// Asks for the cancel (the first reason given is kept).
+    pub fn request(&self, reason: &str) {
+        let _ = self.reason.set(reason.to_string());
+        self.token.cancel();
+    }
+
+    /// Whether a cancel was asked for.
+    pub fn is_requested(&self) -> bool {
+        self.token.is_cancelled()
+    }
+
+    /// Why, once asked for.
+    pub fn reason(&self) -> String {
+        self.reason.get().cloned().unwrap_or_default()
+    }
+}
 
 /// The hidden subcommand that runs the gate (`baton-node turn-gate -- ARGV…`).
 pub const GATE_SUBCOMMAND: &str = "turn-gate";
@@ -110,6 +140,8 @@ pub struct ExecSpec {
     pub timeout: Duration,
     /// How long a group sent SIGTERM (timeout, shutdown) may take to end before SIGKILL.
     pub kill_grace: Duration,
+    /// How long a cancelled turn's group sent SIGTERM may take to end before SIGKILL.
+    pub cancel_grace: Duration,
     /// Most stdout bytes kept as the result (the truncation marker included).
     pub result_bytes_max: usize,
     /// This node instance, given to the harness as `BATON_INSTANCE_ID`.
@@ -140,6 +172,7 @@ pub fn spawn(spec: &ExecSpec, turn: &StartedTurn) -> Result<Spawned, Ending> {
         duration_ms: Some(elapsed_ms(started)),
         result: None,
         reason: Some(format!("cannot start {:?}: {why}", spec.argv.first().map_or("", String::as_str))),
+        signal: None,
     };
     let Some(program) = spec.argv.first() else { return Err(cannot_start("the command is empty".into())) };
     if find_program(program).is_none() {
@@ -161,7 +194,13 @@ pub fn spawn(spec: &ExecSpec, turn: &StartedTurn) -> Result<Spawned, Ending> {
         .env("BATON_SEQ", turn.seq.to_string())
         .env("BATON_PRODUCER", turn.producer.as_deref().unwrap_or_default())
         .env("BATON_ATTEMPT_ID", &turn.attempt_id)
+        .env("BATON_ATTEMPT", turn.run.to_string())
         .env("BATON_INSTANCE_ID", &spec.instance_id);
+    // Absent on the first run, so a harness can tell a rerun by the variable alone.
+    match turn.rerun {
+        Some(rerun) => cmd.env("BATON_RERUN", rerun.as_str()),
+        None => cmd.env_remove("BATON_RERUN"),
+    };
     let mut child = cmd.spawn().map_err(|e| cannot_start(format!("spawning {gate:?} failed: {e}")))?;
     // With process_group(0) the child leads a new group whose id is its pid.
     let Some(pgid) = child.id().and_then(|pid| i32::try_from(pid).ok()) else {
@@ -192,6 +231,7 @@ enum Waited {
     Exited(std::io::Result<std::process::ExitStatus>),
     TimedOut,
     Killed,
+    Cancelled,
 }
 
 impl Spawned {
@@ -215,8 +255,15 @@ impl Spawned {
 
     /// Releases the gate, feeds the payload, and waits for the turn to end. `kill` is cancelled
     /// when the node stops waiting (shutdown after its grace): the group is then stopped and the
-    /// turn ends `failed`.
-    pub async fn run(mut self, spec: &ExecSpec, turn: &StartedTurn, kill: &CancellationToken) -> Ending {
+    /// turn ends `failed`. A `cancel` stops the group the same way (with `cancel_grace`) and the
+    /// turn ends `cancelled`.
+    pub async fn run(
+        mut self,
+        spec: &ExecSpec,
+        turn: &StartedTurn,
+        kill: &CancellationToken,
+        cancel: &CancelHandle,
+    ) -> Ending {
         let stdin = self.stdin.take().map(|mut w| {
             let payload = turn.payload.clone().into_bytes();
             tokio::spawn(async move {
@@ -233,18 +280,26 @@ impl Spawned {
             r = self.child.wait() => Waited::Exited(r),
             _ = tokio::time::sleep(spec.timeout) => Waited::TimedOut,
             _ = kill.cancelled() => Waited::Killed,
+            _ = cancel.token.cancelled() => Waited::Cancelled,
         };
+        let mut outcome_if_stopped = Outcome::Failed;
         let (status, stopped_for) = match waited {
             Waited::Exited(r) => (r, None),
+            Waited::Cancelled => {
+                let (status, how) = stop_group(self.pgid, &mut self.child, spec.cancel_grace).await;
+                outcome_if_stopped = Outcome::Cancelled;
+                let how = how.describe("cancel_grace", spec.cancel_grace);
+                (status, Some(format!("{REASON_CANCELLED}: {}; {how}", cancel.reason())))
+            }
             Waited::TimedOut => {
                 let (status, how) = stop_group(self.pgid, &mut self.child, spec.kill_grace).await;
                 let why = format!("ran past exec_timeout ({})", humantime::format_duration(spec.timeout));
-                (status, Some(format!("{REASON_TIMEOUT}: {why}; {}", how.describe(spec.kill_grace))))
+                (status, Some(format!("{REASON_TIMEOUT}: {why}; {}", how.describe("kill_grace", spec.kill_grace))))
             }
             Waited::Killed => {
                 let (status, how) = stop_group(self.pgid, &mut self.child, spec.kill_grace).await;
                 let why = "still running when the node shut down after shutdown_grace";
-                (status, Some(format!("{REASON_SHUTDOWN}: {why}; {}", how.describe(spec.kill_grace))))
+                (status, Some(format!("{REASON_SHUTDOWN}: {why}; {}", how.describe("kill_grace", spec.kill_grace))))
             }
         };
         let duration_ms = Some(elapsed_ms(self.started));
@@ -275,9 +330,14 @@ impl Spawned {
             h.abort();
         }
         let result = Some(bounded_result(&captured, total, spec.result_bytes_max));
+        let signal = status.as_ref().ok().and_then(|s| s.signal());
         let (outcome, exit_code, reason) = match (stopped_for, status) {
-            // A turn the node stopped is reported for that reason, whatever its status says.
-            (Some(reason), _) => (Outcome::Failed, None, Some(reason)),
+            // A turn the node stopped is reported for that reason, whatever its status says; a
+            // cancelled one with the status its process returned.
+            (Some(reason), Ok(s)) if outcome_if_stopped == Outcome::Cancelled => {
+                (Outcome::Cancelled, s.code(), Some(reason))
+            }
+            (Some(reason), _) => (outcome_if_stopped, None, Some(reason)),
             (None, Ok(s)) => match (s.code(), s.signal()) {
                 (Some(0), _) => (Outcome::Succeeded, Some(0), None),
                 (Some(code), _) => (Outcome::Failed, Some(code), Some(format!("exited with status {code}"))),
@@ -286,7 +346,7 @@ impl Spawned {
             },
             (None, Err(e)) => (Outcome::Failed, None, Some(format!("waiting for the harness failed: {e}"))),
         };
-        Ending { outcome, exit_code, duration_ms, result, reason }
+        Ending { outcome, exit_code, duration_ms, result, reason, signal }
     }
 }
 
@@ -300,12 +360,13 @@ enum Stop {
 }
 
 impl Stop {
-    fn describe(self, grace: Duration) -> String {
+    /// `grace_name` is the configuration key the grace came from.
+    fn describe(self, grace_name: &str, grace: Duration) -> String {
         match self {
             Stop::Terminated => "its process group ended on SIGTERM".to_string(),
             Stop::Killed => {
                 format!(
-                    "its process group was killed with SIGKILL after kill_grace ({})",
+                    "its process group was killed with SIGKILL after {grace_name} ({})",
                     humantime::format_duration(grace)
                 )
             }
@@ -362,6 +423,7 @@ pub fn run_noop() -> Ending {
         duration_ms: Some(0),
         result: Some(String::new()),
         reason: None,
+        signal: None,
     }
 }
 
@@ -495,6 +557,9 @@ mod tests {
             seq: 7,
             payload: payload.into(),
             producer: Some("prod-a".into()),
+            run: 1,
+            rerun: None,
+            claim_token: "tok-1".into(),
         }
     }
 
@@ -503,6 +568,7 @@ mod tests {
             argv: vec!["sh".into(), "-c".into(), script.into()],
             timeout,
             kill_grace: Duration::from_secs(20),
+            cancel_grace: Duration::from_secs(20),
             result_bytes_max: max,
             instance_id: "inst-1".into(),
             gate: Gate::shell(),
@@ -514,7 +580,7 @@ mod tests {
         match spawn(spec, turn) {
             Ok(spawned) => {
                 assert_eq!(spawned.identity().unwrap().pgid, spawned.pgid());
-                spawned.run(spec, turn, kill).await
+                spawned.run(spec, turn, kill, &CancelHandle::default()).await
             }
             Err(ending) => ending,
         }

@@ -13,10 +13,13 @@
 //! - `client`: the hub API (`Hub` trait) and its mTLS implementation `HubClient`.
 //! - `shared_state`: `Shared`, what the claim loop, the scheduler and the outbox share
 //!   (hub, store, config, clock, wake-ups, shutdown).
-//! - `agent`: the claim loop, holdings resync, mirrored/ack handoff, startup recovery.
-//! - `sched`: per-conversation ordering and the parallel limit; shutdown grace.
+//! - `agent`: startup recovery, the session with the hub, the claim loop, holdings resync,
+//!   mirrored/ack handoff, cancels.
+//! - `sched`: per-conversation ordering and the parallel limit; the hub-confirmed start of each
+//!   turn; shutdown grace.
 //! - `exec`: runs one turn in its own process group, held at a gate until the group is stored;
-//!   timeout (SIGTERM, then SIGKILL after `kill_grace`), output bounds; the `turn-gate` itself.
+//!   timeout (SIGTERM, then SIGKILL after `kill_grace`), cancel (the same after
+//!   `cancel_grace`), output bounds; the `turn-gate` itself.
 //! - `group`: a harness's process group: its identity (group id, start time, boot id), the
 //!   same-process check, and stopping what a crashed node left behind.
 //! - `report`: the report outbox sender.
@@ -27,7 +30,8 @@
 //!
 //! Invariant: only this crate opens the node store, through one connection used on blocking
 //! threads only.
-//! Invariant: nothing runs before the hub confirmed its ack; nothing that started is run twice.
+//! Invariant: nothing runs before the hub confirmed its ack and recorded its start for this
+//! process's session; nothing that started is run twice.
 
 pub mod agent;
 pub mod backoff;
@@ -57,7 +61,8 @@ use std::path::Path;
 /// certificate and key files for the requests that follow; a reload that fails is logged and
 /// the node goes on with what it had.
 ///
-/// Ends with `agent::Finished` when the hub refused this node for good.
+/// Ends with `agent::Finished` when the hub refused this node for good, and with
+/// `agent::Superseded` when a newer session of this instance replaced this process's.
 pub async fn run(
     config: NodeConfig,
     clock: SharedClock,

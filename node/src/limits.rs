@@ -45,6 +45,12 @@ pub const KILL_GRACE_DEFAULT: Duration = Duration::from_secs(10);
 /// Allowed range of `kill_grace` (zero sends SIGKILL right after SIGTERM).
 pub const KILL_GRACE_RANGE: (Duration, Duration) = (Duration::ZERO, Duration::from_secs(10 * 60));
 
+/// Default for `cancel_grace`: how long a running turn that was cancelled (by an operator or the
+/// producer) may take to end after SIGTERM to its process group before it gets SIGKILL.
+pub const CANCEL_GRACE_DEFAULT: Duration = Duration::from_secs(10);
+/// Allowed range of `cancel_grace` (zero sends SIGKILL right after SIGTERM).
+pub const CANCEL_GRACE_RANGE: (Duration, Duration) = (Duration::ZERO, Duration::from_secs(10 * 60));
+
 /// Default for `local_retention`: how long the node keeps the rows of a turn whose report the hub
 /// confirmed (or of a delivery the hub took back before it ran).
 pub const LOCAL_RETENTION_DEFAULT: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -83,6 +89,9 @@ pub const GROUP_POLL_PACE: Duration = Duration::from_millis(50);
 pub const KILLED_GROUP_WAIT: Duration = Duration::from_secs(5);
 /// Most bytes of one attempt's stderr copied to the node's log; the rest is drained and counted.
 pub const STDERR_LOG_BYTES_MAX: usize = 64 * 1024;
+
+/// How long, at a clean shutdown, the node waits for the hub to record that its session ended.
+pub const SESSION_END_WAIT: Duration = Duration::from_secs(5);
 
 /// How long, at shutdown, the node keeps trying to deliver queued reports before it exits.
 pub const SHUTDOWN_REPORT_FLUSH: Duration = Duration::from_secs(5);

@@ -85,6 +85,11 @@ pub(crate) async fn send_pending<H: Hub>(sh: &Shared<H>) -> Result<Pass, StoreEr
                 sh.store.call(move |db| db.report_tried(&report_id, &detail, now_ms)).await?;
                 return Ok(Pass::HubDown);
             }
+            Err(e) if let Some(message) = e.superseded() => {
+                // Not ours to report any more: the entry stays as it is.
+                sh.supersede(&message);
+                return Ok(Pass::HubDown);
+            }
             Err(e) if e.is_transient() => {
                 tracing::warn!(delivery_id = %entry.delivery_id, report_id, "report not delivered yet: {e}");
                 let (detail, now_ms) = (e.to_string(), sh.now_ms());

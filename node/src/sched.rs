@@ -9,15 +9,19 @@
 //! turn runs after the restart. A crash after it leaves a start marker without an end marker: the
 //! next start stops what is left of the recorded group and reports the attempt `unknown`.
 
+use crate::backoff::Backoff;
 use crate::client::Hub;
 use crate::config::Harness;
-use crate::exec::{ExecSpec, Spawned, run_noop};
+use crate::exec::{CancelHandle, ExecSpec, Spawned, run_noop};
+use crate::limits::BACKOFF_BASE;
 use crate::shared_state::Shared;
 use crate::store::{Ending, QueuedTurn, StartedTurn, StoreError};
 use baton_shared::crash_point;
 use baton_shared::states::Outcome;
+use baton_shared::wire::{StartItem, StartResult};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -41,31 +45,59 @@ pub fn pick(queued: &[QueuedTurn], running: &HashSet<String>, free: usize) -> Ve
     heads.into_iter().take(free).cloned().collect()
 }
 
+/// The reason a run is reported `unknown` with when the hub says another session of this
+/// instance already started it: it never runs here again.
+pub const REASON_STARTED_ELSEWHERE: &str = "started by an earlier session of this node instance";
+
 /// Runs the scheduler until shutdown, then drains or kills the running turns.
+///
+/// Each pass asks the hub, in one `POST /v1/starts`, to record the start of every turn it is
+/// about to start, and starts only those the hub answered `start: true` (order: the hub's
+/// start record, then the local start marker, then the harness).
 pub(crate) async fn scheduler<H: Hub>(sh: Arc<Shared<H>>) -> anyhow::Result<()> {
-    let kill = CancellationToken::new();
+    let kill = sh.kill_turns.clone();
     let limit = sh.config.parallel_conversations as usize;
     let mut running: HashSet<String> = HashSet::new();
     let mut by_task: HashMap<tokio::task::Id, String> = HashMap::new();
     let mut tasks: JoinSet<()> = JoinSet::new();
+    let mut backoff = Backoff::new(BACKOFF_BASE, sh.config.backoff_max);
     while !sh.shutdown.is_cancelled() {
         let queued = sh.store.call(|db| db.queued_turns()).await?;
+        let mut turns = Vec::new();
         for t in pick(&queued, &running, limit.saturating_sub(running.len())) {
             let id = t.delivery_id.clone();
-            let Some(turn) = sh.store.call(move |db| db.next_attempt(&id)).await? else {
-                continue;
-            };
-            let Some(start) = start(&sh, &turn).await? else {
-                continue;
-            };
-            crash_point("node.exec.after_start_marker");
-            running.insert(turn.conversation.clone());
-            let conversation = turn.conversation.clone();
-            let handle = tasks.spawn(execute(Arc::clone(&sh), turn, start, kill.clone()));
-            by_task.insert(handle.id(), conversation);
+            if let Some(turn) = sh.store.call(move |db| db.next_attempt(&id)).await? {
+                turns.push(turn);
+            }
         }
+        let mut retry_in = None;
+        if !turns.is_empty() {
+            let (confirmed, later) = confirm_starts(&sh, turns).await?;
+            if later {
+                retry_in = Some(backoff.next_delay());
+            } else {
+                backoff.reset();
+            }
+            for turn in confirmed {
+                let Some(start) = start(&sh, &turn).await? else {
+                    continue;
+                };
+                crash_point("node.exec.after_start_marker");
+                running.insert(turn.conversation.clone());
+                let conversation = turn.conversation.clone();
+                let handle = tasks.spawn(execute(Arc::clone(&sh), turn, start, kill.clone()));
+                by_task.insert(handle.id(), conversation);
+            }
+        }
+        let retry = async {
+            match retry_in {
+                Some(d) => tokio::time::sleep(d).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             _ = sh.wake_scheduler.notified() => {}
+            _ = retry => {}
             Some(done) = tasks.join_next_with_id() => {
                 let id = match done {
                     Ok((id, ())) => id,
@@ -83,7 +115,7 @@ pub(crate) async fn scheduler<H: Hub>(sh: Arc<Shared<H>>) -> anyhow::Result<()> 
         }
     }
     if !tasks.is_empty() {
-        let grace = sh.config.shutdown_grace;
+        let grace = if sh.superseded.get().is_some() { std::time::Duration::ZERO } else { sh.config.shutdown_grace };
         tracing::info!(
             "shutting down: waiting up to {} for {} running turn(s)",
             humantime::format_duration(grace),
@@ -103,6 +135,123 @@ pub(crate) async fn scheduler<H: Hub>(sh: Arc<Shared<H>>) -> anyhow::Result<()> 
     Ok(())
 }
 
+/// What the hub said about the turns a pass is about to start.
+enum Confirmed {
+    /// Start these (the hub recorded their start for this session).
+    Start(Vec<StartedTurn>),
+    /// The hub could not be asked now: try again after a pause.
+    Later,
+}
+
+/// Asks the hub to record the start of `turns`, in one request (more only past
+/// `claim_batch_max` turns, the hub's bound on one request), and settles the refused ones.
+/// Returns the turns to start, and whether some could not be asked about now (try later).
+async fn confirm_starts<H: Hub>(
+    sh: &Shared<H>,
+    turns: Vec<StartedTurn>,
+) -> Result<(Vec<StartedTurn>, bool), StoreError> {
+    let per_request = (sh.config.claim_batch_max as usize).max(1);
+    let (mut start, mut later) = (Vec::new(), false);
+    let mut turns = turns.into_iter().peekable();
+    while turns.peek().is_some() {
+        let chunk: Vec<StartedTurn> = turns.by_ref().take(per_request).collect();
+        match confirm_chunk(sh, chunk).await? {
+            Confirmed::Start(confirmed) => start.extend(confirmed),
+            Confirmed::Later => later = true,
+        }
+    }
+    Ok((start, later))
+}
+
+/// One `POST /v1/starts` for `turns`; settles the refused ones: `cancelled` → reported
+/// `cancelled`, never started; `started_elsewhere` → reported `unknown`; `stale_claim`,
+/// `not_found` (or anything else) → dropped locally, never run here.
+async fn confirm_chunk<H: Hub>(sh: &Shared<H>, turns: Vec<StartedTurn>) -> Result<Confirmed, StoreError> {
+    if sh.starts_unconfirmed.load(Ordering::Relaxed) {
+        return Ok(Confirmed::Start(turns));
+    }
+    let items = turns
+        .iter()
+        .map(|t| StartItem { delivery_id: t.delivery_id.clone(), claim_token: t.claim_token.clone(), attempt: t.run })
+        .collect();
+    let results = tokio::select! {
+        r = sh.hub.starts(items) => r,
+        _ = sh.shutdown.cancelled() => return Ok(Confirmed::Later),
+    };
+    let results = match results {
+        Ok(results) => results,
+        Err(e) if let Some(why) = e.refused_for_good() => {
+            sh.finish(why);
+            return Ok(Confirmed::Later);
+        }
+        Err(e) if let Some(message) = e.superseded() => {
+            sh.supersede(&message);
+            return Ok(Confirmed::Later);
+        }
+        Err(e) if e.route_unknown() => {
+            tracing::warn!("the hub does not know hub-confirmed starts ({e}); starting turns on the local gate alone");
+            sh.starts_unconfirmed.store(true, Ordering::Relaxed);
+            return Ok(Confirmed::Start(turns));
+        }
+        Err(e) => {
+            tracing::warn!(turns = turns.len(), "asking the hub to start turns failed; trying again: {e}");
+            return Ok(Confirmed::Later);
+        }
+    };
+    if results.iter().any(|r| r.start) {
+        crash_point("node.start.after_hub");
+    }
+    let mut answers: HashMap<String, StartResult> = results.into_iter().map(|r| (r.delivery_id.clone(), r)).collect();
+    let mut start = Vec::new();
+    for turn in turns {
+        let Some(answer) = answers.remove(&turn.delivery_id) else {
+            tracing::warn!(delivery_id = %turn.delivery_id, "the hub's start answer leaves this turn out; asking again later");
+            continue;
+        };
+        if answer.start {
+            start.push(turn);
+            continue;
+        }
+        settle_refused_start(sh, &turn, &answer).await?;
+    }
+    Ok(Confirmed::Start(start))
+}
+
+/// A turn the hub refused to start: it never runs here.
+async fn settle_refused_start<H: Hub>(
+    sh: &Shared<H>,
+    turn: &StartedTurn,
+    answer: &StartResult,
+) -> Result<(), StoreError> {
+    let (id, run, now_ms) = (turn.delivery_id.clone(), turn.run, sh.now_ms());
+    let message = answer.message.clone().unwrap_or_default();
+    match answer.code.as_deref() {
+        Some("cancelled") => {
+            let why = if message.is_empty() {
+                "cancelled before it started".to_string()
+            } else {
+                format!("cancelled before it started: {message}")
+            };
+            tracing::warn!(delivery_id = %id, attempt = run, "the hub refused the start: cancelled; reporting it cancelled, never started");
+            sh.store.call(move |db| db.cancel_unstarted(&id, run, &why, now_ms)).await?;
+            sh.wake_outbox.notify_one();
+        }
+        Some("started_elsewhere") => {
+            tracing::error!(delivery_id = %id, attempt = run, "the hub says an earlier session of this instance started this turn; never running it here, reporting it unknown");
+            let ending = Ending::unstarted(Outcome::Unknown, REASON_STARTED_ELSEWHERE);
+            sh.store.call(move |db| db.end_unstarted(&id, run, &ending, now_ms)).await?;
+            sh.wake_outbox.notify_one();
+        }
+        code => {
+            tracing::warn!(delivery_id = %id, attempt = run, code = code.unwrap_or(""), "the hub refused the start ({message}); dropping the local copy, it will not run here");
+            let why = format!("start refused: {} {message}", code.unwrap_or(""));
+            sh.store.call(move |db| db.drop_unstarted(&id, &why, now_ms)).await?;
+        }
+    }
+    sh.wake_claimer.notify_one();
+    Ok(())
+}
+
 /// A turn whose start marker is written, and what runs it.
 enum Start {
     /// The in-process no-op harness.
@@ -115,8 +264,29 @@ enum Start {
 
 /// Writes `turn`'s start marker; for a command, spawns its process at the gate first and stores
 /// its process group in the same transaction. `None` when the turn cannot start after all
-/// (nothing was written, and a spawned process is let go without running anything).
+/// (nothing was written, and a spawned process is let go without running anything): a local
+/// cancel got there first, for one. Its cancel handle is registered before the marker.
 async fn start<H: Hub>(sh: &Shared<H>, turn: &StartedTurn) -> Result<Option<Start>, StoreError> {
+    sh.running
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(turn.delivery_id.clone(), (turn.run, CancelHandle::default()));
+    let started = begin(sh, turn).await;
+    if !matches!(started, Ok(Some(_))) {
+        forget(sh, turn);
+    }
+    started
+}
+
+/// Removes `turn`'s cancel handle (it did not start, or its end marker is written).
+fn forget<H>(sh: &Shared<H>, turn: &StartedTurn) {
+    let mut running = sh.running.lock().unwrap_or_else(|p| p.into_inner());
+    if running.get(&turn.delivery_id).is_some_and(|(run, _)| *run == turn.run) {
+        running.remove(&turn.delivery_id);
+    }
+}
+
+async fn begin<H: Hub>(sh: &Shared<H>, turn: &StartedTurn) -> Result<Option<Start>, StoreError> {
     let (start, process) = match sh.config.harness {
         Harness::Noop => (Start::Noop, None),
         Harness::Command => match crate::exec::spawn(&spec(sh), turn) {
@@ -129,13 +299,10 @@ async fn start<H: Hub>(sh: &Shared<H>, turn: &StartedTurn) -> Result<Option<Star
                         // Never released: the harness does not run, and nothing of it is left.
                         tracing::error!(delivery_id = %turn.delivery_id, pgid = spawned.pgid(), "not running the turn: cannot read its process group from /proc: {e}");
                         spawned.abandon().await;
-                        let ending = Ending {
-                            outcome: Outcome::Failed,
-                            exit_code: None,
-                            duration_ms: None,
-                            result: None,
-                            reason: Some(format!("not started: cannot read its process group from /proc: {e}")),
-                        };
+                        let ending = Ending::unstarted(
+                            Outcome::Failed,
+                            format!("not started: cannot read its process group from /proc: {e}"),
+                        );
                         (Start::Failed(ending), None)
                     }
                 }
@@ -158,6 +325,7 @@ fn spec<H>(sh: &Shared<H>) -> ExecSpec {
         argv: sh.config.command.clone(),
         timeout: sh.config.exec_timeout,
         kill_grace: sh.config.kill_grace,
+        cancel_grace: sh.config.cancel_grace,
         result_bytes_max: sh.config.result_bytes_max,
         instance_id: sh.instance_id.clone(),
         gate: sh.gate.clone(),
@@ -166,13 +334,21 @@ fn spec<H>(sh: &Shared<H>) -> ExecSpec {
 
 /// Runs one started turn and writes its end marker (which queues its report).
 async fn execute<H: Hub>(sh: Arc<Shared<H>>, turn: StartedTurn, start: Start, kill: CancellationToken) {
-    tracing::info!(delivery_id = %turn.delivery_id, attempt_id = %turn.attempt_id, conversation = %turn.conversation, seq = turn.seq, "running turn");
+    tracing::info!(delivery_id = %turn.delivery_id, attempt_id = %turn.attempt_id, conversation = %turn.conversation, seq = turn.seq, attempt = turn.run, "running turn");
+    let cancel = sh.running_turn(&turn.delivery_id, turn.run).unwrap_or_default();
     let ending = match start {
+        // Cancelled between the start marker and the release: the harness never runs.
+        Start::Noop | Start::Command(_) if cancel.is_requested() => {
+            if let Start::Command(spawned) = start {
+                spawned.abandon().await;
+            }
+            Ending::unstarted(Outcome::Cancelled, format!("cancelled before it started: {}", cancel.reason()))
+        }
         Start::Noop => {
             crash_point("node.exec.during_effect");
             run_noop()
         }
-        Start::Command(spawned) => spawned.run(&spec(&sh), &turn, &kill).await,
+        Start::Command(spawned) => spawned.run(&spec(&sh), &turn, &kill, &cancel).await,
         Start::Failed(ending) => ending,
     };
     tracing::info!(
@@ -180,7 +356,9 @@ async fn execute<H: Hub>(sh: Arc<Shared<H>>, turn: StartedTurn, start: Start, ki
         exit_code = ?ending.exit_code, duration_ms = ?ending.duration_ms, reason = ?ending.reason, "turn ended"
     );
     let (attempt_id, now_ms) = (turn.attempt_id.clone(), sh.now_ms());
-    match sh.store.call(move |db| db.end_attempt(&attempt_id, &ending, now_ms)).await {
+    let ended = sh.store.call(move |db| db.end_attempt(&attempt_id, &ending, now_ms)).await;
+    forget(&sh, &turn);
+    match ended {
         Ok(()) => {
             crash_point("node.exec.after_end_marker");
             sh.wake_outbox.notify_one();

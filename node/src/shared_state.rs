@@ -4,10 +4,12 @@
 //! that none of them imports another for it.
 
 use crate::config::NodeConfig;
-use crate::exec::Gate;
+use crate::exec::{CancelHandle, Gate};
 use crate::store::Store;
 use baton_shared::clock::SharedClock;
-use std::sync::OnceLock;
+use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -37,6 +39,21 @@ pub(crate) struct Shared<H> {
     /// Set once, when the hub refused this node for good (why); the node then stops and exits
     /// with `baton_shared::exit::REVOKED`.
     pub(crate) finished: OnceLock<String>,
+    /// Set once, when the hub said a newer session of this instance replaced ours (why); the
+    /// node then stops at once and exits with `baton_shared::exit::SUPERSEDED`.
+    pub(crate) superseded: OnceLock<String>,
+    /// Cancelled when running turns must be stopped now (SIGTERM, SIGKILL after `kill_grace`):
+    /// at shutdown once `shutdown_grace` is over, or at once when superseded.
+    pub(crate) kill_turns: CancellationToken,
+    /// The session registered with the hub (none against a hub that predates sessions).
+    pub(crate) session: OnceLock<u64>,
+    /// The turns about to start or running, by delivery id: their run and their cancel. An
+    /// entry is made before the start marker is written and removed after the end marker, so a
+    /// cancel that finds the execution started finds its entry.
+    pub(crate) running: Mutex<HashMap<String, (u32, CancelHandle)>>,
+    /// The hub does not know `POST /v1/starts` (it predates it): turns start on the local gate
+    /// alone, as before. Set at the first such answer (and logged once).
+    pub(crate) starts_unconfirmed: AtomicBool,
 }
 
 impl<H> Shared<H> {
@@ -57,6 +74,35 @@ impl<H> Shared<H> {
             );
         }
         self.shutdown.cancel();
+    }
+
+    /// The hub refused a request because a newer session of this node instance replaced ours
+    /// (a copy of the data directory, or the same one started twice): logs it once, stops
+    /// claiming and starting at once, and stops the running turns now (their outcome is not
+    /// ours to report any more). The node exits with `baton_shared::exit::SUPERSEDED`.
+    pub(crate) fn supersede(&self, hub_message: &str) {
+        let ours = self.session.get().map_or_else(|| "(none)".to_string(), u64::to_string);
+        let why = format!(
+            "another process took over this node instance (a copy of its data directory?): a newer session \
+             replaced this one (session {ours}; the hub said: {hub_message})"
+        );
+        if self.superseded.set(why.clone()).is_ok() {
+            tracing::error!(
+                "{why}. This node stops now: no claims, no starts, running turns get SIGTERM (SIGKILL after \
+                 kill_grace) and are not reported by it; exit status {}. Find the other process before \
+                 starting this one again",
+                baton_shared::exit::SUPERSEDED
+            );
+        }
+        self.shutdown.cancel();
+        self.kill_turns.cancel();
+    }
+
+    /// The cancel handle of the running (or starting) turn of `delivery_id` when it is run
+    /// `run`.
+    pub(crate) fn running_turn(&self, delivery_id: &str, run: u32) -> Option<CancelHandle> {
+        let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        running.get(delivery_id).filter(|(r, _)| *r == run).map(|(_, h)| h.clone())
     }
 
     /// Sleeps for `d`, or less when shutdown begins first.

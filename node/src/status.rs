@@ -42,8 +42,14 @@ pub fn render_json(s: &Summary, wal_bytes: u64) -> String {
     let store = serde_json::json!({
         "rows": rows, "bytes": s.size.bytes, "free_bytes": s.size.free_bytes, "wal_bytes": wal_bytes,
     });
+    let session = s.session.as_ref().map(|l| {
+        serde_json::json!({
+            "session": l.session, "started_at_ms": l.started_at_ms, "took_over": l.took_over, "ended": l.ended,
+        })
+    });
     let v = serde_json::json!({
         "instance_id": s.instance_id,
+        "session": session,
         "counts": counts,
         "mirrored": in_state(LocalState::Mirrored),
         "acked": in_state(LocalState::Acked),
@@ -60,6 +66,15 @@ pub fn render_json(s: &Summary, wal_bytes: u64) -> String {
 pub fn render_text(s: &Summary, wal_bytes: u64) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "instance id:      {}", s.instance_id.as_deref().unwrap_or("(none yet)"));
+    let session = match &s.session {
+        None => "none registered yet".to_string(),
+        Some(l) => {
+            let took_over = l.took_over.map(|t| format!(", took over session {t}")).unwrap_or_default();
+            let ended = l.ended.as_deref().map_or_else(|| "not ended".to_string(), |h| format!("ended {h}"));
+            format!("{} (registered at {} ms{took_over}; {ended})", l.session, l.started_at_ms)
+        }
+    };
+    let _ = writeln!(out, "last session:     {session}");
     let counts: Vec<String> = s.counts.iter().map(|(st, n)| format!("{} {n}", st.as_str())).collect();
     let _ = writeln!(out, "deliveries:       {}", if counts.is_empty() { "none".into() } else { counts.join(", ") });
     let _ = writeln!(out, "running:          {}", s.running.len());

@@ -25,10 +25,10 @@ mod outbox;
 mod retention;
 mod summary;
 
-pub use attempts::{Ending, ExecState, Interrupted, QueuedTurn, StartedTurn};
+pub use attempts::{CancelLocal, Ending, ExecState, Interrupted, QueuedTurn, StartedTurn};
 pub use deliveries::{LocalDelivery, LocalState, Mirrored};
 pub use outbox::{OutboxEntry, ReportState};
-pub use summary::{DeadReport, OpenDelivery, StoreSize, Summary};
+pub use summary::{DeadReport, LastSession, OpenDelivery, StoreSize, Summary};
 
 use baton_shared::sqlite::{OpenError, OpenOptions, Synchronous};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
@@ -41,6 +41,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../schema/node/0002-delivery-producer.sql"),
     include_str!("../../schema/node/0003-attempt-process-group.sql"),
     include_str!("../../schema/node/0004-settled-deliveries-index.sql"),
+    include_str!("../../schema/node/0005-runs-and-cancel.sql"),
 ];
 
 /// The reason recorded for an attempt found started but not ended at startup.
@@ -114,6 +115,39 @@ impl Db {
         tx.commit()?;
         baton_shared::ids::check_token("instance_id", &id).map_err(|e| StoreError::corrupt("meta instance_id", e))?;
         Ok(id)
+    }
+
+    /// Records the session this process registered with the hub (for `status`): its number,
+    /// when, and the session it took over, if any.
+    pub fn record_session(&mut self, session: u64, took_over: Option<u64>, now_ms: i64) -> Result<(), StoreError> {
+        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let took_over = took_over.map(|t| t.to_string());
+        for (key, value) in [
+            ("session", Some(session.to_string())),
+            ("session_started_at_ms", Some(now_ms.to_string())),
+            ("session_took_over", took_over),
+            ("session_ended", None),
+        ] {
+            match value {
+                Some(v) => tx.execute(
+                    "INSERT INTO meta(key, value) VALUES (?1, ?2) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                    (key, v),
+                )?,
+                None => tx.execute("DELETE FROM meta WHERE key = ?1", [key])?,
+            };
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Records how this process's session ended (`clean`, `superseded`).
+    pub fn record_session_end(&mut self, how: &str) -> Result<(), StoreError> {
+        self.conn.execute(
+            "INSERT INTO meta(key, value) VALUES ('session_ended', ?1)
+             ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            [how],
+        )?;
+        Ok(())
     }
 
     /// The underlying connection, for tests that inspect rows directly.

@@ -23,6 +23,9 @@ fn turn() -> StartedTurn {
         seq: 1,
         payload: r#"{"turn":1}"#.into(),
         producer: Some("prod".into()),
+        run: 1,
+        rerun: None,
+        claim_token: "tok-1".into(),
     }
 }
 
@@ -50,6 +53,7 @@ async fn the_released_gate_becomes_the_harness_in_the_same_process_group() {
         ],
         timeout: Duration::from_secs(60),
         kill_grace: Duration::from_secs(10),
+        cancel_grace: Duration::from_secs(10),
         result_bytes_max: 4096,
         instance_id: "inst-1".into(),
         gate: Gate::binary(bin()),
@@ -58,7 +62,8 @@ async fn the_released_gate_becomes_the_harness_in_the_same_process_group() {
     let identity = spawned.identity().unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!ran.exists(), "the harness ran before it was released");
-    let ending = spawned.run(&spec, &turn(), &CancellationToken::new()).await;
+    let ending =
+        spawned.run(&spec, &turn(), &CancellationToken::new(), &baton_node::exec::CancelHandle::default()).await;
     assert_eq!(ending.outcome, Outcome::Succeeded, "{ending:?}");
     let out = ending.result.unwrap();
     let (ids, payload) = out.split_once('\n').unwrap();

@@ -9,7 +9,10 @@ use super::*;
 use crate::config::{Harness, LogFormat};
 use crate::store::{Db, LocalState};
 use baton_shared::states::Outcome;
-use baton_shared::wire::{AttemptView, ReportRequest, ReportResponse, TransitionResponse};
+use baton_shared::wire::{
+    AttemptView, ClaimResponse, ReportRequest, ReportResponse, SessionResponse, StartItem, StartResult,
+    TransitionResponse,
+};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -43,6 +46,24 @@ struct HubState {
     node_db: Option<PathBuf>,
     /// The node's unstarted executions at the moment each claim arrived (with `node_db`).
     queued_at_claim: Vec<i64>,
+    /// The host's newest session on the hub (0: none registered yet).
+    newest_session: u64,
+    /// The session the node registered (sent with every later request; 0 before).
+    node_session: u64,
+    /// Every call after the first registration, with the session it carried.
+    sent_sessions: Vec<(String, u64)>,
+    /// Sessions the node ended cleanly.
+    ended_sessions: Vec<u64>,
+    /// Every `POST /v1/starts`, as the delivery ids it asked for.
+    start_requests: Vec<Vec<String>>,
+    /// The session that started each delivery's current run.
+    started: HashMap<String, u64>,
+    /// Start refusals on demand: delivery id → code.
+    refuse_start: HashMap<String, String>,
+    /// Cancels asked for: delivery id → (run, reason); listed in claim answers and holdings.
+    cancels: BTreeMap<String, (u32, String)>,
+    /// A hub that predates sessions and starts: both routes answer 404.
+    no_turn_control: bool,
 }
 
 #[derive(Clone, Default)]
@@ -60,6 +81,27 @@ fn down() -> HubError {
     HubError::Unreachable { detail: "connection refused".into(), maybe_sent: false }
 }
 
+fn superseded() -> HubError {
+    HubError::Refused {
+        status: 409,
+        code: crate::client::SESSION_SUPERSEDED.into(),
+        message: "session 2 replaced session 1".into(),
+    }
+}
+
+impl HubState {
+    /// Notes a call with the session it carried; refuses it when a newer session exists.
+    fn session_check(&mut self, call: &str) -> Result<(), HubError> {
+        if self.node_session > 0 {
+            self.sent_sessions.push((call.to_string(), self.node_session));
+            if self.node_session < self.newest_session {
+                return Err(superseded());
+            }
+        }
+        Ok(())
+    }
+}
+
 impl FakeHub {
     fn with<T>(&self, f: impl FnOnce(&mut HubState) -> T) -> T {
         f(&mut self.0.lock().unwrap())
@@ -75,6 +117,7 @@ impl FakeHub {
     ) -> Result<TransitionResponse, HubError> {
         self.with(|s| {
             s.calls.push(format!("{what} {id}"));
+            s.session_check(what)?;
             if s.revoked {
                 return Err(revoked());
             }
@@ -103,9 +146,83 @@ impl FakeHub {
 }
 
 impl Hub for FakeHub {
-    async fn claim(&self, max: u32, _wait: Duration) -> Result<Vec<ClaimedDelivery>, HubError> {
-        let (out, lost) = self.with(|s| {
+    async fn register_session(&self) -> Result<SessionResponse, HubError> {
+        self.with(|s| {
+            s.calls.push("session".into());
+            if s.no_turn_control {
+                return Err(HubError::Refused { status: 404, code: "not_found".into(), message: "no route".into() });
+            }
+            if s.revoked {
+                return Err(revoked());
+            }
+            if s.down {
+                return Err(down());
+            }
+            let took_over = (s.newest_session > 0).then_some(s.newest_session);
+            s.newest_session += 1;
+            s.node_session = s.newest_session;
+            Ok(SessionResponse { session: s.newest_session, took_over })
+        })
+    }
+
+    async fn end_session(&self) -> Result<(), HubError> {
+        self.with(|s| {
+            s.calls.push("session end".into());
+            s.session_check("session end")?;
+            s.ended_sessions.push(s.node_session);
+            Ok(())
+        })
+    }
+
+    async fn starts(&self, items: Vec<StartItem>) -> Result<Vec<StartResult>, HubError> {
+        self.with(|s| {
+            s.calls.push("starts".into());
+            if s.no_turn_control {
+                return Err(HubError::Refused { status: 404, code: "not_found".into(), message: "no route".into() });
+            }
+            s.session_check("starts")?;
+            if s.revoked {
+                return Err(revoked());
+            }
+            if s.down {
+                return Err(down());
+            }
+            s.start_requests.push(items.iter().map(|i| i.delivery_id.clone()).collect());
+            let session = s.node_session;
+            let answer = |id: &str, code: Option<&str>| StartResult {
+                delivery_id: id.into(),
+                start: code.is_none(),
+                code: code.map(str::to_string),
+                message: code.map(|c| format!("fake {c}")),
+            };
+            let mut out = Vec::new();
+            for i in items {
+                let id = i.delivery_id.as_str();
+                if let Some(code) = s.refuse_start.get(id) {
+                    out.push(answer(id, Some(code.as_str())));
+                    continue;
+                }
+                let ok = matches!(s.held.get(id), Some((d, DeliveryState::Delivered))
+                    if d.claim_token == i.claim_token && d.attempt == i.attempt);
+                if !ok {
+                    out.push(answer(id, Some("stale_claim")));
+                } else if s.cancels.get(id).is_some_and(|(run, _)| *run == i.attempt) {
+                    out.push(answer(id, Some("cancelled")));
+                } else if s.started.get(id).is_some_and(|by| *by != session) {
+                    out.push(answer(id, Some("started_elsewhere")));
+                } else {
+                    s.started.insert(id.to_string(), session);
+                    out.push(answer(id, None));
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    async fn claim(&self, max: u32, _wait: Duration) -> Result<ClaimResponse, HubError> {
+        let (out, lost, cancels) = self.with(|s| {
             s.calls.push("claim".into());
+            s.session_check("claim")?;
             s.claim_times.push(Instant::now());
             if let Some(path) = &s.node_db {
                 // The node decided to claim after counting these; none can start in between
@@ -132,7 +249,17 @@ impl Hub for FakeHub {
             if lost {
                 s.lose_claim_answers -= 1;
             }
-            Ok((out, lost))
+            let cancels = s
+                .cancels
+                .iter()
+                .filter(|(id, _)| !s.outcomes.contains_key(*id))
+                .map(|(id, (run, reason))| CancelNotice {
+                    delivery_id: id.clone(),
+                    attempt: *run,
+                    reason: reason.clone(),
+                })
+                .collect();
+            Ok((out, lost, cancels))
         })?;
         if out.is_empty() {
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -140,12 +267,13 @@ impl Hub for FakeHub {
         if lost {
             return Err(HubError::Unreachable { detail: "timed out".into(), maybe_sent: true });
         }
-        Ok(out)
+        Ok(ClaimResponse { deliveries: out, cancels })
     }
 
     async fn holdings(&self) -> Result<Vec<ClaimedDelivery>, HubError> {
         self.with(|s| {
             s.calls.push("holdings".into());
+            s.session_check("holdings")?;
             if s.revoked {
                 return Err(revoked());
             }
@@ -155,7 +283,11 @@ impl Hub for FakeHub {
             Ok(s.held
                 .values()
                 .filter(|(d, _)| !s.outcomes.contains_key(&d.delivery_id))
-                .map(|(d, st)| ClaimedDelivery { state: *st, ..d.clone() })
+                .map(|(d, st)| ClaimedDelivery {
+                    state: *st,
+                    cancel_requested: s.cancels.get(&d.delivery_id).is_some_and(|(run, _)| *run == d.attempt),
+                    ..d.clone()
+                })
                 .collect())
         })
     }
@@ -176,6 +308,7 @@ impl Hub for FakeHub {
     async fn report(&self, body: &ReportRequest) -> Result<ReportResponse, HubError> {
         self.with(|s| {
             s.calls.push(format!("report {}", body.delivery_id));
+            s.session_check("report")?;
             if s.revoked {
                 return Err(revoked());
             }
@@ -236,6 +369,7 @@ fn config(dir: &Path, script: &str) -> NodeConfig {
         result_bytes_max: 4096,
         shutdown_grace: Duration::from_secs(5),
         kill_grace: Duration::from_secs(5),
+        cancel_grace: Duration::from_secs(5),
         local_retention: Duration::from_secs(24 * 3600),
         backoff_max: Duration::from_millis(200),
         log_format: LogFormat::Text,
@@ -320,8 +454,16 @@ async fn claims_mirror_ack_run_and_report_each_turn_once() {
             assert_eq!(r.result.as_deref(), Some(format!("{{\"turn\":{seq}}}").as_str()));
             let at = |c: &str| s.calls.iter().position(|x| x == &format!("{c} {}", r.delivery_id)).unwrap();
             assert!(at("mirrored") < at("ack") && at("ack") < at("report"), "{:?}", s.calls);
+            assert!(at("ack") < s.calls.iter().position(|c| c == "starts").unwrap(), "{:?}", s.calls);
+            assert_eq!(r.attempt, Some(1), "the report names its run");
         }
+        assert_eq!(s.calls.first().map(String::as_str), Some("session"), "the session comes first: {:?}", s.calls);
+        assert!(s.sent_sessions.iter().all(|(_, n)| *n == 1), "every request carries the session");
+        assert!(s.sent_sessions.iter().any(|(c, _)| c == "holdings"));
+        assert_eq!(s.ended_sessions, [1], "a clean shutdown ends the session");
     });
+    let last = open_db(dir.path()).last_session().unwrap().unwrap();
+    assert_eq!((last.session, last.took_over, last.ended.as_deref()), (1, None, Some("clean")));
 }
 
 #[tokio::test]
@@ -492,23 +634,38 @@ async fn acked_on_the_hub_but_not_locally_runs_after_restart() {
     hub.with(|s| assert!(!s.calls.iter().any(|c| c == "ack k1"), "no second ack needed: {:?}", s.calls));
 }
 
+/// A hub outage: a running turn goes on and its report waits in the outbox, then arrives once;
+/// a turn the hub has not confirmed the start of waits for the hub (no start without it).
 #[tokio::test]
-async fn during_an_outage_held_turns_run_and_reports_wait_then_arrive_once() {
+async fn during_an_outage_reports_wait_and_starts_wait_for_the_hub() {
     let dir = tempfile::tempdir().unwrap();
+    let go = dir.path().join("go");
+    let script = format!(
+        "echo $BATON_DELIVERY_ID >> {}; while [ ! -f {} ]; do sleep 0.05; done",
+        dir.path().join("ran").display(),
+        go.display()
+    );
     open_db(dir.path()).mirror(&delivery("o1", "o", 1), true, 1).unwrap();
+    // The next turn of the same conversation: it may start only after o1 ended.
+    open_db(dir.path()).mirror(&delivery("p1", "o", 2), true, 1).unwrap();
     let hub = FakeHub::default();
     hub.with(|s| {
-        s.down = true;
         s.held.insert("o1".into(), (delivery("o1", "o", 1), DeliveryState::Delivered));
+        s.held.insert("p1".into(), (delivery("p1", "o", 2), DeliveryState::Delivered));
     });
-    let node = start(config(dir.path(), &recording(dir.path())), &hub);
-    wait_until("o1 ran while the hub is down", || lines(&dir.path().join("ran")).len() == 1).await;
+    let node = start(config(dir.path(), &script), &hub);
+    wait_until("o1 runs", || lines(&dir.path().join("ran")) == ["o1"]).await;
+    hub.with(|s| s.down = true);
+    std::fs::write(&go, "").unwrap();
     wait_until("a report try failed", || hub.with(|s| s.calls.iter().any(|c| c == "report o1"))).await;
+    wait_until("p1's start was asked for", || hub.with(|s| s.calls.iter().filter(|c| *c == "starts").count() >= 2))
+        .await;
+    assert_eq!(lines(&dir.path().join("ran")), ["o1"], "p1 does not start while the hub cannot confirm it");
     hub.with(|s| s.down = false);
-    wait_until("o1 reported", || hub.with(|s| s.reports.len() == 1)).await;
+    wait_until("both reported", || hub.with(|s| s.outcomes.len() == 2)).await;
     // Stopping flushes the outbox: a report not marked confirmed would be sent again here.
     node.stop().await;
-    hub.with(|s| assert_eq!(s.reports.len(), 1));
+    hub.with(|s| assert_eq!(s.reports.iter().filter(|r| r.delivery_id == "o1").count(), 1));
     let local = open_db(dir.path()).local("o1").unwrap().unwrap();
     assert!(matches!(local.report, Some((_, crate::store::ReportState::Confirmed))), "{local:?}");
 }
@@ -636,7 +793,16 @@ async fn instance_conflict_backs_off_and_touches_nothing() {
     #[derive(Clone, Default)]
     struct Conflicted(Arc<Mutex<Vec<Instant>>>);
     impl Hub for Conflicted {
-        async fn claim(&self, _: u32, _: Duration) -> Result<Vec<ClaimedDelivery>, HubError> {
+        async fn register_session(&self) -> Result<SessionResponse, HubError> {
+            Ok(SessionResponse { session: 1, took_over: None })
+        }
+        async fn end_session(&self) -> Result<(), HubError> {
+            Ok(())
+        }
+        async fn starts(&self, _: Vec<StartItem>) -> Result<Vec<StartResult>, HubError> {
+            unreachable!("nothing is claimed")
+        }
+        async fn claim(&self, _: u32, _: Duration) -> Result<ClaimResponse, HubError> {
             self.0.lock().unwrap().push(Instant::now());
             Err(refused(ErrorCode::InstanceConflict))
         }
@@ -705,4 +871,255 @@ async fn claims_stop_while_queue_ahead_batches_wait_unstarted() {
         queued.iter().all(|&n| n < 2),
         "the node claimed while 2 batches of 1 waited unstarted: {queued:?} waiting at each claim"
     );
+}
+
+/// A harness that notes its delivery, run and rerun (`-` when absent), notes a SIGTERM it gets
+/// (and ignores it), and waits for `go` before it exits with `status`.
+fn noting(dir: &Path, status: i32) -> String {
+    format!(
+        "echo \"$BATON_DELIVERY_ID $BATON_ATTEMPT ${{BATON_RERUN:--}}\" >> {ran}; \
+         trap 'echo \"TERM $BATON_DELIVERY_ID\" >> {sig}' TERM; \
+         while [ ! -f {go} ]; do sleep 0.05; done; exit {status}",
+        ran = dir.join("ran").display(),
+        sig = dir.join("signals").display(),
+        go = dir.join("go").display(),
+    )
+}
+
+fn held_delivered(hub: &FakeHub, dir: &Path, d: &ClaimedDelivery) {
+    open_db(dir).mirror(d, true, 1).unwrap();
+    hub.with(|s| s.held.insert(d.delivery_id.clone(), (d.clone(), DeliveryState::Delivered)));
+}
+
+/// Another process registers a newer session for this instance while a turn runs: the node
+/// stops claiming at once, stops the running turn (SIGTERM first), does not report it, and
+/// ends with `Superseded` (exit status 6); `status` shows the session and how it ended.
+#[tokio::test]
+async fn a_newer_session_stops_the_node_with_exit_status_6() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = FakeHub::default();
+    hub.with(|s| s.queue.push_back(delivery("s1", "s", 1)));
+    let mut cfg = config(dir.path(), &noting(dir.path(), 0));
+    cfg.kill_grace = Duration::from_millis(300);
+    cfg.shutdown_grace = Duration::from_secs(60);
+    let node = start(cfg, &hub);
+    wait_until("the turn runs", || lines(&dir.path().join("ran")).len() == 1).await;
+    let taken_at = hub.with(|s| {
+        s.newest_session += 1;
+        s.calls.len()
+    });
+    let ended = tokio::time::timeout(EVENT_WAIT, node.task).await.expect("the node stops on its own").unwrap();
+    let err = ended.expect_err("a superseded node ends with an error");
+    assert!(err.downcast_ref::<Superseded>().is_some(), "{err:#}");
+    assert_eq!(crate::cli::exit_code(&err), baton_shared::exit::SUPERSEDED);
+    assert!(format!("{err:#}").contains("another process took over this node instance"), "{err:#}");
+    assert_eq!(lines(&dir.path().join("signals")), ["TERM s1"], "the running turn got SIGTERM");
+    hub.with(|s| {
+        let after = &s.calls[taken_at..];
+        assert!(after.iter().filter(|c| *c == "claim").count() <= 1, "no claim after the refusal: {after:?}");
+        assert!(s.reports.is_empty(), "not this process's to report any more");
+        assert!(s.ended_sessions.is_empty());
+    });
+    let db = open_db(dir.path());
+    let last = db.last_session().unwrap().unwrap();
+    assert_eq!((last.session, last.ended.as_deref()), (1, Some("superseded")));
+    drop(db);
+    let text = crate::status::status(dir.path(), false).unwrap();
+    assert!(text.contains("last session:     1 "), "{text}");
+}
+
+/// The hub refuses some starts: a cancelled one is reported `cancelled`, one another session
+/// started is reported `unknown`, a stale one is dropped; none of them runs. The one it
+/// confirms runs.
+#[tokio::test]
+async fn turns_whose_start_the_hub_refuses_never_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = FakeHub::default();
+    for (id, code) in
+        [("c1", Some("cancelled")), ("e1", Some("started_elsewhere")), ("t1", Some("stale_claim")), ("k1", None)]
+    {
+        held_delivered(&hub, dir.path(), &delivery(id, id, 1));
+        if let Some(code) = code {
+            hub.with(|s| s.refuse_start.insert(id.into(), code.into()));
+        }
+    }
+    std::fs::write(dir.path().join("go"), "").unwrap();
+    let node = start(config(dir.path(), &noting(dir.path(), 0)), &hub);
+    wait_until("three reports", || hub.with(|s| s.outcomes.len() == 3)).await;
+    node.stop().await;
+    assert_eq!(lines(&dir.path().join("ran")), ["k1 1 -"], "only the confirmed start ran");
+    hub.with(|s| {
+        let report = |id: &str| s.reports.iter().find(|r| r.delivery_id == id).unwrap();
+        assert_eq!(report("k1").outcome, Outcome::Succeeded);
+        assert_eq!(report("c1").outcome, Outcome::Cancelled);
+        assert!(report("c1").reason.as_deref().unwrap().starts_with("cancelled before it started"));
+        assert_eq!(report("e1").outcome, Outcome::Unknown);
+        assert_eq!(report("e1").reason.as_deref(), Some(crate::sched::REASON_STARTED_ELSEWHERE));
+        assert!(!s.reports.iter().any(|r| r.delivery_id == "t1"));
+    });
+    assert_eq!(open_db(dir.path()).local("t1").unwrap().unwrap().state, LocalState::Dropped);
+}
+
+/// A copy of a data directory (or one restored from an old backup) learns from holdings of a
+/// delivered turn it has no record of: it never runs it, and reports it `unknown`.
+#[tokio::test]
+async fn a_delivered_turn_without_a_local_record_is_reported_unknown_and_never_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = FakeHub::default();
+    let d = delivery("x1", "x", 1);
+    hub.with(|s| s.held.insert("x1".into(), (d.clone(), DeliveryState::Delivered)));
+    let node = start(config(dir.path(), &recording(dir.path())), &hub);
+    wait_until("x1 reported", || hub.with(|s| !s.reports.is_empty())).await;
+    node.stop().await;
+    assert!(lines(&dir.path().join("ran")).is_empty(), "never run");
+    hub.with(|s| {
+        assert_eq!(s.reports[0].outcome, Outcome::Unknown);
+        assert_eq!(s.reports[0].reason.as_deref(), Some(REASON_NO_LOCAL_RECORD));
+        assert!(s.start_requests.iter().all(|r| !r.contains(&"x1".to_string())), "never asked to start");
+        assert!(!s.calls.iter().any(|c| c == "mirrored x1" || c == "ack x1"));
+    });
+}
+
+/// A cancel that arrives on a claim answer for a turn waiting behind another of its
+/// conversation: it never starts, and is reported `cancelled`; the running one is left alone.
+#[tokio::test]
+async fn a_cancel_before_the_start_reports_cancelled_and_the_turn_never_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = FakeHub::default();
+    held_delivered(&hub, dir.path(), &delivery("a1", "a", 1));
+    held_delivered(&hub, dir.path(), &delivery("a2", "a", 2));
+    let node = start(config(dir.path(), &noting(dir.path(), 0)), &hub);
+    wait_until("a1 runs", || lines(&dir.path().join("ran")).len() == 1).await;
+    let claims = hub.with(|s| {
+        s.cancels.insert("a2".into(), (1, "wrong prompt".into()));
+        s.calls.iter().filter(|c| *c == "claim").count()
+    });
+    wait_until("a2 reported", || hub.with(|s| s.outcomes.contains_key("a2"))).await;
+    hub.with(|s| assert!(s.calls.iter().filter(|c| *c == "claim").count() > claims, "learnt from a claim answer"));
+    std::fs::write(dir.path().join("go"), "").unwrap();
+    wait_until("a1 reported", || hub.with(|s| s.outcomes.contains_key("a1"))).await;
+    node.stop().await;
+    assert_eq!(lines(&dir.path().join("ran")), ["a1 1 -"], "a2 never ran");
+    hub.with(|s| {
+        let a2 = s.reports.iter().find(|r| r.delivery_id == "a2").unwrap();
+        assert_eq!(a2.outcome, Outcome::Cancelled);
+        assert_eq!(a2.reason.as_deref(), Some("cancelled before it started: wrong prompt"));
+        assert_eq!((a2.exit_code, a2.duration_ms, a2.signal), (None, None, None));
+        assert!(s.start_requests.iter().all(|r| !r.contains(&"a2".to_string())), "a2's start was never asked for");
+        let a1 = s.reports.iter().find(|r| r.delivery_id == "a1").unwrap();
+        assert_eq!(a1.outcome, Outcome::Succeeded);
+    });
+}
+
+/// A cancel of a running turn: its process group gets SIGTERM (the harness notes it and goes
+/// on), SIGKILL after `cancel_grace`, and the attempt is reported `cancelled` with the signal
+/// and the duration. A turn that already ended is left alone.
+#[tokio::test]
+async fn a_cancel_while_running_stops_the_group_and_reports_cancelled() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = FakeHub::default();
+    hub.with(|s| s.queue.push_back(delivery("r1", "r", 1)));
+    let mut cfg = config(dir.path(), &noting(dir.path(), 0));
+    cfg.cancel_grace = Duration::from_millis(300);
+    let node = start(cfg, &hub);
+    wait_until("r1 runs", || lines(&dir.path().join("ran")).len() == 1).await;
+    hub.with(|s| s.cancels.insert("r1".into(), (1, "operator said so".into())));
+    wait_until("r1 reported", || hub.with(|s| s.outcomes.contains_key("r1"))).await;
+    node.stop().await;
+    assert_eq!(lines(&dir.path().join("signals")), ["TERM r1"], "SIGTERM came first");
+    hub.with(|s| {
+        let r = s.reports.iter().find(|r| r.delivery_id == "r1").unwrap();
+        assert_eq!(r.outcome, Outcome::Cancelled);
+        assert_eq!(r.signal, Some(nix::sys::signal::Signal::SIGKILL as i32));
+        assert!(r.duration_ms.is_some());
+        let reason = r.reason.as_deref().unwrap();
+        assert!(reason.starts_with("cancelled: operator said so; "), "{reason}");
+        assert!(reason.ends_with("killed with SIGKILL after cancel_grace (300ms)"), "{reason}");
+        assert_eq!(s.reports.len(), 1, "one report");
+    });
+}
+
+/// A delivery comes back for run 2 (the harness exited 75 and the hub requeued it): run 2 is
+/// its own attempt with its own report id, the harness sees `BATON_ATTEMPT` and `BATON_RERUN`
+/// (absent on run 1), and exit 75 is reported `failed` with exit code 75.
+#[tokio::test]
+async fn a_second_run_of_a_delivery_gets_its_own_attempt_report_and_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("go"), "").unwrap();
+    let hub = FakeHub::default();
+    hub.with(|s| s.queue.push_back(delivery("d1", "d", 1)));
+    let node = start(config(dir.path(), &noting(dir.path(), 75)), &hub);
+    wait_until("run 1 reported", || hub.with(|s| s.reports.len() == 1)).await;
+    hub.with(|s| {
+        let mut again = delivery("d1", "d", 1);
+        again.attempt = 2;
+        again.max_attempts = 2;
+        again.rerun = Some(baton_shared::states::Rerun::Retry);
+        again.claim_token = "tok-d1-run2".into();
+        s.outcomes.remove("d1");
+        s.started.remove("d1");
+        s.queue.push_back(again);
+    });
+    wait_until("run 2 reported", || hub.with(|s| s.reports.len() == 2)).await;
+    node.stop().await;
+    assert_eq!(lines(&dir.path().join("ran")), ["d1 1 -", "d1 2 retry"]);
+    hub.with(|s| {
+        let (r1, r2) = (&s.reports[0], &s.reports[1]);
+        assert_ne!(r1.report_id, r2.report_id, "each run has its own report id");
+        assert_eq!((r1.attempt, r2.attempt), (Some(1), Some(2)));
+        assert_eq!((r1.claim_token.as_str(), r2.claim_token.as_str()), ("tok-d1", "tok-d1-run2"));
+        for r in [r1, r2] {
+            assert_eq!((r.outcome, r.exit_code), (Outcome::Failed, Some(75)));
+        }
+    });
+    let db = open_db(dir.path());
+    let runs: Vec<(u32, String)> = db
+        .conn()
+        .prepare("SELECT run, outcome FROM attempts WHERE delivery_id = 'd1' ORDER BY run")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(runs, [(1, "failed".to_string()), (2, "failed".to_string())]);
+    assert_eq!(db.local("d1").unwrap().unwrap().run, 2);
+}
+
+/// Past `claim_batch_max` turns, one pass asks in more than one request, each within the bound.
+#[tokio::test]
+async fn a_start_request_holds_at_most_claim_batch_max_turns() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = FakeHub::default();
+    for c in ["a", "b", "c"] {
+        held_delivered(&hub, dir.path(), &delivery(&format!("{c}1"), c, 1));
+    }
+    let mut cfg = config(dir.path(), "cat");
+    cfg.claim_batch_max = 2;
+    let node = start(cfg, &hub);
+    wait_until("three reports", || hub.with(|s| s.outcomes.len() == 3)).await;
+    node.stop().await;
+    hub.with(|s| {
+        assert!(s.start_requests.iter().all(|r| !r.is_empty() && r.len() <= 2), "{:?}", s.start_requests);
+        assert_eq!(s.start_requests.iter().map(Vec::len).sum::<usize>(), 3, "{:?}", s.start_requests);
+    });
+}
+
+/// A hub that predates sessions and hub-confirmed starts (404 to both): the node works as
+/// before, on its local gate alone, and sends no session.
+#[tokio::test]
+async fn a_hub_without_sessions_or_starts_is_worked_with_as_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = FakeHub::default();
+    hub.with(|s| {
+        s.no_turn_control = true;
+        s.queue.extend([delivery("a1", "a", 1), delivery("a2", "a", 2)]);
+    });
+    let node = start(config(dir.path(), &recording(dir.path())), &hub);
+    wait_until("two reports", || hub.with(|s| s.reports.len() == 2)).await;
+    node.stop().await;
+    assert_eq!(lines(&dir.path().join("ran")), ["a1", "a2"]);
+    hub.with(|s| {
+        assert!(s.sent_sessions.is_empty());
+        assert_eq!(s.calls.iter().filter(|c| *c == "starts").count(), 1, "asked once, then not again");
+    });
 }

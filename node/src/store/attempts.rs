@@ -3,7 +3,7 @@
 
 use super::{Db, REASON_RESTARTED, StoreError};
 use crate::group::ProcessIdentity;
-use baton_shared::states::Outcome;
+use baton_shared::states::{Outcome, Rerun};
 use baton_shared::wire::ReportRequest;
 use rusqlite::{OptionalExtension, TransactionBehavior, named_params};
 use std::collections::HashMap;
@@ -75,6 +75,13 @@ pub struct StartedTurn {
     pub payload: String,
     /// The producer that submitted the message; `None` when the hub did not say.
     pub producer: Option<String>,
+    /// Which run of the delivery this is (1 for the first), given to the harness as
+    /// `BATON_ATTEMPT`.
+    pub run: u32,
+    /// Why this run happens when it is not the first (`BATON_RERUN`).
+    pub rerun: Option<Rerun>,
+    /// The claim token of this run's claim (the hub's start and the report name it).
+    pub claim_token: String,
 }
 
 /// An attempt found started and not ended at startup: the node stopped while it ran.
@@ -101,6 +108,28 @@ pub struct Ending {
     pub result: Option<String>,
     /// Why, when the outcome needs explaining (timeout, signal, shutdown, restart).
     pub reason: Option<String>,
+    /// The signal that ended the harness, when one did.
+    pub signal: Option<i32>,
+}
+
+impl Ending {
+    /// An attempt that ends without its harness ever running (a cancel before the start, or a
+    /// turn the node must not run): `outcome` and why, nothing else.
+    pub fn unstarted(outcome: Outcome, reason: impl Into<String>) -> Ending {
+        Ending { outcome, exit_code: None, duration_ms: None, result: None, reason: Some(reason.into()), signal: None }
+    }
+}
+
+/// What a local cancel of one run found (`Db::cancel_unstarted`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CancelLocal {
+    /// It had not started: it never will; its attempt is ended `cancelled` and its report
+    /// queued (the attempt id).
+    Cancelled(String),
+    /// Its start marker is written: its process group is to be stopped.
+    Started,
+    /// It ended, was cancelled or dropped already, or this store has no such run: nothing to do.
+    Settled,
 }
 
 impl Db {
@@ -142,22 +171,36 @@ impl Db {
         let turn = self
             .conn
             .prepare_cached(
-                "SELECT d.message_id, d.conversation, d.seq, d.payload, d.producer FROM deliveries d
-                 JOIN executions e ON e.delivery_id = d.delivery_id
+                "SELECT d.message_id, d.conversation, d.seq, d.payload, d.producer, d.run, d.rerun, d.claim_token
+                 FROM deliveries d
+                 JOIN executions e ON e.delivery_id = d.delivery_id AND e.run = d.run
                  WHERE d.delivery_id = ?1 AND d.state = 'acked' AND e.state = 'queued'",
             )?
             .query_row([delivery_id], |r| {
-                Ok(StartedTurn {
-                    attempt_id: uuid::Uuid::now_v7().to_string(),
-                    delivery_id: delivery_id.to_string(),
-                    message_id: r.get(0)?,
-                    conversation: r.get(1)?,
-                    seq: r.get(2)?,
-                    payload: r.get(3)?,
-                    producer: r.get(4)?,
-                })
+                Ok((
+                    StartedTurn {
+                        attempt_id: uuid::Uuid::now_v7().to_string(),
+                        delivery_id: delivery_id.to_string(),
+                        message_id: r.get(0)?,
+                        conversation: r.get(1)?,
+                        seq: r.get(2)?,
+                        payload: r.get(3)?,
+                        producer: r.get(4)?,
+                        run: r.get(5)?,
+                        rerun: None,
+                        claim_token: r.get(7)?,
+                    },
+                    r.get::<_, Option<String>>(6)?,
+                ))
             })
             .optional()?;
+        let turn = match turn {
+            None => None,
+            Some((mut t, rerun)) => {
+                t.rerun = parse_rerun(delivery_id, rerun.as_deref())?;
+                Some(t)
+            }
+        };
         // Checked again on the way out (it was checked on the way in): the harness gets JSON.
         if let Some(t) = &turn
             && let Err(e) = serde_json::from_str::<serde_json::Value>(&t.payload)
@@ -180,10 +223,12 @@ impl Db {
         let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let n = tx.execute(
             "UPDATE executions SET state = 'started'
-             WHERE delivery_id = :id AND state = 'queued'
+             WHERE delivery_id = :id AND run = :run AND state = 'queued'
                AND EXISTS (SELECT 1 FROM deliveries d WHERE d.delivery_id = :id AND d.state = 'acked'
-                             AND d.message_id = :message AND d.payload = :payload)",
-            named_params! { ":id": turn.delivery_id, ":message": turn.message_id, ":payload": turn.payload },
+                             AND d.run = :run AND d.message_id = :message AND d.payload = :payload)",
+            named_params! {
+                ":id": turn.delivery_id, ":run": turn.run, ":message": turn.message_id, ":payload": turn.payload,
+            },
         )?;
         if n == 0 {
             return Ok(false);
@@ -198,10 +243,10 @@ impl Db {
             })?),
         };
         tx.execute(
-            "INSERT INTO attempts(attempt_id, delivery_id, started_at_ms, pgid, proc_start_ticks, boot_id)
-             VALUES (:attempt, :id, :now, :pgid, :start, :boot)",
+            "INSERT INTO attempts(attempt_id, delivery_id, run, started_at_ms, pgid, proc_start_ticks, boot_id)
+             VALUES (:attempt, :id, :run, :now, :pgid, :start, :boot)",
             named_params! {
-                ":attempt": turn.attempt_id, ":id": turn.delivery_id, ":now": now_ms,
+                ":attempt": turn.attempt_id, ":id": turn.delivery_id, ":run": turn.run, ":now": now_ms,
                 ":pgid": process.map(|p| p.pgid), ":start": start_ticks, ":boot": process.map(|p| p.boot_id.as_str()),
             },
         )?;
@@ -223,6 +268,53 @@ impl Db {
         end_attempt_in(&tx, attempt_id, ending, now_ms)?;
         tx.commit()?;
         Ok(())
+    }
+
+    /// Ends run `run` of `delivery_id` without starting it when it has not started, in one
+    /// transaction (see `end_unstarted_in`). Returns the attempt id, or `None` when it is not
+    /// queued (started, ended, cancelled, or no such run here).
+    pub fn end_unstarted(
+        &mut self,
+        delivery_id: &str,
+        run: u32,
+        ending: &Ending,
+        now_ms: i64,
+    ) -> Result<Option<String>, StoreError> {
+        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let done = end_unstarted_in(&tx, delivery_id, run, ending, now_ms)?;
+        tx.commit()?;
+        Ok(done)
+    }
+
+    /// A cancel of run `run` of `delivery_id`: if it has not started, it never will (one
+    /// transaction ends it `cancelled` with `reason` and queues its report; the scheduler's
+    /// `begin_attempt` then finds it no longer queued). Otherwise says whether it runs.
+    pub fn cancel_unstarted(
+        &mut self,
+        delivery_id: &str,
+        run: u32,
+        reason: &str,
+        now_ms: i64,
+    ) -> Result<CancelLocal, StoreError> {
+        let ending = Ending::unstarted(Outcome::Cancelled, reason);
+        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        if let Some(attempt_id) = end_unstarted_in(&tx, delivery_id, run, &ending, now_ms)? {
+            tx.commit()?;
+            return Ok(CancelLocal::Cancelled(attempt_id));
+        }
+        let state: Option<String> = tx
+            .query_row(
+                "SELECT e.state FROM executions e JOIN deliveries d ON d.delivery_id = e.delivery_id
+                 WHERE e.delivery_id = ?1 AND e.run = ?2 AND d.state IN ('mirrored', 'acked')",
+                (delivery_id, run),
+                |r| r.get(0),
+            )
+            .optional()?;
+        tx.commit()?;
+        Ok(match state.map(|s| ExecState::parse(delivery_id, &s)).transpose()? {
+            Some(ExecState::Started) => CancelLocal::Started,
+            _ => CancelLocal::Settled,
+        })
     }
 
     /// The attempts with a start marker and no end marker, with their process groups.
@@ -278,14 +370,7 @@ impl Db {
                 Some(note) => format!("{REASON_RESTARTED}; {note}"),
                 None => REASON_RESTARTED.to_string(),
             };
-            let ending = Ending {
-                outcome: Outcome::Unknown,
-                exit_code: None,
-                duration_ms: None,
-                result: None,
-                reason: Some(reason),
-            };
-            end_attempt_in(&tx, id, &ending, now_ms)?;
+            end_attempt_in(&tx, id, &Ending::unstarted(Outcome::Unknown, reason), now_ms)?;
         }
         tx.commit()?;
         Ok(ids)
@@ -294,36 +379,82 @@ impl Db {
 
 fn end_attempt_in(tx: &rusqlite::Transaction<'_>, attempt_id: &str, e: &Ending, now_ms: i64) -> Result<(), StoreError> {
     let n = tx.execute(
-        "UPDATE attempts SET ended_at_ms = :now, outcome = :outcome, exit_code = :exit, duration_ms = :duration,
-             result = :result, reason = :reason
+        "UPDATE attempts SET ended_at_ms = :now, outcome = :outcome, exit_code = :exit, signal = :signal,
+             duration_ms = :duration, result = :result, reason = :reason
          WHERE attempt_id = :id AND ended_at_ms IS NULL",
         named_params! {
             ":id": attempt_id, ":now": now_ms, ":outcome": e.outcome.as_str(), ":exit": e.exit_code,
-            ":duration": e.duration_ms.map(|d| d as i64), ":result": e.result, ":reason": e.reason,
+            ":signal": e.signal, ":duration": e.duration_ms.map(|d| d as i64), ":result": e.result,
+            ":reason": e.reason,
         },
     )?;
     if n != 1 {
         return Err(StoreError::Conflict(format!("attempt {attempt_id} is not running")));
     }
-    let (delivery_id, claim_token): (String, String) = tx.query_row(
-        "SELECT d.delivery_id, d.claim_token FROM attempts a JOIN deliveries d ON d.delivery_id = a.delivery_id
-         WHERE a.attempt_id = ?1",
-        [attempt_id],
-        |r| Ok((r.get(0)?, r.get(1)?)),
-    )?;
+    let (delivery_id, run): (String, u32) =
+        tx.query_row("SELECT delivery_id, run FROM attempts WHERE attempt_id = ?1", [attempt_id], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })?;
     let x = tx.execute(
-        "UPDATE executions SET state = 'ended' WHERE delivery_id = ?1 AND state = 'started'",
-        [&delivery_id],
+        "UPDATE executions SET state = 'ended' WHERE delivery_id = ?1 AND run = ?2 AND state = 'started'",
+        (&delivery_id, run),
     )?;
     if x != 1 {
         return Err(StoreError::corrupt(format!("attempt {attempt_id}"), "ended but its execution was not started"));
     }
+    queue_report(tx, attempt_id, &delivery_id, run, e, now_ms)
+}
+
+/// Ends run `run` of `delivery_id` without starting it, if its execution is still queued: the
+/// execution becomes `cancelled` (so the scheduler never starts it: `begin_attempt` needs it
+/// queued) and an attempt with no start marker is written with `ending`, its report queued.
+/// Returns the attempt id, or `None` (nothing written) when the execution is not queued.
+pub(super) fn end_unstarted_in(
+    tx: &rusqlite::Transaction<'_>,
+    delivery_id: &str,
+    run: u32,
+    ending: &Ending,
+    now_ms: i64,
+) -> Result<Option<String>, StoreError> {
+    let n = tx.execute(
+        "UPDATE executions SET state = 'cancelled' WHERE delivery_id = ?1 AND run = ?2 AND state = 'queued'",
+        (delivery_id, run),
+    )?;
+    if n == 0 {
+        return Ok(None);
+    }
+    let attempt_id = uuid::Uuid::now_v7().to_string();
+    tx.execute(
+        "INSERT INTO attempts(attempt_id, delivery_id, run, started_at_ms, ended_at_ms, outcome, exit_code, signal,
+             duration_ms, result, reason)
+         VALUES (:attempt, :id, :run, NULL, :now, :outcome, :exit, :signal, :duration, :result, :reason)",
+        named_params! {
+            ":attempt": attempt_id, ":id": delivery_id, ":run": run, ":now": now_ms,
+            ":outcome": ending.outcome.as_str(), ":exit": ending.exit_code, ":signal": ending.signal,
+            ":duration": ending.duration_ms.map(|d| d as i64), ":result": ending.result, ":reason": ending.reason,
+        },
+    )?;
+    queue_report(tx, &attempt_id, delivery_id, run, ending, now_ms)?;
+    Ok(Some(attempt_id))
+}
+
+/// Queues the report of attempt `attempt_id` (run `run` of `delivery_id`) in the outbox.
+fn queue_report(
+    tx: &rusqlite::Transaction<'_>,
+    attempt_id: &str,
+    delivery_id: &str,
+    run: u32,
+    e: &Ending,
+    now_ms: i64,
+) -> Result<(), StoreError> {
+    let claim_token: String =
+        tx.query_row("SELECT claim_token FROM deliveries WHERE delivery_id = ?1", [delivery_id], |r| r.get(0))?;
     let instance_id: String = tx
         .query_row("SELECT value FROM meta WHERE key = 'instance_id'", [], |r| r.get(0))
         .optional()?
         .ok_or_else(|| StoreError::corrupt("meta", "has no instance_id"))?;
     let body = ReportRequest {
-        delivery_id: delivery_id.clone(),
+        delivery_id: delivery_id.to_string(),
         instance_id,
         claim_token,
         report_id: attempt_id.to_string(),
@@ -332,15 +463,25 @@ fn end_attempt_in(tx: &rusqlite::Transaction<'_>, attempt_id: &str, e: &Ending, 
         duration_ms: e.duration_ms,
         result: e.result.clone(),
         reason: e.reason.clone(),
-        attempt: None,
-        signal: None,
+        attempt: Some(run),
+        signal: e.signal,
     };
     let body = serde_json::to_string(&body).map_err(|e| {
         StoreError::corrupt(format!("attempt {attempt_id}"), format!("report does not serialise ({e})"))
     })?;
     tx.execute(
         "INSERT INTO outbox(report_id, delivery_id, body, created_at_ms) VALUES (?1, ?2, ?3, ?4)",
-        (attempt_id, &delivery_id, &body, now_ms),
+        (attempt_id, delivery_id, &body, now_ms),
     )?;
     Ok(())
+}
+
+/// Parses `deliveries.rerun` of `delivery_id`; any other text is corrupt.
+pub(super) fn parse_rerun(delivery_id: &str, s: Option<&str>) -> Result<Option<Rerun>, StoreError> {
+    match s {
+        None => Ok(None),
+        Some(s) => Rerun::parse(s)
+            .map(Some)
+            .ok_or_else(|| StoreError::corrupt(format!("delivery {delivery_id}"), format!("unknown rerun {s:?}"))),
+    }
 }

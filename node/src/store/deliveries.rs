@@ -52,7 +52,9 @@ pub struct LocalDelivery {
     pub claim_token: String,
     /// Its local lifecycle state.
     pub state: LocalState,
-    /// Its execution's state.
+    /// The run it was last mirrored for (1 for the first).
+    pub run: u32,
+    /// Its current run's execution state.
     pub exec: ExecState,
     /// The report of its (latest) attempt, when that attempt ended.
     pub report: Option<(String, ReportState)>,
@@ -69,6 +71,8 @@ pub enum Mirrored {
     Replaced,
     /// Its execution already started or ended; nothing changed.
     AlreadyRan,
+    /// A later run of a delivery that ran here before: its own execution was queued.
+    NewRun,
 }
 
 impl Db {
@@ -121,24 +125,63 @@ impl Db {
         Ok(n == 1)
     }
 
+    /// Drops a delivery whose gate is open but whose current run never started (the hub refused
+    /// its start: the claim is stale or gone). It will never run here. Returns whether it was
+    /// dropped.
+    pub fn drop_unstarted(&mut self, delivery_id: &str, reason: &str, now_ms: i64) -> Result<bool, StoreError> {
+        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let e = tx.execute(
+            "UPDATE executions SET state = 'cancelled'
+             WHERE delivery_id = ?1 AND state = 'queued'
+               AND run = (SELECT run FROM deliveries WHERE delivery_id = ?1 AND state IN ('mirrored', 'acked'))",
+            [delivery_id],
+        )?;
+        if e == 1 {
+            let n = tx.execute(
+                "UPDATE deliveries SET state = 'dropped', reason = ?2, updated_at_ms = ?3 WHERE delivery_id = ?1",
+                (delivery_id, reason, now_ms),
+            )?;
+            assert_eq!(n, 1, "the execution's delivery was just read");
+        }
+        tx.commit()?;
+        Ok(e == 1)
+    }
+
+    /// A delivery the hub lists as `delivered` to this instance: when this store has a copy of
+    /// that run (the hub's ack landed, its answer did not), only opens its gate, as `mirror`
+    /// does. When it has none (a copy or a restore of the data directory, or a local record
+    /// removed), the run is written with its execution never to start and an attempt ended
+    /// `unknown` with `reason`, its report queued: one transaction, so it can never run here.
+    pub fn adopt_delivered(&mut self, d: &ClaimedDelivery, reason: &str, now_ms: i64) -> Result<Mirrored, StoreError> {
+        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let done = mirror_in(&tx, d, true, now_ms)?;
+        if matches!(done, Mirrored::New | Mirrored::Replaced | Mirrored::NewRun) {
+            let ending = super::Ending::unstarted(baton_shared::states::Outcome::Unknown, reason);
+            let ended = super::attempts::end_unstarted_in(&tx, &d.delivery_id, d.attempt, &ending, now_ms)?;
+            assert!(ended.is_some(), "a run just queued is ended unstarted");
+        }
+        tx.commit()?;
+        Ok(done)
+    }
+
     /// What the node knows about one delivery, if anything.
     pub fn local(&self, delivery_id: &str) -> Result<Option<LocalDelivery>, StoreError> {
-        let row: Option<(String, String, Option<String>)> = self
+        let row: Option<(String, String, Option<String>, u32)> = self
             .conn
             .query_row(
-                "SELECT d.claim_token, d.state, e.state FROM deliveries d
-                 LEFT JOIN executions e ON e.delivery_id = d.delivery_id WHERE d.delivery_id = ?1",
+                "SELECT d.claim_token, d.state, e.state, d.run FROM deliveries d
+                 LEFT JOIN executions e ON e.delivery_id = d.delivery_id AND e.run = d.run WHERE d.delivery_id = ?1",
                 [delivery_id],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
             )
             .optional()?;
-        let Some((claim_token, state, exec)) = row else { return Ok(None) };
+        let Some((claim_token, state, exec, run)) = row else { return Ok(None) };
         let (state, exec) = parse_states(delivery_id, &state, exec.as_deref())?;
         let report: Option<(String, Option<i64>, Option<i64>)> = self
             .conn
             .query_row(
                 "SELECT o.report_id, o.confirmed_at_ms, o.dead_at_ms FROM outbox o
-                 WHERE o.delivery_id = ?1 ORDER BY o.created_at_ms DESC LIMIT 1",
+                 WHERE o.delivery_id = ?1 ORDER BY o.created_at_ms DESC, o.report_id DESC LIMIT 1",
                 [delivery_id],
                 |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
             )
@@ -151,7 +194,7 @@ impl Db {
             };
             (id, st)
         });
-        Ok(Some(LocalDelivery { delivery_id: delivery_id.to_string(), claim_token, state, exec, report }))
+        Ok(Some(LocalDelivery { delivery_id: delivery_id.to_string(), claim_token, state, run, exec, report }))
     }
 
     /// Deliveries whose gate is still closed (`mirrored`), with their claim tokens.
@@ -174,39 +217,72 @@ fn mirror_in(
         StoreError::corrupt(format!("delivery {}", d.delivery_id), format!("payload does not serialise ({e})"))
     })?;
     let state = if acked { "acked" } else { "mirrored" };
-    let existing: Option<(String, String, Option<String>)> = tx
+    let existing: Option<(String, String, Option<String>, u32)> = tx
         .query_row(
-            "SELECT d.claim_token, d.state, e.state FROM deliveries d
-             LEFT JOIN executions e ON e.delivery_id = d.delivery_id WHERE d.delivery_id = ?1",
+            "SELECT d.claim_token, d.state, e.state, d.run FROM deliveries d
+             LEFT JOIN executions e ON e.delivery_id = d.delivery_id AND e.run = d.run WHERE d.delivery_id = ?1",
             [&d.delivery_id],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
         )
         .optional()?;
     let existing = match existing {
         None => None,
-        Some((token, local, exec)) => Some((token, parse_states(&d.delivery_id, &local, exec.as_deref())?)),
+        Some((token, local, exec, run)) => Some((token, parse_states(&d.delivery_id, &local, exec.as_deref())?, run)),
     };
     let params = named_params! {
         ":id": d.delivery_id, ":message": d.message_id, ":conversation": d.conversation, ":seq": d.seq,
         ":payload": payload, ":token": d.claim_token, ":state": state, ":now": now_ms, ":producer": d.producer,
+        ":run": d.attempt, ":rerun": d.rerun.map(|r| r.as_str()),
+    };
+    // A new delivery's execution must not exist yet (a plain insert: a stray row fails the
+    // whole mirror); a replaced copy's execution of the same run is queued again.
+    let queue = |tx: &rusqlite::Transaction<'_>, replacing: bool| -> Result<(), StoreError> {
+        let sql = if replacing {
+            "INSERT INTO executions(delivery_id, run, conversation, seq, state, queued_at_ms)
+             VALUES (?1, ?2, ?3, ?4, 'queued', ?5)
+             ON CONFLICT(delivery_id, run) DO UPDATE SET state = 'queued', conversation = excluded.conversation,
+                 seq = excluded.seq, queued_at_ms = excluded.queued_at_ms"
+        } else {
+            "INSERT INTO executions(delivery_id, run, conversation, seq, state, queued_at_ms)
+             VALUES (?1, ?2, ?3, ?4, 'queued', ?5)"
+        };
+        tx.execute(sql, (&d.delivery_id, d.attempt, &d.conversation, d.seq, now_ms))?;
+        Ok(())
+    };
+    let replace = |tx: &rusqlite::Transaction<'_>| -> Result<(), StoreError> {
+        let n = tx.execute(
+            "UPDATE deliveries SET message_id = :message, conversation = :conversation, seq = :seq,
+                 payload = :payload, claim_token = :token, state = :state, reason = NULL,
+                 mirrored_at_ms = :now, updated_at_ms = :now, producer = :producer, run = :run, rerun = :rerun
+             WHERE delivery_id = :id",
+            params,
+        )?;
+        assert_eq!(n, 1, "the row was just read");
+        Ok(())
     };
     let done = match existing {
         None => {
             tx.execute(
                 "INSERT INTO deliveries(delivery_id, message_id, conversation, seq, payload, claim_token, state,
-                     mirrored_at_ms, updated_at_ms, producer)
-                 VALUES (:id, :message, :conversation, :seq, :payload, :token, :state, :now, :now, :producer)",
+                     mirrored_at_ms, updated_at_ms, producer, run, rerun)
+                 VALUES (:id, :message, :conversation, :seq, :payload, :token, :state, :now, :now, :producer,
+                     :run, :rerun)",
                 params,
             )?;
-            tx.execute(
-                "INSERT INTO executions(delivery_id, conversation, seq, state, queued_at_ms)
-                 VALUES (?1, ?2, ?3, 'queued', ?4)",
-                (&d.delivery_id, &d.conversation, d.seq, now_ms),
-            )?;
+            queue(tx, false)?;
             Mirrored::New
         }
-        Some((_, (_, ExecState::Started | ExecState::Ended))) => Mirrored::AlreadyRan,
-        Some((token, (local, _))) if token == d.claim_token && local != LocalState::Dropped => {
+        // A run older than the one held here: the hub's answer is stale; nothing changes.
+        Some((_, _, run)) if d.attempt < run => Mirrored::AlreadyRan,
+        // A later run while the current one still runs here: not taken until it has ended.
+        Some((_, (_, ExecState::Started), run)) if d.attempt > run => Mirrored::AlreadyRan,
+        Some((_, _, run)) if d.attempt > run => {
+            replace(tx)?;
+            queue(tx, false)?;
+            Mirrored::NewRun
+        }
+        Some((_, (_, ExecState::Started | ExecState::Ended), _)) => Mirrored::AlreadyRan,
+        Some((token, (local, _), _)) if token == d.claim_token && local != LocalState::Dropped => {
             if acked {
                 tx.execute(
                     "UPDATE deliveries SET state = 'acked', updated_at_ms = ?2
@@ -217,21 +293,8 @@ fn mirror_in(
             Mirrored::Existing
         }
         Some(_) => {
-            let n = tx.execute(
-                "UPDATE deliveries SET message_id = :message, conversation = :conversation, seq = :seq,
-                     payload = :payload, claim_token = :token, state = :state, reason = NULL,
-                     mirrored_at_ms = :now, updated_at_ms = :now, producer = :producer
-                 WHERE delivery_id = :id",
-                params,
-            )?;
-            assert_eq!(n, 1, "the row was just read");
-            tx.execute(
-                "INSERT INTO executions(delivery_id, conversation, seq, state, queued_at_ms)
-                 VALUES (?1, ?2, ?3, 'queued', ?4)
-                 ON CONFLICT(delivery_id) DO UPDATE SET state = 'queued', conversation = excluded.conversation,
-                     seq = excluded.seq, queued_at_ms = excluded.queued_at_ms",
-                (&d.delivery_id, &d.conversation, d.seq, now_ms),
-            )?;
+            replace(tx)?;
+            queue(tx, true)?;
             Mirrored::Replaced
         }
     };

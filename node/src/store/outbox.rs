@@ -86,9 +86,10 @@ impl Db {
         if n != 1 {
             return Err(StoreError::Conflict(format!("report {report_id} is not pending")));
         }
+        // Only the report of the delivery's current run settles it: a later run may be waiting.
         tx.execute(
             "UPDATE deliveries SET state = 'done', reason = ?2, updated_at_ms = ?3
-             WHERE delivery_id = (SELECT delivery_id FROM outbox WHERE report_id = ?1)",
+             WHERE (delivery_id, run) = (SELECT a.delivery_id, a.run FROM attempts a WHERE a.attempt_id = ?1)",
             (report_id, dead, now_ms),
         )?;
         tx.commit()?;

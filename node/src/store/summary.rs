@@ -27,6 +27,19 @@ pub struct DeadReport {
     pub reason: String,
 }
 
+/// The last session a node process registered with the hub from this data directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LastSession {
+    /// The session number the hub gave.
+    pub session: u64,
+    /// When it was registered (unix milliseconds).
+    pub started_at_ms: i64,
+    /// The session it replaced without that one having ended cleanly, if any.
+    pub took_over: Option<u64>,
+    /// How it ended (`clean`, `superseded`); `None` while it runs, or when the process died.
+    pub ended: Option<String>,
+}
+
 /// How big the store is: what `local_retention` keeps bounded.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StoreSize {
@@ -55,6 +68,8 @@ pub struct Summary {
     pub counts: Vec<(LocalState, i64)>,
     /// How big the store is.
     pub size: StoreSize,
+    /// The last session registered with the hub, when there was one.
+    pub session: Option<LastSession>,
 }
 
 /// The tables that grow with the turns run (`meta` holds a row or two), as `size` counts them.
@@ -73,6 +88,27 @@ impl Db {
         };
         let page = pragma("page_size")?;
         Ok(StoreSize { rows, bytes: pragma("page_count")? * page, free_bytes: pragma("freelist_count")? * page })
+    }
+
+    /// The last session registered with the hub, from `meta`; a value that does not parse is an
+    /// error naming the key.
+    pub fn last_session(&self) -> Result<Option<LastSession>, StoreError> {
+        let get = |key: &str| -> Result<Option<String>, StoreError> {
+            Ok(self.conn.query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0)).optional()?)
+        };
+        let number = |key: &'static str, v: String| -> Result<i64, StoreError> {
+            v.parse().map_err(|_| StoreError::corrupt(format!("meta {key}"), format!("{v:?} is not a number")))
+        };
+        let Some(session) = get("session")? else { return Ok(None) };
+        let session = number("session", session)?;
+        let started_at_ms = number("session_started_at_ms", get("session_started_at_ms")?.unwrap_or_default())?;
+        let took_over = get("session_took_over")?.map(|v| number("session_took_over", v)).transpose()?;
+        Ok(Some(LastSession {
+            session: session.unsigned_abs(),
+            started_at_ms,
+            took_over: took_over.map(i64::unsigned_abs),
+            ended: get("session_ended")?,
+        }))
     }
 
     /// Counts and lists of what the node holds, for `status`. A stored state that does not
@@ -118,6 +154,7 @@ impl Db {
             counts.push((LocalState::parse(&example, &state)?, n));
         }
         Ok(Summary {
+            session: self.last_session()?,
             size: self.size()?,
             instance_id,
             open,

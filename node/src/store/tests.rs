@@ -73,7 +73,7 @@ fn a_failed_mirror_leaves_nothing_behind() {
     // An execution row for this id already exists without its delivery: the second insert
     // of the mirror transaction fails, so the first must be rolled back with it.
     db.conn().execute_batch("PRAGMA foreign_keys = OFF;").unwrap();
-    db.conn().execute("INSERT INTO executions VALUES ('d1', 'c', 1, 'queued', 0)", []).unwrap();
+    db.conn().execute("INSERT INTO executions(delivery_id, conversation, seq, state, queued_at_ms) VALUES ('d1', 'c', 1, 'queued', 0)", []).unwrap();
     db.conn().execute_batch("PRAGMA foreign_keys = ON;").unwrap();
     assert!(db.mirror(&delivery("d1", "c", 1), false, 10).is_err());
     assert_eq!(count(&db, "SELECT count(*) FROM deliveries"), 0);
@@ -116,6 +116,7 @@ fn markers_and_outbox() {
         duration_ms: Some(5),
         result: Some("ok".into()),
         reason: None,
+        signal: None,
     };
     db.end_attempt(&turn.attempt_id, &ending, 16).unwrap();
     assert!(db.end_attempt(&turn.attempt_id, &ending, 17).is_err(), "an end marker is written once");
@@ -156,8 +157,14 @@ fn dead_report_is_not_retried() {
     let (_dir, mut db) = open_temp();
     db.mirror(&delivery("d1", "c", 1), true, 10).unwrap();
     let turn = db.start_attempt("d1", 11).unwrap().unwrap();
-    let ending =
-        Ending { outcome: Outcome::Failed, exit_code: Some(3), duration_ms: Some(1), result: None, reason: None };
+    let ending = Ending {
+        outcome: Outcome::Failed,
+        exit_code: Some(3),
+        duration_ms: Some(1),
+        result: None,
+        reason: None,
+        signal: None,
+    };
     db.end_attempt(&turn.attempt_id, &ending, 12).unwrap();
     db.report_dead(&turn.attempt_id, "stale_claim", 13).unwrap();
     assert!(db.pending_reports(10).unwrap().is_empty());
@@ -244,8 +251,14 @@ fn a_dead_report_without_its_reason_is_an_error_naming_the_row() {
     let (_dir, mut db) = open_temp();
     db.mirror(&delivery("d1", "c", 1), true, 10).unwrap();
     let turn = db.start_attempt("d1", 11).unwrap().unwrap();
-    let ending =
-        Ending { outcome: Outcome::Failed, exit_code: Some(3), duration_ms: Some(1), result: None, reason: None };
+    let ending = Ending {
+        outcome: Outcome::Failed,
+        exit_code: Some(3),
+        duration_ms: Some(1),
+        result: None,
+        reason: None,
+        signal: None,
+    };
     db.end_attempt(&turn.attempt_id, &ending, 12).unwrap();
     db.report_dead(&turn.attempt_id, "stale_claim", 13).unwrap();
     corrupt(&db, "UPDATE outbox SET dead_reason = NULL");
@@ -323,11 +336,14 @@ fn a_store_from_before_process_groups_upgrades_with_its_rows() {
         let conn = baton_shared::sqlite::open(&path, &MIGRATIONS[..2], opts).unwrap();
         let mut db = Db { conn };
         db.instance_id().unwrap();
-        db.mirror(&delivery("d1", "c", 1), true, 10).unwrap();
-        // The start marker as the code of that schema wrote it.
+        // The mirror and the start marker as the code of that schema wrote them.
         db.conn()
             .execute_batch(
-                "UPDATE executions SET state = 'started' WHERE delivery_id = 'd1';
+                "INSERT INTO deliveries(delivery_id, message_id, conversation, seq, payload, claim_token, state,
+                     mirrored_at_ms, updated_at_ms, producer)
+                 VALUES ('d1', 'm-d1', 'c', 1, '{\"turn\":1}', 'tok-d1', 'acked', 10, 10, 'prod');
+                 INSERT INTO executions(delivery_id, conversation, seq, state, queued_at_ms)
+                 VALUES ('d1', 'c', 1, 'started', 10);
                  INSERT INTO attempts(attempt_id, delivery_id, started_at_ms) VALUES ('a1', 'd1', 11);",
             )
             .unwrap();
@@ -343,8 +359,14 @@ fn a_store_from_before_process_groups_upgrades_with_its_rows() {
 fn run_to_end(db: &mut Db, id: &str, conversation: &str, at: i64) -> String {
     db.mirror(&delivery(id, conversation, 1), true, at).unwrap();
     let turn = db.start_attempt(id, at).unwrap().unwrap();
-    let ending =
-        Ending { outcome: Outcome::Succeeded, exit_code: Some(0), duration_ms: Some(1), result: None, reason: None };
+    let ending = Ending {
+        outcome: Outcome::Succeeded,
+        exit_code: Some(0),
+        duration_ms: Some(1),
+        result: None,
+        reason: None,
+        signal: None,
+    };
     db.end_attempt(&turn.attempt_id, &ending, at).unwrap();
     turn.attempt_id
 }
@@ -393,4 +415,52 @@ fn retention_removes_only_what_the_hub_settled_before_the_cutoff() {
     assert_eq!((n(&before, "deliveries"), n(&after, "deliveries")), (8, 6));
     assert_eq!((n(&before, "outbox"), n(&after, "outbox")), (5, 4));
     assert_eq!(db.summary().unwrap().dead_reports.len(), 1, "a dead report stays for the operator");
+}
+
+/// Run 2 of a delivery that ran here: its own execution and attempt; the late confirmation of
+/// run 1's report does not settle the delivery while run 2 waits, so retention keeps it.
+#[test]
+fn a_later_run_has_its_own_execution_and_an_earlier_report_does_not_settle_it() {
+    let (_dir, mut db) = open_temp();
+    db.mirror(&delivery("d1", "c", 1), true, 10).unwrap();
+    let run1 = db.start_attempt("d1", 11).unwrap().unwrap();
+    let ending = Ending::unstarted(Outcome::Failed, "exited with status 75");
+    db.end_attempt(&run1.attempt_id, &ending, 12).unwrap();
+    let mut again = delivery("d1", "c", 1);
+    again.attempt = 2;
+    again.claim_token = "tok-d1-2".into();
+    assert_eq!(db.mirror(&again, false, 13).unwrap(), Mirrored::NewRun);
+    assert_eq!(db.mirror(&delivery("d1", "c", 1), false, 13).unwrap(), Mirrored::AlreadyRan, "an older run is stale");
+    db.report_confirmed(&run1.attempt_id, 14).unwrap();
+    let local = db.local("d1").unwrap().unwrap();
+    assert_eq!((local.state, local.run, local.exec), (LocalState::Mirrored, 2, ExecState::Queued));
+    assert_eq!(db.remove_settled(i64::MAX, 10).unwrap(), 0, "run 2 waits: nothing is removed");
+    assert!(db.mark_acked("d1", "tok-d1-2", 15).unwrap());
+    let run2 = db.start_attempt("d1", 16).unwrap().unwrap();
+    assert_eq!((run2.run, run2.claim_token.as_str()), (2, "tok-d1-2"));
+    assert_ne!(run2.attempt_id, run1.attempt_id);
+    assert_eq!(count(&db, "SELECT count(*) FROM executions WHERE delivery_id = 'd1'"), 2);
+}
+
+/// A cancel of a run that has not started is one transaction that the start checks: after it
+/// the run never starts; a cancel of a started run says so and changes nothing.
+#[test]
+fn a_local_cancel_wins_over_a_later_start_and_leaves_a_started_run_alone() {
+    let (_dir, mut db) = open_temp();
+    db.mirror(&delivery("d1", "c", 1), true, 10).unwrap();
+    let turn = db.next_attempt("d1").unwrap().unwrap();
+    assert!(matches!(
+        db.cancel_unstarted("d1", 1, "cancelled before it started: r", 11).unwrap(),
+        CancelLocal::Cancelled(_)
+    ));
+    assert!(!db.begin_attempt(&turn, None, 12).unwrap(), "a cancelled run never starts");
+    assert_eq!(db.cancel_unstarted("d1", 1, "again", 13).unwrap(), CancelLocal::Settled, "idempotent");
+    let pending = db.pending_reports(10).unwrap();
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].body.outcome, Outcome::Cancelled);
+    assert_eq!(pending[0].body.attempt, Some(1));
+    db.mirror(&delivery("d2", "c", 2), true, 10).unwrap();
+    db.start_attempt("d2", 14).unwrap().unwrap();
+    assert_eq!(db.cancel_unstarted("d2", 1, "r", 15).unwrap(), CancelLocal::Started);
+    assert_eq!(db.pending_reports(10).unwrap().len(), 1, "nothing written for a started run");
 }
