@@ -24,6 +24,8 @@
 //!   without `to` running on exactly the members.
 //! - `node_*`, `power_loss`: the node agent and durability under power loss (see each module);
 //!   `node_turns`: orphaned harnesses, SIGTERM before SIGKILL, revocation, renewal, store size.
+//! - `turn_control`: cancel reaching a running or waiting turn, retries the harness asks for,
+//!   the operator's retry (a redrive), and a copied data directory that runs nothing twice.
 
 // A test binary exports nothing, so `pub` in its private modules only means "shared between
 // modules"; spelling every item `pub(crate)` would add noise, not safety.
@@ -51,3 +53,4 @@ mod node_harness;
 mod node_outage;
 mod node_turns;
 mod power_loss;
+mod turn_control;

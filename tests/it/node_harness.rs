@@ -387,6 +387,12 @@ impl NodeProc {
         self.wait_exit(NODE_WAIT).unwrap_or_else(|| panic!("baton-node did not exit within {NODE_WAIT:?} of {sig}"))
     }
 
+    /// Sends `sig` (`SIGSTOP`, `SIGCONT`) and returns at once.
+    #[track_caller]
+    pub fn signal_only(&self, sig: Signal) {
+        self.node.proc().signal(sig).unwrap_or_else(|e| panic!("{e:#}"));
+    }
+
     /// The node's data directory.
     pub fn data_dir(&self) -> &Path {
         self.node.data_dir()
