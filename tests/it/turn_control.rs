@@ -97,7 +97,7 @@ fn cancel(hub: &Hub, id: &str, reason: &str) -> std::process::Output {
 fn a_cancelled_running_turn_gets_sigterm_and_ends_cancelled() {
     let hub = Hub::with_nodes(&["host-a"]);
     let signals = hub.scratch("turn").join("signals");
-    let mut node =
+    let node =
         hub.node_process("host-a").then(&long_turn(&signals, "exit 143")).set("cancel_grace", "\"30s\"").start();
     let id = hub.send_one("conv", "k1", "host-a");
     let pgid = wait_started(&signals);
@@ -199,6 +199,7 @@ fn a_retryable_failure_runs_again_and_later_turns_wait_for_it() {
     assert_eq!((a[0]["outcome"].as_str(), a[0]["retryable"].as_bool()), (Some("failed"), Some(true)), "{shown:#}");
     assert_eq!((a[1]["outcome"].as_str(), a[1]["attempt"].as_u64()), (Some("succeeded"), Some(2)), "{shown:#}");
     assert_eq!(a[1]["rerun"], "retry", "{shown:#}");
+    hub.wait_outcome(&second);
     hub.assert_one_attempt(&second, "succeeded");
     node.wait_idle();
     assert_eq!(runs.of(&first), vec![(1, "first".to_string()), (2, "retry".to_string())], "{:?}", runs.all());
@@ -275,7 +276,7 @@ fn a_copied_node_data_directory_runs_nothing_twice_and_the_takeover_is_visible()
         let a = attempts(&hub.show(id));
         assert_eq!(a.len(), 1, "one outcome per delivery: {a:#?}");
         let outcome = a[0]["outcome"].as_str().unwrap_or_default();
-        assert!(outcome == "succeeded" || outcome == "unknown", "{id}: {outcome}");
+        assert!(outcome == "succeeded" || outcome == "unknown", "{id}: {outcome}: {:#}", hub.show(id));
         if outcome == "succeeded" {
             assert_eq!(counts.get(id.as_str()), Some(&1), "a succeeded turn ran exactly once: {id}");
         }
