@@ -251,7 +251,7 @@ impl Cluster {
             "SELECT (SELECT count(*) FROM fanout_obligations WHERE done_at IS NULL)
                   + (SELECT count(*) FROM deliveries WHERE state IN ('queued', 'claimed', 'mirrored', 'held'))
                   + (SELECT count(*) FROM deliveries d WHERE state = 'delivered'
-                       AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id))",
+                       AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt))",
             [],
             |r| r.get(0),
         )?;
