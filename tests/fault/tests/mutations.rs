@@ -385,6 +385,44 @@ fn i16_a_turn_started_after_its_cancel_was_confirmed() {
 }
 
 #[test]
+fn i16_a_running_turn_terminated_for_its_cancel_reported_as_succeeded() {
+    // The bug: the node kills a running turn for its cancel, then reports the outcome it read
+    // from the dead process instead of `cancelled`.
+    let report = with_cluster(34, |c| {
+        let did = last_started(c).delivery_id;
+        let hub = hub_rw(c);
+        let n = hub
+            .execute(
+                "UPDATE deliveries SET started_at = updated_at, cancel_requested_at = updated_at + 1,
+                        cancel_by = 'op', cancel_reason = 'mutation'
+                 WHERE id = ?1 AND state = 'delivered'",
+                [&did],
+            )
+            .unwrap();
+        assert_eq!(n, 1);
+        rewrite_ledger(c, |lines| {
+            for l in lines.iter_mut().filter(|l| l.delivery_id == did) {
+                l.signal = Some("TERM".into());
+                l.exit_code = None;
+            }
+        });
+    });
+    assert_only(&report, "I16");
+}
+
+#[test]
+fn i16_an_attempt_cancelled_without_a_cancel() {
+    // The bug: the hub accepts outcome `cancelled` for a run nobody cancelled.
+    let report = with_cluster(35, |c| {
+        let did = last_started(c).delivery_id;
+        let hub = hub_rw(c);
+        let n = hub.execute("UPDATE attempts SET outcome = 'cancelled' WHERE delivery_id = ?1", [&did]).unwrap();
+        assert_eq!(n, 1);
+    });
+    assert_only(&report, "I16");
+}
+
+#[test]
 fn i16_a_retry_above_max_attempts() {
     // The bug: the hub requeues a harness's exit 75 although no attempts are left.
     let report = with_cluster(30, |c| {
