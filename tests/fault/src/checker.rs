@@ -373,7 +373,7 @@ pub fn check(inputs: &Inputs) -> anyhow::Result<Report> {
     check_effects(&m, &ix, inputs, &mut v);
     check_reports(&m, &ix, &mut v);
     check_agreement(&m, &ix, &mut v);
-    report.counts.insert("ordered_effects".into(), check_order(&m, &mut v) as u64);
+    report.counts.insert("ordered_effects".into(), check_order(&m, &ix, &mut v) as u64);
     report.counts.insert("reruns".into(), check_turn_control(&m, &ix, &mut v) as u64);
     check_one_execution_per_run(&m, &ix, &mut v);
     if inputs.liveness {
@@ -953,7 +953,7 @@ fn current_run_reported(m: &Model, ix: &Index, d: &Delivery) -> bool {
 /// reported there). The only exemption is a line the record marks as an operator's redrive
 /// (`rerun = redrive`); a retry keeps the order and is checked like a first run. Returns how
 /// many lines were checked.
-fn check_order(m: &Model, v: &mut Vec<Violation>) -> usize {
+fn check_order(m: &Model, ix: &Index, v: &mut Vec<Violation>) -> usize {
     let mut groups: BTreeMap<(&str, &str), Vec<usize>> = BTreeMap::new();
     let mut seen = BTreeSet::new();
     for (i, l) in m.ledger.iter().enumerate() {
@@ -970,11 +970,15 @@ fn check_order(m: &Model, v: &mut Vec<Violation>) -> usize {
         }
         for pair in lines.windows(2) {
             let (a, b) = (&m.ledger[pair[0]], &m.ledger[pair[1]]);
+            // Both ledger lines, then the hub's and the nodes' record of both turns.
             let chain = || {
-                [a, b]
+                let mut out: Vec<String> = [a, b]
                     .iter()
                     .map(|l| format!("ledger: {}", serde_json::to_string(l).unwrap_or_default()))
-                    .collect::<Vec<_>>()
+                    .collect();
+                out.extend(ix.chain_for(m, &a.delivery_id));
+                out.extend(ix.chain_for(m, &b.delivery_id));
+                out
             };
             let rerun_of_a = b.seq == a.seq && b.delivery_id == a.delivery_id && b.run_number() > a.run_number();
             if b.seq <= a.seq && !rerun_of_a {
