@@ -42,7 +42,7 @@ impl Inputs {
 /// One broken rule.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Violation {
-    /// The invariant family: `I1` … `I15`.
+    /// The invariant family: `I1` … `I17`.
     pub invariant: String,
     /// What it is about (a delivery id, a key, a database).
     pub subject: String,
@@ -92,6 +92,8 @@ struct Message {
     id: String,
     producer: String,
     key: String,
+    /// How many runs a harness may ask for (exit 75) before a failure is final.
+    max_attempts: i64,
 }
 
 struct Delivery {
@@ -101,6 +103,25 @@ struct Delivery {
     conversation: String,
     state: String,
     instance_id: Option<String>,
+    reason: Option<String>,
+    /// The current run: 1, then one more for each retry or redrive.
+    run: i64,
+    /// Why the current run happens when it is not the first: `retry` or `redrive`.
+    rerun: Option<String>,
+    /// While (or since) queued for a retry: not to be handed out before (unix ms, hub clock).
+    not_before: Option<i64>,
+    /// When the hub recorded the current run's start (unix ms, hub clock).
+    started_at: Option<i64>,
+    /// When a cancel of the current run was recorded (unix ms, hub clock).
+    cancel_requested_at: Option<i64>,
+}
+
+impl Delivery {
+    /// Cancelled before it was delivered (queued, held, claimed or mirrored): failed with a
+    /// reason that starts with `cancelled`, so its current run never ran anywhere.
+    fn cancelled_before_delivery(&self) -> bool {
+        self.state == "failed" && self.reason.as_deref().is_some_and(|r| r.starts_with("cancelled"))
+    }
 }
 
 struct Event {
@@ -122,6 +143,10 @@ struct HubAttempt {
     instance_id: String,
     report_id: String,
     outcome: String,
+    /// The run this attempt ended.
+    run: i64,
+    /// Why that run happened when it was not the first.
+    rerun: Option<String>,
 }
 
 struct Fence {
@@ -189,13 +214,17 @@ fn rows<T>(
 }
 
 fn load_hub(conn: &Connection, m: &mut Model) -> anyhow::Result<()> {
-    m.messages = rows(conn, "SELECT id, producer, idempotency_key FROM messages ORDER BY rowid", |r| {
-        Ok(Message { id: r.get(0)?, producer: r.get(1)?, key: r.get(2)? })
+    m.messages = rows(conn, "SELECT id, producer, idempotency_key, max_attempts FROM messages ORDER BY rowid", |r| {
+        Ok(Message { id: r.get(0)?, producer: r.get(1)?, key: r.get(2)?, max_attempts: r.get(3)? })
     })?;
     m.recipients = rows(conn, "SELECT message_id, host FROM message_recipients", |r| Ok((r.get(0)?, r.get(1)?)))?;
     m.obligations = rows(conn, "SELECT message_id, done_at FROM fanout_obligations", |r| Ok((r.get(0)?, r.get(1)?)))?;
-    m.deliveries =
-        rows(conn, "SELECT id, message_id, host, conversation, state, instance_id FROM deliveries ORDER BY n", |r| {
+    m.deliveries = rows(
+        conn,
+        "SELECT id, message_id, host, conversation, state, instance_id, reason, attempt, rerun, not_before,
+                started_at, cancel_requested_at
+         FROM deliveries ORDER BY n",
+        |r| {
             Ok(Delivery {
                 id: r.get(0)?,
                 message_id: r.get(1)?,
@@ -203,8 +232,15 @@ fn load_hub(conn: &Connection, m: &mut Model) -> anyhow::Result<()> {
                 conversation: r.get(3)?,
                 state: r.get(4)?,
                 instance_id: r.get(5)?,
+                reason: r.get(6)?,
+                run: r.get(7)?,
+                rerun: r.get(8)?,
+                not_before: r.get(9)?,
+                started_at: r.get(10)?,
+                cancel_requested_at: r.get(11)?,
             })
-        })?;
+        },
+    )?;
     m.events = rows(
         conn,
         "SELECT id, delivery_id, from_state, to_state, actor_kind, actor, instance_id, reason, at
@@ -225,7 +261,8 @@ fn load_hub(conn: &Connection, m: &mut Model) -> anyhow::Result<()> {
     )?;
     m.attempts = rows(
         conn,
-        "SELECT id, delivery_id, host, instance_id, report_id, outcome FROM attempts ORDER BY reported_at, id",
+        "SELECT id, delivery_id, host, instance_id, report_id, outcome, attempt, rerun FROM attempts
+         ORDER BY reported_at, id",
         |r| {
             Ok(HubAttempt {
                 id: r.get(0)?,
@@ -234,6 +271,8 @@ fn load_hub(conn: &Connection, m: &mut Model) -> anyhow::Result<()> {
                 instance_id: r.get(3)?,
                 report_id: r.get(4)?,
                 outcome: r.get(5)?,
+                run: r.get(6)?,
+                rerun: r.get(7)?,
             })
         },
     )?;
@@ -334,7 +373,9 @@ pub fn check(inputs: &Inputs) -> anyhow::Result<Report> {
     check_effects(&m, &ix, inputs, &mut v);
     check_reports(&m, &ix, &mut v);
     check_agreement(&m, &ix, &mut v);
-    report.counts.insert("ordered_effects".into(), check_order(&m, &mut v) as u64);
+    report.counts.insert("ordered_effects".into(), check_order(&m, &ix, &mut v) as u64);
+    report.counts.insert("reruns".into(), check_turn_control(&m, &ix, &mut v) as u64);
+    check_one_execution_per_run(&m, &ix, &mut v);
     if inputs.liveness {
         check_liveness(&m, &ix, &mut v);
     }
@@ -492,8 +533,19 @@ impl Index {
         for &d in &deliveries {
             let del = &m.deliveries[d];
             out.push(format!(
-                "hub delivery {} host={} conversation={} state={} holder={:?}",
-                del.id, del.host, del.conversation, del.state, del.instance_id
+                "hub delivery {} host={} conversation={} state={} holder={:?} run={} rerun={:?} not_before={:?} \
+                 started_at={:?} cancel_requested_at={:?} reason={:?}",
+                del.id,
+                del.host,
+                del.conversation,
+                del.state,
+                del.instance_id,
+                del.run,
+                del.rerun,
+                del.not_before,
+                del.started_at,
+                del.cancel_requested_at,
+                del.reason
             ));
             for &e in self.events_by_delivery.get(&del.id).map(Vec::as_slice).unwrap_or(&[]) {
                 let ev = &m.events[e];
@@ -505,8 +557,8 @@ impl Index {
             for &a in self.attempts_by_delivery.get(&del.id).map(Vec::as_slice).unwrap_or(&[]) {
                 let at = &m.attempts[a];
                 out.push(format!(
-                    "  hub attempt {} host={} instance={} report_id={} outcome={}",
-                    at.id, at.host, at.instance_id, at.report_id, at.outcome
+                    "  hub attempt {} run={} rerun={:?} host={} instance={} report_id={} outcome={}",
+                    at.id, at.run, at.rerun, at.host, at.instance_id, at.report_id, at.outcome
                 ));
             }
             for node in &m.nodes {
@@ -525,7 +577,19 @@ impl Index {
             }
             for &l in self.ledger_by_delivery.get(&del.id).map(Vec::as_slice).unwrap_or(&[]) {
                 let e = &m.ledger[l];
-                out.push(format!("  effect attempt={} host={} nonce={}", e.attempt_id, e.host, e.nonce));
+                out.push(format!(
+                    "  effect attempt={} run={} rerun={:?} host={} instance={:?} session={:?} nonce={} signal={:?} \
+                     exit={:?}",
+                    e.attempt_id,
+                    e.run_number(),
+                    e.rerun,
+                    e.host,
+                    e.instance,
+                    e.session,
+                    e.nonce,
+                    e.signal,
+                    e.exit_code
+                ));
             }
         }
         out
@@ -679,7 +743,14 @@ fn check_exclusivity(m: &Model, ix: &Index, v: &mut Vec<Violation>) {
             }
         } else if from_held && e.actor_kind == "node" && inst != *cur {
             bad(format!("{:?} -> {} by instance {inst:?}, but the holder is {cur:?}", e.from, e.to));
-        } else if from_held && e.actor_kind != "node" && e.to == "queued" && e.actor_kind != "operator" {
+        } else if from_held
+            && e.actor_kind != "node"
+            && e.to == "queued"
+            && e.actor_kind != "operator"
+            && !(e.from.as_deref() == Some("delivered") && e.actor_kind == "hub")
+        {
+            // The hub drops a holder only to requeue a delivered turn whose harness asked for a
+            // retry (delivered -> queued by the hub); that run is over, so it holds nothing.
             bad(format!("holder dropped by {} without an operator requeue", e.actor_kind));
         }
         *cur = match e.to.as_str() {
@@ -755,23 +826,40 @@ fn check_effects(m: &Model, ix: &Index, inputs: &Inputs, v: &mut Vec<Violation>)
     dids.sort();
     for did in dids {
         let effects: Vec<&EffectLine> = ix.ledger_by_delivery[did].iter().map(|&i| &m.ledger[i]).collect();
-        if effects.len() > 1 {
-            v.push(violation("I7", did, format!("{} executions of one delivery", effects.len()), Vec::new()));
-        }
+        // Two executions of one run are I17's finding (`check_one_execution_per_run`); each
+        // run of a retried or redriven delivery is an execution of its own.
         let Some(&di) = ix.delivery_by_id.get(did.as_str()) else {
             v.push(violation("I7", did, "an execution of a delivery the hub does not know".into(), Vec::new()));
             continue;
         };
         let d = &m.deliveries[di];
-        if d.state != "delivered" {
-            v.push(violation("I7", did, format!("executed although the hub has it {} (gate)", d.state), Vec::new()));
-        }
-        let delivered_by = ix
+        // Every instance whose ack the hub confirmed for some run of this delivery.
+        let acked_by: BTreeSet<&str> = ix
             .events_by_delivery
             .get(did.as_str())
-            .and_then(|es| es.iter().map(|&i| &m.events[i]).find(|e| e.to == "delivered"))
-            .and_then(|e| e.instance_id.clone());
+            .map(|es| es.iter().map(|&i| &m.events[i]).filter(|e| e.to == "delivered"))
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.instance_id.as_deref())
+            .collect();
         for eff in &effects {
+            let run = eff.run_number();
+            if run > d.run {
+                v.push(violation(
+                    "I7",
+                    did,
+                    format!("executed run {run}, but the hub never authorised a run after run {}", d.run),
+                    Vec::new(),
+                ));
+            } else if run == d.run && d.state != "delivered" && !d.cancelled_before_delivery() {
+                // (A run cancelled before it was delivered that ran anyway is I16's finding.)
+                v.push(violation(
+                    "I7",
+                    did,
+                    format!("run {run} executed although the hub has it {} (gate)", d.state),
+                    Vec::new(),
+                ));
+            }
             if eff.host != d.host {
                 v.push(violation("I7", did, format!("executed on host {} for host {}", eff.host, d.host), Vec::new()));
             }
@@ -781,11 +869,14 @@ fn check_effects(m: &Model, ix: &Index, inputs: &Inputs, v: &mut Vec<Violation>)
             } else {
                 Some(eff.instance.clone())
             };
-            if instance.is_some() && delivered_by.is_some() && instance != delivered_by {
+            if let Some(inst) = &instance
+                && !acked_by.is_empty()
+                && !acked_by.contains(inst.as_str())
+            {
                 v.push(violation(
                     "I7",
                     did,
-                    format!("executed by instance {instance:?}, but the ack came from {delivered_by:?}"),
+                    format!("executed by instance {inst}, but the hub confirmed acks only from {acked_by:?}"),
                     Vec::new(),
                 ));
             }
@@ -809,26 +900,34 @@ fn check_effects(m: &Model, ix: &Index, inputs: &Inputs, v: &mut Vec<Violation>)
             }
         }
     }
-    // On each node: at most one started attempt per delivery, and every one visible on the hub.
+    // On each node: no more started attempts per delivery than the hub has runs of it, and
+    // every one visible on the hub.
     for node in &m.nodes {
         let mut per: HashMap<&str, usize> = HashMap::new();
         for a in &node.attempts {
             *per.entry(a.delivery_id.as_str()).or_default() += 1;
             if inputs.liveness && !m.attempts.iter().any(|h| h.report_id == a.attempt_id) {
+                let (family, why) = match ix.delivery_by_id.get(&a.delivery_id).map(|&i| &m.deliveries[i]) {
+                    Some(d) if current_run_reported(m, ix, d) && d.run > 1 => {
+                        ("I16", ": an earlier run's attempt row is gone (rewritten by a re-run?)")
+                    }
+                    _ => ("I8", ""),
+                };
                 v.push(violation(
-                    "I8",
+                    family,
                     &a.delivery_id,
-                    format!("node attempt {} (started on {}) has no hub attempt", a.attempt_id, node.path),
+                    format!("node attempt {} (started on {}) has no hub attempt{why}", a.attempt_id, node.path),
                     Vec::new(),
                 ));
             }
         }
-        for (d, n) in per {
-            if n > 1 {
+        for (did, n) in per {
+            let runs = ix.delivery_by_id.get(did).map_or(1, |&i| m.deliveries[i].run.max(1)) as usize;
+            if n > runs {
                 v.push(violation(
                     "I7",
-                    d,
-                    format!("{n} attempts started on {} for one delivery", node.path),
+                    did,
+                    format!("{n} attempts started on {} for one delivery the hub ran {runs} time(s)", node.path),
                     Vec::new(),
                 ));
             }
@@ -836,23 +935,29 @@ fn check_effects(m: &Model, ix: &Index, inputs: &Inputs, v: &mut Vec<Violation>)
     }
 }
 
+/// Whether the hub holds an attempt row for the delivery's current run.
+fn current_run_reported(m: &Model, ix: &Index, d: &Delivery) -> bool {
+    ix.attempts_by_delivery.get(&d.id).is_some_and(|as_| as_.iter().any(|&i| m.attempts[i].run == d.run))
+}
+
 // ---------------------------------------------------------------------------------------------
 // I15: order per conversation
 
 /// I15 over the effects ledger: for every (host, conversation), executions taken in the order
-/// they started run in strictly increasing `seq`, and each starts no earlier than the previous
-/// one on that host ended. Ledger lines carry both a start and an end reading, so both halves
-/// are checked; a ledger without readings (an older harness) is taken in file order (the order
-/// the executions ended in) and only the `seq` half is checked. Lines without a `seq` cannot be
-/// ordered and are skipped, and so is a second execution of one delivery (that is I7's finding,
-/// reported there). The only exemption is a line the record marks as an operator's
-/// deliberate re-run (`EffectLine::rerun`); nothing else is exempt. Returns how many lines were
-/// checked.
-fn check_order(m: &Model, v: &mut Vec<Violation>) -> usize {
+/// they started run in increasing `seq` (a later run of the same turn — a harness-requested
+/// retry — may follow its earlier run), and each starts no earlier than the previous one on
+/// that host ended. Ledger lines carry both a start and an end reading, so both halves are
+/// checked; a ledger without readings (an older harness) is taken in file order (the order the
+/// executions ended in) and only the `seq` half is checked. Lines without a `seq` cannot be
+/// ordered and are skipped, and so is a second execution of one run (that is I17's finding,
+/// reported there). The only exemption is a line the record marks as an operator's redrive
+/// (`rerun = redrive`); a retry keeps the order and is checked like a first run. Returns how
+/// many lines were checked.
+fn check_order(m: &Model, ix: &Index, v: &mut Vec<Violation>) -> usize {
     let mut groups: BTreeMap<(&str, &str), Vec<usize>> = BTreeMap::new();
     let mut seen = BTreeSet::new();
     for (i, l) in m.ledger.iter().enumerate() {
-        if l.rerun.is_some() || l.seq.is_none() || !seen.insert(l.delivery_id.as_str()) {
+        if l.is_redrive() || l.seq.is_none() || !seen.insert((l.delivery_id.as_str(), l.run_number())) {
             continue;
         }
         groups.entry((l.host.as_str(), l.conversation.as_str())).or_default().push(i);
@@ -865,20 +970,28 @@ fn check_order(m: &Model, v: &mut Vec<Violation>) -> usize {
         }
         for pair in lines.windows(2) {
             let (a, b) = (&m.ledger[pair[0]], &m.ledger[pair[1]]);
+            // Both ledger lines, then the hub's and the nodes' record of both turns.
             let chain = || {
-                [a, b]
+                let mut out: Vec<String> = [a, b]
                     .iter()
                     .map(|l| format!("ledger: {}", serde_json::to_string(l).unwrap_or_default()))
-                    .collect::<Vec<_>>()
+                    .collect();
+                out.extend(ix.chain_for(m, &a.delivery_id));
+                out.extend(ix.chain_for(m, &b.delivery_id));
+                out
             };
-            if b.seq <= a.seq {
+            let rerun_of_a = b.seq == a.seq && b.delivery_id == a.delivery_id && b.run_number() > a.run_number();
+            if b.seq <= a.seq && !rerun_of_a {
                 v.push(violation(
                     "I15",
                     &b.delivery_id,
                     format!(
-                        "on host {host}, conversation {conversation:?}: seq {} started after seq {}",
+                        "on host {host}, conversation {conversation:?}: seq {} (run {}{}) started after seq {} (run {})",
                         b.seq.unwrap_or_default(),
-                        a.seq.unwrap_or_default()
+                        b.run_number(),
+                        b.rerun.as_deref().map(|r| format!(", a {r}")).unwrap_or_default(),
+                        a.seq.unwrap_or_default(),
+                        a.run_number()
                     ),
                     chain(),
                 ));
@@ -912,10 +1025,11 @@ fn check_effect_visible(
     node_attempt: Option<&NodeAttempt>,
     v: &mut Vec<Violation>,
 ) {
+    let run = eff.run_number();
     let hub: Vec<&HubAttempt> =
         ix.attempts_by_delivery.get(&d.id).map(|as_| as_.iter().map(|&i| &m.attempts[i]).collect()).unwrap_or_default();
     let mine: Vec<&&HubAttempt> = hub.iter().filter(|a| a.report_id == eff.attempt_id).collect();
-    let by_hub: Vec<&&HubAttempt> = hub.iter().filter(|a| a.report_id.starts_with("hub:")).collect();
+    let by_hub: Vec<&&HubAttempt> = hub.iter().filter(|a| a.report_id.starts_with("hub:") && a.run == run).collect();
     if mine.len() > 1 {
         v.push(violation(
             "I8",
@@ -924,8 +1038,35 @@ fn check_effect_visible(
             Vec::new(),
         ));
     }
+    if let Some(a) = mine.first()
+        && (a.run != run || a.rerun != eff.rerun)
+    {
+        v.push(violation(
+            "I16",
+            &d.id,
+            format!(
+                "the execution of run {run} ({:?}) is recorded on the hub as run {} ({:?}): a re-run rewrote \
+                 an old attempt row, or a run was recorded as another",
+                eff.rerun, a.run, a.rerun
+            ),
+            Vec::new(),
+        ));
+    }
     if inputs.liveness && mine.is_empty() && by_hub.is_empty() {
-        v.push(violation("I8", &d.id, format!("effect {} has no hub attempt", eff.attempt_id), Vec::new()));
+        if run < d.run {
+            v.push(violation(
+                "I16",
+                &d.id,
+                format!(
+                    "effect {} of run {run} has no hub attempt, though the delivery went on to run {}: the \
+                     re-run rewrote or dropped the old attempt row",
+                    eff.attempt_id, d.run
+                ),
+                Vec::new(),
+            ));
+        } else {
+            v.push(violation("I8", &d.id, format!("effect {} has no hub attempt", eff.attempt_id), Vec::new()));
+        }
     }
     if node_attempt.is_none() && !inputs.node_dbs.is_empty() {
         v.push(violation(
@@ -949,6 +1090,190 @@ fn check_effect_visible(
 }
 
 // ---------------------------------------------------------------------------------------------
+// I16: cancel and retry
+
+/// I16 over the hub's record and the effects ledger, per delivery:
+/// - a turn whose cancel the hub recorded before its start never starts: no ledger line of the
+///   current run when the hub recorded the cancel before the start (`cancel_requested_at <
+///   started_at`, both hub clock: exact), when the delivery was cancelled before it was
+///   delivered (failed, reason `cancelled…`), or — when the hub recorded no start at all — when
+///   the harness started after the cancel was recorded (wall clocks of one machine);
+/// - a running turn ended by a signal after its cancel was requested ends with the attempt
+///   `cancelled`, and an attempt `cancelled` needs a cancel;
+/// - a retry is handed out no earlier than its not-before time: every claim after the requeue
+///   of the current run (`rerun = retry`) is at or after `not_before` (hub clock: exact), and
+///   its execution starts no earlier. Only the current run's not-before is stored (a later
+///   retry overwrites it), so earlier runs are not checked: a bound derived from the attempts'
+///   `reported_at` would need the hub's configured backoff and cap, which the record lacks;
+/// - no run above the message's `max_attempts` unless it is a redrive (the delivery's current
+///   run, every attempt row and every execution);
+/// - every run is its own attempt row: none for a run the delivery has not reached; an
+///   execution's row records its run (`check_effect_visible`), and two rows of one run are two
+///   reports counted for it (I9).
+///
+/// Returns how many runs after the first the record holds.
+fn check_turn_control(m: &Model, ix: &Index, v: &mut Vec<Violation>) -> usize {
+    let mut reruns = 0;
+    for d in &m.deliveries {
+        reruns += (d.run - 1).max(0) as usize;
+        let effects: Vec<&EffectLine> =
+            ix.ledger_by_delivery.get(&d.id).map(|ls| ls.iter().map(|&i| &m.ledger[i]).collect()).unwrap_or_default();
+        let current: Vec<&&EffectLine> = effects.iter().filter(|l| l.run_number() == d.run).collect();
+        let attempts: Vec<&HubAttempt> = ix
+            .attempts_by_delivery
+            .get(&d.id)
+            .map(|as_| as_.iter().map(|&i| &m.attempts[i]).collect())
+            .unwrap_or_default();
+        check_cancel(d, &current, &attempts, v);
+        check_not_before(m, ix, d, &current, v);
+        let max = ix.message_by_id.get(&d.message_id).map_or(1, |&i| m.messages[i].max_attempts);
+        let mut above: BTreeSet<i64> = BTreeSet::new();
+        let redrive = Some(crate::records::REDRIVE);
+        if d.run > max && d.rerun.as_deref() != redrive {
+            above.insert(d.run);
+        }
+        for a in &attempts {
+            if a.run > max && a.rerun.as_deref() != redrive {
+                above.insert(a.run);
+            }
+        }
+        for l in &effects {
+            if l.run_number() > max && !l.is_redrive() {
+                above.insert(l.run_number());
+            }
+        }
+        for run in above {
+            v.push(violation(
+                "I16",
+                &d.id,
+                format!("run {run} is above the message's max_attempts {max} and not an operator's redrive"),
+                Vec::new(),
+            ));
+        }
+        let rows_per_run: BTreeSet<i64> = attempts.iter().map(|a| a.run).collect();
+        // (Two rows of one run are I9's finding: two reports counted for one run.)
+        for run in rows_per_run {
+            if run > d.run {
+                v.push(violation(
+                    "I16",
+                    &d.id,
+                    format!("an attempt row of run {run}, but the delivery's current run is {}", d.run),
+                    Vec::new(),
+                ));
+            }
+        }
+    }
+    reruns
+}
+
+/// The cancel half of I16 for one delivery's current run.
+fn check_cancel(d: &Delivery, current: &[&&EffectLine], attempts: &[&HubAttempt], v: &mut Vec<Violation>) {
+    let started_after_cancel = |l: &EffectLine| match (d.cancel_requested_at, l.started_ns) {
+        (Some(c), Some(s)) => s / 1_000_000 > c as u64,
+        _ => false,
+    };
+    let why = if d.cancelled_before_delivery() {
+        Some("cancelled before it was delivered".to_string())
+    } else {
+        match (d.cancel_requested_at, d.started_at) {
+            (Some(c), Some(s)) if c < s => Some(format!("the hub recorded its cancel at {c}, before its start at {s}")),
+            (Some(c), None) if current.iter().any(|l| started_after_cancel(l)) => {
+                Some(format!("the hub recorded its cancel at {c} and never a start"))
+            }
+            _ => None,
+        }
+    };
+    if let Some(why) = why
+        && !current.is_empty()
+    {
+        v.push(violation("I16", &d.id, format!("run {} was executed although {why}", d.run), Vec::new()));
+    }
+    let outcome = attempts.iter().find(|a| a.run == d.run).map(|a| a.outcome.as_str());
+    let cancel_asked = d.cancel_requested_at.is_some() || d.cancelled_before_delivery();
+    if d.cancel_requested_at.is_some()
+        && let Some(l) = current.iter().find(|l| l.signal.is_some())
+        && outcome.is_some_and(|o| o != "cancelled")
+    {
+        v.push(violation(
+            "I16",
+            &d.id,
+            format!(
+                "run {} was terminated ({:?}) after its cancel was requested, but its attempt says {}",
+                d.run,
+                l.signal,
+                outcome.unwrap_or_default()
+            ),
+            Vec::new(),
+        ));
+    }
+    if outcome == Some("cancelled") && !cancel_asked {
+        v.push(violation(
+            "I16",
+            &d.id,
+            format!("run {} ended cancelled, but no cancel of it was requested", d.run),
+            Vec::new(),
+        ));
+    }
+}
+
+/// The not-before half of I16 for one delivery's current run, when it is a retry.
+fn check_not_before(m: &Model, ix: &Index, d: &Delivery, current: &[&&EffectLine], v: &mut Vec<Violation>) {
+    let (Some(nb), Some(crate::records::RETRY)) = (d.not_before, d.rerun.as_deref()) else { return };
+    let events: Vec<&Event> =
+        ix.events_by_delivery.get(&d.id).map(|es| es.iter().map(|&i| &m.events[i]).collect()).unwrap_or_default();
+    // The run's requeue is the last move into queued; its claims come after it.
+    let requeue = events.iter().rposition(|e| e.to == "queued").unwrap_or(0);
+    for e in events[requeue..].iter().filter(|e| e.to == "claimed" && e.at < nb) {
+        v.push(violation(
+            "I16",
+            &d.id,
+            format!("retry run {} claimed at {} (event #{}), before its not-before time {nb}", d.run, e.at, e.id),
+            Vec::new(),
+        ));
+    }
+    for l in current {
+        if let Some(s) = l.started_ns
+            && s / 1_000_000 < nb as u64
+        {
+            v.push(violation(
+                "I16",
+                &d.id,
+                format!("retry run {} started at {} ms, before its not-before time {nb}", d.run, s / 1_000_000),
+                Vec::new(),
+            ));
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// I17: one execution per run, whoever ran it
+
+/// I17 over the effects ledger: no two executions of the same (delivery, run), whatever node
+/// instance, session or process wrote them — a cloned data directory included.
+fn check_one_execution_per_run(m: &Model, ix: &Index, v: &mut Vec<Violation>) {
+    let mut dids: Vec<&String> = ix.ledger_by_delivery.keys().collect();
+    dids.sort();
+    for did in dids {
+        let mut per_run: BTreeMap<i64, Vec<&EffectLine>> = BTreeMap::new();
+        for &i in &ix.ledger_by_delivery[did] {
+            per_run.entry(m.ledger[i].run_number()).or_default().push(&m.ledger[i]);
+        }
+        for (run, lines) in per_run.into_iter().filter(|(_, ls)| ls.len() > 1) {
+            let writers: Vec<String> = lines
+                .iter()
+                .map(|l| format!("instance {:?} session {:?} process {}", l.instance, l.session, l.nonce))
+                .collect();
+            v.push(violation(
+                "I17",
+                did,
+                format!("{} executions of run {run}: {}", lines.len(), writers.join("; ")),
+                Vec::new(),
+            ));
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // I9: report idempotency
 
 fn check_reports(m: &Model, ix: &Index, v: &mut Vec<Violation>) {
@@ -961,19 +1286,18 @@ fn check_reports(m: &Model, ix: &Index, v: &mut Vec<Violation>) {
             v.push(violation("I9", rid, format!("{n} hub attempts for report {rid} of host {host}"), Vec::new()));
         }
     }
+    // Each run of a delivery reports once; runs after a retry or redrive report on their own.
     for (did, list) in &ix.attempts_by_delivery {
-        let from_nodes: BTreeSet<&str> = list
-            .iter()
-            .map(|&i| &m.attempts[i])
-            .filter(|a| !a.report_id.starts_with("hub:"))
-            .map(|a| a.report_id.as_str())
-            .collect();
-        if from_nodes.len() > 1 {
+        let mut per_run: BTreeMap<i64, BTreeSet<&str>> = BTreeMap::new();
+        for a in list.iter().map(|&i| &m.attempts[i]).filter(|a| !a.report_id.starts_with("hub:")) {
+            per_run.entry(a.run).or_default().insert(a.report_id.as_str());
+        }
+        for (run, from_nodes) in per_run.into_iter().filter(|(_, r)| r.len() > 1) {
             v.push(violation(
                 "I9",
                 did,
                 format!(
-                    "{} reports with different report ids counted for one delivery: {from_nodes:?}",
+                    "{} reports with different report ids counted for run {run} of one delivery: {from_nodes:?}",
                     from_nodes.len()
                 ),
                 Vec::new(),
@@ -1001,7 +1325,11 @@ fn check_agreement(m: &Model, ix: &Index, v: &mut Vec<Violation>) {
                 continue;
             };
             let d = &m.deliveries[di];
+            // After a retry or redrive the node's copy may be of an earlier run it reported.
+            let earlier_run_here =
+                d.run > 1 && m.attempts.iter().any(|a| a.delivery_id == d.id && a.instance_id == inst);
             if matches!(nd.state.as_str(), "acked" | "done")
+                && !earlier_run_here
                 && (d.state != "delivered" || d.instance_id.as_deref() != Some(inst))
             {
                 v.push(violation(
@@ -1045,8 +1373,13 @@ fn check_liveness(m: &Model, ix: &Index, v: &mut Vec<Violation>) {
             "queued" | "claimed" | "mirrored" => {
                 v.push(violation("I10", &d.id, format!("still {} after heal", d.state), Vec::new()));
             }
-            "delivered" if !ix.attempts_by_delivery.contains_key(&d.id) => {
-                v.push(violation("I10", &d.id, "delivered but no attempt reported after heal".into(), Vec::new()));
+            "delivered" if !current_run_reported(m, ix, d) => {
+                v.push(violation(
+                    "I10",
+                    &d.id,
+                    format!("delivered but no attempt of run {} reported after heal", d.run),
+                    Vec::new(),
+                ));
             }
             _ => {}
         }

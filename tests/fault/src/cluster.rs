@@ -75,14 +75,37 @@ impl Producer {
         payload: &serde_json::Value,
         to: &[String],
     ) -> AcceptOutcome {
-        let hash = format!("{:x}", fxhash(&format!("{conversation}|{payload}|{}", to.join(","))));
+        self.accept_with(hub, conversation, key, payload, to, Retries::default()).await
+    }
+
+    /// One accept attempt of a message that may be run again when its harness asks (`retries`).
+    pub async fn accept_with(
+        &self,
+        hub: Option<SocketAddr>,
+        conversation: &str,
+        key: &str,
+        payload: &serde_json::Value,
+        to: &[String],
+        retries: Retries,
+    ) -> AcceptOutcome {
+        let mut content = format!("{conversation}|{payload}|{}", to.join(","));
+        if retries != Retries::default() {
+            content.push_str(&format!("|{:?}|{:?}", retries.max_attempts, retries.retry_backoff_ms));
+        }
+        let hash = format!("{:x}", fxhash(&content));
         self.record("invoke", key, &hash, None, None, None);
         let Some(hub) = hub else {
             self.record("info", key, &hash, None, None, Some("hub down".into()));
             return AcceptOutcome::Info;
         };
-        let body =
+        let mut body =
             serde_json::json!({"conversation": conversation, "idempotency_key": key, "payload": payload, "to": to});
+        if let Some(n) = retries.max_attempts {
+            body["max_attempts"] = n.into();
+        }
+        if let Some(ms) = retries.retry_backoff_ms {
+            body["retry_backoff_ms"] = ms.into();
+        }
         let sent = self.client.post(format!("https://{hub}/v1/messages")).json(&body).send().await;
         let resp = match sent {
             Ok(r) => r,
@@ -114,6 +137,16 @@ impl Producer {
             }
         }
     }
+}
+
+/// A message's retry fields (`SubmitRequest::max_attempts`, `retry_backoff_ms`); the default
+/// sends neither, so the hub's defaults apply (one run).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Retries {
+    /// Runs the harness may ask for with exit 75, the first included.
+    pub max_attempts: Option<u32>,
+    /// The base of the backoff before a retry, in milliseconds.
+    pub retry_backoff_ms: Option<u64>,
 }
 
 /// A small stable hash (FNV-1a, 64 bits) for the history's payload hash.
@@ -251,7 +284,7 @@ impl Cluster {
             "SELECT (SELECT count(*) FROM fanout_obligations WHERE done_at IS NULL)
                   + (SELECT count(*) FROM deliveries WHERE state IN ('queued', 'claimed', 'mirrored', 'held'))
                   + (SELECT count(*) FROM deliveries d WHERE state = 'delivered'
-                       AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id))",
+                       AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt))",
             [],
             |r| r.get(0),
         )?;

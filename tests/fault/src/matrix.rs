@@ -10,34 +10,82 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-/// Every crash point compiled into `baton-hub` and `baton-node` (kept equal to the source by a
-/// test that greps for `crash_point(`).
-pub const CRASH_POINTS: &[&str] = &[
-    "hub.accept.before_txn",
-    "hub.accept.after_message_insert",
-    "hub.accept.before_commit",
-    "hub.accept.after_commit",
-    "hub.fanout.before_first",
-    "hub.fanout.after_k",
-    "hub.fanout.before_mark_done",
-    "hub.claim.after_fence_eval",
-    "hub.claim.after_commit",
-    "hub.mirrored.after_commit",
-    "hub.ack.after_commit",
-    "hub.report.before_commit",
-    "hub.report.after_commit",
-    "hub.repair.mid",
-    "node.claim.after_response",
-    "node.mirror.after_commit",
-    "node.mirrored.after_response",
-    "node.ack.after_response",
-    "node.exec.after_spawn",
-    "node.exec.after_start_marker",
-    "node.exec.during_effect",
-    "node.exec.after_end_marker",
-    "node.report.after_response",
-    "node.resync.mid",
+/// Whether a crash point must already be compiled into the binaries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Presence {
+    /// In today's `baton-hub` and `baton-node`: every run of it must fire.
+    Required,
+    /// Part of work not merged yet: the matrix runs it once the binary that owns it contains
+    /// it (`known_by`) and skips it, saying so, until then.
+    Planned,
+}
+
+/// One row of the matrix's point table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CrashPoint {
+    /// The failpoint name; its first part (`hub`, `node`) names the process it is in.
+    pub name: &'static str,
+    /// Whether the binaries must already have it.
+    pub presence: Presence,
+}
+
+impl CrashPoint {
+    const fn required(name: &'static str) -> CrashPoint {
+        CrashPoint { name, presence: Presence::Required }
+    }
+
+    const fn planned(name: &'static str) -> CrashPoint {
+        CrashPoint { name, presence: Presence::Planned }
+    }
+
+    /// Whether the point is in the hub (else in the node).
+    pub fn on_hub(&self) -> bool {
+        self.name.starts_with("hub.")
+    }
+}
+
+/// The matrix's one table of crash points: every point compiled into `baton-hub` and
+/// `baton-node` (kept equal to the source by a test that greps for `crash_point(`), plus the
+/// planned points of turn control, which run once the binaries have them:
+/// `node.start.after_hub` is between the hub's start record (`POST /v1/starts`) and the node's
+/// local start marker (the node then reports the turn `unknown`, never runs it).
+pub const CRASH_POINTS: &[CrashPoint] = &[
+    CrashPoint::required("hub.accept.before_txn"),
+    CrashPoint::required("hub.accept.after_message_insert"),
+    CrashPoint::required("hub.accept.before_commit"),
+    CrashPoint::required("hub.accept.after_commit"),
+    CrashPoint::required("hub.fanout.before_first"),
+    CrashPoint::required("hub.fanout.after_k"),
+    CrashPoint::required("hub.fanout.before_mark_done"),
+    CrashPoint::required("hub.claim.after_fence_eval"),
+    CrashPoint::required("hub.claim.after_commit"),
+    CrashPoint::required("hub.mirrored.after_commit"),
+    CrashPoint::required("hub.ack.after_commit"),
+    CrashPoint::required("hub.report.before_commit"),
+    CrashPoint::required("hub.report.after_commit"),
+    CrashPoint::required("hub.repair.mid"),
+    CrashPoint::required("node.claim.after_response"),
+    CrashPoint::required("node.mirror.after_commit"),
+    CrashPoint::required("node.mirrored.after_response"),
+    CrashPoint::required("node.ack.after_response"),
+    CrashPoint::required("node.exec.after_spawn"),
+    CrashPoint::required("node.exec.after_start_marker"),
+    CrashPoint::required("node.exec.during_effect"),
+    CrashPoint::required("node.exec.after_end_marker"),
+    CrashPoint::required("node.report.after_response"),
+    CrashPoint::required("node.resync.mid"),
+    CrashPoint::planned("node.start.after_hub"),
 ];
+
+/// Whether the binary that owns `point` contains it: a crash point's name is a string literal
+/// the armed check compares against, so a build that has the point carries its name. This asks
+/// the binaries the matrix runs, not the source tree they may lag behind.
+pub fn known_by(bins: &Binaries, point: &CrashPoint) -> anyhow::Result<bool> {
+    let path = if point.on_hub() { &bins.hub } else { &bins.node };
+    let bytes = std::fs::read(path).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+    let needle = point.name.as_bytes();
+    Ok(bytes.windows(needle.len()).any(|w| w == needle))
+}
 
 /// How long a run may take to drain after its workload before liveness counts as violated.
 pub const DRAIN_LIMIT: Duration = Duration::from_secs(20);

@@ -63,12 +63,49 @@ pub struct EffectLine {
     /// Wall-clock nanoseconds when the harness ended (just before it wrote this line).
     #[serde(default)]
     pub ended_ns: Option<u64>,
-    /// Set only when the record marks this execution as an operator's deliberate re-run (a
-    /// retry or redrive) with its kind; such a line is exempt from the order invariant I15.
-    /// Nothing sets it yet: the harness environment has no such marker.
+    /// The run of the delivery this execution was (`BATON_ATTEMPT`: 1 for the first run, then
+    /// one more for each retry or redrive); absent in ledgers written before runs existed, and
+    /// read as 1 then (`EffectLine::run_number`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<i64>,
+    /// Why this run happened when it is not the first (`BATON_RERUN`): `retry` (the harness
+    /// asked; it keeps the conversation's order) or `redrive` (an operator's deliberate re-run,
+    /// the only execution exempt from the order invariant I15). Absent for a first run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rerun: Option<String>,
+    /// The node session that ran it, when the node passes one to the harness
+    /// (`BATON_SESSION`); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+    /// The signal that ended the harness (`TERM`, `INT` or `HUP`, recorded by its trap), when
+    /// it was terminated instead of ending by itself; absent otherwise. A SIGKILL leaves no line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<String>,
+    /// The status the harness exited with by itself (75 asks for a retry); absent when it was
+    /// ended by a signal or in older ledgers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
 }
+
+impl EffectLine {
+    /// The run this execution was: `run`, or 1 for a line written before runs were recorded.
+    pub fn run_number(&self) -> i64 {
+        self.run.unwrap_or(1)
+    }
+
+    /// Whether the record marks this execution as an operator's redrive (`rerun = redrive`),
+    /// the one kind of run allowed out of `seq` order. A harness-requested retry is not.
+    pub fn is_redrive(&self) -> bool {
+        self.rerun.as_deref() == Some(REDRIVE)
+    }
+}
+
+/// The `rerun` value of an operator's retry or redrive (the wire's `Rerun::Redrive`).
+pub const REDRIVE: &str = "redrive";
+/// The `rerun` value of a run the harness asked for with exit status 75 (`Rerun::Retry`).
+pub const RETRY: &str = "retry";
+/// The exit status with which a harness asks for its turn to be run again (`EX_TEMPFAIL`).
+pub const EXIT_RETRY: i32 = 75;
 
 /// Lines read from a JSON-lines file, with the count of unreadable (torn) lines.
 #[derive(Debug, Clone)]
@@ -122,17 +159,143 @@ impl LineWriter {
     }
 }
 
-/// The harness command that records one effect line in `ledger` and succeeds: it drains its
-/// stdin (the payload) first, so an effect is recorded even when the node dies mid-turn, and it
-/// never writes to stdout (whose reader may be gone). The line carries the turn's conversation
-/// and `seq` and the wall-clock start and end of the execution, for the order invariant I15.
-/// Conversation names are written verbatim, so they must need no JSON escaping.
+/// A payload field that makes the ledger harness exit 75 (ask for a retry) on the first run of
+/// its turn (`BATON_ATTEMPT` absent or 1) and succeed on every later run.
+pub const RETRY_FIRST_RUN: &str = "retry_first_run";
+/// A payload field that makes the ledger harness sleep `SLOW_TURN_SECS` before it ends, so a
+/// cancel can reach it while it runs.
+pub const SLOW: &str = "slow";
+/// How long a turn marked `SLOW` runs.
+pub const SLOW_TURN_SECS: u32 = 2;
+
+/// The harness command that records one effect line in `ledger` per execution: the delivery,
+/// the node's attempt id, the host, the instance, a nonce unique to the process, the turn's
+/// conversation and `seq`, the wall-clock start and end (for the order invariant I15), the run
+/// (`BATON_ATTEMPT`, 1 when absent), why it is a re-run (`BATON_RERUN`), the node session when
+/// the node passes one (`BATON_SESSION`), and either the exit status it chose or the signal
+/// that terminated it (a trap on TERM, INT and HUP writes the line and exits 128 + the signal).
+///
+/// It reads its stdin (the payload) first, so an effect is recorded even when the node dies
+/// mid-turn, and it never writes to stdout (whose reader may be gone). A payload with
+/// `"retry_first_run": true` exits 75 on run 1; one with `"slow": true` sleeps
+/// `SLOW_TURN_SECS` (in a child it waits for, so a signal is handled at once). Other payloads
+/// succeed at once. Conversation names are written verbatim, so they must need no JSON escaping.
 pub fn ledger_harness(ledger: &Path, host: &str) -> Vec<String> {
     let script = format!(
-        "s=$(date +%s%N); cat >/dev/null; \
-         printf '{{\"delivery_id\":\"%s\",\"attempt_id\":\"%s\",\"host\":\"{host}\",\"instance\":\"\",\"nonce\":\"%s-%s\",\"conversation\":\"%s\",\"seq\":%s,\"started_ns\":%s,\"ended_ns\":%s}}\\n' \
-         \"$BATON_DELIVERY_ID\" \"$BATON_ATTEMPT_ID\" \"$$\" \"$s\" \"$BATON_CONVERSATION\" \"$BATON_SEQ\" \"$s\" \"$(date +%s%N)\" >> '{}'",
-        ledger.display()
+        r#"s=$(date +%s%N); p=$(cat); code=0
+q() {{ if [ -n "$1" ]; then printf '"%s"' "$1"; else printf null; fi; }}
+rec() {{ printf '{{"delivery_id":"%s","attempt_id":"%s","host":"{host}","instance":"%s","nonce":"%s-%s","conversation":"%s","seq":%s,"started_ns":%s,"ended_ns":%s,"run":%s,"rerun":%s,"session":%s,"signal":%s,"exit_code":%s}}\n' "$BATON_DELIVERY_ID" "$BATON_ATTEMPT_ID" "$BATON_INSTANCE_ID" "$$" "$s" "$BATON_CONVERSATION" "$BATON_SEQ" "$s" "$(date +%s%N)" "${{BATON_ATTEMPT:-1}}" "$(q "$BATON_RERUN")" "$(q "$BATON_SESSION")" "$(q "$1")" "$2" >> '{ledger}'; }}
+stop() {{ trap '' TERM INT HUP; rec "$1" null; exit "$2"; }}
+trap 'stop TERM 143' TERM; trap 'stop INT 130' INT; trap 'stop HUP 129' HUP
+case "$p" in *'"{retry}":true'*|*'"{retry}": true'*) [ "${{BATON_ATTEMPT:-1}}" = 1 ] && code={exit_retry};; esac
+case "$p" in *'"{slow}":true'*|*'"{slow}": true'*) sleep {secs} & wait $!;; esac
+trap '' TERM INT HUP; rec '' "$code"; exit "$code""#,
+        ledger = ledger.display(),
+        retry = RETRY_FIRST_RUN,
+        exit_retry = EXIT_RETRY,
+        slow = SLOW,
+        secs = SLOW_TURN_SECS,
     );
     vec!["sh".into(), "-c".into(), script]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::{Command, Stdio};
+
+    /// Runs the harness once with `env` and `payload`, returning its exit status and the line.
+    fn run(payload: &str, env: &[(&str, &str)]) -> (Option<i32>, EffectLine) {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = dir.path().join("ledger.jsonl");
+        let argv = ledger_harness(&ledger, "host-a");
+        let mut cmd = Command::new(&argv[0]);
+        cmd.args(&argv[1..]).env_clear().env("PATH", std::env::var("PATH").unwrap_or_default());
+        for (k, v) in [
+            ("BATON_DELIVERY_ID", "d1"),
+            ("BATON_ATTEMPT_ID", "a1"),
+            ("BATON_INSTANCE_ID", "i1"),
+            ("BATON_CONVERSATION", "c0"),
+            ("BATON_SEQ", "4"),
+        ]
+        .iter()
+        .chain(env)
+        {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.stdin(Stdio::piped()).spawn().unwrap();
+        std::io::Write::write_all(&mut child.stdin.take().unwrap(), payload.as_bytes()).unwrap();
+        let status = child.wait().unwrap();
+        let mut lines = read_lines::<EffectLine>(&ledger).unwrap();
+        assert_eq!((lines.items.len(), lines.unreadable), (1, 0), "{lines:?}");
+        (status.code(), lines.items.remove(0))
+    }
+
+    #[test]
+    fn a_first_run_records_run_one_and_no_rerun() {
+        let (code, l) = run("{}", &[]);
+        assert_eq!(code, Some(0));
+        assert_eq!((l.delivery_id.as_str(), l.attempt_id.as_str(), l.instance.as_str()), ("d1", "a1", "i1"));
+        assert_eq!((l.conversation.as_str(), l.seq, l.run, l.rerun.as_deref()), ("c0", Some(4), Some(1), None));
+        assert_eq!((l.session, l.signal, l.exit_code), (None, None, Some(0)));
+        assert!(l.started_ns.is_some() && l.started_ns <= l.ended_ns);
+    }
+
+    #[test]
+    fn a_rerun_records_its_run_kind_and_session() {
+        let env = [("BATON_ATTEMPT", "3"), ("BATON_RERUN", "redrive"), ("BATON_SESSION", "7")];
+        let (_, l) = run("{}", &env);
+        assert_eq!((l.run, l.rerun.as_deref(), l.session.as_deref()), (Some(3), Some("redrive"), Some("7")));
+        assert!(l.is_redrive());
+    }
+
+    #[test]
+    fn a_retry_marked_payload_exits_75_on_run_one_only() {
+        let payload = r#"{"retry_first_run":true}"#;
+        let (code, l) = run(payload, &[]);
+        assert_eq!((code, l.exit_code), (Some(EXIT_RETRY), Some(EXIT_RETRY)));
+        let (code, l) = run(payload, &[("BATON_ATTEMPT", "2"), ("BATON_RERUN", "retry")]);
+        assert_eq!((code, l.exit_code, l.rerun.as_deref()), (Some(0), Some(0), Some(RETRY)));
+        assert!(!l.is_redrive());
+    }
+
+    #[test]
+    fn a_terminated_turn_records_the_signal() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = dir.path().join("ledger.jsonl");
+        let argv = ledger_harness(&ledger, "host-a");
+        let mut child = Command::new(&argv[0])
+            .args(&argv[1..])
+            .env("BATON_DELIVERY_ID", "d1")
+            .env("BATON_SEQ", "1")
+            .stdin(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::io::Write::write_all(&mut child.stdin.take().unwrap(), br#"{"slow":true}"#).unwrap();
+        // Wait until the harness sleeps (its child exists), then terminate it.
+        let pid = child.id();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let sleeping = || {
+            let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+            children
+                .split_whitespace()
+                .any(|c| std::fs::read_to_string(format!("/proc/{c}/comm")).is_ok_and(|comm| comm.trim() == "sleep"))
+        };
+        while !sleeping() {
+            assert!(std::time::Instant::now() < deadline, "the harness never started its sleep");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        Command::new("kill").args(["-TERM", &pid.to_string()]).status().unwrap();
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(143));
+        let l = read_lines::<EffectLine>(&ledger).unwrap().items.remove(0);
+        assert_eq!((l.signal.as_deref(), l.exit_code), (Some("TERM"), None));
+    }
+
+    #[test]
+    fn rerun_names_match_the_wire() {
+        use baton_shared::states::Rerun;
+        assert_eq!(Rerun::parse(REDRIVE), Some(Rerun::Redrive));
+        assert_eq!(Rerun::parse(RETRY), Some(Rerun::Retry));
+    }
 }

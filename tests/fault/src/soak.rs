@@ -3,8 +3,9 @@
 //! nemesis driven by a printed seed. Then heal, restart, drain, and run the checker.
 
 use crate::checker::{self, Report};
-use crate::cluster::{AcceptOutcome, Cluster};
+use crate::cluster::{AcceptOutcome, Cluster, Retries};
 use crate::proxy::Fault;
+use crate::records::{RETRY_FIRST_RUN, SLOW};
 use baton_testkit::{Binaries, Signal, Started};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use std::net::SocketAddr;
@@ -33,7 +34,21 @@ pub struct SoakConfig {
     pub seed: u64,
     /// Longest SIGSTOP, in milliseconds.
     pub pause_ms_max: u64,
+    /// Exercise turn control (needs a hub and node that implement it; off by default): some
+    /// messages allow `TURN_CONTROL_MAX_ATTEMPTS` runs and their harness exits 75 on run 1, some
+    /// turns run slowly, and the nemesis cancels deliveries with `baton-hub deliveries cancel`,
+    /// running ones included.
+    pub turn_control: bool,
 }
+
+/// Runs a retryable message of the turn-control soak allows.
+pub const TURN_CONTROL_MAX_ATTEMPTS: u32 = 3;
+/// The backoff base of those messages, short so that retries happen within the soak.
+pub const TURN_CONTROL_BACKOFF_MS: u64 = 200;
+/// Percent of new messages that ask for a retry on their first run (turn-control soak).
+const RETRYABLE_PERCENT: u32 = 20;
+/// Percent of new messages whose turn runs slowly, so that cancels reach running turns.
+const SLOW_PERCENT: u32 = 15;
 
 /// The figures the soak prints.
 #[derive(Debug, Default)]
@@ -54,6 +69,10 @@ pub struct Figures {
     pub executions: u64,
     /// Executions the order invariant I15 compared (per host and conversation).
     pub ordered_executions: u64,
+    /// Cancels the hub accepted (turn-control soak).
+    pub cancels: u64,
+    /// Runs after the first (retries and redrives) in the final record.
+    pub reruns: u64,
 }
 
 /// The soak's outcome.
@@ -94,8 +113,7 @@ pub async fn run(bins: &Binaries, cfg: SoakConfig, log: &mut dyn FnMut(String)) 
             Arc::clone(&addr),
             Arc::clone(&stop),
             Arc::clone(&counters),
-            p,
-            seed,
+            Workload { index: p, seed, turn_control: cfg.turn_control },
         )));
     }
     let mut f = Figures::default();
@@ -168,6 +186,15 @@ pub async fn run(bins: &Binaries, cfg: SoakConfig, log: &mut dyn FnMut(String)) 
             38..44 => {
                 let _ = c.lift_all_fences();
             }
+            44..52 if cfg.turn_control => {
+                if let Some(id) = cancel_candidate(&c, &mut rng) {
+                    // A refusal (the delivery ended meanwhile, the hub is down) is no fault.
+                    if c.hub.cli(["deliveries", "cancel", &id, "--reason", "soak"]).is_ok() {
+                        log(format!("cancel {id}"));
+                        f.cancels += 1;
+                    }
+                }
+            }
             _ => {} // no extra fault this tick
         }
     }
@@ -189,6 +216,7 @@ pub async fn run(bins: &Binaries, cfg: SoakConfig, log: &mut dyn FnMut(String)) 
     f.duplicate_submissions = counters.duplicates.load(Ordering::SeqCst);
     f.executions = report.counts.get("effects").copied().unwrap_or(0);
     f.ordered_executions = report.counts.get("ordered_effects").copied().unwrap_or(0);
+    f.reruns = report.counts.get("reruns").copied().unwrap_or(0);
     if !drained {
         log(format!("drain did not finish within {DRAIN_LIMIT:?}; logs:\n{}", c.logs()));
     }
@@ -284,20 +312,44 @@ fn tend(c: &mut Cluster, addr: &Mutex<Option<SocketAddr>>, down: &[bool]) -> any
     Ok(())
 }
 
+/// A delivery for the nemesis to cancel: queued, or delivered without an outcome of its
+/// current run (running or about to), picked by the seeded generator.
+fn cancel_candidate(c: &Cluster, rng: &mut StdRng) -> Option<String> {
+    let conn = crate::checker::open_read_only(&c.hub.db()).ok()?;
+    let mut stmt = conn
+        .prepare(
+            "SELECT id FROM deliveries d WHERE state = 'queued'
+                OR (state = 'delivered'
+                    AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt))
+             ORDER BY n DESC LIMIT 50",
+        )
+        .ok()?;
+    let ids: Vec<String> = stmt.query_map([], |r| r.get(0)).ok()?.collect::<Result<_, _>>().ok()?;
+    (!ids.is_empty()).then(|| ids[rng.random_range(0..ids.len())].clone())
+}
+
+/// What one producer task submits.
+#[derive(Debug, Clone, Copy)]
+struct Workload {
+    index: usize,
+    seed: u64,
+    turn_control: bool,
+}
+
 async fn produce(
     producer: Arc<crate::cluster::Producer>,
     addr: Arc<Mutex<Option<SocketAddr>>>,
     stop: Arc<AtomicBool>,
     counters: Arc<Counters>,
-    index: usize,
-    seed: u64,
+    work: Workload,
 ) {
+    let Workload { index, seed, turn_control } = work;
     let mut rng = StdRng::seed_from_u64(seed);
-    let mut done: Vec<(String, String, serde_json::Value, Vec<String>)> = Vec::new();
+    let mut done: Vec<(String, String, serde_json::Value, Vec<String>, Retries)> = Vec::new();
     let mut i = 0u64;
     while !stop.load(Ordering::SeqCst) {
         let replay = !done.is_empty() && rng.random_bool(0.2);
-        let (key, conv, payload, to) = if replay {
+        let (key, conv, payload, to, retries) = if replay {
             done[rng.random_range(0..done.len())].clone()
         } else {
             i += 1;
@@ -305,8 +357,19 @@ async fn produce(
             if to.is_empty() {
                 to.push(HOSTS[rng.random_range(0..HOSTS.len())].to_string());
             }
-            let payload = serde_json::json!({"p": index, "i": i});
-            (format!("p{index}-{seed}-{i}"), format!("c{}", rng.random_range(0..CONVERSATIONS)), payload, to)
+            let mut payload = serde_json::json!({"p": index, "i": i});
+            let mut retries = Retries::default();
+            if turn_control && rng.random_range(0..100u32) < RETRYABLE_PERCENT {
+                payload[RETRY_FIRST_RUN] = true.into();
+                retries = Retries {
+                    max_attempts: Some(TURN_CONTROL_MAX_ATTEMPTS),
+                    retry_backoff_ms: Some(TURN_CONTROL_BACKOFF_MS),
+                };
+            }
+            if turn_control && rng.random_range(0..100u32) < SLOW_PERCENT {
+                payload[SLOW] = true.into();
+            }
+            (format!("p{index}-{seed}-{i}"), format!("c{}", rng.random_range(0..CONVERSATIONS)), payload, to, retries)
         };
         if replay {
             counters.duplicates.fetch_add(1, Ordering::Relaxed);
@@ -316,11 +379,11 @@ async fn produce(
                 break;
             }
             let hub = addr.lock().ok().and_then(|a| *a);
-            match producer.accept(hub, &conv, &key, &payload, &to).await {
+            match producer.accept_with(hub, &conv, &key, &payload, &to, retries).await {
                 AcceptOutcome::Ok(_) => {
                     if !replay {
                         counters.accepted.fetch_add(1, Ordering::Relaxed);
-                        done.push((key.clone(), conv.clone(), payload.clone(), to.clone()));
+                        done.push((key.clone(), conv.clone(), payload.clone(), to.clone(), retries));
                         // Offer a steady load the cluster can drain while it is being killed, so
                         // the liveness check after heal measures recovery, not a backlog.
                         tokio::time::sleep(PRODUCER_PACE).await;

@@ -141,11 +141,10 @@ fn i6_claim_under_an_active_block_fence() {
 }
 
 #[test]
-fn i7_a_second_execution_of_one_delivery() {
+fn i7_an_execution_by_an_instance_whose_ack_the_hub_never_confirmed() {
+    // The bug: a node instance runs a turn whose ack the hub refused (the execution gate).
     let report = with_cluster(18, |c| {
-        let mut e: EffectLine = read_lines::<EffectLine>(&c.ledger).unwrap().items.remove(0);
-        e.nonce = "second-run".into();
-        LineWriter::append(&c.ledger).unwrap().write(&e).unwrap();
+        rewrite_ledger(c, |lines| lines[0].instance = "never-acked-instance".into());
     });
     assert_only(&report, "I7");
 }
@@ -171,6 +170,8 @@ fn i8_an_attempt_without_a_known_end_reported_succeeded() {
 fn i9_a_retried_report_counted_twice() {
     let report = with_cluster(20, |c| {
         let conn = hub_rw(c);
+        // The bug's schema lacks the one-row-per-run index as well.
+        conn.execute("DROP INDEX attempts_one_per_run", []).unwrap();
         conn.execute(
             "INSERT INTO attempts (id, delivery_id, host, instance_id, report_id, request_hash, outcome, reported_at)
              SELECT id || '-again', delivery_id, host, instance_id, report_id || '-again', request_hash, 'failed',
@@ -295,16 +296,220 @@ fn i15_a_turn_started_before_the_previous_one_ended() {
     assert_only(&report, "I15");
 }
 
+/// Swaps the `seq`s of two turns of one conversation (as if the later one ran first) and
+/// returns the delivery of the one that started first.
+fn swap_two_turns(c: &Cluster) -> String {
+    let mut first = String::new();
+    rewrite_ledger(c, |lines| {
+        let (i, j) = two_turns_of_one_conversation(lines);
+        let (a, b) = (lines[i].seq, lines[j].seq);
+        lines[i].seq = b;
+        lines[j].seq = a;
+        first = lines[i].delivery_id.clone();
+    });
+    first
+}
+
+/// Records delivery `did`'s one execution as run `run`, made for `rerun`, of a message that
+/// allows `max_attempts`: the message, the delivery, its attempt row and the ledger line agree,
+/// as the hub and node record a re-run.
+fn make_run(c: &Cluster, did: &str, run: i64, rerun: &str, max_attempts: i64) {
+    let hub = hub_rw(c);
+    hub.execute(
+        "UPDATE messages SET max_attempts = ?2 WHERE id = (SELECT message_id FROM deliveries WHERE id = ?1)",
+        rusqlite::params![did, max_attempts],
+    )
+    .unwrap();
+    let n = hub
+        .execute("UPDATE deliveries SET attempt = ?2, rerun = ?3 WHERE id = ?1", rusqlite::params![did, run, rerun])
+        .unwrap();
+    assert_eq!(n, 1);
+    let n = hub
+        .execute(
+            "UPDATE attempts SET attempt = ?2, rerun = ?3 WHERE delivery_id = ?1",
+            rusqlite::params![did, run, rerun],
+        )
+        .unwrap();
+    assert_eq!(n, 1);
+    rewrite_ledger(c, |lines| {
+        for l in lines.iter_mut().filter(|l| l.delivery_id == did) {
+            l.run = Some(run);
+            l.rerun = Some(rerun.into());
+        }
+    });
+}
+
+/// The delivery whose execution started last (any later run of it stays in order).
+fn last_started(c: &Cluster) -> EffectLine {
+    let lines = read_lines::<EffectLine>(&c.ledger).unwrap().items;
+    lines.into_iter().max_by_key(|l| l.started_ns).unwrap()
+}
+
 #[test]
-fn i15_an_operator_rerun_marked_in_the_record_is_exempt() {
+fn i15_an_operator_redrive_marked_in_the_record_is_exempt() {
     let report = with_cluster(27, |c| {
-        rewrite_ledger(c, |lines| {
-            let (i, j) = two_turns_of_one_conversation(lines);
-            let (a, b) = (lines[i].seq, lines[j].seq);
-            lines[i].seq = b;
-            lines[j].seq = a;
-            lines[i].rerun = Some("redrive".into());
-        });
+        let first = swap_two_turns(c);
+        make_run(c, &first, 2, "redrive", 1);
     });
     assert!(report.violations.is_empty(), "{}", report.render());
+    assert_eq!(report.counts["reruns"], 1, "{:?}", report.counts);
+}
+
+#[test]
+fn i15_a_retry_out_of_order_is_not_exempt() {
+    // The bug: a harness-requested retry is handed out after later turns of its conversation.
+    let report = with_cluster(28, |c| {
+        let first = swap_two_turns(c);
+        make_run(c, &first, 2, "retry", 3);
+    });
+    assert_only(&report, "I15");
+}
+
+#[test]
+fn i16_a_turn_started_after_its_cancel_was_confirmed() {
+    // The bug: the hub confirms a start although a cancel of the run is already recorded.
+    let report = with_cluster(29, |c| {
+        let did = last_started(c).delivery_id;
+        let hub = hub_rw(c);
+        let n = hub
+            .execute(
+                "UPDATE deliveries SET cancel_requested_at = updated_at - 1000, cancel_by = 'op',
+                        cancel_reason = 'mutation', started_at = updated_at
+                 WHERE id = ?1 AND state = 'delivered'",
+                [&did],
+            )
+            .unwrap();
+        assert_eq!(n, 1);
+    });
+    assert_only(&report, "I16");
+}
+
+#[test]
+fn i16_a_running_turn_terminated_for_its_cancel_reported_as_succeeded() {
+    // The bug: the node kills a running turn for its cancel, then reports the outcome it read
+    // from the dead process instead of `cancelled`.
+    let report = with_cluster(34, |c| {
+        let did = last_started(c).delivery_id;
+        let hub = hub_rw(c);
+        let n = hub
+            .execute(
+                "UPDATE deliveries SET started_at = updated_at, cancel_requested_at = updated_at + 1,
+                        cancel_by = 'op', cancel_reason = 'mutation'
+                 WHERE id = ?1 AND state = 'delivered'",
+                [&did],
+            )
+            .unwrap();
+        assert_eq!(n, 1);
+        rewrite_ledger(c, |lines| {
+            for l in lines.iter_mut().filter(|l| l.delivery_id == did) {
+                l.signal = Some("TERM".into());
+                l.exit_code = None;
+            }
+        });
+    });
+    assert_only(&report, "I16");
+}
+
+#[test]
+fn i16_an_attempt_cancelled_without_a_cancel() {
+    // The bug: the hub accepts outcome `cancelled` for a run nobody cancelled.
+    let report = with_cluster(35, |c| {
+        let did = last_started(c).delivery_id;
+        let hub = hub_rw(c);
+        let n = hub.execute("UPDATE attempts SET outcome = 'cancelled' WHERE delivery_id = ?1", [&did]).unwrap();
+        assert_eq!(n, 1);
+    });
+    assert_only(&report, "I16");
+}
+
+#[test]
+fn i16_a_retry_above_max_attempts() {
+    // The bug: the hub requeues a harness's exit 75 although no attempts are left.
+    let report = with_cluster(30, |c| {
+        let did = last_started(c).delivery_id;
+        make_run(c, &did, 2, "retry", 1);
+    });
+    assert_only(&report, "I16");
+}
+
+#[test]
+fn i16_a_retry_handed_out_before_its_not_before_time() {
+    // The bug: the claim ignores `not_before` and hands a retry out at once.
+    let report = with_cluster(31, |c| {
+        let did = last_started(c).delivery_id;
+        make_run(c, &did, 2, "retry", 3);
+        let hub = hub_rw(c);
+        hub.execute(
+            "UPDATE deliveries SET not_before =
+                 (SELECT max(at) FROM delivery_events WHERE delivery_id = ?1 AND to_state = 'claimed') + 60000
+             WHERE id = ?1",
+            [&did],
+        )
+        .unwrap();
+    });
+    assert_only(&report, "I16");
+}
+
+#[test]
+fn i16_a_rerun_that_rewrote_the_old_attempt_row() {
+    // The bug: run 2's report updates run 1's attempt row instead of adding its own.
+    let report = with_cluster(32, |c| {
+        let old = last_started(c);
+        let ended = read_lines::<EffectLine>(&c.ledger).unwrap().items.iter().filter_map(|l| l.ended_ns).max().unwrap();
+        let mut rerun = old.clone();
+        rerun.attempt_id = format!("{}-run2", old.attempt_id);
+        rerun.nonce = "run-2".into();
+        rerun.run = Some(2);
+        rerun.rerun = Some("retry".into());
+        rerun.started_ns = Some(ended + 1_000_000);
+        rerun.ended_ns = Some(ended + 2_000_000);
+        LineWriter::append(&c.ledger).unwrap().write(&rerun).unwrap();
+        // The node keeps one attempt row per run.
+        let copied: usize = c
+            .nodes
+            .iter()
+            .map(|n| {
+                Connection::open(n.db())
+                    .unwrap()
+                    .execute(
+                        "INSERT INTO attempts (attempt_id, delivery_id, started_at_ms, ended_at_ms, outcome, exit_code,
+                                               duration_ms, result, reason)
+                         SELECT ?2, delivery_id, started_at_ms + 1, ended_at_ms + 1, outcome, exit_code, duration_ms,
+                                result, reason
+                         FROM attempts WHERE attempt_id = ?1",
+                        [&old.attempt_id, &rerun.attempt_id],
+                    )
+                    .unwrap()
+            })
+            .sum();
+        assert_eq!(copied, 1);
+        let hub = hub_rw(c);
+        hub.execute(
+            "UPDATE messages SET max_attempts = 3 WHERE id = (SELECT message_id FROM deliveries WHERE id = ?1)",
+            [&old.delivery_id],
+        )
+        .unwrap();
+        hub.execute("UPDATE deliveries SET attempt = 2, rerun = 'retry' WHERE id = ?1", [&old.delivery_id]).unwrap();
+        let n = hub
+            .execute(
+                "UPDATE attempts SET attempt = 2, rerun = 'retry', report_id = ?2 WHERE report_id = ?1",
+                [&old.attempt_id, &rerun.attempt_id],
+            )
+            .unwrap();
+        assert_eq!(n, 1);
+    });
+    assert_only(&report, "I16");
+}
+
+#[test]
+fn i17_two_executions_of_one_run_from_two_processes() {
+    // The bug: a copy of a node's data directory (same instance, a later session) runs a turn
+    // the original already ran.
+    let report = with_cluster(33, |c| {
+        let mut e: EffectLine = read_lines::<EffectLine>(&c.ledger).unwrap().items.remove(0);
+        e.nonce = "another-process".into();
+        e.session = Some("2".into());
+        LineWriter::append(&c.ledger).unwrap().write(&e).unwrap();
+    });
+    assert_only(&report, "I17");
 }

@@ -1,6 +1,7 @@
 //! The short fixed-seed soak, so `baton-soak` cannot rot: 30 s of kills, pauses, partitions and
-//! fences against hub + 3 nodes, with
-//! concurrent producers in shared conversations (so the order invariant I15 is exercised), then heal, drain and zero checker violations.
+//! fences against hub + 3 nodes, with concurrent producers in shared conversations (so the
+//! order invariant I15 is exercised), then heal, drain and zero checker violations. The
+//! turn-control variant (retries, slow turns, cancels) runs only when asked for.
 
 use baton_fault::soak::{self, SoakConfig};
 use baton_testkit::Binaries;
@@ -9,12 +10,33 @@ use baton_testkit::Binaries;
 fn a_short_fixed_seed_soak_has_no_violations() {
     let bins = Binaries::build().unwrap();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let cfg = SoakConfig { seconds: 30, seed: 1, pause_ms_max: 3000 };
+    let cfg = SoakConfig { seconds: 30, seed: 1, pause_ms_max: 3000, turn_control: false };
     let r = rt.block_on(soak::run(&bins, cfg, &mut |l| eprintln!("nemesis: {l}"))).unwrap();
     eprintln!("{:?}", r.figures);
     assert!(r.drained, "the drain did not finish");
     assert!(r.figures.accepted > 0 && r.figures.kills > 0, "{:?}", r.figures);
     // Concurrent producers into shared conversations: the order invariant had turns to compare.
     assert!(r.figures.ordered_executions > 2 * soak::HOSTS.len() as u64, "{:?}", r.figures);
+    assert!(r.report.violations.is_empty(), "{}", r.report.render());
+}
+
+/// Set to run the turn-control soak below: it needs a hub and node that implement sessions,
+/// hub-confirmed starts, cancel and retries, so it does not run by default.
+const TURN_CONTROL_VAR: &str = "BATON_FAULT_TURN_CONTROL";
+
+#[test]
+fn a_short_turn_control_soak_has_no_violations() {
+    if std::env::var_os(TURN_CONTROL_VAR).is_none() {
+        eprintln!("not run: set {TURN_CONTROL_VAR}=1 with a hub and node that implement turn control");
+        return;
+    }
+    let bins = Binaries::build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let cfg = SoakConfig { seconds: 30, seed: 2, pause_ms_max: 3000, turn_control: true };
+    let r = rt.block_on(soak::run(&bins, cfg, &mut |l| eprintln!("nemesis: {l}"))).unwrap();
+    eprintln!("{:?}", r.figures);
+    assert!(r.drained, "the drain did not finish");
+    // Retries ran and cancels were accepted, so I16 had runs and cancels to judge.
+    assert!(r.figures.reruns > 0 && r.figures.cancels > 0, "{:?}", r.figures);
     assert!(r.report.violations.is_empty(), "{}", r.report.render());
 }

@@ -23,6 +23,11 @@ struct Cli {
     /// Print each nemesis action.
     #[arg(long)]
     verbose: bool,
+    /// Also exercise turn control: retryable messages whose harness exits 75 on run 1, slow
+    /// turns, and cancels of queued and running deliveries. Needs a hub and node that implement
+    /// sessions, hub-confirmed starts, cancel and retries.
+    #[arg(long)]
+    turn_control: bool,
 }
 
 fn main() -> ExitCode {
@@ -31,7 +36,12 @@ fn main() -> ExitCode {
     let run = || -> anyhow::Result<soak::SoakResult> {
         let bins = baton_testkit::Binaries::locate()?;
         let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-        let cfg = SoakConfig { seconds: cli.seconds, seed: cli.seed, pause_ms_max: cli.pause_ms_max };
+        let cfg = SoakConfig {
+            seconds: cli.seconds,
+            seed: cli.seed,
+            pause_ms_max: cli.pause_ms_max,
+            turn_control: cli.turn_control,
+        };
         let verbose = cli.verbose;
         rt.block_on(soak::run(&bins, cfg, &mut |l| {
             if verbose {
@@ -58,6 +68,8 @@ fn main() -> ExitCode {
     println!("duplicate_submissions: {}", f.duplicate_submissions);
     println!("executions: {}", f.executions);
     println!("ordered_executions: {}", f.ordered_executions);
+    println!("cancels: {}", f.cancels);
+    println!("reruns: {}", f.reruns);
     println!("drained: {}", r.drained);
     println!("violations: {}", r.report.violations.len());
     if r.report.violations.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) }
