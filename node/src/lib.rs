@@ -23,6 +23,7 @@
 //! - `retention`: removes what the hub settled more than `local_retention` ago.
 //! - `backoff`: bounded exponential backoff with jitter.
 //! - `status`: `baton-node status`, read-only.
+//! - `manuals`: `completions` and `man`, generated from the clap definitions in `cli`.
 //! - `output`: stdout writes that end quietly when the reader has gone (a broken pipe).
 //!
 //! Invariant: only this crate opens the node store, through one connection used on blocking
@@ -37,6 +38,7 @@ pub mod config;
 pub mod exec;
 pub mod group;
 pub mod limits;
+pub mod manuals;
 pub mod output;
 pub mod report;
 mod retention;

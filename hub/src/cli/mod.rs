@@ -11,6 +11,7 @@
 //! - `send`: submitting a message by hand.
 //! - `inspect`: `status`, `backup`, `verify`, `config check`.
 //! - `serve`: running the hub.
+//! - `manuals`: `completions` and `man`, generated from `args`.
 //!
 //! Read-only commands open a read-only connection without a whole-file check, so their cost
 //! does not grow with the database, and never wake the hub. Changing commands open the write
@@ -23,6 +24,7 @@ mod deliveries;
 mod fence;
 mod identity;
 mod inspect;
+mod manuals;
 mod output;
 mod send;
 mod serve;
@@ -228,6 +230,8 @@ pub fn run(cli: &Cli) -> CliResult {
         Command::Backup { out } => inspect::backup(&ctx, out),
         Command::Verify { json } => inspect::verify(&ctx, *json),
         Command::Config(ConfigCmd::Check { config }) => inspect::config_check(&ctx, config.as_deref()),
+        Command::Completions { shell } => manuals::completions(*shell),
+        Command::Man { out } => manuals::man(out),
     }
 }
 
