@@ -22,6 +22,7 @@
 //!   without `to` running on exactly the members.
 //! - `node_*`, `power_loss`: the node agent and durability under power loss (see each module);
 //!   `node_turns`: orphaned harnesses, SIGTERM before SIGKILL, revocation, renewal, store size.
+//! - `packaging`: the Debian packages, their systemd units, and readiness through `sd_notify`.
 
 // A test binary exports nothing, so `pub` in its private modules only means "shared between
 // modules"; spelling every item `pub(crate)` would add noise, not safety.
@@ -47,4 +48,5 @@ mod node_flow;
 mod node_harness;
 mod node_outage;
 mod node_turns;
+mod packaging;
 mod power_loss;
