@@ -22,6 +22,7 @@
 //!   without `to` running on exactly the members.
 //! - `node_*`, `power_loss`: the node agent and durability under power loss (see each module);
 //!   `node_turns`: orphaned harnesses, SIGTERM before SIGKILL, revocation, renewal, store size.
+//! - `examples`: the Python producer and harness of `docs/examples/` against the real binaries.
 //! - `packaging`: the Debian packages, their systemd units, and readiness through `sd_notify`.
 
 // A test binary exports nothing, so `pub` in its private modules only means "shared between
@@ -32,6 +33,7 @@ mod conversation_fairness;
 mod conversation_order;
 mod conversations_cli;
 mod corruption;
+mod examples;
 mod harness;
 mod hub_auth;
 mod hub_cli;
