@@ -79,7 +79,7 @@ impl<H: Hub> Hub for Notifying<H> {
 /// the node's runtime, so a wedged runtime stops feeding it and systemd restarts the node.
 /// Returns `None` when no watchdog is asked for.
 pub fn spawn_watchdog() -> Option<tokio::task::JoinHandle<()>> {
-    let interval = sd_notify::watchdog_enabled()? / 2;
+    let interval = sd_notify::watchdog_enabled().map(|d| d / 2).filter(|d| !d.is_zero())?;
     Some(tokio::spawn(async move {
         loop {
             notify(&[NotifyState::Watchdog]);

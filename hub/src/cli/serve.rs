@@ -65,18 +65,18 @@ mod systemd {
     /// and sends STOPPING=1 as the drain begins.
     pub(super) fn ready_then_watch(shutdown: &CancellationToken) {
         notify(&[NotifyState::Ready, NotifyState::Status("serving")]);
-        let interval = sd_notify::watchdog_enabled().map(|d| d / 2);
+        let interval = sd_notify::watchdog_enabled().map(|d| d / 2).filter(|d| !d.is_zero());
         let shutdown = shutdown.clone();
         tokio::spawn(async move {
-            loop {
-                if interval.is_some() {
+            match interval {
+                Some(every) => loop {
                     notify(&[NotifyState::Watchdog]);
-                }
-                let pause = interval.unwrap_or(std::time::Duration::MAX);
-                tokio::select! {
-                    _ = shutdown.cancelled() => break,
-                    _ = tokio::time::sleep(pause) => {}
-                }
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break,
+                        _ = tokio::time::sleep(every) => {}
+                    }
+                },
+                None => shutdown.cancelled().await,
             }
             notify(&[NotifyState::Stopping]);
         });
