@@ -135,6 +135,10 @@ impl Package {
         assert!(o.status.success(), "{}", text(&o));
         let listed = std::fs::read_to_string(control.join("conffiles")).unwrap();
         assert!(listed.contains(&format!("/{config}")), "{listed}");
+        for script in ["postinst", "postrm", "prerm"] {
+            let o = Command::new("sh").arg("-n").arg(control.join(script)).output().unwrap();
+            assert!(o.status.success(), "{script} is not valid sh: {}", text(&o));
+        }
         let postinst = std::fs::read_to_string(control.join("postinst")).unwrap();
         assert!(postinst.contains("adduser --system") && postinst.contains("-m 0700"), "{postinst}");
 
