@@ -45,6 +45,18 @@ pub enum Command {
     /// process, same group). Not for operators; see `exec`.
     #[command(name = crate::exec::GATE_SUBCOMMAND, hide = true)]
     TurnGate(TurnGateArgs),
+    /// Print the shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Write a man page for every command into a directory.
+    Man {
+        /// The directory (created if missing).
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+    },
 }
 
 /// `turn-gate` arguments.
@@ -130,6 +142,8 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
             }
             crate::output::print(&text).context("writing to stdout")
         }
+        Command::Completions { shell } => crate::manuals::completions(shell),
+        Command::Man { out } => crate::manuals::man(&out),
         Command::TurnGate(gate) => {
             anyhow::bail!("{} runs from main_with ({} arguments)", crate::exec::GATE_SUBCOMMAND, gate.argv.len())
         }

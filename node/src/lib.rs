@@ -25,7 +25,10 @@
 //! - `report`: the report outbox sender.
 //! - `retention`: removes what the hub settled more than `local_retention` ago.
 //! - `backoff`: bounded exponential backoff with jitter.
+//! - `service`: systemd's side (`Type=notify`): ready after recovery and the first hub answer,
+//!   the watchdog, stopping.
 //! - `status`: `baton-node status`, read-only.
+//! - `manuals`: `completions` and `man`, generated from the clap definitions in `cli`.
 //! - `output`: stdout writes that end quietly when the reader has gone (a broken pipe).
 //!
 //! Invariant: only this crate opens the node store, through one connection used on blocking
@@ -41,10 +44,12 @@ pub mod config;
 pub mod exec;
 pub mod group;
 pub mod limits;
+pub mod manuals;
 pub mod output;
 pub mod report;
 mod retention;
 pub mod sched;
+pub mod service;
 mod shared_state;
 pub mod status;
 pub mod store;
@@ -103,8 +108,15 @@ pub async fn run(
             }
         }
     });
+    // systemd (nothing without NOTIFY_SOCKET): ready at the first hub answer, which comes after
+    // recovery; stopping as soon as shutdown begins; the watchdog fed meanwhile.
+    let (hub, shutdown, watchdog) =
+        (service::Notifying::new(hub), service::stopping_on(shutdown), service::spawn_watchdog());
     let ran = agent::run_agent(config, store, hub, instance_id, clock, exec::Gate::this_binary(), shutdown).await;
     reloads.abort();
+    if let Some(w) = watchdog {
+        w.abort();
+    }
     ran
 }
 

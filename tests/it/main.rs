@@ -26,6 +26,8 @@
 //!   `node_turns`: orphaned harnesses, SIGTERM before SIGKILL, revocation, renewal, store size.
 //! - `turn_control`: cancel reaching a running or waiting turn, retries the harness asks for,
 //!   the operator's retry (a redrive), and a copied data directory that runs nothing twice.
+//! - `examples`: the Python producer and harness of `docs/examples/` against the real binaries.
+//! - `packaging`: the Debian packages, their systemd units, and readiness through `sd_notify`.
 
 // A test binary exports nothing, so `pub` in its private modules only means "shared between
 // modules"; spelling every item `pub(crate)` would add noise, not safety.
@@ -35,6 +37,7 @@ mod conversation_fairness;
 mod conversation_order;
 mod conversations_cli;
 mod corruption;
+mod examples;
 mod harness;
 mod hub_auth;
 mod hub_cli;
@@ -52,5 +55,6 @@ mod node_flow;
 mod node_harness;
 mod node_outage;
 mod node_turns;
+mod packaging;
 mod power_loss;
 mod turn_control;

@@ -144,6 +144,18 @@ pub enum Command {
     /// Validate a configuration file and exit.
     #[command(subcommand)]
     Config(ConfigCmd),
+    /// Print the shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Write a man page for every command into a directory.
+    Man {
+        /// The directory (created if missing).
+        #[arg(long)]
+        out: PathBuf,
+    },
 }
 
 /// `enroll` subcommands.
@@ -433,6 +445,10 @@ mod tests {
             vec!["baton-hub", "status", "--json"],
             vec!["baton-hub", "backup", "--out", "f"],
             vec!["baton-hub", "verify"],
+            vec!["baton-hub", "completions", "bash"],
+            vec!["baton-hub", "completions", "zsh"],
+            vec!["baton-hub", "completions", "fish"],
+            vec!["baton-hub", "man", "--out", "d"],
         ] {
             assert!(Cli::try_parse_from(&args).is_ok(), "{args:?}");
         }

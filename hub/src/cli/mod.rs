@@ -12,6 +12,7 @@
 //! - `send`: submitting a message by hand.
 //! - `inspect`: `status`, `backup`, `verify`, `config check`.
 //! - `serve`: running the hub.
+//! - `manuals`: `completions` and `man`, generated from `args`.
 //!
 //! Read-only commands open a read-only connection without a whole-file check, so their cost
 //! does not grow with the database, and never wake the hub. Changing commands open the write
@@ -24,6 +25,7 @@ mod deliveries;
 mod fence;
 mod identity;
 mod inspect;
+mod manuals;
 mod output;
 mod send;
 mod serve;
@@ -231,6 +233,8 @@ pub fn run(cli: &Cli) -> CliResult {
         Command::Backup { out } => inspect::backup(&ctx, out),
         Command::Verify { json } => inspect::verify(&ctx, *json),
         Command::Config(ConfigCmd::Check { config }) => inspect::config_check(&ctx, config.as_deref()),
+        Command::Completions { shell } => manuals::completions(*shell),
+        Command::Man { out } => manuals::man(out),
     }
 }
 

@@ -41,6 +41,44 @@ pub(super) fn serve(ctx: &Context, file: Option<&Path>, flags: &Flags) -> CliRes
         let addr = listener.local_addr()?;
         hub.announce(addr).map_err(|e| CliError::failure(format!("{e:#}")))?;
         output::line(format!("listening on {addr}"))?;
+        // Startup repair ran in `Hub::open` and the listener is bound: only now is the hub ready.
+        systemd::ready_then_watch(&shutdown);
         hub.serve(listener, shutdown).await.map_err(|e| CliError::failure(format!("{e:#}")))
     })
+}
+
+/// The hub as a systemd service (`Type=notify`, see `hub/pkg/`), through `sd-notify`, which
+/// does nothing when `NOTIFY_SOCKET` is not set (a hub started by hand or by the tests).
+mod systemd {
+    use sd_notify::NotifyState;
+    use tokio_util::sync::CancellationToken;
+
+    /// Sends `states`; a failure is logged, never fatal (the hub works without systemd).
+    fn notify(states: &[NotifyState<'_>]) {
+        if let Err(e) = sd_notify::notify(states) {
+            tracing::warn!(error = %e, "could not notify systemd");
+        }
+    }
+
+    /// Sends READY=1, then, from a task, feeds the watchdog at half its interval (`WatchdogSec=`;
+    /// a wedged runtime stops feeding it and systemd restarts the hub) until `shutdown` fires,
+    /// and sends STOPPING=1 as the drain begins.
+    pub(super) fn ready_then_watch(shutdown: &CancellationToken) {
+        notify(&[NotifyState::Ready, NotifyState::Status("serving")]);
+        let interval = sd_notify::watchdog_enabled().map(|d| d / 2).filter(|d| !d.is_zero());
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            match interval {
+                Some(every) => loop {
+                    notify(&[NotifyState::Watchdog]);
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break,
+                        _ = tokio::time::sleep(every) => {}
+                    }
+                },
+                None => shutdown.cancelled().await,
+            }
+            notify(&[NotifyState::Stopping]);
+        });
+    }
 }

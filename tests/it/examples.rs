@@ -1,0 +1,100 @@
+//! The Python examples in `docs/examples/`, run against the real hub and node so they stay
+//! true: `harness.py` is the node's harness command, `producer.py` submits a message over mTLS
+//! and waits for its outcome with the long-poll read.
+//!
+//! Needs `python3`. Without it the test says so and passes, unless `BATON_REQUIRE_PYTHON` is set
+//! (CI sets it), when it fails.
+
+use baton_testkit::bins::{self, Binaries};
+use baton_testkit::{EVENT_WAIT, Harness, Hub, Identity, Node, NodeConfig, Role, fresh_dir};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Set (to anything) to make a missing `python3` a failure instead of a skip.
+const REQUIRE_VAR: &str = "BATON_REQUIRE_PYTHON";
+/// How long the producer may take: submit, the node's claim and turn, the report, the read.
+const PRODUCER_WAIT: Duration = Duration::from_secs(90);
+
+/// `python3` on `PATH`, as an absolute path (the node runs its harness without a shell).
+fn python3() -> Option<PathBuf> {
+    let found = std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .map(|d| d.join("python3"))
+            .find(|p| std::process::Command::new(p).arg("--version").output().is_ok_and(|o| o.status.success()))
+    });
+    if found.is_none() {
+        assert!(std::env::var_os(REQUIRE_VAR).is_none(), "{REQUIRE_VAR} is set but python3 is not on PATH");
+        eprintln!("SKIPPED: python3 is not on PATH; install it, or set {REQUIRE_VAR} to make this a failure");
+    }
+    found
+}
+
+fn example(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/examples").join(name)
+}
+
+/// A message submitted by `producer.py` runs through `harness.py` on a real node, and the
+/// producer prints the harness's result once its long-poll read sees the delivery settle.
+#[test]
+fn python_producer_and_harness_work_against_the_real_hub_and_node() {
+    let Some(python) = python3() else { return };
+    let bins = Binaries::build().unwrap();
+    let dir = fresh_dir("examples").unwrap();
+    let mut hub = Hub::init(&bins, &dir.path().join("hub"), "ops").unwrap();
+    let node_id = hub.enroll(Role::Node, "py-host").unwrap();
+    let producer = hub.enroll(Role::Producer, "py-producer").unwrap();
+    hub.serve(None).unwrap();
+    let url = format!("https://localhost:{}", hub.addr().expect("a serving hub").port());
+
+    let harness = vec![python.display().to_string(), example("harness.py").display().to_string()];
+    let config = NodeConfig::new(&url, &node_id, &dir.path().join("node-data"), Harness::Command(harness));
+    let mut node = Node::create(&bins, dir.path(), "py-node", &config).unwrap();
+    node.start(None).unwrap();
+
+    let cmd = producer_command(&python, &url, &producer, "py-1", r#"{"text": "three little words"}"#);
+    let out = bins::run(cmd, PRODUCER_WAIT).unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "stdout:\n{stdout}\nstderr:\n{stderr}\nnode log:\n{}", node.proc().stderr());
+
+    let message: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(message["conversation"], "py-demo", "{message}");
+    let delivery = &message["deliveries"][0];
+    assert_eq!(delivery["state"], "delivered", "{message}");
+    let attempt = &delivery["attempts"][0];
+    assert_eq!(attempt["outcome"], "succeeded", "{message}");
+    let result: serde_json::Value = serde_json::from_str(attempt["result"].as_str().unwrap()).unwrap();
+    assert_eq!(result["upper"], "THREE LITTLE WORDS", "{result}");
+    assert_eq!(result["words"], 3, "{result}");
+    assert_eq!(result["delivery_id"], delivery["delivery_id"], "the harness sees its delivery: {result}");
+    assert_eq!(result["producer"], "py-producer", "{result}");
+
+    // The same key again is the same message: the producer's retry is safe.
+    let again = producer_command(&python, &url, &producer, "py-1", r#"{"text": "three little words"}"#);
+    let out = bins::run(again, EVENT_WAIT).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let repeat: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(repeat["message_id"], message["message_id"]);
+
+    // A payload the harness refuses fails the turn, and the producer's exit status says so.
+    let refused = producer_command(&python, &url, &producer, "py-2", "[1, 2]");
+    let out = bins::run(refused, PRODUCER_WAIT).unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let failed: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(failed["deliveries"][0]["attempts"][0]["outcome"], "failed", "{failed}");
+}
+
+/// `producer.py` sending `payload` under `key` to `py-host` in `py-demo`.
+fn producer_command(python: &Path, url: &str, id: &Identity, key: &str, payload: &str) -> std::process::Command {
+    let mut cmd = bins::command(python);
+    cmd.arg(example("producer.py"))
+        .args(["--hub", url, "--conversation", "py-demo", "--to", "py-host", "--idempotency-key", key])
+        .arg("--ca")
+        .arg(&id.ca)
+        .arg("--cert")
+        .arg(&id.cert)
+        .arg("--key")
+        .arg(&id.key)
+        .args(["--payload", payload, "--timeout", "60"]);
+    cmd
+}
