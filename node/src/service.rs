@@ -14,7 +14,10 @@
 //! the watchdog and reports stopping.
 
 use crate::client::{Hub, HubError};
-use baton_shared::wire::{ClaimedDelivery, ReportRequest, ReportResponse, TransitionResponse};
+use baton_shared::wire::{
+    ClaimResponse, ClaimedDelivery, ReportRequest, ReportResponse, SessionResponse, StartItem, StartResult,
+    TransitionResponse,
+};
 use sd_notify::NotifyState;
 use std::future::Future;
 use std::sync::Arc;
@@ -55,8 +58,17 @@ impl<H: Hub> Notifying<H> {
 }
 
 impl<H: Hub> Hub for Notifying<H> {
-    async fn claim(&self, max: u32, wait: Duration) -> Result<Vec<ClaimedDelivery>, HubError> {
+    async fn register_session(&self) -> Result<SessionResponse, HubError> {
+        self.answered(self.inner.register_session().await)
+    }
+    async fn end_session(&self) -> Result<(), HubError> {
+        self.inner.end_session().await
+    }
+    async fn claim(&self, max: u32, wait: Duration) -> Result<ClaimResponse, HubError> {
         self.answered(self.inner.claim(max, wait).await)
+    }
+    async fn starts(&self, items: Vec<StartItem>) -> Result<Vec<StartResult>, HubError> {
+        self.answered(self.inner.starts(items).await)
     }
     async fn holdings(&self) -> Result<Vec<ClaimedDelivery>, HubError> {
         self.answered(self.inner.holdings().await)
