@@ -137,8 +137,9 @@ pub(crate) async fn scheduler<H: Hub>(sh: Arc<Shared<H>>) -> anyhow::Result<()> 
 
 /// What the hub said about the turns a pass is about to start.
 enum Confirmed {
-    /// Start these (the hub recorded their start for this session).
-    Start(Vec<StartedTurn>),
+    /// Start these (the hub recorded their start for this session); true when the answer left
+    /// some turn out (ask again later).
+    Start(Vec<StartedTurn>, bool),
     /// The hub could not be asked now: try again after a pause.
     Later,
 }
@@ -156,7 +157,10 @@ async fn confirm_starts<H: Hub>(
     while turns.peek().is_some() {
         let chunk: Vec<StartedTurn> = turns.by_ref().take(per_request).collect();
         match confirm_chunk(sh, chunk).await? {
-            Confirmed::Start(confirmed) => start.extend(confirmed),
+            Confirmed::Start(confirmed, left_out) => {
+                start.extend(confirmed);
+                later |= left_out;
+            }
             Confirmed::Later => later = true,
         }
     }
@@ -168,7 +172,7 @@ async fn confirm_starts<H: Hub>(
 /// `not_found` (or anything else) → dropped locally, never run here.
 async fn confirm_chunk<H: Hub>(sh: &Shared<H>, turns: Vec<StartedTurn>) -> Result<Confirmed, StoreError> {
     if sh.starts_unconfirmed.load(Ordering::Relaxed) {
-        return Ok(Confirmed::Start(turns));
+        return Ok(Confirmed::Start(turns, false));
     }
     let items = turns
         .iter()
@@ -191,7 +195,7 @@ async fn confirm_chunk<H: Hub>(sh: &Shared<H>, turns: Vec<StartedTurn>) -> Resul
         Err(e) if e.route_unknown() => {
             tracing::warn!("the hub does not know hub-confirmed starts ({e}); starting turns on the local gate alone");
             sh.starts_unconfirmed.store(true, Ordering::Relaxed);
-            return Ok(Confirmed::Start(turns));
+            return Ok(Confirmed::Start(turns, false));
         }
         Err(e) => {
             tracing::warn!(turns = turns.len(), "asking the hub to start turns failed; trying again: {e}");
@@ -203,9 +207,11 @@ async fn confirm_chunk<H: Hub>(sh: &Shared<H>, turns: Vec<StartedTurn>) -> Resul
     }
     let mut answers: HashMap<String, StartResult> = results.into_iter().map(|r| (r.delivery_id.clone(), r)).collect();
     let mut start = Vec::new();
+    let mut left_out = false;
     for turn in turns {
         let Some(answer) = answers.remove(&turn.delivery_id) else {
             tracing::warn!(delivery_id = %turn.delivery_id, "the hub's start answer leaves this turn out; asking again later");
+            left_out = true;
             continue;
         };
         if answer.start {
@@ -214,7 +220,7 @@ async fn confirm_chunk<H: Hub>(sh: &Shared<H>, turns: Vec<StartedTurn>) -> Resul
         }
         settle_refused_start(sh, &turn, &answer).await?;
     }
-    Ok(Confirmed::Start(start))
+    Ok(Confirmed::Start(start, left_out))
 }
 
 /// A turn the hub refused to start: it never runs here.
@@ -248,6 +254,8 @@ async fn settle_refused_start<H: Hub>(
             sh.store.call(move |db| db.drop_unstarted(&id, &why, now_ms)).await?;
         }
     }
+    // The conversation's next turn may start now, and the local queue shrank.
+    sh.wake_scheduler.notify_one();
     sh.wake_claimer.notify_one();
     Ok(())
 }

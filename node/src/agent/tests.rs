@@ -1123,3 +1123,22 @@ async fn a_hub_without_sessions_or_starts_is_worked_with_as_before() {
         assert_eq!(s.calls.iter().filter(|c| *c == "starts").count(), 1, "asked once, then not again");
     });
 }
+
+/// A head of a conversation whose start the hub refuses does not hold the conversation back:
+/// the next turn starts at once, without waiting for another event.
+#[tokio::test]
+async fn a_refused_start_lets_the_next_turn_of_its_conversation_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = FakeHub::default();
+    for seq in 0..3 {
+        held_delivered(&hub, dir.path(), &delivery(&format!("e{seq}"), "e", seq));
+    }
+    hub.with(|s| s.refuse_start.insert("e1".into(), "started_elsewhere".into()));
+    let node = start(config(dir.path(), &noting(dir.path(), 0)), &hub);
+    wait_until("e0 runs", || lines(&dir.path().join("ran")).len() == 1).await;
+    // e1 is refused only once e0 ended, after every start-up wake-up has been used.
+    std::fs::write(dir.path().join("go"), "").unwrap();
+    wait_until("all reported", || hub.with(|s| s.outcomes.len() == 3)).await;
+    node.stop().await;
+    assert_eq!(lines(&dir.path().join("ran")), ["e0 1 -", "e2 1 -"]);
+}
