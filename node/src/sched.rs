@@ -48,6 +48,10 @@ pub fn pick(queued: &[QueuedTurn], running: &HashSet<String>, free: usize) -> Ve
 /// The reason a run is reported `unknown` with when the hub says another session of this
 /// instance already started it: it never runs here again.
 pub const REASON_STARTED_ELSEWHERE: &str = "started by an earlier session of this node instance";
+/// The reason a run is reported `unknown` with when the hub recorded its start for this data
+/// directory's previous process, which crashed before it wrote the local start marker.
+pub const REASON_STOPPED_AFTER_HUB_START: &str =
+    "the node stopped between the hub's start record and the harness start";
 
 /// Runs the scheduler until shutdown, then drains or kills the running turns.
 ///
@@ -244,7 +248,12 @@ async fn settle_refused_start<H: Hub>(
         }
         Some("started_elsewhere") => {
             tracing::error!(delivery_id = %id, attempt = run, "the hub says an earlier session of this instance started this turn; never running it here, reporting it unknown");
-            let ending = Ending::unstarted(Outcome::Unknown, REASON_STARTED_ELSEWHERE);
+            let why = if sh.after_own_crash.get() == Some(&true) {
+                REASON_STOPPED_AFTER_HUB_START
+            } else {
+                REASON_STARTED_ELSEWHERE
+            };
+            let ending = Ending::unstarted(Outcome::Unknown, why);
             sh.store.call(move |db| db.end_unstarted(&id, run, &ending, now_ms)).await?;
             sh.wake_outbox.notify_one();
         }

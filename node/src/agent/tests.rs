@@ -1142,3 +1142,28 @@ async fn a_refused_start_lets_the_next_turn_of_its_conversation_run() {
     node.stop().await;
     assert_eq!(lines(&dir.path().join("ran")), ["e0 1 -", "e2 1 -"]);
 }
+
+/// The previous process of this data directory crashed after the hub recorded a turn's start
+/// and before the local start marker: the restarted node (a new session taking over that one)
+/// reports the turn `unknown` and never runs it.
+#[tokio::test]
+async fn a_crash_between_the_hubs_start_record_and_the_marker_is_reported_unknown() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = FakeHub::default();
+    held_delivered(&hub, dir.path(), &delivery("h1", "h", 1));
+    open_db(dir.path()).record_session(1, None, 5).unwrap();
+    hub.with(|s| {
+        s.newest_session = 1;
+        s.started.insert("h1".into(), 1);
+    });
+    let node = start(config(dir.path(), &recording(dir.path())), &hub);
+    wait_until("h1 reported", || hub.with(|s| !s.reports.is_empty())).await;
+    node.stop().await;
+    assert!(lines(&dir.path().join("ran")).is_empty(), "never run");
+    hub.with(|s| {
+        assert_eq!(s.reports[0].outcome, Outcome::Unknown);
+        assert_eq!(s.reports[0].reason.as_deref(), Some(crate::sched::REASON_STOPPED_AFTER_HUB_START));
+    });
+    let last = open_db(dir.path()).last_session().unwrap().unwrap();
+    assert_eq!((last.session, last.took_over), (2, Some(1)));
+}
