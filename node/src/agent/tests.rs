@@ -64,6 +64,8 @@ struct HubState {
     cancels: BTreeMap<String, (u32, String)>,
     /// A hub that predates sessions and starts: both routes answer 404.
     no_turn_control: bool,
+    /// Claim answers leave the cancels out (so only holdings carry them).
+    cancels_only_in_holdings: bool,
 }
 
 #[derive(Clone, Default)]
@@ -252,7 +254,7 @@ impl Hub for FakeHub {
             let cancels = s
                 .cancels
                 .iter()
-                .filter(|(id, _)| !s.outcomes.contains_key(*id))
+                .filter(|(id, _)| !s.outcomes.contains_key(*id) && !s.cancels_only_in_holdings)
                 .map(|(id, (run, reason))| CancelNotice {
                     delivery_id: id.clone(),
                     attempt: *run,
@@ -926,6 +928,8 @@ async fn a_newer_session_stops_the_node_with_exit_status_6() {
     drop(db);
     let text = crate::status::status(dir.path(), false).unwrap();
     assert!(text.contains("last session:     1 "), "{text}");
+    let json: serde_json::Value = serde_json::from_str(&crate::status::status(dir.path(), true).unwrap()).unwrap();
+    assert_eq!((json["session"]["session"].as_u64(), json["session"]["ended"].as_str()), (Some(1), Some("superseded")));
 }
 
 /// The hub refuses some starts: a cancelled one is reported `cancelled`, one another session
@@ -1166,4 +1170,29 @@ async fn a_crash_between_the_hubs_start_record_and_the_marker_is_reported_unknow
     });
     let last = open_db(dir.path()).last_session().unwrap().unwrap();
     assert_eq!((last.session, last.took_over), (2, Some(1)));
+}
+
+/// A cancel the node learns from holdings (at its start-up resync) for a turn it holds and has
+/// not started: it never starts, and is reported `cancelled`.
+#[tokio::test]
+async fn a_cancel_in_the_holdings_reaches_a_turn_not_started() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = FakeHub::default();
+    held_delivered(&hub, dir.path(), &delivery("b1", "b", 1));
+    held_delivered(&hub, dir.path(), &delivery("b2", "b", 2));
+    hub.with(|s| {
+        s.cancels_only_in_holdings = true;
+        s.cancels.insert("b2".into(), (1, "the operator's reason".into()));
+    });
+    let node = start(config(dir.path(), &noting(dir.path(), 0)), &hub);
+    wait_until("b2 reported", || hub.with(|s| s.outcomes.contains_key("b2"))).await;
+    std::fs::write(dir.path().join("go"), "").unwrap();
+    wait_until("b1 reported", || hub.with(|s| s.outcomes.contains_key("b1"))).await;
+    node.stop().await;
+    assert_eq!(lines(&dir.path().join("ran")), ["b1 1 -"], "b2 never ran");
+    hub.with(|s| {
+        let b2 = s.reports.iter().find(|r| r.delivery_id == "b2").unwrap();
+        assert_eq!(b2.outcome, Outcome::Cancelled);
+        assert_eq!(b2.reason.as_deref(), Some("cancelled before it started: cancel requested"));
+    });
 }
