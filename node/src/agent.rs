@@ -101,6 +101,7 @@ pub async fn run_agent<H: Hub>(
         superseded: std::sync::OnceLock::new(),
         kill_turns: CancellationToken::new(),
         session: std::sync::OnceLock::new(),
+        after_own_crash: std::sync::OnceLock::new(),
         running: std::sync::Mutex::new(HashMap::new()),
         starts_unconfirmed: std::sync::atomic::AtomicBool::new(false),
     });
@@ -182,6 +183,9 @@ async fn register_session<H: Hub>(sh: &Arc<Shared<H>>) -> anyhow::Result<bool> {
                     None => tracing::info!(session = r.session, "registered session {} with the hub", r.session),
                 }
                 let now_ms = sh.now_ms();
+                let previous = sh.store.call(|db| db.last_session()).await?;
+                let own_crash = previous.is_some_and(|p| p.ended.is_none() && r.took_over == Some(p.session));
+                let _ = sh.after_own_crash.set(own_crash);
                 sh.store.call(move |db| db.record_session(r.session, r.took_over, now_ms)).await?;
                 return Ok(true);
             }

@@ -676,6 +676,26 @@ mod tests {
         assert!(e.reason.as_deref().is_some_and(|r| r.starts_with(REASON_SHUTDOWN)), "{e:?}");
     }
 
+    /// A cancel of a running turn whose harness exits on SIGTERM: `cancelled`, with the exit
+    /// status it chose and no signal.
+    #[tokio::test]
+    async fn a_cancel_ends_the_turn_cancelled_with_what_the_process_returned() {
+        let s = spec("trap 'exit 3' TERM; while :; do sleep 0.05; done", Duration::from_secs(60), 100);
+        let spawned = spawn(&s, &turn("{}")).unwrap();
+        let cancel = CancelHandle::default();
+        let c = cancel.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            c.request("wrong prompt");
+        });
+        let e = tokio::time::timeout(EVENT_WAIT, spawned.run(&s, &turn("{}"), &CancellationToken::new(), &cancel))
+            .await
+            .expect("a cancelled turn ends");
+        assert_eq!((e.outcome, e.exit_code, e.signal), (Outcome::Cancelled, Some(3), None));
+        assert_eq!(e.reason.as_deref(), Some("cancelled: wrong prompt; its process group ended on SIGTERM"));
+        assert!(e.duration_ms.is_some());
+    }
+
     #[tokio::test]
     async fn a_background_process_holding_stdout_does_not_hang_the_turn() {
         let e = run("sleep 300 & echo done").await;

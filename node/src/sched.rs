@@ -48,6 +48,10 @@ pub fn pick(queued: &[QueuedTurn], running: &HashSet<String>, free: usize) -> Ve
 /// The reason a run is reported `unknown` with when the hub says another session of this
 /// instance already started it: it never runs here again.
 pub const REASON_STARTED_ELSEWHERE: &str = "started by an earlier session of this node instance";
+/// The reason a run is reported `unknown` with when the hub recorded its start for this data
+/// directory's previous process, which crashed before it wrote the local start marker.
+pub const REASON_STOPPED_AFTER_HUB_START: &str =
+    "the node stopped between the hub's start record and the harness start";
 
 /// Runs the scheduler until shutdown, then drains or kills the running turns.
 ///
@@ -137,8 +141,9 @@ pub(crate) async fn scheduler<H: Hub>(sh: Arc<Shared<H>>) -> anyhow::Result<()> 
 
 /// What the hub said about the turns a pass is about to start.
 enum Confirmed {
-    /// Start these (the hub recorded their start for this session).
-    Start(Vec<StartedTurn>),
+    /// Start these (the hub recorded their start for this session); true when the answer left
+    /// some turn out (ask again later).
+    Start(Vec<StartedTurn>, bool),
     /// The hub could not be asked now: try again after a pause.
     Later,
 }
@@ -156,7 +161,10 @@ async fn confirm_starts<H: Hub>(
     while turns.peek().is_some() {
         let chunk: Vec<StartedTurn> = turns.by_ref().take(per_request).collect();
         match confirm_chunk(sh, chunk).await? {
-            Confirmed::Start(confirmed) => start.extend(confirmed),
+            Confirmed::Start(confirmed, left_out) => {
+                start.extend(confirmed);
+                later |= left_out;
+            }
             Confirmed::Later => later = true,
         }
     }
@@ -168,7 +176,7 @@ async fn confirm_starts<H: Hub>(
 /// `not_found` (or anything else) → dropped locally, never run here.
 async fn confirm_chunk<H: Hub>(sh: &Shared<H>, turns: Vec<StartedTurn>) -> Result<Confirmed, StoreError> {
     if sh.starts_unconfirmed.load(Ordering::Relaxed) {
-        return Ok(Confirmed::Start(turns));
+        return Ok(Confirmed::Start(turns, false));
     }
     let items = turns
         .iter()
@@ -191,7 +199,7 @@ async fn confirm_chunk<H: Hub>(sh: &Shared<H>, turns: Vec<StartedTurn>) -> Resul
         Err(e) if e.route_unknown() => {
             tracing::warn!("the hub does not know hub-confirmed starts ({e}); starting turns on the local gate alone");
             sh.starts_unconfirmed.store(true, Ordering::Relaxed);
-            return Ok(Confirmed::Start(turns));
+            return Ok(Confirmed::Start(turns, false));
         }
         Err(e) => {
             tracing::warn!(turns = turns.len(), "asking the hub to start turns failed; trying again: {e}");
@@ -203,9 +211,11 @@ async fn confirm_chunk<H: Hub>(sh: &Shared<H>, turns: Vec<StartedTurn>) -> Resul
     }
     let mut answers: HashMap<String, StartResult> = results.into_iter().map(|r| (r.delivery_id.clone(), r)).collect();
     let mut start = Vec::new();
+    let mut left_out = false;
     for turn in turns {
         let Some(answer) = answers.remove(&turn.delivery_id) else {
             tracing::warn!(delivery_id = %turn.delivery_id, "the hub's start answer leaves this turn out; asking again later");
+            left_out = true;
             continue;
         };
         if answer.start {
@@ -214,7 +224,7 @@ async fn confirm_chunk<H: Hub>(sh: &Shared<H>, turns: Vec<StartedTurn>) -> Resul
         }
         settle_refused_start(sh, &turn, &answer).await?;
     }
-    Ok(Confirmed::Start(start))
+    Ok(Confirmed::Start(start, left_out))
 }
 
 /// A turn the hub refused to start: it never runs here.
@@ -238,7 +248,12 @@ async fn settle_refused_start<H: Hub>(
         }
         Some("started_elsewhere") => {
             tracing::error!(delivery_id = %id, attempt = run, "the hub says an earlier session of this instance started this turn; never running it here, reporting it unknown");
-            let ending = Ending::unstarted(Outcome::Unknown, REASON_STARTED_ELSEWHERE);
+            let why = if sh.after_own_crash.get() == Some(&true) {
+                REASON_STOPPED_AFTER_HUB_START
+            } else {
+                REASON_STARTED_ELSEWHERE
+            };
+            let ending = Ending::unstarted(Outcome::Unknown, why);
             sh.store.call(move |db| db.end_unstarted(&id, run, &ending, now_ms)).await?;
             sh.wake_outbox.notify_one();
         }
@@ -248,6 +263,8 @@ async fn settle_refused_start<H: Hub>(
             sh.store.call(move |db| db.drop_unstarted(&id, &why, now_ms)).await?;
         }
     }
+    // The conversation's next turn may start now, and the local queue shrank.
+    sh.wake_scheduler.notify_one();
     sh.wake_claimer.notify_one();
     Ok(())
 }

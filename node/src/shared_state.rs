@@ -47,6 +47,11 @@ pub(crate) struct Shared<H> {
     pub(crate) kill_turns: CancellationToken,
     /// The session registered with the hub (none against a hub that predates sessions).
     pub(crate) session: OnceLock<u64>,
+    /// True when this session took over the one this data directory's previous process
+    /// registered, and that process had not ended it (it crashed): a run the hub says an
+    /// earlier session started, with no start marker here, stopped between the hub's start
+    /// record and the harness start.
+    pub(crate) after_own_crash: OnceLock<bool>,
     /// The turns about to start or running, by delivery id: their run and their cancel. An
     /// entry is made before the start marker is written and removed after the end marker, so a
     /// cancel that finds the execution started finds its entry.

@@ -64,6 +64,8 @@ struct HubState {
     cancels: BTreeMap<String, (u32, String)>,
     /// A hub that predates sessions and starts: both routes answer 404.
     no_turn_control: bool,
+    /// Claim answers leave the cancels out (so only holdings carry them).
+    cancels_only_in_holdings: bool,
 }
 
 #[derive(Clone, Default)]
@@ -252,7 +254,7 @@ impl Hub for FakeHub {
             let cancels = s
                 .cancels
                 .iter()
-                .filter(|(id, _)| !s.outcomes.contains_key(*id))
+                .filter(|(id, _)| !s.outcomes.contains_key(*id) && !s.cancels_only_in_holdings)
                 .map(|(id, (run, reason))| CancelNotice {
                     delivery_id: id.clone(),
                     attempt: *run,
@@ -926,6 +928,8 @@ async fn a_newer_session_stops_the_node_with_exit_status_6() {
     drop(db);
     let text = crate::status::status(dir.path(), false).unwrap();
     assert!(text.contains("last session:     1 "), "{text}");
+    let json: serde_json::Value = serde_json::from_str(&crate::status::status(dir.path(), true).unwrap()).unwrap();
+    assert_eq!((json["session"]["session"].as_u64(), json["session"]["ended"].as_str()), (Some(1), Some("superseded")));
 }
 
 /// The hub refuses some starts: a cancelled one is reported `cancelled`, one another session
@@ -1121,5 +1125,74 @@ async fn a_hub_without_sessions_or_starts_is_worked_with_as_before() {
     hub.with(|s| {
         assert!(s.sent_sessions.is_empty());
         assert_eq!(s.calls.iter().filter(|c| *c == "starts").count(), 1, "asked once, then not again");
+    });
+}
+
+/// A head of a conversation whose start the hub refuses does not hold the conversation back:
+/// the next turn starts at once, without waiting for another event.
+#[tokio::test]
+async fn a_refused_start_lets_the_next_turn_of_its_conversation_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = FakeHub::default();
+    for seq in 0..3 {
+        held_delivered(&hub, dir.path(), &delivery(&format!("e{seq}"), "e", seq));
+    }
+    hub.with(|s| s.refuse_start.insert("e1".into(), "started_elsewhere".into()));
+    let node = start(config(dir.path(), &noting(dir.path(), 0)), &hub);
+    wait_until("e0 runs", || lines(&dir.path().join("ran")).len() == 1).await;
+    // e1 is refused only once e0 ended, after every start-up wake-up has been used.
+    std::fs::write(dir.path().join("go"), "").unwrap();
+    wait_until("all reported", || hub.with(|s| s.outcomes.len() == 3)).await;
+    node.stop().await;
+    assert_eq!(lines(&dir.path().join("ran")), ["e0 1 -", "e2 1 -"]);
+}
+
+/// The previous process of this data directory crashed after the hub recorded a turn's start
+/// and before the local start marker: the restarted node (a new session taking over that one)
+/// reports the turn `unknown` and never runs it.
+#[tokio::test]
+async fn a_crash_between_the_hubs_start_record_and_the_marker_is_reported_unknown() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = FakeHub::default();
+    held_delivered(&hub, dir.path(), &delivery("h1", "h", 1));
+    open_db(dir.path()).record_session(1, None, 5).unwrap();
+    hub.with(|s| {
+        s.newest_session = 1;
+        s.started.insert("h1".into(), 1);
+    });
+    let node = start(config(dir.path(), &recording(dir.path())), &hub);
+    wait_until("h1 reported", || hub.with(|s| !s.reports.is_empty())).await;
+    node.stop().await;
+    assert!(lines(&dir.path().join("ran")).is_empty(), "never run");
+    hub.with(|s| {
+        assert_eq!(s.reports[0].outcome, Outcome::Unknown);
+        assert_eq!(s.reports[0].reason.as_deref(), Some(crate::sched::REASON_STOPPED_AFTER_HUB_START));
+    });
+    let last = open_db(dir.path()).last_session().unwrap().unwrap();
+    assert_eq!((last.session, last.took_over), (2, Some(1)));
+}
+
+/// A cancel the node learns from holdings (at its start-up resync) for a turn it holds and has
+/// not started: it never starts, and is reported `cancelled`.
+#[tokio::test]
+async fn a_cancel_in_the_holdings_reaches_a_turn_not_started() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = FakeHub::default();
+    held_delivered(&hub, dir.path(), &delivery("b1", "b", 1));
+    held_delivered(&hub, dir.path(), &delivery("b2", "b", 2));
+    hub.with(|s| {
+        s.cancels_only_in_holdings = true;
+        s.cancels.insert("b2".into(), (1, "the operator's reason".into()));
+    });
+    let node = start(config(dir.path(), &noting(dir.path(), 0)), &hub);
+    wait_until("b2 reported", || hub.with(|s| s.outcomes.contains_key("b2"))).await;
+    std::fs::write(dir.path().join("go"), "").unwrap();
+    wait_until("b1 reported", || hub.with(|s| s.outcomes.contains_key("b1"))).await;
+    node.stop().await;
+    assert_eq!(lines(&dir.path().join("ran")), ["b1 1 -"], "b2 never ran");
+    hub.with(|s| {
+        let b2 = s.reports.iter().find(|r| r.delivery_id == "b2").unwrap();
+        assert_eq!(b2.outcome, Outcome::Cancelled);
+        assert_eq!(b2.reason.as_deref(), Some("cancelled before it started: cancel requested"));
     });
 }
