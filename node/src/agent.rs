@@ -542,6 +542,11 @@ async fn resync<H: Hub>(sh: &Arc<Shared<H>>) -> Result<(), Stop> {
         _ = sh.shutdown.cancelled() => return Err(Stop::Shutdown),
     };
     tracing::info!(count = holdings.len(), "holdings resync");
+    // Resumed in each conversation's `seq` order, whatever order the hub lists them in (its
+    // queue order, which follows fan-out, not `seq`): a later turn acked before an earlier one
+    // is mirrored would be free to start first, breaking the conversation's order.
+    let mut holdings = holdings;
+    holdings.sort_by(|a, b| (&a.conversation, a.seq).cmp(&(&b.conversation, b.seq)));
     let half = holdings.len() / 2;
     for (i, h) in holdings.iter().enumerate() {
         if i == half {

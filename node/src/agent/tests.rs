@@ -1196,3 +1196,24 @@ async fn a_cancel_in_the_holdings_reaches_a_turn_not_started() {
         assert_eq!(b2.reason.as_deref(), Some("cancelled before it started: cancel requested"));
     });
 }
+
+/// Holdings listed out of `seq` order (the hub lists them in its queue order, which follows
+/// fan-out): the node mirrors, acks and runs them in each conversation's `seq` order.
+#[tokio::test]
+async fn holdings_out_of_seq_order_are_resumed_and_run_in_seq_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = FakeHub::default();
+    // Listed "a2" (seq 2) before "z1" (seq 1): the fake hub lists by id.
+    hub.with(|s| {
+        s.held.insert("a2".into(), (delivery("a2", "c", 2), DeliveryState::Claimed));
+        s.held.insert("z1".into(), (delivery("z1", "c", 1), DeliveryState::Claimed));
+    });
+    let node = start(config(dir.path(), &recording(dir.path())), &hub);
+    wait_until("both reported", || hub.with(|s| s.outcomes.len() == 2)).await;
+    node.stop().await;
+    assert_eq!(lines(&dir.path().join("ran")), ["z1", "a2"], "run in seq order");
+    hub.with(|s| {
+        let pos = |c: &str| s.calls.iter().position(|x| x == c).unwrap_or_else(|| panic!("{c}: {:?}", s.calls));
+        assert!(pos("ack z1") < pos("mirrored a2"), "seq 1 handed off first: {:?}", s.calls);
+    });
+}
