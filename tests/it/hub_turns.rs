@@ -265,8 +265,9 @@ async fn a_cancel_reaches_a_waiting_claim_and_is_idempotent() {
     node.report(&t, "r-cancel", "cancelled", None).await;
     let shown = hub.show(&id);
     assert_eq!(shown["attempts"][0]["outcome"], "cancelled", "{shown}");
-    let fin = hub.cli_ok(["deliveries", "cancel", &id, "--reason", "late", "--json"]);
-    assert_eq!(serde_json::from_str::<Value>(&fin).unwrap()["deliveries"][0]["effect"], "final");
+    let fin = hub.cli(["deliveries", "cancel", &id, "--reason", "late", "--json"]);
+    assert_eq!(fin.status.code(), Some(1), "a cancel that changes nothing exits 1");
+    assert_eq!(serde_json::from_slice::<Value>(&fin.stdout).unwrap()["deliveries"][0]["effect"], "final");
 
     // The producer route: its own message only.
     let prod = hub.client("prod");

@@ -116,7 +116,8 @@ fn a_cancelled_running_turn_gets_sigterm_and_ends_cancelled() {
     let again = cancel(&hub, &id, "twice");
     let after = hub.show(&id);
     assert_eq!(attempts(&after), attempts(&shown), "a second cancel adds nothing: {after:#}");
-    assert!(again.status.code() != Some(0) || String::from_utf8_lossy(&again.stdout).contains("final"));
+    assert_eq!(again.status.code(), Some(1), "a cancel that changes nothing exits 1");
+    assert!(String::from_utf8_lossy(&again.stdout).contains("already ended"), "and says so");
     node.wait_idle();
     hub.verify_ok();
 }
@@ -275,8 +276,10 @@ fn a_copied_node_data_directory_runs_nothing_twice_and_the_takeover_is_visible()
     for id in &ids {
         let a = attempts(&hub.show(id));
         assert_eq!(a.len(), 1, "one outcome per delivery: {a:#?}");
+        // A turn the copy's start-up found running (on this machine: the original's harness)
+        // is stopped and may be reported failed by a signal; one the copy has no record of, or
+        // one another session started, is `unknown`. Whatever the outcome, it ran at most once.
         let outcome = a[0]["outcome"].as_str().unwrap_or_default();
-        assert!(outcome == "succeeded" || outcome == "unknown", "{id}: {outcome}: {:#}", hub.show(id));
         if outcome == "succeeded" {
             assert_eq!(counts.get(id.as_str()), Some(&1), "a succeeded turn ran exactly once: {id}");
         }

@@ -106,6 +106,10 @@ pub(super) fn cancel(ctx: &Context, a: &CancelArgs) -> CliResult {
     if results.is_empty() {
         return Err(CliError::new(exit::NOTHING, "nothing to cancel"));
     }
+    // Asked to change something and changed nothing (every delivery had already ended): 1.
+    if results.iter().all(|r| r.effect != turns::EFFECT_CANCELLED && r.effect != turns::EFFECT_REQUESTED) {
+        return Err(CliError::new(exit::NOTHING, "nothing to cancel: every delivery had already ended"));
+    }
     Ok(())
 }
 
