@@ -319,8 +319,10 @@ async fn a_retry_waits_for_its_time_and_survives_a_hub_kill() {
     hub.serve(None);
     node.open_session().await;
     // A waiting claim is answered when the retry is due, not at the end of its wait.
+    let began = Instant::now();
     let got = Turn::list(node.claim(25_000).await.ok());
     assert!(now_ms() >= retry_at, "handed out before its not-before time");
+    assert!(began.elapsed() < Duration::from_secs(20), "the waiting claim woke for the retry");
     assert_eq!(got.iter().map(|t| (t.id.as_str(), t.attempt)).collect::<Vec<_>>(), [(id.as_str(), 2)]);
     node.deliver(&got[0]).await;
     let r = node.report(&got[0], "r2", "succeeded", Some(0)).await;
