@@ -192,6 +192,29 @@ async fn an_older_session_is_refused_on_every_node_route() {
     node.with_session(None).holdings().await.ok();
     node.report(&t, "r-new", "succeeded", Some(0)).await;
     assert_eq!(hub.show(&id)["attempts"].as_array().unwrap().len(), 1);
+    // A session number that is not a number is refused.
+    let garbage = node.http.get(format!("{}/v1/holdings?instance_id=inst-1", node.base)).header("baton-session", "two");
+    node.with_session(None).send(garbage).await.err(400, "invalid_field");
+    // Accepted requests are recorded as the session's last contact (written every few seconds).
+    let db = hub.data_dir().join("hub.db");
+    let contact = || -> Option<(i64, i64)> {
+        let c = rusqlite::Connection::open_with_flags(&db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).ok()?;
+        c.query_row(
+            "SELECT started_at, last_contact_at FROM node_sessions WHERE host = 'host-a' AND session = 2",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .ok()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        node.holdings().await.ok();
+        if contact().is_some_and(|(started, last)| last > started) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "last_contact_at never moved: {:?}", contact());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     // A clean end, then a new session: no takeover.
     node.post("/v1/sessions/end", json!({"instance_id": "inst-1", "session": 2})).await.ok();
     node.post("/v1/sessions/end", json!({"instance_id": "inst-1", "session": 2})).await.ok();
@@ -320,8 +343,10 @@ async fn a_retry_waits_for_its_time_and_survives_a_hub_kill() {
     hub.serve(None);
     node.open_session().await;
     // A waiting claim is answered when the retry is due, not at the end of its wait.
+    let began = Instant::now();
     let got = Turn::list(node.claim(25_000).await.ok());
     assert!(now_ms() >= retry_at, "handed out before its not-before time");
+    assert!(began.elapsed() < Duration::from_secs(20), "the waiting claim woke for the retry");
     assert_eq!(got.iter().map(|t| (t.id.as_str(), t.attempt)).collect::<Vec<_>>(), [(id.as_str(), 2)]);
     node.deliver(&got[0]).await;
     let r = node.report(&got[0], "r2", "succeeded", Some(0)).await;

@@ -511,6 +511,35 @@ mod error_tests {
     }
 }
 
+#[cfg(test)]
+mod turn_state_tests {
+    use super::*;
+    use baton_shared::wire::CancelNotice;
+
+    fn notice(id: &str) -> CancelNotice {
+        CancelNotice { delivery_id: id.into(), attempt: 1, reason: "r".into() }
+    }
+
+    /// A waiting claim returns early only for a notice its instance was not answered with yet;
+    /// a notice that stops being pending is forgotten.
+    #[test]
+    fn only_a_new_cancel_notice_is_fresh() {
+        let t = TurnState::default();
+        assert!(!t.announce("i", &[]));
+        assert!(t.announce("i", &[notice("a")]));
+        assert!(!t.announce("i", &[notice("a")]), "already answered with it");
+        assert!(t.announce("j", &[notice("a")]), "per instance");
+        assert!(t.announce("i", &[notice("a"), notice("b")]));
+        assert!(!t.announce("i", &[notice("b")]));
+        assert!(t.announce("i", &[notice("a")]), "a gone and back again is new");
+        t.contact("host", Some(1), 5);
+        t.contact("host", Some(1), 3);
+        t.contact("host", None, 9);
+        assert_eq!(t.take_contacts(), vec![("host".to_string(), 1, 5)]);
+        assert!(t.take_contacts().is_empty());
+    }
+}
+
 /// Every route of the API as (method, path). `docs/openapi.json` describes exactly these; a
 /// test holds the two together and checks that the router serves each one.
 pub const ROUTES: &[(&str, &str)] = &[

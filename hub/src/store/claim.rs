@@ -3,10 +3,13 @@
 //!
 //! Invariant (order): for each (host, conversation), a claim hands out a delivery with `seq` s
 //! only when no earlier message of the conversation routed to that host still has a pending
-//! fan-out obligation, and none has a delivery that is queued or held. It is checked inside the
-//! claim transaction for every candidate, after the earlier candidates of the same claim were
-//! handed out, so one batch may carry several turns of a conversation, in order; a conversation
-//! found waiting is skipped for the rest of the claim. A pause or hold of the conversation
+//! fan-out obligation, none has a delivery that is queued (a retry waiting for its `not_before`
+//! included) or held, and none of a message with `max_attempts > 1` is claimed, mirrored or
+//! delivered without an outcome of its current run (the retry barrier). A redrive is handed out
+//! whatever came before it and holds nothing back: the one run allowed out of order. It is
+//! checked inside the claim transaction for every candidate, after the earlier candidates of the
+//! same claim were handed out, so one batch may carry several turns of a conversation, in
+//! order; a conversation found waiting is skipped for the rest of the claim. A pause or hold of the conversation
 //! therefore keeps everything after it back too, and releasing a later held delivery does not
 //! let it pass an earlier one.
 //!

@@ -69,4 +69,38 @@ mod tests {
         let seq: i64 = db.conn.query_row("SELECT seq FROM messages WHERE id = ?1", [&next], |r| r.get(0)).unwrap();
         assert_eq!(seq, 3);
     }
+
+    /// A delivered delivery re-run by an operator keeps its message while the new run has no
+    /// outcome, although the first run's attempt is there.
+    #[test]
+    fn a_rerun_waiting_for_its_outcome_is_kept() {
+        let db = testing::db();
+        let c = &db.conn;
+        let m = accept_one(c, "c", "k1", &["host-a"]);
+        let run = |now: i64| {
+            let d = crate::store::claim::claim(c, "host-a", "i", 1, now).unwrap().remove(0);
+            let h = crate::store::transition::Holder { instance_id: "i", claim_token: &d.claim_token };
+            crate::store::claim::mirrored(c, "host-a", &d.delivery_id, h, now).unwrap();
+            crate::store::claim::ack(c, "host-a", &d.delivery_id, h, now).unwrap();
+            d
+        };
+        let d = run(2);
+        let h = crate::store::transition::Holder { instance_id: "i", claim_token: &d.claim_token };
+        let r = crate::store::report::NewReport {
+            delivery_id: &d.delivery_id,
+            holder: h,
+            report_id: "r1",
+            outcome: baton_shared::states::Outcome::Failed,
+            exit_code: Some(1),
+            duration_ms: None,
+            result: None,
+            reason: None,
+        };
+        crate::store::report::report(c, "host-a", &r, 3).unwrap();
+        crate::store::turns::retry(c, &d.delivery_id, "op", "again", 4).unwrap();
+        run(5);
+        assert_eq!(sweep(c, 100, 100).unwrap(), 0, "run 2 has no outcome yet");
+        let kept: i64 = c.query_row("SELECT count(*) FROM messages WHERE id = ?1", [&m], |r| r.get(0)).unwrap();
+        assert_eq!(kept, 1);
+    }
 }
