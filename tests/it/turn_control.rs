@@ -166,6 +166,7 @@ fn a_delivered_turn_cancelled_before_it_starts_never_starts() {
     let shown = wait_attempts(&hub, &second, 1);
     assert_eq!(attempts(&shown)[0]["outcome"], "cancelled", "{shown:#}");
     fs::write(&go, "").expect("release the first turn");
+    hub.wait_outcome(&first);
     hub.assert_one_attempt(&first, "succeeded");
     node.wait_idle();
     assert!(runs.of(&second).is_empty(), "the cancelled turn never started: {:?}", runs.all());
