@@ -34,7 +34,7 @@ pub struct SoakConfig {
     pub seed: u64,
     /// Longest SIGSTOP, in milliseconds.
     pub pause_ms_max: u64,
-    /// Exercise turn control (needs a hub and node that implement it; off by default): some
+    /// Exercise turn control (`baton-soak --turn-control`; the test suite runs both modes): some
     /// messages allow `TURN_CONTROL_MAX_ATTEMPTS` runs and their harness exits 75 on run 1, some
     /// turns run slowly, and the nemesis cancels deliveries with `baton-hub deliveries cancel`,
     /// running ones included.
