@@ -28,7 +28,7 @@ use baton_shared::states::DeliveryState;
 use baton_shared::wire::{CancelNotice, ClaimedDelivery};
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
@@ -104,6 +104,7 @@ pub async fn run_agent<H: Hub>(
         after_own_crash: std::sync::OnceLock::new(),
         running: std::sync::Mutex::new(HashMap::new()),
         starts_unconfirmed: std::sync::atomic::AtomicBool::new(false),
+        acked_here: Mutex::new(HashSet::new()),
     });
     let token = sh.shutdown.clone();
     let signal = tokio::spawn(async move {
@@ -486,6 +487,7 @@ async fn handoff<H: Hub>(sh: &Shared<H>, d: &ClaimedDelivery, hub_state: Deliver
     if sh.store.call(move |db| db.mark_acked(&i, &t, now_ms)).await? {
         tracing::debug!(delivery_id = id, "acked: the execution gate is open");
     }
+    sh.acked_here.lock().unwrap_or_else(|p| p.into_inner()).insert((id.to_string(), d.attempt));
     sh.wake_scheduler.notify_one();
     Ok(())
 }

@@ -201,6 +201,25 @@ async fn confirm_chunk<H: Hub>(sh: &Shared<H>, turns: Vec<StartedTurn>) -> Resul
             sh.starts_unconfirmed.store(true, Ordering::Relaxed);
             return Ok(Confirmed::Start(turns, false));
         }
+        Err(e) if e.is_transient() => {
+            // The hub cannot be reached (or is failing): start what this process's own ack
+            // made ours; the rest waits for the hub.
+            let (offline, wait): (Vec<StartedTurn>, Vec<StartedTurn>) = {
+                let acked = sh.acked_here.lock().unwrap_or_else(|p| p.into_inner());
+                turns.into_iter().partition(|t| acked.contains(&(t.delivery_id.clone(), t.run)))
+            };
+            if !offline.is_empty() {
+                tracing::warn!(
+                    turns = offline.len(),
+                    "the hub cannot record starts now ({e}); starting the turns this process's ack made ours on the local gate"
+                );
+            }
+            if !wait.is_empty() {
+                tracing::warn!(turns = wait.len(), "asking the hub to start turns failed; trying again: {e}");
+            }
+            let left = !wait.is_empty();
+            return Ok(Confirmed::Start(offline, left));
+        }
         Err(e) => {
             tracing::warn!(turns = turns.len(), "asking the hub to start turns failed; trying again: {e}");
             return Ok(Confirmed::Later);
@@ -284,6 +303,7 @@ enum Start {
 /// (nothing was written, and a spawned process is let go without running anything): a local
 /// cancel got there first, for one. Its cancel handle is registered before the marker.
 async fn start<H: Hub>(sh: &Shared<H>, turn: &StartedTurn) -> Result<Option<Start>, StoreError> {
+    sh.acked_here.lock().unwrap_or_else(|p| p.into_inner()).remove(&(turn.delivery_id.clone(), turn.run));
     sh.running
         .lock()
         .unwrap_or_else(|p| p.into_inner())

@@ -7,7 +7,7 @@ use crate::config::NodeConfig;
 use crate::exec::{CancelHandle, Gate};
 use crate::store::Store;
 use baton_shared::clock::SharedClock;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
@@ -59,6 +59,12 @@ pub(crate) struct Shared<H> {
     /// The hub does not know `POST /v1/starts` (it predates it): turns start on the local gate
     /// alone, as before. Set at the first such answer (and logged once).
     pub(crate) starts_unconfirmed: AtomicBool,
+    /// The runs (delivery id, run) whose ack the hub confirmed to this process and that have
+    /// not started yet. While the hub cannot be reached, these — and only these — may start on
+    /// the local gate without the hub's start record (SPEC §4: a node keeps running what it
+    /// holds while the hub is down): this session's own ack is the hub's word that they are
+    /// ours. A run acked by an earlier process of this data directory waits for the hub.
+    pub(crate) acked_here: Mutex<HashSet<(String, u32)>>,
 }
 
 impl<H> Shared<H> {

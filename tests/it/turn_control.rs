@@ -97,8 +97,7 @@ fn cancel(hub: &Hub, id: &str, reason: &str) -> std::process::Output {
 fn a_cancelled_running_turn_gets_sigterm_and_ends_cancelled() {
     let hub = Hub::with_nodes(&["host-a"]);
     let signals = hub.scratch("turn").join("signals");
-    let node =
-        hub.node_process("host-a").then(&long_turn(&signals, "exit 143")).set("cancel_grace", "\"30s\"").start();
+    let node = hub.node_process("host-a").then(&long_turn(&signals, "exit 143")).set("cancel_grace", "\"30s\"").start();
     let id = hub.send_one("conv", "k1", "host-a");
     let pgid = wait_started(&signals);
 
@@ -156,9 +155,7 @@ fn a_delivered_turn_cancelled_before_it_starts_never_starts() {
     let first = hub.send_one("conv", "k1", "host-a");
     let second = hub.send_one("conv", "k2", "host-a");
     wait_for("the first turn to run", NODE_WAIT, || (!runs.of(&first).is_empty()).then_some(()));
-    wait_for("the second to be delivered to the node", NODE_WAIT, || {
-        (hub.state(&second) == "delivered").then_some(())
-    });
+    wait_for("the second to be delivered to the node", NODE_WAIT, || (hub.state(&second) == "delivered").then_some(()));
 
     assert!(cancel(&hub, &second, "not needed any more").status.success());
     // The node learns of the cancel while the first turn still runs: the attempt is reported

@@ -672,6 +672,34 @@ async fn during_an_outage_reports_wait_and_starts_wait_for_the_hub() {
     assert!(matches!(local.report, Some((_, crate::store::ReportState::Confirmed))), "{local:?}");
 }
 
+/// SPEC §4: the node keeps running what it holds while the hub is down. A turn whose ack the
+/// hub confirmed to this very process starts on the local gate when the hub cannot record its
+/// start (unlike a turn acked by an earlier process, above, which waits for the hub).
+#[tokio::test]
+async fn during_an_outage_a_turn_acked_by_this_process_still_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let go = dir.path().join("go");
+    let script = format!(
+        "echo $BATON_DELIVERY_ID >> {}; while [ ! -f {} ]; do sleep 0.05; done",
+        dir.path().join("ran").display(),
+        go.display()
+    );
+    let hub = FakeHub::default();
+    hub.with(|s| {
+        s.queue.push_back(delivery("o1", "o", 1));
+        s.queue.push_back(delivery("p1", "o", 2));
+    });
+    let node = start(config(dir.path(), &script), &hub);
+    wait_until("o1 runs", || lines(&dir.path().join("ran")) == ["o1"]).await;
+    wait_until("p1 acked", || hub.with(|s| s.calls.iter().any(|c| c == "ack p1"))).await;
+    hub.with(|s| s.down = true);
+    std::fs::write(&go, "").unwrap();
+    wait_until("p1 runs while the hub is down", || lines(&dir.path().join("ran")) == ["o1", "p1"]).await;
+    hub.with(|s| s.down = false);
+    wait_until("both reported", || hub.with(|s| s.outcomes.len() == 2)).await;
+    node.stop().await;
+}
+
 #[tokio::test]
 async fn a_refused_report_is_marked_dead_not_retried_forever() {
     let dir = tempfile::tempdir().unwrap();
