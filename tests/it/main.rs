@@ -20,6 +20,7 @@
 //! - `conversation_fairness`: a deep backlog in one conversation does not starve another.
 //! - `conversations_cli`: the operator's membership and publish-scope commands, and posts
 //!   without `to` running on exactly the members.
+//! - `ops_output`: stored text shown escaped, `--json` exact, no migration noise.
 //! - `node_*`, `power_loss`: the node agent and durability under power loss (see each module);
 //!   `node_turns`: orphaned harnesses, SIGTERM before SIGKILL, revocation, renewal, store size.
 
@@ -47,4 +48,5 @@ mod node_flow;
 mod node_harness;
 mod node_outage;
 mod node_turns;
+mod ops_output;
 mod power_loss;

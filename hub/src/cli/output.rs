@@ -10,8 +10,53 @@ use crate::store::members::{ConversationMembers, IntervalRow};
 use crate::store::producers::ProducerRow;
 use crate::store::read::{DeliveryDetail, DeliveryRow, StatusView};
 use crate::store::verify::Problem;
+use baton_shared::duration::human_ms;
 use serde_json::{Value, json};
+use std::borrow::Cow;
 use std::io::Write;
+
+/// Whether a character must not reach a terminal raw: C0 and C1 controls (ESC, CSI, OSC and
+/// the rest), DEL, and the bidirectional overrides and isolates that reorder what is shown.
+fn unsafe_char(c: char) -> bool {
+    c.is_control() || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+fn push_escaped(out: &mut String, c: char) {
+    match c {
+        '\n' => out.push_str("\\n"),
+        '\r' => out.push_str("\\r"),
+        '\t' => out.push_str("\\t"),
+        c if (c as u32) < 0x100 => out.push_str(&format!("\\x{:02x}", c as u32)),
+        c => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+    }
+}
+
+/// Stored text (a reason, a result, a name derived from a payload or sent by a node) made safe
+/// for a terminal: every control character, escape sequence introducer (so CSI and OSC 52
+/// sequences), DEL and bidirectional override is shown escaped (`\x1b`, `\n`, `\u{202e}`),
+/// so nothing stored can move the cursor, fake a table row, clear the screen or write the
+/// clipboard. The one function every human-readable output of stored text goes through;
+/// `--json` output is never escaped (serde writes it exactly).
+pub(super) fn esc(s: &str) -> Cow<'_, str> {
+    if !s.chars().any(unsafe_char) {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if unsafe_char(c) { push_escaped(&mut out, c) } else { out.push(c) }
+    }
+    Cow::Owned(out)
+}
+
+/// `esc` for a block printed over several lines (a harness result): line breaks stay line
+/// breaks, each line after the first is indented by `indent`, everything else is escaped.
+fn esc_block(s: &str, indent: &str) -> String {
+    s.trim_end()
+        .split('\n')
+        .map(|l| esc(l.strip_suffix('\r').unwrap_or(l)).into_owned())
+        .collect::<Vec<_>>()
+        .join(&format!("\n{indent}"))
+}
 
 fn out() -> std::io::StdoutLock<'static> {
     std::io::stdout().lock()
@@ -29,8 +74,11 @@ pub(super) fn json(v: &Value) -> CliResult {
     line(text)
 }
 
-/// Prints rows as an aligned table with a header.
+/// Prints rows as an aligned table with a header. Every cell goes through `esc`, so a stored
+/// text can neither break a row nor reach the terminal raw.
 fn table(header: &[&str], rows: &[Vec<String>]) -> CliResult {
+    let rows: Vec<Vec<String>> = rows.iter().map(|r| r.iter().map(|c| esc(c).into_owned()).collect()).collect();
+    let rows = rows.as_slice();
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
@@ -255,16 +303,16 @@ pub(super) fn detail(d: &DeliveryDetail, as_json: bool) -> CliResult {
     }
     let r = &d.delivery;
     let mut o = out();
-    writeln!(o, "delivery      {}", r.delivery_id)?;
-    writeln!(o, "message       {}", r.message_id)?;
-    writeln!(o, "host          {}", r.host)?;
-    writeln!(o, "conversation  {} (seq {})", r.conversation, r.seq)?;
+    writeln!(o, "delivery      {}", esc(&r.delivery_id))?;
+    writeln!(o, "message       {}", esc(&r.message_id))?;
+    writeln!(o, "host          {}", esc(&r.host))?;
+    writeln!(o, "conversation  {} (seq {})", esc(&r.conversation), r.seq)?;
     writeln!(o, "state         {}", r.state)?;
     if let Some(i) = &r.instance_id {
-        writeln!(o, "instance      {i}")?;
+        writeln!(o, "instance      {}", esc(i))?;
     }
     if let Some(reason) = &r.reason {
-        writeln!(o, "reason        {reason}")?;
+        writeln!(o, "reason        {}", esc(reason))?;
     }
     writeln!(o, "events:")?;
     for e in &d.events {
@@ -275,23 +323,23 @@ pub(super) fn detail(d: &DeliveryDetail, as_json: bool) -> CliResult {
             e.from_state.map(|s| s.to_string()).unwrap_or_else(|| "(new)".into()),
             e.to_state,
             e.actor_kind.as_str(),
-            e.actor,
-            e.reason.as_ref().map(|r| format!(": {r}")).unwrap_or_default()
+            esc(&e.actor),
+            e.reason.as_ref().map(|r| format!(": {}", esc(r))).unwrap_or_default()
         )?;
     }
     writeln!(o, "attempts:")?;
     for a in &d.attempts {
         writeln!(
             o,
-            "  {}  {}  exit {}  {} ms{}",
+            "  {}  {}  exit {}  {}{}",
             fmt_ms(a.reported_at_ms),
             a.outcome,
             a.exit_code.map(|c| c.to_string()).unwrap_or_else(|| "-".into()),
-            a.duration_ms.map(|c| c.to_string()).unwrap_or_else(|| "-".into()),
-            a.reason.as_ref().map(|r| format!("  ({r})")).unwrap_or_default()
+            a.duration_ms.map(|ms| human_ms(i64::try_from(ms).unwrap_or(i64::MAX))).unwrap_or_else(|| "-".into()),
+            a.reason.as_ref().map(|r| format!("  ({})", esc(r))).unwrap_or_default()
         )?;
         if let Some(r) = &a.result {
-            writeln!(o, "    result: {}", r.trim_end())?;
+            writeln!(o, "    result: {}", esc_block(r, "            "))?;
         }
     }
     Ok(())
@@ -345,7 +393,7 @@ pub(super) fn problems(problems: &[Problem], as_json: bool) -> CliResult {
         return line("ok: no invariant violated");
     }
     for p in problems {
-        line(p)?;
+        line(esc(&p.to_string()))?;
     }
     Ok(())
 }
@@ -353,6 +401,24 @@ pub(super) fn problems(problems: &[Problem], as_json: bool) -> CliResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One case: what `esc` shows for `raw`.
+    fn check(raw: &str, shown: &str) {
+        assert_eq!(esc(raw), shown, "{raw:?}");
+        assert!(!esc(raw).chars().any(unsafe_char), "{raw:?}");
+    }
+
+    #[test]
+    fn stored_text_reaches_the_terminal_escaped() {
+        check("plain text, ünïcode ok", "plain text, ünïcode ok");
+        check("\x1b[2J\x1b[H", "\\x1b[2J\\x1b[H");
+        check("\x1b]52;c;aGVsbG8=\x07", "\\x1b]52;c;aGVsbG8=\\x07");
+        check("row\nfake  row\r\t", "row\\nfake  row\\r\\t");
+        check("\u{9b}31m \u{7f}", "\\x9b31m \\x7f");
+        check("abc\u{202e}fed", "abc\\u{202e}fed");
+        assert!(matches!(esc("clean"), Cow::Borrowed(_)));
+        assert_eq!(esc_block("line 1\r\nline \x1b2\n\n", "  "), "line 1\n  line \\x1b2");
+    }
 
     #[test]
     fn timestamps_show_as_utc_and_out_of_range_as_numbers() {
