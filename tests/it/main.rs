@@ -20,6 +20,8 @@
 //! - `conversation_fairness`: a deep backlog in one conversation does not starve another.
 //! - `conversations_cli`: the operator's membership and publish-scope commands, and posts
 //!   without `to` running on exactly the members.
+//! - `ops_fleet`: `hosts list|show` and what `status` flags (silent hosts, expiring
+//!   certificates, a stopped hub) with its exit status.
 //! - `ops_output`: stored text shown escaped, `--json` exact, no migration noise.
 //! - `node_*`, `power_loss`: the node agent and durability under power loss (see each module);
 //!   `node_turns`: orphaned harnesses, SIGTERM before SIGKILL, revocation, renewal, store size.
@@ -48,5 +50,6 @@ mod node_flow;
 mod node_harness;
 mod node_outage;
 mod node_turns;
+mod ops_fleet;
 mod ops_output;
 mod power_loss;

@@ -74,7 +74,7 @@ pub enum Command {
     },
     /// Requeue what a node instance that is gone for good holds.
     Requeue {
-        /// The instance id (see `deliveries list`).
+        /// The instance id (see `hosts list`).
         #[arg(long)]
         instance: String,
         /// Why (recorded).
@@ -120,7 +120,9 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Overview of the record.
+    /// Overview of the record, and what needs attention: the hub not running, hosts silent
+    /// longer than `host_silence_warn`, certificates expiring within 30 days. Exits 0 when the
+    /// hub runs and nothing needs attention, 1 otherwise (like `systemctl is-active`).
     Status {
         /// Print JSON.
         #[arg(long)]
@@ -141,6 +143,31 @@ pub enum Command {
     /// Validate a configuration file and exit.
     #[command(subcommand)]
     Config(ConfigCmd),
+
+    // The operator's view of the fleet, its identities and its history.
+    /// The fleet: every host with its instance, node session, last contact and holdings.
+    #[command(subcommand)]
+    Hosts(HostsCmd),
+}
+
+/// `hosts` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum HostsCmd {
+    /// Every host: state, bound instance, node session and version, last contact, holdings.
+    List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One host: the list's facts, its certificates (serial, not-after, revoked) and its
+    /// recent events. Exit 1 when it was never enrolled.
+    Show {
+        /// The host.
+        host: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// `enroll` subcommands.
@@ -433,6 +460,8 @@ mod tests {
             vec!["baton-hub", "status", "--json"],
             vec!["baton-hub", "backup", "--out", "f"],
             vec!["baton-hub", "verify"],
+            vec!["baton-hub", "hosts", "list", "--json"],
+            vec!["baton-hub", "hosts", "show", "host-a", "--json"],
         ] {
             assert!(Cli::try_parse_from(&args).is_ok(), "{args:?}");
         }

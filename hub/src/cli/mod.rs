@@ -10,6 +10,7 @@
 //! - `deliveries`: `deliveries`, `held`, `retire`, `requeue`.
 //! - `send`: submitting a message by hand.
 //! - `inspect`: `status`, `backup`, `verify`, `config check`.
+//! - `hosts`: `hosts list|show`, the fleet.
 //! - `serve`: running the hub.
 //!
 //! Read-only commands open a read-only connection without a whole-file check, so their cost
@@ -21,6 +22,7 @@ mod args;
 mod conversations;
 mod deliveries;
 mod fence;
+mod hosts;
 mod identity;
 mod inspect;
 mod output;
@@ -228,6 +230,7 @@ pub fn run(cli: &Cli) -> CliResult {
         Command::Backup { out } => inspect::backup(&ctx, out),
         Command::Verify { json } => inspect::verify(&ctx, *json),
         Command::Config(ConfigCmd::Check { config }) => inspect::config_check(&ctx, config.as_deref()),
+        Command::Hosts(h) => hosts::run(&ctx, h),
     }
 }
 

@@ -3,9 +3,11 @@
 //! and the tests read them); store rows do not derive `Serialize`, so each shape is built here,
 //! explicitly.
 
+use super::inspect::Attention;
 use super::{CliError, CliResult};
 use crate::lock::Holder;
 use crate::store::fences::FenceRow;
+use crate::store::fleet::{CertRow, HostDetail, HostEvent, HostRow, SessionRow};
 use crate::store::members::{ConversationMembers, IntervalRow};
 use crate::store::producers::ProducerRow;
 use crate::store::read::{DeliveryDetail, DeliveryRow, StatusView};
@@ -345,10 +347,182 @@ pub(super) fn detail(d: &DeliveryDetail, as_json: bool) -> CliResult {
     Ok(())
 }
 
-/// `status`: the record's counts and whether a hub serves this data directory.
-pub(super) fn status(s: &StatusView, hub: Option<&Holder>, as_json: bool) -> CliResult {
+/// "2026-01-02 03:04:05 (1m 0.003s ago)": a past moment and how long ago it was.
+fn fmt_ago(at_ms: i64, now_ms: i64) -> String {
+    format!("{} ({} ago)", fmt_ms(at_ms), human_ms(now_ms.saturating_sub(at_ms).max(0)))
+}
+
+fn session_json(s: &SessionRow) -> Value {
+    json!({
+        "session": s.session,
+        "instance_id": s.instance_id,
+        "node_version": s.node_version,
+        "started_at_ms": s.started_at_ms,
+        "last_contact_at_ms": s.last_contact_at_ms,
+        "ended_at_ms": s.ended_at_ms,
+        "ended_how": s.ended_how.map(|e| e.as_str()),
+        "took_over": s.took_over,
+    })
+}
+
+fn host_json(h: &HostRow) -> Value {
+    json!({
+        "host": h.name,
+        "state": h.state.as_str(),
+        "enrolled_at_ms": h.enrolled_at_ms,
+        "retired_at_ms": h.retired.as_ref().map(|r| r.0),
+        "retired_by": h.retired.as_ref().map(|r| &r.1),
+        "retired_reason": h.retired.as_ref().map(|r| &r.2),
+        "instance_id": h.instance.as_ref().map(|i| &i.0),
+        "instance_since_ms": h.instance.as_ref().map(|i| i.1),
+        "session": h.session.as_ref().map(session_json),
+        "holdings": {"claimed": h.holdings.claimed, "mirrored": h.holdings.mirrored, "delivered": h.holdings.delivered},
+        "waiting": h.waiting,
+        "certificates_active": h.certificates_active,
+    })
+}
+
+/// The session column: "N since T", "N ended clean", or "no session".
+fn session_cell(s: Option<&SessionRow>) -> String {
+    match s {
+        None => "no session".into(),
+        Some(s) => match s.ended_how {
+            Some(how) => format!("{} (ended {})", s.session, how.as_str()),
+            None => format!("{} since {}", s.session, fmt_ms(s.started_at_ms)),
+        },
+    }
+}
+
+/// `hosts list`: a table, or JSON (`[{"host", "state", "instance_id", "session": {…} | null,
+/// "holdings": {"claimed", "mirrored", "delivered"}, "waiting", …}]`).
+pub(super) fn hosts(rows: &[HostRow], now_ms: i64, as_json: bool) -> CliResult {
+    if as_json {
+        return json(&Value::Array(rows.iter().map(host_json).collect()));
+    }
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|h| {
+            vec![
+                h.name.clone(),
+                h.state.as_str().to_string(),
+                h.instance.as_ref().map(|i| i.0.clone()).unwrap_or_else(|| "-".into()),
+                session_cell(h.session.as_ref()),
+                h.session.as_ref().and_then(|s| s.node_version.clone()).unwrap_or_else(|| "-".into()),
+                h.session.as_ref().map(|s| fmt_ago(s.last_contact_at_ms, now_ms)).unwrap_or_else(|| "-".into()),
+                format!("{}/{}/{}", h.holdings.claimed, h.holdings.mirrored, h.holdings.delivered),
+                h.waiting.to_string(),
+            ]
+        })
+        .collect();
+    table(
+        &["HOST", "STATE", "INSTANCE", "SESSION", "VERSION", "LAST CONTACT", "CLAIMED/MIRRORED/RUNNING", "WAITING"],
+        &rows,
+    )
+}
+
+fn cert_json(c: &CertRow) -> Value {
+    json!({
+        "serial": c.serial,
+        "role": c.role.as_str(),
+        "name": c.name,
+        "issued_at_ms": c.issued_at_ms,
+        "not_after_unix": c.not_after_unix,
+        "revoked": c.revoked.is_some(),
+        "revoked_at_ms": c.revoked.as_ref().map(|r| r.0),
+        "revoked_by": c.revoked.as_ref().map(|r| &r.1),
+        "revoked_reason": c.revoked.as_ref().map(|r| &r.2),
+    })
+}
+
+fn event_json(e: &HostEvent) -> Value {
+    json!({"at_ms": e.at_ms, "kind": e.kind, "action": e.action, "subject": e.subject, "actor": e.actor, "reason": e.reason})
+}
+
+/// A certificate's expiry as a date, and whether it is past `now_ms`.
+fn fmt_not_after(not_after_unix: i64, now_ms: i64) -> String {
+    let at_ms = not_after_unix.saturating_mul(1000);
+    if at_ms <= now_ms { format!("{} (expired)", fmt_ms(at_ms)) } else { fmt_ms(at_ms) }
+}
+
+/// `hosts show HOST`: the host, its session, certificates and recent events; or JSON
+/// (`{"host": {…as in hosts list}, "certificates": […], "events": […]}`).
+pub(super) fn host(d: &HostDetail, now_ms: i64, as_json: bool) -> CliResult {
+    if as_json {
+        return json(&json!({
+            "host": host_json(&d.host),
+            "certificates": d.certificates.iter().map(cert_json).collect::<Vec<_>>(),
+            "events": d.events.iter().map(event_json).collect::<Vec<_>>(),
+        }));
+    }
+    let h = &d.host;
+    let mut o = out();
+    writeln!(o, "host          {}", esc(&h.name))?;
+    writeln!(o, "state         {}", h.state.as_str())?;
+    writeln!(o, "enrolled      {}", fmt_ms(h.enrolled_at_ms))?;
+    if let Some((at, by, why)) = &h.retired {
+        writeln!(o, "retired       {} by {}: {}", fmt_ms(*at), esc(by), esc(why))?;
+    }
+    match &h.instance {
+        Some((i, since)) => writeln!(o, "instance      {} (bound since {})", esc(i), fmt_ms(*since))?,
+        None => writeln!(o, "instance      none bound")?,
+    }
+    match &h.session {
+        None => writeln!(o, "session       no session (its node never registered one)")?,
+        Some(s) => {
+            writeln!(
+                o,
+                "session       {} of instance {}, started {}",
+                s.session,
+                esc(&s.instance_id),
+                fmt_ms(s.started_at_ms)
+            )?;
+            if let Some(prev) = s.took_over {
+                writeln!(o, "              took over session {prev}, which had not ended")?;
+            }
+            if let (Some(at), Some(how)) = (s.ended_at_ms, s.ended_how) {
+                writeln!(o, "              ended {} ({})", fmt_ms(at), how.as_str())?;
+            }
+            writeln!(o, "last contact  {}", fmt_ago(s.last_contact_at_ms, now_ms))?;
+            writeln!(o, "node version  {}", s.node_version.as_deref().map(esc).unwrap_or_else(|| "-".into()))?;
+        }
+    }
+    writeln!(
+        o,
+        "holdings      {} claimed, {} mirrored, {} delivered without an outcome",
+        h.holdings.claimed, h.holdings.mirrored, h.holdings.delivered
+    )?;
+    writeln!(o, "waiting       {} queued or held", h.waiting)?;
+    writeln!(o, "certificates:")?;
+    for c in &d.certificates {
+        let revoked = match &c.revoked {
+            Some((at, by, why)) => format!("  revoked {} by {}: {}", fmt_ms(*at), esc(by), esc(why)),
+            None => String::new(),
+        };
+        writeln!(o, "  {}  not after {}{revoked}", esc(&c.serial), fmt_not_after(c.not_after_unix, now_ms))?;
+    }
+    writeln!(o, "recent events:")?;
+    for e in &d.events {
+        writeln!(
+            o,
+            "  {}  {:<8}  {}  {}  {}{}",
+            fmt_ms(e.at_ms),
+            e.kind,
+            esc(&e.action),
+            esc(&e.subject),
+            esc(&e.actor),
+            e.reason.as_deref().map(|r| format!(": {}", esc(r))).unwrap_or_default()
+        )?;
+    }
+    Ok(())
+}
+
+/// `status`: the record's counts, whether a hub serves this data directory, and what needs
+/// attention (`"attention": [{"kind", "subject", "detail"}]` in JSON).
+pub(super) fn status(s: &StatusView, hub: Option<&Holder>, attention: &[Attention], as_json: bool) -> CliResult {
     if as_json {
         let deliveries: Vec<Value> = s.deliveries.iter().map(|(st, n)| json!([st.as_str(), n])).collect();
+        let attention: Vec<Value> =
+            attention.iter().map(|a| json!({"kind": a.kind, "subject": a.subject, "detail": a.detail})).collect();
         return json(&json!({
             "deliveries": deliveries,
             "messages": s.messages,
@@ -360,6 +534,7 @@ pub(super) fn status(s: &StatusView, hub: Option<&Holder>, as_json: bool) -> Cli
             "hub_running": hub.is_some(),
             "hub_pid": hub.and_then(|h| h.pid),
             "hub_listen": hub.and_then(|h| h.listen).map(|a| a.to_string()),
+            "attention": attention,
         }));
     }
     let mut o = out();
@@ -376,6 +551,14 @@ pub(super) fn status(s: &StatusView, hub: Option<&Holder>, as_json: bool) -> Cli
     writeln!(o, "deliveries:")?;
     for (state, n) in &s.deliveries {
         writeln!(o, "  {:<10} {n}", state.as_str())?;
+    }
+    if attention.is_empty() {
+        writeln!(o, "attention     none")?;
+    } else {
+        writeln!(o, "attention:")?;
+        for a in attention {
+            writeln!(o, "  {:<20} {}: {}", a.kind, esc(&a.subject), esc(&a.detail))?;
+        }
     }
     Ok(())
 }

@@ -33,6 +33,7 @@ pub mod accept;
 pub mod backup;
 pub mod claim;
 pub mod fences;
+pub mod fleet;
 pub mod hosts;
 pub mod members;
 pub mod operator;
