@@ -58,6 +58,15 @@ pub fn human_ms(ms: i64) -> String {
     }
 }
 
+/// Parses a moment written as RFC 3339 (`2026-05-01T12:00:00Z`) or as the CLI prints one
+/// (`2026-05-01 12:00:00`, UTC), into unix milliseconds; the error names the field.
+pub fn parse_time_ms(field: &str, s: &str) -> Result<i64, String> {
+    let t = humantime::parse_rfc3339_weak(s.trim())
+        .map_err(|e| format!("{field}: {s:?} is not a time such as \"2026-05-01 12:00:00\" (UTC) ({e})"))?;
+    let since = t.duration_since(std::time::UNIX_EPOCH).map_err(|_| format!("{field}: {s:?} is before 1970"))?;
+    i64::try_from(since.as_millis()).map_err(|_| format!("{field}: {s:?} is too far ahead"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -79,5 +88,12 @@ mod tests {
         check(90_061_001, "1d 1h 1m 1.001s");
         assert_eq!(human_ms(-5), "-5ms");
         assert_eq!(human_ms(60_003), "1m 0.003s");
+    }
+
+    #[test]
+    fn times_parse_as_utc_in_both_spellings() {
+        assert_eq!(parse_time_ms("t", "1970-01-01 00:01:00"), Ok(60_000));
+        assert_eq!(parse_time_ms("t", "1970-01-01T00:01:00Z"), Ok(60_000));
+        assert!(parse_time_ms("--until", "tomorrow").is_err_and(|e| e.contains("--until")));
     }
 }

@@ -23,6 +23,8 @@
 //! - `ops_fleet`: `hosts list|show` and what `status` flags (silent hosts, expiring
 //!   certificates, a stopped hub) with its exit status.
 //! - `ops_output`: stored text shown escaped, `--json` exact, no migration noise.
+//! - `ops_truth`: counts that are rows changed, "nothing to do" exits, fence refusals,
+//!   releases a fence would undo, time-boxed fences.
 //! - `node_*`, `power_loss`: the node agent and durability under power loss (see each module);
 //!   `node_turns`: orphaned harnesses, SIGTERM before SIGKILL, revocation, renewal, store size.
 
@@ -52,4 +54,5 @@ mod node_outage;
 mod node_turns;
 mod ops_fleet;
 mod ops_output;
+mod ops_truth;
 mod power_loss;

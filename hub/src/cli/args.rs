@@ -270,7 +270,9 @@ pub struct Reason {
 /// `fence` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum FenceCmd {
-    /// Matching deliveries stay queued until the fence lifts.
+    /// Matching deliveries stay queued until the fence lifts. Refused (exit 2) for a host never
+    /// enrolled or a conversation with no messages unless --force; refused (exit 1) when the
+    /// same fence is already active.
     Pause(FenceSet),
     /// Matching deliveries park in the held queue until released.
     Hold(FenceSet),
@@ -322,6 +324,15 @@ pub struct FenceSet {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+    /// Set it even for a host never enrolled or a conversation with no messages yet.
+    #[arg(long)]
+    pub force: bool,
+    /// The hub lifts it after this long ("30m", "2h").
+    #[arg(long = "for", value_name = "DURATION", conflicts_with = "until")]
+    pub for_duration: Option<String>,
+    /// The hub lifts it at this time (UTC, "2026-05-01 12:00:00" or RFC 3339).
+    #[arg(long, value_name = "TIME")]
+    pub until: Option<String>,
 }
 
 /// `held` subcommands.
@@ -336,7 +347,9 @@ pub enum HeldCmd {
         #[arg(long)]
         json: bool,
     },
-    /// Release one held delivery, or all of a conversation, back to queued.
+    /// Release one held delivery, or all of a conversation, back to queued. Refused (exit 2,
+    /// naming the fence) while an active hold or block would catch it again, unless --force;
+    /// exit 1 when nothing was held.
     Release {
         /// The delivery id.
         #[arg(required_unless_present = "conversation", conflicts_with = "conversation")]
@@ -344,6 +357,9 @@ pub enum HeldCmd {
         /// Release every held delivery of this conversation.
         #[arg(long)]
         conversation: Option<String>,
+        /// Release even when an active hold or block fence would catch it again at once.
+        #[arg(long)]
+        force: bool,
         /// Why (recorded).
         #[command(flatten)]
         why: Reason,
@@ -438,6 +454,9 @@ mod tests {
             vec!["baton-hub", "fence", "pause", "--conversation", "c"],
             vec!["baton-hub", "fence", "hold", "--host", "h", "--reason", "r"],
             vec!["baton-hub", "fence", "block", "--all"],
+            vec!["baton-hub", "fence", "pause", "--host", "h", "--for", "30m", "--force"],
+            vec!["baton-hub", "fence", "hold", "--all", "--until", "2030-01-01 00:00:00"],
+            vec!["baton-hub", "held", "release", "abc", "--force"],
             vec!["baton-hub", "fence", "lift", "3"],
             vec!["baton-hub", "fence", "list", "--json"],
             vec!["baton-hub", "held", "list", "--json"],
@@ -465,6 +484,8 @@ mod tests {
         ] {
             assert!(Cli::try_parse_from(&args).is_ok(), "{args:?}");
         }
+        // A fence ends at one time at most.
+        assert!(Cli::try_parse_from(["baton-hub", "fence", "pause", "--all", "--for", "1h", "--until", "x"]).is_err());
         // A fence needs exactly one scope.
         assert!(Cli::try_parse_from(["baton-hub", "fence", "pause"]).is_err());
         assert!(Cli::try_parse_from(["baton-hub", "fence", "pause", "--all", "--host", "h"]).is_err());

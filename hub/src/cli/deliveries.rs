@@ -3,9 +3,10 @@
 
 use super::args::{DeliveriesCmd, HeldCmd};
 use super::{CliError, CliResult, Context, output};
+use crate::store::fences::{self, FenceKind};
 use crate::store::operator::{self, Selector};
 use crate::store::read::{self, DeliveryFilter};
-use crate::store::{in_write_txn, members};
+use crate::store::{StoreError, in_write_txn, members};
 use baton_shared::exit;
 use baton_shared::states::DeliveryState;
 
@@ -49,22 +50,52 @@ pub(super) fn held(ctx: &Context, h: &HeldCmd) -> CliResult {
             };
             output::deliveries(&read::list_deliveries(&ctx.open_read()?, &f)?, *json)
         }
-        HeldCmd::Release { id, conversation, why } => {
+        HeldCmd::Release { id, conversation, force, why } => {
             let sel = match (id, conversation) {
                 (Some(id), _) => Selector::Delivery(id),
                 (None, Some(c)) => Selector::Conversation(c),
                 (None, None) => return Err(CliError::usage("give a delivery id or --conversation")),
             };
             let conn = ctx.open_write()?;
-            let ids = in_write_txn(&conn, |c| operator::release(c, sel, &ctx.operator, &why.reason, ctx.now_ms()))?;
-            ctx.wake_hub();
-            output::line(format!("released {} deliveries", ids.len()))?;
+            let now_ms = ctx.now_ms();
+            let ids = in_write_txn(&conn, |c| {
+                fences::lift_expired(c, now_ms)?;
+                if !force && let Some(refusal) = would_hold_again(c, sel)? {
+                    return Ok(Err(refusal));
+                }
+                operator::release(c, sel, &ctx.operator, &why.reason, now_ms).map(Ok)
+            })??;
             if ids.is_empty() {
-                return Err(CliError::new(exit::NOTHING, "nothing was held"));
+                return Err(CliError::new(exit::NOTHING, "nothing to do: nothing was held"));
             }
-            Ok(())
+            ctx.wake_hub();
+            output::line(format!("released {} deliveries", ids.len()))
         }
     }
+}
+
+/// The refusal of a release that an active hold or block fence would undo at the next claim
+/// (held again, or failed), naming the fences; `None` when the release would stick.
+fn would_hold_again(conn: &rusqlite::Connection, sel: Selector<'_>) -> Result<Option<CliError>, StoreError> {
+    let active = fences::active(conn)?;
+    let mut named: Vec<String> = Vec::new();
+    for (conversation, host) in operator::held_targets(conn, sel)? {
+        if let Some(f) = fences::strongest(&active, &conversation, &host)
+            && f.kind != FenceKind::Pause
+        {
+            let d = f.describe();
+            if !named.contains(&d) {
+                named.push(d);
+            }
+        }
+    }
+    if named.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(CliError::usage(format!(
+        "an active fence would catch the release again at the next claim: {}; lift it first, or release with --force",
+        output::esc(&named.join("; "))
+    ))))
 }
 
 /// `retire HOST`: its pending work is swept and it leaves every conversation, in one
@@ -93,7 +124,10 @@ pub(super) fn requeue(ctx: &Context, instance: &str, reason: &str) -> CliResult 
     let swept = in_write_txn(&conn, |c| operator::requeue_instance(c, instance, &ctx.operator, reason, ctx.now_ms()))?;
     ctx.wake_hub();
     if swept.requeued.is_empty() && swept.outcome_unknown.is_empty() {
-        return Err(CliError::new(exit::NOTHING, format!("instance {instance} holds nothing")));
+        return Err(CliError::new(
+            exit::NOTHING,
+            format!("nothing to do: instance {} holds nothing", output::esc(instance)),
+        ));
     }
     output::line(format!(
         "instance {instance}: {} requeued, {} delivered without outcome marked unknown",

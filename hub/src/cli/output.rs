@@ -126,17 +126,23 @@ fn fence_json(r: &FenceRow) -> Value {
         "reason": r.reason,
         "lifted_at_ms": r.lifted_at_ms,
         "lifted_by": r.lifted_by,
+        "expires_at_ms": r.expires_at_ms,
     })
 }
 
 /// `fence list`.
-pub(super) fn fences(rows: &[FenceRow], as_json: bool) -> CliResult {
+pub(super) fn fences(rows: &[FenceRow], now_ms: i64, as_json: bool) -> CliResult {
     if as_json {
         return json(&Value::Array(rows.iter().map(fence_json).collect()));
     }
     let rows: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
+            let until = match (r.lifted_at_ms, r.expires_at_ms) {
+                (None, Some(at)) => format!("{} (in {})", fmt_ms(at), human_ms(at.saturating_sub(now_ms).max(0))),
+                (Some(_), Some(at)) => fmt_ms(at),
+                (_, None) => "-".into(),
+            };
             vec![
                 r.id.to_string(),
                 r.kind.as_str().to_string(),
@@ -144,12 +150,17 @@ pub(super) fn fences(rows: &[FenceRow], as_json: bool) -> CliResult {
                 r.target.clone().unwrap_or_else(|| "*".into()),
                 r.set_by.clone(),
                 fmt_ms(r.set_at_ms),
-                r.lifted_at_ms.map(fmt_ms).unwrap_or_else(|| "active".into()),
+                until,
+                match (r.lifted_at_ms, &r.lifted_by) {
+                    (Some(at), Some(by)) => format!("{} by {by}", fmt_ms(at)),
+                    (Some(at), None) => fmt_ms(at),
+                    (None, _) => "active".into(),
+                },
                 r.reason.clone(),
             ]
         })
         .collect();
-    table(&["ID", "KIND", "SCOPE", "TARGET", "SET BY", "SET AT", "LIFTED", "REASON"], &rows)
+    table(&["ID", "KIND", "SCOPE", "TARGET", "SET BY", "SET AT", "UNTIL", "LIFTED", "REASON"], &rows)
 }
 
 fn interval_json(i: &IntervalRow) -> Value {

@@ -58,6 +58,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../../schema/hub/0001-create-hub-store.sql"),
     include_str!("../../../schema/hub/0002-conversations.sql"),
     include_str!("../../../schema/hub/0003-turn-control.sql"),
+    include_str!("../../../schema/hub/0004-fence-expiry.sql"),
 ];
 
 /// Who made a change, as recorded in the event log.

@@ -61,6 +61,20 @@ pub fn release(
     Ok(rows.into_iter().map(|(id, _)| id).collect())
 }
 
+/// The (conversation, host) of each held delivery `which` picks: what a release would put back
+/// in front of the fences.
+pub fn held_targets(conn: &Connection, which: Selector<'_>) -> StoreResult<Vec<(String, String)>> {
+    let (sql, arg) = match which {
+        Selector::Delivery(id) => {
+            ("SELECT DISTINCT conversation, host FROM deliveries WHERE id = ?1 AND state = 'held'", id)
+        }
+        Selector::Conversation(c) => {
+            ("SELECT DISTINCT conversation, host FROM deliveries WHERE conversation = ?1 AND state = 'held'", c)
+        }
+    };
+    Ok(conn.prepare_cached(sql)?.query_map([arg], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<Result<_, _>>()?)
+}
+
 /// Picks deliveries for an operator command.
 #[derive(Debug, Clone, Copy)]
 pub enum Selector<'a> {
@@ -92,27 +106,27 @@ pub fn cancel(
     Ok(Failed)
 }
 
-/// Records an `unknown` attempt, written by the hub for an operator, so a delivered delivery
-/// whose node is gone does not stall silently.
-fn unknown_attempt(conn: &Connection, delivery_id: &str, why: &str, now_ms: i64) -> StoreResult<()> {
-    let row: Option<(String, String)> = conn
+/// Records an `unknown` attempt for the current run of a delivered delivery that has no outcome
+/// for it yet, written by the hub for an operator, so a delivery whose node is gone does not
+/// stall silently. Returns whether it wrote one (a delivery with its outcome is left alone).
+fn unknown_attempt(conn: &Connection, delivery_id: &str, why: &str, now_ms: i64) -> StoreResult<bool> {
+    let row: Option<(String, String, i64)> = conn
         .prepare_cached(
-            "SELECT host, instance_id FROM deliveries d WHERE id = ?1 AND state = 'delivered'
-               AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id)",
+            "SELECT host, instance_id, attempt FROM deliveries d WHERE id = ?1 AND state = 'delivered'
+               AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)",
         )?
-        .query_row([delivery_id], |r| Ok((r.get(0)?, r.get(1)?)))
+        .query_row([delivery_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
         .optional()?;
-    if let Some((host, instance)) = row {
-        conn.prepare_cached(
-            "INSERT INTO attempts (id, delivery_id, host, instance_id, report_id, request_hash, outcome, reason, reported_at)
-             VALUES (:id, :d, :h, :i, :r, '', 'unknown', :why, :now)",
-        )?
-        .execute(named_params! {
-            ":id": super::new_id(), ":d": delivery_id, ":h": host, ":i": instance,
-            ":r": format!("hub:{delivery_id}"), ":why": why, ":now": now_ms,
-        })?;
-    }
-    Ok(())
+    let Some((host, instance, attempt)) = row else { return Ok(false) };
+    conn.prepare_cached(
+        "INSERT INTO attempts (id, delivery_id, host, instance_id, report_id, request_hash, outcome, reason, reported_at, attempt)
+         VALUES (:id, :d, :h, :i, :r, '', 'unknown', :why, :now, :attempt)",
+    )?
+    .execute(named_params! {
+        ":id": super::new_id(), ":d": delivery_id, ":h": host, ":i": instance,
+        ":r": if attempt == 1 { format!("hub:{delivery_id}") } else { format!("hub:{delivery_id}:{attempt}") }, ":why": why, ":now": now_ms, ":attempt": attempt,
+    })?;
+    Ok(true)
 }
 
 /// What retire or requeue did.
@@ -152,8 +166,9 @@ pub fn retire(conn: &Connection, host: &str, operator: &str, reason: &str, now_m
     for (id, state) in rows {
         match state {
             Delivered => {
-                unknown_attempt(conn, &id, &why, now_ms)?;
-                swept.outcome_unknown.push(id);
+                if unknown_attempt(conn, &id, &why, now_ms)? {
+                    swept.outcome_unknown.push(id);
+                }
             }
             _ => {
                 let to = if state == Mirrored { Unknown } else { Failed };
@@ -193,8 +208,9 @@ pub fn requeue_instance(
     let mut swept = Swept::default();
     for (id, state) in rows {
         if state == Delivered {
-            unknown_attempt(conn, &id, &format!("instance {instance_id} gone; {why}"), now_ms)?;
-            swept.outcome_unknown.push(id);
+            if unknown_attempt(conn, &id, &format!("instance {instance_id} gone; {why}"), now_ms)? {
+                swept.outcome_unknown.push(id);
+            }
         } else {
             let change = Change {
                 delivery_id: &id,
