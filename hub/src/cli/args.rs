@@ -351,7 +351,7 @@ pub enum HeldCmd {
     /// naming the fence) while an active hold or block would catch it again, unless --force;
     /// exit 1 when nothing was held.
     Release {
-        /// The delivery id.
+        /// The delivery id, or a unique prefix of it.
         #[arg(required_unless_present = "conversation", conflicts_with = "conversation")]
         id: Option<String>,
         /// Release every held delivery of this conversation.
@@ -369,27 +369,48 @@ pub enum HeldCmd {
 /// `deliveries` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum DeliveriesCmd {
-    /// List deliveries, oldest first.
+    /// List deliveries, newest first on a terminal (oldest first otherwise, or with --oldest),
+    /// a page at a time: when more remain, the cursor of the next page is printed on stderr
+    /// (`next page: --after N`).
     List {
-        /// Only this state.
+        /// Only this state (queued, claimed, mirrored, delivered, held, failed, unknown).
         #[arg(long)]
         state: Option<String>,
+        /// Only deliveries whose current run ended so (succeeded, failed, unknown, cancelled).
+        #[arg(long)]
+        outcome: Option<String>,
         /// Only this host.
         #[arg(long)]
         host: Option<String>,
         /// Only this conversation.
         #[arg(long)]
         conversation: Option<String>,
-        /// At most this many.
+        /// Only deliveries last changed at or after this time (UTC, "2026-05-01 12:00:00" or
+        /// RFC 3339) or this long ago ("2h").
+        #[arg(long, value_name = "TIME")]
+        since: Option<String>,
+        /// Only deliveries last changed before this time (same forms as --since).
+        #[arg(long, value_name = "TIME")]
+        until: Option<String>,
+        /// Newest first.
+        #[arg(long, conflicts_with = "oldest")]
+        newest: bool,
+        /// Oldest first.
+        #[arg(long)]
+        oldest: bool,
+        /// At most this many (a page).
         #[arg(long, default_value_t = 1000)]
         limit: u32,
+        /// The next page: the cursor printed after the previous one.
+        #[arg(long, value_name = "CURSOR")]
+        after: Option<i64>,
         /// Print JSON.
         #[arg(long)]
         json: bool,
     },
     /// One delivery with its event history and attempts.
     Show {
-        /// The delivery id.
+        /// The delivery id, or a unique prefix of it.
         id: String,
         /// Print JSON.
         #[arg(long)]
@@ -397,7 +418,7 @@ pub enum DeliveriesCmd {
     },
     /// Cancel a delivery that has not been delivered (it fails, naming you).
     Cancel {
-        /// The delivery id.
+        /// The delivery id, or a unique prefix of it.
         id: String,
         /// Why (recorded).
         #[command(flatten)]
@@ -475,6 +496,20 @@ mod tests {
                 "--json",
             ],
             vec!["baton-hub", "deliveries", "show", "abc", "--json"],
+            vec![
+                "baton-hub",
+                "deliveries",
+                "list",
+                "--outcome",
+                "failed",
+                "--since",
+                "2h",
+                "--oldest",
+                "--limit",
+                "5",
+                "--after",
+                "9",
+            ],
             vec!["baton-hub", "send", "--conversation", "c", "--to", "a,b", "--key", "k", "--payload", "{}"],
             vec!["baton-hub", "status", "--json"],
             vec!["baton-hub", "backup", "--out", "f"],

@@ -293,6 +293,13 @@ pub(super) fn deliveries(rows: &[DeliveryRow], as_json: bool) -> CliResult {
     table(&["DELIVERY", "HOST", "CONVERSATION", "SEQ", "STATE", "OUTCOME", "UPDATED", "REASON"], &rows)
 }
 
+/// The cursor of a listing's next page, on stderr so that stdout stays the page alone (a JSON
+/// array for scripts).
+pub(super) fn next_page(order: &str, cursor: i64) -> CliResult {
+    writeln!(std::io::stderr().lock(), "more remain; next page: {order} --after {cursor}")?;
+    Ok(())
+}
+
 /// `deliveries show`.
 pub(super) fn detail(d: &DeliveryDetail, as_json: bool) -> CliResult {
     if as_json {

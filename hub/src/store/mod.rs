@@ -35,6 +35,7 @@ pub mod claim;
 pub mod fences;
 pub mod fleet;
 pub mod hosts;
+pub mod listing;
 pub mod members;
 pub mod operator;
 pub mod producers;
