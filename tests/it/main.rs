@@ -22,6 +22,7 @@
 //!   without `to` running on exactly the members.
 //! - `ops_fleet`: `hosts list|show` and what `status` flags (silent hosts, expiring
 //!   certificates, a stopped hub) with its exit status.
+//! - `ops_identity`: one role per name, `certs list`, `renew --revoke-old`, `audit`.
 //! - `ops_lists`: `deliveries list` filters, order and cursor paging; ids by unique prefix.
 //! - `ops_output`: stored text shown escaped, `--json` exact, no migration noise.
 //! - `ops_truth`: counts that are rows changed, "nothing to do" exits, fence refusals,
@@ -54,6 +55,7 @@ mod node_harness;
 mod node_outage;
 mod node_turns;
 mod ops_fleet;
+mod ops_identity;
 mod ops_lists;
 mod ops_output;
 mod ops_truth;

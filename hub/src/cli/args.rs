@@ -62,6 +62,10 @@ pub enum Command {
         /// Validity in days.
         #[arg(long, default_value_t = 365)]
         days: u32,
+        /// Revoke the name's older certificates in the same step (without it, both stay valid
+        /// until the old one is revoked or expires, so a node can switch over first).
+        #[arg(long)]
+        revoke_old: bool,
     },
     /// Retire a host: no more work; its pending deliveries fail (mirrored ones become unknown)
     /// and it leaves every conversation it is a member of.
@@ -148,6 +152,41 @@ pub enum Command {
     /// The fleet: every host with its instance, node session, last contact and holdings.
     #[command(subcommand)]
     Hosts(HostsCmd),
+    /// Certificates: name, role, serial, not-after, revoked.
+    #[command(subcommand)]
+    Certs(CertsCmd),
+    /// What operators and the hub did, newest first: enrollments, revocations, renewals,
+    /// retirements, requeues, fences set, lifted and expired, releases, cancels, membership and
+    /// scope changes, with actor and reason. Exit 1 when nothing matches.
+    Audit {
+        /// Only what happened at or after this time (UTC, "2026-05-01 12:00:00" or RFC 3339) or
+        /// this long ago ("24h").
+        #[arg(long, value_name = "TIME")]
+        since: Option<String>,
+        /// Only what this operator (or `hub`) did.
+        #[arg(long)]
+        actor: Option<String>,
+        /// At most this many entries.
+        #[arg(long, default_value_t = 1000)]
+        limit: u32,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `certs` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum CertsCmd {
+    /// Every certificate (or one name's): name, role, serial, not-after, revoked.
+    List {
+        /// Only this host or producer.
+        #[arg(long)]
+        name: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// `hosts` subcommands.
@@ -515,6 +554,9 @@ mod tests {
             vec!["baton-hub", "backup", "--out", "f"],
             vec!["baton-hub", "verify"],
             vec!["baton-hub", "hosts", "list", "--json"],
+            vec!["baton-hub", "certs", "list", "--name", "host-a", "--json"],
+            vec!["baton-hub", "renew", "host-a", "--out", "d", "--revoke-old"],
+            vec!["baton-hub", "audit", "--since", "24h", "--actor", "alice", "--json"],
             vec!["baton-hub", "hosts", "show", "host-a", "--json"],
         ] {
             assert!(Cli::try_parse_from(&args).is_ok(), "{args:?}");

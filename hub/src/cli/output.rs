@@ -6,6 +6,7 @@
 use super::inspect::Attention;
 use super::{CliError, CliResult};
 use crate::lock::Holder;
+use crate::store::audit::AuditEntry;
 use crate::store::fences::FenceRow;
 use crate::store::fleet::{CertRow, HostDetail, HostEvent, HostRow, SessionRow};
 use crate::store::members::{ConversationMembers, IntervalRow};
@@ -291,6 +292,73 @@ pub(super) fn deliveries(rows: &[DeliveryRow], as_json: bool) -> CliResult {
         })
         .collect();
     table(&["DELIVERY", "HOST", "CONVERSATION", "SEQ", "STATE", "OUTCOME", "UPDATED", "REASON"], &rows)
+}
+
+/// A listing's note that it stopped at its limit, on stderr (stdout stays the listing alone).
+pub(super) fn more_remain(note: &str) -> CliResult {
+    writeln!(std::io::stderr().lock(), "{note}")?;
+    Ok(())
+}
+
+/// `certs list`: a table, or JSON (`[{"serial", "role", "name", "issued_at_ms",
+/// "not_after_unix", "revoked", "revoked_at_ms", "revoked_by", "revoked_reason"}]`).
+pub(super) fn certs(rows: &[CertRow], now_ms: i64, as_json: bool) -> CliResult {
+    if as_json {
+        return json(&Value::Array(rows.iter().map(cert_json).collect()));
+    }
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|c| {
+            vec![
+                c.name.clone(),
+                c.role.as_str().to_string(),
+                c.serial.clone(),
+                fmt_ms(c.issued_at_ms),
+                fmt_not_after(c.not_after_unix, now_ms),
+                match &c.revoked {
+                    Some((at, by, why)) => format!("{} by {by}: {why}", fmt_ms(*at)),
+                    None => "-".into(),
+                },
+            ]
+        })
+        .collect();
+    table(&["NAME", "ROLE", "SERIAL", "ISSUED", "NOT AFTER", "REVOKED"], &rows)
+}
+
+/// `audit`: a table, or JSON (`[{"at_ms", "source", "id", "action", "subject", "actor_kind",
+/// "actor", "reason"}]`), newest first.
+pub(super) fn audit(rows: &[AuditEntry], as_json: bool) -> CliResult {
+    if as_json {
+        let typed: Vec<Value> = rows
+            .iter()
+            .map(|e| {
+                json!({
+                    "at_ms": e.at_ms,
+                    "source": e.source.as_str(),
+                    "id": e.id,
+                    "action": e.action,
+                    "subject": e.subject,
+                    "actor_kind": e.actor_kind.as_str(),
+                    "actor": e.actor,
+                    "reason": e.reason,
+                })
+            })
+            .collect();
+        return json(&Value::Array(typed));
+    }
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|e| {
+            vec![
+                fmt_ms(e.at_ms),
+                format!("{} {}", e.actor_kind.as_str(), e.actor),
+                e.action.clone(),
+                e.subject.clone(),
+                e.reason.clone().unwrap_or_else(|| "-".into()),
+            ]
+        })
+        .collect();
+    table(&["AT", "ACTOR", "ACTION", "SUBJECT", "REASON"], &rows)
 }
 
 /// The cursor of a listing's next page, on stderr so that stdout stays the page alone (a JSON

@@ -30,6 +30,7 @@
 //! default.
 
 pub mod accept;
+pub mod audit;
 pub mod backup;
 pub mod claim;
 pub mod fences;
