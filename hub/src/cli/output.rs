@@ -140,7 +140,7 @@ pub(super) fn fences(rows: &[FenceRow], now_ms: i64, as_json: bool) -> CliResult
         .iter()
         .map(|r| {
             let until = match (r.lifted_at_ms, r.expires_at_ms) {
-                (None, Some(at)) => format!("{} (in {})", fmt_ms(at), human_ms(at.saturating_sub(now_ms).max(0))),
+                (None, Some(at)) => format!("{} (in {})", fmt_ms(at), human_secs(at.saturating_sub(now_ms))),
                 (Some(_), Some(at)) => fmt_ms(at),
                 (_, None) => "-".into(),
             };
@@ -435,7 +435,13 @@ pub(super) fn detail(d: &DeliveryDetail, as_json: bool) -> CliResult {
 
 /// "2026-01-02 03:04:05 (1m 0.003s ago)": a past moment and how long ago it was.
 fn fmt_ago(at_ms: i64, now_ms: i64) -> String {
-    format!("{} ({} ago)", fmt_ms(at_ms), human_ms(now_ms.saturating_sub(at_ms).max(0)))
+    format!("{} ({} ago)", fmt_ms(at_ms), human_secs(now_ms.saturating_sub(at_ms)))
+}
+
+/// A span of milliseconds as a human duration to the whole second (a countdown or an age,
+/// where milliseconds are noise); a negative one shows as `0s`.
+fn human_secs(ms: i64) -> String {
+    human_ms(ms.max(0) / 1000 * 1000)
 }
 
 fn session_json(s: &SessionRow) -> Value {
