@@ -96,3 +96,31 @@ async fn ids_are_taken_by_unique_prefix_and_an_ambiguous_one_lists_the_matches()
     hub.cli_ok(["deliveries", "cancel", unique, "--reason", "by prefix"]);
     assert_eq!(hub.state(&a), "failed");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_list_pages_with_a_cursor() {
+    let hub = Hub::start();
+    let prod = hub.client("prod");
+    hub.fence("hold", &["--conversation", "h"], "look");
+    let mut sent = Vec::new();
+    for i in 0..3 {
+        sent.push(prod.submit_new("h", &format!("k{i}"), &["host-a"]).await.to("host-a").to_string());
+    }
+    assert!(hub.node("host-a", "inst-1").claim(10, 0).await.is_empty());
+    let held = |args: &[&str]| {
+        let mut all = vec!["held", "list", "--json", "--limit", "2"];
+        all.extend_from_slice(args);
+        let out = hub.cli(&all);
+        assert!(out.status.success(), "{out:?}");
+        let rows: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let ids: Vec<String> =
+            rows.as_array().unwrap().iter().map(|d| d["delivery_id"].as_str().unwrap().to_string()).collect();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        (ids, stderr.split("--after ").nth(1).map(|c| c.trim().to_string()))
+    };
+    let (first, cursor) = held(&[]);
+    let cursor = cursor.expect("a cursor when more remain");
+    let (rest, none) = held(&["--after", &cursor]);
+    assert_eq!(none, None);
+    assert_eq!([first, rest].concat(), sent);
+}

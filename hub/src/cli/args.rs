@@ -377,11 +377,18 @@ pub struct FenceSet {
 /// `held` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum HeldCmd {
-    /// List held deliveries.
+    /// List held deliveries, oldest first, a page at a time (the next page's cursor is printed
+    /// on stderr when more remain).
     List {
         /// Only this conversation.
         #[arg(long)]
         conversation: Option<String>,
+        /// At most this many (a page).
+        #[arg(long, default_value_t = 1000)]
+        limit: u32,
+        /// The next page: the cursor printed after the previous one.
+        #[arg(long, value_name = "CURSOR")]
+        after: Option<i64>,
         /// Print JSON.
         #[arg(long)]
         json: bool,

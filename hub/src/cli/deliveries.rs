@@ -6,14 +6,11 @@ use super::{CliError, CliResult, Context, output};
 use crate::store::fences::{self, FenceKind};
 use crate::store::listing::{self, ListQuery, Resolved};
 use crate::store::operator::{self, Selector};
-use crate::store::read::{self, DeliveryFilter};
+use crate::store::read;
 use crate::store::{StoreError, in_write_txn, members};
 use baton_shared::states::{DeliveryState, Outcome};
 use baton_shared::{duration, exit};
 use std::io::IsTerminal;
-
-/// Most held deliveries `held list` prints.
-const HELD_LISTED_MAX: u32 = 100_000;
 
 /// Runs one `deliveries` subcommand.
 pub(super) fn run(ctx: &Context, d: &DeliveriesCmd) -> CliResult {
@@ -106,14 +103,20 @@ fn list(ctx: &Context, d: &DeliveriesCmd) -> CliResult {
 /// Runs one `held` subcommand.
 pub(super) fn held(ctx: &Context, h: &HeldCmd) -> CliResult {
     match h {
-        HeldCmd::List { conversation, json } => {
-            let f = DeliveryFilter {
+        HeldCmd::List { conversation, limit, after, json } => {
+            let q = ListQuery {
                 state: Some(DeliveryState::Held),
                 conversation: conversation.clone(),
-                limit: HELD_LISTED_MAX,
+                after: *after,
+                limit: *limit,
                 ..Default::default()
             };
-            output::deliveries(&read::list_deliveries(&ctx.open_read()?, &f)?, *json)
+            let page = listing::page(&ctx.open_read()?, &q)?;
+            output::deliveries(&page.rows, *json)?;
+            match page.next {
+                Some(next) => output::next_page("", next),
+                None => Ok(()),
+            }
         }
         HeldCmd::Release { id, conversation, force, why } => {
             let conn = ctx.open_write()?;

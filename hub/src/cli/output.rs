@@ -364,7 +364,8 @@ pub(super) fn audit(rows: &[AuditEntry], as_json: bool) -> CliResult {
 /// The cursor of a listing's next page, on stderr so that stdout stays the page alone (a JSON
 /// array for scripts).
 pub(super) fn next_page(order: &str, cursor: i64) -> CliResult {
-    writeln!(std::io::stderr().lock(), "more remain; next page: {order} --after {cursor}")?;
+    let order = if order.is_empty() { String::new() } else { format!("{order} ") };
+    writeln!(std::io::stderr().lock(), "more remain; next page: {order}--after {cursor}")?;
     Ok(())
 }
 
