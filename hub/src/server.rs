@@ -108,6 +108,7 @@ impl Hub {
             }
         });
         tokio::spawn(sweep_retention(shared.clone(), self.config.limits.retention));
+        tokio::spawn(lift_expired_fences(shared.clone()));
         tokio::spawn(publish_gauges(shared.clone()));
         tokio::spawn(flush_contacts(shared.clone()));
         tracing::info!(addr = %listener.local_addr()?, "serving");
@@ -219,6 +220,39 @@ async fn sweep_retention(shared: Arc<Shared>, retention: Duration) {
                     break;
                 }
             }
+        }
+    }
+}
+
+/// How often the hub looks for time-boxed fences whose time is up (one indexed read; a write
+/// only when one is due).
+const FENCE_EXPIRY_PACE: Duration = Duration::from_secs(1);
+
+/// Lifts time-boxed fences when their time is up (recorded as lifted by the hub) and wakes
+/// the waiting claims they held back.
+async fn lift_expired_fences(shared: Arc<Shared>) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(FENCE_EXPIRY_PACE) => {}
+            _ = shared.shutdown.cancelled() => return,
+        }
+        let now_ms = shared.clock.now_ms();
+        match shared.readers.read(store::fences::next_expiry).await {
+            Ok(Some(at)) if at <= now_ms => {}
+            Ok(_) => continue,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading fence expiries failed");
+                continue;
+            }
+        }
+        match shared.writer.call(move |c| store::fences::lift_expired(c, now_ms)).await {
+            Ok(ids) => {
+                for id in ids {
+                    tracing::info!(fence = id, "lifted a fence whose time was up");
+                }
+                shared.work_changed();
+            }
+            Err(e) => tracing::warn!(error = %e, "lifting expired fences failed"),
         }
     }
 }

@@ -355,10 +355,11 @@ impl Hub {
     }
 
     /// Sets a fence through the CLI and returns its id. `scope` is e.g. `["--conversation", "c"]`.
+    /// `--force`: tests fence conversations before their first message.
     pub fn fence(&self, kind: &str, scope: &[&str], reason: &str) -> i64 {
         let mut args = vec!["fence", kind];
         args.extend_from_slice(scope);
-        args.extend_from_slice(&["--reason", reason, "--json"]);
+        args.extend_from_slice(&["--reason", reason, "--json", "--force"]);
         let v = self.cli_json(args);
         v["id"].as_i64().unwrap_or_else(|| panic!("fence id in {v}"))
     }

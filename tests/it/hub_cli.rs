@@ -84,8 +84,12 @@ async fn status_counts_by_state_and_sigterm_shuts_down_cleanly() {
     let status = hub.terminate();
     assert!(status.success(), "SIGTERM is a clean shutdown: {status}; stderr: {}", hub.serve_stderr());
     assert!(hub.serve_stdout().contains("listening on 127.0.0.1:"), "stdout: {}", hub.serve_stdout());
-    let s = hub.cli_json(["status", "--json"]);
+    // A stopped hub needs attention: status says so and exits 1, like `systemctl is-active`.
+    let out = hub.cli(["status", "--json"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(s["hub_running"], false);
+    assert_eq!(s["attention"][0]["kind"], "hub_not_running", "{s}");
     hub.verify_ok();
 }
 

@@ -245,8 +245,10 @@ async fn held_release_one_and_a_whole_conversation() {
     let listed = hub.cli_json(["held", "list", "--json"]);
     assert_eq!(listed.as_array().unwrap().len(), 3);
 
-    // Release one.
-    hub.cli_ok(["held", "release", ids[0], "--reason", "looked fine"]);
+    // Release one. The hold is still active, so the release needs --force (without it, it is
+    // refused naming the fence).
+    assert_eq!(hub.cli(["held", "release", ids[0], "--reason", "looked fine"]).status.code(), Some(2));
+    hub.cli_ok(["held", "release", ids[0], "--force", "--reason", "looked fine"]);
     assert_eq!(hub.state(ids[0]), "queued");
     assert_eq!(hub.events(ids[0]).last().unwrap(), &ev(Some("held"), "queued", "operator", OPERATOR));
     let listed = hub.cli_json(["held", "list", "--json"]);
@@ -257,7 +259,7 @@ async fn held_release_one_and_a_whole_conversation() {
     assert_eq!(hub.cli(["held", "release", &random_id()]).status.code(), Some(1));
 
     // Release the rest of the conversation.
-    let out = hub.cli_ok(["held", "release", "--conversation", "h", "--reason", "all fine"]);
+    let out = hub.cli_ok(["held", "release", "--conversation", "h", "--force", "--reason", "all fine"]);
     assert!(out.contains("released 2"), "{out}");
     for id in &ids {
         assert_eq!(hub.state(id), "queued");

@@ -22,6 +22,13 @@
 //! - `conversation_fairness`: a deep backlog in one conversation does not starve another.
 //! - `conversations_cli`: the operator's membership and publish-scope commands, and posts
 //!   without `to` running on exactly the members.
+//! - `ops_fleet`: `hosts list|show` and what `status` flags (silent hosts, expiring
+//!   certificates, a stopped hub) with its exit status.
+//! - `ops_identity`: one role per name, `certs list`, `renew --revoke-old`, `audit`.
+//! - `ops_lists`: `deliveries list` filters, order and cursor paging; ids by unique prefix.
+//! - `ops_output`: stored text shown escaped, `--json` exact, no migration noise.
+//! - `ops_truth`: counts that are rows changed, "nothing to do" exits, fence refusals,
+//!   releases a fence would undo, time-boxed fences.
 //! - `node_*`, `power_loss`: the node agent and durability under power loss (see each module);
 //!   `node_turns`: orphaned harnesses, SIGTERM before SIGKILL, revocation, renewal, store size.
 //! - `turn_control`: cancel reaching a running or waiting turn, retries the harness asks for,
@@ -55,6 +62,11 @@ mod node_flow;
 mod node_harness;
 mod node_outage;
 mod node_turns;
+mod ops_fleet;
+mod ops_identity;
+mod ops_lists;
+mod ops_output;
+mod ops_truth;
 mod packaging;
 mod power_loss;
 mod turn_control;

@@ -282,8 +282,12 @@ fn a_copied_node_data_directory_runs_nothing_twice_and_the_takeover_is_visible()
             assert_eq!(counts.get(id.as_str()), Some(&1), "a succeeded turn ran exactly once: {id}");
         }
     }
-    let status = hub.cli_json(["status", "--json"]);
-    assert!(status.to_string().contains("took_over"), "status shows the takeover: {status:#}");
+    // The operator sees the takeover: the host's current session took over the original's.
+    let shown = hub.cli_json(["hosts", "show", "host-a", "--json"]);
+    let took_over = shown.to_string();
+    assert!(took_over.contains("\"took_over\":") && !took_over.contains("\"took_over\":null"), "{shown:#}");
+    let text = hub.cli_ok(["hosts", "show", "host-a"]);
+    assert!(text.contains("took over session"), "{text}");
     let _ = copy.term();
     hub.verify_ok();
 }

@@ -62,6 +62,10 @@ pub enum Command {
         /// Validity in days.
         #[arg(long, default_value_t = 365)]
         days: u32,
+        /// Revoke the name's older certificates in the same step (without it, both stay valid
+        /// until the old one is revoked or expires, so a node can switch over first).
+        #[arg(long)]
+        revoke_old: bool,
     },
     /// Retire a host: no more work; its pending deliveries fail (mirrored ones become unknown)
     /// and it leaves every conversation it is a member of.
@@ -74,7 +78,7 @@ pub enum Command {
     },
     /// Requeue what a node instance that is gone for good holds.
     Requeue {
-        /// The instance id (see `deliveries list`).
+        /// The instance id (see `hosts list`).
         #[arg(long)]
         instance: String,
         /// Why (recorded).
@@ -123,7 +127,9 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Overview of the record.
+    /// Overview of the record, and what needs attention: the hub not running, hosts silent
+    /// longer than `host_silence_warn`, certificates expiring within 30 days. Exits 0 when the
+    /// hub runs and nothing needs attention, 1 otherwise (like `systemctl is-active`).
     Status {
         /// Print JSON.
         #[arg(long)]
@@ -155,6 +161,66 @@ pub enum Command {
         /// The directory (created if missing).
         #[arg(long)]
         out: PathBuf,
+    },
+
+    // The operator's view of the fleet, its identities and its history.
+    /// The fleet: every host with its instance, node session, last contact and holdings.
+    #[command(subcommand)]
+    Hosts(HostsCmd),
+    /// Certificates: name, role, serial, not-after, revoked.
+    #[command(subcommand)]
+    Certs(CertsCmd),
+    /// What operators and the hub did, newest first: enrollments, revocations, renewals,
+    /// retirements, requeues, fences set, lifted and expired, releases, cancels, membership and
+    /// scope changes, with actor and reason. Exit 1 when nothing matches.
+    Audit {
+        /// Only what happened at or after this time (UTC, "2026-05-01 12:00:00" or RFC 3339) or
+        /// this long ago ("24h").
+        #[arg(long, value_name = "TIME")]
+        since: Option<String>,
+        /// Only what this operator (or `hub`) did.
+        #[arg(long)]
+        actor: Option<String>,
+        /// At most this many entries.
+        #[arg(long, default_value_t = 1000)]
+        limit: u32,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `certs` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum CertsCmd {
+    /// Every certificate (or one name's): name, role, serial, not-after, revoked.
+    List {
+        /// Only this host or producer.
+        #[arg(long)]
+        name: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `hosts` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum HostsCmd {
+    /// Every host: state, bound instance, node session and version, last contact, holdings.
+    List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One host: the list's facts, its certificates (serial, not-after, revoked) and its
+    /// recent events. Exit 1 when it was never enrolled.
+    Show {
+        /// The host.
+        host: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -258,7 +324,9 @@ pub struct Reason {
 /// `fence` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum FenceCmd {
-    /// Matching deliveries stay queued until the fence lifts.
+    /// Matching deliveries stay queued until the fence lifts. Refused (exit 2) for a host never
+    /// enrolled or a conversation with no messages unless --force; refused (exit 1) when the
+    /// same fence is already active.
     Pause(FenceSet),
     /// Matching deliveries park in the held queue until released.
     Hold(FenceSet),
@@ -310,28 +378,49 @@ pub struct FenceSet {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+    /// Set it even for a host never enrolled or a conversation with no messages yet.
+    #[arg(long)]
+    pub force: bool,
+    /// The hub lifts it after this long ("30m", "2h").
+    #[arg(long = "for", value_name = "DURATION", conflicts_with = "until")]
+    pub for_duration: Option<String>,
+    /// The hub lifts it at this time (UTC, "2026-05-01 12:00:00" or RFC 3339).
+    #[arg(long, value_name = "TIME")]
+    pub until: Option<String>,
 }
 
 /// `held` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum HeldCmd {
-    /// List held deliveries.
+    /// List held deliveries, oldest first, a page at a time (the next page's cursor is printed
+    /// on stderr when more remain).
     List {
         /// Only this conversation.
         #[arg(long)]
         conversation: Option<String>,
+        /// At most this many (a page).
+        #[arg(long, default_value_t = 1000)]
+        limit: u32,
+        /// The next page: the cursor printed after the previous one.
+        #[arg(long, value_name = "CURSOR")]
+        after: Option<i64>,
         /// Print JSON.
         #[arg(long)]
         json: bool,
     },
-    /// Release one held delivery, or all of a conversation, back to queued.
+    /// Release one held delivery, or all of a conversation, back to queued. Refused (exit 2,
+    /// naming the fence) while an active hold or block would catch it again, unless --force;
+    /// exit 1 when nothing was held.
     Release {
-        /// The delivery id.
+        /// The delivery id, or a unique prefix of it.
         #[arg(required_unless_present = "conversation", conflicts_with = "conversation")]
         id: Option<String>,
         /// Release every held delivery of this conversation.
         #[arg(long)]
         conversation: Option<String>,
+        /// Release even when an active hold or block fence would catch it again at once.
+        #[arg(long)]
+        force: bool,
         /// Why (recorded).
         #[command(flatten)]
         why: Reason,
@@ -341,27 +430,48 @@ pub enum HeldCmd {
 /// `deliveries` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum DeliveriesCmd {
-    /// List deliveries, oldest first.
+    /// List deliveries, newest first on a terminal (oldest first otherwise, or with --oldest),
+    /// a page at a time: when more remain, the cursor of the next page is printed on stderr
+    /// (`next page: --after N`).
     List {
-        /// Only this state.
+        /// Only this state (queued, claimed, mirrored, delivered, held, failed, unknown).
         #[arg(long)]
         state: Option<String>,
+        /// Only deliveries whose current run ended so (succeeded, failed, unknown, cancelled).
+        #[arg(long)]
+        outcome: Option<String>,
         /// Only this host.
         #[arg(long)]
         host: Option<String>,
         /// Only this conversation.
         #[arg(long)]
         conversation: Option<String>,
-        /// At most this many.
+        /// Only deliveries last changed at or after this time (UTC, "2026-05-01 12:00:00" or
+        /// RFC 3339) or this long ago ("2h").
+        #[arg(long, value_name = "TIME")]
+        since: Option<String>,
+        /// Only deliveries last changed before this time (same forms as --since).
+        #[arg(long, value_name = "TIME")]
+        until: Option<String>,
+        /// Newest first.
+        #[arg(long, conflicts_with = "oldest")]
+        newest: bool,
+        /// Oldest first.
+        #[arg(long)]
+        oldest: bool,
+        /// At most this many (a page).
         #[arg(long, default_value_t = 1000)]
         limit: u32,
+        /// The next page: the cursor printed after the previous one.
+        #[arg(long, value_name = "CURSOR")]
+        after: Option<i64>,
         /// Print JSON.
         #[arg(long)]
         json: bool,
     },
     /// One delivery with its event history and attempts.
     Show {
-        /// The delivery id.
+        /// The delivery id, or a unique prefix of it.
         id: String,
         /// Print JSON.
         #[arg(long)]
@@ -423,6 +533,9 @@ mod tests {
             vec!["baton-hub", "fence", "pause", "--conversation", "c"],
             vec!["baton-hub", "fence", "hold", "--host", "h", "--reason", "r"],
             vec!["baton-hub", "fence", "block", "--all"],
+            vec!["baton-hub", "fence", "pause", "--host", "h", "--for", "30m", "--force"],
+            vec!["baton-hub", "fence", "hold", "--all", "--until", "2030-01-01 00:00:00"],
+            vec!["baton-hub", "held", "release", "abc", "--force"],
             vec!["baton-hub", "fence", "lift", "3"],
             vec!["baton-hub", "fence", "list", "--json"],
             vec!["baton-hub", "held", "list", "--json"],
@@ -441,6 +554,20 @@ mod tests {
                 "--json",
             ],
             vec!["baton-hub", "deliveries", "show", "abc", "--json"],
+            vec![
+                "baton-hub",
+                "deliveries",
+                "list",
+                "--outcome",
+                "failed",
+                "--since",
+                "2h",
+                "--oldest",
+                "--limit",
+                "5",
+                "--after",
+                "9",
+            ],
             vec!["baton-hub", "send", "--conversation", "c", "--to", "a,b", "--key", "k", "--payload", "{}"],
             vec!["baton-hub", "status", "--json"],
             vec!["baton-hub", "backup", "--out", "f"],
@@ -449,9 +576,16 @@ mod tests {
             vec!["baton-hub", "completions", "zsh"],
             vec!["baton-hub", "completions", "fish"],
             vec!["baton-hub", "man", "--out", "d"],
+            vec!["baton-hub", "hosts", "list", "--json"],
+            vec!["baton-hub", "certs", "list", "--name", "host-a", "--json"],
+            vec!["baton-hub", "renew", "host-a", "--out", "d", "--revoke-old"],
+            vec!["baton-hub", "audit", "--since", "24h", "--actor", "alice", "--json"],
+            vec!["baton-hub", "hosts", "show", "host-a", "--json"],
         ] {
             assert!(Cli::try_parse_from(&args).is_ok(), "{args:?}");
         }
+        // A fence ends at one time at most.
+        assert!(Cli::try_parse_from(["baton-hub", "fence", "pause", "--all", "--for", "1h", "--until", "x"]).is_err());
         // A fence needs exactly one scope.
         assert!(Cli::try_parse_from(["baton-hub", "fence", "pause"]).is_err());
         assert!(Cli::try_parse_from(["baton-hub", "fence", "pause", "--all", "--host", "h"]).is_err());

@@ -1,10 +1,22 @@
-//! `fence pause|hold|block (--conversation C | --host H | --all)`, `fence lift ID`, `fence list`.
+//! `fence pause|hold|block (--conversation C | --host H | --all) [--for D | --until T]
+//! [--force]`, `fence lift ID`, `fence list`.
+//!
+//! A fence that could not match anything (a host never enrolled, a conversation with no
+//! messages: most likely a typo) is refused unless `--force`; a fence the same as an active one
+//! is refused naming it (it would change nothing). A time-boxed fence is lifted by the hub at
+//! its expiry; changing fence commands lift expired ones first, so the record never shows a
+//! fence active past its time when the hub is stopped.
 
 use super::args::{FenceCmd, FenceSet};
-use super::{CliResult, Context, output};
+use super::output::esc;
+use super::{CliError, CliResult, Context, output};
 use crate::store::fences::{self, FenceKind, FenceScope, NewFence};
+use crate::store::hosts::{self, Standing};
 use crate::store::in_write_txn;
+use baton_shared::duration;
+use baton_shared::exit;
 use baton_shared::ids::check_name;
+use rusqlite::Connection;
 
 /// Runs one `fence` subcommand.
 pub(super) fn run(ctx: &Context, f: &FenceCmd) -> CliResult {
@@ -14,11 +26,60 @@ pub(super) fn run(ctx: &Context, f: &FenceCmd) -> CliResult {
         FenceCmd::Block(s) => set(ctx, FenceKind::Block, s),
         FenceCmd::Lift { id, why } => {
             let conn = ctx.open_write()?;
-            in_write_txn(&conn, |c| fences::lift(c, *id, &ctx.operator, &why.reason, ctx.now_ms()))?;
+            in_write_txn(&conn, |c| {
+                fences::lift_expired(c, ctx.now_ms())?;
+                fences::lift(c, *id, &ctx.operator, &why.reason, ctx.now_ms())
+            })
+            .map_err(|e| match e {
+                crate::store::StoreError::NotFound(_) => {
+                    CliError::new(exit::NOTHING, format!("nothing to do: fence {id} is not active"))
+                }
+                e => e.into(),
+            })?;
             ctx.wake_hub();
             output::line(format!("lifted fence {id}"))
         }
-        FenceCmd::List { all, json } => output::fences(&fences::list(&ctx.open_read()?, *all)?, *json),
+        FenceCmd::List { all, json } => output::fences(&fences::list(&ctx.open_read()?, *all)?, ctx.now_ms(), *json),
+    }
+}
+
+/// When the hub lifts the fence, from `--for` or `--until`.
+fn expiry_ms(ctx: &Context, set: &FenceSet) -> Result<Option<i64>, CliError> {
+    let now = ctx.now_ms();
+    let at = match (&set.for_duration, &set.until) {
+        (Some(d), _) => {
+            let d = duration::parse("--for", d).map_err(CliError::usage)?;
+            now.saturating_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        }
+        (None, Some(t)) => duration::parse_time_ms("--until", t).map_err(CliError::usage)?,
+        (None, None) => return Ok(None),
+    };
+    if at <= now {
+        return Err(CliError::usage("the fence would end before it begins: give a time in the future"));
+    }
+    Ok(Some(at))
+}
+
+/// Refuses a target that matches nothing today, unless `force`.
+fn check_target(conn: &Connection, scope: FenceScope, target: Option<&str>, force: bool) -> CliResult {
+    let Some(t) = target else { return Ok(()) };
+    if force {
+        return Ok(());
+    }
+    let problem = match scope {
+        FenceScope::Host => match hosts::standing(conn, t)? {
+            Standing::NotEnrolled => Some(format!("host {} was never enrolled", esc(t))),
+            Standing::Retired => Some(format!("host {} is retired", esc(t))),
+            Standing::Active => None,
+        },
+        FenceScope::Conversation if !fences::conversation_has_messages(conn, t)? => {
+            Some(format!("conversation {} has no messages", esc(t)))
+        }
+        _ => None,
+    };
+    match problem {
+        Some(p) => Err(CliError::usage(format!("{p}; a typo? (--force sets the fence anyway)"))),
+        None => Ok(()),
     }
 }
 
@@ -34,18 +95,34 @@ fn set(ctx: &Context, kind: FenceKind, set: &FenceSet) -> CliResult {
         }
         _ => (FenceScope::All, None),
     };
+    let expires_at_ms = expiry_ms(ctx, set)?;
     let conn = ctx.open_write()?;
     let new = NewFence { kind, scope, target, operator: &ctx.operator, reason: &set.why.reason };
-    let id = in_write_txn(&conn, |c| fences::set(c, new, ctx.now_ms()))?;
+    let now_ms = ctx.now_ms();
+    let id = in_write_txn(&conn, |c| {
+        fences::lift_expired(c, now_ms)?;
+        if let Err(e) = check_target(c, scope, target, set.force) {
+            return Ok(Err(e));
+        }
+        if let Some(existing) = fences::active_same(c, kind, scope, target)? {
+            return Ok(Err(CliError::new(
+                exit::NOTHING,
+                format!("nothing to do: {} is already active", esc(&existing.describe())),
+            )));
+        }
+        fences::set_until(c, new, expires_at_ms, now_ms).map(Ok)
+    })??;
+    ctx.wake_hub();
     if set.json {
-        return output::json(
-            &serde_json::json!({"id": id, "kind": kind.as_str(), "scope": scope.as_str(), "target": target}),
-        );
+        return output::json(&serde_json::json!({
+            "id": id, "kind": kind.as_str(), "scope": scope.as_str(), "target": target, "expires_at_ms": expires_at_ms,
+        }));
     }
     output::line(format!(
-        "fence {id}: {} {}{}",
+        "fence {id}: {} {}{}{}",
         kind.as_str(),
         scope.as_str(),
-        target.map(|t| format!(" {t}")).unwrap_or_default()
+        target.map(|t| format!(" {t}")).unwrap_or_default(),
+        expires_at_ms.map(|at| format!(", lifted by the hub at {}", output::fmt_ms(at))).unwrap_or_default()
     ))
 }

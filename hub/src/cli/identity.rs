@@ -3,7 +3,7 @@
 
 use super::args::Enroll;
 use super::{CliError, CliResult, Context, output};
-use crate::store::{self, hosts, in_write_txn, producers};
+use crate::store::{self, StoreError, fleet, hosts, in_write_txn, producers};
 use baton_shared::ids::{Role, check_name};
 use baton_shared::pki::{self, LeafKind};
 use std::io::Write;
@@ -80,21 +80,56 @@ pub(super) fn enroll_cmd(ctx: &Context, e: &Enroll) -> CliResult {
     }
 }
 
-/// `renew NAME --out DIR`: a fresh certificate under the role `NAME` was enrolled with.
-pub(super) fn renew(ctx: &Context, name: &str, out: &Path, days: u32) -> CliResult {
+/// `renew NAME --out DIR [--revoke-old]`: a fresh certificate under the role `NAME` was
+/// enrolled with; with `revoke_old`, its other unrevoked certificates are revoked in the same
+/// transaction (otherwise both stay valid until the old one is revoked or expires).
+pub(super) fn renew(ctx: &Context, name: &str, out: &Path, days: u32, revoke_old: bool) -> CliResult {
     let roles = hosts::enrolled_roles(&ctx.open_read()?, name)?;
     let role = match roles.as_slice() {
         [r] => *r,
         [] => return Err(CliError::new(baton_shared::exit::NOTHING, format!("{name} was never enrolled"))),
         _ => return Err(CliError::usage(format!("{name} is enrolled as both node and producer"))),
     };
-    enroll(ctx, role, name, out, days, None)
+    let revoked = enroll_as(ctx, Enrollment { role, name, out_dir: out, days, scope: None, revoke_old })?;
+    if !revoked.is_empty() {
+        output::line(format!("revoked the old certificate(s) of {name}: {}", revoked.join(", ")))?;
+        ctx.wake_hub();
+    }
+    Ok(())
+}
+
+/// What one enrollment issues and records.
+struct Enrollment<'a> {
+    role: Role,
+    name: &'a str,
+    out_dir: &'a Path,
+    days: u32,
+    /// A producer's publish scope, when given.
+    scope: Option<&'a [String]>,
+    /// Revoke the name's other unrevoked certificates (a renewal that retires the old one).
+    revoke_old: bool,
+}
+
+/// Refuses a name already enrolled in the other role: one name, one role, so `revoke NAME`
+/// and `renew NAME` are never ambiguous.
+fn check_one_role(conn: &rusqlite::Connection, role: Role, name: &str) -> Result<(), StoreError> {
+    let other: Vec<Role> = hosts::enrolled_roles(conn, name)?.into_iter().filter(|r| *r != role).collect();
+    match other.first() {
+        Some(r) => Err(StoreError::Invalid(format!("{name} is already enrolled as a {r}; a name has one role only"))),
+        None => Ok(()),
+    }
 }
 
 /// Issues a certificate for `name`, records it (with a producer's publish `scope`, when given,
 /// in the same transaction), and writes `NAME.crt`, `NAME.key` and `ca.crt` into `out_dir`
 /// (refusing to overwrite a certificate or key).
 fn enroll(ctx: &Context, role: Role, name: &str, out_dir: &Path, days: u32, scope: Option<&[String]>) -> CliResult {
+    enroll_as(ctx, Enrollment { role, name, out_dir, days, scope, revoke_old: false }).map(drop)
+}
+
+/// `enroll` with every option; returns the serials it revoked (`revoke_old`).
+fn enroll_as(ctx: &Context, e: Enrollment<'_>) -> Result<Vec<String>, CliError> {
+    let Enrollment { role, name, out_dir, days, scope, revoke_old } = e;
     check_name("name", name)?;
     if days == 0 || days > CERT_DAYS_MAX {
         return Err(CliError::usage(format!("--days {days} is out of range; allowed 1..={CERT_DAYS_MAX}")));
@@ -115,12 +150,28 @@ fn enroll(ctx: &Context, role: Role, name: &str, out_dir: &Path, days: u32, scop
         }
     }
     let issued = hosts::Issued { role, name, serial: &leaf.serial, not_after_unix: leaf.not_after_unix };
-    in_write_txn(&conn, |c| {
-        hosts::enroll(c, issued, "cli", ctx.now_ms())?;
+    let now_ms = ctx.now_ms();
+    let revoked = in_write_txn(&conn, |c| {
+        check_one_role(c, role, name)?;
+        hosts::enroll(c, issued, &ctx.operator, now_ms)?;
         if let Some(patterns) = scope {
-            producers::set_scope(c, name, patterns, &ctx.operator, "enrolled", ctx.now_ms())?;
+            producers::set_scope(c, name, patterns, &ctx.operator, "enrolled", now_ms)?;
         }
-        Ok(())
+        let mut revoked = Vec::new();
+        if revoke_old {
+            for old in fleet::certificates(c, Some((role, name)))? {
+                if old.revoked.is_none() && old.serial != leaf.serial {
+                    revoked.extend(hosts::revoke(
+                        c,
+                        &old.serial,
+                        &ctx.operator,
+                        "renewed; old certificate revoked",
+                        now_ms,
+                    )?);
+                }
+            }
+        }
+        Ok(revoked)
     })?;
     write_new(&key_path, &leaf.key_pem, true)?;
     write_new(&cert_path, &leaf.cert_pem, false)?;
@@ -132,7 +183,17 @@ fn enroll(ctx: &Context, role: Role, name: &str, out_dir: &Path, days: u32, scop
     if let Some(patterns) = scope {
         output::line(format!("producer {name} may post into: {}", patterns.join(" ")))?;
     }
-    Ok(())
+    Ok(revoked)
+}
+
+/// `certs list [--name NAME]`: every certificate with its role, serial, expiry and revocation.
+pub(super) fn certs(ctx: &Context, name: Option<&str>, json: bool) -> CliResult {
+    let conn = ctx.open_read()?;
+    let mut rows = fleet::certificates(&conn, None)?;
+    if let Some(n) = name {
+        rows.retain(|c| c.name == n);
+    }
+    output::certs(&rows, ctx.now_ms(), json)
 }
 
 /// `revoke NAME|SERIAL`.

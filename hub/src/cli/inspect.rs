@@ -2,16 +2,85 @@
 
 use super::{CliError, CliResult, Context, output};
 use crate::lock;
-use crate::store::{backup, read, verify};
-use baton_shared::exit;
+use crate::store::{backup, fleet, read, verify};
+use baton_shared::duration::{human, human_ms};
+use baton_shared::{exit, pki};
 use std::path::Path;
+use std::time::Duration;
 
-/// `status`: the record's counts, and whether a hub serves this data directory (from its
-/// lock: side-effect free, it wakes no waiting long-poll).
+/// How far ahead `status` looks for certificates that expire (nodes, producers and the hub's
+/// own server certificate): long enough to renew at leisure.
+pub(super) const CERT_EXPIRY_WARN: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// One thing `status` says needs an operator's attention.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Attention {
+    /// `hub_not_running`, `host_silent` or `certificate_expiring`.
+    pub(super) kind: &'static str,
+    /// What it is about: the data directory, a host, a certificate's name.
+    pub(super) subject: String,
+    /// What is wrong, in a sentence.
+    pub(super) detail: String,
+}
+
+/// `status`: the record's counts, whether a hub serves this data directory (from its lock:
+/// side-effect free, it wakes no waiting long-poll), and what needs attention. Exit 1 when the
+/// hub is not running or anything needs attention.
 pub(super) fn status(ctx: &Context, json: bool) -> CliResult {
     let hub = lock::probe(&ctx.dir)?;
-    let s = read::status(&ctx.open_read()?)?;
-    output::status(&s, hub.as_ref(), json)
+    let config = ctx.config(None)?;
+    let conn = ctx.open_read()?;
+    let s = read::status(&conn)?;
+    let now_ms = ctx.now_ms();
+    let mut attention = Vec::new();
+    if hub.is_none() {
+        attention.push(Attention {
+            kind: "hub_not_running",
+            subject: ctx.dir.root().display().to_string(),
+            detail: "no hub serves this data directory".into(),
+        });
+    }
+    let silence_ms = i64::try_from(config.host_silence_warn.as_millis()).unwrap_or(i64::MAX);
+    for h in fleet::silent_hosts(&conn, now_ms, silence_ms)? {
+        attention.push(Attention {
+            kind: "host_silent",
+            subject: h.host,
+            detail: format!(
+                "session {} silent for {} (host_silence_warn {})",
+                h.session,
+                human_ms(now_ms.saturating_sub(h.last_contact_at_ms)),
+                human(config.host_silence_warn)
+            ),
+        });
+    }
+    let now_unix = now_ms / 1000;
+    let until_unix = now_unix.saturating_add(CERT_EXPIRY_WARN.as_secs() as i64);
+    for c in fleet::expiring_certificates(&conn, until_unix)? {
+        attention.push(expiring(&format!("{} {}", c.role, c.name), &c.serial, c.not_after_unix, now_unix));
+    }
+    let server_pem = std::fs::read_to_string(ctx.dir.server_cert())
+        .map_err(|e| CliError::failure(format!("{}: {e}", ctx.dir.server_cert().display())))?;
+    let (serial, not_after) = pki::cert_facts(&server_pem)
+        .map_err(|e| CliError::failure(format!("{}: {e}", ctx.dir.server_cert().display())))?;
+    if not_after < until_unix {
+        attention.push(expiring("hub server certificate", &serial, not_after, now_unix));
+    }
+    output::status(&s, hub.as_ref(), &attention, json)?;
+    match attention.as_slice() {
+        [] => Ok(()),
+        [only] if only.kind == "hub_not_running" => Err(CliError::new(exit::NOTHING, "the hub is not running")),
+        items => Err(CliError::new(exit::NOTHING, format!("{} item(s) need attention", items.len()))),
+    }
+}
+
+fn expiring(subject: &str, serial: &str, not_after_unix: i64, now_unix: i64) -> Attention {
+    let left = not_after_unix.saturating_sub(now_unix);
+    let detail = if left <= 0 {
+        format!("certificate {serial} expired {} ago", human_ms(left.saturating_neg().saturating_mul(1000)))
+    } else {
+        format!("certificate {serial} expires in {}", human_ms(left.saturating_mul(1000)))
+    };
+    Attention { kind: "certificate_expiring", subject: subject.to_string(), detail }
 }
 
 /// `backup --out FILE`: a consistent copy, checked, while the hub may run.

@@ -4,13 +4,15 @@
 //! Layout:
 //! - `args`: the command line, defined once (clap derive).
 //! - `output`: everything written to stdout (tables, JSON, one-line answers).
-//! - `identity`: `init`, `enroll`, `renew`, `revoke`.
+//! - `identity`: `init`, `enroll`, `renew`, `revoke`, `certs list`.
 //! - `conversations`: `members add|remove|list`, `producers scope|list`.
 //! - `fence`: `fence pause|hold|block|lift|list`.
 //! - `deliveries`: `deliveries list|show`, `held`, `retire`, `requeue`.
 //! - `turns`: `deliveries cancel|retry`, `redrive`.
 //! - `send`: submitting a message by hand.
 //! - `inspect`: `status`, `backup`, `verify`, `config check`.
+//! - `hosts`: `hosts list|show`, the fleet.
+//! - `audit`: `audit`, the operators' and the hub's actions.
 //! - `serve`: running the hub.
 //! - `manuals`: `completions` and `man`, generated from `args`.
 //!
@@ -20,9 +22,11 @@
 //! serialises the writers) and then wake a running hub through its socket.
 
 mod args;
+mod audit;
 mod conversations;
 mod deliveries;
 mod fence;
+mod hosts;
 mod identity;
 mod inspect;
 mod manuals;
@@ -208,7 +212,7 @@ pub fn run(cli: &Cli) -> CliResult {
         Command::Serve { .. } => Err(CliError::failure("serve is run above")),
         Command::Init { hostnames } => identity::init(&ctx, hostnames),
         Command::Enroll(e) => identity::enroll_cmd(&ctx, e),
-        Command::Renew { name, out, days } => identity::renew(&ctx, name, out, *days),
+        Command::Renew { name, out, days, revoke_old } => identity::renew(&ctx, name, out, *days, *revoke_old),
         Command::Revoke { name, why } => identity::revoke(&ctx, name, &why.reason),
         Command::Retire { host, why } => deliveries::retire(&ctx, host, &why.reason),
         Command::Requeue { instance, why } => deliveries::requeue(&ctx, instance, &why.reason),
@@ -235,6 +239,11 @@ pub fn run(cli: &Cli) -> CliResult {
         Command::Config(ConfigCmd::Check { config }) => inspect::config_check(&ctx, config.as_deref()),
         Command::Completions { shell } => manuals::completions(*shell),
         Command::Man { out } => manuals::man(out),
+        Command::Hosts(h) => hosts::run(&ctx, h),
+        Command::Certs(CertsCmd::List { name, json }) => identity::certs(&ctx, name.as_deref(), *json),
+        Command::Audit { since, actor, limit, json } => {
+            audit::run(&ctx, audit::Query { since: since.as_deref(), actor: actor.as_deref(), limit: *limit }, *json)
+        }
     }
 }
 

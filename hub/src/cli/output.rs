@@ -3,15 +3,63 @@
 //! and the tests read them); store rows do not derive `Serialize`, so each shape is built here,
 //! explicitly.
 
+use super::inspect::Attention;
 use super::{CliError, CliResult};
 use crate::lock::Holder;
+use crate::store::audit::AuditEntry;
 use crate::store::fences::FenceRow;
+use crate::store::fleet::{CertRow, HostDetail, HostEvent, HostRow, SessionRow};
 use crate::store::members::{ConversationMembers, IntervalRow};
 use crate::store::producers::ProducerRow;
 use crate::store::read::{DeliveryDetail, DeliveryRow, StatusView};
 use crate::store::verify::Problem;
+use baton_shared::duration::human_ms;
 use serde_json::{Value, json};
+use std::borrow::Cow;
 use std::io::Write;
+
+/// Whether a character must not reach a terminal raw: C0 and C1 controls (ESC, CSI, OSC and
+/// the rest), DEL, and the bidirectional overrides and isolates that reorder what is shown.
+fn unsafe_char(c: char) -> bool {
+    c.is_control() || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+fn push_escaped(out: &mut String, c: char) {
+    match c {
+        '\n' => out.push_str("\\n"),
+        '\r' => out.push_str("\\r"),
+        '\t' => out.push_str("\\t"),
+        c if (c as u32) < 0x100 => out.push_str(&format!("\\x{:02x}", c as u32)),
+        c => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+    }
+}
+
+/// Stored text (a reason, a result, a name derived from a payload or sent by a node) made safe
+/// for a terminal: every control character, escape sequence introducer (so CSI and OSC 52
+/// sequences), DEL and bidirectional override is shown escaped (`\x1b`, `\n`, `\u{202e}`),
+/// so nothing stored can move the cursor, fake a table row, clear the screen or write the
+/// clipboard. The one function every human-readable output of stored text goes through;
+/// `--json` output is never escaped (serde writes it exactly).
+pub(super) fn esc(s: &str) -> Cow<'_, str> {
+    if !s.chars().any(unsafe_char) {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if unsafe_char(c) { push_escaped(&mut out, c) } else { out.push(c) }
+    }
+    Cow::Owned(out)
+}
+
+/// `esc` for a block printed over several lines (a harness result): line breaks stay line
+/// breaks, each line after the first is indented by `indent`, everything else is escaped.
+fn esc_block(s: &str, indent: &str) -> String {
+    s.trim_end()
+        .split('\n')
+        .map(|l| esc(l.strip_suffix('\r').unwrap_or(l)).into_owned())
+        .collect::<Vec<_>>()
+        .join(&format!("\n{indent}"))
+}
 
 fn out() -> std::io::StdoutLock<'static> {
     std::io::stdout().lock()
@@ -29,8 +77,11 @@ pub(super) fn json(v: &Value) -> CliResult {
     line(text)
 }
 
-/// Prints rows as an aligned table with a header.
+/// Prints rows as an aligned table with a header. Every cell goes through `esc`, so a stored
+/// text can neither break a row nor reach the terminal raw.
 fn table(header: &[&str], rows: &[Vec<String>]) -> CliResult {
+    let rows: Vec<Vec<String>> = rows.iter().map(|r| r.iter().map(|c| esc(c).into_owned()).collect()).collect();
+    let rows = rows.as_slice();
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
@@ -76,17 +127,23 @@ fn fence_json(r: &FenceRow) -> Value {
         "reason": r.reason,
         "lifted_at_ms": r.lifted_at_ms,
         "lifted_by": r.lifted_by,
+        "expires_at_ms": r.expires_at_ms,
     })
 }
 
 /// `fence list`.
-pub(super) fn fences(rows: &[FenceRow], as_json: bool) -> CliResult {
+pub(super) fn fences(rows: &[FenceRow], now_ms: i64, as_json: bool) -> CliResult {
     if as_json {
         return json(&Value::Array(rows.iter().map(fence_json).collect()));
     }
     let rows: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
+            let until = match (r.lifted_at_ms, r.expires_at_ms) {
+                (None, Some(at)) => format!("{} (in {})", fmt_ms(at), human_secs(at.saturating_sub(now_ms))),
+                (Some(_), Some(at)) => fmt_ms(at),
+                (_, None) => "-".into(),
+            };
             vec![
                 r.id.to_string(),
                 r.kind.as_str().to_string(),
@@ -94,12 +151,17 @@ pub(super) fn fences(rows: &[FenceRow], as_json: bool) -> CliResult {
                 r.target.clone().unwrap_or_else(|| "*".into()),
                 r.set_by.clone(),
                 fmt_ms(r.set_at_ms),
-                r.lifted_at_ms.map(fmt_ms).unwrap_or_else(|| "active".into()),
+                until,
+                match (r.lifted_at_ms, &r.lifted_by) {
+                    (Some(at), Some(by)) => format!("{} by {by}", fmt_ms(at)),
+                    (Some(at), None) => fmt_ms(at),
+                    (None, _) => "active".into(),
+                },
                 r.reason.clone(),
             ]
         })
         .collect();
-    table(&["ID", "KIND", "SCOPE", "TARGET", "SET BY", "SET AT", "LIFTED", "REASON"], &rows)
+    table(&["ID", "KIND", "SCOPE", "TARGET", "SET BY", "SET AT", "UNTIL", "LIFTED", "REASON"], &rows)
 }
 
 fn interval_json(i: &IntervalRow) -> Value {
@@ -232,6 +294,81 @@ pub(super) fn deliveries(rows: &[DeliveryRow], as_json: bool) -> CliResult {
     table(&["DELIVERY", "HOST", "CONVERSATION", "SEQ", "STATE", "OUTCOME", "UPDATED", "REASON"], &rows)
 }
 
+/// A listing's note that it stopped at its limit, on stderr (stdout stays the listing alone).
+pub(super) fn more_remain(note: &str) -> CliResult {
+    writeln!(std::io::stderr().lock(), "{note}")?;
+    Ok(())
+}
+
+/// `certs list`: a table, or JSON (`[{"serial", "role", "name", "issued_at_ms",
+/// "not_after_unix", "revoked", "revoked_at_ms", "revoked_by", "revoked_reason"}]`).
+pub(super) fn certs(rows: &[CertRow], now_ms: i64, as_json: bool) -> CliResult {
+    if as_json {
+        return json(&Value::Array(rows.iter().map(cert_json).collect()));
+    }
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|c| {
+            vec![
+                c.name.clone(),
+                c.role.as_str().to_string(),
+                c.serial.clone(),
+                fmt_ms(c.issued_at_ms),
+                fmt_not_after(c.not_after_unix, now_ms),
+                match &c.revoked {
+                    Some((at, by, why)) => format!("{} by {by}: {why}", fmt_ms(*at)),
+                    None => "-".into(),
+                },
+            ]
+        })
+        .collect();
+    table(&["NAME", "ROLE", "SERIAL", "ISSUED", "NOT AFTER", "REVOKED"], &rows)
+}
+
+/// `audit`: a table, or JSON (`[{"at_ms", "source", "id", "action", "subject", "actor_kind",
+/// "actor", "reason"}]`), newest first.
+pub(super) fn audit(rows: &[AuditEntry], as_json: bool) -> CliResult {
+    if as_json {
+        let typed: Vec<Value> = rows
+            .iter()
+            .map(|e| {
+                json!({
+                    "at_ms": e.at_ms,
+                    "source": e.source.as_str(),
+                    "id": e.id,
+                    "action": e.action,
+                    "subject": e.subject,
+                    "actor_kind": e.actor_kind.as_str(),
+                    "actor": e.actor,
+                    "reason": e.reason,
+                })
+            })
+            .collect();
+        return json(&Value::Array(typed));
+    }
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|e| {
+            vec![
+                fmt_ms(e.at_ms),
+                format!("{} {}", e.actor_kind.as_str(), e.actor),
+                e.action.clone(),
+                e.subject.clone(),
+                e.reason.clone().unwrap_or_else(|| "-".into()),
+            ]
+        })
+        .collect();
+    table(&["AT", "ACTOR", "ACTION", "SUBJECT", "REASON"], &rows)
+}
+
+/// The cursor of a listing's next page, on stderr so that stdout stays the page alone (a JSON
+/// array for scripts).
+pub(super) fn next_page(order: &str, cursor: i64) -> CliResult {
+    let order = if order.is_empty() { String::new() } else { format!("{order} ") };
+    writeln!(std::io::stderr().lock(), "more remain; next page: {order}--after {cursor}")?;
+    Ok(())
+}
+
 /// `deliveries show`.
 pub(super) fn detail(d: &DeliveryDetail, as_json: bool) -> CliResult {
     if as_json {
@@ -255,16 +392,16 @@ pub(super) fn detail(d: &DeliveryDetail, as_json: bool) -> CliResult {
     }
     let r = &d.delivery;
     let mut o = out();
-    writeln!(o, "delivery      {}", r.delivery_id)?;
-    writeln!(o, "message       {}", r.message_id)?;
-    writeln!(o, "host          {}", r.host)?;
-    writeln!(o, "conversation  {} (seq {})", r.conversation, r.seq)?;
+    writeln!(o, "delivery      {}", esc(&r.delivery_id))?;
+    writeln!(o, "message       {}", esc(&r.message_id))?;
+    writeln!(o, "host          {}", esc(&r.host))?;
+    writeln!(o, "conversation  {} (seq {})", esc(&r.conversation), r.seq)?;
     writeln!(o, "state         {}", r.state)?;
     if let Some(i) = &r.instance_id {
-        writeln!(o, "instance      {i}")?;
+        writeln!(o, "instance      {}", esc(i))?;
     }
     if let Some(reason) = &r.reason {
-        writeln!(o, "reason        {reason}")?;
+        writeln!(o, "reason        {}", esc(reason))?;
     }
     writeln!(o, "events:")?;
     for e in &d.events {
@@ -275,8 +412,8 @@ pub(super) fn detail(d: &DeliveryDetail, as_json: bool) -> CliResult {
             e.from_state.map(|s| s.to_string()).unwrap_or_else(|| "(new)".into()),
             e.to_state,
             e.actor_kind.as_str(),
-            e.actor,
-            e.reason.as_ref().map(|r| format!(": {r}")).unwrap_or_default()
+            esc(&e.actor),
+            e.reason.as_ref().map(|r| format!(": {}", esc(r))).unwrap_or_default()
         )?;
     }
     writeln!(o, "attempts:")?;
@@ -287,28 +424,206 @@ pub(super) fn detail(d: &DeliveryDetail, as_json: bool) -> CliResult {
             a.attempt,
             a.rerun.map(|r| format!(" ({})", r.as_str())).unwrap_or_default(),
             if a.retryable { "  retryable" } else { "" },
-            a.caused_by.as_deref().unwrap_or("-")
+            esc(a.caused_by.as_deref().unwrap_or("-"))
         )?;
         writeln!(
             o,
-            "    {}  {}  exit {}  {} ms{}",
+            "    {}  {}  exit {}  {}{}",
             fmt_ms(a.reported_at_ms),
             a.outcome,
             a.exit_code.map(|c| c.to_string()).unwrap_or_else(|| "-".into()),
-            a.duration_ms.map(|c| c.to_string()).unwrap_or_else(|| "-".into()),
-            a.reason.as_ref().map(|r| format!("  ({r})")).unwrap_or_default()
+            a.duration_ms.map(|ms| human_ms(i64::try_from(ms).unwrap_or(i64::MAX))).unwrap_or_else(|| "-".into()),
+            a.reason.as_ref().map(|r| format!("  ({})", esc(r))).unwrap_or_default()
         )?;
         if let Some(r) = &a.result {
-            writeln!(o, "    result: {}", r.trim_end())?;
+            writeln!(o, "    result: {}", esc_block(r, "            "))?;
         }
     }
     Ok(())
 }
 
-/// `status`: the record's counts and whether a hub serves this data directory.
-pub(super) fn status(s: &StatusView, hub: Option<&Holder>, as_json: bool) -> CliResult {
+/// "2026-01-02 03:04:05 (1m 0.003s ago)": a past moment and how long ago it was.
+fn fmt_ago(at_ms: i64, now_ms: i64) -> String {
+    format!("{} ({} ago)", fmt_ms(at_ms), human_secs(now_ms.saturating_sub(at_ms)))
+}
+
+/// A span of milliseconds as a human duration to the whole second (a countdown or an age,
+/// where milliseconds are noise); a negative one shows as `0s`.
+fn human_secs(ms: i64) -> String {
+    human_ms(ms.max(0) / 1000 * 1000)
+}
+
+fn session_json(s: &SessionRow) -> Value {
+    json!({
+        "session": s.session,
+        "instance_id": s.instance_id,
+        "node_version": s.node_version,
+        "started_at_ms": s.started_at_ms,
+        "last_contact_at_ms": s.last_contact_at_ms,
+        "ended_at_ms": s.ended_at_ms,
+        "ended_how": s.ended_how.map(|e| e.as_str()),
+        "took_over": s.took_over,
+    })
+}
+
+fn host_json(h: &HostRow) -> Value {
+    json!({
+        "host": h.name,
+        "state": h.state.as_str(),
+        "enrolled_at_ms": h.enrolled_at_ms,
+        "retired_at_ms": h.retired.as_ref().map(|r| r.0),
+        "retired_by": h.retired.as_ref().map(|r| &r.1),
+        "retired_reason": h.retired.as_ref().map(|r| &r.2),
+        "instance_id": h.instance.as_ref().map(|i| &i.0),
+        "instance_since_ms": h.instance.as_ref().map(|i| i.1),
+        "session": h.session.as_ref().map(session_json),
+        "holdings": {"claimed": h.holdings.claimed, "mirrored": h.holdings.mirrored, "delivered": h.holdings.delivered},
+        "waiting": h.waiting,
+        "certificates_active": h.certificates_active,
+    })
+}
+
+/// The session column: "N since T", "N ended clean", or "no session".
+fn session_cell(s: Option<&SessionRow>) -> String {
+    match s {
+        None => "no session".into(),
+        Some(s) => match s.ended_how {
+            Some(how) => format!("{} (ended {})", s.session, how.as_str()),
+            None => format!("{} since {}", s.session, fmt_ms(s.started_at_ms)),
+        },
+    }
+}
+
+/// `hosts list`: a table, or JSON (`[{"host", "state", "instance_id", "session": {…} | null,
+/// "holdings": {"claimed", "mirrored", "delivered"}, "waiting", …}]`).
+pub(super) fn hosts(rows: &[HostRow], now_ms: i64, as_json: bool) -> CliResult {
+    if as_json {
+        return json(&Value::Array(rows.iter().map(host_json).collect()));
+    }
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|h| {
+            vec![
+                h.name.clone(),
+                h.state.as_str().to_string(),
+                h.instance.as_ref().map(|i| i.0.clone()).unwrap_or_else(|| "-".into()),
+                session_cell(h.session.as_ref()),
+                h.session.as_ref().and_then(|s| s.node_version.clone()).unwrap_or_else(|| "-".into()),
+                h.session.as_ref().map(|s| fmt_ago(s.last_contact_at_ms, now_ms)).unwrap_or_else(|| "-".into()),
+                format!("{}/{}/{}", h.holdings.claimed, h.holdings.mirrored, h.holdings.delivered),
+                h.waiting.to_string(),
+            ]
+        })
+        .collect();
+    table(
+        &["HOST", "STATE", "INSTANCE", "SESSION", "VERSION", "LAST CONTACT", "CLAIMED/MIRRORED/RUNNING", "WAITING"],
+        &rows,
+    )
+}
+
+fn cert_json(c: &CertRow) -> Value {
+    json!({
+        "serial": c.serial,
+        "role": c.role.as_str(),
+        "name": c.name,
+        "issued_at_ms": c.issued_at_ms,
+        "not_after_unix": c.not_after_unix,
+        "revoked": c.revoked.is_some(),
+        "revoked_at_ms": c.revoked.as_ref().map(|r| r.0),
+        "revoked_by": c.revoked.as_ref().map(|r| &r.1),
+        "revoked_reason": c.revoked.as_ref().map(|r| &r.2),
+    })
+}
+
+fn event_json(e: &HostEvent) -> Value {
+    json!({"at_ms": e.at_ms, "kind": e.kind, "action": e.action, "subject": e.subject, "actor": e.actor, "reason": e.reason})
+}
+
+/// A certificate's expiry as a date, and whether it is past `now_ms`.
+fn fmt_not_after(not_after_unix: i64, now_ms: i64) -> String {
+    let at_ms = not_after_unix.saturating_mul(1000);
+    if at_ms <= now_ms { format!("{} (expired)", fmt_ms(at_ms)) } else { fmt_ms(at_ms) }
+}
+
+/// `hosts show HOST`: the host, its session, certificates and recent events; or JSON
+/// (`{"host": {…as in hosts list}, "certificates": […], "events": […]}`).
+pub(super) fn host(d: &HostDetail, now_ms: i64, as_json: bool) -> CliResult {
+    if as_json {
+        return json(&json!({
+            "host": host_json(&d.host),
+            "certificates": d.certificates.iter().map(cert_json).collect::<Vec<_>>(),
+            "events": d.events.iter().map(event_json).collect::<Vec<_>>(),
+        }));
+    }
+    let h = &d.host;
+    let mut o = out();
+    writeln!(o, "host          {}", esc(&h.name))?;
+    writeln!(o, "state         {}", h.state.as_str())?;
+    writeln!(o, "enrolled      {}", fmt_ms(h.enrolled_at_ms))?;
+    if let Some((at, by, why)) = &h.retired {
+        writeln!(o, "retired       {} by {}: {}", fmt_ms(*at), esc(by), esc(why))?;
+    }
+    match &h.instance {
+        Some((i, since)) => writeln!(o, "instance      {} (bound since {})", esc(i), fmt_ms(*since))?,
+        None => writeln!(o, "instance      none bound")?,
+    }
+    match &h.session {
+        None => writeln!(o, "session       no session (its node never registered one)")?,
+        Some(s) => {
+            writeln!(
+                o,
+                "session       {} of instance {}, started {}",
+                s.session,
+                esc(&s.instance_id),
+                fmt_ms(s.started_at_ms)
+            )?;
+            if let Some(prev) = s.took_over {
+                writeln!(o, "              took over session {prev}, which had not ended")?;
+            }
+            if let (Some(at), Some(how)) = (s.ended_at_ms, s.ended_how) {
+                writeln!(o, "              ended {} ({})", fmt_ms(at), how.as_str())?;
+            }
+            writeln!(o, "last contact  {}", fmt_ago(s.last_contact_at_ms, now_ms))?;
+            writeln!(o, "node version  {}", s.node_version.as_deref().map(esc).unwrap_or_else(|| "-".into()))?;
+        }
+    }
+    writeln!(
+        o,
+        "holdings      {} claimed, {} mirrored, {} delivered without an outcome",
+        h.holdings.claimed, h.holdings.mirrored, h.holdings.delivered
+    )?;
+    writeln!(o, "waiting       {} queued or held", h.waiting)?;
+    writeln!(o, "certificates:")?;
+    for c in &d.certificates {
+        let revoked = match &c.revoked {
+            Some((at, by, why)) => format!("  revoked {} by {}: {}", fmt_ms(*at), esc(by), esc(why)),
+            None => String::new(),
+        };
+        writeln!(o, "  {}  not after {}{revoked}", esc(&c.serial), fmt_not_after(c.not_after_unix, now_ms))?;
+    }
+    writeln!(o, "recent events:")?;
+    for e in &d.events {
+        writeln!(
+            o,
+            "  {}  {:<8}  {}  {}  {}{}",
+            fmt_ms(e.at_ms),
+            e.kind,
+            esc(&e.action),
+            esc(&e.subject),
+            esc(&e.actor),
+            e.reason.as_deref().map(|r| format!(": {}", esc(r))).unwrap_or_default()
+        )?;
+    }
+    Ok(())
+}
+
+/// `status`: the record's counts, whether a hub serves this data directory, and what needs
+/// attention (`"attention": [{"kind", "subject", "detail"}]` in JSON).
+pub(super) fn status(s: &StatusView, hub: Option<&Holder>, attention: &[Attention], as_json: bool) -> CliResult {
     if as_json {
         let deliveries: Vec<Value> = s.deliveries.iter().map(|(st, n)| json!([st.as_str(), n])).collect();
+        let attention: Vec<Value> =
+            attention.iter().map(|a| json!({"kind": a.kind, "subject": a.subject, "detail": a.detail})).collect();
         return json(&json!({
             "deliveries": deliveries,
             "messages": s.messages,
@@ -320,6 +635,7 @@ pub(super) fn status(s: &StatusView, hub: Option<&Holder>, as_json: bool) -> Cli
             "hub_running": hub.is_some(),
             "hub_pid": hub.and_then(|h| h.pid),
             "hub_listen": hub.and_then(|h| h.listen).map(|a| a.to_string()),
+            "attention": attention,
         }));
     }
     let mut o = out();
@@ -337,6 +653,14 @@ pub(super) fn status(s: &StatusView, hub: Option<&Holder>, as_json: bool) -> Cli
     for (state, n) in &s.deliveries {
         writeln!(o, "  {:<10} {n}", state.as_str())?;
     }
+    if attention.is_empty() {
+        writeln!(o, "attention     none")?;
+    } else {
+        writeln!(o, "attention:")?;
+        for a in attention {
+            writeln!(o, "  {:<20} {}: {}", a.kind, esc(&a.subject), esc(&a.detail))?;
+        }
+    }
     Ok(())
 }
 
@@ -353,7 +677,7 @@ pub(super) fn problems(problems: &[Problem], as_json: bool) -> CliResult {
         return line("ok: no invariant violated");
     }
     for p in problems {
-        line(p)?;
+        line(esc(&p.to_string()))?;
     }
     Ok(())
 }
@@ -361,6 +685,24 @@ pub(super) fn problems(problems: &[Problem], as_json: bool) -> CliResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One case: what `esc` shows for `raw`.
+    fn check(raw: &str, shown: &str) {
+        assert_eq!(esc(raw), shown, "{raw:?}");
+        assert!(!esc(raw).chars().any(unsafe_char), "{raw:?}");
+    }
+
+    #[test]
+    fn stored_text_reaches_the_terminal_escaped() {
+        check("plain text, ünïcode ok", "plain text, ünïcode ok");
+        check("\x1b[2J\x1b[H", "\\x1b[2J\\x1b[H");
+        check("\x1b]52;c;aGVsbG8=\x07", "\\x1b]52;c;aGVsbG8=\\x07");
+        check("row\nfake  row\r\t", "row\\nfake  row\\r\\t");
+        check("\u{9b}31m \u{7f}", "\\x9b31m \\x7f");
+        check("abc\u{202e}fed", "abc\\u{202e}fed");
+        assert!(matches!(esc("clean"), Cow::Borrowed(_)));
+        assert_eq!(esc_block("line 1\r\nline \x1b2\n\n", "  "), "line 1\n  line \\x1b2");
+    }
 
     #[test]
     fn timestamps_show_as_utc_and_out_of_range_as_numbers() {

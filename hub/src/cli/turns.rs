@@ -84,8 +84,9 @@ pub(super) fn cancel(ctx: &Context, a: &CancelArgs) -> CliResult {
     };
     let by = Canceller::Operator(&ctx.operator);
     let conn = ctx.open_write()?;
+    let id = a.id.as_deref().map(|id| super::deliveries::resolve_id(&conn, id)).transpose()?;
     let results: Vec<CancelResult> = in_write_txn(&conn, |c| {
-        let ids = match (&a.id, scope) {
+        let ids = match (&id, scope) {
             (Some(id), _) => vec![id.clone()],
             (None, Some(scope)) => turns::cancellable(c, scope)?,
             (None, None) => Vec::new(),
@@ -124,9 +125,10 @@ fn effect_text(effect: &str) -> &'static str {
 /// Runs `deliveries retry`.
 pub(super) fn retry(ctx: &Context, a: &RetryArgs) -> CliResult {
     let conn = ctx.open_write()?;
-    let run = in_write_txn(&conn, |c| turns::retry(c, &a.id, &ctx.operator, &a.why.reason, ctx.now_ms()))?;
+    let id = super::deliveries::resolve_id(&conn, &a.id)?;
+    let run = in_write_txn(&conn, |c| turns::retry(c, &id, &ctx.operator, &a.why.reason, ctx.now_ms()))?;
     ctx.wake_hub();
-    output::line(format!("{} queued again as run {run} (a redrive)", a.id))
+    output::line(format!("{id} queued again as run {run} (a redrive)"))
 }
 
 /// Runs `redrive`: in transactions of at most `limits.redrive_batch_max` deliveries each.

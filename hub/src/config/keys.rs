@@ -41,6 +41,10 @@ pub const RETRY_BACKOFF_MAX_DEFAULT: Duration = Duration::from_secs(300);
 pub const REDRIVE_BATCH_MAX_DEFAULT: u64 = 500;
 const _: () = assert!(RETRY_BACKOFF_DEFAULT.as_millis() <= RETRY_BACKOFF_MAX_DEFAULT.as_millis());
 
+/// How long a node with an open session may be silent before `status` flags it: a few long
+/// polls' worth, so an idle node that keeps polling is never flagged.
+pub const HOST_SILENCE_WARN_DEFAULT: Duration = Duration::from_secs(300);
+const _: () = assert!(HOST_SILENCE_WARN_DEFAULT.as_millis() > 2 * LONG_POLL_WAIT_MAX_DEFAULT.as_millis());
 /// How long shutdown waits for open requests.
 pub const SHUTDOWN_GRACE_DEFAULT: Duration = Duration::from_secs(10);
 /// The prefix of every key's environment variable.
@@ -146,6 +150,16 @@ pub const LOG_FORMAT: Key = Key {
     name: key_name!(None, "log_format", "log-format", "BATON_HUB_LOG_FORMAT"),
     kind: KeyKind::Choice { default: "text", allowed: &["text", "json"] },
     doc: "log lines on stderr as text or as JSON objects (the filter is BATON_LOG)",
+};
+/// `host_silence_warn`.
+pub const HOST_SILENCE_WARN: Key = Key {
+    name: key_name!(None, "host_silence_warn", "host-silence-warn", "BATON_HUB_HOST_SILENCE_WARN"),
+    kind: KeyKind::Duration {
+        default: HOST_SILENCE_WARN_DEFAULT,
+        min: Duration::from_secs(10),
+        max: Duration::from_secs(7 * 24 * 3600),
+    },
+    doc: "`status` flags a host whose open node session has sent nothing for longer than this",
 };
 /// `limits.payload_bytes_max`.
 pub const PAYLOAD_BYTES_MAX: Key = Key {
@@ -306,11 +320,12 @@ pub const REDRIVE_BATCH_MAX: Key = Key {
 };
 
 /// Every key, in the order of the template.
-pub const KEYS: [&Key; 23] = [
+pub const KEYS: [&Key; 24] = [
     &LISTEN,
     &SYNCHRONOUS,
     &SHUTDOWN_GRACE,
     &LOG_FORMAT,
+    &HOST_SILENCE_WARN,
     &PAYLOAD_BYTES_MAX,
     &RESULT_BYTES_MAX,
     &CLAIM_BATCH_MAX,

@@ -110,6 +110,8 @@ pub struct HubConfig {
     pub shutdown_grace: Duration,
     /// How log lines are written.
     pub log_format: LogFormat,
+    /// How long a host's open node session may be silent before `status` flags it.
+    pub host_silence_warn: Duration,
 }
 
 /// What a configuration is read from, lowest layer first.
@@ -230,6 +232,7 @@ impl HubConfig {
             limits,
             shutdown_grace: m.duration(&SHUTDOWN_GRACE)?,
             log_format,
+            host_silence_warn: m.duration(&HOST_SILENCE_WARN)?,
         })
     }
 }

@@ -223,22 +223,83 @@ pub struct NewFence<'a> {
 /// places it exactly in the record's commit order: a claim event with a higher id committed
 /// after the fence. Checkers use this to prove no claim slipped past an active fence.
 pub fn set(conn: &Connection, f: NewFence<'_>, now_ms: i64) -> StoreResult<i64> {
+    set_until(conn, f, None, now_ms)
+}
+
+/// Sets a fence that the hub lifts at `expires_at_ms` (unix ms; `None`: until an operator
+/// lifts it). Returns its id. See `set`.
+pub fn set_until(conn: &Connection, f: NewFence<'_>, expires_at_ms: Option<i64>, now_ms: i64) -> StoreResult<i64> {
     if (f.scope == FenceScope::All) != f.target.is_none() {
         return Err(StoreError::Invalid("a fence names a conversation or a host, or covers all".into()));
     }
+    if let Some(at) = expires_at_ms
+        && at <= now_ms
+    {
+        return Err(StoreError::Invalid("a fence's expiry must lie in the future".into()));
+    }
     conn.prepare_cached(
-        "INSERT INTO fences (kind, scope, target, set_by, set_at, set_after_event, reason)
-         VALUES (?1, ?2, ?3, ?4, ?5, (SELECT coalesce(max(seq), 0) FROM sqlite_sequence WHERE name = 'delivery_events'), ?6)",
+        "INSERT INTO fences (kind, scope, target, set_by, set_at, set_after_event, reason, expires_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, (SELECT coalesce(max(seq), 0) FROM sqlite_sequence WHERE name = 'delivery_events'), ?6, ?7)",
     )?
-    .execute(rusqlite::params![f.kind.as_str(), f.scope.as_str(), f.target, f.operator, now_ms, f.reason])?;
+    .execute(rusqlite::params![f.kind.as_str(), f.scope.as_str(), f.target, f.operator, now_ms, f.reason, expires_at_ms])?;
     let id = conn.last_insert_rowid();
     let action = format!("fence_{}", f.kind.as_str());
     record_operator_event(conn, &action, &format!("fence {id}"), f.operator, Some(f.reason), now_ms)?;
     Ok(id)
 }
 
+/// The active fence of exactly this kind and scope (and target), if one exists: a second one
+/// would change nothing.
+pub fn active_same(
+    conn: &Connection,
+    kind: FenceKind,
+    scope: FenceScope,
+    target: Option<&str>,
+) -> StoreResult<Option<Fence>> {
+    Ok(active(conn)?.into_iter().find(|f| f.kind == kind && f.scope == scope && f.target.as_deref() == target))
+}
+
+/// Whether any message was ever accepted into `conversation` (a fence on one that has none is
+/// most likely a typo).
+pub fn conversation_has_messages(conn: &Connection, conversation: &str) -> StoreResult<bool> {
+    Ok(conn
+        .prepare_cached("SELECT EXISTS (SELECT 1 FROM messages WHERE conversation = ?1)")?
+        .query_row([conversation], |r| r.get(0))?)
+}
+
+/// The actor recorded for a fence the hub lifted because its time was up.
+pub const EXPIRY_ACTOR: &str = "hub";
+
+/// The earliest expiry (unix ms) of an active time-boxed fence, if any: a cheap read that tells
+/// the hub whether `lift_expired` has anything to do.
+pub fn next_expiry(conn: &Connection) -> StoreResult<Option<i64>> {
+    Ok(conn
+        .prepare_cached("SELECT min(expires_at) FROM fences WHERE lifted_at IS NULL AND expires_at IS NOT NULL")?
+        .query_row([], |r| r.get(0))?)
+}
+
+/// Lifts every active fence whose expiry is at or before `now_ms`, recorded as lifted by the
+/// hub. Returns their ids. The hub runs this on its own pace; changing CLI commands run it too.
+pub fn lift_expired(conn: &Connection, now_ms: i64) -> StoreResult<Vec<i64>> {
+    let ids: Vec<i64> = conn
+        .prepare_cached(
+            "SELECT id FROM fences WHERE lifted_at IS NULL AND expires_at IS NOT NULL AND expires_at <= ?1 ORDER BY id",
+        )?
+        .query_map([now_ms], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    for id in &ids {
+        lift_as(conn, *id, EXPIRY_ACTOR, "its time was up", "fence_expired", now_ms)?;
+    }
+    Ok(ids)
+}
+
 /// Lifts an active fence.
 pub fn lift(conn: &Connection, id: i64, operator: &str, reason: &str, now_ms: i64) -> StoreResult<()> {
+    lift_as(conn, id, operator, reason, "fence_lift", now_ms)
+}
+
+/// Lifts an active fence, recording `action` in the operator event log.
+fn lift_as(conn: &Connection, id: i64, operator: &str, reason: &str, action: &str, now_ms: i64) -> StoreResult<()> {
     let n = conn
         .prepare_cached(
             "UPDATE fences SET lifted_at = ?2, lifted_by = ?3, lifted_reason = ?4,
@@ -249,7 +310,7 @@ pub fn lift(conn: &Connection, id: i64, operator: &str, reason: &str, now_ms: i6
     if n != 1 {
         return Err(StoreError::NotFound(format!("no active fence {id}")));
     }
-    record_operator_event(conn, "fence_lift", &format!("fence {id}"), operator, Some(reason), now_ms)
+    record_operator_event(conn, action, &format!("fence {id}"), operator, Some(reason), now_ms)
 }
 
 /// A fence as listed for operators, active or lifted.
@@ -271,15 +332,17 @@ pub struct FenceRow {
     pub reason: String,
     /// When it was lifted, if it was.
     pub lifted_at_ms: Option<i64>,
-    /// Who lifted it.
+    /// Who lifted it (`hub` when its time was up).
     pub lifted_by: Option<String>,
+    /// When the hub lifts it (unix ms), for a time-boxed fence.
+    pub expires_at_ms: Option<i64>,
 }
 
 /// Lists fences, newest first; only active ones unless `all`.
 pub fn list(conn: &Connection, all: bool) -> StoreResult<Vec<FenceRow>> {
     let rows = conn
         .prepare_cached(
-            "SELECT id, kind, scope, target, set_by, set_at, reason, lifted_at, lifted_by FROM fences
+            "SELECT id, kind, scope, target, set_by, set_at, reason, lifted_at, lifted_by, expires_at FROM fences
              WHERE ?1 OR lifted_at IS NULL ORDER BY id DESC",
         )?
         .query_map([all], |r| {
@@ -295,6 +358,7 @@ pub fn list(conn: &Connection, all: bool) -> StoreResult<Vec<FenceRow>> {
                 reason: r.get(6)?,
                 lifted_at_ms: r.get(7)?,
                 lifted_by: r.get(8)?,
+                expires_at_ms: r.get(9)?,
             })
         })?
         .collect::<Result<_, _>>()?;
@@ -418,5 +482,26 @@ mod tests {
         }
         c.execute("UPDATE fences SET kind = 'pause', scope = 'everywhere' WHERE id = ?1", [id]).unwrap();
         assert!(matches!(active(c), Err(StoreError::Corrupt(t)) if t.contains("scope")));
+    }
+
+    #[test]
+    fn a_time_boxed_fence_is_lifted_by_the_hub_once_its_time_is_up() {
+        let db = testing::db();
+        let c = &db.conn;
+        let f = NewFence { kind: FenceKind::Pause, scope: FenceScope::All, target: None, operator: "op", reason: "r" };
+        assert!(matches!(set_until(c, f, Some(100), 100), Err(StoreError::Invalid(_))), "an expiry in the past");
+        let id = set_until(c, f, Some(200), 100).unwrap();
+        assert_eq!(active_same(c, FenceKind::Pause, FenceScope::All, None).unwrap().map(|f| f.id), Some(id));
+        assert_eq!(next_expiry(c).unwrap(), Some(200));
+        assert!(lift_expired(c, 199).unwrap().is_empty());
+        assert_eq!(active(c).unwrap().len(), 1, "active until the hub lifts it");
+        assert_eq!(lift_expired(c, 200).unwrap(), vec![id]);
+        let row = list(c, true).unwrap().remove(0);
+        assert_eq!(
+            (row.lifted_at_ms, row.lifted_by.as_deref(), row.expires_at_ms),
+            (Some(200), Some("hub"), Some(200))
+        );
+        assert_eq!(next_expiry(c).unwrap(), None);
+        assert!(active_same(c, FenceKind::Pause, FenceScope::All, None).unwrap().is_none());
     }
 }

@@ -33,10 +33,13 @@
 //! default.
 
 pub mod accept;
+pub mod audit;
 pub mod backup;
 pub mod claim;
 pub mod fences;
+pub mod fleet;
 pub mod hosts;
+pub mod listing;
 pub mod members;
 pub mod operator;
 pub mod producers;
@@ -63,6 +66,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../../schema/hub/0002-conversations.sql"),
     include_str!("../../../schema/hub/0003-turn-control.sql"),
     include_str!("../../../schema/hub/0004-turn-control-indexes.sql"),
+    include_str!("../../../schema/hub/0005-fence-expiry.sql"),
 ];
 
 /// Who made a change, as recorded in the event log.

@@ -61,6 +61,20 @@ pub fn release(
     Ok(rows.into_iter().map(|(id, _)| id).collect())
 }
 
+/// The (conversation, host) of each held delivery `which` picks: what a release would put back
+/// in front of the fences.
+pub fn held_targets(conn: &Connection, which: Selector<'_>) -> StoreResult<Vec<(String, String)>> {
+    let (sql, arg) = match which {
+        Selector::Delivery(id) => {
+            ("SELECT DISTINCT conversation, host FROM deliveries WHERE id = ?1 AND state = 'held'", id)
+        }
+        Selector::Conversation(c) => {
+            ("SELECT DISTINCT conversation, host FROM deliveries WHERE conversation = ?1 AND state = 'held'", c)
+        }
+    };
+    Ok(conn.prepare_cached(sql)?.query_map([arg], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<Result<_, _>>()?)
+}
+
 /// Picks deliveries for an operator command.
 #[derive(Debug, Clone, Copy)]
 pub enum Selector<'a> {
@@ -70,9 +84,10 @@ pub enum Selector<'a> {
     Conversation(&'a str),
 }
 
-/// Records an `unknown` attempt, written by the hub for an operator, so a delivered delivery
-/// whose node is gone does not stall silently.
-fn unknown_attempt(conn: &Connection, delivery_id: &str, why: &str, now_ms: i64) -> StoreResult<()> {
+/// Records an `unknown` attempt for the current run of a delivered delivery that has no outcome
+/// for it yet, written by the hub for an operator, so a delivery whose node is gone does not
+/// stall silently. Returns whether it wrote one (a delivery with its outcome is left alone).
+fn unknown_attempt(conn: &Connection, delivery_id: &str, why: &str, now_ms: i64) -> StoreResult<bool> {
     let row: Option<(String, String, u32, Option<String>, String)> = conn
         .prepare_cached(
             "SELECT d.host, d.instance_id, d.attempt, d.rerun, coalesce(d.rerun_by, 'producer:' || m.producer)
@@ -81,21 +96,19 @@ fn unknown_attempt(conn: &Connection, delivery_id: &str, why: &str, now_ms: i64)
         )?
         .query_row([delivery_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))
         .optional()?;
-    if let Some((host, instance, attempt, rerun, caused_by)) = row {
-        // The first run keeps the report id an earlier version gave it; later runs name theirs.
-        let report_id =
-            if attempt == 1 { format!("hub:{delivery_id}") } else { format!("hub:{delivery_id}:{attempt}") };
-        conn.prepare_cached(
-            "INSERT INTO attempts (id, delivery_id, host, instance_id, report_id, request_hash, outcome, reason,
-                                   reported_at, attempt, rerun, caused_by)
-             VALUES (:id, :d, :h, :i, :r, '', 'unknown', :why, :now, :n, :rerun, :by)",
-        )?
-        .execute(named_params! {
-            ":id": super::new_id(), ":d": delivery_id, ":h": host, ":i": instance,
-            ":r": report_id, ":why": why, ":now": now_ms, ":n": attempt, ":rerun": rerun, ":by": caused_by,
-        })?;
-    }
-    Ok(())
+    let Some((host, instance, attempt, rerun, caused_by)) = row else { return Ok(false) };
+    // The first run keeps the report id an earlier version gave it; later runs name theirs.
+    let report_id = if attempt == 1 { format!("hub:{delivery_id}") } else { format!("hub:{delivery_id}:{attempt}") };
+    conn.prepare_cached(
+        "INSERT INTO attempts (id, delivery_id, host, instance_id, report_id, request_hash, outcome, reason,
+                               reported_at, attempt, rerun, caused_by)
+         VALUES (:id, :d, :h, :i, :r, '', 'unknown', :why, :now, :n, :rerun, :by)",
+    )?
+    .execute(named_params! {
+        ":id": super::new_id(), ":d": delivery_id, ":h": host, ":i": instance,
+        ":r": report_id, ":why": why, ":now": now_ms, ":n": attempt, ":rerun": rerun, ":by": caused_by,
+    })?;
+    Ok(true)
 }
 
 /// What retire or requeue did.
@@ -135,8 +148,9 @@ pub fn retire(conn: &Connection, host: &str, operator: &str, reason: &str, now_m
     for (id, state) in rows {
         match state {
             Delivered => {
-                unknown_attempt(conn, &id, &why, now_ms)?;
-                swept.outcome_unknown.push(id);
+                if unknown_attempt(conn, &id, &why, now_ms)? {
+                    swept.outcome_unknown.push(id);
+                }
             }
             _ => {
                 let to = if state == Mirrored { Unknown } else { Failed };
@@ -176,8 +190,9 @@ pub fn requeue_instance(
     let mut swept = Swept::default();
     for (id, state) in rows {
         if state == Delivered {
-            unknown_attempt(conn, &id, &format!("instance {instance_id} gone; {why}"), now_ms)?;
-            swept.outcome_unknown.push(id);
+            if unknown_attempt(conn, &id, &format!("instance {instance_id} gone; {why}"), now_ms)? {
+                swept.outcome_unknown.push(id);
+            }
         } else {
             let change = Change {
                 delivery_id: &id,

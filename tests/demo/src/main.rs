@@ -134,7 +134,8 @@ fn main() -> Result<()> {
     let mut node_b = demo.start_node(&dir, "host-b", &url)?;
 
     section("pause conversation \"beta\", then send into \"alpha\" and \"beta\"");
-    demo.show(&["fence", "pause", "--conversation", "beta", "--reason", "demo: hold beta back"])?;
+    // `--force`: "beta" has no messages yet, which the CLI would otherwise take for a typo.
+    demo.show(&["fence", "pause", "--conversation", "beta", "--force", "--reason", "demo: hold beta back"])?;
     for i in 1..=MESSAGES_PER_CONVERSATION {
         for conv in ["alpha", "beta"] {
             let payload = format!("{{\"task\": \"{conv} step {i}\"}}");

@@ -1,0 +1,41 @@
+//! `audit [--since T] [--actor A] [--limit N] [--json]`: what operators and the hub did,
+//! newest first, from the operator event log and the delivery transitions they made.
+
+use super::{CliError, CliResult, Context, output};
+use crate::store::audit::{self, AuditQuery};
+use baton_shared::{duration, exit};
+
+/// What `audit` was asked for, as typed.
+pub(super) struct Query<'a> {
+    /// `--since`: a time, or a duration ago.
+    pub(super) since: Option<&'a str>,
+    /// `--actor`.
+    pub(super) actor: Option<&'a str>,
+    /// `--limit`.
+    pub(super) limit: u32,
+}
+
+/// Runs `audit`. Exit 1 when nothing matches; when more matched than `--limit`, says so on
+/// stderr.
+pub(super) fn run(ctx: &Context, q: Query<'_>, json: bool) -> CliResult {
+    let since_ms = match q.since {
+        None => None,
+        Some(t) => Some(match duration::parse("--since", t) {
+            Ok(ago) => ctx.now_ms().saturating_sub(i64::try_from(ago.as_millis()).unwrap_or(i64::MAX)),
+            Err(_) => duration::parse_time_ms("--since", t).map_err(CliError::usage)?,
+        }),
+    };
+    let query = AuditQuery { since_ms, actor: q.actor, limit: q.limit };
+    let (entries, more) = audit::entries(&ctx.open_read()?, query)?;
+    output::audit(&entries, json)?;
+    if more {
+        output::more_remain(&format!(
+            "more than {} entries match; narrow with --since or --actor, or raise --limit",
+            q.limit
+        ))?;
+    }
+    if entries.is_empty() {
+        return Err(CliError::new(exit::NOTHING, "nothing matches"));
+    }
+    Ok(())
+}

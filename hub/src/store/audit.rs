@@ -1,0 +1,135 @@
+//! The audit log: what operators and the hub did, newest first, from the two places it is
+//! recorded — `operator_events` (certificates, hosts, fences, membership, scopes, sessions) and
+//! the delivery transitions made by an operator or by the hub (`delivery_events`). Node
+//! transitions, and a delivery's creation at fan-out, are the delivery flow itself, not
+//! audit, and are left out. Read-only.
+
+use super::{ActorKind, StoreResult, parse_column};
+use rusqlite::{Connection, named_params};
+
+/// Where an audit entry is recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuditSource {
+    /// `operator_events`: an action that is not a delivery transition.
+    Operator,
+    /// `delivery_events`: a delivery transition made by an operator or the hub.
+    Delivery,
+}
+
+impl AuditSource {
+    /// The name shown and sent in JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AuditSource::Operator => "operator_event",
+            AuditSource::Delivery => "delivery_event",
+        }
+    }
+}
+
+/// One audited action.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditEntry {
+    /// When (unix ms).
+    pub at_ms: i64,
+    /// Where it is recorded.
+    pub source: AuditSource,
+    /// Its id in that table.
+    pub id: i64,
+    /// What was done: an operator action (`enroll_node`, `revoke`, `fence_pause`,
+    /// `fence_expired`, …) or a transition (`held -> queued`).
+    pub action: String,
+    /// What it was done to: a name, a serial, `fence N`, a delivery id.
+    pub subject: String,
+    /// Operator or hub.
+    pub actor_kind: ActorKind,
+    /// Who: the operator's name, or `hub`.
+    pub actor: String,
+    /// Why.
+    pub reason: Option<String>,
+}
+
+/// What to read.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AuditQuery<'a> {
+    /// Only entries at or after this time (unix ms).
+    pub since_ms: Option<i64>,
+    /// Only entries by this actor.
+    pub actor: Option<&'a str>,
+    /// At most this many.
+    pub limit: u32,
+}
+
+/// The newest entries matching `q`, newest first, and whether more matched than `limit`.
+pub fn entries(conn: &Connection, q: AuditQuery<'_>) -> StoreResult<(Vec<AuditEntry>, bool)> {
+    let mut rows: Vec<AuditEntry> = conn
+        .prepare_cached(
+            "SELECT at, 'o', id, action, subject, CASE WHEN operator = 'hub' THEN 'hub' ELSE 'operator' END, operator, reason
+               FROM operator_events
+              WHERE (:since IS NULL OR at >= :since) AND (:actor IS NULL OR operator = :actor)
+             UNION ALL
+             SELECT at, 'd', id, coalesce(from_state, '(new)') || ' -> ' || to_state, delivery_id, actor_kind, actor, reason
+               FROM delivery_events
+              WHERE actor_kind IN ('operator', 'hub') AND from_state IS NOT NULL
+                AND (:since IS NULL OR at >= :since) AND (:actor IS NULL OR actor = :actor)
+             ORDER BY 1 DESC, 2, 3 DESC LIMIT :limit",
+        )?
+        .query_map(named_params! {":since": q.since_ms, ":actor": q.actor, ":limit": i64::from(q.limit) + 1}, |r| {
+            let id: i64 = r.get(2)?;
+            let source = if r.get::<_, String>(1)? == "o" { AuditSource::Operator } else { AuditSource::Delivery };
+            let table = match source {
+                AuditSource::Operator => "operator_events",
+                AuditSource::Delivery => "delivery_events",
+            };
+            Ok(AuditEntry {
+                at_ms: r.get(0)?,
+                source,
+                id,
+                action: r.get(3)?,
+                subject: r.get(4)?,
+                actor_kind: parse_column(r, 5, table, &id.to_string(), "actor kind", ActorKind::parse)?,
+                actor: r.get(6)?,
+                reason: r.get(7)?,
+            })
+        })?
+        .collect::<Result<_, _>>()?;
+    let more = rows.len() > q.limit as usize;
+    rows.truncate(q.limit as usize);
+    Ok((rows, more))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::accept::testing::accept_one;
+    use crate::store::hosts::record_operator_event;
+    use crate::store::testing;
+    use crate::store::turns::{Canceller, cancel};
+
+    #[test]
+    fn operator_and_hub_actions_newest_first_node_transitions_left_out() {
+        let db = testing::db();
+        let c = &db.conn;
+        record_operator_event(c, "enroll_node", "host-a", "alice", None, 10).unwrap();
+        accept_one(c, "c", "k", &["host-a"]);
+        let d: String = c.query_row("SELECT id FROM deliveries", [], |r| r.get(0)).unwrap();
+        cancel(c, &d, Canceller::Operator("bob"), "wrong host", false, 20).unwrap();
+        record_operator_event(c, "fence_expired", "fence 1", "hub", Some("its time was up"), 30).unwrap();
+
+        let all = entries(c, AuditQuery { limit: 10, ..Default::default() }).unwrap().0;
+        let seen: Vec<(&str, &str, ActorKind)> =
+            all.iter().map(|e| (e.action.as_str(), e.actor.as_str(), e.actor_kind)).collect();
+        assert_eq!(
+            seen,
+            [
+                ("fence_expired", "hub", ActorKind::Hub),
+                ("queued -> failed", "bob", ActorKind::Operator),
+                ("enroll_node", "alice", ActorKind::Operator)
+            ],
+            "a delivery's creation is the flow, not an action: {all:?}"
+        );
+        let bob = entries(c, AuditQuery { actor: Some("bob"), limit: 10, ..Default::default() }).unwrap().0;
+        assert_eq!(bob.len(), 1);
+        let (recent, more) = entries(c, AuditQuery { since_ms: Some(15), limit: 1, ..Default::default() }).unwrap();
+        assert_eq!((recent.len(), more), (1, true));
+    }
+}

@@ -1,0 +1,197 @@
+//! Delivery listings that scale: filters (state, outcome, host, conversation, a time window),
+//! either order, and keyset paging by queue position (`deliveries.n`) with a cursor, so a page
+//! costs the same however deep it lies and nothing is silently cut off. And ids taken by a
+//! unique prefix.
+
+use super::read::DeliveryRow;
+use super::{StoreError, StoreResult, parse_column_opt, state_column};
+use baton_shared::states::{DeliveryState, Outcome};
+use rusqlite::{Connection, named_params};
+
+/// The most matches an ambiguous id prefix reports.
+pub const PREFIX_MATCHES_SHOWN_MAX: usize = 10;
+
+/// What `deliveries list` asks for.
+#[derive(Debug, Clone, Default)]
+pub struct ListQuery {
+    /// Only this state.
+    pub state: Option<DeliveryState>,
+    /// Only deliveries whose current run ended with this outcome.
+    pub outcome: Option<Outcome>,
+    /// Only this host.
+    pub host: Option<String>,
+    /// Only this conversation.
+    pub conversation: Option<String>,
+    /// Only deliveries last changed at or after this time (unix ms).
+    pub since_ms: Option<i64>,
+    /// Only deliveries last changed before this time (unix ms).
+    pub until_ms: Option<i64>,
+    /// Newest first (else oldest first).
+    pub newest: bool,
+    /// Continue after this cursor (from the previous page).
+    pub after: Option<i64>,
+    /// At most this many rows.
+    pub limit: u32,
+}
+
+/// One page of a listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Page {
+    /// The rows, in the asked order.
+    pub rows: Vec<DeliveryRow>,
+    /// The cursor of the next page (`--after`), when more rows remain.
+    pub next: Option<i64>,
+}
+
+const SELECT: &str = "SELECT d.id, d.message_id, d.host, d.conversation, d.seq, d.state, d.instance_id, d.reason,
+        d.updated_at,
+        (SELECT outcome FROM attempts a WHERE a.delivery_id = d.id ORDER BY reported_at DESC LIMIT 1), d.n
+    FROM deliveries d
+    WHERE (:s IS NULL OR d.state = :s) AND (:h IS NULL OR d.host = :h) AND (:c IS NULL OR d.conversation = :c)
+      AND (:since IS NULL OR d.updated_at >= :since) AND (:until IS NULL OR d.updated_at < :until)
+      AND (:o IS NULL OR EXISTS (SELECT 1 FROM attempts a
+                                 WHERE a.delivery_id = d.id AND a.attempt = d.attempt AND a.outcome = :o))";
+
+/// One page of deliveries.
+pub fn page(conn: &Connection, q: &ListQuery) -> StoreResult<Page> {
+    let sql = if q.newest {
+        format!("{SELECT} AND (:after IS NULL OR d.n < :after) ORDER BY d.n DESC LIMIT :limit")
+    } else {
+        format!("{SELECT} AND (:after IS NULL OR d.n > :after) ORDER BY d.n LIMIT :limit")
+    };
+    let mut rows: Vec<(DeliveryRow, i64)> = conn
+        .prepare_cached(&sql)?
+        .query_map(
+            named_params! {
+                ":s": q.state.map(DeliveryState::as_str), ":h": q.host, ":c": q.conversation,
+                ":since": q.since_ms, ":until": q.until_ms, ":o": q.outcome.map(Outcome::as_str),
+                ":after": q.after, ":limit": i64::from(q.limit) + 1,
+            },
+            |r| {
+                let delivery_id: String = r.get(0)?;
+                let row = DeliveryRow {
+                    message_id: r.get(1)?,
+                    host: r.get(2)?,
+                    conversation: r.get(3)?,
+                    seq: r.get(4)?,
+                    state: state_column(r, 5, "deliveries", &delivery_id)?,
+                    instance_id: r.get(6)?,
+                    reason: r.get(7)?,
+                    updated_at_ms: r.get(8)?,
+                    outcome: parse_column_opt(
+                        r,
+                        9,
+                        "attempts",
+                        &format!("of delivery {delivery_id}"),
+                        "outcome",
+                        Outcome::parse,
+                    )?,
+                    delivery_id,
+                };
+                Ok((row, r.get(10)?))
+            },
+        )?
+        .collect::<Result<_, _>>()?;
+    let more = rows.len() > q.limit as usize;
+    rows.truncate(q.limit as usize);
+    let next = if more { rows.last().map(|(_, n)| *n) } else { None };
+    Ok(Page { rows: rows.into_iter().map(|(r, _)| r).collect(), next })
+}
+
+/// What an id prefix names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resolved {
+    /// Exactly one delivery (or the prefix is a whole id).
+    One(String),
+    /// None.
+    Nothing,
+    /// Several: the first `PREFIX_MATCHES_SHOWN_MAX` of them, in id order.
+    Many(Vec<String>),
+}
+
+/// Finds the delivery an id or a unique prefix of one names. A prefix may hold only the
+/// characters ids are made of (letters, digits, `-`, `_`, `.`, `:`).
+pub fn resolve_delivery(conn: &Connection, prefix: &str) -> StoreResult<Resolved> {
+    if prefix.is_empty() || !prefix.chars().all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c)) {
+        return Err(StoreError::Invalid(format!(
+            "{prefix:?} is not a delivery id or a prefix of one (letters, digits, '-', '_', '.', ':')"
+        )));
+    }
+    let exact: bool = conn
+        .prepare_cached("SELECT EXISTS (SELECT 1 FROM deliveries WHERE id = ?1)")?
+        .query_row([prefix], |r| r.get(0))?;
+    if exact {
+        return Ok(Resolved::One(prefix.to_string()));
+    }
+    let mut found: Vec<String> = conn
+        .prepare_cached("SELECT id FROM deliveries WHERE id GLOB ?1 ORDER BY id LIMIT ?2")?
+        .query_map(rusqlite::params![format!("{prefix}*"), PREFIX_MATCHES_SHOWN_MAX as i64 + 1], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    Ok(match found.len() {
+        0 => Resolved::Nothing,
+        1 => Resolved::One(found.remove(0)),
+        _ => {
+            found.truncate(PREFIX_MATCHES_SHOWN_MAX);
+            Resolved::Many(found)
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::accept::testing::accept_one;
+    use crate::store::testing;
+
+    #[test]
+    fn pages_follow_their_cursor_in_either_order_and_say_when_more_remain() {
+        let db = testing::db();
+        let c = &db.conn;
+        for i in 0..5 {
+            accept_one(c, "c", &format!("k{i}"), &["host-a"]);
+        }
+        let all: Vec<String> = c
+            .prepare("SELECT id FROM deliveries ORDER BY n")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        for newest in [true, false] {
+            let mut expected = all.clone();
+            if newest {
+                expected.reverse();
+            }
+            let mut seen = Vec::new();
+            let mut q = ListQuery { newest, limit: 2, ..Default::default() };
+            loop {
+                let p = page(c, &q).unwrap();
+                seen.extend(p.rows.iter().map(|r| r.delivery_id.clone()));
+                match p.next {
+                    Some(n) => q.after = Some(n),
+                    None => break,
+                }
+            }
+            assert_eq!(seen, expected, "newest: {newest}");
+        }
+        let exact = page(c, &ListQuery { limit: 5, ..Default::default() }).unwrap();
+        assert_eq!((exact.rows.len(), exact.next), (5, None), "a page that holds the rest has no cursor");
+        let none = page(c, &ListQuery { limit: 5, outcome: Some(Outcome::Failed), ..Default::default() }).unwrap();
+        assert!(none.rows.is_empty());
+    }
+
+    #[test]
+    fn a_prefix_names_one_delivery_or_is_ambiguous() {
+        let db = testing::db();
+        let c = &db.conn;
+        accept_one(c, "c", "k", &["host-a", "host-b"]);
+        c.execute_batch("PRAGMA foreign_keys = OFF").unwrap();
+        c.execute("UPDATE deliveries SET id = 'abc1' WHERE host = 'host-a'", []).unwrap();
+        c.execute("UPDATE deliveries SET id = 'abc2' WHERE host = 'host-b'", []).unwrap();
+        assert_eq!(resolve_delivery(c, "abc1").unwrap(), Resolved::One("abc1".into()));
+        assert_eq!(resolve_delivery(c, "abc").unwrap(), Resolved::Many(vec!["abc1".into(), "abc2".into()]));
+        assert_eq!(resolve_delivery(c, "ab").unwrap(), Resolved::Many(vec!["abc1".into(), "abc2".into()]));
+        assert_eq!(resolve_delivery(c, "x").unwrap(), Resolved::Nothing);
+        assert!(matches!(resolve_delivery(c, "a*"), Err(StoreError::Invalid(_))));
+    }
+}

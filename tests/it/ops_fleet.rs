@@ -1,0 +1,125 @@
+//! The fleet through the real binary: `hosts list|show` (bound instance, node session, holdings,
+//! standing, certificates, events) and `status`, which flags silent hosts and expiring
+//! certificates and exits 1 when anything needs attention or the hub is not running.
+//!
+//! Node sessions are registered by nodes; the rows here are written straight into the record,
+//! as a node's registration would leave them.
+
+use crate::harness::Hub;
+use serde_json::{Value, json};
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
+/// Writes a node session row, as the hub records one when a node registers.
+fn insert_session(hub: &Hub, host: &str, session: i64, last_contact_ms: i64, took_over: Option<i64>) {
+    let conn = rusqlite::Connection::open(hub.data_dir().join("hub.db")).unwrap();
+    conn.busy_timeout(std::time::Duration::from_secs(10)).unwrap();
+    conn.execute(
+        "UPDATE node_sessions SET ended_at = ?3, ended_how = 'superseded' WHERE host = ?1 AND session < ?2 AND ended_at IS NULL",
+        rusqlite::params![host, session, last_contact_ms],
+    )
+    .unwrap();
+    conn.execute(
+        "INSERT INTO node_sessions (host, session, instance_id, node_version, started_at, took_over, last_contact_at)
+         VALUES (?1, ?2, 'inst-1', '9.9.9', ?3, ?4, ?3)",
+        rusqlite::params![host, session, last_contact_ms, took_over],
+    )
+    .unwrap();
+}
+
+fn host<'a>(list: &'a Value, name: &str) -> &'a Value {
+    list.as_array().unwrap().iter().find(|h| h["host"] == name).unwrap_or_else(|| panic!("{name} in {list}"))
+}
+
+fn status(hub: &Hub) -> (Option<i32>, Value) {
+    let out = hub.cli(["status", "--json"]);
+    let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"));
+    (out.status.code(), v)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hosts_list_and_show_tell_instance_session_holdings_and_standing() {
+    let mut hub = Hub::start();
+    hub.enroll_node("host-c");
+    let prod = hub.client("prod");
+    prod.submit_new("c", "k1", &["host-a"]).await;
+    prod.submit_new("c", "k2", &["host-a"]).await;
+    prod.submit_new("d", "k3", &["host-b"]).await;
+    let node = hub.node("host-a", "inst-1");
+    let got = node.claim(2, 0).await;
+    node.mirror_and_ack(&got[0]).await;
+    hub.cli_ok(["revoke", "host-c", "--reason", "lost"]);
+    hub.cli_ok(["retire", "host-b", "--reason", "decommissioned"]);
+
+    let list = hub.cli_json(["hosts", "list", "--json"]);
+    let a = host(&list, "host-a");
+    assert_eq!((a["state"].as_str(), a["instance_id"].as_str()), (Some("active"), Some("inst-1")), "{a}");
+    assert_eq!(a["holdings"], json!({"claimed": 1, "mirrored": 0, "delivered": 1}));
+    assert_eq!(a["session"], Value::Null, "today's node registers no session");
+    assert_eq!(host(&list, "host-b")["state"], "retired");
+    assert_eq!(host(&list, "host-b")["retired_reason"], "decommissioned");
+    assert_eq!(host(&list, "host-c")["state"], "revoked");
+    let table = hub.cli_ok(["hosts", "list"]);
+    assert!(table.contains("no session"), "{table}");
+    assert_eq!(table.lines().count(), 4, "header and three hosts: {table}");
+
+    insert_session(&hub, "host-a", 1, now_ms() - 60_000, None);
+    insert_session(&hub, "host-a", 2, now_ms(), Some(1));
+    let shown = hub.cli_json(["hosts", "show", "host-a", "--json"]);
+    let s = &shown["host"]["session"];
+    assert_eq!(
+        (s["session"].as_i64(), s["took_over"].as_i64(), s["node_version"].as_str()),
+        (Some(2), Some(1), Some("9.9.9"))
+    );
+    assert_eq!(shown["certificates"].as_array().unwrap().len(), 1);
+    assert_eq!(shown["certificates"][0]["revoked"], false);
+    assert!(shown["certificates"][0]["not_after_unix"].as_i64().unwrap() > now_ms() / 1000);
+    assert!(shown["events"].as_array().unwrap().iter().any(|e| e["action"] == "enroll_node"), "{shown}");
+    assert!(shown["events"].as_array().unwrap().iter().any(|e| e["action"] == "mirrored -> delivered"), "{shown}");
+    let text = hub.cli_ok(["hosts", "show", "host-a"]);
+    assert!(text.contains("took over session 1"), "{text}");
+    let revoked = hub.cli_json(["hosts", "show", "host-c", "--json"]);
+    assert_eq!(revoked["certificates"][0]["revoked_reason"], "lost");
+
+    let out = hub.cli(["hosts", "show", "host-zz"]);
+    assert_eq!(out.status.code(), Some(1), "an unknown host is exit 1: {out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("host-zz"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_flags_silent_hosts_and_expiring_certificates_and_exits_1() {
+    let mut hub = Hub::start();
+    let (code, s) = status(&hub);
+    assert_eq!((code, &s["attention"]), (Some(0), &json!([])), "{s}");
+    assert!(hub.cli_ok(["status"]).contains("attention     none"));
+
+    // A node whose open session went quiet ten minutes ago (the default warning is 5m).
+    insert_session(&hub, "host-a", 1, now_ms() - 600_000, None);
+    hub.cli_ok(["enroll", "producer", "shortlived", "--out", hub.scratch("short").to_str().unwrap(), "--days", "10"]);
+    let (code, s) = status(&hub);
+    assert_eq!(code, Some(1), "{s}");
+    let kinds: Vec<(&str, &str)> = s["attention"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| (a["kind"].as_str().unwrap(), a["subject"].as_str().unwrap()))
+        .collect();
+    assert_eq!(kinds, [("host_silent", "host-a"), ("certificate_expiring", "producer shortlived")], "{s}");
+    let text = hub.cli(["status"]);
+    assert!(String::from_utf8_lossy(&text.stdout).contains("host_silent"), "{text:?}");
+    assert!(String::from_utf8_lossy(&text.stderr).contains("2 item(s) need attention"), "{text:?}");
+
+    // The warning is a configuration key: an hour of silence is fine under it.
+    hub.write_config("host_silence_warn = \"1h\"\n");
+    let (_, s) = status(&hub);
+    assert!(s["attention"].as_array().unwrap().iter().all(|a| a["kind"] != "host_silent"), "{s}");
+    hub.cli_ok(["revoke", "shortlived", "--reason", "done"]);
+    assert_eq!(status(&hub).0, Some(0));
+
+    // Not running: exit 1 too.
+    hub.terminate();
+    let (code, s) = status(&hub);
+    assert_eq!((code, s["attention"][0]["kind"].as_str()), (Some(1), Some("hub_not_running")), "{s}");
+}

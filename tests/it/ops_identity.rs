@@ -1,0 +1,83 @@
+//! Identities and audit through the real binary: one role per name, `certs list`, `renew
+//! --revoke-old`, and `audit`, which reads every operator and hub action with the operator's
+//! name (from `--operator`, `$BATON_OPERATOR`, else `$USER`).
+
+use crate::harness::{Hub, OPERATOR};
+use serde_json::Value;
+
+fn certs_of(hub: &Hub, name: &str) -> Vec<Value> {
+    hub.cli_json(["certs", "list", "--name", name, "--json"]).as_array().unwrap().clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_has_one_role_and_renew_can_revoke_the_old_certificate() {
+    let hub = Hub::start();
+    let out_dir = hub.scratch("other");
+    let out = hub.cli(["enroll", "producer", "host-a", "--out", out_dir.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("already enrolled as a node"), "{stderr}");
+    assert!(!out_dir.join("host-a.crt").exists(), "a refused enrollment writes nothing");
+    assert_eq!(certs_of(&hub, "host-a").len(), 1);
+
+    let all = hub.cli_json(["certs", "list", "--json"]);
+    let names: Vec<(&str, &str)> =
+        all.as_array().unwrap().iter().map(|c| (c["name"].as_str().unwrap(), c["role"].as_str().unwrap())).collect();
+    assert!(names.contains(&("host-a", "node")) && names.contains(&("prod", "producer")), "{names:?}");
+    let first = certs_of(&hub, "host-a")[0]["serial"].as_str().unwrap().to_string();
+
+    // A renewal keeps the old certificate valid until it is revoked...
+    let renewed = hub.scratch("renew-1");
+    hub.cli_ok(["renew", "host-a", "--out", renewed.to_str().unwrap()]);
+    let both = certs_of(&hub, "host-a");
+    assert_eq!(both.len(), 2);
+    assert!(both.iter().all(|c| c["revoked"] == false), "{both:?}");
+    // ...or revokes every older one in the same step.
+    let again = hub.scratch("renew-2");
+    let out = hub.cli_ok(["renew", "host-a", "--out", again.to_str().unwrap(), "--revoke-old"]);
+    assert!(out.contains(&first), "names what it revoked: {out}");
+    let after = certs_of(&hub, "host-a");
+    let live: Vec<&Value> = after.iter().filter(|c| c["revoked"] == false).collect();
+    assert_eq!((after.len(), live.len()), (3, 1), "{after:?}");
+    assert!(hub.cli_ok(["certs", "list"]).contains("renewed; old certificate revoked"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audit_reads_operator_and_hub_actions_with_who_and_why() {
+    let hub = Hub::start();
+    let prod = hub.client("prod");
+    let sent = prod.submit_new("c", "k1", &["host-a"]).await;
+    let fence = hub.fence("hold", &["--conversation", "c"], "look first");
+    hub.node("host-a", "inst-1").claim(5, 0).await;
+    hub.cli_ok(["--operator", "carol", "held", "release", sent.to("host-a"), "--force", "--reason", "fine"]);
+    hub.lift(fence);
+    let mut cmd = hub.cli_command(["fence", "pause", "--host", "host-b", "--reason", "by env"]);
+    cmd.env("BATON_OPERATOR", "dave");
+    assert!(crate::harness::output_within(cmd, crate::harness::EVENT_WAIT).status.success());
+
+    let all = hub.cli_json(["audit", "--json"]);
+    let rows = all.as_array().unwrap();
+    let find = |action: &str, actor: &str| {
+        rows.iter()
+            .find(|e| e["action"] == action && e["actor"] == actor)
+            .unwrap_or_else(|| panic!("{action} by {actor}: {all}"))
+    };
+    assert!(
+        rows.iter().any(|e| e["action"] == "enroll_node" && e["actor"] == OPERATOR && e["subject"] == "host-a"),
+        "enroll records the operator, not `cli`: {all}"
+    );
+    assert_eq!(find("fence_hold", OPERATOR)["reason"], "look first");
+    assert_eq!(find("queued -> held", "hub")["actor_kind"], "hub");
+    assert_eq!(find("held -> queued", "carol")["subject"], sent.to("host-a"));
+    assert_eq!(find("fence_pause", "dave")["actor_kind"], "operator");
+    assert!(rows.windows(2).all(|w| w[0]["at_ms"].as_i64() >= w[1]["at_ms"].as_i64()), "newest first");
+
+    let carol = hub.cli_json(["audit", "--actor", "carol", "--json"]);
+    assert_eq!(carol.as_array().unwrap().len(), 1);
+    let out = hub.cli(["audit", "--actor", "nobody"]);
+    assert_eq!(out.status.code(), Some(1), "nothing matches: exit 1");
+    let out = hub.cli(["audit", "--since", "1h", "--limit", "1"]);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("more than 1"), "{out:?}");
+    assert!(hub.cli(["audit", "--since", "2001-01-01 00:00:00"]).status.success());
+}

@@ -1,0 +1,126 @@
+//! Lists that scale: `deliveries list` filters by outcome and time, orders either way, pages
+//! with a cursor printed when more remain, and every command taking a delivery id takes a
+//! unique prefix of one (an ambiguous one is refused listing the matches).
+
+use crate::harness::Hub;
+use serde_json::Value;
+
+fn page(hub: &Hub, args: &[&str]) -> (Vec<String>, Option<String>) {
+    let mut all = vec!["deliveries", "list", "--json"];
+    all.extend_from_slice(args);
+    let out = hub.cli(&all);
+    assert!(out.status.success(), "{all:?}: {out:?}");
+    let rows: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ids = rows.as_array().unwrap().iter().map(|d| d["delivery_id"].as_str().unwrap().to_string()).collect();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let cursor = stderr.split("--after ").nth(1).map(|c| c.trim().to_string());
+    (ids, cursor)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deliveries_list_pages_filters_and_orders() {
+    let hub = Hub::start();
+    let prod = hub.client("prod");
+    let mut sent = Vec::new();
+    for i in 0..5 {
+        sent.push(
+            prod.submit_new(&format!("c{}", i % 2), &format!("k{i}"), &["host-a"]).await.to("host-a").to_string(),
+        );
+    }
+    for (order, expected) in [("--oldest", sent.clone()), ("--newest", sent.iter().rev().cloned().collect())] {
+        let mut seen = Vec::new();
+        let mut after: Option<String> = None;
+        let mut pages = 0;
+        loop {
+            let mut args = vec![order, "--limit", "2"];
+            if let Some(a) = &after {
+                args.extend_from_slice(&["--after", a]);
+            }
+            let (ids, cursor) = page(&hub, &args);
+            pages += 1;
+            seen.extend(ids);
+            match cursor {
+                Some(c) => after = Some(c),
+                None => break,
+            }
+        }
+        assert_eq!((seen, pages), (expected, 3), "{order}");
+    }
+    // A page that holds everything prints no cursor.
+    assert_eq!(page(&hub, &["--limit", "5"]).1, None);
+
+    let node = hub.node("host-a", "inst-1");
+    let got = node.claim(2, 0).await;
+    for c in &got {
+        node.mirror_and_ack(c).await;
+    }
+    node.report(&got[0], "r1", "succeeded", 0).await.ok(201);
+    node.report(&got[1], "r2", "failed", 3).await.ok(201);
+    assert_eq!(page(&hub, &["--outcome", "failed"]).0, [got[1].delivery_id.clone()]);
+    assert_eq!(page(&hub, &["--outcome", "succeeded"]).0, [got[0].delivery_id.clone()]);
+    let out = hub.cli(["deliveries", "list", "--state", "unknown"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "unknown is a state too: {stderr}");
+    let out = hub.cli(["deliveries", "list", "--state", "succeeded"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr.contains("--outcome succeeded"), "{stderr}");
+    assert_eq!(page(&hub, &["--since", "1h"]).0.len(), 5);
+    assert!(page(&hub, &["--until", "2001-01-01 00:00:00"]).0.is_empty());
+    assert_eq!(hub.cli(["deliveries", "list", "--since", "someday"]).status.code(), Some(2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ids_are_taken_by_unique_prefix_and_an_ambiguous_one_lists_the_matches() {
+    let hub = Hub::start();
+    let prod = hub.client("prod");
+    let a = prod.submit_new("c", "k1", &["host-a"]).await.to("host-a").to_string();
+    let b = prod.submit_new("c", "k2", &["host-a"]).await.to("host-a").to_string();
+    let unique = &a[..a.len() - 1];
+    let shown = hub.cli_json(["deliveries", "show", unique, "--json"]);
+    assert_eq!(shown["delivery"]["delivery_id"], a.as_str());
+
+    let common = a.chars().zip(b.chars()).take_while(|(x, y)| x == y).count().max(1);
+    let ambiguous = &a[..common];
+    for args in [
+        vec!["deliveries", "show", ambiguous],
+        vec!["deliveries", "cancel", ambiguous, "--reason", "r"],
+        vec!["held", "release", ambiguous],
+    ] {
+        let out = hub.cli(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(&a) && stderr.contains(&b), "the matches are listed: {stderr}");
+    }
+    assert_eq!(hub.cli(["deliveries", "show", "zzzz"]).status.code(), Some(1));
+    hub.cli_ok(["deliveries", "cancel", unique, "--reason", "by prefix"]);
+    assert_eq!(hub.state(&a), "failed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_list_pages_with_a_cursor() {
+    let hub = Hub::start();
+    let prod = hub.client("prod");
+    hub.fence("hold", &["--conversation", "h"], "look");
+    let mut sent = Vec::new();
+    for i in 0..3 {
+        sent.push(prod.submit_new("h", &format!("k{i}"), &["host-a"]).await.to("host-a").to_string());
+    }
+    assert!(hub.node("host-a", "inst-1").claim(10, 0).await.is_empty());
+    let held = |args: &[&str]| {
+        let mut all = vec!["held", "list", "--json", "--limit", "2"];
+        all.extend_from_slice(args);
+        let out = hub.cli(&all);
+        assert!(out.status.success(), "{out:?}");
+        let rows: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let ids: Vec<String> =
+            rows.as_array().unwrap().iter().map(|d| d["delivery_id"].as_str().unwrap().to_string()).collect();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        (ids, stderr.split("--after ").nth(1).map(|c| c.trim().to_string()))
+    };
+    let (first, cursor) = held(&[]);
+    let cursor = cursor.expect("a cursor when more remain");
+    let (rest, none) = held(&["--after", &cursor]);
+    assert_eq!(none, None);
+    assert_eq!([first, rest].concat(), sent);
+}
