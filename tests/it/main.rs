@@ -37,6 +37,7 @@ mod conversation_fairness;
 mod conversation_order;
 mod conversations_cli;
 mod corruption;
+mod exact_payloads;
 mod examples;
 mod harness;
 mod hub_auth;

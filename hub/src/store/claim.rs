@@ -515,7 +515,7 @@ impl<'a> Scan<'a> {
     /// queued → claimed for the claiming instance, and into the batch.
     fn hand_out(&mut self, conversation: &str, head: Head) -> StoreResult<()> {
         self.heads += 1;
-        let (payload, producer, max_attempts): (serde_json::Value, String, u32) = self
+        let (payload, producer, max_attempts): (baton_shared::wire::Payload, String, u32) = self
             .conn
             .prepare_cached("SELECT payload, producer, max_attempts FROM messages WHERE id = ?1")?
             .query_row([&head.message_id], |r| {
