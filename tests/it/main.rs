@@ -49,6 +49,7 @@ mod hub_errors;
 mod hub_fences;
 mod hub_longpoll;
 mod hub_turns;
+mod instance_scope;
 mod node_clone;
 mod node_crash;
 mod node_exec;
