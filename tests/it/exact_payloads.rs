@@ -1,5 +1,5 @@
-//! Payloads through the real hub: kept byte for byte (huge integers, long decimals, key order,
-//! escapes), a replay judged on the canonical form, so payloads that differ only in a number
+//! Payloads through the real hub and node: kept byte for byte (huge integers, long decimals, key order,
+//! escapes) up to the harness's stdin, a replay judged on the canonical form, so payloads that differ only in a number
 //! are never duplicates; duplicate keys and numbers a field cannot hold refused naming the field.
 
 use crate::harness::{Hub, Resp};
@@ -89,4 +89,19 @@ async fn duplicate_keys_too_deep_and_out_of_range_numbers_are_refused_naming_the
     let read = hub.client("prod").message(&first.message_id).await;
     let attempt = &read.ok(200)["deliveries"][0]["attempts"][0];
     assert_eq!(attempt["duration_ms"], serde_json::json!(i64::MAX), "read back as sent, not 0");
+}
+
+/// The real node hands the harness the producer's bytes on stdin, unchanged.
+#[test]
+fn the_harness_reads_the_exact_bytes_on_stdin() {
+    let hub = Hub::with_nodes(&["host-a"]);
+    let got = hub.scratch("stdin").join("payload");
+    let _node = hub.node_process("host-a").then(&format!("cat > '{}'", got.display())).start();
+    let sent = r#"{"n": 12345678901234567890123, "d": 1.000000000000000000001, "b": "\u00e9", "a": []}"#;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let r = rt.block_on(submit(&hub, "stdin", sent));
+    let id = r.ok(201)["deliveries"][0]["delivery_id"].as_str().expect("delivery id").to_string();
+    hub.wait_outcome(&id);
+    hub.assert_one_attempt(&id, "succeeded");
+    assert_eq!(std::fs::read_to_string(&got).expect("the harness wrote its stdin"), sent);
 }
