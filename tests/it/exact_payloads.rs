@@ -1,6 +1,7 @@
-//! Payloads through the real hub and node: kept byte for byte (huge integers, long decimals, key order,
-//! escapes) up to the harness's stdin, a replay judged on the canonical form, so payloads that differ only in a number
-//! are never duplicates; duplicate keys and numbers a field cannot hold refused naming the field.
+//! Payloads through the real hub and node: kept byte for byte (huge integers, long decimals,
+//! key order, escapes) up to the harness's stdin; a replay is judged on the canonical form, so
+//! payloads that differ only in a number are never duplicates; duplicate keys and numbers a
+//! field cannot hold are refused naming the field.
 
 use crate::harness::{Hub, Resp};
 
