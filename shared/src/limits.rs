@@ -19,6 +19,17 @@ pub const QUEUED_PER_HOST_MAX_DEFAULT: u64 = 1_000_000;
 pub const RETENTION_DEFAULT: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Largest request body the hub reads; bigger bodies get 413 before they are buffered.
 pub const REQUEST_BODY_BYTES_MAX_DEFAULT: u64 = 1024 * 1024;
+/// Deepest nesting of objects and arrays a payload may have. Answers embed the payload a few
+/// levels down (`deliveries[].payload`), and common JSON parsers stop at 128 levels
+/// (`serde_json`'s default), so 64 leaves every answer readable by them.
+pub const PAYLOAD_DEPTH_MAX: usize = 64;
+/// How often a host's bound node instance may change: at most this many binding changes within
+/// `INSTANCE_REBIND_WINDOW`; beyond it a claim or session naming yet another instance is 429
+/// `over_capacity`. Each change is one `bind_instance` operator event, so a node presenting a
+/// new instance id on every request cannot grow the operator log without bound.
+pub const INSTANCE_REBINDS_PER_WINDOW_MAX: i64 = 10;
+/// The sliding window `INSTANCE_REBINDS_PER_WINDOW_MAX` counts over.
+pub const INSTANCE_REBIND_WINDOW: Duration = Duration::from_secs(600);
 /// Longest reason text an operator or a node may attach.
 pub const REASON_CHARS_MAX: usize = 1024;
 

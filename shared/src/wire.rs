@@ -4,6 +4,46 @@
 
 use crate::states::{DeliveryState, Outcome, Rerun};
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+/// A message's payload: any JSON value, kept as the exact text the producer sent (numbers of any
+/// size or precision, key order, whitespace inside it and escapes unchanged). The hub stores
+/// these bytes, returns them in message reads and claims, and the node hands them to the harness
+/// on stdin. Leading and trailing whitespace around the value is not part of it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Payload(Box<RawValue>);
+
+impl Payload {
+    /// Takes JSON text as a payload; refuses text that is not exactly one JSON value.
+    pub fn from_text(text: String) -> Result<Self, serde_json::Error> {
+        RawValue::from_string(text).map(Self)
+    }
+
+    /// The payload's exact JSON text.
+    pub fn as_str(&self) -> &str {
+        self.0.get()
+    }
+}
+
+impl PartialEq for Payload {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for Payload {}
+
+impl From<serde_json::Value> for Payload {
+    /// The value's compact text (object keys sorted, numbers as `serde_json` prints them).
+    fn from(v: serde_json::Value) -> Self {
+        match serde_json::value::to_raw_value(&v) {
+            Ok(raw) => Self(raw),
+            // A `Value` has string keys only, so it always serialises.
+            Err(e) => unreachable!("a serde_json::Value did not serialise: {e}"),
+        }
+    }
+}
 
 /// `POST /v1/messages`: a producer submits a message into a conversation.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -13,8 +53,8 @@ pub struct SubmitRequest {
     pub conversation: String,
     /// The producer-chosen idempotency key.
     pub idempotency_key: String,
-    /// Any JSON value; handed to the harness on stdin.
-    pub payload: serde_json::Value,
+    /// Any JSON value, kept exactly as sent (see `Payload`); handed to the harness on stdin.
+    pub payload: Payload,
     /// The recipient hosts; when absent or empty, the conversation's members at the message's
     /// `seq` (a conversation without members then refuses the message).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -141,8 +181,8 @@ pub struct MessageView {
     pub producer: String,
     /// The producer's idempotency key.
     pub idempotency_key: String,
-    /// The payload as submitted.
-    pub payload: serde_json::Value,
+    /// The payload, byte for byte as submitted.
+    pub payload: Payload,
     /// When it was accepted (unix milliseconds).
     pub accepted_at_ms: i64,
     /// Its deliveries.
@@ -174,8 +214,8 @@ pub struct ClaimedDelivery {
     pub conversation: String,
     /// The message's sequence number in the conversation.
     pub seq: i64,
-    /// The payload.
-    pub payload: serde_json::Value,
+    /// The payload, byte for byte as submitted.
+    pub payload: Payload,
     /// The token that binds this claim to the claiming instance.
     pub claim_token: String,
     /// The delivery's state on the hub (claimed in a claim answer).

@@ -2,8 +2,9 @@
 
 use super::{CliError, CliResult, Context, output};
 use crate::store::accept::{self, AcceptLimits, Accepted, NewMessage};
-use crate::store::in_write_txn;
+use crate::store::{canonical, in_write_txn};
 use baton_shared::ids::{check_key, check_name};
+use baton_shared::wire::Payload;
 use std::path::Path;
 
 /// What `send` was asked to submit.
@@ -36,10 +37,14 @@ fn validate(s: Submission<'_>, payload_bytes_max: u64) -> Result<NewMessage, Cli
         (None, Some(f)) => std::fs::read_to_string(f).map_err(|e| CliError::usage(format!("{}: {e}", f.display())))?,
         (None, None) => return Err(CliError::usage("give --payload JSON or --payload-file FILE")),
     };
-    let value: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| CliError::usage(format!("payload is not JSON: {e}")))?;
+    // Kept exactly as given (surrounding whitespace aside), as the API keeps it; refused for
+    // what the API refuses (not one JSON value, duplicate keys, too deep, lone surrogates).
     let max = payload_bytes_max;
-    let payload = value.to_string();
+    let payload = Payload::from_text(text.trim().to_string())
+        .map_err(|e| CliError::usage(format!("payload is not JSON: {e}")))?
+        .as_str()
+        .to_string();
+    canonical::canonical(&payload).map_err(|e| CliError::usage(format!("payload: {e}")))?;
     if payload.len() as u64 > max {
         return Err(CliError::usage(format!("payload is {} bytes; at most {max} are accepted", payload.len())));
     }

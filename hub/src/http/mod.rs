@@ -349,9 +349,26 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
             Err(JsonRejection::MissingJsonContentType(_)) => {
                 Err(ApiError::new(ErrorCode::InvalidJson, "expected a JSON body with Content-Type: application/json"))
             }
+            // Well-formed JSON with a number its field cannot hold (`max` over 32 bits, a
+            // negative `wait_ms`): the message names the field (`max: invalid value: ...`).
+            Err(JsonRejection::JsonDataError(r)) if number_out_of_range(&r.body_text()) => {
+                Err(ApiError::new(ErrorCode::InvalidField, out_of_range_message(&r.body_text())))
+            }
             Err(r) => Err(ApiError::new(ErrorCode::InvalidJson, without_type_names(&r.body_text()))),
         }
     }
+}
+
+/// True when a body's data error is a number its field's type cannot hold.
+fn number_out_of_range(text: &str) -> bool {
+    ["invalid value: integer", "invalid type: floating point", "number out of range"].iter().any(|m| text.contains(m))
+}
+
+/// The data error's message without axum's preamble: `FIELD: invalid value: integer ...`.
+fn out_of_range_message(text: &str) -> String {
+    let text = without_type_names(text);
+    let detail = text.split_once(": ").map_or(text.as_str(), |(_, rest)| rest).trim();
+    format!("{detail} (out of range)")
 }
 
 /// A query string whose rejections are API errors naming what is wrong.
@@ -626,7 +643,7 @@ mod openapi_tests {
             message_id: "m".into(),
             conversation: "c".into(),
             seq: 1,
-            payload: serde_json::json!({}),
+            payload: serde_json::json!({}).into(),
             claim_token: "t".into(),
             state: DeliveryState::Claimed,
             producer: Some("p".into()),
@@ -657,7 +674,7 @@ mod openapi_tests {
                 serde_json::to_value(SubmitRequest {
                     conversation: "c".into(),
                     idempotency_key: "k".into(),
-                    payload: serde_json::json!(1),
+                    payload: serde_json::json!(1).into(),
                     to: Some(vec!["h".into()]),
                     max_attempts: Some(3),
                     retry_backoff_ms: Some(1000),
@@ -685,7 +702,7 @@ mod openapi_tests {
                     seq: 1,
                     producer: "p".into(),
                     idempotency_key: "k".into(),
-                    payload: serde_json::json!({}),
+                    payload: serde_json::json!({}).into(),
                     accepted_at_ms: 1,
                     deliveries: vec![delivery.clone()],
                 })

@@ -357,6 +357,14 @@ pub(super) async fn report(
     if req.attempt == Some(0) {
         return Err(ApiError::new(ErrorCode::InvalidField, "attempt: must be at least 1"));
     }
+    if let Some(ms) = req.duration_ms
+        && i64::try_from(ms).is_err()
+    {
+        return Err(ApiError::new(
+            ErrorCode::InvalidField,
+            format!("duration_ms: {ms} is out of range; allowed 0..={}", i64::MAX),
+        ));
+    }
     let outcome = req.outcome;
     let delivery_id = req.delivery_id.clone();
     let clock = state.clock.clone();

@@ -3,7 +3,7 @@
 
 use super::{ApiError, ApiJson, ApiQuery, AppState, Caller, ProducerCaller, check_path_id};
 use crate::store::accept::{self, AcceptLimits, Accepted, NewMessage, RetryPolicy};
-use crate::store::{members, producers, read, turns};
+use crate::store::{canonical, members, producers, read, turns};
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -44,8 +44,8 @@ fn validate(producer: &str, req: SubmitRequest, state: &AppState) -> Result<(New
     let retry = validate_retry(&req, state)?;
     check_name("conversation", &req.conversation)?;
     check_key("idempotency_key", &req.idempotency_key)?;
-    let payload = serde_json::to_string(&req.payload)
-        .map_err(|e| ApiError::new(ErrorCode::InvalidJson, format!("payload: {e}")))?;
+    // The exact text the producer sent: stored and handed out as is.
+    let payload = req.payload.as_str().to_string();
     let max = state.limits.payload_bytes_max;
     if payload.len() as u64 > max {
         return Err(ApiError::new(
@@ -53,6 +53,9 @@ fn validate(producer: &str, req: SubmitRequest, state: &AppState) -> Result<(New
             format!("payload is {} bytes; at most {max} are accepted (limits.payload_bytes_max)", payload.len()),
         ));
     }
+    // Refused here, before the writer: a payload without a canonical form (duplicate keys,
+    // nesting over the bound) has no content hash.
+    canonical::canonical(&payload).map_err(|e| ApiError::new(ErrorCode::InvalidField, format!("payload: {e}")))?;
     // No `to` (or an empty one): the conversation's members at the message's seq; the store
     // refuses it with `no_recipients` when the conversation has none.
     let mut to = req.to.unwrap_or_default();

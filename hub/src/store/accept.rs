@@ -16,7 +16,7 @@
 //! accept gets its delivery created and, in the same transaction, failed with `host retired`.
 
 use super::transition::{self, Change, adjust_backlog, record_event};
-use super::{Actor, StoreError, StoreResult, hosts, members, new_id, producers, state_column};
+use super::{Actor, StoreError, StoreResult, canonical, hosts, members, new_id, producers, state_column};
 use baton_shared::crash_point;
 use baton_shared::states::DeliveryState;
 use baton_shared::wire::DeliverySummary;
@@ -32,7 +32,7 @@ pub struct NewMessage {
     pub conversation: String,
     /// The producer's idempotency key.
     pub idempotency_key: String,
-    /// The payload as compact JSON text.
+    /// The payload's JSON text, exactly as the producer sent it (stored and handed out as is).
     pub payload: String,
     /// The recipient hosts, deduplicated and sorted; empty for "the conversation's members at
     /// the message's `seq`".
@@ -40,17 +40,21 @@ pub struct NewMessage {
 }
 
 impl NewMessage {
-    /// The content hash that decides "same content" for an idempotent replay.
-    pub fn content_hash(&self) -> String {
+    /// The content hash that decides "same content" for an idempotent replay. A payload without
+    /// a canonical form (duplicate keys, too deep, not JSON) is `StoreError::Invalid`.
+    pub fn content_hash(&self) -> StoreResult<String> {
         self.content_hash_with(RetryPolicy::default())
     }
 
-    /// The content hash with the message's retry policy: the fields of `content_hash`, then,
-    /// only for a field that was given, its name and value (so a message without a retry policy
-    /// hashes exactly as before the policy existed, and stored keys keep matching).
-    pub fn content_hash_with(&self, retry: RetryPolicy) -> String {
+    /// The content hash with the message's retry policy: SHA-256 over the length-prefixed
+    /// conversation, the payload's canonical form (`canonical::canonical`: sorted keys, one
+    /// string escape form, numbers as written) and the recipients, then, only for a field that
+    /// was given, its name and value (so a message without a retry policy hashes exactly as
+    /// before the policy existed, and stored keys keep matching).
+    pub fn content_hash_with(&self, retry: RetryPolicy) -> StoreResult<String> {
+        let payload = canonical::canonical(&self.payload).map_err(|e| StoreError::Invalid(format!("payload: {e}")))?;
         let mut h = Sha256::new();
-        for part in [self.conversation.as_str(), self.payload.as_str()] {
+        for part in [self.conversation.as_str(), payload.as_str()] {
             h.update((part.len() as u64).to_le_bytes());
             h.update(part.as_bytes());
         }
@@ -66,7 +70,7 @@ impl NewMessage {
             h.update((part.len() as u64).to_le_bytes());
             h.update(part.as_bytes());
         }
-        h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+        Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
     }
 }
 
@@ -122,7 +126,7 @@ pub fn accept_with_retry(
     now_ms: i64,
 ) -> StoreResult<Accepted> {
     producers::check_may_post(conn, &msg.producer, &msg.conversation)?;
-    let hash = msg.content_hash_with(retry);
+    let hash = msg.content_hash_with(retry)?;
     let existing: Option<(String, i64, String)> = conn
         .prepare_cached("SELECT id, seq, content_hash FROM messages WHERE producer = ?1 AND idempotency_key = ?2")?
         .query_row([&msg.producer, &msg.idempotency_key], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
@@ -361,10 +365,10 @@ mod tests {
             }
             h.finalize().iter().map(|b| format!("{b:02x}")).collect::<String>()
         };
-        assert_eq!(m.content_hash(), before);
-        assert_eq!(m.content_hash_with(RetryPolicy::default()), before);
+        assert_eq!(m.content_hash().unwrap(), before);
+        assert_eq!(m.content_hash_with(RetryPolicy::default()).unwrap(), before);
         let three = RetryPolicy { max_attempts: Some(3), retry_backoff_ms: None };
-        assert_ne!(m.content_hash_with(three), before);
+        assert_ne!(m.content_hash_with(three).unwrap(), before);
         let db = testing::db();
         let Accepted::New { message_id, .. } = accept_with_retry(&db.conn, &m, three, BIG, 1).unwrap() else {
             panic!()

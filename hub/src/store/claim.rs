@@ -28,6 +28,7 @@ use super::hosts::{self, Standing};
 use super::transition::{self, Change, Holder};
 use super::{Actor, StoreError, StoreResult, json_column, members, new_token, parse_column_opt, state_column};
 use baton_shared::crash_point;
+use baton_shared::limits::{INSTANCE_REBIND_WINDOW, INSTANCE_REBINDS_PER_WINDOW_MAX};
 use baton_shared::states::DeliveryState::{self, *};
 use baton_shared::states::Rerun;
 use baton_shared::wire::{ClaimedDelivery, TransitionResponse};
@@ -60,20 +61,23 @@ fn host_may_claim(conn: &Connection, host: &str, now_ms: i64) -> StoreResult<boo
     }
 }
 
-/// How many deliveries `instance_id` holds: claimed, mirrored, or delivered with no outcome of
-/// the current run.
-pub fn holding_count(conn: &Connection, instance_id: &str) -> StoreResult<i64> {
+/// How many deliveries `instance_id` holds on `host`: claimed, mirrored, or delivered with no
+/// outcome of the current run. Instance ids are scoped per host: another host's deliveries under
+/// the same id are not counted.
+pub fn holding_count(conn: &Connection, host: &str, instance_id: &str) -> StoreResult<i64> {
     Ok(conn
         .prepare_cached(
-            "SELECT count(*) FROM deliveries d WHERE d.instance_id = ?1
+            "SELECT count(*) FROM deliveries d WHERE d.host = ?1 AND d.instance_id = ?2
                AND (d.state IN ('claimed', 'mirrored')
                     OR (d.state = 'delivered' AND NOT EXISTS (
                         SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)))",
         )?
-        .query_row([instance_id], |r| r.get(0))?)
+        .query_row([host, instance_id], |r| r.get(0))?)
 }
 
-/// Binds `instance_id` to `host`, or refuses when another instance still holds work.
+/// Binds `instance_id` to `host`, or refuses when another instance of the host still holds work
+/// (`InstanceConflict`) or the host changed its binding too often (`OverCapacity`). The same
+/// instance again changes nothing and records nothing; each actual change is one operator event.
 pub(crate) fn bind_instance(conn: &Connection, host: &str, instance_id: &str, now_ms: i64) -> StoreResult<()> {
     let bound: Option<String> =
         conn.prepare_cached("SELECT instance_id FROM hosts WHERE name = ?1")?.query_row([host], |r| r.get(0))?;
@@ -81,7 +85,7 @@ pub(crate) fn bind_instance(conn: &Connection, host: &str, instance_id: &str, no
         return Ok(());
     }
     if let Some(old) = &bound {
-        let held = holding_count(conn, old)?;
+        let held = holding_count(conn, host, old)?;
         if held > 0 {
             return Err(StoreError::InstanceConflict(format!(
                 "instance {old} of host {host} still holds {held} deliveries; only one instance of a host may be \
@@ -89,6 +93,20 @@ pub(crate) fn bind_instance(conn: &Connection, host: &str, instance_id: &str, no
                  `baton-hub requeue --instance {old}` if it is gone for good)"
             )));
         }
+    }
+    let since = now_ms.saturating_sub(INSTANCE_REBIND_WINDOW.as_millis() as i64);
+    let recent: i64 = conn
+        .prepare_cached(
+            "SELECT count(*) FROM operator_events WHERE action = 'bind_instance' AND subject = ?1 AND at > ?2",
+        )?
+        .query_row(rusqlite::params![host, since], |r| r.get(0))?;
+    if recent >= INSTANCE_REBINDS_PER_WINDOW_MAX {
+        return Err(StoreError::OverCapacity(format!(
+            "host {host} changed its node instance {recent} times in the last {}s; at most \
+             {INSTANCE_REBINDS_PER_WINDOW_MAX} are allowed (INSTANCE_REBINDS_PER_WINDOW_MAX): keep one \
+             instance id per data directory",
+            INSTANCE_REBIND_WINDOW.as_secs()
+        )));
     }
     conn.prepare_cached("UPDATE hosts SET instance_id = ?2, instance_since = ?3 WHERE name = ?1")?
         .execute(rusqlite::params![host, instance_id, now_ms])?;
@@ -515,7 +533,7 @@ impl<'a> Scan<'a> {
     /// queued → claimed for the claiming instance, and into the batch.
     fn hand_out(&mut self, conversation: &str, head: Head) -> StoreResult<()> {
         self.heads += 1;
-        let (payload, producer, max_attempts): (serde_json::Value, String, u32) = self
+        let (payload, producer, max_attempts): (baton_shared::wire::Payload, String, u32) = self
             .conn
             .prepare_cached("SELECT payload, producer, max_attempts FROM messages WHERE id = ?1")?
             .query_row([&head.message_id], |r| {
@@ -1115,6 +1133,60 @@ mod tests {
         reject(&db.conn, "host-a", &d.delivery_id, h, "no", 3).unwrap();
         assert!(claim(&db.conn, "host-a", "clone", 10, 4).unwrap().is_empty());
         assert!(claim(&db.conn, "host-a", "other", 10, 5).is_ok());
+    }
+
+    /// Instance ids are scoped per host: host-b presenting host-a's instance id neither blocks
+    /// host-a from re-binding nor lets a requeue of that id act on host-a's work.
+    #[test]
+    fn instance_ids_are_scoped_per_host() {
+        let db = testing::db();
+        accept_one(&db.conn, "c", "k1", &["host-a"]);
+        accept_one(&db.conn, "c2", "k2", &["host-b"]);
+        assert_eq!(claim(&db.conn, "host-b", "shared-id", 10, 1).unwrap().len(), 1);
+        assert!(claim(&db.conn, "host-a", "shared-id", 10, 2).unwrap().len() == 1);
+        // host-a's instance holds work, so its own new instance is refused; host-b's holding
+        // under the same id counts for host-b only.
+        assert_eq!(holding_count(&db.conn, "host-a", "shared-id").unwrap(), 1);
+        assert_eq!(holding_count(&db.conn, "host-b", "shared-id").unwrap(), 1);
+        // A requeue of an id two hosts use acts on neither.
+        let e = super::super::operator::requeue_instance(&db.conn, "shared-id", "op", "gone", 3).unwrap_err();
+        assert!(matches!(&e, StoreError::Invalid(t) if t.contains("host-a") && t.contains("host-b")), "{e:?}");
+        let swept =
+            super::super::operator::requeue_host_instance(&db.conn, "host-b", "shared-id", "op", "gone", 4).unwrap();
+        assert_eq!(swept.requeued.len(), 1);
+        assert_eq!(holding_count(&db.conn, "host-a", "shared-id").unwrap(), 1, "host-a's claim is untouched");
+        let bound: Option<String> =
+            db.conn.query_row("SELECT instance_id FROM hosts WHERE name = 'host-a'", [], |r| r.get(0)).unwrap();
+        assert_eq!(bound.as_deref(), Some("shared-id"), "host-a stays bound");
+    }
+
+    /// Re-presenting the bound instance records nothing; each change is one operator event, and
+    /// a host changing its instance more than INSTANCE_REBINDS_PER_WINDOW_MAX times within the
+    /// window is refused until the window moves on.
+    #[test]
+    fn binding_changes_are_recorded_once_and_bounded() {
+        let db = testing::db();
+        let events = || -> i64 {
+            db.conn
+                .query_row("SELECT count(*) FROM operator_events WHERE action = 'bind_instance'", [], |r| r.get(0))
+                .unwrap()
+        };
+        for now in 1..20 {
+            claim(&db.conn, "host-a", "same", 10, now).unwrap();
+        }
+        assert_eq!(events(), 1, "one binding, however many claims");
+        for i in 1..INSTANCE_REBINDS_PER_WINDOW_MAX {
+            claim(&db.conn, "host-a", &format!("i-{i}"), 10, 100 + i).unwrap();
+        }
+        assert_eq!(events(), INSTANCE_REBINDS_PER_WINDOW_MAX);
+        let e = claim(&db.conn, "host-a", "one-more", 10, 200).unwrap_err();
+        assert!(matches!(&e, StoreError::OverCapacity(t) if t.contains("INSTANCE_REBINDS_PER_WINDOW_MAX")), "{e:?}");
+        assert_eq!(events(), INSTANCE_REBINDS_PER_WINDOW_MAX, "a refused rebind records nothing");
+        // The bound instance keeps working, and other hosts are not limited by host-a.
+        claim(&db.conn, "host-a", &format!("i-{}", INSTANCE_REBINDS_PER_WINDOW_MAX - 1), 10, 201).unwrap();
+        claim(&db.conn, "host-b", "fresh", 10, 202).unwrap();
+        let later = 200 + INSTANCE_REBIND_WINDOW.as_millis() as i64;
+        claim(&db.conn, "host-a", "one-more", 10, later).unwrap();
     }
 
     #[test]

@@ -35,6 +35,7 @@
 pub mod accept;
 pub mod audit;
 pub mod backup;
+pub mod canonical;
 pub mod claim;
 pub mod fences;
 pub mod fleet;
@@ -291,14 +292,16 @@ pub(crate) fn state_column(
     parse_column(row, idx, table, row_id, "delivery state", DeliveryState::parse)
 }
 
-/// A JSON payload column (`messages.payload`).
+/// A JSON payload column (`messages.payload`), kept as its exact text.
 pub(crate) fn json_column(
     row: &rusqlite::Row<'_>,
     idx: usize,
     table: &'static str,
     row_id: &str,
-) -> rusqlite::Result<serde_json::Value> {
-    parse_column(row, idx, table, row_id, "JSON payload", |s| serde_json::from_str(s).ok())
+) -> rusqlite::Result<baton_shared::wire::Payload> {
+    parse_column(row, idx, table, row_id, "JSON payload", |s| {
+        baton_shared::wire::Payload::from_text(s.to_string()).ok()
+    })
 }
 
 /// Shorthand for store results.

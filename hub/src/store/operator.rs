@@ -170,9 +170,10 @@ pub fn retire(conn: &Connection, host: &str, operator: &str, reason: &str, now_m
     Ok(swept)
 }
 
-/// Requeues what a node instance that is gone for good holds: claimed and mirrored go back to
-/// queued (nothing ran: the execution gate), and delivered ones without an outcome get an
-/// `unknown` attempt (they may have run). The host is unbound from that instance.
+/// Requeues what a node instance that is gone for good holds (`requeue_host_instance`), on the
+/// one host that uses the instance id. Instance ids are scoped per host: when the id is bound or
+/// holds work on more than one host, nothing is done (`StoreError::Invalid` naming the hosts),
+/// so one host presenting another's instance id cannot make a requeue act on its work.
 pub fn requeue_instance(
     conn: &Connection,
     instance_id: &str,
@@ -180,11 +181,50 @@ pub fn requeue_instance(
     reason: &str,
     now_ms: i64,
 ) -> StoreResult<Swept> {
-    let rows = ids_where(
-        conn,
-        "SELECT id, state FROM deliveries WHERE instance_id = ?1 AND state IN ('claimed', 'mirrored', 'delivered') ORDER BY n",
-        instance_id,
-    )?;
+    let hosts: Vec<String> = conn
+        .prepare_cached(
+            "SELECT host FROM deliveries WHERE instance_id = ?1 AND state IN ('claimed', 'mirrored', 'delivered')
+             UNION SELECT name FROM hosts WHERE instance_id = ?1 ORDER BY 1",
+        )?
+        .query_map([instance_id], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    match hosts.as_slice() {
+        [] => {
+            record_operator_event(conn, "requeue_instance", instance_id, operator, Some(reason), now_ms)?;
+            Ok(Swept::default())
+        }
+        [host] => requeue_host_instance(conn, host, instance_id, operator, reason, now_ms),
+        many => Err(StoreError::Invalid(format!(
+            "instance id {instance_id} is used by hosts {}; instance ids are scoped per host, and a requeue acts \
+             on one host's work only (retire or re-provision the host that should not use it first)",
+            many.join(", ")
+        ))),
+    }
+}
+
+/// Requeues what `host`'s node instance `instance_id`, gone for good, holds: claimed and
+/// mirrored go back to queued (nothing ran: the execution gate), and delivered ones without an
+/// outcome get an `unknown` attempt (they may have run). The host is unbound from that instance.
+/// Another host's deliveries under the same id are not touched.
+pub fn requeue_host_instance(
+    conn: &Connection,
+    host: &str,
+    instance_id: &str,
+    operator: &str,
+    reason: &str,
+    now_ms: i64,
+) -> StoreResult<Swept> {
+    let rows: Vec<(String, DeliveryState)> = conn
+        .prepare_cached(
+            "SELECT id, state FROM deliveries WHERE host = ?1 AND instance_id = ?2
+               AND state IN ('claimed', 'mirrored', 'delivered') ORDER BY n",
+        )?
+        .query_map([host, instance_id], |r| {
+            let id: String = r.get(0)?;
+            let state = state_column(r, 1, "deliveries", &id)?;
+            Ok((id, state))
+        })?
+        .collect::<Result<_, _>>()?;
     let actor = Actor::operator(operator);
     let why = format!("requeued by operator {operator}: {reason}");
     let mut swept = Swept::default();
@@ -206,7 +246,8 @@ pub fn requeue_instance(
             swept.requeued.push(id);
         }
     }
-    conn.prepare_cached("UPDATE hosts SET instance_id = NULL WHERE instance_id = ?1")?.execute([instance_id])?;
+    conn.prepare_cached("UPDATE hosts SET instance_id = NULL WHERE name = ?1 AND instance_id = ?2")?
+        .execute([host, instance_id])?;
     record_operator_event(conn, "requeue_instance", instance_id, operator, Some(reason), now_ms)?;
     Ok(swept)
 }

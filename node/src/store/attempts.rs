@@ -202,8 +202,9 @@ impl Db {
             }
         };
         // Checked again on the way out (it was checked on the way in): the harness gets JSON.
+        // Checked as raw JSON text, so numbers of any size or precision pass unchanged.
         if let Some(t) = &turn
-            && let Err(e) = serde_json::from_str::<serde_json::Value>(&t.payload)
+            && let Err(e) = serde_json::from_str::<&serde_json::value::RawValue>(&t.payload)
         {
             return Err(StoreError::corrupt(format!("delivery {delivery_id}"), format!("payload is not JSON ({e})")));
         }

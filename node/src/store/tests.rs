@@ -12,7 +12,7 @@ pub(crate) fn delivery(id: &str, conversation: &str, seq: i64) -> ClaimedDeliver
         message_id: format!("m-{id}"),
         conversation: conversation.into(),
         seq,
-        payload: serde_json::json!({"turn": seq}),
+        payload: serde_json::json!({"turn": seq}).into(),
         claim_token: format!("tok-{id}"),
         state: DeliveryState::Claimed,
         producer: Some("prod".into()),

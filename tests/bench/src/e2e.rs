@@ -262,7 +262,7 @@ async fn produce(
         let body = SubmitRequest {
             conversation: format!("{}-{}-{}", pass.name, i % k, (i / k) % pass.convs_per_host),
             idempotency_key: format!("{}-{i}", pass.name),
-            payload: serde_json::json!({ "i": i }),
+            payload: serde_json::json!({ "i": i }).into(),
             to: Some(vec![hosts[i % k].clone()]),
             max_attempts: None,
             retry_backoff_ms: None,

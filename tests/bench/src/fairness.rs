@@ -102,7 +102,7 @@ async fn submit_light(client: &reqwest::Client, url: &str, count: usize) -> anyh
         let body = SubmitRequest {
             conversation: LIGHT.into(),
             idempotency_key: format!("light-{i}"),
-            payload: serde_json::json!({ "i": i }),
+            payload: serde_json::json!({ "i": i }).into(),
             to: Some(vec![HOST.into()]),
             max_attempts: None,
             retry_backoff_ms: None,
