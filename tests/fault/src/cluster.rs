@@ -256,7 +256,8 @@ impl Cluster {
             .collect::<Result<_, _>>()?;
         drop(conn);
         for id in active {
-            self.hub.cli(["fence", "lift", &id.to_string(), "--reason", "heal"])?;
+            // One that is not active any more (exit 1) must not keep the others from lifting.
+            let _ = self.hub.cli_output(["fence", "lift", &id.to_string(), "--reason", "heal"])?;
         }
         for c in held {
             // Exit 1 (nothing held any more) is fine.
@@ -307,6 +308,85 @@ impl Cluster {
             }
         }
         Ok(true)
+    }
+
+    /// What keeps the record from being quiescent, for a failure message: the hub's pending
+    /// deliveries and obligations, and each node's open local rows.
+    pub fn pending(&self) -> String {
+        let mut s = String::new();
+        let hub = |s: &mut String| -> anyhow::Result<()> {
+            let conn = crate::checker::open_read_only(&self.hub.db())?;
+            let mut st = conn.prepare(
+                "SELECT d.id, d.host, d.conversation, d.seq, d.state, d.attempt, coalesce(d.reason, ''),
+                        coalesce(d.started_session, -1), coalesce(d.cancel_requested_at, -1)
+                 FROM deliveries d
+                 WHERE d.state IN ('queued', 'claimed', 'mirrored', 'held')
+                    OR (d.state = 'delivered'
+                        AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt))
+                 LIMIT 50",
+            )?;
+            let rows = st.query_map([], |r| {
+                Ok(format!(
+                    "hub: {} {} {}#{} {} run {} reason {:?} started_session {} cancel_at {}",
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, i64>(3)?,
+                    r.get::<_, String>(4)?,
+                    r.get::<_, i64>(5)?,
+                    r.get::<_, String>(6)?,
+                    r.get::<_, i64>(7)?,
+                    r.get::<_, i64>(8)?
+                ))
+            })?;
+            for r in rows {
+                s.push_str(&r?);
+                s.push('\n');
+            }
+            let obligations: i64 =
+                conn.query_row("SELECT count(*) FROM fanout_obligations WHERE done_at IS NULL", [], |r| r.get(0))?;
+            s.push_str(&format!("hub: {obligations} fan-out obligation(s) pending\n"));
+            Ok(())
+        };
+        if let Err(e) = hub(&mut s) {
+            s.push_str(&format!("hub: cannot read the record: {e:#}\n"));
+        }
+        for n in &self.nodes {
+            if !n.db().exists() {
+                continue;
+            }
+            let node = |s: &mut String| -> anyhow::Result<()> {
+                let c = crate::checker::open_read_only(&n.db())?;
+                let mut st = c.prepare(
+                    "SELECT delivery_id, state, coalesce(reason, '') FROM deliveries WHERE state IN ('mirrored', 'acked')
+                     LIMIT 50",
+                )?;
+                let rows = st.query_map([], |r| {
+                    Ok(format!(
+                        "{}: {} {} {:?}",
+                        n.proc().stem(),
+                        r.get::<_, String>(0)?,
+                        r.get::<_, String>(1)?,
+                        r.get::<_, String>(2)?
+                    ))
+                })?;
+                for r in rows {
+                    s.push_str(&r?);
+                    s.push('\n');
+                }
+                let outbox: i64 = c.query_row(
+                    "SELECT count(*) FROM outbox WHERE confirmed_at_ms IS NULL AND dead_at_ms IS NULL",
+                    [],
+                    |r| r.get(0),
+                )?;
+                s.push_str(&format!("{}: {outbox} report(s) waiting in the outbox\n", n.proc().stem()));
+                Ok(())
+            };
+            if let Err(e) = node(&mut s) {
+                s.push_str(&format!("{}: cannot read its store: {e:#}\n", n.proc().stem()));
+            }
+        }
+        s
     }
 
     /// Every process's log, for a failure message.

@@ -207,6 +207,8 @@ pub async fn run(bins: &Binaries, cfg: SoakConfig, log: &mut dyn FnMut(String)) 
     n.heal_all(&mut c, &addr)?;
     let _ = c.lift_all_fences();
     let drained = c.quiesce(DRAIN_LIMIT).await;
+    // What was still pending, read before the processes stop.
+    let pending = if drained { String::new() } else { c.pending() };
     c.hub.kill()?;
     for n in &mut c.nodes {
         n.proc_mut().kill()?;
@@ -218,7 +220,7 @@ pub async fn run(bins: &Binaries, cfg: SoakConfig, log: &mut dyn FnMut(String)) 
     f.ordered_executions = report.counts.get("ordered_effects").copied().unwrap_or(0);
     f.reruns = report.counts.get("reruns").copied().unwrap_or(0);
     if !drained {
-        log(format!("drain did not finish within {DRAIN_LIMIT:?}; logs:\n{}", c.logs()));
+        log(format!("drain did not finish within {DRAIN_LIMIT:?}; still pending:\n{pending}logs:\n{}", c.logs()));
     }
     Ok(SoakResult { figures: f, report, drained })
 }
