@@ -109,10 +109,14 @@ impl HubError {
     /// hub revoked our certificate (401 `certificate_revoked`, or its TLS alert naming the
     /// revocation). Running on cannot help; the node stops (`agent::Finished`).
     ///
-    /// A retired host is not told apart by the hub's answers today (its claims come back
-    /// empty), so it is not recognised here; when the hub names it, this is where it goes.
+    /// A retired host (403 `host_retired` to a claim) is refused for good too.
     pub fn refused_for_good(&self) -> Option<String> {
         match self {
+            HubError::Refused { status: 403, code, message }
+                if ErrorCode::parse(code) == Some(ErrorCode::HostRetired) =>
+            {
+                Some(format!("the hub retired this node's host (403 {code}: {message})"))
+            }
             HubError::Refused { status: 401, code, message }
                 if ErrorCode::parse(code) == Some(ErrorCode::CertificateRevoked) =>
             {

@@ -19,6 +19,9 @@ pub enum ErrorCode {
     NotYours,
     /// 403: the caller may not do this here (a producer posting outside its publish scope).
     Forbidden,
+    /// 403: the node's host was retired: it takes no more work, and running the node on cannot
+    /// help (the node stops, exit status 5).
+    HostRetired,
     /// 404: no such thing.
     NotFound,
     /// 405: the endpoint exists but not with this method.
@@ -52,7 +55,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 22] = [
+    pub const ALL: [ErrorCode; 23] = [
         ErrorCode::InvalidJson,
         ErrorCode::InvalidField,
         ErrorCode::NoRecipients,
@@ -61,6 +64,7 @@ impl ErrorCode {
         ErrorCode::WrongRole,
         ErrorCode::NotYours,
         ErrorCode::Forbidden,
+        ErrorCode::HostRetired,
         ErrorCode::NotFound,
         ErrorCode::MethodNotAllowed,
         ErrorCode::RequestTimeout,
@@ -88,6 +92,7 @@ impl ErrorCode {
             ErrorCode::WrongRole => "wrong_role",
             ErrorCode::NotYours => "not_yours",
             ErrorCode::Forbidden => "forbidden",
+            ErrorCode::HostRetired => "host_retired",
             ErrorCode::NotFound => "not_found",
             ErrorCode::MethodNotAllowed => "method_not_allowed",
             ErrorCode::RequestTimeout => "request_timeout",
@@ -115,7 +120,7 @@ impl ErrorCode {
         match self {
             ErrorCode::InvalidJson | ErrorCode::InvalidField | ErrorCode::NoRecipients => 400,
             ErrorCode::UnknownCertificate | ErrorCode::CertificateRevoked => 401,
-            ErrorCode::WrongRole | ErrorCode::NotYours | ErrorCode::Forbidden => 403,
+            ErrorCode::WrongRole | ErrorCode::NotYours | ErrorCode::Forbidden | ErrorCode::HostRetired => 403,
             ErrorCode::NotFound => 404,
             ErrorCode::MethodNotAllowed => 405,
             ErrorCode::RequestTimeout => 408,

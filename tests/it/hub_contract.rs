@@ -317,8 +317,10 @@ async fn retire_fails_waiting_and_claimed_work_and_makes_mirrored_unknown() {
     // host-b is untouched.
     assert_eq!(hub.state(m1.to("host-b")), "queued");
 
-    // The retired host gets no work and takes no new messages.
-    assert!(node.claim(10, 0).await.is_empty());
+    // The retired host gets no work (its claim is refused: its node stops) and takes no new
+    // messages.
+    let msg = node.claim_raw(10, 0).await.err(403, "host_retired");
+    assert!(msg.contains("host-a") && msg.contains("retired"), "{msg}");
     node.ack(&claimed[0]).await.err(409, "stale_claim");
     let msg = prod.submit("c", "after", json!(1), &["host-a"]).await.err(400, "invalid_field");
     assert!(msg.contains("to[0]") && msg.contains("retired"), "{msg}");

@@ -289,6 +289,24 @@ fn a_node_whose_certificate_is_revoked_exits_with_status_5() {
     hub.assert_one_attempt(&before, "succeeded");
 }
 
+/// The operator retires the node's host while it runs: the hub answers its next claim 403
+/// `host_retired`, and the node stops for good with exit status 5 instead of polling forever.
+#[test]
+fn a_node_whose_host_is_retired_exits_with_status_5() {
+    let hub = Hub::with_nodes(&["host-a"]);
+    let mut node = TurnNode::start(&hub, "host-a", "node-a", "cat", &[]);
+    let before = hub.send_one("conv", "k1", "host-a");
+    hub.wait_outcome(&before);
+    hub.cli_ok(["retire", "host-a", "--reason", "decommissioned"]);
+
+    let status = node.wait_exit(NODE_WAIT).expect("the node stops on its own after its host is retired");
+    assert_eq!(status.code(), Some(5), "{status}: {}", node.logs());
+    let logs = node.logs();
+    assert_eq!(logs.matches("This node stops for good").count(), 1, "one clear error: {logs}");
+    assert!(logs.contains("retired this node's host"), "{logs}");
+    hub.assert_one_attempt(&before, "succeeded");
+}
+
 /// Renewal without a restart: the operator renews the certificate, copies the new files over
 /// the ones the node reads, and sends SIGHUP; the node keeps running (SIGHUP never ends it) and
 /// presents the new certificate, so revoking the old serial afterwards changes nothing.

@@ -6,7 +6,7 @@
 use super::{ApiError, ApiJson, ApiQuery, AppState, NodeCaller, check_path_id};
 use crate::store::report::{self, NewReport, RunReport};
 use crate::store::transition::Holder;
-use crate::store::{claim, sessions, turns};
+use crate::store::{claim, hosts, sessions, turns};
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -167,7 +167,7 @@ pub(super) async fn claim(
         let mut rx = state.work.subscribe();
         let (host, instance, serial) = (caller.name.clone(), req.instance_id.clone(), caller.serial.clone());
         let clock = state.clock.clone();
-        let (batch, cancels, next_retry) = state
+        let (batch, cancels, next_retry, retired) = state
             .writer
             .call(move |c| {
                 let now = clock.now_ms();
@@ -175,9 +175,18 @@ pub(super) async fn claim(
                 let who = claim::Claimant { host: &host, serial: Some(&serial), instance_id: &instance };
                 let batch = claim::claim_as(c, who, max, now)?;
                 let cancels = turns::cancels_for(c, &host, &instance)?;
-                Ok((batch, cancels, turns::next_retry_at(c, &host, now)?))
+                let retired = hosts::standing(c, &host)? == hosts::Standing::Retired;
+                Ok((batch, cancels, turns::next_retry_at(c, &host, now)?, retired))
             })
             .await?;
+        // Told once its claim's transaction committed (its queued work failed `host retired`):
+        // a retired host's node stops instead of polling for work it will never get.
+        if retired {
+            return Err(ApiError::new(
+                ErrorCode::HostRetired,
+                format!("host {} is retired: it takes no more work", caller.name),
+            ));
+        }
         state.turns.contact(&caller.name, session, state.clock.now_ms());
         let fresh_cancels = state.turns.announce(&req.instance_id, &cancels);
         if !batch.is_empty() {
