@@ -390,7 +390,8 @@ async fn execute<H: Hub>(sh: Arc<Shared<H>>, turn: StartedTurn, start: Start, ki
     };
     tracing::info!(
         delivery_id = %turn.delivery_id, attempt_id = %turn.attempt_id, outcome = %ending.outcome,
-        exit_code = ?ending.exit_code, duration_ms = ?ending.duration_ms, reason = ?ending.reason, "turn ended"
+        exit_code = ending.exit_code, duration_ms = ending.duration_ms, signal = ending.signal,
+        reason = ending.reason.as_deref(), "turn ended"
     );
     let (attempt_id, now_ms) = (turn.attempt_id.clone(), sh.now_ms());
     let ended = sh.store.call(move |db| db.end_attempt(&attempt_id, &ending, now_ms)).await;

@@ -83,3 +83,22 @@ fn sigterm_kills_a_turn_that_outlives_the_grace() {
     wait_for(&format!("harness {pid} to be killed"), NODE_WAIT, || process_gone(pid).then_some(()));
     assert_eq!(hub.exec_log().runs_of(&id), 1);
 }
+
+/// With JSON logs, the "turn ended" line carries its fields typed: the exit status and the
+/// duration as numbers, the reason as a string (never `"Some(…)"`).
+#[test]
+fn json_logs_carry_typed_turn_fields() {
+    let hub = Hub::with_nodes(&["host-a"]);
+    let node = hub.node_process("host-a").then("exit 3").set("log_format", "\"json\"").start();
+    let id = hub.send_one("conv", "k1", "host-a");
+    hub.wait_outcome(&id);
+    let line = wait_for("the turn-ended log line", NODE_WAIT, || {
+        node.log().lines().find(|l| l.contains("turn ended")).map(str::to_string)
+    });
+    let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
+    let fields = &v["fields"];
+    assert_eq!(fields["exit_code"], 3, "{line}");
+    assert!(fields["duration_ms"].is_u64(), "{line}");
+    assert_eq!(fields["reason"], "exited with status 3", "{line}");
+    assert!(!line.contains("Some("), "{line}");
+}
