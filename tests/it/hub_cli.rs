@@ -79,6 +79,9 @@ async fn status_counts_by_state_and_sigterm_shuts_down_cleanly() {
     let conn = rusqlite::Connection::open_with_flags(&copy, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
     let n: i64 = conn.query_row("SELECT count(*) FROM deliveries", [], |r| r.get(0)).unwrap();
     assert_eq!(n, 4);
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&copy).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "a backup holds every payload: readable by its owner only");
     assert_eq!(hub.cli([std::ffi::OsStr::new("backup"), "--out".as_ref(), copy.as_os_str()]).status.code(), Some(2));
 
     let status = hub.terminate();

@@ -7,10 +7,30 @@ use std::path::Path;
 
 /// Writes a consistent copy of the database `conn` reads to `path` (which must not exist), then
 /// opens the copy and runs a full integrity check on it. A read-only connection is enough.
+///
+/// The copy holds every payload, so it is created readable by its owner only (mode 0600,
+/// whatever the umask), as the database itself is: the empty file is made first, exclusively,
+/// and SQLite writes into it.
 pub fn copy_to(conn: &Connection, path: &Path) -> StoreResult<()> {
     let target = path
         .to_str()
         .ok_or_else(|| StoreError::Invalid(format!("{}: the backup path is not UTF-8", path.display())))?;
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path).map_err(|e| {
+            StoreError::Invalid(format!("{}: cannot create the backup file ({e}); it must not exist", path.display()))
+        })?;
+    }
+    let written = write_copy(conn, target, path);
+    if written.is_err() {
+        // Only the file this call created, which holds nothing usable.
+        let _ = std::fs::remove_file(path);
+    }
+    written
+}
+
+/// `VACUUM INTO` the (empty, owner-only) file at `target`, then the integrity check of the copy.
+fn write_copy(conn: &Connection, target: &str, path: &Path) -> StoreResult<()> {
     // `VACUUM INTO` writes only the new file, which SQLite allows on a read-only connection, but
     // `query_only` (set by `open_read`) refuses it; lift it for this one statement.
     let query_only: bool = conn.query_row("PRAGMA query_only", [], |r| r.get(0))?;
@@ -53,6 +73,9 @@ mod tests {
         let n: i64 = copy.query_row("SELECT count(*) FROM deliveries", [], |r| r.get(0)).unwrap();
         assert_eq!(n, 1);
         assert!(copy_to(&reader, &path).is_err(), "an existing file is never overwritten");
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "the backup holds every payload: owner-only, whatever the umask");
         assert!(integrity(&copy).unwrap().is_empty());
     }
 }
