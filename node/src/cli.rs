@@ -49,7 +49,7 @@ pub enum Command {
     Completions {
         /// The shell.
         #[arg(value_enum)]
-        shell: clap_complete::Shell,
+        shell: baton_shared::manuals::Shell,
     },
     /// Write a man page for every command into a directory.
     Man {

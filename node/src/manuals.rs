@@ -1,55 +1,28 @@
-//! `completions` and `man`: shell completion scripts and man pages generated from the clap
-//! definitions in `cli`, so a command, flag or configuration key added there appears in both
-//! without anyone editing anything here. Nothing generated is checked in: the packages
-//! generate both from the binary they ship (`node/pkg/build-deb`), so they cannot drift from it.
+//! `completions` and `man`: the node's shell completion scripts and man pages, generated from
+//! the clap definitions in `cli` by `baton_shared::manuals`.
 
 use crate::cli::Cli;
-use anyhow::Context as _;
+use anyhow::{Context as _, anyhow};
+use baton_shared::manuals::{self, Shell};
 use clap::CommandFactory as _;
-use clap_complete::Shell;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// The name the scripts and pages are generated for (the installed binary's name).
 const BIN_NAME: &str = "baton-node";
 
-/// The completion script for `shell`.
-pub fn completion_script(shell: Shell) -> anyhow::Result<String> {
-    let mut script = Vec::new();
-    clap_complete::generate(shell, &mut Cli::command(), BIN_NAME, &mut script);
-    String::from_utf8(script).with_context(|| format!("the {shell} script is not UTF-8"))
-}
-
-/// Writes one man page per command and visible subcommand into `out` (created if missing):
-/// `baton-node.1`, `baton-node-run.1`, `baton-node-config-check.1`, … Returns the pages now in
-/// `out`.
-pub fn write_man_pages(out: &Path) -> anyhow::Result<Vec<PathBuf>> {
-    let failed = || format!("writing man pages into {}", out.display());
-    std::fs::create_dir_all(out).with_context(failed)?;
-    clap_mangen::generate_to(Cli::command(), out).with_context(failed)?;
-    man_files(out).with_context(failed)
-}
-
-/// The `*.1` files in `dir`, sorted.
-fn man_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
-    let mut files = Vec::new();
-    for entry in std::fs::read_dir(dir)? {
-        let path = entry?.path();
-        if path.extension().is_some_and(|e| e == "1") {
-            files.push(path);
-        }
-    }
-    files.sort();
-    Ok(files)
-}
-
 /// `baton-node completions SHELL`.
 pub fn completions(shell: Shell) -> anyhow::Result<()> {
-    crate::output::print(&completion_script(shell)?).context("writing to stdout")
+    let script = manuals::completion_script(Cli::command(), BIN_NAME, shell).map_err(|e| anyhow!(e))?;
+    crate::output::print(&script).context("writing to stdout")
 }
 
 /// `baton-node man --out DIR`: prints each page it wrote.
 pub fn man(out: &Path) -> anyhow::Result<()> {
-    let pages: String = write_man_pages(out)?.iter().map(|p| format!("{}\n", p.display())).collect();
+    let pages: String = manuals::write_man_pages(Cli::command(), out)
+        .map_err(|e| anyhow!(e))?
+        .iter()
+        .map(|p| format!("{}\n", p.display()))
+        .collect();
     crate::output::print(&pages).context("writing to stdout")
 }
 
@@ -57,44 +30,17 @@ pub fn man(out: &Path) -> anyhow::Result<()> {
 mod tests {
     use super::*;
 
-    /// Every visible command path, as the page names it: `baton-hub-enroll-node`.
-    fn command_paths(cmd: &clap::Command, prefix: &str, paths: &mut Vec<String>) {
-        let name = if prefix.is_empty() { cmd.get_name().to_string() } else { format!("{prefix}-{}", cmd.get_name()) };
-        for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set() && s.get_name() != "help") {
-            command_paths(sub, &name, paths);
-        }
-        paths.push(name);
-    }
-
-    /// Each visible command and subcommand has its page, whatever was added to `cli`: the
-    /// list comes from the definition itself.
+    /// Every visible command has its page and every top-level one its completion, whatever was
+    /// added to `cli`; the hidden turn gate has neither.
     #[test]
-    fn every_command_has_a_man_page() {
+    fn every_command_has_a_man_page_and_a_completion() {
         let dir = tempfile::tempdir().unwrap();
-        let written = write_man_pages(dir.path()).unwrap();
-        let mut paths = Vec::new();
-        command_paths(&Cli::command(), "", &mut paths);
+        manuals::write_man_pages(Cli::command(), dir.path()).unwrap();
+        assert_eq!(manuals::missing(&Cli::command(), BIN_NAME, dir.path()), Vec::<String>::new());
+        let paths = manuals::visible_command_paths(&Cli::command());
         assert!(paths.len() > 4, "{paths:?}");
-        for path in &paths {
-            let page = dir.path().join(format!("{path}.1"));
-            assert!(written.contains(&page), "no page for {path}: {written:?}");
-            let text = std::fs::read_to_string(&page).unwrap();
-            assert!(text.contains(".TH"), "{path}: not a man page");
-        }
         assert!(paths.iter().any(|p| p == "baton-node-config-check"), "{paths:?}");
         assert!(paths.iter().any(|p| p == "baton-node-completions"), "{paths:?}");
         assert!(!paths.iter().any(|p| p.contains("turn-gate")), "the hidden gate has no page: {paths:?}");
-    }
-
-    /// The scripts of the shells the packages install complete every top-level command.
-    #[test]
-    fn completion_scripts_name_every_command() {
-        for shell in [Shell::Bash, Shell::Zsh, Shell::Fish] {
-            let script = completion_script(shell).unwrap();
-            for sub in Cli::command().get_subcommands().filter(|s| !s.is_hide_set()) {
-                assert!(script.contains(sub.get_name()), "{shell}: {} missing", sub.get_name());
-            }
-            assert!(script.contains(BIN_NAME), "{shell}");
-        }
     }
 }

@@ -27,6 +27,7 @@ pub mod exit;
 pub mod ids;
 pub mod limits;
 pub mod logging;
+pub mod manuals;
 pub mod pki;
 pub mod signal;
 pub mod sqlite;
