@@ -175,7 +175,8 @@ pub(super) async fn claim(
                 let who = claim::Claimant { host: &host, serial: Some(&serial), instance_id: &instance };
                 let batch = claim::claim_as(c, who, max, now)?;
                 let cancels = turns::cancels_for(c, &host, &instance)?;
-                let retired = hosts::standing(c, &host)? == hosts::Standing::Retired;
+                // A retired host's claim hands out nothing; only an empty one asks why.
+                let retired = batch.is_empty() && hosts::standing(c, &host)? == hosts::Standing::Retired;
                 Ok((batch, cancels, turns::next_retry_at(c, &host, now)?, retired))
             })
             .await?;

@@ -268,16 +268,7 @@ pub fn host(conn: &Connection, name: &str) -> StoreResult<Option<HostDetail>> {
                 OR subject IN (SELECT instance_id FROM node_sessions WHERE host = :h)
              ORDER BY id DESC LIMIT :max",
         )?
-        .query_map(named_params! {":h": name, ":max": HOST_EVENTS_SHOWN_MAX}, |r| {
-            Ok(HostEvent {
-                at_ms: r.get(0)?,
-                kind: "operator",
-                action: r.get(1)?,
-                subject: r.get(2)?,
-                actor: r.get(3)?,
-                reason: r.get(4)?,
-            })
-        })?
+        .query_map(named_params! {":h": name, ":max": HOST_EVENTS_SHOWN_MAX}, |r| host_event(r, "operator"))?
         .collect::<Result<_, _>>()?;
     let transitions: Vec<HostEvent> = conn
         .prepare_cached(
@@ -286,20 +277,16 @@ pub fn host(conn: &Connection, name: &str) -> StoreResult<Option<HostDetail>> {
              FROM delivery_events e JOIN deliveries d ON d.id = e.delivery_id
              WHERE d.host = :h ORDER BY e.id DESC LIMIT :max",
         )?
-        .query_map(named_params! {":h": name, ":max": HOST_EVENTS_SHOWN_MAX}, |r| {
-            Ok(HostEvent {
-                at_ms: r.get(0)?,
-                kind: "delivery",
-                action: r.get(1)?,
-                subject: r.get(2)?,
-                actor: r.get(3)?,
-                reason: r.get(4)?,
-            })
-        })?
+        .query_map(named_params! {":h": name, ":max": HOST_EVENTS_SHOWN_MAX}, |r| host_event(r, "delivery"))?
         .collect::<Result<_, _>>()?;
     events.extend(transitions);
     events.sort_by_key(|e| std::cmp::Reverse(e.at_ms));
     Ok(Some(HostDetail { host, certificates, events }))
+}
+
+/// A row in the events' column order (at, action, subject, actor, reason) as a `HostEvent`.
+fn host_event(r: &rusqlite::Row<'_>, kind: &'static str) -> rusqlite::Result<HostEvent> {
+    Ok(HostEvent { at_ms: r.get(0)?, kind, action: r.get(1)?, subject: r.get(2)?, actor: r.get(3)?, reason: r.get(4)? })
 }
 
 fn cert_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<CertRow> {

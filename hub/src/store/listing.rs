@@ -3,8 +3,8 @@
 //! costs the same however deep it lies and nothing is silently cut off. And ids taken by a
 //! unique prefix.
 
-use super::read::DeliveryRow;
-use super::{StoreError, StoreResult, parse_column_opt, state_column};
+use super::read::{DeliveryRow, delivery_row};
+use super::{StoreError, StoreResult};
 use baton_shared::states::{DeliveryState, Outcome};
 use rusqlite::{Connection, named_params};
 
@@ -67,29 +67,7 @@ pub fn page(conn: &Connection, q: &ListQuery) -> StoreResult<Page> {
                 ":since": q.since_ms, ":until": q.until_ms, ":o": q.outcome.map(Outcome::as_str),
                 ":after": q.after, ":limit": i64::from(q.limit) + 1,
             },
-            |r| {
-                let delivery_id: String = r.get(0)?;
-                let row = DeliveryRow {
-                    message_id: r.get(1)?,
-                    host: r.get(2)?,
-                    conversation: r.get(3)?,
-                    seq: r.get(4)?,
-                    state: state_column(r, 5, "deliveries", &delivery_id)?,
-                    instance_id: r.get(6)?,
-                    reason: r.get(7)?,
-                    updated_at_ms: r.get(8)?,
-                    outcome: parse_column_opt(
-                        r,
-                        9,
-                        "attempts",
-                        &format!("of delivery {delivery_id}"),
-                        "outcome",
-                        Outcome::parse,
-                    )?,
-                    delivery_id,
-                };
-                Ok((row, r.get(10)?))
-            },
+            |r| Ok((delivery_row(r)?, r.get(10)?)),
         )?
         .collect::<Result<_, _>>()?;
     let more = rows.len() > q.limit as usize;

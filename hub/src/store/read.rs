@@ -112,7 +112,7 @@ pub struct DeliveryRow {
 
 /// Maps a row in the listing's column order (id, message, host, conversation, seq, state,
 /// instance, reason, updated, latest outcome) to a `DeliveryRow`.
-fn delivery_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<DeliveryRow> {
+pub(super) fn delivery_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<DeliveryRow> {
     let delivery_id: String = r.get(0)?;
     Ok(DeliveryRow {
         message_id: r.get(1)?,
