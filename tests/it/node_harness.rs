@@ -487,3 +487,38 @@ pub fn process_gone(pid: u32) -> bool {
         Ok(stat) => stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')),
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Long turns that record the signals they get
+
+/// The whole lines of `path` (none when it does not exist): a harness may be writing one now.
+pub fn lines(path: &Path) -> Vec<String> {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    let whole = text.rfind('\n').map_or("", |i| &text[..i]);
+    whole.lines().map(str::to_string).collect()
+}
+
+/// A harness body that writes its pid to `SIGNALS.pid`, appends `started`, then `tick` every
+/// 0.1 s for 60 s, and `TERM` to `signals` when it gets SIGTERM; `on_term` is what it does
+/// then (`exit 143`, or `:` to ignore it). Its output goes to a file: once a killed node's
+/// pipes have no reader, the shell's own "Terminated" line about its `sleep` would end it by
+/// SIGPIPE before the trap could run.
+pub fn long_turn(signals: &Path, on_term: &str) -> String {
+    format!(
+        "exec >> \"{s}.out\" 2>&1\n\
+         echo $$ > \"{s}.pid\"\n\
+         trap 'echo TERM >> \"{s}\"; {on_term}' TERM\n\
+         echo started >> \"{s}\"\n\
+         i=0; while [ $i -lt 600 ]; do echo tick >> \"{s}\"; sleep 0.1; i=$((i+1)); done",
+        s = signals.display()
+    )
+}
+
+/// Waits until a `long_turn` started; returns its pid (its process group).
+#[track_caller]
+pub fn wait_started(signals: &Path) -> u32 {
+    wait_for("the turn to start", NODE_WAIT, || {
+        lines(signals).contains(&"started".to_string()).then_some(())?;
+        fs::read_to_string(signals.with_extension("pid")).ok()?.trim().parse().ok()
+    })
+}

@@ -9,11 +9,11 @@
 //! first, so what a killed node leaves behind is reaped when the test ends.
 
 use crate::harness::{Hub, bins};
-use crate::node_harness::{NODE_WAIT, process_gone, wait_for};
+use crate::node_harness::{NODE_WAIT, lines, long_turn, process_gone, wait_for, wait_started};
 use baton_testkit::{Harness, NodeConfig, Signal};
 use serde_json::Value;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitStatus;
 use std::time::Duration;
 
@@ -111,29 +111,6 @@ impl Drop for TurnNode {
             }
         }
     }
-}
-
-/// A harness that appends each signal it gets to `signals` and otherwise runs for 60 s;
-/// `on_term` is what it does on SIGTERM after noting it (`exit 143`, or `:` to ignore it). Its
-/// output goes to a file: once a killed node's pipes have no reader, the shell's own
-/// "Terminated" line about its `sleep` would end it by SIGPIPE before the trap could run.
-fn long_turn(signals: &Path, on_term: &str) -> String {
-    format!(
-        "exec >> \"{s}.out\" 2>&1\n\
-         trap 'echo TERM >> \"{s}\"; {on_term}' TERM\n\
-         echo started >> \"{s}\"\n\
-         i=0; while [ $i -lt 600 ]; do echo tick >> \"{s}\"; sleep 0.1; i=$((i+1)); done",
-        s = signals.display()
-    )
-}
-
-fn lines(path: &Path) -> Vec<String> {
-    fs::read_to_string(path).unwrap_or_default().lines().map(str::to_string).collect()
-}
-
-#[track_caller]
-fn wait_started(signals: &Path) {
-    wait_for("the turn to start", NODE_WAIT, || lines(signals).contains(&"started".to_string()).then_some(()));
 }
 
 /// The attempt's reason, from `deliveries show`.

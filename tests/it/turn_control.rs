@@ -8,20 +8,13 @@
 //! of a delivery (not only its first) is counted.
 
 use crate::harness::{Hub, submit_body};
-use crate::node_harness::{NODE_WAIT, process_gone, wait_for};
+use crate::node_harness::{NODE_WAIT, lines, long_turn, process_gone, wait_for, wait_started};
 use baton_testkit::Signal;
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
-
-fn lines(path: &Path) -> Vec<String> {
-    let text = fs::read_to_string(path).unwrap_or_default();
-    // Only whole lines: a harness may be writing one right now.
-    let whole = text.rfind('\n').map_or("", |i| &text[..i]);
-    whole.lines().map(str::to_string).collect()
-}
 
 /// The runs file: one `DELIVERY RUN RERUN` line per harness start.
 struct Runs(PathBuf);
@@ -51,27 +44,6 @@ impl Runs {
     fn all(&self) -> Vec<String> {
         lines(&self.0)
     }
-}
-
-/// A harness body that notes SIGTERM in `signals`, then runs for 60 s unless stopped;
-/// `on_term` is what it does on SIGTERM after noting it (`exit 143`, or `:` to ignore it).
-fn long_turn(signals: &Path, on_term: &str) -> String {
-    format!(
-        "exec >> \"{s}.out\" 2>&1\n\
-         echo $$ > \"{s}.pid\"\n\
-         trap 'echo TERM >> \"{s}\"; {on_term}' TERM\n\
-         echo started >> \"{s}\"\n\
-         i=0; while [ $i -lt 600 ]; do echo tick >> \"{s}\"; sleep 0.1; i=$((i+1)); done",
-        s = signals.display()
-    )
-}
-
-#[track_caller]
-fn wait_started(signals: &Path) -> u32 {
-    wait_for("the turn to start", NODE_WAIT, || {
-        lines(signals).contains(&"started".to_string()).then_some(())?;
-        fs::read_to_string(signals.with_extension("pid")).ok()?.trim().parse().ok()
-    })
 }
 
 fn attempts(shown: &Value) -> Vec<Value> {

@@ -176,6 +176,9 @@ pub struct Cluster {
     root: tempfile::TempDir,
 }
 
+/// Most pending rows of one store a drain failure lists.
+const PENDING_SHOWN_MAX: i64 = 50;
+
 impl Cluster {
     /// Sets up (without starting anything) a hub with `hosts` enrolled and producer `prod`, and
     /// one node per host, each dialing the hub through its own proxy. The proxies point nowhere
@@ -280,113 +283,86 @@ impl Cluster {
     }
 
     fn quiescent(&self) -> anyhow::Result<bool> {
+        Ok(self.pending_items()?.is_empty())
+    }
+
+    /// What keeps the record from being quiescent, for a failure message (empty when nothing).
+    pub fn pending(&self) -> String {
+        match self.pending_items() {
+            Ok(items) => items.iter().map(|i| format!("{i}\n")).collect(),
+            Err(e) => format!("cannot read the stores: {e:#}\n"),
+        }
+    }
+
+    /// Everything still pending, one line each (at most `PENDING_SHOWN_MAX` rows per store):
+    /// the hub's deliveries that are not final (or delivered without an outcome of their
+    /// current run) and its unfinished fan-outs, and each node's local copies not settled and
+    /// reports not confirmed. Quiescent means none.
+    fn pending_items(&self) -> anyhow::Result<Vec<String>> {
+        let mut items = Vec::new();
         let conn = crate::checker::open_read_only(&self.hub.db())?;
-        let busy: i64 = conn.query_row(
-            "SELECT (SELECT count(*) FROM fanout_obligations WHERE done_at IS NULL)
-                  + (SELECT count(*) FROM deliveries WHERE state IN ('queued', 'claimed', 'mirrored', 'held'))
-                  + (SELECT count(*) FROM deliveries d WHERE state = 'delivered'
-                       AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt))",
-            [],
-            |r| r.get(0),
+        let mut st = conn.prepare(
+            "SELECT d.id, d.host, d.conversation, d.seq, d.state, d.attempt, coalesce(d.reason, ''),
+                    coalesce(d.started_session, -1), coalesce(d.cancel_requested_at, -1)
+             FROM deliveries d
+             WHERE d.state IN ('queued', 'claimed', 'mirrored', 'held')
+                OR (d.state = 'delivered'
+                    AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt))
+             LIMIT ?1",
         )?;
-        if busy > 0 {
-            return Ok(false);
+        let rows = st.query_map([PENDING_SHOWN_MAX], |r| {
+            Ok(format!(
+                "hub: {} {} {}#{} {} run {} reason {:?} started_session {} cancel_at {}",
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, i64>(3)?,
+                r.get::<_, String>(4)?,
+                r.get::<_, i64>(5)?,
+                r.get::<_, String>(6)?,
+                r.get::<_, i64>(7)?,
+                r.get::<_, i64>(8)?
+            ))
+        })?;
+        for r in rows {
+            items.push(r?);
+        }
+        let obligations: i64 =
+            conn.query_row("SELECT count(*) FROM fanout_obligations WHERE done_at IS NULL", [], |r| r.get(0))?;
+        if obligations > 0 {
+            items.push(format!("hub: {obligations} fan-out obligation(s) pending"));
         }
         for n in &self.nodes {
             if !n.db().exists() {
                 continue;
             }
+            let stem = n.proc().stem();
             let c = crate::checker::open_read_only(&n.db())?;
-            let open: i64 = c.query_row(
-                "SELECT (SELECT count(*) FROM deliveries WHERE state IN ('mirrored', 'acked'))
-                      + (SELECT count(*) FROM outbox WHERE confirmed_at_ms IS NULL AND dead_at_ms IS NULL)",
-                [],
-                |r| r.get(0),
+            let mut st = c.prepare(
+                "SELECT delivery_id, state, coalesce(reason, '') FROM deliveries WHERE state IN ('mirrored', 'acked')
+                 LIMIT ?1",
             )?;
-            if open > 0 {
-                return Ok(false);
-            }
-        }
-        Ok(true)
-    }
-
-    /// What keeps the record from being quiescent, for a failure message: the hub's pending
-    /// deliveries and obligations, and each node's open local rows.
-    pub fn pending(&self) -> String {
-        let mut s = String::new();
-        let hub = |s: &mut String| -> anyhow::Result<()> {
-            let conn = crate::checker::open_read_only(&self.hub.db())?;
-            let mut st = conn.prepare(
-                "SELECT d.id, d.host, d.conversation, d.seq, d.state, d.attempt, coalesce(d.reason, ''),
-                        coalesce(d.started_session, -1), coalesce(d.cancel_requested_at, -1)
-                 FROM deliveries d
-                 WHERE d.state IN ('queued', 'claimed', 'mirrored', 'held')
-                    OR (d.state = 'delivered'
-                        AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt))
-                 LIMIT 50",
-            )?;
-            let rows = st.query_map([], |r| {
+            let rows = st.query_map([PENDING_SHOWN_MAX], |r| {
                 Ok(format!(
-                    "hub: {} {} {}#{} {} run {} reason {:?} started_session {} cancel_at {}",
+                    "{stem}: {} {} {:?}",
                     r.get::<_, String>(0)?,
                     r.get::<_, String>(1)?,
-                    r.get::<_, String>(2)?,
-                    r.get::<_, i64>(3)?,
-                    r.get::<_, String>(4)?,
-                    r.get::<_, i64>(5)?,
-                    r.get::<_, String>(6)?,
-                    r.get::<_, i64>(7)?,
-                    r.get::<_, i64>(8)?
+                    r.get::<_, String>(2)?
                 ))
             })?;
             for r in rows {
-                s.push_str(&r?);
-                s.push('\n');
+                items.push(r?);
             }
-            let obligations: i64 =
-                conn.query_row("SELECT count(*) FROM fanout_obligations WHERE done_at IS NULL", [], |r| r.get(0))?;
-            s.push_str(&format!("hub: {obligations} fan-out obligation(s) pending\n"));
-            Ok(())
-        };
-        if let Err(e) = hub(&mut s) {
-            s.push_str(&format!("hub: cannot read the record: {e:#}\n"));
-        }
-        for n in &self.nodes {
-            if !n.db().exists() {
-                continue;
-            }
-            let node = |s: &mut String| -> anyhow::Result<()> {
-                let c = crate::checker::open_read_only(&n.db())?;
-                let mut st = c.prepare(
-                    "SELECT delivery_id, state, coalesce(reason, '') FROM deliveries WHERE state IN ('mirrored', 'acked')
-                     LIMIT 50",
-                )?;
-                let rows = st.query_map([], |r| {
-                    Ok(format!(
-                        "{}: {} {} {:?}",
-                        n.proc().stem(),
-                        r.get::<_, String>(0)?,
-                        r.get::<_, String>(1)?,
-                        r.get::<_, String>(2)?
-                    ))
-                })?;
-                for r in rows {
-                    s.push_str(&r?);
-                    s.push('\n');
-                }
-                let outbox: i64 = c.query_row(
-                    "SELECT count(*) FROM outbox WHERE confirmed_at_ms IS NULL AND dead_at_ms IS NULL",
-                    [],
-                    |r| r.get(0),
-                )?;
-                s.push_str(&format!("{}: {outbox} report(s) waiting in the outbox\n", n.proc().stem()));
-                Ok(())
-            };
-            if let Err(e) = node(&mut s) {
-                s.push_str(&format!("{}: cannot read its store: {e:#}\n", n.proc().stem()));
+            let outbox: i64 = c.query_row(
+                "SELECT count(*) FROM outbox WHERE confirmed_at_ms IS NULL AND dead_at_ms IS NULL",
+                [],
+                |r| r.get(0),
+            )?;
+            if outbox > 0 {
+                items.push(format!("{stem}: {outbox} report(s) waiting in the outbox"));
             }
         }
-        s
+        Ok(items)
     }
 
     /// Every process's log, for a failure message.
