@@ -246,26 +246,31 @@ impl Cluster {
         }
     }
 
-    /// Lifts every fence and releases every held delivery (heal before drain).
+    /// Lifts every fence, then releases every held delivery (heal before drain). The held
+    /// deliveries are read after the lifts: until a fence's lift commits, claims may still
+    /// park deliveries under it. A command that fails (other than exit 1, nothing to do) is
+    /// returned as an error after the others ran.
     pub fn lift_all_fences(&self) -> anyhow::Result<()> {
-        let conn = crate::checker::open_read_only(&self.hub.db())?;
-        let active: Vec<i64> = conn
-            .prepare("SELECT id FROM fences WHERE lifted_at IS NULL")?
-            .query_map([], |r| r.get(0))?
-            .collect::<Result<_, _>>()?;
-        let held: Vec<String> = conn
-            .prepare("SELECT DISTINCT conversation FROM deliveries WHERE state = 'held'")?
-            .query_map([], |r| r.get(0))?
-            .collect::<Result<_, _>>()?;
-        drop(conn);
-        for id in active {
-            // One that is not active any more (exit 1) must not keep the others from lifting.
-            let _ = self.hub.cli_output(["fence", "lift", &id.to_string(), "--reason", "heal"])?;
+        let read = |sql: &str| -> anyhow::Result<Vec<String>> {
+            let conn = crate::checker::open_read_only(&self.hub.db())?;
+            let rows = conn.prepare(sql)?.query_map([], |r| r.get(0))?.collect::<Result<_, _>>()?;
+            Ok(rows)
+        };
+        let mut failed = Vec::new();
+        let mut run = |args: &[&str]| -> anyhow::Result<()> {
+            let out = self.hub.cli_output(args)?;
+            if !matches!(out.status.code(), Some(0 | 1)) {
+                failed.push(format!("{}: {}: {}", args.join(" "), out.status, String::from_utf8_lossy(&out.stderr)));
+            }
+            Ok(())
+        };
+        for id in read("SELECT CAST(id AS TEXT) FROM fences WHERE lifted_at IS NULL")? {
+            run(&["fence", "lift", &id, "--reason", "heal"])?;
         }
-        for c in held {
-            // Exit 1 (nothing held any more) is fine.
-            let _ = self.hub.cli_output(["held", "release", "--conversation", &c, "--reason", "heal"])?;
+        for c in read("SELECT DISTINCT conversation FROM deliveries WHERE state = 'held'")? {
+            run(&["held", "release", "--conversation", &c, "--reason", "heal"])?;
         }
+        anyhow::ensure!(failed.is_empty(), "heal commands failed: {}", failed.join("; "));
         Ok(())
     }
 

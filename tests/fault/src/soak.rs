@@ -205,7 +205,9 @@ pub async fn run(bins: &Binaries, cfg: SoakConfig, log: &mut dyn FnMut(String)) 
     }
     // Heal: every link passes, every process runs, every fence is lifted, everything released.
     n.heal_all(&mut c, &addr)?;
-    let _ = c.lift_all_fences();
+    if let Err(e) = c.lift_all_fences() {
+        log(format!("heal: {e:#}"));
+    }
     let drained = c.quiesce(DRAIN_LIMIT).await;
     // What was still pending, read before the processes stop.
     let pending = if drained { String::new() } else { c.pending() };
