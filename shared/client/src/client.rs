@@ -1,0 +1,351 @@
+//! `Client`, the producer side of the v1 API, and `NodeClient`, the node side, over one mTLS
+//! connection pool. Every call maps to one endpoint of `docs/api.md` and returns its wire type
+//! from `baton_shared::wire`, or a `ClientError`.
+//!
+//! Retries are safe by construction: only submit (its idempotency key makes a repeat the same
+//! message) and report (its report id makes a repeat count once) go through `retry::retrying`;
+//! every other call is sent once.
+
+use crate::error::{ApiError, ClientError, transport_error};
+use crate::limits::{LONG_POLL_WAIT_MAX, REQUEST_TIMEOUT, long_poll_timeout};
+use crate::retry::{RetryPolicy, retrying};
+use crate::tls::{TlsError, TlsFiles, http_client};
+use baton_shared::error::ErrorCode;
+use baton_shared::wire::{
+    CancelRequest, CancelResponse, ClaimRequest, ClaimResponse, ClaimedDelivery, ConversationView, ErrorBody,
+    HolderRequest, HoldingsResponse, MessageView, RejectRequest, ReportRequest, ReportResponse, SESSION_HEADER,
+    SessionEndRequest, SessionRequest, SessionResponse, StartItem, StartRequest, StartResponse, StartResult,
+    SubmitRequest, SubmitResponse, TransitionResponse,
+};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Why a client could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// The hub URL is not an `https://` URL.
+    #[error("hub_url: {0}")]
+    HubUrl(String),
+    /// A TLS file is unreadable or not what it should be.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+}
+
+/// The producer's client of one hub. Clones share one connection pool.
+#[derive(Debug, Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    /// `https://host:port`, without a trailing slash.
+    base: String,
+    http: reqwest::Client,
+    /// How submit and report are retried.
+    retry: RetryPolicy,
+}
+
+impl Client {
+    /// A client of the hub at `hub_url` (`https://host:port`) presenting `files`.
+    pub fn new(hub_url: &str, files: &TlsFiles) -> Result<Client, BuildError> {
+        let base = check_hub_url(hub_url)?;
+        let http = http_client(files, REQUEST_TIMEOUT)?;
+        Ok(Client { inner: Arc::new(Inner { base, http, retry: RetryPolicy::default() }) })
+    }
+
+    /// The same client with another retry policy for its idempotent calls.
+    pub fn with_retry(&self, retry: RetryPolicy) -> Client {
+        let inner = Inner { base: self.inner.base.clone(), http: self.inner.http.clone(), retry };
+        Client { inner: Arc::new(inner) }
+    }
+
+    /// The hub's base URL.
+    pub fn hub_url(&self) -> &str {
+        &self.inner.base
+    }
+
+    /// `POST /v1/messages`. Retried on transient failures (the same key and content answer
+    /// with the original message, `duplicate: true`).
+    pub async fn submit(&self, req: &SubmitRequest) -> Result<SubmitResponse, ClientError> {
+        let url = format!("{}/v1/messages", self.inner.base);
+        retrying(&self.inner.retry, || self.send(self.inner.http.post(&url).timeout(REQUEST_TIMEOUT).json(req), 0))
+            .await
+    }
+
+    /// `GET /v1/messages/{id}`; with `wait`, a long-poll that answers as soon as a delivery
+    /// settles that had not settled when it began (the wait is capped by `LONG_POLL_WAIT_MAX`
+    /// and by the hub's `long_poll_wait_max`).
+    pub async fn message(&self, message_id: &str, wait: Option<Duration>) -> Result<MessageView, ClientError> {
+        let url = self.url(&format!("/v1/messages/{}", path_segment(message_id)), &[])?;
+        self.read(url, wait).await
+    }
+
+    /// `GET /v1/messages?idempotency_key=K`: the message this producer submitted under `key`;
+    /// `wait` as in `message`.
+    pub async fn message_by_key(&self, key: &str, wait: Option<Duration>) -> Result<MessageView, ClientError> {
+        let url = self.url("/v1/messages", &[("idempotency_key", key)])?;
+        self.read(url, wait).await
+    }
+
+    /// `POST /v1/messages/{id}/cancel`: cancels every delivery of the message that has not
+    /// ended. Sent once (repeating it answers the same, but the caller decides).
+    pub async fn cancel(&self, message_id: &str, reason: &str) -> Result<CancelResponse, ClientError> {
+        let url = format!("{}/v1/messages/{}/cancel", self.inner.base, path_segment(message_id));
+        let body = CancelRequest { reason: reason.to_string() };
+        self.send(self.inner.http.post(url).timeout(REQUEST_TIMEOUT).json(&body), 0).await
+    }
+
+    /// `GET /v1/conversations/{name}`: the conversation's position and membership registry.
+    pub async fn conversation(&self, name: &str) -> Result<ConversationView, ClientError> {
+        let url = format!("{}/v1/conversations/{}", self.inner.base, path_segment(name));
+        self.send(self.inner.http.get(url).timeout(REQUEST_TIMEOUT), 0).await
+    }
+
+    /// The node side of the API for the node instance `instance_id`, over this client's
+    /// connections (and certificate: a node's).
+    pub fn node(&self, instance_id: &str) -> NodeClient {
+        NodeClient { client: self.clone(), instance_id: instance_id.to_string(), session: Arc::new(AtomicU64::new(0)) }
+    }
+
+    async fn read(&self, mut url: reqwest::Url, wait: Option<Duration>) -> Result<MessageView, ClientError> {
+        let timeout = match wait {
+            Some(wait) => {
+                let wait_ms = wait.min(LONG_POLL_WAIT_MAX).as_millis().to_string();
+                url.query_pairs_mut().append_pair("wait_ms", &wait_ms);
+                long_poll_timeout(wait)
+            }
+            None => REQUEST_TIMEOUT,
+        };
+        self.send(self.inner.http.get(url).timeout(timeout), 0).await
+    }
+
+    fn url(&self, path: &str, query: &[(&str, &str)]) -> Result<reqwest::Url, ClientError> {
+        let mut url = reqwest::Url::parse(&format!("{}{path}", self.inner.base))
+            .map_err(|e| ClientError::Invalid(format!("{path}: {e}")))?;
+        if !query.is_empty() {
+            url.query_pairs_mut().extend_pairs(query);
+        }
+        Ok(url)
+    }
+
+    /// Sends `req` (with the node session header when `session` is not 0) and reads the
+    /// documented answer or the hub's refusal.
+    async fn send<T: serde::de::DeserializeOwned>(
+        &self,
+        mut req: reqwest::RequestBuilder,
+        session: u64,
+    ) -> Result<T, ClientError> {
+        if session > 0 {
+            req = req.header(SESSION_HEADER, session.to_string());
+        }
+        let resp = req.send().await.map_err(|e| transport_error(&e))?;
+        let status = resp.status().as_u16();
+        let bytes = resp.bytes().await.map_err(|e| transport_error(&e))?;
+        if (200..300).contains(&status) {
+            // An empty answer reads as `null`: only a caller that expects nothing accepts it.
+            let body: &[u8] = if bytes.is_empty() { b"null" } else { &bytes };
+            return serde_json::from_slice(body).map_err(|e| ClientError::BadAnswer { status, detail: e.to_string() });
+        }
+        Err(ClientError::Api(refusal(status, &bytes)))
+    }
+}
+
+/// The refusal in an error answer: our `{code, message}` body, or the start of whatever else
+/// came (a proxy's page).
+fn refusal(status: u16, bytes: &[u8]) -> ApiError {
+    match serde_json::from_slice::<ErrorBody>(bytes) {
+        Ok(b) => ApiError { status, code: ErrorCode::parse(&b.code), code_text: b.code, message: b.message },
+        Err(_) => ApiError {
+            status,
+            code: None,
+            code_text: String::new(),
+            message: String::from_utf8_lossy(&bytes[..bytes.len().min(ERROR_QUOTE_BYTES_MAX)]).into_owned(),
+        },
+    }
+}
+
+/// How much of an error answer that is not our error body is quoted in the error.
+const ERROR_QUOTE_BYTES_MAX: usize = 200;
+
+/// `hub_url` without its trailing slash, when it is an `https://` URL with a host and no path.
+fn check_hub_url(hub_url: &str) -> Result<String, BuildError> {
+    let url = reqwest::Url::parse(hub_url).map_err(|e| BuildError::HubUrl(format!("{hub_url:?} is not a URL: {e}")))?;
+    if url.scheme() != "https" {
+        return Err(BuildError::HubUrl(format!("{hub_url:?} must start with https:// (the hub speaks mTLS only)")));
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(BuildError::HubUrl(format!("{hub_url:?} names no host")));
+    }
+    if url.path() != "/" || url.query().is_some() {
+        return Err(BuildError::HubUrl(format!("{hub_url:?} must be https://HOST[:PORT], without a path")));
+    }
+    Ok(hub_url.trim_end_matches('/').to_string())
+}
+
+/// Keeps an id from changing the path: anything outside `[A-Za-z0-9._:-]` is percent-encoded.
+fn path_segment(id: &str) -> String {
+    let mut out = String::with_capacity(id.len());
+    for b in id.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// The node side of the API for one node instance. After `open_session`, every request carries
+/// the session (`SESSION_HEADER`); clones share it.
+#[derive(Debug, Clone)]
+pub struct NodeClient {
+    client: Client,
+    instance_id: String,
+    /// The registered session (0 before `open_session`).
+    session: Arc<AtomicU64>,
+}
+
+impl NodeClient {
+    /// The instance this client acts for.
+    pub fn instance_id(&self) -> &str {
+        &self.instance_id
+    }
+
+    /// The session registered by `open_session` (0 before).
+    pub fn session(&self) -> u64 {
+        self.session.load(Ordering::SeqCst)
+    }
+
+    async fn post<B: serde::Serialize, T: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+        timeout: Duration,
+    ) -> Result<T, ClientError> {
+        let c = &self.client;
+        let url = format!("{}{path}", c.inner.base);
+        c.send(c.inner.http.post(url).timeout(timeout).json(body), self.session()).await
+    }
+
+    fn holder(&self, claim_token: &str) -> HolderRequest {
+        HolderRequest { instance_id: self.instance_id.clone(), claim_token: claim_token.to_string() }
+    }
+
+    /// `POST /v1/sessions`: registers a fresh session; later requests carry it.
+    pub async fn open_session(&self, node_version: Option<&str>) -> Result<SessionResponse, ClientError> {
+        let body =
+            SessionRequest { instance_id: self.instance_id.clone(), node_version: node_version.map(str::to_string) };
+        let r: SessionResponse = self.post("/v1/sessions", &body, REQUEST_TIMEOUT).await?;
+        self.session.store(r.session, Ordering::SeqCst);
+        Ok(r)
+    }
+
+    /// `POST /v1/sessions/end`: ends the registered session cleanly (nothing before one).
+    pub async fn end_session(&self) -> Result<(), ClientError> {
+        let session = self.session();
+        if session == 0 {
+            return Ok(());
+        }
+        let body = SessionEndRequest { instance_id: self.instance_id.clone(), session };
+        let _: serde_json::Value = self.post("/v1/sessions/end", &body, REQUEST_TIMEOUT).await?;
+        Ok(())
+    }
+
+    /// `POST /v1/claims`: long-polls up to `wait` for at most `max` deliveries and the pending
+    /// cancel notices.
+    pub async fn claim(&self, max: u32, wait: Duration) -> Result<ClaimResponse, ClientError> {
+        let wait = wait.min(LONG_POLL_WAIT_MAX);
+        let body = ClaimRequest {
+            instance_id: self.instance_id.clone(),
+            max: Some(max),
+            wait_ms: Some(wait.as_millis() as u64),
+        };
+        self.post("/v1/claims", &body, long_poll_timeout(wait)).await
+    }
+
+    /// `POST /v1/starts`: asks to start these turns; one result per item, in order.
+    pub async fn starts(&self, items: Vec<StartItem>) -> Result<Vec<StartResult>, ClientError> {
+        let body = StartRequest { instance_id: self.instance_id.clone(), starts: items };
+        let r: StartResponse = self.post("/v1/starts", &body, REQUEST_TIMEOUT).await?;
+        Ok(r.results)
+    }
+
+    /// `GET /v1/holdings`: everything this instance holds.
+    pub async fn holdings(&self) -> Result<Vec<ClaimedDelivery>, ClientError> {
+        let c = &self.client;
+        let url = c.url("/v1/holdings", &[("instance_id", &self.instance_id)])?;
+        let r: HoldingsResponse = c.send(c.inner.http.get(url).timeout(REQUEST_TIMEOUT), self.session()).await?;
+        Ok(r.deliveries)
+    }
+
+    /// `POST /v1/deliveries/{id}/mirrored`: claimed → mirrored.
+    pub async fn mirrored(&self, delivery_id: &str, claim_token: &str) -> Result<TransitionResponse, ClientError> {
+        let path = format!("/v1/deliveries/{}/mirrored", path_segment(delivery_id));
+        self.post(&path, &self.holder(claim_token), REQUEST_TIMEOUT).await
+    }
+
+    /// `POST /v1/deliveries/{id}/ack`: mirrored → delivered (the execution gate).
+    pub async fn ack(&self, delivery_id: &str, claim_token: &str) -> Result<TransitionResponse, ClientError> {
+        let path = format!("/v1/deliveries/{}/ack", path_segment(delivery_id));
+        self.post(&path, &self.holder(claim_token), REQUEST_TIMEOUT).await
+    }
+
+    /// `POST /v1/deliveries/{id}/reject`: claimed or mirrored → failed, with `reason`.
+    pub async fn reject(
+        &self,
+        delivery_id: &str,
+        claim_token: &str,
+        reason: &str,
+    ) -> Result<TransitionResponse, ClientError> {
+        let body = RejectRequest {
+            instance_id: self.instance_id.clone(),
+            claim_token: claim_token.to_string(),
+            reason: reason.to_string(),
+        };
+        let path = format!("/v1/deliveries/{}/reject", path_segment(delivery_id));
+        self.post(&path, &body, REQUEST_TIMEOUT).await
+    }
+
+    /// `POST /delivery-report`: one attempt's outcome. Retried on transient failures (the same
+    /// `report_id` and body is counted once, `duplicate: true`).
+    pub async fn report(&self, body: &ReportRequest) -> Result<ReportResponse, ClientError> {
+        retrying(&self.client.inner.retry, || self.post("/delivery-report", body, REQUEST_TIMEOUT)).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_stay_one_path_segment() {
+        assert_eq!(path_segment("0190-ab_c.d:e"), "0190-ab_c.d:e");
+        assert_eq!(path_segment("../x y"), "..%2Fx%20y");
+    }
+
+    #[test]
+    fn hub_urls_are_https_without_a_path() {
+        let check = |url: &str| check_hub_url(url).map_err(|e| e.to_string());
+        assert_eq!(check("https://hub.example:8443/").as_deref(), Ok("https://hub.example:8443"));
+        assert_eq!(check("https://127.0.0.1:1").as_deref(), Ok("https://127.0.0.1:1"));
+        for (bad, says) in [
+            ("http://hub:1", "must start with https://"),
+            ("hub:1", "must start with https://"),
+            ("https://hub:1/v1", "without a path"),
+            ("not a url", "is not a URL"),
+        ] {
+            let e = check(bad).unwrap_err();
+            assert!(e.starts_with("hub_url: ") && e.contains(says), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_refusal_in_another_shape_is_quoted_not_parsed() {
+        let ours = refusal(409, br#"{"code":"idempotency_conflict","message":"m"}"#);
+        assert_eq!(ours.code, Some(ErrorCode::IdempotencyConflict));
+        let theirs = refusal(502, &[b'x'; 1000]);
+        assert_eq!((theirs.code, theirs.code_text.as_str(), theirs.message.len()), (None, "", ERROR_QUOTE_BYTES_MAX));
+    }
+}
