@@ -1,0 +1,186 @@
+//! The command line, defined once: every flag with its help text, its environment variable
+//! where it has one, and its type. `config` turns the connection flags into `Settings`.
+
+use baton_shared::manuals::Shell;
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The exit statuses, printed under `--help` and listed in README.
+pub(crate) const EXIT_HELP: &str = "\
+Exit status:
+  0  ok: sent, found, cancelled, or (wait) every delivery succeeded
+  1  not found, or (cancel) nothing left to cancel
+  2  usage error, invalid input or invalid configuration
+  4  any other failure: the hub unreachable, a refused certificate
+  7  (wait) every delivery ended, and at least one did not succeed: failed, cancelled or unknown
+  8  (wait) the timeout passed before every delivery ended";
+
+/// `baton`: send messages to a Baton hub and follow them, from any machine holding a producer
+/// certificate (`baton-hub enroll producer NAME`).
+///
+/// Configuration: a TOML file (`--config`, `BATON_CONFIG`, default
+/// `$XDG_CONFIG_HOME/baton/baton.toml`, else `~/.config/baton/baton.toml`) with `hub_url`,
+/// `ca_file`, `cert_file` and `key_file` (relative paths are relative to the file), each
+/// overridden by its environment variable (`BATON_HUB_URL`, `BATON_CA_FILE`, `BATON_CERT_FILE`,
+/// `BATON_KEY_FILE`), each overridden by its flag.
+#[derive(Debug, Parser)]
+#[command(name = "baton", version, after_help = EXIT_HELP)]
+pub(crate) struct Cli {
+    /// How to reach the hub.
+    #[command(flatten)]
+    pub(crate) connection: Connection,
+    /// Print JSON (the API's own answer) instead of text.
+    #[arg(long, global = true)]
+    pub(crate) json: bool,
+    /// What to do.
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+/// The hub and the producer identity: file < environment < flag.
+#[derive(Debug, Args)]
+pub(crate) struct Connection {
+    /// The configuration file (a file named here must exist).
+    #[arg(long, env = "BATON_CONFIG", global = true, value_name = "FILE")]
+    pub(crate) config: Option<PathBuf>,
+    /// The hub's URL, `https://HOST:PORT`.
+    #[arg(long, env = "BATON_HUB_URL", global = true, value_name = "URL")]
+    pub(crate) hub_url: Option<String>,
+    /// The hub CA certificate (`ca.crt`).
+    #[arg(long, env = "BATON_CA_FILE", global = true, value_name = "FILE")]
+    pub(crate) ca_file: Option<PathBuf>,
+    /// This producer's certificate (`NAME.crt`).
+    #[arg(long, env = "BATON_CERT_FILE", global = true, value_name = "FILE")]
+    pub(crate) cert_file: Option<PathBuf>,
+    /// This producer's private key (`NAME.key`).
+    #[arg(long, env = "BATON_KEY_FILE", global = true, value_name = "FILE")]
+    pub(crate) key_file: Option<PathBuf>,
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Submit a message; sending the same key and content again answers with the same message.
+    Send(SendArgs),
+    /// Show a message with each delivery's state and attempts.
+    Get {
+        /// Which message.
+        #[command(flatten)]
+        which: Which,
+        /// Wait up to this long (at most 30s) for a delivery to end first ("10s").
+        #[arg(long, value_parser = duration("--wait"), value_name = "DURATION")]
+        wait: Option<Duration>,
+    },
+    /// Wait until every delivery of a message has ended; the exit status says how.
+    Wait {
+        /// Which message.
+        #[command(flatten)]
+        which: Which,
+        /// Give up after this long ("2m"); exit status 8.
+        #[arg(long, value_parser = duration("--timeout"), value_name = "DURATION")]
+        timeout: Duration,
+    },
+    /// Cancel every delivery of a message that has not ended.
+    Cancel {
+        /// The message id.
+        id: String,
+        /// Why (recorded, shown to operators).
+        #[arg(long, default_value = "cancelled by the producer")]
+        reason: String,
+    },
+    /// Print the shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: Shell,
+    },
+    /// Write a man page for every command into a directory.
+    Man {
+        /// The directory (created if missing).
+        #[arg(long)]
+        out: PathBuf,
+    },
+}
+
+/// `baton send`.
+#[derive(Debug, Args)]
+#[command(group = clap::ArgGroup::new("payload_source").required(true).args(["payload", "payload_file", "stdin"]))]
+pub(crate) struct SendArgs {
+    /// The conversation.
+    #[arg(long)]
+    pub(crate) conversation: String,
+    /// A recipient host (repeat, or separate with commas); none: the conversation's members.
+    #[arg(long, value_delimiter = ',', value_name = "HOST")]
+    pub(crate) to: Vec<String>,
+    /// The idempotency key: the same key and content is one message, however often sent.
+    #[arg(long)]
+    pub(crate) key: String,
+    /// The payload, JSON text, kept exactly as written.
+    #[arg(long, value_name = "JSON")]
+    pub(crate) payload: Option<String>,
+    /// Read the payload from this file.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) payload_file: Option<PathBuf>,
+    /// `-`: read the payload from standard input.
+    #[arg(value_name = "-", value_parser = clap::builder::PossibleValuesParser::new(["-"]))]
+    pub(crate) stdin: Option<String>,
+    /// Runs each delivery may get when the harness asks for a retry (exit 75).
+    #[arg(long, value_name = "N")]
+    pub(crate) max_attempts: Option<u32>,
+    /// The first retry's backoff ("30s"); later ones double it.
+    #[arg(long, value_parser = duration("--retry-backoff"), value_name = "DURATION")]
+    pub(crate) retry_backoff: Option<Duration>,
+}
+
+/// A message by id or by idempotency key.
+#[derive(Debug, Args)]
+#[group(required = true, multiple = false)]
+pub(crate) struct Which {
+    /// The message id.
+    pub(crate) id: Option<String>,
+    /// The idempotency key it was sent with.
+    #[arg(long)]
+    pub(crate) key: Option<String>,
+}
+
+/// A value parser for a human duration, naming the flag in its error.
+fn duration(flag: &'static str) -> impl Fn(&str) -> Result<Duration, String> + Clone + Send + Sync + 'static {
+    move |s| baton_shared::duration::parse(flag, s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory as _;
+
+    #[test]
+    fn the_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn exactly_one_payload_source_is_taken() {
+        let parse = |args: &[&str]| {
+            Cli::try_parse_from(["baton", "send", "--conversation", "c", "--key", "k"].iter().chain(args))
+        };
+        assert!(parse(&["--payload", "{}"]).is_ok());
+        assert!(parse(&["-"]).is_ok());
+        assert!(parse(&[]).is_err());
+        assert!(parse(&["--payload", "{}", "-"]).is_err());
+        assert!(parse(&["x"]).is_err());
+        let cli = parse(&["--to", "a,b", "--to", "c", "--payload", "1"]).unwrap();
+        let Command::Send(send) = cli.command else { panic!("not send") };
+        assert_eq!(send.to, ["a", "b", "c"]);
+    }
+
+    #[test]
+    fn a_message_is_named_by_id_or_key_not_both() {
+        assert!(Cli::try_parse_from(["baton", "get", "ID"]).is_ok());
+        assert!(Cli::try_parse_from(["baton", "get", "--key", "k", "--wait", "5s"]).is_ok());
+        assert!(Cli::try_parse_from(["baton", "get", "ID", "--key", "k"]).is_err());
+        assert!(Cli::try_parse_from(["baton", "wait", "ID"]).is_err(), "--timeout is required");
+        let e = Cli::try_parse_from(["baton", "wait", "ID", "--timeout", "soon"]).unwrap_err().to_string();
+        assert!(e.contains("--timeout"), "{e}");
+    }
+}

@@ -1,0 +1,254 @@
+//! What each command does, and the exit status it ends with. The connection is built once
+//! (`config::settings`, then `Client::new`) before any command that talks to the hub.
+
+use crate::args::{Cli, Command, SendArgs, Which};
+use crate::{config, output};
+use baton_client::{Client, ClientError};
+use baton_shared::error::ErrorCode;
+use baton_shared::exit;
+use baton_shared::manuals;
+use baton_shared::states::{DeliveryState, Outcome};
+use baton_shared::wire::{DeliveryView, MessageView, Payload, SubmitRequest};
+use clap::CommandFactory as _;
+use std::io::Read as _;
+use std::time::{Duration, Instant};
+
+/// `wait`: every delivery ended, and at least one did not succeed (failed, cancelled, unknown).
+pub(crate) const NOT_SUCCEEDED: u8 = 7;
+/// `wait`: the timeout passed before every delivery ended.
+pub(crate) const TIMED_OUT: u8 = 8;
+
+/// The name the completion scripts and man pages are generated for.
+const BIN_NAME: &str = "baton";
+
+/// A command that failed: what to print on stderr and the exit status.
+#[derive(Debug)]
+pub(crate) struct CliError {
+    /// The exit status (`baton_shared::exit`).
+    pub(crate) status: u8,
+    /// The message, one line.
+    pub(crate) message: String,
+}
+
+fn usage(message: impl Into<String>) -> CliError {
+    CliError { status: exit::USAGE, message: message.into() }
+}
+
+fn failure(message: impl std::fmt::Display) -> CliError {
+    CliError { status: exit::FAILURE, message: message.to_string() }
+}
+
+/// A call that failed: not found is 1, input the hub refused is 2, anything else 4.
+fn call_failed(e: ClientError) -> CliError {
+    let status = match e.code() {
+        Some(ErrorCode::NotFound) => exit::NOTHING,
+        Some(
+            ErrorCode::InvalidJson
+            | ErrorCode::InvalidField
+            | ErrorCode::NoRecipients
+            | ErrorCode::IdempotencyConflict
+            | ErrorCode::TooLarge,
+        ) => exit::USAGE,
+        _ => exit::FAILURE,
+    };
+    CliError { status, message: e.to_string() }
+}
+
+fn printed(r: std::io::Result<()>) -> Result<(), CliError> {
+    r.map_err(|e| failure(format!("writing to stdout: {e}")))
+}
+
+/// Runs the command; returns the exit status of a command that did its job.
+pub(crate) fn run(cli: Cli) -> Result<u8, CliError> {
+    match &cli.command {
+        Command::Completions { shell } => {
+            let script = manuals::completion_script(Cli::command(), BIN_NAME, *shell).map_err(failure)?;
+            printed(output::lines(&[script.trim_end().to_string()]))?;
+            return Ok(exit::OK);
+        }
+        Command::Man { out } => {
+            let pages = manuals::write_man_pages(Cli::command(), out).map_err(failure)?;
+            printed(output::lines(&pages.iter().map(|p| p.display().to_string()).collect::<Vec<_>>()))?;
+            return Ok(exit::OK);
+        }
+        _ => {}
+    }
+    let settings = config::settings(&cli.connection).map_err(usage)?;
+    let client = Client::new(&settings.hub_url, &settings.files).map_err(|e| usage(format!("configuration: {e}")))?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| failure(format!("starting the runtime: {e}")))?;
+    let json = cli.json;
+    rt.block_on(async move {
+        match cli.command {
+            Command::Send(args) => send(&client, args, json).await,
+            Command::Get { which, wait } => get(&client, &which, wait, json).await,
+            Command::Wait { which, timeout } => wait(&client, &which, timeout, json).await,
+            Command::Cancel { id, reason } => cancel(&client, &id, &reason, json).await,
+            Command::Completions { .. } | Command::Man { .. } => Ok(exit::OK),
+        }
+    })
+}
+
+/// The payload's text from the one source given.
+fn payload(args: &SendArgs) -> Result<Payload, CliError> {
+    let text = match (&args.payload, &args.payload_file) {
+        (Some(text), _) => text.clone(),
+        (None, Some(path)) => std::fs::read_to_string(path)
+            .map_err(|e| usage(format!("--payload-file: cannot read {}: {e}", path.display())))?,
+        (None, None) => {
+            let mut text = String::new();
+            std::io::stdin()
+                .read_to_string(&mut text)
+                .map_err(|e| usage(format!("reading the payload from stdin: {e}")))?;
+            text
+        }
+    };
+    Payload::from_text(text).map_err(|e| usage(format!("payload: not one JSON value: {e}")))
+}
+
+async fn send(client: &Client, args: SendArgs, json: bool) -> Result<u8, CliError> {
+    let payload = payload(&args)?;
+    let retry_backoff_ms = match args.retry_backoff {
+        Some(d) => Some(u64::try_from(d.as_millis()).map_err(|_| usage("--retry-backoff: too long"))?),
+        None => None,
+    };
+    let req = SubmitRequest {
+        conversation: args.conversation,
+        idempotency_key: args.key,
+        payload,
+        to: (!args.to.is_empty()).then_some(args.to),
+        max_attempts: args.max_attempts,
+        retry_backoff_ms,
+    };
+    let r = client.submit(&req).await.map_err(call_failed)?;
+    printed(if json { output::json(&r) } else { output::lines(&output::submitted(&r, &req.conversation)) })?;
+    Ok(exit::OK)
+}
+
+async fn read(client: &Client, which: &Which, wait: Option<Duration>) -> Result<MessageView, CliError> {
+    let r = match (&which.id, &which.key) {
+        (Some(id), _) => client.message(id, wait).await,
+        (None, Some(key)) => client.message_by_key(key, wait).await,
+        (None, None) => return Err(usage("name the message by its id or with --key")),
+    };
+    r.map_err(call_failed)
+}
+
+async fn get(client: &Client, which: &Which, wait: Option<Duration>, json: bool) -> Result<u8, CliError> {
+    let view = read(client, which, wait).await?;
+    printed(if json { output::json(&view) } else { output::lines(&output::message(&view)) })?;
+    Ok(exit::OK)
+}
+
+/// How a delivery ended: `Some(true)` succeeded, `Some(false)` failed, cancelled or unknown,
+/// `None` not yet (the hub's "settled": failed, unknown, or delivered with an attempt of its
+/// current run).
+pub(crate) fn ended(d: &DeliveryView) -> Option<bool> {
+    match d.state {
+        DeliveryState::Failed | DeliveryState::Unknown => Some(false),
+        DeliveryState::Delivered => {
+            d.attempts.iter().rev().find(|a| a.attempt == d.attempt).map(|a| a.outcome == Outcome::Succeeded)
+        }
+        DeliveryState::Queued | DeliveryState::Claimed | DeliveryState::Mirrored | DeliveryState::Held => None,
+    }
+}
+
+/// The exit status `wait` ends with for `view`, or `None` while a delivery has not ended.
+pub(crate) fn verdict(view: &MessageView) -> Option<u8> {
+    let ends: Option<Vec<bool>> = view.deliveries.iter().map(ended).collect();
+    ends.map(|ends| if ends.iter().all(|ok| *ok) { exit::OK } else { NOT_SUCCEEDED })
+}
+
+async fn wait(client: &Client, which: &Which, timeout: Duration, json: bool) -> Result<u8, CliError> {
+    let deadline = Instant::now() + timeout;
+    let mut view = read(client, which, None).await?;
+    let status = loop {
+        if let Some(status) = verdict(&view) {
+            break status;
+        }
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        if remaining.is_zero() {
+            break TIMED_OUT;
+        }
+        view = read(client, which, Some(remaining)).await?;
+    };
+    if json {
+        printed(output::json(&view))?;
+    } else {
+        let mut lines = output::message(&view);
+        let done = view.deliveries.iter().filter(|d| ended(d).is_some()).count();
+        let succeeded = view.deliveries.iter().filter(|d| ended(d) == Some(true)).count();
+        let total = view.deliveries.len();
+        lines.push(match status {
+            TIMED_OUT => format!("timed out: {done} of {total} deliveries ended, {succeeded} succeeded"),
+            _ => format!("{succeeded} of {total} deliveries succeeded"),
+        });
+        printed(output::lines(&lines))?;
+    }
+    Ok(status)
+}
+
+async fn cancel(client: &Client, id: &str, reason: &str, json: bool) -> Result<u8, CliError> {
+    let r = client.cancel(id, reason).await.map_err(call_failed)?;
+    printed(if json { output::json(&r) } else { output::lines(&output::cancelled(&r)) })?;
+    let changed = r.deliveries.iter().any(|d| d.effect != "final");
+    Ok(if changed { exit::OK } else { exit::NOTHING })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::args::EXIT_HELP;
+
+    #[test]
+    fn every_exit_status_is_documented() {
+        for status in [exit::OK, exit::NOTHING, exit::USAGE, exit::FAILURE, NOT_SUCCEEDED, TIMED_OUT] {
+            assert!(EXIT_HELP.contains(&format!("  {status}  ")), "{status} is not in the help");
+        }
+        // Statuses that mean something else in the other binaries are not reused.
+        for taken in [exit::REFUSED, exit::REVOKED, exit::SUPERSEDED] {
+            assert!(![NOT_SUCCEEDED, TIMED_OUT].contains(&taken));
+        }
+    }
+
+    /// Every visible command has its page and every top-level one its completion.
+    #[test]
+    fn every_command_has_a_man_page_and_a_completion() {
+        let dir = tempfile::tempdir().unwrap();
+        manuals::write_man_pages(Cli::command(), dir.path()).unwrap();
+        assert_eq!(manuals::missing(&Cli::command(), BIN_NAME, dir.path()), Vec::<String>::new());
+        let paths = manuals::visible_command_paths(&Cli::command());
+        assert!(paths.iter().any(|p| p == "baton-send") && paths.iter().any(|p| p == "baton-wait"), "{paths:?}");
+    }
+
+    fn delivery(state: &str, attempt: u32, outcomes: &[(u32, &str)]) -> DeliveryView {
+        let attempts: Vec<serde_json::Value> = outcomes
+            .iter()
+            .map(|(n, o)| {
+                serde_json::json!({"attempt_id": "a", "report_id": "r", "outcome": o, "exit_code": null,
+                "duration_ms": null, "result": null, "reason": null, "reported_at_ms": 0, "attempt": n})
+            })
+            .collect();
+        serde_json::from_value(serde_json::json!({"delivery_id": "d", "host": "h", "state": state, "reason": null,
+            "updated_at_ms": 0, "attempts": attempts, "attempt": attempt, "max_attempts": 3}))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_delivery_has_ended_when_its_current_run_has() {
+        let check = |d: DeliveryView, expected: Option<bool>| assert_eq!(ended(&d), expected, "{d:?}");
+        check(delivery("queued", 1, &[]), None);
+        check(delivery("delivered", 1, &[]), None);
+        check(delivery("delivered", 1, &[(1, "succeeded")]), Some(true));
+        check(delivery("delivered", 1, &[(1, "cancelled")]), Some(false));
+        check(delivery("delivered", 1, &[(1, "unknown")]), Some(false));
+        // A retry runs: the earlier run's outcome is not this run's.
+        check(delivery("delivered", 2, &[(1, "failed")]), None);
+        check(delivery("queued", 2, &[(1, "failed")]), None);
+        check(delivery("delivered", 2, &[(1, "failed"), (2, "succeeded")]), Some(true));
+        check(delivery("failed", 1, &[]), Some(false));
+        check(delivery("unknown", 1, &[]), Some(false));
+    }
+}
