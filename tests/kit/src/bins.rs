@@ -116,6 +116,62 @@ fn cargo_build() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Names the `baton` binary (the producer command line) to use instead of the one next to the
+/// running executable.
+pub const PRODUCER_CLI_BIN_VAR: &str = "BATON_CLI_BIN";
+
+/// The producer command line `baton` (package `baton-client`): built next to the running
+/// executable once per process, like `Binaries::build` builds the hub and the node (skipped
+/// when it is named by `BATON_CLI_BIN` or `BATON_TESTS_NO_BUILD=1`), then located.
+pub fn producer_cli() -> anyhow::Result<PathBuf> {
+    static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
+    if let Some(named) = std::env::var_os(PRODUCER_CLI_BIN_VAR) {
+        return existing(PathBuf::from(named), "baton", PRODUCER_CLI_BIN_VAR);
+    }
+    if std::env::var_os(NO_BUILD_VAR).is_none_or(|v| v != "1") {
+        BUILT
+            .get_or_init(|| cargo_build_package("baton-client").map_err(|e| format!("{e:#}")))
+            .clone()
+            .map_err(|e| anyhow!(e))?;
+    }
+    existing(profile_dir()?.join("baton"), "baton", PRODUCER_CLI_BIN_VAR)
+}
+
+/// `path`, when it is a file; else an error saying how to build or name it.
+fn existing(path: PathBuf, name: &str, var: &str) -> anyhow::Result<PathBuf> {
+    if !path.is_file() {
+        bail!("{name} not found at {}; build it or name it with {var}", path.display());
+    }
+    Ok(path)
+}
+
+/// Builds `package` into the target directory of the running executable, with the same
+/// profile and `--all-features`.
+fn cargo_build_package(package: &str) -> anyhow::Result<()> {
+    let profile_dir = profile_dir()?;
+    let target = profile_dir.parent().ok_or_else(|| anyhow!("no target directory above {}", profile_dir.display()))?;
+    let profile = profile_dir.file_name().and_then(OsStr::to_str).unwrap_or("debug");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.args(["build", "--quiet", "-p", package, "--all-features", "--target-dir"])
+        .arg(target)
+        .current_dir(env!("CARGO_MANIFEST_DIR"));
+    match profile {
+        "debug" => {}
+        "release" => {
+            cmd.arg("--release");
+        }
+        other => {
+            cmd.args(["--profile", other]);
+        }
+    }
+    let out = cmd.output().context("running cargo build")?;
+    if !out.status.success() {
+        bail!("cargo build -p {package} failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(())
+}
+
 /// A command for `program` with a scrubbed environment: only `PATH` survives, `BATON_LOG` is
 /// `CHILD_LOG_FILTER`, and stdin is empty. Whatever the test process inherited (a developer's
 /// `BATON_NODE_*` or `BATON_HUB_DATA_DIR`) cannot leak into the run.

@@ -10,7 +10,7 @@ use std::time::Duration;
 pub(crate) const EXIT_HELP: &str = "\
 Exit status:
   0  ok: sent, found, cancelled, or (wait) every delivery succeeded
-  1  not found, or (cancel) nothing left to cancel
+  1  not found, or (cancel) every delivery had already ended: nothing changed
   2  usage error, invalid input or invalid configuration
   4  any other failure: the hub unreachable, a refused certificate
   7  (wait) every delivery ended, and at least one did not succeed: failed, cancelled or unknown
