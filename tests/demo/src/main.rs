@@ -1,12 +1,15 @@
 //! `baton-demo`: builds Baton, then runs a hub and two nodes on loopback with a throwaway CA
-//! and a sample harness, sends messages into two conversations, pauses one while the other
-//! flows, lifts the pause, prints every delivery's state and every attempt's outcome, and shuts
-//! everything down with SIGTERM.
+//! and a sample harness, sends messages into two conversations as a producer over mTLS (with
+//! `baton_client`, as any producer would), pauses one conversation while the other flows, lifts
+//! the pause, prints every delivery's state and every attempt's outcome as the operator and as
+//! the producer see them, and shuts everything down with SIGTERM.
 //!
 //! Run it with `cargo run --release -p baton-demo`. Everything lives in a temporary directory
 //! that is removed at the end (`--keep` keeps it).
 
 use anyhow::{Context, Result, bail};
+use baton_client::{Client, TlsFiles};
+use baton_shared::wire::{Payload, SubmitRequest};
 use baton_testkit::{Binaries, Harness, Hub, Node, NodeConfig, Proc, Role, Signal, Started};
 use std::io::Write;
 use std::time::Duration;
@@ -17,6 +20,8 @@ const SETTLE_TIMEOUT: Duration = Duration::from_secs(60);
 const STOP_GRACE: Duration = Duration::from_secs(15);
 /// Messages sent into each conversation.
 const MESSAGES_PER_CONVERSATION: usize = 3;
+/// The producer that sends them.
+const PRODUCER: &str = "shop";
 /// The sample harness: reads the payload and answers with one line naming the turn.
 const HARNESS: &str = r#"read -r payload; echo "turn $BATON_CONVERSATION#$BATON_SEQ handled: $payload"; sleep 0.2"#;
 
@@ -97,6 +102,15 @@ impl Demo {
         Ok(())
     }
 
+    /// Enrolls the producer, showing the command, and returns its client of the hub at `url`.
+    fn producer(&mut self, url: &str) -> Result<Client> {
+        let certs = self.hub.certs_dir().to_str().context("temp path is not UTF-8")?.to_string();
+        self.show(&["enroll", "producer", PRODUCER, "--out", &certs])?;
+        let id = self.hub.enrolled(Role::Producer, PRODUCER)?;
+        let files = TlsFiles { ca_file: id.ca, cert_file: id.cert, key_file: id.key };
+        Ok(Client::new(url, &files)?)
+    }
+
     fn start_node(&self, dir: &std::path::Path, host: &str, url: &str) -> Result<Node> {
         let harness = Harness::Command(vec!["sh".into(), "-c".into(), HARNESS.into()]);
         let config = NodeConfig::new(url, self.hub.identity(host)?, &dir.join(format!("{host}-data")), harness)
@@ -111,6 +125,8 @@ impl Demo {
 }
 
 fn main() -> Result<()> {
+    // Exactly one rustls provider is compiled in; installing it first makes that explicit.
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let keep = std::env::args().any(|a| a == "--keep");
     let bins = binaries()?;
     let tmp = baton_testkit::fresh_dir("baton-demo-")?;
@@ -129,6 +145,9 @@ fn main() -> Result<()> {
     say(&format!("hub listening on {addr} (mTLS only)"));
     let url = format!("https://{addr}");
 
+    section("a producer");
+    let producer = demo.producer(&url)?;
+
     section("two nodes");
     let mut node_a = demo.start_node(&dir, "host-a", &url)?;
     let mut node_b = demo.start_node(&dir, "host-b", &url)?;
@@ -136,23 +155,24 @@ fn main() -> Result<()> {
     section("pause conversation \"beta\", then send into \"alpha\" and \"beta\"");
     // `--force`: "beta" has no messages yet, which the CLI would otherwise take for a typo.
     demo.show(&["fence", "pause", "--conversation", "beta", "--force", "--reason", "demo: hold beta back"])?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let mut sent = Vec::new();
     for i in 1..=MESSAGES_PER_CONVERSATION {
         for conv in ["alpha", "beta"] {
-            let payload = format!("{{\"task\": \"{conv} step {i}\"}}");
-            demo.cli(&[
-                "send",
-                "--conversation",
-                conv,
-                "--to",
-                "host-a,host-b",
-                "--key",
-                &format!("{conv}-{i}"),
-                "--payload",
-                &payload,
-            ])?;
+            let payload = Payload::from_text(format!("{{\"task\": \"{conv} step {i}\"}}"))?;
+            let req = SubmitRequest {
+                conversation: conv.to_string(),
+                idempotency_key: format!("{conv}-{i}"),
+                payload,
+                to: Some(vec!["host-a".into(), "host-b".into()]),
+                max_attempts: None,
+                retry_backoff_ms: None,
+            };
+            let accepted = rt.block_on(producer.submit(&req))?;
+            sent.push((format!("{conv} step {i}"), accepted.message_id));
         }
     }
-    say(&format!("sent {} messages to host-a and host-b", 2 * MESSAGES_PER_CONVERSATION));
+    say(&format!("{PRODUCER} sent {} messages to host-a and host-b over mTLS", 2 * MESSAGES_PER_CONVERSATION));
     let settled = |d: &serde_json::Value| d["outcome"].is_string() || d["state"] == "failed" || d["state"] == "unknown";
     demo.wait_for("alpha to finish", |ds| ds.iter().filter(|d| d["conversation"] == "alpha").all(settled))?;
     say("alpha has run on both hosts; beta is still queued behind the pause:");
@@ -170,6 +190,20 @@ fn main() -> Result<()> {
     let first_id = first["delivery_id"].as_str().context("no id")?.to_string();
     demo.show(&["deliveries", "show", &first_id])?;
     demo.show(&["status"])?;
+
+    section("what the producer sees");
+    for (what, id) in &sent {
+        let view = rt.block_on(producer.message(id, None))?;
+        let ends: Vec<String> = view
+            .deliveries
+            .iter()
+            .map(|d| {
+                let outcome = d.attempts.last().map_or(d.state.as_str(), |a| a.outcome.as_str());
+                format!("{} {outcome}", d.host)
+            })
+            .collect();
+        say(&format!("  {what}: {}", ends.join(", ")));
+    }
 
     section("shut down (SIGTERM)");
     stop(node_a.proc_mut(), "node host-a")?;
