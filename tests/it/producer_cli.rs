@@ -4,6 +4,7 @@
 //! text escaped in human output, and configuration errors that name what is wrong.
 
 use crate::harness::{EVENT_WAIT, Hub, output_within};
+use crate::node_harness::wait_for;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -205,4 +206,38 @@ fn bad_configuration_is_named_and_layers_override_in_order() {
     let out = run(cmd);
     status(&out, 4);
     assert!(text(&out.stderr).contains("unreachable"), "{}", text(&out.stderr));
+}
+
+/// `wait` keeps reading through a hub restart (saying so once on stderr) and still ends with
+/// the status of the outcome.
+#[test]
+fn wait_reads_through_a_hub_restart() {
+    let mut hub = Hub::with_nodes(&["host-a"]);
+    let config = config_file(&hub, false);
+    let cfg = ["--config".to_string(), config.display().to_string()];
+    hub.fence("pause", &["--conversation", "parked"], "held back by the test");
+    let mut args: Vec<String> = cfg.to_vec();
+    args.extend(
+        ["--json", "send", "--conversation", "parked", "--to", "host-a", "--key", "k1", "--payload", "{}"]
+            .map(String::from),
+    );
+    let out = run(baton(args));
+    status(&out, 0);
+    let id = json(&out)["message_id"].as_str().expect("id").to_string();
+
+    hub.kill9();
+    let mut waiter = baton_testkit::Proc::new(&hub.scratch("waiter"), "baton-wait");
+    let mut args: Vec<String> = cfg.to_vec();
+    args.extend(["wait".to_string(), id.clone(), "--timeout".into(), "120s".into()]);
+    waiter.spawn(baton(args)).expect("spawn baton wait");
+    wait_for("baton wait to find the hub gone", EVENT_WAIT, || {
+        waiter.stderr().contains("reading again until the timeout").then_some(())
+    });
+    hub.serve(None);
+    let mut args: Vec<String> = cfg.to_vec();
+    args.extend(["cancel".to_string(), id, "--reason".into(), "not needed".into()]);
+    status(&run(baton(args)), 0);
+    let exited = waiter.wait_exit(EVENT_WAIT).expect("wait for baton wait").expect("baton wait still runs");
+    assert_eq!(exited.code(), Some(7), "stdout: {}\nstderr: {}", waiter.stdout(), waiter.stderr());
+    assert_eq!(waiter.stderr().matches("reading again").count(), 1, "{}", waiter.stderr());
 }

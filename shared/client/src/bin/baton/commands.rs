@@ -18,6 +18,10 @@ pub(crate) const NOT_SUCCEEDED: u8 = 7;
 /// `wait`: the timeout passed before every delivery ended.
 pub(crate) const TIMED_OUT: u8 = 8;
 
+/// The pause between two reads of `wait` while the hub cannot answer (restarting, unreachable,
+/// overloaded).
+const WAIT_RETRY_PACE: Duration = Duration::from_secs(1);
+
 /// The name the completion scripts and man pages are generated for.
 const BIN_NAME: &str = "baton";
 
@@ -38,7 +42,8 @@ fn failure(message: impl std::fmt::Display) -> CliError {
     CliError { status: exit::FAILURE, message: message.to_string() }
 }
 
-/// A call that failed: not found is 1, input the hub refused is 2, anything else 4.
+/// A call that failed: not found is 1, input the hub refused (or that forms no request) is 2,
+/// anything else 4.
 fn call_failed(e: ClientError) -> CliError {
     let status = match e.code() {
         Some(ErrorCode::NotFound) => exit::NOTHING,
@@ -49,6 +54,7 @@ fn call_failed(e: ClientError) -> CliError {
             | ErrorCode::IdempotencyConflict
             | ErrorCode::TooLarge,
         ) => exit::USAGE,
+        _ if matches!(e, ClientError::Invalid(_)) => exit::USAGE,
         _ => exit::FAILURE,
     };
     CliError { status, message: e.to_string() }
@@ -127,17 +133,40 @@ async fn send(client: &Client, args: SendArgs, json: bool) -> Result<u8, CliErro
     Ok(exit::OK)
 }
 
-async fn read(client: &Client, which: &Which, wait: Option<Duration>) -> Result<MessageView, CliError> {
-    let r = match (&which.id, &which.key) {
+async fn read(client: &Client, which: &Which, wait: Option<Duration>) -> Result<MessageView, ClientError> {
+    match (&which.id, &which.key) {
         (Some(id), _) => client.message(id, wait).await,
         (None, Some(key)) => client.message_by_key(key, wait).await,
-        (None, None) => return Err(usage("name the message by its id or with --key")),
-    };
-    r.map_err(call_failed)
+        (None, None) => Err(ClientError::Invalid("name the message by its id or with --key".into())),
+    }
+}
+
+/// `read` for `wait`: a transient failure (the hub restarting, unreachable or busy) is read
+/// again every `WAIT_RETRY_PACE` until `deadline`, saying so once on stderr; a read changes
+/// nothing, so repeating it is safe.
+async fn read_until(
+    client: &Client,
+    which: &Which,
+    wait: Option<Duration>,
+    deadline: Instant,
+) -> Result<MessageView, CliError> {
+    let mut said = false;
+    loop {
+        match read(client, which, wait).await {
+            Err(e) if e.is_transient() && Instant::now() + WAIT_RETRY_PACE < deadline => {
+                if !said {
+                    eprintln!("baton: {e}; reading again until the timeout");
+                    said = true;
+                }
+                tokio::time::sleep(WAIT_RETRY_PACE).await;
+            }
+            other => return other.map_err(call_failed),
+        }
+    }
 }
 
 async fn get(client: &Client, which: &Which, wait: Option<Duration>, json: bool) -> Result<u8, CliError> {
-    let view = read(client, which, wait).await?;
+    let view = read(client, which, wait).await.map_err(call_failed)?;
     printed(if json { output::json(&view) } else { output::lines(&output::message(&view)) })?;
     Ok(exit::OK)
 }
@@ -163,7 +192,7 @@ pub(crate) fn verdict(view: &MessageView) -> Option<u8> {
 
 async fn wait(client: &Client, which: &Which, timeout: Duration, json: bool) -> Result<u8, CliError> {
     let deadline = Instant::now() + timeout;
-    let mut view = read(client, which, None).await?;
+    let mut view = read_until(client, which, None, deadline).await?;
     let status = loop {
         if let Some(status) = verdict(&view) {
             break status;
@@ -172,7 +201,7 @@ async fn wait(client: &Client, which: &Which, timeout: Duration, json: bool) -> 
         if remaining.is_zero() {
             break TIMED_OUT;
         }
-        view = read(client, which, Some(remaining)).await?;
+        view = read_until(client, which, Some(remaining), deadline).await?;
     };
     if json {
         printed(output::json(&view))?;
