@@ -242,6 +242,16 @@ mod tests {
     }
 
     #[test]
+    fn a_producer_cli_that_does_not_exist_is_reported_with_how_to_name_it() {
+        let err = existing(PathBuf::from("/nonexistent/baton"), "baton", PRODUCER_CLI_BIN_VAR).unwrap_err().to_string();
+        assert!(err.contains("/nonexistent/baton") && err.contains(PRODUCER_CLI_BIN_VAR), "{err}");
+        assert_eq!(
+            existing(PathBuf::from("/bin/sh"), "baton", PRODUCER_CLI_BIN_VAR).unwrap(),
+            PathBuf::from("/bin/sh")
+        );
+    }
+
+    #[test]
     fn binaries_that_do_not_exist_are_reported_with_how_to_name_them() {
         let missing = PathBuf::from("/nonexistent/baton-hub");
         let err = Binaries::at(Some(missing), Some(PathBuf::from("/bin/sh"))).unwrap_err().to_string();
