@@ -17,8 +17,8 @@ use baton_shared::wire::{
     SessionEndRequest, SessionRequest, SessionResponse, StartItem, StartRequest, StartResponse, StartResult,
     SubmitRequest, SubmitResponse, TransitionResponse,
 };
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 /// Why a client could not be built.
@@ -42,7 +42,10 @@ pub struct Client {
 struct Inner {
     /// `https://host:port`, without a trailing slash.
     base: String,
-    http: reqwest::Client,
+    /// The files `reload` reads again.
+    files: TlsFiles,
+    /// The TLS client for new requests and its generation (1 at start, +1 per `reload`).
+    current: RwLock<(u64, reqwest::Client)>,
     /// How submit and report are retried.
     retry: RetryPolicy,
 }
@@ -52,13 +55,50 @@ impl Client {
     pub fn new(hub_url: &str, files: &TlsFiles) -> Result<Client, BuildError> {
         let base = check_hub_url(hub_url)?;
         let http = http_client(files, REQUEST_TIMEOUT)?;
-        Ok(Client { inner: Arc::new(Inner { base, http, retry: RetryPolicy::default() }) })
+        let inner =
+            Inner { base, files: files.clone(), current: RwLock::new((1, http)), retry: RetryPolicy::default() };
+        Ok(Client { inner: Arc::new(inner) })
     }
 
-    /// The same client with another retry policy for its idempotent calls.
+    /// The same client (the same connections and generation) with another retry policy for
+    /// its idempotent calls. A later `reload` of either does not reach the other.
     pub fn with_retry(&self, retry: RetryPolicy) -> Client {
-        let inner = Inner { base: self.inner.base.clone(), http: self.inner.http.clone(), retry };
+        let current = RwLock::new(self.current());
+        let inner = Inner { base: self.inner.base.clone(), files: self.inner.files.clone(), current, retry };
         Client { inner: Arc::new(inner) }
+    }
+
+    /// Reads the CA, certificate and key files again and presents what they hold now on every
+    /// request that starts after this returns (a renewed certificate, without a restart). On
+    /// failure the current client stays. Returns the new generation.
+    pub fn reload(&self) -> Result<u64, TlsError> {
+        let http = http_client(&self.inner.files, REQUEST_TIMEOUT)?;
+        let mut current = match self.inner.current.write() {
+            Ok(c) => c,
+            // Only a panic between the two assignments below poisons it; the pair is whole.
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        *current = (current.0 + 1, http);
+        Ok(current.0)
+    }
+
+    /// The generation of the TLS client new requests use: 1, plus one per `reload`. A caller
+    /// that compares it before and after a refused call can tell a refusal of the certificate
+    /// it replaced meanwhile.
+    pub fn generation(&self) -> u64 {
+        self.current().0
+    }
+
+    /// The TLS client for a new request, with its generation.
+    fn current(&self) -> (u64, reqwest::Client) {
+        match self.inner.current.read() {
+            Ok(c) => c.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    fn http(&self) -> reqwest::Client {
+        self.current().1
     }
 
     /// The hub's base URL.
@@ -70,8 +110,7 @@ impl Client {
     /// with the original message, `duplicate: true`).
     pub async fn submit(&self, req: &SubmitRequest) -> Result<SubmitResponse, ClientError> {
         let url = format!("{}/v1/messages", self.inner.base);
-        retrying(&self.inner.retry, || self.send(self.inner.http.post(&url).timeout(REQUEST_TIMEOUT).json(req), 0))
-            .await
+        retrying(&self.inner.retry, || self.send(self.http().post(&url).timeout(REQUEST_TIMEOUT).json(req), 0)).await
     }
 
     /// `GET /v1/messages/{id}`; with `wait`, a long-poll that answers as soon as a delivery
@@ -94,13 +133,13 @@ impl Client {
     pub async fn cancel(&self, message_id: &str, reason: &str) -> Result<CancelResponse, ClientError> {
         let url = format!("{}/v1/messages/{}/cancel", self.inner.base, path_segment(message_id));
         let body = CancelRequest { reason: reason.to_string() };
-        self.send(self.inner.http.post(url).timeout(REQUEST_TIMEOUT).json(&body), 0).await
+        self.send(self.http().post(url).timeout(REQUEST_TIMEOUT).json(&body), 0).await
     }
 
     /// `GET /v1/conversations/{name}`: the conversation's position and membership registry.
     pub async fn conversation(&self, name: &str) -> Result<ConversationView, ClientError> {
         let url = format!("{}/v1/conversations/{}", self.inner.base, path_segment(name));
-        self.send(self.inner.http.get(url).timeout(REQUEST_TIMEOUT), 0).await
+        self.send(self.http().get(url).timeout(REQUEST_TIMEOUT), 0).await
     }
 
     /// The node side of the API for the node instance `instance_id`, over this client's
@@ -118,7 +157,7 @@ impl Client {
             }
             None => REQUEST_TIMEOUT,
         };
-        self.send(self.inner.http.get(url).timeout(timeout), 0).await
+        self.send(self.http().get(url).timeout(timeout), 0).await
     }
 
     fn url(&self, path: &str, query: &[(&str, &str)]) -> Result<reqwest::Url, ClientError> {
@@ -226,7 +265,7 @@ impl NodeClient {
     ) -> Result<T, ClientError> {
         let c = &self.client;
         let url = format!("{}{path}", c.inner.base);
-        c.send(c.inner.http.post(url).timeout(timeout).json(body), self.session()).await
+        c.send(c.http().post(url).timeout(timeout).json(body), self.session()).await
     }
 
     fn holder(&self, claim_token: &str) -> HolderRequest {
@@ -276,7 +315,7 @@ impl NodeClient {
     pub async fn holdings(&self) -> Result<Vec<ClaimedDelivery>, ClientError> {
         let c = &self.client;
         let url = c.url("/v1/holdings", &[("instance_id", &self.instance_id)])?;
-        let r: HoldingsResponse = c.send(c.inner.http.get(url).timeout(REQUEST_TIMEOUT), self.session()).await?;
+        let r: HoldingsResponse = c.send(c.http().get(url).timeout(REQUEST_TIMEOUT), self.session()).await?;
         Ok(r.deliveries)
     }
 

@@ -204,3 +204,38 @@ fn a_missing_file_names_its_setting() {
     let e = Client::new("https://127.0.0.1:1", &files).unwrap_err().to_string();
     assert!(e.starts_with("ca_file: cannot read ") && e.contains("nope.pem"), "{e}");
 }
+
+/// `reload` presents what the files hold now (a renewed certificate, here another producer's)
+/// on the requests after it; a reload that cannot read a file keeps the client it had.
+#[test]
+fn reload_presents_the_files_as_they_are_now() {
+    let root = tempfile::tempdir().unwrap();
+    let hub = hub(root.path());
+    let prod = hub.identity("prod").unwrap();
+    let dir = root.path().join("reloaded");
+    std::fs::create_dir_all(&dir).unwrap();
+    let files = TlsFiles { ca_file: prod.ca.clone(), cert_file: dir.join("me.crt"), key_file: dir.join("me.key") };
+    let use_identity = |id: &Identity| {
+        std::fs::copy(&id.cert, &files.cert_file).unwrap();
+        std::fs::copy(&id.key, &files.key_file).unwrap();
+    };
+    use_identity(prod);
+    let client = Client::new(&format!("https://{}", hub.addr().unwrap()), &files).unwrap();
+    let rt = runtime();
+    rt.block_on(async {
+        let accepted = client.submit(&submit("r1", "{}")).await.unwrap();
+        assert_eq!(client.generation(), 1);
+
+        use_identity(hub.identity("other").unwrap());
+        assert_eq!(client.reload().unwrap(), 2);
+        let e = client.message(&accepted.message_id, None).await.unwrap_err();
+        assert_eq!(e.code(), Some(ErrorCode::NotYours), "{e}");
+
+        std::fs::remove_file(&files.key_file).unwrap();
+        let e = client.reload().unwrap_err();
+        assert_eq!(e.key(), "key_file", "{e}");
+        assert_eq!(client.generation(), 2);
+        let e = client.message(&accepted.message_id, None).await.unwrap_err();
+        assert_eq!(e.code(), Some(ErrorCode::NotYours), "the client before the failed reload stays: {e}");
+    });
+}
