@@ -86,13 +86,20 @@ impl NewReport<'_> {
     }
 }
 
-/// Whether a stored request hash stands for the same report as `r`. A hash in the canonical
-/// form is compared as it is; an empty one marks an outcome the hub wrote itself, which no
+/// Whether a stored request hash stands for the same report as `r`, whose canonical hash (with
+/// its run and signal when the report named them) is `hash`. A hash in the canonical form is
+/// compared as it is; an empty one marks an outcome the hub wrote itself, which no
 /// node report repeats; any other was written by an earlier version from `Debug` output, so the
 /// stored attempt's fields (and its delivery's claim token) are compared with the report's.
-fn same_as_stored(conn: &Connection, attempt_id: &str, stored: &str, r: &NewReport<'_>) -> StoreResult<bool> {
+fn same_as_stored(
+    conn: &Connection,
+    attempt_id: &str,
+    stored: &str,
+    hash: &str,
+    r: &NewReport<'_>,
+) -> StoreResult<bool> {
     if stored.starts_with(REQUEST_HASH_PREFIX) {
-        return Ok(stored == r.request_hash());
+        return Ok(stored == hash);
     }
     if stored.is_empty() {
         return Ok(false);
@@ -213,7 +220,7 @@ pub fn report_run(
         .query_row([host, r.report_id], |row| Ok((row.get(0)?, row.get(1)?)))
         .optional()?;
     if let Some((attempt_id, stored)) = existing {
-        if !same_as_stored(conn, &attempt_id, &stored, r)? {
+        if !same_as_stored(conn, &attempt_id, &stored, &hash, r)? {
             return Err(StoreError::ReportConflict(format!(
                 "report_id {:?} was already used by host {host} for a different report (attempt {attempt_id})",
                 r.report_id
@@ -443,6 +450,40 @@ mod tests {
         ));
         let n: i64 = db.conn.query_row("SELECT count(*) FROM attempts", [], |row| row.get(0)).unwrap();
         assert_eq!(n, 1);
+    }
+
+    /// Regression: a replayed report that names its run (and the signal that ended it) was
+    /// compared with the hash of a report that names neither, and refused as a conflict, so a
+    /// node whose answer was lost could not send its report again.
+    #[test]
+    fn a_replay_naming_its_run_is_the_same_report() {
+        let db = testing::db();
+        accept_one(&db.conn, "c", "k", &["host-a"]);
+        let d = claim::claim(&db.conn, "host-a", "i", 1, 1).unwrap().remove(0);
+        let holder = Holder { instance_id: "i", claim_token: &d.claim_token };
+        claim::mirrored(&db.conn, "host-a", &d.delivery_id, holder, 2).unwrap();
+        claim::ack(&db.conn, "host-a", &d.delivery_id, holder, 3).unwrap();
+        let r = NewReport {
+            delivery_id: &d.delivery_id,
+            holder,
+            report_id: "r1",
+            outcome: Outcome::Failed,
+            exit_code: None,
+            duration_ms: Some(5),
+            result: None,
+            reason: Some("killed"),
+        };
+        let run = RunReport { attempt: Some(d.attempt), signal: Some(9), ..RunReport::default() };
+        let (first, dup, _) = report_run(&db.conn, "host-a", &r, &run, 4).unwrap();
+        assert!(!dup);
+        let (again, dup, _) = report_run(&db.conn, "host-a", &r, &run, 5).unwrap();
+        assert!(dup, "the same report sent again is a replay");
+        assert_eq!(again, first);
+        let other_signal = RunReport { signal: Some(15), ..run };
+        assert!(matches!(
+            report_run(&db.conn, "host-a", &r, &other_signal, 6),
+            Err(StoreError::ReportConflict(_))
+        ));
     }
 
     /// Regression: the request hash was built from `Debug` output, which a toolchain change can
