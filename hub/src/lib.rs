@@ -11,6 +11,8 @@
 //! - `tls`: the rustls server config and the accept loop that turns a verified client
 //!   certificate into a request extension.
 //! - `http`: the axum router (`app`), extractors, error mapping and handlers.
+//! - `metrics`: every metric described once, the build info and the gauges read from the
+//!   record.
 //! - `server`: `Hub`: `open` (lock, store, repair), `announce`, `serve` until shutdown.
 //! - `wake`: the local socket through which CLI changes wake waiting long-polls.
 //! - `cli`: the operator commands: arguments, output, and the commands by job.
@@ -20,6 +22,7 @@ pub mod config;
 pub mod datadir;
 pub mod http;
 pub mod lock;
+pub mod metrics;
 pub mod server;
 pub mod store;
 pub mod tls;

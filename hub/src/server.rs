@@ -165,6 +165,7 @@ async fn publish_gauges(shared: Arc<Shared>) {
             }
             Err(e) => tracing::warn!(error = %e, "could not read the status for the gauges"),
         }
+        crate::metrics::publish_record_gauges(&shared).await;
         tokio::select! {
             _ = tokio::time::sleep(GAUGE_INTERVAL) => {}
             _ = shared.shutdown.cancelled() => return,
@@ -263,6 +264,7 @@ fn install_metrics() -> Option<metrics_exporter_prometheus::PrometheusHandle> {
     HANDLE
         .get_or_init(|| {
             let handle = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder().ok()?;
+            crate::metrics::describe();
             let upkeep = handle.clone();
             tokio::spawn(async move {
                 loop {
