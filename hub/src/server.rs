@@ -111,6 +111,7 @@ impl Hub {
         tokio::spawn(lift_expired_fences(shared.clone()));
         tokio::spawn(publish_gauges(shared.clone()));
         tokio::spawn(flush_contacts(shared.clone()));
+        crate::ops_listener::start(&self.config, &self.dir, shared.clone(), shutdown.clone()).await?;
         tracing::info!(addr = %listener.local_addr()?, "serving");
         let revocations = tls::Revocations { changes: records_rx, check: cert_check(shared.clone()) };
         tls::serve(
