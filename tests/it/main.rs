@@ -35,6 +35,8 @@
 //!   the operator's retry (a redrive), and a copied data directory that runs nothing twice.
 //! - `examples`: the Python producer and harness of `docs/examples/` against the real binaries.
 //! - `packaging`: the Debian packages, their systemd units, and readiness through `sd_notify`.
+//! - `status_page`: the operator listener (health, readiness and described metrics without a
+//!   client certificate) and the status page in a real headless browser.
 
 // A test binary exports nothing, so `pub` in its private modules only means "shared between
 // modules"; spelling every item `pub(crate)` would add noise, not safety.
@@ -71,4 +73,5 @@ mod ops_output;
 mod ops_truth;
 mod packaging;
 mod power_loss;
+mod status_page;
 mod turn_control;
