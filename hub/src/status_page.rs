@@ -446,4 +446,31 @@ mod tests {
         assert!(!page.contains("<script"), "{page}");
         assert!(page.contains("&lt;script&gt;"), "{page}");
     }
+
+    /// A host whose open session has been quiet longer than `host_silence_warn` is flagged; one
+    /// heard from recently, or whose node said goodbye, is not.
+    #[test]
+    fn only_hosts_silent_longer_than_the_warning_are_flagged() {
+        let db = testing::db();
+        let c = &db.conn;
+        for (host, last_contact, ended) in
+            [("host-a", 1_000, None), ("host-b", 95_000, None), ("host-c", 1_000, Some(2_000))]
+        {
+            c.execute(
+                "INSERT INTO node_sessions (host, session, instance_id, node_version, started_at, ended_at, ended_how, last_contact_at)
+                 VALUES (?1, 1, 'inst', '1.0', ?2, ?3, CASE WHEN ?3 IS NULL THEN NULL ELSE 'clean' END, ?2)",
+                rusqlite::params![host, last_contact, ended],
+            )
+            .unwrap();
+        }
+        let silence = Duration::from_secs(60);
+        let page = render_overview(&gather(c, 100_000, silence).unwrap(), 100_000, silence);
+        let row = |host: &str| {
+            let start = page.find(&format!("<tr data-host=\"{host}\">")).unwrap();
+            page[start..start + page[start..].find("</tr>").unwrap()].to_string()
+        };
+        assert!(row("host-a").contains("data-silent"), "{}", row("host-a"));
+        assert!(!row("host-b").contains("data-silent"), "{}", row("host-b"));
+        assert!(!row("host-c").contains("data-silent") && row("host-c").contains("session ended"), "{}", row("host-c"));
+    }
 }
