@@ -96,6 +96,48 @@ async fn the_operator_listener_answers_without_a_certificate_and_describes_every
     prod.get("/readyz").await.ok(200);
 }
 
+/// Reads until the peer closes (`None`) or answers (`Some(text)`).
+async fn answer_or_close(tcp: &mut tokio::net::TcpStream) -> Option<String> {
+    use tokio::io::AsyncReadExt as _;
+    let mut buf = vec![0u8; 4096];
+    match tcp.read(&mut buf).await {
+        Ok(0) | Err(_) => None,
+        Ok(n) => Some(String::from_utf8_lossy(&buf[..n]).into_owned()),
+    }
+}
+
+/// The listener needs no certificate, so it bounds its clients: a connection that sends no
+/// request is closed, and connections beyond the limit are closed at accept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operator_listener_closes_silent_connections_and_bounds_how_many_are_open() {
+    use tokio::io::AsyncWriteExt as _;
+    let hub = Hub::with_nodes(&["host-a"]);
+    let addr = operator_addr(&hub);
+    let mut silent = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let closed = tokio::time::timeout(Duration::from_secs(60), answer_or_close(&mut silent)).await;
+    assert_eq!(closed, Ok(None), "a connection that never sends a request is closed");
+
+    // 64 (`OPERATOR_CONNECTIONS_MAX`) open and idle: the next one is closed unanswered.
+    let mut open = Vec::new();
+    for _ in 0..64 {
+        open.push(tokio::net::TcpStream::connect(&addr).await.unwrap());
+    }
+    let mut extra = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let _ = extra.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    let refused = tokio::time::timeout(Duration::from_secs(60), answer_or_close(&mut extra)).await;
+    assert_eq!(refused, Ok(None), "a connection beyond the limit is closed unanswered");
+    drop(open);
+    // A blocking client: the wait polls from this thread, which the runtime does not need.
+    let healthy = wait_for("the listener answers again", Duration::from_secs(60), || {
+        let mut tcp = std::net::TcpStream::connect(&addr).ok()?;
+        std::io::Write::write_all(&mut tcp, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut tcp, &mut text).ok()?;
+        text.starts_with("HTTP/1.1 200").then_some(text)
+    });
+    assert!(healthy.contains(r#"{"status":"ok"}"#), "{healthy}");
+}
+
 #[test]
 fn the_operator_listener_can_be_turned_off() {
     let hub = Hub::builder().config("operator_listen = \"off\"\n").start();
