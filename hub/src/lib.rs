@@ -11,6 +11,10 @@
 //! - `tls`: the rustls server config and the accept loop that turns a verified client
 //!   certificate into a request extension.
 //! - `http`: the axum router (`app`), extractors, error mapping and handlers.
+//! - `ops_listener`: the operator listener (plain HTTP, no client certificate): health,
+//!   readiness, metrics and the status page (`status_page`).
+//! - `metrics`: every metric described once, the build info and the gauges read from the
+//!   record.
 //! - `server`: `Hub`: `open` (lock, store, repair), `announce`, `serve` until shutdown.
 //! - `wake`: the local socket through which CLI changes wake waiting long-polls.
 //! - `cli`: the operator commands: arguments, output, and the commands by job.
@@ -20,7 +24,10 @@ pub mod config;
 pub mod datadir;
 pub mod http;
 pub mod lock;
+pub mod metrics;
+pub mod ops_listener;
 pub mod server;
+pub mod status_page;
 pub mod store;
 pub mod tls;
 pub mod wake;

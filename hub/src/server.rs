@@ -111,6 +111,7 @@ impl Hub {
         tokio::spawn(lift_expired_fences(shared.clone()));
         tokio::spawn(publish_gauges(shared.clone()));
         tokio::spawn(flush_contacts(shared.clone()));
+        crate::ops_listener::start(&self.config, &self.dir, shared.clone(), shutdown.clone()).await?;
         tracing::info!(addr = %listener.local_addr()?, "serving");
         let revocations = tls::Revocations { changes: records_rx, check: cert_check(shared.clone()) };
         tls::serve(
@@ -165,6 +166,7 @@ async fn publish_gauges(shared: Arc<Shared>) {
             }
             Err(e) => tracing::warn!(error = %e, "could not read the status for the gauges"),
         }
+        crate::metrics::publish_record_gauges(&shared).await;
         tokio::select! {
             _ = tokio::time::sleep(GAUGE_INTERVAL) => {}
             _ = shared.shutdown.cancelled() => return,
@@ -263,6 +265,7 @@ fn install_metrics() -> Option<metrics_exporter_prometheus::PrometheusHandle> {
     HANDLE
         .get_or_init(|| {
             let handle = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder().ok()?;
+            crate::metrics::describe();
             let upkeep = handle.clone();
             tokio::spawn(async move {
                 loop {

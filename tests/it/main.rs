@@ -37,6 +37,8 @@
 //! - `packaging`: the Debian packages, their systemd units, and readiness through `sd_notify`.
 //! - `producer_cli`: `baton`, the producer command line: send, get, wait and cancel with their
 //!   exit statuses, and configuration errors.
+//! - `status_page`: the operator listener (health, readiness and described metrics without a
+//!   client certificate) and the status page in a real headless browser.
 
 // A test binary exports nothing, so `pub` in its private modules only means "shared between
 // modules"; spelling every item `pub(crate)` would add noise, not safety.
@@ -74,4 +76,5 @@ mod ops_truth;
 mod packaging;
 mod power_loss;
 mod producer_cli;
+mod status_page;
 mod turn_control;

@@ -100,6 +100,11 @@ pub enum KeyKind {
         /// The default.
         default: &'static str,
     },
+    /// `ADDR:PORT`, or `off` for a listener that is not started.
+    AddrOrOff {
+        /// The default.
+        default: &'static str,
+    },
     /// One word of a fixed set.
     Choice {
         /// The default.
@@ -161,6 +166,19 @@ pub const HOST_SILENCE_WARN: Key = Key {
     },
     doc: "`status` flags a host whose open node session has sent nothing for longer than this",
 };
+/// The operator listener's address when no layer names one: loopback, on a port the system
+/// picks (written to `DIR/operator.addr`), so that it never collides with another hub on the
+/// machine and is reachable from the machine itself only.
+pub const OPERATOR_LISTEN_DEFAULT: &str = "127.0.0.1:0";
+/// `operator_listen`.
+pub const OPERATOR_LISTEN: Key = Key {
+    name: key_name!(None, "operator_listen", "operator-listen", "BATON_HUB_OPERATOR_LISTEN"),
+    kind: KeyKind::AddrOrOff { default: OPERATOR_LISTEN_DEFAULT },
+    doc: "ADDR:PORT of the operator listener (plain HTTP, no client certificate: /healthz, /readyz, \
+          /metrics and the status page); port 0 picks a free port (written to DIR/operator.addr); \
+          \"off\" disables it",
+};
+
 /// `limits.payload_bytes_max`.
 pub const PAYLOAD_BYTES_MAX: Key = Key {
     name: key_name!(Some("limits"), "payload_bytes_max", "payload-bytes-max", "BATON_HUB_PAYLOAD_BYTES_MAX"),
@@ -320,12 +338,13 @@ pub const REDRIVE_BATCH_MAX: Key = Key {
 };
 
 /// Every key, in the order of the template.
-pub const KEYS: [&Key; 24] = [
+pub const KEYS: [&Key; 25] = [
     &LISTEN,
     &SYNCHRONOUS,
     &SHUTDOWN_GRACE,
     &LOG_FORMAT,
     &HOST_SILENCE_WARN,
+    &OPERATOR_LISTEN,
     &PAYLOAD_BYTES_MAX,
     &RESULT_BYTES_MAX,
     &CLAIM_BATCH_MAX,
@@ -365,6 +384,7 @@ impl Key {
             KeyKind::Int { min, max, .. } => format!("{min}..={max}"),
             KeyKind::Duration { min, max, .. } => format!("{}..={}", humanize(min), humanize(max)),
             KeyKind::Addr { .. } => "ADDR:PORT".to_string(),
+            KeyKind::AddrOrOff { .. } => "ADDR:PORT or \"off\"".to_string(),
             KeyKind::Choice { allowed, .. } => {
                 allowed.iter().map(|a| format!("{a:?}")).collect::<Vec<_>>().join(" or ")
             }
@@ -376,7 +396,9 @@ impl Key {
         match self.kind {
             KeyKind::Int { default, .. } => default.to_string(),
             KeyKind::Duration { default, .. } => format!("{:?}", humanize(default)),
-            KeyKind::Addr { default } | KeyKind::Choice { default, .. } => format!("{default:?}"),
+            KeyKind::Addr { default } | KeyKind::AddrOrOff { default } | KeyKind::Choice { default, .. } => {
+                format!("{default:?}")
+            }
         }
     }
 
@@ -386,6 +408,7 @@ impl Key {
             KeyKind::Int { .. } => "N",
             KeyKind::Duration { .. } => "DURATION",
             KeyKind::Addr { .. } => "ADDR:PORT",
+            KeyKind::AddrOrOff { .. } => "ADDR:PORT|off",
             KeyKind::Choice { .. } => "WORD",
         }
     }

@@ -120,6 +120,22 @@ impl Merged {
         self.resolve(key, default, |raw, source| parse(text(raw, &field, source)?, source))
     }
 
+    /// An `ADDR:PORT` key that also takes `off`: `None` when it is off.
+    pub(super) fn addr_or_off(&self, key: &Key) -> Result<Option<SocketAddr>, String> {
+        let KeyKind::AddrOrOff { default } = key.kind else {
+            return Err(format!("{}: not an address-or-off key", key.name.field()));
+        };
+        let field = key.name.field();
+        let parse = |value: &str, source: &Source| match value {
+            "off" => Ok(None),
+            v => v.parse().map(Some).map_err(|_| {
+                source.tell(format!("{field} = {v:?} is not an ADDR:PORT such as \"127.0.0.1:9443\" or \"off\""))
+            }),
+        };
+        let default = parse(default, &Source::Default)?;
+        self.resolve(key, default, |raw, source| parse(text(raw, &field, source)?, source))
+    }
+
     pub(super) fn choice(&self, key: &Key) -> Result<&'static str, String> {
         let KeyKind::Choice { default, allowed } = key.kind else {
             return Err(format!("{}: not a choice key", key.name.field()));

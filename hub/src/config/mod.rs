@@ -112,6 +112,8 @@ pub struct HubConfig {
     pub log_format: LogFormat,
     /// How long a host's open node session may be silent before `status` flags it.
     pub host_silence_warn: Duration,
+    /// Where the operator listener (health, metrics, status page) listens; `None` when off.
+    pub operator_listen: Option<SocketAddr>,
 }
 
 /// What a configuration is read from, lowest layer first.
@@ -233,6 +235,7 @@ impl HubConfig {
             shutdown_grace: m.duration(&SHUTDOWN_GRACE)?,
             log_format,
             host_silence_warn: m.duration(&HOST_SILENCE_WARN)?,
+            operator_listen: m.addr_or_off(&OPERATOR_LISTEN)?,
         })
     }
 }
@@ -351,6 +354,21 @@ mod tests {
         );
         let e = layered("", &[("BATON_HUB_SYNCHRONOUS", "off")], &[]).unwrap_err();
         assert!(e.contains("synchronous = \"off\" is not one of \"full\" or \"normal\""), "{e}");
+    }
+
+    #[test]
+    fn the_operator_listener_takes_an_address_or_off() {
+        let default = HubConfig::from_toml("").unwrap().operator_listen;
+        assert_eq!(default, Some(OPERATOR_LISTEN_DEFAULT.parse().unwrap()));
+        assert!(default.unwrap().ip().is_loopback(), "the default is reachable from this machine only");
+        assert_eq!(HubConfig::from_toml("operator_listen = \"off\"").unwrap().operator_listen, None);
+        let c = HubConfig::from_toml("operator_listen = \"0.0.0.0:9443\"").unwrap();
+        assert_eq!(c.operator_listen, Some("0.0.0.0:9443".parse().unwrap()));
+        check_err("operator_listen = \"of\"", "operator_listen = \"of\" is not an ADDR:PORT");
+        let e = layered("", &[("BATON_HUB_OPERATOR_LISTEN", "nowhere")], &[]).unwrap_err();
+        assert!(e.contains("BATON_HUB_OPERATOR_LISTEN"), "{e}");
+        let c = layered("", &[], &["--operator-listen", "off"]).unwrap();
+        assert_eq!(c.operator_listen, None);
     }
 
     #[test]

@@ -1,4 +1,6 @@
-//! Liveness, readiness and Prometheus metrics.
+//! Liveness, readiness and Prometheus metrics: served on the mTLS listener (metrics to any
+//! enrolled caller) and, with no client certificate, on the operator listener
+//! (`ops_listener`), where a load balancer or a scraper can reach them.
 
 use super::{AppState, Caller};
 use axum::Json;
@@ -8,12 +10,12 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 /// Liveness: the process answers.
-pub(super) async fn healthz() -> Json<serde_json::Value> {
+pub(crate) async fn healthz() -> Json<serde_json::Value> {
     Json(json!({"status": "ok"}))
 }
 
 /// Readiness: the store is open, repair is done, and the hub is not shutting down.
-pub(super) async fn readyz(State(state): State<AppState>) -> Response {
+pub(crate) async fn readyz(State(state): State<AppState>) -> Response {
     if state.is_ready() {
         (StatusCode::OK, Json(json!({"ready": true}))).into_response()
     } else {
@@ -21,10 +23,12 @@ pub(super) async fn readyz(State(state): State<AppState>) -> Response {
     }
 }
 
-/// Prometheus text exposition.
+/// Prometheus text exposition, to an enrolled caller.
 pub(super) async fn metrics(_caller: Caller, State(state): State<AppState>) -> Response {
-    match &state.metrics {
-        Some(h) => ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], h.render()).into_response(),
-        None => (StatusCode::NOT_FOUND, "metrics are not enabled").into_response(),
-    }
+    crate::metrics::render(&state)
+}
+
+/// Prometheus text exposition, with no caller check: only the operator listener routes it.
+pub(crate) async fn metrics_open(State(state): State<AppState>) -> Response {
+    crate::metrics::render(&state)
 }

@@ -6,7 +6,7 @@
 //! checks the `baton-session` header), `producer` (accept, read and cancel), `health` (healthz,
 //! readyz, metrics).
 
-mod health;
+pub(crate) mod health;
 mod node;
 mod producer;
 

@@ -24,6 +24,8 @@
 //! - `hosts`: hosts, certificates and operator events (enroll, revoke, renew look-ups).
 //! - `operator`: the operator's delivery transitions: release, cancel, retire, requeue.
 //! - `read`: views for producers, operators and status.
+//! - `overview`: backlogs per host and conversation, outcome counts and recent trouble, for
+//!   the metrics and the status page.
 //! - `retention`: removing settled messages older than the retention window.
 //! - `backup`: a consistent copy of the database, checked.
 //! - `verify`: the offline invariant check, returning typed problems.
@@ -43,6 +45,7 @@ pub mod hosts;
 pub mod listing;
 pub mod members;
 pub mod operator;
+pub mod overview;
 pub mod producers;
 pub mod read;
 pub mod report;
