@@ -480,10 +480,7 @@ mod tests {
         assert!(dup, "the same report sent again is a replay");
         assert_eq!(again, first);
         let other_signal = RunReport { signal: Some(15), ..run };
-        assert!(matches!(
-            report_run(&db.conn, "host-a", &r, &other_signal, 6),
-            Err(StoreError::ReportConflict(_))
-        ));
+        assert!(matches!(report_run(&db.conn, "host-a", &r, &other_signal, 6), Err(StoreError::ReportConflict(_))));
     }
 
     /// Regression: the request hash was built from `Debug` output, which a toolchain change can
