@@ -147,7 +147,10 @@ pub(super) async fn starts(
 }
 
 /// `POST /v1/claims`: answers as soon as work is claimable or a new cancel notice is pending,
-/// or when the wait elapses; a wait ends early when a retry of the host becomes due.
+/// or when the wait elapses; a wait ends early when a retry of the host becomes due. Each look
+/// (`baton_hub_claim_looks_total`) is a read; only one that may hand something out (or must
+/// fail a retired host's work, or bind the instance) runs a write job. A waiting claim is woken
+/// by changes for its own host or for all hosts, never by another host's work.
 pub(super) async fn claim(
     NodeCaller(caller): NodeCaller,
     State(state): State<AppState>,
@@ -168,6 +171,7 @@ pub(super) async fn claim(
         let mut rx = state.work.watch(&caller.name);
         let (host, instance, serial) = (caller.name.clone(), req.instance_id.clone(), caller.serial.clone());
         let now = state.clock.now_ms();
+        metrics::counter!("baton_hub_claim_looks_total").increment(1);
         // Read first: a claim with nothing claimable opens no write transaction.
         let (worth, cancels, next_retry) = state
             .readers
