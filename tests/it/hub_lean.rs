@@ -23,6 +23,19 @@ async fn counts(api: &Api) -> (f64, f64) {
     (metric(api, "baton_hub_writer_jobs_total").await, metric(api, "baton_hub_claim_looks_total").await)
 }
 
+/// Waits (up to `EVENT_WAIT`) until claims took at least `n` looks in all.
+async fn looks_reach(api: &Api, n: f64) {
+    let deadline = Instant::now() + EVENT_WAIT;
+    loop {
+        let (_, looks) = counts(api).await;
+        if looks >= n {
+            return;
+        }
+        assert!(Instant::now() < deadline, "claims took {looks} looks, not {n}, within {EVENT_WAIT:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cli_revocation_refuses_the_very_next_request_although_standing_is_cached() {
     let hub = Hub::start();
@@ -119,7 +132,10 @@ async fn waiting_claims_wake_per_host_and_a_claim_with_nothing_to_claim_writes_n
             parked.push((h.clone(), tokio::spawn(async move { n.claim_raw(1, 50_000).await })));
         }
     }
-    tokio::time::sleep(SETTLE * 3).await;
+    // Every one of them has looked (one look per binding claim, one per parked claim).
+    let parked_looks = (names.len() + parked.len()) as f64;
+    looks_reach(&prod, parked_looks).await;
+    tokio::time::sleep(SETTLE).await;
 
     let (before, looks_before) = counts(&prod).await;
     for i in 0..SUBMITS {
@@ -146,12 +162,10 @@ async fn waiting_claims_wake_per_host_and_a_claim_with_nothing_to_claim_writes_n
     // claimable for them, each only reads.
     let fence = hub.fence("pause", &["--conversation", "unrelated"], "wake everyone");
     hub.lift(fence);
+    // The change for every host wakes every waiting claim: each looks again.
+    looks_reach(&prod, looks + parked.len() as f64).await;
     tokio::time::sleep(SETTLE).await;
-    let (after_wakes, looks_after_wakes) = counts(&prod).await;
-    assert!(
-        looks_after_wakes - looks >= (OTHER_HOSTS * PARKED_PER_HOST) as f64,
-        "the change for every host did not wake every waiting claim"
-    );
+    let (after_wakes, _) = counts(&prod).await;
     assert!(
         after_wakes - after_submits <= 10.0,
         "{} writer jobs after waking {} claims with nothing to claim",
