@@ -77,13 +77,14 @@ impl Hub {
         let tls_config = tls::server_config(&self.dir)?;
         let writer = Writer::start(self.conn).context("starting the writer thread")?;
         let readers = Arc::new(Readers::new(self.dir.db()));
-        let (work, _) = watch::channel(0u64);
         let (outcomes, _) = watch::channel(0u64);
         let metrics = install_metrics();
+        // CLI changes (the wake socket) bump this counter; the certificate cache follows it.
+        let (wake_tx, mut wake_rx) = watch::channel(0u64);
         let shared = Arc::new(Shared {
             writer,
             readers,
-            work: work.clone(),
+            work: Default::default(),
             outcomes: outcomes.clone(),
             limits: self.config.limits,
             shutdown: shutdown.clone(),
@@ -91,9 +92,9 @@ impl Hub {
             metrics,
             clock: self.clock.clone(),
             turns: Default::default(),
+            certs: crate::http::certs::CertCache::new(wake_tx.subscribe()),
         });
         // CLI changes wake both kinds of waiter.
-        let (wake_tx, mut wake_rx) = watch::channel(0u64);
         if let Err(e) = wake::listen(&self.dir.wake_socket(), wake_tx, shutdown.clone()).await {
             tracing::warn!(error = %e, "no wake socket: CLI changes reach waiting long-polls only at their next claim");
         }
@@ -131,13 +132,14 @@ impl Hub {
     }
 }
 
-/// Whether a certificate may still be used, from the record: unknown or revoked may not. A
+/// Whether a certificate may still be used, from the record (through the certificate cache,
+/// which the change that triggers this check has emptied): unknown or revoked may not. A
 /// record that cannot be read leaves the connection open; its next request is re-checked.
 fn cert_check(shared: Arc<Shared>) -> tls::CertCheck {
     Arc::new(move |serial: String| {
         let shared = shared.clone();
         Box::pin(async move {
-            match shared.readers.read(move |c| store::hosts::cert_status(c, &serial)).await {
+            match shared.certs.status(&shared.readers, &serial).await {
                 Ok(Some(s)) => !s.revoked,
                 Ok(None) => false,
                 Err(e) => {

@@ -13,8 +13,9 @@
 //! reaches the hub (the wake socket): it is re-checked on every change, finishes what is in
 //! progress (whose answer re-checks the certificate too) and takes no new request.
 //!
-//! Boundary: identity enters the HTTP layer only as `PeerCerts`, inserted here from the
-//! verified handshake; handlers never read identity from bodies, headers or URLs.
+//! Boundary: identity enters the HTTP layer only as `PeerIdentityExt` (the leaf certificate's
+//! identity, parsed once when the connection's handshake completes) and `PeerCerts`, inserted
+//! here from the verified handshake; handlers never read identity from bodies, headers or URLs.
 
 use crate::config::Limits;
 use crate::datadir::DataDir;
@@ -44,6 +45,11 @@ use tower::ServiceExt;
 /// The verified client certificate chain of the connection a request came on (leaf first).
 #[derive(Debug, Clone)]
 pub struct PeerCerts(pub Arc<Vec<CertificateDer<'static>>>);
+
+/// The identity of the verified leaf certificate of the connection a request came on, parsed
+/// once per connection (not per request); `Err` holds why the certificate names no identity.
+#[derive(Debug, Clone)]
+pub struct PeerIdentityExt(pub Arc<Result<baton_shared::pki::PeerIdentity, String>>);
 
 /// Builds the server config from the data directory: our certificate, and a verifier that
 /// requires a client certificate issued by our CA.
@@ -328,7 +334,13 @@ async fn connection(a: &Accepting, tcp: TcpStream, remote: SocketAddr) {
         metrics::counter!("baton_hub_connections_refused_total", "limit" => "per_cert").increment(1);
         return;
     };
-    let serial = certs.first().and_then(|c| baton_shared::pki::peer_identity(c).ok()).map(|id| id.serial);
+    // Parsed once here; every request of the connection carries the result.
+    let identity = match certs.first() {
+        Some(c) => baton_shared::pki::peer_identity(c).map_err(|e| e.to_string()),
+        None => Err("no client certificate".to_string()),
+    };
+    let serial = identity.as_ref().ok().map(|id| id.serial.clone());
+    let identity = PeerIdentityExt(Arc::new(identity));
     let peer = PeerCerts(Arc::new(certs));
     let activity = Arc::new(Activity::default());
     let app = a.app.clone();
@@ -336,6 +348,7 @@ async fn connection(a: &Accepting, tcp: TcpStream, remote: SocketAddr) {
     let requests_max = a.limits.requests_per_connection_max;
     let svc = tower::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
         req.extensions_mut().insert(peer.clone());
+        req.extensions_mut().insert(identity.clone());
         req.extensions_mut().insert(axum::extract::ConnectInfo::<SocketAddr>(remote));
         let (in_flight, last) = InFlight::begin(&counted, requests_max);
         let http1 = req.version() < hyper::Version::HTTP_2;

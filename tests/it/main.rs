@@ -15,6 +15,8 @@
 //! - `hub_edges`: the hub's edges under abuse: connection limits and timeouts, revocation of
 //!   open connections and of waiting reads, file modes, and axum's own refusals in our shape.
 //! - `hub_crash`: crash points, restart and repair.
+//! - `hub_lean`: the lean hot path: cached certificate standing that a CLI revocation still
+//!   ends at the next request; claims woken per host; no write job for nothing to claim.
 //! - `hub_turns`: node sessions, hub-confirmed starts, cancel, retries and redrive, with a raw
 //!   client playing the node.
 //! - `hub_cli`: configuration validation and the CLI's outputs and exit codes.
@@ -58,6 +60,7 @@ mod hub_crash;
 mod hub_edges;
 mod hub_errors;
 mod hub_fences;
+mod hub_lean;
 mod hub_longpoll;
 mod hub_turns;
 mod instance_scope;

@@ -6,13 +6,14 @@
 //! checks the `baton-session` header), `producer` (accept, read and cancel), `health` (healthz,
 //! readyz, metrics).
 
+pub mod certs;
 pub(crate) mod health;
 mod node;
 mod producer;
 
 use crate::config::Limits;
 use crate::store::{Readers, StoreError, Writer};
-use crate::tls::PeerCerts;
+use crate::tls::PeerIdentityExt;
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::StatusCode;
 use axum::http::request::Parts;
@@ -36,8 +37,9 @@ pub struct Shared {
     pub writer: Writer,
     /// Read connections.
     pub readers: Arc<Readers>,
-    /// Bumped when work may have become claimable (fan-out, lift, release, requeue).
-    pub work: watch::Sender<u64>,
+    /// Wakes waiting claims when work may have become claimable: per host (fan-out, a due
+    /// retry) or all of them (a lift, a release, a CLI change).
+    pub work: Work,
     /// Bumped when a delivery moved or an attempt landed (producer long-polls).
     pub outcomes: watch::Sender<u64>,
     /// Bounds.
@@ -52,6 +54,72 @@ pub struct Shared {
     pub clock: SharedClock,
     /// What the hub keeps in memory about node sessions and cancel notices.
     pub turns: TurnState,
+    /// The certificates' standing, cached until the record changes.
+    pub certs: certs::CertCache,
+}
+
+/// Wakes waiting claims: each waits on its own host's signal and on the one for all hosts, so a
+/// change for one host wakes no other host's claims (no thundering herd).
+#[derive(Debug)]
+pub struct Work {
+    /// Bumped for changes that may concern any host.
+    all: watch::Sender<u64>,
+    /// One signal per host with a waiting claim (dropped once nothing waits on it).
+    hosts: std::sync::Mutex<std::collections::HashMap<String, watch::Sender<u64>>>,
+}
+
+impl Default for Work {
+    fn default() -> Self {
+        Work { all: watch::channel(0).0, hosts: Default::default() }
+    }
+}
+
+/// What one waiting claim listens to: its host's signal and the one for all hosts.
+#[derive(Debug)]
+pub struct WorkWatch {
+    all: watch::Receiver<u64>,
+    host: watch::Receiver<u64>,
+}
+
+impl WorkWatch {
+    /// Returns when work may have become claimable for the host (or the hub is going away).
+    pub async fn changed(&mut self) {
+        tokio::select! {
+            _ = self.all.changed() => {}
+            _ = self.host.changed() => {}
+        }
+    }
+}
+
+impl Work {
+    /// Starts listening for `host`: changes after this call are seen by `WorkWatch::changed`.
+    pub fn watch(&self, host: &str) -> WorkWatch {
+        let mut hosts = self.hosts.lock().unwrap_or_else(|p| p.into_inner());
+        let host = match hosts.get(host) {
+            Some(tx) => tx.subscribe(),
+            None => {
+                // A new host's signal: forget those nobody waits on any more.
+                hosts.retain(|_, tx| tx.receiver_count() > 0);
+                let (tx, rx) = watch::channel(0u64);
+                hosts.insert(host.to_string(), tx);
+                rx
+            }
+        };
+        WorkWatch { all: self.all.subscribe(), host }
+    }
+
+    /// Wakes the waiting claims of `host` only.
+    pub fn host(&self, host: &str) {
+        let hosts = self.hosts.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(tx) = hosts.get(host) {
+            tx.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+
+    /// Wakes every waiting claim.
+    pub fn all(&self) {
+        self.all.send_modify(|n| *n = n.wrapping_add(1));
+    }
 }
 
 /// In-memory turn-control bookkeeping: when each node session was last heard from (written to
@@ -105,9 +173,16 @@ impl TurnState {
 pub type AppState = Arc<Shared>;
 
 impl Shared {
-    /// Tells waiting claims that work may be claimable.
+    /// Tells every waiting claim that work may be claimable (a change that may concern any
+    /// host: a lift, a release, a CLI change).
     pub fn work_changed(&self) {
-        self.work.send_modify(|n| *n = n.wrapping_add(1));
+        self.work.all();
+    }
+    /// Tells the waiting claims of these hosts (only) that work may be claimable for them.
+    pub fn work_for<'a>(&self, hosts: impl IntoIterator<Item = &'a str>) {
+        for host in hosts {
+            self.work.host(host);
+        }
     }
     /// Tells waiting producer reads that a delivery or attempt changed.
     pub fn outcome_changed(&self) {
@@ -401,12 +476,10 @@ impl FromRequestParts<AppState> for Caller {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
         let unknown = |m: String| ApiError::new(ErrorCode::UnknownCertificate, m);
-        let peer = parts.extensions.get::<PeerCerts>().ok_or_else(|| unknown("no client certificate".into()))?;
-        let leaf = peer.0.first().ok_or_else(|| unknown("no client certificate".into()))?;
-        let id = baton_shared::pki::peer_identity(leaf).map_err(|e| unknown(e.to_string()))?;
-        let serial = id.serial.clone();
-        let status = state.readers.read(move |c| crate::store::hosts::cert_status(c, &serial)).await?;
-        match status {
+        // Parsed once when the connection was accepted (`tls`), not per request.
+        let peer = parts.extensions.get::<PeerIdentityExt>().ok_or_else(|| unknown("no client certificate".into()))?;
+        let id = peer.0.as_ref().as_ref().map_err(|e| unknown(e.clone()))?;
+        match state.certs.status(&state.readers, &id.serial).await? {
             None => Err(unknown(format!("certificate {} is not in the hub's record", id.serial))),
             Some(s) if s.revoked => {
                 Err(ApiError::new(ErrorCode::CertificateRevoked, format!("certificate {} was revoked", id.serial)))
@@ -414,7 +487,7 @@ impl FromRequestParts<AppState> for Caller {
             Some(s) if s.role != id.role || s.name != id.name => {
                 Err(unknown(format!("certificate {} does not match the hub's record", id.serial)))
             }
-            Some(_) => Ok(Caller { role: id.role, name: id.name, serial: id.serial }),
+            Some(_) => Ok(Caller { role: id.role, name: id.name.clone(), serial: id.serial.clone() }),
         }
     }
 }
@@ -422,11 +495,10 @@ impl FromRequestParts<AppState> for Caller {
 impl Caller {
     /// Re-checks, as the answer is about to leave, that the certificate is still in the record
     /// and not revoked: a request that began before a revocation (a long poll) answers 401,
-    /// never data.
+    /// never data. The standing comes from the cache, which a revocation empties before the
+    /// revoking command returns.
     pub async fn recheck(&self, state: &AppState) -> Result<(), ApiError> {
-        let serial = self.serial.clone();
-        let status = state.readers.read(move |c| crate::store::hosts::cert_status(c, &serial)).await?;
-        match status {
+        match state.certs.status(&state.readers, &self.serial).await? {
             Some(s) if !s.revoked => Ok(()),
             Some(_) => Err(ApiError::new(
                 ErrorCode::CertificateRevoked,
@@ -829,7 +901,7 @@ mod openapi_tests {
         let state = Arc::new(Shared {
             writer: Writer::start(conn).unwrap(),
             readers: Arc::new(Readers::new(path)),
-            work: watch::channel(0).0,
+            work: Work::default(),
             outcomes: watch::channel(0).0,
             limits: Limits::default(),
             shutdown: CancellationToken::new(),
@@ -837,6 +909,7 @@ mod openapi_tests {
             metrics: None,
             clock: baton_shared::clock::system(),
             turns: TurnState::default(),
+            certs: certs::CertCache::new(watch::channel(0).1),
         });
         let app = app(state);
         for (method, path) in ROUTES {

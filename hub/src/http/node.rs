@@ -81,7 +81,7 @@ pub(super) async fn open_session(
         );
     }
     // Waiting claims of the superseded session look again, and are refused.
-    state.work_changed();
+    state.work_for([caller.name.as_str()]);
     Ok(Json(SessionResponse { session: opened.session, took_over: opened.took_over }))
 }
 
@@ -147,7 +147,10 @@ pub(super) async fn starts(
 }
 
 /// `POST /v1/claims`: answers as soon as work is claimable or a new cancel notice is pending,
-/// or when the wait elapses; a wait ends early when a retry of the host becomes due.
+/// or when the wait elapses; a wait ends early when a retry of the host becomes due. Each look
+/// (`baton_hub_claim_looks_total`) is a read; only one that may hand something out (or must
+/// fail a retired host's work, or bind the instance) runs a write job. A waiting claim is woken
+/// by changes for its own host or for all hosts, never by another host's work.
 pub(super) async fn claim(
     NodeCaller(caller): NodeCaller,
     State(state): State<AppState>,
@@ -163,23 +166,43 @@ pub(super) async fn claim(
     let wait = Duration::from_millis(req.wait_ms.unwrap_or(0)).min(state.limits.long_poll_wait_max);
     let deadline = Instant::now() + wait;
     loop {
-        // Subscribe before looking, so a change between the look and the wait is not missed.
-        let mut rx = state.work.subscribe();
+        // Subscribe before looking, so a change between the look and the wait is not missed;
+        // only changes for this host (or for all hosts) wake it.
+        let mut rx = state.work.watch(&caller.name);
         let (host, instance, serial) = (caller.name.clone(), req.instance_id.clone(), caller.serial.clone());
-        let clock = state.clock.clone();
-        let (batch, cancels, next_retry, retired) = state
-            .writer
-            .call(move |c| {
-                let now = clock.now_ms();
+        let now = state.clock.now_ms();
+        metrics::counter!("baton_hub_claim_looks_total").increment(1);
+        // Read first: a claim with nothing claimable opens no write transaction.
+        let (worth, cancels, next_retry) = state
+            .readers
+            .read(move |c| {
                 sessions::check(c, &host, session)?;
                 let who = claim::Claimant { host: &host, serial: Some(&serial), instance_id: &instance };
-                let batch = claim::claim_as(c, who, max, now)?;
-                let cancels = turns::cancels_for(c, &host, &instance)?;
-                // A retired host's claim hands out nothing; only an empty one asks why.
-                let retired = batch.is_empty() && hosts::standing(c, &host)? == hosts::Standing::Retired;
-                Ok((batch, cancels, turns::next_retry_at(c, &host, now)?, retired))
+                if claim::worth_claiming(c, who, now)? {
+                    return Ok((true, Vec::new(), None));
+                }
+                Ok((false, turns::cancels_for(c, &host, &instance)?, turns::next_retry_at(c, &host, now)?))
             })
             .await?;
+        let (batch, cancels, next_retry, retired) = if !worth {
+            (Vec::new(), cancels, next_retry, false)
+        } else {
+            let (host, instance, serial) = (caller.name.clone(), req.instance_id.clone(), caller.serial.clone());
+            let clock = state.clock.clone();
+            state
+                .writer
+                .call(move |c| {
+                    let now = clock.now_ms();
+                    sessions::check(c, &host, session)?;
+                    let who = claim::Claimant { host: &host, serial: Some(&serial), instance_id: &instance };
+                    let batch = claim::claim_as(c, who, max, now)?;
+                    let cancels = turns::cancels_for(c, &host, &instance)?;
+                    // A retired host's claim hands out nothing; only an empty one asks why.
+                    let retired = batch.is_empty() && hosts::standing(c, &host)? == hosts::Standing::Retired;
+                    Ok((batch, cancels, turns::next_retry_at(c, &host, now)?, retired))
+                })
+                .await?
+        };
         // Told once its claim's transaction committed (its queued work failed `host retired`):
         // a retired host's node stops instead of polling for work it will never get.
         if retired {
@@ -410,7 +433,7 @@ pub(super) async fn report(
         state.outcome_changed();
         if retry_at_ms.is_some() {
             // Waiting claims of the host look again, and wake when the retry is due.
-            state.work_changed();
+            state.work_for([caller.name.as_str()]);
         }
     }
     let status = if duplicate { StatusCode::OK } else { StatusCode::CREATED };

@@ -11,6 +11,7 @@ use baton_shared::crash_point;
 use baton_shared::error::ErrorCode;
 use baton_shared::ids::{check_key, check_name};
 use baton_shared::limits::REASON_CHARS_MAX;
+use baton_shared::states::DeliveryState;
 use baton_shared::wire::{CancelRequest, CancelResponse, ConversationView, MessageView, SubmitRequest, SubmitResponse};
 use serde::Deserialize;
 use std::time::Duration;
@@ -108,7 +109,8 @@ pub(super) async fn submit(
     let clock = state.clock.clone();
     let deliveries = state.writer.call(move |c| accept::fan_out(c, &id, clock.now_ms())).await?;
     if !duplicate {
-        state.work_changed();
+        // Only the hosts that gained claimable work wake their waiting claims.
+        state.work_for(deliveries.iter().filter(|d| d.state == DeliveryState::Queued).map(|d| d.host.as_str()));
     }
     let status = if duplicate { StatusCode::OK } else { StatusCode::CREATED };
     Ok((status, Json(SubmitResponse { message_id, seq, duplicate, deliveries })))
@@ -134,8 +136,9 @@ pub(super) async fn cancel(
     let id = message_id.clone();
     let deliveries =
         state.writer.call(move |c| turns::cancel_message(c, &id, &caller.name, &req.reason, clock.now_ms())).await?;
-    // Waiting claims carry the cancel notice to the node; waiting reads see the outcome.
-    state.work_changed();
+    // Waiting claims of the hosts concerned carry the cancel notice to the node; waiting reads
+    // see the outcome.
+    state.work_for(deliveries.iter().map(|d| d.host.as_str()));
     state.outcome_changed();
     Ok(Json(CancelResponse { message_id, deliveries }))
 }

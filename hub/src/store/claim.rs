@@ -185,6 +185,45 @@ pub fn claim_as(conn: &Connection, who: Claimant<'_>, max: u32, now_ms: i64) -> 
     scan.finish()
 }
 
+/// Whether a claim by `who` could change anything, read without writing: the claim handler
+/// opens a write transaction (`claim_as`) only when this says so, so a waiting claim with
+/// nothing claimable costs a read, not a write job. It refuses what `claim_as` refuses (a
+/// revoked or unknown certificate, a host not enrolled) and says `true` whenever the write
+/// might do something: the host is retired (its queued work fails), another instance is bound
+/// (the binding or the conflict is decided there), or a queued delivery of the host is due and
+/// not every one of them is paused.
+pub fn worth_claiming(conn: &Connection, who: Claimant<'_>, now_ms: i64) -> StoreResult<bool> {
+    if let Some(serial) = who.serial {
+        let revoked: Option<bool> = conn
+            .prepare_cached("SELECT revoked_at IS NOT NULL FROM certificates WHERE serial = ?1")?
+            .query_row([serial], |r| r.get(0))
+            .optional()?;
+        if revoked != Some(false) {
+            return Err(StoreError::CertificateRevoked(format!("certificate {serial} was revoked")));
+        }
+    }
+    let bound: Option<(Option<String>, Option<i64>)> = conn
+        .prepare_cached("SELECT instance_id, retired_at FROM hosts WHERE name = ?1")?
+        .query_row([who.host], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    let Some((bound, retired)) = bound else {
+        return Err(StoreError::NotYours(format!("host {} is not enrolled", who.host)));
+    };
+    if retired.is_some() || bound.as_deref() != Some(who.instance_id) {
+        return Ok(true);
+    }
+    let due: bool = conn
+        .prepare_cached(
+            "SELECT EXISTS (SELECT 1 FROM deliveries WHERE host = ?1 AND state = 'queued'
+                              AND (not_before IS NULL OR not_before <= ?2 OR rerun = 'redrive'))",
+        )?
+        .query_row(rusqlite::params![who.host, now_ms], |r| r.get(0))?;
+    if !due {
+        return Ok(false);
+    }
+    Ok(fences::claim_scan(&fences::active(conn)?, who.host) != ClaimScan::Nothing)
+}
+
 /// Most queue heads one claim looks at (handed out, parked, failed, or found waiting behind an
 /// earlier turn). It bounds the claim's transaction however deep the backlog is and however
 /// many conversations are blocked; what is left is looked at by the next claim.

@@ -6,21 +6,27 @@
 //! Group commit: the writer takes every job already waiting (up to `GROUP_COMMIT_JOBS_MAX`),
 //! runs each in its own savepoint inside one `BEGIN IMMEDIATE` transaction, commits once (one
 //! fsync), and only then answers each caller. A job that fails is rolled back to its savepoint
-//! and does not disturb the others; a failed commit fails them all.
+//! and does not disturb the others; a failed commit fails them all. Every job is counted in
+//! `baton_hub_writer_jobs_total`.
+//!
+//! Readers: at most `READERS_MAX` read connections, opened once and kept for the hub's life
+//! (each with its prepared-statement cache, so a burst of reads parses no schema and prepares
+//! no statement again); a read waits for a free connection rather than opening another.
 
 use super::{StoreError, StoreResult};
 use rusqlite::Connection;
 use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio::sync::{mpsc, oneshot};
 
 /// Most jobs folded into one transaction.
 pub const GROUP_COMMIT_JOBS_MAX: usize = 256;
 /// Most jobs waiting for the writer before callers wait for room.
 pub const WRITE_QUEUE_DEPTH: usize = 4096;
-/// Most idle read connections kept.
-pub const READERS_IDLE_MAX: usize = 8;
+/// Most read connections open at once; each is kept once opened.
+pub const READERS_MAX: usize = 8;
 
 type Reply = Box<dyn FnOnce(StoreResult<()>) + Send>;
 type Job = Box<dyn FnOnce(Option<&Connection>) -> (bool, Reply) + Send>;
@@ -102,6 +108,7 @@ fn run(conn: Connection, mut rx: mpsc::Receiver<Job>) {
 fn run_batch(conn: &Connection, jobs: &mut Vec<Job>) {
     let started = std::time::Instant::now();
     metrics::histogram!("baton_hub_write_batch_jobs").record(jobs.len() as f64);
+    metrics::counter!("baton_hub_writer_jobs_total").increment(jobs.len() as u64);
     if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
         tracing::error!(error = %e, "cannot begin a write transaction");
         for job in jobs.drain(..) {
@@ -148,48 +155,74 @@ fn run_batch(conn: &Connection, jobs: &mut Vec<Job>) {
     }
 }
 
-/// A pool of read connections, used only inside `spawn_blocking`.
+/// A pool of long-lived read connections, used only inside `spawn_blocking`.
 pub struct Readers {
     path: PathBuf,
     idle: Mutex<Vec<Connection>>,
+    /// One permit per connection that may be in use: at most `READERS_MAX`.
+    permits: std::sync::Arc<tokio::sync::Semaphore>,
+    /// Connections opened so far.
+    opened: AtomicUsize,
 }
 
 impl Readers {
     /// A pool reading the database at `path`.
     pub fn new(path: PathBuf) -> Readers {
-        Readers { path, idle: Mutex::new(Vec::new()) }
+        Readers {
+            path,
+            idle: Mutex::new(Vec::new()),
+            permits: std::sync::Arc::new(tokio::sync::Semaphore::new(READERS_MAX)),
+            opened: AtomicUsize::new(0),
+        }
+    }
+
+    /// How many read connections the pool has opened (each is kept; a failed one is replaced).
+    pub fn opened(&self) -> usize {
+        self.opened.load(Ordering::Relaxed)
     }
 
     fn take(&self) -> StoreResult<Connection> {
         let pooled = self.idle.lock().map_err(|_| StoreError::Storage("reader pool poisoned".into()))?.pop();
         match pooled {
             Some(c) => Ok(c),
-            None => super::open_read(&self.path).map_err(|e| StoreError::Storage(e.to_string())),
+            None => {
+                let conn = super::open_read(&self.path).map_err(|e| StoreError::Storage(e.to_string()))?;
+                self.opened.fetch_add(1, Ordering::Relaxed);
+                Ok(conn)
+            }
         }
     }
 
     fn give_back(&self, conn: Connection) {
-        if let Ok(mut idle) = self.idle.lock()
-            && idle.len() < READERS_IDLE_MAX
-        {
+        // Never more than `READERS_MAX`: each one in use holds a permit.
+        if let Ok(mut idle) = self.idle.lock() {
             idle.push(conn);
         }
     }
 
-    /// Runs a read-only `f` on a pooled connection off the async threads.
+    /// Runs a read-only `f` on a pooled connection off the async threads, waiting for a free
+    /// connection when all `READERS_MAX` are in use.
     pub async fn read<R, F>(self: &std::sync::Arc<Self>, f: F) -> StoreResult<R>
     where
         R: Send + 'static,
         F: FnOnce(&Connection) -> StoreResult<R> + Send + 'static,
     {
+        let permit = self
+            .permits
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| StoreError::Storage("the reader pool is closed".into()))?;
         let this = self.clone();
         tokio::task::spawn_blocking(move || {
+            let _permit = permit;
             let conn = this.take()?;
             // One read transaction: every query in `f` sees the same snapshot.
             conn.execute_batch("BEGIN")?;
             let r = f(&conn);
-            let _ = conn.execute_batch("COMMIT");
-            this.give_back(conn);
+            if conn.execute_batch("COMMIT").is_ok() {
+                this.give_back(conn);
+            }
             r
         })
         .await
@@ -246,6 +279,35 @@ mod tests {
             .await
             .unwrap();
         assert_eq!((n, bad), (40, 0), "every successful job committed, no refused job left a row");
+    }
+
+    /// A burst of reads far wider than the pool opens no more than `READERS_MAX` connections,
+    /// and later bursts reuse them: no connection (schema, statements) is built per burst.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn read_connections_are_bounded_and_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hub.db");
+        drop(crate::store::open_write(&path, Synchronous::Normal).unwrap());
+        let readers = std::sync::Arc::new(Readers::new(path));
+        for _ in 0..3 {
+            let mut reads = Vec::new();
+            for _ in 0..64 {
+                let readers = readers.clone();
+                reads.push(tokio::spawn(async move {
+                    readers
+                        .read(|c| {
+                            std::thread::sleep(std::time::Duration::from_millis(2));
+                            Ok(c.query_row("SELECT count(*) FROM deliveries", [], |r| r.get::<_, i64>(0))?)
+                        })
+                        .await
+                }));
+            }
+            for r in reads {
+                assert_eq!(r.await.unwrap().unwrap(), 0);
+            }
+        }
+        let opened = readers.opened();
+        assert!((1..=READERS_MAX).contains(&opened), "opened {opened}");
     }
 
     /// Regression: a panic inside a write job was answered as `Storage` (503
