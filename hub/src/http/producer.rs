@@ -41,7 +41,11 @@ fn validate_retry(req: &SubmitRequest, state: &AppState) -> Result<RetryPolicy, 
 }
 
 /// Validates a submission into a `NewMessage` and its retry policy.
-fn validate(producer: &str, req: SubmitRequest, state: &AppState) -> Result<(NewMessage, RetryPolicy), ApiError> {
+pub(super) fn validate(
+    producer: &str,
+    req: SubmitRequest,
+    state: &AppState,
+) -> Result<(NewMessage, RetryPolicy), ApiError> {
     let retry = validate_retry(&req, state)?;
     check_name("conversation", &req.conversation)?;
     check_key("idempotency_key", &req.idempotency_key)?;
@@ -92,8 +96,9 @@ pub(super) async fn submit(
     let limits = AcceptLimits { queued_per_host_max: state.limits.queued_per_host_max };
     crash_point("hub.accept.before_txn");
     let clock = state.clock.clone();
-    let accepted =
-        state.writer.call(move |c| accept::accept_with_retry(c, &msg, retry, limits, clock.now_ms())).await?;
+    // Accept and fan-out in one writer job: one round trip, one commit.
+    let (accepted, deliveries) =
+        state.writer.call(move |c| accept::accept_and_fan_out(c, &msg, retry, limits, clock.now_ms())).await?;
     let (message_id, seq, duplicate) = match accepted {
         Accepted::New { message_id, seq } => {
             crash_point("hub.accept.after_commit");
@@ -105,9 +110,6 @@ pub(super) async fn submit(
             (message_id, seq, true)
         }
     };
-    let id = message_id.clone();
-    let clock = state.clock.clone();
-    let deliveries = state.writer.call(move |c| accept::fan_out(c, &id, clock.now_ms())).await?;
     if !duplicate {
         // Only the hosts that gained claimable work wake their waiting claims.
         state.work_for(deliveries.iter().filter(|d| d.state == DeliveryState::Queued).map(|d| d.host.as_str()));

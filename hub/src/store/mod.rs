@@ -37,6 +37,7 @@
 pub mod accept;
 pub mod audit;
 pub mod backup;
+pub mod batch;
 pub mod canonical;
 pub mod claim;
 pub mod fences;
