@@ -1,5 +1,6 @@
-//! Default bounds shared by the hub and the node. Every one is configurable; these are the
-//! values used when the configuration does not say otherwise.
+//! Bounds shared by the hub and the node. Those named `…_DEFAULT` are configurable (these are
+//! the values used when the configuration does not say otherwise); the others are fixed, so
+//! that both sides agree on them without configuration.
 
 use std::time::Duration;
 
@@ -33,8 +34,25 @@ pub const INSTANCE_REBIND_WINDOW: Duration = Duration::from_secs(600);
 /// Longest reason text an operator or a node may attach.
 pub const REASON_CHARS_MAX: usize = 1024;
 
+/// Most items one batch request may carry (`POST /v1/batch/...`: messages, deliveries or
+/// reports). A batch is one writer job, so this bounds how long one request holds the writer;
+/// a batch over it is refused whole with 400 `invalid_field` naming the list. Fixed, so a node
+/// or producer splits its batches without asking the hub.
+pub const BATCH_ITEMS_MAX: usize = 256;
+/// Largest body (bytes of JSON) one batch request may have; a bigger batch is refused whole
+/// with 413 `too_large` before any item is applied. It bounds the memory one batch and its
+/// answer take, and (with `BATCH_ITEMS_MAX`) the work of one writer job. A hub whose
+/// `limits.request_body_bytes_max` is set lower refuses bodies over that first.
+pub const BATCH_BYTES_MAX: u64 = 1024 * 1024;
+
 /// How much longer than the longest long-poll a client waits for an answer.
 pub const CLIENT_TIMEOUT_MARGIN: Duration = Duration::from_secs(15);
 
 const _: () = assert!(PAYLOAD_BYTES_MAX_DEFAULT < REQUEST_BODY_BYTES_MAX_DEFAULT);
 const _: () = assert!(RESULT_BYTES_MAX_DEFAULT < REQUEST_BODY_BYTES_MAX_DEFAULT);
+// Any message the hub accepts alone fits in a batch, and one claim's deliveries fit in one
+// batch of `mirrored`, `ack` or reports.
+const _: () = assert!(PAYLOAD_BYTES_MAX_DEFAULT < BATCH_BYTES_MAX);
+const _: () = assert!(RESULT_BYTES_MAX_DEFAULT < BATCH_BYTES_MAX);
+const _: () = assert!(BATCH_BYTES_MAX <= REQUEST_BODY_BYTES_MAX_DEFAULT);
+const _: () = assert!(CLAIM_BATCH_MAX_DEFAULT as usize <= BATCH_ITEMS_MAX);

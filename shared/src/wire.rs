@@ -512,3 +512,165 @@ pub struct ErrorBody {
     /// What went wrong, for a human; never contains internals.
     pub message: String,
 }
+
+// Batches (`POST /v1/batch/...`): many items of one kind in one request, applied in one writer
+// job. Each item is exactly the body of its single endpoint (or, for deliveries, that body with
+// the delivery id the single endpoint takes in its path), and each answer item is exactly what
+// the single endpoint would answer for it: its status and its body or error. Answers keep the
+// order of the request. A batch is bounded by `limits::BATCH_ITEMS_MAX` items and
+// `limits::BATCH_BYTES_MAX` bytes; a batch over either is refused whole and nothing is applied.
+
+/// What one item of a batch came to: the status the single endpoint would have answered, and
+/// its body (`ok`) or its error (`error`). Serialised as `{"status": 201, "ok": {…}}` or
+/// `{"status": 409, "error": {"code": "…", "message": "…"}}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ItemResult<T> {
+    /// The HTTP status the single endpoint would have answered for this item.
+    pub status: u16,
+    /// Its body or its error.
+    #[serde(flatten)]
+    pub outcome: ItemOutcome<T>,
+}
+
+/// The body or the error of one batch item (see `ItemResult`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ItemOutcome<T> {
+    /// The item succeeded: the single endpoint's answer body.
+    Ok(T),
+    /// The item was refused: the single endpoint's error body.
+    Error(ErrorBody),
+}
+
+impl<T> ItemResult<T> {
+    /// The item's body, or its error.
+    pub fn into_result(self) -> Result<T, ErrorBody> {
+        match self.outcome {
+            ItemOutcome::Ok(body) => Ok(body),
+            ItemOutcome::Error(e) => Err(e),
+        }
+    }
+
+    /// The item's error code, when it was refused.
+    pub fn error_code(&self) -> Option<&str> {
+        match &self.outcome {
+            ItemOutcome::Ok(_) => None,
+            ItemOutcome::Error(e) => Some(e.code.as_str()),
+        }
+    }
+}
+
+/// `POST /v1/batch/messages`: a producer submits many messages in one request.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchSubmitRequest {
+    /// The messages, each exactly a `POST /v1/messages` body (1 to `BATCH_ITEMS_MAX`).
+    pub messages: Vec<SubmitRequest>,
+}
+
+/// The answer to `POST /v1/batch/messages` (status 200 whenever the batch itself was taken):
+/// one result per message, in request order; each is 201 (new) or 200 (replay) with a
+/// `SubmitResponse`, or the error the single endpoint would answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BatchSubmitResponse {
+    /// Per-message results, in request order.
+    pub results: Vec<ItemResult<SubmitResponse>>,
+}
+
+/// One delivery of a batch `mirrored` or `ack`: the delivery and the token of its claim.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HolderItem {
+    /// The delivery (the path id of the single endpoint).
+    pub delivery_id: String,
+    /// The claim token from the claim.
+    pub claim_token: String,
+}
+
+/// `POST /v1/batch/mirrored` and `POST /v1/batch/ack`: the holder moves many deliveries on.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchHolderRequest {
+    /// The holding instance (one instance per request, as every item is the same node's).
+    pub instance_id: String,
+    /// The deliveries (1 to `BATCH_ITEMS_MAX`).
+    pub deliveries: Vec<HolderItem>,
+}
+
+/// One delivery of a batch reject.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RejectItem {
+    /// The delivery (the path id of the single endpoint).
+    pub delivery_id: String,
+    /// The claim token from the claim.
+    pub claim_token: String,
+    /// Why the node refuses it.
+    pub reason: String,
+}
+
+/// `POST /v1/batch/reject`: the holder refuses many deliveries.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchRejectRequest {
+    /// The holding instance.
+    pub instance_id: String,
+    /// The deliveries (1 to `BATCH_ITEMS_MAX`).
+    pub deliveries: Vec<RejectItem>,
+}
+
+/// The answer to a batch `mirrored`, `ack` or reject (status 200 whenever the batch itself was
+/// taken): one result per delivery, in request order; each is 200 with a `TransitionResponse`,
+/// or the error the single endpoint would answer (`stale_claim`, `not_found`, `not_yours`, …).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BatchTransitionResponse {
+    /// Per-delivery results, in request order.
+    pub results: Vec<ItemResult<TransitionResponse>>,
+}
+
+/// `POST /v1/batch/reports`: attempt reports for many deliveries in one request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchReportRequest {
+    /// The reports, each exactly a `POST /delivery-report` body (1 to `BATCH_ITEMS_MAX`).
+    pub reports: Vec<ReportRequest>,
+}
+
+/// The answer to `POST /v1/batch/reports` (status 200 whenever the batch itself was taken):
+/// one result per report, in request order; each is 201 (recorded) or 200 (a replay of the same
+/// `report_id`) with a `ReportResponse`, or the error the single endpoint would answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BatchReportResponse {
+    /// Per-report results, in request order.
+    pub results: Vec<ItemResult<ReportResponse>>,
+}
+
+#[cfg(test)]
+mod batch_tests {
+    use super::*;
+    use crate::states::DeliveryState;
+
+    #[test]
+    fn an_item_result_is_its_status_and_its_body_or_error() {
+        let ok = ItemResult {
+            status: 200,
+            outcome: ItemOutcome::Ok(TransitionResponse {
+                delivery_id: "d".into(),
+                state: DeliveryState::Mirrored,
+                changed: true,
+            }),
+        };
+        let text = serde_json::to_string(&ok).unwrap();
+        assert_eq!(text, r#"{"status":200,"ok":{"delivery_id":"d","state":"mirrored","changed":true}}"#);
+        assert_eq!(serde_json::from_str::<ItemResult<TransitionResponse>>(&text).unwrap(), ok);
+        let err: ItemResult<TransitionResponse> = ItemResult {
+            status: 409,
+            outcome: ItemOutcome::Error(ErrorBody { code: "stale_claim".into(), message: "m".into() }),
+        };
+        let text = serde_json::to_string(&err).unwrap();
+        assert_eq!(text, r#"{"status":409,"error":{"code":"stale_claim","message":"m"}}"#);
+        let back = serde_json::from_str::<ItemResult<TransitionResponse>>(&text).unwrap();
+        assert_eq!(back.error_code(), Some("stale_claim"));
+        assert_eq!(back, err);
+    }
+}
