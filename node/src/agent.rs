@@ -24,8 +24,9 @@ use crate::{report, retention, sched};
 use baton_shared::clock::SharedClock;
 use baton_shared::crash_point;
 use baton_shared::error::ErrorCode;
+use baton_shared::limits::BATCH_ITEMS_MAX;
 use baton_shared::states::DeliveryState;
-use baton_shared::wire::{CancelNotice, ClaimedDelivery, TransitionResponse};
+use baton_shared::wire::{CancelNotice, ClaimedDelivery, HolderItem, TransitionResponse};
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -104,6 +105,7 @@ pub async fn run_agent<H: Hub>(
         after_own_crash: std::sync::OnceLock::new(),
         running: std::sync::Mutex::new(HashMap::new()),
         starts_unconfirmed: std::sync::atomic::AtomicBool::new(false),
+        batch_unknown: std::sync::atomic::AtomicBool::new(false),
         acked_here: Mutex::new(HashSet::new()),
     });
     let token = sh.shutdown.clone();
@@ -573,8 +575,49 @@ async fn transition_all<H: Hub>(
 }
 
 /// One round of `step` for `items` (delivery id, claim token): one answer per item, in order.
-/// Single requests, sent concurrently.
+/// One batch request per `BATCH_ITEMS_MAX` items; single requests, sent concurrently, to a hub
+/// that predates batches, or for a batch the hub refused whole for what it carried (a bound):
+/// then each item gets the single endpoint's own answer.
 async fn send_step<H: Hub>(
+    sh: &Arc<Shared<H>>,
+    step: Step,
+    items: Vec<(String, String)>,
+) -> Vec<Result<TransitionResponse, HubError>> {
+    let mut out = Vec::with_capacity(items.len());
+    for chunk in items.chunks(BATCH_ITEMS_MAX) {
+        if !sh.batches() {
+            out.extend(send_singles(sh, step, chunk.to_vec()).await);
+            continue;
+        }
+        let batch: Vec<HolderItem> = chunk
+            .iter()
+            .map(|(id, token)| HolderItem { delivery_id: id.clone(), claim_token: token.clone() })
+            .collect();
+        let answer = match step {
+            Step::Mirrored => sh.hub.mirrored_batch(batch).await,
+            Step::Ack => sh.hub.ack_batch(batch).await,
+        };
+        match answer {
+            Ok(results) => out.extend(results.into_iter().map(crate::client::item_answer)),
+            Err(e) if e.route_unknown() => {
+                sh.no_batches(&e);
+                out.extend(send_singles(sh, step, chunk.to_vec()).await);
+            }
+            Err(e) if e.is_transient() || e.refused_for_good().is_some() || e.superseded().is_some() => {
+                out.extend(chunk.iter().map(|_| Err(e.clone())));
+            }
+            Err(e) => {
+                tracing::warn!("the hub refused a batch {} whole ({e}); sending its items one by one", step.as_str());
+                out.extend(send_singles(sh, step, chunk.to_vec()).await);
+            }
+        }
+    }
+    out
+}
+
+/// `step` for each of `items` in its own request, sent concurrently; one answer per item, in
+/// order.
+async fn send_singles<H: Hub>(
     sh: &Arc<Shared<H>>,
     step: Step,
     items: Vec<(String, String)>,

@@ -12,6 +12,7 @@ use crate::shared_state::Shared;
 use crate::store::OutboxEntry;
 use crate::store::StoreError;
 use baton_shared::crash_point;
+use baton_shared::limits::{BATCH_BYTES_MAX, BATCH_ITEMS_MAX};
 use baton_shared::wire::ReportResponse;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
@@ -130,12 +131,74 @@ enum Answer {
     NotSent,
 }
 
-/// Sends `batch`, one answer per entry in order. One report at a time, stopping at the first
-/// that cannot be delivered now (an outage, a refusal of this node): the rest wait for the
-/// next pass.
+/// Sends `batch`, one answer per entry in order: in batch requests (`POST /v1/batch/reports`,
+/// each within `BATCH_ITEMS_MAX` items and `BATCH_BYTES_MAX` bytes), or one report per
+/// request to a hub that predates batches, to a batch the hub refused whole for what it carried,
+/// and for a report too large to share a batch. Stops at the first request that cannot be
+/// delivered now (an outage, a refusal of this node): the rest wait for the next pass.
 async fn send_batch<H: Hub>(sh: &Shared<H>, batch: &[OutboxEntry]) -> Vec<Answer> {
     let mut answers = Vec::with_capacity(batch.len());
-    for entry in batch {
+    for chunk in chunks(batch) {
+        if answers.iter().any(|a| matches!(a, Answer::Failed(e) if stops_pass(e))) {
+            answers.extend(chunk.iter().map(|_| Answer::NotSent));
+            continue;
+        }
+        if chunk.len() == 1 || !sh.batches() {
+            answers.extend(send_singles(sh, chunk).await);
+            continue;
+        }
+        match sh.hub.report_batch(chunk.iter().map(|e| e.body.clone()).collect()).await {
+            Ok(results) => {
+                crash_point("node.report.after_response");
+                answers.extend(results.into_iter().map(|r| match crate::client::item_answer(r) {
+                    Ok(resp) => Answer::Confirmed(resp),
+                    Err(e) => Answer::Failed(e),
+                }));
+            }
+            Err(e) if e.route_unknown() => {
+                sh.no_batches(&e);
+                answers.extend(send_singles(sh, chunk).await);
+            }
+            Err(e) if stops_pass(&e) => {
+                answers.push(Answer::Failed(e));
+                answers.extend(chunk[1..].iter().map(|_| Answer::NotSent));
+            }
+            Err(e) => {
+                tracing::warn!("the hub refused a batch of reports whole ({e}); sending them one by one");
+                answers.extend(send_singles(sh, chunk).await);
+            }
+        }
+    }
+    answers
+}
+
+/// Splits `batch` into runs that each fit one batch request: at most `BATCH_ITEMS_MAX` reports
+/// and, with the request's own framing, `BATCH_BYTES_MAX` bytes. A report too large to share a
+/// request is a run of its own (sent alone to the single endpoint).
+fn chunks(batch: &[OutboxEntry]) -> Vec<&[OutboxEntry]> {
+    // The request's own framing (`{"reports":[…]}`) and a comma per report.
+    const FRAMING_BYTES: u64 = 16;
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, FRAMING_BYTES);
+    for (i, entry) in batch.iter().enumerate() {
+        let size = serde_json::to_vec(&entry.body).map_or(BATCH_BYTES_MAX, |b| b.len() as u64 + 1);
+        if i > start && (i - start >= BATCH_ITEMS_MAX || bytes + size > BATCH_BYTES_MAX) {
+            out.push(&batch[start..i]);
+            (start, bytes) = (i, FRAMING_BYTES);
+        }
+        bytes += size;
+    }
+    if start < batch.len() {
+        out.push(&batch[start..]);
+    }
+    out
+}
+
+/// Sends each of `entries` in its own request, in order, stopping at the first that cannot be
+/// delivered now.
+async fn send_singles<H: Hub>(sh: &Shared<H>, entries: &[OutboxEntry]) -> Vec<Answer> {
+    let mut answers = Vec::with_capacity(entries.len());
+    for entry in entries {
         if answers.iter().any(|a| matches!(a, Answer::Failed(e) if stops_pass(e))) {
             answers.push(Answer::NotSent);
             continue;
