@@ -3,9 +3,11 @@
 //! internals are logged, never sent.
 //!
 //! Layout: `node` (sessions, claims, holdings, starts, mirrored/ack/reject, reports; every one
-//! checks the `baton-session` header), `producer` (accept, read and cancel), `health` (healthz,
+//! checks the `baton-session` header), `producer` (accept, read and cancel), `batch` (many
+//! submits, holder steps or reports per request, answered per item), `health` (healthz,
 //! readyz, metrics).
 
+mod batch;
 mod health;
 mod node;
 mod producer;
@@ -136,6 +138,11 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/deliveries/{delivery_id}/ack", post(node::ack))
         .route("/v1/deliveries/{delivery_id}/reject", post(node::reject))
         .route("/delivery-report", post(node::report))
+        .route("/v1/batch/messages", post(batch::submit))
+        .route("/v1/batch/mirrored", post(batch::mirrored))
+        .route("/v1/batch/ack", post(batch::ack))
+        .route("/v1/batch/reject", post(batch::reject))
+        .route("/v1/batch/reports", post(batch::reports))
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(health::metrics))
@@ -574,6 +581,11 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/deliveries/{delivery_id}/ack"),
     ("POST", "/v1/deliveries/{delivery_id}/reject"),
     ("POST", "/delivery-report"),
+    ("POST", "/v1/batch/messages"),
+    ("POST", "/v1/batch/mirrored"),
+    ("POST", "/v1/batch/ack"),
+    ("POST", "/v1/batch/reject"),
+    ("POST", "/v1/batch/reports"),
     ("GET", "/healthz"),
     ("GET", "/readyz"),
     ("GET", "/metrics"),
@@ -668,7 +680,7 @@ mod openapi_tests {
             effect: "requested".into(),
             state: DeliveryState::Delivered,
         };
-        let samples: Vec<(&str, serde_json::Value)> = vec![
+        let mut samples: Vec<(&str, serde_json::Value)> = vec![
             (
                 "SubmitRequest",
                 serde_json::to_value(SubmitRequest {
@@ -812,6 +824,47 @@ mod openapi_tests {
                     .unwrap(),
             ),
         ];
+        // Batches: an item result's sample carries both of its alternatives, `ok` and `error`.
+        let either = |ok: serde_json::Value| {
+            let mut v = ok;
+            v["error"] = serde_json::to_value(ErrorBody { code: "c".into(), message: "m".into() }).unwrap();
+            v
+        };
+        let submitted = SubmitResponse { message_id: "m".into(), seq: 1, duplicate: false, deliveries: vec![summary] };
+        let submit_item = ItemResult { status: 201, outcome: ItemOutcome::Ok(submitted) };
+        let moved = TransitionResponse { delivery_id: "d".into(), state: DeliveryState::Mirrored, changed: true };
+        let moved_item = ItemResult { status: 200, outcome: ItemOutcome::Ok(moved) };
+        let holder = HolderItem { delivery_id: "d".into(), claim_token: "t".into() };
+        let rejected = RejectItem { delivery_id: "d".into(), claim_token: "t".into(), reason: "r".into() };
+        let sample = |name: &str| samples.iter().find(|(n, _)| *n == name).unwrap().1.clone();
+        let report: ReportRequest = serde_json::from_value(sample("ReportRequest")).unwrap();
+        let reported: ReportResponse = serde_json::from_value(sample("ReportResponse")).unwrap();
+        let submit: SubmitRequest = serde_json::from_value(sample("SubmitRequest")).unwrap();
+        let report_item = ItemResult { status: 201, outcome: ItemOutcome::Ok(reported) };
+        samples.extend([
+            ("BatchSubmitRequest", serde_json::to_value(BatchSubmitRequest { messages: vec![submit] }).unwrap()),
+            ("SubmitItemResult", either(serde_json::to_value(&submit_item).unwrap())),
+            ("BatchSubmitResponse", serde_json::to_value(BatchSubmitResponse { results: vec![submit_item] }).unwrap()),
+            ("HolderItem", serde_json::to_value(&holder).unwrap()),
+            (
+                "BatchHolderRequest",
+                serde_json::to_value(BatchHolderRequest { instance_id: "i".into(), deliveries: vec![holder] }).unwrap(),
+            ),
+            ("RejectItem", serde_json::to_value(&rejected).unwrap()),
+            (
+                "BatchRejectRequest",
+                serde_json::to_value(BatchRejectRequest { instance_id: "i".into(), deliveries: vec![rejected] })
+                    .unwrap(),
+            ),
+            ("TransitionItemResult", either(serde_json::to_value(&moved_item).unwrap())),
+            (
+                "BatchTransitionResponse",
+                serde_json::to_value(BatchTransitionResponse { results: vec![moved_item] }).unwrap(),
+            ),
+            ("BatchReportRequest", serde_json::to_value(BatchReportRequest { reports: vec![report] }).unwrap()),
+            ("ReportItemResult", either(serde_json::to_value(&report_item).unwrap())),
+            ("BatchReportResponse", serde_json::to_value(BatchReportResponse { results: vec![report_item] }).unwrap()),
+        ]);
         let schemas = spec["components"]["schemas"].as_object().unwrap();
         assert_eq!(schemas.len(), samples.len(), "every documented schema has a sample here");
         for (name, value) in samples {

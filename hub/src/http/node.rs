@@ -25,7 +25,7 @@ use tokio::time::Instant;
 
 /// The request's `baton-session` header: the node session it comes from (absent for a node that
 /// predates sessions).
-pub(super) struct Session(Option<u64>);
+pub(super) struct Session(pub(super) Option<u64>);
 
 impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Session {
     type Rejection = ApiError;
@@ -252,6 +252,17 @@ fn check_holder(req: &HolderRequest) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// Checks a reject's reason (the single and the batch reject).
+pub(super) fn check_reason(reason: &str) -> Result<(), ApiError> {
+    if reason.trim().is_empty() || reason.chars().count() > REASON_CHARS_MAX {
+        return Err(ApiError::new(
+            ErrorCode::InvalidField,
+            format!("reason: must be 1..={REASON_CHARS_MAX} characters"),
+        ));
+    }
+    Ok(())
+}
+
 /// A holder's step on one delivery: `claim::mirrored` or `claim::ack`.
 type HolderStep =
     fn(&rusqlite::Connection, &str, &str, Holder<'_>, i64) -> crate::store::StoreResult<TransitionResponse>;
@@ -320,12 +331,7 @@ pub(super) async fn reject(
     check_path_id("delivery_id", &id)?;
     check_token("instance_id", &req.instance_id)?;
     check_token("claim_token", &req.claim_token)?;
-    if req.reason.trim().is_empty() || req.reason.chars().count() > REASON_CHARS_MAX {
-        return Err(ApiError::new(
-            ErrorCode::InvalidField,
-            format!("reason: must be 1..={REASON_CHARS_MAX} characters"),
-        ));
-    }
+    check_reason(&req.reason)?;
     let clock = state.clock.clone();
     let host = caller.name.clone();
     let r = state
@@ -341,13 +347,8 @@ pub(super) async fn reject(
     Ok(Json(r))
 }
 
-/// `POST /delivery-report`.
-pub(super) async fn report(
-    NodeCaller(caller): NodeCaller,
-    State(state): State<AppState>,
-    Session(session): Session,
-    ApiJson(req): ApiJson<ReportRequest>,
-) -> Result<(StatusCode, Json<ReportResponse>), ApiError> {
+/// Checks a report's fields against the hub's bounds (the single and the batch report).
+pub(super) fn check_report(req: &ReportRequest, state: &AppState) -> Result<(), ApiError> {
     check_path_id("delivery_id", &req.delivery_id)?;
     check_token("instance_id", &req.instance_id)?;
     check_token("claim_token", &req.claim_token)?;
@@ -375,6 +376,17 @@ pub(super) async fn report(
             format!("duration_ms: {ms} is out of range; allowed 0..={}", i64::MAX),
         ));
     }
+    Ok(())
+}
+
+/// `POST /delivery-report`.
+pub(super) async fn report(
+    NodeCaller(caller): NodeCaller,
+    State(state): State<AppState>,
+    Session(session): Session,
+    ApiJson(req): ApiJson<ReportRequest>,
+) -> Result<(StatusCode, Json<ReportResponse>), ApiError> {
+    check_report(&req, &state)?;
     let outcome = req.outcome;
     let delivery_id = req.delivery_id.clone();
     let clock = state.clock.clone();

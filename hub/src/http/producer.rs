@@ -40,7 +40,11 @@ fn validate_retry(req: &SubmitRequest, state: &AppState) -> Result<RetryPolicy, 
 }
 
 /// Validates a submission into a `NewMessage` and its retry policy.
-fn validate(producer: &str, req: SubmitRequest, state: &AppState) -> Result<(NewMessage, RetryPolicy), ApiError> {
+pub(super) fn validate(
+    producer: &str,
+    req: SubmitRequest,
+    state: &AppState,
+) -> Result<(NewMessage, RetryPolicy), ApiError> {
     let retry = validate_retry(&req, state)?;
     check_name("conversation", &req.conversation)?;
     check_key("idempotency_key", &req.idempotency_key)?;

@@ -35,6 +35,7 @@
 pub mod accept;
 pub mod audit;
 pub mod backup;
+pub mod batch;
 pub mod canonical;
 pub mod claim;
 pub mod fences;

@@ -1,0 +1,366 @@
+//! Batch endpoints (`POST /v1/batch/...`): many submits, holder steps or reports in one
+//! request and one writer job, each item answered exactly as its single endpoint would answer
+//! it (its status, and its body or its `{code, message}`), in the order of the request.
+//!
+//! What concerns the whole request is decided once, before any item: the caller's certificate
+//! and role, the node's session, the body's size (`BATCH_BYTES_MAX`, 413 `too_large`), its
+//! shape (400 `invalid_json`), the item count (1 to `BATCH_ITEMS_MAX`, 400 `invalid_field`) and,
+//! for holder steps, the instance id. Refused there, nothing of the batch is applied. Each item
+//! is then checked by the same code as its single endpoint and applied by the same store
+//! function (`store::batch::each`), so one stale or conflicting item fails alone.
+
+use super::node::{Session, check_reason, check_report};
+use super::producer::validate;
+use super::{ApiError, ApiJson, AppState, Caller, NodeCaller, ProducerCaller, check_path_id};
+use crate::store::accept::{self, AcceptLimits, Accepted};
+use crate::store::report::{self, NewReport, RunReport};
+use crate::store::transition::Holder;
+use crate::store::{StoreError, StoreResult, batch, claim, sessions};
+use axum::Json;
+use axum::extract::{FromRequest, Request, State};
+use axum::http::StatusCode;
+use baton_shared::crash_point;
+use baton_shared::error::ErrorCode;
+use baton_shared::ids::check_token;
+use baton_shared::limits::{BATCH_BYTES_MAX, BATCH_ITEMS_MAX};
+use baton_shared::wire::{
+    BatchHolderRequest, BatchRejectRequest, BatchReportRequest, BatchReportResponse, BatchSubmitRequest,
+    BatchSubmitResponse, BatchTransitionResponse, ErrorBody, HolderItem, ItemOutcome, ItemResult, ReportResponse,
+    SubmitResponse, TransitionResponse,
+};
+use rusqlite::Connection;
+use serde::de::DeserializeOwned;
+
+/// A batch body: over `BATCH_BYTES_MAX` bytes it is 413 `too_large` before it is parsed; under
+/// it, it is parsed like every other body (`ApiJson`).
+pub(super) struct BatchJson<T>(T);
+
+impl<T: DeserializeOwned> FromRequest<AppState> for BatchJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
+        let (parts, body) = req.into_parts();
+        // The body was already read in whole (and bounded) by the router's body layer.
+        let bytes = axum::body::to_bytes(body, usize::MAX)
+            .await
+            .map_err(|_| ApiError::new(ErrorCode::InvalidJson, "the request body could not be read"))?;
+        if bytes.len() as u64 > BATCH_BYTES_MAX {
+            return Err(ApiError::new(
+                ErrorCode::TooLarge,
+                format!("batch body is {} bytes; at most {BATCH_BYTES_MAX} are taken (BATCH_BYTES_MAX)", bytes.len()),
+            ));
+        }
+        let req = Request::from_parts(parts, axum::body::Body::from(bytes));
+        let ApiJson(v) = ApiJson::<T>::from_request(req, state).await?;
+        Ok(BatchJson(v))
+    }
+}
+
+/// Refuses an empty batch or one over `BATCH_ITEMS_MAX` items, naming its list.
+fn check_count(field: &str, n: usize) -> Result<(), ApiError> {
+    if n == 0 || n > BATCH_ITEMS_MAX {
+        return Err(ApiError::new(
+            ErrorCode::InvalidField,
+            format!("{field}: {n} items; a batch takes 1 to {BATCH_ITEMS_MAX} (BATCH_ITEMS_MAX)"),
+        ));
+    }
+    Ok(())
+}
+
+/// An item's answer when it succeeded.
+fn item_ok<T>(status: StatusCode, body: T) -> ItemResult<T> {
+    ItemResult { status: status.as_u16(), outcome: ItemOutcome::Ok(body) }
+}
+
+/// An item's answer when it was refused: the status and body its single endpoint would send
+/// (internals logged, never sent, as for any error).
+fn item_error<T>(e: impl Into<ApiError>) -> ItemResult<T> {
+    let e: ApiError = e.into();
+    metrics::counter!("baton_hub_http_errors_total", "code" => e.code.as_str()).increment(1);
+    ItemResult {
+        status: e.code.status(),
+        outcome: ItemOutcome::Error(ErrorBody { code: e.code.as_str().into(), message: e.message }),
+    }
+}
+
+/// The items that passed their checks (with their place in the request), and a slot per item
+/// for its answer: filled at once for an item its checks refused, after the writer job for
+/// the others.
+struct Sorted<I, T> {
+    valid: Vec<(usize, I)>,
+    answers: Vec<Option<ItemResult<T>>>,
+}
+
+impl<I, T> Sorted<I, T> {
+    /// Checks every item with `check`.
+    fn new<R>(items: Vec<R>, mut check: impl FnMut(R) -> Result<I, ApiError>) -> Self {
+        let mut sorted = Sorted { valid: Vec::with_capacity(items.len()), answers: Vec::with_capacity(items.len()) };
+        for (i, raw) in items.into_iter().enumerate() {
+            match check(raw) {
+                Ok(item) => {
+                    sorted.valid.push((i, item));
+                    sorted.answers.push(None);
+                }
+                Err(e) => sorted.answers.push(Some(item_error(e))),
+            }
+        }
+        sorted
+    }
+
+    /// Puts the writer's per-item outcomes in their places and returns every answer in order.
+    fn finish<O>(
+        mut self,
+        places: Vec<usize>,
+        outcomes: Vec<StoreResult<O>>,
+        mut answer: impl FnMut(O) -> ItemResult<T>,
+    ) -> Result<Vec<ItemResult<T>>, ApiError> {
+        debug_assert_eq!(places.len(), outcomes.len(), "one outcome per applied item");
+        for (i, outcome) in places.into_iter().zip(outcomes) {
+            self.answers[i] = Some(match outcome {
+                Ok(o) => answer(o),
+                Err(e) => item_error(e),
+            });
+        }
+        self.answers
+            .into_iter()
+            .map(|a| a.ok_or_else(|| ApiError::new(ErrorCode::Internal, "a batch item was left unanswered")))
+            .collect()
+    }
+
+    /// Splits the valid items from their places.
+    fn take(&mut self) -> (Vec<usize>, Vec<I>) {
+        std::mem::take(&mut self.valid).into_iter().unzip()
+    }
+}
+
+/// `POST /v1/batch/messages`: each message accepted and fanned out as `POST /v1/messages`
+/// would (201 new, 200 replay, or its error).
+pub(super) async fn submit(
+    ProducerCaller(caller): ProducerCaller,
+    State(state): State<AppState>,
+    BatchJson(req): BatchJson<BatchSubmitRequest>,
+) -> Result<Json<BatchSubmitResponse>, ApiError> {
+    check_count("messages", req.messages.len())?;
+    let mut sorted = Sorted::new(req.messages, |m| validate(&caller.name, m, &state));
+    let (places, messages) = sorted.take();
+    let limits = AcceptLimits { queued_per_host_max: state.limits.queued_per_host_max };
+    crash_point("hub.accept.before_txn");
+    let clock = state.clock.clone();
+    let accepted = state
+        .writer
+        .call(move |c| {
+            let now = clock.now_ms();
+            batch::each(c, messages, |c, (msg, retry)| accept::accept_with_retry(c, &msg, retry, limits, now))
+        })
+        .await?;
+    let ids: Vec<String> = accepted.iter().flatten().map(|a| accepted_id(a).to_string()).collect();
+    let new = accepted.iter().flatten().filter(|a| matches!(a, Accepted::New { .. })).count();
+    if new > 0 {
+        crash_point("hub.accept.after_commit");
+    }
+    let clock = state.clock.clone();
+    let fanned = state
+        .writer
+        .call(move |c| {
+            let now = clock.now_ms();
+            batch::each(c, ids, |c, id| accept::fan_out(c, &id, now))
+        })
+        .await?;
+    let mut fanned = fanned.into_iter();
+    // Each accepted message has its fan-out's outcome, in the same order.
+    let outcomes: Vec<StoreResult<(Accepted, Vec<_>)>> = accepted
+        .into_iter()
+        .map(|a| {
+            a.and_then(|a| {
+                fanned
+                    .next()
+                    .unwrap_or_else(|| Err(StoreError::Internal("a fan-out outcome is missing".into())))
+                    .map(|d| (a, d))
+            })
+        })
+        .collect();
+    let results = sorted.finish(places, outcomes, |(a, deliveries)| submitted(a, deliveries))?;
+    metrics::counter!("baton_hub_messages_accepted_total").increment(new as u64);
+    let duplicates = results.iter().filter(|r| r.status == StatusCode::OK.as_u16()).count();
+    metrics::counter!("baton_hub_messages_duplicate_total").increment(duplicates as u64);
+    if new > 0 {
+        state.work_changed();
+    }
+    Ok(Json(BatchSubmitResponse { results }))
+}
+
+/// The id an accept gave or found.
+fn accepted_id(a: &Accepted) -> &str {
+    match a {
+        Accepted::New { message_id, .. } | Accepted::Duplicate { message_id, .. } => message_id,
+    }
+}
+
+/// A submitted message's answer, as `POST /v1/messages` gives it.
+fn submitted(a: Accepted, deliveries: Vec<baton_shared::wire::DeliverySummary>) -> ItemResult<SubmitResponse> {
+    match a {
+        Accepted::New { message_id, seq } => {
+            item_ok(StatusCode::CREATED, SubmitResponse { message_id, seq, duplicate: false, deliveries })
+        }
+        Accepted::Duplicate { message_id, seq } => {
+            item_ok(StatusCode::OK, SubmitResponse { message_id, seq, duplicate: true, deliveries })
+        }
+    }
+}
+
+/// A holder's step on one delivery: `claim::mirrored` or `claim::ack`.
+type HolderStep = fn(&Connection, &str, &str, Holder<'_>, i64) -> StoreResult<TransitionResponse>;
+
+/// Runs `step` for every delivery of a batch in one writer job, after the session check.
+async fn holder_steps(
+    caller: &Caller,
+    state: &AppState,
+    session: Option<u64>,
+    req: BatchHolderRequest,
+    step: HolderStep,
+) -> Result<Vec<ItemResult<TransitionResponse>>, ApiError> {
+    check_token("instance_id", &req.instance_id)?;
+    check_count("deliveries", req.deliveries.len())?;
+    let mut sorted = Sorted::new(req.deliveries, |d: HolderItem| {
+        check_path_id("delivery_id", &d.delivery_id)?;
+        check_token("claim_token", &d.claim_token)?;
+        Ok(d)
+    });
+    let (places, items) = sorted.take();
+    let (host, instance, clock) = (caller.name.clone(), req.instance_id, state.clock.clone());
+    let outcomes = state
+        .writer
+        .call(move |c| {
+            sessions::check(c, &host, session)?;
+            let now = clock.now_ms();
+            batch::each(c, items, |c, d| {
+                let h = Holder { instance_id: &instance, claim_token: &d.claim_token };
+                step(c, &host, &d.delivery_id, h, now)
+            })
+        })
+        .await?;
+    state.turns.contact(&caller.name, session, state.clock.now_ms());
+    sorted.finish(places, outcomes, |r| item_ok(StatusCode::OK, r))
+}
+
+/// `POST /v1/batch/mirrored`: claimed → mirrored for each delivery, as
+/// `POST /v1/deliveries/{id}/mirrored` would.
+pub(super) async fn mirrored(
+    NodeCaller(caller): NodeCaller,
+    State(state): State<AppState>,
+    Session(session): Session,
+    BatchJson(req): BatchJson<BatchHolderRequest>,
+) -> Result<Json<BatchTransitionResponse>, ApiError> {
+    let results = holder_steps(&caller, &state, session, req, claim::mirrored).await?;
+    crash_point("hub.mirrored.after_commit");
+    state.outcome_changed();
+    Ok(Json(BatchTransitionResponse { results }))
+}
+
+/// `POST /v1/batch/ack`: mirrored → delivered for each delivery, as
+/// `POST /v1/deliveries/{id}/ack` would.
+pub(super) async fn ack(
+    NodeCaller(caller): NodeCaller,
+    State(state): State<AppState>,
+    Session(session): Session,
+    BatchJson(req): BatchJson<BatchHolderRequest>,
+) -> Result<Json<BatchTransitionResponse>, ApiError> {
+    let results = holder_steps(&caller, &state, session, req, claim::ack).await?;
+    crash_point("hub.ack.after_commit");
+    state.outcome_changed();
+    Ok(Json(BatchTransitionResponse { results }))
+}
+
+/// `POST /v1/batch/reject`: claimed or mirrored → failed for each delivery, as
+/// `POST /v1/deliveries/{id}/reject` would.
+pub(super) async fn reject(
+    NodeCaller(caller): NodeCaller,
+    State(state): State<AppState>,
+    Session(session): Session,
+    BatchJson(req): BatchJson<BatchRejectRequest>,
+) -> Result<Json<BatchTransitionResponse>, ApiError> {
+    check_token("instance_id", &req.instance_id)?;
+    check_count("deliveries", req.deliveries.len())?;
+    let mut sorted = Sorted::new(req.deliveries, |d| {
+        check_path_id("delivery_id", &d.delivery_id)?;
+        check_token("claim_token", &d.claim_token)?;
+        check_reason(&d.reason)?;
+        Ok(d)
+    });
+    let (places, items) = sorted.take();
+    let (host, instance, clock) = (caller.name.clone(), req.instance_id, state.clock.clone());
+    let outcomes = state
+        .writer
+        .call(move |c| {
+            sessions::check(c, &host, session)?;
+            let now = clock.now_ms();
+            batch::each(c, items, |c, d| {
+                let h = Holder { instance_id: &instance, claim_token: &d.claim_token };
+                claim::reject(c, &host, &d.delivery_id, h, &d.reason, now)
+            })
+        })
+        .await?;
+    state.turns.contact(&caller.name, session, state.clock.now_ms());
+    state.outcome_changed();
+    let results = sorted.finish(places, outcomes, |r| item_ok(StatusCode::OK, r))?;
+    Ok(Json(BatchTransitionResponse { results }))
+}
+
+/// `POST /v1/batch/reports`: each attempt report recorded as `POST /delivery-report` would
+/// (201 recorded, 200 replay of its `report_id`, or its error).
+pub(super) async fn reports(
+    NodeCaller(caller): NodeCaller,
+    State(state): State<AppState>,
+    Session(session): Session,
+    BatchJson(req): BatchJson<BatchReportRequest>,
+) -> Result<Json<BatchReportResponse>, ApiError> {
+    check_count("reports", req.reports.len())?;
+    let mut sorted = Sorted::new(req.reports, |r| check_report(&r, &state).map(|()| r));
+    let (places, items) = sorted.take();
+    let (host, clock) = (caller.name.clone(), state.clock.clone());
+    let (retry_backoff, retry_backoff_max) = (state.limits.retry_backoff, state.limits.retry_backoff_max);
+    let outcomes = state
+        .writer
+        .call(move |c| {
+            sessions::check(c, &host, session)?;
+            let now = clock.now_ms();
+            batch::each(c, items, |c, req| {
+                let run =
+                    RunReport { attempt: req.attempt, signal: req.signal, session, retry_backoff, retry_backoff_max };
+                let r = NewReport {
+                    delivery_id: &req.delivery_id,
+                    holder: Holder { instance_id: &req.instance_id, claim_token: &req.claim_token },
+                    report_id: &req.report_id,
+                    outcome: req.outcome,
+                    exit_code: req.exit_code,
+                    duration_ms: req.duration_ms,
+                    result: req.result.as_deref(),
+                    reason: req.reason.as_deref(),
+                };
+                let (attempt, duplicate, retry_at_ms) = report::report_run(c, &host, &r, &run, now)?;
+                Ok(ReportResponse { attempt, delivery_id: req.delivery_id, duplicate, retry_at_ms })
+            })
+        })
+        .await?;
+    crash_point("hub.report.after_commit");
+    state.turns.contact(&caller.name, session, state.clock.now_ms());
+    let mut recorded = false;
+    let mut retries = false;
+    for r in outcomes.iter().flatten().filter(|r| !r.duplicate) {
+        metrics::counter!("baton_hub_attempts_reported_total", "outcome" => r.attempt.outcome.as_str()).increment(1);
+        recorded = true;
+        retries |= r.retry_at_ms.is_some();
+    }
+    if recorded {
+        state.outcome_changed();
+    }
+    if retries {
+        // Waiting claims of the host look again, and wake when the retry is due.
+        state.work_changed();
+    }
+    let results = sorted.finish(places, outcomes, |r| {
+        let status = if r.duplicate { StatusCode::OK } else { StatusCode::CREATED };
+        item_ok(status, r)
+    })?;
+    Ok(Json(BatchReportResponse { results }))
+}

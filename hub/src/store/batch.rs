@@ -1,0 +1,91 @@
+//! Batches: many items of one kind (submits, holder steps, reports) applied in one writer job.
+//!
+//! Each item runs the same guarded function its single endpoint runs, inside its own savepoint
+//! nested in the job's: an item that fails is rolled back alone and reported with its error,
+//! and the items after it still run. A storage failure is not an item's outcome (the record may
+//! not be writable at all): it ends the batch, and the writer rolls the whole job back, so
+//! nothing of it is kept and the caller retries it whole. Replaying a batch is as safe as
+//! replaying each item, because each item is as idempotent as its single endpoint (idempotency
+//! keys, report ids, holder steps that repeat as no-ops).
+//!
+//! Invariant: a batch's results are one per item, in the order of the items.
+
+use super::{StoreError, StoreResult};
+use rusqlite::Connection;
+
+/// The savepoint each item runs in (nested in the writer's job savepoint).
+const ITEM_SAVEPOINT: &str = "SAVEPOINT batch_item";
+/// Keeps an item's changes.
+const ITEM_RELEASE: &str = "RELEASE batch_item";
+/// Drops an item's changes and ends its savepoint.
+const ITEM_ROLLBACK: &str = "ROLLBACK TO batch_item; RELEASE batch_item";
+
+/// Runs `apply` on every item in its own savepoint, in order, and returns one result per item.
+/// An item's error (other than a storage failure) rolls back that item only; a storage failure
+/// ends the batch with that error. Call inside a write transaction.
+pub fn each<I, T>(
+    conn: &Connection,
+    items: impl IntoIterator<Item = I>,
+    mut apply: impl FnMut(&Connection, I) -> StoreResult<T>,
+) -> StoreResult<Vec<StoreResult<T>>> {
+    let items = items.into_iter();
+    let mut results = Vec::with_capacity(items.size_hint().0);
+    for item in items {
+        conn.execute_batch(ITEM_SAVEPOINT)?;
+        let result = apply(conn, item);
+        if result.is_ok() {
+            conn.execute_batch(ITEM_RELEASE)?;
+        } else {
+            conn.execute_batch(ITEM_ROLLBACK)?;
+        }
+        if let Err(StoreError::Storage(detail)) = result {
+            return Err(StoreError::Storage(detail));
+        }
+        results.push(result);
+    }
+    Ok(results)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::testing;
+
+    fn count(conn: &Connection) -> i64 {
+        conn.query_row("SELECT count(*) FROM batch_probe", [], |r| r.get(0)).unwrap()
+    }
+
+    #[test]
+    fn a_failed_item_is_rolled_back_alone_and_results_keep_the_order() {
+        let db = testing::db();
+        let conn = &db.conn;
+        conn.execute_batch("CREATE TEMP TABLE batch_probe (n INTEGER); BEGIN IMMEDIATE").unwrap();
+        let results = each(conn, [1, 2, 3], |c, n| {
+            c.execute("INSERT INTO batch_probe (n) VALUES (?1)", [n])?;
+            if n == 2 { Err(StoreError::StaleClaim(format!("item {n}"))) } else { Ok(n) }
+        })
+        .unwrap();
+        assert_eq!(results.len(), 3);
+        assert_eq!(results[0].as_ref().ok(), Some(&1));
+        assert!(matches!(&results[1], Err(StoreError::StaleClaim(m)) if m == "item 2"));
+        assert_eq!(results[2].as_ref().ok(), Some(&3));
+        assert_eq!(count(conn), 2, "the failed item's insert was rolled back, the others kept");
+        conn.execute_batch("COMMIT").unwrap();
+    }
+
+    #[test]
+    fn a_storage_failure_ends_the_batch() {
+        let db = testing::db();
+        let conn = &db.conn;
+        conn.execute_batch("CREATE TEMP TABLE batch_probe (n INTEGER); BEGIN IMMEDIATE").unwrap();
+        let mut seen = Vec::new();
+        let r = each(conn, [1, 2, 3], |c, n| {
+            seen.push(n);
+            c.execute("INSERT INTO batch_probe (n) VALUES (?1)", [n])?;
+            if n == 2 { Err(StoreError::Storage("disk full".into())) } else { Ok(n) }
+        });
+        assert!(matches!(r, Err(StoreError::Storage(_))));
+        assert_eq!(seen, vec![1, 2], "no item runs after a storage failure");
+        conn.execute_batch("ROLLBACK").unwrap();
+    }
+}
