@@ -143,7 +143,7 @@ async fn send_batch<H: Hub>(sh: &Shared<H>, batch: &[OutboxEntry]) -> Vec<Answer
             answers.extend(chunk.iter().map(|_| Answer::NotSent));
             continue;
         }
-        if chunk.len() == 1 || !sh.batches() {
+        if !sh.batches() || (chunk.len() == 1 && too_large_for_a_batch(&chunk[0])) {
             answers.extend(send_singles(sh, chunk).await);
             continue;
         }
@@ -172,12 +172,13 @@ async fn send_batch<H: Hub>(sh: &Shared<H>, batch: &[OutboxEntry]) -> Vec<Answer
     answers
 }
 
+/// The bytes of a batch of reports beyond the reports themselves (`{"reports":[…]}`).
+const FRAMING_BYTES: u64 = 16;
+
 /// Splits `batch` into runs that each fit one batch request: at most `BATCH_ITEMS_MAX` reports
 /// and, with the request's own framing, `BATCH_BYTES_MAX` bytes. A report too large to share a
 /// request is a run of its own (sent alone to the single endpoint).
 fn chunks(batch: &[OutboxEntry]) -> Vec<&[OutboxEntry]> {
-    // The request's own framing (`{"reports":[…]}`) and a comma per report.
-    const FRAMING_BYTES: u64 = 16;
     let mut out = Vec::new();
     let (mut start, mut bytes) = (0, FRAMING_BYTES);
     for (i, entry) in batch.iter().enumerate() {
@@ -192,6 +193,12 @@ fn chunks(batch: &[OutboxEntry]) -> Vec<&[OutboxEntry]> {
         out.push(&batch[start..]);
     }
     out
+}
+
+/// Whether a report cannot share a batch request (alone it would pass `BATCH_BYTES_MAX`): it
+/// goes to the single endpoint, whose bound is the hub's request body limit.
+fn too_large_for_a_batch(entry: &OutboxEntry) -> bool {
+    serde_json::to_vec(&entry.body).map_or(true, |b| b.len() as u64 + FRAMING_BYTES + 1 > BATCH_BYTES_MAX)
 }
 
 /// Sends each of `entries` in its own request, in order, stopping at the first that cannot be

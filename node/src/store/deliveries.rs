@@ -90,7 +90,13 @@ impl Db {
     /// transaction (one fsync for the batch).
     pub fn mirror_batch(&mut self, ds: &[ClaimedDelivery], now_ms: i64) -> Result<Vec<Mirrored>, StoreError> {
         let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let done = ds.iter().map(|d| mirror_in(&tx, d, false, now_ms)).collect::<Result<Vec<_>, _>>()?;
+        let mut done = Vec::with_capacity(ds.len());
+        for d in ds {
+            done.push(mirror_in(&tx, d, false, now_ms)?);
+            if done.len() == 1 {
+                crash_point("node.mirror.mid");
+            }
+        }
         tx.commit()?;
         Ok(done)
     }
