@@ -57,6 +57,7 @@ mod hub_fences;
 mod hub_longpoll;
 mod hub_turns;
 mod instance_scope;
+mod node_batch;
 mod node_clone;
 mod node_crash;
 mod node_exec;
