@@ -128,7 +128,8 @@ fn arms(point: &str, nth: u32) -> VecDeque<String> {
         "node.resync.mid" => v.push_back("node.mirror.after_commit@1".to_string()),
         _ => {}
     }
-    // Points hit only once or twice in a short run fire on their first hit.
+    // Points hit only once or twice in a short run fire on their first hit: the node's batched
+    // steps are hit once per claim batch, scheduler pass or outbox batch, not per delivery.
     let n = if matches!(
         point,
         "hub.repair.mid"
@@ -137,6 +138,11 @@ fn arms(point: &str, nth: u32) -> VecDeque<String> {
             | "node.mirror.mid"
             | "node.acked.mid"
             | "node.report.settle_mid"
+            | "node.mirror.after_commit"
+            | "node.mirrored.after_response"
+            | "node.ack.after_response"
+            | "node.exec.after_start_marker"
+            | "node.exec.after_end_marker"
     ) {
         1
     } else {
