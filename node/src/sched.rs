@@ -3,10 +3,10 @@
 //! turns `shutdown_grace` and then stops them (SIGTERM, SIGKILL after `kill_grace`).
 //!
 //! Starting a command turn: the process is spawned and held at the gate (`exec::spawn`), then
-//! the start marker is written together with its process group (`Db::begin_attempt`, one
-//! transaction), and only then is it released (`exec::Spawned::run`). A crash before the marker
-//! leaves no marker and a gate that reads end-of-file and exits: the harness never ran, and the
-//! turn runs after the restart. A crash after it leaves a start marker without an end marker: the
+//! the start marker is written together with its process group (in the pass's one transaction,
+//! `Db::fold_markers`, with the other turns' markers), and only then is it released
+//! (`exec::Spawned::run`). A crash before the marker leaves no marker and a gate that reads
+//! end-of-file and exits: the harness never ran, and the turn runs after the restart. A crash after it leaves a start marker without an end marker: the
 //! next start stops what is left of the recorded group and reports the attempt `unknown`.
 
 use crate::backoff::Backoff;
