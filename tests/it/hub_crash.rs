@@ -62,8 +62,20 @@ async fn a_crash_after_the_accept_commit_is_repaired_at_start() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_crash_in_the_middle_of_fan_out_is_repaired_at_start() {
-    check_accept_crash("hub.fanout.after_k", &["host-a", "host-b"]).await;
+async fn a_crash_in_the_middle_of_fan_out_keeps_nothing_and_the_retry_is_new() {
+    // Accept and fan-out are one writer job: a crash between two deliveries of one message
+    // leaves neither the message nor a pending obligation, and the producer never had an answer.
+    let mut hub = Hub::builder().crash_point("hub.fanout.after_k").start();
+    let body = submit_body("c", "crash-key", json!({"n": 1}), &["host-a", "host-b"]);
+    assert!(hub.client("prod").try_post("/v1/messages", &body).await.is_err());
+    assert_crashed_at(&mut hub, "hub.fanout.after_k");
+    hub.serve(None);
+    let status = hub.cli_json(["status", "--json"]);
+    assert_eq!((status["messages"].as_i64(), status["pending_fanout"].as_i64()), (Some(0), Some(0)), "{status}");
+    assert!(hub.deliveries().is_empty());
+    let again = hub.client("prod").post("/v1/messages", &body).await;
+    assert_eq!(again.ok(201)["deliveries"].as_array().unwrap().len(), 2, "the retry is a new accept, fanned out");
+    hub.verify_ok();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

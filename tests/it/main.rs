@@ -11,6 +11,8 @@
 //! - `hub_longpoll`: claims and producer reads that wait, and what wakes them.
 //! - `hub_fences`: pause, hold and block per scope.
 //! - `hub_auth`: identity and transport (mTLS, roles, revocation).
+//! - `hub_batch`: the batch endpoints: each item answered as its single endpoint answers it,
+//!   order kept, replays safe, over-limit batches and revoked callers refused whole.
 //! - `hub_errors`: every 4xx answer and its `{code, message}` body.
 //! - `hub_edges`: the hub's edges under abuse: connection limits and timeouts, revocation of
 //!   open connections and of waiting reads, file modes, and axum's own refusals in our shape.
@@ -48,6 +50,7 @@ mod exact_payloads;
 mod examples;
 mod harness;
 mod hub_auth;
+mod hub_batch;
 mod hub_cli;
 mod hub_contract;
 mod hub_crash;

@@ -15,7 +15,7 @@ use super::{ApiError, ApiJson, AppState, Caller, NodeCaller, ProducerCaller, che
 use crate::store::accept::{self, AcceptLimits, Accepted};
 use crate::store::report::{self, NewReport, RunReport};
 use crate::store::transition::Holder;
-use crate::store::{StoreError, StoreResult, batch, claim, sessions};
+use crate::store::{StoreResult, batch, claim, sessions};
 use axum::Json;
 use axum::extract::{FromRequest, Request, State};
 use axum::http::StatusCode;
@@ -146,39 +146,18 @@ pub(super) async fn submit(
     let limits = AcceptLimits { queued_per_host_max: state.limits.queued_per_host_max };
     crash_point("hub.accept.before_txn");
     let clock = state.clock.clone();
-    let accepted = state
+    // Accept and fan-out of every message in one writer job: one round trip, one commit.
+    let outcomes = state
         .writer
         .call(move |c| {
             let now = clock.now_ms();
-            batch::each(c, messages, |c, (msg, retry)| accept::accept_with_retry(c, &msg, retry, limits, now))
+            batch::each(c, messages, |c, (msg, retry)| accept::accept_and_fan_out(c, &msg, retry, limits, now))
         })
         .await?;
-    let ids: Vec<String> = accepted.iter().flatten().map(|a| accepted_id(a).to_string()).collect();
-    let new = accepted.iter().flatten().filter(|a| matches!(a, Accepted::New { .. })).count();
+    let new = outcomes.iter().flatten().filter(|(a, _)| matches!(a, Accepted::New { .. })).count();
     if new > 0 {
         crash_point("hub.accept.after_commit");
     }
-    let clock = state.clock.clone();
-    let fanned = state
-        .writer
-        .call(move |c| {
-            let now = clock.now_ms();
-            batch::each(c, ids, |c, id| accept::fan_out(c, &id, now))
-        })
-        .await?;
-    let mut fanned = fanned.into_iter();
-    // Each accepted message has its fan-out's outcome, in the same order.
-    let outcomes: Vec<StoreResult<(Accepted, Vec<_>)>> = accepted
-        .into_iter()
-        .map(|a| {
-            a.and_then(|a| {
-                fanned
-                    .next()
-                    .unwrap_or_else(|| Err(StoreError::Internal("a fan-out outcome is missing".into())))
-                    .map(|d| (a, d))
-            })
-        })
-        .collect();
     let results = sorted.finish(places, outcomes, |(a, deliveries)| submitted(a, deliveries))?;
     metrics::counter!("baton_hub_messages_accepted_total").increment(new as u64);
     let duplicates = results.iter().filter(|r| r.status == StatusCode::OK.as_u16()).count();
@@ -187,13 +166,6 @@ pub(super) async fn submit(
         state.work_changed();
     }
     Ok(Json(BatchSubmitResponse { results }))
-}
-
-/// The id an accept gave or found.
-fn accepted_id(a: &Accepted) -> &str {
-    match a {
-        Accepted::New { message_id, .. } | Accepted::Duplicate { message_id, .. } => message_id,
-    }
 }
 
 /// A submitted message's answer, as `POST /v1/messages` gives it.

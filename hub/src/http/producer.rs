@@ -95,12 +95,14 @@ pub(super) async fn submit(
     let limits = AcceptLimits { queued_per_host_max: state.limits.queued_per_host_max };
     crash_point("hub.accept.before_txn");
     let clock = state.clock.clone();
-    let accepted =
-        state.writer.call(move |c| accept::accept_with_retry(c, &msg, retry, limits, clock.now_ms())).await?;
+    // Accept and fan-out in one writer job: one round trip, one commit.
+    let (accepted, deliveries) =
+        state.writer.call(move |c| accept::accept_and_fan_out(c, &msg, retry, limits, clock.now_ms())).await?;
     let (message_id, seq, duplicate) = match accepted {
         Accepted::New { message_id, seq } => {
             crash_point("hub.accept.after_commit");
             metrics::counter!("baton_hub_messages_accepted_total").increment(1);
+            state.work_changed();
             (message_id, seq, false)
         }
         Accepted::Duplicate { message_id, seq } => {
@@ -108,12 +110,6 @@ pub(super) async fn submit(
             (message_id, seq, true)
         }
     };
-    let id = message_id.clone();
-    let clock = state.clock.clone();
-    let deliveries = state.writer.call(move |c| accept::fan_out(c, &id, clock.now_ms())).await?;
-    if !duplicate {
-        state.work_changed();
-    }
     let status = if duplicate { StatusCode::OK } else { StatusCode::CREATED };
     Ok((status, Json(SubmitResponse { message_id, seq, duplicate, deliveries })))
 }

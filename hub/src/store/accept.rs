@@ -1,9 +1,13 @@
 //! Acceptance, fan-out and startup repair (SPEC §3).
 //!
-//! Acceptance is one transaction: the publish-scope check, the message, its routing (recipient
-//! hosts) and a durable fan-out obligation. Fan-out runs after that commit, in its own
-//! transaction, creating one delivery per recipient and marking the obligation done. Startup
-//! repair runs every obligation a crash left pending before the hub serves a claim.
+//! Acceptance writes the message, its routing (recipient hosts) and a durable fan-out
+//! obligation, after the publish-scope check. Fan-out creates one delivery per recipient and
+//! marks the obligation done. The API and the CLI run both in one write job
+//! (`accept_and_fan_out`: one writer round trip, one commit), so an accepted message is never
+//! seen half routed and a crash inside leaves neither. The obligation stays the unit of repair:
+//! fan-out is idempotent and keyed by it, and startup repair completes every obligation found
+//! pending (one written by a hub that fanned out in a later transaction) before the hub serves
+//! a claim.
 //!
 //! Routing: the message's `to`, or else the conversation's members at the message's `seq`
 //! (`members`). A conversation that has had members accepts only current members in `to`; an
@@ -180,6 +184,24 @@ pub fn accept_with_retry(
         .execute(rusqlite::params![message_id, now_ms])?;
     crash_point("hub.accept.before_commit");
     Ok(Accepted::New { message_id, seq })
+}
+
+/// Accepts a message and fans it out in the same transaction: one writer job for both. A
+/// replay (`Accepted::Duplicate`) fans out nothing new and answers the message's deliveries
+/// (completing its obligation if one was left pending). Call inside a write transaction.
+pub fn accept_and_fan_out(
+    conn: &Connection,
+    msg: &NewMessage,
+    retry: RetryPolicy,
+    limits: AcceptLimits,
+    now_ms: i64,
+) -> StoreResult<(Accepted, Vec<DeliverySummary>)> {
+    let accepted = accept_with_retry(conn, msg, retry, limits, now_ms)?;
+    let message_id = match &accepted {
+        Accepted::New { message_id, .. } | Accepted::Duplicate { message_id, .. } => message_id,
+    };
+    let deliveries = fan_out(conn, message_id, now_ms)?;
+    Ok((accepted, deliveries))
 }
 
 /// The recipients of a new message: its `to`, checked, or the conversation's current members
@@ -401,6 +423,33 @@ mod tests {
         // Repair is idempotent: a second fan-out adds nothing.
         assert_eq!(fan_out(&db.conn, &message_id, 7).unwrap(), d);
         assert!(pending_obligations(&db.conn, 10).unwrap().is_empty());
+    }
+
+    #[test]
+    fn accept_and_fan_out_completes_the_obligation_in_the_same_transaction() {
+        let db = testing::db();
+        let c = &db.conn;
+        let limits = AcceptLimits { queued_per_host_max: 10 };
+        let m = msg("k", "{}", &["host-a", "host-b"]);
+        let (accepted, deliveries) = accept_and_fan_out(c, &m, RetryPolicy::default(), limits, 1).unwrap();
+        assert!(matches!(accepted, Accepted::New { .. }));
+        let hosts: Vec<&str> = deliveries.iter().map(|d| d.host.as_str()).collect();
+        assert_eq!(hosts, ["host-a", "host-b"]);
+        assert!(pending_obligations(c, 10).unwrap().is_empty(), "the obligation is done");
+        let done: i64 =
+            c.query_row("SELECT count(*) FROM fanout_obligations WHERE done_at IS NOT NULL", [], |r| r.get(0)).unwrap();
+        assert_eq!(done, 1, "the obligation was written and completed");
+        // A replay answers the same deliveries and adds none.
+        let (again, same) = accept_and_fan_out(c, &m, RetryPolicy::default(), limits, 2).unwrap();
+        assert!(matches!(again, Accepted::Duplicate { .. }));
+        assert_eq!(same, deliveries);
+        // A replay of a message whose obligation was left pending completes it.
+        let left = super::testing::accept_only(c, "c", "left", &["host-a"]);
+        assert_eq!(pending_obligations(c, 10).unwrap(), vec![left.clone()]);
+        let replay = NewMessage { conversation: "c".into(), ..msg("left", "{}", &["host-a"]) };
+        let (_, fanned) = accept_and_fan_out(c, &replay, RetryPolicy::default(), limits, 3).unwrap();
+        assert_eq!(fanned.len(), 1);
+        assert!(pending_obligations(c, 10).unwrap().is_empty());
     }
 
     #[test]

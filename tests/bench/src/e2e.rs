@@ -3,7 +3,9 @@
 //! A pass starts fresh nodes (new data directories, so new instances), waits until each has
 //! bound its host with a first claim, then C producer tasks submit N messages, each to one
 //! host round-robin, over many conversations per host so each node can run turns in parallel.
-//! Producers either go as fast as the hub answers or follow a fixed schedule (`rate_per_s`).
+//! Producers either go as fast as the hub answers or follow a fixed schedule (`rate_per_s`),
+//! and send either one message per request (`POST /v1/messages`) or batches of
+//! `submit_batch` messages (`POST /v1/batch/messages`).
 //! When every delivery's report is in, the figures are read from the hub's database: accept
 //! time (`messages.accepted_at`), claim time (the `claimed` event) and report time
 //! (`attempts.reported_at`), all unix milliseconds from the hub's one clock.
@@ -12,7 +14,7 @@ use crate::cluster::{self, NodeSettings};
 use crate::procfs;
 use crate::stats::{self, Summary};
 use anyhow::{Context, bail};
-use baton_shared::wire::SubmitRequest;
+use baton_shared::wire::{BatchSubmitRequest, BatchSubmitResponse, SubmitRequest};
 use baton_testkit::{Binaries, Hub, Node};
 use rusqlite::Connection;
 use std::path::Path;
@@ -40,6 +42,9 @@ pub struct Pass {
     pub rate_per_s: Option<f64>,
     /// Conversations per host.
     pub convs_per_host: usize,
+    /// Messages per submit request: 1 sends each with `POST /v1/messages`, more sends them in
+    /// batches of this many with `POST /v1/batch/messages` (at most `BATCH_ITEMS_MAX`).
+    pub submit_batch: usize,
     /// How each node is configured.
     pub node: NodeSettings,
 }
@@ -223,7 +228,8 @@ async fn submit_all(pass: &Pass, hosts: &[String], producers: &[reqwest::Client]
     let mut tasks = tokio::task::JoinSet::new();
     for client in producers {
         let (client, next, pass, hosts) = (client.clone(), next.clone(), pass.clone(), hosts.to_vec());
-        let url = format!("{url}/v1/messages");
+        let path = if pass.submit_batch > 1 { "/v1/batch/messages" } else { "/v1/messages" };
+        let url = format!("{url}{path}");
         tasks.spawn(async move { produce(client, url, next, pass, hosts, start).await });
     }
     let mut tally = Tally::default();
@@ -239,7 +245,8 @@ async fn submit_all(pass: &Pass, hosts: &[String], producers: &[reqwest::Client]
     Ok(tally)
 }
 
-/// One producer: takes the next message number until all are taken.
+/// One producer: takes the next `submit_batch` message numbers until all are taken, and sends
+/// them in one request (on a schedule, not before the last of them is due).
 async fn produce(
     client: reqwest::Client,
     url: String,
@@ -250,40 +257,95 @@ async fn produce(
 ) -> (Tally, Instant) {
     let mut tally = Tally::default();
     let mut last_ok = start;
+    let batch = pass.submit_batch.max(1);
     loop {
-        let i = next.fetch_add(1, Ordering::Relaxed);
-        if i >= pass.messages {
+        let first = next.fetch_add(batch, Ordering::Relaxed);
+        if first >= pass.messages {
             return (tally, last_ok);
         }
+        let numbers = first..(first + batch).min(pass.messages);
         if let Some(rate) = pass.rate_per_s {
-            tokio::time::sleep_until((start + Duration::from_secs_f64(i as f64 / rate)).into()).await;
+            let due = (numbers.end - 1) as f64 / rate;
+            tokio::time::sleep_until((start + Duration::from_secs_f64(due)).into()).await;
         }
-        let k = hosts.len();
-        let body = SubmitRequest {
-            conversation: format!("{}-{}-{}", pass.name, i % k, (i / k) % pass.convs_per_host),
-            idempotency_key: format!("{}-{i}", pass.name),
-            payload: serde_json::json!({ "i": i }).into(),
-            to: Some(vec![hosts[i % k].clone()]),
-            max_attempts: None,
-            retry_backoff_ms: None,
-        };
-        let error = match client.post(&url).json(&body).send().await {
-            Ok(r) if r.status() == reqwest::StatusCode::CREATED => None,
-            Ok(r) => {
-                let status = r.status();
-                Some(format!("{status}: {}", r.text().await.unwrap_or_default()))
+        let messages: Vec<SubmitRequest> = numbers.clone().map(|i| message(&pass, &hosts, i)).collect();
+        let answers = if pass.submit_batch > 1 {
+            submit_batch(&client, &url, messages).await
+        } else {
+            let n = messages.len();
+            let mut answers = Vec::with_capacity(n);
+            for m in messages {
+                answers.push(submit_one(&client, &url, &m).await);
             }
-            Err(e) => Some(e.to_string()),
+            answers
         };
-        match error {
-            None => {
-                tally.ok += 1;
-                last_ok = Instant::now();
-            }
-            Some(e) => {
-                tally.errors += 1;
-                tally.first_error.get_or_insert(e);
+        for answer in answers {
+            match answer {
+                Ok(()) => {
+                    tally.ok += 1;
+                    last_ok = Instant::now();
+                }
+                Err(e) => {
+                    tally.errors += 1;
+                    tally.first_error.get_or_insert(e);
+                }
             }
         }
     }
+}
+
+/// Message number `i` of a pass: to one host round-robin, in one of its conversations.
+fn message(pass: &Pass, hosts: &[String], i: usize) -> SubmitRequest {
+    let k = hosts.len();
+    SubmitRequest {
+        conversation: format!("{}-{}-{}", pass.name, i % k, (i / k) % pass.convs_per_host),
+        idempotency_key: format!("{}-{i}", pass.name),
+        payload: serde_json::json!({ "i": i }).into(),
+        to: Some(vec![hosts[i % k].clone()]),
+        max_attempts: None,
+        retry_backoff_ms: None,
+    }
+}
+
+/// `POST /v1/messages`: accepted (201) or why not.
+async fn submit_one(client: &reqwest::Client, url: &str, body: &SubmitRequest) -> Result<(), String> {
+    match client.post(url).json(body).send().await {
+        Ok(r) if r.status() == reqwest::StatusCode::CREATED => Ok(()),
+        Ok(r) => {
+            let status = r.status();
+            Err(format!("{status}: {}", r.text().await.unwrap_or_default()))
+        }
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// `POST /v1/batch/messages`: per message, accepted (201) or why not; a refused batch is every
+/// message's error.
+async fn submit_batch(client: &reqwest::Client, url: &str, messages: Vec<SubmitRequest>) -> Vec<Result<(), String>> {
+    let n = messages.len();
+    let whole = |e: String| (0..n).map(|_| Err(e.clone())).collect();
+    let r = match client.post(url).json(&BatchSubmitRequest { messages }).send().await {
+        Ok(r) => r,
+        Err(e) => return whole(e.to_string()),
+    };
+    let status = r.status();
+    if status != reqwest::StatusCode::OK {
+        return whole(format!("{status}: {}", r.text().await.unwrap_or_default()));
+    }
+    let answer: BatchSubmitResponse = match r.json().await {
+        Ok(a) => a,
+        Err(e) => return whole(format!("an unreadable batch answer: {e}")),
+    };
+    if answer.results.len() != n {
+        return whole(format!("{} results for {n} messages", answer.results.len()));
+    }
+    answer
+        .results
+        .into_iter()
+        .map(|item| match (item.status, item.into_result()) {
+            (201, Ok(_)) => Ok(()),
+            (status, Ok(_)) => Err(format!("{status}: not a new message")),
+            (status, Err(e)) => Err(format!("{status}: {} {}", e.code, e.message)),
+        })
+        .collect()
 }

@@ -43,6 +43,10 @@ struct Cli {
     /// `claim_batch_max` of each node.
     #[arg(long, value_name = "N", default_value_t = 64)]
     node_batch: u32,
+    /// Messages per producer request in the batched passes (`POST /v1/batch/messages`); the
+    /// single-submit pass sends one per request whatever this says.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    submit_batch: usize,
     /// Timed claims at each backlog size [default: 200, or 50 with --quick].
     #[arg(long, value_name = "N")]
     backlog_claims: Option<usize>,
@@ -85,6 +89,7 @@ struct Plan {
     ceiling: Duration,
     node_parallel: u32,
     node_batch: u32,
+    submit_batch: usize,
     backlog_sizes: Vec<usize>,
     backlog_claims: usize,
     skip_e2e: bool,
@@ -101,6 +106,12 @@ impl Plan {
             cli.producers
         );
         let messages = cli.messages.unwrap_or(if q { 2_000 } else { 40_000 });
+        let batch_max = baton_shared::limits::BATCH_ITEMS_MAX;
+        anyhow::ensure!(
+            (1..=batch_max).contains(&cli.submit_batch),
+            "--submit-batch {} is out of range; allowed 1..={batch_max}",
+            cli.submit_batch
+        );
         anyhow::ensure!(messages >= 1, "--messages must be at least 1");
         let seconds = |v: Option<f64>, full: f64, quick: f64, flag: &str| -> anyhow::Result<Duration> {
             let s = v.unwrap_or(if q { quick } else { full });
@@ -116,6 +127,7 @@ impl Plan {
             ceiling: seconds(cli.ceiling_seconds, 3.0, 1.0, "--ceiling-seconds")?,
             node_parallel: cli.node_parallel,
             node_batch: cli.node_batch,
+            submit_batch: cli.submit_batch,
             backlog_sizes: if cli.skip_backlog {
                 Vec::new()
             } else if q {
@@ -188,6 +200,7 @@ fn describe(figs: &mut Figures, plan: &Plan, root: &std::path::Path) {
     figs.context("true_messages", json!(plan.true_messages));
     figs.context("node_parallel_conversations", json!(plan.node_parallel));
     figs.context("node_claim_batch_max", json!(plan.node_batch));
+    figs.context("submit_batch", json!(plan.submit_batch));
     figs.context("backlog_sizes", json!(plan.backlog_sizes));
     figs.context(
         "notes",
@@ -305,6 +318,7 @@ fn end_to_end(
         messages,
         rate_per_s,
         convs_per_host,
+        submit_batch: plan.submit_batch,
         node: settings(harness),
     };
     let rig =
@@ -314,6 +328,16 @@ fn end_to_end(
     progress(&format!("step 2: no-op pass, {} messages", plan.messages));
     let r = run(&pass("noop", plan.messages, None, Harness::Noop))?;
     record_pass(figs, "", &r);
+    let single_messages = (plan.messages / 4).max(100);
+    progress(&format!("step 2: no-op pass, {single_messages} messages, one per request"));
+    let single = e2e::Pass { submit_batch: 1, ..pass("single", single_messages, None, Harness::Noop) };
+    let s = run(&single)?;
+    record_pass(figs, "single_submit_", &s);
+    figs.put(
+        "e2e_single_submit_deliveries_per_s",
+        Some(s.e2e_deliveries_per_s),
+        "as e2e_deliveries_per_s, producers sending one message per request",
+    );
 
     let rate = (r.e2e_deliveries_per_s / 2.0).max(1.0);
     let half_messages = ((rate * plan.half_load.as_secs_f64()) as usize).max(20);
@@ -352,6 +376,8 @@ fn record_pass(figs: &mut Figures, prefix: &str, r: &e2e::PassResult) {
     figs.put(&k("hub_cpu_s_per_1k_deliveries"), Some(r.per_1k(r.hub_cpu_s)), "hub user+sys CPU s per 1000");
     figs.put(&k("nodes_cpu_s_per_1k_deliveries"), Some(r.per_1k(r.nodes_cpu_s)), "all nodes' CPU s per 1000");
     figs.put(&k("bench_cpu_s_per_1k_deliveries"), Some(r.per_1k(r.bench_cpu_s)), "producers' CPU s per 1000");
+    figs.put(&k("hub_cpu_us_per_delivery"), Some(r.per_1k(r.hub_cpu_s) * 1000.0), "hub user+sys CPU us per delivery");
+    figs.put(&k("node_cpu_us_per_delivery"), Some(r.per_1k(r.nodes_cpu_s) * 1000.0), "all nodes' CPU us per delivery");
 }
 
 /// `10k`, `100k`, `1m` …
@@ -377,7 +403,20 @@ fn derive(figs: &mut Figures, plan: &Plan) {
         figs.get("sqlite_rows_per_s_batch64").map(|r| 1000.0 / r),
         "seconds the ceiling needs for 1000 rows at 64 per commit",
     );
-    for prefix in ["", "half_load_", "true_harness_"] {
+    figs.put(
+        "sqlite_us_per_row_batch64",
+        figs.get("sqlite_rows_per_s_batch64").map(|r| 1_000_000.0 / r),
+        "microseconds the ceiling needs per row at 64 per commit",
+    );
+    for (key, ceiling) in [
+        ("e2e_single_submit_deliveries_per_s", "sqlite_commits_per_s"),
+        ("e2e_single_submit_deliveries_per_s", "sqlite_rows_per_s_batch64"),
+        ("e2e_single_submit_deliveries_per_s", "hub_store_cycle_per_s_single"),
+        ("e2e_deliveries_per_s", "e2e_single_submit_deliveries_per_s"),
+    ] {
+        figs.ratio(key, ceiling);
+    }
+    for prefix in ["", "half_load_", "true_harness_", "single_submit_"] {
         for (key, ceiling) in [
             ("accepted_per_s", "sqlite_commits_per_s"),
             ("accepted_per_s", "sqlite_rows_per_s_batch64"),
@@ -387,6 +426,8 @@ fn derive(figs: &mut Figures, plan: &Plan) {
             ("accept_to_claim_p99_ms", "sqlite_commit_ms"),
             ("accept_to_report_p99_ms", "sqlite_commit_ms"),
             ("hub_cpu_s_per_1k_deliveries", "sqlite_s_per_1k_rows_batch64"),
+            ("hub_cpu_us_per_delivery", "sqlite_us_per_row_batch64"),
+            ("node_cpu_us_per_delivery", "sqlite_us_per_row_batch64"),
         ] {
             figs.ratio(&format!("{prefix}{key}"), ceiling);
         }
@@ -429,6 +470,9 @@ mod tests {
         assert_eq!(p.true_messages, 100);
         let cli = Cli::parse_from(["baton-bench", "--hosts", "0"]);
         assert!(Plan::from_cli(&cli).unwrap_err().to_string().contains("--hosts 0"));
+        let cli = Cli::parse_from(["baton-bench", "--submit-batch", "257"]);
+        assert!(Plan::from_cli(&cli).unwrap_err().to_string().contains("--submit-batch 257"));
+        assert_eq!(Plan::from_cli(&Cli::parse_from(["baton-bench"])).unwrap().submit_batch, 64);
     }
 
     #[test]

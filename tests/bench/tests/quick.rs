@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 /// The figures `--json` must always carry (step results may be `null` only when skipped).
-const KEYS: [&str; 13] = [
+const KEYS: [&str; 16] = [
     "sqlite_commits_per_s",
     "sqlite_rows_per_s_batch64",
     "accepted_per_s",
@@ -21,6 +21,9 @@ const KEYS: [&str; 13] = [
     "hub_peak_rss_bytes",
     "hub_cpu_s_per_1k_deliveries",
     "light_conversation_p99_ms",
+    "e2e_single_submit_deliveries_per_s",
+    "hub_cpu_us_per_delivery",
+    "node_cpu_us_per_delivery",
 ];
 
 /// How long the reduced run may take before the test fails: it takes well under a minute
