@@ -24,8 +24,9 @@ use crate::{report, retention, sched};
 use baton_shared::clock::SharedClock;
 use baton_shared::crash_point;
 use baton_shared::error::ErrorCode;
+use baton_shared::limits::BATCH_ITEMS_MAX;
 use baton_shared::states::DeliveryState;
-use baton_shared::wire::{CancelNotice, ClaimedDelivery};
+use baton_shared::wire::{CancelNotice, ClaimedDelivery, HolderItem, TransitionResponse};
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -104,6 +105,7 @@ pub async fn run_agent<H: Hub>(
         after_own_crash: std::sync::OnceLock::new(),
         running: std::sync::Mutex::new(HashMap::new()),
         starts_unconfirmed: std::sync::atomic::AtomicBool::new(false),
+        batch_unknown: std::sync::atomic::AtomicBool::new(false),
         acked_here: Mutex::new(HashSet::new()),
     });
     let token = sh.shutdown.clone();
@@ -424,8 +426,8 @@ async fn reject<H: Hub>(sh: &Shared<H>, d: &ClaimedDelivery, why: &str) {
     }
 }
 
-/// Mirrors a fresh claim batch in one local transaction, then hands each delivery off
-/// (`mirrored`, then `ack`) concurrently.
+/// Mirrors a fresh claim batch in one local transaction, then hands the batch off
+/// (`handoff_batch`).
 async fn take_batch<H: Hub>(sh: &Arc<Shared<H>>, batch: Vec<ClaimedDelivery>) -> Result<(), Stop> {
     let mut good = Vec::with_capacity(batch.len());
     for d in batch {
@@ -437,59 +439,214 @@ async fn take_batch<H: Hub>(sh: &Arc<Shared<H>>, batch: Vec<ClaimedDelivery>) ->
     let (mirror, now_ms) = (good.clone(), sh.now_ms());
     let done = sh.store.call(move |db| db.mirror_batch(&mirror, now_ms)).await?;
     crash_point("node.mirror.after_commit");
-    let mut handoffs = JoinSet::new();
+    let mut items = Vec::with_capacity(good.len());
     for (d, m) in good.into_iter().zip(done) {
         if m == Mirrored::AlreadyRan {
             tracing::warn!(delivery_id = %d.delivery_id, "claimed again although it already ran here; not acking it");
             continue;
         }
-        let sh = Arc::clone(sh);
-        handoffs.spawn(async move { handoff(&sh, &d, DeliveryState::Claimed).await });
+        items.push((d, DeliveryState::Claimed));
     }
-    let mut result = Ok(());
-    while let Some(r) = handoffs.join_next().await {
-        match r {
-            Ok(Ok(())) => {}
-            Ok(Err(Stop::Store(e))) => result = Err(Stop::Store(e)),
-            Ok(Err(other)) => {
-                if result.is_ok() {
-                    result = Err(other);
-                }
-            }
-            Err(e) => tracing::error!("a handoff task failed: {e}"),
-        }
-    }
-    result
+    handoff_batch(sh, items).await
 }
 
-/// Tells the hub `mirrored` (unless it already is) and acks; opens the local gate once the
-/// hub confirms `delivered`. Transient failures are retried; a refusal drops the local copy.
-async fn handoff<H: Hub>(sh: &Shared<H>, d: &ClaimedDelivery, hub_state: DeliveryState) -> Result<(), Stop> {
-    let (id, token) = (d.delivery_id.as_str(), d.claim_token.as_str());
-    if hub_state == DeliveryState::Claimed {
-        match retry(sh, || sh.hub.mirrored(id, token)).await {
-            Ok(_) => crash_point("node.mirrored.after_response"),
-            Err(Stop::Hub(e)) => return drop_local(sh, id, "mirrored", &e).await,
-            Err(other) => return Err(other),
+/// One step of the handoff the hub records for a delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    /// `mirrored`: the local copy is committed.
+    Mirrored,
+    /// `ack`: the handoff is durable; the hub answers `delivered`.
+    Ack,
+}
+
+impl Step {
+    fn as_str(self) -> &'static str {
+        match self {
+            Step::Mirrored => "mirrored",
+            Step::Ack => "ack",
         }
     }
-    let acked = match retry(sh, || sh.hub.ack(id, token)).await {
-        Ok(t) => t,
-        Err(Stop::Hub(e)) => return drop_local(sh, id, "ack", &e).await,
-        Err(other) => return Err(other),
-    };
-    crash_point("node.ack.after_response");
-    if acked.state != DeliveryState::Delivered {
-        tracing::error!(delivery_id = id, state = %acked.state, "the hub answered an ack without delivering; not running it");
+}
+
+/// Hands deliveries off, each from the hub state it is in: tells the hub `mirrored` for those
+/// still `claimed`, then acks them all, and opens the local gates of those the hub confirmed
+/// `delivered` in one local transaction (`Db::mark_acked_batch`). Transient failures are
+/// retried; a refusal of one item drops that local copy only, exactly as the single answer
+/// would.
+async fn handoff_batch<H: Hub>(sh: &Arc<Shared<H>>, items: Vec<(ClaimedDelivery, DeliveryState)>) -> Result<(), Stop> {
+    if items.is_empty() {
         return Ok(());
     }
-    let (i, t, now_ms) = (id.to_string(), token.to_string(), sh.now_ms());
-    if sh.store.call(move |db| db.mark_acked(&i, &t, now_ms)).await? {
-        tracing::debug!(delivery_id = id, "acked: the execution gate is open");
+    let to_mirror: Vec<ClaimedDelivery> =
+        items.iter().filter(|(_, st)| *st == DeliveryState::Claimed).map(|(d, _)| d.clone()).collect();
+    let mut refused: HashSet<String> = HashSet::new();
+    if !to_mirror.is_empty() {
+        let answers = transition_all(sh, Step::Mirrored, &to_mirror).await?;
+        crash_point("node.mirrored.after_response");
+        for (d, answer) in to_mirror.iter().zip(answers) {
+            if let Err(e) = answer {
+                drop_local(sh, &d.delivery_id, "mirrored", &e).await?;
+                refused.insert(d.delivery_id.clone());
+            }
+        }
     }
-    sh.acked_here.lock().unwrap_or_else(|p| p.into_inner()).insert((id.to_string(), d.attempt));
+    let to_ack: Vec<ClaimedDelivery> =
+        items.into_iter().map(|(d, _)| d).filter(|d| !refused.contains(&d.delivery_id)).collect();
+    if to_ack.is_empty() {
+        return Ok(());
+    }
+    let answers = transition_all(sh, Step::Ack, &to_ack).await?;
+    crash_point("node.ack.after_response");
+    let mut open = Vec::with_capacity(to_ack.len());
+    for (d, answer) in to_ack.iter().zip(answers) {
+        match answer {
+            Err(e) => drop_local(sh, &d.delivery_id, "ack", &e).await?,
+            Ok(t) if t.state != DeliveryState::Delivered => {
+                tracing::error!(delivery_id = %d.delivery_id, state = %t.state, "the hub answered an ack without delivering; not running it");
+            }
+            Ok(_) => open.push(d),
+        }
+    }
+    if open.is_empty() {
+        return Ok(());
+    }
+    let (gates, now_ms): (Vec<(String, String)>, i64) =
+        (open.iter().map(|d| (d.delivery_id.clone(), d.claim_token.clone())).collect(), sh.now_ms());
+    let moved = sh.store.call(move |db| db.mark_acked_batch(&gates, now_ms)).await?;
+    {
+        let mut acked = sh.acked_here.lock().unwrap_or_else(|p| p.into_inner());
+        for (d, moved) in open.iter().zip(moved) {
+            if moved {
+                tracing::debug!(delivery_id = %d.delivery_id, "acked: the execution gate is open");
+            }
+            acked.insert((d.delivery_id.clone(), d.attempt));
+        }
+    }
     sh.wake_scheduler.notify_one();
     Ok(())
+}
+
+/// Asks the hub to make `step` for every delivery of `ds`; returns one final answer per item,
+/// in order: the hub's answer, or its refusal of that item. Transient failures (of the whole
+/// request or of an item) are retried with backoff until the hub answers; a refusal of this
+/// node (revoked, superseded) or shutdown stops it.
+async fn transition_all<H: Hub>(
+    sh: &Arc<Shared<H>>,
+    step: Step,
+    ds: &[ClaimedDelivery],
+) -> Result<Vec<Result<TransitionResponse, HubError>>, Stop> {
+    let mut answers: Vec<Option<Result<TransitionResponse, HubError>>> = vec![None; ds.len()];
+    let mut backoff = Backoff::new(BACKOFF_BASE, sh.config.backoff_max);
+    loop {
+        let pending: Vec<usize> = (0..ds.len()).filter(|i| answers[*i].is_none()).collect();
+        if pending.is_empty() {
+            return Ok(answers.into_iter().flatten().collect());
+        }
+        let items: Vec<(String, String)> =
+            pending.iter().map(|i| (ds[*i].delivery_id.clone(), ds[*i].claim_token.clone())).collect();
+        let sent = tokio::select! {
+            r = send_step(sh, step, items) => r,
+            _ = sh.shutdown.cancelled() => return Err(Stop::Shutdown),
+        };
+        let mut transient = None;
+        for (i, answer) in pending.into_iter().zip(sent) {
+            match answer {
+                Ok(t) => answers[i] = Some(Ok(t)),
+                Err(e) if let Some(why) = e.refused_for_good() => {
+                    sh.finish(why);
+                    return Err(Stop::Shutdown);
+                }
+                Err(e) if let Some(message) = e.superseded() => {
+                    sh.supersede(&message);
+                    return Err(Stop::Shutdown);
+                }
+                Err(e) if e.is_transient() => transient = Some(e),
+                Err(e) => answers[i] = Some(Err(e)),
+            }
+        }
+        if let Some(e) = transient {
+            tracing::warn!("hub call failed ({}), retrying: {e}", step.as_str());
+            sh.pause(backoff.next_delay()).await;
+            if sh.shutdown.is_cancelled() {
+                return Err(Stop::Shutdown);
+            }
+        }
+    }
+}
+
+/// One round of `step` for `items` (delivery id, claim token): one answer per item, in order.
+/// One batch request per `BATCH_ITEMS_MAX` items; single requests, sent concurrently, to a hub
+/// that predates batches, or for a batch the hub refused whole for what it carried (a bound):
+/// then each item gets the single endpoint's own answer.
+async fn send_step<H: Hub>(
+    sh: &Arc<Shared<H>>,
+    step: Step,
+    items: Vec<(String, String)>,
+) -> Vec<Result<TransitionResponse, HubError>> {
+    let mut out = Vec::with_capacity(items.len());
+    for chunk in items.chunks(BATCH_ITEMS_MAX) {
+        if !sh.batches() {
+            out.extend(send_singles(sh, step, chunk.to_vec()).await);
+            continue;
+        }
+        let batch: Vec<HolderItem> = chunk
+            .iter()
+            .map(|(id, token)| HolderItem { delivery_id: id.clone(), claim_token: token.clone() })
+            .collect();
+        let answer = match step {
+            Step::Mirrored => sh.hub.mirrored_batch(batch).await,
+            Step::Ack => sh.hub.ack_batch(batch).await,
+        };
+        match answer {
+            Ok(results) => out.extend(results.into_iter().map(crate::client::item_answer)),
+            Err(e) if e.route_unknown() => {
+                sh.no_batches(&e);
+                out.extend(send_singles(sh, step, chunk.to_vec()).await);
+            }
+            Err(e) if e.is_transient() || e.refused_for_good().is_some() || e.superseded().is_some() => {
+                out.extend(chunk.iter().map(|_| Err(e.clone())));
+            }
+            Err(e) => {
+                tracing::warn!("the hub refused a batch {} whole ({e}); sending its items one by one", step.as_str());
+                out.extend(send_singles(sh, step, chunk.to_vec()).await);
+            }
+        }
+    }
+    out
+}
+
+/// `step` for each of `items` in its own request, sent concurrently; one answer per item, in
+/// order.
+async fn send_singles<H: Hub>(
+    sh: &Arc<Shared<H>>,
+    step: Step,
+    items: Vec<(String, String)>,
+) -> Vec<Result<TransitionResponse, HubError>> {
+    let mut calls = JoinSet::new();
+    for (i, (id, token)) in items.into_iter().enumerate() {
+        let sh = Arc::clone(sh);
+        calls.spawn(async move {
+            let r = match step {
+                Step::Mirrored => sh.hub.mirrored(&id, &token).await,
+                Step::Ack => sh.hub.ack(&id, &token).await,
+            };
+            (i, r)
+        });
+    }
+    let mut out: Vec<Option<Result<TransitionResponse, HubError>>> = vec![None; calls.len()];
+    while let Some(joined) = calls.join_next().await {
+        match joined {
+            Ok((i, r)) => out[i] = Some(r),
+            Err(e) => tracing::error!("a {} call's task failed: {e}", step.as_str()),
+        }
+    }
+    out.into_iter()
+        .map(|r| {
+            r.unwrap_or_else(|| {
+                Err(HubError::Unreachable { detail: "the call's task failed".into(), maybe_sent: true })
+            })
+        })
+        .collect()
 }
 
 /// The hub refused a transition for good: the delivery is not ours any more. It never runs.
@@ -500,40 +657,6 @@ async fn drop_local<H: Hub>(sh: &Shared<H>, id: &str, step: &str, e: &HubError) 
     sh.wake_scheduler.notify_one();
     sh.wake_claimer.notify_one();
     Ok(())
-}
-
-/// Calls the hub until it answers, backing off on transient failures.
-async fn retry<H, T, F, Fut>(sh: &Shared<H>, mut call: F) -> Result<T, Stop>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, HubError>>,
-{
-    let mut backoff = Backoff::new(BACKOFF_BASE, sh.config.backoff_max);
-    loop {
-        let r = tokio::select! {
-            r = call() => r,
-            _ = sh.shutdown.cancelled() => return Err(Stop::Shutdown),
-        };
-        match r {
-            Ok(v) => return Ok(v),
-            Err(e) if let Some(why) = e.refused_for_good() => {
-                sh.finish(why);
-                return Err(Stop::Shutdown);
-            }
-            Err(e) if let Some(message) = e.superseded() => {
-                sh.supersede(&message);
-                return Err(Stop::Shutdown);
-            }
-            Err(e) if e.is_transient() => {
-                tracing::warn!("hub call failed, retrying: {e}");
-                sh.pause(backoff.next_delay()).await;
-                if sh.shutdown.is_cancelled() {
-                    return Err(Stop::Shutdown);
-                }
-            }
-            Err(e) => return Err(Stop::Hub(e)),
-        }
-    }
 }
 
 /// Holdings resync: asks the hub what this instance holds and resumes each; then drops local
@@ -593,7 +716,7 @@ async fn resume<H: Hub>(sh: &Arc<Shared<H>>, h: &ClaimedDelivery) -> Result<(), 
             tracing::error!(delivery_id = %h.delivery_id, "the hub lists as not acked a delivery that already ran here; not acking it");
             return Ok(());
         }
-        return handoff(sh, h, h.state).await;
+        return handoff_batch(sh, vec![(h.clone(), h.state)]).await;
     }
     match m {
         Mirrored::New | Mirrored::Replaced | Mirrored::NewRun => {

@@ -11,9 +11,10 @@ use crate::config::{ConfigError, NodeConfig};
 use crate::limits::{CONNECT_TIMEOUT, REQUEST_TIMEOUT};
 use baton_shared::error::ErrorCode;
 use baton_shared::wire::{
-    ClaimRequest, ClaimResponse, ClaimedDelivery, ErrorBody, HolderRequest, HoldingsResponse, RejectRequest,
-    ReportRequest, ReportResponse, SESSION_HEADER, SessionEndRequest, SessionRequest, SessionResponse, StartItem,
-    StartRequest, StartResponse, StartResult, TransitionResponse,
+    BatchHolderRequest, BatchReportRequest, BatchReportResponse, BatchTransitionResponse, ClaimRequest, ClaimResponse,
+    ClaimedDelivery, ErrorBody, HolderItem, HolderRequest, HoldingsResponse, ItemResult, RejectRequest, ReportRequest,
+    ReportResponse, SESSION_HEADER, SessionEndRequest, SessionRequest, SessionResponse, StartItem, StartRequest,
+    StartResponse, StartResult, TransitionResponse,
 };
 use std::future::Future;
 use std::path::PathBuf;
@@ -164,6 +165,39 @@ pub trait Hub: Send + Sync + 'static {
     ) -> impl Future<Output = Result<TransitionResponse, HubError>> + Send;
     /// `POST /delivery-report`.
     fn report(&self, body: &ReportRequest) -> impl Future<Output = Result<ReportResponse, HubError>> + Send;
+    /// `POST /v1/batch/mirrored`: `mirrored` for many deliveries (at most
+    /// `limits::BATCH_ITEMS_MAX`); one result per item, in order. A hub that predates batches
+    /// answers 404 (`HubError::route_unknown`).
+    fn mirrored_batch(
+        &self,
+        items: Vec<HolderItem>,
+    ) -> impl Future<Output = Result<Vec<ItemResult<TransitionResponse>>, HubError>> + Send;
+    /// `POST /v1/batch/ack`: `ack` for many deliveries, as `mirrored_batch`.
+    fn ack_batch(
+        &self,
+        items: Vec<HolderItem>,
+    ) -> impl Future<Output = Result<Vec<ItemResult<TransitionResponse>>, HubError>> + Send;
+    /// `POST /v1/batch/reports`: many attempt reports (at most `limits::BATCH_ITEMS_MAX`, and
+    /// `limits::BATCH_BYTES_MAX` bytes); one result per report, in order.
+    fn report_batch(
+        &self,
+        reports: Vec<ReportRequest>,
+    ) -> impl Future<Output = Result<Vec<ItemResult<ReportResponse>>, HubError>> + Send;
+}
+
+/// One item of a batch answer as the single endpoint's answer would have been: its body, or
+/// `HubError::Refused` with its status and error.
+pub fn item_answer<T>(item: ItemResult<T>) -> Result<T, HubError> {
+    let status = item.status;
+    item.into_result().map_err(|e| HubError::Refused { status, code: e.code, message: e.message })
+}
+
+/// Checks that a batch answer has one result per item sent.
+fn one_per_item<T>(route: &str, sent: usize, results: Vec<T>) -> Result<Vec<T>, HubError> {
+    if results.len() != sent {
+        return Err(HubError::BadAnswer(format!("{route}: {} results for {sent} items", results.len())));
+    }
+    Ok(results)
 }
 
 /// The real hub, over HTTPS with this host's client certificate. Clones share one client, so a
@@ -241,8 +275,12 @@ impl HubClient {
     /// certificate.
     async fn send<T: serde::de::DeserializeOwned>(
         &self,
+        route: &'static str,
+        items: usize,
         build: impl FnOnce(&reqwest::Client) -> reqwest::RequestBuilder,
     ) -> Result<T, HubError> {
+        // One line per request, by route (what `BATON_LOG=baton_node::requests=debug` counts).
+        tracing::debug!(target: "baton_node::requests", route, items, "hub request");
         let (generation, http) = self.client();
         let mut req = build(&http);
         let session = self.inner.session.load(Ordering::SeqCst);
@@ -280,11 +318,27 @@ impl HubClient {
     async fn transition(
         &self,
         delivery_id: &str,
-        what: &str,
+        what: &'static str,
         body: impl serde::Serialize,
     ) -> Result<TransitionResponse, HubError> {
         let url = format!("{}/v1/deliveries/{}/{what}", self.inner.base, path_segment(delivery_id));
-        self.send(|http| http.post(url).timeout(REQUEST_TIMEOUT).json(&body)).await
+        self.send(what, 1, |http| http.post(url).timeout(REQUEST_TIMEOUT).json(&body)).await
+    }
+}
+
+impl HubClient {
+    /// `POST /v1/{route}` for a batch of holder steps (`batch/mirrored`, `batch/ack`).
+    async fn holder_batch(
+        &self,
+        route: &'static str,
+        deliveries: Vec<HolderItem>,
+    ) -> Result<Vec<ItemResult<TransitionResponse>>, HubError> {
+        let n = deliveries.len();
+        let body = BatchHolderRequest { instance_id: self.inner.instance_id.clone(), deliveries };
+        let url = format!("{}/v1/{route}", self.inner.base);
+        let r: BatchTransitionResponse =
+            self.send(route, n, |http| http.post(url).timeout(REQUEST_TIMEOUT).json(&body)).await?;
+        one_per_item(route, n, r.results)
     }
 }
 
@@ -321,7 +375,8 @@ impl Hub for HubClient {
             node_version: Some(env!("CARGO_PKG_VERSION").to_string()),
         };
         let url = format!("{}/v1/sessions", self.inner.base);
-        let r: SessionResponse = self.send(|http| http.post(url).timeout(REQUEST_TIMEOUT).json(&body)).await?;
+        let r: SessionResponse =
+            self.send("sessions", 0, |http| http.post(url).timeout(REQUEST_TIMEOUT).json(&body)).await?;
         self.inner.session.store(r.session, Ordering::SeqCst);
         Ok(r)
     }
@@ -333,14 +388,17 @@ impl Hub for HubClient {
         }
         let body = SessionEndRequest { instance_id: self.inner.instance_id.clone(), session };
         let url = format!("{}/v1/sessions/end", self.inner.base);
-        let _: serde_json::Value = self.send(|http| http.post(url).timeout(REQUEST_TIMEOUT).json(&body)).await?;
+        let _: serde_json::Value =
+            self.send("sessions/end", 0, |http| http.post(url).timeout(REQUEST_TIMEOUT).json(&body)).await?;
         Ok(())
     }
 
     async fn starts(&self, items: Vec<StartItem>) -> Result<Vec<StartResult>, HubError> {
+        let n = items.len();
         let body = StartRequest { instance_id: self.inner.instance_id.clone(), starts: items };
         let url = format!("{}/v1/starts", self.inner.base);
-        let r: StartResponse = self.send(|http| http.post(url).timeout(REQUEST_TIMEOUT).json(&body)).await?;
+        let r: StartResponse =
+            self.send("starts", n, |http| http.post(url).timeout(REQUEST_TIMEOUT).json(&body)).await?;
         Ok(r.results)
     }
 
@@ -352,14 +410,14 @@ impl Hub for HubClient {
         };
         let url = format!("{}/v1/claims", self.inner.base);
         let timeout = self.inner.claim_timeout;
-        self.send(|http| http.post(url).timeout(timeout).json(&body)).await
+        self.send("claims", 0, |http| http.post(url).timeout(timeout).json(&body)).await
     }
 
     async fn holdings(&self) -> Result<Vec<ClaimedDelivery>, HubError> {
         let mut url = reqwest::Url::parse(&format!("{}/v1/holdings", self.inner.base))
             .map_err(|e| HubError::BadAnswer(e.to_string()))?;
         url.query_pairs_mut().append_pair("instance_id", &self.inner.instance_id);
-        let r: HoldingsResponse = self.send(|http| http.get(url).timeout(REQUEST_TIMEOUT)).await?;
+        let r: HoldingsResponse = self.send("holdings", 0, |http| http.get(url).timeout(REQUEST_TIMEOUT)).await?;
         Ok(r.deliveries)
     }
 
@@ -380,9 +438,26 @@ impl Hub for HubClient {
         self.transition(delivery_id, "reject", body).await
     }
 
+    async fn mirrored_batch(&self, items: Vec<HolderItem>) -> Result<Vec<ItemResult<TransitionResponse>>, HubError> {
+        self.holder_batch("batch/mirrored", items).await
+    }
+
+    async fn ack_batch(&self, items: Vec<HolderItem>) -> Result<Vec<ItemResult<TransitionResponse>>, HubError> {
+        self.holder_batch("batch/ack", items).await
+    }
+
+    async fn report_batch(&self, reports: Vec<ReportRequest>) -> Result<Vec<ItemResult<ReportResponse>>, HubError> {
+        let n = reports.len();
+        let body = BatchReportRequest { reports };
+        let url = format!("{}/v1/batch/reports", self.inner.base);
+        let r: BatchReportResponse =
+            self.send("batch/reports", n, |http| http.post(url).timeout(REQUEST_TIMEOUT).json(&body)).await?;
+        one_per_item("batch/reports", n, r.results)
+    }
+
     async fn report(&self, body: &ReportRequest) -> Result<ReportResponse, HubError> {
         let url = format!("{}/delivery-report", self.inner.base);
-        self.send(|http| http.post(url).timeout(REQUEST_TIMEOUT).json(body)).await
+        self.send("report", 1, |http| http.post(url).timeout(REQUEST_TIMEOUT).json(body)).await
     }
 }
 

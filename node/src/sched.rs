@@ -3,16 +3,17 @@
 //! turns `shutdown_grace` and then stops them (SIGTERM, SIGKILL after `kill_grace`).
 //!
 //! Starting a command turn: the process is spawned and held at the gate (`exec::spawn`), then
-//! the start marker is written together with its process group (`Db::begin_attempt`, one
-//! transaction), and only then is it released (`exec::Spawned::run`). A crash before the marker
-//! leaves no marker and a gate that reads end-of-file and exits: the harness never ran, and the
-//! turn runs after the restart. A crash after it leaves a start marker without an end marker: the
+//! the start marker is written together with its process group (in the pass's one transaction,
+//! `Db::fold_markers`, with the other turns' markers), and only then is it released
+//! (`exec::Spawned::run`). A crash before the marker leaves no marker and a gate that reads
+//! end-of-file and exits: the harness never ran, and the turn runs after the restart. A crash after it leaves a start marker without an end marker: the
 //! next start stops what is left of the recorded group and reports the attempt `unknown`.
 
 use crate::backoff::Backoff;
 use crate::client::Hub;
 use crate::config::Harness;
 use crate::exec::{CancelHandle, ExecSpec, Spawned, run_noop};
+use crate::group::ProcessIdentity;
 use crate::limits::BACKOFF_BASE;
 use crate::shared_state::Shared;
 use crate::store::{Ending, QueuedTurn, StartedTurn, StoreError};
@@ -57,41 +58,58 @@ pub const REASON_STOPPED_AFTER_HUB_START: &str =
 ///
 /// Each pass asks the hub, in one `POST /v1/starts`, to record the start of every turn it is
 /// about to start, and starts only those the hub answered `start: true` (order: the hub's
-/// start record, then the local start marker, then the harness).
+/// start record, then the local start marker, then the harness). A pass writes its markers in
+/// one local transaction (`Db::fold_markers`): the end markers of the turns that ended since
+/// the last pass, then the start markers of the turns it releases.
 pub(crate) async fn scheduler<H: Hub>(sh: Arc<Shared<H>>) -> anyhow::Result<()> {
     let kill = sh.kill_turns.clone();
     let limit = sh.config.parallel_conversations as usize;
-    let mut running: HashSet<String> = HashSet::new();
-    let mut by_task: HashMap<tokio::task::Id, String> = HashMap::new();
-    let mut tasks: JoinSet<()> = JoinSet::new();
+    let mut turns_running = Running::default();
     let mut backoff = Backoff::new(BACKOFF_BASE, sh.config.backoff_max);
     while !sh.shutdown.is_cancelled() {
-        let queued = sh.store.call(|db| db.queued_turns()).await?;
-        let mut turns = Vec::new();
-        for t in pick(&queued, &running, limit.saturating_sub(running.len())) {
-            let id = t.delivery_id.clone();
-            if let Some(turn) = sh.store.call(move |db| db.next_attempt(&id)).await? {
-                turns.push(turn);
-            }
+        while let Some(done) = turns_running.tasks.try_join_next_with_id() {
+            turns_running.joined(done);
         }
+        let queued = sh.store.call(|db| db.queued_turns()).await?;
+        let ids: Vec<String> =
+            pick(&queued, &turns_running.conversations, limit.saturating_sub(turns_running.conversations.len()))
+                .into_iter()
+                .map(|t| t.delivery_id)
+                .collect();
+        let turns = if ids.is_empty() {
+            Vec::new()
+        } else {
+            sh.store
+                .call(move |db| {
+                    let mut out = Vec::with_capacity(ids.len());
+                    for id in &ids {
+                        out.extend(db.next_attempt(id)?);
+                    }
+                    Ok(out)
+                })
+                .await?
+        };
         let mut retry_in = None;
+        let mut confirmed = Vec::new();
         if !turns.is_empty() {
-            let (confirmed, later) = confirm_starts(&sh, turns).await?;
+            let later;
+            (confirmed, later) = confirm_starts(&sh, turns).await?;
             if later {
                 retry_in = Some(backoff.next_delay());
             } else {
                 backoff.reset();
             }
-            for turn in confirmed {
-                let Some(start) = start(&sh, &turn).await? else {
-                    continue;
-                };
-                crash_point("node.exec.after_start_marker");
-                running.insert(turn.conversation.clone());
-                let conversation = turn.conversation.clone();
-                let handle = tasks.spawn(execute(Arc::clone(&sh), turn, start, kill.clone()));
-                by_task.insert(handle.id(), conversation);
-            }
+        }
+        let mut prepared = Vec::with_capacity(confirmed.len());
+        for turn in confirmed {
+            let (start, process) = prepare(&sh, &turn).await;
+            prepared.push((turn, start, process));
+        }
+        for (turn, start) in fold(&sh, &mut turns_running.ended, prepared).await? {
+            turns_running.conversations.insert(turn.conversation.clone());
+            let conversation = turn.conversation.clone();
+            let handle = turns_running.tasks.spawn(execute(Arc::clone(&sh), turn, start, kill.clone()));
+            turns_running.by_task.insert(handle.id(), conversation);
         }
         let retry = async {
             match retry_in {
@@ -102,22 +120,11 @@ pub(crate) async fn scheduler<H: Hub>(sh: Arc<Shared<H>>) -> anyhow::Result<()> 
         tokio::select! {
             _ = sh.wake_scheduler.notified() => {}
             _ = retry => {}
-            Some(done) = tasks.join_next_with_id() => {
-                let id = match done {
-                    Ok((id, ())) => id,
-                    Err(e) => {
-                        tracing::error!("a turn's task failed: {e}");
-                        e.id()
-                    }
-                };
-                if let Some(c) = by_task.remove(&id) {
-                    running.remove(&c);
-                }
-                sh.wake_claimer.notify_one();
-            }
+            Some(done) = turns_running.tasks.join_next_with_id() => turns_running.joined(done),
             _ = sh.shutdown.cancelled() => {}
         }
     }
+    let tasks = &mut turns_running.tasks;
     if !tasks.is_empty() {
         let grace = if sh.superseded.get().is_some() { std::time::Duration::ZERO } else { sh.config.shutdown_grace };
         tracing::info!(
@@ -125,7 +132,13 @@ pub(crate) async fn scheduler<H: Hub>(sh: Arc<Shared<H>>) -> anyhow::Result<()> 
             humantime::format_duration(grace),
             tasks.len()
         );
-        let drained = tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} }).await;
+        let mut ended = Vec::new();
+        let drained = tokio::time::timeout(grace, async {
+            while let Some(done) = tasks.join_next().await {
+                ended.extend(done.ok());
+            }
+        })
+        .await;
         if drained.is_err() {
             tracing::warn!(
                 "stopping {} turn(s) still running after shutdown_grace (SIGTERM, then SIGKILL after kill_grace); \
@@ -133,10 +146,109 @@ pub(crate) async fn scheduler<H: Hub>(sh: Arc<Shared<H>>) -> anyhow::Result<()> 
                 tasks.len()
             );
             kill.cancel();
-            while tasks.join_next().await.is_some() {}
+            while let Some(done) = tasks.join_next().await {
+                ended.extend(done.ok());
+            }
         }
+        turns_running.ended.extend(ended);
+    }
+    if !turns_running.ended.is_empty() {
+        fold(&sh, &mut turns_running.ended, Vec::new()).await?;
     }
     Ok(())
+}
+
+/// The scheduler's running turns: their tasks, the conversations they occupy, and the turns
+/// that ended and wait for the next pass to write their end markers.
+#[derive(Default)]
+struct Running {
+    /// One task per running turn; each ends with its turn and how it ended.
+    tasks: JoinSet<(StartedTurn, Ending)>,
+    /// The conversation of each task.
+    by_task: HashMap<tokio::task::Id, String>,
+    /// The conversations with a running turn (one turn per conversation at a time).
+    conversations: HashSet<String>,
+    /// Ended turns whose end marker the next pass writes.
+    ended: Vec<(StartedTurn, Ending)>,
+}
+
+impl Running {
+    /// A turn's task ended: its conversation is free, its end marker waits for the fold. A task
+    /// that failed (a panic) leaves its attempt started: reported `unknown` at the next start.
+    fn joined(&mut self, done: Result<(tokio::task::Id, (StartedTurn, Ending)), tokio::task::JoinError>) {
+        let id = match done {
+            Ok((id, ended)) => {
+                self.ended.push(ended);
+                id
+            }
+            Err(e) => {
+                tracing::error!("a turn's task failed: {e}; its attempt will be reported unknown at the next start");
+                e.id()
+            }
+        };
+        if let Some(c) = self.by_task.remove(&id) {
+            self.conversations.remove(&c);
+        }
+    }
+}
+
+/// Writes one pass's markers in one local transaction: the end markers of `ended` (taken
+/// out), then the start markers of `prepared`. Returns the turns to release (their start
+/// marker is written); a prepared turn that cannot start after all is let go (its process
+/// leaves the gate without running anything) and forgotten.
+async fn fold<H: Hub>(
+    sh: &Shared<H>,
+    ended: &mut Vec<(StartedTurn, Ending)>,
+    prepared: Vec<(StartedTurn, Start, Option<ProcessIdentity>)>,
+) -> Result<Vec<(StartedTurn, Start)>, StoreError> {
+    if ended.is_empty() && prepared.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ends: Vec<(StartedTurn, Ending)> = std::mem::take(ended);
+    let end_markers: Vec<(String, Ending)> = ends.iter().map(|(t, e)| (t.attempt_id.clone(), e.clone())).collect();
+    let start_markers: Vec<(StartedTurn, Option<ProcessIdentity>)> =
+        prepared.iter().map(|(t, _, p)| (t.clone(), p.clone())).collect();
+    let now_ms = sh.now_ms();
+    let folded = sh.store.call(move |db| db.fold_markers(&end_markers, &start_markers, now_ms)).await;
+    let folded = match folded {
+        Ok(f) => f,
+        Err(e) => {
+            for (turn, _) in &ends {
+                forget(sh, turn);
+            }
+            for (turn, start, _) in prepared {
+                if let Start::Command(spawned) = start {
+                    spawned.abandon().await;
+                }
+                forget(sh, &turn);
+            }
+            return Err(e);
+        }
+    };
+    for (turn, _) in &ends {
+        forget(sh, turn);
+    }
+    if !ends.is_empty() {
+        crash_point("node.exec.after_end_marker");
+        sh.wake_outbox.notify_one();
+    }
+    // Fewer executions wait unstarted, or a turn ended: the claim loop may ask for more.
+    sh.wake_claimer.notify_one();
+    let mut release = Vec::with_capacity(prepared.len());
+    for ((turn, start, _), begun) in prepared.into_iter().zip(folded.begun) {
+        if begun {
+            release.push((turn, start));
+        } else {
+            if let Start::Command(spawned) = start {
+                spawned.abandon().await;
+            }
+            forget(sh, &turn);
+        }
+    }
+    if !release.is_empty() {
+        crash_point("node.exec.after_start_marker");
+    }
+    Ok(release)
 }
 
 /// What the hub said about the turns a pass is about to start.
@@ -298,33 +410,17 @@ enum Start {
     Failed(Ending),
 }
 
-/// Writes `turn`'s start marker; for a command, spawns its process at the gate first and stores
-/// its process group in the same transaction. `None` when the turn cannot start after all
-/// (nothing was written, and a spawned process is let go without running anything): a local
-/// cancel got there first, for one. Its cancel handle is registered before the marker.
-async fn start<H: Hub>(sh: &Shared<H>, turn: &StartedTurn) -> Result<Option<Start>, StoreError> {
+/// Readies `turn` to start: registers its cancel handle (before its start marker, so a cancel
+/// that finds it started finds the handle) and, for a command, spawns its process held at the
+/// gate, with the process group the start marker stores. Nothing is written here: the pass's
+/// `fold` writes the marker, then the turn is released (or let go).
+async fn prepare<H: Hub>(sh: &Shared<H>, turn: &StartedTurn) -> (Start, Option<ProcessIdentity>) {
     sh.acked_here.lock().unwrap_or_else(|p| p.into_inner()).remove(&(turn.delivery_id.clone(), turn.run));
     sh.running
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .insert(turn.delivery_id.clone(), (turn.run, CancelHandle::default()));
-    let started = begin(sh, turn).await;
-    if !matches!(started, Ok(Some(_))) {
-        forget(sh, turn);
-    }
-    started
-}
-
-/// Removes `turn`'s cancel handle (it did not start, or its end marker is written).
-fn forget<H>(sh: &Shared<H>, turn: &StartedTurn) {
-    let mut running = sh.running.lock().unwrap_or_else(|p| p.into_inner());
-    if running.get(&turn.delivery_id).is_some_and(|(run, _)| *run == turn.run) {
-        running.remove(&turn.delivery_id);
-    }
-}
-
-async fn begin<H: Hub>(sh: &Shared<H>, turn: &StartedTurn) -> Result<Option<Start>, StoreError> {
-    let (start, process) = match sh.config.harness {
+    match sh.config.harness {
         Harness::Noop => (Start::Noop, None),
         Harness::Command => match crate::exec::spawn(&spec(sh), turn) {
             Err(ending) => (Start::Failed(ending), None),
@@ -345,16 +441,15 @@ async fn begin<H: Hub>(sh: &Shared<H>, turn: &StartedTurn) -> Result<Option<Star
                 }
             }
         },
-    };
-    let (t, now_ms) = (turn.clone(), sh.now_ms());
-    let begun = sh.store.call(move |db| db.begin_attempt(&t, process.as_ref(), now_ms)).await?;
-    if begun {
-        return Ok(Some(start));
     }
-    if let Start::Command(spawned) = start {
-        spawned.abandon().await;
+}
+
+/// Removes `turn`'s cancel handle (it did not start, or its end marker is written).
+fn forget<H>(sh: &Shared<H>, turn: &StartedTurn) {
+    let mut running = sh.running.lock().unwrap_or_else(|p| p.into_inner());
+    if running.get(&turn.delivery_id).is_some_and(|(run, _)| *run == turn.run) {
+        running.remove(&turn.delivery_id);
     }
-    Ok(None)
 }
 
 fn spec<H>(sh: &Shared<H>) -> ExecSpec {
@@ -369,8 +464,14 @@ fn spec<H>(sh: &Shared<H>) -> ExecSpec {
     }
 }
 
-/// Runs one started turn and writes its end marker (which queues its report).
-async fn execute<H: Hub>(sh: Arc<Shared<H>>, turn: StartedTurn, start: Start, kill: CancellationToken) {
+/// Runs one started turn; returns how it ended, for the next pass to write its end marker
+/// (which queues its report).
+async fn execute<H: Hub>(
+    sh: Arc<Shared<H>>,
+    turn: StartedTurn,
+    start: Start,
+    kill: CancellationToken,
+) -> (StartedTurn, Ending) {
     tracing::info!(delivery_id = %turn.delivery_id, attempt_id = %turn.attempt_id, conversation = %turn.conversation, seq = turn.seq, attempt = turn.run, "running turn");
     let cancel = sh.running_turn(&turn.delivery_id, turn.run).unwrap_or_default();
     let ending = match start {
@@ -393,19 +494,7 @@ async fn execute<H: Hub>(sh: Arc<Shared<H>>, turn: StartedTurn, start: Start, ki
         exit_code = ending.exit_code, duration_ms = ending.duration_ms, signal = ending.signal,
         reason = ending.reason.as_deref(), "turn ended"
     );
-    let (attempt_id, now_ms) = (turn.attempt_id.clone(), sh.now_ms());
-    let ended = sh.store.call(move |db| db.end_attempt(&attempt_id, &ending, now_ms)).await;
-    forget(&sh, &turn);
-    match ended {
-        Ok(()) => {
-            crash_point("node.exec.after_end_marker");
-            sh.wake_outbox.notify_one();
-        }
-        Err(e) => tracing::error!(
-            attempt_id = %turn.attempt_id,
-            "writing the end marker failed: {e}; the attempt will be reported unknown at the next start"
-        ),
-    }
+    (turn, ending)
 }
 
 #[cfg(test)]

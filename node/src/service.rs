@@ -15,8 +15,8 @@
 
 use crate::client::{Hub, HubError};
 use baton_shared::wire::{
-    ClaimResponse, ClaimedDelivery, ReportRequest, ReportResponse, SessionResponse, StartItem, StartResult,
-    TransitionResponse,
+    ClaimResponse, ClaimedDelivery, HolderItem, ItemResult, ReportRequest, ReportResponse, SessionResponse, StartItem,
+    StartResult, TransitionResponse,
 };
 use sd_notify::NotifyState;
 use std::future::Future;
@@ -84,6 +84,15 @@ impl<H: Hub> Hub for Notifying<H> {
     }
     async fn report(&self, body: &ReportRequest) -> Result<ReportResponse, HubError> {
         self.answered(self.inner.report(body).await)
+    }
+    async fn mirrored_batch(&self, items: Vec<HolderItem>) -> Result<Vec<ItemResult<TransitionResponse>>, HubError> {
+        self.answered(self.inner.mirrored_batch(items).await)
+    }
+    async fn ack_batch(&self, items: Vec<HolderItem>) -> Result<Vec<ItemResult<TransitionResponse>>, HubError> {
+        self.answered(self.inner.ack_batch(items).await)
+    }
+    async fn report_batch(&self, reports: Vec<ReportRequest>) -> Result<Vec<ItemResult<ReportResponse>>, HubError> {
+        self.answered(self.inner.report_batch(reports).await)
     }
 }
 

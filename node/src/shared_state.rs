@@ -59,6 +59,10 @@ pub(crate) struct Shared<H> {
     /// The hub does not know `POST /v1/starts` (it predates it): turns start on the local gate
     /// alone, as before. Set at the first such answer (and logged once).
     pub(crate) starts_unconfirmed: AtomicBool,
+    /// The hub does not know the batch routes (`POST /v1/batch/...`; it predates them): holder
+    /// steps and reports go one request per delivery, as before. Set at the first 404 to a
+    /// batch route (and logged once).
+    pub(crate) batch_unknown: AtomicBool,
     /// The runs (delivery id, run) whose ack the hub confirmed to this process and that have
     /// not started yet. While the hub cannot be reached, these — and only these — may start on
     /// the local gate without the hub's start record (SPEC §4: a node keeps running what it
@@ -114,6 +118,18 @@ impl<H> Shared<H> {
     pub(crate) fn running_turn(&self, delivery_id: &str, run: u32) -> Option<CancelHandle> {
         let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
         running.get(delivery_id).filter(|(r, _)| *r == run).map(|(_, h)| h.clone())
+    }
+
+    /// Whether the hub's batch routes may be used (none has answered 404 yet).
+    pub(crate) fn batches(&self) -> bool {
+        !self.batch_unknown.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// A batch route answered 404: this hub predates batches; single requests from now on.
+    pub(crate) fn no_batches(&self, e: &crate::client::HubError) {
+        if !self.batch_unknown.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::warn!("the hub does not know batch requests ({e}); sending one request per delivery");
+        }
     }
 
     /// Sleeps for `d`, or less when shutdown begins first.

@@ -25,7 +25,7 @@ mod outbox;
 mod retention;
 mod summary;
 
-pub use attempts::{CancelLocal, Ending, ExecState, Interrupted, QueuedTurn, StartedTurn};
+pub use attempts::{CancelLocal, Ending, ExecState, Folded, Interrupted, QueuedTurn, StartedTurn};
 pub use deliveries::{LocalDelivery, LocalState, Mirrored};
 pub use outbox::{OutboxEntry, ReportState};
 pub use summary::{DeadReport, LastSession, OpenDelivery, StoreSize, Summary};

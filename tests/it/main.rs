@@ -67,6 +67,7 @@ mod hub_lean;
 mod hub_longpoll;
 mod hub_turns;
 mod instance_scope;
+mod node_batch;
 mod node_clone;
 mod node_crash;
 mod node_exec;

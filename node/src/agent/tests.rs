@@ -10,8 +10,8 @@ use crate::config::{Harness, LogFormat};
 use crate::store::{Db, LocalState};
 use baton_shared::states::Outcome;
 use baton_shared::wire::{
-    AttemptView, ClaimResponse, ReportRequest, ReportResponse, SessionResponse, StartItem, StartResult,
-    TransitionResponse,
+    AttemptView, ClaimResponse, HolderItem, ItemOutcome, ItemResult, ReportRequest, ReportResponse, SessionResponse,
+    StartItem, StartResult, TransitionResponse,
 };
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
@@ -66,6 +66,12 @@ struct HubState {
     no_turn_control: bool,
     /// Claim answers leave the cancels out (so only holdings carry them).
     cancels_only_in_holdings: bool,
+    /// A hub that predates batches: the batch routes answer 404.
+    no_batches: bool,
+    /// Reports (single or in a batch) fail as if the hub were unreachable.
+    reports_down: bool,
+    /// Every batch request, as "batch mirrored 3" (route and item count).
+    batches: Vec<String>,
 }
 
 #[derive(Clone, Default)]
@@ -320,6 +326,9 @@ impl Hub for FakeHub {
             if s.refuse_reports {
                 return Err(refused(ErrorCode::ReportConflict));
             }
+            if s.reports_down {
+                return Err(down());
+            }
             match s.held.get(&body.delivery_id) {
                 Some((d, DeliveryState::Delivered)) if d.claim_token == body.claim_token => {}
                 _ => return Err(refused(ErrorCode::StaleClaim)),
@@ -348,6 +357,63 @@ impl Hub for FakeHub {
                 retry_at_ms: None,
             })
         })
+    }
+
+    async fn mirrored_batch(&self, items: Vec<HolderItem>) -> Result<Vec<ItemResult<TransitionResponse>>, HubError> {
+        self.holder_batch("mirrored", items)
+    }
+
+    async fn ack_batch(&self, items: Vec<HolderItem>) -> Result<Vec<ItemResult<TransitionResponse>>, HubError> {
+        self.holder_batch("ack", items)
+    }
+
+    async fn report_batch(&self, reports: Vec<ReportRequest>) -> Result<Vec<ItemResult<ReportResponse>>, HubError> {
+        self.batch_call("reports", reports.len())?;
+        let mut out = Vec::with_capacity(reports.len());
+        for r in &reports {
+            out.push(batch_item(self.report(r).await)?);
+        }
+        Ok(out)
+    }
+}
+
+/// The whole-request answer of a batch when one of its items met a refusal of the request
+/// itself (an outage, a revoked certificate, a newer session); otherwise the item's own answer.
+fn batch_item<T>(answer: Result<T, HubError>) -> Result<ItemResult<T>, HubError> {
+    match answer {
+        Ok(body) => Ok(ItemResult { status: 200, outcome: ItemOutcome::Ok(body) }),
+        Err(e) if e.refused_for_good().is_some() || e.superseded().is_some() => Err(e),
+        Err(HubError::Refused { status, code, message }) => {
+            Ok(ItemResult { status, outcome: ItemOutcome::Error(baton_shared::wire::ErrorBody { code, message }) })
+        }
+        Err(e) => Err(e),
+    }
+}
+
+impl FakeHub {
+    /// Notes a batch request; a hub without batches answers 404 to it.
+    fn batch_call(&self, what: &str, n: usize) -> Result<(), HubError> {
+        self.with(|s| {
+            s.calls.push(format!("batch {what}"));
+            s.batches.push(format!("batch {what} {n}"));
+            if s.no_batches {
+                return Err(HubError::Refused { status: 404, code: "not_found".into(), message: "no route".into() });
+            }
+            Ok(())
+        })
+    }
+
+    fn holder_batch(
+        &self,
+        what: &str,
+        items: Vec<HolderItem>,
+    ) -> Result<Vec<ItemResult<TransitionResponse>>, HubError> {
+        self.batch_call(what, items.len())?;
+        let (from, to) = match what {
+            "mirrored" => (DeliveryState::Claimed, DeliveryState::Mirrored),
+            _ => (DeliveryState::Mirrored, DeliveryState::Delivered),
+        };
+        items.iter().map(|i| batch_item(self.transition(what, &i.delivery_id, &i.claim_token, from, to))).collect()
     }
 }
 
@@ -851,6 +917,15 @@ async fn instance_conflict_backs_off_and_touches_nothing() {
         async fn report(&self, _: &ReportRequest) -> Result<ReportResponse, HubError> {
             unreachable!("nothing ran")
         }
+        async fn mirrored_batch(&self, _: Vec<HolderItem>) -> Result<Vec<ItemResult<TransitionResponse>>, HubError> {
+            unreachable!("nothing is claimed")
+        }
+        async fn ack_batch(&self, _: Vec<HolderItem>) -> Result<Vec<ItemResult<TransitionResponse>>, HubError> {
+            unreachable!("nothing is claimed")
+        }
+        async fn report_batch(&self, _: Vec<ReportRequest>) -> Result<Vec<ItemResult<ReportResponse>>, HubError> {
+            unreachable!("nothing ran")
+        }
     }
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = config(dir.path(), "cat");
@@ -1243,5 +1318,95 @@ async fn holdings_out_of_seq_order_are_resumed_and_run_in_seq_order() {
     hub.with(|s| {
         let pos = |c: &str| s.calls.iter().position(|x| x == c).unwrap_or_else(|| panic!("{c}: {:?}", s.calls));
         assert!(pos("ack z1") < pos("mirrored a2"), "seq 1 handed off first: {:?}", s.calls);
+    });
+}
+
+fn count_where(dir: &Path, sql: &str) -> i64 {
+    open_db(dir).conn().query_row(sql, [], |r| r.get(0)).unwrap()
+}
+
+/// A claim batch is handed off in one `mirrored` and one `ack` request, and the reports the
+/// outbox holds go in one request: the hub sees requests per batch, not per delivery.
+#[tokio::test]
+async fn a_claim_batch_is_one_mirrored_one_ack_and_its_reports_one_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = FakeHub::default();
+    let batch: Vec<ClaimedDelivery> = (1..=6).map(|i| delivery(&format!("b{i}"), &format!("c{}", i % 3), i)).collect();
+    hub.with(|s| {
+        s.queue.extend(batch);
+        s.reports_down = true;
+    });
+    let mut cfg = config(dir.path(), "cat");
+    cfg.harness = Harness::Noop;
+    let node = start(cfg, &hub);
+    wait_until("six turns ended locally", || {
+        count_where(dir.path(), "SELECT count(*) FROM attempts WHERE ended_at_ms IS NOT NULL") == 6
+    })
+    .await;
+    hub.with(|s| s.reports_down = false);
+    wait_until("six reports", || hub.with(|s| s.outcomes.len() == 6)).await;
+    node.stop().await;
+    hub.with(|s| {
+        let holder: Vec<&String> = s.batches.iter().filter(|b| !b.starts_with("batch reports")).collect();
+        assert_eq!(holder, ["batch mirrored 6", "batch ack 6"], "{:?}", s.batches);
+        assert!(
+            s.batches.iter().any(|b| b == "batch reports 6"),
+            "the waiting reports go in one request: {:?}",
+            s.batches
+        );
+        let mut reported: Vec<&str> = s.reports.iter().map(|r| r.delivery_id.as_str()).collect();
+        reported.sort();
+        reported.dedup();
+        assert_eq!(reported.len(), 6);
+    });
+}
+
+/// One stale item of a batch is handled as its single answer would be (its local copy is
+/// dropped, it never runs); the others of the same batch run and are reported.
+#[tokio::test]
+async fn a_stale_item_of_a_batch_fails_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = FakeHub::default();
+    hub.with(|s| {
+        s.queue.extend([delivery("s1", "a", 1), delivery("s2", "b", 1), delivery("s3", "c", 1)]);
+        s.refuse_ack.insert("s2".into());
+    });
+    let node = start(config(dir.path(), &recording(dir.path())), &hub);
+    wait_until("two reports", || hub.with(|s| s.outcomes.len() == 2)).await;
+    wait_until("s2 dropped", || {
+        count_where(dir.path(), "SELECT count(*) FROM deliveries WHERE delivery_id = 's2' AND state = 'dropped'") == 1
+    })
+    .await;
+    node.stop().await;
+    let mut ran = lines(&dir.path().join("ran"));
+    ran.sort();
+    assert_eq!(ran, ["s1", "s3"]);
+    hub.with(|s| assert!(s.batches.iter().any(|b| b == "batch ack 3"), "{:?}", s.batches));
+}
+
+/// A hub that predates batches answers 404 to the first batch request; from then on every
+/// step goes one request per delivery, and every turn still runs once and is reported.
+#[tokio::test]
+async fn a_hub_without_batch_routes_gets_single_requests() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = FakeHub::default();
+    hub.with(|s| {
+        s.queue.extend([delivery("o1", "a", 1), delivery("o2", "a", 2), delivery("o3", "b", 1)]);
+        s.no_batches = true;
+    });
+    let node = start(config(dir.path(), &recording(dir.path())), &hub);
+    wait_until("three reports", || hub.with(|s| s.outcomes.len() == 3)).await;
+    hub.with(|s| s.queue.extend([delivery("o4", "b", 2), delivery("o5", "c", 1)]));
+    wait_until("five reports", || hub.with(|s| s.outcomes.len() == 5)).await;
+    node.stop().await;
+    assert_eq!(lines(&dir.path().join("ran")).len(), 5);
+    hub.with(|s| {
+        assert_eq!(s.batches, ["batch mirrored 3"], "one 404 is enough: {:?}", s.batches);
+        for id in ["o1", "o2", "o3", "o4", "o5"] {
+            for step in ["mirrored", "ack", "report"] {
+                let call = format!("{step} {id}");
+                assert!(s.calls.contains(&call), "{call} missing: {:?}", s.calls);
+            }
+        }
     });
 }

@@ -3,6 +3,7 @@
 
 use super::{Db, REASON_RESTARTED, StoreError};
 use crate::group::ProcessIdentity;
+use baton_shared::crash_point;
 use baton_shared::states::{Outcome, Rerun};
 use baton_shared::wire::ReportRequest;
 use rusqlite::{OptionalExtension, TransactionBehavior, named_params};
@@ -120,6 +121,15 @@ impl Ending {
     }
 }
 
+/// What `Db::fold_markers` wrote, item by item, in the order it was given them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Folded {
+    /// Per end marker: whether it was written (false: its attempt was not running).
+    pub ended: Vec<bool>,
+    /// Per start marker: whether it was written (false: the turn cannot start after all).
+    pub begun: Vec<bool>,
+}
+
 /// What a local cancel of one run found (`Db::cancel_unstarted`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CancelLocal {
@@ -222,37 +232,72 @@ impl Db {
         now_ms: i64,
     ) -> Result<bool, StoreError> {
         let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let n = tx.execute(
-            "UPDATE executions SET state = 'started'
-             WHERE delivery_id = :id AND run = :run AND state = 'queued'
-               AND EXISTS (SELECT 1 FROM deliveries d WHERE d.delivery_id = :id AND d.state = 'acked'
-                             AND d.run = :run AND d.message_id = :message AND d.payload = :payload)",
-            named_params! {
-                ":id": turn.delivery_id, ":run": turn.run, ":message": turn.message_id, ":payload": turn.payload,
-            },
-        )?;
-        if n == 0 {
-            return Ok(false);
+        let begun = begin_attempt_in(&tx, turn, process, now_ms)?;
+        if begun {
+            tx.commit()?;
         }
-        let start_ticks = match process {
-            None => None,
-            Some(p) => Some(i64::try_from(p.start_ticks).map_err(|_| {
-                StoreError::Conflict(format!(
-                    "attempt {}: start time {} is out of range",
-                    turn.attempt_id, p.start_ticks
-                ))
-            })?),
-        };
-        tx.execute(
-            "INSERT INTO attempts(attempt_id, delivery_id, run, started_at_ms, pgid, proc_start_ticks, boot_id)
-             VALUES (:attempt, :id, :run, :now, :pgid, :start, :boot)",
-            named_params! {
-                ":attempt": turn.attempt_id, ":id": turn.delivery_id, ":run": turn.run, ":now": now_ms,
-                ":pgid": process.map(|p| p.pgid), ":start": start_ticks, ":boot": process.map(|p| p.boot_id.as_str()),
-            },
-        )?;
+        Ok(begun)
+    }
+
+    /// One scheduler pass's markers, folded into one transaction (one sync for the pass): the
+    /// end markers of the turns that ended (each queues its report), then the start markers of
+    /// the turns about to be released (see `begin_attempt`). Each item is guarded on its own
+    /// (a savepoint each), so one that no longer applies changes nothing and fails no other: an
+    /// end whose attempt is not running is `false` in `Folded::ended`, a start whose execution
+    /// is no longer queued with its gate open is `false` in `Folded::begun`.
+    ///
+    /// A crash anywhere before the commit leaves none of them: the ended turns stay started
+    /// (reported `unknown` at the next start, never run again) and the released ones never
+    /// leave their gate.
+    pub fn fold_markers(
+        &mut self,
+        ends: &[(String, Ending)],
+        starts: &[(StartedTurn, Option<ProcessIdentity>)],
+        now_ms: i64,
+    ) -> Result<Folded, StoreError> {
+        let mut tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let mut folded = Folded { ended: Vec::with_capacity(ends.len()), begun: Vec::with_capacity(starts.len()) };
+        let mut written = 0usize;
+        for (attempt_id, ending) in ends {
+            let sp = tx.savepoint()?;
+            match end_attempt_in(&sp, attempt_id, ending, now_ms) {
+                Ok(()) => {
+                    sp.commit()?;
+                    folded.ended.push(true);
+                }
+                // Dropping the savepoint rolls back what this item wrote.
+                Err(StoreError::Conflict(why)) => {
+                    tracing::error!(attempt_id, "end marker not written: {why}");
+                    folded.ended.push(false);
+                }
+                Err(e) => return Err(e),
+            }
+            written += 1;
+            if written == 1 {
+                crash_point("node.markers.mid");
+            }
+        }
+        for (turn, process) in starts {
+            let sp = tx.savepoint()?;
+            match begin_attempt_in(&sp, turn, process.as_ref(), now_ms) {
+                Ok(true) => {
+                    sp.commit()?;
+                    folded.begun.push(true);
+                }
+                Ok(false) => folded.begun.push(false),
+                Err(StoreError::Conflict(why)) => {
+                    tracing::error!(attempt_id = %turn.attempt_id, "start marker not written: {why}");
+                    folded.begun.push(false);
+                }
+                Err(e) => return Err(e),
+            }
+            written += 1;
+            if written == 1 {
+                crash_point("node.markers.mid");
+            }
+        }
         tx.commit()?;
-        Ok(true)
+        Ok(folded)
     }
 
     /// `next_attempt` and `begin_attempt` without a process (the no-op harness): the start
@@ -378,7 +423,44 @@ impl Db {
     }
 }
 
-fn end_attempt_in(tx: &rusqlite::Transaction<'_>, attempt_id: &str, e: &Ending, now_ms: i64) -> Result<(), StoreError> {
+/// Writes the start marker of `turn` (see `Db::begin_attempt`) inside `conn`'s open
+/// transaction. Returns whether it was written; when it was not, nothing was.
+fn begin_attempt_in(
+    conn: &rusqlite::Connection,
+    turn: &StartedTurn,
+    process: Option<&ProcessIdentity>,
+    now_ms: i64,
+) -> Result<bool, StoreError> {
+    let start_ticks = match process {
+        None => None,
+        Some(p) => Some(i64::try_from(p.start_ticks).map_err(|_| {
+            StoreError::Conflict(format!("attempt {}: start time {} is out of range", turn.attempt_id, p.start_ticks))
+        })?),
+    };
+    let n = conn.execute(
+        "UPDATE executions SET state = 'started'
+         WHERE delivery_id = :id AND run = :run AND state = 'queued'
+           AND EXISTS (SELECT 1 FROM deliveries d WHERE d.delivery_id = :id AND d.state = 'acked'
+                         AND d.run = :run AND d.message_id = :message AND d.payload = :payload)",
+        named_params! {
+            ":id": turn.delivery_id, ":run": turn.run, ":message": turn.message_id, ":payload": turn.payload,
+        },
+    )?;
+    if n == 0 {
+        return Ok(false);
+    }
+    conn.execute(
+        "INSERT INTO attempts(attempt_id, delivery_id, run, started_at_ms, pgid, proc_start_ticks, boot_id)
+         VALUES (:attempt, :id, :run, :now, :pgid, :start, :boot)",
+        named_params! {
+            ":attempt": turn.attempt_id, ":id": turn.delivery_id, ":run": turn.run, ":now": now_ms,
+            ":pgid": process.map(|p| p.pgid), ":start": start_ticks, ":boot": process.map(|p| p.boot_id.as_str()),
+        },
+    )?;
+    Ok(true)
+}
+
+fn end_attempt_in(tx: &rusqlite::Connection, attempt_id: &str, e: &Ending, now_ms: i64) -> Result<(), StoreError> {
     let n = tx.execute(
         "UPDATE attempts SET ended_at_ms = :now, outcome = :outcome, exit_code = :exit, signal = :signal,
              duration_ms = :duration, result = :result, reason = :reason
@@ -411,7 +493,7 @@ fn end_attempt_in(tx: &rusqlite::Transaction<'_>, attempt_id: &str, e: &Ending, 
 /// queued) and an attempt with no start marker is written with `ending`, its report queued.
 /// Returns the attempt id, or `None` (nothing written) when the execution is not queued.
 pub(super) fn end_unstarted_in(
-    tx: &rusqlite::Transaction<'_>,
+    tx: &rusqlite::Connection,
     delivery_id: &str,
     run: u32,
     ending: &Ending,
@@ -441,7 +523,7 @@ pub(super) fn end_unstarted_in(
 
 /// Queues the report of attempt `attempt_id` (run `run` of `delivery_id`) in the outbox.
 fn queue_report(
-    tx: &rusqlite::Transaction<'_>,
+    tx: &rusqlite::Connection,
     attempt_id: &str,
     delivery_id: &str,
     run: u32,

@@ -4,6 +4,7 @@
 use super::attempts::ExecState;
 use super::outbox::ReportState;
 use super::{Db, StoreError};
+use baton_shared::crash_point;
 use baton_shared::wire::ClaimedDelivery;
 use rusqlite::{OptionalExtension, TransactionBehavior, named_params};
 
@@ -89,7 +90,13 @@ impl Db {
     /// transaction (one fsync for the batch).
     pub fn mirror_batch(&mut self, ds: &[ClaimedDelivery], now_ms: i64) -> Result<Vec<Mirrored>, StoreError> {
         let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let done = ds.iter().map(|d| mirror_in(&tx, d, false, now_ms)).collect::<Result<Vec<_>, _>>()?;
+        let mut done = Vec::with_capacity(ds.len());
+        for d in ds {
+            done.push(mirror_in(&tx, d, false, now_ms)?);
+            if done.len() == 1 {
+                crash_point("node.mirror.mid");
+            }
+        }
         tx.commit()?;
         Ok(done)
     }
@@ -103,6 +110,29 @@ impl Db {
             (delivery_id, claim_token, now_ms),
         )?;
         Ok(n == 1)
+    }
+
+    /// Opens the execution gate of every (delivery id, claim token) in `acked`, whose acks the
+    /// hub confirmed, in one transaction (one sync for a claim batch). Each is guarded as in
+    /// `mark_acked`; returns, per item, whether it moved. A crash before the commit opens none:
+    /// the next start's resync finds them delivered on the hub and opens them then.
+    pub fn mark_acked_batch(&mut self, acked: &[(String, String)], now_ms: i64) -> Result<Vec<bool>, StoreError> {
+        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let mut moved = Vec::with_capacity(acked.len());
+        {
+            let mut st = tx.prepare_cached(
+                "UPDATE deliveries SET state = 'acked', updated_at_ms = ?3
+                 WHERE delivery_id = ?1 AND claim_token = ?2 AND state = 'mirrored'",
+            )?;
+            for (i, (delivery_id, claim_token)) in acked.iter().enumerate() {
+                moved.push(st.execute((delivery_id, claim_token, now_ms))? == 1);
+                if i == 0 {
+                    crash_point("node.acked.mid");
+                }
+            }
+        }
+        tx.commit()?;
+        Ok(moved)
     }
 
     /// Drops a delivery that is not ours any more: it will never run. Only a delivery whose gate

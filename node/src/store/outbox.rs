@@ -2,6 +2,7 @@
 //! it for good, which marks it dead).
 
 use super::{Db, StoreError};
+use baton_shared::crash_point;
 use baton_shared::wire::ReportRequest;
 use rusqlite::TransactionBehavior;
 
@@ -69,29 +70,43 @@ impl Db {
         self.finish_report(report_id, Some(reason), now_ms)
     }
 
+    /// Settles many reports in one transaction (one sync for an outbox batch): each
+    /// `(report id, None)` confirmed by the hub, each `(report id, Some(reason))` refused for
+    /// good. Each is guarded as in `report_confirmed`; one that is no longer pending changes
+    /// nothing and fails no other. Returns, per item, whether it was settled. A crash before
+    /// the commit settles none: they are sent again (same report ids, counted once).
+    pub fn finish_reports(&mut self, done: &[(String, Option<String>)], now_ms: i64) -> Result<Vec<bool>, StoreError> {
+        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let mut settled = Vec::with_capacity(done.len());
+        for (i, (report_id, dead)) in done.iter().enumerate() {
+            settled.push(finish_report_in(&tx, report_id, dead.as_deref(), now_ms)?);
+            if i == 0 {
+                crash_point("node.report.settle_mid");
+            }
+        }
+        tx.commit()?;
+        Ok(settled)
+    }
+
+    /// Records a failed try to send each of `report_ids` (one request carried them all), in one
+    /// transaction.
+    pub fn reports_tried(&mut self, report_ids: &[String], error: &str, now_ms: i64) -> Result<(), StoreError> {
+        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        for report_id in report_ids {
+            tx.execute(
+                "UPDATE outbox SET tries = tries + 1, last_try_at_ms = ?2, last_error = ?3 WHERE report_id = ?1",
+                (report_id, now_ms, error),
+            )?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
     fn finish_report(&mut self, report_id: &str, dead: Option<&str>, now_ms: i64) -> Result<(), StoreError> {
         let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let n = match dead {
-            None => tx.execute(
-                "UPDATE outbox SET confirmed_at_ms = ?2, tries = tries + 1, last_try_at_ms = ?2, last_error = NULL
-                 WHERE report_id = ?1 AND confirmed_at_ms IS NULL AND dead_at_ms IS NULL",
-                (report_id, now_ms),
-            )?,
-            Some(reason) => tx.execute(
-                "UPDATE outbox SET dead_at_ms = ?2, dead_reason = ?3, tries = tries + 1, last_try_at_ms = ?2
-                 WHERE report_id = ?1 AND confirmed_at_ms IS NULL AND dead_at_ms IS NULL",
-                (report_id, now_ms, reason),
-            )?,
-        };
-        if n != 1 {
+        if !finish_report_in(&tx, report_id, dead, now_ms)? {
             return Err(StoreError::Conflict(format!("report {report_id} is not pending")));
         }
-        // Only the report of the delivery's current run settles it: a later run may be waiting.
-        tx.execute(
-            "UPDATE deliveries SET state = 'done', reason = ?2, updated_at_ms = ?3
-             WHERE (delivery_id, run) = (SELECT a.delivery_id, a.run FROM attempts a WHERE a.attempt_id = ?1)",
-            (report_id, dead, now_ms),
-        )?;
         tx.commit()?;
         Ok(())
     }
@@ -105,4 +120,37 @@ impl Db {
         )?;
         Ok(n == 1)
     }
+}
+
+/// Settles one pending report (confirmed, or dead with `dead`'s reason) and, when it is the
+/// report of its delivery's current run, the delivery. Returns false (nothing written) when the
+/// report is not pending.
+fn finish_report_in(
+    tx: &rusqlite::Connection,
+    report_id: &str,
+    dead: Option<&str>,
+    now_ms: i64,
+) -> Result<bool, StoreError> {
+    let n = match dead {
+        None => tx.execute(
+            "UPDATE outbox SET confirmed_at_ms = ?2, tries = tries + 1, last_try_at_ms = ?2, last_error = NULL
+             WHERE report_id = ?1 AND confirmed_at_ms IS NULL AND dead_at_ms IS NULL",
+            (report_id, now_ms),
+        )?,
+        Some(reason) => tx.execute(
+            "UPDATE outbox SET dead_at_ms = ?2, dead_reason = ?3, tries = tries + 1, last_try_at_ms = ?2
+             WHERE report_id = ?1 AND confirmed_at_ms IS NULL AND dead_at_ms IS NULL",
+            (report_id, now_ms, reason),
+        )?,
+    };
+    if n != 1 {
+        return Ok(false);
+    }
+    // Only the report of the delivery's current run settles it: a later run may be waiting.
+    tx.execute(
+        "UPDATE deliveries SET state = 'done', reason = ?2, updated_at_ms = ?3
+         WHERE (delivery_id, run) = (SELECT a.delivery_id, a.run FROM attempts a WHERE a.attempt_id = ?1)",
+        (report_id, dead, now_ms),
+    )?;
+    Ok(true)
 }

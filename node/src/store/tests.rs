@@ -464,3 +464,88 @@ fn a_local_cancel_wins_over_a_later_start_and_leaves_a_started_run_alone() {
     assert_eq!(db.cancel_unstarted("d2", 1, "r", 15).unwrap(), CancelLocal::Started);
     assert_eq!(db.pending_reports(10).unwrap().len(), 1, "nothing written for a started run");
 }
+
+fn ending(outcome: Outcome) -> Ending {
+    Ending { outcome, exit_code: Some(0), duration_ms: Some(5), result: None, reason: None, signal: None }
+}
+
+/// A scheduler pass's end and start markers are one transaction, guarded item by item: an item
+/// that no longer applies is refused alone and the others are written.
+#[test]
+fn a_pass_folds_its_end_and_start_markers_item_by_item() {
+    let (_dir, mut db) = open_temp();
+    for (id, c, acked) in [("d1", "c1", true), ("d2", "c2", true), ("d3", "c3", false)] {
+        db.mirror(&delivery(id, c, 1), acked, 10).unwrap();
+    }
+    let t1 = db.start_attempt("d1", 11).unwrap().unwrap();
+    let t2 = db.next_attempt("d2").unwrap().unwrap();
+    let not_acked = StartedTurn { delivery_id: "d3".into(), attempt_id: "a-d3".into(), ..t2.clone() };
+    let ends =
+        [(t1.attempt_id.clone(), ending(Outcome::Succeeded)), ("no-such-attempt".into(), ending(Outcome::Failed))];
+    let starts = [(t2.clone(), Some(process(77))), (not_acked, None)];
+    let folded = db.fold_markers(&ends, &starts, 12).unwrap();
+    assert_eq!(folded, Folded { ended: vec![true, false], begun: vec![true, false] });
+    let reported: Vec<String> = db.pending_reports(10).unwrap().into_iter().map(|e| e.report_id).collect();
+    assert_eq!(reported, vec![t1.attempt_id.clone()], "the ended turn's report is queued with its end marker");
+    let interrupted: Vec<String> = db.interrupted_attempts().unwrap().into_iter().map(|i| i.attempt_id).collect();
+    assert_eq!(interrupted, vec![t2.attempt_id.clone()], "the released turn's start marker is written");
+    assert_eq!(count(&db, "SELECT count(*) FROM attempts WHERE delivery_id = 'd3'"), 0);
+    assert_eq!(count(&db, "SELECT count(*) FROM executions WHERE delivery_id = 'd3' AND state = 'queued'"), 1);
+}
+
+/// A store failure in the middle of a fold leaves none of it: the turn that ended stays started
+/// (reported `unknown` at the next start) and the turn about to start stays queued.
+#[test]
+fn a_fold_that_fails_midway_writes_nothing() {
+    let (_dir, mut db) = open_temp();
+    db.mirror(&delivery("d1", "c1", 1), true, 10).unwrap();
+    db.mirror(&delivery("d2", "c2", 1), true, 10).unwrap();
+    let t1 = db.start_attempt("d1", 11).unwrap().unwrap();
+    // The second start reuses the first attempt's id: its insert fails after the end marker
+    // and its own execution update were written in the same transaction.
+    let t2 = StartedTurn { attempt_id: t1.attempt_id.clone(), ..db.next_attempt("d2").unwrap().unwrap() };
+    let ends = [(t1.attempt_id.clone(), ending(Outcome::Succeeded))];
+    assert!(db.fold_markers(&ends, &[(t2, None)], 12).is_err());
+    assert_eq!(count(&db, "SELECT count(*) FROM attempts WHERE ended_at_ms IS NOT NULL"), 0);
+    assert_eq!(count(&db, "SELECT count(*) FROM outbox"), 0);
+    assert_eq!(count(&db, "SELECT count(*) FROM executions WHERE delivery_id = 'd2' AND state = 'queued'"), 1);
+}
+
+/// The gates of a claim batch open in one transaction, each guarded on its own claim token.
+#[test]
+fn a_batch_of_acks_opens_each_gate_it_may() {
+    let (_dir, mut db) = open_temp();
+    let batch = [delivery("d1", "c", 1), delivery("d2", "c", 2), delivery("d3", "c", 3)];
+    db.mirror_batch(&batch, 10).unwrap();
+    let acks = [
+        ("d1".to_string(), "tok-d1".to_string()),
+        ("d2".to_string(), "tok-other".to_string()),
+        ("d3".to_string(), "tok-d3".to_string()),
+    ];
+    assert_eq!(db.mark_acked_batch(&acks, 11).unwrap(), vec![true, false, true]);
+    assert_eq!(db.mark_acked_batch(&acks[..1], 12).unwrap(), vec![false], "an open gate stays as it is");
+    assert_eq!(count(&db, "SELECT count(*) FROM deliveries WHERE state = 'acked'"), 2);
+    assert_eq!(db.local("d2").unwrap().unwrap().state, LocalState::Mirrored);
+}
+
+/// An outbox batch is settled in one transaction; a report no longer pending is left alone and
+/// fails no other.
+#[test]
+fn an_outbox_batch_settles_each_report_it_may() {
+    let (_dir, mut db) = open_temp();
+    let mut ids = Vec::new();
+    for (id, c) in [("d1", "c1"), ("d2", "c2"), ("d3", "c3")] {
+        db.mirror(&delivery(id, c, 1), true, 10).unwrap();
+        let t = db.start_attempt(id, 11).unwrap().unwrap();
+        db.end_attempt(&t.attempt_id, &ending(Outcome::Succeeded), 12).unwrap();
+        ids.push(t.attempt_id);
+    }
+    db.report_confirmed(&ids[1], 13).unwrap();
+    let done = [(ids[0].clone(), None), (ids[1].clone(), None), (ids[2].clone(), Some("stale_claim".to_string()))];
+    assert_eq!(db.finish_reports(&done, 14).unwrap(), vec![true, false, true]);
+    assert!(db.pending_reports(10).unwrap().is_empty());
+    assert_eq!(count(&db, "SELECT count(*) FROM outbox WHERE dead_reason = 'stale_claim'"), 1);
+    assert_eq!(count(&db, "SELECT count(*) FROM deliveries WHERE state = 'done'"), 3);
+    db.reports_tried(&ids[..1], "hub down", 15).unwrap();
+    assert_eq!(count(&db, "SELECT tries FROM outbox WHERE last_error = 'hub down'"), 2);
+}

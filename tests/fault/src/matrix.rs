@@ -49,6 +49,14 @@ impl CrashPoint {
 /// planned points of turn control, which run once the binaries have them:
 /// `node.start.after_hub` is between the hub's start record (`POST /v1/starts`) and the node's
 /// local start marker (the node then reports the turn `unknown`, never runs it).
+///
+/// The node's batched steps, each a crash between items of one batch: `node.mirror.mid` (a
+/// claim batch's mirror transaction after its first delivery, before the commit),
+/// `node.acked.mid` (the gates the batch `ack` answer opens, after the first), `node.markers.mid`
+/// (a scheduler pass's fold of end and start markers, after its first marker) and
+/// `node.report.settle_mid` (an outbox batch's settlements, after the first). Around them,
+/// `node.mirror.after_commit` (before the batch `mirrored`), `node.mirrored.after_response`
+/// (after the batch `mirrored` answer, before the batch `ack`) and `node.ack.after_response`.
 pub const CRASH_POINTS: &[CrashPoint] = &[
     CrashPoint::required("hub.accept.before_txn"),
     CrashPoint::required("hub.accept.after_message_insert"),
@@ -74,6 +82,10 @@ pub const CRASH_POINTS: &[CrashPoint] = &[
     CrashPoint::required("node.exec.after_end_marker"),
     CrashPoint::required("node.report.after_response"),
     CrashPoint::required("node.resync.mid"),
+    CrashPoint::required("node.mirror.mid"),
+    CrashPoint::required("node.acked.mid"),
+    CrashPoint::required("node.markers.mid"),
+    CrashPoint::required("node.report.settle_mid"),
     CrashPoint::planned("node.start.after_hub"),
 ];
 
@@ -116,8 +128,26 @@ fn arms(point: &str, nth: u32) -> VecDeque<String> {
         "node.resync.mid" => v.push_back("node.mirror.after_commit@1".to_string()),
         _ => {}
     }
-    // Points hit only once or twice in a short run fire on their first hit.
-    let n = if matches!(point, "hub.repair.mid" | "node.resync.mid" | "node.claim.after_response") { 1 } else { nth };
+    // Points hit only once or twice in a short run fire on their first hit: the node's batched
+    // steps are hit once per claim batch, scheduler pass or outbox batch, not per delivery.
+    let n = if matches!(
+        point,
+        "hub.repair.mid"
+            | "node.resync.mid"
+            | "node.claim.after_response"
+            | "node.mirror.mid"
+            | "node.acked.mid"
+            | "node.report.settle_mid"
+            | "node.mirror.after_commit"
+            | "node.mirrored.after_response"
+            | "node.ack.after_response"
+            | "node.exec.after_start_marker"
+            | "node.exec.after_end_marker"
+    ) {
+        1
+    } else {
+        nth
+    };
     v.push_back(format!("{point}@{n}"));
     v
 }
