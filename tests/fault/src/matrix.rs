@@ -120,11 +120,11 @@ pub struct CrashRun {
 }
 
 /// The successive arms of the process that gets the point: some points need a state only an
-/// earlier crash leaves (pending obligations for repair, holdings for resync).
+/// earlier crash leaves (holdings for resync). `hub.repair.mid` gets its pending obligations
+/// from `leave_fan_out_pending` instead.
 fn arms(point: &str, nth: u32) -> VecDeque<String> {
     let mut v = VecDeque::new();
     match point {
-        "hub.repair.mid" => v.push_back("hub.fanout.before_first@1".to_string()),
         "node.resync.mid" => v.push_back("node.mirror.after_commit@1".to_string()),
         _ => {}
     }
@@ -176,16 +176,33 @@ async fn settle(bins: &Binaries, point: Option<&str>, seed: u64) -> anyhow::Resu
     let on_hub = point.is_some_and(|p| p.starts_with("hub."));
     let mut pending = point.map(|p| arms(p, nth)).unwrap_or_default();
     let mut restarts = 0;
-    let first = if on_hub { pending.pop_front() } else { None };
+    // Repair needs obligations left pending before its hub starts: the first messages are
+    // accepted while no node runs, then the hub is killed and their fan-out undone.
+    let repair = point == Some("hub.repair.mid");
+    let before_nodes = if repair { count.min(2) } else { 0 };
+    let first = if on_hub && !repair { pending.pop_front() } else { None };
     if matches!(c.start_hub(first.as_deref())?, Started::Exited(_)) {
         anyhow::bail!("the hub exited at its first start:\n{}", c.logs());
     }
-    let node_arm = if on_hub { None } else { pending.pop_front() };
-    c.nodes[0].start(node_arm.as_deref())?;
-    c.nodes[1].start(None)?;
-    let mut sup = Supervisor { on_hub, pending, restarts: 0 };
+    let mut sup = Supervisor { on_hub, pending: VecDeque::new(), restarts: 0, nodes_up: false };
     let mut keys = Vec::new();
     for i in 0..count {
+        if i == before_nodes {
+            if repair {
+                c.hub.kill()?;
+                leave_fan_out_pending(&c.hub.db())?;
+                // The armed start crashes in repair; the next one completes it.
+                let mut arm = pending.pop_front();
+                while matches!(c.start_hub(arm.take().as_deref())?, Started::Exited(_)) {
+                    sup.restarts += 1;
+                }
+            }
+            let node_arm = if on_hub { None } else { pending.pop_front() };
+            sup.pending.append(&mut pending);
+            c.nodes[0].start(node_arm.as_deref())?;
+            c.nodes[1].start(None)?;
+            sup.nodes_up = true;
+        }
         let to: Vec<String> = match rng.random_range(0..3) {
             0 => vec!["host-a".into()],
             1 => vec!["host-a".into(), "host-b".into()],
@@ -216,11 +233,33 @@ async fn settle(bins: &Binaries, point: Option<&str>, seed: u64) -> anyhow::Resu
     Ok((c, restarts))
 }
 
+/// Undoes the fan-out of every message in the stopped hub's database, as a hub that committed
+/// an accept before its fan-out left it when it crashed in between (today's hub commits both
+/// together, so only such a record gives startup repair work). Every delivery must still be
+/// queued: no node has run.
+fn leave_fan_out_pending(db: &std::path::Path) -> anyhow::Result<()> {
+    let conn = rusqlite::Connection::open(db)?;
+    let not_queued: i64 =
+        conn.query_row("SELECT count(*) FROM deliveries WHERE state <> 'queued'", [], |r| r.get(0))?;
+    anyhow::ensure!(not_queued == 0, "{not_queued} deliveries left the queue before any node ran");
+    conn.execute_batch(
+        "BEGIN IMMEDIATE;
+         UPDATE host_backlog SET waiting = waiting - (SELECT count(*) FROM deliveries d WHERE d.host = host_backlog.host);
+         DELETE FROM delivery_events;
+         DELETE FROM deliveries;
+         UPDATE fanout_obligations SET done_at = NULL;
+         COMMIT;",
+    )?;
+    Ok(())
+}
+
 /// Restarts whatever died, arming the next pending point on the process that gets it.
 struct Supervisor {
     on_hub: bool,
     pending: VecDeque<String>,
     restarts: u32,
+    /// Whether the nodes have been started (before, a stopped node is not a dead one).
+    nodes_up: bool,
 }
 
 impl Supervisor {
@@ -234,7 +273,7 @@ impl Supervisor {
             }
         }
         for (i, n) in c.nodes.iter_mut().enumerate() {
-            if !n.proc_mut().running() {
+            if self.nodes_up && !n.proc_mut().running() {
                 let arm = if !self.on_hub && i == 0 { self.pending.pop_front() } else { None };
                 self.restarts += 1;
                 n.start(arm.as_deref())?;
