@@ -22,6 +22,7 @@
 //! - `conversation_fairness`: a deep backlog in one conversation does not starve another.
 //! - `conversations_cli`: the operator's membership and publish-scope commands, and posts
 //!   without `to` running on exactly the members.
+//! - `ops_explain`: `deliveries explain` and the one-line reasons of `deliveries list`.
 //! - `ops_fleet`: `hosts list|show` and what `status` flags (silent hosts, expiring
 //!   certificates, a stopped hub) with its exit status.
 //! - `ops_identity`: one role per name, `certs list`, `renew --revoke-old`, `audit`.
@@ -64,6 +65,7 @@ mod node_flow;
 mod node_harness;
 mod node_outage;
 mod node_turns;
+mod ops_explain;
 mod ops_fleet;
 mod ops_identity;
 mod ops_lists;

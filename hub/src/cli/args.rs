@@ -477,6 +477,18 @@ pub enum DeliveriesCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Why a delivery is where it is, in one screen: the fence holding it, the earlier turn of
+    /// its conversation it waits behind and where that one is, its host's liveness (against
+    /// `host_silence_warn`), the run in progress and for how long, the report outstanding, a
+    /// retry's not-before time, a cancel asked for. `deliveries list` shows the same reason in
+    /// one line for every row that is not final.
+    Explain {
+        /// The delivery id, or a unique prefix of it.
+        id: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Cancel a delivery, or those of a conversation or host that have not ended: one not yet
     /// delivered fails at once; a delivered one is stopped by its node.
     Cancel(super::turns::CancelArgs),

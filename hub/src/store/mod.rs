@@ -37,6 +37,7 @@ pub mod audit;
 pub mod backup;
 pub mod canonical;
 pub mod claim;
+pub mod explain;
 pub mod fences;
 pub mod fleet;
 pub mod hosts;
