@@ -12,12 +12,14 @@
 //!   certificate into a request extension.
 //! - `http`: the axum router (`app`), extractors, error mapping and handlers.
 //! - `server`: `Hub`: `open` (lock, store, repair), `announce`, `serve` until shutdown.
+//! - `housekeeping`: background tasks beside `server`'s (the audit log's retention sweep).
 //! - `wake`: the local socket through which CLI changes wake waiting long-polls.
 //! - `cli`: the operator commands: arguments, output, and the commands by job.
 
 pub mod cli;
 pub mod config;
 pub mod datadir;
+mod housekeeping;
 pub mod http;
 pub mod lock;
 pub mod server;

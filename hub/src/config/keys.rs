@@ -45,6 +45,9 @@ const _: () = assert!(RETRY_BACKOFF_DEFAULT.as_millis() <= RETRY_BACKOFF_MAX_DEF
 /// polls' worth, so an idle node that keeps polling is never flagged.
 pub const HOST_SILENCE_WARN_DEFAULT: Duration = Duration::from_secs(300);
 const _: () = assert!(HOST_SILENCE_WARN_DEFAULT.as_millis() > 2 * LONG_POLL_WAIT_MAX_DEFAULT.as_millis());
+/// How long the operators' audit log (`operator_events`) is kept: a year, so last quarter's
+/// "who fenced this and why" is still there, while the table cannot grow without bound.
+pub const AUDIT_RETENTION_DEFAULT: Duration = Duration::from_secs(365 * 24 * 3600);
 /// How long shutdown waits for open requests.
 pub const SHUTDOWN_GRACE_DEFAULT: Duration = Duration::from_secs(10);
 /// The prefix of every key's environment variable.
@@ -207,6 +210,17 @@ pub const RETENTION: Key = Key {
     },
     doc: "how long settled messages and their idempotency keys are kept",
 };
+/// `limits.audit_retention`.
+pub const AUDIT_RETENTION: Key = Key {
+    name: key_name!(Some("limits"), "audit_retention", "audit-retention", "BATON_HUB_AUDIT_RETENTION"),
+    kind: KeyKind::Duration {
+        default: AUDIT_RETENTION_DEFAULT,
+        min: Duration::from_secs(24 * 3600),
+        max: Duration::from_secs(3650 * 24 * 3600),
+    },
+    doc: "how long audit rows (operator and hub actions: enroll, revoke, fences, releases, …) are kept, from \
+          when each was written; delivery transitions go with their message (`retention`)",
+};
 /// `limits.request_body_bytes_max`.
 pub const REQUEST_BODY_BYTES_MAX: Key = Key {
     name: key_name!(
@@ -320,7 +334,7 @@ pub const REDRIVE_BATCH_MAX: Key = Key {
 };
 
 /// Every key, in the order of the template.
-pub const KEYS: [&Key; 24] = [
+pub const KEYS: [&Key; 25] = [
     &LISTEN,
     &SYNCHRONOUS,
     &SHUTDOWN_GRACE,
@@ -333,6 +347,7 @@ pub const KEYS: [&Key; 24] = [
     &RECIPIENTS_MAX,
     &QUEUED_PER_HOST_MAX,
     &RETENTION,
+    &AUDIT_RETENTION,
     &REQUEST_BODY_BYTES_MAX,
     &HANDSHAKE_TIMEOUT,
     &CONNECTIONS_MAX,

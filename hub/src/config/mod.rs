@@ -45,6 +45,8 @@ pub struct Limits {
     pub queued_per_host_max: u64,
     /// How long messages (and their idempotency keys) are kept once settled.
     pub retention: Duration,
+    /// How long audit rows (`operator_events`) are kept, from when each was written.
+    pub audit_retention: Duration,
     /// Largest request body read, bytes.
     pub request_body_bytes_max: u64,
     /// Longest TLS handshake.
@@ -81,6 +83,7 @@ impl Default for Limits {
             recipients_max: RECIPIENTS_MAX_DEFAULT,
             queued_per_host_max: QUEUED_PER_HOST_MAX_DEFAULT,
             retention: RETENTION_DEFAULT,
+            audit_retention: AUDIT_RETENTION_DEFAULT,
             request_body_bytes_max: REQUEST_BODY_BYTES_MAX_DEFAULT,
             handshake_timeout: HANDSHAKE_TIMEOUT_DEFAULT,
             connections_max: CONNECTIONS_MAX_DEFAULT as u32,
@@ -177,6 +180,7 @@ impl HubConfig {
             recipients_max: narrow(&RECIPIENTS_MAX)?,
             queued_per_host_max: m.int(&QUEUED_PER_HOST_MAX)?,
             retention: m.duration(&RETENTION)?,
+            audit_retention: m.duration(&AUDIT_RETENTION)?,
             request_body_bytes_max: m.int(&REQUEST_BODY_BYTES_MAX)?,
             handshake_timeout: m.duration(&HANDSHAKE_TIMEOUT)?,
             connections_max: narrow(&CONNECTIONS_MAX)?,
