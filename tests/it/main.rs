@@ -28,6 +28,8 @@
 //! - `ops_identity`: one role per name, `certs list`, `renew --revoke-old`, `audit`.
 //! - `ops_lists`: `deliveries list` filters, order and cursor paging; ids by unique prefix.
 //! - `ops_output`: stored text shown escaped, `--json` exact, no migration noise.
+//! - `ops_restore`: `restore` (refused while the hub runs, verified first, the old file kept) and
+//!   `purge` (settled messages only, audited).
 //! - `ops_retention`: the audit log's retention window, swept by the running hub.
 //! - `ops_truth`: counts that are rows changed, "nothing to do" exits, fence refusals,
 //!   releases a fence would undo, time-boxed fences.
@@ -71,6 +73,7 @@ mod ops_fleet;
 mod ops_identity;
 mod ops_lists;
 mod ops_output;
+mod ops_restore;
 mod ops_retention;
 mod ops_truth;
 mod packaging;

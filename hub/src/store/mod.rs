@@ -45,6 +45,7 @@ pub mod listing;
 pub mod members;
 pub mod operator;
 pub mod producers;
+pub mod purge;
 pub mod read;
 pub mod report;
 pub mod retention;
