@@ -110,6 +110,7 @@ impl Hub {
         tokio::spawn(sweep_retention(shared.clone(), self.config.limits.retention));
         tokio::spawn(lift_expired_fences(shared.clone()));
         tokio::spawn(crate::housekeeping::sweep_audit(shared.clone()));
+        tokio::spawn(crate::housekeeping::requeue_silent(shared.clone(), self.config.requeue_silent_after));
         tokio::spawn(publish_gauges(shared.clone()));
         tokio::spawn(flush_contacts(shared.clone()));
         tracing::info!(addr = %listener.local_addr()?, "serving");

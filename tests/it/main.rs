@@ -31,6 +31,8 @@
 //! - `ops_restore`: `restore` (refused while the hub runs, verified first, the old file kept) and
 //!   `purge` (settled messages only, audited).
 //! - `ops_retention`: the audit log's retention window, swept by the running hub.
+//! - `ops_silence`: `requeue_silent_after` returns a silent instance's unacked work to the queue;
+//!   another instance runs it, the old one never does.
 //! - `ops_truth`: counts that are rows changed, "nothing to do" exits, fence refusals,
 //!   releases a fence would undo, time-boxed fences.
 //! - `node_*`, `power_loss`: the node agent and durability under power loss (see each module);
@@ -75,6 +77,7 @@ mod ops_lists;
 mod ops_output;
 mod ops_restore;
 mod ops_retention;
+mod ops_silence;
 mod ops_truth;
 mod packaging;
 mod power_loss;

@@ -164,6 +164,17 @@ pub const HOST_SILENCE_WARN: Key = Key {
     },
     doc: "`status` flags a host whose open node session has sent nothing for longer than this",
 };
+/// `requeue_silent_after`.
+pub const REQUEUE_SILENT_AFTER: Key = Key {
+    name: key_name!(None, "requeue_silent_after", "requeue-silent-after", "BATON_HUB_REQUEUE_SILENT_AFTER"),
+    kind: KeyKind::Duration { default: Duration::ZERO, min: Duration::ZERO, max: Duration::from_secs(7 * 24 * 3600) },
+    doc: "off when 0s (the default). Otherwise the hub returns the claimed and mirrored (never delivered) \
+          deliveries of a node instance whose open session has been silent this long to the queue (recorded as \
+          by `hub`). Safe because of the execution gate: a node runs a turn only after the hub confirmed its \
+          ack, and the old holder's ack is refused once its delivery was requeued, so the requeued copy never \
+          runs twice. At least twice limits.long_poll_wait_max plus the 5s contact flush, so a node waiting in \
+          a long poll is never taken for silent",
+};
 /// `limits.payload_bytes_max`.
 pub const PAYLOAD_BYTES_MAX: Key = Key {
     name: key_name!(Some("limits"), "payload_bytes_max", "payload-bytes-max", "BATON_HUB_PAYLOAD_BYTES_MAX"),
@@ -334,12 +345,13 @@ pub const REDRIVE_BATCH_MAX: Key = Key {
 };
 
 /// Every key, in the order of the template.
-pub const KEYS: [&Key; 25] = [
+pub const KEYS: [&Key; 26] = [
     &LISTEN,
     &SYNCHRONOUS,
     &SHUTDOWN_GRACE,
     &LOG_FORMAT,
     &HOST_SILENCE_WARN,
+    &REQUEUE_SILENT_AFTER,
     &PAYLOAD_BYTES_MAX,
     &RESULT_BYTES_MAX,
     &CLAIM_BATCH_MAX,

@@ -115,6 +115,9 @@ pub struct HubConfig {
     pub log_format: LogFormat,
     /// How long a host's open node session may be silent before `status` flags it.
     pub host_silence_warn: Duration,
+    /// How long a node instance's open session may be silent before the hub requeues its
+    /// claimed and mirrored deliveries; `None`: never (the default).
+    pub requeue_silent_after: Option<Duration>,
 }
 
 /// What a configuration is read from, lowest layer first.
@@ -237,8 +240,32 @@ impl HubConfig {
             shutdown_grace: m.duration(&SHUTDOWN_GRACE)?,
             log_format,
             host_silence_warn: m.duration(&HOST_SILENCE_WARN)?,
+            requeue_silent_after: requeue_silent_after(m.duration(&REQUEUE_SILENT_AFTER)?, limits.long_poll_wait_max)?,
         })
     }
+}
+
+/// How often a node session's last contact reaches the record (the hub's contact flush), which
+/// `requeue_silent_after` must outlast with the longest long poll.
+const CONTACT_FLUSH_BOUND: Duration = Duration::from_secs(5);
+
+/// `requeue_silent_after`: 0 is off; anything else must outlast twice the longest long poll plus
+/// the contact flush, so a node waiting in a long poll (heard from only when it began) is never
+/// taken for silent.
+fn requeue_silent_after(d: Duration, long_poll_wait_max: Duration) -> Result<Option<Duration>, String> {
+    if d.is_zero() {
+        return Ok(None);
+    }
+    let least = 2 * (long_poll_wait_max + CONTACT_FLUSH_BOUND);
+    if d < least {
+        return Err(format!(
+            "requeue_silent_after ({}) must be 0s (off) or at least {} (twice limits.long_poll_wait_max plus the \
+             contact flush), so a node waiting in a long poll is never taken for silent",
+            baton_shared::duration::human(d),
+            baton_shared::duration::human(least)
+        ));
+    }
+    Ok(Some(d))
 }
 
 #[cfg(test)]
@@ -250,6 +277,16 @@ mod tests {
     fn check_err(text: &str, needle: &str) {
         let e = HubConfig::from_toml(text).unwrap_err();
         assert!(e.contains(needle), "{e:?} should mention {needle:?}");
+    }
+
+    /// `requeue_silent_after` is off by default and refuses a value a long poll could outlast.
+    #[test]
+    fn requeue_silent_after_is_off_by_default_and_outlasts_a_long_poll() {
+        let p = Duration::from_secs(30);
+        assert_eq!(requeue_silent_after(Duration::ZERO, p), Ok(None));
+        assert_eq!(requeue_silent_after(Duration::from_secs(70), p), Ok(Some(Duration::from_secs(70))));
+        let e = requeue_silent_after(Duration::from_secs(60), p).unwrap_err();
+        assert!(e.contains("requeue_silent_after") && e.contains("1m 10s"), "{e}");
     }
 
     #[test]

@@ -50,6 +50,7 @@ pub mod read;
 pub mod report;
 pub mod retention;
 pub mod sessions;
+pub mod silence;
 pub mod transition;
 pub mod turns;
 pub mod verify;
