@@ -297,28 +297,64 @@ fn behind_of(conn: &Connection, d: &DeliveryRow) -> StoreResult<Option<Behind>> 
         )?
         .query_row(p, |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?;
-    let earlier = conn
-        .prepare_cached(
-            "SELECT d.id, d.seq, d.state, d.host,
-                    EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)
-             FROM deliveries d JOIN messages m ON m.id = d.message_id
-             WHERE d.host = :h AND d.conversation = :c AND d.seq < :s AND d.rerun IS NOT 'redrive'
-               AND ((NOT :out AND d.state IN ('queued', 'held'))
-                    OR ((:out OR m.max_attempts > 1) AND d.state IN ('claimed', 'mirrored', 'delivered')
-                        AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)))
-             ORDER BY d.seq LIMIT 1",
-        )?
-        .query_row(p, |r| {
-            let id: String = r.get(0)?;
-            Ok(Behind::Delivery {
-                seq: r.get(1)?,
+    // Each candidate through its own index: the partial queued and held indexes, the small
+    // `messages_retryable` for the retry barrier; only a delivered turn waiting on its node
+    // (rare in a listing) reads the host's in-flight rows.
+    let row = |r: &rusqlite::Row<'_>| -> rusqlite::Result<(i64, Behind)> {
+        let id: String = r.get(0)?;
+        let seq: i64 = r.get(1)?;
+        Ok((
+            seq,
+            Behind::Delivery {
+                seq,
                 state: state_column(r, 2, "deliveries", &id)?,
                 host: r.get(3)?,
                 has_outcome: r.get(4)?,
                 delivery_id: id,
-            })
-        })
-        .optional()?;
+            },
+        ))
+    };
+    const COLUMNS: &str = "d.id, d.seq, d.state, d.host,
+        EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)";
+    const NO_OUTCOME: &str =
+        "NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)";
+    let queries: Vec<String> = if handed_out {
+        vec![format!(
+            "SELECT {COLUMNS} FROM deliveries d
+             WHERE d.host = :h AND d.state IN ('claimed', 'mirrored', 'delivered') AND d.conversation = :c
+               AND d.seq < :s AND d.rerun IS NOT 'redrive' AND {NO_OUTCOME} ORDER BY d.seq LIMIT 1"
+        )]
+    } else {
+        vec![
+            format!(
+                "SELECT {COLUMNS} FROM deliveries d WHERE d.host = :h AND d.conversation = :c AND d.seq < :s
+                   AND d.state = 'queued' AND d.rerun IS NOT 'redrive' ORDER BY d.seq LIMIT 1"
+            ),
+            format!(
+                "SELECT {COLUMNS} FROM deliveries d WHERE d.host = :h AND d.conversation = :c AND d.seq < :s
+                   AND d.state = 'held' AND d.rerun IS NOT 'redrive' ORDER BY d.seq LIMIT 1"
+            ),
+            format!(
+                "SELECT {COLUMNS} FROM messages m JOIN deliveries d ON d.message_id = m.id AND d.host = :h
+                 WHERE m.conversation = :c AND m.seq < :s AND m.max_attempts > 1
+                   AND d.state IN ('claimed', 'mirrored', 'delivered') AND d.rerun IS NOT 'redrive' AND {NO_OUTCOME}
+                 ORDER BY m.seq LIMIT 1"
+            ),
+        ]
+    };
+    let mut earlier: Option<(i64, Behind)> = None;
+    for sql in &queries {
+        let found = conn
+            .prepare_cached(sql)?
+            .query_row(named_params! {":h": d.host, ":c": d.conversation, ":s": d.seq}, row)
+            .optional()?;
+        if let Some(f) = found
+            && earlier.as_ref().is_none_or(|(seq, _)| f.0 < *seq)
+        {
+            earlier = Some(f);
+        }
+    }
+    let earlier = earlier.map(|(_, b)| b);
     Ok(match (fan_out, earlier) {
         (Some((message_id, seq)), Some(Behind::Delivery { seq: s, .. })) if seq < s => {
             Some(Behind::FanOut { message_id, seq })
