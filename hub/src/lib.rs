@@ -12,7 +12,8 @@
 //!   certificate into a request extension.
 //! - `http`: the axum router (`app`), extractors, error mapping and handlers.
 //! - `server`: `Hub`: `open` (lock, store, repair), `announce`, `serve` until shutdown.
-//! - `housekeeping`: background tasks beside `server`'s (the audit log's retention sweep).
+//! - `housekeeping`: background tasks beside `server`'s (the audit log's retention sweep,
+//!   `requeue_silent_after`).
 //! - `wake`: the local socket through which CLI changes wake waiting long-polls.
 //! - `cli`: the operator commands: arguments, output, and the commands by job.
 
