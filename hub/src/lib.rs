@@ -16,12 +16,15 @@
 //! - `metrics`: every metric described once, the build info and the gauges read from the
 //!   record.
 //! - `server`: `Hub`: `open` (lock, store, repair), `announce`, `serve` until shutdown.
+//! - `housekeeping`: background tasks beside `server`'s (the audit log's retention sweep,
+//!   `requeue_silent_after`).
 //! - `wake`: the local socket through which CLI changes wake waiting long-polls.
 //! - `cli`: the operator commands: arguments, output, and the commands by job.
 
 pub mod cli;
 pub mod config;
 pub mod datadir;
+mod housekeeping;
 pub mod http;
 pub mod lock;
 pub mod metrics;

@@ -110,6 +110,8 @@ impl Hub {
         });
         tokio::spawn(sweep_retention(shared.clone(), self.config.limits.retention));
         tokio::spawn(lift_expired_fences(shared.clone()));
+        tokio::spawn(crate::housekeeping::sweep_audit(shared.clone()));
+        tokio::spawn(crate::housekeeping::requeue_silent(shared.clone(), self.config.requeue_silent_after));
         tokio::spawn(publish_gauges(shared.clone()));
         tokio::spawn(flush_contacts(shared.clone()));
         crate::ops_listener::start(&self.config, &self.dir, shared.clone(), shutdown.clone()).await?;
@@ -179,7 +181,7 @@ async fn publish_gauges(shared: Arc<Shared>) {
 /// How often settled messages past the retention window are removed.
 const RETENTION_SWEEP_INTERVAL: Duration = Duration::from_secs(600);
 
-/// Messages accepted before this time (unix ms) are past the retention window.
+/// Messages settled before this time (unix ms) are past the retention window.
 fn retention_cutoff_ms(clock: &dyn Clock, retention: Duration) -> i64 {
     clock.now_ms().saturating_sub(i64::try_from(retention.as_millis()).unwrap_or(i64::MAX))
 }

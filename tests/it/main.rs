@@ -26,11 +26,17 @@
 //! - `conversation_fairness`: a deep backlog in one conversation does not starve another.
 //! - `conversations_cli`: the operator's membership and publish-scope commands, and posts
 //!   without `to` running on exactly the members.
+//! - `ops_explain`: `deliveries explain` and the one-line reasons of `deliveries list`.
 //! - `ops_fleet`: `hosts list|show` and what `status` flags (silent hosts, expiring
 //!   certificates, a stopped hub) with its exit status.
 //! - `ops_identity`: one role per name, `certs list`, `renew --revoke-old`, `audit`.
 //! - `ops_lists`: `deliveries list` filters, order and cursor paging; ids by unique prefix.
 //! - `ops_output`: stored text shown escaped, `--json` exact, no migration noise.
+//! - `ops_restore`: `restore` (refused while the hub runs, verified first, the old file kept) and
+//!   `purge` (settled messages only, audited).
+//! - `ops_retention`: the audit log's retention window, swept by the running hub.
+//! - `ops_silence`: `requeue_silent_after` returns a silent instance's unacked work to the queue;
+//!   another instance runs it, the old one never does.
 //! - `ops_truth`: counts that are rows changed, "nothing to do" exits, fence refusals,
 //!   releases a fence would undo, time-boxed fences.
 //! - `node_*`, `power_loss`: the node agent and durability under power loss (see each module);
@@ -75,10 +81,14 @@ mod node_flow;
 mod node_harness;
 mod node_outage;
 mod node_turns;
+mod ops_explain;
 mod ops_fleet;
 mod ops_identity;
 mod ops_lists;
 mod ops_output;
+mod ops_restore;
+mod ops_retention;
+mod ops_silence;
 mod ops_truth;
 mod packaging;
 mod power_loss;

@@ -188,6 +188,38 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    // Restore and purge.
+    /// Replace the hub database with a backup, with the hub stopped (refused while one serves
+    /// this data directory). The backup is verified (integrity and every invariant, as `verify`)
+    /// before anything is replaced; the replaced database is kept aside, next to it, under a
+    /// name printed at the end. The record goes back to the backup's moment: messages accepted
+    /// after it are forgotten with their idempotency keys (a producer's retry of such a key is a
+    /// new message) and work handed out after it may be handed out, and run, again.
+    Restore {
+        /// The backup file (`baton-hub backup --out FILE`).
+        #[arg(long, value_name = "BACKUP")]
+        from: PathBuf,
+    },
+    /// Remove settled messages now, before their retention window ends: one message, or every
+    /// message of a conversation, with their deliveries, events and attempts. Never an
+    /// unsettled delivery: when any delivery of the target is not final (waiting, held, in
+    /// flight, delivered without an outcome), nothing is removed and they are named (exit 2).
+    /// Recorded in the audit log with the operator and the reason. Exit 1 when there is
+    /// nothing to purge.
+    Purge {
+        /// One message, by id.
+        #[arg(long, value_name = "ID", conflicts_with = "conversation", required_unless_present = "conversation")]
+        message: Option<String>,
+        /// Every message of this conversation.
+        #[arg(long, value_name = "C")]
+        conversation: Option<String>,
+        /// Say what would be removed, remove nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Why (recorded).
+        #[arg(long)]
+        reason: String,
+    },
 }
 
 /// `certs` subcommands.
@@ -471,6 +503,18 @@ pub enum DeliveriesCmd {
     },
     /// One delivery with its event history and attempts.
     Show {
+        /// The delivery id, or a unique prefix of it.
+        id: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Why a delivery is where it is, in one screen: the fence holding it, the earlier turn of
+    /// its conversation it waits behind and where that one is, its host's liveness (against
+    /// `host_silence_warn`), the run in progress and for how long, the report outstanding, a
+    /// retry's not-before time, a cancel asked for. `deliveries list` shows the same reason in
+    /// one line for every row that is not final.
+    Explain {
         /// The delivery id, or a unique prefix of it.
         id: String,
         /// Print JSON.

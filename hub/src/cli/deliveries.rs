@@ -1,12 +1,14 @@
-//! Inspecting and steering deliveries: `deliveries list|show` (cancel and retry are in `turns`), `held list|release`,
+//! Inspecting and steering deliveries: `deliveries list|show|explain` (cancel and retry are in `turns`), `held list|release`,
 //! `retire HOST` (which also ends its memberships) and `requeue --instance ID`.
 
 use super::args::{DeliveriesCmd, HeldCmd};
+use super::output::ListedDelivery;
 use super::{CliError, CliResult, Context, output};
+use crate::store::explain::{self, Explainer};
 use crate::store::fences::{self, FenceKind};
 use crate::store::listing::{self, ListQuery, Resolved};
 use crate::store::operator::{self, Selector};
-use crate::store::read;
+use crate::store::read::{self, DeliveryRow};
 use crate::store::{StoreError, in_write_txn, members};
 use baton_shared::states::{DeliveryState, Outcome};
 use baton_shared::{duration, exit};
@@ -21,9 +23,36 @@ pub(super) fn run(ctx: &Context, d: &DeliveriesCmd) -> CliResult {
             let id = resolve_id(&conn, id)?;
             output::detail(&read::delivery_detail(&conn, &id)?, *json)
         }
+        DeliveriesCmd::Explain { id, json } => {
+            let silence_ms = silence_warn_ms(ctx)?;
+            let conn = ctx.open_read()?;
+            let id = resolve_id(&conn, id)?;
+            let now_ms = ctx.now_ms();
+            output::explanation(&explain::explain_id(&conn, &id, now_ms, silence_ms)?, now_ms, *json)
+        }
         DeliveriesCmd::Cancel(a) => super::turns::cancel(ctx, a),
         DeliveriesCmd::Retry(a) => super::turns::retry(ctx, a),
     }
+}
+
+/// The hub's `host_silence_warn` (ms), against which liveness is told.
+fn silence_warn_ms(ctx: &Context) -> Result<i64, CliError> {
+    Ok(i64::try_from(ctx.config(None)?.host_silence_warn.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// A page of rows, each that is not final with its one-line reason.
+fn with_reasons(
+    ctx: &Context,
+    conn: &rusqlite::Connection,
+    rows: Vec<DeliveryRow>,
+) -> Result<Vec<ListedDelivery>, CliError> {
+    let mut explainer = Explainer::new(conn, ctx.now_ms(), silence_warn_ms(ctx)?)?;
+    let mut listed = Vec::with_capacity(rows.len());
+    for r in rows {
+        let why = explainer.reason(&r)?;
+        listed.push((r, why));
+    }
+    Ok(listed)
 }
 
 /// The delivery an id or a unique prefix names: exit 1 when none, exit 2 listing the matches
@@ -87,8 +116,9 @@ fn list(ctx: &Context, d: &DeliveriesCmd) -> CliResult {
         after: *after,
         limit: *limit,
     };
-    let page = listing::page(&ctx.open_read()?, &q)?;
-    output::deliveries(&page.rows, *json)?;
+    let conn = ctx.open_read()?;
+    let page = listing::page(&conn, &q)?;
+    output::deliveries(&with_reasons(ctx, &conn, page.rows)?, *json)?;
     match page.next {
         Some(next) => output::next_page(if newest { "--newest" } else { "--oldest" }, next),
         None => Ok(()),
@@ -106,8 +136,9 @@ pub(super) fn held(ctx: &Context, h: &HeldCmd) -> CliResult {
                 limit: *limit,
                 ..Default::default()
             };
-            let page = listing::page(&ctx.open_read()?, &q)?;
-            output::deliveries(&page.rows, *json)?;
+            let conn = ctx.open_read()?;
+            let page = listing::page(&conn, &q)?;
+            output::deliveries(&with_reasons(ctx, &conn, page.rows)?, *json)?;
             match page.next {
                 Some(next) => output::next_page("", next),
                 None => Ok(()),

@@ -13,6 +13,7 @@
 //! - `inspect`: `status`, `backup`, `verify`, `config check`.
 //! - `hosts`: `hosts list|show`, the fleet.
 //! - `audit`: `audit`, the operators' and the hub's actions.
+//! - `restore`, `purge`: replacing the database with a verified backup; removing settled messages.
 //! - `serve`: running the hub.
 //! - `manuals`: `completions` and `man`, generated from `args`.
 //!
@@ -31,6 +32,8 @@ mod identity;
 mod inspect;
 mod manuals;
 mod output;
+mod purge;
+mod restore;
 mod send;
 mod serve;
 mod turns;
@@ -241,6 +244,10 @@ pub fn run(cli: &Cli) -> CliResult {
         Command::Man { out } => manuals::man(out),
         Command::Hosts(h) => hosts::run(&ctx, h),
         Command::Certs(CertsCmd::List { name, json }) => identity::certs(&ctx, name.as_deref(), *json),
+        Command::Restore { from } => restore::restore(&ctx, from),
+        Command::Purge { message, conversation, dry_run, reason } => {
+            purge::purge(&ctx, message.as_deref(), conversation.as_deref(), *dry_run, reason)
+        }
         Command::Audit { since, actor, limit, json } => {
             audit::run(&ctx, audit::Query { since: since.as_deref(), actor: actor.as_deref(), limit: *limit }, *json)
         }

@@ -7,6 +7,7 @@ use super::inspect::Attention;
 use super::{CliError, CliResult};
 use crate::lock::Holder;
 use crate::store::audit::AuditEntry;
+use crate::store::explain::{self, Behind, Explanation, FenceHold, Liveness, Reason};
 use crate::store::fences::FenceRow;
 use crate::store::fleet::{CertRow, HostDetail, HostEvent, HostRow, SessionRow};
 use crate::store::members::{ConversationMembers, IntervalRow};
@@ -271,14 +272,32 @@ fn delivery_json(r: &DeliveryRow) -> Value {
     })
 }
 
-/// `deliveries list` and `held list`.
-pub(super) fn deliveries(rows: &[DeliveryRow], as_json: bool) -> CliResult {
+/// One listed delivery with the one-line reason of a row that is not final.
+pub(super) type ListedDelivery = (DeliveryRow, Option<Reason>);
+
+/// `deliveries list` and `held list`: a table, or JSON (each `delivery_json` shape plus
+/// `reason_code` and `stored_reason`). For a row that is not final, `reason` is why it is
+/// where it is (`deliveries explain` in one line); for a final one, the stored reason it ended
+/// with. `stored_reason` is always the stored one.
+pub(super) fn deliveries(rows: &[ListedDelivery], as_json: bool) -> CliResult {
     if as_json {
-        return json(&Value::Array(rows.iter().map(delivery_json).collect()));
+        let rows = rows
+            .iter()
+            .map(|(r, why)| {
+                let mut v = delivery_json(r);
+                v["stored_reason"] = json!(r.reason);
+                v["reason_code"] = json!(why.as_ref().map(|w| w.code));
+                if let Some(w) = why {
+                    v["reason"] = json!(w.text);
+                }
+                v
+            })
+            .collect();
+        return json(&Value::Array(rows));
     }
     let rows: Vec<Vec<String>> = rows
         .iter()
-        .map(|r| {
+        .map(|(r, why)| {
             vec![
                 r.delivery_id.clone(),
                 r.host.clone(),
@@ -287,11 +306,160 @@ pub(super) fn deliveries(rows: &[DeliveryRow], as_json: bool) -> CliResult {
                 r.state.to_string(),
                 r.outcome.map(|o| o.to_string()).unwrap_or_else(|| "-".into()),
                 fmt_ms(r.updated_at_ms),
-                r.reason.clone().unwrap_or_default(),
+                why.as_ref().map(|w| w.text.clone()).or_else(|| r.reason.clone()).unwrap_or_default(),
             ]
         })
         .collect();
     table(&["DELIVERY", "HOST", "CONVERSATION", "SEQ", "STATE", "OUTCOME", "UPDATED", "REASON"], &rows)
+}
+
+fn fence_hold_json(f: &FenceHold) -> Value {
+    json!({
+        "id": f.id,
+        "kind": f.kind.as_str(),
+        "scope": f.scope.as_str(),
+        "target": f.target,
+        "set_by": f.set_by,
+        "set_at_ms": f.set_at_ms,
+        "reason": f.reason,
+        "expires_at_ms": f.expires_at_ms,
+    })
+}
+
+fn behind_json(b: &Behind) -> Value {
+    match b {
+        Behind::Delivery { delivery_id, seq, state, host, has_outcome } => json!({
+            "kind": "delivery",
+            "delivery_id": delivery_id,
+            "message_id": Value::Null,
+            "seq": seq,
+            "state": state.as_str(),
+            "host": host,
+            "has_outcome": has_outcome,
+        }),
+        Behind::FanOut { message_id, seq } => json!({
+            "kind": "fan_out",
+            "delivery_id": Value::Null,
+            "message_id": message_id,
+            "seq": seq,
+            "state": Value::Null,
+            "host": Value::Null,
+            "has_outcome": false,
+        }),
+    }
+}
+
+fn liveness_json(l: &Liveness) -> Value {
+    json!({
+        "host": l.host,
+        "state": l.state.map(|s| s.as_str()),
+        "instance_id": l.instance_id,
+        "session": l.session,
+        "last_contact_at_ms": l.last_contact_at_ms,
+        "session_ended_at_ms": l.session_ended_at_ms,
+        "silent_for_ms": l.silent_for_ms,
+        "host_silence_warn_ms": l.silence_warn_ms,
+        "silent": l.silent(),
+    })
+}
+
+/// `deliveries explain`: one screen, or JSON (`{"delivery", "reason", "reason_code", "fence",
+/// "behind", "host", "run", "cancel"}`; absent parts are `null`).
+pub(super) fn explanation(e: &Explanation, now_ms: i64, as_json: bool) -> CliResult {
+    let run = &e.run;
+    if as_json {
+        return json(&json!({
+            "delivery": delivery_json(&e.delivery),
+            "reason": e.reason.text,
+            "reason_code": e.reason.code,
+            "fence": e.fence.as_ref().map(fence_hold_json),
+            "behind": e.behind.as_ref().map(behind_json),
+            "host": liveness_json(&e.host),
+            "run": {
+                "attempt": run.attempt,
+                "max_attempts": run.max_attempts,
+                "rerun": run.rerun.map(|r| r.as_str()),
+                "not_before_ms": run.not_before_ms,
+                "started_at_ms": run.started.map(|(at, _)| at),
+                "started_session": run.started.map(|(_, s)| s),
+                "running_for_ms": run.started.filter(|_| run.outcome.is_none()).map(|(at, _)| (now_ms - at).max(0)),
+                "report_outstanding": run.started.is_some() && run.outcome.is_none(),
+                "outcome": run.outcome.map(|o| o.as_str()),
+            },
+            "cancel": run.cancel.as_ref().map(|c| json!({"at_ms": c.at_ms, "by": c.by, "reason": c.reason})),
+        }));
+    }
+    let d = &e.delivery;
+    let mut o = out();
+    writeln!(o, "delivery      {}", esc(&d.delivery_id))?;
+    writeln!(o, "message       {} (conversation {}, seq {})", esc(&d.message_id), esc(&d.conversation), d.seq)?;
+    writeln!(
+        o,
+        "state         {}{}",
+        d.state,
+        d.instance_id.as_ref().map(|i| format!(", held by instance {}", esc(i))).unwrap_or_default()
+    )?;
+    writeln!(o, "why           {}", esc(&e.reason.text))?;
+    match &e.fence {
+        Some(f) => writeln!(
+            o,
+            "fence         {} {} on {}{}, set by {} at {}: {}{}",
+            f.kind.as_str(),
+            f.id,
+            f.scope.as_str(),
+            f.target.as_ref().map(|t| format!(" {}", esc(t))).unwrap_or_default(),
+            esc(&f.set_by),
+            fmt_ms(f.set_at_ms),
+            esc(&f.reason),
+            f.expires_at_ms.map(|at| format!(" (until {})", fmt_ms(at))).unwrap_or_default()
+        )?,
+        None => writeln!(o, "fence         none")?,
+    }
+    match &e.behind {
+        Some(Behind::Delivery { delivery_id, seq, state, host, .. }) => {
+            writeln!(o, "behind        seq {seq}: delivery {}, {state} on {}", esc(delivery_id), esc(host))?
+        }
+        Some(Behind::FanOut { message_id, seq }) => {
+            writeln!(o, "behind        seq {seq}: message {}, fan-out pending", esc(message_id))?
+        }
+        None => writeln!(o, "behind        nothing")?,
+    }
+    let h = &e.host;
+    writeln!(
+        o,
+        "host          {} {}{}; {}",
+        esc(&h.host),
+        h.state.map(|s| s.as_str()).unwrap_or("not enrolled"),
+        h.instance_id.as_ref().map(|i| format!(", bound instance {}", esc(i))).unwrap_or_default(),
+        esc(&explain::liveness_words(h, now_ms))
+    )?;
+    let started = match (run.started, run.outcome) {
+        (_, Some(outcome)) => format!("ended {outcome}"),
+        (Some((at, session)), None) => format!(
+            "started {} by node session {session}, running for {}; report outstanding",
+            fmt_ms(at),
+            human_secs(now_ms - at)
+        ),
+        (None, None) => "not started".into(),
+    };
+    writeln!(
+        o,
+        "run           {} of {}{}; {started}{}",
+        run.attempt,
+        run.max_attempts,
+        run.rerun.map(|r| format!(" ({})", r.as_str())).unwrap_or_default(),
+        run.not_before_ms.map(|at| format!("; retry not before {}", fmt_ms(at))).unwrap_or_default()
+    )?;
+    if let Some(c) = &run.cancel {
+        writeln!(
+            o,
+            "cancel        asked by {} at {}{}",
+            esc(&c.by),
+            fmt_ms(c.at_ms),
+            c.reason.as_ref().map(|r| format!(": {}", esc(r))).unwrap_or_default()
+        )?;
+    }
+    Ok(())
 }
 
 /// A listing's note that it stopped at its limit, on stderr (stdout stays the listing alone).

@@ -45,6 +45,9 @@ const _: () = assert!(RETRY_BACKOFF_DEFAULT.as_millis() <= RETRY_BACKOFF_MAX_DEF
 /// polls' worth, so an idle node that keeps polling is never flagged.
 pub const HOST_SILENCE_WARN_DEFAULT: Duration = Duration::from_secs(300);
 const _: () = assert!(HOST_SILENCE_WARN_DEFAULT.as_millis() > 2 * LONG_POLL_WAIT_MAX_DEFAULT.as_millis());
+/// How long the operators' audit log (`operator_events`) is kept: a year, so last quarter's
+/// "who fenced this and why" is still there, while the table cannot grow without bound.
+pub const AUDIT_RETENTION_DEFAULT: Duration = Duration::from_secs(365 * 24 * 3600);
 /// How long shutdown waits for open requests.
 pub const SHUTDOWN_GRACE_DEFAULT: Duration = Duration::from_secs(10);
 /// The prefix of every key's environment variable.
@@ -179,6 +182,17 @@ pub const OPERATOR_LISTEN: Key = Key {
           \"off\" disables it",
 };
 
+/// `requeue_silent_after`.
+pub const REQUEUE_SILENT_AFTER: Key = Key {
+    name: key_name!(None, "requeue_silent_after", "requeue-silent-after", "BATON_HUB_REQUEUE_SILENT_AFTER"),
+    kind: KeyKind::Duration { default: Duration::ZERO, min: Duration::ZERO, max: Duration::from_secs(7 * 24 * 3600) },
+    doc: "off when 0s (the default). Otherwise the hub returns the claimed and mirrored (never delivered) \
+          deliveries of a node instance whose open session has been silent this long to the queue (recorded as \
+          by `hub`). Safe because of the execution gate: a node runs a turn only after the hub confirmed its \
+          ack, and the old holder's ack is refused once its delivery was requeued, so the requeued copy never \
+          runs twice. At least twice limits.long_poll_wait_max plus the 5s contact flush, so a node waiting in \
+          a long poll is never taken for silent",
+};
 /// `limits.payload_bytes_max`.
 pub const PAYLOAD_BYTES_MAX: Key = Key {
     name: key_name!(Some("limits"), "payload_bytes_max", "payload-bytes-max", "BATON_HUB_PAYLOAD_BYTES_MAX"),
@@ -224,6 +238,17 @@ pub const RETENTION: Key = Key {
         max: Duration::from_secs(3650 * 24 * 3600),
     },
     doc: "how long settled messages and their idempotency keys are kept",
+};
+/// `limits.audit_retention`.
+pub const AUDIT_RETENTION: Key = Key {
+    name: key_name!(Some("limits"), "audit_retention", "audit-retention", "BATON_HUB_AUDIT_RETENTION"),
+    kind: KeyKind::Duration {
+        default: AUDIT_RETENTION_DEFAULT,
+        min: Duration::from_secs(24 * 3600),
+        max: Duration::from_secs(3650 * 24 * 3600),
+    },
+    doc: "how long audit rows (operator and hub actions: enroll, revoke, fences, releases, …) are kept, from \
+          when each was written; delivery transitions go with their message (`retention`)",
 };
 /// `limits.request_body_bytes_max`.
 pub const REQUEST_BODY_BYTES_MAX: Key = Key {
@@ -338,13 +363,14 @@ pub const REDRIVE_BATCH_MAX: Key = Key {
 };
 
 /// Every key, in the order of the template.
-pub const KEYS: [&Key; 25] = [
+pub const KEYS: [&Key; 27] = [
     &LISTEN,
     &SYNCHRONOUS,
     &SHUTDOWN_GRACE,
     &LOG_FORMAT,
     &HOST_SILENCE_WARN,
     &OPERATOR_LISTEN,
+    &REQUEUE_SILENT_AFTER,
     &PAYLOAD_BYTES_MAX,
     &RESULT_BYTES_MAX,
     &CLAIM_BATCH_MAX,
@@ -352,6 +378,7 @@ pub const KEYS: [&Key; 25] = [
     &RECIPIENTS_MAX,
     &QUEUED_PER_HOST_MAX,
     &RETENTION,
+    &AUDIT_RETENTION,
     &REQUEST_BODY_BYTES_MAX,
     &HANDSHAKE_TIMEOUT,
     &CONNECTIONS_MAX,

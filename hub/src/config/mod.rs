@@ -45,6 +45,8 @@ pub struct Limits {
     pub queued_per_host_max: u64,
     /// How long messages (and their idempotency keys) are kept once settled.
     pub retention: Duration,
+    /// How long audit rows (`operator_events`) are kept, from when each was written.
+    pub audit_retention: Duration,
     /// Largest request body read, bytes.
     pub request_body_bytes_max: u64,
     /// Longest TLS handshake.
@@ -81,6 +83,7 @@ impl Default for Limits {
             recipients_max: RECIPIENTS_MAX_DEFAULT,
             queued_per_host_max: QUEUED_PER_HOST_MAX_DEFAULT,
             retention: RETENTION_DEFAULT,
+            audit_retention: AUDIT_RETENTION_DEFAULT,
             request_body_bytes_max: REQUEST_BODY_BYTES_MAX_DEFAULT,
             handshake_timeout: HANDSHAKE_TIMEOUT_DEFAULT,
             connections_max: CONNECTIONS_MAX_DEFAULT as u32,
@@ -114,6 +117,9 @@ pub struct HubConfig {
     pub host_silence_warn: Duration,
     /// Where the operator listener (health, metrics, status page) listens; `None` when off.
     pub operator_listen: Option<SocketAddr>,
+    /// How long a node instance's open session may be silent before the hub requeues its
+    /// claimed and mirrored deliveries; `None`: never (the default).
+    pub requeue_silent_after: Option<Duration>,
 }
 
 /// What a configuration is read from, lowest layer first.
@@ -179,6 +185,7 @@ impl HubConfig {
             recipients_max: narrow(&RECIPIENTS_MAX)?,
             queued_per_host_max: m.int(&QUEUED_PER_HOST_MAX)?,
             retention: m.duration(&RETENTION)?,
+            audit_retention: m.duration(&AUDIT_RETENTION)?,
             request_body_bytes_max: m.int(&REQUEST_BODY_BYTES_MAX)?,
             handshake_timeout: m.duration(&HANDSHAKE_TIMEOUT)?,
             connections_max: narrow(&CONNECTIONS_MAX)?,
@@ -236,8 +243,32 @@ impl HubConfig {
             log_format,
             host_silence_warn: m.duration(&HOST_SILENCE_WARN)?,
             operator_listen: m.addr_or_off(&OPERATOR_LISTEN)?,
+            requeue_silent_after: requeue_silent_after(m.duration(&REQUEUE_SILENT_AFTER)?, limits.long_poll_wait_max)?,
         })
     }
+}
+
+/// How often a node session's last contact reaches the record (the hub's contact flush), which
+/// `requeue_silent_after` must outlast with the longest long poll.
+const CONTACT_FLUSH_BOUND: Duration = Duration::from_secs(5);
+
+/// `requeue_silent_after`: 0 is off; anything else must outlast twice the longest long poll plus
+/// the contact flush, so a node waiting in a long poll (heard from only when it began) is never
+/// taken for silent.
+fn requeue_silent_after(d: Duration, long_poll_wait_max: Duration) -> Result<Option<Duration>, String> {
+    if d.is_zero() {
+        return Ok(None);
+    }
+    let least = 2 * (long_poll_wait_max + CONTACT_FLUSH_BOUND);
+    if d < least {
+        return Err(format!(
+            "requeue_silent_after ({}) must be 0s (off) or at least {} (twice limits.long_poll_wait_max plus the \
+             contact flush), so a node waiting in a long poll is never taken for silent",
+            baton_shared::duration::human(d),
+            baton_shared::duration::human(least)
+        ));
+    }
+    Ok(Some(d))
 }
 
 #[cfg(test)]
@@ -249,6 +280,16 @@ mod tests {
     fn check_err(text: &str, needle: &str) {
         let e = HubConfig::from_toml(text).unwrap_err();
         assert!(e.contains(needle), "{e:?} should mention {needle:?}");
+    }
+
+    /// `requeue_silent_after` is off by default and refuses a value a long poll could outlast.
+    #[test]
+    fn requeue_silent_after_is_off_by_default_and_outlasts_a_long_poll() {
+        let p = Duration::from_secs(30);
+        assert_eq!(requeue_silent_after(Duration::ZERO, p), Ok(None));
+        assert_eq!(requeue_silent_after(Duration::from_secs(70), p), Ok(Some(Duration::from_secs(70))));
+        let e = requeue_silent_after(Duration::from_secs(60), p).unwrap_err();
+        assert!(e.contains("requeue_silent_after") && e.contains("1m 10s"), "{e}");
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! A consistent copy of the hub database (`baton-hub backup`), taken while the hub may be
-//! running, and checked before it is reported good.
+//! running, and checked before it is reported good; and what `restore` reads of a copy
+//! (`facts`, `checkpoint`).
 
 use super::{StoreError, StoreResult};
 use rusqlite::Connection;
@@ -53,6 +54,46 @@ pub fn integrity(conn: &Connection) -> StoreResult<Vec<String>> {
     let mut stmt = conn.prepare("PRAGMA integrity_check")?;
     let lines: Vec<String> = stmt.query_map([], |r| r.get(0))?.collect::<Result<_, _>>()?;
     Ok(lines.into_iter().filter(|l| l != "ok").collect())
+}
+
+/// What a database holds, as `restore` tells the operator before and after it replaces one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Facts {
+    /// Its schema version (`PRAGMA user_version`) as found, before any migration.
+    pub schema_version: i64,
+    /// Messages it holds.
+    pub messages: i64,
+    /// When its newest message was accepted (unix ms), if it holds any.
+    pub newest_accepted_at_ms: Option<i64>,
+    /// Its last recorded change of any kind (a delivery event, an operator event; unix ms).
+    pub last_change_at_ms: Option<i64>,
+}
+
+/// The facts of a database (`schema_version` as the caller read it before opening for write).
+pub fn facts(conn: &Connection, schema_version: i64) -> StoreResult<Facts> {
+    let (messages, newest_accepted_at_ms) =
+        conn.query_row("SELECT count(*), max(accepted_at) FROM messages", [], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    let last_change_at_ms = conn.query_row(
+        "SELECT max(coalesce((SELECT max(at) FROM delivery_events), 0), coalesce((SELECT max(at) FROM operator_events), 0))",
+        [],
+        |r| r.get::<_, i64>(0),
+    )?;
+    Ok(Facts {
+        schema_version,
+        messages,
+        newest_accepted_at_ms,
+        last_change_at_ms: (last_change_at_ms > 0).then_some(last_change_at_ms),
+    })
+}
+
+/// Folds the write-ahead log into the database file and empties it, so the file alone holds
+/// everything (before `restore` moves it).
+pub fn checkpoint(conn: &Connection) -> StoreResult<()> {
+    let busy: i64 = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get(0))?;
+    if busy != 0 {
+        return Err(StoreError::Storage("the write-ahead log could not be folded into the database".into()));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -252,11 +252,15 @@ pub fn hosts(conn: &Connection) -> StoreResult<Vec<HostRow>> {
     Ok(rows)
 }
 
+/// One host's row without its holdings (left at zero) or certificates: what `explain` needs
+/// of its liveness, in one indexed read. `None` when it was never enrolled.
+pub fn host_standing(conn: &Connection, name: &str) -> StoreResult<Option<HostRow>> {
+    Ok(conn.prepare_cached(&format!("{HOST_SELECT} WHERE h.name = ?1"))?.query_row([name], host_row).optional()?)
+}
+
 /// One host with its certificates and recent events; `None` when it was never enrolled.
 pub fn host(conn: &Connection, name: &str) -> StoreResult<Option<HostDetail>> {
-    let Some(mut host) =
-        conn.prepare_cached(&format!("{HOST_SELECT} WHERE h.name = ?1"))?.query_row([name], host_row).optional()?
-    else {
+    let Some(mut host) = host_standing(conn, name)? else {
         return Ok(None);
     };
     host.holdings = holdings(conn, name)?;

@@ -40,6 +40,7 @@ pub mod backup;
 pub mod batch;
 pub mod canonical;
 pub mod claim;
+pub mod explain;
 pub mod fences;
 pub mod fleet;
 pub mod hosts;
@@ -48,10 +49,12 @@ pub mod members;
 pub mod operator;
 pub mod overview;
 pub mod producers;
+pub mod purge;
 pub mod read;
 pub mod report;
 pub mod retention;
 pub mod sessions;
+pub mod silence;
 pub mod transition;
 pub mod turns;
 pub mod verify;
@@ -72,6 +75,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../../schema/hub/0003-turn-control.sql"),
     include_str!("../../../schema/hub/0004-turn-control-indexes.sql"),
     include_str!("../../../schema/hub/0005-fence-expiry.sql"),
+    include_str!("../../../schema/hub/0006-settled-at.sql"),
 ];
 
 /// Who made a change, as recorded in the event log.

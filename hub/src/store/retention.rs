@@ -1,7 +1,12 @@
 //! Retention: messages (with their idempotency keys, deliveries, events and attempts) are kept
-//! for the retention window after acceptance, and removed only once every delivery is settled.
-//! A delivery that is still waiting, held, in flight, or delivered without an outcome keeps its
-//! message however old it is: nothing unfinished ever vanishes.
+//! for the retention window after they *settled* (`messages.settled_at`: their last delivery
+//! reached a final outcome), not after acceptance, so a message accepted long ago that settles
+//! now keeps its idempotency key for a whole window and a producer's retry still answers
+//! `duplicate`. A message that is still waiting, held, in flight, or delivered without an
+//! outcome has no `settled_at` and is kept however old it is: nothing unfinished ever
+//! vanishes. The sweep checks that again itself, so a wrong `settled_at` could keep a message
+//! too long, never remove an unfinished one. The operators' audit log (`operator_events`) has
+//! its own window (`limits.audit_retention`), counted from each row's time.
 
 use super::StoreResult;
 use rusqlite::Connection;
@@ -9,21 +14,37 @@ use rusqlite::Connection;
 /// Most messages removed per sweep transaction, so a sweep never holds the writer for long.
 pub const SWEEP_MESSAGES_MAX: usize = 5_000;
 
-/// Removes up to `max` settled messages accepted before `cutoff_ms`. Returns how many.
+/// Most audit rows removed per sweep transaction, for the same reason.
+pub const SWEEP_AUDIT_ROWS_MAX: usize = 5_000;
+
+/// The unfinished parts that keep a message (`m`) whatever its `settled_at` says.
+pub(crate) const UNFINISHED: &str =
+    "EXISTS (SELECT 1 FROM fanout_obligations o WHERE o.message_id = m.id AND o.done_at IS NULL)
+    OR EXISTS (
+        SELECT 1 FROM deliveries d WHERE d.message_id = m.id
+          AND (d.state IN ('queued', 'held', 'claimed', 'mirrored')
+               OR (d.state = 'delivered'
+                   AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt))))";
+
+/// Removes up to `max` messages that settled before `cutoff_ms`. Returns how many.
 pub fn sweep(conn: &Connection, cutoff_ms: i64, max: usize) -> StoreResult<usize> {
     let n = conn
-        .prepare_cached(
+        .prepare_cached(&format!(
             "DELETE FROM messages WHERE id IN (
                 SELECT m.id FROM messages m
-                WHERE m.accepted_at < ?1
-                  AND NOT EXISTS (SELECT 1 FROM fanout_obligations o WHERE o.message_id = m.id AND o.done_at IS NULL)
-                  AND NOT EXISTS (
-                      SELECT 1 FROM deliveries d WHERE d.message_id = m.id
-                        AND (d.state IN ('queued', 'held', 'claimed', 'mirrored')
-                             OR (d.state = 'delivered'
-                                 AND NOT EXISTS (
-                                     SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt))))
-                ORDER BY m.accepted_at LIMIT ?2)",
+                WHERE m.settled_at IS NOT NULL AND m.settled_at < ?1 AND NOT ({UNFINISHED})
+                ORDER BY m.settled_at LIMIT ?2)"
+        ))?
+        .execute(rusqlite::params![cutoff_ms, max as i64])?;
+    Ok(n)
+}
+
+/// Removes up to `max` audit rows (`operator_events`) written before `cutoff_ms`. Returns how
+/// many.
+pub fn sweep_audit(conn: &Connection, cutoff_ms: i64, max: usize) -> StoreResult<usize> {
+    let n = conn
+        .prepare_cached(
+            "DELETE FROM operator_events WHERE id IN (SELECT id FROM operator_events WHERE at < ?1 ORDER BY id LIMIT ?2)",
         )?
         .execute(rusqlite::params![cutoff_ms, max as i64])?;
     Ok(n)
@@ -68,6 +89,114 @@ mod tests {
         let next = accept_one(&db.conn, "c", "k3", &["host-a"]);
         let seq: i64 = db.conn.query_row("SELECT seq FROM messages WHERE id = ?1", [&next], |r| r.get(0)).unwrap();
         assert_eq!(seq, 3);
+    }
+
+    fn settled_at(c: &Connection, m: &str) -> Option<i64> {
+        c.query_row("SELECT settled_at FROM messages WHERE id = ?1", [m], |r| r.get(0)).unwrap()
+    }
+
+    fn accept_again(c: &Connection, key: &str, now_ms: i64) -> crate::store::accept::Accepted {
+        let msg = crate::store::accept::NewMessage {
+            producer: "prod".into(),
+            conversation: "c".into(),
+            idempotency_key: key.into(),
+            payload: "{}".into(),
+            to: vec!["host-a".into()],
+        };
+        crate::store::accept::accept(
+            c,
+            &msg,
+            crate::store::accept::AcceptLimits { queued_per_host_max: 1 << 40 },
+            now_ms,
+        )
+        .unwrap()
+    }
+
+    /// Regression: retention counted from acceptance, so a message accepted long ago that
+    /// settled just now was swept at the next sweep, its idempotency key with it, and a
+    /// producer's retry right after created a duplicate. It counts from settling.
+    #[test]
+    fn retention_counts_from_settling_not_from_acceptance() {
+        use baton_shared::clock::{Clock, ManualClock};
+        const DAY_MS: i64 = 24 * 3600 * 1000;
+        let window_ms = 7 * DAY_MS;
+        let cutoff = |clock: &ManualClock| clock.now_ms() - window_ms;
+        let clock = ManualClock::new(1);
+        let db = testing::db();
+        let c = &db.conn;
+        let m = accept_one(c, "c", "k1", &["host-a"]);
+        assert_eq!(settled_at(c, &m), None, "queued: not settled");
+
+        // Thirty days later its node takes it and reports.
+        clock.set_ms(30 * DAY_MS);
+        let now = clock.now_ms();
+        let d = crate::store::claim::claim(c, "host-a", "i", 1, now).unwrap().remove(0);
+        let h = crate::store::transition::Holder { instance_id: "i", claim_token: &d.claim_token };
+        crate::store::claim::mirrored(c, "host-a", &d.delivery_id, h, now).unwrap();
+        crate::store::claim::ack(c, "host-a", &d.delivery_id, h, now).unwrap();
+        assert_eq!(settled_at(c, &m), None, "delivered without an outcome: not settled");
+        clock.advance_ms(1_000);
+        let r = crate::store::report::NewReport {
+            delivery_id: &d.delivery_id,
+            holder: h,
+            report_id: "r1",
+            outcome: baton_shared::states::Outcome::Succeeded,
+            exit_code: Some(0),
+            duration_ms: None,
+            result: None,
+            reason: None,
+        };
+        crate::store::report::report(c, "host-a", &r, clock.now_ms()).unwrap();
+        let settled = clock.now_ms();
+        assert_eq!(settled_at(c, &m), Some(settled), "settled by the report, at the report's time");
+
+        // Just settled: kept, and its key still answers duplicate.
+        assert_eq!(sweep(c, cutoff(&clock), 100).unwrap(), 0);
+        assert!(matches!(accept_again(c, "k1", clock.now_ms()), crate::store::accept::Accepted::Duplicate { .. }));
+        // Until the window has passed since it settled.
+        clock.set_ms(settled + window_ms);
+        assert_eq!(sweep(c, cutoff(&clock), 100).unwrap(), 0, "exactly one window after settling: kept");
+        assert!(matches!(accept_again(c, "k1", clock.now_ms()), crate::store::accept::Accepted::Duplicate { .. }));
+        clock.advance_ms(1);
+        assert_eq!(sweep(c, cutoff(&clock), 100).unwrap(), 1, "past the window: gone");
+        assert!(matches!(accept_again(c, "k1", clock.now_ms()), crate::store::accept::Accepted::New { .. }));
+    }
+
+    /// A retry or redrive reopens a settled message; its next outcome settles it anew.
+    #[test]
+    fn a_rerun_reopens_a_settled_message_and_its_outcome_settles_it_again() {
+        let db = testing::db();
+        let c = &db.conn;
+        let m = accept_one(c, "c", "k1", &["host-a"]);
+        let d = crate::store::claim::claim(c, "host-a", "i", 1, 2).unwrap().remove(0);
+        let h = crate::store::transition::Holder { instance_id: "i", claim_token: &d.claim_token };
+        crate::store::claim::reject(c, "host-a", &d.delivery_id, h, "no", 3).unwrap();
+        assert_eq!(settled_at(c, &m), Some(3), "failed by its node: settled");
+        crate::store::turns::retry(c, &d.delivery_id, "op", "again", 4).unwrap();
+        assert_eq!(settled_at(c, &m), None, "redriven: open again");
+        assert_eq!(sweep(c, 1_000, 100).unwrap(), 0);
+        let d = crate::store::claim::claim(c, "host-a", "i", 1, 5).unwrap().remove(0);
+        let h = crate::store::transition::Holder { instance_id: "i", claim_token: &d.claim_token };
+        crate::store::claim::reject(c, "host-a", &d.delivery_id, h, "no again", 6).unwrap();
+        assert_eq!(settled_at(c, &m), Some(6));
+    }
+
+    /// Audit rows go after their own window, counted from when each was written.
+    #[test]
+    fn audit_rows_go_after_their_window() {
+        let db = testing::db();
+        let c = &db.conn;
+        for at in [10, 20, 30] {
+            c.execute(
+                "INSERT INTO operator_events (action, subject, operator, reason, at) VALUES ('fence_set', 's', 'op', 'r', ?1)",
+                [at],
+            )
+            .unwrap();
+        }
+        assert_eq!(sweep_audit(c, 10, 100).unwrap(), 0);
+        assert_eq!(sweep_audit(c, 25, 100).unwrap(), 2);
+        let left: i64 = c.query_row("SELECT at FROM operator_events", [], |r| r.get(0)).unwrap();
+        assert_eq!(left, 30);
     }
 
     /// A delivered delivery re-run by an operator keeps its message while the new run has no

@@ -19,7 +19,7 @@ pub fn allowed(from: DeliveryState, to: DeliveryState, actor: ActorKind) -> bool
             | (Held, Queued, Operator)
             | (Queued | Held | Claimed | Mirrored, Failed, Operator)
             | (Mirrored, Unknown, Operator)
-            | (Claimed | Mirrored, Queued, Operator)
+            | (Claimed | Mirrored, Queued, Operator | Hub)
             | (Claimed, Mirrored, Node)
             | (Claimed | Mirrored, Failed, Node)
             | (Mirrored, Delivered, Node)
@@ -245,8 +245,9 @@ mod tests {
         }
         // The SPEC table has 19 (from, to, actor) rows once the "or" cells are spelled out: 15,
         // and the retry (delivered → queued by the hub) and the operator's retry and redrive
-        // (delivered, failed or unknown → queued).
-        assert_eq!(allowed_count, 19);
+        // (delivered, failed or unknown → queued); and 2 for `requeue_silent_after` (claimed,
+        // mirrored → queued by the hub).
+        assert_eq!(allowed_count, 21);
     }
 
     #[test]

@@ -1,0 +1,60 @@
+//! `purge --message ID | --conversation C [--dry-run] --reason R`: settled messages removed
+//! now, never an unsettled delivery (`store::purge`).
+
+use super::{CliError, CliResult, Context, output};
+use crate::store::in_write_txn;
+use crate::store::purge::{self, Plan, Target};
+use baton_shared::exit;
+
+/// Runs `purge`.
+pub(super) fn purge(
+    ctx: &Context,
+    message: Option<&str>,
+    conversation: Option<&str>,
+    dry_run: bool,
+    reason: &str,
+) -> CliResult {
+    let target = match (message, conversation) {
+        (Some(m), None) => Target::Message(m),
+        (None, Some(c)) => Target::Conversation(c),
+        _ => return Err(CliError::usage("give --message ID or --conversation C")),
+    };
+    let subject = target.subject();
+    let plan = if dry_run {
+        purge::plan(&ctx.open_read()?, target)?
+    } else {
+        let conn = ctx.open_write()?;
+        in_write_txn(&conn, |c| purge::purge(c, target, &ctx.operator, reason, ctx.now_ms()))?
+    };
+    if !plan.allowed() {
+        return Err(refusal(&subject, &plan));
+    }
+    if plan.messages.is_empty() {
+        return Err(CliError::new(exit::NOTHING, format!("nothing to do: no messages of {}", output::esc(&subject))));
+    }
+    let verb = if dry_run { "would purge" } else { "purged" };
+    output::line(format!(
+        "{verb} {}: {} message(s), {} deliveries (with their events and attempts){}",
+        output::esc(&subject),
+        plan.messages.len(),
+        plan.deliveries,
+        if dry_run { "; nothing was removed" } else { "" }
+    ))
+}
+
+/// The refusal of a purge that would touch unfinished work, naming it.
+fn refusal(subject: &str, plan: &Plan) -> CliError {
+    let named: Vec<String> = plan.unsettled.iter().map(|(id, state)| format!("{id} ({state})")).collect();
+    let more = if named.len() >= purge::UNSETTLED_SHOWN_MAX { ", …" } else { "" };
+    let fan_out = if plan.fan_out_pending > 0 {
+        format!("; {} message(s) still being fanned out", plan.fan_out_pending)
+    } else {
+        String::new()
+    };
+    CliError::usage(format!(
+        "refusing to purge {}: it has deliveries that are not settled: {}{more}{fan_out}; nothing was removed \
+         (cancel them or wait for their outcome first)",
+        output::esc(subject),
+        named.join(", ")
+    ))
+}

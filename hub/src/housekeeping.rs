@@ -1,0 +1,96 @@
+//! Background tasks the hub runs beside the ones `server` owns: the audit log's retention
+//! sweep, and `requeue_silent_after` (off unless configured; see `store::silence` for why it is
+//! safe). Each holds the shutdown token, reads time from the injected clock and writes through
+//! the `Writer`, one bounded transaction at a time.
+
+use crate::http::Shared;
+use crate::store;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How often audit rows past `limits.audit_retention` are removed.
+const AUDIT_SWEEP_INTERVAL: Duration = Duration::from_secs(3600);
+
+/// Rows written before this time (unix ms) are past a window of `window`.
+fn cutoff_ms(now_ms: i64, window: Duration) -> i64 {
+    now_ms.saturating_sub(i64::try_from(window.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// Removes audit rows (`operator_events`) older than `limits.audit_retention`, at start and
+/// every `AUDIT_SWEEP_INTERVAL`, in transactions of `SWEEP_AUDIT_ROWS_MAX`.
+pub(crate) async fn sweep_audit(shared: Arc<Shared>) {
+    loop {
+        let cutoff = cutoff_ms(shared.clock.now_ms(), shared.limits.audit_retention);
+        loop {
+            match shared
+                .writer
+                .call(move |c| store::retention::sweep_audit(c, cutoff, store::retention::SWEEP_AUDIT_ROWS_MAX))
+                .await
+            {
+                Ok(0) => break,
+                Ok(n) => tracing::info!(removed = n, "retention: removed audit rows"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "audit retention sweep failed");
+                    break;
+                }
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(AUDIT_SWEEP_INTERVAL) => {}
+            _ = shared.shutdown.cancelled() => return,
+        }
+    }
+}
+
+/// How often the hub looks for silent node instances holding claimed or mirrored deliveries
+/// (one indexed read; a write only when one is found).
+const SILENCE_CHECK_PACE: Duration = Duration::from_secs(1);
+
+/// Returns to the queue the claimed and mirrored deliveries of node instances whose open
+/// session has been silent longer than `after` (`None`: the task does nothing), and wakes the
+/// waiting claims so another instance takes them at once.
+pub(crate) async fn requeue_silent(shared: Arc<Shared>, after: Option<Duration>) {
+    let Some(after) = after else { return };
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(SILENCE_CHECK_PACE) => {}
+            _ = shared.shutdown.cancelled() => return,
+        }
+        let cutoff = cutoff_ms(shared.clock.now_ms(), after);
+        let silent = match shared.readers.read(move |c| store::silence::silent_holders(c, cutoff)).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading silent node instances failed");
+                continue;
+            }
+        };
+        for who in silent {
+            let now_ms = shared.clock.now_ms();
+            let w = who.clone();
+            match shared.writer.call(move |c| store::silence::requeue_silent(c, &w, cutoff, now_ms)).await {
+                Ok(ids) if ids.is_empty() => {}
+                Ok(ids) => {
+                    tracing::warn!(
+                        host = %who.host, instance = %who.instance_id, session = who.session, requeued = ids.len(),
+                        "requeued what a silent node instance held unacked (requeue_silent_after)"
+                    );
+                    shared.work_changed();
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, host = %who.host, "requeueing a silent instance's deliveries failed")
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cutoff_is_one_window_before_now_and_never_overflows() {
+        assert_eq!(cutoff_ms(10_000, Duration::from_secs(4)), 6_000);
+        assert_eq!(cutoff_ms(0, Duration::MAX), -i64::MAX);
+    }
+}
