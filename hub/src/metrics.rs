@@ -51,6 +51,17 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
     ("baton_hub_write_batch_jobs", Kind::Histogram, "Write jobs folded into one committed transaction."),
     ("baton_hub_write_transaction_seconds", Kind::Histogram, "Time to run and commit one write transaction."),
     ("baton_hub_write_transaction_failures_total", Kind::Counter, "Write transactions that failed and rolled back."),
+    ("baton_hub_writer_jobs_total", Kind::Counter, "Write jobs run by the writer (each request step or batch is one)."),
+    (
+        "baton_hub_claim_looks_total",
+        Kind::Counter,
+        "Looks for claimable work by waiting claims (reads; only a look that finds work writes).",
+    ),
+    (
+        "baton_hub_cert_cache_total",
+        Kind::Counter,
+        "Certificate standing checks answered from the in-memory cache or read from the record, by result.",
+    ),
     ("baton_hub_tls_handshake_failures_total", Kind::Counter, "TLS handshakes that failed or timed out."),
     (
         "baton_hub_connections_refused_total",

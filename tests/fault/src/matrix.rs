@@ -124,9 +124,8 @@ pub struct CrashRun {
 /// from `leave_fan_out_pending` instead.
 fn arms(point: &str, nth: u32) -> VecDeque<String> {
     let mut v = VecDeque::new();
-    match point {
-        "node.resync.mid" => v.push_back("node.mirror.after_commit@1".to_string()),
-        _ => {}
+    if point == "node.resync.mid" {
+        v.push_back("node.mirror.after_commit@1".to_string());
     }
     // Points hit only once or twice in a short run fire on their first hit: the node's batched
     // steps are hit once per claim batch, scheduler pass or outbox batch, not per delivery.
