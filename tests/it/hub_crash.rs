@@ -19,8 +19,9 @@ fn assert_crashed_at(hub: &mut Hub, point: &str) {
     assert!(stderr.contains(&format!("crash point {point} reached")), "stderr: {stderr}");
 }
 
-/// Submits through a hub armed to crash at `point`, restarts it, and checks the repair and the
-/// replay for a message to `to`.
+/// Submits through a hub armed to crash at `point` (after its commit, before its answer),
+/// restarts it, and checks that the message and its deliveries were kept, nothing is left for
+/// repair, and the replay of a message to `to` answers the original.
 async fn check_accept_crash(point: &str, to: &[&str]) {
     let mut hub = Hub::builder().crash_point(point).start();
     let body = submit_body("c", "crash-key", json!({"n": 1}), to);
@@ -32,7 +33,7 @@ async fn check_accept_crash(point: &str, to: &[&str]) {
     let all = hub.deliveries();
     let mut hosts: Vec<&str> = all.iter().map(|d| d["host"].as_str().unwrap()).collect();
     hosts.sort();
-    assert_eq!(hosts, to, "repair created exactly one delivery per recipient: {all:?}");
+    assert_eq!(hosts, to, "exactly one delivery per recipient was kept: {all:?}");
     assert!(all.iter().all(|d| d["state"] == "queued"));
     let message_id = all[0]["message_id"].as_str().unwrap().to_string();
     assert!(all.iter().all(|d| d["message_id"] == message_id.as_str()), "one message: {all:?}");
@@ -50,14 +51,14 @@ async fn check_accept_crash(point: &str, to: &[&str]) {
     assert_eq!(ids, listed);
     assert_eq!(hub.deliveries().len(), to.len(), "the replay added nothing");
 
-    // The repaired deliveries flow normally.
+    // The kept deliveries flow normally.
     let node = hub.node(to[0], "inst-1");
     assert_eq!(node.claim(10, 0).await.len(), 1);
     hub.verify_ok();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_crash_after_the_accept_commit_is_repaired_at_start() {
+async fn a_crash_after_the_accept_commit_keeps_the_message_and_its_deliveries() {
     check_accept_crash("hub.accept.after_commit", &["host-a", "host-b"]).await;
 }
 
