@@ -76,8 +76,26 @@ async fn audit_reads_operator_and_hub_actions_with_who_and_why() {
     assert_eq!(carol.as_array().unwrap().len(), 1);
     let out = hub.cli(["audit", "--actor", "nobody"]);
     assert_eq!(out.status.code(), Some(1), "nothing matches: exit 1");
-    let out = hub.cli(["audit", "--since", "1h", "--limit", "1"]);
-    assert!(out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("more than 1"), "{out:?}");
+    // Paging: each page's cursor leads to the next, and the pages together are the whole log.
+    let mut paged = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let mut args = vec!["audit", "--since", "1h", "--limit", "2", "--json"];
+        if let Some(a) = &after {
+            args.extend(["--after", a.as_str()]);
+        }
+        let out = hub.cli(args);
+        assert!(out.status.success(), "{out:?}");
+        let page: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        paged.extend(page.as_array().unwrap().iter().cloned());
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        match stderr.split("next page: --after ").nth(1) {
+            Some(cursor) => after = Some(cursor.trim().to_string()),
+            None => break,
+        }
+    }
+    assert_eq!(&paged, rows, "the pages are the whole log, in order, once");
+    let out = hub.cli(["audit", "--after", "not-a-cursor"]);
+    assert_eq!(out.status.code(), Some(2), "a bad cursor is a usage error: {out:?}");
     assert!(hub.cli(["audit", "--since", "2001-01-01 00:00:00"]).status.success());
 }

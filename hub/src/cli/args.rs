@@ -181,9 +181,12 @@ pub enum Command {
         /// Only what this operator (or `hub`) did.
         #[arg(long)]
         actor: Option<String>,
-        /// At most this many entries.
+        /// At most this many entries (a page).
         #[arg(long, default_value_t = 1000)]
         limit: u32,
+        /// The next page: the cursor printed after the previous one.
+        #[arg(long, value_name = "CURSOR")]
+        after: Option<String>,
         /// Print JSON.
         #[arg(long)]
         json: bool,

@@ -1,8 +1,8 @@
-//! `audit [--since T] [--actor A] [--limit N] [--json]`: what operators and the hub did,
+//! `audit [--since T] [--actor A] [--limit N] [--after CURSOR] [--json]`: what operators and the hub did,
 //! newest first, from the operator event log and the delivery transitions they made.
 
 use super::{CliError, CliResult, Context, output};
-use crate::store::audit::{self, AuditQuery};
+use crate::store::audit::{self, AuditCursor, AuditQuery};
 use baton_shared::{duration, exit};
 
 /// What `audit` was asked for, as typed.
@@ -13,10 +13,12 @@ pub(super) struct Query<'a> {
     pub(super) actor: Option<&'a str>,
     /// `--limit`.
     pub(super) limit: u32,
+    /// `--after`: the cursor a previous page printed.
+    pub(super) after: Option<&'a str>,
 }
 
-/// Runs `audit`. Exit 1 when nothing matches; when more matched than `--limit`, says so on
-/// stderr.
+/// Runs `audit`. Exit 1 when nothing matches; when more matched than `--limit`, prints the next
+/// page's cursor on stderr.
 pub(super) fn run(ctx: &Context, q: Query<'_>, json: bool) -> CliResult {
     let since_ms = match q.since {
         None => None,
@@ -25,14 +27,12 @@ pub(super) fn run(ctx: &Context, q: Query<'_>, json: bool) -> CliResult {
             Err(_) => duration::parse_time_ms("--since", t).map_err(CliError::usage)?,
         }),
     };
-    let query = AuditQuery { since_ms, actor: q.actor, limit: q.limit };
+    let after = q.after.map(AuditCursor::parse).transpose().map_err(CliError::usage)?;
+    let query = AuditQuery { since_ms, actor: q.actor, after, limit: q.limit };
     let (entries, more) = audit::entries(&ctx.open_read()?, query)?;
     output::audit(&entries, json)?;
-    if more {
-        output::more_remain(&format!(
-            "more than {} entries match; narrow with --since or --actor, or raise --limit",
-            q.limit
-        ))?;
+    if let (true, Some(last)) = (more, entries.last()) {
+        output::more_remain(&format!("more remain; next page: --after {}", AuditCursor::after(last)))?;
     }
     if entries.is_empty() {
         return Err(CliError::new(exit::NOTHING, "nothing matches"));

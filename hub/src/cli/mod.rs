@@ -248,9 +248,11 @@ pub fn run(cli: &Cli) -> CliResult {
         Command::Purge { message, conversation, dry_run, reason } => {
             purge::purge(&ctx, message.as_deref(), conversation.as_deref(), *dry_run, reason)
         }
-        Command::Audit { since, actor, limit, json } => {
-            audit::run(&ctx, audit::Query { since: since.as_deref(), actor: actor.as_deref(), limit: *limit }, *json)
-        }
+        Command::Audit { since, actor, limit, after, json } => audit::run(
+            &ctx,
+            audit::Query { since: since.as_deref(), actor: actor.as_deref(), limit: *limit, after: after.as_deref() },
+            *json,
+        ),
     }
 }
 

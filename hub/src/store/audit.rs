@@ -48,6 +48,53 @@ pub struct AuditEntry {
     pub reason: Option<String>,
 }
 
+/// Where a page of the audit log ends: the last entry shown (time, source, id), printed as
+/// `AT-o-ID` or `AT-d-ID` and given back as `--after` for the next page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AuditCursor {
+    /// The entry's time (unix ms).
+    pub at_ms: i64,
+    /// Where it is recorded.
+    pub source: AuditSource,
+    /// Its id in that table.
+    pub id: i64,
+}
+
+impl AuditCursor {
+    /// The cursor after `e`.
+    pub fn after(e: &AuditEntry) -> AuditCursor {
+        AuditCursor { at_ms: e.at_ms, source: e.source, id: e.id }
+    }
+
+    /// Reads a cursor as `fmt::Display` prints it, naming what is wrong.
+    pub fn parse(s: &str) -> Result<AuditCursor, String> {
+        let bad = || format!("--after {s:?}: not an audit cursor (the `AT-o-ID` or `AT-d-ID` a previous page printed)");
+        let mut parts = s.splitn(3, '-');
+        let (Some(at), Some(src), Some(id)) = (parts.next(), parts.next(), parts.next()) else {
+            return Err(bad());
+        };
+        let source = match src {
+            "o" => AuditSource::Operator,
+            "d" => AuditSource::Delivery,
+            _ => return Err(bad()),
+        };
+        Ok(AuditCursor { at_ms: at.parse().map_err(|_| bad())?, source, id: id.parse().map_err(|_| bad())? })
+    }
+
+    fn source_key(self) -> &'static str {
+        match self.source {
+            AuditSource::Operator => "o",
+            AuditSource::Delivery => "d",
+        }
+    }
+}
+
+impl std::fmt::Display for AuditCursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-{}-{}", self.at_ms, self.source_key(), self.id)
+    }
+}
+
 /// What to read.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct AuditQuery<'a> {
@@ -55,6 +102,8 @@ pub struct AuditQuery<'a> {
     pub since_ms: Option<i64>,
     /// Only entries by this actor.
     pub actor: Option<&'a str>,
+    /// Only entries after this one in the log's order (the next page).
+    pub after: Option<AuditCursor>,
     /// At most this many.
     pub limit: u32,
 }
@@ -63,34 +112,48 @@ pub struct AuditQuery<'a> {
 pub fn entries(conn: &Connection, q: AuditQuery<'_>) -> StoreResult<(Vec<AuditEntry>, bool)> {
     let mut rows: Vec<AuditEntry> = conn
         .prepare_cached(
-            "SELECT at, 'o', id, action, subject, CASE WHEN operator = 'hub' THEN 'hub' ELSE 'operator' END, operator, reason
-               FROM operator_events
-              WHERE (:since IS NULL OR at >= :since) AND (:actor IS NULL OR operator = :actor)
-             UNION ALL
-             SELECT at, 'd', id, coalesce(from_state, '(new)') || ' -> ' || to_state, delivery_id, actor_kind, actor, reason
-               FROM delivery_events
-              WHERE actor_kind IN ('operator', 'hub') AND from_state IS NOT NULL
-                AND (:since IS NULL OR at >= :since) AND (:actor IS NULL OR actor = :actor)
-             ORDER BY 1 DESC, 2, 3 DESC LIMIT :limit",
+            "SELECT * FROM (
+               SELECT at AS at, 'o' AS src, id AS id, action, subject,
+                      CASE WHEN operator = 'hub' THEN 'hub' ELSE 'operator' END, operator, reason
+                 FROM operator_events
+                WHERE (:since IS NULL OR at >= :since) AND (:actor IS NULL OR operator = :actor)
+               UNION ALL
+               SELECT at, 'd', id, coalesce(from_state, '(new)') || ' -> ' || to_state, delivery_id, actor_kind, actor,
+                      reason
+                 FROM delivery_events
+                WHERE actor_kind IN ('operator', 'hub') AND from_state IS NOT NULL
+                  AND (:since IS NULL OR at >= :since) AND (:actor IS NULL OR actor = :actor))
+             WHERE :cat IS NULL OR at < :cat OR (at = :cat AND (src > :csrc OR (src = :csrc AND id < :cid)))
+             ORDER BY at DESC, src, id DESC LIMIT :limit",
         )?
-        .query_map(named_params! {":since": q.since_ms, ":actor": q.actor, ":limit": i64::from(q.limit) + 1}, |r| {
-            let id: i64 = r.get(2)?;
-            let source = if r.get::<_, String>(1)? == "o" { AuditSource::Operator } else { AuditSource::Delivery };
-            let table = match source {
-                AuditSource::Operator => "operator_events",
-                AuditSource::Delivery => "delivery_events",
-            };
-            Ok(AuditEntry {
-                at_ms: r.get(0)?,
-                source,
-                id,
-                action: r.get(3)?,
-                subject: r.get(4)?,
-                actor_kind: parse_column(r, 5, table, &id.to_string(), "actor kind", ActorKind::parse)?,
-                actor: r.get(6)?,
-                reason: r.get(7)?,
-            })
-        })?
+        .query_map(
+            named_params! {
+                ":since": q.since_ms,
+                ":actor": q.actor,
+                ":cat": q.after.map(|c| c.at_ms),
+                ":csrc": q.after.map(AuditCursor::source_key),
+                ":cid": q.after.map(|c| c.id),
+                ":limit": i64::from(q.limit) + 1,
+            },
+            |r| {
+                let id: i64 = r.get(2)?;
+                let source = if r.get::<_, String>(1)? == "o" { AuditSource::Operator } else { AuditSource::Delivery };
+                let table = match source {
+                    AuditSource::Operator => "operator_events",
+                    AuditSource::Delivery => "delivery_events",
+                };
+                Ok(AuditEntry {
+                    at_ms: r.get(0)?,
+                    source,
+                    id,
+                    action: r.get(3)?,
+                    subject: r.get(4)?,
+                    actor_kind: parse_column(r, 5, table, &id.to_string(), "actor kind", ActorKind::parse)?,
+                    actor: r.get(6)?,
+                    reason: r.get(7)?,
+                })
+            },
+        )?
         .collect::<Result<_, _>>()?;
     let more = rows.len() > q.limit as usize;
     rows.truncate(q.limit as usize);
@@ -131,5 +194,34 @@ mod tests {
         assert_eq!(bob.len(), 1);
         let (recent, more) = entries(c, AuditQuery { since_ms: Some(15), limit: 1, ..Default::default() }).unwrap();
         assert_eq!((recent.len(), more), (1, true));
+    }
+
+    #[test]
+    fn pages_follow_one_another_without_gap_or_repeat() {
+        let db = testing::db();
+        let c = &db.conn;
+        // Entries that share a time, from both tables, are ordered and paged exactly.
+        for i in 0..5 {
+            record_operator_event(c, "enroll_node", &format!("host-{i}"), "alice", None, 10).unwrap();
+        }
+        accept_one(c, "c", "k", &["host-a"]);
+        let d: String = c.query_row("SELECT id FROM deliveries", [], |r| r.get(0)).unwrap();
+        cancel(c, &d, Canceller::Operator("bob"), "wrong host", false, 10).unwrap();
+        let all = entries(c, AuditQuery { limit: 100, ..Default::default() }).unwrap().0;
+        assert_eq!(all.len(), 6);
+        let mut paged = Vec::new();
+        let mut after = None;
+        loop {
+            let (page, more) = entries(c, AuditQuery { after, limit: 2, ..Default::default() }).unwrap();
+            paged.extend(page.iter().cloned());
+            if !more {
+                break;
+            }
+            let cursor = AuditCursor::after(page.last().unwrap());
+            assert_eq!(AuditCursor::parse(&cursor.to_string()), Ok(cursor));
+            after = Some(cursor);
+        }
+        assert_eq!(paged, all);
+        assert!(AuditCursor::parse("12-x-3").unwrap_err().contains("not an audit cursor"));
     }
 }
