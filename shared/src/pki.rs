@@ -20,6 +20,18 @@ pub const CA_VALIDITY: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 pub const LEAF_VALIDITY_DEFAULT: Duration = Duration::from_secs(365 * 24 * 3600);
 /// How long the hub's server certificate is valid.
 pub const SERVER_VALIDITY: Duration = Duration::from_secs(2 * 365 * 24 * 3600);
+/// The producer name `baton-hub send` records its messages under. Reserved: no certificate is
+/// issued for it in any role, and a certificate naming it carries no identity, so no enrolled
+/// producer can read or pre-empt (by idempotency key) what an operator sent by hand.
+pub const CLI_SENDER: &str = "operator";
+/// Names no certificate may hold.
+pub const RESERVED_NAMES: &[&str] = &[CLI_SENDER];
+
+/// Whether `name` is reserved (see `RESERVED_NAMES`).
+pub fn is_reserved(name: &str) -> bool {
+    RESERVED_NAMES.contains(&name)
+}
+
 /// Certificates are back-dated by this much to tolerate small clock differences.
 pub const CLOCK_SKEW_ALLOWANCE: Duration = Duration::from_secs(300);
 
@@ -38,6 +50,9 @@ pub enum PkiError {
     /// The identity URI is not `urn:baton:<role>:<name>` with a known role and a valid name.
     #[error("the certificate's identity URI {0:?} is not urn:baton:<node|producer>:<name>")]
     IdentityShape(String),
+    /// The name is reserved (`RESERVED_NAMES`) and no certificate may hold it.
+    #[error("the name {0:?} is reserved for messages sent with `baton-hub send`; no certificate may hold it")]
+    Reserved(String),
 }
 
 /// A freshly issued certificate with its private key.
@@ -136,6 +151,9 @@ pub fn issue(ca_cert_pem: &str, ca_key_pem: &str, kind: &LeafKind) -> Result<Iss
             if check_name("name", name).is_err() {
                 return Err(PkiError::IdentityShape(identity_uri(*role, name)));
             }
+            if is_reserved(name) {
+                return Err(PkiError::Reserved(name.clone()));
+            }
             params.distinguished_name.push(DnType::CommonName, name.as_str());
             params.subject_alt_names = vec![SanType::URI(identity_uri(*role, name).try_into()?)];
             params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
@@ -179,6 +197,9 @@ pub fn peer_identity(der: &[u8]) -> Result<PeerIdentity, PkiError> {
     let (role, name) = rest.split_once(':').ok_or_else(|| PkiError::IdentityShape(uri.clone()))?;
     let role = Role::parse(role).ok_or_else(|| PkiError::IdentityShape(uri.clone()))?;
     check_name("name", name).map_err(|_| PkiError::IdentityShape(uri.clone()))?;
+    if is_reserved(name) {
+        return Err(PkiError::Reserved(name.to_string()));
+    }
     Ok(PeerIdentity { role, name: name.to_string(), serial })
 }
 
@@ -217,6 +238,23 @@ mod tests {
         let leaf = issue(&ca.cert_pem, &ca.key_pem, &LeafKind::Server { hostnames: vec!["localhost".into()] }).unwrap();
         let der = CertificateDer::from_pem_slice(leaf.cert_pem.as_bytes()).unwrap();
         assert!(matches!(peer_identity(&der), Err(PkiError::IdentityCount(0))));
+    }
+
+    /// The `send` identity is never issued, and a certificate made for it elsewhere (signed
+    /// by the same CA) names no identity.
+    #[test]
+    fn the_cli_sender_name_is_never_an_identity() {
+        let ca = create_ca("test ca").unwrap();
+        for role in [Role::Node, Role::Producer] {
+            let kind = LeafKind::Client { role, name: CLI_SENDER.into(), lifetime: LEAF_VALIDITY_DEFAULT };
+            assert!(matches!(issue(&ca.cert_pem, &ca.key_pem, &kind), Err(PkiError::Reserved(_))));
+        }
+        let issuer = Issuer::from_ca_cert_pem(&ca.cert_pem, KeyPair::from_pem(&ca.key_pem).unwrap()).unwrap();
+        let mut params = CertificateParams::default();
+        let uri = identity_uri(Role::Producer, CLI_SENDER);
+        params.subject_alt_names = vec![SanType::URI(uri.try_into().unwrap())];
+        let forged = params.signed_by(&KeyPair::generate().unwrap(), &issuer).unwrap();
+        assert!(matches!(peer_identity(forged.der()), Err(PkiError::Reserved(_))));
     }
 
     #[test]

@@ -81,6 +81,7 @@ mod node_flow;
 mod node_harness;
 mod node_outage;
 mod node_turns;
+mod ops_certs;
 mod ops_explain;
 mod ops_fleet;
 mod ops_identity;

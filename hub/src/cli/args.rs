@@ -120,8 +120,10 @@ pub enum Command {
         /// A file holding the payload JSON.
         #[arg(long)]
         payload_file: Option<PathBuf>,
-        /// Producer name the message is recorded under (keys are scoped to it).
-        #[arg(long, default_value = "operator")]
+        /// Producer name the message is recorded under (keys are scoped to it). The default,
+        /// `operator`, is reserved: no certificate may hold it, so no producer can read or
+        /// pre-empt these messages.
+        #[arg(long, default_value = baton_shared::pki::CLI_SENDER)]
         producer: String,
         /// Print JSON.
         #[arg(long)]

@@ -131,6 +131,12 @@ fn enroll(ctx: &Context, role: Role, name: &str, out_dir: &Path, days: u32, scop
 fn enroll_as(ctx: &Context, e: Enrollment<'_>) -> Result<Vec<String>, CliError> {
     let Enrollment { role, name, out_dir, days, scope, revoke_old } = e;
     check_name("name", name)?;
+    if pki::is_reserved(name) {
+        return Err(CliError::usage(format!(
+            "{name} is reserved: `baton-hub send` records its messages under it, so no certificate may hold it; \
+             enroll under another name"
+        )));
+    }
     if days == 0 || days > CERT_DAYS_MAX {
         return Err(CliError::usage(format!("--days {days} is out of range; allowed 1..={CERT_DAYS_MAX}")));
     }
