@@ -107,6 +107,7 @@ pub async fn run_agent<H: Hub>(
         starts_unconfirmed: std::sync::atomic::AtomicBool::new(false),
         batch_unknown: std::sync::atomic::AtomicBool::new(false),
         acked_here: Mutex::new(HashSet::new()),
+        hub_lost: Mutex::new(None),
     });
     let token = sh.shutdown.clone();
     let signal = tokio::spawn(async move {
@@ -174,6 +175,7 @@ async fn register_session<H: Hub>(sh: &Arc<Shared<H>>) -> anyhow::Result<bool> {
         };
         match answer {
             Ok(r) => {
+                sh.hub_answered();
                 let _ = sh.session.set(r.session);
                 match r.took_over {
                     Some(previous) => tracing::warn!(
@@ -211,7 +213,7 @@ async fn register_session<H: Hub>(sh: &Arc<Shared<H>>) -> anyhow::Result<bool> {
             }
             Err(e) => {
                 log_hub_error("session registration", &e);
-                sh.pause(backoff.next_delay()).await;
+                sh.pause(sh.retry_pause(&mut backoff, &e)).await;
             }
         }
     }
@@ -300,6 +302,7 @@ async fn claim_loop<H: Hub>(sh: &Arc<Shared<H>>) -> anyhow::Result<()> {
         if need_resync {
             match resync(sh).await {
                 Ok(()) => {
+                    sh.hub_answered();
                     need_resync = false;
                     backoff.reset();
                 }
@@ -315,7 +318,7 @@ async fn claim_loop<H: Hub>(sh: &Arc<Shared<H>>) -> anyhow::Result<()> {
                         break;
                     }
                     log_hub_error("holdings resync", &e);
-                    sh.pause(backoff.next_delay()).await;
+                    sh.pause(sh.retry_pause(&mut backoff, &e)).await;
                     continue;
                 }
             }
@@ -343,6 +346,7 @@ async fn claim_loop<H: Hub>(sh: &Arc<Shared<H>>) -> anyhow::Result<()> {
         };
         match answer {
             Ok(answer) => {
+                sh.hub_answered();
                 backoff.reset();
                 for notice in &answer.cancels {
                     cancel_turn(sh, notice).await?;
@@ -383,7 +387,7 @@ async fn claim_loop<H: Hub>(sh: &Arc<Shared<H>>) -> anyhow::Result<()> {
                     need_resync = true;
                 }
                 log_hub_error("claim", &e);
-                sh.pause(backoff.next_delay()).await;
+                sh.pause(sh.retry_pause(&mut backoff, &e)).await;
             }
         }
     }
@@ -566,7 +570,7 @@ async fn transition_all<H: Hub>(
         }
         if let Some(e) = transient {
             tracing::warn!("hub call failed ({}), retrying: {e}", step.as_str());
-            sh.pause(backoff.next_delay()).await;
+            sh.pause(sh.retry_pause(&mut backoff, &e)).await;
             if sh.shutdown.is_cancelled() {
                 return Err(Stop::Shutdown);
             }

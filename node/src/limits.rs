@@ -63,10 +63,19 @@ pub const RETENTION_SWEEP_PACE: Duration = Duration::from_secs(10 * 60);
 /// for long; the sweep takes batches until none is left.
 pub const RETENTION_BATCH_MAX: u32 = 500;
 
-/// Default for `backoff_max`: the longest pause between retries when the hub is unreachable.
+/// Default for `backoff_max`: the longest pause between retries of a request the hub refused
+/// for a passing reason (overload, 5xx); a hub that does not answer at all is retried within
+/// `RECONNECT_PAUSE_MAX`.
 pub const BACKOFF_MAX_DEFAULT: Duration = Duration::from_secs(30);
 /// Allowed range of `backoff_max`.
 pub const BACKOFF_MAX_RANGE: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(3600));
+
+/// Longest pause between tries to reach a hub that does not answer at all (connection refused,
+/// reset or timed out), whatever `backoff_max` says: a restarted hub is regained within about
+/// this long after it listens again. Each pause is drawn from zero to this ceiling (full
+/// jitter), so 50 nodes reach a restarted hub spread over a second, about 50 connection tries
+/// a second in all while it is down. Refusals the hub sends still back off to `backoff_max`.
+pub const RECONNECT_PAUSE_MAX: Duration = Duration::from_secs(1);
 
 /// First retry pause after a failure; doubled on each further failure up to `backoff_max`.
 pub const BACKOFF_BASE: Duration = Duration::from_millis(100);
@@ -104,3 +113,4 @@ const _: () = assert!(QUEUE_AHEAD_BATCHES_RANGE.1 <= u32::MAX as u64);
 const _: () = assert!(CLAIM_BATCH_MAX_DEFAULT <= CLAIM_BATCH_MAX_RANGE.1);
 const _: () = assert!(RESULT_BYTES_MAX_DEFAULT <= RESULT_BYTES_MAX_RANGE.1);
 const _: () = assert!(BACKOFF_BASE.as_millis() <= BACKOFF_MAX_RANGE.0.as_millis());
+const _: () = assert!(BACKOFF_BASE.as_millis() <= RECONNECT_PAUSE_MAX.as_millis());

@@ -3,14 +3,17 @@
 //! (`agent`), the scheduler (`sched`) and the outbox (`report`). It sits below all three so
 //! that none of them imports another for it.
 
+use crate::backoff::Backoff;
+use crate::client::HubError;
 use crate::config::NodeConfig;
 use crate::exec::{CancelHandle, Gate};
+use crate::limits::RECONNECT_PAUSE_MAX;
 use crate::store::Store;
 use baton_shared::clock::SharedClock;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -69,6 +72,9 @@ pub(crate) struct Shared<H> {
     /// holds while the hub is down): this session's own ack is the hub's word that they are
     /// ours. A run acked by an earlier process of this data directory waits for the hub.
     pub(crate) acked_here: Mutex<HashSet<(String, u32)>>,
+    /// When the hub stopped answering at all (the first of a run of `Unreachable` failures);
+    /// cleared, with one log line, at the next answer.
+    pub(crate) hub_lost: Mutex<Option<Instant>>,
 }
 
 impl<H> Shared<H> {
@@ -129,6 +135,32 @@ impl<H> Shared<H> {
     pub(crate) fn no_batches(&self, e: &crate::client::HubError) {
         if !self.batch_unknown.swap(true, std::sync::atomic::Ordering::Relaxed) {
             tracing::warn!("the hub does not know batch requests ({e}); sending one request per delivery");
+        }
+    }
+
+    /// The pause before retrying after `e`: when the hub did not answer at all, it notes when
+    /// it was lost and keeps the pause within `RECONNECT_PAUSE_MAX`, so a restarted hub is
+    /// regained soon after it listens again; otherwise the backoff runs up to `backoff_max`.
+    pub(crate) fn retry_pause(&self, backoff: &mut Backoff, e: &HubError) -> Duration {
+        if matches!(e, HubError::Unreachable { .. }) {
+            let mut lost = self.hub_lost.lock().unwrap_or_else(|p| p.into_inner());
+            lost.get_or_insert_with(Instant::now);
+            backoff.next_delay_within(RECONNECT_PAUSE_MAX)
+        } else {
+            backoff.next_delay()
+        }
+    }
+
+    /// The hub answered: if it had been lost, logs once how long it was out of reach.
+    pub(crate) fn hub_answered(&self) {
+        let lost = self.hub_lost.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(since) = lost {
+            let after = since.elapsed();
+            tracing::info!(
+                unreachable_ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX),
+                "hub reachable again after {:.1}s",
+                after.as_secs_f64()
+            );
         }
     }
 

@@ -80,6 +80,7 @@ mod node_exec;
 mod node_flow;
 mod node_harness;
 mod node_outage;
+mod node_regain;
 mod node_turns;
 mod ops_certs;
 mod ops_explain;

@@ -955,6 +955,74 @@ async fn instance_conflict_backs_off_and_touches_nothing() {
 }
 
 #[tokio::test]
+async fn a_hub_that_does_not_answer_is_retried_within_the_reconnect_cap() {
+    // A hub unreachable for its first claims, then answering: however long `backoff_max` is and
+    // however many tries failed, the pauses stay within `RECONNECT_PAUSE_MAX`, so the node is
+    // back soon after the hub is. (Paced at `backoff_max` these tries would take hours.)
+    const OUTAGE_CLAIMS: usize = 15;
+    #[derive(Clone, Default)]
+    struct Outage(Arc<Mutex<Vec<Instant>>>);
+    impl Hub for Outage {
+        async fn register_session(&self) -> Result<SessionResponse, HubError> {
+            Ok(SessionResponse { session: 1, took_over: None })
+        }
+        async fn end_session(&self) -> Result<(), HubError> {
+            Ok(())
+        }
+        async fn starts(&self, _: Vec<StartItem>) -> Result<Vec<StartResult>, HubError> {
+            unreachable!("nothing is claimed")
+        }
+        async fn claim(&self, _: u32, _: Duration) -> Result<ClaimResponse, HubError> {
+            let mut claims = self.0.lock().unwrap();
+            claims.push(Instant::now());
+            if claims.len() <= OUTAGE_CLAIMS {
+                return Err(HubError::Unreachable { detail: "connection refused".into(), maybe_sent: false });
+            }
+            Ok(ClaimResponse { deliveries: vec![], cancels: vec![] })
+        }
+        async fn holdings(&self) -> Result<Vec<ClaimedDelivery>, HubError> {
+            Ok(vec![])
+        }
+        async fn mirrored(&self, _: &str, _: &str) -> Result<TransitionResponse, HubError> {
+            unreachable!("nothing is claimed")
+        }
+        async fn ack(&self, _: &str, _: &str) -> Result<TransitionResponse, HubError> {
+            unreachable!("nothing is claimed")
+        }
+        async fn reject(&self, _: &str, _: &str, _: &str) -> Result<TransitionResponse, HubError> {
+            unreachable!("nothing is claimed")
+        }
+        async fn report(&self, _: &ReportRequest) -> Result<ReportResponse, HubError> {
+            unreachable!("nothing ran")
+        }
+        async fn mirrored_batch(&self, _: Vec<HolderItem>) -> Result<Vec<ItemResult<TransitionResponse>>, HubError> {
+            unreachable!("nothing is claimed")
+        }
+        async fn ack_batch(&self, _: Vec<HolderItem>) -> Result<Vec<ItemResult<TransitionResponse>>, HubError> {
+            unreachable!("nothing is claimed")
+        }
+        async fn report_batch(&self, _: Vec<ReportRequest>) -> Result<Vec<ItemResult<ReportResponse>>, HubError> {
+            unreachable!("nothing ran")
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path(), "cat");
+    cfg.backoff_max = Duration::from_secs(3600);
+    let store = Store::new(open_db(dir.path()));
+    let hub = Outage::default();
+    let stop = CancellationToken::new();
+    let s = stop.clone();
+    let h = hub.clone();
+    let task = tokio::spawn(async move {
+        let gate = crate::exec::Gate::shell();
+        run_agent(cfg, store, h, "inst-1".into(), baton_shared::clock::system(), gate, s.cancelled_owned()).await
+    });
+    wait_until("the node claims again after the outage", || hub.0.lock().unwrap().len() > OUTAGE_CLAIMS + 1).await;
+    stop.cancel();
+    task.await.unwrap().unwrap();
+}
+
+#[tokio::test]
 async fn claims_stop_while_queue_ahead_batches_wait_unstarted() {
     let dir = tempfile::tempdir().unwrap();
     let hub = FakeHub::default();
