@@ -206,7 +206,13 @@ impl Hub for FakeHub {
             let mut out = Vec::new();
             for i in items {
                 let id = i.delivery_id.as_str();
-                if let Some(code) = s.refuse_start.get(id) {
+                if let Some(code) = s.refuse_start.get(id).cloned() {
+                    // A real hub refuses a stale claim because the delivery is no longer this
+                    // node's: its holdings stop listing it too (a resync racing the start must
+                    // not find it held).
+                    if code == "stale_claim" {
+                        s.held.remove(id);
+                    }
                     out.push(answer(id, Some(code.as_str())));
                     continue;
                 }
