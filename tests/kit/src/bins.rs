@@ -65,7 +65,10 @@ impl Binaries {
         let named = std::env::var_os(HUB_BIN_VAR).is_some() && std::env::var_os(NODE_BIN_VAR).is_some();
         let skip = named || std::env::var_os(NO_BUILD_VAR).is_some_and(|v| v == "1");
         if !skip {
-            BUILT.get_or_init(|| cargo_build().map_err(|e| format!("{e:#}"))).clone().map_err(|e| anyhow!(e))?;
+            BUILT
+                .get_or_init(|| cargo_build(&["baton-hub", "baton-node"]).map_err(|e| format!("{e:#}")))
+                .clone()
+                .map_err(|e| anyhow!(e))?;
         }
         Binaries::locate()
     }
@@ -91,31 +94,6 @@ fn profile_dir() -> anyhow::Result<PathBuf> {
     Ok(dir)
 }
 
-fn cargo_build() -> anyhow::Result<()> {
-    let profile_dir = profile_dir()?;
-    let target = profile_dir.parent().ok_or_else(|| anyhow!("no target directory above {}", profile_dir.display()))?;
-    let profile = profile_dir.file_name().and_then(OsStr::to_str).unwrap_or("debug");
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut cmd = Command::new(cargo);
-    cmd.args(["build", "--quiet", "-p", "baton-hub", "-p", "baton-node", "--all-features", "--target-dir"])
-        .arg(target)
-        .current_dir(env!("CARGO_MANIFEST_DIR"));
-    match profile {
-        "debug" => {}
-        "release" => {
-            cmd.arg("--release");
-        }
-        other => {
-            cmd.args(["--profile", other]);
-        }
-    }
-    let out = cmd.output().context("running cargo build")?;
-    if !out.status.success() {
-        bail!("cargo build -p baton-hub -p baton-node failed:\n{}", String::from_utf8_lossy(&out.stderr));
-    }
-    Ok(())
-}
-
 /// Names the `baton` binary (the producer command line) to use instead of the one next to the
 /// running executable.
 pub const PRODUCER_CLI_BIN_VAR: &str = "BATON_CLI_BIN";
@@ -130,7 +108,7 @@ pub fn producer_cli() -> anyhow::Result<PathBuf> {
     }
     if std::env::var_os(NO_BUILD_VAR).is_none_or(|v| v != "1") {
         BUILT
-            .get_or_init(|| cargo_build_package("baton-client").map_err(|e| format!("{e:#}")))
+            .get_or_init(|| cargo_build(&["baton-client"]).map_err(|e| format!("{e:#}")))
             .clone()
             .map_err(|e| anyhow!(e))?;
     }
@@ -145,17 +123,19 @@ fn existing(path: PathBuf, name: &str, var: &str) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
-/// Builds `package` into the target directory of the running executable, with the same
+/// Builds `packages` into the target directory of the running executable, with the same
 /// profile and `--all-features`.
-fn cargo_build_package(package: &str) -> anyhow::Result<()> {
+fn cargo_build(packages: &[&str]) -> anyhow::Result<()> {
     let profile_dir = profile_dir()?;
     let target = profile_dir.parent().ok_or_else(|| anyhow!("no target directory above {}", profile_dir.display()))?;
     let profile = profile_dir.file_name().and_then(OsStr::to_str).unwrap_or("debug");
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
-    cmd.args(["build", "--quiet", "-p", package, "--all-features", "--target-dir"])
-        .arg(target)
-        .current_dir(env!("CARGO_MANIFEST_DIR"));
+    cmd.args(["build", "--quiet"]);
+    for package in packages {
+        cmd.args(["-p", package]);
+    }
+    cmd.args(["--all-features", "--target-dir"]).arg(target).current_dir(env!("CARGO_MANIFEST_DIR"));
     match profile {
         "debug" => {}
         "release" => {
@@ -167,7 +147,7 @@ fn cargo_build_package(package: &str) -> anyhow::Result<()> {
     }
     let out = cmd.output().context("running cargo build")?;
     if !out.status.success() {
-        bail!("cargo build -p {package} failed:\n{}", String::from_utf8_lossy(&out.stderr));
+        bail!("cargo build -p {} failed:\n{}", packages.join(" -p "), String::from_utf8_lossy(&out.stderr));
     }
     Ok(())
 }
