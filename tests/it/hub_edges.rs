@@ -27,6 +27,12 @@ const OUTLAST: Duration = Duration::from_secs(20);
 
 /// A raw TLS connector presenting `name`'s certificate and trusting the hub CA (HTTP/1 only).
 fn connector(hub: &Hub, name: &str) -> TlsConnector {
+    connector_for(hub, name, b"http/1.1")
+}
+
+/// A raw TLS connector presenting `name`'s certificate, trusting the hub CA and offering only
+/// the ALPN protocol `alpn`.
+fn connector_for(hub: &Hub, name: &str, alpn: &[u8]) -> TlsConnector {
     let id = hub.identity(name);
     let mut roots = rustls::RootCertStore::empty();
     for c in CertificateDer::pem_file_iter(&id.ca).unwrap() {
@@ -42,7 +48,7 @@ fn connector(hub: &Hub, name: &str) -> TlsConnector {
         .with_root_certificates(roots)
         .with_client_auth_cert(chain, key)
         .unwrap();
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    config.alpn_protocols = vec![alpn.to_vec()];
     TlsConnector::from(Arc::new(config))
 }
 
@@ -93,6 +99,40 @@ async fn a_slowloris_client_is_cut_off_within_the_header_timeout() {
         }
     }
     assert!(cut, "a client trickling its headers was still connected after {OUTLAST:?}");
+}
+
+/// The same over HTTP/2: a client that completes the preface and then trickles a HEADERS frame
+/// that never ends has no request in progress, so the connection's wait bounds cut it off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_slowloris_client_is_cut_off() {
+    let hub = Hub::builder().config(TIGHT).start();
+    let mut conn = dial(&hub, &connector_for(&hub, "prod", b"h2")).await.expect("handshake");
+    assert_eq!(conn.get_ref().1.alpn_protocol(), Some(&b"h2"[..]), "the hub must speak HTTP/2 for this test");
+    // The preface, an empty SETTINGS frame, then a HEADERS frame on stream 1 that announces
+    // 4,096 bytes of header block (END_HEADERS and END_STREAM set) and delivers them one a time.
+    conn.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await.unwrap();
+    conn.write_all(&[0, 0, 0, 0x4, 0, 0, 0, 0, 0]).await.unwrap();
+    conn.write_all(&[0, 0x10, 0, 0x1, 0x5, 0, 0, 0, 1]).await.unwrap();
+    conn.flush().await.unwrap();
+    let started = Instant::now();
+    let mut cut = false;
+    let mut sent = 0;
+    while started.elapsed() < OUTLAST && sent < 4096 {
+        if conn.write_all(&[0x82]).await.is_err() || conn.flush().await.is_err() {
+            cut = true;
+            break;
+        }
+        sent += 1;
+        let mut buf = [0u8; 256];
+        match tokio::time::timeout(Duration::from_millis(200), conn.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => {
+                cut = true;
+                break;
+            }
+            Ok(Ok(_)) | Err(_) => {}
+        }
+    }
+    assert!(cut, "an HTTP/2 client trickling a header block was still connected after {:?}", started.elapsed());
 }
 
 /// A body trickled slower than `limits.request_body_timeout` is answered 408 in our shape.

@@ -1,5 +1,6 @@
 //! Node instance ids are scoped per host, through the real hub: a host presenting another host's
-//! instance id neither blocks that host nor lets a requeue act on its work; binding changes are
+//! instance id neither blocks that host nor lets a requeue act on its work (`--host` chooses
+//! when an id is in use on several hosts); binding changes are
 //! one operator event each and bounded per host (429 `over_capacity` beyond the limit).
 
 use crate::harness::Hub;
@@ -57,6 +58,17 @@ async fn another_hosts_instance_id_neither_blocks_nor_exposes_a_host() {
     assert_eq!(hub.state(for_b.to("host-b")), "claimed");
     assert_eq!(a2.holdings().await.len(), 1);
     assert_eq!(b2.holdings().await.len(), 1);
+
+    // `--host` chooses: host-b's work under "ia-new" is requeued and host-a's is not touched; a
+    // host that is not enrolled is named and nothing changes.
+    let out = hub.cli(["requeue", "--instance", "ia-new", "--host", "host-z", "--reason", "gone"]);
+    assert_eq!(out.status.code(), Some(i32::from(baton_shared::exit::USAGE)), "an unknown host is a usage error");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("host-z"), "{out:?}");
+    let out = hub.cli_ok(["requeue", "--instance", "ia-new", "--host", "host-b", "--reason", "gone"]);
+    assert!(out.contains("1 requeued"), "{out}");
+    assert_eq!(hub.state(for_b.to("host-b")), "queued");
+    assert_eq!(hub.state(for_a.to("host-a")), "claimed");
+    assert_eq!(a2.holdings().await.len(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -81,6 +81,11 @@ pub enum Command {
         /// The instance id (see `hosts list`).
         #[arg(long)]
         instance: String,
+        /// The host whose instance it is. Instance ids are scoped per host: without `--host`
+        /// the id must be in use on exactly one host, otherwise the command names the hosts and
+        /// does nothing.
+        #[arg(long)]
+        host: Option<String>,
         /// Why (recorded).
         #[command(flatten)]
         why: Reason,

@@ -9,7 +9,7 @@ use crate::store::fences::{self, FenceKind};
 use crate::store::listing::{self, ListQuery, Resolved};
 use crate::store::operator::{self, Selector};
 use crate::store::read::{self, DeliveryRow};
-use crate::store::{StoreError, in_write_txn, members};
+use crate::store::{StoreError, hosts, in_write_txn, members};
 use baton_shared::states::{DeliveryState, Outcome};
 use baton_shared::{duration, exit};
 use std::io::IsTerminal;
@@ -213,15 +213,32 @@ pub(super) fn retire(ctx: &Context, host: &str, reason: &str) -> CliResult {
     ))
 }
 
-/// `requeue --instance ID`.
-pub(super) fn requeue(ctx: &Context, instance: &str, reason: &str) -> CliResult {
+/// `requeue --instance ID [--host HOST]`.
+pub(super) fn requeue(ctx: &Context, instance: &str, host: Option<&str>, reason: &str) -> CliResult {
     let conn = ctx.open_write()?;
-    let swept = in_write_txn(&conn, |c| operator::requeue_instance(c, instance, &ctx.operator, reason, ctx.now_ms()))?;
+    let swept = in_write_txn(&conn, |c| match host {
+        Some(host) => {
+            if hosts::standing(c, host)? == hosts::Standing::NotEnrolled {
+                return Err(StoreError::Invalid(format!("host {host:?} is not enrolled")));
+            }
+            operator::requeue_host_instance(c, host, instance, &ctx.operator, reason, ctx.now_ms())
+        }
+        None => operator::requeue_instance(c, instance, &ctx.operator, reason, ctx.now_ms()),
+    })?;
     ctx.wake_hub();
     if swept.requeued.is_empty() && swept.outcome_unknown.is_empty() {
         return Err(CliError::new(
             exit::NOTHING,
-            format!("nothing to do: instance {} holds nothing", output::esc(instance)),
+            match host {
+                Some(host) => {
+                    format!(
+                        "nothing to do: instance {} holds nothing on host {}",
+                        output::esc(instance),
+                        output::esc(host)
+                    )
+                }
+                None => format!("nothing to do: instance {} holds nothing", output::esc(instance)),
+            },
         ));
     }
     output::line(format!(

@@ -218,7 +218,7 @@ pub fn run(cli: &Cli) -> CliResult {
         Command::Renew { name, out, days, revoke_old } => identity::renew(&ctx, name, out, *days, *revoke_old),
         Command::Revoke { name, why } => identity::revoke(&ctx, name, &why.reason),
         Command::Retire { host, why } => deliveries::retire(&ctx, host, &why.reason),
-        Command::Requeue { instance, why } => deliveries::requeue(&ctx, instance, &why.reason),
+        Command::Requeue { instance, host, why } => deliveries::requeue(&ctx, instance, host.as_deref(), &why.reason),
         Command::Members(m) => conversations::members(&ctx, m),
         Command::Producers(p) => conversations::producers(&ctx, p),
         Command::Fence(f) => fence::run(&ctx, f),
