@@ -13,6 +13,12 @@
 //! by the hub when its clock passes the fence's end (the +1 h step) and stays lifted when the
 //! clock steps back; a fence `--for 2h` is not lifted by the same step.
 //!
+//! Retention (`limits.retention = 1h`) after the hub's clock steps +2 h: the sweep removes the
+//! settled messages (their keys with them) and keeps every message still waiting for a node,
+//! whose key stays live (a retry is the same message) and which is then delivered once. The hub
+//! runs 60 times as fast there (its monotonic clock too), so its ten-minute sweep comes round
+//! in seconds.
+//!
 //! Needs `/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1`; otherwise skipped with the reason,
 //! unless `BATON_REQUIRE_FAULTS` is set.
 
@@ -30,6 +36,8 @@ use support::{Msg, Submitter};
 const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 /// How long the workload runs at each clock setting.
 const PHASE: Duration = Duration::from_secs(4);
+/// How much faster the hub's clocks run in the retention test.
+const SPEED: u32 = 60;
 /// How long a drain may take at the end.
 const DRAIN: Duration = Duration::from_secs(120);
 
@@ -48,15 +56,25 @@ struct FakeClock {
 
 impl FakeClock {
     /// Preloads libfaketime into `env` (a hub's or node's `set_env`) for `program` only, reading
-    /// its offset from a file under `dir`, starting at the true time.
-    fn new(dir: &Path, name: &str, program: &str, mut env: impl FnMut(&str, &str)) -> FakeClock {
+    /// its offset from a file under `dir`, starting at `initial`. The monotonic clock is faked
+    /// too only when `monotonic` (with a speed-up in the offset, its timers run faster).
+    fn new(
+        dir: &Path,
+        name: &str,
+        program: &str,
+        initial: &str,
+        monotonic: bool,
+        mut env: impl FnMut(&str, &str),
+    ) -> FakeClock {
         let file = dir.join(format!("{name}.faketime"));
         let clock = FakeClock { file };
-        clock.set("+0");
+        clock.set(initial);
         env("LD_PRELOAD", LIBFAKETIME);
         env("FAKETIME_TIMESTAMP_FILE", &clock.file.to_string_lossy());
         env("FAKETIME_NO_CACHE", "1");
-        env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+        if !monotonic {
+            env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+        }
         env("FAKETIME_ONLY_CMDS", program);
         clock
     }
@@ -95,6 +113,68 @@ async fn phase(c: &Cluster, sent: &AtomicUsize) {
         (hub_newest - now_ms) / 1000,
         (node_newest - now_ms) / 1000
     );
+}
+
+/// Messages whose idempotency key starts with `prefix`.
+fn messages_like(c: &Cluster, prefix: &str) -> i64 {
+    let db = baton_fault::checker::open_read_only(&c.hub.db()).unwrap();
+    db.query_row("SELECT count(*) FROM messages WHERE idempotency_key LIKE ?1 || '%'", [prefix], |r| r.get(0)).unwrap()
+}
+
+#[test]
+fn after_a_forward_step_retention_removes_settled_messages_and_keeps_every_live_one() {
+    if !support::available("clock_steps (retention)", probe()) {
+        return;
+    }
+    let bins = Binaries::build().unwrap();
+    support::runtime().block_on(async {
+        let mut c = Cluster::new(&bins, &["host-a", "host-b"]).await.unwrap();
+        let root = c.root().to_path_buf();
+        c.hub.set_env("BATON_HUB_RETENTION", "1h");
+        // The hub's clocks run `SPEED` times as fast (the monotonic one too), so its retention
+        // sweep, every 10 minutes, comes round in seconds.
+        let hub_clock =
+            FakeClock::new(&root, "hub", "baton-hub", &format!("+0 x{SPEED}"), true, |k, v| c.hub.set_env(k, v));
+        let Started::Ready(hub) = c.start_hub(None).unwrap() else { panic!("the hub did not start:\n{}", c.logs()) };
+        c.nodes[0].start(None).unwrap();
+        let s = Submitter::new(&c);
+        let settled: Vec<Msg> = (0..3).map(|i| Msg::new("settled", i, &["host-a"], 8)).collect();
+        let live: Vec<Msg> = (0..2).map(|i| Msg::new("live", i, &["host-a", "host-b"], 8)).collect();
+        for m in settled.iter().chain(&live) {
+            s.until_accepted(hub, m, Duration::from_secs(30)).await;
+        }
+        baton_testkit::wait::until("host-a runs its turns", DRAIN, || {
+            let done = settled
+                .iter()
+                .chain(&live)
+                .all(|m| delivery_states(&c, &m.key).iter().filter(|s| *s == "delivered+outcome").count() == 1);
+            Ok(done.then_some(()))
+        })
+        .unwrap();
+
+        hub_clock.set(&format!("+2h x{SPEED}"));
+        baton_testkit::wait::until("the sweep removes the settled messages", DRAIN, || {
+            Ok((messages_like(&c, "settled-") == 0).then_some(()))
+        })
+        .unwrap();
+        assert_eq!(messages_like(&c, "live-"), 2, "a message still waiting for host-b was removed");
+        assert!(c.hub.proc().stderr().contains("retention: removed settled messages"), "{}", c.hub.proc().stderr());
+        // Its key is live: a retry is the same message, not a new one.
+        let again = s.submit(hub, &live[0]).await;
+        assert_eq!(again.status, Some(200), "{again:?}");
+
+        c.nodes[1].start(None).unwrap();
+        baton_testkit::wait::until("host-b runs the live messages once each", DRAIN, || {
+            Ok(live.iter().all(|m| delivery_states(&c, &m.key).iter().all(|s| s == "delivered+outcome")).then_some(()))
+        })
+        .unwrap();
+        c.hub.kill().unwrap();
+        for n in &mut c.nodes {
+            n.proc_mut().kill().unwrap();
+        }
+        let effects = baton_fault::records::read_lines::<baton_fault::records::EffectLine>(&c.ledger).unwrap();
+        assert_eq!(effects.items.len(), settled.len() + 2 * live.len(), "{:?}", effects.items);
+    });
 }
 
 /// `GET /readyz` from a client that has never spoken to the hub (a full handshake, no session
@@ -153,8 +233,8 @@ fn clock_steps_on_hub_and_node_lose_nothing_and_run_nothing_twice() {
     support::runtime().block_on(async {
         let mut c = Cluster::new(&bins, &["host-a", "host-b"]).await.unwrap();
         let root = c.root().to_path_buf();
-        let hub_clock = FakeClock::new(&root, "hub", "baton-hub", |k, v| c.hub.set_env(k, v));
-        let node_clock = FakeClock::new(&root, "host-a", "baton-node", |k, v| c.nodes[0].set_env(k, v));
+        let hub_clock = FakeClock::new(&root, "hub", "baton-hub", "+0", false, |k, v| c.hub.set_env(k, v));
+        let node_clock = FakeClock::new(&root, "host-a", "baton-node", "+0", false, |k, v| c.nodes[0].set_env(k, v));
         let Started::Ready(hub) = c.start_hub(None).unwrap() else { panic!("the hub did not start:\n{}", c.logs()) };
         for n in &mut c.nodes {
             n.start(None).unwrap();
