@@ -57,7 +57,8 @@ impl Tmpfs {
     /// Whether this process may mount a `tmpfs` (root with the mount capability).
     pub(crate) fn probe() -> Result<(), String> {
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-        let t = Tmpfs::mount_over(dir.path(), "64k").map_err(|e| format!("cannot mount a tmpfs: {e}"))?;
+        let t =
+            Tmpfs::mount_over(&dir.path().join("probe"), "64k").map_err(|e| format!("cannot mount a tmpfs: {e}"))?;
         drop(t);
         Ok(())
     }
@@ -70,7 +71,12 @@ impl Tmpfs {
         std::fs::rename(dir, &aside).map_err(|e| e.to_string())?;
         std::fs::create_dir(dir).map_err(|e| e.to_string())?;
         let d = dir.to_string_lossy();
-        sh("mount", &["-t", "tmpfs", "-o", &format!("size={size},mode=0700"), "tmpfs", &d])?;
+        if let Err(e) = sh("mount", &["-t", "tmpfs", "-o", &format!("size={size},mode=0700"), "tmpfs", &d]) {
+            // Put the directory back as it was.
+            let _ = std::fs::remove_dir(dir);
+            let _ = std::fs::rename(&aside, dir);
+            return Err(e);
+        }
         let t = Tmpfs { path: dir.to_path_buf() };
         sh("cp", &["-a", &format!("{}/.", aside.to_string_lossy()), &d])?;
         std::fs::remove_dir_all(&aside).map_err(|e| e.to_string())?;
