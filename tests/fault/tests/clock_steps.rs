@@ -131,6 +131,8 @@ fn after_a_forward_step_retention_removes_settled_messages_and_keeps_every_live_
         let mut c = Cluster::new(&bins, &["host-a", "host-b"]).await.unwrap();
         let root = c.root().to_path_buf();
         c.hub.set_env("BATON_HUB_RETENTION", "1h");
+        // Its longest handshake allowance: at this speed it is a second of true time.
+        c.hub.set_env("BATON_HUB_HANDSHAKE_TIMEOUT", "60s");
         // The hub's clocks run `SPEED` times as fast (the monotonic one too), so its retention
         // sweep, every 10 minutes, comes round in seconds.
         let hub_clock =
