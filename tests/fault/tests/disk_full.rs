@@ -2,8 +2,9 @@
 //! a small `tmpfs` that a ballast file fills for real (ENOSPC from the kernel, not a simulation).
 //!
 //! Hub: while full, every accept is either accepted (durable: it stays) or refused `503
-//! storage_unavailable` with a body that names no SQL, no SQLite error and no path; the same
-//! process stays up, and once the ballast is gone it accepts again; every accepted message is
+//! storage_unavailable` with a body that names no SQL, no SQLite error and no path; nodes
+//! started then are refused the same way (their session registration, the write before any
+//! claim) and keep retrying, so no claim is answered; the same process stays up, and once the ballast is gone it accepts again; every accepted message is
 //! delivered exactly once (checker, with liveness), and `integrity_check` is ok.
 //!
 //! Node: while full it cannot mirror, so no claim of its is acked; the node stops with a log
@@ -40,10 +41,8 @@ fn a_full_disk_on_the_hub_is_refused_503_and_the_same_hub_serves_when_space_retu
         let fs = Tmpfs::mount_over(c.hub.data_dir(), FS_SIZE).unwrap();
         let Started::Ready(hub) = c.start_hub(None).unwrap() else { panic!("the hub did not start:\n{}", c.logs()) };
         let pid = c.hub.proc().pid();
-        for n in &mut c.nodes {
-            n.start(None).unwrap();
-        }
         let s = Submitter::new(&c);
+        // Accepted while no node runs: their claims come while the disk is full.
         let before: Vec<Msg> = (0..6).map(|i| Msg::new("before", i, &["host-a", "host-b"], 16)).collect();
         for m in &before {
             s.until_accepted(hub, m, Duration::from_secs(30)).await;
@@ -51,6 +50,22 @@ fn a_full_disk_on_the_hub_is_refused_503_and_the_same_hub_serves_when_space_retu
 
         let ballast = fs.fill();
         eprintln!("ballast: {ballast} bytes");
+        for n in &mut c.nodes {
+            n.start(None).unwrap();
+        }
+        // Each node's first write at the hub (its session, before any claim) is refused 503
+        // `storage_unavailable`, and it keeps retrying.
+        for i in 0..c.nodes.len() {
+            baton_testkit::wait::until("the node is refused 503 storage_unavailable", DRAIN, || {
+                Ok(c.nodes[i].proc().stderr().contains("storage_unavailable").then_some(()))
+            })
+            .unwrap();
+        }
+        let said = c.nodes[0].proc().stderr();
+        eprintln!(
+            "a node on the hub's full disk: {}",
+            said.lines().find(|l| l.contains("storage_unavailable")).unwrap()
+        );
         let full: Vec<Msg> = (0..FULL_MESSAGES).map(|i| Msg::new("full", i, &["host-a"], FULL_PAD)).collect();
         let (mut accepted, mut refused) = (0, 0);
         for m in &full {
@@ -67,6 +82,11 @@ fn a_full_disk_on_the_hub_is_refused_503_and_the_same_hub_serves_when_space_retu
         assert!(c.hub.proc_mut().running(), "the hub stopped on a full disk:\n{}", c.hub.proc().stderr());
         let log = c.hub.proc().stderr();
         assert!(log.contains("storage error") || log.contains("write transaction failed"), "no log line:\n{log}");
+        let claimed = delivery_count(&c, "before-", "state <> 'queued'");
+        assert_eq!(claimed, 0, "a claim was answered while the disk was full");
+        for n in &mut c.nodes {
+            assert!(n.proc_mut().running(), "a node stopped on the hub's full disk:\n{}", n.proc().stderr());
+        }
 
         fs.drain();
         for m in full.iter().chain(&[Msg::new("after", 0, &["host-a", "host-b"], 16)]) {
@@ -124,6 +144,16 @@ fn a_node_on_a_full_disk_acks_nothing_fails_closed_and_resumes_when_space_return
         support::drain_and_check(&mut c, DRAIN).await;
         drop(fs);
     });
+}
+
+/// Deliveries of the messages whose key starts with `prefix` that match `condition`.
+fn delivery_count(c: &Cluster, prefix: &str, condition: &str) -> i64 {
+    let hub = baton_fault::checker::open_read_only(&c.hub.db()).unwrap();
+    let sql = format!(
+        "SELECT count(*) FROM deliveries d JOIN messages m ON m.id = d.message_id
+         WHERE m.idempotency_key LIKE ?1 || '%' AND {condition}"
+    );
+    hub.query_row(&sql, [prefix], |r| r.get(0)).unwrap()
 }
 
 /// Every delivery the hub has past `claimed` for the `full-` messages (mirrored, delivered or
