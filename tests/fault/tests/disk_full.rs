@@ -2,9 +2,10 @@
 //! a small `tmpfs` that a ballast file fills for real (ENOSPC from the kernel, not a simulation).
 //!
 //! Hub: while full, every accept is either accepted (durable: it stays) or refused `503
-//! storage_unavailable` with a body that names no SQL, no SQLite error and no path; nodes
-//! started then are refused the same way (their session registration, the write before any
-//! claim) and keep retrying, so no claim is answered; the same process stays up, and once the ballast is gone it accepts again; every accepted message is
+//! storage_unavailable` with a body that names no SQL, no SQLite error and no path; a node's
+//! writes are refused the same way (a running node's claims and hand-off steps, a starting
+//! node's session) and it keeps retrying, so no delivery goes past `claimed`; the same process
+//! stays up, and once the ballast is gone it accepts again; every accepted message is
 //! delivered exactly once (checker, with liveness), and `integrity_check` is ok.
 //!
 //! Node: while full it cannot mirror, so no claim of its is acked; the node stops with a log
@@ -17,7 +18,7 @@
 mod support;
 
 use baton_fault::cluster::Cluster;
-use baton_testkit::{Binaries, Started};
+use baton_testkit::{Binaries, Signal, Started};
 use std::time::{Duration, Instant};
 use support::{Msg, Submitter, Tmpfs};
 
@@ -42,7 +43,16 @@ fn a_full_disk_on_the_hub_is_refused_503_and_the_same_hub_serves_when_space_retu
         let Started::Ready(hub) = c.start_hub(None).unwrap() else { panic!("the hub did not start:\n{}", c.logs()) };
         let pid = c.hub.proc().pid();
         let s = Submitter::new(&c);
-        // Accepted while no node runs: their claims come while the disk is full.
+        // host-a registers, then is stopped (SIGSTOP) while messages for it are accepted: when it
+        // resumes, the disk is full, and what it writes at the hub (claims, `mirrored`, acks)
+        // is refused. host-b starts only then: its session, the write before any claim, is
+        // refused.
+        c.nodes[0].start(None).unwrap();
+        baton_testkit::wait::until("host-a registers", DRAIN, || {
+            Ok(c.nodes[0].proc().stderr().contains("registered session").then_some(()))
+        })
+        .unwrap();
+        c.nodes[0].proc().signal(Signal::SIGSTOP).unwrap();
         let before: Vec<Msg> = (0..6).map(|i| Msg::new("before", i, &["host-a", "host-b"], 16)).collect();
         for m in &before {
             s.until_accepted(hub, m, Duration::from_secs(30)).await;
@@ -50,22 +60,17 @@ fn a_full_disk_on_the_hub_is_refused_503_and_the_same_hub_serves_when_space_retu
 
         let ballast = fs.fill();
         eprintln!("ballast: {ballast} bytes");
-        for n in &mut c.nodes {
-            n.start(None).unwrap();
-        }
-        // Each node's first write at the hub (its session, before any claim) is refused 503
-        // `storage_unavailable`, and it keeps retrying.
+        c.nodes[0].proc().signal(Signal::SIGCONT).unwrap();
+        c.nodes[1].start(None).unwrap();
         for i in 0..c.nodes.len() {
             baton_testkit::wait::until("the node is refused 503 storage_unavailable", DRAIN, || {
                 Ok(c.nodes[i].proc().stderr().contains("storage_unavailable").then_some(()))
             })
             .unwrap();
+            let said = c.nodes[i].proc().stderr();
+            let line = said.lines().find(|l| l.contains("storage_unavailable")).unwrap();
+            eprintln!("{} on the hub's full disk: {line}", c.nodes[i].proc().stem());
         }
-        let said = c.nodes[0].proc().stderr();
-        eprintln!(
-            "a node on the hub's full disk: {}",
-            said.lines().find(|l| l.contains("storage_unavailable")).unwrap()
-        );
         let full: Vec<Msg> = (0..FULL_MESSAGES).map(|i| Msg::new("full", i, &["host-a"], FULL_PAD)).collect();
         let (mut accepted, mut refused) = (0, 0);
         for m in &full {
@@ -82,8 +87,8 @@ fn a_full_disk_on_the_hub_is_refused_503_and_the_same_hub_serves_when_space_retu
         assert!(c.hub.proc_mut().running(), "the hub stopped on a full disk:\n{}", c.hub.proc().stderr());
         let log = c.hub.proc().stderr();
         assert!(log.contains("storage error") || log.contains("write transaction failed"), "no log line:\n{log}");
-        let claimed = delivery_count(&c, "before-", "state <> 'queued'");
-        assert_eq!(claimed, 0, "a claim was answered while the disk was full");
+        let handed = delivery_count(&c, "before-", "state NOT IN ('queued', 'claimed')");
+        assert_eq!(handed, 0, "a delivery went past claimed while the disk was full");
         for n in &mut c.nodes {
             assert!(n.proc_mut().running(), "a node stopped on the hub's full disk:\n{}", n.proc().stderr());
         }
