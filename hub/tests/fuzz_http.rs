@@ -14,6 +14,7 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use baton_hub::config::Limits;
 use baton_hub::http::{AppState, Shared, TurnState, Work, app, certs::CertCache};
+use baton_hub::store::canonical::canonical;
 use baton_hub::store::{self, Readers, Writer, hosts};
 use baton_hub::tls::PeerIdentityExt;
 use baton_shared::error::ErrorCode;
@@ -589,6 +590,43 @@ proptest! {
             let other = send(Who::Producer, "POST", "/v1/messages", &json, body(&changed).into_bytes()).expect("request");
             answer_is_sound("changed", &other)?;
             prop_assert_eq!(other.status, StatusCode::CONFLICT, "{} vs {}: {}", payload, changed, String::from_utf8_lossy(&other.body));
+        }
+    }
+}
+
+/// JSON text with a few characters changed into JSON punctuation, digits or escapes: mostly
+/// not JSON any more, and close to what the canonical parser must still get right.
+fn damaged_json_text() -> impl Strategy<Value = String> {
+    let c = prop::sample::select(vec![
+        '{', '}', '[', ']', ',', ':', '"', '\\', ' ', '0', '1', 'e', 'E', '.', '+', '-', 'u', 'd', 'n', 't', '\u{0}',
+        'é',
+    ]);
+    (json_text(), prop::collection::vec((any::<prop::sample::Index>(), c), 1..4)).prop_map(|(text, edits)| {
+        let mut chars: Vec<char> = text.chars().collect();
+        for (at, c) in edits {
+            let i = at.index(chars.len());
+            chars[i] = c;
+        }
+        chars.into_iter().collect()
+    })
+}
+
+proptest! {
+    #![proptest_config(config(1024))]
+
+    /// The canonical form (what the idempotency hash reads) of any text: no panic; a form only
+    /// for text that is one JSON value (as `serde_json`, which takes the request, agrees); the
+    /// form is its own canonical form; and one number written otherwise changes it.
+    #[test]
+    fn fuzz_canonical_form_is_sound_and_keeps_numbers_apart(
+        text in prop_oneof![2 => json_text(), 2 => damaged_json_text(), 1 => any::<String>()],
+    ) {
+        let Ok(form) = canonical(&text) else { return Ok(()) };
+        prop_assert!(serde_json::from_str::<serde::de::IgnoredAny>(&text).is_ok(), "canonical took {text:?}, serde_json did not");
+        let again = canonical(&form);
+        prop_assert_eq!(again.as_ref(), Ok(&form), "not a fixed point: {}", text);
+        if let Some(changed) = change_one_number(&text) {
+            prop_assert_ne!(canonical(&changed).ok(), Some(form), "{} and {} merged", text, changed);
         }
     }
 }
