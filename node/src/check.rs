@@ -715,11 +715,7 @@ fn transport_failure(config: &NodeConfig, e: &reqwest::Error) -> (Failure, Strin
     let chain = error_chain(e);
     let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(c) = cause {
-        let tls = c.downcast_ref::<rustls::Error>().or_else(|| {
-            // An io::Error's `source` skips the error it wraps: look inside it.
-            c.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()).and_then(|inner| inner.downcast_ref())
-        });
-        if let Some(tls) = tls {
+        if let Some(tls) = rustls_error(c) {
             return tls_failure(config, tls);
         }
         cause = c.source();
@@ -747,6 +743,23 @@ fn transport_failure(config: &NodeConfig, e: &reqwest::Error) -> (Failure, Strin
         ),
     )
 }
+
+/// The rustls error `e` is or wraps. An io::Error's `source` skips the error it wraps, and the
+/// TLS connector wraps the handshake's io::Error in another one: look inside each layer.
+fn rustls_error<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
+    let mut layer = e;
+    for _ in 0..IO_ERROR_LAYERS_MAX {
+        if let Some(tls) = layer.downcast_ref::<rustls::Error>() {
+            return Some(tls);
+        }
+        let inner = layer.downcast_ref::<std::io::Error>()?.get_ref()?;
+        layer = inner;
+    }
+    None
+}
+
+/// How many io::Errors wrapped in each other `rustls_error` looks through (two are seen).
+const IO_ERROR_LAYERS_MAX: usize = 4;
 
 fn tls_failure(config: &NodeConfig, e: &rustls::Error) -> (Failure, String) {
     match e {
@@ -1030,6 +1043,23 @@ mod tests {
         assert!(!shown.contains('\x1b') && shown.contains("\\u{1b}[2J"), "{shown}");
         let other = answered(&config, 200, b"<html>");
         assert!(other.status == Status::Fail && other.detail.contains("not as a Baton hub does"), "{other:?}");
+    }
+
+    /// The TLS connector wraps the handshake's error in two io::Errors; the rustls error inside
+    /// decides between a refused certificate and a TLS failure.
+    #[test]
+    fn a_handshake_failure_is_found_inside_its_io_errors_and_told_apart() {
+        let s = Setup::new();
+        let (config, _) = s.good();
+        let wrapped = |e: rustls::Error| std::io::Error::other(std::io::Error::new(std::io::ErrorKind::InvalidData, e));
+        let server = wrapped(rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer));
+        let found = rustls_error(&server).unwrap();
+        let (failure, why) = tls_failure(&config, found);
+        assert!(failure == Failure::Tls && why.contains("server certificate does not verify"), "{why}");
+        let refused = wrapped(rustls::Error::AlertReceived(AlertDescription::CertificateRequired));
+        let (failure, why) = tls_failure(&config, rustls_error(&refused).unwrap());
+        assert!(failure == Failure::Refused && why.contains("CertificateRequired"), "{why}");
+        assert!(rustls_error(&std::io::Error::from(std::io::ErrorKind::ConnectionRefused)).is_none());
     }
 
     #[tokio::test]
