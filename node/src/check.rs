@@ -470,7 +470,7 @@ fn chain(config: &NodeConfig, files: &Files, now_ms: i64) -> Check {
     };
     let now = UnixTime::since_unix_epoch(Duration::from_millis(u64::try_from(now_ms).unwrap_or(0)));
     let verified = verifier.verify_client_cert(leaf, intermediates, now);
-    let renew = "renew it (baton-hub renew HOST), put the new files in place and send the node SIGHUP";
+    let renew = "renew it (baton-hub renew HOST --out DIR), put the new files in place and send the node SIGHUP";
     match verified {
         Ok(_) => {}
         Err(rustls::Error::InvalidCertificate(CertificateError::Expired | CertificateError::ExpiredContext { .. })) => {
@@ -655,7 +655,7 @@ fn answered(config: &NodeConfig, status: u16, body: &[u8]) -> Check {
                 "cert_file is not a node certificate: baton-hub enroll node HOST --out DIR"
             }
             Some(baton_shared::error::ErrorCode::CertificateRevoked) => {
-                "the certificate was revoked: baton-hub renew HOST, then use the files it writes"
+                "the certificate was revoked: baton-hub renew HOST --out DIR, then use the files it writes"
             }
             Some(baton_shared::error::ErrorCode::HostRetired) => {
                 "the host was retired on the hub; an operator must enroll it again"
@@ -694,7 +694,7 @@ fn client(config: &NodeConfig) -> Result<reqwest::Client, String> {
         .connect_timeout(CONNECT_TIMEOUT)
         .timeout(REQUEST_TIMEOUT)
         .build()
-        .map_err(|e| format!("cannot build the TLS client ({e})"))
+        .map_err(|e| format!("cannot build the TLS client from ca_file, cert_file and key_file ({})", error_chain(&e)))
 }
 
 /// TLS alerts with which a server refuses the client's certificate.

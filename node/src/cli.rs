@@ -70,13 +70,17 @@ pub struct TurnGateArgs {
 /// `config` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum ConfigCommand {
-    /// Check the configuration (file, environment and flags) and what it names, one line per
-    /// check (ok, warn or FAIL): the certificate files read; the harness program exists and
-    /// this user may execute it (found as `run` finds it: a path as given, else on PATH); the
-    /// key belongs to the certificate; the certificate names a node; it chains to ca_file and is
-    /// valid now (a warning when it expires within 30 days). With --online, also one read from
-    /// the hub that changes nothing, proving the hub answers and accepts this certificate.
-    /// Exit 0 when nothing failed (warnings pass), 2 when anything did.
+    /// Check the configuration and what it names: exit 0 if nothing failed, 2 if anything did.
+    ///
+    /// Reads the configuration as `run` does (file, environment, flags) and prints one line per
+    /// check, ok, warn or FAIL: files (ca_file, cert_file and key_file read and hold PEM);
+    /// harness (the program in `command` exists and this user may execute it, found as `run`
+    /// finds it: a path as given, else on PATH); key (key_file is cert_file's private key);
+    /// identity (the certificate names a node, not a producer); ca (it chains to ca_file and is
+    /// valid now; a warning, which passes, when it expires within 30 days). With --online, also
+    /// hub: one read that changes nothing proves the hub answers and accepts this certificate.
+    /// `run` refuses to start (exit 2, the same message) when files, harness, key or identity
+    /// fails.
     #[command(after_help = after_help())]
     Check(CheckArgs),
 }
