@@ -70,9 +70,35 @@ pub struct TurnGateArgs {
 /// `config` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum ConfigCommand {
-    /// Validate the configuration (file, environment and flags): exit 0 if valid, 2 if not.
+    /// Check the configuration and what it names: exit 0 if nothing failed, 2 if anything did.
+    ///
+    /// Reads the configuration as `run` does (file, environment, flags) and prints one line per
+    /// check, ok, warn or FAIL: files (ca_file, cert_file and key_file read and hold PEM);
+    /// harness (the program in `command` exists and this user may execute it, found as `run`
+    /// finds it: a path as given, else on PATH); key (key_file is cert_file's private key);
+    /// identity (the certificate names a node, not a producer); ca (it chains to ca_file and is
+    /// valid now; a warning, which passes, when it expires within 30 days). With --online, also
+    /// hub: one read that changes nothing proves the hub answers and accepts this certificate.
+    /// `run` refuses to start (exit 2, the same message) when files, harness, key or identity
+    /// fails.
     #[command(after_help = after_help())]
-    Check(RunArgs),
+    Check(CheckArgs),
+}
+
+/// `config check` arguments.
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// Also contact the hub at hub_url with the configured certificate (`GET /v1/holdings`,
+    /// which changes nothing): an unreachable hub, a TLS failure and a refused certificate are
+    /// told apart.
+    #[arg(long)]
+    pub online: bool,
+    /// Print one JSON object, `{"checks": [{"name", "status", "detail"}], "ok"}`, instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Where the configuration comes from.
+    #[command(flatten)]
+    pub run: RunArgs,
 }
 
 /// `status` arguments.
@@ -128,13 +154,7 @@ pub fn main_with(cli: Cli) -> u8 {
 fn dispatch(cli: Cli) -> anyhow::Result<()> {
     let env = |k: &str| std::env::var(k).ok();
     match cli.command {
-        Command::Config(ConfigCommand::Check(args)) => {
-            let config = args.resolve(env)?;
-            config.check_files()?;
-            let valid =
-                format!("configuration is valid (hub {}, data dir {})\n", config.hub_url, config.data_dir.display());
-            crate::output::print(&valid).context("writing to stdout")
-        }
+        Command::Config(ConfigCommand::Check(args)) => config_check(&args, env),
         Command::Status(args) => {
             let mut text = crate::status::status(&args.data_dir, args.json)?;
             if args.json {
@@ -149,7 +169,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Run(args) => {
             let config = args.resolve(env)?;
-            config.check_files()?;
+            crate::check::before_run(&config)?;
             baton_shared::logging::init(config.log_format);
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             runtime.block_on(async move {
@@ -160,6 +180,22 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 crate::run(config, baton_shared::clock::system(), shutdown.cancelled_owned(), hangups).await
             })
         }
+    }
+}
+
+/// `config check`: every check, printed as text or JSON; the first failure is the error (exit 2).
+fn config_check(args: &CheckArgs, env: impl Fn(&str) -> Option<String>) -> anyhow::Result<()> {
+    let config = args.run.resolve(env)?;
+    let mut report = crate::check::offline(&config, baton_shared::clock::system_now_ms());
+    if args.online {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        report.checks.push(runtime.block_on(crate::check::online(&config)));
+    }
+    let text = if args.json { format!("{}\n", report.json()) } else { report.human(&config) };
+    crate::output::print(&text).context("writing to stdout")?;
+    match report.error() {
+        Some(e) => Err(e.into()),
+        None => Ok(()),
     }
 }
 

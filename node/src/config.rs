@@ -50,6 +50,16 @@ pub enum ConfigError {
         /// What is wrong and what is allowed.
         message: String,
     },
+    /// What a key names failed a check (`check`): the certificate files, the harness program,
+    /// the key's match with the certificate, the certificate's role, chain or validity, or the
+    /// hub. The detail begins with the key.
+    #[error("{detail}")]
+    Check {
+        /// The key the check concerns most (`cert_file`, `command`…).
+        field: &'static str,
+        /// What is wrong and how to fix it.
+        detail: String,
+    },
     /// A required key was given nowhere.
     #[error("{field} is required: set it in the config file, with {flag} or with {env}")]
     Missing {
@@ -204,19 +214,6 @@ impl NodeConfig {
             }
         }
         Ok(config)
-    }
-
-    /// Checks that the certificate files exist and hold PEM data, naming the field otherwise.
-    pub fn check_files(&self) -> Result<(), ConfigError> {
-        for (field, path) in [("ca_file", &self.ca_file), ("cert_file", &self.cert_file), ("key_file", &self.key_file)]
-        {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| ConfigError::invalid(field, format!("cannot read {}: {e}", path.display())))?;
-            if !text.contains("-----BEGIN ") {
-                return Err(ConfigError::invalid(field, format!("{} holds no PEM data", path.display())));
-            }
-        }
-        Ok(())
     }
 
     /// The node store's path.

@@ -7,6 +7,9 @@
 //!   `cli::main_with`.
 //! - `config`: every key declared once (doc, type, default, range); file < `BATON_NODE_<KEY>` <
 //!   flag, stacked and validated into `NodeConfig`.
+//! - `check`: what `config check` proves offline (files, harness program, key, node identity, CA
+//!   chain and validity) and online (`--online`: the hub accepts this certificate), and what `run`
+//!   refuses to start without.
 //! - `limits`: every bound, named once.
 //! - `store`: the node store (instance id, mirror, execution queue, attempt markers and process
 //!   groups, outbox, retention), one file per noun.
@@ -38,6 +41,7 @@
 
 pub mod agent;
 pub mod backoff;
+pub mod check;
 pub mod cli;
 pub mod client;
 pub mod config;

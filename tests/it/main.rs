@@ -39,6 +39,8 @@
 //!   another instance runs it, the old one never does.
 //! - `ops_truth`: counts that are rows changed, "nothing to do" exits, fence refusals,
 //!   releases a fence would undo, time-boxed fences.
+//! - `node_config_check`: `baton-node config check` offline and `--online`, each failure named
+//!   with exit 2, and `run` refusing to start on the same failures.
 //! - `node_*`, `power_loss`: the node agent and durability under power loss (see each module);
 //!   `node_turns`: orphaned harnesses, SIGTERM before SIGKILL, revocation, renewal, store size.
 //! - `turn_control`: cancel reaching a running or waiting turn, retries the harness asks for,
@@ -75,6 +77,7 @@ mod hub_turns;
 mod instance_scope;
 mod node_batch;
 mod node_clone;
+mod node_config_check;
 mod node_crash;
 mod node_exec;
 mod node_flow;
