@@ -8,8 +8,8 @@ use std::collections::HashMap;
 #[test]
 fn hub_killed_and_restarted_mid_flight_loses_nothing_and_counts_nothing_twice() {
     let mut hub = Hub::with_nodes(&["host-a", "host-b"]);
-    let a = hub.node_process("host-a").then("sleep 0.2").trace_ends().start();
-    let b = hub.node_process("host-b").then("sleep 0.2").trace_ends().start();
+    let a = hub.node_process("host-a").then("sleep 0.5").trace_ends().start();
+    let b = hub.node_process("host-b").then("sleep 0.5").trace_ends().start();
     let mut expected: HashMap<String, (String, String)> = HashMap::new();
     for i in 0..30 {
         let conversation = format!("conv-{}", i % 3);
@@ -24,12 +24,23 @@ fn hub_killed_and_restarted_mid_flight_loses_nothing_and_counts_nothing_twice() 
         let n = done_count(&hub);
         (n >= 6).then_some(n)
     });
+    // Kill while a node holds a delivered turn that waits behind a running one of its
+    // conversation, so there is a turn that can only start while the hub is down.
+    let waiting = wait_for("a delivered turn waiting behind a running one", NODE_WAIT, || {
+        [&a, &b].into_iter().find_map(|n| waiting_behind_running(&n.status()))
+    });
     hub.kill9();
+    let started = |id: &str| hub.exec_log().lines().iter().any(|r| r.delivery_id == id);
     let ran_at_kill = hub.exec_log().lines().len();
     // Turns already delivered go on running while the hub is down; their reports wait.
-    wait_for("the nodes to run a turn they held while the hub is down", NODE_WAIT, || {
-        (hub.exec_log().lines().len() > ran_at_kill).then_some(())
-    });
+    if started(&waiting) {
+        // It started in the moment between the look and the kill: any later start will do.
+        wait_for("the nodes to run a turn they held while the hub is down", NODE_WAIT, || {
+            (hub.exec_log().lines().len() > ran_at_kill).then_some(())
+        });
+    } else {
+        wait_for("the waiting turn to run while the hub is down", NODE_WAIT, || started(&waiting).then_some(()));
+    }
     hub.restart();
 
     wait_for("every delivery to have an outcome", NODE_WAIT, || (done_count(&hub) == total).then_some(()));
@@ -54,6 +65,22 @@ fn hub_killed_and_restarted_mid_flight_loses_nothing_and_counts_nothing_twice() 
         "the nodes noticed the outage"
     );
     hub.verify_ok();
+}
+
+/// A delivery in a node's `status --json` that is delivered (acked) and not running while a turn
+/// of the same conversation runs.
+fn waiting_behind_running(status: &serde_json::Value) -> Option<String> {
+    let running: Vec<&str> = status["running"].as_array()?.iter().filter_map(|v| v.as_str()).collect();
+    let open = status["open"].as_array()?;
+    let conversation_of = |id: &str| open.iter().find(|o| o["delivery_id"] == id).map(|o| o["conversation"].clone());
+    let busy: Vec<serde_json::Value> = running.iter().filter_map(|id| conversation_of(id)).collect();
+    open.iter()
+        .find(|o| {
+            o["state"] == "acked"
+                && !running.contains(&o["delivery_id"].as_str().unwrap_or_default())
+                && busy.contains(&o["conversation"])
+        })
+        .and_then(|o| o["delivery_id"].as_str().map(str::to_string))
 }
 
 /// A turn that ends while the hub is down leaves its report in the outbox; the node stops
