@@ -12,8 +12,7 @@
 //! Invariant (no orphaned harness): before that, what is left of each such attempt's recorded
 //! process group is stopped (`recover`, through `group::stop_recorded`).
 
-use crate::backoff::Backoff;
-use crate::client::{Hub, HubError};
+use crate::client::Hub;
 use crate::config::NodeConfig;
 use crate::exec::Gate;
 use crate::group;
@@ -21,6 +20,7 @@ use crate::limits::BACKOFF_BASE;
 use crate::shared_state::Shared;
 use crate::store::{CancelLocal, ExecState, Mirrored, ReportState, Store, StoreError};
 use crate::{report, retention, sched};
+use baton_client::{Backoff, ClientError, ItemAnswer};
 use baton_shared::clock::SharedClock;
 use baton_shared::crash_point;
 use baton_shared::error::ErrorCode;
@@ -61,7 +61,7 @@ pub const REASON_NO_LOCAL_RECORD: &str =
 #[derive(Debug)]
 enum Stop {
     /// The hub could not be reached or refused; the caller backs off and retries.
-    Hub(HubError),
+    Hub(ClientError),
     /// Shutdown began.
     Shutdown,
     /// The store failed: fatal.
@@ -394,7 +394,7 @@ async fn claim_loop<H: Hub>(sh: &Arc<Shared<H>>) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn log_hub_error(what: &str, e: &HubError) {
+fn log_hub_error(what: &str, e: &ClientError) {
     match e.code() {
         Some(ErrorCode::CertificateRevoked | ErrorCode::UnknownCertificate) => {
             tracing::error!(
@@ -538,8 +538,8 @@ async fn transition_all<H: Hub>(
     sh: &Arc<Shared<H>>,
     step: Step,
     ds: &[ClaimedDelivery],
-) -> Result<Vec<Result<TransitionResponse, HubError>>, Stop> {
-    let mut answers: Vec<Option<Result<TransitionResponse, HubError>>> = vec![None; ds.len()];
+) -> Result<Vec<ItemAnswer<TransitionResponse>>, Stop> {
+    let mut answers: Vec<Option<ItemAnswer<TransitionResponse>>> = vec![None; ds.len()];
     let mut backoff = Backoff::new(BACKOFF_BASE, sh.config.backoff_max);
     loop {
         let pending: Vec<usize> = (0..ds.len()).filter(|i| answers[*i].is_none()).collect();
@@ -564,7 +564,7 @@ async fn transition_all<H: Hub>(
                     sh.supersede(&message);
                     return Err(Stop::Shutdown);
                 }
-                Err(e) if e.is_transient() => transient = Some(e),
+                Err(e) if e.retry_later() => transient = Some(e),
                 Err(e) => answers[i] = Some(Err(e)),
             }
         }
@@ -586,7 +586,7 @@ async fn send_step<H: Hub>(
     sh: &Arc<Shared<H>>,
     step: Step,
     items: Vec<(String, String)>,
-) -> Vec<Result<TransitionResponse, HubError>> {
+) -> Vec<ItemAnswer<TransitionResponse>> {
     let mut out = Vec::with_capacity(items.len());
     for chunk in items.chunks(BATCH_ITEMS_MAX) {
         if !sh.batches() {
@@ -602,12 +602,12 @@ async fn send_step<H: Hub>(
             Step::Ack => sh.hub.ack_batch(batch).await,
         };
         match answer {
-            Ok(results) => out.extend(results.into_iter().map(crate::client::item_answer)),
+            Ok(results) => out.extend(results),
             Err(e) if e.route_unknown() => {
                 sh.no_batches(&e);
                 out.extend(send_singles(sh, step, chunk.to_vec()).await);
             }
-            Err(e) if e.is_transient() || e.refused_for_good().is_some() || e.superseded().is_some() => {
+            Err(e) if e.retry_later() || e.refused_for_good().is_some() || e.superseded().is_some() => {
                 out.extend(chunk.iter().map(|_| Err(e.clone())));
             }
             Err(e) => {
@@ -625,7 +625,7 @@ async fn send_singles<H: Hub>(
     sh: &Arc<Shared<H>>,
     step: Step,
     items: Vec<(String, String)>,
-) -> Vec<Result<TransitionResponse, HubError>> {
+) -> Vec<ItemAnswer<TransitionResponse>> {
     let mut calls = JoinSet::new();
     for (i, (id, token)) in items.into_iter().enumerate() {
         let sh = Arc::clone(sh);
@@ -637,7 +637,7 @@ async fn send_singles<H: Hub>(
             (i, r)
         });
     }
-    let mut out: Vec<Option<Result<TransitionResponse, HubError>>> = vec![None; calls.len()];
+    let mut out: Vec<Option<ItemAnswer<TransitionResponse>>> = vec![None; calls.len()];
     while let Some(joined) = calls.join_next().await {
         match joined {
             Ok((i, r)) => out[i] = Some(r),
@@ -647,14 +647,14 @@ async fn send_singles<H: Hub>(
     out.into_iter()
         .map(|r| {
             r.unwrap_or_else(|| {
-                Err(HubError::Unreachable { detail: "the call's task failed".into(), maybe_sent: true })
+                Err(ClientError::Transport { detail: "the call's task failed".into(), maybe_sent: true })
             })
         })
         .collect()
 }
 
 /// The hub refused a transition for good: the delivery is not ours any more. It never runs.
-async fn drop_local<H: Hub>(sh: &Shared<H>, id: &str, step: &str, e: &HubError) -> Result<(), Stop> {
+async fn drop_local<H: Hub>(sh: &Shared<H>, id: &str, step: &str, e: &ClientError) -> Result<(), Stop> {
     tracing::warn!(delivery_id = id, "the hub refused {step}: {e}; dropping the local copy, it will not run here");
     let (i, why, now_ms) = (id.to_string(), format!("{step} refused: {e}"), sh.now_ms());
     sh.store.call(move |db| db.drop_delivery(&i, &why, now_ms)).await?;

@@ -18,7 +18,7 @@
 //! Time is passed in (`now_ms`), so expiry is tested without waiting.
 
 use crate::config::{ConfigError, Harness, NodeConfig};
-use crate::limits::{CONNECT_TIMEOUT, REQUEST_TIMEOUT};
+use baton_client::limits::{CONNECT_TIMEOUT, REQUEST_TIMEOUT};
 use baton_shared::ids::Role;
 use baton_shared::pki::{self, PkiError};
 use rustls::pki_types::pem::PemObject as _;

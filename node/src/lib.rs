@@ -13,7 +13,8 @@
 //! - `limits`: every bound, named once.
 //! - `store`: the node store (instance id, mirror, execution queue, attempt markers and process
 //!   groups, outbox, retention), one file per noun.
-//! - `client`: the hub API (`Hub` trait) and its mTLS implementation `HubClient`.
+//! - `client`: the hub API as the loop sees it (`Hub` trait) and `HubClient`, the real hub
+//!   through `baton_client::NodeClient`.
 //! - `shared_state`: `Shared`, what the claim loop, the scheduler and the outbox share
 //!   (hub, store, config, clock, wake-ups, shutdown).
 //! - `agent`: startup recovery, the session with the hub, the claim loop, holdings resync,
@@ -27,7 +28,6 @@
 //!   same-process check, and stopping what a crashed node left behind.
 //! - `report`: the report outbox sender.
 //! - `retention`: removes what the hub settled more than `local_retention` ago.
-//! - `backoff`: bounded exponential backoff with jitter.
 //! - `service`: systemd's side (`Type=notify`): ready after recovery and the first hub answer,
 //!   the watchdog, stopping.
 //! - `status`: `baton-node status`, read-only.
@@ -40,7 +40,6 @@
 //! process's session; nothing that started is run twice.
 
 pub mod agent;
-pub mod backoff;
 pub mod check;
 pub mod cli;
 pub mod client;
@@ -95,7 +94,7 @@ pub async fn run(
              can then run a second time; use \"full\" (the default) wherever that matters"
         );
     }
-    let hub = client::HubClient::new(&config, instance_id.clone())?;
+    let hub = client::HubClient::new(&config, &instance_id)?;
     let reloader = hub.clone();
     let reloads = tokio::spawn(async move {
         while hangups.recv().await.is_some() {

@@ -80,11 +80,6 @@ pub const RECONNECT_PAUSE_MAX: Duration = Duration::from_secs(1);
 /// First retry pause after a failure; doubled on each further failure up to `backoff_max`.
 pub const BACKOFF_BASE: Duration = Duration::from_millis(100);
 
-/// Timeout of every hub request except the claim long-poll (which waits `claim_wait` more).
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
-/// Timeout of establishing a connection to the hub: a dead hub is noticed quickly.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// How long, after the harness exits, its stdout/stderr may stay open (held by a process it
 /// left behind) before the node kills its process group to stop waiting.
 pub const PIPE_DRAIN_AFTER_EXIT: Duration = Duration::from_secs(2);

@@ -1,16 +1,16 @@
 //! The report outbox: sends every ended attempt's report to `POST /delivery-report` until the
 //! hub confirms it. A report's id is its attempt id, so a retry is counted once by the hub.
 //!
-//! Transient failures (no answer, 5xx, 429, 401) are retried with backoff, forever: nothing is
-//! lost. A revoked certificate stops the node (`Shared::finish`); the report stays stored. A final refusal (409 `report_conflict` or `stale_claim`, or another 4xx) is logged and
+//! Passing failures (no answer, 5xx, 429, 408, 401: `ClientError::retry_later`) are retried
+//! with backoff, forever: nothing is lost. A revoked certificate stops the node (`Shared::finish`); the report stays stored. A final refusal (409 `report_conflict` or `stale_claim`, or another 4xx) is logged and
 //! the entry marked dead: never retried forever, never silently dropped (`status` lists it).
 
-use crate::backoff::Backoff;
-use crate::client::{Hub, HubError};
+use crate::client::Hub;
 use crate::limits::{BACKOFF_BASE, OUTBOX_BATCH_MAX};
 use crate::shared_state::Shared;
 use crate::store::OutboxEntry;
 use crate::store::StoreError;
+use baton_client::{Backoff, ClientError};
 use baton_shared::crash_point;
 use baton_shared::limits::{BATCH_BYTES_MAX, BATCH_ITEMS_MAX};
 use baton_shared::wire::ReportResponse;
@@ -95,7 +95,7 @@ pub(crate) async fn send_pending<H: Hub>(sh: &Shared<H>) -> Result<Pass, StoreEr
                 sh.supersede(&message);
                 pass = Pass::HubDown;
             }
-            Answer::Failed(e) if e.is_transient() => {
+            Answer::Failed(e) if e.retry_later() => {
                 tracing::warn!(delivery_id = %entry.delivery_id, report_id, "report not delivered yet: {e}");
                 tried.get_or_insert_with(|| (Vec::new(), e.to_string())).0.push(report_id);
                 pass = Pass::HubDown;
@@ -126,7 +126,7 @@ enum Answer {
     /// The hub recorded it (or had already: the same report id counts once).
     Confirmed(ReportResponse),
     /// The hub refused it, or could not be reached.
-    Failed(HubError),
+    Failed(ClientError),
     /// Not sent in this pass (an earlier one found the hub unreachable).
     NotSent,
 }
@@ -150,7 +150,7 @@ async fn send_batch<H: Hub>(sh: &Shared<H>, batch: &[OutboxEntry]) -> Vec<Answer
         match sh.hub.report_batch(chunk.iter().map(|e| e.body.clone()).collect()).await {
             Ok(results) => {
                 crash_point("node.report.after_response");
-                answers.extend(results.into_iter().map(|r| match crate::client::item_answer(r) {
+                answers.extend(results.into_iter().map(|r| match r {
                     Ok(resp) => Answer::Confirmed(resp),
                     Err(e) => Answer::Failed(e),
                 }));
@@ -222,6 +222,6 @@ async fn send_singles<H: Hub>(sh: &Shared<H>, entries: &[OutboxEntry]) -> Vec<An
 }
 
 /// Whether a failed report means the rest of the pass cannot be sent now.
-fn stops_pass(e: &HubError) -> bool {
-    e.refused_for_good().is_some() || e.superseded().is_some() || e.is_transient()
+fn stops_pass(e: &ClientError) -> bool {
+    e.refused_for_good().is_some() || e.superseded().is_some() || e.retry_later()
 }

@@ -9,7 +9,6 @@
 //! end-of-file and exits: the harness never ran, and the turn runs after the restart. A crash after it leaves a start marker without an end marker: the
 //! next start stops what is left of the recorded group and reports the attempt `unknown`.
 
-use crate::backoff::Backoff;
 use crate::client::Hub;
 use crate::config::Harness;
 use crate::exec::{CancelHandle, ExecSpec, Spawned, run_noop};
@@ -17,6 +16,7 @@ use crate::group::ProcessIdentity;
 use crate::limits::BACKOFF_BASE;
 use crate::shared_state::Shared;
 use crate::store::{Ending, QueuedTurn, StartedTurn, StoreError};
+use baton_client::Backoff;
 use baton_shared::crash_point;
 use baton_shared::states::Outcome;
 use baton_shared::wire::{StartItem, StartResult};
@@ -313,7 +313,7 @@ async fn confirm_chunk<H: Hub>(sh: &Shared<H>, turns: Vec<StartedTurn>) -> Resul
             sh.starts_unconfirmed.store(true, Ordering::Relaxed);
             return Ok(Confirmed::Start(turns, false));
         }
-        Err(e) if e.is_transient() => {
+        Err(e) if e.retry_later() => {
             // The hub cannot be reached (or is failing): start what this process's own ack
             // made ours; the rest waits for the hub.
             let (offline, wait): (Vec<StartedTurn>, Vec<StartedTurn>) = {

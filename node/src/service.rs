@@ -13,10 +13,11 @@
 //! Kept out of the agent loop: `Notifying` wraps the `Hub` the agent is given, and `run` starts
 //! the watchdog and reports stopping.
 
-use crate::client::{Hub, HubError};
+use crate::client::Hub;
+use baton_client::{ClientError, ItemAnswer};
 use baton_shared::wire::{
-    ClaimResponse, ClaimedDelivery, HolderItem, ItemResult, ReportRequest, ReportResponse, SessionResponse, StartItem,
-    StartResult, TransitionResponse,
+    ClaimResponse, ClaimedDelivery, HolderItem, ReportRequest, ReportResponse, SessionResponse, StartItem, StartResult,
+    TransitionResponse,
 };
 use sd_notify::NotifyState;
 use std::future::Future;
@@ -44,7 +45,7 @@ impl<H: Hub> Notifying<H> {
     }
 
     /// Sends READY=1 on the first answer, whatever it was, and passes the answer on.
-    fn answered<T>(&self, answer: Result<T, HubError>) -> Result<T, HubError> {
+    fn answered<T>(&self, answer: Result<T, ClientError>) -> Result<T, ClientError> {
         if !self.ready.swap(true, Ordering::SeqCst) {
             let status = match &answer {
                 Ok(_) => "recovered; the hub answered".to_string(),
@@ -58,40 +59,45 @@ impl<H: Hub> Notifying<H> {
 }
 
 impl<H: Hub> Hub for Notifying<H> {
-    async fn register_session(&self) -> Result<SessionResponse, HubError> {
+    async fn register_session(&self) -> Result<SessionResponse, ClientError> {
         self.answered(self.inner.register_session().await)
     }
-    async fn end_session(&self) -> Result<(), HubError> {
+    async fn end_session(&self) -> Result<(), ClientError> {
         self.inner.end_session().await
     }
-    async fn claim(&self, max: u32, wait: Duration) -> Result<ClaimResponse, HubError> {
+    async fn claim(&self, max: u32, wait: Duration) -> Result<ClaimResponse, ClientError> {
         self.answered(self.inner.claim(max, wait).await)
     }
-    async fn starts(&self, items: Vec<StartItem>) -> Result<Vec<StartResult>, HubError> {
+    async fn starts(&self, items: Vec<StartItem>) -> Result<Vec<StartResult>, ClientError> {
         self.answered(self.inner.starts(items).await)
     }
-    async fn holdings(&self) -> Result<Vec<ClaimedDelivery>, HubError> {
+    async fn holdings(&self) -> Result<Vec<ClaimedDelivery>, ClientError> {
         self.answered(self.inner.holdings().await)
     }
-    async fn mirrored(&self, delivery_id: &str, claim_token: &str) -> Result<TransitionResponse, HubError> {
+    async fn mirrored(&self, delivery_id: &str, claim_token: &str) -> Result<TransitionResponse, ClientError> {
         self.answered(self.inner.mirrored(delivery_id, claim_token).await)
     }
-    async fn ack(&self, delivery_id: &str, claim_token: &str) -> Result<TransitionResponse, HubError> {
+    async fn ack(&self, delivery_id: &str, claim_token: &str) -> Result<TransitionResponse, ClientError> {
         self.answered(self.inner.ack(delivery_id, claim_token).await)
     }
-    async fn reject(&self, delivery_id: &str, claim_token: &str, reason: &str) -> Result<TransitionResponse, HubError> {
+    async fn reject(
+        &self,
+        delivery_id: &str,
+        claim_token: &str,
+        reason: &str,
+    ) -> Result<TransitionResponse, ClientError> {
         self.answered(self.inner.reject(delivery_id, claim_token, reason).await)
     }
-    async fn report(&self, body: &ReportRequest) -> Result<ReportResponse, HubError> {
+    async fn report(&self, body: &ReportRequest) -> Result<ReportResponse, ClientError> {
         self.answered(self.inner.report(body).await)
     }
-    async fn mirrored_batch(&self, items: Vec<HolderItem>) -> Result<Vec<ItemResult<TransitionResponse>>, HubError> {
+    async fn mirrored_batch(&self, items: Vec<HolderItem>) -> Result<Vec<ItemAnswer<TransitionResponse>>, ClientError> {
         self.answered(self.inner.mirrored_batch(items).await)
     }
-    async fn ack_batch(&self, items: Vec<HolderItem>) -> Result<Vec<ItemResult<TransitionResponse>>, HubError> {
+    async fn ack_batch(&self, items: Vec<HolderItem>) -> Result<Vec<ItemAnswer<TransitionResponse>>, ClientError> {
         self.answered(self.inner.ack_batch(items).await)
     }
-    async fn report_batch(&self, reports: Vec<ReportRequest>) -> Result<Vec<ItemResult<ReportResponse>>, HubError> {
+    async fn report_batch(&self, reports: Vec<ReportRequest>) -> Result<Vec<ItemAnswer<ReportResponse>>, ClientError> {
         self.answered(self.inner.report_batch(reports).await)
     }
 }

@@ -3,12 +3,11 @@
 //! (`agent`), the scheduler (`sched`) and the outbox (`report`). It sits below all three so
 //! that none of them imports another for it.
 
-use crate::backoff::Backoff;
-use crate::client::HubError;
 use crate::config::NodeConfig;
 use crate::exec::{CancelHandle, Gate};
 use crate::limits::RECONNECT_PAUSE_MAX;
 use crate::store::Store;
+use baton_client::{Backoff, ClientError, RefusedForGood};
 use baton_shared::clock::SharedClock;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::AtomicBool;
@@ -85,7 +84,8 @@ impl<H> Shared<H> {
 
     /// The hub refused this node for good: logs it once, and stops the node (no new claims or
     /// turns; running turns get `shutdown_grace`; what the hub does not take stays stored).
-    pub(crate) fn finish(&self, why: String) {
+    pub(crate) fn finish(&self, why: RefusedForGood) {
+        let why = why.describe("this node's");
         if self.finished.set(why.clone()).is_ok() {
             tracing::error!(
                 "{why}. This node stops for good: no new claims, running turns get shutdown_grace, reports the hub \
@@ -132,7 +132,7 @@ impl<H> Shared<H> {
     }
 
     /// A batch route answered 404: this hub predates batches; single requests from now on.
-    pub(crate) fn no_batches(&self, e: &crate::client::HubError) {
+    pub(crate) fn no_batches(&self, e: &ClientError) {
         if !self.batch_unknown.swap(true, std::sync::atomic::Ordering::Relaxed) {
             tracing::warn!("the hub does not know batch requests ({e}); sending one request per delivery");
         }
@@ -141,8 +141,8 @@ impl<H> Shared<H> {
     /// The pause before retrying after `e`: when the hub did not answer at all, it notes when
     /// it was lost and keeps the pause within `RECONNECT_PAUSE_MAX`, so a restarted hub is
     /// regained soon after it listens again; otherwise the backoff runs up to `backoff_max`.
-    pub(crate) fn retry_pause(&self, backoff: &mut Backoff, e: &HubError) -> Duration {
-        if matches!(e, HubError::Unreachable { .. }) {
+    pub(crate) fn retry_pause(&self, backoff: &mut Backoff, e: &ClientError) -> Duration {
+        if e.unreachable() {
             let mut lost = self.hub_lost.lock().unwrap_or_else(|p| p.into_inner());
             lost.get_or_insert_with(Instant::now);
             backoff.next_delay_within(RECONNECT_PAUSE_MAX)

@@ -8,10 +8,11 @@
 use super::*;
 use crate::config::{Harness, LogFormat};
 use crate::store::{Db, LocalState};
+use baton_client::ApiError;
 use baton_shared::states::Outcome;
 use baton_shared::wire::{
-    AttemptView, ClaimResponse, HolderItem, ItemOutcome, ItemResult, ReportRequest, ReportResponse, SessionResponse,
-    StartItem, StartResult, TransitionResponse,
+    AttemptView, ClaimResponse, HolderItem, ReportRequest, ReportResponse, SessionResponse, StartItem, StartResult,
+    TransitionResponse,
 };
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
@@ -77,29 +78,35 @@ struct HubState {
 #[derive(Clone, Default)]
 struct FakeHub(Arc<Mutex<HubState>>);
 
-fn refused(code: ErrorCode) -> HubError {
-    HubError::Refused { status: code.status(), code: code.as_str().into(), message: "fake".into() }
+/// The hub's refusal with `status` and `code` (sent as is, parsed as the client does).
+fn refusal(status: u16, code: &str, message: &str) -> ClientError {
+    let (code_text, message) = (code.to_string(), message.to_string());
+    ClientError::Api(ApiError { status, code: ErrorCode::parse(code), code_text, message })
 }
 
-fn revoked() -> HubError {
-    HubError::Refused { status: 401, code: "certificate_revoked".into(), message: "certificate 0a was revoked".into() }
+fn refused(code: ErrorCode) -> ClientError {
+    refusal(code.status(), code.as_str(), "fake")
 }
 
-fn down() -> HubError {
-    HubError::Unreachable { detail: "connection refused".into(), maybe_sent: false }
+fn revoked() -> ClientError {
+    refusal(401, "certificate_revoked", "certificate 0a was revoked")
 }
 
-fn superseded() -> HubError {
-    HubError::Refused {
-        status: 409,
-        code: crate::client::SESSION_SUPERSEDED.into(),
-        message: "session 2 replaced session 1".into(),
-    }
+fn down() -> ClientError {
+    ClientError::Transport { detail: "connection refused".into(), maybe_sent: false }
+}
+
+fn no_route() -> ClientError {
+    refusal(404, "not_found", "no route")
+}
+
+fn superseded() -> ClientError {
+    refusal(409, ErrorCode::SessionSuperseded.as_str(), "session 2 replaced session 1")
 }
 
 impl HubState {
     /// Notes a call with the session it carried; refuses it when a newer session exists.
-    fn session_check(&mut self, call: &str) -> Result<(), HubError> {
+    fn session_check(&mut self, call: &str) -> Result<(), ClientError> {
         if self.node_session > 0 {
             self.sent_sessions.push((call.to_string(), self.node_session));
             if self.node_session < self.newest_session {
@@ -122,7 +129,7 @@ impl FakeHub {
         token: &str,
         from: DeliveryState,
         to: DeliveryState,
-    ) -> Result<TransitionResponse, HubError> {
+    ) -> Result<TransitionResponse, ClientError> {
         self.with(|s| {
             s.calls.push(format!("{what} {id}"));
             s.session_check(what)?;
@@ -154,11 +161,11 @@ impl FakeHub {
 }
 
 impl Hub for FakeHub {
-    async fn register_session(&self) -> Result<SessionResponse, HubError> {
+    async fn register_session(&self) -> Result<SessionResponse, ClientError> {
         self.with(|s| {
             s.calls.push("session".into());
             if s.no_turn_control {
-                return Err(HubError::Refused { status: 404, code: "not_found".into(), message: "no route".into() });
+                return Err(no_route());
             }
             if s.revoked {
                 return Err(revoked());
@@ -173,7 +180,7 @@ impl Hub for FakeHub {
         })
     }
 
-    async fn end_session(&self) -> Result<(), HubError> {
+    async fn end_session(&self) -> Result<(), ClientError> {
         self.with(|s| {
             s.calls.push("session end".into());
             s.session_check("session end")?;
@@ -182,11 +189,11 @@ impl Hub for FakeHub {
         })
     }
 
-    async fn starts(&self, items: Vec<StartItem>) -> Result<Vec<StartResult>, HubError> {
+    async fn starts(&self, items: Vec<StartItem>) -> Result<Vec<StartResult>, ClientError> {
         self.with(|s| {
             s.calls.push("starts".into());
             if s.no_turn_control {
-                return Err(HubError::Refused { status: 404, code: "not_found".into(), message: "no route".into() });
+                return Err(no_route());
             }
             s.session_check("starts")?;
             if s.revoked {
@@ -233,7 +240,7 @@ impl Hub for FakeHub {
         })
     }
 
-    async fn claim(&self, max: u32, _wait: Duration) -> Result<ClaimResponse, HubError> {
+    async fn claim(&self, max: u32, _wait: Duration) -> Result<ClaimResponse, ClientError> {
         let (out, lost, cancels) = self.with(|s| {
             s.calls.push("claim".into());
             s.session_check("claim")?;
@@ -279,12 +286,12 @@ impl Hub for FakeHub {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         if lost {
-            return Err(HubError::Unreachable { detail: "timed out".into(), maybe_sent: true });
+            return Err(ClientError::Transport { detail: "timed out".into(), maybe_sent: true });
         }
         Ok(ClaimResponse { deliveries: out, cancels })
     }
 
-    async fn holdings(&self) -> Result<Vec<ClaimedDelivery>, HubError> {
+    async fn holdings(&self) -> Result<Vec<ClaimedDelivery>, ClientError> {
         self.with(|s| {
             s.calls.push("holdings".into());
             s.session_check("holdings")?;
@@ -306,20 +313,20 @@ impl Hub for FakeHub {
         })
     }
 
-    async fn mirrored(&self, id: &str, token: &str) -> Result<TransitionResponse, HubError> {
+    async fn mirrored(&self, id: &str, token: &str) -> Result<TransitionResponse, ClientError> {
         self.transition("mirrored", id, token, DeliveryState::Claimed, DeliveryState::Mirrored)
     }
 
-    async fn ack(&self, id: &str, token: &str) -> Result<TransitionResponse, HubError> {
+    async fn ack(&self, id: &str, token: &str) -> Result<TransitionResponse, ClientError> {
         self.transition("ack", id, token, DeliveryState::Mirrored, DeliveryState::Delivered)
     }
 
-    async fn reject(&self, id: &str, _token: &str, _reason: &str) -> Result<TransitionResponse, HubError> {
+    async fn reject(&self, id: &str, _token: &str, _reason: &str) -> Result<TransitionResponse, ClientError> {
         self.with(|s| s.calls.push(format!("reject {id}")));
         Ok(TransitionResponse { delivery_id: id.into(), state: DeliveryState::Failed, changed: true })
     }
 
-    async fn report(&self, body: &ReportRequest) -> Result<ReportResponse, HubError> {
+    async fn report(&self, body: &ReportRequest) -> Result<ReportResponse, ClientError> {
         self.with(|s| {
             s.calls.push(format!("report {}", body.delivery_id));
             s.session_check("report")?;
@@ -365,15 +372,15 @@ impl Hub for FakeHub {
         })
     }
 
-    async fn mirrored_batch(&self, items: Vec<HolderItem>) -> Result<Vec<ItemResult<TransitionResponse>>, HubError> {
+    async fn mirrored_batch(&self, items: Vec<HolderItem>) -> Result<Vec<ItemAnswer<TransitionResponse>>, ClientError> {
         self.holder_batch("mirrored", items)
     }
 
-    async fn ack_batch(&self, items: Vec<HolderItem>) -> Result<Vec<ItemResult<TransitionResponse>>, HubError> {
+    async fn ack_batch(&self, items: Vec<HolderItem>) -> Result<Vec<ItemAnswer<TransitionResponse>>, ClientError> {
         self.holder_batch("ack", items)
     }
 
-    async fn report_batch(&self, reports: Vec<ReportRequest>) -> Result<Vec<ItemResult<ReportResponse>>, HubError> {
+    async fn report_batch(&self, reports: Vec<ReportRequest>) -> Result<Vec<ItemAnswer<ReportResponse>>, ClientError> {
         self.batch_call("reports", reports.len())?;
         let mut out = Vec::with_capacity(reports.len());
         for r in &reports {
@@ -385,25 +392,23 @@ impl Hub for FakeHub {
 
 /// The whole-request answer of a batch when one of its items met a refusal of the request
 /// itself (an outage, a revoked certificate, a newer session); otherwise the item's own answer.
-fn batch_item<T>(answer: Result<T, HubError>) -> Result<ItemResult<T>, HubError> {
+fn batch_item<T>(answer: Result<T, ClientError>) -> Result<ItemAnswer<T>, ClientError> {
     match answer {
-        Ok(body) => Ok(ItemResult { status: 200, outcome: ItemOutcome::Ok(body) }),
+        Ok(body) => Ok(Ok(body)),
         Err(e) if e.refused_for_good().is_some() || e.superseded().is_some() => Err(e),
-        Err(HubError::Refused { status, code, message }) => {
-            Ok(ItemResult { status, outcome: ItemOutcome::Error(baton_shared::wire::ErrorBody { code, message }) })
-        }
+        Err(e @ ClientError::Api(_)) => Ok(Err(e)),
         Err(e) => Err(e),
     }
 }
 
 impl FakeHub {
     /// Notes a batch request; a hub without batches answers 404 to it.
-    fn batch_call(&self, what: &str, n: usize) -> Result<(), HubError> {
+    fn batch_call(&self, what: &str, n: usize) -> Result<(), ClientError> {
         self.with(|s| {
             s.calls.push(format!("batch {what}"));
             s.batches.push(format!("batch {what} {n}"));
             if s.no_batches {
-                return Err(HubError::Refused { status: 404, code: "not_found".into(), message: "no route".into() });
+                return Err(no_route());
             }
             Ok(())
         })
@@ -413,7 +418,7 @@ impl FakeHub {
         &self,
         what: &str,
         items: Vec<HolderItem>,
-    ) -> Result<Vec<ItemResult<TransitionResponse>>, HubError> {
+    ) -> Result<Vec<ItemAnswer<TransitionResponse>>, ClientError> {
         self.batch_call(what, items.len())?;
         let (from, to) = match what {
             "mirrored" => (DeliveryState::Claimed, DeliveryState::Mirrored),
@@ -895,41 +900,41 @@ async fn instance_conflict_backs_off_and_touches_nothing() {
     #[derive(Clone, Default)]
     struct Conflicted(Arc<Mutex<Vec<Instant>>>);
     impl Hub for Conflicted {
-        async fn register_session(&self) -> Result<SessionResponse, HubError> {
+        async fn register_session(&self) -> Result<SessionResponse, ClientError> {
             Ok(SessionResponse { session: 1, took_over: None })
         }
-        async fn end_session(&self) -> Result<(), HubError> {
+        async fn end_session(&self) -> Result<(), ClientError> {
             Ok(())
         }
-        async fn starts(&self, _: Vec<StartItem>) -> Result<Vec<StartResult>, HubError> {
+        async fn starts(&self, _: Vec<StartItem>) -> Result<Vec<StartResult>, ClientError> {
             unreachable!("nothing is claimed")
         }
-        async fn claim(&self, _: u32, _: Duration) -> Result<ClaimResponse, HubError> {
+        async fn claim(&self, _: u32, _: Duration) -> Result<ClaimResponse, ClientError> {
             self.0.lock().unwrap().push(Instant::now());
             Err(refused(ErrorCode::InstanceConflict))
         }
-        async fn holdings(&self) -> Result<Vec<ClaimedDelivery>, HubError> {
+        async fn holdings(&self) -> Result<Vec<ClaimedDelivery>, ClientError> {
             Ok(vec![])
         }
-        async fn mirrored(&self, _: &str, _: &str) -> Result<TransitionResponse, HubError> {
+        async fn mirrored(&self, _: &str, _: &str) -> Result<TransitionResponse, ClientError> {
             unreachable!("nothing is claimed")
         }
-        async fn ack(&self, _: &str, _: &str) -> Result<TransitionResponse, HubError> {
+        async fn ack(&self, _: &str, _: &str) -> Result<TransitionResponse, ClientError> {
             unreachable!("nothing is claimed")
         }
-        async fn reject(&self, _: &str, _: &str, _: &str) -> Result<TransitionResponse, HubError> {
+        async fn reject(&self, _: &str, _: &str, _: &str) -> Result<TransitionResponse, ClientError> {
             unreachable!("nothing is claimed")
         }
-        async fn report(&self, _: &ReportRequest) -> Result<ReportResponse, HubError> {
+        async fn report(&self, _: &ReportRequest) -> Result<ReportResponse, ClientError> {
             unreachable!("nothing ran")
         }
-        async fn mirrored_batch(&self, _: Vec<HolderItem>) -> Result<Vec<ItemResult<TransitionResponse>>, HubError> {
+        async fn mirrored_batch(&self, _: Vec<HolderItem>) -> Result<Vec<ItemAnswer<TransitionResponse>>, ClientError> {
             unreachable!("nothing is claimed")
         }
-        async fn ack_batch(&self, _: Vec<HolderItem>) -> Result<Vec<ItemResult<TransitionResponse>>, HubError> {
+        async fn ack_batch(&self, _: Vec<HolderItem>) -> Result<Vec<ItemAnswer<TransitionResponse>>, ClientError> {
             unreachable!("nothing is claimed")
         }
-        async fn report_batch(&self, _: Vec<ReportRequest>) -> Result<Vec<ItemResult<ReportResponse>>, HubError> {
+        async fn report_batch(&self, _: Vec<ReportRequest>) -> Result<Vec<ItemAnswer<ReportResponse>>, ClientError> {
             unreachable!("nothing ran")
         }
     }
@@ -969,45 +974,45 @@ async fn a_hub_that_does_not_answer_is_retried_within_the_reconnect_cap() {
     #[derive(Clone, Default)]
     struct Outage(Arc<Mutex<Vec<Instant>>>);
     impl Hub for Outage {
-        async fn register_session(&self) -> Result<SessionResponse, HubError> {
+        async fn register_session(&self) -> Result<SessionResponse, ClientError> {
             Ok(SessionResponse { session: 1, took_over: None })
         }
-        async fn end_session(&self) -> Result<(), HubError> {
+        async fn end_session(&self) -> Result<(), ClientError> {
             Ok(())
         }
-        async fn starts(&self, _: Vec<StartItem>) -> Result<Vec<StartResult>, HubError> {
+        async fn starts(&self, _: Vec<StartItem>) -> Result<Vec<StartResult>, ClientError> {
             unreachable!("nothing is claimed")
         }
-        async fn claim(&self, _: u32, _: Duration) -> Result<ClaimResponse, HubError> {
+        async fn claim(&self, _: u32, _: Duration) -> Result<ClaimResponse, ClientError> {
             let mut claims = self.0.lock().unwrap();
             claims.push(Instant::now());
             if claims.len() <= OUTAGE_CLAIMS {
-                return Err(HubError::Unreachable { detail: "connection refused".into(), maybe_sent: false });
+                return Err(down());
             }
             Ok(ClaimResponse { deliveries: vec![], cancels: vec![] })
         }
-        async fn holdings(&self) -> Result<Vec<ClaimedDelivery>, HubError> {
+        async fn holdings(&self) -> Result<Vec<ClaimedDelivery>, ClientError> {
             Ok(vec![])
         }
-        async fn mirrored(&self, _: &str, _: &str) -> Result<TransitionResponse, HubError> {
+        async fn mirrored(&self, _: &str, _: &str) -> Result<TransitionResponse, ClientError> {
             unreachable!("nothing is claimed")
         }
-        async fn ack(&self, _: &str, _: &str) -> Result<TransitionResponse, HubError> {
+        async fn ack(&self, _: &str, _: &str) -> Result<TransitionResponse, ClientError> {
             unreachable!("nothing is claimed")
         }
-        async fn reject(&self, _: &str, _: &str, _: &str) -> Result<TransitionResponse, HubError> {
+        async fn reject(&self, _: &str, _: &str, _: &str) -> Result<TransitionResponse, ClientError> {
             unreachable!("nothing is claimed")
         }
-        async fn report(&self, _: &ReportRequest) -> Result<ReportResponse, HubError> {
+        async fn report(&self, _: &ReportRequest) -> Result<ReportResponse, ClientError> {
             unreachable!("nothing ran")
         }
-        async fn mirrored_batch(&self, _: Vec<HolderItem>) -> Result<Vec<ItemResult<TransitionResponse>>, HubError> {
+        async fn mirrored_batch(&self, _: Vec<HolderItem>) -> Result<Vec<ItemAnswer<TransitionResponse>>, ClientError> {
             unreachable!("nothing is claimed")
         }
-        async fn ack_batch(&self, _: Vec<HolderItem>) -> Result<Vec<ItemResult<TransitionResponse>>, HubError> {
+        async fn ack_batch(&self, _: Vec<HolderItem>) -> Result<Vec<ItemAnswer<TransitionResponse>>, ClientError> {
             unreachable!("nothing is claimed")
         }
-        async fn report_batch(&self, _: Vec<ReportRequest>) -> Result<Vec<ItemResult<ReportResponse>>, HubError> {
+        async fn report_batch(&self, _: Vec<ReportRequest>) -> Result<Vec<ItemAnswer<ReportResponse>>, ClientError> {
             unreachable!("nothing ran")
         }
     }

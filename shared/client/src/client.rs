@@ -7,7 +7,7 @@
 //! every other call is sent once.
 
 use crate::error::{ApiError, ClientError, transport_error};
-use crate::limits::{LONG_POLL_WAIT_MAX, REQUEST_TIMEOUT, long_poll_timeout};
+use crate::limits::{CLAIM_WAIT_MAX, LONG_POLL_WAIT_MAX, REQUEST_TIMEOUT, claim_timeout, long_poll_timeout};
 use crate::retry::{RetryPolicy, retrying};
 use crate::tls::{TlsError, TlsFiles, http_client};
 use baton_shared::error::ErrorCode;
@@ -257,15 +257,34 @@ impl NodeClient {
         self.session.load(Ordering::SeqCst)
     }
 
-    async fn post<B: serde::Serialize, T: serde::de::DeserializeOwned>(
+    /// The producer-side client this node client shares its connections, certificate and
+    /// retry policy with: `reload` and `generation` through it reach this node client too.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// `POST {path}` with `body` and the session; the answer or the refusal.
+    pub(crate) async fn post<B: serde::Serialize, T: serde::de::DeserializeOwned>(
         &self,
         path: &str,
         body: &B,
         timeout: Duration,
     ) -> Result<T, ClientError> {
+        let url = format!("{}{path}", self.client.inner.base);
+        self.call(|http| http.post(url).timeout(timeout).json(body)).await
+    }
+
+    /// Sends the request `build` makes with the current TLS client, with the session. A
+    /// refusal for good of a certificate that `Client::reload` replaced while the request was
+    /// out is `ClientError::SentBeforeReload`, not a refusal of the certificate in use now.
+    async fn call<T: serde::de::DeserializeOwned>(
+        &self,
+        build: impl FnOnce(&reqwest::Client) -> reqwest::RequestBuilder,
+    ) -> Result<T, ClientError> {
         let c = &self.client;
-        let url = format!("{}{path}", c.inner.base);
-        c.send(c.http().post(url).timeout(timeout).json(body), self.session()).await
+        let (generation, http) = c.current();
+        let answer = c.send(build(&http), self.session()).await;
+        answer.map_err(|e| e.sent_with(generation, c.generation()))
     }
 
     fn holder(&self, claim_token: &str) -> HolderRequest {
@@ -292,16 +311,16 @@ impl NodeClient {
         Ok(())
     }
 
-    /// `POST /v1/claims`: long-polls up to `wait` for at most `max` deliveries and the pending
-    /// cancel notices.
+    /// `POST /v1/claims`: long-polls up to `wait` (at most `CLAIM_WAIT_MAX`; the hub caps it
+    /// by its `long_poll_wait_max`) for at most `max` deliveries and the pending cancel notices.
     pub async fn claim(&self, max: u32, wait: Duration) -> Result<ClaimResponse, ClientError> {
-        let wait = wait.min(LONG_POLL_WAIT_MAX);
+        let wait = wait.min(CLAIM_WAIT_MAX);
         let body = ClaimRequest {
             instance_id: self.instance_id.clone(),
             max: Some(max),
-            wait_ms: Some(wait.as_millis() as u64),
+            wait_ms: Some(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX)),
         };
-        self.post("/v1/claims", &body, long_poll_timeout(wait)).await
+        self.post("/v1/claims", &body, claim_timeout(wait)).await
     }
 
     /// `POST /v1/starts`: asks to start these turns; one result per item, in order.
@@ -313,9 +332,8 @@ impl NodeClient {
 
     /// `GET /v1/holdings`: everything this instance holds.
     pub async fn holdings(&self) -> Result<Vec<ClaimedDelivery>, ClientError> {
-        let c = &self.client;
-        let url = c.url("/v1/holdings", &[("instance_id", &self.instance_id)])?;
-        let r: HoldingsResponse = c.send(c.http().get(url).timeout(REQUEST_TIMEOUT), self.session()).await?;
+        let url = self.client.url("/v1/holdings", &[("instance_id", &self.instance_id)])?;
+        let r: HoldingsResponse = self.call(|http| http.get(url).timeout(REQUEST_TIMEOUT)).await?;
         Ok(r.deliveries)
     }
 

@@ -38,7 +38,7 @@ pub enum ClientError {
     Api(ApiError),
     /// No answer arrived. `maybe_sent` is true when the request may have reached the hub (a
     /// timeout or a connection lost after sending), so its effect may have happened.
-    #[error("the hub is unreachable: {detail}")]
+    #[error("hub unreachable: {detail}")]
     Transport {
         /// What failed, with a hint when it looks like our certificate was refused.
         detail: String,
@@ -59,6 +59,32 @@ pub enum ClientError {
     /// The request could not be made (an id or URL that does not form a request).
     #[error("invalid request: {0}")]
     Invalid(String),
+    /// A refusal for good (`refused_for_good`) of the certificate this request presented, which
+    /// `Client::reload` has replaced since: not a refusal of the one in use now, whose next
+    /// request may succeed.
+    #[error("{0} (sent with the certificate in use before the reload; the next request presents the new one)")]
+    SentBeforeReload(Box<ClientError>),
+}
+
+/// Why the hub will never take this identity's requests again (`ClientError::refused_for_good`).
+/// Running on cannot help; the operator has to act (renew the certificate, or un-retire).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RefusedForGood {
+    /// The hub revoked the certificate: its 401 `certificate_revoked`, or its TLS alert naming
+    /// the revocation. How it said so.
+    CertificateRevoked(String),
+    /// The hub retired the host this certificate names (403 `host_retired`). Its refusal.
+    HostRetired(String),
+}
+
+impl RefusedForGood {
+    /// The refusal in a sentence about `whose` identity (e.g. `"this node's"`).
+    pub fn describe(&self, whose: &str) -> String {
+        match self {
+            RefusedForGood::CertificateRevoked(how) => format!("the hub revoked {whose} certificate ({how})"),
+            RefusedForGood::HostRetired(how) => format!("the hub retired {whose} host ({how})"),
+        }
+    }
 }
 
 impl ClientError {
@@ -83,17 +109,84 @@ impl ClientError {
         match self {
             ClientError::Transport { maybe_sent, .. } => *maybe_sent,
             ClientError::BadAnswer { .. } => true,
-            ClientError::Api(_) | ClientError::CertificateRevoked(_) | ClientError::Invalid(_) => false,
+            ClientError::Api(_)
+            | ClientError::CertificateRevoked(_)
+            | ClientError::Invalid(_)
+            | ClientError::SentBeforeReload(_) => false,
         }
     }
 
-    /// Whether sending the same request again later may succeed: no answer arrived, or the hub
-    /// said it could not take it now (408, 429, 5xx). Only idempotent calls act on this.
+    /// Whether sending the same request again later may succeed: no answer arrived, the hub
+    /// said it could not take it now (408, 429, 5xx), or it refused a certificate replaced since.
+    /// Only idempotent calls act on this.
     pub fn is_transient(&self) -> bool {
         match self {
-            ClientError::Transport { .. } | ClientError::BadAnswer { .. } => true,
+            ClientError::Transport { .. } | ClientError::BadAnswer { .. } | ClientError::SentBeforeReload(_) => true,
             ClientError::Api(e) => e.status >= 500 || e.status == 429 || e.status == 408,
             ClientError::CertificateRevoked(_) | ClientError::Invalid(_) => false,
+        }
+    }
+
+    /// Whether a caller that keeps trying for as long as it runs (a node) sends the request
+    /// again after a pause: `is_transient`, or a 401 (an expired or unknown certificate, which
+    /// an operator may renew meanwhile). Such a caller checks `refused_for_good` first: a
+    /// revoked certificate is a 401 too.
+    pub fn retry_later(&self) -> bool {
+        self.is_transient() || self.api().is_some_and(|e| e.status == 401)
+    }
+
+    /// Whether no answer came at all (the hub down, the network cut): a caller that retries
+    /// keeps its pauses short, so the hub is regained soon after it listens again.
+    pub fn unreachable(&self) -> bool {
+        matches!(self, ClientError::Transport { .. })
+    }
+
+    /// The hub's message when it refused a node request because a newer session of the same
+    /// node instance replaced the one this request carried (409 `session_superseded`): the
+    /// process holding the older session must stop at once.
+    pub fn superseded(&self) -> Option<String> {
+        match self {
+            ClientError::Api(e) if e.status == 409 && e.code == Some(ErrorCode::SessionSuperseded) => {
+                Some(e.message.clone())
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether the hub does not know the route at all (404 or 405 to the whole request, for a
+    /// route without ids in its path): a hub older than the route, which the caller then works
+    /// without (a batch route: one request per item instead).
+    pub fn route_unknown(&self) -> bool {
+        matches!(self, ClientError::Api(e) if e.status == 404 || e.status == 405)
+    }
+
+    /// Why the hub will never take this identity's requests again, when this error says so: it
+    /// revoked the certificate (401 `certificate_revoked`, or its TLS alert naming the
+    /// revocation), or retired the host it names (403 `host_retired`). Not for a refusal of a
+    /// certificate replaced since (`SentBeforeReload`).
+    pub fn refused_for_good(&self) -> Option<RefusedForGood> {
+        match self {
+            ClientError::Api(e) if e.status == 403 && e.code == Some(ErrorCode::HostRetired) => {
+                Some(RefusedForGood::HostRetired(format!("403 {}: {}", e.code_text, e.message)))
+            }
+            ClientError::Api(e) if e.status == 401 && e.code == Some(ErrorCode::CertificateRevoked) => {
+                Some(RefusedForGood::CertificateRevoked(format!("401 {}: {}", e.code_text, e.message)))
+            }
+            ClientError::CertificateRevoked(detail) => {
+                Some(RefusedForGood::CertificateRevoked(format!("TLS handshake refused: {detail}")))
+            }
+            _ => None,
+        }
+    }
+
+    /// The error a request sent with TLS client generation `sent_with` ended with, seen from
+    /// a client now at generation `now`: a refusal for good of a certificate replaced since is
+    /// `SentBeforeReload`.
+    pub(crate) fn sent_with(self, sent_with: u64, now: u64) -> ClientError {
+        if sent_with != now && self.refused_for_good().is_some() {
+            ClientError::SentBeforeReload(Box::new(self))
+        } else {
+            self
         }
     }
 }
@@ -169,6 +262,81 @@ mod tests {
             assert_eq!(refused(status, code).is_transient(), transient, "{status} {code}");
         }
         assert!(!ClientError::CertificateRevoked("alert".into()).is_transient());
+    }
+
+    #[test]
+    fn a_newer_session_is_recognised() {
+        let superseded = refused(409, "session_superseded");
+        assert_eq!(superseded.superseded().as_deref(), Some("m"));
+        assert!(!superseded.is_transient() && !superseded.retry_later());
+        assert_eq!(refused(409, "stale_claim").superseded(), None);
+        assert_eq!(refused(403, "session_superseded").superseded(), None);
+    }
+
+    #[test]
+    fn a_route_the_hub_does_not_know_is_a_whole_request_404_or_405() {
+        assert!(refused(404, "not_found").route_unknown());
+        assert!(refused(405, "").route_unknown());
+        assert!(!refused(409, "stale_claim").route_unknown());
+        assert!(!ClientError::Transport { detail: "reset".into(), maybe_sent: false }.route_unknown());
+    }
+
+    #[test]
+    fn only_a_revocation_or_a_retirement_is_refused_for_good() {
+        let revoked = refused(401, "certificate_revoked").refused_for_good().unwrap();
+        assert_eq!(revoked, RefusedForGood::CertificateRevoked("401 certificate_revoked: m".into()));
+        assert_eq!(
+            revoked.describe("this node's"),
+            "the hub revoked this node's certificate (401 certificate_revoked: m)"
+        );
+        let retired = refused(403, "host_retired").refused_for_good().unwrap();
+        assert_eq!(retired.describe("this node's"), "the hub retired this node's host (403 host_retired: m)");
+        let tls = ClientError::CertificateRevoked("received fatal alert: CertificateRevoked".into());
+        assert!(matches!(tls.refused_for_good(), Some(RefusedForGood::CertificateRevoked(_))) && !tls.answer_lost());
+        for passing in [
+            refused(401, "unknown_certificate"),
+            refused(403, "wrong_role"),
+            refused(409, "instance_conflict"),
+            refused(409, "session_superseded"),
+            refused(503, "storage_unavailable"),
+            ClientError::Transport { detail: "connection closed".into(), maybe_sent: false },
+        ] {
+            assert_eq!(passing.refused_for_good(), None, "{passing}");
+        }
+    }
+
+    #[test]
+    fn a_refusal_of_a_certificate_replaced_since_is_not_for_good() {
+        let revoked = refused(401, "certificate_revoked");
+        assert!(revoked.clone().sent_with(1, 1).refused_for_good().is_some());
+        let stale = revoked.sent_with(1, 2);
+        assert!(matches!(stale, ClientError::SentBeforeReload(_)), "{stale}");
+        assert!(stale.refused_for_good().is_none() && stale.is_transient() && stale.retry_later());
+        assert!(!stale.answer_lost());
+        assert!(stale.to_string().contains("before the reload"), "{stale}");
+        // Only a refusal for good changes meaning; any other failure stays what it was.
+        let conflict = refused(409, "stale_claim").sent_with(1, 2);
+        assert_eq!(conflict.code(), Some(ErrorCode::StaleClaim));
+    }
+
+    #[test]
+    fn a_caller_that_runs_on_retries_what_may_pass() {
+        for (e, later) in [
+            (refused(503, "storage_unavailable"), true),
+            (refused(429, "over_capacity"), true),
+            (refused(408, "request_timeout"), true),
+            (refused(401, "unknown_certificate"), true),
+            (ClientError::Transport { detail: "refused".into(), maybe_sent: false }, true),
+            (ClientError::BadAnswer { status: 200, detail: "eof".into() }, true),
+            (refused(409, "stale_claim"), false),
+            (refused(409, "report_conflict"), false),
+            (refused(400, "invalid_field"), false),
+            (refused(403, "wrong_role"), false),
+        ] {
+            assert_eq!(e.retry_later(), later, "{e}");
+        }
+        assert!(ClientError::Transport { detail: "refused".into(), maybe_sent: false }.unreachable());
+        assert!(!refused(503, "storage_unavailable").unreachable());
     }
 
     #[test]

@@ -9,9 +9,12 @@
 //!
 //! Layout:
 //! - `client`: `Client` (producer calls) and `NodeClient` (node calls), `BuildError`.
+//! - `node_batch`: the node's batch calls (`NodeClient::mirrored_batch`, `ack_batch`,
+//!   `reject_batch`, `report_batch`), one typed answer per item.
 //! - `tls`: `TlsFiles` and `http_client`, the one mTLS reqwest client builder.
 //! - `error`: `ClientError`, `ApiError`, and how a reqwest failure is classified.
-//! - `retry`: `RetryPolicy` and the bounded, paced retry of idempotent calls.
+//! - `retry`: `RetryPolicy` and the bounded, paced retry of idempotent calls; `Backoff`, the
+//!   pacing of a caller that retries for as long as it runs.
 //! - `limits`: the client's timeouts and retry bounds.
 //!
 //! Invariant: this crate depends on `baton-shared` alone among Baton's crates; it opens no
@@ -20,10 +23,14 @@
 pub mod client;
 pub mod error;
 pub mod limits;
+pub mod node_batch;
 pub mod retry;
 pub mod tls;
 
 pub use client::{BuildError, Client, NodeClient};
+pub use error::RefusedForGood;
 pub use error::{ApiError, ClientError};
+pub use node_batch::ItemAnswer;
+pub use retry::Backoff;
 pub use retry::RetryPolicy;
 pub use tls::{TlsError, TlsFiles};

@@ -11,6 +11,10 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// hub caps it by its own `long_poll_wait_max` anyway; asking for more only lengthens the
 /// request timeout for nothing.
 pub const LONG_POLL_WAIT_MAX: Duration = LONG_POLL_WAIT_MAX_DEFAULT;
+/// Longest wait a node asks the hub for in one claim long-poll: the top of the range of the
+/// hub's `long_poll_wait_max`, so a node whose `claim_wait` matches a hub configured that high
+/// waits as long as both allow (the hub caps a longer wait by its own setting).
+pub const CLAIM_WAIT_MAX: Duration = Duration::from_secs(5 * 60);
 /// How many times an idempotent call (submit, report) is sent at most, the first try included.
 pub const RETRY_ATTEMPTS_MAX: u32 = 5;
 /// The pause before the first retry; each later one doubles it (equal jitter), up to
@@ -25,9 +29,17 @@ pub fn long_poll_timeout(wait: Duration) -> Duration {
     wait.min(LONG_POLL_WAIT_MAX) + CLIENT_TIMEOUT_MARGIN
 }
 
+/// The request timeout of a claim of `wait`: the wait plus the margin the hub needs to answer
+/// after it.
+pub fn claim_timeout(wait: Duration) -> Duration {
+    wait.min(CLAIM_WAIT_MAX) + CLIENT_TIMEOUT_MARGIN
+}
+
 const _: () = assert!(RETRY_ATTEMPTS_MAX >= 1);
 const _: () = assert!(RETRY_BACKOFF_BASE.as_millis() <= RETRY_BACKOFF_MAX.as_millis());
 // A retried call's worst case (every pause at its cap) stays within a few request timeouts.
 const _: () = assert!(RETRY_BACKOFF_MAX.as_secs() * (RETRY_ATTEMPTS_MAX as u64) < 4 * REQUEST_TIMEOUT.as_secs());
 // A long poll never waits longer than a request that does not wait may take in total.
 const _: () = assert!(LONG_POLL_WAIT_MAX.as_secs() <= REQUEST_TIMEOUT.as_secs());
+// A claim may wait at least as long as a message read.
+const _: () = assert!(LONG_POLL_WAIT_MAX.as_secs() <= CLAIM_WAIT_MAX.as_secs());

@@ -2,6 +2,9 @@
 //! submit (the hub answers a repeat of the same idempotency key and content with the original
 //! message) and report (a repeat of the same report id is counted once). Every other call is
 //! sent once; its caller decides, knowing what a repeat would mean.
+//!
+//! `Backoff` paces a caller that retries for as long as it runs (a node's loops): the same
+//! doubling ceiling, no bound on tries, each pause drawn from zero.
 
 use crate::error::ClientError;
 use crate::limits::{RETRY_ATTEMPTS_MAX, RETRY_BACKOFF_BASE, RETRY_BACKOFF_MAX};
@@ -41,11 +44,61 @@ impl RetryPolicy {
 
     /// The pause after `failures` failed tries (1 for the first).
     fn pause(&self, failures: u32) -> Duration {
-        let ceiling =
-            self.backoff_base.saturating_mul(1u32 << failures.saturating_sub(1).min(20)).min(self.backoff_max);
+        let ceiling = ceiling(self.backoff_base, failures.saturating_sub(1), self.backoff_max);
         let half = ceiling / 2;
-        let jitter_ms = rand::rng().random_range(0..=half.as_millis() as u64);
-        half + Duration::from_millis(jitter_ms)
+        half + random_up_to(half)
+    }
+}
+
+/// `base` doubled once per earlier failure (`doublings`), never above `max`.
+fn ceiling(base: Duration, doublings: u32, max: Duration) -> Duration {
+    base.saturating_mul(1u32 << doublings.min(20)).min(max)
+}
+
+/// A pause drawn uniformly from zero to `ceiling`, by the millisecond.
+fn random_up_to(ceiling: Duration) -> Duration {
+    let ceiling_ms = u64::try_from(ceiling.as_millis()).unwrap_or(u64::MAX);
+    Duration::from_millis(rand::rng().random_range(0..=ceiling_ms))
+}
+
+/// Pacing for a caller that retries for as long as it runs: each failure doubles the ceiling
+/// from `base` up to `max`; each pause is drawn uniformly from zero to that ceiling ("full
+/// jitter"), so a fleet of nodes that lost the hub at the same moment does not come back in one
+/// burst. A success `reset`s it.
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    /// The ceiling after the first failure.
+    base: Duration,
+    /// The highest ceiling.
+    max: Duration,
+    /// Failures since the last `reset`.
+    failures: u32,
+}
+
+impl Backoff {
+    /// A backoff that starts at `base` and never pauses longer than `max`.
+    pub fn new(base: Duration, max: Duration) -> Backoff {
+        assert!(base <= max, "backoff base {base:?} must not exceed its cap {max:?}");
+        Backoff { base, max, failures: 0 }
+    }
+
+    /// The pause before the next retry; counts one more failure.
+    pub fn next_delay(&mut self) -> Duration {
+        self.next_delay_within(self.max)
+    }
+
+    /// The pause before the next retry, never longer than `cap` (nor than `max`); counts one
+    /// more failure. For a hub that does not answer at all, so that a restarted hub is regained
+    /// soon after it listens again whatever the length of the outage.
+    pub fn next_delay_within(&mut self, cap: Duration) -> Duration {
+        let ceiling = ceiling(self.base, self.failures, self.max).min(cap);
+        self.failures = self.failures.saturating_add(1);
+        random_up_to(ceiling)
+    }
+
+    /// Forgets past failures after a success.
+    pub fn reset(&mut self) {
+        self.failures = 0;
     }
 }
 
@@ -132,5 +185,42 @@ mod tests {
         }
         assert!(p.pause(1) <= p.backoff_base && p.pause(1) >= p.backoff_base / 2);
         assert!(p.pause(40) >= p.backoff_max / 2);
+    }
+
+    #[test]
+    fn a_backoff_grows_to_its_cap_and_resets() {
+        let (base, max) = (Duration::from_millis(100), Duration::from_secs(2));
+        let mut b = Backoff::new(base, max);
+        let first = b.next_delay();
+        assert!(first <= base, "{first:?}");
+        let mut longest = Duration::ZERO;
+        for _ in 0..200 {
+            let d = b.next_delay();
+            assert!(d <= max, "{d:?} exceeds the cap");
+            longest = longest.max(d);
+        }
+        assert!(longest > max / 2, "after many failures the ceiling is the cap: longest {longest:?}");
+        b.reset();
+        assert!(b.next_delay() <= base);
+    }
+
+    #[test]
+    fn a_backoff_draws_its_pauses_from_zero() {
+        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
+        for _ in 0..30 {
+            b.next_delay();
+        }
+        let shortest = (0..200).map(|_| b.next_delay()).min().unwrap_or_default();
+        assert!(shortest < Duration::from_millis(500), "pauses drawn from zero: shortest {shortest:?}");
+    }
+
+    #[test]
+    fn a_cap_bounds_the_backoff_however_many_failures() {
+        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
+        let cap = Duration::from_secs(1);
+        for _ in 0..200 {
+            let d = b.next_delay_within(cap);
+            assert!(d <= cap, "{d:?} exceeds {cap:?}");
+        }
     }
 }

@@ -235,3 +235,84 @@ fn reload_presents_the_files_as_they_are_now() {
         assert_eq!(e.code(), Some(ErrorCode::NotYours), "the client before the failed reload stays: {e}");
     });
 }
+
+/// The node's batch calls against the real hub: a claim batch is mirrored and acked in one
+/// request each, one stale item is refused alone with its code while the others move on, a
+/// rejected batch fails its deliveries, reports go in one request and a repeat counts once,
+/// and a request of a superseded session is recognised as such.
+#[test]
+fn node_batches_answer_per_item_and_a_newer_session_supersedes() {
+    use baton_shared::wire::{HolderItem, RejectItem};
+    let root = tempfile::tempdir().unwrap();
+    let hub = hub(root.path());
+    let producer = client(&hub, "prod");
+    let node = client(&hub, "host-a").node("instance-1");
+    let rt = runtime();
+    rt.block_on(async {
+        for i in 0..4 {
+            producer.submit(&submit(&format!("b{i}"), "{}")).await.unwrap();
+        }
+        node.open_session(Some("test")).await.unwrap();
+        let mut claimed = Vec::new();
+        while claimed.len() < 4 {
+            claimed.extend(node.claim(8, Duration::from_secs(5)).await.unwrap().deliveries);
+        }
+        let item = |d: &baton_shared::wire::ClaimedDelivery| HolderItem {
+            delivery_id: d.delivery_id.clone(),
+            claim_token: d.claim_token.clone(),
+        };
+        let mut items: Vec<HolderItem> = claimed[..3].iter().map(item).collect();
+        items[2].claim_token = "not-the-token".into();
+        let answers = node.mirrored_batch(items.clone()).await.unwrap();
+        assert_eq!(answers.len(), 3);
+        assert!(answers[0].as_ref().unwrap().changed && answers[1].as_ref().unwrap().changed);
+        let stale = answers[2].as_ref().unwrap_err();
+        assert_eq!(stale.code(), Some(ErrorCode::StaleClaim), "{stale}");
+        assert!(!stale.route_unknown(), "an item's refusal is not the route's");
+        let acked = node.ack_batch(items[..2].to_vec()).await.unwrap();
+        assert!(acked.iter().all(|a| a.as_ref().unwrap().state == DeliveryState::Delivered), "{acked:?}");
+
+        let reject = RejectItem {
+            delivery_id: claimed[3].delivery_id.clone(),
+            claim_token: claimed[3].claim_token.clone(),
+            reason: "cannot take it".into(),
+        };
+        let rejected = node.reject_batch(vec![reject]).await.unwrap();
+        assert_eq!(rejected[0].as_ref().unwrap().state, DeliveryState::Failed);
+
+        let starts = items[..2]
+            .iter()
+            .map(|i| StartItem { delivery_id: i.delivery_id.clone(), claim_token: i.claim_token.clone(), attempt: 1 })
+            .collect();
+        assert!(node.starts(starts).await.unwrap().iter().all(|s| s.start));
+        let reports: Vec<ReportRequest> = items[..2]
+            .iter()
+            .enumerate()
+            .map(|(n, i)| ReportRequest {
+                delivery_id: i.delivery_id.clone(),
+                instance_id: node.instance_id().into(),
+                claim_token: i.claim_token.clone(),
+                report_id: format!("batch-r{n}"),
+                outcome: Outcome::Succeeded,
+                exit_code: Some(0),
+                duration_ms: Some(1),
+                result: None,
+                reason: None,
+                attempt: Some(1),
+                signal: None,
+            })
+            .collect();
+        let first = node.report_batch(reports.clone()).await.unwrap();
+        assert!(first.iter().all(|r| !r.as_ref().unwrap().duplicate), "{first:?}");
+        let again = node.report_batch(reports).await.unwrap();
+        assert!(again.iter().all(|r| r.as_ref().unwrap().duplicate), "a repeated batch counts once: {again:?}");
+
+        // Another process of the same instance registers a newer session: this one's next
+        // request is refused as superseded, which is neither transient nor for good.
+        let newer = client(&hub, "host-a").node("instance-1");
+        newer.open_session(Some("test")).await.unwrap();
+        let e = node.holdings().await.unwrap_err();
+        assert!(e.superseded().is_some(), "{e}");
+        assert!(e.refused_for_good().is_none() && !e.retry_later(), "{e}");
+    });
+}
