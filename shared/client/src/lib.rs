@@ -21,6 +21,7 @@ pub mod client;
 pub mod error;
 pub mod limits;
 pub mod retry;
+pub mod submit_batch;
 pub mod tls;
 
 pub use client::{BuildError, Client, NodeClient};
