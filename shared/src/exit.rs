@@ -1,8 +1,9 @@
-//! Exit statuses, the same for `baton-hub` and `baton-node` (and every CLI command of either).
+//! Exit statuses, the same for `baton-hub` and `baton-node` (and every CLI command of either),
+//! and for `baton`, the producer CLI, which adds `NOT_SUCCEEDED` and `TIMED_OUT` for `wait`.
 //!
 //! Scripts depend on these numbers; they are listed in each binary's `--help` and in README.
-//! A status means the same thing in both binaries: 1 is never "failure" in one and "not found"
-//! in the other.
+//! A status means the same thing in every binary: 1 is never "failure" in one and "not found"
+//! in another, and no number is used for two things.
 
 /// Success, including a clean shutdown on SIGTERM or SIGINT.
 pub const OK: u8 = 0;
@@ -26,6 +27,13 @@ pub const REVOKED: u8 = 5;
 /// restart it before an operator has looked (systemd: `RestartPreventExitStatus=6`).
 pub const SUPERSEDED: u8 = 6;
 
+/// `baton wait` (the producer CLI only): every delivery ended, and at least one did not
+/// succeed (failed, cancelled or unknown).
+pub const NOT_SUCCEEDED: u8 = 7;
+
+/// `baton wait` (the producer CLI only): the timeout passed before every delivery ended.
+pub const TIMED_OUT: u8 = 8;
+
 /// The text both binaries print under "Exit status" in `--help`.
 pub const HELP: &str = "\
 Exit status:
@@ -43,9 +51,17 @@ mod tests {
 
     #[test]
     fn statuses_are_distinct_and_documented() {
-        let all = [OK, NOTHING, USAGE, REFUSED, FAILURE, REVOKED, SUPERSEDED];
-        for (i, a) in all.iter().enumerate() {
+        let daemons = [OK, NOTHING, USAGE, REFUSED, FAILURE, REVOKED, SUPERSEDED];
+        let producer_cli = [NOT_SUCCEEDED, TIMED_OUT];
+        for a in daemons {
             assert!(HELP.contains(&format!("  {a}  ")), "status {a} is not in HELP");
+        }
+        // The producer CLI's own statuses are not the daemons' to print.
+        for a in producer_cli {
+            assert!(!HELP.contains(&format!("  {a}  ")), "status {a} is in HELP");
+        }
+        let all: Vec<u8> = daemons.into_iter().chain(producer_cli).collect();
+        for (i, a) in all.iter().enumerate() {
             for b in &all[i + 1..] {
                 assert_ne!(a, b);
             }

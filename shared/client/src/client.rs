@@ -97,8 +97,13 @@ impl Client {
         }
     }
 
-    fn http(&self) -> reqwest::Client {
+    pub(crate) fn http(&self) -> reqwest::Client {
         self.current().1
+    }
+
+    /// How this client retries its idempotent calls.
+    pub(crate) fn retry_policy(&self) -> &RetryPolicy {
+        &self.inner.retry
     }
 
     /// The hub's base URL.
@@ -171,7 +176,7 @@ impl Client {
 
     /// Sends `req` (with the node session header when `session` is not 0) and reads the
     /// documented answer or the hub's refusal.
-    async fn send<T: serde::de::DeserializeOwned>(
+    pub(crate) async fn send<T: serde::de::DeserializeOwned>(
         &self,
         mut req: reqwest::RequestBuilder,
         session: u64,

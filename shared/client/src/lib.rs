@@ -25,6 +25,7 @@ pub mod error;
 pub mod limits;
 pub mod node_batch;
 pub mod retry;
+pub mod submit_batch;
 pub mod tls;
 
 pub use client::{BuildError, Client, NodeClient};

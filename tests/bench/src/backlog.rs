@@ -15,14 +15,14 @@ use crate::cluster;
 use crate::procfs;
 use crate::stats::{self, Summary};
 use anyhow::{Context, bail};
+use baton_client::NodeClient;
 use baton_hub::store::accept::{self, AcceptLimits, Accepted, NewMessage};
 use baton_hub::store::{self, claim, in_write_txn};
 use baton_shared::sqlite::Synchronous;
-use baton_shared::wire::{ClaimRequest, ClaimResponse};
 use baton_testkit::Binaries;
 use rusqlite::Connection;
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Messages accepted and fanned out per prefill transaction.
 const PREFILL_TXN_MESSAGES: usize = 20_000;
@@ -67,7 +67,6 @@ pub fn run(
     if sync != 0 {
         bail!("the prefill connection reads back synchronous = {sync}, expected 0 (off)");
     }
-    let client = cluster::client(&hub, HOST)?;
     let clk = procfs::clock_ticks();
     let mut filled = 0;
     let mut points = Vec::new();
@@ -79,7 +78,8 @@ pub fn run(
         filled = size;
         let inproc_ms = claim_in_process(&conn, claims)?;
         let (url, hub_start_s) = cluster::start_hub(&mut hub)?;
-        let hub_ms = rt.block_on(claim_over_http(&client, &url, claims))?;
+        let node = cluster::client(&hub, &url, HOST)?.node(INSTANCE);
+        let hub_ms = rt.block_on(claim_over_http(&node, claims))?;
         let pid = hub.proc().pid().context("the backlog hub is not running")?;
         let hub_peak_rss_bytes = procfs::sample(pid, clk)?.peak_rss_bytes;
         let status = hub.proc_mut().stop(cluster::STOP_GRACE)?.context("the backlog hub never ran")?;
@@ -165,18 +165,14 @@ fn claim_in_process(conn: &Connection, claims: usize) -> anyhow::Result<Summary>
     stats::summarize(timed?).context("no claim was timed")
 }
 
-/// Times `claims` claims of one through `POST /v1/claims`.
-async fn claim_over_http(client: &reqwest::Client, url: &str, claims: usize) -> anyhow::Result<Summary> {
-    let body = ClaimRequest { instance_id: INSTANCE.into(), max: Some(1), wait_ms: Some(0) };
+/// Times `claims` claims of one through `POST /v1/claims`. `NodeClient::claim` sends exactly the
+/// request a node's claim is (no session opened, `max` 1, no wait) and only encodes it and
+/// decodes the answer, as a raw request would, so the time is the endpoint's.
+async fn claim_over_http(node: &NodeClient, claims: usize) -> anyhow::Result<Summary> {
     let mut ms = Vec::with_capacity(claims);
     for k in 0..WARMUP_CLAIMS + claims {
         let started = Instant::now();
-        let r = client.post(format!("{url}/v1/claims")).json(&body).send().await?;
-        let status = r.status();
-        if !status.is_success() {
-            bail!("POST /v1/claims answered {status}: {}", r.text().await.unwrap_or_default());
-        }
-        let got: ClaimResponse = r.json().await?;
+        let got = node.claim(1, Duration::ZERO).await.context("POST /v1/claims")?;
         let elapsed = started.elapsed().as_secs_f64() * 1000.0;
         if got.deliveries.len() != 1 {
             bail!("a claim returned {} deliveries, expected 1", got.deliveries.len());

@@ -1,6 +1,7 @@
 //! The real processes, through the test kit (`baton_testkit`): the hub's data directory and
 //! certificates (the real `baton-hub init` and `enroll`), `baton-hub serve` waited for until
-//! `/readyz` answers, `baton-node run` with the benchmark's settings, and mTLS clients.
+//! `/readyz` answers, `baton-node run` with the benchmark's settings, and `baton_client`
+//! clients presenting the enrolled certificates.
 //!
 //! Invariant: every child this benchmark starts is owned by a kit `Proc` set to stop gracefully
 //! (SIGTERM, then SIGKILL after `STOP_GRACE`) when dropped, so an error or a panic anywhere
@@ -8,6 +9,7 @@
 //! `main` spawns `baton_testkit::proc::stop_all_on_signal`, which stops every live child first.
 
 use anyhow::{Context, bail};
+use baton_client::{Client, RetryPolicy, TlsFiles};
 use baton_testkit::{Binaries, Harness, Hub, Node, NodeConfig, Role, Started};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -19,8 +21,6 @@ pub const STOP_GRACE: Duration = Duration::from_secs(15);
 pub const HUB_START_TIMEOUT: Duration = Duration::from_secs(300);
 /// How long every node may take to start and make its first claim.
 pub const NODE_START_TIMEOUT: Duration = Duration::from_secs(60);
-/// Timeout of one producer or claim request.
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// `baton-hub init` in `root` (the data directory is `root/hub`), then `enroll node` for each
 /// host and `enroll producer` for each producer.
@@ -83,8 +83,12 @@ pub fn start_node(
     Ok(node)
 }
 
-/// An mTLS client presenting the enrolled identity `name` and trusting only the hub CA.
-pub fn client(hub: &Hub, name: &str) -> anyhow::Result<reqwest::Client> {
-    let builder = hub.identity(name)?.client_builder()?;
-    builder.timeout(REQUEST_TIMEOUT).build().context("building an mTLS client")
+/// A client of the hub at `url` presenting the enrolled identity `name` and trusting only the
+/// hub CA. It sends each request once: the benchmark counts every refusal and lost answer
+/// rather than hiding it behind a retry (and a retry's pause would be timed as latency).
+pub fn client(hub: &Hub, url: &str, name: &str) -> anyhow::Result<Client> {
+    let id = hub.identity(name)?;
+    let files = TlsFiles { ca_file: id.ca.clone(), cert_file: id.cert.clone(), key_file: id.key.clone() };
+    let client = Client::new(url, &files).with_context(|| format!("building the client of {name}"))?;
+    Ok(client.with_retry(RetryPolicy::once()))
 }

@@ -14,7 +14,8 @@ use crate::cluster::{self, NodeSettings};
 use crate::procfs;
 use crate::stats::{self, Summary};
 use anyhow::{Context, bail};
-use baton_shared::wire::{BatchSubmitRequest, BatchSubmitResponse, SubmitRequest};
+use baton_client::Client;
+use baton_shared::wire::{BatchSubmitRequest, SubmitRequest};
 use baton_testkit::{Binaries, Hub, Node};
 use rusqlite::Connection;
 use std::path::Path;
@@ -98,8 +99,8 @@ pub struct Rig<'a> {
     pub url: &'a str,
     /// The enrolled hosts, one node each.
     pub hosts: &'a [String],
-    /// One mTLS client per producer task.
-    pub producers: &'a [reqwest::Client],
+    /// One client (its own connections) per producer task.
+    pub producers: &'a [Client],
     /// Where node data directories, configs and logs go.
     pub work_dir: &'a Path,
 }
@@ -124,7 +125,7 @@ pub fn run_pass(rig: &Rig<'_>, pass: &Pass) -> anyhow::Result<PassResult> {
     let (hub0, nodes0, bench0) = (cpu(hub.proc().pid())?, node_cpu(&nodes)?, cpu(Some(std::process::id()))?);
 
     let t0_ms = baton_shared::clock::system_now_ms();
-    let tally = rt.block_on(submit_all(pass, hosts, producers, url))?;
+    let tally = rt.block_on(submit_all(pass, hosts, producers))?;
     if tally.ok == 0 {
         bail!("pass {}: the hub accepted nothing; first error: {}", pass.name, tally.first_error.unwrap_or_default());
     }
@@ -222,15 +223,13 @@ struct Tally {
 }
 
 /// Submits every message of the pass from one task per producer client.
-async fn submit_all(pass: &Pass, hosts: &[String], producers: &[reqwest::Client], url: &str) -> anyhow::Result<Tally> {
+async fn submit_all(pass: &Pass, hosts: &[String], producers: &[Client]) -> anyhow::Result<Tally> {
     let next = Arc::new(AtomicUsize::new(0));
     let start = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for client in producers {
         let (client, next, pass, hosts) = (client.clone(), next.clone(), pass.clone(), hosts.to_vec());
-        let path = if pass.submit_batch > 1 { "/v1/batch/messages" } else { "/v1/messages" };
-        let url = format!("{url}{path}");
-        tasks.spawn(async move { produce(client, url, next, pass, hosts, start).await });
+        tasks.spawn(async move { produce(client, next, pass, hosts, start).await });
     }
     let mut tally = Tally::default();
     let mut last_ok = start;
@@ -248,8 +247,7 @@ async fn submit_all(pass: &Pass, hosts: &[String], producers: &[reqwest::Client]
 /// One producer: takes the next `submit_batch` message numbers until all are taken, and sends
 /// them in one request (on a schedule, not before the last of them is due).
 async fn produce(
-    client: reqwest::Client,
-    url: String,
+    client: Client,
     next: Arc<AtomicUsize>,
     pass: Pass,
     hosts: Vec<String>,
@@ -270,12 +268,12 @@ async fn produce(
         }
         let messages: Vec<SubmitRequest> = numbers.clone().map(|i| message(&pass, &hosts, i)).collect();
         let answers = if pass.submit_batch > 1 {
-            submit_batch(&client, &url, messages).await
+            submit_batch(&client, messages).await
         } else {
             let n = messages.len();
             let mut answers = Vec::with_capacity(n);
             for m in messages {
-                answers.push(submit_one(&client, &url, &m).await);
+                answers.push(submit_one(&client, &m).await);
             }
             answers
         };
@@ -307,45 +305,32 @@ fn message(pass: &Pass, hosts: &[String], i: usize) -> SubmitRequest {
     }
 }
 
-/// `POST /v1/messages`: accepted (201) or why not.
-async fn submit_one(client: &reqwest::Client, url: &str, body: &SubmitRequest) -> Result<(), String> {
-    match client.post(url).json(body).send().await {
-        Ok(r) if r.status() == reqwest::StatusCode::CREATED => Ok(()),
-        Ok(r) => {
-            let status = r.status();
-            Err(format!("{status}: {}", r.text().await.unwrap_or_default()))
-        }
+/// `POST /v1/messages`: accepted anew (201) or why not.
+async fn submit_one(client: &Client, body: &SubmitRequest) -> Result<(), String> {
+    match client.submit(body).await {
+        Ok(r) => new_message(&r),
         Err(e) => Err(e.to_string()),
     }
 }
 
-/// `POST /v1/batch/messages`: per message, accepted (201) or why not; a refused batch is every
-/// message's error.
-async fn submit_batch(client: &reqwest::Client, url: &str, messages: Vec<SubmitRequest>) -> Vec<Result<(), String>> {
+/// `POST /v1/batch/messages`: per message, accepted anew (201) or why not; a batch refused or
+/// lost whole is every message's error.
+async fn submit_batch(client: &Client, messages: Vec<SubmitRequest>) -> Vec<Result<(), String>> {
     let n = messages.len();
-    let whole = |e: String| (0..n).map(|_| Err(e.clone())).collect();
-    let r = match client.post(url).json(&BatchSubmitRequest { messages }).send().await {
-        Ok(r) => r,
-        Err(e) => return whole(e.to_string()),
-    };
-    let status = r.status();
-    if status != reqwest::StatusCode::OK {
-        return whole(format!("{status}: {}", r.text().await.unwrap_or_default()));
+    match client.submit_batch(&BatchSubmitRequest { messages }).await {
+        Ok(answers) => answers
+            .into_iter()
+            .map(|answer| match answer {
+                Ok(r) => new_message(&r),
+                Err(e) => Err(e.to_string()),
+            })
+            .collect(),
+        Err(e) => (0..n).map(|_| Err(e.to_string())).collect(),
     }
-    let answer: BatchSubmitResponse = match r.json().await {
-        Ok(a) => a,
-        Err(e) => return whole(format!("an unreadable batch answer: {e}")),
-    };
-    if answer.results.len() != n {
-        return whole(format!("{} results for {n} messages", answer.results.len()));
-    }
-    answer
-        .results
-        .into_iter()
-        .map(|item| match (item.status, item.into_result()) {
-            (201, Ok(_)) => Ok(()),
-            (status, Ok(_)) => Err(format!("{status}: not a new message")),
-            (status, Err(e)) => Err(format!("{status}: {} {}", e.code, e.message)),
-        })
-        .collect()
+}
+
+/// Only a message accepted anew counts: every benchmark key is used once, so a replay means a
+/// key was sent twice.
+fn new_message(r: &baton_shared::wire::SubmitResponse) -> Result<(), String> {
+    if r.duplicate { Err(format!("200: message {} is a replay, not a new message", r.message_id)) } else { Ok(()) }
 }

@@ -9,6 +9,7 @@
 use crate::cluster::{self, NodeSettings};
 use crate::stats::{self, Summary};
 use anyhow::{Context, bail};
+use baton_client::Client;
 use baton_hub::store;
 use baton_shared::sqlite::Synchronous;
 use baton_shared::wire::SubmitRequest;
@@ -55,10 +56,10 @@ pub fn run(
     let mut hub = cluster::create_hub(bins, root, &[HOST.to_string()], &[PRODUCER])?;
     prefill(&hub.db(), heavy)?;
     let (url, _) = cluster::start_hub(&mut hub)?;
-    let client = cluster::client(&hub, PRODUCER)?;
+    let client = cluster::client(&hub, &url, PRODUCER)?;
     let settings = NodeSettings { harness: Harness::Noop, parallel_conversations, claim_batch_max: 8 };
     let mut node = cluster::start_node(bins, &hub, &url, HOST, &root.join("nodes"), &settings)?;
-    rt.block_on(submit_light(&client, &url, light))?;
+    rt.block_on(submit_light(&client, light))?;
     let db = store::open_read(&hub.db()).context("opening the hub database")?;
     let started = Instant::now();
     let heavy_done = loop {
@@ -97,7 +98,7 @@ fn prefill(db: &Path, count: usize) -> anyhow::Result<()> {
 }
 
 /// Submits the light messages one at a time, `LIGHT_GAP` apart.
-async fn submit_light(client: &reqwest::Client, url: &str, count: usize) -> anyhow::Result<()> {
+async fn submit_light(client: &Client, count: usize) -> anyhow::Result<()> {
     for i in 0..count {
         let body = SubmitRequest {
             conversation: LIGHT.into(),
@@ -107,10 +108,9 @@ async fn submit_light(client: &reqwest::Client, url: &str, count: usize) -> anyh
             max_attempts: None,
             retry_backoff_ms: None,
         };
-        let r = client.post(format!("{url}/v1/messages")).json(&body).send().await?;
-        let status = r.status();
-        if status != reqwest::StatusCode::CREATED {
-            bail!("a light message was answered {status}: {}", r.text().await.unwrap_or_default());
+        let accepted = client.submit(&body).await.context("submitting a light message")?;
+        if accepted.duplicate {
+            bail!("light message {i} was answered as a replay, not accepted anew");
         }
         tokio::time::sleep(LIGHT_GAP).await;
     }

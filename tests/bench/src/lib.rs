@@ -5,7 +5,8 @@
 //! Layout:
 //! - `ceiling`: step 1, bare SQLite commits/s and rows/s, and the hub's store cycle in-process.
 //! - `cluster`: the real `baton-hub` and `baton-node` processes through the test kit (stopped
-//!   gracefully and reaped on drop), their data directories and certificates, mTLS clients.
+//!   gracefully and reaped on drop), their data directories and certificates, and the
+//!   `baton_client` clients the producers and the timed claims use.
 //! - `e2e`: step 2, passes with producers against the hub and K nodes.
 //! - `fairness`: step 2b, a light conversation's latency while a heavy one drains on its host.
 //! - `backlog`: step 3, claim latency with 10k, 100k and 1M queued deliveries.

@@ -305,8 +305,8 @@ fn end_to_end(
     progress("step 2: end to end (init, enroll, serve)");
     let mut hub = cluster::create_hub(bins, e2e_root, &plan.hosts, &[e2e::PRODUCER])?;
     let (url, _) = cluster::start_hub(&mut hub)?;
-    let producers: Vec<reqwest::Client> =
-        (0..plan.producers).map(|_| cluster::client(&hub, e2e::PRODUCER)).collect::<anyhow::Result<_>>()?;
+    let producers: Vec<baton_client::Client> =
+        (0..plan.producers).map(|_| cluster::client(&hub, &url, e2e::PRODUCER)).collect::<anyhow::Result<_>>()?;
     let settings = |harness| NodeSettings {
         harness,
         parallel_conversations: plan.node_parallel,

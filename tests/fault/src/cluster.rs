@@ -6,6 +6,8 @@
 use crate::checker::Inputs;
 use crate::proxy::Proxy;
 use crate::records::{HistoryLine, LineWriter, ledger_harness};
+use baton_client::{Client, ClientError, RetryPolicy, TlsFiles};
+use baton_shared::wire::{SubmitRequest, SubmitResponse};
 use baton_testkit::{Binaries, Harness, Hub, Identity, Node, NodeConfig, Proc, Role, Started};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -29,24 +31,44 @@ pub enum AcceptOutcome {
     Info,
 }
 
-/// A producer identity that submits messages and writes the client history.
+/// A producer identity that submits messages through `baton_client` and writes the client
+/// history. Each call is one attempt (`RetryPolicy::once`): the suite retries with the same key
+/// itself, so the history holds every attempt's own outcome.
 #[derive(Debug)]
 pub struct Producer {
     name: String,
-    client: reqwest::Client,
+    files: TlsFiles,
+    /// The client of the hub's current address (a restarted hub listens on a new port).
+    client: Mutex<Option<(SocketAddr, Client)>>,
     history: Mutex<LineWriter>,
 }
 
 impl Producer {
     /// A client presenting `identity` (trusting only the hub CA), writing history to `history`.
     pub fn new(identity: &Identity, history: &Path) -> anyhow::Result<Producer> {
-        let client = identity
-            .client_builder()?
-            .timeout(ACCEPT_TIMEOUT)
-            .connect_timeout(Duration::from_secs(2))
-            .pool_max_idle_per_host(0)
-            .build()?;
-        Ok(Producer { name: identity.name.clone(), client, history: Mutex::new(LineWriter::append(history)?) })
+        let files =
+            TlsFiles { ca_file: identity.ca.clone(), cert_file: identity.cert.clone(), key_file: identity.key.clone() };
+        Ok(Producer {
+            name: identity.name.clone(),
+            files,
+            client: Mutex::new(None),
+            history: Mutex::new(LineWriter::append(history)?),
+        })
+    }
+
+    /// The client of the hub at `hub`, built once per address.
+    fn client(&self, hub: SocketAddr) -> Result<Client, String> {
+        let mut current = self.client.lock().map_err(|_| "the producer's client lock is poisoned".to_string())?;
+        if let Some((addr, client)) = current.as_ref()
+            && *addr == hub
+        {
+            return Ok(client.clone());
+        }
+        let client = Client::new(&format!("https://{hub}"), &self.files)
+            .map_err(|e| format!("building the client: {e}"))?
+            .with_retry(RetryPolicy::once());
+        *current = Some((hub, client.clone()));
+        Ok(client)
     }
 
     fn record(&self, phase: &str, key: &str, hash: &str, id: Option<String>, http: Option<u16>, err: Option<String>) {
@@ -98,44 +120,55 @@ impl Producer {
             self.record("info", key, &hash, None, None, Some("hub down".into()));
             return AcceptOutcome::Info;
         };
-        let mut body =
-            serde_json::json!({"conversation": conversation, "idempotency_key": key, "payload": payload, "to": to});
-        if let Some(n) = retries.max_attempts {
-            body["max_attempts"] = n.into();
-        }
-        if let Some(ms) = retries.retry_backoff_ms {
-            body["retry_backoff_ms"] = ms.into();
-        }
-        let sent = self.client.post(format!("https://{hub}/v1/messages")).json(&body).send().await;
-        let resp = match sent {
-            Ok(r) => r,
+        let client = match self.client(hub) {
+            Ok(c) => c,
             Err(e) => {
-                self.record("info", key, &hash, None, None, Some(e.to_string()));
+                self.record("info", key, &hash, None, None, Some(e));
                 return AcceptOutcome::Info;
             }
         };
-        let status = resp.status().as_u16();
-        let json: Option<serde_json::Value> = resp.json().await.ok();
-        match status {
-            200 | 201 => match json.as_ref().and_then(|j| j["message_id"].as_str()) {
-                Some(id) => {
-                    self.record("ok", key, &hash, Some(id.into()), Some(status), None);
-                    AcceptOutcome::Ok(id.into())
-                }
-                None => {
-                    self.record("info", key, &hash, None, Some(status), Some("unreadable body".into()));
-                    AcceptOutcome::Info
-                }
-            },
-            429 | 500..=599 => {
-                self.record("info", key, &hash, None, Some(status), None);
-                AcceptOutcome::Info
-            }
-            _ => {
-                self.record("fail", key, &hash, None, Some(status), json.map(|j| j.to_string()));
-                AcceptOutcome::Fail(status)
-            }
+        let req = SubmitRequest {
+            conversation: conversation.into(),
+            idempotency_key: key.into(),
+            payload: payload.clone().into(),
+            to: Some(to.to_vec()),
+            max_attempts: retries.max_attempts,
+            retry_backoff_ms: retries.retry_backoff_ms,
+        };
+        // Past the deadline the request is dropped: its answer is lost, like any other.
+        let answer = tokio::time::timeout(ACCEPT_TIMEOUT, client.submit(&req)).await;
+        let (phase, outcome, id, http, err) = judge(answer);
+        self.record(phase, key, &hash, id, http, err);
+        outcome
+    }
+}
+
+/// What one submit attempt's answer (or its `ACCEPT_TIMEOUT` elapsing) means for the history:
+/// the phase, the outcome, and the message id, HTTP status and error text recorded with it.
+/// A refusal (a 4xx other than 429) is `fail`; no answer, an unreadable one, a 5xx or a 429
+/// is `info`: the message may or may not exist.
+fn judge(
+    answer: Result<Result<SubmitResponse, ClientError>, tokio::time::error::Elapsed>,
+) -> (&'static str, AcceptOutcome, Option<String>, Option<u16>, Option<String>) {
+    let answer = match answer {
+        Ok(a) => a,
+        Err(_) => {
+            return ("info", AcceptOutcome::Info, None, None, Some(format!("no answer within {ACCEPT_TIMEOUT:?}")));
         }
+    };
+    match answer {
+        Ok(r) => {
+            let status = if r.duplicate { 200 } else { 201 };
+            ("ok", AcceptOutcome::Ok(r.message_id.clone()), Some(r.message_id), Some(status), None)
+        }
+        Err(ClientError::Api(e)) if e.status == 429 || e.status >= 500 => {
+            ("info", AcceptOutcome::Info, None, Some(e.status), Some(e.to_string()))
+        }
+        Err(ClientError::Api(e)) => ("fail", AcceptOutcome::Fail(e.status), None, Some(e.status), Some(e.to_string())),
+        Err(ClientError::BadAnswer { status, detail }) => {
+            ("info", AcceptOutcome::Info, None, Some(status), Some(format!("unreadable body: {detail}")))
+        }
+        Err(e) => ("info", AcceptOutcome::Info, None, None, Some(e.to_string())),
     }
 }
 
@@ -377,5 +410,52 @@ impl Cluster {
             s.push_str(&format!("=== node {}\n{}\n", n.proc().stem(), n.proc().stderr_all()));
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use baton_client::ApiError;
+    use baton_shared::error::ErrorCode;
+
+    /// Judges `answer` and returns its phase, outcome and recorded HTTP status.
+    fn check(answer: Result<SubmitResponse, ClientError>, expected: (&str, AcceptOutcome, Option<u16>)) {
+        let (phase, outcome, _, http, _) = judge(Ok(answer));
+        assert_eq!((phase, outcome, http), expected);
+    }
+
+    fn refused(status: u16, code: &str) -> Result<SubmitResponse, ClientError> {
+        let message = "m".to_string();
+        Err(ClientError::Api(ApiError { status, code: ErrorCode::parse(code), code_text: code.into(), message }))
+    }
+
+    #[test]
+    fn only_a_refusal_is_a_failed_accept_and_every_lost_answer_is_info() {
+        let accepted =
+            |duplicate| Ok(SubmitResponse { message_id: "m1".into(), seq: 1, duplicate, deliveries: Vec::new() });
+        check(accepted(false), ("ok", AcceptOutcome::Ok("m1".into()), Some(201)));
+        check(accepted(true), ("ok", AcceptOutcome::Ok("m1".into()), Some(200)));
+        check(refused(409, "idempotency_conflict"), ("fail", AcceptOutcome::Fail(409), Some(409)));
+        check(refused(400, "invalid_field"), ("fail", AcceptOutcome::Fail(400), Some(400)));
+        check(refused(429, "over_capacity"), ("info", AcceptOutcome::Info, Some(429)));
+        check(refused(503, "storage_unavailable"), ("info", AcceptOutcome::Info, Some(503)));
+        let lost = ClientError::Transport { detail: "reset".into(), maybe_sent: true };
+        check(Err(lost), ("info", AcceptOutcome::Info, None));
+        let unsent = ClientError::Transport { detail: "refused".into(), maybe_sent: false };
+        check(Err(unsent), ("info", AcceptOutcome::Info, None));
+        check(
+            Err(ClientError::BadAnswer { status: 201, detail: "eof".into() }),
+            ("info", AcceptOutcome::Info, Some(201)),
+        );
+    }
+
+    #[tokio::test]
+    async fn no_answer_within_the_deadline_is_info() {
+        let never = std::future::pending::<Result<SubmitResponse, ClientError>>();
+        let answer = tokio::time::timeout(Duration::from_millis(1), never).await;
+        let (phase, outcome, _, http, err) = judge(answer);
+        assert_eq!((phase, outcome, http), ("info", AcceptOutcome::Info, None));
+        assert!(err.is_some_and(|e| e.starts_with("no answer within")));
     }
 }
