@@ -555,9 +555,12 @@ impl FromRequestParts<AppState> for ProducerCaller {
     }
 }
 
-/// Checks an id taken from the URL path (ids are hub-made UUIDs).
+/// Checks a delivery or message id (in the URL path or a body): ids are hub-made UUIDs, always
+/// written in their lowercase hyphenated form (`docs/openapi.json` gives the pattern), so any
+/// other spelling of a UUID (braced, simple, `urn:uuid:`, uppercase) is refused like any other
+/// malformed id instead of being looked up and not found.
 pub fn check_path_id(field: &'static str, id: &str) -> Result<(), ApiError> {
-    if uuid::Uuid::parse_str(id).is_ok() {
+    if uuid::Uuid::parse_str(id).is_ok_and(|u| u.hyphenated().to_string() == id) {
         Ok(())
     } else {
         Err(ApiError::new(
@@ -591,6 +594,26 @@ mod error_tests {
             ("missing field `to`", "missing field `to`"),
         ] {
             assert_eq!(without_type_names(given), sent);
+        }
+    }
+
+    /// Ids are taken only in the form the hub writes them; another spelling of the same UUID is
+    /// refused as malformed (400), not looked up.
+    #[test]
+    fn ids_are_taken_only_as_the_hub_writes_them() {
+        let id = uuid::Uuid::now_v7();
+        assert!(check_path_id("delivery_id", &id.hyphenated().to_string()).is_ok());
+        for other in [
+            id.simple().to_string(),
+            id.braced().to_string(),
+            id.urn().to_string(),
+            id.hyphenated().to_string().to_uppercase(),
+            String::new(),
+            "not-an-id".into(),
+        ] {
+            let e = check_path_id("delivery_id", &other).unwrap_err();
+            assert_eq!(e.code, ErrorCode::InvalidField, "{other}");
+            assert!(e.message.contains("delivery_id"), "{}", e.message);
         }
     }
 
