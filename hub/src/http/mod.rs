@@ -203,7 +203,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/messages", post(producer::submit).get(producer::get_by_key))
         .route("/v1/messages/{message_id}", get(producer::get_by_id))
         .route("/v1/messages/{message_id}/cancel", post(producer::cancel))
-        .route("/v1/conversations/{name}", get(producer::get_conversation))
+        .route("/v1/conversations/{conversation}", get(producer::get_conversation))
         .route("/v1/sessions", post(node::open_session))
         .route("/v1/sessions/end", post(node::end_session))
         .route("/v1/claims", post(node::claim))
@@ -666,7 +666,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/messages"),
     ("GET", "/v1/messages/{message_id}"),
     ("POST", "/v1/messages/{message_id}/cancel"),
-    ("GET", "/v1/conversations/{name}"),
+    ("GET", "/v1/conversations/{conversation}"),
     ("POST", "/v1/sessions"),
     ("POST", "/v1/sessions/end"),
     ("POST", "/v1/claims"),
@@ -992,7 +992,7 @@ mod openapi_tests {
             let uri = path
                 .replace("{message_id}", &uuid::Uuid::now_v7().to_string())
                 .replace("{delivery_id}", &uuid::Uuid::now_v7().to_string())
-                .replace("{name}", "some-conversation");
+                .replace("{conversation}", "some-conversation");
             let req = axum::http::Request::builder().method(*method).uri(&uri).body(axum::body::Body::empty()).unwrap();
             let resp = app.clone().oneshot(req).await.unwrap();
             let status = resp.status();
