@@ -348,7 +348,12 @@ fn cases_for(doc: &Value, s: &Value, loc: &Loc, base: Option<&Value>, required: 
                     .find(|b| !matches(p, b))
                     .expect("a value that breaks the pattern")
             };
-            push(format!("{bad:?} breaks {p}"), Change::Set(json_str(&bad)), refused);
+            // Also the same value spelled otherwise (an id uppercase or without its hyphens),
+            // when that breaks the pattern.
+            let others = [base.to_uppercase(), base.replace('-', "")];
+            for bad in std::iter::once(bad).chain(others.into_iter().filter(|b| b != base && !matches(p, b))) {
+                push(format!("{bad:?} breaks {p}"), Change::Set(json_str(&bad)), refused);
+            }
         }
     }
     if types.contains(&"integer") {
