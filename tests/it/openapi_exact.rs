@@ -213,6 +213,11 @@ fn documented_bounds_and_codes_are_the_code_s() {
     assert_eq!(listed, all);
     for (path, ops) in doc["paths"].as_object().unwrap() {
         for (method, op) in ops.as_object().unwrap() {
+            if let Some((statuses, codes)) = item_errors(&doc, op) {
+                let sent: std::collections::BTreeSet<u64> =
+                    codes.iter().map(|c| u64::from(ErrorCode::parse(c).expect("a code").status())).collect();
+                assert_eq!(sent, statuses.into_iter().collect(), "{method} {path}: item statuses are their codes'");
+            }
             for (status, r) in op["responses"].as_object().unwrap() {
                 for code in response_codes(r) {
                     let c = ErrorCode::parse(&code).unwrap_or_else(|| panic!("{method} {path} {status}: {code}"));
@@ -774,6 +779,17 @@ async fn the_hub_enforces_exactly_what_the_document_states() {
                             a.status, code, a.text
                         ));
                         continue;
+                    }
+                }
+                // Every item's answer in a batch is one its item result lists.
+                if let (Some((statuses, codes)), Some(results)) =
+                    (&batch_items, a.body["results"].as_array().filter(|_| a.status == 200))
+                {
+                    for r in results.iter().filter(|r| r.get("error").is_some()) {
+                        let code = r["error"]["code"].as_str().unwrap_or("").to_string();
+                        if !r["status"].as_u64().is_some_and(|s| statuses.contains(&s)) || !codes.contains(&code) {
+                            failures.push(format!("{label}: item answer {r} is not listed"));
+                        }
                     }
                 }
                 // The first item's own answer, in a batch.
