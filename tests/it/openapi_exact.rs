@@ -931,6 +931,22 @@ async fn the_hub_enforces_exactly_what_the_document_states() {
             }
         }
     }
+    // Valid requests for things that do not exist: their answers are listed too.
+    for (method, path, param, value) in [
+        ("get", "/v1/conversations/{conversation}", "conversation", "never-posted-to".to_string()),
+        ("get", "/v1/messages/{message_id}", "message_id", uuid::Uuid::now_v7().to_string()),
+        ("post", "/v1/messages/{message_id}/cancel", "message_id", uuid::Uuid::now_v7().to_string()),
+    ] {
+        let mut call = bases.call(method, path);
+        call.path.insert(param.into(), value);
+        let body = call.body.as_ref().map(Value::to_string);
+        let a = send(&clients, &url, method, path, &call, body).await;
+        let responses = &doc["paths"][path][method]["responses"];
+        let code = a.body["code"].as_str().unwrap_or("").to_string();
+        if !listed(responses, a.status).is_some_and(|codes| codes.contains(&code)) {
+            failures.push(format!("{method} {path} for an unknown {param}: {} {} is not listed", a.status, a.text));
+        }
+    }
     println!("{sent} generated requests");
     assert!(
         failures.is_empty(),
