@@ -14,6 +14,9 @@
 //! - `hub_batch`: the batch endpoints: each item answered as its single endpoint answers it,
 //!   order kept, replays safe, over-limit batches and revoked callers refused whole.
 //! - `hub_errors`: every 4xx answer and its `{code, message}` body.
+//! - `openapi_exact`: `docs/openapi.json` held to the validation code: its bounds are the
+//!   constants, and requests generated from it (each constraint broken, each boundary kept) are
+//!   answered by a real hub exactly as it says.
 //! - `hub_edges`: the hub's edges under abuse: connection limits and timeouts, revocation of
 //!   open connections and of waiting reads, file modes, and axum's own refusals in our shape.
 //! - `hub_crash`: crash points, restart and repair.
@@ -85,6 +88,7 @@ mod node_harness;
 mod node_outage;
 mod node_regain;
 mod node_turns;
+mod openapi_exact;
 mod ops_certs;
 mod ops_explain;
 mod ops_fleet;

@@ -203,7 +203,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/messages", post(producer::submit).get(producer::get_by_key))
         .route("/v1/messages/{message_id}", get(producer::get_by_id))
         .route("/v1/messages/{message_id}/cancel", post(producer::cancel))
-        .route("/v1/conversations/{name}", get(producer::get_conversation))
+        .route("/v1/conversations/{conversation}", get(producer::get_conversation))
         .route("/v1/sessions", post(node::open_session))
         .route("/v1/sessions/end", post(node::end_session))
         .route("/v1/claims", post(node::claim))
@@ -555,9 +555,12 @@ impl FromRequestParts<AppState> for ProducerCaller {
     }
 }
 
-/// Checks an id taken from the URL path (ids are hub-made UUIDs).
+/// Checks a delivery or message id (in the URL path or a body): ids are hub-made UUIDs, always
+/// written in their lowercase hyphenated form (`docs/openapi.json` gives the pattern), so any
+/// other spelling of a UUID (braced, simple, `urn:uuid:`, uppercase) is refused like any other
+/// malformed id instead of being looked up and not found.
 pub fn check_path_id(field: &'static str, id: &str) -> Result<(), ApiError> {
-    if uuid::Uuid::parse_str(id).is_ok() {
+    if uuid::Uuid::parse_str(id).is_ok_and(|u| u.hyphenated().to_string() == id) {
         Ok(())
     } else {
         Err(ApiError::new(
@@ -591,6 +594,26 @@ mod error_tests {
             ("missing field `to`", "missing field `to`"),
         ] {
             assert_eq!(without_type_names(given), sent);
+        }
+    }
+
+    /// Ids are taken only in the form the hub writes them; another spelling of the same UUID is
+    /// refused as malformed (400), not looked up.
+    #[test]
+    fn ids_are_taken_only_as_the_hub_writes_them() {
+        let id = uuid::Uuid::now_v7();
+        assert!(check_path_id("delivery_id", &id.hyphenated().to_string()).is_ok());
+        for other in [
+            id.simple().to_string(),
+            id.braced().to_string(),
+            id.urn().to_string(),
+            id.hyphenated().to_string().to_uppercase(),
+            String::new(),
+            "not-an-id".into(),
+        ] {
+            let e = check_path_id("delivery_id", &other).unwrap_err();
+            assert_eq!(e.code, ErrorCode::InvalidField, "{other}");
+            assert!(e.message.contains("delivery_id"), "{}", e.message);
         }
     }
 
@@ -643,7 +666,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/messages"),
     ("GET", "/v1/messages/{message_id}"),
     ("POST", "/v1/messages/{message_id}/cancel"),
-    ("GET", "/v1/conversations/{name}"),
+    ("GET", "/v1/conversations/{conversation}"),
     ("POST", "/v1/sessions"),
     ("POST", "/v1/sessions/end"),
     ("POST", "/v1/claims"),
@@ -797,6 +820,7 @@ mod openapi_tests {
                 serde_json::to_value(ClaimRequest { instance_id: "i".into(), max: Some(1), wait_ms: Some(1) }).unwrap(),
             ),
             ("ClaimedDelivery", serde_json::to_value(&claimed).unwrap()),
+            ("HoldingsResponse", serde_json::to_value(HoldingsResponse { deliveries: vec![claimed.clone()] }).unwrap()),
             (
                 "ClaimResponse",
                 serde_json::to_value(ClaimResponse {
@@ -969,7 +993,7 @@ mod openapi_tests {
             let uri = path
                 .replace("{message_id}", &uuid::Uuid::now_v7().to_string())
                 .replace("{delivery_id}", &uuid::Uuid::now_v7().to_string())
-                .replace("{name}", "some-conversation");
+                .replace("{conversation}", "some-conversation");
             let req = axum::http::Request::builder().method(*method).uri(&uri).body(axum::body::Body::empty()).unwrap();
             let resp = app.clone().oneshot(req).await.unwrap();
             let status = resp.status();

@@ -36,16 +36,20 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Session {
             .to_str()
             .ok()
             .and_then(|v| v.trim().parse::<u64>().ok())
-            .filter(|s| *s >= 1)
+            .filter(|s| (1..=SESSION_MAX).contains(s))
             .map(|s| Session(Some(s)))
             .ok_or_else(|| {
                 ApiError::new(
                     ErrorCode::InvalidField,
-                    format!("{SESSION_HEADER}: must be a session number (1 or more)"),
+                    format!("{SESSION_HEADER}: must be a session number (1..={SESSION_MAX})"),
                 )
             })
     }
 }
+
+/// The largest session number: sessions are stored as SQLite integers (signed 64 bits), so a
+/// larger one in a header or a body could only be refused, never found.
+const SESSION_MAX: u64 = i64::MAX as u64;
 
 /// Longest `node_version` a session may name.
 const NODE_VERSION_CHARS_MAX: usize = 100;
@@ -93,6 +97,12 @@ pub(super) async fn end_session(
     ApiJson(req): ApiJson<SessionEndRequest>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     check_token("instance_id", &req.instance_id)?;
+    if !(1..=SESSION_MAX).contains(&req.session) {
+        return Err(ApiError::new(
+            ErrorCode::InvalidField,
+            format!("session: {} is out of range; allowed 1..={SESSION_MAX}", req.session),
+        ));
+    }
     let clock = state.clock.clone();
     state
         .writer

@@ -225,7 +225,7 @@ async fn wait_for_outcomes(
     }
 }
 
-/// `GET /v1/conversations/{name}`: the conversation's `last_seq` and membership registry, for a
+/// `GET /v1/conversations/{conversation}`: the conversation's `last_seq` and membership registry, for a
 /// producer whose publish scope covers it (else 403 `forbidden`, whether or not it exists).
 pub(super) async fn get_conversation(
     ProducerCaller(caller): ProducerCaller,
