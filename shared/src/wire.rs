@@ -465,7 +465,7 @@ pub struct ReportResponse {
     pub retry_at_ms: Option<i64>,
 }
 
-/// `GET /v1/conversations/{name}`: a conversation's position and its membership registry.
+/// `GET /v1/conversations/{conversation}`: a conversation's position and its membership registry.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ConversationView {
     /// The conversation's name.

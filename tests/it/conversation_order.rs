@@ -6,7 +6,7 @@
 //!   logs `BATON_DELIVERY_ID BATON_CONVERSATION BATON_SEQ HOST` as the first thing it does, so
 //!   the execution log is the order in which turns started on each host.
 //! - The producer's side of membership and publish scope (SPEC §3, §6): posts without `to`,
-//!   `to` checked against the members, `GET /v1/conversations/{name}`, `forbidden` outside the
+//!   `to` checked against the members, `GET /v1/conversations/{conversation}`, `forbidden` outside the
 //!   scope, and the producer's name in claims; membership and scopes are set through the
 //!   operator's CLI (`members`, `producers scope`) while the hub runs.
 

@@ -316,7 +316,7 @@ pub fn list(conn: &Connection, conversation: Option<&str>) -> StoreResult<Vec<Co
     names.iter().map(|c| registry(conn, c)).collect()
 }
 
-/// The producer's view of a conversation (`GET /v1/conversations/{name}`): who operated on the
+/// The producer's view of a conversation (`GET /v1/conversations/{conversation}`): who operated on the
 /// registry, and why, stays with the operators.
 pub fn view(conn: &Connection, conversation: &str) -> StoreResult<ConversationView> {
     let r = registry(conn, conversation)?;

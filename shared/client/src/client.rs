@@ -141,7 +141,7 @@ impl Client {
         self.send(self.http().post(url).timeout(REQUEST_TIMEOUT).json(&body), 0).await
     }
 
-    /// `GET /v1/conversations/{name}`: the conversation's position and membership registry.
+    /// `GET /v1/conversations/{conversation}`: the conversation's position and membership registry.
     pub async fn conversation(&self, name: &str) -> Result<ConversationView, ClientError> {
         let url = format!("{}/v1/conversations/{}", self.inner.base, path_segment(name));
         self.send(self.http().get(url).timeout(REQUEST_TIMEOUT), 0).await
