@@ -42,6 +42,18 @@ pub enum OpenError {
         /// What SQLite said.
         detail: String,
     },
+    /// The file could not be read or written: an I/O error, a full disk, or no permission.
+    /// Not damage: the file is left as it is and opening it again once the cause is gone works.
+    #[error(
+        "{path} could not be read or written ({detail}); this is the disk or the file's permissions, not damage to \
+         the database: fix that and start again, and do not delete the file"
+    )]
+    Unreadable {
+        /// The file.
+        path: String,
+        /// What SQLite said.
+        detail: String,
+    },
     /// The schema is newer than this binary knows.
     #[error(
         "{path} has schema version {found}, newer than this binary's {known}; refusing to use it (upgrade the binary)"
@@ -89,6 +101,16 @@ pub enum OpenError {
         #[source]
         source: rusqlite::Error,
     },
+}
+
+/// Whether `e` is the disk's or the permissions' trouble (an I/O error, a full disk, a file that
+/// cannot be opened or is not ours to read) rather than what the file holds.
+fn is_io_trouble(e: &rusqlite::Error) -> bool {
+    use rusqlite::ErrorCode as C;
+    matches!(
+        e.sqlite_error_code(),
+        Some(C::SystemIoFailure | C::DiskFull | C::CannotOpen | C::PermissionDenied | C::ReadOnly)
+    )
 }
 
 /// How to open a store.
@@ -165,7 +187,13 @@ fn open_inner(path: &Path, migrations: &[&'static str], opts: OpenOptions) -> Re
     // database is left exactly as it was found.
     conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true).map_err(sql_err)?;
     conn.busy_timeout(BUSY_TIMEOUT).map_err(sql_err)?;
-    let damaged = |e: rusqlite::Error| OpenError::Damaged { path: shown.clone(), detail: e.to_string() };
+    let damaged = |e: rusqlite::Error| {
+        if is_io_trouble(&e) {
+            OpenError::Unreadable { path: shown.clone(), detail: e.to_string() }
+        } else {
+            OpenError::Damaged { path: shown.clone(), detail: e.to_string() }
+        }
+    };
     let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).map_err(damaged)?;
     let pragma = match opts.check {
         Check::None => None,
@@ -287,6 +315,28 @@ mod tests {
     use super::*;
 
     const MS: &[&str] = &["CREATE TABLE t(x INTEGER);", "ALTER TABLE t ADD COLUMN y TEXT;"];
+
+    /// An I/O error, a full disk or a permission problem while a store is checked is not called
+    /// damage (an operator told "damaged" may delete a good file); what the file holds is.
+    #[test]
+    fn disk_trouble_is_not_called_damage() {
+        let err = |code| rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(code), None);
+        for code in [
+            rusqlite::ffi::SQLITE_IOERR_WRITE,
+            rusqlite::ffi::SQLITE_IOERR_FSYNC,
+            rusqlite::ffi::SQLITE_IOERR_READ,
+            rusqlite::ffi::SQLITE_FULL,
+            rusqlite::ffi::SQLITE_CANTOPEN,
+            rusqlite::ffi::SQLITE_PERM,
+        ] {
+            assert!(is_io_trouble(&err(code)), "code {code}");
+        }
+        for code in [rusqlite::ffi::SQLITE_CORRUPT, rusqlite::ffi::SQLITE_NOTADB] {
+            assert!(!is_io_trouble(&err(code)), "code {code}");
+        }
+        let shown = OpenError::Unreadable { path: "node.db".into(), detail: "disk I/O error".into() }.to_string();
+        assert!(shown.contains("not damage") && !shown.contains("damaged"), "{shown}");
+    }
 
     #[test]
     fn fresh_store_is_migrated_with_pragmas_asserted() {
