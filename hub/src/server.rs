@@ -74,7 +74,7 @@ impl Hub {
 
     /// Serves on `listener` until `shutdown` is cancelled.
     pub async fn serve(self, listener: TcpListener, shutdown: CancellationToken) -> anyhow::Result<()> {
-        let tls_config = tls::server_config(&self.dir)?;
+        let (tls_config, server_cert) = tls::server_config(&self.dir)?;
         let writer = Writer::start(self.conn).context("starting the writer thread")?;
         let readers = Arc::new(Readers::new(self.dir.db()));
         let (outcomes, _) = watch::channel(0u64);
@@ -94,6 +94,15 @@ impl Hub {
             turns: Default::default(),
             certs: crate::http::certs::CertCache::new(wake_tx.subscribe()),
         });
+        // SIGHUP and CLI changes (`renew --server` wakes the hub) reload the server certificate.
+        let hangups = baton_shared::signal::hangups()
+            .inspect_err(
+                |e| tracing::warn!(error = %e, "no SIGHUP handler: the server certificate reloads on CLI changes only"),
+            )
+            .ok();
+        let reload =
+            tls::reload_server_cert(server_cert, self.dir.clone(), hangups, wake_tx.subscribe(), shutdown.clone());
+        tokio::spawn(reload);
         // CLI changes wake both kinds of waiter.
         if let Err(e) = wake::listen(&self.dir.wake_socket(), wake_tx, shutdown.clone()).await {
             tracing::warn!(error = %e, "no wake socket: CLI changes reach waiting long-polls only at their next claim");

@@ -25,7 +25,9 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::service::TowerToHyperService;
 use rustls::ServerConfig;
-use rustls::server::WebPkiClientVerifier;
+use rustls::crypto::CryptoProvider;
+use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
+use rustls::sign::CertifiedKey;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use std::collections::HashMap;
@@ -33,7 +35,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, Semaphore, watch};
@@ -51,9 +53,11 @@ pub struct PeerCerts(pub Arc<Vec<CertificateDer<'static>>>);
 #[derive(Debug, Clone)]
 pub struct PeerIdentityExt(pub Arc<Result<baton_shared::pki::PeerIdentity, String>>);
 
-/// Builds the server config from the data directory: our certificate, and a verifier that
-/// requires a client certificate issued by our CA.
-pub fn server_config(dir: &DataDir) -> anyhow::Result<Arc<ServerConfig>> {
+/// Builds the server config from the data directory: a verifier that requires a client
+/// certificate issued by a CA in `ca.crt` (every certificate in it is a root, so during a CA
+/// rotation both the old and the new CA are trusted), and our certificate, resolved per
+/// handshake from the returned `ServerCert` so that it can be replaced while the hub runs.
+pub fn server_config(dir: &DataDir) -> anyhow::Result<(Arc<ServerConfig>, Arc<ServerCert>)> {
     let mut roots = rustls::RootCertStore::empty();
     for cert in
         CertificateDer::pem_file_iter(dir.ca_cert()).with_context(|| format!("reading {}", dir.ca_cert().display()))?
@@ -61,18 +65,159 @@ pub fn server_config(dir: &DataDir) -> anyhow::Result<Arc<ServerConfig>> {
         roots.add(cert.context("parsing the CA certificate")?).context("adding the CA certificate")?;
     }
     let verifier = WebPkiClientVerifier::builder(Arc::new(roots)).build().context("building the client verifier")?;
-    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(dir.server_cert())
-        .with_context(|| format!("reading {}", dir.server_cert().display()))?
-        .collect::<Result<_, _>>()
-        .context("parsing the server certificate")?;
-    let key = PrivateKeyDer::from_pem_file(dir.server_key())
-        .with_context(|| format!("reading {}", dir.server_key().display()))?;
-    let mut config = ServerConfig::builder()
-        .with_client_cert_verifier(verifier)
-        .with_single_cert(chain, key)
-        .context("the server certificate and key do not match")?;
+    let builder = ServerConfig::builder().with_client_cert_verifier(verifier);
+    let cert = Arc::new(ServerCert::load(dir, builder.crypto_provider().clone())?);
+    let mut config = builder.with_cert_resolver(cert.clone());
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(Arc::new(config))
+    Ok((Arc::new(config), cert))
+}
+
+/// What identifies one server certificate in the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerCertFacts {
+    /// The serial, lowercase hex.
+    pub serial: String,
+    /// Expiry, unix seconds.
+    pub not_after_unix: i64,
+}
+
+/// One loaded certificate and key, with the file contents it was loaded from.
+#[derive(Debug)]
+struct LoadedCert {
+    key: Arc<CertifiedKey>,
+    /// `hub.crt` and `hub.key` as read, to tell a reload that changes nothing.
+    files: (Vec<u8>, Vec<u8>),
+    facts: ServerCertFacts,
+}
+
+/// The hub's server certificate, which every handshake asks for (`ResolvesServerCert`), and
+/// which `reload` replaces from the data directory while the hub runs: connections open at
+/// the time keep the certificate they were made with, new handshakes get the new one.
+///
+/// Invariant: what is served is always a certificate and key that were loaded together and
+/// match; a reload that fails (a file missing, unparseable, or a key that is not the
+/// certificate's, as between the two renames of `renew --server`) keeps the previous one.
+#[derive(Debug)]
+pub struct ServerCert {
+    provider: Arc<CryptoProvider>,
+    current: RwLock<Arc<LoadedCert>>,
+}
+
+/// What a reload did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reloaded {
+    /// The files hold the certificate already served.
+    Unchanged,
+    /// New handshakes get this certificate.
+    Replaced(ServerCertFacts),
+}
+
+impl ServerCert {
+    /// Loads `hub.crt` and `hub.key` from `dir`, with keys parsed by `provider`.
+    pub fn load(dir: &DataDir, provider: Arc<CryptoProvider>) -> anyhow::Result<ServerCert> {
+        let loaded = load_cert(dir, &provider)?;
+        Ok(ServerCert { provider, current: RwLock::new(Arc::new(loaded)) })
+    }
+
+    /// The certificate now served.
+    pub fn facts(&self) -> ServerCertFacts {
+        self.now().facts.clone()
+    }
+
+    fn now(&self) -> Arc<LoadedCert> {
+        self.current.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Reads the files again; serves what they hold from the next handshake on, unless they
+    /// fail to load (then the current certificate stays, and the error says why).
+    pub fn reload(&self, dir: &DataDir) -> anyhow::Result<Reloaded> {
+        let files = read_cert_files(dir)?;
+        if self.now().files == files {
+            return Ok(Reloaded::Unchanged);
+        }
+        let loaded = parse_cert(&files, &self.provider)?;
+        let facts = loaded.facts.clone();
+        *self.current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(loaded);
+        Ok(Reloaded::Replaced(facts))
+    }
+}
+
+impl ResolvesServerCert for ServerCert {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.now().key.clone())
+    }
+}
+
+/// Unix seconds as an RFC 3339 UTC time, for the log (the number itself when out of range).
+fn rfc3339(unix: i64) -> String {
+    time::OffsetDateTime::from_unix_timestamp(unix)
+        .ok()
+        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
+        .unwrap_or_else(|| unix.to_string())
+}
+
+fn read_cert_files(dir: &DataDir) -> anyhow::Result<(Vec<u8>, Vec<u8>)> {
+    let read = |p: std::path::PathBuf| std::fs::read(&p).with_context(|| format!("reading {}", p.display()));
+    Ok((read(dir.server_cert())?, read(dir.server_key())?))
+}
+
+fn load_cert(dir: &DataDir, provider: &CryptoProvider) -> anyhow::Result<LoadedCert> {
+    parse_cert(&read_cert_files(dir)?, provider)
+}
+
+/// Parses a certificate chain and its key, refusing a key that is not the certificate's.
+fn parse_cert(files: &(Vec<u8>, Vec<u8>), provider: &CryptoProvider) -> anyhow::Result<LoadedCert> {
+    let (cert_pem, key_pem) = files;
+    let chain: Vec<CertificateDer<'static>> =
+        CertificateDer::pem_slice_iter(cert_pem).collect::<Result<_, _>>().context("parsing the server certificate")?;
+    let leaf = chain.first().context("the server certificate file holds no certificate")?;
+    let (serial, not_after_unix) = baton_shared::pki::der_facts(leaf).context("reading the server certificate")?;
+    let key = PrivateKeyDer::from_pem_slice(key_pem).context("parsing the server key")?;
+    // `from_der` refuses a key that does not match the certificate.
+    let key = CertifiedKey::from_der(chain, key, provider)
+        .context("the server key does not load, or does not match the certificate")?;
+    Ok(LoadedCert { key: Arc::new(key), files: files.clone(), facts: ServerCertFacts { serial, not_after_unix } })
+}
+
+/// Reloads `cert` from `dir` on every SIGHUP in `hangups` and every record change in `changes`
+/// (a CLI command woke the hub, as `renew --server` does), until `shutdown`. A replaced
+/// certificate is logged with its serial and expiry; a failed reload is logged with why.
+pub async fn reload_server_cert(
+    cert: Arc<ServerCert>,
+    dir: DataDir,
+    mut hangups: Option<tokio::signal::unix::Signal>,
+    mut changes: watch::Receiver<u64>,
+    shutdown: CancellationToken,
+) {
+    let mut watching = true;
+    loop {
+        let cause = tokio::select! {
+            Some(()) = async { hangups.as_mut()?.recv().await } => "SIGHUP",
+            r = changes.changed(), if watching => {
+                if r.is_err() {
+                    watching = false;
+                    continue;
+                }
+                "a record change"
+            }
+            _ = shutdown.cancelled() => return,
+        };
+        match cert.reload(&dir) {
+            Ok(Reloaded::Replaced(f)) => tracing::info!(
+                serial = %f.serial,
+                not_after = %rfc3339(f.not_after_unix),
+                cause,
+                "server certificate replaced; new connections get it"
+            ),
+            Ok(Reloaded::Unchanged) => tracing::debug!(cause, "server certificate unchanged"),
+            Err(e) => tracing::warn!(
+                error = format!("{e:#}"),
+                cause,
+                serial = %cert.facts().serial,
+                "server certificate not reloaded; still serving the previous one"
+            ),
+        }
+    }
 }
 
 /// How often connections refused at a limit are summed up in the log.
@@ -434,6 +579,41 @@ async fn sleep_until_some(deadline: Option<Instant>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use baton_shared::pki::{self, LeafKind};
+
+    fn write_server_cert(dir: &DataDir, ca: &pki::Issued) -> pki::Issued {
+        let kind = LeafKind::Server { hostnames: vec!["localhost".into()], lifetime: pki::SERVER_VALIDITY };
+        let leaf = pki::issue(&ca.cert_pem, &ca.key_pem, &kind).unwrap();
+        std::fs::write(dir.server_cert(), &leaf.cert_pem).unwrap();
+        std::fs::write(dir.server_key(), &leaf.key_pem).unwrap();
+        leaf
+    }
+
+    /// A reload serves new files from the next handshake; files that do not load (garbage, or
+    /// a key that is not the certificate's) leave the current certificate served.
+    #[test]
+    fn a_reload_replaces_the_certificate_and_a_bad_one_keeps_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = DataDir::new(tmp.path());
+        let ca = pki::create_ca("test ca").unwrap();
+        let first = write_server_cert(&dir, &ca);
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let cert = ServerCert::load(&dir, provider).unwrap();
+        assert_eq!(cert.facts().serial, first.serial);
+        assert_eq!(cert.reload(&dir).unwrap(), Reloaded::Unchanged);
+
+        let second = write_server_cert(&dir, &ca);
+        let facts = ServerCertFacts { serial: second.serial.clone(), not_after_unix: second.not_after_unix };
+        assert_eq!(cert.reload(&dir).unwrap(), Reloaded::Replaced(facts));
+        assert_eq!(cert.facts().serial, second.serial);
+
+        std::fs::write(dir.server_cert(), "not a certificate").unwrap();
+        assert!(cert.reload(&dir).is_err());
+        std::fs::write(dir.server_cert(), &first.cert_pem).unwrap();
+        let e = cert.reload(&dir).unwrap_err();
+        assert!(format!("{e:#}").contains("does not match"), "{e:#}");
+        assert_eq!(cert.facts().serial, second.serial, "the previous certificate is still served");
+    }
 
     /// A certificate gets at most its slots; a slot left is free again, and the table forgets
     /// a certificate with no connection.

@@ -14,6 +14,8 @@
 //! - `hub_batch`: the batch endpoints: each item answered as its single endpoint answers it,
 //!   order kept, replays safe, over-limit batches and revoked callers refused whole.
 //! - `hub_errors`: every 4xx answer and its `{code, message}` body.
+//! - `cert_rotation`: the hub's server certificate replaced under open connections and a
+//!   running node (`renew --server`, SIGHUP), and `status` flagging one near its end.
 //! - `hub_edges`: the hub's edges under abuse: connection limits and timeouts, revocation of
 //!   open connections and of waiting reads, file modes, and axum's own refusals in our shape.
 //! - `hub_crash`: crash points, restart and repair.
@@ -54,6 +56,7 @@
 // modules"; spelling every item `pub(crate)` would add noise, not safety.
 #![allow(unreachable_pub)]
 
+mod cert_rotation;
 mod conversation_fairness;
 mod conversation_order;
 mod conversations_cli;

@@ -52,16 +52,24 @@ pub enum Command {
         #[command(flatten)]
         why: Reason,
     },
-    /// Issue a fresh certificate for an enrolled name.
+    /// Issue a fresh certificate for an enrolled name, or (`--server`) replace the hub's own
+    /// server certificate.
+    #[command(group = clap::ArgGroup::new("what").required(true).args(["name", "server"]))]
     Renew {
         /// Host or producer name.
-        name: String,
+        name: Option<String>,
+        /// Replace the hub's server certificate instead: a new key and serial under the current
+        /// CA, with the names of the one it replaces, which is kept aside as
+        /// `hub.crt.replaced-<UTC time>` (and its key likewise). A running hub serves it to new
+        /// connections at once (open ones keep theirs); `kill -HUP` the hub to reload by hand.
+        #[arg(long, conflicts_with_all = ["out", "revoke_old"])]
+        server: bool,
         /// Where to write NAME.crt, NAME.key and ca.crt.
+        #[arg(long, required_unless_present = "server")]
+        out: Option<PathBuf>,
+        /// Validity in days [default: 365; with --server 730].
         #[arg(long)]
-        out: PathBuf,
-        /// Validity in days.
-        #[arg(long, default_value_t = 365)]
-        days: u32,
+        days: Option<u32>,
         /// Revoke the name's older certificates in the same step (without it, both stay valid
         /// until the old one is revoked or expires, so a node can switch over first).
         #[arg(long)]
@@ -628,6 +636,8 @@ mod tests {
             vec!["baton-hub", "hosts", "list", "--json"],
             vec!["baton-hub", "certs", "list", "--name", "host-a", "--json"],
             vec!["baton-hub", "renew", "host-a", "--out", "d", "--revoke-old"],
+            vec!["baton-hub", "renew", "--server"],
+            vec!["baton-hub", "renew", "--server", "--days", "10"],
             vec!["baton-hub", "audit", "--since", "24h", "--actor", "alice", "--json"],
             vec!["baton-hub", "hosts", "show", "host-a", "--json"],
         ] {
@@ -642,6 +652,11 @@ mod tests {
         assert!(Cli::try_parse_from(["baton-hub", "members", "add", "h1"]).is_err());
         assert!(Cli::try_parse_from(["baton-hub", "members", "add", "--conversation", "c"]).is_err());
         assert!(Cli::try_parse_from(["baton-hub", "producers", "scope", "p"]).is_err());
+        // `renew` names a holder or `--server`, never both; a holder's renewal says where to.
+        assert!(Cli::try_parse_from(["baton-hub", "renew"]).is_err());
+        assert!(Cli::try_parse_from(["baton-hub", "renew", "host-a", "--server"]).is_err());
+        assert!(Cli::try_parse_from(["baton-hub", "renew", "host-a"]).is_err());
+        assert!(Cli::try_parse_from(["baton-hub", "renew", "--server", "--out", "d"]).is_err());
         // Configuration flags belong to `serve` only.
         assert!(Cli::try_parse_from(["baton-hub", "status", "--claim-batch-max", "5"]).is_err());
     }

@@ -4,7 +4,8 @@
 //! Layout:
 //! - `args`: the command line, defined once (clap derive).
 //! - `output`: everything written to stdout (tables, JSON, one-line answers).
-//! - `identity`: `init`, `enroll`, `renew`, `revoke`, `certs list`.
+//! - `identity`: `init`, `enroll`, `renew` (a holder's or the hub's server certificate),
+//!   `revoke`, `certs list`.
 //! - `conversations`: `members add|remove|list`, `producers scope|list`.
 //! - `fence`: `fence pause|hold|block|lift|list`.
 //! - `deliveries`: `deliveries list|show`, `held`, `retire`, `requeue`.
@@ -24,6 +25,7 @@
 
 mod args;
 mod audit;
+mod ca;
 mod conversations;
 mod deliveries;
 mod fence;
@@ -215,7 +217,11 @@ pub fn run(cli: &Cli) -> CliResult {
         Command::Serve { .. } => Err(CliError::failure("serve is run above")),
         Command::Init { hostnames } => identity::init(&ctx, hostnames),
         Command::Enroll(e) => identity::enroll_cmd(&ctx, e),
-        Command::Renew { name, out, days, revoke_old } => identity::renew(&ctx, name, out, *days, *revoke_old),
+        Command::Renew { name, server, out, days, revoke_old } => match (name, out) {
+            (Some(name), Some(out)) if !*server => identity::renew(&ctx, name, out, *days, *revoke_old),
+            _ if *server => identity::renew_server(&ctx, *days),
+            _ => Err(CliError::usage("renew takes NAME --out DIR, or --server")),
+        },
         Command::Revoke { name, why } => identity::revoke(&ctx, name, &why.reason),
         Command::Retire { host, why } => deliveries::retire(&ctx, host, &why.reason),
         Command::Requeue { instance, why } => deliveries::requeue(&ctx, instance, &why.reason),
