@@ -9,8 +9,9 @@
 //! handler (a long poll by `limits.long_poll_wait_max`), never by these waits. Connections
 //! refused at a limit are counted and logged once per `REFUSAL_LOG_INTERVAL`, not one line each.
 //!
-//! Invariant: a connection whose certificate is revoked is closed once the record change
-//! reaches the hub (the wake socket): it is re-checked on every change, finishes what is in
+//! Invariant: a connection whose certificate is revoked, or whose issuing CA is no longer in
+//! `ca.crt` (`ca retire-old`), is closed once the change reaches the hub (the wake socket,
+//! which reloads the TLS files first): it is re-checked on every change, finishes what is in
 //! progress (whose answer re-checks the certificate too) and takes no new request.
 //!
 //! Boundary: identity enters the HTTP layer only as `PeerIdentityExt` (the leaf certificate's
@@ -53,23 +54,95 @@ pub struct PeerCerts(pub Arc<Vec<CertificateDer<'static>>>);
 #[derive(Debug, Clone)]
 pub struct PeerIdentityExt(pub Arc<Result<baton_shared::pki::PeerIdentity, String>>);
 
-/// Builds the server config from the data directory: a verifier that requires a client
-/// certificate issued by a CA in `ca.crt` (every certificate in it is a root, so during a CA
-/// rotation both the old and the new CA are trusted), and our certificate, resolved per
-/// handshake from the returned `ServerCert` so that it can be replaced while the hub runs.
-pub fn server_config(dir: &DataDir) -> anyhow::Result<(Arc<ServerConfig>, Arc<ServerCert>)> {
+/// The hub's TLS configuration, reloadable while the hub runs: the client verifier's roots
+/// (every CA in `ca.crt`, so during a CA rotation both the old and the new CA are trusted) and
+/// the server certificate (`ServerCert`, resolved per handshake). Each connection's handshake
+/// uses the configuration current when it was accepted.
+#[derive(Debug)]
+pub struct ServerTls {
+    dir: DataDir,
+    cert: Arc<ServerCert>,
+    config: RwLock<Arc<ServerConfig>>,
+    /// `ca.crt` as read, and the subject key identifiers of its CAs.
+    cas: RwLock<(Vec<u8>, Vec<Vec<u8>>)>,
+}
+
+/// Builds the TLS configuration from the data directory (see `ServerTls`).
+pub fn server_config(dir: &DataDir) -> anyhow::Result<Arc<ServerTls>> {
+    let ca_file = read_file(&dir.ca_cert())?;
+    let builder = ServerConfig::builder();
+    let cert = Arc::new(ServerCert::load(dir, builder.crypto_provider().clone())?);
+    let (config, ids) = build_config(&ca_file, &cert)?;
+    Ok(Arc::new(ServerTls { dir: dir.clone(), cert, config: RwLock::new(config), cas: RwLock::new((ca_file, ids)) }))
+}
+
+/// A server config trusting every CA in `ca_file` for client certificates and serving `cert`;
+/// with the CAs' subject key identifiers.
+fn build_config(ca_file: &[u8], cert: &Arc<ServerCert>) -> anyhow::Result<(Arc<ServerConfig>, Vec<Vec<u8>>)> {
     let mut roots = rustls::RootCertStore::empty();
-    for cert in
-        CertificateDer::pem_file_iter(dir.ca_cert()).with_context(|| format!("reading {}", dir.ca_cert().display()))?
-    {
-        roots.add(cert.context("parsing the CA certificate")?).context("adding the CA certificate")?;
+    let mut ids = Vec::new();
+    for ca in CertificateDer::pem_slice_iter(ca_file) {
+        let ca = ca.context("parsing the CA certificate")?;
+        ids.push(baton_shared::pki::subject_key_id(&ca).context("reading the CA certificate")?);
+        roots.add(ca).context("adding the CA certificate")?;
     }
     let verifier = WebPkiClientVerifier::builder(Arc::new(roots)).build().context("building the client verifier")?;
-    let builder = ServerConfig::builder().with_client_cert_verifier(verifier);
-    let cert = Arc::new(ServerCert::load(dir, builder.crypto_provider().clone())?);
-    let mut config = builder.with_cert_resolver(cert.clone());
+    let mut config = ServerConfig::builder().with_client_cert_verifier(verifier).with_cert_resolver(cert.clone());
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok((Arc::new(config), cert))
+    Ok((Arc::new(config), ids))
+}
+
+impl ServerTls {
+    /// The configuration new handshakes use.
+    pub fn config(&self) -> Arc<ServerConfig> {
+        self.config.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Whether the CA that issued `leaf` (DER) is still trusted (by key identifier).
+    pub fn trusts(&self, leaf: &[u8]) -> bool {
+        let cas = self.cas.read().unwrap_or_else(|p| p.into_inner());
+        baton_shared::pki::authority_key_id(leaf).ok().flatten().is_some_and(|a| cas.1.contains(&a))
+    }
+
+    /// Reads `ca.crt`, `hub.crt` and `hub.key` again and serves what changed to new handshakes;
+    /// logs what it did (`cause` says why it ran). Files that fail to load change nothing.
+    pub fn reload(&self, cause: &str) {
+        match self.cert.reload(&self.dir) {
+            Ok(Reloaded::Replaced(f)) => tracing::info!(
+                serial = %f.serial,
+                not_after = %rfc3339(f.not_after_unix),
+                cause,
+                "server certificate replaced; new connections get it"
+            ),
+            Ok(Reloaded::Unchanged) => tracing::debug!(cause, "server certificate unchanged"),
+            Err(e) => tracing::warn!(
+                error = format!("{e:#}"),
+                cause,
+                serial = %self.cert.facts().serial,
+                "server certificate not reloaded; still serving the previous one"
+            ),
+        }
+        if let Err(e) = self.reload_cas() {
+            tracing::warn!(error = format!("{e:#}"), cause, "CA file not reloaded; still trusting the previous CAs");
+        }
+    }
+
+    fn reload_cas(&self) -> anyhow::Result<()> {
+        let ca_file = read_file(&self.dir.ca_cert())?;
+        if self.cas.read().unwrap_or_else(|p| p.into_inner()).0 == ca_file {
+            return Ok(());
+        }
+        let (config, ids) = build_config(&ca_file, &self.cert)?;
+        let count = ids.len();
+        *self.cas.write().unwrap_or_else(|p| p.into_inner()) = (ca_file, ids);
+        *self.config.write().unwrap_or_else(|p| p.into_inner()) = config;
+        tracing::info!(cas = count, "CA file reloaded; new connections are verified against it");
+        Ok(())
+    }
+}
+
+fn read_file(path: &std::path::Path) -> anyhow::Result<Vec<u8>> {
+    std::fs::read(path).with_context(|| format!("reading {}", path.display()))
 }
 
 /// What identifies one server certificate in the log.
@@ -157,8 +230,7 @@ fn rfc3339(unix: i64) -> String {
 }
 
 fn read_cert_files(dir: &DataDir) -> anyhow::Result<(Vec<u8>, Vec<u8>)> {
-    let read = |p: std::path::PathBuf| std::fs::read(&p).with_context(|| format!("reading {}", p.display()));
-    Ok((read(dir.server_cert())?, read(dir.server_key())?))
+    Ok((read_file(&dir.server_cert())?, read_file(&dir.server_key())?))
 }
 
 fn load_cert(dir: &DataDir, provider: &CryptoProvider) -> anyhow::Result<LoadedCert> {
@@ -179,43 +251,20 @@ fn parse_cert(files: &(Vec<u8>, Vec<u8>), provider: &CryptoProvider) -> anyhow::
     Ok(LoadedCert { key: Arc::new(key), files: files.clone(), facts: ServerCertFacts { serial, not_after_unix } })
 }
 
-/// Reloads `cert` from `dir` on every SIGHUP in `hangups` and every record change in `changes`
-/// (a CLI command woke the hub, as `renew --server` does), until `shutdown`. A replaced
-/// certificate is logged with its serial and expiry; a failed reload is logged with why.
-pub async fn reload_server_cert(
-    cert: Arc<ServerCert>,
-    dir: DataDir,
-    mut hangups: Option<tokio::signal::unix::Signal>,
-    mut changes: watch::Receiver<u64>,
+/// Reloads `tls` on every SIGHUP in `hangups` until `shutdown`. (A CLI change reloads it from
+/// the wake relay, before open connections re-check their certificates.)
+pub async fn reload_on_hangups(
+    tls: Arc<ServerTls>,
+    mut hangups: tokio::signal::unix::Signal,
     shutdown: CancellationToken,
 ) {
-    let mut watching = true;
     loop {
-        let cause = tokio::select! {
-            Some(()) = async { hangups.as_mut()?.recv().await } => "SIGHUP",
-            r = changes.changed(), if watching => {
-                if r.is_err() {
-                    watching = false;
-                    continue;
-                }
-                "a record change"
-            }
+        tokio::select! {
+            r = hangups.recv() => match r {
+                Some(()) => tls.reload("SIGHUP"),
+                None => return,
+            },
             _ = shutdown.cancelled() => return,
-        };
-        match cert.reload(&dir) {
-            Ok(Reloaded::Replaced(f)) => tracing::info!(
-                serial = %f.serial,
-                not_after = %rfc3339(f.not_after_unix),
-                cause,
-                "server certificate replaced; new connections get it"
-            ),
-            Ok(Reloaded::Unchanged) => tracing::debug!(cause, "server certificate unchanged"),
-            Err(e) => tracing::warn!(
-                error = format!("{e:#}"),
-                cause,
-                serial = %cert.facts().serial,
-                "server certificate not reloaded; still serving the previous one"
-            ),
         }
     }
 }
@@ -372,7 +421,7 @@ impl Drop for InFlight {
 
 /// What every connection task shares.
 struct Accepting {
-    acceptor: TlsAcceptor,
+    tls: Arc<ServerTls>,
     app: Router,
     limits: ConnLimits,
     revocations: Revocations,
@@ -385,7 +434,7 @@ struct Accepting {
 /// up to `grace` for open connections to finish.
 pub async fn serve(
     listener: TcpListener,
-    tls: Arc<ServerConfig>,
+    tls: Arc<ServerTls>,
     app: Router,
     limits: ConnLimits,
     revocations: Revocations,
@@ -396,7 +445,7 @@ pub async fn serve(
     let refusals = Arc::new(Refusals::default());
     tokio::spawn(log_refusals(refusals.clone(), shutdown.clone()));
     let accepting = Arc::new(Accepting {
-        acceptor: TlsAcceptor::from(tls),
+        tls,
         app,
         limits,
         revocations,
@@ -449,7 +498,7 @@ async fn log_refusals(refusals: Arc<Refusals>, shutdown: CancellationToken) {
 /// too long, has carried its requests, its certificate is revoked, or the hub shuts down.
 async fn connection(a: &Accepting, tcp: TcpStream, remote: SocketAddr) {
     let tls = tokio::select! {
-        r = tokio::time::timeout(a.limits.handshake_timeout, a.acceptor.accept(tcp)) => r,
+        r = tokio::time::timeout(a.limits.handshake_timeout, TlsAcceptor::from(a.tls.config()).accept(tcp)) => r,
         _ = a.shutdown.cancelled() => return,
     };
     let tls = match tls {
@@ -474,7 +523,7 @@ async fn connection(a: &Accepting, tcp: TcpStream, remote: SocketAddr) {
         .map(|c| c.iter().map(|c| c.clone().into_owned()).collect())
         .unwrap_or_default();
     let leaf = certs.first().map(|c| c.as_ref().to_vec()).unwrap_or_default();
-    let Some(_slot) = PerCert::enter(&a.per_cert, leaf, a.limits.connections_per_cert_max) else {
+    let Some(_slot) = PerCert::enter(&a.per_cert, leaf.clone(), a.limits.connections_per_cert_max) else {
         a.refusals.per_cert.fetch_add(1, Ordering::Relaxed);
         metrics::counter!("baton_hub_connections_refused_total", "limit" => "per_cert").increment(1);
         return;
@@ -547,14 +596,18 @@ async fn connection(a: &Accepting, tcp: TcpStream, remote: SocketAddr) {
                 return;
             }
             r = changes.changed(), if watching && !draining => {
-                let still_valid = match (&serial, r) {
-                    (Some(s), Ok(())) => (a.revocations.check)(s.clone()).await,
+                let (still_valid, issuer_trusted) = match (&serial, r) {
+                    (Some(s), Ok(())) => ((a.revocations.check)(s.clone()).await, a.tls.trusts(&leaf)),
                     _ => {
                         watching = false;
-                        true
+                        (true, true)
                     }
                 };
-                if !still_valid {
+                if !issuer_trusted {
+                    tracing::info!(%remote, "closing a connection whose certificate's CA is no longer trusted");
+                    draining = true;
+                    conn.as_mut().graceful_shutdown();
+                } else if !still_valid {
                     tracing::info!(%remote, "closing a connection whose certificate was revoked");
                     draining = true;
                     conn.as_mut().graceful_shutdown();

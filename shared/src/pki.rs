@@ -144,10 +144,10 @@ pub enum LeafKind {
 }
 
 /// Of the CA certificates in `bundle_pem` (one or more PEM certificates, as `ca.crt` holds
-/// during a CA rotation), the one (DER) whose public key is `ca_key`'s: the one that issues.
-pub fn issuing_cert(bundle_pem: &str, ca_key: &KeyPair) -> Result<Vec<u8>, PkiError> {
+/// during a CA rotation), the one (DER) whose public key is `ca_key_pem`'s: the one that issues.
+pub fn issuing_cert(bundle_pem: &str, ca_key_pem: &str) -> Result<Vec<u8>, PkiError> {
     use rcgen::PublicKeyData;
-    let spki = ca_key.subject_public_key_info();
+    let spki = KeyPair::from_pem(ca_key_pem)?.subject_public_key_info();
     for der in pem_certs(bundle_pem)? {
         let (_, cert) = x509_parser::parse_x509_certificate(&der).map_err(|_| PkiError::Parse)?;
         if cert.tbs_certificate.subject_pki.raw == spki.as_slice() {
@@ -177,7 +177,17 @@ pub fn issuer_of(cert_pem: &str, bundle_pem: &str) -> Result<Option<usize>, PkiE
 }
 
 /// A key identifier (the bytes of an authority or subject key identifier extension).
-type KeyId = Vec<u8>;
+pub type KeyId = Vec<u8>;
+
+/// The subject key identifier of a (CA) certificate, DER; empty when it carries none.
+pub fn subject_key_id(der: &[u8]) -> Result<KeyId, PkiError> {
+    Ok(key_ids(der)?.1.unwrap_or_default())
+}
+
+/// The authority key identifier of a certificate, DER: which CA key signed it.
+pub fn authority_key_id(der: &[u8]) -> Result<Option<KeyId>, PkiError> {
+    Ok(key_ids(der)?.0)
+}
 
 /// A certificate's authority and subject key identifiers, when it carries them.
 fn key_ids(der: &[u8]) -> Result<(Option<KeyId>, Option<KeyId>), PkiError> {
@@ -223,8 +233,8 @@ pub fn server_names(cert_pem: &str) -> Result<Vec<String>, PkiError> {
 /// Issues a leaf certificate signed by the CA key `ca_key_pem`, whose certificate is one of
 /// those in `ca_cert_pem` (`issuing_cert`).
 pub fn issue(ca_cert_pem: &str, ca_key_pem: &str, kind: &LeafKind) -> Result<Issued, PkiError> {
+    let ca_der = issuing_cert(ca_cert_pem, ca_key_pem)?;
     let ca_key = KeyPair::from_pem(ca_key_pem)?;
-    let ca_der = issuing_cert(ca_cert_pem, &ca_key)?;
     let issuer = Issuer::from_ca_cert_der(&ca_der.into(), ca_key)?;
     let key = KeyPair::generate()?;
     let mut params = CertificateParams::default();
@@ -350,9 +360,8 @@ mod tests {
     #[test]
     fn the_issuing_ca_is_found_by_its_key() {
         let (old, new) = (create_ca("old").unwrap(), create_ca("new").unwrap());
-        let new_key = KeyPair::from_pem(&new.key_pem).unwrap();
         for bundle in [format!("{}{}", new.cert_pem, old.cert_pem), format!("{}{}", old.cert_pem, new.cert_pem)] {
-            let found = issuing_cert(&bundle, &new_key).unwrap();
+            let found = issuing_cert(&bundle, &new.key_pem).unwrap();
             assert_eq!(vec![found], pem_certs(&new.cert_pem).unwrap());
             let kind = LeafKind::Server { hostnames: vec!["h".into()], lifetime: SERVER_VALIDITY };
             let leaf = issue(&bundle, &new.key_pem, &kind).unwrap();
@@ -362,8 +371,7 @@ mod tests {
             );
         }
         let other = create_ca("other").unwrap();
-        let other_key = KeyPair::from_pem(&other.key_pem).unwrap();
-        assert!(matches!(issuing_cert(&old.cert_pem, &other_key), Err(PkiError::NoIssuingCa)));
+        assert!(matches!(issuing_cert(&old.cert_pem, &other.key_pem), Err(PkiError::NoIssuingCa)));
     }
 
     /// The `send` identity is never issued, and a certificate made for it elsewhere (signed

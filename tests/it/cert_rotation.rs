@@ -168,3 +168,59 @@ async fn status_flags_a_server_certificate_near_its_end() {
     hub.cli_ok(["renew", "--server"]);
     assert_eq!(flagged(&hub), (Some(0), false));
 }
+
+/// A CA rotation with an overlap: after `ca rotate` and the bundle handed to the nodes, a node
+/// whose certificate is the old CA's and one whose certificate is the new CA's both deliver
+/// (the server certificate renewed under the new CA); `ca retire-old` is refused while the
+/// server certificate is the old CA's; once it ran, the old-CA node is refused and the new one
+/// keeps delivering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ca_rotation_trusts_both_cas_until_the_old_one_is_retired() {
+    let mut hub = Hub::with_nodes(&["host-a"]);
+    let old_node = hub.node_process("host-a").start();
+    let first = hub.send_one("c", "before", "host-a");
+    hub.wait_outcome(&first);
+
+    let out = hub.cli_ok(["ca", "rotate"]);
+    assert!(out.contains("issues from now on"), "{out}");
+    let bundle = hub.ca_pem();
+    assert_eq!(pki::pem_certs(&bundle).unwrap().len(), 2, "ca.crt holds the new and the old CA");
+    let again = hub.cli(["ca", "rotate"]);
+    assert_eq!(again.status.code(), Some(2), "one rotation at a time: {again:?}");
+    let early = hub.cli(["ca", "retire-old"]);
+    assert_eq!(early.status.code(), Some(3), "the server certificate is still the old CA's: {early:?}");
+    assert!(String::from_utf8_lossy(&early.stderr).contains("renew --server"), "{early:?}");
+
+    // Distribute the bundle: the old node trusts both CAs from its next connection.
+    std::fs::write(&hub.identity("host-a").ca, &bundle).unwrap();
+    old_node.signal_only(baton_testkit::Signal::SIGHUP);
+    old_node.wait_log("SIGHUP: read ca_file");
+    hub.cli_ok(["renew", "--server"]);
+    hub.enroll_node("host-b");
+    let new_node = hub.node_process("host-b").start();
+    let cert = |name: &str| std::fs::read_to_string(&hub.identity(name).cert).unwrap();
+    assert_eq!(pki::issuer_of(&cert("host-a"), &bundle).unwrap(), Some(1), "host-a is the old CA's");
+    assert_eq!(pki::issuer_of(&cert("host-b"), &bundle).unwrap(), Some(0), "host-b is the new CA's");
+    let server = std::fs::read_to_string(hub.data_dir().join("hub.crt")).unwrap();
+    assert_eq!(pki::issuer_of(&server, &bundle).unwrap(), Some(0), "the server certificate is the new CA's");
+
+    // The overlap: both deliver.
+    let (a, b) = (hub.send_one("c", "overlap-a", "host-a"), hub.send_one("d", "overlap-b", "host-b"));
+    hub.wait_outcome(&a);
+    hub.wait_outcome(&b);
+
+    // Retired: the old CA's node is refused, the new one goes on.
+    let out = hub.cli_ok(["ca", "retire-old"]);
+    assert!(out.contains("retired 1 old CA"), "{out}");
+    assert_eq!(pki::pem_certs(&hub.ca_pem()).unwrap().len(), 1);
+    let refused = hub.client("host-a").try_get("/v1/holdings").await;
+    assert!(refused.is_err(), "an old-CA certificate is refused: {:?}", refused.map(|r| r.status));
+    let after_a = hub.send_one("c", "after-a", "host-a");
+    let after_b = hub.send_one("d", "after-b", "host-b");
+    hub.wait_outcome(&after_b);
+    assert!(hub.delivery(&after_a)["outcome"].is_null(), "the old-CA node ran nothing after the retirement");
+    assert_eq!(hub.exec_log().runs_of(&after_a), 0);
+    let nothing = hub.cli(["ca", "retire-old"]);
+    assert_eq!(nothing.status.code(), Some(1), "nothing left to retire: {nothing:?}");
+    drop((old_node, new_node));
+}

@@ -180,6 +180,10 @@ pub enum Command {
     /// Certificates: name, role, serial, not-after, revoked.
     #[command(subcommand)]
     Certs(CertsCmd),
+    /// Rotate the hub's CA with an overlap in which the old and the new CA are both trusted
+    /// (README: "Rotating the CA").
+    #[command(subcommand)]
+    Ca(CaCmd),
     /// What operators and the hub did, newest first: enrollments, revocations, renewals,
     /// retirements, requeues, fences set, lifted and expired, releases, cancels, membership and
     /// scope changes, with actor and reason. Exit 1 when nothing matches.
@@ -247,6 +251,20 @@ pub enum CertsCmd {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// `ca` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum CaCmd {
+    /// Start a rotation: a new CA key and certificate; `ca.crt` becomes the new and the old CA
+    /// (both trusted by the hub at once), and `enroll`, `renew` and `renew --server` issue under
+    /// the new CA from now on. The old key and file are kept aside. Refused while a rotation is
+    /// under way (`ca.crt` holds two CAs).
+    Rotate,
+    /// End a rotation: `ca.crt` keeps only the issuing CA; connections and certificates of the
+    /// old CA are refused from then on. Refused while the hub's server certificate is still the
+    /// old CA's (run `renew --server` first); exit 1 when there is no old CA.
+    RetireOld,
 }
 
 /// `hosts` subcommands.
@@ -637,6 +655,8 @@ mod tests {
             vec!["baton-hub", "certs", "list", "--name", "host-a", "--json"],
             vec!["baton-hub", "renew", "host-a", "--out", "d", "--revoke-old"],
             vec!["baton-hub", "renew", "--server"],
+            vec!["baton-hub", "ca", "rotate"],
+            vec!["baton-hub", "ca", "retire-old"],
             vec!["baton-hub", "renew", "--server", "--days", "10"],
             vec!["baton-hub", "audit", "--since", "24h", "--actor", "alice", "--json"],
             vec!["baton-hub", "hosts", "show", "host-a", "--json"],

@@ -5,9 +5,130 @@
 //! `ca.key` is the key of the one that issues, whose certificate is found in `ca.crt` by its
 //! public key (`pki::issuing_cert`), so the two files are all the state a rotation has.
 
-use super::CliError;
+use super::{CliError, CliResult, Context, identity, output};
 use crate::datadir::DataDir;
+use crate::store::{hosts, in_write_txn};
+use baton_shared::{exit, pki};
 use std::path::Path;
+
+/// The certificate blocks of a PEM file, as text (each `-----BEGIN CERTIFICATE-----` through
+/// its `-----END CERTIFICATE-----`, with a final newline).
+fn pem_blocks(pem: &str) -> Vec<String> {
+    const END: &str = "-----END CERTIFICATE-----";
+    let mut blocks = Vec::new();
+    let mut rest = pem;
+    while let (Some(b), Some(e)) = (rest.find("-----BEGIN CERTIFICATE-----"), rest.find(END)) {
+        if e < b {
+            rest = &rest[e + END.len()..];
+            continue;
+        }
+        blocks.push(format!("{}\n", &rest[b..e + END.len()]));
+        rest = &rest[e + END.len()..];
+    }
+    blocks
+}
+
+/// The issuing CA's block of `ca.crt` (the one whose key is `ca.key`) and the other blocks.
+fn split_cas(dir: &DataDir) -> Result<(String, Vec<String>), CliError> {
+    let (bundle, key) = issuing_ca(dir)?;
+    let failed = |e: pki::PkiError| CliError::failure(format!("{}: {e}", dir.ca_cert().display()));
+    let issuing = pki::issuing_cert(&bundle, &key).map_err(failed)?;
+    let (mut mine, mut others) = (None, Vec::new());
+    for block in pem_blocks(&bundle) {
+        let der = pki::pem_certs(&block).map_err(failed)?;
+        if der.first() == Some(&issuing) && mine.is_none() {
+            mine = Some(block);
+        } else {
+            others.push(block);
+        }
+    }
+    let mine = mine.ok_or_else(|| failed(pki::PkiError::NoIssuingCa))?;
+    Ok((mine, others))
+}
+
+/// Records a CA change in the audit log.
+fn record(ctx: &Context, action: &str, note: &str) -> CliResult {
+    let conn = ctx.open_write()?;
+    in_write_txn(&conn, |c| hosts::record_operator_event(c, action, "ca", &ctx.operator, Some(note), ctx.now_ms()))?;
+    Ok(())
+}
+
+/// `ca rotate`: a new issuing CA, trusted beside the old one (see `args::CaCmd`).
+pub(super) fn rotate(ctx: &Context) -> CliResult {
+    let dir = &ctx.dir;
+    let (current, others) = split_cas(dir)?;
+    if !others.is_empty() {
+        return Err(CliError::usage(format!(
+            "{} holds {} CAs: a rotation is under way; end it with `baton-hub ca retire-old` first",
+            dir.ca_cert().display(),
+            others.len() + 1
+        )));
+    }
+    let stamp = aside_stamp(ctx.now_ms());
+    let new = pki::create_ca(&format!("Baton hub CA {stamp}")).map_err(|e| CliError::failure(e.to_string()))?;
+    let bundle = format!("{}{current}", new.cert_pem);
+    let kept = identity::replace_files(
+        &[(dir.ca_key(), new.key_pem.as_str(), true), (dir.ca_cert(), bundle.as_str(), false)],
+        &stamp,
+    )?;
+    let note = format!("new CA serial {}; the old CA stays trusted until `ca retire-old`", new.serial);
+    record(ctx, "ca_rotate", &note)?;
+    ctx.wake_hub();
+    output::line(format!(
+        "new CA {} issues from now on; {} trusts the new and the old CA",
+        new.serial,
+        dir.ca_cert().display()
+    ))?;
+    output::line(format!(
+        "replaced files kept as {}",
+        kept.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+    ))?;
+    output::line(
+        "next: give every node and producer the new ca.crt (nodes: SIGHUP), then `baton-hub renew --server`, \
+         renew every node and producer certificate, and end with `baton-hub ca retire-old`",
+    )
+}
+
+/// `ca retire-old`: `ca.crt` keeps only the issuing CA (see `args::CaCmd`).
+pub(super) fn retire_old(ctx: &Context) -> CliResult {
+    let dir = &ctx.dir;
+    let (current, others) = split_cas(dir)?;
+    if others.is_empty() {
+        return Err(CliError::new(
+            exit::NOTHING,
+            format!("{} holds one CA: nothing to retire", dir.ca_cert().display()),
+        ));
+    }
+    let issuing = pki::pem_certs(&current).map_err(|e| CliError::failure(e.to_string()))?;
+    let server = pki::pem_certs(&read(&dir.server_cert())?).map_err(|e| CliError::failure(e.to_string()))?;
+    let issued_by_current = match (issuing.first(), server.first()) {
+        (Some(ca), Some(leaf)) => {
+            let ca_id = pki::subject_key_id(ca).map_err(|e| CliError::failure(e.to_string()))?;
+            pki::authority_key_id(leaf).map_err(|e| CliError::failure(e.to_string()))? == Some(ca_id)
+        }
+        _ => false,
+    };
+    if !issued_by_current {
+        return Err(CliError::new(
+            exit::REFUSED,
+            "the hub's server certificate is still the old CA's: nodes would refuse the hub once they trust only \
+             the new CA; run `baton-hub renew --server` first",
+        ));
+    }
+    let stamp = aside_stamp(ctx.now_ms());
+    let kept = identity::replace_files(&[(dir.ca_cert(), current.as_str(), false)], &stamp)?;
+    record(ctx, "ca_retire_old", &format!("{} old CA(s) no longer trusted", others.len()))?;
+    ctx.wake_hub();
+    output::line(format!(
+        "retired {} old CA(s): {} trusts only the issuing CA; certificates of the old CA are refused from now on",
+        others.len(),
+        dir.ca_cert().display()
+    ))?;
+    output::line(format!(
+        "replaced file kept as {}",
+        kept.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+    ))
+}
 
 fn read(path: &Path) -> Result<String, CliError> {
     std::fs::read_to_string(path).map_err(|e| CliError::failure(format!("{}: {e}", path.display())))
@@ -27,4 +148,20 @@ pub(super) fn aside_stamp(now_ms: i64) -> String {
         .ok()
         .and_then(|t| t.format(&f).ok())
         .unwrap_or_else(|| now_ms.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each certificate block is cut out whole, whatever surrounds it.
+    #[test]
+    fn pem_blocks_are_cut_whole() {
+        let (a, b) = (pki::create_ca("a").unwrap().cert_pem, pki::create_ca("b").unwrap().cert_pem);
+        let file = format!("comment\n{a}\n\n{b}trailing");
+        let blocks = pem_blocks(&file);
+        assert_eq!(blocks.len(), 2);
+        assert_eq!(pki::pem_certs(&blocks[0]).unwrap(), pki::pem_certs(&a).unwrap());
+        assert_eq!(pki::pem_certs(&blocks[1]).unwrap(), pki::pem_certs(&b).unwrap());
+    }
 }

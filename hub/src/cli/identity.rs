@@ -281,9 +281,14 @@ fn enroll_as(ctx: &Context, e: Enrollment<'_>) -> Result<Vec<String>, CliError> 
     })?;
     write_new(&key_path, &leaf.key_pem, true)?;
     write_new(&cert_path, &leaf.cert_pem, false)?;
+    // Every CA the hub trusts (two during a CA rotation): a stale copy is replaced.
     let ca_out = out_dir.join("ca.crt");
-    if !ca_out.exists() {
-        write_new(&ca_out, &ca_cert, false)?;
+    match std::fs::read_to_string(&ca_out) {
+        Ok(old) if old == ca_cert => {}
+        Ok(_) => {
+            drop(replace_files(&[(ca_out.clone(), ca_cert.as_str(), false)], &super::ca::aside_stamp(ctx.now_ms()))?)
+        }
+        Err(_) => write_new(&ca_out, &ca_cert, false)?,
     }
     output::line(format!("enrolled {role} {name}: {} (serial {})", cert_path.display(), leaf.serial))?;
     if let Some(patterns) = scope {

@@ -13,6 +13,7 @@
 //! - `send`: submitting a message by hand.
 //! - `inspect`: `status`, `backup`, `verify`, `config check`.
 //! - `hosts`: `hosts list|show`, the fleet.
+//! - `ca`: `ca rotate|retire-old`, the issuing CA.
 //! - `audit`: `audit`, the operators' and the hub's actions.
 //! - `restore`, `purge`: replacing the database with a verified backup; removing settled messages.
 //! - `serve`: running the hub.
@@ -249,6 +250,8 @@ pub fn run(cli: &Cli) -> CliResult {
         Command::Completions { shell } => manuals::completions(*shell),
         Command::Man { out } => manuals::man(out),
         Command::Hosts(h) => hosts::run(&ctx, h),
+        Command::Ca(CaCmd::Rotate) => ca::rotate(&ctx),
+        Command::Ca(CaCmd::RetireOld) => ca::retire_old(&ctx),
         Command::Certs(CertsCmd::List { name, json }) => identity::certs(&ctx, name.as_deref(), *json),
         Command::Restore { from } => restore::restore(&ctx, from),
         Command::Purge { message, conversation, dry_run, reason } => {
