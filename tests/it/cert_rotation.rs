@@ -204,6 +204,15 @@ async fn a_ca_rotation_trusts_both_cas_until_the_old_one_is_retired() {
     let server = std::fs::read_to_string(hub.data_dir().join("hub.crt")).unwrap();
     assert_eq!(pki::issuer_of(&server, &bundle).unwrap(), Some(0), "the server certificate is the new CA's");
 
+    // `certs list` tells which CA issued each certificate.
+    let certs = hub.cli_json(["certs", "list", "--json"]);
+    let ca_of = |v: &serde_json::Value, name: &str| {
+        v.as_array().unwrap().iter().find(|c| c["name"] == name).unwrap()["ca"].clone()
+    };
+    let (ca_a, ca_b) = (ca_of(&certs, "host-a"), ca_of(&certs, "host-b"));
+    assert_ne!(ca_a["key_id"], ca_b["key_id"], "{certs}");
+    assert_eq!((ca_a["trusted"].as_bool(), ca_b["trusted"].as_bool()), (Some(true), Some(true)), "{certs}");
+
     // The overlap: both deliver.
     let (a, b) = (hub.send_one("c", "overlap-a", "host-a"), hub.send_one("d", "overlap-b", "host-b"));
     hub.wait_outcome(&a);
@@ -220,6 +229,10 @@ async fn a_ca_rotation_trusts_both_cas_until_the_old_one_is_retired() {
     hub.wait_outcome(&after_b);
     assert!(hub.delivery(&after_a)["outcome"].is_null(), "the old-CA node ran nothing after the retirement");
     assert_eq!(hub.exec_log().runs_of(&after_a), 0);
+    let certs = hub.cli_json(["certs", "list", "--json"]);
+    assert_eq!(ca_of(&certs, "host-a")["trusted"], false, "{certs}");
+    assert_eq!(ca_of(&certs, "host-b")["trusted"], true, "{certs}");
+    assert!(hub.cli_ok(["certs", "list"]).contains("(retired)"));
     let nothing = hub.cli(["ca", "retire-old"]);
     assert_eq!(nothing.status.code(), Some(1), "nothing left to retire: {nothing:?}");
     drop((old_node, new_node));

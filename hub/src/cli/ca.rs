@@ -46,6 +46,71 @@ fn split_cas(dir: &DataDir) -> Result<(String, Vec<String>), CliError> {
     Ok((mine, others))
 }
 
+/// Where `enroll` and `renew` keep a copy of every certificate they issue (`SERIAL.crt`), so
+/// that `certs list` can tell which CA issued it.
+pub(super) fn issued_dir(dir: &DataDir) -> std::path::PathBuf {
+    dir.root().join("issued")
+}
+
+/// Keeps a copy of an issued certificate (see `issued_dir`).
+pub(super) fn keep_issued(dir: &DataDir, serial: &str, cert_pem: &str) -> CliResult {
+    let issued = issued_dir(dir);
+    std::fs::create_dir_all(&issued).map_err(|e| CliError::failure(format!("{}: {e}", issued.display())))?;
+    identity::write_new(&issued.join(format!("{serial}.crt")), cert_pem, false)
+}
+
+/// Which CA issued a certificate, as `certs list` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct IssuedBy {
+    /// The issuing CA's key identifier (hex); `None` when no copy of the certificate was kept
+    /// (issued before the hub kept them).
+    pub(super) key_id: Option<String>,
+    /// Whether that CA is in `ca.crt` (false once `ca retire-old` dropped it).
+    pub(super) trusted: bool,
+}
+
+impl std::fmt::Display for IssuedBy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.key_id {
+            None => f.write_str("-"),
+            Some(k) if self.trusted => write!(f, "{}", &k[..k.len().min(KEY_ID_SHOWN_CHARS)]),
+            Some(k) => write!(f, "{} (retired)", &k[..k.len().min(KEY_ID_SHOWN_CHARS)]),
+        }
+    }
+}
+
+/// How much of a CA's key identifier the `certs list` table shows (JSON has all of it).
+const KEY_ID_SHOWN_CHARS: usize = 8;
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Which CA issued each of `serials`, from the kept copies and `ca.crt`.
+pub(super) fn issuers(dir: &DataDir, serials: &[&str]) -> Result<Vec<IssuedBy>, CliError> {
+    let failed = |e: pki::PkiError| CliError::failure(format!("{}: {e}", dir.ca_cert().display()));
+    let trusted: Vec<Vec<u8>> = pki::pem_certs(&read(&dir.ca_cert())?)
+        .map_err(failed)?
+        .iter()
+        .map(|c| pki::subject_key_id(c))
+        .collect::<Result<_, _>>()
+        .map_err(failed)?;
+    let mut out = Vec::with_capacity(serials.len());
+    for serial in serials {
+        let copy = issued_dir(dir).join(format!("{serial}.crt"));
+        let Ok(pem) = std::fs::read_to_string(&copy) else {
+            out.push(IssuedBy { key_id: None, trusted: false });
+            continue;
+        };
+        let bad = |e: pki::PkiError| CliError::failure(format!("{}: {e}", copy.display()));
+        let der = pki::pem_certs(&pem).map_err(bad)?.into_iter().next().ok_or_else(|| bad(pki::PkiError::Parse))?;
+        let key_id = pki::authority_key_id(&der).map_err(bad)?;
+        let trusted = key_id.as_ref().is_some_and(|k| trusted.contains(k));
+        out.push(IssuedBy { key_id: key_id.map(|k| hex(&k)), trusted });
+    }
+    Ok(out)
+}
+
 /// Records a CA change in the audit log.
 fn record(ctx: &Context, action: &str, note: &str) -> CliResult {
     let conn = ctx.open_write()?;

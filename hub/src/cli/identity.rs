@@ -255,6 +255,8 @@ fn enroll_as(ctx: &Context, e: Enrollment<'_>) -> Result<Vec<String>, CliError> 
             return Err(CliError::usage(format!("{} exists; refusing to overwrite it", p.display())));
         }
     }
+    // Before the record: a serial in the record always has its copy (`certs list`'s CA).
+    super::ca::keep_issued(dir, &leaf.serial, &leaf.cert_pem)?;
     let issued = hosts::Issued { role, name, serial: &leaf.serial, not_after_unix: leaf.not_after_unix };
     let now_ms = ctx.now_ms();
     let revoked = in_write_txn(&conn, |c| {
@@ -297,14 +299,17 @@ fn enroll_as(ctx: &Context, e: Enrollment<'_>) -> Result<Vec<String>, CliError> 
     Ok(revoked)
 }
 
-/// `certs list [--name NAME]`: every certificate with its role, serial, expiry and revocation.
+/// `certs list [--name NAME]`: every certificate with its role, serial, issuing CA, expiry and
+/// revocation.
 pub(super) fn certs(ctx: &Context, name: Option<&str>, json: bool) -> CliResult {
     let conn = ctx.open_read()?;
     let mut rows = fleet::certificates(&conn, None)?;
     if let Some(n) = name {
         rows.retain(|c| c.name == n);
     }
-    output::certs(&rows, ctx.now_ms(), json)
+    let serials: Vec<&str> = rows.iter().map(|c| c.serial.as_str()).collect();
+    let issuers = super::ca::issuers(&ctx.dir, &serials)?;
+    output::certs(&rows, &issuers, ctx.now_ms(), json)
 }
 
 /// `revoke NAME|SERIAL`.
