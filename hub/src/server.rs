@@ -94,15 +94,21 @@ impl Hub {
             turns: Default::default(),
             certs: crate::http::certs::CertCache::new(wake_tx.subscribe()),
         });
+        // SIGHUP, and CLI changes (below), reload the TLS files (`renew --server`, `ca ...`).
+        match baton_shared::signal::hangups() {
+            Ok(h) => drop(tokio::spawn(tls::reload_on_hangups(tls_config.clone(), h, shutdown.clone()))),
+            Err(e) => tracing::warn!(error = %e, "no SIGHUP handler: the TLS files reload on CLI changes only"),
+        }
         // CLI changes wake both kinds of waiter.
         if let Err(e) = wake::listen(&self.dir.wake_socket(), wake_tx, shutdown.clone()).await {
             tracing::warn!(error = %e, "no wake socket: CLI changes reach waiting long-polls only at their next claim");
         }
         // ...and make open connections re-check their certificates (a revocation).
         let (records, records_rx) = watch::channel(0u64);
-        let relay = shared.clone();
+        let (relay, relay_tls) = (shared.clone(), tls_config.clone());
         tokio::spawn(async move {
             while wake_rx.changed().await.is_ok() {
+                relay_tls.reload("a CLI change");
                 relay.work_changed();
                 relay.outcome_changed();
                 records.send_modify(|n| *n = n.wrapping_add(1));

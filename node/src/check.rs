@@ -941,9 +941,12 @@ mod tests {
         let e = before_run(&config).unwrap_err();
         assert!(matches!(e, ConfigError::Check { field: "cert_file", .. }), "{e}");
 
-        let server =
-            pki::issue(&s.ca.cert_pem, &s.ca.key_pem, &LeafKind::Server { hostnames: vec!["localhost".into()] })
-                .unwrap();
+        let server = pki::issue(
+            &s.ca.cert_pem,
+            &s.ca.key_pem,
+            &LeafKind::Server { hostnames: vec!["localhost".into()], lifetime: pki::SERVER_VALIDITY },
+        )
+        .unwrap();
         s.write("s.crt", &server.cert_pem);
         s.write("s.key", &server.key_pem);
         let report = offline(&s.config("s.crt", "s.key", "sh"), baton_shared::clock::system_now_ms());

@@ -50,6 +50,10 @@ pub enum PkiError {
     /// The identity URI is not `urn:baton:<role>:<name>` with a known role and a valid name.
     #[error("the certificate's identity URI {0:?} is not urn:baton:<node|producer>:<name>")]
     IdentityShape(String),
+    /// No certificate in the CA file belongs to the CA key (the key signs with a CA that the
+    /// file does not hold).
+    #[error("no certificate in the CA file matches the CA key")]
+    NoIssuingCa,
     /// The name is reserved (`RESERVED_NAMES`) and no certificate may hold it.
     #[error("the name {0:?} is reserved for messages sent with `baton-hub send`; no certificate may hold it")]
     Reserved(String),
@@ -134,13 +138,104 @@ pub enum LeafKind {
     Server {
         /// Names and addresses nodes dial.
         hostnames: Vec<String>,
+        /// How long it is valid (`SERVER_VALIDITY` unless the operator says otherwise).
+        lifetime: Duration,
     },
 }
 
-/// Issues a leaf certificate signed by the CA given as PEM.
+/// Of the CA certificates in `bundle_pem` (one or more PEM certificates, as `ca.crt` holds
+/// during a CA rotation), the one (DER) whose public key is `ca_key_pem`'s: the one that issues.
+pub fn issuing_cert(bundle_pem: &str, ca_key_pem: &str) -> Result<Vec<u8>, PkiError> {
+    use rcgen::PublicKeyData;
+    let spki = KeyPair::from_pem(ca_key_pem)?.subject_public_key_info();
+    for der in pem_certs(bundle_pem)? {
+        let (_, cert) = x509_parser::parse_x509_certificate(&der).map_err(|_| PkiError::Parse)?;
+        if cert.tbs_certificate.subject_pki.raw == spki.as_slice() {
+            return Ok(der);
+        }
+    }
+    Err(PkiError::NoIssuingCa)
+}
+
+/// The DER certificates of a PEM file (one or more certificates).
+pub fn pem_certs(pem: &str) -> Result<Vec<Vec<u8>>, PkiError> {
+    use rustls_pki_types::{CertificateDer, pem::PemObject};
+    CertificateDer::pem_slice_iter(pem.as_bytes())
+        .map(|c| c.map(|c| c.as_ref().to_vec()).map_err(|_| PkiError::Parse))
+        .collect()
+}
+
+/// Which of the CAs in `bundle_pem` issued `cert_pem`: its index there, matched by key
+/// identifier (the certificate's authority key identifier is the CA's subject key identifier);
+/// `None` when none of them did.
+pub fn issuer_of(cert_pem: &str, bundle_pem: &str) -> Result<Option<usize>, PkiError> {
+    let der = pem_certs(cert_pem)?.into_iter().next().ok_or(PkiError::Parse)?;
+    let cas = pem_certs(bundle_pem)?;
+    let ca_ids = cas.iter().map(|ca| key_ids(ca).map(|(_, subject)| subject)).collect::<Result<Vec<_>, _>>()?;
+    let (authority, _) = key_ids(&der)?;
+    Ok(authority.and_then(|a| ca_ids.iter().position(|s| s.as_deref() == Some(a.as_slice()))))
+}
+
+/// A key identifier (the bytes of an authority or subject key identifier extension).
+pub type KeyId = Vec<u8>;
+
+/// The subject key identifier of a (CA) certificate, DER; empty when it carries none.
+pub fn subject_key_id(der: &[u8]) -> Result<KeyId, PkiError> {
+    Ok(key_ids(der)?.1.unwrap_or_default())
+}
+
+/// The authority key identifier of a certificate, DER: which CA key signed it.
+pub fn authority_key_id(der: &[u8]) -> Result<Option<KeyId>, PkiError> {
+    Ok(key_ids(der)?.0)
+}
+
+/// A certificate's authority and subject key identifiers, when it carries them.
+fn key_ids(der: &[u8]) -> Result<(Option<KeyId>, Option<KeyId>), PkiError> {
+    use x509_parser::extensions::ParsedExtension;
+    let (_, cert) = x509_parser::parse_x509_certificate(der).map_err(|_| PkiError::Parse)?;
+    let (mut authority, mut subject) = (None, None);
+    for ext in cert.extensions() {
+        match ext.parsed_extension() {
+            ParsedExtension::AuthorityKeyIdentifier(a) => authority = a.key_identifier.as_ref().map(|k| k.0.to_vec()),
+            ParsedExtension::SubjectKeyIdentifier(k) => subject = Some(k.0.to_vec()),
+            _ => {}
+        }
+    }
+    Ok((authority, subject))
+}
+
+/// The DNS names and IP addresses a (server) certificate is valid for, as `issue` takes them.
+pub fn server_names(cert_pem: &str) -> Result<Vec<String>, PkiError> {
+    use x509_parser::extensions::GeneralName;
+    let der = pem_certs(cert_pem)?.into_iter().next().ok_or(PkiError::Parse)?;
+    let (_, cert) = x509_parser::parse_x509_certificate(&der).map_err(|_| PkiError::Parse)?;
+    let mut names = Vec::new();
+    if let Ok(Some(san)) = cert.subject_alternative_name() {
+        for name in &san.value.general_names {
+            match name {
+                GeneralName::DNSName(n) => names.push(n.to_string()),
+                GeneralName::IPAddress(b) => match b.len() {
+                    4 => names.push(
+                        std::net::Ipv4Addr::from(<[u8; 4]>::try_from(*b).map_err(|_| PkiError::Parse)?).to_string(),
+                    ),
+                    16 => names.push(
+                        std::net::Ipv6Addr::from(<[u8; 16]>::try_from(*b).map_err(|_| PkiError::Parse)?).to_string(),
+                    ),
+                    _ => return Err(PkiError::Parse),
+                },
+                _ => {}
+            }
+        }
+    }
+    Ok(names)
+}
+
+/// Issues a leaf certificate signed by the CA key `ca_key_pem`, whose certificate is one of
+/// those in `ca_cert_pem` (`issuing_cert`).
 pub fn issue(ca_cert_pem: &str, ca_key_pem: &str, kind: &LeafKind) -> Result<Issued, PkiError> {
+    let ca_der = issuing_cert(ca_cert_pem, ca_key_pem)?;
     let ca_key = KeyPair::from_pem(ca_key_pem)?;
-    let issuer = Issuer::from_ca_cert_pem(ca_cert_pem, ca_key)?;
+    let issuer = Issuer::from_ca_cert_der(&ca_der.into(), ca_key)?;
     let key = KeyPair::generate()?;
     let mut params = CertificateParams::default();
     params.distinguished_name = rcgen::DistinguishedName::new();
@@ -159,12 +254,12 @@ pub fn issue(ca_cert_pem: &str, ca_key_pem: &str, kind: &LeafKind) -> Result<Iss
             params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
             validity(&mut params, *lifetime);
         }
-        LeafKind::Server { hostnames } => {
+        LeafKind::Server { hostnames, lifetime } => {
             let mut p = CertificateParams::new(hostnames.clone())?;
             std::mem::swap(&mut params.subject_alt_names, &mut p.subject_alt_names);
             params.distinguished_name.push(DnType::CommonName, "baton-hub");
             params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-            validity(&mut params, SERVER_VALIDITY);
+            validity(&mut params, *lifetime);
         }
     }
     let (serial, serial_hex) = random_serial();
@@ -207,7 +302,12 @@ pub fn peer_identity(der: &[u8]) -> Result<PeerIdentity, PkiError> {
 pub fn cert_facts(cert_pem: &str) -> Result<(String, i64), PkiError> {
     use rustls_pki_types::{CertificateDer, pem::PemObject};
     let der = CertificateDer::from_pem_slice(cert_pem.as_bytes()).map_err(|_| PkiError::Parse)?;
-    let (_, cert) = x509_parser::parse_x509_certificate(&der).map_err(|_| PkiError::Parse)?;
+    der_facts(&der)
+}
+
+/// Reads the serial (lowercase hex) and expiry (unix seconds) of a DER certificate.
+pub fn der_facts(der: &[u8]) -> Result<(String, i64), PkiError> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).map_err(|_| PkiError::Parse)?;
     let serial = cert.tbs_certificate.raw_serial().iter().map(|b| format!("{b:02x}")).collect::<String>();
     Ok((serial.trim_start_matches("00").to_string(), cert.validity().not_after.timestamp()))
 }
@@ -235,9 +335,43 @@ mod tests {
     #[test]
     fn server_cert_has_no_identity() {
         let ca = create_ca("test ca").unwrap();
-        let leaf = issue(&ca.cert_pem, &ca.key_pem, &LeafKind::Server { hostnames: vec!["localhost".into()] }).unwrap();
+        let kind = LeafKind::Server { hostnames: vec!["localhost".into()], lifetime: SERVER_VALIDITY };
+        let leaf = issue(&ca.cert_pem, &ca.key_pem, &kind).unwrap();
         let der = CertificateDer::from_pem_slice(leaf.cert_pem.as_bytes()).unwrap();
         assert!(matches!(peer_identity(&der), Err(PkiError::IdentityCount(0))));
+    }
+
+    /// A renewal reads the names back as they were given: DNS names and both IP families.
+    #[test]
+    fn server_names_read_back_as_issued() {
+        let ca = create_ca("test ca").unwrap();
+        let names: Vec<String> = ["localhost", "127.0.0.1", "::1", "hub.example"].map(String::from).to_vec();
+        let kind = LeafKind::Server { hostnames: names.clone(), lifetime: SERVER_VALIDITY };
+        let leaf = issue(&ca.cert_pem, &ca.key_pem, &kind).unwrap();
+        let mut back = server_names(&leaf.cert_pem).unwrap();
+        back.sort();
+        let mut want = names;
+        want.sort();
+        assert_eq!(back, want);
+    }
+
+    /// In a bundle of two CAs the key picks its own certificate, in either order; a key of
+    /// neither is refused.
+    #[test]
+    fn the_issuing_ca_is_found_by_its_key() {
+        let (old, new) = (create_ca("old").unwrap(), create_ca("new").unwrap());
+        for bundle in [format!("{}{}", new.cert_pem, old.cert_pem), format!("{}{}", old.cert_pem, new.cert_pem)] {
+            let found = issuing_cert(&bundle, &new.key_pem).unwrap();
+            assert_eq!(vec![found], pem_certs(&new.cert_pem).unwrap());
+            let kind = LeafKind::Server { hostnames: vec!["h".into()], lifetime: SERVER_VALIDITY };
+            let leaf = issue(&bundle, &new.key_pem, &kind).unwrap();
+            assert_eq!(
+                issuer_of(&leaf.cert_pem, &bundle).unwrap(),
+                Some(0).filter(|_| bundle.starts_with(&new.cert_pem)).or(Some(1))
+            );
+        }
+        let other = create_ca("other").unwrap();
+        assert!(matches!(issuing_cert(&old.cert_pem, &other.key_pem), Err(PkiError::NoIssuingCa)));
     }
 
     /// The `send` identity is never issued, and a certificate made for it elsewhere (signed

@@ -17,6 +17,8 @@
 //! - `openapi_exact`: `docs/openapi.json` held to the validation code: its bounds are the
 //!   constants, and requests generated from it (each constraint broken, each boundary kept) are
 //!   answered by a real hub exactly as it says.
+//! - `cert_rotation`: the hub's server certificate replaced under open connections and a
+//!   running node (`renew --server`, SIGHUP), and `status` flagging one near its end.
 //! - `hub_edges`: the hub's edges under abuse: connection limits and timeouts, revocation of
 //!   open connections and of waiting reads, file modes, and axum's own refusals in our shape.
 //! - `hub_crash`: crash points, restart and repair.
@@ -59,6 +61,7 @@
 // modules"; spelling every item `pub(crate)` would add noise, not safety.
 #![allow(unreachable_pub)]
 
+mod cert_rotation;
 mod conversation_fairness;
 mod conversation_order;
 mod conversations_cli;

@@ -52,16 +52,24 @@ pub enum Command {
         #[command(flatten)]
         why: Reason,
     },
-    /// Issue a fresh certificate for an enrolled name.
+    /// Issue a fresh certificate for an enrolled name, or (`--server`) replace the hub's own
+    /// server certificate.
+    #[command(group = clap::ArgGroup::new("what").required(true).args(["name", "server"]))]
     Renew {
         /// Host or producer name.
-        name: String,
+        name: Option<String>,
+        /// Replace the hub's server certificate instead: a new key and serial under the current
+        /// CA, with the names of the one it replaces, which is kept aside as
+        /// `hub.crt.replaced-<UTC time>` (and its key likewise). A running hub serves it to new
+        /// connections at once (open ones keep theirs); `kill -HUP` the hub to reload by hand.
+        #[arg(long, conflicts_with_all = ["out", "revoke_old"])]
+        server: bool,
         /// Where to write NAME.crt, NAME.key and ca.crt.
+        #[arg(long, required_unless_present = "server")]
+        out: Option<PathBuf>,
+        /// Validity in days [default: 365; with --server 730].
         #[arg(long)]
-        out: PathBuf,
-        /// Validity in days.
-        #[arg(long, default_value_t = 365)]
-        days: u32,
+        days: Option<u32>,
         /// Revoke the name's older certificates in the same step (without it, both stay valid
         /// until the old one is revoked or expires, so a node can switch over first).
         #[arg(long)]
@@ -177,6 +185,10 @@ pub enum Command {
     /// Certificates: name, role, serial, not-after, revoked.
     #[command(subcommand)]
     Certs(CertsCmd),
+    /// Rotate the hub's CA with an overlap in which the old and the new CA are both trusted
+    /// (README: "Rotating the CA").
+    #[command(subcommand)]
+    Ca(CaCmd),
     /// What operators and the hub did, newest first: enrollments, revocations, renewals,
     /// retirements, requeues, fences set, lifted and expired, releases, cancels, membership and
     /// scope changes, with actor and reason. Exit 1 when nothing matches.
@@ -244,6 +256,20 @@ pub enum CertsCmd {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// `ca` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum CaCmd {
+    /// Start a rotation: a new CA key and certificate; `ca.crt` becomes the new and the old CA
+    /// (both trusted by the hub at once), and `enroll`, `renew` and `renew --server` issue under
+    /// the new CA from now on. The old key and file are kept aside. Refused while a rotation is
+    /// under way (`ca.crt` holds two CAs).
+    Rotate,
+    /// End a rotation: `ca.crt` keeps only the issuing CA; connections and certificates of the
+    /// old CA are refused from then on. Refused while the hub's server certificate is still the
+    /// old CA's (run `renew --server` first); exit 1 when there is no old CA.
+    RetireOld,
 }
 
 /// `hosts` subcommands.
@@ -633,6 +659,10 @@ mod tests {
             vec!["baton-hub", "hosts", "list", "--json"],
             vec!["baton-hub", "certs", "list", "--name", "host-a", "--json"],
             vec!["baton-hub", "renew", "host-a", "--out", "d", "--revoke-old"],
+            vec!["baton-hub", "renew", "--server"],
+            vec!["baton-hub", "ca", "rotate"],
+            vec!["baton-hub", "ca", "retire-old"],
+            vec!["baton-hub", "renew", "--server", "--days", "10"],
             vec!["baton-hub", "audit", "--since", "24h", "--actor", "alice", "--json"],
             vec!["baton-hub", "hosts", "show", "host-a", "--json"],
         ] {
@@ -647,6 +677,11 @@ mod tests {
         assert!(Cli::try_parse_from(["baton-hub", "members", "add", "h1"]).is_err());
         assert!(Cli::try_parse_from(["baton-hub", "members", "add", "--conversation", "c"]).is_err());
         assert!(Cli::try_parse_from(["baton-hub", "producers", "scope", "p"]).is_err());
+        // `renew` names a holder or `--server`, never both; a holder's renewal says where to.
+        assert!(Cli::try_parse_from(["baton-hub", "renew"]).is_err());
+        assert!(Cli::try_parse_from(["baton-hub", "renew", "host-a", "--server"]).is_err());
+        assert!(Cli::try_parse_from(["baton-hub", "renew", "host-a"]).is_err());
+        assert!(Cli::try_parse_from(["baton-hub", "renew", "--server", "--out", "d"]).is_err());
         // Configuration flags belong to `serve` only.
         assert!(Cli::try_parse_from(["baton-hub", "status", "--claim-batch-max", "5"]).is_err());
     }

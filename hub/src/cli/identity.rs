@@ -4,6 +4,7 @@
 use super::args::Enroll;
 use super::{CliError, CliResult, Context, output};
 use crate::store::{self, StoreError, fleet, hosts, in_write_txn, producers};
+use crate::wake;
 use baton_shared::ids::{Role, check_name};
 use baton_shared::pki::{self, LeafKind};
 use std::io::Write;
@@ -12,9 +13,11 @@ use std::time::Duration;
 
 /// The longest certificate validity `enroll` and `renew` issue, in days.
 const CERT_DAYS_MAX: u32 = 3650;
+/// A renewed node's or producer's validity when `--days` is not given (`enroll`'s default).
+const CERT_DAYS_DEFAULT: u32 = 365;
 
 /// Writes a new file (never over an existing one) and syncs it; keys get mode 0600.
-fn write_new(path: &Path, contents: &str, private: bool) -> CliResult {
+pub(super) fn write_new(path: &Path, contents: &str, private: bool) -> CliResult {
     use std::os::unix::fs::OpenOptionsExt;
     let mut f = std::fs::OpenOptions::new()
         .write(true)
@@ -50,8 +53,12 @@ pub(super) fn init(ctx: &Context, hostnames: &[String]) -> CliResult {
             names.push(h.clone());
         }
     }
-    let server = pki::issue(&ca.cert_pem, &ca.key_pem, &LeafKind::Server { hostnames: names.clone() })
-        .map_err(|e| CliError::usage(e.to_string()))?;
+    let server = pki::issue(
+        &ca.cert_pem,
+        &ca.key_pem,
+        &LeafKind::Server { hostnames: names.clone(), lifetime: pki::SERVER_VALIDITY },
+    )
+    .map_err(|e| CliError::usage(e.to_string()))?;
     write_new(&dir.ca_key(), &ca.key_pem, true)?;
     write_new(&dir.ca_cert(), &ca.cert_pem, false)?;
     write_new(&dir.server_key(), &server.key_pem, true)?;
@@ -83,7 +90,8 @@ pub(super) fn enroll_cmd(ctx: &Context, e: &Enroll) -> CliResult {
 /// `renew NAME --out DIR [--revoke-old]`: a fresh certificate under the role `NAME` was
 /// enrolled with; with `revoke_old`, its other unrevoked certificates are revoked in the same
 /// transaction (otherwise both stay valid until the old one is revoked or expires).
-pub(super) fn renew(ctx: &Context, name: &str, out: &Path, days: u32, revoke_old: bool) -> CliResult {
+pub(super) fn renew(ctx: &Context, name: &str, out: &Path, days: Option<u32>, revoke_old: bool) -> CliResult {
+    let days = days.unwrap_or(CERT_DAYS_DEFAULT);
     let roles = hosts::enrolled_roles(&ctx.open_read()?, name)?;
     let role = match roles.as_slice() {
         [r] => *r,
@@ -96,6 +104,99 @@ pub(super) fn renew(ctx: &Context, name: &str, out: &Path, days: u32, revoke_old
         ctx.wake_hub();
     }
     Ok(())
+}
+
+/// `renew --server [--days N]`: a new server certificate (new key, new serial) under the
+/// current CA, for the names the current one carries, valid `days` (else `SERVER_VALIDITY`).
+/// Both files are replaced by rename, the replaced ones kept aside (hard links, so the old key
+/// keeps its mode); then a running hub is woken, and reloads them for its next handshakes.
+pub(super) fn renew_server(ctx: &Context, days: Option<u32>) -> CliResult {
+    let lifetime = match days {
+        None => pki::SERVER_VALIDITY,
+        Some(d) if d == 0 || d > CERT_DAYS_MAX => {
+            return Err(CliError::usage(format!("--days {d} is out of range; allowed 1..={CERT_DAYS_MAX}")));
+        }
+        Some(d) => Duration::from_secs(u64::from(d) * 24 * 3600),
+    };
+    let dir = &ctx.dir;
+    let read = |p: &Path| std::fs::read_to_string(p).map_err(|e| CliError::failure(format!("{}: {e}", p.display())));
+    let current = read(&dir.server_cert())?;
+    let names =
+        pki::server_names(&current).map_err(|e| CliError::failure(format!("{}: {e}", dir.server_cert().display())))?;
+    if names.is_empty() {
+        return Err(CliError::failure(format!("{} names no host or address", dir.server_cert().display())));
+    }
+    let (ca_cert, ca_key) = super::ca::issuing_ca(dir)?;
+    let server = pki::issue(&ca_cert, &ca_key, &LeafKind::Server { hostnames: names.clone(), lifetime })
+        .map_err(|e| CliError::failure(e.to_string()))?;
+    let stamp = super::ca::aside_stamp(ctx.now_ms());
+    let kept = replace_files(
+        &[(dir.server_key(), server.key_pem.as_str(), true), (dir.server_cert(), server.cert_pem.as_str(), false)],
+        &stamp,
+    )?;
+    let reloaded = wake::notify(&dir.wake_socket());
+    output::line(format!(
+        "renewed the hub's server certificate: serial {}, not after {} (names: {}); replaced files kept as {}",
+        server.serial,
+        output::fmt_ms(server.not_after_unix.saturating_mul(1000)),
+        names.join(", "),
+        kept.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+    ))?;
+    output::line(if reloaded {
+        "the running hub serves it to new connections"
+    } else {
+        "no hub is running here; the next `serve` uses it"
+    })
+}
+
+/// Replaces each `(path, contents, private)` by writing `path.new`, syncing it, keeping the
+/// current file aside as `path.replaced-STAMP` (a hard link, same inode and mode) and renaming
+/// the new one over it; then syncs the directory. Returns the paths kept aside.
+pub(super) fn replace_files(
+    files: &[(std::path::PathBuf, &str, bool)],
+    stamp: &str,
+) -> Result<Vec<std::path::PathBuf>, CliError> {
+    let fail = |what: &str, p: &Path, e: std::io::Error| CliError::failure(format!("{what} {}: {e}", p.display()));
+    let mut staged = Vec::new();
+    for (path, contents, private) in files {
+        let new = suffixed(path, ".new");
+        match std::fs::remove_file(&new) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(fail("removing", &new, e)),
+            _ => {}
+        }
+        write_new(&new, contents, *private)?;
+        staged.push((path, new));
+    }
+    let mut kept = Vec::new();
+    for (path, new) in staged {
+        if path.exists() {
+            let aside = free_name(&suffixed(path, &format!(".replaced-{stamp}")));
+            std::fs::hard_link(path, &aside).map_err(|e| fail("keeping aside", path, e))?;
+            kept.push(aside);
+        }
+        std::fs::rename(&new, path).map_err(|e| fail("replacing", path, e))?;
+    }
+    if let Some(parent) = files.first().and_then(|(p, _, _)| p.parent()) {
+        std::fs::File::open(parent).and_then(|d| d.sync_all()).map_err(|e| fail("syncing", parent, e))?;
+    }
+    Ok(kept)
+}
+
+fn suffixed(path: &Path, suffix: &str) -> std::path::PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(suffix);
+    std::path::PathBuf::from(s)
+}
+
+/// `base`, or `base.2`, `base.3`, … when taken (two replacements within one second).
+fn free_name(base: &Path) -> std::path::PathBuf {
+    let mut candidate = base.to_path_buf();
+    let mut n = 1;
+    while candidate.exists() {
+        n += 1;
+        candidate = suffixed(base, &format!(".{n}"));
+    }
+    candidate
 }
 
 /// What one enrollment issues and records.
@@ -142,8 +243,7 @@ fn enroll_as(ctx: &Context, e: Enrollment<'_>) -> Result<Vec<String>, CliError> 
     }
     let conn = ctx.open_write()?;
     let dir = &ctx.dir;
-    let ca_cert = std::fs::read_to_string(dir.ca_cert())?;
-    let ca_key = std::fs::read_to_string(dir.ca_key())?;
+    let (ca_cert, ca_key) = super::ca::issuing_ca(dir)?;
     let lifetime = Duration::from_secs(u64::from(days) * 24 * 3600);
     let leaf = pki::issue(&ca_cert, &ca_key, &LeafKind::Client { role, name: name.into(), lifetime })
         .map_err(|e| CliError::usage(e.to_string()))?;
@@ -155,6 +255,8 @@ fn enroll_as(ctx: &Context, e: Enrollment<'_>) -> Result<Vec<String>, CliError> 
             return Err(CliError::usage(format!("{} exists; refusing to overwrite it", p.display())));
         }
     }
+    // Before the record: a serial in the record always has its copy (`certs list`'s CA).
+    super::ca::keep_issued(dir, &leaf.serial, &leaf.cert_pem)?;
     let issued = hosts::Issued { role, name, serial: &leaf.serial, not_after_unix: leaf.not_after_unix };
     let now_ms = ctx.now_ms();
     let revoked = in_write_txn(&conn, |c| {
@@ -181,9 +283,14 @@ fn enroll_as(ctx: &Context, e: Enrollment<'_>) -> Result<Vec<String>, CliError> 
     })?;
     write_new(&key_path, &leaf.key_pem, true)?;
     write_new(&cert_path, &leaf.cert_pem, false)?;
+    // Every CA the hub trusts (two during a CA rotation): a stale copy is replaced.
     let ca_out = out_dir.join("ca.crt");
-    if !ca_out.exists() {
-        write_new(&ca_out, &ca_cert, false)?;
+    match std::fs::read_to_string(&ca_out) {
+        Ok(old) if old == ca_cert => {}
+        Ok(_) => {
+            drop(replace_files(&[(ca_out.clone(), ca_cert.as_str(), false)], &super::ca::aside_stamp(ctx.now_ms()))?)
+        }
+        Err(_) => write_new(&ca_out, &ca_cert, false)?,
     }
     output::line(format!("enrolled {role} {name}: {} (serial {})", cert_path.display(), leaf.serial))?;
     if let Some(patterns) = scope {
@@ -192,14 +299,17 @@ fn enroll_as(ctx: &Context, e: Enrollment<'_>) -> Result<Vec<String>, CliError> 
     Ok(revoked)
 }
 
-/// `certs list [--name NAME]`: every certificate with its role, serial, expiry and revocation.
+/// `certs list [--name NAME]`: every certificate with its role, serial, issuing CA, expiry and
+/// revocation.
 pub(super) fn certs(ctx: &Context, name: Option<&str>, json: bool) -> CliResult {
     let conn = ctx.open_read()?;
     let mut rows = fleet::certificates(&conn, None)?;
     if let Some(n) = name {
         rows.retain(|c| c.name == n);
     }
-    output::certs(&rows, ctx.now_ms(), json)
+    let serials: Vec<&str> = rows.iter().map(|c| c.serial.as_str()).collect();
+    let issuers = super::ca::issuers(&ctx.dir, &serials)?;
+    output::certs(&rows, &issuers, ctx.now_ms(), json)
 }
 
 /// `revoke NAME|SERIAL`.

@@ -4,7 +4,8 @@
 //! Layout:
 //! - `args`: the command line, defined once (clap derive).
 //! - `output`: everything written to stdout (tables, JSON, one-line answers).
-//! - `identity`: `init`, `enroll`, `renew`, `revoke`, `certs list`.
+//! - `identity`: `init`, `enroll`, `renew` (a holder's or the hub's server certificate),
+//!   `revoke`, `certs list`.
 //! - `conversations`: `members add|remove|list`, `producers scope|list`.
 //! - `fence`: `fence pause|hold|block|lift|list`.
 //! - `deliveries`: `deliveries list|show`, `held`, `retire`, `requeue`.
@@ -12,6 +13,7 @@
 //! - `send`: submitting a message by hand.
 //! - `inspect`: `status`, `backup`, `verify`, `config check`.
 //! - `hosts`: `hosts list|show`, the fleet.
+//! - `ca`: `ca rotate|retire-old`, the issuing CA.
 //! - `audit`: `audit`, the operators' and the hub's actions.
 //! - `restore`, `purge`: replacing the database with a verified backup; removing settled messages.
 //! - `serve`: running the hub.
@@ -24,6 +26,7 @@
 
 mod args;
 mod audit;
+mod ca;
 mod conversations;
 mod deliveries;
 mod fence;
@@ -215,7 +218,11 @@ pub fn run(cli: &Cli) -> CliResult {
         Command::Serve { .. } => Err(CliError::failure("serve is run above")),
         Command::Init { hostnames } => identity::init(&ctx, hostnames),
         Command::Enroll(e) => identity::enroll_cmd(&ctx, e),
-        Command::Renew { name, out, days, revoke_old } => identity::renew(&ctx, name, out, *days, *revoke_old),
+        Command::Renew { name, server, out, days, revoke_old } => match (name, out) {
+            (Some(name), Some(out)) if !*server => identity::renew(&ctx, name, out, *days, *revoke_old),
+            _ if *server => identity::renew_server(&ctx, *days),
+            _ => Err(CliError::usage("renew takes NAME --out DIR, or --server")),
+        },
         Command::Revoke { name, why } => identity::revoke(&ctx, name, &why.reason),
         Command::Retire { host, why } => deliveries::retire(&ctx, host, &why.reason),
         Command::Requeue { instance, host, why } => deliveries::requeue(&ctx, instance, host.as_deref(), &why.reason),
@@ -243,6 +250,8 @@ pub fn run(cli: &Cli) -> CliResult {
         Command::Completions { shell } => manuals::completions(*shell),
         Command::Man { out } => manuals::man(out),
         Command::Hosts(h) => hosts::run(&ctx, h),
+        Command::Ca(CaCmd::Rotate) => ca::rotate(&ctx),
+        Command::Ca(CaCmd::RetireOld) => ca::retire_old(&ctx),
         Command::Certs(CertsCmd::List { name, json }) => identity::certs(&ctx, name.as_deref(), *json),
         Command::Restore { from } => restore::restore(&ctx, from),
         Command::Purge { message, conversation, dry_run, reason } => {

@@ -470,17 +470,24 @@ pub(super) fn more_remain(note: &str) -> CliResult {
 
 /// `certs list`: a table, or JSON (`[{"serial", "role", "name", "issued_at_ms",
 /// "not_after_unix", "revoked", "revoked_at_ms", "revoked_by", "revoked_reason"}]`).
-pub(super) fn certs(rows: &[CertRow], now_ms: i64, as_json: bool) -> CliResult {
+pub(super) fn certs(rows: &[CertRow], issuers: &[super::ca::IssuedBy], now_ms: i64, as_json: bool) -> CliResult {
     if as_json {
-        return json(&Value::Array(rows.iter().map(cert_json).collect()));
+        let typed = rows.iter().zip(issuers).map(|(c, by)| {
+            let mut v = cert_json(c);
+            v["ca"] = by.key_id.as_ref().map_or(Value::Null, |k| json!({"key_id": k, "trusted": by.trusted}));
+            v
+        });
+        return json(&Value::Array(typed.collect()));
     }
     let rows: Vec<Vec<String>> = rows
         .iter()
-        .map(|c| {
+        .zip(issuers)
+        .map(|(c, by)| {
             vec![
                 c.name.clone(),
                 c.role.as_str().to_string(),
                 c.serial.clone(),
+                by.to_string(),
                 fmt_ms(c.issued_at_ms),
                 fmt_not_after(c.not_after_unix, now_ms),
                 match &c.revoked {
@@ -490,7 +497,7 @@ pub(super) fn certs(rows: &[CertRow], now_ms: i64, as_json: bool) -> CliResult {
             ]
         })
         .collect();
-    table(&["NAME", "ROLE", "SERIAL", "ISSUED", "NOT AFTER", "REVOKED"], &rows)
+    table(&["NAME", "ROLE", "SERIAL", "CA", "ISSUED", "NOT AFTER", "REVOKED"], &rows)
 }
 
 /// `audit`: a table, or JSON (`[{"at_ms", "source", "id", "action", "subject", "actor_kind",

@@ -1,0 +1,232 @@
+//! The hub's certificate authority as operators rotate it: which CA issues, and files replaced
+//! with the old ones kept aside.
+//!
+//! `ca.crt` holds every CA the hub trusts (one, or during a rotation the new and the old);
+//! `ca.key` is the key of the one that issues, whose certificate is found in `ca.crt` by its
+//! public key (`pki::issuing_cert`), so the two files are all the state a rotation has.
+
+use super::{CliError, CliResult, Context, identity, output};
+use crate::datadir::DataDir;
+use crate::store::{hosts, in_write_txn};
+use baton_shared::{exit, pki};
+use std::path::Path;
+
+/// The certificate blocks of a PEM file, as text (each `-----BEGIN CERTIFICATE-----` through
+/// its `-----END CERTIFICATE-----`, with a final newline).
+fn pem_blocks(pem: &str) -> Vec<String> {
+    const END: &str = "-----END CERTIFICATE-----";
+    let mut blocks = Vec::new();
+    let mut rest = pem;
+    while let (Some(b), Some(e)) = (rest.find("-----BEGIN CERTIFICATE-----"), rest.find(END)) {
+        if e < b {
+            rest = &rest[e + END.len()..];
+            continue;
+        }
+        blocks.push(format!("{}\n", &rest[b..e + END.len()]));
+        rest = &rest[e + END.len()..];
+    }
+    blocks
+}
+
+/// The issuing CA's block of `ca.crt` (the one whose key is `ca.key`) and the other blocks.
+fn split_cas(dir: &DataDir) -> Result<(String, Vec<String>), CliError> {
+    let (bundle, key) = issuing_ca(dir)?;
+    let failed = |e: pki::PkiError| CliError::failure(format!("{}: {e}", dir.ca_cert().display()));
+    let issuing = pki::issuing_cert(&bundle, &key).map_err(failed)?;
+    let (mut mine, mut others) = (None, Vec::new());
+    for block in pem_blocks(&bundle) {
+        let der = pki::pem_certs(&block).map_err(failed)?;
+        if der.first() == Some(&issuing) && mine.is_none() {
+            mine = Some(block);
+        } else {
+            others.push(block);
+        }
+    }
+    let mine = mine.ok_or_else(|| failed(pki::PkiError::NoIssuingCa))?;
+    Ok((mine, others))
+}
+
+/// Where `enroll` and `renew` keep a copy of every certificate they issue (`SERIAL.crt`), so
+/// that `certs list` can tell which CA issued it.
+pub(super) fn issued_dir(dir: &DataDir) -> std::path::PathBuf {
+    dir.root().join("issued")
+}
+
+/// Keeps a copy of an issued certificate (see `issued_dir`).
+pub(super) fn keep_issued(dir: &DataDir, serial: &str, cert_pem: &str) -> CliResult {
+    let issued = issued_dir(dir);
+    std::fs::create_dir_all(&issued).map_err(|e| CliError::failure(format!("{}: {e}", issued.display())))?;
+    identity::write_new(&issued.join(format!("{serial}.crt")), cert_pem, false)
+}
+
+/// Which CA issued a certificate, as `certs list` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct IssuedBy {
+    /// The issuing CA's key identifier (hex); `None` when no copy of the certificate was kept
+    /// (issued before the hub kept them).
+    pub(super) key_id: Option<String>,
+    /// Whether that CA is in `ca.crt` (false once `ca retire-old` dropped it).
+    pub(super) trusted: bool,
+}
+
+impl std::fmt::Display for IssuedBy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.key_id {
+            None => f.write_str("-"),
+            Some(k) if self.trusted => write!(f, "{}", &k[..k.len().min(KEY_ID_SHOWN_CHARS)]),
+            Some(k) => write!(f, "{} (retired)", &k[..k.len().min(KEY_ID_SHOWN_CHARS)]),
+        }
+    }
+}
+
+/// How much of a CA's key identifier the `certs list` table shows (JSON has all of it).
+const KEY_ID_SHOWN_CHARS: usize = 8;
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Which CA issued each of `serials`, from the kept copies and `ca.crt`.
+pub(super) fn issuers(dir: &DataDir, serials: &[&str]) -> Result<Vec<IssuedBy>, CliError> {
+    let failed = |e: pki::PkiError| CliError::failure(format!("{}: {e}", dir.ca_cert().display()));
+    let trusted: Vec<Vec<u8>> = pki::pem_certs(&read(&dir.ca_cert())?)
+        .map_err(failed)?
+        .iter()
+        .map(|c| pki::subject_key_id(c))
+        .collect::<Result<_, _>>()
+        .map_err(failed)?;
+    let mut out = Vec::with_capacity(serials.len());
+    for serial in serials {
+        let copy = issued_dir(dir).join(format!("{serial}.crt"));
+        let Ok(pem) = std::fs::read_to_string(&copy) else {
+            out.push(IssuedBy { key_id: None, trusted: false });
+            continue;
+        };
+        let bad = |e: pki::PkiError| CliError::failure(format!("{}: {e}", copy.display()));
+        let der = pki::pem_certs(&pem).map_err(bad)?.into_iter().next().ok_or_else(|| bad(pki::PkiError::Parse))?;
+        let key_id = pki::authority_key_id(&der).map_err(bad)?;
+        let trusted = key_id.as_ref().is_some_and(|k| trusted.contains(k));
+        out.push(IssuedBy { key_id: key_id.map(|k| hex(&k)), trusted });
+    }
+    Ok(out)
+}
+
+/// Records a CA change in the audit log.
+fn record(ctx: &Context, action: &str, note: &str) -> CliResult {
+    let conn = ctx.open_write()?;
+    in_write_txn(&conn, |c| hosts::record_operator_event(c, action, "ca", &ctx.operator, Some(note), ctx.now_ms()))?;
+    Ok(())
+}
+
+/// `ca rotate`: a new issuing CA, trusted beside the old one (see `args::CaCmd`).
+pub(super) fn rotate(ctx: &Context) -> CliResult {
+    let dir = &ctx.dir;
+    let (current, others) = split_cas(dir)?;
+    if !others.is_empty() {
+        return Err(CliError::usage(format!(
+            "{} holds {} CAs: a rotation is under way; end it with `baton-hub ca retire-old` first",
+            dir.ca_cert().display(),
+            others.len() + 1
+        )));
+    }
+    let stamp = aside_stamp(ctx.now_ms());
+    let new = pki::create_ca(&format!("Baton hub CA {stamp}")).map_err(|e| CliError::failure(e.to_string()))?;
+    let bundle = format!("{}{current}", new.cert_pem);
+    let kept = identity::replace_files(
+        &[(dir.ca_key(), new.key_pem.as_str(), true), (dir.ca_cert(), bundle.as_str(), false)],
+        &stamp,
+    )?;
+    let note = format!("new CA serial {}; the old CA stays trusted until `ca retire-old`", new.serial);
+    record(ctx, "ca_rotate", &note)?;
+    ctx.wake_hub();
+    output::line(format!(
+        "new CA {} issues from now on; {} trusts the new and the old CA",
+        new.serial,
+        dir.ca_cert().display()
+    ))?;
+    output::line(format!(
+        "replaced files kept as {}",
+        kept.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+    ))?;
+    output::line(
+        "next: give every node and producer the new ca.crt (nodes: SIGHUP), then `baton-hub renew --server`, \
+         renew every node and producer certificate, and end with `baton-hub ca retire-old`",
+    )
+}
+
+/// `ca retire-old`: `ca.crt` keeps only the issuing CA (see `args::CaCmd`).
+pub(super) fn retire_old(ctx: &Context) -> CliResult {
+    let dir = &ctx.dir;
+    let (current, others) = split_cas(dir)?;
+    if others.is_empty() {
+        return Err(CliError::new(
+            exit::NOTHING,
+            format!("{} holds one CA: nothing to retire", dir.ca_cert().display()),
+        ));
+    }
+    let issuing = pki::pem_certs(&current).map_err(|e| CliError::failure(e.to_string()))?;
+    let server = pki::pem_certs(&read(&dir.server_cert())?).map_err(|e| CliError::failure(e.to_string()))?;
+    let issued_by_current = match (issuing.first(), server.first()) {
+        (Some(ca), Some(leaf)) => {
+            let ca_id = pki::subject_key_id(ca).map_err(|e| CliError::failure(e.to_string()))?;
+            pki::authority_key_id(leaf).map_err(|e| CliError::failure(e.to_string()))? == Some(ca_id)
+        }
+        _ => false,
+    };
+    if !issued_by_current {
+        return Err(CliError::new(
+            exit::REFUSED,
+            "the hub's server certificate is still the old CA's: nodes would refuse the hub once they trust only \
+             the new CA; run `baton-hub renew --server` first",
+        ));
+    }
+    let stamp = aside_stamp(ctx.now_ms());
+    let kept = identity::replace_files(&[(dir.ca_cert(), current.as_str(), false)], &stamp)?;
+    record(ctx, "ca_retire_old", &format!("{} old CA(s) no longer trusted", others.len()))?;
+    ctx.wake_hub();
+    output::line(format!(
+        "retired {} old CA(s): {} trusts only the issuing CA; certificates of the old CA are refused from now on",
+        others.len(),
+        dir.ca_cert().display()
+    ))?;
+    output::line(format!(
+        "replaced file kept as {}",
+        kept.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+    ))
+}
+
+fn read(path: &Path) -> Result<String, CliError> {
+    std::fs::read_to_string(path).map_err(|e| CliError::failure(format!("{}: {e}", path.display())))
+}
+
+/// The CA file (every trusted CA, PEM) and the issuing CA's key (PEM), as `pki::issue` takes
+/// them.
+pub(super) fn issuing_ca(dir: &DataDir) -> Result<(String, String), CliError> {
+    Ok((read(&dir.ca_cert())?, read(&dir.ca_key())?))
+}
+
+/// The UTC time in the names of files kept aside (`hub.crt.replaced-20260501T120000Z`), as
+/// `restore` names a replaced database.
+pub(super) fn aside_stamp(now_ms: i64) -> String {
+    let f = time::macros::format_description!("[year][month][day]T[hour][minute][second]Z");
+    time::OffsetDateTime::from_unix_timestamp(now_ms / 1000)
+        .ok()
+        .and_then(|t| t.format(&f).ok())
+        .unwrap_or_else(|| now_ms.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each certificate block is cut out whole, whatever surrounds it.
+    #[test]
+    fn pem_blocks_are_cut_whole() {
+        let (a, b) = (pki::create_ca("a").unwrap().cert_pem, pki::create_ca("b").unwrap().cert_pem);
+        let file = format!("comment\n{a}\n\n{b}trailing");
+        let blocks = pem_blocks(&file);
+        assert_eq!(blocks.len(), 2);
+        assert_eq!(pki::pem_certs(&blocks[0]).unwrap(), pki::pem_certs(&a).unwrap());
+        assert_eq!(pki::pem_certs(&blocks[1]).unwrap(), pki::pem_certs(&b).unwrap());
+    }
+}
