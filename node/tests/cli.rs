@@ -12,14 +12,19 @@ fn node() -> Command {
     cmd
 }
 
-/// Environment for `baton-node run` against a hub that is never reached: the certificate files
-/// hold PEM markers but no certificate, so the node stops (exit 2) after it has opened its store
-/// and logged that it starts.
+/// Environment for `baton-node run` that passes the start-up checks (a real CA and a node
+/// certificate for `h`, a harness that exists) with a hub URL the client refuses (it has a
+/// path), so the node stops (exit 2) after it has opened its store and logged that it starts.
 fn run_env(cmd: &mut Command, dir: &Path) {
-    for name in ["ca.crt", "h.crt", "h.key"] {
-        std::fs::write(dir.join(name), "-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n").unwrap();
-    }
-    cmd.env("BATON_NODE_HUB_URL", "https://127.0.0.1:9")
+    use baton_shared::ids::Role;
+    use baton_shared::pki::{self, LeafKind};
+    let ca = pki::create_ca("test ca").unwrap();
+    let kind = LeafKind::Client { role: Role::Node, name: "h".into(), lifetime: pki::LEAF_VALIDITY_DEFAULT };
+    let leaf = pki::issue(&ca.cert_pem, &ca.key_pem, &kind).unwrap();
+    std::fs::write(dir.join("ca.crt"), &ca.cert_pem).unwrap();
+    std::fs::write(dir.join("h.crt"), &leaf.cert_pem).unwrap();
+    std::fs::write(dir.join("h.key"), &leaf.key_pem).unwrap();
+    cmd.env("BATON_NODE_HUB_URL", "https://127.0.0.1:9/not-the-root")
         .env("BATON_NODE_CA_FILE", dir.join("ca.crt"))
         .env("BATON_NODE_CERT_FILE", dir.join("h.crt"))
         .env("BATON_NODE_KEY_FILE", dir.join("h.key"))
