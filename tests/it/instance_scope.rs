@@ -73,7 +73,9 @@ async fn another_hosts_instance_id_neither_blocks_nor_exposes_a_host() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn binding_changes_are_one_event_each_and_bounded_per_host() {
-    let hub = Hub::start();
+    // The bound is `limits.instance_rebinds_max`; a value other than the default proves the key.
+    let max: i64 = 4;
+    let hub = Hub::builder().config(&format!("[limits]\ninstance_rebinds_max = {max}\n")).start();
     let a = hub.node("host-a", "steady");
     for _ in 0..25 {
         a.claim(8, 0).await;
@@ -93,7 +95,6 @@ async fn binding_changes_are_one_event_each_and_bounded_per_host() {
             other => panic!("unexpected {other}: {}", r.text),
         }
     }
-    let max = baton_shared::limits::INSTANCE_REBINDS_PER_WINDOW_MAX;
     assert_eq!(refused, 31 - max, "rebinding is bounded: the first binding and {} changes pass", max - 1);
     assert_eq!(bind_events(&hub, "host-a"), max, "one row per actual change, bounded");
     // Another host is not limited by host-a's churn.

@@ -362,8 +362,30 @@ pub const REDRIVE_BATCH_MAX: Key = Key {
     doc: "deliveries one redrive transaction re-runs; a larger redrive goes on in further batches",
 };
 
+/// `limits.instance_rebinds_max`.
+pub const INSTANCE_REBINDS_MAX: Key = Key {
+    name: key_name!(Some("limits"), "instance_rebinds_max", "instance-rebinds-max", "BATON_HUB_INSTANCE_REBINDS_MAX"),
+    kind: KeyKind::Int { default: INSTANCE_REBINDS_PER_WINDOW_MAX as u64, min: 1, max: 10_000 },
+    doc: "times one host may change its bound node instance within instance_rebind_window (429 beyond)",
+};
+/// `limits.instance_rebind_window`.
+pub const INSTANCE_REBIND_WINDOW_KEY: Key = Key {
+    name: key_name!(
+        Some("limits"),
+        "instance_rebind_window",
+        "instance-rebind-window",
+        "BATON_HUB_INSTANCE_REBIND_WINDOW"
+    ),
+    kind: KeyKind::Duration {
+        default: INSTANCE_REBIND_WINDOW,
+        min: Duration::from_secs(60),
+        max: Duration::from_secs(24 * 3600),
+    },
+    doc: "the sliding window instance_rebinds_max counts a host's instance changes over",
+};
+
 /// Every key, in the order of the template.
-pub const KEYS: [&Key; 27] = [
+pub const KEYS: [&Key; 29] = [
     &LISTEN,
     &SYNCHRONOUS,
     &SHUTDOWN_GRACE,
@@ -391,6 +413,8 @@ pub const KEYS: [&Key; 27] = [
     &RETRY_BACKOFF,
     &RETRY_BACKOFF_MAX,
     &REDRIVE_BATCH_MAX,
+    &INSTANCE_REBINDS_MAX,
+    &INSTANCE_REBIND_WINDOW_KEY,
 ];
 
 /// Writes a duration the way the configuration takes it: the largest whole unit.

@@ -14,6 +14,7 @@
 mod keys;
 mod layers;
 
+pub use crate::store::claim::RebindLimit;
 pub use keys::*;
 pub use layers::{Flags, Source};
 
@@ -71,6 +72,8 @@ pub struct Limits {
     pub retry_backoff_max: Duration,
     /// Most deliveries one redrive transaction re-runs.
     pub redrive_batch_max: u32,
+    /// How often one host may change its bound node instance, and over what window.
+    pub rebind: RebindLimit,
 }
 
 impl Default for Limits {
@@ -96,6 +99,7 @@ impl Default for Limits {
             retry_backoff: RETRY_BACKOFF_DEFAULT,
             retry_backoff_max: RETRY_BACKOFF_MAX_DEFAULT,
             redrive_batch_max: REDRIVE_BATCH_MAX_DEFAULT as u32,
+            rebind: RebindLimit::default(),
         }
     }
 }
@@ -198,6 +202,10 @@ impl HubConfig {
             retry_backoff: m.duration(&RETRY_BACKOFF)?,
             retry_backoff_max: m.duration(&RETRY_BACKOFF_MAX)?,
             redrive_batch_max: narrow(&REDRIVE_BATCH_MAX)?,
+            rebind: RebindLimit {
+                max: m.int(&INSTANCE_REBINDS_MAX)? as i64,
+                window: m.duration(&INSTANCE_REBIND_WINDOW_KEY)?,
+            },
         };
         if limits.retry_backoff > limits.retry_backoff_max {
             return Err(format!(

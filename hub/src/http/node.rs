@@ -71,9 +71,10 @@ pub(super) async fn open_session(
     let host = caller.name.clone();
     let clock = state.clock.clone();
     let instance = req.instance_id.clone();
+    let rebind = state.limits.rebind;
     let opened = state
         .writer
-        .call(move |c| sessions::open(c, &host, &req.instance_id, req.node_version.as_deref(), clock.now_ms()))
+        .call(move |c| sessions::open(c, &host, &req.instance_id, req.node_version.as_deref(), rebind, clock.now_ms()))
         .await?;
     if let Some(previous) = opened.took_over {
         tracing::warn!(
@@ -180,6 +181,7 @@ pub(super) async fn claim(
         // only changes for this host (or for all hosts) wake it.
         let mut rx = state.work.watch(&caller.name);
         let (host, instance, serial) = (caller.name.clone(), req.instance_id.clone(), caller.serial.clone());
+        let rebind = state.limits.rebind;
         let now = state.clock.now_ms();
         metrics::counter!("baton_hub_claim_looks_total").increment(1);
         // Read first: a claim with nothing claimable opens no write transaction.
@@ -187,7 +189,7 @@ pub(super) async fn claim(
             .readers
             .read(move |c| {
                 sessions::check(c, &host, session)?;
-                let who = claim::Claimant { host: &host, serial: Some(&serial), instance_id: &instance };
+                let who = claim::Claimant { host: &host, serial: Some(&serial), instance_id: &instance, rebind };
                 if claim::worth_claiming(c, who, now)? {
                     return Ok((true, Vec::new(), None));
                 }
@@ -198,13 +200,14 @@ pub(super) async fn claim(
             (Vec::new(), cancels, next_retry, false)
         } else {
             let (host, instance, serial) = (caller.name.clone(), req.instance_id.clone(), caller.serial.clone());
+            let rebind = state.limits.rebind;
             let clock = state.clock.clone();
             state
                 .writer
                 .call(move |c| {
                     let now = clock.now_ms();
                     sessions::check(c, &host, session)?;
-                    let who = claim::Claimant { host: &host, serial: Some(&serial), instance_id: &instance };
+                    let who = claim::Claimant { host: &host, serial: Some(&serial), instance_id: &instance, rebind };
                     let batch = claim::claim_as(c, who, max, now)?;
                     let cancels = turns::cancels_for(c, &host, &instance)?;
                     // A retired host's claim hands out nothing; only an empty one asks why.

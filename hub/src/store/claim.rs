@@ -78,7 +78,29 @@ pub fn holding_count(conn: &Connection, host: &str, instance_id: &str) -> StoreR
 /// Binds `instance_id` to `host`, or refuses when another instance of the host still holds work
 /// (`InstanceConflict`) or the host changed its binding too often (`OverCapacity`). The same
 /// instance again changes nothing and records nothing; each actual change is one operator event.
-pub(crate) fn bind_instance(conn: &Connection, host: &str, instance_id: &str, now_ms: i64) -> StoreResult<()> {
+/// How often one host may change its bound node instance (`limits.instance_rebinds_max`) and over
+/// what sliding window (`limits.instance_rebind_window`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RebindLimit {
+    /// Most changes within `window`.
+    pub max: i64,
+    /// The window they are counted over.
+    pub window: std::time::Duration,
+}
+
+impl Default for RebindLimit {
+    fn default() -> Self {
+        RebindLimit { max: INSTANCE_REBINDS_PER_WINDOW_MAX, window: INSTANCE_REBIND_WINDOW }
+    }
+}
+
+pub(crate) fn bind_instance(
+    conn: &Connection,
+    host: &str,
+    instance_id: &str,
+    rebind: RebindLimit,
+    now_ms: i64,
+) -> StoreResult<()> {
     let bound: Option<String> =
         conn.prepare_cached("SELECT instance_id FROM hosts WHERE name = ?1")?.query_row([host], |r| r.get(0))?;
     if bound.as_deref() == Some(instance_id) {
@@ -94,18 +116,19 @@ pub(crate) fn bind_instance(conn: &Connection, host: &str, instance_id: &str, no
             )));
         }
     }
-    let since = now_ms.saturating_sub(INSTANCE_REBIND_WINDOW.as_millis() as i64);
+    let since = now_ms.saturating_sub(rebind.window.as_millis() as i64);
     let recent: i64 = conn
         .prepare_cached(
             "SELECT count(*) FROM operator_events WHERE action = 'bind_instance' AND subject = ?1 AND at > ?2",
         )?
         .query_row(rusqlite::params![host, since], |r| r.get(0))?;
-    if recent >= INSTANCE_REBINDS_PER_WINDOW_MAX {
+    if recent >= rebind.max {
         return Err(StoreError::OverCapacity(format!(
-            "host {host} changed its node instance {recent} times in the last {}s; at most \
-             {INSTANCE_REBINDS_PER_WINDOW_MAX} are allowed (INSTANCE_REBINDS_PER_WINDOW_MAX): keep one \
-             instance id per data directory",
-            INSTANCE_REBIND_WINDOW.as_secs()
+            "host {host} changed its node instance {recent} times in the last {}s; at most {} are allowed \
+             (limits.instance_rebinds_max per limits.instance_rebind_window): keep one instance id per data \
+             directory",
+            rebind.window.as_secs(),
+            rebind.max
         )));
     }
     conn.prepare_cached("UPDATE hosts SET instance_id = ?2, instance_since = ?3 WHERE name = ?1")?
@@ -129,7 +152,7 @@ pub fn claim(
     max: u32,
     now_ms: i64,
 ) -> StoreResult<Vec<ClaimedDelivery>> {
-    claim_as(conn, Claimant { host, serial: None, instance_id }, max, now_ms)
+    claim_as(conn, Claimant { host, serial: None, instance_id, rebind: RebindLimit::default() }, max, now_ms)
 }
 
 /// Who is claiming: the host, the certificate it presented, and its instance.
@@ -141,6 +164,8 @@ pub struct Claimant<'a> {
     pub serial: Option<&'a str>,
     /// The node instance.
     pub instance_id: &'a str,
+    /// How often the host may change its bound instance.
+    pub rebind: RebindLimit,
 }
 
 /// The claim transaction: up to `max` queued deliveries for the claimant's host, taken in turns
@@ -171,7 +196,7 @@ pub fn claim_as(conn: &Connection, who: Claimant<'_>, max: u32, now_ms: i64) -> 
     if !host_may_claim(conn, host, now_ms)? {
         return Ok(Vec::new());
     }
-    bind_instance(conn, host, instance_id, now_ms)?;
+    bind_instance(conn, host, instance_id, who.rebind, now_ms)?;
     let fences = fences::active(conn)?;
     crash_point("hub.claim.after_fence_eval");
     // Every delivery of the host paused by the precedence rule (and nothing stronger on any of
@@ -1082,7 +1107,7 @@ mod tests {
         accept_one(&db.conn, "c", "k1", &["host-a"]);
         let role = baton_shared::ids::Role::Node;
         crate::store::hosts::record_certificate(&db.conn, "aa01", role, "host-a", i64::MAX, 1).unwrap();
-        let who = Claimant { host: "host-a", serial: Some("aa01"), instance_id: "i" };
+        let who = Claimant { host: "host-a", serial: Some("aa01"), instance_id: "i", rebind: RebindLimit::default() };
         crate::store::hosts::revoke(&db.conn, "aa01", "op", "lost", 2).unwrap();
         assert!(matches!(claim_as(&db.conn, who, 10, 3), Err(StoreError::CertificateRevoked(_))));
         let unknown = Claimant { serial: Some("bb02"), ..who };
@@ -1219,7 +1244,7 @@ mod tests {
         }
         assert_eq!(events(), INSTANCE_REBINDS_PER_WINDOW_MAX);
         let e = claim(&db.conn, "host-a", "one-more", 10, 200).unwrap_err();
-        assert!(matches!(&e, StoreError::OverCapacity(t) if t.contains("INSTANCE_REBINDS_PER_WINDOW_MAX")), "{e:?}");
+        assert!(matches!(&e, StoreError::OverCapacity(t) if t.contains("limits.instance_rebinds_max")), "{e:?}");
         assert_eq!(events(), INSTANCE_REBINDS_PER_WINDOW_MAX, "a refused rebind records nothing");
         // The bound instance keeps working, and other hosts are not limited by host-a.
         claim(&db.conn, "host-a", &format!("i-{}", INSTANCE_REBINDS_PER_WINDOW_MAX - 1), 10, 201).unwrap();

@@ -31,6 +31,7 @@ pub fn open(
     host: &str,
     instance_id: &str,
     node_version: Option<&str>,
+    rebind: super::claim::RebindLimit,
     now_ms: i64,
 ) -> StoreResult<Opened> {
     match hosts::standing(conn, host)? {
@@ -38,7 +39,7 @@ pub fn open(
         Standing::Retired => return Err(StoreError::NotYours(format!("host {host} is retired"))),
         Standing::Active => {}
     }
-    bind_instance(conn, host, instance_id, now_ms)?;
+    bind_instance(conn, host, instance_id, rebind, now_ms)?;
     let last: Option<(i64, Option<i64>)> = conn
         .prepare_cached("SELECT session, ended_at FROM node_sessions WHERE host = ?1 ORDER BY session DESC LIMIT 1")?
         .query_row([host], |r| Ok((r.get(0)?, r.get(1)?)))
@@ -133,6 +134,7 @@ pub fn record_contacts(conn: &Connection, contacts: &[(String, u64, i64)]) -> St
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::claim::RebindLimit;
     use crate::store::testing;
 
     fn row(conn: &Connection, session: i64) -> (Option<i64>, Option<String>, Option<i64>, i64) {
@@ -148,8 +150,14 @@ mod tests {
     fn a_new_session_supersedes_an_open_one_and_a_clean_end_is_no_takeover() {
         let db = testing::db();
         let c = &db.conn;
-        assert_eq!(open(c, "host-a", "i", Some("1.0"), 1).unwrap(), Opened { session: 1, took_over: None });
-        assert_eq!(open(c, "host-a", "i", None, 2).unwrap(), Opened { session: 2, took_over: Some(1) });
+        assert_eq!(
+            open(c, "host-a", "i", Some("1.0"), RebindLimit::default(), 1).unwrap(),
+            Opened { session: 1, took_over: None }
+        );
+        assert_eq!(
+            open(c, "host-a", "i", None, RebindLimit::default(), 2).unwrap(),
+            Opened { session: 2, took_over: Some(1) }
+        );
         assert_eq!(row(c, 1), (Some(2), Some("superseded".into()), None, 1));
         assert_eq!(row(c, 2).2, Some(1));
         let events: i64 = c
@@ -164,9 +172,12 @@ mod tests {
         end(c, "host-a", "i", 2, 4).unwrap();
         end(c, "host-a", "i", 2, 5).unwrap();
         assert_eq!(row(c, 2).0, Some(4), "a repeated end changes nothing");
-        assert_eq!(open(c, "host-a", "i", None, 6).unwrap(), Opened { session: 3, took_over: None });
+        assert_eq!(
+            open(c, "host-a", "i", None, RebindLimit::default(), 6).unwrap(),
+            Opened { session: 3, took_over: None }
+        );
         // Sessions are per host.
-        assert_eq!(open(c, "host-b", "j", None, 7).unwrap().session, 1);
+        assert_eq!(open(c, "host-b", "j", None, RebindLimit::default(), 7).unwrap().session, 1);
         record_contacts(c, &[("host-a".into(), 3, 9), ("host-a".into(), 3, 8)]).unwrap();
         assert_eq!(row(c, 3).3, 9);
     }
@@ -176,9 +187,12 @@ mod tests {
         let db = testing::db();
         let c = &db.conn;
         crate::store::accept::testing::accept_one(c, "conv", "k", &["host-a"]);
-        open(c, "host-a", "first", None, 1).unwrap();
+        open(c, "host-a", "first", None, RebindLimit::default(), 1).unwrap();
         assert_eq!(crate::store::claim::claim(c, "host-a", "first", 10, 2).unwrap().len(), 1);
-        assert!(matches!(open(c, "host-a", "copy", None, 3), Err(StoreError::InstanceConflict(_))));
-        assert_eq!(open(c, "host-a", "first", None, 4).unwrap().session, 2);
+        assert!(matches!(
+            open(c, "host-a", "copy", None, RebindLimit::default(), 3),
+            Err(StoreError::InstanceConflict(_))
+        ));
+        assert_eq!(open(c, "host-a", "first", None, RebindLimit::default(), 4).unwrap().session, 2);
     }
 }
