@@ -2,13 +2,10 @@
 //! server certificate for new connections while open ones and a real node go on; a reload
 //! that fails keeps the certificate served; `status` flags a server certificate near its end.
 
-use crate::harness::{EVENT_WAIT, Hub};
+use crate::harness::{EVENT_WAIT, Hub, raw_connector, raw_dial};
 use crate::node_harness::wait_for;
 use baton_shared::pki;
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use std::path::Path;
-use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
@@ -16,29 +13,7 @@ use tokio_rustls::client::TlsStream;
 
 /// A raw TLS connector presenting `name`'s certificate and trusting `ca_file` (HTTP/1 only).
 fn connector(hub: &Hub, name: &str, ca_file: &Path) -> TlsConnector {
-    let id = hub.identity(name);
-    let mut roots = rustls::RootCertStore::empty();
-    for c in CertificateDer::pem_file_iter(ca_file).unwrap() {
-        roots.add(c.unwrap()).unwrap();
-    }
-    let chain: Vec<CertificateDer<'static>> =
-        CertificateDer::pem_file_iter(&id.cert).unwrap().collect::<Result<_, _>>().unwrap();
-    let key = PrivateKeyDer::from_pem_file(&id.key).unwrap();
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let mut config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_client_auth_cert(chain, key)
-        .unwrap();
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    TlsConnector::from(Arc::new(config))
-}
-
-/// Dials the hub and completes the TLS handshake.
-async fn dial(hub: &Hub, tls: &TlsConnector) -> std::io::Result<TlsStream<TcpStream>> {
-    let tcp = TcpStream::connect(hub.addr()).await?;
-    tls.connect(ServerName::IpAddress(hub.addr().ip().into()), tcp).await
+    raw_connector(hub, name, ca_file, b"http/1.1")
 }
 
 /// The serial of the certificate the hub presented on `conn`.
@@ -94,7 +69,7 @@ async fn the_server_certificate_rotates_under_running_connections_and_nodes() {
     let tls = connector(&hub, "prod", &ca);
     let old = file_serial(&hub);
     let old_pem = std::fs::read_to_string(hub.data_dir().join("hub.crt")).unwrap();
-    let mut kept = dial(&hub, &tls).await.unwrap();
+    let mut kept = raw_dial(&hub, &tls).await.unwrap();
     assert_eq!(peer_serial(&kept), old);
     assert!(request(&mut kept, "/v1/messages/none").await.starts_with("HTTP/1.1 "));
 
@@ -127,7 +102,7 @@ async fn the_server_certificate_rotates_under_running_connections_and_nodes() {
     assert!(request(&mut kept, "/v1/messages/none").await.starts_with("HTTP/1.1 "), "the open connection goes on");
     assert_eq!(peer_serial(&kept), old);
     // A new connector: the first one would resume its TLS session, which presents no certificate.
-    let fresh = dial(&hub, &connector(&hub, "prod", &ca)).await.unwrap();
+    let fresh = raw_dial(&hub, &connector(&hub, "prod", &ca)).await.unwrap();
     assert_eq!(peer_serial(&fresh), new, "a new connection gets the new certificate");
     let second = hub.send_one("c", "after", "host-a");
     hub.wait_outcome(&second);
@@ -142,7 +117,7 @@ async fn the_server_certificate_rotates_under_running_connections_and_nodes() {
             .any(|l| l.contains("server certificate not reloaded") && l.contains("SIGHUP"))
             .then_some(())
     });
-    assert_eq!(peer_serial(&dial(&hub, &connector(&hub, "prod", &ca)).await.unwrap()), new);
+    assert_eq!(peer_serial(&raw_dial(&hub, &connector(&hub, "prod", &ca)).await.unwrap()), new);
     assert!(hub.is_running());
     std::fs::write(hub.data_dir().join("hub.crt"), &new_pem).unwrap();
 }

@@ -719,3 +719,36 @@ pub async fn timed<F: std::future::Future>(f: F) -> (F::Output, Duration) {
 pub fn random_id() -> String {
     uuid::Uuid::new_v4().to_string()
 }
+
+/// A raw TLS connector for tests that speak to the hub below HTTP: it presents `name`'s
+/// certificate, trusts the CAs in `ca_file` and offers only the ALPN protocol `alpn`.
+pub fn raw_connector(hub: &Hub, name: &str, ca_file: &Path, alpn: &[u8]) -> tokio_rustls::TlsConnector {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let id = hub.identity(name);
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(ca_file).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let chain: Vec<CertificateDer<'static>> =
+        CertificateDer::pem_file_iter(&id.cert).unwrap().collect::<Result<_, _>>().unwrap();
+    let key = PrivateKeyDer::from_pem_file(&id.key).unwrap();
+    let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)
+        .unwrap();
+    config.alpn_protocols = vec![alpn.to_vec()];
+    tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+}
+
+/// Dials the hub over TCP and completes the TLS handshake with `tls`.
+pub async fn raw_dial(
+    hub: &Hub,
+    tls: &tokio_rustls::TlsConnector,
+) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+    let tcp = tokio::net::TcpStream::connect(hub.addr()).await?;
+    tls.connect(rustls_pki_types::ServerName::IpAddress(hub.addr().ip().into()), tcp).await
+}

@@ -3,11 +3,8 @@
 //! per interval, revoked certificates' connections closed, and a long poll that outlasts every
 //! connection timeout.
 
-use crate::harness::Hub;
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use crate::harness::{Hub, raw_connector, raw_dial};
 use serde_json::json;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -33,29 +30,7 @@ fn connector(hub: &Hub, name: &str) -> TlsConnector {
 /// A raw TLS connector presenting `name`'s certificate, trusting the hub CA and offering only
 /// the ALPN protocol `alpn`.
 fn connector_for(hub: &Hub, name: &str, alpn: &[u8]) -> TlsConnector {
-    let id = hub.identity(name);
-    let mut roots = rustls::RootCertStore::empty();
-    for c in CertificateDer::pem_file_iter(&id.ca).unwrap() {
-        roots.add(c.unwrap()).unwrap();
-    }
-    let chain: Vec<CertificateDer<'static>> =
-        CertificateDer::pem_file_iter(&id.cert).unwrap().collect::<Result<_, _>>().unwrap();
-    let key = PrivateKeyDer::from_pem_file(&id.key).unwrap();
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let mut config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_client_auth_cert(chain, key)
-        .unwrap();
-    config.alpn_protocols = vec![alpn.to_vec()];
-    TlsConnector::from(Arc::new(config))
-}
-
-/// Dials the hub and completes the TLS handshake.
-async fn dial(hub: &Hub, tls: &TlsConnector) -> std::io::Result<TlsStream<TcpStream>> {
-    let tcp = TcpStream::connect(hub.addr()).await?;
-    tls.connect(ServerName::IpAddress(hub.addr().ip().into()), tcp).await
+    raw_connector(hub, name, &hub.identity(name).ca, alpn)
 }
 
 /// Reads until the hub closes the connection (or `limit` passes: `None`); returns what it sent.
@@ -79,7 +54,7 @@ async fn read_to_close(conn: &mut TlsStream<TcpStream>, limit: Duration) -> Opti
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slowloris_client_is_cut_off_within_the_header_timeout() {
     let hub = Hub::builder().config(TIGHT).start();
-    let mut conn = dial(&hub, &connector(&hub, "prod")).await.expect("handshake");
+    let mut conn = raw_dial(&hub, &connector(&hub, "prod")).await.expect("handshake");
     conn.write_all(b"GET /healthz HTTP/1.1\r\nhost: hub\r\n").await.unwrap();
     let started = Instant::now();
     let mut cut = false;
@@ -106,7 +81,7 @@ async fn a_slowloris_client_is_cut_off_within_the_header_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http2_slowloris_client_is_cut_off() {
     let hub = Hub::builder().config(TIGHT).start();
-    let mut conn = dial(&hub, &connector_for(&hub, "prod", b"h2")).await.expect("handshake");
+    let mut conn = raw_dial(&hub, &connector_for(&hub, "prod", b"h2")).await.expect("handshake");
     assert_eq!(conn.get_ref().1.alpn_protocol(), Some(&b"h2"[..]), "the hub must speak HTTP/2 for this test");
     // The preface, an empty SETTINGS frame, then a HEADERS frame on stream 1 that announces
     // 4,096 bytes of header block (END_HEADERS and END_STREAM set) and delivers them one a time.
@@ -139,7 +114,7 @@ async fn an_http2_slowloris_client_is_cut_off() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_trickled_body_is_answered_408() {
     let hub = Hub::builder().config(TIGHT).start();
-    let mut conn = dial(&hub, &connector(&hub, "prod")).await.expect("handshake");
+    let mut conn = raw_dial(&hub, &connector(&hub, "prod")).await.expect("handshake");
     conn.write_all(
         b"POST /v1/messages HTTP/1.1\r\nhost: hub\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{",
     )
@@ -159,7 +134,7 @@ async fn a_trickled_body_is_answered_408() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_carries_at_most_its_requests() {
     let hub = Hub::builder().config(TIGHT).start();
-    let mut conn = dial(&hub, &connector(&hub, "prod")).await.expect("handshake");
+    let mut conn = raw_dial(&hub, &connector(&hub, "prod")).await.expect("handshake");
     conn.write_all(&b"GET /healthz HTTP/1.1\r\nhost: hub\r\n\r\n".repeat(5)).await.unwrap();
     let seen = read_to_close(&mut conn, OUTLAST).await.expect("the connection stayed open");
     assert_eq!(seen.matches("HTTP/1.1 200").count(), 3, "{seen}");
@@ -181,7 +156,7 @@ async fn a_long_poll_is_not_cut_by_the_connection_timeouts() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_connection_is_closed() {
     let hub = Hub::builder().config(TIGHT).start();
-    let mut conn = dial(&hub, &connector(&hub, "prod")).await.expect("handshake");
+    let mut conn = raw_dial(&hub, &connector(&hub, "prod")).await.expect("handshake");
     assert!(read_to_close(&mut conn, OUTLAST).await.is_some(), "an idle connection stayed open for {OUTLAST:?}");
 }
 
@@ -197,7 +172,7 @@ async fn one_certificates_idle_connections_do_not_starve_another() {
     let mut held = Vec::new();
     // Dialled in bounded batches; each handshake itself is bounded by the hub's timeout.
     for _ in 0..FLOOD / 50 {
-        let batch: Vec<_> = (0..50).map(|_| dial(&hub, &tls)).collect();
+        let batch: Vec<_> = (0..50).map(|_| raw_dial(&hub, &tls)).collect();
         for c in batch {
             if let Ok(c) = c.await {
                 held.push(c);
@@ -242,7 +217,7 @@ async fn revoking_a_certificate_closes_its_open_connections() {
     let tls = connector(&hub, "prod");
     let mut conns = Vec::new();
     for _ in 0..3 {
-        conns.push(dial(&hub, &tls).await.expect("handshake"));
+        conns.push(raw_dial(&hub, &tls).await.expect("handshake"));
     }
     hub.cli_ok(["revoke", "prod", "--reason", "stolen"]);
     for c in &mut conns {
@@ -318,7 +293,7 @@ async fn every_refusal_is_in_our_shape() {
         ("POST", "/v1/messages", json, "\"x\"", 400, "invalid_json"),
     ];
     for (method, path, ctype, body, status, code) in cases {
-        let mut conn = dial(&hub, &tls).await.expect("handshake");
+        let mut conn = raw_dial(&hub, &tls).await.expect("handshake");
         let ctype = if ctype.is_empty() { String::new() } else { format!("content-type: {ctype}\r\n") };
         let req = format!(
             "{method} {path} HTTP/1.1\r\nhost: hub\r\nconnection: close\r\n{ctype}content-length: {}\r\n\r\n{body}",
