@@ -298,24 +298,47 @@ async fn stop_all_on_error<H: Hub>(
 async fn claim_loop<H: Hub>(sh: &Arc<Shared<H>>) -> anyhow::Result<()> {
     let mut backoff = Backoff::new(BACKOFF_BASE, sh.config.backoff_max);
     let mut need_resync = true;
-    while !sh.shutdown.is_cancelled() {
+    // Claim batches being mirrored and handed off while the next claim waits at the hub.
+    // Each task answers with the size of its batch: until it is reaped, its deliveries count
+    // toward `queue_ahead_batches` like those already waiting in the store.
+    let mut handoffs: JoinSet<(i64, Result<(), Stop>)> = JoinSet::new();
+    let mut in_flight: i64 = 0;
+    let result = loop {
+        if sh.shutdown.is_cancelled() {
+            break Ok(());
+        }
+        while let Some(done) = handoffs.try_join_next() {
+            in_flight -= handoff_ended(done)?;
+        }
+        if handoffs.len() >= HANDOFFS_IN_FLIGHT_MAX {
+            tokio::select! {
+                done = handoffs.join_next() => if let Some(done) = done { in_flight -= handoff_ended(done)?; },
+                _ = sh.shutdown.cancelled() => break Ok(()),
+            }
+            continue;
+        }
         if need_resync {
+            // The holdings are read once the batches in hand are handed off, so a resync does
+            // not hand off the same deliveries a second time while they are in flight.
+            while let Some(done) = handoffs.join_next().await {
+                in_flight -= handoff_ended(done)?;
+            }
             match resync(sh).await {
                 Ok(()) => {
                     sh.hub_answered();
                     need_resync = false;
                     backoff.reset();
                 }
-                Err(Stop::Shutdown) => break,
+                Err(Stop::Shutdown) => break Ok(()),
                 Err(Stop::Store(e)) => return Err(e.into()),
                 Err(Stop::Hub(e)) => {
                     if let Some(why) = e.refused_for_good() {
                         sh.finish(why);
-                        break;
+                        break Ok(());
                     }
                     if let Some(message) = e.superseded() {
                         sh.supersede(&message);
-                        break;
+                        break Ok(());
                     }
                     log_hub_error("holdings resync", &e);
                     sh.pause(sh.retry_pause(&mut backoff, &e)).await;
@@ -328,21 +351,22 @@ async fn claim_loop<H: Hub>(sh: &Arc<Shared<H>>) -> anyhow::Result<()> {
         loop {
             // Register for the wake before counting, so a turn ending in between is not missed.
             let woken = sh.wake_claimer.notified();
-            if sh.store.call(|db| db.queued_count()).await? < ahead_max {
+            if sh.store.call(|db| db.queued_count()).await? + in_flight < ahead_max {
                 break;
             }
             tokio::select! {
                 _ = woken => {}
+                Some(done) = handoffs.join_next(), if !handoffs.is_empty() => in_flight -= handoff_ended(done)?,
                 _ = sh.shutdown.cancelled() => break,
             }
         }
         if sh.shutdown.is_cancelled() {
-            break;
+            break Ok(());
         }
         let sent = Instant::now();
         let answer = tokio::select! {
             r = sh.hub.claim(sh.config.claim_batch_max, sh.config.claim_wait) => r,
-            _ = sh.shutdown.cancelled() => break,
+            _ = sh.shutdown.cancelled() => break Ok(()),
         };
         match answer {
             Ok(answer) => {
@@ -356,18 +380,18 @@ async fn claim_loop<H: Hub>(sh: &Arc<Shared<H>>) -> anyhow::Result<()> {
                     continue;
                 }
                 crash_point("node.claim.after_response");
-                match take_batch(sh, answer.deliveries).await {
-                    Ok(()) | Err(Stop::Shutdown) | Err(Stop::Hub(_)) => {}
-                    Err(Stop::Store(e)) => return Err(e.into()),
-                }
+                let sh = Arc::clone(sh);
+                let n = answer.deliveries.len() as i64;
+                in_flight += n;
+                handoffs.spawn(async move { (n, take_batch(&sh, answer.deliveries).await) });
             }
             Err(e) if let Some(why) = e.refused_for_good() => {
                 sh.finish(why);
-                break;
+                break Ok(());
             }
             Err(e) if let Some(message) = e.superseded() => {
                 sh.supersede(&message);
-                break;
+                break Ok(());
             }
             Err(e) if e.code() == Some(ErrorCode::InstanceConflict) => {
                 tracing::error!(
@@ -390,8 +414,31 @@ async fn claim_loop<H: Hub>(sh: &Arc<Shared<H>>) -> anyhow::Result<()> {
                 sh.pause(sh.retry_pause(&mut backoff, &e)).await;
             }
         }
+    };
+    // Handoffs end promptly at shutdown (their hub calls stop waiting); a store failure in
+    // one of them still fails the node.
+    while let Some(done) = handoffs.join_next().await {
+        handoff_ended(done)?;
     }
-    Ok(())
+    result
+}
+
+/// Claim batches whose mirror and handoff may run while the next claim waits at the hub, so
+/// work that arrives during a handoff is claimed at once rather than after it. Each
+/// delivery's own steps stay in order (mirror commit, `mirrored`, ack, gate); turns of one
+/// conversation still start in sequence order whichever batch's ack lands first, since only a
+/// conversation's lowest queued turn may start.
+const HANDOFFS_IN_FLIGHT_MAX: usize = 2;
+
+/// What a finished claim-batch handoff means for the claim loop: only a store failure (or a
+/// task that panicked) stops the node; the hub's refusals and shutdown were handled inside.
+/// Returns the size of the batch it handed off.
+fn handoff_ended(done: Result<(i64, Result<(), Stop>), tokio::task::JoinError>) -> anyhow::Result<i64> {
+    match done {
+        Ok((n, Ok(()) | Err(Stop::Shutdown) | Err(Stop::Hub(_)))) => Ok(n),
+        Ok((_, Err(Stop::Store(e)))) => Err(e.into()),
+        Err(e) => Err(anyhow::anyhow!("a claim batch's handoff failed: {e}")),
+    }
 }
 
 fn log_hub_error(what: &str, e: &ClientError) {
