@@ -53,7 +53,7 @@ impl Hub {
                 config.synchronous
             );
         }
-        let conn = store::open_serve(&dir.db(), config.synchronous)?;
+        let conn = store::open_serve(&dir.db(), config.synchronous, config.startup_check)?;
         let repaired = repair(&conn, clock.as_ref()).context("startup repair")?;
         if repaired > 0 {
             tracing::info!(repaired, "startup repair completed fan-out a crash interrupted");

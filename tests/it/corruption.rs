@@ -207,3 +207,52 @@ async fn a_wiped_node_comes_back_as_a_new_instance_and_takes_nothing_of_the_old(
     assert_eq!(t.exec_log().runs_of(&d), 0, "the old turn was never run again");
     t.verify_ok();
 }
+
+/// An index that disagrees with its table is what `quick_check` cannot see and
+/// `integrity_check` can: `serve` refuses it by default, and serves it only when the operator
+/// chose `startup_check = "quick"` (the documented trade-off for very large files), while
+/// `verify` still names the damage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_index_is_refused_unless_the_startup_check_is_quick() {
+    let (mut hub, _) = stopped_hub().await;
+    let db = hub.data_dir().join("hub.db");
+    // The index is redefined on another column, the column it really covers is changed (so
+    // its entries go stale), and its definition is put back: the schema is exactly Baton's,
+    // and only the index's contents disagree with the table.
+    let define = |column: &str| {
+        let conn = rusqlite::Connection::open(&db).expect("open");
+        conn.pragma_update(None, "writable_schema", true).expect("writable_schema");
+        let changed = conn
+            .execute(
+                &format!(
+                    "UPDATE sqlite_schema SET sql = 'CREATE INDEX messages_by_accepted ON messages ({column})' \
+                     WHERE name = 'messages_by_accepted'"
+                ),
+                [],
+            )
+            .expect("rewrite the index definition");
+        assert_eq!(changed, 1, "the index to damage exists");
+    };
+    define("seq");
+    {
+        let conn = rusqlite::Connection::open(&db).expect("open");
+        conn.execute("UPDATE messages SET accepted_at = accepted_at + 1", []).expect("change the column");
+        conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(())).expect("checkpoint");
+    }
+    define("accepted_at");
+    let before = fs::read(&db).expect("read");
+    let serve = output_within(hub.cli_command(["serve", "--listen", "127.0.0.1:0"]), Duration::from_secs(60));
+    let stderr = String::from_utf8_lossy(&serve.stderr);
+    assert_eq!(serve.status.code(), Some(3), "serve must refuse an index that disagrees with its table: {stderr}");
+    assert!(stderr.contains("messages_by_accepted"), "the refusal names the damaged index: {stderr}");
+    assert!(!hub.data_dir().join("hub.addr").exists(), "serve listened on a damaged store");
+    assert_eq!(fs::read(&db).expect("read"), before, "serve rewrote a refused file");
+
+    let config = hub.data_dir().join("hub.toml");
+    let text = fs::read_to_string(&config).expect("read hub.toml");
+    hub.write_config(&format!("startup_check = \"quick\"\n{text}"));
+    hub.serve(None);
+    assert!(hub.terminate().success(), "the hub serving after a quick check stops cleanly");
+    let verify = hub.cli(["verify"]);
+    assert_ne!(verify.status.code(), Some(0), "verify still finds the damaged index");
+}

@@ -147,6 +147,14 @@ pub const SYNCHRONOUS: Key = Key {
     doc: "\"full\": every answer is on stable storage; \"normal\" is faster and may lose answered \
           changes on power failure (warned about)",
 };
+/// `startup_check`.
+pub const STARTUP_CHECK: Key = Key {
+    name: key_name!(None, "startup_check", "startup-check", "BATON_HUB_STARTUP_CHECK"),
+    kind: KeyKind::Choice { default: "full", allowed: &["full", "quick"] },
+    doc: "what `serve` checks of the database before it listens: \"full\" (integrity_check: \
+          every index against its table) or \"quick\" (quick_check: page structure only; \
+          several times faster on a large file, but a damaged index is not found)",
+};
 /// `shutdown_grace`.
 pub const SHUTDOWN_GRACE: Key = Key {
     name: key_name!(None, "shutdown_grace", "shutdown-grace", "BATON_HUB_SHUTDOWN_GRACE"),
@@ -385,9 +393,10 @@ pub const INSTANCE_REBIND_WINDOW_KEY: Key = Key {
 };
 
 /// Every key, in the order of the template.
-pub const KEYS: [&Key; 29] = [
+pub const KEYS: [&Key; 30] = [
     &LISTEN,
     &SYNCHRONOUS,
+    &STARTUP_CHECK,
     &SHUTDOWN_GRACE,
     &LOG_FORMAT,
     &HOST_SILENCE_WARN,

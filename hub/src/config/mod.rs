@@ -111,6 +111,8 @@ pub struct HubConfig {
     pub listen: SocketAddr,
     /// SQLite `synchronous`; anything below full is warned about at start.
     pub synchronous: Synchronous,
+    /// What `serve` checks of the database file before it listens.
+    pub startup_check: baton_shared::sqlite::Check,
     /// Bounds.
     pub limits: Limits,
     /// How long shutdown waits for open requests.
@@ -239,6 +241,10 @@ impl HubConfig {
             "normal" => Synchronous::Normal,
             _ => Synchronous::Full,
         };
+        let startup_check = match m.choice(&STARTUP_CHECK)? {
+            "quick" => baton_shared::sqlite::Check::Quick,
+            _ => baton_shared::sqlite::Check::Full,
+        };
         let log_format = match m.choice(&LOG_FORMAT)? {
             "json" => LogFormat::Json,
             _ => LogFormat::Text,
@@ -246,6 +252,7 @@ impl HubConfig {
         Ok(HubConfig {
             listen: m.addr(&LISTEN)?,
             synchronous,
+            startup_check,
             limits,
             shutdown_grace: m.duration(&SHUTDOWN_GRACE)?,
             log_format,
@@ -326,6 +333,7 @@ mod tests {
         check_err("[limits]\nretention = \"1m\"", "allowed 1h..=3650d");
         check_err("[limits]\npayload_bytes_max = 2000000", "limits.payload_bytes_max");
         check_err("synchronous = \"off\"", "synchronous");
+        check_err("startup_check = \"none\"", "startup_check");
         check_err("listen = \"nowhere\"", "listen");
         check_err("listen = 7443", "listen");
         check_err("[limits]\nbogus = 1", "limits.bogus");
@@ -344,6 +352,9 @@ mod tests {
         )
         .unwrap();
         assert_eq!((c.synchronous, c.log_format), (Synchronous::Normal, LogFormat::Json));
+        assert_eq!(c.startup_check, baton_shared::sqlite::Check::Full, "the whole-file check is the default");
+        let quick = HubConfig::from_toml("startup_check = \"quick\"").unwrap();
+        assert_eq!(quick.startup_check, baton_shared::sqlite::Check::Quick);
         assert_eq!(c.limits.claim_batch_max, 5);
         assert_eq!(c.limits.long_poll_wait_max, Duration::from_secs(2));
     }

@@ -321,11 +321,12 @@ pub fn open_write(path: &Path, synchronous: Synchronous) -> Result<Connection, O
     open_write_checked(path, synchronous, sqlite::Check::Quick)
 }
 
-/// Opens the hub database for serving: as `open_write`, but with the whole-file
-/// `integrity_check`, so a damaged index (which `quick_check` does not compare with its table)
-/// cannot hide queued work from the claims of a hub that serves from it for days.
-pub fn open_serve(path: &Path, synchronous: Synchronous) -> Result<Connection, OpenError> {
-    open_write_checked(path, synchronous, sqlite::Check::Full)
+/// Opens the hub database for serving: as `open_write`, but with the check the operator chose
+/// (`startup_check`): by default the whole-file `integrity_check`, so a damaged index (which
+/// `quick_check` does not compare with its table) cannot hide queued work from the claims of a
+/// hub that serves from it for days.
+pub fn open_serve(path: &Path, synchronous: Synchronous, check: sqlite::Check) -> Result<Connection, OpenError> {
+    open_write_checked(path, synchronous, check)
 }
 
 fn open_write_checked(path: &Path, synchronous: Synchronous, check: sqlite::Check) -> Result<Connection, OpenError> {
