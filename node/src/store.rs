@@ -86,10 +86,16 @@ pub struct Db {
     conn: Connection,
 }
 
+/// Prepared statements kept on the store's connection. The hot path (mirror, gates, markers,
+/// outbox) uses a few dozen distinct statements, more than rusqlite's default of 16; a
+/// statement that falls out of the cache is parsed again on its next use.
+pub const STATEMENT_CACHE_CAPACITY: usize = 128;
+
 impl Db {
     /// Opens (creating and migrating when needed) the store for writing.
     pub fn open(path: &Path, synchronous: Synchronous) -> Result<Db, StoreError> {
         let conn = baton_shared::sqlite::open(path, MIGRATIONS, OpenOptions { synchronous, ..OpenOptions::default() })?;
+        conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE_CAPACITY);
         Ok(Db { conn })
     }
 
@@ -102,13 +108,15 @@ impl Db {
     /// The instance id, created (UUID v4) and stored on first call for this store.
     pub fn instance_id(&mut self) -> Result<String, StoreError> {
         let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let found: Option<String> =
-            tx.query_row("SELECT value FROM meta WHERE key = 'instance_id'", [], |r| r.get(0)).optional()?;
+        let found: Option<String> = tx
+            .prepare_cached("SELECT value FROM meta WHERE key = 'instance_id'")?
+            .query_row([], |r| r.get(0))
+            .optional()?;
         let id = match found {
             Some(id) => id,
             None => {
                 let id = uuid::Uuid::new_v4().to_string();
-                tx.execute("INSERT INTO meta(key, value) VALUES ('instance_id', ?1)", [&id])?;
+                tx.prepare_cached("INSERT INTO meta(key, value) VALUES ('instance_id', ?1)")?.execute([&id])?;
                 id
             }
         };
@@ -129,11 +137,8 @@ impl Db {
             ("session_ended", None),
         ] {
             match value {
-                Some(v) => tx.execute(
-                    "INSERT INTO meta(key, value) VALUES (?1, ?2) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                    (key, v),
-                )?,
-                None => tx.execute("DELETE FROM meta WHERE key = ?1", [key])?,
+                Some(v) => tx.prepare_cached("INSERT INTO meta(key, value) VALUES (?1, ?2) ON CONFLICT(key) DO UPDATE SET value = excluded.value")?.execute((key, v))?,
+                None => tx.prepare_cached("DELETE FROM meta WHERE key = ?1")?.execute([key])?,
             };
         }
         tx.commit()?;
@@ -142,11 +147,12 @@ impl Db {
 
     /// Records how this process's session ended (`clean`, `superseded`).
     pub fn record_session_end(&mut self, how: &str) -> Result<(), StoreError> {
-        self.conn.execute(
-            "INSERT INTO meta(key, value) VALUES ('session_ended', ?1)
+        self.conn
+            .prepare_cached(
+                "INSERT INTO meta(key, value) VALUES ('session_ended', ?1)
              ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-            [how],
-        )?;
+            )?
+            .execute([how])?;
         Ok(())
     }
 

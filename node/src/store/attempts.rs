@@ -349,12 +349,11 @@ impl Db {
             return Ok(CancelLocal::Cancelled(attempt_id));
         }
         let state: Option<String> = tx
-            .query_row(
+            .prepare_cached(
                 "SELECT e.state FROM executions e JOIN deliveries d ON d.delivery_id = e.delivery_id
                  WHERE e.delivery_id = ?1 AND e.run = ?2 AND d.state IN ('mirrored', 'acked')",
-                (delivery_id, run),
-                |r| r.get(0),
-            )
+            )?
+            .query_row((delivery_id, run), |r| r.get(0))
             .optional()?;
         tx.commit()?;
         Ok(match state.map(|s| ExecState::parse(delivery_id, &s)).transpose()? {
@@ -437,51 +436,53 @@ fn begin_attempt_in(
             StoreError::Conflict(format!("attempt {}: start time {} is out of range", turn.attempt_id, p.start_ticks))
         })?),
     };
-    let n = conn.execute(
-        "UPDATE executions SET state = 'started'
+    let n = conn
+        .prepare_cached(
+            "UPDATE executions SET state = 'started'
          WHERE delivery_id = :id AND run = :run AND state = 'queued'
            AND EXISTS (SELECT 1 FROM deliveries d WHERE d.delivery_id = :id AND d.state = 'acked'
                          AND d.run = :run AND d.message_id = :message AND d.payload = :payload)",
-        named_params! {
+        )?
+        .execute(named_params! {
             ":id": turn.delivery_id, ":run": turn.run, ":message": turn.message_id, ":payload": turn.payload,
-        },
-    )?;
+        })?;
     if n == 0 {
         return Ok(false);
     }
-    conn.execute(
+    conn.prepare_cached(
         "INSERT INTO attempts(attempt_id, delivery_id, run, started_at_ms, pgid, proc_start_ticks, boot_id)
          VALUES (:attempt, :id, :run, :now, :pgid, :start, :boot)",
-        named_params! {
-            ":attempt": turn.attempt_id, ":id": turn.delivery_id, ":run": turn.run, ":now": now_ms,
-            ":pgid": process.map(|p| p.pgid), ":start": start_ticks, ":boot": process.map(|p| p.boot_id.as_str()),
-        },
-    )?;
+    )?
+    .execute(named_params! {
+        ":attempt": turn.attempt_id, ":id": turn.delivery_id, ":run": turn.run, ":now": now_ms,
+        ":pgid": process.map(|p| p.pgid), ":start": start_ticks, ":boot": process.map(|p| p.boot_id.as_str()),
+    })?;
     Ok(true)
 }
 
 fn end_attempt_in(tx: &rusqlite::Connection, attempt_id: &str, e: &Ending, now_ms: i64) -> Result<(), StoreError> {
-    let n = tx.execute(
-        "UPDATE attempts SET ended_at_ms = :now, outcome = :outcome, exit_code = :exit, signal = :signal,
+    let n = tx
+        .prepare_cached(
+            "UPDATE attempts SET ended_at_ms = :now, outcome = :outcome, exit_code = :exit, signal = :signal,
              duration_ms = :duration, result = :result, reason = :reason
          WHERE attempt_id = :id AND ended_at_ms IS NULL",
-        named_params! {
+        )?
+        .execute(named_params! {
             ":id": attempt_id, ":now": now_ms, ":outcome": e.outcome.as_str(), ":exit": e.exit_code,
             ":signal": e.signal, ":duration": e.duration_ms.map(|d| d as i64), ":result": e.result,
             ":reason": e.reason,
-        },
-    )?;
+        })?;
     if n != 1 {
         return Err(StoreError::Conflict(format!("attempt {attempt_id} is not running")));
     }
-    let (delivery_id, run): (String, u32) =
-        tx.query_row("SELECT delivery_id, run FROM attempts WHERE attempt_id = ?1", [attempt_id], |r| {
-            Ok((r.get(0)?, r.get(1)?))
-        })?;
-    let x = tx.execute(
-        "UPDATE executions SET state = 'ended' WHERE delivery_id = ?1 AND run = ?2 AND state = 'started'",
-        (&delivery_id, run),
-    )?;
+    let (delivery_id, run): (String, u32) = tx
+        .prepare_cached("SELECT delivery_id, run FROM attempts WHERE attempt_id = ?1")?
+        .query_row([attempt_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    let x = tx
+        .prepare_cached(
+            "UPDATE executions SET state = 'ended' WHERE delivery_id = ?1 AND run = ?2 AND state = 'started'",
+        )?
+        .execute((&delivery_id, run))?;
     if x != 1 {
         return Err(StoreError::corrupt(format!("attempt {attempt_id}"), "ended but its execution was not started"));
     }
@@ -499,24 +500,25 @@ pub(super) fn end_unstarted_in(
     ending: &Ending,
     now_ms: i64,
 ) -> Result<Option<String>, StoreError> {
-    let n = tx.execute(
-        "UPDATE executions SET state = 'cancelled' WHERE delivery_id = ?1 AND run = ?2 AND state = 'queued'",
-        (delivery_id, run),
-    )?;
+    let n = tx
+        .prepare_cached(
+            "UPDATE executions SET state = 'cancelled' WHERE delivery_id = ?1 AND run = ?2 AND state = 'queued'",
+        )?
+        .execute((delivery_id, run))?;
     if n == 0 {
         return Ok(None);
     }
     let attempt_id = uuid::Uuid::now_v7().to_string();
-    tx.execute(
+    tx.prepare_cached(
         "INSERT INTO attempts(attempt_id, delivery_id, run, started_at_ms, ended_at_ms, outcome, exit_code, signal,
              duration_ms, result, reason)
          VALUES (:attempt, :id, :run, NULL, :now, :outcome, :exit, :signal, :duration, :result, :reason)",
-        named_params! {
-            ":attempt": attempt_id, ":id": delivery_id, ":run": run, ":now": now_ms,
-            ":outcome": ending.outcome.as_str(), ":exit": ending.exit_code, ":signal": ending.signal,
-            ":duration": ending.duration_ms.map(|d| d as i64), ":result": ending.result, ":reason": ending.reason,
-        },
-    )?;
+    )?
+    .execute(named_params! {
+        ":attempt": attempt_id, ":id": delivery_id, ":run": run, ":now": now_ms,
+        ":outcome": ending.outcome.as_str(), ":exit": ending.exit_code, ":signal": ending.signal,
+        ":duration": ending.duration_ms.map(|d| d as i64), ":result": ending.result, ":reason": ending.reason,
+    })?;
     queue_report(tx, &attempt_id, delivery_id, run, ending, now_ms)?;
     Ok(Some(attempt_id))
 }
@@ -530,10 +532,12 @@ fn queue_report(
     e: &Ending,
     now_ms: i64,
 ) -> Result<(), StoreError> {
-    let claim_token: String =
-        tx.query_row("SELECT claim_token FROM deliveries WHERE delivery_id = ?1", [delivery_id], |r| r.get(0))?;
+    let claim_token: String = tx
+        .prepare_cached("SELECT claim_token FROM deliveries WHERE delivery_id = ?1")?
+        .query_row([delivery_id], |r| r.get(0))?;
     let instance_id: String = tx
-        .query_row("SELECT value FROM meta WHERE key = 'instance_id'", [], |r| r.get(0))
+        .prepare_cached("SELECT value FROM meta WHERE key = 'instance_id'")?
+        .query_row([], |r| r.get(0))
         .optional()?
         .ok_or_else(|| StoreError::corrupt("meta", "has no instance_id"))?;
     let body = ReportRequest {
@@ -552,10 +556,8 @@ fn queue_report(
     let body = serde_json::to_string(&body).map_err(|e| {
         StoreError::corrupt(format!("attempt {attempt_id}"), format!("report does not serialise ({e})"))
     })?;
-    tx.execute(
-        "INSERT INTO outbox(report_id, delivery_id, body, created_at_ms) VALUES (?1, ?2, ?3, ?4)",
-        (attempt_id, delivery_id, &body, now_ms),
-    )?;
+    tx.prepare_cached("INSERT INTO outbox(report_id, delivery_id, body, created_at_ms) VALUES (?1, ?2, ?3, ?4)")?
+        .execute((attempt_id, delivery_id, &body, now_ms))?;
     Ok(())
 }
 

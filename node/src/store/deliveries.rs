@@ -104,11 +104,13 @@ impl Db {
     /// Opens the execution gate: the hub confirmed the ack of this claim. Returns whether the
     /// delivery moved (false when it was already acked, or is not this claim's).
     pub fn mark_acked(&mut self, delivery_id: &str, claim_token: &str, now_ms: i64) -> Result<bool, StoreError> {
-        let n = self.conn.execute(
-            "UPDATE deliveries SET state = 'acked', updated_at_ms = ?3
+        let n = self
+            .conn
+            .prepare_cached(
+                "UPDATE deliveries SET state = 'acked', updated_at_ms = ?3
              WHERE delivery_id = ?1 AND claim_token = ?2 AND state = 'mirrored'",
-            (delivery_id, claim_token, now_ms),
-        )?;
+            )?
+            .execute((delivery_id, claim_token, now_ms))?;
         Ok(n == 1)
     }
 
@@ -139,16 +141,18 @@ impl Db {
     /// is still closed can be dropped. Returns whether it was dropped.
     pub fn drop_delivery(&mut self, delivery_id: &str, reason: &str, now_ms: i64) -> Result<bool, StoreError> {
         let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let n = tx.execute(
-            "UPDATE deliveries SET state = 'dropped', reason = ?2, updated_at_ms = ?3
+        let n = tx
+            .prepare_cached(
+                "UPDATE deliveries SET state = 'dropped', reason = ?2, updated_at_ms = ?3
              WHERE delivery_id = ?1 AND state = 'mirrored'",
-            (delivery_id, reason, now_ms),
-        )?;
+            )?
+            .execute((delivery_id, reason, now_ms))?;
         if n == 1 {
-            let e = tx.execute(
-                "UPDATE executions SET state = 'cancelled' WHERE delivery_id = ?1 AND state = 'queued'",
-                [delivery_id],
-            )?;
+            let e = tx
+                .prepare_cached(
+                    "UPDATE executions SET state = 'cancelled' WHERE delivery_id = ?1 AND state = 'queued'",
+                )?
+                .execute([delivery_id])?;
             assert_eq!(e, 1, "a mirrored delivery has a queued execution");
         }
         tx.commit()?;
@@ -160,17 +164,19 @@ impl Db {
     /// dropped.
     pub fn drop_unstarted(&mut self, delivery_id: &str, reason: &str, now_ms: i64) -> Result<bool, StoreError> {
         let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let e = tx.execute(
-            "UPDATE executions SET state = 'cancelled'
+        let e = tx
+            .prepare_cached(
+                "UPDATE executions SET state = 'cancelled'
              WHERE delivery_id = ?1 AND state = 'queued'
                AND run = (SELECT run FROM deliveries WHERE delivery_id = ?1 AND state IN ('mirrored', 'acked'))",
-            [delivery_id],
-        )?;
+            )?
+            .execute([delivery_id])?;
         if e == 1 {
-            let n = tx.execute(
-                "UPDATE deliveries SET state = 'dropped', reason = ?2, updated_at_ms = ?3 WHERE delivery_id = ?1",
-                (delivery_id, reason, now_ms),
-            )?;
+            let n = tx
+                .prepare_cached(
+                    "UPDATE deliveries SET state = 'dropped', reason = ?2, updated_at_ms = ?3 WHERE delivery_id = ?1",
+                )?
+                .execute((delivery_id, reason, now_ms))?;
             assert_eq!(n, 1, "the execution's delivery was just read");
         }
         tx.commit()?;
@@ -198,23 +204,21 @@ impl Db {
     pub fn local(&self, delivery_id: &str) -> Result<Option<LocalDelivery>, StoreError> {
         let row: Option<(String, String, Option<String>, u32)> = self
             .conn
-            .query_row(
+            .prepare_cached(
                 "SELECT d.claim_token, d.state, e.state, d.run FROM deliveries d
                  LEFT JOIN executions e ON e.delivery_id = d.delivery_id AND e.run = d.run WHERE d.delivery_id = ?1",
-                [delivery_id],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
-            )
+            )?
+            .query_row([delivery_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
             .optional()?;
         let Some((claim_token, state, exec, run)) = row else { return Ok(None) };
         let (state, exec) = parse_states(delivery_id, &state, exec.as_deref())?;
         let report: Option<(String, Option<i64>, Option<i64>)> = self
             .conn
-            .query_row(
+            .prepare_cached(
                 "SELECT o.report_id, o.confirmed_at_ms, o.dead_at_ms FROM outbox o
                  WHERE o.delivery_id = ?1 ORDER BY o.created_at_ms DESC, o.report_id DESC LIMIT 1",
-                [delivery_id],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-            )
+            )?
+            .query_row([delivery_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
             .optional()?;
         let report = report.map(|(id, confirmed, dead)| {
             let st = match (confirmed, dead) {
@@ -247,12 +251,11 @@ fn mirror_in(
     let payload = d.payload.as_str();
     let state = if acked { "acked" } else { "mirrored" };
     let existing: Option<(String, String, Option<String>, u32)> = tx
-        .query_row(
+        .prepare_cached(
             "SELECT d.claim_token, d.state, e.state, d.run FROM deliveries d
              LEFT JOIN executions e ON e.delivery_id = d.delivery_id AND e.run = d.run WHERE d.delivery_id = ?1",
-            [&d.delivery_id],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
-        )
+        )?
+        .query_row([&d.delivery_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
         .optional()?;
     let existing = match existing {
         None => None,
@@ -275,29 +278,30 @@ fn mirror_in(
             "INSERT INTO executions(delivery_id, run, conversation, seq, state, queued_at_ms)
              VALUES (?1, ?2, ?3, ?4, 'queued', ?5)"
         };
-        tx.execute(sql, (&d.delivery_id, d.attempt, &d.conversation, d.seq, now_ms))?;
+        tx.prepare_cached(sql)?.execute((&d.delivery_id, d.attempt, &d.conversation, d.seq, now_ms))?;
         Ok(())
     };
     let replace = |tx: &rusqlite::Transaction<'_>| -> Result<(), StoreError> {
-        let n = tx.execute(
-            "UPDATE deliveries SET message_id = :message, conversation = :conversation, seq = :seq,
+        let n = tx
+            .prepare_cached(
+                "UPDATE deliveries SET message_id = :message, conversation = :conversation, seq = :seq,
                  payload = :payload, claim_token = :token, state = :state, reason = NULL,
                  mirrored_at_ms = :now, updated_at_ms = :now, producer = :producer, run = :run, rerun = :rerun
              WHERE delivery_id = :id",
-            params,
-        )?;
+            )?
+            .execute(params)?;
         assert_eq!(n, 1, "the row was just read");
         Ok(())
     };
     let done = match existing {
         None => {
-            tx.execute(
+            tx.prepare_cached(
                 "INSERT INTO deliveries(delivery_id, message_id, conversation, seq, payload, claim_token, state,
                      mirrored_at_ms, updated_at_ms, producer, run, rerun)
                  VALUES (:id, :message, :conversation, :seq, :payload, :token, :state, :now, :now, :producer,
                      :run, :rerun)",
-                params,
-            )?;
+            )?
+            .execute(params)?;
             queue(tx, false)?;
             Mirrored::New
         }
@@ -313,11 +317,11 @@ fn mirror_in(
         Some((_, (_, ExecState::Started | ExecState::Ended), _)) => Mirrored::AlreadyRan,
         Some((token, (local, _), _)) if token == d.claim_token && local != LocalState::Dropped => {
             if acked {
-                tx.execute(
+                tx.prepare_cached(
                     "UPDATE deliveries SET state = 'acked', updated_at_ms = ?2
                      WHERE delivery_id = ?1 AND state = 'mirrored'",
-                    (&d.delivery_id, now_ms),
-                )?;
+                )?
+                .execute((&d.delivery_id, now_ms))?;
             }
             Mirrored::Existing
         }

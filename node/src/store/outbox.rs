@@ -53,10 +53,11 @@ impl Db {
 
     /// Records a failed try to send a report.
     pub fn report_tried(&mut self, report_id: &str, error: &str, now_ms: i64) -> Result<(), StoreError> {
-        self.conn.execute(
-            "UPDATE outbox SET tries = tries + 1, last_try_at_ms = ?2, last_error = ?3 WHERE report_id = ?1",
-            (report_id, now_ms, error),
-        )?;
+        self.conn
+            .prepare_cached(
+                "UPDATE outbox SET tries = tries + 1, last_try_at_ms = ?2, last_error = ?3 WHERE report_id = ?1",
+            )?
+            .execute((report_id, now_ms, error))?;
         Ok(())
     }
 
@@ -93,10 +94,10 @@ impl Db {
     pub fn reports_tried(&mut self, report_ids: &[String], error: &str, now_ms: i64) -> Result<(), StoreError> {
         let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         for report_id in report_ids {
-            tx.execute(
+            tx.prepare_cached(
                 "UPDATE outbox SET tries = tries + 1, last_try_at_ms = ?2, last_error = ?3 WHERE report_id = ?1",
-                (report_id, now_ms, error),
-            )?;
+            )?
+            .execute((report_id, now_ms, error))?;
         }
         tx.commit()?;
         Ok(())
@@ -114,10 +115,12 @@ impl Db {
     /// Puts a confirmed report back in the outbox (the hub lists its delivery without an
     /// outcome, so it must not have kept it). The same report id makes the resend idempotent.
     pub fn reopen_report(&mut self, report_id: &str) -> Result<bool, StoreError> {
-        let n = self.conn.execute(
-            "UPDATE outbox SET confirmed_at_ms = NULL WHERE report_id = ?1 AND confirmed_at_ms IS NOT NULL",
-            [report_id],
-        )?;
+        let n = self
+            .conn
+            .prepare_cached(
+                "UPDATE outbox SET confirmed_at_ms = NULL WHERE report_id = ?1 AND confirmed_at_ms IS NOT NULL",
+            )?
+            .execute([report_id])?;
         Ok(n == 1)
     }
 }
@@ -132,25 +135,27 @@ fn finish_report_in(
     now_ms: i64,
 ) -> Result<bool, StoreError> {
     let n = match dead {
-        None => tx.execute(
-            "UPDATE outbox SET confirmed_at_ms = ?2, tries = tries + 1, last_try_at_ms = ?2, last_error = NULL
+        None => tx
+            .prepare_cached(
+                "UPDATE outbox SET confirmed_at_ms = ?2, tries = tries + 1, last_try_at_ms = ?2, last_error = NULL
              WHERE report_id = ?1 AND confirmed_at_ms IS NULL AND dead_at_ms IS NULL",
-            (report_id, now_ms),
-        )?,
-        Some(reason) => tx.execute(
-            "UPDATE outbox SET dead_at_ms = ?2, dead_reason = ?3, tries = tries + 1, last_try_at_ms = ?2
+            )?
+            .execute((report_id, now_ms))?,
+        Some(reason) => tx
+            .prepare_cached(
+                "UPDATE outbox SET dead_at_ms = ?2, dead_reason = ?3, tries = tries + 1, last_try_at_ms = ?2
              WHERE report_id = ?1 AND confirmed_at_ms IS NULL AND dead_at_ms IS NULL",
-            (report_id, now_ms, reason),
-        )?,
+            )?
+            .execute((report_id, now_ms, reason))?,
     };
     if n != 1 {
         return Ok(false);
     }
     // Only the report of the delivery's current run settles it: a later run may be waiting.
-    tx.execute(
+    tx.prepare_cached(
         "UPDATE deliveries SET state = 'done', reason = ?2, updated_at_ms = ?3
          WHERE (delivery_id, run) = (SELECT a.delivery_id, a.run FROM attempts a WHERE a.attempt_id = ?1)",
-        (report_id, dead, now_ms),
-    )?;
+    )?
+    .execute((report_id, dead, now_ms))?;
     Ok(true)
 }
