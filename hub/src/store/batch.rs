@@ -17,8 +17,15 @@ use rusqlite::Connection;
 const ITEM_SAVEPOINT: &str = "SAVEPOINT batch_item";
 /// Keeps an item's changes.
 const ITEM_RELEASE: &str = "RELEASE batch_item";
-/// Drops an item's changes and ends its savepoint.
-const ITEM_ROLLBACK: &str = "ROLLBACK TO batch_item; RELEASE batch_item";
+/// Drops an item's changes (then `ITEM_RELEASE` ends its savepoint).
+const ITEM_ROLLBACK: &str = "ROLLBACK TO batch_item";
+
+/// Runs one transaction-control statement through the connection's statement cache: these run
+/// several times per item, and `execute_batch` would parse them every time.
+pub(crate) fn control(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([])?;
+    Ok(())
+}
 
 /// Runs `apply` on every item in its own savepoint, in order, and returns one result per item.
 /// An item's error (other than a storage failure) rolls back that item only; a storage failure
@@ -31,13 +38,12 @@ pub fn each<I, T>(
     let items = items.into_iter();
     let mut results = Vec::with_capacity(items.size_hint().0);
     for item in items {
-        conn.execute_batch(ITEM_SAVEPOINT)?;
+        control(conn, ITEM_SAVEPOINT)?;
         let result = apply(conn, item);
-        if result.is_ok() {
-            conn.execute_batch(ITEM_RELEASE)?;
-        } else {
-            conn.execute_batch(ITEM_ROLLBACK)?;
+        if result.is_err() {
+            control(conn, ITEM_ROLLBACK)?;
         }
+        control(conn, ITEM_RELEASE)?;
         if let Err(StoreError::Storage(detail)) = result {
             return Err(StoreError::Storage(detail));
         }

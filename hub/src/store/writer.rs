@@ -125,15 +125,15 @@ fn run_batch(conn: &Connection, jobs: &mut Vec<Job>) {
             replies.push(reply);
             continue;
         }
-        if let Err(e) = conn.execute_batch("SAVEPOINT job") {
+        if let Err(e) = super::batch::control(conn, "SAVEPOINT job") {
             poisoned = Some(e.to_string());
             let (_, reply) = job(None);
             replies.push(reply);
             continue;
         }
         let (ok, reply) = job(Some(conn));
-        let end = if ok { "RELEASE job" } else { "ROLLBACK TO job; RELEASE job" };
-        if let Err(e) = conn.execute_batch(end) {
+        let rolled_back = if ok { Ok(()) } else { super::batch::control(conn, "ROLLBACK TO job") };
+        if let Err(e) = rolled_back.and_then(|()| super::batch::control(conn, "RELEASE job")) {
             poisoned = Some(e.to_string());
         }
         replies.push(reply);
