@@ -30,8 +30,9 @@ use std::time::Duration;
 /// A `Hub` call's answer.
 type Answer<T> = Result<T, ClientError>;
 
-/// The hub calls the node makes. Every call is safe to repeat (SPEC §12) and is sent once: the
-/// loop decides what to retry and paces it. Once `register_session` succeeded, every request
+/// The hub calls the node makes. Every call is safe to repeat (SPEC §12) and is sent once (to
+/// each of the node's hubs at most, `Client::failover`): the loop decides what to retry and
+/// paces it. Once `register_session` succeeded, every request
 /// carries the session.
 pub trait Hub: Send + Sync + 'static {
     /// `POST /v1/sessions`: registers a fresh session for this process; later requests carry it.
