@@ -293,8 +293,9 @@ async fn stop_all_on_error<H: Hub>(
     r
 }
 
-/// Claims until shutdown. Resyncs the holdings first, and again after any claim whose answer
-/// was lost. Returns an error only when the store fails.
+/// Claims until shutdown. Resyncs the holdings first, again after any claim whose answer
+/// was lost, and again whenever the node moved to another of its hubs (`Hub::hub_moves`): the
+/// same resync as after a hub restart. Returns an error only when the store fails.
 async fn claim_loop<H: Hub>(sh: &Arc<Shared<H>>) -> anyhow::Result<()> {
     let mut backoff = Backoff::new(BACKOFF_BASE, sh.config.backoff_max);
     let mut need_resync = true;
@@ -303,9 +304,18 @@ async fn claim_loop<H: Hub>(sh: &Arc<Shared<H>>) -> anyhow::Result<()> {
     // toward `queue_ahead_batches` like those already waiting in the store.
     let mut handoffs: JoinSet<(i64, Result<(), Stop>)> = JoinSet::new();
     let mut in_flight: i64 = 0;
+    let mut hub_moves = sh.hub.hub_moves();
     let result = loop {
         if sh.shutdown.is_cancelled() {
             break Ok(());
+        }
+        let moves = sh.hub.hub_moves();
+        if moves != hub_moves {
+            hub_moves = moves;
+            if !need_resync {
+                tracing::info!("the node now uses another hub: resyncing holdings there");
+            }
+            need_resync = true;
         }
         while let Some(done) = handoffs.try_join_next() {
             in_flight -= handoff_ended(done)?;

@@ -121,8 +121,9 @@ impl Report {
         let failed = self.checks.iter().filter(|c| c.status == Status::Fail).count();
         if failed == 0 {
             out.push_str(&format!(
-                "configuration is valid (hub {}, data dir {})\n",
-                escaped(&config.hub_url),
+                "configuration is valid ({} {}, data dir {})\n",
+                if config.hub_url.urls().len() == 1 { "hub" } else { "hubs" },
+                escaped(&config.hub_url.urls().join(", ")),
                 escaped(&config.data_dir.display().to_string())
             ));
         } else {
@@ -584,22 +585,72 @@ impl Failure {
 }
 
 /// `hub` (`--online`): one `GET /v1/holdings` (a read for an instance that holds nothing, so it
-/// changes nothing on the hub) over mTLS with the configured files, as the node would send it.
-/// Proves the hub answers and accepts this certificate as a node's; a refused certificate, an
-/// unreachable hub and a TLS failure read differently.
+/// changes nothing on the hub) over mTLS with the configured files, as the node would send it,
+/// to every hub of `hub_url`. Proves each hub answers and accepts this certificate as a node's;
+/// a refused certificate, an unreachable hub and a TLS failure read differently.
+///
+/// With one hub, that hub's verdict. With several, one check saying which answered, each hub's
+/// verdict in list order: it fails when any hub refused the certificate or failed TLS (a
+/// mistake the node would meet after a move) or when none answered; an unreachable hub while
+/// another answered is a warning (a standby not up yet: the node works, and moves to it only
+/// when it answers).
 pub async fn online(config: &NodeConfig) -> Check {
-    let url = &config.hub_url;
+    let mut asks = tokio::task::JoinSet::new();
+    for (i, url) in config.hub_url.urls().iter().enumerate() {
+        let (config, url) = (config.clone(), url.clone());
+        asks.spawn(async move { (i, online_one(&config, &url).await) });
+    }
+    let mut each: Vec<Option<(Check, bool)>> = vec![None; config.hub_url.urls().len()];
+    while let Some(joined) = asks.join_next().await {
+        match joined {
+            Ok((i, verdict)) => each[i] = Some(verdict),
+            Err(e) => return Check::new("hub", Status::Fail, "hub_url", format!("hub_url: the check failed ({e})")),
+        }
+    }
+    let each: Vec<(Check, bool)> = each.into_iter().flatten().collect();
+    combined(each)
+}
+
+/// The one `hub` check of several hubs' verdicts (each with whether the hub was unreachable),
+/// in list order; one hub's verdict as it is.
+fn combined(mut each: Vec<(Check, bool)>) -> Check {
+    if each.len() == 1 {
+        return each.remove(0).0;
+    }
+    let answered = each.iter().filter(|(c, _)| c.status == Status::Ok).count();
+    let wrong = each.iter().find(|(c, unreachable)| c.status == Status::Fail && !unreachable);
+    let (status, field) = match wrong {
+        Some((c, _)) => (Status::Fail, c.field),
+        None if answered == 0 => (Status::Fail, "hub_url"),
+        None if answered < each.len() => (Status::Warn, "hub_url"),
+        None => (Status::Ok, "hub_url"),
+    };
+    let verdicts: Vec<String> = each
+        .iter()
+        .enumerate()
+        .map(|(i, (c, _))| format!("[{}] {}", i + 1, c.detail.trim_start_matches("hub_url: ")))
+        .collect();
+    let detail = format!("hub_url: {answered} of {} hubs answered: {}", each.len(), verdicts.join("; "));
+    Check::new("hub", status, field, detail)
+}
+
+/// The online check of the hub at `url`, and whether it was unreachable.
+async fn online_one(config: &NodeConfig, url: &str) -> (Check, bool) {
     let fail = |failure: Failure, why: String| {
-        Check::new("hub", Status::Fail, "hub_url", format!("{}: {why}", failure.lead(url)))
+        let check = Check::new("hub", Status::Fail, "hub_url", format!("{}: {why}", failure.lead(url)));
+        (check, failure == Failure::Unreachable)
     };
     let client = match client(config) {
         Ok(c) => c,
-        Err(why) => return Check::new("hub", Status::Fail, "hub_url", format!("hub_url: not contacted: {why}")),
+        Err(why) => {
+            return (Check::new("hub", Status::Fail, "hub_url", format!("hub_url: not contacted: {why}")), false);
+        }
     };
     let mut request = match reqwest::Url::parse(&format!("{url}/v1/holdings")) {
         Ok(u) => u,
         Err(e) => {
-            return Check::new("hub", Status::Fail, "hub_url", format!("hub_url: {url:?} does not form a URL ({e})"));
+            let detail = format!("hub_url: {url:?} does not form a URL ({e})");
+            return (Check::new("hub", Status::Fail, "hub_url", detail), false);
         }
     };
     request.query_pairs_mut().append_pair("instance_id", CHECK_INSTANCE_ID);
@@ -618,12 +669,11 @@ pub async fn online(config: &NodeConfig) -> Check {
             return fail(failure, why);
         }
     };
-    answered(config, status, &body)
+    (answered(url, status, &body), false)
 }
 
-/// The check's verdict on an HTTP answer to the holdings read.
-fn answered(config: &NodeConfig, status: u16, body: &[u8]) -> Check {
-    let url = &config.hub_url;
+/// The check's verdict on an HTTP answer of the hub at `url` to the holdings read.
+fn answered(url: &str, status: u16, body: &[u8]) -> Check {
     if (200..300).contains(&status) {
         return match serde_json::from_slice::<baton_shared::wire::HoldingsResponse>(body) {
             Ok(_) => Check::new(
@@ -1022,10 +1072,11 @@ mod tests {
     fn the_hub_answers_are_read() {
         let s = Setup::new();
         let (config, _) = s.good();
-        let ok = answered(&config, 200, br#"{"deliveries": []}"#);
+        let url = "https://127.0.0.1:1";
+        let ok = answered(url, 200, br#"{"deliveries": []}"#);
         assert_eq!(ok.status, Status::Ok, "{ok:?}");
         let producer = answered(
-            &config,
+            url,
             403,
             br#"{"code": "wrong_role", "message": "a producer certificate may not use node endpoints"}"#,
         );
@@ -1035,16 +1086,16 @@ mod tests {
                 && producer.detail.contains("enroll node"),
             "{producer:?}"
         );
-        let revoked = answered(&config, 401, br#"{"code": "certificate_revoked", "message": "revoked"}"#);
+        let revoked = answered(url, 401, br#"{"code": "certificate_revoked", "message": "revoked"}"#);
         assert!(
             revoked.detail.contains("refused this node's certificate") && revoked.detail.contains("renew"),
             "{revoked:?}"
         );
-        let busy = answered(&config, 503, b"\x1b[2Jnot ready");
+        let busy = answered(url, 503, b"\x1b[2Jnot ready");
         assert!(busy.status == Status::Fail && busy.detail.contains("could not serve the check"), "{busy:?}");
         let shown = Report { checks: vec![busy] }.human(&config);
         assert!(!shown.contains('\x1b') && shown.contains("\\u{1b}[2J"), "{shown}");
-        let other = answered(&config, 200, b"<html>");
+        let other = answered(url, 200, b"<html>");
         assert!(other.status == Status::Fail && other.detail.contains("not as a Baton hub does"), "{other:?}");
     }
 
@@ -1071,11 +1122,45 @@ mod tests {
         let s = Setup::new();
         let (config, _) = s.good();
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let config = NodeConfig { hub_url: format!("https://127.0.0.1:{port}"), ..config };
+        let hub_url = format!("https://127.0.0.1:{port}").parse().unwrap();
+        let config = NodeConfig { hub_url, ..config };
         let c = online(&config).await;
         assert!(
             c.status == Status::Fail && c.detail.contains("is unreachable") && c.detail.contains("cannot connect"),
             "{c:?}"
         );
+        // Every hub of a list is contacted and named, in order.
+        let other = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let hub_url = format!("https://127.0.0.1:{port},https://localhost:{other}").parse().unwrap();
+        let c = online(&NodeConfig { hub_url, ..config }).await;
+        let (first, second) = (
+            format!("[1] the hub at https://127.0.0.1:{port} is unreachable"),
+            format!("[2] the hub at https://localhost:{other} is unreachable"),
+        );
+        assert!(c.status == Status::Fail && c.detail.starts_with("hub_url: 0 of 2 hubs answered: "), "{c:?}");
+        assert!(c.detail.contains(&first) && c.detail.contains(&second), "{c:?}");
+    }
+
+    /// Several hubs' verdicts make one check that says which answered: a standby that does not
+    /// answer is a warning while another answers; a hub refusing the certificate fails.
+    #[test]
+    fn several_hubs_are_judged_together() {
+        let ok = |url: &str| (answered(url, 200, br#"{"deliveries": []}"#), false);
+        let down = |url: &str| {
+            let check = Check::new("hub", Status::Fail, "hub_url", Failure::Unreachable.lead(url));
+            (check, true)
+        };
+        let refused = |url: &str| (answered(url, 401, br#"{"code": "certificate_revoked", "message": "r"}"#), false);
+        let (a, b) = ("https://a:1", "https://b:1");
+        let c = combined(vec![ok(a), down(b)]);
+        assert_eq!((c.status, c.field), (Status::Warn, "hub_url"), "{c:?}");
+        assert!(c.detail.starts_with("hub_url: 1 of 2 hubs answered: [1] the hub at https://a:1 answered"), "{c:?}");
+        assert!(c.detail.contains("[2] the hub at https://b:1 is unreachable"), "{c:?}");
+        assert_eq!(combined(vec![ok(a), ok(b)]).status, Status::Ok);
+        assert_eq!(combined(vec![down(a), down(b)]).status, Status::Fail);
+        let c = combined(vec![ok(a), refused(b)]);
+        assert_eq!((c.status, c.field), (Status::Fail, "cert_file"), "{c:?}");
+        // One hub: its own verdict, worded as ever.
+        assert_eq!(combined(vec![down(a)]), down(a).0);
     }
 }

@@ -88,9 +88,9 @@ pub enum ConfigCommand {
 /// `config check` arguments.
 #[derive(Debug, Args)]
 pub struct CheckArgs {
-    /// Also contact the hub at hub_url with the configured certificate (`GET /v1/holdings`,
-    /// which changes nothing): an unreachable hub, a TLS failure and a refused certificate are
-    /// told apart.
+    /// Also contact every hub of hub_url with the configured certificate (`GET /v1/holdings`,
+    /// which changes nothing) and say which answered: an unreachable hub, a TLS failure and a
+    /// refused certificate are told apart.
     #[arg(long)]
     pub online: bool,
     /// Print one JSON object, `{"checks": [{"name", "status", "detail"}], "ok"}`, instead of text.

@@ -7,7 +7,16 @@
 //! after which a refusal of the certificate replaced is `ClientError::SentBeforeReload`, so
 //! revoking the old serial after a renewal never stops the node. `HubClient` adds only what is
 //! the node's: its version on the session, one debug line per request under
-//! `baton_node::requests` (route and item count), and its configuration errors.
+//! `baton_node::requests` (route and item count), its configuration errors, and failover.
+//!
+//! Failover: with several `hub_url`s the node talks to one hub at a time. Every call goes
+//! through `Client::failover`: a hub that does not answer, or answers 503, is left for the next
+//! one (round robin; one log line names the hub now in use), and a request it certainly did
+//! not act on is sent to that next hub at once, so the loops back off once per round of the
+//! list rather than once per hub. A lost answer is handed back to the loop, which replays it
+//! (same report id, same claim token) or resyncs as after a hub restart; `hub_moves` tells the
+//! claim loop that the hub changed, and it resyncs the holdings there. A refusal the hub
+//! decided never moves the node: every hub of the record would decide the same.
 
 use crate::config::{ConfigError, NodeConfig};
 use baton_client::{BuildError, Client, ClientError, ItemAnswer, NodeClient, RetryPolicy, TlsError, TlsFiles};
@@ -18,8 +27,12 @@ use baton_shared::wire::{
 use std::future::Future;
 use std::time::Duration;
 
-/// The hub calls the node makes. Every call is safe to repeat (SPEC §12) and is sent once: the
-/// loop decides what to retry and paces it. Once `register_session` succeeded, every request
+/// A `Hub` call's answer.
+type Answer<T> = Result<T, ClientError>;
+
+/// The hub calls the node makes. Every call is safe to repeat (SPEC §12) and is sent once (to
+/// each of the node's hubs at most, `Client::failover`): the loop decides what to retry and
+/// paces it. Once `register_session` succeeded, every request
 /// carries the session.
 pub trait Hub: Send + Sync + 'static {
     /// `POST /v1/sessions`: registers a fresh session for this process; later requests carry it.
@@ -71,6 +84,10 @@ pub trait Hub: Send + Sync + 'static {
         &self,
         reports: Vec<ReportRequest>,
     ) -> impl Future<Output = Result<Vec<ItemAnswer<ReportResponse>>, ClientError>> + Send;
+    /// How many times the node moved to another of its hubs (0 with one `hub_url`). The claim
+    /// loop resyncs its holdings whenever this changed since it last looked. A wrapper passes
+    /// its inner hub's count on.
+    fn hub_moves(&self) -> u64;
 }
 
 /// The real hub, over mTLS with this host's certificate. Clones share one connection pool and
@@ -81,16 +98,17 @@ pub struct HubClient {
 }
 
 impl HubClient {
-    /// The client of the hub at `config.hub_url`, presenting `cert_file` and `key_file` and
-    /// trusting only `ca_file`, for the node instance `instance_id`. Each call is sent once
-    /// (the report too): the node's loops retry at their own pace.
+    /// The client of the hubs at `config.hub_url` (starting with the first), presenting
+    /// `cert_file` and `key_file` and trusting only `ca_file`, for the node instance
+    /// `instance_id`. Each call is sent once to each hub at most (the report too): the node's
+    /// loops retry at their own pace.
     pub fn new(config: &NodeConfig, instance_id: &str) -> Result<HubClient, ConfigError> {
         let files = TlsFiles {
             ca_file: config.ca_file.clone(),
             cert_file: config.cert_file.clone(),
             key_file: config.key_file.clone(),
         };
-        let client = Client::new(&config.hub_url, &files).map_err(|e| match e {
+        let client = Client::with_hubs(config.hub_url.urls(), &files).map_err(|e| match e {
             BuildError::HubUrl(message) => ConfigError::invalid("hub_url", message),
             BuildError::Tls(e) => tls_error(e),
         })?;
@@ -103,6 +121,20 @@ impl HubClient {
     pub fn reload(&self) -> Result<u64, ConfigError> {
         self.node.client().reload().map_err(tls_error)
     }
+
+    /// Sends `call` to the hub in use, moving on from a hub that is unavailable
+    /// (`Client::failover`), and logs each move with the hub now in use.
+    async fn failover<T, Fut>(&self, call: impl FnMut() -> Fut) -> Answer<T>
+    where
+        Fut: Future<Output = Answer<T>>,
+    {
+        self.node.client().failover(call, moved).await
+    }
+}
+
+/// Logs a move from the hub at `from` to the hub at `to` after `e`.
+fn moved(from: &str, to: &str, e: &ClientError) {
+    tracing::warn!(from, to, "the hub at {from} is unavailable ({e}); now using the hub at {to}");
 }
 
 /// A TLS file that cannot be used, as the configuration error naming its key.
@@ -124,37 +156,37 @@ fn logged(route: &'static str, items: usize) {
 impl Hub for HubClient {
     async fn register_session(&self) -> Result<SessionResponse, ClientError> {
         logged("sessions", 0);
-        self.node.open_session(Some(env!("CARGO_PKG_VERSION"))).await
+        self.failover(|| self.node.open_session(Some(env!("CARGO_PKG_VERSION")))).await
     }
 
     async fn end_session(&self) -> Result<(), ClientError> {
         logged("sessions/end", 0);
-        self.node.end_session().await
+        self.failover(|| self.node.end_session()).await
     }
 
     async fn claim(&self, max: u32, wait: Duration) -> Result<ClaimResponse, ClientError> {
         logged("claims", 0);
-        self.node.claim(max, wait).await
+        self.failover(|| self.node.claim(max, wait)).await
     }
 
     async fn starts(&self, items: Vec<StartItem>) -> Result<Vec<StartResult>, ClientError> {
         logged("starts", items.len());
-        self.node.starts(items).await
+        self.failover(|| self.node.starts(items.clone())).await
     }
 
     async fn holdings(&self) -> Result<Vec<ClaimedDelivery>, ClientError> {
         logged("holdings", 0);
-        self.node.holdings().await
+        self.failover(|| self.node.holdings()).await
     }
 
     async fn mirrored(&self, delivery_id: &str, claim_token: &str) -> Result<TransitionResponse, ClientError> {
         logged("mirrored", 1);
-        self.node.mirrored(delivery_id, claim_token).await
+        self.failover(|| self.node.mirrored(delivery_id, claim_token)).await
     }
 
     async fn ack(&self, delivery_id: &str, claim_token: &str) -> Result<TransitionResponse, ClientError> {
         logged("ack", 1);
-        self.node.ack(delivery_id, claim_token).await
+        self.failover(|| self.node.ack(delivery_id, claim_token)).await
     }
 
     async fn reject(
@@ -164,27 +196,31 @@ impl Hub for HubClient {
         reason: &str,
     ) -> Result<TransitionResponse, ClientError> {
         logged("reject", 1);
-        self.node.reject(delivery_id, claim_token, reason).await
+        self.failover(|| self.node.reject(delivery_id, claim_token, reason)).await
     }
 
     async fn report(&self, body: &ReportRequest) -> Result<ReportResponse, ClientError> {
         logged("report", 1);
-        self.node.report(body).await
+        self.failover(|| self.node.report(body)).await
     }
 
     async fn mirrored_batch(&self, items: Vec<HolderItem>) -> Result<Vec<ItemAnswer<TransitionResponse>>, ClientError> {
         logged("batch/mirrored", items.len());
-        self.node.mirrored_batch(items).await
+        self.failover(|| self.node.mirrored_batch(items.clone())).await
     }
 
     async fn ack_batch(&self, items: Vec<HolderItem>) -> Result<Vec<ItemAnswer<TransitionResponse>>, ClientError> {
         logged("batch/ack", items.len());
-        self.node.ack_batch(items).await
+        self.failover(|| self.node.ack_batch(items.clone())).await
     }
 
     async fn report_batch(&self, reports: Vec<ReportRequest>) -> Result<Vec<ItemAnswer<ReportResponse>>, ClientError> {
         logged("batch/reports", reports.len());
-        self.node.report_batch(reports).await
+        self.failover(|| self.node.report_batch(reports.clone())).await
+    }
+
+    fn hub_moves(&self) -> u64 {
+        self.node.client().hub_moves()
     }
 }
 

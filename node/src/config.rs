@@ -122,8 +122,12 @@ macro_rules! keys {
 }
 
 keys! {
-    /// The hub's base URL: `https://` only (the hub requires mTLS), kept without a trailing slash.
-    hub_url: String = Kind::HttpsUrl;
+    /// The hub's base URL, or several hubs over one shared record: `https://` only (the hub
+    /// requires mTLS), each kept without a trailing slash, none twice. In the file a string or
+    /// an array of strings; as a flag or variable a comma-separated list. The node talks to one
+    /// at a time and moves to the next (round robin) when that one does not answer or answers
+    /// 503, then resyncs its holdings.
+    hub_url: HubUrls = Kind::HttpsUrl;
     /// PEM file with the hub CA certificate, the only trusted root.
     ca_file: PathBuf = Kind::Path;
     /// PEM file with this host's client certificate.
@@ -176,6 +180,37 @@ keys! {
     /// The store's durability: `full` fsyncs every commit; `normal` is faster but a power
     /// failure can lose a start marker, and that turn can then run twice.
     synchronous: Synchronous = Kind::Word(Synchronous::WORDS);
+}
+
+/// The hubs a node may talk to (`hub_url`), in the order given: at least one, at most
+/// `HUB_URLS_MAX`, each an `https://` URL without a trailing slash, no hub twice. Built only by
+/// the `hub_url` key's checks (from a layer, or `parse` of its flag form).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HubUrls(Vec<String>);
+
+impl HubUrls {
+    /// Every URL, in order; the node starts with the first.
+    pub fn urls(&self) -> &[String] {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for HubUrls {
+    /// The URLs as the flag writes them: comma-separated.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0.join(","))
+    }
+}
+
+impl std::str::FromStr for HubUrls {
+    type Err = ConfigError;
+
+    /// The `hub_url` key's flag form, `https://a:7443,https://b:7443`, with its checks.
+    fn from_str(s: &str) -> Result<HubUrls, ConfigError> {
+        let mut layer = Layer::default();
+        layer.set("hub_url", s)?;
+        layer.take("hub_url")
+    }
 }
 
 /// What runs a delivered turn.

@@ -10,6 +10,11 @@ pub const PARALLEL_CONVERSATIONS_DEFAULT: u64 = 4;
 /// Allowed range of `parallel_conversations`.
 pub const PARALLEL_CONVERSATIONS_RANGE: (u64, u64) = (1, 256);
 
+/// Most hub URLs `hub_url` may list. The node tries them one at a time and goes round the
+/// whole list before it backs off, so a longer list only lengthens each round; a handful of
+/// hubs over one record is what a deployment has.
+pub const HUB_URLS_MAX: usize = 16;
+
 /// Default for `exec_timeout`: how long one harness turn may run before its group is killed.
 pub const EXEC_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10 * 60);
 /// Allowed range of `exec_timeout`.

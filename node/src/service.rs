@@ -100,6 +100,9 @@ impl<H: Hub> Hub for Notifying<H> {
     async fn report_batch(&self, reports: Vec<ReportRequest>) -> Result<Vec<ItemAnswer<ReportResponse>>, ClientError> {
         self.answered(self.inner.report_batch(reports).await)
     }
+    fn hub_moves(&self) -> u64 {
+        self.inner.hub_moves()
+    }
 }
 
 /// Feeds systemd's watchdog at half its interval (`WatchdogSec=` in the unit) from a task of

@@ -73,7 +73,7 @@ impl Toml {
         matches!(
             (kind, self),
             (Kind::Count { .. }, Toml::Int(_))
-                | (Kind::Argv, Toml::Strings(_))
+                | (Kind::Argv | Kind::HttpsUrl, Toml::Strings(_))
                 | (Kind::HttpsUrl | Kind::Path | Kind::Duration { .. } | Kind::Word(_), Toml::Str(_))
         )
     }

@@ -86,6 +86,7 @@ mod node_clone;
 mod node_config_check;
 mod node_crash;
 mod node_exec;
+mod node_failover;
 mod node_flow;
 mod node_harness;
 mod node_outage;

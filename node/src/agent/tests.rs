@@ -73,6 +73,8 @@ struct HubState {
     reports_down: bool,
     /// Every batch request, as "batch mirrored 3" (route and item count).
     batches: Vec<String>,
+    /// Moves to another hub of the node's list (`Hub::hub_moves`), made by a test.
+    moves: u64,
 }
 
 #[derive(Clone, Default)]
@@ -388,6 +390,10 @@ impl Hub for FakeHub {
         }
         Ok(out)
     }
+
+    fn hub_moves(&self) -> u64 {
+        self.with(|s| s.moves)
+    }
 }
 
 /// The whole-request answer of a batch when one of its items met a refusal of the request
@@ -434,7 +440,7 @@ fn delivery(id: &str, conversation: &str, seq: i64) -> ClaimedDelivery {
 
 fn config(dir: &Path, script: &str) -> NodeConfig {
     NodeConfig {
-        hub_url: "https://hub.invalid".into(),
+        hub_url: "https://hub.invalid".parse().unwrap(),
         ca_file: dir.join("ca.crt"),
         cert_file: dir.join("h.crt"),
         key_file: dir.join("h.key"),
@@ -895,6 +901,30 @@ async fn noop_harness_goes_through_markers_and_reports_succeeded() {
 }
 
 #[tokio::test]
+async fn a_move_to_another_hub_resyncs_the_holdings_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = FakeHub::default();
+    let node = start(config(dir.path(), &recording(dir.path())), &hub);
+    let holdings = || hub.with(|s| s.calls.iter().filter(|c| *c == "holdings").count());
+    wait_until("the first resync and a claim after it", || {
+        hub.with(|s| s.calls.iter().skip_while(|c| *c != "holdings").any(|c| c == "claim"))
+    })
+    .await;
+    assert_eq!(holdings(), 1, "one resync at start");
+    // The node moved to another hub (a claim sent elsewhere found its hub gone): what it
+    // holds there, a delivery claimed for it before the move, is resumed and run.
+    let d = delivery("m1", "m", 1);
+    hub.with(|s| {
+        s.held.insert(d.delivery_id.clone(), (d.clone(), DeliveryState::Claimed));
+        s.moves += 1;
+    });
+    wait_until("a resync after the move", || holdings() == 2).await;
+    wait_until("the held delivery ran and was reported", || hub.with(|s| s.reports.len() == 1)).await;
+    node.stop().await;
+    assert_eq!(lines(&dir.path().join("ran")), vec!["m1"]);
+}
+
+#[tokio::test]
 async fn instance_conflict_backs_off_and_touches_nothing() {
     // A hub that answers every claim with instance_conflict, noting when each claim arrived.
     #[derive(Clone, Default)]
@@ -936,6 +966,9 @@ async fn instance_conflict_backs_off_and_touches_nothing() {
         }
         async fn report_batch(&self, _: Vec<ReportRequest>) -> Result<Vec<ItemAnswer<ReportResponse>>, ClientError> {
             unreachable!("nothing ran")
+        }
+        fn hub_moves(&self) -> u64 {
+            0
         }
     }
     let dir = tempfile::tempdir().unwrap();
@@ -1014,6 +1047,9 @@ async fn a_hub_that_does_not_answer_is_retried_within_the_reconnect_cap() {
         }
         async fn report_batch(&self, _: Vec<ReportRequest>) -> Result<Vec<ItemAnswer<ReportResponse>>, ClientError> {
             unreachable!("nothing ran")
+        }
+        fn hub_moves(&self) -> u64 {
+            0
         }
     }
     let dir = tempfile::tempdir().unwrap();

@@ -2,7 +2,8 @@
 //! its help line, and the checks every written value passes before it joins a layer. Values
 //! are checked where they are read, so a message names the key whatever layer it came from.
 
-use super::{ConfigError, Harness, KEYS, LogFormat};
+use super::{ConfigError, Harness, HubUrls, KEYS, LogFormat};
+use crate::limits::HUB_URLS_MAX;
 use baton_shared::sqlite::Synchronous;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -10,7 +11,9 @@ use std::time::Duration;
 /// How a key's value is written, with its default and its allowed range.
 #[derive(Debug, Clone, Copy)]
 pub enum Kind {
-    /// An `https://` URL with a host and neither query nor fragment; required.
+    /// One or more `https://` URLs, each with a host and neither query nor fragment, none
+    /// twice, at most `HUB_URLS_MAX`: in the file a string (one URL) or an array of strings; as a
+    /// flag or variable a comma-separated list. Required.
     HttpsUrl,
     /// A file or directory path; required.
     Path,
@@ -39,7 +42,7 @@ impl Kind {
     /// The placeholder `--help` shows after the flag.
     pub const fn value_name(&self) -> &'static str {
         match self {
-            Kind::HttpsUrl => "URL",
+            Kind::HttpsUrl => "URL[,URL...]",
             Kind::Path => "PATH",
             Kind::Argv => "ARGV",
             Kind::Count { .. } => "N",
@@ -64,8 +67,10 @@ pub struct Key {
 /// A written value that passed its key's checks, waiting to become a `NodeConfig` field.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) enum Value {
-    /// A URL, a path or a word.
+    /// A path or a word.
     Text(String),
+    /// One or more URLs, each checked, none twice.
+    Urls(Vec<String>),
     /// An argv.
     Argv(Vec<String>),
     /// A whole number within its range.
@@ -94,7 +99,8 @@ impl Key {
     pub fn help(&self) -> String {
         let doc = self.doc.split_whitespace().collect::<Vec<_>>().join(" ");
         let allowed = match self.kind {
-            Kind::HttpsUrl | Kind::Path => "required".to_string(),
+            Kind::HttpsUrl => format!("required; 1..={HUB_URLS_MAX} URLs"),
+            Kind::Path => "required".to_string(),
             Kind::Argv => "no default".to_string(),
             Kind::Count { default, range: (min, max) } => format!("{min}..={max}, default {default}"),
             Kind::Duration { default, range: (min, max) } => {
@@ -143,15 +149,28 @@ impl Key {
                 })
                 .collect::<Result<Vec<_>, _>>()
                 .map(Value::Argv),
-            (Kind::HttpsUrl | Kind::Path | Kind::Duration { .. } | Kind::Word(_), toml::Value::String(s)) => {
-                self.read_text(&s)
-            }
+            (Kind::HttpsUrl, toml::Value::Array(items)) => items
+                .into_iter()
+                .map(|item| match item {
+                    toml::Value::String(s) => Ok(s),
+                    other => Err(self.invalid(format!("expected an array of strings, found a {}", other.type_str()))),
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .and_then(|urls| self.https_urls(&urls))
+                .map(Value::Urls),
+            (Kind::HttpsUrl, toml::Value::String(s)) if s.contains(',') => Err(self.invalid(format!(
+                "{s:?} holds a comma; in the file, several hubs are an array: \
+                 hub_url = [\"https://a:7443\", \"https://b:7443\"]"
+            ))),
+            (Kind::HttpsUrl, toml::Value::String(s)) => self.https_urls(&[s]).map(Value::Urls),
+            (Kind::Path | Kind::Duration { .. } | Kind::Word(_), toml::Value::String(s)) => self.read_text(&s),
             (kind, other) => {
                 let expected = match kind {
                     Kind::Count { .. } => "a whole number",
                     Kind::Argv => "an array of strings",
+                    Kind::HttpsUrl => "a string or an array of strings",
                     Kind::Duration { .. } => "a duration string such as \"30s\"",
-                    Kind::HttpsUrl | Kind::Path | Kind::Word(_) => "a string",
+                    Kind::Path | Kind::Word(_) => "a string",
                 };
                 Err(self.invalid(format!("expected {expected}, found a {} ({other})", other.type_str())))
             }
@@ -161,7 +180,10 @@ impl Key {
     /// Checks a value written as a flag or an environment variable.
     pub(super) fn read_text(&self, s: &str) -> Result<Value, ConfigError> {
         match self.kind {
-            Kind::HttpsUrl => self.https_url(s).map(Value::Text),
+            Kind::HttpsUrl => {
+                let entries: Vec<String> = s.split(',').map(|e| e.trim().to_string()).collect();
+                self.https_urls(&entries).map(Value::Urls)
+            }
             Kind::Path if s.is_empty() => Err(self.invalid("must not be empty")),
             Kind::Path => Ok(Value::Text(s.to_string())),
             Kind::Argv => self.argv(s).map(Value::Argv),
@@ -203,20 +225,31 @@ impl Key {
         Ok(Value::Duration(d))
     }
 
-    /// An `https://` URL with a host, kept without a trailing slash.
-    fn https_url(&self, s: &str) -> Result<String, ConfigError> {
-        let url = reqwest::Url::parse(s).map_err(|e| self.invalid(format!("{s:?} is not a URL ({e})")))?;
-        if url.scheme() != "https" {
-            return Err(self
-                .invalid(format!("{s:?} uses {}://; only https:// is allowed (the hub requires mTLS)", url.scheme())));
+    /// One or more hub URLs (`https_url` each), at most `HUB_URLS_MAX`, no hub twice (compared
+    /// as parsed: `https://HUB:443/` and `https://hub` are one hub). A message about one entry
+    /// of several says which.
+    fn https_urls(&self, entries: &[String]) -> Result<Vec<String>, ConfigError> {
+        if entries.is_empty() {
+            return Err(self.invalid("names no hub: give at least one https:// URL"));
         }
-        if url.host_str().is_none_or(str::is_empty) {
-            return Err(self.invalid(format!("{s:?} has no host")));
+        if entries.len() > HUB_URLS_MAX {
+            return Err(self.invalid(format!("names {} hubs; at most {HUB_URLS_MAX} are allowed", entries.len())));
         }
-        if url.query().is_some() || url.fragment().is_some() {
-            return Err(self.invalid(format!("{s:?} must not have a query or fragment")));
+        let mut urls: Vec<String> = Vec::with_capacity(entries.len());
+        let mut seen: Vec<reqwest::Url> = Vec::with_capacity(entries.len());
+        for (i, entry) in entries.iter().enumerate() {
+            let which = |message: String| match entries.len() {
+                1 => self.invalid(message),
+                n => self.invalid(format!("entry {} of {n}: {message}", i + 1)),
+            };
+            let (url, parsed) = https_url(entry).map_err(which)?;
+            if let Some(first) = seen.iter().position(|u| *u == parsed) {
+                return Err(which(format!("{entry:?} names the same hub as entry {}, {:?}", first + 1, urls[first])));
+            }
+            seen.push(parsed);
+            urls.push(url);
         }
-        Ok(s.trim_end_matches('/').to_string())
+        Ok(urls)
     }
 
     /// A JSON array of strings (`["sh", "-c", "cat"]`), or else a single program path.
@@ -228,6 +261,25 @@ impl Key {
             self.invalid(format!("{s:?} is not a JSON array of strings such as [\"sh\", \"-c\", \"cat\"] ({e})"))
         })
     }
+}
+
+/// An `https://` URL with a host, kept without a trailing slash, and its parsed form; else what
+/// is wrong with it.
+fn https_url(s: &str) -> Result<(String, reqwest::Url), String> {
+    if s.is_empty() {
+        return Err("an empty entry is not a URL".to_string());
+    }
+    let url = reqwest::Url::parse(s).map_err(|e| format!("{s:?} is not a URL ({e})"))?;
+    if url.scheme() != "https" {
+        return Err(format!("{s:?} uses {}://; only https:// is allowed (the hub requires mTLS)", url.scheme()));
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(format!("{s:?} has no host"));
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err(format!("{s:?} must not have a query or fragment"));
+    }
+    Ok((s.trim_end_matches('/').to_string(), url))
 }
 
 /// A duration as `--help` and the messages show it (`10m`, `1day`).
@@ -251,6 +303,15 @@ impl FromValue for String {
         match v {
             Value::Text(s) => Ok(s),
             other => mismatch(key, &other, "String"),
+        }
+    }
+}
+
+impl FromValue for HubUrls {
+    fn from_value(key: &'static str, v: Value) -> Result<Self, ConfigError> {
+        match v {
+            Value::Urls(urls) => Ok(HubUrls(urls)),
+            other => mismatch(key, &other, "HubUrls"),
         }
     }
 }

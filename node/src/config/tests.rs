@@ -29,7 +29,7 @@ fn check_refused(extra: &str, expected: &[&str]) {
 #[test]
 fn defaults_fill_the_optional_keys() {
     let c = parse("").unwrap();
-    assert_eq!(c.hub_url, "https://hub.example:7443");
+    assert_eq!(c.hub_url.urls(), ["https://hub.example:7443"]);
     assert_eq!(c.command, ["/usr/bin/harness", "--turn"]);
     assert_eq!(c.parallel_conversations, 4);
     assert_eq!(c.exec_timeout, Duration::from_secs(600));
@@ -85,6 +85,72 @@ fn http_hub_url_is_refused() {
     let mut layer = Layer::from_toml("t", BASE).unwrap();
     let err = layer.set("hub_url", "http://hub:7443").unwrap_err().to_string();
     assert!(err.starts_with("hub_url:") && err.contains("only https://"), "{err}");
+}
+
+/// `hub_url` from the file (`toml` is its TOML value) or as a flag (`text`): the URLs it
+/// resolves to, or the error's text.
+fn hub_urls(toml: Option<&str>, text: Option<&str>) -> Result<Vec<String>, String> {
+    let base: String = BASE.lines().filter(|l| !l.starts_with("hub_url")).map(|l| format!("{l}\n")).collect();
+    let file = match toml {
+        Some(v) => Layer::from_toml("t", &format!("{base}hub_url = {v}\n")),
+        None => Layer::from_toml("t", &base),
+    }
+    .map_err(|e| e.to_string())?;
+    let mut flags = Layer::default();
+    if let Some(t) = text {
+        flags.set("hub_url", t).map_err(|e| e.to_string())?;
+    }
+    let c = NodeConfig::resolve(file, Layer::default(), flags).map_err(|e| e.to_string())?;
+    Ok(c.hub_url.urls().to_vec())
+}
+
+#[test]
+fn hub_url_is_one_url_or_a_list() {
+    let urls = |v: &[&str]| Ok(v.iter().map(|u| u.to_string()).collect::<Vec<_>>());
+    assert_eq!(hub_urls(Some("\"https://a:7443/\""), None), urls(&["https://a:7443"]), "a string, as ever");
+    assert_eq!(
+        hub_urls(Some("[\"https://a:7443\", \"https://b:7443/\"]"), None),
+        urls(&["https://a:7443", "https://b:7443"]),
+        "an array, in order"
+    );
+    assert_eq!(
+        hub_urls(None, Some("https://a:7443, https://b:7443")),
+        urls(&["https://a:7443", "https://b:7443"]),
+        "a comma-separated flag or variable"
+    );
+    assert_eq!(hub_urls(None, Some("https://b:1")), urls(&["https://b:1"]));
+    let max: Vec<String> = (0..crate::limits::HUB_URLS_MAX).map(|i| format!("https://h{i}:1")).collect();
+    assert_eq!(hub_urls(None, Some(&max.join(","))), Ok(max.clone()), "HUB_URLS_MAX hubs");
+    let parsed: HubUrls = "https://a:1,https://b:1".parse().unwrap();
+    assert_eq!((parsed.urls().len(), parsed.to_string()), (2, "https://a:1,https://b:1".to_string()));
+}
+
+#[test]
+fn a_bad_hub_url_entry_is_named() {
+    let refused = |toml: Option<&str>, text: Option<&str>, says: &[&str]| {
+        let err = hub_urls(toml, text).expect_err(&format!("{toml:?} {text:?}"));
+        assert!(err.starts_with("hub_url: "), "{err}");
+        for s in says {
+            assert!(err.contains(s), "{toml:?} {text:?}: {err:?} lacks {s:?}");
+        }
+    };
+    refused(None, Some("https://a:1,http://b:1"), &["entry 2 of 2", "\"http://b:1\"", "only https://"]);
+    refused(Some("[\"https://a:1\", \"ftp://b\"]"), None, &["entry 2 of 2", "\"ftp://b\"", "only https://"]);
+    refused(None, Some("https://a:1,https://A:1/"), &["entry 2 of 2", "same hub as entry 1", "\"https://a:1\""]);
+    refused(Some("[\"https://a\", \"https://a:443\"]"), None, &["same hub as entry 1"]);
+    refused(None, Some("https://a:1,,https://b:1"), &["entry 2 of 3", "empty entry"]);
+    refused(None, Some("https://a:1,"), &["entry 2 of 2", "empty entry"]);
+    refused(Some("[]"), None, &["names no hub"]);
+    refused(Some("[\"https://a:1\", 7]"), None, &["expected an array of strings, found a integer"]);
+    refused(Some("7"), None, &["expected a string or an array of strings"]);
+    refused(Some("\"https://a:1,https://b:1\""), None, &["holds a comma", "hub_url = ["]);
+    let over: Vec<String> = (0..=crate::limits::HUB_URLS_MAX).map(|i| format!("https://h{i}:1")).collect();
+    refused(None, Some(&over.join(",")), &[&format!("names {} hubs; at most 16", over.len())]);
+    let over = format!("[{}]", over.iter().map(|u| format!("{u:?}")).collect::<Vec<_>>().join(", "));
+    refused(Some(&over), None, &["at most 16"]);
+    // A single URL reads as before: no entry number.
+    refused(None, Some("http://hub:7443"), &["\"http://hub:7443\" uses http://"]);
+    assert!(!hub_urls(None, Some("http://hub:7443")).unwrap_err().contains("entry"));
 }
 
 #[test]
@@ -144,7 +210,7 @@ fn everything_can_come_from_env_without_a_file() {
     .collect();
     let env = Layer::from_env(|k| vars.get(k).cloned()).unwrap();
     let c = NodeConfig::resolve(Layer::default(), env, Layer::default()).unwrap();
-    assert_eq!(c.hub_url, "https://127.0.0.1:9");
+    assert_eq!(c.hub_url.urls(), ["https://127.0.0.1:9"]);
     assert_eq!(c.command, ["/bin/true"]);
     assert_eq!(c.parallel_conversations, 8);
 }

@@ -7,6 +7,7 @@
 //! every other call is sent once.
 
 use crate::error::{ApiError, ClientError, transport_error};
+use crate::hubs::Hubs;
 use crate::limits::{CLAIM_WAIT_MAX, LONG_POLL_WAIT_MAX, REQUEST_TIMEOUT, claim_timeout, long_poll_timeout};
 use crate::retry::{RetryPolicy, retrying};
 use crate::tls::{TlsError, TlsFiles, http_client};
@@ -24,7 +25,7 @@ use std::time::Duration;
 /// Why a client could not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
-    /// The hub URL is not an `https://` URL.
+    /// A hub URL is not an `https://` URL, the list is empty, or names one hub twice.
     #[error("hub_url: {0}")]
     HubUrl(String),
     /// A TLS file is unreadable or not what it should be.
@@ -32,7 +33,9 @@ pub enum BuildError {
     Tls(#[from] TlsError),
 }
 
-/// The producer's client of one hub. Clones share one connection pool.
+/// The client of a hub: one base URL, or several over one shared record (`with_hubs`), of
+/// which it talks to one at a time until its caller moves it on (`advance_from`). Clones share
+/// one connection pool and the hub in use.
 #[derive(Debug, Clone)]
 pub struct Client {
     inner: Arc<Inner>,
@@ -40,8 +43,9 @@ pub struct Client {
 
 #[derive(Debug)]
 struct Inner {
-    /// `https://host:port`, without a trailing slash.
-    base: String,
+    /// The hubs' base URLs (`https://host:port`, without a trailing slash) and the one in use;
+    /// shared by `with_retry` copies, so a move reaches them all.
+    hubs: Arc<Hubs>,
     /// The files `reload` reads again.
     files: TlsFiles,
     /// The TLS client for new requests and its generation (1 at start, +1 per `reload`).
@@ -53,10 +57,20 @@ struct Inner {
 impl Client {
     /// A client of the hub at `hub_url` (`https://host:port`) presenting `files`.
     pub fn new(hub_url: &str, files: &TlsFiles) -> Result<Client, BuildError> {
-        let base = check_hub_url(hub_url)?;
+        Client::with_hubs(&[hub_url], files)
+    }
+
+    /// A client of the hubs at `hub_urls` (each `https://host:port`, at least one, no hub
+    /// twice), presenting `files`. It talks to the first until `advance_from` moves it on.
+    pub fn with_hubs(hub_urls: &[impl AsRef<str>], files: &TlsFiles) -> Result<Client, BuildError> {
+        let hubs = check_hub_urls(hub_urls)?;
         let http = http_client(files, REQUEST_TIMEOUT)?;
-        let inner =
-            Inner { base, files: files.clone(), current: RwLock::new((1, http)), retry: RetryPolicy::default() };
+        let inner = Inner {
+            hubs: Arc::new(Hubs::new(hubs)),
+            files: files.clone(),
+            current: RwLock::new((1, http)),
+            retry: RetryPolicy::default(),
+        };
         Ok(Client { inner: Arc::new(inner) })
     }
 
@@ -64,7 +78,7 @@ impl Client {
     /// its idempotent calls. A later `reload` of either does not reach the other.
     pub fn with_retry(&self, retry: RetryPolicy) -> Client {
         let current = RwLock::new(self.current());
-        let inner = Inner { base: self.inner.base.clone(), files: self.inner.files.clone(), current, retry };
+        let inner = Inner { hubs: Arc::clone(&self.inner.hubs), files: self.inner.files.clone(), current, retry };
         Client { inner: Arc::new(inner) }
     }
 
@@ -106,15 +120,57 @@ impl Client {
         &self.inner.retry
     }
 
-    /// The hub's base URL.
+    /// The base URL of the hub in use now.
     pub fn hub_url(&self) -> &str {
-        &self.inner.base
+        self.inner.hubs.current()
+    }
+
+    /// Every hub's base URL, in the order given.
+    pub fn hub_urls(&self) -> &[String] {
+        self.inner.hubs.urls()
+    }
+
+    /// The index (into `hub_urls`) of the hub in use now. A caller notes it before a request,
+    /// so that it can move on from exactly that hub if the request finds it unavailable.
+    pub fn hub_index(&self) -> usize {
+        self.inner.hubs.index()
+    }
+
+    /// Moves this client (and its clones) to the hub after the one at `from`, round robin,
+    /// when that one is still in use; returns the new index. `None` when another request
+    /// moved it first (many requests failing against one hub move it once) or there is only
+    /// one hub.
+    pub fn advance_from(&self, from: usize) -> Option<usize> {
+        self.inner.hubs.advance_from(from)
+    }
+
+    /// Runs `call` (one request through this client) against the hub in use, moving on,
+    /// round robin, from a hub that is unavailable (`ClientError::hub_unavailable`): a request
+    /// that hub certainly did not act on (no connection, or 503) goes to the next hub at once,
+    /// until every hub was tried once; a lost answer, a refusal or an answer ends the round and
+    /// is returned. `moved(from, to, error)` hears of each move. With one hub this is `call`.
+    pub async fn failover<T, F, Fut>(
+        &self,
+        call: F,
+        moved: impl FnMut(&str, &str, &ClientError),
+    ) -> Result<T, ClientError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, ClientError>>,
+    {
+        crate::hubs::round(&self.inner.hubs, call, moved).await
+    }
+
+    /// How many times this client moved to another hub since it was built: a caller that
+    /// compares it with what it saw before can tell the hub changed under it.
+    pub fn hub_moves(&self) -> u64 {
+        self.inner.hubs.moves()
     }
 
     /// `POST /v1/messages`. Retried on transient failures (the same key and content answer
     /// with the original message, `duplicate: true`).
     pub async fn submit(&self, req: &SubmitRequest) -> Result<SubmitResponse, ClientError> {
-        let url = format!("{}/v1/messages", self.inner.base);
+        let url = format!("{}/v1/messages", self.hub_url());
         retrying(&self.inner.retry, || self.send(self.http().post(&url).timeout(REQUEST_TIMEOUT).json(req), 0)).await
     }
 
@@ -136,14 +192,14 @@ impl Client {
     /// `POST /v1/messages/{id}/cancel`: cancels every delivery of the message that has not
     /// ended. Sent once (repeating it answers the same, but the caller decides).
     pub async fn cancel(&self, message_id: &str, reason: &str) -> Result<CancelResponse, ClientError> {
-        let url = format!("{}/v1/messages/{}/cancel", self.inner.base, path_segment(message_id));
+        let url = format!("{}/v1/messages/{}/cancel", self.hub_url(), path_segment(message_id));
         let body = CancelRequest { reason: reason.to_string() };
         self.send(self.http().post(url).timeout(REQUEST_TIMEOUT).json(&body), 0).await
     }
 
     /// `GET /v1/conversations/{conversation}`: the conversation's position and membership registry.
     pub async fn conversation(&self, name: &str) -> Result<ConversationView, ClientError> {
-        let url = format!("{}/v1/conversations/{}", self.inner.base, path_segment(name));
+        let url = format!("{}/v1/conversations/{}", self.hub_url(), path_segment(name));
         self.send(self.http().get(url).timeout(REQUEST_TIMEOUT), 0).await
     }
 
@@ -166,7 +222,7 @@ impl Client {
     }
 
     fn url(&self, path: &str, query: &[(&str, &str)]) -> Result<reqwest::Url, ClientError> {
-        let mut url = reqwest::Url::parse(&format!("{}{path}", self.inner.base))
+        let mut url = reqwest::Url::parse(&format!("{}{path}", self.hub_url()))
             .map_err(|e| ClientError::Invalid(format!("{path}: {e}")))?;
         if !query.is_empty() {
             url.query_pairs_mut().extend_pairs(query);
@@ -212,6 +268,28 @@ fn refusal(status: u16, bytes: &[u8]) -> ApiError {
 
 /// How much of an error answer that is not our error body is quoted in the error.
 const ERROR_QUOTE_BYTES_MAX: usize = 200;
+
+/// Every one of `hub_urls` checked (`check_hub_url`): at least one, and no hub named twice
+/// (compared as parsed, so `https://HUB:443/` and `https://hub` are one hub).
+fn check_hub_urls(hub_urls: &[impl AsRef<str>]) -> Result<Vec<String>, BuildError> {
+    if hub_urls.is_empty() {
+        return Err(BuildError::HubUrl("names no hub: give at least one https://HOST[:PORT]".into()));
+    }
+    let mut checked: Vec<String> = Vec::with_capacity(hub_urls.len());
+    let mut seen: Vec<reqwest::Url> = Vec::with_capacity(hub_urls.len());
+    for url in hub_urls {
+        let url = url.as_ref();
+        let base = check_hub_url(url)?;
+        let parsed =
+            reqwest::Url::parse(&base).map_err(|e| BuildError::HubUrl(format!("{url:?} is not a URL: {e}")))?;
+        if let Some(i) = seen.iter().position(|u| *u == parsed) {
+            return Err(BuildError::HubUrl(format!("{url:?} names the same hub as {:?}", checked[i])));
+        }
+        seen.push(parsed);
+        checked.push(base);
+    }
+    Ok(checked)
+}
 
 /// `hub_url` without its trailing slash, when it is an `https://` URL with a host and no path.
 fn check_hub_url(hub_url: &str) -> Result<String, BuildError> {
@@ -275,7 +353,7 @@ impl NodeClient {
         body: &B,
         timeout: Duration,
     ) -> Result<T, ClientError> {
-        let url = format!("{}{path}", self.client.inner.base);
+        let url = format!("{}{path}", self.client.hub_url());
         self.call(|http| http.post(url).timeout(timeout).json(body)).await
     }
 
@@ -401,6 +479,25 @@ mod tests {
             let e = check(bad).unwrap_err();
             assert!(e.starts_with("hub_url: ") && e.contains(says), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn a_list_of_hubs_is_checked_entry_by_entry_and_names_each_hub_once() {
+        let check = |urls: &[&str]| check_hub_urls(urls).map_err(|e| e.to_string());
+        assert_eq!(
+            check(&["https://a:1/", "https://b:1"]),
+            Ok(vec!["https://a:1".to_string(), "https://b:1".to_string()])
+        );
+        for (bad, says) in [
+            (vec![], "names no hub"),
+            (vec!["https://a:1", "http://b:1"], "\"http://b:1\" must start with https://"),
+            (vec!["https://a:1", "https://A:1/"], "\"https://A:1/\" names the same hub as \"https://a:1\""),
+            (vec!["https://a", "https://a:443"], "names the same hub"),
+        ] {
+            let e = check(&bad).unwrap_err();
+            assert!(e.starts_with("hub_url: ") && e.contains(says), "{bad:?}: {e}");
+        }
+        assert!(check(&["https://a:1", "https://a:2"]).is_ok(), "two ports are two hubs");
     }
 
     #[test]

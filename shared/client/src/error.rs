@@ -141,6 +141,16 @@ impl ClientError {
         matches!(self, ClientError::Transport { .. })
     }
 
+    /// Whether another hub of the same record may take this request when this one did not:
+    /// no answer came at all (`unreachable`: connection refused or reset, the TLS handshake
+    /// failed, a timeout), or the hub answered 503, that it cannot serve now (shutting down,
+    /// its storage unavailable, or a proxy with no hub behind it). A refusal the hub decided
+    /// (revoked, retired, superseded, a 4xx, an instance conflict) is never one: every hub of
+    /// the record would answer the same.
+    pub fn hub_unavailable(&self) -> bool {
+        self.unreachable() || self.api().is_some_and(|e| e.status == 503)
+    }
+
     /// The hub's message when it refused a node request because a newer session of the same
     /// node instance replaced the one this request carried (409 `session_superseded`): the
     /// process holding the older session must stop at once.
@@ -337,6 +347,32 @@ mod tests {
         }
         assert!(ClientError::Transport { detail: "refused".into(), maybe_sent: false }.unreachable());
         assert!(!refused(503, "storage_unavailable").unreachable());
+    }
+
+    #[test]
+    fn only_a_hub_that_did_not_answer_or_cannot_serve_now_is_worth_leaving() {
+        for (e, leave) in [
+            (ClientError::Transport { detail: "connection refused".into(), maybe_sent: false }, true),
+            (ClientError::Transport { detail: "operation timed out".into(), maybe_sent: true }, true),
+            (ClientError::Transport { detail: "tls handshake eof".into(), maybe_sent: false }, true),
+            (refused(503, "shutting_down"), true),
+            (refused(503, "storage_unavailable"), true),
+            (refused(503, ""), true),
+            (refused(500, "internal"), false),
+            (refused(429, "over_capacity"), false),
+            (refused(401, "certificate_revoked"), false),
+            (refused(401, "unknown_certificate"), false),
+            (refused(403, "host_retired"), false),
+            (refused(409, "session_superseded"), false),
+            (refused(409, "instance_conflict"), false),
+            (refused(409, "stale_claim"), false),
+            (refused(400, "invalid_field"), false),
+            (ClientError::CertificateRevoked("alert".into()), false),
+            (ClientError::BadAnswer { status: 200, detail: "eof".into() }, false),
+            (ClientError::SentBeforeReload(Box::new(refused(401, "certificate_revoked"))), false),
+        ] {
+            assert_eq!(e.hub_unavailable(), leave, "{e}");
+        }
     }
 
     #[test]

@@ -9,6 +9,8 @@
 //!
 //! Layout:
 //! - `client`: `Client` (producer calls) and `NodeClient` (node calls), `BuildError`.
+//! - `hubs`: the hub URLs a client may talk to and the one in use (`Client::with_hubs`,
+//!   `Client::advance_from`): a node moves on, round robin, from a hub that cannot answer.
 //! - `node_batch`: the node's batch calls (`NodeClient::mirrored_batch`, `ack_batch`,
 //!   `reject_batch`, `report_batch`), one typed answer per item.
 //! - `tls`: `TlsFiles` and `http_client`, the one mTLS reqwest client builder.
@@ -22,6 +24,7 @@
 
 pub mod client;
 pub mod error;
+mod hubs;
 pub mod limits;
 pub mod node_batch;
 pub mod retry;
