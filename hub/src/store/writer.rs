@@ -109,7 +109,7 @@ fn run_batch(conn: &Connection, jobs: &mut Vec<Job>) {
     let started = std::time::Instant::now();
     metrics::histogram!("baton_hub_write_batch_jobs").record(jobs.len() as f64);
     metrics::counter!("baton_hub_writer_jobs_total").increment(jobs.len() as u64);
-    if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+    if let Err(e) = super::batch::control(conn, "BEGIN IMMEDIATE") {
         tracing::error!(error = %e, "cannot begin a write transaction");
         for job in jobs.drain(..) {
             let (_, reply) = job(None);
@@ -140,7 +140,7 @@ fn run_batch(conn: &Connection, jobs: &mut Vec<Job>) {
     }
     let outcome: StoreResult<()> = match poisoned {
         Some(e) => Err(StoreError::Storage(e)),
-        None => conn.execute_batch("COMMIT").map_err(StoreError::from),
+        None => super::batch::control(conn, "COMMIT").map_err(StoreError::from),
     };
     if let Err(e) = &outcome {
         tracing::error!(error = %e, "write transaction failed; rolled back");
