@@ -35,6 +35,7 @@
 //! default.
 
 pub mod accept;
+pub mod api;
 pub mod audit;
 pub mod backup;
 pub mod batch;
@@ -60,6 +61,7 @@ pub mod turns;
 pub mod verify;
 pub mod writer;
 
+pub use api::Store;
 pub use writer::{Readers, Writer};
 
 use baton_shared::error::ErrorCode;
