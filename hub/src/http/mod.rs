@@ -973,7 +973,8 @@ mod openapi_tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("hub.db");
         let clock = baton_shared::clock::system();
-        let store = Store::open_write(&path, baton_shared::sqlite::Synchronous::Normal, clock.clone()).unwrap();
+        let conn = crate::store::open_write(&path, baton_shared::sqlite::Synchronous::Normal).unwrap();
+        let store = Store::sqlite(conn, &path, clock.clone()).unwrap();
         let state = Arc::new(Shared {
             store,
             work: Work::default(),

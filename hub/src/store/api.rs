@@ -25,10 +25,13 @@ use super::read::{self, DeliveryDetail, DeliveryRow, StatusView};
 use super::report::{self, NewReport, RunReport};
 use super::silence::{self, SilentHolder};
 use super::transition::Holder;
-use super::{Readers, StoreError, StoreResult, Writer, batch, members, producers, retention, sessions, turns};
+use super::{
+    Readers, StoreError, StoreResult, Writer, audit, backup, batch, explain, in_write_txn, listing, members, operator,
+    producers, purge, retention, sessions, turns, verify,
+};
 use baton_shared::clock::SharedClock;
 use baton_shared::crash_point;
-use baton_shared::sqlite::Synchronous;
+use baton_shared::sqlite::{OpenError, Synchronous};
 use baton_shared::states::Outcome;
 use baton_shared::wire::{
     AttemptView, CancelNotice, ClaimedDelivery, ConversationView, DeliverySummary, HolderItem, MessageView, RejectItem,
@@ -36,7 +39,7 @@ use baton_shared::wire::{
 };
 use rusqlite::Connection;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Fan-out obligations startup repair takes per look.
@@ -57,36 +60,51 @@ enum Backend {
     Sqlite(SqliteStore),
 }
 
-/// The SQLite backend.
+/// The SQLite backend: how its operations reach the file.
 #[derive(Clone)]
-struct SqliteStore {
-    /// The single writer; `None` for a store opened to read only.
-    writer: Option<Writer>,
-    /// Read connections.
-    readers: Arc<Readers>,
+enum SqliteStore {
+    /// The hub: the single writer thread (group commit) and the pool of read connections.
+    Served {
+        /// The single writer.
+        writer: Writer,
+        /// Read connections.
+        readers: Arc<Readers>,
+    },
+    /// A one-shot process (the CLI, a benchmark): one connection, used in place; each change
+    /// is one `BEGIN IMMEDIATE` transaction (`in_write_txn`), each read runs as it comes. Never
+    /// used inside the hub's runtime, whose threads must not wait on SQLite.
+    Direct(Arc<Mutex<Connection>>),
 }
 
 impl SqliteStore {
-    /// Runs `f` in the next write transaction (see `Writer::call`).
+    /// Runs `f` in one write transaction (see `Writer::call`, `in_write_txn`).
     async fn write<R, F>(&self, f: F) -> StoreResult<R>
     where
         R: Send + 'static,
         F: FnOnce(&Connection) -> StoreResult<R> + Send + 'static,
     {
-        match &self.writer {
-            Some(w) => w.call(f).await,
-            None => Err(StoreError::Internal("the record was opened to read only".into())),
+        match self {
+            SqliteStore::Served { writer, .. } => writer.call(f).await,
+            SqliteStore::Direct(conn) => in_write_txn(&*lock(conn)?, f),
         }
     }
 
-    /// Runs a read-only `f` in one read transaction (see `Readers::read`).
+    /// Runs a read-only `f` (in one read transaction when served; see `Readers::read`).
     async fn read<R, F>(&self, f: F) -> StoreResult<R>
     where
         R: Send + 'static,
         F: FnOnce(&Connection) -> StoreResult<R> + Send + 'static,
     {
-        self.readers.read(f).await
+        match self {
+            SqliteStore::Served { readers, .. } => readers.read(f).await,
+            SqliteStore::Direct(conn) => f(&*lock(conn)?),
+        }
     }
+}
+
+/// The connection of a `Direct` store.
+fn lock(conn: &Mutex<Connection>) -> StoreResult<std::sync::MutexGuard<'_, Connection>> {
+    conn.lock().map_err(|_| StoreError::Internal("the connection's lock was poisoned by a panic".into()))
 }
 
 /// A claimant: the host (from its certificate), the certificate's serial, the node instance and
@@ -167,17 +185,6 @@ impl HolderOf {
     fn as_holder(&self) -> Holder<'_> {
         Holder { instance_id: &self.instance_id, claim_token: &self.claim_token }
     }
-}
-
-/// Why a store could not be opened.
-#[derive(Debug, thiserror::Error)]
-pub enum OpenFailed {
-    /// The file was refused (damaged, unreadable, newer, missing).
-    #[error("{0}")]
-    Refused(#[from] baton_shared::sqlite::OpenError),
-    /// The writer thread could not be started.
-    #[error("starting the writer thread: {0}")]
-    Writer(#[from] std::io::Error),
 }
 
 /// What a report recorded: the attempt, whether it was recorded before (a replay), and when a
@@ -275,7 +282,13 @@ impl Store {
     pub fn sqlite(conn: Connection, path: &Path, clock: SharedClock) -> std::io::Result<Store> {
         let writer = Writer::start(conn)?;
         let readers = Arc::new(Readers::new(path.to_path_buf()));
-        Ok(Store { backend: Backend::Sqlite(SqliteStore { writer: Some(writer), readers }), clock })
+        Ok(Store { backend: Backend::Sqlite(SqliteStore::Served { writer, readers }), clock })
+    }
+
+    /// The record in an SQLite file through the one connection `conn`, used in place (see
+    /// `SqliteStore::Direct`): for a one-shot process, never inside the hub.
+    pub fn sqlite_direct(conn: Connection, clock: SharedClock) -> Store {
+        Store { backend: Backend::Sqlite(SqliteStore::Direct(Arc::new(Mutex::new(conn)))), clock }
     }
 
     /// Opens the SQLite file at `path` for serving (`open_serve`: migrations applied, the whole
@@ -286,19 +299,23 @@ impl Store {
     }
 
     /// Opens the SQLite file at `path` for changing (`open_write`: migrations applied, the
-    /// file's structure checked), as a changing CLI command or a benchmark does.
-    pub fn open_write(path: &Path, synchronous: Synchronous, clock: SharedClock) -> Result<Store, OpenFailed> {
-        let conn = super::open_write(path, synchronous)?;
-        Store::sqlite(conn, path, clock).map_err(OpenFailed::Writer)
+    /// file's structure checked) through one connection used in place: a changing CLI command,
+    /// a benchmark.
+    pub fn open_write(path: &Path, synchronous: Synchronous, clock: SharedClock) -> Result<Store, OpenError> {
+        Ok(Store::sqlite_direct(super::open_write(path, synchronous)?, clock))
     }
 
-    /// Opens the SQLite file at `path` to read only (its schema must be current; nothing is
-    /// migrated). Every changing method answers `StoreError::Internal`.
-    pub fn open_read(path: &Path, clock: SharedClock) -> Result<Store, OpenFailed> {
-        // Opened once here so that a missing or newer file is refused now, not at the first read.
-        drop(super::open_read(path)?);
-        let readers = Arc::new(Readers::new(path.to_path_buf()));
-        Ok(Store { backend: Backend::Sqlite(SqliteStore { writer: None, readers }), clock })
+    /// Opens the SQLite file at `path` to read only, through one connection used in place (its
+    /// schema must be current; nothing is migrated). A change through it fails as storage.
+    pub fn open_read(path: &Path, clock: SharedClock) -> Result<Store, OpenError> {
+        Ok(Store::sqlite_direct(super::open_read(path)?, clock))
+    }
+
+    /// The schema version of the record: how many migrations it has.
+    pub async fn schema_version(&self) -> StoreResult<i64> {
+        match &self.backend {
+            Backend::Sqlite(s) => s.read(super::schema_version).await,
+        }
     }
 
     /// The clock the store stamps changes with.
@@ -752,6 +769,689 @@ impl Store {
                 })
                 .await
             }
+        }
+    }
+}
+
+/// Why a fence's target looks like a typo: it matches nothing today.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FenceTargetProblem {
+    /// The host was never enrolled.
+    NeverEnrolled,
+    /// The host is retired.
+    Retired,
+    /// The conversation has no messages.
+    NoMessages,
+}
+
+/// What `fence_set` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FenceSetOutcome {
+    /// The fence was set, with this id.
+    Set(i64),
+    /// Nothing was set: the target matches nothing today (and `force` was not given).
+    TargetProblem(FenceTargetProblem),
+    /// Nothing was set: the same fence is already active (its description).
+    AlreadyActive(String),
+}
+
+/// What `release` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Release {
+    /// The deliveries released.
+    Released(Vec<String>),
+    /// Nothing was released: these active hold or block fences would catch the release again at
+    /// the next claim (their descriptions).
+    WouldHoldAgain(Vec<String>),
+}
+
+/// What a delivery selector names, owned (see `operator::Selector`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Select {
+    /// One delivery by id.
+    Delivery(String),
+    /// Every matching delivery of a conversation.
+    Conversation(String),
+}
+
+impl Select {
+    fn as_selector(&self) -> operator::Selector<'_> {
+        match self {
+            Select::Delivery(id) => operator::Selector::Delivery(id),
+            Select::Conversation(c) => operator::Selector::Conversation(c),
+        }
+    }
+}
+
+/// What a purge names, owned (see `purge::Target`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PurgeOf {
+    /// One message, by id.
+    Message(String),
+    /// Every message of a conversation.
+    Conversation(String),
+}
+
+impl PurgeOf {
+    fn as_target(&self) -> purge::Target<'_> {
+        match self {
+            PurgeOf::Message(m) => purge::Target::Message(m),
+            PurgeOf::Conversation(c) => purge::Target::Conversation(c),
+        }
+    }
+}
+
+/// A membership change's direction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Membership {
+    /// The hosts join.
+    Join,
+    /// The hosts leave.
+    Leave,
+}
+
+/// The operator's attribution of a change: who, and why.
+#[derive(Debug, Clone)]
+pub struct By {
+    /// The operator.
+    pub operator: String,
+    /// The reason recorded.
+    pub reason: String,
+}
+
+/// The active hold or block fences that would catch the selected held deliveries again at the
+/// next claim, described; empty when a release would stick.
+fn would_hold_again(conn: &Connection, sel: operator::Selector<'_>) -> StoreResult<Vec<String>> {
+    let active = fences::active(conn)?;
+    let mut named: Vec<String> = Vec::new();
+    for (conversation, host) in operator::held_targets(conn, sel)? {
+        if let Some(f) = fences::strongest(&active, &conversation, &host)
+            && f.kind != fences::FenceKind::Pause
+        {
+            let d = f.describe();
+            if !named.contains(&d) {
+                named.push(d);
+            }
+        }
+    }
+    Ok(named)
+}
+
+/// Why a fence's target matches nothing today, if it does not.
+fn fence_target_problem(
+    conn: &Connection,
+    scope: fences::FenceScope,
+    target: &str,
+) -> StoreResult<Option<FenceTargetProblem>> {
+    Ok(match scope {
+        fences::FenceScope::Host => match hosts::standing(conn, target)? {
+            Standing::NotEnrolled => Some(FenceTargetProblem::NeverEnrolled),
+            Standing::Retired => Some(FenceTargetProblem::Retired),
+            Standing::Active => None,
+        },
+        fences::FenceScope::Conversation if !fences::conversation_has_messages(conn, target)? => {
+            Some(FenceTargetProblem::NoMessages)
+        }
+        _ => None,
+    })
+}
+
+/// Operations of the operator (the CLI).
+impl Store {
+    /// Every host.
+    pub async fn hosts(&self) -> StoreResult<Vec<HostRow>> {
+        match &self.backend {
+            Backend::Sqlite(s) => s.read(fleet::hosts).await,
+        }
+    }
+
+    /// One host in detail (`None`: never enrolled).
+    pub async fn host(&self, name: String) -> StoreResult<Option<fleet::HostDetail>> {
+        match &self.backend {
+            Backend::Sqlite(s) => s.read(move |c| fleet::host(c, &name)).await,
+        }
+    }
+
+    /// Hosts whose open node session has been silent longer than `silence_ms` at `now_ms`.
+    pub async fn silent_hosts(&self, now_ms: i64, silence_ms: i64) -> StoreResult<Vec<SilentHost>> {
+        match &self.backend {
+            Backend::Sqlite(s) => s.read(move |c| fleet::silent_hosts(c, now_ms, silence_ms)).await,
+        }
+    }
+
+    /// Certificates not revoked that expire before `until_unix`.
+    pub async fn expiring_certificates(&self, until_unix: i64) -> StoreResult<Vec<fleet::CertRow>> {
+        match &self.backend {
+            Backend::Sqlite(s) => s.read(move |c| fleet::expiring_certificates(c, until_unix)).await,
+        }
+    }
+
+    /// The newest audit entries matching the query, newest first, and whether more matched.
+    pub async fn audit(
+        &self,
+        since_ms: Option<i64>,
+        actor: Option<String>,
+        after: Option<audit::AuditCursor>,
+        limit: u32,
+    ) -> StoreResult<(Vec<audit::AuditEntry>, bool)> {
+        match &self.backend {
+            Backend::Sqlite(s) => {
+                s.read(move |c| {
+                    audit::entries(c, audit::AuditQuery { since_ms, actor: actor.as_deref(), after, limit })
+                })
+                .await
+            }
+        }
+    }
+
+    /// The fences: active ones, or (`all`) every one ever set.
+    pub async fn fences(&self, all: bool) -> StoreResult<Vec<FenceRow>> {
+        match &self.backend {
+            Backend::Sqlite(s) => s.read(move |c| fences::list(c, all)).await,
+        }
+    }
+
+    /// Sets a fence lifted by the hub at `expires_at_ms` (`None`: by an operator), after the
+    /// fences whose time is up are lifted; refuses a target that matches nothing today (unless
+    /// `force`) and a fence already active, setting nothing.
+    pub async fn fence_set(
+        &self,
+        kind: fences::FenceKind,
+        scope: fences::FenceScope,
+        target: Option<String>,
+        by: By,
+        expires_at_ms: Option<i64>,
+        force: bool,
+    ) -> StoreResult<FenceSetOutcome> {
+        let clock = self.clock.clone();
+        match &self.backend {
+            Backend::Sqlite(s) => {
+                s.write(move |c| {
+                    let now_ms = clock.now_ms();
+                    fences::lift_expired(c, now_ms)?;
+                    if let (Some(t), false) = (&target, force)
+                        && let Some(problem) = fence_target_problem(c, scope, t)?
+                    {
+                        return Ok(FenceSetOutcome::TargetProblem(problem));
+                    }
+                    if let Some(existing) = fences::active_same(c, kind, scope, target.as_deref())? {
+                        return Ok(FenceSetOutcome::AlreadyActive(existing.describe()));
+                    }
+                    let new = fences::NewFence {
+                        kind,
+                        scope,
+                        target: target.as_deref(),
+                        operator: &by.operator,
+                        reason: &by.reason,
+                    };
+                    fences::set_until(c, new, expires_at_ms, now_ms).map(FenceSetOutcome::Set)
+                })
+                .await
+            }
+        }
+    }
+
+    /// Lifts the active fence `id` (after the fences whose time is up); `NotFound` when it is
+    /// not active.
+    pub async fn fence_lift(&self, id: i64, by: By) -> StoreResult<()> {
+        let clock = self.clock.clone();
+        match &self.backend {
+            Backend::Sqlite(s) => {
+                s.write(move |c| {
+                    fences::lift_expired(c, clock.now_ms())?;
+                    fences::lift(c, id, &by.operator, &by.reason, clock.now_ms())
+                })
+                .await
+            }
+        }
+    }
+
+    /// The membership registry: of one conversation, or of all.
+    pub async fn members(&self, conversation: Option<String>) -> StoreResult<Vec<members::ConversationMembers>> {
+        match &self.backend {
+            Backend::Sqlite(s) => s.read(move |c| members::list(c, conversation.as_deref())).await,
+        }
+    }
+
+    /// The hosts join or leave the conversation, in one transaction; one change per host.
+    pub async fn members_change(
+        &self,
+        direction: Membership,
+        conversation: String,
+        hosts: Vec<String>,
+        by: By,
+    ) -> StoreResult<Vec<members::MemberChange>> {
+        let clock = self.clock.clone();
+        match &self.backend {
+            Backend::Sqlite(s) => {
+                s.write(move |c| {
+                    let now = clock.now_ms();
+                    match direction {
+                        Membership::Join => members::add(c, &conversation, &hosts, &by.operator, &by.reason, now),
+                        Membership::Leave => members::remove(c, &conversation, &hosts, &by.operator, &by.reason, now),
+                    }
+                })
+                .await
+            }
+        }
+    }
+
+    /// Every producer's publish scope.
+    pub async fn producers(&self) -> StoreResult<Vec<producers::ProducerRow>> {
+        match &self.backend {
+            Backend::Sqlite(s) => s.read(producers::list).await,
+        }
+    }
+
+    /// Sets the producer's publish scope; returns it as stored.
+    pub async fn producer_scope(&self, producer: String, patterns: Vec<String>, by: By) -> StoreResult<Vec<String>> {
+        let clock = self.clock.clone();
+        match &self.backend {
+            Backend::Sqlite(s) => {
+                s.write(move |c| {
+                    producers::set_scope(c, &producer, &patterns, &by.operator, &by.reason, clock.now_ms())
+                })
+                .await
+            }
+        }
+    }
+
+    /// The operator's `send`: accepts the message and fans it out, in one transaction.
+    pub async fn send(&self, msg: NewMessage, limits: AcceptLimits) -> StoreResult<(Accepted, Vec<DeliverySummary>)> {
+        let clock = self.clock.clone();
+        match &self.backend {
+            Backend::Sqlite(s) => {
+                s.write(move |c| {
+                    let accepted = accept::accept(c, &msg, limits, clock.now_ms())?;
+                    let id = match &accepted {
+                        Accepted::New { message_id, .. } | Accepted::Duplicate { message_id, .. } => message_id.clone(),
+                    };
+                    let deliveries = accept::fan_out(c, &id, clock.now_ms())?;
+                    Ok((accepted, deliveries))
+                })
+                .await
+            }
+        }
+    }
+
+    /// What purging `target` would remove, changing nothing.
+    pub async fn purge_plan(&self, target: PurgeOf) -> StoreResult<purge::Plan> {
+        match &self.backend {
+            Backend::Sqlite(s) => s.read(move |c| purge::plan(c, target.as_target())).await,
+        }
+    }
+
+    /// Purges `target` when every delivery of it is settled; returns the plan it followed.
+    pub async fn purge(&self, target: PurgeOf, by: By) -> StoreResult<purge::Plan> {
+        let clock = self.clock.clone();
+        match &self.backend {
+            Backend::Sqlite(s) => {
+                s.write(move |c| purge::purge(c, target.as_target(), &by.operator, &by.reason, clock.now_ms())).await
+            }
+        }
+    }
+
+    /// The delivery an id or a unique prefix names.
+    pub async fn resolve_delivery(&self, prefix: String) -> StoreResult<listing::Resolved> {
+        match &self.backend {
+            Backend::Sqlite(s) => s.read(move |c| listing::resolve_delivery(c, &prefix)).await,
+        }
+    }
+
+    /// Why a delivery is where it is, at `now_ms`.
+    pub async fn explain(
+        &self,
+        delivery_id: String,
+        now_ms: i64,
+        silence_warn_ms: i64,
+    ) -> StoreResult<explain::Explanation> {
+        match &self.backend {
+            Backend::Sqlite(s) => s.read(move |c| explain::explain_id(c, &delivery_id, now_ms, silence_warn_ms)).await,
+        }
+    }
+
+    /// One page of deliveries, each that is not final with its one-line reason at `now_ms`, and
+    /// the cursor of the next page.
+    pub async fn deliveries_page(
+        &self,
+        q: listing::ListQuery,
+        now_ms: i64,
+        silence_warn_ms: i64,
+    ) -> StoreResult<(Vec<(DeliveryRow, Option<explain::Reason>)>, Option<i64>)> {
+        match &self.backend {
+            Backend::Sqlite(s) => {
+                s.read(move |c| {
+                    let page = listing::page(c, &q)?;
+                    let mut explainer = explain::Explainer::new(c, now_ms, silence_warn_ms)?;
+                    let mut listed = Vec::with_capacity(page.rows.len());
+                    for r in page.rows {
+                        let why = explainer.reason(&r)?;
+                        listed.push((r, why));
+                    }
+                    Ok((listed, page.next))
+                })
+                .await
+            }
+        }
+    }
+
+    /// Releases held deliveries (after the fences whose time is up are lifted); unless `force`,
+    /// refuses, releasing nothing, when an active hold or block fence would catch them again.
+    pub async fn release(&self, sel: Select, by: By, force: bool) -> StoreResult<Release> {
+        let clock = self.clock.clone();
+        match &self.backend {
+            Backend::Sqlite(s) => {
+                s.write(move |c| {
+                    let now_ms = clock.now_ms();
+                    fences::lift_expired(c, now_ms)?;
+                    if !force {
+                        let named = would_hold_again(c, sel.as_selector())?;
+                        if !named.is_empty() {
+                            return Ok(Release::WouldHoldAgain(named));
+                        }
+                    }
+                    operator::release(c, sel.as_selector(), &by.operator, &by.reason, now_ms).map(Release::Released)
+                })
+                .await
+            }
+        }
+    }
+
+    /// Retires the host: its pending work swept and every membership ended, in one
+    /// transaction. Returns what was swept and the conversations it left.
+    pub async fn retire(&self, host: String, by: By) -> StoreResult<(operator::Swept, Vec<String>)> {
+        let clock = self.clock.clone();
+        match &self.backend {
+            Backend::Sqlite(s) => {
+                s.write(move |c| {
+                    let swept = operator::retire(c, &host, &by.operator, &by.reason, clock.now_ms())?;
+                    let left = members::leave_all(c, &host, &by.operator, &by.reason, clock.now_ms())?;
+                    Ok((swept, left))
+                })
+                .await
+            }
+        }
+    }
+
+    /// Requeues what the instance holds (on `host` only, when given; an unenrolled host is
+    /// `Invalid`).
+    pub async fn requeue(&self, instance: String, host: Option<String>, by: By) -> StoreResult<operator::Swept> {
+        let clock = self.clock.clone();
+        match &self.backend {
+            Backend::Sqlite(s) => {
+                s.write(move |c| match host {
+                    Some(host) => {
+                        if hosts::standing(c, &host)? == Standing::NotEnrolled {
+                            return Err(StoreError::Invalid(format!("host {host:?} is not enrolled")));
+                        }
+                        operator::requeue_host_instance(c, &host, &instance, &by.operator, &by.reason, clock.now_ms())
+                    }
+                    None => operator::requeue_instance(c, &instance, &by.operator, &by.reason, clock.now_ms()),
+                })
+                .await
+            }
+        }
+    }
+
+    /// Records an operator event in the audit log (a CA change).
+    pub async fn record_operator_event(
+        &self,
+        action: String,
+        subject: String,
+        operator: String,
+        note: Option<String>,
+    ) -> StoreResult<()> {
+        let clock = self.clock.clone();
+        match &self.backend {
+            Backend::Sqlite(s) => {
+                s.write(move |c| {
+                    hosts::record_operator_event(c, &action, &subject, &operator, note.as_deref(), clock.now_ms())
+                })
+                .await
+            }
+        }
+    }
+
+    /// A consistent copy of the record at `path`, checked.
+    pub async fn backup_to(&self, path: std::path::PathBuf) -> StoreResult<()> {
+        match &self.backend {
+            Backend::Sqlite(s) => s.read(move |c| backup::copy_to(c, &path)).await,
+        }
+    }
+
+    /// Every invariant, including a full integrity check; the problems found.
+    pub async fn verify(&self) -> StoreResult<Vec<verify::Problem>> {
+        match &self.backend {
+            Backend::Sqlite(s) => s.read(verify::check).await,
+        }
+    }
+}
+
+/// A certificate just issued, to be recorded (owned; see `hosts::Issued`).
+#[derive(Debug, Clone)]
+pub struct Enrollment {
+    /// Node or producer.
+    pub role: baton_shared::ids::Role,
+    /// The host or producer name.
+    pub name: String,
+    /// The certificate's serial (lowercase hex).
+    pub serial: String,
+    /// When it expires (unix seconds).
+    pub not_after_unix: i64,
+    /// A producer's publish scope, set in the same transaction, when given.
+    pub scope: Option<Vec<String>>,
+    /// Revoke the name's other unrevoked certificates in the same transaction (a renewal).
+    pub revoke_old: bool,
+}
+
+/// Operations on identities (the CLI's `enroll`, `renew`, `revoke`, `certs`).
+impl Store {
+    /// The roles `name` is enrolled in.
+    pub async fn enrolled_roles(&self, name: String) -> StoreResult<Vec<baton_shared::ids::Role>> {
+        match &self.backend {
+            Backend::Sqlite(s) => s.read(move |c| hosts::enrolled_roles(c, &name)).await,
+        }
+    }
+
+    /// Every certificate.
+    pub async fn certificates(&self) -> StoreResult<Vec<fleet::CertRow>> {
+        match &self.backend {
+            Backend::Sqlite(s) => s.read(|c| fleet::certificates(c, None)).await,
+        }
+    }
+
+    /// Records an issued certificate, in one transaction: refused (`Invalid`) when the name is
+    /// enrolled in the other role; with the producer's scope when given; revoking the name's
+    /// other certificates when asked. Returns the serials revoked.
+    pub async fn enroll(&self, e: Enrollment, operator: String) -> StoreResult<Vec<String>> {
+        let clock = self.clock.clone();
+        match &self.backend {
+            Backend::Sqlite(s) => {
+                s.write(move |c| {
+                    let now_ms = clock.now_ms();
+                    let (role, name) = (e.role, e.name.as_str());
+                    if let Some(r) = hosts::enrolled_roles(c, name)?.into_iter().find(|r| *r != role) {
+                        return Err(StoreError::Invalid(format!(
+                            "{name} is already enrolled as a {r}; a name has one role only"
+                        )));
+                    }
+                    let issued = hosts::Issued { role, name, serial: &e.serial, not_after_unix: e.not_after_unix };
+                    hosts::enroll(c, issued, &operator, now_ms)?;
+                    if let Some(patterns) = &e.scope {
+                        producers::set_scope(c, name, patterns, &operator, "enrolled", now_ms)?;
+                    }
+                    let mut revoked = Vec::new();
+                    if e.revoke_old {
+                        for old in fleet::certificates(c, Some((role, name)))? {
+                            if old.revoked.is_none() && old.serial != e.serial {
+                                revoked.extend(hosts::revoke(
+                                    c,
+                                    &old.serial,
+                                    &operator,
+                                    "renewed; old certificate revoked",
+                                    now_ms,
+                                )?);
+                            }
+                        }
+                    }
+                    Ok(revoked)
+                })
+                .await
+            }
+        }
+    }
+
+    /// Revokes every unrevoked certificate of a name, or one by serial; returns the serials.
+    pub async fn revoke(&self, name_or_serial: String, by: By) -> StoreResult<Vec<String>> {
+        let clock = self.clock.clone();
+        match &self.backend {
+            Backend::Sqlite(s) => {
+                s.write(move |c| hosts::revoke(c, &name_or_serial, &by.operator, &by.reason, clock.now_ms())).await
+            }
+        }
+    }
+}
+
+/// Which deliveries a cancel of many picks (owned; see `turns::CancelScope`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CancelOf {
+    /// One delivery, by id.
+    Delivery(String),
+    /// Every delivery of a conversation a cancel can still change.
+    Conversation(String),
+    /// Every delivery to a host a cancel can still change.
+    Host(String),
+}
+
+/// Operations on turns (the CLI's `deliveries cancel|retry` and `redrive`).
+impl Store {
+    /// The operator cancels the deliveries `which` names (or, with `dry_run`, says what a cancel
+    /// would do, changing nothing), in one transaction; one result per delivery.
+    pub async fn cancel(
+        &self,
+        which: CancelOf,
+        by: By,
+        dry_run: bool,
+    ) -> StoreResult<Vec<baton_shared::wire::CancelResult>> {
+        let clock = self.clock.clone();
+        match &self.backend {
+            Backend::Sqlite(s) => {
+                s.write(move |c| {
+                    let ids = match &which {
+                        CancelOf::Delivery(id) => vec![id.clone()],
+                        CancelOf::Conversation(conv) => turns::cancellable(c, turns::CancelScope::Conversation(conv))?,
+                        CancelOf::Host(host) => turns::cancellable(c, turns::CancelScope::Host(host))?,
+                    };
+                    let canceller = turns::Canceller::Operator(&by.operator);
+                    ids.iter().map(|id| turns::cancel(c, id, canceller, &by.reason, dry_run, clock.now_ms())).collect()
+                })
+                .await
+            }
+        }
+    }
+
+    /// The operator queues a delivery's turn again as a new run; returns the run.
+    pub async fn retry(&self, delivery_id: String, by: By) -> StoreResult<u32> {
+        let clock = self.clock.clone();
+        match &self.backend {
+            Backend::Sqlite(s) => {
+                s.write(move |c| turns::retry(c, &delivery_id, &by.operator, &by.reason, clock.now_ms())).await
+            }
+        }
+    }
+
+    /// The redrive recorded under `request_id`, if one was.
+    pub async fn recorded_redrive(&self, request_id: String) -> StoreResult<Option<turns::RecordedRedrive>> {
+        match &self.backend {
+            Backend::Sqlite(s) => s.read(move |c| turns::recorded_redrive(c, &request_id)).await,
+        }
+    }
+
+    /// The next at most `room` deliveries the redrive `filter` picks after the cursor `after`,
+    /// with their cursors, changing nothing.
+    pub async fn redrive_preview(
+        &self,
+        filter: turns::RedriveFilter,
+        after: i64,
+        room: u32,
+    ) -> StoreResult<Vec<(String, i64)>> {
+        match &self.backend {
+            Backend::Sqlite(s) => s.read(move |c| turns::redrive_batch(c, &filter, after, room)).await,
+        }
+    }
+
+    /// Re-runs the next at most `room` deliveries the redrive `filter` picks after the cursor
+    /// `after`, in one transaction; returns them with their cursors.
+    pub async fn redrive_batch(
+        &self,
+        filter: turns::RedriveFilter,
+        after: i64,
+        room: u32,
+        by: By,
+    ) -> StoreResult<Vec<(String, i64)>> {
+        let clock = self.clock.clone();
+        match &self.backend {
+            Backend::Sqlite(s) => {
+                s.write(move |c| {
+                    let batch = turns::redrive_batch(c, &filter, after, room)?;
+                    for (id, _) in &batch {
+                        turns::retry(c, id, &by.operator, &by.reason, clock.now_ms())?;
+                    }
+                    Ok(batch)
+                })
+                .await
+            }
+        }
+    }
+
+    /// Records a finished redrive under its request id.
+    pub async fn record_redrive(
+        &self,
+        request_id: String,
+        by: By,
+        filter: turns::RedriveFilter,
+        redriven: i64,
+    ) -> StoreResult<()> {
+        let clock = self.clock.clone();
+        match &self.backend {
+            Backend::Sqlite(s) => {
+                s.write(move |c| {
+                    turns::record_redrive(c, &request_id, &by.operator, &by.reason, &filter, redriven, clock.now_ms())
+                })
+                .await
+            }
+        }
+    }
+}
+
+/// Operations on the record's file (the CLI's `restore`).
+impl Store {
+    /// The schema version of the SQLite file at `path`, opened to read only as it is (older
+    /// schemas included: nothing is migrated or checked).
+    pub fn file_schema_version(path: &Path) -> StoreResult<i64> {
+        let conn = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)?;
+        super::schema_version(&conn)
+    }
+
+    /// SQLite's full integrity check: what it found wrong (empty when nothing).
+    pub async fn integrity(&self) -> StoreResult<Vec<String>> {
+        match &self.backend {
+            Backend::Sqlite(s) => s.read(backup::integrity).await,
+        }
+    }
+
+    /// What the record holds, for a restore's report (`schema_version` as found before any
+    /// migration).
+    pub async fn backup_facts(&self, schema_version: i64) -> StoreResult<backup::Facts> {
+        match &self.backend {
+            Backend::Sqlite(s) => s.read(move |c| backup::facts(c, schema_version)).await,
+        }
+    }
+
+    /// Folds the write-ahead log into the database file.
+    pub async fn checkpoint(&self) -> StoreResult<()> {
+        match &self.backend {
+            Backend::Sqlite(s) => s.read(backup::checkpoint).await,
         }
     }
 }
