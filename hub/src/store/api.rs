@@ -1455,3 +1455,50 @@ impl Store {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::testing;
+
+    fn message(key: &str) -> NewMessage {
+        NewMessage {
+            producer: "p".into(),
+            conversation: "c".into(),
+            idempotency_key: key.into(),
+            payload: "{}".into(),
+            to: vec!["host-a".into()],
+        }
+    }
+
+    /// The hub's way to the file (writer thread, read pool) and the CLI's (one connection in
+    /// place) run the same operations to the same record.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn served_and_direct_stores_see_one_record() {
+        let db = testing::db();
+        let clock = baton_shared::clock::system();
+        let limits = AcceptLimits { queued_per_host_max: 10 };
+        let conn = super::super::open_write(&db.path, Synchronous::Normal).unwrap();
+        let served = Store::sqlite(conn, &db.path, clock.clone()).unwrap();
+        let (accepted, deliveries) = served.submit(message("k"), RetryPolicy::default(), limits).await.unwrap();
+        let Accepted::New { message_id, .. } = accepted else { panic!("not new: {accepted:?}") };
+        assert_eq!(deliveries.len(), 1);
+        let direct = Store::open_write(&db.path, Synchronous::Normal, clock.clone()).unwrap();
+        let (again, _) = direct.send(message("k"), limits).await.unwrap();
+        assert!(matches!(again, Accepted::Duplicate { .. }), "{again:?}");
+        assert_eq!(direct.message_by_id(message_id.clone()).await.unwrap().deliveries.len(), 1);
+        assert_eq!(served.message_by_id(message_id).await.unwrap().deliveries.len(), 1);
+    }
+
+    /// A store opened to read only refuses a change and keeps nothing of it.
+    #[tokio::test]
+    async fn a_store_opened_to_read_only_refuses_changes() {
+        let db = testing::db();
+        let clock = baton_shared::clock::system();
+        let read_only = Store::open_read(&db.path, clock).unwrap();
+        let limits = AcceptLimits { queued_per_host_max: 10 };
+        assert!(read_only.send(message("k"), limits).await.is_err());
+        assert_eq!(read_only.status().await.unwrap().pending_fanout, 0);
+        assert!(read_only.message_id_by_key("p".into(), "k".into()).await.unwrap().is_none());
+    }
+}
