@@ -1,7 +1,7 @@
 //! Background tasks the hub runs beside the ones `server` owns: the audit log's retention
 //! sweep, and `requeue_silent_after` (off unless configured; see `store::silence` for why it is
 //! safe). Each holds the shutdown token, reads time from the injected clock and writes through
-//! the `Writer`, one bounded transaction at a time.
+//! the `Store`, one bounded transaction at a time.
 
 use crate::http::Shared;
 use crate::store;
@@ -22,11 +22,7 @@ pub(crate) async fn sweep_audit(shared: Arc<Shared>) {
     loop {
         let cutoff = cutoff_ms(shared.clock.now_ms(), shared.limits.audit_retention);
         loop {
-            match shared
-                .writer
-                .call(move |c| store::retention::sweep_audit(c, cutoff, store::retention::SWEEP_AUDIT_ROWS_MAX))
-                .await
-            {
+            match shared.store.audit_sweep(cutoff, store::retention::SWEEP_AUDIT_ROWS_MAX).await {
                 Ok(0) => break,
                 Ok(n) => tracing::info!(removed = n, "retention: removed audit rows"),
                 Err(e) => {
@@ -57,7 +53,7 @@ pub(crate) async fn requeue_silent(shared: Arc<Shared>, after: Option<Duration>)
             _ = shared.shutdown.cancelled() => return,
         }
         let cutoff = cutoff_ms(shared.clock.now_ms(), after);
-        let silent = match shared.readers.read(move |c| store::silence::silent_holders(c, cutoff)).await {
+        let silent = match shared.store.silent_holders(cutoff).await {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(error = %e, "reading silent node instances failed");
@@ -66,8 +62,7 @@ pub(crate) async fn requeue_silent(shared: Arc<Shared>, after: Option<Duration>)
         };
         for who in silent {
             let now_ms = shared.clock.now_ms();
-            let w = who.clone();
-            match shared.writer.call(move |c| store::silence::requeue_silent(c, &w, cutoff, now_ms)).await {
+            match shared.store.requeue_silent(who.clone(), cutoff, now_ms).await {
                 Ok(ids) if ids.is_empty() => {}
                 Ok(ids) => {
                     tracing::warn!(

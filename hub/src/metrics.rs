@@ -6,7 +6,6 @@
 //! every sample on `/metrics` has its `# HELP` and `# TYPE` (a test scrapes the real hub).
 
 use crate::http::Shared;
-use crate::store::overview;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
@@ -86,7 +85,7 @@ pub fn describe() {
 /// Refreshes the gauges read from the record: each host's backlog and oldest waiting age, and
 /// deliveries by current-run outcome. Called from the hub's periodic gauge update.
 pub async fn publish_record_gauges(shared: &Shared) {
-    let read = shared.readers.read(|c| Ok((overview::host_backlogs(c)?, overview::outcome_counts(c)?))).await;
+    let read = shared.store.backlog_gauges().await;
     let (hosts, outcomes) = match read {
         Ok(r) => r,
         Err(e) => {

@@ -10,13 +10,11 @@ use crate::config::HubConfig;
 use crate::datadir::DataDir;
 use crate::http::{Shared, app};
 use crate::lock::DirLock;
-use crate::store::{self, Readers, StoreError, Writer, accept, in_write_txn};
+use crate::store::{self, Store};
 use crate::{tls, wake};
 use anyhow::Context;
 use baton_shared::clock::{Clock, SharedClock};
-use baton_shared::crash_point;
 use baton_shared::sqlite::Synchronous;
-use rusqlite::Connection;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -25,15 +23,11 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-/// Obligations repaired per query during startup repair.
-const REPAIR_BATCH: usize = 512;
-
 /// A hub that holds its data directory's lock, with its store open and repaired, ready to serve.
 pub struct Hub {
     dir: DataDir,
     config: HubConfig,
-    conn: Connection,
-    clock: SharedClock,
+    store: Store,
     lock: DirLock,
     /// How many messages startup repair fanned out.
     pub repaired: usize,
@@ -53,12 +47,12 @@ impl Hub {
                 config.synchronous
             );
         }
-        let conn = store::open_serve(&dir.db(), config.synchronous, config.startup_check)?;
-        let repaired = repair(&conn, clock.as_ref()).context("startup repair")?;
+        let store = Store::open_serve(&dir.db(), config.synchronous, config.startup_check, clock)?;
+        let repaired = repair(&store).context("startup repair")?;
         if repaired > 0 {
             tracing::info!(repaired, "startup repair completed fan-out a crash interrupted");
         }
-        Ok(Hub { dir, config, conn, clock, lock, repaired })
+        Ok(Hub { dir, config, store, lock, repaired })
     }
 
     /// Makes the bound address known: in the lock file (for `status` and a refused second hub)
@@ -75,22 +69,20 @@ impl Hub {
     /// Serves on `listener` until `shutdown` is cancelled.
     pub async fn serve(self, listener: TcpListener, shutdown: CancellationToken) -> anyhow::Result<()> {
         let tls_config = tls::server_config(&self.dir)?;
-        let writer = Writer::start(self.conn).context("starting the writer thread")?;
-        let readers = Arc::new(Readers::new(self.dir.db()));
         let (outcomes, _) = watch::channel(0u64);
         let metrics = install_metrics();
         // CLI changes (the wake socket) bump this counter; the certificate cache follows it.
         let (wake_tx, mut wake_rx) = watch::channel(0u64);
+        let clock = self.store.clock().clone();
         let shared = Arc::new(Shared {
-            writer,
-            readers,
+            store: self.store,
             work: Default::default(),
             outcomes: outcomes.clone(),
             limits: self.config.limits,
             shutdown: shutdown.clone(),
             ready: AtomicBool::new(true),
             metrics,
-            clock: self.clock.clone(),
+            clock,
             turns: Default::default(),
             certs: crate::http::certs::CertCache::new(wake_tx.subscribe()),
         });
@@ -147,7 +139,7 @@ fn cert_check(shared: Arc<Shared>) -> tls::CertCheck {
     Arc::new(move |serial: String| {
         let shared = shared.clone();
         Box::pin(async move {
-            match shared.certs.status(&shared.readers, &serial).await {
+            match shared.certs.status(&shared.store, &serial).await {
                 Ok(Some(s)) => !s.revoked,
                 Ok(None) => false,
                 Err(e) => {
@@ -165,7 +157,7 @@ const GAUGE_INTERVAL: Duration = Duration::from_secs(10);
 /// Publishes deliveries per state, pending fan-out and active fences as gauges.
 async fn publish_gauges(shared: Arc<Shared>) {
     loop {
-        match shared.readers.read(store::read::status).await {
+        match shared.store.status().await {
             Ok(s) => {
                 for st in baton_shared::states::DeliveryState::ALL {
                     let n = s.deliveries.iter().find(|(state, _)| *state == st).map(|(_, n)| *n).unwrap_or(0);
@@ -202,7 +194,7 @@ async fn flush_contacts(shared: Arc<Shared>) {
         };
         let contacts = shared.turns.take_contacts();
         if !contacts.is_empty()
-            && let Err(e) = shared.writer.call(move |c| store::sessions::record_contacts(c, &contacts)).await
+            && let Err(e) = shared.store.record_contacts(contacts).await
         {
             tracing::warn!(error = %e, "could not record the node sessions' last contact");
         }
@@ -220,11 +212,7 @@ async fn sweep_retention(shared: Arc<Shared>, retention: Duration) {
         }
         let cutoff = retention_cutoff_ms(shared.clock.as_ref(), retention);
         loop {
-            match shared
-                .writer
-                .call(move |c| store::retention::sweep(c, cutoff, store::retention::SWEEP_MESSAGES_MAX))
-                .await
-            {
+            match shared.store.retention_sweep(cutoff, store::retention::SWEEP_MESSAGES_MAX).await {
                 Ok(0) => break,
                 Ok(n) => tracing::info!(removed = n, "retention: removed settled messages"),
                 Err(e) => {
@@ -249,7 +237,7 @@ async fn lift_expired_fences(shared: Arc<Shared>) {
             _ = shared.shutdown.cancelled() => return,
         }
         let now_ms = shared.clock.now_ms();
-        match shared.readers.read(store::fences::next_expiry).await {
+        match shared.store.next_fence_expiry().await {
             Ok(Some(at)) if at <= now_ms => {}
             Ok(_) => continue,
             Err(e) => {
@@ -257,7 +245,7 @@ async fn lift_expired_fences(shared: Arc<Shared>) {
                 continue;
             }
         }
-        match shared.writer.call(move |c| store::fences::lift_expired(c, now_ms)).await {
+        match shared.store.lift_expired_fences(now_ms).await {
             Ok(ids) => {
                 for id in ids {
                     tracing::info!(fence = id, "lifted a fence whose time was up");
@@ -288,26 +276,19 @@ fn install_metrics() -> Option<metrics_exporter_prometheus::PrometheusHandle> {
         .clone()
 }
 
-/// Completes every fan-out obligation a crash left pending. Returns how many it completed.
-pub fn repair(conn: &Connection, clock: &dyn Clock) -> Result<usize, StoreError> {
-    let mut done = 0;
-    loop {
-        let pending = accept::pending_obligations(conn, REPAIR_BATCH)?;
-        if pending.is_empty() {
-            return Ok(done);
-        }
-        for id in pending {
-            in_write_txn(conn, |c| accept::fan_out(c, &id, clock.now_ms()))?;
-            done += 1;
-            crash_point("hub.repair.mid");
-        }
-    }
+/// Completes every fan-out obligation a crash left pending (`Store::repair`), before the hub
+/// serves: on a runtime of its own, since the hub's runtime starts only once it is open.
+/// Returns how many it completed.
+fn repair(store: &Store) -> anyhow::Result<usize> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting a runtime")?;
+    Ok(rt.block_on(store.repair())?)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::accept::{AcceptLimits, Accepted, NewMessage};
+    use crate::store::accept::{self, AcceptLimits, Accepted, NewMessage};
+    use crate::store::in_write_txn;
     use baton_shared::clock::ManualClock;
 
     /// Repair stamps what it creates with the injected clock, and the retention cutoff reads it.
@@ -326,7 +307,9 @@ mod tests {
             panic!("not accepted")
         };
         let clock = ManualClock::new(1_234_567);
-        assert_eq!(repair(&db.conn, &clock).unwrap(), 1);
+        let shared: SharedClock = Arc::new(clock.clone());
+        let store = Store::open_write(&db.path, Synchronous::Normal, shared).unwrap();
+        assert_eq!(repair(&store).unwrap(), 1);
         let created: i64 = db.conn.query_row("SELECT created_at FROM deliveries", [], |r| r.get(0)).unwrap();
         assert_eq!(created, 1_234_567);
         assert_eq!(retention_cutoff_ms(&clock, Duration::from_secs(1_000)), 234_567);

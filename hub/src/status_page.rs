@@ -9,11 +9,11 @@
 //! characters replaced), and every id in a link through `url_segment`.
 
 use crate::http::AppState;
+use crate::store::StoreError;
+pub use crate::store::api::Overview;
 use crate::store::fences::FenceRow;
-use crate::store::fleet::{HostRow, SilentHost};
-use crate::store::overview::{self, ConversationBacklog, HostBacklog};
-use crate::store::read::{DeliveryDetail, DeliveryRow, StatusView};
-use crate::store::{StoreError, StoreResult, fences, fleet, read};
+use crate::store::overview::{self, ConversationBacklog};
+use crate::store::read::{DeliveryDetail, DeliveryRow};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
@@ -21,8 +21,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Extension, Router};
 use baton_shared::duration::human_ms;
-use baton_shared::states::Outcome;
-use rusqlite::Connection;
 use std::time::Duration;
 
 /// How often the page reloads itself.
@@ -46,46 +44,10 @@ pub fn routes(page: PageConfig) -> Router<AppState> {
         .layer(Extension(page))
 }
 
-/// Everything the overview shows, read in one snapshot.
-#[derive(Debug, Clone)]
-pub struct Overview {
-    /// Counts per state, fences, hosts.
-    pub status: StatusView,
-    /// Deliveries by their current run's outcome.
-    pub outcomes: Vec<(Outcome, i64)>,
-    /// Every host.
-    pub hosts: Vec<HostRow>,
-    /// Each host's backlog.
-    pub backlogs: Vec<HostBacklog>,
-    /// The deepest conversation backlogs.
-    pub conversations: Vec<ConversationBacklog>,
-    /// Active fences.
-    pub fences: Vec<FenceRow>,
-    /// Hosts silent longer than the warning.
-    pub silent: Vec<SilentHost>,
-    /// Recent failed or `unknown` deliveries.
-    pub trouble: Vec<DeliveryRow>,
-}
-
-/// Reads the overview at `now_ms` (in one read transaction: one snapshot).
-pub fn gather(conn: &Connection, now_ms: i64, silence: Duration) -> StoreResult<Overview> {
-    let silence_ms = i64::try_from(silence.as_millis()).unwrap_or(i64::MAX);
-    Ok(Overview {
-        status: read::status(conn)?,
-        outcomes: overview::outcome_counts(conn)?,
-        hosts: fleet::hosts(conn)?,
-        backlogs: overview::host_backlogs(conn)?,
-        conversations: overview::conversation_backlogs(conn, overview::CONVERSATIONS_SHOWN_MAX)?,
-        fences: fences::list(conn, false)?,
-        silent: fleet::silent_hosts(conn, now_ms, silence_ms)?,
-        trouble: overview::recent_trouble(conn, overview::TROUBLE_SHOWN_MAX)?,
-    })
-}
-
 async fn overview_page(State(shared): State<AppState>, Extension(page): Extension<PageConfig>) -> Response {
     let now_ms = shared.clock.now_ms();
     let silence = page.host_silence_warn;
-    match shared.readers.read(move |c| gather(c, now_ms, silence)).await {
+    match shared.store.overview(now_ms, silence).await {
         Ok(o) => html(StatusCode::OK, render_overview(&o, now_ms, silence)),
         Err(e) => failed(&e),
     }
@@ -93,7 +55,7 @@ async fn overview_page(State(shared): State<AppState>, Extension(page): Extensio
 
 async fn delivery_page(State(shared): State<AppState>, Path(delivery_id): Path<String>) -> Response {
     let now_ms = shared.clock.now_ms();
-    match shared.readers.read(move |c| read::delivery_detail(c, &delivery_id)).await {
+    match shared.store.delivery_detail(delivery_id).await {
         Ok(d) => html(StatusCode::OK, render_delivery(&d, now_ms)),
         Err(StoreError::NotFound(m)) => {
             html(StatusCode::NOT_FOUND, layout("Not found", &format!("<p>{}</p>", esc(&m)), false))
@@ -403,8 +365,10 @@ pub fn render_delivery(d: &DeliveryDetail, now_ms: i64) -> String {
 mod tests {
     use super::*;
     use crate::store::accept::testing::accept_one;
+    use crate::store::api::gather;
     use crate::store::fences::{FenceKind, FenceScope, NewFence};
     use crate::store::testing;
+    use crate::store::{fences, read};
 
     const SCRIPT: &str = "<script>alert('x')</script>";
 

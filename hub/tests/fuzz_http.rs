@@ -15,7 +15,7 @@ use axum::http::{Request, StatusCode};
 use baton_hub::config::Limits;
 use baton_hub::http::{AppState, Shared, TurnState, Work, app, certs::CertCache};
 use baton_hub::store::canonical::canonical;
-use baton_hub::store::{self, Readers, Writer, hosts};
+use baton_hub::store::{self, Store, hosts};
 use baton_hub::tls::PeerIdentityExt;
 use baton_shared::error::ErrorCode;
 use baton_shared::ids::Role;
@@ -75,8 +75,7 @@ fn fixture() -> &'static Fixture {
         let limits = Limits { long_poll_wait_max: Duration::from_millis(20), ..Limits::default() };
         let state: AppState = rt.block_on(async {
             Arc::new(Shared {
-                writer: Writer::start(conn).expect("writer"),
-                readers: Arc::new(Readers::new(path)),
+                store: Store::sqlite(conn, &path, baton_shared::clock::system()).expect("store"),
                 work: Work::default(),
                 outcomes: watch::channel(0).0,
                 limits,

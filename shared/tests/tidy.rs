@@ -9,6 +9,9 @@
 //!   qualifier last (time limits are `Duration`s, which carry their unit).
 //! - `docs/ARCHITECTURE.md` names every module of the hub, the node and the shared crate.
 //! - Migrations in `schema/hub` and `schema/node` are numbered from 0001 without gaps.
+//! - The hub's record is reached only through `Store` (`hub/src/store/api.rs`): the HTTP
+//!   handlers, the CLI, the server and its background tasks, the status page, the metrics and
+//!   the TLS layer name no `rusqlite`, no connection, writer or reader pool, and no transaction.
 
 use std::path::{Path, PathBuf};
 
@@ -143,6 +146,56 @@ fn architecture_names_every_module() {
         }
     }
     assert!(missing.is_empty(), "docs/ARCHITECTURE.md does not name these modules:\n{}", missing.join("\n"));
+}
+
+/// The hub's files that must reach the record through `Store` only: every file under these
+/// folders, and these files.
+const STORE_CALLER_DIRS: &[&str] = &["hub/src/http", "hub/src/cli"];
+/// See `STORE_CALLER_DIRS`.
+const STORE_CALLER_FILES: &[&str] = &[
+    "hub/src/server.rs",
+    "hub/src/housekeeping.rs",
+    "hub/src/status_page.rs",
+    "hub/src/metrics.rs",
+    "hub/src/tls.rs",
+    "hub/src/ops_listener.rs",
+];
+/// What such a file may not name: the SQLite crate, the backend's own handles, a transaction
+/// run by hand, or a way to open the file around `Store`.
+const STORE_BYPASSES: &[&str] = &[
+    "rusqlite",
+    "writer.call",
+    "readers.read",
+    "Writer::start",
+    "Readers::new",
+    "in_write_txn",
+    "store::open_write",
+    "store::open_read",
+    "store::open_serve",
+    "BEGIN IMMEDIATE",
+];
+
+#[test]
+fn the_record_is_reached_only_through_the_store() {
+    let mut files: Vec<PathBuf> = STORE_CALLER_FILES.iter().map(|f| root().join(f)).collect();
+    for dir in STORE_CALLER_DIRS {
+        rust_files(&root().join(dir), &mut files);
+    }
+    assert!(files.len() > STORE_CALLER_FILES.len(), "the HTTP and CLI folders were found");
+    let mut found = Vec::new();
+    for p in files {
+        let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", rel(&p)));
+        for (i, line) in product_part(&p, &text).lines().enumerate() {
+            for bypass in STORE_BYPASSES.iter().filter(|b| line.contains(**b)) {
+                found.push(format!("{}:{}: names {bypass:?}: {}", rel(&p), i + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "the record is reached around `Store` (add an operation to it instead):\n{}",
+        found.join("\n")
+    );
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! newest first, from the operator event log and the delivery transitions they made.
 
 use super::{CliError, CliResult, Context, output};
-use crate::store::audit::{self, AuditCursor, AuditQuery};
+use crate::store::audit::AuditCursor;
 use baton_shared::{duration, exit};
 
 /// What `audit` was asked for, as typed.
@@ -28,8 +28,8 @@ pub(super) fn run(ctx: &Context, q: Query<'_>, json: bool) -> CliResult {
         }),
     };
     let after = q.after.map(AuditCursor::parse).transpose().map_err(CliError::usage)?;
-    let query = AuditQuery { since_ms, actor: q.actor, after, limit: q.limit };
-    let (entries, more) = audit::entries(&ctx.open_read()?, query)?;
+    let record = ctx.open_read()?;
+    let (entries, more) = record.run(record.audit(since_ms, q.actor.map(str::to_string), after, q.limit))?;
     output::audit(&entries, json)?;
     if let (true, Some(last)) = (more, entries.last()) {
         output::more_remain(&format!("more remain; next page: --after {}", AuditCursor::after(last)))?;

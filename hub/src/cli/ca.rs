@@ -7,7 +7,6 @@
 
 use super::{CliError, CliResult, Context, identity, output};
 use crate::datadir::DataDir;
-use crate::store::{hosts, in_write_txn};
 use baton_shared::{exit, pki};
 use std::path::Path;
 
@@ -113,8 +112,8 @@ pub(super) fn issuers(dir: &DataDir, serials: &[&str]) -> Result<Vec<IssuedBy>, 
 
 /// Records a CA change in the audit log.
 fn record(ctx: &Context, action: &str, note: &str) -> CliResult {
-    let conn = ctx.open_write()?;
-    in_write_txn(&conn, |c| hosts::record_operator_event(c, action, "ca", &ctx.operator, Some(note), ctx.now_ms()))?;
+    let record = ctx.open_write()?;
+    record.run(record.record_operator_event(action.into(), "ca".into(), ctx.operator.clone(), Some(note.into())))?;
     Ok(())
 }
 

@@ -5,7 +5,8 @@
 
 use super::args::{MembersChange, MembersCmd, ProducersCmd};
 use super::{CliError, CliResult, Context, output};
-use crate::store::{in_write_txn, members, producers};
+use crate::store::api::{By, Membership};
+use crate::store::producers;
 use baton_shared::exit;
 use baton_shared::ids::check_name;
 
@@ -18,7 +19,8 @@ pub(super) fn members(ctx: &Context, m: &MembersCmd) -> CliResult {
             if let Some(c) = conversation {
                 check_name("conversation", c)?;
             }
-            let rows = members::list(&ctx.open_read()?, conversation.as_deref())?;
+            let record = ctx.open_read()?;
+            let rows = record.run(record.members(conversation.clone()))?;
             output::members(&rows, *json)
         }
     }
@@ -37,12 +39,13 @@ fn change_members(ctx: &Context, m: &MembersChange, direction: Direction) -> Cli
     for h in &m.hosts {
         check_name("host", h)?;
     }
-    let conn = ctx.open_write()?;
-    let (op, reason, now) = (ctx.operator.as_str(), m.why.reason.as_str(), ctx.now_ms());
-    let changes = in_write_txn(&conn, |c| match direction {
-        Direction::Add => members::add(c, &m.conversation, &m.hosts, op, reason, now),
-        Direction::Remove => members::remove(c, &m.conversation, &m.hosts, op, reason, now),
-    })?;
+    let record = ctx.open_write()?;
+    let membership = match direction {
+        Direction::Add => Membership::Join,
+        Direction::Remove => Membership::Leave,
+    };
+    let by = By { operator: ctx.operator.clone(), reason: m.why.reason.clone() };
+    let changes = record.run(record.members_change(membership, m.conversation.clone(), m.hosts.clone(), by))?;
     let changed = changes.iter().filter(|c| c.changed).count();
     if changed > 0 {
         ctx.wake_hub();
@@ -71,14 +74,16 @@ pub(super) fn producers(ctx: &Context, p: &ProducersCmd) -> CliResult {
         ProducersCmd::Scope { name, patterns, why } => {
             check_name("producer", name)?;
             check_patterns(patterns)?;
-            let conn = ctx.open_write()?;
-            let scope = in_write_txn(&conn, |c| {
-                producers::set_scope(c, name, patterns, &ctx.operator, &why.reason, ctx.now_ms())
-            })?;
+            let record = ctx.open_write()?;
+            let by = By { operator: ctx.operator.clone(), reason: why.reason.clone() };
+            let scope = record.run(record.producer_scope(name.clone(), patterns.clone(), by))?;
             ctx.wake_hub();
             output::line(format!("producer {name} may post into: {}", scope.join(" ")))
         }
-        ProducersCmd::List { json } => output::producers(&producers::list(&ctx.open_read()?)?, *json),
+        ProducersCmd::List { json } => {
+            let record = ctx.open_read()?;
+            output::producers(&record.run(record.producers())?, *json)
+        }
     }
 }
 

@@ -1,15 +1,11 @@
 //! Inspecting and steering deliveries: `deliveries list|show|explain` (cancel and retry are in `turns`), `held list|release`,
 //! `retire HOST` (which also ends its memberships) and `requeue --instance ID`.
 
+use super::Record;
 use super::args::{DeliveriesCmd, HeldCmd};
-use super::output::ListedDelivery;
 use super::{CliError, CliResult, Context, output};
-use crate::store::explain::{self, Explainer};
-use crate::store::fences::{self, FenceKind};
+use crate::store::api::{By, Release, Select};
 use crate::store::listing::{self, ListQuery, Resolved};
-use crate::store::operator::{self, Selector};
-use crate::store::read::{self, DeliveryRow};
-use crate::store::{StoreError, hosts, in_write_txn, members};
 use baton_shared::states::{DeliveryState, Outcome};
 use baton_shared::{duration, exit};
 use std::io::IsTerminal;
@@ -19,16 +15,16 @@ pub(super) fn run(ctx: &Context, d: &DeliveriesCmd) -> CliResult {
     match d {
         DeliveriesCmd::List { .. } => list(ctx, d),
         DeliveriesCmd::Show { id, json } => {
-            let conn = ctx.open_read()?;
-            let id = resolve_id(&conn, id)?;
-            output::detail(&read::delivery_detail(&conn, &id)?, *json)
+            let record = ctx.open_read()?;
+            let id = resolve_id(&record, id)?;
+            output::detail(&record.run(record.delivery_detail(id))?, *json)
         }
         DeliveriesCmd::Explain { id, json } => {
             let silence_ms = silence_warn_ms(ctx)?;
-            let conn = ctx.open_read()?;
-            let id = resolve_id(&conn, id)?;
+            let record = ctx.open_read()?;
+            let id = resolve_id(&record, id)?;
             let now_ms = ctx.now_ms();
-            output::explanation(&explain::explain_id(&conn, &id, now_ms, silence_ms)?, now_ms, *json)
+            output::explanation(&record.run(record.explain(id, now_ms, silence_ms))?, now_ms, *json)
         }
         DeliveriesCmd::Cancel(a) => super::turns::cancel(ctx, a),
         DeliveriesCmd::Retry(a) => super::turns::retry(ctx, a),
@@ -40,25 +36,10 @@ fn silence_warn_ms(ctx: &Context) -> Result<i64, CliError> {
     Ok(i64::try_from(ctx.config(None)?.host_silence_warn.as_millis()).unwrap_or(i64::MAX))
 }
 
-/// A page of rows, each that is not final with its one-line reason.
-fn with_reasons(
-    ctx: &Context,
-    conn: &rusqlite::Connection,
-    rows: Vec<DeliveryRow>,
-) -> Result<Vec<ListedDelivery>, CliError> {
-    let mut explainer = Explainer::new(conn, ctx.now_ms(), silence_warn_ms(ctx)?)?;
-    let mut listed = Vec::with_capacity(rows.len());
-    for r in rows {
-        let why = explainer.reason(&r)?;
-        listed.push((r, why));
-    }
-    Ok(listed)
-}
-
 /// The delivery an id or a unique prefix names: exit 1 when none, exit 2 listing the matches
 /// when several.
-pub(super) fn resolve_id(conn: &rusqlite::Connection, prefix: &str) -> Result<String, CliError> {
-    match listing::resolve_delivery(conn, prefix)? {
+pub(super) fn resolve_id(record: &Record, prefix: &str) -> Result<String, CliError> {
+    match record.run(record.resolve_delivery(prefix.to_string()))? {
         Resolved::One(id) => Ok(id),
         Resolved::Nothing => Err(CliError::new(exit::NOTHING, format!("no delivery {}", output::esc(prefix)))),
         Resolved::Many(ids) => Err(CliError::usage(format!(
@@ -116,10 +97,10 @@ fn list(ctx: &Context, d: &DeliveriesCmd) -> CliResult {
         after: *after,
         limit: *limit,
     };
-    let conn = ctx.open_read()?;
-    let page = listing::page(&conn, &q)?;
-    output::deliveries(&with_reasons(ctx, &conn, page.rows)?, *json)?;
-    match page.next {
+    let record = ctx.open_read()?;
+    let (rows, next) = record.run(record.deliveries_page(q, ctx.now_ms(), silence_warn_ms(ctx)?))?;
+    output::deliveries(&rows, *json)?;
+    match next {
         Some(next) => output::next_page(if newest { "--newest" } else { "--oldest" }, next),
         None => Ok(()),
     }
@@ -136,30 +117,33 @@ pub(super) fn held(ctx: &Context, h: &HeldCmd) -> CliResult {
                 limit: *limit,
                 ..Default::default()
             };
-            let conn = ctx.open_read()?;
-            let page = listing::page(&conn, &q)?;
-            output::deliveries(&with_reasons(ctx, &conn, page.rows)?, *json)?;
-            match page.next {
+            let record = ctx.open_read()?;
+            let (rows, next) = record.run(record.deliveries_page(q, ctx.now_ms(), silence_warn_ms(ctx)?))?;
+            output::deliveries(&rows, *json)?;
+            match next {
                 Some(next) => output::next_page("", next),
                 None => Ok(()),
             }
         }
         HeldCmd::Release { id, conversation, force, why } => {
-            let conn = ctx.open_write()?;
-            let resolved = id.as_deref().map(|p| resolve_id(&conn, p)).transpose()?;
-            let sel = match (&resolved, conversation) {
-                (Some(id), _) => Selector::Delivery(id),
-                (None, Some(c)) => Selector::Conversation(c),
+            let record = ctx.open_write()?;
+            let resolved = id.as_deref().map(|p| resolve_id(&record, p)).transpose()?;
+            let sel = match (resolved, conversation) {
+                (Some(id), _) => Select::Delivery(id),
+                (None, Some(c)) => Select::Conversation(c.clone()),
                 (None, None) => return Err(CliError::usage("give a delivery id or --conversation")),
             };
-            let now_ms = ctx.now_ms();
-            let ids = in_write_txn(&conn, |c| {
-                fences::lift_expired(c, now_ms)?;
-                if !force && let Some(refusal) = would_hold_again(c, sel)? {
-                    return Ok(Err(refusal));
+            let by = By { operator: ctx.operator.clone(), reason: why.reason.clone() };
+            let ids = match record.run(record.release(sel, by, *force))? {
+                Release::Released(ids) => ids,
+                Release::WouldHoldAgain(named) => {
+                    return Err(CliError::usage(format!(
+                        "an active fence would catch the release again at the next claim: {}; lift it first, or \
+                         release with --force",
+                        output::esc(&named.join("; "))
+                    )));
                 }
-                operator::release(c, sel, &ctx.operator, &why.reason, now_ms).map(Ok)
-            })??;
+            };
             if ids.is_empty() {
                 return Err(CliError::new(exit::NOTHING, "nothing to do: nothing was held"));
             }
@@ -169,39 +153,12 @@ pub(super) fn held(ctx: &Context, h: &HeldCmd) -> CliResult {
     }
 }
 
-/// The refusal of a release that an active hold or block fence would undo at the next claim
-/// (held again, or failed), naming the fences; `None` when the release would stick.
-fn would_hold_again(conn: &rusqlite::Connection, sel: Selector<'_>) -> Result<Option<CliError>, StoreError> {
-    let active = fences::active(conn)?;
-    let mut named: Vec<String> = Vec::new();
-    for (conversation, host) in operator::held_targets(conn, sel)? {
-        if let Some(f) = fences::strongest(&active, &conversation, &host)
-            && f.kind != FenceKind::Pause
-        {
-            let d = f.describe();
-            if !named.contains(&d) {
-                named.push(d);
-            }
-        }
-    }
-    if named.is_empty() {
-        return Ok(None);
-    }
-    Ok(Some(CliError::usage(format!(
-        "an active fence would catch the release again at the next claim: {}; lift it first, or release with --force",
-        output::esc(&named.join("; "))
-    ))))
-}
-
 /// `retire HOST`: its pending work is swept and it leaves every conversation, in one
 /// transaction, so no post after the retirement counts it as a member.
 pub(super) fn retire(ctx: &Context, host: &str, reason: &str) -> CliResult {
-    let conn = ctx.open_write()?;
-    let (swept, left) = in_write_txn(&conn, |c| {
-        let swept = operator::retire(c, host, &ctx.operator, reason, ctx.now_ms())?;
-        let left = members::leave_all(c, host, &ctx.operator, reason, ctx.now_ms())?;
-        Ok((swept, left))
-    })?;
+    let record = ctx.open_write()?;
+    let by = By { operator: ctx.operator.clone(), reason: reason.to_string() };
+    let (swept, left) = record.run(record.retire(host.to_string(), by))?;
     ctx.wake_hub();
     output::line(format!(
         "retired {host}: {} failed, {} unknown, {} delivered without outcome marked unknown; left {} conversation(s){}",
@@ -215,16 +172,9 @@ pub(super) fn retire(ctx: &Context, host: &str, reason: &str) -> CliResult {
 
 /// `requeue --instance ID [--host HOST]`.
 pub(super) fn requeue(ctx: &Context, instance: &str, host: Option<&str>, reason: &str) -> CliResult {
-    let conn = ctx.open_write()?;
-    let swept = in_write_txn(&conn, |c| match host {
-        Some(host) => {
-            if hosts::standing(c, host)? == hosts::Standing::NotEnrolled {
-                return Err(StoreError::Invalid(format!("host {host:?} is not enrolled")));
-            }
-            operator::requeue_host_instance(c, host, instance, &ctx.operator, reason, ctx.now_ms())
-        }
-        None => operator::requeue_instance(c, instance, &ctx.operator, reason, ctx.now_ms()),
-    })?;
+    let record = ctx.open_write()?;
+    let by = By { operator: ctx.operator.clone(), reason: reason.to_string() };
+    let swept = record.run(record.requeue(instance.to_string(), host.map(str::to_string), by))?;
     ctx.wake_hub();
     if swept.requeued.is_empty() && swept.outcome_unknown.is_empty() {
         return Err(CliError::new(

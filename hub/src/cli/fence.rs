@@ -10,13 +10,11 @@
 use super::args::{FenceCmd, FenceSet};
 use super::output::esc;
 use super::{CliError, CliResult, Context, output};
-use crate::store::fences::{self, FenceKind, FenceScope, NewFence};
-use crate::store::hosts::{self, Standing};
-use crate::store::in_write_txn;
+use crate::store::api::{By, FenceSetOutcome, FenceTargetProblem};
+use crate::store::fences::{FenceKind, FenceScope};
 use baton_shared::duration;
 use baton_shared::exit;
 use baton_shared::ids::check_name;
-use rusqlite::Connection;
 
 /// Runs one `fence` subcommand.
 pub(super) fn run(ctx: &Context, f: &FenceCmd) -> CliResult {
@@ -25,12 +23,9 @@ pub(super) fn run(ctx: &Context, f: &FenceCmd) -> CliResult {
         FenceCmd::Hold(s) => set(ctx, FenceKind::Hold, s),
         FenceCmd::Block(s) => set(ctx, FenceKind::Block, s),
         FenceCmd::Lift { id, why } => {
-            let conn = ctx.open_write()?;
-            in_write_txn(&conn, |c| {
-                fences::lift_expired(c, ctx.now_ms())?;
-                fences::lift(c, *id, &ctx.operator, &why.reason, ctx.now_ms())
-            })
-            .map_err(|e| match e {
+            let record = ctx.open_write()?;
+            let by = By { operator: ctx.operator.clone(), reason: why.reason.clone() };
+            record.run(record.fence_lift(*id, by)).map_err(|e| match e {
                 crate::store::StoreError::NotFound(_) => {
                     CliError::new(exit::NOTHING, format!("nothing to do: fence {id} is not active"))
                 }
@@ -39,7 +34,10 @@ pub(super) fn run(ctx: &Context, f: &FenceCmd) -> CliResult {
             ctx.wake_hub();
             output::line(format!("lifted fence {id}"))
         }
-        FenceCmd::List { all, json } => output::fences(&fences::list(&ctx.open_read()?, *all)?, ctx.now_ms(), *json),
+        FenceCmd::List { all, json } => {
+            let record = ctx.open_read()?;
+            output::fences(&record.run(record.fences(*all))?, ctx.now_ms(), *json)
+        }
     }
 }
 
@@ -60,29 +58,6 @@ fn expiry_ms(ctx: &Context, set: &FenceSet) -> Result<Option<i64>, CliError> {
     Ok(Some(at))
 }
 
-/// Refuses a target that matches nothing today, unless `force`.
-fn check_target(conn: &Connection, scope: FenceScope, target: Option<&str>, force: bool) -> CliResult {
-    let Some(t) = target else { return Ok(()) };
-    if force {
-        return Ok(());
-    }
-    let problem = match scope {
-        FenceScope::Host => match hosts::standing(conn, t)? {
-            Standing::NotEnrolled => Some(format!("host {} was never enrolled", esc(t))),
-            Standing::Retired => Some(format!("host {} is retired", esc(t))),
-            Standing::Active => None,
-        },
-        FenceScope::Conversation if !fences::conversation_has_messages(conn, t)? => {
-            Some(format!("conversation {} has no messages", esc(t)))
-        }
-        _ => None,
-    };
-    match problem {
-        Some(p) => Err(CliError::usage(format!("{p}; a typo? (--force sets the fence anyway)"))),
-        None => Ok(()),
-    }
-}
-
 fn set(ctx: &Context, kind: FenceKind, set: &FenceSet) -> CliResult {
     let (scope, target) = match (&set.target.conversation, &set.target.host, set.target.all) {
         (Some(c), _, _) => {
@@ -96,22 +71,27 @@ fn set(ctx: &Context, kind: FenceKind, set: &FenceSet) -> CliResult {
         _ => (FenceScope::All, None),
     };
     let expires_at_ms = expiry_ms(ctx, set)?;
-    let conn = ctx.open_write()?;
-    let new = NewFence { kind, scope, target, operator: &ctx.operator, reason: &set.why.reason };
-    let now_ms = ctx.now_ms();
-    let id = in_write_txn(&conn, |c| {
-        fences::lift_expired(c, now_ms)?;
-        if let Err(e) = check_target(c, scope, target, set.force) {
-            return Ok(Err(e));
-        }
-        if let Some(existing) = fences::active_same(c, kind, scope, target)? {
-            return Ok(Err(CliError::new(
-                exit::NOTHING,
-                format!("nothing to do: {} is already active", esc(&existing.describe())),
-            )));
-        }
-        fences::set_until(c, new, expires_at_ms, now_ms).map(Ok)
-    })??;
+    let record = ctx.open_write()?;
+    let by = By { operator: ctx.operator.clone(), reason: set.why.reason.clone() };
+    let id =
+        match record.run(record.fence_set(kind, scope, target.map(str::to_string), by, expires_at_ms, set.force))? {
+            FenceSetOutcome::Set(id) => id,
+            FenceSetOutcome::TargetProblem(problem) => {
+                let t = esc(target.unwrap_or_default());
+                let p = match problem {
+                    FenceTargetProblem::NeverEnrolled => format!("host {t} was never enrolled"),
+                    FenceTargetProblem::Retired => format!("host {t} is retired"),
+                    FenceTargetProblem::NoMessages => format!("conversation {t} has no messages"),
+                };
+                return Err(CliError::usage(format!("{p}; a typo? (--force sets the fence anyway)")));
+            }
+            FenceSetOutcome::AlreadyActive(existing) => {
+                return Err(CliError::new(
+                    exit::NOTHING,
+                    format!("nothing to do: {} is already active", esc(&existing)),
+                ));
+            }
+        };
     ctx.wake_hub();
     if set.json {
         return output::json(&serde_json::json!({

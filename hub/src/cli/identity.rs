@@ -3,7 +3,8 @@
 
 use super::args::Enroll;
 use super::{CliError, CliResult, Context, output};
-use crate::store::{self, StoreError, fleet, hosts, in_write_txn, producers};
+use crate::store::Store;
+use crate::store::api::{By, Enrollment as Recorded};
 use crate::wake;
 use baton_shared::ids::{Role, check_name};
 use baton_shared::pki::{self, LeafKind};
@@ -66,7 +67,7 @@ pub(super) fn init(ctx: &Context, hostnames: &[String]) -> CliResult {
     if !dir.config().exists() {
         write_new(&dir.config(), &crate::config::template(), false)?;
     }
-    drop(store::open_write(&dir.db(), baton_shared::sqlite::Synchronous::Full)?);
+    drop(Store::open_write(&dir.db(), baton_shared::sqlite::Synchronous::Full, ctx.clock.clone())?);
     // SQLite creates the database (and later its -wal and -shm, with the same mode) under the
     // umask; make it the owner's alone.
     dir.tighten().map_err(|e| CliError::failure(format!("{}: {e}", dir.root().display())))?;
@@ -92,7 +93,9 @@ pub(super) fn enroll_cmd(ctx: &Context, e: &Enroll) -> CliResult {
 /// transaction (otherwise both stay valid until the old one is revoked or expires).
 pub(super) fn renew(ctx: &Context, name: &str, out: &Path, days: Option<u32>, revoke_old: bool) -> CliResult {
     let days = days.unwrap_or(CERT_DAYS_DEFAULT);
-    let roles = hosts::enrolled_roles(&ctx.open_read()?, name)?;
+    let record = ctx.open_read()?;
+    let roles = record.run(record.enrolled_roles(name.to_string()))?;
+    drop(record);
     let role = match roles.as_slice() {
         [r] => *r,
         [] => return Err(CliError::new(baton_shared::exit::NOTHING, format!("{name} was never enrolled"))),
@@ -211,16 +214,6 @@ struct Enrollment<'a> {
     revoke_old: bool,
 }
 
-/// Refuses a name already enrolled in the other role: one name, one role, so `revoke NAME`
-/// and `renew NAME` are never ambiguous.
-fn check_one_role(conn: &rusqlite::Connection, role: Role, name: &str) -> Result<(), StoreError> {
-    let other: Vec<Role> = hosts::enrolled_roles(conn, name)?.into_iter().filter(|r| *r != role).collect();
-    match other.first() {
-        Some(r) => Err(StoreError::Invalid(format!("{name} is already enrolled as a {r}; a name has one role only"))),
-        None => Ok(()),
-    }
-}
-
 /// Issues a certificate for `name`, records it (with a producer's publish `scope`, when given,
 /// in the same transaction), and writes `NAME.crt`, `NAME.key` and `ca.crt` into `out_dir`
 /// (refusing to overwrite a certificate or key).
@@ -241,7 +234,7 @@ fn enroll_as(ctx: &Context, e: Enrollment<'_>) -> Result<Vec<String>, CliError> 
     if days == 0 || days > CERT_DAYS_MAX {
         return Err(CliError::usage(format!("--days {days} is out of range; allowed 1..={CERT_DAYS_MAX}")));
     }
-    let conn = ctx.open_write()?;
+    let record = ctx.open_write()?;
     let dir = &ctx.dir;
     let (ca_cert, ca_key) = super::ca::issuing_ca(dir)?;
     let lifetime = Duration::from_secs(u64::from(days) * 24 * 3600);
@@ -257,30 +250,15 @@ fn enroll_as(ctx: &Context, e: Enrollment<'_>) -> Result<Vec<String>, CliError> 
     }
     // Before the record: a serial in the record always has its copy (`certs list`'s CA).
     super::ca::keep_issued(dir, &leaf.serial, &leaf.cert_pem)?;
-    let issued = hosts::Issued { role, name, serial: &leaf.serial, not_after_unix: leaf.not_after_unix };
-    let now_ms = ctx.now_ms();
-    let revoked = in_write_txn(&conn, |c| {
-        check_one_role(c, role, name)?;
-        hosts::enroll(c, issued, &ctx.operator, now_ms)?;
-        if let Some(patterns) = scope {
-            producers::set_scope(c, name, patterns, &ctx.operator, "enrolled", now_ms)?;
-        }
-        let mut revoked = Vec::new();
-        if revoke_old {
-            for old in fleet::certificates(c, Some((role, name)))? {
-                if old.revoked.is_none() && old.serial != leaf.serial {
-                    revoked.extend(hosts::revoke(
-                        c,
-                        &old.serial,
-                        &ctx.operator,
-                        "renewed; old certificate revoked",
-                        now_ms,
-                    )?);
-                }
-            }
-        }
-        Ok(revoked)
-    })?;
+    let recorded = Recorded {
+        role,
+        name: name.to_string(),
+        serial: leaf.serial.clone(),
+        not_after_unix: leaf.not_after_unix,
+        scope: scope.map(<[String]>::to_vec),
+        revoke_old,
+    };
+    let revoked = record.run(record.enroll(recorded, ctx.operator.clone()))?;
     write_new(&key_path, &leaf.key_pem, true)?;
     write_new(&cert_path, &leaf.cert_pem, false)?;
     // Every CA the hub trusts (two during a CA rotation): a stale copy is replaced.
@@ -302,8 +280,8 @@ fn enroll_as(ctx: &Context, e: Enrollment<'_>) -> Result<Vec<String>, CliError> 
 /// `certs list [--name NAME]`: every certificate with its role, serial, issuing CA, expiry and
 /// revocation.
 pub(super) fn certs(ctx: &Context, name: Option<&str>, json: bool) -> CliResult {
-    let conn = ctx.open_read()?;
-    let mut rows = fleet::certificates(&conn, None)?;
+    let record = ctx.open_read()?;
+    let mut rows = record.run(record.certificates())?;
     if let Some(n) = name {
         rows.retain(|c| c.name == n);
     }
@@ -314,8 +292,9 @@ pub(super) fn certs(ctx: &Context, name: Option<&str>, json: bool) -> CliResult 
 
 /// `revoke NAME|SERIAL`.
 pub(super) fn revoke(ctx: &Context, name: &str, reason: &str) -> CliResult {
-    let conn = ctx.open_write()?;
-    let serials = in_write_txn(&conn, |c| hosts::revoke(c, name, &ctx.operator, reason, ctx.now_ms()))?;
+    let record = ctx.open_write()?;
+    let by = By { operator: ctx.operator.clone(), reason: reason.to_string() };
+    let serials = record.run(record.revoke(name.to_string(), by))?;
     // A running hub re-checks its open connections and waiting reads at once.
     ctx.wake_hub();
     output::line(format!("revoked {} certificate(s) of {name}: {}", serials.len(), serials.join(", ")))

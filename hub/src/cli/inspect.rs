@@ -2,7 +2,6 @@
 
 use super::{CliError, CliResult, Context, output};
 use crate::lock;
-use crate::store::{backup, fleet, read, verify};
 use baton_shared::duration::{human, human_ms};
 use baton_shared::{exit, pki};
 use std::path::Path;
@@ -29,8 +28,8 @@ pub(super) struct Attention {
 pub(super) fn status(ctx: &Context, json: bool) -> CliResult {
     let hub = lock::probe(&ctx.dir)?;
     let config = ctx.config(None)?;
-    let conn = ctx.open_read()?;
-    let s = read::status(&conn)?;
+    let record = ctx.open_read()?;
+    let s = record.run(record.status())?;
     let now_ms = ctx.now_ms();
     let mut attention = Vec::new();
     if hub.is_none() {
@@ -41,7 +40,7 @@ pub(super) fn status(ctx: &Context, json: bool) -> CliResult {
         });
     }
     let silence_ms = i64::try_from(config.host_silence_warn.as_millis()).unwrap_or(i64::MAX);
-    for h in fleet::silent_hosts(&conn, now_ms, silence_ms)? {
+    for h in record.run(record.silent_hosts(now_ms, silence_ms))? {
         attention.push(Attention {
             kind: "host_silent",
             subject: h.host,
@@ -55,7 +54,7 @@ pub(super) fn status(ctx: &Context, json: bool) -> CliResult {
     }
     let now_unix = now_ms / 1000;
     let until_unix = now_unix.saturating_add(CERT_EXPIRY_WARN.as_secs() as i64);
-    for c in fleet::expiring_certificates(&conn, until_unix)? {
+    for c in record.run(record.expiring_certificates(until_unix))? {
         attention.push(expiring(&format!("{} {}", c.role, c.name), &c.serial, c.not_after_unix, now_unix));
     }
     let server_pem = std::fs::read_to_string(ctx.dir.server_cert())
@@ -88,14 +87,16 @@ pub(super) fn backup(ctx: &Context, path: &Path) -> CliResult {
     if path.exists() {
         return Err(CliError::usage(format!("{} exists; refusing to overwrite it", path.display())));
     }
-    backup::copy_to(&ctx.open_read()?, path)?;
+    let record = ctx.open_read()?;
+    record.run(record.backup_to(path.to_path_buf()))?;
     output::line(format!("backup written to {} (integrity ok)", path.display()))
 }
 
 /// `verify`: every invariant, including a full integrity check of the file; exit 4 when any
 /// problem is found.
 pub(super) fn verify(ctx: &Context, json: bool) -> CliResult {
-    let problems = verify::check(&ctx.open_read()?)?;
+    let record = ctx.open_read()?;
+    let problems = record.run(record.verify())?;
     output::problems(&problems, json)?;
     if problems.is_empty() {
         Ok(())

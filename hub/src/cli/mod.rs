@@ -19,10 +19,12 @@
 //! - `serve`: running the hub.
 //! - `manuals`: `completions` and `man`, generated from `args`.
 //!
-//! Read-only commands open a read-only connection without a whole-file check, so their cost
-//! does not grow with the database, and never wake the hub. Changing commands open the write
-//! path (the strict open, `BEGIN IMMEDIATE`; the hub may or may not be running, SQLite
-//! serialises the writers) and then wake a running hub through its socket.
+//! Every command reaches the record through `Store` (held as a `Record`, with a small runtime
+//! its operations run on). Read-only commands open it to read only, without a whole-file
+//! check, so their cost does not grow with the database, and never wake the hub. Changing
+//! commands open it to change (the strict open; each operation one transaction; the hub may or
+//! may not be running, the backend serialises the writers) and then wake a running hub through
+//! its socket.
 
 mod args;
 mod audit;
@@ -45,12 +47,11 @@ pub use args::*;
 
 use crate::config::{Flags, HubConfig, Sources, process_env};
 use crate::datadir::DataDir;
-use crate::store::{self, StoreError};
+use crate::store::{self, Store, StoreError, StoreResult};
 use crate::wake;
 use baton_shared::clock::SharedClock;
 use baton_shared::exit;
 use baton_shared::logging::{self, LogFormat};
-use rusqlite::Connection;
 use std::path::Path;
 
 /// A CLI failure with its exit status (`baton_shared::exit`).
@@ -153,30 +154,60 @@ impl Context {
         std::fs::File::open(&db).map(drop).map_err(|e| db_open_error(self.dir.root(), &db, &e))
     }
 
-    /// A read-only connection, without a whole-file check. A database whose schema is older
+    /// The record, to read only, without a whole-file check. A database whose schema is older
     /// than this binary is migrated first (through the write path), as the next `serve` would.
-    pub fn open_read(&self) -> Result<Connection, CliError> {
+    pub fn open_read(&self) -> Result<Record, CliError> {
         self.require_db()?;
-        let conn = store::open_read(&self.dir.db())?;
-        if store::schema_version(&conn)? >= store::MIGRATIONS.len() as i64 {
-            return Ok(conn);
+        let record = Record::new(Store::open_read(&self.dir.db(), self.clock.clone())?)?;
+        if record.run(record.schema_version())? >= store::MIGRATIONS.len() as i64 {
+            return Ok(record);
         }
-        drop(conn);
+        drop(record);
         tracing::info!("the database's schema is older than this binary; migrating it");
         drop(self.open_write()?);
-        Ok(store::open_read(&self.dir.db())?)
+        Record::new(Store::open_read(&self.dir.db(), self.clock.clone())?)
     }
 
-    /// The write path: the strict open (checked, migrated, pragmas asserted).
-    pub fn open_write(&self) -> Result<Connection, CliError> {
+    /// The record, to change: the strict open (checked, migrated, pragmas asserted).
+    pub fn open_write(&self) -> Result<Record, CliError> {
         self.require_db()?;
         let config = self.config(None)?;
-        Ok(store::open_write(&self.dir.db(), config.synchronous)?)
+        Record::new(Store::open_write(&self.dir.db(), config.synchronous, self.clock.clone())?)
     }
 
     /// Tells a running hub that the record changed, so waiting long-polls look again.
     pub fn wake_hub(&self) {
         wake::notify(&self.dir.wake_socket());
+    }
+}
+
+/// The record as a command holds it: the `Store`, and the small runtime its operations run on
+/// (the CLI is synchronous; each operation is waited for where it is called).
+pub struct Record {
+    store: Store,
+    rt: tokio::runtime::Runtime,
+}
+
+impl Record {
+    /// `store`, with a runtime of its own.
+    fn new(store: Store) -> Result<Record, CliError> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| CliError::failure(format!("starting the async runtime: {e}")))?;
+        Ok(Record { store, rt })
+    }
+
+    /// Runs one operation of the store to its end.
+    pub fn run<T>(&self, op: impl std::future::Future<Output = StoreResult<T>>) -> StoreResult<T> {
+        self.rt.block_on(op)
+    }
+}
+
+impl std::ops::Deref for Record {
+    type Target = Store;
+    fn deref(&self) -> &Store {
+        &self.store
     }
 }
 

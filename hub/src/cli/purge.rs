@@ -2,7 +2,7 @@
 //! now, never an unsettled delivery (`store::purge`).
 
 use super::{CliError, CliResult, Context, output};
-use crate::store::in_write_txn;
+use crate::store::api::{By, PurgeOf};
 use crate::store::purge::{self, Plan, Target};
 use baton_shared::exit;
 
@@ -21,10 +21,12 @@ pub(super) fn purge(
     };
     let subject = target.subject();
     let plan = if dry_run {
-        purge::plan(&ctx.open_read()?, target)?
+        let record = ctx.open_read()?;
+        record.run(record.purge_plan(purge_of(target)))?
     } else {
-        let conn = ctx.open_write()?;
-        in_write_txn(&conn, |c| purge::purge(c, target, &ctx.operator, reason, ctx.now_ms()))?
+        let record = ctx.open_write()?;
+        let by = By { operator: ctx.operator.clone(), reason: reason.to_string() };
+        record.run(record.purge(purge_of(target), by))?
     };
     if !plan.allowed() {
         return Err(refusal(&subject, &plan));
@@ -40,6 +42,14 @@ pub(super) fn purge(
         plan.deliveries,
         if dry_run { "; nothing was removed" } else { "" }
     ))
+}
+
+/// The purge target, owned.
+fn purge_of(target: Target<'_>) -> PurgeOf {
+    match target {
+        Target::Message(m) => PurgeOf::Message(m.to_string()),
+        Target::Conversation(c) => PurgeOf::Conversation(c.to_string()),
+    }
 }
 
 /// The refusal of a purge that would touch unfinished work, naming it.

@@ -8,9 +8,9 @@
 //! place. A backup that fails any check replaces nothing. The restore is recorded in the
 //! restored record's audit log.
 
-use super::{CliError, CliResult, Context, output};
+use super::{CliError, CliResult, Context, Record, output};
 use crate::lock::{DirLock, LockError};
-use crate::store::{self, backup, hosts, in_write_txn, verify};
+use crate::store::{Store, backup};
 use baton_shared::exit;
 use std::path::{Path, PathBuf};
 
@@ -88,11 +88,9 @@ pub(super) fn restore(ctx: &Context, from: &Path) -> CliResult {
         from.display(),
         aside.as_ref().map(|a| format!("; replaced database kept as {}", a.display())).unwrap_or_default()
     );
-    let conn = ctx.open_write()?;
-    in_write_txn(&conn, |c| {
-        hosts::record_operator_event(c, "restore", &root, &ctx.operator, Some(&note), ctx.now_ms())
-    })?;
-    drop(conn);
+    let record = ctx.open_write()?;
+    record.run(record.record_operator_event("restore".into(), root, ctx.operator.clone(), Some(note)))?;
+    drop(record);
     drop(lock);
     report(from, &live, aside.as_deref(), &facts)
 }
@@ -117,25 +115,22 @@ fn stage(ctx: &Context, from: &Path, staging: &Path) -> Result<backup::Facts, Cl
             format!("the backup {} failed verification; nothing was replaced: {detail}", from.display()),
         )
     };
-    let found_version = {
-        let conn = rusqlite::Connection::open_with_flags(staging, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-            .map_err(|e| refused(e.to_string()))?;
-        store::schema_version(&conn).map_err(|e| refused(e.to_string()))?
-    };
+    let found_version = Store::file_schema_version(staging).map_err(|e| refused(e.to_string()))?;
     let config = ctx.config(None)?;
-    let conn = store::open_write(staging, config.synchronous).map_err(|e| refused(e.to_string()))?;
-    let damage = backup::integrity(&conn)?;
+    let copy = Store::open_write(staging, config.synchronous, ctx.clock.clone()).map_err(|e| refused(e.to_string()))?;
+    let copy = Record::new(copy)?;
+    let damage = copy.run(copy.integrity())?;
     if !damage.is_empty() {
         return Err(refused(format!("integrity check: {}", damage.join("; "))));
     }
-    let problems = verify::check(&conn)?;
+    let problems = copy.run(copy.verify())?;
     if !problems.is_empty() {
         let shown: Vec<String> =
             problems.iter().take(5).map(|p| format!("{} {}: {}", p.kind.as_str(), p.subject, p.detail)).collect();
         return Err(refused(format!("{} problem(s): {}", problems.len(), output::esc(&shown.join("; ")))));
     }
-    let facts = backup::facts(&conn, found_version)?;
-    backup::checkpoint(&conn)?;
+    let facts = copy.run(copy.backup_facts(found_version))?;
+    copy.run(copy.checkpoint())?;
     Ok(facts)
 }
 

@@ -1,8 +1,8 @@
 //! `send`: submitting a message by hand, through the same acceptance and fan-out as the API.
 
 use super::{CliError, CliResult, Context, output};
-use crate::store::accept::{self, AcceptLimits, Accepted, NewMessage};
-use crate::store::{canonical, in_write_txn};
+use crate::store::accept::{AcceptLimits, Accepted, NewMessage};
+use crate::store::canonical;
 use baton_shared::ids::{check_key, check_name};
 use baton_shared::wire::Payload;
 use std::path::Path;
@@ -65,16 +65,13 @@ pub(super) fn send(ctx: &Context, s: Submission<'_>, json: bool) -> CliResult {
     let config = ctx.config(None)?;
     let msg = validate(s, config.limits.payload_bytes_max)?;
     let limits = AcceptLimits { queued_per_host_max: config.limits.queued_per_host_max };
-    let conn = ctx.open_write()?;
+    let record = ctx.open_write()?;
     // Accept and fan-out in one transaction: no claim can see this message half routed.
-    let (id, seq, duplicate, deliveries) = in_write_txn(&conn, |c| {
-        let (id, seq, duplicate) = match accept::accept(c, &msg, limits, ctx.now_ms())? {
-            Accepted::New { message_id, seq } => (message_id, seq, false),
-            Accepted::Duplicate { message_id, seq } => (message_id, seq, true),
-        };
-        let deliveries = accept::fan_out(c, &id, ctx.now_ms())?;
-        Ok((id, seq, duplicate, deliveries))
-    })?;
+    let (accepted, deliveries) = record.run(record.send(msg, limits))?;
+    let (id, seq, duplicate) = match accepted {
+        Accepted::New { message_id, seq } => (message_id, seq, false),
+        Accepted::Duplicate { message_id, seq } => (message_id, seq, true),
+    };
     ctx.wake_hub();
     if json {
         let response = baton_shared::wire::SubmitResponse { message_id: id, seq, duplicate, deliveries };

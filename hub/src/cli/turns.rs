@@ -2,8 +2,8 @@
 
 use super::args::Reason;
 use super::{CliError, CliResult, Context, output};
-use crate::store::in_write_txn;
-use crate::store::turns::{self, CancelScope, Canceller, RedriveFilter};
+use crate::store::api::{By, CancelOf};
+use crate::store::turns::{self, RedriveFilter};
 use baton_shared::exit;
 use baton_shared::wire::CancelResult;
 use serde_json::json;
@@ -78,21 +78,19 @@ pub struct RedriveArgs {
 pub(super) fn cancel(ctx: &Context, a: &CancelArgs) -> CliResult {
     let scope = match (&a.id, &a.conversation, &a.host) {
         (Some(_), _, _) => None,
-        (None, Some(c), _) => Some(CancelScope::Conversation(c)),
-        (None, None, Some(h)) => Some(CancelScope::Host(h)),
+        (None, Some(c), _) => Some(CancelOf::Conversation(c.clone())),
+        (None, None, Some(h)) => Some(CancelOf::Host(h.clone())),
         (None, None, None) => return Err(CliError::usage("give a delivery id, --conversation or --host")),
     };
-    let by = Canceller::Operator(&ctx.operator);
-    let conn = ctx.open_write()?;
-    let id = a.id.as_deref().map(|id| super::deliveries::resolve_id(&conn, id)).transpose()?;
-    let results: Vec<CancelResult> = in_write_txn(&conn, |c| {
-        let ids = match (&id, scope) {
-            (Some(id), _) => vec![id.clone()],
-            (None, Some(scope)) => turns::cancellable(c, scope)?,
-            (None, None) => Vec::new(),
-        };
-        ids.iter().map(|id| turns::cancel(c, id, by, &a.why.reason, a.dry_run, ctx.now_ms())).collect()
-    })?;
+    let record = ctx.open_write()?;
+    let id = a.id.as_deref().map(|id| super::deliveries::resolve_id(&record, id)).transpose()?;
+    let which = match (id, scope) {
+        (Some(id), _) => CancelOf::Delivery(id),
+        (None, Some(scope)) => scope,
+        (None, None) => return Err(CliError::usage("give a delivery id, --conversation or --host")),
+    };
+    let by = By { operator: ctx.operator.clone(), reason: a.why.reason.clone() };
+    let results: Vec<CancelResult> = record.run(record.cancel(which, by, a.dry_run))?;
     if !a.dry_run {
         ctx.wake_hub();
     }
@@ -124,9 +122,10 @@ fn effect_text(effect: &str) -> &'static str {
 
 /// Runs `deliveries retry`.
 pub(super) fn retry(ctx: &Context, a: &RetryArgs) -> CliResult {
-    let conn = ctx.open_write()?;
-    let id = super::deliveries::resolve_id(&conn, &a.id)?;
-    let run = in_write_txn(&conn, |c| turns::retry(c, &id, &ctx.operator, &a.why.reason, ctx.now_ms()))?;
+    let record = ctx.open_write()?;
+    let id = super::deliveries::resolve_id(&record, &a.id)?;
+    let by = By { operator: ctx.operator.clone(), reason: a.why.reason.clone() };
+    let run = record.run(record.retry(id.clone(), by))?;
     ctx.wake_hub();
     output::line(format!("{id} queued again as run {run} (a redrive)"))
 }
@@ -147,9 +146,10 @@ pub(super) fn redrive(ctx: &Context, a: &RedriveArgs) -> CliResult {
         since_ms: a.since,
         limit: a.limit,
     };
-    let conn = ctx.open_write()?;
+    let record = ctx.open_write()?;
+    let by = By { operator: ctx.operator.clone(), reason: a.why.reason.clone() };
     if let Some(request_id) = &a.request_id
-        && let Some(done) = turns::recorded_redrive(&conn, request_id)?
+        && let Some(done) = record.run(record.recorded_redrive(request_id.clone()))?
     {
         let text = format!(
             "request {request_id} was already run by {} at {}: {} deliveries re-run ({}); nothing changed",
@@ -172,15 +172,9 @@ pub(super) fn redrive(ctx: &Context, a: &RedriveArgs) -> CliResult {
             break;
         }
         let batch = if a.dry_run {
-            turns::redrive_batch(&conn, &filter, after, room)?
+            record.run(record.redrive_preview(filter.clone(), after, room))?
         } else {
-            in_write_txn(&conn, |c| {
-                let batch = turns::redrive_batch(c, &filter, after, room)?;
-                for (id, _) in &batch {
-                    turns::retry(c, id, &ctx.operator, &a.why.reason, ctx.now_ms())?;
-                }
-                Ok(batch)
-            })?
+            record.run(record.redrive_batch(filter.clone(), after, room, by.clone()))?
         };
         let Some((_, last)) = batch.last() else { break };
         after = *last;
@@ -193,9 +187,7 @@ pub(super) fn redrive(ctx: &Context, a: &RedriveArgs) -> CliResult {
     if !a.dry_run {
         if let Some(request_id) = &a.request_id {
             let n = ids.len() as i64;
-            in_write_txn(&conn, |c| {
-                turns::record_redrive(c, request_id, &ctx.operator, &a.why.reason, &filter, n, ctx.now_ms())
-            })?;
+            record.run(record.record_redrive(request_id.clone(), by, filter, n))?;
         }
         ctx.wake_hub();
     }

@@ -1,5 +1,5 @@
 //! Batch endpoints (`POST /v1/batch/...`): many submits, holder steps or reports in one
-//! request and one writer job, each item answered exactly as its single endpoint would answer
+//! request and one transaction, each item answered exactly as its single endpoint would answer
 //! it (its status, and its body or its `{code, message}`), in the order of the request.
 //!
 //! What concerns the whole request is decided once, before any item: the caller's certificate
@@ -7,15 +7,14 @@
 //! shape (400 `invalid_json`), the item count (1 to `BATCH_ITEMS_MAX`, 400 `invalid_field`) and,
 //! for holder steps, the instance id. Refused there, nothing of the batch is applied. Each item
 //! is then checked by the same code as its single endpoint and applied by the same store
-//! function (`store::batch::each`), so one stale or conflicting item fails alone.
+//! operation of the `Store` (its batch form), so one stale or conflicting item fails alone.
 
 use super::node::{Session, check_reason, check_report};
 use super::producer::validate;
 use super::{ApiError, ApiJson, AppState, Caller, NodeCaller, ProducerCaller, check_path_id};
-use crate::store::accept::{self, AcceptLimits, Accepted};
-use crate::store::report::{self, NewReport, RunReport};
-use crate::store::transition::Holder;
-use crate::store::{StoreResult, batch, claim, sessions};
+use crate::store::StoreResult;
+use crate::store::accept::{AcceptLimits, Accepted};
+use crate::store::api::{Backoff, NodeAt, Step};
 use axum::Json;
 use axum::extract::{FromRequest, Request, State};
 use axum::http::StatusCode;
@@ -26,10 +25,9 @@ use baton_shared::limits::{BATCH_BYTES_MAX, BATCH_ITEMS_MAX};
 use baton_shared::states::DeliveryState;
 use baton_shared::wire::{
     BatchHolderRequest, BatchRejectRequest, BatchReportRequest, BatchReportResponse, BatchSubmitRequest,
-    BatchSubmitResponse, BatchTransitionResponse, ErrorBody, HolderItem, ItemOutcome, ItemResult, ReportResponse,
-    SubmitResponse, TransitionResponse,
+    BatchSubmitResponse, BatchTransitionResponse, ErrorBody, HolderItem, ItemOutcome, ItemResult, SubmitResponse,
+    TransitionResponse,
 };
-use rusqlite::Connection;
 use serde::de::DeserializeOwned;
 
 /// A batch body: over `BATCH_BYTES_MAX` bytes it is 413 `too_large` before it is parsed; under
@@ -85,7 +83,7 @@ fn item_error<T>(e: impl Into<ApiError>) -> ItemResult<T> {
 }
 
 /// The items that passed their checks (with their place in the request), and a slot per item
-/// for its answer: filled at once for an item its checks refused, after the writer job for
+/// for its answer: filled at once for an item its checks refused, after the transaction for
 /// the others.
 struct Sorted<I, T> {
     valid: Vec<(usize, I)>,
@@ -108,7 +106,7 @@ impl<I, T> Sorted<I, T> {
         sorted
     }
 
-    /// Puts the writer's per-item outcomes in their places and returns every answer in order.
+    /// Puts the per-item outcomes in their places and returns every answer in order.
     fn finish<O>(
         mut self,
         places: Vec<usize>,
@@ -146,15 +144,8 @@ pub(super) async fn submit(
     let (places, messages) = sorted.take();
     let limits = AcceptLimits { queued_per_host_max: state.limits.queued_per_host_max };
     crash_point("hub.accept.before_txn");
-    let clock = state.clock.clone();
-    // Accept and fan-out of every message in one writer job: one round trip, one commit.
-    let outcomes = state
-        .writer
-        .call(move |c| {
-            let now = clock.now_ms();
-            batch::each(c, messages, |c, (msg, retry)| accept::accept_and_fan_out(c, &msg, retry, limits, now))
-        })
-        .await?;
+    // Accept and fan-out of every message in one transaction: one round trip, one commit.
+    let outcomes = state.store.submit_batch(messages, limits).await?;
     let new = outcomes.iter().flatten().filter(|(a, _)| matches!(a, Accepted::New { .. })).count();
     if new > 0 {
         crash_point("hub.accept.after_commit");
@@ -187,16 +178,13 @@ fn submitted(a: Accepted, deliveries: Vec<baton_shared::wire::DeliverySummary>) 
     }
 }
 
-/// A holder's step on one delivery: `claim::mirrored` or `claim::ack`.
-type HolderStep = fn(&Connection, &str, &str, Holder<'_>, i64) -> StoreResult<TransitionResponse>;
-
-/// Runs `step` for every delivery of a batch in one writer job, after the session check.
+/// Runs `step` for every delivery of a batch in one transaction, after the session check.
 async fn holder_steps(
     caller: &Caller,
     state: &AppState,
     session: Option<u64>,
     req: BatchHolderRequest,
-    step: HolderStep,
+    step: Step,
 ) -> Result<Vec<ItemResult<TransitionResponse>>, ApiError> {
     check_token("instance_id", &req.instance_id)?;
     check_count("deliveries", req.deliveries.len())?;
@@ -206,18 +194,8 @@ async fn holder_steps(
         Ok(d)
     });
     let (places, items) = sorted.take();
-    let (host, instance, clock) = (caller.name.clone(), req.instance_id, state.clock.clone());
-    let outcomes = state
-        .writer
-        .call(move |c| {
-            sessions::check(c, &host, session)?;
-            let now = clock.now_ms();
-            batch::each(c, items, |c, d| {
-                let h = Holder { instance_id: &instance, claim_token: &d.claim_token };
-                step(c, &host, &d.delivery_id, h, now)
-            })
-        })
-        .await?;
+    let node = NodeAt { host: caller.name.clone(), session };
+    let outcomes = state.store.holder_steps(step, node, req.instance_id, items).await?;
     state.turns.contact(&caller.name, session, state.clock.now_ms());
     sorted.finish(places, outcomes, |r| item_ok(StatusCode::OK, r))
 }
@@ -230,7 +208,7 @@ pub(super) async fn mirrored(
     Session(session): Session,
     BatchJson(req): BatchJson<BatchHolderRequest>,
 ) -> Result<Json<BatchTransitionResponse>, ApiError> {
-    let results = holder_steps(&caller, &state, session, req, claim::mirrored).await?;
+    let results = holder_steps(&caller, &state, session, req, Step::Mirrored).await?;
     crash_point("hub.mirrored.after_commit");
     state.outcome_changed();
     Ok(Json(BatchTransitionResponse { results }))
@@ -244,7 +222,7 @@ pub(super) async fn ack(
     Session(session): Session,
     BatchJson(req): BatchJson<BatchHolderRequest>,
 ) -> Result<Json<BatchTransitionResponse>, ApiError> {
-    let results = holder_steps(&caller, &state, session, req, claim::ack).await?;
+    let results = holder_steps(&caller, &state, session, req, Step::Ack).await?;
     crash_point("hub.ack.after_commit");
     state.outcome_changed();
     Ok(Json(BatchTransitionResponse { results }))
@@ -267,18 +245,8 @@ pub(super) async fn reject(
         Ok(d)
     });
     let (places, items) = sorted.take();
-    let (host, instance, clock) = (caller.name.clone(), req.instance_id, state.clock.clone());
-    let outcomes = state
-        .writer
-        .call(move |c| {
-            sessions::check(c, &host, session)?;
-            let now = clock.now_ms();
-            batch::each(c, items, |c, d| {
-                let h = Holder { instance_id: &instance, claim_token: &d.claim_token };
-                claim::reject(c, &host, &d.delivery_id, h, &d.reason, now)
-            })
-        })
-        .await?;
+    let node = NodeAt { host: caller.name.clone(), session };
+    let outcomes = state.store.reject_batch(node, req.instance_id, items).await?;
     state.turns.contact(&caller.name, session, state.clock.now_ms());
     state.outcome_changed();
     let results = sorted.finish(places, outcomes, |r| item_ok(StatusCode::OK, r))?;
@@ -296,31 +264,9 @@ pub(super) async fn reports(
     check_count("reports", req.reports.len())?;
     let mut sorted = Sorted::new(req.reports, |r| check_report(&r, &state).map(|()| r));
     let (places, items) = sorted.take();
-    let (host, clock) = (caller.name.clone(), state.clock.clone());
-    let (retry_backoff, retry_backoff_max) = (state.limits.retry_backoff, state.limits.retry_backoff_max);
-    let outcomes = state
-        .writer
-        .call(move |c| {
-            sessions::check(c, &host, session)?;
-            let now = clock.now_ms();
-            batch::each(c, items, |c, req| {
-                let run =
-                    RunReport { attempt: req.attempt, signal: req.signal, session, retry_backoff, retry_backoff_max };
-                let r = NewReport {
-                    delivery_id: &req.delivery_id,
-                    holder: Holder { instance_id: &req.instance_id, claim_token: &req.claim_token },
-                    report_id: &req.report_id,
-                    outcome: req.outcome,
-                    exit_code: req.exit_code,
-                    duration_ms: req.duration_ms,
-                    result: req.result.as_deref(),
-                    reason: req.reason.as_deref(),
-                };
-                let (attempt, duplicate, retry_at_ms) = report::report_run(c, &host, &r, &run, now)?;
-                Ok(ReportResponse { attempt, delivery_id: req.delivery_id, duplicate, retry_at_ms })
-            })
-        })
-        .await?;
+    let backoff = Backoff { base: state.limits.retry_backoff, max: state.limits.retry_backoff_max };
+    let node = NodeAt { host: caller.name.clone(), session };
+    let outcomes = state.store.report_batch(node, items, backoff).await?;
     crash_point("hub.report.after_commit");
     state.turns.contact(&caller.name, session, state.clock.now_ms());
     let mut recorded = false;

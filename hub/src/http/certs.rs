@@ -11,10 +11,10 @@
 //! Invariant: an entry read from the record is kept only when the counter did not move while it
 //! was read, so a status read before a revocation is never cached after it.
 
-use crate::store::hosts::{self, CertStatus};
-use crate::store::{Readers, StoreResult};
+use crate::store::hosts::CertStatus;
+use crate::store::{Store, StoreResult};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
@@ -49,15 +49,14 @@ impl CertCache {
 
     /// The standing of the certificate `serial` (`None`: not in the record, which is never
     /// cached), from the cache or else from the record.
-    pub async fn status(&self, readers: &Arc<Readers>, serial: &str) -> StoreResult<Option<CertStatus>> {
+    pub async fn status(&self, store: &Store, serial: &str) -> StoreResult<Option<CertStatus>> {
         let generation = *self.changes.borrow();
         if let Some(found) = self.cached(generation, serial) {
             metrics::counter!("baton_hub_cert_cache_total", "result" => "hit").increment(1);
             return Ok(Some(found));
         }
         metrics::counter!("baton_hub_cert_cache_total", "result" => "miss").increment(1);
-        let key = serial.to_string();
-        let status = readers.read(move |c| hosts::cert_status(c, &key)).await?;
+        let status = store.cert_status(serial.to_string()).await?;
         if let Some(s) = &status {
             self.keep(generation, serial, s.clone());
         }

@@ -14,7 +14,7 @@ mod node;
 mod producer;
 
 use crate::config::Limits;
-use crate::store::{Readers, StoreError, Writer};
+use crate::store::{Store, StoreError};
 use crate::tls::PeerIdentityExt;
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::StatusCode;
@@ -35,10 +35,8 @@ use tokio_util::sync::CancellationToken;
 
 /// Everything a handler needs, shared by all requests.
 pub struct Shared {
-    /// The single writer.
-    pub writer: Writer,
-    /// Read connections.
-    pub readers: Arc<Readers>,
+    /// The hub's record: the one door to it.
+    pub store: Store,
     /// Wakes waiting claims when work may have become claimable: per host (fan-out, a due
     /// retry) or all of them (a lift, a release, a CLI change).
     pub work: Work,
@@ -486,7 +484,7 @@ impl FromRequestParts<AppState> for Caller {
         // Parsed once when the connection was accepted (`tls`), not per request.
         let peer = parts.extensions.get::<PeerIdentityExt>().ok_or_else(|| unknown("no client certificate".into()))?;
         let id = peer.0.as_ref().as_ref().map_err(|e| unknown(e.clone()))?;
-        match state.certs.status(&state.readers, &id.serial).await? {
+        match state.certs.status(&state.store, &id.serial).await? {
             None => Err(unknown(format!("certificate {} is not in the hub's record", id.serial))),
             Some(s) if s.revoked => {
                 Err(ApiError::new(ErrorCode::CertificateRevoked, format!("certificate {} was revoked", id.serial)))
@@ -505,7 +503,7 @@ impl Caller {
     /// never data. The standing comes from the cache, which a revocation empties before the
     /// revoking command returns.
     pub async fn recheck(&self, state: &AppState) -> Result<(), ApiError> {
-        match state.certs.status(&state.readers, &self.serial).await? {
+        match state.certs.status(&state.store, &self.serial).await? {
             Some(s) if !s.revoked => Ok(()),
             Some(_) => Err(ApiError::new(
                 ErrorCode::CertificateRevoked,
@@ -974,17 +972,18 @@ mod openapi_tests {
     async fn the_router_serves_every_documented_route() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("hub.db");
+        let clock = baton_shared::clock::system();
         let conn = crate::store::open_write(&path, baton_shared::sqlite::Synchronous::Normal).unwrap();
+        let store = Store::sqlite(conn, &path, clock.clone()).unwrap();
         let state = Arc::new(Shared {
-            writer: Writer::start(conn).unwrap(),
-            readers: Arc::new(Readers::new(path)),
+            store,
             work: Work::default(),
             outcomes: watch::channel(0).0,
             limits: Limits::default(),
             shutdown: CancellationToken::new(),
             ready: AtomicBool::new(true),
             metrics: None,
-            clock: baton_shared::clock::system(),
+            clock,
             turns: TurnState::default(),
             certs: certs::CertCache::new(watch::channel(0).1),
         });

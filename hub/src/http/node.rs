@@ -4,9 +4,7 @@
 //! same transaction that acts).
 
 use super::{ApiError, ApiJson, ApiQuery, AppState, NodeCaller, check_path_id};
-use crate::store::report::{self, NewReport, RunReport};
-use crate::store::transition::Holder;
-use crate::store::{claim, hosts, sessions, turns};
+use crate::store::api::{Backoff, Claimer, HolderOf, NodeAt, Step};
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -68,14 +66,9 @@ pub(super) async fn open_session(
             format!("node_version: at most {NODE_VERSION_CHARS_MAX} characters"),
         ));
     }
-    let host = caller.name.clone();
-    let clock = state.clock.clone();
     let instance = req.instance_id.clone();
-    let rebind = state.limits.rebind;
-    let opened = state
-        .writer
-        .call(move |c| sessions::open(c, &host, &req.instance_id, req.node_version.as_deref(), rebind, clock.now_ms()))
-        .await?;
+    let opened =
+        state.store.open_session(caller.name.clone(), req.instance_id, req.node_version, state.limits.rebind).await?;
     if let Some(previous) = opened.took_over {
         tracing::warn!(
             host = %caller.name,
@@ -104,14 +97,7 @@ pub(super) async fn end_session(
             format!("session: {} is out of range; allowed 1..={SESSION_MAX}", req.session),
         ));
     }
-    let clock = state.clock.clone();
-    state
-        .writer
-        .call(move |c| {
-            sessions::check(c, &caller.name, session)?;
-            sessions::end(c, &caller.name, &req.instance_id, req.session, clock.now_ms())
-        })
-        .await?;
+    state.store.end_session(NodeAt { host: caller.name, session }, req.instance_id, req.session).await?;
     Ok(Json(serde_json::json!({})))
 }
 
@@ -144,15 +130,7 @@ pub(super) async fn starts(
             return Err(ApiError::new(ErrorCode::InvalidField, "attempt: must be at least 1"));
         }
     }
-    let host = caller.name.clone();
-    let clock = state.clock.clone();
-    let results = state
-        .writer
-        .call(move |c| {
-            sessions::check(c, &host, Some(session))?;
-            turns::start(c, &host, &req.instance_id, session, &req.starts, clock.now_ms())
-        })
-        .await?;
+    let results = state.store.start_turns(caller.name.clone(), req.instance_id, session, req.starts).await?;
     state.turns.contact(&caller.name, Some(session), state.clock.now_ms());
     Ok(Json(StartResponse { results }))
 }
@@ -180,41 +158,22 @@ pub(super) async fn claim(
         // Subscribe before looking, so a change between the look and the wait is not missed;
         // only changes for this host (or for all hosts) wake it.
         let mut rx = state.work.watch(&caller.name);
-        let (host, instance, serial) = (caller.name.clone(), req.instance_id.clone(), caller.serial.clone());
-        let rebind = state.limits.rebind;
+        let who = Claimer {
+            host: caller.name.clone(),
+            serial: caller.serial.clone(),
+            instance_id: req.instance_id.clone(),
+            session,
+            rebind: state.limits.rebind,
+        };
         let now = state.clock.now_ms();
         metrics::counter!("baton_hub_claim_looks_total").increment(1);
         // Read first: a claim with nothing claimable opens no write transaction.
-        let (worth, cancels, next_retry) = state
-            .readers
-            .read(move |c| {
-                sessions::check(c, &host, session)?;
-                let who = claim::Claimant { host: &host, serial: Some(&serial), instance_id: &instance, rebind };
-                if claim::worth_claiming(c, who, now)? {
-                    return Ok((true, Vec::new(), None));
-                }
-                Ok((false, turns::cancels_for(c, &host, &instance)?, turns::next_retry_at(c, &host, now)?))
-            })
-            .await?;
-        let (batch, cancels, next_retry, retired) = if !worth {
-            (Vec::new(), cancels, next_retry, false)
+        let look = state.store.claim_look(who.clone(), now).await?;
+        let (batch, cancels, next_retry, retired) = if !look.worth_claiming {
+            (Vec::new(), look.cancels, look.next_retry_at_ms, false)
         } else {
-            let (host, instance, serial) = (caller.name.clone(), req.instance_id.clone(), caller.serial.clone());
-            let rebind = state.limits.rebind;
-            let clock = state.clock.clone();
-            state
-                .writer
-                .call(move |c| {
-                    let now = clock.now_ms();
-                    sessions::check(c, &host, session)?;
-                    let who = claim::Claimant { host: &host, serial: Some(&serial), instance_id: &instance, rebind };
-                    let batch = claim::claim_as(c, who, max, now)?;
-                    let cancels = turns::cancels_for(c, &host, &instance)?;
-                    // A retired host's claim hands out nothing; only an empty one asks why.
-                    let retired = batch.is_empty() && hosts::standing(c, &host)? == hosts::Standing::Retired;
-                    Ok((batch, cancels, turns::next_retry_at(c, &host, now)?, retired))
-                })
-                .await?
+            let c = state.store.claim(who, max).await?;
+            (c.deliveries, c.cancels, c.next_retry_at_ms, c.retired)
         };
         // Told once its claim's transaction committed (its queued work failed `host retired`):
         // a retired host's node stops instead of polling for work it will never get.
@@ -269,14 +228,7 @@ pub(super) async fn holdings(
     ApiQuery(q): ApiQuery<HoldingsQuery>,
 ) -> Result<Json<HoldingsResponse>, ApiError> {
     check_token("instance_id", &q.instance_id)?;
-    let host = caller.name.clone();
-    let deliveries = state
-        .readers
-        .read(move |c| {
-            sessions::check(c, &host, session)?;
-            claim::holdings(c, &host, &q.instance_id)
-        })
-        .await?;
+    let deliveries = state.store.holdings(NodeAt { host: caller.name.clone(), session }, q.instance_id).await?;
     caller.recheck(&state).await?;
     state.turns.contact(&caller.name, session, state.clock.now_ms());
     Ok(Json(HoldingsResponse { deliveries }))
@@ -299,10 +251,6 @@ pub(super) fn check_reason(reason: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// A holder's step on one delivery: `claim::mirrored` or `claim::ack`.
-type HolderStep =
-    fn(&rusqlite::Connection, &str, &str, Holder<'_>, i64) -> crate::store::StoreResult<TransitionResponse>;
-
 /// Runs a holder's step for the caller's host; the caller marks its crash point and answers.
 async fn holder_step(
     caller: crate::http::Caller,
@@ -310,20 +258,13 @@ async fn holder_step(
     session: Option<u64>,
     id: String,
     req: HolderRequest,
-    step: HolderStep,
+    step: Step,
 ) -> Result<TransitionResponse, ApiError> {
     check_path_id("delivery_id", &id)?;
     check_holder(&req)?;
-    let clock = state.clock.clone();
-    let host = caller.name.clone();
-    let r = state
-        .writer
-        .call(move |c| {
-            sessions::check(c, &host, session)?;
-            let h = Holder { instance_id: &req.instance_id, claim_token: &req.claim_token };
-            step(c, &host, &id, h, clock.now_ms())
-        })
-        .await?;
+    let node = NodeAt { host: caller.name.clone(), session };
+    let holder = HolderOf { instance_id: req.instance_id, claim_token: req.claim_token };
+    let r = state.store.holder_step(step, node, id, holder).await?;
     state.turns.contact(&caller.name, session, state.clock.now_ms());
     Ok(r)
 }
@@ -336,7 +277,7 @@ pub(super) async fn mirrored(
     Path(id): Path<String>,
     ApiJson(req): ApiJson<HolderRequest>,
 ) -> Result<Json<TransitionResponse>, ApiError> {
-    let r = holder_step(caller, &state, session, id, req, claim::mirrored).await?;
+    let r = holder_step(caller, &state, session, id, req, Step::Mirrored).await?;
     crash_point("hub.mirrored.after_commit");
     state.outcome_changed();
     Ok(Json(r))
@@ -350,7 +291,7 @@ pub(super) async fn ack(
     Path(id): Path<String>,
     ApiJson(req): ApiJson<HolderRequest>,
 ) -> Result<Json<TransitionResponse>, ApiError> {
-    let r = holder_step(caller, &state, session, id, req, claim::ack).await?;
+    let r = holder_step(caller, &state, session, id, req, Step::Ack).await?;
     crash_point("hub.ack.after_commit");
     state.outcome_changed();
     Ok(Json(r))
@@ -368,16 +309,9 @@ pub(super) async fn reject(
     check_token("instance_id", &req.instance_id)?;
     check_token("claim_token", &req.claim_token)?;
     check_reason(&req.reason)?;
-    let clock = state.clock.clone();
-    let host = caller.name.clone();
-    let r = state
-        .writer
-        .call(move |c| {
-            sessions::check(c, &host, session)?;
-            let h = Holder { instance_id: &req.instance_id, claim_token: &req.claim_token };
-            claim::reject(c, &host, &id, h, &req.reason, clock.now_ms())
-        })
-        .await?;
+    let node = NodeAt { host: caller.name.clone(), session };
+    let holder = HolderOf { instance_id: req.instance_id, claim_token: req.claim_token };
+    let r = state.store.reject(node, id, holder, req.reason).await?;
     state.turns.contact(&caller.name, session, state.clock.now_ms());
     state.outcome_changed();
     Ok(Json(r))
@@ -425,32 +359,9 @@ pub(super) async fn report(
     check_report(&req, &state)?;
     let outcome = req.outcome;
     let delivery_id = req.delivery_id.clone();
-    let clock = state.clock.clone();
-    let host = caller.name.clone();
-    let run = RunReport {
-        attempt: req.attempt,
-        signal: req.signal,
-        session,
-        retry_backoff: state.limits.retry_backoff,
-        retry_backoff_max: state.limits.retry_backoff_max,
-    };
-    let (attempt, duplicate, retry_at_ms) = state
-        .writer
-        .call(move |c| {
-            sessions::check(c, &host, session)?;
-            let r = NewReport {
-                delivery_id: &req.delivery_id,
-                holder: Holder { instance_id: &req.instance_id, claim_token: &req.claim_token },
-                report_id: &req.report_id,
-                outcome: req.outcome,
-                exit_code: req.exit_code,
-                duration_ms: req.duration_ms,
-                result: req.result.as_deref(),
-                reason: req.reason.as_deref(),
-            };
-            report::report_run(c, &host, &r, &run, clock.now_ms())
-        })
-        .await?;
+    let backoff = Backoff { base: state.limits.retry_backoff, max: state.limits.retry_backoff_max };
+    let node = NodeAt { host: caller.name.clone(), session };
+    let (attempt, duplicate, retry_at_ms) = state.store.report(node, req, backoff).await?;
     crash_point("hub.report.after_commit");
     state.turns.contact(&caller.name, session, state.clock.now_ms());
     if !duplicate {

@@ -2,8 +2,8 @@
 //! optional long-poll for outcomes, cancel it, and read a conversation's membership.
 
 use super::{ApiError, ApiJson, ApiQuery, AppState, Caller, ProducerCaller, check_path_id};
-use crate::store::accept::{self, AcceptLimits, Accepted, NewMessage, RetryPolicy};
-use crate::store::{canonical, members, producers, read, turns};
+use crate::store::accept::{AcceptLimits, Accepted, NewMessage, RetryPolicy};
+use crate::store::{canonical, read};
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -95,10 +95,8 @@ pub(super) async fn submit(
     let (msg, retry) = validate(&caller.name, req, &state)?;
     let limits = AcceptLimits { queued_per_host_max: state.limits.queued_per_host_max };
     crash_point("hub.accept.before_txn");
-    let clock = state.clock.clone();
-    // Accept and fan-out in one writer job: one round trip, one commit.
-    let (accepted, deliveries) =
-        state.writer.call(move |c| accept::accept_and_fan_out(c, &msg, retry, limits, clock.now_ms())).await?;
+    // Accept and fan-out in one transaction: one round trip, one commit.
+    let (accepted, deliveries) = state.store.submit(msg, retry, limits).await?;
     let (message_id, seq, duplicate) = match accepted {
         Accepted::New { message_id, seq } => {
             crash_point("hub.accept.after_commit");
@@ -134,10 +132,7 @@ pub(super) async fn cancel(
             format!("reason: must be 1..={REASON_CHARS_MAX} characters"),
         ));
     }
-    let clock = state.clock.clone();
-    let id = message_id.clone();
-    let deliveries =
-        state.writer.call(move |c| turns::cancel_message(c, &id, &caller.name, &req.reason, clock.now_ms())).await?;
+    let deliveries = state.store.cancel_message(message_id.clone(), caller.name, req.reason).await?;
     // Waiting claims of the hosts concerned carry the cancel notice to the node; waiting reads
     // see the outcome.
     state.work_for(deliveries.iter().map(|d| d.host.as_str()));
@@ -175,8 +170,7 @@ pub(super) async fn get_by_key(
 ) -> Result<Json<MessageView>, ApiError> {
     let key = q.idempotency_key.ok_or_else(|| ApiError::new(ErrorCode::InvalidField, "idempotency_key: required"))?;
     check_key("idempotency_key", &key)?;
-    let producer = caller.name.clone();
-    let found = state.readers.read(move |c| read::message_id_by_key(c, &producer, &key)).await?;
+    let found = state.store.message_id_by_key(caller.name.clone(), key).await?;
     let id = found.ok_or_else(|| ApiError::new(ErrorCode::NotFound, "no message with that idempotency key"))?;
     read_waiting(&state, &caller, id, q.wait_ms).await.map(Json)
 }
@@ -207,8 +201,7 @@ async fn wait_for_outcomes(
     let mut settled_at_start = None;
     loop {
         let mut rx = state.outcomes.subscribe();
-        let mid = id.clone();
-        let view = state.readers.read(move |c| read::message_view(c, &mid)).await?;
+        let view = state.store.message_by_id(id.clone()).await?;
         if view.producer != producer {
             return Err(ApiError::new(ErrorCode::NotYours, "that message belongs to another producer"));
         }
@@ -233,12 +226,6 @@ pub(super) async fn get_conversation(
     Path(name): Path<String>,
 ) -> Result<Json<ConversationView>, ApiError> {
     check_name("conversation", &name)?;
-    let view = state
-        .readers
-        .read(move |c| {
-            producers::check_may_post(c, &caller.name, &name)?;
-            members::view(c, &name)
-        })
-        .await?;
+    let view = state.store.conversation_for(caller.name, name).await?;
     Ok(Json(view))
 }

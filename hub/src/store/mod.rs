@@ -1,13 +1,20 @@
-//! The hub's record in SQLite, behind one narrow interface.
+//! The hub's record, behind one narrow interface: `Store` (in `api`).
 //!
-//! Everything the HTTP layer and the CLI may do to the record is a function in this module
-//! tree; nothing outside it writes SQL. The operations are plain synchronous functions over a
-//! `rusqlite::Connection` (inside a write transaction when they change anything), so the HTTP
-//! layer (through `Writer`, the single writer thread with group commit), the CLI (through
-//! `in_write_txn`) and the tests run the same code. A second backend (SPEC §11) replaces these
-//! functions' bodies, not their signatures.
+//! Everything the HTTP layer, the background tasks, the status page, the metrics and the CLI
+//! may do to the record is an async method of `Store`, named for the operation (`submit`,
+//! `claim`, `ack`, `report`, `fence_set`, `repair`, `verify`, ...), taking and returning plain
+//! Rust and wire types and failing with `StoreError`; nothing outside this module tree writes
+//! SQL or holds a connection. `Store` chooses its backend inside (`Backend`, today SQLite
+//! only); a second backend (SPEC §11) is a new variant with an arm in each method, and no
+//! caller changes.
+//!
+//! For SQLite, the operations' bodies are the plain synchronous functions of the modules below,
+//! over a `rusqlite::Connection` (inside a write transaction when they change anything), run by
+//! `Store` through `Writer` (the hub's single writer thread with group commit) and `Readers`,
+//! or in place with `in_write_txn` (the CLI); the unit tests call them directly.
 //!
 //! Layout:
+//! - `api`: `Store`, the one door to the record, and the plain types its operations take.
 //! - `writer`: the writer thread (one owner of the write connection, group commit) and the
 //!   reader pool.
 //! - `transition`: the SPEC §2 transition table and the one guarded update every transition uses.
@@ -35,6 +42,7 @@
 //! default.
 
 pub mod accept;
+pub mod api;
 pub mod audit;
 pub mod backup;
 pub mod batch;
@@ -60,6 +68,7 @@ pub mod turns;
 pub mod verify;
 pub mod writer;
 
+pub use api::Store;
 pub use writer::{Readers, Writer};
 
 use baton_shared::error::ErrorCode;

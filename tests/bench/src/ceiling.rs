@@ -1,18 +1,21 @@
 //! Step 1: the storage ceiling on this disk, measured before anything else runs.
 //!
 //! Two bare-SQLite figures (one small insert per transaction; 64 per transaction), and the
-//! hub's own store cycle run in-process (accept, fan-out, claim, mirrored, ack, report through
-//! `baton_hub::store`), one message per transaction and 64 per transaction. Every database is
-//! opened by `baton_shared::sqlite::open`, so WAL and `synchronous=FULL` are read back, not
-//! assumed.
+//! hub's own store cycle run in-process through the hub's `Store` as the hub serves it (writer
+//! thread, group commit): accept with fan-out, claim, mirrored, ack, report, each one
+//! operation and one transaction, for one message at a time, and for 64 messages at a time
+//! through the batch operations (`submit_batch`, a claim of 64, `holder_steps`,
+//! `report_batch`). Every database is opened by `baton_shared::sqlite::open`, so WAL and
+//! `synchronous=FULL` are read back, not assumed.
 
 use anyhow::Context;
-use baton_hub::store::accept::{self, AcceptLimits, Accepted, NewMessage};
-use baton_hub::store::report::{self, NewReport};
-use baton_hub::store::transition::Holder;
-use baton_hub::store::{self, claim, hosts, in_write_txn};
+use baton_hub::store::accept::{AcceptLimits, Accepted, NewMessage, RetryPolicy};
+use baton_hub::store::api::{Backoff, Claimer, Enrollment, HolderOf, NodeAt, Step};
+use baton_hub::store::{Store, StoreError, StoreResult};
+use baton_shared::ids::Role;
 use baton_shared::sqlite::{self, OpenOptions, Synchronous};
 use baton_shared::states::Outcome;
+use baton_shared::wire::{HolderItem, ReportRequest};
 use rusqlite::Connection;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -32,9 +35,10 @@ pub struct Ceiling {
     pub commits_per_s: f64,
     /// Rows per second at `BATCH_ROWS` inserts per durable commit.
     pub rows_per_s_batch64: f64,
-    /// Full message cycles per second through the hub's store code, one per transaction.
+    /// Full message cycles per second through the hub's `Store`, one message at a time (each
+    /// step one operation and one transaction).
     pub store_cycle_per_s_single: f64,
-    /// Full message cycles per second through the hub's store code, 64 per transaction.
+    /// Full message cycles per second through the hub's `Store`, 64 messages per operation.
     pub store_cycle_per_s_batch64: f64,
 }
 
@@ -50,11 +54,30 @@ pub fn measure(dir: &Path, duration: Duration) -> anyhow::Result<Ceiling> {
     drop(conn);
     remove_db(&path);
     let path = dir.join("ceiling-store.db");
-    let conn = store::open_write(&path, Synchronous::Full).context("opening the store-cycle database")?;
-    in_write_txn(&conn, |c| hosts::add_host(c, CYCLE_HOST, 0))?;
-    let store_cycle_per_s_single = cycle_rate(&conn, "single", 1, duration)?;
-    let store_cycle_per_s_batch64 = cycle_rate(&conn, "batch", BATCH_ROWS, duration)?;
-    drop(conn);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting a runtime")?;
+    let (store_cycle_per_s_single, store_cycle_per_s_batch64) = rt.block_on(async {
+        let store = Store::open_serve(
+            &path,
+            Synchronous::Full,
+            baton_shared::sqlite::Check::Full,
+            baton_shared::clock::system(),
+        )
+        .context("opening the store-cycle database")?;
+        let cycle = Enrollment {
+            role: Role::Node,
+            name: CYCLE_HOST.into(),
+            serial: CYCLE_SERIAL.into(),
+            not_after_unix: i64::from(i32::MAX),
+            scope: None,
+            revoke_old: false,
+        };
+        store.enroll(cycle, "bench".into()).await?;
+        let single = cycle_rate(&store, "single", 1, duration).await?;
+        let batch = cycle_rate(&store, "batch", BATCH_ROWS, duration).await?;
+        anyhow::Ok((single, batch))
+    })?;
+    // The writer thread ends once the store is dropped; wait for the runtime to let it go.
+    drop(rt);
     remove_db(&path);
     Ok(Ceiling { commits_per_s, rows_per_s_batch64, store_cycle_per_s_single, store_cycle_per_s_batch64 })
 }
@@ -86,49 +109,113 @@ fn bare_rate(conn: &Connection, rows: usize, duration: Duration) -> anyhow::Resu
 
 const CYCLE_HOST: &str = "cycle-host";
 const CYCLE_INSTANCE: &str = "cycle-instance";
+/// The serial of the cycle host's certificate (a claim re-checks it).
+const CYCLE_SERIAL: &str = "0c0c1e";
 
-/// Runs `per_txn` full message cycles per durable transaction for `duration` through the hub's
-/// store functions; returns cycles per second. `tag` keeps each run's idempotency keys apart.
-fn cycle_rate(conn: &Connection, tag: &str, per_txn: usize, duration: Duration) -> anyhow::Result<f64> {
+/// Runs full message cycles through `store` for `duration`, `per_op` messages per operation
+/// (one: the single operations; more: the batch ones); returns cycles per second. `tag` keeps
+/// each run's idempotency keys apart.
+async fn cycle_rate(store: &Store, tag: &str, per_op: usize, duration: Duration) -> anyhow::Result<f64> {
     let start = Instant::now();
     let mut done = 0u64;
     let limits = AcceptLimits { queued_per_host_max: u64::MAX };
+    let node = NodeAt { host: CYCLE_HOST.into(), session: None };
+    let backoff = Backoff { base: Duration::from_secs(1), max: Duration::from_secs(60) };
+    let who = Claimer {
+        host: CYCLE_HOST.into(),
+        serial: CYCLE_SERIAL.into(),
+        instance_id: CYCLE_INSTANCE.into(),
+        session: None,
+        rebind: Default::default(),
+    };
     while start.elapsed() < duration {
-        in_write_txn(conn, |c| {
-            for _ in 0..per_txn {
-                let now = baton_shared::clock::system_now_ms();
+        let messages: Vec<(NewMessage, RetryPolicy)> = (0..per_op as u64)
+            .map(|i| {
+                let n = done + i;
                 let msg = NewMessage {
                     producer: "bench".into(),
-                    conversation: format!("cycle-{}", done % 64),
-                    idempotency_key: format!("cycle-{tag}-{done}"),
-                    payload: format!("{{\"i\":{done}}}"),
+                    conversation: format!("cycle-{}", n % 64),
+                    idempotency_key: format!("cycle-{tag}-{n}"),
+                    payload: format!("{{\"i\":{n}}}"),
                     to: vec![CYCLE_HOST.into()],
                 };
-                let Accepted::New { message_id, .. } = accept::accept(c, &msg, limits, now)? else {
-                    return Err(store::StoreError::Invalid("a fresh key was taken as a duplicate".into()));
-                };
-                accept::fan_out(c, &message_id, now)?;
-                for d in claim::claim(c, CYCLE_HOST, CYCLE_INSTANCE, 1, now)? {
-                    let h = Holder { instance_id: CYCLE_INSTANCE, claim_token: &d.claim_token };
-                    claim::mirrored(c, CYCLE_HOST, &d.delivery_id, h, now)?;
-                    claim::ack(c, CYCLE_HOST, &d.delivery_id, h, now)?;
-                    let report_id = format!("r-{}", d.delivery_id);
-                    let r = NewReport {
-                        delivery_id: &d.delivery_id,
-                        holder: h,
-                        report_id: &report_id,
-                        outcome: Outcome::Succeeded,
-                        exit_code: Some(0),
-                        duration_ms: Some(0),
-                        result: None,
-                        reason: None,
-                    };
-                    report::report(c, CYCLE_HOST, &r, now)?;
+                (msg, RetryPolicy::default())
+            })
+            .collect();
+        let accepted: Vec<Accepted> = if per_op == 1 {
+            let (msg, retry) = messages.into_iter().next().context("one message")?;
+            vec![store.submit(msg, retry, limits).await?.0]
+        } else {
+            store
+                .submit_batch(messages, limits)
+                .await?
+                .into_iter()
+                .map(|r| r.map(|(a, _)| a))
+                .collect::<Result<_, _>>()?
+        };
+        if accepted.iter().any(|a| !matches!(a, Accepted::New { .. })) {
+            anyhow::bail!("a fresh key was taken as a duplicate");
+        }
+        let claimed = store.claim(who.clone(), per_op as u32).await?.deliveries;
+        if claimed.len() != per_op {
+            anyhow::bail!("a claim of {per_op} handed out {}", claimed.len());
+        }
+        let items: Vec<HolderItem> = claimed
+            .iter()
+            .map(|d| HolderItem { delivery_id: d.delivery_id.clone(), claim_token: d.claim_token.clone() })
+            .collect();
+        let reports: Vec<ReportRequest> = claimed
+            .iter()
+            .map(|d| ReportRequest {
+                delivery_id: d.delivery_id.clone(),
+                instance_id: CYCLE_INSTANCE.into(),
+                claim_token: d.claim_token.clone(),
+                report_id: format!("r-{}", d.delivery_id),
+                outcome: Outcome::Succeeded,
+                exit_code: Some(0),
+                duration_ms: Some(0),
+                result: None,
+                reason: None,
+                attempt: None,
+                signal: None,
+            })
+            .collect();
+        if per_op == 1 {
+            for (item, report) in items.into_iter().zip(reports) {
+                for step in [Step::Mirrored, Step::Ack] {
+                    let holder = HolderOf { instance_id: CYCLE_INSTANCE.into(), claim_token: item.claim_token.clone() };
+                    store.holder_step(step, node.clone(), item.delivery_id.clone(), holder).await?;
                 }
-                done += 1;
+                store.report(node.clone(), report, backoff).await?;
             }
-            Ok(())
-        })?;
+        } else {
+            for step in [Step::Mirrored, Step::Ack] {
+                all_ok(store.holder_steps(step, node.clone(), CYCLE_INSTANCE.into(), items.clone()).await?)?;
+            }
+            all_ok(store.report_batch(node.clone(), reports, backoff).await?)?;
+        }
+        done += per_op as u64;
     }
     Ok(done as f64 / start.elapsed().as_secs_f64())
+}
+
+/// Fails on the first item of a batch that failed.
+fn all_ok<T>(results: Vec<StoreResult<T>>) -> Result<(), StoreError> {
+    results.into_iter().try_for_each(|r| r.map(drop))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The store cycle runs whole through the hub's `Store`, one message and 64 messages per
+    /// operation, and leaves no file behind.
+    #[test]
+    fn the_store_cycle_runs_through_the_store_and_cleans_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = measure(dir.path(), Duration::from_millis(200)).unwrap();
+        assert!(c.store_cycle_per_s_single > 0.0, "{c:?}");
+        assert!(c.store_cycle_per_s_batch64 > 0.0, "{c:?}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "the databases are removed");
+    }
 }

@@ -240,9 +240,13 @@ fn measure(
     figs.put(
         "hub_store_cycle_per_s_single",
         Some(c.store_cycle_per_s_single),
-        "accept+fan-out+claim+mirrored+ack+report via hub store code, 1 per commit",
+        "accept+fan-out+claim+mirrored+ack+report via the hub's Store, 1 message per operation (a commit each)",
     );
-    figs.put("hub_store_cycle_per_s_batch64", Some(c.store_cycle_per_s_batch64), "the same, 64 per commit");
+    figs.put(
+        "hub_store_cycle_per_s_batch64",
+        Some(c.store_cycle_per_s_batch64),
+        "the same, 64 messages per operation (the batch operations)",
+    );
 
     if !plan.skip_e2e {
         end_to_end(rt, bins, plan, &e2e_root, figs)?;
