@@ -296,3 +296,58 @@ async fn the_same_writes_leave_the_same_counters_and_settlement_on_both_stores()
          h2/c: restarted by d4 after idle"
     );
 }
+
+/// Two hubs end the last two deliveries of one message at once: neither sees the other's change
+/// in its own snapshot, yet the message settles, because the settling trigger locks the message
+/// row first and looks again once the other has committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_final_outcomes_settle_their_message() {
+    let Some(cluster) = cluster_or_skip("concurrent_settlement", false) else { return };
+    let first = postgres(&cluster.url()).await;
+    first
+        .batch_execute(&format!(
+            "INSERT INTO conversations (name, last_seq) VALUES ('c', 1);
+             {}
+             {}; {};
+             {}; {};
+             UPDATE fanout_obligations SET done_at = 5 WHERE message_id = 'm1';",
+            message("m1", 1),
+            delivery("d1", "m1", "h1", 1),
+            delivery("d2", "m1", "h2", 1),
+            to_state("d1", "claimed", 2),
+            to_state("d2", "claimed", 2),
+        ))
+        .await
+        .unwrap();
+
+    first.batch_execute(&format!("BEGIN; {};", to_state("d1", "failed", 10))).await.unwrap();
+    let url = cluster.url();
+    let second = tokio::spawn(async move {
+        let c = postgres(&url).await;
+        c.batch_execute(&format!("BEGIN; {}; COMMIT;", to_state("d2", "failed", 11))).await.unwrap();
+    });
+    // Commit the first only once the second is inside its statement: waiting for the lock or,
+    // were there none, already done.
+    let watcher = postgres(&cluster.url()).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let waiting: i64 = watcher
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if waiting > 0 || second.is_finished() {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the second transaction never reached its update");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    first.batch_execute("COMMIT").await.unwrap();
+    second.await.unwrap();
+    let settled: Option<i64> =
+        watcher.query_one("SELECT settled_at FROM messages WHERE id = 'm1'", &[]).await.unwrap().get(0);
+    assert_eq!(settled, Some(11), "settled by the second outcome, once it saw the first");
+}

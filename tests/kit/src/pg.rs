@@ -368,3 +368,30 @@ fn sweep_leftovers() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drop_removes_the_cluster_and_a_start_sweeps_what_a_killed_run_left() {
+        // The directory of a run that was killed: its owner process is gone.
+        let mut gone = Command::new("true").spawn().unwrap();
+        let gone_pid = gone.id();
+        gone.wait().unwrap();
+        let leftover = tempfile::Builder::new().prefix(DIR_PREFIX).tempdir().unwrap().keep();
+        std::fs::write(leftover.join("owner"), gone_pid.to_string()).unwrap();
+
+        let Some(cluster) = cluster_or_skip("drop_and_sweep", false) else {
+            let _ = std::fs::remove_dir_all(&leftover);
+            return;
+        };
+        assert!(!leftover.exists(), "the start swept the leftover directory");
+        let (dir, port) = (cluster.path().to_owned(), cluster.port());
+        assert!(dir.join("data/PG_VERSION").is_file());
+        assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
+        drop(cluster);
+        assert!(!dir.exists(), "the directory is removed on drop");
+        assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err(), "the server is stopped on drop");
+    }
+}
