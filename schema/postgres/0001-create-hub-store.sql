@@ -13,11 +13,14 @@
 -- PostgreSQL sequence is not: two transactions draw ids 7 and 8, and 8 may commit first, so a
 -- reader that saw 8 and moved its cursor past it never sees 7. A reader of `delivery_events` (or
 -- of `deliveries.n` as a queue position, or of `operator_events`) that resumes "after id N" must
--- therefore not trust ids above the oldest transaction still in flight: it reads only up to
--- `pg_snapshot_xmin(pg_current_snapshot())`'s horizon (ids written by transactions that all
--- committed), or takes the same lock the writers take, before it advances its cursor. Reading
--- a delivery's own events in `id` order stays correct: the transitions of one delivery are
--- serialised by its row lock, so their ids are drawn in their commit order.
+-- therefore do one of two things: either the writers serialise drawing the id with committing
+-- (a transaction-scoped advisory lock taken before the insert), which restores commit order; or
+-- the reader moves its cursor past an id only once every transaction that was in flight when it
+-- read that id has ended (`pg_snapshot_xmin(pg_current_snapshot())` has passed the `xmax` of the
+-- snapshot it read with), reading the range again then, so an id that committed late is seen.
+-- Reading a delivery's own events in `id` order stays correct: the transitions of one delivery
+-- are serialised by its row lock, so their ids are drawn in their commit order. The same holds
+-- for `fences.set_after_event`: the highest id seen is not "every event before it committed".
 
 CREATE TABLE certificates (
     serial        TEXT PRIMARY KEY,             -- lowercase hex
