@@ -20,6 +20,9 @@
 //!   process, started on loopback and waited for until `/readyz` answers over mTLS.
 //! - `node`: `NodeConfig` (the TOML file) and `Node`, one `baton-node run` process.
 //! - `wait`: `until`, the one polling wait with a deadline.
+//! - `pg`: `PgCluster`, a throwaway PostgreSQL server from the installed server binaries
+//!   (`initdb` as an unprivileged user, a free port, optional TLS), and `cluster_or_skip`, the
+//!   skip-or-require rule (`BATON_REQUIRE_POSTGRES`).
 //!
 //! Invariant: every child process started here is owned by a `Proc` (or, for `bins::run`, by
 //! the call), which stops and reaps it; none outlives its owner.
@@ -29,6 +32,7 @@ pub mod bins;
 pub mod hub;
 pub mod identity;
 pub mod node;
+pub mod pg;
 pub mod proc;
 pub mod wait;
 

@@ -1,0 +1,298 @@
+//! The hub's record on PostgreSQL: connecting from a `postgres://` URL (with TLS as the URL's
+//! `sslmode` says) and applying the numbered migrations of `schema/postgres/`.
+//!
+//! - `mod.rs`: `PgUrl` (the parsed URL, and the form of it that is safe to print), `connect`,
+//!   and `PgError`, the one error type, which names what is wrong (the URL, the host, the
+//!   credentials, TLS, the schema) and never carries the password.
+//! - `tls`: `SslMode`, the URL's `sslmode`/`sslrootcert`, and its rustls configuration.
+//! - `migrate`: `MIGRATIONS` and `migrate`, in one transaction under an advisory lock,
+//!   refusing a schema newer than this binary.
+
+pub mod migrate;
+pub mod tls;
+
+pub use migrate::{MIGRATIONS, Migrated, known_version, migrate, schema_version};
+pub use tls::SslMode;
+
+use std::time::Duration;
+use tokio_postgres::Client;
+
+/// How long a connection attempt waits for the server when the URL sets no `connect_timeout`.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why the database could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum PgError {
+    /// The URL does not parse, or names an option this binary does not support.
+    #[error("database URL: {detail}")]
+    Url {
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// No server answered at the URL's address (refused, unreachable, timed out).
+    #[error("cannot reach the database at {url}: {detail}")]
+    Unreachable {
+        /// The URL, without its password.
+        url: String,
+        /// What the connection attempt said.
+        detail: String,
+    },
+    /// The server refused the user, the password or the database.
+    #[error("the database at {url} refused the login: {detail}")]
+    Auth {
+        /// The URL, without its password.
+        url: String,
+        /// What the server said.
+        detail: String,
+    },
+    /// TLS could not be set up: the CA file, the handshake, or the server's certificate.
+    #[error("TLS to the database failed: {detail}")]
+    Tls {
+        /// What failed.
+        detail: String,
+    },
+    /// The database's schema is newer than this binary knows: it is left untouched.
+    #[error(
+        "the database at {url} has schema version {found}, newer than this binary's {known}; refusing to use it \
+         (upgrade the binary)"
+    )]
+    TooNew {
+        /// The URL, without its password.
+        url: String,
+        /// The version in the database.
+        found: i64,
+        /// The newest version this binary knows.
+        known: i64,
+    },
+    /// A migration failed; its transaction was rolled back, so the database is as it was.
+    #[error("the database at {url}: migration {version} failed: {detail}")]
+    Migration {
+        /// The URL, without its password.
+        url: String,
+        /// The migration's number.
+        version: i64,
+        /// What the server said.
+        detail: String,
+    },
+    /// Any other error from the server or the connection.
+    #[error("the database at {url}: {detail}")]
+    Other {
+        /// The URL, without its password.
+        url: String,
+        /// What went wrong.
+        detail: String,
+    },
+}
+
+impl PgError {
+    /// The process exit status for this error (`baton_shared::exit`): a newer schema is a
+    /// refused store (3, like SQLite's), a bad URL is a usage error (2), anything else 4.
+    pub fn exit_code(&self) -> u8 {
+        use baton_shared::exit;
+        match self {
+            PgError::TooNew { .. } => exit::REFUSED,
+            PgError::Url { .. } => exit::USAGE,
+            _ => exit::FAILURE,
+        }
+    }
+
+    /// Classifies a tokio-postgres error from `url` (shown without its password).
+    pub fn from_client(url: &PgUrl, e: &tokio_postgres::Error) -> PgError {
+        use tokio_postgres::error::SqlState;
+        let url_shown = url.shown().to_owned();
+        let detail = describe(e);
+        if let Some(code) = e.code() {
+            if *code == SqlState::INVALID_PASSWORD
+                || *code == SqlState::INVALID_AUTHORIZATION_SPECIFICATION
+                || *code == SqlState::INVALID_CATALOG_NAME
+            {
+                return PgError::Auth { url: url_shown, detail };
+            }
+            return PgError::Other { url: url_shown, detail };
+        }
+        // tokio-postgres does not expose its error kinds; its messages start with them.
+        let text = e.to_string();
+        if text.starts_with("error performing TLS handshake") {
+            PgError::Tls { detail: format!("{url_shown}: {detail}") }
+        } else if text.starts_with("error connecting to server") || text.starts_with("timeout waiting for server") {
+            PgError::Unreachable { url: url_shown, detail }
+        } else if text.starts_with("authentication error") {
+            PgError::Auth { url: url_shown, detail }
+        } else {
+            PgError::Other { url: url_shown, detail }
+        }
+    }
+}
+
+/// The error and its causes on one line (`a: b: c`), the server's message and hint included.
+fn describe(e: &tokio_postgres::Error) -> String {
+    if let Some(db) = e.as_db_error() {
+        let mut s = format!("{} ({})", db.message(), db.code().code());
+        if let Some(hint) = db.hint() {
+            s.push_str("; hint: ");
+            s.push_str(hint);
+        }
+        return s;
+    }
+    let mut s = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        let c = cause.to_string();
+        if !s.contains(&c) {
+            s.push_str(": ");
+            s.push_str(&c);
+        }
+        source = cause.source();
+    }
+    s
+}
+
+/// A parsed `postgres://` (or `postgresql://`) URL: the client configuration, the TLS mode, and
+/// the URL as it may be printed (user, host, port and database; never the password).
+#[derive(Clone)]
+pub struct PgUrl {
+    config: tokio_postgres::Config,
+    ssl: SslMode,
+    shown: String,
+}
+
+impl std::fmt::Debug for PgUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgUrl").field("url", &self.shown).field("ssl", &self.ssl).finish()
+    }
+}
+
+impl PgUrl {
+    /// Parses `url`. `sslmode` and `sslrootcert` are read here (tokio-postgres knows neither
+    /// `verify-ca`/`verify-full` nor CA files); every other parameter is tokio-postgres's.
+    pub fn parse(url: &str) -> Result<PgUrl, PgError> {
+        let (base, query) = match url.split_once('?') {
+            Some((b, q)) => (b, Some(q)),
+            None => (url, None),
+        };
+        if !(base.starts_with("postgres://") || base.starts_with("postgresql://")) {
+            return Err(PgError::Url { detail: "it must start with postgres:// or postgresql://".into() });
+        }
+        let (mut mode, mut root, mut rest) = (None, None, Vec::new());
+        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            match key {
+                "sslmode" => mode = Some(percent_decode(value)?),
+                "sslrootcert" => root = Some(percent_decode(value)?),
+                _ => rest.push(pair),
+            }
+        }
+        let ssl = SslMode::from_params(mode.as_deref(), root.as_deref())?;
+        let client_url = if rest.is_empty() { base.to_owned() } else { format!("{base}?{}", rest.join("&")) };
+        let mut config: tokio_postgres::Config =
+            client_url.parse().map_err(|e: tokio_postgres::Error| PgError::Url { detail: describe(&e) })?;
+        config.ssl_mode(ssl.negotiation());
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(CONNECT_TIMEOUT);
+        }
+        let shown = shown(&config);
+        Ok(PgUrl { config, ssl, shown })
+    }
+
+    /// The URL without its password: `postgres://USER@HOST:PORT/DB`.
+    pub fn shown(&self) -> &str {
+        &self.shown
+    }
+
+    /// The TLS mode.
+    pub fn ssl(&self) -> &SslMode {
+        &self.ssl
+    }
+}
+
+/// `postgres://user@host:port/db` from the parsed configuration (never the password).
+fn shown(config: &tokio_postgres::Config) -> String {
+    use tokio_postgres::config::Host;
+    let hosts: Vec<String> = config
+        .get_hosts()
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            let host = match h {
+                Host::Tcp(name) => name.clone(),
+                Host::Unix(path) => path.display().to_string(),
+            };
+            match config.get_ports().get(i).or(config.get_ports().first()) {
+                Some(port) => format!("{host}:{port}"),
+                None => host,
+            }
+        })
+        .collect();
+    let user = config.get_user().map(|u| format!("{u}@")).unwrap_or_default();
+    let db = config.get_dbname().map(|d| format!("/{d}")).unwrap_or_default();
+    format!("postgres://{user}{}{db}", hosts.join(","))
+}
+
+/// Decodes `%XX` escapes in a URL parameter value.
+fn percent_decode(s: &str) -> Result<String, PgError> {
+    let bad = || PgError::Url { detail: format!("the parameter value {s:?} has a bad %-escape") };
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = s.get(i + 1..i + 3).ok_or_else(bad)?;
+            out.push(u8::from_str_radix(hex, 16).map_err(|_| bad())?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| bad())
+}
+
+/// Connects to the database at `url`. The connection's I/O runs on a spawned task, which ends
+/// (logging why, if with an error) when the returned client is dropped or the server goes away.
+pub async fn connect(url: &PgUrl) -> Result<Client, PgError> {
+    let tls = tokio_postgres_rustls::MakeRustlsConnect::new(url.ssl.client_config()?);
+    let (client, connection) = url.config.connect(tls).await.map_err(|e| PgError::from_client(url, &e))?;
+    let shown = url.shown.clone();
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::warn!(database = %shown, error = %describe(&e), "database connection ended");
+        }
+    });
+    Ok(client)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shown_url_has_no_password() {
+        let url = PgUrl::parse("postgres://baton:s3cret@db.example:5433/record?sslmode=require").unwrap();
+        assert_eq!(url.shown(), "postgres://baton@db.example:5433/record");
+        assert!(!format!("{url:?}").contains("s3cret"));
+        assert_eq!(url.ssl(), &SslMode::Require { root: None });
+    }
+
+    #[test]
+    fn ssl_parameters_are_read_here_and_the_rest_passed_on() {
+        let url = PgUrl::parse(
+            "postgresql://u@127.0.0.1:1/d?application_name=hub&sslmode=verify-full&sslrootcert=%2Fetc%2Fca.pem",
+        )
+        .unwrap();
+        assert_eq!(url.ssl(), &SslMode::VerifyFull { root: "/etc/ca.pem".into() });
+        assert_eq!(url.config.get_application_name(), Some("hub"));
+        assert_eq!(url.config.get_connect_timeout(), Some(&CONNECT_TIMEOUT));
+    }
+
+    #[test]
+    fn a_bad_url_is_a_usage_error_that_names_the_problem() {
+        let e = PgUrl::parse("mysql://x").unwrap_err();
+        assert_eq!(e.exit_code(), baton_shared::exit::USAGE);
+        assert!(e.to_string().contains("postgres://"), "{e}");
+        let e = PgUrl::parse("postgres://u:pw@h/d?sslmode=bogus").unwrap_err();
+        assert!(e.to_string().contains("sslmode=\"bogus\""), "{e}");
+        assert!(!e.to_string().contains("pw"), "{e}");
+        let e = PgUrl::parse("postgres://h/d?sslrootcert=%zz&sslmode=require").unwrap_err();
+        assert!(e.to_string().contains("%-escape"), "{e}");
+    }
+}

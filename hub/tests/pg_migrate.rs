@@ -1,0 +1,160 @@
+//! The PostgreSQL connection and migrations against a real throwaway cluster (skipped without
+//! PostgreSQL server binaries unless `BATON_REQUIRE_POSTGRES=1`): migrations apply once, re-run
+//! does nothing, a newer schema is refused untouched, hubs migrating at once agree, and
+//! connection failures (address, login, TLS) are named without the password.
+
+use baton_hub::pg::{self, PgError, PgUrl};
+use baton_testkit::pg::{PASSWORD, cluster_or_skip};
+
+async fn client(url: &str) -> tokio_postgres::Client {
+    pg::connect(&PgUrl::parse(url).unwrap()).await.unwrap()
+}
+
+async fn table_count(c: &tokio_postgres::Client) -> i64 {
+    c.query_one("SELECT count(*) FROM information_schema.tables WHERE table_schema = current_schema()", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test]
+async fn migrations_apply_to_an_empty_database_and_a_rerun_changes_nothing() {
+    let Some(cluster) = cluster_or_skip("migrations_apply", false) else { return };
+    let url = PgUrl::parse(&cluster.url()).unwrap();
+    let mut c = pg::connect(&url).await.unwrap();
+    assert_eq!(pg::schema_version(&c, &url).await.unwrap(), None);
+
+    let first = pg::migrate(&mut c, &url).await.unwrap();
+    assert_eq!(first, pg::Migrated { from: 0, to: pg::known_version() });
+    assert_eq!(pg::schema_version(&c, &url).await.unwrap(), Some(pg::known_version()));
+    let tables = table_count(&c).await;
+    assert!(tables > 10, "{tables} tables");
+    c.execute("INSERT INTO conversations (name, last_seq) VALUES ('kept', 3)", &[]).await.unwrap();
+
+    let again = pg::migrate(&mut c, &url).await.unwrap();
+    assert!(again.was_current(), "{again:?}");
+    assert_eq!(table_count(&c).await, tables);
+    let kept: i64 = c.query_one("SELECT last_seq FROM conversations WHERE name = 'kept'", &[]).await.unwrap().get(0);
+    assert_eq!(kept, 3);
+}
+
+#[tokio::test]
+async fn a_newer_schema_is_refused_with_both_versions_and_left_untouched() {
+    let Some(cluster) = cluster_or_skip("newer_schema", false) else { return };
+    let url = PgUrl::parse(&cluster.url()).unwrap();
+    let mut c = pg::connect(&url).await.unwrap();
+    pg::migrate(&mut c, &url).await.unwrap();
+    let newer = pg::known_version() + 1;
+    c.execute("UPDATE baton_schema SET version = $1", &[&newer]).await.unwrap();
+
+    let e = pg::migrate(&mut c, &url).await.unwrap_err();
+    assert!(matches!(e, PgError::TooNew { found, known, .. } if found == newer && known == pg::known_version()));
+    assert_eq!(e.exit_code(), baton_shared::exit::REFUSED);
+    let text = e.to_string();
+    assert!(
+        text.contains(&format!("schema version {newer}, newer than this binary's {}", pg::known_version())),
+        "{text}"
+    );
+    assert!(!text.contains(PASSWORD), "{text}");
+    assert_eq!(pg::schema_version(&c, &url).await.unwrap(), Some(newer));
+}
+
+/// Several hubs starting at once: the advisory lock lets one migrate and the others find the
+/// schema current. Without it they race on `CREATE TABLE` and fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hubs_migrating_at_once_all_succeed_with_one_schema() {
+    let Some(cluster) = cluster_or_skip("concurrent_migrations", false) else { return };
+    let url = PgUrl::parse(&cluster.url()).unwrap();
+    let hubs: Vec<_> = (0..4)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move {
+                let mut c = pg::connect(&url).await?;
+                pg::migrate(&mut c, &url).await
+            })
+        })
+        .collect();
+    let mut applied = 0;
+    for hub in hubs {
+        let done = hub.await.unwrap().unwrap();
+        assert_eq!(done.to, pg::known_version());
+        if done.from == 0 {
+            applied += 1;
+        }
+    }
+    assert_eq!(applied, 1, "exactly one hub applies the migrations");
+    let c = client(&cluster.url()).await;
+    let rows: i64 = c.query_one("SELECT count(*) FROM baton_schema", &[]).await.unwrap().get(0);
+    assert_eq!(rows, 1);
+}
+
+#[tokio::test]
+async fn connection_failures_name_the_cause_and_never_the_password() {
+    let Some(cluster) = cluster_or_skip("connection_failures", false) else { return };
+
+    // Nothing listens on this port: the address is named.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let url = PgUrl::parse(&format!("postgres://baton:{PASSWORD}@127.0.0.1:{closed}/baton?sslmode=disable")).unwrap();
+    let e = pg::connect(&url).await.unwrap_err();
+    let text = e.to_string();
+    assert!(matches!(e, PgError::Unreachable { .. }), "{text}");
+    assert!(
+        text.contains(&format!("cannot reach the database at postgres://baton@127.0.0.1:{closed}/baton")),
+        "{text}"
+    );
+    assert!(!text.contains(PASSWORD), "{text}");
+
+    // A wrong password: the login is refused.
+    let wrong = "not-the-password-42";
+    let url =
+        PgUrl::parse(&format!("postgres://baton:{wrong}@127.0.0.1:{}/baton?sslmode=disable", cluster.port())).unwrap();
+    let e = pg::connect(&url).await.unwrap_err();
+    let text = e.to_string();
+    assert!(matches!(e, PgError::Auth { .. }), "{text}");
+    assert!(text.contains("refused the login") && text.contains("password authentication failed"), "{text}");
+    assert!(!text.contains(wrong), "{text}");
+    assert_eq!(e.exit_code(), baton_shared::exit::FAILURE);
+
+    // TLS required from a server without it.
+    let url = PgUrl::parse(&format!("postgres://baton:{PASSWORD}@127.0.0.1:{}/baton?sslmode=require", cluster.port()))
+        .unwrap();
+    let e = pg::connect(&url).await.unwrap_err();
+    assert!(matches!(e, PgError::Tls { .. }), "{e}");
+    assert!(e.to_string().contains("does not support TLS"), "{e}");
+}
+
+async fn uses_tls(c: &tokio_postgres::Client) -> bool {
+    c.query_one("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()", &[]).await.unwrap().get(0)
+}
+
+#[tokio::test]
+async fn verify_full_trusts_the_clusters_ca_and_refuses_another() {
+    let Some(cluster) = cluster_or_skip("tls_verify_full", true) else { return };
+    let ca = cluster.ca_file().unwrap().to_owned();
+
+    for host in ["127.0.0.1", "localhost"] {
+        let c = client(&cluster.tls_url(host, &ca)).await;
+        assert!(uses_tls(&c).await, "verify-full to {host} runs over TLS");
+    }
+    // `require` without a CA file encrypts without checking; `disable` does not encrypt.
+    let plain = cluster.url();
+    let required = plain.replace("sslmode=disable", "sslmode=require");
+    assert!(uses_tls(&client(&required).await).await);
+    assert!(!uses_tls(&client(&plain).await).await);
+    // verify-ca checks the chain only.
+    let verify_ca = cluster.tls_url("127.0.0.1", &ca).replace("verify-full", "verify-ca");
+    assert!(uses_tls(&client(&verify_ca).await).await);
+
+    // A CA that did not sign the server's certificate is refused, naming TLS and why.
+    let dir = tempfile::tempdir().unwrap();
+    let other = dir.path().join("other-ca.pem");
+    std::fs::write(&other, baton_shared::pki::create_ca("another ca").unwrap().cert_pem).unwrap();
+    for mode in ["verify-full", "verify-ca"] {
+        let url = PgUrl::parse(&cluster.tls_url("127.0.0.1", &other).replace("verify-full", mode)).unwrap();
+        let e = pg::connect(&url).await.unwrap_err();
+        let text = e.to_string();
+        assert!(matches!(e, PgError::Tls { .. }), "{mode}: {text}");
+        assert!(text.starts_with("TLS to the database failed") && text.contains("UnknownIssuer"), "{mode}: {text}");
+        assert!(!text.contains(PASSWORD), "{text}");
+    }
+}
