@@ -200,7 +200,7 @@ fn the_record_is_reached_only_through_the_store() {
 
 #[test]
 fn migrations_are_numbered_without_gaps() {
-    for store in ["hub", "node"] {
+    for store in ["hub", "node", "postgres"] {
         let mut numbers: Vec<u32> = std::fs::read_dir(root().join("schema").join(store))
             .unwrap()
             .flatten()

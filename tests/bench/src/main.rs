@@ -66,6 +66,10 @@ struct Cli {
     /// is how the store cycle is profiled (valgrind --tool=callgrind baton-bench --skip-e2e …).
     #[arg(long)]
     skip_e2e: bool,
+    /// Skip step 2b (fairness), e.g. when profiling the end-to-end passes alone
+    /// (`tests/bench/profile.py`).
+    #[arg(long)]
+    skip_fairness: bool,
     /// Keep the temporary directory (databases, logs, configs) and print where it is; a failed
     /// run always keeps it.
     #[arg(long)]
@@ -93,6 +97,7 @@ struct Plan {
     backlog_sizes: Vec<usize>,
     backlog_claims: usize,
     skip_e2e: bool,
+    skip_fairness: bool,
     quick: bool,
 }
 
@@ -137,6 +142,7 @@ impl Plan {
             },
             backlog_claims: cli.backlog_claims.unwrap_or(if q { 50 } else { 200 }).max(1),
             skip_e2e: cli.skip_e2e,
+            skip_fairness: cli.skip_fairness,
             quick: q,
         })
     }
@@ -250,6 +256,8 @@ fn measure(
 
     if !plan.skip_e2e {
         end_to_end(rt, bins, plan, &e2e_root, figs)?;
+    }
+    if !plan.skip_e2e && !plan.skip_fairness {
         let (heavy, light) = if plan.quick { FAIRNESS_QUICK } else { FAIRNESS_FULL };
         progress(&format!("step 2b: fairness, {light} light turns while {heavy} heavy ones drain"));
         let f = fairness::run(rt, bins, &root.join("fairness"), heavy, light, plan.node_parallel)?;
@@ -346,8 +354,16 @@ fn end_to_end(
     let rate = (r.e2e_deliveries_per_s / 2.0).max(1.0);
     let half_messages = ((rate * plan.half_load.as_secs_f64()) as usize).max(20);
     progress(&format!("step 2: half-load pass, {half_messages} messages at {rate:.0}/s"));
-    let h = run(&pass("half", half_messages, Some(rate), Harness::Noop))?;
-    figs.put("half_load_rate_per_s", Some(rate), "offered rate: half the no-op pass's e2e deliveries/s");
+    // A steady stream: each message in its own request on its own schedule, as many
+    // independent producers offer load. A batch of 64 arriving at once would measure how long
+    // one burst takes to drain, not the latency of a hub at half load.
+    let half = e2e::Pass { submit_batch: 1, ..pass("half", half_messages, Some(rate), Harness::Noop) };
+    let h = run(&half)?;
+    figs.put(
+        "half_load_rate_per_s",
+        Some(rate),
+        "offered rate, one message per request: half the no-op pass's e2e deliveries/s",
+    );
     record_pass(figs, "half_load_", &h);
 
     progress(&format!("step 2: /bin/true pass, {} messages", plan.true_messages));
