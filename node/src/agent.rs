@@ -16,7 +16,7 @@ use crate::client::Hub;
 use crate::config::NodeConfig;
 use crate::exec::Gate;
 use crate::group;
-use crate::limits::BACKOFF_BASE;
+use crate::limits::{BACKOFF_BASE, HANDOFFS_IN_FLIGHT_MAX};
 use crate::shared_state::Shared;
 use crate::store::{CancelLocal, ExecState, Mirrored, ReportState, Store, StoreError};
 use crate::{report, retention, sched};
@@ -432,13 +432,6 @@ async fn claim_loop<H: Hub>(sh: &Arc<Shared<H>>) -> anyhow::Result<()> {
     }
     result
 }
-
-/// Claim batches whose mirror and handoff may run while the next claim waits at the hub, so
-/// work that arrives during a handoff is claimed at once rather than after it. Each
-/// delivery's own steps stay in order (mirror commit, `mirrored`, ack, gate); turns of one
-/// conversation still start in sequence order whichever batch's ack lands first, since only a
-/// conversation's lowest queued turn may start.
-const HANDOFFS_IN_FLIGHT_MAX: usize = 2;
 
 /// What a finished claim-batch handoff means for the claim loop: only a store failure (or a
 /// task that panicked) stops the node; the hub's refusals and shutdown were handled inside.

@@ -114,3 +114,12 @@ const _: () = assert!(CLAIM_BATCH_MAX_DEFAULT <= CLAIM_BATCH_MAX_RANGE.1);
 const _: () = assert!(RESULT_BYTES_MAX_DEFAULT <= RESULT_BYTES_MAX_RANGE.1);
 const _: () = assert!(BACKOFF_BASE.as_millis() <= BACKOFF_MAX_RANGE.0.as_millis());
 const _: () = assert!(BACKOFF_BASE.as_millis() <= RECONNECT_PAUSE_MAX.as_millis());
+
+/// Claim batches whose mirror and handoff may run while the next claim waits at the hub, so
+/// work that arrives during a handoff is claimed at once rather than after it. Their
+/// deliveries count toward `queue_ahead_batches` (configurable) until they are handed off, so
+/// that key still bounds what the node holds unstarted. Each delivery's own steps stay in order
+/// (mirror commit, `mirrored`, ack, gate); turns of one conversation still start in sequence
+/// order whichever batch's ack lands first, since only a conversation's lowest queued turn may
+/// start.
+pub const HANDOFFS_IN_FLIGHT_MAX: usize = 2;

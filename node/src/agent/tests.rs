@@ -75,6 +75,8 @@ struct HubState {
     batches: Vec<String>,
     /// Moves to another hub of the node's list (`Hub::hub_moves`), made by a test.
     moves: u64,
+    /// When set, each `mirrored` batch waits for a permit of this semaphore first.
+    mirrored_gate: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 #[derive(Clone, Default)]
@@ -375,6 +377,10 @@ impl Hub for FakeHub {
     }
 
     async fn mirrored_batch(&self, items: Vec<HolderItem>) -> Result<Vec<ItemAnswer<TransitionResponse>>, ClientError> {
+        let gate = self.with(|s| s.mirrored_gate.clone());
+        if let Some(gate) = gate {
+            let _permit = gate.acquire().await.unwrap();
+        }
         self.holder_batch("mirrored", items)
     }
 
@@ -549,6 +555,33 @@ async fn claims_mirror_ack_run_and_report_each_turn_once() {
     });
     let last = open_db(dir.path()).last_session().unwrap().unwrap();
     assert_eq!((last.session, last.took_over, last.ended.as_deref()), (1, None, Some("clean")));
+}
+
+#[tokio::test]
+async fn work_arriving_during_a_handoff_is_claimed_before_the_handoff_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = FakeHub::default();
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    hub.with(|s| {
+        s.queue.push_back(delivery("h1", "h", 1));
+        s.mirrored_gate = Some(gate.clone());
+    });
+    let node = start(config(dir.path(), &recording(dir.path())), &hub);
+    // From here the first batch's handoff waits at `mirrored` until the gate opens.
+    wait_until("the first delivery is claimed", || hub.with(|s| s.held.contains_key("h1"))).await;
+    hub.with(|s| s.queue.push_back(delivery("g1", "g", 1)));
+    wait_until("the second delivery is claimed while the first handoff still waits", || {
+        hub.with(|s| s.held.contains_key("g1"))
+    })
+    .await;
+    hub.with(|s| {
+        assert_eq!(s.held["h1"].1, DeliveryState::Claimed, "the first handoff has not gone past mirrored");
+    });
+    gate.add_permits(16);
+    wait_until("both reports", || hub.with(|s| s.reports.len() == 2)).await;
+    node.stop().await;
+    let ran = lines(&dir.path().join("ran"));
+    assert_eq!(ran.len(), 2, "each turn ran once: {ran:?}");
 }
 
 #[tokio::test]
