@@ -10,7 +10,7 @@
 //!
 //! Invariant: a batch's results are one per item, in the order of the items.
 
-use super::{StoreError, StoreResult};
+use super::{StoreError, StoreResult, control};
 use rusqlite::Connection;
 
 /// The savepoint each item runs in (nested in the writer's job savepoint).
@@ -19,13 +19,6 @@ const ITEM_SAVEPOINT: &str = "SAVEPOINT batch_item";
 const ITEM_RELEASE: &str = "RELEASE batch_item";
 /// Drops an item's changes (then `ITEM_RELEASE` ends its savepoint).
 const ITEM_ROLLBACK: &str = "ROLLBACK TO batch_item";
-
-/// Runs one transaction-control statement through the connection's statement cache: these run
-/// several times per item, and `execute_batch` would parse them every time.
-pub(crate) fn control(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
-    conn.prepare_cached(sql)?.execute([])?;
-    Ok(())
-}
 
 /// Runs `apply` on every item in its own savepoint, in order, and returns one result per item.
 /// An item's error (other than a storage failure) rolls back that item only; a storage failure

@@ -384,6 +384,14 @@ pub fn in_write_txn<R>(conn: &Connection, f: impl FnOnce(&Connection) -> StoreRe
     }
 }
 
+/// Runs one transaction-control statement (`BEGIN IMMEDIATE`, `SAVEPOINT x`, `RELEASE x`,
+/// `ROLLBACK TO x`, `COMMIT`) through the connection's statement cache: the writer and every
+/// batch item run these, and `execute_batch` would parse them on every use.
+pub(crate) fn control(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([])?;
+    Ok(())
+}
+
 /// A random, unguessable token (122 bits), as 32 hex characters.
 pub fn new_token() -> String {
     uuid::Uuid::new_v4().simple().to_string()

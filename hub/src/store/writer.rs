@@ -109,7 +109,7 @@ fn run_batch(conn: &Connection, jobs: &mut Vec<Job>) {
     let started = std::time::Instant::now();
     metrics::histogram!("baton_hub_write_batch_jobs").record(jobs.len() as f64);
     metrics::counter!("baton_hub_writer_jobs_total").increment(jobs.len() as u64);
-    if let Err(e) = super::batch::control(conn, "BEGIN IMMEDIATE") {
+    if let Err(e) = super::control(conn, "BEGIN IMMEDIATE") {
         tracing::error!(error = %e, "cannot begin a write transaction");
         for job in jobs.drain(..) {
             let (_, reply) = job(None);
@@ -125,22 +125,22 @@ fn run_batch(conn: &Connection, jobs: &mut Vec<Job>) {
             replies.push(reply);
             continue;
         }
-        if let Err(e) = super::batch::control(conn, "SAVEPOINT job") {
+        if let Err(e) = super::control(conn, "SAVEPOINT job") {
             poisoned = Some(e.to_string());
             let (_, reply) = job(None);
             replies.push(reply);
             continue;
         }
         let (ok, reply) = job(Some(conn));
-        let rolled_back = if ok { Ok(()) } else { super::batch::control(conn, "ROLLBACK TO job") };
-        if let Err(e) = rolled_back.and_then(|()| super::batch::control(conn, "RELEASE job")) {
+        let rolled_back = if ok { Ok(()) } else { super::control(conn, "ROLLBACK TO job") };
+        if let Err(e) = rolled_back.and_then(|()| super::control(conn, "RELEASE job")) {
             poisoned = Some(e.to_string());
         }
         replies.push(reply);
     }
     let outcome: StoreResult<()> = match poisoned {
         Some(e) => Err(StoreError::Storage(e)),
-        None => super::batch::control(conn, "COMMIT").map_err(StoreError::from),
+        None => super::control(conn, "COMMIT").map_err(StoreError::from),
     };
     if let Err(e) = &outcome {
         tracing::error!(error = %e, "write transaction failed; rolled back");
