@@ -41,13 +41,7 @@ impl Hub {
     pub fn open(dir: DataDir, config: HubConfig, clock: SharedClock) -> anyhow::Result<Hub> {
         dir.check_private().map_err(anyhow::Error::msg)?;
         let lock = DirLock::acquire(&dir)?;
-        if config.synchronous != Synchronous::Full {
-            tracing::warn!(
-                "synchronous = {:?}: answers are no longer promised to survive a power failure",
-                config.synchronous
-            );
-        }
-        let store = Store::open_serve(&dir.db(), config.synchronous, config.startup_check, clock)?;
+        let store = open_store(&dir, &config, clock)?;
         let repaired = repair(&store).context("startup repair")?;
         if repaired > 0 {
             tracing::info!(repaired, "startup repair completed fan-out a crash interrupted");
@@ -71,9 +65,15 @@ impl Hub {
         let tls_config = tls::server_config(&self.dir)?;
         let (outcomes, _) = watch::channel(0u64);
         let metrics = install_metrics();
-        // CLI changes (the wake socket) bump this counter; the certificate cache follows it.
+        // CLI changes (the wake socket, or another hub's record notice) bump this counter; the
+        // certificate cache follows it.
         let (wake_tx, mut wake_rx) = watch::channel(0u64);
+        let wake_tx = Arc::new(wake_tx);
         let clock = self.store.clock().clone();
+        // Hubs sharing a PostgreSQL record tell each other what each commit made claimable.
+        let origin = crate::pg::notify::Origin::fresh();
+        let peers =
+            self.config.database_url.clone().map(|url| crate::pg::notify::Announcer::start(url, origin, &shutdown));
         let shared = Arc::new(Shared {
             store: self.store,
             work: Default::default(),
@@ -85,7 +85,24 @@ impl Hub {
             clock,
             turns: Default::default(),
             certs: crate::http::certs::CertCache::new(wake_tx.subscribe()),
+            peers,
         });
+        if let Some(url) = self.config.database_url.clone() {
+            let (heard, record) = (shared.clone(), wake_tx.clone());
+            // What other hubs (and CLI commands against the database) committed wakes the
+            // waiters here; a record change is taken as a CLI change is (below).
+            crate::pg::notify::listen(
+                url,
+                origin,
+                move |notice| {
+                    heard.heard(&notice);
+                    if notice.has_record() {
+                        record.send_modify(|n| *n = n.wrapping_add(1));
+                    }
+                },
+                shutdown.clone(),
+            );
+        }
         // SIGHUP, and CLI changes (below), reload the TLS files (`renew --server`, `ca ...`).
         match baton_shared::signal::hangups() {
             Ok(h) => drop(tokio::spawn(tls::reload_on_hangups(tls_config.clone(), h, shutdown.clone()))),
@@ -282,6 +299,42 @@ fn install_metrics() -> Option<metrics_exporter_prometheus::PrometheusHandle> {
 fn repair(store: &Store) -> anyhow::Result<usize> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting a runtime")?;
     Ok(rt.block_on(store.repair())?)
+}
+
+/// Warns when the configuration file, which may hold the database's password, is open to
+/// other users (`init` writes it 0600 when it holds `database_url`).
+fn warn_if_readable(config_file: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    if let Ok(meta) = std::fs::metadata(config_file)
+        && meta.permissions().mode() & 0o077 != 0
+    {
+        tracing::warn!(
+            file = %config_file.display(),
+            mode = format!("{:04o}", meta.permissions().mode() & 0o7777),
+            "the configuration may hold the database's password and other users may read it: chmod 600 it"
+        );
+    }
+}
+
+/// Opens the record where the configuration says: the SQLite file in `dir` (checked as
+/// `startup_check` says; `synchronous` below full is warned about), or the PostgreSQL database
+/// of `database_url` (connected and migrated on a runtime of its own, as the hub's starts only
+/// once it is open; `synchronous` and `startup_check` are about the SQLite file and do not
+/// apply: PostgreSQL's durability is its server's, and the server checks its own pages).
+fn open_store(dir: &DataDir, config: &HubConfig, clock: SharedClock) -> anyhow::Result<Store> {
+    if let Some(url) = &config.database_url {
+        tracing::info!(database = %url.shown(), "the record is in PostgreSQL; synchronous and startup_check do not apply");
+        warn_if_readable(&dir.config());
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting a runtime")?;
+        return Ok(rt.block_on(Store::open_postgres(url, clock))?);
+    }
+    if config.synchronous != Synchronous::Full {
+        tracing::warn!(
+            "synchronous = {:?}: answers are no longer promised to survive a power failure",
+            config.synchronous
+        );
+    }
+    Store::open_serve(&dir.db(), config.synchronous, config.startup_check, clock)
 }
 
 #[cfg(test)]

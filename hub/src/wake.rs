@@ -19,7 +19,11 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 /// Listens on `path` and bumps `changes` for every connection, until `shutdown`.
-pub async fn listen(path: &Path, changes: watch::Sender<u64>, shutdown: CancellationToken) -> std::io::Result<()> {
+pub async fn listen(
+    path: &Path,
+    changes: std::sync::Arc<watch::Sender<u64>>,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
     let _ = std::fs::remove_file(path);
     let listener = tokio::net::UnixListener::bind(path)?;
     let path = path.to_path_buf();

@@ -17,6 +17,10 @@ pub struct Cli {
     /// Operator name recorded with changes.
     #[arg(long, global = true, env = "BATON_OPERATOR")]
     pub operator: Option<String>,
+    /// Where the record is (the `database_url` key; read with the configuration's layers, so
+    /// this flag beats `BATON_HUB_DATABASE_URL`, which beats `hub.toml`).
+    #[arg(long, global = true, value_name = "URL", help = crate::config::DATABASE_URL.flag_help())]
+    pub database_url: Option<String>,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -25,11 +29,22 @@ pub struct Cli {
 /// Operator commands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Create the data directory, the database, the CA and the hub's server certificate.
+    /// Create the data directory, the database, the CA and the hub's server certificate. With a
+    /// `database_url` (`--database-url`, or BATON_HUB_DATABASE_URL) the record is that
+    /// PostgreSQL database, migrated here, and no SQLite file is made; the URL is written into
+    /// `hub.toml` (mode 0600, as it may hold a password).
     Init {
         /// Extra DNS names or IP addresses nodes dial (localhost, 127.0.0.1 and ::1 are always included).
         #[arg(long = "hostname", value_name = "NAME")]
         hostnames: Vec<String>,
+        /// Take the CA from an existing hub's data directory (its `ca.crt` and `ca.key`) instead
+        /// of making a new one: a second hub joining the same PostgreSQL record must use the CA
+        /// its node and producer certificates were issued under. This hub's server certificate
+        /// is its own. Without it, a PostgreSQL record already in use (hosts enrolled or
+        /// messages sent) is refused. The record does not store which CA issued its
+        /// certificates: every hub on it must be given the same one.
+        #[arg(long, value_name = "DIR")]
+        ca_from: Option<PathBuf>,
     },
     /// Run the hub. Every configuration key is also a flag here (and an environment variable
     /// everywhere): a flag beats the environment, which beats the file.
@@ -150,13 +165,16 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Write a consistent copy of the database while the hub runs.
+    /// Write a consistent copy of the database while the hub runs. SQLite only: a record in
+    /// PostgreSQL (`database_url`) is refused (exit 2); back it up with PostgreSQL's own tools
+    /// (`pg_dump`, or a base backup with WAL archiving).
     Backup {
         /// The copy's path (must not exist).
         #[arg(long)]
         out: PathBuf,
     },
-    /// Check the record's invariants offline; lists every problem found.
+    /// Check the record's invariants offline; lists every problem found. On PostgreSQL every
+    /// invariant is checked but the file's integrity check (the server checks its own pages).
     Verify {
         /// Print JSON.
         #[arg(long)]
@@ -216,11 +234,25 @@ pub enum Command {
     /// before anything is replaced; the replaced database is kept aside, next to it, under a
     /// name printed at the end. The record goes back to the backup's moment: messages accepted
     /// after it are forgotten with their idempotency keys (a producer's retry of such a key is a
-    /// new message) and work handed out after it may be handed out, and run, again.
+    /// new message) and work handed out after it may be handed out, and run, again. SQLite
+    /// only: a record in PostgreSQL (`database_url`) is refused (exit 2); restore it with
+    /// PostgreSQL's own tools (`pg_restore`, or point-in-time recovery), then run `verify`.
     Restore {
         /// The backup file (`baton-hub backup --out FILE`).
         #[arg(long, value_name = "BACKUP")]
         from: PathBuf,
+    },
+    /// Move this hub's whole record to another backend, with no hub serving this data
+    /// directory: from its SQLite file to an empty PostgreSQL database (`--to postgres://...`),
+    /// or from its PostgreSQL database (`database_url`) to a new SQLite file (`--to PATH`). The
+    /// copy is one transaction into an empty record; then both records are compared row by row
+    /// and both verified. The source is left unchanged; the command prints the one setting to
+    /// change to serve from the target.
+    Migrate {
+        /// The target: `postgres://...` (with `sslmode`/`sslrootcert` as for `database_url`),
+        /// or the path of a new SQLite file.
+        #[arg(long, value_name = "TARGET")]
+        to: String,
     },
     /// Remove settled messages now, before their retention window ends: one message, or every
     /// message of a conversation, with their deliveries, events and attempts. Never an
@@ -568,7 +600,8 @@ pub enum DeliveriesCmd {
 #[derive(Debug, Subcommand)]
 pub enum ConfigCmd {
     /// Validate the configuration (default DIR/hub.toml, with the environment's BATON_HUB_* keys
-    /// over it) and exit 0 (valid) or 2 (invalid).
+    /// and `--database-url` over it) and exit 0 (valid) or 2 (invalid); says where the record
+    /// is (a PostgreSQL URL without its password).
     Check {
         /// The file.
         #[arg(long)]

@@ -2,7 +2,8 @@
 //! database), `enroll` and `renew` (a node's or producer's certificate), `revoke`.
 
 use super::args::Enroll;
-use super::{CliError, CliResult, Context, output};
+use super::{CliError, CliResult, Context, Record, output};
+use crate::config::{DATABASE_URL, process_env};
 use crate::store::Store;
 use crate::store::api::{By, Enrollment as Recorded};
 use crate::wake;
@@ -31,9 +32,13 @@ pub(super) fn write_new(path: &Path, contents: &str, private: bool) -> CliResult
     Ok(())
 }
 
-/// `init`: creates the data directory, the CA, the server certificate, the configuration
-/// template and the database. Refuses a directory that is already initialised.
-pub(super) fn init(ctx: &Context, hostnames: &[String]) -> CliResult {
+/// `init`: creates the data directory, the CA (new, or `ca_from` an existing hub's), the server
+/// certificate, the configuration template and the record: the SQLite file, or, when a
+/// `database_url` is configured, the PostgreSQL database migrated (no SQLite file) with the URL
+/// written into `hub.toml` (0600: it may hold a password). Refuses a directory that is already
+/// initialised, and a PostgreSQL record already in use when the CA is not taken from a hub of
+/// it. A refusal creates nothing.
+pub(super) fn init(ctx: &Context, hostnames: &[String], ca_from: Option<&Path>) -> CliResult {
     let dir = &ctx.dir;
     if dir.ca_cert().exists() || dir.db().exists() {
         return Err(CliError::usage(format!(
@@ -41,37 +46,105 @@ pub(super) fn init(ctx: &Context, hostnames: &[String]) -> CliResult {
             dir.root().display()
         )));
     }
+    let config = ctx.config(None)?;
+    let shared_ca = ca_from.map(read_ca_from).transpose()?;
+    if let Some(url) = &config.database_url {
+        check_joining(ctx, url, shared_ca.is_some())?;
+    }
     {
         use std::os::unix::fs::DirBuilderExt;
         std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir.root())?;
     }
     // A directory that existed already may be looser than 0700: tighten it before any file.
     dir.tighten().map_err(|e| CliError::failure(format!("{}: {e}", dir.root().display())))?;
-    let ca = pki::create_ca("Baton hub CA").map_err(|e| CliError::failure(e.to_string()))?;
+    let (ca_cert, ca_key) = match shared_ca {
+        Some(pair) => pair,
+        None => {
+            let ca = pki::create_ca("Baton hub CA").map_err(|e| CliError::failure(e.to_string()))?;
+            (ca.cert_pem, ca.key_pem)
+        }
+    };
+    let names = server_names(hostnames);
+    let server =
+        pki::issue(&ca_cert, &ca_key, &LeafKind::Server { hostnames: names.clone(), lifetime: pki::SERVER_VALIDITY })
+            .map_err(|e| CliError::usage(e.to_string()))?;
+    write_new(&dir.ca_key(), &ca_key, true)?;
+    write_new(&dir.ca_cert(), &ca_cert, false)?;
+    write_new(&dir.server_key(), &server.key_pem, true)?;
+    write_new(&dir.server_cert(), &server.cert_pem, false)?;
+    // The URL as the highest layer that gave it was written (the file's own needs no copy).
+    let url_text = ctx.database_url.clone().or_else(|| process_env(DATABASE_URL.name.env)).filter(|u| !u.is_empty());
+    if !dir.config().exists() {
+        let private = url_text.is_some();
+        write_new(&dir.config(), &crate::config::template_with(url_text.as_deref()), private)?;
+    }
+    let record = match &config.database_url {
+        Some(url) => format!("the record in PostgreSQL at {}", url.shown()),
+        None => {
+            drop(Store::open_write(&dir.db(), baton_shared::sqlite::Synchronous::Full, ctx.clock.clone())?);
+            // SQLite creates the database (and later its -wal and -shm, with the same mode)
+            // under the umask; make it the owner's alone.
+            dir.tighten().map_err(|e| CliError::failure(format!("{}: {e}", dir.root().display())))?;
+            format!("the record in {}", dir.db().display())
+        }
+    };
+    let ca = match ca_from {
+        Some(src) => format!("the CA taken from {}", src.display()),
+        None => "a new CA".to_string(),
+    };
+    output::line(format!("initialised {} (server names: {}; {ca}; {record})", dir.root().display(), names.join(", ")))
+}
+
+/// The names `init`'s server certificate carries: the loopback ones and every `--hostname`.
+fn server_names(hostnames: &[String]) -> Vec<String> {
     let mut names: Vec<String> = vec!["localhost".into(), "127.0.0.1".into(), "::1".into()];
     for h in hostnames {
         if !names.contains(h) {
             names.push(h.clone());
         }
     }
-    let server = pki::issue(
-        &ca.cert_pem,
-        &ca.key_pem,
-        &LeafKind::Server { hostnames: names.clone(), lifetime: pki::SERVER_VALIDITY },
-    )
-    .map_err(|e| CliError::usage(e.to_string()))?;
-    write_new(&dir.ca_key(), &ca.key_pem, true)?;
-    write_new(&dir.ca_cert(), &ca.cert_pem, false)?;
-    write_new(&dir.server_key(), &server.key_pem, true)?;
-    write_new(&dir.server_cert(), &server.cert_pem, false)?;
-    if !dir.config().exists() {
-        write_new(&dir.config(), &crate::config::template(), false)?;
+    names
+}
+
+/// Connects to the PostgreSQL record at `url` and migrates it, as `serve` will; refuses (exit
+/// 2) a record already in use when the CA is a new one (`shared_ca` false). The record stores
+/// no CA, so which one issued its certificates cannot be checked; but a record in use (hosts
+/// enrolled, messages sent) was made under some hub's CA, which a new one would not verify.
+fn check_joining(ctx: &Context, url: &crate::pg::PgUrl, shared_ca: bool) -> CliResult {
+    let record = Record::postgres(url, ctx.clock.clone())?;
+    let seen = record.run(record.status())?;
+    if (seen.hosts > 0 || seen.messages > 0) && !shared_ca {
+        return Err(CliError::usage(format!(
+            "the database at {} already holds a record ({} enrolled host(s), {} message(s)) made under the CA \
+             of the hubs that serve it, which a new CA would not verify: join with `baton-hub init --ca-from \
+             DIR`, DIR being the data directory of a hub that serves it",
+            url.shown(),
+            seen.hosts,
+            seen.messages
+        )));
     }
-    drop(Store::open_write(&dir.db(), baton_shared::sqlite::Synchronous::Full, ctx.clock.clone())?);
-    // SQLite creates the database (and later its -wal and -shm, with the same mode) under the
-    // umask; make it the owner's alone.
-    dir.tighten().map_err(|e| CliError::failure(format!("{}: {e}", dir.root().display())))?;
-    output::line(format!("initialised {} (server names: {})", dir.root().display(), names.join(", ")))
+    Ok(())
+}
+
+/// The CA of the hub whose data directory is `src` (`ca.crt`, every CA it trusts, and
+/// `ca.key`, the issuing one's key), checked to belong together, for a hub that joins the
+/// record it serves.
+fn read_ca_from(src: &Path) -> Result<(String, String), CliError> {
+    let other = crate::datadir::DataDir::new(src);
+    let read = |p: &Path| {
+        std::fs::read_to_string(p)
+            .map_err(|e| CliError::usage(format!("--ca-from {}: cannot read {}: {e}", src.display(), p.display())))
+    };
+    let (cert, key) = (read(&other.ca_cert())?, read(&other.ca_key())?);
+    pki::issuing_cert(&cert, &key).map_err(|e| {
+        CliError::usage(format!(
+            "--ca-from {}: {} is not the key of a CA in {}: {e}",
+            src.display(),
+            other.ca_key().display(),
+            other.ca_cert().display()
+        ))
+    })?;
+    Ok((cert, key))
 }
 
 /// `enroll node|producer NAME --out DIR`.

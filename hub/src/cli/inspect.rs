@@ -82,8 +82,13 @@ fn expiring(subject: &str, serial: &str, not_after_unix: i64, now_unix: i64) -> 
     Attention { kind: "certificate_expiring", subject: subject.to_string(), detail }
 }
 
+/// What `backup` says to use instead on PostgreSQL.
+const BACKUP_ON_POSTGRES: &str =
+    "back it up with PostgreSQL's own tools (pg_dump, or a base backup with WAL archiving)";
+
 /// `backup --out FILE`: a consistent copy, checked, while the hub may run.
 pub(super) fn backup(ctx: &Context, path: &Path) -> CliResult {
+    ctx.require_sqlite("backup", BACKUP_ON_POSTGRES)?;
     if path.exists() {
         return Err(CliError::usage(format!("{} exists; refusing to overwrite it", path.display())));
     }
@@ -105,8 +110,13 @@ pub(super) fn verify(ctx: &Context, json: bool) -> CliResult {
     }
 }
 
-/// `config check`: validates the configuration `serve` would start with (but its flags).
+/// `config check`: validates the configuration `serve` would start with (but its flags other
+/// than the global ones), and says where the record is (a URL without its password).
 pub(super) fn config_check(ctx: &Context, file: Option<&Path>) -> CliResult {
-    ctx.config(file)?;
-    output::line("configuration is valid")
+    let config = ctx.config(file)?;
+    let record = match &config.database_url {
+        Some(url) => format!("PostgreSQL at {}", url.shown()),
+        None => ctx.dir.db().display().to_string(),
+    };
+    output::line(format!("configuration is valid (record: {record})"))
 }

@@ -25,6 +25,12 @@
 //! commands open it to change (the strict open; each operation one transaction; the hub may or
 //! may not be running, the backend serialises the writers) and then wake a running hub through
 //! its socket.
+//!
+//! Where the record is comes from the configuration (`database_url`, whose `--database-url`
+//! flag is global): the SQLite file of the data directory, or a PostgreSQL database, which
+//! every command opens as `serve` does (connected, migrated) and whose server serialises the
+//! writers of every hub and command. Commands about the SQLite file itself (`backup`,
+//! `restore`) refuse there, naming PostgreSQL's tools.
 
 mod args;
 mod audit;
@@ -36,6 +42,7 @@ mod hosts;
 mod identity;
 mod inspect;
 mod manuals;
+mod migrate;
 mod output;
 mod purge;
 mod restore;
@@ -96,6 +103,12 @@ impl From<baton_shared::sqlite::OpenError> for CliError {
     }
 }
 
+impl From<crate::pg::PgError> for CliError {
+    fn from(e: crate::pg::PgError) -> Self {
+        CliError::new(e.exit_code(), e.to_string())
+    }
+}
+
 impl From<std::io::Error> for CliError {
     fn from(e: std::io::Error) -> Self {
         CliError::failure(e.to_string())
@@ -126,12 +139,19 @@ pub struct Context {
     pub operator: String,
     /// Wall-clock time for everything stored.
     pub clock: SharedClock,
+    /// `--database-url`, the flag layer of the `database_url` key.
+    pub database_url: Option<String>,
 }
 
 impl Context {
     /// The context of `cli`, with the system clock.
     pub fn new(cli: &Cli, clock: SharedClock) -> Context {
-        Context { dir: DataDir::new(&cli.data_dir), operator: operator_name(cli.operator.as_deref()), clock }
+        Context {
+            dir: DataDir::new(&cli.data_dir),
+            operator: operator_name(cli.operator.as_deref()),
+            clock,
+            database_url: cli.database_url.clone(),
+        }
     }
 
     /// Now, for storing.
@@ -140,11 +160,31 @@ impl Context {
     }
 
     /// The configuration as every command but `serve` sees it: the data directory's file, then
-    /// the environment.
+    /// the environment, then the global flags (`--database-url`).
     pub fn config(&self, file: Option<&Path>) -> Result<HubConfig, CliError> {
+        self.config_with(file, &Flags::none())
+    }
+
+    /// The configuration from `file` (or the data directory's), the environment and `flags`
+    /// with the global flags added.
+    pub fn config_with(&self, file: Option<&Path>, flags: &Flags) -> Result<HubConfig, CliError> {
         let config_file = self.dir.config();
-        let sources = Sources { file, default_file: &config_file, env: &process_env, flags: &Flags::none() };
+        let flags = flags.with_global(&crate::config::DATABASE_URL, self.database_url.as_deref());
+        let sources = Sources { file, default_file: &config_file, env: &process_env, flags: &flags };
         HubConfig::load(sources).map_err(CliError::usage)
+    }
+
+    /// Refuses a command that works on the SQLite file (`command`) when the record is in
+    /// PostgreSQL, saying what to use there instead (`instead`): exit 2.
+    pub fn require_sqlite(&self, command: &str, instead: &str) -> CliResult {
+        match self.config(None)?.database_url {
+            None => Ok(()),
+            Some(url) => Err(CliError::usage(format!(
+                "{command} works on the SQLite file of a data directory; this hub's record is in PostgreSQL at \
+                 {}: {instead}",
+                url.shown()
+            ))),
+        }
     }
 
     /// Tells "not initialised" from "permission denied" before SQLite is asked (which would
@@ -156,7 +196,12 @@ impl Context {
 
     /// The record, to read only, without a whole-file check. A database whose schema is older
     /// than this binary is migrated first (through the write path), as the next `serve` would.
+    /// In PostgreSQL (`database_url`), the database is connected to and migrated like `serve`
+    /// does, whichever of the two is asked for.
     pub fn open_read(&self) -> Result<Record, CliError> {
+        if let Some(url) = self.config(None)?.database_url {
+            return Record::postgres(&url, self.clock.clone());
+        }
         self.require_db()?;
         let record = Record::new(Store::open_read(&self.dir.db(), self.clock.clone())?)?;
         if record.run(record.schema_version())? >= store::MIGRATIONS.len() as i64 {
@@ -170,14 +215,32 @@ impl Context {
 
     /// The record, to change: the strict open (checked, migrated, pragmas asserted).
     pub fn open_write(&self) -> Result<Record, CliError> {
-        self.require_db()?;
         let config = self.config(None)?;
+        if let Some(url) = &config.database_url {
+            return Record::postgres(url, self.clock.clone());
+        }
+        self.require_db()?;
         Record::new(Store::open_write(&self.dir.db(), config.synchronous, self.clock.clone())?)
     }
 
     /// Tells a running hub that the record changed, so waiting long-polls look again.
     pub fn wake_hub(&self) {
         wake::notify(&self.dir.wake_socket());
+        // Hubs serving the same PostgreSQL record from other data directories (and machines)
+        // hear of the change through the database. The change is committed either way: a
+        // failure here delays what those hubs' waiters see, and is reported, not fatal.
+        if let Ok(HubConfig { database_url: Some(url), .. }) = self.config(None) {
+            let told =
+                tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string()).and_then(
+                    |rt| {
+                        rt.block_on(crate::pg::notify::announce_once(&url, &crate::pg::notify::Notice::record()))
+                            .map_err(|e| e.to_string())
+                    },
+                );
+            if let Err(e) = told {
+                eprintln!("warning: the change is committed, but other hubs were not told at once ({e})");
+            }
+        }
     }
 }
 
@@ -191,10 +254,14 @@ pub struct Record {
 impl Record {
     /// `store`, with a runtime of its own.
     fn new(store: Store) -> Result<Record, CliError> {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| CliError::failure(format!("starting the async runtime: {e}")))?;
+        Ok(Record { store, rt: runtime()? })
+    }
+
+    /// The record in the PostgreSQL database at `url` (connected, migrated), with a runtime of
+    /// its own.
+    pub fn postgres(url: &crate::pg::PgUrl, clock: SharedClock) -> Result<Record, CliError> {
+        let rt = runtime()?;
+        let store = rt.block_on(Store::open_postgres(url, clock))?;
         Ok(Record { store, rt })
     }
 
@@ -209,6 +276,14 @@ impl std::ops::Deref for Record {
     fn deref(&self) -> &Store {
         &self.store
     }
+}
+
+/// The small runtime a command's store operations run on.
+fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::failure(format!("starting the async runtime: {e}")))
 }
 
 /// Why the database file could not be opened, told apart: not there (not initialised) or not
@@ -247,7 +322,7 @@ pub fn run(cli: &Cli) -> CliResult {
     logging::init(LogFormat::Text);
     match &cli.command {
         Command::Serve { .. } => Err(CliError::failure("serve is run above")),
-        Command::Init { hostnames } => identity::init(&ctx, hostnames),
+        Command::Init { hostnames, ca_from } => identity::init(&ctx, hostnames, ca_from.as_deref()),
         Command::Enroll(e) => identity::enroll_cmd(&ctx, e),
         Command::Renew { name, server, out, days, revoke_old } => match (name, out) {
             (Some(name), Some(out)) if !*server => identity::renew(&ctx, name, out, *days, *revoke_old),
@@ -285,6 +360,7 @@ pub fn run(cli: &Cli) -> CliResult {
         Command::Ca(CaCmd::RetireOld) => ca::retire_old(&ctx),
         Command::Certs(CertsCmd::List { name, json }) => identity::certs(&ctx, name.as_deref(), *json),
         Command::Restore { from } => restore::restore(&ctx, from),
+        Command::Migrate { to } => migrate::migrate(&ctx, to),
         Command::Purge { message, conversation, dry_run, reason } => {
             purge::purge(&ctx, message.as_deref(), conversation.as_deref(), *dry_run, reason)
         }

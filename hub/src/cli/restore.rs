@@ -57,6 +57,11 @@ fn io_err(what: &str, path: &Path, e: std::io::Error) -> CliError {
 
 /// Runs `restore`.
 pub(super) fn restore(ctx: &Context, from: &Path) -> CliResult {
+    ctx.require_sqlite(
+        "restore",
+        "restore it with PostgreSQL's own tools (pg_restore of a pg_dump, or point-in-time recovery), then run \
+         `baton-hub verify`",
+    )?;
     let root = ctx.dir.root().display().to_string();
     if !ctx.dir.ca_cert().exists() {
         return Err(CliError::new(

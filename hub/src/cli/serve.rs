@@ -2,7 +2,7 @@
 //! the store, bind, announce the address, and serve until SIGTERM or SIGINT.
 
 use super::{CliError, CliResult, Context, output};
-use crate::config::{Flags, HubConfig, Sources, process_env};
+use crate::config::Flags;
 use crate::lock::LockError;
 use crate::server::Hub;
 use baton_shared::exit;
@@ -12,11 +12,11 @@ use std::path::Path;
 /// Runs the hub in the foreground.
 pub(super) fn serve(ctx: &Context, file: Option<&Path>, flags: &Flags) -> CliResult {
     let dir = &ctx.dir;
-    let config_file = dir.config();
-    let sources = Sources { file, default_file: &config_file, env: &process_env, flags };
-    let config = HubConfig::load(sources).map_err(CliError::usage)?;
+    let config = ctx.config_with(file, flags)?;
     logging::init(config.log_format);
-    if !dir.db().exists() || !dir.ca_cert().exists() {
+    // On PostgreSQL the record is not in the data directory; its files (CA, certificate) are.
+    let record_missing = config.database_url.is_none() && !dir.db().exists();
+    if record_missing || !dir.ca_cert().exists() {
         return Err(CliError::new(
             exit::REFUSED,
             format!("{} is not initialised; run `baton-hub init` first", dir.root().display()),
@@ -25,7 +25,12 @@ pub(super) fn serve(ctx: &Context, file: Option<&Path>, flags: &Flags) -> CliRes
     let mut hub = Hub::open(dir.clone(), config.clone(), ctx.clock.clone()).map_err(|e| {
         let refused = e.chain().any(|c| c.downcast_ref::<baton_shared::sqlite::OpenError>().is_some());
         let held = e.chain().any(|c| matches!(c.downcast_ref::<LockError>(), Some(LockError::Held { .. })));
-        let code = if refused && !held { exit::REFUSED } else { exit::FAILURE };
+        let pg = e.chain().find_map(|c| c.downcast_ref::<crate::pg::PgError>()).map(|p| p.exit_code());
+        let code = match pg {
+            Some(code) if !held => code,
+            _ if refused && !held => exit::REFUSED,
+            _ => exit::FAILURE,
+        };
         CliError::new(code, format!("{e:#}"))
     })?;
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -108,6 +108,10 @@ pub enum KeyKind {
         /// The default.
         default: &'static str,
     },
+    /// A `postgres://` URL naming the database that holds the record, or empty (the default)
+    /// for the SQLite file in the data directory. It may carry a password, so it is never
+    /// printed whole (see `crate::pg::PgUrl::shown`).
+    DatabaseUrl,
     /// One word of a fixed set.
     Choice {
         /// The default.
@@ -145,7 +149,8 @@ pub const SYNCHRONOUS: Key = Key {
     name: key_name!(None, "synchronous", "synchronous", "BATON_HUB_SYNCHRONOUS"),
     kind: KeyKind::Choice { default: "full", allowed: &["full", "normal"] },
     doc: "\"full\": every answer is on stable storage; \"normal\" is faster and may lose answered \
-          changes on power failure (warned about)",
+          changes on power failure (warned about). SQLite only: PostgreSQL's durability is its server's \
+          (synchronous_commit)",
 };
 /// `startup_check`.
 pub const STARTUP_CHECK: Key = Key {
@@ -153,7 +158,18 @@ pub const STARTUP_CHECK: Key = Key {
     kind: KeyKind::Choice { default: "full", allowed: &["full", "quick"] },
     doc: "what `serve` checks of the database before it listens: \"full\" (integrity_check: \
           every index against its table) or \"quick\" (quick_check: page structure only; \
-          several times faster on a large file, but a damaged index is not found)",
+          several times faster on a large file, but a damaged index is not found). SQLite only: ignored \
+          when database_url names PostgreSQL, whose server checks its own pages",
+};
+/// `database_url`.
+pub const DATABASE_URL: Key = Key {
+    name: key_name!(None, "database_url", "database-url", "BATON_HUB_DATABASE_URL"),
+    kind: KeyKind::DatabaseUrl,
+    doc: "where the record is: empty (the default) for the SQLite file DIR/hub.db, or \
+          \"postgres://USER:PASSWORD@HOST:PORT/DB?sslmode=verify-full&sslrootcert=FILE\" for a PostgreSQL \
+          database that several hubs may share (sslmode: disable, prefer, require, verify-ca, verify-full). \
+          Keep a file that holds a password mode 0600. The flag is global: every command that opens the \
+          record takes it",
 };
 /// `shutdown_grace`.
 pub const SHUTDOWN_GRACE: Key = Key {
@@ -393,8 +409,9 @@ pub const INSTANCE_REBIND_WINDOW_KEY: Key = Key {
 };
 
 /// Every key, in the order of the template.
-pub const KEYS: [&Key; 30] = [
+pub const KEYS: [&Key; 31] = [
     &LISTEN,
+    &DATABASE_URL,
     &SYNCHRONOUS,
     &STARTUP_CHECK,
     &SHUTDOWN_GRACE,
@@ -445,6 +462,7 @@ impl Key {
             KeyKind::Duration { min, max, .. } => format!("{}..={}", humanize(min), humanize(max)),
             KeyKind::Addr { .. } => "ADDR:PORT".to_string(),
             KeyKind::AddrOrOff { .. } => "ADDR:PORT or \"off\"".to_string(),
+            KeyKind::DatabaseUrl => "\"\" or a postgres:// URL".to_string(),
             KeyKind::Choice { allowed, .. } => {
                 allowed.iter().map(|a| format!("{a:?}")).collect::<Vec<_>>().join(" or ")
             }
@@ -459,19 +477,51 @@ impl Key {
             KeyKind::Addr { default } | KeyKind::AddrOrOff { default } | KeyKind::Choice { default, .. } => {
                 format!("{default:?}")
             }
+            KeyKind::DatabaseUrl => "\"\"".to_string(),
         }
     }
 
+    /// Whether the key's flag is global (given before or after any command, not only to `serve`):
+    /// `database_url`, since every command that opens the record must know where it is.
+    pub fn flag_is_global(&self) -> bool {
+        matches!(self.kind, KeyKind::DatabaseUrl)
+    }
+
+    /// The flag's `--help` text: the doc, the key's other names, its default and range.
+    pub fn flag_help(&self) -> String {
+        format!(
+            "{} [env: {}] [file: {}] [default: {}] [allowed: {}]",
+            self.doc,
+            self.name.env,
+            self.name.field(),
+            self.default_toml().trim_matches('"'),
+            self.range()
+        )
+    }
+
     /// The placeholder `--help` shows for the flag's value.
-    pub(super) fn value_name(&self) -> &'static str {
+    pub fn value_name(&self) -> &'static str {
         match self.kind {
             KeyKind::Int { .. } => "N",
             KeyKind::Duration { .. } => "DURATION",
             KeyKind::Addr { .. } => "ADDR:PORT",
             KeyKind::AddrOrOff { .. } => "ADDR:PORT|off",
+            KeyKind::DatabaseUrl => "URL",
             KeyKind::Choice { .. } => "WORD",
         }
     }
+}
+
+/// The commented configuration `init` writes, with `database_url` set (uncommented) to
+/// `database_url` when one is given.
+pub fn template_with(database_url: Option<&str>) -> String {
+    let text = template();
+    let Some(url) = database_url else {
+        return text;
+    };
+    let commented = format!("# {} = {}\n", DATABASE_URL.name.name, DATABASE_URL.default_toml());
+    let set = format!("{} = {}\n", DATABASE_URL.name.name, toml::Value::String(url.to_string()));
+    text.replacen(&commented, &set, 1)
 }
 
 /// The commented configuration `init` writes: every key with its doc, range, environment

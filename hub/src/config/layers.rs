@@ -2,6 +2,7 @@
 //! key, and the typed, range-checked reading of each key's values.
 
 use super::keys::{KEYS, Key, KeyKind, LISTEN_DEFAULT, humanize};
+use crate::pg::{PgError, PgUrl};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -136,6 +137,29 @@ impl Merged {
         self.resolve(key, default, |raw, source| parse(text(raw, &field, source)?, source))
     }
 
+    /// The `database_url` key: `None` for the SQLite file (empty, the default), else the parsed
+    /// URL. A malformed one is refused naming the key, what is wrong and where it came from,
+    /// never with its password.
+    pub(super) fn database_url(&self, key: &Key) -> Result<Option<PgUrl>, String> {
+        let KeyKind::DatabaseUrl = key.kind else {
+            return Err(format!("{}: not a database URL key", key.name.field()));
+        };
+        let field = key.name.field();
+        self.resolve(key, None, |raw, source| {
+            let value = text(raw, &field, source)?;
+            if value.is_empty() {
+                return Ok(None);
+            }
+            PgUrl::parse(value).map(Some).map_err(|e| {
+                let detail = match e {
+                    PgError::Url { detail } => detail,
+                    other => other.to_string(),
+                };
+                source.tell(format!("{field} is not a usable PostgreSQL URL: {detail}"))
+            })
+        })
+    }
+
     pub(super) fn choice(&self, key: &Key) -> Result<&'static str, String> {
         let KeyKind::Choice { default, allowed } = key.kind else {
             return Err(format!("{}: not a choice key", key.name.field()));
@@ -172,6 +196,16 @@ impl Flags {
     pub fn none() -> Flags {
         Flags::default()
     }
+
+    /// These flags with a global key's flag (`--database-url`) given as `value`, when given.
+    pub fn with_global(&self, key: &Key, value: Option<&str>) -> Flags {
+        let mut flags = self.clone();
+        if let Some(v) = value {
+            flags.given.retain(|(k, _)| k != key);
+            flags.given.push((*key, v.to_string()));
+        }
+        flags
+    }
 }
 
 impl clap::FromArgMatches for Flags {
@@ -182,7 +216,7 @@ impl clap::FromArgMatches for Flags {
     }
 
     fn update_from_arg_matches(&mut self, m: &clap::ArgMatches) -> Result<(), clap::Error> {
-        for key in KEYS {
+        for key in KEYS.into_iter().filter(|key| !key.flag_is_global()) {
             let value = m
                 .try_get_one::<String>(key.name.flag)
                 .map_err(|e| clap::Error::raw(clap::error::ErrorKind::ArgumentConflict, e))?;
@@ -197,16 +231,11 @@ impl clap::FromArgMatches for Flags {
 
 impl clap::Args for Flags {
     fn augment_args(cmd: clap::Command) -> clap::Command {
-        KEYS.iter().fold(cmd, |cmd, key| {
-            let help = format!(
-                "{} [env: {}] [file: {}] [default: {}] [allowed: {}]",
-                key.doc,
-                key.name.env,
-                key.name.field(),
-                key.default_toml().trim_matches('"'),
-                key.range()
-            );
-            cmd.arg(clap::Arg::new(key.name.flag).long(key.name.flag).value_name(key.value_name()).help(help))
+        // A global key's flag is defined once, on the whole command line (`cli::Cli`).
+        KEYS.iter().filter(|key| !key.flag_is_global()).fold(cmd, |cmd, key| {
+            cmd.arg(
+                clap::Arg::new(key.name.flag).long(key.name.flag).value_name(key.value_name()).help(key.flag_help()),
+            )
         })
     }
 
@@ -215,10 +244,26 @@ impl clap::Args for Flags {
     }
 }
 
+/// A file that is not TOML, named with what is wrong. The parser's message quotes the line it
+/// stopped on, which could be `database_url`'s and hold a password: then only the line number
+/// and the reason are given.
+fn syntax_error(text: &str, shown: &str, e: &toml::de::Error) -> String {
+    let line_of = |at: usize| text.get(..at).map(|before| before.matches('\n').count() + 1);
+    match e.span().and_then(|span| line_of(span.start).map(|n| (n, span))) {
+        Some((n, _)) if text.lines().nth(n - 1).is_some_and(|l| l.contains(DATABASE_URL_FIELD)) => {
+            format!("{shown}: line {n}: {}", e.message())
+        }
+        _ => format!("{shown}: {e}"),
+    }
+}
+
+/// The name of the one key whose value must never be printed whole.
+const DATABASE_URL_FIELD: &str = "database_url";
+
 /// Reads the file's keys into `merged`, refusing a key no `Key` declares.
 pub(super) fn read_file(text: &str, path: &Path, merged: &mut Merged) -> Result<(), String> {
     let shown = path.display();
-    let table: toml::Table = toml::from_str(text).map_err(|e| format!("{shown}: {e}"))?;
+    let table: toml::Table = toml::from_str(text).map_err(|e| syntax_error(text, &shown.to_string(), &e))?;
     for (name, value) in table {
         match value {
             toml::Value::Table(inner) if KEYS.iter().any(|k| k.name.section == Some(name.as_str())) => {

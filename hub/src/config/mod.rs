@@ -109,6 +109,9 @@ impl Default for Limits {
 pub struct HubConfig {
     /// Where to listen.
     pub listen: SocketAddr,
+    /// Where the record is: `None` for the SQLite file in the data directory, else the
+    /// PostgreSQL database several hubs may share.
+    pub database_url: Option<crate::pg::PgUrl>,
     /// SQLite `synchronous`; anything below full is warned about at start.
     pub synchronous: Synchronous,
     /// What `serve` checks of the database file before it listens.
@@ -251,6 +254,7 @@ impl HubConfig {
         };
         Ok(HubConfig {
             listen: m.addr(&LISTEN)?,
+            database_url: m.database_url(&DATABASE_URL)?,
             synchronous,
             startup_check,
             limits,
@@ -364,10 +368,17 @@ mod tests {
     #[test]
     fn every_key_is_named_by_the_rule_and_is_a_flag() {
         let cmd = Flags::augment_args(clap::Command::new("serve"));
+        let cli = <crate::cli::Cli as clap::CommandFactory>::command();
         for key in KEYS {
             assert_eq!(key.name.flag, key.name.name.replace('_', "-"));
             assert_eq!(key.name.env, format!("{ENV_PREFIX}{}", key.name.name.to_ascii_uppercase()));
-            assert!(cmd.get_arguments().any(|a| a.get_long() == Some(key.name.flag)), "{}", key.name.flag);
+            let flag = |a: &clap::Arg| a.get_long() == Some(key.name.flag);
+            if key.flag_is_global() {
+                assert!(cli.get_arguments().any(|a| flag(a) && a.is_global_set()), "{} is global", key.name.flag);
+                assert!(!cmd.get_arguments().any(flag), "{} is defined once", key.name.flag);
+            } else {
+                assert!(cmd.get_arguments().any(flag), "{}", key.name.flag);
+            }
         }
         cmd.debug_assert();
     }
@@ -394,6 +405,54 @@ mod tests {
         assert_eq!((c.listen.port(), c.limits.claim_batch_max, c.limits.retention.as_secs()), (2, 7, 7200));
         let c = layered(file, &env, &["--claim-batch-max", "9", "--listen", "127.0.0.1:3"]).unwrap();
         assert_eq!((c.listen.port(), c.limits.claim_batch_max, c.limits.retention.as_secs()), (3, 9, 7200));
+    }
+
+    /// Where the record is: the SQLite file unless a layer names a PostgreSQL URL; a flag beats
+    /// the environment, which beats the file, as for every key.
+    #[test]
+    fn database_url_is_layered_like_every_key() {
+        let shown = |c: HubConfig| c.database_url.map(|u| u.shown().to_string());
+        assert_eq!(shown(layered("", &[], &[]).unwrap()), None, "SQLite is the default");
+        assert_eq!(shown(layered("database_url = \"\"\n", &[], &[]).unwrap()), None, "empty is SQLite");
+        let file = "database_url = \"postgres://f:pw@file.example/rec\"\n";
+        assert_eq!(shown(layered(file, &[], &[]).unwrap()).as_deref(), Some("postgres://f@file.example:5432/rec"));
+        let env = [("BATON_HUB_DATABASE_URL", "postgres://e@env.example/rec")];
+        assert_eq!(shown(layered(file, &env, &[]).unwrap()).as_deref(), Some("postgres://e@env.example:5432/rec"));
+        let flags = Flags::none().with_global(&DATABASE_URL, Some("postgres://g@flag.example/rec"));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hub.toml");
+        std::fs::write(&path, file).unwrap();
+        let lookup = |var: &str| (var == "BATON_HUB_DATABASE_URL").then(|| "postgres://e@env.example/rec".to_string());
+        let c = HubConfig::load(Sources { file: None, default_file: &path, env: &lookup, flags: &flags }).unwrap();
+        assert_eq!(shown(c).as_deref(), Some("postgres://g@flag.example:5432/rec"));
+        assert!(template().contains("# database_url = \"\"\n"), "the template documents the key, unset");
+        let written = template_with(Some("postgres://u:p\"w@h/d"));
+        let c = HubConfig::from_toml(&written).unwrap();
+        assert_eq!(shown(c).as_deref(), Some("postgres://u@h:5432/d"), "the written URL reads back");
+    }
+
+    /// A malformed URL is refused naming the key, what is wrong and the layer, never the
+    /// password.
+    #[test]
+    fn a_bad_database_url_is_named_without_its_password() {
+        for (file, env, words) in [
+            ("database_url = \"mysql://u:s3cret@h/d\"\n", None, "must start with postgres://"),
+            ("", Some("postgres://u:s3cret@h/d?sslmode=sometimes"), "sslmode=\"sometimes\""),
+            ("", Some("postgres://u:s3cret@h:port/d"), "port"),
+            ("database_url = \"postgres://u:s3cret@h/d\n", None, "line 1"),
+            ("database_url = \"postgres://u:s3cret@h/d?sslmode=verify-full\"\n", None, "sslrootcert"),
+        ] {
+            let env: Vec<(&str, &str)> = env.map(|v| ("BATON_HUB_DATABASE_URL", v)).into_iter().collect();
+            let e = layered(file, &env, &[]).unwrap_err();
+            assert!(e.contains(words), "{e}");
+            assert!(!e.contains("s3cret"), "the password is never printed: {e}");
+            if !env.is_empty() {
+                assert!(
+                    e.contains("database_url is not a usable PostgreSQL URL") && e.contains("BATON_HUB_DATABASE_URL"),
+                    "{e}"
+                );
+            }
+        }
     }
 
     #[test]

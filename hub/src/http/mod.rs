@@ -56,6 +56,9 @@ pub struct Shared {
     pub turns: TurnState,
     /// The certificates' standing, cached until the record changes.
     pub certs: certs::CertCache,
+    /// The other hubs serving the same PostgreSQL record, told after each commit what woke
+    /// this hub's waiters (`None` on SQLite, which one hub serves alone).
+    pub peers: Option<crate::pg::notify::Announcer>,
 }
 
 /// Wakes waiting claims: each waits on its own host's signal and on the one for all hosts, so a
@@ -177,16 +180,45 @@ impl Shared {
     /// host: a lift, a release, a CLI change).
     pub fn work_changed(&self) {
         self.work.all();
+        self.tell_peers(crate::pg::notify::Notice::all_hosts());
     }
     /// Tells the waiting claims of these hosts (only) that work may be claimable for them.
     pub fn work_for<'a>(&self, hosts: impl IntoIterator<Item = &'a str>) {
+        // The notice for other hubs is built only when there are any (never on SQLite).
+        let mut notice = self.peers.as_ref().map(|_| crate::pg::notify::Notice::default());
         for host in hosts {
             self.work.host(host);
+            if let Some(n) = &mut notice {
+                n.merge(crate::pg::notify::Notice::host(host));
+            }
+        }
+        if let Some(n) = notice.filter(|n| !n.is_empty()) {
+            self.tell_peers(n);
+        }
+    }
+    /// Applies what another hub on the same record committed, to this hub's waiters only (it is
+    /// not told on: each hub tells the others of its own commits).
+    pub fn heard(&self, notice: &crate::pg::notify::Notice) {
+        if notice.is_all_hosts() {
+            self.work.all();
+        } else {
+            for host in notice.hosts() {
+                self.work.host(host);
+            }
+        }
+        if notice.has_outcomes() {
+            self.outcomes.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+    fn tell_peers(&self, notice: crate::pg::notify::Notice) {
+        if let Some(peers) = &self.peers {
+            peers.announce(notice);
         }
     }
     /// Tells waiting producer reads that a delivery or attempt changed.
     pub fn outcome_changed(&self) {
         self.outcomes.send_modify(|n| *n = n.wrapping_add(1));
+        self.tell_peers(crate::pg::notify::Notice::outcomes());
     }
     /// Whether the hub is ready to serve.
     pub fn is_ready(&self) -> bool {
@@ -986,6 +1018,7 @@ mod openapi_tests {
             clock,
             turns: TurnState::default(),
             certs: certs::CertCache::new(watch::channel(0).1),
+            peers: None,
         });
         let app = app(state);
         for (method, path) in ROUTES {

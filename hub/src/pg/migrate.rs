@@ -9,7 +9,10 @@ use tokio_postgres::{Client, GenericClient};
 use super::{PgError, PgUrl};
 
 /// The PostgreSQL schema's migrations, in order. Append-only.
-pub const MIGRATIONS: &[&str] = &[include_str!("../../../schema/postgres/0001-create-hub-store.sql")];
+pub const MIGRATIONS: &[&str] = &[
+    include_str!("../../../schema/postgres/0001-create-hub-store.sql"),
+    include_str!("../../../schema/postgres/0002-sqlite-functions.sql"),
+];
 
 /// The advisory lock key every hub takes while it migrates (the bytes of `baton_mi`). Taken
 /// with `pg_advisory_xact_lock`, so it is released at commit or rollback, or when the

@@ -7,8 +7,11 @@
 //! - `tls`: `SslMode`, the URL's `sslmode`/`sslrootcert`, and its rustls configuration.
 //! - `migrate`: `MIGRATIONS` and `migrate`, in one transaction under an advisory lock,
 //!   refusing a schema newer than this binary.
+//! - `notify`: hubs sharing one database wake each other after a commit (`LISTEN`/`NOTIFY`):
+//!   `Notice`, the `Announcer` and `announce_once` that send it, and `listen`.
 
 pub mod migrate;
+pub mod notify;
 pub mod tls;
 
 pub use migrate::{MIGRATIONS, Migrated, known_version, migrate, schema_version};
@@ -154,6 +157,7 @@ pub struct PgUrl {
     config: tokio_postgres::Config,
     ssl: SslMode,
     shown: String,
+    call_wait: Option<Duration>,
 }
 
 impl std::fmt::Debug for PgUrl {
@@ -173,12 +177,13 @@ impl PgUrl {
         if !(base.starts_with("postgres://") || base.starts_with("postgresql://")) {
             return Err(PgError::Url { detail: "it must start with postgres:// or postgresql://".into() });
         }
-        let (mut mode, mut root, mut rest) = (None, None, Vec::new());
+        let (mut mode, mut root, mut call_wait, mut rest) = (None, None, None, Vec::new());
         for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
             let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
             match key {
                 "sslmode" => mode = Some(percent_decode(value)?),
                 "sslrootcert" => root = Some(percent_decode(value)?),
+                "call_timeout" => call_wait = Some(call_timeout(value)?),
                 _ => rest.push(pair),
             }
         }
@@ -191,7 +196,7 @@ impl PgUrl {
             config.connect_timeout(CONNECT_TIMEOUT);
         }
         let shown = shown(&config);
-        Ok(PgUrl { config, ssl, shown })
+        Ok(PgUrl { config, ssl, shown, call_wait })
     }
 
     /// The URL without its password: `postgres://USER@HOST:PORT/DB`.
@@ -202,6 +207,12 @@ impl PgUrl {
     /// The TLS mode.
     pub fn ssl(&self) -> &SslMode {
         &self.ssl
+    }
+
+    /// The URL's `call_timeout` (whole seconds): the longest wait for one round trip to the
+    /// server before the connection is taken as lost (`store::db::PG_CALL_WAIT_MAX` when unset).
+    pub fn call_wait(&self) -> Option<Duration> {
+        self.call_wait
     }
 }
 
@@ -229,6 +240,19 @@ fn shown(config: &tokio_postgres::Config) -> String {
 }
 
 /// Decodes `%XX` escapes in a URL parameter value.
+/// Most seconds `call_timeout` may say.
+pub const CALL_TIMEOUT_MAX_S: u64 = 3600;
+
+/// Parses `call_timeout`: whole seconds, 1 to `CALL_TIMEOUT_MAX_S`.
+fn call_timeout(value: &str) -> Result<Duration, PgError> {
+    match value.parse::<u64>() {
+        Ok(n) if (1..=CALL_TIMEOUT_MAX_S).contains(&n) => Ok(Duration::from_secs(n)),
+        _ => Err(PgError::Url {
+            detail: format!("call_timeout must be whole seconds from 1 to {CALL_TIMEOUT_MAX_S}, not {value:?}"),
+        }),
+    }
+}
+
 fn percent_decode(s: &str) -> Result<String, PgError> {
     let bad = || PgError::Url { detail: format!("the parameter value {s:?} has a bad %-escape") };
     let bytes = s.as_bytes();
@@ -247,11 +271,24 @@ fn percent_decode(s: &str) -> Result<String, PgError> {
     String::from_utf8(out).map_err(|_| bad())
 }
 
+/// The I/O half of a connection made by `open`: whoever holds it drives the connection.
+type Connection = tokio_postgres::Connection<
+    tokio_postgres::Socket,
+    <tokio_postgres_rustls::MakeRustlsConnect as tokio_postgres::tls::MakeTlsConnect<tokio_postgres::Socket>>::Stream,
+>;
+
+/// Connects to the database at `url` and hands back both halves, for a caller that must see the
+/// server's asynchronous messages (`notify::listen` reads notifications from the connection);
+/// everyone else uses `connect`.
+async fn open(url: &PgUrl) -> Result<(Client, Connection), PgError> {
+    let tls = tokio_postgres_rustls::MakeRustlsConnect::new(url.ssl.client_config()?);
+    url.config.connect(tls).await.map_err(|e| PgError::from_client(url, &e))
+}
+
 /// Connects to the database at `url`. The connection's I/O runs on a spawned task, which ends
 /// (logging why, if with an error) when the returned client is dropped or the server goes away.
 pub async fn connect(url: &PgUrl) -> Result<Client, PgError> {
-    let tls = tokio_postgres_rustls::MakeRustlsConnect::new(url.ssl.client_config()?);
-    let (client, connection) = url.config.connect(tls).await.map_err(|e| PgError::from_client(url, &e))?;
+    let (client, connection) = open(url).await?;
     let shown = url.shown.clone();
     tokio::spawn(async move {
         if let Err(e) = connection.await {

@@ -19,12 +19,13 @@
 //! Invariant: fan-out never leaves work queued for a retired host: a recipient retired since the
 //! accept gets its delivery created and, in the same transaction, failed with `host retired`.
 
+use super::db::Db;
 use super::transition::{self, Change, adjust_backlog, record_event};
 use super::{Actor, StoreError, StoreResult, canonical, hosts, members, new_id, producers, state_column};
 use baton_shared::crash_point;
 use baton_shared::states::DeliveryState;
 use baton_shared::wire::DeliverySummary;
-use rusqlite::{Connection, OptionalExtension, named_params};
+use rusqlite::{OptionalExtension, named_params};
 use sha2::{Digest, Sha256};
 
 /// A validated submission, ready to be accepted.
@@ -116,14 +117,14 @@ pub enum Accepted {
 
 /// The acceptance transaction: scope check, message, routing, obligation. Call inside a write
 /// transaction.
-pub fn accept(conn: &Connection, msg: &NewMessage, limits: AcceptLimits, now_ms: i64) -> StoreResult<Accepted> {
+pub fn accept(conn: &dyn Db, msg: &NewMessage, limits: AcceptLimits, now_ms: i64) -> StoreResult<Accepted> {
     accept_with_retry(conn, msg, RetryPolicy::default(), limits, now_ms)
 }
 
 /// `accept` for a message with a retry policy (stored with the message, and part of its content
 /// hash only for the fields given).
 pub fn accept_with_retry(
-    conn: &Connection,
+    conn: &dyn Db,
     msg: &NewMessage,
     retry: RetryPolicy,
     limits: AcceptLimits,
@@ -161,7 +162,7 @@ pub fn accept_with_retry(
     let seq: i64 = conn
         .prepare_cached(
             "INSERT INTO conversations (name, last_seq) VALUES (?1, 1)
-             ON CONFLICT (name) DO UPDATE SET last_seq = last_seq + 1 RETURNING last_seq",
+             ON CONFLICT (name) DO UPDATE SET last_seq = conversations.last_seq + 1 RETURNING last_seq",
         )?
         .query_row([&msg.conversation], |r| r.get(0))?;
     let message_id = new_id();
@@ -190,7 +191,7 @@ pub fn accept_with_retry(
 /// replay (`Accepted::Duplicate`) fans out nothing new and answers the message's deliveries
 /// (completing its obligation if one was left pending). Call inside a write transaction.
 pub fn accept_and_fan_out(
-    conn: &Connection,
+    conn: &dyn Db,
     msg: &NewMessage,
     retry: RetryPolicy,
     limits: AcceptLimits,
@@ -206,7 +207,7 @@ pub fn accept_and_fan_out(
 
 /// The recipients of a new message: its `to`, checked, or the conversation's current members
 /// (the members at the `seq` this transaction is about to give it), retired ones left out.
-fn route(conn: &Connection, msg: &NewMessage) -> StoreResult<Vec<String>> {
+fn route(conn: &dyn Db, msg: &NewMessage) -> StoreResult<Vec<String>> {
     let managed = members::has_membership(conn, &msg.conversation)?;
     if msg.to.is_empty() {
         let mut current = Vec::new();
@@ -238,7 +239,7 @@ fn route(conn: &Connection, msg: &NewMessage) -> StoreResult<Vec<String>> {
     Ok(msg.to.clone())
 }
 
-fn check_recipient(conn: &Connection, index: usize, host: &str) -> StoreResult<()> {
+fn check_recipient(conn: &dyn Db, index: usize, host: &str) -> StoreResult<()> {
     hosts::require_active(conn, host, &format!("to[{index}]: "))
 }
 
@@ -246,7 +247,7 @@ fn check_recipient(conn: &Connection, index: usize, host: &str) -> StoreResult<(
 /// obligation is marked done. A host retired since the accept gets its delivery failed with
 /// `host retired` in the same transaction, so no queued work is left that no node will claim.
 /// Idempotent. Returns the message's deliveries.
-pub fn fan_out(conn: &Connection, message_id: &str, now_ms: i64) -> StoreResult<Vec<DeliverySummary>> {
+pub fn fan_out(conn: &dyn Db, message_id: &str, now_ms: i64) -> StoreResult<Vec<DeliverySummary>> {
     let pending: Option<Option<i64>> = conn
         .prepare_cached("SELECT done_at FROM fanout_obligations WHERE message_id = ?1")?
         .query_row([message_id], |r| r.get(0))
@@ -299,12 +300,12 @@ pub fn fan_out(conn: &Connection, message_id: &str, now_ms: i64) -> StoreResult<
 pub const HOST_RETIRED: &str = "host retired";
 
 /// Whether `host` is retired (an unknown host counts as retired: no node can claim for it).
-fn host_retired(conn: &Connection, host: &str) -> StoreResult<bool> {
+fn host_retired(conn: &dyn Db, host: &str) -> StoreResult<bool> {
     Ok(hosts::standing(conn, host)? != hosts::Standing::Active)
 }
 
 /// The deliveries of one message, by host.
-pub fn deliveries_of(conn: &Connection, message_id: &str) -> StoreResult<Vec<DeliverySummary>> {
+pub fn deliveries_of(conn: &dyn Db, message_id: &str) -> StoreResult<Vec<DeliverySummary>> {
     let rows = conn
         .prepare_cached("SELECT id, host, state FROM deliveries WHERE message_id = ?1 ORDER BY host")?
         .query_map([message_id], |r| {
@@ -316,7 +317,7 @@ pub fn deliveries_of(conn: &Connection, message_id: &str) -> StoreResult<Vec<Del
 }
 
 /// Message ids whose fan-out a crash left pending, oldest first.
-pub fn pending_obligations(conn: &Connection, limit: usize) -> StoreResult<Vec<String>> {
+pub fn pending_obligations(conn: &dyn Db, limit: usize) -> StoreResult<Vec<String>> {
     let ids = conn
         .prepare_cached(
             "SELECT o.message_id FROM fanout_obligations o JOIN messages m ON m.id = o.message_id
@@ -332,7 +333,7 @@ pub(crate) mod testing {
     use super::*;
 
     /// Accepts and fans out one message, returning its id.
-    pub(crate) fn accept_one(conn: &Connection, conversation: &str, key: &str, to: &[&str]) -> String {
+    pub(crate) fn accept_one(conn: &dyn Db, conversation: &str, key: &str, to: &[&str]) -> String {
         let message_id = accept_only(conn, conversation, key, to);
         fan_out(conn, &message_id, 1).unwrap();
         message_id
@@ -340,7 +341,7 @@ pub(crate) mod testing {
 
     /// Accepts one message without fanning it out (its obligation stays pending), returning its
     /// id. An empty `to` routes to the conversation's members.
-    pub(crate) fn accept_only(conn: &Connection, conversation: &str, key: &str, to: &[&str]) -> String {
+    pub(crate) fn accept_only(conn: &dyn Db, conversation: &str, key: &str, to: &[&str]) -> String {
         let msg = NewMessage {
             producer: "prod".into(),
             conversation: conversation.into(),

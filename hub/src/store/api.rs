@@ -17,6 +17,7 @@
 
 use super::accept::{self, AcceptLimits, Accepted, NewMessage, RetryPolicy};
 use super::claim::{self, Claimant, RebindLimit};
+use super::db::{Db, PgConn};
 use super::fences::{self, FenceRow};
 use super::fleet::{self, HostRow, SilentHost};
 use super::hosts::{self, CertStatus, Standing};
@@ -25,6 +26,7 @@ use super::read::{self, DeliveryDetail, DeliveryRow, StatusView};
 use super::report::{self, NewReport, RunReport};
 use super::silence::{self, SilentHolder};
 use super::transition::Holder;
+use super::writer::{Opener, OwnedDb};
 use super::{
     Readers, StoreError, StoreResult, Writer, audit, backup, batch, explain, in_write_txn, listing, members, operator,
     producers, purge, retention, sessions, turns, verify,
@@ -57,12 +59,15 @@ pub struct Store {
 #[derive(Clone)]
 enum Backend {
     /// One SQLite file: the single writer thread and the pool of read connections.
-    Sqlite(SqliteStore),
+    Sqlite(Conns),
+    /// A PostgreSQL database, which several hubs may share: the writer thread (each
+    /// transaction first takes the record's write lock) and the pool of read connections.
+    Postgres(Conns),
 }
 
-/// The SQLite backend: how its operations reach the file.
+/// How a backend's operations reach the record.
 #[derive(Clone)]
-enum SqliteStore {
+enum Conns {
     /// The hub: the single writer thread (group commit) and the pool of read connections.
     Served {
         /// The single writer.
@@ -76,16 +81,16 @@ enum SqliteStore {
     Direct(Arc<Mutex<Connection>>),
 }
 
-impl SqliteStore {
+impl Conns {
     /// Runs `f` in one write transaction (see `Writer::call`, `in_write_txn`).
     async fn write<R, F>(&self, f: F) -> StoreResult<R>
     where
         R: Send + 'static,
-        F: FnOnce(&Connection) -> StoreResult<R> + Send + 'static,
+        F: FnOnce(&dyn Db) -> StoreResult<R> + Send + 'static,
     {
         match self {
-            SqliteStore::Served { writer, .. } => writer.call(f).await,
-            SqliteStore::Direct(conn) => in_write_txn(&*lock(conn)?, f),
+            Conns::Served { writer, .. } => writer.call(f).await,
+            Conns::Direct(conn) => in_write_txn(&*lock(conn)?, f),
         }
     }
 
@@ -93,13 +98,25 @@ impl SqliteStore {
     async fn read<R, F>(&self, f: F) -> StoreResult<R>
     where
         R: Send + 'static,
-        F: FnOnce(&Connection) -> StoreResult<R> + Send + 'static,
+        F: FnOnce(&dyn Db) -> StoreResult<R> + Send + 'static,
     {
         match self {
-            SqliteStore::Served { readers, .. } => readers.read(f).await,
-            SqliteStore::Direct(conn) => f(&*lock(conn)?),
+            Conns::Served { readers, .. } => readers.read(f).await,
+            Conns::Direct(conn) => f(&*lock(conn)?),
         }
     }
+}
+
+/// Why an operation of an SQLite file was asked of a PostgreSQL record.
+fn sqlite_only(operation: &str) -> StoreError {
+    StoreError::Invalid(format!(
+        "{operation} works on an SQLite record only; on PostgreSQL use the server's own tools (pg_dump, pg_amcheck)"
+    ))
+}
+
+/// The SQLite connection under `c`, for an operation of an SQLite file.
+fn sqlite_conn(c: &dyn Db) -> StoreResult<&Connection> {
+    c.sqlite().ok_or_else(|| sqlite_only("this operation"))
 }
 
 /// The connection of a `Direct` store.
@@ -222,7 +239,7 @@ pub struct Overview {
 }
 
 /// Reads the overview at `now_ms` on `conn` (inside one read transaction: one snapshot).
-pub(crate) fn gather(conn: &Connection, now_ms: i64, silence: Duration) -> StoreResult<Overview> {
+pub(crate) fn gather(conn: &dyn Db, now_ms: i64, silence: Duration) -> StoreResult<Overview> {
     let silence_ms = i64::try_from(silence.as_millis()).unwrap_or(i64::MAX);
     Ok(Overview {
         status: read::status(conn)?,
@@ -263,7 +280,7 @@ fn run_report(req: &ReportRequest, session: Option<u64>, backoff: Backoff) -> Ru
 
 /// A holder's step, applied on `conn`.
 fn apply_step(
-    conn: &Connection,
+    conn: &dyn Db,
     step: Step,
     host: &str,
     id: &str,
@@ -282,13 +299,13 @@ impl Store {
     pub fn sqlite(conn: Connection, path: &Path, clock: SharedClock) -> std::io::Result<Store> {
         let writer = Writer::start(conn)?;
         let readers = Arc::new(Readers::new(path.to_path_buf()));
-        Ok(Store { backend: Backend::Sqlite(SqliteStore::Served { writer, readers }), clock })
+        Ok(Store { backend: Backend::Sqlite(Conns::Served { writer, readers }), clock })
     }
 
     /// The record in an SQLite file through the one connection `conn`, used in place (see
-    /// `SqliteStore::Direct`): for a one-shot process, never inside the hub.
+    /// `Conns::Direct`): for a one-shot process, never inside the hub.
     pub fn sqlite_direct(conn: Connection, clock: SharedClock) -> Store {
-        Store { backend: Backend::Sqlite(SqliteStore::Direct(Arc::new(Mutex::new(conn)))), clock }
+        Store { backend: Backend::Sqlite(Conns::Direct(Arc::new(Mutex::new(conn)))), clock }
     }
 
     /// Opens the SQLite file at `path` for serving (`open_serve`: migrations applied, the file
@@ -316,10 +333,42 @@ impl Store {
         Ok(Store::sqlite_direct(super::open_read(path)?, clock))
     }
 
+    /// The record in the PostgreSQL database at `url`: connects (TLS as the URL says), applies
+    /// the migrations (refusing a newer schema), and serves from it through a writer thread
+    /// (group commit; each transaction first takes the record's write lock, so several hubs
+    /// write one after another) and a pool of read connections. A connection the server dropped
+    /// is replaced at the next transaction.
+    pub async fn open_postgres(url: &crate::pg::PgUrl, clock: SharedClock) -> Result<Store, crate::pg::PgError> {
+        let mut client = crate::pg::connect(url).await?;
+        crate::pg::migrate(&mut client, url).await?;
+        drop(client);
+        let opener = |url: crate::pg::PgUrl| -> Opener {
+            Box::new(move || {
+                let conn = PgConn::connect(&url).map_err(|e| StoreError::Storage(e.to_string()))?;
+                Ok(Box::new(conn) as OwnedDb)
+            })
+        };
+        // The connections are made and used on the store's own threads (see `PgConn`).
+        let (first, reopen, readers) = (opener(url.clone()), opener(url.clone()), opener(url.clone()));
+        let conn = tokio::task::spawn_blocking(first)
+            .await
+            .map_err(|e| crate::pg::PgError::Other { url: url.shown().to_string(), detail: e.to_string() })?
+            .map_err(|e| crate::pg::PgError::Other { url: url.shown().to_string(), detail: e.to_string() })?;
+        let writer = Writer::start_with(conn, Some(reopen))
+            .map_err(|e| crate::pg::PgError::Other { url: url.shown().to_string(), detail: e.to_string() })?;
+        let readers = Arc::new(Readers::with_opener(readers));
+        Ok(Store { backend: Backend::Postgres(Conns::Served { writer, readers }), clock })
+    }
+
+    /// Whether the record is in PostgreSQL (shared by several hubs) rather than one SQLite file.
+    pub fn is_postgres(&self) -> bool {
+        matches!(self.backend, Backend::Postgres(_))
+    }
+
     /// The schema version of the record: how many migrations it has.
     pub async fn schema_version(&self) -> StoreResult<i64> {
         match &self.backend {
-            Backend::Sqlite(s) => s.read(super::schema_version).await,
+            Backend::Sqlite(s) | Backend::Postgres(s) => s.read(super::schema_version).await,
         }
     }
 
@@ -334,7 +383,7 @@ impl Store {
     /// Returns how many it completed.
     pub async fn repair(&self) -> StoreResult<usize> {
         match &self.backend {
-            Backend::Sqlite(s) => {
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
                 let mut done = 0;
                 loop {
                     let pending = s.write(|c| accept::pending_obligations(c, REPAIR_BATCH)).await?;
@@ -355,35 +404,39 @@ impl Store {
     /// Removes up to `max` settled messages settled before `cutoff_ms`; returns how many.
     pub async fn retention_sweep(&self, cutoff_ms: i64, max: usize) -> StoreResult<usize> {
         match &self.backend {
-            Backend::Sqlite(s) => s.write(move |c| retention::sweep(c, cutoff_ms, max)).await,
+            Backend::Sqlite(s) | Backend::Postgres(s) => s.write(move |c| retention::sweep(c, cutoff_ms, max)).await,
         }
     }
 
     /// Removes up to `max` audit rows written before `cutoff_ms`; returns how many.
     pub async fn audit_sweep(&self, cutoff_ms: i64, max: usize) -> StoreResult<usize> {
         match &self.backend {
-            Backend::Sqlite(s) => s.write(move |c| retention::sweep_audit(c, cutoff_ms, max)).await,
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
+                s.write(move |c| retention::sweep_audit(c, cutoff_ms, max)).await
+            }
         }
     }
 
     /// Records the node sessions' last contact: `(host, session, at_ms)`.
     pub async fn record_contacts(&self, contacts: Vec<(String, u64, i64)>) -> StoreResult<()> {
         match &self.backend {
-            Backend::Sqlite(s) => s.write(move |c| sessions::record_contacts(c, &contacts)).await,
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
+                s.write(move |c| sessions::record_contacts(c, &contacts)).await
+            }
         }
     }
 
     /// When the next time-boxed fence's time is up, if any.
     pub async fn next_fence_expiry(&self) -> StoreResult<Option<i64>> {
         match &self.backend {
-            Backend::Sqlite(s) => s.read(fences::next_expiry).await,
+            Backend::Sqlite(s) | Backend::Postgres(s) => s.read(fences::next_expiry).await,
         }
     }
 
     /// Lifts the fences whose time is up at `now_ms`; returns their ids.
     pub async fn lift_expired_fences(&self, now_ms: i64) -> StoreResult<Vec<i64>> {
         match &self.backend {
-            Backend::Sqlite(s) => s.write(move |c| fences::lift_expired(c, now_ms)).await,
+            Backend::Sqlite(s) | Backend::Postgres(s) => s.write(move |c| fences::lift_expired(c, now_ms)).await,
         }
     }
 
@@ -391,7 +444,7 @@ impl Store {
     /// claimed or mirrored deliveries.
     pub async fn silent_holders(&self, cutoff_ms: i64) -> StoreResult<Vec<SilentHolder>> {
         match &self.backend {
-            Backend::Sqlite(s) => s.read(move |c| silence::silent_holders(c, cutoff_ms)).await,
+            Backend::Sqlite(s) | Backend::Postgres(s) => s.read(move |c| silence::silent_holders(c, cutoff_ms)).await,
         }
     }
 
@@ -399,7 +452,9 @@ impl Store {
     /// returns the deliveries requeued.
     pub async fn requeue_silent(&self, who: SilentHolder, cutoff_ms: i64, now_ms: i64) -> StoreResult<Vec<String>> {
         match &self.backend {
-            Backend::Sqlite(s) => s.write(move |c| silence::requeue_silent(c, &who, cutoff_ms, now_ms)).await,
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
+                s.write(move |c| silence::requeue_silent(c, &who, cutoff_ms, now_ms)).await
+            }
         }
     }
 
@@ -408,35 +463,37 @@ impl Store {
     /// Counts per state, pending fan-out, fences and hosts.
     pub async fn status(&self) -> StoreResult<StatusView> {
         match &self.backend {
-            Backend::Sqlite(s) => s.read(read::status).await,
+            Backend::Sqlite(s) | Backend::Postgres(s) => s.read(read::status).await,
         }
     }
 
     /// The status page's overview at `now_ms`, flagging hosts silent longer than `silence`.
     pub async fn overview(&self, now_ms: i64, silence: Duration) -> StoreResult<Overview> {
         match &self.backend {
-            Backend::Sqlite(s) => s.read(move |c| gather(c, now_ms, silence)).await,
+            Backend::Sqlite(s) | Backend::Postgres(s) => s.read(move |c| gather(c, now_ms, silence)).await,
         }
     }
 
     /// Each host's backlog and the deliveries by current-run outcome, in one snapshot.
     pub async fn backlog_gauges(&self) -> StoreResult<(Vec<HostBacklog>, Vec<(Outcome, i64)>)> {
         match &self.backend {
-            Backend::Sqlite(s) => s.read(|c| Ok((overview::host_backlogs(c)?, overview::outcome_counts(c)?))).await,
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
+                s.read(|c| Ok((overview::host_backlogs(c)?, overview::outcome_counts(c)?))).await
+            }
         }
     }
 
     /// One delivery with its events and attempts.
     pub async fn delivery_detail(&self, delivery_id: String) -> StoreResult<DeliveryDetail> {
         match &self.backend {
-            Backend::Sqlite(s) => s.read(move |c| read::delivery_detail(c, &delivery_id)).await,
+            Backend::Sqlite(s) | Backend::Postgres(s) => s.read(move |c| read::delivery_detail(c, &delivery_id)).await,
         }
     }
 
     /// A certificate's standing (`None`: not in the record).
     pub async fn cert_status(&self, serial: String) -> StoreResult<Option<CertStatus>> {
         match &self.backend {
-            Backend::Sqlite(s) => s.read(move |c| hosts::cert_status(c, &serial)).await,
+            Backend::Sqlite(s) | Backend::Postgres(s) => s.read(move |c| hosts::cert_status(c, &serial)).await,
         }
     }
 
@@ -451,7 +508,7 @@ impl Store {
     ) -> StoreResult<(Accepted, Vec<DeliverySummary>)> {
         let clock = self.clock.clone();
         match &self.backend {
-            Backend::Sqlite(s) => {
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
                 s.write(move |c| accept::accept_and_fan_out(c, &msg, retry, limits, clock.now_ms())).await
             }
         }
@@ -466,7 +523,7 @@ impl Store {
     ) -> StoreResult<Vec<StoreResult<(Accepted, Vec<DeliverySummary>)>>> {
         let clock = self.clock.clone();
         match &self.backend {
-            Backend::Sqlite(s) => {
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
                 s.write(move |c| {
                     let now = clock.now_ms();
                     batch::each(c, messages, |c, (msg, retry)| accept::accept_and_fan_out(c, &msg, retry, limits, now))
@@ -485,7 +542,7 @@ impl Store {
     ) -> StoreResult<Vec<baton_shared::wire::CancelResult>> {
         let clock = self.clock.clone();
         match &self.backend {
-            Backend::Sqlite(s) => {
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
                 s.write(move |c| turns::cancel_message(c, &message_id, &producer, &reason, clock.now_ms())).await
             }
         }
@@ -494,14 +551,16 @@ impl Store {
     /// The id of `producer`'s message with idempotency key `key`, if any.
     pub async fn message_id_by_key(&self, producer: String, key: String) -> StoreResult<Option<String>> {
         match &self.backend {
-            Backend::Sqlite(s) => s.read(move |c| read::message_id_by_key(c, &producer, &key)).await,
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
+                s.read(move |c| read::message_id_by_key(c, &producer, &key)).await
+            }
         }
     }
 
     /// A message with its deliveries and attempts.
     pub async fn message_by_id(&self, message_id: String) -> StoreResult<MessageView> {
         match &self.backend {
-            Backend::Sqlite(s) => s.read(move |c| read::message_view(c, &message_id)).await,
+            Backend::Sqlite(s) | Backend::Postgres(s) => s.read(move |c| read::message_view(c, &message_id)).await,
         }
     }
 
@@ -509,7 +568,7 @@ impl Store {
     /// covers it.
     pub async fn conversation_for(&self, producer: String, conversation: String) -> StoreResult<ConversationView> {
         match &self.backend {
-            Backend::Sqlite(s) => {
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
                 s.read(move |c| {
                     producers::check_may_post(c, &producer, &conversation)?;
                     members::view(c, &conversation)
@@ -531,7 +590,7 @@ impl Store {
     ) -> StoreResult<sessions::Opened> {
         let clock = self.clock.clone();
         match &self.backend {
-            Backend::Sqlite(s) => {
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
                 s.write(move |c| {
                     sessions::open(c, &host, &instance_id, node_version.as_deref(), rebind, clock.now_ms())
                 })
@@ -545,7 +604,7 @@ impl Store {
     pub async fn end_session(&self, node: NodeAt, instance_id: String, session: u64) -> StoreResult<()> {
         let clock = self.clock.clone();
         match &self.backend {
-            Backend::Sqlite(s) => {
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
                 s.write(move |c| {
                     sessions::check(c, &node.host, node.session)?;
                     sessions::end(c, &node.host, &instance_id, session, clock.now_ms())
@@ -565,7 +624,7 @@ impl Store {
     ) -> StoreResult<Vec<StartResult>> {
         let clock = self.clock.clone();
         match &self.backend {
-            Backend::Sqlite(s) => {
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
                 s.write(move |c| {
                     sessions::check(c, &host, Some(session))?;
                     turns::start(c, &host, &instance_id, session, &starts, clock.now_ms())
@@ -579,7 +638,7 @@ impl Store {
     /// and otherwise the pending cancel notices and the next retry.
     pub async fn claim_look(&self, who: Claimer, now_ms: i64) -> StoreResult<ClaimLook> {
         match &self.backend {
-            Backend::Sqlite(s) => {
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
                 s.read(move |c| {
                     sessions::check(c, &who.host, who.session)?;
                     if claim::worth_claiming(c, who.claimant(), now_ms)? {
@@ -601,7 +660,7 @@ impl Store {
     pub async fn claim(&self, who: Claimer, max: u32) -> StoreResult<Claimed> {
         let clock = self.clock.clone();
         match &self.backend {
-            Backend::Sqlite(s) => {
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
                 s.write(move |c| {
                     let now = clock.now_ms();
                     sessions::check(c, &who.host, who.session)?;
@@ -620,7 +679,7 @@ impl Store {
     /// What the instance holds (claimed or mirrored).
     pub async fn holdings(&self, node: NodeAt, instance_id: String) -> StoreResult<Vec<ClaimedDelivery>> {
         match &self.backend {
-            Backend::Sqlite(s) => {
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
                 s.read(move |c| {
                     sessions::check(c, &node.host, node.session)?;
                     claim::holdings(c, &node.host, &instance_id)
@@ -655,7 +714,7 @@ impl Store {
     ) -> StoreResult<TransitionResponse> {
         let clock = self.clock.clone();
         match &self.backend {
-            Backend::Sqlite(s) => {
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
                 s.write(move |c| {
                     sessions::check(c, &node.host, node.session)?;
                     let h = holder.as_holder();
@@ -677,7 +736,7 @@ impl Store {
     ) -> StoreResult<Vec<StoreResult<TransitionResponse>>> {
         let clock = self.clock.clone();
         match &self.backend {
-            Backend::Sqlite(s) => {
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
                 s.write(move |c| {
                     sessions::check(c, &node.host, node.session)?;
                     let now = clock.now_ms();
@@ -701,7 +760,7 @@ impl Store {
     ) -> StoreResult<TransitionResponse> {
         let clock = self.clock.clone();
         match &self.backend {
-            Backend::Sqlite(s) => {
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
                 s.write(move |c| {
                     sessions::check(c, &node.host, node.session)?;
                     let h = holder.as_holder();
@@ -722,7 +781,7 @@ impl Store {
     ) -> StoreResult<Vec<StoreResult<TransitionResponse>>> {
         let clock = self.clock.clone();
         match &self.backend {
-            Backend::Sqlite(s) => {
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
                 s.write(move |c| {
                     sessions::check(c, &node.host, node.session)?;
                     let now = clock.now_ms();
@@ -740,7 +799,7 @@ impl Store {
     pub async fn report(&self, node: NodeAt, req: ReportRequest, backoff: Backoff) -> StoreResult<Reported> {
         let clock = self.clock.clone();
         match &self.backend {
-            Backend::Sqlite(s) => {
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
                 s.write(move |c| {
                     sessions::check(c, &node.host, node.session)?;
                     let run = run_report(&req, node.session, backoff);
@@ -761,7 +820,7 @@ impl Store {
     ) -> StoreResult<Vec<StoreResult<ReportResponse>>> {
         let clock = self.clock.clone();
         match &self.backend {
-            Backend::Sqlite(s) => {
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
                 s.write(move |c| {
                     sessions::check(c, &node.host, node.session)?;
                     let now = clock.now_ms();
@@ -866,7 +925,7 @@ pub struct By {
 
 /// The active hold or block fences that would catch the selected held deliveries again at the
 /// next claim, described; empty when a release would stick.
-fn would_hold_again(conn: &Connection, sel: operator::Selector<'_>) -> StoreResult<Vec<String>> {
+fn would_hold_again(conn: &dyn Db, sel: operator::Selector<'_>) -> StoreResult<Vec<String>> {
     let active = fences::active(conn)?;
     let mut named: Vec<String> = Vec::new();
     for (conversation, host) in operator::held_targets(conn, sel)? {
@@ -884,7 +943,7 @@ fn would_hold_again(conn: &Connection, sel: operator::Selector<'_>) -> StoreResu
 
 /// Why a fence's target matches nothing today, if it does not.
 fn fence_target_problem(
-    conn: &Connection,
+    conn: &dyn Db,
     scope: fences::FenceScope,
     target: &str,
 ) -> StoreResult<Option<FenceTargetProblem>> {
@@ -906,28 +965,32 @@ impl Store {
     /// Every host.
     pub async fn hosts(&self) -> StoreResult<Vec<HostRow>> {
         match &self.backend {
-            Backend::Sqlite(s) => s.read(fleet::hosts).await,
+            Backend::Sqlite(s) | Backend::Postgres(s) => s.read(fleet::hosts).await,
         }
     }
 
     /// One host in detail (`None`: never enrolled).
     pub async fn host(&self, name: String) -> StoreResult<Option<fleet::HostDetail>> {
         match &self.backend {
-            Backend::Sqlite(s) => s.read(move |c| fleet::host(c, &name)).await,
+            Backend::Sqlite(s) | Backend::Postgres(s) => s.read(move |c| fleet::host(c, &name)).await,
         }
     }
 
     /// Hosts whose open node session has been silent longer than `silence_ms` at `now_ms`.
     pub async fn silent_hosts(&self, now_ms: i64, silence_ms: i64) -> StoreResult<Vec<SilentHost>> {
         match &self.backend {
-            Backend::Sqlite(s) => s.read(move |c| fleet::silent_hosts(c, now_ms, silence_ms)).await,
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
+                s.read(move |c| fleet::silent_hosts(c, now_ms, silence_ms)).await
+            }
         }
     }
 
     /// Certificates not revoked that expire before `until_unix`.
     pub async fn expiring_certificates(&self, until_unix: i64) -> StoreResult<Vec<fleet::CertRow>> {
         match &self.backend {
-            Backend::Sqlite(s) => s.read(move |c| fleet::expiring_certificates(c, until_unix)).await,
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
+                s.read(move |c| fleet::expiring_certificates(c, until_unix)).await
+            }
         }
     }
 
@@ -940,7 +1003,7 @@ impl Store {
         limit: u32,
     ) -> StoreResult<(Vec<audit::AuditEntry>, bool)> {
         match &self.backend {
-            Backend::Sqlite(s) => {
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
                 s.read(move |c| {
                     audit::entries(c, audit::AuditQuery { since_ms, actor: actor.as_deref(), after, limit })
                 })
@@ -952,7 +1015,7 @@ impl Store {
     /// The fences: active ones, or (`all`) every one ever set.
     pub async fn fences(&self, all: bool) -> StoreResult<Vec<FenceRow>> {
         match &self.backend {
-            Backend::Sqlite(s) => s.read(move |c| fences::list(c, all)).await,
+            Backend::Sqlite(s) | Backend::Postgres(s) => s.read(move |c| fences::list(c, all)).await,
         }
     }
 
@@ -970,7 +1033,7 @@ impl Store {
     ) -> StoreResult<FenceSetOutcome> {
         let clock = self.clock.clone();
         match &self.backend {
-            Backend::Sqlite(s) => {
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
                 s.write(move |c| {
                     let now_ms = clock.now_ms();
                     fences::lift_expired(c, now_ms)?;
@@ -1001,7 +1064,7 @@ impl Store {
     pub async fn fence_lift(&self, id: i64, by: By) -> StoreResult<()> {
         let clock = self.clock.clone();
         match &self.backend {
-            Backend::Sqlite(s) => {
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
                 s.write(move |c| {
                     fences::lift_expired(c, clock.now_ms())?;
                     fences::lift(c, id, &by.operator, &by.reason, clock.now_ms())
@@ -1014,7 +1077,9 @@ impl Store {
     /// The membership registry: of one conversation, or of all.
     pub async fn members(&self, conversation: Option<String>) -> StoreResult<Vec<members::ConversationMembers>> {
         match &self.backend {
-            Backend::Sqlite(s) => s.read(move |c| members::list(c, conversation.as_deref())).await,
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
+                s.read(move |c| members::list(c, conversation.as_deref())).await
+            }
         }
     }
 
@@ -1028,7 +1093,7 @@ impl Store {
     ) -> StoreResult<Vec<members::MemberChange>> {
         let clock = self.clock.clone();
         match &self.backend {
-            Backend::Sqlite(s) => {
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
                 s.write(move |c| {
                     let now = clock.now_ms();
                     match direction {
@@ -1044,7 +1109,7 @@ impl Store {
     /// Every producer's publish scope.
     pub async fn producers(&self) -> StoreResult<Vec<producers::ProducerRow>> {
         match &self.backend {
-            Backend::Sqlite(s) => s.read(producers::list).await,
+            Backend::Sqlite(s) | Backend::Postgres(s) => s.read(producers::list).await,
         }
     }
 
@@ -1052,7 +1117,7 @@ impl Store {
     pub async fn producer_scope(&self, producer: String, patterns: Vec<String>, by: By) -> StoreResult<Vec<String>> {
         let clock = self.clock.clone();
         match &self.backend {
-            Backend::Sqlite(s) => {
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
                 s.write(move |c| {
                     producers::set_scope(c, &producer, &patterns, &by.operator, &by.reason, clock.now_ms())
                 })
@@ -1065,7 +1130,7 @@ impl Store {
     pub async fn send(&self, msg: NewMessage, limits: AcceptLimits) -> StoreResult<(Accepted, Vec<DeliverySummary>)> {
         let clock = self.clock.clone();
         match &self.backend {
-            Backend::Sqlite(s) => {
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
                 s.write(move |c| {
                     let accepted = accept::accept(c, &msg, limits, clock.now_ms())?;
                     let id = match &accepted {
@@ -1082,7 +1147,7 @@ impl Store {
     /// What purging `target` would remove, changing nothing.
     pub async fn purge_plan(&self, target: PurgeOf) -> StoreResult<purge::Plan> {
         match &self.backend {
-            Backend::Sqlite(s) => s.read(move |c| purge::plan(c, target.as_target())).await,
+            Backend::Sqlite(s) | Backend::Postgres(s) => s.read(move |c| purge::plan(c, target.as_target())).await,
         }
     }
 
@@ -1090,7 +1155,7 @@ impl Store {
     pub async fn purge(&self, target: PurgeOf, by: By) -> StoreResult<purge::Plan> {
         let clock = self.clock.clone();
         match &self.backend {
-            Backend::Sqlite(s) => {
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
                 s.write(move |c| purge::purge(c, target.as_target(), &by.operator, &by.reason, clock.now_ms())).await
             }
         }
@@ -1099,7 +1164,7 @@ impl Store {
     /// The delivery an id or a unique prefix names.
     pub async fn resolve_delivery(&self, prefix: String) -> StoreResult<listing::Resolved> {
         match &self.backend {
-            Backend::Sqlite(s) => s.read(move |c| listing::resolve_delivery(c, &prefix)).await,
+            Backend::Sqlite(s) | Backend::Postgres(s) => s.read(move |c| listing::resolve_delivery(c, &prefix)).await,
         }
     }
 
@@ -1111,7 +1176,9 @@ impl Store {
         silence_warn_ms: i64,
     ) -> StoreResult<explain::Explanation> {
         match &self.backend {
-            Backend::Sqlite(s) => s.read(move |c| explain::explain_id(c, &delivery_id, now_ms, silence_warn_ms)).await,
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
+                s.read(move |c| explain::explain_id(c, &delivery_id, now_ms, silence_warn_ms)).await
+            }
         }
     }
 
@@ -1124,7 +1191,7 @@ impl Store {
         silence_warn_ms: i64,
     ) -> StoreResult<(Vec<(DeliveryRow, Option<explain::Reason>)>, Option<i64>)> {
         match &self.backend {
-            Backend::Sqlite(s) => {
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
                 s.read(move |c| {
                     let page = listing::page(c, &q)?;
                     let mut explainer = explain::Explainer::new(c, now_ms, silence_warn_ms)?;
@@ -1145,7 +1212,7 @@ impl Store {
     pub async fn release(&self, sel: Select, by: By, force: bool) -> StoreResult<Release> {
         let clock = self.clock.clone();
         match &self.backend {
-            Backend::Sqlite(s) => {
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
                 s.write(move |c| {
                     let now_ms = clock.now_ms();
                     fences::lift_expired(c, now_ms)?;
@@ -1167,7 +1234,7 @@ impl Store {
     pub async fn retire(&self, host: String, by: By) -> StoreResult<(operator::Swept, Vec<String>)> {
         let clock = self.clock.clone();
         match &self.backend {
-            Backend::Sqlite(s) => {
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
                 s.write(move |c| {
                     let swept = operator::retire(c, &host, &by.operator, &by.reason, clock.now_ms())?;
                     let left = members::leave_all(c, &host, &by.operator, &by.reason, clock.now_ms())?;
@@ -1183,7 +1250,7 @@ impl Store {
     pub async fn requeue(&self, instance: String, host: Option<String>, by: By) -> StoreResult<operator::Swept> {
         let clock = self.clock.clone();
         match &self.backend {
-            Backend::Sqlite(s) => {
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
                 s.write(move |c| match host {
                     Some(host) => {
                         if hosts::standing(c, &host)? == Standing::NotEnrolled {
@@ -1208,7 +1275,7 @@ impl Store {
     ) -> StoreResult<()> {
         let clock = self.clock.clone();
         match &self.backend {
-            Backend::Sqlite(s) => {
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
                 s.write(move |c| {
                     hosts::record_operator_event(c, &action, &subject, &operator, note.as_deref(), clock.now_ms())
                 })
@@ -1220,14 +1287,15 @@ impl Store {
     /// A consistent copy of the record at `path`, checked.
     pub async fn backup_to(&self, path: std::path::PathBuf) -> StoreResult<()> {
         match &self.backend {
-            Backend::Sqlite(s) => s.read(move |c| backup::copy_to(c, &path)).await,
+            Backend::Sqlite(s) => s.read(move |c| backup::copy_to(sqlite_conn(c)?, &path)).await,
+            Backend::Postgres(_) => Err(sqlite_only("backup_to")),
         }
     }
 
     /// Every invariant, including a full integrity check; the problems found.
     pub async fn verify(&self) -> StoreResult<Vec<verify::Problem>> {
         match &self.backend {
-            Backend::Sqlite(s) => s.read(verify::check).await,
+            Backend::Sqlite(s) | Backend::Postgres(s) => s.read(verify::check).await,
         }
     }
 }
@@ -1254,14 +1322,14 @@ impl Store {
     /// The roles `name` is enrolled in.
     pub async fn enrolled_roles(&self, name: String) -> StoreResult<Vec<baton_shared::ids::Role>> {
         match &self.backend {
-            Backend::Sqlite(s) => s.read(move |c| hosts::enrolled_roles(c, &name)).await,
+            Backend::Sqlite(s) | Backend::Postgres(s) => s.read(move |c| hosts::enrolled_roles(c, &name)).await,
         }
     }
 
     /// Every certificate.
     pub async fn certificates(&self) -> StoreResult<Vec<fleet::CertRow>> {
         match &self.backend {
-            Backend::Sqlite(s) => s.read(|c| fleet::certificates(c, None)).await,
+            Backend::Sqlite(s) | Backend::Postgres(s) => s.read(|c| fleet::certificates(c, None)).await,
         }
     }
 
@@ -1271,7 +1339,7 @@ impl Store {
     pub async fn enroll(&self, e: Enrollment, operator: String) -> StoreResult<Vec<String>> {
         let clock = self.clock.clone();
         match &self.backend {
-            Backend::Sqlite(s) => {
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
                 s.write(move |c| {
                     let now_ms = clock.now_ms();
                     let (role, name) = (e.role, e.name.as_str());
@@ -1310,7 +1378,7 @@ impl Store {
     pub async fn revoke(&self, name_or_serial: String, by: By) -> StoreResult<Vec<String>> {
         let clock = self.clock.clone();
         match &self.backend {
-            Backend::Sqlite(s) => {
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
                 s.write(move |c| hosts::revoke(c, &name_or_serial, &by.operator, &by.reason, clock.now_ms())).await
             }
         }
@@ -1340,7 +1408,7 @@ impl Store {
     ) -> StoreResult<Vec<baton_shared::wire::CancelResult>> {
         let clock = self.clock.clone();
         match &self.backend {
-            Backend::Sqlite(s) => {
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
                 s.write(move |c| {
                     let ids = match &which {
                         CancelOf::Delivery(id) => vec![id.clone()],
@@ -1359,7 +1427,7 @@ impl Store {
     pub async fn retry(&self, delivery_id: String, by: By) -> StoreResult<u32> {
         let clock = self.clock.clone();
         match &self.backend {
-            Backend::Sqlite(s) => {
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
                 s.write(move |c| turns::retry(c, &delivery_id, &by.operator, &by.reason, clock.now_ms())).await
             }
         }
@@ -1368,7 +1436,7 @@ impl Store {
     /// The redrive recorded under `request_id`, if one was.
     pub async fn recorded_redrive(&self, request_id: String) -> StoreResult<Option<turns::RecordedRedrive>> {
         match &self.backend {
-            Backend::Sqlite(s) => s.read(move |c| turns::recorded_redrive(c, &request_id)).await,
+            Backend::Sqlite(s) | Backend::Postgres(s) => s.read(move |c| turns::recorded_redrive(c, &request_id)).await,
         }
     }
 
@@ -1381,7 +1449,9 @@ impl Store {
         room: u32,
     ) -> StoreResult<Vec<(String, i64)>> {
         match &self.backend {
-            Backend::Sqlite(s) => s.read(move |c| turns::redrive_batch(c, &filter, after, room)).await,
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
+                s.read(move |c| turns::redrive_batch(c, &filter, after, room)).await
+            }
         }
     }
 
@@ -1396,7 +1466,7 @@ impl Store {
     ) -> StoreResult<Vec<(String, i64)>> {
         let clock = self.clock.clone();
         match &self.backend {
-            Backend::Sqlite(s) => {
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
                 s.write(move |c| {
                     let batch = turns::redrive_batch(c, &filter, after, room)?;
                     for (id, _) in &batch {
@@ -1419,7 +1489,7 @@ impl Store {
     ) -> StoreResult<()> {
         let clock = self.clock.clone();
         match &self.backend {
-            Backend::Sqlite(s) => {
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
                 s.write(move |c| {
                     turns::record_redrive(c, &request_id, &by.operator, &by.reason, &filter, redriven, clock.now_ms())
                 })
@@ -1441,7 +1511,8 @@ impl Store {
     /// SQLite's full integrity check: what it found wrong (empty when nothing).
     pub async fn integrity(&self) -> StoreResult<Vec<String>> {
         match &self.backend {
-            Backend::Sqlite(s) => s.read(backup::integrity).await,
+            Backend::Sqlite(s) => s.read(|c| backup::integrity(sqlite_conn(c)?)).await,
+            Backend::Postgres(_) => Err(sqlite_only("integrity")),
         }
     }
 
@@ -1449,14 +1520,16 @@ impl Store {
     /// migration).
     pub async fn backup_facts(&self, schema_version: i64) -> StoreResult<backup::Facts> {
         match &self.backend {
-            Backend::Sqlite(s) => s.read(move |c| backup::facts(c, schema_version)).await,
+            Backend::Sqlite(s) => s.read(move |c| backup::facts(sqlite_conn(c)?, schema_version)).await,
+            Backend::Postgres(_) => Err(sqlite_only("backup_facts")),
         }
     }
 
     /// Folds the write-ahead log into the database file.
     pub async fn checkpoint(&self) -> StoreResult<()> {
         match &self.backend {
-            Backend::Sqlite(s) => s.read(backup::checkpoint).await,
+            Backend::Sqlite(s) => s.read(|c| backup::checkpoint(sqlite_conn(c)?)).await,
+            Backend::Postgres(_) => Err(sqlite_only("checkpoint")),
         }
     }
 }

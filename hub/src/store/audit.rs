@@ -4,8 +4,9 @@
 //! transitions, and a delivery's creation at fan-out, are the delivery flow itself, not
 //! audit, and are left out. Read-only.
 
+use super::db::Db;
 use super::{ActorKind, StoreResult, parse_column};
-use rusqlite::{Connection, named_params};
+use rusqlite::named_params;
 
 /// Where an audit entry is recorded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,21 +110,21 @@ pub struct AuditQuery<'a> {
 }
 
 /// The newest entries matching `q`, newest first, and whether more matched than `limit`.
-pub fn entries(conn: &Connection, q: AuditQuery<'_>) -> StoreResult<(Vec<AuditEntry>, bool)> {
+pub fn entries(conn: &dyn Db, q: AuditQuery<'_>) -> StoreResult<(Vec<AuditEntry>, bool)> {
     let mut rows: Vec<AuditEntry> = conn
         .prepare_cached(
             "SELECT * FROM (
                SELECT at AS at, 'o' AS src, id AS id, action, subject,
                       CASE WHEN operator = 'hub' THEN 'hub' ELSE 'operator' END, operator, reason
                  FROM operator_events
-                WHERE (:since IS NULL OR at >= :since) AND (:actor IS NULL OR operator = :actor)
+                WHERE (CAST(:since AS BIGINT) IS NULL OR at >= :since) AND (CAST(:actor AS TEXT) IS NULL OR operator = :actor)
                UNION ALL
                SELECT at, 'd', id, coalesce(from_state, '(new)') || ' -> ' || to_state, delivery_id, actor_kind, actor,
                       reason
                  FROM delivery_events
                 WHERE actor_kind IN ('operator', 'hub') AND from_state IS NOT NULL
-                  AND (:since IS NULL OR at >= :since) AND (:actor IS NULL OR actor = :actor))
-             WHERE :cat IS NULL OR at < :cat OR (at = :cat AND (src > :csrc OR (src = :csrc AND id < :cid)))
+                  AND (CAST(:since AS BIGINT) IS NULL OR at >= :since) AND (CAST(:actor AS TEXT) IS NULL OR actor = :actor)) e
+             WHERE CAST(:cat AS BIGINT) IS NULL OR at < :cat OR (at = :cat AND (src > :csrc OR (src = :csrc AND id < :cid)))
              ORDER BY at DESC, src, id DESC LIMIT :limit",
         )?
         .query_map(

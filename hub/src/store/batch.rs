@@ -10,8 +10,8 @@
 //!
 //! Invariant: a batch's results are one per item, in the order of the items.
 
+use super::db::Db;
 use super::{StoreError, StoreResult, control};
-use rusqlite::Connection;
 
 /// The savepoint each item runs in (nested in the writer's job savepoint).
 const ITEM_SAVEPOINT: &str = "SAVEPOINT batch_item";
@@ -24,9 +24,9 @@ const ITEM_ROLLBACK: &str = "ROLLBACK TO batch_item";
 /// An item's error (other than a storage failure) rolls back that item only; a storage failure
 /// ends the batch with that error. Call inside a write transaction.
 pub fn each<I, T>(
-    conn: &Connection,
+    conn: &dyn Db,
     items: impl IntoIterator<Item = I>,
-    mut apply: impl FnMut(&Connection, I) -> StoreResult<T>,
+    mut apply: impl FnMut(&dyn Db, I) -> StoreResult<T>,
 ) -> StoreResult<Vec<StoreResult<T>>> {
     let items = items.into_iter();
     let mut results = Vec::with_capacity(items.size_hint().0);
@@ -50,7 +50,7 @@ mod tests {
     use super::*;
     use crate::store::testing;
 
-    fn count(conn: &Connection) -> i64 {
+    fn count(conn: &dyn Db) -> i64 {
         conn.query_row("SELECT count(*) FROM batch_probe", [], |r| r.get(0)).unwrap()
     }
 
@@ -58,7 +58,8 @@ mod tests {
     fn a_failed_item_is_rolled_back_alone_and_results_keep_the_order() {
         let db = testing::db();
         let conn = &db.conn;
-        conn.execute_batch("CREATE TEMP TABLE batch_probe (n INTEGER); BEGIN IMMEDIATE").unwrap();
+        conn.execute_batch("CREATE TEMP TABLE batch_probe (n INTEGER)").unwrap();
+        conn.begin_write().unwrap();
         let results = each(conn, [1, 2, 3], |c, n| {
             c.execute("INSERT INTO batch_probe (n) VALUES (?1)", [n])?;
             if n == 2 { Err(StoreError::StaleClaim(format!("item {n}"))) } else { Ok(n) }
@@ -76,7 +77,8 @@ mod tests {
     fn a_storage_failure_ends_the_batch() {
         let db = testing::db();
         let conn = &db.conn;
-        conn.execute_batch("CREATE TEMP TABLE batch_probe (n INTEGER); BEGIN IMMEDIATE").unwrap();
+        conn.execute_batch("CREATE TEMP TABLE batch_probe (n INTEGER)").unwrap();
+        conn.begin_write().unwrap();
         let mut seen = Vec::new();
         let r = each(conn, [1, 2, 3], |c, n| {
             seen.push(n);

@@ -23,6 +23,7 @@
 //! refused (`InstanceConflict`) while the bound one still holds anything; once it holds
 //! nothing, the new instance takes the binding (recorded as an operator-visible event).
 
+use super::db::{Db, Row};
 use super::fences::{self, ClaimScan, Fence, FenceKind};
 use super::hosts::{self, Standing};
 use super::transition::{self, Change, Holder};
@@ -32,11 +33,11 @@ use baton_shared::limits::{INSTANCE_REBIND_WINDOW, INSTANCE_REBINDS_PER_WINDOW_M
 use baton_shared::states::DeliveryState::{self, *};
 use baton_shared::states::Rerun;
 use baton_shared::wire::{ClaimedDelivery, TransitionResponse};
-use rusqlite::{Connection, OptionalExtension, named_params};
+use rusqlite::{OptionalExtension, named_params};
 use std::collections::{HashMap, VecDeque};
 
 /// Whether the host row exists and is not retired; fails its queued work when it is retired.
-fn host_may_claim(conn: &Connection, host: &str, now_ms: i64) -> StoreResult<bool> {
+fn host_may_claim(conn: &dyn Db, host: &str, now_ms: i64) -> StoreResult<bool> {
     match hosts::standing(conn, host)? {
         Standing::NotEnrolled => Err(StoreError::NotYours(format!("host {host} is not enrolled"))),
         Standing::Active => Ok(true),
@@ -64,7 +65,7 @@ fn host_may_claim(conn: &Connection, host: &str, now_ms: i64) -> StoreResult<boo
 /// How many deliveries `instance_id` holds on `host`: claimed, mirrored, or delivered with no
 /// outcome of the current run. Instance ids are scoped per host: another host's deliveries under
 /// the same id are not counted.
-pub fn holding_count(conn: &Connection, host: &str, instance_id: &str) -> StoreResult<i64> {
+pub fn holding_count(conn: &dyn Db, host: &str, instance_id: &str) -> StoreResult<i64> {
     Ok(conn
         .prepare_cached(
             "SELECT count(*) FROM deliveries d WHERE d.host = ?1 AND d.instance_id = ?2
@@ -95,7 +96,7 @@ impl Default for RebindLimit {
 }
 
 pub(crate) fn bind_instance(
-    conn: &Connection,
+    conn: &dyn Db,
     host: &str,
     instance_id: &str,
     rebind: RebindLimit,
@@ -145,13 +146,7 @@ pub(crate) fn bind_instance(
 }
 
 /// `claim_as` without a certificate to re-check (in-process callers: tests, benchmarks).
-pub fn claim(
-    conn: &Connection,
-    host: &str,
-    instance_id: &str,
-    max: u32,
-    now_ms: i64,
-) -> StoreResult<Vec<ClaimedDelivery>> {
+pub fn claim(conn: &dyn Db, host: &str, instance_id: &str, max: u32, now_ms: i64) -> StoreResult<Vec<ClaimedDelivery>> {
     claim_as(conn, Claimant { host, serial: None, instance_id, rebind: RebindLimit::default() }, max, now_ms)
 }
 
@@ -182,7 +177,7 @@ pub struct Claimant<'a> {
 /// still owed its fan-out, and none has a delivery that is queued or held. Fairness: the
 /// conversations with queued work for the host take turns, least recently served first, one
 /// delivery per turn, so a deep conversation cannot fill a batch while another one waits.
-pub fn claim_as(conn: &Connection, who: Claimant<'_>, max: u32, now_ms: i64) -> StoreResult<Vec<ClaimedDelivery>> {
+pub fn claim_as(conn: &dyn Db, who: Claimant<'_>, max: u32, now_ms: i64) -> StoreResult<Vec<ClaimedDelivery>> {
     let (host, instance_id) = (who.host, who.instance_id);
     if let Some(serial) = who.serial {
         let revoked: Option<bool> = conn
@@ -217,7 +212,7 @@ pub fn claim_as(conn: &Connection, who: Claimant<'_>, max: u32, now_ms: i64) -> 
 /// might do something: the host is retired (its queued work fails), another instance is bound
 /// (the binding or the conflict is decided there), or a queued delivery of the host is due and
 /// not every one of them is paused.
-pub fn worth_claiming(conn: &Connection, who: Claimant<'_>, now_ms: i64) -> StoreResult<bool> {
+pub fn worth_claiming(conn: &dyn Db, who: Claimant<'_>, now_ms: i64) -> StoreResult<bool> {
     if let Some(serial) = who.serial {
         let revoked: Option<bool> = conn
             .prepare_cached("SELECT revoked_at IS NOT NULL FROM certificates WHERE serial = ?1")?
@@ -283,7 +278,7 @@ struct Head {
 }
 
 impl Head {
-    fn from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Head> {
+    fn from_row(r: &Row<'_>) -> rusqlite::Result<Head> {
         Ok(Head {
             id: r.get(0)?,
             message_id: r.get(1)?,
@@ -296,7 +291,7 @@ impl Head {
 
 /// One claim's walk over the host's conversation queues.
 struct Scan<'a> {
-    conn: &'a Connection,
+    conn: &'a dyn Db,
     host: &'a str,
     holder_instance: &'a str,
     fences: &'a [Fence],
@@ -319,7 +314,7 @@ struct Scan<'a> {
 
 impl<'a> Scan<'a> {
     fn new(
-        conn: &'a Connection,
+        conn: &'a dyn Db,
         host: &'a str,
         holder_instance: &'a str,
         fences: &'a [Fence],
@@ -643,7 +638,7 @@ pub const NOT_A_MEMBER: &str = "not a member";
 
 /// What `instance_id` holds on `host`: claimed, mirrored, or delivered without an outcome of the
 /// current run; each with its run and whether a cancel was asked for.
-pub fn holdings(conn: &Connection, host: &str, instance_id: &str) -> StoreResult<Vec<ClaimedDelivery>> {
+pub fn holdings(conn: &dyn Db, host: &str, instance_id: &str) -> StoreResult<Vec<ClaimedDelivery>> {
     let rows = conn
         .prepare_cached(
             "SELECT d.id, d.message_id, d.conversation, d.seq, m.payload, d.claim_token, d.state, m.producer,
@@ -685,7 +680,7 @@ struct HeldRow {
     claim_token: Option<String>,
 }
 
-fn load(conn: &Connection, delivery_id: &str, host: &str) -> StoreResult<HeldRow> {
+fn load(conn: &dyn Db, delivery_id: &str, host: &str) -> StoreResult<HeldRow> {
     let row = conn
         .prepare_cached("SELECT host, state, instance_id, claim_token FROM deliveries WHERE id = ?1")?
         .query_row([delivery_id], |r| {
@@ -717,7 +712,7 @@ fn check_holder(row: &HeldRow, delivery_id: &str, holder: Holder<'_>) -> StoreRe
 
 /// The holder recorded its local copy: claimed → mirrored. Repeating it changes nothing.
 pub fn mirrored(
-    conn: &Connection,
+    conn: &dyn Db,
     host: &str,
     delivery_id: &str,
     holder: Holder<'_>,
@@ -730,7 +725,7 @@ pub fn mirrored(
 
 /// The holder acked the durable handoff: mirrored → delivered. Repeating it changes nothing.
 pub fn ack(
-    conn: &Connection,
+    conn: &dyn Db,
     host: &str,
     delivery_id: &str,
     holder: Holder<'_>,
@@ -743,7 +738,7 @@ pub fn ack(
 
 #[allow(clippy::too_many_arguments)]
 fn holder_step(
-    conn: &Connection,
+    conn: &dyn Db,
     host: &str,
     delivery_id: &str,
     holder: Holder<'_>,
@@ -768,7 +763,7 @@ fn holder_step(
 
 /// The holder refuses the delivery: claimed or mirrored → failed, with its reason.
 pub fn reject(
-    conn: &Connection,
+    conn: &dyn Db,
     host: &str,
     delivery_id: &str,
     holder: Holder<'_>,
@@ -822,7 +817,7 @@ mod tests {
     use FenceKind::*;
 
     fn fence_set(
-        conn: &Connection,
+        conn: &dyn Db,
         kind: FenceKind,
         scope: FenceScope,
         target: Option<&str>,
@@ -837,7 +832,7 @@ mod tests {
         got.iter().map(|d| (d.conversation.as_str(), d.seq)).collect()
     }
 
-    fn delivery_of(conn: &Connection, message_id: &str, host: &str) -> String {
+    fn delivery_of(conn: &dyn Db, message_id: &str, host: &str) -> String {
         conn.query_row("SELECT id FROM deliveries WHERE message_id = ?1 AND host = ?2", [message_id, host], |r| {
             r.get(0)
         })
@@ -1089,7 +1084,7 @@ mod tests {
                     SELECT host, conversation, count(*) AS n FROM deliveries WHERE state = 'queued' GROUP BY host, conversation
                  ) d FULL JOIN (SELECT host, conversation, queued AS n FROM conversation_queues WHERE queued > 0) q
                    USING (host, conversation)
-                 WHERE d.n IS NOT q.n",
+                 WHERE d.n IS DISTINCT FROM q.n",
                 [],
                 |r| r.get(0),
             )
@@ -1116,7 +1111,7 @@ mod tests {
         assert_eq!(state, "queued", "nothing was handed out or failed");
     }
 
-    fn state_of_msg(conn: &Connection, msg: &str) -> (String, Option<String>) {
+    fn state_of_msg(conn: &dyn Db, msg: &str) -> (String, Option<String>) {
         conn.query_row("SELECT state, reason FROM deliveries WHERE message_id = ?1", [msg], |r| {
             Ok((r.get(0)?, r.get(1)?))
         })

@@ -8,13 +8,14 @@
 //! order of `claim`, the retry barrier, a redrive's exemption), read from the record; they
 //! explain, they decide nothing.
 
+use super::db::{Db, Row};
 use super::fences::{self, Fence, FenceKind, FenceScope};
 use super::fleet::{self, HostRow, HostState};
 use super::read::DeliveryRow;
 use super::{StoreError, StoreResult, parse_column, parse_column_opt, state_column};
 use baton_shared::duration::human_ms;
 use baton_shared::states::{DeliveryState, Outcome, Rerun};
-use rusqlite::{Connection, OptionalExtension, named_params};
+use rusqlite::{OptionalExtension, named_params};
 use std::collections::HashMap;
 
 /// The fence that keeps a delivery where it is, as the record holds it.
@@ -172,7 +173,7 @@ pub struct Explanation {
 
 /// What explaining many rows shares: the active fences, and each host's liveness read once.
 pub struct Explainer<'c> {
-    conn: &'c Connection,
+    conn: &'c dyn Db,
     now_ms: i64,
     silence_warn_ms: i64,
     fences: Vec<Fence>,
@@ -181,7 +182,7 @@ pub struct Explainer<'c> {
 
 impl<'c> Explainer<'c> {
     /// Reads the active fences; `silence_warn_ms` is the hub's `host_silence_warn`.
-    pub fn new(conn: &'c Connection, now_ms: i64, silence_warn_ms: i64) -> StoreResult<Explainer<'c>> {
+    pub fn new(conn: &'c dyn Db, now_ms: i64, silence_warn_ms: i64) -> StoreResult<Explainer<'c>> {
         Ok(Explainer { conn, now_ms, silence_warn_ms, fences: fences::active(conn)?, hosts: HashMap::new() })
     }
 
@@ -229,7 +230,7 @@ fn settled(state: DeliveryState, run: &Run) -> bool {
     }
 }
 
-fn run_of(conn: &Connection, id: &str) -> StoreResult<Run> {
+fn run_of(conn: &dyn Db, id: &str) -> StoreResult<Run> {
     conn.prepare_cached(
         "SELECT d.attempt, m.max_attempts, d.rerun, d.not_before, d.started_at, d.started_session,
                 (SELECT outcome FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt
@@ -262,7 +263,7 @@ fn run_of(conn: &Connection, id: &str) -> StoreResult<Run> {
     .ok_or_else(|| StoreError::NotFound(format!("no delivery {id}")))
 }
 
-fn fence_hold(conn: &Connection, id: i64) -> StoreResult<FenceHold> {
+fn fence_hold(conn: &dyn Db, id: i64) -> StoreResult<FenceHold> {
     Ok(conn
         .prepare_cached("SELECT id, kind, scope, target, set_by, set_at, reason, expires_at FROM fences WHERE id = ?1")?
         .query_row([id], |r| {
@@ -285,7 +286,7 @@ fn fence_hold(conn: &Connection, id: i64) -> StoreResult<FenceHold> {
 /// retryable message (`max_attempts > 1`) in flight without its current run's outcome (the
 /// retry barrier); once delivered, the node runs the conversation's turns one at a time, so
 /// any earlier one in flight without an outcome. A redrive holds nothing back.
-fn behind_of(conn: &Connection, d: &DeliveryRow) -> StoreResult<Option<Behind>> {
+fn behind_of(conn: &dyn Db, d: &DeliveryRow) -> StoreResult<Option<Behind>> {
     let handed_out = matches!(d.state, DeliveryState::Claimed | DeliveryState::Mirrored | DeliveryState::Delivered);
     let p = named_params! {":h": d.host, ":c": d.conversation, ":s": d.seq, ":out": handed_out};
     let fan_out: Option<(String, i64)> = conn
@@ -300,7 +301,7 @@ fn behind_of(conn: &Connection, d: &DeliveryRow) -> StoreResult<Option<Behind>> 
     // Each candidate through its own index: the partial queued and held indexes, the small
     // `messages_retryable` for the retry barrier; only a delivered turn waiting on its node
     // (rare in a listing) reads the host's in-flight rows.
-    let row = |r: &rusqlite::Row<'_>| -> rusqlite::Result<(i64, Behind)> {
+    let row = |r: &Row<'_>| -> rusqlite::Result<(i64, Behind)> {
         let id: String = r.get(0)?;
         let seq: i64 = r.get(1)?;
         Ok((
@@ -322,22 +323,22 @@ fn behind_of(conn: &Connection, d: &DeliveryRow) -> StoreResult<Option<Behind>> 
         vec![format!(
             "SELECT {COLUMNS} FROM deliveries d
              WHERE d.host = :h AND d.state IN ('claimed', 'mirrored', 'delivered') AND d.conversation = :c
-               AND d.seq < :s AND d.rerun IS NOT 'redrive' AND {NO_OUTCOME} ORDER BY d.seq LIMIT 1"
+               AND d.seq < :s AND d.rerun IS DISTINCT FROM 'redrive' AND {NO_OUTCOME} ORDER BY d.seq LIMIT 1"
         )]
     } else {
         vec![
             format!(
                 "SELECT {COLUMNS} FROM deliveries d WHERE d.host = :h AND d.conversation = :c AND d.seq < :s
-                   AND d.state = 'queued' AND d.rerun IS NOT 'redrive' ORDER BY d.seq LIMIT 1"
+                   AND d.state = 'queued' AND d.rerun IS DISTINCT FROM 'redrive' ORDER BY d.seq LIMIT 1"
             ),
             format!(
                 "SELECT {COLUMNS} FROM deliveries d WHERE d.host = :h AND d.conversation = :c AND d.seq < :s
-                   AND d.state = 'held' AND d.rerun IS NOT 'redrive' ORDER BY d.seq LIMIT 1"
+                   AND d.state = 'held' AND d.rerun IS DISTINCT FROM 'redrive' ORDER BY d.seq LIMIT 1"
             ),
             format!(
                 "SELECT {COLUMNS} FROM messages m JOIN deliveries d ON d.message_id = m.id AND d.host = :h
                  WHERE m.conversation = :c AND m.seq < :s AND m.max_attempts > 1
-                   AND d.state IN ('claimed', 'mirrored', 'delivered') AND d.rerun IS NOT 'redrive' AND {NO_OUTCOME}
+                   AND d.state IN ('claimed', 'mirrored', 'delivered') AND d.rerun IS DISTINCT FROM 'redrive' AND {NO_OUTCOME}
                  ORDER BY m.seq LIMIT 1"
             ),
         ]
@@ -520,12 +521,12 @@ fn delivered_reason(run: &Run, behind: Option<&Behind>, instance: &str, silent: 
 }
 
 /// The explanation of one delivery.
-pub fn explain(conn: &Connection, d: &DeliveryRow, now_ms: i64, silence_warn_ms: i64) -> StoreResult<Explanation> {
+pub fn explain(conn: &dyn Db, d: &DeliveryRow, now_ms: i64, silence_warn_ms: i64) -> StoreResult<Explanation> {
     Explainer::new(conn, now_ms, silence_warn_ms)?.explain(d)
 }
 
 /// The explanation of the delivery with this id.
-pub fn explain_id(conn: &Connection, id: &str, now_ms: i64, silence_warn_ms: i64) -> StoreResult<Explanation> {
+pub fn explain_id(conn: &dyn Db, id: &str, now_ms: i64, silence_warn_ms: i64) -> StoreResult<Explanation> {
     let d = conn
         .prepare_cached(
             "SELECT d.id, d.message_id, d.host, d.conversation, d.seq, d.state, d.instance_id, d.reason, d.updated_at,

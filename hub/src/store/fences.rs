@@ -12,9 +12,9 @@
 //! Invariant: each fence records the last delivery event committed before it was set and before
 //! it was lifted, which places it exactly in the record's commit order.
 
+use super::db::{Db, Dialect};
 use super::hosts::record_operator_event;
 use super::{StoreError, StoreResult, parse_column};
-use rusqlite::Connection;
 
 /// What a fence does at claim time. Ordered by strength: `Block` > `Hold` > `Pause`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -184,7 +184,7 @@ pub fn claim_scan(fences: &[Fence], host: &str) -> ClaimScan {
 }
 
 /// The active (not lifted) fences, oldest first.
-pub fn active(conn: &Connection) -> StoreResult<Vec<Fence>> {
+pub fn active(conn: &dyn Db) -> StoreResult<Vec<Fence>> {
     let rows = conn
         .prepare_cached("SELECT id, kind, scope, target, reason FROM fences WHERE lifted_at IS NULL ORDER BY id")?
         .query_map([], |r| {
@@ -222,13 +222,13 @@ pub struct NewFence<'a> {
 /// The fence records the last delivery event committed before it (and its lift the same), which
 /// places it exactly in the record's commit order: a claim event with a higher id committed
 /// after the fence. Checkers use this to prove no claim slipped past an active fence.
-pub fn set(conn: &Connection, f: NewFence<'_>, now_ms: i64) -> StoreResult<i64> {
+pub fn set(conn: &dyn Db, f: NewFence<'_>, now_ms: i64) -> StoreResult<i64> {
     set_until(conn, f, None, now_ms)
 }
 
 /// Sets a fence that the hub lifts at `expires_at_ms` (unix ms; `None`: until an operator
 /// lifts it). Returns its id. See `set`.
-pub fn set_until(conn: &Connection, f: NewFence<'_>, expires_at_ms: Option<i64>, now_ms: i64) -> StoreResult<i64> {
+pub fn set_until(conn: &dyn Db, f: NewFence<'_>, expires_at_ms: Option<i64>, now_ms: i64) -> StoreResult<i64> {
     if (f.scope == FenceScope::All) != f.target.is_none() {
         return Err(StoreError::Invalid("a fence names a conversation or a host, or covers all".into()));
     }
@@ -237,12 +237,15 @@ pub fn set_until(conn: &Connection, f: NewFence<'_>, expires_at_ms: Option<i64>,
     {
         return Err(StoreError::Invalid("a fence's expiry must lie in the future".into()));
     }
-    conn.prepare_cached(
+    let sql = format!(
         "INSERT INTO fences (kind, scope, target, set_by, set_at, set_after_event, reason, expires_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, (SELECT coalesce(max(seq), 0) FROM sqlite_sequence WHERE name = 'delivery_events'), ?6, ?7)",
-    )?
-    .execute(rusqlite::params![f.kind.as_str(), f.scope.as_str(), f.target, f.operator, now_ms, f.reason, expires_at_ms])?;
-    let id = conn.last_insert_rowid();
+         VALUES (?1, ?2, ?3, ?4, ?5, {}, ?6, ?7) RETURNING id",
+        last_event_seq(conn)
+    );
+    let id: i64 = conn.prepare_cached(&sql)?.query_row(
+        rusqlite::params![f.kind.as_str(), f.scope.as_str(), f.target, f.operator, now_ms, f.reason, expires_at_ms],
+        |r| r.get(0),
+    )?;
     let action = format!("fence_{}", f.kind.as_str());
     record_operator_event(conn, &action, &format!("fence {id}"), f.operator, Some(f.reason), now_ms)?;
     Ok(id)
@@ -251,7 +254,7 @@ pub fn set_until(conn: &Connection, f: NewFence<'_>, expires_at_ms: Option<i64>,
 /// The active fence of exactly this kind and scope (and target), if one exists: a second one
 /// would change nothing.
 pub fn active_same(
-    conn: &Connection,
+    conn: &dyn Db,
     kind: FenceKind,
     scope: FenceScope,
     target: Option<&str>,
@@ -261,7 +264,7 @@ pub fn active_same(
 
 /// Whether any message was ever accepted into `conversation` (a fence on one that has none is
 /// most likely a typo).
-pub fn conversation_has_messages(conn: &Connection, conversation: &str) -> StoreResult<bool> {
+pub fn conversation_has_messages(conn: &dyn Db, conversation: &str) -> StoreResult<bool> {
     Ok(conn
         .prepare_cached("SELECT EXISTS (SELECT 1 FROM messages WHERE conversation = ?1)")?
         .query_row([conversation], |r| r.get(0))?)
@@ -272,7 +275,7 @@ pub const EXPIRY_ACTOR: &str = "hub";
 
 /// The earliest expiry (unix ms) of an active time-boxed fence, if any: a cheap read that tells
 /// the hub whether `lift_expired` has anything to do.
-pub fn next_expiry(conn: &Connection) -> StoreResult<Option<i64>> {
+pub fn next_expiry(conn: &dyn Db) -> StoreResult<Option<i64>> {
     Ok(conn
         .prepare_cached("SELECT min(expires_at) FROM fences WHERE lifted_at IS NULL AND expires_at IS NOT NULL")?
         .query_row([], |r| r.get(0))?)
@@ -280,7 +283,7 @@ pub fn next_expiry(conn: &Connection) -> StoreResult<Option<i64>> {
 
 /// Lifts every active fence whose expiry is at or before `now_ms`, recorded as lifted by the
 /// hub. Returns their ids. The hub runs this on its own pace; changing CLI commands run it too.
-pub fn lift_expired(conn: &Connection, now_ms: i64) -> StoreResult<Vec<i64>> {
+pub fn lift_expired(conn: &dyn Db, now_ms: i64) -> StoreResult<Vec<i64>> {
     let ids: Vec<i64> = conn
         .prepare_cached(
             "SELECT id FROM fences WHERE lifted_at IS NULL AND expires_at IS NOT NULL AND expires_at <= ?1 ORDER BY id",
@@ -293,20 +296,29 @@ pub fn lift_expired(conn: &Connection, now_ms: i64) -> StoreResult<Vec<i64>> {
     Ok(ids)
 }
 
+/// The SQL for the newest event number ever drawn (0 before the first), whether or not that
+/// event's row is still kept: SQLite's `AUTOINCREMENT` counter, or PostgreSQL's sequence (drawn
+/// in commit order there too, since writers take the record's write lock first).
+fn last_event_seq(conn: &dyn Db) -> &'static str {
+    match conn.dialect() {
+        Dialect::Sqlite => "(SELECT coalesce(max(seq), 0) FROM sqlite_sequence WHERE name = 'delivery_events')",
+        Dialect::Postgres => "(SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM delivery_events_id_seq)",
+    }
+}
+
 /// Lifts an active fence.
-pub fn lift(conn: &Connection, id: i64, operator: &str, reason: &str, now_ms: i64) -> StoreResult<()> {
+pub fn lift(conn: &dyn Db, id: i64, operator: &str, reason: &str, now_ms: i64) -> StoreResult<()> {
     lift_as(conn, id, operator, reason, "fence_lift", now_ms)
 }
 
 /// Lifts an active fence, recording `action` in the operator event log.
-fn lift_as(conn: &Connection, id: i64, operator: &str, reason: &str, action: &str, now_ms: i64) -> StoreResult<()> {
-    let n = conn
-        .prepare_cached(
-            "UPDATE fences SET lifted_at = ?2, lifted_by = ?3, lifted_reason = ?4,
-                    lifted_after_event = (SELECT coalesce(max(seq), 0) FROM sqlite_sequence WHERE name = 'delivery_events')
-             WHERE id = ?1 AND lifted_at IS NULL",
-        )?
-        .execute(rusqlite::params![id, now_ms, operator, reason])?;
+fn lift_as(conn: &dyn Db, id: i64, operator: &str, reason: &str, action: &str, now_ms: i64) -> StoreResult<()> {
+    let sql = format!(
+        "UPDATE fences SET lifted_at = ?2, lifted_by = ?3, lifted_reason = ?4, lifted_after_event = {}
+         WHERE id = ?1 AND lifted_at IS NULL",
+        last_event_seq(conn)
+    );
+    let n = conn.prepare_cached(&sql)?.execute(rusqlite::params![id, now_ms, operator, reason])?;
     if n != 1 {
         return Err(StoreError::NotFound(format!("no active fence {id}")));
     }
@@ -339,7 +351,7 @@ pub struct FenceRow {
 }
 
 /// Lists fences, newest first; only active ones unless `all`.
-pub fn list(conn: &Connection, all: bool) -> StoreResult<Vec<FenceRow>> {
+pub fn list(conn: &dyn Db, all: bool) -> StoreResult<Vec<FenceRow>> {
     let rows = conn
         .prepare_cached(
             "SELECT id, kind, scope, target, set_by, set_at, reason, lifted_at, lifted_by, expires_at FROM fences
@@ -366,7 +378,7 @@ pub fn list(conn: &Connection, all: bool) -> StoreResult<Vec<FenceRow>> {
 }
 
 /// How many fences are active.
-pub fn active_count(conn: &Connection) -> StoreResult<i64> {
+pub fn active_count(conn: &dyn Db) -> StoreResult<i64> {
     Ok(conn.prepare_cached("SELECT count(*) FROM fences WHERE lifted_at IS NULL")?.query_row([], |r| r.get(0))?)
 }
 

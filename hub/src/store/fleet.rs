@@ -3,9 +3,10 @@
 //! events; and the two things `status` flags: hosts gone silent and certificates about to
 //! expire. Read-only: every function here runs on a read connection.
 
+use super::db::{Db, Row};
 use super::{StoreResult, parse_column, parse_column_opt};
 use baton_shared::ids::Role;
-use rusqlite::{Connection, OptionalExtension, named_params};
+use rusqlite::{OptionalExtension, named_params};
 
 /// Most recent events `hosts show` lists, of each kind (operator and delivery events).
 pub const HOST_EVENTS_SHOWN_MAX: u32 = 20;
@@ -158,7 +159,7 @@ pub struct HostDetail {
     pub events: Vec<HostEvent>,
 }
 
-fn session_row(r: &rusqlite::Row<'_>, first: usize, host: &str) -> rusqlite::Result<Option<SessionRow>> {
+fn session_row(r: &Row<'_>, first: usize, host: &str) -> rusqlite::Result<Option<SessionRow>> {
     let Some(session) = r.get::<_, Option<i64>>(first)? else { return Ok(None) };
     let row = format!("{host} session {session}");
     Ok(Some(SessionRow {
@@ -184,7 +185,7 @@ const HOST_SELECT: &str = "SELECT h.name, h.enrolled_at, h.retired_at, h.retired
     LEFT JOIN node_sessions s ON s.host = h.name
         AND s.session = (SELECT max(session) FROM node_sessions m WHERE m.host = h.name)";
 
-fn host_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<HostRow> {
+fn host_row(r: &Row<'_>) -> rusqlite::Result<HostRow> {
     let name: String = r.get(0)?;
     let retired_at: Option<i64> = r.get(2)?;
     let active_certs: i64 = r.get(7)?;
@@ -220,7 +221,7 @@ fn host_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<HostRow> {
 }
 
 /// What `host` holds in flight.
-fn holdings(conn: &Connection, host: &str) -> StoreResult<Holdings> {
+fn holdings(conn: &dyn Db, host: &str) -> StoreResult<Holdings> {
     let mut h = Holdings::default();
     let mut stmt = conn.prepare_cached(
         "SELECT d.state, count(*) FROM deliveries d
@@ -241,7 +242,7 @@ fn holdings(conn: &Connection, host: &str) -> StoreResult<Holdings> {
 }
 
 /// Every host, by name.
-pub fn hosts(conn: &Connection) -> StoreResult<Vec<HostRow>> {
+pub fn hosts(conn: &dyn Db) -> StoreResult<Vec<HostRow>> {
     let mut rows: Vec<HostRow> = conn
         .prepare_cached(&format!("{HOST_SELECT} ORDER BY h.name"))?
         .query_map([], host_row)?
@@ -254,12 +255,12 @@ pub fn hosts(conn: &Connection) -> StoreResult<Vec<HostRow>> {
 
 /// One host's row without its holdings (left at zero) or certificates: what `explain` needs
 /// of its liveness, in one indexed read. `None` when it was never enrolled.
-pub fn host_standing(conn: &Connection, name: &str) -> StoreResult<Option<HostRow>> {
+pub fn host_standing(conn: &dyn Db, name: &str) -> StoreResult<Option<HostRow>> {
     Ok(conn.prepare_cached(&format!("{HOST_SELECT} WHERE h.name = ?1"))?.query_row([name], host_row).optional()?)
 }
 
 /// One host with its certificates and recent events; `None` when it was never enrolled.
-pub fn host(conn: &Connection, name: &str) -> StoreResult<Option<HostDetail>> {
+pub fn host(conn: &dyn Db, name: &str) -> StoreResult<Option<HostDetail>> {
     let Some(mut host) = host_standing(conn, name)? else {
         return Ok(None);
     };
@@ -289,11 +290,11 @@ pub fn host(conn: &Connection, name: &str) -> StoreResult<Option<HostDetail>> {
 }
 
 /// A row in the events' column order (at, action, subject, actor, reason) as a `HostEvent`.
-fn host_event(r: &rusqlite::Row<'_>, kind: &'static str) -> rusqlite::Result<HostEvent> {
+fn host_event(r: &Row<'_>, kind: &'static str) -> rusqlite::Result<HostEvent> {
     Ok(HostEvent { at_ms: r.get(0)?, kind, action: r.get(1)?, subject: r.get(2)?, actor: r.get(3)?, reason: r.get(4)? })
 }
 
-fn cert_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<CertRow> {
+fn cert_row(r: &Row<'_>) -> rusqlite::Result<CertRow> {
     let serial: String = r.get(0)?;
     let revoked = match r.get::<_, Option<i64>>(5)? {
         Some(at) => Some((
@@ -314,7 +315,7 @@ fn cert_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<CertRow> {
 }
 
 /// Every certificate (or those of one role and name), by name, then newest first.
-pub fn certificates(conn: &Connection, of: Option<(Role, &str)>) -> StoreResult<Vec<CertRow>> {
+pub fn certificates(conn: &dyn Db, of: Option<(Role, &str)>) -> StoreResult<Vec<CertRow>> {
     let (role, name) = match of {
         Some((role, name)) => (Some(role.as_str()), Some(name)),
         None => (None, None),
@@ -322,7 +323,7 @@ pub fn certificates(conn: &Connection, of: Option<(Role, &str)>) -> StoreResult<
     Ok(conn
         .prepare_cached(
             "SELECT serial, role, name, issued_at, not_after, revoked_at, revoked_by, revoked_reason FROM certificates
-             WHERE (:r IS NULL OR role = :r) AND (:n IS NULL OR name = :n)
+             WHERE (CAST(:r AS TEXT) IS NULL OR role = :r) AND (CAST(:n AS TEXT) IS NULL OR name = :n)
              ORDER BY name, role, issued_at DESC, serial",
         )?
         .query_map(named_params! {":r": role, ":n": name}, cert_row)?
@@ -343,7 +344,7 @@ pub struct SilentHost {
 /// The hosts (not retired) whose newest session is open and was last heard from before
 /// `now_ms - silence_ms`. A host that never registered a session, or whose node said goodbye,
 /// is not silent: nothing is expected from it.
-pub fn silent_hosts(conn: &Connection, now_ms: i64, silence_ms: i64) -> StoreResult<Vec<SilentHost>> {
+pub fn silent_hosts(conn: &dyn Db, now_ms: i64, silence_ms: i64) -> StoreResult<Vec<SilentHost>> {
     Ok(conn
         .prepare_cached(
             "SELECT s.host, s.session, s.last_contact_at FROM node_sessions s JOIN hosts h ON h.name = s.host
@@ -360,14 +361,17 @@ pub fn silent_hosts(conn: &Connection, now_ms: i64, silence_ms: i64) -> StoreRes
 /// For each name (and role) still in use, its certificate that lasts longest, when even that
 /// one expires before `until_unix`: the names that will lose access unless renewed. Revoked
 /// certificates, retired hosts and names with no unrevoked certificate are left out.
-pub fn expiring_certificates(conn: &Connection, until_unix: i64) -> StoreResult<Vec<CertRow>> {
+pub fn expiring_certificates(conn: &dyn Db, until_unix: i64) -> StoreResult<Vec<CertRow>> {
     Ok(conn
         .prepare_cached(
-            "SELECT serial, role, name, issued_at, max(not_after), revoked_at, revoked_by, revoked_reason
+            "SELECT serial, role, name, issued_at, not_after, revoked_at, revoked_by, revoked_reason
              FROM certificates c
-             WHERE revoked_at IS NULL
+             WHERE revoked_at IS NULL AND not_after < :until
                AND NOT (role = 'node' AND EXISTS (SELECT 1 FROM hosts h WHERE h.name = c.name AND h.retired_at IS NOT NULL))
-             GROUP BY role, name HAVING max(not_after) < :until ORDER BY name, role",
+               AND NOT EXISTS (SELECT 1 FROM certificates l
+                               WHERE l.role = c.role AND l.name = c.name AND l.revoked_at IS NULL
+                                 AND (l.not_after > c.not_after OR (l.not_after = c.not_after AND l.serial > c.serial)))
+             ORDER BY name, role",
         )?
         .query_map(named_params! {":until": until_unix}, cert_row)?
         .collect::<Result<_, _>>()?)
@@ -379,11 +383,11 @@ mod tests {
     use crate::store::hosts::{Issued, enroll};
     use crate::store::testing;
 
-    fn session(c: &Connection, host: &str, n: i64, last_contact: i64, ended: Option<&str>, took_over: Option<i64>) {
+    fn session(c: &dyn Db, host: &str, n: i64, last_contact: i64, ended: Option<&str>, took_over: Option<i64>) {
         c.execute(
             "INSERT INTO node_sessions (host, session, instance_id, node_version, started_at, ended_at, ended_how, took_over, last_contact_at)
-             VALUES (?1, ?2, 'inst-' || ?2, '0.1.0', ?3, CASE WHEN ?4 IS NULL THEN NULL ELSE ?3 END, ?4, ?5, ?3)",
-            rusqlite::params![host, n, last_contact, ended, took_over],
+             VALUES (?1, ?2, ?6, '0.1.0', ?3, ?7, ?4, ?5, ?3)",
+            rusqlite::params![host, n, last_contact, ended, took_over, format!("inst-{n}"), ended.map(|_| last_contact)],
         )
         .unwrap();
     }

@@ -1,13 +1,14 @@
 //! Hosts and certificates: enrolling a host or producer, looking a certificate up, revoking,
 //! and the operator event log for changes that are not delivery transitions.
 
+use super::db::Db;
 use super::{StoreError, StoreResult, parse_column};
 use baton_shared::ids::Role;
-use rusqlite::{Connection, OptionalExtension};
+use rusqlite::OptionalExtension;
 
 /// Records an operator action that is not a delivery transition.
 pub fn record_operator_event(
-    conn: &Connection,
+    conn: &dyn Db,
     action: &str,
     subject: &str,
     operator: &str,
@@ -22,7 +23,7 @@ pub fn record_operator_event(
 }
 
 /// Adds a host (idempotent); enrolling a node does this.
-pub fn add_host(conn: &Connection, host: &str, now_ms: i64) -> StoreResult<()> {
+pub fn add_host(conn: &dyn Db, host: &str, now_ms: i64) -> StoreResult<()> {
     conn.prepare_cached("INSERT INTO hosts (name, enrolled_at) VALUES (?1, ?2) ON CONFLICT (name) DO NOTHING")?
         .execute(rusqlite::params![host, now_ms])?;
     Ok(())
@@ -30,7 +31,7 @@ pub fn add_host(conn: &Connection, host: &str, now_ms: i64) -> StoreResult<()> {
 
 /// Records an issued certificate.
 pub fn record_certificate(
-    conn: &Connection,
+    conn: &dyn Db,
     serial: &str,
     role: Role,
     name: &str,
@@ -69,7 +70,7 @@ pub enum Standing {
 }
 
 /// How `host` stands: not enrolled, retired, or active.
-pub fn standing(conn: &Connection, host: &str) -> StoreResult<Standing> {
+pub fn standing(conn: &dyn Db, host: &str) -> StoreResult<Standing> {
     let retired: Option<Option<i64>> = conn
         .prepare_cached("SELECT retired_at FROM hosts WHERE name = ?1")?
         .query_row([host], |r| r.get(0))
@@ -82,7 +83,7 @@ pub fn standing(conn: &Connection, host: &str) -> StoreResult<Standing> {
 }
 
 /// Refuses a host that is not enrolled or is retired, naming it after `what` (e.g. `to[0]: `).
-pub fn require_active(conn: &Connection, host: &str, what: &str) -> StoreResult<()> {
+pub fn require_active(conn: &dyn Db, host: &str, what: &str) -> StoreResult<()> {
     match standing(conn, host)? {
         Standing::NotEnrolled => Err(StoreError::Invalid(format!("{what}host {host:?} is not enrolled"))),
         Standing::Retired => Err(StoreError::Invalid(format!("{what}host {host:?} is retired"))),
@@ -92,7 +93,7 @@ pub fn require_active(conn: &Connection, host: &str, what: &str) -> StoreResult<
 
 /// Records an enrollment: for a node, the host (refused when it is retired), then the
 /// certificate and an operator event.
-pub fn enroll(conn: &Connection, cert: Issued<'_>, operator: &str, now_ms: i64) -> StoreResult<()> {
+pub fn enroll(conn: &dyn Db, cert: Issued<'_>, operator: &str, now_ms: i64) -> StoreResult<()> {
     if cert.role == Role::Node {
         if standing(conn, cert.name)? == Standing::Retired {
             return Err(StoreError::Invalid(format!("host {} is retired", cert.name)));
@@ -104,7 +105,7 @@ pub fn enroll(conn: &Connection, cert: Issued<'_>, operator: &str, now_ms: i64) 
 }
 
 /// The roles `name` was ever enrolled under (renewal needs exactly one).
-pub fn enrolled_roles(conn: &Connection, name: &str) -> StoreResult<Vec<Role>> {
+pub fn enrolled_roles(conn: &dyn Db, name: &str) -> StoreResult<Vec<Role>> {
     let roles = conn
         .prepare_cached("SELECT DISTINCT role FROM certificates WHERE name = ?1 ORDER BY role")?
         .query_map([name], |r| parse_column(r, 0, "certificates", &format!("of {name}"), "role", Role::parse))?
@@ -124,7 +125,7 @@ pub struct CertStatus {
 }
 
 /// Looks a certificate up by serial.
-pub fn cert_status(conn: &Connection, serial: &str) -> StoreResult<Option<CertStatus>> {
+pub fn cert_status(conn: &dyn Db, serial: &str) -> StoreResult<Option<CertStatus>> {
     Ok(conn
         .prepare_cached("SELECT role, name, revoked_at IS NOT NULL FROM certificates WHERE serial = ?1")?
         .query_row([serial], |r| {
@@ -139,7 +140,7 @@ pub fn cert_status(conn: &Connection, serial: &str) -> StoreResult<Option<CertSt
 
 /// Revokes every unrevoked certificate of `name` (any role), or one serial. Returns the serials.
 pub fn revoke(
-    conn: &Connection,
+    conn: &dyn Db,
     name_or_serial: &str,
     operator: &str,
     reason: &str,
@@ -163,7 +164,7 @@ pub fn revoke(
 }
 
 /// How many hosts are enrolled and not retired.
-pub fn active_count(conn: &Connection) -> StoreResult<i64> {
+pub fn active_count(conn: &dyn Db) -> StoreResult<i64> {
     Ok(conn.prepare_cached("SELECT count(*) FROM hosts WHERE retired_at IS NULL")?.query_row([], |r| r.get(0))?)
 }
 

@@ -3,10 +3,11 @@
 //! costs the same however deep it lies and nothing is silently cut off. And ids taken by a
 //! unique prefix.
 
+use super::db::{Db, Dialect};
 use super::read::{DeliveryRow, delivery_row};
 use super::{StoreError, StoreResult};
 use baton_shared::states::{DeliveryState, Outcome};
-use rusqlite::{Connection, named_params};
+use rusqlite::named_params;
 
 /// The most matches an ambiguous id prefix reports.
 pub const PREFIX_MATCHES_SHOWN_MAX: usize = 10;
@@ -47,17 +48,17 @@ const SELECT: &str = "SELECT d.id, d.message_id, d.host, d.conversation, d.seq, 
         d.updated_at,
         (SELECT outcome FROM attempts a WHERE a.delivery_id = d.id ORDER BY reported_at DESC LIMIT 1), d.n
     FROM deliveries d
-    WHERE (:s IS NULL OR d.state = :s) AND (:h IS NULL OR d.host = :h) AND (:c IS NULL OR d.conversation = :c)
-      AND (:since IS NULL OR d.updated_at >= :since) AND (:until IS NULL OR d.updated_at < :until)
-      AND (:o IS NULL OR EXISTS (SELECT 1 FROM attempts a
+    WHERE (CAST(:s AS TEXT) IS NULL OR d.state = :s) AND (CAST(:h AS TEXT) IS NULL OR d.host = :h) AND (CAST(:c AS TEXT) IS NULL OR d.conversation = :c)
+      AND (CAST(:since AS BIGINT) IS NULL OR d.updated_at >= :since) AND (CAST(:until AS BIGINT) IS NULL OR d.updated_at < :until)
+      AND (CAST(:o AS TEXT) IS NULL OR EXISTS (SELECT 1 FROM attempts a
                                  WHERE a.delivery_id = d.id AND a.attempt = d.attempt AND a.outcome = :o))";
 
 /// One page of deliveries.
-pub fn page(conn: &Connection, q: &ListQuery) -> StoreResult<Page> {
+pub fn page(conn: &dyn Db, q: &ListQuery) -> StoreResult<Page> {
     let sql = if q.newest {
-        format!("{SELECT} AND (:after IS NULL OR d.n < :after) ORDER BY d.n DESC LIMIT :limit")
+        format!("{SELECT} AND (CAST(:after AS BIGINT) IS NULL OR d.n < :after) ORDER BY d.n DESC LIMIT :limit")
     } else {
-        format!("{SELECT} AND (:after IS NULL OR d.n > :after) ORDER BY d.n LIMIT :limit")
+        format!("{SELECT} AND (CAST(:after AS BIGINT) IS NULL OR d.n > :after) ORDER BY d.n LIMIT :limit")
     };
     let mut rows: Vec<(DeliveryRow, i64)> = conn
         .prepare_cached(&sql)?
@@ -89,7 +90,7 @@ pub enum Resolved {
 
 /// Finds the delivery an id or a unique prefix of one names. A prefix may hold only the
 /// characters ids are made of (letters, digits, `-`, `_`, `.`, `:`).
-pub fn resolve_delivery(conn: &Connection, prefix: &str) -> StoreResult<Resolved> {
+pub fn resolve_delivery(conn: &dyn Db, prefix: &str) -> StoreResult<Resolved> {
     if prefix.is_empty() || !prefix.chars().all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c)) {
         return Err(StoreError::Invalid(format!(
             "{prefix:?} is not a delivery id or a prefix of one (letters, digits, '-', '_', '.', ':')"
@@ -101,9 +102,18 @@ pub fn resolve_delivery(conn: &Connection, prefix: &str) -> StoreResult<Resolved
     if exact {
         return Ok(Resolved::One(prefix.to_string()));
     }
+    // GLOB 'p*' is SQLite's indexed prefix match; PostgreSQL's is a range start and
+    // `starts_with`. The prefix holds no GLOB metacharacter (checked above).
+    let (sql, pattern) = match conn.dialect() {
+        Dialect::Sqlite => ("SELECT id FROM deliveries WHERE id GLOB ?1 ORDER BY id LIMIT ?2", format!("{prefix}*")),
+        Dialect::Postgres => (
+            "SELECT id FROM deliveries WHERE id >= ?1 AND starts_with(id, ?1) ORDER BY id LIMIT ?2",
+            prefix.to_string(),
+        ),
+    };
     let mut found: Vec<String> = conn
-        .prepare_cached("SELECT id FROM deliveries WHERE id GLOB ?1 ORDER BY id LIMIT ?2")?
-        .query_map(rusqlite::params![format!("{prefix}*"), PREFIX_MATCHES_SHOWN_MAX as i64 + 1], |r| r.get(0))?
+        .prepare_cached(sql)?
+        .query_map(rusqlite::params![pattern, PREFIX_MATCHES_SHOWN_MAX as i64 + 1], |r| r.get(0))?
         .collect::<Result<_, _>>()?;
     Ok(match found.len() {
         0 => Resolved::Nothing,

@@ -15,11 +15,12 @@
 //! Invariant: a (conversation, host) has at most one open interval, and intervals are never
 //! rewritten: a closed interval stays closed, its cursors never move.
 
+use super::db::Db;
 use super::hosts::record_operator_event;
 use super::{StoreError, StoreResult};
 use baton_shared::ids::check_name;
 use baton_shared::wire::{ConversationView, MemberView, MembershipInterval};
-use rusqlite::{Connection, OptionalExtension, named_params};
+use rusqlite::{OptionalExtension, named_params};
 
 /// Most current members one conversation may have: every post without `to` fans out to all of
 /// them, so this bounds one message's fan-out the way `recipients_max` bounds `to`.
@@ -86,24 +87,24 @@ fn name(field: &'static str, value: &str) -> StoreResult<()> {
 }
 
 /// The conversation's `last_seq`, creating the conversation (at 0) if it has no message yet.
-fn cursor(conn: &Connection, conversation: &str) -> StoreResult<i64> {
+fn cursor(conn: &dyn Db, conversation: &str) -> StoreResult<i64> {
     Ok(conn
         .prepare_cached(
             "INSERT INTO conversations (name, last_seq) VALUES (?1, 0)
-             ON CONFLICT (name) DO UPDATE SET last_seq = last_seq RETURNING last_seq",
+             ON CONFLICT (name) DO UPDATE SET last_seq = conversations.last_seq RETURNING last_seq",
         )?
         .query_row([conversation], |r| r.get(0))?)
 }
 
 /// The conversation's `last_seq`, or `NotFound`.
-fn existing_cursor(conn: &Connection, conversation: &str) -> StoreResult<i64> {
+fn existing_cursor(conn: &dyn Db, conversation: &str) -> StoreResult<i64> {
     conn.prepare_cached("SELECT last_seq FROM conversations WHERE name = ?1")?
         .query_row([conversation], |r| r.get(0))
         .optional()?
         .ok_or_else(|| StoreError::NotFound(format!("no conversation {conversation:?}")))
 }
 
-fn open_interval(conn: &Connection, conversation: &str, host: &str) -> StoreResult<Option<i64>> {
+fn open_interval(conn: &dyn Db, conversation: &str, host: &str) -> StoreResult<Option<i64>> {
     Ok(conn
         .prepare_cached("SELECT join_seq FROM memberships WHERE conversation = ?1 AND host = ?2 AND leave_seq IS NULL")?
         .query_row([conversation, host], |r| r.get(0))
@@ -127,7 +128,7 @@ fn sorted_unique(hosts: &[String]) -> StoreResult<Vec<&str>> {
 /// already a member is left as it is (`changed: false`). Every host must be enrolled and not
 /// retired; all are checked before anything is written. Call inside a write transaction.
 pub fn add(
-    conn: &Connection,
+    conn: &dyn Db,
     conversation: &str,
     hosts: &[String],
     operator: &str,
@@ -177,7 +178,7 @@ pub fn add(
 /// as it is (`changed: false`); one that was never enrolled is refused, naming it, before
 /// anything is written. Call inside a write transaction.
 pub fn remove(
-    conn: &Connection,
+    conn: &dyn Db,
     conversation: &str,
     hosts: &[String],
     operator: &str,
@@ -223,7 +224,7 @@ pub fn remove(
 /// Ends every open membership of `host`, each at its conversation's `last_seq`: what `retire`
 /// does to the registry, so a retired host is no member anywhere. Returns the conversations it
 /// left, by name. Call inside a write transaction.
-pub fn leave_all(conn: &Connection, host: &str, operator: &str, reason: &str, now_ms: i64) -> StoreResult<Vec<String>> {
+pub fn leave_all(conn: &dyn Db, host: &str, operator: &str, reason: &str, now_ms: i64) -> StoreResult<Vec<String>> {
     let conversations: Vec<String> = conn
         .prepare_cached(
             "SELECT conversation FROM memberships WHERE host = ?1 AND leave_seq IS NULL ORDER BY conversation",
@@ -237,7 +238,7 @@ pub fn leave_all(conn: &Connection, host: &str, operator: &str, reason: &str, no
 }
 
 /// The current members (open intervals) of a conversation, by name.
-pub fn current_members(conn: &Connection, conversation: &str) -> StoreResult<Vec<String>> {
+pub fn current_members(conn: &dyn Db, conversation: &str) -> StoreResult<Vec<String>> {
     Ok(conn
         .prepare_cached("SELECT host FROM memberships WHERE conversation = ?1 AND leave_seq IS NULL ORDER BY host")?
         .query_map([conversation], |r| r.get(0))?
@@ -245,7 +246,7 @@ pub fn current_members(conn: &Connection, conversation: &str) -> StoreResult<Vec
 }
 
 /// Whether the conversation has ever had a member (it is then not open any more).
-pub fn has_membership(conn: &Connection, conversation: &str) -> StoreResult<bool> {
+pub fn has_membership(conn: &dyn Db, conversation: &str) -> StoreResult<bool> {
     Ok(conn
         .prepare_cached("SELECT EXISTS (SELECT 1 FROM memberships WHERE conversation = ?1)")?
         .query_row([conversation], |r| r.get(0))?)
@@ -253,7 +254,7 @@ pub fn has_membership(conn: &Connection, conversation: &str) -> StoreResult<bool
 
 /// Whether `host` may receive post `seq` of `conversation`: the conversation was open at that
 /// seq (no interval had begun before it), or one of the host's intervals holds it.
-pub fn authorized(conn: &Connection, conversation: &str, host: &str, seq: i64) -> StoreResult<bool> {
+pub fn authorized(conn: &dyn Db, conversation: &str, host: &str, seq: i64) -> StoreResult<bool> {
     Ok(conn
         .prepare_cached(
             "SELECT NOT EXISTS (SELECT 1 FROM memberships WHERE conversation = :c AND join_seq < :s)
@@ -263,7 +264,7 @@ pub fn authorized(conn: &Connection, conversation: &str, host: &str, seq: i64) -
         .query_row(named_params! {":c": conversation, ":h": host, ":s": seq}, |r| r.get(0))?)
 }
 
-fn intervals(conn: &Connection, conversation: &str) -> StoreResult<Vec<(String, IntervalRow)>> {
+fn intervals(conn: &dyn Db, conversation: &str) -> StoreResult<Vec<(String, IntervalRow)>> {
     Ok(conn
         .prepare_cached(
             "SELECT host, join_seq, joined_at, joined_by, join_reason, leave_seq, left_at, left_by, leave_reason
@@ -289,7 +290,7 @@ fn intervals(conn: &Connection, conversation: &str) -> StoreResult<Vec<(String, 
 
 /// One conversation's registry. `NotFound` when the conversation has neither a message nor a
 /// membership change.
-pub fn registry(conn: &Connection, conversation: &str) -> StoreResult<ConversationMembers> {
+pub fn registry(conn: &dyn Db, conversation: &str) -> StoreResult<ConversationMembers> {
     let last_seq = existing_cursor(conn, conversation)?;
     let mut members: Vec<MemberRow> = Vec::new();
     for (host, interval) in intervals(conn, conversation)? {
@@ -305,7 +306,7 @@ pub fn registry(conn: &Connection, conversation: &str) -> StoreResult<Conversati
 }
 
 /// The registries of every conversation that has (had) members, or of the one named.
-pub fn list(conn: &Connection, conversation: Option<&str>) -> StoreResult<Vec<ConversationMembers>> {
+pub fn list(conn: &dyn Db, conversation: Option<&str>) -> StoreResult<Vec<ConversationMembers>> {
     if let Some(c) = conversation {
         return Ok(vec![registry(conn, c)?]);
     }
@@ -318,7 +319,7 @@ pub fn list(conn: &Connection, conversation: Option<&str>) -> StoreResult<Vec<Co
 
 /// The producer's view of a conversation (`GET /v1/conversations/{conversation}`): who operated on the
 /// registry, and why, stays with the operators.
-pub fn view(conn: &Connection, conversation: &str) -> StoreResult<ConversationView> {
+pub fn view(conn: &dyn Db, conversation: &str) -> StoreResult<ConversationView> {
     let r = registry(conn, conversation)?;
     Ok(ConversationView {
         conversation: r.conversation,
@@ -356,11 +357,11 @@ mod tests {
         names.iter().map(|s| s.to_string()).collect()
     }
 
-    fn routed(conn: &Connection, message_id: &str) -> Vec<String> {
+    fn routed(conn: &dyn Db, message_id: &str) -> Vec<String> {
         deliveries_of(conn, message_id).unwrap().into_iter().map(|d| d.host).collect()
     }
 
-    fn post(conn: &Connection, key: &str, to: &[&str]) -> StoreResult<crate::store::accept::Accepted> {
+    fn post(conn: &dyn Db, key: &str, to: &[&str]) -> StoreResult<crate::store::accept::Accepted> {
         let msg = NewMessage {
             producer: "prod".into(),
             conversation: "c".into(),

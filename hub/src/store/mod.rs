@@ -48,6 +48,7 @@ pub mod backup;
 pub mod batch;
 pub mod canonical;
 pub mod claim;
+pub mod db;
 pub mod explain;
 pub mod fences;
 pub mod fleet;
@@ -63,6 +64,7 @@ pub mod report;
 pub mod retention;
 pub mod sessions;
 pub mod silence;
+pub mod transfer;
 pub mod transition;
 pub mod turns;
 pub mod verify;
@@ -74,6 +76,7 @@ pub use writer::{Readers, Writer};
 use baton_shared::error::ErrorCode;
 use baton_shared::sqlite::{self, OpenError, OpenOptions, Synchronous};
 use baton_shared::states::DeliveryState;
+use db::{Db, Row};
 use rusqlite::Connection;
 use std::path::Path;
 
@@ -258,7 +261,7 @@ const CORRUPT_VALUE_SHOWN_CHARS_MAX: usize = 80;
 /// an error naming `table`, the row (`row_id`) and the column, which `StoreError::from` turns into
 /// `StoreError::Corrupt`; it never becomes a default. For use inside rusqlite row closures.
 pub(crate) fn parse_column<T>(
-    row: &rusqlite::Row<'_>,
+    row: &Row<'_>,
     idx: usize,
     table: &'static str,
     row_id: &str,
@@ -271,14 +274,14 @@ pub(crate) fn parse_column<T>(
 
 /// The error `parse_column` returns for a value that does not parse.
 pub(crate) fn corrupt(
-    row: &rusqlite::Row<'_>,
+    row: &Row<'_>,
     idx: usize,
     table: &'static str,
     row_id: &str,
     what: &'static str,
     value: &str,
 ) -> rusqlite::Error {
-    let column = row.as_ref().column_name(idx).map(str::to_string).unwrap_or_else(|_| format!("column {idx}"));
+    let column = row.column_name(idx);
     let value = value.chars().take(CORRUPT_VALUE_SHOWN_CHARS_MAX).collect();
     let c = CorruptValue { table, row: row_id.to_string(), column, value, what };
     rusqlite::Error::FromSqlConversionFailure(idx, rusqlite::types::Type::Text, Box::new(c))
@@ -286,7 +289,7 @@ pub(crate) fn corrupt(
 
 /// `parse_column` for a column that may be NULL.
 pub(crate) fn parse_column_opt<T>(
-    row: &rusqlite::Row<'_>,
+    row: &Row<'_>,
     idx: usize,
     table: &'static str,
     row_id: &str,
@@ -301,7 +304,7 @@ pub(crate) fn parse_column_opt<T>(
 
 /// A delivery state column (`deliveries.state`, `delivery_events.to_state`, …).
 pub(crate) fn state_column(
-    row: &rusqlite::Row<'_>,
+    row: &Row<'_>,
     idx: usize,
     table: &'static str,
     row_id: &str,
@@ -311,7 +314,7 @@ pub(crate) fn state_column(
 
 /// A JSON payload column (`messages.payload`), kept as its exact text.
 pub(crate) fn json_column(
-    row: &rusqlite::Row<'_>,
+    row: &Row<'_>,
     idx: usize,
     table: &'static str,
     row_id: &str,
@@ -360,15 +363,20 @@ pub fn open_read(path: &Path) -> Result<Connection, OpenError> {
     Ok(conn)
 }
 
-/// The schema version of the database (`PRAGMA user_version`): how many migrations it has.
-pub fn schema_version(conn: &Connection) -> StoreResult<i64> {
-    Ok(conn.query_row("PRAGMA user_version", [], |r| r.get(0))?)
+/// The schema version of the database: how many migrations it has (SQLite's `user_version`,
+/// PostgreSQL's `baton_schema` row).
+pub fn schema_version(conn: &dyn Db) -> StoreResult<i64> {
+    let sql = match conn.dialect() {
+        db::Dialect::Sqlite => "PRAGMA user_version",
+        db::Dialect::Postgres => "SELECT version FROM baton_schema",
+    };
+    Ok(conn.query_row(sql, [], |r| r.get(0))?)
 }
 
 /// Runs `f` inside one `BEGIN IMMEDIATE` transaction on `conn`, committing only if it succeeds.
 /// This is how the CLI (a separate process) writes; the hub's own writes go through `Writer`.
-pub fn in_write_txn<R>(conn: &Connection, f: impl FnOnce(&Connection) -> StoreResult<R>) -> StoreResult<R> {
-    conn.execute_batch("BEGIN IMMEDIATE")?;
+pub fn in_write_txn<R>(conn: &dyn Db, f: impl FnOnce(&dyn Db) -> StoreResult<R>) -> StoreResult<R> {
+    conn.begin_write()?;
     match f(conn) {
         Ok(r) => match conn.execute_batch("COMMIT") {
             Ok(()) => Ok(r),
@@ -387,9 +395,8 @@ pub fn in_write_txn<R>(conn: &Connection, f: impl FnOnce(&Connection) -> StoreRe
 /// Runs one transaction-control statement (`BEGIN IMMEDIATE`, `SAVEPOINT x`, `RELEASE x`,
 /// `ROLLBACK TO x`, `COMMIT`) through the connection's statement cache: the writer and every
 /// batch item run these, and `execute_batch` would parse them on every use.
-pub(crate) fn control(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
-    conn.prepare_cached(sql)?.execute([])?;
-    Ok(())
+pub(crate) fn control(conn: &dyn Db, sql: &str) -> rusqlite::Result<()> {
+    conn.control(sql)
 }
 
 /// A random, unguessable token (122 bits), as 32 hex characters.
@@ -406,6 +413,65 @@ pub fn new_id() -> String {
 mod tests {
     use super::*;
 
+    /// The unit tests that are about SQLite itself (its file, its pragmas, its damage), which
+    /// the PostgreSQL run leaves out, each with why.
+    const SQLITE_ONLY: &[(&str, &str)] = &[
+        ("store::tests::damage_sqlite_meets", "SQLite's own error codes"),
+        ("store::backup::", "a copy of the SQLite file"),
+        ("store::writer::", "the SQLite writer and reader pool on a file path"),
+        ("store::api::", "served and direct stores over one SQLite file"),
+        ("store::transfer::", "copies between an SQLite file and a cluster of its own"),
+        ("store::fences::tests::a_corrupt_fence", "damage written past SQLite's CHECK constraints"),
+        ("store::hosts::tests::a_corrupt_role", "damage written past SQLite's CHECK constraints"),
+        ("store::read::tests::corrupt_values", "damage written past SQLite's CHECK constraints"),
+        ("store::listing::tests::a_prefix_names_one_delivery", "rows written with SQLite's foreign keys off"),
+    ];
+
+    /// Every store unit test again, on PostgreSQL: this test binary runs itself with
+    /// `testing::PG_TEMPLATE_ENV` naming a migrated database of a throwaway cluster, so each
+    /// test's `testing::db()` is a fresh PostgreSQL database and the same bodies run on the
+    /// second backend. Skipped without PostgreSQL unless `BATON_REQUIRE_POSTGRES=1`.
+    #[test]
+    fn store_unit_tests_pass_on_postgres() {
+        if std::env::var(testing::PG_TEMPLATE_ENV).is_ok() {
+            return;
+        }
+        let Some(cluster) = baton_testkit::pg::cluster_or_skip("store_unit_tests_pass_on_postgres", false) else {
+            return;
+        };
+        let url = cluster.url();
+        let migrate_url = url.clone();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async {
+                let url = crate::pg::PgUrl::parse(&migrate_url).unwrap();
+                let mut client = crate::pg::connect(&url).await.unwrap();
+                crate::pg::migrate(&mut client, &url).await.unwrap();
+            });
+        })
+        .join()
+        .unwrap();
+        let mut args = vec!["store::".to_string(), "--skip".into(), "store_unit_tests_pass_on_postgres".into()];
+        for (test, _why) in SQLITE_ONLY {
+            args.extend(["--skip".to_string(), test.to_string()]);
+        }
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(&args)
+            .args(["--test-threads", "2"])
+            .env(testing::PG_TEMPLATE_ENV, &url)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let failed: Vec<&str> = stdout.lines().filter(|l| l.ends_with("FAILED")).collect();
+        assert!(
+            out.status.success(),
+            "store unit tests failed on PostgreSQL: {failed:#?}\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let ran = stdout.lines().filter(|l| l.ends_with("... ok")).count();
+        assert!(ran > 50, "only {ran} store tests ran on PostgreSQL:\n{stdout}");
+    }
+
     #[test]
     fn damage_sqlite_meets_is_corrupt_and_other_failures_are_storage() {
         let failure = |code| rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(code), None);
@@ -420,11 +486,16 @@ mod tests {
 
 #[cfg(test)]
 pub mod testing {
-    //! A fresh store in a temp dir with a few enrolled hosts, for unit tests.
+    //! A fresh store with a few enrolled hosts, for unit tests: a temp SQLite file, or, when
+    //! `PG_TEMPLATE_ENV` names a migrated template database, a new PostgreSQL database copied
+    //! from it (see `tests::store_unit_tests_pass_on_postgres`).
     use super::*;
 
+    /// The URL of a migrated PostgreSQL database the unit tests copy, one new database each.
+    pub(crate) const PG_TEMPLATE_ENV: &str = "BATON_STORE_TEST_PG_TEMPLATE";
+
     pub(crate) struct TestDb {
-        pub(crate) conn: Connection,
+        pub(crate) conn: Box<dyn Db>,
         pub(crate) path: std::path::PathBuf,
         _dir: tempfile::TempDir,
     }
@@ -432,10 +503,41 @@ pub mod testing {
     pub(crate) fn db() -> TestDb {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("hub.db");
-        let conn = open_write(&path, Synchronous::Normal).unwrap();
+        let conn: Box<dyn Db> = match std::env::var(PG_TEMPLATE_ENV) {
+            Ok(template) => Box::new(pg_copy(&template)),
+            Err(_) => Box::new(open_write(&path, Synchronous::Normal).unwrap()),
+        };
         for h in ["host-a", "host-b", "host-c"] {
-            hosts::add_host(&conn, h, 0).unwrap();
+            hosts::add_host(&*conn, h, 0).unwrap();
         }
         TestDb { conn, path, _dir: dir }
+    }
+
+    /// A new database copied from the template at `template_url`, connected (on a thread of
+    /// its own: `PgConn` must not be made on an async worker).
+    fn pg_copy(template_url: &str) -> db::PgConn {
+        let template_url = template_url.to_string();
+        std::thread::spawn(move || {
+            let template = crate::pg::PgUrl::parse(&template_url).unwrap();
+            let admin = db::PgConn::connect(&template).unwrap();
+            let (base, query) = template_url.split_once('?').unwrap_or((&template_url, ""));
+            let (server, template_name) = base.rsplit_once('/').unwrap();
+            let name = format!("t_{}", uuid::Uuid::new_v4().simple());
+            // The template must have no other connection while it is copied.
+            drop(admin);
+            let postgres = crate::pg::PgUrl::parse(&format!("{server}/postgres?{query}")).unwrap();
+            let admin = db::PgConn::connect(&postgres).unwrap();
+            let mut tries = 0;
+            while let Err(e) = admin.execute_batch(&format!("CREATE DATABASE {name} TEMPLATE {template_name}")) {
+                // Another test's copy may hold the template for a moment.
+                tries += 1;
+                assert!(tries < 200, "creating {name}: {e}");
+                std::thread::sleep(std::time::Duration::from_millis(25));
+            }
+            drop(admin);
+            db::PgConn::connect(&crate::pg::PgUrl::parse(&format!("{server}/{name}?{query}")).unwrap()).unwrap()
+        })
+        .join()
+        .unwrap()
     }
 }

@@ -2,13 +2,14 @@
 //! requeueing what a vanished instance held (cancel, retry and redrive are in `turns`). Each change carries who made it and why.
 //! (Hosts and certificates are in `hosts`, fences in `fences`.)
 
+use super::db::Db;
 use super::hosts::record_operator_event;
 use super::transition::{self, Change};
 use super::{Actor, StoreError, StoreResult, state_column};
 use baton_shared::states::DeliveryState::{self, *};
-use rusqlite::{Connection, OptionalExtension, named_params};
+use rusqlite::{OptionalExtension, named_params};
 
-fn ids_where(conn: &Connection, sql: &str, arg: &str) -> StoreResult<Vec<(String, DeliveryState)>> {
+fn ids_where(conn: &dyn Db, sql: &str, arg: &str) -> StoreResult<Vec<(String, DeliveryState)>> {
     let rows = conn
         .prepare_cached(sql)?
         .query_map([arg], |r| {
@@ -22,7 +23,7 @@ fn ids_where(conn: &Connection, sql: &str, arg: &str) -> StoreResult<Vec<(String
 
 /// Releases held deliveries back to queued: one by id, or all of a conversation. Returns the ids.
 pub fn release(
-    conn: &Connection,
+    conn: &dyn Db,
     which: Selector<'_>,
     operator: &str,
     reason: &str,
@@ -63,7 +64,7 @@ pub fn release(
 
 /// The (conversation, host) of each held delivery `which` picks: what a release would put back
 /// in front of the fences.
-pub fn held_targets(conn: &Connection, which: Selector<'_>) -> StoreResult<Vec<(String, String)>> {
+pub fn held_targets(conn: &dyn Db, which: Selector<'_>) -> StoreResult<Vec<(String, String)>> {
     let (sql, arg) = match which {
         Selector::Delivery(id) => {
             ("SELECT DISTINCT conversation, host FROM deliveries WHERE id = ?1 AND state = 'held'", id)
@@ -87,7 +88,7 @@ pub enum Selector<'a> {
 /// Records an `unknown` attempt for the current run of a delivered delivery that has no outcome
 /// for it yet, written by the hub for an operator, so a delivery whose node is gone does not
 /// stall silently. Returns whether it wrote one (a delivery with its outcome is left alone).
-fn unknown_attempt(conn: &Connection, delivery_id: &str, why: &str, now_ms: i64) -> StoreResult<bool> {
+fn unknown_attempt(conn: &dyn Db, delivery_id: &str, why: &str, now_ms: i64) -> StoreResult<bool> {
     let row: Option<(String, String, u32, Option<String>, String)> = conn
         .prepare_cached(
             "SELECT d.host, d.instance_id, d.attempt, d.rerun, coalesce(d.rerun_by, 'producer:' || m.producer)
@@ -126,7 +127,7 @@ pub struct Swept {
 
 /// Retires a host: it takes no more work; its waiting and claimed deliveries fail, its mirrored
 /// ones become unknown, and delivered ones without an outcome get an `unknown` attempt.
-pub fn retire(conn: &Connection, host: &str, operator: &str, reason: &str, now_ms: i64) -> StoreResult<Swept> {
+pub fn retire(conn: &dyn Db, host: &str, operator: &str, reason: &str, now_ms: i64) -> StoreResult<Swept> {
     let n = conn
         .prepare_cached(
             "UPDATE hosts SET retired_at = ?2, retired_by = ?3, retired_reason = ?4, instance_id = NULL
@@ -175,7 +176,7 @@ pub fn retire(conn: &Connection, host: &str, operator: &str, reason: &str, now_m
 /// holds work on more than one host, nothing is done (`StoreError::Invalid` naming the hosts),
 /// so one host presenting another's instance id cannot make a requeue act on its work.
 pub fn requeue_instance(
-    conn: &Connection,
+    conn: &dyn Db,
     instance_id: &str,
     operator: &str,
     reason: &str,
@@ -207,7 +208,7 @@ pub fn requeue_instance(
 /// outcome get an `unknown` attempt (they may have run). The host is unbound from that instance.
 /// Another host's deliveries under the same id are not touched.
 pub fn requeue_host_instance(
-    conn: &Connection,
+    conn: &dyn Db,
     host: &str,
     instance_id: &str,
     operator: &str,

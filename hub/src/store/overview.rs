@@ -4,9 +4,10 @@
 //! here runs on a read connection. "Waiting" is queued or held, as in `host_backlog`.
 
 use super::StoreResult;
+use super::db::Db;
 use super::read::{DeliveryRow, delivery_row};
 use baton_shared::states::Outcome;
-use rusqlite::{Connection, named_params};
+use rusqlite::named_params;
 
 /// Most conversations the status page lists in its backlog (deepest first).
 pub const CONVERSATIONS_SHOWN_MAX: u32 = 50;
@@ -28,7 +29,7 @@ pub struct HostBacklog {
 /// host with nothing waiting is listed with zero, so a gauge built from it drops to zero
 /// rather than keeping its last value. Costs one indexed look-up per host, however deep the
 /// backlog.
-pub fn host_backlogs(conn: &Connection) -> StoreResult<Vec<HostBacklog>> {
+pub fn host_backlogs(conn: &dyn Db) -> StoreResult<Vec<HostBacklog>> {
     let mut rows: Vec<HostBacklog> = conn
         .prepare_cached(
             "SELECT n.host, coalesce((SELECT waiting FROM host_backlog b WHERE b.host = n.host), 0)
@@ -39,9 +40,10 @@ pub fn host_backlogs(conn: &Connection) -> StoreResult<Vec<HostBacklog>> {
     // Queue order (`n`) is creation order, so the first waiting row of each state is the oldest.
     let mut oldest = conn.prepare_cached(
         "SELECT min(created_at) FROM (
-             SELECT created_at FROM (SELECT created_at FROM deliveries WHERE host = :h AND state = 'queued' ORDER BY n LIMIT 1)
+             SELECT created_at FROM (SELECT created_at FROM deliveries WHERE host = :h AND state = 'queued' ORDER BY n LIMIT 1) q
              UNION ALL
-             SELECT created_at FROM (SELECT created_at FROM deliveries WHERE host = :h AND state = 'held' ORDER BY n LIMIT 1))",
+             SELECT created_at FROM (SELECT created_at FROM deliveries WHERE host = :h AND state = 'held' ORDER BY n LIMIT 1) h
+         ) f",
     )?;
     for row in &mut rows {
         if row.waiting > 0 {
@@ -67,10 +69,10 @@ pub struct ConversationBacklog {
 }
 
 /// The conversations with deliveries waiting, deepest first (then by name), at most `max`.
-pub fn conversation_backlogs(conn: &Connection, max: u32) -> StoreResult<Vec<ConversationBacklog>> {
+pub fn conversation_backlogs(conn: &dyn Db, max: u32) -> StoreResult<Vec<ConversationBacklog>> {
     Ok(conn
         .prepare_cached(
-            "SELECT conversation, count(*), sum(state = 'held'), count(DISTINCT host), min(created_at)
+            "SELECT conversation, count(*), sum(CASE WHEN state = 'held' THEN 1 ELSE 0 END), count(DISTINCT host), min(created_at)
              FROM deliveries WHERE state IN ('queued', 'held')
              GROUP BY conversation ORDER BY count(*) DESC, conversation LIMIT :max",
         )?
@@ -91,7 +93,7 @@ pub const OUTCOMES: [Outcome; 4] = [Outcome::Succeeded, Outcome::Failed, Outcome
 
 /// How many deliveries' current run ended with each outcome (outcomes with none included, as
 /// zero), in `OUTCOMES` order.
-pub fn outcome_counts(conn: &Connection) -> StoreResult<Vec<(Outcome, i64)>> {
+pub fn outcome_counts(conn: &dyn Db) -> StoreResult<Vec<(Outcome, i64)>> {
     let mut stmt = conn.prepare_cached(
         "SELECT count(*) FROM deliveries d JOIN attempts a ON a.delivery_id = d.id AND a.attempt = d.attempt
          WHERE a.outcome = :o",
@@ -105,7 +107,7 @@ pub fn outcome_counts(conn: &Connection) -> StoreResult<Vec<(Outcome, i64)>> {
 
 /// The most recently changed deliveries that failed or ended `unknown` (the delivery's state,
 /// or its current run's outcome), newest first, at most `max`.
-pub fn recent_trouble(conn: &Connection, max: u32) -> StoreResult<Vec<DeliveryRow>> {
+pub fn recent_trouble(conn: &dyn Db, max: u32) -> StoreResult<Vec<DeliveryRow>> {
     Ok(conn
         .prepare_cached(
             "SELECT d.id, d.message_id, d.host, d.conversation, d.seq, d.state, d.instance_id, d.reason, d.updated_at,

@@ -6,10 +6,11 @@
 //! so a post outside the scope is refused (`forbidden`, naming the conversation) and a scope
 //! change takes effect on the next post.
 
+use super::db::Db;
 use super::hosts::record_operator_event;
 use super::{StoreError, StoreResult};
 use baton_shared::ids::{NAME_CHARS_MAX, check_name};
-use rusqlite::{Connection, named_params};
+use rusqlite::named_params;
 
 /// Most patterns one producer's scope may hold; the accept checks them all on every post.
 pub const SCOPE_PATTERNS_MAX: usize = 64;
@@ -47,7 +48,7 @@ pub fn covers(pattern: &str, conversation: &str) -> bool {
 }
 
 /// The producer's stored patterns, sorted; empty when none is stored (the default applies).
-fn stored(conn: &Connection, producer: &str) -> StoreResult<Vec<String>> {
+fn stored(conn: &dyn Db, producer: &str) -> StoreResult<Vec<String>> {
     Ok(conn
         .prepare_cached("SELECT pattern FROM producer_scopes WHERE producer = ?1 ORDER BY pattern")?
         .query_map([producer], |r| r.get(0))?
@@ -55,14 +56,14 @@ fn stored(conn: &Connection, producer: &str) -> StoreResult<Vec<String>> {
 }
 
 /// The producer's scope: its stored patterns, or `[SCOPE_DEFAULT]` when none is stored.
-pub fn scope_of(conn: &Connection, producer: &str) -> StoreResult<Vec<String>> {
+pub fn scope_of(conn: &dyn Db, producer: &str) -> StoreResult<Vec<String>> {
     let patterns = stored(conn, producer)?;
     Ok(if patterns.is_empty() { vec![SCOPE_DEFAULT.to_string()] } else { patterns })
 }
 
 /// Refuses (`Forbidden`, naming the conversation and the scope) a post by `producer` into a
 /// conversation its scope does not cover.
-pub fn check_may_post(conn: &Connection, producer: &str, conversation: &str) -> StoreResult<()> {
+pub fn check_may_post(conn: &dyn Db, producer: &str, conversation: &str) -> StoreResult<()> {
     let scope = scope_of(conn, producer)?;
     if scope.iter().any(|p| covers(p, conversation)) {
         return Ok(());
@@ -76,7 +77,7 @@ pub fn check_may_post(conn: &Connection, producer: &str, conversation: &str) -> 
 /// Replaces a producer's scope with `patterns` (deduplicated). The producer must have been
 /// enrolled. Returns the scope now stored. Call inside a write transaction.
 pub fn set_scope(
-    conn: &Connection,
+    conn: &dyn Db,
     producer: &str,
     patterns: &[String],
     operator: &str,
@@ -141,7 +142,7 @@ pub struct ProducerRow {
 }
 
 /// Every enrolled producer with its scope and certificate counts, by name.
-pub fn list(conn: &Connection) -> StoreResult<Vec<ProducerRow>> {
+pub fn list(conn: &dyn Db) -> StoreResult<Vec<ProducerRow>> {
     let rows: Vec<(String, i64, i64)> = conn
         .prepare_cached(
             "SELECT name, count(*) FILTER (WHERE revoked_at IS NULL), count(*) FILTER (WHERE revoked_at IS NOT NULL)
@@ -193,7 +194,7 @@ mod tests {
         assert!(check_pattern(&format!("{}*", "a".repeat(63))).is_ok());
     }
 
-    fn post(conn: &Connection, producer: &str, conversation: &str, key: &str) -> StoreResult<()> {
+    fn post(conn: &dyn Db, producer: &str, conversation: &str, key: &str) -> StoreResult<()> {
         let msg = NewMessage {
             producer: producer.into(),
             conversation: conversation.into(),

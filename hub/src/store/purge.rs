@@ -6,10 +6,11 @@
 //! audit log with operator, subject, counts and reason, in the same transaction.
 
 use super::StoreResult;
+use super::db::Db;
 use super::hosts::record_operator_event;
 use super::retention::UNFINISHED;
 use baton_shared::states::DeliveryState;
-use rusqlite::{Connection, named_params};
+use rusqlite::named_params;
 
 /// The most unfinished deliveries a refusal names.
 pub const UNSETTLED_SHOWN_MAX: usize = 20;
@@ -61,10 +62,11 @@ impl Plan {
     }
 }
 
-const TARGET: &str = "(:m IS NOT NULL AND m.id = :m) OR (:c IS NOT NULL AND m.conversation = :c)";
+const TARGET: &str =
+    "(CAST(:m AS TEXT) IS NOT NULL AND m.id = :m) OR (CAST(:c AS TEXT) IS NOT NULL AND m.conversation = :c)";
 
 /// What purging `target` would do.
-pub fn plan(conn: &Connection, target: Target<'_>) -> StoreResult<Plan> {
+pub fn plan(conn: &dyn Db, target: Target<'_>) -> StoreResult<Plan> {
     let (m, c) = target.params();
     let p = named_params! {":m": m, ":c": c};
     let messages: Vec<String> = conn
@@ -102,7 +104,7 @@ pub fn plan(conn: &Connection, target: Target<'_>) -> StoreResult<Plan> {
 /// Purges `target` when its plan allows it (inside the caller's write transaction), recording
 /// it in the audit log; returns the plan either way (nothing changed when it is not allowed or
 /// there is nothing to remove).
-pub fn purge(conn: &Connection, target: Target<'_>, operator: &str, reason: &str, now_ms: i64) -> StoreResult<Plan> {
+pub fn purge(conn: &dyn Db, target: Target<'_>, operator: &str, reason: &str, now_ms: i64) -> StoreResult<Plan> {
     let plan = plan(conn, target)?;
     if !plan.allowed() || plan.messages.is_empty() {
         return Ok(plan);
@@ -125,7 +127,7 @@ mod tests {
     use crate::store::accept::testing::accept_one;
     use crate::store::testing;
 
-    fn count(c: &Connection, sql: &str) -> i64 {
+    fn count(c: &dyn Db, sql: &str) -> i64 {
         c.query_row(sql, [], |r| r.get(0)).unwrap()
     }
 

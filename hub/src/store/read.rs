@@ -1,14 +1,15 @@
 //! Read-only views: messages with deliveries and attempts, delivery listings with their event
 //! history, and the status overview.
 
+use super::db::{Db, Row};
 use super::report::{ATTEMPT_COLUMNS, attempt_row};
 use super::{ActorKind, StoreError, StoreResult, json_column, parse_column, parse_column_opt, state_column};
 use baton_shared::states::{DeliveryState, Outcome};
 use baton_shared::wire::{AttemptView, DeliveryView, MessageView};
-use rusqlite::{Connection, OptionalExtension, named_params};
+use rusqlite::{OptionalExtension, named_params};
 
 /// Finds a message id by producer and idempotency key.
-pub fn message_id_by_key(conn: &Connection, producer: &str, key: &str) -> StoreResult<Option<String>> {
+pub fn message_id_by_key(conn: &dyn Db, producer: &str, key: &str) -> StoreResult<Option<String>> {
     Ok(conn
         .prepare_cached("SELECT id FROM messages WHERE producer = ?1 AND idempotency_key = ?2")?
         .query_row([producer, key], |r| r.get(0))
@@ -16,7 +17,7 @@ pub fn message_id_by_key(conn: &Connection, producer: &str, key: &str) -> StoreR
 }
 
 /// A message with its deliveries and their attempts.
-pub fn message_view(conn: &Connection, message_id: &str) -> StoreResult<MessageView> {
+pub fn message_view(conn: &dyn Db, message_id: &str) -> StoreResult<MessageView> {
     let mut view = conn
         .prepare_cached(
             "SELECT id, conversation, seq, producer, idempotency_key, payload, accepted_at FROM messages WHERE id = ?1",
@@ -66,7 +67,7 @@ pub fn message_view(conn: &Connection, message_id: &str) -> StoreResult<MessageV
 }
 
 /// The attempts of one delivery, oldest first.
-pub fn attempts_of(conn: &Connection, delivery_id: &str) -> StoreResult<Vec<AttemptView>> {
+pub fn attempts_of(conn: &dyn Db, delivery_id: &str) -> StoreResult<Vec<AttemptView>> {
     Ok(conn
         .prepare_cached(&format!(
             "SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE delivery_id = ?1 ORDER BY attempt, reported_at, id"
@@ -112,7 +113,7 @@ pub struct DeliveryRow {
 
 /// Maps a row in the listing's column order (id, message, host, conversation, seq, state,
 /// instance, reason, updated, latest outcome) to a `DeliveryRow`.
-pub(super) fn delivery_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<DeliveryRow> {
+pub(super) fn delivery_row(r: &Row<'_>) -> rusqlite::Result<DeliveryRow> {
     let delivery_id: String = r.get(0)?;
     Ok(DeliveryRow {
         message_id: r.get(1)?,
@@ -142,13 +143,13 @@ pub struct DeliveryFilter {
 }
 
 /// Lists deliveries, oldest first.
-pub fn list_deliveries(conn: &Connection, f: &DeliveryFilter) -> StoreResult<Vec<DeliveryRow>> {
+pub fn list_deliveries(conn: &dyn Db, f: &DeliveryFilter) -> StoreResult<Vec<DeliveryRow>> {
     let rows = conn
         .prepare_cached(
             "SELECT d.id, d.message_id, d.host, d.conversation, d.seq, d.state, d.instance_id, d.reason, d.updated_at,
                     (SELECT outcome FROM attempts a WHERE a.delivery_id = d.id ORDER BY reported_at DESC LIMIT 1)
              FROM deliveries d
-             WHERE (:s IS NULL OR d.state = :s) AND (:h IS NULL OR d.host = :h) AND (:c IS NULL OR d.conversation = :c)
+             WHERE (CAST(:s AS TEXT) IS NULL OR d.state = :s) AND (CAST(:h AS TEXT) IS NULL OR d.host = :h) AND (CAST(:c AS TEXT) IS NULL OR d.conversation = :c)
              ORDER BY d.n LIMIT :limit",
         )?
         .query_map(
@@ -192,7 +193,7 @@ pub struct DeliveryDetail {
 }
 
 /// One delivery with its event history and attempts.
-pub fn delivery_detail(conn: &Connection, delivery_id: &str) -> StoreResult<DeliveryDetail> {
+pub fn delivery_detail(conn: &dyn Db, delivery_id: &str) -> StoreResult<DeliveryDetail> {
     let delivery = conn
         .prepare_cached(
             "SELECT d.id, d.message_id, d.host, d.conversation, d.seq, d.state, d.instance_id, d.reason, d.updated_at,
@@ -245,7 +246,7 @@ pub struct StatusView {
 }
 
 /// Counts for the overview.
-pub fn status(conn: &Connection) -> StoreResult<StatusView> {
+pub fn status(conn: &dyn Db) -> StoreResult<StatusView> {
     let deliveries = conn
         .prepare_cached("SELECT state, count(*) FROM deliveries GROUP BY state ORDER BY state")?
         .query_map([], |r| {
@@ -272,7 +273,7 @@ mod tests {
     use crate::store::testing;
 
     /// Corrupts one stored value behind the schema's back (as damage would).
-    fn corrupt(conn: &Connection, sql: &str, id: &str) {
+    fn corrupt(conn: &dyn Db, sql: &str, id: &str) {
         conn.execute_batch("PRAGMA ignore_check_constraints = ON").unwrap();
         conn.execute(sql, [id]).unwrap();
     }

@@ -3,12 +3,13 @@
 //! Invariant: `(host, report_id)` is unique, so a retried report is counted once; the same id
 //! with different content is refused and changes nothing.
 
+use super::db::{Db, Row};
 use super::transition::{self, Change, Holder};
 use super::{Actor, StoreError, StoreResult, corrupt, new_id, parse_column, parse_column_opt};
 use baton_shared::crash_point;
 use baton_shared::states::{DeliveryState, Outcome, Rerun};
 use baton_shared::wire::AttemptView;
-use rusqlite::{Connection, OptionalExtension, named_params};
+use rusqlite::{OptionalExtension, named_params};
 use sha2::{Digest, Sha256};
 use std::time::Duration;
 
@@ -91,13 +92,7 @@ impl NewReport<'_> {
 /// compared as it is; an empty one marks an outcome the hub wrote itself, which no
 /// node report repeats; any other was written by an earlier version from `Debug` output, so the
 /// stored attempt's fields (and its delivery's claim token) are compared with the report's.
-fn same_as_stored(
-    conn: &Connection,
-    attempt_id: &str,
-    stored: &str,
-    hash: &str,
-    r: &NewReport<'_>,
-) -> StoreResult<bool> {
+fn same_as_stored(conn: &dyn Db, attempt_id: &str, stored: &str, hash: &str, r: &NewReport<'_>) -> StoreResult<bool> {
     if stored.starts_with(REQUEST_HASH_PREFIX) {
         return Ok(stored == hash);
     }
@@ -135,7 +130,7 @@ fn same_as_stored(
 
 /// Records one attempt of the delivery's current run, with the default retry bounds. Returns the
 /// attempt and whether it was already recorded.
-pub fn report(conn: &Connection, host: &str, r: &NewReport<'_>, now_ms: i64) -> StoreResult<(AttemptView, bool)> {
+pub fn report(conn: &dyn Db, host: &str, r: &NewReport<'_>, now_ms: i64) -> StoreResult<(AttemptView, bool)> {
     let (attempt, duplicate, _) = report_run(conn, host, r, &RunReport::default(), now_ms)?;
     Ok((attempt, duplicate))
 }
@@ -208,7 +203,7 @@ struct ReportedDelivery {
 /// when the harness asked for a retry (failed with exit 75, no cancel asked for, runs left) and
 /// the hub requeued the delivery, the time before which it is not handed out again.
 pub fn report_run(
-    conn: &Connection,
+    conn: &dyn Db,
     host: &str,
     r: &NewReport<'_>,
     run: &RunReport,
@@ -329,7 +324,7 @@ pub fn report_run(
 /// The harness asked for a retry: delivered → queued (by the hub) as the next run, not handed
 /// out before the backoff passed. Returns that time.
 fn requeue_for_retry(
-    conn: &Connection,
+    conn: &dyn Db,
     delivery_id: &str,
     d: &ReportedDelivery,
     run: &RunReport,
@@ -359,7 +354,7 @@ fn requeue_for_retry(
 
 /// For a replayed retryable report: the not-before time of the retry it caused, while that
 /// retry is still the delivery's current run.
-fn retry_time(conn: &Connection, delivery_id: &str, reported_run: u32) -> StoreResult<Option<i64>> {
+fn retry_time(conn: &dyn Db, delivery_id: &str, reported_run: u32) -> StoreResult<Option<i64>> {
     Ok(conn
         .prepare_cached("SELECT not_before FROM deliveries WHERE id = ?1 AND attempt = ?2 AND rerun = 'retry'")?
         .query_row(rusqlite::params![delivery_id, reported_run + 1], |r| r.get::<_, Option<i64>>(0))
@@ -368,7 +363,7 @@ fn retry_time(conn: &Connection, delivery_id: &str, reported_run: u32) -> StoreR
 }
 
 /// Reads one attempt.
-pub fn attempt(conn: &Connection, attempt_id: &str) -> StoreResult<AttemptView> {
+pub fn attempt(conn: &dyn Db, attempt_id: &str) -> StoreResult<AttemptView> {
     Ok(conn
         .prepare_cached(
             "SELECT id, report_id, outcome, exit_code, duration_ms, result, reason, reported_at, signal, attempt,
@@ -384,7 +379,7 @@ pub const ATTEMPT_COLUMNS: &str = "id, report_id, outcome, exit_code, duration_m
 
 /// Maps an attempts row (in the column order of `ATTEMPT_COLUMNS`) to its view. An outcome that does not
 /// parse, or a negative duration, is an error naming the attempt.
-pub fn attempt_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<AttemptView> {
+pub fn attempt_row(r: &Row<'_>) -> rusqlite::Result<AttemptView> {
     let attempt_id: String = r.get(0)?;
     let duration = match r.get::<_, Option<i64>>(4)? {
         None => None,

@@ -9,7 +9,7 @@
 //! its own window (`limits.audit_retention`), counted from each row's time.
 
 use super::StoreResult;
-use rusqlite::Connection;
+use super::db::Db;
 
 /// Most messages removed per sweep transaction, so a sweep never holds the writer for long.
 pub const SWEEP_MESSAGES_MAX: usize = 5_000;
@@ -27,7 +27,7 @@ pub(crate) const UNFINISHED: &str =
                    AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt))))";
 
 /// Removes up to `max` messages that settled before `cutoff_ms`. Returns how many.
-pub fn sweep(conn: &Connection, cutoff_ms: i64, max: usize) -> StoreResult<usize> {
+pub fn sweep(conn: &dyn Db, cutoff_ms: i64, max: usize) -> StoreResult<usize> {
     let n = conn
         .prepare_cached(&format!(
             "DELETE FROM messages WHERE id IN (
@@ -41,7 +41,7 @@ pub fn sweep(conn: &Connection, cutoff_ms: i64, max: usize) -> StoreResult<usize
 
 /// Removes up to `max` audit rows (`operator_events`) written before `cutoff_ms`. Returns how
 /// many.
-pub fn sweep_audit(conn: &Connection, cutoff_ms: i64, max: usize) -> StoreResult<usize> {
+pub fn sweep_audit(conn: &dyn Db, cutoff_ms: i64, max: usize) -> StoreResult<usize> {
     let n = conn
         .prepare_cached(
             "DELETE FROM operator_events WHERE id IN (SELECT id FROM operator_events WHERE at < ?1 ORDER BY id LIMIT ?2)",
@@ -91,11 +91,11 @@ mod tests {
         assert_eq!(seq, 3);
     }
 
-    fn settled_at(c: &Connection, m: &str) -> Option<i64> {
+    fn settled_at(c: &dyn Db, m: &str) -> Option<i64> {
         c.query_row("SELECT settled_at FROM messages WHERE id = ?1", [m], |r| r.get(0)).unwrap()
     }
 
-    fn accept_again(c: &Connection, key: &str, now_ms: i64) -> crate::store::accept::Accepted {
+    fn accept_again(c: &dyn Db, key: &str, now_ms: i64) -> crate::store::accept::Accepted {
         let msg = crate::store::accept::NewMessage {
             producer: "prod".into(),
             conversation: "c".into(),

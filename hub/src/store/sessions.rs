@@ -11,9 +11,10 @@
 //! event records it.
 
 use super::claim::bind_instance;
+use super::db::Db;
 use super::hosts::{self, Standing};
 use super::{StoreError, StoreResult};
-use rusqlite::{Connection, OptionalExtension, named_params};
+use rusqlite::{OptionalExtension, named_params};
 
 /// What registering a session did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,7 +28,7 @@ pub struct Opened {
 /// Registers a new session of `host` for `instance_id` (`POST /v1/sessions`). The instance rule
 /// of the claim applies: another instance while the bound one holds work is `InstanceConflict`.
 pub fn open(
-    conn: &Connection,
+    conn: &dyn Db,
     host: &str,
     instance_id: &str,
     node_version: Option<&str>,
@@ -77,7 +78,7 @@ pub fn open(
 
 /// Ends a session cleanly (`POST /v1/sessions/end`). Repeating it changes nothing; ending a
 /// superseded session is refused (`SessionSuperseded`).
-pub fn end(conn: &Connection, host: &str, instance_id: &str, session: u64, now_ms: i64) -> StoreResult<()> {
+pub fn end(conn: &dyn Db, host: &str, instance_id: &str, session: u64, now_ms: i64) -> StoreResult<()> {
     check(conn, host, Some(session))?;
     let row: Option<(String, Option<i64>)> = conn
         .prepare_cached("SELECT instance_id, ended_at FROM node_sessions WHERE host = ?1 AND session = ?2")?
@@ -102,7 +103,7 @@ pub fn end(conn: &Connection, host: &str, instance_id: &str, session: u64, now_m
 /// Refuses a request whose session is not the host's newest (`SessionSuperseded`). `None` (no
 /// header: a node that predates sessions) is accepted. A session the hub has no record of (a
 /// hub restored from an older backup) is refused the same way, so the node registers anew.
-pub fn check(conn: &Connection, host: &str, session: Option<u64>) -> StoreResult<()> {
+pub fn check(conn: &dyn Db, host: &str, session: Option<u64>) -> StoreResult<()> {
     let Some(session) = session else { return Ok(()) };
     let newest: Option<i64> = conn
         .prepare_cached("SELECT max(session) FROM node_sessions WHERE host = ?1")?
@@ -121,7 +122,7 @@ pub fn check(conn: &Connection, host: &str, session: Option<u64>) -> StoreResult
 
 /// Writes the last time each session was heard from (`last_contact_at`), from the hub's
 /// in-memory record of accepted node requests; a time never moves backwards.
-pub fn record_contacts(conn: &Connection, contacts: &[(String, u64, i64)]) -> StoreResult<()> {
+pub fn record_contacts(conn: &dyn Db, contacts: &[(String, u64, i64)]) -> StoreResult<()> {
     let mut stmt = conn.prepare_cached(
         "UPDATE node_sessions SET last_contact_at = max(last_contact_at, ?3) WHERE host = ?1 AND session = ?2",
     )?;
@@ -137,7 +138,7 @@ mod tests {
     use crate::store::claim::RebindLimit;
     use crate::store::testing;
 
-    fn row(conn: &Connection, session: i64) -> (Option<i64>, Option<String>, Option<i64>, i64) {
+    fn row(conn: &dyn Db, session: i64) -> (Option<i64>, Option<String>, Option<i64>, i64) {
         conn.query_row(
             "SELECT ended_at, ended_how, took_over, last_contact_at FROM node_sessions WHERE host = 'host-a' AND session = ?1",
             [session],

@@ -8,10 +8,11 @@
 //! while the requeued delivery is handed out again. Delivered deliveries are never touched:
 //! they may be running on the silent node.
 
+use super::db::Db;
 use super::transition::{self, Change, Holder};
 use super::{Actor, StoreResult, state_column};
 use baton_shared::states::DeliveryState;
-use rusqlite::{Connection, named_params};
+use rusqlite::named_params;
 
 /// A silent node instance that holds claimed or mirrored deliveries.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,7 +29,7 @@ pub struct SilentHolder {
 
 /// Hosts (not retired) whose newest node session is open and was last heard from before
 /// `cutoff_ms`, with the instance of that session holding claimed or mirrored deliveries.
-pub fn silent_holders(conn: &Connection, cutoff_ms: i64) -> StoreResult<Vec<SilentHolder>> {
+pub fn silent_holders(conn: &dyn Db, cutoff_ms: i64) -> StoreResult<Vec<SilentHolder>> {
     Ok(conn
         .prepare_cached(
             "SELECT s.host, s.instance_id, s.session, s.last_contact_at FROM node_sessions s
@@ -53,7 +54,7 @@ pub fn silent_holders(conn: &Connection, cutoff_ms: i64) -> StoreResult<Vec<Sile
 /// Requeues the claimed and mirrored deliveries of `who` (inside the caller's write
 /// transaction) when its session is still the host's newest, open and silent since before
 /// `cutoff_ms`: a node heard from meanwhile keeps its work. Returns the deliveries requeued.
-pub fn requeue_silent(conn: &Connection, who: &SilentHolder, cutoff_ms: i64, now_ms: i64) -> StoreResult<Vec<String>> {
+pub fn requeue_silent(conn: &dyn Db, who: &SilentHolder, cutoff_ms: i64, now_ms: i64) -> StoreResult<Vec<String>> {
     let still = silent_holders(conn, cutoff_ms)?
         .into_iter()
         .any(|s| s.host == who.host && s.instance_id == who.instance_id && s.session == who.session);

@@ -4,9 +4,10 @@
 //! against `allowed`, guards the UPDATE on the expected state (and holder, when given), checks
 //! the affected-row count, and appends the event in the same transaction.
 
+use super::db::Db;
 use super::{Actor, ActorKind, StoreError, StoreResult};
 use baton_shared::states::DeliveryState::{self, *};
-use rusqlite::{Connection, named_params};
+use rusqlite::named_params;
 
 /// Whether `actor` may move a delivery from `from` to `to`: the SPEC §2 table, and nothing else.
 pub fn allowed(from: DeliveryState, to: DeliveryState, actor: ActorKind) -> bool {
@@ -57,7 +58,7 @@ pub struct Change<'a> {
 /// Applies one transition: guarded UPDATE, row-count check, event row. Returns `InvalidTransition`
 /// when the table forbids it, and `StaleClaim` when the delivery is not (any more) in `from` with
 /// the expected holder.
-pub fn apply(conn: &Connection, change: Change<'_>, actor: &Actor, now_ms: i64) -> StoreResult<()> {
+pub fn apply(conn: &dyn Db, change: Change<'_>, actor: &Actor, now_ms: i64) -> StoreResult<()> {
     if !allowed(change.from, change.to, actor.kind) {
         return Err(StoreError::InvalidTransition(format!(
             "a {} may not move a delivery from {} to {}",
@@ -126,20 +127,20 @@ pub fn apply(conn: &Connection, change: Change<'_>, actor: &Actor, now_ms: i64) 
 }
 
 /// Moves the waiting count of a delivery's host by `delta`.
-fn adjust_backlog_of(conn: &Connection, delivery_id: &str, delta: i64) -> StoreResult<()> {
+fn adjust_backlog_of(conn: &dyn Db, delivery_id: &str, delta: i64) -> StoreResult<()> {
     conn.prepare_cached(
         "INSERT INTO host_backlog (host, waiting) SELECT host, max(?2, 0) FROM deliveries WHERE id = ?1
-         ON CONFLICT (host) DO UPDATE SET waiting = waiting + ?2",
+         ON CONFLICT (host) DO UPDATE SET waiting = host_backlog.waiting + ?2",
     )?
     .execute(rusqlite::params![delivery_id, delta])?;
     Ok(())
 }
 
 /// Adds `delta` to the waiting count of `host`.
-pub fn adjust_backlog(conn: &Connection, host: &str, delta: i64) -> StoreResult<()> {
+pub fn adjust_backlog(conn: &dyn Db, host: &str, delta: i64) -> StoreResult<()> {
     conn.prepare_cached(
         "INSERT INTO host_backlog (host, waiting) VALUES (?1, max(?2, 0))
-         ON CONFLICT (host) DO UPDATE SET waiting = waiting + ?2",
+         ON CONFLICT (host) DO UPDATE SET waiting = host_backlog.waiting + ?2",
     )?
     .execute(rusqlite::params![host, delta])?;
     Ok(())
@@ -148,7 +149,7 @@ pub fn adjust_backlog(conn: &Connection, host: &str, delta: i64) -> StoreResult<
 /// Appends one row to the delivery event log.
 #[allow(clippy::too_many_arguments)]
 pub fn record_event(
-    conn: &Connection,
+    conn: &dyn Db,
     delivery_id: &str,
     from: Option<DeliveryState>,
     to: DeliveryState,
@@ -170,7 +171,7 @@ pub fn record_event(
 
 /// Reads a delivery's current state (`None`: no such delivery; a state that does not parse is
 /// `StoreError::Corrupt`).
-pub fn state_of(conn: &Connection, delivery_id: &str) -> StoreResult<Option<DeliveryState>> {
+pub fn state_of(conn: &dyn Db, delivery_id: &str) -> StoreResult<Option<DeliveryState>> {
     use rusqlite::OptionalExtension;
     Ok(conn
         .prepare_cached("SELECT state FROM deliveries WHERE id = ?1")?
@@ -186,7 +187,7 @@ mod tests {
     use baton_shared::states::DeliveryState;
 
     /// Puts a fresh delivery into `state` directly (bypassing the table, as a fixture).
-    fn delivery_in(conn: &Connection, state: DeliveryState, n: usize) -> (String, String, String) {
+    fn delivery_in(conn: &dyn Db, state: DeliveryState, n: usize) -> (String, String, String) {
         let msg = accept::testing::accept_one(conn, "conv", &format!("k{n}"), &["host-a"]);
         let id: String =
             conn.query_row("SELECT id FROM deliveries WHERE message_id = ?1", [&msg], |r| r.get(0)).unwrap();

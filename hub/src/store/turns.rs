@@ -14,13 +14,14 @@
 //! a new run (`attempt + 1`, `rerun = 'redrive'`), clearing the holder, start and cancel of the
 //! run before; it is the only run handed out out of `seq` order.
 
+use super::db::Db;
 use super::hosts::record_operator_event;
 use super::transition::{self, Change};
 use super::{Actor, StoreError, StoreResult, parse_column_opt, state_column};
 use baton_shared::states::DeliveryState::{self, *};
 use baton_shared::states::Outcome;
 use baton_shared::wire::{CancelNotice, CancelResult, StartItem, StartResult};
-use rusqlite::{Connection, OptionalExtension, named_params};
+use rusqlite::{OptionalExtension, named_params};
 
 /// A delivery's state and control columns, as the turn-control operations read them.
 struct Turn {
@@ -35,7 +36,7 @@ struct Turn {
     outcome: Option<Outcome>,
 }
 
-fn load(conn: &Connection, delivery_id: &str) -> StoreResult<Option<Turn>> {
+fn load(conn: &dyn Db, delivery_id: &str) -> StoreResult<Option<Turn>> {
     Ok(conn
         .prepare_cached(
             "SELECT d.host, d.state, d.instance_id, d.claim_token, d.attempt, d.started_session,
@@ -69,7 +70,7 @@ fn load(conn: &Connection, delivery_id: &str) -> StoreResult<Option<Turn>> {
 /// start recorded when it may). Items are answered in order; one item's refusal does not
 /// affect the others.
 pub fn start(
-    conn: &Connection,
+    conn: &dyn Db,
     host: &str,
     instance_id: &str,
     session: u64,
@@ -166,7 +167,7 @@ pub const EFFECT_FINAL: &str = "final";
 
 /// Cancels one delivery (or, with `dry_run`, says what a cancel would do, changing nothing).
 pub fn cancel(
-    conn: &Connection,
+    conn: &dyn Db,
     delivery_id: &str,
     by: Canceller<'_>,
     reason: &str,
@@ -210,7 +211,7 @@ pub fn cancel(
     }
 }
 
-fn mark_cancelled(conn: &Connection, delivery_id: &str, by: &str, reason: &str, now_ms: i64) -> StoreResult<()> {
+fn mark_cancelled(conn: &dyn Db, delivery_id: &str, by: &str, reason: &str, now_ms: i64) -> StoreResult<()> {
     conn.prepare_cached(
         "UPDATE deliveries SET cancel_requested_at = ?2, cancel_by = ?3, cancel_reason = ?4, not_before = NULL
          WHERE id = ?1",
@@ -231,7 +232,7 @@ pub enum CancelScope<'a> {
 }
 
 /// The deliveries of `scope` a cancel can still change (not final), oldest first.
-pub fn cancellable(conn: &Connection, scope: CancelScope<'_>) -> StoreResult<Vec<String>> {
+pub fn cancellable(conn: &dyn Db, scope: CancelScope<'_>) -> StoreResult<Vec<String>> {
     let (column, value) = match scope {
         CancelScope::Conversation(c) => ("conversation", c),
         CancelScope::Host(h) => ("host", h),
@@ -251,7 +252,7 @@ pub fn cancellable(conn: &Connection, scope: CancelScope<'_>) -> StoreResult<Vec
 /// /v1/messages/{id}/cancel`): `NotFound` for an unknown message, `Forbidden` for another
 /// producer's.
 pub fn cancel_message(
-    conn: &Connection,
+    conn: &dyn Db,
     message_id: &str,
     producer: &str,
     reason: &str,
@@ -279,7 +280,7 @@ pub fn cancel_message(
 /// no outcome yet: the claim answer's `cancels`. Read through the partial index of pending
 /// cancels (named, so the planner never walks the instance's whole delivered history instead):
 /// every claim asks.
-pub fn cancels_for(conn: &Connection, host: &str, instance_id: &str) -> StoreResult<Vec<CancelNotice>> {
+pub fn cancels_for(conn: &dyn Db, host: &str, instance_id: &str) -> StoreResult<Vec<CancelNotice>> {
     Ok(conn
         .prepare_cached(
             "SELECT d.id, d.attempt, coalesce(d.cancel_reason, '') FROM deliveries d INDEXED BY deliveries_cancel_pending
@@ -295,7 +296,7 @@ pub fn cancels_for(conn: &Connection, host: &str, instance_id: &str) -> StoreRes
 
 /// The earliest not-before time after `now_ms` of the host's deliveries queued for a retry: a
 /// waiting claim wakes then.
-pub fn next_retry_at(conn: &Connection, host: &str, now_ms: i64) -> StoreResult<Option<i64>> {
+pub fn next_retry_at(conn: &dyn Db, host: &str, now_ms: i64) -> StoreResult<Option<i64>> {
     Ok(conn
         .prepare_cached(
             "SELECT min(not_before) FROM deliveries
@@ -315,7 +316,7 @@ const FINAL_OUTCOME_SQL: &str = "CASE WHEN d.state = 'delivered' THEN
 /// `deliveries retry ID`: re-runs one final delivery (failed, unknown, or delivered whose current
 /// run failed, ended unknown or was cancelled) as a new run marked as a redrive. Returns the new
 /// run number.
-pub fn retry(conn: &Connection, delivery_id: &str, operator: &str, reason: &str, now_ms: i64) -> StoreResult<u32> {
+pub fn retry(conn: &dyn Db, delivery_id: &str, operator: &str, reason: &str, now_ms: i64) -> StoreResult<u32> {
     let sql = format!("SELECT d.state, {FINAL_OUTCOME_SQL} FROM deliveries d WHERE d.id = ?1");
     let row: Option<(DeliveryState, Option<String>)> = conn
         .prepare_cached(&sql)?
@@ -371,15 +372,15 @@ pub struct RedriveFilter {
 /// The next `batch` deliveries `filter` selects after position `after_n` (the deliveries'
 /// insertion order), with their positions.
 pub fn redrive_batch(
-    conn: &Connection,
+    conn: &dyn Db,
     filter: &RedriveFilter,
     after_n: i64,
     batch: u32,
 ) -> StoreResult<Vec<(String, i64)>> {
     let sql = format!(
         "SELECT d.id, d.n FROM deliveries d
-         WHERE d.n > :after AND (:c IS NULL OR d.conversation = :c) AND (:h IS NULL OR d.host = :h)
-           AND (:since IS NULL OR d.updated_at >= :since) AND d.state IN ('delivered', 'failed', 'unknown')
+         WHERE d.n > :after AND (CAST(:c AS TEXT) IS NULL OR d.conversation = :c) AND (CAST(:h AS TEXT) IS NULL OR d.host = :h)
+           AND (CAST(:since AS BIGINT) IS NULL OR d.updated_at >= :since) AND d.state IN ('delivered', 'failed', 'unknown')
            AND {FINAL_OUTCOME_SQL} = :o
          ORDER BY d.n LIMIT :batch"
     );
@@ -411,7 +412,7 @@ pub struct RecordedRedrive {
 }
 
 /// The redrive recorded under `request_id`, when there is one.
-pub fn recorded_redrive(conn: &Connection, request_id: &str) -> StoreResult<Option<RecordedRedrive>> {
+pub fn recorded_redrive(conn: &dyn Db, request_id: &str) -> StoreResult<Option<RecordedRedrive>> {
     Ok(conn
         .prepare_cached("SELECT operator, reason, filter, redriven, at FROM redrive_requests WHERE request_id = ?1")?
         .query_row([request_id], |r| {
@@ -428,7 +429,7 @@ pub fn recorded_redrive(conn: &Connection, request_id: &str) -> StoreResult<Opti
 
 /// Records a finished redrive under its request id (and an operator event).
 pub fn record_redrive(
-    conn: &Connection,
+    conn: &dyn Db,
     request_id: &str,
     operator: &str,
     reason: &str,
@@ -463,7 +464,7 @@ mod tests {
     use std::time::Duration;
 
     /// Accepts a message to host-a with `max_attempts` runs and a 1 s backoff.
-    fn message(conn: &Connection, conv: &str, key: &str, max_attempts: u32) -> String {
+    fn message(conn: &dyn Db, conv: &str, key: &str, max_attempts: u32) -> String {
         let m = accept_one(conn, conv, key, &["host-a"]);
         conn.execute(
             "UPDATE messages SET max_attempts = ?2, retry_backoff_ms = 1000 WHERE id = ?1",
@@ -473,7 +474,7 @@ mod tests {
         conn.query_row("SELECT id FROM deliveries WHERE message_id = ?1", [&m], |r| r.get(0)).unwrap()
     }
 
-    fn claim_all(conn: &Connection, now: i64) -> Vec<ClaimedDelivery> {
+    fn claim_all(conn: &dyn Db, now: i64) -> Vec<ClaimedDelivery> {
         claim::claim(conn, "host-a", "i", 10, now).unwrap()
     }
 
@@ -482,13 +483,13 @@ mod tests {
     }
 
     /// Claimed → mirrored → delivered.
-    fn deliver(conn: &Connection, d: &ClaimedDelivery, now: i64) {
+    fn deliver(conn: &dyn Db, d: &ClaimedDelivery, now: i64) {
         mirrored(conn, "host-a", &d.delivery_id, holder(d), now).unwrap();
         ack(conn, "host-a", &d.delivery_id, holder(d), now).unwrap();
     }
 
     fn report(
-        conn: &Connection,
+        conn: &dyn Db,
         d: &ClaimedDelivery,
         report_id: &str,
         outcome: Outcome,
@@ -514,11 +515,11 @@ mod tests {
         report_run(conn, "host-a", &r, &run, now)
     }
 
-    fn state(conn: &Connection, id: &str) -> DeliveryState {
+    fn state(conn: &dyn Db, id: &str) -> DeliveryState {
         transition::state_of(conn, id).unwrap().unwrap()
     }
 
-    fn events(conn: &Connection, id: &str) -> i64 {
+    fn events(conn: &dyn Db, id: &str) -> i64 {
         conn.query_row("SELECT count(*) FROM delivery_events WHERE delivery_id = ?1", [id], |r| r.get(0)).unwrap()
     }
 

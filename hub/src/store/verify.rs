@@ -2,10 +2,10 @@
 //! checker applies to the hub's side. Returns every problem found, each typed by its kind with
 //! its subject and detail, so callers (the CLI's JSON, the fault checker) read a type, not prose.
 
+use super::db::{Db, Dialect};
 use super::transition::allowed;
 use super::{ActorKind, StoreResult};
 use baton_shared::states::DeliveryState;
-use rusqlite::Connection;
 use std::fmt;
 
 /// What kind of rule a problem breaks.
@@ -100,7 +100,7 @@ impl fmt::Display for Problem {
 }
 
 /// Adds one problem of `kind` per row of `sql`, whose columns are (subject, detail).
-fn collect(conn: &Connection, kind: ProblemKind, sql: &str, out: &mut Vec<Problem>) -> StoreResult<()> {
+fn collect(conn: &dyn Db, kind: ProblemKind, sql: &str, out: &mut Vec<Problem>) -> StoreResult<()> {
     let mut stmt = conn.prepare(sql)?;
     let rows = stmt.query_map([], |r| Ok(Problem { kind, subject: r.get(0)?, detail: r.get(1)? }))?;
     for r in rows {
@@ -111,13 +111,20 @@ fn collect(conn: &Connection, kind: ProblemKind, sql: &str, out: &mut Vec<Proble
 
 /// Checks every hub-side invariant, including a full integrity check of the file; an empty list
 /// means none is violated.
-pub fn check(conn: &Connection) -> StoreResult<Vec<Problem>> {
+pub fn check(conn: &dyn Db) -> StoreResult<Vec<Problem>> {
     use ProblemKind::*;
     let mut out = Vec::new();
-    for line in super::backup::integrity(conn)? {
-        out.push(Problem { kind: Integrity, subject: "database".into(), detail: line });
+    // The file's own check is SQLite's; a PostgreSQL server checks its pages itself.
+    if let Some(file) = conn.sqlite() {
+        for line in super::backup::integrity(file)? {
+            out.push(Problem { kind: Integrity, subject: "database".into(), detail: line });
+        }
     }
     for (kind, sql) in RULES {
+        // PostgreSQL enforces foreign keys at every write; SQLite's are checked here.
+        if *kind == ProblemKind::ForeignKey && conn.dialect() == Dialect::Postgres {
+            continue;
+        }
         collect(conn, *kind, sql, &mut out)?;
     }
     check_event_chains(conn, &mut out)?;
@@ -199,20 +206,17 @@ impl Chain {
 }
 
 /// Every delivery's events form a path in the SPEC §2 table from creation to its current state.
-fn check_event_chains(conn: &Connection, out: &mut Vec<Problem>) -> StoreResult<()> {
+fn check_event_chains(conn: &dyn Db, out: &mut Vec<Problem>) -> StoreResult<()> {
     let mut stmt = conn.prepare(
         "SELECT d.id, d.state, e.from_state, e.to_state, e.actor_kind FROM deliveries d
          LEFT JOIN delivery_events e ON e.delivery_id = d.id ORDER BY d.id, e.id",
     )?;
-    let mut rows = stmt.query([])?;
+    type Link = (String, String, Option<String>, Option<String>, Option<String>);
+    let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))?;
     let mut current: Option<Chain> = None;
     let problem = |kind, subject: &str, detail: String| Problem { kind, subject: subject.to_string(), detail };
-    while let Some(r) = rows.next()? {
-        let id: String = r.get(0)?;
-        let state: String = r.get(1)?;
-        let from: Option<String> = r.get(2)?;
-        let to: Option<String> = r.get(3)?;
-        let kind: Option<String> = r.get(4)?;
+    for row in rows {
+        let (id, state, from, to, kind): Link = row?;
         if current.as_ref().map(|c| &c.id) != Some(&id) {
             if let Some(done) = current.take() {
                 done.finish(out);

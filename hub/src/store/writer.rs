@@ -13,8 +13,8 @@
 //! (each with its prepared-statement cache, so a burst of reads parses no schema and prepares
 //! no statement again); a read waits for a free connection rather than opening another.
 
+use super::db::Db;
 use super::{StoreError, StoreResult};
-use rusqlite::Connection;
 use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -29,7 +29,11 @@ pub const WRITE_QUEUE_DEPTH: usize = 4096;
 pub const READERS_MAX: usize = 8;
 
 type Reply = Box<dyn FnOnce(StoreResult<()>) + Send>;
-type Job = Box<dyn FnOnce(Option<&Connection>) -> (bool, Reply) + Send>;
+type Job = Box<dyn FnOnce(Option<&dyn Db>) -> (bool, Reply) + Send>;
+/// A connection the writer or the reader pool owns.
+pub type OwnedDb = Box<dyn Db + Send>;
+/// Opens a new connection (the reader pool's, or the writer's after its connection broke).
+pub type Opener = Box<dyn Fn() -> StoreResult<OwnedDb> + Send + Sync>;
 
 /// Handle to the writer thread. Cloning shares the thread.
 #[derive(Clone)]
@@ -39,9 +43,15 @@ pub struct Writer {
 
 impl Writer {
     /// Starts the writer thread owning `conn`. The thread ends when every handle is dropped.
-    pub fn start(conn: Connection) -> std::io::Result<Writer> {
+    pub fn start(conn: impl Db + Send + 'static) -> std::io::Result<Writer> {
+        Writer::start_with(Box::new(conn), None)
+    }
+
+    /// Starts the writer thread owning `conn`; when a transaction fails on a connection that
+    /// is gone (a database server restarted), `reopen` gives the next one.
+    pub fn start_with(conn: OwnedDb, reopen: Option<Opener>) -> std::io::Result<Writer> {
         let (tx, rx) = mpsc::channel::<Job>(WRITE_QUEUE_DEPTH);
-        std::thread::Builder::new().name("baton-writer".into()).spawn(move || run(conn, rx))?;
+        std::thread::Builder::new().name("baton-writer".into()).spawn(move || run(conn, reopen, rx))?;
         Ok(Writer { tx })
     }
 
@@ -49,7 +59,7 @@ impl Writer {
     pub async fn call<R, F>(&self, f: F) -> StoreResult<R>
     where
         R: Send + 'static,
-        F: FnOnce(&Connection) -> StoreResult<R> + Send + 'static,
+        F: FnOnce(&dyn Db) -> StoreResult<R> + Send + 'static,
     {
         let (otx, orx) = oneshot::channel::<StoreResult<R>>();
         let job: Job = Box::new(move |conn| {
@@ -91,7 +101,7 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
-fn run(conn: Connection, mut rx: mpsc::Receiver<Job>) {
+fn run(mut conn: OwnedDb, reopen: Option<Opener>, mut rx: mpsc::Receiver<Job>) {
     let mut jobs: Vec<Job> = Vec::with_capacity(GROUP_COMMIT_JOBS_MAX);
     while let Some(first) = rx.blocking_recv() {
         jobs.push(first);
@@ -101,15 +111,26 @@ fn run(conn: Connection, mut rx: mpsc::Receiver<Job>) {
                 Err(_) => break,
             }
         }
-        run_batch(&conn, &mut jobs);
+        run_batch(conn.as_ref(), &mut jobs);
+        if conn.broken()
+            && let Some(open) = &reopen
+        {
+            match open() {
+                Ok(c) => {
+                    tracing::info!("the writer's database connection was lost; reconnected");
+                    conn = c;
+                }
+                Err(e) => tracing::error!(error = %e, "the writer's database connection was lost; reconnecting failed"),
+            }
+        }
     }
 }
 
-fn run_batch(conn: &Connection, jobs: &mut Vec<Job>) {
+fn run_batch(conn: &dyn Db, jobs: &mut Vec<Job>) {
     let started = std::time::Instant::now();
     metrics::histogram!("baton_hub_write_batch_jobs").record(jobs.len() as f64);
     metrics::counter!("baton_hub_writer_jobs_total").increment(jobs.len() as u64);
-    if let Err(e) = super::control(conn, "BEGIN IMMEDIATE") {
+    if let Err(e) = conn.begin_write() {
         tracing::error!(error = %e, "cannot begin a write transaction");
         for job in jobs.drain(..) {
             let (_, reply) = job(None);
@@ -144,7 +165,7 @@ fn run_batch(conn: &Connection, jobs: &mut Vec<Job>) {
     };
     if let Err(e) = &outcome {
         tracing::error!(error = %e, "write transaction failed; rolled back");
-        let _ = conn.execute_batch("ROLLBACK");
+        let _ = conn.control("ROLLBACK");
     }
     metrics::histogram!("baton_hub_write_transaction_seconds").record(started.elapsed().as_secs_f64());
     if outcome.is_err() {
@@ -157,8 +178,8 @@ fn run_batch(conn: &Connection, jobs: &mut Vec<Job>) {
 
 /// A pool of long-lived read connections, used only inside `spawn_blocking`.
 pub struct Readers {
-    path: PathBuf,
-    idle: Mutex<Vec<Connection>>,
+    open: Opener,
+    idle: Mutex<Vec<OwnedDb>>,
     /// One permit per connection that may be in use: at most `READERS_MAX`.
     permits: std::sync::Arc<tokio::sync::Semaphore>,
     /// Connections opened so far.
@@ -168,8 +189,16 @@ pub struct Readers {
 impl Readers {
     /// A pool reading the database at `path`.
     pub fn new(path: PathBuf) -> Readers {
+        Readers::with_opener(Box::new(move || {
+            let conn = super::open_read(&path).map_err(|e| StoreError::Storage(e.to_string()))?;
+            Ok(Box::new(conn) as OwnedDb)
+        }))
+    }
+
+    /// A pool whose connections `open` makes.
+    pub fn with_opener(open: Opener) -> Readers {
         Readers {
-            path,
+            open,
             idle: Mutex::new(Vec::new()),
             permits: std::sync::Arc::new(tokio::sync::Semaphore::new(READERS_MAX)),
             opened: AtomicUsize::new(0),
@@ -181,19 +210,19 @@ impl Readers {
         self.opened.load(Ordering::Relaxed)
     }
 
-    fn take(&self) -> StoreResult<Connection> {
+    fn take(&self) -> StoreResult<OwnedDb> {
         let pooled = self.idle.lock().map_err(|_| StoreError::Storage("reader pool poisoned".into()))?.pop();
         match pooled {
             Some(c) => Ok(c),
             None => {
-                let conn = super::open_read(&self.path).map_err(|e| StoreError::Storage(e.to_string()))?;
+                let conn = (self.open)()?;
                 self.opened.fetch_add(1, Ordering::Relaxed);
                 Ok(conn)
             }
         }
     }
 
-    fn give_back(&self, conn: Connection) {
+    fn give_back(&self, conn: OwnedDb) {
         // Never more than `READERS_MAX`: each one in use holds a permit.
         if let Ok(mut idle) = self.idle.lock() {
             idle.push(conn);
@@ -205,7 +234,7 @@ impl Readers {
     pub async fn read<R, F>(self: &std::sync::Arc<Self>, f: F) -> StoreResult<R>
     where
         R: Send + 'static,
-        F: FnOnce(&Connection) -> StoreResult<R> + Send + 'static,
+        F: FnOnce(&dyn Db) -> StoreResult<R> + Send + 'static,
     {
         let permit = self
             .permits
@@ -218,9 +247,11 @@ impl Readers {
             let _permit = permit;
             let conn = this.take()?;
             // One read transaction: every query in `f` sees the same snapshot.
-            conn.execute_batch("BEGIN")?;
-            let r = f(&conn);
-            if conn.execute_batch("COMMIT").is_ok() {
+            conn.begin_read()?;
+            let r = f(conn.as_ref());
+            // A read ends with a rollback: it changed nothing, and on PostgreSQL a failed
+            // statement leaves the transaction unable to commit.
+            if conn.control("ROLLBACK").is_ok() && !conn.broken() {
                 this.give_back(conn);
             }
             r
@@ -318,7 +349,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("hub.db");
         let w = Writer::start(crate::store::open_write(&path, Synchronous::Normal).unwrap()).unwrap();
-        let insert = |c: &Connection, i: i64| {
+        let insert = |c: &dyn Db, i: i64| {
             c.execute("INSERT INTO operator_events (action, subject, operator, at) VALUES ('t', ?1, 'x', ?1)", [i])
         };
         let (a, b, c) = tokio::join!(

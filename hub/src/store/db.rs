@@ -1,0 +1,890 @@
+//! `Db`: the one connection type the store's operations are written against, so that every
+//! operation's body is the same code on SQLite and on PostgreSQL.
+//!
+//! The store's modules were written for rusqlite, and `Db` keeps rusqlite's shape on purpose:
+//! `prepare_cached(sql)` gives a `Stmt` with `execute`, `query_row`, `query_map` and `exists`;
+//! parameters are rusqlite's (`[a, b]`, `params![..]`, `named_params!{..}`); a row is a `Row`
+//! whose `get` takes any `rusqlite::types::FromSql`; errors are `rusqlite::Error` (so
+//! `.optional()` and `StoreError::from` work unchanged). An SQLite `Connection` is a `Db` as it
+//! is; `PgConn` is a `Db` over one PostgreSQL connection:
+//!
+//! - SQL text is written once, in the dialect both servers accept. `?N` and `:name` parameters
+//!   are rewritten to PostgreSQL's `$N` when a statement is prepared (and cached by its text).
+//! - Values cross as SQLite's five storage classes: a parameter is converted into whatever type
+//!   PostgreSQL inferred for its slot (`BIGINT`, `INTEGER`, `BOOLEAN`, `TEXT`, ...), and a column
+//!   is read back as an integer, real, text, blob or null (a `BOOLEAN` as 0/1, a `NUMERIC` as an
+//!   integer when it has no fraction), so each column's `FromSql` is the same on both.
+//! - A PostgreSQL failure travels as `rusqlite::Error::ToSqlConversionFailure` carrying a
+//!   `PgFailure`, which `StoreError::from` recognises.
+//!
+//! `PgConn` is synchronous, like rusqlite: it owns a current-thread runtime on which its
+//! connection's I/O runs, and each call waits on it. It is used only on the store's own
+//! threads (the writer, the reader pool's blocking tasks), never on an async worker.
+
+use rusqlite::types::{FromSql, FromSqlError, Value, ValueRef};
+use rusqlite::{Connection, ToSql};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::Arc;
+use tokio_postgres::types::ToSql as PgToSql;
+
+/// Which SQL the connection speaks, for the few statements that must differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    /// SQLite.
+    Sqlite,
+    /// PostgreSQL.
+    Postgres,
+}
+
+/// A connection the store's operations run on. See the module documentation.
+pub trait Db {
+    /// A prepared statement for `sql`, from the connection's cache when it has been seen.
+    fn prepare_cached(&self, sql: &str) -> rusqlite::Result<Stmt<'_>>;
+    /// Runs one or more statements without parameters or results.
+    fn execute_batch(&self, sql: &str) -> rusqlite::Result<()>;
+    /// Runs one transaction-control statement (`SAVEPOINT x`, `RELEASE x`, `ROLLBACK TO x`,
+    /// `COMMIT`, `ROLLBACK`).
+    fn control(&self, sql: &str) -> rusqlite::Result<()>;
+    /// Begins a write transaction: on SQLite `BEGIN IMMEDIATE` (the file's write lock); on
+    /// PostgreSQL a transaction that first takes the record's write lock (`WRITE_LOCK_KEY`), so
+    /// writers on every hub run one after another, as on one SQLite file.
+    fn begin_write(&self) -> rusqlite::Result<()>;
+    /// Begins a read transaction: every query in it sees one snapshot.
+    fn begin_read(&self) -> rusqlite::Result<()>;
+    /// The dialect.
+    fn dialect(&self) -> Dialect;
+    /// Whether the connection is gone and a new one is needed (a database server restarted).
+    fn broken(&self) -> bool;
+    /// The SQLite connection, for the operations that exist only on an SQLite file (backup,
+    /// checkpoint, the file's integrity check).
+    fn sqlite(&self) -> Option<&Connection>;
+}
+
+impl Db for Connection {
+    fn prepare_cached(&self, sql: &str) -> rusqlite::Result<Stmt<'_>> {
+        Ok(Stmt(Inner::Sqlite(Connection::prepare_cached(self, sql)?)))
+    }
+    fn execute_batch(&self, sql: &str) -> rusqlite::Result<()> {
+        Connection::execute_batch(self, sql)
+    }
+    fn control(&self, sql: &str) -> rusqlite::Result<()> {
+        Connection::prepare_cached(self, sql)?.execute([])?;
+        Ok(())
+    }
+    fn begin_write(&self) -> rusqlite::Result<()> {
+        Db::control(self, "BEGIN IMMEDIATE")
+    }
+    fn begin_read(&self) -> rusqlite::Result<()> {
+        Db::control(self, "BEGIN")
+    }
+    fn dialect(&self) -> Dialect {
+        Dialect::Sqlite
+    }
+    fn broken(&self) -> bool {
+        false
+    }
+    fn sqlite(&self) -> Option<&Connection> {
+        Some(self)
+    }
+}
+
+impl<T: Db + ?Sized> Db for Box<T> {
+    fn prepare_cached(&self, sql: &str) -> rusqlite::Result<Stmt<'_>> {
+        (**self).prepare_cached(sql)
+    }
+    fn execute_batch(&self, sql: &str) -> rusqlite::Result<()> {
+        (**self).execute_batch(sql)
+    }
+    fn control(&self, sql: &str) -> rusqlite::Result<()> {
+        (**self).control(sql)
+    }
+    fn begin_write(&self) -> rusqlite::Result<()> {
+        (**self).begin_write()
+    }
+    fn begin_read(&self) -> rusqlite::Result<()> {
+        (**self).begin_read()
+    }
+    fn dialect(&self) -> Dialect {
+        (**self).dialect()
+    }
+    fn broken(&self) -> bool {
+        (**self).broken()
+    }
+    fn sqlite(&self) -> Option<&Connection> {
+        (**self).sqlite()
+    }
+}
+
+impl dyn Db + '_ {
+    /// `prepare_cached` (every statement is cached).
+    pub fn prepare(&self, sql: &str) -> rusqlite::Result<Stmt<'_>> {
+        self.prepare_cached(sql)
+    }
+
+    /// Runs one statement, returning how many rows it changed.
+    pub fn execute<P: Args>(&self, sql: &str, params: P) -> rusqlite::Result<usize> {
+        self.prepare_cached(sql)?.execute(params)
+    }
+
+    /// Runs one query and maps its first row (`QueryReturnedNoRows` when it has none).
+    pub fn query_row<T, P, F>(&self, sql: &str, params: P, f: F) -> rusqlite::Result<T>
+    where
+        P: Args,
+        F: FnOnce(&Row<'_>) -> rusqlite::Result<T>,
+    {
+        self.prepare_cached(sql)?.query_row(params, f)
+    }
+}
+
+/// A prepared statement of a `Db`.
+pub struct Stmt<'c>(Inner<'c>);
+
+enum Inner<'c> {
+    Sqlite(rusqlite::CachedStatement<'c>),
+    Pg { conn: &'c PgConn, prepared: Arc<Prepared> },
+}
+
+impl Stmt<'_> {
+    /// Runs the statement, returning how many rows it changed.
+    pub fn execute<P: Args>(&mut self, params: P) -> rusqlite::Result<usize> {
+        match &mut self.0 {
+            Inner::Sqlite(s) => s.execute(params),
+            Inner::Pg { conn, prepared } => {
+                let values = params.values(&prepared.names)?;
+                conn.execute(prepared, &values)
+            }
+        }
+    }
+
+    /// Runs the query and maps its first row (`QueryReturnedNoRows` when it has none).
+    pub fn query_row<T, P, F>(&mut self, params: P, f: F) -> rusqlite::Result<T>
+    where
+        P: Args,
+        F: FnOnce(&Row<'_>) -> rusqlite::Result<T>,
+    {
+        match &mut self.0 {
+            Inner::Sqlite(s) => s.query_row(params, |r| f(&Row(RowInner::Sqlite(r)))),
+            Inner::Pg { conn, prepared } => {
+                let values = params.values(&prepared.names)?;
+                let rows = conn.query(prepared, &values)?;
+                let first = rows.first().ok_or(rusqlite::Error::QueryReturnedNoRows)?;
+                f(&Row(RowInner::Pg { values: first, columns: &prepared.columns }))
+            }
+        }
+    }
+
+    /// Runs the query and maps every row, in order.
+    pub fn query_map<T, P, F>(
+        &mut self,
+        params: P,
+        mut f: F,
+    ) -> rusqlite::Result<std::vec::IntoIter<rusqlite::Result<T>>>
+    where
+        P: Args,
+        F: FnMut(&Row<'_>) -> rusqlite::Result<T>,
+    {
+        let all: Vec<rusqlite::Result<T>> = match &mut self.0 {
+            Inner::Sqlite(s) => s.query_map(params, |r| f(&Row(RowInner::Sqlite(r))))?.collect(),
+            Inner::Pg { conn, prepared } => {
+                let values = params.values(&prepared.names)?;
+                let rows = conn.query(prepared, &values)?;
+                rows.iter().map(|v| f(&Row(RowInner::Pg { values: v, columns: &prepared.columns }))).collect()
+            }
+        };
+        Ok(all.into_iter())
+    }
+
+    /// Whether the query returns at least one row.
+    pub fn exists<P: Args>(&mut self, params: P) -> rusqlite::Result<bool> {
+        match &mut self.0 {
+            Inner::Sqlite(s) => s.exists(params),
+            Inner::Pg { conn, prepared } => {
+                let values = params.values(&prepared.names)?;
+                Ok(!conn.query(prepared, &values)?.is_empty())
+            }
+        }
+    }
+}
+
+/// A column's position (as rusqlite's `RowIndex`, by number only).
+pub trait ColumnIndex {
+    /// The zero-based position.
+    fn index(self) -> usize;
+}
+
+impl ColumnIndex for usize {
+    fn index(self) -> usize {
+        self
+    }
+}
+
+/// One result row of a `Stmt`.
+pub struct Row<'a>(RowInner<'a>);
+
+enum RowInner<'a> {
+    Sqlite(&'a rusqlite::Row<'a>),
+    Pg { values: &'a [Value], columns: &'a [String] },
+}
+
+impl Row<'_> {
+    /// Column `idx`, converted by `T`'s `FromSql` (as rusqlite's `Row::get`).
+    pub fn get<I: ColumnIndex, T: FromSql>(&self, idx: I) -> rusqlite::Result<T> {
+        let idx = idx.index();
+        match &self.0 {
+            RowInner::Sqlite(r) => r.get(idx),
+            RowInner::Pg { values, .. } => {
+                let value = values.get(idx).ok_or(rusqlite::Error::InvalidColumnIndex(idx))?;
+                let value_ref = ValueRef::from(value);
+                T::column_result(value_ref).map_err(|e| match e {
+                    FromSqlError::InvalidType => {
+                        rusqlite::Error::InvalidColumnType(idx, self.column_name(idx), value_ref.data_type())
+                    }
+                    FromSqlError::OutOfRange(i) => rusqlite::Error::IntegralValueOutOfRange(idx, i),
+                    FromSqlError::Other(err) => {
+                        rusqlite::Error::FromSqlConversionFailure(idx, value_ref.data_type(), err)
+                    }
+                    other => rusqlite::Error::FromSqlConversionFailure(idx, value_ref.data_type(), Box::new(other)),
+                })
+            }
+        }
+    }
+
+    /// Column `idx` as it is stored.
+    pub fn get_ref(&self, idx: usize) -> rusqlite::Result<ValueRef<'_>> {
+        match &self.0 {
+            RowInner::Sqlite(r) => r.get_ref(idx),
+            RowInner::Pg { values, .. } => {
+                values.get(idx).map(ValueRef::from).ok_or(rusqlite::Error::InvalidColumnIndex(idx))
+            }
+        }
+    }
+
+    /// The name of column `idx` (for error messages).
+    pub fn column_name(&self, idx: usize) -> String {
+        let name = match &self.0 {
+            RowInner::Sqlite(r) => r.as_ref().column_name(idx).ok().map(str::to_string),
+            RowInner::Pg { columns, .. } => columns.get(idx).cloned(),
+        };
+        name.unwrap_or_else(|| format!("column {idx}"))
+    }
+}
+
+/// Statement parameters in any of rusqlite's forms, which can also be handed to PostgreSQL.
+pub trait Args: rusqlite::Params {
+    /// The values in the order of the PostgreSQL statement's `$N` (`names` lists the named
+    /// parameters in that order; empty for positional ones).
+    fn values(&self, names: &[String]) -> rusqlite::Result<Vec<Value>>;
+}
+
+fn value_of(p: &dyn ToSql) -> rusqlite::Result<Value> {
+    use rusqlite::types::ToSqlOutput;
+    match p.to_sql()? {
+        ToSqlOutput::Borrowed(v) => Ok(owned(v)),
+        ToSqlOutput::Owned(v) => Ok(v),
+        _ => Err(rusqlite::Error::ToSqlConversionFailure("a parameter form PostgreSQL cannot take".into())),
+    }
+}
+
+fn owned(v: ValueRef<'_>) -> Value {
+    match v {
+        ValueRef::Null => Value::Null,
+        ValueRef::Integer(i) => Value::Integer(i),
+        ValueRef::Real(r) => Value::Real(r),
+        ValueRef::Text(t) => Value::Text(String::from_utf8_lossy(t).into_owned()),
+        ValueRef::Blob(b) => Value::Blob(b.to_vec()),
+    }
+}
+
+fn positional<'a>(names: &[String], ps: impl Iterator<Item = &'a dyn ToSql>) -> rusqlite::Result<Vec<Value>> {
+    if !names.is_empty() {
+        return Err(rusqlite::Error::ToSqlConversionFailure(
+            "positional parameters given to a statement with named ones".into(),
+        ));
+    }
+    ps.map(value_of).collect()
+}
+
+impl Args for &[&dyn ToSql] {
+    fn values(&self, names: &[String]) -> rusqlite::Result<Vec<Value>> {
+        positional(names, self.iter().copied())
+    }
+}
+
+impl Args for [&(dyn ToSql + Send + Sync); 0] {
+    fn values(&self, names: &[String]) -> rusqlite::Result<Vec<Value>> {
+        positional(names, std::iter::empty())
+    }
+}
+
+impl Args for () {
+    fn values(&self, names: &[String]) -> rusqlite::Result<Vec<Value>> {
+        positional(names, std::iter::empty())
+    }
+}
+
+impl Args for &[(&str, &dyn ToSql)] {
+    fn values(&self, names: &[String]) -> rusqlite::Result<Vec<Value>> {
+        names
+            .iter()
+            .map(|name| {
+                let (_, p) = self.iter().find(|(n, _)| n.strip_prefix(':').unwrap_or(n) == name).ok_or_else(|| {
+                    rusqlite::Error::ToSqlConversionFailure(format!("no value for the parameter :{name}").into())
+                })?;
+                value_of(*p)
+            })
+            .collect()
+    }
+}
+
+macro_rules! array_args {
+    ($($n:literal)*) => {$(
+        impl<T: ToSql> Args for [T; $n] {
+            fn values(&self, names: &[String]) -> rusqlite::Result<Vec<Value>> {
+                positional(names, self.iter().map(|p| p as &dyn ToSql))
+            }
+        }
+        impl<T: ToSql> Args for &[&T; $n] {
+            fn values(&self, names: &[String]) -> rusqlite::Result<Vec<Value>> {
+                positional(names, self.iter().map(|p| *p as &dyn ToSql))
+            }
+        }
+    )*};
+}
+array_args!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16);
+
+/// What PostgreSQL said, carried inside a `rusqlite::Error` (see the module documentation).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct PgFailure {
+    /// The SQLSTATE, when the server answered with one.
+    pub code: Option<String>,
+    /// What went wrong, with the statement when there was one.
+    pub message: String,
+    /// The connection is gone: nothing more can run on it.
+    pub closed: bool,
+}
+
+impl PgFailure {
+    /// The SQLSTATE class of a serialization failure or deadlock: the transaction may be retried.
+    pub fn retryable(&self) -> bool {
+        matches!(self.code.as_deref(), Some("40001" | "40P01"))
+    }
+}
+
+fn pg_error(e: tokio_postgres::Error, sql: &str) -> rusqlite::Error {
+    let code = e.code().map(|c| c.code().to_string());
+    let detail = match e.as_db_error() {
+        Some(db) => format!("{} ({})", db.message(), db.code().code()),
+        None => e.to_string(),
+    };
+    let closed = e.is_closed();
+    let statement = sql.split_whitespace().collect::<Vec<_>>().join(" ");
+    let statement: String = statement.chars().take(160).collect();
+    rusqlite::Error::ToSqlConversionFailure(Box::new(PgFailure {
+        code,
+        message: format!("database: {detail} in: {statement}"),
+        closed,
+    }))
+}
+
+/// The advisory lock every write transaction on PostgreSQL takes first: one writer at a time
+/// across every hub, the rule the SQLite file's write lock gives one hub.
+pub const WRITE_LOCK_KEY: i64 = 0x6261_746f_6e57; // "batonW"
+
+/// Statements a `PgConn` keeps prepared.
+pub const PG_STATEMENT_CACHE_MAX: usize = 512;
+
+/// One statement prepared on PostgreSQL.
+pub struct Prepared {
+    stmt: tokio_postgres::Statement,
+    /// The named parameters in `$N` order (empty for positional ones).
+    names: Vec<String>,
+    /// The result's column names.
+    columns: Vec<String>,
+    /// The statement's text as PostgreSQL got it.
+    sql: String,
+}
+
+/// One PostgreSQL connection, used synchronously (see the module documentation).
+pub struct PgConn {
+    rt: OwnRuntime,
+    /// Set when a round trip found no answer within `wait`: the connection is not used again.
+    lost: std::cell::Cell<bool>,
+    /// Longest wait for one round trip (`PG_CALL_WAIT_MAX` unless a test shortens it).
+    wait: std::time::Duration,
+    client: tokio_postgres::Client,
+    cache: RefCell<HashMap<String, Arc<Prepared>>>,
+    /// The URL without its password, for messages.
+    shown: String,
+}
+
+/// Longest wait for one round trip to PostgreSQL (a statement, a prepare, a transaction-control
+/// statement). Past it the connection is taken as lost — a link that swallows traffic without
+/// closing, which TCP alone may not notice for many minutes — and dropped: the operation fails
+/// as storage unavailable (nodes retry) and the next one opens a new connection, instead of the
+/// writer waiting forever. Far longer than any statement the store runs.
+pub const PG_CALL_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A `PgConn`'s own runtime. Dropped without waiting for its tasks (`shutdown_background`), so
+/// a connection may be dropped anywhere, an async task included (the reader pool at shutdown).
+struct OwnRuntime(Option<tokio::runtime::Runtime>);
+
+fn closed(message: String) -> rusqlite::Error {
+    rusqlite::Error::ToSqlConversionFailure(Box::new(PgFailure { code: None, message, closed: true }))
+}
+
+impl OwnRuntime {
+    /// Runs `f`, waiting at most `wait`; `lost` is set when it did not finish in time.
+    fn block_on<F: std::future::Future>(
+        &self,
+        f: F,
+        wait: std::time::Duration,
+        lost: &std::cell::Cell<bool>,
+    ) -> rusqlite::Result<F::Output> {
+        let Some(rt) = &self.0 else { return Err(closed("database: the connection is closed".into())) };
+        if lost.get() {
+            return Err(closed("database: the connection was lost".into()));
+        }
+        match rt.block_on(async { tokio::time::timeout(wait, f).await }) {
+            Ok(out) => Ok(out),
+            Err(_) => {
+                lost.set(true);
+                Err(closed(format!("database: no answer within {wait:?}; the connection is taken as lost")))
+            }
+        }
+    }
+}
+
+impl Drop for OwnRuntime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl PgConn {
+    /// Connects to `url` on a runtime of the new connection's own. Must not be called on an
+    /// async worker thread.
+    pub fn connect(url: &crate::pg::PgUrl) -> Result<PgConn, crate::pg::PgError> {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| {
+            crate::pg::PgError::Other { url: url.shown().to_string(), detail: format!("starting a runtime: {e}") }
+        })?;
+        let wait = url.call_wait().unwrap_or(PG_CALL_WAIT_MAX);
+        let other = |detail: String| crate::pg::PgError::Other { url: url.shown().to_string(), detail };
+        // The whole connection (TCP, TLS, the start-up exchange) is one round trip's worth of
+        // waiting too: a link that accepts and then swallows must not hold the caller (the
+        // writer reconnecting) for ever.
+        let client = rt
+            .block_on(async { tokio::time::timeout(wait, crate::pg::connect(url)).await })
+            .map_err(|_| other(format!("no answer within {wait:?} while connecting")))??;
+        // A hub that loses its link mid-transaction must not hold the record's write lock (and
+        // so every hub's writes) until the server notices: the server ends a transaction left
+        // idle this long.
+        let set = format!("SET idle_in_transaction_session_timeout = {}", wait.as_millis());
+        rt.block_on(async { tokio::time::timeout(wait, client.batch_execute(&set)).await })
+            .map_err(|_| other(format!("no answer within {wait:?} while connecting")))?
+            .map_err(|e| other(e.to_string()))?;
+        Ok(PgConn {
+            rt: OwnRuntime(Some(rt)),
+            lost: std::cell::Cell::new(false),
+            wait,
+            client,
+            cache: RefCell::new(HashMap::new()),
+            shown: url.shown().to_string(),
+        })
+    }
+
+    /// The URL, without its password.
+    pub fn shown(&self) -> &str {
+        &self.shown
+    }
+
+    fn execute(&self, p: &Prepared, values: &[Value]) -> rusqlite::Result<usize> {
+        let params = pg_params(values);
+        let params: Vec<&(dyn PgToSql + Sync)> = params.iter().map(|p| p as &(dyn PgToSql + Sync)).collect();
+        let n = self
+            .rt
+            .block_on(self.client.execute(&p.stmt, &params), self.wait, &self.lost)?
+            .map_err(|e| pg_error(e, &p.sql))?;
+        usize::try_from(n).map_err(|_| rusqlite::Error::IntegralValueOutOfRange(0, i64::MAX))
+    }
+
+    fn query(&self, p: &Prepared, values: &[Value]) -> rusqlite::Result<Vec<Vec<Value>>> {
+        let params = pg_params(values);
+        let params: Vec<&(dyn PgToSql + Sync)> = params.iter().map(|p| p as &(dyn PgToSql + Sync)).collect();
+        let rows = self
+            .rt
+            .block_on(self.client.query(&p.stmt, &params), self.wait, &self.lost)?
+            .map_err(|e| pg_error(e, &p.sql))?;
+        rows.iter()
+            .map(|row| {
+                (0..row.len())
+                    .map(|i| row.try_get::<_, Cell>(i).map(|c| c.0).map_err(|e| pg_error(e, &p.sql)))
+                    .collect()
+            })
+            .collect()
+    }
+}
+
+impl Db for PgConn {
+    fn prepare_cached(&self, sql: &str) -> rusqlite::Result<Stmt<'_>> {
+        if let Some(p) = self.cache.borrow().get(sql) {
+            return Ok(Stmt(Inner::Pg { conn: self, prepared: p.clone() }));
+        }
+        let (text, names) = translate(sql);
+        let stmt =
+            self.rt.block_on(self.client.prepare(&text), self.wait, &self.lost)?.map_err(|e| pg_error(e, &text))?;
+        let columns = stmt.columns().iter().map(|c| c.name().to_string()).collect();
+        let prepared = Arc::new(Prepared { stmt, names, columns, sql: text });
+        let mut cache = self.cache.borrow_mut();
+        if cache.len() >= PG_STATEMENT_CACHE_MAX {
+            cache.clear();
+        }
+        cache.insert(sql.to_string(), prepared.clone());
+        Ok(Stmt(Inner::Pg { conn: self, prepared }))
+    }
+    fn execute_batch(&self, sql: &str) -> rusqlite::Result<()> {
+        self.rt.block_on(self.client.batch_execute(sql), self.wait, &self.lost)?.map_err(|e| pg_error(e, sql))
+    }
+    fn control(&self, sql: &str) -> rusqlite::Result<()> {
+        Db::execute_batch(self, sql)
+    }
+    fn begin_write(&self) -> rusqlite::Result<()> {
+        Db::execute_batch(
+            self,
+            &format!("BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY})"),
+        )
+    }
+    fn begin_read(&self) -> rusqlite::Result<()> {
+        Db::execute_batch(self, "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+    }
+    fn dialect(&self) -> Dialect {
+        Dialect::Postgres
+    }
+    fn broken(&self) -> bool {
+        self.lost.get() || self.client.is_closed()
+    }
+    fn sqlite(&self) -> Option<&Connection> {
+        None
+    }
+}
+
+/// Rewrites SQLite's `?N`, `?` and `:name` parameters to PostgreSQL's `$N`, leaving quoted text
+/// and `::` casts alone. Returns the text and the named parameters in `$N` order.
+pub fn translate(sql: &str) -> (String, Vec<String>) {
+    let mut out = String::with_capacity(sql.len() + 8);
+    let mut names: Vec<String> = Vec::new();
+    let mut next_bare = 0usize;
+    let chars: Vec<char> = sql.chars().collect();
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        match c {
+            '\'' | '"' => {
+                // Quoted text or identifier, copied to its closing quote ('' and "" included).
+                out.push(c);
+                i += 1;
+                while i < chars.len() {
+                    out.push(chars[i]);
+                    if chars[i] == c {
+                        break;
+                    }
+                    i += 1;
+                }
+                i += 1;
+            }
+            '?' => {
+                let start = i + 1;
+                let mut end = start;
+                while end < chars.len() && chars[end].is_ascii_digit() {
+                    end += 1;
+                }
+                if end == start {
+                    next_bare += 1;
+                    out.push_str(&format!("${next_bare}"));
+                } else {
+                    out.push('$');
+                    out.extend(&chars[start..end]);
+                }
+                i = end;
+            }
+            ':' if i + 1 < chars.len() && chars[i + 1] == ':' => {
+                out.push_str("::");
+                i += 2;
+            }
+            ':' if i + 1 < chars.len() && (chars[i + 1].is_ascii_alphabetic() || chars[i + 1] == '_') => {
+                let start = i + 1;
+                let mut end = start;
+                while end < chars.len() && (chars[end].is_ascii_alphanumeric() || chars[end] == '_') {
+                    end += 1;
+                }
+                let name: String = chars[start..end].iter().collect();
+                let n = match names.iter().position(|x| *x == name) {
+                    Some(p) => p + 1,
+                    None => {
+                        names.push(name);
+                        names.len()
+                    }
+                };
+                out.push_str(&format!("${n}"));
+                i = end;
+            }
+            _ => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    (sqlite_hints_removed(&scalar_extremes(&out)), names)
+}
+
+/// Removes what only SQLite's planner reads: `INDEXED BY name`, and the join order `CROSS JOIN`
+/// fixes (a `CROSS JOIN ... ON` is an inner join; PostgreSQL plans the order itself).
+fn sqlite_hints_removed(sql: &str) -> String {
+    let mut out = Vec::new();
+    let mut words = sql.split(' ').peekable();
+    while let Some(w) = words.next() {
+        if w == "INDEXED" && words.peek() == Some(&"BY") {
+            words.next();
+            words.next();
+            continue;
+        }
+        if w == "CROSS" && words.peek() == Some(&"JOIN") {
+            continue;
+        }
+        out.push(w);
+    }
+    out.join(" ")
+}
+
+/// Rewrites SQLite's scalar `max(a, b, ...)` and `min(a, b, ...)` (two or more arguments) to
+/// PostgreSQL's `GREATEST` and `LEAST`; the one-argument aggregates stay.
+fn scalar_extremes(sql: &str) -> String {
+    let bytes = sql.as_bytes();
+    let mut out = String::with_capacity(sql.len());
+    let mut i = 0;
+    let mut quote: Option<u8> = None;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if let Some(q) = quote {
+            if b == q {
+                quote = None;
+            }
+        } else if b == b'\'' || b == b'"' {
+            quote = Some(b);
+        } else if (b == b'm' || b == b'M')
+            && (i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'_'))
+            && i + 4 <= bytes.len()
+            && bytes[i + 3] == b'('
+        {
+            let word = sql[i..i + 3].to_ascii_lowercase();
+            if (word == "max" || word == "min") && top_level_commas(&bytes[i + 4..]) > 0 {
+                out.push_str(if word == "max" { "GREATEST" } else { "LEAST" });
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b as char);
+        i += 1;
+    }
+    out
+}
+
+/// Commas at depth zero before the parenthesis that closes the call `rest` starts inside.
+fn top_level_commas(rest: &[u8]) -> usize {
+    let (mut depth, mut commas, mut quote) = (0usize, 0usize, None::<u8>);
+    for &b in rest {
+        match (quote, b) {
+            (Some(q), _) if b == q => quote = None,
+            (Some(_), _) => {}
+            (None, b'\'' | b'"') => quote = Some(b),
+            (None, b'(') => depth += 1,
+            (None, b')') if depth == 0 => return commas,
+            (None, b')') => depth -= 1,
+            (None, b',') if depth == 0 => commas += 1,
+            _ => {}
+        }
+    }
+    commas
+}
+
+/// A parameter converted into the type PostgreSQL inferred for its slot.
+#[derive(Debug)]
+struct Param<'a>(&'a Value);
+
+fn pg_params(values: &[Value]) -> Vec<Param<'_>> {
+    values.iter().map(Param).collect()
+}
+
+impl tokio_postgres::types::ToSql for Param<'_> {
+    fn to_sql(
+        &self,
+        ty: &tokio_postgres::types::Type,
+        out: &mut bytes::BytesMut,
+    ) -> Result<tokio_postgres::types::IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        use tokio_postgres::types::{IsNull, Type};
+        let wrong = |what: &str| -> Box<dyn std::error::Error + Sync + Send> {
+            format!("a {what} value for a parameter of type {ty}").into()
+        };
+        match self.0 {
+            Value::Null => Ok(IsNull::Yes),
+            Value::Integer(v) => match *ty {
+                Type::INT8 => PgToSql::to_sql(&v, ty, out),
+                Type::INT4 => PgToSql::to_sql(&i32::try_from(*v).map_err(|_| wrong("too large integer"))?, ty, out),
+                Type::INT2 => PgToSql::to_sql(&i16::try_from(*v).map_err(|_| wrong("too large integer"))?, ty, out),
+                Type::BOOL => PgToSql::to_sql(&(*v != 0), ty, out),
+                Type::FLOAT8 => PgToSql::to_sql(&(*v as f64), ty, out),
+                Type::TEXT | Type::VARCHAR | Type::UNKNOWN => PgToSql::to_sql(&v.to_string(), &Type::TEXT, out),
+                _ => Err(wrong("integer")),
+            },
+            Value::Real(v) => match *ty {
+                Type::FLOAT8 => PgToSql::to_sql(&v, ty, out),
+                Type::FLOAT4 => PgToSql::to_sql(&(*v as f32), ty, out),
+                _ => Err(wrong("real")),
+            },
+            Value::Text(s) => match *ty {
+                Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME | Type::UNKNOWN => {
+                    PgToSql::to_sql(&s.as_str(), &Type::TEXT, out)
+                }
+                Type::BYTEA => PgToSql::to_sql(&s.as_bytes(), ty, out),
+                _ => Err(wrong("text")),
+            },
+            Value::Blob(b) => match *ty {
+                Type::BYTEA => PgToSql::to_sql(&b.as_slice(), ty, out),
+                _ => Err(wrong("blob")),
+            },
+        }
+    }
+
+    fn accepts(_: &tokio_postgres::types::Type) -> bool {
+        true
+    }
+
+    tokio_postgres::types::to_sql_checked!();
+}
+
+/// A column read back as one of SQLite's storage classes.
+struct Cell(Value);
+
+impl<'a> tokio_postgres::types::FromSql<'a> for Cell {
+    fn from_sql(
+        ty: &tokio_postgres::types::Type,
+        raw: &'a [u8],
+    ) -> Result<Cell, Box<dyn std::error::Error + Sync + Send>> {
+        use tokio_postgres::types::Type;
+        let v = match *ty {
+            Type::INT8 => Value::Integer(i64::from_sql(ty, raw)?),
+            Type::INT4 => Value::Integer(i32::from_sql(ty, raw)?.into()),
+            Type::INT2 => Value::Integer(i16::from_sql(ty, raw)?.into()),
+            Type::OID => Value::Integer(u32::from_sql(ty, raw)?.into()),
+            Type::BOOL => Value::Integer(bool::from_sql(ty, raw)?.into()),
+            Type::FLOAT8 => Value::Real(f64::from_sql(ty, raw)?),
+            Type::FLOAT4 => Value::Real(f32::from_sql(ty, raw)?.into()),
+            Type::NUMERIC => numeric(raw)?,
+            Type::BYTEA => Value::Blob(<Vec<u8>>::from_sql(ty, raw)?),
+            _ => Value::Text(String::from_sql(&Type::TEXT, raw).map_err(|_| format!("a column of type {ty}"))?),
+        };
+        Ok(Cell(v))
+    }
+
+    fn from_sql_null(_: &tokio_postgres::types::Type) -> Result<Cell, Box<dyn std::error::Error + Sync + Send>> {
+        Ok(Cell(Value::Null))
+    }
+
+    fn accepts(_: &tokio_postgres::types::Type) -> bool {
+        true
+    }
+}
+
+/// A `NUMERIC` (what `sum` of `BIGINT` gives) in its binary form: an integer when it has no
+/// fraction and fits, else a real.
+fn numeric(raw: &[u8]) -> Result<Value, Box<dyn std::error::Error + Sync + Send>> {
+    let word = |i: usize| -> Result<i16, Box<dyn std::error::Error + Sync + Send>> {
+        let b = raw.get(i * 2..i * 2 + 2).ok_or("a short NUMERIC")?;
+        Ok(i16::from_be_bytes([b[0], b[1]]))
+    };
+    let (ndigits, weight, sign) = (word(0)?, word(1)?, word(2)? as u16);
+    if sign == 0xC000 {
+        return Ok(Value::Real(f64::NAN));
+    }
+    let mut whole: i128 = 0;
+    let mut fraction = 0f64;
+    for d in 0..ndigits as usize {
+        let digit = i128::from(word(4 + d)?);
+        let power = i32::from(weight) - d as i32;
+        if power >= 0 {
+            whole = whole.checked_mul(10_000).and_then(|w| w.checked_add(digit)).ok_or("a NUMERIC too large")?;
+        } else {
+            fraction += digit as f64 * 10_000f64.powi(power);
+        }
+    }
+    // Digits beyond the last stored one are zeros.
+    let trailing = i32::from(weight) + 1 - i32::from(ndigits.max(0));
+    for _ in 0..trailing.max(0) {
+        whole = whole.checked_mul(10_000).ok_or("a NUMERIC too large")?;
+    }
+    let negative = sign == 0x4000;
+    if fraction == 0.0
+        && let Ok(v) = i64::try_from(whole)
+    {
+        return Ok(Value::Integer(if negative { -v } else { v }));
+    }
+    let v = whole as f64 + fraction;
+    Ok(Value::Real(if negative { -v } else { v }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parameters_are_rewritten_outside_quotes_and_casts() {
+        assert_eq!(translate("SELECT a FROM t WHERE x = ?1 AND y = ?2").0, "SELECT a FROM t WHERE x = $1 AND y = $2");
+        assert_eq!(translate("SELECT ? , ?").0, "SELECT $1 , $2");
+        let (sql, names) = translate("UPDATE q SET s = :t WHERE h = :h AND c = :c AND t2 = :t");
+        assert_eq!(sql, "UPDATE q SET s = $1 WHERE h = $2 AND c = $3 AND t2 = $1");
+        assert_eq!(names, ["t", "h", "c"]);
+        assert_eq!(translate("SELECT ':x', '?1', x::text FROM t").0, "SELECT ':x', '?1', x::text FROM t");
+        assert_eq!(translate("SELECT 'it''s ?1' , ?1").0, "SELECT 'it''s ?1' , $1");
+        assert_eq!(
+            translate("SELECT max(a), max(a, ?1), MIN(f(b, c), 0), maxim(x, y), 'max(1, 2)' FROM t").0,
+            "SELECT max(a), GREATEST(a, $1), LEAST(f(b, c), 0), maxim(x, y), 'max(1, 2)' FROM t"
+        );
+        assert_eq!(
+            translate("SELECT 1 FROM d INDEXED BY d_by_x CROSS JOIN m ON m.id = d.m").0,
+            "SELECT 1 FROM d JOIN m ON m.id = d.m"
+        );
+        assert_eq!(
+            translate("SELECT max((a), min(b, c))").0,
+            "SELECT max((a), LEAST(b, c))".replace("max((", "GREATEST((")
+        );
+    }
+
+    #[test]
+    fn named_arguments_follow_the_statement_order() {
+        let a = 1i64;
+        let b = "x";
+        let args: &[(&str, &dyn ToSql)] = &[(":b", &b), (":a", &a)];
+        let v = args.values(&["a".to_string(), "b".to_string(), "a".to_string()]).unwrap();
+        assert_eq!(v, vec![Value::Integer(1), Value::Text("x".into()), Value::Integer(1)]);
+        assert!(args.values(&["c".to_string()]).is_err());
+    }
+
+    #[test]
+    fn numerics_read_as_integers_when_whole() {
+        // 12345678 = [1234, 5678], weight 1.
+        let enc = |ndigits: i16, weight: i16, sign: u16, scale: u16, digits: &[i16]| {
+            let mut v = Vec::new();
+            for w in [ndigits, weight, sign as i16, scale as i16].iter().chain(digits) {
+                v.extend_from_slice(&w.to_be_bytes());
+            }
+            v
+        };
+        assert_eq!(numeric(&enc(2, 1, 0, 0, &[1234, 5678])).unwrap(), Value::Integer(12_345_678));
+        assert_eq!(numeric(&enc(1, 1, 0x4000, 0, &[7])).unwrap(), Value::Integer(-70_000));
+        assert_eq!(numeric(&enc(0, 0, 0, 0, &[])).unwrap(), Value::Integer(0));
+        assert_eq!(numeric(&enc(2, 0, 0, 1, &[3, 5000])).unwrap(), Value::Real(3.5));
+    }
+}
