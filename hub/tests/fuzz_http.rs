@@ -85,6 +85,7 @@ fn fixture() -> &'static Fixture {
                 clock: baton_shared::clock::system(),
                 turns: TurnState::default(),
                 certs: CertCache::new(watch::channel(0).1),
+                peers: None,
             })
         });
         Fixture { rt, app: app(state), _dir: dir }

@@ -96,6 +96,9 @@ fn refused_or_harmless(hub: &Hub, messages: i64, what: &str) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn damaged_hub_databases_are_refused_or_harmless() {
+    if crate::harness::skipped_on_postgres("damaged_hub_databases_are_refused_or_harmless") {
+        return;
+    }
     let (hub, messages) = stopped_hub().await;
     let db = hub.data_dir().join("hub.db");
     let pristine = fs::read(&db).expect("read");
@@ -214,6 +217,9 @@ async fn a_wiped_node_comes_back_as_a_new_instance_and_takes_nothing_of_the_old(
 /// `verify` still names the damage.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_index_is_refused_unless_the_startup_check_is_quick() {
+    if crate::harness::skipped_on_postgres("a_damaged_index_is_refused_unless_the_startup_check_is_quick") {
+        return;
+    }
     let (mut hub, _) = stopped_hub().await;
     let db = hub.data_dir().join("hub.db");
     // The index is redefined on another column, the column it really covers is changed (so

@@ -74,6 +74,8 @@ pub struct HubBuilder {
     config: Option<String>,
     crash_point: Option<String>,
     serve: bool,
+    database_url: Option<String>,
+    ca_from: Option<PathBuf>,
 }
 
 impl HubBuilder {
@@ -97,6 +99,17 @@ impl HubBuilder {
         self.crash_point = Some(point.to_string());
         self
     }
+    /// Keeps the record in the PostgreSQL database at `url` (`init --database-url`).
+    pub fn postgres(mut self, url: &str) -> Self {
+        self.database_url = Some(url.to_string());
+        self
+    }
+    /// Takes the CA of the hub whose data directory is `dir` (`init --ca-from`): a second hub
+    /// on the same record.
+    pub fn ca_from(mut self, dir: &Path) -> Self {
+        self.ca_from = Some(dir.to_path_buf());
+        self
+    }
     /// Sets everything up but does not start `serve`.
     pub fn stopped(mut self) -> Self {
         self.serve = false;
@@ -105,7 +118,19 @@ impl HubBuilder {
     /// Initialises the data directory, enrolls everyone, and (unless `stopped`) serves.
     pub fn start(self) -> Hub {
         let root = baton_testkit::fresh_dir("baton-it-").expect("tempdir");
-        let kit = baton_testkit::Hub::init(bins(), root.path(), OPERATOR).unwrap_or_else(|e| panic!("{e:#}"));
+        let database_url = self.database_url.clone().or_else(suite_database);
+        let kit = match &database_url {
+            None => baton_testkit::Hub::init(bins(), root.path(), OPERATOR).unwrap_or_else(|e| panic!("{e:#}")),
+            Some(url) => {
+                let kit = baton_testkit::Hub::new(bins(), root.path(), OPERATOR).unwrap_or_else(|e| panic!("{e:#}"));
+                let mut args = vec!["init".to_string(), "--database-url".into(), url.clone()];
+                if let Some(dir) = &self.ca_from {
+                    args.extend(["--ca-from".to_string(), dir.display().to_string()]);
+                }
+                kit.cli(&args).unwrap_or_else(|e| panic!("{e:#}"));
+                kit
+            }
+        };
         let exec_log = ExecLog::create(&root.path().join("exec").join("exec.log"));
         let mut hub = Hub { kit, addr: None, exec_log, root };
         if let Some(text) = &self.config {
@@ -122,6 +147,46 @@ impl HubBuilder {
         }
         hub
     }
+}
+
+/// Runs the whole suite's hubs on PostgreSQL when set to `postgres` (each hub a fresh database
+/// of one throwaway cluster per test process); unset, they run on SQLite.
+pub const BACKEND_ENV: &str = "BATON_IT_BACKEND";
+
+/// Whether a test about the SQLite file itself (it reads, damages or replaces `hub.db`, or cuts
+/// its writes) is skipped because the suite runs on PostgreSQL (`BACKEND_ENV`); says so.
+pub fn skipped_on_postgres(test: &str) -> bool {
+    let on = std::env::var(BACKEND_ENV).ok().as_deref() == Some("postgres");
+    if on {
+        eprintln!("{test}: about the SQLite file; skipped with {BACKEND_ENV}=postgres");
+    }
+    on
+}
+
+/// A fresh database for a hub, when the suite runs on PostgreSQL (`BACKEND_ENV`).
+fn suite_database() -> Option<String> {
+    static CLUSTER: OnceLock<std::sync::Arc<baton_testkit::pg::PgCluster>> = OnceLock::new();
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    if std::env::var(BACKEND_ENV).ok().as_deref() != Some("postgres") {
+        return None;
+    }
+    let cluster = CLUSTER.get_or_init(|| {
+        // The server dies with the thread that started it (its parent-death signal is per
+        // thread): a thread that lives as long as the test process starts it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let cluster = std::sync::Arc::new(
+                baton_testkit::pg::PgCluster::start(false).unwrap_or_else(|e| panic!("{BACKEND_ENV}=postgres: {e:#}")),
+            );
+            tx.send(cluster.clone()).expect("the suite waits for its cluster");
+            loop {
+                std::thread::park();
+            }
+        });
+        rx.recv().unwrap_or_else(|_| panic!("{BACKEND_ENV}=postgres: the cluster did not start"))
+    });
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    Some(cluster.create_database(&format!("it_{n}")).unwrap_or_else(|e| panic!("{e:#}")))
 }
 
 /// One hub data directory and, while it runs, its `serve` process.
@@ -161,6 +226,8 @@ impl Hub {
             config: None,
             crash_point: None,
             serve: true,
+            database_url: None,
+            ca_from: None,
         }
     }
 
@@ -203,7 +270,11 @@ impl Hub {
 
     /// Replaces `DATA_DIR/hub.toml`.
     pub fn write_config(&self, text: &str) {
-        fs::write(self.data_dir().join("hub.toml"), text).expect("write hub.toml");
+        // A record in PostgreSQL stays where `init` put it: its `database_url` line is kept.
+        let file = self.data_dir().join("hub.toml");
+        let kept = fs::read_to_string(&file).unwrap_or_default();
+        let url = kept.lines().find(|l| l.starts_with("database_url =")).map(|l| format!("{l}\n"));
+        fs::write(&file, format!("{}{text}", url.unwrap_or_default())).expect("write hub.toml");
     }
 
     /// Starts `serve` (which must not be running) and waits until it is ready.

@@ -55,6 +55,9 @@ async fn a_bad_configuration_is_refused_naming_the_field() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_counts_by_state_and_sigterm_shuts_down_cleanly() {
+    if crate::harness::skipped_on_postgres("status_counts_by_state_and_sigterm_shuts_down_cleanly") {
+        return;
+    }
     let mut hub = Hub::start();
     let prod = hub.client("prod");
     let node = hub.node("host-a", "inst-1");
@@ -243,6 +246,9 @@ async fn check_refused_store(damage: impl FnOnce(&std::path::Path), says: &str, 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_newer_than_the_binary_is_refused_and_left_alone() {
+    if crate::harness::skipped_on_postgres("a_database_newer_than_the_binary_is_refused_and_left_alone") {
+        return;
+    }
     check_refused_store(
         |db| {
             let conn = rusqlite::Connection::open(db).unwrap();
@@ -266,11 +272,17 @@ fn damage_page_two(db: &std::path::Path) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_database_is_refused_and_left_alone() {
+    if crate::harness::skipped_on_postgres("a_damaged_database_is_refused_and_left_alone") {
+        return;
+    }
     check_refused_store(damage_page_two, "damaged", true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_database_with_a_wal_is_refused_and_left_alone() {
+    if crate::harness::skipped_on_postgres("a_damaged_database_with_a_wal_is_refused_and_left_alone") {
+        return;
+    }
     // Refusing must not checkpoint the WAL into the damaged file on the way out: that rewrites
     // the very file the operator has to inspect or restore.
     check_refused_store(damage_page_two, "damaged", false).await;

@@ -73,6 +73,9 @@ async fn another_hosts_instance_id_neither_blocks_nor_exposes_a_host() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn binding_changes_are_one_event_each_and_bounded_per_host() {
+    if crate::harness::skipped_on_postgres("binding_changes_are_one_event_each_and_bounded_per_host") {
+        return;
+    }
     // The bound is `limits.instance_rebinds_max`; a value other than the default proves the key.
     let max: i64 = 4;
     let hub = Hub::builder().config(&format!("[limits]\ninstance_rebinds_max = {max}\n")).start();

@@ -27,6 +27,12 @@
 //! - `hub_turns`: node sessions, hub-confirmed starts, cancel, retries and redrive, with a raw
 //!   client playing the node.
 //! - `hub_cli`: configuration validation and the CLI's outputs and exit codes.
+//! - `hub_postgres`: the record in PostgreSQL (`database_url`): its layers, `init` migrating the
+//!   database, a second hub joining with the first one's CA, SQLite-only commands refused, and
+//!   two hubs serving one record.
+//! - `multi_hub`: two hubs over one PostgreSQL record with real nodes: they wake each other,
+//!   one killed with SIGKILL mid-flight loses nothing, PostgreSQL restarting under them
+//!   loses nothing, and a fence set and lifted through one holds and wakes the other.
 //! - `conversation_order`: per-conversation order on each host under concurrent producers.
 //! - `conversation_fairness`: a deep backlog in one conversation does not starve another.
 //! - `conversations_cli`: the operator's membership and publish-scope commands, and posts
@@ -79,8 +85,10 @@ mod hub_errors;
 mod hub_fences;
 mod hub_lean;
 mod hub_longpoll;
+mod hub_postgres;
 mod hub_turns;
 mod instance_scope;
+mod multi_hub;
 mod node_batch;
 mod node_clone;
 mod node_config_check;

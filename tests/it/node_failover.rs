@@ -15,13 +15,13 @@ fn free_port() -> u16 {
 }
 
 /// How many deliveries have an outcome.
-fn done_count(hub: &Hub) -> usize {
+pub(crate) fn done_count(hub: &Hub) -> usize {
     hub.deliveries().iter().filter(|d| !d["outcome"].is_null()).count()
 }
 
 /// Sends `n` messages to `hosts` over three conversations; returns delivery id → (host,
 /// conversation).
-fn send_many(hub: &Hub, n: usize, hosts: &[&str]) -> HashMap<String, (String, String)> {
+pub(crate) fn send_many(hub: &Hub, n: usize, hosts: &[&str]) -> HashMap<String, (String, String)> {
     let mut expected = HashMap::new();
     for i in 0..n {
         let conversation = format!("conv-{}", i % 3);
@@ -34,7 +34,7 @@ fn send_many(hub: &Hub, n: usize, hosts: &[&str]) -> HashMap<String, (String, St
 
 /// Every delivery of `expected` ran once on its host, in order per conversation, and has one
 /// succeeded attempt; the record verifies.
-fn assert_each_once(hub: &Hub, expected: &HashMap<String, (String, String)>) {
+pub(crate) fn assert_each_once(hub: &Hub, expected: &HashMap<String, (String, String)>) {
     for id in expected.keys() {
         hub.assert_one_attempt(id, "succeeded");
     }

@@ -21,6 +21,10 @@ fn audit_of(hub: &Hub, action: &str) -> Vec<Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restore_verifies_first_keeps_the_replaced_file_and_says_what_is_forgotten() {
+    if crate::harness::skipped_on_postgres("restore_verifies_first_keeps_the_replaced_file_and_says_what_is_forgotten")
+    {
+        return;
+    }
     let mut hub = Hub::start();
     let prod = hub.client("prod");
     let before = prod.submit_new("c", "k1", &["host-a"]).await;

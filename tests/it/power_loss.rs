@@ -203,6 +203,9 @@ async fn run(synchronous: &str) -> (usize, usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn power_loss_keeps_every_answer_with_synchronous_full() {
+    if crate::harness::skipped_on_postgres("power_loss_keeps_every_answer_with_synchronous_full") {
+        return;
+    }
     let (lost_accepts, lost_other) = run("full").await;
     assert_eq!(lost_accepts, 0, "acknowledged accepts lost to power failure");
     assert_eq!(lost_other, 0, "acknowledged claims, acks or reports lost to power failure");
@@ -210,6 +213,9 @@ async fn power_loss_keeps_every_answer_with_synchronous_full() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn power_loss_test_bites_when_synchronous_is_normal() {
+    if crate::harness::skipped_on_postgres("power_loss_test_bites_when_synchronous_is_normal") {
+        return;
+    }
     let (lost_accepts, _) = run("normal").await;
     assert!(lost_accepts > 0, "with synchronous=normal unsynced commits must be lost; the simulation is not biting");
 }

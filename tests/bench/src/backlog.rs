@@ -60,7 +60,7 @@ pub fn run(
     sizes: &[usize],
     claims: usize,
 ) -> anyhow::Result<Vec<BacklogPoint>> {
-    let mut hub = cluster::create_hub(bins, root, &[HOST.to_string()], &[])?;
+    let mut hub = cluster::create_hub(bins, root, &[HOST.to_string()], &[], None)?;
     let conn = store::open_write(&hub.db(), Synchronous::Normal).context("opening the backlog database")?;
     conn.execute_batch("PRAGMA synchronous = OFF")?;
     let sync: i64 = conn.query_row("PRAGMA synchronous", [], |r| r.get(0))?;

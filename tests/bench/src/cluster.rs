@@ -22,10 +22,24 @@ pub const HUB_START_TIMEOUT: Duration = Duration::from_secs(300);
 /// How long every node may take to start and make its first claim.
 pub const NODE_START_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// `baton-hub init` in `root` (the data directory is `root/hub`), then `enroll node` for each
-/// host and `enroll producer` for each producer.
-pub fn create_hub(bins: &Binaries, root: &Path, hosts: &[String], producers: &[&str]) -> anyhow::Result<Hub> {
-    let mut hub = Hub::init(bins, root, "bench")?;
+/// `baton-hub init` in `root` (the data directory is `root/hub`; the record in the PostgreSQL
+/// database at `database_url` when given), then `enroll node` for each host and `enroll
+/// producer` for each producer.
+pub fn create_hub(
+    bins: &Binaries,
+    root: &Path,
+    hosts: &[String],
+    producers: &[&str],
+    database_url: Option<&str>,
+) -> anyhow::Result<Hub> {
+    let mut hub = match database_url {
+        None => Hub::init(bins, root, "bench")?,
+        Some(url) => {
+            let hub = Hub::new(bins, root, "bench")?;
+            hub.cli(["init", "--database-url", url])?;
+            hub
+        }
+    };
     for h in hosts {
         hub.enroll(Role::Node, h)?;
     }

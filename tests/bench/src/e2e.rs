@@ -15,9 +15,9 @@ use crate::procfs;
 use crate::stats::{self, Summary};
 use anyhow::{Context, bail};
 use baton_client::Client;
+use baton_hub::store::db::Db;
 use baton_shared::wire::{BatchSubmitRequest, SubmitRequest};
 use baton_testkit::{Binaries, Hub, Node};
-use rusqlite::Connection;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -103,13 +103,19 @@ pub struct Rig<'a> {
     pub producers: &'a [Client],
     /// Where node data directories, configs and logs go.
     pub work_dir: &'a Path,
+    /// The hub's record in PostgreSQL, when it is there (the figures are read from it).
+    pub database_url: Option<&'a str>,
 }
 
 /// Runs one pass: fresh nodes, producers, wait for every report, read the figures.
 pub fn run_pass(rig: &Rig<'_>, pass: &Pass) -> anyhow::Result<PassResult> {
-    let Rig { rt, bins, hub, url, hosts, producers, work_dir } = *rig;
+    let Rig { rt, bins, hub, url, hosts, producers, work_dir, database_url } = *rig;
     let clk = procfs::clock_ticks();
-    let db = baton_hub::store::open_read(&hub.db()).context("opening the hub database read-only")?;
+    let db: Box<dyn Db> = match database_url {
+        None => Box::new(baton_hub::store::open_read(&hub.db()).context("opening the hub database read-only")?),
+        Some(u) => Box::new(baton_hub::store::db::PgConn::connect(&baton_hub::pg::PgUrl::parse(u)?)?),
+    };
+    let db = &*db;
     let dir = work_dir.join(format!("nodes-{}", pass.name));
     let started_ms = baton_shared::clock::system_now_ms();
     let mut nodes = Nodes(
@@ -118,8 +124,8 @@ pub fn run_pass(rig: &Rig<'_>, pass: &Pass) -> anyhow::Result<PassResult> {
             .map(|h| cluster::start_node(bins, hub, url, h, &dir, &pass.node))
             .collect::<anyhow::Result<_>>()?,
     );
-    wait_bound(&db, &mut nodes, hosts, started_ms)?;
-    let base_attempts = count_attempts(&db)?;
+    wait_bound(db, &mut nodes, hosts, started_ms)?;
+    let base_attempts = count_attempts(db)?;
     let cpu = |pid: Option<u32>| procfs::sample(pid.context("a process is not running")?, clk).map(|s| s.cpu_s);
     let node_cpu = |nodes: &Nodes| -> anyhow::Result<f64> { nodes.0.iter().map(|n| cpu(n.proc().pid())).sum() };
     let (hub0, nodes0, bench0) = (cpu(hub.proc().pid())?, node_cpu(&nodes)?, cpu(Some(std::process::id()))?);
@@ -129,11 +135,11 @@ pub fn run_pass(rig: &Rig<'_>, pass: &Pass) -> anyhow::Result<PassResult> {
     if tally.ok == 0 {
         bail!("pass {}: the hub accepted nothing; first error: {}", pass.name, tally.first_error.unwrap_or_default());
     }
-    wait_reported(&db, &mut nodes, base_attempts, tally.ok)?;
+    wait_reported(db, &mut nodes, base_attempts, tally.ok)?;
     let (hub1, nodes1, bench1) = (cpu(hub.proc().pid())?, node_cpu(&nodes)?, cpu(Some(std::process::id()))?);
     drop(nodes);
 
-    let rows = latencies(&db, &pass.name)?;
+    let rows = latencies(db, &pass.name)?;
     let last_report_ms = rows.iter().filter_map(|r| r.2).max().unwrap_or(t0_ms);
     let deliveries = rows.iter().filter(|r| r.2.is_some()).count();
     let e2e_s = ((last_report_ms - t0_ms) as f64 / 1000.0).max(1e-3);
@@ -156,7 +162,7 @@ pub fn run_pass(rig: &Rig<'_>, pass: &Pass) -> anyhow::Result<PassResult> {
 
 /// Waits until every host is bound to an instance that claimed after `since_ms`; fails at
 /// once when a node exits.
-fn wait_bound(db: &Connection, nodes: &mut Nodes, hosts: &[String], since_ms: i64) -> anyhow::Result<()> {
+fn wait_bound(db: &dyn Db, nodes: &mut Nodes, hosts: &[String], since_ms: i64) -> anyhow::Result<()> {
     let what = format!("all {} nodes to claim", hosts.len());
     baton_testkit::wait::until(&what, cluster::NODE_START_TIMEOUT, || {
         let mut bound = 0;
@@ -172,12 +178,12 @@ fn wait_bound(db: &Connection, nodes: &mut Nodes, hosts: &[String], since_ms: i6
     })
 }
 
-fn count_attempts(db: &Connection) -> anyhow::Result<usize> {
+fn count_attempts(db: &dyn Db) -> anyhow::Result<usize> {
     Ok(db.query_row("SELECT count(*) FROM attempts", [], |r| r.get::<_, i64>(0))? as usize)
 }
 
 /// Waits until `expected` new attempts are recorded, failing when progress stops.
-fn wait_reported(db: &Connection, nodes: &mut Nodes, base: usize, expected: usize) -> anyhow::Result<()> {
+fn wait_reported(db: &dyn Db, nodes: &mut Nodes, base: usize, expected: usize) -> anyhow::Result<()> {
     let mut last = (0usize, Instant::now());
     loop {
         let done = count_attempts(db)?.saturating_sub(base);
@@ -199,7 +205,7 @@ fn wait_reported(db: &Connection, nodes: &mut Nodes, base: usize, expected: usiz
 /// (accepted_at, first claimed event, first report) of every delivery of a pass's messages.
 type LatencyRow = (i64, Option<i64>, Option<i64>);
 
-fn latencies(db: &Connection, pass: &str) -> anyhow::Result<Vec<LatencyRow>> {
+fn latencies(db: &dyn Db, pass: &str) -> anyhow::Result<Vec<LatencyRow>> {
     let mut stmt = db.prepare(
         "SELECT m.accepted_at,
                 (SELECT min(e.at) FROM delivery_events e WHERE e.delivery_id = d.id AND e.to_state = 'claimed'),

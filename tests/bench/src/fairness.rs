@@ -53,7 +53,7 @@ pub fn run(
     parallel_conversations: u32,
 ) -> anyhow::Result<FairnessResult> {
     std::fs::create_dir_all(root)?;
-    let mut hub = cluster::create_hub(bins, root, &[HOST.to_string()], &[PRODUCER])?;
+    let mut hub = cluster::create_hub(bins, root, &[HOST.to_string()], &[PRODUCER], None)?;
     prefill(&hub.db(), heavy)?;
     let (url, _) = cluster::start_hub(&mut hub)?;
     let client = cluster::client(&hub, &url, PRODUCER)?;

@@ -288,8 +288,18 @@ impl PgCluster {
     }
 }
 
-impl Drop for PgCluster {
-    fn drop(&mut self) {
+impl PgCluster {
+    /// Stops the server as a crash would (PostgreSQL's immediate shutdown: every connection
+    /// cut, no checkpoint), waits `down`, and starts it again on the same port (it recovers from
+    /// its WAL). What clients see is a database restarting under them.
+    pub fn restart(&mut self, down: Duration) -> anyhow::Result<()> {
+        self.stop();
+        std::thread::sleep(down);
+        let port = self.port;
+        self.run_server(&RunAs::find()?, port)
+    }
+
+    fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
             // SIGQUIT is PostgreSQL's immediate shutdown: nothing here needs a clean checkpoint.
             let _ = nix::sys::signal::kill(
@@ -303,6 +313,12 @@ impl Drop for PgCluster {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+}
+
+impl Drop for PgCluster {
+    fn drop(&mut self) {
+        self.stop();
         if let Some(dir) = self.dir.take() {
             let _ = dir.close();
         }

@@ -1,0 +1,266 @@
+//! The hub with its record in PostgreSQL (`database_url`), through the real binary: the key's
+//! three layers, a malformed URL refused without its password, `init` migrating the database
+//! (no SQLite file, `hub.toml` 0600), a second hub joining with the first one's CA, the
+//! commands that only make sense for an SQLite file refused, and `serve` answering `/readyz`
+//! with a round trip through the CLI of two hubs on one record.
+//!
+//! The cases with a database start a throwaway cluster (`baton_testkit::pg`), skipped when no
+//! PostgreSQL server is installed unless `BATON_REQUIRE_POSTGRES=1`.
+
+use crate::harness::{EVENT_WAIT, OPERATOR, bins};
+use baton_testkit::Hub;
+use baton_testkit::identity::Role;
+use baton_testkit::pg::{PASSWORD, PgCluster, cluster_or_skip};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::Output;
+
+/// The exit status of bad usage or input, a malformed URL included (`baton_shared::exit`).
+const EXIT_USAGE: i32 = 2;
+/// The environment variable of the `database_url` key.
+const URL_ENV: &str = "BATON_HUB_DATABASE_URL";
+
+/// `baton-hub --data-dir DIR ARGS…` of `hub`, with `env` added to its scrubbed environment.
+fn run(hub: &Hub, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = hub.command(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    baton_testkit::bins::run(cmd, EVENT_WAIT).unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Fails unless `out` exited 0; returns its stdout.
+fn ok(out: Output, what: &str) -> String {
+    assert!(out.status.success(), "{what} exited {}: {}{}", out.status, stdout(&out), stderr(&out));
+    stdout(&out)
+}
+
+fn mode(path: &Path) -> u32 {
+    std::fs::metadata(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())).permissions().mode() & 0o7777
+}
+
+/// One answer of `psql` against the cluster's `baton` database (unaligned, tuples only).
+fn psql(cluster: &PgCluster, sql: &str) -> String {
+    let bin = baton_testkit::pg::server_bin_dir().expect("the cluster started, so its binaries are there");
+    let mut cmd = baton_testkit::bins::command(&bin.join("psql"));
+    cmd.args(["-h", "127.0.0.1", "-p", &cluster.port().to_string(), "-U", baton_testkit::pg::USER, "-tA", "-c", sql])
+        .arg(baton_testkit::pg::DATABASE)
+        .env("PGPASSWORD", PASSWORD)
+        .env("PGSSLMODE", "disable");
+    ok(baton_testkit::bins::run(cmd, EVENT_WAIT).unwrap(), "psql").trim().to_string()
+}
+
+/// A hub data directory under `root/name`, not initialised.
+fn hub_at(root: &Path, name: &str) -> Hub {
+    Hub::new(bins(), &root.join(name), OPERATOR).unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+/// `database_url` is layered like every key (flag over environment over file), and `config
+/// check` says where the record is without the password. No database is needed: nothing
+/// connects.
+#[test]
+fn database_url_layers_and_is_shown_without_its_password() {
+    let root = baton_testkit::fresh_dir("baton-it-").unwrap();
+    let hub = hub_at(root.path(), "hub");
+    let sqlite = ok(run(&hub, &["config", "check"], &[]), "config check");
+    assert!(sqlite.contains("record: ") && sqlite.contains("hub.db"), "SQLite is the default: {sqlite}");
+    std::fs::create_dir_all(hub.data_dir()).unwrap();
+    std::fs::write(hub.data_dir().join("hub.toml"), "database_url = \"postgres://f:s3cret@file.example/rec\"\n")
+        .unwrap();
+    let env = [(URL_ENV, "postgres://e:s3cret@env.example/rec")];
+    for (args, env, host) in [
+        (vec!["config", "check"], &[][..], "f@file.example"),
+        (vec!["config", "check"], &env[..], "e@env.example"),
+        (vec!["--database-url", "postgres://g:s3cret@flag.example/rec", "config", "check"], &env[..], "g@flag.example"),
+        (vec!["config", "check", "--database-url", "postgres://g:s3cret@flag.example/rec"], &env[..], "g@flag.example"),
+    ] {
+        let shown = ok(run(&hub, &args, env), "config check");
+        assert!(shown.contains(&format!("record: PostgreSQL at postgres://{host}:5432/rec")), "{args:?}: {shown}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+    }
+}
+
+/// A malformed URL, from any layer and for any command, is exit 2 naming the key and what is
+/// wrong, never the password; `init` creates nothing.
+#[test]
+fn a_malformed_database_url_is_a_usage_error_without_the_password() {
+    let root = baton_testkit::fresh_dir("baton-it-").unwrap();
+    let hub = hub_at(root.path(), "hub");
+    let bad = "postgres://baton:s3cret@db.example:notaport/rec";
+    for (args, env) in [
+        (vec!["init", "--database-url", bad], vec![]),
+        (vec!["init"], vec![(URL_ENV, bad)]),
+        (vec!["serve", "--listen", "127.0.0.1:0"], vec![(URL_ENV, bad)]),
+        (vec!["deliveries", "list"], vec![(URL_ENV, "postgres://baton:s3cret@db.example/rec?sslmode=sometimes")]),
+    ] {
+        let out = run(&hub, &args, &env);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(EXIT_USAGE), "{args:?}: {err}");
+        assert!(err.contains("database_url is not a usable PostgreSQL URL"), "{args:?}: {err}");
+        assert!(!err.contains("s3cret") && !stdout(&out).contains("s3cret"), "{args:?}: {err}");
+        assert!(!hub.data_dir().join("ca.crt").exists(), "{args:?} created the CA");
+    }
+}
+
+/// `init --database-url` migrates the database and makes no SQLite file, writing the URL into
+/// `hub.toml` (0600); a second hub joins with `--ca-from` (the same CA, its own server
+/// certificate), one without it is refused once certificates were issued; `backup` and
+/// `restore` refuse, naming PostgreSQL's tools.
+#[test]
+fn init_on_postgres_and_a_second_hub_joining_with_the_same_ca() {
+    let Some(cluster) = cluster_or_skip("init_on_postgres", false) else { return };
+    let url = cluster.url();
+    let root = baton_testkit::fresh_dir("baton-it-").unwrap();
+    let mut first = hub_at(root.path(), "first");
+    let said = ok(run(&first, &["init", "--database-url", &url], &[]), "init");
+    assert!(said.contains("PostgreSQL at postgres://baton@127.0.0.1:"), "{said}");
+    assert!(!said.contains(PASSWORD), "{said}");
+    let dir = first.data_dir().to_path_buf();
+    assert!(!dir.join("hub.db").exists(), "no SQLite file on PostgreSQL");
+    assert_eq!(mode(&dir.join("hub.toml")), 0o600, "hub.toml holds the password");
+    let toml = std::fs::read_to_string(dir.join("hub.toml")).unwrap();
+    assert!(toml.lines().any(|l| l == format!("database_url = \"{url}\"")), "{toml}");
+    assert_eq!(psql(&cluster, "SELECT version FROM baton_schema"), "2", "the schema is migrated");
+    first.enroll(Role::Node, "host-a").unwrap_or_else(|e| panic!("{e:#}"));
+    assert_eq!(psql(&cluster, "SELECT count(*) FROM certificates"), "1", "enroll reached the record");
+
+    // A hub joining without the CA would not verify what was issued: refused, nothing made.
+    let stranger = hub_at(root.path(), "stranger");
+    let out = run(&stranger, &["init"], &[(URL_ENV, &url)]);
+    assert_eq!(out.status.code(), Some(EXIT_USAGE), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--ca-from"), "{}", stderr(&out));
+    assert!(!stderr(&out).contains(PASSWORD), "{}", stderr(&out));
+    assert!(!stranger.data_dir().join("ca.crt").exists(), "a refused init creates nothing");
+
+    // The second hub takes the URL from the environment and the CA from the first hub.
+    let second = hub_at(root.path(), "second");
+    ok(run(&second, &["init", "--ca-from", dir.to_str().unwrap()], &[(URL_ENV, &url)]), "init --ca-from");
+    let other = second.data_dir();
+    for file in ["ca.crt", "ca.key"] {
+        assert_eq!(std::fs::read(dir.join(file)).unwrap(), std::fs::read(other.join(file)).unwrap(), "{file}");
+    }
+    assert_eq!(mode(&other.join("ca.key")), 0o600);
+    assert_ne!(std::fs::read(dir.join("hub.crt")).unwrap(), std::fs::read(other.join("hub.crt")).unwrap());
+    assert!(!other.join("hub.db").exists());
+    assert_eq!(mode(&other.join("hub.toml")), 0o600);
+
+    // Commands on the SQLite file say what to use instead, exit 2.
+    let out = run(&first, &["backup", "--out", root.path().join("b.db").to_str().unwrap()], &[]);
+    assert_eq!(out.status.code(), Some(EXIT_USAGE), "{}", stderr(&out));
+    assert!(stderr(&out).contains("pg_dump") && !stderr(&out).contains(PASSWORD), "{}", stderr(&out));
+    assert!(!root.path().join("b.db").exists());
+    let some_file = dir.join("hub.toml");
+    let out = run(&first, &["restore", "--from", some_file.to_str().unwrap()], &[]);
+    assert_eq!(out.status.code(), Some(EXIT_USAGE), "{}", stderr(&out));
+    assert!(stderr(&out).contains("pg_restore"), "{}", stderr(&out));
+}
+
+/// Two hubs serve one record: each answers `/readyz` (store open, startup repair done), each
+/// holding its own data directory's lock, and an enrollment through one hub's CLI is seen
+/// through the other's. A hub whose `hub.toml` other users may read warns.
+#[test]
+fn two_hubs_serve_one_postgres_record() {
+    let Some(cluster) = cluster_or_skip("serve_on_postgres", false) else { return };
+    let url = cluster.url();
+    let root = baton_testkit::fresh_dir("baton-it-").unwrap();
+    let mut first = hub_at(root.path(), "first");
+    ok(run(&first, &["init", "--database-url", &url], &[]), "init");
+    let mut second = hub_at(root.path(), "second");
+    let ca_from = first.data_dir().to_str().unwrap().to_string();
+    ok(run(&second, &["init", "--database-url", &url, "--ca-from", &ca_from], &[]), "init --ca-from");
+    first.enroll(Role::Node, "host-a").unwrap_or_else(|e| panic!("{e:#}"));
+    second.enroll(Role::Producer, "prod").unwrap_or_else(|e| panic!("{e:#}"));
+    // A configuration open to other users may show them the password: the hub says so.
+    let loose = second.data_dir().join("hub.toml");
+    std::fs::set_permissions(&loose, std::fs::Permissions::from_mode(0o644)).unwrap();
+    for hub in [&mut first, &mut second] {
+        match hub.serve(None).unwrap_or_else(|e| panic!("{e:#}")) {
+            baton_testkit::Started::Ready(_) => {}
+            other => panic!("serve on PostgreSQL did not become ready: {other:?}\n{}", hub.proc().stderr()),
+        }
+    }
+    // A second `serve` on a data directory already served is refused by its lock, as on SQLite.
+    let out = run(&first, &["serve", "--listen", "127.0.0.1:0"], &[]);
+    assert!(!out.status.success() && stderr(&out).contains("another hub already serves"), "{}", stderr(&out));
+    assert!(second.proc().stderr().contains("other users may read it: chmod 600"), "{}", second.proc().stderr());
+    assert!(!first.proc().stderr().contains("other users may read it"), "{}", first.proc().stderr());
+    assert!(!first.proc().stderr().contains(PASSWORD), "{}", first.proc().stderr());
+    let hosts = ok(run(&second, &["hosts", "list", "--json"], &[]), "hosts list");
+    assert!(hosts.contains("host-a"), "enrolled through the first hub, listed through the second: {hosts}");
+    first.kill().unwrap();
+    second.kill().unwrap();
+}
+
+/// `migrate --to`: a stopped SQLite hub's record moves to an empty PostgreSQL database and back
+/// to a new SQLite file, each copy compared with its source and verified by the command, and
+/// the record read through the CLI is the same on all three. It refuses while a hub serves the
+/// data directory, and into a database that already holds a record.
+#[test]
+fn a_record_migrates_to_postgres_and_back() {
+    let Some(cluster) = cluster_or_skip("migrate_to_postgres", false) else { return };
+    let root = baton_testkit::fresh_dir("baton-it-").unwrap();
+    let mut hub = hub_at(root.path(), "hub");
+    ok(run(&hub, &["init"], &[]), "init");
+    hub.enroll(Role::Node, "host-a").unwrap_or_else(|e| panic!("{e:#}"));
+    hub.enroll(Role::Node, "host-b").unwrap_or_else(|e| panic!("{e:#}"));
+    ok(run(&hub, &["members", "add", "--conversation", "team", "host-a"], &[]), "members add");
+    for i in 0..5 {
+        let key = format!("k{i}");
+        ok(run(&hub, &["send", "--conversation", "team", "--key", &key, "--payload", "{\"i\":1}"], &[]), "send");
+        let side = format!("s{i}");
+        ok(
+            run(&hub, &["send", "--conversation", "side", "--to", "host-b", "--key", &side, "--payload", "{}"], &[]),
+            "send",
+        );
+    }
+    ok(run(&hub, &["fence", "pause", "--conversation", "side", "--reason", "r"], &[]), "fence");
+    let listed = |hub: &Hub, env: &[(&str, &str)]| {
+        let d = ok(run(hub, &["deliveries", "list", "--json"], env), "deliveries list");
+        let f = ok(run(hub, &["fence", "list", "--json"], env), "fence list");
+        let m = ok(run(hub, &["members", "list", "--json"], env), "members list");
+        (d, f, m)
+    };
+    let before = listed(&hub, &[]);
+    assert!(before.0.matches("delivery_id").count() == 10, "{}", before.0);
+
+    // Not while a hub serves the directory.
+    match hub.serve(None).unwrap_or_else(|e| panic!("{e:#}")) {
+        baton_testkit::Started::Ready(_) => {}
+        other => panic!("serve: {other:?}"),
+    }
+    let url = cluster.create_database("moved").unwrap();
+    let out = run(&hub, &["migrate", "--to", &url], &[]);
+    assert!(!out.status.success() && stderr(&out).contains("stop it first"), "{}", stderr(&out));
+    hub.kill().unwrap();
+
+    let said = ok(run(&hub, &["migrate", "--to", &url], &[]), "migrate --to postgres");
+    assert!(said.contains("both verify and hold the same record"), "{said}");
+    assert!(!said.contains(PASSWORD), "{said}");
+    let on_pg = [("BATON_HUB_DATABASE_URL", url.as_str())];
+    assert_eq!(listed(&hub, &on_pg), before, "the record read from PostgreSQL is the one moved");
+    ok(run(&hub, &["verify"], &on_pg), "verify on PostgreSQL");
+
+    // A second move into the same database is refused: it holds a record now.
+    let again = run(&hub, &["migrate", "--to", &url], &[]);
+    assert!(!again.status.success() && stderr(&again).contains("already holds a record"), "{}", stderr(&again));
+    assert!(!stderr(&again).contains(PASSWORD), "{}", stderr(&again));
+
+    // And back, from PostgreSQL to a new SQLite file.
+    let back = root.path().join("back.db");
+    let said = ok(run(&hub, &["migrate", "--to", back.to_str().unwrap()], &on_pg), "migrate --to a file");
+    assert!(said.contains("both verify"), "{said}");
+    std::fs::rename(hub.db(), root.path().join("original.db")).unwrap();
+    for side in ["-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{side}", hub.db().display()));
+    }
+    std::fs::rename(&back, hub.db()).unwrap();
+    assert_eq!(listed(&hub, &[]), before, "the record moved back is the same");
+}

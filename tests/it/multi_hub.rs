@@ -1,0 +1,149 @@
+//! Several hubs over one PostgreSQL record, with real nodes: work sent through one hub is
+//! claimed through the other at once (the hubs wake each other through the database, not at
+//! the end of a long-poll), a hub killed with SIGKILL mid-flight loses nothing (its nodes move
+//! to the other hub and resync), and every message runs exactly once. Skipped without
+//! PostgreSQL unless `BATON_REQUIRE_POSTGRES=1`.
+
+use crate::harness::Hub;
+use crate::node_failover::{assert_each_once, done_count, send_many};
+use crate::node_harness::{NODE_WAIT, wait_for};
+use baton_testkit::pg::cluster_or_skip;
+use std::time::Duration;
+
+/// The long-poll both the nodes and the second hub allow: far longer than any wait below, so
+/// a claim answered within `WOKEN_WITHIN` was woken, not timed out.
+const LONG_POLL: &str = "240s";
+/// How soon work sent through one hub must reach a node parked on the other: generous for a
+/// loaded machine, and far below `LONG_POLL`.
+const WOKEN_WITHIN: Duration = Duration::from_secs(60);
+
+/// Two hubs on one record; `host-a` and `host-b` prefer the second hub and fall back to the
+/// first. Work is sent through the first hub only.
+#[test]
+fn two_hubs_one_record_wake_each_other_and_a_killed_hub_loses_nothing() {
+    let Some(cluster) = cluster_or_skip("two_hubs_one_record", false) else { return };
+    let url = cluster.url();
+    let first = Hub::builder().nodes(&["host-a", "host-b"]).producers(&["prod"]).postgres(&url).start();
+    let mut second =
+        Hub::builder().nodes(&[]).producers(&["prod-b"]).postgres(&url).ca_from(first.data_dir()).stopped().start();
+    second.kit_mut().set_env("BATON_HUB_LONG_POLL_WAIT_MAX", LONG_POLL);
+    second.serve(None);
+    let hubs = format!("{},{}", second.url(), first.url());
+    let node = |host: &str| {
+        first
+            .node_process(host)
+            .then("sleep 0.2")
+            .trace_ends()
+            .env("BATON_NODE_HUB_URL", &hubs)
+            .env("BATON_NODE_CLAIM_WAIT", LONG_POLL)
+            .start()
+    };
+    let (a, b) = (node("host-a"), node("host-b"));
+
+    // Parked on the second hub, the nodes are woken by what the first hub commits.
+    let one = first.send_one("wake", "w1", "host-a");
+    a.wait_idle();
+    let two = first.send_one("wake", "w2", "host-a");
+    wait_for("the second message's outcome, woken across hubs", WOKEN_WITHIN, || {
+        first.deliveries().iter().any(|d| d["delivery_id"] == two.as_str() && !d["outcome"].is_null()).then_some(())
+    });
+    first.assert_one_attempt(&one, "succeeded");
+
+    // Mid-flight, the second hub is killed: the nodes move to the first and resync there.
+    let mut expected = send_many(&first, 24, &["host-a", "host-b"]);
+    for id in [&one, &two] {
+        expected.insert(id.clone(), ("host-a".into(), "wake".into()));
+    }
+    let at_kill = wait_for("some outcomes before the kill", NODE_WAIT, || {
+        let n = done_count(&first);
+        (n >= 8).then_some(n)
+    });
+    second.kill9();
+    let total = expected.len();
+    wait_for("every delivery to have an outcome", NODE_WAIT, || (done_count(&first) == total).then_some(()));
+    a.wait_idle();
+    b.wait_idle();
+    assert!(at_kill < total, "the kill happened mid-way ({at_kill} of {total} done)");
+    assert_each_once(&first, &expected);
+    for node in [&a, &b] {
+        let logs = node.logs();
+        assert!(logs.contains(&format!("now using the hub at {}", first.url())), "the node moved:\n{logs}");
+    }
+}
+
+/// PostgreSQL restarts (an immediate shutdown, every connection cut, then WAL recovery) while
+/// two hubs and their nodes work: the hubs answer "storage unavailable" meanwhile, reconnect
+/// when it is back, and every message still runs exactly once.
+#[test]
+fn postgres_restarting_under_load_loses_nothing() {
+    let Some(mut cluster) = cluster_or_skip("postgres_restarting_under_load", false) else { return };
+    let url = cluster.url();
+    let first = Hub::builder().nodes(&["host-a", "host-b"]).producers(&["prod"]).postgres(&url).start();
+    let second = Hub::builder().nodes(&[]).producers(&["prod-b"]).postgres(&url).ca_from(first.data_dir()).start();
+    let hubs = format!("{},{}", second.url(), first.url());
+    let node =
+        |host: &str| first.node_process(host).then("sleep 0.2").trace_ends().env("BATON_NODE_HUB_URL", &hubs).start();
+    let (a, b) = (node("host-a"), node("host-b"));
+    let expected = send_many(&first, 24, &["host-a", "host-b"]);
+    let at_restart = wait_for("some outcomes before the restart", NODE_WAIT, || {
+        let n = done_count(&first);
+        (n >= 8).then_some(n)
+    });
+    cluster.restart(Duration::from_secs(2)).unwrap_or_else(|e| panic!("{e:#}"));
+    let total = expected.len();
+    wait_for("every delivery to have an outcome", NODE_WAIT, || (done_count(&first) == total).then_some(()));
+    a.wait_idle();
+    b.wait_idle();
+    assert!(at_restart < total, "the restart happened mid-way ({at_restart} of {total} done)");
+    assert_each_once(&first, &expected);
+    // The hub the nodes used was writing when the database went: it says it reconnected.
+    let logs = second.serve_logs();
+    assert!(logs.contains("connection was lost; reconnected"), "the hub says it reconnected:\n{logs}");
+}
+
+/// A fence set and lifted through one hub's CLI takes effect on the other hub at once: a node
+/// parked on the second hub is handed nothing of a paused conversation, and the lift (committed
+/// through the first hub's data directory) wakes it there without waiting for its long-poll.
+#[test]
+fn a_fence_set_and_lifted_through_one_hub_holds_and_wakes_the_other() {
+    let Some(cluster) = cluster_or_skip("fence_across_hubs", false) else { return };
+    let url = cluster.url();
+    let first = Hub::builder().nodes(&["host-a"]).producers(&["prod"]).postgres(&url).start();
+    let mut second =
+        Hub::builder().nodes(&[]).producers(&["prod-b"]).postgres(&url).ca_from(first.data_dir()).stopped().start();
+    second.kit_mut().set_env("BATON_HUB_LONG_POLL_WAIT_MAX", LONG_POLL);
+    second.serve(None);
+    let a = first
+        .node_process("host-a")
+        .trace_ends()
+        .env("BATON_NODE_HUB_URL", &second.url())
+        .env("BATON_NODE_CLAIM_WAIT", LONG_POLL)
+        .start();
+    let outcome_of = |id: &str, what: &str| {
+        wait_for(what, NODE_WAIT, || {
+            first.deliveries().iter().any(|d| d["delivery_id"] == id && !d["outcome"].is_null()).then_some(())
+        })
+    };
+    let warm = first.send_one("warm", "w0", "host-a");
+    outcome_of(&warm, "the first message's outcome");
+    a.wait_idle();
+
+    let fence = first.fence("pause", &["--conversation", "held"], "across hubs");
+    let held = first.send_one("held", "h1", "host-a");
+    // Other work still flows through the second hub while the paused conversation waits.
+    let other = first.send_one("free", "f1", "host-a");
+    wait_for("the unfenced message's outcome", WOKEN_WITHIN, || {
+        first.deliveries().iter().any(|d| d["delivery_id"] == other.as_str() && !d["outcome"].is_null()).then_some(())
+    });
+    let state = |id: &str| {
+        first.deliveries().into_iter().find(|d| d["delivery_id"] == id).map(|d| d["state"].clone()).expect("listed")
+    };
+    assert_eq!(state(&held), "queued", "the pause set through the first hub holds on the second");
+
+    first.lift(fence);
+    wait_for("the paused message's outcome after the lift, woken across hubs", WOKEN_WITHIN, || {
+        first.deliveries().iter().any(|d| d["delivery_id"] == held.as_str() && !d["outcome"].is_null()).then_some(())
+    });
+    first.assert_one_attempt(&held, "succeeded");
+    first.verify_ok();
+}
