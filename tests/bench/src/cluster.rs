@@ -51,6 +51,18 @@ pub fn create_hub(
     Ok(hub)
 }
 
+/// Another hub on the PostgreSQL record at `database_url` that `first` keeps, rooted at
+/// `root`: `baton-hub init --database-url URL --ca-from FIRST` (the same CA, so nodes and
+/// producers enrolled through the first hub are known to it, and its own server certificate).
+pub fn add_hub(bins: &Binaries, root: &Path, first: &Hub, database_url: &str) -> anyhow::Result<Hub> {
+    let mut hub = Hub::new(bins, root, "bench")?;
+    let ca_from = first.data_dir().display().to_string();
+    hub.cli(["init", "--database-url", database_url, "--ca-from", ca_from.as_str()])?;
+    hub.set_ready_within(HUB_START_TIMEOUT);
+    hub.proc_mut().set_drop_grace(STOP_GRACE);
+    Ok(hub)
+}
+
 /// Starts `serve` on loopback (port 0) and waits until it is ready. Returns its base URL and
 /// the seconds from spawn to ready (store open, repair, bind, first `/readyz`).
 pub fn start_hub(hub: &mut Hub) -> anyhow::Result<(String, f64)> {
@@ -75,7 +87,9 @@ pub struct NodeSettings {
 }
 
 /// Writes a node config for `host` under `dir` (data directory `dir/HOST`) and starts
-/// `baton-node run` with it.
+/// `baton-node run` with it. `hub_url` may list several hubs, comma-separated (the flag and
+/// environment form of `hub_url`): the node prefers the first and moves on when one is
+/// unreachable.
 pub fn start_node(
     bins: &Binaries,
     hub: &Hub,
@@ -84,7 +98,8 @@ pub fn start_node(
     dir: &Path,
     settings: &NodeSettings,
 ) -> anyhow::Result<Node> {
-    let config = NodeConfig::new(hub_url, hub.identity(host)?, &dir.join(host), settings.harness.clone())
+    let first = hub_url.split(',').next().unwrap_or(hub_url);
+    let config = NodeConfig::new(first, hub.identity(host)?, &dir.join(host), settings.harness.clone())
         .set("parallel_conversations", &settings.parallel_conversations.to_string())
         .set("claim_batch_max", &settings.claim_batch_max.to_string())
         .set("claim_wait", "\"10s\"")
@@ -93,6 +108,9 @@ pub fn start_node(
         .set("backoff_max", "\"1s\"");
     let mut node = Node::create(bins, dir, host, &config)?;
     node.proc_mut().set_drop_grace(STOP_GRACE);
+    if hub_url.contains(',') {
+        node.set_env("BATON_NODE_HUB_URL", hub_url);
+    }
     node.start(None)?;
     Ok(node)
 }

@@ -75,6 +75,9 @@ pub struct PassResult {
     pub nodes_cpu_s: f64,
     /// CPU seconds used by this benchmark process (producers, polling) during the pass.
     pub bench_cpu_s: f64,
+    /// CPU seconds used by the PostgreSQL server's processes on this machine during the pass,
+    /// when the record is there.
+    pub db_cpu_s: Option<f64>,
 }
 
 impl PassResult {
@@ -93,10 +96,11 @@ pub struct Rig<'a> {
     pub rt: &'a tokio::runtime::Runtime,
     /// The binaries (for the nodes).
     pub bins: &'a Binaries,
-    /// The running hub: its data directory, identities and process.
-    pub hub: &'a Hub,
-    /// The hub's base URL, `https://127.0.0.1:PORT`.
-    pub url: &'a str,
+    /// The running hubs (one, or several on one PostgreSQL record): the first holds the
+    /// identities and, on SQLite, the database the figures are read from.
+    pub hubs: &'a [Hub],
+    /// Each hub's base URL, `https://127.0.0.1:PORT`, in the order of `hubs`.
+    pub urls: &'a [String],
     /// The enrolled hosts, one node each.
     pub hosts: &'a [String],
     /// One client (its own connections) per producer task.
@@ -109,7 +113,8 @@ pub struct Rig<'a> {
 
 /// Runs one pass: fresh nodes, producers, wait for every report, read the figures.
 pub fn run_pass(rig: &Rig<'_>, pass: &Pass) -> anyhow::Result<PassResult> {
-    let Rig { rt, bins, hub, url, hosts, producers, work_dir, database_url } = *rig;
+    let Rig { rt, bins, hubs, urls, hosts, producers, work_dir, database_url } = *rig;
+    let hub = &hubs[0];
     let clk = procfs::clock_ticks();
     let db: Box<dyn Db> = match database_url {
         None => Box::new(baton_hub::store::open_read(&hub.db()).context("opening the hub database read-only")?),
@@ -121,14 +126,18 @@ pub fn run_pass(rig: &Rig<'_>, pass: &Pass) -> anyhow::Result<PassResult> {
     let mut nodes = Nodes(
         hosts
             .iter()
-            .map(|h| cluster::start_node(bins, hub, url, h, &dir, &pass.node))
+            .enumerate()
+            .map(|(i, h)| cluster::start_node(bins, hub, &preferring(urls, i), h, &dir, &pass.node))
             .collect::<anyhow::Result<_>>()?,
     );
     wait_bound(db, &mut nodes, hosts, started_ms)?;
     let base_attempts = count_attempts(db)?;
     let cpu = |pid: Option<u32>| procfs::sample(pid.context("a process is not running")?, clk).map(|s| s.cpu_s);
     let node_cpu = |nodes: &Nodes| -> anyhow::Result<f64> { nodes.0.iter().map(|n| cpu(n.proc().pid())).sum() };
-    let (hub0, nodes0, bench0) = (cpu(hub.proc().pid())?, node_cpu(&nodes)?, cpu(Some(std::process::id()))?);
+    let hubs_cpu = || -> anyhow::Result<f64> { hubs.iter().map(|h| cpu(h.proc().pid())).sum() };
+    // The database server's processes, when the record is in PostgreSQL on this machine.
+    let db_cpu = || database_url.map_or(0.0, |_| procfs::cpu_s_of_all("postgres", clk));
+    let (hub0, nodes0, bench0, db0) = (hubs_cpu()?, node_cpu(&nodes)?, cpu(Some(std::process::id()))?, db_cpu());
 
     let t0_ms = baton_shared::clock::system_now_ms();
     let tally = rt.block_on(submit_all(pass, hosts, producers))?;
@@ -136,7 +145,7 @@ pub fn run_pass(rig: &Rig<'_>, pass: &Pass) -> anyhow::Result<PassResult> {
         bail!("pass {}: the hub accepted nothing; first error: {}", pass.name, tally.first_error.unwrap_or_default());
     }
     wait_reported(db, &mut nodes, base_attempts, tally.ok)?;
-    let (hub1, nodes1, bench1) = (cpu(hub.proc().pid())?, node_cpu(&nodes)?, cpu(Some(std::process::id()))?);
+    let (hub1, nodes1, bench1, db1) = (hubs_cpu()?, node_cpu(&nodes)?, cpu(Some(std::process::id()))?, db_cpu());
     drop(nodes);
 
     let rows = latencies(db, &pass.name)?;
@@ -157,7 +166,15 @@ pub fn run_pass(rig: &Rig<'_>, pass: &Pass) -> anyhow::Result<PassResult> {
         hub_cpu_s: hub1 - hub0,
         nodes_cpu_s: nodes1 - nodes0,
         bench_cpu_s: bench1 - bench0,
+        db_cpu_s: database_url.map(|_| db1 - db0),
     })
+}
+
+/// The hub list node `i` is given: every hub, starting with hub `i mod n`, so the nodes spread
+/// over the hubs and each falls back to the others.
+fn preferring(urls: &[String], i: usize) -> String {
+    let n = urls.len().max(1);
+    (0..urls.len()).map(|k| urls[(i + k) % n].as_str()).collect::<Vec<_>>().join(",")
 }
 
 /// Waits until every host is bound to an instance that claimed after `since_ms`; fails at

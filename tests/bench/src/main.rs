@@ -65,6 +65,11 @@ struct Cli {
     /// baseline on the same machine.
     #[arg(long, value_name = "URL")]
     database_url: Option<String>,
+    /// Hubs serving the end-to-end passes, all on the one PostgreSQL record of
+    /// --database-url (more than one needs it): node I prefers hub I mod N and falls back to
+    /// the others, producer task J submits through hub J mod N.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    hubs: usize,
     /// Skip step 3 (the backlog claims).
     #[arg(long)]
     skip_backlog: bool,
@@ -88,6 +93,9 @@ struct Cli {
     node_bin: Option<PathBuf>,
 }
 
+/// The most hubs `--hubs` starts (each is a process with its own connections to the database).
+const HUBS_MAX: usize = 8;
+
 /// A validated run plan: every count and duration resolved.
 #[derive(Debug, Clone)]
 struct Plan {
@@ -106,6 +114,7 @@ struct Plan {
     skip_fairness: bool,
     quick: bool,
     database_url: Option<String>,
+    hubs: usize,
 }
 
 impl Plan {
@@ -125,6 +134,12 @@ impl Plan {
             cli.submit_batch
         );
         anyhow::ensure!(messages >= 1, "--messages must be at least 1");
+        anyhow::ensure!((1..=HUBS_MAX).contains(&cli.hubs), "--hubs {} is out of range; allowed 1..={HUBS_MAX}", cli.hubs);
+        anyhow::ensure!(
+            cli.hubs == 1 || cli.database_url.is_some(),
+            "--hubs {} needs --database-url: several hubs share one PostgreSQL record, never an SQLite file",
+            cli.hubs
+        );
         let seconds = |v: Option<f64>, full: f64, quick: f64, flag: &str| -> anyhow::Result<Duration> {
             let s = v.unwrap_or(if q { quick } else { full });
             anyhow::ensure!(s > 0.0 && s <= 3600.0, "{flag} {s} is out of range; allowed (0, 3600]");
@@ -152,6 +167,7 @@ impl Plan {
             skip_fairness: cli.skip_fairness || cli.database_url.is_some(),
             quick: q,
             database_url: cli.database_url.clone(),
+            hubs: cli.hubs,
         })
     }
 }
@@ -209,6 +225,8 @@ fn describe(figs: &mut Figures, plan: &Plan, root: &std::path::Path) {
     figs.context("dir", json!(root.display().to_string()));
     figs.context("quick", json!(plan.quick));
     figs.context("hosts", json!(plan.hosts.len()));
+    figs.context("hubs", json!(plan.hubs));
+    figs.context("backend", json!(if plan.database_url.is_some() { "postgres" } else { "sqlite" }));
     figs.context("producers", json!(plan.producers));
     figs.context("messages", json!(plan.messages));
     figs.context("true_messages", json!(plan.true_messages));
@@ -323,10 +341,19 @@ fn end_to_end(
     figs: &mut Figures,
 ) -> anyhow::Result<()> {
     progress("step 2: end to end (init, enroll, serve)");
-    let mut hub = cluster::create_hub(bins, e2e_root, &plan.hosts, &[e2e::PRODUCER], plan.database_url.as_deref())?;
-    let (url, _) = cluster::start_hub(&mut hub)?;
-    let producers: Vec<baton_client::Client> =
-        (0..plan.producers).map(|_| cluster::client(&hub, &url, e2e::PRODUCER)).collect::<anyhow::Result<_>>()?;
+    let first = cluster::create_hub(bins, e2e_root, &plan.hosts, &[e2e::PRODUCER], plan.database_url.as_deref())?;
+    let mut hubs = vec![first];
+    if let Some(url) = plan.database_url.as_deref() {
+        for i in 1..plan.hubs {
+            let extra = cluster::add_hub(bins, &e2e_root.join(format!("hub-{i}")), &hubs[0], url)?;
+            hubs.push(extra);
+        }
+    }
+    let urls: Vec<String> =
+        hubs.iter_mut().map(|h| cluster::start_hub(h).map(|(url, _)| url)).collect::<anyhow::Result<_>>()?;
+    let producers: Vec<baton_client::Client> = (0..plan.producers)
+        .map(|j| cluster::client(&hubs[0], &urls[j % urls.len()], e2e::PRODUCER))
+        .collect::<anyhow::Result<_>>()?;
     let settings = |harness| NodeSettings {
         harness,
         parallel_conversations: plan.node_parallel,
@@ -344,8 +371,8 @@ fn end_to_end(
     let rig = e2e::Rig {
         rt,
         bins,
-        hub: &hub,
-        url: &url,
+        hubs: &hubs,
+        urls: &urls,
         hosts: &plan.hosts,
         producers: &producers,
         work_dir: e2e_root,
@@ -390,11 +417,13 @@ fn end_to_end(
     record_pass(figs, "true_harness_", &t);
 
     let clk = procfs::clock_ticks();
-    let rss = procfs::sample(hub.proc().pid().context("the hub is not running")?, clk)?.peak_rss_bytes;
-    figs.put("e2e_hub_peak_rss_bytes", Some(rss as f64), "hub VmHWM after the end-to-end passes");
+    let rss = procfs::sample(hubs[0].proc().pid().context("the hub is not running")?, clk)?.peak_rss_bytes;
+    figs.put("e2e_hub_peak_rss_bytes", Some(rss as f64), "(first) hub VmHWM after the end-to-end passes");
     figs.put("hub_peak_rss_bytes", Some(rss as f64), "hub VmHWM (e2e hub; replaced by the largest backlog below)");
-    let status = hub.proc_mut().stop(cluster::STOP_GRACE)?.context("the hub never ran")?;
-    anyhow::ensure!(status.success(), "the hub exited with {status} at the end of the passes");
+    for hub in &mut hubs {
+        let status = hub.proc_mut().stop(cluster::STOP_GRACE)?.context("a hub never ran")?;
+        anyhow::ensure!(status.success(), "a hub exited with {status} at the end of the passes");
+    }
     Ok(())
 }
 
@@ -415,7 +444,12 @@ fn record_pass(figs: &mut Figures, prefix: &str, r: &e2e::PassResult) {
     figs.put(&k("hub_cpu_s_per_1k_deliveries"), Some(r.per_1k(r.hub_cpu_s)), "hub user+sys CPU s per 1000");
     figs.put(&k("nodes_cpu_s_per_1k_deliveries"), Some(r.per_1k(r.nodes_cpu_s)), "all nodes' CPU s per 1000");
     figs.put(&k("bench_cpu_s_per_1k_deliveries"), Some(r.per_1k(r.bench_cpu_s)), "producers' CPU s per 1000");
-    figs.put(&k("hub_cpu_us_per_delivery"), Some(r.per_1k(r.hub_cpu_s) * 1000.0), "hub user+sys CPU us per delivery");
+    figs.put(&k("hub_cpu_us_per_delivery"), Some(r.per_1k(r.hub_cpu_s) * 1000.0), "hub user+sys CPU us per delivery (every hub together)");
+    figs.put(
+        &k("db_cpu_us_per_delivery"),
+        r.db_cpu_s.map(|s| r.per_1k(s) * 1000.0),
+        "PostgreSQL server processes' CPU us per delivery (null on SQLite)",
+    );
     figs.put(&k("node_cpu_us_per_delivery"), Some(r.per_1k(r.nodes_cpu_s) * 1000.0), "all nodes' CPU us per delivery");
 }
 

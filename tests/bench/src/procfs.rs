@@ -59,6 +59,37 @@ pub fn sample(pid: u32, clk_tck: f64) -> anyhow::Result<ProcSample> {
     })
 }
 
+/// CPU seconds used by every process named `comm` (field 2 of `/proc/PID/stat`), with the
+/// time of their exited, reaped children: the PostgreSQL server's processes (`postgres`),
+/// whose backends come and go with connections. A backend that exits between two readings
+/// moves its time into its parent's reaped-children fields, so the sum stays whole.
+pub fn cpu_s_of_all(comm: &str, clk_tck: f64) -> f64 {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return 0.0 };
+    let mut ticks = 0u64;
+    for entry in dir.flatten() {
+        if !entry.file_name().to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(text) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+        if stat_comm(&text) == Some(comm) {
+            ticks += stat_ticks_with_children(&text).unwrap_or(0);
+        }
+    }
+    ticks as f64 / clk_tck
+}
+
+/// The command name of a `/proc/PID/stat` line (between the first `(` and the last `)`).
+fn stat_comm(text: &str) -> Option<&str> {
+    text.get(text.find('(')? + 1..text.rfind(')')?)
+}
+
+/// `utime + stime + cutime + cstime` (fields 14 to 17) of a `/proc/PID/stat` line.
+fn stat_ticks_with_children(text: &str) -> Option<u64> {
+    let rest = &text[text.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    (11..=14).map(|i| fields.get(i)?.parse::<u64>().ok()).sum()
+}
+
 /// Clock ticks per second (`getconf CLK_TCK`), read once; 100 when `getconf` is unavailable,
 /// which is the value on every Linux this runs on.
 pub fn clock_ticks() -> f64 {
@@ -86,6 +117,13 @@ mod tests {
         assert_eq!(parse_stat(odd), Some(CpuTicks { utime: 3, stime: 4 }));
         assert_eq!(parse_stat("garbage"), None);
         assert_eq!(parse_stat("1 (x) S 1 2"), None);
+    }
+
+    #[test]
+    fn children_ticks_and_name_come_from_the_stat_line() {
+        let line = "42 (post gres) S 1 42 42 0 -1 4194560 10 0 0 0 7 3 11 5 20 0 1 0 100 0 0";
+        assert_eq!(stat_comm(line), Some("post gres"));
+        assert_eq!(stat_ticks_with_children(line), Some(7 + 3 + 11 + 5));
     }
 
     #[test]

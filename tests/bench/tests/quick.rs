@@ -55,3 +55,47 @@ fn the_quick_benchmark_runs_and_reports_every_figure() {
         assert!(stdout.contains(key), "{key} missing from the printed table");
     }
 }
+
+/// The reduced benchmark on PostgreSQL with two hubs (`--database-url`, `--hubs 2`), so the
+/// several-hub path cannot rot either: every end-to-end figure is measured, the database
+/// server's CPU is counted, and the run says it drove two hubs. Skipped without PostgreSQL
+/// unless `BATON_REQUIRE_POSTGRES=1`.
+#[test]
+fn the_quick_benchmark_runs_on_postgres_with_two_hubs() {
+    let Some(cluster) = baton_testkit::pg::cluster_or_skip("quick_benchmark_two_hubs", false) else { return };
+    let bins = Binaries::build().expect("build baton-hub and baton-node");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("bench.json");
+    let mut cmd = command(Path::new(env!("CARGO_BIN_EXE_baton-bench")));
+    cmd.args(["--quick", "--messages", "400", "--true-messages", "100", "--hubs", "2", "--database-url"])
+        .arg(cluster.url())
+        .arg("--json")
+        .arg(&json)
+        .arg("--dir")
+        .arg(dir.path());
+    cmd.env(HUB_BIN_VAR, &bins.hub).env(NODE_BIN_VAR, &bins.node);
+    let out = run(cmd, RUN_LIMIT).expect("run baton-bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "baton-bench --hubs 2 failed:\n{stdout}\n{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        cluster.log_tail()
+    );
+    let figures: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).expect("read json")).expect("json");
+    assert_eq!(figures["context"]["hubs"], 2, "{}", figures["context"]);
+    assert_eq!(figures["context"]["backend"], "postgres", "{}", figures["context"]);
+    for key in [
+        "e2e_deliveries_per_s",
+        "e2e_single_submit_deliveries_per_s",
+        "accept_to_claim_p99_ms",
+        "hub_cpu_us_per_delivery",
+        "node_cpu_us_per_delivery",
+        "db_cpu_us_per_delivery",
+    ] {
+        let v = figures[key].as_f64().unwrap_or_else(|| panic!("{key} is not a number: {}", figures[key]));
+        assert!(v.is_finite() && v > 0.0, "{key} = {v}");
+    }
+    // The backlog step fills an SQLite file directly: on PostgreSQL it is skipped, and says so.
+    assert!(figures.get("claim_ms_backlog_10k").is_some_and(|v| v.is_null()), "the backlog step runs on SQLite only");
+}
