@@ -134,7 +134,11 @@ impl Plan {
             cli.submit_batch
         );
         anyhow::ensure!(messages >= 1, "--messages must be at least 1");
-        anyhow::ensure!((1..=HUBS_MAX).contains(&cli.hubs), "--hubs {} is out of range; allowed 1..={HUBS_MAX}", cli.hubs);
+        anyhow::ensure!(
+            (1..=HUBS_MAX).contains(&cli.hubs),
+            "--hubs {} is out of range; allowed 1..={HUBS_MAX}",
+            cli.hubs
+        );
         anyhow::ensure!(
             cli.hubs == 1 || cli.database_url.is_some(),
             "--hubs {} needs --database-url: several hubs share one PostgreSQL record, never an SQLite file",
@@ -444,7 +448,11 @@ fn record_pass(figs: &mut Figures, prefix: &str, r: &e2e::PassResult) {
     figs.put(&k("hub_cpu_s_per_1k_deliveries"), Some(r.per_1k(r.hub_cpu_s)), "hub user+sys CPU s per 1000");
     figs.put(&k("nodes_cpu_s_per_1k_deliveries"), Some(r.per_1k(r.nodes_cpu_s)), "all nodes' CPU s per 1000");
     figs.put(&k("bench_cpu_s_per_1k_deliveries"), Some(r.per_1k(r.bench_cpu_s)), "producers' CPU s per 1000");
-    figs.put(&k("hub_cpu_us_per_delivery"), Some(r.per_1k(r.hub_cpu_s) * 1000.0), "hub user+sys CPU us per delivery (every hub together)");
+    figs.put(
+        &k("hub_cpu_us_per_delivery"),
+        Some(r.per_1k(r.hub_cpu_s) * 1000.0),
+        "hub user+sys CPU us per delivery (every hub together)",
+    );
     figs.put(
         &k("db_cpu_us_per_delivery"),
         r.db_cpu_s.map(|s| r.per_1k(s) * 1000.0),

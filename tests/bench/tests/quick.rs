@@ -67,7 +67,9 @@ fn the_quick_benchmark_runs_on_postgres_with_two_hubs() {
     let dir = tempfile::tempdir().expect("tempdir");
     let json = dir.path().join("bench.json");
     let mut cmd = command(Path::new(env!("CARGO_BIN_EXE_baton-bench")));
-    cmd.args(["--quick", "--messages", "400", "--true-messages", "100", "--hubs", "2", "--database-url"])
+    // Small passes and short ceilings: this proves the path works, the full run measures it.
+    cmd.args(["--quick", "--messages", "300", "--true-messages", "100", "--half-load-seconds", "1"])
+        .args(["--ceiling-seconds", "0.5", "--hubs", "2", "--database-url"])
         .arg(cluster.url())
         .arg("--json")
         .arg(&json)
