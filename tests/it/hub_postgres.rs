@@ -2,7 +2,9 @@
 //! three layers, a malformed URL refused without its password, `init` migrating the database
 //! (no SQLite file, `hub.toml` 0600), a second hub joining with the first one's CA, the
 //! commands that only make sense for an SQLite file refused, and `serve` answering `/readyz`
-//! with a round trip through the CLI of two hubs on one record.
+//! with a round trip through the CLI of two hubs on one record. It also reruns a few modules of
+//! this suite (`RERUN_ON_POSTGRES`) with every hub on PostgreSQL, so that every run of the test
+//! command proves the contract on both backends.
 //!
 //! The cases with a database start a throwaway cluster (`baton_testkit::pg`), skipped when no
 //! PostgreSQL server is installed unless `BATON_REQUIRE_POSTGRES=1`.
@@ -264,3 +266,49 @@ fn a_record_migrates_to_postgres_and_back() {
     std::fs::rename(&back, hub.db()).unwrap();
     assert_eq!(listed(&hub, &[]), before, "the record moved back is the same");
 }
+
+/// The modules of this suite that every run of the test command also reruns with their hubs on
+/// PostgreSQL (`BATON_IT_BACKEND=postgres`, one fresh database per hub): the producer and node
+/// contract, conversations' order, turn control and the node's flow, chosen so the rerun adds
+/// under a minute. The whole suite on PostgreSQL is its own, longer command
+/// (`docs/postgres.md`).
+pub const RERUN_ON_POSTGRES: [&str; 4] = ["hub_contract::", "conversation_order::", "turn_control::", "node_flow::"];
+
+/// Test threads of the rerun: the default suite's own, so the rerun loads the machine as the
+/// suite does.
+const RERUN_THREADS: &str = "2";
+
+/// Reruns `RERUN_ON_POSTGRES` in a child of this test binary with the hubs on PostgreSQL, and
+/// fails with the child's output unless every one of those tests passed there. Not run when
+/// the suite already runs on PostgreSQL (the whole suite covers it); skipped without PostgreSQL
+/// unless `BATON_REQUIRE_POSTGRES=1`.
+#[test]
+fn the_contract_node_and_turn_suites_pass_on_postgres() {
+    const TEST: &str = "the_contract_node_and_turn_suites_pass_on_postgres";
+    if std::env::var(crate::harness::BACKEND_ENV).ok().as_deref() == Some("postgres")
+        || !baton_testkit::pg::available_or_skip(TEST)
+    {
+        return;
+    }
+    let exe = std::env::current_exe().expect("this test binary");
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(RERUN_ON_POSTGRES).args(["--test-threads", RERUN_THREADS]);
+    cmd.env(crate::harness::BACKEND_ENV, "postgres");
+    // Generous: the modules take a few minutes alone on a loaded two-core machine.
+    let out = baton_testkit::bins::run(cmd, RERUN_LIMIT).unwrap_or_else(|e| panic!("{e:#}"));
+    let text = format!("{}{}", stdout(&out), stderr(&out));
+    assert!(out.status.success(), "the suites failed on PostgreSQL:\n{text}");
+    let passed: usize = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("test result: ok. "))
+        .filter_map(|l| l.split(' ').next()?.parse::<usize>().ok())
+        .sum();
+    // Each listed module has tests: a filter that matched nothing would pass with none run.
+    for module in RERUN_ON_POSTGRES {
+        assert!(text.contains(&format!("test {module}")), "no test of {module} ran on PostgreSQL:\n{text}");
+    }
+    assert!(passed >= RERUN_ON_POSTGRES.len(), "only {passed} tests passed on PostgreSQL:\n{text}");
+}
+
+/// How long the rerun on PostgreSQL may take before it fails.
+const RERUN_LIMIT: std::time::Duration = std::time::Duration::from_secs(900);

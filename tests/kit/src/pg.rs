@@ -70,19 +70,27 @@ pub fn server_bin_dir() -> Option<PathBuf> {
 /// server is installed and `BATON_REQUIRE_POSTGRES` is not `1`. Panics when the cluster does
 /// not start, or when it is required and missing.
 pub fn cluster_or_skip(test: &str, tls: bool) -> Option<PgCluster> {
-    if server_bin_dir().is_none() {
-        let required = std::env::var(REQUIRE_ENV).is_ok_and(|v| v == "1");
-        assert!(
-            !required,
-            "{test}: {REQUIRE_ENV}=1 but no PostgreSQL server binaries were found \
-             (install Debian's postgresql package, or set {BIN_ENV})"
-        );
-        eprintln!(
-            "skipping {test}: no PostgreSQL server binaries (install Debian's postgresql package, or set {BIN_ENV})"
-        );
+    if !available_or_skip(test) {
         return None;
     }
     Some(PgCluster::start(tls).unwrap_or_else(|e| panic!("{test}: the PostgreSQL test cluster did not start: {e:#}")))
+}
+
+/// Whether the PostgreSQL server binaries are installed, for a test `test` that starts its
+/// clusters elsewhere (a child test process): `false` (after saying why) when they are not and
+/// `BATON_REQUIRE_POSTGRES` is not `1`; panics when they are required and missing.
+pub fn available_or_skip(test: &str) -> bool {
+    if server_bin_dir().is_some() {
+        return true;
+    }
+    let required = std::env::var(REQUIRE_ENV).is_ok_and(|v| v == "1");
+    assert!(
+        !required,
+        "{test}: {REQUIRE_ENV}=1 but no PostgreSQL server binaries were found \
+         (install Debian's postgresql package, or set {BIN_ENV})"
+    );
+    eprintln!("skipping {test}: no PostgreSQL server binaries (install Debian's postgresql package, or set {BIN_ENV})");
+    false
 }
 
 /// Who the server runs as: this process's user, or `nobody` when that is root.
