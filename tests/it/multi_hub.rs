@@ -1,10 +1,11 @@
 //! Several hubs over one PostgreSQL record, with real nodes: work sent through one hub is
 //! claimed through the other at once (the hubs wake each other through the database, not at
 //! the end of a long-poll), a hub killed with SIGKILL mid-flight loses nothing (its nodes move
-//! to the other hub and resync), and every message runs exactly once. Skipped without
-//! PostgreSQL unless `BATON_REQUIRE_POSTGRES=1`.
+//! to the other hub and resync), every message runs exactly once, and fences and revocations
+//! made through one hub hold on the other. Skipped without PostgreSQL unless
+//! `BATON_REQUIRE_POSTGRES=1`.
 
-use crate::harness::Hub;
+use crate::harness::{Hub, submit_body};
 use crate::node_failover::{assert_each_once, done_count, send_many};
 use crate::node_harness::{NODE_WAIT, wait_for};
 use baton_testkit::pg::cluster_or_skip;
@@ -146,4 +147,48 @@ fn a_fence_set_and_lifted_through_one_hub_holds_and_wakes_the_other() {
     });
     first.assert_one_attempt(&held, "succeeded");
     first.verify_ok();
+}
+
+/// A certificate revoked through one hub's CLI is refused by the other hub too: the revocation
+/// is committed to the shared record and announced, the other hub drops its cached standing of
+/// that certificate (at the announcement; at worst when the cached entry's `CERT_CACHE_TTL`
+/// ends), and the revoked producer's requests there are refused (401 `certificate_revoked`)
+/// while another producer's still pass; a refused submit adds nothing to the record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_revoked_through_one_hub_is_refused_by_the_other() {
+    let Some(cluster) = cluster_or_skip("revoke_across_hubs", false) else { return };
+    let url = cluster.url();
+    let first = Hub::builder().nodes(&["host-a"]).producers(&["prod", "prod-two"]).postgres(&url).start();
+    let second = Hub::builder().nodes(&[]).producers(&["prod-b"]).postgres(&url).ca_from(first.data_dir()).start();
+    let pem = |name: &str| first.identity(name).pem().expect("identity pem");
+    let (revoked, other) = (second.client_with_pem(&pem("prod")), second.client_with_pem(&pem("prod-two")));
+    // Both are served by the second hub, and the revoked one's standing is now cached there.
+    revoked.submit_new("c", "before", &["host-a"]).await;
+    other.submit_new("c", "other-before", &["host-a"]).await;
+
+    let out = first.cli_ok(["revoke", "prod", "--reason", "laptop stolen"]);
+    assert!(out.contains("revoked 1"), "{out}");
+    // Sent in the moment before the other hub heard of the revocation, a submit may still be
+    // accepted: counted, so the record's contents can be checked exactly.
+    let (mut accepted_late, mut n) = (0, 0);
+    let deadline = std::time::Instant::now() + WOKEN_WITHIN;
+    let refused = loop {
+        n += 1;
+        let body = submit_body("c", &format!("after-{n}"), serde_json::json!(n), &["host-a"]);
+        // A connection the hub closed on the revocation is an error here; the next try reconnects.
+        match revoked.try_post("/v1/messages", &body).await {
+            Ok(r) if r.status == 401 => break r,
+            Ok(r) => {
+                assert_eq!(r.status, 201, "an answer other than accepted or revoked: {}", r.text);
+                accepted_late += 1;
+            }
+            Err(_) => {}
+        }
+        assert!(std::time::Instant::now() < deadline, "the second hub still serves the revoked certificate");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    refused.err(401, "certificate_revoked");
+    revoked.get("/v1/messages?idempotency_key=before").await.err(401, "certificate_revoked");
+    other.submit_new("c", "other-after", &["host-a"]).await;
+    assert_eq!(first.deliveries().len(), 3 + accepted_late, "a refused submit added nothing");
 }
