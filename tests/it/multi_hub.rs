@@ -1,8 +1,8 @@
 //! Several hubs over one PostgreSQL record, with real nodes: work sent through one hub is
 //! claimed through the other at once (the hubs wake each other through the database, not at
 //! the end of a long-poll), a hub killed with SIGKILL mid-flight loses nothing (its nodes move
-//! to the other hub and resync), every message runs exactly once, and fences and revocations
-//! made through one hub hold on the other. Skipped without PostgreSQL unless
+//! to the other hub and resync), every message runs exactly once, and fences, revocations and
+//! membership changes made through one hub hold on the other. Skipped without PostgreSQL unless
 //! `BATON_REQUIRE_POSTGRES=1`.
 
 use crate::harness::{Hub, submit_body};
@@ -191,4 +191,30 @@ async fn a_certificate_revoked_through_one_hub_is_refused_by_the_other() {
     revoked.get("/v1/messages?idempotency_key=before").await.err(401, "certificate_revoked");
     other.submit_new("c", "other-after", &["host-a"]).await;
     assert_eq!(first.deliveries().len(), 3 + accepted_late, "a refused submit added nothing");
+}
+
+/// Membership changed through one hub's CLI routes the very next post through the other hub:
+/// a post without `to` fans out to the members the record holds at its commit, whichever hub
+/// takes it, and a post naming a host that left is refused there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn membership_changed_through_one_hub_routes_posts_through_the_other() {
+    let Some(cluster) = cluster_or_skip("members_across_hubs", false) else { return };
+    let url = cluster.url();
+    let first = Hub::builder().nodes(&["host-a", "host-b"]).producers(&["prod"]).postgres(&url).start();
+    let second = Hub::builder().nodes(&[]).producers(&["prod-b"]).postgres(&url).ca_from(first.data_dir()).start();
+    let prod = second.client_with_pem(&first.identity("prod").pem().expect("identity pem"));
+    let hosts = |s: &crate::harness::Submitted| {
+        let mut h: Vec<String> = s.deliveries.keys().cloned().collect();
+        h.sort();
+        h
+    };
+
+    first.cli_ok(["members", "add", "--conversation", "team", "host-a", "host-b", "--reason", "pool"]);
+    let both = prod.submit_new("team", "k1", &[]).await;
+    assert_eq!(hosts(&both), ["host-a", "host-b"], "the members added through the first hub");
+    first.cli_ok(["members", "remove", "--conversation", "team", "host-b", "--reason", "moved"]);
+    let one = prod.submit_new("team", "k2", &[]).await;
+    assert_eq!(hosts(&one), ["host-a"], "host-b left through the first hub");
+    prod.submit("team", "k3", serde_json::json!({}), &["host-b"]).await.err(400, "invalid_field");
+    assert_eq!(first.deliveries().len(), 3, "the refused post added nothing");
 }
