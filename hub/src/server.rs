@@ -125,6 +125,9 @@ impl Hub {
         });
         tokio::spawn(sweep_retention(shared.clone(), self.config.limits.retention));
         tokio::spawn(lift_expired_fences(shared.clone()));
+        if let Some(url) = self.config.database_url.clone() {
+            tokio::spawn(crate::pg::analyze::run(url, shutdown.clone()));
+        }
         tokio::spawn(crate::housekeeping::sweep_audit(shared.clone()));
         tokio::spawn(crate::housekeeping::requeue_silent(shared.clone(), self.config.requeue_silent_after));
         tokio::spawn(publish_gauges(shared.clone()));

@@ -9,7 +9,10 @@
 //!   refusing a schema newer than this binary.
 //! - `notify`: hubs sharing one database wake each other after a commit (`LISTEN`/`NOTIFY`):
 //!   `Notice`, the `Announcer` and `announce_once` that send it, and `listen`.
+//! - `analyze`: each hub's statistics round, `ANALYZE` on the hot tables as they grow, so
+//!   statements are not planned for the empty tables a new record starts with.
 
+pub mod analyze;
 pub mod migrate;
 pub mod notify;
 pub mod tls;

@@ -1,0 +1,64 @@
+//! The hub's statistics round (`pg::analyze`) against a real throwaway cluster (skipped without
+//! PostgreSQL server binaries unless `BATON_REQUIRE_POSTGRES=1`): a hot table that changed by
+//! as many rows as it holds is analyzed, a round right after finds nothing due, and while
+//! another hub holds the analyze lock the round leaves it to that hub.
+
+use baton_hub::pg::{self, PgUrl, analyze};
+use baton_testkit::pg::cluster_or_skip;
+use std::time::Duration;
+
+/// The longest wait for the server's table counts to show the inserted rows (they are flushed
+/// to the statistics about once a second).
+const WAIT: Duration = Duration::from_secs(30);
+
+/// Rows inserted: over `CHANGED_ROWS_MIN`.
+const ROWS: i64 = 2 * analyze::CHANGED_ROWS_MIN;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_table_that_doubled_is_analyzed_once_and_by_one_hub_at_a_time() {
+    let Some(cluster) = cluster_or_skip("statistics_round", false) else { return };
+    let url = PgUrl::parse(&cluster.url()).unwrap();
+    let mut client = pg::connect(&url).await.unwrap();
+    pg::migrate::migrate(&mut client, &url).await.unwrap();
+    // Autovacuum left out of this table, so that only the rounds below analyze it.
+    client.batch_execute("ALTER TABLE conversation_queues SET (autovacuum_enabled = false)").await.unwrap();
+    client
+        .batch_execute(&format!(
+            "INSERT INTO conversation_queues (host, conversation, queued, since)
+             SELECT 'host-' || n, 'c', 1, 0 FROM generate_series(1, {ROWS}) AS n"
+        ))
+        .await
+        .unwrap();
+    // Another hub holds the analyze lock: this one leaves the table to it.
+    let other = pg::connect(&url).await.unwrap();
+    other.execute("SELECT pg_advisory_lock($1)", &[&analyze::ANALYZE_LOCK_KEY]).await.unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let seen: i64 = client
+            .query_one("SELECT n_mod_since_analyze FROM pg_stat_user_tables WHERE relname = 'conversation_queues'", &[])
+            .await
+            .unwrap()
+            .get(0);
+        if seen >= ROWS {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the inserted rows never showed in the table counts");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(analyze::analyze_due(&mut client).await.unwrap().is_empty(), "the lock holder's round, not ours");
+    other.execute("SELECT pg_advisory_unlock($1)", &[&analyze::ANALYZE_LOCK_KEY]).await.unwrap();
+
+    let analyzed = analyze::analyze_due(&mut client).await.unwrap();
+    assert_eq!(analyzed, ["conversation_queues"], "the doubled table, and only it");
+    let done: bool = client
+        .query_one(
+            "SELECT last_analyze IS NOT NULL FROM pg_stat_user_tables WHERE relname = 'conversation_queues'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(done, "the statistics show the analyze");
+    let again = analyze::analyze_due(&mut client).await.unwrap();
+    assert!(again.is_empty(), "nothing is due right after: {again:?}");
+}
