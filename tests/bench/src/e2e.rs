@@ -75,8 +75,8 @@ pub struct PassResult {
     pub nodes_cpu_s: f64,
     /// CPU seconds used by this benchmark process (producers, polling) during the pass.
     pub bench_cpu_s: f64,
-    /// CPU seconds used by the PostgreSQL server's processes on this machine during the pass,
-    /// when the record is there.
+    /// CPU seconds used by the PostgreSQL server's process tree during the pass, when the
+    /// record is there and the server runs on this machine.
     pub db_cpu_s: Option<f64>,
 }
 
@@ -136,7 +136,17 @@ pub fn run_pass(rig: &Rig<'_>, pass: &Pass) -> anyhow::Result<PassResult> {
     let node_cpu = |nodes: &Nodes| -> anyhow::Result<f64> { nodes.0.iter().map(|n| cpu(n.proc().pid())).sum() };
     let hubs_cpu = || -> anyhow::Result<f64> { hubs.iter().map(|h| cpu(h.proc().pid())).sum() };
     // The database server's processes, when the record is in PostgreSQL on this machine.
-    let db_cpu = || database_url.map_or(0.0, |_| procfs::cpu_s_of_all("postgres", clk));
+    // The database server, when it runs on this machine: the postmaster is the parent of the
+    // backend serving this connection, and its process tree is the server (other servers on
+    // the machine are not counted).
+    let postmaster = match database_url {
+        Some(_) => db
+            .query_row("SELECT pg_backend_pid()", [], |r| r.get::<_, i64>(0))
+            .ok()
+            .and_then(|pid| procfs::parent_of(u32::try_from(pid).ok()?)),
+        None => None,
+    };
+    let db_cpu = || postmaster.and_then(|pid| procfs::cpu_s_of_tree(pid, clk));
     let (hub0, nodes0, bench0, db0) = (hubs_cpu()?, node_cpu(&nodes)?, cpu(Some(std::process::id()))?, db_cpu());
 
     let t0_ms = baton_shared::clock::system_now_ms();
@@ -166,7 +176,7 @@ pub fn run_pass(rig: &Rig<'_>, pass: &Pass) -> anyhow::Result<PassResult> {
         hub_cpu_s: hub1 - hub0,
         nodes_cpu_s: nodes1 - nodes0,
         bench_cpu_s: bench1 - bench0,
-        db_cpu_s: database_url.map(|_| db1 - db0),
+        db_cpu_s: db0.zip(db1).map(|(a, b)| b - a),
     })
 }
 

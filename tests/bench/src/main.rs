@@ -456,7 +456,7 @@ fn record_pass(figs: &mut Figures, prefix: &str, r: &e2e::PassResult) {
     figs.put(
         &k("db_cpu_us_per_delivery"),
         r.db_cpu_s.map(|s| r.per_1k(s) * 1000.0),
-        "PostgreSQL server processes' CPU us per delivery (null on SQLite)",
+        "PostgreSQL server's CPU us per delivery (its process tree; null on SQLite or a remote server)",
     );
     figs.put(&k("node_cpu_us_per_delivery"), Some(r.per_1k(r.nodes_cpu_s) * 1000.0), "all nodes' CPU us per delivery");
 }

@@ -59,28 +59,35 @@ pub fn sample(pid: u32, clk_tck: f64) -> anyhow::Result<ProcSample> {
     })
 }
 
-/// CPU seconds used by every process named `comm` (field 2 of `/proc/PID/stat`), with the
-/// time of their exited, reaped children: the PostgreSQL server's processes (`postgres`),
-/// whose backends come and go with connections. A backend that exits between two readings
-/// moves its time into its parent's reaped-children fields, so the sum stays whole.
-pub fn cpu_s_of_all(comm: &str, clk_tck: f64) -> f64 {
-    let Ok(dir) = std::fs::read_dir("/proc") else { return 0.0 };
-    let mut ticks = 0u64;
-    for entry in dir.flatten() {
-        if !entry.file_name().to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
+/// CPU seconds used by process `root` and its children, with the time of their exited, reaped
+/// children: a PostgreSQL server's postmaster and its backends, which come and go with
+/// connections. A backend that exits between two readings moves its time into the
+/// postmaster's reaped-children fields, so the sum stays whole. `None` when `root` is gone.
+pub fn cpu_s_of_tree(root: u32, clk_tck: f64) -> Option<f64> {
+    let stat = |pid: &str| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok();
+    let mut ticks = stat_ticks_with_children(&stat(&root.to_string())?)?;
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.bytes().all(|b| b.is_ascii_digit()) {
             continue;
         }
-        let Ok(text) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
-        if stat_comm(&text) == Some(comm) {
+        if let Some(text) = stat(&name)
+            && stat_ppid(&text) == Some(root)
+        {
             ticks += stat_ticks_with_children(&text).unwrap_or(0);
         }
     }
-    ticks as f64 / clk_tck
+    Some(ticks as f64 / clk_tck)
 }
 
-/// The command name of a `/proc/PID/stat` line (between the first `(` and the last `)`).
-fn stat_comm(text: &str) -> Option<&str> {
-    text.get(text.find('(')? + 1..text.rfind(')')?)
+/// The parent of process `pid` (`PPid` of `/proc/PID/stat`).
+pub fn parent_of(pid: u32) -> Option<u32> {
+    stat_ppid(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// The parent pid (field 4) of a `/proc/PID/stat` line.
+fn stat_ppid(text: &str) -> Option<u32> {
+    text[text.rfind(')')? + 1..].split_whitespace().nth(1)?.parse().ok()
 }
 
 /// `utime + stime + cutime + cstime` (fields 14 to 17) of a `/proc/PID/stat` line.
@@ -120,9 +127,9 @@ mod tests {
     }
 
     #[test]
-    fn children_ticks_and_name_come_from_the_stat_line() {
-        let line = "42 (post gres) S 1 42 42 0 -1 4194560 10 0 0 0 7 3 11 5 20 0 1 0 100 0 0";
-        assert_eq!(stat_comm(line), Some("post gres"));
+    fn children_ticks_and_parent_come_from_the_stat_line() {
+        let line = "42 (post) gres) S 1 42 42 0 -1 4194560 10 0 0 0 7 3 11 5 20 0 1 0 100 0 0";
+        assert_eq!(stat_ppid(line), Some(1));
         assert_eq!(stat_ticks_with_children(line), Some(7 + 3 + 11 + 5));
     }
 
