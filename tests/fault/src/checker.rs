@@ -1,13 +1,26 @@
-//! The invariant checker (RELIABILITY.md §6.3): loads the hub database, every node database, the
+//! The invariant checker (RELIABILITY.md §6.3): loads the hub's record, every node database, the
 //! client history and the effects ledger, and reports every violation with the chain of events
 //! behind it.
 //!
-//! Every database is opened read-only (`SQLITE_OPEN_READ_ONLY` plus `query_only`), so the checker
-//! can run against a live hub and never changes what it inspects. The hub-side rules already in
-//! `baton_hub::verify::check` are reused (and sorted into their invariant families); the rules
-//! that need more than the hub's record are here.
+//! The hub's record is either backend (`HubRecord`): an SQLite file, or a PostgreSQL database
+//! named by its `postgres://` URL, which several hubs may share. Both are read through the
+//! store's own connection seam (`baton_hub::store::db::Db`), with the same SQL. Node databases
+//! are always SQLite files.
+//!
+//! Nothing is changed by reading: an SQLite file is opened read-only (`SQLITE_OPEN_READ_ONLY`
+//! plus `query_only`), so the checker can run against a live hub; a PostgreSQL record is read in
+//! one `READ ONLY`, `REPEATABLE READ` transaction, so every query sees one snapshot of a record
+//! that live hubs may still be writing. The hub-side rules already in `baton_hub::verify::check`
+//! are reused (and sorted into their invariant families); the rules that need more than the
+//! hub's record are here.
+//!
+//! Event order: I5 and I6 replay `delivery_events` in `id` order as the commit order. On one
+//! SQLite file that holds (one writer). On PostgreSQL it holds because every hub's write
+//! transaction takes the record's write lock (`baton_hub::store::db::WRITE_LOCK_KEY`) before it
+//! draws an event id, so ids are drawn in commit order across every hub sharing the record.
 
 use crate::records::{EffectLine, HistoryLine, read_lines};
+use baton_hub::store::db::{Db, PgConn, Row};
 use rusqlite::{Connection, OpenFlags, OptionalExtension};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -17,11 +30,67 @@ use std::path::{Path, PathBuf};
 /// times) still reports quickly, every one counted and named.
 pub const CHAINS_MAX: usize = 50;
 
+/// Where the hub's record is.
+#[derive(Clone, PartialEq, Eq)]
+pub enum HubRecord {
+    /// The hub's SQLite file (`HUB_DATA_DIR/hub.db`). The file-level rules of I12 (`PRAGMA
+    /// integrity_check` and the foreign-key check) apply to it.
+    Sqlite(PathBuf),
+    /// A PostgreSQL database, by its `postgres://` URL (as in a hub's `database_url`). The server
+    /// checks its own pages and enforces foreign keys at every write, so the SQLite file-level
+    /// rules of I12 do not apply; every other rule does, on the same SQL.
+    Postgres(String),
+}
+
+impl std::fmt::Debug for HubRecord {
+    /// Never shows a password: a PostgreSQL URL is shown as `PgUrl::shown` gives it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{self}")
+    }
+}
+
+impl std::fmt::Display for HubRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HubRecord::Sqlite(p) => write!(f, "{}", p.display()),
+            HubRecord::Postgres(url) => match baton_hub::pg::PgUrl::parse(url) {
+                Ok(u) => f.write_str(u.shown()),
+                Err(_) => f.write_str("postgres://(an unparsable URL)"),
+            },
+        }
+    }
+}
+
+impl HubRecord {
+    /// Runs `f` on a read-only connection to the record (see the module documentation), and
+    /// returns what it returns. A PostgreSQL connection is synchronous on a runtime of its own,
+    /// so it is made and used on a thread of its own: callers may be inside an async runtime or
+    /// not. Each call opens a new connection and closes it after `f`.
+    pub fn read<T: Send>(&self, f: impl FnOnce(&dyn Db) -> anyhow::Result<T> + Send) -> anyhow::Result<T> {
+        match self {
+            HubRecord::Sqlite(path) => f(&open_read_only(path)?),
+            HubRecord::Postgres(url) => std::thread::scope(|s| {
+                s.spawn(|| -> anyhow::Result<T> {
+                    let parsed = baton_hub::pg::PgUrl::parse(url)?;
+                    let conn = PgConn::connect(&parsed).map_err(|e| anyhow::anyhow!("{e}"))?;
+                    conn.begin_read()?;
+                    let out = f(&conn);
+                    // Read only: ending the transaction either way changes nothing.
+                    let _ = Db::control(&conn, "ROLLBACK");
+                    out
+                })
+                .join()
+                .map_err(|_| anyhow::anyhow!("reading {self} panicked"))?
+            }),
+        }
+    }
+}
+
 /// What to check.
 #[derive(Debug, Clone)]
 pub struct Inputs {
-    /// The hub database.
-    pub hub_db: PathBuf,
+    /// The hub's record.
+    pub hub: HubRecord,
     /// Every node database (`DATA_DIR/node.db`).
     pub node_dbs: Vec<PathBuf>,
     /// The client history (JSON lines), if any.
@@ -33,9 +102,9 @@ pub struct Inputs {
 }
 
 impl Inputs {
-    /// Inputs for a hub database alone, liveness off.
-    pub fn hub_only(hub_db: &Path) -> Inputs {
-        Inputs { hub_db: hub_db.to_path_buf(), node_dbs: Vec::new(), history: None, ledger: None, liveness: false }
+    /// Inputs for a hub's record alone, liveness off.
+    pub fn hub_only(hub: HubRecord) -> Inputs {
+        Inputs { hub, node_dbs: Vec::new(), history: None, ledger: None, liveness: false }
     }
 }
 
@@ -179,6 +248,7 @@ struct NodeDb {
     attempts: Vec<NodeAttempt>,
 }
 
+#[derive(Default)]
 struct Model {
     messages: Vec<Message>,
     recipients: Vec<(String, String)>,
@@ -203,20 +273,20 @@ pub fn open_read_only(path: &Path) -> anyhow::Result<Connection> {
     Ok(conn)
 }
 
-fn rows<T>(
-    conn: &Connection,
-    sql: &str,
-    f: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
-) -> anyhow::Result<Vec<T>> {
+/// Every row of `sql` (no parameters), mapped by `f`.
+pub fn rows<T>(conn: &dyn Db, sql: &str, f: impl FnMut(&Row<'_>) -> rusqlite::Result<T>) -> anyhow::Result<Vec<T>> {
     let mut stmt = conn.prepare(sql)?;
     let out = stmt.query_map([], f)?.collect::<Result<Vec<_>, _>>()?;
     Ok(out)
 }
 
-fn load_hub(conn: &Connection, m: &mut Model) -> anyhow::Result<()> {
-    m.messages = rows(conn, "SELECT id, producer, idempotency_key, max_attempts FROM messages ORDER BY rowid", |r| {
-        Ok(Message { id: r.get(0)?, producer: r.get(1)?, key: r.get(2)?, max_attempts: r.get(3)? })
-    })?;
+fn load_hub(conn: &dyn Db, m: &mut Model) -> anyhow::Result<()> {
+    // In acceptance order (a PostgreSQL table has no rowid).
+    m.messages = rows(
+        conn,
+        "SELECT id, producer, idempotency_key, max_attempts FROM messages ORDER BY accepted_at, conversation, seq",
+        |r| Ok(Message { id: r.get(0)?, producer: r.get(1)?, key: r.get(2)?, max_attempts: r.get(3)? }),
+    )?;
     m.recipients = rows(conn, "SELECT message_id, host FROM message_recipients", |r| Ok((r.get(0)?, r.get(1)?)))?;
     m.obligations = rows(conn, "SELECT message_id, done_at FROM fanout_obligations", |r| Ok((r.get(0)?, r.get(1)?)))?;
     m.deliveries = rows(
@@ -312,7 +382,8 @@ fn load_node(path: &Path, out: &mut Vec<Violation>) -> anyhow::Result<NodeDb> {
     Ok(NodeDb { path: shown, instance_id, deliveries, attempts })
 }
 
-/// I12 on one database: `integrity_check` and `foreign_key_check`.
+/// I12 on one SQLite file (a node database; the hub's file is checked by
+/// `baton_hub::verify::check`): `integrity_check` and `foreign_key_check`.
 fn integrity(conn: &Connection, shown: &str, out: &mut Vec<Violation>) -> anyhow::Result<()> {
     let check: Vec<String> = rows(conn, "PRAGMA integrity_check", |r| r.get(0))?;
     if check != ["ok"] {
@@ -333,24 +404,14 @@ fn violation(inv: &str, subject: &str, message: String, chain: Vec<String>) -> V
 /// Runs every check. An `Err` means the inputs could not be read at all (not a violation).
 pub fn check(inputs: &Inputs) -> anyhow::Result<Report> {
     let mut report = Report::default();
-    let hub = open_read_only(&inputs.hub_db)?;
-    let mut m = Model {
-        messages: Vec::new(),
-        recipients: Vec::new(),
-        obligations: Vec::new(),
-        deliveries: Vec::new(),
-        events: Vec::new(),
-        attempts: Vec::new(),
-        fences: Vec::new(),
-        nodes: Vec::new(),
-        history: Vec::new(),
-        ledger: Vec::new(),
-    };
-    load_hub(&hub, &mut m)?;
-    let mut v = Vec::new();
-    for problem in baton_hub::verify::check(&hub).map_err(|e| anyhow::anyhow!("verify: {e}"))? {
-        v.push(hub_problem(&problem));
-    }
+    // One read of the record: the model and the hub-side rules see the same snapshot.
+    let (mut m, problems) = inputs.hub.read(|db| {
+        let mut m = Model::default();
+        load_hub(db, &mut m)?;
+        let problems = baton_hub::verify::check(db).map_err(|e| anyhow::anyhow!("verify: {e}"))?;
+        Ok((m, problems))
+    })?;
+    let mut v: Vec<Violation> = problems.iter().map(hub_problem).collect();
     for p in &inputs.node_dbs {
         let node = load_node(p, &mut v)?;
         m.nodes.push(node);

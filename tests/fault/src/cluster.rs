@@ -2,13 +2,21 @@
 //! agents that dial it through one fault `Proxy` each, and a producer client that writes the
 //! client history. Every process is owned by a kit `Proc`, which kills and reaps it when dropped
 //! (also during a panic's unwinding, printing its log), so no run leaves a process behind.
+//!
+//! On PostgreSQL (`Cluster::on_postgres`) a second hub may share the first's record: it is made
+//! with `baton-hub init --database-url URL --ca-from FIRST_HUB_DATA_DIR`, so every certificate
+//! works on both. Each node then has one proxy per hub and lists both hubs, in an order that
+//! makes it prefer one of them (`BATON_NODE_HUB_URL`, comma-separated), and moves to the other
+//! when the one it uses is unavailable; the producer may submit through either.
 
-use crate::checker::Inputs;
+use crate::checker::{HubRecord, Inputs};
 use crate::proxy::Proxy;
 use crate::records::{HistoryLine, LineWriter, ledger_harness};
 use baton_client::{Client, ClientError, RetryPolicy, TlsFiles};
 use baton_shared::wire::{SubmitRequest, SubmitResponse};
 use baton_testkit::{Binaries, Harness, Hub, Identity, Node, NodeConfig, Proc, Role, Started};
+use std::collections::HashMap;
+use std::ffi::OsStr;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -16,6 +24,9 @@ use std::time::{Duration, Instant};
 
 /// How long the producer waits for one accept answer; past it the outcome is `info`.
 pub const ACCEPT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Hub addresses the producer keeps a client for; more hubs than a cluster runs, so only
+/// the addresses of restarted hubs are dropped.
+const PRODUCER_CLIENTS_MAX: usize = 8;
 
 // ---------------------------------------------------------------------------------------------
 // The producer
@@ -38,8 +49,9 @@ pub enum AcceptOutcome {
 pub struct Producer {
     name: String,
     files: TlsFiles,
-    /// The client of the hub's current address (a restarted hub listens on a new port).
-    client: Mutex<Option<(SocketAddr, Client)>>,
+    /// A client per hub address (a restarted hub listens on a new port), at most
+    /// `PRODUCER_CLIENTS_MAX`.
+    clients: Mutex<HashMap<SocketAddr, Client>>,
     history: Mutex<LineWriter>,
 }
 
@@ -51,23 +63,25 @@ impl Producer {
         Ok(Producer {
             name: identity.name.clone(),
             files,
-            client: Mutex::new(None),
+            clients: Mutex::new(HashMap::new()),
             history: Mutex::new(LineWriter::append(history)?),
         })
     }
 
     /// The client of the hub at `hub`, built once per address.
     fn client(&self, hub: SocketAddr) -> Result<Client, String> {
-        let mut current = self.client.lock().map_err(|_| "the producer's client lock is poisoned".to_string())?;
-        if let Some((addr, client)) = current.as_ref()
-            && *addr == hub
-        {
+        let mut clients = self.clients.lock().map_err(|_| "the producer's client lock is poisoned".to_string())?;
+        if let Some(client) = clients.get(&hub) {
             return Ok(client.clone());
         }
         let client = Client::new(&format!("https://{hub}"), &self.files)
             .map_err(|e| format!("building the client: {e}"))?
             .with_retry(RetryPolicy::once());
-        *current = Some((hub, client.clone()));
+        if clients.len() >= PRODUCER_CLIENTS_MAX {
+            // The addresses of hubs that restarted since: only the current ones are used.
+            clients.clear();
+        }
+        clients.insert(hub, client.clone());
         Ok(client)
     }
 
@@ -190,61 +204,127 @@ pub fn fxhash(s: &str) -> u64 {
 // ---------------------------------------------------------------------------------------------
 // The cluster
 
-/// A hub, its nodes (each behind its own proxy) and a producer, in one temp directory.
+/// A hub (or two sharing one PostgreSQL record), its nodes (each behind its own proxy per hub)
+/// and a producer, in one temp directory.
 #[derive(Debug)]
 pub struct Cluster {
-    /// The hub.
+    /// The hub (the first, with two).
     pub hub: Hub,
+    /// The second hub on the same PostgreSQL record, when the cluster has two.
+    pub second: Option<Hub>,
     /// The nodes, in host order.
     pub nodes: Vec<Node>,
-    /// One proxy per node, same order: the node's only way to the hub.
+    /// One proxy per node, same order: the node's only way to the (first) hub.
     pub proxies: Vec<Proxy>,
+    /// With a second hub, one more proxy per node, same order: the node's way to it.
+    pub second_proxies: Vec<Proxy>,
     /// The producer.
     pub producer: std::sync::Arc<Producer>,
     /// The client history file.
     pub history: PathBuf,
     /// The effects ledger file.
     pub ledger: PathBuf,
+    /// Where the hubs keep their record.
+    record: HubRecord,
     // Dropped last, after every process: the directory outlives what uses it.
     root: tempfile::TempDir,
 }
 
 /// Most pending rows of one store a drain failure lists.
 const PENDING_SHOWN_MAX: i64 = 50;
+/// Most hubs a cluster runs on one record.
+pub const HUBS_MAX: usize = 2;
+/// The operator name every hub's CLI records.
+const OPERATOR: &str = "fault";
 
 impl Cluster {
-    /// Sets up (without starting anything) a hub with `hosts` enrolled and producer `prod`, and
-    /// one node per host, each dialing the hub through its own proxy. The proxies point nowhere
-    /// until `start_hub`.
+    /// Sets up (without starting anything) a hub on an SQLite file with `hosts` enrolled and
+    /// producer `prod`, and one node per host, each dialing the hub through its own proxy. The
+    /// proxies point nowhere until `start_hub`.
     pub async fn new(bins: &Binaries, hosts: &[&str]) -> anyhow::Result<Cluster> {
+        Cluster::build(bins, hosts, None, 1).await
+    }
+
+    /// As `new`, but the record is the (empty) PostgreSQL database at `url`, shared by `hubs`
+    /// hubs (1 or `HUBS_MAX`). The second is made with `init --ca-from` the first, so every
+    /// identity works on both; each node gets a proxy per hub and lists both, node `i`
+    /// preferring hub `i % hubs` (so both hubs serve nodes), and moves to the other when its
+    /// hub is unavailable. Nothing runs until `start_hub_at`.
+    pub async fn on_postgres(bins: &Binaries, hosts: &[&str], url: &str, hubs: usize) -> anyhow::Result<Cluster> {
+        anyhow::ensure!((1..=HUBS_MAX).contains(&hubs), "a cluster runs 1 to {HUBS_MAX} hubs, not {hubs}");
+        Cluster::build(bins, hosts, Some(url), hubs).await
+    }
+
+    async fn build(bins: &Binaries, hosts: &[&str], url: Option<&str>, hubs: usize) -> anyhow::Result<Cluster> {
         let root = baton_testkit::fresh_dir("baton-fault-")?;
-        let mut hub = Hub::init(bins, root.path(), "fault")?;
+        let (mut hub, record) = match url {
+            None => {
+                let hub = Hub::init(bins, root.path(), OPERATOR)?;
+                let record = HubRecord::Sqlite(hub.db());
+                (hub, record)
+            }
+            Some(url) => {
+                let hub = Hub::new(bins, root.path(), OPERATOR)?;
+                hub.cli(["init", "--database-url", url])?;
+                (hub, HubRecord::Postgres(url.to_string()))
+            }
+        };
         let mut identities = Vec::new();
         for h in hosts {
             identities.push(hub.enroll(Role::Node, h)?);
         }
         let prod = hub.enroll(Role::Producer, "prod")?;
+        let second = match url {
+            Some(url) if hubs > 1 => {
+                let mut second = Hub::new(bins, &root.path().join("second"), OPERATOR)?;
+                let ca_from = hub.data_dir().as_os_str();
+                second.cli([
+                    OsStr::new("init"),
+                    "--database-url".as_ref(),
+                    url.as_ref(),
+                    "--ca-from".as_ref(),
+                    ca_from,
+                ])?;
+                // `serve` probes readiness with an identity of its own hub; it submits nothing.
+                second.enroll(Role::Producer, "probe")?;
+                Some(second)
+            }
+            _ => None,
+        };
         let history = root.path().join("history.jsonl");
         let ledger = root.path().join("ledger.jsonl");
         let producer = std::sync::Arc::new(Producer::new(&prod, &history)?);
         let mut nodes = Vec::new();
         let mut proxies = Vec::new();
+        let mut second_proxies = Vec::new();
         let placeholder: SocketAddr = ([127, 0, 0, 1], 9).into();
-        for (h, identity) in hosts.iter().zip(&identities) {
+        for (i, (h, identity)) in hosts.iter().zip(&identities).enumerate() {
             let proxy = Proxy::start(([127, 0, 0, 1], 0).into(), placeholder).await?;
-            let url = format!("https://{}", proxy.addr());
+            let mut urls = vec![format!("https://{}", proxy.addr())];
+            proxies.push(proxy);
+            if second.is_some() {
+                let proxy = Proxy::start(([127, 0, 0, 1], 0).into(), placeholder).await?;
+                urls.push(format!("https://{}", proxy.addr()));
+                second_proxies.push(proxy);
+                let n = urls.len();
+                urls.rotate_left(i % n);
+            }
             let harness = Harness::Command(ledger_harness(&ledger, h));
-            let config = NodeConfig::new(&url, identity, &root.path().join(format!("node-{h}")), harness)
+            let config = NodeConfig::new(&urls[0], identity, &root.path().join(format!("node-{h}")), harness)
                 .set("parallel_conversations", "4")
                 .set("exec_timeout", "\"20s\"")
                 .set("claim_wait", "\"1s\"")
                 .set("claim_batch_max", "8")
                 .set("shutdown_grace", "\"1s\"")
                 .set("backoff_max", "\"500ms\"");
-            nodes.push(Node::create(bins, &root.path().join("nodes"), h, &config)?);
-            proxies.push(proxy);
+            let mut node = Node::create(bins, &root.path().join("nodes"), h, &config)?;
+            if urls.len() > 1 {
+                // Every hub, in the node's order (the variable overrides the file's one URL).
+                node.set_env("BATON_NODE_HUB_URL", &urls.join(","));
+            }
+            nodes.push(node);
         }
-        Ok(Cluster { hub, nodes, proxies, producer, history, ledger, root })
+        Ok(Cluster { hub, second, nodes, proxies, second_proxies, producer, history, ledger, record, root })
     }
 
     /// The run's temp directory.
@@ -252,26 +332,74 @@ impl Cluster {
         self.root.path()
     }
 
+    /// Where the hubs keep their record.
+    pub fn record(&self) -> &HubRecord {
+        &self.record
+    }
+
+    /// How many hubs the cluster runs.
+    pub fn hub_count(&self) -> usize {
+        1 + usize::from(self.second.is_some())
+    }
+
+    /// Hub `h` (0 is the first).
+    pub fn hub_at(&self, h: usize) -> Option<&Hub> {
+        match h {
+            0 => Some(&self.hub),
+            1 => self.second.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// Hub `h`, to start, signal or kill it.
+    pub fn hub_at_mut(&mut self, h: usize) -> Option<&mut Hub> {
+        match h {
+            0 => Some(&mut self.hub),
+            1 => self.second.as_mut(),
+            _ => None,
+        }
+    }
+
+    /// Every node's proxy to hub `h`, in node order.
+    fn proxies_of(&self, h: usize) -> &[Proxy] {
+        if h == 0 { &self.proxies } else { &self.second_proxies }
+    }
+
+    /// Every proxy: those to the first hub, then those to the second.
+    pub fn links(&self) -> Vec<&Proxy> {
+        self.proxies.iter().chain(&self.second_proxies).collect()
+    }
+
     /// Starts (or restarts) the hub on a free port and points every proxy at it.
     pub fn start_hub(&mut self, crash_point: Option<&str>) -> anyhow::Result<Started> {
-        let started = self.hub.serve(crash_point)?;
+        self.start_hub_at(0, crash_point)
+    }
+
+    /// Starts (or restarts) hub `h` on a free port and points every node's proxy to it there.
+    pub fn start_hub_at(&mut self, h: usize, crash_point: Option<&str>) -> anyhow::Result<Started> {
+        let hub = self.hub_at_mut(h).ok_or_else(|| anyhow::anyhow!("the cluster has no hub {h}"))?;
+        let started = hub.serve(crash_point)?;
         if let Started::Ready(addr) = started {
-            for p in &self.proxies {
+            for p in self.proxies_of(h) {
                 p.set_upstream(addr);
             }
         }
         Ok(started)
     }
 
-    /// The process of node `i`, or of the hub for `i == nodes.len()`.
+    /// The process of node `i`, or of hub `i - nodes.len()` past the nodes (the first hub when
+    /// there is no such hub).
     pub fn proc(&self, i: usize) -> &Proc {
-        self.nodes.get(i).map_or_else(|| self.hub.proc(), Node::proc)
+        match self.nodes.get(i) {
+            Some(n) => n.proc(),
+            None => self.hub_at(i - self.nodes.len()).unwrap_or(&self.hub).proc(),
+        }
     }
 
     /// Checker inputs for this cluster.
     pub fn inputs(&self, liveness: bool) -> Inputs {
         Inputs {
-            hub_db: self.hub.db(),
+            hub: self.record.clone(),
             node_dbs: self.nodes.iter().map(Node::db).filter(|p| p.exists()).collect(),
             history: Some(self.history.clone()),
             ledger: Some(self.ledger.clone()),
@@ -284,11 +412,7 @@ impl Cluster {
     /// park deliveries under it. A command that fails (other than exit 1, nothing to do) is
     /// returned as an error after the others ran.
     pub fn lift_all_fences(&self) -> anyhow::Result<()> {
-        let read = |sql: &str| -> anyhow::Result<Vec<String>> {
-            let conn = crate::checker::open_read_only(&self.hub.db())?;
-            let rows = conn.prepare(sql)?.query_map([], |r| r.get(0))?.collect::<Result<_, _>>()?;
-            Ok(rows)
-        };
+        let read = |sql: &str| self.record.read(|db| crate::checker::rows(db, sql, |r| r.get::<_, String>(0)));
         let mut failed = Vec::new();
         let mut run = |args: &[&str]| -> anyhow::Result<()> {
             let out = self.hub.cli_output(args)?;
@@ -337,39 +461,41 @@ impl Cluster {
     /// current run) and its unfinished fan-outs, and each node's local copies not settled and
     /// reports not confirmed. Quiescent means none.
     fn pending_items(&self) -> anyhow::Result<Vec<String>> {
-        let mut items = Vec::new();
-        let conn = crate::checker::open_read_only(&self.hub.db())?;
-        let mut st = conn.prepare(
-            "SELECT d.id, d.host, d.conversation, d.seq, d.state, d.attempt, coalesce(d.reason, ''),
+        let mut items = self.record.read(|conn| {
+            let mut items = Vec::new();
+            let mut st = conn.prepare(
+                "SELECT d.id, d.host, d.conversation, d.seq, d.state, d.attempt, coalesce(d.reason, ''),
                     coalesce(d.started_session, -1), coalesce(d.cancel_requested_at, -1)
              FROM deliveries d
              WHERE d.state IN ('queued', 'claimed', 'mirrored', 'held')
                 OR (d.state = 'delivered'
                     AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt))
              LIMIT ?1",
-        )?;
-        let rows = st.query_map([PENDING_SHOWN_MAX], |r| {
-            Ok(format!(
-                "hub: {} {} {}#{} {} run {} reason {:?} started_session {} cancel_at {}",
-                r.get::<_, String>(0)?,
-                r.get::<_, String>(1)?,
-                r.get::<_, String>(2)?,
-                r.get::<_, i64>(3)?,
-                r.get::<_, String>(4)?,
-                r.get::<_, i64>(5)?,
-                r.get::<_, String>(6)?,
-                r.get::<_, i64>(7)?,
-                r.get::<_, i64>(8)?
-            ))
+            )?;
+            let rows = st.query_map([PENDING_SHOWN_MAX], |r| {
+                Ok(format!(
+                    "hub: {} {} {}#{} {} run {} reason {:?} started_session {} cancel_at {}",
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, i64>(3)?,
+                    r.get::<_, String>(4)?,
+                    r.get::<_, i64>(5)?,
+                    r.get::<_, String>(6)?,
+                    r.get::<_, i64>(7)?,
+                    r.get::<_, i64>(8)?
+                ))
+            })?;
+            for r in rows {
+                items.push(r?);
+            }
+            let obligations: i64 =
+                conn.query_row("SELECT count(*) FROM fanout_obligations WHERE done_at IS NULL", [], |r| r.get(0))?;
+            if obligations > 0 {
+                items.push(format!("hub: {obligations} fan-out obligation(s) pending"));
+            }
+            Ok(items)
         })?;
-        for r in rows {
-            items.push(r?);
-        }
-        let obligations: i64 =
-            conn.query_row("SELECT count(*) FROM fanout_obligations WHERE done_at IS NULL", [], |r| r.get(0))?;
-        if obligations > 0 {
-            items.push(format!("hub: {obligations} fan-out obligation(s) pending"));
-        }
         for n in &self.nodes {
             if !n.db().exists() {
                 continue;
@@ -406,6 +532,9 @@ impl Cluster {
     /// Every process's log, for a failure message.
     pub fn logs(&self) -> String {
         let mut s = format!("=== hub\n{}\n", self.hub.proc().stderr_all());
+        if let Some(second) = &self.second {
+            s.push_str(&format!("=== second hub\n{}\n", second.proc().stderr_all()));
+        }
         for n in &self.nodes {
             s.push_str(&format!("=== node {}\n{}\n", n.proc().stem(), n.proc().stderr_all()));
         }

@@ -153,7 +153,7 @@ fn arms(point: &str, nth: u32) -> VecDeque<String> {
 
 /// Runs one crash point with one seed.
 pub async fn crash_run(bins: &Binaries, point: &str, seed: u64) -> anyhow::Result<CrashRun> {
-    let (c, restarts) = settle(bins, Some(point), seed).await?;
+    let (c, restarts) = settle(bins, Some(point), seed, None).await?;
     let logs = c.logs();
     let fired = logs.contains(&format!("crash point {point} reached"));
     let report = checker::check(&c.inputs(true))?;
@@ -163,15 +163,32 @@ pub async fn crash_run(bins: &Binaries, point: &str, seed: u64) -> anyhow::Resul
 
 /// A run without any crash, drained and stopped: the clean baseline the mutation tests break.
 pub async fn clean_cluster(bins: &Binaries, seed: u64) -> anyhow::Result<Cluster> {
-    Ok(settle(bins, None, seed).await?.0)
+    Ok(settle(bins, None, seed, None).await?.0)
 }
 
-/// Runs the workload (with `point` armed, if any), drains, and stops every process.
-async fn settle(bins: &Binaries, point: Option<&str>, seed: u64) -> anyhow::Result<(Cluster, u32)> {
+/// As `clean_cluster`, with two hubs sharing the (empty) PostgreSQL database at `url`: each key
+/// is submitted through one hub and its retry through the other.
+pub async fn clean_cluster_on_postgres(bins: &Binaries, seed: u64, url: &str) -> anyhow::Result<Cluster> {
+    Ok(settle(bins, None, seed, Some(url)).await?.0)
+}
+
+/// Runs the workload (with `point` armed, if any), drains, and stops every process. With
+/// `database_url`, on two hubs sharing that PostgreSQL record.
+async fn settle(
+    bins: &Binaries,
+    point: Option<&str>,
+    seed: u64,
+    database_url: Option<&str>,
+) -> anyhow::Result<(Cluster, u32)> {
     let mut rng = StdRng::seed_from_u64(seed ^ crate::cluster::fxhash(point.unwrap_or("")));
     let count = rng.random_range(3..=8usize);
     let nth = rng.random_range(1..=2u32);
-    let mut c = Cluster::new(bins, &["host-a", "host-b"]).await?;
+    let hosts = ["host-a", "host-b"];
+    let mut c = match database_url {
+        None => Cluster::new(bins, &hosts).await?,
+        Some(url) => Cluster::on_postgres(bins, &hosts, url, crate::cluster::HUBS_MAX).await?,
+    };
+    let hubs = c.hub_count();
     let on_hub = point.is_some_and(|p| p.starts_with("hub."));
     let mut pending = point.map(|p| arms(p, nth)).unwrap_or_default();
     let mut restarts = 0;
@@ -182,6 +199,11 @@ async fn settle(bins: &Binaries, point: Option<&str>, seed: u64) -> anyhow::Resu
     let first = if on_hub && !repair { pending.pop_front() } else { None };
     if matches!(c.start_hub(first.as_deref())?, Started::Exited(_)) {
         anyhow::bail!("the hub exited at its first start:\n{}", c.logs());
+    }
+    for h in 1..hubs {
+        if matches!(c.start_hub_at(h, None)?, Started::Exited(_)) {
+            anyhow::bail!("hub {h} exited at its first start:\n{}", c.logs());
+        }
     }
     let mut sup = Supervisor { on_hub, pending: VecDeque::new(), restarts: 0, nodes_up: false };
     let mut keys = Vec::new();
@@ -211,11 +233,11 @@ async fn settle(bins: &Binaries, point: Option<&str>, seed: u64) -> anyhow::Resu
         let payload = serde_json::json!({"i": i, "seed": seed, "pad": rng.random::<u32>()});
         let conversation = format!("c{}", i % 2);
         keys.push((key.clone(), conversation.clone(), payload.clone(), to.clone()));
-        submit(&mut c, &mut sup, &conversation, &key, &payload, &to).await?;
+        submit(&mut c, &mut sup, i % hubs, &conversation, &key, &payload, &to).await?;
     }
-    // The client's retry: every key once more, as after a lost answer.
-    for (key, conversation, payload, to) in &keys {
-        submit(&mut c, &mut sup, conversation, key, payload, to).await?;
+    // The client's retry: every key once more, as after a lost answer (through the other hub).
+    for (i, (key, conversation, payload, to)) in keys.iter().enumerate() {
+        submit(&mut c, &mut sup, (i + 1) % hubs, conversation, key, payload, to).await?;
     }
     let start = Instant::now();
     while start.elapsed() < DRAIN_LIMIT {
@@ -225,7 +247,11 @@ async fn settle(bins: &Binaries, point: Option<&str>, seed: u64) -> anyhow::Resu
         }
     }
     restarts += sup.restarts;
-    c.hub.kill()?;
+    for h in 0..hubs {
+        if let Some(hub) = c.hub_at_mut(h) {
+            hub.kill()?;
+        }
+    }
     for n in &mut c.nodes {
         n.proc_mut().kill()?;
     }
@@ -271,6 +297,13 @@ impl Supervisor {
                 arm = if self.on_hub { self.pending.pop_front() } else { None };
             }
         }
+        // A second hub gets no crash point; it is restarted if it stopped.
+        for h in 1..c.hub_count() {
+            if c.hub_at_mut(h).is_some_and(|hub| !hub.proc_mut().running()) {
+                self.restarts += 1;
+                c.start_hub_at(h, None)?;
+            }
+        }
         for (i, n) in c.nodes.iter_mut().enumerate() {
             if self.nodes_up && !n.proc_mut().running() {
                 let arm = if !self.on_hub && i == 0 { self.pending.pop_front() } else { None };
@@ -282,9 +315,11 @@ impl Supervisor {
     }
 }
 
+/// Submits one key through hub `via` until it is answered (or `ACCEPT_TRIES_MAX` attempts).
 async fn submit(
     c: &mut Cluster,
     sup: &mut Supervisor,
+    via: usize,
     conversation: &str,
     key: &str,
     payload: &serde_json::Value,
@@ -292,7 +327,8 @@ async fn submit(
 ) -> anyhow::Result<()> {
     for _ in 0..ACCEPT_TRIES_MAX {
         sup.tend(c)?;
-        match c.producer.accept(c.hub.addr(), conversation, key, payload, to).await {
+        let hub = c.hub_at(via).and_then(|h| h.addr());
+        match c.producer.accept(hub, conversation, key, payload, to).await {
             AcceptOutcome::Ok(_) | AcceptOutcome::Fail(_) => return Ok(()),
             AcceptOutcome::Info => tokio::time::sleep(Duration::from_millis(100)).await,
         }

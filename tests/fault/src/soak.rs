@@ -1,6 +1,12 @@
 //! The kill/pause/partition/fence soak (RELIABILITY.md R5, R7, R8): hub + 3 nodes (each dialing
 //! the hub through its own fault proxy) + producers that retry with the same keys, against a
 //! nemesis driven by a printed seed. Then heal, restart, drain, and run the checker.
+//!
+//! With `SoakConfig::database_url`, two hubs share that PostgreSQL record: each node dials both
+//! through a proxy per hub (preferring one by its position), each producer attempt goes through
+//! a hub picked at random among those up (so a key's replay may reach the other hub), and the
+//! nemesis kills, pauses and cuts off either hub, both at once included. The checker then reads
+//! the PostgreSQL record and every node database.
 
 use crate::checker::{self, Report};
 use crate::cluster::{AcceptOutcome, Cluster, Retries};
@@ -26,7 +32,7 @@ const PRODUCER_PACE: Duration = Duration::from_millis(200);
 pub const DRAIN_LIMIT: Duration = Duration::from_secs(60);
 
 /// What the soak does.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct SoakConfig {
     /// Seconds of faults and load.
     pub seconds: u64,
@@ -39,6 +45,9 @@ pub struct SoakConfig {
     /// turns run slowly, and the nemesis cancels deliveries with `baton-hub deliveries cancel`,
     /// running ones included.
     pub turn_control: bool,
+    /// Run two hubs sharing the (empty) PostgreSQL database at this URL instead of one hub on
+    /// an SQLite file (`baton-soak --database-url`).
+    pub database_url: Option<String>,
 }
 
 /// Runs a retryable message of the turn-control soak allows.
@@ -55,8 +64,16 @@ const SLOW_PERCENT: u32 = 15;
 pub struct Figures {
     /// Distinct keys answered ok.
     pub accepted: u64,
-    /// SIGKILLs of hub and nodes.
+    /// SIGKILLs of hubs and nodes.
     pub kills: u64,
+    /// SIGKILLs of each hub, in hub order (one entry per hub).
+    pub hub_kills: Vec<u64>,
+    /// Kills that left no hub running (every other hub was down too).
+    pub all_hubs_down: u64,
+    /// Distinct keys answered ok, by the hub that answered, in hub order.
+    pub accepted_via: Vec<u64>,
+    /// Times a node moved to another of its hubs (its log's "now using the hub at").
+    pub hub_moves: u64,
     /// SIGSTOP/SIGCONT pauses.
     pub pauses: u64,
     /// Proxy faults applied.
@@ -86,25 +103,39 @@ pub struct SoakResult {
     pub drained: bool,
 }
 
-#[derive(Default)]
 struct Counters {
     accepted: AtomicU64,
     duplicates: AtomicU64,
+    /// Per hub, in hub order.
+    accepted_via: Vec<AtomicU64>,
 }
+
+/// The current address of each hub, in hub order (`None` while it is down).
+type HubAddrs = Arc<Mutex<Vec<Option<SocketAddr>>>>;
 
 /// Runs the soak. `log` receives one line per nemesis action.
 pub async fn run(bins: &Binaries, cfg: SoakConfig, log: &mut dyn FnMut(String)) -> anyhow::Result<SoakResult> {
     let mut rng = StdRng::seed_from_u64(cfg.seed);
-    let mut c = Cluster::new(bins, &HOSTS).await?;
-    if matches!(c.start_hub(None)?, Started::Exited(_)) {
-        anyhow::bail!("the hub did not start:\n{}", c.logs());
+    let mut c = match &cfg.database_url {
+        None => Cluster::new(bins, &HOSTS).await?,
+        Some(url) => Cluster::on_postgres(bins, &HOSTS, url, crate::cluster::HUBS_MAX).await?,
+    };
+    let hubs = c.hub_count();
+    for h in 0..hubs {
+        if matches!(c.start_hub_at(h, None)?, Started::Exited(_)) {
+            anyhow::bail!("hub {h} did not start:\n{}", c.logs());
+        }
     }
     for n in &mut c.nodes {
         n.start(None)?;
     }
-    let addr: Arc<Mutex<Option<SocketAddr>>> = Arc::new(Mutex::new(c.hub.addr()));
+    let addr: HubAddrs = Arc::new(Mutex::new((0..hubs).map(|h| c.hub_at(h).and_then(|hub| hub.addr())).collect()));
     let stop = Arc::new(AtomicBool::new(false));
-    let counters = Arc::new(Counters::default());
+    let counters = Arc::new(Counters {
+        accepted: AtomicU64::new(0),
+        duplicates: AtomicU64::new(0),
+        accepted_via: (0..hubs).map(|_| AtomicU64::new(0)).collect(),
+    });
     let mut tasks = Vec::new();
     for p in 0..PRODUCERS {
         let seed = cfg.seed.wrapping_mul(31).wrapping_add(p as u64);
@@ -116,8 +147,9 @@ pub async fn run(bins: &Binaries, cfg: SoakConfig, log: &mut dyn FnMut(String)) 
             Workload { index: p, seed, turn_control: cfg.turn_control },
         )));
     }
-    let mut f = Figures::default();
-    let mut n = Nemesis::new(c.nodes.len());
+    let mut f = Figures { hub_kills: vec![0; hubs], ..Figures::default() };
+    let nodes = c.nodes.len();
+    let mut n = Nemesis::new(nodes + hubs);
     let deadline = Instant::now() + Duration::from_secs(cfg.seconds);
     while Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(rng.random_range(KILL_EVERY_MS.0..KILL_EVERY_MS.1))).await;
@@ -125,16 +157,25 @@ pub async fn run(bins: &Binaries, cfg: SoakConfig, log: &mut dyn FnMut(String)) 
         // One kill in most ticks (R5: a kill every few hundred milliseconds), never blocking:
         // the victim comes back after a random delay, while the next faults are already going.
         if rng.random_range(0..100u32) < KILL_PERCENT {
-            let victims: Vec<usize> = (0..=c.nodes.len()).filter(|&i| n.restart_at[i].is_none()).collect();
+            let victims: Vec<usize> = (0..nodes + hubs).filter(|&i| n.restart_at[i].is_none()).collect();
             if !victims.is_empty() {
                 let i = victims[rng.random_range(0..victims.len())];
-                let hub = i == c.nodes.len();
-                if hub {
-                    c.hub.kill()?;
+                if let Some(h) = i.checked_sub(nodes) {
+                    if let Some(hub) = c.hub_at_mut(h) {
+                        hub.kill()?;
+                    }
+                    f.hub_kills[h] += 1;
+                    // The hub's address is gone at once; producers pick among the others.
+                    if let Ok(mut a) = addr.lock() {
+                        a[h] = None;
+                    }
+                    if (0..hubs).all(|o| o == h || n.restart_at[nodes + o].is_some()) {
+                        f.all_hubs_down += 1;
+                    }
                 } else {
                     c.nodes[i].proc_mut().kill()?;
                 }
-                log(format!("kill {}", if hub { "hub" } else { c.nodes[i].proc().stem() }));
+                log(format!("kill {}", name(&c, i)));
                 f.kills += 1;
                 n.restart_at[i] =
                     Some(Instant::now() + Duration::from_millis(rng.random_range(0..RESTART_DELAY_MS_MAX)));
@@ -142,14 +183,14 @@ pub async fn run(bins: &Binaries, cfg: SoakConfig, log: &mut dyn FnMut(String)) 
         }
         match rng.random_range(0..100u32) {
             0..12 => {
-                let i = rng.random_range(0..=c.nodes.len());
+                let i = rng.random_range(0..nodes + hubs);
                 let ms = rng.random_range(500..=cfg.pause_ms_max.max(500));
                 let p = c.proc(i);
                 if n.paused[i].is_none()
                     && let Some(pid) = p.pid()
                     && p.signal(Signal::SIGSTOP).is_ok()
                 {
-                    log(format!("pause {} for {ms} ms", if i == c.nodes.len() { "hub" } else { p.stem() }));
+                    log(format!("pause {} for {ms} ms", name(&c, i)));
                     f.pauses += 1;
                     n.paused[i] = Some((pid, Instant::now() + Duration::from_millis(ms)));
                 }
@@ -162,13 +203,14 @@ pub async fn run(bins: &Binaries, cfg: SoakConfig, log: &mut dyn FnMut(String)) 
                     2 => Fault::CutAfter(rng.random_range(1..4000)),
                     _ => Fault::Delay(Duration::from_millis(rng.random_range(10..500))),
                 };
-                let mut order: Vec<usize> = (0..c.proxies.len()).collect();
+                let links = c.links();
+                let mut order: Vec<usize> = (0..links.len()).collect();
                 for i in (0..order.len()).rev() {
                     order.swap(i, rng.random_range(0..=i));
                 }
                 let k = rng.random_range(1..=order.len());
                 for &i in order.iter().take(k) {
-                    c.proxies[i].set(fault);
+                    links[i].set(fault);
                     f.partitions += 1;
                     let heal = Instant::now() + Duration::from_millis(rng.random_range(200..3000));
                     n.heal_at.push((i, heal));
@@ -178,18 +220,24 @@ pub async fn run(bins: &Binaries, cfg: SoakConfig, log: &mut dyn FnMut(String)) 
             30..38 => {
                 let conv = format!("c{}", rng.random_range(0..CONVERSATIONS));
                 let kind = if rng.random_bool(0.5) { "hold" } else { "pause" };
-                if c.hub.cli(["fence", kind, "--conversation", &conv, "--reason", "soak"]).is_ok() {
+                // Through either hub's data directory: on a shared record, the same change.
+                let cli = c.hub_at(rng.random_range(0..hubs)).unwrap_or(&c.hub);
+                n.resume_hubs(&c);
+                if cli.cli(["fence", kind, "--conversation", &conv, "--reason", "soak"]).is_ok() {
                     log(format!("fence {kind} {conv}"));
                     f.fences += 1;
                 }
             }
             38..44 => {
+                n.resume_hubs(&c);
                 let _ = c.lift_all_fences();
             }
             44..52 if cfg.turn_control => {
                 if let Some(id) = cancel_candidate(&c, &mut rng) {
                     // A refusal (the delivery ended meanwhile, the hub is down) is no fault.
-                    if c.hub.cli(["deliveries", "cancel", &id, "--reason", "soak"]).is_ok() {
+                    let cli = c.hub_at(rng.random_range(0..hubs)).unwrap_or(&c.hub);
+                    n.resume_hubs(&c);
+                    if cli.cli(["deliveries", "cancel", &id, "--reason", "soak"]).is_ok() {
                         log(format!("cancel {id}"));
                         f.cancels += 1;
                     }
@@ -211,12 +259,18 @@ pub async fn run(bins: &Binaries, cfg: SoakConfig, log: &mut dyn FnMut(String)) 
     let drained = c.quiesce(DRAIN_LIMIT).await;
     // What was still pending, read before the processes stop.
     let pending = if drained { String::new() } else { c.pending() };
-    c.hub.kill()?;
+    for h in 0..hubs {
+        if let Some(hub) = c.hub_at_mut(h) {
+            hub.kill()?;
+        }
+    }
     for n in &mut c.nodes {
         n.proc_mut().kill()?;
     }
     let report = checker::check(&c.inputs(true))?;
     f.accepted = counters.accepted.load(Ordering::SeqCst);
+    f.accepted_via = counters.accepted_via.iter().map(|a| a.load(Ordering::SeqCst)).collect();
+    f.hub_moves = c.nodes.iter().map(|n| n.proc().stderr_all().matches(HUB_MOVE_LOG).count() as u64).sum();
     f.duplicate_submissions = counters.duplicates.load(Ordering::SeqCst);
     f.executions = report.counts.get("effects").copied().unwrap_or(0);
     f.ordered_executions = report.counts.get("ordered_effects").copied().unwrap_or(0);
@@ -234,8 +288,21 @@ const KILL_PERCENT: u32 = 90;
 /// Longest a killed process stays down before it is restarted.
 const RESTART_DELAY_MS_MAX: u64 = 1500;
 
-/// Faults in progress: restarts, resumes and heals that are due later. Index `nodes.len()` is
-/// the hub.
+/// What a node logs when it moves to another of its hubs.
+const HUB_MOVE_LOG: &str = "now using the hub at";
+
+/// The name of process `i` for the nemesis log: a node's stem, or `hub` (`hub 1`, `hub 2`
+/// with two hubs).
+fn name(c: &Cluster, i: usize) -> String {
+    match i.checked_sub(c.nodes.len()) {
+        None => c.proc(i).stem().to_string(),
+        Some(_) if c.hub_count() == 1 => "hub".to_string(),
+        Some(h) => format!("hub {}", h + 1),
+    }
+}
+
+/// Faults in progress: restarts, resumes and heals that are due later. Index `nodes.len() + h`
+/// is hub `h`.
 struct Nemesis {
     restart_at: Vec<Option<Instant>>,
     paused: Vec<Option<(u32, Instant)>>,
@@ -243,12 +310,13 @@ struct Nemesis {
 }
 
 impl Nemesis {
-    fn new(nodes: usize) -> Nemesis {
-        Nemesis { restart_at: vec![None; nodes + 1], paused: vec![None; nodes + 1], heal_at: Vec::new() }
+    /// Faults of `procs` processes: the nodes, then the hubs.
+    fn new(procs: usize) -> Nemesis {
+        Nemesis { restart_at: vec![None; procs], paused: vec![None; procs], heal_at: Vec::new() }
     }
 
     /// Resumes, heals and restarts whatever is due.
-    fn settle(&mut self, c: &mut Cluster, addr: &Mutex<Option<SocketAddr>>) -> anyhow::Result<()> {
+    fn settle(&mut self, c: &mut Cluster, addr: &Mutex<Vec<Option<SocketAddr>>>) -> anyhow::Result<()> {
         let now = Instant::now();
         for (i, p) in self.paused.iter_mut().enumerate() {
             if let Some((pid, at)) = *p
@@ -262,9 +330,10 @@ impl Nemesis {
                 *p = None;
             }
         }
+        let links = c.links();
         self.heal_at.retain(|&(i, at)| {
             if at <= now {
-                c.proxies[i].heal();
+                links[i].heal();
                 false
             } else {
                 true
@@ -276,11 +345,32 @@ impl Nemesis {
             }
         }
         let down: Vec<bool> = self.restart_at.iter().map(Option::is_some).collect();
+        let nodes = c.nodes.len();
+        let starting = (0..c.hub_count())
+            .any(|h| !down[nodes + h] && c.hub_at_mut(h).is_some_and(|hub| !hub.proc_mut().running()));
+        if starting {
+            self.resume_hubs(c);
+        }
         tend(c, addr, &down)
     }
 
+    /// Ends the pauses of hubs now. A paused hub may hold the record's write lock in the middle of
+    /// a transaction, and a hub's start and an operator command wait for that lock; the nemesis is
+    /// one loop and cannot resume the hub while it waits, so hubs are resumed before either.
+    fn resume_hubs(&mut self, c: &Cluster) {
+        let nodes = c.nodes.len();
+        for (i, p) in self.paused.iter_mut().enumerate().skip(nodes) {
+            if let Some((pid, _)) = p.take() {
+                let proc = c.proc(i);
+                if proc.pid() == Some(pid) {
+                    let _ = proc.signal(Signal::SIGCONT);
+                }
+            }
+        }
+    }
+
     /// Ends every fault now: resumes, heals, restarts.
-    fn heal_all(&mut self, c: &mut Cluster, addr: &Mutex<Option<SocketAddr>>) -> anyhow::Result<()> {
+    fn heal_all(&mut self, c: &mut Cluster, addr: &Mutex<Vec<Option<SocketAddr>>>) -> anyhow::Result<()> {
         let now = Instant::now();
         for p in self.paused.iter_mut().flatten() {
             p.1 = now;
@@ -291,21 +381,25 @@ impl Nemesis {
         for r in self.restart_at.iter_mut().flatten() {
             *r = now;
         }
-        for p in &c.proxies {
+        for p in c.links() {
             p.heal();
         }
         self.settle(c, addr)
     }
 }
 
-/// Restarts whatever died (except those still meant to be down) and keeps the producers' view
-/// of the hub address current.
-fn tend(c: &mut Cluster, addr: &Mutex<Option<SocketAddr>>, down: &[bool]) -> anyhow::Result<()> {
-    let hub_down = down.last().copied().unwrap_or(false);
-    if !hub_down && !c.hub.proc_mut().running() {
-        c.start_hub(None)?;
-        if let Ok(mut a) = addr.lock() {
-            *a = c.hub.addr();
+/// Restarts whatever died (except those still meant to be down: `down` has the nodes, then the
+/// hubs) and keeps the producers' view of the hub addresses current.
+fn tend(c: &mut Cluster, addr: &Mutex<Vec<Option<SocketAddr>>>, down: &[bool]) -> anyhow::Result<()> {
+    let nodes = c.nodes.len();
+    for h in 0..c.hub_count() {
+        let hub_down = down.get(nodes + h).copied().unwrap_or(false);
+        let stopped = c.hub_at_mut(h).is_some_and(|hub| !hub.proc_mut().running());
+        if !hub_down && stopped {
+            c.start_hub_at(h, None)?;
+            if let Ok(mut a) = addr.lock() {
+                a[h] = c.hub_at(h).and_then(|hub| hub.addr());
+            }
         }
     }
     for (i, n) in c.nodes.iter_mut().enumerate() {
@@ -319,16 +413,19 @@ fn tend(c: &mut Cluster, addr: &Mutex<Option<SocketAddr>>, down: &[bool]) -> any
 /// A delivery for the nemesis to cancel: queued, or delivered without an outcome of its
 /// current run (running or about to), picked by the seeded generator.
 fn cancel_candidate(c: &Cluster, rng: &mut StdRng) -> Option<String> {
-    let conn = crate::checker::open_read_only(&c.hub.db()).ok()?;
-    let mut stmt = conn
-        .prepare(
-            "SELECT id FROM deliveries d WHERE state = 'queued'
-                OR (state = 'delivered'
-                    AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt))
-             ORDER BY n DESC LIMIT 50",
-        )
+    let ids: Vec<String> = c
+        .record()
+        .read(|db| {
+            checker::rows(
+                db,
+                "SELECT id FROM deliveries d WHERE state = 'queued'
+                    OR (state = 'delivered'
+                        AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt))
+                 ORDER BY n DESC LIMIT 50",
+                |r| r.get(0),
+            )
+        })
         .ok()?;
-    let ids: Vec<String> = stmt.query_map([], |r| r.get(0)).ok()?.collect::<Result<_, _>>().ok()?;
     (!ids.is_empty()).then(|| ids[rng.random_range(0..ids.len())].clone())
 }
 
@@ -342,7 +439,7 @@ struct Workload {
 
 async fn produce(
     producer: Arc<crate::cluster::Producer>,
-    addr: Arc<Mutex<Option<SocketAddr>>>,
+    addr: HubAddrs,
     stop: Arc<AtomicBool>,
     counters: Arc<Counters>,
     work: Workload,
@@ -382,11 +479,23 @@ async fn produce(
             if stop.load(Ordering::SeqCst) && !replay {
                 break;
             }
-            let hub = addr.lock().ok().and_then(|a| *a);
-            match producer.accept_with(hub, &conv, &key, &payload, &to, retries).await {
+            // Any hub that is up (a key's retries and replays may reach another hub).
+            let up: Vec<(usize, SocketAddr)> = addr
+                .lock()
+                .map(|a| a.iter().enumerate().filter_map(|(h, x)| x.map(|x| (h, x))).collect())
+                .unwrap_or_default();
+            // (With one hub no draw is made, so the workload is the seed's as it always was.)
+            let via = match up.len() {
+                0 | 1 => up.first().copied(),
+                n => Some(up[rng.random_range(0..n)]),
+            };
+            match producer.accept_with(via.map(|(_, a)| a), &conv, &key, &payload, &to, retries).await {
                 AcceptOutcome::Ok(_) => {
                     if !replay {
                         counters.accepted.fetch_add(1, Ordering::Relaxed);
+                        if let Some(c) = via.and_then(|(h, _)| counters.accepted_via.get(h)) {
+                            c.fetch_add(1, Ordering::Relaxed);
+                        }
                         done.push((key.clone(), conv.clone(), payload.clone(), to.clone(), retries));
                         // Offer a steady load the cluster can drain while it is being killed, so
                         // the liveness check after heal measures recovery, not a backlog.

@@ -2,14 +2,22 @@
 //! scenario (hub + two nodes, real processes, no crash), then injects the state a specific bug
 //! would leave, and asserts the checker reports exactly that invariant family. One clean run
 //! must report nothing.
+//!
+//! The same holds for a record in PostgreSQL shared by two hubs (the tests named `…_on_postgres`,
+//! skipped without PostgreSQL unless `BATON_REQUIRE_POSTGRES=1`): the bug's state is written by
+//! SQL into that database, and the checker, reading it over the store's PostgreSQL connection,
+//! must name the family.
 
-use baton_fault::checker::{self, Report};
+use baton_fault::checker::{self, HubRecord, Report};
 use baton_fault::cluster::Cluster;
-use baton_fault::matrix::clean_cluster;
+use baton_fault::matrix::{clean_cluster, clean_cluster_on_postgres};
 use baton_fault::records::{EffectLine, HistoryLine, LineWriter, read_lines};
+use baton_hub::pg::PgUrl;
+use baton_hub::store::db::{Db, PgConn};
 use baton_testkit::Binaries;
 use rusqlite::Connection;
 use std::collections::BTreeSet;
+use std::process::{Command, Output};
 
 fn with_cluster(seed: u64, mutate: impl FnOnce(&Cluster)) -> Report {
     let bins = Binaries::build().unwrap();
@@ -512,4 +520,102 @@ fn i17_two_executions_of_one_run_from_two_processes() {
         LineWriter::append(&c.ledger).unwrap().write(&e).unwrap();
     });
     assert_only(&report, "I17");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The record in PostgreSQL, shared by two hubs
+
+/// A clean run of two hubs sharing one PostgreSQL record (each key submitted through one hub and
+/// retried through the other), checked clean; then `mutate` writes the bug's state into the
+/// record by SQL and the checker runs again, in this process and as `baton-check
+/// --database-url`. `None` when the test is skipped (no PostgreSQL).
+fn with_postgres_cluster(test: &str, seed: u64, mutate: impl FnOnce(&dyn Db)) -> Option<(Report, Output)> {
+    let pg = baton_testkit::pg::cluster_or_skip(test, false)?;
+    let bins = Binaries::build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let c = rt.block_on(clean_cluster_on_postgres(&bins, seed, &pg.url())).unwrap_or_else(|e| panic!("{e:#}"));
+    let inputs = c.inputs(true);
+    assert_eq!(inputs.hub, HubRecord::Postgres(pg.url()), "the checker reads the PostgreSQL record");
+    let before = checker::check(&inputs).unwrap();
+    assert!(before.violations.is_empty(), "the baseline run is not clean:\n{}", before.render());
+    let conn = PgConn::connect(&PgUrl::parse(&pg.url()).unwrap()).unwrap();
+    mutate(&conn);
+    drop(conn);
+    let report = checker::check(&inputs).unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_baton-check"));
+    cmd.arg("--database-url").arg(pg.url()).arg("--liveness");
+    for node in &inputs.node_dbs {
+        cmd.arg("--node-db").arg(node);
+    }
+    cmd.arg("--history").arg(&c.history).arg("--ledger").arg(&c.ledger);
+    let out = cmd.output().unwrap();
+    drop(rt);
+    Some((report, out))
+}
+
+/// Asserts that `baton-check` exited with `code` (showing its output otherwise); its stdout.
+fn assert_exit(out: &Output, code: i32) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(code), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    stdout
+}
+
+#[test]
+fn a_clean_run_of_two_hubs_on_postgres_has_no_violations() {
+    let Some((report, out)) = with_postgres_cluster("clean_on_postgres", 31, |_| {}) else { return };
+    assert!(report.violations.is_empty(), "{}", report.render());
+    assert!(assert_exit(&out, 0).contains("violations: 0"));
+    assert!(report.counts["messages"] >= 3 && report.counts["effects"] >= 3, "{:?}", report.counts);
+    assert_eq!(report.counts["node_dbs"], 2, "{:?}", report.counts);
+}
+
+#[test]
+fn i3_accept_without_obligation_on_postgres() {
+    let Some((report, out)) = with_postgres_cluster("i3_on_postgres", 32, |db| {
+        let gone = db
+            .execute(
+                "DELETE FROM fanout_obligations WHERE message_id = (SELECT min(message_id) FROM fanout_obligations)",
+                [],
+            )
+            .unwrap();
+        assert_eq!(gone, 1);
+    }) else {
+        return;
+    };
+    assert_only(&report, "I3");
+    assert!(assert_exit(&out, 1).contains("\n[I3] "), "baton-check names the family too");
+}
+
+#[test]
+fn i5_mirrored_by_an_instance_that_does_not_hold_the_claim_on_postgres() {
+    let Some((report, _)) = with_postgres_cluster("i5_on_postgres", 33, |db| {
+        let changed = db
+            .execute(
+                "UPDATE delivery_events SET instance_id = 'stale-instance'
+                 WHERE id = (SELECT min(id) FROM delivery_events WHERE to_state = 'mirrored')",
+                [],
+            )
+            .unwrap();
+        assert_eq!(changed, 1);
+    }) else {
+        return;
+    };
+    assert_only(&report, "I5");
+}
+
+#[test]
+fn i14_a_claim_recorded_as_made_by_an_operator_on_postgres() {
+    let Some((report, _)) = with_postgres_cluster("i14_on_postgres", 34, |db| {
+        let changed = db
+            .execute(
+                "UPDATE delivery_events SET actor_kind = 'operator'
+                 WHERE id = (SELECT min(id) FROM delivery_events WHERE to_state = 'claimed')",
+                [],
+            )
+            .unwrap();
+        assert_eq!(changed, 1);
+    }) else {
+        return;
+    };
+    assert_only(&report, "I14");
 }

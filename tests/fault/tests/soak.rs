@@ -1,7 +1,8 @@
 //! The short fixed-seed soak, so `baton-soak` cannot rot: 30 s of kills, pauses, partitions and
 //! fences against hub + 3 nodes, with concurrent producers in shared conversations (so the
 //! order invariant I15 is exercised), then heal, drain and zero checker violations. The
-//! turn-control variant (retries, slow turns, cancels) runs only when asked for.
+//! turn-control variant (retries, slow turns, cancels) runs only when asked for. The soak of
+//! two hubs on one PostgreSQL record is `soak_postgres.rs`.
 
 use baton_fault::soak::{self, SoakConfig};
 use baton_testkit::Binaries;
@@ -10,7 +11,7 @@ use baton_testkit::Binaries;
 fn a_short_fixed_seed_soak_has_no_violations() {
     let bins = Binaries::build().unwrap();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let cfg = SoakConfig { seconds: 30, seed: 1, pause_ms_max: 3000, turn_control: false };
+    let cfg = SoakConfig { seconds: 30, seed: 1, pause_ms_max: 3000, turn_control: false, database_url: None };
     let r = rt.block_on(soak::run(&bins, cfg, &mut |l| eprintln!("nemesis: {l}"))).unwrap();
     eprintln!("{:?}", r.figures);
     assert!(r.drained, "the drain did not finish");
@@ -26,7 +27,7 @@ fn a_short_fixed_seed_soak_has_no_violations() {
 fn a_short_turn_control_soak_has_no_violations() {
     let bins = Binaries::build().unwrap();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let cfg = SoakConfig { seconds: 30, seed: 2, pause_ms_max: 3000, turn_control: true };
+    let cfg = SoakConfig { seconds: 30, seed: 2, pause_ms_max: 3000, turn_control: true, database_url: None };
     let r = rt.block_on(soak::run(&bins, cfg, &mut |l| eprintln!("nemesis: {l}"))).unwrap();
     eprintln!("{:?}", r.figures);
     assert!(r.drained, "the drain did not finish");

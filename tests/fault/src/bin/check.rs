@@ -1,10 +1,11 @@
 //! `baton-check`: the offline invariant checker (RELIABILITY.md §6.3).
 //!
-//! Reads the hub database and every node database read-only, plus the client history and the
+//! Reads the hub's record (an SQLite file with `--hub-db`, or a PostgreSQL database with
+//! `--database-url`) and every node database read-only, plus the client history and the
 //! effects ledger, prints each violation with the chain of events behind it, and exits 1 when
 //! there is any (0 when clean, 2 when the inputs cannot be read).
 
-use baton_fault::checker::{self, Inputs};
+use baton_fault::checker::{self, HubRecord, Inputs};
 use clap::Parser;
 use std::io::Write;
 use std::path::PathBuf;
@@ -15,8 +16,12 @@ use std::process::ExitCode;
 #[command(name = "baton-check", after_help = "Exit status: 0 clean; 1 violations found; 2 inputs unreadable.")]
 struct Cli {
     /// The hub database (`HUB_DATA_DIR/hub.db`).
+    #[arg(long, required_unless_present = "database_url", conflicts_with = "database_url")]
+    hub_db: Option<PathBuf>,
+    /// The hub's record in PostgreSQL instead: the `postgres://` URL of the hubs'
+    /// `database_url` (read in one read-only transaction; the SQLite file checks do not apply).
     #[arg(long)]
-    hub_db: PathBuf,
+    database_url: Option<String>,
     /// A node database (`NODE_DATA_DIR/node.db`); repeat for every node.
     #[arg(long = "node-db")]
     node_dbs: Vec<PathBuf>,
@@ -34,15 +39,25 @@ struct Cli {
     json: bool,
 }
 
+impl Cli {
+    /// The hub's record the arguments name (clap lets through exactly one of the two).
+    fn record(&self) -> Option<HubRecord> {
+        match (&self.hub_db, &self.database_url) {
+            (Some(path), None) => Some(HubRecord::Sqlite(path.clone())),
+            (None, Some(url)) => Some(HubRecord::Postgres(url.clone())),
+            _ => None,
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let inputs = Inputs {
-        hub_db: cli.hub_db,
-        node_dbs: cli.node_dbs,
-        history: cli.history,
-        ledger: cli.ledger,
-        liveness: cli.liveness,
+    let Some(hub) = cli.record() else {
+        eprintln!("baton-check: name the hub's record with either --hub-db or --database-url");
+        return ExitCode::from(2);
     };
+    let inputs =
+        Inputs { hub, node_dbs: cli.node_dbs, history: cli.history, ledger: cli.ledger, liveness: cli.liveness };
     let report = match checker::check(&inputs) {
         Ok(r) => r,
         Err(e) => {
@@ -68,5 +83,18 @@ mod tests {
     #[test]
     fn cli_definition_is_valid() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn the_hub_record_is_an_sqlite_file_or_a_postgres_url_never_both() {
+        let record = |args: &[&str]| {
+            let all = [&["baton-check"], args].concat();
+            Cli::try_parse_from(all).map(|c| c.record()).map_err(|e| e.kind())
+        };
+        assert_eq!(record(&["--hub-db", "h.db"]), Ok(Some(HubRecord::Sqlite("h.db".into()))));
+        let url = "postgres://baton:pw@127.0.0.1:5432/baton";
+        assert_eq!(record(&["--database-url", url]), Ok(Some(HubRecord::Postgres(url.into()))));
+        assert_eq!(record(&["--hub-db", "h.db", "--database-url", url]), Err(clap::error::ErrorKind::ArgumentConflict));
+        assert_eq!(record(&["--node-db", "n.db"]), Err(clap::error::ErrorKind::MissingRequiredArgument));
     }
 }

@@ -2,6 +2,9 @@
 //! against a seeded nemesis (SIGKILL, SIGSTOP/SIGCONT, partitions, fences); then heal, drain and
 //! check. Prints the figures one `name: value` a line, `violations` last; exits 1 on any
 //! violation (2 when the run could not be set up).
+//!
+//! `--postgres` (a throwaway PostgreSQL server from the installed server binaries) or
+//! `--database-url URL` (an empty database of your own): two hubs share that record instead.
 
 use baton_fault::soak::{self, SoakConfig};
 use clap::Parser;
@@ -28,6 +31,14 @@ struct Cli {
     /// sessions, hub-confirmed starts, cancel and retries.
     #[arg(long)]
     turn_control: bool,
+    /// Run two hubs sharing one record on a throwaway PostgreSQL server, made from the
+    /// installed server binaries (`PG_BIN`, else the newest /usr/lib/postgresql/*/bin) and
+    /// removed afterwards.
+    #[arg(long, conflicts_with = "database_url")]
+    postgres: bool,
+    /// Run two hubs sharing one record in this empty PostgreSQL database (`postgres://…`).
+    #[arg(long)]
+    database_url: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -35,12 +46,16 @@ fn main() -> ExitCode {
     println!("seed: {}", cli.seed);
     let run = || -> anyhow::Result<soak::SoakResult> {
         let bins = baton_testkit::Binaries::locate()?;
+        // Started here, on the thread that outlives the run (the server dies with its thread).
+        let pg = if cli.postgres { Some(baton_testkit::pg::PgCluster::start(false)?) } else { None };
+        let database_url = pg.as_ref().map(|c| c.url()).or(cli.database_url.clone());
         let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
         let cfg = SoakConfig {
             seconds: cli.seconds,
             seed: cli.seed,
             pause_ms_max: cli.pause_ms_max,
             turn_control: cli.turn_control,
+            database_url,
         };
         let verbose = cli.verbose;
         rt.block_on(soak::run(&bins, cfg, &mut |l| {
@@ -62,6 +77,10 @@ fn main() -> ExitCode {
     let f = &r.figures;
     println!("accepted: {}", f.accepted);
     println!("kills: {}", f.kills);
+    println!("hub_kills: {:?}", f.hub_kills);
+    println!("all_hubs_down: {}", f.all_hubs_down);
+    println!("accepted_via: {:?}", f.accepted_via);
+    println!("hub_moves: {}", f.hub_moves);
     println!("pauses: {}", f.pauses);
     println!("partitions: {}", f.partitions);
     println!("fences: {}", f.fences);

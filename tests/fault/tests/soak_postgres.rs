@@ -1,0 +1,50 @@
+//! The short fixed-seed soak of two hubs sharing one PostgreSQL record: 25 s of kills, pauses,
+//! partitions and fences against both hubs (either, or both at once) and 3 nodes that dial
+//! both, with producers submitting through either hub; then heal, drain, and zero checker
+//! violations over the PostgreSQL record and every node database. Skipped without PostgreSQL
+//! unless `BATON_REQUIRE_POSTGRES=1`.
+//!
+//! A test binary of its own, so it never runs beside the SQLite soaks of `soak.rs` (test
+//! binaries run one after another): three soaks at once on a 2-core machine slow the
+//! turn-control soak's drain past its limit.
+
+use baton_fault::soak::{self, SoakConfig};
+use baton_testkit::Binaries;
+
+/// Seconds of faults: enough for each hub to be killed several times on a loaded 2-core
+/// machine, short enough that the whole test stays well under two minutes.
+const TWO_HUB_SECONDS: u64 = 25;
+
+/// Two hubs on one PostgreSQL record: nodes dial both through a proxy each, producers submit
+/// through either, the nemesis kills, pauses and cuts off either hub (both at once included);
+/// the checker then reads the PostgreSQL record and every node database and finds nothing.
+#[test]
+fn a_short_two_hub_postgres_soak_has_no_violations() {
+    let Some(pg) = baton_testkit::pg::cluster_or_skip("a_short_two_hub_postgres_soak", false) else { return };
+    let bins = Binaries::build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let cfg = SoakConfig {
+        seconds: TWO_HUB_SECONDS,
+        seed: 3,
+        pause_ms_max: 3000,
+        turn_control: false,
+        database_url: Some(pg.url()),
+    };
+    let started = std::time::Instant::now();
+    let r = rt.block_on(soak::run(&bins, cfg, &mut |l| eprintln!("nemesis: {l}"))).unwrap();
+    eprintln!("{:?} in {:?}", r.figures, started.elapsed());
+    let f = &r.figures;
+    assert!(r.drained, "the drain did not finish");
+    assert!(f.accepted > 0 && f.kills > 0, "{f:?}");
+    // Both hubs were killed, both accepted work, and nodes moved between them.
+    assert_eq!(f.hub_kills.len(), 2, "{f:?}");
+    assert!(f.hub_kills.iter().all(|&k| k > 0), "{f:?}");
+    assert!(f.accepted_via.iter().all(|&a| a > 0), "{f:?}");
+    assert!(f.hub_moves > 0, "{f:?}");
+    // At times neither hub ran: the nodes and producers waited for one to come back.
+    assert!(f.all_hubs_down > 0, "{f:?}");
+    assert!(f.ordered_executions > 2 * soak::HOSTS.len() as u64, "{f:?}");
+    assert!(r.report.violations.is_empty(), "{}", r.report.render());
+    drop(rt);
+    drop(pg);
+}
