@@ -34,6 +34,10 @@ struct Cli {
     /// Seconds of the half-load pass [default: 10, or 2 with --quick].
     #[arg(long, value_name = "S")]
     half_load_seconds: Option<f64>,
+    /// Offer the half-load pass this many messages per second instead of half the
+    /// single-submit pass's rate (to see the latency of a lightly loaded hub).
+    #[arg(long, value_name = "R")]
+    half_load_rate: Option<f64>,
     /// Seconds of each storage-ceiling measurement [default: 3, or 1 with --quick].
     #[arg(long, value_name = "S")]
     ceiling_seconds: Option<f64>,
@@ -96,6 +100,9 @@ struct Cli {
 /// The most hubs `--hubs` starts (each is a process with its own connections to the database).
 const HUBS_MAX: usize = 8;
 
+/// The highest rate `--half-load-rate` offers, messages per second.
+const HALF_LOAD_RATE_MAX: f64 = 100_000.0;
+
 /// A validated run plan: every count and duration resolved.
 #[derive(Debug, Clone)]
 struct Plan {
@@ -104,6 +111,7 @@ struct Plan {
     messages: usize,
     true_messages: usize,
     half_load: Duration,
+    half_load_rate: Option<f64>,
     ceiling: Duration,
     node_parallel: u32,
     node_batch: u32,
@@ -155,6 +163,12 @@ impl Plan {
             messages,
             true_messages: cli.true_messages.unwrap_or((messages / 10).max(100)),
             half_load: seconds(cli.half_load_seconds, 10.0, 2.0, "--half-load-seconds")?,
+            half_load_rate: match cli.half_load_rate {
+                Some(r) if !(r > 0.0 && r <= HALF_LOAD_RATE_MAX) => {
+                    anyhow::bail!("--half-load-rate {r} is out of range; allowed (0, {HALF_LOAD_RATE_MAX}]")
+                }
+                r => r,
+            },
             ceiling: seconds(cli.ceiling_seconds, 3.0, 1.0, "--ceiling-seconds")?,
             node_parallel: cli.node_parallel,
             node_batch: cli.node_batch,
@@ -401,7 +415,7 @@ fn end_to_end(
     // Half of what this pass's own kind of load reaches: one message per request (the
     // single-submit pass), not the batched no-op pass, whose rate one-message requests cannot
     // reach (half of it kept the machine about 80 % busy and measured queueing).
-    let rate = (s.e2e_deliveries_per_s / 2.0).max(1.0);
+    let rate = plan.half_load_rate.unwrap_or((s.e2e_deliveries_per_s / 2.0).max(1.0));
     let half_messages = ((rate * plan.half_load.as_secs_f64()) as usize).max(20);
     progress(&format!("step 2: half-load pass, {half_messages} messages at {rate:.0}/s"));
     // A steady stream: each message in its own request on its own schedule, as many
@@ -412,7 +426,7 @@ fn end_to_end(
     figs.put(
         "half_load_rate_per_s",
         Some(rate),
-        "offered rate, one message per request: half the single-submit pass's e2e deliveries/s",
+        "offered rate, one message per request: half the single-submit pass's e2e deliveries/s, or --half-load-rate",
     );
     record_pass(figs, "half_load_", &h);
 
