@@ -2,9 +2,12 @@
 //! processes. The seed picks the message count (3–8), the routing, the payloads and the hit on
 //! which the point fires. The armed process aborts there; the run restarts it without the point,
 //! replays the client's retries with the same keys, waits for quiescence and runs the checker.
+//! The hub's record is an SQLite file or a PostgreSQL database (`RecordAt`); the run is the same
+//! either way, and the checker reads whichever record the hub wrote.
 
-use crate::checker::{self, Report};
+use crate::checker::{self, HubRecord, Report};
 use crate::cluster::{AcceptOutcome, Cluster};
+use baton_hub::store::db::Db;
 use baton_testkit::{Binaries, Started};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use std::collections::VecDeque;
@@ -117,6 +120,8 @@ pub struct CrashRun {
     pub restarts: u32,
     /// Every process's log (for failure messages).
     pub logs: String,
+    /// The hub's record the checker read.
+    pub record: HubRecord,
 }
 
 /// The successive arms of the process that gets the point: some points need a state only an
@@ -151,42 +156,63 @@ fn arms(point: &str, nth: u32) -> VecDeque<String> {
     v
 }
 
-/// Runs one crash point with one seed.
+/// Where a run's hub keeps its record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordAt<'a> {
+    /// An SQLite file in the hub's data directory.
+    Sqlite,
+    /// The (empty) PostgreSQL database at `url`, shared by `hubs` hubs (1 to
+    /// `cluster::HUBS_MAX`). Only the first hub gets a crash point; with two, each key is
+    /// submitted through one hub and its retry through the other.
+    Postgres {
+        /// The database's `postgres://` URL.
+        url: &'a str,
+        /// How many hubs share it.
+        hubs: usize,
+    },
+}
+
+/// Runs one crash point with one seed, the hub's record in SQLite.
 pub async fn crash_run(bins: &Binaries, point: &str, seed: u64) -> anyhow::Result<CrashRun> {
-    let (c, restarts) = settle(bins, Some(point), seed, None).await?;
+    crash_run_at(bins, point, seed, RecordAt::Sqlite).await
+}
+
+/// Runs one crash point with one seed, the hub's record where `record` says.
+pub async fn crash_run_at(bins: &Binaries, point: &str, seed: u64, record: RecordAt<'_>) -> anyhow::Result<CrashRun> {
+    let (c, restarts) = settle(bins, Some(point), seed, record).await?;
     let logs = c.logs();
     let fired = logs.contains(&format!("crash point {point} reached"));
     let report = checker::check(&c.inputs(true))?;
     let accepted = report.counts.get("messages").copied().unwrap_or(0) as usize;
-    Ok(CrashRun { report, fired, accepted, restarts, logs })
+    Ok(CrashRun { report, fired, accepted, restarts, logs, record: c.record().clone() })
 }
 
 /// A run without any crash, drained and stopped: the clean baseline the mutation tests break.
 pub async fn clean_cluster(bins: &Binaries, seed: u64) -> anyhow::Result<Cluster> {
-    Ok(settle(bins, None, seed, None).await?.0)
+    Ok(settle(bins, None, seed, RecordAt::Sqlite).await?.0)
 }
 
 /// As `clean_cluster`, with two hubs sharing the (empty) PostgreSQL database at `url`: each key
 /// is submitted through one hub and its retry through the other.
 pub async fn clean_cluster_on_postgres(bins: &Binaries, seed: u64, url: &str) -> anyhow::Result<Cluster> {
-    Ok(settle(bins, None, seed, Some(url)).await?.0)
+    Ok(settle(bins, None, seed, RecordAt::Postgres { url, hubs: crate::cluster::HUBS_MAX }).await?.0)
 }
 
-/// Runs the workload (with `point` armed, if any), drains, and stops every process. With
-/// `database_url`, on two hubs sharing that PostgreSQL record.
+/// Runs the workload (with `point` armed, if any), drains, and stops every process, the hub's
+/// record where `record` says.
 async fn settle(
     bins: &Binaries,
     point: Option<&str>,
     seed: u64,
-    database_url: Option<&str>,
+    record: RecordAt<'_>,
 ) -> anyhow::Result<(Cluster, u32)> {
     let mut rng = StdRng::seed_from_u64(seed ^ crate::cluster::fxhash(point.unwrap_or("")));
     let count = rng.random_range(3..=8usize);
     let nth = rng.random_range(1..=2u32);
     let hosts = ["host-a", "host-b"];
-    let mut c = match database_url {
-        None => Cluster::new(bins, &hosts).await?,
-        Some(url) => Cluster::on_postgres(bins, &hosts, url, crate::cluster::HUBS_MAX).await?,
+    let mut c = match record {
+        RecordAt::Sqlite => Cluster::new(bins, &hosts).await?,
+        RecordAt::Postgres { url, hubs } => Cluster::on_postgres(bins, &hosts, url, hubs).await?,
     };
     let hubs = c.hub_count();
     let on_hub = point.is_some_and(|p| p.starts_with("hub."));
@@ -211,7 +237,7 @@ async fn settle(
         if i == before_nodes {
             if repair {
                 c.hub.kill()?;
-                leave_fan_out_pending(&c.hub.db())?;
+                leave_fan_out_pending(c.record())?;
                 // The armed start crashes in repair; the next one completes it.
                 let mut arm = pending.pop_front();
                 while matches!(c.start_hub(arm.take().as_deref())?, Started::Exited(_)) {
@@ -258,23 +284,44 @@ async fn settle(
     Ok((c, restarts))
 }
 
-/// Undoes the fan-out of every message in the stopped hub's database, as a hub that committed
+/// Undoes the fan-out of every message in the stopped hub's record, as a hub that committed
 /// an accept before its fan-out left it when it crashed in between (today's hub commits both
 /// together, so only such a record gives startup repair work). Every delivery must still be
-/// queued: no node has run.
-fn leave_fan_out_pending(db: &std::path::Path) -> anyhow::Result<()> {
-    let conn = rusqlite::Connection::open(db)?;
-    let not_queued: i64 =
-        conn.query_row("SELECT count(*) FROM deliveries WHERE state <> 'queued'", [], |r| r.get(0))?;
+/// queued: no node has run. The same statements serve both backends.
+fn leave_fan_out_pending(record: &HubRecord) -> anyhow::Result<()> {
+    match record {
+        HubRecord::Sqlite(path) => undo_fan_out(&rusqlite::Connection::open(path)?),
+        // A PostgreSQL connection runs on a runtime of its own, so it is made and used off the
+        // async worker threads.
+        HubRecord::Postgres(url) => std::thread::scope(|s| {
+            s.spawn(|| -> anyhow::Result<()> {
+                let conn = baton_hub::store::db::PgConn::connect(&baton_hub::pg::PgUrl::parse(url)?)
+                    .map_err(|e| anyhow::anyhow!("{e}"))?;
+                undo_fan_out(&conn)
+            })
+            .join()
+            .map_err(|_| anyhow::anyhow!("the thread undoing the fan-out panicked"))?
+        }),
+    }
+}
+
+/// `leave_fan_out_pending`'s statements, in one write transaction on `db`.
+fn undo_fan_out(db: &dyn Db) -> anyhow::Result<()> {
+    let not_queued: i64 = db.query_row("SELECT count(*) FROM deliveries WHERE state <> 'queued'", [], |r| r.get(0))?;
     anyhow::ensure!(not_queued == 0, "{not_queued} deliveries left the queue before any node ran");
-    conn.execute_batch(
-        "BEGIN IMMEDIATE;
-         UPDATE host_backlog SET waiting = waiting - (SELECT count(*) FROM deliveries d WHERE d.host = host_backlog.host);
-         DELETE FROM delivery_events;
-         DELETE FROM deliveries;
-         UPDATE fanout_obligations SET done_at = NULL;
-         COMMIT;",
-    )?;
+    db.begin_write()?;
+    for sql in [
+        "UPDATE host_backlog SET waiting = waiting - (SELECT count(*) FROM deliveries d WHERE d.host = host_backlog.host)",
+        "DELETE FROM delivery_events",
+        "DELETE FROM deliveries",
+        "UPDATE fanout_obligations SET done_at = NULL",
+    ] {
+        if let Err(e) = db.execute(sql, []) {
+            let _ = db.control("ROLLBACK");
+            return Err(e.into());
+        }
+    }
+    db.control("COMMIT")?;
     Ok(())
 }
 
