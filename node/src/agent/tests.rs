@@ -1198,6 +1198,9 @@ async fn turns_whose_start_the_hub_refuses_never_run() {
             hub.with(|s| s.refuse_start.insert(id.into(), code.into()));
         }
     }
+    // The hub whose claim on t1 is stale does not list t1 among this instance's holdings: a
+    // listing read before the refusal and resumed after it would otherwise adopt t1 again.
+    hub.with(|s| s.held.remove("t1"));
     std::fs::write(dir.path().join("go"), "").unwrap();
     let node = start(config(dir.path(), &noting(dir.path(), 0)), &hub);
     wait_until("three reports", || hub.with(|s| s.outcomes.len() == 3)).await;
