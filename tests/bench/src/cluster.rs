@@ -52,16 +52,9 @@ pub fn create_hub(
 }
 
 /// Another hub on the PostgreSQL record at `database_url` that `first` keeps, rooted at
-/// `root`: `baton-hub init --database-url URL --ca-from FIRST` (the same CA, so nodes and
-/// producers enrolled through the first hub are known to it, and its own server certificate),
-/// then one producer of its own, `probe-DIRNAME`, that its readiness probe presents.
+/// `root` (`Hub::join`: the same CA, and a probe identity of its own).
 pub fn add_hub(bins: &Binaries, root: &Path, first: &Hub, database_url: &str) -> anyhow::Result<Hub> {
-    let mut hub = Hub::new(bins, root, "bench")?;
-    let ca_from = first.data_dir().display().to_string();
-    hub.cli(["init", "--database-url", database_url, "--ca-from", ca_from.as_str()])?;
-    // An identity of its own to probe `/readyz` with (the kit's readiness check presents one).
-    let probe = format!("probe-{}", root.file_name().map(|n| n.to_string_lossy()).unwrap_or_default());
-    hub.enroll(Role::Producer, &probe)?;
+    let mut hub = Hub::join(bins, root, "bench", first, database_url)?;
     hub.set_ready_within(HUB_START_TIMEOUT);
     hub.proc_mut().set_drop_grace(STOP_GRACE);
     Ok(hub)

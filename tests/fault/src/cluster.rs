@@ -16,7 +16,6 @@ use baton_client::{Client, ClientError, RetryPolicy, TlsFiles};
 use baton_shared::wire::{SubmitRequest, SubmitResponse};
 use baton_testkit::{Binaries, Harness, Hub, Identity, Node, NodeConfig, Proc, Role, Started};
 use std::collections::HashMap;
-use std::ffi::OsStr;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -275,20 +274,7 @@ impl Cluster {
         }
         let prod = hub.enroll(Role::Producer, "prod")?;
         let second = match url {
-            Some(url) if hubs > 1 => {
-                let mut second = Hub::new(bins, &root.path().join("second"), OPERATOR)?;
-                let ca_from = hub.data_dir().as_os_str();
-                second.cli([
-                    OsStr::new("init"),
-                    "--database-url".as_ref(),
-                    url.as_ref(),
-                    "--ca-from".as_ref(),
-                    ca_from,
-                ])?;
-                // `serve` probes readiness with an identity of its own hub; it submits nothing.
-                second.enroll(Role::Producer, "probe")?;
-                Some(second)
-            }
+            Some(url) if hubs > 1 => Some(Hub::join(bins, &root.path().join("second"), OPERATOR, &hub, url)?),
             _ => None,
         };
         let history = root.path().join("history.jsonl");

@@ -124,6 +124,34 @@ pub struct CrashRun {
     pub record: HubRecord,
 }
 
+impl CrashRun {
+    /// One line for the test log: the point, the seed and what the run came to.
+    pub fn summary(&self, point: &str, seed: u64, took: Duration) -> String {
+        format!(
+            "{point} seed {seed}: fired={} accepted={} effects={} restarts={} violations={} ({:.1}s)",
+            self.fired,
+            self.accepted,
+            self.report.counts.get("effects").copied().unwrap_or(0),
+            self.restarts,
+            self.report.violations.len(),
+            took.as_secs_f64()
+        )
+    }
+
+    /// What is wrong with the run, if anything: the armed point never fired (with the start of
+    /// every process's log), or the checker found violations (each with its chain).
+    pub fn failure(&self, point: &str, seed: u64) -> Option<String> {
+        if self.fired && self.report.violations.is_empty() {
+            return None;
+        }
+        let logs: String = if self.fired { String::new() } else { self.logs.chars().take(FAILURE_LOG_CHARS).collect() };
+        Some(format!("{point} seed {seed}: fired={}\n{}\n{logs}", self.fired, self.report.render()))
+    }
+}
+
+/// How much of the processes' logs a failure of a point that never fired carries.
+const FAILURE_LOG_CHARS: usize = 4000;
+
 /// The successive arms of the process that gets the point: some points need a state only an
 /// earlier crash leaves (holdings for resync). `hub.repair.mid` gets its pending obligations
 /// from `leave_fan_out_pending` instead.

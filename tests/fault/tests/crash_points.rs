@@ -67,23 +67,8 @@ fn run_points(filter: impl Fn(&CrashPoint) -> bool) {
         for seed in SEEDS {
             let started = std::time::Instant::now();
             let run = rt.block_on(crash_run(&bins, point, seed)).unwrap();
-            eprintln!(
-                "{point} seed {seed}: fired={} accepted={} effects={} restarts={} violations={} ({:.1}s)",
-                run.fired,
-                run.accepted,
-                run.report.counts.get("effects").copied().unwrap_or(0),
-                run.restarts,
-                run.report.violations.len(),
-                started.elapsed().as_secs_f64()
-            );
-            if !run.fired || !run.report.violations.is_empty() {
-                failures.push(format!(
-                    "{point} seed {seed}: fired={}\n{}\n{}",
-                    run.fired,
-                    run.report.render(),
-                    if run.fired { String::new() } else { run.logs.chars().take(4000).collect() }
-                ));
-            }
+            eprintln!("{}", run.summary(point, seed, started.elapsed()));
+            failures.extend(run.failure(point, seed));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));

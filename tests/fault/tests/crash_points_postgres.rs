@@ -47,23 +47,8 @@ fn hub_crash_points_on_postgres_one_seed_each() {
             .unwrap_or_else(|e| panic!("{point} seed {SEED}: {e:#}"));
         ran += 1;
         assert_eq!(run.record, HubRecord::Postgres(url.clone()), "{point}: the checker read another record");
-        eprintln!(
-            "{point} seed {SEED}: fired={} accepted={} effects={} restarts={} violations={} ({:.1}s)",
-            run.fired,
-            run.accepted,
-            run.report.counts.get("effects").copied().unwrap_or(0),
-            run.restarts,
-            run.report.violations.len(),
-            started.elapsed().as_secs_f64()
-        );
-        if !run.fired || !run.report.violations.is_empty() {
-            failures.push(format!(
-                "{point} seed {SEED}: fired={}\n{}\n{}",
-                run.fired,
-                run.report.render(),
-                if run.fired { String::new() } else { run.logs.chars().take(4000).collect() }
-            ));
-        }
+        eprintln!("{}", run.summary(point, SEED, started.elapsed()));
+        failures.extend(run.failure(point, SEED));
     }
     assert!(ran > 0 || only.is_some(), "no hub crash point ran");
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));

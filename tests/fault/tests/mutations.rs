@@ -569,17 +569,18 @@ fn a_clean_run_of_two_hubs_on_postgres_has_no_violations() {
     assert_eq!(report.counts["node_dbs"], 2, "{:?}", report.counts);
 }
 
+/// A mutation of the PostgreSQL record: `sql` must change exactly one row.
+fn one_row(sql: &'static str) -> impl FnOnce(&dyn Db) {
+    move |db| assert_eq!(db.execute(sql, []).unwrap(), 1, "the mutation changes one row: {sql}")
+}
+
 #[test]
 fn i3_accept_without_obligation_on_postgres() {
-    let Some((report, out)) = with_postgres_cluster("i3_on_postgres", 32, |db| {
-        let gone = db
-            .execute(
-                "DELETE FROM fanout_obligations WHERE message_id = (SELECT min(message_id) FROM fanout_obligations)",
-                [],
-            )
-            .unwrap();
-        assert_eq!(gone, 1);
-    }) else {
+    let Some((report, out)) = with_postgres_cluster(
+        "i3_on_postgres",
+        32,
+        one_row("DELETE FROM fanout_obligations WHERE message_id = (SELECT min(message_id) FROM fanout_obligations)"),
+    ) else {
         return;
     };
     assert_only(&report, "I3");
@@ -588,16 +589,14 @@ fn i3_accept_without_obligation_on_postgres() {
 
 #[test]
 fn i5_mirrored_by_an_instance_that_does_not_hold_the_claim_on_postgres() {
-    let Some((report, _)) = with_postgres_cluster("i5_on_postgres", 33, |db| {
-        let changed = db
-            .execute(
-                "UPDATE delivery_events SET instance_id = 'stale-instance'
-                 WHERE id = (SELECT min(id) FROM delivery_events WHERE to_state = 'mirrored')",
-                [],
-            )
-            .unwrap();
-        assert_eq!(changed, 1);
-    }) else {
+    let Some((report, _)) = with_postgres_cluster(
+        "i5_on_postgres",
+        33,
+        one_row(
+            "UPDATE delivery_events SET instance_id = 'stale-instance'
+             WHERE id = (SELECT min(id) FROM delivery_events WHERE to_state = 'mirrored')",
+        ),
+    ) else {
         return;
     };
     assert_only(&report, "I5");
@@ -605,16 +604,14 @@ fn i5_mirrored_by_an_instance_that_does_not_hold_the_claim_on_postgres() {
 
 #[test]
 fn i14_a_claim_recorded_as_made_by_an_operator_on_postgres() {
-    let Some((report, _)) = with_postgres_cluster("i14_on_postgres", 34, |db| {
-        let changed = db
-            .execute(
-                "UPDATE delivery_events SET actor_kind = 'operator'
-                 WHERE id = (SELECT min(id) FROM delivery_events WHERE to_state = 'claimed')",
-                [],
-            )
-            .unwrap();
-        assert_eq!(changed, 1);
-    }) else {
+    let Some((report, _)) = with_postgres_cluster(
+        "i14_on_postgres",
+        34,
+        one_row(
+            "UPDATE delivery_events SET actor_kind = 'operator'
+             WHERE id = (SELECT min(id) FROM delivery_events WHERE to_state = 'claimed')",
+        ),
+    ) else {
         return;
     };
     assert_only(&report, "I14");

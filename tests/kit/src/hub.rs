@@ -57,6 +57,9 @@ pub struct Hub {
     serve: Proc,
 }
 
+/// The producer a hub made by `Hub::join` enrolls for its readiness probe.
+pub const JOINED_PROBE: &str = "probe";
+
 impl Hub {
     /// A hub rooted at `root` (see the module docs), not initialised; `operator` is the name
     /// the CLI records for operator changes.
@@ -81,6 +84,23 @@ impl Hub {
     pub fn init(bins: &Binaries, root: &Path, operator: &str) -> anyhow::Result<Hub> {
         let hub = Hub::new(bins, root, operator)?;
         hub.cli(["init"])?;
+        Ok(hub)
+    }
+
+    /// Another hub on the PostgreSQL record at `database_url` that `first` keeps, rooted at
+    /// `root`: `new`, then `baton-hub init --database-url URL --ca-from FIRST_DATA_DIR` (the
+    /// same CA, so every identity enrolled through `first` works here too), then one producer
+    /// of its own, `probe`, which only `serve`'s readiness probe presents.
+    pub fn join(bins: &Binaries, root: &Path, operator: &str, first: &Hub, database_url: &str) -> anyhow::Result<Hub> {
+        let mut hub = Hub::new(bins, root, operator)?;
+        hub.cli([
+            OsStr::new("init"),
+            OsStr::new("--database-url"),
+            OsStr::new(database_url),
+            OsStr::new("--ca-from"),
+            first.data_dir().as_os_str(),
+        ])?;
+        hub.enroll(Role::Producer, JOINED_PROBE)?;
         Ok(hub)
     }
 
