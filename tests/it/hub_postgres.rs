@@ -2,9 +2,9 @@
 //! three layers, a malformed URL refused without its password, `init` migrating the database
 //! (no SQLite file, `hub.toml` 0600), a second hub joining with the first one's CA, the
 //! commands that only make sense for an SQLite file refused, and `serve` answering `/readyz`
-//! with a round trip through the CLI of two hubs on one record. It also reruns a few modules of
-//! this suite (`RERUN_ON_POSTGRES`) with every hub on PostgreSQL, so that every run of the test
-//! command proves the contract on both backends.
+//! with a round trip through the CLI of two hubs on one record. It also reruns the rest of this
+//! suite with every hub on PostgreSQL, so that every run of the test command proves the
+//! contract, the node and the operator's commands on both backends.
 //!
 //! The cases with a database start a throwaway cluster (`baton_testkit::pg`), skipped when no
 //! PostgreSQL server is installed unless `BATON_REQUIRE_POSTGRES=1`.
@@ -267,47 +267,54 @@ fn a_record_migrates_to_postgres_and_back() {
     assert_eq!(listed(&hub, &[]), before, "the record moved back is the same");
 }
 
-/// The modules of this suite that every run of the test command also reruns with their hubs on
-/// PostgreSQL (`BATON_IT_BACKEND=postgres`, one fresh database per hub): the producer and node
-/// contract, conversations' order, turn control and the node's flow, chosen so the rerun adds
-/// under a minute. The whole suite on PostgreSQL is its own, longer command
-/// (`docs/postgres.md`).
-pub const RERUN_ON_POSTGRES: [&str; 4] = ["hub_contract::", "conversation_order::", "turn_control::", "node_flow::"];
+/// The modules the rerun on PostgreSQL leaves out: they put their hubs on PostgreSQL
+/// themselves (this one would also rerun itself).
+pub const NOT_RERUN_ON_POSTGRES: [&str; 2] = ["hub_postgres::", "multi_hub::"];
 
 /// Test threads of the rerun: the default suite's own, so the rerun loads the machine as the
 /// suite does.
 const RERUN_THREADS: &str = "2";
 
-/// Reruns `RERUN_ON_POSTGRES` in a child of this test binary with the hubs on PostgreSQL, and
-/// fails with the child's output unless every one of those tests passed there. Not run when
-/// the suite already runs on PostgreSQL (the whole suite covers it); skipped without PostgreSQL
-/// unless `BATON_REQUIRE_POSTGRES=1`.
+/// The tests of this binary that `args` selects, as `--list` names them.
+fn listed_tests(exe: &Path, args: &[&str]) -> Vec<String> {
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("--list").args(args);
+    let out = baton_testkit::bins::run(cmd, EVENT_WAIT).unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(out.status.success(), "--list failed: {}", stderr(&out));
+    stdout(&out).lines().filter_map(|l| l.strip_suffix(": test")).map(str::to_string).collect()
+}
+
+/// Reruns this whole suite, but for `NOT_RERUN_ON_POSTGRES`, in a child of this test binary
+/// with every hub on PostgreSQL (`BATON_IT_BACKEND=postgres`, one fresh database per hub), and
+/// fails with the child's output unless every one of those tests passed there: so every run
+/// of the test command proves the contract, the node and the operator's commands on both
+/// backends. The tests about the SQLite file itself pass there by saying they are skipped
+/// (`harness::skipped_on_postgres`). Not run when the suite already runs on PostgreSQL;
+/// skipped without PostgreSQL unless `BATON_REQUIRE_POSTGRES=1`.
 #[test]
-fn the_contract_node_and_turn_suites_pass_on_postgres() {
-    const TEST: &str = "the_contract_node_and_turn_suites_pass_on_postgres";
+fn the_whole_suite_passes_on_postgres() {
+    const TEST: &str = "the_whole_suite_passes_on_postgres";
     if std::env::var(crate::harness::BACKEND_ENV).ok().as_deref() == Some("postgres")
         || !baton_testkit::pg::available_or_skip(TEST)
     {
         return;
     }
     let exe = std::env::current_exe().expect("this test binary");
-    let mut cmd = std::process::Command::new(exe);
-    cmd.args(RERUN_ON_POSTGRES).args(["--test-threads", RERUN_THREADS]);
+    let skips: Vec<&str> = NOT_RERUN_ON_POSTGRES.iter().flat_map(|m| ["--skip", m]).collect();
+    let expected = listed_tests(&exe, &skips);
+    // The rerun covers every module but the two that are on PostgreSQL already.
+    let modules: std::collections::BTreeSet<&str> =
+        expected.iter().filter_map(|t| t.split_once("::").map(|(m, _)| m)).collect();
+    assert!(modules.len() >= 40, "the rerun selects only {} modules: {modules:?}", modules.len());
+    let mut cmd = std::process::Command::new(&exe);
+    cmd.args(&skips).args(["--test-threads", RERUN_THREADS]);
     cmd.env(crate::harness::BACKEND_ENV, "postgres");
-    // Generous: the modules take a few minutes alone on a loaded two-core machine.
     let out = baton_testkit::bins::run(cmd, RERUN_LIMIT).unwrap_or_else(|e| panic!("{e:#}"));
     let text = format!("{}{}", stdout(&out), stderr(&out));
-    assert!(out.status.success(), "the suites failed on PostgreSQL:\n{text}");
-    let passed: usize = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("test result: ok. "))
-        .filter_map(|l| l.split(' ').next()?.parse::<usize>().ok())
-        .sum();
-    // Each listed module has tests: a filter that matched nothing would pass with none run.
-    for module in RERUN_ON_POSTGRES {
-        assert!(text.contains(&format!("test {module}")), "no test of {module} ran on PostgreSQL:\n{text}");
-    }
-    assert!(passed >= RERUN_ON_POSTGRES.len(), "only {passed} tests passed on PostgreSQL:\n{text}");
+    assert!(out.status.success(), "the suite failed on PostgreSQL:\n{text}");
+    let passed: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("test ")?.strip_suffix(" ... ok")).collect();
+    let missing: Vec<&String> = expected.iter().filter(|t| !passed.contains(&t.as_str())).collect();
+    assert!(missing.is_empty(), "these tests did not pass on PostgreSQL: {missing:?}\n{text}");
 }
 
 /// How long the rerun on PostgreSQL may take before it fails.
