@@ -171,7 +171,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
             let config = args.resolve(env)?;
             crate::check::before_run(&config)?;
             baton_shared::logging::init(config.log_format);
-            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
             runtime.block_on(async move {
                 let shutdown =
                     baton_shared::signal::shutdown_token().context("installing the SIGTERM/SIGINT handlers")?;
