@@ -12,6 +12,7 @@ use super::{PgError, PgUrl};
 pub const MIGRATIONS: &[&str] = &[
     include_str!("../../../schema/postgres/0001-create-hub-store.sql"),
     include_str!("../../../schema/postgres/0002-sqlite-functions.sql"),
+    include_str!("../../../schema/postgres/0003-settlement-plans-kept.sql"),
 ];
 
 /// The advisory lock key every hub takes while it migrates (the bytes of `baton_mi`). Taken

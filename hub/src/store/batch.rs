@@ -89,4 +89,45 @@ mod tests {
         assert_eq!(seen, vec![1, 2], "no item runs after a storage failure");
         conn.execute_batch("ROLLBACK").unwrap();
     }
+
+    /// A statement the server refuses inside an item (on PostgreSQL the transaction is then in
+    /// error until `ROLLBACK TO`, which goes ahead of the next item's first statement) leaves
+    /// the other items and the commit whole.
+    #[test]
+    fn an_item_whose_statement_fails_is_rolled_back_alone() {
+        let db = testing::db();
+        let conn = &db.conn;
+        conn.execute_batch("CREATE TEMP TABLE batch_probe (n INTEGER UNIQUE)").unwrap();
+        conn.begin_write().unwrap();
+        let results =
+            each(conn, [1, 2, 2, 3], |c, n| match c.execute("INSERT INTO batch_probe (n) VALUES (?1)", [n]) {
+                Ok(_) => Ok(n),
+                Err(e) => Err(StoreError::InvalidTransition(format!("item {n}: {e}"))),
+            })
+            .unwrap();
+        assert!(results[2].is_err(), "the second 2 breaks the unique constraint: {results:?}");
+        assert_eq!(
+            [&results[0], &results[1], &results[3]].map(|r| r.as_ref().ok().copied()),
+            [Some(1), Some(2), Some(3)]
+        );
+        conn.control("COMMIT").unwrap();
+        assert_eq!(count(conn), 3);
+    }
+
+    /// A savepoint statement that fails fails the call it was sent with, at the latest: the
+    /// transaction never commits past it.
+    #[test]
+    fn a_failing_savepoint_statement_is_never_lost() {
+        let db = testing::db();
+        let conn = &db.conn;
+        conn.execute_batch("CREATE TEMP TABLE batch_probe (n INTEGER)").unwrap();
+        conn.begin_write().unwrap();
+        let failed = conn
+            .control("RELEASE never_made")
+            .and_then(|()| conn.execute("INSERT INTO batch_probe (n) VALUES (1)", []))
+            .expect_err("releasing a savepoint that does not exist fails");
+        assert!(failed.to_string().contains("never_made"), "{failed}");
+        conn.control("ROLLBACK").unwrap();
+        assert_eq!(count(conn), 0);
+    }
 }
