@@ -161,6 +161,7 @@ pub struct PgUrl {
     ssl: SslMode,
     shown: String,
     call_wait: Option<Duration>,
+    write_idle: Option<Duration>,
 }
 
 impl std::fmt::Debug for PgUrl {
@@ -180,13 +181,14 @@ impl PgUrl {
         if !(base.starts_with("postgres://") || base.starts_with("postgresql://")) {
             return Err(PgError::Url { detail: "it must start with postgres:// or postgresql://".into() });
         }
-        let (mut mode, mut root, mut call_wait, mut rest) = (None, None, None, Vec::new());
+        let (mut mode, mut root, mut call_wait, mut write_idle, mut rest) = (None, None, None, None, Vec::new());
         for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
             let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
             match key {
                 "sslmode" => mode = Some(percent_decode(value)?),
                 "sslrootcert" => root = Some(percent_decode(value)?),
-                "call_timeout" => call_wait = Some(call_timeout(value)?),
+                "call_timeout" => call_wait = Some(seconds_param("call_timeout", value)?),
+                "write_idle_timeout" => write_idle = Some(seconds_param("write_idle_timeout", value)?),
                 _ => rest.push(pair),
             }
         }
@@ -199,7 +201,7 @@ impl PgUrl {
             config.connect_timeout(CONNECT_TIMEOUT);
         }
         let shown = shown(&config);
-        Ok(PgUrl { config, ssl, shown, call_wait })
+        Ok(PgUrl { config, ssl, shown, call_wait, write_idle })
     }
 
     /// The URL without its password: `postgres://USER@HOST:PORT/DB`.
@@ -216,6 +218,14 @@ impl PgUrl {
     /// server before the connection is taken as lost (`store::db::PG_CALL_WAIT_MAX` when unset).
     pub fn call_wait(&self) -> Option<Duration> {
         self.call_wait
+    }
+
+    /// The URL's `write_idle_timeout` (whole seconds): how long a write transaction may sit
+    /// idle, no statement in flight, before the server ends it (`store::db::PG_WRITE_IDLE_MAX`
+    /// when unset). It bounds how long a hub that froze or lost its link while holding the
+    /// record's write lock keeps every other hub from writing.
+    pub fn write_idle(&self) -> Option<Duration> {
+        self.write_idle
     }
 }
 
@@ -243,15 +253,15 @@ fn shown(config: &tokio_postgres::Config) -> String {
 }
 
 /// Decodes `%XX` escapes in a URL parameter value.
-/// Most seconds `call_timeout` may say.
+/// Most seconds `call_timeout` or `write_idle_timeout` may say.
 pub const CALL_TIMEOUT_MAX_S: u64 = 3600;
 
-/// Parses `call_timeout`: whole seconds, 1 to `CALL_TIMEOUT_MAX_S`.
-fn call_timeout(value: &str) -> Result<Duration, PgError> {
+/// Parses the seconds parameter `key`: whole seconds, 1 to `CALL_TIMEOUT_MAX_S`.
+fn seconds_param(key: &str, value: &str) -> Result<Duration, PgError> {
     match value.parse::<u64>() {
         Ok(n) if (1..=CALL_TIMEOUT_MAX_S).contains(&n) => Ok(Duration::from_secs(n)),
         _ => Err(PgError::Url {
-            detail: format!("call_timeout must be whole seconds from 1 to {CALL_TIMEOUT_MAX_S}, not {value:?}"),
+            detail: format!("{key} must be whole seconds from 1 to {CALL_TIMEOUT_MAX_S}, not {value:?}"),
         }),
     }
 }
@@ -334,5 +344,19 @@ mod tests {
         assert!(!e.to_string().contains("pw"), "{e}");
         let e = PgUrl::parse("postgres://h/d?sslrootcert=%zz&sslmode=require").unwrap_err();
         assert!(e.to_string().contains("%-escape"), "{e}");
+        for (key, bad) in [("call_timeout", "0"), ("write_idle_timeout", "3601"), ("write_idle_timeout", "5s")] {
+            let e = PgUrl::parse(&format!("postgres://h/d?{key}={bad}")).unwrap_err();
+            assert_eq!(e.exit_code(), baton_shared::exit::USAGE);
+            assert!(e.to_string().contains(&format!("{key} must be whole seconds from 1 to 3600")), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_baton_timeouts_are_read_here_and_not_passed_on() {
+        let url = PgUrl::parse("postgres://h/d?call_timeout=7&write_idle_timeout=2").unwrap();
+        assert_eq!(url.call_wait(), Some(Duration::from_secs(7)));
+        assert_eq!(url.write_idle(), Some(Duration::from_secs(2)));
+        let url = PgUrl::parse("postgres://h/d").unwrap();
+        assert_eq!((url.call_wait(), url.write_idle()), (None, None), "unset: the store's defaults");
     }
 }

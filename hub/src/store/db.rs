@@ -422,6 +422,8 @@ pub struct PgConn {
     wait: std::time::Duration,
     client: tokio_postgres::Client,
     cache: RefCell<HashMap<String, Arc<Prepared>>>,
+    /// How long a write transaction may sit idle before the server ends it.
+    write_idle: std::time::Duration,
     /// Savepoint statements not sent yet: they go ahead of the next call, in its round trip.
     deferred: RefCell<String>,
     /// The URL without its password, for messages.
@@ -434,6 +436,14 @@ pub struct PgConn {
 /// as storage unavailable (nodes retry) and the next one opens a new connection, instead of the
 /// writer waiting forever. Far longer than any statement the store runs.
 pub const PG_CALL_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Longest a write transaction may sit idle on PostgreSQL (no statement in flight) before the
+/// server ends it, unless the URL's `write_idle_timeout` says otherwise. A healthy writer sends
+/// its next statement within microseconds; a hub that froze (stopped, swapped out) or lost its
+/// link while holding the record's write lock would otherwise stop every hub's writes for
+/// `PG_CALL_WAIT_MAX`. Read transactions keep the longer bound: an export may pause between
+/// statements while it writes what it read.
+pub const PG_WRITE_IDLE_MAX: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// A `PgConn`'s own runtime. Dropped without waiting for its tasks (`shutdown_background`), so
 /// a connection may be dropped anywhere, an async task included (the reader pool at shutdown).
@@ -490,7 +500,7 @@ impl PgConn {
             .map_err(|_| other(format!("no answer within {wait:?} while connecting")))??;
         // A hub that loses its link mid-transaction must not hold the record's write lock (and
         // so every hub's writes) until the server notices: the server ends a transaction left
-        // idle this long.
+        // idle this long (a write transaction sooner: `begin_write`).
         let set = format!("SET idle_in_transaction_session_timeout = {}", wait.as_millis());
         rt.block_on(async { tokio::time::timeout(wait, client.batch_execute(&set)).await })
             .map_err(|_| other(format!("no answer within {wait:?} while connecting")))?
@@ -502,6 +512,7 @@ impl PgConn {
             client,
             cache: RefCell::new(HashMap::new()),
             deferred: RefCell::new(String::new()),
+            write_idle: url.write_idle().unwrap_or(PG_WRITE_IDLE_MAX),
             shown: url.shown().to_string(),
         })
     }
@@ -588,7 +599,11 @@ impl Db for PgConn {
         self.deferred.borrow_mut().clear();
         Db::execute_batch(
             self,
-            &format!("BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY})"),
+            &format!(
+                "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL idle_in_transaction_session_timeout = {}; \
+                 SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY})",
+                self.write_idle.as_millis()
+            ),
         )
     }
     fn begin_read(&self) -> rusqlite::Result<()> {

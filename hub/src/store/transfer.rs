@@ -330,7 +330,11 @@ impl Place {
 pub fn move_record(from: &Place, to: &Place) -> StoreResult<Copied> {
     let (source, target) = (from.open()?, to.open()?);
     source.begin_read()?;
-    let copied = super::in_write_txn(&*target, |t| copy(&*source, t));
+    unbounded_idle(&*source)?;
+    let copied = super::in_write_txn(&*target, |t| {
+        unbounded_idle(t)?;
+        copy(&*source, t)
+    });
     let _ = source.control("ROLLBACK");
     let copied = copied?;
     let differences = compare(&*source, &*target)?;
@@ -354,6 +358,16 @@ pub fn move_record(from: &Place, to: &Place) -> StoreResult<Copied> {
         }
     }
     Ok(copied)
+}
+
+/// Lifts PostgreSQL's idle bound from the transaction open on `conn` (nothing on SQLite): each
+/// side of a copy sits idle while the other reads or writes a whole table, longer than a
+/// serving hub's transactions may (`db::PG_WRITE_IDLE_MAX`). A move runs with the hubs stopped.
+fn unbounded_idle(conn: &dyn Db) -> StoreResult<()> {
+    if conn.dialect() == Dialect::Postgres {
+        conn.execute_batch("SET LOCAL idle_in_transaction_session_timeout = 0")?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

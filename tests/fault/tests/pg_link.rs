@@ -3,11 +3,14 @@
 //! flight fails as storage unavailable within the URL's `call_timeout` instead of waiting
 //! forever, the server ends the stranded transaction (so the record's write lock is not held
 //! for other hubs), and once the link heals the store reconnects and nothing committed is
-//! lost. Skipped without PostgreSQL unless `BATON_REQUIRE_POSTGRES=1`.
+//! lost. A hub that freezes while it holds the record's write lock holds the other hubs' writes
+//! only for the URL's `write_idle_timeout`. Skipped without PostgreSQL unless
+//! `BATON_REQUIRE_POSTGRES=1`.
 
 use baton_fault::proxy::{Fault, Proxy};
 use baton_hub::pg::PgUrl;
 use baton_hub::store::api::Enrollment;
+use baton_hub::store::db::{Db, PgConn};
 use baton_hub::store::{Store, StoreError};
 use baton_shared::ids::Role;
 use baton_testkit::pg::{DATABASE, PASSWORD, USER, cluster_or_skip};
@@ -72,4 +75,31 @@ async fn a_silent_database_link_fails_fast_and_heals_without_loss() {
     let hosts: Vec<String> = store.hosts().await.unwrap().into_iter().map(|h| h.name).collect();
     assert_eq!(hosts, ["host-a", "host-b"], "what was committed before the cut is kept, the retry landed once");
     assert_eq!(store.verify().await.unwrap(), vec![]);
+}
+
+/// A writer that took the record's write lock and then went quiet (a hub stopped or swapped
+/// out mid-transaction; here a transaction that sends nothing more) keeps another hub's writer
+/// waiting only until the server ends the idle transaction, after `write_idle_timeout`, not for
+/// `call_timeout`; and the quiet writer's transaction is gone, its next statement refused,
+/// never committed late.
+#[test]
+fn a_frozen_writer_holds_the_write_lock_only_for_write_idle_timeout() {
+    let Some(cluster) = cluster_or_skip("a_frozen_writer", false) else { return };
+    // `call_timeout` far beyond the test's wait: without the idle bound the other writer would
+    // wait that long for the lock, and the test would fail at `EVENT_WAIT`.
+    let url = PgUrl::parse(&format!("{}&call_timeout=3600&write_idle_timeout=1", cluster.url())).unwrap();
+    let frozen = PgConn::connect(&url).unwrap();
+    frozen.begin_write().expect("the first writer takes the write lock");
+    let other = PgConn::connect(&url).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let took =
+            other.begin_write().and_then(|()| other.execute_batch("SELECT 1")).and_then(|()| other.control("COMMIT"));
+        let _ = tx.send(took);
+    });
+    let took = rx.recv_timeout(EVENT_WAIT).expect("the other writer is still waiting for the frozen one's lock");
+    assert!(took.is_ok(), "the other writer took the lock and committed: {took:?}");
+    let late = frozen.execute_batch("SELECT 1").and_then(|()| frozen.control("COMMIT"));
+    let refused = late.expect_err("the frozen writer's transaction was ended by the server, not committed late");
+    assert!(refused.to_string().contains("idle"), "ended for being idle in its transaction: {refused}");
 }
