@@ -501,16 +501,23 @@ pub mod testing {
     }
 
     pub(crate) fn db() -> TestDb {
+        let (conn, path, dir) = owned_db();
+        TestDb { conn, path, _dir: dir }
+    }
+
+    /// As `db`, as a connection a writer thread can own, its path, and the directory it must
+    /// not outlive.
+    pub(crate) fn owned_db() -> (Box<dyn Db + Send>, std::path::PathBuf, tempfile::TempDir) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("hub.db");
-        let conn: Box<dyn Db> = match std::env::var(PG_TEMPLATE_ENV) {
+        let conn: Box<dyn Db + Send> = match std::env::var(PG_TEMPLATE_ENV) {
             Ok(template) => Box::new(pg_copy(&template)),
             Err(_) => Box::new(open_write(&path, Synchronous::Normal).unwrap()),
         };
         for h in ["host-a", "host-b", "host-c"] {
             hosts::add_host(&*conn, h, 0).unwrap();
         }
-        TestDb { conn, path, _dir: dir }
+        (conn, path, dir)
     }
 
     /// A new database copied from the template at `template_url`, connected (on a thread of

@@ -312,6 +312,40 @@ mod tests {
         assert_eq!((n, bad), (40, 0), "every successful job committed, no refused job left a row");
     }
 
+    /// Jobs whose statements the database refuses (a unique key broken) roll back alone and the
+    /// others commit, on either backend: on PostgreSQL a refused statement leaves the
+    /// transaction in error until the job's `ROLLBACK TO`, which rides ahead of the next job's
+    /// first statement.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn jobs_whose_statements_are_refused_roll_back_alone() {
+        let (conn, _path, _dir) = crate::store::testing::owned_db();
+        let w = Writer::start_with(conn, None).unwrap();
+        w.call(|c| Ok(c.execute_batch("CREATE TEMP TABLE writer_probe (n INTEGER UNIQUE)")?)).await.unwrap();
+        let mut calls = Vec::new();
+        for i in 0..40i64 {
+            let w = w.clone();
+            calls.push(tokio::spawn(async move {
+                w.call(move |c| Ok(c.execute("INSERT INTO writer_probe (n) VALUES (?1)", [i % 20])?)).await
+            }));
+        }
+        let mut refused = 0;
+        for c in calls {
+            if c.await.unwrap().is_err() {
+                refused += 1;
+            }
+        }
+        assert_eq!(refused, 20, "each second insert of a number breaks the key");
+        let kept: (i64, i64) = w
+            .call(|c| {
+                Ok(c.query_row("SELECT count(*), count(DISTINCT n) FROM writer_probe", [], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })?)
+            })
+            .await
+            .unwrap();
+        assert_eq!(kept, (20, 20), "every accepted insert committed, no refused one left a row");
+    }
+
     /// A burst of reads far wider than the pool opens no more than `READERS_MAX` connections,
     /// and later bursts reuse them: no connection (schema, statements) is built per burst.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
