@@ -28,6 +28,13 @@ const PRODUCERS: usize = 8;
 pub const CONVERSATIONS: u32 = 2;
 /// Pause after each new message a producer got accepted (8 producers: at most ~40 messages/s).
 const PRODUCER_PACE: Duration = Duration::from_millis(200);
+/// The same pause with turn control. Its slow turns (`SLOW_PERCENT`, `SLOW_TURN_SECS` each) run
+/// one after another per conversation, so the 2 conversations × 3 hosts run about 15 turns/s
+/// at most, retries included; 8 producers each at most one message a second, to 1.5 hosts on
+/// average, stay under that even when a hub is always up (two hubs), so the drain after heal
+/// measures recovery, not a backlog. (At `PRODUCER_PACE` two hubs offered about 40 deliveries/s
+/// and the drain never finished.)
+const TURN_CONTROL_PRODUCER_PACE: Duration = Duration::from_millis(1000);
 /// How long the drain after heal may take before liveness counts as violated.
 pub const DRAIN_LIMIT: Duration = Duration::from_secs(60);
 
@@ -499,7 +506,7 @@ async fn produce(
                         done.push((key.clone(), conv.clone(), payload.clone(), to.clone(), retries));
                         // Offer a steady load the cluster can drain while it is being killed, so
                         // the liveness check after heal measures recovery, not a backlog.
-                        tokio::time::sleep(PRODUCER_PACE).await;
+                        tokio::time::sleep(if turn_control { TURN_CONTROL_PRODUCER_PACE } else { PRODUCER_PACE }).await;
                     }
                     break;
                 }

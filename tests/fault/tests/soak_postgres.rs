@@ -1,7 +1,8 @@
 //! The short fixed-seed soak of two hubs sharing one PostgreSQL record: 25 s of kills, pauses,
 //! partitions and fences against both hubs (either, or both at once) and 3 nodes that dial
 //! both, with producers submitting through either hub; then heal, drain, and zero checker
-//! violations over the PostgreSQL record and every node database. Skipped without PostgreSQL
+//! violations over the PostgreSQL record and every node database; then the same with turn
+//! control (retries, slow turns, cancels) on a fresh database. Skipped without PostgreSQL
 //! unless `BATON_REQUIRE_POSTGRES=1`.
 //!
 //! A test binary of its own, so it never runs beside the SQLite soaks of `soak.rs` (test
@@ -14,10 +15,14 @@ use baton_testkit::Binaries;
 /// Seconds of faults: enough for each hub to be killed several times on a loaded 2-core
 /// machine, short enough that the whole test stays well under two minutes.
 const TWO_HUB_SECONDS: u64 = 25;
+/// Seconds of faults of the turn-control soak, run after the first (never beside it: two
+/// soaks at once on two cores slow each other's drains past their limit).
+const TWO_HUB_TURN_CONTROL_SECONDS: u64 = 20;
 
 /// Two hubs on one PostgreSQL record: nodes dial both through a proxy each, producers submit
 /// through either, the nemesis kills, pauses and cuts off either hub (both at once included);
 /// the checker then reads the PostgreSQL record and every node database and finds nothing.
+/// Then the same with turn control.
 #[test]
 fn a_short_two_hub_postgres_soak_has_no_violations() {
     let Some(pg) = baton_testkit::pg::cluster_or_skip("a_short_two_hub_postgres_soak", false) else { return };
@@ -44,6 +49,24 @@ fn a_short_two_hub_postgres_soak_has_no_violations() {
     // At times neither hub ran: the nodes and producers waited for one to come back.
     assert!(f.all_hubs_down > 0, "{f:?}");
     assert!(f.ordered_executions > 2 * soak::HOSTS.len() as u64, "{f:?}");
+    assert!(r.report.violations.is_empty(), "{}", r.report.render());
+
+    // Turn control on two hubs: a retry's run, a start or a cancel made through one hub holds
+    // through the other, and I16 and I17 have runs and cancels to judge.
+    let cfg = SoakConfig {
+        seconds: TWO_HUB_TURN_CONTROL_SECONDS,
+        seed: 1,
+        pause_ms_max: 3000,
+        turn_control: true,
+        database_url: Some(pg.create_database("soak_turns").unwrap()),
+    };
+    let started = std::time::Instant::now();
+    let r = rt.block_on(soak::run(&bins, cfg, &mut |l| eprintln!("nemesis (turn control): {l}"))).unwrap();
+    eprintln!("turn control: {:?} in {:?}", r.figures, started.elapsed());
+    let f = &r.figures;
+    assert!(r.drained, "the turn-control drain did not finish");
+    assert!(f.reruns > 0 && f.cancels > 0, "{f:?}");
+    assert!(f.hub_kills.iter().all(|&k| k > 0) && f.accepted_via.iter().all(|&a| a > 0), "{f:?}");
     assert!(r.report.violations.is_empty(), "{}", r.report.render());
     drop(rt);
     drop(pg);
