@@ -23,13 +23,7 @@ async fn a_hot_table_is_analyzed_each_time_it_doubles_by_one_hub_at_a_time() {
     pg::migrate::migrate(&mut client, &url).await.unwrap();
     // Autovacuum left out of this table, so that only the rounds below analyze it.
     client.batch_execute("ALTER TABLE conversation_queues SET (autovacuum_enabled = false)").await.unwrap();
-    client
-        .batch_execute(&format!(
-            "INSERT INTO conversation_queues (host, conversation, queued, since)
-             SELECT 'host-' || n, 'c', 1, 0 FROM generate_series(1, {ROWS}) AS n"
-        ))
-        .await
-        .unwrap();
+    add_rows(&client, "c").await;
     // Another hub holds the analyze lock: this one leaves the table to it.
     let other = pg::connect(&url).await.unwrap();
     other.execute("SELECT pg_advisory_lock($1)", &[&analyze::ANALYZE_LOCK_KEY]).await.unwrap();
@@ -66,13 +60,7 @@ async fn a_hot_table_is_analyzed_each_time_it_doubles_by_one_hub_at_a_time() {
     // As many rows again: the table doubled since its analyze, and the loop a serving hub
     // runs (`analyze::run`) analyzes it within a round or two.
     let before = analyzed_count(&client).await;
-    client
-        .batch_execute(&format!(
-            "INSERT INTO conversation_queues (host, conversation, queued, since)
-             SELECT 'host-' || n, 'c2', 1, 0 FROM generate_series(1, {ROWS}) AS n"
-        ))
-        .await
-        .unwrap();
+    add_rows(&client, "c2").await;
     let shutdown = tokio_util::sync::CancellationToken::new();
     let round = tokio::spawn(analyze::run(url.clone(), shutdown.clone()));
     let deadline = tokio::time::Instant::now() + WAIT + 2 * analyze::CHECK_INTERVAL;
@@ -85,6 +73,18 @@ async fn a_hot_table_is_analyzed_each_time_it_doubles_by_one_hub_at_a_time() {
 }
 
 /// How many times `conversation_queues` was analyzed by hand (`ANALYZE`, not autovacuum).
+/// `ROWS` new rows of `conversation_queues`, in conversation `conversation`.
+async fn add_rows(client: &tokio_postgres::Client, conversation: &str) {
+    client
+        .execute(
+            "INSERT INTO conversation_queues (host, conversation, queued, since)
+             SELECT 'host-' || n, $1, 1, 0 FROM generate_series(1, $2::bigint) AS n",
+            &[&conversation, &ROWS],
+        )
+        .await
+        .unwrap();
+}
+
 async fn analyzed_count(client: &tokio_postgres::Client) -> i64 {
     client
         .query_one("SELECT analyze_count FROM pg_stat_user_tables WHERE relname = 'conversation_queues'", &[])

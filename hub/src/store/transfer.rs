@@ -416,6 +416,30 @@ mod tests {
         PgConn::connect(&url).unwrap()
     }
 
+    /// A write transaction that sits idle past the URL's `write_idle_timeout` is ended by the
+    /// server, unless the copy lifted the bound for it (`unbounded_idle`): each side of a move
+    /// idles while the other reads or writes a whole table.
+    #[test]
+    fn a_copy_transaction_may_idle_past_the_write_idle_bound() {
+        let Some(cluster) = baton_testkit::pg::cluster_or_skip("a_copy_transaction_may_idle", false) else {
+            return;
+        };
+        let url = format!("{}&write_idle_timeout=1", cluster.url());
+        let idle_then_commit = |lifted: bool| {
+            let conn = pg(&url);
+            conn.begin_write().unwrap();
+            if lifted {
+                unbounded_idle(&conn).unwrap();
+            }
+            conn.execute_batch("SELECT 1").unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(2500));
+            conn.execute_batch("SELECT 1").and_then(|()| conn.control("COMMIT"))
+        };
+        idle_then_commit(true).expect("the lifted transaction is still there after idling");
+        let ended = idle_then_commit(false).expect_err("the server ends an idle write transaction");
+        assert!(ended.to_string().contains("idle"), "{ended}");
+    }
+
     /// SQLite → PostgreSQL → a new SQLite file: each copy holds the same rows and counters as
     /// its source, verifies clean, and goes on drawing numbers where the source would have.
     #[test]

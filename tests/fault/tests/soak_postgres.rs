@@ -35,21 +35,12 @@ fn a_short_two_hub_postgres_soak_has_no_violations() {
         turn_control: false,
         database_url: Some(pg.url()),
     };
-    let started = std::time::Instant::now();
-    let r = rt.block_on(soak::run(&bins, cfg, &mut |l| eprintln!("nemesis: {l}"))).unwrap();
-    eprintln!("{:?} in {:?}", r.figures, started.elapsed());
-    let f = &r.figures;
-    assert!(r.drained, "the drain did not finish");
+    let f = two_hub_soak(&rt, &bins, cfg, "");
     assert!(f.accepted > 0 && f.kills > 0, "{f:?}");
-    // Both hubs were killed, both accepted work, and nodes moved between them.
-    assert_eq!(f.hub_kills.len(), 2, "{f:?}");
-    assert!(f.hub_kills.iter().all(|&k| k > 0), "{f:?}");
-    assert!(f.accepted_via.iter().all(|&a| a > 0), "{f:?}");
     assert!(f.hub_moves > 0, "{f:?}");
     // At times neither hub ran: the nodes and producers waited for one to come back.
     assert!(f.all_hubs_down > 0, "{f:?}");
     assert!(f.ordered_executions > 2 * soak::HOSTS.len() as u64, "{f:?}");
-    assert!(r.report.violations.is_empty(), "{}", r.report.render());
 
     // Turn control on two hubs: a retry's run, a start or a cancel made through one hub holds
     // through the other, and I16 and I17 have runs and cancels to judge.
@@ -60,14 +51,24 @@ fn a_short_two_hub_postgres_soak_has_no_violations() {
         turn_control: true,
         database_url: Some(pg.create_database("soak_turns").unwrap()),
     };
-    let started = std::time::Instant::now();
-    let r = rt.block_on(soak::run(&bins, cfg, &mut |l| eprintln!("nemesis (turn control): {l}"))).unwrap();
-    eprintln!("turn control: {:?} in {:?}", r.figures, started.elapsed());
-    let f = &r.figures;
-    assert!(r.drained, "the turn-control drain did not finish");
+    let f = two_hub_soak(&rt, &bins, cfg, "turn control");
     assert!(f.reruns > 0 && f.cancels > 0, "{f:?}");
-    assert!(f.hub_kills.iter().all(|&k| k > 0) && f.accepted_via.iter().all(|&a| a > 0), "{f:?}");
-    assert!(r.report.violations.is_empty(), "{}", r.report.render());
     drop(rt);
     drop(pg);
+}
+
+/// Runs one soak of two hubs and holds it to what every such run must show: it drained, the
+/// checker found nothing, both hubs were killed and both accepted work. Its figures, for the
+/// caller's own checks.
+fn two_hub_soak(rt: &tokio::runtime::Runtime, bins: &Binaries, cfg: SoakConfig, label: &str) -> soak::Figures {
+    let started = std::time::Instant::now();
+    let r = rt.block_on(soak::run(bins, cfg, &mut |l| eprintln!("nemesis {label}: {l}"))).unwrap();
+    eprintln!("{label} {:?} in {:?}", r.figures, started.elapsed());
+    let f = r.figures;
+    assert!(r.drained, "{label}: the drain did not finish");
+    assert!(r.report.violations.is_empty(), "{label}: {}", r.report.render());
+    assert_eq!(f.hub_kills.len(), 2, "{f:?}");
+    assert!(f.hub_kills.iter().all(|&k| k > 0), "both hubs were killed: {f:?}");
+    assert!(f.accepted_via.iter().all(|&a| a > 0), "both hubs accepted work: {f:?}");
+    f
 }
