@@ -94,6 +94,19 @@ impl Conns {
         }
     }
 
+    /// `write` for a job that claims for `host` and writes nothing else (see
+    /// `Writer::call_claims`).
+    async fn write_claims<R, F>(&self, host: &str, f: F) -> StoreResult<R>
+    where
+        R: Send + 'static,
+        F: FnOnce(&dyn Db) -> StoreResult<R> + Send + 'static,
+    {
+        match self {
+            Conns::Served { writer, .. } => writer.call_claims(host, f).await,
+            Conns::Direct(conn) => in_write_txn(&*lock(conn)?, f),
+        }
+    }
+
     /// Runs a read-only `f` (in one read transaction when served; see `Readers::read`).
     async fn read<R, F>(&self, f: F) -> StoreResult<R>
     where
@@ -661,7 +674,8 @@ impl Store {
         let clock = self.clock.clone();
         match &self.backend {
             Backend::Sqlite(s) | Backend::Postgres(s) => {
-                s.write(move |c| {
+                let host = who.host.clone();
+                s.write_claims(&host, move |c| {
                     let now = clock.now_ms();
                     sessions::check(c, &who.host, who.session)?;
                     let deliveries = claim::claim_as(c, who.claimant(), max, now)?;

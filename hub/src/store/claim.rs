@@ -19,11 +19,24 @@
 //! and a claim looks at no more than `CLAIM_HEADS_MAX` queue heads; each look is one indexed
 //! lookup, so a claim's cost does not grow with the backlog.
 //!
+//! Invariant (claims at once): on PostgreSQL a transaction of claims only takes the record's
+//! write lock in shared mode (`Db::begin_claims`), so claims on several hubs run at the same
+//! time, and every other writer still runs alone. What keeps claims apart are row locks, taken
+//! in one order: the host's row first (`lock_host`: shared while the claimant is the bound
+//! instance of an active host, so one instance's claims may overlap; exclusive when the claim
+//! may change the binding or fail a retired host's work), then each conversation queue the
+//! claim turns to, `FOR UPDATE SKIP LOCKED`: a queue another claim of the host holds is skipped
+//! for this claim, so no two claims look at one conversation's turns at once and `seq` order
+//! holds; then the queue's deliveries, moved by guarded transitions (row counts checked).
+//! Claims of different hosts share no row but a message's (settling it when a fence or the
+//! registry fails its last delivery); a cycle there is the server's deadlock error, retried by
+//! the node like any storage failure.
+//!
 //! Invariant: a host has at most one bound node instance. A claim from another instance is
 //! refused (`InstanceConflict`) while the bound one still holds anything; once it holds
 //! nothing, the new instance takes the binding (recorded as an operator-visible event).
 
-use super::db::{Db, Row};
+use super::db::{Db, Dialect, Row};
 use super::fences::{self, ClaimScan, Fence, FenceKind};
 use super::hosts::{self, Standing};
 use super::transition::{self, Change, Holder};
@@ -35,6 +48,30 @@ use baton_shared::states::Rerun;
 use baton_shared::wire::{ClaimedDelivery, TransitionResponse};
 use rusqlite::{OptionalExtension, named_params};
 use std::collections::{HashMap, VecDeque};
+
+/// On PostgreSQL, where claims of several hubs run at once: locks the host's row before the
+/// claim reads its standing and binding. Shared while `instance_id` is the bound instance of
+/// an active host (nothing about the host changes then); exclusive otherwise, since the claim
+/// may bind another instance or fail the retired host's queued work. (On SQLite the claim has
+/// the file's write lock and runs alone.)
+fn lock_host(conn: &dyn Db, host: &str, instance_id: &str) -> StoreResult<()> {
+    if conn.dialect() != Dialect::Postgres {
+        return Ok(());
+    }
+    let row: Option<(Option<String>, Option<i64>)> = conn
+        .prepare_cached("SELECT instance_id, retired_at FROM hosts WHERE name = ?1 FOR SHARE")?
+        .query_row([host], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    match row {
+        // Not enrolled: `host_may_claim` refuses it.
+        None => Ok(()),
+        Some((bound, None)) if bound.as_deref() == Some(instance_id) => Ok(()),
+        Some(_) => {
+            conn.prepare_cached("SELECT 1 FROM hosts WHERE name = ?1 FOR UPDATE")?.query_row([host], |_| Ok(()))?;
+            Ok(())
+        }
+    }
+}
 
 /// Whether the host row exists and is not retired; fails its queued work when it is retired.
 fn host_may_claim(conn: &dyn Db, host: &str, now_ms: i64) -> StoreResult<bool> {
@@ -188,6 +225,7 @@ pub fn claim_as(conn: &dyn Db, who: Claimant<'_>, max: u32, now_ms: i64) -> Stor
             return Err(StoreError::CertificateRevoked(format!("certificate {serial} was revoked")));
         }
     }
+    lock_host(conn, host, instance_id)?;
     if !host_may_claim(conn, host, now_ms)? {
         return Ok(Vec::new());
     }
@@ -251,6 +289,17 @@ pub const CLAIM_HEADS_MAX: usize = 4096;
 
 /// Conversation queues read per step while taking the first round of turns.
 const CLAIM_TURNS_CHUNK: i64 = 64;
+
+/// The host's conversation queues with work, least recently served first, after a position.
+const QUEUES: &str = "SELECT served, since, conversation FROM conversation_queues
+     WHERE host = :h AND queued > 0 AND (served, since, conversation) > (:s, :n, :c)
+     ORDER BY served, since, conversation LIMIT :limit";
+
+/// `QUEUES` on PostgreSQL: each queue returned is locked until the claim commits, and one that
+/// another claim of the host holds is skipped (see the module's "claims at once").
+const QUEUES_SKIP_LOCKED: &str = "SELECT served, since, conversation FROM conversation_queues
+     WHERE host = :h AND queued > 0 AND (served, since, conversation) > (:s, :n, :c)
+     ORDER BY served, since, conversation LIMIT :limit FOR UPDATE SKIP LOCKED";
 
 /// What one turn of a conversation in a claim came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -354,8 +403,15 @@ impl<'a> Scan<'a> {
     }
 
     /// Queues to read per step: a few more than the batch still needs (some may be blocked).
+    /// On PostgreSQL, where each queue read is locked for the claim, only as many as it still
+    /// needs: a queue read and not turned to would keep another claim of the host from it.
     fn chunk(&self) -> i64 {
-        ((self.max - self.out.len()) as i64 + 8).min(CLAIM_TURNS_CHUNK)
+        let needed = (self.max - self.out.len()) as i64;
+        let spare = match self.conn.dialect() {
+            Dialect::Sqlite => 8,
+            Dialect::Postgres => 0,
+        };
+        (needed + spare).min(CLAIM_TURNS_CHUNK)
     }
 
     fn done(&self) -> bool {
@@ -370,11 +426,10 @@ impl<'a> Scan<'a> {
         'first: loop {
             let queues: Vec<(i64, i64, String)> = self
                 .conn
-                .prepare_cached(
-                    "SELECT served, since, conversation FROM conversation_queues
-                     WHERE host = :h AND queued > 0 AND (served, since, conversation) > (:s, :n, :c)
-                     ORDER BY served, since, conversation LIMIT :limit",
-                )?
+                .prepare_cached(match self.conn.dialect() {
+                    Dialect::Sqlite => QUEUES,
+                    Dialect::Postgres => QUEUES_SKIP_LOCKED,
+                })?
                 .query_map(
                     named_params! {
                         ":h": self.host, ":s": after.0, ":n": after.1, ":c": after.2, ":limit": self.chunk(),

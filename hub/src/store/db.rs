@@ -57,6 +57,13 @@ pub trait Db {
     /// PostgreSQL a transaction that first takes the record's write lock (`WRITE_LOCK_KEY`), so
     /// writers on every hub run one after another, as on one SQLite file.
     fn begin_write(&self) -> rusqlite::Result<()>;
+    /// Begins a write transaction that runs claims and nothing else. On SQLite it is
+    /// `begin_write`. On PostgreSQL it takes the record's write lock in shared mode, so claim
+    /// transactions on several hubs run at once while every other writer still waits for all of
+    /// them (and they for it); what keeps two claims apart is row locks (see `store::claim`).
+    fn begin_claims(&self) -> rusqlite::Result<()> {
+        self.begin_write()
+    }
     /// Begins a read transaction: every query in it sees one snapshot.
     fn begin_read(&self) -> rusqlite::Result<()>;
     /// The dialect.
@@ -108,6 +115,9 @@ impl<T: Db + ?Sized> Db for Box<T> {
     }
     fn begin_write(&self) -> rusqlite::Result<()> {
         (**self).begin_write()
+    }
+    fn begin_claims(&self) -> rusqlite::Result<()> {
+        (**self).begin_claims()
     }
     fn begin_read(&self) -> rusqlite::Result<()> {
         (**self).begin_read()
@@ -484,6 +494,21 @@ impl Drop for OwnRuntime {
 }
 
 impl PgConn {
+    /// Begins a READ COMMITTED write transaction bounded by `write_idle` and takes the record's
+    /// write lock with `lock` (`pg_advisory_xact_lock` or its `_shared` form).
+    fn begin_locked(&self, lock: &str) -> rusqlite::Result<()> {
+        // Nothing of an earlier transaction is left to send.
+        self.deferred.borrow_mut().clear();
+        Db::execute_batch(
+            self,
+            &format!(
+                "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL idle_in_transaction_session_timeout = {}; \
+                 SELECT {lock}({WRITE_LOCK_KEY})",
+                self.write_idle.as_millis()
+            ),
+        )
+    }
+
     /// Connects to `url` on a runtime of the new connection's own. Must not be called on an
     /// async worker thread.
     pub fn connect(url: &crate::pg::PgUrl) -> Result<PgConn, crate::pg::PgError> {
@@ -595,16 +620,10 @@ impl Db for PgConn {
         Db::execute_batch(self, sql)
     }
     fn begin_write(&self) -> rusqlite::Result<()> {
-        // Nothing of an earlier transaction is left to send.
-        self.deferred.borrow_mut().clear();
-        Db::execute_batch(
-            self,
-            &format!(
-                "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL idle_in_transaction_session_timeout = {}; \
-                 SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY})",
-                self.write_idle.as_millis()
-            ),
-        )
+        self.begin_locked("pg_advisory_xact_lock")
+    }
+    fn begin_claims(&self) -> rusqlite::Result<()> {
+        self.begin_locked("pg_advisory_xact_lock_shared")
     }
     fn begin_read(&self) -> rusqlite::Result<()> {
         self.deferred.borrow_mut().clear();

@@ -7,7 +7,9 @@
 //! runs each in its own savepoint inside one `BEGIN IMMEDIATE` transaction, commits once (one
 //! fsync), and only then answers each caller. A job that fails is rolled back to its savepoint
 //! and does not disturb the others; a failed commit fails them all. Every job is counted in
-//! `baton_hub_writer_jobs_total`.
+//! `baton_hub_writer_jobs_total`. A batch made only of claims (`Writer::call_claims`) begins
+//! with `Db::begin_claims` instead: on PostgreSQL claim transactions of several hubs then run at
+//! once; any other job in the batch makes it an ordinary write transaction.
 //!
 //! Readers: at most `READERS_MAX` read connections, opened once and kept for the hub's life
 //! (each with its prepared-statement cache, so a burst of reads parses no schema and prepares
@@ -35,10 +37,17 @@ pub type OwnedDb = Box<dyn Db + Send>;
 /// Opens a new connection (the reader pool's, or the writer's after its connection broke).
 pub type Opener = Box<dyn Fn() -> StoreResult<OwnedDb> + Send + Sync>;
 
+/// A job waiting for the writer, and, for a job that runs claims and nothing else, the host
+/// whose claim it is.
+struct Queued {
+    job: Job,
+    claims: Option<String>,
+}
+
 /// Handle to the writer thread. Cloning shares the thread.
 #[derive(Clone)]
 pub struct Writer {
-    tx: mpsc::Sender<Job>,
+    tx: mpsc::Sender<Queued>,
 }
 
 impl Writer {
@@ -50,13 +59,33 @@ impl Writer {
     /// Starts the writer thread owning `conn`; when a transaction fails on a connection that
     /// is gone (a database server restarted), `reopen` gives the next one.
     pub fn start_with(conn: OwnedDb, reopen: Option<Opener>) -> std::io::Result<Writer> {
-        let (tx, rx) = mpsc::channel::<Job>(WRITE_QUEUE_DEPTH);
+        let (tx, rx) = mpsc::channel::<Queued>(WRITE_QUEUE_DEPTH);
         std::thread::Builder::new().name("baton-writer".into()).spawn(move || run(conn, reopen, rx))?;
         Ok(Writer { tx })
     }
 
     /// Runs `f` in the next write transaction and answers after that transaction committed.
     pub async fn call<R, F>(&self, f: F) -> StoreResult<R>
+    where
+        R: Send + 'static,
+        F: FnOnce(&dyn Db) -> StoreResult<R> + Send + 'static,
+    {
+        self.submit(f, None).await
+    }
+
+    /// `call` for a job that runs claims of `host` (`store::claim::claim_as` and reads) and
+    /// writes nothing else: a batch of only such jobs begins with `Db::begin_claims` and runs
+    /// them in host order, so claim transactions on several hubs take the hosts' row locks in
+    /// one order and never wait for each other in a cycle.
+    pub async fn call_claims<R, F>(&self, host: &str, f: F) -> StoreResult<R>
+    where
+        R: Send + 'static,
+        F: FnOnce(&dyn Db) -> StoreResult<R> + Send + 'static,
+    {
+        self.submit(f, Some(host.to_string())).await
+    }
+
+    async fn submit<R, F>(&self, f: F, claims: Option<String>) -> StoreResult<R>
     where
         R: Send + 'static,
         F: FnOnce(&dyn Db) -> StoreResult<R> + Send + 'static,
@@ -85,7 +114,7 @@ impl Writer {
             });
             (ok, reply)
         });
-        self.tx.send(job).await.map_err(|_| StoreError::Storage("the writer has stopped".into()))?;
+        self.tx.send(Queued { job, claims }).await.map_err(|_| StoreError::Storage("the writer has stopped".into()))?;
         orx.await.map_err(|_| StoreError::Storage("the writer has stopped".into()))?
     }
 }
@@ -101,8 +130,8 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
-fn run(mut conn: OwnedDb, reopen: Option<Opener>, mut rx: mpsc::Receiver<Job>) {
-    let mut jobs: Vec<Job> = Vec::with_capacity(GROUP_COMMIT_JOBS_MAX);
+fn run(mut conn: OwnedDb, reopen: Option<Opener>, mut rx: mpsc::Receiver<Queued>) {
+    let mut jobs: Vec<Queued> = Vec::with_capacity(GROUP_COMMIT_JOBS_MAX);
     while let Some(first) = rx.blocking_recv() {
         jobs.push(first);
         while jobs.len() < GROUP_COMMIT_JOBS_MAX {
@@ -126,13 +155,19 @@ fn run(mut conn: OwnedDb, reopen: Option<Opener>, mut rx: mpsc::Receiver<Job>) {
     }
 }
 
-fn run_batch(conn: &dyn Db, jobs: &mut Vec<Job>) {
+fn run_batch(conn: &dyn Db, jobs: &mut Vec<Queued>) {
     let started = std::time::Instant::now();
     metrics::histogram!("baton_hub_write_batch_jobs").record(jobs.len() as f64);
     metrics::counter!("baton_hub_writer_jobs_total").increment(jobs.len() as u64);
-    if let Err(e) = conn.begin_write() {
+    let begun = if jobs.iter().all(|j| j.claims.is_some()) {
+        jobs.sort_by(|a, b| a.claims.cmp(&b.claims));
+        conn.begin_claims()
+    } else {
+        conn.begin_write()
+    };
+    if let Err(e) = begun {
         tracing::error!(error = %e, "cannot begin a write transaction");
-        for job in jobs.drain(..) {
+        for Queued { job, .. } in jobs.drain(..) {
             let (_, reply) = job(None);
             reply(Err(StoreError::Storage(e.to_string())));
         }
@@ -140,7 +175,7 @@ fn run_batch(conn: &dyn Db, jobs: &mut Vec<Job>) {
     }
     let mut replies: Vec<Reply> = Vec::with_capacity(jobs.len());
     let mut poisoned: Option<String> = None;
-    for job in jobs.drain(..) {
+    for Queued { job, .. } in jobs.drain(..) {
         if poisoned.is_some() {
             let (_, reply) = job(None);
             replies.push(reply);
@@ -344,6 +379,112 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(kept, (20, 20), "every accepted insert committed, no refused one left a row");
+    }
+
+    /// An SQLite connection that records how each write transaction began.
+    struct Recording {
+        conn: rusqlite::Connection,
+        begun: std::sync::Arc<Mutex<Vec<&'static str>>>,
+    }
+
+    impl Db for Recording {
+        fn prepare_cached(&self, sql: &str) -> rusqlite::Result<super::super::db::Stmt<'_>> {
+            Db::prepare_cached(&self.conn, sql)
+        }
+        fn execute_batch(&self, sql: &str) -> rusqlite::Result<()> {
+            Db::execute_batch(&self.conn, sql)
+        }
+        fn control(&self, sql: &str) -> rusqlite::Result<()> {
+            self.conn.control(sql)
+        }
+        fn begin_write(&self) -> rusqlite::Result<()> {
+            self.begun.lock().unwrap().push("write");
+            self.conn.begin_write()
+        }
+        fn begin_claims(&self) -> rusqlite::Result<()> {
+            self.begun.lock().unwrap().push("claims");
+            self.conn.begin_write()
+        }
+        fn begin_read(&self) -> rusqlite::Result<()> {
+            self.conn.begin_read()
+        }
+        fn dialect(&self) -> super::super::db::Dialect {
+            self.conn.dialect()
+        }
+        fn broken(&self) -> bool {
+            false
+        }
+        fn sqlite(&self) -> Option<&rusqlite::Connection> {
+            Some(&self.conn)
+        }
+    }
+
+    /// Starts a job that keeps the writer busy until the sender is used; returns once it runs.
+    async fn hold(w: &Writer) -> (std::sync::mpsc::Sender<()>, tokio::task::JoinHandle<StoreResult<()>>) {
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let (running, started) = oneshot::channel::<()>();
+        let w = w.clone();
+        let job = tokio::spawn(async move {
+            w.call(move |_| {
+                let _ = running.send(());
+                held.recv().unwrap();
+                Ok(())
+            })
+            .await
+        });
+        started.await.unwrap();
+        (release, job)
+    }
+
+    /// A batch made only of claim jobs begins as a claim transaction and runs them in host
+    /// order (one lock order for every hub); a batch with any other job begins as an ordinary
+    /// write transaction.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_batch_of_claims_only_begins_as_claims_in_host_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let begun = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let conn = crate::store::open_write(&dir.path().join("hub.db"), Synchronous::Normal).unwrap();
+        let w = Writer::start(Recording { conn, begun: begun.clone() }).unwrap();
+        let order = std::sync::Arc::new(Mutex::new(Vec::<String>::new()));
+        // The first job holds the writer (in a batch of its own) until the next ones are
+        // queued behind it.
+        let (release, first) = hold(&w).await;
+        let queued = |w: &Writer| w.tx.max_capacity() - w.tx.capacity();
+        let mut claims = Vec::new();
+        for host in ["host-c", "host-a", "host-b"] {
+            let (w, order) = (w.clone(), order.clone());
+            claims.push(tokio::spawn(async move {
+                w.call_claims(host, move |_| {
+                    order.lock().unwrap().push(host.to_string());
+                    Ok(())
+                })
+                .await
+            }));
+        }
+        while queued(&w) < 3 {
+            tokio::task::yield_now().await;
+        }
+        release.send(()).unwrap();
+        first.await.unwrap().unwrap();
+        for c in claims {
+            c.await.unwrap().unwrap();
+        }
+        assert_eq!(*order.lock().unwrap(), ["host-a", "host-b", "host-c"]);
+        assert_eq!(*begun.lock().unwrap(), ["write", "claims"]);
+
+        // A claim and another job queued together: one ordinary write transaction.
+        let (release, first) = hold(&w).await;
+        let (a, b) = (w.clone(), w.clone());
+        let claim = tokio::spawn(async move { a.call_claims("host-a", |_| Ok(())).await });
+        let other = tokio::spawn(async move { b.call(|_| Ok(())).await });
+        while queued(&w) < 2 {
+            tokio::task::yield_now().await;
+        }
+        release.send(()).unwrap();
+        first.await.unwrap().unwrap();
+        claim.await.unwrap().unwrap();
+        other.await.unwrap().unwrap();
+        assert_eq!(*begun.lock().unwrap(), ["write", "claims", "write", "write"]);
     }
 
     /// A burst of reads far wider than the pool opens no more than `READERS_MAX` connections,

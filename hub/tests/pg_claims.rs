@@ -1,0 +1,232 @@
+//! Claims at once on one PostgreSQL record, as several hubs make them (against a real throwaway
+//! cluster; skipped without PostgreSQL server binaries unless `BATON_REQUIRE_POSTGRES=1`). Each
+//! connection stands for one hub's writer. A claim transaction takes the record's write lock in
+//! shared mode (`Db::begin_claims`), so: claims of two hosts run at the same time; two claims of
+//! one host take disjoint conversations (the queue one holds is skipped by the other, `FOR UPDATE
+//! SKIP LOCKED`) and neither hands out a delivery twice or out of `seq` order; a claim that
+//! would bind another instance waits for the bound instance's claim in flight and then sees what
+//! it holds; and every other writer waits for the claims in flight, as they wait for it.
+
+use baton_hub::pg::{self, PgUrl};
+use baton_hub::store::accept::{self, AcceptLimits, NewMessage, RetryPolicy};
+use baton_hub::store::claim;
+use baton_hub::store::db::{Db, PgConn};
+use baton_hub::store::{StoreError, hosts};
+use baton_shared::wire::ClaimedDelivery;
+use baton_testkit::pg::{PgCluster, cluster_or_skip};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// The longest wait for another connection to be seen waiting, or to finish (generous: the
+/// machine may be loaded).
+const WAIT: Duration = Duration::from_secs(30);
+
+#[test]
+fn claims_on_several_connections_run_at_once_and_stay_exclusive() {
+    let Some(cluster) = cluster_or_skip("claims_at_once", false) else { return };
+    one_host_two_claims_take_disjoint_conversations(&cluster);
+    two_hosts_claim_at_once(&cluster);
+    another_instance_waits_for_the_bound_one(&cluster);
+    other_writers_and_claims_wait_for_each_other(&cluster);
+}
+
+/// Two claims of one instance, the first still open: the second skips the conversation the
+/// first holds and takes the other one's turn, waiting for the first to commit before its own
+/// transition lands (they share the host's backlog row); then it sees the first's claim and
+/// goes on in order. Nothing is handed out twice.
+fn one_host_two_claims_take_disjoint_conversations(cluster: &PgCluster) {
+    let url = record(cluster, "one_host");
+    let (first, second, admin) = (connect(&url), connect(&url), connect(&url));
+    write(&first, |c| {
+        for (key, conversation) in [("a1", "c1"), ("b1", "c2"), ("a2", "c1"), ("b2", "c2")] {
+            send(c, conversation, key, "host-a");
+        }
+        // Binds instance `i`: the claims below are the bound instance's.
+        claim::claim(c, "host-a", "i", 0, 1).map(drop)
+    });
+
+    first.begin_claims().unwrap();
+    let held = claim::claim(&first, "host-a", "i", 1, 2).unwrap();
+    assert_eq!(turns(&held), [("c1".to_string(), 1)], "the least recently served conversation goes first");
+
+    let (done, result) = mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        second.begin_claims().unwrap();
+        let got = claim::claim(&second, "host-a", "i", 10, 2);
+        second.control("COMMIT").unwrap();
+        done.send(got.map_err(|e| e.to_string())).unwrap();
+        second
+    });
+    wait_until_waiting(&admin, &result);
+    first.control("COMMIT").unwrap();
+    let got = result.recv_timeout(WAIT).expect("the second claim ends once the first committed").unwrap();
+    waiter.join().unwrap();
+    // Its first turn was c2's while c1 was held; once the first claim committed (which the
+    // second waited for), c1's next turn was free to take, then c2's again.
+    assert_eq!(
+        turns(&got),
+        [("c2".to_string(), 1), ("c1".to_string(), 2), ("c2".to_string(), 2)],
+        "the second claim skipped the conversation the first held, and kept each one's order"
+    );
+    let mut ids: Vec<&str> = held.iter().chain(&got).map(|d| d.delivery_id.as_str()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), 4, "every delivery handed out exactly once");
+    assert!(write(&first, |c| claim::claim(c, "host-a", "i", 10, 3)).is_empty(), "nothing is left to hand out");
+}
+
+/// A claim of host-a is open; a claim of host-b on another connection does not wait for it.
+fn two_hosts_claim_at_once(cluster: &PgCluster) {
+    let url = record(cluster, "two_hosts");
+    let (first, second) = (connect(&url), connect(&url));
+    write(&first, |c| {
+        send(c, "c1", "a", "host-a");
+        send(c, "c1", "b", "host-b");
+        Ok(())
+    });
+    first.begin_claims().unwrap();
+    let a = claim::claim(&first, "host-a", "i", 10, 2).unwrap();
+    assert_eq!(a.len(), 1);
+    let (done, result) = mpsc::channel();
+    let other = std::thread::spawn(move || {
+        second.begin_claims().unwrap();
+        let got = claim::claim(&second, "host-b", "j", 10, 2).map_err(|e| e.to_string());
+        second.control("COMMIT").unwrap();
+        done.send(got).unwrap();
+    });
+    let b = result.recv_timeout(WAIT).expect("host-b's claim ends while host-a's is still open").unwrap();
+    assert_eq!(b.len(), 1, "host-b's own delivery");
+    assert_ne!(a[0].delivery_id, b[0].delivery_id);
+    first.control("COMMIT").unwrap();
+    other.join().unwrap();
+}
+
+/// Instance `i` of host-a has a claim open; instance `j` claims on another connection. It must
+/// not bind itself on what it read before `i`'s claim committed: it waits for the host's row,
+/// then finds `i` holding work and is refused.
+fn another_instance_waits_for_the_bound_one(cluster: &PgCluster) {
+    let url = record(cluster, "rebind");
+    let (first, second, admin) = (connect(&url), connect(&url), connect(&url));
+    write(&first, |c| {
+        send(c, "c1", "a1", "host-a");
+        send(c, "c2", "b1", "host-a");
+        claim::claim(c, "host-a", "i", 0, 1).map(drop)
+    });
+    first.begin_claims().unwrap();
+    assert_eq!(claim::claim(&first, "host-a", "i", 1, 2).unwrap().len(), 1);
+    let (done, result) = mpsc::channel();
+    let other = std::thread::spawn(move || {
+        second.begin_claims().unwrap();
+        let got = claim::claim(&second, "host-a", "j", 10, 2);
+        let _ = second.control(if got.is_ok() { "COMMIT" } else { "ROLLBACK" });
+        done.send(got).unwrap();
+    });
+    wait_until_waiting(&admin, &result);
+    first.control("COMMIT").unwrap();
+    match result.recv_timeout(WAIT).expect("the other instance's claim ends") {
+        Err(StoreError::InstanceConflict(m)) => assert!(m.contains("instance i of host host-a still holds 1"), "{m}"),
+        other => panic!("expected an instance conflict, got {other:?}"),
+    }
+    other.join().unwrap();
+}
+
+/// A claim transaction is open: an ordinary write transaction on another connection waits for
+/// it; and while an ordinary one is open, a claim transaction waits for that.
+fn other_writers_and_claims_wait_for_each_other(cluster: &PgCluster) {
+    let url = record(cluster, "exclusive");
+    let (first, admin) = (connect(&url), connect(&url));
+    let mut second = connect(&url);
+    write(&first, |c| {
+        send(c, "c1", "a1", "host-a");
+        Ok(())
+    });
+    for (claims_first, claims_then) in [(true, false), (false, true)] {
+        begin(&first, claims_first).unwrap();
+        let (done, result) = mpsc::channel();
+        let other = std::thread::spawn(move || {
+            let begun = begin(&second, claims_then);
+            let _ = second.control("ROLLBACK");
+            done.send(begun.map_err(|e| e.to_string())).unwrap();
+            second
+        });
+        wait_until_waiting(&admin, &result);
+        first.control("COMMIT").unwrap();
+        result.recv_timeout(WAIT).expect("the waiting transaction begins once the first ended").unwrap();
+        second = other.join().unwrap();
+    }
+}
+
+/// Begins a claim transaction (`claims`) or an ordinary write transaction.
+fn begin(conn: &PgConn, claims: bool) -> rusqlite::Result<()> {
+    if claims { conn.begin_claims() } else { conn.begin_write() }
+}
+
+/// A new database `name` in the cluster, migrated, with hosts host-a and host-b enrolled.
+fn record(cluster: &PgCluster, name: &str) -> String {
+    let url = cluster.create_database(name).unwrap();
+    let migrate_url = url.clone();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let url = PgUrl::parse(&migrate_url).unwrap();
+            let mut client = pg::connect(&url).await.unwrap();
+            pg::migrate(&mut client, &url).await.unwrap();
+        });
+    })
+    .join()
+    .unwrap();
+    let conn = connect(&url);
+    write(&conn, |c| {
+        hosts::add_host(c, "host-a", 0)?;
+        hosts::add_host(c, "host-b", 0)
+    });
+    url
+}
+
+fn connect(url: &str) -> PgConn {
+    PgConn::connect(&PgUrl::parse(url).unwrap()).unwrap()
+}
+
+/// Runs `f` in one ordinary write transaction and commits it.
+fn write<R>(conn: &PgConn, f: impl FnOnce(&dyn Db) -> Result<R, StoreError>) -> R {
+    baton_hub::store::in_write_txn(conn, f).unwrap()
+}
+
+/// Accepts one message of `conversation` to `host` and fans it out.
+fn send(conn: &dyn Db, conversation: &str, key: &str, host: &str) {
+    let msg = NewMessage {
+        producer: "prod".into(),
+        conversation: conversation.into(),
+        idempotency_key: key.into(),
+        payload: "{}".into(),
+        to: vec![host.to_string()],
+    };
+    let limits = AcceptLimits { queued_per_host_max: 1 << 20 };
+    accept::accept_and_fan_out(conn, &msg, RetryPolicy::default(), limits, 1).unwrap();
+}
+
+/// Each delivery's (conversation, seq), in the order handed out.
+fn turns(got: &[ClaimedDelivery]) -> Vec<(String, i64)> {
+    got.iter().map(|d| (d.conversation.clone(), d.seq)).collect()
+}
+
+/// Waits until some connection of the record waits for a lock (seen by `admin` in `pg_locks`),
+/// failing if the waiting side answered first.
+fn wait_until_waiting<T: std::fmt::Debug>(admin: &PgConn, answered: &mpsc::Receiver<T>) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let waiting: i64 = admin
+            .prepare_cached("SELECT count(*) FROM pg_locks WHERE NOT granted")
+            .unwrap()
+            .query_row([], |r| r.get(0))
+            .unwrap();
+        if waiting > 0 {
+            return;
+        }
+        if let Ok(got) = answered.try_recv() {
+            panic!("expected the other connection to wait for a lock; it answered {got:?}");
+        }
+        assert!(Instant::now() < deadline, "no connection was seen waiting for a lock");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
