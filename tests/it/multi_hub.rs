@@ -1,13 +1,13 @@
 //! Several hubs over one PostgreSQL record, with real nodes: work sent through one hub is
 //! claimed through the other at once (the hubs wake each other through the database, not at
 //! the end of a long-poll), a hub killed with SIGKILL mid-flight loses nothing (its nodes move
-//! to the other hub and resync), every message runs exactly once, and fences, revocations and
-//! membership changes made through one hub hold on the other. Skipped without PostgreSQL unless
+//! to the other hub and resync), every message runs exactly once, and fences, cancels, releases,
+//! revocations and membership changes made through one hub hold on the other. Skipped without PostgreSQL unless
 //! `BATON_REQUIRE_POSTGRES=1`.
 
 use crate::harness::{Hub, submit_body};
 use crate::node_failover::{assert_each_once, done_count, send_many};
-use crate::node_harness::{NODE_WAIT, wait_for};
+use crate::node_harness::{NODE_WAIT, lines, long_turn, wait_for, wait_started};
 use baton_testkit::pg::cluster_or_skip;
 use std::time::Duration;
 
@@ -146,6 +146,63 @@ fn a_fence_set_and_lifted_through_one_hub_holds_and_wakes_the_other() {
         first.deliveries().iter().any(|d| d["delivery_id"] == held.as_str() && !d["outcome"].is_null()).then_some(())
     });
     first.assert_one_attempt(&held, "succeeded");
+    first.verify_ok();
+}
+
+/// A cancel and a release made through one hub's CLI take effect on the other hub at once: a
+/// node parked on the second hub gets the cancel of its running turn (SIGTERM, reported
+/// `cancelled`) and the released held delivery (run, `succeeded`) well within its long-poll, so
+/// both were announced across hubs, not found when the poll timed out.
+#[test]
+fn a_cancel_and_a_release_through_one_hub_reach_a_node_on_the_other() {
+    let Some(cluster) = cluster_or_skip("cancel_release_across_hubs", false) else { return };
+    let url = cluster.url();
+    let first = Hub::builder().nodes(&["host-a"]).producers(&["prod"]).postgres(&url).start();
+    let mut second =
+        Hub::builder().nodes(&[]).producers(&["prod-b"]).postgres(&url).ca_from(first.data_dir()).stopped().start();
+    second.kit_mut().set_env("BATON_HUB_LONG_POLL_WAIT_MAX", LONG_POLL);
+    second.serve(None);
+    let signals = first.scratch("turn").join("signals");
+    // Conversation `long` runs a turn that ends only on SIGTERM; every other one ends at once.
+    let harness =
+        format!("if [ \"$BATON_CONVERSATION\" = long ]; then\n{}\nfi\nexit 0", long_turn(&signals, "exit 143"));
+    let a = first
+        .node_process("host-a")
+        .then(&harness)
+        .set("cancel_grace", "\"30s\"")
+        .env("BATON_NODE_HUB_URL", &second.url())
+        .env("BATON_NODE_CLAIM_WAIT", LONG_POLL)
+        .start();
+    let outcome = |id: &str, what: &str, within: Duration| -> String {
+        wait_for(what, within, || {
+            first
+                .deliveries()
+                .into_iter()
+                .find(|d| d["delivery_id"] == id && !d["outcome"].is_null())
+                .map(|d| d["outcome"].as_str().unwrap_or_default().to_string())
+        })
+    };
+    let warm = first.send_one("warm", "w0", "host-a");
+    outcome(&warm, "the first message's outcome", NODE_WAIT);
+
+    // A turn running on the node through the second hub, cancelled through the first.
+    let long = first.send_one("long", "l1", "host-a");
+    wait_started(&signals);
+    first.cli_ok(["deliveries", "cancel", &long, "--reason", "across hubs"]);
+    assert_eq!(outcome(&long, "the cancelled turn's outcome, woken across hubs", WOKEN_WITHIN), "cancelled");
+    assert!(lines(&signals).contains(&"TERM".to_string()), "the harness got SIGTERM");
+
+    // A delivery parked by a hold (set and lifted through the first hub) and released there.
+    let fence = first.fence("hold", &["--conversation", "parked"], "across hubs");
+    let parked = first.send_one("parked", "p1", "host-a");
+    wait_for("the delivery to be held", WOKEN_WITHIN, || {
+        first.deliveries().into_iter().find(|d| d["delivery_id"] == parked.as_str() && d["state"] == "held").map(drop)
+    });
+    first.lift(fence);
+    a.wait_idle();
+    first.cli_ok(["held", "release", &parked, "--force"]);
+    assert_eq!(outcome(&parked, "the released delivery's outcome, woken across hubs", WOKEN_WITHIN), "succeeded");
+    first.assert_one_attempt(&parked, "succeeded");
     first.verify_ok();
 }
 
