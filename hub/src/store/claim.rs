@@ -22,7 +22,7 @@
 //! Invariant (claims at once): on PostgreSQL a transaction of claims only takes the record's
 //! write lock in shared mode (`Db::begin_claims`), so claims on several hubs run at the same
 //! time, and every other writer still runs alone. What keeps claims apart are row locks, taken
-//! in one order: the host's row first (`lock_host`: shared while the claimant is the bound
+//! in one order: the host's row first (`host_row`: shared while the claimant is the bound
 //! instance of an active host, so one instance's claims may overlap; exclusive when the claim
 //! may change the binding or fail a retired host's work), then each conversation queue the
 //! claim turns to, `FOR UPDATE SKIP LOCKED`: a queue another claim of the host holds is skipped
@@ -38,7 +38,6 @@
 
 use super::db::{Db, Dialect, Row};
 use super::fences::{self, ClaimScan, Fence, FenceKind};
-use super::hosts::{self, Standing};
 use super::transition::{self, Change, Holder};
 use super::{Actor, StoreError, StoreResult, json_column, members, new_token, parse_column_opt, state_column};
 use baton_shared::crash_point;
@@ -49,54 +48,44 @@ use baton_shared::wire::{ClaimedDelivery, TransitionResponse};
 use rusqlite::{OptionalExtension, named_params};
 use std::collections::{HashMap, VecDeque};
 
-/// On PostgreSQL, where claims of several hubs run at once: locks the host's row before the
-/// claim reads its standing and binding. Shared while `instance_id` is the bound instance of
-/// an active host (nothing about the host changes then); exclusive otherwise, since the claim
-/// may bind another instance or fail the retired host's queued work. (On SQLite the claim has
-/// the file's write lock and runs alone.)
-fn lock_host(conn: &dyn Db, host: &str, instance_id: &str) -> StoreResult<()> {
-    if conn.dialect() != Dialect::Postgres {
-        return Ok(());
+/// The host's row as a claim reads it: its bound instance and when it was retired, or `None`
+/// when it is not enrolled. On PostgreSQL, where claims of several hubs run at once, the row is
+/// locked: shared while `instance_id` is the bound instance of an active host (nothing about the
+/// host changes then, and claims of that instance may overlap), exclusively otherwise, since the
+/// claim may bind another instance or fail the retired host's queued work (the row is read again
+/// under that lock). On SQLite the claim holds the file's write lock and runs alone.
+fn host_row(conn: &dyn Db, host: &str, instance_id: &str) -> StoreResult<Option<(Option<String>, Option<i64>)>> {
+    let read = |sql: &str| -> StoreResult<Option<(Option<String>, Option<i64>)>> {
+        Ok(conn.prepare_cached(sql)?.query_row([host], |r| Ok((r.get(0)?, r.get(1)?))).optional()?)
+    };
+    if conn.dialect() == Dialect::Sqlite {
+        return read("SELECT instance_id, retired_at FROM hosts WHERE name = ?1");
     }
-    let row: Option<(Option<String>, Option<i64>)> = conn
-        .prepare_cached("SELECT instance_id, retired_at FROM hosts WHERE name = ?1 FOR SHARE")?
-        .query_row([host], |r| Ok((r.get(0)?, r.get(1)?)))
-        .optional()?;
-    match row {
-        // Not enrolled: `host_may_claim` refuses it.
-        None => Ok(()),
-        Some((bound, None)) if bound.as_deref() == Some(instance_id) => Ok(()),
-        Some(_) => {
-            conn.prepare_cached("SELECT 1 FROM hosts WHERE name = ?1 FOR UPDATE")?.query_row([host], |_| Ok(()))?;
-            Ok(())
-        }
+    match read("SELECT instance_id, retired_at FROM hosts WHERE name = ?1 FOR SHARE")? {
+        Some((bound, None)) if bound.as_deref() == Some(instance_id) => Ok(Some((bound, None))),
+        None => Ok(None),
+        Some(_) => read("SELECT instance_id, retired_at FROM hosts WHERE name = ?1 FOR UPDATE"),
     }
 }
 
-/// Whether the host row exists and is not retired; fails its queued work when it is retired.
-fn host_may_claim(conn: &dyn Db, host: &str, now_ms: i64) -> StoreResult<bool> {
-    match hosts::standing(conn, host)? {
-        Standing::NotEnrolled => Err(StoreError::NotYours(format!("host {host} is not enrolled"))),
-        Standing::Active => Ok(true),
-        Standing::Retired => {
-            let ids: Vec<String> = conn
-                .prepare_cached("SELECT id FROM deliveries WHERE host = ?1 AND state = 'queued'")?
-                .query_map([host], |r| r.get(0))?
-                .collect::<Result<_, _>>()?;
-            for id in ids {
-                let change = Change {
-                    delivery_id: &id,
-                    from: Queued,
-                    to: Failed,
-                    expect_holder: None,
-                    new_holder: None,
-                    reason: Some("host retired"),
-                };
-                transition::apply(conn, change, &Actor::hub(), now_ms)?;
-            }
-            Ok(false)
-        }
+/// A retired host's claim: its queued work fails (`host retired`).
+fn fail_retired_work(conn: &dyn Db, host: &str, now_ms: i64) -> StoreResult<()> {
+    let ids: Vec<String> = conn
+        .prepare_cached("SELECT id FROM deliveries WHERE host = ?1 AND state = 'queued'")?
+        .query_map([host], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    for id in ids {
+        let change = Change {
+            delivery_id: &id,
+            from: Queued,
+            to: Failed,
+            expect_holder: None,
+            new_holder: None,
+            reason: Some("host retired"),
+        };
+        transition::apply(conn, change, &Actor::hub(), now_ms)?;
     }
+    Ok(())
 }
 
 /// How many deliveries `instance_id` holds on `host`: claimed, mirrored, or delivered with no
@@ -141,6 +130,18 @@ pub(crate) fn bind_instance(
 ) -> StoreResult<()> {
     let bound: Option<String> =
         conn.prepare_cached("SELECT instance_id FROM hosts WHERE name = ?1")?.query_row([host], |r| r.get(0))?;
+    bind_over(conn, host, instance_id, bound, rebind, now_ms)
+}
+
+/// `bind_instance` over the binding `bound` already read (under the claim's lock of the row).
+fn bind_over(
+    conn: &dyn Db,
+    host: &str,
+    instance_id: &str,
+    bound: Option<String>,
+    rebind: RebindLimit,
+    now_ms: i64,
+) -> StoreResult<()> {
     if bound.as_deref() == Some(instance_id) {
         return Ok(());
     }
@@ -225,11 +226,14 @@ pub fn claim_as(conn: &dyn Db, who: Claimant<'_>, max: u32, now_ms: i64) -> Stor
             return Err(StoreError::CertificateRevoked(format!("certificate {serial} was revoked")));
         }
     }
-    lock_host(conn, host, instance_id)?;
-    if !host_may_claim(conn, host, now_ms)? {
+    let Some((bound, retired)) = host_row(conn, host, instance_id)? else {
+        return Err(StoreError::NotYours(format!("host {host} is not enrolled")));
+    };
+    if retired.is_some() {
+        fail_retired_work(conn, host, now_ms)?;
         return Ok(Vec::new());
     }
-    bind_instance(conn, host, instance_id, who.rebind, now_ms)?;
+    bind_over(conn, host, instance_id, bound, who.rebind, now_ms)?;
     let fences = fences::active(conn)?;
     crash_point("hub.claim.after_fence_eval");
     // Every delivery of the host paused by the precedence rule (and nothing stronger on any of
