@@ -36,11 +36,16 @@ pub enum ProblemKind {
     IllegalTransition,
     /// A stored value does not parse into its type. Subject: the row.
     CorruptValue,
+    /// A message's `settled_at` disagrees with its deliveries: set while its fan-out is pending
+    /// or a delivery is unfinished (retention could remove a message still at work), or unset
+    /// though every delivery is final and its fan-out done (retention would keep it for ever).
+    /// Subject: the message.
+    Settlement,
 }
 
 impl ProblemKind {
     /// Every kind.
-    pub const ALL: [ProblemKind; 10] = [
+    pub const ALL: [ProblemKind; 11] = [
         ProblemKind::Integrity,
         ProblemKind::ForeignKey,
         ProblemKind::AtomicAccept,
@@ -51,6 +56,7 @@ impl ProblemKind {
         ProblemKind::EventLog,
         ProblemKind::IllegalTransition,
         ProblemKind::CorruptValue,
+        ProblemKind::Settlement,
     ];
 
     /// The stable name (`verify --json` prints it).
@@ -66,6 +72,7 @@ impl ProblemKind {
             ProblemKind::EventLog => "event_log",
             ProblemKind::IllegalTransition => "illegal_transition",
             ProblemKind::CorruptValue => "corrupt_value",
+            ProblemKind::Settlement => "settlement",
         }
     }
 
@@ -183,6 +190,29 @@ const RULES: &[(ProblemKind, &str)] = &[
         ProblemKind::CorruptValue,
         "SELECT id, 'payload is not JSON' FROM messages WHERE NOT json_valid(payload)",
     ),
+    (
+        ProblemKind::Settlement,
+        "SELECT m.id, 'settled at ' || m.settled_at || ' while ' ||
+                CASE WHEN EXISTS (SELECT 1 FROM fanout_obligations o WHERE o.message_id = m.id AND o.done_at IS NULL)
+                     THEN 'its fan-out is pending' ELSE 'a delivery of it is unfinished' END
+         FROM messages m
+         WHERE m.settled_at IS NOT NULL
+           AND (EXISTS (SELECT 1 FROM fanout_obligations o WHERE o.message_id = m.id AND o.done_at IS NULL)
+                OR EXISTS (SELECT 1 FROM deliveries d WHERE d.message_id = m.id AND (d.state IN ('queued', 'held', 'claimed', 'mirrored')
+                             OR (d.state = 'delivered'
+                                 AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)))))",
+    ),
+    (
+        ProblemKind::Settlement,
+        "SELECT m.id, 'not settled, though every delivery of it is final and its fan-out done'
+         FROM messages m
+         WHERE m.settled_at IS NULL
+           AND EXISTS (SELECT 1 FROM deliveries d WHERE d.message_id = m.id)
+           AND NOT EXISTS (SELECT 1 FROM fanout_obligations o WHERE o.message_id = m.id AND o.done_at IS NULL)
+           AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.message_id = m.id AND (d.state IN ('queued', 'held', 'claimed', 'mirrored')
+                             OR (d.state = 'delivered'
+                                 AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt))))",
+    ),
 ];
 
 /// The event log's last word on one delivery while its chain is walked.
@@ -275,6 +305,10 @@ mod tests {
         problems.iter().map(|p| p.kind).collect()
     }
 
+    fn found_in(problems: &[Problem], subject: &str, detail: &str) -> bool {
+        problems.iter().any(|p| p.subject == subject && p.detail == detail)
+    }
+
     #[test]
     fn a_legal_history_verifies_and_each_breakage_is_typed() {
         let db = testing::db();
@@ -346,6 +380,34 @@ mod tests {
             problems.iter().any(|p| p.kind == ProblemKind::AttemptWithoutDelivery && p.subject == d),
             "{problems:?}"
         );
+    }
+
+    /// `settled_at` out of step with the deliveries is found both ways: set on a message still
+    /// at work (retention could remove it), and unset on one whose every delivery is final.
+    #[test]
+    fn a_settlement_out_of_step_with_the_deliveries_is_found_both_ways() {
+        let db = testing::db();
+        let c = &db.conn;
+        let open = accept_one(c, "a", "k1", &["host-a"]);
+        let done = accept_one(c, "b", "k2", &["host-b"]);
+        let unrouted = crate::store::accept::testing::accept_only(c, "c", "k3", &["host-a"]);
+        // Retiring host-b fails its queued delivery, which settles that message.
+        operator::retire(c, "host-b", "op", "r", 6).unwrap();
+        let settled = |id: &str| -> bool {
+            c.query_row("SELECT settled_at IS NOT NULL FROM messages WHERE id = ?1", [id], |r| r.get(0)).unwrap()
+        };
+        assert!(settled(&done) && !settled(&open));
+        assert_eq!(check(c).unwrap(), Vec::<Problem>::new());
+
+        c.execute("UPDATE messages SET settled_at = 7 WHERE id = ?1", [&open]).unwrap();
+        c.execute("UPDATE messages SET settled_at = NULL WHERE id = ?1", [&done]).unwrap();
+        c.execute("UPDATE messages SET settled_at = 8 WHERE id = ?1", [&unrouted]).unwrap();
+        let problems = check(c).unwrap();
+        assert_eq!(kinds(&problems), [ProblemKind::Settlement; 3], "{problems:?}");
+        assert!(found_in(&problems, &unrouted, "settled at 8 while its fan-out is pending"), "{problems:?}");
+        let found = |subject: &str, detail: &str| found_in(&problems, subject, detail);
+        assert!(found(&open, "settled at 7 while a delivery of it is unfinished"), "{problems:?}");
+        assert!(found(&done, "not settled, though every delivery of it is final and its fan-out done"), "{problems:?}");
     }
 
     #[test]

@@ -471,6 +471,7 @@ fn hub_problem(p: &baton_hub::verify::Problem) -> Violation {
         K::AtomicAccept => "I3",
         K::FanOut => "I4",
         K::AttemptWithoutDelivery => "I8",
+        K::Settlement => "I9",
         K::SequenceBehind | K::BacklogCount | K::EventLog | K::IllegalTransition | K::CorruptValue => "I14",
     };
     violation(family, &p.subject, format!("hub verify: {p}"), Vec::new())

@@ -196,13 +196,26 @@ fn i9_a_retried_report_counted_twice() {
 fn i10_an_obligation_left_pending_after_heal() {
     let report = with_cluster(21, |c| {
         let conn = hub_rw(c);
-        conn.execute(
-            "UPDATE fanout_obligations SET done_at = NULL WHERE rowid = (SELECT min(rowid) FROM fanout_obligations)",
-            [],
+        // A message whose fan-out is still owed is not settled either.
+        conn.execute_batch(
+            "UPDATE fanout_obligations SET done_at = NULL WHERE rowid = (SELECT min(rowid) FROM fanout_obligations);
+             UPDATE messages SET settled_at = NULL
+             WHERE id = (SELECT message_id FROM fanout_obligations WHERE rowid = (SELECT min(rowid) FROM fanout_obligations))",
         )
         .unwrap();
     });
     assert_only(&report, "I10");
+}
+
+#[test]
+fn i9_a_finished_message_left_unsettled() {
+    let report = with_cluster(36, |c| {
+        // Retention would keep it for ever.
+        hub_rw(c)
+            .execute("UPDATE messages SET settled_at = NULL WHERE rowid = (SELECT min(rowid) FROM messages)", [])
+            .unwrap();
+    });
+    assert_only(&report, "I9");
 }
 
 #[test]
