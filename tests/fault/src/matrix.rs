@@ -155,27 +155,30 @@ const FAILURE_LOG_CHARS: usize = 4000;
 /// The successive arms of the process that gets the point: some points need a state only an
 /// earlier crash leaves (holdings for resync). `hub.repair.mid` gets its pending obligations
 /// from `leave_fan_out_pending` instead.
-fn arms(point: &str, nth: u32) -> VecDeque<String> {
+fn arms(point: &str, nth: u32, hubs: usize) -> VecDeque<String> {
     let mut v = VecDeque::new();
     if point == "node.resync.mid" {
         v.push_back("node.mirror.after_commit@1".to_string());
     }
     // Points hit only once or twice in a short run fire on their first hit: the node's batched
-    // steps are hit once per claim batch, scheduler pass or outbox batch, not per delivery.
-    let n = if matches!(
-        point,
-        "hub.repair.mid"
-            | "node.resync.mid"
-            | "node.claim.after_response"
-            | "node.mirror.mid"
-            | "node.acked.mid"
-            | "node.report.settle_mid"
-            | "node.mirror.after_commit"
-            | "node.mirrored.after_response"
-            | "node.ack.after_response"
-            | "node.exec.after_start_marker"
-            | "node.exec.after_end_marker"
-    ) {
+    // steps are hit once per claim batch, scheduler pass or outbox batch, not per delivery. With
+    // several hubs, a hub's point does too: each hub sees only its share of the hits (the
+    // hub's claims, `mirrored`, `ack` and reports come once per batch as well).
+    let n = if (hubs > 1 && point.starts_with("hub."))
+        || matches!(
+            point,
+            "hub.repair.mid"
+                | "node.resync.mid"
+                | "node.claim.after_response"
+                | "node.mirror.mid"
+                | "node.acked.mid"
+                | "node.report.settle_mid"
+                | "node.mirror.after_commit"
+                | "node.mirrored.after_response"
+                | "node.ack.after_response"
+                | "node.exec.after_start_marker"
+                | "node.exec.after_end_marker"
+        ) {
         1
     } else {
         nth
@@ -190,8 +193,9 @@ pub enum RecordAt<'a> {
     /// An SQLite file in the hub's data directory.
     Sqlite,
     /// The (empty) PostgreSQL database at `url`, shared by `hubs` hubs (1 to
-    /// `cluster::HUBS_MAX`). Only the first hub gets a crash point; with two, each key is
-    /// submitted through one hub and its retry through the other.
+    /// `cluster::HUBS_MAX`). A hub's crash point is armed on every hub at its first start (the
+    /// first restart of the hub that crashed arms the point's next step, if any); with two,
+    /// each key is submitted through one hub and its retry through the other.
     Postgres {
         /// The database's `postgres://` URL.
         url: &'a str,
@@ -244,7 +248,7 @@ async fn settle(
     };
     let hubs = c.hub_count();
     let on_hub = point.is_some_and(|p| p.starts_with("hub."));
-    let mut pending = point.map(|p| arms(p, nth)).unwrap_or_default();
+    let mut pending = point.map(|p| arms(p, nth, hubs)).unwrap_or_default();
     let mut restarts = 0;
     // Repair needs obligations left pending before its hub starts: the first messages are
     // accepted while no node runs, then the hub is killed and their fan-out undone.
@@ -254,8 +258,10 @@ async fn settle(
     if matches!(c.start_hub(first.as_deref())?, Started::Exited(_)) {
         anyhow::bail!("the hub exited at its first start:\n{}", c.logs());
     }
+    // Every hub is armed with a hub's point: the nodes' claims, acks and reports split between
+    // the hubs, so the point fires on whichever reaches it first.
     for h in 1..hubs {
-        if matches!(c.start_hub_at(h, None)?, Started::Exited(_)) {
+        if matches!(c.start_hub_at(h, first.as_deref())?, Started::Exited(_)) {
             anyhow::bail!("hub {h} exited at its first start:\n{}", c.logs());
         }
     }
@@ -372,7 +378,7 @@ impl Supervisor {
                 arm = if self.on_hub { self.pending.pop_front() } else { None };
             }
         }
-        // A second hub gets no crash point; it is restarted if it stopped.
+        // A further hub is armed at its first start only; it is restarted if it stopped.
         for h in 1..c.hub_count() {
             if c.hub_at_mut(h).is_some_and(|hub| !hub.proc_mut().running()) {
                 self.restarts += 1;

@@ -1,5 +1,5 @@
 //! R1 with the hub's record in PostgreSQL: every crash point, the hub's and the node's, one seed
-//! each, on one hub whose record is a fresh database of one throwaway PostgreSQL cluster. Each run is the same as
+//! each, on two hubs whose record is a fresh database of one throwaway PostgreSQL cluster. Each run is the same as
 //! in `crash_points.rs` (seeded workload, the point firing, restart, the client's retries,
 //! quiescence); the checker then reads the PostgreSQL record and every node database, and must
 //! find nothing, and the armed point must actually have fired. Skipped without PostgreSQL
@@ -18,11 +18,10 @@ use baton_testkit::Binaries;
 /// The one seed each point runs with here (the SQLite matrix runs three).
 const SEED: u64 = 1;
 
-/// Hubs on the record: one. With a second, unarmed hub the nodes' claims, acks and reports
-/// split between the two, so the armed hub may never reach its point's nth hit in a short run
-/// (`hub.ack.after_commit` did not fire when tried); the two-hub record is exercised by the
-/// PostgreSQL soak and the mutation baseline instead.
-const HUBS: usize = 1;
+/// Hubs on the record: two. The nodes' claims, acks and reports split between them, so a hub's
+/// point is armed on both hubs and fires at its first hit on either (`matrix::arms`); three
+/// runs in a row all fired every point.
+const HUBS: usize = 2;
 
 #[test]
 fn every_crash_point_on_postgres_one_seed_each() {
