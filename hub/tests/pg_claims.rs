@@ -164,17 +164,7 @@ fn begin(conn: &PgConn, claims: bool) -> rusqlite::Result<()> {
 /// A new database `name` in the cluster, migrated, with hosts host-a and host-b enrolled.
 fn record(cluster: &PgCluster, name: &str) -> String {
     let url = cluster.create_database(name).unwrap();
-    let migrate_url = url.clone();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        rt.block_on(async {
-            let url = PgUrl::parse(&migrate_url).unwrap();
-            let mut client = pg::connect(&url).await.unwrap();
-            pg::migrate(&mut client, &url).await.unwrap();
-        });
-    })
-    .join()
-    .unwrap();
+    pg::connect_and_migrate_blocking(&PgUrl::parse(&url).unwrap()).unwrap();
     let conn = connect(&url);
     write(&conn, |c| {
         hosts::add_host(c, "host-a", 0)?;

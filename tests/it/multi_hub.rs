@@ -108,12 +108,7 @@ fn postgres_restarting_under_load_loses_nothing() {
 #[test]
 fn a_fence_set_and_lifted_through_one_hub_holds_and_wakes_the_other() {
     let Some(cluster) = cluster_or_skip("fence_across_hubs", false) else { return };
-    let url = cluster.url();
-    let first = Hub::builder().nodes(&["host-a"]).producers(&["prod"]).postgres(&url).start();
-    let mut second =
-        Hub::builder().nodes(&[]).producers(&["prod-b"]).postgres(&url).ca_from(first.data_dir()).stopped().start();
-    second.kit_mut().set_env("BATON_HUB_LONG_POLL_WAIT_MAX", LONG_POLL);
-    second.serve(None);
+    let (first, second) = hub_pair(&cluster.url());
     let a = first
         .node_process("host-a")
         .trace_ends()
@@ -156,12 +151,7 @@ fn a_fence_set_and_lifted_through_one_hub_holds_and_wakes_the_other() {
 #[test]
 fn a_cancel_and_a_release_through_one_hub_reach_a_node_on_the_other() {
     let Some(cluster) = cluster_or_skip("cancel_release_across_hubs", false) else { return };
-    let url = cluster.url();
-    let first = Hub::builder().nodes(&["host-a"]).producers(&["prod"]).postgres(&url).start();
-    let mut second =
-        Hub::builder().nodes(&[]).producers(&["prod-b"]).postgres(&url).ca_from(first.data_dir()).stopped().start();
-    second.kit_mut().set_env("BATON_HUB_LONG_POLL_WAIT_MAX", LONG_POLL);
-    second.serve(None);
+    let (first, second) = hub_pair(&cluster.url());
     let signals = first.scratch("turn").join("signals");
     // Conversation `long` runs a turn that ends only on SIGTERM; every other one ends at once.
     let harness =
@@ -204,6 +194,17 @@ fn a_cancel_and_a_release_through_one_hub_reach_a_node_on_the_other() {
     assert_eq!(outcome(&parked, "the released delivery's outcome, woken across hubs", WOKEN_WITHIN), "succeeded");
     first.assert_one_attempt(&parked, "succeeded");
     first.verify_ok();
+}
+
+/// Two hubs on the record at `url`: the first with node `host-a` and producer `prod`, the
+/// second (made from the first's CA) serving with the long-poll `LONG_POLL`.
+fn hub_pair(url: &str) -> (Hub, Hub) {
+    let first = Hub::builder().nodes(&["host-a"]).producers(&["prod"]).postgres(url).start();
+    let mut second =
+        Hub::builder().nodes(&[]).producers(&["prod-b"]).postgres(url).ca_from(first.data_dir()).stopped().start();
+    second.kit_mut().set_env("BATON_HUB_LONG_POLL_WAIT_MAX", LONG_POLL);
+    second.serve(None);
+    (first, second)
 }
 
 /// A certificate revoked through one hub's CLI is refused by the other hub too: the revocation

@@ -2,7 +2,7 @@
 //! `sslmode` says) and applying the numbered migrations of `schema/postgres/`.
 //!
 //! - `mod.rs`: `PgUrl` (the parsed URL, and the form of it that is safe to print), `connect`,
-//!   and `PgError`, the one error type, which names what is wrong (the URL, the host, the
+//!   `connect_and_migrate` (and `_blocking`), and `PgError`, the one error type, which names what is wrong (the URL, the host, the
 //!   credentials, TLS, the schema) and never carries the password.
 //! - `tls`: `SslMode`, the URL's `sslmode`/`sslrootcert`, and its rustls configuration.
 //! - `migrate`: `MIGRATIONS` and `migrate`, in one transaction under an advisory lock,
@@ -309,6 +309,31 @@ pub async fn connect(url: &PgUrl) -> Result<Client, PgError> {
         }
     });
     Ok(client)
+}
+
+/// Connects to `url` and applies the migrations (`migrate`: refusing a newer schema), then
+/// closes that connection.
+pub async fn connect_and_migrate(url: &PgUrl) -> Result<Migrated, PgError> {
+    let mut client = connect(url).await?;
+    migrate(&mut client, url).await
+}
+
+/// `connect_and_migrate` from synchronous code: on a thread and a runtime of its own, so the
+/// caller may be anywhere (a store thread, a test); it waits until the migration is done.
+pub fn connect_and_migrate_blocking(url: &PgUrl) -> Result<Migrated, PgError> {
+    let url = url.clone();
+    let other = |detail: String| PgError::Other { url: url.shown().to_string(), detail };
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| other(format!("starting a runtime: {e}")))?;
+            rt.block_on(connect_and_migrate(&url))
+        })
+        .join()
+        .map_err(|_| other("the migrating thread panicked".into()))?
+    })
 }
 
 #[cfg(test)]

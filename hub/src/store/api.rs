@@ -348,13 +348,12 @@ impl Store {
 
     /// The record in the PostgreSQL database at `url`: connects (TLS as the URL says), applies
     /// the migrations (refusing a newer schema), and serves from it through a writer thread
-    /// (group commit; each transaction first takes the record's write lock, so several hubs
-    /// write one after another) and a pool of read connections. A connection the server dropped
+    /// (group commit; each transaction first takes the record's write lock, shared by claim
+    /// transactions and exclusive for every other, so several hubs' claims overlap and their
+    /// other writes run one after another) and a pool of read connections. A connection the server dropped
     /// is replaced at the next transaction.
     pub async fn open_postgres(url: &crate::pg::PgUrl, clock: SharedClock) -> Result<Store, crate::pg::PgError> {
-        let mut client = crate::pg::connect(url).await?;
-        crate::pg::migrate(&mut client, url).await?;
-        drop(client);
+        crate::pg::connect_and_migrate(url).await?;
         let opener = |url: crate::pg::PgUrl| -> Opener {
             Box::new(move || {
                 let conn = PgConn::connect(&url).map_err(|e| StoreError::Storage(e.to_string()))?;

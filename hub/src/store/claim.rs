@@ -102,9 +102,6 @@ pub fn holding_count(conn: &dyn Db, host: &str, instance_id: &str) -> StoreResul
         .query_row([host, instance_id], |r| r.get(0))?)
 }
 
-/// Binds `instance_id` to `host`, or refuses when another instance of the host still holds work
-/// (`InstanceConflict`) or the host changed its binding too often (`OverCapacity`). The same
-/// instance again changes nothing and records nothing; each actual change is one operator event.
 /// How often one host may change its bound node instance (`limits.instance_rebinds_max`) and over
 /// what sliding window (`limits.instance_rebind_window`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,6 +118,9 @@ impl Default for RebindLimit {
     }
 }
 
+/// Binds `instance_id` to `host`, or refuses when another instance of the host still holds work
+/// (`InstanceConflict`) or the host changed its binding too often (`OverCapacity`). The same
+/// instance again changes nothing and records nothing; each actual change is one operator event.
 pub(crate) fn bind_instance(
     conn: &dyn Db,
     host: &str,

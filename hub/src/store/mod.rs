@@ -440,17 +440,7 @@ mod tests {
             return;
         };
         let url = cluster.url();
-        let migrate_url = url.clone();
-        std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-            rt.block_on(async {
-                let url = crate::pg::PgUrl::parse(&migrate_url).unwrap();
-                let mut client = crate::pg::connect(&url).await.unwrap();
-                crate::pg::migrate(&mut client, &url).await.unwrap();
-            });
-        })
-        .join()
-        .unwrap();
+        crate::pg::connect_and_migrate_blocking(&crate::pg::PgUrl::parse(&url).unwrap()).unwrap();
         let mut args = vec!["store::".to_string(), "--skip".into(), "store_unit_tests_pass_on_postgres".into()];
         for (test, _why) in SQLITE_ONLY {
             args.extend(["--skip".to_string(), test.to_string()]);

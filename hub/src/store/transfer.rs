@@ -308,16 +308,7 @@ impl Place {
             }
             Place::Postgres(url) => {
                 let storage = |e: crate::pg::PgError| StoreError::Storage(e.to_string());
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .map_err(|e| StoreError::Storage(format!("starting a runtime: {e}")))?;
-                rt.block_on(async {
-                    let mut client = crate::pg::connect(url).await?;
-                    crate::pg::migrate(&mut client, url).await.map(drop)
-                })
-                .map_err(storage)?;
-                drop(rt);
+                crate::pg::connect_and_migrate_blocking(url).map_err(storage)?;
                 Ok(Box::new(super::db::PgConn::connect(url).map_err(storage)?))
             }
         }
@@ -403,16 +394,7 @@ mod tests {
 
     fn pg(url: &str) -> PgConn {
         let url = crate::pg::PgUrl::parse(url).unwrap();
-        let migrate = url.clone();
-        std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-            rt.block_on(async {
-                let mut client = crate::pg::connect(&migrate).await.unwrap();
-                crate::pg::migrate(&mut client, &migrate).await.unwrap();
-            });
-        })
-        .join()
-        .unwrap();
+        crate::pg::connect_and_migrate_blocking(&url).unwrap();
         PgConn::connect(&url).unwrap()
     }
 
