@@ -1,7 +1,8 @@
 //! The PostgreSQL connection and migrations against a real throwaway cluster (skipped without
 //! PostgreSQL server binaries unless `BATON_REQUIRE_POSTGRES=1`): migrations apply once, re-run
-//! does nothing, a newer schema is refused untouched, hubs migrating at once agree, and
-//! connection failures (address, login, TLS) are named without the password.
+//! does nothing (and says nothing: no notice for the hub's log), a newer schema is refused
+//! untouched, hubs migrating at once agree, and connection failures (address, login, TLS) are
+//! named without the password.
 
 use baton_hub::pg::{self, PgError, PgUrl};
 use baton_testkit::pg::{PASSWORD, cluster_or_skip};
@@ -157,4 +158,33 @@ async fn verify_full_trusts_the_clusters_ca_and_refuses_another() {
         assert!(text.starts_with("TLS to the database failed") && text.contains("UnknownIssuer"), "{mode}: {text}");
         assert!(!text.contains(PASSWORD), "{text}");
     }
+}
+
+/// Every hub migrates at start; on a current database that must not put the server's notices
+/// ("relation already exists, skipping") into every hub's log. Warnings would still come.
+#[tokio::test]
+async fn migrating_a_current_database_sends_no_notice() {
+    let Some(cluster) = cluster_or_skip("migrate_quietly", false) else { return };
+    let url = PgUrl::parse(&cluster.url()).unwrap();
+    let (mut c, mut connection) = tokio_postgres::connect(&cluster.url(), tokio_postgres::NoTls).await.unwrap();
+    let (tx, mut notices) = tokio::sync::mpsc::unbounded_channel();
+    let io = tokio::spawn(async move {
+        while let Some(Ok(message)) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+            if let tokio_postgres::AsyncMessage::Notice(n) = message {
+                let _ = tx.send(n.message().to_string());
+            }
+        }
+    });
+    pg::migrate(&mut c, &url).await.unwrap();
+    let again = pg::migrate(&mut c, &url).await.unwrap();
+    assert!(again.was_current());
+    // A round trip after the migrations: every notice they caused has arrived by now.
+    c.batch_execute("SELECT 1").await.unwrap();
+    let mut heard = Vec::new();
+    while let Ok(n) = notices.try_recv() {
+        heard.push(n);
+    }
+    assert!(heard.is_empty(), "notices: {heard:?}");
+    drop(c);
+    io.await.unwrap();
 }

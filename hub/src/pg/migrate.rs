@@ -61,6 +61,9 @@ pub async fn migrate(client: &mut Client, url: &PgUrl) -> Result<Migrated, PgErr
     let fail = |e: tokio_postgres::Error| PgError::from_client(url, &e);
     let tx = client.transaction().await.map_err(fail)?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK_KEY]).await.map_err(fail)?;
+    // The version table exists at every start but the first: its "already exists, skipping"
+    // notice would reach every hub's log. Warnings and errors still come through.
+    tx.batch_execute("SET LOCAL client_min_messages = warning").await.map_err(fail)?;
     tx.batch_execute(VERSION_TABLE).await.map_err(fail)?;
     let found: i64 =
         tx.query_one("SELECT version FROM baton_schema", &[]).await.map_err(fail)?.try_get(0).map_err(fail)?;
