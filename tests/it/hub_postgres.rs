@@ -135,7 +135,8 @@ fn init_on_postgres_and_a_second_hub_joining_with_the_same_ca() {
         .filter(|f| f.as_ref().unwrap().path().extension().is_some_and(|e| e == "sql"))
         .count();
     assert_eq!(psql(&cluster, "SELECT version FROM baton_schema"), migrations.to_string(), "every migration applied");
-    first.enroll(Role::Node, "host-a").unwrap_or_else(|e| panic!("{e:#}"));
+    // A producer's certificate alone (no host, no message) is already the record in use.
+    first.enroll(Role::Producer, "prod").unwrap_or_else(|e| panic!("{e:#}"));
     assert_eq!(psql(&cluster, "SELECT count(*) FROM certificates"), "1", "enroll reached the record");
 
     // A hub joining without the CA would not verify what was issued: refused, nothing made.
@@ -145,6 +146,8 @@ fn init_on_postgres_and_a_second_hub_joining_with_the_same_ca() {
     assert!(stderr(&out).contains("--ca-from"), "{}", stderr(&out));
     assert!(!stderr(&out).contains(PASSWORD), "{}", stderr(&out));
     assert!(!stranger.data_dir().join("ca.crt").exists(), "a refused init creates nothing");
+    assert!(stderr(&out).contains("1 certificate(s) issued"), "{}", stderr(&out));
+    first.enroll(Role::Node, "host-a").unwrap_or_else(|e| panic!("{e:#}"));
 
     // The second hub takes the URL from the environment and the CA from the first hub.
     let second = hub_at(root.path(), "second");

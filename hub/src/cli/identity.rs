@@ -109,17 +109,19 @@ fn server_names(hostnames: &[String]) -> Vec<String> {
 /// Connects to the PostgreSQL record at `url` and migrates it, as `serve` will; refuses (exit
 /// 2) a record already in use when the CA is a new one (`shared_ca` false). The record stores
 /// no CA, so which one issued its certificates cannot be checked; but a record in use (hosts
-/// enrolled, messages sent) was made under some hub's CA, which a new one would not verify.
+/// enrolled, certificates issued, messages sent) was made under some hub's CA, which a new one
+/// would not verify.
 fn check_joining(ctx: &Context, url: &crate::pg::PgUrl, shared_ca: bool) -> CliResult {
     let record = Record::postgres(url, ctx.clock.clone())?;
-    let seen = record.run(record.status())?;
-    if (seen.hosts > 0 || seen.messages > 0) && !shared_ca {
+    let seen = record.run(record.in_use())?;
+    if seen.any() && !shared_ca {
         return Err(CliError::usage(format!(
-            "the database at {} already holds a record ({} enrolled host(s), {} message(s)) made under the CA \
-             of the hubs that serve it, which a new CA would not verify: join with `baton-hub init --ca-from \
-             DIR`, DIR being the data directory of a hub that serves it",
+            "the database at {} already holds a record ({} host(s) enrolled, {} certificate(s) issued, {} \
+             message(s)) made under the CA of the hubs that serve it, which a new CA would not verify: join with \
+             `baton-hub init --ca-from DIR`, DIR being the data directory of a hub that serves it",
             url.shown(),
             seen.hosts,
+            seen.certificates,
             seen.messages
         )));
     }

@@ -472,6 +472,14 @@ impl Store {
 
     // ---- Reads for operators, status and metrics ----
 
+    /// Whether the record is in use (hosts, certificates, messages): `init` refuses to put a new
+    /// CA over one that is.
+    pub async fn in_use(&self) -> StoreResult<read::InUse> {
+        match &self.backend {
+            Backend::Sqlite(s) | Backend::Postgres(s) => s.read(read::in_use).await,
+        }
+    }
+
     /// Counts per state, pending fan-out, fences and hosts.
     pub async fn status(&self) -> StoreResult<StatusView> {
         match &self.backend {

@@ -245,6 +245,35 @@ pub struct StatusView {
     pub schema_version: i64,
 }
 
+/// What shows that a record is in use, made under some hub's CA: hosts ever enrolled (retired
+/// ones too), certificates issued (a producer's too), messages accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InUse {
+    /// Hosts ever enrolled.
+    pub hosts: i64,
+    /// Certificates issued.
+    pub certificates: i64,
+    /// Messages accepted.
+    pub messages: i64,
+}
+
+impl InUse {
+    /// Whether anything at all is in the record.
+    pub fn any(&self) -> bool {
+        self.hosts > 0 || self.certificates > 0 || self.messages > 0
+    }
+}
+
+/// `InUse` of the record.
+pub fn in_use(conn: &dyn Db) -> StoreResult<InUse> {
+    let one = |sql: &str| -> StoreResult<i64> { Ok(conn.query_row(sql, [], |r| r.get(0))?) };
+    Ok(InUse {
+        hosts: one("SELECT count(*) FROM hosts")?,
+        certificates: one("SELECT count(*) FROM certificates")?,
+        messages: one("SELECT count(*) FROM messages")?,
+    })
+}
+
 /// Counts for the overview.
 pub fn status(conn: &dyn Db) -> StoreResult<StatusView> {
     let deliveries = conn
