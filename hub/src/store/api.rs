@@ -96,7 +96,7 @@ impl Conns {
 
     /// `write` for a job that claims for `host` and writes nothing else (see
     /// `Writer::call_claims`).
-    async fn write_claims<R, F>(&self, host: &str, f: F) -> StoreResult<R>
+    async fn write_claims<R, F>(&self, host: String, f: F) -> StoreResult<R>
     where
         R: Send + 'static,
         F: FnOnce(&dyn Db) -> StoreResult<R> + Send + 'static,
@@ -350,8 +350,8 @@ impl Store {
     /// the migrations (refusing a newer schema), and serves from it through a writer thread
     /// (group commit; each transaction first takes the record's write lock, shared by claim
     /// transactions and exclusive for every other, so several hubs' claims overlap and their
-    /// other writes run one after another) and a pool of read connections. A connection the server dropped
-    /// is replaced at the next transaction.
+    /// other writes run one after another) and a pool of read connections. A connection the
+    /// server dropped is replaced at the next transaction.
     pub async fn open_postgres(url: &crate::pg::PgUrl, clock: SharedClock) -> Result<Store, crate::pg::PgError> {
         crate::pg::connect_and_migrate(url).await?;
         let opener = |url: crate::pg::PgUrl| -> Opener {
@@ -681,8 +681,7 @@ impl Store {
         let clock = self.clock.clone();
         match &self.backend {
             Backend::Sqlite(s) | Backend::Postgres(s) => {
-                let host = who.host.clone();
-                s.write_claims(&host, move |c| {
+                s.write_claims(who.host.clone(), move |c| {
                     let now = clock.now_ms();
                     sessions::check(c, &who.host, who.session)?;
                     let deliveries = claim::claim_as(c, who.claimant(), max, now)?;

@@ -77,15 +77,28 @@ impl Writer {
     /// writes nothing else: a batch of only such jobs begins with `Db::begin_claims` and runs
     /// them in host order, so claim transactions on several hubs take the hosts' row locks in
     /// one order and never wait for each other in a cycle.
-    pub async fn call_claims<R, F>(&self, host: &str, f: F) -> StoreResult<R>
+    pub async fn call_claims<R, F>(&self, host: String, f: F) -> StoreResult<R>
     where
         R: Send + 'static,
         F: FnOnce(&dyn Db) -> StoreResult<R> + Send + 'static,
     {
-        self.submit(f, Some(host.to_string())).await
+        self.submit(f, Some(host)).await
     }
 
     async fn submit<R, F>(&self, f: F, claims: Option<String>) -> StoreResult<R>
+    where
+        R: Send + 'static,
+        F: FnOnce(&dyn Db) -> StoreResult<R> + Send + 'static,
+    {
+        let (queued, answer) = Queued::new(f, claims);
+        self.tx.send(queued).await.map_err(|_| StoreError::Storage("the writer has stopped".into()))?;
+        answer.await.map_err(|_| StoreError::Storage("the writer has stopped".into()))?
+    }
+}
+
+impl Queued {
+    /// `f` as a job for the writer, and where its answer will come once its transaction ended.
+    fn new<R, F>(f: F, claims: Option<String>) -> (Queued, oneshot::Receiver<StoreResult<R>>)
     where
         R: Send + 'static,
         F: FnOnce(&dyn Db) -> StoreResult<R> + Send + 'static,
@@ -114,8 +127,7 @@ impl Writer {
             });
             (ok, reply)
         });
-        self.tx.send(Queued { job, claims }).await.map_err(|_| StoreError::Storage("the writer has stopped".into()))?;
-        orx.await.map_err(|_| StoreError::Storage("the writer has stopped".into()))?
+        (Queued { job, claims }, orx)
     }
 }
 
@@ -446,44 +458,43 @@ mod tests {
         let conn = crate::store::open_write(&dir.path().join("hub.db"), Synchronous::Normal).unwrap();
         let w = Writer::start(Recording { conn, begun: begun.clone() }).unwrap();
         let order = std::sync::Arc::new(Mutex::new(Vec::<String>::new()));
-        // The first job holds the writer (in a batch of its own) until the next ones are
-        // queued behind it.
-        let (release, first) = hold(&w).await;
-        let queued = |w: &Writer| w.tx.max_capacity() - w.tx.capacity();
-        let mut claims = Vec::new();
-        for host in ["host-c", "host-a", "host-b"] {
-            let (w, order) = (w.clone(), order.clone());
-            claims.push(tokio::spawn(async move {
-                w.call_claims(host, move |_| {
+        // Jobs sent while a first one holds the writer (in a batch of its own) are in its queue,
+        // every one of them, when it is released: the next batch takes them all.
+        let behind_a_held_job = |jobs: Vec<Queued>| {
+            let w = w.clone();
+            async move {
+                let (release, first) = hold(&w).await;
+                for job in jobs {
+                    assert!(w.tx.send(job).await.is_ok());
+                }
+                release.send(()).unwrap();
+                first.await.unwrap().unwrap();
+            }
+        };
+        let claim = |host: &'static str| {
+            let order = order.clone();
+            Queued::new(
+                move |_| {
                     order.lock().unwrap().push(host.to_string());
                     Ok(())
-                })
-                .await
-            }));
-        }
-        while queued(&w) < 3 {
-            tokio::task::yield_now().await;
-        }
-        release.send(()).unwrap();
-        first.await.unwrap().unwrap();
-        for c in claims {
-            c.await.unwrap().unwrap();
+                },
+                Some(host.to_string()),
+            )
+        };
+        let (jobs, answers): (Vec<Queued>, Vec<_>) = ["host-c", "host-a", "host-b"].map(claim).into_iter().unzip();
+        behind_a_held_job(jobs).await;
+        for answer in answers {
+            answer.await.unwrap().unwrap();
         }
         assert_eq!(*order.lock().unwrap(), ["host-a", "host-b", "host-c"]);
         assert_eq!(*begun.lock().unwrap(), ["write", "claims"]);
 
         // A claim and another job queued together: one ordinary write transaction.
-        let (release, first) = hold(&w).await;
-        let (a, b) = (w.clone(), w.clone());
-        let claim = tokio::spawn(async move { a.call_claims("host-a", |_| Ok(())).await });
-        let other = tokio::spawn(async move { b.call(|_| Ok(())).await });
-        while queued(&w) < 2 {
-            tokio::task::yield_now().await;
-        }
-        release.send(()).unwrap();
-        first.await.unwrap().unwrap();
-        claim.await.unwrap().unwrap();
-        other.await.unwrap().unwrap();
+        let (a_claim, claimed) = claim("host-a");
+        let (other, done) = Queued::new(|_| Ok(()), None);
+        behind_a_held_job(vec![a_claim, other]).await;
+        claimed.await.unwrap().unwrap();
+        done.await.unwrap().unwrap();
         assert_eq!(*begun.lock().unwrap(), ["write", "claims", "write", "write"]);
     }
 
