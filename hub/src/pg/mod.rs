@@ -2,8 +2,9 @@
 //! `sslmode` says) and applying the numbered migrations of `schema/postgres/`.
 //!
 //! - `mod.rs`: `PgUrl` (the parsed URL, and the form of it that is safe to print), `connect`,
-//!   `connect_and_migrate` (and `_blocking`), and `PgError`, the one error type, which names what is wrong (the URL, the host, the
-//!   credentials, TLS, the schema) and never carries the password.
+//!   `connect_and_migrate` (and `_blocking`), and `PgError`, the one error type, which names
+//!   what is wrong (the URL, the host, the credentials, TLS, the schema) and never carries the
+//!   password.
 //! - `tls`: `SslMode`, the URL's `sslmode`/`sslrootcert`, and its rustls configuration.
 //! - `migrate`: `MIGRATIONS` and `migrate`, in one transaction under an advisory lock,
 //!   refusing a schema newer than this binary.

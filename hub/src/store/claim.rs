@@ -133,7 +133,7 @@ pub(crate) fn bind_instance(
     bind_over(conn, host, instance_id, bound, rebind, now_ms)
 }
 
-/// `bind_instance` over the binding `bound` already read (under the claim's lock of the row).
+/// `bind_instance` over the binding `bound` the claim already read (`host_row`).
 fn bind_over(
     conn: &dyn Db,
     host: &str,

@@ -643,8 +643,10 @@ impl Db for PgConn {
 /// Whether `sql` is a savepoint statement (`SAVEPOINT x`, `RELEASE x`, `ROLLBACK TO x`), which
 /// `PgConn` sends ahead of the next call instead of on its own.
 fn is_savepoint_statement(sql: &str) -> bool {
-    let upper = sql.trim_start().to_ascii_uppercase();
-    upper.starts_with("SAVEPOINT ") || upper.starts_with("RELEASE ") || upper.starts_with("ROLLBACK TO ")
+    let sql = sql.trim_start().as_bytes();
+    ["SAVEPOINT ", "RELEASE ", "ROLLBACK TO "]
+        .iter()
+        .any(|p| sql.len() >= p.len() && sql[..p.len()].eq_ignore_ascii_case(p.as_bytes()))
 }
 
 /// Rewrites SQLite's `?N`, `?` and `:name` parameters to PostgreSQL's `$N`, leaving quoted text
@@ -914,6 +916,18 @@ fn numeric(raw: &[u8]) -> Result<Value, Box<dyn std::error::Error + Sync + Send>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Only savepoint statements are kept for the next round trip; `ROLLBACK` and `COMMIT` go
+    /// at once.
+    #[test]
+    fn savepoint_statements_are_told_from_the_others() {
+        for sql in ["SAVEPOINT job", "release job", "  ROLLBACK TO job", "Rollback To item"] {
+            assert!(is_savepoint_statement(sql), "{sql}");
+        }
+        for sql in ["ROLLBACK", "COMMIT", "RELEASE", "SELECT 1", "SAVEPOINTS", ""] {
+            assert!(!is_savepoint_statement(sql), "{sql}");
+        }
+    }
 
     #[test]
     fn parameters_are_rewritten_outside_quotes_and_casts() {
