@@ -389,6 +389,11 @@ fn route_template(i: usize, uuid: &str) -> (&'static str, String, Value) {
         ),
         (
             "POST",
+            "/v1/batch/handoff".to_string(),
+            json!({"instance_id": "inst-1", "deliveries": [{"delivery_id": uuid, "claim_token": "tok"}]}),
+        ),
+        (
+            "POST",
             "/v1/batch/reject".to_string(),
             json!({"instance_id": "inst-1", "deliveries": [{"delivery_id": uuid, "claim_token": "tok", "reason": "r"}]}),
         ),

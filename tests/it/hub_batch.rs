@@ -204,6 +204,76 @@ async fn batch_holder_steps_answer_each_delivery_as_the_single_endpoints_do() {
     hub.verify_ok();
 }
 
+/// `POST /v1/batch/handoff` is `mirrored` then `ack` in one request: a claimed delivery and a
+/// mirrored one both end `delivered`, each with the two events the single steps record; a
+/// refused item answers what its single `mirrored` answers (the first step refuses it) and
+/// changes nothing, the others go on; a repeat answers as a repeated `ack`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_handoff_answers_each_delivery_as_mirrored_then_ack_do() {
+    let hub = Hub::start();
+    let prod = hub.client("prod");
+    for i in 0..4 {
+        prod.submit_new("c", &format!("a{i}"), &["host-a"]).await;
+    }
+    prod.submit_new("c", "b0", &["host-b"]).await;
+    let node = hub.node("host-a", "inst-1");
+    let held = node.claim(10, 0).await;
+    assert_eq!(held.len(), 4);
+    let host_b = hub.node("host-b", "inst-b").claim(10, 0).await.remove(0);
+    node.mirrored(&held[1]).await.ok(200);
+    let stale = held[3].clone();
+    prod.post(&format!("/v1/messages/{}/cancel", stale.message_id), &json!({"reason": "no"})).await.ok(200);
+
+    let mut wrong_token = holder_item(&held[2]);
+    wrong_token["claim_token"] = json!(random_id());
+    let items = vec![
+        holder_item(&held[0]),                                   // claimed → delivered
+        holder_item(&held[1]),                                   // mirrored → delivered
+        wrong_token.clone(),                                     // a wrong holder
+        json!({"delivery_id": random_id(), "claim_token": "t"}), // unknown
+        holder_item(&host_b),                                    // another host's
+        holder_item(&stale),                                     // stale (cancelled)
+        json!({"delivery_id": "not-an-id", "claim_token": "t"}), // a bad id
+        holder_item(&held[0]),                                   // a repeat inside the batch
+    ];
+    let got = results(&batch(&node, "handoff", items.clone()).await);
+    assert_eq!(got.len(), items.len());
+    for i in [0, 1] {
+        let id = &held[i].delivery_id;
+        assert_eq!(item(&got[i]), (200, json!({"delivery_id": id, "state": "delivered", "changed": true})));
+        let steps: Vec<(Option<String>, String)> = hub.events(id).into_iter().map(|(f, t, _, _)| (f, t)).collect();
+        let tail: Vec<(Option<&str>, &str)> =
+            steps[steps.len() - 2..].iter().map(|(f, t)| (f.as_deref(), t.as_str())).collect();
+        assert_eq!(tail, [(Some("claimed"), "mirrored"), (Some("mirrored"), "delivered")], "{id}: {steps:?}");
+    }
+    refused(&got[2], 409, "stale_claim");
+    refused(&got[3], 404, "not_found");
+    refused(&got[4], 403, "not_yours");
+    refused(&got[5], 409, "stale_claim");
+    refused(&got[6], 400, "invalid_field");
+    for i in [2, 3, 4, 5, 6] {
+        let single = node
+            .api
+            .post(
+                &format!("/v1/deliveries/{}/mirrored", items[i]["delivery_id"].as_str().unwrap()),
+                &json!({"instance_id": node.instance, "claim_token": items[i]["claim_token"]}),
+            )
+            .await;
+        same(&got[i], &single, &format!("delivery {i}"));
+    }
+    let repeat = node.ack(&held[0]).await;
+    same(&got[7], &repeat, "a repeated handoff");
+    assert_eq!(item(&got[7]).1["changed"], false);
+    assert_eq!(hub.state(&held[2].delivery_id), "claimed", "a refused item changed nothing");
+    assert_eq!(hub.state(&host_b.delivery_id), "claimed", "another host's delivery changed nothing");
+    // A replayed handoff batch changes nothing and answers as repeated acks.
+    let again = results(&batch(&node, "handoff", vec![holder_item(&held[0]), holder_item(&held[1])]).await);
+    for (i, a) in again.iter().enumerate() {
+        assert_eq!(item(a), (200, json!({"delivery_id": held[i].delivery_id, "state": "delivered", "changed": false})));
+    }
+    hub.verify_ok();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batch_reports_answer_each_report_as_the_single_endpoint_does() {
     let hub = Hub::start();

@@ -113,7 +113,7 @@ async fn check_lost_answer(point: &str, step: &str) {
     hub.client("prod").submit_new("c", "k", &["host-a"]).await;
     let node = hub.node("host-a", "inst-1");
     let c = node.claim(1, 0).await.remove(0);
-    if step != "mirrored" {
+    if step != "mirrored" && step != "handoff" {
         node.mirrored(&c).await.ok(200);
     }
     if step == "report" {
@@ -128,6 +128,7 @@ async fn check_lost_answer(point: &str, step: &str) {
         "ack" => {
             node.api.try_post(&format!("/v1/deliveries/{}/ack", c.delivery_id), &holder(&node, &c.claim_token)).await
         }
+        "handoff" => node.api.try_post("/v1/batch/handoff", &handoff_batch(&node, &c)).await,
         _ => node.api.try_post("/delivery-report", &node.report_body(&c, "rep-1", "succeeded", 0)).await,
     };
     assert!(lost.is_err(), "{step}: answered by a hub that crashed: {:?}", lost.map(|r| r.text));
@@ -138,14 +139,18 @@ async fn check_lost_answer(point: &str, step: &str) {
     let (retry, state) = match step {
         "mirrored" => (node.mirrored(&c).await, "mirrored"),
         "ack" => (node.ack(&c).await, "delivered"),
+        "handoff" => (node.api.post("/v1/batch/handoff", &handoff_batch(&node, &c)).await, "delivered"),
         _ => (node.report(&c, "rep-1", "succeeded", 0).await, "delivered"),
     };
+    let unchanged = json!({"delivery_id": c.delivery_id, "state": state, "changed": false});
     if step == "report" {
         assert_eq!(retry.ok(200)["duplicate"], true, "the retried report was already recorded");
         let view = hub.client("prod").get("/v1/messages?idempotency_key=k").await;
         assert_eq!(view.ok(200)["deliveries"][0]["attempts"].as_array().unwrap().len(), 1);
+    } else if step == "handoff" {
+        assert_eq!(retry.ok(200), &json!({"results": [{"status": 200, "ok": unchanged}]}));
     } else {
-        assert_eq!(retry.ok(200), &json!({"delivery_id": c.delivery_id, "state": state, "changed": false}));
+        assert_eq!(retry.ok(200), &unchanged);
     }
     assert_eq!(hub.state(&c.delivery_id), state);
     hub.verify_ok();
@@ -153,6 +158,10 @@ async fn check_lost_answer(point: &str, step: &str) {
 
 fn holder(node: &crate::harness::Node, token: &str) -> Value {
     json!({"instance_id": node.instance, "claim_token": token})
+}
+
+fn handoff_batch(node: &crate::harness::Node, c: &crate::harness::Claimed) -> Value {
+    json!({"instance_id": node.instance, "deliveries": [{"delivery_id": c.delivery_id, "claim_token": c.claim_token}]})
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -163,6 +172,11 @@ async fn a_lost_mirrored_answer_is_safe_to_retry() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_ack_answer_is_safe_to_retry() {
     check_lost_answer("hub.ack.after_commit", "ack").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_handoff_answer_is_safe_to_retry() {
+    check_lost_answer("hub.handoff.after_commit", "handoff").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -786,7 +786,7 @@ impl Bases {
             }
             ("post", "/delivery-report") => node(self.report()),
             ("post", "/v1/batch/messages") => producer(Some(json!({"messages": [self.submit()]}))),
-            ("post", "/v1/batch/mirrored" | "/v1/batch/ack") => {
+            ("post", "/v1/batch/mirrored" | "/v1/batch/ack" | "/v1/batch/handoff") => {
                 node(json!({"instance_id": "inst-b", "deliveries": [holder()]}))
             }
             ("post", "/v1/batch/reject") => node(json!({

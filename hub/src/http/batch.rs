@@ -228,6 +228,21 @@ pub(super) async fn ack(
     Ok(Json(BatchTransitionResponse { results }))
 }
 
+/// `POST /v1/batch/handoff`: the holder's whole handoff for each delivery, claimed or
+/// mirrored → delivered, in one transaction: what `mirrored` then `ack` would do, one request
+/// and one commit instead of two. Each item answers as the `ack` would (`delivered`).
+pub(super) async fn handoff(
+    NodeCaller(caller): NodeCaller,
+    State(state): State<AppState>,
+    Session(session): Session,
+    BatchJson(req): BatchJson<BatchHolderRequest>,
+) -> Result<Json<BatchTransitionResponse>, ApiError> {
+    let results = holder_steps(&caller, &state, session, req, Step::Handoff).await?;
+    crash_point("hub.handoff.after_commit");
+    state.outcome_changed();
+    Ok(Json(BatchTransitionResponse { results }))
+}
+
 /// `POST /v1/batch/reject`: claimed or mirrored → failed for each delivery, as
 /// `POST /v1/deliveries/{id}/reject` would.
 pub(super) async fn reject(

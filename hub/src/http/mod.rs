@@ -246,6 +246,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/batch/messages", post(batch::submit))
         .route("/v1/batch/mirrored", post(batch::mirrored))
         .route("/v1/batch/ack", post(batch::ack))
+        .route("/v1/batch/handoff", post(batch::handoff))
         .route("/v1/batch/reject", post(batch::reject))
         .route("/v1/batch/reports", post(batch::reports))
         .route("/healthz", get(health::healthz))
@@ -709,6 +710,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/batch/messages"),
     ("POST", "/v1/batch/mirrored"),
     ("POST", "/v1/batch/ack"),
+    ("POST", "/v1/batch/handoff"),
     ("POST", "/v1/batch/reject"),
     ("POST", "/v1/batch/reports"),
     ("GET", "/healthz"),

@@ -191,6 +191,9 @@ pub enum Step {
     Mirrored,
     /// mirrored → delivered.
     Ack,
+    /// Both, in one transaction: claimed → mirrored → delivered (from `mirrored`, the ack
+    /// alone). The node's local copy is committed before it asks, as for `mirrored`.
+    Handoff,
 }
 
 /// The node a holder's request comes from: its host and its node session.
@@ -303,6 +306,7 @@ fn apply_step(
     match step {
         Step::Mirrored => claim::mirrored(conn, host, id, h, now_ms),
         Step::Ack => claim::ack(conn, host, id, h, now_ms),
+        Step::Handoff => claim::handoff(conn, host, id, h, now_ms),
     }
 }
 

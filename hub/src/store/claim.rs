@@ -795,6 +795,28 @@ pub fn ack(
     holder_step(conn, host, delivery_id, holder, row.state, Mirrored, Delivered, &[Delivered], now_ms)
 }
 
+/// The holder's whole handoff in one step: claimed → mirrored → delivered, each transition
+/// guarded and recorded as `mirrored` and `ack` record it; from `mirrored` only the ack.
+/// Repeating it changes nothing. The answer is the ack's; `changed` when either step changed.
+pub fn handoff(
+    conn: &dyn Db,
+    host: &str,
+    delivery_id: &str,
+    holder: Holder<'_>,
+    now_ms: i64,
+) -> StoreResult<TransitionResponse> {
+    let row = load(conn, delivery_id, host)?;
+    check_holder(&row, delivery_id, holder)?;
+    let mut state = row.state;
+    let mut changed = false;
+    if state == Claimed {
+        let m = holder_step(conn, host, delivery_id, holder, state, Claimed, Mirrored, &[], now_ms)?;
+        (state, changed) = (m.state, m.changed);
+    }
+    let a = holder_step(conn, host, delivery_id, holder, state, Mirrored, Delivered, &[Delivered], now_ms)?;
+    Ok(TransitionResponse { changed: changed || a.changed, ..a })
+}
+
 #[allow(clippy::too_many_arguments)]
 fn holder_step(
     conn: &dyn Db,

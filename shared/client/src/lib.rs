@@ -12,7 +12,7 @@
 //! - `hubs`: the hub URLs a client may talk to and the one in use (`Client::with_hubs`,
 //!   `Client::advance_from`): a node moves on, round robin, from a hub that cannot answer.
 //! - `node_batch`: the node's batch calls (`NodeClient::mirrored_batch`, `ack_batch`,
-//!   `reject_batch`, `report_batch`), one typed answer per item.
+//!   `handoff_batch`, `reject_batch`, `report_batch`), one typed answer per item.
 //! - `tls`: `TlsFiles` and `http_client`, the one mTLS reqwest client builder.
 //! - `error`: `ClientError`, `ApiError`, and how a reqwest failure is classified.
 //! - `retry`: `RetryPolicy` and the bounded, paced retry of idempotent calls; `Backoff`, the

@@ -1,5 +1,5 @@
 //! The node's batch endpoints (`docs/api.md`, "Batches"): `NodeClient::mirrored_batch`,
-//! `ack_batch`, `reject_batch` and `report_batch`, each one request for many items of one kind.
+//! `ack_batch`, `handoff_batch`, `reject_batch` and `report_batch`, each one request for many items of one kind.
 //!
 //! A batch the hub took answers one result per item, in request order, each what the single
 //! endpoint would have answered for it: here a `Result` per item, its refusal a
@@ -35,6 +35,17 @@ impl NodeClient {
     /// `POST /v1/batch/ack`: `ack` for each of `items`, as `mirrored_batch`.
     pub async fn ack_batch(&self, items: Vec<HolderItem>) -> Result<Vec<ItemAnswer<TransitionResponse>>, ClientError> {
         self.holder_batch("/v1/batch/ack", items).await
+    }
+
+    /// `POST /v1/batch/handoff`: the whole handoff for each of `items`, `mirrored` then `ack`
+    /// in one request and one hub transaction (claimed or mirrored → delivered), as
+    /// `mirrored_batch`; each answer is the `ack`'s. A hub that predates it answers 404
+    /// (`ClientError::route_unknown`): then `mirrored_batch` and `ack_batch` do the same in two.
+    pub async fn handoff_batch(
+        &self,
+        items: Vec<HolderItem>,
+    ) -> Result<Vec<ItemAnswer<TransitionResponse>>, ClientError> {
+        self.holder_batch("/v1/batch/handoff", items).await
     }
 
     /// `POST /v1/batch/reject`: `reject` for each of `items` (each with its reason), as

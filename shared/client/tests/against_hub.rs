@@ -249,12 +249,12 @@ fn node_batches_answer_per_item_and_a_newer_session_supersedes() {
     let node = client(&hub, "host-a").node("instance-1");
     let rt = runtime();
     rt.block_on(async {
-        for i in 0..4 {
+        for i in 0..5 {
             producer.submit(&submit(&format!("b{i}"), "{}")).await.unwrap();
         }
         node.open_session(Some("test")).await.unwrap();
         let mut claimed = Vec::new();
-        while claimed.len() < 4 {
+        while claimed.len() < 5 {
             claimed.extend(node.claim(8, Duration::from_secs(5)).await.unwrap().deliveries);
         }
         let item = |d: &baton_shared::wire::ClaimedDelivery| HolderItem {
@@ -271,6 +271,14 @@ fn node_batches_answer_per_item_and_a_newer_session_supersedes() {
         assert!(!stale.route_unknown(), "an item's refusal is not the route's");
         let acked = node.ack_batch(items[..2].to_vec()).await.unwrap();
         assert!(acked.iter().all(|a| a.as_ref().unwrap().state == DeliveryState::Delivered), "{acked:?}");
+        let handed = node.handoff_batch(vec![item(&claimed[4]), items[0].clone()]).await.unwrap();
+        let handed: Vec<(DeliveryState, bool)> =
+            handed.into_iter().map(|a| a.map(|t| (t.state, t.changed)).unwrap()).collect();
+        assert_eq!(
+            handed,
+            [(DeliveryState::Delivered, true), (DeliveryState::Delivered, false)],
+            "claimed → delivered, then a repeat"
+        );
 
         let reject = RejectItem {
             delivery_id: claimed[3].delivery_id.clone(),
