@@ -106,6 +106,7 @@ pub async fn run_agent<H: Hub>(
         running: std::sync::Mutex::new(HashMap::new()),
         starts_unconfirmed: std::sync::atomic::AtomicBool::new(false),
         batch_unknown: std::sync::atomic::AtomicBool::new(false),
+        handoff_unknown: std::sync::atomic::AtomicBool::new(false),
         acked_here: Mutex::new(HashSet::new()),
         hub_lost: Mutex::new(None),
     });
@@ -511,6 +512,8 @@ enum Step {
     Mirrored,
     /// `ack`: the handoff is durable; the hub answers `delivered`.
     Ack,
+    /// Both in one request (`POST /v1/batch/handoff`); the hub answers as the `ack` does.
+    Handoff,
 }
 
 impl Step {
@@ -518,18 +521,26 @@ impl Step {
         match self {
             Step::Mirrored => "mirrored",
             Step::Ack => "ack",
+            Step::Handoff => "handoff",
         }
     }
 }
 
-/// Hands deliveries off, each from the hub state it is in: tells the hub `mirrored` for those
-/// still `claimed`, then acks them all, and opens the local gates of those the hub confirmed
-/// `delivered` in one local transaction (`Db::mark_acked_batch`). Transient failures are
-/// retried; a refusal of one item drops that local copy only, exactly as the single answer
-/// would.
+/// Hands deliveries off, each from the hub state it is in, and opens the local gates of those
+/// the hub confirmed `delivered` in one local transaction (`Db::mark_acked_batch`). With
+/// `handoff = "combined"` (a hub that knows it) one request asks for `mirrored` and `ack`
+/// together; otherwise the node tells the hub `mirrored` for those still `claimed`, then acks
+/// them all. Transient failures are retried; a refusal of one item drops that local copy only,
+/// exactly as the single answer would.
 async fn handoff_batch<H: Hub>(sh: &Arc<Shared<H>>, items: Vec<(ClaimedDelivery, DeliveryState)>) -> Result<(), Stop> {
     if items.is_empty() {
         return Ok(());
+    }
+    if sh.combined_handoff() {
+        let all: Vec<ClaimedDelivery> = items.into_iter().map(|(d, _)| d).collect();
+        let answers = transition_all(sh, Step::Handoff, &all).await?;
+        crash_point("node.handoff.after_response");
+        return open_gates(sh, Step::Handoff, all, answers).await;
     }
     let to_mirror: Vec<ClaimedDelivery> =
         items.iter().filter(|(_, st)| *st == DeliveryState::Claimed).map(|(d, _)| d.clone()).collect();
@@ -551,10 +562,22 @@ async fn handoff_batch<H: Hub>(sh: &Arc<Shared<H>>, items: Vec<(ClaimedDelivery,
     }
     let answers = transition_all(sh, Step::Ack, &to_ack).await?;
     crash_point("node.ack.after_response");
-    let mut open = Vec::with_capacity(to_ack.len());
-    for (d, answer) in to_ack.iter().zip(answers) {
+    open_gates(sh, Step::Ack, to_ack, answers).await
+}
+
+/// After the hub's answers to the `ack` (or the combined handoff, `step`) of `acked`: drops
+/// the local copies the hub refused, and opens the gates of those it confirmed `delivered`, in
+/// one local transaction.
+async fn open_gates<H: Hub>(
+    sh: &Arc<Shared<H>>,
+    step: Step,
+    acked: Vec<ClaimedDelivery>,
+    answers: Vec<ItemAnswer<TransitionResponse>>,
+) -> Result<(), Stop> {
+    let mut open = Vec::with_capacity(acked.len());
+    for (d, answer) in acked.iter().zip(answers) {
         match answer {
-            Err(e) => drop_local(sh, &d.delivery_id, "ack", &e).await?,
+            Err(e) => drop_local(sh, &d.delivery_id, step.as_str(), &e).await?,
             Ok(t) if t.state != DeliveryState::Delivered => {
                 tracing::error!(delivery_id = %d.delivery_id, state = %t.state, "the hub answered an ack without delivering; not running it");
             }
@@ -598,8 +621,14 @@ async fn transition_all<H: Hub>(
         }
         let items: Vec<(String, String)> =
             pending.iter().map(|i| (ds[*i].delivery_id.clone(), ds[*i].claim_token.clone())).collect();
+        let round = async {
+            match step {
+                Step::Handoff => send_handoff(sh, items).await,
+                _ => send_step(sh, step, items).await,
+            }
+        };
         let sent = tokio::select! {
-            r = send_step(sh, step, items) => r,
+            r = round => r,
             _ = sh.shutdown.cancelled() => return Err(Stop::Shutdown),
         };
         let mut transient = None;
@@ -628,6 +657,65 @@ async fn transition_all<H: Hub>(
     }
 }
 
+/// One round of the combined handoff for `items` (delivery id, claim token): one answer per
+/// item, in order, each the hub's answer to `ack` (or its refusal of the `mirrored` before
+/// it). One request per `BATCH_ITEMS_MAX` items; to a hub that predates it (404), or for a
+/// request the hub refused whole for what it carried, `mirrored` and then `ack` as two
+/// (`send_apart`).
+async fn send_handoff<H: Hub>(
+    sh: &Arc<Shared<H>>,
+    items: Vec<(String, String)>,
+) -> Vec<ItemAnswer<TransitionResponse>> {
+    let mut out = Vec::with_capacity(items.len());
+    for chunk in items.chunks(BATCH_ITEMS_MAX) {
+        if !sh.combined_handoff() {
+            out.extend(send_apart(sh, chunk.to_vec()).await);
+            continue;
+        }
+        let batch: Vec<HolderItem> = chunk
+            .iter()
+            .map(|(id, token)| HolderItem { delivery_id: id.clone(), claim_token: token.clone() })
+            .collect();
+        match sh.hub.handoff_batch(batch).await {
+            Ok(results) => out.extend(results),
+            Err(e) if e.route_unknown() => {
+                sh.no_combined_handoff(&e);
+                out.extend(send_apart(sh, chunk.to_vec()).await);
+            }
+            Err(e) if e.retry_later() || e.refused_for_good().is_some() || e.superseded().is_some() => {
+                out.extend(chunk.iter().map(|_| Err(e.clone())));
+            }
+            Err(e) => {
+                tracing::warn!("the hub refused a handoff batch whole ({e}); sending mirrored and ack apart");
+                out.extend(send_apart(sh, chunk.to_vec()).await);
+            }
+        }
+    }
+    out
+}
+
+/// `mirrored` for each of `items`, then `ack` for those the hub did not refuse: one answer per
+/// item, in order (the refusal of its `mirrored`, else the answer to its `ack`). A hub's
+/// `mirrored` is a no-op for a delivery it already has further along.
+async fn send_apart<H: Hub>(sh: &Arc<Shared<H>>, items: Vec<(String, String)>) -> Vec<ItemAnswer<TransitionResponse>> {
+    let mut out: Vec<Option<ItemAnswer<TransitionResponse>>> = vec![None; items.len()];
+    let mirrored = send_step(sh, Step::Mirrored, items.clone()).await;
+    let mut to_ack = Vec::with_capacity(items.len());
+    for (i, answer) in mirrored.into_iter().enumerate() {
+        match answer {
+            Ok(_) => to_ack.push(i),
+            Err(e) => out[i] = Some(Err(e)),
+        }
+    }
+    let acked = send_step(sh, Step::Ack, to_ack.iter().map(|i| items[*i].clone()).collect()).await;
+    for (i, answer) in to_ack.into_iter().zip(acked) {
+        out[i] = Some(answer);
+    }
+    out.into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(ClientError::Transport { detail: "no answer".into(), maybe_sent: true })))
+        .collect()
+}
+
 /// One round of `step` for `items` (delivery id, claim token): one answer per item, in order.
 /// One batch request per `BATCH_ITEMS_MAX` items; single requests, sent concurrently, to a hub
 /// that predates batches, or for a batch the hub refused whole for what it carried (a bound):
@@ -650,6 +738,7 @@ async fn send_step<H: Hub>(
         let answer = match step {
             Step::Mirrored => sh.hub.mirrored_batch(batch).await,
             Step::Ack => sh.hub.ack_batch(batch).await,
+            Step::Handoff => sh.hub.handoff_batch(batch).await,
         };
         match answer {
             Ok(results) => out.extend(results),
@@ -683,6 +772,10 @@ async fn send_singles<H: Hub>(
             let r = match step {
                 Step::Mirrored => sh.hub.mirrored(&id, &token).await,
                 Step::Ack => sh.hub.ack(&id, &token).await,
+                Step::Handoff => match sh.hub.mirrored(&id, &token).await {
+                    Ok(_) => sh.hub.ack(&id, &token).await,
+                    Err(e) => Err(e),
+                },
             };
             (i, r)
         });

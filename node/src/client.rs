@@ -78,6 +78,13 @@ pub trait Hub: Send + Sync + 'static {
         &self,
         items: Vec<HolderItem>,
     ) -> impl Future<Output = Result<Vec<ItemAnswer<TransitionResponse>>, ClientError>> + Send;
+    /// `POST /v1/batch/handoff`: `mirrored` then `ack` for many deliveries in one request and
+    /// one hub transaction, as `mirrored_batch`; each answer is the `ack`'s. A hub that
+    /// predates it answers 404 (`ClientError::route_unknown`).
+    fn handoff_batch(
+        &self,
+        items: Vec<HolderItem>,
+    ) -> impl Future<Output = Result<Vec<ItemAnswer<TransitionResponse>>, ClientError>> + Send;
     /// `POST /v1/batch/reports`: many attempt reports (at most `BATCH_ITEMS_MAX`, and
     /// `BATCH_BYTES_MAX` bytes); one answer per report, in order.
     fn report_batch(
@@ -212,6 +219,11 @@ impl Hub for HubClient {
     async fn ack_batch(&self, items: Vec<HolderItem>) -> Result<Vec<ItemAnswer<TransitionResponse>>, ClientError> {
         logged("batch/ack", items.len());
         self.failover(|| self.node.ack_batch(items.clone())).await
+    }
+
+    async fn handoff_batch(&self, items: Vec<HolderItem>) -> Result<Vec<ItemAnswer<TransitionResponse>>, ClientError> {
+        logged("batch/handoff", items.len());
+        self.failover(|| self.node.handoff_batch(items.clone())).await
     }
 
     async fn report_batch(&self, reports: Vec<ReportRequest>) -> Result<Vec<ItemAnswer<ReportResponse>>, ClientError> {

@@ -180,6 +180,11 @@ keys! {
     /// The store's durability: `full` fsyncs every commit; `normal` is faster but a power
     /// failure can lose a start marker, and that turn can then run twice.
     synchronous: Synchronous = Kind::Word(Synchronous::WORDS);
+    /// How a claim batch is handed off once mirrored: `combined` asks the hub for `mirrored`
+    /// and `ack` in one request (`POST /v1/batch/handoff`, one hub transaction); `separate`
+    /// sends them as two requests, as nodes did before. A hub that predates the combined
+    /// request is noticed at its first 404 and gets two.
+    handoff: Handoff = Kind::Word(Handoff::WORDS);
 }
 
 /// The hubs a node may talk to (`hub_url`), in the order given: at least one, at most
@@ -221,6 +226,15 @@ pub enum Harness {
     /// An in-process no-op that succeeds at once. Everything else (mirror, ack, markers,
     /// report) goes through the real code; used by benchmarks.
     Noop,
+}
+
+/// How a mirrored claim batch is handed off (`handoff`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handoff {
+    /// `mirrored` and `ack` in one request and one hub transaction.
+    Combined,
+    /// `mirrored`, then `ack`: two requests, two hub transactions.
+    Separate,
 }
 
 impl NodeConfig {

@@ -97,6 +97,9 @@ impl<H: Hub> Hub for Notifying<H> {
     async fn ack_batch(&self, items: Vec<HolderItem>) -> Result<Vec<ItemAnswer<TransitionResponse>>, ClientError> {
         self.answered(self.inner.ack_batch(items).await)
     }
+    async fn handoff_batch(&self, items: Vec<HolderItem>) -> Result<Vec<ItemAnswer<TransitionResponse>>, ClientError> {
+        self.answered(self.inner.handoff_batch(items).await)
+    }
     async fn report_batch(&self, reports: Vec<ReportRequest>) -> Result<Vec<ItemAnswer<ReportResponse>>, ClientError> {
         self.answered(self.inner.report_batch(reports).await)
     }

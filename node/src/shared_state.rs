@@ -65,6 +65,9 @@ pub(crate) struct Shared<H> {
     /// steps and reports go one request per delivery, as before. Set at the first 404 to a
     /// batch route (and logged once).
     pub(crate) batch_unknown: AtomicBool,
+    /// The hub does not know the combined handoff (`POST /v1/batch/handoff`; it predates it):
+    /// `mirrored` and `ack` go as two batches. Set at its first 404 (and logged once).
+    pub(crate) handoff_unknown: AtomicBool,
     /// The runs (delivery id, run) whose ack the hub confirmed to this process and that have
     /// not started yet. While the hub cannot be reached, these — and only these — may start on
     /// the local gate without the hub's start record (SPEC §4: a node keeps running what it
@@ -129,6 +132,22 @@ impl<H> Shared<H> {
     /// Whether the hub's batch routes may be used (none has answered 404 yet).
     pub(crate) fn batches(&self) -> bool {
         !self.batch_unknown.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether to ask for `mirrored` and `ack` in one request (`handoff = "combined"`, and no
+    /// hub has answered 404 to it or to a batch yet).
+    pub(crate) fn combined_handoff(&self) -> bool {
+        self.config.handoff == crate::config::Handoff::Combined
+            && self.batches()
+            && !self.handoff_unknown.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The combined handoff answered 404: this hub predates it; `mirrored` and `ack` as two
+    /// batches from now on.
+    pub(crate) fn no_combined_handoff(&self, e: &ClientError) {
+        if !self.handoff_unknown.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::warn!("the hub does not know the combined handoff ({e}); sending mirrored and ack apart");
+        }
     }
 
     /// A batch route answered 404: this hub predates batches; single requests from now on.

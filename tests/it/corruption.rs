@@ -181,9 +181,9 @@ async fn damaged_node_databases_are_refused_and_left_alone() {
 async fn a_wiped_node_comes_back_as_a_new_instance_and_takes_nothing_of_the_old() {
     let t = Hub::with_nodes(&["host-a"]);
     // The old instance crashes holding a delivered turn with no outcome.
-    let mut node = t.node_process("host-a").crash_point("node.ack.after_response").start();
+    let mut node = t.node_process("host-a").crash_point("node.handoff.after_response").start();
     let d = t.send_one("c", "k1", "host-a");
-    node.wait_crash("node.ack.after_response");
+    node.wait_crash("node.handoff.after_response");
     let old = t.delivery(&d);
     let old_instance = old["instance_id"].as_str().expect("holder").to_string();
     // Its data directory is lost; the same certificate starts again from nothing.

@@ -1,5 +1,5 @@
 //! The node's batched handoff with real processes: a claim batch reaches the hub as one
-//! `mirrored` and one `ack` request and reports leave the outbox in batch requests, counted
+//! handoff request (or one `mirrored` and one `ack`, with `handoff = "separate"`) and reports leave the outbox in batch requests, counted
 //! from the node's own request log (`baton_node::requests` at debug level: one line per request,
 //! with its route and item count), never timed.
 
@@ -22,13 +22,10 @@ fn requests(log: &str, route: &str) -> Vec<u64> {
         .collect()
 }
 
-/// 60 deliveries queued for one host before its node starts: they are handed off in a few
-/// batch requests (one `mirrored` and one `ack` per claim batch), none one by one, every turn
-/// runs and is reported once, and the hub gets far fewer handoff and report requests than the
-/// three per delivery single requests would take.
-#[test]
-fn many_deliveries_flow_with_few_requests() {
-    const MESSAGES: usize = 60;
+/// 60 deliveries queued for one host before its node starts (with `handoff` as given, or the
+/// default): every turn runs and is reported once, with no single handoff or report request;
+/// returns the node's log.
+fn flow_of_sixty(handoff: Option<&str>) -> String {
     let hub = Hub::with_nodes(&["host-a"]);
     let producer = hub.client("prod");
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
@@ -37,7 +34,11 @@ fn many_deliveries_flow_with_few_requests() {
         assert_eq!(m.deliveries.len(), 1);
     }
     wait_for("every delivery fanned out", NODE_WAIT, || (hub.deliveries().len() == MESSAGES).then_some(()));
-    let node = hub.node_process("host-a").set("claim_batch_max", "32").env("BATON_LOG", REQUEST_LOG).start();
+    let mut node = hub.node_process("host-a").set("claim_batch_max", "32").env("BATON_LOG", REQUEST_LOG);
+    if let Some(handoff) = handoff {
+        node = node.set("handoff", &format!("\"{handoff}\""));
+    }
+    let node = node.start();
     let all = wait_for("every delivery to have an outcome", NODE_WAIT, || {
         let list = hub.deliveries();
         list.iter().all(|d| !d["outcome"].is_null()).then_some(list)
@@ -50,21 +51,46 @@ fn many_deliveries_flow_with_few_requests() {
     for single in ["mirrored", "ack", "report"] {
         assert_eq!(requests(&log, single), Vec::<u64>::new(), "no single {single} request to a hub with batches");
     }
+    let reports = requests(&log, "batch/reports");
+    assert!(reports.iter().sum::<u64>() >= MESSAGES as u64, "every report sent: {reports:?}");
+    log
+}
+
+/// How many deliveries `flow_of_sixty` queues.
+const MESSAGES: usize = 60;
+
+/// By default a claim batch is handed off in one request (`mirrored` and `ack` together), and
+/// the hub gets far fewer handoff and report requests than the three per delivery single
+/// requests would take.
+#[test]
+fn many_deliveries_flow_with_few_requests() {
+    let log = flow_of_sixty(None);
+    for apart in ["batch/mirrored", "batch/ack"] {
+        assert_eq!(requests(&log, apart), Vec::<u64>::new(), "no {apart} request: the handoff is one");
+    }
+    let handoffs = requests(&log, "batch/handoff");
+    assert_eq!(handoffs.iter().sum::<u64>(), MESSAGES as u64, "each delivery handed off once: {handoffs:?}");
+    assert!(handoffs.len() <= 4, "one request per claim batch: {handoffs:?}");
+    let requests_made = handoffs.len() + requests(&log, "batch/reports").len();
+    assert!(
+        requests_made < MESSAGES,
+        "{requests_made} handoff and report requests for {MESSAGES} deliveries (single requests take {})",
+        3 * MESSAGES
+    );
+}
+
+/// With `handoff = "separate"` a claim batch is one `mirrored` and one `ack` request.
+#[test]
+fn a_separate_handoff_flows_as_one_mirrored_and_one_ack_per_claim_batch() {
+    let log = flow_of_sixty(Some("separate"));
+    assert_eq!(requests(&log, "batch/handoff"), Vec::<u64>::new(), "no combined handoff");
     let mirrored = requests(&log, "batch/mirrored");
     let acked = requests(&log, "batch/ack");
-    let reports = requests(&log, "batch/reports");
     assert_eq!(mirrored.iter().sum::<u64>(), MESSAGES as u64, "each delivery mirrored once: {mirrored:?}");
     assert_eq!(acked.iter().sum::<u64>(), MESSAGES as u64, "each delivery acked once: {acked:?}");
     assert!(
         mirrored.len() <= 4 && acked.len() == mirrored.len(),
         "one request per claim batch: {mirrored:?} {acked:?}"
-    );
-    assert!(reports.iter().sum::<u64>() >= MESSAGES as u64, "every report sent: {reports:?}");
-    let handoff_and_reports = mirrored.len() + acked.len() + reports.len();
-    assert!(
-        handoff_and_reports < 2 * MESSAGES,
-        "{handoff_and_reports} handoff and report requests for {MESSAGES} deliveries (single requests take {})",
-        3 * MESSAGES
     );
 }
 
@@ -238,7 +264,8 @@ fn a_node_works_with_a_hub_without_batch_routes() {
         hub.assert_one_attempt(id, "succeeded");
         assert_eq!(hub.exec_log().runs_of(id), 1, "ran once: {id}");
     }
-    assert_eq!(seen.refused.load(Ordering::SeqCst), 1, "one 404 is enough to learn it");
+    // One 404 per route is enough to learn it: the combined handoff's, then the first batch's.
+    assert_eq!(seen.refused.load(Ordering::SeqCst), 2, "one 404 per route is enough to learn it");
     let passed = seen.passed.lock().unwrap().clone();
     let count = |suffix: &str| passed.iter().filter(|p| p.ends_with(suffix)).count();
     assert_eq!(count("/mirrored"), MESSAGES, "{passed:?}");

@@ -11,10 +11,10 @@ fn refusals(log: &str) -> usize {
     log.matches("instance_conflict").count()
 }
 
-/// The first instance dies after the ack: delivered without an outcome, still held by it.
+/// The first instance dies after the handoff: delivered without an outcome, still held by it.
 #[test]
 fn a_clone_takes_nothing_while_the_first_holds_a_delivered_turn() {
-    check("node.ack.after_response", "delivered");
+    check("node.handoff.after_response", "delivered");
 }
 
 /// The first instance dies after mirroring locally: the hub has it claimed by that instance.

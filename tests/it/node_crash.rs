@@ -17,12 +17,19 @@ struct Case {
     outcome: &'static str,
     /// How many times the harness ran (in total, across both runs).
     runs: usize,
+    /// Whether the node sends `mirrored` and `ack` as two requests (`handoff = "separate"`):
+    /// the points between them are reached only then.
+    separate: bool,
 }
 
 fn check(case: Case) {
-    let Case { point, hub_state_at_crash, outcome_at_crash, outcome, runs } = case;
+    let Case { point, hub_state_at_crash, outcome_at_crash, outcome, runs, separate } = case;
     let hub = Hub::with_nodes(&["host-a"]);
-    let mut node = hub.node_process("host-a").crash_point(point).start();
+    let mut node = hub.node_process("host-a").crash_point(point);
+    if separate {
+        node = node.set("handoff", "\"separate\"");
+    }
+    let mut node = node.start();
     let id = hub.send_one("conv", "k1", "host-a");
     node.wait_crash(point);
 
@@ -65,6 +72,7 @@ fn crash_after_the_claim_response_resumes_the_claim() {
         outcome_at_crash: false,
         outcome: "succeeded",
         runs: 1,
+        separate: false,
     });
 }
 
@@ -76,6 +84,7 @@ fn crash_after_mirroring_resumes_with_mirrored() {
         outcome_at_crash: false,
         outcome: "succeeded",
         runs: 1,
+        separate: false,
     });
 }
 
@@ -87,6 +96,7 @@ fn crash_after_mirrored_resumes_with_the_ack() {
         outcome_at_crash: false,
         outcome: "succeeded",
         runs: 1,
+        separate: true,
     });
 }
 
@@ -98,6 +108,19 @@ fn crash_after_the_ack_runs_the_turn_once() {
         outcome_at_crash: false,
         outcome: "succeeded",
         runs: 1,
+        separate: true,
+    });
+}
+
+#[test]
+fn crash_after_the_handoff_runs_the_turn_once() {
+    check(Case {
+        point: "node.handoff.after_response",
+        hub_state_at_crash: "delivered",
+        outcome_at_crash: false,
+        outcome: "succeeded",
+        runs: 1,
+        separate: false,
     });
 }
 
@@ -109,6 +132,7 @@ fn crash_after_the_start_marker_reports_unknown_and_never_runs() {
         outcome_at_crash: false,
         outcome: "unknown",
         runs: 0,
+        separate: false,
     });
 }
 
@@ -120,6 +144,7 @@ fn crash_during_execution_reports_unknown_and_does_not_run_again() {
         outcome_at_crash: false,
         outcome: "unknown",
         runs: 1,
+        separate: false,
     });
 }
 
@@ -131,6 +156,7 @@ fn crash_after_the_end_marker_reports_the_recorded_outcome() {
         outcome_at_crash: false,
         outcome: "succeeded",
         runs: 1,
+        separate: false,
     });
 }
 
@@ -142,6 +168,7 @@ fn crash_after_the_report_response_does_not_count_twice() {
         outcome_at_crash: true,
         outcome: "succeeded",
         runs: 1,
+        separate: false,
     });
 }
 
@@ -200,14 +227,15 @@ fn a_delivery_cancelled_before_the_ack_is_dropped_and_never_runs() {
     hub.verify_ok();
 }
 
-/// The hub dies right after committing `mirrored`; an operator cancels the delivery while it
-/// is down. When the hub returns, the node's retried handoff is refused: it drops its local
-/// copy, says so, and nothing runs. The node keeps running throughout.
+/// The hub dies right after committing `mirrored` (the node sends `mirrored` and `ack` apart);
+/// an operator cancels the delivery while it is down. When the hub returns, the node's retried
+/// handoff is refused: it drops its local copy, says so, and nothing runs. The node keeps
+/// running throughout.
 #[test]
 fn a_refused_handoff_drops_the_local_copy() {
     let mut hub =
         Hub::builder().nodes(&["host-a"]).producers(&["prod"]).crash_point("hub.mirrored.after_commit").start();
-    let node = hub.node_process("host-a").start();
+    let node = hub.node_process("host-a").set("handoff", "\"separate\"").start();
     node.wait_log("holdings resync");
     let id = hub.send_one("conv", "k1", "host-a");
     let st = hub.wait_exit(NODE_WAIT).expect("the hub reached hub.mirrored.after_commit");

@@ -16,7 +16,13 @@ fn a_silent_instances_mirrored_delivery_goes_back_to_the_queue_and_runs_once_els
         .producers(&["prod"])
         .config("requeue_silent_after = \"14s\"\n[limits]\nlong_poll_wait_max = \"1s\"\n")
         .start();
-    let mut old = hub.node_process("host-a").set("claim_wait", "\"1s\"").crash_point(POINT).start();
+    // Only a node that sends `mirrored` and `ack` apart leaves a delivery `mirrored` at the hub.
+    let mut old = hub
+        .node_process("host-a")
+        .set("claim_wait", "\"1s\"")
+        .set("handoff", "\"separate\"")
+        .crash_point(POINT)
+        .start();
     let id = hub.send_one("conv", "k1", "host-a");
     old.wait_crash(POINT);
     let held = hub.delivery(&id);

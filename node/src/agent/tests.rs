@@ -6,7 +6,7 @@
 //! machine only makes these tests slower, never wrong.
 
 use super::*;
-use crate::config::{Harness, LogFormat};
+use crate::config::{Handoff, Harness, LogFormat};
 use crate::store::{Db, LocalState};
 use baton_client::ApiError;
 use baton_shared::states::Outcome;
@@ -69,13 +69,15 @@ struct HubState {
     cancels_only_in_holdings: bool,
     /// A hub that predates batches: the batch routes answer 404.
     no_batches: bool,
+    /// A hub that knows batches but predates the combined handoff: its route answers 404.
+    no_handoff: bool,
     /// Reports (single or in a batch) fail as if the hub were unreachable.
     reports_down: bool,
     /// Every batch request, as "batch mirrored 3" (route and item count).
     batches: Vec<String>,
     /// Moves to another hub of the node's list (`Hub::hub_moves`), made by a test.
     moves: u64,
-    /// When set, each `mirrored` batch waits for a permit of this semaphore first.
+    /// When set, each `mirrored` or `handoff` batch waits for a permit of this semaphore first.
     mirrored_gate: Option<Arc<tokio::sync::Semaphore>>,
 }
 
@@ -388,6 +390,31 @@ impl Hub for FakeHub {
         self.holder_batch("ack", items)
     }
 
+    /// As the hub does: per item, `mirrored` (a no-op past `claimed`) then `ack`, the ack's
+    /// answer or the first refusal. Logged as the two steps in `calls`.
+    async fn handoff_batch(&self, items: Vec<HolderItem>) -> Result<Vec<ItemAnswer<TransitionResponse>>, ClientError> {
+        let gate = self.with(|s| s.mirrored_gate.clone());
+        if let Some(gate) = gate {
+            let _permit = gate.acquire().await.unwrap();
+        }
+        self.batch_call("handoff", items.len())?;
+        if self.with(|s| s.no_handoff) {
+            return Err(no_route());
+        }
+        let (claimed, mirrored, delivered) =
+            (DeliveryState::Claimed, DeliveryState::Mirrored, DeliveryState::Delivered);
+        items
+            .iter()
+            .map(|i| {
+                let (id, token) = (&i.delivery_id, &i.claim_token);
+                batch_item(
+                    self.transition("mirrored", id, token, claimed, mirrored)
+                        .and_then(|_| self.transition("ack", id, token, mirrored, delivered)),
+                )
+            })
+            .collect()
+    }
+
     async fn report_batch(&self, reports: Vec<ReportRequest>) -> Result<Vec<ItemAnswer<ReportResponse>>, ClientError> {
         self.batch_call("reports", reports.len())?;
         let mut out = Vec::with_capacity(reports.len());
@@ -466,6 +493,7 @@ fn config(dir: &Path, script: &str) -> NodeConfig {
         log_format: LogFormat::Text,
         harness: Harness::Command,
         synchronous: baton_shared::sqlite::Synchronous::Full,
+        handoff: Handoff::Combined,
     }
 }
 
@@ -997,6 +1025,9 @@ async fn instance_conflict_backs_off_and_touches_nothing() {
         async fn ack_batch(&self, _: Vec<HolderItem>) -> Result<Vec<ItemAnswer<TransitionResponse>>, ClientError> {
             unreachable!("nothing is claimed")
         }
+        async fn handoff_batch(&self, _: Vec<HolderItem>) -> Result<Vec<ItemAnswer<TransitionResponse>>, ClientError> {
+            unreachable!("nothing is claimed")
+        }
         async fn report_batch(&self, _: Vec<ReportRequest>) -> Result<Vec<ItemAnswer<ReportResponse>>, ClientError> {
             unreachable!("nothing ran")
         }
@@ -1076,6 +1107,9 @@ async fn a_hub_that_does_not_answer_is_retried_within_the_reconnect_cap() {
             unreachable!("nothing is claimed")
         }
         async fn ack_batch(&self, _: Vec<HolderItem>) -> Result<Vec<ItemAnswer<TransitionResponse>>, ClientError> {
+            unreachable!("nothing is claimed")
+        }
+        async fn handoff_batch(&self, _: Vec<HolderItem>) -> Result<Vec<ItemAnswer<TransitionResponse>>, ClientError> {
             unreachable!("nothing is claimed")
         }
         async fn report_batch(&self, _: Vec<ReportRequest>) -> Result<Vec<ItemAnswer<ReportResponse>>, ClientError> {
@@ -1476,10 +1510,10 @@ fn count_where(dir: &Path, sql: &str) -> i64 {
     open_db(dir).conn().query_row(sql, [], |r| r.get(0)).unwrap()
 }
 
-/// A claim batch is handed off in one `mirrored` and one `ack` request, and the reports the
-/// outbox holds go in one request: the hub sees requests per batch, not per delivery.
-#[tokio::test]
-async fn a_claim_batch_is_one_mirrored_one_ack_and_its_reports_one_request() {
+/// A claim batch of six, with `handoff` as given, its reports held back until all six turns
+/// ended: the hub's batch requests other than reports, after checking that the waiting
+/// reports went in one request and every turn was reported.
+async fn holder_batches_of_a_claim_batch(handoff: Handoff) -> Vec<String> {
     let dir = tempfile::tempdir().unwrap();
     let hub = FakeHub::default();
     let batch: Vec<ClaimedDelivery> = (1..=6).map(|i| delivery(&format!("b{i}"), &format!("c{}", i % 3), i)).collect();
@@ -1489,6 +1523,7 @@ async fn a_claim_batch_is_one_mirrored_one_ack_and_its_reports_one_request() {
     });
     let mut cfg = config(dir.path(), "cat");
     cfg.harness = Harness::Noop;
+    cfg.handoff = handoff;
     let node = start(cfg, &hub);
     wait_until("six turns ended locally", || {
         count_where(dir.path(), "SELECT count(*) FROM attempts WHERE ended_at_ms IS NOT NULL") == 6
@@ -1498,8 +1533,6 @@ async fn a_claim_batch_is_one_mirrored_one_ack_and_its_reports_one_request() {
     wait_until("six reports", || hub.with(|s| s.outcomes.len() == 6)).await;
     node.stop().await;
     hub.with(|s| {
-        let holder: Vec<&String> = s.batches.iter().filter(|b| !b.starts_with("batch reports")).collect();
-        assert_eq!(holder, ["batch mirrored 6", "batch ack 6"], "{:?}", s.batches);
         assert!(
             s.batches.iter().any(|b| b == "batch reports 6"),
             "the waiting reports go in one request: {:?}",
@@ -1509,6 +1542,49 @@ async fn a_claim_batch_is_one_mirrored_one_ack_and_its_reports_one_request() {
         reported.sort();
         reported.dedup();
         assert_eq!(reported.len(), 6);
+        s.batches.iter().filter(|b| !b.starts_with("batch reports")).cloned().collect()
+    })
+}
+
+/// A claim batch is handed off in one request (`mirrored` and `ack` together), and the reports
+/// the outbox holds go in one request: the hub sees requests per batch, not per delivery.
+#[tokio::test]
+async fn a_claim_batch_is_one_handoff_and_its_reports_one_request() {
+    assert_eq!(holder_batches_of_a_claim_batch(Handoff::Combined).await, ["batch handoff 6"]);
+}
+
+/// With `handoff = "separate"` a claim batch is one `mirrored` and one `ack` request.
+#[tokio::test]
+async fn a_separate_handoff_is_one_mirrored_and_one_ack_request() {
+    assert_eq!(holder_batches_of_a_claim_batch(Handoff::Separate).await, ["batch mirrored 6", "batch ack 6"]);
+}
+
+/// A hub that knows batches but predates the combined handoff answers 404 to it once; from
+/// then on the node sends `mirrored` and `ack` apart, and every turn still runs once.
+#[tokio::test]
+async fn a_hub_without_the_combined_handoff_gets_mirrored_and_ack_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = FakeHub::default();
+    hub.with(|s| {
+        s.queue.extend([delivery("h1", "a", 1), delivery("h2", "b", 1)]);
+        s.no_handoff = true;
+    });
+    let node = start(config(dir.path(), &recording(dir.path())), &hub);
+    wait_until("two reports", || hub.with(|s| s.outcomes.len() == 2)).await;
+    hub.with(|s| s.queue.extend([delivery("h3", "c", 1)]));
+    wait_until("three reports", || hub.with(|s| s.outcomes.len() == 3)).await;
+    node.stop().await;
+    let mut ran = lines(&dir.path().join("ran"));
+    ran.sort();
+    assert_eq!(ran, ["h1", "h2", "h3"]);
+    hub.with(|s| {
+        let holder: Vec<&String> = s.batches.iter().filter(|b| !b.starts_with("batch reports")).collect();
+        assert_eq!(
+            holder,
+            ["batch handoff 2", "batch mirrored 2", "batch ack 2", "batch mirrored 1", "batch ack 1"],
+            "one 404 is enough: {:?}",
+            s.batches
+        );
     });
 }
 
@@ -1532,7 +1608,7 @@ async fn a_stale_item_of_a_batch_fails_alone() {
     let mut ran = lines(&dir.path().join("ran"));
     ran.sort();
     assert_eq!(ran, ["s1", "s3"]);
-    hub.with(|s| assert!(s.batches.iter().any(|b| b == "batch ack 3"), "{:?}", s.batches));
+    hub.with(|s| assert!(s.batches.iter().any(|b| b == "batch handoff 3"), "{:?}", s.batches));
 }
 
 /// A hub that predates batches answers 404 to the first batch request; from then on every
@@ -1552,7 +1628,7 @@ async fn a_hub_without_batch_routes_gets_single_requests() {
     node.stop().await;
     assert_eq!(lines(&dir.path().join("ran")).len(), 5);
     hub.with(|s| {
-        assert_eq!(s.batches, ["batch mirrored 3"], "one 404 is enough: {:?}", s.batches);
+        assert_eq!(s.batches, ["batch handoff 3", "batch mirrored 3"], "one 404 per route is enough: {:?}", s.batches);
         for id in ["o1", "o2", "o3", "o4", "o5"] {
             for step in ["mirrored", "ack", "report"] {
                 let call = format!("{step} {id}");

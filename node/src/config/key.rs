@@ -2,7 +2,7 @@
 //! its help line, and the checks every written value passes before it joins a layer. Values
 //! are checked where they are read, so a message names the key whatever layer it came from.
 
-use super::{ConfigError, Harness, HubUrls, KEYS, LogFormat};
+use super::{ConfigError, Handoff, Harness, HubUrls, KEYS, LogFormat};
 use crate::limits::HUB_URLS_MAX;
 use baton_shared::sqlite::Synchronous;
 use std::path::PathBuf;
@@ -385,4 +385,5 @@ macro_rules! from_word {
 
 from_word!(LogFormat { "text" => LogFormat::Text, "json" => LogFormat::Json });
 from_word!(Harness { "command" => Harness::Command, "noop" => Harness::Noop });
+from_word!(Handoff { "combined" => Handoff::Combined, "separate" => Handoff::Separate });
 from_word!(Synchronous { "full" => Synchronous::Full, "normal" => Synchronous::Normal });

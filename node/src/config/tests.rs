@@ -42,6 +42,8 @@ fn defaults_fill_the_optional_keys() {
     assert_eq!(c.local_retention, Duration::from_secs(7 * 24 * 3600));
     assert_eq!(c.log_format, LogFormat::Text);
     assert_eq!(c.harness, Harness::Command);
+    assert_eq!(c.handoff, Handoff::Combined);
+    assert_eq!(parse("handoff = \"separate\"\n").unwrap().handoff, Handoff::Separate);
 }
 
 #[test]
@@ -71,6 +73,7 @@ fn out_of_range_values_name_the_field_and_range() {
     );
     check_refused("claim_wait = 30\n", &["claim_wait", "expected a duration"]);
     check_refused("synchronous = \"off\"\n", &["synchronous", "\"full\", \"normal\""]);
+    check_refused("handoff = \"both\"\n", &["handoff", "\"combined\", \"separate\""]);
     for (alone, expected) in [
         ("command = [\"sh\", 1]", "command: expected an array of strings"),
         ("data_dir = \"\"", "data_dir: must not be empty"),

@@ -58,8 +58,10 @@ impl CrashPoint {
 /// `node.acked.mid` (the gates the batch `ack` answer opens, after the first), `node.markers.mid`
 /// (a scheduler pass's fold of end and start markers, after its first marker) and
 /// `node.report.settle_mid` (an outbox batch's settlements, after the first). Around them,
-/// `node.mirror.after_commit` (before the batch `mirrored`), `node.mirrored.after_response`
-/// (after the batch `mirrored` answer, before the batch `ack`) and `node.ack.after_response`.
+/// `node.mirror.after_commit` (before the handoff) and `node.handoff.after_response` (after the
+/// combined handoff's answer, before the gates open); with `handoff = "separate"` (see
+/// `SEPARATE_HANDOFF_POINTS`) `node.mirrored.after_response` (after the batch `mirrored`
+/// answer, before the batch `ack`) and `node.ack.after_response` instead.
 pub const CRASH_POINTS: &[CrashPoint] = &[
     CrashPoint::required("hub.accept.before_txn"),
     CrashPoint::required("hub.accept.after_message_insert"),
@@ -72,6 +74,7 @@ pub const CRASH_POINTS: &[CrashPoint] = &[
     CrashPoint::required("hub.claim.after_commit"),
     CrashPoint::required("hub.mirrored.after_commit"),
     CrashPoint::required("hub.ack.after_commit"),
+    CrashPoint::required("hub.handoff.after_commit"),
     CrashPoint::required("hub.report.before_commit"),
     CrashPoint::required("hub.report.after_commit"),
     CrashPoint::required("hub.repair.mid"),
@@ -79,6 +82,7 @@ pub const CRASH_POINTS: &[CrashPoint] = &[
     CrashPoint::required("node.mirror.after_commit"),
     CrashPoint::required("node.mirrored.after_response"),
     CrashPoint::required("node.ack.after_response"),
+    CrashPoint::required("node.handoff.after_response"),
     CrashPoint::required("node.exec.after_spawn"),
     CrashPoint::required("node.exec.after_start_marker"),
     CrashPoint::required("node.exec.during_effect"),
@@ -91,6 +95,12 @@ pub const CRASH_POINTS: &[CrashPoint] = &[
     CrashPoint::required("node.report.settle_mid"),
     CrashPoint::planned("node.start.after_hub"),
 ];
+
+/// The points on the way of `mirrored` and `ack` sent as two requests: a node reaches them
+/// only with `handoff = "separate"` (by default both go in one request, whose points are
+/// `hub.handoff.after_commit` and `node.handoff.after_response`), so their runs' nodes have it.
+pub const SEPARATE_HANDOFF_POINTS: &[&str] =
+    &["hub.mirrored.after_commit", "hub.ack.after_commit", "node.mirrored.after_response", "node.ack.after_response"];
 
 /// Whether the binary that owns `point` contains it: a crash point's name is a string literal
 /// the armed check compares against, so a build that has the point carries its name. This asks
@@ -176,6 +186,7 @@ fn arms(point: &str, nth: u32, hubs: usize) -> VecDeque<String> {
                 | "node.mirror.after_commit"
                 | "node.mirrored.after_response"
                 | "node.ack.after_response"
+                | "node.handoff.after_response"
                 | "node.exec.after_start_marker"
                 | "node.exec.after_end_marker"
         ) {
@@ -247,6 +258,11 @@ async fn settle(
         RecordAt::Postgres { url, hubs } => Cluster::on_postgres(bins, &hosts, url, hubs).await?,
     };
     let hubs = c.hub_count();
+    if point.is_some_and(|p| SEPARATE_HANDOFF_POINTS.contains(&p)) {
+        for n in &mut c.nodes {
+            n.set_env("BATON_NODE_HANDOFF", "separate");
+        }
+    }
     let on_hub = point.is_some_and(|p| p.starts_with("hub."));
     let mut pending = point.map(|p| arms(p, nth, hubs)).unwrap_or_default();
     let mut restarts = 0;
