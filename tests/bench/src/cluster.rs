@@ -81,6 +81,8 @@ pub struct NodeSettings {
     pub parallel_conversations: u32,
     /// `claim_batch_max`.
     pub claim_batch_max: u32,
+    /// `handoff` (`combined` or `separate`).
+    pub handoff: String,
 }
 
 /// Writes a node config for `host` under `dir` (data directory `dir/HOST`) and starts
@@ -99,6 +101,7 @@ pub fn start_node(
     let config = NodeConfig::new(first, hub.identity(host)?, &dir.join(host), settings.harness.clone())
         .set("parallel_conversations", &settings.parallel_conversations.to_string())
         .set("claim_batch_max", &settings.claim_batch_max.to_string())
+        .set("handoff", &format!("\"{}\"", settings.handoff))
         .set("claim_wait", "\"10s\"")
         .set("exec_timeout", "\"60s\"")
         .set("shutdown_grace", "\"5s\"")

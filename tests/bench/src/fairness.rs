@@ -43,7 +43,7 @@ pub struct FairnessResult {
 }
 
 /// Runs the step: `heavy` queued turns, `light` turns submitted while they drain, on a node
-/// running `parallel_conversations` conversations at once.
+/// running `parallel_conversations` conversations at once and handing off as `handoff` says.
 pub fn run(
     rt: &tokio::runtime::Runtime,
     bins: &Binaries,
@@ -51,13 +51,19 @@ pub fn run(
     heavy: usize,
     light: usize,
     parallel_conversations: u32,
+    handoff: &str,
 ) -> anyhow::Result<FairnessResult> {
     std::fs::create_dir_all(root)?;
     let mut hub = cluster::create_hub(bins, root, &[HOST.to_string()], &[PRODUCER], None)?;
     prefill(&hub.db(), heavy)?;
     let (url, _) = cluster::start_hub(&mut hub)?;
     let client = cluster::client(&hub, &url, PRODUCER)?;
-    let settings = NodeSettings { harness: Harness::Noop, parallel_conversations, claim_batch_max: 8 };
+    let settings = NodeSettings {
+        harness: Harness::Noop,
+        parallel_conversations,
+        claim_batch_max: 8,
+        handoff: handoff.to_string(),
+    };
     let mut node = cluster::start_node(bins, &hub, &url, HOST, &root.join("nodes"), &settings)?;
     rt.block_on(submit_light(&client, light))?;
     let db = store::open_read(&hub.db()).context("opening the hub database")?;

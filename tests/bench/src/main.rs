@@ -47,6 +47,10 @@ struct Cli {
     /// `claim_batch_max` of each node.
     #[arg(long, value_name = "N", default_value_t = 64)]
     node_batch: u32,
+    /// Each node's `handoff`: `combined` (`mirrored` and `ack` in one request, the default) or
+    /// `separate` (two requests, as before), to compare the two in one build.
+    #[arg(long, value_name = "WORD", default_value = "combined", value_parser = ["combined", "separate"])]
+    node_handoff: String,
     /// Messages per producer request in the batched passes (`POST /v1/batch/messages`); the
     /// single-submit pass sends one per request whatever this says.
     #[arg(long, value_name = "N", default_value_t = 64)]
@@ -115,6 +119,7 @@ struct Plan {
     ceiling: Duration,
     node_parallel: u32,
     node_batch: u32,
+    node_handoff: String,
     submit_batch: usize,
     backlog_sizes: Vec<usize>,
     backlog_claims: usize,
@@ -172,6 +177,7 @@ impl Plan {
             ceiling: seconds(cli.ceiling_seconds, 3.0, 1.0, "--ceiling-seconds")?,
             node_parallel: cli.node_parallel,
             node_batch: cli.node_batch,
+            node_handoff: cli.node_handoff.clone(),
             submit_batch: cli.submit_batch,
             backlog_sizes: if cli.skip_backlog || cli.database_url.is_some() {
                 Vec::new()
@@ -250,6 +256,7 @@ fn describe(figs: &mut Figures, plan: &Plan, root: &std::path::Path) {
     figs.context("true_messages", json!(plan.true_messages));
     figs.context("node_parallel_conversations", json!(plan.node_parallel));
     figs.context("node_claim_batch_max", json!(plan.node_batch));
+    figs.context("node_handoff", json!(plan.node_handoff));
     figs.context("submit_batch", json!(plan.submit_batch));
     figs.context("backlog_sizes", json!(plan.backlog_sizes));
     figs.context(
@@ -304,7 +311,7 @@ fn measure(
     if !plan.skip_e2e && !plan.skip_fairness {
         let (heavy, light) = if plan.quick { FAIRNESS_QUICK } else { FAIRNESS_FULL };
         progress(&format!("step 2b: fairness, {light} light turns while {heavy} heavy ones drain"));
-        let f = fairness::run(rt, bins, &root.join("fairness"), heavy, light, plan.node_parallel)?;
+        let f = fairness::run(rt, bins, &root.join("fairness"), heavy, light, plan.node_parallel, &plan.node_handoff)?;
         figs.put(
             "light_conversation_p99_ms",
             Some(f.light_accept_to_report_ms.p99),
@@ -376,6 +383,7 @@ fn end_to_end(
         harness,
         parallel_conversations: plan.node_parallel,
         claim_batch_max: plan.node_batch,
+        handoff: plan.node_handoff.clone(),
     };
     let convs_per_host = (plan.node_parallel as usize * 2).max(1);
     let pass = |name: &str, messages, rate_per_s, harness| e2e::Pass {
