@@ -124,6 +124,9 @@ pub struct OpenOptions {
     pub read_only: bool,
     /// How much of an existing file is checked before it is used.
     pub check: Check,
+    /// The page size (bytes, a power of two from 512 to 65536) of a file this open creates;
+    /// `None` is SQLite's default (4096). A file that exists keeps the page size it has.
+    pub page_size: Option<u32>,
 }
 
 /// How much of an existing database file is checked at open.
@@ -141,7 +144,13 @@ pub enum Check {
 
 impl Default for OpenOptions {
     fn default() -> Self {
-        OpenOptions { synchronous: Synchronous::Full, create: true, read_only: false, check: Check::Quick }
+        OpenOptions {
+            synchronous: Synchronous::Full,
+            create: true,
+            read_only: false,
+            check: Check::Quick,
+            page_size: None,
+        }
     }
 }
 
@@ -216,6 +225,11 @@ fn open_inner(path: &Path, migrations: &[&'static str], opts: OpenOptions) -> Re
             check_schema(&conn, &shown, migrations)?;
         }
         return Ok(conn);
+    }
+    if let (false, Some(size)) = (exists, opts.page_size) {
+        // Only before the first write: WAL mode and the schema fix it for good.
+        conn.pragma_update(None, "page_size", size).map_err(sql_err)?;
+        check_pragma(&conn, &shown, "page_size", &size.to_string())?;
     }
     set_and_check(&conn, &shown, "journal_mode", "wal", |c| {
         c.query_row("PRAGMA journal_mode=WAL", [], |r| r.get::<_, String>(0))
@@ -398,6 +412,23 @@ mod tests {
         assert!(matches!(err, OpenError::Damaged { .. }), "{err}");
         assert_eq!(std::fs::read(&path).unwrap(), bytes, "the damaged file was rewritten");
         assert_eq!(std::fs::read(&wal).unwrap(), wal_before, "the WAL was folded in or removed");
+    }
+
+    #[test]
+    fn a_new_file_takes_the_page_size_asked_for_and_an_existing_one_keeps_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let page = |c: &Connection| c.query_row("PRAGMA page_size", [], |r| r.get::<_, i64>(0)).unwrap();
+        let small = OpenOptions { page_size: Some(2048), ..Default::default() };
+        let (new, old) = (dir.path().join("new.db"), dir.path().join("old.db"));
+        let conn = open(&new, MS, small).unwrap();
+        conn.execute("INSERT INTO t(x) VALUES (1)", []).unwrap();
+        assert_eq!(page(&conn), 2048);
+        drop(conn);
+        assert_eq!(page(&open(&new, MS, OpenOptions::default()).unwrap()), 2048, "kept at the next open");
+        drop(open(&old, MS, OpenOptions::default()).unwrap());
+        let conn = open(&old, MS, small).unwrap();
+        assert_eq!(page(&conn), 4096, "a file made before keeps its pages");
+        conn.execute("INSERT INTO t(x) VALUES (2)", []).unwrap();
     }
 
     #[test]

@@ -342,10 +342,17 @@ pub fn open_serve(path: &Path, synchronous: Synchronous, check: sqlite::Check) -
 }
 
 fn open_write_checked(path: &Path, synchronous: Synchronous, check: sqlite::Check) -> Result<Connection, OpenError> {
-    let conn = sqlite::open(path, MIGRATIONS, OpenOptions { synchronous, create: true, read_only: false, check })?;
+    let opts = OpenOptions { synchronous, create: true, read_only: false, check, page_size: Some(RECORD_PAGE_BYTES) };
+    let conn = sqlite::open(path, MIGRATIONS, opts)?;
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE_CAPACITY);
     Ok(conn)
 }
+
+/// The page size of a hub record this binary creates (an existing record keeps its own). Each
+/// commit writes every page it changed whole to the WAL, and a lone delivery's commits change a
+/// few rows on many pages: with 2 KiB pages they write half the bytes of SQLite's default 4 KiB,
+/// while batches (many rows per page) cost the same. Measured in `docs/performance.md`.
+pub const RECORD_PAGE_BYTES: u32 = 2048;
 
 /// Prepared statements kept per connection. The store has a few dozen distinct statements and
 /// one message's path alone uses more than rusqlite's default of 16; re-preparing them on every
@@ -417,6 +424,7 @@ mod tests {
     /// the PostgreSQL run leaves out, each with why.
     const SQLITE_ONLY: &[(&str, &str)] = &[
         ("store::tests::damage_sqlite_meets", "SQLite's own error codes"),
+        ("store::tests::a_new_record", "the SQLite file's page size"),
         ("store::backup::", "a copy of the SQLite file"),
         ("store::writer::", "the SQLite writer and reader pool on a file path"),
         ("store::api::", "served and direct stores over one SQLite file"),
@@ -471,6 +479,21 @@ mod tests {
         for code in [rusqlite::ffi::SQLITE_IOERR, rusqlite::ffi::SQLITE_FULL, rusqlite::ffi::SQLITE_BUSY] {
             assert!(matches!(StoreError::from(failure(code)), StoreError::Storage(_)));
         }
+    }
+
+    #[test]
+    fn a_new_record_has_small_pages_and_one_made_before_serves_with_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let page = |c: &Connection| c.query_row("PRAGMA page_size", [], |r| r.get::<_, u32>(0)).unwrap();
+        let new = dir.path().join("new.db");
+        let conn = open_serve(&new, Synchronous::Full, sqlite::Check::Full).unwrap();
+        assert_eq!(page(&conn), RECORD_PAGE_BYTES);
+        drop(conn);
+        // A record an earlier hub made with SQLite's default pages opens and serves as it is.
+        let old = dir.path().join("old.db");
+        drop(sqlite::open(&old, MIGRATIONS, OpenOptions::default()).unwrap());
+        let conn = open_serve(&old, Synchronous::Full, sqlite::Check::Full).unwrap();
+        assert_eq!(page(&conn), 4096);
     }
 }
 
