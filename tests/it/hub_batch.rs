@@ -212,15 +212,16 @@ async fn batch_holder_steps_answer_each_delivery_as_the_single_endpoints_do() {
 async fn a_batch_handoff_answers_each_delivery_as_mirrored_then_ack_do() {
     let hub = Hub::start();
     let prod = hub.client("prod");
-    for i in 0..4 {
+    for i in 0..5 {
         prod.submit_new("c", &format!("a{i}"), &["host-a"]).await;
     }
     prod.submit_new("c", "b0", &["host-b"]).await;
     let node = hub.node("host-a", "inst-1");
     let held = node.claim(10, 0).await;
-    assert_eq!(held.len(), 4);
+    assert_eq!(held.len(), 5);
     let host_b = hub.node("host-b", "inst-b").claim(10, 0).await.remove(0);
     node.mirrored(&held[1]).await.ok(200);
+    node.reject(&held[4], "cannot run it").await.ok(200);
     let stale = held[3].clone();
     prod.post(&format!("/v1/messages/{}/cancel", stale.message_id), &json!({"reason": "no"})).await.ok(200);
 
@@ -235,6 +236,7 @@ async fn a_batch_handoff_answers_each_delivery_as_mirrored_then_ack_do() {
         holder_item(&stale),                                     // stale (cancelled)
         json!({"delivery_id": "not-an-id", "claim_token": "t"}), // a bad id
         holder_item(&held[0]),                                   // a repeat inside the batch
+        holder_item(&held[4]),                                   // rejected by its holder
     ];
     let got = results(&batch(&node, "handoff", items.clone()).await);
     assert_eq!(got.len(), items.len());
@@ -251,7 +253,8 @@ async fn a_batch_handoff_answers_each_delivery_as_mirrored_then_ack_do() {
     refused(&got[4], 403, "not_yours");
     refused(&got[5], 409, "stale_claim");
     refused(&got[6], 400, "invalid_field");
-    for i in [2, 3, 4, 5, 6] {
+    refused(&got[8], 409, "stale_claim");
+    for i in [2, 3, 4, 5, 6, 8] {
         let single = node
             .api
             .post(

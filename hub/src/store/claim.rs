@@ -807,14 +807,10 @@ pub fn handoff(
 ) -> StoreResult<TransitionResponse> {
     let row = load(conn, delivery_id, host)?;
     check_holder(&row, delivery_id, holder)?;
-    let mut state = row.state;
-    let mut changed = false;
-    if state == Claimed {
-        let m = holder_step(conn, host, delivery_id, holder, state, Claimed, Mirrored, &[], now_ms)?;
-        (state, changed) = (m.state, m.changed);
-    }
-    let a = holder_step(conn, host, delivery_id, holder, state, Mirrored, Delivered, &[Delivered], now_ms)?;
-    Ok(TransitionResponse { changed: changed || a.changed, ..a })
+    // First exactly as `mirrored`: its refusal is the answer, word for word.
+    let m = holder_step(conn, host, delivery_id, holder, row.state, Claimed, Mirrored, &[Mirrored, Delivered], now_ms)?;
+    let a = holder_step(conn, host, delivery_id, holder, m.state, Mirrored, Delivered, &[Delivered], now_ms)?;
+    Ok(TransitionResponse { changed: m.changed || a.changed, ..a })
 }
 
 #[allow(clippy::too_many_arguments)]
