@@ -45,6 +45,12 @@ fn holder_item(c: &Claimed) -> Value {
     json!({"delivery_id": c.delivery_id, "claim_token": c.claim_token})
 }
 
+/// `POST /v1/deliveries/{id}/mirrored` for one holder item of a batch.
+async fn single_mirrored(node: &Node, item: &Value) -> Resp {
+    let path = format!("/v1/deliveries/{}/mirrored", item["delivery_id"].as_str().expect("delivery_id"));
+    node.api.post(&path, &json!({"instance_id": node.instance, "claim_token": item["claim_token"]})).await
+}
+
 async fn batch(node: &Node, step: &str, items: Vec<Value>) -> Resp {
     node.api.post(&format!("/v1/batch/{step}"), &json!({"instance_id": node.instance, "deliveries": items})).await
 }
@@ -157,14 +163,7 @@ async fn batch_holder_steps_answer_each_delivery_as_the_single_endpoints_do() {
     // Each item again through its single endpoint: the same answer (the applied ones are now
     // repeats, which the batch's last item already showed).
     for i in [1, 2, 3, 4, 5, 7] {
-        let single = node
-            .api
-            .post(
-                &format!("/v1/deliveries/{}/mirrored", items[i]["delivery_id"].as_str().unwrap()),
-                &json!({"instance_id": node.instance, "claim_token": items[i]["claim_token"]}),
-            )
-            .await;
-        same(&got[i], &single, &format!("delivery {i}"));
+        same(&got[i], &single_mirrored(&node, &items[i]).await, &format!("delivery {i}"));
     }
     assert_eq!(hub.state(&held[1].delivery_id), "claimed", "a refused item changed nothing");
 
@@ -255,14 +254,7 @@ async fn a_batch_handoff_answers_each_delivery_as_mirrored_then_ack_do() {
     refused(&got[6], 400, "invalid_field");
     refused(&got[8], 409, "stale_claim");
     for i in [2, 3, 4, 5, 6, 8] {
-        let single = node
-            .api
-            .post(
-                &format!("/v1/deliveries/{}/mirrored", items[i]["delivery_id"].as_str().unwrap()),
-                &json!({"instance_id": node.instance, "claim_token": items[i]["claim_token"]}),
-            )
-            .await;
-        same(&got[i], &single, &format!("delivery {i}"));
+        same(&got[i], &single_mirrored(&node, &items[i]).await, &format!("delivery {i}"));
     }
     let repeat = node.ack(&held[0]).await;
     same(&got[7], &repeat, "a repeated handoff");
