@@ -621,14 +621,8 @@ async fn transition_all<H: Hub>(
         }
         let items: Vec<(String, String)> =
             pending.iter().map(|i| (ds[*i].delivery_id.clone(), ds[*i].claim_token.clone())).collect();
-        let round = async {
-            match step {
-                Step::Handoff => send_handoff(sh, items).await,
-                _ => send_step(sh, step, items).await,
-            }
-        };
         let sent = tokio::select! {
-            r = round => r,
+            r = send_step(sh, step, items) => r,
             _ = sh.shutdown.cancelled() => return Err(Stop::Shutdown),
         };
         let mut transient = None;
@@ -657,69 +651,31 @@ async fn transition_all<H: Hub>(
     }
 }
 
-/// One round of the combined handoff for `items` (delivery id, claim token): one answer per
-/// item, in order, each the hub's answer to `ack` (or its refusal of the `mirrored` before
-/// it). One request per `BATCH_ITEMS_MAX` items; to a hub that predates it (404), or for a
-/// request the hub refused whole for what it carried, `mirrored` and then `ack` as two
-/// (`send_apart`).
-async fn send_handoff<H: Hub>(
-    sh: &Arc<Shared<H>>,
-    items: Vec<(String, String)>,
-) -> Vec<ItemAnswer<TransitionResponse>> {
-    let mut out = Vec::with_capacity(items.len());
-    for chunk in items.chunks(BATCH_ITEMS_MAX) {
-        if !sh.combined_handoff() {
-            out.extend(send_apart(sh, chunk.to_vec()).await);
-            continue;
-        }
-        let batch: Vec<HolderItem> = chunk
-            .iter()
-            .map(|(id, token)| HolderItem { delivery_id: id.clone(), claim_token: token.clone() })
-            .collect();
-        match sh.hub.handoff_batch(batch).await {
-            Ok(results) => out.extend(results),
-            Err(e) if e.route_unknown() => {
-                sh.no_combined_handoff(&e);
-                out.extend(send_apart(sh, chunk.to_vec()).await);
-            }
-            Err(e) if e.retry_later() || e.refused_for_good().is_some() || e.superseded().is_some() => {
-                out.extend(chunk.iter().map(|_| Err(e.clone())));
-            }
-            Err(e) => {
-                tracing::warn!("the hub refused a handoff batch whole ({e}); sending mirrored and ack apart");
-                out.extend(send_apart(sh, chunk.to_vec()).await);
-            }
-        }
-    }
-    out
-}
-
 /// `mirrored` for each of `items`, then `ack` for those the hub did not refuse: one answer per
-/// item, in order (the refusal of its `mirrored`, else the answer to its `ack`). A hub's
-/// `mirrored` is a no-op for a delivery it already has further along.
+/// item, in order (the refusal of its `mirrored`, else the answer to its `ack`). The combined
+/// handoff sent as two batches, to a hub that does not take it; a hub's `mirrored` is a no-op
+/// for a delivery it already has further along.
 async fn send_apart<H: Hub>(sh: &Arc<Shared<H>>, items: Vec<(String, String)>) -> Vec<ItemAnswer<TransitionResponse>> {
-    let mut out: Vec<Option<ItemAnswer<TransitionResponse>>> = vec![None; items.len()];
     let mirrored = send_step(sh, Step::Mirrored, items.clone()).await;
-    let mut to_ack = Vec::with_capacity(items.len());
-    for (i, answer) in mirrored.into_iter().enumerate() {
-        match answer {
-            Ok(_) => to_ack.push(i),
-            Err(e) => out[i] = Some(Err(e)),
-        }
-    }
-    let acked = send_step(sh, Step::Ack, to_ack.iter().map(|i| items[*i].clone()).collect()).await;
-    for (i, answer) in to_ack.into_iter().zip(acked) {
-        out[i] = Some(answer);
-    }
-    out.into_iter()
-        .map(|r| r.unwrap_or_else(|| Err(ClientError::Transport { detail: "no answer".into(), maybe_sent: true })))
+    let to_ack = items.into_iter().zip(&mirrored).filter(|(_, m)| m.is_ok()).map(|(item, _)| item).collect();
+    let mut acked = send_step(sh, Step::Ack, to_ack).await.into_iter();
+    mirrored
+        .into_iter()
+        .map(|m| match m {
+            Ok(_) => acked.next().unwrap_or_else(|| {
+                Err(ClientError::Transport { detail: "no answer to the ack".into(), maybe_sent: true })
+            }),
+            Err(e) => Err(e),
+        })
         .collect()
 }
 
 /// One round of `step` for `items` (delivery id, claim token): one answer per item, in order.
-/// One batch request per `BATCH_ITEMS_MAX` items; single requests, sent concurrently, to a hub
-/// that predates batches, or for a batch the hub refused whole for what it carried (a bound):
-/// then each item gets the single endpoint's own answer.
+/// One batch request per `BATCH_ITEMS_MAX` items. Without it (a hub that predates the route,
+/// or a batch the hub refused whole for what it carried, a bound) each item gets the answer
+/// the step's other form gives: the combined handoff as `mirrored` then `ack` batches
+/// (`send_apart`) while the hub takes batches, every step as single requests, sent
+/// concurrently, to a hub that predates batches.
 async fn send_step<H: Hub>(
     sh: &Arc<Shared<H>>,
     step: Step,
@@ -727,39 +683,49 @@ async fn send_step<H: Hub>(
 ) -> Vec<ItemAnswer<TransitionResponse>> {
     let mut out = Vec::with_capacity(items.len());
     for chunk in items.chunks(BATCH_ITEMS_MAX) {
-        if !sh.batches() {
-            out.extend(send_singles(sh, step, chunk.to_vec()).await);
-            continue;
-        }
-        let batch: Vec<HolderItem> = chunk
-            .iter()
-            .map(|(id, token)| HolderItem { delivery_id: id.clone(), claim_token: token.clone() })
-            .collect();
-        let answer = match step {
-            Step::Mirrored => sh.hub.mirrored_batch(batch).await,
-            Step::Ack => sh.hub.ack_batch(batch).await,
-            Step::Handoff => sh.hub.handoff_batch(batch).await,
+        let batched = match step {
+            Step::Handoff => sh.combined_handoff(),
+            Step::Mirrored | Step::Ack => sh.batches(),
         };
-        match answer {
-            Ok(results) => out.extend(results),
-            Err(e) if e.route_unknown() => {
-                sh.no_batches(&e);
-                out.extend(send_singles(sh, step, chunk.to_vec()).await);
+        if batched {
+            let batch: Vec<HolderItem> = chunk
+                .iter()
+                .map(|(id, token)| HolderItem { delivery_id: id.clone(), claim_token: token.clone() })
+                .collect();
+            let answer = match step {
+                Step::Mirrored => sh.hub.mirrored_batch(batch).await,
+                Step::Ack => sh.hub.ack_batch(batch).await,
+                Step::Handoff => sh.hub.handoff_batch(batch).await,
+            };
+            match answer {
+                Ok(results) => {
+                    out.extend(results);
+                    continue;
+                }
+                Err(e) if e.retry_later() || e.refused_for_good().is_some() || e.superseded().is_some() => {
+                    out.extend(chunk.iter().map(|_| Err(e.clone())));
+                    continue;
+                }
+                Err(e) if e.route_unknown() => match step {
+                    Step::Handoff => sh.no_combined_handoff(&e),
+                    Step::Mirrored | Step::Ack => sh.no_batches(&e),
+                },
+                Err(e) => {
+                    tracing::warn!("the hub refused a {} batch whole ({e}); sending its items apart", step.as_str());
+                }
             }
-            Err(e) if e.retry_later() || e.refused_for_good().is_some() || e.superseded().is_some() => {
-                out.extend(chunk.iter().map(|_| Err(e.clone())));
-            }
-            Err(e) => {
-                tracing::warn!("the hub refused a batch {} whole ({e}); sending its items one by one", step.as_str());
-                out.extend(send_singles(sh, step, chunk.to_vec()).await);
-            }
+        }
+        if step == Step::Handoff && sh.batches() {
+            out.extend(Box::pin(send_apart(sh, chunk.to_vec())).await);
+        } else {
+            out.extend(send_singles(sh, step, chunk.to_vec()).await);
         }
     }
     out
 }
 
-/// `step` for each of `items` in its own request, sent concurrently; one answer per item, in
-/// order.
+/// `step` for each of `items` in its own request, sent concurrently (the combined handoff as
+/// `mirrored` then `ack` per item); one answer per item, in order.
 async fn send_singles<H: Hub>(
     sh: &Arc<Shared<H>>,
     step: Step,

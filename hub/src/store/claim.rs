@@ -805,10 +805,8 @@ pub fn handoff(
     holder: Holder<'_>,
     now_ms: i64,
 ) -> StoreResult<TransitionResponse> {
-    let row = load(conn, delivery_id, host)?;
-    check_holder(&row, delivery_id, holder)?;
-    // First exactly as `mirrored`: its refusal is the answer, word for word.
-    let m = holder_step(conn, host, delivery_id, holder, row.state, Claimed, Mirrored, &[Mirrored, Delivered], now_ms)?;
+    // First `mirrored` itself: its refusal is the answer, word for word.
+    let m = mirrored(conn, host, delivery_id, holder, now_ms)?;
     let a = holder_step(conn, host, delivery_id, holder, m.state, Mirrored, Delivered, &[Delivered], now_ms)?;
     Ok(TransitionResponse { changed: m.changed || a.changed, ..a })
 }

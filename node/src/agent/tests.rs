@@ -71,6 +71,8 @@ struct HubState {
     no_batches: bool,
     /// A hub that knows batches but predates the combined handoff: its route answers 404.
     no_handoff: bool,
+    /// The hub refuses every combined handoff whole for what it carries (413, a bound).
+    handoff_too_large: bool,
     /// Reports (single or in a batch) fail as if the hub were unreachable.
     reports_down: bool,
     /// Every batch request, as "batch mirrored 3" (route and item count).
@@ -400,6 +402,9 @@ impl Hub for FakeHub {
         self.batch_call("handoff", items.len())?;
         if self.with(|s| s.no_handoff) {
             return Err(no_route());
+        }
+        if self.with(|s| s.handoff_too_large) {
+            return Err(refusal(413, "too_large", "the batch is over its bound"));
         }
         let (claimed, mirrored, delivered) =
             (DeliveryState::Claimed, DeliveryState::Mirrored, DeliveryState::Delivered);
@@ -1583,6 +1588,42 @@ async fn a_hub_without_the_combined_handoff_gets_mirrored_and_ack_apart() {
             holder,
             ["batch handoff 2", "batch mirrored 2", "batch ack 2", "batch mirrored 1", "batch ack 1"],
             "one 404 is enough: {:?}",
+            s.batches
+        );
+    });
+}
+
+/// A combined handoff the hub refuses whole for what it carries (a bound) is sent again as one
+/// `mirrored` and one `ack` batch, each time: nothing is learnt from it, and every turn runs once.
+#[tokio::test]
+async fn a_handoff_refused_whole_goes_as_mirrored_and_ack_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = FakeHub::default();
+    hub.with(|s| {
+        s.queue.extend([delivery("w1", "a", 1), delivery("w2", "b", 1)]);
+        s.handoff_too_large = true;
+    });
+    let node = start(config(dir.path(), &recording(dir.path())), &hub);
+    wait_until("two reports", || hub.with(|s| s.outcomes.len() == 2)).await;
+    hub.with(|s| s.queue.extend([delivery("w3", "c", 1)]));
+    wait_until("three reports", || hub.with(|s| s.outcomes.len() == 3)).await;
+    node.stop().await;
+    let mut ran = lines(&dir.path().join("ran"));
+    ran.sort();
+    assert_eq!(ran, ["w1", "w2", "w3"]);
+    hub.with(|s| {
+        let holder: Vec<&String> = s.batches.iter().filter(|b| !b.starts_with("batch reports")).collect();
+        assert_eq!(
+            holder,
+            [
+                "batch handoff 2",
+                "batch mirrored 2",
+                "batch ack 2",
+                "batch handoff 1",
+                "batch mirrored 1",
+                "batch ack 1"
+            ],
+            "{:?}",
             s.batches
         );
     });

@@ -1,5 +1,6 @@
 //! The node's batch endpoints (`docs/api.md`, "Batches"): `NodeClient::mirrored_batch`,
-//! `ack_batch`, `handoff_batch`, `reject_batch` and `report_batch`, each one request for many items of one kind.
+//! `ack_batch`, `handoff_batch`, `reject_batch` and `report_batch`, each one request for many
+//! items of one kind.
 //!
 //! A batch the hub took answers one result per item, in request order, each what the single
 //! endpoint would have answered for it: here a `Result` per item, its refusal a
