@@ -55,9 +55,9 @@ impl CrashPoint {
 ///
 /// The node's batched steps, each a crash between items of one batch: `node.mirror.mid` (a
 /// claim batch's mirror transaction after its first delivery, before the commit),
-/// `node.acked.mid` (the gates the batch `ack` answer opens, after the first), `node.markers.mid`
-/// (a scheduler pass's fold of end and start markers, after its first marker) and
-/// `node.report.settle_mid` (an outbox batch's settlements, after the first). Around them,
+/// `node.acked.mid` (the gates the handoff's or the batch `ack`'s answer opens, after the
+/// first), `node.markers.mid` (a scheduler pass's fold of end and start markers, after its
+/// first marker) and `node.report.settle_mid` (an outbox batch's settlements, after the first). Around them,
 /// `node.mirror.after_commit` (before the handoff) and `node.handoff.after_response` (after the
 /// combined handoff's answer, before the gates open); with `handoff = "separate"` (see
 /// `SEPARATE_HANDOFF_POINTS`) `node.mirrored.after_response` (after the batch `mirrored`
