@@ -305,6 +305,13 @@ async fn claim_loop<H: Hub>(sh: &Arc<Shared<H>>) -> anyhow::Result<()> {
     // toward `queue_ahead_batches` like those already waiting in the store.
     let mut handoffs: JoinSet<(i64, Result<(), Stop>)> = JoinSet::new();
     let mut in_flight: i64 = 0;
+    // At most how many executions can wait unstarted, counting those in flight: the local
+    // queue's size when last read plus what was in flight then and what was claimed since
+    // (only mirroring a claim batch or the holdings adds to the queue; starting a turn and
+    // reaping a handoff only move or remove). `None` until read, and again after a resync.
+    // While it is under the bound the next claim goes without reading the store, whose thread
+    // may be busy with a commit (a lone delivery's next claim would wait for its `fsync`).
+    let mut unstarted_at_most: Option<i64> = None;
     let mut hub_moves = sh.hub.hub_moves();
     let result = loop {
         if sh.shutdown.is_cancelled() {
@@ -338,6 +345,7 @@ async fn claim_loop<H: Hub>(sh: &Arc<Shared<H>>) -> anyhow::Result<()> {
                 Ok(()) => {
                     sh.hub_answered();
                     need_resync = false;
+                    unstarted_at_most = None;
                     backoff.reset();
                 }
                 Err(Stop::Shutdown) => break Ok(()),
@@ -362,7 +370,12 @@ async fn claim_loop<H: Hub>(sh: &Arc<Shared<H>>) -> anyhow::Result<()> {
         loop {
             // Register for the wake before counting, so a turn ending in between is not missed.
             let woken = sh.wake_claimer.notified();
-            if sh.store.call(|db| db.queued_count()).await? + in_flight < ahead_max {
+            if unstarted_at_most.is_some_and(|n| n < ahead_max) {
+                break;
+            }
+            let unstarted = sh.store.call(|db| db.queued_count()).await? + in_flight;
+            unstarted_at_most = Some(unstarted);
+            if unstarted < ahead_max {
                 break;
             }
             tokio::select! {
@@ -394,6 +407,7 @@ async fn claim_loop<H: Hub>(sh: &Arc<Shared<H>>) -> anyhow::Result<()> {
                 let sh = Arc::clone(sh);
                 let n = answer.deliveries.len() as i64;
                 in_flight += n;
+                unstarted_at_most = unstarted_at_most.map(|u| u + n);
                 handoffs.spawn(async move { (n, take_batch(&sh, answer.deliveries).await) });
             }
             Err(e) if let Some(why) = e.refused_for_good() => {
