@@ -57,6 +57,11 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
         "Looks for claimable work by waiting claims (reads; only a look that finds work writes).",
     ),
     (
+        "baton_hub_claims_at_commit_total",
+        Kind::Counter,
+        "Waiting claims run in the transaction of the change that gave their host work (no wake-up, look or transaction of their own).",
+    ),
+    (
         "baton_hub_cert_cache_total",
         Kind::Counter,
         "Certificate standing checks answered from the in-memory cache or read from the record, by result.",

@@ -3,7 +3,7 @@
 //! only for their own host, and a claim with nothing claimable opens no write transaction
 //! (counted by `baton_hub_writer_jobs_total`), while claims stay exclusive.
 
-use crate::harness::{Api, Claimed, EVENT_WAIT, Hub, SETTLE};
+use crate::harness::{Api, Claimed, EVENT_WAIT, Hub, Node, Resp, SETTLE};
 use std::time::{Duration, Instant};
 
 /// A counter's value on `/metrics` (it must be there: each one counted here was incremented
@@ -205,4 +205,65 @@ async fn waiting_claims_wake_per_host_and_a_claim_with_nothing_to_claim_writes_n
     // host-a's work is all there for it.
     let claimed = hub.node("host-a", "inst").claim(64, 0).await;
     assert_eq!(claimed.len(), 64);
+}
+
+/// A counter's value on `/metrics`, 0 while it was never incremented (it is not listed then).
+async fn metric_or_zero(api: &Api, line_start: &str) -> f64 {
+    let r = api.get("/metrics").await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    r.text
+        .lines()
+        .find_map(|l| l.strip_prefix(line_start).and_then(|rest| rest.strip_prefix(' ')))
+        .map_or(0.0, |v| v.trim().parse::<f64>().unwrap_or_else(|e| panic!("{line_start}: {v:?}: {e}")))
+}
+
+/// A claim of `node` waiting (long-poll), once claims took `looks` looks in all.
+async fn parked_claim(node: &Node, prod: &Api, looks: f64) -> tokio::task::JoinHandle<Resp> {
+    let n = node.clone();
+    let poll = tokio::spawn(async move { n.claim_raw(10, crate::harness::LONG_WAIT_MS).await });
+    looks_reach(prod, looks).await;
+    tokio::time::sleep(SETTLE).await;
+    poll
+}
+
+/// A waiting claim stands with the writer: the accept that gives its host work claims for it in
+/// the accept's own transaction (`baton_hub_claims_at_commit_total`), without a look of its own.
+/// One that finds nothing claimable there (its conversation paused) keeps waiting, and the
+/// lift hands the work out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_claim_is_served_in_the_transaction_of_the_accept_that_gives_it_work() {
+    const AT_COMMIT: &str = "baton_hub_claims_at_commit_total";
+    let hub = Hub::start();
+    let prod = hub.client("prod");
+    let node = hub.node("host-a", "inst-a");
+    assert!(node.claim(1, 0).await.is_empty(), "binds the instance");
+    let poll = parked_claim(&node, &prod, 2.0).await;
+    let (_, looks) = counts(&prod).await;
+    let served = metric_or_zero(&prod, AT_COMMIT).await;
+    let s = prod.submit_new("c", "k1", &["host-a"]).await;
+    let r = tokio::time::timeout(EVENT_WAIT, poll).await.expect("the waiting claim answered").expect("claim task");
+    let got = Claimed::list(r.ok(200));
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].delivery_id, s.to("host-a"));
+    assert_eq!(metric_or_zero(&prod, AT_COMMIT).await - served, 1.0, "the accept's transaction claimed it");
+    assert_eq!(counts(&prod).await.1, looks, "the waiting claim looked again");
+    assert_eq!(hub.state(s.to("host-a")), "claimed");
+
+    // Nothing claimable in the accept's transaction: the claim keeps waiting.
+    let fence = hub.fence("pause", &["--conversation", "c-paused"], "not yet");
+    let poll = parked_claim(&node, &prod, looks + 1.0).await;
+    let paused = prod.submit_new("c-paused", "k2", &["host-a"]).await;
+    let deadline = Instant::now() + EVENT_WAIT;
+    while metric_or_zero(&prod, AT_COMMIT).await - served < 2.0 {
+        assert!(Instant::now() < deadline, "the accept of a paused conversation's message took no standing claim");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(SETTLE).await;
+    assert!(!poll.is_finished(), "a claim answered with nothing claimable");
+    hub.lift(fence);
+    let r = tokio::time::timeout(EVENT_WAIT, poll).await.expect("the lift woke the claim").expect("claim task");
+    let got = Claimed::list(r.ok(200));
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].delivery_id, paused.to("host-a"));
+    hub.verify_ok();
 }

@@ -23,7 +23,8 @@
 //!   open connections and of waiting reads, file modes, and axum's own refusals in our shape.
 //! - `hub_crash`: crash points, restart and repair.
 //! - `hub_lean`: the lean hot path: cached certificate standing that a CLI revocation still
-//!   ends at the next request; claims woken per host; no write job for nothing to claim.
+//!   ends at the next request; claims woken per host; no write job for nothing to claim; a
+//!   waiting claim served in the transaction of the accept that gives it work.
 //! - `hub_turns`: node sessions, hub-confirmed starts, cancel, retries and redrive, with a raw
 //!   client playing the node.
 //! - `hub_cli`: configuration validation and the CLI's outputs and exit codes.

@@ -4,7 +4,7 @@
 //! same transaction that acts).
 
 use super::{ApiError, ApiJson, ApiQuery, AppState, NodeCaller, check_path_id};
-use crate::store::api::{Backoff, Claimer, HolderOf, NodeAt, Step};
+use crate::store::api::{Backoff, Claimed, Claimer, HolderOf, NodeAt, Step};
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -139,7 +139,9 @@ pub(super) async fn starts(
 /// or when the wait elapses; a wait ends early when a retry of the host becomes due. Each look
 /// (`baton_hub_claim_looks_total`) is a read; only one that may hand something out (or must
 /// fail a retired host's work, or bind the instance) runs a write job. A waiting claim is woken
-/// by changes for its own host or for all hosts, never by another host's work.
+/// by changes for its own host or for all hosts, never by another host's work. While it waits,
+/// the claim stands with the writer (`Store::stand_claim`): an accept that gives its host work
+/// claims for it in the accept's own transaction, and the claim answers once that committed.
 pub(super) async fn claim(
     NodeCaller(caller): NodeCaller,
     State(state): State<AppState>,
@@ -169,30 +171,19 @@ pub(super) async fn claim(
         metrics::counter!("baton_hub_claim_looks_total").increment(1);
         // Read first: a claim with nothing claimable opens no write transaction.
         let look = state.store.claim_look(who.clone(), now).await?;
-        let (batch, cancels, next_retry, retired) = if !look.worth_claiming {
-            (Vec::new(), look.cancels, look.next_retry_at_ms, false)
+        let claimed = if look.worth_claiming {
+            state.store.claim(who.clone(), max).await?
         } else {
-            let c = state.store.claim(who, max).await?;
-            (c.deliveries, c.cancels, c.next_retry_at_ms, c.retired)
+            Claimed {
+                deliveries: Vec::new(),
+                cancels: look.cancels,
+                next_retry_at_ms: look.next_retry_at_ms,
+                retired: false,
+            }
         };
-        // Told once its claim's transaction committed (its queued work failed `host retired`):
-        // a retired host's node stops instead of polling for work it will never get.
-        if retired {
-            return Err(ApiError::new(
-                ErrorCode::HostRetired,
-                format!("host {} is retired: it takes no more work", caller.name),
-            ));
-        }
-        state.turns.contact(&caller.name, session, state.clock.now_ms());
-        let fresh_cancels = state.turns.announce(&req.instance_id, &cancels);
-        if !batch.is_empty() {
-            crash_point("hub.claim.after_commit");
-            metrics::counter!("baton_hub_deliveries_claimed_total").increment(batch.len() as u64);
-            state.outcome_changed();
-            return Ok(Json(ClaimResponse { deliveries: batch, cancels }));
-        }
-        if fresh_cancels || Instant::now() >= deadline {
-            return Ok(Json(ClaimResponse { deliveries: Vec::new(), cancels }));
+        let (next_retry, pending) = (claimed.next_retry_at_ms, claimed.cancels.clone());
+        if let Some(answer) = answer_claim(&state, &caller.name, session, &req.instance_id, claimed, deadline)? {
+            return Ok(answer);
         }
         // A retry that becomes due during the wait ends it (the record's clock decides when).
         let wake = match next_retry {
@@ -202,12 +193,69 @@ pub(super) async fn claim(
             }
             None => deadline,
         };
-        tokio::select! {
-            _ = rx.changed() => {}
-            _ = tokio::time::sleep_until(wake) => {}
-            _ = state.shutdown.cancelled() => return Ok(Json(ClaimResponse { deliveries: Vec::new(), cancels })),
+        // Registered after `rx`: an accept for this host that commits without taking it has
+        // bumped `rx` by the time it answers, and every wake below withdraws it.
+        let mut standing = state.store.stand_claim(who, max);
+        let taken = {
+            let answered = async {
+                match standing.as_mut() {
+                    Some(s) => s.answer().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                r = answered => Some(r),
+                _ = rx.changed() => None,
+                _ = tokio::time::sleep_until(wake) => None,
+                _ = state.shutdown.cancelled() => None,
+            }
+        };
+        // Withdrawn unless the writer took it; then its answer (which may be on its way) counts.
+        let taken = match (taken, standing) {
+            (Some(r), _) => Some(r),
+            (None, Some(s)) => s.withdraw().await,
+            (None, None) => None,
+        };
+        if let Some(claimed) = taken
+            && let Some(answer) = answer_claim(&state, &caller.name, session, &req.instance_id, claimed?, deadline)?
+        {
+            return Ok(answer);
+        }
+        if state.shutdown.is_cancelled() {
+            return Ok(Json(ClaimResponse { deliveries: Vec::new(), cancels: pending }));
         }
     }
+}
+
+/// What a claim answers after one look or transaction (`claimed`): an error for a retired
+/// host, the deliveries it handed out, the cancel notices when one is new or the wait is over;
+/// `None` to keep waiting.
+fn answer_claim(
+    state: &AppState,
+    host: &str,
+    session: Option<u64>,
+    instance_id: &str,
+    claimed: Claimed,
+    deadline: Instant,
+) -> Result<Option<Json<ClaimResponse>>, ApiError> {
+    let Claimed { deliveries, cancels, retired, .. } = claimed;
+    // Told once its claim's transaction committed (its queued work failed `host retired`):
+    // a retired host's node stops instead of polling for work it will never get.
+    if retired {
+        return Err(ApiError::new(ErrorCode::HostRetired, format!("host {host} is retired: it takes no more work")));
+    }
+    state.turns.contact(host, session, state.clock.now_ms());
+    let fresh_cancels = state.turns.announce(instance_id, &cancels);
+    if !deliveries.is_empty() {
+        crash_point("hub.claim.after_commit");
+        metrics::counter!("baton_hub_deliveries_claimed_total").increment(deliveries.len() as u64);
+        state.outcome_changed();
+        return Ok(Some(Json(ClaimResponse { deliveries, cancels })));
+    }
+    if fresh_cancels || Instant::now() >= deadline {
+        return Ok(Some(Json(ClaimResponse { deliveries: Vec::new(), cancels })));
+    }
+    Ok(None)
 }
 
 /// Added to a waiting claim's wake-up for a due retry, so the look after it finds it due.

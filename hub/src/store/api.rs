@@ -26,7 +26,7 @@ use super::read::{self, DeliveryDetail, DeliveryRow, StatusView};
 use super::report::{self, NewReport, RunReport};
 use super::silence::{self, SilentHolder};
 use super::transition::Holder;
-use super::writer::{Opener, OwnedDb};
+use super::writer::{Opener, OwnedDb, StandingClaim};
 use super::{
     Readers, StoreError, StoreResult, Writer, audit, backup, batch, explain, in_write_txn, listing, members, operator,
     producers, purge, retention, sessions, turns, verify,
@@ -94,6 +94,21 @@ impl Conns {
         }
     }
 
+    /// `write` for a job that may give hosts claimable work, which `gains` names from its
+    /// result: the writer runs a claim standing for each of them in the same transaction (see
+    /// `Writer::call_gaining`).
+    async fn write_gaining<R, F, G>(&self, f: F, gains: G) -> StoreResult<R>
+    where
+        R: Send + 'static,
+        F: FnOnce(&dyn Db) -> StoreResult<R> + Send + 'static,
+        G: FnOnce(&R) -> Vec<String> + Send + 'static,
+    {
+        match self {
+            Conns::Served { writer, .. } => writer.call_gaining(f, gains).await,
+            Conns::Direct(conn) => in_write_txn(&*lock(conn)?, f),
+        }
+    }
+
     /// `write` for a job that claims for `host` and writes nothing else (see
     /// `Writer::call_claims`).
     async fn write_claims<R, F>(&self, host: String, f: F) -> StoreResult<R>
@@ -118,6 +133,31 @@ impl Conns {
             Conns::Direct(conn) => f(&*lock(conn)?),
         }
     }
+}
+
+/// The claim of `Store::claim` (and `Store::stand_claim`): up to `max` deliveries for the
+/// claimant, with its pending cancel notices and the next retry, in the caller's transaction.
+fn claim_job(who: Claimer, max: u32, clock: SharedClock) -> impl FnOnce(&dyn Db) -> StoreResult<Claimed> + Send {
+    move |c| {
+        let now = clock.now_ms();
+        sessions::check(c, &who.host, who.session)?;
+        let deliveries = claim::claim_as(c, who.claimant(), max, now)?;
+        let cancels = turns::cancels_for(c, &who.host, &who.instance_id)?;
+        // A retired host's claim hands out nothing; only an empty one asks why.
+        let retired = deliveries.is_empty() && hosts::standing(c, &who.host)? == Standing::Retired;
+        let next_retry_at_ms = turns::next_retry_at(c, &who.host, now)?;
+        Ok(Claimed { deliveries, cancels, next_retry_at_ms, retired })
+    }
+}
+
+/// The hosts that accepts gave claimable work: those of their queued deliveries (a duplicate
+/// gave none).
+fn gained_hosts<'a>(accepts: impl Iterator<Item = &'a (Accepted, Vec<DeliverySummary>)>) -> Vec<String> {
+    accepts
+        .filter(|(a, _)| matches!(a, Accepted::New { .. }))
+        .flat_map(|(_, ds)| ds.iter().filter(|d| d.state == baton_shared::states::DeliveryState::Queued))
+        .map(|d| d.host.clone())
+        .collect()
 }
 
 /// Why an operation of an SQLite file was asked of a PostgreSQL record.
@@ -533,7 +573,11 @@ impl Store {
         let clock = self.clock.clone();
         match &self.backend {
             Backend::Sqlite(s) | Backend::Postgres(s) => {
-                s.write(move |c| accept::accept_and_fan_out(c, &msg, retry, limits, clock.now_ms())).await
+                s.write_gaining(
+                    move |c| accept::accept_and_fan_out(c, &msg, retry, limits, clock.now_ms()),
+                    |r| gained_hosts(std::iter::once(r)),
+                )
+                .await
             }
         }
     }
@@ -548,10 +592,15 @@ impl Store {
         let clock = self.clock.clone();
         match &self.backend {
             Backend::Sqlite(s) | Backend::Postgres(s) => {
-                s.write(move |c| {
-                    let now = clock.now_ms();
-                    batch::each(c, messages, |c, (msg, retry)| accept::accept_and_fan_out(c, &msg, retry, limits, now))
-                })
+                s.write_gaining(
+                    move |c| {
+                        let now = clock.now_ms();
+                        batch::each(c, messages, |c, (msg, retry)| {
+                            accept::accept_and_fan_out(c, &msg, retry, limits, now)
+                        })
+                    },
+                    |rs| gained_hosts(rs.iter().filter_map(|r| r.as_ref().ok())),
+                )
                 .await
             }
         }
@@ -682,21 +731,22 @@ impl Store {
     /// The claim: up to `max` deliveries for the claimant, with its pending cancel notices and
     /// the next retry, in one transaction.
     pub async fn claim(&self, who: Claimer, max: u32) -> StoreResult<Claimed> {
-        let clock = self.clock.clone();
         match &self.backend {
             Backend::Sqlite(s) | Backend::Postgres(s) => {
-                s.write_claims(who.host.clone(), move |c| {
-                    let now = clock.now_ms();
-                    sessions::check(c, &who.host, who.session)?;
-                    let deliveries = claim::claim_as(c, who.claimant(), max, now)?;
-                    let cancels = turns::cancels_for(c, &who.host, &who.instance_id)?;
-                    // A retired host's claim hands out nothing; only an empty one asks why.
-                    let retired = deliveries.is_empty() && hosts::standing(c, &who.host)? == Standing::Retired;
-                    let next_retry_at_ms = turns::next_retry_at(c, &who.host, now)?;
-                    Ok(Claimed { deliveries, cancels, next_retry_at_ms, retired })
-                })
-                .await
+                s.write_claims(who.host.clone(), claim_job(who, max, self.clock.clone())).await
             }
+        }
+    }
+
+    /// Leaves the claim `claim` would make with the writer, to run in the transaction of the
+    /// next change that gives the claimant's host claimable work (an accept's fan-out; see
+    /// `Writer::stand_claim`). `None` where there is no writer thread (a one-shot process).
+    pub fn stand_claim(&self, who: Claimer, max: u32) -> Option<StandingClaim<Claimed>> {
+        match &self.backend {
+            Backend::Sqlite(Conns::Served { writer, .. }) | Backend::Postgres(Conns::Served { writer, .. }) => {
+                Some(writer.stand_claim(who.host.clone(), claim_job(who, max, self.clock.clone())))
+            }
+            Backend::Sqlite(Conns::Direct(_)) | Backend::Postgres(Conns::Direct(_)) => None,
         }
     }
 

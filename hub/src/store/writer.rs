@@ -11,16 +11,25 @@
 //! with `Db::begin_claims` instead: on PostgreSQL claim transactions of several hubs then run at
 //! once; any other job in the batch makes it an ordinary write transaction.
 //!
+//! Standing claims: a long-poll claim with nothing to claim leaves its job with the writer
+//! (`Writer::stand_claim`). A job that gives hosts claimable work names them (`Writer::call_gaining`:
+//! an accept's fan-out); after the batch's jobs, in the same transaction, the writer runs the
+//! oldest standing claim of each host so named, each in its own savepoint, and answers it after
+//! the one commit. The waiting claim gets the new work without a wake-up, a look and a
+//! transaction of its own. A claim the writer has not taken can be withdrawn (its wait ended,
+//! its request went away); one it took is answered like any job.
+//!
 //! Readers: at most `READERS_MAX` read connections, opened once and kept for the hub's life
 //! (each with its prepared-statement cache, so a burst of reads parses no schema and prepares
 //! no statement again); a read waits for a free connection rather than opening another.
 
 use super::db::Db;
 use super::{StoreError, StoreResult};
+use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, oneshot};
 
 /// Most jobs folded into one transaction.
@@ -31,7 +40,13 @@ pub const WRITE_QUEUE_DEPTH: usize = 4096;
 pub const READERS_MAX: usize = 8;
 
 type Reply = Box<dyn FnOnce(StoreResult<()>) + Send>;
-type Job = Box<dyn FnOnce(Option<&dyn Db>) -> (bool, Reply) + Send>;
+/// What running a job gave: whether it succeeded (else it is rolled back to its savepoint),
+/// the hosts it gave claimable work (see `Writer::call_gaining`), and its answer, sent once
+/// the transaction ended.
+type Ran = (bool, Vec<String>, Reply);
+type Job = Box<dyn FnOnce(Option<&dyn Db>) -> Ran + Send>;
+/// Names the hosts a job's result gave claimable work.
+type Gains<R> = Box<dyn FnOnce(&R) -> Vec<String> + Send>;
 /// A connection the writer or the reader pool owns.
 pub type OwnedDb = Box<dyn Db + Send>;
 /// Opens a new connection (the reader pool's, or the writer's after its connection broke).
@@ -48,6 +63,80 @@ struct Queued {
 #[derive(Clone)]
 pub struct Writer {
     tx: mpsc::Sender<Queued>,
+    standing: Arc<Standing>,
+}
+
+/// The claims standing with the writer, by host, oldest first, each with its number.
+#[derive(Default)]
+struct Standing {
+    next: AtomicU64,
+    by_host: Mutex<HashMap<String, Vec<(u64, Job)>>>,
+}
+
+impl Standing {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<(u64, Job)>>> {
+        self.by_host.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes the oldest standing claim of each host in `hosts` (sorted, without repeats).
+    fn take(&self, hosts: &[String]) -> Vec<Job> {
+        let mut by_host = self.lock();
+        let mut taken = Vec::new();
+        for host in hosts {
+            if let Some(waiting) = by_host.get_mut(host) {
+                if !waiting.is_empty() {
+                    taken.push(waiting.remove(0).1);
+                }
+                if waiting.is_empty() {
+                    by_host.remove(host);
+                }
+            }
+        }
+        taken
+    }
+
+    /// Removes claim `id` of `host`; false when the writer took it (or it was removed before).
+    fn withdraw(&self, host: &str, id: u64) -> bool {
+        let mut by_host = self.lock();
+        let Some(waiting) = by_host.get_mut(host) else { return false };
+        let Some(at) = waiting.iter().position(|(n, _)| *n == id) else { return false };
+        drop(waiting.remove(at));
+        if waiting.is_empty() {
+            by_host.remove(host);
+        }
+        true
+    }
+}
+
+/// A claim standing with the writer (`Writer::stand_claim`). Dropping it withdraws it unless
+/// the writer took it.
+pub struct StandingClaim<R> {
+    standing: Arc<Standing>,
+    host: String,
+    id: u64,
+    answer: oneshot::Receiver<StoreResult<R>>,
+}
+
+impl<R> StandingClaim<R> {
+    /// The claim's answer, once a job that gave its host work committed with it.
+    pub async fn answer(&mut self) -> StoreResult<R> {
+        (&mut self.answer).await.map_err(|_| StoreError::Storage("the writer has stopped".into()))?
+    }
+
+    /// Withdraws the claim. `None` when it never ran; otherwise the writer took it, and its
+    /// answer (which may still be on its way) is returned.
+    pub async fn withdraw(mut self) -> Option<StoreResult<R>> {
+        if self.standing.withdraw(&self.host, self.id) {
+            return None;
+        }
+        Some(self.answer().await)
+    }
+}
+
+impl<R> Drop for StandingClaim<R> {
+    fn drop(&mut self) {
+        self.standing.withdraw(&self.host, self.id);
+    }
 }
 
 impl Writer {
@@ -60,8 +149,10 @@ impl Writer {
     /// is gone (a database server restarted), `reopen` gives the next one.
     pub fn start_with(conn: OwnedDb, reopen: Option<Opener>) -> std::io::Result<Writer> {
         let (tx, rx) = mpsc::channel::<Queued>(WRITE_QUEUE_DEPTH);
-        std::thread::Builder::new().name("baton-writer".into()).spawn(move || run(conn, reopen, rx))?;
-        Ok(Writer { tx })
+        let standing = Arc::new(Standing::default());
+        let theirs = standing.clone();
+        std::thread::Builder::new().name("baton-writer".into()).spawn(move || run(conn, reopen, rx, &theirs))?;
+        Ok(Writer { tx, standing })
     }
 
     /// Runs `f` in the next write transaction and answers after that transaction committed.
@@ -70,7 +161,31 @@ impl Writer {
         R: Send + 'static,
         F: FnOnce(&dyn Db) -> StoreResult<R> + Send + 'static,
     {
-        self.submit(f, None).await
+        self.submit(Queued::new(f, None, None)).await
+    }
+
+    /// `call` for a job that may give hosts claimable work: `gains` names them from its
+    /// result, and the oldest standing claim of each runs after it in the same transaction.
+    pub async fn call_gaining<R, F, G>(&self, f: F, gains: G) -> StoreResult<R>
+    where
+        R: Send + 'static,
+        F: FnOnce(&dyn Db) -> StoreResult<R> + Send + 'static,
+        G: FnOnce(&R) -> Vec<String> + Send + 'static,
+    {
+        self.submit(Queued::new(f, None, Some(Box::new(gains)))).await
+    }
+
+    /// Leaves a claim of `host` (`f`, as `call_claims` would run it) with the writer, to run in
+    /// the transaction of the next job that gives `host` claimable work.
+    pub fn stand_claim<R, F>(&self, host: String, f: F) -> StandingClaim<R>
+    where
+        R: Send + 'static,
+        F: FnOnce(&dyn Db) -> StoreResult<R> + Send + 'static,
+    {
+        let (Queued { job, .. }, answer) = Queued::new(f, None, None);
+        let id = self.standing.next.fetch_add(1, Ordering::Relaxed);
+        self.standing.lock().entry(host.clone()).or_default().push((id, job));
+        StandingClaim { standing: self.standing.clone(), host, id, answer }
     }
 
     /// `call` for a job that runs claims of `host` (`store::claim::claim_as` and reads) and
@@ -82,23 +197,19 @@ impl Writer {
         R: Send + 'static,
         F: FnOnce(&dyn Db) -> StoreResult<R> + Send + 'static,
     {
-        self.submit(f, Some(host)).await
+        self.submit(Queued::new(f, Some(host), None)).await
     }
 
-    async fn submit<R, F>(&self, f: F, claims: Option<String>) -> StoreResult<R>
-    where
-        R: Send + 'static,
-        F: FnOnce(&dyn Db) -> StoreResult<R> + Send + 'static,
-    {
-        let (queued, answer) = Queued::new(f, claims);
+    async fn submit<R>(&self, (queued, answer): (Queued, oneshot::Receiver<StoreResult<R>>)) -> StoreResult<R> {
         self.tx.send(queued).await.map_err(|_| StoreError::Storage("the writer has stopped".into()))?;
         answer.await.map_err(|_| StoreError::Storage("the writer has stopped".into()))?
     }
 }
 
 impl Queued {
-    /// `f` as a job for the writer, and where its answer will come once its transaction ended.
-    fn new<R, F>(f: F, claims: Option<String>) -> (Queued, oneshot::Receiver<StoreResult<R>>)
+    /// `f` as a job for the writer, and where its answer will come once its transaction ended;
+    /// `gains` names the hosts a successful result gave claimable work.
+    fn new<R, F>(f: F, claims: Option<String>, gains: Option<Gains<R>>) -> (Queued, oneshot::Receiver<StoreResult<R>>)
     where
         R: Send + 'static,
         F: FnOnce(&dyn Db) -> StoreResult<R> + Send + 'static,
@@ -109,7 +220,7 @@ impl Queued {
                 let reply: Reply = Box::new(move |_| {
                     let _ = otx.send(Err(StoreError::Storage("could not begin a write transaction".into())));
                 });
-                return (false, reply);
+                return (false, Vec::new(), reply);
             };
             let result = match std::panic::catch_unwind(AssertUnwindSafe(|| f(conn))) {
                 Ok(r) => r,
@@ -122,10 +233,14 @@ impl Queued {
                 }
             };
             let ok = result.is_ok();
+            let gained = match (&result, gains) {
+                (Ok(r), Some(gains)) => gains(r),
+                _ => Vec::new(),
+            };
             let reply: Reply = Box::new(move |commit: StoreResult<()>| {
                 let _ = otx.send(commit.and(result));
             });
-            (ok, reply)
+            (ok, gained, reply)
         });
         (Queued { job, claims }, orx)
     }
@@ -142,7 +257,7 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
-fn run(mut conn: OwnedDb, reopen: Option<Opener>, mut rx: mpsc::Receiver<Queued>) {
+fn run(mut conn: OwnedDb, reopen: Option<Opener>, mut rx: mpsc::Receiver<Queued>, standing: &Standing) {
     let mut jobs: Vec<Queued> = Vec::with_capacity(GROUP_COMMIT_JOBS_MAX);
     while let Some(first) = rx.blocking_recv() {
         jobs.push(first);
@@ -152,7 +267,7 @@ fn run(mut conn: OwnedDb, reopen: Option<Opener>, mut rx: mpsc::Receiver<Queued>
                 Err(_) => break,
             }
         }
-        run_batch(conn.as_ref(), &mut jobs);
+        run_batch(conn.as_ref(), &mut jobs, standing);
         if conn.broken()
             && let Some(open) = &reopen
         {
@@ -167,7 +282,7 @@ fn run(mut conn: OwnedDb, reopen: Option<Opener>, mut rx: mpsc::Receiver<Queued>
     }
 }
 
-fn run_batch(conn: &dyn Db, jobs: &mut Vec<Queued>) {
+fn run_batch(conn: &dyn Db, jobs: &mut Vec<Queued>, standing: &Standing) {
     let started = std::time::Instant::now();
     metrics::histogram!("baton_hub_write_batch_jobs").record(jobs.len() as f64);
     metrics::counter!("baton_hub_writer_jobs_total").increment(jobs.len() as u64);
@@ -180,31 +295,27 @@ fn run_batch(conn: &dyn Db, jobs: &mut Vec<Queued>) {
     if let Err(e) = begun {
         tracing::error!(error = %e, "cannot begin a write transaction");
         for Queued { job, .. } in jobs.drain(..) {
-            let (_, reply) = job(None);
+            let (_, _, reply) = job(None);
             reply(Err(StoreError::Storage(e.to_string())));
         }
         return;
     }
     let mut replies: Vec<Reply> = Vec::with_capacity(jobs.len());
     let mut poisoned: Option<String> = None;
+    let mut gained: Vec<String> = Vec::new();
     for Queued { job, .. } in jobs.drain(..) {
-        if poisoned.is_some() {
-            let (_, reply) = job(None);
-            replies.push(reply);
-            continue;
+        gained.extend(run_job(conn, job, &mut poisoned, &mut replies));
+    }
+    // The claims standing for the hosts these jobs gave work, after them, in their transaction.
+    if poisoned.is_none() && !gained.is_empty() {
+        gained.sort_unstable();
+        gained.dedup();
+        let taken = standing.take(&gained);
+        metrics::counter!("baton_hub_writer_jobs_total").increment(taken.len() as u64);
+        metrics::counter!("baton_hub_claims_at_commit_total").increment(taken.len() as u64);
+        for job in taken {
+            run_job(conn, job, &mut poisoned, &mut replies);
         }
-        if let Err(e) = super::control(conn, "SAVEPOINT job") {
-            poisoned = Some(e.to_string());
-            let (_, reply) = job(None);
-            replies.push(reply);
-            continue;
-        }
-        let (ok, reply) = job(Some(conn));
-        let rolled_back = if ok { Ok(()) } else { super::control(conn, "ROLLBACK TO job") };
-        if let Err(e) = rolled_back.and_then(|()| super::control(conn, "RELEASE job")) {
-            poisoned = Some(e.to_string());
-        }
-        replies.push(reply);
     }
     let outcome: StoreResult<()> = match poisoned {
         Some(e) => Err(StoreError::Storage(e)),
@@ -221,6 +332,30 @@ fn run_batch(conn: &dyn Db, jobs: &mut Vec<Queued>) {
     for reply in replies {
         reply(outcome.clone());
     }
+}
+
+/// Runs one job of the open transaction in its own savepoint (or, once the transaction is
+/// `poisoned`, only fails it), keeps its answer in `replies`, and returns the hosts it gave
+/// work.
+fn run_job(conn: &dyn Db, job: Job, poisoned: &mut Option<String>, replies: &mut Vec<Reply>) -> Vec<String> {
+    if poisoned.is_some() {
+        let (_, _, reply) = job(None);
+        replies.push(reply);
+        return Vec::new();
+    }
+    if let Err(e) = super::control(conn, "SAVEPOINT job") {
+        *poisoned = Some(e.to_string());
+        let (_, _, reply) = job(None);
+        replies.push(reply);
+        return Vec::new();
+    }
+    let (ok, gained, reply) = job(Some(conn));
+    let rolled_back = if ok { Ok(()) } else { super::control(conn, "ROLLBACK TO job") };
+    if let Err(e) = rolled_back.and_then(|()| super::control(conn, "RELEASE job")) {
+        *poisoned = Some(e.to_string());
+    }
+    replies.push(reply);
+    if ok { gained } else { Vec::new() }
 }
 
 /// A pool of long-lived read connections, used only inside `spawn_blocking`.
@@ -479,6 +614,7 @@ mod tests {
                     Ok(())
                 },
                 Some(host.to_string()),
+                None,
             )
         };
         let (jobs, answers): (Vec<Queued>, Vec<_>) = ["host-c", "host-a", "host-b"].map(claim).into_iter().unzip();
@@ -491,11 +627,89 @@ mod tests {
 
         // A claim and another job queued together: one ordinary write transaction.
         let (a_claim, claimed) = claim("host-a");
-        let (other, done) = Queued::new(|_| Ok(()), None);
+        let (other, done) = Queued::new(|_| Ok(()), None, None);
         behind_a_held_job(vec![a_claim, other]).await;
         claimed.await.unwrap().unwrap();
         done.await.unwrap().unwrap();
         assert_eq!(*begun.lock().unwrap(), ["write", "claims", "write", "write"]);
+    }
+
+    /// A claim standing with the writer runs in the transaction of the first job that names its
+    /// host as gained, after that job (it sees the job's rows), and answers once that one
+    /// transaction committed; one per host per transaction, oldest first. A failed job gains
+    /// nothing, and a withdrawn or dropped standing claim never runs.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_standing_claim_runs_in_the_transaction_of_the_job_that_gains_its_host() {
+        let dir = tempfile::tempdir().unwrap();
+        let begun = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let conn = crate::store::open_write(&dir.path().join("hub.db"), Synchronous::Normal).unwrap();
+        let w = Writer::start(Recording { conn, begun: begun.clone() }).unwrap();
+        w.call(|c| Ok(c.execute_batch("CREATE TABLE probe (what TEXT NOT NULL)")?)).await.unwrap();
+        let began = || begun.lock().unwrap().len();
+        // A standing claim notes itself and answers what it saw of the probe.
+        let stand = |host: &str, name: &'static str| {
+            w.stand_claim(host.to_string(), move |c| {
+                c.execute("INSERT INTO probe (what) VALUES (?1)", [name])?;
+                let seen: Vec<String> = c
+                    .prepare_cached("SELECT what FROM probe ORDER BY rowid")?
+                    .query_map([], |r| r.get(0))?
+                    .collect::<Result<_, _>>()?;
+                Ok(seen)
+            })
+        };
+        let gain = |name: &'static str, hosts: &'static [&'static str], fail: bool| {
+            let w = w.clone();
+            async move {
+                w.call_gaining(
+                    move |c| {
+                        c.execute("INSERT INTO probe (what) VALUES (?1)", [name])?;
+                        if fail { Err(StoreError::Invalid("refused".into())) } else { Ok(()) }
+                    },
+                    move |_| hosts.iter().map(|h| h.to_string()).collect(),
+                )
+                .await
+            }
+        };
+        let probe = || async {
+            w.call(|c| {
+                Ok(c.prepare_cached("SELECT what FROM probe ORDER BY rowid")?
+                    .query_map([], |r| r.get::<_, String>(0))?
+                    .collect::<Result<Vec<_>, _>>()?)
+            })
+            .await
+            .unwrap()
+        };
+
+        let mut first_a = stand("host-a", "claim-a1");
+        let second_a = stand("host-a", "claim-a2");
+        let b = stand("host-b", "claim-b");
+        let withdrawn = stand("host-c", "claim-c");
+        let dropped = stand("host-d", "claim-d");
+        assert!(withdrawn.withdraw().await.is_none(), "a claim the writer never took is withdrawn");
+        drop(dropped);
+
+        // A job that fails gains nothing: no claim runs.
+        let before = began();
+        assert!(gain("refused", &["host-a", "host-b", "host-c", "host-d"], true).await.is_err());
+        assert_eq!(began() - before, 1);
+        assert_eq!(probe().await, Vec::<String>::new());
+
+        // One transaction: the job, then the oldest claim of host-a, answered with the job's row.
+        let before = began();
+        gain("accept-1", &["host-a", "host-c", "host-d"], false).await.unwrap();
+        let seen = tokio::time::timeout(std::time::Duration::from_secs(10), first_a.answer()).await.unwrap().unwrap();
+        assert_eq!(seen, ["accept-1", "claim-a1"]);
+        assert_eq!(began() - before, 1, "the claim ran in the job's own transaction");
+        // host-a's second claim and host-b's still stand; host-c's and host-d's never ran.
+        assert_eq!(probe().await, ["accept-1", "claim-a1"]);
+
+        gain("accept-2", &["host-b", "host-a", "host-b"], false).await.unwrap();
+        assert_eq!(probe().await, ["accept-1", "claim-a1", "accept-2", "claim-a2", "claim-b"], "host order");
+        // Taken: a withdrawal now gives the answer instead.
+        let seen = second_a.withdraw().await.expect("the writer took it").unwrap();
+        assert_eq!(seen, ["accept-1", "claim-a1", "accept-2", "claim-a2"]);
+        assert_eq!(b.withdraw().await.expect("the writer took it").unwrap().len(), 5);
+        assert!(w.standing.lock().is_empty(), "nothing is left standing");
     }
 
     /// A burst of reads far wider than the pool opens no more than `READERS_MAX` connections,
