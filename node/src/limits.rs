@@ -121,5 +121,7 @@ const _: () = assert!(BACKOFF_BASE.as_millis() <= RECONNECT_PAUSE_MAX.as_millis(
 /// that key still bounds what the node holds unstarted. Each delivery's own steps stay in order
 /// (mirror commit, `mirrored`, ack, gate); turns of one conversation still start in sequence
 /// order whichever batch's ack lands first, since only a conversation's lowest queued turn may
-/// start.
-pub const HANDOFFS_IN_FLIGHT_MAX: usize = 2;
+/// start. Three, not two: when the hub answers a waiting claim from the commit that gave it
+/// work, claim answers come about as often as a batch's mirror and handoff take, and a
+/// third keeps the next claim from waiting for one to end.
+pub const HANDOFFS_IN_FLIGHT_MAX: usize = 3;
