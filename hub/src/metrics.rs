@@ -59,7 +59,7 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
     (
         "baton_hub_claims_at_commit_total",
         Kind::Counter,
-        "Waiting claims run in the transaction of the change that gave their host work (no wake-up, look or transaction of their own).",
+        "Waiting claims run in the transaction of the accept that gave their host work (no wake-up, look or transaction of their own).",
     ),
     (
         "baton_hub_cert_cache_total",

@@ -141,7 +141,8 @@ pub(super) async fn starts(
 /// fail a retired host's work, or bind the instance) runs a write job. A waiting claim is woken
 /// by changes for its own host or for all hosts, never by another host's work. While it waits,
 /// the claim stands with the writer (`Store::stand_claim`): an accept that gives its host work
-/// claims for it in the accept's own transaction, and the claim answers once that committed.
+/// claims for it in the accept's own transaction (when no other write waits), and the claim
+/// answers once that committed.
 pub(super) async fn claim(
     NodeCaller(caller): NodeCaller,
     State(state): State<AppState>,

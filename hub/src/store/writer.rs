@@ -16,8 +16,10 @@
 //! an accept's fan-out); after the batch's jobs, in the same transaction, the writer runs the
 //! oldest standing claim of each host so named, each in its own savepoint, and answers it after
 //! the one commit. The waiting claim gets the new work without a wake-up, a look and a
-//! transaction of its own. A claim the writer has not taken can be withdrawn (its wait ended,
-//! its request went away); one it took is answered like any job.
+//! transaction of its own. Only when no other job waits: a busy writer commits again soon, and
+//! a claim woken the usual way then takes what those commits add as well. A claim the writer
+//! has not taken can be withdrawn (its wait ended, its request went away); one it took is
+//! answered like any job.
 //!
 //! Readers: at most `READERS_MAX` read connections, opened once and kept for the hub's life
 //! (each with its prepared-statement cache, so a burst of reads parses no schema and prepares
@@ -267,7 +269,7 @@ fn run(mut conn: OwnedDb, reopen: Option<Opener>, mut rx: mpsc::Receiver<Queued>
                 Err(_) => break,
             }
         }
-        run_batch(conn.as_ref(), &mut jobs, standing);
+        run_batch(conn.as_ref(), &mut jobs, standing, &rx);
         if conn.broken()
             && let Some(open) = &reopen
         {
@@ -282,7 +284,7 @@ fn run(mut conn: OwnedDb, reopen: Option<Opener>, mut rx: mpsc::Receiver<Queued>
     }
 }
 
-fn run_batch(conn: &dyn Db, jobs: &mut Vec<Queued>, standing: &Standing) {
+fn run_batch(conn: &dyn Db, jobs: &mut Vec<Queued>, standing: &Standing, queue: &mpsc::Receiver<Queued>) {
     let started = std::time::Instant::now();
     metrics::histogram!("baton_hub_write_batch_jobs").record(jobs.len() as f64);
     metrics::counter!("baton_hub_writer_jobs_total").increment(jobs.len() as u64);
@@ -307,7 +309,10 @@ fn run_batch(conn: &dyn Db, jobs: &mut Vec<Queued>, standing: &Standing) {
         gained.extend(run_job(conn, job, &mut poisoned, &mut replies));
     }
     // The claims standing for the hosts these jobs gave work, after them, in their transaction.
-    if poisoned.is_none() && !gained.is_empty() {
+    // Only when no job came in meanwhile: a writer with work queued commits again soon, and a
+    // claim woken the usual way then takes what those commits add too (larger claim batches
+    // under load); an idle one answers the claim at once.
+    if poisoned.is_none() && !gained.is_empty() && queue.is_empty() {
         gained.sort_unstable();
         gained.dedup();
         let taken = standing.take(&gained);
@@ -710,6 +715,31 @@ mod tests {
         assert_eq!(seen, ["accept-1", "claim-a1", "accept-2", "claim-a2"]);
         assert_eq!(b.withdraw().await.expect("the writer took it").unwrap().len(), 5);
         assert!(w.standing.lock().is_empty(), "nothing is left standing");
+
+        // A writer with jobs waiting after a batch takes no standing claim: the batch holding
+        // the gaining job (first of it) leaves one job queued behind it.
+        let e = stand("host-e", "claim-e");
+        let (release, held) = hold(&w).await;
+        let (gaining, gained) = Queued::new(
+            |c| Ok(c.execute("INSERT INTO probe (what) VALUES ('accept-3')", [])?),
+            None,
+            Some(Box::new(|_: &usize| vec!["host-e".to_string()])),
+        );
+        assert!(w.tx.send(gaining).await.is_ok());
+        let mut fillers = Vec::new();
+        for _ in 0..GROUP_COMMIT_JOBS_MAX {
+            let (filler, done) = Queued::new(|_| Ok(()), None, None);
+            assert!(w.tx.send(filler).await.is_ok());
+            fillers.push(done);
+        }
+        release.send(()).unwrap();
+        held.await.unwrap().unwrap();
+        gained.await.unwrap().unwrap();
+        for done in fillers {
+            done.await.unwrap().unwrap();
+        }
+        assert!(!probe().await.contains(&"claim-e".to_string()), "a busy writer took a standing claim");
+        assert!(e.withdraw().await.is_none(), "the claim still stood");
     }
 
     /// A burst of reads far wider than the pool opens no more than `READERS_MAX` connections,
