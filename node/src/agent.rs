@@ -16,7 +16,7 @@ use crate::client::Hub;
 use crate::config::NodeConfig;
 use crate::exec::Gate;
 use crate::group;
-use crate::limits::{BACKOFF_BASE, HANDOFFS_IN_FLIGHT_MAX};
+use crate::limits::BACKOFF_BASE;
 use crate::shared_state::Shared;
 use crate::store::{CancelLocal, ExecState, Mirrored, ReportState, Store, StoreError};
 use crate::{report, retention, sched};
@@ -328,7 +328,7 @@ async fn claim_loop<H: Hub>(sh: &Arc<Shared<H>>) -> anyhow::Result<()> {
         while let Some(done) = handoffs.try_join_next() {
             in_flight -= handoff_ended(done)?;
         }
-        if handoffs.len() >= HANDOFFS_IN_FLIGHT_MAX {
+        if handoffs.len() >= sh.config.handoffs_in_flight as usize {
             tokio::select! {
                 done = handoffs.join_next() => if let Some(done) = done { in_flight -= handoff_ended(done)?; },
                 _ = sh.shutdown.cancelled() => break Ok(()),

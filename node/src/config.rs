@@ -154,6 +154,11 @@ keys! {
     /// cannot start soon stays queued on the hub, where fences and operators see it.
     queue_ahead_batches: u32 =
         Kind::Count { default: QUEUE_AHEAD_BATCHES_DEFAULT, range: QUEUE_AHEAD_BATCHES_RANGE };
+    /// Claim batches that may be mirrored and handed off while the next claim waits at the hub.
+    /// More lets a node that gets many small batches (lone messages at a high rate) claim again
+    /// sooner; fewer makes the batches larger when the node is saturated.
+    handoffs_in_flight: u32 =
+        Kind::Count { default: HANDOFFS_IN_FLIGHT_DEFAULT, range: HANDOFFS_IN_FLIGHT_RANGE };
     /// Most bytes of stdout kept as an attempt's result (a truncation marker counts inside it).
     result_bytes_max: usize = Kind::Count { default: RESULT_BYTES_MAX_DEFAULT, range: RESULT_BYTES_MAX_RANGE };
     /// How long running turns may finish after the node gets SIGTERM; then their process groups

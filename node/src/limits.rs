@@ -115,13 +115,13 @@ const _: () = assert!(RESULT_BYTES_MAX_DEFAULT <= RESULT_BYTES_MAX_RANGE.1);
 const _: () = assert!(BACKOFF_BASE.as_millis() <= BACKOFF_MAX_RANGE.0.as_millis());
 const _: () = assert!(BACKOFF_BASE.as_millis() <= RECONNECT_PAUSE_MAX.as_millis());
 
-/// Claim batches whose mirror and handoff may run while the next claim waits at the hub, so
-/// work that arrives during a handoff is claimed at once rather than after it. Their
-/// deliveries count toward `queue_ahead_batches` (configurable) until they are handed off, so
-/// that key still bounds what the node holds unstarted. Each delivery's own steps stay in order
-/// (mirror commit, `mirrored`, ack, gate); turns of one conversation still start in sequence
-/// order whichever batch's ack lands first, since only a conversation's lowest queued turn may
-/// start. Three, not two: when the hub answers a waiting claim from the commit that gave it
-/// work, claim answers come about as often as a batch's mirror and handoff take, and a
-/// third keeps the next claim from waiting for one to end.
-pub const HANDOFFS_IN_FLIGHT_MAX: usize = 3;
+/// Default for `handoffs_in_flight`: claim batches whose mirror and handoff may run while the
+/// next claim waits at the hub, so work that arrives during a handoff is claimed at once rather
+/// than after it. Their deliveries count toward `queue_ahead_batches` until they are handed
+/// off, so that key still bounds what the node holds unstarted. Each delivery's own steps stay
+/// in order (mirror commit, `mirrored`, ack, gate); turns of one conversation still start in
+/// sequence order whichever batch's ack lands first, since only a conversation's lowest queued
+/// turn may start.
+pub const HANDOFFS_IN_FLIGHT_DEFAULT: u64 = 2;
+/// Allowed range of `handoffs_in_flight`.
+pub const HANDOFFS_IN_FLIGHT_RANGE: (u64, u64) = (1, 16);

@@ -489,6 +489,7 @@ fn config(dir: &Path, script: &str) -> NodeConfig {
         claim_wait: Duration::ZERO,
         claim_batch_max: 16,
         queue_ahead_batches: 4,
+        handoffs_in_flight: 2,
         result_bytes_max: 4096,
         shutdown_grace: Duration::from_secs(5),
         kill_grace: Duration::from_secs(5),

@@ -57,6 +57,8 @@ fn out_of_range_values_name_the_field_and_range() {
     check_refused("parallel_conversations = 257\n", &["parallel_conversations", "1..=256"]);
     check_refused("claim_batch_max = 1001\n", &["claim_batch_max", "1..=1000"]);
     check_refused("queue_ahead_batches = 0\n", &["queue_ahead_batches", "1..=1000"]);
+    check_refused("handoffs_in_flight = 0\n", &["handoffs_in_flight", "1..=16"]);
+    check_refused("handoffs_in_flight = 17\n", &["handoffs_in_flight", "1..=16"]);
     check_refused("result_bytes_max = 16777217\n", &["result_bytes_max", "1..=16777216"]);
     check_refused("exec_timeout = \"0s\"\n", &["exec_timeout", "1s..=1day"]);
     check_refused("exec_timeout = \"25h\"\n", &["exec_timeout", "out of the allowed range"]);

@@ -83,6 +83,8 @@ pub struct NodeSettings {
     pub claim_batch_max: u32,
     /// `handoff` (`combined` or `separate`).
     pub handoff: String,
+    /// `handoffs_in_flight`, when not the node's default.
+    pub handoffs_in_flight: Option<u32>,
 }
 
 /// Writes a node config for `host` under `dir` (data directory `dir/HOST`) and starts
@@ -98,7 +100,7 @@ pub fn start_node(
     settings: &NodeSettings,
 ) -> anyhow::Result<Node> {
     let first = hub_url.split(',').next().unwrap_or(hub_url);
-    let config = NodeConfig::new(first, hub.identity(host)?, &dir.join(host), settings.harness.clone())
+    let mut config = NodeConfig::new(first, hub.identity(host)?, &dir.join(host), settings.harness.clone())
         .set("parallel_conversations", &settings.parallel_conversations.to_string())
         .set("claim_batch_max", &settings.claim_batch_max.to_string())
         .set("handoff", &format!("\"{}\"", settings.handoff))
@@ -106,6 +108,9 @@ pub fn start_node(
         .set("exec_timeout", "\"60s\"")
         .set("shutdown_grace", "\"5s\"")
         .set("backoff_max", "\"1s\"");
+    if let Some(n) = settings.handoffs_in_flight {
+        config = config.set("handoffs_in_flight", &n.to_string());
+    }
     let mut node = Node::create(bins, dir, host, &config)?;
     node.proc_mut().set_drop_grace(STOP_GRACE);
     if hub_url.contains(',') {

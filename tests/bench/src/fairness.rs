@@ -42,29 +42,33 @@ pub struct FairnessResult {
     pub heavy_left_share: f64,
 }
 
-/// Runs the step: `heavy` queued turns, `light` turns submitted while they drain, on a node
-/// running `parallel_conversations` conversations at once and handing off as `handoff` says.
+/// The node of this step: the no-op harness, batches of eight, the run's other node settings.
+pub fn node_settings(parallel_conversations: u32, handoff: &str, handoffs_in_flight: Option<u32>) -> NodeSettings {
+    NodeSettings {
+        harness: Harness::Noop,
+        parallel_conversations,
+        claim_batch_max: 8,
+        handoff: handoff.to_string(),
+        handoffs_in_flight,
+    }
+}
+
+/// Runs the step: `heavy` queued turns, `light` turns submitted while they drain, on one node
+/// set as `node` says (`node_settings`).
 pub fn run(
     rt: &tokio::runtime::Runtime,
     bins: &Binaries,
     root: &Path,
     heavy: usize,
     light: usize,
-    parallel_conversations: u32,
-    handoff: &str,
+    node: &NodeSettings,
 ) -> anyhow::Result<FairnessResult> {
     std::fs::create_dir_all(root)?;
     let mut hub = cluster::create_hub(bins, root, &[HOST.to_string()], &[PRODUCER], None)?;
     prefill(&hub.db(), heavy)?;
     let (url, _) = cluster::start_hub(&mut hub)?;
     let client = cluster::client(&hub, &url, PRODUCER)?;
-    let settings = NodeSettings {
-        harness: Harness::Noop,
-        parallel_conversations,
-        claim_batch_max: 8,
-        handoff: handoff.to_string(),
-    };
-    let mut node = cluster::start_node(bins, &hub, &url, HOST, &root.join("nodes"), &settings)?;
+    let mut node = cluster::start_node(bins, &hub, &url, HOST, &root.join("nodes"), node)?;
     rt.block_on(submit_light(&client, light))?;
     let db = store::open_read(&hub.db()).context("opening the hub database")?;
     let started = Instant::now();

@@ -51,6 +51,10 @@ struct Cli {
     /// `separate` (two requests, as before), to compare the two in one build.
     #[arg(long, value_name = "WORD", default_value = "combined", value_parser = ["combined", "separate"])]
     node_handoff: String,
+    /// Each node's `handoffs_in_flight` (claim batches handed off while the next claim waits)
+    /// [default: the node's own default]
+    #[arg(long, value_name = "N")]
+    node_handoffs_in_flight: Option<u32>,
     /// Messages per producer request in the batched passes (`POST /v1/batch/messages`); the
     /// single-submit pass sends one per request whatever this says.
     #[arg(long, value_name = "N", default_value_t = 64)]
@@ -120,6 +124,7 @@ struct Plan {
     node_parallel: u32,
     node_batch: u32,
     node_handoff: String,
+    node_handoffs_in_flight: Option<u32>,
     submit_batch: usize,
     backlog_sizes: Vec<usize>,
     backlog_claims: usize,
@@ -178,6 +183,7 @@ impl Plan {
             node_parallel: cli.node_parallel,
             node_batch: cli.node_batch,
             node_handoff: cli.node_handoff.clone(),
+            node_handoffs_in_flight: cli.node_handoffs_in_flight,
             submit_batch: cli.submit_batch,
             backlog_sizes: if cli.skip_backlog || cli.database_url.is_some() {
                 Vec::new()
@@ -257,6 +263,7 @@ fn describe(figs: &mut Figures, plan: &Plan, root: &std::path::Path) {
     figs.context("node_parallel_conversations", json!(plan.node_parallel));
     figs.context("node_claim_batch_max", json!(plan.node_batch));
     figs.context("node_handoff", json!(plan.node_handoff));
+    figs.context("node_handoffs_in_flight", json!(plan.node_handoffs_in_flight));
     figs.context("submit_batch", json!(plan.submit_batch));
     figs.context("backlog_sizes", json!(plan.backlog_sizes));
     figs.context(
@@ -311,7 +318,14 @@ fn measure(
     if !plan.skip_e2e && !plan.skip_fairness {
         let (heavy, light) = if plan.quick { FAIRNESS_QUICK } else { FAIRNESS_FULL };
         progress(&format!("step 2b: fairness, {light} light turns while {heavy} heavy ones drain"));
-        let f = fairness::run(rt, bins, &root.join("fairness"), heavy, light, plan.node_parallel, &plan.node_handoff)?;
+        let f = fairness::run(
+            rt,
+            bins,
+            &root.join("fairness"),
+            heavy,
+            light,
+            &fairness::node_settings(plan.node_parallel, &plan.node_handoff, plan.node_handoffs_in_flight),
+        )?;
         figs.put(
             "light_conversation_p99_ms",
             Some(f.light_accept_to_report_ms.p99),
@@ -384,6 +398,7 @@ fn end_to_end(
         parallel_conversations: plan.node_parallel,
         claim_batch_max: plan.node_batch,
         handoff: plan.node_handoff.clone(),
+        handoffs_in_flight: plan.node_handoffs_in_flight,
     };
     let convs_per_host = (plan.node_parallel as usize * 2).max(1);
     let pass = |name: &str, messages, rate_per_s, harness| e2e::Pass {
