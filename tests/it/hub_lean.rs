@@ -9,13 +9,25 @@ use std::time::{Duration, Instant};
 /// A counter's value on `/metrics` (it must be there: each one counted here was incremented
 /// before it is read).
 async fn metric(api: &Api, line_start: &str) -> f64 {
+    let (value, text) = metric_listed(api, line_start).await;
+    value.unwrap_or_else(|| panic!("/metrics has no {line_start}:\n{text}"))
+}
+
+/// A counter's value on `/metrics`, 0 while it was never incremented (it is not listed then).
+async fn metric_or_zero(api: &Api, line_start: &str) -> f64 {
+    metric_listed(api, line_start).await.0.unwrap_or(0.0)
+}
+
+/// The value of the `/metrics` line starting `line_start`, if listed, and the whole page.
+async fn metric_listed(api: &Api, line_start: &str) -> (Option<f64>, String) {
     let r = api.get("/metrics").await;
     assert_eq!(r.status, 200, "{}", r.text);
-    r.text
+    let value = r
+        .text
         .lines()
         .find_map(|l| l.strip_prefix(line_start).and_then(|rest| rest.strip_prefix(' ')))
-        .map(|v| v.trim().parse::<f64>().unwrap_or_else(|e| panic!("{line_start}: {v:?}: {e}")))
-        .unwrap_or_else(|| panic!("/metrics has no {line_start}:\n{}", r.text))
+        .map(|v| v.trim().parse::<f64>().unwrap_or_else(|e| panic!("{line_start}: {v:?}: {e}")));
+    (value, r.text)
 }
 
 /// Writer jobs the hub ran so far, and the looks claims took.
@@ -205,16 +217,6 @@ async fn waiting_claims_wake_per_host_and_a_claim_with_nothing_to_claim_writes_n
     // host-a's work is all there for it.
     let claimed = hub.node("host-a", "inst").claim(64, 0).await;
     assert_eq!(claimed.len(), 64);
-}
-
-/// A counter's value on `/metrics`, 0 while it was never incremented (it is not listed then).
-async fn metric_or_zero(api: &Api, line_start: &str) -> f64 {
-    let r = api.get("/metrics").await;
-    assert_eq!(r.status, 200, "{}", r.text);
-    r.text
-        .lines()
-        .find_map(|l| l.strip_prefix(line_start).and_then(|rest| rest.strip_prefix(' ')))
-        .map_or(0.0, |v| v.trim().parse::<f64>().unwrap_or_else(|e| panic!("{line_start}: {v:?}: {e}")))
 }
 
 /// A claim of `node` waiting (long-poll), once claims took `looks` looks in all.

@@ -588,15 +588,21 @@ mod tests {
         (release, job)
     }
 
+    /// A writer on a new record whose connection notes how each write transaction began (kept
+    /// while the directory lives).
+    fn recording_writer() -> (Writer, std::sync::Arc<Mutex<Vec<&'static str>>>, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let begun = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let conn = crate::store::open_write(&dir.path().join("hub.db"), Synchronous::Normal).unwrap();
+        (Writer::start(Recording { conn, begun: begun.clone() }).unwrap(), begun, dir)
+    }
+
     /// A batch made only of claim jobs begins as a claim transaction and runs them in host
     /// order (one lock order for every hub); a batch with any other job begins as an ordinary
     /// write transaction.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_batch_of_claims_only_begins_as_claims_in_host_order() {
-        let dir = tempfile::tempdir().unwrap();
-        let begun = std::sync::Arc::new(Mutex::new(Vec::new()));
-        let conn = crate::store::open_write(&dir.path().join("hub.db"), Synchronous::Normal).unwrap();
-        let w = Writer::start(Recording { conn, begun: begun.clone() }).unwrap();
+        let (w, begun, _dir) = recording_writer();
         let order = std::sync::Arc::new(Mutex::new(Vec::<String>::new()));
         // Jobs sent while a first one holds the writer (in a batch of its own) are in its queue,
         // every one of them, when it is released: the next batch takes them all.
@@ -645,10 +651,7 @@ mod tests {
     /// nothing, and a withdrawn or dropped standing claim never runs.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_standing_claim_runs_in_the_transaction_of_the_job_that_gains_its_host() {
-        let dir = tempfile::tempdir().unwrap();
-        let begun = std::sync::Arc::new(Mutex::new(Vec::new()));
-        let conn = crate::store::open_write(&dir.path().join("hub.db"), Synchronous::Normal).unwrap();
-        let w = Writer::start(Recording { conn, begun: begun.clone() }).unwrap();
+        let (w, begun, _dir) = recording_writer();
         w.call(|c| Ok(c.execute_batch("CREATE TABLE probe (what TEXT NOT NULL)")?)).await.unwrap();
         let began = || begun.lock().unwrap().len();
         // A standing claim notes itself and answers what it saw of the probe.
