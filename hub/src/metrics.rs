@@ -49,6 +49,11 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
     ("baton_hub_http_errors_total", Kind::Counter, "Error answers of the API, by error code."),
     ("baton_hub_write_batch_jobs", Kind::Histogram, "Write jobs folded into one committed transaction."),
     ("baton_hub_write_transaction_seconds", Kind::Histogram, "Time to run and commit one write transaction."),
+    (
+        "baton_hub_write_queue_wait_seconds",
+        Kind::Histogram,
+        "Time a write job waited for the writer thread before its transaction began (a busy writer shows here first).",
+    ),
     ("baton_hub_write_transaction_failures_total", Kind::Counter, "Write transactions that failed and rolled back."),
     ("baton_hub_writer_jobs_total", Kind::Counter, "Write jobs run by the writer (each request step or batch is one)."),
     (

@@ -249,6 +249,9 @@ async fn a_waiting_claim_is_served_in_the_transaction_of_the_accept_that_gives_i
     assert_eq!(got[0].delivery_id, s.to("host-a"));
     assert_eq!(metric_or_zero(&prod, AT_COMMIT).await - served, 1.0, "the accept's transaction claimed it");
     assert_eq!(counts(&prod).await.1, looks, "the waiting claim looked again");
+    // Every write job's wait for the writer is measured (the accept's at least).
+    let waits = metric(&prod, "baton_hub_write_queue_wait_seconds_count").await;
+    assert!(waits >= 1.0, "no write job's wait was recorded: {waits}");
     assert_eq!(hub.state(s.to("host-a")), "claimed");
 
     // Nothing claimable in the accept's transaction: the claim keeps waiting.

@@ -57,6 +57,8 @@ pub type Opener = Box<dyn Fn() -> StoreResult<OwnedDb> + Send + Sync>;
 /// A job waiting for the writer, and, for a job that runs claims and nothing else, the host
 /// whose claim it is.
 struct Queued {
+    /// When it was queued (`baton_hub_write_queue_wait_seconds`).
+    at: std::time::Instant,
     job: Job,
     claims: Option<String>,
 }
@@ -244,7 +246,7 @@ impl Queued {
             });
             (ok, gained, reply)
         });
-        (Queued { job, claims }, orx)
+        (Queued { at: std::time::Instant::now(), job, claims }, orx)
     }
 }
 
@@ -286,6 +288,9 @@ fn run(mut conn: OwnedDb, reopen: Option<Opener>, mut rx: mpsc::Receiver<Queued>
 
 fn run_batch(conn: &dyn Db, jobs: &mut Vec<Queued>, standing: &Standing, queue: &mpsc::Receiver<Queued>) {
     let started = std::time::Instant::now();
+    for j in jobs.iter() {
+        metrics::histogram!("baton_hub_write_queue_wait_seconds").record(started.duration_since(j.at).as_secs_f64());
+    }
     metrics::histogram!("baton_hub_write_batch_jobs").record(jobs.len() as f64);
     metrics::counter!("baton_hub_writer_jobs_total").increment(jobs.len() as u64);
     let begun = if jobs.iter().all(|j| j.claims.is_some()) {
