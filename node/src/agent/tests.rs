@@ -591,6 +591,8 @@ async fn claims_mirror_ack_run_and_report_each_turn_once() {
     assert_eq!((last.session, last.took_over, last.ended.as_deref()), (1, None, Some("clean")));
 }
 
+/// Work that arrives while a batch is handed off is claimed before that handoff ends, up to
+/// `handoffs_in_flight` batches: with two handoffs held at the hub, a third delivery waits.
 #[tokio::test]
 async fn work_arriving_during_a_handoff_is_claimed_before_the_handoff_ends() {
     let dir = tempfile::tempdir().unwrap();
@@ -600,7 +602,9 @@ async fn work_arriving_during_a_handoff_is_claimed_before_the_handoff_ends() {
         s.queue.push_back(delivery("h1", "h", 1));
         s.mirrored_gate = Some(gate.clone());
     });
-    let node = start(config(dir.path(), &recording(dir.path())), &hub);
+    let mut cfg = config(dir.path(), &recording(dir.path()));
+    cfg.handoffs_in_flight = 2;
+    let node = start(cfg, &hub);
     // From here the first batch's handoff waits at `mirrored` until the gate opens.
     wait_until("the first delivery is claimed", || hub.with(|s| s.held.contains_key("h1"))).await;
     hub.with(|s| s.queue.push_back(delivery("g1", "g", 1)));
@@ -611,11 +615,15 @@ async fn work_arriving_during_a_handoff_is_claimed_before_the_handoff_ends() {
     hub.with(|s| {
         assert_eq!(s.held["h1"].1, DeliveryState::Claimed, "the first handoff has not gone past mirrored");
     });
+    hub.with(|s| s.queue.push_back(delivery("k1", "k", 1)));
+    // Longer than the pace of claims after an empty answer (`claim_wait` is zero here).
+    tokio::time::sleep(EMPTY_CLAIM_PACE * 2 + Duration::from_millis(500)).await;
+    assert!(!hub.with(|s| s.held.contains_key("k1")), "a third batch was claimed while two handoffs waited");
     gate.add_permits(16);
-    wait_until("both reports", || hub.with(|s| s.reports.len() == 2)).await;
+    wait_until("all three reports", || hub.with(|s| s.reports.len() == 3)).await;
     node.stop().await;
     let ran = lines(&dir.path().join("ran"));
-    assert_eq!(ran.len(), 2, "each turn ran once: {ran:?}");
+    assert_eq!(ran.len(), 3, "each turn ran once: {ran:?}");
 }
 
 #[tokio::test]
@@ -1144,12 +1152,27 @@ async fn a_hub_that_does_not_answer_is_retried_within_the_reconnect_cap() {
 
 #[tokio::test]
 async fn claims_stop_while_queue_ahead_batches_wait_unstarted() {
+    claims_stop_at_the_bound(0).await;
+}
+
+/// The claim loop counts the local queue only when its claims since the last count could have
+/// reached the bound, so after a resync (which mirrors what lost answers claimed, outside that
+/// estimate) it counts again: the bound holds with claim answers lost as well.
+#[tokio::test]
+async fn claims_stop_at_the_bound_when_lost_answers_come_back_by_resync() {
+    claims_stop_at_the_bound(4).await;
+}
+
+/// Ten turns of one conversation, claim batches of one, at most two waiting unstarted; the first
+/// `lost` claim answers that carry work are lost (found again by resync).
+async fn claims_stop_at_the_bound(lost: usize) {
     let dir = tempfile::tempdir().unwrap();
     let hub = FakeHub::default();
     // One conversation runs one turn at a time, so everything claimed beyond the running turn waits.
     hub.with(|s| {
         s.queue.extend((1..=10).map(|i| delivery(&format!("q{i}"), "q", i)));
         s.node_db = Some(dir.path().join("node.db"));
+        s.lose_claim_answers = lost;
     });
     let mut cfg = config(dir.path(), "sleep 0.2");
     cfg.claim_batch_max = 1;
@@ -1565,44 +1588,14 @@ async fn a_separate_handoff_is_one_mirrored_and_one_ack_request() {
     assert_eq!(holder_batches_of_a_claim_batch(Handoff::Separate).await, ["batch mirrored 6", "batch ack 6"]);
 }
 
-/// A hub that knows batches but predates the combined handoff answers 404 to it once; from
-/// then on the node sends `mirrored` and `ack` apart, and every turn still runs once.
-#[tokio::test]
-async fn a_hub_without_the_combined_handoff_gets_mirrored_and_ack_apart() {
-    let dir = tempfile::tempdir().unwrap();
-    let hub = FakeHub::default();
-    hub.with(|s| {
-        s.queue.extend([delivery("h1", "a", 1), delivery("h2", "b", 1)]);
-        s.no_handoff = true;
-    });
-    let node = start(config(dir.path(), &recording(dir.path())), &hub);
-    wait_until("two reports", || hub.with(|s| s.outcomes.len() == 2)).await;
-    hub.with(|s| s.queue.extend([delivery("h3", "c", 1)]));
-    wait_until("three reports", || hub.with(|s| s.outcomes.len() == 3)).await;
-    node.stop().await;
-    let mut ran = lines(&dir.path().join("ran"));
-    ran.sort();
-    assert_eq!(ran, ["h1", "h2", "h3"]);
-    hub.with(|s| {
-        let holder: Vec<&String> = s.batches.iter().filter(|b| !b.starts_with("batch reports")).collect();
-        assert_eq!(
-            holder,
-            ["batch handoff 2", "batch mirrored 2", "batch ack 2", "batch mirrored 1", "batch ack 1"],
-            "one 404 is enough: {:?}",
-            s.batches
-        );
-    });
-}
-
-/// A combined handoff the hub refuses whole for what it carries (a bound) is sent again as one
-/// `mirrored` and one `ack` batch, each time: nothing is learnt from it, and every turn runs once.
-#[tokio::test]
-async fn a_handoff_refused_whole_goes_as_mirrored_and_ack_batches() {
+/// Runs two deliveries, then a third, on a hub set up by `hub_is`; checks every turn ran once
+/// and returns the holder-step batch requests the hub saw, in order (reports left out).
+async fn holder_batches_of_two_claims(hub_is: impl FnOnce(&mut HubState)) -> Vec<String> {
     let dir = tempfile::tempdir().unwrap();
     let hub = FakeHub::default();
     hub.with(|s| {
         s.queue.extend([delivery("w1", "a", 1), delivery("w2", "b", 1)]);
-        s.handoff_too_large = true;
+        hub_is(s);
     });
     let node = start(config(dir.path(), &recording(dir.path())), &hub);
     wait_until("two reports", || hub.with(|s| s.outcomes.len() == 2)).await;
@@ -1612,22 +1605,30 @@ async fn a_handoff_refused_whole_goes_as_mirrored_and_ack_batches() {
     let mut ran = lines(&dir.path().join("ran"));
     ran.sort();
     assert_eq!(ran, ["w1", "w2", "w3"]);
-    hub.with(|s| {
-        let holder: Vec<&String> = s.batches.iter().filter(|b| !b.starts_with("batch reports")).collect();
-        assert_eq!(
-            holder,
-            [
-                "batch handoff 2",
-                "batch mirrored 2",
-                "batch ack 2",
-                "batch handoff 1",
-                "batch mirrored 1",
-                "batch ack 1"
-            ],
-            "{:?}",
-            s.batches
-        );
-    });
+    hub.with(|s| s.batches.iter().filter(|b| !b.starts_with("batch reports")).cloned().collect())
+}
+
+/// A hub that knows batches but predates the combined handoff answers 404 to it once; from
+/// then on the node sends `mirrored` and `ack` apart, and every turn still runs once.
+#[tokio::test]
+async fn a_hub_without_the_combined_handoff_gets_mirrored_and_ack_apart() {
+    let holder = holder_batches_of_two_claims(|s| s.no_handoff = true).await;
+    assert_eq!(
+        holder,
+        ["batch handoff 2", "batch mirrored 2", "batch ack 2", "batch mirrored 1", "batch ack 1"],
+        "one 404 is enough"
+    );
+}
+
+/// A combined handoff the hub refuses whole for what it carries (a bound) is sent again as one
+/// `mirrored` and one `ack` batch, each time: nothing is learnt from it, and every turn runs once.
+#[tokio::test]
+async fn a_handoff_refused_whole_goes_as_mirrored_and_ack_batches() {
+    let holder = holder_batches_of_two_claims(|s| s.handoff_too_large = true).await;
+    assert_eq!(
+        holder,
+        ["batch handoff 2", "batch mirrored 2", "batch ack 2", "batch handoff 1", "batch mirrored 1", "batch ack 1"]
+    );
 }
 
 /// One stale item of a batch is handled as its single answer would be (its local copy is
