@@ -30,7 +30,7 @@ pub use deliveries::{LocalDelivery, LocalState, Mirrored};
 pub use outbox::{OutboxEntry, ReportState};
 pub use summary::{DeadReport, LastSession, OpenDelivery, StoreSize, Summary};
 
-use baton_shared::sqlite::{OpenError, OpenOptions, Synchronous};
+use baton_shared::sqlite::{CHECKPOINT_INTERVAL, Checkpointer, OpenError, OpenOptions, Synchronous};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -83,6 +83,9 @@ impl StoreError {
 
 /// The synchronous store operations on one connection.
 pub struct Db {
+    /// The store's checkpoints, off the thread that commits (none when read-only). Declared
+    /// first so it stops before `conn` closes.
+    _checkpoints: Option<Checkpointer>,
     conn: Connection,
 }
 
@@ -96,13 +99,14 @@ impl Db {
     pub fn open(path: &Path, synchronous: Synchronous) -> Result<Db, StoreError> {
         let conn = baton_shared::sqlite::open(path, MIGRATIONS, OpenOptions { synchronous, ..OpenOptions::default() })?;
         conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE_CAPACITY);
-        Ok(Db { conn })
+        let checkpoints = Checkpointer::start(&conn, path, CHECKPOINT_INTERVAL)?;
+        Ok(Db { _checkpoints: Some(checkpoints), conn })
     }
 
     /// Opens an existing store read-only (for `status`).
     pub fn open_read_only(path: &Path) -> Result<Db, StoreError> {
         let opts = OpenOptions { read_only: true, create: false, ..OpenOptions::default() };
-        Ok(Db { conn: baton_shared::sqlite::open(path, MIGRATIONS, opts)? })
+        Ok(Db { _checkpoints: None, conn: baton_shared::sqlite::open(path, MIGRATIONS, opts)? })
     }
 
     /// The instance id, created (UUID v4) and stored on first call for this store.

@@ -246,6 +246,81 @@ fn open_inner(path: &Path, migrations: &[&'static str], opts: OpenOptions) -> Re
     Ok(conn)
 }
 
+/// How often a store's `Checkpointer` copies the write-ahead log into the database file.
+pub const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(100);
+
+/// The write-ahead log's length, in pages, at which the connection that commits checkpoints by
+/// itself, as SQLite does at 1,000 pages when nothing else checkpoints: the bound on the log
+/// should the `Checkpointer` fall behind (a long burst of commits with no pause between them).
+pub const WRITER_CHECKPOINT_PAGES: u32 = 10_000;
+
+/// A thread that checkpoints a store's write-ahead log on a connection of its own, every
+/// `CHECKPOINT_INTERVAL`, so the connection that commits does not stop to copy pages into the
+/// database file and `fsync` it (SQLite's automatic checkpoint runs in the committing thread,
+/// and every commit behind it waits). The checkpoints are `PASSIVE`: they never wait for a
+/// reader or the writer, and copy what they can. A checkpoint syncs as the writer's
+/// `synchronous` says, as the automatic one did, so nothing about durability changes: a crash
+/// in the middle of one leaves the log to be checkpointed again at the next open. Dropping it
+/// stops the thread (after the checkpoint in progress, if any).
+pub struct Checkpointer {
+    stop: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Checkpointer {
+    /// Starts checkpointing the store at `path`, whose committing connection is `writer` (open
+    /// in WAL mode): `writer` checkpoints by itself only past `WRITER_CHECKPOINT_PAGES` from now
+    /// on, and a thread checkpoints every `every`.
+    pub fn start(writer: &Connection, path: &Path, every: Duration) -> Result<Checkpointer, OpenError> {
+        let shown = path.display().to_string();
+        let sql_err = |source| OpenError::Sqlite { path: shown.clone(), source };
+        let conn =
+            Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX)
+                .map_err(sql_err)?;
+        conn.busy_timeout(BUSY_TIMEOUT).map_err(sql_err)?;
+        let synchronous: i64 = writer.query_row("PRAGMA synchronous", [], |r| r.get(0)).map_err(sql_err)?;
+        conn.pragma_update(None, "synchronous", synchronous).map_err(sql_err)?;
+        writer.pragma_update(None, "wal_autocheckpoint", WRITER_CHECKPOINT_PAGES).map_err(sql_err)?;
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("sqlite-checkpoint".into())
+            .spawn(move || checkpoint_until_stopped(&conn, &shown, every, &stopped))
+            .map_err(|e| OpenError::Unreadable {
+                path: path.display().to_string(),
+                detail: format!("cannot start the checkpoint thread: {e}"),
+            })?;
+        Ok(Checkpointer { stop: Some(stop), thread: Some(thread) })
+    }
+}
+
+impl Drop for Checkpointer {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The checkpoint thread's loop: one `PASSIVE` checkpoint every `every` until `stopped` is
+/// dropped. A failure is logged once until a checkpoint works again; the writer's own
+/// checkpoint (`WRITER_CHECKPOINT_PAGES`) still bounds the log meanwhile.
+fn checkpoint_until_stopped(conn: &Connection, path: &str, every: Duration, stopped: &std::sync::mpsc::Receiver<()>) {
+    let mut failing = false;
+    while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(every) {
+        match conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get::<_, i64>(0)) {
+            Ok(_) => failing = false,
+            Err(e) if !failing => {
+                failing = true;
+                tracing::warn!(
+                    "{path}: checkpointing the write-ahead log failed: {e}; the writer checkpoints past {WRITER_CHECKPOINT_PAGES} pages meanwhile"
+                );
+            }
+            Err(_) => {}
+        }
+    }
+}
+
 /// The schema (every table, index and trigger with its SQL) as `name: sql` lines.
 fn schema_of(conn: &Connection) -> rusqlite::Result<Vec<String>> {
     let mut stmt = conn.prepare(
@@ -457,5 +532,78 @@ mod tests {
         let x: i64 = conn.query_row("SELECT x FROM t", [], |r| r.get(0)).unwrap();
         assert_eq!(x, 7);
         assert_eq!(pragmas(&conn).unwrap()[4].1, "1");
+    }
+
+    /// Writes `pages` rows of about a page each in one transaction.
+    fn write_pages(conn: &Connection, pages: usize) {
+        conn.execute(
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?1)
+             INSERT INTO big (x) SELECT randomblob(3000) FROM n",
+            [pages as i64],
+        )
+        .unwrap();
+    }
+
+    fn file_len(path: &Path) -> u64 {
+        std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
+    }
+
+    #[test]
+    fn the_checkpointer_copies_the_log_into_the_file_and_the_log_is_reused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, wal) = (dir.path().join("s.db"), dir.path().join("s.db-wal"));
+        let conn = open(&path, MS, OpenOptions::default()).unwrap();
+        conn.execute_batch("CREATE TABLE big (x BLOB);").unwrap();
+        let _checkpoints = Checkpointer::start(&conn, &path, Duration::from_millis(10)).unwrap();
+        write_pages(&conn, 200);
+        // Only a checkpoint puts the rows into the database file itself.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while file_len(&path) < 200 * 3000 {
+            assert!(std::time::Instant::now() < deadline, "no checkpoint copied the log into the file");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // Once a checkpoint has copied all of it, a commit starts the log over instead of
+        // growing it (one page at a time: far below the writer's own bound).
+        let mut written = 200;
+        let mut longest = file_len(&wal);
+        loop {
+            write_pages(&conn, 1);
+            written += 1;
+            if file_len(&wal) <= longest {
+                break;
+            }
+            longest = file_len(&wal);
+            assert!(std::time::Instant::now() < deadline, "the log only grew, to {longest} bytes");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let rows: i64 = conn.query_row("SELECT count(*) FROM big", [], |r| r.get(0)).unwrap();
+        assert_eq!(rows, written);
+    }
+
+    #[test]
+    fn with_a_checkpointer_the_writer_checkpoints_only_past_its_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, wal) = (dir.path().join("s.db"), dir.path().join("s.db-wal"));
+        let conn = open(&path, MS, OpenOptions::default()).unwrap();
+        conn.execute_batch("CREATE TABLE big (x BLOB);").unwrap();
+        let start = file_len(&path);
+        // A checkpointer that never gets to run: every checkpoint is the writer's own.
+        let checkpoints = Checkpointer::start(&conn, &path, Duration::from_secs(3600)).unwrap();
+        let page = 4096;
+        // Past SQLite's own 1,000 pages, the writer leaves the log alone.
+        for _ in 0..3 {
+            write_pages(&conn, 1000);
+        }
+        assert_eq!(file_len(&path), start, "the writer checkpointed below its bound");
+        assert!(file_len(&wal) > 3000 * page);
+        // Past its bound it checkpoints by itself: the log stays bounded without the thread.
+        let bound = u64::from(WRITER_CHECKPOINT_PAGES);
+        while file_len(&path) == start {
+            assert!(file_len(&wal) < (bound + 2000) * page, "the log grew past the writer's bound");
+            write_pages(&conn, 1000);
+        }
+        drop(checkpoints);
+        let rows: i64 = conn.query_row("SELECT count(*) FROM big", [], |r| r.get(0)).unwrap();
+        assert!(rows > i64::from(WRITER_CHECKPOINT_PAGES) - 2000, "{rows} rows");
     }
 }

@@ -33,7 +33,7 @@ use super::{
 };
 use baton_shared::clock::SharedClock;
 use baton_shared::crash_point;
-use baton_shared::sqlite::{OpenError, Synchronous};
+use baton_shared::sqlite::{CHECKPOINT_INTERVAL, Checkpointer, OpenError, Synchronous};
 use baton_shared::states::Outcome;
 use baton_shared::wire::{
     AttemptView, CancelNotice, ClaimedDelivery, ConversationView, DeliverySummary, HolderItem, MessageView, RejectItem,
@@ -74,6 +74,8 @@ enum Conns {
         writer: Writer,
         /// Read connections.
         readers: Arc<Readers>,
+        /// The SQLite file's checkpoints, off the writer thread (none on PostgreSQL).
+        _checkpoints: Option<Arc<Checkpointer>>,
     },
     /// A one-shot process (the CLI, a benchmark): one connection, used in place; each change
     /// is one `BEGIN IMMEDIATE` transaction (`in_write_txn`), each read runs as it comes. Never
@@ -354,9 +356,11 @@ impl Store {
     /// The record in the SQLite file at `path`, served by a writer thread that owns `conn`
     /// (opened by `open_serve` or `open_write`) and a pool of read connections.
     pub fn sqlite(conn: Connection, path: &Path, clock: SharedClock) -> std::io::Result<Store> {
+        let checkpoints = Checkpointer::start(&conn, path, CHECKPOINT_INTERVAL).map_err(std::io::Error::other)?;
         let writer = Writer::start(conn)?;
         let readers = Arc::new(Readers::new(path.to_path_buf()));
-        Ok(Store { backend: Backend::Sqlite(Conns::Served { writer, readers }), clock })
+        let served = Conns::Served { writer, readers, _checkpoints: Some(Arc::new(checkpoints)) };
+        Ok(Store { backend: Backend::Sqlite(served), clock })
     }
 
     /// The record in an SQLite file through the one connection `conn`, used in place (see
@@ -413,7 +417,7 @@ impl Store {
         let writer = Writer::start_with(conn, Some(reopen))
             .map_err(|e| crate::pg::PgError::Other { url: url.shown().to_string(), detail: e.to_string() })?;
         let readers = Arc::new(Readers::with_opener(readers));
-        Ok(Store { backend: Backend::Postgres(Conns::Served { writer, readers }), clock })
+        Ok(Store { backend: Backend::Postgres(Conns::Served { writer, readers, _checkpoints: None }), clock })
     }
 
     /// Whether the record is in PostgreSQL (shared by several hubs) rather than one SQLite file.
@@ -1640,6 +1644,29 @@ mod tests {
         assert!(matches!(again, Accepted::Duplicate { .. }), "{again:?}");
         assert_eq!(direct.message_by_id(message_id.clone()).await.unwrap().deliveries.len(), 1);
         assert_eq!(served.message_by_id(message_id).await.unwrap().deliveries.len(), 1);
+    }
+
+    /// The served store's checkpoints run on a thread of their own: what the writer commits
+    /// reaches the database file although the writer, far below SQLite's 1,000 pages and its
+    /// own bound, never checkpoints.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_served_store_checkpoints_off_the_writer_thread() {
+        let db = testing::db();
+        let conn = super::super::open_write(&db.path, Synchronous::Normal).unwrap();
+        let served = Store::sqlite(conn, &db.path, baton_shared::clock::system()).unwrap();
+        let len = || std::fs::metadata(&db.path).unwrap().len();
+        let before = len();
+        let limits = AcceptLimits { queued_per_host_max: 100 };
+        for i in 0..20 {
+            // Each payload needs pages of its own, so the file must grow to hold them.
+            let m = NewMessage { payload: format!("\"{}\"", "x".repeat(3000)), ..message(&format!("k{i}")) };
+            served.submit(m, RetryPolicy::default(), limits).await.unwrap();
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while len() < before + 20 * 3000 {
+            assert!(std::time::Instant::now() < deadline, "nothing was checkpointed into the file ({} bytes)", len());
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 
     /// A store opened to read only refuses a change and keeps nothing of it.

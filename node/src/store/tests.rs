@@ -41,6 +41,10 @@ fn migrations_apply_to_an_empty_store() {
     assert!(p.contains(&("journal_mode", "wal".into())));
     assert!(p.contains(&("synchronous", "2".into())));
     assert!(p.contains(&("user_version", MIGRATIONS.len().to_string())));
+    // Its checkpoints run on a thread of their own; the store's connection checkpoints only past
+    // the bound.
+    let pages: i64 = db.conn().query_row("PRAGMA wal_autocheckpoint", [], |r| r.get(0)).unwrap();
+    assert_eq!(pages, i64::from(baton_shared::sqlite::WRITER_CHECKPOINT_PAGES));
 }
 
 #[test]
@@ -334,7 +338,7 @@ fn a_store_from_before_process_groups_upgrades_with_its_rows() {
         let opts = baton_shared::sqlite::OpenOptions::default();
         // 0001 and 0002: the schema before the process-group columns (0003).
         let conn = baton_shared::sqlite::open(&path, &MIGRATIONS[..2], opts).unwrap();
-        let mut db = Db { conn };
+        let mut db = Db { _checkpoints: None, conn };
         db.instance_id().unwrap();
         // The mirror and the start marker as the code of that schema wrote them.
         db.conn()
