@@ -337,7 +337,7 @@ fn open_store(dir: &DataDir, config: &HubConfig, clock: SharedClock) -> anyhow::
             config.synchronous
         );
     }
-    Store::open_serve(&dir.db(), config.synchronous, config.startup_check, clock)
+    Store::open_serve(&dir.db(), config.synchronous, config.startup_check, config.checkpoint_interval, clock)
 }
 
 #[cfg(test)]

@@ -185,6 +185,11 @@ keys! {
     /// The store's durability: `full` fsyncs every commit; `normal` is faster but a power
     /// failure can lose a start marker, and that turn can then run twice.
     synchronous: Synchronous = Kind::Word(Synchronous::WORDS);
+    /// How often the store's write-ahead log is copied into the file, on a thread of its own
+    /// (the store's connection does it itself only past 10,000 pages of log); with
+    /// `synchronous` set to `normal` it is also the most a power failure can lose.
+    checkpoint_interval: Duration =
+        Kind::Duration { default: CHECKPOINT_INTERVAL_DEFAULT, range: CHECKPOINT_INTERVAL_RANGE };
     /// How a claim batch is handed off once mirrored: `combined` asks the hub for `mirrored`
     /// and `ack` in one request (`POST /v1/batch/handoff`, one hub transaction); `separate`
     /// sends them as two requests, as nodes did before. A hub that predates the combined

@@ -80,8 +80,8 @@ pub async fn run(
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("creating data_dir {}", config.data_dir.display()))?;
     let _lock = lock_data_dir(&config.data_dir)?;
-    let (path, sync) = (config.db_path(), config.synchronous);
-    let db = tokio::task::spawn_blocking(move || store::Db::open(&path, sync)).await??;
+    let (path, sync, every) = (config.db_path(), config.synchronous, config.checkpoint_interval);
+    let db = tokio::task::spawn_blocking(move || store::Db::open_checkpointed(&path, sync, every)).await??;
     let store = store::Store::new(db);
     let instance_id = store.call(|db| db.instance_id()).await?;
     tracing::info!(

@@ -125,3 +125,9 @@ const _: () = assert!(BACKOFF_BASE.as_millis() <= RECONNECT_PAUSE_MAX.as_millis(
 pub const HANDOFFS_IN_FLIGHT_DEFAULT: u64 = 2;
 /// Allowed range of `handoffs_in_flight`.
 pub const HANDOFFS_IN_FLIGHT_RANGE: (u64, u64) = (1, 16);
+
+/// Default for `checkpoint_interval`: how often the store's write-ahead log is copied into the
+/// file on a thread of its own (`sqlite::Checkpointer`).
+pub const CHECKPOINT_INTERVAL_DEFAULT: Duration = baton_shared::sqlite::CHECKPOINT_INTERVAL;
+/// Allowed range of `checkpoint_interval`.
+pub const CHECKPOINT_INTERVAL_RANGE: (Duration, Duration) = (Duration::from_millis(10), Duration::from_secs(3600));

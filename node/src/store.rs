@@ -97,9 +97,18 @@ pub const STATEMENT_CACHE_CAPACITY: usize = 128;
 impl Db {
     /// Opens (creating and migrating when needed) the store for writing.
     pub fn open(path: &Path, synchronous: Synchronous) -> Result<Db, StoreError> {
+        Db::open_checkpointed(path, synchronous, CHECKPOINT_INTERVAL)
+    }
+
+    /// As `open`, checkpointing every `checkpoint_interval` (the node's `checkpoint_interval`).
+    pub fn open_checkpointed(
+        path: &Path,
+        synchronous: Synchronous,
+        checkpoint_interval: std::time::Duration,
+    ) -> Result<Db, StoreError> {
         let conn = baton_shared::sqlite::open(path, MIGRATIONS, OpenOptions { synchronous, ..OpenOptions::default() })?;
         conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE_CAPACITY);
-        let checkpoints = Checkpointer::start(&conn, path, CHECKPOINT_INTERVAL)?;
+        let checkpoints = Checkpointer::start(&conn, path, checkpoint_interval)?;
         Ok(Db { _checkpoints: Some(checkpoints), conn })
     }
 

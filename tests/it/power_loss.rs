@@ -131,6 +131,17 @@ fn lose_power_of(data: &Path, files: &[&str], shm: &str) {
     let _ = fs::remove_file(data.join(shm));
 }
 
+/// The checkpoint thread syncs the log whenever it runs, and with `synchronous = "normal"` that
+/// is when commits become durable: a run of `normal` has it wait an hour, so it shows what
+/// `normal` alone loses; a run of `full` keeps the default, checkpointing as in production.
+fn checkpoint_interval(synchronous: &str) -> &'static str {
+    if synchronous == "normal" { "1h" } else { "100ms" }
+}
+
+fn checkpoints(synchronous: &str) -> String {
+    format!("checkpoint_interval = \"{}\"\n", checkpoint_interval(synchronous))
+}
+
 struct Seen {
     accepted: Vec<String>,
     claimed: Vec<Claimed>,
@@ -141,7 +152,8 @@ struct Seen {
 /// Runs traffic against a shimmed hub, kills it, loses power, restarts it, and returns the
 /// acknowledged accepts that did not survive, after checking claims, acks and reports.
 async fn run(synchronous: &str) -> (usize, usize) {
-    let mut hub = Hub::builder().config(&format!("synchronous = \"{synchronous}\"\n")).stopped().start();
+    let config = format!("synchronous = \"{synchronous}\"\n{}", checkpoints(synchronous));
+    let mut hub = Hub::builder().config(&config).stopped().start();
     let shim = build_shim(&hub.scratch("shim"));
     snapshot_durable(hub.data_dir());
     hub.kit_mut().set_env("LD_PRELOAD", &shim.display().to_string());
@@ -232,6 +244,7 @@ async fn node_power_cut_during_a_turn(synchronous: &str) -> (usize, String) {
     let mut node = t
         .node_process("host-a")
         .set("synchronous", &format!("\"{synchronous}\""))
+        .set("checkpoint_interval", &format!("\"{}\"", checkpoint_interval(synchronous)))
         .env("LD_PRELOAD", &shim.display().to_string())
         .start();
     let data = node.data_dir().to_path_buf();

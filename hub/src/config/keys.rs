@@ -152,6 +152,18 @@ pub const SYNCHRONOUS: Key = Key {
           changes on power failure (warned about). SQLite only: PostgreSQL's durability is its server's \
           (synchronous_commit)",
 };
+/// `checkpoint_interval`.
+pub const CHECKPOINT_INTERVAL: Key = Key {
+    name: key_name!(None, "checkpoint_interval", "checkpoint-interval", "BATON_HUB_CHECKPOINT_INTERVAL"),
+    kind: KeyKind::Duration {
+        default: baton_shared::sqlite::CHECKPOINT_INTERVAL,
+        min: Duration::from_millis(10),
+        max: Duration::from_secs(3600),
+    },
+    doc: "how often the SQLite file's write-ahead log is copied into the file, on a thread of its own (the \
+          writer does it itself only past 10,000 pages of log); with synchronous set to \"normal\" it is also the \
+          most a power failure can lose. SQLite only",
+};
 /// `startup_check`.
 pub const STARTUP_CHECK: Key = Key {
     name: key_name!(None, "startup_check", "startup-check", "BATON_HUB_STARTUP_CHECK"),
@@ -409,10 +421,11 @@ pub const INSTANCE_REBIND_WINDOW_KEY: Key = Key {
 };
 
 /// Every key, in the order of the template.
-pub const KEYS: [&Key; 31] = [
+pub const KEYS: [&Key; 32] = [
     &LISTEN,
     &DATABASE_URL,
     &SYNCHRONOUS,
+    &CHECKPOINT_INTERVAL,
     &STARTUP_CHECK,
     &SHUTDOWN_GRACE,
     &LOG_FORMAT,

@@ -116,6 +116,8 @@ pub struct HubConfig {
     pub synchronous: Synchronous,
     /// What `serve` checks of the database file before it listens.
     pub startup_check: baton_shared::sqlite::Check,
+    /// How often the SQLite file is checkpointed (`sqlite::Checkpointer`).
+    pub checkpoint_interval: Duration,
     /// Bounds.
     pub limits: Limits,
     /// How long shutdown waits for open requests.
@@ -257,6 +259,7 @@ impl HubConfig {
             database_url: m.database_url(&DATABASE_URL)?,
             synchronous,
             startup_check,
+            checkpoint_interval: m.duration(&CHECKPOINT_INTERVAL)?,
             limits,
             shutdown_grace: m.duration(&SHUTDOWN_GRACE)?,
             log_format,
@@ -333,6 +336,8 @@ mod tests {
         check_err("[limits]\nclaim_batch_max = 0", "limits.claim_batch_max = 0 is out of range; allowed 1..=1000");
         check_err("[limits]\nclaim_batch_max = \"5\"", "limits.claim_batch_max");
         check_err("[limits]\nlong_poll_wait_max = \"1h\"", "limits.long_poll_wait_max = 1h is out of range");
+        check_err("checkpoint_interval = \"5ms\"", "checkpoint_interval = 5ms is out of range");
+        check_err("checkpoint_interval = \"2h\"", "checkpoint_interval = 2h is out of range");
         check_err("[limits]\nretention = \"soon\"", "limits.retention");
         check_err("[limits]\nretention = \"1m\"", "allowed 1h..=3650d");
         check_err("[limits]\npayload_bytes_max = 2000000", "limits.payload_bytes_max");

@@ -356,7 +356,17 @@ impl Store {
     /// The record in the SQLite file at `path`, served by a writer thread that owns `conn`
     /// (opened by `open_serve` or `open_write`) and a pool of read connections.
     pub fn sqlite(conn: Connection, path: &Path, clock: SharedClock) -> std::io::Result<Store> {
-        let checkpoints = Checkpointer::start(&conn, path, CHECKPOINT_INTERVAL).map_err(std::io::Error::other)?;
+        Store::sqlite_checkpointed(conn, path, CHECKPOINT_INTERVAL, clock)
+    }
+
+    /// As `sqlite`, checkpointing every `checkpoint_interval` (the hub's `checkpoint_interval`).
+    pub fn sqlite_checkpointed(
+        conn: Connection,
+        path: &Path,
+        checkpoint_interval: Duration,
+        clock: SharedClock,
+    ) -> std::io::Result<Store> {
+        let checkpoints = Checkpointer::start(&conn, path, checkpoint_interval).map_err(std::io::Error::other)?;
         let writer = Writer::start(conn)?;
         let readers = Arc::new(Readers::new(path.to_path_buf()));
         let served = Conns::Served { writer, readers, _checkpoints: Some(Arc::new(checkpoints)) };
@@ -375,10 +385,11 @@ impl Store {
         path: &Path,
         synchronous: Synchronous,
         check: baton_shared::sqlite::Check,
+        checkpoint_interval: Duration,
         clock: SharedClock,
     ) -> anyhow::Result<Store> {
         let conn = super::open_serve(path, synchronous, check)?;
-        Ok(Store::sqlite(conn, path, clock)?)
+        Ok(Store::sqlite_checkpointed(conn, path, checkpoint_interval, clock)?)
     }
 
     /// Opens the SQLite file at `path` for changing (`open_write`: migrations applied, the

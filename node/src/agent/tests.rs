@@ -499,6 +499,7 @@ fn config(dir: &Path, script: &str) -> NodeConfig {
         log_format: LogFormat::Text,
         harness: Harness::Command,
         synchronous: baton_shared::sqlite::Synchronous::Full,
+        checkpoint_interval: baton_shared::sqlite::CHECKPOINT_INTERVAL,
         handoff: Handoff::Combined,
     }
 }

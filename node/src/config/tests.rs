@@ -63,6 +63,8 @@ fn out_of_range_values_name_the_field_and_range() {
     check_refused("exec_timeout = \"0s\"\n", &["exec_timeout", "1s..=1day"]);
     check_refused("exec_timeout = \"25h\"\n", &["exec_timeout", "out of the allowed range"]);
     check_refused("claim_wait = \"6m\"\n", &["claim_wait", "0s..=5m"]);
+    check_refused("checkpoint_interval = \"5ms\"\n", &["checkpoint_interval", "10ms..=1h"]);
+    check_refused("checkpoint_interval = \"2h\"\n", &["checkpoint_interval", "10ms..=1h"]);
     check_refused("claim_wait = \"soon\"\n", &["claim_wait", "not a duration"]);
     check_refused("kill_grace = \"11m\"\n", &["kill_grace", "0s..=10m"]);
     check_refused("local_retention = \"59m\"\n", &["local_retention", "1h..=1year"]);

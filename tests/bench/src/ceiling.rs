@@ -60,6 +60,7 @@ pub fn measure(dir: &Path, duration: Duration) -> anyhow::Result<Ceiling> {
             &path,
             Synchronous::Full,
             baton_shared::sqlite::Check::Full,
+            baton_shared::sqlite::CHECKPOINT_INTERVAL,
             baton_shared::clock::system(),
         )
         .context("opening the store-cycle database")?;
