@@ -322,11 +322,12 @@ fn warn_if_readable(config_file: &std::path::Path) {
 /// Opens the record where the configuration says: the SQLite file in `dir` (checked as
 /// `startup_check` says; `synchronous` below full is warned about), or the PostgreSQL database
 /// of `database_url` (connected and migrated on a runtime of its own, as the hub's starts only
-/// once it is open; `synchronous` and `startup_check` are about the SQLite file and do not
-/// apply: PostgreSQL's durability is its server's, and the server checks its own pages).
+/// once it is open; `synchronous`, `startup_check` and `checkpoint_interval` are about the SQLite
+/// file and do not apply: PostgreSQL's durability is its server's, and the server checks its own
+/// pages).
 fn open_store(dir: &DataDir, config: &HubConfig, clock: SharedClock) -> anyhow::Result<Store> {
     if let Some(url) = &config.database_url {
-        tracing::info!(database = %url.shown(), "the record is in PostgreSQL; synchronous and startup_check do not apply");
+        tracing::info!(database = %url.shown(), "the record is in PostgreSQL; synchronous, startup_check and checkpoint_interval do not apply");
         warn_if_readable(&dir.config());
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting a runtime")?;
         return Ok(rt.block_on(Store::open_postgres(url, clock))?);

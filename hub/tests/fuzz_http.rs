@@ -75,7 +75,13 @@ fn fixture() -> &'static Fixture {
         let limits = Limits { long_poll_wait_max: Duration::from_millis(20), ..Limits::default() };
         let state: AppState = rt.block_on(async {
             Arc::new(Shared {
-                store: Store::sqlite(conn, &path, baton_shared::clock::system()).expect("store"),
+                store: Store::sqlite(
+                    conn,
+                    &path,
+                    baton_shared::sqlite::CHECKPOINT_INTERVAL,
+                    baton_shared::clock::system(),
+                )
+                .expect("store"),
                 work: Work::default(),
                 outcomes: watch::channel(0).0,
                 limits,

@@ -92,6 +92,14 @@ pub enum OpenError {
         /// What went wrong.
         detail: String,
     },
+    /// The thread that checkpoints the store could not be started (`Checkpointer::start`).
+    #[error("{path}: cannot start the thread that checkpoints it ({detail})")]
+    CheckpointThread {
+        /// The file.
+        path: String,
+        /// What the system said.
+        detail: String,
+    },
     /// Any other SQLite error while opening.
     #[error("{path}: {source}")]
     Sqlite {
@@ -254,8 +262,8 @@ pub const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(100);
 /// should the `Checkpointer` fall behind (a long burst of commits with no pause between them).
 pub const WRITER_CHECKPOINT_PAGES: u32 = 10_000;
 
-/// A thread that checkpoints a store's write-ahead log on a connection of its own, every
-/// `CHECKPOINT_INTERVAL`, so the connection that commits does not stop to copy pages into the
+/// A thread that checkpoints a store's write-ahead log on a connection of its own, at an
+/// interval its caller sets (`CHECKPOINT_INTERVAL` by default), so the connection that commits does not stop to copy pages into the
 /// database file and `fsync` it (SQLite's automatic checkpoint runs in the committing thread,
 /// and every commit behind it waits). The checkpoints are `PASSIVE`: they never wait for a
 /// reader or the writer, and copy what they can. A checkpoint syncs as the writer's
@@ -285,10 +293,7 @@ impl Checkpointer {
         let thread = std::thread::Builder::new()
             .name("sqlite-checkpoint".into())
             .spawn(move || checkpoint_until_stopped(&conn, &shown, every, &stopped))
-            .map_err(|e| OpenError::Unreadable {
-                path: path.display().to_string(),
-                detail: format!("cannot start the checkpoint thread: {e}"),
-            })?;
+            .map_err(|e| OpenError::CheckpointThread { path: path.display().to_string(), detail: e.to_string() })?;
         Ok(Checkpointer { stop: Some(stop), thread: Some(thread) })
     }
 }

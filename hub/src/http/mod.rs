@@ -1008,7 +1008,7 @@ mod openapi_tests {
         let path = dir.path().join("hub.db");
         let clock = baton_shared::clock::system();
         let conn = crate::store::open_write(&path, baton_shared::sqlite::Synchronous::Normal).unwrap();
-        let store = Store::sqlite(conn, &path, clock.clone()).unwrap();
+        let store = Store::sqlite(conn, &path, baton_shared::sqlite::CHECKPOINT_INTERVAL, clock.clone()).unwrap();
         let state = Arc::new(Shared {
             store,
             work: Work::default(),

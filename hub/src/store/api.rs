@@ -33,7 +33,7 @@ use super::{
 };
 use baton_shared::clock::SharedClock;
 use baton_shared::crash_point;
-use baton_shared::sqlite::{CHECKPOINT_INTERVAL, Checkpointer, OpenError, Synchronous};
+use baton_shared::sqlite::{Checkpointer, OpenError, Synchronous};
 use baton_shared::states::Outcome;
 use baton_shared::wire::{
     AttemptView, CancelNotice, ClaimedDelivery, ConversationView, DeliverySummary, HolderItem, MessageView, RejectItem,
@@ -354,13 +354,9 @@ fn apply_step(
 
 impl Store {
     /// The record in the SQLite file at `path`, served by a writer thread that owns `conn`
-    /// (opened by `open_serve` or `open_write`) and a pool of read connections.
-    pub fn sqlite(conn: Connection, path: &Path, clock: SharedClock) -> std::io::Result<Store> {
-        Store::sqlite_checkpointed(conn, path, CHECKPOINT_INTERVAL, clock)
-    }
-
-    /// As `sqlite`, checkpointing every `checkpoint_interval` (the hub's `checkpoint_interval`).
-    pub fn sqlite_checkpointed(
+    /// (opened by `open_serve` or `open_write`), a pool of read connections, and a thread that
+    /// checkpoints the file every `checkpoint_interval` (the hub's key of that name).
+    pub fn sqlite(
         conn: Connection,
         path: &Path,
         checkpoint_interval: Duration,
@@ -389,7 +385,7 @@ impl Store {
         clock: SharedClock,
     ) -> anyhow::Result<Store> {
         let conn = super::open_serve(path, synchronous, check)?;
-        Ok(Store::sqlite_checkpointed(conn, path, checkpoint_interval, clock)?)
+        Ok(Store::sqlite(conn, path, checkpoint_interval, clock)?)
     }
 
     /// Opens the SQLite file at `path` for changing (`open_write`: migrations applied, the
@@ -1627,6 +1623,7 @@ impl Store {
 mod tests {
     use super::*;
     use crate::store::testing;
+    use baton_shared::sqlite::CHECKPOINT_INTERVAL;
 
     fn message(key: &str) -> NewMessage {
         NewMessage {
@@ -1646,7 +1643,7 @@ mod tests {
         let clock = baton_shared::clock::system();
         let limits = AcceptLimits { queued_per_host_max: 10 };
         let conn = super::super::open_write(&db.path, Synchronous::Normal).unwrap();
-        let served = Store::sqlite(conn, &db.path, clock.clone()).unwrap();
+        let served = Store::sqlite(conn, &db.path, CHECKPOINT_INTERVAL, clock.clone()).unwrap();
         let (accepted, deliveries) = served.submit(message("k"), RetryPolicy::default(), limits).await.unwrap();
         let Accepted::New { message_id, .. } = accepted else { panic!("not new: {accepted:?}") };
         assert_eq!(deliveries.len(), 1);
@@ -1664,7 +1661,7 @@ mod tests {
     async fn a_served_store_checkpoints_off_the_writer_thread() {
         let db = testing::db();
         let conn = super::super::open_write(&db.path, Synchronous::Normal).unwrap();
-        let served = Store::sqlite(conn, &db.path, baton_shared::clock::system()).unwrap();
+        let served = Store::sqlite(conn, &db.path, CHECKPOINT_INTERVAL, baton_shared::clock::system()).unwrap();
         let len = || std::fs::metadata(&db.path).unwrap().len();
         let before = len();
         let limits = AcceptLimits { queued_per_host_max: 100 };
