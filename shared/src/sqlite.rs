@@ -246,6 +246,13 @@ fn open_inner(path: &Path, migrations: &[&'static str], opts: OpenOptions) -> Re
     check_pragma(&conn, &shown, "synchronous", &opts.synchronous.pragma_value().to_string())?;
     conn.pragma_update(None, "foreign_keys", true).map_err(sql_err)?;
     check_pragma(&conn, &shown, "foreign_keys", "1")?;
+    // A savepoint keeps the pages it changes in a statement journal, which SQLite moves into a
+    // file of its own (written through the kernel) once it passes 64 KiB: a writer job of a
+    // batch did that on every commit. In memory it stays bounded by one job's pages. Temporary
+    // tables and indices a writer's statements build stay in memory too; every such statement
+    // is bounded by a limit, and read-only connections (the listings) keep SQLite's default.
+    conn.pragma_update(None, "temp_store", "MEMORY").map_err(sql_err)?;
+    check_pragma(&conn, &shown, "temp_store", TEMP_STORE_MEMORY)?;
     check_pragma(&conn, &shown, "busy_timeout", &BUSY_TIMEOUT.as_millis().to_string())?;
     let ms = Migrations::new(migrations.iter().map(|s| M::up(s)).collect());
     ms.to_latest(&mut conn).map_err(|e| OpenError::Migration { path: shown.clone(), detail: e.to_string() })?;
@@ -253,6 +260,9 @@ fn open_inner(path: &Path, migrations: &[&'static str], opts: OpenOptions) -> Re
     conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, false).map_err(sql_err)?;
     Ok(conn)
 }
+
+/// `PRAGMA temp_store` of a writer: `2`, memory (statement journals and temporary tables).
+const TEMP_STORE_MEMORY: &str = "2";
 
 /// How often a store's `Checkpointer` copies the write-ahead log into the database file.
 pub const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(100);
@@ -537,6 +547,48 @@ mod tests {
         let x: i64 = conn.query_row("SELECT x FROM t", [], |r| r.get(0)).unwrap();
         assert_eq!(x, 7);
         assert_eq!(pragmas(&conn).unwrap()[4].1, "1");
+    }
+
+    /// The temporary files SQLite has open in this process (it unlinks them at once, so they
+    /// show only among the process's file descriptors).
+    fn sqlite_temp_files() -> std::collections::BTreeSet<String> {
+        std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+            .map(|target| target.to_string_lossy().into_owned())
+            .filter(|target| target.contains("etilqs_"))
+            .collect()
+    }
+
+    /// A writer's savepoint that changes far more than 64 KiB of pages keeps its statement
+    /// journal in memory: no temporary file is opened (the writer's jobs of a batch each ran
+    /// in such a savepoint and wrote that file on every commit). The same savepoint with
+    /// `temp_store = FILE` does open one, which shows the check can see it.
+    #[test]
+    fn a_writer_keeps_its_savepoint_journal_in_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let mut conn = open(&path, &["CREATE TABLE big(x BLOB);"], OpenOptions::default()).unwrap();
+        let temp_store: i64 = conn.query_row("PRAGMA temp_store", [], |r| r.get(0)).unwrap();
+        assert_eq!(temp_store.to_string(), TEMP_STORE_MEMORY);
+        write_pages(&conn, 100);
+        let rewrite_in_savepoint = |conn: &mut Connection| {
+            let before = sqlite_temp_files();
+            let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate).unwrap();
+            tx.execute_batch("SAVEPOINT job; UPDATE big SET x = randomblob(3000);").unwrap();
+            let opened: Vec<String> = sqlite_temp_files().difference(&before).cloned().collect();
+            tx.rollback().unwrap();
+            opened
+        };
+        let opened = rewrite_in_savepoint(&mut conn);
+        assert!(opened.is_empty(), "a writer's savepoint journal went to a file: {opened:?}");
+        conn.pragma_update(None, "temp_store", "FILE").unwrap();
+        let opened = rewrite_in_savepoint(&mut conn);
+        assert!(!opened.is_empty(), "with temp_store = FILE the journal should spill to a file");
+        let reader =
+            open(&path, &["CREATE TABLE big(x BLOB);"], OpenOptions { read_only: true, ..Default::default() }).unwrap();
+        let temp_store: i64 = reader.query_row("PRAGMA temp_store", [], |r| r.get(0)).unwrap();
+        assert_eq!(temp_store, 0, "read-only connections keep SQLite's default");
     }
 
     /// Writes `pages` rows of about a page each in one transaction.
