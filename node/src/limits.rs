@@ -130,4 +130,5 @@ pub const HANDOFFS_IN_FLIGHT_RANGE: (u64, u64) = (1, 16);
 /// file on a thread of its own (`sqlite::Checkpointer`).
 pub const CHECKPOINT_INTERVAL_DEFAULT: Duration = baton_shared::sqlite::CHECKPOINT_INTERVAL;
 /// Allowed range of `checkpoint_interval`.
-pub const CHECKPOINT_INTERVAL_RANGE: (Duration, Duration) = (Duration::from_millis(10), Duration::from_secs(3600));
+pub const CHECKPOINT_INTERVAL_RANGE: (Duration, Duration) =
+    (baton_shared::sqlite::CHECKPOINT_INTERVAL_MIN, baton_shared::sqlite::CHECKPOINT_INTERVAL_MAX);

@@ -266,6 +266,10 @@ const TEMP_STORE_MEMORY: &str = "2";
 
 /// How often a store's `Checkpointer` copies the write-ahead log into the database file.
 pub const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(100);
+/// The shortest checkpoint interval the hub's and the node's `checkpoint_interval` accept.
+pub const CHECKPOINT_INTERVAL_MIN: Duration = Duration::from_millis(10);
+/// The longest checkpoint interval the hub's and the node's `checkpoint_interval` accept.
+pub const CHECKPOINT_INTERVAL_MAX: Duration = Duration::from_secs(3600);
 
 /// The write-ahead log's length, in pages, at which the connection that commits checkpoints by
 /// itself, as SQLite does at 1,000 pages when nothing else checkpoints: the bound on the log
@@ -273,10 +277,10 @@ pub const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(100);
 pub const WRITER_CHECKPOINT_PAGES: u32 = 10_000;
 
 /// A thread that checkpoints a store's write-ahead log on a connection of its own, at an
-/// interval its caller sets (`CHECKPOINT_INTERVAL` by default), so the connection that commits does not stop to copy pages into the
-/// database file and `fsync` it (SQLite's automatic checkpoint runs in the committing thread,
-/// and every commit behind it waits). The checkpoints are `PASSIVE`: they never wait for a
-/// reader or the writer, and copy what they can. A checkpoint syncs as the writer's
+/// interval its caller sets (`CHECKPOINT_INTERVAL` by default), so the connection that commits
+/// does not stop to copy pages into the database file and `fsync` it (SQLite's automatic
+/// checkpoint runs in the committing thread, and every commit behind it waits). The
+/// checkpoints are `PASSIVE`: they never wait for a reader or the writer, and copy what they can. A checkpoint syncs as the writer's
 /// `synchronous` says, as the automatic one did, so nothing about durability changes: a crash
 /// in the middle of one leaves the log to be checkpointed again at the next open. Dropping it
 /// stops the thread (after the checkpoint in progress, if any).

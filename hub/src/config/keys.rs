@@ -157,8 +157,8 @@ pub const CHECKPOINT_INTERVAL: Key = Key {
     name: key_name!(None, "checkpoint_interval", "checkpoint-interval", "BATON_HUB_CHECKPOINT_INTERVAL"),
     kind: KeyKind::Duration {
         default: baton_shared::sqlite::CHECKPOINT_INTERVAL,
-        min: Duration::from_millis(10),
-        max: Duration::from_secs(3600),
+        min: baton_shared::sqlite::CHECKPOINT_INTERVAL_MIN,
+        max: baton_shared::sqlite::CHECKPOINT_INTERVAL_MAX,
     },
     doc: "how often the SQLite file's write-ahead log is copied into the file, on a thread of its own (the \
           writer does it itself only past 10,000 pages of log); with synchronous set to \"normal\" it is also the \
