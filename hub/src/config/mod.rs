@@ -74,6 +74,9 @@ pub struct Limits {
     pub redrive_batch_max: u32,
     /// How often one host may change its bound node instance, and over what window.
     pub rebind: RebindLimit,
+    /// How long a node session may start the turns it acked on its own after the hub last
+    /// granted it (`start_lease`, a top-level key).
+    pub start_lease: Duration,
 }
 
 impl Default for Limits {
@@ -100,6 +103,7 @@ impl Default for Limits {
             retry_backoff_max: RETRY_BACKOFF_MAX_DEFAULT,
             redrive_batch_max: REDRIVE_BATCH_MAX_DEFAULT as u32,
             rebind: RebindLimit::default(),
+            start_lease: START_LEASE_DEFAULT,
         }
     }
 }
@@ -213,6 +217,7 @@ impl HubConfig {
                 max: m.int(&INSTANCE_REBINDS_MAX)? as i64,
                 window: m.duration(&INSTANCE_REBIND_WINDOW_KEY)?,
             },
+            start_lease: m.duration(&START_LEASE)?,
         };
         if limits.retry_backoff > limits.retry_backoff_max {
             return Err(format!(

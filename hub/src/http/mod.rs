@@ -800,6 +800,7 @@ mod openapi_tests {
             start: false,
             code: Some("cancelled".into()),
             message: Some("m".into()),
+            retry_after_ms: Some(5),
         };
         let cancelled = CancelResult {
             delivery_id: "d".into(),
@@ -932,7 +933,11 @@ mod openapi_tests {
                 serde_json::to_value(SessionRequest { instance_id: "i".into(), node_version: Some("1".into()) })
                     .unwrap(),
             ),
-            ("SessionResponse", serde_json::to_value(SessionResponse { session: 2, took_over: Some(1) }).unwrap()),
+            (
+                "SessionResponse",
+                serde_json::to_value(SessionResponse { session: 2, took_over: Some(1), start_lease_ms: Some(15_000) })
+                    .unwrap(),
+            ),
             (
                 "SessionEndRequest",
                 serde_json::to_value(SessionEndRequest { instance_id: "i".into(), session: 1 }).unwrap(),

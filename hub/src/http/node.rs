@@ -67,8 +67,16 @@ pub(super) async fn open_session(
         ));
     }
     let instance = req.instance_id.clone();
-    let opened =
-        state.store.open_session(caller.name.clone(), req.instance_id, req.node_version, state.limits.rebind).await?;
+    let opened = state
+        .store
+        .open_session(
+            caller.name.clone(),
+            req.instance_id,
+            req.node_version,
+            state.limits.rebind,
+            state.limits.start_lease,
+        )
+        .await?;
     if let Some(previous) = opened.took_over {
         tracing::warn!(
             host = %caller.name,
@@ -80,7 +88,11 @@ pub(super) async fn open_session(
     }
     // Waiting claims of the superseded session look again, and are refused.
     state.work_for([caller.name.as_str()]);
-    Ok(Json(SessionResponse { session: opened.session, took_over: opened.took_over }))
+    Ok(Json(SessionResponse {
+        session: opened.session,
+        took_over: opened.took_over,
+        start_lease_ms: Some(opened.start_lease_ms),
+    }))
 }
 
 /// `POST /v1/sessions/end`: the node ends its session cleanly.

@@ -340,16 +340,26 @@ fn run_report(req: &ReportRequest, session: Option<u64>, backoff: Backoff) -> Ru
 fn apply_step(
     conn: &dyn Db,
     step: Step,
-    host: &str,
+    node: &NodeAt,
     id: &str,
     h: Holder<'_>,
     now_ms: i64,
 ) -> StoreResult<TransitionResponse> {
-    match step {
-        Step::Mirrored => claim::mirrored(conn, host, id, h, now_ms),
-        Step::Ack => claim::ack(conn, host, id, h, now_ms),
-        Step::Handoff => claim::handoff(conn, host, id, h, now_ms),
+    let host = node.host.as_str();
+    let answer = match step {
+        Step::Mirrored => return claim::mirrored(conn, host, id, h, now_ms),
+        Step::Ack => claim::ack(conn, host, id, h, now_ms)?,
+        Step::Handoff => claim::handoff(conn, host, id, h, now_ms)?,
+    };
+    // The session whose ack made the run `delivered`: a newer session is not granted its
+    // start while this one's start lease lasts (`turns::start`).
+    if let Some(session) = node.session
+        && answer.changed
+        && answer.state == baton_shared::states::DeliveryState::Delivered
+    {
+        claim::record_acked_session(conn, id, session)?;
     }
+    Ok(answer)
 }
 
 impl Store {
@@ -671,12 +681,14 @@ impl Store {
         instance_id: String,
         node_version: Option<String>,
         rebind: RebindLimit,
+        start_lease: Duration,
     ) -> StoreResult<sessions::Opened> {
         let clock = self.clock.clone();
+        let lease_ms = u64::try_from(start_lease.as_millis()).unwrap_or(u64::MAX);
         match &self.backend {
             Backend::Sqlite(s) | Backend::Postgres(s) => {
                 s.write(move |c| {
-                    sessions::open(c, &host, &instance_id, node_version.as_deref(), rebind, clock.now_ms())
+                    sessions::open(c, &host, &instance_id, node_version.as_deref(), rebind, lease_ms, clock.now_ms())
                 })
                 .await
             }
@@ -711,7 +723,10 @@ impl Store {
             Backend::Sqlite(s) | Backend::Postgres(s) => {
                 s.write(move |c| {
                     sessions::check(c, &host, Some(session))?;
-                    turns::start(c, &host, &instance_id, session, &starts, clock.now_ms())
+                    let now = clock.now_ms();
+                    let results = turns::start(c, &host, &instance_id, session, &starts, now)?;
+                    sessions::renew_lease(c, &host, session, now)?;
+                    Ok(results)
                 })
                 .await
             }
@@ -803,7 +818,7 @@ impl Store {
                 s.write(move |c| {
                     sessions::check(c, &node.host, node.session)?;
                     let h = holder.as_holder();
-                    apply_step(c, step, &node.host, &delivery_id, h, clock.now_ms())
+                    apply_step(c, step, &node, &delivery_id, h, clock.now_ms())
                 })
                 .await
             }
@@ -827,7 +842,7 @@ impl Store {
                     let now = clock.now_ms();
                     batch::each(c, items, |c, d| {
                         let h = Holder { instance_id: &instance_id, claim_token: &d.claim_token };
-                        apply_step(c, step, &node.host, &d.delivery_id, h, now)
+                        apply_step(c, step, &node, &d.delivery_id, h, now)
                     })
                 })
                 .await

@@ -88,6 +88,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../../schema/hub/0004-turn-control-indexes.sql"),
     include_str!("../../../schema/hub/0005-fence-expiry.sql"),
     include_str!("../../../schema/hub/0006-settled-at.sql"),
+    include_str!("../../../schema/hub/0007-start-lease.sql"),
 ];
 
 /// Who made a change, as recorded in the event log.
