@@ -190,9 +190,21 @@ async fn an_older_session_is_refused_on_every_node_route() {
     old.post("/v1/sessions/end", json!({"instance_id": "inst-1", "session": 1})).await.err(409, "session_superseded");
     assert!(hub.show(&id)["attempts"].as_array().unwrap().is_empty(), "the old session changed nothing");
 
-    // The newest session and a node without the header are accepted.
+    // The newest session is accepted. Leaving the header out is no way around the fence: once
+    // the host has sessions, a request without one is refused, naming the header, and changes
+    // nothing.
     node.holdings().await.ok();
-    node.with_session(None).holdings().await.ok();
+    let bare = node.with_session(None);
+    for r in [
+        bare.holdings().await,
+        bare.claim(0).await,
+        bare.step(&t, "ack").await,
+        bare.report(&t, "r-bare", "succeeded", Some(0)).await,
+    ] {
+        r.err(400, "invalid_field");
+        assert!(r.body["message"].as_str().is_some_and(|m| m.contains("baton-session")), "names the header: {r:?}");
+    }
+    assert!(hub.show(&id)["attempts"].as_array().unwrap().is_empty(), "the request without a session changed nothing");
     node.report(&t, "r-new", "succeeded", Some(0)).await;
     assert_eq!(hub.show(&id)["attempts"].as_array().unwrap().len(), 1);
     // A session number that is not a number is refused.
