@@ -93,6 +93,10 @@ pub struct Inputs {
     pub hub: HubRecord,
     /// Every node database (`DATA_DIR/node.db`).
     pub node_dbs: Vec<PathBuf>,
+    /// Those of `node_dbs` whose data directory a copy took over (another process of the same
+    /// instance, on a copy of it): read for everything they recorded, but not held to the
+    /// node-side liveness rule (I10), since what they left unsettled the copy settles.
+    pub retired_node_dbs: Vec<PathBuf>,
     /// The client history (JSON lines), if any.
     pub history: Option<PathBuf>,
     /// The effects ledger (JSON lines), if any.
@@ -104,7 +108,7 @@ pub struct Inputs {
 impl Inputs {
     /// Inputs for a hub's record alone, liveness off.
     pub fn hub_only(hub: HubRecord) -> Inputs {
-        Inputs { hub, node_dbs: Vec::new(), history: None, ledger: None, liveness: false }
+        Inputs { hub, node_dbs: Vec::new(), retired_node_dbs: Vec::new(), history: None, ledger: None, liveness: false }
     }
 }
 
@@ -243,6 +247,8 @@ struct NodeAttempt {
 
 struct NodeDb {
     path: String,
+    /// A data directory a copy took over (`Inputs::retired_node_dbs`).
+    retired: bool,
     instance_id: Option<String>,
     deliveries: Vec<NodeDelivery>,
     attempts: Vec<NodeAttempt>,
@@ -365,7 +371,7 @@ fn load_hub(conn: &dyn Db, m: &mut Model) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn load_node(path: &Path, out: &mut Vec<Violation>) -> anyhow::Result<NodeDb> {
+fn load_node(path: &Path, retired: bool, out: &mut Vec<Violation>) -> anyhow::Result<NodeDb> {
     let conn = open_read_only(path)?;
     let shown = path.display().to_string();
     integrity(&conn, &shown, out)?;
@@ -379,7 +385,7 @@ fn load_node(path: &Path, out: &mut Vec<Violation>) -> anyhow::Result<NodeDb> {
         "SELECT attempt_id, delivery_id, ended_at_ms IS NOT NULL, outcome FROM attempts ORDER BY started_at_ms",
         |r| Ok(NodeAttempt { attempt_id: r.get(0)?, delivery_id: r.get(1)?, ended: r.get(2)?, outcome: r.get(3)? }),
     )?;
-    Ok(NodeDb { path: shown, instance_id, deliveries, attempts })
+    Ok(NodeDb { path: shown, retired, instance_id, deliveries, attempts })
 }
 
 /// I12 on one SQLite file (a node database; the hub's file is checked by
@@ -413,7 +419,7 @@ pub fn check(inputs: &Inputs) -> anyhow::Result<Report> {
     })?;
     let mut v: Vec<Violation> = problems.iter().map(hub_problem).collect();
     for p in &inputs.node_dbs {
-        let node = load_node(p, &mut v)?;
+        let node = load_node(p, inputs.retired_node_dbs.contains(p), &mut v)?;
         m.nodes.push(node);
     }
     if let Some(h) = &inputs.history {
@@ -530,9 +536,20 @@ impl Index {
         for (i, h) in m.history.iter().enumerate() {
             push(&mut ix.history_by_key, h.key.clone(), i);
         }
+        // A copied data directory holds the original's attempts too: of the rows of one
+        // attempt, the one that knows its end (the process that ran it) tells the outcome.
+        let known = |(n, a): (usize, usize)| {
+            let att: &NodeAttempt = &m.nodes[n].attempts[a];
+            att.ended && att.outcome.as_deref() != Some("unknown")
+        };
         for (n, node) in m.nodes.iter().enumerate() {
             for (a, att) in node.attempts.iter().enumerate() {
-                ix.node_attempt.insert(att.attempt_id.clone(), (n, a));
+                match ix.node_attempt.get(&att.attempt_id) {
+                    Some(&first) if known(first) || !known((n, a)) => {}
+                    _ => {
+                        ix.node_attempt.insert(att.attempt_id.clone(), (n, a));
+                    }
+                }
             }
         }
         ix
@@ -1405,13 +1422,19 @@ fn check_agreement(m: &Model, ix: &Index, v: &mut Vec<Violation>) {
                 ));
             }
         }
+        // Every data directory of the instance (a copy and its original) keeps its own part.
+        let of_instance: Vec<&NodeDb> = m.nodes.iter().filter(|n| n.instance_id.as_deref() == Some(inst)).collect();
         for d in m.deliveries.iter().filter(|d| d.instance_id.as_deref() == Some(inst)) {
-            let has = node.deliveries.iter().any(|nd| nd.delivery_id == d.id);
+            let has = of_instance.iter().any(|n| n.deliveries.iter().any(|nd| nd.delivery_id == d.id));
             if matches!(d.state.as_str(), "mirrored" | "delivered") && !has {
                 v.push(violation(
                     "I13",
                     &d.id,
-                    format!("the hub has it {} by instance {inst}, but {} has no local copy", d.state, node.path),
+                    format!(
+                        "the hub has it {} by instance {inst}, but {} has no local copy",
+                        d.state,
+                        of_instance.iter().map(|n| n.path.as_str()).collect::<Vec<_>>().join(" nor ")
+                    ),
                     Vec::new(),
                 ));
             }
@@ -1446,7 +1469,7 @@ fn check_liveness(m: &Model, ix: &Index, v: &mut Vec<Violation>) {
             _ => {}
         }
     }
-    for node in &m.nodes {
+    for node in m.nodes.iter().filter(|n| !n.retired) {
         for nd in node.deliveries.iter().filter(|nd| nd.state == "mirrored" || nd.state == "acked") {
             v.push(violation(
                 "I10",
