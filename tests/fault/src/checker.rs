@@ -241,6 +241,8 @@ struct NodeDelivery {
 struct NodeAttempt {
     attempt_id: String,
     delivery_id: String,
+    /// The run of the delivery it was.
+    run: i64,
     ended: bool,
     outcome: Option<String>,
 }
@@ -382,8 +384,17 @@ fn load_node(path: &Path, retired: bool, out: &mut Vec<Violation>) -> anyhow::Re
     })?;
     let attempts = rows(
         &conn,
-        "SELECT attempt_id, delivery_id, ended_at_ms IS NOT NULL, outcome FROM attempts ORDER BY started_at_ms",
-        |r| Ok(NodeAttempt { attempt_id: r.get(0)?, delivery_id: r.get(1)?, ended: r.get(2)?, outcome: r.get(3)? }),
+        "SELECT attempt_id, delivery_id, coalesce(run, 1), ended_at_ms IS NOT NULL, outcome FROM attempts
+         ORDER BY started_at_ms",
+        |r| {
+            Ok(NodeAttempt {
+                attempt_id: r.get(0)?,
+                delivery_id: r.get(1)?,
+                run: r.get(2)?,
+                ended: r.get(3)?,
+                outcome: r.get(4)?,
+            })
+        },
     )?;
     Ok(NodeDb { path: shown, retired, instance_id, deliveries, attempts })
 }
@@ -985,7 +996,10 @@ fn check_effects(m: &Model, ix: &Index, inputs: &Inputs, v: &mut Vec<Violation>)
         let mut per: HashMap<&str, usize> = HashMap::new();
         for a in &node.attempts {
             *per.entry(a.delivery_id.as_str()).or_default() += 1;
-            if inputs.liveness && !m.attempts.iter().any(|h| h.report_id == a.attempt_id) {
+            if inputs.liveness
+                && !m.attempts.iter().any(|h| h.report_id == a.attempt_id)
+                && !reported_unknown_by_copy(m, ix, &a.delivery_id, a.run, node.instance_id.as_deref())
+            {
                 let (family, why) = match ix.delivery_by_id.get(&a.delivery_id).map(|&i| &m.deliveries[i]) {
                     Some(d) if current_run_reported(m, ix, d) && d.run > 1 => {
                         ("I16", ": an earlier run's attempt row is gone (rewritten by a re-run?)")
@@ -1012,6 +1026,22 @@ fn check_effects(m: &Model, ix: &Index, inputs: &Inputs, v: &mut Vec<Violation>)
             }
         }
     }
+}
+
+/// Whether another process of `instance`, on a copy of its data directory (two or more of the
+/// node databases read name the instance), reported run `run` of delivery `did` `unknown`: the
+/// run one process started and did not report (cut off, then taken over) is reported by the
+/// other as started elsewhere, under an attempt of its own. Its execution is then visible on the
+/// hub as the run's `unknown` outcome, which is what I8 asks of an execution without a known end.
+fn reported_unknown_by_copy(m: &Model, ix: &Index, did: &str, run: i64, instance: Option<&str>) -> bool {
+    let Some(instance) = instance else { return false };
+    let directories = m.nodes.iter().filter(|n| n.instance_id.as_deref() == Some(instance)).count();
+    directories > 1
+        && ix.attempts_by_delivery.get(did).is_some_and(|as_| {
+            as_.iter()
+                .map(|&i| &m.attempts[i])
+                .any(|a| a.run == run && a.outcome == "unknown" && a.instance_id == instance)
+        })
 }
 
 /// Whether the hub holds an attempt row for the delivery's current run.
@@ -1131,7 +1161,9 @@ fn check_effect_visible(
             Vec::new(),
         ));
     }
-    if inputs.liveness && mine.is_empty() && by_hub.is_empty() {
+    let instance = if eff.instance.is_empty() { None } else { Some(eff.instance.as_str()) };
+    if inputs.liveness && mine.is_empty() && by_hub.is_empty() && !reported_unknown_by_copy(m, ix, &d.id, run, instance)
+    {
         if run < d.run {
             v.push(violation(
                 "I16",
