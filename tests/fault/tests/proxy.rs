@@ -217,10 +217,17 @@ fn hub_view(c: &Cluster, delivery: &str) -> anyhow::Result<(String, bool, bool)>
 /// it finds out that it was taken over and exits 6. Judged from the effects ledger: no run of
 /// a delivery executed twice, and the checker (over both data directories) finds no second
 /// execution (I17) and no execution the gate did not allow (I7).
-async fn a_cut_off_node_and_its_copy_run_nothing_twice(mut c: Cluster) {
+///
+/// With `ignore_lease` the original runs with the start lease switched off (the mutation
+/// switch of crash-point builds): then it does start seq 2 on its own, and the test and the
+/// checker must see that run twice — the proof that they would catch the lease's absence.
+async fn a_cut_off_node_and_its_copy_run_nothing_twice(mut c: Cluster, ignore_lease: bool) {
     c.set_hub_key("start_lease", START_LEASE).unwrap();
     let started = c.start_hub(None).unwrap();
     assert!(matches!(started, Started::Ready(_)), "the hub did not start ({started:?}):\n{}", c.logs());
+    if ignore_lease {
+        c.nodes[0].set_env(baton_shared::crash::MUTATION_ENV, "node.start.ignore_lease");
+    }
     c.nodes[0].start(None).unwrap();
     let hub = c.hub.addr();
     let to = vec!["host-a".to_string()];
@@ -261,6 +268,13 @@ async fn a_cut_off_node_and_its_copy_run_nothing_twice(mut c: Cluster) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
+    if ignore_lease {
+        wait_for("the original, ignoring its lease, to run seq 2 too", COPY_EVENT_WAIT, || {
+            Ok((executions(&c, second).len() >= 2).then_some(()))
+        })
+        .await;
+    }
+
     // Healed, the original learns that a newer session took over, and exits 6. Its connections
     // that lost bytes in the blackhole are closed, so it need not wait out their timeouts.
     for l in &c.retired[0].links {
@@ -273,6 +287,12 @@ async fn a_cut_off_node_and_its_copy_run_nothing_twice(mut c: Cluster) {
         per_run.entry((l.delivery_id.clone(), l.run_number())).or_default().push(l);
     }
     let twice: Vec<_> = per_run.iter().filter(|(_, ls)| ls.len() > 1).collect();
+    if ignore_lease {
+        assert!(!twice.is_empty(), "without the lease the original runs seq 2 too:\n{}", c.logs());
+        let report = checker::check(&c.inputs(false)).unwrap();
+        assert!(report.families().contains("I17"), "the checker finds the second run:\n{}", report.render());
+        return;
+    }
     assert!(
         twice.is_empty(),
         "a run executed twice (the copy ran seq 2 as {ran:?}): {twice:#?}\nthe checker:\n{}\n{}",
@@ -298,7 +318,18 @@ fn a_cut_off_node_and_its_copy_run_nothing_twice_on_sqlite() {
     rt.block_on(async {
         let c = Cluster::new(&bins, &["host-a"]).await.unwrap();
         assert!(matches!(c.record(), HubRecord::Sqlite(_)));
-        a_cut_off_node_and_its_copy_run_nothing_twice(c).await;
+        a_cut_off_node_and_its_copy_run_nothing_twice(c, false).await;
+    });
+}
+
+/// The same with the original ignoring its start lease: the second run is found.
+#[test]
+fn a_cut_off_node_ignoring_its_start_lease_runs_a_turn_twice_and_is_caught() {
+    let bins = Binaries::build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let c = Cluster::new(&bins, &["host-a"]).await.unwrap();
+        a_cut_off_node_and_its_copy_run_nothing_twice(c, true).await;
     });
 }
 
@@ -310,7 +341,7 @@ fn a_cut_off_node_and_its_copy_run_nothing_twice_on_postgres() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async {
         let c = Cluster::on_postgres(&bins, &["host-a"], &url, 1).await.unwrap();
-        a_cut_off_node_and_its_copy_run_nothing_twice(c).await;
+        a_cut_off_node_and_its_copy_run_nothing_twice(c, false).await;
     });
     drop(rt);
     drop(pg);
