@@ -591,6 +591,58 @@ fn i17_a_turn_run_again_by_a_copy_of_the_node_data_directory() {
     assert_eq!(report.families(), want, "{}", report.render());
 }
 
+#[test]
+fn a_run_the_copy_reported_unknown_is_the_visible_outcome_of_the_originals_execution() {
+    // Not a bug: the original of a copied directory ran a turn and was taken over before it
+    // reported; the copy, told that another session started the run, reported it `unknown`
+    // under an attempt of its own. Read with both directories the execution is visible on the
+    // hub (I8); read without the original's, its execution has no start marker and no attempt.
+    let bins = Binaries::build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let c = rt.block_on(clean_cluster(&bins, 37)).unwrap();
+    let last = last_started(&c);
+    let node = c
+        .nodes
+        .iter()
+        .find(|n| one_or_none(&n.db(), "SELECT attempt_id FROM attempts WHERE attempt_id = ?1", &last.attempt_id))
+        .expect("the node that ran the last turn");
+    // The original's directory, as it was when it ran the turn.
+    let original = c.root().join("original-of-node.db");
+    for suffix in ["", "-wal"] {
+        let from = std::path::PathBuf::from(format!("{}{suffix}", node.db().display()));
+        if from.exists() {
+            std::fs::copy(&from, format!("{}{suffix}", original.display())).unwrap();
+        }
+    }
+    // The copy's directory (the node's): the run ended `unknown` under the copy's own attempt.
+    let unknown = format!("{}-copy", last.attempt_id);
+    let ids = [&last.attempt_id, &unknown];
+    let mut copy = Connection::open(node.db()).unwrap();
+    let tx = copy.transaction().unwrap();
+    tx.pragma_update(None, "defer_foreign_keys", true).unwrap();
+    let n = tx
+        .execute(
+            "UPDATE attempts SET attempt_id = ?2, outcome = 'unknown', exit_code = NULL WHERE attempt_id = ?1",
+            ids,
+        )
+        .unwrap();
+    assert_eq!(n, 1);
+    tx.execute("UPDATE outbox SET report_id = ?2 WHERE report_id = ?1", ids).unwrap();
+    tx.commit().unwrap();
+    let hub = hub_rw(&c);
+    let n = hub.execute("UPDATE attempts SET report_id = ?2, outcome = 'unknown' WHERE report_id = ?1", ids).unwrap();
+    assert_eq!(n, 1);
+
+    let mut inputs = c.inputs(true);
+    inputs.node_dbs.push(original.clone());
+    inputs.retired_node_dbs.push(original);
+    let both = checker::check(&inputs).unwrap();
+    let copy_only = checker::check(&c.inputs(true)).unwrap();
+    drop(rt);
+    assert!(both.violations.is_empty(), "{}", both.render());
+    assert_only(&copy_only, "I8");
+}
+
 /// Whether `sql` (one `?1` parameter) finds a row in the SQLite file `db`.
 fn one_or_none(db: &std::path::Path, sql: &str, param: &str) -> bool {
     let conn = Connection::open(db).unwrap();
