@@ -1059,8 +1059,10 @@ fn current_run_reported(m: &Model, ix: &Index, d: &Delivery) -> bool {
 /// checked; a ledger without readings (an older harness) is taken in file order (the order the
 /// executions ended in) and only the `seq` half is checked. Lines without a `seq` cannot be
 /// ordered and are skipped, and so is a second execution of one run (that is I17's finding,
-/// reported there). The only exemption is a line the record marks as an operator's redrive
-/// (`rerun = redrive`); a retry keeps the order and is checked like a first run. Returns how
+/// reported there). The exemptions: a line the record marks as an operator's redrive
+/// (`rerun = redrive`), and, for the overlap half only, a turn that follows one the original of
+/// a copied data directory ran cut off from the hub and the copy reported `unknown`
+/// (`reported_unknown_by_copy`); a retry keeps the order and is checked like a first run. Returns how
 /// many lines were checked.
 fn check_order(m: &Model, ix: &Index, v: &mut Vec<Violation>) -> usize {
     let mut groups: BTreeMap<(&str, &str), Vec<usize>> = BTreeMap::new();
@@ -1105,8 +1107,16 @@ fn check_order(m: &Model, ix: &Index, v: &mut Vec<Violation>) -> usize {
                     chain(),
                 ));
             }
+            // The one overlap the record cannot prevent: the earlier turn ran in the original of
+            // a copied data directory, cut off from the hub, and the copy (a newer session)
+            // found it started elsewhere and reported it `unknown`. From then on the hub knows
+            // that run only as `unknown` — the contract's visible "started, end not known" — and
+            // the copy goes on with the next turn while the original may still be running it.
+            // The start lease keeps the original from starting anything new meanwhile (I17).
+            let overlap_exempt = reported_unknown_by_copy(m, ix, &a.delivery_id, a.run_number(), Some(&a.instance));
             if let (Some(end), Some(start)) = (a.ended_ns, b.started_ns)
                 && start < end
+                && !overlap_exempt
             {
                 v.push(violation(
                     "I15",
