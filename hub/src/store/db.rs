@@ -528,6 +528,13 @@ pub const PG_CALL_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs
 /// statements while it writes what it read.
 pub const PG_WRITE_IDLE_MAX: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// How many times an operation is run again after PostgreSQL ended its transaction to resolve
+/// a conflict with another (a deadlock, 40P01, or a serialization failure, 40001), unless the
+/// URL's `conflict_retries` says otherwise: claims of several hubs run at once (`begin_claims`)
+/// and may meet in a deadlock, which the server resolves by ending one of them. Past it the
+/// operation fails as storage unavailable (which callers retry later).
+pub const PG_CONFLICT_RETRIES: u32 = 8;
+
 /// A `PgConn`'s own runtime. Dropped without waiting for its tasks (`shutdown_background`), so
 /// a connection may be dropped anywhere, an async task included (the reader pool at shutdown).
 struct OwnRuntime(Option<tokio::runtime::Runtime>);

@@ -59,9 +59,9 @@ fn every_text_round_trips_through_the_connection() {
         let found: i64 =
             c.query_row("SELECT n FROM text_probe WHERE v = ?1", [v], |r| r.get(0)).expect("found by equality");
         assert_eq!(found, n as i64, "{}", shown(v));
-        let joined: String =
-            c.query_row("SELECT v || ?2 FROM text_probe WHERE n = ?1", rusqlite::params![n as i64, v], |r| r.get(0))
-                .unwrap();
+        let joined: String = c
+            .query_row("SELECT v || ?2 FROM text_probe WHERE n = ?1", rusqlite::params![n as i64, v], |r| r.get(0))
+            .unwrap();
         same("concatenated", Some(&joined), &format!("{v}{v}"));
         let param: String = c.query_row("SELECT ?1", [v], |r| r.get(0)).unwrap();
         same("a parameter read back", Some(&param), v);
@@ -77,7 +77,8 @@ fn every_stored_text_field_keeps_its_bytes() {
     let c: &dyn Db = &*db.conn;
     for (n, v) in hostile().iter().enumerate() {
         let instance = format!("i{n}");
-        let opened = sessions::open(c, "host-a", &instance, Some(v), RebindLimit { max: 1000, ..Default::default() }, 1);
+        let opened =
+            sessions::open(c, "host-a", &instance, Some(v), RebindLimit { max: 1000, ..Default::default() }, 1);
         opened.unwrap_or_else(|e| panic!("node_version {}: {e}", shown(v)));
         let session = fleet::host(c, "host-a").unwrap().expect("host-a").host.session.expect("a session");
         same("node_version", session.node_version.as_deref(), v);
@@ -91,7 +92,8 @@ fn every_stored_text_field_keeps_its_bytes() {
         fn holder<'a>(instance: &'a str, d: &'a ClaimedDelivery) -> Holder<'a> {
             Holder { instance_id: instance, claim_token: &d.claim_token }
         }
-        claim::reject(c, "host-a", &r.delivery_id, holder(&instance, &r), v, 3).unwrap_or_else(|e| panic!("reject {}: {e}", shown(v)));
+        claim::reject(c, "host-a", &r.delivery_id, holder(&instance, &r), v, 3)
+            .unwrap_or_else(|e| panic!("reject {}: {e}", shown(v)));
         claim::mirrored(c, "host-a", &d.delivery_id, holder(&instance, &d), 3).unwrap();
         claim::ack(c, "host-a", &d.delivery_id, holder(&instance, &d), 3).unwrap();
         let report = NewReport {
