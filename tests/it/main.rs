@@ -117,3 +117,4 @@ mod power_loss;
 mod producer_cli;
 mod status_page;
 mod turn_control;
+mod values;

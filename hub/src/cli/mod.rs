@@ -89,7 +89,7 @@ impl From<StoreError> for CliError {
     fn from(e: StoreError) -> Self {
         let code = match e {
             StoreError::NotFound(_) => exit::NOTHING,
-            StoreError::Storage(_) | StoreError::Internal(_) => exit::FAILURE,
+            StoreError::Storage(_) | StoreError::Conflict(_) | StoreError::Internal(_) => exit::FAILURE,
             StoreError::Corrupt(_) => exit::REFUSED,
             _ => exit::USAGE,
         };

@@ -423,7 +423,7 @@ impl IntoResponse for ApiError {
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         match e {
-            StoreError::Storage(detail) => {
+            StoreError::Storage(detail) | StoreError::Conflict(detail) => {
                 tracing::error!(error = %detail, "storage error");
                 ApiError::new(ErrorCode::StorageUnavailable, "the hub's storage is unavailable; retry later")
             }
@@ -653,6 +653,8 @@ mod error_tests {
     #[test]
     fn store_errors_map_to_stable_codes() {
         check(StoreError::Storage("disk I/O error".into()), 503, "storage_unavailable");
+        check(StoreError::Conflict("deadlock detected (40P01)".into()), 503, "storage_unavailable");
+        check(StoreError::Invalid("a value the record cannot hold: x".into()), 400, "invalid_field");
         check(StoreError::Internal("index out of bounds".into()), 500, "internal");
         check(StoreError::Corrupt("corrupt record".into()), 500, "internal");
         check(StoreError::StaleClaim("x".into()), 409, "stale_claim");
