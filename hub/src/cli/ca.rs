@@ -97,7 +97,7 @@ pub(super) fn issuers(dir: &DataDir, serials: &[&str]) -> Result<Vec<IssuedBy>, 
     let mut out = Vec::with_capacity(serials.len());
     for serial in serials {
         let copy = issued_dir(dir).join(format!("{serial}.crt"));
-        let Ok(pem) = std::fs::read_to_string(&copy) else {
+        let Ok(pem) = super::read_pem(&copy) else {
             out.push(IssuedBy { key_id: None, trusted: false });
             continue;
         };
@@ -195,7 +195,7 @@ pub(super) fn retire_old(ctx: &Context) -> CliResult {
 }
 
 fn read(path: &Path) -> Result<String, CliError> {
-    std::fs::read_to_string(path).map_err(|e| CliError::failure(format!("{}: {e}", path.display())))
+    super::read_pem(path)
 }
 
 /// The CA file (every trusted CA, PEM) and the issuing CA's key (PEM), as `pki::issue` takes

@@ -7,7 +7,9 @@ use crate::config::{DATABASE_URL, process_env};
 use crate::store::Store;
 use crate::store::api::{By, Enrollment as Recorded};
 use crate::wake;
+use baton_shared::files::read_text_bounded;
 use baton_shared::ids::{Role, check_name};
+use baton_shared::limits::PEM_FILE_BYTES_MAX;
 use baton_shared::pki::{self, LeafKind};
 use std::io::Write;
 use std::path::Path;
@@ -134,7 +136,7 @@ fn check_joining(ctx: &Context, url: &crate::pg::PgUrl, shared_ca: bool) -> CliR
 fn read_ca_from(src: &Path) -> Result<(String, String), CliError> {
     let other = crate::datadir::DataDir::new(src);
     let read = |p: &Path| {
-        std::fs::read_to_string(p)
+        read_text_bounded(p, PEM_FILE_BYTES_MAX, "PEM_FILE_BYTES_MAX")
             .map_err(|e| CliError::usage(format!("--ca-from {}: cannot read {}: {e}", src.display(), p.display())))
     };
     let (cert, key) = (read(&other.ca_cert())?, read(&other.ca_key())?);
@@ -197,8 +199,7 @@ pub(super) fn renew_server(ctx: &Context, days: Option<u32>) -> CliResult {
         Some(d) => Duration::from_secs(u64::from(d) * 24 * 3600),
     };
     let dir = &ctx.dir;
-    let read = |p: &Path| std::fs::read_to_string(p).map_err(|e| CliError::failure(format!("{}: {e}", p.display())));
-    let current = read(&dir.server_cert())?;
+    let current = super::read_pem(&dir.server_cert())?;
     let names =
         pki::server_names(&current).map_err(|e| CliError::failure(format!("{}: {e}", dir.server_cert().display())))?;
     if names.is_empty() {
@@ -338,7 +339,7 @@ fn enroll_as(ctx: &Context, e: Enrollment<'_>) -> Result<Vec<String>, CliError> 
     write_new(&cert_path, &leaf.cert_pem, false)?;
     // Every CA the hub trusts (two during a CA rotation): a stale copy is replaced.
     let ca_out = out_dir.join("ca.crt");
-    match std::fs::read_to_string(&ca_out) {
+    match read_text_bounded(&ca_out, PEM_FILE_BYTES_MAX, "PEM_FILE_BYTES_MAX") {
         Ok(old) if old == ca_cert => {}
         Ok(_) => {
             drop(replace_files(&[(ca_out.clone(), ca_cert.as_str(), false)], &super::ca::aside_stamp(ctx.now_ms()))?)

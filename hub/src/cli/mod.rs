@@ -304,6 +304,14 @@ fn db_open_error(root: &std::path::Path, db: &std::path::Path, e: &std::io::Erro
     }
 }
 
+/// Reads one of the data directory's PEM files (`ca.crt`, `ca.key`, `hub.crt`, a kept copy of
+/// an issued certificate), at most `PEM_FILE_BYTES_MAX` of it; an error names the file (exit 4).
+pub(super) fn read_pem(path: &Path) -> Result<String, CliError> {
+    use baton_shared::limits::PEM_FILE_BYTES_MAX;
+    baton_shared::files::read_text_bounded(path, PEM_FILE_BYTES_MAX, "PEM_FILE_BYTES_MAX")
+        .map_err(|e| CliError::failure(format!("{}: {e}", path.display())))
+}
+
 fn operator_name(cli_operator: Option<&str>) -> String {
     let name = cli_operator
         .map(str::to_string)
