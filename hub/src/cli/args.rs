@@ -299,9 +299,20 @@ pub enum CaCmd {
     /// under way (`ca.crt` holds two CAs).
     Rotate,
     /// End a rotation: `ca.crt` keeps only the issuing CA; connections and certificates of the
-    /// old CA are refused from then on. Refused while the hub's server certificate is still the
-    /// old CA's (run `renew --server` first); exit 1 when there is no old CA.
-    RetireOld,
+    /// old CA are refused from then on, requests in progress (long polls) included. Refused
+    /// while the hub's server certificate is still the old CA's (run `renew --server` first);
+    /// refused (exit 2) while a node or producer holds an unexpired, unrevoked certificate of
+    /// the old CA and none of the issuing CA, naming each, unless --force; exit 1 when there
+    /// is no old CA.
+    RetireOld {
+        /// Retire it even though the nodes and producers named would be refused from then on.
+        #[arg(long)]
+        force: bool,
+        /// Say what would be retired and who would be cut off, change nothing (the exit
+        /// status is the one the command would have).
+        #[arg(long)]
+        dry_run: bool,
+    },
 }
 
 /// `hosts` subcommands.
@@ -700,6 +711,7 @@ mod tests {
             vec!["baton-hub", "hosts", "show", "host-a", "--json"],
         ] {
             assert!(Cli::try_parse_from(&args).is_ok(), "{args:?}");
+            vec!["baton-hub", "ca", "retire-old", "--dry-run", "--force"],
         }
         // A fence ends at one time at most.
         assert!(Cli::try_parse_from(["baton-hub", "fence", "pause", "--all", "--for", "1h", "--until", "x"]).is_err());

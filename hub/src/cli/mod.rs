@@ -365,7 +365,7 @@ pub fn run(cli: &Cli) -> CliResult {
         Command::Man { out } => manuals::man(out),
         Command::Hosts(h) => hosts::run(&ctx, h),
         Command::Ca(CaCmd::Rotate) => ca::rotate(&ctx),
-        Command::Ca(CaCmd::RetireOld) => ca::retire_old(&ctx),
+        Command::Ca(CaCmd::RetireOld { force, dry_run }) => ca::retire_old(&ctx, *force, *dry_run),
         Command::Certs(CertsCmd::List { name, json }) => identity::certs(&ctx, name.as_deref(), *json),
         Command::Restore { from } => restore::restore(&ctx, from),
         Command::Migrate { to } => migrate::migrate(&ctx, to),
