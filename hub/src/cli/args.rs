@@ -77,7 +77,7 @@ pub enum Command {
         /// CA, with the names of the one it replaces, which is kept aside as
         /// `hub.crt.replaced-<UTC time>` (and its key likewise). A running hub serves it to new
         /// connections at once (open ones keep theirs); `kill -HUP` the hub to reload by hand.
-        #[arg(long, conflicts_with_all = ["out", "revoke_old"])]
+        #[arg(long, conflicts_with_all = ["out", "revoke_old", "force"])]
         server: bool,
         /// Where to write NAME.crt, NAME.key and ca.crt.
         #[arg(long, required_unless_present = "server")]
@@ -89,6 +89,10 @@ pub enum Command {
         /// until the old one is revoked or expires, so a node can switch over first).
         #[arg(long)]
         revoke_old: bool,
+        /// Renew a name whose every certificate was revoked (`revoke NAME`); without it that is
+        /// refused (exit 2), naming the revocation, since the new certificate would be valid.
+        #[arg(long)]
+        force: bool,
     },
     /// Retire a host: no more work; its pending deliveries fail (mirrored ones become unknown)
     /// and it leaves every conversation it is a member of.
@@ -703,15 +707,16 @@ mod tests {
             vec!["baton-hub", "hosts", "list", "--json"],
             vec!["baton-hub", "certs", "list", "--name", "host-a", "--json"],
             vec!["baton-hub", "renew", "host-a", "--out", "d", "--revoke-old"],
+            vec!["baton-hub", "renew", "host-a", "--out", "d", "--force"],
             vec!["baton-hub", "renew", "--server"],
             vec!["baton-hub", "ca", "rotate"],
             vec!["baton-hub", "ca", "retire-old"],
+            vec!["baton-hub", "ca", "retire-old", "--dry-run", "--force"],
             vec!["baton-hub", "renew", "--server", "--days", "10"],
             vec!["baton-hub", "audit", "--since", "24h", "--actor", "alice", "--json"],
             vec!["baton-hub", "hosts", "show", "host-a", "--json"],
         ] {
             assert!(Cli::try_parse_from(&args).is_ok(), "{args:?}");
-            vec!["baton-hub", "ca", "retire-old", "--dry-run", "--force"],
         }
         // A fence ends at one time at most.
         assert!(Cli::try_parse_from(["baton-hub", "fence", "pause", "--all", "--for", "1h", "--until", "x"]).is_err());

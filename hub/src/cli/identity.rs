@@ -165,19 +165,51 @@ pub(super) fn enroll_cmd(ctx: &Context, e: &Enroll) -> CliResult {
     }
 }
 
-/// `renew NAME --out DIR [--revoke-old]`: a fresh certificate under the role `NAME` was
-/// enrolled with; with `revoke_old`, its other unrevoked certificates are revoked in the same
-/// transaction (otherwise both stay valid until the old one is revoked or expires).
-pub(super) fn renew(ctx: &Context, name: &str, out: &Path, days: Option<u32>, revoke_old: bool) -> CliResult {
+/// What `renew NAME` is asked for besides the name (see `args::Command::Renew`).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct RenewOptions<'a> {
+    /// Where to write the files.
+    pub(super) out: &'a Path,
+    /// Validity in days.
+    pub(super) days: Option<u32>,
+    /// Revoke the name's other unrevoked certificates in the same transaction.
+    pub(super) revoke_old: bool,
+    /// Renew a name whose every certificate was revoked.
+    pub(super) force: bool,
+}
+
+/// `renew NAME --out DIR [--revoke-old] [--force]`: a fresh certificate under the role `NAME`
+/// was enrolled with; with `revoke_old`, its other unrevoked certificates are revoked in the
+/// same transaction (otherwise both stay valid until the old one is revoked or expires). A
+/// name whose every certificate was revoked (`revoke NAME`) is refused unless `force`: a
+/// renewal would silently undo the revocation.
+pub(super) fn renew(ctx: &Context, name: &str, o: RenewOptions<'_>) -> CliResult {
+    let RenewOptions { out, days, revoke_old, force } = o;
     let days = days.unwrap_or(CERT_DAYS_DEFAULT);
     let record = ctx.open_read()?;
     let roles = record.run(record.enrolled_roles(name.to_string()))?;
-    drop(record);
     let role = match roles.as_slice() {
         [r] => *r,
         [] => return Err(CliError::new(baton_shared::exit::NOTHING, format!("{name} was never enrolled"))),
         _ => return Err(CliError::usage(format!("{name} is enrolled as both node and producer"))),
     };
+    let certs: Vec<_> =
+        record.run(record.certificates())?.into_iter().filter(|c| c.role == role && c.name == name).collect();
+    drop(record);
+    let last_revocation = certs
+        .iter()
+        .map(|c| c.revoked.as_ref())
+        .collect::<Option<Vec<_>>>()
+        .and_then(|all| all.into_iter().max_by_key(|(at_ms, _, _)| *at_ms));
+    if let (Some((at_ms, by, why)), false) = (last_revocation, force) {
+        return Err(CliError::usage(format!(
+            "{role} {name} was revoked ({} by {}: {}): every certificate of it is revoked, and a renewal would \
+             give it a valid one again; renew anyway with --force",
+            output::fmt_ms(*at_ms),
+            output::esc(by),
+            output::esc(why)
+        )));
+    }
     let revoked = enroll_as(ctx, Enrollment { role, name, out_dir: out, days, scope: None, revoke_old })?;
     if !revoked.is_empty() {
         output::line(format!("revoked the old certificate(s) of {name}: {}", revoked.join(", ")))?;

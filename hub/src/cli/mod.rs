@@ -332,8 +332,12 @@ pub fn run(cli: &Cli) -> CliResult {
         Command::Serve { .. } => Err(CliError::failure("serve is run above")),
         Command::Init { hostnames, ca_from } => identity::init(&ctx, hostnames, ca_from.as_deref()),
         Command::Enroll(e) => identity::enroll_cmd(&ctx, e),
-        Command::Renew { name, server, out, days, revoke_old } => match (name, out) {
-            (Some(name), Some(out)) if !*server => identity::renew(&ctx, name, out, *days, *revoke_old),
+        Command::Renew { name, server, out, days, revoke_old, force } => match (name, out) {
+            (Some(name), Some(out)) if !*server => identity::renew(
+                &ctx,
+                name,
+                identity::RenewOptions { out, days: *days, revoke_old: *revoke_old, force: *force },
+            ),
             _ if *server => identity::renew_server(&ctx, *days),
             _ => Err(CliError::usage("renew takes NAME --out DIR, or --server")),
         },
