@@ -249,7 +249,11 @@ pub const REQUEUE_SILENT_AFTER: Key = Key {
 /// `limits.payload_bytes_max`.
 pub const PAYLOAD_BYTES_MAX: Key = Key {
     name: key_name!(Some("limits"), "payload_bytes_max", "payload-bytes-max", "BATON_HUB_PAYLOAD_BYTES_MAX"),
-    kind: KeyKind::Int { default: PAYLOAD_BYTES_MAX_DEFAULT, min: 1, max: 16 * MIB },
+    kind: KeyKind::Int {
+        default: PAYLOAD_BYTES_MAX_DEFAULT,
+        min: baton_shared::limits::PAYLOAD_BYTES_MAX_RANGE.0,
+        max: baton_shared::limits::PAYLOAD_BYTES_MAX_RANGE.1,
+    },
     doc: "bytes of serialised payload JSON per message",
 };
 /// `limits.result_bytes_max`.

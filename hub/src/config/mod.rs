@@ -18,6 +18,7 @@ pub use crate::store::claim::RebindLimit;
 pub use keys::*;
 pub use layers::{Flags, Source};
 
+use baton_shared::files::read_text_bounded;
 use baton_shared::limits::*;
 use baton_shared::logging::LogFormat;
 use baton_shared::sqlite::Synchronous;
@@ -167,7 +168,8 @@ impl HubConfig {
         };
         let mut merged = Merged::default();
         if let Some(p) = file {
-            let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
+            let text = read_text_bounded(p, CONFIG_FILE_BYTES_MAX, "CONFIG_FILE_BYTES_MAX")
+                .map_err(|e| format!("{}: {e}", p.display()))?;
             read_file(&text, p, &mut merged)?;
         }
         for key in KEYS {

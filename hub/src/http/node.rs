@@ -170,6 +170,10 @@ pub(super) async fn claim(
     let wait = Duration::from_millis(req.wait_ms.unwrap_or(0)).min(state.limits.long_poll_wait_max);
     let deadline = Instant::now() + wait;
     loop {
+        // A `ca retire-old` during the wait ends it (its wake-up wakes every claim): the
+        // record does not know which CA issued the certificate, so the store's re-check of the
+        // certificate inside the claim cannot tell.
+        caller.check_issuer(&state, " while the claim was waiting")?;
         // Subscribe before looking, so a change between the look and the wait is not missed;
         // only changes for this host (or for all hosts) wake it.
         let mut rx = state.work.watch(&caller.name);
@@ -196,6 +200,7 @@ pub(super) async fn claim(
         };
         let (next_retry, pending) = (claimed.next_retry_at_ms, claimed.cancels.clone());
         if let Some(answer) = answer_claim(&state, &caller.name, session, &req.instance_id, claimed, deadline)? {
+            caller.check_issuer(&state, " while the claim was waiting")?;
             return Ok(answer);
         }
         // A retry that becomes due during the wait ends it (the record's clock decides when).
@@ -232,6 +237,10 @@ pub(super) async fn claim(
         if let Some(claimed) = taken
             && let Some(answer) = answer_claim(&state, &caller.name, session, &req.instance_id, claimed?, deadline)?
         {
+            // Taken by the writer after the CA left `ca.crt`: never sent. What it claimed stays
+            // the instance's, which a renewed certificate finds in its holdings (and which
+            // `requeue` or `requeue_silent_after` return to the queue otherwise).
+            caller.check_issuer(&state, " while the claim was waiting")?;
             return Ok(answer);
         }
         if state.shutdown.is_cancelled() {
