@@ -78,7 +78,7 @@ fn every_stored_text_field_keeps_its_bytes() {
     for (n, v) in hostile().iter().enumerate() {
         let instance = format!("i{n}");
         let opened =
-            sessions::open(c, "host-a", &instance, Some(v), RebindLimit { max: 1000, ..Default::default() }, 1);
+            sessions::open(c, "host-a", &instance, Some(v), RebindLimit { max: 1000, ..Default::default() }, 15_000, 1);
         opened.unwrap_or_else(|e| panic!("node_version {}: {e}", shown(v)));
         let session = fleet::host(c, "host-a").unwrap().expect("host-a").host.session.expect("a session");
         same("node_version", session.node_version.as_deref(), v);
