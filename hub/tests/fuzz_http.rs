@@ -92,6 +92,7 @@ fn fixture() -> &'static Fixture {
                 turns: TurnState::default(),
                 certs: CertCache::new(watch::channel(0).1),
                 peers: None,
+                tls: None,
             })
         });
         Fixture { rt, app: app(state), _dir: dir }
