@@ -337,6 +337,9 @@ const COPIES_MAX: u64 = 4;
 /// How long, after the drain, the original of a copied directory may take to exit 6.
 const SUPERSEDED_EXIT_WAIT: Duration = Duration::from_secs(30);
 
+/// What a node logs once the hub registered its session.
+const REGISTERED_LOG: &str = "registered session";
+
 /// What a node logs when it moves to another of its hubs.
 const HUB_MOVE_LOG: &str = "now using the hub at";
 
@@ -372,8 +375,8 @@ impl Nemesis {
         }
     }
 
-    /// Copies the directory of a node that is up (neither down nor paused, and no earlier copy's
-    /// original still cut off) while it is cut off: every link of the node is blackholed, the
+    /// Copies the directory of a node that is up (neither down nor paused, its session
+    /// registered, and no earlier copy's original still cut off) while it is cut off: every link of the node is blackholed, the
     /// directory copied and the copy started elsewhere in its place (`Cluster::copy_node`); the
     /// original's links heal after `COPY_CUT_OFF_MS`. Returns the log line, or `None` when no
     /// node qualifies or `COPIES_MAX` copies were made.
@@ -384,6 +387,10 @@ impl Nemesis {
         let up: Vec<usize> = (0..c.nodes.len())
             .filter(|&i| self.restart_at[i].is_none() && self.paused[i].is_none())
             .filter(|&i| c.nodes[i].proc_mut().running())
+            // Only a node whose current process has registered its session: a process still
+            // registering when it is cut off would register after the copy once healed, and so
+            // rightly take over from the copy instead of being taken over by it.
+            .filter(|&i| c.nodes[i].proc().stderr().contains(REGISTERED_LOG))
             .collect();
         if up.is_empty() {
             return Ok(None);
