@@ -55,6 +55,11 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
         "Time a write job waited for the writer thread before its transaction began (a busy writer shows here first).",
     ),
     ("baton_hub_write_transaction_failures_total", Kind::Counter, "Write transactions that failed and rolled back."),
+    (
+        "baton_hub_conflict_retries_total",
+        Kind::Counter,
+        "Operations run again because PostgreSQL ended their transaction in a deadlock (40P01) or a serialization failure (40001).",
+    ),
     ("baton_hub_writer_jobs_total", Kind::Counter, "Write jobs run by the writer (each request step or batch is one)."),
     (
         "baton_hub_claim_looks_total",

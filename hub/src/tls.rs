@@ -153,8 +153,11 @@ impl ServerTls {
     }
 }
 
+/// Reads one of the data directory's PEM files, at most `PEM_FILE_BYTES_MAX` of it.
 fn read_file(path: &std::path::Path) -> anyhow::Result<Vec<u8>> {
-    std::fs::read(path).with_context(|| format!("reading {}", path.display()))
+    use baton_shared::limits::PEM_FILE_BYTES_MAX;
+    baton_shared::files::read_bounded(path, PEM_FILE_BYTES_MAX, "PEM_FILE_BYTES_MAX")
+        .with_context(|| format!("reading {}", path.display()))
 }
 
 /// What identifies one server certificate in the log.

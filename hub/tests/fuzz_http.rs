@@ -92,6 +92,7 @@ fn fixture() -> &'static Fixture {
                 turns: TurnState::default(),
                 certs: CertCache::new(watch::channel(0).1),
                 peers: None,
+                tls: None,
             })
         });
         Fixture { rt, app: app(state), _dir: dir }
@@ -214,9 +215,12 @@ fn json_text() -> impl Strategy<Value = String> {
             Just("\\n".to_string()),
             Just("\\u00e9".to_string()),
             Just("\\ud83d\\ude00".to_string()),
+            Just("\\u0000".to_string()),
+            Just("\\uffff".to_string()),
+            Just("\\ud800".to_string()),
             Just("\\\"".to_string()),
             Just("\\/".to_string()),
-            Just("é😀".to_string()),
+            Just("é😀\u{ffff}".to_string()),
         ],
         0..4,
     )
@@ -248,10 +252,10 @@ fn field_value() -> impl Strategy<Value = String> {
             "0", "-1", "1", "255", "256", "257", "4294967295", "4294967296", "9223372036854775807",
             "9223372036854775808", "18446744073709551615", "18446744073709551616", "-9223372036854775809",
             "1.5", "1e3", "-0", "1e400", "0.0", "\"\"", "\" \"", "\"operator\"", "\"host-a\"", "\"Host-A\"",
-            "\"host-a/../x\"", "\"%2e%2e%2f\"", "\"a\\u0000b\"", "\"succeeded\"", "\"retry\"", "[]", "{}", "null",
+            "\"host-a/../x\"", "\"%2e%2e%2f\"", "\"a\\u0000b\"", "\"\\u0000\"", "\"\\ud800\"", "\"\\uffff0\\u0000\"", "\"succeeded\"", "\"retry\"", "[]", "{}", "null",
             "\"0190b5a4-7a3e-7000-8000-000000000000\"", "\"not-a-uuid\"",
         ]).prop_map(str::to_string),
-        1 => (prop::sample::select(vec!['a', 'é', '😀', '-', '\\']), 60usize..1200)
+        1 => (prop::sample::select(vec!['a', 'é', '😀', '-', '\\', '\u{0}', '\u{ffff}']), 60usize..1200)
             .prop_map(|(c, n)| serde_json::to_string(&c.to_string().repeat(n)).unwrap_or_default()),
     ]
 }

@@ -17,7 +17,7 @@ use crate::config::NodeConfig;
 use crate::exec::Gate;
 use crate::group;
 use crate::limits::BACKOFF_BASE;
-use crate::shared_state::Shared;
+use crate::shared_state::{Shared, StartLease};
 use crate::store::{CancelLocal, ExecState, Mirrored, ReportState, Store, StoreError};
 use crate::{report, retention, sched};
 use baton_client::{Backoff, ClientError, ItemAnswer};
@@ -108,6 +108,7 @@ pub async fn run_agent<H: Hub>(
         batch_unknown: std::sync::atomic::AtomicBool::new(false),
         handoff_unknown: std::sync::atomic::AtomicBool::new(false),
         acked_here: Mutex::new(HashSet::new()),
+        lease: Mutex::new(StartLease::default()),
         hub_lost: Mutex::new(None),
     });
     let token = sh.shutdown.clone();
@@ -170,6 +171,7 @@ async fn register_session<H: Hub>(sh: &Arc<Shared<H>>) -> anyhow::Result<bool> {
         if sh.shutdown.is_cancelled() {
             return Ok(false);
         }
+        let sent = tokio::time::Instant::now();
         let answer = tokio::select! {
             r = sh.hub.register_session() => r,
             _ = sh.shutdown.cancelled() => return Ok(false),
@@ -178,6 +180,17 @@ async fn register_session<H: Hub>(sh: &Arc<Shared<H>>) -> anyhow::Result<bool> {
             Ok(r) => {
                 sh.hub_answered();
                 let _ = sh.session.set(r.session);
+                {
+                    let mut lease = sh.start_lease();
+                    lease.length = r.start_lease_ms.filter(|ms| *ms > 0).map(Duration::from_millis);
+                    lease.renewed(sent);
+                }
+                if r.start_lease_ms.is_none() {
+                    tracing::warn!(
+                        "the hub grants no start lease: turns start only when the hub records their start, never on \
+                         this node's own while the hub cannot be reached"
+                    );
+                }
                 match r.took_over {
                     Some(previous) => tracing::warn!(
                         session = r.session,
@@ -926,6 +939,7 @@ async fn cancel_turn<H: Hub>(sh: &Arc<Shared<H>>, notice: &CancelNotice) -> Resu
     let (i, why, now_ms) = (id.to_string(), format!("cancelled before it started: {}", notice.reason), sh.now_ms());
     match sh.store.call(move |db| db.cancel_unstarted(&i, run, &why, now_ms)).await? {
         CancelLocal::Cancelled(attempt_id) => {
+            sh.acked_here.lock().unwrap_or_else(|p| p.into_inner()).remove(&(id.to_string(), run));
             tracing::warn!(delivery_id = id, attempt = run, attempt_id, reason = %notice.reason, "cancel: the turn had not started and never will; reporting it cancelled");
             sh.wake_outbox.notify_one();
             sh.wake_scheduler.notify_one();

@@ -213,9 +213,9 @@ impl Files {
                 )
             })
         });
-        let not_after_s = std::fs::read_to_string(&config.cert_file)
+        let not_after_s = read("cert_file", &config.cert_file)
             .ok()
-            .and_then(|pem| pki::cert_facts(&pem).ok())
+            .and_then(|pem| pki::cert_facts(&String::from_utf8_lossy(&pem)).ok())
             .map(|(_, not_after)| not_after);
         Files { ca: certs("ca_file", &config.ca_file), certs: certs("cert_file", &config.cert_file), key, not_after_s }
     }
@@ -248,8 +248,11 @@ impl Files {
     }
 }
 
+/// Reads one of the node's PEM files, at most `PEM_FILE_BYTES_MAX` of it.
 fn read(field: &'static str, path: &Path) -> Result<Vec<u8>, String> {
-    std::fs::read(path).map_err(|e| format!("{field}: cannot read {}: {e}", path.display()))
+    use baton_shared::limits::PEM_FILE_BYTES_MAX;
+    baton_shared::files::read_bounded(path, PEM_FILE_BYTES_MAX, "PEM_FILE_BYTES_MAX")
+        .map_err(|e| format!("{field}: cannot read {}: {e}", path.display()))
 }
 
 /// The detail of a check that needs a file `files` could not read.

@@ -46,6 +46,10 @@ pub fn pick(queued: &[QueuedTurn], running: &HashSet<String>, free: usize) -> Ve
     heads.into_iter().take(free).cloned().collect()
 }
 
+/// The start answer's code for a run an older session of this instance acked and may still
+/// start within its start lease: not refused, asked again when the lease has run out.
+pub const START_LEASE_PENDING: &str = "start_lease_pending";
+
 /// The reason a run is reported `unknown` with when the hub says another session of this
 /// instance already started it: it never runs here again.
 pub const REASON_STARTED_ELSEWHERE: &str = "started by an earlier session of this node instance";
@@ -94,10 +98,10 @@ pub(crate) async fn scheduler<H: Hub>(sh: Arc<Shared<H>>) -> anyhow::Result<()> 
         if !turns.is_empty() {
             let later;
             (confirmed, later) = confirm_starts(&sh, turns).await?;
-            if later {
-                retry_in = Some(backoff.next_delay());
-            } else {
-                backoff.reset();
+            match later {
+                Later::No => backoff.reset(),
+                Later::Backoff => retry_in = Some(backoff.next_delay()),
+                Later::After(d) => retry_in = Some(d.max(BACKOFF_BASE)),
             }
         }
         let mut prepared = Vec::with_capacity(confirmed.len());
@@ -111,8 +115,15 @@ pub(crate) async fn scheduler<H: Hub>(sh: Arc<Shared<H>>) -> anyhow::Result<()> 
             let handle = turns_running.tasks.spawn(execute(Arc::clone(&sh), turn, start, kill.clone()));
             turns_running.by_task.insert(handle.id(), conversation);
         }
+        let renew_in = renew_lease_if_due(&sh).await;
         let retry = async {
             match retry_in {
+                Some(d) => tokio::time::sleep(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        let renew = async {
+            match renew_in {
                 Some(d) => tokio::time::sleep(d).await,
                 None => std::future::pending().await,
             }
@@ -120,6 +131,7 @@ pub(crate) async fn scheduler<H: Hub>(sh: Arc<Shared<H>>) -> anyhow::Result<()> 
         tokio::select! {
             _ = sh.wake_scheduler.notified() => {}
             _ = retry => {}
+            _ = renew => {}
             Some(done) = turns_running.tasks.join_next_with_id() => turns_running.joined(done),
             _ = sh.shutdown.cancelled() => {}
         }
@@ -251,14 +263,79 @@ async fn fold<H: Hub>(
     Ok(release)
 }
 
+/// Whether, and when, a pass asks the hub again about turns it could not start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Later {
+    /// Every turn was settled.
+    No,
+    /// Some could not be asked about now: ask again after the scheduler's backoff.
+    Backoff,
+    /// Some wait for an older session's start lease to run out: ask again after this long.
+    After(std::time::Duration),
+}
+
+impl Later {
+    /// Both at once: the sooner wins, a backoff over a fixed time.
+    fn and(self, other: Later) -> Later {
+        match (self, other) {
+            (Later::No, o) | (o, Later::No) => o,
+            (Later::Backoff, _) | (_, Later::Backoff) => Later::Backoff,
+            (Later::After(a), Later::After(b)) => Later::After(a.min(b)),
+        }
+    }
+}
+
 /// What the hub said about the turns a pass is about to start.
 enum Confirmed {
-    /// Start these (the hub recorded their start for this session); true when the answer left
-    /// some turn out (ask again later).
-    Start(Vec<StartedTurn>, bool),
+    /// Start these (the hub recorded their start for this session, or the hub cannot be reached
+    /// and this session's own ack and start lease make them ours), and whether to ask again
+    /// about the others.
+    Start(Vec<StartedTurn>, Later),
     /// The hub could not be asked now: try again after a pause.
     Later,
 }
+
+/// While runs this process acked wait to start (`acked_here`: behind a running turn of their
+/// conversation, or the parallel limit), keeps the session's start lease alive: an empty `POST /v1/starts`
+/// once less than `START_LEASE_RENEW_PERCENT` of it is left, so that should the hub become
+/// unreachable they may still start within the lease. Returns when to look again (none: no
+/// lease to keep).
+async fn renew_lease_if_due<H: Hub>(sh: &Shared<H>) -> Option<std::time::Duration> {
+    if sh.starts_unconfirmed.load(Ordering::Relaxed) || sh.session.get().is_none() {
+        return None;
+    }
+    let waiting = !sh.acked_here.lock().unwrap_or_else(|p| p.into_inner()).is_empty();
+    if !waiting {
+        return None;
+    }
+    let due = sh.start_lease().renew_in(tokio::time::Instant::now())?;
+    if !due.is_zero() {
+        return Some(due);
+    }
+    let sent = tokio::time::Instant::now();
+    let answer = tokio::select! {
+        r = sh.hub.starts(Vec::new()) => r,
+        _ = sh.shutdown.cancelled() => return None,
+    };
+    match answer {
+        Ok(_) => {
+            sh.start_lease().renewed(sent);
+            sh.start_lease().renew_in(tokio::time::Instant::now())
+        }
+        Err(e) if let Some(message) = e.superseded() => {
+            sh.supersede(&message);
+            None
+        }
+        Err(e) => {
+            tracing::debug!("renewing the start lease failed: {e}");
+            Some(BACKOFF_BASE.max(sh.start_lease().left(tokio::time::Instant::now()).min(RENEW_RETRY_PACE)))
+        }
+    }
+}
+
+/// How soon a failed renewal of the start lease is tried again (at most; sooner when the lease
+/// is about to end anyway).
+const RENEW_RETRY_PACE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Asks the hub to record the start of `turns`, in one request (more only past
 /// `claim_batch_max` turns, the hub's bound on one request), and settles the refused ones.
@@ -266,18 +343,18 @@ enum Confirmed {
 async fn confirm_starts<H: Hub>(
     sh: &Shared<H>,
     turns: Vec<StartedTurn>,
-) -> Result<(Vec<StartedTurn>, bool), StoreError> {
+) -> Result<(Vec<StartedTurn>, Later), StoreError> {
     let per_request = (sh.config.claim_batch_max as usize).max(1);
-    let (mut start, mut later) = (Vec::new(), false);
+    let (mut start, mut later) = (Vec::new(), Later::No);
     let mut turns = turns.into_iter().peekable();
     while turns.peek().is_some() {
         let chunk: Vec<StartedTurn> = turns.by_ref().take(per_request).collect();
         match confirm_chunk(sh, chunk).await? {
             Confirmed::Start(confirmed, left_out) => {
                 start.extend(confirmed);
-                later |= left_out;
+                later = later.and(left_out);
             }
-            Confirmed::Later => later = true,
+            Confirmed::Later => later = later.and(Later::Backoff),
         }
     }
     Ok((start, later))
@@ -288,12 +365,13 @@ async fn confirm_starts<H: Hub>(
 /// `not_found` (or anything else) → dropped locally, never run here.
 async fn confirm_chunk<H: Hub>(sh: &Shared<H>, turns: Vec<StartedTurn>) -> Result<Confirmed, StoreError> {
     if sh.starts_unconfirmed.load(Ordering::Relaxed) {
-        return Ok(Confirmed::Start(turns, false));
+        return Ok(Confirmed::Start(turns, Later::No));
     }
     let items = turns
         .iter()
         .map(|t| StartItem { delivery_id: t.delivery_id.clone(), claim_token: t.claim_token.clone(), attempt: t.run })
         .collect();
+    let sent = tokio::time::Instant::now();
     let results = tokio::select! {
         r = sh.hub.starts(items) => r,
         _ = sh.shutdown.cancelled() => return Ok(Confirmed::Later),
@@ -311,25 +389,44 @@ async fn confirm_chunk<H: Hub>(sh: &Shared<H>, turns: Vec<StartedTurn>) -> Resul
         Err(e) if e.route_unknown() => {
             tracing::warn!("the hub does not know hub-confirmed starts ({e}); starting turns on the local gate alone");
             sh.starts_unconfirmed.store(true, Ordering::Relaxed);
-            return Ok(Confirmed::Start(turns, false));
+            return Ok(Confirmed::Start(turns, Later::No));
         }
         Err(e) if e.retry_later() => {
             // The hub cannot be reached (or is failing): start what this process's own ack
-            // made ours; the rest waits for the hub.
-            let (offline, wait): (Vec<StartedTurn>, Vec<StartedTurn>) = {
+            // made ours, and only while this session's start lease lasts (a newer session of
+            // this instance is granted none of these runs before the hub's lease ran out); the
+            // rest waits for the hub.
+            let left = if baton_shared::crash::mutation("node.start.ignore_lease") {
+                std::time::Duration::MAX
+            } else {
+                sh.start_lease().left(tokio::time::Instant::now())
+            };
+            let (offline, wait): (Vec<StartedTurn>, Vec<StartedTurn>) = if left.is_zero() {
+                (Vec::new(), turns)
+            } else {
                 let acked = sh.acked_here.lock().unwrap_or_else(|p| p.into_inner());
                 turns.into_iter().partition(|t| acked.contains(&(t.delivery_id.clone(), t.run)))
             };
             if !offline.is_empty() {
                 tracing::warn!(
                     turns = offline.len(),
-                    "the hub cannot record starts now ({e}); starting the turns this process's ack made ours on the local gate"
+                    lease_left_ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX),
+                    "the hub cannot record starts now ({e}); starting the turns this process's ack made ours on the \
+                     local gate, within this session's start lease"
                 );
             }
             if !wait.is_empty() {
-                tracing::warn!(turns = wait.len(), "asking the hub to start turns failed; trying again: {e}");
+                if left.is_zero() {
+                    tracing::warn!(
+                        turns = wait.len(),
+                        "the hub cannot record starts now ({e}) and this session's start lease has ended: starting \
+                         nothing until the hub answers"
+                    );
+                } else {
+                    tracing::warn!(turns = wait.len(), "asking the hub to start turns failed; trying again: {e}");
+                }
             }
-            let left = !wait.is_empty();
+            let left = if wait.is_empty() { Later::No } else { Later::Backoff };
             return Ok(Confirmed::Start(offline, left));
         }
         Err(e) => {
@@ -337,25 +434,38 @@ async fn confirm_chunk<H: Hub>(sh: &Shared<H>, turns: Vec<StartedTurn>) -> Resul
             return Ok(Confirmed::Later);
         }
     };
+    sh.start_lease().renewed(sent);
     if results.iter().any(|r| r.start) {
         crash_point("node.start.after_hub");
     }
     let mut answers: HashMap<String, StartResult> = results.into_iter().map(|r| (r.delivery_id.clone(), r)).collect();
     let mut start = Vec::new();
-    let mut left_out = false;
+    let mut later = Later::No;
     for turn in turns {
         let Some(answer) = answers.remove(&turn.delivery_id) else {
             tracing::warn!(delivery_id = %turn.delivery_id, "the hub's start answer leaves this turn out; asking again later");
-            left_out = true;
+            later = later.and(Later::Backoff);
             continue;
         };
         if answer.start {
             start.push(turn);
             continue;
         }
+        if answer.code.as_deref() == Some(START_LEASE_PENDING) {
+            let wait = std::time::Duration::from_millis(answer.retry_after_ms.unwrap_or(0));
+            tracing::info!(
+                delivery_id = %turn.delivery_id,
+                attempt = turn.run,
+                wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+                "an earlier session of this node instance acked this turn and may still start it within its start \
+                 lease; asking again when the lease has run out"
+            );
+            later = later.and(Later::After(wait));
+            continue;
+        }
         settle_refused_start(sh, &turn, &answer).await?;
     }
-    Ok(Confirmed::Start(start, left_out))
+    Ok(Confirmed::Start(start, later))
 }
 
 /// A turn the hub refused to start: it never runs here.
@@ -365,6 +475,7 @@ async fn settle_refused_start<H: Hub>(
     answer: &StartResult,
 ) -> Result<(), StoreError> {
     let (id, run, now_ms) = (turn.delivery_id.clone(), turn.run, sh.now_ms());
+    sh.acked_here.lock().unwrap_or_else(|p| p.into_inner()).remove(&(id.clone(), run));
     let message = answer.message.clone().unwrap_or_default();
     match answer.code.as_deref() {
         Some("cancelled") => {

@@ -74,12 +74,59 @@ pub(crate) struct Shared<H> {
     /// holds while the hub is down): this session's own ack is the hub's word that they are
     /// ours. A run acked by an earlier process of this data directory waits for the hub.
     pub(crate) acked_here: Mutex<HashSet<(String, u32)>>,
+    /// The start lease the hub granted this session: while it lasts (as the node measures it),
+    /// and only then, the runs in `acked_here` may start without the hub's start record.
+    pub(crate) lease: Mutex<StartLease>,
     /// When the hub stopped answering at all (the first of a run of `Unreachable` failures);
     /// cleared, with one log line, at the next answer.
     pub(crate) hub_lost: Mutex<Option<Instant>>,
 }
 
+/// This session's start lease, as the node measures it (tokio's monotonic clock).
+///
+/// The hub grants the lease at the session's registration and renews it at every accepted
+/// `POST /v1/starts`, each time for `length` from when it records the renewal; the node counts
+/// each renewal from when it sent the request, and only `START_LEASE_USED_PERCENT` of it, so its
+/// lease always ends before the hub's. A newer session of the instance (a copy of the data
+/// directory) is granted no run this session acked until the hub's lease ran out, so a turn this
+/// session starts on its own within its lease can never run on the copy too.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct StartLease {
+    /// The lease's length the hub granted (none from a hub that grants none).
+    pub(crate) length: Option<Duration>,
+    /// Until when the node may start acked runs on its own.
+    pub(crate) until: Option<tokio::time::Instant>,
+}
+
+impl StartLease {
+    /// A renewal the hub recorded for a request sent at `sent`.
+    pub(crate) fn renewed(&mut self, sent: tokio::time::Instant) {
+        if let Some(length) = self.length {
+            let until = sent + length * crate::limits::START_LEASE_USED_PERCENT / 100;
+            self.until = Some(self.until.map_or(until, |u| u.max(until)));
+        }
+    }
+
+    /// How long the lease still lasts at `now` (zero once it ended, or when there is none).
+    pub(crate) fn left(&self, now: tokio::time::Instant) -> Duration {
+        self.until.map_or(Duration::ZERO, |u| u.saturating_duration_since(now))
+    }
+
+    /// Whether the lease should be renewed now (less than `START_LEASE_RENEW_PERCENT` left), and
+    /// otherwise when it should be.
+    pub(crate) fn renew_in(&self, now: tokio::time::Instant) -> Option<Duration> {
+        let length = self.length?;
+        let threshold = length * crate::limits::START_LEASE_RENEW_PERCENT / 100;
+        Some(self.left(now).saturating_sub(threshold))
+    }
+}
+
 impl<H> Shared<H> {
+    /// The start lease, locked.
+    pub(crate) fn start_lease(&self) -> std::sync::MutexGuard<'_, StartLease> {
+        self.lease.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Now, in unix milliseconds, from the injected clock: the `now_ms` every store call takes.
     pub(crate) fn now_ms(&self) -> i64 {
         self.clock.now_ms()

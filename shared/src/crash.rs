@@ -19,6 +19,27 @@ pub fn crash_point(name: &'static str) {
     let _ = name;
 }
 
+/// The environment variable that switches off one named safety rule in a test build
+/// (`node.start.ignore_lease`), so that a mutation test can show its check catches the rule's
+/// absence. Read only with the `crash-points` feature; release builds carry no switch.
+pub const MUTATION_ENV: &str = "BATON_MUTATION";
+
+/// Whether the safety rule `name` is switched off (`BATON_MUTATION` names it, in a build with
+/// crash points); always false otherwise.
+#[inline(always)]
+pub fn mutation(name: &'static str) -> bool {
+    #[cfg(feature = "crash-points")]
+    {
+        static NAMED: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+        NAMED.get_or_init(|| std::env::var(MUTATION_ENV).ok()).as_deref() == Some(name)
+    }
+    #[cfg(not(feature = "crash-points"))]
+    {
+        let _ = name;
+        false
+    }
+}
+
 /// Whether crash points are compiled into this build.
 pub const fn crash_points_enabled() -> bool {
     cfg!(feature = "crash-points")

@@ -17,6 +17,7 @@
 //! - `clock`: injected wall-clock time (`Clock`, `SystemClock`, `ManualClock`).
 //! - `logging`: one log filter variable (`BATON_LOG`) and format for both binaries.
 //! - `signal`: the one SIGTERM/SIGINT shutdown path and SIGHUP.
+//! - `files`: reading a file a user named within its bound (`limits::…_FILE_BYTES_MAX`).
 //!
 //! Invariant: nothing here opens a socket or a listener.
 
@@ -25,6 +26,7 @@ pub mod crash;
 pub mod duration;
 pub mod error;
 pub mod exit;
+pub mod files;
 pub mod ids;
 pub mod json_int;
 pub mod limits;

@@ -45,6 +45,25 @@ pub const BATCH_ITEMS_MAX: usize = 256;
 /// `limits.request_body_bytes_max` is set lower refuses bodies over that first.
 pub const BATCH_BYTES_MAX: u64 = 1024 * 1024;
 
+/// Allowed range of the hub's `limits.payload_bytes_max`: no hub accepts a payload larger than
+/// its top.
+pub const PAYLOAD_BYTES_MAX_RANGE: (u64, u64) = (1, 16 * 1024 * 1024);
+
+/// Largest configuration file read (`hub.toml`, the node's file, `baton.toml`): a few dozen
+/// keys take a few kilobytes, so a file over it is not a configuration file (`/dev/zero`, a
+/// log named by mistake) and is refused, naming the file, after reading this much.
+pub const CONFIG_FILE_BYTES_MAX: u64 = 1024 * 1024;
+/// Largest PEM file read: a CA file (every CA trusted, two during a rotation), a certificate
+/// (with its chain) or a private key, of the hub, a node or a producer, and a PostgreSQL
+/// `sslrootcert`. One certificate is a few kilobytes, so even a bundle of every public root CA
+/// fits many times over.
+pub const PEM_FILE_BYTES_MAX: u64 = 1024 * 1024;
+/// Largest payload read from a file or standard input (`baton send`, `baton-hub send
+/// --payload-file`): twice the largest payload any hub accepts (`PAYLOAD_BYTES_MAX_RANGE`), so
+/// the text of every payload a hub may take, with whitespace around it, is read whole and the
+/// hub's own bound decides.
+pub const PAYLOAD_FILE_BYTES_MAX: u64 = 2 * PAYLOAD_BYTES_MAX_RANGE.1;
+
 /// How much longer than the longest long-poll a client waits for an answer.
 pub const CLIENT_TIMEOUT_MARGIN: Duration = Duration::from_secs(15);
 
@@ -56,3 +75,6 @@ const _: () = assert!(PAYLOAD_BYTES_MAX_DEFAULT < BATCH_BYTES_MAX);
 const _: () = assert!(RESULT_BYTES_MAX_DEFAULT < BATCH_BYTES_MAX);
 const _: () = assert!(BATCH_BYTES_MAX <= REQUEST_BODY_BYTES_MAX_DEFAULT);
 const _: () = assert!(CLAIM_BATCH_MAX_DEFAULT as usize <= BATCH_ITEMS_MAX);
+const _: () = assert!(PAYLOAD_BYTES_MAX_RANGE.0 <= PAYLOAD_BYTES_MAX_DEFAULT);
+const _: () = assert!(PAYLOAD_BYTES_MAX_DEFAULT <= PAYLOAD_BYTES_MAX_RANGE.1);
+const _: () = assert!(PAYLOAD_BYTES_MAX_RANGE.1 <= PAYLOAD_FILE_BYTES_MAX);

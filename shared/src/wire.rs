@@ -286,6 +286,14 @@ pub struct SessionResponse {
     /// copy of the data directory still running), when there was one.
     #[serde(default)]
     pub took_over: Option<u64>,
+    /// The start lease granted to this session, in milliseconds: each accepted `POST
+    /// /v1/starts` of the session (one with no items too) renews it for this long from when the
+    /// hub records it. Within it, and only within it, the node may start a turn its own ack
+    /// made `delivered` without asking the hub (the hub cannot be reached); a newer session of
+    /// the instance is not granted the start of such a run until the lease ran out. Absent from
+    /// a hub that grants none: the node then starts nothing on its own.
+    #[serde(default)]
+    pub start_lease_ms: Option<u64>,
 }
 
 /// `POST /v1/sessions/end`: a node process ends its session cleanly (on shutdown).
@@ -339,12 +347,18 @@ pub struct StartResult {
     /// True: the start is recorded for this session (again true when repeated by it); run it.
     pub start: bool,
     /// Why not, when not: `cancelled`, `started_elsewhere` (another session already started
-    /// this run: report it `unknown`), `stale_claim`, `not_found`.
+    /// this run: report it `unknown`), `start_lease_pending` (an older session of this instance acked
+    /// this run and may still start it within its start lease: ask again after `retry_after_ms`),
+    /// `stale_claim`, `not_found`.
     #[serde(default)]
     pub code: Option<String>,
     /// What went wrong, for a human.
     #[serde(default)]
     pub message: Option<String>,
+    /// With `start_lease_pending`: in how many milliseconds the start may be asked again (when
+    /// the older session's lease runs out).
+    #[serde(default)]
+    pub retry_after_ms: Option<u64>,
 }
 
 /// `POST /v1/messages/{id}/cancel` (producer) and the operator's cancel: why.

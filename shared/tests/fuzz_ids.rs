@@ -188,9 +188,12 @@ fn json_text() -> impl Strategy<Value = String> {
             Just("\\u00e9".to_string()),
             Just("\\u00E9".to_string()),
             Just("\\ud83d\\ude00".to_string()),
+            Just("\\u0000".to_string()),
+            Just("\\uffff".to_string()),
+            Just("\\ud800".to_string()),
             Just("\\\"".to_string()),
             Just("\\/".to_string()),
-            Just("é😀".to_string()),
+            Just("é😀\u{ffff}".to_string()),
         ],
         0..6,
     )

@@ -193,9 +193,16 @@ async fn a_ca_rotation_trusts_both_cas_until_the_old_one_is_retired() {
     hub.wait_outcome(&a);
     hub.wait_outcome(&b);
 
-    // Retired: the old CA's node is refused, the new one goes on.
-    let out = hub.cli_ok(["ca", "retire-old"]);
+    // Retired: refused while host-a and prod hold only old-CA certificates; forced, the old
+    // CA's node is refused, the new one goes on.
+    let refused = hub.cli(["ca", "retire-old"]);
+    let said = String::from_utf8_lossy(&refused.stderr).into_owned();
+    assert_eq!(refused.status.code(), Some(2), "{said}");
+    assert!(said.contains("node host-a:") && said.contains("producer prod:"), "{said}");
+    assert!(!said.contains("host-b"), "host-b holds a certificate of the issuing CA: {said}");
+    let out = hub.cli_ok(["ca", "retire-old", "--force"]);
     assert!(out.contains("retired 1 old CA"), "{out}");
+    assert!(out.contains("cut off: node host-a:") && out.contains("cut off: producer prod:"), "{out}");
     assert_eq!(pki::pem_certs(&hub.ca_pem()).unwrap().len(), 1);
     let refused = hub.client("host-a").try_get("/v1/holdings").await;
     assert!(refused.is_err(), "an old-CA certificate is refused: {:?}", refused.map(|r| r.status));
@@ -211,4 +218,91 @@ async fn a_ca_rotation_trusts_both_cas_until_the_old_one_is_retired() {
     let nothing = hub.cli(["ca", "retire-old"]);
     assert_eq!(nothing.status.code(), Some(1), "nothing left to retire: {nothing:?}");
     drop((old_node, new_node));
+}
+
+/// Long polls of certificates of the old CA that began before `ca retire-old` (a node's claim,
+/// a producer's read of a message) answer 401 when the CA is retired, never the work or the
+/// outcome that comes after: as a revocation does, the retirement reaches requests in
+/// progress, not only new connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_polls_of_an_old_ca_certificate_answer_401_once_it_is_retired() {
+    let hub = Hub::start();
+    hub.cli_ok(["ca", "rotate"]);
+    // The clients trust both CAs, so they reach the hub under its renewed certificate.
+    let bundle = hub.ca_pem();
+    for name in ["host-a", "prod"] {
+        std::fs::write(&hub.identity(name).ca, &bundle).unwrap();
+    }
+    hub.cli_ok(["renew", "--server"]);
+    let prod = hub.client("prod");
+    let node = hub.node("host-a", "instance-1");
+    // A message for host-b, which nobody claims: the read waits for its outcome.
+    let s = prod.submit_new("c", "k", &["host-b"]).await;
+    let path = format!("/v1/messages/{}?wait_ms=25000", s.message_id);
+    let read = tokio::spawn(async move { prod.get(&path).await });
+    let claim = tokio::spawn(async move { node.claim_raw(1, 25000).await });
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert!(!read.is_finished() && !claim.is_finished(), "both are waiting");
+
+    let out = hub.cli_ok(["ca", "retire-old", "--force"]);
+    assert!(out.contains("retired 1 old CA"), "{out}");
+    // What would end both waits with data: an outcome for the read, work for the claim.
+    hub.cli_ok(["deliveries", "cancel", s.to("host-b"), "--reason", "after the retirement"]);
+    let work = hub.send_one("d", "after-retirement", "host-a");
+
+    let claimed = tokio::time::timeout(EVENT_WAIT, claim).await.expect("the claim answers").unwrap();
+    let message = claimed.err(401, "unknown_certificate");
+    assert!(message.contains("no longer trusts"), "{message}");
+    assert!(!claimed.text.contains(&work), "{}", claimed.text);
+    let r = tokio::time::timeout(EVENT_WAIT, read).await.expect("the read answers").unwrap();
+    let message = r.err(401, "unknown_certificate");
+    assert!(message.contains("no longer trusts"), "{message}");
+    assert!(!r.text.contains("after the retirement"), "{}", r.text);
+    assert_eq!(hub.state(&work), "queued", "nothing was handed to the old CA's certificate");
+}
+
+/// `ca retire-old` is refused (exit 2) while a node or producer holds an unexpired, unrevoked
+/// certificate of the old CA and none of the issuing one, naming each; `--dry-run` says the
+/// same and changes nothing. A name renewed under the new CA, or revoked, no longer counts;
+/// `--force` retires anyway, naming who is cut off, in the audit log too.
+#[test]
+fn retiring_the_old_ca_is_refused_while_it_would_cut_off_nodes_or_producers() {
+    let hub = Hub::start();
+    hub.cli_ok(["ca", "rotate"]);
+    hub.cli_ok(["renew", "--server"]);
+    let cas = |hub: &Hub| pki::pem_certs(&hub.ca_pem()).unwrap().len();
+    let refusal = |args: &[&str]| {
+        let out = hub.cli(args);
+        let said = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {said}{}", String::from_utf8_lossy(&out.stdout));
+        said
+    };
+    for args in [&["ca", "retire-old"][..], &["ca", "retire-old", "--dry-run"]] {
+        let said = refusal(args);
+        for who in ["node host-a:", "node host-b:", "producer prod:", "producer prod-two:"] {
+            assert!(said.contains(who), "{who} not named: {said}");
+        }
+        assert!(said.contains("4 name(s)") && said.contains("--force"), "{said}");
+        assert_eq!(cas(&hub), 2, "nothing retired");
+    }
+
+    let renewed = hub.scratch("renewed");
+    let dir = renewed.display().to_string();
+    hub.cli_ok(["renew", "host-a", "--out", &dir]);
+    hub.cli_ok(["renew", "prod-two", "--out", &dir]);
+    hub.cli_ok(["revoke", "host-b", "--reason", "decommissioned"]);
+    let said = refusal(&["ca", "retire-old"]);
+    assert!(said.contains("1 name(s)") && said.contains("producer prod:"), "{said}");
+    for gone in ["host-a", "host-b", "prod-two"] {
+        assert!(!said.contains(gone), "{gone} is named: {said}");
+    }
+
+    let dry = hub.cli_ok(["ca", "retire-old", "--dry-run", "--force"]);
+    assert!(dry.contains("would retire 1 old CA") && dry.contains("would be cut off: producer prod:"), "{dry}");
+    assert_eq!(cas(&hub), 2, "a dry run changes nothing");
+    let out = hub.cli_ok(["ca", "retire-old", "--force"]);
+    assert!(out.contains("retired 1 old CA") && out.contains("cut off: producer prod:"), "{out}");
+    assert_eq!(cas(&hub), 1);
+    let audit = hub.cli_ok(["audit"]);
+    assert!(audit.contains("forced, cutting off producer prod"), "{audit}");
 }

@@ -139,9 +139,12 @@ async fn revocation_takes_effect_at_once_and_after_a_restart() {
     hub.client("prod-two").get("/v1/messages?idempotency_key=k3").await.ok(200);
     assert_eq!(hub.deliveries().len(), 2, "the revoked producer's submit added nothing");
 
-    // A renewed certificate works again; revoking an unknown name is not found (exit 1).
+    // A revoked name is renewed only on purpose (`--force`, `ops_identity`); the renewed
+    // certificate works again; revoking an unknown name is not found (exit 1).
     let renewed = hub.scratch("renewed");
-    hub.cli_ok([std::ffi::OsStr::new("renew"), "prod".as_ref(), "--out".as_ref(), renewed.as_os_str()]);
+    let renew = [std::ffi::OsStr::new("renew"), "prod".as_ref(), "--out".as_ref(), renewed.as_os_str()];
+    assert_eq!(hub.cli(renew).status.code(), Some(2), "prod was revoked");
+    hub.cli_ok(renew.into_iter().chain([std::ffi::OsStr::new("--force")]));
     let pem = [
         std::fs::read(renewed.join("prod.crt")).unwrap(),
         b"\n".to_vec(),

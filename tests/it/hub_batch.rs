@@ -374,12 +374,23 @@ async fn a_superseded_session_is_refused_whole() {
     let old = open().await;
     let newer = open().await;
     assert!(newer.as_u64() > old.as_u64());
-    let c = node.claim(1, 0).await.remove(0);
     let id = hub.identity("host-a");
     let http = baton_testkit::identity::client_builder(hub.ca_pem().as_bytes(), Some(&id.pem().unwrap()))
         .unwrap()
         .build()
         .unwrap();
+    // Once the host has sessions, a claim must name one.
+    let claimed: Value = http
+        .post(format!("{}/v1/claims", hub.url()))
+        .header("baton-session", newer.to_string())
+        .json(&json!({"instance_id": "inst-1", "max": 1, "wait_ms": 0}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let c = crate::harness::Claimed::list(&claimed).remove(0);
     let r = http
         .post(format!("{}/v1/batch/mirrored", hub.url()))
         .header("baton-session", old.to_string())

@@ -190,9 +190,21 @@ async fn an_older_session_is_refused_on_every_node_route() {
     old.post("/v1/sessions/end", json!({"instance_id": "inst-1", "session": 1})).await.err(409, "session_superseded");
     assert!(hub.show(&id)["attempts"].as_array().unwrap().is_empty(), "the old session changed nothing");
 
-    // The newest session and a node without the header are accepted.
+    // The newest session is accepted. Leaving the header out is no way around the fence: once
+    // the host has sessions, a request without one is refused, naming the header, and changes
+    // nothing.
     node.holdings().await.ok();
-    node.with_session(None).holdings().await.ok();
+    let bare = node.with_session(None);
+    for r in [
+        bare.holdings().await,
+        bare.claim(0).await,
+        bare.step(&t, "ack").await,
+        bare.report(&t, "r-bare", "succeeded", Some(0)).await,
+    ] {
+        r.err(400, "invalid_field");
+        assert!(r.body["message"].as_str().is_some_and(|m| m.contains("baton-session")), "names the header: {r:?}");
+    }
+    assert!(hub.show(&id)["attempts"].as_array().unwrap().is_empty(), "the request without a session changed nothing");
     node.report(&t, "r-new", "succeeded", Some(0)).await;
     assert_eq!(hub.show(&id)["attempts"].as_array().unwrap().len(), 1);
     // A session number that is not a number is refused.
@@ -444,6 +456,19 @@ async fn operator_retry_and_redrive_in_batches_once_per_request() {
     let repeat: Value = serde_json::from_str(&hub.cli_ok(args)).unwrap();
     assert_eq!((repeat["repeat"].as_bool(), repeat["redriven"].as_i64()), (Some(true), Some(2)), "{repeat}");
     assert_eq!(hub.events(&ids[3]).len(), events, "a repeated request changes nothing");
+    // The same request id with other filters is an idempotency conflict (2): nothing changes,
+    // and nothing says the other selection was re-run.
+    for other in
+        [&["--limit", "3"][..], &["--limit", "2", "--host", "host-a"], &["--limit", "2", "--conversation", "c1"]]
+    {
+        let mut args = vec!["redrive", "--outcome", "failed", "--request-id", "req-1", "--reason", "outage over"];
+        args.extend_from_slice(other);
+        let out = hub.cli(&args);
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{other:?}: {said}{}", String::from_utf8_lossy(&out.stdout));
+        assert!(said.contains("idempotency conflict") && said.contains("req-1") && said.contains("filters"), "{said}");
+        assert_eq!(hub.events(&ids[3]).len(), events, "a conflicting request changes nothing");
+    }
     let queued = ids.iter().filter(|id| hub.state(id) == "queued").count();
     assert_eq!(queued, 3);
     // The redriven runs are handed out with their run and marked as redrives.
@@ -459,4 +484,25 @@ async fn operator_retry_and_redrive_in_batches_once_per_request() {
     assert!(redriven.contains("run 1") && redriven.contains("failed"), "{redriven}");
     assert!(redriven.contains(&format!("operator:{OPERATOR}")) || hub.show(&ids[0]).to_string().contains(OPERATOR));
     hub.verify_ok();
+}
+
+/// `deliveries cancel` takes the reason the API takes (1..=1024 characters, not only
+/// whitespace): an empty, blank or longer one is refused (2) before anything changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_reason_is_held_to_the_api_rule() {
+    let hub = Hub::start();
+    let prod = hub.client("prod");
+    let s = prod.submit_new("c", "k1", &["host-a"]).await;
+    let id = s.to("host-a").to_string();
+    let long = "x".repeat(baton_shared::limits::REASON_CHARS_MAX + 1);
+    for reason in ["", "   ", long.as_str()] {
+        let out = hub.cli(["deliveries", "cancel", &id, "--reason", reason]);
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{reason:?}: {said}");
+        assert!(said.contains("--reason") && said.contains("1..=1024"), "{said}");
+        assert_eq!(hub.state(&id), "queued", "a refused cancel changes nothing");
+    }
+    let ok = "y".repeat(baton_shared::limits::REASON_CHARS_MAX);
+    hub.cli_ok(["deliveries", "cancel", &id, "--reason", &ok]);
+    assert_eq!(hub.state(&id), "failed");
 }

@@ -21,6 +21,8 @@
 //!   running node (`renew --server`, SIGHUP), and `status` flagging one near its end.
 //! - `hub_edges`: the hub's edges under abuse: connection limits and timeouts, revocation of
 //!   open connections and of waiting reads, file modes, and axum's own refusals in our shape.
+//! - `file_bounds`: the files a user names (payloads, CA, certificate and key files,
+//!   configuration files) read within their bounds by `baton`, `baton-node` and `baton-hub`.
 //! - `hub_crash`: crash points, restart and repair.
 //! - `hub_lean`: the lean hot path: cached certificate standing that a CLI revocation still
 //!   ends at the next request; claims woken per host; no write job for nothing to claim; a
@@ -75,6 +77,7 @@ mod conversations_cli;
 mod corruption;
 mod exact_payloads;
 mod examples;
+mod file_bounds;
 mod harness;
 mod hub_auth;
 mod hub_batch;
@@ -117,3 +120,4 @@ mod power_loss;
 mod producer_cli;
 mod status_page;
 mod turn_control;
+mod values;

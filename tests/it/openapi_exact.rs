@@ -767,8 +767,16 @@ impl Bases {
                 c.path.insert("conversation".into(), "talk".into());
                 c
             }
-            ("post", "/v1/sessions") => node(json!({"instance_id": "inst-b", "node_version": "1.0"})),
-            ("post", "/v1/sessions/end") => node(json!({"instance_id": "inst-b", "session": 1})),
+            // Sessions are opened for host-a, which takes nothing else here: once a host has a
+            // session, every node request of its must name one, and host-b's cases name none.
+            ("post", "/v1/sessions") => {
+                Call { caller: "host-a", ..node(json!({"instance_id": "inst-a", "node_version": "1.0"})) }
+            }
+            ("post", "/v1/sessions/end") => {
+                let mut c = Call { caller: "host-a", ..node(json!({"instance_id": "inst-a", "session": 1})) };
+                c.headers.insert("baton-session".into(), "1".into());
+                c
+            }
             ("post", "/v1/claims") => node(json!({"instance_id": "inst-b", "max": 1, "wait_ms": 0})),
             ("post", "/v1/starts") => node(json!({
                 "instance_id": "inst-b",

@@ -42,6 +42,32 @@ async fn a_name_has_one_role_and_renew_can_revoke_the_old_certificate() {
     assert!(hub.cli_ok(["certs", "list"]).contains("renewed; old certificate revoked"));
 }
 
+/// `renew` of a name whose every certificate was revoked is refused (2), naming when, by whom
+/// and why it was revoked, and writes nothing; `--force` renews it. A name with a certificate
+/// still valid renews as before.
+#[test]
+fn renewing_a_revoked_name_is_refused_unless_forced() {
+    let hub = Hub::start();
+    hub.cli_ok(["--operator", "erin", "revoke", "host-a", "--reason", "laptop stolen"]);
+    let out_dir = hub.scratch("renew-revoked");
+    let dir = out_dir.to_str().unwrap();
+    let out = hub.cli(["renew", "host-a", "--out", dir]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(said.contains("was revoked") && said.contains("erin") && said.contains("laptop stolen"), "{said}");
+    assert!(said.contains("--force"), "{said}");
+    assert!(!out_dir.join("host-a.crt").exists(), "a refused renewal writes nothing");
+    assert_eq!(certs_of(&hub, "host-a").len(), 1);
+
+    let out = hub.cli_ok(["renew", "host-a", "--out", dir, "--force"]);
+    assert!(out.contains("enrolled node host-a"), "{out}");
+    let certs = certs_of(&hub, "host-a");
+    assert_eq!(certs.iter().filter(|c| c["revoked"] == false).count(), 1, "{certs:?}");
+    // host-b was never revoked: renewed as before.
+    let other = hub.scratch("renew-b");
+    hub.cli_ok(["renew", "host-b", "--out", other.to_str().unwrap()]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn audit_reads_operator_and_hub_actions_with_who_and_why() {
     let hub = Hub::start();

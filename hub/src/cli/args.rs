@@ -77,7 +77,7 @@ pub enum Command {
         /// CA, with the names of the one it replaces, which is kept aside as
         /// `hub.crt.replaced-<UTC time>` (and its key likewise). A running hub serves it to new
         /// connections at once (open ones keep theirs); `kill -HUP` the hub to reload by hand.
-        #[arg(long, conflicts_with_all = ["out", "revoke_old"])]
+        #[arg(long, conflicts_with_all = ["out", "revoke_old", "force"])]
         server: bool,
         /// Where to write NAME.crt, NAME.key and ca.crt.
         #[arg(long, required_unless_present = "server")]
@@ -89,6 +89,10 @@ pub enum Command {
         /// until the old one is revoked or expires, so a node can switch over first).
         #[arg(long)]
         revoke_old: bool,
+        /// Renew a name whose every certificate was revoked (`revoke NAME`); without it that is
+        /// refused (exit 2), naming the revocation, since the new certificate would be valid.
+        #[arg(long)]
+        force: bool,
     },
     /// Retire a host: no more work; its pending deliveries fail (mirrored ones become unknown)
     /// and it leaves every conversation it is a member of.
@@ -299,9 +303,20 @@ pub enum CaCmd {
     /// under way (`ca.crt` holds two CAs).
     Rotate,
     /// End a rotation: `ca.crt` keeps only the issuing CA; connections and certificates of the
-    /// old CA are refused from then on. Refused while the hub's server certificate is still the
-    /// old CA's (run `renew --server` first); exit 1 when there is no old CA.
-    RetireOld,
+    /// old CA are refused from then on, requests in progress (long polls) included. Refused
+    /// while the hub's server certificate is still the old CA's (run `renew --server` first);
+    /// refused (exit 2) while a node or producer holds an unexpired, unrevoked certificate of
+    /// the old CA and none of the issuing CA, naming each, unless --force; exit 1 when there
+    /// is no old CA.
+    RetireOld {
+        /// Retire it even though the nodes and producers named would be refused from then on.
+        #[arg(long)]
+        force: bool,
+        /// Say what would be retired and who would be cut off, change nothing (the exit
+        /// status is the one the command would have).
+        #[arg(long)]
+        dry_run: bool,
+    },
 }
 
 /// `hosts` subcommands.
@@ -692,9 +707,11 @@ mod tests {
             vec!["baton-hub", "hosts", "list", "--json"],
             vec!["baton-hub", "certs", "list", "--name", "host-a", "--json"],
             vec!["baton-hub", "renew", "host-a", "--out", "d", "--revoke-old"],
+            vec!["baton-hub", "renew", "host-a", "--out", "d", "--force"],
             vec!["baton-hub", "renew", "--server"],
             vec!["baton-hub", "ca", "rotate"],
             vec!["baton-hub", "ca", "retire-old"],
+            vec!["baton-hub", "ca", "retire-old", "--dry-run", "--force"],
             vec!["baton-hub", "renew", "--server", "--days", "10"],
             vec!["baton-hub", "audit", "--since", "24h", "--actor", "alice", "--json"],
             vec!["baton-hub", "hosts", "show", "host-a", "--json"],

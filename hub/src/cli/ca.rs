@@ -97,7 +97,7 @@ pub(super) fn issuers(dir: &DataDir, serials: &[&str]) -> Result<Vec<IssuedBy>, 
     let mut out = Vec::with_capacity(serials.len());
     for serial in serials {
         let copy = issued_dir(dir).join(format!("{serial}.crt"));
-        let Ok(pem) = std::fs::read_to_string(&copy) else {
+        let Ok(pem) = super::read_pem(&copy) else {
             out.push(IssuedBy { key_id: None, trusted: false });
             continue;
         };
@@ -153,8 +153,10 @@ pub(super) fn rotate(ctx: &Context) -> CliResult {
     )
 }
 
-/// `ca retire-old`: `ca.crt` keeps only the issuing CA (see `args::CaCmd`).
-pub(super) fn retire_old(ctx: &Context) -> CliResult {
+/// `ca retire-old [--force] [--dry-run]`: `ca.crt` keeps only the issuing CA (see
+/// `args::CaCmd`). Refused while the server certificate is the old CA's, and (unless `force`)
+/// while a node or producer would be cut off (`cut_off`).
+pub(super) fn retire_old(ctx: &Context, force: bool, dry_run: bool) -> CliResult {
     let dir = &ctx.dir;
     let (current, others) = split_cas(dir)?;
     if others.is_empty() {
@@ -164,11 +166,14 @@ pub(super) fn retire_old(ctx: &Context) -> CliResult {
         ));
     }
     let issuing = pki::pem_certs(&current).map_err(|e| CliError::failure(e.to_string()))?;
+    let issuing_id = match issuing.first() {
+        Some(ca) => Some(pki::subject_key_id(ca).map_err(|e| CliError::failure(e.to_string()))?),
+        None => None,
+    };
     let server = pki::pem_certs(&read(&dir.server_cert())?).map_err(|e| CliError::failure(e.to_string()))?;
-    let issued_by_current = match (issuing.first(), server.first()) {
-        (Some(ca), Some(leaf)) => {
-            let ca_id = pki::subject_key_id(ca).map_err(|e| CliError::failure(e.to_string()))?;
-            pki::authority_key_id(leaf).map_err(|e| CliError::failure(e.to_string()))? == Some(ca_id)
+    let issued_by_current = match (&issuing_id, server.first()) {
+        (Some(ca_id), Some(leaf)) => {
+            pki::authority_key_id(leaf).map_err(|e| CliError::failure(e.to_string()))?.as_ref() == Some(ca_id)
         }
         _ => false,
     };
@@ -179,23 +184,105 @@ pub(super) fn retire_old(ctx: &Context) -> CliResult {
              the new CA; run `baton-hub renew --server` first",
         ));
     }
+    let stranded = cut_off(ctx, issuing_id.as_deref().map(hex).as_deref())?;
+    if !stranded.is_empty() && !force {
+        return Err(CliError::usage(format!(
+            "refusing to retire the old CA: {} name(s) hold an unexpired, unrevoked certificate of it and none of \
+             the issuing CA, and the hub would refuse them from then on:\n{}\nrenew each (`baton-hub renew NAME \
+             --out DIR`) and install the new certificate first, revoke what is no longer used, or retire anyway \
+             with --force",
+            stranded.len(),
+            stranded.iter().map(|s| format!("  {s}")).collect::<Vec<_>>().join("\n")
+        )));
+    }
+    if dry_run {
+        output::line(format!(
+            "would retire {} old CA(s): {} would trust only the issuing CA; nothing changed",
+            others.len(),
+            dir.ca_cert().display()
+        ))?;
+        for s in &stranded {
+            output::line(format!("would be cut off: {s}"))?;
+        }
+        return Ok(());
+    }
     let stamp = aside_stamp(ctx.now_ms());
     let kept = identity::replace_files(&[(dir.ca_cert(), current.as_str(), false)], &stamp)?;
-    record(ctx, "ca_retire_old", &format!("{} old CA(s) no longer trusted", others.len()))?;
+    let mut note = format!("{} old CA(s) no longer trusted", others.len());
+    if !stranded.is_empty() {
+        let names: Vec<String> = stranded.iter().map(|s| format!("{} {}", s.role, s.name)).collect();
+        note.push_str(&format!("; forced, cutting off {}", names.join(", ")));
+    }
+    record(ctx, "ca_retire_old", &note)?;
     ctx.wake_hub();
     output::line(format!(
         "retired {} old CA(s): {} trusts only the issuing CA; certificates of the old CA are refused from now on",
         others.len(),
         dir.ca_cert().display()
     ))?;
+    for s in &stranded {
+        output::line(format!("cut off: {s}"))?;
+    }
     output::line(format!(
         "replaced file kept as {}",
         kept.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
     ))
 }
 
+/// A node or producer that retiring the old CA would cut off: it holds an unexpired,
+/// unrevoked certificate not issued by the issuing CA, and none that is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Stranded {
+    role: baton_shared::ids::Role,
+    name: String,
+    /// Its live certificates of another CA: serial and not-after (unix seconds); whether the
+    /// CA is known (false: no copy was kept, so it is taken as the old CA's).
+    certs: Vec<(String, i64, bool)>,
+}
+
+impl std::fmt::Display for Stranded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let certs: Vec<String> = self
+            .certs
+            .iter()
+            .map(|(serial, not_after, known)| {
+                let unknown = if *known { "" } else { ", no copy kept: its CA is not known" };
+                format!("{serial} (not after {}{unknown})", output::fmt_ms(not_after.saturating_mul(1000)))
+            })
+            .collect();
+        write!(f, "{} {}: certificate {}", self.role, output::esc(&self.name), certs.join(", "))
+    }
+}
+
+/// Who `ca retire-old` would cut off (`Stranded`), by the kept copies of the certificates
+/// (`issuers`); `issuing` is the issuing CA's key identifier (hex).
+fn cut_off(ctx: &Context, issuing: Option<&str>) -> Result<Vec<Stranded>, CliError> {
+    let record = ctx.open_read()?;
+    let rows = record.run(record.certificates())?;
+    drop(record);
+    let now_s = ctx.now_ms() / 1000;
+    let live: Vec<_> = rows.into_iter().filter(|c| c.revoked.is_none() && c.not_after_unix > now_s).collect();
+    let serials: Vec<&str> = live.iter().map(|c| c.serial.as_str()).collect();
+    let by = issuers(&ctx.dir, &serials)?;
+    let mut out: Vec<Stranded> = Vec::new();
+    let mut covered: Vec<(baton_shared::ids::Role, String)> = Vec::new();
+    for (c, by) in live.iter().zip(&by) {
+        if by.key_id.is_some() && by.key_id.as_deref() == issuing {
+            covered.push((c.role, c.name.clone()));
+            continue;
+        }
+        let cert = (c.serial.clone(), c.not_after_unix, by.key_id.is_some());
+        match out.iter_mut().find(|s| s.role == c.role && s.name == c.name) {
+            Some(s) => s.certs.push(cert),
+            None => out.push(Stranded { role: c.role, name: c.name.clone(), certs: vec![cert] }),
+        }
+    }
+    out.retain(|s| !covered.contains(&(s.role, s.name.clone())));
+    Ok(out)
+}
+
 fn read(path: &Path) -> Result<String, CliError> {
-    std::fs::read_to_string(path).map_err(|e| CliError::failure(format!("{}: {e}", path.display())))
+    super::read_pem(path)
 }
 
 /// The CA file (every trusted CA, PEM) and the issuing CA's key (PEM), as `pki::issue` takes

@@ -7,7 +7,9 @@ use crate::config::{DATABASE_URL, process_env};
 use crate::store::Store;
 use crate::store::api::{By, Enrollment as Recorded};
 use crate::wake;
+use baton_shared::files::read_text_bounded;
 use baton_shared::ids::{Role, check_name};
+use baton_shared::limits::PEM_FILE_BYTES_MAX;
 use baton_shared::pki::{self, LeafKind};
 use std::io::Write;
 use std::path::Path;
@@ -134,7 +136,7 @@ fn check_joining(ctx: &Context, url: &crate::pg::PgUrl, shared_ca: bool) -> CliR
 fn read_ca_from(src: &Path) -> Result<(String, String), CliError> {
     let other = crate::datadir::DataDir::new(src);
     let read = |p: &Path| {
-        std::fs::read_to_string(p)
+        read_text_bounded(p, PEM_FILE_BYTES_MAX, "PEM_FILE_BYTES_MAX")
             .map_err(|e| CliError::usage(format!("--ca-from {}: cannot read {}: {e}", src.display(), p.display())))
     };
     let (cert, key) = (read(&other.ca_cert())?, read(&other.ca_key())?);
@@ -163,19 +165,51 @@ pub(super) fn enroll_cmd(ctx: &Context, e: &Enroll) -> CliResult {
     }
 }
 
-/// `renew NAME --out DIR [--revoke-old]`: a fresh certificate under the role `NAME` was
-/// enrolled with; with `revoke_old`, its other unrevoked certificates are revoked in the same
-/// transaction (otherwise both stay valid until the old one is revoked or expires).
-pub(super) fn renew(ctx: &Context, name: &str, out: &Path, days: Option<u32>, revoke_old: bool) -> CliResult {
+/// What `renew NAME` is asked for besides the name (see `args::Command::Renew`).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct RenewOptions<'a> {
+    /// Where to write the files.
+    pub(super) out: &'a Path,
+    /// Validity in days.
+    pub(super) days: Option<u32>,
+    /// Revoke the name's other unrevoked certificates in the same transaction.
+    pub(super) revoke_old: bool,
+    /// Renew a name whose every certificate was revoked.
+    pub(super) force: bool,
+}
+
+/// `renew NAME --out DIR [--revoke-old] [--force]`: a fresh certificate under the role `NAME`
+/// was enrolled with; with `revoke_old`, its other unrevoked certificates are revoked in the
+/// same transaction (otherwise both stay valid until the old one is revoked or expires). A
+/// name whose every certificate was revoked (`revoke NAME`) is refused unless `force`: a
+/// renewal would silently undo the revocation.
+pub(super) fn renew(ctx: &Context, name: &str, o: RenewOptions<'_>) -> CliResult {
+    let RenewOptions { out, days, revoke_old, force } = o;
     let days = days.unwrap_or(CERT_DAYS_DEFAULT);
     let record = ctx.open_read()?;
     let roles = record.run(record.enrolled_roles(name.to_string()))?;
-    drop(record);
     let role = match roles.as_slice() {
         [r] => *r,
         [] => return Err(CliError::new(baton_shared::exit::NOTHING, format!("{name} was never enrolled"))),
         _ => return Err(CliError::usage(format!("{name} is enrolled as both node and producer"))),
     };
+    let certs: Vec<_> =
+        record.run(record.certificates())?.into_iter().filter(|c| c.role == role && c.name == name).collect();
+    drop(record);
+    let last_revocation = certs
+        .iter()
+        .map(|c| c.revoked.as_ref())
+        .collect::<Option<Vec<_>>>()
+        .and_then(|all| all.into_iter().max_by_key(|(at_ms, _, _)| *at_ms));
+    if let (Some((at_ms, by, why)), false) = (last_revocation, force) {
+        return Err(CliError::usage(format!(
+            "{role} {name} was revoked ({} by {}: {}): every certificate of it is revoked, and a renewal would \
+             give it a valid one again; renew anyway with --force",
+            output::fmt_ms(*at_ms),
+            output::esc(by),
+            output::esc(why)
+        )));
+    }
     let revoked = enroll_as(ctx, Enrollment { role, name, out_dir: out, days, scope: None, revoke_old })?;
     if !revoked.is_empty() {
         output::line(format!("revoked the old certificate(s) of {name}: {}", revoked.join(", ")))?;
@@ -197,8 +231,7 @@ pub(super) fn renew_server(ctx: &Context, days: Option<u32>) -> CliResult {
         Some(d) => Duration::from_secs(u64::from(d) * 24 * 3600),
     };
     let dir = &ctx.dir;
-    let read = |p: &Path| std::fs::read_to_string(p).map_err(|e| CliError::failure(format!("{}: {e}", p.display())));
-    let current = read(&dir.server_cert())?;
+    let current = super::read_pem(&dir.server_cert())?;
     let names =
         pki::server_names(&current).map_err(|e| CliError::failure(format!("{}: {e}", dir.server_cert().display())))?;
     if names.is_empty() {
@@ -338,7 +371,7 @@ fn enroll_as(ctx: &Context, e: Enrollment<'_>) -> Result<Vec<String>, CliError> 
     write_new(&cert_path, &leaf.cert_pem, false)?;
     // Every CA the hub trusts (two during a CA rotation): a stale copy is replaced.
     let ca_out = out_dir.join("ca.crt");
-    match std::fs::read_to_string(&ca_out) {
+    match read_text_bounded(&ca_out, PEM_FILE_BYTES_MAX, "PEM_FILE_BYTES_MAX") {
         Ok(old) if old == ca_cert => {}
         Ok(_) => {
             drop(replace_files(&[(ca_out.clone(), ca_cert.as_str(), false)], &super::ca::aside_stamp(ctx.now_ms()))?)

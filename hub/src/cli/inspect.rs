@@ -57,8 +57,7 @@ pub(super) fn status(ctx: &Context, json: bool) -> CliResult {
     for c in record.run(record.expiring_certificates(until_unix))? {
         attention.push(expiring(&format!("{} {}", c.role, c.name), &c.serial, c.not_after_unix, now_unix));
     }
-    let server_pem = std::fs::read_to_string(ctx.dir.server_cert())
-        .map_err(|e| CliError::failure(format!("{}: {e}", ctx.dir.server_cert().display())))?;
+    let server_pem = super::read_pem(&ctx.dir.server_cert())?;
     let (serial, not_after) = pki::cert_facts(&server_pem)
         .map_err(|e| CliError::failure(format!("{}: {e}", ctx.dir.server_cert().display())))?;
     if not_after < until_unix {

@@ -89,7 +89,7 @@ impl From<StoreError> for CliError {
     fn from(e: StoreError) -> Self {
         let code = match e {
             StoreError::NotFound(_) => exit::NOTHING,
-            StoreError::Storage(_) | StoreError::Internal(_) => exit::FAILURE,
+            StoreError::Storage(_) | StoreError::Conflict(_) | StoreError::Internal(_) => exit::FAILURE,
             StoreError::Corrupt(_) => exit::REFUSED,
             _ => exit::USAGE,
         };
@@ -304,6 +304,14 @@ fn db_open_error(root: &std::path::Path, db: &std::path::Path, e: &std::io::Erro
     }
 }
 
+/// Reads one of the data directory's PEM files (`ca.crt`, `ca.key`, `hub.crt`, a kept copy of
+/// an issued certificate), at most `PEM_FILE_BYTES_MAX` of it; an error names the file (exit 4).
+pub(super) fn read_pem(path: &Path) -> Result<String, CliError> {
+    use baton_shared::limits::PEM_FILE_BYTES_MAX;
+    baton_shared::files::read_text_bounded(path, PEM_FILE_BYTES_MAX, "PEM_FILE_BYTES_MAX")
+        .map_err(|e| CliError::failure(format!("{}: {e}", path.display())))
+}
+
 fn operator_name(cli_operator: Option<&str>) -> String {
     let name = cli_operator
         .map(str::to_string)
@@ -324,8 +332,12 @@ pub fn run(cli: &Cli) -> CliResult {
         Command::Serve { .. } => Err(CliError::failure("serve is run above")),
         Command::Init { hostnames, ca_from } => identity::init(&ctx, hostnames, ca_from.as_deref()),
         Command::Enroll(e) => identity::enroll_cmd(&ctx, e),
-        Command::Renew { name, server, out, days, revoke_old } => match (name, out) {
-            (Some(name), Some(out)) if !*server => identity::renew(&ctx, name, out, *days, *revoke_old),
+        Command::Renew { name, server, out, days, revoke_old, force } => match (name, out) {
+            (Some(name), Some(out)) if !*server => identity::renew(
+                &ctx,
+                name,
+                identity::RenewOptions { out, days: *days, revoke_old: *revoke_old, force: *force },
+            ),
             _ if *server => identity::renew_server(&ctx, *days),
             _ => Err(CliError::usage("renew takes NAME --out DIR, or --server")),
         },
@@ -357,7 +369,7 @@ pub fn run(cli: &Cli) -> CliResult {
         Command::Man { out } => manuals::man(out),
         Command::Hosts(h) => hosts::run(&ctx, h),
         Command::Ca(CaCmd::Rotate) => ca::rotate(&ctx),
-        Command::Ca(CaCmd::RetireOld) => ca::retire_old(&ctx),
+        Command::Ca(CaCmd::RetireOld { force, dry_run }) => ca::retire_old(&ctx, *force, *dry_run),
         Command::Certs(CertsCmd::List { name, json }) => identity::certs(&ctx, name.as_deref(), *json),
         Command::Restore { from } => restore::restore(&ctx, from),
         Command::Migrate { to } => migrate::migrate(&ctx, to),

@@ -3,7 +3,9 @@
 use super::{CliError, CliResult, Context, output};
 use crate::store::accept::{AcceptLimits, Accepted, NewMessage};
 use crate::store::canonical;
+use baton_shared::files::read_text_bounded;
 use baton_shared::ids::{check_key, check_name};
+use baton_shared::limits::PAYLOAD_FILE_BYTES_MAX;
 use baton_shared::wire::Payload;
 use std::path::Path;
 
@@ -34,7 +36,8 @@ fn validate(s: Submission<'_>, payload_bytes_max: u64) -> Result<NewMessage, Cli
     }
     let text = match (s.payload, s.payload_file) {
         (Some(p), _) => p.to_string(),
-        (None, Some(f)) => std::fs::read_to_string(f).map_err(|e| CliError::usage(format!("{}: {e}", f.display())))?,
+        (None, Some(f)) => read_text_bounded(f, PAYLOAD_FILE_BYTES_MAX, "PAYLOAD_FILE_BYTES_MAX")
+            .map_err(|e| CliError::usage(format!("--payload-file {}: {e}", f.display())))?,
         (None, None) => return Err(CliError::usage("give --payload JSON or --payload-file FILE")),
     };
     // Kept exactly as given (surrounding whitespace aside), as the API keeps it; refused for

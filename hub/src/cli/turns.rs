@@ -5,6 +5,7 @@ use super::{CliError, CliResult, Context, output};
 use crate::store::api::{By, CancelOf};
 use crate::store::turns::{self, RedriveFilter};
 use baton_shared::exit;
+use baton_shared::limits::REASON_CHARS_MAX;
 use baton_shared::wire::CancelResult;
 use serde_json::json;
 
@@ -76,6 +77,7 @@ pub struct RedriveArgs {
 
 /// Runs `deliveries cancel`.
 pub(super) fn cancel(ctx: &Context, a: &CancelArgs) -> CliResult {
+    check_reason(&a.why.reason)?;
     let scope = match (&a.id, &a.conversation, &a.host) {
         (Some(_), _, _) => None,
         (None, Some(c), _) => Some(CancelOf::Conversation(c.clone())),
@@ -112,6 +114,18 @@ pub(super) fn cancel(ctx: &Context, a: &CancelArgs) -> CliResult {
     Ok(())
 }
 
+/// The API's rule for a cancel's reason (`POST /v1/messages/{id}/cancel`, and what the node
+/// reports): 1..=`REASON_CHARS_MAX` characters, not only whitespace.
+fn check_reason(reason: &str) -> CliResult {
+    if reason.trim().is_empty() || reason.chars().count() > REASON_CHARS_MAX {
+        return Err(CliError::usage(format!(
+            "--reason: must be 1..={REASON_CHARS_MAX} characters, not only whitespace (given {} characters)",
+            reason.chars().count()
+        )));
+    }
+    Ok(())
+}
+
 fn effect_text(effect: &str) -> &'static str {
     match effect {
         turns::EFFECT_CANCELLED => "cancelled in the hub;",
@@ -128,6 +142,25 @@ pub(super) fn retry(ctx: &Context, a: &RetryArgs) -> CliResult {
     let run = record.run(record.retry(id.clone(), by))?;
     ctx.wake_hub();
     output::line(format!("{id} queued again as run {run} (a redrive)"))
+}
+
+/// Refuses (exit 2, an idempotency conflict) a repeat of `request_id` whose filters are not
+/// the ones it was first run with (`recorded`, the JSON `record_redrive` kept): it would
+/// change nothing, and exiting 0 would say the other selection was re-run.
+fn check_same_filter(request_id: &str, recorded: &str, filter: &RedriveFilter) -> CliResult {
+    let given = serde_json::to_value(filter).map_err(|e| CliError::failure(e.to_string()))?;
+    let first: serde_json::Value = serde_json::from_str(recorded).map_err(|e| {
+        CliError::failure(format!("redrive request {request_id}: its recorded filters do not parse: {e}"))
+    })?;
+    if first == given {
+        return Ok(());
+    }
+    Err(CliError::usage(format!(
+        "idempotency conflict: redrive request {request_id} was first run with other filters ({}); this one's \
+         differ ({}); nothing changed; repeat it with the same filters, or give a new --request-id",
+        output::esc(recorded),
+        given
+    )))
 }
 
 /// Runs `redrive`: in transactions of at most `limits.redrive_batch_max` deliveries each.
@@ -151,6 +184,7 @@ pub(super) fn redrive(ctx: &Context, a: &RedriveArgs) -> CliResult {
     if let Some(request_id) = &a.request_id
         && let Some(done) = record.run(record.recorded_redrive(request_id.clone()))?
     {
+        check_same_filter(request_id, &done.filter, &filter)?;
         let text = format!(
             "request {request_id} was already run by {} at {}: {} deliveries re-run ({}); nothing changed",
             done.operator,

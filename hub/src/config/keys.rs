@@ -45,6 +45,11 @@ const _: () = assert!(RETRY_BACKOFF_DEFAULT.as_millis() <= RETRY_BACKOFF_MAX_DEF
 /// polls' worth, so an idle node that keeps polling is never flagged.
 pub const HOST_SILENCE_WARN_DEFAULT: Duration = Duration::from_secs(300);
 const _: () = assert!(HOST_SILENCE_WARN_DEFAULT.as_millis() > 2 * LONG_POLL_WAIT_MAX_DEFAULT.as_millis());
+/// How long a node session may go on starting the turns it acked on its own, while it cannot
+/// reach the hub, after the hub last granted it a lease (its session registration, each `POST
+/// /v1/starts`): long enough to ride out a hub restart, short enough that the copy of a cut-off
+/// node's data directory waits no longer than this before it may start what the original acked.
+pub const START_LEASE_DEFAULT: Duration = Duration::from_secs(15);
 /// How long the operators' audit log (`operator_events`) is kept: a year, so last quarter's
 /// "who fenced this and why" is still there, while the table cannot grow without bound.
 pub const AUDIT_RETENTION_DEFAULT: Duration = Duration::from_secs(365 * 24 * 3600);
@@ -251,6 +256,18 @@ pub const OPERATOR_CONNECTIONS_PER_PEER_MAX: Key = Key {
 };
 const _: () = assert!(OPERATOR_CONNECTIONS_PER_PEER_MAX_DEFAULT < crate::ops_listener::OPERATOR_CONNECTIONS_MAX as u64);
 
+/// `start_lease`.
+pub const START_LEASE: Key = Key {
+    name: key_name!(None, "start_lease", "start-lease", "BATON_HUB_START_LEASE"),
+    kind: KeyKind::Duration {
+        default: START_LEASE_DEFAULT,
+        min: Duration::from_secs(1),
+        max: Duration::from_secs(3600),
+    },
+    doc: "how long a node session may start the turns it acked while it cannot reach the hub, after the hub \
+          last granted it (a newer session of the same node instance starts none of them until it ran out)",
+};
+
 /// `requeue_silent_after`.
 pub const REQUEUE_SILENT_AFTER: Key = Key {
     name: key_name!(None, "requeue_silent_after", "requeue-silent-after", "BATON_HUB_REQUEUE_SILENT_AFTER"),
@@ -265,7 +282,11 @@ pub const REQUEUE_SILENT_AFTER: Key = Key {
 /// `limits.payload_bytes_max`.
 pub const PAYLOAD_BYTES_MAX: Key = Key {
     name: key_name!(Some("limits"), "payload_bytes_max", "payload-bytes-max", "BATON_HUB_PAYLOAD_BYTES_MAX"),
-    kind: KeyKind::Int { default: PAYLOAD_BYTES_MAX_DEFAULT, min: 1, max: 16 * MIB },
+    kind: KeyKind::Int {
+        default: PAYLOAD_BYTES_MAX_DEFAULT,
+        min: baton_shared::limits::PAYLOAD_BYTES_MAX_RANGE.0,
+        max: baton_shared::limits::PAYLOAD_BYTES_MAX_RANGE.1,
+    },
     doc: "bytes of serialised payload JSON per message",
 };
 /// `limits.result_bytes_max`.
@@ -455,7 +476,7 @@ pub const INSTANCE_REBIND_WINDOW_KEY: Key = Key {
 };
 
 /// Every key, in the order of the template.
-pub const KEYS: [&Key; 34] = [
+pub const KEYS: [&Key; 35] = [
     &LISTEN,
     &DATABASE_URL,
     &SYNCHRONOUS,
@@ -468,6 +489,7 @@ pub const KEYS: [&Key; 34] = [
     &OPERATOR_HOSTS,
     &OPERATOR_CONNECTIONS_PER_PEER_MAX,
     &REQUEUE_SILENT_AFTER,
+    &START_LEASE,
     &PAYLOAD_BYTES_MAX,
     &RESULT_BYTES_MAX,
     &CLAIM_BATCH_MAX,

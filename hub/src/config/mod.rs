@@ -18,6 +18,7 @@ pub use crate::store::claim::RebindLimit;
 pub use keys::*;
 pub use layers::{Flags, Source};
 
+use baton_shared::files::read_text_bounded;
 use baton_shared::limits::*;
 use baton_shared::logging::LogFormat;
 use baton_shared::sqlite::Synchronous;
@@ -74,6 +75,9 @@ pub struct Limits {
     pub redrive_batch_max: u32,
     /// How often one host may change its bound node instance, and over what window.
     pub rebind: RebindLimit,
+    /// How long a node session may start the turns it acked on its own after the hub last
+    /// granted it (`start_lease`, a top-level key).
+    pub start_lease: Duration,
 }
 
 impl Default for Limits {
@@ -100,6 +104,7 @@ impl Default for Limits {
             retry_backoff_max: RETRY_BACKOFF_MAX_DEFAULT,
             redrive_batch_max: REDRIVE_BATCH_MAX_DEFAULT as u32,
             rebind: RebindLimit::default(),
+            start_lease: START_LEASE_DEFAULT,
         }
     }
 }
@@ -168,7 +173,8 @@ impl HubConfig {
         };
         let mut merged = Merged::default();
         if let Some(p) = file {
-            let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
+            let text = read_text_bounded(p, CONFIG_FILE_BYTES_MAX, "CONFIG_FILE_BYTES_MAX")
+                .map_err(|e| format!("{}: {e}", p.display()))?;
             read_file(&text, p, &mut merged)?;
         }
         for key in KEYS {
@@ -218,6 +224,7 @@ impl HubConfig {
                 max: m.int(&INSTANCE_REBINDS_MAX)? as i64,
                 window: m.duration(&INSTANCE_REBIND_WINDOW_KEY)?,
             },
+            start_lease: m.duration(&START_LEASE)?,
         };
         if limits.retry_backoff > limits.retry_backoff_max {
             return Err(format!(

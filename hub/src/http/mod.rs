@@ -15,7 +15,7 @@ mod producer;
 
 use crate::config::Limits;
 use crate::store::{Store, StoreError};
-use crate::tls::PeerIdentityExt;
+use crate::tls::{PeerCerts, PeerIdentityExt, ServerTls};
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::StatusCode;
 use axum::http::request::Parts;
@@ -59,6 +59,11 @@ pub struct Shared {
     /// The other hubs serving the same PostgreSQL record, told after each commit what woke
     /// this hub's waiters (`None` on SQLite, which one hub serves alone).
     pub peers: Option<crate::pg::notify::Announcer>,
+    /// The TLS configuration the hub serves, for whether the CA that issued a caller's
+    /// certificate is still trusted (`ca retire-old` drops one while its certificates'
+    /// requests may be in progress); `None` where no TLS is served (socket-free tests), where
+    /// nothing is re-checked against it.
+    pub tls: Option<Arc<ServerTls>>,
 }
 
 /// Wakes waiting claims: each waits on its own host's signal and on the one for all hosts, so a
@@ -423,7 +428,7 @@ impl IntoResponse for ApiError {
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         match e {
-            StoreError::Storage(detail) => {
+            StoreError::Storage(detail) | StoreError::Conflict(detail) => {
                 tracing::error!(error = %detail, "storage error");
                 ApiError::new(ErrorCode::StorageUnavailable, "the hub's storage is unavailable; retry later")
             }
@@ -509,6 +514,8 @@ pub struct Caller {
     pub name: String,
     /// The certificate's serial (lowercase hex), for re-checks inside transactions.
     pub serial: String,
+    /// The verified certificate chain (leaf first), for re-checks of its issuing CA.
+    peer: Option<PeerCerts>,
 }
 
 impl FromRequestParts<AppState> for Caller {
@@ -519,25 +526,37 @@ impl FromRequestParts<AppState> for Caller {
         // Parsed once when the connection was accepted (`tls`), not per request.
         let peer = parts.extensions.get::<PeerIdentityExt>().ok_or_else(|| unknown("no client certificate".into()))?;
         let id = peer.0.as_ref().as_ref().map_err(|e| unknown(e.clone()))?;
-        match state.certs.status(&state.store, &id.serial).await? {
-            None => Err(unknown(format!("certificate {} is not in the hub's record", id.serial))),
+        let caller = match state.certs.status(&state.store, &id.serial).await? {
+            None => return Err(unknown(format!("certificate {} is not in the hub's record", id.serial))),
             Some(s) if s.revoked => {
-                Err(ApiError::new(ErrorCode::CertificateRevoked, format!("certificate {} was revoked", id.serial)))
+                return Err(ApiError::new(
+                    ErrorCode::CertificateRevoked,
+                    format!("certificate {} was revoked", id.serial),
+                ));
             }
             Some(s) if s.role != id.role || s.name != id.name => {
-                Err(unknown(format!("certificate {} does not match the hub's record", id.serial)))
+                return Err(unknown(format!("certificate {} does not match the hub's record", id.serial)));
             }
-            Some(_) => Ok(Caller { role: id.role, name: id.name.clone(), serial: id.serial.clone() }),
-        }
+            Some(_) => Caller {
+                role: id.role,
+                name: id.name.clone(),
+                serial: id.serial.clone(),
+                peer: parts.extensions.get::<PeerCerts>().cloned(),
+            },
+        };
+        caller.check_issuer(state, "")?;
+        Ok(caller)
     }
 }
 
 impl Caller {
-    /// Re-checks, as the answer is about to leave, that the certificate is still in the record
-    /// and not revoked: a request that began before a revocation (a long poll) answers 401,
-    /// never data. The standing comes from the cache, which a revocation empties before the
-    /// revoking command returns.
+    /// Re-checks, as the answer is about to leave, that the certificate is still in the record,
+    /// not revoked, and issued by a CA the hub still trusts: a request that began before a
+    /// revocation or a `ca retire-old` (a long poll) answers 401, never data. The standing
+    /// comes from the cache, which a revocation empties before the revoking command returns;
+    /// the trusted CAs are the ones the hub reloaded from `ca.crt` at the command's wake-up.
     pub async fn recheck(&self, state: &AppState) -> Result<(), ApiError> {
+        self.check_issuer(state, " while the request was in progress")?;
         match state.certs.status(&state.store, &self.serial).await? {
             Some(s) if !s.revoked => Ok(()),
             Some(_) => Err(ApiError::new(
@@ -549,6 +568,27 @@ impl Caller {
                 format!("certificate {} is not in the hub's record", self.serial),
             )),
         }
+    }
+
+    /// Refuses (401 `unknown_certificate`) a certificate whose issuing CA is no longer in the
+    /// hub's `ca.crt` (`ca retire-old`); `when` ends the message. In memory, no record read:
+    /// a waiting claim checks it before every look.
+    pub fn check_issuer(&self, state: &AppState, when: &str) -> Result<(), ApiError> {
+        let trusted = match (&state.tls, self.peer.as_ref().and_then(|p| p.0.first())) {
+            (None, _) => true,
+            (Some(tls), Some(leaf)) => tls.trusts(leaf),
+            (Some(_), None) => false,
+        };
+        if trusted {
+            return Ok(());
+        }
+        Err(ApiError::new(
+            ErrorCode::UnknownCertificate,
+            format!(
+                "certificate {} was issued by a CA the hub no longer trusts (retired by `baton-hub ca retire-old`){when}",
+                self.serial
+            ),
+        ))
     }
 }
 
@@ -655,6 +695,8 @@ mod error_tests {
     #[test]
     fn store_errors_map_to_stable_codes() {
         check(StoreError::Storage("disk I/O error".into()), 503, "storage_unavailable");
+        check(StoreError::Conflict("deadlock detected (40P01)".into()), 503, "storage_unavailable");
+        check(StoreError::Invalid("a value the record cannot hold: x".into()), 400, "invalid_field");
         check(StoreError::Internal("index out of bounds".into()), 500, "internal");
         check(StoreError::Corrupt("corrupt record".into()), 500, "internal");
         check(StoreError::StaleClaim("x".into()), 409, "stale_claim");
@@ -802,6 +844,7 @@ mod openapi_tests {
             start: false,
             code: Some("cancelled".into()),
             message: Some("m".into()),
+            retry_after_ms: Some(5),
         };
         let cancelled = CancelResult {
             delivery_id: "d".into(),
@@ -934,7 +977,11 @@ mod openapi_tests {
                 serde_json::to_value(SessionRequest { instance_id: "i".into(), node_version: Some("1".into()) })
                     .unwrap(),
             ),
-            ("SessionResponse", serde_json::to_value(SessionResponse { session: 2, took_over: Some(1) }).unwrap()),
+            (
+                "SessionResponse",
+                serde_json::to_value(SessionResponse { session: 2, took_over: Some(1), start_lease_ms: Some(15_000) })
+                    .unwrap(),
+            ),
             (
                 "SessionEndRequest",
                 serde_json::to_value(SessionEndRequest { instance_id: "i".into(), session: 1 }).unwrap(),
@@ -1023,6 +1070,7 @@ mod openapi_tests {
             turns: TurnState::default(),
             certs: certs::CertCache::new(watch::channel(0).1),
             peers: None,
+            tls: None,
         });
         let app = app(state);
         for (method, path) in ROUTES {

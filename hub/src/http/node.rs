@@ -67,8 +67,16 @@ pub(super) async fn open_session(
         ));
     }
     let instance = req.instance_id.clone();
-    let opened =
-        state.store.open_session(caller.name.clone(), req.instance_id, req.node_version, state.limits.rebind).await?;
+    let opened = state
+        .store
+        .open_session(
+            caller.name.clone(),
+            req.instance_id,
+            req.node_version,
+            state.limits.rebind,
+            state.limits.start_lease,
+        )
+        .await?;
     if let Some(previous) = opened.took_over {
         tracing::warn!(
             host = %caller.name,
@@ -80,7 +88,11 @@ pub(super) async fn open_session(
     }
     // Waiting claims of the superseded session look again, and are refused.
     state.work_for([caller.name.as_str()]);
-    Ok(Json(SessionResponse { session: opened.session, took_over: opened.took_over }))
+    Ok(Json(SessionResponse {
+        session: opened.session,
+        took_over: opened.took_over,
+        start_lease_ms: Some(opened.start_lease_ms),
+    }))
 }
 
 /// `POST /v1/sessions/end`: the node ends its session cleanly.
@@ -158,6 +170,10 @@ pub(super) async fn claim(
     let wait = Duration::from_millis(req.wait_ms.unwrap_or(0)).min(state.limits.long_poll_wait_max);
     let deadline = Instant::now() + wait;
     loop {
+        // A `ca retire-old` during the wait ends it (its wake-up wakes every claim): the
+        // record does not know which CA issued the certificate, so the store's re-check of the
+        // certificate inside the claim cannot tell.
+        caller.check_issuer(&state, " while the claim was waiting")?;
         // Subscribe before looking, so a change between the look and the wait is not missed;
         // only changes for this host (or for all hosts) wake it.
         let mut rx = state.work.watch(&caller.name);
@@ -184,6 +200,7 @@ pub(super) async fn claim(
         };
         let (next_retry, pending) = (claimed.next_retry_at_ms, claimed.cancels.clone());
         if let Some(answer) = answer_claim(&state, &caller.name, session, &req.instance_id, claimed, deadline)? {
+            caller.check_issuer(&state, " while the claim was waiting")?;
             return Ok(answer);
         }
         // A retry that becomes due during the wait ends it (the record's clock decides when).
@@ -220,6 +237,10 @@ pub(super) async fn claim(
         if let Some(claimed) = taken
             && let Some(answer) = answer_claim(&state, &caller.name, session, &req.instance_id, claimed?, deadline)?
         {
+            // Taken by the writer after the CA left `ca.crt`: never sent. What it claimed stays
+            // the instance's, which a renewed certificate finds in its holdings (and which
+            // `requeue` or `requeue_silent_after` return to the queue otherwise).
+            caller.check_issuer(&state, " while the claim was waiting")?;
             return Ok(answer);
         }
         if state.shutdown.is_cancelled() {

@@ -13,6 +13,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../../schema/postgres/0001-create-hub-store.sql"),
     include_str!("../../../schema/postgres/0002-sqlite-functions.sql"),
     include_str!("../../../schema/postgres/0003-settlement-plans-kept.sql"),
+    include_str!("../../../schema/postgres/0004-start-lease.sql"),
 ];
 
 /// The advisory lock key every hub takes while it migrates (the bytes of `baton_mi`). Taken

@@ -163,6 +163,7 @@ pub struct PgUrl {
     shown: String,
     call_wait: Option<Duration>,
     write_idle: Option<Duration>,
+    conflict_retries: Option<u32>,
 }
 
 impl std::fmt::Debug for PgUrl {
@@ -183,6 +184,7 @@ impl PgUrl {
             return Err(PgError::Url { detail: "it must start with postgres:// or postgresql://".into() });
         }
         let (mut mode, mut root, mut call_wait, mut write_idle, mut rest) = (None, None, None, None, Vec::new());
+        let mut conflict_retries = None;
         for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
             let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
             match key {
@@ -190,6 +192,7 @@ impl PgUrl {
                 "sslrootcert" => root = Some(percent_decode(value)?),
                 "call_timeout" => call_wait = Some(seconds_param("call_timeout", value)?),
                 "write_idle_timeout" => write_idle = Some(seconds_param("write_idle_timeout", value)?),
+                "conflict_retries" => conflict_retries = Some(retries_param(value)?),
                 _ => rest.push(pair),
             }
         }
@@ -202,7 +205,7 @@ impl PgUrl {
             config.connect_timeout(CONNECT_TIMEOUT);
         }
         let shown = shown(&config);
-        Ok(PgUrl { config, ssl, shown, call_wait, write_idle })
+        Ok(PgUrl { config, ssl, shown, call_wait, write_idle, conflict_retries })
     }
 
     /// The URL without its password: `postgres://USER@HOST:PORT/DB`.
@@ -227,6 +230,13 @@ impl PgUrl {
     /// record's write lock keeps every other hub from writing.
     pub fn write_idle(&self) -> Option<Duration> {
         self.write_idle
+    }
+
+    /// The URL's `conflict_retries` (0 to `CONFLICT_RETRIES_MAX`): how many times the hub runs
+    /// an operation again after the server ended its transaction in a deadlock or a
+    /// serialization failure (`store::db::PG_CONFLICT_RETRIES` when unset).
+    pub fn conflict_retries(&self) -> Option<u32> {
+        self.conflict_retries
     }
 }
 
@@ -253,7 +263,6 @@ fn shown(config: &tokio_postgres::Config) -> String {
     format!("postgres://{user}{}{db}", hosts.join(","))
 }
 
-/// Decodes `%XX` escapes in a URL parameter value.
 /// Most seconds `call_timeout` or `write_idle_timeout` may say.
 pub const CALL_TIMEOUT_MAX_S: u64 = 3600;
 
@@ -267,6 +276,20 @@ fn seconds_param(key: &str, value: &str) -> Result<Duration, PgError> {
     }
 }
 
+/// Most times `conflict_retries` may say.
+pub const CONFLICT_RETRIES_MAX: u32 = 100;
+
+/// Parses `conflict_retries`: a whole number from 0 to `CONFLICT_RETRIES_MAX`.
+fn retries_param(value: &str) -> Result<u32, PgError> {
+    match value.parse::<u32>() {
+        Ok(n) if n <= CONFLICT_RETRIES_MAX => Ok(n),
+        _ => Err(PgError::Url {
+            detail: format!("conflict_retries must be a whole number from 0 to {CONFLICT_RETRIES_MAX}, not {value:?}"),
+        }),
+    }
+}
+
+/// Decodes `%XX` escapes in a URL parameter value.
 fn percent_decode(s: &str) -> Result<String, PgError> {
     let bad = || PgError::Url { detail: format!("the parameter value {s:?} has a bad %-escape") };
     let bytes = s.as_bytes();
@@ -375,14 +398,21 @@ mod tests {
             assert_eq!(e.exit_code(), baton_shared::exit::USAGE);
             assert!(e.to_string().contains(&format!("{key} must be whole seconds from 1 to 3600")), "{e}");
         }
+        for bad in ["101", "-1", "x", ""] {
+            let e = PgUrl::parse(&format!("postgres://h/d?conflict_retries={bad}")).unwrap_err();
+            assert_eq!(e.exit_code(), baton_shared::exit::USAGE);
+            assert!(e.to_string().contains("conflict_retries must be a whole number from 0 to 100"), "{e}");
+        }
     }
 
     #[test]
     fn the_baton_timeouts_are_read_here_and_not_passed_on() {
-        let url = PgUrl::parse("postgres://h/d?call_timeout=7&write_idle_timeout=2").unwrap();
+        let url = PgUrl::parse("postgres://h/d?call_timeout=7&write_idle_timeout=2&conflict_retries=0").unwrap();
         assert_eq!(url.call_wait(), Some(Duration::from_secs(7)));
         assert_eq!(url.write_idle(), Some(Duration::from_secs(2)));
+        assert_eq!(url.conflict_retries(), Some(0));
         let url = PgUrl::parse("postgres://h/d").unwrap();
         assert_eq!((url.call_wait(), url.write_idle()), (None, None), "unset: the store's defaults");
+        assert_eq!(url.conflict_retries(), None);
     }
 }

@@ -107,8 +107,9 @@ impl SslMode {
 /// The standard verifier over the CA certificates in `root`.
 fn webpki(root: &Path, provider: &Arc<CryptoProvider>) -> Result<Arc<WebPkiServerVerifier>, PgError> {
     let shown = root.display();
-    let pem =
-        std::fs::read(root).map_err(|e| PgError::Tls { detail: format!("cannot read sslrootcert {shown}: {e}") })?;
+    use baton_shared::limits::PEM_FILE_BYTES_MAX;
+    let pem = baton_shared::files::read_bounded(root, PEM_FILE_BYTES_MAX, "PEM_FILE_BYTES_MAX")
+        .map_err(|e| PgError::Tls { detail: format!("cannot read sslrootcert {shown}: {e}") })?;
     let mut roots = RootCertStore::empty();
     for cert in CertificateDer::pem_slice_iter(&pem) {
         let cert = cert.map_err(|e| PgError::Tls { detail: format!("sslrootcert {shown} is not PEM: {e}") })?;

@@ -76,6 +76,9 @@ enum Conns {
         readers: Arc<Readers>,
         /// The SQLite file's checkpoints, off the writer thread (none on PostgreSQL).
         _checkpoints: Option<Arc<Checkpointer>>,
+        /// How many times an operation that may meet a conflict (`StoreError::Conflict`) is run
+        /// again (0 on SQLite, which has none).
+        conflict_retries: u32,
     },
     /// A one-shot process (the CLI, a benchmark): one connection, used in place; each change
     /// is one `BEGIN IMMEDIATE` transaction (`in_write_txn`), each read runs as it comes. Never
@@ -112,14 +115,18 @@ impl Conns {
     }
 
     /// `write` for a job that claims for `host` and writes nothing else (see
-    /// `Writer::call_claims`).
+    /// `Writer::call_claims`). Claims are the transactions that run at once on several hubs of
+    /// one PostgreSQL record, and so may meet in a deadlock: a job the server ended to resolve
+    /// one is run again (`again_after_conflicts`), in a new transaction.
     async fn write_claims<R, F>(&self, host: String, f: F) -> StoreResult<R>
     where
         R: Send + 'static,
-        F: FnOnce(&dyn Db) -> StoreResult<R> + Send + 'static,
+        F: Fn(&dyn Db) -> StoreResult<R> + Clone + Send + 'static,
     {
         match self {
-            Conns::Served { writer, .. } => writer.call_claims(host, f).await,
+            Conns::Served { writer, conflict_retries, .. } => {
+                again_after_conflicts(*conflict_retries, || writer.call_claims(host.clone(), f.clone())).await
+            }
             Conns::Direct(conn) => in_write_txn(&*lock(conn)?, f),
         }
     }
@@ -137,9 +144,36 @@ impl Conns {
     }
 }
 
+/// Runs `run` again while it fails with `StoreError::Conflict` (the server ended its
+/// transaction in a deadlock or a serialization failure), at most `retries` more times, each
+/// counted in `baton_hub_conflict_retries_total`; what it ends with is returned (a conflict
+/// past the last retry is answered as storage unavailable). `run` must start a new transaction
+/// each time.
+pub(crate) async fn again_after_conflicts<R, Fut>(retries: u32, mut run: impl FnMut() -> Fut) -> StoreResult<R>
+where
+    Fut: std::future::Future<Output = StoreResult<R>>,
+{
+    let mut left = retries;
+    loop {
+        match run().await {
+            Err(StoreError::Conflict(detail)) if left > 0 => {
+                left -= 1;
+                metrics::counter!("baton_hub_conflict_retries_total").increment(1);
+                tracing::info!(error = %detail, retries_left = left, "the database ended a transaction in a conflict; running it again");
+            }
+            done => return done,
+        }
+    }
+}
+
 /// The claim of `Store::claim` (and `Store::stand_claim`): up to `max` deliveries for the
 /// claimant, with its pending cancel notices and the next retry, in the caller's transaction.
-fn claim_job(who: Claimer, max: u32, clock: SharedClock) -> impl FnOnce(&dyn Db) -> StoreResult<Claimed> + Send {
+/// It may run more than once (a claim the server ended in a conflict runs again).
+fn claim_job(
+    who: Claimer,
+    max: u32,
+    clock: SharedClock,
+) -> impl Fn(&dyn Db) -> StoreResult<Claimed> + Clone + Send + 'static {
     move |c| {
         let now = clock.now_ms();
         sessions::check(c, &who.host, who.session)?;
@@ -340,16 +374,26 @@ fn run_report(req: &ReportRequest, session: Option<u64>, backoff: Backoff) -> Ru
 fn apply_step(
     conn: &dyn Db,
     step: Step,
-    host: &str,
+    node: &NodeAt,
     id: &str,
     h: Holder<'_>,
     now_ms: i64,
 ) -> StoreResult<TransitionResponse> {
-    match step {
-        Step::Mirrored => claim::mirrored(conn, host, id, h, now_ms),
-        Step::Ack => claim::ack(conn, host, id, h, now_ms),
-        Step::Handoff => claim::handoff(conn, host, id, h, now_ms),
+    let host = node.host.as_str();
+    let answer = match step {
+        Step::Mirrored => return claim::mirrored(conn, host, id, h, now_ms),
+        Step::Ack => claim::ack(conn, host, id, h, now_ms)?,
+        Step::Handoff => claim::handoff(conn, host, id, h, now_ms)?,
+    };
+    // The session whose ack made the run `delivered`: a newer session is not granted its
+    // start while this one's start lease lasts (`turns::start`).
+    if let Some(session) = node.session
+        && answer.changed
+        && answer.state == baton_shared::states::DeliveryState::Delivered
+    {
+        claim::record_acked_session(conn, id, session)?;
     }
+    Ok(answer)
 }
 
 impl Store {
@@ -365,7 +409,7 @@ impl Store {
         let checkpoints = Checkpointer::start(&conn, path, checkpoint_interval).map_err(std::io::Error::other)?;
         let writer = Writer::start(conn)?;
         let readers = Arc::new(Readers::new(path.to_path_buf()));
-        let served = Conns::Served { writer, readers, _checkpoints: Some(Arc::new(checkpoints)) };
+        let served = Conns::Served { writer, readers, _checkpoints: Some(Arc::new(checkpoints)), conflict_retries: 0 };
         Ok(Store { backend: Backend::Sqlite(served), clock })
     }
 
@@ -424,7 +468,9 @@ impl Store {
         let writer = Writer::start_with(conn, Some(reopen))
             .map_err(|e| crate::pg::PgError::Other { url: url.shown().to_string(), detail: e.to_string() })?;
         let readers = Arc::new(Readers::with_opener(readers));
-        Ok(Store { backend: Backend::Postgres(Conns::Served { writer, readers, _checkpoints: None }), clock })
+        let conflict_retries = url.conflict_retries().unwrap_or(super::db::PG_CONFLICT_RETRIES);
+        let served = Conns::Served { writer, readers, _checkpoints: None, conflict_retries };
+        Ok(Store { backend: Backend::Postgres(served), clock })
     }
 
     /// Whether the record is in PostgreSQL (shared by several hubs) rather than one SQLite file.
@@ -671,12 +717,14 @@ impl Store {
         instance_id: String,
         node_version: Option<String>,
         rebind: RebindLimit,
+        start_lease: Duration,
     ) -> StoreResult<sessions::Opened> {
         let clock = self.clock.clone();
+        let lease_ms = u64::try_from(start_lease.as_millis()).unwrap_or(u64::MAX);
         match &self.backend {
             Backend::Sqlite(s) | Backend::Postgres(s) => {
                 s.write(move |c| {
-                    sessions::open(c, &host, &instance_id, node_version.as_deref(), rebind, clock.now_ms())
+                    sessions::open(c, &host, &instance_id, node_version.as_deref(), rebind, lease_ms, clock.now_ms())
                 })
                 .await
             }
@@ -711,7 +759,10 @@ impl Store {
             Backend::Sqlite(s) | Backend::Postgres(s) => {
                 s.write(move |c| {
                     sessions::check(c, &host, Some(session))?;
-                    turns::start(c, &host, &instance_id, session, &starts, clock.now_ms())
+                    let now = clock.now_ms();
+                    let results = turns::start(c, &host, &instance_id, session, &starts, now)?;
+                    sessions::renew_lease(c, &host, session, now)?;
+                    Ok(results)
                 })
                 .await
             }
@@ -803,7 +854,7 @@ impl Store {
                 s.write(move |c| {
                     sessions::check(c, &node.host, node.session)?;
                     let h = holder.as_holder();
-                    apply_step(c, step, &node.host, &delivery_id, h, clock.now_ms())
+                    apply_step(c, step, &node, &delivery_id, h, clock.now_ms())
                 })
                 .await
             }
@@ -827,7 +878,7 @@ impl Store {
                     let now = clock.now_ms();
                     batch::each(c, items, |c, d| {
                         let h = Holder { instance_id: &instance_id, claim_token: &d.claim_token };
-                        apply_step(c, step, &node.host, &d.delivery_id, h, now)
+                        apply_step(c, step, &node, &d.delivery_id, h, now)
                     })
                 })
                 .await
@@ -1624,6 +1675,30 @@ mod tests {
     use super::*;
     use crate::store::testing;
     use baton_shared::sqlite::CHECKPOINT_INTERVAL;
+
+    /// A conflict is run again, at most `retries` more times; any other outcome, and the last
+    /// conflict, is returned as it is.
+    #[tokio::test]
+    async fn conflicts_are_run_again_a_bounded_number_of_times() {
+        let runs = std::sync::atomic::AtomicU32::new(0);
+        let conflict_until = |ok_at: u32| {
+            let runs = &runs;
+            move || {
+                let n = runs.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                async move { if n < ok_at { Err(StoreError::Conflict(format!("deadlock {n} (40P01)"))) } else { Ok(n) } }
+            }
+        };
+        assert_eq!(again_after_conflicts(3, conflict_until(3)).await.unwrap(), 3, "two conflicts, then done");
+        runs.store(0, std::sync::atomic::Ordering::Relaxed);
+        let e = again_after_conflicts(3, conflict_until(u32::MAX)).await.unwrap_err();
+        assert!(matches!(&e, StoreError::Conflict(m) if m.starts_with("deadlock 4")), "{e:?}");
+        assert_eq!(runs.load(std::sync::atomic::Ordering::Relaxed), 4, "the first run and three more");
+        assert_eq!(e.code(), baton_shared::error::ErrorCode::StorageUnavailable);
+        runs.store(0, std::sync::atomic::Ordering::Relaxed);
+        assert!(again_after_conflicts(0, conflict_until(2)).await.is_err(), "none when the limit is 0");
+        let other = again_after_conflicts(5, || async { Err::<(), _>(StoreError::Storage("gone".into())) }).await;
+        assert!(matches!(other, Err(StoreError::Storage(_))), "only conflicts are run again");
+    }
 
     fn message(key: &str) -> NewMessage {
         NewMessage {

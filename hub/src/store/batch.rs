@@ -2,9 +2,11 @@
 //!
 //! Each item runs the same guarded function its single endpoint runs, inside its own savepoint
 //! nested in the job's: an item that fails is rolled back alone and reported with its error,
-//! and the items after it still run. A storage failure is not an item's outcome (the record may
-//! not be writable at all): it ends the batch, and the writer rolls the whole job back, so
-//! nothing of it is kept and the caller retries it whole. Replaying a batch is as safe as
+//! and the items after it still run; a value the record cannot hold is such an item's error
+//! (`StoreError::Invalid`), never the batch's. A storage failure or a conflict is not an item's
+//! outcome (the record may not be writable at all, or the server ended the transaction): it
+//! ends the batch, and the writer rolls the whole job back, so nothing of it is kept and the
+//! caller retries it whole. Replaying a batch is as safe as
 //! replaying each item, because each item is as idempotent as its single endpoint (idempotency
 //! keys, report ids, holder steps that repeat as no-ops).
 //!
@@ -21,8 +23,8 @@ const ITEM_RELEASE: &str = "RELEASE batch_item";
 const ITEM_ROLLBACK: &str = "ROLLBACK TO batch_item";
 
 /// Runs `apply` on every item in its own savepoint, in order, and returns one result per item.
-/// An item's error (other than a storage failure) rolls back that item only; a storage failure
-/// ends the batch with that error. Call inside a write transaction.
+/// An item's error (other than a storage failure or conflict) rolls back that item only; a
+/// storage failure or conflict ends the batch with that error. Call inside a write transaction.
 pub fn each<I, T>(
     conn: &dyn Db,
     items: impl IntoIterator<Item = I>,
@@ -37,8 +39,10 @@ pub fn each<I, T>(
             control(conn, ITEM_ROLLBACK)?;
         }
         control(conn, ITEM_RELEASE)?;
-        if let Err(StoreError::Storage(detail)) = result {
-            return Err(StoreError::Storage(detail));
+        // The record may not be writable at all, or the whole transaction was ended: not this
+        // item's outcome.
+        if let Err(e @ (StoreError::Storage(_) | StoreError::Conflict(_))) = result {
+            return Err(e);
         }
         results.push(result);
     }
@@ -112,6 +116,35 @@ mod tests {
         );
         conn.control("COMMIT").unwrap();
         assert_eq!(count(conn), 3);
+    }
+
+    /// A value the server refused (a data exception, as PostgreSQL raises for a value it cannot
+    /// hold) fails its item alone; a conflict (a deadlock) ends the batch, which is run again
+    /// whole or not at all.
+    #[test]
+    fn a_refused_value_fails_its_item_and_a_conflict_the_batch() {
+        let server = |code: &str| {
+            StoreError::from(rusqlite::Error::ToSqlConversionFailure(Box::new(crate::store::db::PgFailure {
+                code: Some(code.into()),
+                message: format!("database: no ({code})"),
+                closed: false,
+            })))
+        };
+        let db = testing::db();
+        let conn = &db.conn;
+        conn.execute_batch("CREATE TEMP TABLE batch_probe (n INTEGER)").unwrap();
+        conn.begin_write().unwrap();
+        let results = each(conn, [1, 2, 3], |c, n| {
+            c.execute("INSERT INTO batch_probe (n) VALUES (?1)", [n])?;
+            if n == 2 { Err(server("22021")) } else { Ok(n) }
+        })
+        .unwrap();
+        assert!(matches!(&results[1], Err(StoreError::Invalid(_))), "{results:?}");
+        assert_eq!([&results[0], &results[2]].map(|r| r.as_ref().ok().copied()), [Some(1), Some(3)]);
+        assert_eq!(count(conn), 2);
+        let r = each(conn, [4, 5], |_, n| if n == 4 { Err(server("40P01")) } else { Ok(n) });
+        assert!(matches!(r, Err(StoreError::Conflict(_))), "{r:?}");
+        conn.execute_batch("ROLLBACK").unwrap();
     }
 
     /// A savepoint statement that fails fails the call it was sent with, at the latest: the

@@ -320,7 +320,8 @@ mod tests {
     }
 
     fn gen_string(rng: &mut StdRng) -> String {
-        let pool = ['a', 'z', 'é', '😀', '"', '\\', '/', '\n', '\u{1}', '\u{7f}', '\u{2028}', ' ', 'Ω'];
+        let pool =
+            ['a', 'z', 'é', '😀', '"', '\\', '/', '\n', '\u{0}', '\u{1}', '\u{7f}', '\u{2028}', '\u{ffff}', ' ', 'Ω'];
         (0..rng.random_range(0..6)).map(|_| pool[rng.random_range(0..pool.len())]).collect()
     }
 

@@ -811,6 +811,13 @@ pub fn handoff(
     Ok(TransitionResponse { changed: m.changed || a.changed, ..a })
 }
 
+/// Records `session` as the one whose ack made the current run of `delivery_id` delivered.
+pub fn record_acked_session(conn: &dyn Db, delivery_id: &str, session: u64) -> StoreResult<()> {
+    conn.prepare_cached("UPDATE deliveries SET acked_session = ?2 WHERE id = ?1")?
+        .execute(rusqlite::params![delivery_id, session as i64])?;
+    Ok(())
+}
+
 #[allow(clippy::too_many_arguments)]
 fn holder_step(
     conn: &dyn Db,

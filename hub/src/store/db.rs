@@ -14,6 +14,8 @@
 //!   PostgreSQL inferred for its slot (`BIGINT`, `INTEGER`, `BOOLEAN`, `TEXT`, ...), and a column
 //!   is read back as an integer, real, text, blob or null (a `BOOLEAN` as 0/1, a `NUMERIC` as an
 //!   integer when it has no fraction), so each column's `FromSql` is the same on both.
+//! - Text crosses escaped (`PG_TEXT_ESCAPE`): PostgreSQL's `text` cannot hold NUL, SQLite's can,
+//!   and a value is never a storage error, so NUL is written as an escape and read back as NUL.
 //! - A PostgreSQL failure travels as `rusqlite::Error::ToSqlConversionFailure` carrying a
 //!   `PgFailure`, which `StoreError::from` recognises.
 //!
@@ -383,9 +385,23 @@ pub struct PgFailure {
 }
 
 impl PgFailure {
-    /// The SQLSTATE class of a serialization failure or deadlock: the transaction may be retried.
+    /// A serialization failure (40001) or a deadlock (40P01): the server ended the transaction
+    /// to resolve a conflict with another, and running it again may succeed.
     pub fn retryable(&self) -> bool {
         matches!(self.code.as_deref(), Some("40001" | "40P01"))
+    }
+
+    /// A value the server cannot take: a data exception (class 22: a character it cannot store,
+    /// a number out of range, a text too long for its column) or a program limit (class 54: a
+    /// key too long for its index). The value is at fault, not the storage.
+    pub fn bad_value(&self) -> bool {
+        self.code.as_deref().is_some_and(|c| c.starts_with("22") || c.starts_with("54"))
+    }
+
+    /// What the server said, without the statement (which callers are never sent).
+    pub fn server_said(&self) -> &str {
+        let said = self.message.split(" in: ").next().unwrap_or(&self.message);
+        said.strip_prefix("database: ").unwrap_or(said)
     }
 }
 
@@ -403,6 +419,63 @@ fn pg_error(e: tokio_postgres::Error, sql: &str) -> rusqlite::Error {
         message: format!("database: {detail} in: {statement}"),
         closed,
     }))
+}
+
+/// The character `PgConn` writes NUL with, since PostgreSQL's `text` cannot hold NUL: NUL is
+/// stored as this character and `0`, the character itself as itself twice; every other
+/// character as it is. Reading undoes it, so both backends give back the same bytes for every
+/// text (SPEC §9). U+FFFF is a Unicode noncharacter: no encoder emits it, and a text without
+/// NUL or U+FFFF (every text stored before the escape existed, in practice) is stored unchanged.
+/// A U+FFFF followed by anything else reads as itself.
+pub const PG_TEXT_ESCAPE: char = '\u{FFFF}';
+
+/// `text` as `PgConn` stores it (see `PG_TEXT_ESCAPE`); borrowed when nothing needs escaping.
+pub fn pg_text_escaped(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.contains(['\0', PG_TEXT_ESCAPE]) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            '\0' => {
+                out.push(PG_TEXT_ESCAPE);
+                out.push('0');
+            }
+            PG_TEXT_ESCAPE => {
+                out.push(PG_TEXT_ESCAPE);
+                out.push(PG_TEXT_ESCAPE);
+            }
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// A text as PostgreSQL gave it back, unescaped (the inverse of `pg_text_escaped`).
+pub fn pg_text_unescaped(stored: String) -> String {
+    if !stored.contains(PG_TEXT_ESCAPE) {
+        return stored;
+    }
+    let mut out = String::with_capacity(stored.len());
+    let mut chars = stored.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != PG_TEXT_ESCAPE {
+            out.push(c);
+            continue;
+        }
+        match chars.peek() {
+            Some('0') => {
+                chars.next();
+                out.push('\0');
+            }
+            Some(&PG_TEXT_ESCAPE) => {
+                chars.next();
+                out.push(PG_TEXT_ESCAPE);
+            }
+            _ => out.push(PG_TEXT_ESCAPE),
+        }
+    }
+    out
 }
 
 /// The advisory lock every write transaction on PostgreSQL takes first: one writer at a time
@@ -454,6 +527,13 @@ pub const PG_CALL_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs
 /// `PG_CALL_WAIT_MAX`. Read transactions keep the longer bound: an export may pause between
 /// statements while it writes what it read.
 pub const PG_WRITE_IDLE_MAX: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How many times an operation is run again after PostgreSQL ended its transaction to resolve
+/// a conflict with another (a deadlock, 40P01, or a serialization failure, 40001), unless the
+/// URL's `conflict_retries` says otherwise: claims of several hubs run at once (`begin_claims`)
+/// and may meet in a deadlock, which the server resolves by ending one of them. Past it the
+/// operation fails as storage unavailable (which callers retry later).
+pub const PG_CONFLICT_RETRIES: u32 = 8;
 
 /// A `PgConn`'s own runtime. Dropped without waiting for its tasks (`shutdown_background`), so
 /// a connection may be dropped anywhere, an async task included (the reader pool at shutdown).
@@ -824,7 +904,7 @@ impl tokio_postgres::types::ToSql for Param<'_> {
             },
             Value::Text(s) => match *ty {
                 Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME | Type::UNKNOWN => {
-                    PgToSql::to_sql(&s.as_str(), &Type::TEXT, out)
+                    PgToSql::to_sql(&&*pg_text_escaped(s), &Type::TEXT, out)
                 }
                 Type::BYTEA => PgToSql::to_sql(&s.as_bytes(), ty, out),
                 _ => Err(wrong("text")),
@@ -862,7 +942,9 @@ impl<'a> tokio_postgres::types::FromSql<'a> for Cell {
             Type::FLOAT4 => Value::Real(f32::from_sql(ty, raw)?.into()),
             Type::NUMERIC => numeric(raw)?,
             Type::BYTEA => Value::Blob(<Vec<u8>>::from_sql(ty, raw)?),
-            _ => Value::Text(String::from_sql(&Type::TEXT, raw).map_err(|_| format!("a column of type {ty}"))?),
+            _ => Value::Text(pg_text_unescaped(
+                String::from_sql(&Type::TEXT, raw).map_err(|_| format!("a column of type {ty}"))?,
+            )),
         };
         Ok(Cell(v))
     }
@@ -927,6 +1009,27 @@ mod tests {
         for sql in ["ROLLBACK", "COMMIT", "RELEASE", "SELECT 1", "SAVEPOINTS", ""] {
             assert!(!is_savepoint_statement(sql), "{sql}");
         }
+    }
+
+    /// NUL and the escape character survive the way through PostgreSQL's text, and every other
+    /// text is stored as it is.
+    #[test]
+    fn texts_are_escaped_for_postgres_and_back() {
+        let e = PG_TEXT_ESCAPE;
+        for (text, stored) in [
+            ("plain é😀".to_string(), "plain é😀".to_string()),
+            ("a\0b".into(), format!("a{e}0b")),
+            (format!("{e}"), format!("{e}{e}")),
+            (format!("{e}0\0"), format!("{e}{e}0{e}0")),
+            (String::new(), String::new()),
+        ] {
+            assert_eq!(pg_text_escaped(&text), stored);
+            assert!(!stored.contains('\0'));
+            assert_eq!(pg_text_unescaped(stored), text);
+        }
+        assert!(matches!(pg_text_escaped("no escape"), std::borrow::Cow::Borrowed(_)));
+        // What an earlier hub stored with a lone U+FFFF reads as it was.
+        assert_eq!(pg_text_unescaped(format!("a{e}b{e}")), format!("a{e}b{e}"));
     }
 
     #[test]

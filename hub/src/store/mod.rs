@@ -70,6 +70,9 @@ pub mod turns;
 pub mod verify;
 pub mod writer;
 
+#[cfg(test)]
+mod text_values;
+
 pub use api::Store;
 pub use writer::{Readers, Writer};
 
@@ -88,6 +91,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../../schema/hub/0004-turn-control-indexes.sql"),
     include_str!("../../../schema/hub/0005-fence-expiry.sql"),
     include_str!("../../../schema/hub/0006-settled-at.sql"),
+    include_str!("../../../schema/hub/0007-start-lease.sql"),
 ];
 
 /// Who made a change, as recorded in the event log.
@@ -189,6 +193,12 @@ pub enum StoreError {
     /// SQLite failed (disk full, I/O error, busy past the timeout). Details are logged.
     #[error("storage error: {0}")]
     Storage(String),
+    /// PostgreSQL ended the transaction to resolve a conflict with another one (a deadlock,
+    /// 40P01, or a serialization failure, 40001): running it again may succeed. The store runs
+    /// such an operation again (`api`, `conflict_retries`); past that it is answered as
+    /// storage unavailable. Details are logged.
+    #[error("storage conflict: {0}")]
+    Conflict(String),
     /// A stored value does not parse into its type; the text names the table, row and column.
     /// Retrying cannot help: the record needs an operator.
     #[error("{0}")]
@@ -215,7 +225,7 @@ impl StoreError {
             StoreError::OverCapacity(_) => ErrorCode::OverCapacity,
             StoreError::CertificateRevoked(_) => ErrorCode::CertificateRevoked,
             StoreError::Forbidden(_) => ErrorCode::Forbidden,
-            StoreError::Storage(_) => ErrorCode::StorageUnavailable,
+            StoreError::Storage(_) | StoreError::Conflict(_) => ErrorCode::StorageUnavailable,
             StoreError::Corrupt(_) | StoreError::Internal(_) => ErrorCode::Internal,
         }
     }
@@ -233,6 +243,24 @@ impl From<rusqlite::Error> for StoreError {
             && matches!(f.code, rusqlite::ErrorCode::DatabaseCorrupt | rusqlite::ErrorCode::NotADatabase)
         {
             return StoreError::Corrupt(format!("the database is damaged: {e}"));
+        }
+        // A text or blob over SQLite's own length bound: the value's fault, as on PostgreSQL.
+        if let rusqlite::Error::SqliteFailure(f, _) = &e
+            && f.code == rusqlite::ErrorCode::TooBig
+        {
+            return StoreError::Invalid(format!("a value the record cannot hold: {e}"));
+        }
+        if let rusqlite::Error::ToSqlConversionFailure(inner) = &e
+            && let Some(pg) = inner.downcast_ref::<db::PgFailure>()
+        {
+            // A value is never a storage error: what the server refuses for a value is the
+            // value's refusal (400), which a batch fails one item for and nobody retries.
+            if pg.bad_value() {
+                return StoreError::Invalid(format!("a value the record cannot hold: {}", pg.server_said()));
+            }
+            if pg.retryable() {
+                return StoreError::Conflict(e.to_string());
+            }
         }
         StoreError::Storage(e.to_string())
     }
@@ -478,6 +506,47 @@ mod tests {
         }
         for code in [rusqlite::ffi::SQLITE_IOERR, rusqlite::ffi::SQLITE_FULL, rusqlite::ffi::SQLITE_BUSY] {
             assert!(matches!(StoreError::from(failure(code)), StoreError::Storage(_)));
+        }
+    }
+
+    fn pg_failure(code: &str) -> rusqlite::Error {
+        rusqlite::Error::ToSqlConversionFailure(Box::new(db::PgFailure {
+            code: Some(code.into()),
+            message: format!("database: the server said no ({code}) in: INSERT INTO attempts (result) VALUES ($1)"),
+            closed: false,
+        }))
+    }
+
+    /// A value PostgreSQL cannot take (its data exceptions, class 22, and program limits, class
+    /// 54: a text too long for its column, a key too long for its index, a number out of range)
+    /// is refused as the value's: never `storage_unavailable`, which callers retry for ever and
+    /// a batch fails whole for. The server's own failures stay storage failures.
+    #[test]
+    fn a_value_the_server_refuses_is_never_a_storage_failure() {
+        for code in ["22021", "22001", "22003", "22P02", "22P05", "22000", "54000", "54001", "54011"] {
+            let e = StoreError::from(pg_failure(code));
+            assert_ne!(e.code(), ErrorCode::StorageUnavailable, "{code}: {e:?}");
+            assert_eq!(e.code(), ErrorCode::InvalidField, "{code}: {e:?}");
+            assert!(!e.to_string().contains("INSERT"), "no statement is sent to the caller: {e}");
+        }
+        for code in ["08006", "53100", "53200", "57P01", "58030", "XX000", "25P02"] {
+            assert!(matches!(StoreError::from(pg_failure(code)), StoreError::Storage(_)), "{code}");
+        }
+        let too_big = rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_TOOBIG), None);
+        assert_eq!(StoreError::from(too_big).code(), ErrorCode::InvalidField, "SQLite's own length bound");
+    }
+
+    /// A deadlock or a serialization failure is a conflict the store runs the operation again
+    /// for; answered (once the retries are spent) as storage unavailable, never as the value's.
+    #[test]
+    fn deadlocks_and_serialization_failures_are_conflicts() {
+        for code in ["40P01", "40001"] {
+            let e = StoreError::from(pg_failure(code));
+            assert!(matches!(e, StoreError::Conflict(_)), "{code}: {e:?}");
+            assert_eq!(e.code(), ErrorCode::StorageUnavailable);
+        }
+        for code in ["40002", "40003", "23505"] {
+            assert!(!matches!(StoreError::from(pg_failure(code)), StoreError::Conflict(_)), "{code}");
         }
     }
 

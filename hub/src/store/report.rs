@@ -345,7 +345,7 @@ fn requeue_for_retry(
     transition::apply(conn, change, &Actor::hub(), now_ms)?;
     conn.prepare_cached(
         "UPDATE deliveries SET attempt = attempt + 1, rerun = 'retry', rerun_by = 'hub', rerun_reason = NULL,
-                not_before = ?2, started_session = NULL, started_at = NULL
+                not_before = ?2, started_session = NULL, started_at = NULL, acked_session = NULL
          WHERE id = ?1",
     )?
     .execute(rusqlite::params![delivery_id, not_before])?;

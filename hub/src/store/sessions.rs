@@ -3,8 +3,17 @@
 //! Invariant: only the host's newest session may act. Every node request that names its session
 //! (the `baton-session` header) is checked against `node_sessions` inside the transaction that
 //! acts on it, so a request from a superseded session (a copy of the data directory, or a process
-//! that outlived its restart) changes nothing. A request without the header is accepted (a node
-//! that predates sessions).
+//! that outlived its restart) changes nothing. A request without the header is accepted only for
+//! a host that has never registered a session (a node that predates sessions, a raw client); once
+//! a host has registered one, a request without the header is refused (400 naming the header), so
+//! leaving it out is no way around this fence.
+//!
+//! Invariant (start lease): a session's `start_lease_until` (the hub's clock) is when its right
+//! to start, on its own, the turns it acked runs out. It is granted for the session's own
+//! `start_lease_ms` at registration and renewed by every accepted `POST /v1/starts` of the
+//! session; a superseded session can renew nothing (its requests are refused), and a clean end
+//! clears it. `turns::start` does not grant a newer session the start of a run an older session
+//! acked (`deliveries.acked_session`) while that older session's lease has not run out.
 //!
 //! Invariant: a session that begins while the host's previous one has not ended is a takeover:
 //! the previous row is ended `superseded`, the new row names it in `took_over`, and an operator
@@ -23,6 +32,8 @@ pub struct Opened {
     pub session: u64,
     /// The session it replaced without that one having ended cleanly, when there was one.
     pub took_over: Option<u64>,
+    /// The start lease granted to the new session, in milliseconds.
+    pub start_lease_ms: u64,
 }
 
 /// Registers a new session of `host` for `instance_id` (`POST /v1/sessions`). The instance rule
@@ -33,6 +44,7 @@ pub fn open(
     instance_id: &str,
     node_version: Option<&str>,
     rebind: super::claim::RebindLimit,
+    start_lease_ms: u64,
     now_ms: i64,
 ) -> StoreResult<Opened> {
     match hosts::standing(conn, host)? {
@@ -40,6 +52,7 @@ pub fn open(
         Standing::Retired => return Err(StoreError::NotYours(format!("host {host} is retired"))),
         Standing::Active => {}
     }
+    let lease = i64::try_from(start_lease_ms.max(1)).unwrap_or(i64::MAX);
     bind_instance(conn, host, instance_id, rebind, now_ms)?;
     let last: Option<(i64, Option<i64>)> = conn
         .prepare_cached("SELECT session, ended_at FROM node_sessions WHERE host = ?1 ORDER BY session DESC LIMIT 1")?
@@ -67,13 +80,15 @@ pub fn open(
         _ => None,
     };
     conn.prepare_cached(
-        "INSERT INTO node_sessions (host, session, instance_id, node_version, started_at, took_over, last_contact_at)
-         VALUES (:h, :s, :i, :v, :now, :t, :now)",
+        "INSERT INTO node_sessions (host, session, instance_id, node_version, started_at, took_over, last_contact_at,
+                                    start_lease_ms, start_lease_until)
+         VALUES (:h, :s, :i, :v, :now, :t, :now, :lease, :until)",
     )?
     .execute(named_params! {
         ":h": host, ":s": session, ":i": instance_id, ":v": node_version, ":now": now_ms, ":t": took_over,
+        ":lease": lease, ":until": now_ms.saturating_add(lease),
     })?;
-    Ok(Opened { session: session as u64, took_over: took_over.map(|t| t as u64) })
+    Ok(Opened { session: session as u64, took_over: took_over.map(|t| t as u64), start_lease_ms: lease as u64 })
 }
 
 /// Ends a session cleanly (`POST /v1/sessions/end`). Repeating it changes nothing; ending a
@@ -92,7 +107,7 @@ pub fn end(conn: &dyn Db, host: &str, instance_id: &str, session: u64, now_ms: i
     }
     if ended_at.is_none() {
         conn.prepare_cached(
-            "UPDATE node_sessions SET ended_at = ?3, ended_how = 'clean', last_contact_at = ?3
+            "UPDATE node_sessions SET ended_at = ?3, ended_how = 'clean', last_contact_at = ?3, start_lease_until = NULL
              WHERE host = ?1 AND session = ?2",
         )?
         .execute(rusqlite::params![host, session as i64, now_ms])?;
@@ -101,13 +116,23 @@ pub fn end(conn: &dyn Db, host: &str, instance_id: &str, session: u64, now_ms: i
 }
 
 /// Refuses a request whose session is not the host's newest (`SessionSuperseded`). `None` (no
-/// header: a node that predates sessions) is accepted. A session the hub has no record of (a
-/// hub restored from an older backup) is refused the same way, so the node registers anew.
+/// header) is accepted only while the host has never registered a session (a node that predates
+/// sessions, a raw client); after that it is refused (`Invalid`, 400 naming the header), so a process of a superseded
+/// session cannot act by leaving the header out. A session the hub has no record of (a hub
+/// restored from an older backup) is refused as superseded, so the node registers anew.
 pub fn check(conn: &dyn Db, host: &str, session: Option<u64>) -> StoreResult<()> {
-    let Some(session) = session else { return Ok(()) };
     let newest: Option<i64> = conn
         .prepare_cached("SELECT max(session) FROM node_sessions WHERE host = ?1")?
         .query_row([host], |r| r.get(0))?;
+    let Some(session) = session else {
+        return match newest {
+            None => Ok(()),
+            Some(n) => Err(StoreError::Invalid(format!(
+                "baton-session: required: host {host} has registered node sessions (the newest is {n}), so a \
+                 request that acts on its deliveries must name its session"
+            ))),
+        };
+    };
     match newest {
         Some(n) if n == session as i64 => Ok(()),
         Some(n) if n > session as i64 => Err(StoreError::SessionSuperseded(format!(
@@ -118,6 +143,27 @@ pub fn check(conn: &dyn Db, host: &str, session: Option<u64>) -> StoreResult<()>
             "host {host} has no session {session} in the hub's record; register a new session"
         ))),
     }
+}
+
+/// Renews the start lease of `session` of `host` for the session's own length from `now_ms`
+/// (the caller checked that it is the host's newest session).
+pub fn renew_lease(conn: &dyn Db, host: &str, session: u64, now_ms: i64) -> StoreResult<()> {
+    conn.prepare_cached(
+        "UPDATE node_sessions SET start_lease_until = ?3 + start_lease_ms
+         WHERE host = ?1 AND session = ?2 AND start_lease_ms IS NOT NULL AND ended_at IS NULL",
+    )?
+    .execute(rusqlite::params![host, session as i64, now_ms])?;
+    Ok(())
+}
+
+/// Until when (unix ms, the hub's clock) `session` of `host` may still start the turns it acked
+/// on its own; `None` when it holds no lease (never granted, or it ended cleanly).
+pub fn lease_until(conn: &dyn Db, host: &str, session: u64) -> StoreResult<Option<i64>> {
+    Ok(conn
+        .prepare_cached("SELECT start_lease_until FROM node_sessions WHERE host = ?1 AND session = ?2")?
+        .query_row(rusqlite::params![host, session as i64], |r| r.get::<_, Option<i64>>(0))
+        .optional()?
+        .flatten())
 }
 
 /// Writes the last time each session was heard from (`last_contact_at`), from the hub's
@@ -152,12 +198,12 @@ mod tests {
         let db = testing::db();
         let c = &db.conn;
         assert_eq!(
-            open(c, "host-a", "i", Some("1.0"), RebindLimit::default(), 1).unwrap(),
-            Opened { session: 1, took_over: None }
+            open(c, "host-a", "i", Some("1.0"), RebindLimit::default(), 1000, 1).unwrap(),
+            Opened { session: 1, took_over: None, start_lease_ms: 1000 }
         );
         assert_eq!(
-            open(c, "host-a", "i", None, RebindLimit::default(), 2).unwrap(),
-            Opened { session: 2, took_over: Some(1) }
+            open(c, "host-a", "i", None, RebindLimit::default(), 1000, 2).unwrap(),
+            Opened { session: 2, took_over: Some(1), start_lease_ms: 1000 }
         );
         assert_eq!(row(c, 1), (Some(2), Some("superseded".into()), None, 1));
         assert_eq!(row(c, 2).2, Some(1));
@@ -168,17 +214,18 @@ mod tests {
         assert!(matches!(check(c, "host-a", Some(1)), Err(StoreError::SessionSuperseded(_))));
         assert!(matches!(end(c, "host-a", "i", 1, 3), Err(StoreError::SessionSuperseded(_))));
         check(c, "host-a", Some(2)).unwrap();
-        check(c, "host-a", None).unwrap();
+        assert!(matches!(check(c, "host-a", None), Err(StoreError::Invalid(_))), "no header is no way around");
+        check(c, "host-never", None).unwrap();
         assert!(matches!(check(c, "host-a", Some(9)), Err(StoreError::SessionSuperseded(_))));
         end(c, "host-a", "i", 2, 4).unwrap();
         end(c, "host-a", "i", 2, 5).unwrap();
         assert_eq!(row(c, 2).0, Some(4), "a repeated end changes nothing");
         assert_eq!(
-            open(c, "host-a", "i", None, RebindLimit::default(), 6).unwrap(),
-            Opened { session: 3, took_over: None }
+            open(c, "host-a", "i", None, RebindLimit::default(), 1000, 6).unwrap(),
+            Opened { session: 3, took_over: None, start_lease_ms: 1000 }
         );
         // Sessions are per host.
-        assert_eq!(open(c, "host-b", "j", None, RebindLimit::default(), 7).unwrap().session, 1);
+        assert_eq!(open(c, "host-b", "j", None, RebindLimit::default(), 1000, 7).unwrap().session, 1);
         record_contacts(c, &[("host-a".into(), 3, 9), ("host-a".into(), 3, 8)]).unwrap();
         assert_eq!(row(c, 3).3, 9);
     }
@@ -188,12 +235,12 @@ mod tests {
         let db = testing::db();
         let c = &db.conn;
         crate::store::accept::testing::accept_one(c, "conv", "k", &["host-a"]);
-        open(c, "host-a", "first", None, RebindLimit::default(), 1).unwrap();
+        open(c, "host-a", "first", None, RebindLimit::default(), 1000, 1).unwrap();
         assert_eq!(crate::store::claim::claim(c, "host-a", "first", 10, 2).unwrap().len(), 1);
         assert!(matches!(
-            open(c, "host-a", "copy", None, RebindLimit::default(), 3),
+            open(c, "host-a", "copy", None, RebindLimit::default(), 1000, 3),
             Err(StoreError::InstanceConflict(_))
         ));
-        assert_eq!(open(c, "host-a", "first", None, RebindLimit::default(), 4).unwrap().session, 2);
+        assert_eq!(open(c, "host-a", "first", None, RebindLimit::default(), 1000, 4).unwrap().session, 2);
     }
 }

@@ -108,7 +108,7 @@ mod tests {
         for k in ["k1", "k2", "k3"] {
             accept_one(c, "c", k, &["host-a"]);
         }
-        crate::store::sessions::open(c, "host-a", "i", Some("test"), Default::default(), 10).unwrap();
+        crate::store::sessions::open(c, "host-a", "i", Some("test"), Default::default(), 15_000, 10).unwrap();
         let got = crate::store::claim::claim(c, "host-a", "i", 3, 10).unwrap();
         let h = |i: usize| Holder { instance_id: "i", claim_token: &got[i].claim_token };
         crate::store::claim::mirrored(c, "host-a", &got[1].delivery_id, h(1), 10).unwrap();

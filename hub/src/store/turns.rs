@@ -31,6 +31,8 @@ struct Turn {
     claim_token: Option<String>,
     attempt: u32,
     started_session: Option<i64>,
+    /// The session whose ack made the current run delivered (none before it was acked).
+    acked_session: Option<i64>,
     cancel_requested: bool,
     /// The outcome of the current run, when it has one.
     outcome: Option<Outcome>,
@@ -41,7 +43,8 @@ fn load(conn: &dyn Db, delivery_id: &str) -> StoreResult<Option<Turn>> {
         .prepare_cached(
             "SELECT d.host, d.state, d.instance_id, d.claim_token, d.attempt, d.started_session,
                     d.cancel_requested_at IS NOT NULL,
-                    (SELECT a.outcome FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)
+                    (SELECT a.outcome FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt),
+                    d.acked_session
              FROM deliveries d WHERE d.id = ?1",
         )?
         .query_row([delivery_id], |r| {
@@ -52,6 +55,7 @@ fn load(conn: &dyn Db, delivery_id: &str) -> StoreResult<Option<Turn>> {
                 claim_token: r.get(3)?,
                 attempt: r.get(4)?,
                 started_session: r.get(5)?,
+                acked_session: r.get(8)?,
                 cancel_requested: r.get(6)?,
                 outcome: parse_column_opt(
                     r,
@@ -69,6 +73,10 @@ fn load(conn: &dyn Db, delivery_id: &str) -> StoreResult<Option<Turn>> {
 /// `POST /v1/starts`: for each item, whether the caller's session may start that run (and the
 /// start recorded when it may). Items are answered in order; one item's refusal does not
 /// affect the others.
+///
+/// A run an older session of the instance acked is not started for a newer session while that
+/// older session's start lease lasts (`start_lease_pending`, with when to ask again): until
+/// then the older process, if it still runs cut off from the hub, may start it on its own.
 pub fn start(
     conn: &dyn Db,
     host: &str,
@@ -84,6 +92,7 @@ pub fn start(
             start: false,
             code: Some(code.to_string()),
             message: Some(message),
+            retry_after_ms: None,
         };
         let turn = match load(conn, &item.delivery_id)? {
             Some(t) if t.host == host => t,
@@ -109,6 +118,24 @@ pub fn start(
             out.push(refuse("cancelled", format!("delivery {} was cancelled before it started", item.delivery_id)));
             continue;
         }
+        if turn.started_session.is_none()
+            && let Some(acked) = turn.acked_session.filter(|a| *a < session as i64)
+            && let Some(until) = super::sessions::lease_until(conn, host, acked as u64)?.filter(|u| *u > now_ms)
+        {
+            let wait_ms = until - now_ms;
+            out.push(StartResult {
+                retry_after_ms: Some(wait_ms as u64),
+                ..refuse(
+                    "start_lease_pending",
+                    format!(
+                        "run {} of delivery {} was acked by session {acked} of this node instance, which may still \
+                         start it on its own for {wait_ms} ms (its start lease); ask again then",
+                        turn.attempt, item.delivery_id
+                    ),
+                )
+            });
+            continue;
+        }
         match turn.started_session {
             None => {
                 conn.prepare_cached(
@@ -125,7 +152,13 @@ pub fn start(
                 continue;
             }
         }
-        out.push(StartResult { delivery_id: item.delivery_id.clone(), start: true, code: None, message: None });
+        out.push(StartResult {
+            delivery_id: item.delivery_id.clone(),
+            start: true,
+            code: None,
+            message: None,
+            retry_after_ms: None,
+        });
     }
     Ok(out)
 }
@@ -346,7 +379,7 @@ pub fn retry(conn: &dyn Db, delivery_id: &str, operator: &str, reason: &str, now
     let attempt: u32 = conn
         .prepare_cached(
             "UPDATE deliveries SET attempt = attempt + 1, rerun = 'redrive', rerun_by = ?2, rerun_reason = ?3,
-                    not_before = NULL, started_session = NULL, started_at = NULL,
+                    not_before = NULL, started_session = NULL, started_at = NULL, acked_session = NULL,
                     cancel_requested_at = NULL, cancel_by = NULL, cancel_reason = NULL, reason = NULL
              WHERE id = ?1 RETURNING attempt",
         )?
@@ -564,6 +597,57 @@ mod tests {
         cancel(c, &got[1].delivery_id, Canceller::Operator("op"), "stop", false, 9).unwrap();
         let r = start(c, "host-a", "i", 7, &[item(&got[1])], 10).unwrap();
         assert_eq!((r[0].start, r[0].code.as_deref()), (false, Some("cancelled")));
+    }
+
+    /// The start lease: a run the older session acked is not started for a newer session (a
+    /// copy of the data directory) until the older session's lease ran out; renewals extend it,
+    /// a superseded session renews nothing, a clean end gives it up; runs the newer session
+    /// acked itself start at once.
+    #[test]
+    fn a_newer_session_waits_for_the_older_lease_before_starting_what_the_older_acked() {
+        use crate::store::claim::{RebindLimit, record_acked_session};
+        use crate::store::sessions;
+        let db = testing::db();
+        let c = &db.conn;
+        message(c, "c", "k1", 1);
+        let first = sessions::open(c, "host-a", "i", None, RebindLimit::default(), 1_000, 10).unwrap();
+        let got = claim_all(c, 11);
+        deliver(c, &got[0], 12);
+        record_acked_session(c, &got[0].delivery_id, first.session).unwrap();
+        // A renewal at 500: the lease of session 1 now runs until 1_500.
+        assert!(start(c, "host-a", "i", first.session, &[], 500).unwrap().is_empty());
+        sessions::renew_lease(c, "host-a", first.session, 500).unwrap();
+        assert_eq!(sessions::lease_until(c, "host-a", first.session).unwrap(), Some(1_500));
+        let copy = sessions::open(c, "host-a", "i", None, RebindLimit::default(), 1_000, 600).unwrap();
+        assert_eq!(copy.took_over, Some(first.session));
+        let r = start(c, "host-a", "i", copy.session, &[item(&got[0])], 700).unwrap();
+        assert_eq!(
+            (r[0].start, r[0].code.as_deref(), r[0].retry_after_ms),
+            (false, Some("start_lease_pending"), Some(800))
+        );
+        let started: Option<i64> = c
+            .query_row("SELECT started_session FROM deliveries WHERE id = ?1", [&got[0].delivery_id], |r| r.get(0))
+            .unwrap();
+        assert_eq!(started, None, "a pending start records nothing");
+        // The superseded session cannot renew (its requests are refused before this; the
+        // renewal itself also leaves an ended session alone).
+        sessions::renew_lease(c, "host-a", first.session, 1_400).unwrap();
+        assert_eq!(sessions::lease_until(c, "host-a", first.session).unwrap(), Some(1_500));
+        // New work the copy acked itself starts at once.
+        message(c, "d", "k2", 1);
+        let mine = claim_all(c, 800);
+        deliver(c, &mine[0], 801);
+        record_acked_session(c, &mine[0].delivery_id, copy.session).unwrap();
+        assert!(start(c, "host-a", "i", copy.session, &[item(&mine[0])], 802).unwrap()[0].start);
+        // At the lease's end the older run is the copy's to start.
+        assert_eq!(
+            start(c, "host-a", "i", copy.session, &[item(&got[0])], 1_499).unwrap()[0].code.as_deref(),
+            Some("start_lease_pending")
+        );
+        assert!(start(c, "host-a", "i", copy.session, &[item(&got[0])], 1_500).unwrap()[0].start);
+        // A clean end gives the lease up.
+        sessions::end(c, "host-a", "i", copy.session, 2_000).unwrap();
+        assert_eq!(sessions::lease_until(c, "host-a", copy.session).unwrap(), None);
     }
 
     #[test]

@@ -79,12 +79,18 @@ struct HubState {
     batches: Vec<String>,
     /// Moves to another hub of the node's list (`Hub::hub_moves`), made by a test.
     moves: u64,
+    /// The start lease the hub grants, in ms: `FAKE_START_LEASE_MS` when unset, none with
+    /// `Some(0)`.
+    start_lease_ms: Option<u64>,
     /// When set, each `mirrored` or `handoff` batch waits for a permit of this semaphore first.
     mirrored_gate: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 #[derive(Clone, Default)]
 struct FakeHub(Arc<Mutex<HubState>>);
+
+/// The start lease the fake hub grants unless a test says otherwise: longer than any test.
+const FAKE_START_LEASE_MS: u64 = 600_000;
 
 /// The hub's refusal with `status` and `code` (sent as is, parsed as the client does).
 fn refusal(status: u16, code: &str, message: &str) -> ClientError {
@@ -184,7 +190,12 @@ impl Hub for FakeHub {
             let took_over = (s.newest_session > 0).then_some(s.newest_session);
             s.newest_session += 1;
             s.node_session = s.newest_session;
-            Ok(SessionResponse { session: s.newest_session, took_over })
+            let start_lease_ms = match s.start_lease_ms {
+                None => Some(FAKE_START_LEASE_MS),
+                Some(0) => None,
+                Some(ms) => Some(ms),
+            };
+            Ok(SessionResponse { session: s.newest_session, took_over, start_lease_ms })
         })
     }
 
@@ -217,6 +228,7 @@ impl Hub for FakeHub {
                 start: code.is_none(),
                 code: code.map(str::to_string),
                 message: code.map(|c| format!("fake {c}")),
+                retry_after_ms: None,
             };
             let mut out = Vec::new();
             for i in items {
@@ -859,6 +871,100 @@ async fn during_an_outage_a_turn_acked_by_this_process_still_starts() {
     node.stop().await;
 }
 
+/// The start lease bounds what a cut-off node starts on its own: once the lease it measured has
+/// ended (its renewals failing while the hub is down), a turn its own ack made ours waits for
+/// the hub instead of starting, and starts when the hub answers again.
+#[tokio::test]
+async fn during_an_outage_nothing_starts_once_the_start_lease_has_ended() {
+    let dir = tempfile::tempdir().unwrap();
+    let go = dir.path().join("go");
+    let script = format!(
+        "echo $BATON_DELIVERY_ID >> {}; while [ ! -f {} ]; do sleep 0.05; done",
+        dir.path().join("ran").display(),
+        go.display()
+    );
+    let hub = FakeHub::default();
+    hub.with(|s| {
+        s.start_lease_ms = Some(1_500);
+        s.queue.push_back(delivery("o1", "o", 1));
+        s.queue.push_back(delivery("p1", "o", 2));
+    });
+    let node = start(config(dir.path(), &script), &hub);
+    wait_until("o1 runs", || lines(&dir.path().join("ran")) == ["o1"]).await;
+    wait_until("p1 acked", || hub.with(|s| s.calls.iter().any(|c| c == "ack p1"))).await;
+    hub.with(|s| s.down = true);
+    // Past the lease (the node counts 90 % of 1.5 s from its last renewal's request).
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    std::fs::write(&go, "").unwrap();
+    wait_until("the node asked to start p1 while the hub was down", || {
+        hub.with(|s| s.calls.iter().filter(|c| *c == "starts").count() >= 3)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(lines(&dir.path().join("ran")), ["o1"], "p1 must not start on the local gate after the lease");
+    hub.with(|s| s.down = false);
+    wait_until("p1 runs once the hub answers", || lines(&dir.path().join("ran")) == ["o1", "p1"]).await;
+    wait_until("both reported", || hub.with(|s| s.outcomes.len() == 2)).await;
+    node.stop().await;
+}
+
+/// While a turn this process acked waits behind a running one, the node keeps its start lease
+/// alive with empty `POST /v1/starts`, so a hub outage that begins long after the ack still
+/// finds the lease running: the waiting turn starts on the local gate.
+#[tokio::test]
+async fn a_waiting_acked_turn_keeps_the_start_lease_renewed() {
+    let dir = tempfile::tempdir().unwrap();
+    let go = dir.path().join("go");
+    let script = format!(
+        "echo $BATON_DELIVERY_ID >> {}; while [ ! -f {} ]; do sleep 0.05; done",
+        dir.path().join("ran").display(),
+        go.display()
+    );
+    let hub = FakeHub::default();
+    hub.with(|s| {
+        s.start_lease_ms = Some(1_500);
+        s.queue.push_back(delivery("o1", "o", 1));
+        s.queue.push_back(delivery("p1", "o", 2));
+    });
+    let node = start(config(dir.path(), &script), &hub);
+    wait_until("o1 runs", || lines(&dir.path().join("ran")) == ["o1"]).await;
+    wait_until("p1 acked", || hub.with(|s| s.calls.iter().any(|c| c == "ack p1"))).await;
+    // Several lease lengths pass while p1 waits: only renewals keep the lease.
+    wait_until("three renewals", || hub.with(|s| s.start_requests.iter().filter(|r| r.is_empty()).count() >= 3)).await;
+    hub.with(|s| s.down = true);
+    std::fs::write(&go, "").unwrap();
+    wait_until("p1 runs on the local gate within the renewed lease", || lines(&dir.path().join("ran")) == ["o1", "p1"])
+        .await;
+    hub.with(|s| s.down = false);
+    wait_until("both reported", || hub.with(|s| s.outcomes.len() == 2)).await;
+    node.stop().await;
+}
+
+/// `start_lease_pending` (an earlier session acked the run and may still start it) is no
+/// refusal: the node keeps the turn, starts nothing, and asks again until the hub grants it.
+#[tokio::test]
+async fn a_start_pending_on_an_older_lease_is_asked_again_and_then_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = FakeHub::default();
+    hub.with(|s| {
+        s.queue.push_back(delivery("l1", "l", 1));
+        s.refuse_start.insert("l1".into(), "start_lease_pending".into());
+    });
+    let node = start(config(dir.path(), &recording(dir.path())), &hub);
+    wait_until("asked three times", || {
+        hub.with(|s| s.start_requests.iter().filter(|r| r.iter().any(|id| id == "l1")).count() >= 3)
+    })
+    .await;
+    assert!(lines(&dir.path().join("ran")).is_empty(), "nothing runs while the older lease lasts");
+    hub.with(|s| {
+        assert!(s.reports.is_empty(), "nothing is reported for it: {:?}", s.reports);
+        s.refuse_start.clear();
+    });
+    wait_until("l1 runs once granted", || lines(&dir.path().join("ran")) == ["l1"]).await;
+    wait_until("reported", || hub.with(|s| s.outcomes.len() == 1)).await;
+    node.stop().await;
+}
+
 #[tokio::test]
 async fn a_refused_report_is_marked_dead_not_retried_forever() {
     let dir = tempfile::tempdir().unwrap();
@@ -1007,7 +1113,7 @@ async fn instance_conflict_backs_off_and_touches_nothing() {
     struct Conflicted(Arc<Mutex<Vec<Instant>>>);
     impl Hub for Conflicted {
         async fn register_session(&self) -> Result<SessionResponse, ClientError> {
-            Ok(SessionResponse { session: 1, took_over: None })
+            Ok(SessionResponse { session: 1, took_over: None, start_lease_ms: Some(60_000) })
         }
         async fn end_session(&self) -> Result<(), ClientError> {
             Ok(())
@@ -1087,7 +1193,7 @@ async fn a_hub_that_does_not_answer_is_retried_within_the_reconnect_cap() {
     struct Outage(Arc<Mutex<Vec<Instant>>>);
     impl Hub for Outage {
         async fn register_session(&self) -> Result<SessionResponse, ClientError> {
-            Ok(SessionResponse { session: 1, took_over: None })
+            Ok(SessionResponse { session: 1, took_over: None, start_lease_ms: Some(60_000) })
         }
         async fn end_session(&self) -> Result<(), ClientError> {
             Ok(())

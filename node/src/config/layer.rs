@@ -4,6 +4,7 @@
 
 use super::ConfigError;
 use super::key::{FromValue, Key, Value};
+use baton_shared::limits::CONFIG_FILE_BYTES_MAX;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -14,10 +15,11 @@ pub struct Layer {
 }
 
 impl Layer {
-    /// Reads and checks a TOML config file.
+    /// Reads and checks a TOML config file (at most `CONFIG_FILE_BYTES_MAX` of it).
     pub fn from_file(path: &Path) -> Result<Layer, ConfigError> {
         let shown = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: shown.clone(), source })?;
+        let text = baton_shared::files::read_text_bounded(path, CONFIG_FILE_BYTES_MAX, "CONFIG_FILE_BYTES_MAX")
+            .map_err(|source| ConfigError::Read { path: shown.clone(), source })?;
         Layer::from_toml(&shown, &text)
     }
 

@@ -51,8 +51,12 @@ impl TlsError {
     }
 }
 
+/// Reads one of the three files, at most `PEM_FILE_BYTES_MAX` of it (a path such as
+/// `/dev/zero` is refused after that much, naming the bound).
 fn read(key: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
-    std::fs::read(path).map_err(|source| TlsError::Unreadable { key, path: path.to_path_buf(), source })
+    use baton_shared::limits::PEM_FILE_BYTES_MAX;
+    baton_shared::files::read_bounded(path, PEM_FILE_BYTES_MAX, "PEM_FILE_BYTES_MAX")
+        .map_err(|source| TlsError::Unreadable { key, path: path.to_path_buf(), source })
 }
 
 /// The reqwest client presenting `files`, with `timeout` as its default total request timeout

@@ -93,6 +93,10 @@ pub struct Inputs {
     pub hub: HubRecord,
     /// Every node database (`DATA_DIR/node.db`).
     pub node_dbs: Vec<PathBuf>,
+    /// Those of `node_dbs` whose data directory a copy took over (another process of the same
+    /// instance, on a copy of it): read for everything they recorded, but not held to the
+    /// node-side liveness rule (I10), since what they left unsettled the copy settles.
+    pub retired_node_dbs: Vec<PathBuf>,
     /// The client history (JSON lines), if any.
     pub history: Option<PathBuf>,
     /// The effects ledger (JSON lines), if any.
@@ -104,7 +108,7 @@ pub struct Inputs {
 impl Inputs {
     /// Inputs for a hub's record alone, liveness off.
     pub fn hub_only(hub: HubRecord) -> Inputs {
-        Inputs { hub, node_dbs: Vec::new(), history: None, ledger: None, liveness: false }
+        Inputs { hub, node_dbs: Vec::new(), retired_node_dbs: Vec::new(), history: None, ledger: None, liveness: false }
     }
 }
 
@@ -237,12 +241,16 @@ struct NodeDelivery {
 struct NodeAttempt {
     attempt_id: String,
     delivery_id: String,
+    /// The run of the delivery it was.
+    run: i64,
     ended: bool,
     outcome: Option<String>,
 }
 
 struct NodeDb {
     path: String,
+    /// A data directory a copy took over (`Inputs::retired_node_dbs`).
+    retired: bool,
     instance_id: Option<String>,
     deliveries: Vec<NodeDelivery>,
     attempts: Vec<NodeAttempt>,
@@ -365,7 +373,7 @@ fn load_hub(conn: &dyn Db, m: &mut Model) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn load_node(path: &Path, out: &mut Vec<Violation>) -> anyhow::Result<NodeDb> {
+fn load_node(path: &Path, retired: bool, out: &mut Vec<Violation>) -> anyhow::Result<NodeDb> {
     let conn = open_read_only(path)?;
     let shown = path.display().to_string();
     integrity(&conn, &shown, out)?;
@@ -376,10 +384,19 @@ fn load_node(path: &Path, out: &mut Vec<Violation>) -> anyhow::Result<NodeDb> {
     })?;
     let attempts = rows(
         &conn,
-        "SELECT attempt_id, delivery_id, ended_at_ms IS NOT NULL, outcome FROM attempts ORDER BY started_at_ms",
-        |r| Ok(NodeAttempt { attempt_id: r.get(0)?, delivery_id: r.get(1)?, ended: r.get(2)?, outcome: r.get(3)? }),
+        "SELECT attempt_id, delivery_id, coalesce(run, 1), ended_at_ms IS NOT NULL, outcome FROM attempts
+         ORDER BY started_at_ms",
+        |r| {
+            Ok(NodeAttempt {
+                attempt_id: r.get(0)?,
+                delivery_id: r.get(1)?,
+                run: r.get(2)?,
+                ended: r.get(3)?,
+                outcome: r.get(4)?,
+            })
+        },
     )?;
-    Ok(NodeDb { path: shown, instance_id, deliveries, attempts })
+    Ok(NodeDb { path: shown, retired, instance_id, deliveries, attempts })
 }
 
 /// I12 on one SQLite file (a node database; the hub's file is checked by
@@ -413,7 +430,7 @@ pub fn check(inputs: &Inputs) -> anyhow::Result<Report> {
     })?;
     let mut v: Vec<Violation> = problems.iter().map(hub_problem).collect();
     for p in &inputs.node_dbs {
-        let node = load_node(p, &mut v)?;
+        let node = load_node(p, inputs.retired_node_dbs.contains(p), &mut v)?;
         m.nodes.push(node);
     }
     if let Some(h) = &inputs.history {
@@ -530,9 +547,20 @@ impl Index {
         for (i, h) in m.history.iter().enumerate() {
             push(&mut ix.history_by_key, h.key.clone(), i);
         }
+        // A copied data directory holds the original's attempts too: of the rows of one
+        // attempt, the one that knows its end (the process that ran it) tells the outcome.
+        let known = |(n, a): (usize, usize)| {
+            let att: &NodeAttempt = &m.nodes[n].attempts[a];
+            att.ended && att.outcome.as_deref() != Some("unknown")
+        };
         for (n, node) in m.nodes.iter().enumerate() {
             for (a, att) in node.attempts.iter().enumerate() {
-                ix.node_attempt.insert(att.attempt_id.clone(), (n, a));
+                match ix.node_attempt.get(&att.attempt_id) {
+                    Some(&first) if known(first) || !known((n, a)) => {}
+                    _ => {
+                        ix.node_attempt.insert(att.attempt_id.clone(), (n, a));
+                    }
+                }
             }
         }
         ix
@@ -968,7 +996,10 @@ fn check_effects(m: &Model, ix: &Index, inputs: &Inputs, v: &mut Vec<Violation>)
         let mut per: HashMap<&str, usize> = HashMap::new();
         for a in &node.attempts {
             *per.entry(a.delivery_id.as_str()).or_default() += 1;
-            if inputs.liveness && !m.attempts.iter().any(|h| h.report_id == a.attempt_id) {
+            if inputs.liveness
+                && !m.attempts.iter().any(|h| h.report_id == a.attempt_id)
+                && !reported_unknown_by_copy(m, ix, &a.delivery_id, a.run, node.instance_id.as_deref())
+            {
                 let (family, why) = match ix.delivery_by_id.get(&a.delivery_id).map(|&i| &m.deliveries[i]) {
                     Some(d) if current_run_reported(m, ix, d) && d.run > 1 => {
                         ("I16", ": an earlier run's attempt row is gone (rewritten by a re-run?)")
@@ -997,6 +1028,22 @@ fn check_effects(m: &Model, ix: &Index, inputs: &Inputs, v: &mut Vec<Violation>)
     }
 }
 
+/// Whether another process of `instance`, on a copy of its data directory (two or more of the
+/// node databases read name the instance), reported run `run` of delivery `did` `unknown`: the
+/// run one process started and did not report (cut off, then taken over) is reported by the
+/// other as started elsewhere, under an attempt of its own. Its execution is then visible on the
+/// hub as the run's `unknown` outcome, which is what I8 asks of an execution without a known end.
+fn reported_unknown_by_copy(m: &Model, ix: &Index, did: &str, run: i64, instance: Option<&str>) -> bool {
+    let Some(instance) = instance else { return false };
+    let directories = m.nodes.iter().filter(|n| n.instance_id.as_deref() == Some(instance)).count();
+    directories > 1
+        && ix.attempts_by_delivery.get(did).is_some_and(|as_| {
+            as_.iter()
+                .map(|&i| &m.attempts[i])
+                .any(|a| a.run == run && a.outcome == "unknown" && a.instance_id == instance)
+        })
+}
+
 /// Whether the hub holds an attempt row for the delivery's current run.
 fn current_run_reported(m: &Model, ix: &Index, d: &Delivery) -> bool {
     ix.attempts_by_delivery.get(&d.id).is_some_and(|as_| as_.iter().any(|&i| m.attempts[i].run == d.run))
@@ -1012,8 +1059,10 @@ fn current_run_reported(m: &Model, ix: &Index, d: &Delivery) -> bool {
 /// checked; a ledger without readings (an older harness) is taken in file order (the order the
 /// executions ended in) and only the `seq` half is checked. Lines without a `seq` cannot be
 /// ordered and are skipped, and so is a second execution of one run (that is I17's finding,
-/// reported there). The only exemption is a line the record marks as an operator's redrive
-/// (`rerun = redrive`); a retry keeps the order and is checked like a first run. Returns how
+/// reported there). The exemptions: a line the record marks as an operator's redrive
+/// (`rerun = redrive`), and, for the overlap half only, a turn that follows one the original of
+/// a copied data directory ran cut off from the hub and the copy reported `unknown`
+/// (`reported_unknown_by_copy`); a retry keeps the order and is checked like a first run. Returns how
 /// many lines were checked.
 fn check_order(m: &Model, ix: &Index, v: &mut Vec<Violation>) -> usize {
     let mut groups: BTreeMap<(&str, &str), Vec<usize>> = BTreeMap::new();
@@ -1058,8 +1107,16 @@ fn check_order(m: &Model, ix: &Index, v: &mut Vec<Violation>) -> usize {
                     chain(),
                 ));
             }
+            // The one overlap the record cannot prevent: the earlier turn ran in the original of
+            // a copied data directory, cut off from the hub, and the copy (a newer session)
+            // found it started elsewhere and reported it `unknown`. From then on the hub knows
+            // that run only as `unknown` — the contract's visible "started, end not known" — and
+            // the copy goes on with the next turn while the original may still be running it.
+            // The start lease keeps the original from starting anything new meanwhile (I17).
+            let overlap_exempt = reported_unknown_by_copy(m, ix, &a.delivery_id, a.run_number(), Some(&a.instance));
             if let (Some(end), Some(start)) = (a.ended_ns, b.started_ns)
                 && start < end
+                && !overlap_exempt
             {
                 v.push(violation(
                     "I15",
@@ -1114,7 +1171,9 @@ fn check_effect_visible(
             Vec::new(),
         ));
     }
-    if inputs.liveness && mine.is_empty() && by_hub.is_empty() {
+    let instance = if eff.instance.is_empty() { None } else { Some(eff.instance.as_str()) };
+    if inputs.liveness && mine.is_empty() && by_hub.is_empty() && !reported_unknown_by_copy(m, ix, &d.id, run, instance)
+    {
         if run < d.run {
             v.push(violation(
                 "I16",
@@ -1405,13 +1464,19 @@ fn check_agreement(m: &Model, ix: &Index, v: &mut Vec<Violation>) {
                 ));
             }
         }
+        // Every data directory of the instance (a copy and its original) keeps its own part.
+        let of_instance: Vec<&NodeDb> = m.nodes.iter().filter(|n| n.instance_id.as_deref() == Some(inst)).collect();
         for d in m.deliveries.iter().filter(|d| d.instance_id.as_deref() == Some(inst)) {
-            let has = node.deliveries.iter().any(|nd| nd.delivery_id == d.id);
+            let has = of_instance.iter().any(|n| n.deliveries.iter().any(|nd| nd.delivery_id == d.id));
             if matches!(d.state.as_str(), "mirrored" | "delivered") && !has {
                 v.push(violation(
                     "I13",
                     &d.id,
-                    format!("the hub has it {} by instance {inst}, but {} has no local copy", d.state, node.path),
+                    format!(
+                        "the hub has it {} by instance {inst}, but {} has no local copy",
+                        d.state,
+                        of_instance.iter().map(|n| n.path.as_str()).collect::<Vec<_>>().join(" nor ")
+                    ),
                     Vec::new(),
                 ));
             }
@@ -1446,7 +1511,7 @@ fn check_liveness(m: &Model, ix: &Index, v: &mut Vec<Violation>) {
             _ => {}
         }
     }
-    for node in &m.nodes {
+    for node in m.nodes.iter().filter(|n| !n.retired) {
         for nd in node.deliveries.iter().filter(|nd| nd.state == "mirrored" || nd.state == "acked") {
             v.push(violation(
                 "I10",

@@ -8,13 +8,18 @@
 //! works on both. Each node then has one proxy per hub and lists both hubs, in an order that
 //! makes it prefer one of them (`BATON_NODE_HUB_URL`, comma-separated), and moves to the other
 //! when the one it uses is unavailable; the producer may submit through either.
+//!
+//! A node's data directory may be copied while it runs (`Cluster::copy_node`): the copy is
+//! started as another process of the same instance, as on another machine, on links of its own,
+//! and takes the node's place; the original is kept aside (`Cluster::retired`) with its links, so
+//! that a test can cut it off, heal it and watch it find out that it was taken over.
 
 use crate::checker::{HubRecord, Inputs};
 use crate::proxy::Proxy;
 use crate::records::{HistoryLine, LineWriter, ledger_harness};
 use baton_client::{Client, ClientError, RetryPolicy, TlsFiles};
 use baton_shared::wire::{SubmitRequest, SubmitResponse};
-use baton_testkit::{Binaries, Harness, Hub, Identity, Node, NodeConfig, Proc, Role, Started};
+use baton_testkit::{Binaries, Harness, Hub, Identity, Node, NodeConfig, Proc, Role, Signal, Started};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -203,6 +208,21 @@ pub fn fxhash(s: &str) -> u64 {
 // ---------------------------------------------------------------------------------------------
 // The cluster
 
+/// A node whose data directory a copy took over (`Cluster::copy_node`): the original process,
+/// still running until it finds out, and its links, which follow the hubs as the nodes' do.
+#[derive(Debug)]
+pub struct Retired {
+    /// The original node: its data directory, its process.
+    pub node: Node,
+    /// Its links, one per hub, in hub order.
+    pub links: Vec<Proxy>,
+}
+
+/// What a copy's start-up reads, in the copied node database, as the machine its running turns
+/// were started on (the attempts' `boot_id`): not this machine's, since the copy stands for
+/// one started elsewhere.
+pub const ELSEWHERE_BOOT: &str = "another-machine";
+
 /// A hub (or two sharing one PostgreSQL record), its nodes (each behind its own proxy per hub)
 /// and a producer, in one temp directory.
 #[derive(Debug)]
@@ -217,6 +237,8 @@ pub struct Cluster {
     pub proxies: Vec<Proxy>,
     /// With a second hub, one more proxy per node, same order: the node's way to it.
     pub second_proxies: Vec<Proxy>,
+    /// The nodes a copy of their data directory took over, in the order they were copied.
+    pub retired: Vec<Retired>,
     /// The producer.
     pub producer: std::sync::Arc<Producer>,
     /// The client history file.
@@ -225,6 +247,12 @@ pub struct Cluster {
     pub ledger: PathBuf,
     /// Where the hubs keep their record.
     record: HubRecord,
+    /// The binaries, for the nodes a copy adds.
+    bins: Binaries,
+    /// The host of each node, in node order.
+    hosts: Vec<String>,
+    /// Data directories copied so far (names each copy).
+    copies: usize,
     // Dropped last, after every process: the directory outlives what uses it.
     root: tempfile::TempDir,
 }
@@ -295,22 +323,26 @@ impl Cluster {
                 let n = urls.len();
                 urls.rotate_left(i % n);
             }
-            let harness = Harness::Command(ledger_harness(&ledger, h));
-            let config = NodeConfig::new(&urls[0], identity, &root.path().join(format!("node-{h}")), harness)
-                .set("parallel_conversations", "4")
-                .set("exec_timeout", "\"20s\"")
-                .set("claim_wait", "\"1s\"")
-                .set("claim_batch_max", "8")
-                .set("shutdown_grace", "\"1s\"")
-                .set("backoff_max", "\"500ms\"");
-            let mut node = Node::create(bins, &root.path().join("nodes"), h, &config)?;
-            if urls.len() > 1 {
-                // Every hub, in the node's order (the variable overrides the file's one URL).
-                node.set_env("BATON_NODE_HUB_URL", &urls.join(","));
-            }
+            let node =
+                node_at(bins, root.path(), h, h, identity, &root.path().join(format!("node-{h}")), &urls, &ledger)?;
             nodes.push(node);
         }
-        Ok(Cluster { hub, second, nodes, proxies, second_proxies, producer, history, ledger, record, root })
+        Ok(Cluster {
+            hub,
+            second,
+            nodes,
+            proxies,
+            second_proxies,
+            retired: Vec::new(),
+            producer,
+            history,
+            ledger,
+            record,
+            bins: bins.clone(),
+            hosts: hosts.iter().map(|h| h.to_string()).collect(),
+            copies: 0,
+            root,
+        })
     }
 
     /// The run's temp directory.
@@ -369,8 +401,88 @@ impl Cluster {
             for p in self.proxies_of(h) {
                 p.set_upstream(addr);
             }
+            for r in &self.retired {
+                if let Some(p) = r.links.get(h) {
+                    p.set_upstream(addr);
+                }
+            }
         }
         Ok(started)
+    }
+
+    /// Adds `key = toml_value` (a top-level key) to every hub's configuration file
+    /// (`HUB_DATA_DIR/hub.toml`), for the hubs' later starts.
+    pub fn set_hub_key(&self, key: &str, toml_value: &str) -> anyhow::Result<()> {
+        for h in 0..self.hub_count() {
+            let Some(hub) = self.hub_at(h) else { continue };
+            let path = hub.data_dir().join("hub.toml");
+            let text = match std::fs::read_to_string(&path) {
+                Ok(t) => t,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+                Err(e) => return Err(anyhow::anyhow!("reading {}: {e}", path.display())),
+            };
+            // First in the file: after a `[table]` header it would belong to that table.
+            std::fs::write(&path, format!("{key} = {toml_value}\n{text}"))
+                .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
+        }
+        Ok(())
+    }
+
+    /// Copies node `i`'s data directory while it runs and starts the copy, which takes the
+    /// node's place: the original is stopped (SIGSTOP) for the copy (`cp -a`, as a VM snapshot
+    /// is taken) and let go on (SIGCONT), then moved with its links to `retired`. The copy is the
+    /// same instance (its database is the original's) started as on another machine: its record
+    /// of the turns the original was running names another boot (`ELSEWHERE_BOOT`), so its
+    /// start-up finds nothing of them left to stop, as it would elsewhere. It dials every hub on
+    /// fresh links of its own, which no fault has touched (its direct link) and which become
+    /// node `i`'s links. The original's links are left as they are: cut them first to copy a
+    /// partitioned node. Returns the copy's name.
+    pub async fn copy_node(&mut self, i: usize) -> anyhow::Result<String> {
+        anyhow::ensure!(i < self.nodes.len(), "the cluster has no node {i}");
+        let host = self.hosts[i].clone();
+        self.copies += 1;
+        let name = format!("{host}-copy{}", self.copies);
+        let data = self.root.path().join(format!("node-{name}"));
+        let original = self.nodes[i].proc();
+        let stopped = original.pid().is_some() && original.signal(Signal::SIGSTOP).is_ok();
+        let copied = std::process::Command::new("cp").arg("-a").arg(self.nodes[i].data_dir()).arg(&data).output();
+        if stopped {
+            original.signal(Signal::SIGCONT)?;
+        }
+        let copied = copied.map_err(|e| anyhow::anyhow!("cp -a: {e}"))?;
+        anyhow::ensure!(
+            copied.status.success(),
+            "copying {}: {}",
+            self.nodes[i].data_dir().display(),
+            String::from_utf8_lossy(&copied.stderr)
+        );
+        as_if_elsewhere(&data.join("node.db"))?;
+        let placeholder: SocketAddr = ([127, 0, 0, 1], 9).into();
+        let mut links = Vec::new();
+        for h in 0..self.hub_count() {
+            let link = Proxy::start(([127, 0, 0, 1], 0).into(), placeholder).await?;
+            if let Some(addr) = self.hub_at(h).and_then(Hub::addr) {
+                link.set_upstream(addr);
+            }
+            links.push(link);
+        }
+        let mut urls: Vec<String> = links.iter().map(|l| format!("https://{}", l.addr())).collect();
+        let n = urls.len();
+        urls.rotate_left(i % n);
+        let identity = self.hub.identity(&host)?.clone();
+        let mut copy = node_at(&self.bins, self.root.path(), &name, &host, &identity, &data, &urls, &self.ledger)?;
+        copy.start(None)?;
+        let original = std::mem::replace(&mut self.nodes[i], copy);
+        let mut links = links.into_iter();
+        let mut old_links = Vec::new();
+        if let Some(l) = links.next() {
+            old_links.push(std::mem::replace(&mut self.proxies[i], l));
+        }
+        if let Some(l) = links.next() {
+            old_links.push(std::mem::replace(&mut self.second_proxies[i], l));
+        }
+        self.retired.push(Retired { node: original, links: old_links });
+        Ok(name)
     }
 
     /// The process of node `i`, or of hub `i - nodes.len()` past the nodes (the first hub when
@@ -386,7 +498,14 @@ impl Cluster {
     pub fn inputs(&self, liveness: bool) -> Inputs {
         Inputs {
             hub: self.record.clone(),
-            node_dbs: self.nodes.iter().map(Node::db).filter(|p| p.exists()).collect(),
+            node_dbs: self
+                .nodes
+                .iter()
+                .chain(self.retired.iter().map(|r| &r.node))
+                .map(Node::db)
+                .filter(|p| p.exists())
+                .collect(),
+            retired_node_dbs: self.retired.iter().map(|r| r.node.db()).collect(),
             history: Some(self.history.clone()),
             ledger: Some(self.ledger.clone()),
             liveness,
@@ -521,11 +640,55 @@ impl Cluster {
         if let Some(second) = &self.second {
             s.push_str(&format!("=== second hub\n{}\n", second.proc().stderr_all()));
         }
-        for n in &self.nodes {
+        for n in self.nodes.iter().chain(self.retired.iter().map(|r| &r.node)) {
             s.push_str(&format!("=== node {}\n{}\n", n.proc().stem(), n.proc().stderr_all()));
         }
         s
     }
+}
+
+/// A node named `name` (its config file and log stem) of `host`, presenting `identity`, keeping
+/// its store in `data`, dialing `urls` (the first, or all in order through `BATON_NODE_HUB_URL`)
+/// and recording each turn in `ledger`: the settings every fault-suite node runs with.
+#[allow(clippy::too_many_arguments)]
+fn node_at(
+    bins: &Binaries,
+    root: &Path,
+    name: &str,
+    host: &str,
+    identity: &Identity,
+    data: &Path,
+    urls: &[String],
+    ledger: &Path,
+) -> anyhow::Result<Node> {
+    let harness = Harness::Command(ledger_harness(ledger, host));
+    let config = NodeConfig::new(&urls[0], identity, data, harness)
+        .set("parallel_conversations", "4")
+        .set("exec_timeout", "\"20s\"")
+        .set("claim_wait", "\"1s\"")
+        .set("claim_batch_max", "8")
+        .set("shutdown_grace", "\"1s\"")
+        .set("backoff_max", "\"500ms\"");
+    let mut node = Node::create(bins, &root.join("nodes"), name, &config)?;
+    if urls.len() > 1 {
+        // Every hub, in the node's order (the variable overrides the file's one URL).
+        node.set_env("BATON_NODE_HUB_URL", &urls.join(","));
+    }
+    Ok(node)
+}
+
+/// Makes the copied node database at `db` read as copied to another machine: the process
+/// groups of the turns it records as running name another boot (`ELSEWHERE_BOOT`), so a node
+/// started on it judges them gone (as after a reboot) instead of stopping the original's
+/// harnesses, which on another machine it could not reach.
+fn as_if_elsewhere(db: &Path) -> anyhow::Result<()> {
+    let conn = rusqlite::Connection::open(db)?;
+    conn.busy_timeout(Duration::from_secs(10))?;
+    conn.execute(
+        "UPDATE attempts SET boot_id = ?1 WHERE ended_at_ms IS NULL AND boot_id IS NOT NULL",
+        [ELSEWHERE_BOOT],
+    )?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 //! `Blackhole` makes them swallow everything from then on, `CutAfter` closes each after it has
 //! carried N more bytes, `Delay` sleeps before forwarding every chunk. `Pass` heals: new
 //! connections go through; blackholed ones stay dead until their peer gives up (a TLS stream
-//! that lost bytes cannot be resumed anyway). The upstream can be moved (a restarted hub listens
+//! that lost bytes cannot be resumed anyway), or until `close_open` resets them. The upstream can be moved (a restarted hub listens
 //! on a new port) without the clients noticing anything but closed connections.
 
 use std::net::SocketAddr;
@@ -69,6 +69,8 @@ pub struct Stats {
 
 struct Shared {
     fault: watch::Sender<Fault>,
+    /// Bumped by `close_open`: every connection open then is reset.
+    closing: watch::Sender<u64>,
     upstream: Mutex<SocketAddr>,
     stats: Stats,
 }
@@ -100,7 +102,8 @@ impl Proxy {
         let listener = TcpListener::bind(listen).await?;
         let addr = listener.local_addr()?;
         let (tx, _) = watch::channel(Fault::Pass);
-        let shared = Arc::new(Shared { fault: tx, upstream: Mutex::new(upstream), stats: Stats::default() });
+        let (closing, _) = watch::channel(0);
+        let shared = Arc::new(Shared { fault: tx, closing, upstream: Mutex::new(upstream), stats: Stats::default() });
         let task = tokio::spawn(accept_loop(listener, Arc::clone(&shared)));
         Ok(Proxy { addr, shared, task })
     }
@@ -118,6 +121,14 @@ impl Proxy {
     /// Heals the link (`Fault::Pass`).
     pub fn heal(&self) {
         self.set(Fault::Pass);
+    }
+
+    /// Resets (RST) every connection open now, whatever it carries, as a peer does that gives up
+    /// on a connection it lost bytes on: after a heal, the clients' next requests then open new
+    /// connections that pass, instead of waiting out their timeouts on blackholed ones. New
+    /// connections get the fault in force.
+    pub fn close_open(&self) {
+        self.shared.closing.send_modify(|n| *n += 1);
     }
 
     /// The fault now in force.
@@ -162,13 +173,14 @@ fn socket_zero_linger(s: &TcpStream) -> std::io::Result<()> {
 
 async fn connection(client: TcpStream, shared: Arc<Shared>) {
     let mut rx = shared.fault.subscribe();
+    let closing = shared.closing.subscribe();
     let fault = *rx.borrow_and_update();
     match fault {
         Fault::Reset => {
             shared.stats.cut.fetch_add(1, Ordering::Relaxed);
             return rst(client);
         }
-        Fault::Blackhole => return swallow(client, &shared, rx).await,
+        Fault::Blackhole => return swallow(client, &shared, rx, closing).await,
         _ => {}
     }
     let upstream = shared.upstream.lock().map(|u| *u).ok();
@@ -179,11 +191,16 @@ async fn connection(client: TcpStream, shared: Arc<Shared>) {
     };
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
-    pump(client, server, &shared, rx).await;
+    pump(client, server, &shared, rx, closing).await;
 }
 
 /// Reads and discards until the peer closes or the link resets.
-async fn swallow(mut client: TcpStream, shared: &Shared, mut rx: watch::Receiver<Fault>) {
+async fn swallow(
+    mut client: TcpStream,
+    shared: &Shared,
+    mut rx: watch::Receiver<Fault>,
+    mut closing: watch::Receiver<u64>,
+) {
     let mut buf = vec![0u8; CHUNK_BYTES];
     loop {
         tokio::select! {
@@ -197,12 +214,22 @@ async fn swallow(mut client: TcpStream, shared: &Shared, mut rx: watch::Receiver
                     return rst(client);
                 }
             }
+            _ = closing.changed() => {
+                shared.stats.cut.fetch_add(1, Ordering::Relaxed);
+                return rst(client);
+            }
         }
     }
 }
 
 /// Forwards both ways, applying the fault in force to each chunk.
-async fn pump(client: TcpStream, server: TcpStream, shared: &Shared, mut rx: watch::Receiver<Fault>) {
+async fn pump(
+    client: TcpStream,
+    server: TcpStream,
+    shared: &Shared,
+    mut rx: watch::Receiver<Fault>,
+    mut closing: watch::Receiver<u64>,
+) {
     let (mut cr, mut cw) = client.into_split();
     let (mut sr, mut sw) = server.into_split();
     let mut cbuf = vec![0u8; CHUNK_BYTES];
@@ -230,6 +257,7 @@ async fn pump(client: TcpStream, server: TcpStream, shared: &Shared, mut rx: wat
                 }
                 continue;
             }
+            _ = closing.changed() => { shared.stats.cut.fetch_add(1, Ordering::Relaxed); cut = true; break; }
         };
         if blackholed {
             shared.stats.dropped_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);

@@ -167,6 +167,17 @@ pub const RETRY_FIRST_RUN: &str = "retry_first_run";
 pub const SLOW: &str = "slow";
 /// How long a turn marked `SLOW` runs.
 pub const SLOW_TURN_SECS: u32 = 2;
+/// A payload field that makes the ledger harness wait, before it ends, until the file
+/// `hold_release(ledger)` exists: a turn the test keeps running until it lets it go.
+pub const HOLD: &str = "hold";
+
+/// The file whose existence ends every turn marked `HOLD` that the harness of `ledger` runs
+/// (create it to let them go; they notice within a tenth of a second).
+pub fn hold_release(ledger: &Path) -> std::path::PathBuf {
+    let mut name = ledger.as_os_str().to_owned();
+    name.push(".release");
+    name.into()
+}
 
 /// The harness command that records one effect line in `ledger` per execution: the delivery,
 /// the node's attempt id, the host, the instance, a nonce unique to the process, the turn's
@@ -178,7 +189,8 @@ pub const SLOW_TURN_SECS: u32 = 2;
 /// It reads its stdin (the payload) first, so an effect is recorded even when the node dies
 /// mid-turn, and it never writes to stdout (whose reader may be gone). A payload with
 /// `"retry_first_run": true` exits 75 on run 1; one with `"slow": true` sleeps
-/// `SLOW_TURN_SECS` (in a child it waits for, so a signal is handled at once). Other payloads
+/// `SLOW_TURN_SECS` (in a child it waits for, so a signal is handled at once); one with
+/// `"hold": true` waits the same way until `hold_release(ledger)` exists. Other payloads
 /// succeed at once. Conversation names are written verbatim, so they must need no JSON escaping.
 pub fn ledger_harness(ledger: &Path, host: &str) -> Vec<String> {
     let script = format!(
@@ -189,12 +201,15 @@ stop() {{ trap '' TERM INT HUP; rec "$1" null; exit "$2"; }}
 trap 'stop TERM 143' TERM; trap 'stop INT 130' INT; trap 'stop HUP 129' HUP
 case "$p" in *'"{retry}":true'*|*'"{retry}": true'*) [ "${{BATON_ATTEMPT:-1}}" = 1 ] && code={exit_retry};; esac
 case "$p" in *'"{slow}":true'*|*'"{slow}": true'*) sleep {secs} & wait $!;; esac
+case "$p" in *'"{hold}":true'*|*'"{hold}": true'*) while [ ! -e '{release}' ]; do sleep 0.1 & wait $!; done;; esac
 trap '' TERM INT HUP; rec '' "$code"; exit "$code""#,
         ledger = ledger.display(),
         retry = RETRY_FIRST_RUN,
         exit_retry = EXIT_RETRY,
         slow = SLOW,
         secs = SLOW_TURN_SECS,
+        hold = HOLD,
+        release = hold_release(ledger).display(),
     );
     vec!["sh".into(), "-c".into(), script]
 }
@@ -202,6 +217,7 @@ trap '' TERM INT HUP; rec '' "$code"; exit "$code""#,
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeSet;
     use std::process::{Command, Stdio};
 
     /// Runs the harness once with `env` and `payload`, returning its exit status and the line.
@@ -290,6 +306,37 @@ mod tests {
         assert_eq!(status.code(), Some(143));
         let l = read_lines::<EffectLine>(&ledger).unwrap().items.remove(0);
         assert_eq!((l.signal.as_deref(), l.exit_code), (Some("TERM"), None));
+    }
+
+    #[test]
+    fn a_held_turn_runs_until_its_release_exists() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = dir.path().join("ledger.jsonl");
+        let argv = ledger_harness(&ledger, "host-a");
+        let mut child = Command::new(&argv[0])
+            .args(&argv[1..])
+            .env("BATON_DELIVERY_ID", "d1")
+            .env("BATON_SEQ", "1")
+            .stdin(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::io::Write::write_all(&mut child.stdin.take().unwrap(), br#"{"hold":true}"#).unwrap();
+        // Held: it waits in its sleep, again and again, and has recorded nothing.
+        let pid = child.id();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let mut naps = BTreeSet::new();
+        while naps.len() < 3 {
+            assert!(std::time::Instant::now() < deadline, "the held harness is not waiting: {naps:?}");
+            assert!(child.try_wait().unwrap().is_none(), "the held harness ended by itself");
+            let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+            naps.extend(children.split_whitespace().map(str::to_string));
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert!(read_lines::<EffectLine>(&ledger).unwrap().items.is_empty(), "a held turn has not ended");
+        std::fs::write(hold_release(&ledger), b"").unwrap();
+        assert_eq!(child.wait().unwrap().code(), Some(0));
+        let l = read_lines::<EffectLine>(&ledger).unwrap().items.remove(0);
+        assert_eq!((l.delivery_id.as_str(), l.exit_code), ("d1", Some(0)));
     }
 
     #[test]

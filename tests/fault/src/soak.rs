@@ -7,6 +7,13 @@
 //! a hub picked at random among those up (so a key's replay may reach the other hub), and the
 //! nemesis kills, pauses and cuts off either hub, both at once included. The checker then reads
 //! the PostgreSQL record and every node database.
+//!
+//! The nemesis also copies a node's data directory while the node is cut off (RELIABILITY.md
+//! I17): it blackholes every link of the node, copies its directory and starts the copy elsewhere
+//! on links of its own (`Cluster::copy_node`), so a newer session of the same instance runs while
+//! the original, cut off, still holds what it acked. The copy takes the node's place; the
+//! original's links heal later, and it must find out that it was taken over and exit 6. The
+//! checker reads both directories.
 
 use crate::checker::{self, Report};
 use crate::cluster::{AcceptOutcome, Cluster, Retries};
@@ -97,6 +104,10 @@ pub struct Figures {
     pub cancels: u64,
     /// Runs after the first (retries and redrives) in the final record.
     pub reruns: u64,
+    /// Node data directories copied while the node was cut off, the copy started elsewhere.
+    pub copies: u64,
+    /// Originals of copied directories that found out they were taken over and exited 6.
+    pub superseded: u64,
 }
 
 /// The soak's outcome.
@@ -157,7 +168,8 @@ pub async fn run(bins: &Binaries, cfg: SoakConfig, log: &mut dyn FnMut(String)) 
     let mut f = Figures { hub_kills: vec![0; hubs], ..Figures::default() };
     let nodes = c.nodes.len();
     let mut n = Nemesis::new(nodes + hubs);
-    let deadline = Instant::now() + Duration::from_secs(cfg.seconds);
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(cfg.seconds);
     while Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(rng.random_range(KILL_EVERY_MS.0..KILL_EVERY_MS.1))).await;
         n.settle(&mut c, &addr)?;
@@ -239,6 +251,19 @@ pub async fn run(bins: &Binaries, cfg: SoakConfig, log: &mut dyn FnMut(String)) 
                 n.resume_hubs(&c);
                 let _ = c.lift_all_fences();
             }
+            52..55 => {
+                if let Some(line) = n.copy_partitioned(&mut c, &mut rng).await? {
+                    log(line);
+                    f.copies += 1;
+                }
+            }
+            _ if f.copies == 0 && started.elapsed() > Duration::from_secs(cfg.seconds) / 2 => {
+                // Every soak copies at least once: past half its time, the first chance is taken.
+                if let Some(line) = n.copy_partitioned(&mut c, &mut rng).await? {
+                    log(line);
+                    f.copies += 1;
+                }
+            }
             44..52 if cfg.turn_control => {
                 if let Some(id) = cancel_candidate(&c, &mut rng) {
                     // A refusal (the delivery ended meanwhile, the hub is down) is no fault.
@@ -266,6 +291,16 @@ pub async fn run(bins: &Binaries, cfg: SoakConfig, log: &mut dyn FnMut(String)) 
     let drained = c.quiesce(DRAIN_LIMIT).await;
     // What was still pending, read before the processes stop.
     let pending = if drained { String::new() } else { c.pending() };
+    // Every original of a copied directory, healed, has found out by now (or does soon).
+    for r in &mut c.retired {
+        let status = r.node.proc_mut().wait_exit(SUPERSEDED_EXIT_WAIT)?;
+        if status.and_then(|s| s.code()) == Some(i32::from(baton_shared::exit::SUPERSEDED)) {
+            f.superseded += 1;
+        } else {
+            log(format!("the original {} did not exit 6 when taken over: {status:?}", r.node.proc().stem()));
+            r.node.proc_mut().kill()?;
+        }
+    }
     for h in 0..hubs {
         if let Some(hub) = c.hub_at_mut(h) {
             hub.kill()?;
@@ -295,6 +330,13 @@ const KILL_PERCENT: u32 = 90;
 /// Longest a killed process stays down before it is restarted.
 const RESTART_DELAY_MS_MAX: u64 = 1500;
 
+/// How long the original of a copied directory is cut off before its links heal (uniform).
+const COPY_CUT_OFF_MS: (u64, u64) = (1000, 4000);
+/// Most copies one soak makes (each leaves a data directory and, until it exits, a process).
+const COPIES_MAX: u64 = 4;
+/// How long, after the drain, the original of a copied directory may take to exit 6.
+const SUPERSEDED_EXIT_WAIT: Duration = Duration::from_secs(30);
+
 /// What a node logs when it moves to another of its hubs.
 const HUB_MOVE_LOG: &str = "now using the hub at";
 
@@ -314,12 +356,48 @@ struct Nemesis {
     restart_at: Vec<Option<Instant>>,
     paused: Vec<Option<(u32, Instant)>>,
     heal_at: Vec<(usize, Instant)>,
+    /// When the links of each original of a copied directory (`Cluster::retired`, same order)
+    /// heal; `None` once healed.
+    retired_heal_at: Vec<Option<Instant>>,
 }
 
 impl Nemesis {
     /// Faults of `procs` processes: the nodes, then the hubs.
     fn new(procs: usize) -> Nemesis {
-        Nemesis { restart_at: vec![None; procs], paused: vec![None; procs], heal_at: Vec::new() }
+        Nemesis {
+            restart_at: vec![None; procs],
+            paused: vec![None; procs],
+            heal_at: Vec::new(),
+            retired_heal_at: Vec::new(),
+        }
+    }
+
+    /// Copies the directory of a node that is up (neither down nor paused, and no earlier copy's
+    /// original still cut off) while it is cut off: every link of the node is blackholed, the
+    /// directory copied and the copy started elsewhere in its place (`Cluster::copy_node`); the
+    /// original's links heal after `COPY_CUT_OFF_MS`. Returns the log line, or `None` when no
+    /// node qualifies or `COPIES_MAX` copies were made.
+    async fn copy_partitioned(&mut self, c: &mut Cluster, rng: &mut StdRng) -> anyhow::Result<Option<String>> {
+        if c.retired.len() as u64 >= COPIES_MAX || self.retired_heal_at.iter().any(Option::is_some) {
+            return Ok(None);
+        }
+        let up: Vec<usize> = (0..c.nodes.len())
+            .filter(|&i| self.restart_at[i].is_none() && self.paused[i].is_none())
+            .filter(|&i| c.nodes[i].proc_mut().running())
+            .collect();
+        if up.is_empty() {
+            return Ok(None);
+        }
+        let i = up[rng.random_range(0..up.len())];
+        c.proxies[i].set(Fault::Blackhole);
+        if let Some(p) = c.second_proxies.get(i) {
+            p.set(Fault::Blackhole);
+        }
+        let original = c.nodes[i].proc().stem().to_string();
+        let copy = c.copy_node(i).await?;
+        let ms = rng.random_range(COPY_CUT_OFF_MS.0..COPY_CUT_OFF_MS.1);
+        self.retired_heal_at.push(Some(Instant::now() + Duration::from_millis(ms)));
+        Ok(Some(format!("copy {original} while cut off: {copy} runs in its place; the original heals in {ms} ms")))
     }
 
     /// Resumes, heals and restarts whatever is due.
@@ -335,6 +413,16 @@ impl Nemesis {
                     let _ = proc.signal(Signal::SIGCONT);
                 }
                 *p = None;
+            }
+        }
+        for (r, at) in c.retired.iter().zip(&mut self.retired_heal_at) {
+            if at.is_some_and(|at| at <= now) {
+                // Its connections lost bytes in the blackhole: closed, so it finds out at once.
+                for l in &r.links {
+                    l.heal();
+                    l.close_open();
+                }
+                *at = None;
             }
         }
         let links = c.links();
@@ -386,6 +474,9 @@ impl Nemesis {
             h.1 = now;
         }
         for r in self.restart_at.iter_mut().flatten() {
+            *r = now;
+        }
+        for r in self.retired_heal_at.iter_mut().flatten() {
             *r = now;
         }
         for p in c.links() {

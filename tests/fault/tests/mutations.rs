@@ -535,6 +535,120 @@ fn i17_two_executions_of_one_run_from_two_processes() {
     assert_only(&report, "I17");
 }
 
+#[test]
+fn i17_a_turn_run_again_by_a_copy_of_the_node_data_directory() {
+    // The bug as it happens: a node's data directory is copied while the node is cut off; the
+    // copy (the same instance, a later session) runs a turn the original acked, and the
+    // original runs it too, under an attempt of its own, which the hub never counts (the copy
+    // reported the run). Both data directories are read: the copy's, and the original's.
+    let bins = Binaries::build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let c = rt.block_on(clean_cluster(&bins, 36)).unwrap();
+    let last = last_started(&c);
+    let node = c
+        .nodes
+        .iter()
+        .find(|n| one_or_none(&n.db(), "SELECT attempt_id FROM attempts WHERE attempt_id = ?1", &last.attempt_id))
+        .expect("the node that ran the last turn");
+    let copy = c.root().join("copy-of-node.db");
+    for suffix in ["", "-wal"] {
+        let from = std::path::PathBuf::from(format!("{}{suffix}", node.db().display()));
+        if from.exists() {
+            std::fs::copy(&from, format!("{}{suffix}", copy.display())).unwrap();
+        }
+    }
+    let mut inputs = c.inputs(true);
+    inputs.node_dbs.push(copy.clone());
+    let before = checker::check(&inputs).unwrap();
+    assert!(before.violations.is_empty(), "a copied directory alone is no violation:\n{}", before.render());
+
+    let ended = read_lines::<EffectLine>(&c.ledger).unwrap().items.iter().filter_map(|l| l.ended_ns).max().unwrap();
+    let mut again = last.clone();
+    again.attempt_id = format!("{}-again", last.attempt_id);
+    again.nonce = "the-original".into();
+    again.started_ns = Some(ended + 1_000_000);
+    again.ended_ns = Some(ended + 2_000_000);
+    LineWriter::append(&c.ledger).unwrap().write(&again).unwrap();
+    // The copied file stands for the original's directory: it ran the turn under its own
+    // attempt (the other directory, the copy's, keeps the run the hub counted).
+    let mut original = Connection::open(&copy).unwrap();
+    let tx = original.transaction().unwrap();
+    tx.pragma_update(None, "defer_foreign_keys", true).unwrap();
+    let ids = [&last.attempt_id, &again.attempt_id];
+    let n = tx.execute("UPDATE attempts SET attempt_id = ?2 WHERE attempt_id = ?1", ids).unwrap();
+    assert_eq!(n, 1);
+    tx.execute("UPDATE outbox SET report_id = ?2 WHERE report_id = ?1", ids).unwrap();
+    tx.commit().unwrap();
+    let report = checker::check(&inputs).unwrap();
+    drop(rt);
+    let i17: Vec<_> = report.violations.iter().filter(|v| v.invariant == "I17").collect();
+    assert_eq!(i17.len(), 1, "{}", report.render());
+    assert_eq!(i17[0].subject, last.delivery_id, "{}", report.render());
+    assert!(i17[0].message.contains("the-original") && i17[0].message.contains(&last.nonce), "{}", report.render());
+    assert!(!i17[0].chain.is_empty(), "{}", report.render());
+    // The uncounted execution is also invisible on the hub (I8's finding); nothing else.
+    let want: BTreeSet<String> = ["I8".to_string(), "I17".to_string()].into();
+    assert_eq!(report.families(), want, "{}", report.render());
+}
+
+#[test]
+fn a_run_the_copy_reported_unknown_is_the_visible_outcome_of_the_originals_execution() {
+    // Not a bug: the original of a copied directory ran a turn and was taken over before it
+    // reported; the copy, told that another session started the run, reported it `unknown`
+    // under an attempt of its own. Read with both directories the execution is visible on the
+    // hub (I8); read without the original's, its execution has no start marker and no attempt.
+    let bins = Binaries::build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let c = rt.block_on(clean_cluster(&bins, 37)).unwrap();
+    let last = last_started(&c);
+    let node = c
+        .nodes
+        .iter()
+        .find(|n| one_or_none(&n.db(), "SELECT attempt_id FROM attempts WHERE attempt_id = ?1", &last.attempt_id))
+        .expect("the node that ran the last turn");
+    // The original's directory, as it was when it ran the turn.
+    let original = c.root().join("original-of-node.db");
+    for suffix in ["", "-wal"] {
+        let from = std::path::PathBuf::from(format!("{}{suffix}", node.db().display()));
+        if from.exists() {
+            std::fs::copy(&from, format!("{}{suffix}", original.display())).unwrap();
+        }
+    }
+    // The copy's directory (the node's): the run ended `unknown` under the copy's own attempt.
+    let unknown = format!("{}-copy", last.attempt_id);
+    let ids = [&last.attempt_id, &unknown];
+    let mut copy = Connection::open(node.db()).unwrap();
+    let tx = copy.transaction().unwrap();
+    tx.pragma_update(None, "defer_foreign_keys", true).unwrap();
+    let n = tx
+        .execute(
+            "UPDATE attempts SET attempt_id = ?2, outcome = 'unknown', exit_code = NULL WHERE attempt_id = ?1",
+            ids,
+        )
+        .unwrap();
+    assert_eq!(n, 1);
+    tx.execute("UPDATE outbox SET report_id = ?2 WHERE report_id = ?1", ids).unwrap();
+    tx.commit().unwrap();
+    let hub = hub_rw(&c);
+    let n = hub.execute("UPDATE attempts SET report_id = ?2, outcome = 'unknown' WHERE report_id = ?1", ids).unwrap();
+    assert_eq!(n, 1);
+
+    let mut inputs = c.inputs(true);
+    inputs.node_dbs.push(original.clone());
+    inputs.retired_node_dbs.push(original);
+    let both = checker::check(&inputs).unwrap();
+    let copy_only = checker::check(&c.inputs(true)).unwrap();
+    drop(rt);
+    assert!(both.violations.is_empty(), "{}", both.render());
+    assert_only(&copy_only, "I8");
+}
+
+/// Whether `sql` (one `?1` parameter) finds a row in the SQLite file `db`.
+fn one_or_none(db: &std::path::Path, sql: &str, param: &str) -> bool {
+    let conn = Connection::open(db).unwrap();
+    conn.query_row(sql, [param], |_| Ok(())).is_ok()
+}
+
 // ---------------------------------------------------------------------------------------------
 // The record in PostgreSQL, shared by two hubs
 

@@ -1,7 +1,14 @@
 //! The fault proxy against a local echo server: pass, blackhole, reset, cut after N bytes,
-//! delay, and moving the upstream.
+//! delay, and moving the upstream. Then a node cut off from the hub through it while its data
+//! directory is copied and the copy started elsewhere (`a_cut_off_node_and_its_copy_…`, with
+//! the real binaries, on SQLite and on PostgreSQL): no turn runs twice.
 
+use baton_fault::checker::{self, HubRecord};
+use baton_fault::cluster::{AcceptOutcome, Cluster};
 use baton_fault::proxy::{Fault, Proxy};
+use baton_fault::records::{EffectLine, HOLD, hold_release, read_lines};
+use baton_testkit::{Binaries, Started};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -121,6 +128,23 @@ async fn links_cut_one_by_one_heal_in_any_order() {
     }
 }
 
+#[tokio::test]
+async fn close_open_resets_blackholed_connections_and_new_ones_pass() {
+    let echo = echo_server().await;
+    let p = Proxy::start(([127, 0, 0, 1], 0).into(), echo).await.unwrap();
+    p.set(Fault::Blackhole);
+    let mut s = TcpStream::connect(p.addr()).await.unwrap();
+    s.write_all(b"lost").await.unwrap();
+    let mut buf = [0u8; 4];
+    assert!(tokio::time::timeout(SILENCE, s.read(&mut buf)).await.is_err(), "blackholed: no answer");
+    p.heal();
+    assert!(tokio::time::timeout(SILENCE, s.read(&mut buf)).await.is_err(), "a heal alone leaves it dead");
+    p.close_open();
+    let r = tokio::time::timeout(ANSWER_WAIT, s.read(&mut buf)).await.unwrap();
+    assert!(matches!(r, Ok(0) | Err(_)), "the blackholed connection was closed: {r:?}");
+    assert_eq!(roundtrip(p.addr(), b"again", ANSWER_WAIT).await.unwrap(), b"again");
+}
+
 #[test]
 fn fault_commands_parse() {
     assert_eq!(Fault::parse("cut 10"), Some(Fault::CutAfter(10)));
@@ -128,4 +152,197 @@ fn fault_commands_parse() {
     assert_eq!(Fault::parse("pass"), Some(Fault::Pass));
     assert_eq!(Fault::parse("cut"), None);
     assert_eq!(Fault::parse("reset now"), None);
+}
+
+// ---------------------------------------------------------------------------------------------
+// A partitioned node's data directory copied and started elsewhere
+
+/// The start lease the hub grants each node session (`start_lease`): short, so that the copy
+/// may start what the cut-off original acked soon after the original was cut off.
+const START_LEASE: &str = "\"3s\"";
+/// Long enough for anything that should happen in the copy scenario, however loaded the
+/// machine (a lease or two, a start, a takeover): only a failure makes the test wait this long.
+const COPY_EVENT_WAIT: Duration = Duration::from_secs(60);
+/// Beyond the node's request timeout, how long the cut-off original is watched, once its held
+/// turn ended, for a start of the next turn it must not make: its start request goes unanswered
+/// until the timeout, and then the machine may be slow.
+const START_DECISION_MARGIN: Duration = Duration::from_secs(10);
+/// What the node logs when its start request failed: either the start on the local gate alone
+/// (today's answer to a hub that cannot be reached) or the retry that waits for the hub.
+const START_FAILED_LOGS: [&str; 2] = ["the hub cannot record starts now", "asking the hub to start turns failed"];
+
+/// Polls `f` until it gives a value, every 100 ms, failing with `what` after `limit`.
+async fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> anyhow::Result<Option<T>>) -> T {
+    let start = Instant::now();
+    loop {
+        match f() {
+            Ok(Some(v)) => return v,
+            Ok(None) => {}
+            Err(e) => panic!("while waiting for {what}: {e:#}"),
+        }
+        assert!(start.elapsed() < limit, "timed out after {limit:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The effects ledger's lines of `delivery`.
+fn executions(c: &Cluster, delivery: &str) -> Vec<EffectLine> {
+    let lines = read_lines::<EffectLine>(&c.ledger).map(|l| l.items).unwrap_or_default();
+    lines.into_iter().filter(|l| l.delivery_id == delivery).collect()
+}
+
+/// How often the original's log says a start request failed.
+fn start_failures(log: &str) -> usize {
+    START_FAILED_LOGS.iter().map(|t| log.matches(t).count()).sum()
+}
+
+/// The hub's (state, started, reported) of `delivery`: its state, whether its current run's
+/// start is recorded, and whether an attempt of its current run is.
+fn hub_view(c: &Cluster, delivery: &str) -> anyhow::Result<(String, bool, bool)> {
+    let sql = format!(
+        "SELECT d.state, d.started_at IS NOT NULL,
+                EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)
+         FROM deliveries d WHERE d.id = '{delivery}'"
+    );
+    let rows = c.record().read(|db| checker::rows(db, &sql, |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))))?;
+    rows.into_iter().next().ok_or_else(|| anyhow::anyhow!("the hub has no delivery {delivery}"))
+}
+
+/// The finding: a node runs seq 1 of a conversation and has acked seq 2 (waiting behind it);
+/// its link to the hub is blackholed; its data directory is copied (the node stopped for the
+/// copy and let go on) and the copy started elsewhere with a link of its own: it registers a
+/// newer session of the same instance and runs seq 2. The original, still cut off, then ends
+/// seq 1 (the test holds it running until the copy ran seq 2) and, when its start request for
+/// seq 2 goes unanswered, must not start seq 2 on its own: its start lease has run out. Healed,
+/// it finds out that it was taken over and exits 6. Judged from the effects ledger: no run of
+/// a delivery executed twice, and the checker (over both data directories) finds no second
+/// execution (I17) and no execution the gate did not allow (I7).
+///
+/// With `ignore_lease` the original runs with the start lease switched off (the mutation
+/// switch of crash-point builds): then it does start seq 2 on its own, and the test and the
+/// checker must see that run twice — the proof that they would catch the lease's absence.
+async fn a_cut_off_node_and_its_copy_run_nothing_twice(mut c: Cluster, ignore_lease: bool) {
+    c.set_hub_key("start_lease", START_LEASE).unwrap();
+    let started = c.start_hub(None).unwrap();
+    assert!(matches!(started, Started::Ready(_)), "the hub did not start ({started:?}):\n{}", c.logs());
+    if ignore_lease {
+        c.nodes[0].set_env(baton_shared::crash::MUTATION_ENV, "node.start.ignore_lease");
+    }
+    c.nodes[0].start(None).unwrap();
+    let hub = c.hub.addr();
+    let to = vec!["host-a".to_string()];
+    for (key, payload) in [("k1", serde_json::json!({ HOLD: true })), ("k2", serde_json::json!({"n": 2}))] {
+        let got = c.producer.accept(hub, "conv", key, &payload, &to).await;
+        assert!(matches!(got, AcceptOutcome::Ok(_)), "{key}: {got:?}");
+    }
+    let ids: Vec<String> =
+        c.record().read(|db| checker::rows(db, "SELECT id FROM deliveries ORDER BY seq", |r| r.get(0))).unwrap();
+    let [first, second] = &ids[..] else { panic!("two deliveries, one per message: {ids:?}") };
+    // Seq 1 runs (its start recorded) and seq 2 is acked, waiting behind it.
+    wait_for("seq 1 to run and seq 2 to be acked by the original", COPY_EVENT_WAIT, || {
+        let (s1, started, _) = hub_view(&c, first)?;
+        let (s2, _, _) = hub_view(&c, second)?;
+        Ok((s1 == "delivered" && started && s2 == "delivered").then_some(()))
+    })
+    .await;
+
+    c.proxies[0].set(Fault::Blackhole);
+    let copy = c.copy_node(0).await.unwrap();
+    let ran = wait_for(&format!("the copy ({copy}) to run seq 2"), COPY_EVENT_WAIT, || {
+        Ok(executions(&c, second).into_iter().next())
+    })
+    .await;
+    assert!(executions(&c, first).is_empty(), "seq 1 is still held running: {:?}", executions(&c, first));
+
+    // Let the original's seq 1 end; it then wants to start seq 2, and cannot reach the hub.
+    let original = &c.retired[0].node;
+    let failures_before = start_failures(&original.proc().stderr_all());
+    std::fs::write(hold_release(&c.ledger), b"").unwrap();
+    wait_for("the original to end seq 1", COPY_EVENT_WAIT, || Ok(executions(&c, first).into_iter().next())).await;
+    let window = baton_client::limits::REQUEST_TIMEOUT + START_DECISION_MARGIN;
+    let watched = Instant::now();
+    while executions(&c, second).len() < 2
+        && start_failures(&original.proc().stderr_all()) == failures_before
+        && watched.elapsed() < window
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    if ignore_lease {
+        wait_for("the original, ignoring its lease, to run seq 2 too", COPY_EVENT_WAIT, || {
+            Ok((executions(&c, second).len() >= 2).then_some(()))
+        })
+        .await;
+    }
+
+    // Healed, the original learns that a newer session took over, and exits 6. Its connections
+    // that lost bytes in the blackhole are closed, so it need not wait out their timeouts.
+    for l in &c.retired[0].links {
+        l.heal();
+        l.close_open();
+    }
+    let status = c.retired[0].node.proc_mut().wait_exit(COPY_EVENT_WAIT).unwrap();
+    let mut per_run: BTreeMap<(String, i64), Vec<EffectLine>> = BTreeMap::new();
+    for l in read_lines::<EffectLine>(&c.ledger).unwrap().items {
+        per_run.entry((l.delivery_id.clone(), l.run_number())).or_default().push(l);
+    }
+    let twice: Vec<_> = per_run.iter().filter(|(_, ls)| ls.len() > 1).collect();
+    if ignore_lease {
+        assert!(!twice.is_empty(), "without the lease the original runs seq 2 too:\n{}", c.logs());
+        let report = checker::check(&c.inputs(false)).unwrap();
+        assert!(report.families().contains("I17"), "the checker finds the second run:\n{}", report.render());
+        return;
+    }
+    assert!(
+        twice.is_empty(),
+        "a run executed twice (the copy ran seq 2 as {ran:?}): {twice:#?}\nthe checker:\n{}\n{}",
+        checker::check(&c.inputs(false)).map(|r| r.render()).unwrap_or_else(|e| format!("{e:#}")),
+        c.logs()
+    );
+    assert_eq!(status.and_then(|s| s.code()), Some(6), "the original exits 6 (taken over):\n{}", c.logs());
+
+    // Every turn ends with an outcome on the hub, and the checker finds no second execution.
+    for id in [first, second] {
+        wait_for(&format!("an outcome of {id}"), COPY_EVENT_WAIT, || Ok(hub_view(&c, id)?.2.then_some(()))).await;
+    }
+    let report = checker::check(&c.inputs(false)).unwrap();
+    assert_eq!(report.counts["node_dbs"], 2, "the original's and the copy's data directories: {:?}", report.counts);
+    let found = report.families();
+    assert!(!found.contains("I17") && !found.contains("I7"), "{}\n{}", report.render(), c.logs());
+}
+
+#[test]
+fn a_cut_off_node_and_its_copy_run_nothing_twice_on_sqlite() {
+    let bins = Binaries::build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let c = Cluster::new(&bins, &["host-a"]).await.unwrap();
+        assert!(matches!(c.record(), HubRecord::Sqlite(_)));
+        a_cut_off_node_and_its_copy_run_nothing_twice(c, false).await;
+    });
+}
+
+/// The same with the original ignoring its start lease: the second run is found.
+#[test]
+fn a_cut_off_node_ignoring_its_start_lease_runs_a_turn_twice_and_is_caught() {
+    let bins = Binaries::build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let c = Cluster::new(&bins, &["host-a"]).await.unwrap();
+        a_cut_off_node_and_its_copy_run_nothing_twice(c, true).await;
+    });
+}
+
+#[test]
+fn a_cut_off_node_and_its_copy_run_nothing_twice_on_postgres() {
+    let Some(pg) = baton_testkit::pg::cluster_or_skip("a_cut_off_node_and_its_copy", false) else { return };
+    let bins = Binaries::build().unwrap();
+    let url = pg.create_database("copy").unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let c = Cluster::on_postgres(&bins, &["host-a"], &url, 1).await.unwrap();
+        a_cut_off_node_and_its_copy_run_nothing_twice(c, false).await;
+    });
+    drop(rt);
+    drop(pg);
 }

@@ -1,6 +1,7 @@
-//! The short fixed-seed soak, so `baton-soak` cannot rot: 30 s of kills, pauses, partitions and
-//! fences against hub + 3 nodes, with concurrent producers in shared conversations (so the
-//! order invariant I15 is exercised), then heal, drain and zero checker violations. The
+//! The short fixed-seed soak, so `baton-soak` cannot rot: 30 s of kills, pauses, partitions,
+//! fences and copies of a cut-off node's data directory against hub + 3 nodes, with concurrent
+//! producers in shared conversations (so the order invariant I15 is exercised), then heal,
+//! drain and zero checker violations. The
 //! turn-control variant (retries, slow turns, cancels) runs only when asked for. The soak of
 //! two hubs on one PostgreSQL record is `soak_postgres.rs`.
 
@@ -18,6 +19,8 @@ fn a_short_fixed_seed_soak_has_no_violations() {
     assert!(r.figures.accepted > 0 && r.figures.kills > 0, "{:?}", r.figures);
     // Concurrent producers into shared conversations: the order invariant had turns to compare.
     assert!(r.figures.ordered_executions > 2 * soak::HOSTS.len() as u64, "{:?}", r.figures);
+    // A directory was copied while its node was cut off, and every original found out.
+    assert!(r.figures.copies > 0 && r.figures.superseded == r.figures.copies, "{:?}", r.figures);
     assert!(r.report.violations.is_empty(), "{}", r.report.render());
 }
 
@@ -33,5 +36,6 @@ fn a_short_turn_control_soak_has_no_violations() {
     assert!(r.drained, "the drain did not finish");
     // Retries ran and cancels were accepted, so I16 had runs and cancels to judge.
     assert!(r.figures.reruns > 0 && r.figures.cancels > 0, "{:?}", r.figures);
+    assert!(r.figures.copies > 0 && r.figures.superseded == r.figures.copies, "{:?}", r.figures);
     assert!(r.report.violations.is_empty(), "{}", r.report.render());
 }

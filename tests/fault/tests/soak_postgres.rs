@@ -70,5 +70,8 @@ fn two_hub_soak(rt: &tokio::runtime::Runtime, bins: &Binaries, cfg: SoakConfig, 
     assert_eq!(f.hub_kills.len(), 2, "{f:?}");
     assert!(f.hub_kills.iter().all(|&k| k > 0), "both hubs were killed: {f:?}");
     assert!(f.accepted_via.iter().all(|&a| a > 0), "both hubs accepted work: {f:?}");
+    // A directory was copied while its node was cut off from both hubs, and every original
+    // found out.
+    assert!(f.copies > 0 && f.superseded == f.copies, "{f:?}");
     f
 }

@@ -25,6 +25,11 @@ struct Cli {
     /// A node database (`NODE_DATA_DIR/node.db`); repeat for every node.
     #[arg(long = "node-db")]
     node_dbs: Vec<PathBuf>,
+    /// A node database whose data directory a copy took over (the copy is another
+    /// `--node-db`): read like one, but what it left unsettled is not a liveness violation;
+    /// repeat for every such database.
+    #[arg(long = "retired-node-db")]
+    retired_node_dbs: Vec<PathBuf>,
     /// The client history (JSON lines).
     #[arg(long)]
     history: Option<PathBuf>,
@@ -56,8 +61,16 @@ fn main() -> ExitCode {
         eprintln!("baton-check: name the hub's record with either --hub-db or --database-url");
         return ExitCode::from(2);
     };
-    let inputs =
-        Inputs { hub, node_dbs: cli.node_dbs, history: cli.history, ledger: cli.ledger, liveness: cli.liveness };
+    let mut node_dbs = cli.node_dbs;
+    node_dbs.extend(cli.retired_node_dbs.iter().cloned());
+    let inputs = Inputs {
+        hub,
+        node_dbs,
+        retired_node_dbs: cli.retired_node_dbs,
+        history: cli.history,
+        ledger: cli.ledger,
+        liveness: cli.liveness,
+    };
     let report = match checker::check(&inputs) {
         Ok(r) => r,
         Err(e) => {

@@ -89,6 +89,8 @@ fn main() -> ExitCode {
     println!("ordered_executions: {}", f.ordered_executions);
     println!("cancels: {}", f.cancels);
     println!("reruns: {}", f.reruns);
+    println!("copies: {}", f.copies);
+    println!("superseded: {}", f.superseded);
     println!("drained: {}", r.drained);
     println!("violations: {}", r.report.violations.len());
     if r.report.violations.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) }

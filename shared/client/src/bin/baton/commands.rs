@@ -6,11 +6,12 @@ use crate::{config, output};
 use baton_client::{Client, ClientError};
 use baton_shared::error::ErrorCode;
 use baton_shared::exit;
+use baton_shared::files::{read_all_text_bounded, read_text_bounded};
+use baton_shared::limits::PAYLOAD_FILE_BYTES_MAX;
 use baton_shared::manuals;
 use baton_shared::states::{DeliveryState, Outcome};
 use baton_shared::wire::{DeliveryView, MessageView, Payload, SubmitRequest};
 use clap::CommandFactory as _;
-use std::io::Read as _;
 use std::time::{Duration, Instant};
 
 /// The pause between two reads of `wait` while the hub cannot answer (restarting, unreachable,
@@ -96,15 +97,10 @@ pub(crate) fn run(cli: Cli) -> Result<u8, CliError> {
 fn payload(args: &SendArgs) -> Result<Payload, CliError> {
     let text = match (&args.payload, &args.payload_file) {
         (Some(text), _) => text.clone(),
-        (None, Some(path)) => std::fs::read_to_string(path)
+        (None, Some(path)) => read_text_bounded(path, PAYLOAD_FILE_BYTES_MAX, "PAYLOAD_FILE_BYTES_MAX")
             .map_err(|e| usage(format!("--payload-file: cannot read {}: {e}", path.display())))?,
-        (None, None) => {
-            let mut text = String::new();
-            std::io::stdin()
-                .read_to_string(&mut text)
-                .map_err(|e| usage(format!("reading the payload from stdin: {e}")))?;
-            text
-        }
+        (None, None) => read_all_text_bounded(std::io::stdin(), PAYLOAD_FILE_BYTES_MAX, "PAYLOAD_FILE_BYTES_MAX")
+            .map_err(|e| usage(format!("reading the payload from stdin: {e}")))?,
     };
     Payload::from_text(text).map_err(|e| usage(format!("payload: not one JSON value: {e}")))
 }

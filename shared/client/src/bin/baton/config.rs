@@ -74,8 +74,9 @@ pub(crate) fn settings(conn: &Connection) -> Result<Settings, String> {
 }
 
 fn read(path: &Path) -> Result<FileConfig, String> {
-    let text =
-        std::fs::read_to_string(path).map_err(|e| format!("configuration: cannot read {}: {e}", path.display()))?;
+    use baton_shared::limits::CONFIG_FILE_BYTES_MAX;
+    let text = baton_shared::files::read_text_bounded(path, CONFIG_FILE_BYTES_MAX, "CONFIG_FILE_BYTES_MAX")
+        .map_err(|e| format!("configuration: cannot read {}: {e}", path.display()))?;
     toml::from_str(&text).map_err(|e| format!("configuration: {}: {e}", path.display()))
 }
 
