@@ -7,6 +7,7 @@
 //! - `config`: every configuration key, declared once, layered file < environment < flag into
 //!   the validated `HubConfig`.
 //! - `datadir`: the files in the hub's data directory.
+//! - `fds`: the open-file limit, raised at start, that `limits.connections_max` must fit.
 //! - `lock`: one hub per data directory (`DIR/hub.lock`).
 //! - `tls`: the rustls server config and the accept loop that turns a verified client
 //!   certificate into a request extension.
@@ -24,6 +25,7 @@
 pub mod cli;
 pub mod config;
 pub mod datadir;
+pub mod fds;
 mod housekeeping;
 pub mod http;
 pub mod lock;

@@ -34,11 +34,17 @@ pub struct Hub {
 }
 
 impl Hub {
-    /// Refuses a data directory or private file other users may read (`DataDir::check_private`),
+    /// Raises the open-file limit and refuses a `limits.connections_max` that cannot fit under it
+    /// (`fds::raise_and_check`), refuses a data directory or private file other users may read
+    /// (`DataDir::check_private`),
     /// takes the data directory's lock (refusing when another hub holds it), opens the store
     /// (refusing a damaged or newer one) and runs startup repair. `clock` stamps everything the
     /// hub stores.
     pub fn open(dir: DataDir, config: HubConfig, clock: SharedClock) -> anyhow::Result<Hub> {
+        let files = crate::fds::raise_and_check(config.limits.connections_max)?;
+        if let Some(from) = files.raised_from {
+            tracing::info!(from, to = files.soft, "raised the open-file limit to the hard limit");
+        }
         dir.check_private().map_err(anyhow::Error::msg)?;
         let lock = DirLock::acquire(&dir)?;
         let store = open_store(&dir, &config, clock)?;

@@ -5,6 +5,12 @@
 //! deliveries that failed or ended `unknown`; each delivery links to
 //! `/status/deliveries/ID`, its event history and attempts.
 //!
+//! Invariant: no certificate guards this page, so it shows no harness result and no
+//! delivery, event or attempt reason (a harness's or a producer's text, which may hold what the
+//! work was about): states, outcomes, exit statuses and times only. `baton-hub deliveries show`
+//! and `explain` show the rest to an operator on the hub's machine. Fence reasons, which
+//! operators write for each other, are shown.
+//!
 //! Invariant: every stored text reaches the page through `esc` (HTML-escaped, control
 //! characters replaced), and every id in a link through `url_segment`.
 
@@ -25,7 +31,7 @@ use std::time::Duration;
 
 /// How often the page reloads itself.
 pub const PAGE_REFRESH_SECS: u32 = 10;
-/// Longest stored text (a reason, a result) shown whole; longer ones are cut and marked.
+/// Longest stored text (a fence reason, a name) shown whole; longer ones are cut and marked.
 pub const TEXT_SHOWN_CHARS_MAX: usize = 2000;
 
 /// What the page needs from the configuration.
@@ -282,12 +288,12 @@ fn trouble_table(rows: &[DeliveryRow], now_ms: i64) -> String {
     let mut b = format!(
         "<h2>Recent failures and unknown outcomes</h2><p class=\"muted\">The {} most recent.</p><table id=\"trouble\">\
          <tr><th>delivery</th><th>host</th><th>conversation</th><th>seq</th><th>state</th><th>outcome</th>\
-         <th>reason</th><th>changed</th></tr>",
+         <th>changed</th></tr>",
         overview::TROUBLE_SHOWN_MAX
     );
     for d in rows {
         b.push_str(&format!(
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td class=\"num\">{}</td><td>{}</td><td>{}</td><td><pre>{}</pre></td>\
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td class=\"num\">{}</td><td>{}</td><td>{}</td>\
              <td>{} ago</td></tr>",
             delivery_link(&d.delivery_id),
             esc(&d.host),
@@ -295,13 +301,18 @@ fn trouble_table(rows: &[DeliveryRow], now_ms: i64) -> String {
             d.seq,
             d.state.as_str(),
             d.outcome.map_or("—", |o| o.as_str()),
-            opt(d.reason.as_deref()),
             ago(now_ms, d.updated_at_ms),
         ));
     }
     b.push_str("</table>");
+    b.push_str(NOT_SHOWN);
     b
 }
+
+/// Where the reasons and results the page leaves out are (see the module docs).
+const NOT_SHOWN: &str = "<p class=\"muted\" id=\"not-shown\">Reasons and harness results are not shown on this page, \
+     which needs no certificate: <code>baton-hub deliveries show ID</code> and <code>deliveries explain ID</code> \
+     show them.</p>";
 
 /// Renders one delivery's page: what it is, its event history and its attempts.
 pub fn render_delivery(d: &DeliveryDetail, now_ms: i64) -> String {
@@ -310,7 +321,7 @@ pub fn render_delivery(d: &DeliveryDetail, now_ms: i64) -> String {
         "<p><a href=\"/\">← status</a></p><h1>Delivery {}</h1><table id=\"delivery\">\
          <tr><th>message</th><td>{}</td></tr><tr><th>host</th><td>{}</td></tr><tr><th>conversation</th><td>{}</td></tr>\
          <tr><th>seq</th><td>{}</td></tr><tr><th>state</th><td id=\"state\">{}</td></tr><tr><th>holder</th><td>{}</td></tr>\
-         <tr><th>reason</th><td><pre>{}</pre></td></tr><tr><th>last change</th><td>{} UTC ({} ago)</td></tr></table>",
+         <tr><th>last change</th><td>{} UTC ({} ago)</td></tr></table>{NOT_SHOWN}",
         esc(&r.delivery_id),
         esc(&r.message_id),
         esc(&r.host),
@@ -318,21 +329,19 @@ pub fn render_delivery(d: &DeliveryDetail, now_ms: i64) -> String {
         r.seq,
         r.state.as_str(),
         opt(r.instance_id.as_deref()),
-        opt(r.reason.as_deref()),
         when(r.updated_at_ms),
         ago(now_ms, r.updated_at_ms),
     );
-    b.push_str("<h2>History</h2><table id=\"events\"><tr><th>at (UTC)</th><th>transition</th><th>by</th><th>instance</th><th>why</th></tr>");
+    b.push_str("<h2>History</h2><table id=\"events\"><tr><th>at (UTC)</th><th>transition</th><th>by</th><th>instance</th></tr>");
     for e in &d.events {
         b.push_str(&format!(
-            "<tr><td>{}</td><td>{} → {}</td><td>{} {}</td><td>{}</td><td><pre>{}</pre></td></tr>",
+            "<tr><td>{}</td><td>{} → {}</td><td>{} {}</td><td>{}</td></tr>",
             when(e.at_ms),
             e.from_state.map_or("(new)", |s| s.as_str()),
             e.to_state.as_str(),
             e.actor_kind.as_str(),
             esc(&e.actor),
             opt(e.instance_id.as_deref()),
-            opt(e.reason.as_deref()),
         ));
     }
     b.push_str("</table>");
@@ -341,19 +350,16 @@ pub fn render_delivery(d: &DeliveryDetail, now_ms: i64) -> String {
     } else {
         b.push_str(
             "<h2>Attempts</h2><table id=\"attempts\"><tr><th>run</th><th>outcome</th><th>exit</th><th>took</th>\
-             <th>reported (UTC)</th><th>why</th><th>result</th></tr>",
+             <th>reported (UTC)</th></tr>",
         );
         for a in &d.attempts {
             b.push_str(&format!(
-                "<tr><td class=\"num\">{}</td><td>{}</td><td class=\"num\">{}</td><td>{}</td><td>{}</td><td><pre>{}</pre></td>\
-                 <td><pre>{}</pre></td></tr>",
+                "<tr><td class=\"num\">{}</td><td>{}</td><td class=\"num\">{}</td><td>{}</td><td>{}</td></tr>",
                 a.attempt,
                 a.outcome.as_str(),
                 a.exit_code.map_or("—".to_string(), |c| c.to_string()),
                 a.duration_ms.map_or("—".to_string(), |ms| human_ms(i64::try_from(ms).unwrap_or(i64::MAX))),
                 when(a.reported_at_ms),
-                opt(a.reason.as_deref()),
-                opt(a.result.as_deref()),
             ));
         }
         b.push_str("</table>");
@@ -402,7 +408,8 @@ mod tests {
         let page =
             render_overview(&gather(c, 10_000, Duration::from_secs(60)).unwrap(), 10_000, Duration::from_secs(60));
         assert!(!page.contains("<script"), "{page}");
-        assert_eq!(page.matches("&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;").count(), 3, "{page}");
+        // The conversation and the fence's reason; the delivery's reason is not shown.
+        assert_eq!(page.matches("&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;").count(), 2, "{page}");
         assert!(page.contains(&format!("href=\"/status/deliveries/{id}\"")), "{page}");
         assert!(page.contains("<meta http-equiv=\"refresh\""), "{page}");
 

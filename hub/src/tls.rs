@@ -7,7 +7,16 @@
 //! which on HTTP/1 also bounds the wait for the next request), the time with no request in
 //! progress, and the requests one connection carries. A request in progress is bounded by its
 //! handler (a long poll by `limits.long_poll_wait_max`), never by these waits. Connections
-//! refused at a limit are counted and logged once per `REFUSAL_LOG_INTERVAL`, not one line each.
+//! refused at a limit, and failed accepts (out of file descriptors), are counted and logged once
+//! per `REFUSAL_LOG_INTERVAL`, not one line each. A refused TLS handshake's reason is logged at
+//! warn once per peer address (`RefusedPeers`: bounded, repeated only after
+//! `HANDSHAKE_REASON_REPEAT` or with another reason), so an operator sees why a fleet is cut off.
+//!
+//! The wait for request headers counts from the handshake: a connection that sends no request
+//! is closed at `limits.header_read_timeout` (the accept loop's own deadline, as hyper's starts
+//! only with the first byte), not at the idle timeout. Request heads are bounded by
+//! `HEADER_FIELDS_MAX` fields and `HEADER_BYTES_MAX` bytes; hyper answers one over either with
+//! a 431 of its own, which `Answer431` gives the `{code, message}` body every error has.
 //!
 //! Invariant: a connection whose certificate is revoked, or whose issuing CA is no longer in
 //! `ca.crt` (`ca retire-old`), is closed once the change reaches the hub (the wake socket,
@@ -33,11 +42,14 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use std::collections::HashMap;
 use std::future::Future;
+use std::net::IpAddr;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+use std::task::{Context as TaskContext, Poll, ready};
 use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, Semaphore, watch};
 use tokio::time::Instant;
@@ -276,6 +288,19 @@ pub async fn reload_on_hangups(
 pub const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
 /// The pause after a failed `accept` (out of file descriptors and the like) instead of spinning.
 const ACCEPT_RETRY_PAUSE: Duration = Duration::from_millis(50);
+/// How long a peer address's refused-handshake reason is not logged again (the same reason;
+/// another reason is logged at once).
+pub const HANDSHAKE_REASON_REPEAT: Duration = Duration::from_secs(3600);
+/// Most peer addresses whose refused-handshake reason is remembered; refusals from further
+/// peers are only counted (in the periodic line) until remembered ones age out.
+pub const HANDSHAKE_PEERS_REMEMBERED_MAX: usize = 1024;
+/// Most header fields in a request head (hyper's own bound, kept: a larger one costs every
+/// request a heap allocation); more are answered 431 `headers_too_large`.
+pub const HEADER_FIELDS_MAX: usize = 100;
+/// Most bytes of a request head, the request line included (HTTP/1: hyper's read buffer, which
+/// a head must fit in whole), or of its header list (HTTP/2, announced in SETTINGS); more are
+/// answered 431 `headers_too_large`.
+pub const HEADER_BYTES_MAX: usize = 64 * 1024;
 
 /// The bounds the accept loop puts on every connection (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -331,6 +356,11 @@ struct Refusals {
     per_cert: AtomicU64,
     /// TLS handshakes that failed or timed out.
     handshakes: AtomicU64,
+    /// Refused handshakes whose reason was not logged because `RefusedPeers` was full.
+    handshakes_unlogged: AtomicU64,
+    /// Failed accepts (out of file descriptors and the like), with the last error.
+    accept_errors: AtomicU64,
+    last_accept_error: Mutex<Option<String>>,
 }
 
 impl Refusals {
@@ -339,6 +369,18 @@ impl Refusals {
         let total = self.total.swap(0, Ordering::Relaxed);
         let per_cert = self.per_cert.swap(0, Ordering::Relaxed);
         let handshakes = self.handshakes.swap(0, Ordering::Relaxed);
+        let unlogged = self.handshakes_unlogged.swap(0, Ordering::Relaxed);
+        let accept_errors = self.accept_errors.swap(0, Ordering::Relaxed);
+        if accept_errors > 0 {
+            let last = self.last_accept_error.lock().unwrap_or_else(|p| p.into_inner()).take().unwrap_or_default();
+            tracing::warn!(
+                accept_errors,
+                last_error = %last,
+                interval = ?REFUSAL_LOG_INTERVAL,
+                "accepting connections failed (\"Too many open files\": raise the hub's open-file limit or lower \
+                 limits.connections_max)"
+            );
+        }
         if total + per_cert > 0 {
             tracing::warn!(
                 at_connections_max = total,
@@ -348,8 +390,83 @@ impl Refusals {
             );
         }
         if handshakes > 0 {
-            tracing::info!(handshakes, interval = ?REFUSAL_LOG_INTERVAL, "TLS handshakes refused or timed out");
+            tracing::info!(
+                handshakes,
+                reasons_not_logged = unlogged,
+                interval = ?REFUSAL_LOG_INTERVAL,
+                "TLS handshakes refused or timed out"
+            );
         }
+    }
+
+    /// Counts a failed accept; the periodic line reports it.
+    fn accept_failed(&self, e: &std::io::Error) {
+        self.accept_errors.fetch_add(1, Ordering::Relaxed);
+        *self.last_accept_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+    }
+}
+
+/// What `RefusedPeers::note` makes of a refused handshake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Noted {
+    /// News: log its reason.
+    Log,
+    /// This peer's reason was logged within `HANDSHAKE_REASON_REPEAT`.
+    Repeat,
+    /// `HANDSHAKE_PEERS_REMEMBERED_MAX` other peers are remembered: only counted.
+    Full,
+}
+
+/// The peer addresses whose refused handshakes were logged, with the reason and when: each
+/// peer's reason is logged once per `HANDSHAKE_REASON_REPEAT` (another reason of the same peer
+/// at once), for at most `HANDSHAKE_PEERS_REMEMBERED_MAX` pairs of peer and reason.
+#[derive(Debug, Default)]
+struct RefusedPeers {
+    seen: Mutex<HashMap<(IpAddr, String), std::time::Instant>>,
+}
+
+impl RefusedPeers {
+    /// Whether `peer`'s refusal for `reason` at `now` is to be logged (and remembers it).
+    fn note(&self, peer: IpAddr, reason: &str, now: std::time::Instant) -> Noted {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let key = (peer, reason.to_string());
+        match seen.get(&key) {
+            Some(at) if now.saturating_duration_since(*at) < HANDSHAKE_REASON_REPEAT => return Noted::Repeat,
+            Some(_) => {}
+            None if seen.len() >= HANDSHAKE_PEERS_REMEMBERED_MAX => {
+                seen.retain(|_, at| now.saturating_duration_since(*at) < HANDSHAKE_REASON_REPEAT);
+                if seen.len() >= HANDSHAKE_PEERS_REMEMBERED_MAX {
+                    return Noted::Full;
+                }
+            }
+            None => {}
+        }
+        seen.insert(key, now);
+        Noted::Log
+    }
+}
+
+/// Why a handshake was refused, in words an operator can act on, without the details that vary
+/// between attempts (times, names), so one peer's repeated refusal reads the same.
+fn handshake_reason(e: &std::io::Error) -> String {
+    use rustls::Error as E;
+    let Some(tls) = e.get_ref().and_then(|inner| inner.downcast_ref::<rustls::Error>()) else {
+        return match e.kind() {
+            std::io::ErrorKind::UnexpectedEof => "the client closed the connection during the handshake".into(),
+            kind => format!("the handshake failed: {kind}"),
+        };
+    };
+    // A variant's name without its fields: `Expired`, `UnknownIssuer`, `Revoked`.
+    let name = |debug: String| debug.split(['(', ' ', '{']).next().unwrap_or_default().to_string();
+    match tls {
+        E::InvalidCertificate(c) => format!("the client's certificate was refused: {}", name(format!("{c:?}"))),
+        E::NoCertificatesPresented => "the client presented no certificate".into(),
+        E::AlertReceived(alert) => {
+            format!("the client refused the hub's certificate or the handshake: alert {alert:?}")
+        }
+        E::PeerIncompatible(why) => format!("the client is incompatible: {}", name(format!("{why:?}"))),
+        E::PeerMisbehaved(why) => format!("the client misbehaved: {}", name(format!("{why:?}"))),
+        other => format!("the handshake failed: {}", name(format!("{other:?}"))),
     }
 }
 
@@ -430,6 +547,7 @@ struct Accepting {
     revocations: Revocations,
     per_cert: Arc<PerCert>,
     refusals: Arc<Refusals>,
+    refused_peers: RefusedPeers,
     shutdown: CancellationToken,
 }
 
@@ -454,6 +572,7 @@ pub async fn serve(
         revocations,
         per_cert: Arc::new(PerCert::default()),
         refusals,
+        refused_peers: RefusedPeers::default(),
         shutdown: shutdown.clone(),
     });
     loop {
@@ -461,7 +580,8 @@ pub async fn serve(
             r = listener.accept() => match r {
                 Ok(x) => x,
                 Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
+                    // Summed up in the periodic line: out of file descriptors, this repeats.
+                    accepting.refusals.accept_failed(&e);
                     tokio::time::sleep(ACCEPT_RETRY_PAUSE).await;
                     continue;
                 }
@@ -506,19 +626,12 @@ async fn connection(a: &Accepting, tcp: TcpStream, remote: SocketAddr) {
     };
     let tls = match tls {
         Ok(Ok(s)) => s,
-        Ok(Err(e)) => {
-            tracing::debug!(%remote, error = %e, "TLS handshake refused");
-            a.refusals.handshakes.fetch_add(1, Ordering::Relaxed);
-            metrics::counter!("baton_hub_tls_handshake_failures_total").increment(1);
-            return;
-        }
+        Ok(Err(e)) => return refused_handshake(a, remote, handshake_reason(&e), Some(&e)),
         Err(_) => {
-            tracing::debug!(%remote, "TLS handshake timed out");
-            a.refusals.handshakes.fetch_add(1, Ordering::Relaxed);
-            metrics::counter!("baton_hub_tls_handshake_failures_total").increment(1);
-            return;
+            return refused_handshake(a, remote, "the handshake timed out (limits.handshake_timeout)".into(), None);
         }
     };
+    let handshaken = Instant::now();
     let certs: Vec<CertificateDer<'static>> = tls
         .get_ref()
         .1
@@ -562,9 +675,14 @@ async fn connection(a: &Accepting, tcp: TcpStream, remote: SocketAddr) {
         }
     });
     let mut builder = Builder::new(TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new()).header_read_timeout(a.limits.header_read_timeout);
-    builder.http2().timer(TokioTimer::new());
-    let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), TowerToHyperService::new(svc));
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(a.limits.header_read_timeout)
+        .max_buf_size(HEADER_BYTES_MAX);
+    builder.http2().timer(TokioTimer::new()).max_header_list_size(HEADER_BYTES_MAX as u32);
+    let io = Answer431 { inner: tls, pending: None };
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), TowerToHyperService::new(svc));
     tokio::pin!(conn);
     let mut changes = a.revocations.changes.clone();
     // Only changes after this connection began are news to it: its requests are checked anyway.
@@ -574,6 +692,9 @@ async fn connection(a: &Accepting, tcp: TcpStream, remote: SocketAddr) {
     let mut idle_since = Some(Instant::now());
     loop {
         let idle_deadline = idle_since.map(|t| t + a.limits.idle_timeout);
+        // Until its first request, the header wait counts from the handshake.
+        let first_request_deadline = (activity.begun.load(Ordering::SeqCst) == 0 && !draining)
+            .then(|| handshaken + a.limits.header_read_timeout);
         tokio::select! {
             r = conn.as_mut() => {
                 if let Err(e) = r {
@@ -598,6 +719,12 @@ async fn connection(a: &Accepting, tcp: TcpStream, remote: SocketAddr) {
                 tracing::debug!(%remote, "closing an idle connection");
                 return;
             }
+            _ = sleep_until_some(first_request_deadline) => {
+                if activity.begun.load(Ordering::SeqCst) == 0 {
+                    tracing::debug!(%remote, "closing a connection that sent no request within limits.header_read_timeout");
+                    return;
+                }
+            }
             r = changes.changed(), if watching && !draining => {
                 let (still_valid, issuer_trusted) = match (&serial, r) {
                     (Some(s), Ok(())) => ((a.revocations.check)(s.clone()).await, a.tls.trusts(&leaf)),
@@ -621,6 +748,127 @@ async fn connection(a: &Accepting, tcp: TcpStream, remote: SocketAddr) {
                 conn.as_mut().graceful_shutdown();
             }
         }
+    }
+}
+
+/// Counts a refused handshake, and logs its reason at warn when `RefusedPeers` says this peer's
+/// is news (else at debug).
+fn refused_handshake(a: &Accepting, remote: SocketAddr, reason: String, error: Option<&std::io::Error>) {
+    a.refusals.handshakes.fetch_add(1, Ordering::Relaxed);
+    metrics::counter!("baton_hub_tls_handshake_failures_total").increment(1);
+    let detail = error.map(|e| e.to_string()).unwrap_or_default();
+    match a.refused_peers.note(remote.ip(), &reason, std::time::Instant::now()) {
+        Noted::Log => tracing::warn!(
+            peer = %remote.ip(),
+            %reason,
+            error = %detail,
+            "TLS handshake refused (this peer's further refusals for this reason are only counted for an hour)"
+        ),
+        Noted::Repeat => tracing::debug!(%remote, %reason, error = %detail, "TLS handshake refused"),
+        Noted::Full => {
+            a.refusals.handshakes_unlogged.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(%remote, %reason, error = %detail, "TLS handshake refused");
+        }
+    }
+}
+
+/// The text hyper answers a request head over its bounds with: a 431 head and no body.
+const HYPER_431: &[u8] = b"HTTP/1.1 431 Request Header Fields Too Large\r\n";
+
+/// A connection's stream that gives hyper's own 431 answer (a head over `HEADER_FIELDS_MAX` or
+/// `HEADER_BYTES_MAX`, answered before any service sees the request) the `{code, message}` body
+/// every other error has. Everything else passes through unchanged. It reports no vectored
+/// writes, so hyper writes each answer's head whole into one buffer, where it is found.
+struct Answer431<T> {
+    inner: T,
+    /// The rewritten answer still to be written, and how much of it has been.
+    pending: Option<(Vec<u8>, usize)>,
+}
+
+impl<T: AsyncWrite + Unpin> Answer431<T> {
+    /// Writes what is pending of a rewritten answer.
+    fn drain(&mut self, cx: &mut TaskContext<'_>) -> Poll<std::io::Result<()>> {
+        while let Some((bytes, at)) = &mut self.pending {
+            if *at == bytes.len() {
+                self.pending = None;
+                break;
+            }
+            let n = ready!(Pin::new(&mut self.inner).poll_write(cx, &bytes[*at..]))?;
+            if n == 0 {
+                return Poll::Ready(Err(std::io::ErrorKind::WriteZero.into()));
+            }
+            *at += n;
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// hyper's 431 head with a JSON body: its `content-length` replaced, a `content-type` added.
+fn answer_431(head: &[u8]) -> Vec<u8> {
+    let body = serde_json::json!({
+        "code": baton_shared::error::ErrorCode::HeadersTooLarge.as_str(),
+        "message": format!(
+            "the request's header fields are over the hub's bound: at most {HEADER_FIELDS_MAX} fields and \
+             {HEADER_BYTES_MAX} bytes of request head"
+        ),
+    })
+    .to_string();
+    let text = String::from_utf8_lossy(head);
+    let mut out = String::new();
+    for line in text.split("\r\n").filter(|l| !l.is_empty()) {
+        if !line.to_ascii_lowercase().starts_with("content-length:") {
+            out.push_str(line);
+            out.push_str("\r\n");
+        }
+    }
+    out.push_str(&format!("content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}", body.len()));
+    out.into_bytes()
+}
+
+/// Where `needle` first appears in `haystack`.
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Answer431<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Answer431<T> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        ready!(self.drain(cx))?;
+        match find(buf, HYPER_431) {
+            // What comes before it (an earlier answer) first.
+            Some(at) if at > 0 => Pin::new(&mut self.inner).poll_write(cx, &buf[..at]),
+            Some(_) => match find(buf, b"\r\n\r\n") {
+                Some(end) => {
+                    self.pending = Some((answer_431(&buf[..end + 4]), 0));
+                    // Taken: what is not written yet goes out before anything else.
+                    if let Poll::Ready(Err(e)) = self.drain(cx) {
+                        return Poll::Ready(Err(e));
+                    }
+                    Poll::Ready(Ok(end + 4))
+                }
+                None => Pin::new(&mut self.inner).poll_write(cx, buf),
+            },
+            None => Pin::new(&mut self.inner).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<std::io::Result<()>> {
+        ready!(self.drain(cx))?;
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<std::io::Result<()>> {
+        ready!(self.drain(cx))?;
+        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 
@@ -669,6 +917,55 @@ mod tests {
         let e = cert.reload(&dir).unwrap_err();
         assert!(format!("{e:#}").contains("does not match"), "{e:#}");
         assert_eq!(cert.facts().serial, second.serial, "the previous certificate is still served");
+    }
+
+    /// A peer's refusal is logged once per reason and interval, a new reason at once (also when
+    /// a peer's reasons alternate); past the remembered bound only counted, until the
+    /// remembered ones age out.
+    #[test]
+    fn refused_handshakes_are_logged_once_per_peer_and_reason() {
+        let peers = RefusedPeers::default();
+        let t0 = std::time::Instant::now();
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        assert_eq!(peers.note(a, "UnknownIssuer", t0), Noted::Log);
+        assert_eq!(peers.note(a, "UnknownIssuer", t0 + Duration::from_secs(60)), Noted::Repeat);
+        assert_eq!(peers.note(a, "Expired", t0 + Duration::from_secs(61)), Noted::Log);
+        assert_eq!(peers.note(a, "UnknownIssuer", t0 + Duration::from_secs(62)), Noted::Repeat, "reasons alternate");
+        assert_eq!(peers.note(a, "Expired", t0 + HANDSHAKE_REASON_REPEAT + Duration::from_secs(62)), Noted::Log);
+        for i in 2..HANDSHAKE_PEERS_REMEMBERED_MAX {
+            let ip = IpAddr::from([10, 1, (i / 256) as u8, (i % 256) as u8]);
+            assert_eq!(peers.note(ip, "x", t0), Noted::Log);
+        }
+        let late: IpAddr = "10.9.9.9".parse().unwrap();
+        assert_eq!(peers.note(late, "x", t0 + Duration::from_secs(1)), Noted::Full, "the table is bounded");
+        assert_eq!(peers.note(late, "x", t0 + HANDSHAKE_REASON_REPEAT + Duration::from_secs(1)), Noted::Log);
+        assert!(peers.seen.lock().unwrap().len() <= HANDSHAKE_PEERS_REMEMBERED_MAX);
+    }
+
+    /// hyper's bodiless 431 gets the JSON body; earlier bytes in the same write go first,
+    /// unchanged; other answers pass through.
+    #[tokio::test]
+    async fn a_431_answer_gets_its_json_body() {
+        use tokio::io::AsyncWriteExt;
+        let (client, mut server) = tokio::io::duplex(1 << 16);
+        let mut io = Answer431 { inner: client, pending: None };
+        let before = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+        let hyper = b"HTTP/1.1 431 Request Header Fields Too Large\r\nconnection: close\r\ncontent-length: 0\r\ndate: x\r\n\r\n";
+        io.write_all(&[&before[..], &hyper[..]].concat()).await.unwrap();
+        io.shutdown().await.unwrap();
+        let mut seen = String::new();
+        tokio::io::AsyncReadExt::read_to_string(&mut server, &mut seen).await.unwrap();
+        let (ok, rest) = seen.split_at(before.len());
+        assert_eq!(ok.as_bytes(), before);
+        let (head, body) = rest.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 431 ") && head.contains("content-type: application/json"), "{head}");
+        assert!(
+            head.contains(&format!("content-length: {}", body.len())) && !head.contains("content-length: 0"),
+            "{head}"
+        );
+        let v: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(v["code"], "headers_too_large");
+        assert!(v["message"].as_str().unwrap().contains("100 fields"), "{v}");
     }
 
     /// A certificate gets at most its slots; a slot left is free again, and the table forgets

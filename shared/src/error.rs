@@ -43,6 +43,8 @@ pub enum ErrorCode {
     SessionSuperseded,
     /// 413: the body or a field is over its size bound.
     TooLarge,
+    /// 431: the request's header fields are over the hub's bound (their number or their size).
+    HeadersTooLarge,
     /// 429: a capacity bound is reached.
     OverCapacity,
     /// 503: the store cannot be written or read right now.
@@ -55,7 +57,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 23] = [
+    pub const ALL: [ErrorCode; 24] = [
         ErrorCode::InvalidJson,
         ErrorCode::InvalidField,
         ErrorCode::NoRecipients,
@@ -75,6 +77,7 @@ impl ErrorCode {
         ErrorCode::InstanceConflict,
         ErrorCode::SessionSuperseded,
         ErrorCode::TooLarge,
+        ErrorCode::HeadersTooLarge,
         ErrorCode::OverCapacity,
         ErrorCode::StorageUnavailable,
         ErrorCode::ShuttingDown,
@@ -103,6 +106,7 @@ impl ErrorCode {
             ErrorCode::InstanceConflict => "instance_conflict",
             ErrorCode::SessionSuperseded => "session_superseded",
             ErrorCode::TooLarge => "too_large",
+            ErrorCode::HeadersTooLarge => "headers_too_large",
             ErrorCode::OverCapacity => "over_capacity",
             ErrorCode::StorageUnavailable => "storage_unavailable",
             ErrorCode::ShuttingDown => "shutting_down",
@@ -131,6 +135,7 @@ impl ErrorCode {
             | ErrorCode::InstanceConflict
             | ErrorCode::SessionSuperseded => 409,
             ErrorCode::TooLarge => 413,
+            ErrorCode::HeadersTooLarge => 431,
             ErrorCode::OverCapacity => 429,
             ErrorCode::StorageUnavailable | ErrorCode::ShuttingDown => 503,
             ErrorCode::Internal => 500,

@@ -5,7 +5,8 @@
 //! Layout:
 //! - `ids`: identifier grammar and roles.
 //! - `states`: delivery states and attempt outcomes.
-//! - `wire`: request and response bodies (the public API contract).
+//! - `wire`: request and response bodies (the public API contract); `json_int`, the whole
+//!   numbers they take as JSON Schema reads them (`12.0` is 12).
 //! - `error`: stable error codes and their HTTP statuses.
 //! - `limits`: default bounds.
 //! - `pki`: CA creation, certificate issue, identity from a verified certificate.
@@ -27,6 +28,7 @@ pub mod error;
 pub mod exit;
 pub mod files;
 pub mod ids;
+pub mod json_int;
 pub mod limits;
 pub mod logging;
 pub mod manuals;

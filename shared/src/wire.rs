@@ -61,11 +61,11 @@ pub struct SubmitRequest {
     pub to: Option<Vec<String>>,
     /// How many attempts each delivery may get when the harness asks for a retry (exit 75).
     /// Default 1 (no retry); bounded by the hub's `max_attempts_max`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, deserialize_with = "crate::json_int::optional", skip_serializing_if = "Option::is_none")]
     pub max_attempts: Option<u32>,
     /// The first retry's backoff; later ones double it, capped by the hub's
     /// `retry_backoff_max` and jittered. Default: the hub's `retry_backoff`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, deserialize_with = "crate::json_int::optional", skip_serializing_if = "Option::is_none")]
     pub retry_backoff_ms: Option<u64>,
 }
 
@@ -196,10 +196,10 @@ pub struct ClaimRequest {
     /// The claiming node instance.
     pub instance_id: String,
     /// At most this many deliveries (bounded by the hub's batch limit).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::json_int::optional")]
     pub max: Option<u32>,
     /// Wait up to this long for claimable work (bounded by the hub's long-poll limit).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::json_int::optional")]
     pub wait_ms: Option<u64>,
 }
 
@@ -303,6 +303,7 @@ pub struct SessionEndRequest {
     /// The node instance.
     pub instance_id: String,
     /// The session that ends.
+    #[serde(deserialize_with = "crate::json_int::integer")]
     pub session: u64,
 }
 
@@ -327,6 +328,7 @@ pub struct StartItem {
     /// The claim token of the current run's claim.
     pub claim_token: String,
     /// The run (from the claim).
+    #[serde(deserialize_with = "crate::json_int::integer")]
     pub attempt: u32,
 }
 
@@ -445,10 +447,10 @@ pub struct ReportRequest {
     /// How the turn ended.
     pub outcome: Outcome,
     /// The harness's exit status, when it exited.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::json_int::optional")]
     pub exit_code: Option<i32>,
     /// How long the turn ran.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::json_int::optional")]
     pub duration_ms: Option<u64>,
     /// The bounded result body.
     #[serde(default)]
@@ -457,10 +459,10 @@ pub struct ReportRequest {
     #[serde(default)]
     pub reason: Option<String>,
     /// The run this report is for (from the claim); absent means the delivery's current run.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::json_int::optional")]
     pub attempt: Option<u32>,
     /// The signal that ended the harness, when one did.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::json_int::optional")]
     pub signal: Option<i32>,
 }
 

@@ -1,7 +1,9 @@
 //! The hub's edges under abuse, through the real binary: bounded connections (slowloris, one
 //! certificate's idle connections, requests per connection, slow bodies), refusals logged once
 //! per interval, revoked certificates' connections closed, and a long poll that outlasts every
-//! connection timeout.
+//! connection timeout; a silent connection closed at the header timeout, 431 in our shape,
+//! refused handshakes' reasons logged once per peer, and the open-file limit raised or a
+//! `connections_max` that cannot fit refused.
 
 use crate::harness::{Hub, raw_connector, raw_dial};
 use serde_json::json;
@@ -312,4 +314,134 @@ async fn every_refusal_is_in_our_shape() {
             assert!(!message.contains(internal), "{method} {path} names {internal:?}: {message}");
         }
     }
+}
+
+/// A client that completes the TLS handshake and then sends nothing is closed at
+/// `limits.header_read_timeout`, counted from the handshake, not kept to `limits.idle_timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_sends_no_request_is_closed_at_the_header_timeout() {
+    let hub = Hub::builder().config("[limits]\nheader_read_timeout = \"1s\"\nidle_timeout = \"1h\"\n").start();
+    for alpn in [&b"http/1.1"[..], b"h2"] {
+        let mut conn = raw_dial(&hub, &connector_for(&hub, "prod", alpn)).await.expect("handshake");
+        let closed = read_to_close(&mut conn, OUTLAST).await;
+        assert!(closed.is_some(), "{alpn:?}: a silent connection was still open after {OUTLAST:?}");
+    }
+    // A connection that does send its request in time is served.
+    let mut conn = raw_dial(&hub, &connector(&hub, "prod")).await.expect("handshake");
+    conn.write_all(b"GET /healthz HTTP/1.1\r\nhost: hub\r\nconnection: close\r\n\r\n").await.unwrap();
+    let answer = read_to_close(&mut conn, OUTLAST).await.expect("an answer");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}
+
+/// A request head over the hub's bounds (too many header fields, too many bytes) is answered
+/// 431 with the `{code, message}` body every error has.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_431_answer_has_the_error_body() {
+    let hub = Hub::start();
+    let tls = connector(&hub, "prod");
+    let many: String = (0..150).map(|i| format!("x-h{i}: v\r\n")).collect();
+    let large = format!("x-large: {}\r\n", "a".repeat(70 * 1024));
+    for (what, headers) in [("150 header fields", many), ("70 KiB of header", large)] {
+        let mut conn = raw_dial(&hub, &tls).await.expect("handshake");
+        let req = format!("GET /healthz HTTP/1.1\r\nhost: hub\r\n{headers}\r\n");
+        let _ = conn.write_all(req.as_bytes()).await;
+        let answer = read_to_close(&mut conn, OUTLAST).await.expect("the hub kept the connection open");
+        let (head, text) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+        assert!(head.starts_with("HTTP/1.1 431"), "{what}: {answer}");
+        assert!(head.to_ascii_lowercase().contains("content-type: application/json"), "{what}: {head}");
+        let v: serde_json::Value = serde_json::from_str(text).unwrap_or_else(|_| panic!("{what}: {answer}"));
+        let keys: Vec<&String> = v.as_object().unwrap().keys().collect();
+        assert_eq!(keys, ["code", "message"], "{what}: {text}");
+        assert_eq!(v["code"], json!("headers_too_large"), "{what}: {text}");
+    }
+    // The hub goes on answering.
+    hub.client("prod").get("/healthz").await.ok(200);
+}
+
+/// A refused handshake's reason reaches the log at warn, once per peer and reason however
+/// often the peer retries: a certificate of another CA, and a client that does not trust the
+/// hub's certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_handshakes_are_logged_with_their_reason_once_per_peer() {
+    let hub = Hub::start();
+    let other = Hub::builder().producers(&["stranger"]).nodes(&[]).stopped().start();
+    let foreign_cert = raw_connector(&other, "stranger", &hub.identity("prod").ca, b"http/1.1");
+    let distrusting = raw_connector(&hub, "prod", &other.identity("stranger").ca, b"http/1.1");
+    for _ in 0..5 {
+        for tls in [&foreign_cert, &distrusting] {
+            if let Ok(mut conn) = raw_dial(&hub, tls).await {
+                // TLS 1.3: the client's certificate is refused after the client's handshake ends.
+                let _ = read_to_close(&mut conn, OUTLAST).await;
+            }
+        }
+    }
+    let count = |needle: &str| {
+        hub.serve_logs()
+            .lines()
+            .filter(|l| l.contains("WARN") && l.contains("TLS handshake refused") && l.contains(needle))
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    // The reason as rustls names it: another CA of the same name fails on its signature.
+    let (foreign, distrusted) = ("the client's certificate was refused", "the client refused the hub's certificate");
+    while count(foreign) == 0 || count(distrusted) == 0 {
+        assert!(Instant::now() < deadline, "both reasons are not in the hub's log:\n{}", hub.serve_logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let logs = hub.serve_logs();
+    assert_eq!(count(foreign), 1, "one line for five refusals of a foreign certificate:\n{logs}");
+    assert_eq!(count(distrusted), 1, "one line for five clients that distrust the hub:\n{logs}");
+    assert!(logs.lines().any(|l| l.contains(foreign) && l.contains("peer=127.0.0.1")), "the peer is named:\n{logs}");
+}
+
+/// `baton-hub serve` under `limit` open files (soft; the hard limit `hard`), as `ulimit` sets.
+fn serve_under_limit(hub: &Hub, soft: u64, hard: u64, extra: &[&str]) -> std::process::Command {
+    let inner = hub.cli_command(["serve", "--listen", "127.0.0.1:0"].iter().chain(extra));
+    let mut cmd = std::process::Command::new("sh");
+    cmd.arg("-c").arg(format!("ulimit -Sn {soft} && ulimit -Hn {hard} && exec \"$0\" \"$@\""));
+    cmd.arg(inner.get_program()).args(inner.get_args());
+    cmd.env_clear();
+    for (k, v) in inner.get_envs() {
+        if let Some(v) = v {
+            cmd.env(k, v);
+        }
+    }
+    cmd.stdin(std::process::Stdio::null());
+    cmd
+}
+
+/// The hub raises its soft open-file limit to the hard one at start; when
+/// `limits.connections_max` and its own files cannot fit even so, it refuses to start, naming
+/// both and the fix, rather than running into "Too many open files" with clients waiting.
+#[test]
+fn the_open_file_limit_is_raised_or_a_connections_max_that_cannot_fit_is_refused() {
+    let hub = Hub::builder().stopped().start();
+    // 256 soft and hard: 1024 connections cannot fit.
+    let out = crate::harness::output_within(serve_under_limit(&hub, 256, 256, &[]), Duration::from_secs(60));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    for words in ["limits.connections_max = 1024", "open-file limit of 256", "ulimit -n", "LimitNOFILE"] {
+        assert!(err.contains(words), "{words}: {err}");
+    }
+    // 256 soft under a 4096 hard limit: raised, so the default bound fits.
+    let mut child = serve_under_limit(&hub, 256, 4096, &[])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let limits = format!("/proc/{}/limits", child.id());
+    let addr = hub.data_dir().join("hub.addr");
+    let soft = crate::node_harness::wait_for("the hub to listen", Duration::from_secs(60), || {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("serve exited ({status})");
+        }
+        addr.exists().then_some(())?;
+        let text = std::fs::read_to_string(&limits).ok()?;
+        let line = text.lines().find(|l| l.starts_with("Max open files"))?.to_string();
+        Some(line.split_whitespace().nth(3)?.to_string())
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(soft, "4096", "the soft limit was raised to the hard one");
 }

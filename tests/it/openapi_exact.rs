@@ -458,6 +458,12 @@ fn cases_for(doc: &Value, s: &Value, loc: &Loc, base: Option<&Value>, required: 
         } else {
             push("not a number".into(), Change::Set("x1".into()), Expect::Refused { names_field: false });
         }
+        if is_body {
+            // JSON Schema's `integer` is any number whose fractional part is zero.
+            let whole = s.get("minimum").and_then(|v| v.as_i64()).unwrap_or(1).max(1);
+            push(format!("{whole}.0"), Change::Set(format!("{whole}.0")), Expect::Accepted);
+            push(format!("{whole}e0"), Change::Set(format!("{whole}e0")), Expect::Accepted);
+        }
         if let Some(min) = s.get("minimum").and_then(|v| v.as_i64()) {
             push(format!("{min}"), Change::Set(min.to_string()), Expect::Accepted);
             push(format!("{}", i128::from(min) - 1), Change::Set((i128::from(min) - 1).to_string()), refused);
@@ -953,6 +959,28 @@ async fn the_hub_enforces_exactly_what_the_document_states() {
         let code = a.body["code"].as_str().unwrap_or("").to_string();
         if !listed(responses, a.status).is_some_and(|codes| codes.contains(&code)) {
             failures.push(format!("{method} {path} for an unknown {param}: {} {} is not listed", a.status, a.text));
+        }
+    }
+    // A schema-valid submission the record refuses: `to` empty (or absent) on a conversation
+    // without members. The document says so where a schema tester reads it: under `to` and
+    // under the 400 that answers it.
+    let submit = &doc["paths"]["/v1/messages"]["post"];
+    let to_doc = doc["components"]["schemas"]["SubmitRequest"]["properties"]["to"]["description"].as_str().unwrap();
+    let refusal = submit["responses"]["400"]["description"].as_str().unwrap();
+    for (what, text) in [("`to`", to_doc), ("the 400 answer", refusal)] {
+        if !(text.contains("no_recipients") && text.contains("members")) {
+            failures.push(format!("{what} does not say when no_recipients answers a schema-valid body: {text}"));
+        }
+    }
+    for to in [json!([]), Value::Null] {
+        let mut call = bases.call("post", "/v1/messages");
+        let body = call.body.as_mut().unwrap();
+        body["conversation"] = json!(format!("memberless-{}", bases.fresh("c")));
+        body["to"] = to.clone();
+        let body = call.body.as_ref().map(Value::to_string);
+        let a = send(&clients, &url, "post", "/v1/messages", &call, body).await;
+        if (a.status, a.body["code"].as_str()) != (400, Some("no_recipients")) {
+            failures.push(format!("to = {to} without members: {} {}", a.status, a.text));
         }
     }
     println!("{sent} generated requests");

@@ -110,9 +110,13 @@ pub(super) fn verify(ctx: &Context, json: bool) -> CliResult {
 }
 
 /// `config check`: validates the configuration `serve` would start with (but its flags other
-/// than the global ones), and says where the record is (a URL without its password).
+/// than the global ones), and says where the record is (a URL without its password); warns on
+/// stderr when the operator listener is bound beyond loopback.
 pub(super) fn config_check(ctx: &Context, file: Option<&Path>) -> CliResult {
     let config = ctx.config(file)?;
+    if let Some(w) = crate::ops_listener::exposure_warning(&config) {
+        eprintln!("warning: {w}");
+    }
     let record = match &config.database_url {
         Some(url) => format!("PostgreSQL at {}", url.shown()),
         None => ctx.dir.db().display().to_string(),

@@ -117,6 +117,9 @@ pub enum KeyKind {
     /// for the SQLite file in the data directory. It may carry a password, so it is never
     /// printed whole (see `crate::pg::PgUrl::shown`).
     DatabaseUrl,
+    /// Host names, comma-separated (`"status.example.net,hub-1"`), or empty (the default:
+    /// none). In the file also a TOML array of strings.
+    Names,
     /// One word of a fixed set.
     Choice {
         /// The default.
@@ -222,6 +225,36 @@ pub const OPERATOR_LISTEN: Key = Key {
           /metrics and the status page); port 0 picks a free port (written to DIR/operator.addr); \
           \"off\" disables it",
 };
+/// `operator_hosts`.
+pub const OPERATOR_HOSTS: Key = Key {
+    name: key_name!(None, "operator_hosts", "operator-hosts", "BATON_HUB_OPERATOR_HOSTS"),
+    kind: KeyKind::Names,
+    doc: "names, besides its bound IP address (and localhost when it is bound on loopback), that the \
+          operator listener answers to in a request's Host header, comma-separated (in the file also an \
+          array): a load balancer's or a proxy's name for it. A request naming any other host is answered 421, \
+          so a web page that rebinds its own name to this address cannot read the listener",
+};
+/// The most operator-listener connections one peer address keeps open by default.
+pub const OPERATOR_CONNECTIONS_PER_PEER_MAX_DEFAULT: u64 = 8;
+/// `operator_connections_per_peer_max`.
+pub const OPERATOR_CONNECTIONS_PER_PEER_MAX: Key = Key {
+    name: key_name!(
+        None,
+        "operator_connections_per_peer_max",
+        "operator-connections-per-peer-max",
+        "BATON_HUB_OPERATOR_CONNECTIONS_PER_PEER_MAX"
+    ),
+    kind: KeyKind::Int {
+        default: OPERATOR_CONNECTIONS_PER_PEER_MAX_DEFAULT,
+        min: 1,
+        max: crate::ops_listener::OPERATOR_CONNECTIONS_MAX as u64,
+    },
+    doc: "operator-listener connections open at once from one peer IP address; a new connection from a \
+          peer at the bound (or with the listener full) closes that peer's (or the listener's) oldest idle \
+          connection, and is closed itself only when none is idle, so held-open sockets cannot keep a health \
+          check out",
+};
+const _: () = assert!(OPERATOR_CONNECTIONS_PER_PEER_MAX_DEFAULT < crate::ops_listener::OPERATOR_CONNECTIONS_MAX as u64);
 
 /// `start_lease`.
 pub const START_LEASE: Key = Key {
@@ -333,8 +366,9 @@ pub const HANDSHAKE_TIMEOUT: Key = Key {
 pub const CONNECTIONS_MAX: Key = Key {
     name: key_name!(Some("limits"), "connections_max", "connections-max", "BATON_HUB_CONNECTIONS_MAX"),
     kind: KeyKind::Int { default: CONNECTIONS_MAX_DEFAULT, min: 1, max: 1_000_000 },
-    doc: "connections open at once, handshaking ones included; more are closed at accept (keep it \
-          below the hub's file limit)",
+    doc: "connections open at once, handshaking ones included; more are closed at accept. `serve` raises \
+          its soft open-file limit to the hard one and refuses to start when this and 256 files of its own do \
+          not fit under it",
 };
 /// `limits.connections_per_cert_max`.
 pub const CONNECTIONS_PER_CERT_MAX: Key = Key {
@@ -442,7 +476,7 @@ pub const INSTANCE_REBIND_WINDOW_KEY: Key = Key {
 };
 
 /// Every key, in the order of the template.
-pub const KEYS: [&Key; 33] = [
+pub const KEYS: [&Key; 35] = [
     &LISTEN,
     &DATABASE_URL,
     &SYNCHRONOUS,
@@ -452,6 +486,8 @@ pub const KEYS: [&Key; 33] = [
     &LOG_FORMAT,
     &HOST_SILENCE_WARN,
     &OPERATOR_LISTEN,
+    &OPERATOR_HOSTS,
+    &OPERATOR_CONNECTIONS_PER_PEER_MAX,
     &REQUEUE_SILENT_AFTER,
     &START_LEASE,
     &PAYLOAD_BYTES_MAX,
@@ -498,6 +534,7 @@ impl Key {
             KeyKind::Addr { .. } => "ADDR:PORT".to_string(),
             KeyKind::AddrOrOff { .. } => "ADDR:PORT or \"off\"".to_string(),
             KeyKind::DatabaseUrl => "\"\" or a postgres:// URL".to_string(),
+            KeyKind::Names => "\"\" or comma-separated host names".to_string(),
             KeyKind::Choice { allowed, .. } => {
                 allowed.iter().map(|a| format!("{a:?}")).collect::<Vec<_>>().join(" or ")
             }
@@ -512,7 +549,7 @@ impl Key {
             KeyKind::Addr { default } | KeyKind::AddrOrOff { default } | KeyKind::Choice { default, .. } => {
                 format!("{default:?}")
             }
-            KeyKind::DatabaseUrl => "\"\"".to_string(),
+            KeyKind::DatabaseUrl | KeyKind::Names => "\"\"".to_string(),
         }
     }
 
@@ -542,6 +579,7 @@ impl Key {
             KeyKind::Addr { .. } => "ADDR:PORT",
             KeyKind::AddrOrOff { .. } => "ADDR:PORT|off",
             KeyKind::DatabaseUrl => "URL",
+            KeyKind::Names => "NAMES",
             KeyKind::Choice { .. } => "WORD",
         }
     }

@@ -160,6 +160,34 @@ impl Merged {
         })
     }
 
+    /// A `Names` key: host names, lowercase, each checked; empty when none is given.
+    pub(super) fn names(&self, key: &Key) -> Result<Vec<String>, String> {
+        let KeyKind::Names = key.kind else {
+            return Err(format!("{}: not a names key", key.name.field()));
+        };
+        let field = key.name.field();
+        self.resolve(key, Vec::new(), |raw, source| {
+            let given: Vec<String> = match raw {
+                Raw::Toml(toml::Value::Array(items)) => items
+                    .iter()
+                    .map(|v| match v {
+                        toml::Value::String(s) => Ok(s.clone()),
+                        other => Err(source.tell(format!("{field}: {other} is not a host name (a string)"))),
+                    })
+                    .collect::<Result<_, _>>()?,
+                raw => text(raw, &field, source)?
+                    .split(',')
+                    .map(|n| n.trim().to_string())
+                    .filter(|n| !n.is_empty())
+                    .collect(),
+            };
+            given
+                .into_iter()
+                .map(|n| host_name(&n).map_err(|why| source.tell(format!("{field}: {n:?} {why}"))))
+                .collect()
+        })
+    }
+
     pub(super) fn choice(&self, key: &Key) -> Result<&'static str, String> {
         let KeyKind::Choice { default, allowed } = key.kind else {
             return Err(format!("{}: not a choice key", key.name.field()));
@@ -174,6 +202,26 @@ impl Merged {
                 .ok_or_else(|| source.tell(format!("{field} = {value:?} is not one of {}", key.range())))
         })
     }
+}
+
+/// Most characters of a host name (DNS's bound).
+const HOST_NAME_CHARS_MAX: usize = 253;
+
+/// A host name as a Host header carries it, lowercase: letters, digits, `-` and `.`, at most
+/// `HOST_NAME_CHARS_MAX` characters, without a port; `Err` says what is wrong.
+fn host_name(n: &str) -> Result<String, &'static str> {
+    if n.len() > HOST_NAME_CHARS_MAX {
+        return Err("is longer than 253 characters");
+    }
+    if n.contains(':') {
+        return Err("is not a host name: give it without a port (any port is taken)");
+    }
+    if n.split('.').any(|label| label.is_empty() || label.starts_with('-') || label.ends_with('-'))
+        || !n.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
+    {
+        return Err("is not a host name (letters, digits, '-' and '.')");
+    }
+    Ok(n.to_ascii_lowercase())
 }
 
 /// The text of a value that must be a string.

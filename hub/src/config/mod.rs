@@ -133,6 +133,11 @@ pub struct HubConfig {
     pub host_silence_warn: Duration,
     /// Where the operator listener (health, metrics, status page) listens; `None` when off.
     pub operator_listen: Option<SocketAddr>,
+    /// Names (lowercase) the operator listener answers to in a Host header, besides its
+    /// bound address.
+    pub operator_hosts: Vec<String>,
+    /// Most operator-listener connections open at once from one peer IP address.
+    pub operator_connections_per_peer_max: usize,
     /// How long a node instance's open session may be silent before the hub requeues its
     /// claimed and mirrored deliveries; `None`: never (the default).
     pub requeue_silent_after: Option<Duration>,
@@ -272,6 +277,8 @@ impl HubConfig {
             log_format,
             host_silence_warn: m.duration(&HOST_SILENCE_WARN)?,
             operator_listen: m.addr_or_off(&OPERATOR_LISTEN)?,
+            operator_hosts: m.names(&OPERATOR_HOSTS)?,
+            operator_connections_per_peer_max: m.int(&OPERATOR_CONNECTIONS_PER_PEER_MAX)? as usize,
             requeue_silent_after: requeue_silent_after(m.duration(&REQUEUE_SILENT_AFTER)?, limits.long_poll_wait_max)?,
         })
     }
@@ -500,6 +507,30 @@ mod tests {
         assert!(e.contains("BATON_HUB_OPERATOR_LISTEN"), "{e}");
         let c = layered("", &[], &["--operator-listen", "off"]).unwrap();
         assert_eq!(c.operator_listen, None);
+    }
+
+    /// `operator_hosts` takes names (a list in the file, comma-separated elsewhere), lowercased,
+    /// and refuses a port or what is not a name, naming the key and the layer.
+    #[test]
+    fn operator_hosts_are_names() {
+        assert!(HubConfig::from_toml("").unwrap().operator_hosts.is_empty());
+        let c = HubConfig::from_toml("operator_hosts = [\"Status.Example.net\", \"hub-1\"]").unwrap();
+        assert_eq!(c.operator_hosts, ["status.example.net", "hub-1"]);
+        let c = layered("", &[("BATON_HUB_OPERATOR_HOSTS", " a.example , b ")], &[]).unwrap();
+        assert_eq!(c.operator_hosts, ["a.example", "b"]);
+        check_err(
+            "operator_hosts = \"a.example:9443\"",
+            "operator_hosts: \"a.example:9443\" is not a host name: give it without a port",
+        );
+        check_err("operator_hosts = [\"a b\"]", "operator_hosts: \"a b\" is not a host name");
+        check_err("operator_hosts = [1]", "operator_hosts: 1 is not a host name");
+        let e = layered("", &[], &["--operator-hosts=a..b"]).unwrap_err();
+        assert!(e.contains("--operator-hosts"), "{e}");
+        assert_eq!(HubConfig::from_toml("").unwrap().operator_connections_per_peer_max, 8);
+        check_err(
+            "operator_connections_per_peer_max = 65",
+            "operator_connections_per_peer_max = 65 is out of range; allowed 1..=64",
+        );
     }
 
     #[test]

@@ -479,7 +479,9 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
 
 /// True when a body's data error is a number its field's type cannot hold.
 fn number_out_of_range(text: &str) -> bool {
-    ["invalid value: integer", "invalid type: floating point", "number out of range"].iter().any(|m| text.contains(m))
+    ["invalid value: integer", "invalid value: floating point", "invalid type: floating point", "number out of range"]
+        .iter()
+        .any(|m| text.contains(m))
 }
 
 /// The data error's message without axum's preamble: `FIELD: invalid value: integer ...`.
