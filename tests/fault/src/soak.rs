@@ -384,14 +384,19 @@ impl Nemesis {
         if c.retired.len() as u64 >= COPIES_MAX || self.retired_heal_at.iter().any(Option::is_some) {
             return Ok(None);
         }
-        let up: Vec<usize> = (0..c.nodes.len())
-            .filter(|&i| self.restart_at[i].is_none() && self.paused[i].is_none())
-            .filter(|&i| c.nodes[i].proc_mut().running())
-            // Only a node whose current process has registered its session: a process still
-            // registering when it is cut off would register after the copy once healed, and so
-            // rightly take over from the copy instead of being taken over by it.
-            .filter(|&i| c.nodes[i].proc().stderr().contains(REGISTERED_LOG))
-            .collect();
+        // Up: neither down nor paused, running, and (only such a node) its current process has
+        // registered its session: a process still registering when it is cut off would register
+        // after the copy once healed, and so rightly take over from the copy instead.
+        let mut up: Vec<usize> = Vec::new();
+        for i in 0..c.nodes.len() {
+            if self.restart_at[i].is_none()
+                && self.paused[i].is_none()
+                && c.nodes[i].proc_mut().running()
+                && c.nodes[i].proc().stderr().contains(REGISTERED_LOG)
+            {
+                up.push(i);
+            }
+        }
         if up.is_empty() {
             return Ok(None);
         }
