@@ -47,6 +47,8 @@ impl Toml {
     fn fits(&self, kind: KeyKind) -> bool {
         matches!((kind, self), (KeyKind::Int { .. }, Toml::Int(_)))
             || (!matches!(kind, KeyKind::Int { .. }) && matches!(self, Toml::Str(_)))
+            // A list of names may also be written as an array of strings.
+            || matches!((kind, self), (KeyKind::Names, Toml::Array))
     }
 }
 

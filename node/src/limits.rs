@@ -136,8 +136,9 @@ pub const CHECKPOINT_INTERVAL_RANGE: (Duration, Duration) =
 /// The share of a start lease the node counts on: it measures the lease from when it sent the
 /// request that renewed it (before the hub recorded it), and keeps this much of it, so its own
 /// end of the lease comes before the hub's even with the hub's clock running a little slow.
-pub const START_LEASE_USED_PERCENT: u32 = 90;
+pub const START_LEASE_USED_PERCENT_MAX: u32 = 90;
 /// The node renews its start lease (an empty `POST /v1/starts`) while it has acked turns waiting
 /// to start and less than this share of the lease is left.
-pub const START_LEASE_RENEW_PERCENT: u32 = 50;
-const _: () = assert!(START_LEASE_RENEW_PERCENT < START_LEASE_USED_PERCENT && START_LEASE_USED_PERCENT <= 100);
+pub const START_LEASE_RENEW_PERCENT_MARGIN: u32 = 50;
+const _: () =
+    assert!(START_LEASE_RENEW_PERCENT_MARGIN < START_LEASE_USED_PERCENT_MAX && START_LEASE_USED_PERCENT_MAX <= 100);

@@ -297,7 +297,7 @@ enum Confirmed {
 
 /// While runs this process acked wait to start (`acked_here`: behind a running turn of their
 /// conversation, or the parallel limit), keeps the session's start lease alive: an empty `POST /v1/starts`
-/// once less than `START_LEASE_RENEW_PERCENT` of it is left, so that should the hub become
+/// once less than `START_LEASE_RENEW_PERCENT_MARGIN` of it is left, so that should the hub become
 /// unreachable they may still start within the lease. Returns when to look again (none: no
 /// lease to keep).
 async fn renew_lease_if_due<H: Hub>(sh: &Shared<H>) -> Option<std::time::Duration> {

@@ -86,7 +86,7 @@ pub(crate) struct Shared<H> {
 ///
 /// The hub grants the lease at the session's registration and renews it at every accepted
 /// `POST /v1/starts`, each time for `length` from when it records the renewal; the node counts
-/// each renewal from when it sent the request, and only `START_LEASE_USED_PERCENT` of it, so its
+/// each renewal from when it sent the request, and only `START_LEASE_USED_PERCENT_MAX` of it, so its
 /// lease always ends before the hub's. A newer session of the instance (a copy of the data
 /// directory) is granted no run this session acked until the hub's lease ran out, so a turn this
 /// session starts on its own within its lease can never run on the copy too.
@@ -102,7 +102,7 @@ impl StartLease {
     /// A renewal the hub recorded for a request sent at `sent`.
     pub(crate) fn renewed(&mut self, sent: tokio::time::Instant) {
         if let Some(length) = self.length {
-            let until = sent + length * crate::limits::START_LEASE_USED_PERCENT / 100;
+            let until = sent + length * crate::limits::START_LEASE_USED_PERCENT_MAX / 100;
             self.until = Some(self.until.map_or(until, |u| u.max(until)));
         }
     }
@@ -112,11 +112,11 @@ impl StartLease {
         self.until.map_or(Duration::ZERO, |u| u.saturating_duration_since(now))
     }
 
-    /// Whether the lease should be renewed now (less than `START_LEASE_RENEW_PERCENT` left), and
+    /// Whether the lease should be renewed now (less than `START_LEASE_RENEW_PERCENT_MARGIN` left), and
     /// otherwise when it should be.
     pub(crate) fn renew_in(&self, now: tokio::time::Instant) -> Option<Duration> {
         let length = self.length?;
-        let threshold = length * crate::limits::START_LEASE_RENEW_PERCENT / 100;
+        let threshold = length * crate::limits::START_LEASE_RENEW_PERCENT_MARGIN / 100;
         Some(self.left(now).saturating_sub(threshold))
     }
 }

@@ -71,6 +71,7 @@ pub mod verify;
 pub mod writer;
 
 #[cfg(test)]
+#[path = "tests/text_values.rs"]
 mod text_values;
 
 pub use api::Store;

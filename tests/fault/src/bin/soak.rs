@@ -31,6 +31,10 @@ struct Cli {
     /// sessions, hub-confirmed starts, cancel and retries.
     #[arg(long)]
     turn_control: bool,
+    /// Also copy a node's data directory while the node is cut off, and start the copy in its
+    /// place (a known open case of the start lease: see docs/reliability.md).
+    #[arg(long)]
+    copies: bool,
     /// Run two hubs sharing one record on a throwaway PostgreSQL server, made from the
     /// installed server binaries (`PG_BIN`, else the newest /usr/lib/postgresql/*/bin) and
     /// removed afterwards.
@@ -56,6 +60,7 @@ fn main() -> ExitCode {
             pause_ms_max: cli.pause_ms_max,
             turn_control: cli.turn_control,
             database_url,
+            copies: cli.copies,
         };
         let verbose = cli.verbose;
         rt.block_on(soak::run(&bins, cfg, &mut |l| {
