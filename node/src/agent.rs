@@ -109,6 +109,7 @@ pub async fn run_agent<H: Hub>(
         handoff_unknown: std::sync::atomic::AtomicBool::new(false),
         acked_here: Mutex::new(HashSet::new()),
         lease: Mutex::new(StartLease::default()),
+        started_offline: std::sync::atomic::AtomicBool::new(false),
         hub_lost: Mutex::new(None),
     });
     let token = sh.shutdown.clone();
@@ -233,9 +234,20 @@ async fn register_session<H: Hub>(sh: &Arc<Shared<H>>) -> anyhow::Result<bool> {
     }
 }
 
-/// At a clean shutdown: tells the hub this session ended (best effort, bounded), and records it.
+/// At a clean shutdown: tells the hub this session ended (best effort, bounded), and records it;
+/// never for a session that started a turn without the hub's start record.
 async fn end_session<H: Hub>(sh: &Arc<Shared<H>>) -> Result<(), StoreError> {
     if sh.session.get().is_none() {
+        return Ok(());
+    }
+    if sh.started_offline.load(std::sync::atomic::Ordering::Relaxed) {
+        // The hub may not know every turn this session started: ending it cleanly would let the
+        // next session start what this one acked. Left unended, the hub treats those runs as
+        // possibly started (the next session reports them `unknown`).
+        tracing::warn!(
+            "not ending this session cleanly: it started turns while the hub could not be reached, so the next \
+             session of this data directory reports the turns this one acked and did not start as unknown"
+        );
         return Ok(());
     }
     match tokio::time::timeout(crate::limits::SESSION_END_WAIT, sh.hub.end_session()).await {

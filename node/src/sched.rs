@@ -365,6 +365,7 @@ async fn confirm_starts<H: Hub>(
 /// `not_found` (or anything else) → dropped locally, never run here.
 async fn confirm_chunk<H: Hub>(sh: &Shared<H>, turns: Vec<StartedTurn>) -> Result<Confirmed, StoreError> {
     if sh.starts_unconfirmed.load(Ordering::Relaxed) {
+        sh.started_offline.store(true, Ordering::Relaxed);
         return Ok(Confirmed::Start(turns, Later::No));
     }
     let items = turns
@@ -389,6 +390,7 @@ async fn confirm_chunk<H: Hub>(sh: &Shared<H>, turns: Vec<StartedTurn>) -> Resul
         Err(e) if e.route_unknown() => {
             tracing::warn!("the hub does not know hub-confirmed starts ({e}); starting turns on the local gate alone");
             sh.starts_unconfirmed.store(true, Ordering::Relaxed);
+            sh.started_offline.store(true, Ordering::Relaxed);
             return Ok(Confirmed::Start(turns, Later::No));
         }
         Err(e) if e.retry_later() => {
@@ -408,6 +410,7 @@ async fn confirm_chunk<H: Hub>(sh: &Shared<H>, turns: Vec<StartedTurn>) -> Resul
                 turns.into_iter().partition(|t| acked.contains(&(t.delivery_id.clone(), t.run)))
             };
             if !offline.is_empty() {
+                sh.started_offline.store(true, Ordering::Relaxed);
                 tracing::warn!(
                     turns = offline.len(),
                     lease_left_ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX),

@@ -77,6 +77,10 @@ pub(crate) struct Shared<H> {
     /// The start lease the hub granted this session: while it lasts (as the node measures it),
     /// and only then, the runs in `acked_here` may start without the hub's start record.
     pub(crate) lease: Mutex<StartLease>,
+    /// This session started a turn on the local gate, without the hub's start record. Such a
+    /// session never ends cleanly: a clean end gives its lease up, and with it the hub's rule
+    /// that what it acked and did not start (as far as the hub knows) is never started again.
+    pub(crate) started_offline: AtomicBool,
     /// When the hub stopped answering at all (the first of a run of `Unreachable` failures);
     /// cleared, with one log line, at the next answer.
     pub(crate) hub_lost: Mutex<Option<Instant>>,

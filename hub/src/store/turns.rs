@@ -77,6 +77,10 @@ fn load(conn: &dyn Db, delivery_id: &str) -> StoreResult<Option<Turn>> {
 /// A run an older session of the instance acked is not started for a newer session while that
 /// older session's start lease lasts (`start_lease_pending`, with when to ask again): until
 /// then the older process, if it still runs cut off from the hub, may start it on its own.
+/// Once the lease has run out the run is `started_elsewhere` (the newer session reports it
+/// `unknown`): the hub cannot know whether the older process started it within its lease. Only
+/// an older session that ended cleanly (which gives its lease up, and which a node does only
+/// when it started nothing without the hub) or never held a lease leaves the run to the newer.
 pub fn start(
     conn: &dyn Db,
     host: &str,
@@ -120,21 +124,37 @@ pub fn start(
         }
         if turn.started_session.is_none()
             && let Some(acked) = turn.acked_session.filter(|a| *a < session as i64)
-            && let Some(until) = super::sessions::lease_until(conn, host, acked as u64)?.filter(|u| *u > now_ms)
+            && let Some(until) = super::sessions::lease_until(conn, host, acked as u64)?
         {
-            let wait_ms = until - now_ms;
-            out.push(StartResult {
-                retry_after_ms: Some(wait_ms as u64),
-                ..refuse(
-                    "start_lease_pending",
+            if until > now_ms {
+                let wait_ms = until - now_ms;
+                out.push(StartResult {
+                    retry_after_ms: Some(wait_ms as u64),
+                    ..refuse(
+                        "start_lease_pending",
+                        format!(
+                            "run {} of delivery {} was acked by session {acked} of this node instance, which may \
+                             still start it on its own for {wait_ms} ms (its start lease); ask again then",
+                            turn.attempt, item.delivery_id
+                        ),
+                    )
+                });
+                continue;
+            }
+            if !baton_shared::crash::mutation("hub.start.grant_after_lease") {
+                // The older session held a lease and did not end cleanly: while it lasted, that
+                // process may have started this run cut off from the hub, unheard. Never again.
+                out.push(refuse(
+                    "started_elsewhere",
                     format!(
-                        "run {} of delivery {} was acked by session {acked} of this node instance, which may still \
-                         start it on its own for {wait_ms} ms (its start lease); ask again then",
+                        "run {} of delivery {} was acked by session {acked} of this node instance, which held a \
+                         start lease and did not end cleanly: it may have started the run on its own while cut off \
+                         from the hub, so it is not started again",
                         turn.attempt, item.delivery_id
                     ),
-                )
-            });
-            continue;
+                ));
+                continue;
+            }
         }
         match turn.started_session {
             None => {
@@ -600,9 +620,10 @@ mod tests {
     }
 
     /// The start lease: a run the older session acked is not started for a newer session (a
-    /// copy of the data directory) until the older session's lease ran out; renewals extend it,
-    /// a superseded session renews nothing, a clean end gives it up; runs the newer session
-    /// acked itself start at once.
+    /// copy of the data directory) while the older session's lease lasts, and is
+    /// `started_elsewhere` once it ran out; renewals extend it, a superseded session renews
+    /// nothing, a clean end gives it up (and with it the runs acked and not started); runs the
+    /// newer session acked itself start at once.
     #[test]
     fn a_newer_session_waits_for_the_older_lease_before_starting_what_the_older_acked() {
         use crate::store::claim::{RebindLimit, record_acked_session};
@@ -639,15 +660,29 @@ mod tests {
         deliver(c, &mine[0], 801);
         record_acked_session(c, &mine[0].delivery_id, copy.session).unwrap();
         assert!(start(c, "host-a", "i", copy.session, &[item(&mine[0])], 802).unwrap()[0].start);
-        // At the lease's end the older run is the copy's to start.
+        // At the lease's end the older run is never started again: the older process may have
+        // started it within its lease, cut off from the hub.
         assert_eq!(
             start(c, "host-a", "i", copy.session, &[item(&got[0])], 1_499).unwrap()[0].code.as_deref(),
             Some("start_lease_pending")
         );
-        assert!(start(c, "host-a", "i", copy.session, &[item(&got[0])], 1_500).unwrap()[0].start);
-        // A clean end gives the lease up.
+        let r = start(c, "host-a", "i", copy.session, &[item(&got[0])], 1_500).unwrap();
+        assert_eq!((r[0].start, r[0].code.as_deref()), (false, Some("started_elsewhere")), "{:?}", r[0].message);
+        let started: Option<i64> = c
+            .query_row("SELECT started_session FROM deliveries WHERE id = ?1", [&got[0].delivery_id], |r| r.get(0))
+            .unwrap();
+        assert_eq!(started, None, "a refused start records nothing");
+        // A clean end gives the lease up: what that session acked and did not start is the next
+        // session's to start.
+        message(c, "e", "k3", 1);
+        let later = claim_all(c, 1_600);
+        deliver(c, &later[0], 1_601);
+        record_acked_session(c, &later[0].delivery_id, copy.session).unwrap();
         sessions::end(c, "host-a", "i", copy.session, 2_000).unwrap();
         assert_eq!(sessions::lease_until(c, "host-a", copy.session).unwrap(), None);
+        let third = sessions::open(c, "host-a", "i", None, RebindLimit::default(), 1_000, 2_100).unwrap();
+        assert_eq!(third.took_over, None, "the copy's session ended cleanly");
+        assert!(start(c, "host-a", "i", third.session, &[item(&later[0])], 2_200).unwrap()[0].start);
     }
 
     #[test]

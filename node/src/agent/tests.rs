@@ -845,7 +845,8 @@ async fn during_an_outage_reports_wait_and_starts_wait_for_the_hub() {
 
 /// SPEC §4: the node keeps running what it holds while the hub is down. A turn whose ack the
 /// hub confirmed to this very process starts on the local gate when the hub cannot record its
-/// start (unlike a turn acked by an earlier process, above, which waits for the hub).
+/// start (unlike a turn acked by an earlier process, above, which waits for the hub); the
+/// session then does not end cleanly at shutdown.
 #[tokio::test]
 async fn during_an_outage_a_turn_acked_by_this_process_still_starts() {
     let dir = tempfile::tempdir().unwrap();
@@ -869,6 +870,12 @@ async fn during_an_outage_a_turn_acked_by_this_process_still_starts() {
     hub.with(|s| s.down = false);
     wait_until("both reported", || hub.with(|s| s.outcomes.len() == 2)).await;
     node.stop().await;
+    // A session that started a turn without the hub's start record never ends cleanly: a clean
+    // end would give up the lease, and with it the hub's rule that the next session does not
+    // start what this one acked.
+    hub.with(|s| assert!(s.ended_sessions.is_empty(), "ended cleanly: {:?}", s.ended_sessions));
+    let last = open_db(dir.path()).last_session().unwrap().unwrap();
+    assert_eq!(last.ended, None, "{last:?}");
 }
 
 /// The start lease bounds what a cut-off node starts on its own: once the lease it measured has

@@ -1,7 +1,8 @@
 //! The fault proxy against a local echo server: pass, blackhole, reset, cut after N bytes,
 //! delay, and moving the upstream. Then a node cut off from the hub through it while its data
 //! directory is copied and the copy started elsewhere (`a_cut_off_node_and_its_copy_…`, with
-//! the real binaries, on SQLite and on PostgreSQL): no turn runs twice.
+//! the real binaries, on SQLite and on PostgreSQL): no turn runs twice, neither when the
+//! original's lease runs out before it could start the next turn nor when it starts it within.
 
 use baton_fault::checker::{self, HubRecord};
 use baton_fault::cluster::{AcceptOutcome, Cluster};
@@ -158,7 +159,7 @@ fn fault_commands_parse() {
 // A partitioned node's data directory copied and started elsewhere
 
 /// The start lease the hub grants each node session (`start_lease`): short, so that the copy
-/// may start what the cut-off original acked soon after the original was cut off.
+/// settles what the cut-off original acked soon after the original was cut off.
 const START_LEASE: &str = "\"3s\"";
 /// Long enough for anything that should happen in the copy scenario, however loaded the
 /// machine (a lease or two, a start, a takeover): only a failure makes the test wait this long.
@@ -211,16 +212,19 @@ fn hub_view(c: &Cluster, delivery: &str) -> anyhow::Result<(String, bool, bool)>
 /// The finding: a node runs seq 1 of a conversation and has acked seq 2 (waiting behind it);
 /// its link to the hub is blackholed; its data directory is copied (the node stopped for the
 /// copy and let go on) and the copy started elsewhere with a link of its own: it registers a
-/// newer session of the same instance and runs seq 2. The original, still cut off, then ends
-/// seq 1 (the test holds it running until the copy ran seq 2) and, when its start request for
-/// seq 2 goes unanswered, must not start seq 2 on its own: its start lease has run out. Healed,
-/// it finds out that it was taken over and exits 6. Judged from the effects ledger: no run of
-/// a delivery executed twice, and the checker (over both data directories) finds no second
-/// execution (I17) and no execution the gate did not allow (I7).
+/// newer session of the same instance. The copy must not run seq 2: while the original's start
+/// lease lasts the hub answers `start_lease_pending`, and once it ran out `started_elsewhere`
+/// (the original, cut off, may have started seq 2 within it), so the copy reports seq 2
+/// `unknown` and goes on with the conversation's next turn, seq 3, which it acked itself. The
+/// original, still cut off, then ends seq 1 (the test holds it running until then) and, when its
+/// start request for seq 2 goes unanswered, must not start seq 2 on its own: its lease has run
+/// out. Healed, it finds out that it was taken over and exits 6. Judged from the effects ledger
+/// (seq 2 never ran, seq 3 ran once) and by the checker over both data directories: no second
+/// execution (I17), no execution the gate did not allow (I7), no turn out of order (I15).
 ///
-/// With `ignore_lease` the original runs with the start lease switched off (the mutation
-/// switch of crash-point builds): then it does start seq 2 on its own, and the test and the
-/// checker must see that run twice — the proof that they would catch the lease's absence.
+/// With `ignore_lease` the original runs with its start lease switched off (the mutation switch
+/// of crash-point builds): then it starts seq 2 on its own after the copy ran seq 3, which the
+/// checker must find (I15) — the proof that it would catch the lease's absence.
 async fn a_cut_off_node_and_its_copy_run_nothing_twice(mut c: Cluster, ignore_lease: bool) {
     c.set_hub_key("start_lease", START_LEASE).unwrap();
     let started = c.start_hub(None).unwrap();
@@ -248,10 +252,19 @@ async fn a_cut_off_node_and_its_copy_run_nothing_twice(mut c: Cluster, ignore_le
 
     c.proxies[0].set(Fault::Blackhole);
     let copy = c.copy_node(0).await.unwrap();
-    let ran = wait_for(&format!("the copy ({copy}) to run seq 2"), COPY_EVENT_WAIT, || {
-        Ok(executions(&c, second).into_iter().next())
-    })
-    .await;
+    let settled =
+        wait_for(&format!("the copy ({copy}) to settle seq 2"), COPY_EVENT_WAIT, || hub_outcome(&c, second)).await;
+    assert_eq!(settled, "unknown", "the copy reports seq 2 unknown, never runs it:\n{}", c.logs());
+    assert!(executions(&c, second).is_empty(), "seq 2 ran: {:?}", executions(&c, second));
+    // The conversation goes on on the copy.
+    let got = c.producer.accept(hub, "conv", "k3", &serde_json::json!({"n": 3}), &to).await;
+    let AcceptOutcome::Ok(_) = got else { panic!("k3: {got:?}") };
+    let third: String = c
+        .record()
+        .read(|db| checker::rows(db, "SELECT id FROM deliveries ORDER BY seq DESC LIMIT 1", |r| r.get(0)))
+        .unwrap()
+        .remove(0);
+    wait_for("the copy to run seq 3", COPY_EVENT_WAIT, || Ok(executions(&c, &third).into_iter().next())).await;
     assert!(executions(&c, first).is_empty(), "seq 1 is still held running: {:?}", executions(&c, first));
 
     // Let the original's seq 1 end; it then wants to start seq 2, and cannot reach the hub.
@@ -261,7 +274,7 @@ async fn a_cut_off_node_and_its_copy_run_nothing_twice(mut c: Cluster, ignore_le
     wait_for("the original to end seq 1", COPY_EVENT_WAIT, || Ok(executions(&c, first).into_iter().next())).await;
     let window = baton_client::limits::REQUEST_TIMEOUT + START_DECISION_MARGIN;
     let watched = Instant::now();
-    while executions(&c, second).len() < 2
+    while executions(&c, second).is_empty()
         && start_failures(&original.proc().stderr_all()) == failures_before
         && watched.elapsed() < window
     {
@@ -269,11 +282,20 @@ async fn a_cut_off_node_and_its_copy_run_nothing_twice(mut c: Cluster, ignore_le
     }
 
     if ignore_lease {
-        wait_for("the original, ignoring its lease, to run seq 2 too", COPY_EVENT_WAIT, || {
-            Ok((executions(&c, second).len() >= 2).then_some(()))
+        wait_for("the original, ignoring its lease, to run seq 2", COPY_EVENT_WAIT, || {
+            Ok(executions(&c, second).into_iter().next())
         })
         .await;
+        let report = checker::check(&c.inputs(false)).unwrap();
+        assert!(report.families().contains("I15"), "the checker finds seq 2 after seq 3:\n{}", report.render());
+        return;
     }
+    assert!(
+        executions(&c, second).is_empty(),
+        "the original started seq 2 after its lease ended: {:?}\n{}",
+        executions(&c, second),
+        c.logs()
+    );
 
     // Healed, the original learns that a newer session took over, and exits 6. Its connections
     // that lost bytes in the blackhole are closed, so it need not wait out their timeouts.
@@ -282,33 +304,155 @@ async fn a_cut_off_node_and_its_copy_run_nothing_twice(mut c: Cluster, ignore_le
         l.close_open();
     }
     let status = c.retired[0].node.proc_mut().wait_exit(COPY_EVENT_WAIT).unwrap();
+    assert_eq!(status.and_then(|s| s.code()), Some(6), "the original exits 6 (taken over):\n{}", c.logs());
     let mut per_run: BTreeMap<(String, i64), Vec<EffectLine>> = BTreeMap::new();
     for l in read_lines::<EffectLine>(&c.ledger).unwrap().items {
         per_run.entry((l.delivery_id.clone(), l.run_number())).or_default().push(l);
     }
     let twice: Vec<_> = per_run.iter().filter(|(_, ls)| ls.len() > 1).collect();
-    if ignore_lease {
-        assert!(!twice.is_empty(), "without the lease the original runs seq 2 too:\n{}", c.logs());
-        let report = checker::check(&c.inputs(false)).unwrap();
-        assert!(report.families().contains("I17"), "the checker finds the second run:\n{}", report.render());
-        return;
-    }
-    assert!(
-        twice.is_empty(),
-        "a run executed twice (the copy ran seq 2 as {ran:?}): {twice:#?}\nthe checker:\n{}\n{}",
-        checker::check(&c.inputs(false)).map(|r| r.render()).unwrap_or_else(|e| format!("{e:#}")),
-        c.logs()
-    );
-    assert_eq!(status.and_then(|s| s.code()), Some(6), "the original exits 6 (taken over):\n{}", c.logs());
+    assert!(twice.is_empty(), "a run executed twice: {twice:#?}\n{}", c.logs());
 
-    // Every turn ends with an outcome on the hub, and the checker finds no second execution.
-    for id in [first, second] {
+    // Every turn ends with an outcome on the hub, and the checker finds nothing.
+    for id in [first, second, &third] {
         wait_for(&format!("an outcome of {id}"), COPY_EVENT_WAIT, || Ok(hub_view(&c, id)?.2.then_some(()))).await;
     }
     let report = checker::check(&c.inputs(false)).unwrap();
     assert_eq!(report.counts["node_dbs"], 2, "the original's and the copy's data directories: {:?}", report.counts);
     let found = report.families();
+    assert!(
+        !found.contains("I17") && !found.contains("I7") && !found.contains("I15"),
+        "{}\n{}",
+        report.render(),
+        c.logs()
+    );
+}
+
+/// The start lease the hub grants in the within-the-lease case: long enough that the cut-off
+/// original, whose requests fail at once, still holds its lease when its held turn ends after
+/// the copy was taken, however slow the copy.
+const LONG_START_LEASE: &str = "\"20s\"";
+
+/// The outcome the hub records for the current run of `delivery`, once it has one.
+fn hub_outcome(c: &Cluster, delivery: &str) -> anyhow::Result<Option<String>> {
+    let sql = format!(
+        "SELECT a.outcome FROM deliveries d JOIN attempts a ON a.delivery_id = d.id AND a.attempt = d.attempt
+         WHERE d.id = '{delivery}'"
+    );
+    Ok(c.record().read(|db| checker::rows(db, &sql, |r| r.get(0)))?.into_iter().next())
+}
+
+/// The other way to a second run: the cut-off original starts the acked seq 2 on its own
+/// *within* its lease (its requests fail at once, so it does not wait out a request timeout),
+/// which the hub never hears of. The copy, taken before that start, asks to start seq 2: the
+/// hub answers `start_lease_pending` while the original's lease lasts, and then
+/// `started_elsewhere` (the original may have started it, and did), so the copy reports it
+/// `unknown` instead of running it. Judged from the effects ledger (seq 2 ran once, on the
+/// original) and by the checker over both data directories.
+///
+/// With `grant_after_lease` the hub grants the start once the lease ran out (the mutation
+/// switch of crash-point builds): the copy runs seq 2 too, and the test and the checker's I17
+/// must see it.
+async fn a_turn_the_cut_off_original_starts_within_its_lease_never_runs_on_the_copy(
+    mut c: Cluster,
+    grant_after_lease: bool,
+) {
+    c.set_hub_key("start_lease", LONG_START_LEASE).unwrap();
+    if grant_after_lease {
+        c.hub.set_env(baton_shared::crash::MUTATION_ENV, "hub.start.grant_after_lease");
+    }
+    let started = c.start_hub(None).unwrap();
+    assert!(matches!(started, Started::Ready(_)), "the hub did not start ({started:?}):\n{}", c.logs());
+    c.nodes[0].start(None).unwrap();
+    let hub = c.hub.addr();
+    let to = vec!["host-a".to_string()];
+    for (key, payload) in [("k1", serde_json::json!({ HOLD: true })), ("k2", serde_json::json!({"n": 2}))] {
+        let got = c.producer.accept(hub, "conv", key, &payload, &to).await;
+        assert!(matches!(got, AcceptOutcome::Ok(_)), "{key}: {got:?}");
+    }
+    let ids: Vec<String> =
+        c.record().read(|db| checker::rows(db, "SELECT id FROM deliveries ORDER BY seq", |r| r.get(0))).unwrap();
+    let [first, second] = &ids[..] else { panic!("two deliveries, one per message: {ids:?}") };
+    wait_for("seq 1 to run and seq 2 to be acked by the original", COPY_EVENT_WAIT, || {
+        let (s1, started, _) = hub_view(&c, first)?;
+        let (s2, _, _) = hub_view(&c, second)?;
+        Ok((s1 == "delivered" && started && s2 == "delivered").then_some(()))
+    })
+    .await;
+
+    // Cut off (every request fails at once), copied while seq 2 waits; then seq 1 ends.
+    c.proxies[0].set(Fault::Reset);
+    let copy = c.copy_node(0).await.unwrap();
+    std::fs::write(hold_release(&c.ledger), b"").unwrap();
+    let ran = wait_for("the cut-off original to start seq 2 on its own, within its lease", COPY_EVENT_WAIT, || {
+        Ok(executions(&c, second).into_iter().next())
+    })
+    .await;
+    let original_log = c.retired[0].node.proc().stderr_all();
+    assert!(
+        original_log.contains("within this session's start lease"),
+        "seq 2 ({ran:?}) was started on the local gate:\n{}",
+        c.logs()
+    );
+
+    // The copy learns the run is not its to start once the original's lease ran out.
+    let outcome =
+        wait_for(&format!("the copy ({copy}) to settle seq 2"), COPY_EVENT_WAIT, || hub_outcome(&c, second)).await;
+    let runs = executions(&c, second);
+    if grant_after_lease {
+        assert_eq!(runs.len(), 2, "with the lease's end granting the start, the copy runs seq 2 too: {runs:?}");
+        let report = checker::check(&c.inputs(false)).unwrap();
+        assert!(report.families().contains("I17"), "the checker finds the second run:\n{}", report.render());
+        return;
+    }
+    assert_eq!(runs.len(), 1, "seq 2 ran once, on the original: {runs:?}\n{}", c.logs());
+    assert_eq!(outcome, "unknown", "the copy reports seq 2 unknown:\n{}", c.logs());
+
+    // Healed, the original learns that a newer session took over, and exits 6.
+    for l in &c.retired[0].links {
+        l.heal();
+        l.close_open();
+    }
+    let status = c.retired[0].node.proc_mut().wait_exit(COPY_EVENT_WAIT).unwrap();
+    assert_eq!(status.and_then(|s| s.code()), Some(6), "the original exits 6 (taken over):\n{}", c.logs());
+    let report = checker::check(&c.inputs(false)).unwrap();
+    assert_eq!(report.counts["node_dbs"], 2, "the original's and the copy's data directories: {:?}", report.counts);
+    let found = report.families();
     assert!(!found.contains("I17") && !found.contains("I7"), "{}\n{}", report.render(), c.logs());
+}
+
+#[test]
+fn a_turn_the_cut_off_original_starts_within_its_lease_never_runs_on_the_copy_on_sqlite() {
+    let bins = Binaries::build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let c = Cluster::new(&bins, &["host-a"]).await.unwrap();
+        a_turn_the_cut_off_original_starts_within_its_lease_never_runs_on_the_copy(c, false).await;
+    });
+}
+
+/// The same with the hub granting the start once the older lease ran out: the second run is found.
+#[test]
+fn a_hub_granting_the_start_after_the_older_lease_runs_a_turn_twice_and_is_caught() {
+    let bins = Binaries::build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let c = Cluster::new(&bins, &["host-a"]).await.unwrap();
+        a_turn_the_cut_off_original_starts_within_its_lease_never_runs_on_the_copy(c, true).await;
+    });
+}
+
+#[test]
+fn a_turn_the_cut_off_original_starts_within_its_lease_never_runs_on_the_copy_on_postgres() {
+    let Some(pg) = baton_testkit::pg::cluster_or_skip("a_turn_the_cut_off_original_starts", false) else { return };
+    let bins = Binaries::build().unwrap();
+    let url = pg.create_database("copy_within").unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let c = Cluster::on_postgres(&bins, &["host-a"], &url, 1).await.unwrap();
+        a_turn_the_cut_off_original_starts_within_its_lease_never_runs_on_the_copy(c, false).await;
+    });
+    drop(rt);
+    drop(pg);
 }
 
 #[test]
@@ -322,9 +466,9 @@ fn a_cut_off_node_and_its_copy_run_nothing_twice_on_sqlite() {
     });
 }
 
-/// The same with the original ignoring its start lease: the second run is found.
+/// The same with the original ignoring its start lease: its late start of seq 2 is found.
 #[test]
-fn a_cut_off_node_ignoring_its_start_lease_runs_a_turn_twice_and_is_caught() {
+fn a_cut_off_node_ignoring_its_start_lease_starts_a_turn_out_of_order_and_is_caught() {
     let bins = Binaries::build().unwrap();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async {

@@ -1,5 +1,5 @@
 //! The short fixed-seed soak, so `baton-soak` cannot rot: 30 s of kills, pauses, partitions,
-//! fences (copies of a cut-off node's data directory are `baton-soak --copies`) against hub + 3 nodes, with concurrent
+//! fences and copies of a cut-off node's data directory against hub + 3 nodes, with concurrent
 //! producers in shared conversations (so the order invariant I15 is exercised), then heal,
 //! drain and zero checker violations. The
 //! turn-control variant (retries, slow turns, cancels) runs only when asked for. The soak of
@@ -13,15 +13,15 @@ fn a_short_fixed_seed_soak_has_no_violations() {
     let bins = Binaries::build().unwrap();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let cfg =
-        SoakConfig { seconds: 30, seed: 1, pause_ms_max: 3000, turn_control: false, database_url: None, copies: false };
+        SoakConfig { seconds: 30, seed: 1, pause_ms_max: 3000, turn_control: false, database_url: None, copies: true };
     let r = rt.block_on(soak::run(&bins, cfg, &mut |l| eprintln!("nemesis: {l}"))).unwrap();
     eprintln!("{:?}", r.figures);
     assert!(r.drained, "the drain did not finish");
     assert!(r.figures.accepted > 0 && r.figures.kills > 0, "{:?}", r.figures);
     // Concurrent producers into shared conversations: the order invariant had turns to compare.
     assert!(r.figures.ordered_executions > 2 * soak::HOSTS.len() as u64, "{:?}", r.figures);
-    // A directory was copied while its node was cut off, and every original found out.
-    assert_eq!(r.figures.copies, 0, "the copy nemesis is off here: {:?}", r.figures);
+    // A directory was copied while its node was cut off (I17 had a copy to judge).
+    assert!(r.figures.copies > 0, "the copy nemesis copied nothing: {:?}", r.figures);
     assert!(r.report.violations.is_empty(), "{}", r.report.render());
 }
 
