@@ -107,7 +107,7 @@ pub async fn run_agent<H: Hub>(
         starts_unconfirmed: std::sync::atomic::AtomicBool::new(false),
         batch_unknown: std::sync::atomic::AtomicBool::new(false),
         handoff_unknown: std::sync::atomic::AtomicBool::new(false),
-        acked_here: Mutex::new(HashSet::new()),
+        acked_here: Mutex::new(HashMap::new()),
         lease: Mutex::new(StartLease::default()),
         started_offline: std::sync::atomic::AtomicBool::new(false),
         hub_lost: Mutex::new(None),
@@ -184,7 +184,7 @@ async fn register_session<H: Hub>(sh: &Arc<Shared<H>>) -> anyhow::Result<bool> {
                 {
                     let mut lease = sh.start_lease();
                     lease.length = r.start_lease_ms.filter(|ms| *ms > 0).map(Duration::from_millis);
-                    lease.renewed(sent);
+                    lease.granted(sent);
                 }
                 if r.start_lease_ms.is_none() {
                     tracing::warn!(
@@ -631,11 +631,12 @@ async fn open_gates<H: Hub>(
     let moved = sh.store.call(move |db| db.mark_acked_batch(&gates, now_ms)).await?;
     {
         let mut acked = sh.acked_here.lock().unwrap_or_else(|p| p.into_inner());
+        let confirmed = tokio::time::Instant::now();
         for (d, moved) in open.iter().zip(moved) {
             if moved {
                 tracing::debug!(delivery_id = %d.delivery_id, "acked: the execution gate is open");
             }
-            acked.insert((d.delivery_id.clone(), d.attempt));
+            acked.entry((d.delivery_id.clone(), d.attempt)).or_insert(confirmed);
         }
     }
     sh.wake_scheduler.notify_one();

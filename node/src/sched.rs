@@ -304,11 +304,16 @@ async fn renew_lease_if_due<H: Hub>(sh: &Shared<H>) -> Option<std::time::Duratio
     if sh.starts_unconfirmed.load(Ordering::Relaxed) || sh.session.get().is_none() {
         return None;
     }
-    let waiting = !sh.acked_here.lock().unwrap_or_else(|p| p.into_inner()).is_empty();
-    if !waiting {
-        return None;
-    }
-    let due = sh.start_lease().renew_in(tokio::time::Instant::now())?;
+    let newest_ack = sh.acked_here.lock().unwrap_or_else(|p| p.into_inner()).values().max().copied();
+    let newest_ack = newest_ack?;
+    let lease = *sh.start_lease();
+    // A run acked since the last renewal may not start on the node's own until a renewal covers
+    // it: renew at once, then on the lease's own schedule.
+    let due = if lease.length.is_some() && !lease.covers(newest_ack) {
+        std::time::Duration::ZERO
+    } else {
+        lease.renew_in(tokio::time::Instant::now())?
+    };
     if !due.is_zero() {
         return Some(due);
     }
@@ -407,7 +412,11 @@ async fn confirm_chunk<H: Hub>(sh: &Shared<H>, turns: Vec<StartedTurn>) -> Resul
                 (Vec::new(), turns)
             } else {
                 let acked = sh.acked_here.lock().unwrap_or_else(|p| p.into_inner());
-                turns.into_iter().partition(|t| acked.contains(&(t.delivery_id.clone(), t.run)))
+                let lease = *sh.start_lease();
+                let ignore = baton_shared::crash::mutation("node.start.ignore_lease");
+                turns.into_iter().partition(|t| {
+                    acked.get(&(t.delivery_id.clone(), t.run)).is_some_and(|at| ignore || lease.covers(*at))
+                })
             };
             if !offline.is_empty() {
                 sh.started_offline.store(true, Ordering::Relaxed);

@@ -9,7 +9,7 @@ use crate::limits::RECONNECT_PAUSE_MAX;
 use crate::store::Store;
 use baton_client::{Backoff, ClientError, RefusedForGood};
 use baton_shared::clock::SharedClock;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -69,13 +69,15 @@ pub(crate) struct Shared<H> {
     /// `mirrored` and `ack` go as two batches. Set at its first 404 (and logged once).
     pub(crate) handoff_unknown: AtomicBool,
     /// The runs (delivery id, run) whose ack the hub confirmed to this process and that have
-    /// not started yet. While the hub cannot be reached, these — and only these — may start on
-    /// the local gate without the hub's start record (SPEC §4: a node keeps running what it
-    /// holds while the hub is down): this session's own ack is the hub's word that they are
-    /// ours. A run acked by an earlier process of this data directory waits for the hub.
-    pub(crate) acked_here: Mutex<HashSet<(String, u32)>>,
+    /// not started yet, with when the confirmation arrived. While the hub cannot be reached,
+    /// these — and only these — may start on the local gate without the hub's start record
+    /// (SPEC §4: a node keeps running what it holds while the hub is down): this session's own
+    /// ack is the hub's word that they are ours. A run acked by an earlier process of this data
+    /// directory waits for the hub.
+    pub(crate) acked_here: Mutex<HashMap<(String, u32), tokio::time::Instant>>,
     /// The start lease the hub granted this session: while it lasts (as the node measures it),
-    /// and only then, the runs in `acked_here` may start without the hub's start record.
+    /// and only then, the runs in `acked_here` that a renewal sent after their ack covers
+    /// (`StartLease::covers`) may start without the hub's start record.
     pub(crate) lease: Mutex<StartLease>,
     /// This session started a turn on the local gate, without the hub's start record. Such a
     /// session never ends cleanly: a clean end gives its lease up, and with it the hub's rule
@@ -100,15 +102,32 @@ pub(crate) struct StartLease {
     pub(crate) length: Option<Duration>,
     /// Until when the node may start acked runs on its own.
     pub(crate) until: Option<tokio::time::Instant>,
+    /// When the newest renewal the hub recorded was sent (none before the first `POST
+    /// /v1/starts` the hub accepted: the registration's grant covers no ack).
+    pub(crate) renewal_sent: Option<tokio::time::Instant>,
 }
 
 impl StartLease {
-    /// A renewal the hub recorded for a request sent at `sent`.
-    pub(crate) fn renewed(&mut self, sent: tokio::time::Instant) {
+    /// The lease granted at registration, for a request sent at `sent`.
+    pub(crate) fn granted(&mut self, sent: tokio::time::Instant) {
         if let Some(length) = self.length {
             let until = sent + length * crate::limits::START_LEASE_USED_PERCENT_MAX / 100;
             self.until = Some(self.until.map_or(until, |u| u.max(until)));
         }
+    }
+
+    /// A renewal the hub recorded (an accepted `POST /v1/starts`) for a request sent at `sent`.
+    pub(crate) fn renewed(&mut self, sent: tokio::time::Instant) {
+        self.granted(sent);
+        self.renewal_sent = Some(self.renewal_sent.map_or(sent, |s| s.max(sent)));
+    }
+
+    /// Whether a run whose ack was confirmed at `acked` may start on the node's own: only when a
+    /// renewal the hub recorded was sent after it. The hub holds the same rule from its side
+    /// (`Lease::may_have_started`): a run no renewal covers is started for a newer session of
+    /// the instance at once, so this session must never start it without the hub.
+    pub(crate) fn covers(&self, acked: tokio::time::Instant) -> bool {
+        self.renewal_sent.is_some_and(|s| s > acked)
     }
 
     /// How long the lease still lasts at `now` (zero once it ended, or when there is none).

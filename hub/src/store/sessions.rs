@@ -166,6 +166,51 @@ pub fn lease_until(conn: &dyn Db, host: &str, session: u64) -> StoreResult<Optio
         .flatten())
 }
 
+/// A session's start lease as the hub recorded it (all in the hub's clock, unix ms).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease {
+    /// Until when the session may still start the turns it acked on its own.
+    pub until: i64,
+    /// The lease's length, granted at registration.
+    pub length_ms: i64,
+    /// When the session registered (its first grant).
+    pub registered_at: i64,
+}
+
+impl Lease {
+    /// When the hub last renewed the lease through an accepted `POST /v1/starts` (none when only
+    /// the registration granted it).
+    pub fn last_renewed(&self) -> Option<i64> {
+        Some(self.until.saturating_sub(self.length_ms)).filter(|at| *at > self.registered_at)
+    }
+
+    /// Whether the session may have started, on its own, a run whose ack the hub recorded at
+    /// `acked_at`: a node starts on its own only a run whose ack it had when it sent a renewal
+    /// the hub then recorded, so only a renewal recorded at or after the ack (within a tenth of
+    /// the lease, for clocks of several hubs that disagree that much) makes it possible. An ack
+    /// time the hub does not know (none) is taken as possible.
+    pub fn may_have_started(&self, acked_at: Option<i64>) -> bool {
+        let Some(acked_at) = acked_at else { return true };
+        self.last_renewed().is_some_and(|r| r.saturating_add(self.length_ms / 10) >= acked_at)
+    }
+}
+
+/// `session`'s start lease, when it holds one (not when it was never granted one, or it ended
+/// cleanly).
+pub fn lease(conn: &dyn Db, host: &str, session: u64) -> StoreResult<Option<Lease>> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT start_lease_until, start_lease_ms, started_at FROM node_sessions WHERE host = ?1 AND session = ?2",
+        )?
+        .query_row(rusqlite::params![host, session as i64], |r| {
+            Ok((r.get::<_, Option<i64>>(0)?, r.get::<_, Option<i64>>(1)?, r.get::<_, i64>(2)?))
+        })
+        .optional()?
+        .and_then(|(until, length, registered_at)| {
+            Some(Lease { until: until?, length_ms: length.unwrap_or(0), registered_at })
+        }))
+}
+
 /// Writes the last time each session was heard from (`last_contact_at`), from the hub's
 /// in-memory record of accepted node requests; a time never moves backwards.
 pub fn record_contacts(conn: &dyn Db, contacts: &[(String, u64, i64)]) -> StoreResult<()> {
@@ -191,6 +236,19 @@ mod tests {
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
         )
         .unwrap()
+    }
+
+    /// A renewal after the ack (within a tenth of the lease) makes a start on the session's own
+    /// possible; the registration's grant alone, or a renewal well before the ack, does not.
+    #[test]
+    fn only_a_renewal_at_or_after_the_ack_lets_a_session_start_on_its_own() {
+        let lease = |renewed: i64| Lease { until: renewed + 1_000, length_ms: 1_000, registered_at: 100 };
+        assert!(!lease(100).may_have_started(Some(150)), "granted at registration only");
+        assert_eq!(lease(100).last_renewed(), None);
+        assert!(lease(500).may_have_started(Some(450)), "renewed after the ack");
+        assert!(lease(500).may_have_started(Some(600)), "the ack within a tenth of the lease after it");
+        assert!(!lease(500).may_have_started(Some(601)), "the ack after the last renewal");
+        assert!(lease(500).may_have_started(None), "an ack time not known is taken as possible");
     }
 
     #[test]

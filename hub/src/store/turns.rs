@@ -23,6 +23,13 @@ use baton_shared::states::Outcome;
 use baton_shared::wire::{CancelNotice, CancelResult, StartItem, StartResult};
 use rusqlite::{OptionalExtension, named_params};
 
+/// When the hub recorded the ack of `delivery_id`'s current run (its latest `delivered` event).
+fn acked_at(conn: &dyn Db, delivery_id: &str) -> StoreResult<Option<i64>> {
+    Ok(conn
+        .prepare_cached("SELECT max(at) FROM delivery_events WHERE delivery_id = ?1 AND to_state = 'delivered'")?
+        .query_row([delivery_id], |r| r.get::<_, Option<i64>>(0))?)
+}
+
 /// A delivery's state and control columns, as the turn-control operations read them.
 struct Turn {
     host: String,
@@ -78,9 +85,11 @@ fn load(conn: &dyn Db, delivery_id: &str) -> StoreResult<Option<Turn>> {
 /// older session's start lease lasts (`start_lease_pending`, with when to ask again): until
 /// then the older process, if it still runs cut off from the hub, may start it on its own.
 /// Once the lease has run out the run is `started_elsewhere` (the newer session reports it
-/// `unknown`): the hub cannot know whether the older process started it within its lease. Only
-/// an older session that ended cleanly (which gives its lease up, and which a node does only
-/// when it started nothing without the hub) or never held a lease leaves the run to the newer.
+/// `unknown`): the hub cannot know whether the older process started it within its lease. The
+/// run is the newer session's to start at once when the older could never have started it on
+/// its own: it ended cleanly (which gives its lease up, and which a node does only when it
+/// started nothing without the hub), it never held a lease, or it renewed none after the run's
+/// ack (a node starts on its own only runs a renewal it sent covers, `sessions::Lease`).
 pub fn start(
     conn: &dyn Db,
     host: &str,
@@ -124,10 +133,11 @@ pub fn start(
         }
         if turn.started_session.is_none()
             && let Some(acked) = turn.acked_session.filter(|a| *a < session as i64)
-            && let Some(until) = super::sessions::lease_until(conn, host, acked as u64)?
+            && let Some(lease) = super::sessions::lease(conn, host, acked as u64)?
+            && lease.may_have_started(acked_at(conn, &item.delivery_id)?)
         {
-            if until > now_ms {
-                let wait_ms = until - now_ms;
+            if lease.until > now_ms {
+                let wait_ms = lease.until - now_ms;
                 out.push(StartResult {
                     retry_after_ms: Some(wait_ms as u64),
                     ..refuse(
@@ -142,14 +152,15 @@ pub fn start(
                 continue;
             }
             if !baton_shared::crash::mutation("hub.start.grant_after_lease") {
-                // The older session held a lease and did not end cleanly: while it lasted, that
-                // process may have started this run cut off from the hub, unheard. Never again.
+                // The older session renewed its lease after this run's ack and did not end
+                // cleanly: within the lease that process may have started the run cut off from
+                // the hub, unheard. Never again.
                 out.push(refuse(
                     "started_elsewhere",
                     format!(
-                        "run {} of delivery {} was acked by session {acked} of this node instance, which held a \
-                         start lease and did not end cleanly: it may have started the run on its own while cut off \
-                         from the hub, so it is not started again",
+                        "run {} of delivery {} was acked by session {acked} of this node instance, which then held \
+                         a start lease and did not end cleanly: it may have started the run on its own while cut \
+                         off from the hub, so it is not started again",
                         turn.attempt, item.delivery_id
                     ),
                 ));
@@ -639,7 +650,13 @@ mod tests {
         assert!(start(c, "host-a", "i", first.session, &[], 500).unwrap().is_empty());
         sessions::renew_lease(c, "host-a", first.session, 500).unwrap();
         assert_eq!(sessions::lease_until(c, "host-a", first.session).unwrap(), Some(1_500));
-        let copy = sessions::open(c, "host-a", "i", None, RebindLimit::default(), 1_000, 600).unwrap();
+        // A run acked after that renewal (by more than a tenth of the lease) the first session
+        // could never start on its own: the newer session starts it at once.
+        message(c, "u", "k9", 1);
+        let uncovered = claim_all(c, 610);
+        deliver(c, &uncovered[0], 620);
+        record_acked_session(c, &uncovered[0].delivery_id, first.session).unwrap();
+        let copy = sessions::open(c, "host-a", "i", None, RebindLimit::default(), 1_000, 650).unwrap();
         assert_eq!(copy.took_over, Some(first.session));
         let r = start(c, "host-a", "i", copy.session, &[item(&got[0])], 700).unwrap();
         assert_eq!(
@@ -650,6 +667,7 @@ mod tests {
             .query_row("SELECT started_session FROM deliveries WHERE id = ?1", [&got[0].delivery_id], |r| r.get(0))
             .unwrap();
         assert_eq!(started, None, "a pending start records nothing");
+        assert!(start(c, "host-a", "i", copy.session, &[item(&uncovered[0])], 701).unwrap()[0].start);
         // The superseded session cannot renew (its requests are refused before this; the
         // renewal itself also leaves an ended session alone).
         sessions::renew_lease(c, "host-a", first.session, 1_400).unwrap();

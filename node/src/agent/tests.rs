@@ -864,6 +864,11 @@ async fn during_an_outage_a_turn_acked_by_this_process_still_starts() {
     let node = start(config(dir.path(), &script), &hub);
     wait_until("o1 runs", || lines(&dir.path().join("ran")) == ["o1"]).await;
     wait_until("p1 acked", || hub.with(|s| s.calls.iter().any(|c| c == "ack p1"))).await;
+    // Only a renewal sent after its ack lets p1 start on the node's own: one follows at once.
+    wait_until("a start request after the ack of p1", || {
+        hub.with(|s| s.calls.iter().skip_while(|c| *c != "ack p1").any(|c| c == "starts"))
+    })
+    .await;
     hub.with(|s| s.down = true);
     std::fs::write(&go, "").unwrap();
     wait_until("p1 runs while the hub is down", || lines(&dir.path().join("ran")) == ["o1", "p1"]).await;

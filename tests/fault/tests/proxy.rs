@@ -249,6 +249,7 @@ async fn a_cut_off_node_and_its_copy_run_nothing_twice(mut c: Cluster, ignore_le
         Ok((s1 == "delivered" && started && s2 == "delivered").then_some(()))
     })
     .await;
+    wait_for_a_renewal_after_the_ack(&c, second).await;
 
     c.proxies[0].set(Fault::Blackhole);
     let copy = c.copy_node(0).await.unwrap();
@@ -332,6 +333,21 @@ async fn a_cut_off_node_and_its_copy_run_nothing_twice(mut c: Cluster, ignore_le
 /// the copy was taken, however slow the copy.
 const LONG_START_LEASE: &str = "\"20s\"";
 
+/// Waits until the hub recorded a renewal of the original's start lease at or after the ack of
+/// `delivery`: from then on the original may start it on its own (a node starts on its own only
+/// runs a renewal covers, and the hub holds the same rule).
+async fn wait_for_a_renewal_after_the_ack(c: &Cluster, delivery: &str) {
+    let sql = format!(
+        "SELECT (SELECT start_lease_until - start_lease_ms FROM node_sessions WHERE host = 'host-a' AND session = 1)
+                >= (SELECT max(at) FROM delivery_events WHERE delivery_id = '{delivery}' AND to_state = 'delivered')"
+    );
+    wait_for("the original to renew its start lease after the ack of seq 2", COPY_EVENT_WAIT, || {
+        let covered: Vec<Option<bool>> = c.record().read(|db| checker::rows(db, &sql, |r| r.get(0)))?;
+        Ok((covered.first() == Some(&Some(true))).then_some(()))
+    })
+    .await;
+}
+
 /// The outcome the hub records for the current run of `delivery`, once it has one.
 fn hub_outcome(c: &Cluster, delivery: &str) -> anyhow::Result<Option<String>> {
     let sql = format!(
@@ -378,6 +394,7 @@ async fn a_turn_the_cut_off_original_starts_within_its_lease_never_runs_on_the_c
         Ok((s1 == "delivered" && started && s2 == "delivered").then_some(()))
     })
     .await;
+    wait_for_a_renewal_after_the_ack(&c, second).await;
 
     // Cut off (every request fails at once), copied while seq 2 waits; then seq 1 ends.
     c.proxies[0].set(Fault::Reset);
