@@ -5,10 +5,12 @@
 //! `baton-hub` and `baton-node` another way (ripgrep's `tests/util.rs` fallback): a path named
 //! in the environment, else the target directory next to the running executable
 //! (`target/debug/deps/it-*` and `target/release/baton-bench` both give `target/<profile>/`).
-//! `cargo test` does not build other packages' binaries, and a stale binary tests old code, so
-//! `Binaries::build` builds them there first, once per process, with `--all-features` (crash
-//! points compiled in; the same features as the test command, so neither build undoes the
-//! other).
+//! A stale binary tests old code, so `Binaries::build` builds them there first, once per
+//! process, as the test command (`cargo test --workspace --all-features`) builds them: every
+//! binary of the workspace, crash points compiled in, with the workspace's features resolved as
+//! for its test targets. Under the test command everything is then already built and the build
+//! is a check; a build of some packages alone (`-p`) would resolve the dependencies' features
+//! otherwise and compile much of the tree a second and third time.
 
 use anyhow::{Context, anyhow, bail};
 use std::ffi::OsStr;
@@ -61,14 +63,10 @@ impl Binaries {
     /// once per process, then `locate`s them. The build is skipped when both are named in the
     /// environment or `BATON_TESTS_NO_BUILD=1`.
     pub fn build() -> anyhow::Result<Binaries> {
-        static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
         let named = std::env::var_os(HUB_BIN_VAR).is_some() && std::env::var_os(NODE_BIN_VAR).is_some();
         let skip = named || std::env::var_os(NO_BUILD_VAR).is_some_and(|v| v == "1");
         if !skip {
-            BUILT
-                .get_or_init(|| cargo_build(&["baton-hub", "baton-node"]).map_err(|e| format!("{e:#}")))
-                .clone()
-                .map_err(|e| anyhow!(e))?;
+            built_once()?;
         }
         Binaries::locate()
     }
@@ -102,15 +100,11 @@ pub const PRODUCER_CLI_BIN_VAR: &str = "BATON_CLI_BIN";
 /// executable once per process, like `Binaries::build` builds the hub and the node (skipped
 /// when it is named by `BATON_CLI_BIN` or `BATON_TESTS_NO_BUILD=1`), then located.
 pub fn producer_cli() -> anyhow::Result<PathBuf> {
-    static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
     if let Some(named) = std::env::var_os(PRODUCER_CLI_BIN_VAR) {
         return existing(PathBuf::from(named), "baton", PRODUCER_CLI_BIN_VAR);
     }
     if std::env::var_os(NO_BUILD_VAR).is_none_or(|v| v != "1") {
-        BUILT
-            .get_or_init(|| cargo_build(&["baton-client"]).map_err(|e| format!("{e:#}")))
-            .clone()
-            .map_err(|e| anyhow!(e))?;
+        built_once()?;
     }
     existing(profile_dir()?.join("baton"), "baton", PRODUCER_CLI_BIN_VAR)
 }
@@ -123,21 +117,29 @@ fn existing(path: PathBuf, name: &str, var: &str) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
-/// Builds `packages` into the target directory of the running executable, with the same
-/// profile and `--all-features`.
-fn cargo_build(packages: &[&str]) -> anyhow::Result<()> {
+/// `cargo_build`, once per process (the hub, the node and `baton` come from the one build).
+fn built_once() -> anyhow::Result<()> {
+    static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
+    BUILT.get_or_init(|| cargo_build().map_err(|e| format!("{e:#}"))).clone().map_err(|e| anyhow!(e))
+}
+
+/// Builds the workspace's binaries into the target directory of the running executable, with
+/// the same profile, `--all-features`; in a debug build with the test targets too, so that the
+/// dependencies' features are resolved exactly as `cargo test --workspace --all-features`
+/// resolves them (and what it built is reused, not built again with other features).
+fn cargo_build() -> anyhow::Result<()> {
     let profile_dir = profile_dir()?;
     let target = profile_dir.parent().ok_or_else(|| anyhow!("no target directory above {}", profile_dir.display()))?;
     let profile = profile_dir.file_name().and_then(OsStr::to_str).unwrap_or("debug");
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
-    cmd.args(["build", "--quiet"]);
-    for package in packages {
-        cmd.args(["-p", package]);
-    }
-    cmd.args(["--all-features", "--target-dir"]).arg(target).current_dir(env!("CARGO_MANIFEST_DIR"));
+    cmd.args(["build", "--quiet", "--workspace", "--bins", "--all-features", "--target-dir"])
+        .arg(target)
+        .current_dir(env!("CARGO_MANIFEST_DIR"));
     match profile {
-        "debug" => {}
+        "debug" => {
+            cmd.arg("--tests");
+        }
         "release" => {
             cmd.arg("--release");
         }
@@ -147,7 +149,7 @@ fn cargo_build(packages: &[&str]) -> anyhow::Result<()> {
     }
     let out = cmd.output().context("running cargo build")?;
     if !out.status.success() {
-        bail!("cargo build -p {} failed:\n{}", packages.join(" -p "), String::from_utf8_lossy(&out.stderr));
+        bail!("cargo build --workspace --bins failed:\n{}", String::from_utf8_lossy(&out.stderr));
     }
     Ok(())
 }
