@@ -233,23 +233,7 @@ async fn a_cut_off_node_and_its_copy_run_nothing_twice(mut c: Cluster, ignore_le
         c.nodes[0].set_env(baton_shared::crash::MUTATION_ENV, "node.start.ignore_lease");
     }
     c.nodes[0].start(None).unwrap();
-    let hub = c.hub.addr();
-    let to = vec!["host-a".to_string()];
-    for (key, payload) in [("k1", serde_json::json!({ HOLD: true })), ("k2", serde_json::json!({"n": 2}))] {
-        let got = c.producer.accept(hub, "conv", key, &payload, &to).await;
-        assert!(matches!(got, AcceptOutcome::Ok(_)), "{key}: {got:?}");
-    }
-    let ids: Vec<String> =
-        c.record().read(|db| checker::rows(db, "SELECT id FROM deliveries ORDER BY seq", |r| r.get(0))).unwrap();
-    let [first, second] = &ids[..] else { panic!("two deliveries, one per message: {ids:?}") };
-    // Seq 1 runs (its start recorded) and seq 2 is acked, waiting behind it.
-    wait_for("seq 1 to run and seq 2 to be acked by the original", COPY_EVENT_WAIT, || {
-        let (s1, started, _) = hub_view(&c, first)?;
-        let (s2, _, _) = hub_view(&c, second)?;
-        Ok((s1 == "delivered" && started && s2 == "delivered").then_some(()))
-    })
-    .await;
-    wait_for_a_renewal_after_the_ack(&c, second).await;
+    let (first, second) = &seq_one_running_and_seq_two_waiting(&c).await;
 
     c.proxies[0].set(Fault::Blackhole);
     let copy = c.copy_node(0).await.unwrap();
@@ -258,7 +242,8 @@ async fn a_cut_off_node_and_its_copy_run_nothing_twice(mut c: Cluster, ignore_le
     assert_eq!(settled, "unknown", "the copy reports seq 2 unknown, never runs it:\n{}", c.logs());
     assert!(executions(&c, second).is_empty(), "seq 2 ran: {:?}", executions(&c, second));
     // The conversation goes on on the copy.
-    let got = c.producer.accept(hub, "conv", "k3", &serde_json::json!({"n": 3}), &to).await;
+    let to = vec!["host-a".to_string()];
+    let got = c.producer.accept(c.hub.addr(), "conv", "k3", &serde_json::json!({"n": 3}), &to).await;
     let AcceptOutcome::Ok(_) = got else { panic!("k3: {got:?}") };
     let third: String = c
         .record()
@@ -333,6 +318,29 @@ async fn a_cut_off_node_and_its_copy_run_nothing_twice(mut c: Cluster, ignore_le
 /// the copy was taken, however slow the copy.
 const LONG_START_LEASE: &str = "\"20s\"";
 
+/// Sends seq 1 (held running) and seq 2 of one conversation to the running node, and waits
+/// until seq 1 runs (its start recorded), seq 2 is acked, waiting behind it, and a renewal of
+/// the node's start lease covers that ack. Returns their delivery ids.
+async fn seq_one_running_and_seq_two_waiting(c: &Cluster) -> (String, String) {
+    let hub = c.hub.addr();
+    let to = vec!["host-a".to_string()];
+    for (key, payload) in [("k1", serde_json::json!({ HOLD: true })), ("k2", serde_json::json!({"n": 2}))] {
+        let got = c.producer.accept(hub, "conv", key, &payload, &to).await;
+        assert!(matches!(got, AcceptOutcome::Ok(_)), "{key}: {got:?}");
+    }
+    let ids: Vec<String> =
+        c.record().read(|db| checker::rows(db, "SELECT id FROM deliveries ORDER BY seq", |r| r.get(0))).unwrap();
+    let [first, second] = &ids[..] else { panic!("two deliveries, one per message: {ids:?}") };
+    wait_for("seq 1 to run and seq 2 to be acked by the original", COPY_EVENT_WAIT, || {
+        let (s1, started, _) = hub_view(c, first)?;
+        let (s2, _, _) = hub_view(c, second)?;
+        Ok((s1 == "delivered" && started && s2 == "delivered").then_some(()))
+    })
+    .await;
+    wait_for_a_renewal_after_the_ack(c, second).await;
+    (first.clone(), second.clone())
+}
+
 /// Waits until the hub recorded a renewal of the original's start lease at or after the ack of
 /// `delivery`: from then on the original may start it on its own (a node starts on its own only
 /// runs a renewal covers, and the hub holds the same rule).
@@ -379,22 +387,7 @@ async fn a_turn_the_cut_off_original_starts_within_its_lease_never_runs_on_the_c
     let started = c.start_hub(None).unwrap();
     assert!(matches!(started, Started::Ready(_)), "the hub did not start ({started:?}):\n{}", c.logs());
     c.nodes[0].start(None).unwrap();
-    let hub = c.hub.addr();
-    let to = vec!["host-a".to_string()];
-    for (key, payload) in [("k1", serde_json::json!({ HOLD: true })), ("k2", serde_json::json!({"n": 2}))] {
-        let got = c.producer.accept(hub, "conv", key, &payload, &to).await;
-        assert!(matches!(got, AcceptOutcome::Ok(_)), "{key}: {got:?}");
-    }
-    let ids: Vec<String> =
-        c.record().read(|db| checker::rows(db, "SELECT id FROM deliveries ORDER BY seq", |r| r.get(0))).unwrap();
-    let [first, second] = &ids[..] else { panic!("two deliveries, one per message: {ids:?}") };
-    wait_for("seq 1 to run and seq 2 to be acked by the original", COPY_EVENT_WAIT, || {
-        let (s1, started, _) = hub_view(&c, first)?;
-        let (s2, _, _) = hub_view(&c, second)?;
-        Ok((s1 == "delivered" && started && s2 == "delivered").then_some(()))
-    })
-    .await;
-    wait_for_a_renewal_after_the_ack(&c, second).await;
+    let (_, second) = &seq_one_running_and_seq_two_waiting(&c).await;
 
     // Cut off (every request fails at once), copied while seq 2 waits; then seq 1 ends.
     c.proxies[0].set(Fault::Reset);
@@ -437,73 +430,62 @@ async fn a_turn_the_cut_off_original_starts_within_its_lease_never_runs_on_the_c
     assert!(!found.contains("I17") && !found.contains("I7"), "{}\n{}", report.render(), c.logs());
 }
 
-#[test]
-fn a_turn_the_cut_off_original_starts_within_its_lease_never_runs_on_the_copy_on_sqlite() {
-    let bins = Binaries::build().unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    rt.block_on(async {
-        let c = Cluster::new(&bins, &["host-a"]).await.unwrap();
-        a_turn_the_cut_off_original_starts_within_its_lease_never_runs_on_the_copy(c, false).await;
-    });
-}
-
-/// The same with the hub granting the start once the older lease ran out: the second run is found.
-#[test]
-fn a_hub_granting_the_start_after_the_older_lease_runs_a_turn_twice_and_is_caught() {
-    let bins = Binaries::build().unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    rt.block_on(async {
-        let c = Cluster::new(&bins, &["host-a"]).await.unwrap();
-        a_turn_the_cut_off_original_starts_within_its_lease_never_runs_on_the_copy(c, true).await;
-    });
-}
-
-#[test]
-fn a_turn_the_cut_off_original_starts_within_its_lease_never_runs_on_the_copy_on_postgres() {
-    let Some(pg) = baton_testkit::pg::cluster_or_skip("a_turn_the_cut_off_original_starts", false) else { return };
-    let bins = Binaries::build().unwrap();
-    let url = pg.create_database("copy_within").unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    rt.block_on(async {
-        let c = Cluster::on_postgres(&bins, &["host-a"], &url, 1).await.unwrap();
-        a_turn_the_cut_off_original_starts_within_its_lease_never_runs_on_the_copy(c, false).await;
-    });
-    drop(rt);
-    drop(pg);
-}
-
-#[test]
-fn a_cut_off_node_and_its_copy_run_nothing_twice_on_sqlite() {
+/// Runs `scenario` on a fresh cluster of host-a whose hub keeps its record in SQLite.
+fn on_sqlite<F: std::future::Future<Output = ()>>(scenario: impl FnOnce(Cluster) -> F) {
     let bins = Binaries::build().unwrap();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async {
         let c = Cluster::new(&bins, &["host-a"]).await.unwrap();
         assert!(matches!(c.record(), HubRecord::Sqlite(_)));
-        a_cut_off_node_and_its_copy_run_nothing_twice(c, false).await;
+        scenario(c).await;
     });
+}
+
+/// Runs `scenario` on a fresh cluster of host-a whose hub keeps its record in `database` of a
+/// throwaway PostgreSQL cluster; skipped without PostgreSQL (unless required) as `test`.
+fn on_postgres<F: std::future::Future<Output = ()>>(test: &str, database: &str, scenario: impl FnOnce(Cluster) -> F) {
+    let Some(pg) = baton_testkit::pg::cluster_or_skip(test, false) else { return };
+    let bins = Binaries::build().unwrap();
+    let url = pg.create_database(database).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let c = Cluster::on_postgres(&bins, &["host-a"], &url, 1).await.unwrap();
+        scenario(c).await;
+    });
+    drop(rt);
+    drop(pg);
+}
+
+#[test]
+fn a_turn_the_cut_off_original_starts_within_its_lease_never_runs_on_the_copy_on_sqlite() {
+    on_sqlite(|c| a_turn_the_cut_off_original_starts_within_its_lease_never_runs_on_the_copy(c, false));
+}
+
+/// The same with the hub granting the start once the older lease ran out: the second run is found.
+#[test]
+fn a_hub_granting_the_start_after_the_older_lease_runs_a_turn_twice_and_is_caught() {
+    on_sqlite(|c| a_turn_the_cut_off_original_starts_within_its_lease_never_runs_on_the_copy(c, true));
+}
+
+#[test]
+fn a_turn_the_cut_off_original_starts_within_its_lease_never_runs_on_the_copy_on_postgres() {
+    on_postgres("a_turn_the_cut_off_original_starts", "copy_within", |c| {
+        a_turn_the_cut_off_original_starts_within_its_lease_never_runs_on_the_copy(c, false)
+    });
+}
+
+#[test]
+fn a_cut_off_node_and_its_copy_run_nothing_twice_on_sqlite() {
+    on_sqlite(|c| a_cut_off_node_and_its_copy_run_nothing_twice(c, false));
 }
 
 /// The same with the original ignoring its start lease: its late start of seq 2 is found.
 #[test]
 fn a_cut_off_node_ignoring_its_start_lease_starts_a_turn_out_of_order_and_is_caught() {
-    let bins = Binaries::build().unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    rt.block_on(async {
-        let c = Cluster::new(&bins, &["host-a"]).await.unwrap();
-        a_cut_off_node_and_its_copy_run_nothing_twice(c, true).await;
-    });
+    on_sqlite(|c| a_cut_off_node_and_its_copy_run_nothing_twice(c, true));
 }
 
 #[test]
 fn a_cut_off_node_and_its_copy_run_nothing_twice_on_postgres() {
-    let Some(pg) = baton_testkit::pg::cluster_or_skip("a_cut_off_node_and_its_copy", false) else { return };
-    let bins = Binaries::build().unwrap();
-    let url = pg.create_database("copy").unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    rt.block_on(async {
-        let c = Cluster::on_postgres(&bins, &["host-a"], &url, 1).await.unwrap();
-        a_cut_off_node_and_its_copy_run_nothing_twice(c, false).await;
-    });
-    drop(rt);
-    drop(pg);
+    on_postgres("a_cut_off_node_and_its_copy", "copy", |c| a_cut_off_node_and_its_copy_run_nothing_twice(c, false));
 }
