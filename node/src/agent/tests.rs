@@ -8,7 +8,7 @@
 use super::*;
 use crate::config::{Handoff, Harness, LogFormat};
 use crate::store::{Db, LocalState};
-use baton_client::ApiError;
+use baton_client::{ApiError, ItemAnswer};
 use baton_shared::states::Outcome;
 use baton_shared::wire::{
     AttemptView, ClaimResponse, HolderItem, ReportRequest, ReportResponse, SessionResponse, StartItem, StartResult,
