@@ -34,6 +34,12 @@ pub const NOT_SUCCEEDED: u8 = 7;
 /// `baton wait` (the producer CLI only): the timeout passed before every delivery ended.
 pub const TIMED_OUT: u8 = 8;
 
+/// The producer CLI only: the hub refused this caller, and asking again unchanged cannot help:
+/// the certificate is not one it issued or was revoked (401), or the producer may not do this
+/// (403: outside its publish scope, another producer's message, the wrong role). Apart from
+/// `FAILURE`, which a wrapper may retry (the hub unreachable), so a retry loop on 4 ends.
+pub const DENIED: u8 = 9;
+
 /// The text both binaries print under "Exit status" in `--help`.
 pub const HELP: &str = "\
 Exit status:
@@ -52,7 +58,7 @@ mod tests {
     #[test]
     fn statuses_are_distinct_and_documented() {
         let daemons = [OK, NOTHING, USAGE, REFUSED, FAILURE, REVOKED, SUPERSEDED];
-        let producer_cli = [NOT_SUCCEEDED, TIMED_OUT];
+        let producer_cli = [NOT_SUCCEEDED, TIMED_OUT, DENIED];
         for a in daemons {
             assert!(HELP.contains(&format!("  {a}  ")), "status {a} is not in HELP");
         }

@@ -146,6 +146,31 @@ fn send_get_wait_and_cancel_with_their_exit_statuses() {
     assert!(text(&out.stderr).contains("idempotency_conflict"), "{}", text(&out.stderr));
 }
 
+/// A refusal of the caller is its own status (9), apart from the hub being unreachable (4),
+/// which a wrapper retries: a post outside the producer's publish scope, and a revoked
+/// certificate, each end a retry loop at once.
+#[test]
+fn a_refused_caller_exits_9_not_the_retryable_4() {
+    let hub = Hub::with_nodes(&["host-a"]);
+    hub.cli_ok(["producers", "scope", "prod", "team-*", "--reason", "narrow"]);
+    let config = config_file(&hub, false);
+    let send = |conversation: &str, key: &str| {
+        let mut cmd =
+            baton(["send", "--conversation", conversation, "--to", "host-a", "--key", key, "--payload", "{}"]);
+        cmd.arg("--config").arg(&config);
+        run(cmd)
+    };
+    status(&send("team-a", "in-scope"), 0);
+    let out = send("elsewhere", "out-of-scope");
+    status(&out, 9);
+    assert!(text(&out.stderr).contains("forbidden"), "{}", text(&out.stderr));
+    hub.cli_ok(["revoke", "prod", "--reason", "gone"]);
+    let out = send("team-a", "after-revoke");
+    status(&out, 9);
+    let help = run(baton(["--help"]));
+    assert!(text(&help.stdout).contains("  9  refused"), "the help names status 9: {}", text(&help.stdout));
+}
+
 /// A configuration that cannot work is refused before anything is sent (exit 2), naming
 /// what is wrong; the environment overrides the file and a flag overrides both.
 #[test]

@@ -12,9 +12,11 @@ Exit status:
   0  ok: sent, found, cancelled, or (wait) every delivery succeeded
   1  not found, or (cancel) every delivery had already ended: nothing changed
   2  usage error, invalid input or invalid configuration
-  4  any other failure: the hub unreachable, a refused certificate
+  4  any other failure: the hub unreachable or unable to answer now (worth retrying)
   7  (wait) every delivery ended, and at least one did not succeed: failed, cancelled or unknown
-  8  (wait) the timeout passed before every delivery ended";
+  8  (wait) the timeout passed before every delivery ended
+  9  refused: the certificate is unknown or revoked (401), or the producer may not do this (403:
+     outside its publish scope, not its message); retrying unchanged cannot help";
 
 /// `baton`: send messages to a Baton hub and follow them, from any machine holding a producer
 /// certificate (`baton-hub enroll producer NAME`).
@@ -114,7 +116,9 @@ pub(crate) struct SendArgs {
     #[arg(long, value_delimiter = ',', value_name = "HOST")]
     pub(crate) to: Vec<String>,
     /// The idempotency key: the same key and content is one message, however often sent.
-    #[arg(long)]
+    /// (`--key`, its first spelling, still works, unlisted: it sat beside `--key-file`, the
+    /// TLS key.)
+    #[arg(long = "idempotency-key", alias = "key", value_name = "KEY")]
     pub(crate) key: String,
     /// The payload, JSON text, kept exactly as written.
     #[arg(long, value_name = "JSON")]
@@ -139,8 +143,8 @@ pub(crate) struct SendArgs {
 pub(crate) struct Which {
     /// The message id.
     pub(crate) id: Option<String>,
-    /// The idempotency key it was sent with.
-    #[arg(long)]
+    /// The idempotency key it was sent with (`--key` still works, unlisted).
+    #[arg(long = "idempotency-key", alias = "key", value_name = "KEY")]
     pub(crate) key: Option<String>,
 }
 
@@ -172,6 +176,20 @@ mod tests {
         let cli = parse(&["--to", "a,b", "--to", "c", "--payload", "1"]).unwrap();
         let Command::Send(send) = cli.command else { panic!("not send") };
         assert_eq!(send.to, ["a", "b", "c"]);
+    }
+
+    #[test]
+    fn the_idempotency_key_is_spelled_out_and_the_old_flag_still_works() {
+        for flag in ["--idempotency-key", "--key"] {
+            let cli =
+                Cli::try_parse_from(["baton", "send", "--conversation", "c", flag, "k1", "--payload", "{}"]).unwrap();
+            let Command::Send(send) = cli.command else { panic!("not send") };
+            assert_eq!(send.key, "k1", "{flag}");
+            assert!(Cli::try_parse_from(["baton", "get", flag, "k1"]).is_ok(), "{flag}");
+        }
+        let mut cmd = Cli::command();
+        let help = cmd.find_subcommand_mut("send").unwrap().render_long_help().to_string();
+        assert!(help.contains("--idempotency-key") && !help.contains("--key <"), "{help}");
     }
 
     #[test]

@@ -39,10 +39,19 @@ fn failure(message: impl std::fmt::Display) -> CliError {
 }
 
 /// A call that failed: not found is 1, input the hub refused (or that forms no request) is 2,
-/// anything else 4.
+/// the caller refused (401, 403) is 9, anything else 4.
 fn call_failed(e: ClientError) -> CliError {
     let status = match e.code() {
         Some(ErrorCode::NotFound) => exit::NOTHING,
+        Some(
+            ErrorCode::UnknownCertificate
+            | ErrorCode::CertificateRevoked
+            | ErrorCode::WrongRole
+            | ErrorCode::NotYours
+            | ErrorCode::Forbidden
+            | ErrorCode::HostRetired,
+        ) => exit::DENIED,
+        _ if matches!(e, ClientError::CertificateRevoked(_)) => exit::DENIED,
         Some(
             ErrorCode::InvalidJson
             | ErrorCode::InvalidField
@@ -224,7 +233,9 @@ mod tests {
 
     #[test]
     fn every_exit_status_is_documented() {
-        for status in [exit::OK, exit::NOTHING, exit::USAGE, exit::FAILURE, exit::NOT_SUCCEEDED, exit::TIMED_OUT] {
+        for status in
+            [exit::OK, exit::NOTHING, exit::USAGE, exit::FAILURE, exit::NOT_SUCCEEDED, exit::TIMED_OUT, exit::DENIED]
+        {
             assert!(EXIT_HELP.contains(&format!("  {status}  ")), "{status} is not in the help");
         }
     }
