@@ -93,14 +93,23 @@ class Hub:
         return self.call("GET", path)[1]
 
 
+def current_attempt(delivery):
+    """The reported attempt of the delivery's current run, or None. A retry or an operator's
+    redrive starts a new run (`attempt` counts them): the attempts of earlier runs stay listed,
+    and say nothing about how the current one ends."""
+    run = delivery.get("attempt", 1)
+    return next((a for a in reversed(delivery["attempts"]) if a.get("attempt", 1) == run), None)
+
+
 def settled(delivery):
-    """A delivery has ended: failed, unknown, or delivered with an attempt reported."""
+    """A delivery has ended: failed, unknown, or delivered with its current run reported."""
     state = delivery["state"]
-    return state in ("failed", "unknown") or (state == "delivered" and delivery["attempts"])
+    return state in ("failed", "unknown") or (state == "delivered" and current_attempt(delivery) is not None)
 
 
 def succeeded(delivery):
-    return delivery["state"] == "delivered" and delivery["attempts"][-1]["outcome"] == "succeeded"
+    attempt = current_attempt(delivery)
+    return delivery["state"] == "delivered" and attempt is not None and attempt["outcome"] == "succeeded"
 
 
 def main(argv=None):

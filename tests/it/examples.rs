@@ -84,11 +84,75 @@ fn python_producer_and_harness_work_against_the_real_hub_and_node() {
     assert_eq!(failed["deliveries"][0]["attempts"][0]["outcome"], "failed", "{failed}");
 }
 
+/// An operator's redrive starts a new run while the old run's failed attempt stays listed:
+/// `producer.py`, asked again with the same key, waits for the new run's outcome (as `baton
+/// wait` does) instead of ending at once with the old one.
+#[test]
+fn python_producer_waits_for_the_run_a_redrive_started() {
+    let Some(python) = python3() else { return };
+    let bins = Binaries::build().unwrap();
+    let dir = fresh_dir("examples-redrive").unwrap();
+    let mut hub = Hub::init(&bins, &dir.path().join("hub"), "ops").unwrap();
+    let node_id = hub.enroll(Role::Node, "py-slow").unwrap();
+    let producer = hub.enroll(Role::Producer, "py-producer").unwrap();
+    hub.serve(None).unwrap();
+    let url = format!("https://localhost:{}", hub.addr().expect("a serving hub").port());
+    // The first run fails; a later one takes a while (the producer asks while it runs), then
+    // succeeds.
+    let script = r#"cat >/dev/null; [ "$BATON_ATTEMPT" = 1 ] && exit 3; sleep 8; echo '{"ok": true}'"#;
+    let harness = Harness::Command(vec!["/bin/sh".into(), "-c".into(), script.into()]);
+    let config = NodeConfig::new(&url, &node_id, &dir.path().join("node-data"), harness);
+    let mut node = Node::create(&bins, dir.path(), "py-node", &config).unwrap();
+    node.start(None).unwrap();
+
+    let first =
+        bins::run(producer_command_to(&python, &url, &producer, "py-slow", "redo", "{}"), PRODUCER_WAIT).unwrap();
+    let stdout = String::from_utf8_lossy(&first.stdout);
+    assert_eq!(first.status.code(), Some(1), "{stdout}\n{}", String::from_utf8_lossy(&first.stderr));
+    let failed: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let delivery_id = failed["deliveries"][0]["delivery_id"].as_str().expect("a delivery id").to_string();
+
+    hub.cli(["deliveries", "retry", &delivery_id, "--reason", "the tool is fixed"]).unwrap();
+    // The new run is handed off and running: delivered, with only the old run's attempt listed.
+    baton_testkit::wait::until("the redriven run to be handed off", EVENT_WAIT, || {
+        let shown = hub.cli(["deliveries", "show", &delivery_id, "--json"])?;
+        let view: serde_json::Value = serde_json::from_str(&shown)?;
+        Ok((view["delivery"]["state"] == "delivered").then_some(()))
+    })
+    .unwrap();
+    let again =
+        bins::run(producer_command_to(&python, &url, &producer, "py-slow", "redo", "{}"), PRODUCER_WAIT).unwrap();
+    let stdout = String::from_utf8_lossy(&again.stdout);
+    assert_eq!(
+        again.status.code(),
+        Some(0),
+        "the producer waits for the redriven run:\n{stdout}\n{}\nnode log:\n{}",
+        String::from_utf8_lossy(&again.stderr),
+        node.proc().stderr()
+    );
+    let message: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let attempts = message["deliveries"][0]["attempts"].as_array().expect("attempts");
+    let outcomes: Vec<&str> = attempts.iter().filter_map(|a| a["outcome"].as_str()).collect();
+    assert_eq!(outcomes, ["failed", "succeeded"], "{message}");
+}
+
 /// `producer.py` sending `payload` under `key` to `py-host` in `py-demo`.
 fn producer_command(python: &Path, url: &str, id: &Identity, key: &str, payload: &str) -> std::process::Command {
+    producer_command_to(python, url, id, "py-host", key, payload)
+}
+
+/// `producer.py` sending `payload` under `key` to `host` in `py-demo`.
+fn producer_command_to(
+    python: &Path,
+    url: &str,
+    id: &Identity,
+    host: &str,
+    key: &str,
+    payload: &str,
+) -> std::process::Command {
     let mut cmd = bins::command(python);
     cmd.arg(example("producer.py"))
-        .args(["--hub", url, "--conversation", "py-demo", "--to", "py-host", "--idempotency-key", key])
+        .args(["--hub", url, "--conversation", "py-demo", "--to", host, "--idempotency-key", key])
         .arg("--ca")
         .arg(&id.ca)
         .arg("--cert")
