@@ -117,6 +117,23 @@ async fn status_flags_silent_hosts_and_expiring_certificates_and_exits_1() {
     assert!(String::from_utf8_lossy(&text.stdout).contains("host_silent"), "{text:?}");
     assert!(String::from_utf8_lossy(&text.stderr).contains("2 item(s) need attention"), "{text:?}");
 
+    // `hosts list` marks the same host silent, in its table and its JSON.
+    let listed = hub.cli_ok(["hosts", "list"]);
+    let row = listed.lines().find(|l| l.starts_with("host-a")).expect("host-a listed");
+    assert!(row.contains("SILENT"), "{listed}");
+    assert!(listed.lines().filter(|l| l.contains("SILENT")).count() == 1, "{listed}");
+    let hosts: serde_json::Value = serde_json::from_str(&hub.cli_ok(["hosts", "list", "--json"])).unwrap();
+    let silent: Vec<&str> =
+        hosts.as_array().unwrap().iter().filter(|h| h["silent"] == true).map(|h| h["host"].as_str().unwrap()).collect();
+    assert_eq!(silent, ["host-a"], "{hosts}");
+
+    // A warning under one long poll would flag idle hosts: the pair is refused, naming both.
+    hub.write_config("host_silence_warn = \"20s\"\n");
+    let out = hub.cli(["config", "check"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("host_silence_warn") && said.contains("limits.long_poll_wait_max"), "{said}");
+
     // The warning is a configuration key: an hour of silence is fine under it.
     hub.write_config("host_silence_warn = \"1h\"\n");
     let (_, s) = status(&hub);

@@ -32,7 +32,7 @@ pub(super) fn run(ctx: &Context, d: &DeliveriesCmd) -> CliResult {
 }
 
 /// The hub's `host_silence_warn` (ms), against which liveness is told.
-fn silence_warn_ms(ctx: &Context) -> Result<i64, CliError> {
+pub(super) fn silence_warn_ms(ctx: &Context) -> Result<i64, CliError> {
     Ok(i64::try_from(ctx.config(None)?.host_silence_warn.as_millis()).unwrap_or(i64::MAX))
 }
 

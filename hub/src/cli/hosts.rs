@@ -10,7 +10,8 @@ pub(super) fn run(ctx: &Context, h: &HostsCmd) -> CliResult {
     match h {
         HostsCmd::List { json } => {
             let record = ctx.open_read()?;
-            output::hosts(&record.run(record.hosts())?, ctx.now_ms(), *json)
+            let silence_warn_ms = super::deliveries::silence_warn_ms(ctx)?;
+            output::hosts(&record.run(record.hosts())?, ctx.now_ms(), silence_warn_ms, *json)
         }
         HostsCmd::Show { host, json } => {
             let record = ctx.open_read()?;

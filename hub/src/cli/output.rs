@@ -9,7 +9,7 @@ use crate::lock::Holder;
 use crate::store::audit::AuditEntry;
 use crate::store::explain::{self, Behind, Explanation, FenceHold, Liveness, Reason};
 use crate::store::fences::FenceRow;
-use crate::store::fleet::{CertRow, HostDetail, HostEvent, HostRow, SessionRow};
+use crate::store::fleet::{CertRow, HostDetail, HostEvent, HostRow, HostState, SessionRow};
 use crate::store::members::{ConversationMembers, IntervalRow};
 use crate::store::producers::ProducerRow;
 use crate::store::read::{DeliveryDetail, DeliveryRow, StatusView};
@@ -671,9 +671,26 @@ fn session_cell(s: Option<&SessionRow>) -> String {
 
 /// `hosts list`: a table, or JSON (`[{"host", "state", "instance_id", "session": {…} | null,
 /// "holdings": {"claimed", "mirrored", "delivered"}, "waiting", …}]`).
-pub(super) fn hosts(rows: &[HostRow], now_ms: i64, as_json: bool) -> CliResult {
+/// Whether `h` is silent: its newest session is open and has sent nothing for longer than
+/// `silence_warn_ms`, the host not retired (the rule `status` flags by, `store::fleet::silent_hosts`).
+fn host_silent(h: &HostRow, now_ms: i64, silence_warn_ms: i64) -> bool {
+    h.state != HostState::Retired
+        && h.session
+            .as_ref()
+            .is_some_and(|s| s.ended_at_ms.is_none() && s.last_contact_at_ms < now_ms.saturating_sub(silence_warn_ms))
+}
+
+pub(super) fn hosts(rows: &[HostRow], now_ms: i64, silence_warn_ms: i64, as_json: bool) -> CliResult {
     if as_json {
-        return json(&Value::Array(rows.iter().map(host_json).collect()));
+        return json(&Value::Array(
+            rows.iter()
+                .map(|h| {
+                    let mut v = host_json(h);
+                    v["silent"] = Value::Bool(host_silent(h, now_ms, silence_warn_ms));
+                    v
+                })
+                .collect(),
+        ));
     }
     let rows: Vec<Vec<String>> = rows
         .iter()
@@ -684,7 +701,13 @@ pub(super) fn hosts(rows: &[HostRow], now_ms: i64, as_json: bool) -> CliResult {
                 h.instance.as_ref().map(|i| i.0.clone()).unwrap_or_else(|| "-".into()),
                 session_cell(h.session.as_ref()),
                 h.session.as_ref().and_then(|s| s.node_version.clone()).unwrap_or_else(|| "-".into()),
-                h.session.as_ref().map(|s| fmt_ago(s.last_contact_at_ms, now_ms)).unwrap_or_else(|| "-".into()),
+                match &h.session {
+                    Some(s) if host_silent(h, now_ms, silence_warn_ms) => {
+                        format!("{} SILENT", fmt_ago(s.last_contact_at_ms, now_ms))
+                    }
+                    Some(s) => fmt_ago(s.last_contact_at_ms, now_ms),
+                    None => "-".into(),
+                },
                 format!("{}/{}/{}", h.holdings.claimed, h.holdings.mirrored, h.holdings.delivered),
                 h.waiting.to_string(),
             ]

@@ -211,7 +211,7 @@ pub const HOST_SILENCE_WARN: Key = Key {
         min: Duration::from_secs(10),
         max: Duration::from_secs(7 * 24 * 3600),
     },
-    doc: "`status` flags a host whose open node session has sent nothing for longer than this",
+    doc: "`status` flags (and `hosts list` marks) a host whose open node session has sent nothing for longer than this; at least limits.long_poll_wait_max plus the 5s contact flush",
 };
 /// The operator listener's address when no layer names one: loopback, on a port the system
 /// picks (written to `DIR/operator.addr`), so that it never collides with another hub on the

@@ -275,7 +275,7 @@ impl HubConfig {
             limits,
             shutdown_grace: m.duration(&SHUTDOWN_GRACE)?,
             log_format,
-            host_silence_warn: m.duration(&HOST_SILENCE_WARN)?,
+            host_silence_warn: host_silence_warn(m.duration(&HOST_SILENCE_WARN)?, limits.long_poll_wait_max)?,
             operator_listen: m.addr_or_off(&OPERATOR_LISTEN)?,
             operator_hosts: m.names(&OPERATOR_HOSTS)?,
             operator_connections_per_peer_max: m.int(&OPERATOR_CONNECTIONS_PER_PEER_MAX)? as usize,
@@ -287,6 +287,25 @@ impl HubConfig {
 /// How often a node session's last contact reaches the record (the hub's contact flush), which
 /// `requeue_silent_after` must outlast with the longest long poll.
 const CONTACT_FLUSH_BOUND: Duration = Duration::from_secs(5);
+
+/// `host_silence_warn`: a healthy idle node is heard from at the start of each claim, and its
+/// claims wait at most `limits.long_poll_wait_max`, so its last contact, flushed within the
+/// contact flush, is never older than the two together. A warning under that would flag every
+/// idle host as silent, so the pair is refused, naming both keys.
+fn host_silence_warn(d: Duration, long_poll_wait_max: Duration) -> Result<Duration, String> {
+    let least = long_poll_wait_max + CONTACT_FLUSH_BOUND;
+    if d < least {
+        return Err(format!(
+            "host_silence_warn ({}) must be at least {} (limits.long_poll_wait_max, {}, plus the {} contact flush): \
+             an idle node waiting in a long poll is heard from only when each one begins, and would be flagged silent",
+            baton_shared::duration::human(d),
+            baton_shared::duration::human(least),
+            baton_shared::duration::human(long_poll_wait_max),
+            baton_shared::duration::human(CONTACT_FLUSH_BOUND),
+        ));
+    }
+    Ok(d)
+}
 
 /// `requeue_silent_after`: 0 is off; anything else must outlast twice the longest long poll plus
 /// the contact flush, so a node waiting in a long poll (heard from only when it began) is never
@@ -316,6 +335,21 @@ mod tests {
     fn check_err(text: &str, needle: &str) {
         let e = HubConfig::from_toml(text).unwrap_err();
         assert!(e.contains(needle), "{e:?} should mention {needle:?}");
+    }
+
+    /// `host_silence_warn` under one long poll and the contact flush would flag idle hosts:
+    /// refused naming both keys; the longest long poll and a warning that outlasts it pass.
+    #[test]
+    fn host_silence_warn_outlasts_a_long_poll() {
+        check_err(
+            "host_silence_warn = \"20s\"",
+            "host_silence_warn (20s) must be at least 35s (limits.long_poll_wait_max",
+        );
+        let ok = HubConfig::from_toml("host_silence_warn = \"35s\"").unwrap();
+        assert_eq!(ok.host_silence_warn, Duration::from_secs(35));
+        let short = HubConfig::from_toml("host_silence_warn = \"10s\"\n[limits]\nlong_poll_wait_max = \"5s\"").unwrap();
+        assert_eq!(short.host_silence_warn, Duration::from_secs(10));
+        check_err("host_silence_warn = \"1m\"\n[limits]\nlong_poll_wait_max = \"1m\"", "at least 1m 5s");
     }
 
     /// `requeue_silent_after` is off by default and refuses a value a long poll could outlast.
