@@ -91,6 +91,58 @@ async fn hosts_list_and_show_tell_instance_session_holdings_and_standing() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("host-zz"));
 }
 
+/// `status` names what stops work fleet-wide or wants a look, and exits 1 for it: a fence on a
+/// host or on everything (one on a conversation is that conversation's business), held
+/// deliveries, an outcome `unknown` within `--since`, a CA rotation not finished.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_names_fleet_fences_held_work_unknown_outcomes_and_a_ca_rotation() {
+    let hub = Hub::start();
+    let (code, s) = status(&hub);
+    assert_eq!((code, &s["attention"]), (Some(0), &json!([])), "{s}");
+
+    // A turn whose end is not known.
+    let prod = hub.client("prod");
+    prod.submit_new("c", "k1", &["host-a"]).await;
+    let node = hub.node("host-a", "inst-1");
+    let got = node.claim(1, 0).await;
+    node.mirror_and_ack(&got[0]).await;
+    node.report(&got[0], "r-1", "unknown", -1).await.ok(201);
+    // A delivery parked by a conversation's hold: the held queue is flagged, the fence is not.
+    hub.fence("hold", &["--conversation", "d"], "look first");
+    prod.submit_new("d", "k2", &["host-a"]).await;
+    assert!(node.claim(1, 0).await.is_empty());
+    // Fleet-wide fences, and a CA rotation begun.
+    hub.fence("pause", &["--all"], "maintenance window");
+    hub.fence("hold", &["--host", "host-b"], "disk check");
+    hub.cli_ok(["ca", "rotate"]);
+
+    let (code, s) = status(&hub);
+    assert_eq!(code, Some(1), "{s}");
+    let items: Vec<(&str, &str)> = s["attention"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| (a["kind"].as_str().unwrap(), a["subject"].as_str().unwrap()))
+        .collect();
+    let kinds: Vec<&str> = items.iter().map(|(k, _)| *k).collect();
+    assert_eq!(kinds, ["fence_active", "fence_active", "held", "unknown_outcomes", "ca_rotation_unfinished"], "{s}");
+    assert!(items.contains(&("fence_active", "everything")) && items.contains(&("fence_active", "host host-b")), "{s}");
+    let all = s["attention"].as_array().unwrap();
+    assert!(all.iter().any(|a| a["detail"].as_str().unwrap().contains("maintenance window")), "{s}");
+    assert!(all.iter().any(|a| a["kind"] == "held" && a["detail"].as_str().unwrap().starts_with("1 ")), "{s}");
+    assert!(all.iter().any(|a| a["kind"] == "unknown_outcomes" && a["detail"].as_str().unwrap().starts_with("1 ")));
+    let text = hub.cli(["status"]);
+    assert!(String::from_utf8_lossy(&text.stderr).contains("5 item(s) need attention"), "{text:?}");
+
+    // An unknown outcome before the window is not flagged.
+    let out = hub.cli(["status", "--json", "--since", "2099-01-01T00:00:00Z"]);
+    let later: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(later["attention"].as_array().unwrap().iter().all(|a| a["kind"] != "unknown_outcomes"), "{later}");
+    let bad = hub.cli(["status", "--since", "yesterday-ish"]);
+    assert_eq!(bad.status.code(), Some(2), "{bad:?}");
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--since"), "{bad:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_flags_silent_hosts_and_expiring_certificates_and_exits_1() {
     if crate::harness::skipped_on_postgres("status_flags_silent_hosts_and_expiring_certificates_and_exits_1") {

@@ -161,10 +161,16 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Overview of the record, and what needs attention: the hub not running, hosts silent
-    /// longer than `host_silence_warn`, certificates expiring within 30 days. Exits 0 when the
-    /// hub runs and nothing needs attention, 1 otherwise (like `systemctl is-active`).
+    /// Overview of the record, and what needs attention: the hub not running, every active
+    /// fence on a host or on everything, held deliveries, deliveries that ended `unknown` since
+    /// `--since`, a CA rotation not finished, hosts silent longer than `host_silence_warn`,
+    /// certificates expiring within 30 days. Exits 0 when the hub runs and nothing needs
+    /// attention, 1 otherwise (like `systemctl is-active`).
     Status {
+        /// How far back an `unknown` outcome needs attention: a time (UTC, "2026-05-01
+        /// 12:00:00" or RFC 3339) or this long ago ("24h", the default).
+        #[arg(long, value_name = "TIME", default_value = "24h")]
+        since: String,
         /// Print JSON.
         #[arg(long)]
         json: bool,

@@ -1,8 +1,11 @@
 //! Looking at the record without changing it: `status`, `backup`, `verify`, `config check`.
 
+use super::output::fmt_ms;
 use super::{CliError, CliResult, Context, output};
 use crate::lock;
-use baton_shared::duration::{human, human_ms};
+use crate::store::fences::FenceScope;
+use baton_shared::duration::{self, human, human_ms};
+use baton_shared::states::DeliveryState;
 use baton_shared::{exit, pki};
 use std::path::Path;
 use std::time::Duration;
@@ -14,7 +17,8 @@ pub(super) const CERT_EXPIRY_WARN: Duration = Duration::from_secs(30 * 24 * 3600
 /// One thing `status` says needs an operator's attention.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Attention {
-    /// `hub_not_running`, `host_silent` or `certificate_expiring`.
+    /// `hub_not_running`, `fence_active` (a host's or everything's), `held`, `unknown_outcomes`,
+    /// `ca_rotation_unfinished`, `host_silent` or `certificate_expiring`.
     pub(super) kind: &'static str,
     /// What it is about: the data directory, a host, a certificate's name.
     pub(super) subject: String,
@@ -25,18 +29,74 @@ pub(super) struct Attention {
 /// `status`: the record's counts, whether a hub serves this data directory (from its lock:
 /// side-effect free, it wakes no waiting long-poll), and what needs attention. Exit 1 when the
 /// hub is not running or anything needs attention.
-pub(super) fn status(ctx: &Context, json: bool) -> CliResult {
+pub(super) fn status(ctx: &Context, since: &str, json: bool) -> CliResult {
+    let now_ms = ctx.now_ms();
+    let since_ms = match duration::parse("--since", since) {
+        Ok(ago) => now_ms.saturating_sub(i64::try_from(ago.as_millis()).unwrap_or(i64::MAX)),
+        Err(_) => duration::parse_time_ms("--since", since).map_err(CliError::usage)?,
+    };
     let hub = lock::probe(&ctx.dir)?;
     let config = ctx.config(None)?;
     let record = ctx.open_read()?;
     let s = record.run(record.status())?;
-    let now_ms = ctx.now_ms();
     let mut attention = Vec::new();
     if hub.is_none() {
         attention.push(Attention {
             kind: "hub_not_running",
             subject: ctx.dir.root().display().to_string(),
             detail: "no hub serves this data directory".into(),
+        });
+    }
+    // A fence on a host or on everything stops work fleet-wide: one on a conversation is a
+    // conversation's business. One past its time is the hub's to lift, not the operator's.
+    for f in record.run(record.fences(false))? {
+        if f.scope == FenceScope::Conversation || f.expires_at_ms.is_some_and(|at| at <= now_ms) {
+            continue;
+        }
+        let subject = match &f.target {
+            Some(t) => format!("{} {t}", f.scope.as_str()),
+            None => "everything".to_string(),
+        };
+        let until = f.expires_at_ms.map(|at| format!(", until {}", fmt_ms(at))).unwrap_or_default();
+        attention.push(Attention {
+            kind: "fence_active",
+            subject,
+            detail: format!(
+                "fence {} ({}) set by {} {} ago{until}: {}",
+                f.id,
+                f.kind.as_str(),
+                f.set_by,
+                human_ms(now_ms.saturating_sub(f.set_at_ms)),
+                f.reason
+            ),
+        });
+    }
+    let held = s.deliveries.iter().find(|(st, _)| *st == DeliveryState::Held).map_or(0, |(_, n)| *n);
+    if held > 0 {
+        attention.push(Attention {
+            kind: "held",
+            subject: "held queue".into(),
+            detail: format!("{held} delivery(ies) held, waiting for an operator's release (held list)"),
+        });
+    }
+    let unknown = record.run(record.unknown_since(since_ms))?;
+    if unknown > 0 {
+        attention.push(Attention {
+            kind: "unknown_outcomes",
+            subject: format!("since {}", fmt_ms(since_ms)),
+            detail: format!(
+                "{unknown} delivery(ies) ended unknown: a turn may or may not have run (deliveries list --outcome unknown)"
+            ),
+        });
+    }
+    let old_cas = super::ca::old_cas_trusted(&ctx.dir)?;
+    if old_cas > 0 {
+        attention.push(Attention {
+            kind: "ca_rotation_unfinished",
+            subject: ctx.dir.ca_cert().display().to_string(),
+            detail: format!(
+                "{old_cas} older CA(s) still trusted beside the issuing one: renew what they issued, then ca retire-old"
+            ),
         });
     }
     let silence_ms = i64::try_from(config.host_silence_warn.as_millis()).unwrap_or(i64::MAX);

@@ -361,7 +361,7 @@ pub fn run(cli: &Cli) -> CliResult {
             };
             send::send(&ctx, s, *json)
         }
-        Command::Status { json } => inspect::status(&ctx, *json),
+        Command::Status { since, json } => inspect::status(&ctx, since, *json),
         Command::Backup { out } => inspect::backup(&ctx, out),
         Command::Verify { json } => inspect::verify(&ctx, *json),
         Command::Config(ConfigCmd::Check { config }) => inspect::config_check(&ctx, config.as_deref()),

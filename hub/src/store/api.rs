@@ -1112,6 +1112,13 @@ impl Store {
         }
     }
 
+    /// How many deliveries ended `unknown` at or after `since_ms` (`overview::unknown_since`).
+    pub async fn unknown_since(&self, since_ms: i64) -> StoreResult<i64> {
+        match &self.backend {
+            Backend::Sqlite(s) | Backend::Postgres(s) => s.read(move |c| overview::unknown_since(c, since_ms)).await,
+        }
+    }
+
     /// Hosts whose open node session has been silent longer than `silence_ms` at `now_ms`.
     pub async fn silent_hosts(&self, now_ms: i64, silence_ms: i64) -> StoreResult<Vec<SilentHost>> {
         match &self.backend {

@@ -122,6 +122,23 @@ pub fn recent_trouble(conn: &dyn Db, max: u32) -> StoreResult<Vec<DeliveryRow>> 
         .collect::<Result<_, _>>()?)
 }
 
+/// How many deliveries ended `unknown` at or after `since_ms`: the delivery's state (retired
+/// while mirrored), or its current run's outcome (started, end not known). What `status` flags:
+/// a turn that may or may not have run wants an operator's look. An operator's read: it scans
+/// the attempts (no index serves the hot path for this).
+pub fn unknown_since(conn: &dyn Db, since_ms: i64) -> StoreResult<i64> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT count(*) FROM (
+                 SELECT d.id FROM deliveries d WHERE d.state = 'unknown' AND d.updated_at >= :since
+                 UNION
+                 SELECT a.delivery_id FROM attempts a JOIN deliveries d ON d.id = a.delivery_id AND d.attempt = a.attempt
+                 WHERE a.outcome = 'unknown' AND a.reported_at >= :since
+             ) u",
+        )?
+        .query_row(named_params! {":since": since_ms}, |r| r.get(0))?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -197,5 +214,17 @@ mod tests {
         assert_eq!(trouble, [ids[1].clone(), ids[0].clone()]);
         let unknown = outcome_counts(c).unwrap().into_iter().find(|(o, _)| *o == Outcome::Unknown).unwrap();
         assert_eq!(unknown.1, 1);
+        // `status` counts the current run's `unknown` from its report's time on, and a delivery
+        // whose state is `unknown` from its change.
+        assert_eq!((unknown_since(c, 7).unwrap(), unknown_since(c, 8).unwrap()), (1, 0));
+        c.execute(
+            "UPDATE deliveries SET state = 'unknown', reason = 'host retired', updated_at = 9 WHERE id = ?1",
+            [&ids[0]],
+        )
+        .unwrap();
+        assert_eq!(
+            (unknown_since(c, 7).unwrap(), unknown_since(c, 9).unwrap(), unknown_since(c, 10).unwrap()),
+            (2, 1, 0)
+        );
     }
 }
