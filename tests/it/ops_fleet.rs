@@ -91,6 +91,53 @@ async fn hosts_list_and_show_tell_instance_session_holdings_and_standing() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("host-zz"));
 }
 
+/// `hosts drain` stops new work for the host and waits, saying what it still holds, until it
+/// holds nothing; what is sent meanwhile stays queued, paused, until `hosts undrain`. A
+/// deadline that passes first exits 4 naming what is left, the host still paused.
+#[test]
+fn drain_waits_until_the_host_holds_nothing_and_undrain_resumes() {
+    use crate::node_harness::{NODE_WAIT, wait_for};
+    let hub = Hub::with_nodes(&["host-a"]);
+    // Turns of "long" outlast any deadline here; the others take a few seconds.
+    let _node = hub
+        .node_process("host-a")
+        .then(r#"if [ "$BATON_CONVERSATION" = long ]; then sleep 60; else sleep 3; fi"#)
+        .start();
+    let first = hub.send_one("c", "k1", "host-a");
+    wait_for("the first turn to be handed off", NODE_WAIT, || (hub.state(&first) == "delivered").then_some(()));
+
+    let out = hub.cli(["hosts", "drain", "host-a", "--reason", "kernel upgrade"]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(said.contains("pause host host-a"), "{said}");
+    assert!(said.contains("host-a: 0 claimed, 0 mirrored, 1 running or unreported"), "{said}");
+    assert!(said.contains("host-a holds nothing: drained in"), "{said}");
+    assert_eq!(hub.show(&first)["delivery"]["outcome"], "succeeded", "the turn ran to its end");
+    // Sent while drained: queued, held back by the drain's pause.
+    let waiting = hub.send_one("long", "k2", "host-a");
+    let why = hub.cli_json(["deliveries", "explain", &waiting, "--json"]);
+    assert_eq!(why["reason_code"], "paused", "{why}");
+    // Drained again: the fence is there already, and nothing is held.
+    let again = hub.cli_ok(["hosts", "drain", "host-a", "--reason", "still upgrading"]);
+    assert!(again.contains("already active") && again.contains("holds nothing"), "{again}");
+
+    hub.cli_ok(["hosts", "undrain", "host-a", "--reason", "upgraded"]);
+    wait_for("the queued turn to be handed off", NODE_WAIT, || (hub.state(&waiting) == "delivered").then_some(()));
+    let out = hub.cli(["hosts", "drain", "host-a", "--deadline", "1s", "--reason", "once more"]);
+    assert_eq!(out.status.code(), Some(4), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("deadline (1s) passed: host-a still holds 0 claimed, 0 mirrored, 1 running"), "{said}");
+    let fences = hub.cli_json(["fence", "list", "--json"]);
+    assert_eq!(fences.as_array().map(Vec::len), Some(1), "the host stays paused: {fences}");
+    hub.cli_ok(["hosts", "undrain", "host-a", "--reason", "done"]);
+    let none = hub.cli(["hosts", "undrain", "host-a", "--reason", "done"]);
+    assert_eq!(none.status.code(), Some(1), "{none:?}");
+    assert!(hub.cli(["hosts", "drain", "nobody", "--reason", "typo"]).status.code() == Some(1));
+    // The long turn is stopped rather than waited for.
+    hub.cli_ok(["deliveries", "cancel", &waiting, "--reason", "test over"]);
+    hub.wait_outcome(&waiting);
+}
+
 /// `status` names what stops work fleet-wide or wants a look, and exits 1 for it: a fence on a
 /// host or on everything (one on a conversation is that conversation's business), held
 /// deliveries, an outcome `unknown` within `--since`, a CA rotation not finished.

@@ -343,6 +343,29 @@ pub enum HostsCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Stop handing the host new work (a pause fence on it, kept until `hosts undrain`), then
+    /// wait, printing progress, until it holds nothing: no delivery claimed, mirrored, or
+    /// delivered without its outcome. What is queued for it stays queued. Exit 0 once drained;
+    /// exit 4 when `--deadline` passes first, naming what it still holds (the fence stays).
+    Drain {
+        /// The host.
+        host: String,
+        /// Give up waiting after this long ("10m"); without it, wait until drained.
+        #[arg(long, value_name = "DURATION")]
+        deadline: Option<String>,
+        /// Why (recorded with the fence).
+        #[arg(long)]
+        reason: String,
+    },
+    /// Hand the host work again: lift every pause fence on it (`hosts drain`'s, or one set with
+    /// `fence pause --host`). Exit 1 when none is active.
+    Undrain {
+        /// The host.
+        host: String,
+        /// Why (recorded).
+        #[command(flatten)]
+        why: Reason,
+    },
 }
 
 /// `enroll` subcommands.
