@@ -124,3 +124,44 @@ async fn held_list_pages_with_a_cursor() {
     assert_eq!(none, None);
     assert_eq!([first, rest].concat(), sent);
 }
+
+/// One vocabulary for "failed": a turn whose harness failed (state `delivered`) and a delivery
+/// a block refused (state `failed`) both have outcome `failed`. The list shows it, `--outcome
+/// failed` lists exactly those two, and `redrive --outcome failed` selects the same two.
+#[test]
+fn outcome_failed_is_one_set_in_the_list_its_filter_and_redrive() {
+    use crate::node_harness::{NODE_WAIT, wait_for};
+    let hub = Hub::with_nodes(&["host-a"]);
+    let _node = hub.node_process("host-a").then(r#"[ "$BATON_CONVERSATION" != bad ] || exit 3"#).start();
+    let ran = hub.send_one("bad", "k1", "host-a");
+    hub.wait_outcome(&ran);
+    hub.cli_ok(["fence", "block", "--conversation", "blocked", "--force", "--reason", "not wanted"]);
+    let blocked = hub.send_one("blocked", "k2", "host-a");
+    wait_for("the block to refuse it", NODE_WAIT, || (hub.state(&blocked) == "failed").then_some(()));
+    let fine = hub.send_one("good", "k3", "host-a");
+    hub.wait_outcome(&fine);
+
+    let mut expected = vec![ran.clone(), blocked.clone()];
+    expected.sort();
+    let listed = hub.cli_json(["deliveries", "list", "--outcome", "failed", "--json"]);
+    let mut ids: Vec<String> =
+        listed.as_array().unwrap().iter().map(|d| d["delivery_id"].as_str().unwrap().to_string()).collect();
+    ids.sort();
+    assert_eq!(ids, expected, "{listed}");
+    let states: Vec<(&str, &str)> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| (d["state"].as_str().unwrap(), d["outcome"].as_str().unwrap_or("-")))
+        .collect();
+    assert!(states.contains(&("delivered", "failed")) && states.contains(&("failed", "failed")), "{listed}");
+    let all = hub.deliveries();
+    let good = all.iter().find(|d| d["delivery_id"] == fine.as_str()).unwrap();
+    assert_eq!(good["outcome"], "succeeded", "{good}");
+
+    let would = hub.cli_json(["redrive", "--outcome", "failed", "--dry-run", "--reason", "look", "--json"]);
+    let mut redriven: Vec<String> =
+        would["deliveries"].as_array().unwrap().iter().map(|d| d.as_str().unwrap().to_string()).collect();
+    redriven.sort();
+    assert_eq!(redriven, expected, "{would}");
+}

@@ -581,7 +581,9 @@ pub enum DeliveriesCmd {
         /// Only this state (queued, claimed, mirrored, delivered, held, failed, unknown).
         #[arg(long)]
         state: Option<String>,
-        /// Only deliveries whose current run ended so (succeeded, failed, unknown, cancelled).
+        /// Only deliveries with this outcome (succeeded, failed, unknown, cancelled): the same
+        /// word the OUTCOME column shows and `redrive --outcome` selects by (README, "State and
+        /// outcome").
         #[arg(long)]
         outcome: Option<String>,
         /// Only this host.

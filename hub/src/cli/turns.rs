@@ -45,7 +45,8 @@ pub struct RetryArgs {
 /// `redrive --outcome O [filters] --reason R [--dry-run] [--request-id ID]`.
 #[derive(Debug, clap::Args)]
 pub struct RedriveArgs {
-    /// Re-run the deliveries that ended with this outcome: failed, unknown or cancelled.
+    /// Re-run the deliveries with this outcome: failed, unknown or cancelled, the same set
+    /// `deliveries list --outcome` shows (README, "State and outcome").
     #[arg(long)]
     pub outcome: String,
     /// Only this conversation.

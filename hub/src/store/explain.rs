@@ -529,9 +529,11 @@ pub fn explain(conn: &dyn Db, d: &DeliveryRow, now_ms: i64, silence_warn_ms: i64
 pub fn explain_id(conn: &dyn Db, id: &str, now_ms: i64, silence_warn_ms: i64) -> StoreResult<Explanation> {
     let d = conn
         .prepare_cached(
-            "SELECT d.id, d.message_id, d.host, d.conversation, d.seq, d.state, d.instance_id, d.reason, d.updated_at,
-                    (SELECT outcome FROM attempts a WHERE a.delivery_id = d.id ORDER BY reported_at DESC LIMIT 1)
-             FROM deliveries d WHERE d.id = ?1",
+            concat!(
+                "SELECT d.id, d.message_id, d.host, d.conversation, d.seq, d.state, d.instance_id, d.reason, d.updated_at, ",
+                super::read::outcome_sql!(),
+                " FROM deliveries d WHERE d.id = ?1"
+            ),
         )?
         .query_row([id], super::read::delivery_row)
         .optional()?

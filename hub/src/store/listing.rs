@@ -17,7 +17,8 @@ pub const PREFIX_MATCHES_SHOWN_MAX: usize = 10;
 pub struct ListQuery {
     /// Only this state.
     pub state: Option<DeliveryState>,
-    /// Only deliveries whose current run ended with this outcome.
+    /// Only deliveries with this outcome (`read::outcome_sql`: the one word every listing,
+    /// filter and `redrive` uses).
     pub outcome: Option<Outcome>,
     /// Only this host.
     pub host: Option<String>,
@@ -44,14 +45,18 @@ pub struct Page {
     pub next: Option<i64>,
 }
 
-const SELECT: &str = "SELECT d.id, d.message_id, d.host, d.conversation, d.seq, d.state, d.instance_id, d.reason,
-        d.updated_at,
-        (SELECT outcome FROM attempts a WHERE a.delivery_id = d.id ORDER BY reported_at DESC LIMIT 1), d.n
+const SELECT: &str = concat!(
+    "SELECT d.id, d.message_id, d.host, d.conversation, d.seq, d.state, d.instance_id, d.reason,
+        d.updated_at, ",
+    super::read::outcome_sql!(),
+    ", d.n
     FROM deliveries d
     WHERE (CAST(:s AS TEXT) IS NULL OR d.state = :s) AND (CAST(:h AS TEXT) IS NULL OR d.host = :h) AND (CAST(:c AS TEXT) IS NULL OR d.conversation = :c)
       AND (CAST(:since AS BIGINT) IS NULL OR d.updated_at >= :since) AND (CAST(:until AS BIGINT) IS NULL OR d.updated_at < :until)
-      AND (CAST(:o AS TEXT) IS NULL OR EXISTS (SELECT 1 FROM attempts a
-                                 WHERE a.delivery_id = d.id AND a.attempt = d.attempt AND a.outcome = :o))";
+      AND (CAST(:o AS TEXT) IS NULL OR ",
+    super::read::outcome_sql!(),
+    " = :o)"
+);
 
 /// One page of deliveries.
 pub fn page(conn: &dyn Db, q: &ListQuery) -> StoreResult<Page> {

@@ -110,13 +110,16 @@ pub fn outcome_counts(conn: &dyn Db) -> StoreResult<Vec<(Outcome, i64)>> {
 pub fn recent_trouble(conn: &dyn Db, max: u32) -> StoreResult<Vec<DeliveryRow>> {
     Ok(conn
         .prepare_cached(
-            "SELECT d.id, d.message_id, d.host, d.conversation, d.seq, d.state, d.instance_id, d.reason, d.updated_at,
-                    (SELECT outcome FROM attempts a WHERE a.delivery_id = d.id ORDER BY reported_at DESC LIMIT 1)
+            concat!(
+                "SELECT d.id, d.message_id, d.host, d.conversation, d.seq, d.state, d.instance_id, d.reason, d.updated_at, ",
+                super::read::outcome_sql!(),
+                "
              FROM deliveries d
              WHERE d.state IN ('failed', 'unknown')
                 OR EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt
                                                       AND a.outcome IN ('failed', 'unknown'))
-             ORDER BY d.updated_at DESC, d.n DESC LIMIT :max",
+             ORDER BY d.updated_at DESC, d.n DESC LIMIT :max"
+            ),
         )?
         .query_map(named_params! {":max": max}, delivery_row)?
         .collect::<Result<_, _>>()?)

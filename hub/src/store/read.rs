@@ -142,15 +142,35 @@ pub struct DeliveryFilter {
     pub limit: u32,
 }
 
+/// A delivery's outcome, the one word every listing shows, every `--outcome` filter selects by
+/// and `retry`/`redrive` act on: its current run's reported outcome when delivered (`succeeded`,
+/// `failed`, `unknown`, `cancelled`; none while the run goes on); `cancelled` when it was
+/// cancelled before its handoff; otherwise its final state (`failed`: refused, blocked,
+/// rejected; `unknown`); none while it waits or is on its way (queued, held, claimed,
+/// mirrored, or redriven and not yet ended). SQL over the alias `d` of `deliveries`, the same
+/// text on both backends.
+macro_rules! outcome_sql {
+    () => {
+        "(CASE WHEN d.state = 'delivered' THEN
+             (SELECT a.outcome FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)
+         WHEN d.state = 'failed' AND d.cancel_requested_at IS NOT NULL THEN 'cancelled'
+         WHEN d.state IN ('failed', 'unknown') THEN d.state END)"
+    };
+}
+pub(crate) use outcome_sql;
+
 /// Lists deliveries, oldest first.
 pub fn list_deliveries(conn: &dyn Db, f: &DeliveryFilter) -> StoreResult<Vec<DeliveryRow>> {
     let rows = conn
         .prepare_cached(
-            "SELECT d.id, d.message_id, d.host, d.conversation, d.seq, d.state, d.instance_id, d.reason, d.updated_at,
-                    (SELECT outcome FROM attempts a WHERE a.delivery_id = d.id ORDER BY reported_at DESC LIMIT 1)
+            concat!(
+                "SELECT d.id, d.message_id, d.host, d.conversation, d.seq, d.state, d.instance_id, d.reason, d.updated_at, ",
+                outcome_sql!(),
+                "
              FROM deliveries d
              WHERE (CAST(:s AS TEXT) IS NULL OR d.state = :s) AND (CAST(:h AS TEXT) IS NULL OR d.host = :h) AND (CAST(:c AS TEXT) IS NULL OR d.conversation = :c)
-             ORDER BY d.n LIMIT :limit",
+             ORDER BY d.n LIMIT :limit"
+            ),
         )?
         .query_map(
             named_params! {":s": f.state.map(DeliveryState::as_str), ":h": f.host, ":c": f.conversation, ":limit": f.limit},
@@ -196,9 +216,11 @@ pub struct DeliveryDetail {
 pub fn delivery_detail(conn: &dyn Db, delivery_id: &str) -> StoreResult<DeliveryDetail> {
     let delivery = conn
         .prepare_cached(
-            "SELECT d.id, d.message_id, d.host, d.conversation, d.seq, d.state, d.instance_id, d.reason, d.updated_at,
-                    (SELECT outcome FROM attempts a WHERE a.delivery_id = d.id ORDER BY reported_at DESC LIMIT 1)
-             FROM deliveries d WHERE d.id = ?1",
+            concat!(
+                "SELECT d.id, d.message_id, d.host, d.conversation, d.seq, d.state, d.instance_id, d.reason, d.updated_at, ",
+                outcome_sql!(),
+                " FROM deliveries d WHERE d.id = ?1"
+            ),
         )?
         .query_row([delivery_id], delivery_row)
         .optional()?
@@ -350,7 +372,15 @@ mod tests {
         .unwrap();
         corrupt(c, "UPDATE attempts SET outcome = 'maybe' WHERE delivery_id = ?1", &d);
         check(attempts_of(c, &d), "att-1", "outcome");
+        // A listing shows the outcome of a delivered delivery's current run.
+        corrupt(
+            c,
+            "UPDATE deliveries SET state = 'delivered', instance_id = 'i', claim_token = 't',
+                                   attempt = (SELECT attempt FROM attempts WHERE id = 'att-1') WHERE id = ?1",
+            &d,
+        );
         check(list_deliveries(c, &all), &d, "outcome");
+        corrupt(c, "UPDATE deliveries SET state = 'queued', instance_id = NULL, claim_token = NULL WHERE id = ?1", &d);
         corrupt(c, "UPDATE attempts SET outcome = 'failed', duration_ms = -5 WHERE delivery_id = ?1", &d);
         check(attempts_of(c, &d), "att-1", "duration_ms");
         corrupt(c, "UPDATE attempts SET duration_ms = 5 WHERE delivery_id = ?1", &d);

@@ -369,13 +369,9 @@ pub fn next_retry_at(conn: &dyn Db, host: &str, now_ms: i64) -> StoreResult<Opti
         .query_row(rusqlite::params![host, now_ms], |r| r.get(0))?)
 }
 
-/// The outcome a final delivery ended with, as `retry` and `redrive` select by it: its current
-/// run's outcome when delivered; `cancelled` when the hub cancelled it before delivery;
-/// otherwise its state (`failed`, `unknown`). `None` while it is not final.
-const FINAL_OUTCOME_SQL: &str = "CASE WHEN d.state = 'delivered' THEN
-        (SELECT a.outcome FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)
-     WHEN d.state = 'failed' AND d.cancel_requested_at IS NOT NULL THEN 'cancelled'
-     WHEN d.state IN ('failed', 'unknown') THEN d.state END";
+/// The outcome a final delivery ended with, as `retry` and `redrive` select by it, the same
+/// word every listing shows (`read::outcome_sql`). `None` while it is not final.
+const FINAL_OUTCOME_SQL: &str = super::read::outcome_sql!();
 
 /// `deliveries retry ID`: re-runs one final delivery (failed, unknown, or delivered whose current
 /// run failed, ended unknown or was cancelled) as a new run marked as a redrive. Returns the new
