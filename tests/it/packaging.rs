@@ -292,6 +292,19 @@ fn hub_package_installs_a_service_that_notifies_systemd() {
     let o = bins::run(init, EVENT_WAIT).unwrap();
     assert!(o.status.success(), "{}", text(&o));
     assert!(packaged.ends_with(&std::fs::read_to_string(fresh.join("hub.toml")).unwrap()), "{packaged}");
+    // `baton`, the producer command line, comes with the hub: its binary (it runs), a man page
+    // per command and its completions.
+    pkg.assert_holds("usr/bin/baton");
+    for page in ["baton.1.gz", "baton-send.1.gz", "baton-wait.1.gz"] {
+        pkg.assert_holds(&format!("usr/share/man/man1/{page}"));
+    }
+    pkg.assert_holds("usr/share/bash-completion/completions/baton");
+    pkg.assert_holds("usr/share/zsh/vendor-completions/_baton");
+    pkg.assert_holds("usr/share/fish/vendor_completions.d/baton.fish");
+    let mut version = bins::command(&pkg.root.join("usr/bin/baton"));
+    version.arg("--version");
+    let o = bins::run(version, EVENT_WAIT).unwrap();
+    assert!(o.status.success() && text(&o).contains("baton"), "{}", text(&o));
 
     let data = dir.path().join("var-lib-baton-hub");
     postinst_hub_data_dir(&pkg, &data);
