@@ -12,6 +12,8 @@ fn main() -> ExitCode {
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     match cli::run(&cli) {
         Ok(()) => ExitCode::SUCCESS,
+        // stdout closed by its reader: the command stopped writing, nothing went wrong.
+        Err(e) if e.code == baton_shared::exit::OK => ExitCode::SUCCESS,
         Err(e) => {
             let _ = writeln!(std::io::stderr(), "baton-hub: {}", e.message);
             ExitCode::from(e.code)

@@ -58,3 +58,34 @@ async fn commands_on_a_migrated_database_log_no_migration() {
         assert!(!stderr.contains("igrat"), "{args:?} logged a migration that did not run: {stderr}");
     }
 }
+
+/// What a terminal shows of a command is its output: `init`, which really migrates a new
+/// record, prints no migration runner's log line (with `BATON_LOG` unset, as at a terminal),
+/// and a reader that goes away early (`| head`) ends the command quietly, exit 0, where it
+/// printed "Broken pipe" and exited 4.
+#[test]
+fn no_migration_line_and_a_closed_pipe_ends_quietly() {
+    let hub = &crate::harness::bins().hub;
+    let dir = baton_testkit::fresh_dir("quiet").unwrap();
+    let out = std::process::Command::new(hub)
+        .arg("init")
+        .arg("--data-dir")
+        .arg(dir.path().join("hub"))
+        .env_remove("BATON_LOG")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.contains("igrat"), "init logged the migration runner's line: {stderr}");
+
+    // The bash completion script is larger than a pipe's buffer: `head` leaves before it ends.
+    let script = format!(
+        "{:?} completions bash 2>{:?} | head -c 10 >/dev/null; exit ${{PIPESTATUS[0]}}",
+        hub,
+        dir.path().join("err")
+    );
+    let out = std::process::Command::new("bash").arg("-c").arg(&script).output().unwrap();
+    let said = std::fs::read_to_string(dir.path().join("err")).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{said}");
+    assert_eq!(said, "", "a closed pipe is not an error to report");
+}

@@ -110,7 +110,12 @@ impl From<crate::pg::PgError> for CliError {
 }
 
 impl From<std::io::Error> for CliError {
+    /// A reader that went away early (`baton-hub audit | head -1`) closed stdout: the command
+    /// ends there, quietly and successfully, as `head` meant; any other I/O error is a failure.
     fn from(e: std::io::Error) -> Self {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            return CliError::new(exit::OK, String::new());
+        }
         CliError::failure(e.to_string())
     }
 }
@@ -327,7 +332,7 @@ pub fn run(cli: &Cli) -> CliResult {
     if let Command::Serve { config, settings } = &cli.command {
         return serve::serve(&ctx, config.as_deref(), settings);
     }
-    logging::init(LogFormat::Text);
+    logging::init_with_default(LogFormat::Text, logging::FILTER_COMMAND_DEFAULT);
     match &cli.command {
         Command::Serve { .. } => Err(CliError::failure("serve is run above")),
         Command::Init { hostnames, ca_from } => identity::init(&ctx, hostnames, ca_from.as_deref()),
