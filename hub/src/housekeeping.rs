@@ -1,14 +1,14 @@
-//! Background tasks the hub runs beside the ones `server` owns: the audit log's retention
-//! sweep, and `requeue_silent_after` (off unless configured; see `store::silence` for why it is
-//! safe). Each holds the shutdown token, reads time from the injected clock and writes through
-//! the `Store`, one bounded transaction at a time.
+//! Background tasks the hub runs beside the ones `server` owns: the audit log's (and lifted
+//! fences') retention sweep, and `requeue_silent_after` (off unless configured; see
+//! `store::silence` for why it is safe). Each holds the shutdown token, reads time from the
+//! injected clock and writes through the `Store`, one bounded transaction at a time.
 
 use crate::http::Shared;
 use crate::store;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// How often audit rows past `limits.audit_retention` are removed.
+/// How often audit rows and lifted fences past `limits.audit_retention` are removed.
 const AUDIT_SWEEP_INTERVAL: Duration = Duration::from_secs(3600);
 
 /// Rows written before this time (unix ms) are past a window of `window`.
@@ -16,8 +16,9 @@ fn cutoff_ms(now_ms: i64, window: Duration) -> i64 {
     now_ms.saturating_sub(i64::try_from(window.as_millis()).unwrap_or(i64::MAX))
 }
 
-/// Removes audit rows (`operator_events`) older than `limits.audit_retention`, at start and
-/// every `AUDIT_SWEEP_INTERVAL`, in transactions of `SWEEP_AUDIT_ROWS_MAX`.
+/// Removes audit rows (`operator_events`) and fences lifted (or expired) longer than
+/// `limits.audit_retention` ago, at start and every `AUDIT_SWEEP_INTERVAL`, in bounded
+/// transactions: both are operator history, kept for the same window.
 pub(crate) async fn sweep_audit(shared: Arc<Shared>) {
     loop {
         let cutoff = cutoff_ms(shared.clock.now_ms(), shared.limits.audit_retention);
@@ -27,6 +28,16 @@ pub(crate) async fn sweep_audit(shared: Arc<Shared>) {
                 Ok(n) => tracing::info!(removed = n, "retention: removed audit rows"),
                 Err(e) => {
                     tracing::warn!(error = %e, "audit retention sweep failed");
+                    break;
+                }
+            }
+        }
+        loop {
+            match shared.store.fence_sweep(cutoff, store::retention::SWEEP_FENCES_MAX).await {
+                Ok(0) => break,
+                Ok(n) => tracing::info!(removed = n, "retention: removed lifted fences"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "fence retention sweep failed");
                     break;
                 }
             }

@@ -530,6 +530,15 @@ impl Store {
         }
     }
 
+    /// Removes up to `max` fences lifted before `cutoff_ms`; returns how many.
+    pub async fn fence_sweep(&self, cutoff_ms: i64, max: usize) -> StoreResult<usize> {
+        match &self.backend {
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
+                s.write(move |c| retention::sweep_fences(c, cutoff_ms, max)).await
+            }
+        }
+    }
+
     /// Records the node sessions' last contact: `(host, session, at_ms)`.
     pub async fn record_contacts(&self, contacts: Vec<(String, u64, i64)>) -> StoreResult<()> {
         match &self.backend {
