@@ -162,3 +162,87 @@ fn a_second_process_on_the_same_data_directory_is_refused() {
     hub.wait_outcome(&id);
     hub.assert_one_attempt(&id, "succeeded");
 }
+
+/// The log filter of this test: everything Baton and its libraries log at debug level.
+const DEBUG_LOGS: &str = "debug";
+
+/// A claim token is a bearer secret: whoever shows it with the instance id may mirror, ack and
+/// report the delivery. A full delivery with debug logging on hub, node and CLI leaves no
+/// token in any log line, nor in any operator view (human or `--json`) of the hub or the node,
+/// nor in the producer's view; only the claim answer carries it, to its holder.
+#[test]
+fn no_claim_token_in_any_log_line_or_operator_view() {
+    let mut hub = Hub::builder().nodes(&["host-a"]).producers(&["prod"]).stopped().start();
+    hub.kit_mut().set_env(baton_shared::logging::FILTER_VAR, DEBUG_LOGS);
+    hub.serve(None);
+    let node = hub.node_process("host-a").env(baton_shared::logging::FILTER_VAR, DEBUG_LOGS).start();
+    // Standard output, then standard error (the CLI's own log lines).
+    let run = |args: &[&str]| {
+        let mut cmd = hub.cli_command(args);
+        cmd.env(baton_shared::logging::FILTER_VAR, DEBUG_LOGS);
+        let out = output_within(cmd, EVENT_WAIT);
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let cli = |args: &[&str]| {
+        let (stdout, stderr) = run(args);
+        format!("{stdout}{stderr}")
+    };
+    let (sent_out, sent_log) = run(&[
+        "send",
+        "--conversation",
+        "c",
+        "--to",
+        "host-a",
+        "--key",
+        "k1",
+        "--payload",
+        "{\"n\":1}",
+        "--producer",
+        "prod",
+        "--json",
+    ]);
+    let sent: serde_json::Value = serde_json::from_str(&sent_out).expect("send --json");
+    let id = sent["deliveries"][0]["delivery_id"].as_str().expect("delivery id").to_string();
+    let message_id = sent["message_id"].as_str().expect("message id").to_string();
+    hub.wait_outcome(&id);
+    node.wait_idle();
+
+    // The tokens handed out, as the node keeps them (its store is always SQLite).
+    let store = rusqlite::Connection::open(node.data_dir().join("node.db")).expect("node store");
+    let tokens: Vec<String> = store
+        .prepare("SELECT claim_token FROM deliveries")
+        .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
+        .expect("claim tokens");
+    assert_eq!(tokens.len(), 1, "one delivery, one token");
+    assert!(tokens[0].len() >= 16, "a token worth keeping secret: {:?}", tokens[0].len());
+
+    let views = [
+        ("send --json", format!("{sent_out}{sent_log}")),
+        ("deliveries list", cli(&["deliveries", "list"])),
+        ("deliveries list --json", cli(&["deliveries", "list", "--json"])),
+        ("deliveries show", cli(&["deliveries", "show", &id])),
+        ("deliveries show --json", cli(&["deliveries", "show", &id, "--json"])),
+        ("deliveries explain", cli(&["deliveries", "explain", &id])),
+        ("status", cli(&["status"])),
+        ("status --json", cli(&["status", "--json"])),
+        ("hosts list --json", cli(&["hosts", "list", "--json"])),
+        ("hosts show --json", cli(&["hosts", "show", "host-a", "--json"])),
+        ("audit --json", cli(&["audit", "--json"])),
+        ("node status", String::from_utf8_lossy(&node.status_output(false).stdout).into_owned()),
+        ("node status --json", String::from_utf8_lossy(&node.status_output(true).stdout).into_owned()),
+        ("producer view", {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+            rt.block_on(hub.client("prod").get(&format!("/v1/messages/{message_id}"))).ok(200).to_string()
+        }),
+        ("hub log", hub.serve_logs()),
+        ("node log", node.logs()),
+    ];
+    assert!(views.iter().any(|(_, text)| text.contains("DEBUG")), "debug logging is on");
+    assert!(views[4].1.contains(&id), "the operator views are read: {}", views[4].1);
+    for (name, text) in &views {
+        for token in &tokens {
+            assert!(!text.contains(token.as_str()), "{name} shows a claim token:\n{text}");
+        }
+    }
+}
