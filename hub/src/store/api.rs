@@ -1306,6 +1306,24 @@ impl Store {
         }
     }
 
+    /// What purging the settled deliveries of recipient `host` would remove, changing nothing.
+    pub async fn purge_host_plan(&self, host: String) -> StoreResult<purge::HostPlan> {
+        match &self.backend {
+            Backend::Sqlite(s) | Backend::Postgres(s) => s.read(move |c| purge::host_plan(c, &host)).await,
+        }
+    }
+
+    /// Purges the settled deliveries of recipient `host` (and the messages only it received);
+    /// returns the plan it followed.
+    pub async fn purge_host(&self, host: String, by: By) -> StoreResult<purge::HostPlan> {
+        let clock = self.clock.clone();
+        match &self.backend {
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
+                s.write(move |c| purge::purge_host(c, &host, &by.operator, &by.reason, clock.now_ms())).await
+            }
+        }
+    }
+
     /// The delivery an id or a unique prefix names.
     pub async fn resolve_delivery(&self, prefix: String) -> StoreResult<listing::Resolved> {
         match &self.backend {
