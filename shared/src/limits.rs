@@ -12,6 +12,12 @@ pub const RESULT_BYTES_MAX_DEFAULT: u64 = 64 * 1024;
 pub const CLAIM_BATCH_MAX_DEFAULT: u32 = 64;
 /// Longest a claim or a message read may wait for news.
 pub const LONG_POLL_WAIT_MAX_DEFAULT: Duration = Duration::from_secs(30);
+/// Most deliveries one page of `GET /v1/holdings` carries (the hub's
+/// `limits.holdings_page_max`): each carries its payload, so a node holding thousands reads
+/// them in pages of bounded size instead of one answer of any size.
+pub const HOLDINGS_PAGE_MAX_DEFAULT: u32 = 64;
+/// Allowed range of `limits.holdings_page_max`.
+pub const HOLDINGS_PAGE_MAX_RANGE: (u32, u32) = (1, 1000);
 /// Most recipients one message may name.
 pub const RECIPIENTS_MAX_DEFAULT: u32 = 64;
 /// Most deliveries waiting (queued or held) for one host before accepts are refused with 429.
@@ -75,6 +81,8 @@ const _: () = assert!(PAYLOAD_BYTES_MAX_DEFAULT < BATCH_BYTES_MAX);
 const _: () = assert!(RESULT_BYTES_MAX_DEFAULT < BATCH_BYTES_MAX);
 const _: () = assert!(BATCH_BYTES_MAX <= REQUEST_BODY_BYTES_MAX_DEFAULT);
 const _: () = assert!(CLAIM_BATCH_MAX_DEFAULT as usize <= BATCH_ITEMS_MAX);
+const _: () = assert!(HOLDINGS_PAGE_MAX_RANGE.0 <= HOLDINGS_PAGE_MAX_DEFAULT);
+const _: () = assert!(HOLDINGS_PAGE_MAX_DEFAULT <= HOLDINGS_PAGE_MAX_RANGE.1);
 const _: () = assert!(PAYLOAD_BYTES_MAX_RANGE.0 <= PAYLOAD_BYTES_MAX_DEFAULT);
 const _: () = assert!(PAYLOAD_BYTES_MAX_DEFAULT <= PAYLOAD_BYTES_MAX_RANGE.1);
 const _: () = assert!(PAYLOAD_BYTES_MAX_RANGE.1 <= PAYLOAD_FILE_BYTES_MAX);

@@ -392,11 +392,17 @@ pub struct CancelResult {
     pub state: DeliveryState,
 }
 
-/// The answer to `GET /v1/holdings`: claimed, mirrored, or delivered without an outcome.
+/// The answer to `GET /v1/holdings`: claimed, mirrored, or delivered without an outcome, one
+/// page at a time (at most the hub's `limits.holdings_page_max`, or the `limit` asked for).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HoldingsResponse {
-    /// What the instance holds, oldest first.
+    /// What the instance holds, oldest first, from the page's cursor on.
     pub deliveries: Vec<ClaimedDelivery>,
+    /// Where the next page starts (`?cursor=`), while more may follow; `null` on the last page.
+    /// Opaque to the node (a position in the hub's queue order). A hub that predates pages sends
+    /// none: its one answer is everything.
+    #[serde(default)]
+    pub next_cursor: Option<i64>,
 }
 
 /// `POST /v1/deliveries/{id}/mirrored` and `/ack`: the holder moves its delivery on.

@@ -301,6 +301,16 @@ pub const CLAIM_BATCH_MAX: Key = Key {
     kind: KeyKind::Int { default: CLAIM_BATCH_MAX_DEFAULT as u64, min: 1, max: 1000 },
     doc: "deliveries per claim",
 };
+/// `limits.holdings_page_max`.
+pub const HOLDINGS_PAGE_MAX: Key = Key {
+    name: key_name!(Some("limits"), "holdings_page_max", "holdings-page-max", "BATON_HUB_HOLDINGS_PAGE_MAX"),
+    kind: KeyKind::Int {
+        default: HOLDINGS_PAGE_MAX_DEFAULT as u64,
+        min: HOLDINGS_PAGE_MAX_RANGE.0 as u64,
+        max: HOLDINGS_PAGE_MAX_RANGE.1 as u64,
+    },
+    doc: "deliveries per page of a node's holdings (GET /v1/holdings); the node follows the pages",
+};
 /// `limits.long_poll_wait_max`.
 pub const LONG_POLL_WAIT_MAX: Key = Key {
     name: key_name!(Some("limits"), "long_poll_wait_max", "long-poll-wait-max", "BATON_HUB_LONG_POLL_WAIT_MAX"),
@@ -476,7 +486,7 @@ pub const INSTANCE_REBIND_WINDOW_KEY: Key = Key {
 };
 
 /// Every key, in the order of the template.
-pub const KEYS: [&Key; 35] = [
+pub const KEYS: [&Key; 36] = [
     &LISTEN,
     &DATABASE_URL,
     &SYNCHRONOUS,
@@ -493,6 +503,7 @@ pub const KEYS: [&Key; 35] = [
     &PAYLOAD_BYTES_MAX,
     &RESULT_BYTES_MAX,
     &CLAIM_BATCH_MAX,
+    &HOLDINGS_PAGE_MAX,
     &LONG_POLL_WAIT_MAX,
     &RECIPIENTS_MAX,
     &QUEUED_PER_HOST_MAX,

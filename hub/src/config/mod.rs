@@ -39,6 +39,8 @@ pub struct Limits {
     pub result_bytes_max: u64,
     /// Most deliveries one claim returns.
     pub claim_batch_max: u32,
+    /// Most deliveries one page of holdings carries.
+    pub holdings_page_max: u32,
     /// Longest a long-poll (claim or message read) waits.
     pub long_poll_wait_max: Duration,
     /// Most recipients one message may name.
@@ -86,6 +88,7 @@ impl Default for Limits {
             payload_bytes_max: PAYLOAD_BYTES_MAX_DEFAULT,
             result_bytes_max: RESULT_BYTES_MAX_DEFAULT,
             claim_batch_max: CLAIM_BATCH_MAX_DEFAULT,
+            holdings_page_max: HOLDINGS_PAGE_MAX_DEFAULT,
             long_poll_wait_max: LONG_POLL_WAIT_MAX_DEFAULT,
             recipients_max: RECIPIENTS_MAX_DEFAULT,
             queued_per_host_max: QUEUED_PER_HOST_MAX_DEFAULT,
@@ -203,6 +206,7 @@ impl HubConfig {
             payload_bytes_max: m.int(&PAYLOAD_BYTES_MAX)?,
             result_bytes_max: m.int(&RESULT_BYTES_MAX)?,
             claim_batch_max: narrow(&CLAIM_BATCH_MAX)?,
+            holdings_page_max: narrow(&HOLDINGS_PAGE_MAX)?,
             long_poll_wait_max: m.duration(&LONG_POLL_WAIT_MAX)?,
             recipients_max: narrow(&RECIPIENTS_MAX)?,
             queued_per_host_max: m.int(&QUEUED_PER_HOST_MAX)?,
@@ -348,6 +352,7 @@ mod tests {
     fn refusals_name_the_field_and_range() {
         check_err("lisen = \"x\"", "lisen");
         check_err("[limits]\nclaim_batch_max = 0", "limits.claim_batch_max = 0 is out of range; allowed 1..=1000");
+        check_err("[limits]\nholdings_page_max = 0", "limits.holdings_page_max = 0 is out of range; allowed 1..=1000");
         check_err("[limits]\nclaim_batch_max = \"5\"", "limits.claim_batch_max");
         check_err("[limits]\nlong_poll_wait_max = \"1h\"", "limits.long_poll_wait_max = 1h is out of range");
         check_err("checkpoint_interval = \"5ms\"", "checkpoint_interval = 5ms is out of range");

@@ -897,7 +897,11 @@ mod openapi_tests {
                 serde_json::to_value(ClaimRequest { instance_id: "i".into(), max: Some(1), wait_ms: Some(1) }).unwrap(),
             ),
             ("ClaimedDelivery", serde_json::to_value(&claimed).unwrap()),
-            ("HoldingsResponse", serde_json::to_value(HoldingsResponse { deliveries: vec![claimed.clone()] }).unwrap()),
+            (
+                "HoldingsResponse",
+                serde_json::to_value(HoldingsResponse { deliveries: vec![claimed.clone()], next_cursor: Some(7) })
+                    .unwrap(),
+            ),
             (
                 "ClaimResponse",
                 serde_json::to_value(ClaimResponse {

@@ -821,13 +821,20 @@ impl Store {
         }
     }
 
-    /// What the instance holds (claimed or mirrored).
-    pub async fn holdings(&self, node: NodeAt, instance_id: String) -> StoreResult<Vec<ClaimedDelivery>> {
+    /// One page of what the instance holds (claimed, mirrored, delivered without an outcome):
+    /// at most `limit` after queue position `after_n`, and where the next page starts.
+    pub async fn holdings(
+        &self,
+        node: NodeAt,
+        instance_id: String,
+        after_n: i64,
+        limit: u32,
+    ) -> StoreResult<(Vec<ClaimedDelivery>, Option<i64>)> {
         match &self.backend {
             Backend::Sqlite(s) | Backend::Postgres(s) => {
                 s.read(move |c| {
                     sessions::check(c, &node.host, node.session)?;
-                    claim::holdings(c, &node.host, &instance_id)
+                    claim::holdings_page(c, &node.host, &instance_id, after_n, limit)
                 })
                 .await
             }
