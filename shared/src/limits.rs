@@ -18,6 +18,14 @@ pub const LONG_POLL_WAIT_MAX_DEFAULT: Duration = Duration::from_secs(30);
 pub const HOLDINGS_PAGE_MAX_DEFAULT: u32 = 64;
 /// Allowed range of `limits.holdings_page_max`.
 pub const HOLDINGS_PAGE_MAX_RANGE: (u32, u32) = (1, 1000);
+/// Largest answer (bytes of JSON) of a message read (`GET /v1/messages/{id}`, and by
+/// idempotency key): the hub's `limits.message_view_bytes_max`. A message's deliveries carry
+/// their attempts, and each attempt its result, so without a bound one answer could be
+/// `recipients_max × max_attempts × result_bytes_max`. Past it the view leaves out whole
+/// deliveries' attempts and says which (`omitted`); each is read by its own request.
+pub const MESSAGE_VIEW_BYTES_MAX_DEFAULT: u64 = 4 * 1024 * 1024;
+/// Allowed range of `limits.message_view_bytes_max`.
+pub const MESSAGE_VIEW_BYTES_MAX_RANGE: (u64, u64) = (4 * 1024, 1024 * 1024 * 1024);
 /// Most recipients one message may name.
 pub const RECIPIENTS_MAX_DEFAULT: u32 = 64;
 /// Most deliveries waiting (queued or held) for one host before accepts are refused with 429.
@@ -82,6 +90,10 @@ const _: () = assert!(RESULT_BYTES_MAX_DEFAULT < BATCH_BYTES_MAX);
 const _: () = assert!(BATCH_BYTES_MAX <= REQUEST_BODY_BYTES_MAX_DEFAULT);
 const _: () = assert!(CLAIM_BATCH_MAX_DEFAULT as usize <= BATCH_ITEMS_MAX);
 const _: () = assert!(HOLDINGS_PAGE_MAX_RANGE.0 <= HOLDINGS_PAGE_MAX_DEFAULT);
+// With the defaults, a message's payload always fits in its view with room for attempts.
+const _: () = assert!(PAYLOAD_BYTES_MAX_DEFAULT < MESSAGE_VIEW_BYTES_MAX_DEFAULT);
+const _: () = assert!(MESSAGE_VIEW_BYTES_MAX_RANGE.0 <= MESSAGE_VIEW_BYTES_MAX_DEFAULT);
+const _: () = assert!(MESSAGE_VIEW_BYTES_MAX_DEFAULT <= MESSAGE_VIEW_BYTES_MAX_RANGE.1);
 const _: () = assert!(HOLDINGS_PAGE_MAX_DEFAULT <= HOLDINGS_PAGE_MAX_RANGE.1);
 const _: () = assert!(PAYLOAD_BYTES_MAX_RANGE.0 <= PAYLOAD_BYTES_MAX_DEFAULT);
 const _: () = assert!(PAYLOAD_BYTES_MAX_DEFAULT <= PAYLOAD_BYTES_MAX_RANGE.1);

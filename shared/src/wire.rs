@@ -187,6 +187,23 @@ pub struct MessageView {
     pub accepted_at_ms: i64,
     /// Its deliveries.
     pub deliveries: Vec<DeliveryView>,
+    /// What this view left out to stay within the hub's `limits.message_view_bytes_max`, and
+    /// where to read it; `null` when nothing was. A hub that predates the bound sends none.
+    #[serde(default)]
+    pub omitted: Option<ViewOmitted>,
+}
+
+/// What a message view left out: the attempts of some deliveries, whose `attempts` is then
+/// empty in that view. Each is read whole by `GET
+/// /v1/messages/{message_id}/deliveries/{delivery_id}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ViewOmitted {
+    /// The deliveries whose attempts are not in the view, in the view's order.
+    pub attempts_of: Vec<String>,
+    /// The bound the view kept to (bytes of its JSON).
+    pub view_bytes_max: u64,
+    /// The path that reads one of them whole, with `{delivery_id}` to fill in.
+    pub read_each_at: String,
 }
 
 /// `POST /v1/claims`: a node asks for work.

@@ -311,6 +311,23 @@ pub const HOLDINGS_PAGE_MAX: Key = Key {
     },
     doc: "deliveries per page of a node's holdings (GET /v1/holdings); the node follows the pages",
 };
+/// `limits.message_view_bytes_max`.
+pub const MESSAGE_VIEW_BYTES_MAX: Key = Key {
+    name: key_name!(
+        Some("limits"),
+        "message_view_bytes_max",
+        "message-view-bytes-max",
+        "BATON_HUB_MESSAGE_VIEW_BYTES_MAX"
+    ),
+    kind: KeyKind::Int {
+        default: MESSAGE_VIEW_BYTES_MAX_DEFAULT,
+        min: MESSAGE_VIEW_BYTES_MAX_RANGE.0,
+        max: MESSAGE_VIEW_BYTES_MAX_RANGE.1,
+    },
+    doc: "bytes of a message read's answer (GET /v1/messages/{id}); past it whole deliveries' attempts are left \
+          out and named (`omitted`), each read by GET /v1/messages/{id}/deliveries/{delivery_id}; more than \
+          payload_bytes_max",
+};
 /// `limits.long_poll_wait_max`.
 pub const LONG_POLL_WAIT_MAX: Key = Key {
     name: key_name!(Some("limits"), "long_poll_wait_max", "long-poll-wait-max", "BATON_HUB_LONG_POLL_WAIT_MAX"),
@@ -486,7 +503,7 @@ pub const INSTANCE_REBIND_WINDOW_KEY: Key = Key {
 };
 
 /// Every key, in the order of the template.
-pub const KEYS: [&Key; 36] = [
+pub const KEYS: [&Key; 37] = [
     &LISTEN,
     &DATABASE_URL,
     &SYNCHRONOUS,
@@ -504,6 +521,7 @@ pub const KEYS: [&Key; 36] = [
     &RESULT_BYTES_MAX,
     &CLAIM_BATCH_MAX,
     &HOLDINGS_PAGE_MAX,
+    &MESSAGE_VIEW_BYTES_MAX,
     &LONG_POLL_WAIT_MAX,
     &RECIPIENTS_MAX,
     &QUEUED_PER_HOST_MAX,

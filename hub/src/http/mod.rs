@@ -238,6 +238,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/messages", post(producer::submit).get(producer::get_by_key))
         .route("/v1/messages/{message_id}", get(producer::get_by_id))
         .route("/v1/messages/{message_id}/cancel", post(producer::cancel))
+        .route("/v1/messages/{message_id}/deliveries/{delivery_id}", get(producer::get_delivery))
         .route("/v1/conversations/{conversation}", get(producer::get_conversation))
         .route("/v1/sessions", post(node::open_session))
         .route("/v1/sessions/end", post(node::end_session))
@@ -741,6 +742,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/messages"),
     ("GET", "/v1/messages/{message_id}"),
     ("POST", "/v1/messages/{message_id}/cancel"),
+    ("GET", "/v1/messages/{message_id}/deliveries/{delivery_id}"),
     ("GET", "/v1/conversations/{conversation}"),
     ("POST", "/v1/sessions"),
     ("POST", "/v1/sessions/end"),
@@ -889,6 +891,11 @@ mod openapi_tests {
                     payload: serde_json::json!({}).into(),
                     accepted_at_ms: 1,
                     deliveries: vec![delivery.clone()],
+                    omitted: Some(ViewOmitted {
+                        attempts_of: vec!["d".into()],
+                        view_bytes_max: 4096,
+                        read_each_at: "/v1/messages/m/deliveries/{delivery_id}".into(),
+                    }),
                 })
                 .unwrap(),
             ),
@@ -897,6 +904,15 @@ mod openapi_tests {
                 serde_json::to_value(ClaimRequest { instance_id: "i".into(), max: Some(1), wait_ms: Some(1) }).unwrap(),
             ),
             ("ClaimedDelivery", serde_json::to_value(&claimed).unwrap()),
+            (
+                "ViewOmitted",
+                serde_json::to_value(ViewOmitted {
+                    attempts_of: vec!["d".into()],
+                    view_bytes_max: 4096,
+                    read_each_at: "/v1/messages/m/deliveries/{delivery_id}".into(),
+                })
+                .unwrap(),
+            ),
             (
                 "HoldingsResponse",
                 serde_json::to_value(HoldingsResponse { deliveries: vec![claimed.clone()], next_cursor: Some(7) })

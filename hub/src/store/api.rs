@@ -36,8 +36,8 @@ use baton_shared::crash_point;
 use baton_shared::sqlite::{Checkpointer, OpenError, Synchronous};
 use baton_shared::states::Outcome;
 use baton_shared::wire::{
-    AttemptView, CancelNotice, ClaimedDelivery, ConversationView, DeliverySummary, HolderItem, MessageView, RejectItem,
-    ReportRequest, ReportResponse, StartItem, StartResult, TransitionResponse,
+    AttemptView, CancelNotice, ClaimedDelivery, ConversationView, DeliverySummary, DeliveryView, HolderItem,
+    MessageView, RejectItem, ReportRequest, ReportResponse, StartItem, StartResult, TransitionResponse,
 };
 use rusqlite::Connection;
 use std::path::Path;
@@ -700,6 +700,19 @@ impl Store {
     pub async fn message_by_id(&self, message_id: String) -> StoreResult<MessageView> {
         match &self.backend {
             Backend::Sqlite(s) | Backend::Postgres(s) => s.read(move |c| read::message_view(c, &message_id)).await,
+        }
+    }
+
+    /// One delivery of a message with all its attempts, and the message's producer.
+    pub async fn delivery_of_message(
+        &self,
+        message_id: String,
+        delivery_id: String,
+    ) -> StoreResult<(String, DeliveryView)> {
+        match &self.backend {
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
+                s.read(move |c| read::delivery_view(c, &message_id, &delivery_id)).await
+            }
         }
     }
 
