@@ -49,6 +49,44 @@ pub(crate) async fn sweep_audit(shared: Arc<Shared>) {
     }
 }
 
+/// How often the hub reads the record's size for `limits.store_bytes_max`: one cheap read
+/// (SQLite's page counts, PostgreSQL's database size), so a store filling up is refused new
+/// work within a few seconds.
+const STORE_SIZE_CHECK_PACE: Duration = Duration::from_secs(2);
+
+/// Reads the record's size at start and every `STORE_SIZE_CHECK_PACE` into
+/// `Shared::store_bytes`, which submissions check (`Shared::check_room`); says in the log when
+/// the store goes over `limits.store_bytes_max` and when it is back under.
+pub(crate) async fn watch_store_size(shared: Arc<Shared>) {
+    let max = shared.limits.store_bytes_max;
+    let mut was_full = false;
+    loop {
+        match shared.store.store_bytes().await {
+            Ok(bytes) => {
+                let bytes = u64::try_from(bytes).unwrap_or(0);
+                shared.store_bytes.store(bytes, std::sync::atomic::Ordering::Relaxed);
+                let full = bytes > max;
+                if full && !was_full {
+                    tracing::warn!(
+                        bytes,
+                        store_bytes_max = max,
+                        "the store is over limits.store_bytes_max: submissions get 507 store_full until retention \
+                         or a purge frees room; claims, reports and reads go on"
+                    );
+                } else if !full && was_full {
+                    tracing::info!(bytes, store_bytes_max = max, "the store is under limits.store_bytes_max again");
+                }
+                was_full = full;
+            }
+            Err(e) => tracing::warn!(error = %e, "reading the store's size failed"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(STORE_SIZE_CHECK_PACE) => {}
+            _ = shared.shutdown.cancelled() => return,
+        }
+    }
+}
+
 /// How often the hub looks for silent node instances holding claimed or mirrored deliveries
 /// (one indexed read; a write only when one is found).
 const SILENCE_CHECK_PACE: Duration = Duration::from_secs(1);

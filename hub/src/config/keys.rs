@@ -328,6 +328,13 @@ pub const MESSAGE_VIEW_BYTES_MAX: Key = Key {
           out and named (`omitted`), each read by GET /v1/messages/{id}/deliveries/{delivery_id}; more than \
           payload_bytes_max",
 };
+/// `limits.store_bytes_max`.
+pub const STORE_BYTES_MAX: Key = Key {
+    name: key_name!(Some("limits"), "store_bytes_max", "store-bytes-max", "BATON_HUB_STORE_BYTES_MAX"),
+    kind: KeyKind::Int { default: STORE_BYTES_MAX_DEFAULT, min: STORE_BYTES_MAX_RANGE.0, max: STORE_BYTES_MAX_RANGE.1 },
+    doc: "bytes the hub's store may hold (SQLite: its used pages; PostgreSQL: the database's size); past it \
+          submissions get 507 store_full while claims, reports and reads go on",
+};
 /// `limits.long_poll_wait_max`.
 pub const LONG_POLL_WAIT_MAX: Key = Key {
     name: key_name!(Some("limits"), "long_poll_wait_max", "long-poll-wait-max", "BATON_HUB_LONG_POLL_WAIT_MAX"),
@@ -503,7 +510,7 @@ pub const INSTANCE_REBIND_WINDOW_KEY: Key = Key {
 };
 
 /// Every key, in the order of the template.
-pub const KEYS: [&Key; 37] = [
+pub const KEYS: [&Key; 38] = [
     &LISTEN,
     &DATABASE_URL,
     &SYNCHRONOUS,
@@ -522,6 +529,7 @@ pub const KEYS: [&Key; 37] = [
     &CLAIM_BATCH_MAX,
     &HOLDINGS_PAGE_MAX,
     &MESSAGE_VIEW_BYTES_MAX,
+    &STORE_BYTES_MAX,
     &LONG_POLL_WAIT_MAX,
     &RECIPIENTS_MAX,
     &QUEUED_PER_HOST_MAX,

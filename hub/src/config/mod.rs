@@ -43,6 +43,8 @@ pub struct Limits {
     pub holdings_page_max: u32,
     /// Largest answer of a message read, bytes; past it attempts are left out and named.
     pub message_view_bytes_max: u64,
+    /// Most bytes the store may hold; past it submissions get 507 `store_full`.
+    pub store_bytes_max: u64,
     /// Longest a long-poll (claim or message read) waits.
     pub long_poll_wait_max: Duration,
     /// Most recipients one message may name.
@@ -92,6 +94,7 @@ impl Default for Limits {
             claim_batch_max: CLAIM_BATCH_MAX_DEFAULT,
             holdings_page_max: HOLDINGS_PAGE_MAX_DEFAULT,
             message_view_bytes_max: MESSAGE_VIEW_BYTES_MAX_DEFAULT,
+            store_bytes_max: STORE_BYTES_MAX_DEFAULT,
             long_poll_wait_max: LONG_POLL_WAIT_MAX_DEFAULT,
             recipients_max: RECIPIENTS_MAX_DEFAULT,
             queued_per_host_max: QUEUED_PER_HOST_MAX_DEFAULT,
@@ -211,6 +214,7 @@ impl HubConfig {
             claim_batch_max: narrow(&CLAIM_BATCH_MAX)?,
             holdings_page_max: narrow(&HOLDINGS_PAGE_MAX)?,
             message_view_bytes_max: m.int(&MESSAGE_VIEW_BYTES_MAX)?,
+            store_bytes_max: m.int(&STORE_BYTES_MAX)?,
             long_poll_wait_max: m.duration(&LONG_POLL_WAIT_MAX)?,
             recipients_max: narrow(&RECIPIENTS_MAX)?,
             queued_per_host_max: m.int(&QUEUED_PER_HOST_MAX)?,

@@ -29,7 +29,7 @@ use baton_shared::wire::ErrorBody;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::de::DeserializeOwned;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -48,6 +48,9 @@ pub struct Shared {
     pub shutdown: CancellationToken,
     /// Set once the store is open and repair is done.
     pub ready: AtomicBool,
+    /// The bytes the record took at its last reading (`housekeeping::watch_store_size`); 0
+    /// until the first. Past `limits.store_bytes_max`, submissions get 507 `store_full`.
+    pub store_bytes: AtomicU64,
     /// The Prometheus recorder's handle, when metrics are on.
     pub metrics: Option<PrometheusHandle>,
     /// Wall-clock time for everything stored (`now_ms` of the store functions).
@@ -181,6 +184,25 @@ impl TurnState {
 pub type AppState = Arc<Shared>;
 
 impl Shared {
+    /// Refuses a submission with 507 `store_full` while the record is over
+    /// `limits.store_bytes_max` (as last read): new work waits until retention or a purge
+    /// frees room, while the claims, reports and reads that drain the work already accepted go
+    /// on.
+    pub fn check_room(&self) -> Result<(), ApiError> {
+        let bytes = self.store_bytes.load(Ordering::Relaxed);
+        let max = self.limits.store_bytes_max;
+        if bytes > max {
+            return Err(ApiError::new(
+                ErrorCode::StoreFull,
+                format!(
+                    "the hub's store holds {bytes} bytes, over limits.store_bytes_max = {max}: submissions are \
+                     refused until retention or a purge frees room (claims, reports and reads go on)"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Tells every waiting claim that work may be claimable (a change that may concern any
     /// host: a lift, a release, a CLI change).
     pub fn work_changed(&self) {
@@ -1085,6 +1107,7 @@ mod openapi_tests {
             limits: Limits::default(),
             shutdown: CancellationToken::new(),
             ready: AtomicBool::new(true),
+            store_bytes: AtomicU64::new(0),
             metrics: None,
             clock,
             turns: TurnState::default(),

@@ -98,6 +98,7 @@ pub(super) async fn submit(
     ApiJson(req): ApiJson<SubmitRequest>,
 ) -> Result<(StatusCode, Json<SubmitResponse>), ApiError> {
     let (msg, retry) = validate(&caller.name, req, &state)?;
+    state.check_room()?;
     let limits = AcceptLimits { queued_per_host_max: state.limits.queued_per_host_max };
     crash_point("hub.accept.before_txn");
     // Accept and fan-out in one transaction: one round trip, one commit.

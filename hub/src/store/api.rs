@@ -703,6 +703,13 @@ impl Store {
         }
     }
 
+    /// The bytes the record takes (`read::store_bytes`), for `limits.store_bytes_max`.
+    pub async fn store_bytes(&self) -> StoreResult<i64> {
+        match &self.backend {
+            Backend::Sqlite(s) | Backend::Postgres(s) => s.read(read::store_bytes).await,
+        }
+    }
+
     /// One delivery of a message with all its attempts, and the message's producer.
     pub async fn delivery_of_message(
         &self,

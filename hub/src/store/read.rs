@@ -110,6 +110,20 @@ pub fn settled(d: &DeliveryView) -> bool {
     }
 }
 
+/// The bytes the record takes, as `limits.store_bytes_max` counts them: on SQLite the file's
+/// pages in use (free pages are reused before the file grows, so they do not count); on
+/// PostgreSQL the database's size on disk.
+pub fn store_bytes(conn: &dyn Db) -> StoreResult<i64> {
+    let sql = match conn.dialect() {
+        super::db::Dialect::Sqlite => {
+            "SELECT (p.page_count - f.freelist_count) * s.page_size
+             FROM pragma_page_count() p, pragma_freelist_count() f, pragma_page_size() s"
+        }
+        super::db::Dialect::Postgres => "SELECT pg_database_size(current_database())",
+    };
+    Ok(conn.prepare_cached(sql)?.query_row([], |r| r.get(0))?)
+}
+
 /// A delivery as listed for operators.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeliveryRow {
@@ -381,5 +395,29 @@ mod tests {
 
         c.execute("UPDATE messages SET payload = '{oops' WHERE id = ?1", [&msg]).unwrap();
         check(message_view(c, &msg), &msg, "payload");
+    }
+
+    /// The record's size grows with what it holds (on SQLite, byte for byte; PostgreSQL
+    /// compresses and preallocates, so there it is only positive).
+    #[test]
+    fn store_bytes_counts_what_the_record_holds() {
+        let db = crate::store::testing::db();
+        let c = &db.conn;
+        let empty = store_bytes(c).unwrap();
+        assert!(empty > 0, "{empty}");
+        if c.dialect() != crate::store::db::Dialect::Sqlite {
+            return;
+        }
+        c.execute("INSERT INTO conversations (name, last_seq) VALUES ('c', 0)", []).unwrap();
+        for i in 0..50 {
+            let payload = format!("{{\"pad\": \"{}\"}}", "x".repeat(4000));
+            c.execute(
+                "INSERT INTO messages (id, conversation, seq, producer, idempotency_key, content_hash, payload, accepted_at)
+                 VALUES (?1, 'c', ?2, 'p', ?1, 'h', ?3, 1)",
+                rusqlite::params![format!("m{i}"), i + 1, payload],
+            )
+            .unwrap();
+        }
+        assert!(store_bytes(c).unwrap() >= empty + 50 * 4000, "grew with the 50 payloads");
     }
 }
