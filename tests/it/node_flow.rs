@@ -246,3 +246,42 @@ fn no_claim_token_in_any_log_line_or_operator_view() {
         }
     }
 }
+
+/// A node whose store goes over its `store_bytes_max` claims no new work: it reports the turn
+/// it ran, then the next delivery stays queued on the hub, the node keeps running and says why
+/// in its log and in `status`.
+#[test]
+fn a_node_over_its_store_bound_claims_nothing_and_says_why() {
+    const STORE_BYTES_MAX: i64 = 64 * 1024;
+    let hub = Hub::with_nodes(&["host-a"]);
+    // Each turn leaves a result of `result_bytes_max` (64 KiB) in the store, twice (the attempt
+    // and its report): one turn takes the store over the bound.
+    let big_output = "head -c 100000 /dev/zero | tr '\\0' x";
+    let mut node =
+        hub.node_process("host-a").then(big_output).set("store_bytes_max", &STORE_BYTES_MAX.to_string()).start();
+    let first = hub.send_one("c", "k1", "host-a");
+    hub.wait_outcome(&first);
+    hub.assert_one_attempt(&first, "succeeded");
+    node.wait_log("over store_bytes_max");
+    let store = rusqlite::Connection::open(node.data_dir().join("node.db")).expect("node store");
+    let used: i64 = store
+        .query_row(
+            "SELECT (p.page_count - f.freelist_count) * s.page_size
+             FROM pragma_page_count() p, pragma_freelist_count() f, pragma_page_size() s",
+            [],
+            |r| r.get(0),
+        )
+        .expect("store size");
+    assert!(used > STORE_BYTES_MAX, "the store ({used} bytes) is over the bound");
+
+    let second = hub.send_one("c", "k2", "host-a");
+    std::thread::sleep(std::time::Duration::from_secs(4));
+    assert_eq!(hub.state(&second), "queued", "the node claims nothing while its store is over its bound");
+    assert!(node.is_running(), "the node keeps running");
+    let status = node.status();
+    let why = status["claims_paused"].as_str().unwrap_or_else(|| panic!("status says why: {status}"));
+    assert!(why.contains("store_bytes_max") && why.contains(&STORE_BYTES_MAX.to_string()), "{why}");
+    let text = String::from_utf8_lossy(&node.status_output(false).stdout).into_owned();
+    assert!(text.contains("claiming:         paused"), "{text}");
+    assert!(node.log().contains("claiming no new work"), "{}", node.log());
+}
