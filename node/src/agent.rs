@@ -503,25 +503,28 @@ fn log_hub_error(what: &str, e: &ClientError) {
 }
 
 /// Whether the node store is over `store_bytes_max`, read at most every
-/// `STORE_SIZE_CHECK_PACE`; a change is said once in the log and recorded for `status`.
+/// `STORE_SIZE_CHECK_PACE`; a change is said once in the log and recorded for `status`. The
+/// first reading is always recorded, so a pause a previous run recorded never outlives it.
 #[derive(Debug, Default)]
 struct StoreFull {
     /// When the size was last read.
     read_at: Option<Instant>,
-    /// Whether it was over the bound then.
-    over: bool,
+    /// Whether it was over the bound then; `None` before the first reading.
+    over: Option<bool>,
 }
 
 impl StoreFull {
     async fn over<H: Hub>(&mut self, sh: &Arc<Shared<H>>) -> Result<bool, StoreError> {
-        if self.read_at.is_some_and(|at| at.elapsed() < STORE_SIZE_CHECK_PACE) {
-            return Ok(self.over);
+        if let (Some(at), Some(over)) = (self.read_at, self.over)
+            && at.elapsed() < STORE_SIZE_CHECK_PACE
+        {
+            return Ok(over);
         }
         self.read_at = Some(Instant::now());
         let bytes = u64::try_from(sh.store.call(|db| db.used_bytes()).await?).unwrap_or(0);
         let max = sh.config.store_bytes_max;
         let over = bytes > max;
-        if over != self.over {
+        if self.over != Some(over) {
             let why = over.then(|| {
                 format!(
                     "the node store holds {bytes} bytes, over store_bytes_max = {max}: claiming no new work until \
@@ -530,14 +533,17 @@ impl StoreFull {
             });
             match &why {
                 Some(w) => tracing::warn!("{w}"),
-                None => tracing::info!(
-                    bytes,
-                    store_bytes_max = max,
-                    "the node store is under store_bytes_max again: claiming"
-                ),
+                None if self.over.is_some() => {
+                    tracing::info!(
+                        bytes,
+                        store_bytes_max = max,
+                        "the node store is under store_bytes_max again: claiming"
+                    )
+                }
+                None => {}
             }
             sh.store.call(move |db| db.record_claims_paused(why.as_deref())).await?;
-            self.over = over;
+            self.over = Some(over);
         }
         Ok(over)
     }
