@@ -1,14 +1,14 @@
-//! Background tasks the hub runs beside the ones `server` owns: the audit log's retention
-//! sweep, and `requeue_silent_after` (off unless configured; see `store::silence` for why it is
-//! safe). Each holds the shutdown token, reads time from the injected clock and writes through
-//! the `Store`, one bounded transaction at a time.
+//! Background tasks the hub runs beside the ones `server` owns: the audit log's (and lifted
+//! fences') retention sweep, and `requeue_silent_after` (off unless configured; see
+//! `store::silence` for why it is safe). Each holds the shutdown token, reads time from the
+//! injected clock and writes through the `Store`, one bounded transaction at a time.
 
 use crate::http::Shared;
 use crate::store;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// How often audit rows past `limits.audit_retention` are removed.
+/// How often audit rows and lifted fences past `limits.audit_retention` are removed.
 const AUDIT_SWEEP_INTERVAL: Duration = Duration::from_secs(3600);
 
 /// Rows written before this time (unix ms) are past a window of `window`.
@@ -16,8 +16,9 @@ fn cutoff_ms(now_ms: i64, window: Duration) -> i64 {
     now_ms.saturating_sub(i64::try_from(window.as_millis()).unwrap_or(i64::MAX))
 }
 
-/// Removes audit rows (`operator_events`) older than `limits.audit_retention`, at start and
-/// every `AUDIT_SWEEP_INTERVAL`, in transactions of `SWEEP_AUDIT_ROWS_MAX`.
+/// Removes audit rows (`operator_events`) and fences lifted (or expired) longer than
+/// `limits.audit_retention` ago, at start and every `AUDIT_SWEEP_INTERVAL`, in bounded
+/// transactions: both are operator history, kept for the same window.
 pub(crate) async fn sweep_audit(shared: Arc<Shared>) {
     loop {
         let cutoff = cutoff_ms(shared.clock.now_ms(), shared.limits.audit_retention);
@@ -31,8 +32,56 @@ pub(crate) async fn sweep_audit(shared: Arc<Shared>) {
                 }
             }
         }
+        loop {
+            match shared.store.fence_sweep(cutoff, store::retention::SWEEP_FENCES_MAX).await {
+                Ok(0) => break,
+                Ok(n) => tracing::info!(removed = n, "retention: removed lifted fences"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "fence retention sweep failed");
+                    break;
+                }
+            }
+        }
         tokio::select! {
             _ = tokio::time::sleep(AUDIT_SWEEP_INTERVAL) => {}
+            _ = shared.shutdown.cancelled() => return,
+        }
+    }
+}
+
+/// How often the hub reads the record's size for `limits.store_bytes_max`: one cheap read
+/// (SQLite's page counts, PostgreSQL's database size), so a store filling up is refused new
+/// work within a few seconds.
+const STORE_SIZE_CHECK_PACE: Duration = Duration::from_secs(2);
+
+/// Reads the record's size at start and every `STORE_SIZE_CHECK_PACE` into
+/// `Shared::store_bytes`, which submissions check (`Shared::check_room`); says in the log when
+/// the store goes over `limits.store_bytes_max` and when it is back under.
+pub(crate) async fn watch_store_size(shared: Arc<Shared>) {
+    let max = shared.limits.store_bytes_max;
+    let mut was_full = false;
+    loop {
+        match shared.store.store_bytes().await {
+            Ok(bytes) => {
+                let bytes = u64::try_from(bytes).unwrap_or(0);
+                shared.store_bytes.store(bytes, std::sync::atomic::Ordering::Relaxed);
+                let full = bytes > max;
+                if full && !was_full {
+                    tracing::warn!(
+                        bytes,
+                        store_bytes_max = max,
+                        "the store is over limits.store_bytes_max: submissions get 507 store_full until retention \
+                         or a purge frees room; claims, reports and reads go on"
+                    );
+                } else if !full && was_full {
+                    tracing::info!(bytes, store_bytes_max = max, "the store is under limits.store_bytes_max again");
+                }
+                was_full = full;
+            }
+            Err(e) => tracing::warn!(error = %e, "reading the store's size failed"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(STORE_SIZE_CHECK_PACE) => {}
             _ = shared.shutdown.cancelled() => return,
         }
     }

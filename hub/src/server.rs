@@ -87,6 +87,7 @@ impl Hub {
             limits: self.config.limits,
             shutdown: shutdown.clone(),
             ready: AtomicBool::new(true),
+            store_bytes: Default::default(),
             metrics,
             clock,
             turns: Default::default(),
@@ -136,6 +137,7 @@ impl Hub {
             tokio::spawn(crate::pg::analyze::run(url, shutdown.clone()));
         }
         tokio::spawn(crate::housekeeping::sweep_audit(shared.clone()));
+        tokio::spawn(crate::housekeeping::watch_store_size(shared.clone()));
         tokio::spawn(crate::housekeeping::requeue_silent(shared.clone(), self.config.requeue_silent_after));
         tokio::spawn(publish_gauges(shared.clone()));
         tokio::spawn(flush_contacts(shared.clone()));

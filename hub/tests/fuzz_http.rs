@@ -87,6 +87,7 @@ fn fixture() -> &'static Fixture {
                 limits,
                 shutdown: CancellationToken::new(),
                 ready: AtomicBool::new(true),
+                store_bytes: Default::default(),
                 metrics: None,
                 clock: baton_shared::clock::system(),
                 turns: TurnState::default(),

@@ -16,7 +16,7 @@ use crate::client::Hub;
 use crate::config::NodeConfig;
 use crate::exec::Gate;
 use crate::group;
-use crate::limits::BACKOFF_BASE;
+use crate::limits::{BACKOFF_BASE, STORE_SIZE_CHECK_PACE};
 use crate::shared_state::{Shared, StartLease};
 use crate::store::{CancelLocal, ExecState, Mirrored, ReportState, Store, StoreError};
 use crate::{report, retention, sched};
@@ -338,6 +338,7 @@ async fn claim_loop<H: Hub>(sh: &Arc<Shared<H>>) -> anyhow::Result<()> {
     // may be busy with a commit (a lone delivery's next claim would wait for its `fsync`).
     let mut unstarted_at_most: Option<i64> = None;
     let mut hub_moves = sh.hub.hub_moves();
+    let mut store_full = StoreFull::default();
     let result = loop {
         if sh.shutdown.is_cancelled() {
             break Ok(());
@@ -389,6 +390,12 @@ async fn claim_loop<H: Hub>(sh: &Arc<Shared<H>>) -> anyhow::Result<()> {
                     continue;
                 }
             }
+        }
+        // A store over `store_bytes_max` takes nothing new; what it holds still runs and is
+        // reported, and `local_retention` frees room.
+        if store_full.over(sh).await? {
+            sh.pause(STORE_SIZE_CHECK_PACE).await;
+            continue;
         }
         // Work the node cannot start soon stays on the hub (`queue_ahead_batches`).
         let ahead_max = i64::from(sh.config.queue_ahead_batches) * i64::from(sh.config.claim_batch_max);
@@ -492,6 +499,53 @@ fn log_hub_error(what: &str, e: &ClientError) {
             )
         }
         _ => tracing::warn!("{what}: {e}"),
+    }
+}
+
+/// Whether the node store is over `store_bytes_max`, read at most every
+/// `STORE_SIZE_CHECK_PACE`; a change is said once in the log and recorded for `status`. The
+/// first reading is always recorded, so a pause a previous run recorded never outlives it.
+#[derive(Debug, Default)]
+struct StoreFull {
+    /// When the size was last read.
+    read_at: Option<Instant>,
+    /// Whether it was over the bound then; `None` before the first reading.
+    over: Option<bool>,
+}
+
+impl StoreFull {
+    async fn over<H: Hub>(&mut self, sh: &Arc<Shared<H>>) -> Result<bool, StoreError> {
+        if let (Some(at), Some(over)) = (self.read_at, self.over)
+            && at.elapsed() < STORE_SIZE_CHECK_PACE
+        {
+            return Ok(over);
+        }
+        self.read_at = Some(Instant::now());
+        let bytes = u64::try_from(sh.store.call(|db| db.used_bytes()).await?).unwrap_or(0);
+        let max = sh.config.store_bytes_max;
+        let over = bytes > max;
+        if self.over != Some(over) {
+            let why = over.then(|| {
+                format!(
+                    "the node store holds {bytes} bytes, over store_bytes_max = {max}: claiming no new work until \
+                     local_retention frees room (what it holds still runs and is reported)"
+                )
+            });
+            match &why {
+                Some(w) => tracing::warn!("{w}"),
+                None if self.over.is_some() => {
+                    tracing::info!(
+                        bytes,
+                        store_bytes_max = max,
+                        "the node store is under store_bytes_max again: claiming"
+                    )
+                }
+                None => {}
+            }
+            sh.store.call(move |db| db.record_claims_paused(why.as_deref())).await?;
+            self.over = Some(over);
+        }
+        Ok(over)
     }
 }
 

@@ -181,6 +181,9 @@ impl Hub for HubClient {
         self.failover(|| self.node.starts(items.clone())).await
     }
 
+    /// Every page of the holdings (`baton_client`'s `holdings` follows `next_cursor`), so the
+    /// resync sees all the instance holds however much that is; a hub lost midway means a
+    /// whole new read from another, not pages of two reads mixed.
     async fn holdings(&self) -> Result<Vec<ClaimedDelivery>, ClientError> {
         logged("holdings", 0);
         self.failover(|| self.node.holdings()).await

@@ -159,6 +159,10 @@ keys! {
     /// sooner; fewer makes the batches larger when the node is saturated.
     handoffs_in_flight: u32 =
         Kind::Count { default: HANDOFFS_IN_FLIGHT_DEFAULT, range: HANDOFFS_IN_FLIGHT_RANGE };
+    /// Most bytes the node store may hold (its pages in use): past it the node claims no new
+    /// work, and says why in its log and in `status`, while it keeps running, resuming and
+    /// reporting what it holds, until `local_retention` frees room.
+    store_bytes_max: u64 = Kind::Count { default: STORE_BYTES_MAX_DEFAULT, range: STORE_BYTES_MAX_RANGE };
     /// Most bytes of stdout kept as an attempt's result (a truncation marker counts inside it).
     result_bytes_max: usize = Kind::Count { default: RESULT_BYTES_MAX_DEFAULT, range: RESULT_BYTES_MAX_RANGE };
     /// How long running turns may finish after the node gets SIGTERM; then their process groups

@@ -34,6 +34,18 @@ pub const QUEUE_AHEAD_BATCHES_DEFAULT: u64 = 4;
 /// Allowed range of `queue_ahead_batches`.
 pub const QUEUE_AHEAD_BATCHES_RANGE: (u64, u64) = (1, 1000);
 
+/// Default for `store_bytes_max`: most bytes of pages in use the node store may hold before
+/// the node stops claiming new work (it keeps running and reporting what it holds, and
+/// `local_retention` frees room). A full disk would stop the reports too.
+pub const STORE_BYTES_MAX_DEFAULT: u64 = 16 * 1024 * 1024 * 1024;
+/// Allowed range of `store_bytes_max`: the hub's.
+pub const STORE_BYTES_MAX_RANGE: (u64, u64) = baton_shared::limits::STORE_BYTES_MAX_RANGE;
+/// How often the claim loop reads the store's size for `store_bytes_max` (one cheap read,
+/// not one per claim), and how long it waits before looking again while over it.
+pub const STORE_SIZE_CHECK_PACE: std::time::Duration = std::time::Duration::from_secs(2);
+const _: () = assert!(STORE_BYTES_MAX_RANGE.0 <= STORE_BYTES_MAX_DEFAULT);
+const _: () = assert!(STORE_BYTES_MAX_DEFAULT <= STORE_BYTES_MAX_RANGE.1);
+
 /// Default for `result_bytes_max`: most stdout bytes kept as an attempt's result.
 pub const RESULT_BYTES_MAX_DEFAULT: u64 = baton_shared::limits::RESULT_BYTES_MAX_DEFAULT;
 /// Allowed range of `result_bytes_max`.

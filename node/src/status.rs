@@ -58,6 +58,7 @@ pub fn render_json(s: &Summary, wal_bytes: u64) -> String {
         "dead_reports": dead,
         "open": open,
         "store": store,
+        "claims_paused": s.claims_paused,
     });
     v.to_string()
 }
@@ -84,6 +85,9 @@ pub fn render_text(s: &Summary, wal_bytes: u64) -> String {
     let _ = writeln!(out, "store rows:       {}", rows.join(", "));
     let _ =
         writeln!(out, "store bytes:      {} ({} free), write-ahead log {wal_bytes}", s.size.bytes, s.size.free_bytes);
+    if let Some(why) = &s.claims_paused {
+        let _ = writeln!(out, "claiming:         paused: {why}");
+    }
     for o in &s.open {
         let run = if s.running.contains(&o.delivery_id) { " (running)" } else { "" };
         let _ = writeln!(out, "  {}  {} #{}  {}{run}", o.delivery_id, o.conversation, o.seq, o.state.as_str());

@@ -158,6 +158,21 @@ impl Db {
         Ok(())
     }
 
+    /// Records why this node claims nothing new (`None`: it claims again), for `status`.
+    pub fn record_claims_paused(&mut self, why: Option<&str>) -> Result<(), StoreError> {
+        match why {
+            Some(v) => self
+                .conn
+                .prepare_cached(
+                    "INSERT INTO meta(key, value) VALUES ('claims_paused', ?1)
+                     ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                )?
+                .execute([v])?,
+            None => self.conn.prepare_cached("DELETE FROM meta WHERE key = 'claims_paused'")?.execute([])?,
+        };
+        Ok(())
+    }
+
     /// Records how this process's session ended (`clean`, `superseded`).
     pub fn record_session_end(&mut self, how: &str) -> Result<(), StoreError> {
         self.conn

@@ -49,6 +49,9 @@ pub enum ErrorCode {
     OverCapacity,
     /// 503: the store cannot be written or read right now.
     StorageUnavailable,
+    /// 507: the hub's store is over its `limits.store_bytes_max`: submissions are refused until
+    /// retention or a purge frees room; claims, reports and reads go on.
+    StoreFull,
     /// 503: the hub is shutting down.
     ShuttingDown,
     /// 500: a bug; details are in the hub's log.
@@ -57,7 +60,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 24] = [
+    pub const ALL: [ErrorCode; 25] = [
         ErrorCode::InvalidJson,
         ErrorCode::InvalidField,
         ErrorCode::NoRecipients,
@@ -80,6 +83,7 @@ impl ErrorCode {
         ErrorCode::HeadersTooLarge,
         ErrorCode::OverCapacity,
         ErrorCode::StorageUnavailable,
+        ErrorCode::StoreFull,
         ErrorCode::ShuttingDown,
         ErrorCode::Internal,
     ];
@@ -109,6 +113,7 @@ impl ErrorCode {
             ErrorCode::HeadersTooLarge => "headers_too_large",
             ErrorCode::OverCapacity => "over_capacity",
             ErrorCode::StorageUnavailable => "storage_unavailable",
+            ErrorCode::StoreFull => "store_full",
             ErrorCode::ShuttingDown => "shutting_down",
             ErrorCode::Internal => "internal",
         }
@@ -138,6 +143,7 @@ impl ErrorCode {
             ErrorCode::HeadersTooLarge => 431,
             ErrorCode::OverCapacity => 429,
             ErrorCode::StorageUnavailable | ErrorCode::ShuttingDown => 503,
+            ErrorCode::StoreFull => 507,
             ErrorCode::Internal => 500,
         }
     }

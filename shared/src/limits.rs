@@ -12,6 +12,26 @@ pub const RESULT_BYTES_MAX_DEFAULT: u64 = 64 * 1024;
 pub const CLAIM_BATCH_MAX_DEFAULT: u32 = 64;
 /// Longest a claim or a message read may wait for news.
 pub const LONG_POLL_WAIT_MAX_DEFAULT: Duration = Duration::from_secs(30);
+/// Most deliveries one page of `GET /v1/holdings` carries (the hub's
+/// `limits.holdings_page_max`): each carries its payload, so a node holding thousands reads
+/// them in pages of bounded size instead of one answer of any size.
+pub const HOLDINGS_PAGE_MAX_DEFAULT: u32 = 64;
+/// Allowed range of `limits.holdings_page_max`.
+pub const HOLDINGS_PAGE_MAX_RANGE: (u32, u32) = (1, 1000);
+/// Largest answer (bytes of JSON) of a message read (`GET /v1/messages/{id}`, and by
+/// idempotency key): the hub's `limits.message_view_bytes_max`. A message's deliveries carry
+/// their attempts, and each attempt its result, so without a bound one answer could be
+/// `recipients_max × max_attempts × result_bytes_max`. Past it the view leaves out whole
+/// deliveries' attempts and says which (`omitted`); each is read by its own request.
+pub const MESSAGE_VIEW_BYTES_MAX_DEFAULT: u64 = 4 * 1024 * 1024;
+/// Allowed range of `limits.message_view_bytes_max`.
+pub const MESSAGE_VIEW_BYTES_MAX_RANGE: (u64, u64) = (4 * 1024, 1024 * 1024 * 1024);
+/// Most bytes the hub's store may hold (`limits.store_bytes_max`): past it submissions get
+/// 507 `store_full`, while claims, reports and reads go on, so the work already accepted
+/// drains and retention can free room. The disk filling up would stop everything at once.
+pub const STORE_BYTES_MAX_DEFAULT: u64 = 64 * 1024 * 1024 * 1024;
+/// Allowed range of the hub's `limits.store_bytes_max` and the node's `store_bytes_max`.
+pub const STORE_BYTES_MAX_RANGE: (u64, u64) = (64 * 1024, 1 << 50);
 /// Most recipients one message may name.
 pub const RECIPIENTS_MAX_DEFAULT: u32 = 64;
 /// Most deliveries waiting (queued or held) for one host before accepts are refused with 429.
@@ -75,6 +95,14 @@ const _: () = assert!(PAYLOAD_BYTES_MAX_DEFAULT < BATCH_BYTES_MAX);
 const _: () = assert!(RESULT_BYTES_MAX_DEFAULT < BATCH_BYTES_MAX);
 const _: () = assert!(BATCH_BYTES_MAX <= REQUEST_BODY_BYTES_MAX_DEFAULT);
 const _: () = assert!(CLAIM_BATCH_MAX_DEFAULT as usize <= BATCH_ITEMS_MAX);
+const _: () = assert!(HOLDINGS_PAGE_MAX_RANGE.0 <= HOLDINGS_PAGE_MAX_DEFAULT);
+const _: () = assert!(STORE_BYTES_MAX_RANGE.0 <= STORE_BYTES_MAX_DEFAULT);
+const _: () = assert!(STORE_BYTES_MAX_DEFAULT <= STORE_BYTES_MAX_RANGE.1);
+// With the defaults, a message's payload always fits in its view with room for attempts.
+const _: () = assert!(PAYLOAD_BYTES_MAX_DEFAULT < MESSAGE_VIEW_BYTES_MAX_DEFAULT);
+const _: () = assert!(MESSAGE_VIEW_BYTES_MAX_RANGE.0 <= MESSAGE_VIEW_BYTES_MAX_DEFAULT);
+const _: () = assert!(MESSAGE_VIEW_BYTES_MAX_DEFAULT <= MESSAGE_VIEW_BYTES_MAX_RANGE.1);
+const _: () = assert!(HOLDINGS_PAGE_MAX_DEFAULT <= HOLDINGS_PAGE_MAX_RANGE.1);
 const _: () = assert!(PAYLOAD_BYTES_MAX_RANGE.0 <= PAYLOAD_BYTES_MAX_DEFAULT);
 const _: () = assert!(PAYLOAD_BYTES_MAX_DEFAULT <= PAYLOAD_BYTES_MAX_RANGE.1);
 const _: () = assert!(PAYLOAD_BYTES_MAX_RANGE.1 <= PAYLOAD_FILE_BYTES_MAX);

@@ -187,6 +187,23 @@ pub struct MessageView {
     pub accepted_at_ms: i64,
     /// Its deliveries.
     pub deliveries: Vec<DeliveryView>,
+    /// What this view left out to stay within the hub's `limits.message_view_bytes_max`, and
+    /// where to read it; `null` when nothing was. A hub that predates the bound sends none.
+    #[serde(default)]
+    pub omitted: Option<ViewOmitted>,
+}
+
+/// What a message view left out: the attempts of some deliveries, whose `attempts` is then
+/// empty in that view. Each is read whole by `GET
+/// /v1/messages/{message_id}/deliveries/{delivery_id}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ViewOmitted {
+    /// The deliveries whose attempts are not in the view, in the view's order.
+    pub attempts_of: Vec<String>,
+    /// The bound the view kept to (bytes of its JSON).
+    pub view_bytes_max: u64,
+    /// The path that reads one of them whole, with `{delivery_id}` to fill in.
+    pub read_each_at: String,
 }
 
 /// `POST /v1/claims`: a node asks for work.
@@ -392,11 +409,17 @@ pub struct CancelResult {
     pub state: DeliveryState,
 }
 
-/// The answer to `GET /v1/holdings`: claimed, mirrored, or delivered without an outcome.
+/// The answer to `GET /v1/holdings`: claimed, mirrored, or delivered without an outcome, one
+/// page at a time (at most the hub's `limits.holdings_page_max`, or the `limit` asked for).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HoldingsResponse {
-    /// What the instance holds, oldest first.
+    /// What the instance holds, oldest first, from the page's cursor on.
     pub deliveries: Vec<ClaimedDelivery>,
+    /// Where the next page starts (`?cursor=`), while more may follow; `null` on the last page.
+    /// Opaque to the node (a position in the hub's queue order). A hub that predates pages sends
+    /// none: its one answer is everything.
+    #[serde(default)]
+    pub next_cursor: Option<i64>,
 }
 
 /// `POST /v1/deliveries/{id}/mirrored` and `/ack`: the holder moves its delivery on.

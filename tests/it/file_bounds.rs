@@ -140,8 +140,8 @@ fn baton_node_reads_its_files_within_their_bounds() {
     }
 }
 
-/// `baton-hub`'s payload file, its configuration file and the PEM files of its data
-/// directory.
+/// `baton-hub`'s payload file, its configuration file (named, or the data directory's
+/// `hub.toml`) and the PEM files of its data directory.
 #[test]
 fn baton_hub_reads_its_files_within_their_bounds() {
     let hub = Hub::builder().nodes(&["host-a"]).producers(&[]).stopped().start();
@@ -159,6 +159,18 @@ fn baton_hub_reads_its_files_within_their_bounds() {
         let shown = file.display().to_string();
         refused(&cli(&["config", "check", "--config", &shown]), 2, &file, "CONFIG_FILE_BYTES_MAX");
     }
+    // The data directory's own `hub.toml`, read when no file is named: by `config check` and
+    // by `serve` alike, through the same bound.
+    let hub_toml = hub.data_dir().join("hub.toml");
+    let kept_toml = std::fs::read(&hub_toml).ok();
+    std::fs::File::create(&hub_toml).and_then(|f| f.set_len(CONFIG_FILE_BYTES_MAX + 1)).expect("sparse hub.toml");
+    refused(&cli(&["config", "check"]), 2, &hub_toml, "CONFIG_FILE_BYTES_MAX");
+    refused(&cli(&["serve", "--listen", "127.0.0.1:0"]), 2, &hub_toml, "CONFIG_FILE_BYTES_MAX");
+    match kept_toml {
+        Some(bytes) => std::fs::write(&hub_toml, bytes).expect("restore hub.toml"),
+        None => std::fs::remove_file(&hub_toml).expect("remove hub.toml"),
+    }
+    assert_eq!(cli(&["config", "check"]).status.code(), Some(0), "within the bound, as before");
 
     // The server certificate, as `status` and `renew --server` read it (and `serve`).
     let server_cert = hub.data_dir().join("hub.crt");

@@ -589,3 +589,61 @@ async fn repeated_recipients_get_one_delivery_and_order_does_not_change_the_cont
     );
     assert_eq!(hub.deliveries().len(), 2);
 }
+
+/// A message view over `limits.message_view_bytes_max` keeps the message and every delivery,
+/// leaves out the attempts that do not fit, names them with the path that reads each, and
+/// that path answers each delivery whole, to the message's producer only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_view_over_its_bound_says_what_it_left_out() {
+    const VIEW_BYTES_MAX: usize = 8192;
+    const RESULT_BYTES: usize = 3000;
+    let hosts = ["host-a", "host-b", "host-c"];
+    let hub = Hub::builder()
+        .nodes(&hosts)
+        .config(&format!("[limits]\npayload_bytes_max = 1024\nmessage_view_bytes_max = {VIEW_BYTES_MAX}\n"))
+        .start();
+    let prod = hub.client("prod");
+    let m = prod.submit_new("c", "k1", &hosts).await;
+    for host in hosts {
+        let node = hub.node(host, &format!("{host}-inst"));
+        let got = node.claim(1, 0).await;
+        node.mirror_and_ack(&got[0]).await;
+        let mut body = node.report_body(&got[0], "r1", "succeeded", 0);
+        body["result"] = json!(host.repeat(RESULT_BYTES / host.len()));
+        hub.client(host).post("/delivery-report", &body).await.ok(201);
+    }
+
+    for read in [format!("/v1/messages/{}", m.message_id), "/v1/messages?idempotency_key=k1".to_string()] {
+        let r = prod.get(&read).await;
+        assert!(r.text.len() <= VIEW_BYTES_MAX, "{read}: {} bytes", r.text.len());
+        let view = r.ok(200);
+        assert_eq!(view["deliveries"].as_array().map(Vec::len), Some(3), "every delivery stays: {view}");
+        let omitted = &view["omitted"];
+        assert_eq!(omitted["view_bytes_max"], VIEW_BYTES_MAX, "{view}");
+        let left_out: Vec<String> =
+            omitted["attempts_of"].as_array().unwrap().iter().map(|d| d.as_str().unwrap().to_string()).collect();
+        assert!(!left_out.is_empty(), "three results of {RESULT_BYTES} bytes do not fit: {view}");
+        let path = omitted["read_each_at"].as_str().unwrap();
+        for d in view["deliveries"].as_array().unwrap() {
+            let id = d["delivery_id"].as_str().unwrap();
+            assert_eq!(d["state"], "delivered");
+            let whole = prod.get(&path.replace("{delivery_id}", id)).await;
+            let whole = whole.ok(200);
+            assert_eq!(whole["delivery_id"], id);
+            assert_eq!(whole["attempts"][0]["result"].as_str().map(str::len), Some(RESULT_BYTES), "read whole");
+            if left_out.iter().any(|l| l == id) {
+                assert_eq!(d["attempts"], json!([]), "left out and named: {d}");
+            } else {
+                assert_eq!(&d["attempts"], &whole["attempts"], "kept whole: {d}");
+            }
+        }
+    }
+    let one = format!("/v1/messages/{}/deliveries/{}", m.message_id, m.to("host-a"));
+    hub.client("prod-two").get(&one).await.err(403, "not_yours");
+    prod.get(&format!("/v1/messages/{}/deliveries/{}", m.message_id, random_id())).await.err(404, "not_found");
+    prod.get(&format!("/v1/messages/{}/deliveries/not-an-id", m.message_id)).await.err(400, "invalid_field");
+
+    // A view within its bound leaves nothing out.
+    let small = prod.submit_new("c", "k2", &["host-a"]).await;
+    assert_eq!(prod.message(&small.message_id).await.ok(200)["omitted"], Value::Null);
+}

@@ -506,3 +506,58 @@ async fn a_cancel_reason_is_held_to_the_api_rule() {
     hub.cli_ok(["deliveries", "cancel", &id, "--reason", &ok]);
     assert_eq!(hub.state(&id), "failed");
 }
+
+/// `deliveries cancel --host H` cancels every delivery to that host that has not ended, and
+/// nothing of another host: a queued one and a claimed one fail as cancelled, a delivered one
+/// without an outcome gets the cancel asked for (its node stops it); a dry run changes nothing,
+/// and a repeat has nothing left to do (exit 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_by_host_reaches_every_unfinished_delivery_of_that_host_only() {
+    let hub = Hub::start();
+    let prod = hub.client("prod");
+    let delivered = prod.submit_new("c1", "k1", &["host-b"]).await;
+    let claimed = prod.submit_new("c2", "k2", &["host-b"]).await;
+    let queued = prod.submit_new("c3", "k3", &["host-b", "host-a"]).await;
+    let node = hub.node("host-b", "inst-b");
+    let got = node.claim(2, 0).await;
+    assert_eq!(got.len(), 2);
+    node.mirror_and_ack(&got[0]).await;
+    assert_eq!(got[0].delivery_id, delivered.to("host-b"));
+
+    let dry = hub.cli_ok(["deliveries", "cancel", "--host", "host-b", "--dry-run", "--reason", "drain", "--json"]);
+    let dry: Value = serde_json::from_str(&dry).unwrap();
+    let ids = |v: &Value| -> Vec<String> {
+        let mut ids: Vec<String> = v["deliveries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["delivery_id"].as_str().unwrap().to_string())
+            .collect();
+        ids.sort();
+        ids
+    };
+    let mut want =
+        vec![delivered.to("host-b").to_string(), claimed.to("host-b").to_string(), queued.to("host-b").to_string()];
+    want.sort();
+    assert_eq!(ids(&dry), want, "every unfinished delivery of host-b, none of host-a");
+    assert_eq!(dry["dry_run"], true);
+    assert_eq!(hub.state(queued.to("host-b")), "queued", "a dry run changes nothing");
+    assert_eq!(hub.state(claimed.to("host-b")), "claimed");
+
+    let done = hub.cli_ok(["deliveries", "cancel", "--host", "host-b", "--reason", "drain", "--json"]);
+    let done: Value = serde_json::from_str(&done).unwrap();
+    assert_eq!(ids(&done), want);
+    for d in done["deliveries"].as_array().unwrap() {
+        let want = if d["delivery_id"] == delivered.to("host-b") { "requested" } else { "cancelled" };
+        assert_eq!(d["effect"], want, "{d}");
+    }
+    assert_eq!(hub.state_reason(queued.to("host-b")), ("failed".to_string(), Some("cancelled: drain".to_string())));
+    assert_eq!(hub.state_reason(claimed.to("host-b")).0, "failed");
+    assert_eq!(hub.state(delivered.to("host-b")), "delivered", "its node is asked to stop it");
+    assert_eq!(node.holdings().await.iter().filter(|c| c.delivery_id == delivered.to("host-b")).count(), 1);
+    assert_eq!(hub.state(queued.to("host-a")), "queued", "another host's delivery is untouched");
+
+    let again = hub.cli(["deliveries", "cancel", "--host", "host-b", "--reason", "drain"]);
+    assert_eq!(again.status.code(), Some(1), "nothing left to cancel: {again:?}");
+    hub.verify_ok();
+}

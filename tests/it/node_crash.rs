@@ -313,6 +313,33 @@ fn crash_in_the_middle_of_the_holdings_resync() {
     hub.verify_ok();
 }
 
+/// A node holding more than one page of holdings (`limits.holdings_page_max = 2`, five held)
+/// resumes every one after a crash: it follows `next_cursor` to the last page, so none of its
+/// unacked local copies looks dropped by the hub, and each runs exactly once.
+#[test]
+fn a_node_holding_more_than_one_page_resumes_them_all() {
+    let hub =
+        Hub::builder().nodes(&["host-a"]).producers(&["prod"]).config("[limits]\nholdings_page_max = 2\n").start();
+    let ids: Vec<String> = (0..5).map(|i| hub.send_one(&format!("conv-{i}"), &format!("k{i}"), "host-a")).collect();
+    let mut node = hub.node_process("host-a").crash_point("node.mirror.after_commit").start();
+    node.wait_crash("node.mirror.after_commit");
+    for id in &ids {
+        assert_eq!(hub.state(id), "claimed", "one batch claimed all five");
+    }
+    node.restart();
+    for id in &ids {
+        hub.wait_outcome(id);
+    }
+    node.wait_idle();
+    for id in &ids {
+        hub.assert_one_attempt(id, "succeeded");
+        assert_eq!(hub.exec_log().runs_of(id), 1, "{id} ran once");
+        assert_eq!(hub.entered(id, "claimed"), 1, "{id}: claimed once, never requeued");
+    }
+    assert!(node.log().contains("holdings resync") && !node.log().contains("no longer lists"), "{}", node.log());
+    hub.verify_ok();
+}
+
 /// The operator requeues the claims of an instance that crashed after mirroring (it looked
 /// gone for good), and then the instance comes back: it drops its stale local copy, claims the
 /// delivery again with a fresh token, and runs it once.

@@ -162,3 +162,126 @@ fn a_second_process_on_the_same_data_directory_is_refused() {
     hub.wait_outcome(&id);
     hub.assert_one_attempt(&id, "succeeded");
 }
+
+/// The log filter of this test: everything Baton and its libraries log at debug level.
+const DEBUG_LOGS: &str = "debug";
+
+/// A claim token is a bearer secret: whoever shows it with the instance id may mirror, ack and
+/// report the delivery. A full delivery with debug logging on hub, node and CLI leaves no
+/// token in any log line, nor in any operator view (human or `--json`) of the hub or the node,
+/// nor in the producer's view; only the claim answer carries it, to its holder.
+#[test]
+fn no_claim_token_in_any_log_line_or_operator_view() {
+    let mut hub = Hub::builder().nodes(&["host-a"]).producers(&["prod"]).stopped().start();
+    hub.kit_mut().set_env(baton_shared::logging::FILTER_VAR, DEBUG_LOGS);
+    hub.serve(None);
+    let node = hub.node_process("host-a").env(baton_shared::logging::FILTER_VAR, DEBUG_LOGS).start();
+    // Standard output, then standard error (the CLI's own log lines).
+    let run = |args: &[&str]| {
+        let mut cmd = hub.cli_command(args);
+        cmd.env(baton_shared::logging::FILTER_VAR, DEBUG_LOGS);
+        let out = output_within(cmd, EVENT_WAIT);
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let cli = |args: &[&str]| {
+        let (stdout, stderr) = run(args);
+        format!("{stdout}{stderr}")
+    };
+    let (sent_out, sent_log) = run(&[
+        "send",
+        "--conversation",
+        "c",
+        "--to",
+        "host-a",
+        "--key",
+        "k1",
+        "--payload",
+        "{\"n\":1}",
+        "--producer",
+        "prod",
+        "--json",
+    ]);
+    let sent: serde_json::Value = serde_json::from_str(&sent_out).expect("send --json");
+    let id = sent["deliveries"][0]["delivery_id"].as_str().expect("delivery id").to_string();
+    let message_id = sent["message_id"].as_str().expect("message id").to_string();
+    hub.wait_outcome(&id);
+    node.wait_idle();
+
+    // The tokens handed out, as the node keeps them (its store is always SQLite).
+    let store = rusqlite::Connection::open(node.data_dir().join("node.db")).expect("node store");
+    let tokens: Vec<String> = store
+        .prepare("SELECT claim_token FROM deliveries")
+        .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
+        .expect("claim tokens");
+    assert_eq!(tokens.len(), 1, "one delivery, one token");
+    assert!(tokens[0].len() >= 16, "a token worth keeping secret: {:?}", tokens[0].len());
+
+    let views = [
+        ("send --json", format!("{sent_out}{sent_log}")),
+        ("deliveries list", cli(&["deliveries", "list"])),
+        ("deliveries list --json", cli(&["deliveries", "list", "--json"])),
+        ("deliveries show", cli(&["deliveries", "show", &id])),
+        ("deliveries show --json", cli(&["deliveries", "show", &id, "--json"])),
+        ("deliveries explain", cli(&["deliveries", "explain", &id])),
+        ("status", cli(&["status"])),
+        ("status --json", cli(&["status", "--json"])),
+        ("hosts list --json", cli(&["hosts", "list", "--json"])),
+        ("hosts show --json", cli(&["hosts", "show", "host-a", "--json"])),
+        ("audit --json", cli(&["audit", "--json"])),
+        ("node status", String::from_utf8_lossy(&node.status_output(false).stdout).into_owned()),
+        ("node status --json", String::from_utf8_lossy(&node.status_output(true).stdout).into_owned()),
+        ("producer view", {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+            rt.block_on(hub.client("prod").get(&format!("/v1/messages/{message_id}"))).ok(200).to_string()
+        }),
+        ("hub log", hub.serve_logs()),
+        ("node log", node.logs()),
+    ];
+    assert!(views.iter().any(|(_, text)| text.contains("DEBUG")), "debug logging is on");
+    assert!(views[4].1.contains(&id), "the operator views are read: {}", views[4].1);
+    for (name, text) in &views {
+        for token in &tokens {
+            assert!(!text.contains(token.as_str()), "{name} shows a claim token:\n{text}");
+        }
+    }
+}
+
+/// A node whose store goes over its `store_bytes_max` claims no new work: it reports the turn
+/// it ran, then the next delivery stays queued on the hub, the node keeps running and says why
+/// in its log and in `status`.
+#[test]
+fn a_node_over_its_store_bound_claims_nothing_and_says_why() {
+    const STORE_BYTES_MAX: i64 = 64 * 1024;
+    let hub = Hub::with_nodes(&["host-a"]);
+    // Each turn leaves a result of `result_bytes_max` (64 KiB) in the store, twice (the attempt
+    // and its report): one turn takes the store over the bound.
+    let big_output = "head -c 100000 /dev/zero | tr '\\0' x";
+    let mut node =
+        hub.node_process("host-a").then(big_output).set("store_bytes_max", &STORE_BYTES_MAX.to_string()).start();
+    let first = hub.send_one("c", "k1", "host-a");
+    hub.wait_outcome(&first);
+    hub.assert_one_attempt(&first, "succeeded");
+    node.wait_log("over store_bytes_max");
+    let store = rusqlite::Connection::open(node.data_dir().join("node.db")).expect("node store");
+    let used: i64 = store
+        .query_row(
+            "SELECT (p.page_count - f.freelist_count) * s.page_size
+             FROM pragma_page_count() p, pragma_freelist_count() f, pragma_page_size() s",
+            [],
+            |r| r.get(0),
+        )
+        .expect("store size");
+    assert!(used > STORE_BYTES_MAX, "the store ({used} bytes) is over the bound");
+
+    let second = hub.send_one("c", "k2", "host-a");
+    std::thread::sleep(std::time::Duration::from_secs(4));
+    assert_eq!(hub.state(&second), "queued", "the node claims nothing while its store is over its bound");
+    assert!(node.is_running(), "the node keeps running");
+    let status = node.status();
+    let why = status["claims_paused"].as_str().unwrap_or_else(|| panic!("status says why: {status}"));
+    assert!(why.contains("store_bytes_max") && why.contains(&STORE_BYTES_MAX.to_string()), "{why}");
+    let text = String::from_utf8_lossy(&node.status_output(false).stdout).into_owned();
+    assert!(text.contains("claiming:         paused"), "{text}");
+    assert!(node.log().contains("claiming no new work"), "{}", node.log());
+}

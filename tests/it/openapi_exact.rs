@@ -695,6 +695,8 @@ fn item_errors(doc: &Value, op: &Value) -> Option<(Vec<u64>, Vec<String>)> {
 /// ids, so a boundary case is never a conflict with an earlier one).
 struct Bases {
     message_id: String,
+    /// The base message's one delivery.
+    delivery_id: String,
     key: String,
     n: std::cell::Cell<u32>,
 }
@@ -755,6 +757,12 @@ impl Bases {
                 let mut c = producer(None);
                 c.path.insert("message_id".into(), self.message_id.clone());
                 c.query.insert("wait_ms".into(), "0".into());
+                c
+            }
+            ("get", "/v1/messages/{message_id}/deliveries/{delivery_id}") => {
+                let mut c = producer(None);
+                c.path.insert("message_id".into(), self.message_id.clone());
+                c.path.insert("delivery_id".into(), self.delivery_id.clone());
                 c
             }
             ("post", "/v1/messages/{message_id}/cancel") => {
@@ -841,7 +849,8 @@ async fn the_hub_enforces_exactly_what_the_document_states() {
     let prod = hub.client("prod");
     let sub = prod.submit("talk", "k-base", json!({"n": 0}), &["host-a"]).await;
     let message_id = sub.ok(201)["message_id"].as_str().unwrap().to_string();
-    let bases = Bases { message_id, key: "k-base".into(), n: Default::default() };
+    let delivery_id = sub.ok(201)["deliveries"][0]["delivery_id"].as_str().unwrap().to_string();
+    let bases = Bases { message_id, delivery_id, key: "k-base".into(), n: Default::default() };
     let url = hub.url();
 
     let mut failures = Vec::new();

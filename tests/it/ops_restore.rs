@@ -125,3 +125,74 @@ async fn purge_removes_settled_messages_only_and_is_audited() {
     assert_eq!(hub.cli(["purge", "--reason", "what"]).status.code(), Some(2), "a target is required");
     hub.verify_ok();
 }
+
+/// Claims `n` deliveries for `host`, acks them and reports each `succeeded`: they settle.
+async fn settle(hub: &Hub, host: &str, n: u32) -> Vec<String> {
+    let node = hub.node(host, &format!("{host}-inst"));
+    let got = node.claim(n, 0).await;
+    assert_eq!(got.len(), n as usize, "{host} claims {n}");
+    for (i, c) in got.iter().enumerate() {
+        node.mirror_and_ack(c).await;
+        node.report(c, &format!("r-{host}-{i}"), "succeeded", 0).await.ok(201);
+    }
+    got.into_iter().map(|c| c.delivery_id).collect()
+}
+
+/// `purge --host H` removes the host's settled deliveries and the messages no other host
+/// received, keeps (and names) its unsettled ones and the other hosts' deliveries, takes
+/// `--dry-run`, needs `--reason`, and is recorded in the audit log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_by_host_removes_its_settled_deliveries_and_the_messages_only_it_received() {
+    let hub = Hub::start();
+    let prod = hub.client("prod");
+    let shared = prod.submit_new("c1", "k1", &["host-a", "host-b"]).await;
+    let alone = prod.submit_new("c2", "k2", &["host-a"]).await;
+    let open = prod.submit_new("c3", "k3", &["host-a"]).await;
+    assert_eq!(settle(&hub, "host-a", 2).await, vec![shared.to("host-a").to_string(), alone.to("host-a").to_string()]);
+    settle(&hub, "host-b", 1).await;
+
+    let out = hub.cli(["purge", "--host", "host-a", "--dry-run", "--reason", "host decommissioned"]);
+    assert!(out.status.success(), "{out:?}");
+    let said = stdout(&out);
+    assert!(said.contains("would purge host host-a: 2 settled deliveries"), "{said}");
+    assert!(said.contains("1 message(s) with no other recipient"), "{said}");
+    assert!(said.contains("kept 1 unsettled") && said.contains(open.to("host-a")), "{said}");
+    assert_eq!(hub.deliveries().len(), 4, "a dry run removes nothing");
+    assert!(audit_of(&hub, "purge").is_empty());
+    assert_eq!(hub.cli(["purge", "--host", "host-a"]).status.code(), Some(2), "--reason is required");
+    let out = hub.cli(["purge", "--host", "Host A", "--reason", "x"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(stderr(&out).contains("--host"), "the field is named: {}", stderr(&out));
+    assert_eq!(
+        hub.cli(["purge", "--host", "host-a", "--conversation", "c1", "--reason", "x"]).status.code(),
+        Some(2),
+        "one target at a time"
+    );
+
+    let out = hub.cli(["purge", "--host", "host-a", "--reason", "host decommissioned"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(stdout(&out).contains("purged host host-a"), "{}", stdout(&out));
+    let mut left: Vec<String> =
+        hub.deliveries().iter().map(|d| d["delivery_id"].as_str().unwrap().to_string()).collect();
+    left.sort();
+    let mut want = vec![shared.to("host-b").to_string(), open.to("host-a").to_string()];
+    want.sort();
+    assert_eq!(left, want, "host-b's delivery of the shared message and host-a's unsettled one stay");
+    assert_eq!(hub.cli(["deliveries", "show", shared.to("host-a")]).status.code(), Some(1));
+    // The producer sees the shared message with its remaining recipient, the other one gone.
+    let view = prod.message(&shared.message_id).await;
+    let view = view.ok(200);
+    assert_eq!(view["deliveries"].as_array().map(Vec::len), Some(1), "{view}");
+    assert_eq!(view["deliveries"][0]["host"], "host-b");
+    prod.message(&alone.message_id).await.err(404, "not_found");
+
+    let purges = audit_of(&hub, "purge");
+    assert_eq!(purges.len(), 1);
+    assert_eq!((purges[0]["actor"].as_str(), purges[0]["subject"].as_str()), (Some(OPERATOR), Some("host host-a")));
+    let why = purges[0]["reason"].as_str().unwrap();
+    assert!(why.contains("host decommissioned") && why.contains("2 deliveries, 1 message(s)"), "{why}");
+    let out = hub.cli(["purge", "--host", "host-a", "--reason", "again"]);
+    assert_eq!(out.status.code(), Some(1), "nothing left to purge: {out:?}");
+    assert!(stderr(&out).contains(open.to("host-a")), "the kept one is named: {}", stderr(&out));
+    hub.verify_ok();
+}

@@ -268,15 +268,27 @@ pub enum Command {
     /// message of a conversation, with their deliveries, events and attempts. Never an
     /// unsettled delivery: when any delivery of the target is not final (waiting, held, in
     /// flight, delivered without an outcome), nothing is removed and they are named (exit 2).
-    /// Recorded in the audit log with the operator and the reason. Exit 1 when there is
-    /// nothing to purge.
+    /// With `--host H`: the settled deliveries to that host go (with their events, attempts and
+    /// routing), and the messages no other host received; its unsettled ones are kept and
+    /// counted. Recorded in the audit log with the operator and the reason. Exit 1 when there
+    /// is nothing to purge.
     Purge {
         /// One message, by id.
-        #[arg(long, value_name = "ID", conflicts_with = "conversation", required_unless_present = "conversation")]
+        #[arg(
+            long,
+            value_name = "ID",
+            conflicts_with_all = ["conversation", "host"],
+            required_unless_present_any = ["conversation", "host"]
+        )]
         message: Option<String>,
         /// Every message of this conversation.
-        #[arg(long, value_name = "C")]
+        #[arg(long, value_name = "C", conflicts_with = "host")]
         conversation: Option<String>,
+        /// The settled deliveries to this recipient host, and the messages it alone received.
+        /// Its unsettled deliveries are kept (and counted), not waited for: a later purge takes
+        /// them once settled.
+        #[arg(long, value_name = "H")]
+        host: Option<String>,
         /// Say what would be removed, remove nothing.
         #[arg(long)]
         dry_run: bool,

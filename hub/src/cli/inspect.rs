@@ -26,6 +26,15 @@ pub(super) struct Attention {
     pub(super) detail: String,
 }
 
+/// The record's size against its bound, as `status` shows it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct StoreSize {
+    /// The bytes the record takes (`store::read::store_bytes`).
+    pub(super) bytes: u64,
+    /// `limits.store_bytes_max`.
+    pub(super) bytes_max: u64,
+}
+
 /// `status`: the record's counts, whether a hub serves this data directory (from its lock:
 /// side-effect free, it wakes no waiting long-poll), and what needs attention. Exit 1 when the
 /// hub is not running or anything needs attention.
@@ -99,6 +108,21 @@ pub(super) fn status(ctx: &Context, since: &str, json: bool) -> CliResult {
             ),
         });
     }
+    let store = StoreSize {
+        bytes: u64::try_from(record.run(record.store_bytes())?).unwrap_or(0),
+        bytes_max: config.limits.store_bytes_max,
+    };
+    if store.bytes > store.bytes_max {
+        attention.push(Attention {
+            kind: "store_full",
+            subject: "store".into(),
+            detail: format!(
+                "{} bytes, over limits.store_bytes_max = {}: submissions get 507 store_full until retention or a \
+                 purge frees room; claims, reports and reads go on",
+                store.bytes, store.bytes_max
+            ),
+        });
+    }
     let silence_ms = i64::try_from(config.host_silence_warn.as_millis()).unwrap_or(i64::MAX);
     for h in record.run(record.silent_hosts(now_ms, silence_ms))? {
         attention.push(Attention {
@@ -123,7 +147,7 @@ pub(super) fn status(ctx: &Context, since: &str, json: bool) -> CliResult {
     if not_after < until_unix {
         attention.push(expiring("hub server certificate", &serial, not_after, now_unix));
     }
-    output::status(&s, hub.as_ref(), &attention, json)?;
+    output::status(&s, hub.as_ref(), store, &attention, json)?;
     match attention.as_slice() {
         [] => Ok(()),
         [only] if only.kind == "hub_not_running" => Err(CliError::new(exit::NOTHING, "the hub is not running")),

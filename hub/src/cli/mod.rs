@@ -378,7 +378,11 @@ pub fn run(cli: &Cli) -> CliResult {
         Command::Certs(CertsCmd::List { name, json }) => identity::certs(&ctx, name.as_deref(), *json),
         Command::Restore { from } => restore::restore(&ctx, from),
         Command::Migrate { to } => migrate::migrate(&ctx, to),
-        Command::Purge { message, conversation, dry_run, reason } => {
+        Command::Purge { message, conversation, host: Some(host), dry_run, reason } => {
+            debug_assert!(message.is_none() && conversation.is_none(), "clap keeps the targets apart");
+            purge::purge_host(&ctx, host, *dry_run, reason)
+        }
+        Command::Purge { message, conversation, host: None, dry_run, reason } => {
             purge::purge(&ctx, message.as_deref(), conversation.as_deref(), *dry_run, reason)
         }
         Command::Audit { since, actor, limit, after, json } => audit::run(

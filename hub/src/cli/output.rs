@@ -3,7 +3,7 @@
 //! and the tests read them); store rows do not derive `Serialize`, so each shape is built here,
 //! explicitly.
 
-use super::inspect::Attention;
+use super::inspect::{Attention, StoreSize};
 use super::{CliError, CliResult};
 use crate::lock::Holder;
 use crate::store::audit::AuditEntry;
@@ -817,7 +817,13 @@ pub(super) fn host(d: &HostDetail, now_ms: i64, as_json: bool) -> CliResult {
 
 /// `status`: the record's counts, whether a hub serves this data directory, and what needs
 /// attention (`"attention": [{"kind", "subject", "detail"}]` in JSON).
-pub(super) fn status(s: &StatusView, hub: Option<&Holder>, attention: &[Attention], as_json: bool) -> CliResult {
+pub(super) fn status(
+    s: &StatusView,
+    hub: Option<&Holder>,
+    store: StoreSize,
+    attention: &[Attention],
+    as_json: bool,
+) -> CliResult {
     if as_json {
         let deliveries: Vec<Value> = s.deliveries.iter().map(|(st, n)| json!([st.as_str(), n])).collect();
         let attention: Vec<Value> =
@@ -833,6 +839,9 @@ pub(super) fn status(s: &StatusView, hub: Option<&Holder>, attention: &[Attentio
             "hub_running": hub.is_some(),
             "hub_pid": hub.and_then(|h| h.pid),
             "hub_listen": hub.and_then(|h| h.listen).map(|a| a.to_string()),
+            "store_bytes": store.bytes,
+            "store_bytes_max": store.bytes_max,
+            "store_full": store.bytes > store.bytes_max,
             "attention": attention,
         }));
     }
@@ -842,6 +851,8 @@ pub(super) fn status(s: &StatusView, hub: Option<&Holder>, attention: &[Attentio
         None => writeln!(o, "hub           not running")?,
     }
     writeln!(o, "schema        version {}", s.schema_version)?;
+    let full = if store.bytes > store.bytes_max { " (FULL: submissions refused)" } else { "" };
+    writeln!(o, "store         {} of {} bytes (store_bytes_max){full}", store.bytes, store.bytes_max)?;
     writeln!(o, "hosts         {}", s.hosts)?;
     writeln!(o, "messages      {}", s.messages)?;
     writeln!(o, "fan-out due   {}", s.pending_fanout)?;

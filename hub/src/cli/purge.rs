@@ -1,5 +1,6 @@
-//! `purge --message ID | --conversation C [--dry-run] --reason R`: settled messages removed
-//! now, never an unsettled delivery (`store::purge`).
+//! `purge --message ID | --conversation C | --host H [--dry-run] --reason R`: settled messages
+//! (or a recipient host's settled deliveries) removed now, never an unsettled delivery
+//! (`store::purge`).
 
 use super::{CliError, CliResult, Context, output};
 use crate::store::api::{By, PurgeOf};
@@ -40,6 +41,41 @@ pub(super) fn purge(
         output::esc(&subject),
         plan.messages.len(),
         plan.deliveries,
+        if dry_run { "; nothing was removed" } else { "" }
+    ))
+}
+
+/// Runs `purge --host H`: the host's settled deliveries, and the messages it alone received.
+pub(super) fn purge_host(ctx: &Context, host: &str, dry_run: bool, reason: &str) -> CliResult {
+    baton_shared::ids::check_name("--host", host).map_err(|e| CliError::usage(e.to_string()))?;
+    let plan = if dry_run {
+        let record = ctx.open_read()?;
+        record.run(record.purge_host_plan(host.to_string()))?
+    } else {
+        let record = ctx.open_write()?;
+        let by = By { operator: ctx.operator.clone(), reason: reason.to_string() };
+        record.run(record.purge_host(host.to_string(), by))?
+    };
+    let kept = if plan.kept > 0 {
+        let named: Vec<String> = plan.kept_shown.iter().map(|(id, state)| format!("{id} ({state})")).collect();
+        let more = if plan.kept > named.len() as i64 { ", …" } else { "" };
+        format!("; kept {} unsettled deliveries: {}{more}", plan.kept, named.join(", "))
+    } else {
+        String::new()
+    };
+    if plan.deliveries == 0 {
+        return Err(CliError::new(
+            exit::NOTHING,
+            format!("nothing to do: no settled deliveries to host {}{kept}", output::esc(host)),
+        ));
+    }
+    let verb = if dry_run { "would purge" } else { "purged" };
+    output::line(format!(
+        "{verb} host {}: {} settled deliveries (with their events and attempts), {} message(s) with no other \
+         recipient{kept}{}",
+        output::esc(host),
+        plan.deliveries,
+        plan.messages,
         if dry_run { "; nothing was removed" } else { "" }
     ))
 }

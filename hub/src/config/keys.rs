@@ -301,6 +301,40 @@ pub const CLAIM_BATCH_MAX: Key = Key {
     kind: KeyKind::Int { default: CLAIM_BATCH_MAX_DEFAULT as u64, min: 1, max: 1000 },
     doc: "deliveries per claim",
 };
+/// `limits.holdings_page_max`.
+pub const HOLDINGS_PAGE_MAX: Key = Key {
+    name: key_name!(Some("limits"), "holdings_page_max", "holdings-page-max", "BATON_HUB_HOLDINGS_PAGE_MAX"),
+    kind: KeyKind::Int {
+        default: HOLDINGS_PAGE_MAX_DEFAULT as u64,
+        min: HOLDINGS_PAGE_MAX_RANGE.0 as u64,
+        max: HOLDINGS_PAGE_MAX_RANGE.1 as u64,
+    },
+    doc: "deliveries per page of a node's holdings (GET /v1/holdings); the node follows the pages",
+};
+/// `limits.message_view_bytes_max`.
+pub const MESSAGE_VIEW_BYTES_MAX: Key = Key {
+    name: key_name!(
+        Some("limits"),
+        "message_view_bytes_max",
+        "message-view-bytes-max",
+        "BATON_HUB_MESSAGE_VIEW_BYTES_MAX"
+    ),
+    kind: KeyKind::Int {
+        default: MESSAGE_VIEW_BYTES_MAX_DEFAULT,
+        min: MESSAGE_VIEW_BYTES_MAX_RANGE.0,
+        max: MESSAGE_VIEW_BYTES_MAX_RANGE.1,
+    },
+    doc: "bytes of a message read's answer (GET /v1/messages/{id}); past it whole deliveries' attempts are left \
+          out and named (`omitted`), each read by GET /v1/messages/{id}/deliveries/{delivery_id}; more than \
+          payload_bytes_max",
+};
+/// `limits.store_bytes_max`.
+pub const STORE_BYTES_MAX: Key = Key {
+    name: key_name!(Some("limits"), "store_bytes_max", "store-bytes-max", "BATON_HUB_STORE_BYTES_MAX"),
+    kind: KeyKind::Int { default: STORE_BYTES_MAX_DEFAULT, min: STORE_BYTES_MAX_RANGE.0, max: STORE_BYTES_MAX_RANGE.1 },
+    doc: "bytes the hub's store may hold (SQLite: its used pages; PostgreSQL: the database's size); past it \
+          submissions get 507 store_full while claims, reports and reads go on",
+};
 /// `limits.long_poll_wait_max`.
 pub const LONG_POLL_WAIT_MAX: Key = Key {
     name: key_name!(Some("limits"), "long_poll_wait_max", "long-poll-wait-max", "BATON_HUB_LONG_POLL_WAIT_MAX"),
@@ -476,7 +510,7 @@ pub const INSTANCE_REBIND_WINDOW_KEY: Key = Key {
 };
 
 /// Every key, in the order of the template.
-pub const KEYS: [&Key; 35] = [
+pub const KEYS: [&Key; 38] = [
     &LISTEN,
     &DATABASE_URL,
     &SYNCHRONOUS,
@@ -493,6 +527,9 @@ pub const KEYS: [&Key; 35] = [
     &PAYLOAD_BYTES_MAX,
     &RESULT_BYTES_MAX,
     &CLAIM_BATCH_MAX,
+    &HOLDINGS_PAGE_MAX,
+    &MESSAGE_VIEW_BYTES_MAX,
+    &STORE_BYTES_MAX,
     &LONG_POLL_WAIT_MAX,
     &RECIPIENTS_MAX,
     &QUEUED_PER_HOST_MAX,

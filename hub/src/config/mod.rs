@@ -39,6 +39,12 @@ pub struct Limits {
     pub result_bytes_max: u64,
     /// Most deliveries one claim returns.
     pub claim_batch_max: u32,
+    /// Most deliveries one page of holdings carries.
+    pub holdings_page_max: u32,
+    /// Largest answer of a message read, bytes; past it attempts are left out and named.
+    pub message_view_bytes_max: u64,
+    /// Most bytes the store may hold; past it submissions get 507 `store_full`.
+    pub store_bytes_max: u64,
     /// Longest a long-poll (claim or message read) waits.
     pub long_poll_wait_max: Duration,
     /// Most recipients one message may name.
@@ -86,6 +92,9 @@ impl Default for Limits {
             payload_bytes_max: PAYLOAD_BYTES_MAX_DEFAULT,
             result_bytes_max: RESULT_BYTES_MAX_DEFAULT,
             claim_batch_max: CLAIM_BATCH_MAX_DEFAULT,
+            holdings_page_max: HOLDINGS_PAGE_MAX_DEFAULT,
+            message_view_bytes_max: MESSAGE_VIEW_BYTES_MAX_DEFAULT,
+            store_bytes_max: STORE_BYTES_MAX_DEFAULT,
             long_poll_wait_max: LONG_POLL_WAIT_MAX_DEFAULT,
             recipients_max: RECIPIENTS_MAX_DEFAULT,
             queued_per_host_max: QUEUED_PER_HOST_MAX_DEFAULT,
@@ -203,6 +212,9 @@ impl HubConfig {
             payload_bytes_max: m.int(&PAYLOAD_BYTES_MAX)?,
             result_bytes_max: m.int(&RESULT_BYTES_MAX)?,
             claim_batch_max: narrow(&CLAIM_BATCH_MAX)?,
+            holdings_page_max: narrow(&HOLDINGS_PAGE_MAX)?,
+            message_view_bytes_max: m.int(&MESSAGE_VIEW_BYTES_MAX)?,
+            store_bytes_max: m.int(&STORE_BYTES_MAX)?,
             long_poll_wait_max: m.duration(&LONG_POLL_WAIT_MAX)?,
             recipients_max: narrow(&RECIPIENTS_MAX)?,
             queued_per_host_max: m.int(&QUEUED_PER_HOST_MAX)?,
@@ -226,6 +238,15 @@ impl HubConfig {
             },
             start_lease: m.duration(&START_LEASE)?,
         };
+        if limits.message_view_bytes_max <= limits.payload_bytes_max {
+            return Err(format!(
+                "{} = {} is not more than {} = {} (a message's view carries its payload)",
+                MESSAGE_VIEW_BYTES_MAX.name.field(),
+                limits.message_view_bytes_max,
+                PAYLOAD_BYTES_MAX.name.field(),
+                limits.payload_bytes_max
+            ));
+        }
         if limits.retry_backoff > limits.retry_backoff_max {
             return Err(format!(
                 "{} = {} is longer than {} = {}",
@@ -382,6 +403,11 @@ mod tests {
     fn refusals_name_the_field_and_range() {
         check_err("lisen = \"x\"", "lisen");
         check_err("[limits]\nclaim_batch_max = 0", "limits.claim_batch_max = 0 is out of range; allowed 1..=1000");
+        check_err(
+            "[limits]\npayload_bytes_max = 8192\nmessage_view_bytes_max = 8192",
+            "limits.message_view_bytes_max = 8192 is not more than limits.payload_bytes_max = 8192",
+        );
+        check_err("[limits]\nholdings_page_max = 0", "limits.holdings_page_max = 0 is out of range; allowed 1..=1000");
         check_err("[limits]\nclaim_batch_max = \"5\"", "limits.claim_batch_max");
         check_err("[limits]\nlong_poll_wait_max = \"1h\"", "limits.long_poll_wait_max = 1h is out of range");
         check_err("checkpoint_interval = \"5ms\"", "checkpoint_interval = 5ms is out of range");

@@ -140,6 +140,7 @@ pub(super) async fn submit(
     BatchJson(req): BatchJson<BatchSubmitRequest>,
 ) -> Result<Json<BatchSubmitResponse>, ApiError> {
     check_count("messages", req.messages.len())?;
+    state.check_room()?;
     let mut sorted = Sorted::new(req.messages, |m| validate(&caller.name, m, &state));
     let (places, messages) = sorted.take();
     let limits = AcceptLimits { queued_per_host_max: state.limits.queued_per_host_max };

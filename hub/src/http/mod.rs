@@ -29,7 +29,7 @@ use baton_shared::wire::ErrorBody;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::de::DeserializeOwned;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -48,6 +48,9 @@ pub struct Shared {
     pub shutdown: CancellationToken,
     /// Set once the store is open and repair is done.
     pub ready: AtomicBool,
+    /// The bytes the record took at its last reading (`housekeeping::watch_store_size`); 0
+    /// until the first. Past `limits.store_bytes_max`, submissions get 507 `store_full`.
+    pub store_bytes: AtomicU64,
     /// The Prometheus recorder's handle, when metrics are on.
     pub metrics: Option<PrometheusHandle>,
     /// Wall-clock time for everything stored (`now_ms` of the store functions).
@@ -181,6 +184,25 @@ impl TurnState {
 pub type AppState = Arc<Shared>;
 
 impl Shared {
+    /// Refuses a submission with 507 `store_full` while the record is over
+    /// `limits.store_bytes_max` (as last read): new work waits until retention or a purge
+    /// frees room, while the claims, reports and reads that drain the work already accepted go
+    /// on.
+    pub fn check_room(&self) -> Result<(), ApiError> {
+        let bytes = self.store_bytes.load(Ordering::Relaxed);
+        let max = self.limits.store_bytes_max;
+        if bytes > max {
+            return Err(ApiError::new(
+                ErrorCode::StoreFull,
+                format!(
+                    "the hub's store holds {bytes} bytes, over limits.store_bytes_max = {max}: submissions are \
+                     refused until retention or a purge frees room (claims, reports and reads go on)"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Tells every waiting claim that work may be claimable (a change that may concern any
     /// host: a lift, a release, a CLI change).
     pub fn work_changed(&self) {
@@ -238,6 +260,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/messages", post(producer::submit).get(producer::get_by_key))
         .route("/v1/messages/{message_id}", get(producer::get_by_id))
         .route("/v1/messages/{message_id}/cancel", post(producer::cancel))
+        .route("/v1/messages/{message_id}/deliveries/{delivery_id}", get(producer::get_delivery))
         .route("/v1/conversations/{conversation}", get(producer::get_conversation))
         .route("/v1/sessions", post(node::open_session))
         .route("/v1/sessions/end", post(node::end_session))
@@ -741,6 +764,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/messages"),
     ("GET", "/v1/messages/{message_id}"),
     ("POST", "/v1/messages/{message_id}/cancel"),
+    ("GET", "/v1/messages/{message_id}/deliveries/{delivery_id}"),
     ("GET", "/v1/conversations/{conversation}"),
     ("POST", "/v1/sessions"),
     ("POST", "/v1/sessions/end"),
@@ -889,6 +913,11 @@ mod openapi_tests {
                     payload: serde_json::json!({}).into(),
                     accepted_at_ms: 1,
                     deliveries: vec![delivery.clone()],
+                    omitted: Some(ViewOmitted {
+                        attempts_of: vec!["d".into()],
+                        view_bytes_max: 4096,
+                        read_each_at: "/v1/messages/m/deliveries/{delivery_id}".into(),
+                    }),
                 })
                 .unwrap(),
             ),
@@ -897,7 +926,20 @@ mod openapi_tests {
                 serde_json::to_value(ClaimRequest { instance_id: "i".into(), max: Some(1), wait_ms: Some(1) }).unwrap(),
             ),
             ("ClaimedDelivery", serde_json::to_value(&claimed).unwrap()),
-            ("HoldingsResponse", serde_json::to_value(HoldingsResponse { deliveries: vec![claimed.clone()] }).unwrap()),
+            (
+                "ViewOmitted",
+                serde_json::to_value(ViewOmitted {
+                    attempts_of: vec!["d".into()],
+                    view_bytes_max: 4096,
+                    read_each_at: "/v1/messages/m/deliveries/{delivery_id}".into(),
+                })
+                .unwrap(),
+            ),
+            (
+                "HoldingsResponse",
+                serde_json::to_value(HoldingsResponse { deliveries: vec![claimed.clone()], next_cursor: Some(7) })
+                    .unwrap(),
+            ),
             (
                 "ClaimResponse",
                 serde_json::to_value(ClaimResponse {
@@ -1065,6 +1107,7 @@ mod openapi_tests {
             limits: Limits::default(),
             shutdown: CancellationToken::new(),
             ready: AtomicBool::new(true),
+            store_bytes: AtomicU64::new(0),
             metrics: None,
             clock,
             turns: TurnState::default(),

@@ -288,9 +288,13 @@ const RETRY_WAKE_SLACK: Duration = Duration::from_millis(5);
 #[serde(deny_unknown_fields)]
 pub(super) struct HoldingsQuery {
     instance_id: String,
+    /// Where the page starts: a previous page's `next_cursor`; none for the first page.
+    cursor: Option<i64>,
+    /// At most this many deliveries (capped by `limits.holdings_page_max`).
+    limit: Option<u32>,
 }
 
-/// `GET /v1/holdings?instance_id=`.
+/// `GET /v1/holdings?instance_id=[&cursor=][&limit=]`: one page of what the instance holds.
 pub(super) async fn holdings(
     NodeCaller(caller): NodeCaller,
     State(state): State<AppState>,
@@ -298,10 +302,20 @@ pub(super) async fn holdings(
     ApiQuery(q): ApiQuery<HoldingsQuery>,
 ) -> Result<Json<HoldingsResponse>, ApiError> {
     check_token("instance_id", &q.instance_id)?;
-    let deliveries = state.store.holdings(NodeAt { host: caller.name.clone(), session }, q.instance_id).await?;
+    let after_n = q.cursor.unwrap_or(0);
+    if after_n < 0 {
+        return Err(ApiError::new(ErrorCode::InvalidField, "cursor: must be 0 or more (a next_cursor of holdings)"));
+    }
+    let limit = q.limit.unwrap_or(state.limits.holdings_page_max);
+    if limit == 0 {
+        return Err(ApiError::new(ErrorCode::InvalidField, "limit: must be at least 1"));
+    }
+    let limit = limit.min(state.limits.holdings_page_max);
+    let at = NodeAt { host: caller.name.clone(), session };
+    let (deliveries, next) = state.store.holdings(at, q.instance_id, after_n, limit).await?;
     caller.recheck(&state).await?;
     state.turns.contact(&caller.name, session, state.clock.now_ms());
-    Ok(Json(HoldingsResponse { deliveries }))
+    Ok(Json(HoldingsResponse { deliveries, next_cursor: next }))
 }
 
 fn check_holder(req: &HolderRequest) -> Result<(), ApiError> {

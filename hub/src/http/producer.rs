@@ -1,5 +1,7 @@
 //! Producer endpoints: accept a message, read it back (by id or idempotency key) with an
-//! optional long-poll for outcomes, cancel it, and read a conversation's membership.
+//! optional long-poll for outcomes, within `limits.message_view_bytes_max` (what does not fit
+//! is named, and read one delivery at a time), cancel it, and read a conversation's
+//! membership.
 
 use super::{ApiError, ApiJson, ApiQuery, AppState, Caller, ProducerCaller, check_path_id};
 use crate::store::accept::{AcceptLimits, Accepted, NewMessage, RetryPolicy};
@@ -12,7 +14,10 @@ use baton_shared::error::ErrorCode;
 use baton_shared::ids::{check_key, check_name};
 use baton_shared::limits::REASON_CHARS_MAX;
 use baton_shared::states::DeliveryState;
-use baton_shared::wire::{CancelRequest, CancelResponse, ConversationView, MessageView, SubmitRequest, SubmitResponse};
+use baton_shared::wire::{
+    CancelRequest, CancelResponse, ConversationView, DeliveryView, MessageView, SubmitRequest, SubmitResponse,
+    ViewOmitted,
+};
 use serde::Deserialize;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -93,6 +98,7 @@ pub(super) async fn submit(
     ApiJson(req): ApiJson<SubmitRequest>,
 ) -> Result<(StatusCode, Json<SubmitResponse>), ApiError> {
     let (msg, retry) = validate(&caller.name, req, &state)?;
+    state.check_room()?;
     let limits = AcceptLimits { queued_per_host_max: state.limits.queued_per_host_max };
     crash_point("hub.accept.before_txn");
     // Accept and fan-out in one transaction: one round trip, one commit.
@@ -186,7 +192,68 @@ async fn read_waiting(
 ) -> Result<MessageView, ApiError> {
     let view = wait_for_outcomes(state, &caller.name, id, wait_ms).await?;
     caller.recheck(state).await?;
-    Ok(view)
+    Ok(bounded(view, state.limits.message_view_bytes_max))
+}
+
+/// Bytes of JSON `v` takes (what it adds to an answer).
+fn json_len<T: serde::Serialize>(v: &T) -> u64 {
+    serde_json::to_vec(v).map_or(u64::MAX, |b| b.len() as u64)
+}
+
+/// Keeps a message view within `max` bytes of JSON: the message, its payload and every
+/// delivery's state always stay (a view that drops them answers nothing); the deliveries'
+/// attempts, which carry the results and make a view large, stay while they fit, in the
+/// view's order, and the ones that do not are left out and named in `omitted` with the path
+/// that reads each whole.
+fn bounded(mut view: MessageView, max: u64) -> MessageView {
+    if json_len(&view) <= max {
+        return view;
+    }
+    let mut attempts: Vec<_> = view.deliveries.iter_mut().map(|d| std::mem::take(&mut d.attempts)).collect();
+    let mut omitted = ViewOmitted {
+        attempts_of: view.deliveries.iter().map(|d| d.delivery_id.clone()).collect(),
+        view_bytes_max: max,
+        read_each_at: format!("/v1/messages/{}/deliveries/{{delivery_id}}", view.message_id),
+    };
+    // Room is counted with every delivery named as left out: naming fewer only frees room.
+    view.omitted = Some(omitted.clone());
+    let mut used = json_len(&view);
+    let mut kept = Vec::new();
+    for (d, a) in view.deliveries.iter_mut().zip(attempts.iter_mut()) {
+        // `[]` becomes the list: its length less the two brackets already counted.
+        let adds = json_len(a).saturating_sub(2);
+        if used.saturating_add(adds) <= max {
+            used += adds;
+            d.attempts = std::mem::take(a);
+            kept.push(d.delivery_id.clone());
+        }
+    }
+    omitted.attempts_of.retain(|id| !kept.contains(id));
+    view.omitted = Some(omitted);
+    debug_assert!(
+        view.deliveries
+            .iter()
+            .all(|d| d.attempts.is_empty() || !view.omitted.iter().any(|o| o.attempts_of.contains(&d.delivery_id))),
+        "a delivery is either whole or named"
+    );
+    view
+}
+
+/// `GET /v1/messages/{message_id}/deliveries/{delivery_id}`: one delivery of the producer's
+/// own message with all its attempts: how a message view too large for its bound is read whole.
+pub(super) async fn get_delivery(
+    ProducerCaller(caller): ProducerCaller,
+    State(state): State<AppState>,
+    Path((message_id, delivery_id)): Path<(String, String)>,
+) -> Result<Json<DeliveryView>, ApiError> {
+    check_path_id("message_id", &message_id)?;
+    check_path_id("delivery_id", &delivery_id)?;
+    let (producer, view) = state.store.delivery_of_message(message_id, delivery_id).await?;
+    if producer != caller.name {
+        return Err(ApiError::new(ErrorCode::NotYours, "that message belongs to another producer"));
+    }
+    caller.recheck(&state).await?;
+    Ok(Json(view))
 }
 
 /// The long poll of `read_waiting`, without the answer-time check.
@@ -228,4 +295,84 @@ pub(super) async fn get_conversation(
     check_name("conversation", &name)?;
     let view = state.store.conversation_for(caller.name, name).await?;
     Ok(Json(view))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use baton_shared::states::Outcome;
+    use baton_shared::wire::AttemptView;
+
+    fn attempt(result_bytes: usize) -> AttemptView {
+        AttemptView {
+            attempt_id: "a".into(),
+            report_id: "r".into(),
+            outcome: Outcome::Succeeded,
+            exit_code: Some(0),
+            duration_ms: Some(1),
+            result: Some("x".repeat(result_bytes)),
+            reason: None,
+            reported_at_ms: 1,
+            signal: None,
+            attempt: 1,
+            retryable: false,
+            rerun: None,
+            caused_by: None,
+        }
+    }
+
+    fn view(results: &[usize]) -> MessageView {
+        MessageView {
+            message_id: "m".into(),
+            conversation: "c".into(),
+            seq: 1,
+            producer: "p".into(),
+            idempotency_key: "k".into(),
+            payload: serde_json::json!({"n": 1}).into(),
+            accepted_at_ms: 1,
+            deliveries: results
+                .iter()
+                .enumerate()
+                .map(|(i, bytes)| DeliveryView {
+                    delivery_id: format!("d{i}"),
+                    host: format!("host-{i}"),
+                    state: baton_shared::states::DeliveryState::Delivered,
+                    reason: None,
+                    updated_at_ms: 1,
+                    attempts: vec![attempt(*bytes)],
+                    attempt: 1,
+                    max_attempts: 1,
+                    not_before_ms: None,
+                    cancel_requested_at_ms: None,
+                    cancel_reason: None,
+                })
+                .collect(),
+            omitted: None,
+        }
+    }
+
+    /// Under its bound a view is untouched; over it, the attempts that do not fit are left out
+    /// and named, every delivery stays, and the answer keeps to the bound.
+    #[test]
+    fn a_view_over_its_bound_leaves_out_whole_attempt_lists_and_names_them() {
+        let small = view(&[10, 10]);
+        assert_eq!(bounded(small.clone(), 1 << 20), small);
+
+        let big = view(&[3_000, 3_000, 100, 3_000]);
+        let max = 5_000;
+        assert!(json_len(&big) > max);
+        let b = bounded(big, max);
+        assert!(json_len(&b) <= max, "{} > {max}", json_len(&b));
+        assert_eq!(b.deliveries.len(), 4, "every delivery stays");
+        let o = b.omitted.as_ref().expect("omitted");
+        assert_eq!(o.attempts_of, ["d1", "d3"], "the first two that do not fit; the small one after them fits");
+        assert_eq!((o.view_bytes_max, o.read_each_at.as_str()), (max, "/v1/messages/m/deliveries/{delivery_id}"));
+        for d in &b.deliveries {
+            assert_eq!(d.attempts.is_empty(), o.attempts_of.contains(&d.delivery_id), "{}", d.delivery_id);
+        }
+
+        // A bound the message alone fills: every attempt list is left out, nothing else.
+        let b = bounded(view(&[10, 10]), 10);
+        assert_eq!(b.omitted.map(|o| o.attempts_of), Some(vec!["d0".to_string(), "d1".to_string()]));
+    }
 }

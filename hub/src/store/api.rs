@@ -36,8 +36,8 @@ use baton_shared::crash_point;
 use baton_shared::sqlite::{Checkpointer, OpenError, Synchronous};
 use baton_shared::states::Outcome;
 use baton_shared::wire::{
-    AttemptView, CancelNotice, ClaimedDelivery, ConversationView, DeliverySummary, HolderItem, MessageView, RejectItem,
-    ReportRequest, ReportResponse, StartItem, StartResult, TransitionResponse,
+    AttemptView, CancelNotice, ClaimedDelivery, ConversationView, DeliverySummary, DeliveryView, HolderItem,
+    MessageView, RejectItem, ReportRequest, ReportResponse, StartItem, StartResult, TransitionResponse,
 };
 use rusqlite::Connection;
 use std::path::Path;
@@ -530,6 +530,15 @@ impl Store {
         }
     }
 
+    /// Removes up to `max` fences lifted before `cutoff_ms`; returns how many.
+    pub async fn fence_sweep(&self, cutoff_ms: i64, max: usize) -> StoreResult<usize> {
+        match &self.backend {
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
+                s.write(move |c| retention::sweep_fences(c, cutoff_ms, max)).await
+            }
+        }
+    }
+
     /// Records the node sessions' last contact: `(host, session, at_ms)`.
     pub async fn record_contacts(&self, contacts: Vec<(String, u64, i64)>) -> StoreResult<()> {
         match &self.backend {
@@ -694,6 +703,26 @@ impl Store {
         }
     }
 
+    /// The bytes the record takes (`read::store_bytes`), for `limits.store_bytes_max`.
+    pub async fn store_bytes(&self) -> StoreResult<i64> {
+        match &self.backend {
+            Backend::Sqlite(s) | Backend::Postgres(s) => s.read(read::store_bytes).await,
+        }
+    }
+
+    /// One delivery of a message with all its attempts, and the message's producer.
+    pub async fn delivery_of_message(
+        &self,
+        message_id: String,
+        delivery_id: String,
+    ) -> StoreResult<(String, DeliveryView)> {
+        match &self.backend {
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
+                s.read(move |c| read::delivery_view(c, &message_id, &delivery_id)).await
+            }
+        }
+    }
+
     /// A conversation's `last_seq` and membership registry, for a producer whose publish scope
     /// covers it.
     pub async fn conversation_for(&self, producer: String, conversation: String) -> StoreResult<ConversationView> {
@@ -812,13 +841,20 @@ impl Store {
         }
     }
 
-    /// What the instance holds (claimed or mirrored).
-    pub async fn holdings(&self, node: NodeAt, instance_id: String) -> StoreResult<Vec<ClaimedDelivery>> {
+    /// One page of what the instance holds (claimed, mirrored, delivered without an outcome):
+    /// at most `limit` after queue position `after_n`, and where the next page starts.
+    pub async fn holdings(
+        &self,
+        node: NodeAt,
+        instance_id: String,
+        after_n: i64,
+        limit: u32,
+    ) -> StoreResult<(Vec<ClaimedDelivery>, Option<i64>)> {
         match &self.backend {
             Backend::Sqlite(s) | Backend::Postgres(s) => {
                 s.read(move |c| {
                     sessions::check(c, &node.host, node.session)?;
-                    claim::holdings(c, &node.host, &instance_id)
+                    claim::holdings_page(c, &node.host, &instance_id, after_n, limit)
                 })
                 .await
             }
@@ -1300,6 +1336,24 @@ impl Store {
         match &self.backend {
             Backend::Sqlite(s) | Backend::Postgres(s) => {
                 s.write(move |c| purge::purge(c, target.as_target(), &by.operator, &by.reason, clock.now_ms())).await
+            }
+        }
+    }
+
+    /// What purging the settled deliveries of recipient `host` would remove, changing nothing.
+    pub async fn purge_host_plan(&self, host: String) -> StoreResult<purge::HostPlan> {
+        match &self.backend {
+            Backend::Sqlite(s) | Backend::Postgres(s) => s.read(move |c| purge::host_plan(c, &host)).await,
+        }
+    }
+
+    /// Purges the settled deliveries of recipient `host` (and the messages only it received);
+    /// returns the plan it followed.
+    pub async fn purge_host(&self, host: String, by: By) -> StoreResult<purge::HostPlan> {
+        let clock = self.clock.clone();
+        match &self.backend {
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
+                s.write(move |c| purge::purge_host(c, &host, &by.operator, &by.reason, clock.now_ms())).await
             }
         }
     }

@@ -696,39 +696,65 @@ impl<'a> Scan<'a> {
 pub const NOT_A_MEMBER: &str = "not a member";
 
 /// What `instance_id` holds on `host`: claimed, mirrored, or delivered without an outcome of the
-/// current run; each with its run and whether a cancel was asked for.
+/// current run; each with its run and whether a cancel was asked for. Every holding, unpaged:
+/// for the store's own checks; the node reads them through `holdings_page`.
 pub fn holdings(conn: &dyn Db, host: &str, instance_id: &str) -> StoreResult<Vec<ClaimedDelivery>> {
-    let rows = conn
+    Ok(holdings_page(conn, host, instance_id, 0, u32::MAX)?.0)
+}
+
+/// One page of `holdings`: at most `limit` deliveries whose queue position (`deliveries.n`) is
+/// after `after_n`, oldest first, and the position the next page starts after while more may
+/// follow. The cursor is a position in the queue order, which never changes for a delivery, so
+/// a holding that stays held is on exactly one page however the others move meanwhile.
+pub fn holdings_page(
+    conn: &dyn Db,
+    host: &str,
+    instance_id: &str,
+    after_n: i64,
+    limit: u32,
+) -> StoreResult<(Vec<ClaimedDelivery>, Option<i64>)> {
+    let mut rows: Vec<(i64, ClaimedDelivery)> = conn
         .prepare_cached(
             "SELECT d.id, d.message_id, d.conversation, d.seq, m.payload, d.claim_token, d.state, m.producer,
-                    d.attempt, m.max_attempts, d.rerun, d.cancel_requested_at IS NOT NULL
+                    d.attempt, m.max_attempts, d.rerun, d.cancel_requested_at IS NOT NULL, d.n
              FROM deliveries d JOIN messages m ON m.id = d.message_id
-             WHERE d.instance_id = :i AND d.host = :h
+             WHERE d.instance_id = :i AND d.host = :h AND d.n > :after
                AND (d.state IN ('claimed', 'mirrored')
                     OR (d.state = 'delivered' AND NOT EXISTS (
                         SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)))
-             ORDER BY d.n",
+             ORDER BY d.n LIMIT :lim",
         )?
-        .query_map(named_params! {":i": instance_id, ":h": host}, |r| {
-            let delivery_id: String = r.get(0)?;
-            let message_id: String = r.get(1)?;
-            Ok(ClaimedDelivery {
-                payload: json_column(r, 4, "messages", &message_id)?,
-                state: state_column(r, 6, "deliveries", &delivery_id)?,
-                message_id,
-                conversation: r.get(2)?,
-                seq: r.get(3)?,
-                claim_token: r.get(5)?,
-                producer: Some(r.get(7)?),
-                attempt: r.get(8)?,
-                max_attempts: r.get(9)?,
-                rerun: parse_column_opt(r, 10, "deliveries", &delivery_id, "rerun", Rerun::parse)?,
-                cancel_requested: r.get(11)?,
-                delivery_id,
-            })
-        })?
+        .query_map(
+            named_params! {":i": instance_id, ":h": host, ":after": after_n, ":lim": i64::from(limit).saturating_add(1)},
+            |r| {
+                let delivery_id: String = r.get(0)?;
+                let message_id: String = r.get(1)?;
+                let n: i64 = r.get(12)?;
+                Ok((
+                    n,
+                    ClaimedDelivery {
+                        payload: json_column(r, 4, "messages", &message_id)?,
+                        state: state_column(r, 6, "deliveries", &delivery_id)?,
+                        message_id,
+                        conversation: r.get(2)?,
+                        seq: r.get(3)?,
+                        claim_token: r.get(5)?,
+                        producer: Some(r.get(7)?),
+                        attempt: r.get(8)?,
+                        max_attempts: r.get(9)?,
+                        rerun: parse_column_opt(r, 10, "deliveries", &delivery_id, "rerun", Rerun::parse)?,
+                        cancel_requested: r.get(11)?,
+                        delivery_id,
+                    },
+                ))
+            },
+        )?
         .collect::<Result<_, _>>()?;
-    Ok(rows)
+    // One row past the page says whether another page follows, without a count.
+    let more = rows.len() > limit as usize;
+    rows.truncate(limit as usize);
+    let next = if more { rows.last().map(|(n, _)| *n) } else { None };
+    Ok((rows.into_iter().map(|(_, d)| d).collect(), next))
 }
 
 /// A delivery's host, state and holder, for the holder checks.
@@ -1401,5 +1427,36 @@ mod tests {
         let e = crate::store::in_write_txn(&db.conn, |c| claim(c, "host-a", "inst", 10, 2)).unwrap_err();
         assert!(matches!(&e, StoreError::Corrupt(t) if t.contains(&msg) && t.contains("payload")), "{e:?}");
         assert_eq!(state_of_msg(&db.conn, &msg).0, "queued");
+    }
+
+    /// Holdings come in pages in queue order; following the cursor yields each holding once,
+    /// also when one in the middle settles between two pages.
+    #[test]
+    fn holdings_come_in_pages_that_the_cursor_walks_once_each() {
+        let db = testing::db();
+        let c = &db.conn;
+        for i in 0..5 {
+            crate::store::accept::testing::accept_one(c, &format!("c{i}"), &format!("k{i}"), &["host-a"]);
+        }
+        let got = claim(c, "host-a", "i", 5, 2).unwrap();
+        assert_eq!(got.len(), 5);
+        let (first, next) = holdings_page(c, "host-a", "i", 0, 2).unwrap();
+        assert_eq!(
+            first.iter().map(|d| d.delivery_id.as_str()).collect::<Vec<_>>(),
+            [&got[0].delivery_id, &got[1].delivery_id]
+        );
+        let next = next.expect("more follow");
+        // The third one leaves the holdings (its node rejects it) before the next page is read.
+        let h = crate::store::transition::Holder { instance_id: "i", claim_token: &got[2].claim_token };
+        reject(c, "host-a", &got[2].delivery_id, h, "no", 3).unwrap();
+        let (second, next) = holdings_page(c, "host-a", "i", next, 2).unwrap();
+        assert_eq!(
+            second.iter().map(|d| d.delivery_id.as_str()).collect::<Vec<_>>(),
+            [&got[3].delivery_id, &got[4].delivery_id]
+        );
+        assert_eq!(next, None, "the last page says so");
+        let (exact, next) = holdings_page(c, "host-a", "i", 0, 4).unwrap();
+        assert_eq!((exact.len(), next), (4, None), "four holdings, a page of four: no next page");
+        assert_eq!(holdings(c, "host-a", "i").unwrap().len(), 4);
     }
 }

@@ -32,38 +32,62 @@ pub fn message_view(conn: &dyn Db, message_id: &str) -> StoreResult<MessageView>
                 payload: json_column(r, 5, "messages", message_id)?,
                 accepted_at_ms: r.get(6)?,
                 deliveries: Vec::new(),
+                omitted: None,
             })
         })
         .optional()?
         .ok_or_else(|| StoreError::NotFound(format!("no message {message_id}")))?;
     let mut deliveries: Vec<DeliveryView> = conn
-        .prepare_cached(
-            "SELECT d.id, d.host, d.state, d.reason, d.updated_at, d.attempt, m.max_attempts, d.not_before,
-                    d.cancel_requested_at, d.cancel_reason
-             FROM deliveries d JOIN messages m ON m.id = d.message_id WHERE d.message_id = ?1 ORDER BY d.host",
-        )?
-        .query_map([message_id], |r| {
-            let id: String = r.get(0)?;
-            Ok(DeliveryView {
-                host: r.get(1)?,
-                state: state_column(r, 2, "deliveries", &id)?,
-                reason: r.get(3)?,
-                updated_at_ms: r.get(4)?,
-                attempts: Vec::new(),
-                attempt: r.get(5)?,
-                max_attempts: r.get(6)?,
-                not_before_ms: r.get(7)?,
-                cancel_requested_at_ms: r.get(8)?,
-                cancel_reason: r.get(9)?,
-                delivery_id: id,
-            })
-        })?
+        .prepare_cached(&format!("{DELIVERY_VIEW} WHERE d.message_id = ?1 ORDER BY d.host"))?
+        .query_map([message_id], delivery_view_row)?
         .collect::<Result<_, _>>()?;
     for d in &mut deliveries {
         d.attempts = attempts_of(conn, &d.delivery_id)?;
     }
     view.deliveries = deliveries;
     Ok(view)
+}
+
+/// The columns `delivery_view_row` reads.
+const DELIVERY_VIEW: &str =
+    "SELECT d.id, d.host, d.state, d.reason, d.updated_at, d.attempt, m.max_attempts, d.not_before,
+        d.cancel_requested_at, d.cancel_reason, m.producer
+    FROM deliveries d JOIN messages m ON m.id = d.message_id";
+
+/// One delivery of a message view, without its attempts.
+fn delivery_view_row(r: &Row<'_>) -> rusqlite::Result<DeliveryView> {
+    let id: String = r.get(0)?;
+    Ok(DeliveryView {
+        host: r.get(1)?,
+        state: state_column(r, 2, "deliveries", &id)?,
+        reason: r.get(3)?,
+        updated_at_ms: r.get(4)?,
+        attempts: Vec::new(),
+        attempt: r.get(5)?,
+        max_attempts: r.get(6)?,
+        not_before_ms: r.get(7)?,
+        cancel_requested_at_ms: r.get(8)?,
+        cancel_reason: r.get(9)?,
+        delivery_id: id,
+    })
+}
+
+/// One delivery of message `message_id` with all its attempts, and the message's producer (for
+/// the caller's ownership check): what a message view too large for its bound points to.
+/// `NotFound` when the message has no such delivery.
+pub fn delivery_view(conn: &dyn Db, message_id: &str, delivery_id: &str) -> StoreResult<(String, DeliveryView)> {
+    let found = conn
+        .prepare_cached(&format!("{DELIVERY_VIEW} WHERE d.message_id = ?1 AND d.id = ?2"))?
+        .query_row([message_id, delivery_id], |r| {
+            let producer: String = r.get(10)?;
+            Ok((producer, delivery_view_row(r)?))
+        })
+        .optional()?;
+    let Some((producer, mut d)) = found else {
+        return Err(StoreError::NotFound(format!("no delivery {delivery_id} of message {message_id}")));
+    };
+    d.attempts = attempts_of(conn, &d.delivery_id)?;
+    Ok((producer, d))
 }
 
 /// The attempts of one delivery, oldest first.
@@ -84,6 +108,20 @@ pub fn settled(d: &DeliveryView) -> bool {
         DeliveryState::Delivered => d.attempts.iter().any(|a| a.attempt == d.attempt),
         _ => false,
     }
+}
+
+/// The bytes the record takes, as `limits.store_bytes_max` counts them: on SQLite the file's
+/// pages in use (free pages are reused before the file grows, so they do not count); on
+/// PostgreSQL the database's size on disk.
+pub fn store_bytes(conn: &dyn Db) -> StoreResult<i64> {
+    let sql = match conn.dialect() {
+        super::db::Dialect::Sqlite => {
+            "SELECT (p.page_count - f.freelist_count) * s.page_size
+             FROM pragma_page_count() p, pragma_freelist_count() f, pragma_page_size() s"
+        }
+        super::db::Dialect::Postgres => "SELECT pg_database_size(current_database())",
+    };
+    Ok(conn.prepare_cached(sql)?.query_row([], |r| r.get(0))?)
 }
 
 /// A delivery as listed for operators.
@@ -387,5 +425,29 @@ mod tests {
 
         c.execute("UPDATE messages SET payload = '{oops' WHERE id = ?1", [&msg]).unwrap();
         check(message_view(c, &msg), &msg, "payload");
+    }
+
+    /// The record's size grows with what it holds (on SQLite, byte for byte; PostgreSQL
+    /// compresses and preallocates, so there it is only positive).
+    #[test]
+    fn store_bytes_counts_what_the_record_holds() {
+        let db = crate::store::testing::db();
+        let c = &db.conn;
+        let empty = store_bytes(c).unwrap();
+        assert!(empty > 0, "{empty}");
+        if c.dialect() != crate::store::db::Dialect::Sqlite {
+            return;
+        }
+        c.execute("INSERT INTO conversations (name, last_seq) VALUES ('c', 0)", []).unwrap();
+        for i in 0..50 {
+            let payload = format!("{{\"pad\": \"{}\"}}", "x".repeat(4000));
+            c.execute(
+                "INSERT INTO messages (id, conversation, seq, producer, idempotency_key, content_hash, payload, accepted_at)
+                 VALUES (?1, 'c', ?2, 'p', ?1, 'h', ?3, 1)",
+                rusqlite::params![format!("m{i}"), i + 1, payload],
+            )
+            .unwrap();
+        }
+        assert!(store_bytes(c).unwrap() >= empty + 50 * 4000, "grew with the 50 payloads");
     }
 }

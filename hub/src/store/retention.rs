@@ -6,7 +6,10 @@
 //! outcome has no `settled_at` and is kept however old it is: nothing unfinished ever
 //! vanishes. The sweep checks that again itself, so a wrong `settled_at` could keep a message
 //! too long, never remove an unfinished one. The operators' audit log (`operator_events`) has
-//! its own window (`limits.audit_retention`), counted from each row's time.
+//! its own window (`limits.audit_retention`), counted from each row's time; so do lifted fences
+//! (an expired fence is lifted by the hub at its expiry), counted from their lift: a fence is
+//! operator history once lifted, and without the sweep the table only ever grew. An active
+//! fence is never removed, however old.
 
 use super::StoreResult;
 use super::db::Db;
@@ -45,6 +48,21 @@ pub fn sweep_audit(conn: &dyn Db, cutoff_ms: i64, max: usize) -> StoreResult<usi
     let n = conn
         .prepare_cached(
             "DELETE FROM operator_events WHERE id IN (SELECT id FROM operator_events WHERE at < ?1 ORDER BY id LIMIT ?2)",
+        )?
+        .execute(rusqlite::params![cutoff_ms, max as i64])?;
+    Ok(n)
+}
+
+/// Most lifted fences removed per sweep transaction, for the same reason.
+pub const SWEEP_FENCES_MAX: usize = 5_000;
+
+/// Removes up to `max` fences lifted (by an operator, or by the hub at their expiry) before
+/// `cutoff_ms`. Returns how many. Active fences stay whatever their age.
+pub fn sweep_fences(conn: &dyn Db, cutoff_ms: i64, max: usize) -> StoreResult<usize> {
+    let n = conn
+        .prepare_cached(
+            "DELETE FROM fences WHERE id IN (
+                SELECT id FROM fences WHERE lifted_at IS NOT NULL AND lifted_at < ?1 ORDER BY id LIMIT ?2)",
         )?
         .execute(rusqlite::params![cutoff_ms, max as i64])?;
     Ok(n)
@@ -231,5 +249,40 @@ mod tests {
         assert_eq!(sweep(c, 100, 100).unwrap(), 0, "run 2 has no outcome yet");
         let kept: i64 = c.query_row("SELECT count(*) FROM messages WHERE id = ?1", [&m], |r| r.get(0)).unwrap();
         assert_eq!(kept, 1);
+    }
+
+    /// Lifted and expired fences go once lifted longer than the audit window; active ones,
+    /// time-boxed or not, stay however old.
+    #[test]
+    fn lifted_and_expired_fences_go_after_the_audit_window_active_ones_stay() {
+        use crate::store::fences::{self, FenceKind, FenceScope, NewFence};
+        let db = testing::db();
+        let c = &db.conn;
+        let fence = |target: &'static str| NewFence {
+            kind: FenceKind::Pause,
+            scope: FenceScope::Conversation,
+            target: Some(target),
+            operator: "op",
+            reason: "r",
+        };
+        let lifted = fences::set(c, fence("a"), 10).unwrap();
+        fences::lift(c, lifted, "op", "done", 20).unwrap();
+        let expired = fences::set_until(c, fence("b"), Some(30), 10).unwrap();
+        assert_eq!(fences::lift_expired(c, 30).unwrap(), vec![expired]);
+        let active = fences::set(c, fence("c"), 1).unwrap();
+        let boxed = fences::set_until(c, fence("d"), Some(1_000), 1).unwrap();
+
+        assert_eq!(sweep_fences(c, 20, 100).unwrap(), 0, "lifted at 20: not before the cutoff");
+        assert_eq!(sweep_fences(c, 21, 100).unwrap(), 1);
+        assert_eq!(sweep_fences(c, 500, 100).unwrap(), 1, "the expired one, lifted by the hub at 30");
+        let left: Vec<i64> = c
+            .prepare("SELECT id FROM fences ORDER BY id")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .map(|r| r.unwrap())
+            .collect();
+        assert_eq!(left, vec![active, boxed]);
+        assert_eq!(fences::active(c).unwrap().len(), 2);
     }
 }

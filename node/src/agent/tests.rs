@@ -503,6 +503,7 @@ fn config(dir: &Path, script: &str) -> NodeConfig {
         queue_ahead_batches: 4,
         handoffs_in_flight: 2,
         result_bytes_max: 4096,
+        store_bytes_max: crate::limits::STORE_BYTES_MAX_DEFAULT,
         shutdown_grace: Duration::from_secs(5),
         kill_grace: Duration::from_secs(5),
         cancel_grace: Duration::from_secs(5),

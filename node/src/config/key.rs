@@ -349,6 +349,15 @@ impl FromValue for usize {
     }
 }
 
+impl FromValue for u64 {
+    fn from_value(key: &'static str, v: Value) -> Result<Self, ConfigError> {
+        match v {
+            Value::Count(n) => Ok(n),
+            other => mismatch(key, &other, "u64"),
+        }
+    }
+}
+
 impl FromValue for Duration {
     fn from_value(key: &'static str, v: Value) -> Result<Self, ConfigError> {
         match v {

@@ -70,12 +70,25 @@ pub struct Summary {
     pub size: StoreSize,
     /// The last session registered with the hub, when there was one.
     pub session: Option<LastSession>,
+    /// Why the node claims nothing new, while it does not (its store over `store_bytes_max`).
+    pub claims_paused: Option<String>,
 }
 
 /// The tables that grow with the turns run (`meta` holds a row or two), as `size` counts them.
 const GROWING_TABLES: [&str; 4] = ["deliveries", "executions", "attempts", "outbox"];
 
 impl Db {
+    /// The bytes of the store's pages in use, as `store_bytes_max` counts them: free pages are
+    /// reused before the file grows, so they do not count.
+    pub fn used_bytes(&self) -> Result<i64, StoreError> {
+        Ok(self.conn.query_row(
+            "SELECT (p.page_count - f.freelist_count) * s.page_size
+             FROM pragma_page_count() p, pragma_freelist_count() f, pragma_page_size() s",
+            [],
+            |r| r.get(0),
+        )?)
+    }
+
     /// How big the store is: rows per table and bytes.
     pub fn size(&self) -> Result<StoreSize, StoreError> {
         let mut rows = Vec::with_capacity(GROWING_TABLES.len());
@@ -153,7 +166,10 @@ impl Db {
             let (state, n, example) = row?;
             counts.push((LocalState::parse(&example, &state)?, n));
         }
+        let claims_paused =
+            self.conn.query_row("SELECT value FROM meta WHERE key = 'claims_paused'", [], |r| r.get(0)).optional()?;
         Ok(Summary {
+            claims_paused,
             session: self.last_session()?,
             size: self.size()?,
             instance_id,

@@ -553,3 +553,20 @@ fn an_outbox_batch_settles_each_report_it_may() {
     db.reports_tried(&ids[..1], "hub down", 15).unwrap();
     assert_eq!(count(&db, "SELECT tries FROM outbox WHERE last_error = 'hub down'"), 2);
 }
+
+/// Why claiming is paused is kept for `status` until the node claims again; the size it is
+/// judged by counts the pages in use and grows with what the store holds.
+#[test]
+fn a_claim_pause_is_shown_until_cleared_and_used_bytes_grow_with_the_store() {
+    let (_dir, mut db) = open_temp();
+    assert_eq!(db.summary().unwrap().claims_paused, None);
+    let empty = db.used_bytes().unwrap();
+    assert!(empty > 0);
+    db.record_claims_paused(Some("over store_bytes_max")).unwrap();
+    assert_eq!(db.summary().unwrap().claims_paused.as_deref(), Some("over store_bytes_max"));
+    db.record_claims_paused(None).unwrap();
+    assert_eq!(db.summary().unwrap().claims_paused, None);
+    db.conn().execute("INSERT INTO meta(key, value) VALUES ('padding', ?1)", [&"x".repeat(200_000)]).unwrap();
+    let full = db.used_bytes().unwrap();
+    assert!(full >= empty + 150_000, "{empty} -> {full}");
+}

@@ -413,11 +413,37 @@ impl NodeClient {
         Ok(r.results)
     }
 
-    /// `GET /v1/holdings`: everything this instance holds.
+    /// `GET /v1/holdings`: everything this instance holds, every page followed (see
+    /// `holdings_page`).
     pub async fn holdings(&self) -> Result<Vec<ClaimedDelivery>, ClientError> {
-        let url = self.client.url("/v1/holdings", &[("instance_id", &self.instance_id)])?;
-        let r: HoldingsResponse = self.call(|http| http.get(url).timeout(REQUEST_TIMEOUT)).await?;
-        Ok(r.deliveries)
+        let mut all = Vec::new();
+        let mut cursor: Option<i64> = None;
+        loop {
+            let page = self.holdings_page(cursor).await?;
+            all.extend(page.deliveries);
+            match page.next_cursor {
+                // A cursor that does not move on would page forever: the hub's answer is wrong.
+                Some(next) if cursor.is_some_and(|c| next <= c) => {
+                    let detail = format!("holdings: next_cursor {next} does not move past the page's cursor");
+                    return Err(ClientError::BadAnswer { status: 200, detail });
+                }
+                Some(next) => cursor = Some(next),
+                None => return Ok(all),
+            }
+        }
+    }
+
+    /// `GET /v1/holdings`: one page of what this instance holds, from `cursor` (a previous
+    /// page's `next_cursor`; `None` for the first), as large as the hub's
+    /// `limits.holdings_page_max`.
+    pub async fn holdings_page(&self, cursor: Option<i64>) -> Result<HoldingsResponse, ClientError> {
+        let cursor = cursor.map(|c| c.to_string());
+        let mut query = vec![("instance_id", self.instance_id.as_str())];
+        if let Some(c) = &cursor {
+            query.push(("cursor", c.as_str()));
+        }
+        let url = self.client.url("/v1/holdings", &query)?;
+        self.call(|http| http.get(url).timeout(REQUEST_TIMEOUT)).await
     }
 
     /// `POST /v1/deliveries/{id}/mirrored`: claimed → mirrored.
