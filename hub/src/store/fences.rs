@@ -270,6 +270,30 @@ pub fn conversation_has_messages(conn: &dyn Db, conversation: &str) -> StoreResu
         .query_row([conversation], |r| r.get(0))?)
 }
 
+/// The queued deliveries of every host (`host` `None`) or of one, counted by (conversation,
+/// host): what a block on everything or on that host would fail at the hosts' next claims.
+pub fn queued_by_pair(conn: &dyn Db, host: Option<&str>) -> StoreResult<Vec<(String, String, i64)>> {
+    fn row(r: &super::db::Row<'_>) -> rusqlite::Result<(String, String, i64)> {
+        Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+    }
+    let rows = match host {
+        Some(h) => conn
+            .prepare_cached(
+                "SELECT conversation, host, count(*) FROM deliveries WHERE state = 'queued' AND host = ?1
+                 GROUP BY conversation, host",
+            )?
+            .query_map([h], row)?
+            .collect::<Result<_, _>>()?,
+        None => conn
+            .prepare_cached(
+                "SELECT conversation, host, count(*) FROM deliveries WHERE state = 'queued' GROUP BY conversation, host",
+            )?
+            .query_map([], row)?
+            .collect::<Result<_, _>>()?,
+    };
+    Ok(rows)
+}
+
 /// The actor recorded for a fence the hub lifted because its time was up.
 pub const EXPIRY_ACTOR: &str = "hub";
 

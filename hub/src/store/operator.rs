@@ -125,6 +125,68 @@ pub struct Swept {
     pub outcome_unknown: Vec<String>,
 }
 
+/// What retiring a host would do, read without changing anything: the counts `retire` would
+/// sweep, by the state each delivery is in now, and the conversations it would leave. An
+/// operator is shown this before the retirement (SPEC §9); the retirement itself reports
+/// what it did, which may differ by what changed in between.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RetirePlan {
+    /// Queued deliveries, to fail.
+    pub queued: i64,
+    /// Held deliveries, to fail.
+    pub held: i64,
+    /// Claimed deliveries, to fail.
+    pub claimed: i64,
+    /// Mirrored deliveries, to become unknown.
+    pub mirrored: i64,
+    /// Delivered deliveries whose current run has no outcome, to get an `unknown` attempt.
+    pub outcome_unknown: i64,
+    /// The conversations it is a member of now, which it would leave.
+    pub leaves: Vec<String>,
+}
+
+impl RetirePlan {
+    /// How many deliveries would fail (queued, held and claimed).
+    pub fn failing(&self) -> i64 {
+        self.queued + self.held + self.claimed
+    }
+}
+
+/// What `retire` would do to `host` (see `RetirePlan`); `NotFound`, as `retire`, for a host
+/// that is not enrolled or already retired.
+pub fn retire_plan(conn: &dyn Db, host: &str) -> StoreResult<RetirePlan> {
+    let active: bool = conn
+        .prepare_cached("SELECT EXISTS (SELECT 1 FROM hosts WHERE name = ?1 AND retired_at IS NULL)")?
+        .query_row([host], |r| r.get(0))?;
+    if !active {
+        return Err(StoreError::NotFound(format!("no enrolled, unretired host {host}")));
+    }
+    let mut plan = RetirePlan::default();
+    let counts: Vec<(String, i64)> = conn
+        .prepare_cached(
+            "SELECT state, count(*) FROM deliveries WHERE host = ?1 AND state IN ('queued', 'held', 'claimed', 'mirrored')
+             GROUP BY state",
+        )?
+        .query_map([host], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<Result<_, _>>()?;
+    for (state, n) in counts {
+        match state.as_str() {
+            "queued" => plan.queued = n,
+            "held" => plan.held = n,
+            "claimed" => plan.claimed = n,
+            _ => plan.mirrored = n,
+        }
+    }
+    plan.outcome_unknown = conn
+        .prepare_cached(
+            "SELECT count(*) FROM deliveries d WHERE d.host = ?1 AND d.state = 'delivered'
+               AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)",
+        )?
+        .query_row([host], |r| r.get(0))?;
+    plan.leaves = super::members::memberships_of(conn, host)?;
+    Ok(plan)
+}
+
 /// Retires a host: it takes no more work; its waiting and claimed deliveries fail, its mirrored
 /// ones become unknown, and delivered ones without an outcome get an `unknown` attempt.
 pub fn retire(conn: &dyn Db, host: &str, operator: &str, reason: &str, now_ms: i64) -> StoreResult<Swept> {
