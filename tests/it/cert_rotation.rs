@@ -200,7 +200,7 @@ async fn a_ca_rotation_trusts_both_cas_until_the_old_one_is_retired() {
     assert_eq!(refused.status.code(), Some(2), "{said}");
     assert!(said.contains("node host-a:") && said.contains("producer prod:"), "{said}");
     assert!(!said.contains("host-b"), "host-b holds a certificate of the issuing CA: {said}");
-    let out = hub.cli_ok(["ca", "retire-old", "--force"]);
+    let out = hub.cli_ok(["ca", "retire-old", "--force", "--yes"]);
     assert!(out.contains("retired 1 old CA"), "{out}");
     assert!(out.contains("cut off: node host-a:") && out.contains("cut off: producer prod:"), "{out}");
     assert_eq!(pki::pem_certs(&hub.ca_pem()).unwrap().len(), 1);
@@ -244,7 +244,7 @@ async fn long_polls_of_an_old_ca_certificate_answer_401_once_it_is_retired() {
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     assert!(!read.is_finished() && !claim.is_finished(), "both are waiting");
 
-    let out = hub.cli_ok(["ca", "retire-old", "--force"]);
+    let out = hub.cli_ok(["ca", "retire-old", "--force", "--yes"]);
     assert!(out.contains("retired 1 old CA"), "{out}");
     // What would end both waits with data: an outcome for the read, work for the claim.
     hub.cli_ok(["deliveries", "cancel", s.to("host-b"), "--reason", "after the retirement"]);
@@ -290,7 +290,7 @@ fn retiring_the_old_ca_is_refused_while_it_would_cut_off_nodes_or_producers() {
     let dir = renewed.display().to_string();
     hub.cli_ok(["renew", "host-a", "--out", &dir]);
     hub.cli_ok(["renew", "prod-two", "--out", &dir]);
-    hub.cli_ok(["revoke", "host-b", "--reason", "decommissioned"]);
+    hub.cli_ok(["revoke", "host-b", "--reason", "decommissioned", "--yes"]);
     let said = refusal(&["ca", "retire-old"]);
     assert!(said.contains("1 name(s)") && said.contains("producer prod:"), "{said}");
     for gone in ["host-a", "host-b", "prod-two"] {
@@ -300,7 +300,11 @@ fn retiring_the_old_ca_is_refused_while_it_would_cut_off_nodes_or_producers() {
     let dry = hub.cli_ok(["ca", "retire-old", "--dry-run", "--force"]);
     assert!(dry.contains("would retire 1 old CA") && dry.contains("would be cut off: producer prod:"), "{dry}");
     assert_eq!(cas(&hub), 2, "a dry run changes nothing");
-    let out = hub.cli_ok(["ca", "retire-old", "--force"]);
+    // Without --yes, and no terminal to ask: refused (2), saying what it would do.
+    let said = refusal(&["ca", "retire-old", "--force"]);
+    assert!(said.contains("would retire 1 old CA") && said.contains("--yes"), "{said}");
+    assert_eq!(cas(&hub), 2, "a refused retirement changes nothing");
+    let out = hub.cli_ok(["ca", "retire-old", "--force", "--yes"]);
     assert!(out.contains("retired 1 old CA") && out.contains("cut off: producer prod:"), "{out}");
     assert_eq!(cas(&hub), 1);
     let audit = hub.cli_ok(["audit"]);

@@ -107,7 +107,14 @@ async fn purge_removes_settled_messages_only_and_is_audited() {
     assert_eq!(hub.deliveries().len(), 2, "a dry run removes nothing");
     assert!(audit_of(&hub, "purge").is_empty());
 
+    // Without --yes, and no terminal to ask: refused (2), saying what it would remove.
     let out = hub.cli(["purge", "--message", &done.message_id, "--reason", "gdpr request"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(stderr(&out).contains("would purge") && stderr(&out).contains("--yes"), "{}", stderr(&out));
+    assert_eq!(hub.deliveries().len(), 2, "a refused purge removes nothing");
+    assert!(audit_of(&hub, "purge").is_empty());
+
+    let out = hub.cli(["purge", "--message", &done.message_id, "--reason", "gdpr request", "--yes"]);
     assert!(out.status.success(), "{out:?}");
     assert!(stdout(&out).contains("purged message"), "{}", stdout(&out));
     assert_eq!(hub.cli(["deliveries", "show", done.to("host-a")]).status.code(), Some(1));

@@ -4,6 +4,7 @@
 //! Layout:
 //! - `args`: the command line, defined once (clap derive).
 //! - `output`: everything written to stdout (tables, JSON, one-line answers).
+//! - `confirm`: how a destructive command shows its plan and asks (`--dry-run`, `--yes`).
 //! - `identity`: `init`, `enroll`, `renew` (a holder's or the hub's server certificate),
 //!   `revoke`, `certs list`.
 //! - `conversations`: `members add|remove|list`, `producers scope|list`.
@@ -35,6 +36,7 @@
 mod args;
 mod audit;
 mod ca;
+mod confirm;
 mod conversations;
 mod deliveries;
 mod fence;
@@ -341,8 +343,8 @@ pub fn run(cli: &Cli) -> CliResult {
             _ if *server => identity::renew_server(&ctx, *days),
             _ => Err(CliError::usage("renew takes NAME --out DIR, or --server")),
         },
-        Command::Revoke { name, why } => identity::revoke(&ctx, name, &why.reason),
-        Command::Retire { host, why } => deliveries::retire(&ctx, host, &why.reason),
+        Command::Revoke { name, why, confirm } => identity::revoke(&ctx, name, why.checked("revoke")?, confirm),
+        Command::Retire { host, why, confirm } => deliveries::retire(&ctx, host, why.checked("retire")?, confirm),
         Command::Requeue { instance, host, why } => deliveries::requeue(&ctx, instance, host.as_deref(), &why.reason),
         Command::Members(m) => conversations::members(&ctx, m),
         Command::Producers(p) => conversations::producers(&ctx, p),
@@ -369,12 +371,12 @@ pub fn run(cli: &Cli) -> CliResult {
         Command::Man { out } => manuals::man(out),
         Command::Hosts(h) => hosts::run(&ctx, h),
         Command::Ca(CaCmd::Rotate) => ca::rotate(&ctx),
-        Command::Ca(CaCmd::RetireOld { force, dry_run }) => ca::retire_old(&ctx, *force, *dry_run),
+        Command::Ca(CaCmd::RetireOld { force, confirm }) => ca::retire_old(&ctx, *force, confirm),
         Command::Certs(CertsCmd::List { name, json }) => identity::certs(&ctx, name.as_deref(), *json),
         Command::Restore { from } => restore::restore(&ctx, from),
         Command::Migrate { to } => migrate::migrate(&ctx, to),
-        Command::Purge { message, conversation, dry_run, reason } => {
-            purge::purge(&ctx, message.as_deref(), conversation.as_deref(), *dry_run, reason)
+        Command::Purge { message, conversation, confirm, reason } => {
+            purge::purge(&ctx, message.as_deref(), conversation.as_deref(), confirm, reason)
         }
         Command::Audit { since, actor, limit, after, json } => audit::run(
             &ctx,

@@ -1,6 +1,9 @@
-//! `purge --message ID | --conversation C [--dry-run] --reason R`: settled messages removed
-//! now, never an unsettled delivery (`store::purge`).
+//! `purge --message ID | --conversation C --reason R [--dry-run | --yes]`: settled messages
+//! removed now, never an unsettled delivery (`store::purge`). Destructive: what it removes is
+//! read and said first, and it asks (`confirm`).
 
+use super::args::Confirm;
+use super::confirm::{self, Decision};
 use super::{CliError, CliResult, Context, output};
 use crate::store::api::{By, PurgeOf};
 use crate::store::purge::{self, Plan, Target};
@@ -11,7 +14,7 @@ pub(super) fn purge(
     ctx: &Context,
     message: Option<&str>,
     conversation: Option<&str>,
-    dry_run: bool,
+    confirm: &Confirm,
     reason: &str,
 ) -> CliResult {
     let target = match (message, conversation) {
@@ -20,28 +23,41 @@ pub(super) fn purge(
         _ => return Err(CliError::usage("give --message ID or --conversation C")),
     };
     let subject = target.subject();
-    let plan = if dry_run {
-        let record = ctx.open_read()?;
-        record.run(record.purge_plan(purge_of(target)))?
-    } else {
-        let record = ctx.open_write()?;
-        let by = By { operator: ctx.operator.clone(), reason: reason.to_string() };
-        record.run(record.purge(purge_of(target), by))?
-    };
-    if !plan.allowed() {
-        return Err(refusal(&subject, &plan));
+    let record = ctx.open_read()?;
+    let plan = record.run(record.purge_plan(purge_of(target)))?;
+    drop(record);
+    check(&subject, &plan)?;
+    let text = format!(
+        "would purge {} (reason: {}): {} message(s), {} deliveries (with their events and attempts)",
+        output::esc(&subject),
+        output::esc(reason),
+        plan.messages.len(),
+        plan.deliveries
+    );
+    if confirm::decide(confirm, &text, None)? == Decision::DryRun {
+        return Ok(());
     }
-    if plan.messages.is_empty() {
-        return Err(CliError::new(exit::NOTHING, format!("nothing to do: no messages of {}", output::esc(&subject))));
-    }
-    let verb = if dry_run { "would purge" } else { "purged" };
+    let record = ctx.open_write()?;
+    let by = By { operator: ctx.operator.clone(), reason: reason.to_string() };
+    let plan = record.run(record.purge(purge_of(target), by))?;
+    check(&subject, &plan)?;
     output::line(format!(
-        "{verb} {}: {} message(s), {} deliveries (with their events and attempts){}",
+        "purged {}: {} message(s), {} deliveries (with their events and attempts)",
         output::esc(&subject),
         plan.messages.len(),
-        plan.deliveries,
-        if dry_run { "; nothing was removed" } else { "" }
+        plan.deliveries
     ))
+}
+
+/// Refuses a plan that touches unsettled work (exit 2) or finds nothing (exit 1).
+fn check(subject: &str, plan: &Plan) -> CliResult {
+    if !plan.allowed() {
+        return Err(refusal(subject, plan));
+    }
+    if plan.messages.is_empty() {
+        return Err(CliError::new(exit::NOTHING, format!("nothing to do: no messages of {}", output::esc(subject))));
+    }
+    Ok(())
 }
 
 /// The purge target, owned.
