@@ -161,6 +161,9 @@ async fn blocking_everything_or_a_host_says_what_would_fail_and_needs_yes() {
     assert_eq!(blocks[0]["reason"], "disk full", "{}", blocks[0]);
     // A block on one conversation is not asked about.
     hub.cli_ok(["fence", "block", "--conversation", "c2", "--reason", "bad input"]);
+    // A time-boxed fence says when the hub will lift it, not that it was lifted.
+    let out = hub.cli_ok(["fence", "pause", "--host", "host-b", "--for", "30m", "--reason", "maintenance"]);
+    assert!(out.contains("; the hub lifts it at ") && !out.contains("lifted"), "{out}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
