@@ -159,8 +159,12 @@ async fn blocking_everything_or_a_host_says_what_would_fail_and_needs_yes() {
     let blocks = audited(&hub, "fence_block");
     assert_eq!(blocks.len(), 1);
     assert_eq!(blocks[0]["reason"], "disk full", "{}", blocks[0]);
-    // A block on one conversation is not asked about.
+    // A block on one conversation is not asked about, but its dry run says what it would do.
+    let out = hub.cli_ok(["fence", "block", "--conversation", "c2", "--reason", "bad input", "--dry-run"]);
+    assert!(out.contains("on conversation c2") && out.contains("1 queued deliveries would fail"), "{out}");
+    assert_eq!(fences(&hub, false).len(), 2, "a dry run sets nothing");
     hub.cli_ok(["fence", "block", "--conversation", "c2", "--reason", "bad input"]);
+    assert_eq!(fences(&hub, false).len(), 3);
     // A time-boxed fence says when the hub will lift it, not that it was lifted.
     let out = hub.cli_ok(["fence", "pause", "--host", "host-b", "--for", "30m", "--reason", "maintenance"]);
     assert!(out.contains("; the hub lifts it at ") && !out.contains("lifted"), "{out}");

@@ -592,7 +592,7 @@ pub struct FenceBlock {
     /// The fence.
     #[command(flatten)]
     pub set: FenceSet,
-    /// --dry-run, --yes (with --all or --host).
+    /// --dry-run (any scope), --yes (needed with --all or --host).
     #[command(flatten)]
     pub confirm: Confirm,
 }

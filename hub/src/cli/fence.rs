@@ -85,22 +85,23 @@ fn until_text(expires_at_ms: Option<i64>) -> String {
     expires_at_ms.map(|at| format!("; the hub lifts it at {}", output::fmt_ms(at))).unwrap_or_default()
 }
 
-/// Reads what a block on everything or on a host would do and asks (`confirm::decide`);
-/// `Ok(false)` for a dry run, which has printed the plan and must change nothing.
+/// Reads what a block would do and asks (`confirm::decide`); `Ok(false)` for a dry run, which
+/// has printed the plan and must change nothing.
 fn confirm_block(
     ctx: &Context,
     set: &FenceSet,
-    target: Option<&str>,
+    (scope, target): (FenceScope, Option<&str>),
     expires_at_ms: Option<i64>,
     confirm: &Confirm,
 ) -> Result<bool, CliError> {
-    let reason = set.why.required(match target {
-        Some(_) => "fence block --host",
-        None => "fence block --all",
-    })?;
+    let reason = match scope {
+        FenceScope::Host => set.why.required("fence block --host")?,
+        FenceScope::All => set.why.required("fence block --all")?,
+        FenceScope::Conversation => set.why.text(),
+    };
     let record = ctx.open_read()?;
     let FencePlan { problem, already, queued, paused } =
-        record.run(record.fence_plan(FenceKind::Block, target.map(str::to_string)))?;
+        record.run(record.fence_plan(FenceKind::Block, scope, target.map(str::to_string)))?;
     drop(record);
     if let (Some(problem), false) = (&problem, set.force) {
         return Err(target_refusal(problem, target));
@@ -109,7 +110,7 @@ fn confirm_block(
         return Err(already_active(&existing));
     }
     let on = match target {
-        Some(h) => format!("host {}", esc(h)),
+        Some(t) => format!("{} {}", scope.as_str(), esc(t)),
         None => "everything".to_string(),
     };
     let plan = format!(
@@ -120,7 +121,7 @@ fn confirm_block(
     );
     let json = set.json.then(|| {
         serde_json::json!({
-            "kind": "block", "scope": if target.is_some() { "host" } else { "all" }, "target": target,
+            "kind": "block", "scope": scope.as_str(), "target": target,
             "expires_at_ms": expires_at_ms, "reason": reason, "queued": queued, "paused": paused,
         })
     });
@@ -140,8 +141,11 @@ fn set(ctx: &Context, kind: FenceKind, set: &FenceSet, confirm: Option<&Confirm>
         _ => (FenceScope::All, None),
     };
     let expires_at_ms = expiry_ms(ctx, set)?;
-    if let (Some(confirm), FenceScope::All | FenceScope::Host) = (confirm, scope)
-        && !confirm_block(ctx, set, target, expires_at_ms, confirm)?
+    // A block on everything or on a host is always asked about; one on a conversation only
+    // when a dry run asks what it would do.
+    if let Some(confirm) = confirm
+        && (scope != FenceScope::Conversation || confirm.dry_run)
+        && !confirm_block(ctx, set, (scope, target), expires_at_ms, confirm)?
     {
         return Ok(());
     }

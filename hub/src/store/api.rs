@@ -995,8 +995,8 @@ pub enum FenceSetOutcome {
     AlreadyActive(String),
 }
 
-/// What setting a fence on everything or on one host would do, read before it is set, so an
-/// operator sees it first (SPEC §9: a block fails what it covers).
+/// What setting a fence would do, read before it is set, so an operator sees it first (SPEC
+/// §9: a block fails what it covers).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FencePlan {
     /// Why the target looks like a typo, if it does (`fence_set` refuses it without `force`).
@@ -1209,14 +1209,18 @@ impl Store {
         }
     }
 
-    /// What `fence_set` of `kind` on everything (`target` `None`) or on host `target` would
-    /// find, changing nothing: its target's problem, the same fence already active, and the
-    /// queued deliveries it covers (of which how many are paused now).
-    pub async fn fence_plan(&self, kind: fences::FenceKind, target: Option<String>) -> StoreResult<FencePlan> {
+    /// What `fence_set` of `kind` on `scope` and `target` would find, changing nothing: its
+    /// target's problem, the same fence already active, and the queued deliveries it covers
+    /// (of which how many are paused now).
+    pub async fn fence_plan(
+        &self,
+        kind: fences::FenceKind,
+        scope: fences::FenceScope,
+        target: Option<String>,
+    ) -> StoreResult<FencePlan> {
         match &self.backend {
             Backend::Sqlite(s) | Backend::Postgres(s) => {
                 s.read(move |c| {
-                    let scope = if target.is_some() { fences::FenceScope::Host } else { fences::FenceScope::All };
                     let problem = match &target {
                         Some(t) => fence_target_problem(c, scope, t)?,
                         None => None,
@@ -1224,7 +1228,7 @@ impl Store {
                     let already = fences::active_same(c, kind, scope, target.as_deref())?.map(|f| f.describe());
                     let active = fences::active(c)?;
                     let (mut queued, mut paused) = (0, 0);
-                    for (conversation, host, n) in fences::queued_by_pair(c, target.as_deref())? {
+                    for (conversation, host, n) in fences::queued_by_pair(c, scope, target.as_deref())? {
                         queued += n;
                         if fences::strongest(&active, &conversation, &host).map(|f| f.kind)
                             == Some(fences::FenceKind::Pause)
