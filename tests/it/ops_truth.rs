@@ -260,3 +260,45 @@ async fn redriving_without_a_filter_says_how_many_and_needs_yes() {
     let out = hub.cli_ok(["redrive", "--outcome", "cancelled", "--conversation", "c1"]);
     assert!(out.contains("1 deliveries re-run"), "{out}");
 }
+
+/// Runs `baton-hub ARGS` with a terminal for its stdin and stderr (under util-linux `script`)
+/// and types `answer` there. Returns the exit status and what the terminal showed, or `None`
+/// (the test then says it is skipped) where `script` cannot be run.
+fn at_a_terminal(hub: &Hub, args: &[&str], answer: &str) -> Option<(Option<i32>, String)> {
+    use std::io::Write;
+    let inner = hub.cli_command(args);
+    let quote = |s: &std::ffi::OsStr| format!("'{}'", s.to_string_lossy().replace('\'', r"'\''"));
+    let line: Vec<String> = std::iter::once(inner.get_program()).chain(inner.get_args()).map(quote).collect();
+    let mut cmd = std::process::Command::new("script");
+    cmd.args(["-qec", &line.join(" "), "/dev/null"]).env_clear();
+    for (k, v) in inner.get_envs() {
+        if let Some(v) = v {
+            cmd.env(k, v);
+        }
+    }
+    cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    let Ok(mut child) = cmd.spawn() else {
+        eprintln!("SKIPPED: util-linux `script` cannot be run here");
+        return None;
+    };
+    child.stdin.take().expect("piped stdin").write_all(answer.as_bytes()).expect("typing the answer");
+    let out = child.wait_with_output().expect("script ends");
+    Some((out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned()))
+}
+
+/// At a terminal a destructive command shows its plan and asks; only "y" or "yes" acts, and
+/// anything else changes nothing (exit 1).
+#[test]
+fn at_a_terminal_a_destructive_command_asks_and_acts_only_on_yes() {
+    let hub = Hub::start();
+    let Some((code, shown)) = at_a_terminal(&hub, &["retire", "host-b", "--reason", "decommissioned"], "n\n") else {
+        return;
+    };
+    assert!(shown.contains("retire host host-b") && shown.contains("Proceed? [y/N]"), "{shown}");
+    assert_eq!(code, Some(1), "declined: {shown}");
+    assert!(audited(&hub, "retire").is_empty(), "nothing changed");
+    let (code, shown) = at_a_terminal(&hub, &["retire", "host-b", "--reason", "decommissioned"], "y\n").unwrap();
+    assert_eq!(code, Some(0), "{shown}");
+    assert!(shown.contains("retired host-b"), "{shown}");
+    assert_eq!(audited(&hub, "retire").len(), 1);
+}
