@@ -327,6 +327,9 @@ pub enum CaCmd {
         /// Retire it even though the nodes and producers named would be refused from then on.
         #[arg(long)]
         force: bool,
+        /// Why (recorded).
+        #[command(flatten)]
+        why: RequiredReason,
         /// --dry-run, --yes.
         #[command(flatten)]
         confirm: Confirm,
@@ -805,8 +808,8 @@ mod tests {
             vec!["baton-hub", "renew", "host-a", "--out", "d", "--force"],
             vec!["baton-hub", "renew", "--server"],
             vec!["baton-hub", "ca", "rotate"],
-            vec!["baton-hub", "ca", "retire-old", "--yes"],
-            vec!["baton-hub", "ca", "retire-old", "--dry-run", "--force"],
+            vec!["baton-hub", "ca", "retire-old", "--reason", "r", "--yes"],
+            vec!["baton-hub", "ca", "retire-old", "--reason", "r", "--dry-run", "--force"],
             vec!["baton-hub", "renew", "--server", "--days", "10"],
             vec!["baton-hub", "audit", "--since", "24h", "--actor", "alice", "--json"],
             vec!["baton-hub", "hosts", "show", "host-a", "--json"],

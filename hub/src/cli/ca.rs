@@ -155,11 +155,11 @@ pub(super) fn rotate(ctx: &Context) -> CliResult {
     )
 }
 
-/// `ca retire-old [--force] [--dry-run | --yes]`: `ca.crt` keeps only the issuing CA (see
+/// `ca retire-old [--force] --reason R [--dry-run | --yes]`: `ca.crt` keeps only the issuing CA (see
 /// `args::CaCmd`). Refused while the server certificate is the old CA's, and (unless `force`)
 /// while a node or producer would be cut off (`cut_off`); otherwise it says what it retires and
 /// who is cut off, and asks (`confirm`).
-pub(super) fn retire_old(ctx: &Context, force: bool, confirm: &Confirm) -> CliResult {
+pub(super) fn retire_old(ctx: &Context, force: bool, reason: &str, confirm: &Confirm) -> CliResult {
     let dir = &ctx.dir;
     let (current, others) = split_cas(dir)?;
     if others.is_empty() {
@@ -199,9 +199,10 @@ pub(super) fn retire_old(ctx: &Context, force: bool, confirm: &Confirm) -> CliRe
         )));
     }
     let mut plan = format!(
-        "would retire {} old CA(s): {} would trust only the issuing CA, and certificates of the old CA would be \
-         refused from then on",
+        "would retire {} old CA(s) (reason: {}): {} would trust only the issuing CA, and certificates of the old \
+         CA would be refused from then on",
         others.len(),
+        output::esc(reason),
         dir.ca_cert().display()
     );
     for s in &stranded {
@@ -212,7 +213,7 @@ pub(super) fn retire_old(ctx: &Context, force: bool, confirm: &Confirm) -> CliRe
     }
     let stamp = aside_stamp(ctx.now_ms());
     let kept = identity::replace_files(&[(dir.ca_cert(), current.as_str(), false)], &stamp)?;
-    let mut note = format!("{} old CA(s) no longer trusted", others.len());
+    let mut note = format!("{reason}; {} old CA(s) no longer trusted", others.len());
     if !stranded.is_empty() {
         let names: Vec<String> = stranded.iter().map(|s| format!("{} {}", s.role, s.name)).collect();
         note.push_str(&format!("; forced, cutting off {}", names.join(", ")));

@@ -371,7 +371,9 @@ pub fn run(cli: &Cli) -> CliResult {
         Command::Man { out } => manuals::man(out),
         Command::Hosts(h) => hosts::run(&ctx, h),
         Command::Ca(CaCmd::Rotate) => ca::rotate(&ctx),
-        Command::Ca(CaCmd::RetireOld { force, confirm }) => ca::retire_old(&ctx, *force, confirm),
+        Command::Ca(CaCmd::RetireOld { force, why, confirm }) => {
+            ca::retire_old(&ctx, *force, why.checked("ca retire-old")?, confirm)
+        }
         Command::Certs(CertsCmd::List { name, json }) => identity::certs(&ctx, name.as_deref(), *json),
         Command::Restore { from } => restore::restore(&ctx, from),
         Command::Migrate { to } => migrate::migrate(&ctx, to),
