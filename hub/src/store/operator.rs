@@ -314,3 +314,50 @@ pub fn requeue_host_instance(
     record_operator_event(conn, "requeue_instance", instance_id, operator, Some(reason), now_ms)?;
     Ok(swept)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::accept::testing::accept_one;
+    use crate::store::transition::Holder;
+    use crate::store::{claim, members, testing};
+
+    /// The plan read before a retirement counts exactly what the retirement then sweeps, by
+    /// state, and names the conversations it leaves; a host already retired has no plan.
+    #[test]
+    fn the_retire_plan_counts_what_retire_sweeps() {
+        let db = testing::db();
+        let c = &*db.conn;
+        members::add(c, "team", &["host-a".to_string()], "op", "r", 1).unwrap();
+        for (conversation, key) in [("c1", "k1"), ("c2", "k2"), ("c3", "k3"), ("c4", "k4")] {
+            accept_one(c, conversation, key, &["host-a"]);
+        }
+        let got = claim::claim(c, "host-a", "i", 3, 3).unwrap();
+        assert_eq!(got.len(), 3);
+        let h = Holder { instance_id: "i", claim_token: &got[0].claim_token };
+        claim::mirrored(c, "host-a", &got[0].delivery_id, h, 4).unwrap();
+        let h = Holder { instance_id: "i", claim_token: &got[1].claim_token };
+        claim::mirrored(c, "host-a", &got[1].delivery_id, h, 4).unwrap();
+        claim::ack(c, "host-a", &got[1].delivery_id, h, 5).unwrap();
+
+        let plan = retire_plan(c, "host-a").unwrap();
+        let expected = RetirePlan {
+            queued: 1,
+            held: 0,
+            claimed: 1,
+            mirrored: 1,
+            outcome_unknown: 1,
+            leaves: vec!["team".to_string()],
+        };
+        assert_eq!(plan, expected);
+        assert_eq!(plan.failing(), 2);
+        let swept = retire(c, "host-a", "op", "r", 6).unwrap();
+        let left = members::leave_all(c, "host-a", "op", "r", 6).unwrap();
+        assert_eq!(swept.failed.len() as i64, plan.failing());
+        assert_eq!(swept.unknown.len() as i64, plan.mirrored);
+        assert_eq!(swept.outcome_unknown.len() as i64, plan.outcome_unknown);
+        assert_eq!(left, plan.leaves);
+        assert!(matches!(retire_plan(c, "host-a"), Err(StoreError::NotFound(_))));
+        assert!(matches!(retire_plan(c, "nobody"), Err(StoreError::NotFound(_))));
+    }
+}
