@@ -237,6 +237,8 @@ async fn redriving_without_a_filter_says_how_many_and_needs_yes() {
     }
     let cancelled = states(&hub);
 
+    let (code, err) = code_and_stderr(&hub.cli(["redrive", "--outcome", "unknown", "--reason", "fixed"]));
+    assert_eq!(code, Some(1), "nothing to re-run is not asked about: {err}");
     let (code, err) = code_and_stderr(&hub.cli(["redrive", "--outcome", "cancelled", "--yes"]));
     assert_eq!(code, Some(2), "a redrive of everything needs a reason: {err}");
     let said = refused_without_yes(&hub, &["redrive", "--outcome", "cancelled", "--reason", "fixed"]);

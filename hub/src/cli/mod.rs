@@ -1,5 +1,8 @@
 //! The operator CLI (SPEC §10). Every command takes `--data-dir`; listing commands take
 //! `--json`; changing commands take `--reason` (recorded with the operator's name).
+//! Destructive commands (SPEC §9: `fence block --all|--host`, `retire`, `revoke`, `purge`,
+//! `redrive` without a filter, `ca retire-old`) need their reason, say what they will do, and
+//! go through `confirm`: `--dry-run`, `--yes`, or a question at a terminal.
 //!
 //! Layout:
 //! - `args`: the command line, defined once (clap derive).

@@ -210,8 +210,12 @@ pub(super) fn redrive(ctx: &Context, a: &RedriveArgs) -> CliResult {
             output::line(text)
         };
     }
-    if !a.filtered() && !dry_run {
-        let n = select(&record, &filter, batch_max, None)?.len();
+    // Nothing to re-run is not worth a question: it ends below with exit 1.
+    if !a.filtered()
+        && !dry_run
+        && let n = select(&record, &filter, batch_max, None)?.len()
+        && n > 0
+    {
         let plan = format!(
             "redrive without a filter (reason: {}): {n} deliveries that ended {} would re-run, every one in the \
              record",
