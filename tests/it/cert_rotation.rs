@@ -162,7 +162,7 @@ async fn a_ca_rotation_trusts_both_cas_until_the_old_one_is_retired() {
     assert_eq!(pki::pem_certs(&bundle).unwrap().len(), 2, "ca.crt holds the new and the old CA");
     let again = hub.cli(["ca", "rotate"]);
     assert_eq!(again.status.code(), Some(2), "one rotation at a time: {again:?}");
-    let early = hub.cli(["ca", "retire-old"]);
+    let early = hub.cli(["ca", "retire-old", "--reason", "rotation done"]);
     assert_eq!(early.status.code(), Some(3), "the server certificate is still the old CA's: {early:?}");
     assert!(String::from_utf8_lossy(&early.stderr).contains("renew --server"), "{early:?}");
 
@@ -195,12 +195,12 @@ async fn a_ca_rotation_trusts_both_cas_until_the_old_one_is_retired() {
 
     // Retired: refused while host-a and prod hold only old-CA certificates; forced, the old
     // CA's node is refused, the new one goes on.
-    let refused = hub.cli(["ca", "retire-old"]);
+    let refused = hub.cli(["ca", "retire-old", "--reason", "rotation done"]);
     let said = String::from_utf8_lossy(&refused.stderr).into_owned();
     assert_eq!(refused.status.code(), Some(2), "{said}");
     assert!(said.contains("node host-a:") && said.contains("producer prod:"), "{said}");
     assert!(!said.contains("host-b"), "host-b holds a certificate of the issuing CA: {said}");
-    let out = hub.cli_ok(["ca", "retire-old", "--force"]);
+    let out = hub.cli_ok(["ca", "retire-old", "--reason", "rotation done", "--force", "--yes"]);
     assert!(out.contains("retired 1 old CA"), "{out}");
     assert!(out.contains("cut off: node host-a:") && out.contains("cut off: producer prod:"), "{out}");
     assert_eq!(pki::pem_certs(&hub.ca_pem()).unwrap().len(), 1);
@@ -215,7 +215,7 @@ async fn a_ca_rotation_trusts_both_cas_until_the_old_one_is_retired() {
     assert_eq!(ca_of(&certs, "host-a")["trusted"], false, "{certs}");
     assert_eq!(ca_of(&certs, "host-b")["trusted"], true, "{certs}");
     assert!(hub.cli_ok(["certs", "list"]).contains("(retired)"));
-    let nothing = hub.cli(["ca", "retire-old"]);
+    let nothing = hub.cli(["ca", "retire-old", "--reason", "rotation done"]);
     assert_eq!(nothing.status.code(), Some(1), "nothing left to retire: {nothing:?}");
     drop((old_node, new_node));
 }
@@ -244,7 +244,7 @@ async fn long_polls_of_an_old_ca_certificate_answer_401_once_it_is_retired() {
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     assert!(!read.is_finished() && !claim.is_finished(), "both are waiting");
 
-    let out = hub.cli_ok(["ca", "retire-old", "--force"]);
+    let out = hub.cli_ok(["ca", "retire-old", "--reason", "rotation done", "--force", "--yes"]);
     assert!(out.contains("retired 1 old CA"), "{out}");
     // What would end both waits with data: an outcome for the read, work for the claim.
     hub.cli_ok(["deliveries", "cancel", s.to("host-b"), "--reason", "after the retirement"]);
@@ -277,7 +277,10 @@ fn retiring_the_old_ca_is_refused_while_it_would_cut_off_nodes_or_producers() {
         assert_eq!(out.status.code(), Some(2), "{args:?}: {said}{}", String::from_utf8_lossy(&out.stdout));
         said
     };
-    for args in [&["ca", "retire-old"][..], &["ca", "retire-old", "--dry-run"]] {
+    for args in [
+        &["ca", "retire-old", "--reason", "rotation done"][..],
+        &["ca", "retire-old", "--reason", "rotation done", "--dry-run"],
+    ] {
         let said = refusal(args);
         for who in ["node host-a:", "node host-b:", "producer prod:", "producer prod-two:"] {
             assert!(said.contains(who), "{who} not named: {said}");
@@ -290,19 +293,26 @@ fn retiring_the_old_ca_is_refused_while_it_would_cut_off_nodes_or_producers() {
     let dir = renewed.display().to_string();
     hub.cli_ok(["renew", "host-a", "--out", &dir]);
     hub.cli_ok(["renew", "prod-two", "--out", &dir]);
-    hub.cli_ok(["revoke", "host-b", "--reason", "decommissioned"]);
-    let said = refusal(&["ca", "retire-old"]);
+    hub.cli_ok(["revoke", "host-b", "--reason", "decommissioned", "--yes"]);
+    let said = refusal(&["ca", "retire-old", "--reason", "rotation done"]);
     assert!(said.contains("1 name(s)") && said.contains("producer prod:"), "{said}");
     for gone in ["host-a", "host-b", "prod-two"] {
         assert!(!said.contains(gone), "{gone} is named: {said}");
     }
 
-    let dry = hub.cli_ok(["ca", "retire-old", "--dry-run", "--force"]);
+    let dry = hub.cli_ok(["ca", "retire-old", "--reason", "rotation done", "--dry-run", "--force"]);
     assert!(dry.contains("would retire 1 old CA") && dry.contains("would be cut off: producer prod:"), "{dry}");
     assert_eq!(cas(&hub), 2, "a dry run changes nothing");
-    let out = hub.cli_ok(["ca", "retire-old", "--force"]);
+    let said = refusal(&["ca", "retire-old", "--force", "--yes"]);
+    assert!(said.contains("--reason"), "a reason is required: {said}");
+    // Without --yes, and no terminal to ask: refused (2), saying what it would do.
+    let said = refusal(&["ca", "retire-old", "--reason", "rotation done", "--force"]);
+    assert!(said.contains("would retire 1 old CA") && said.contains("--yes"), "{said}");
+    assert_eq!(cas(&hub), 2, "a refused retirement changes nothing");
+    let out = hub.cli_ok(["ca", "retire-old", "--reason", "rotation done", "--force", "--yes"]);
     assert!(out.contains("retired 1 old CA") && out.contains("cut off: producer prod:"), "{out}");
     assert_eq!(cas(&hub), 1);
     let audit = hub.cli_ok(["audit"]);
     assert!(audit.contains("forced, cutting off producer prod"), "{audit}");
+    assert!(audit.contains("rotation done"), "the reason is recorded: {audit}");
 }

@@ -84,7 +84,7 @@ async fn members_commands_say_what_changed_with_their_exit_codes() {
     assert!(table.starts_with("CONVERSATION") && table.lines().count() == 4, "{table}");
 
     // Retiring a host ends its memberships in the same step.
-    let out = hub.cli_ok(["retire", "host-a", "--reason", "decommissioned"]);
+    let out = hub.cli_ok(["retire", "host-a", "--reason", "decommissioned", "--yes"]);
     assert!(out.contains("left 1 conversation(s): team"), "{out}");
     let after = hub.cli_json(["members", "list", "--json"]);
     assert_eq!(after[0]["members"][0]["current"], false, "{after}");

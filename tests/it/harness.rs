@@ -431,6 +431,10 @@ impl Hub {
         let mut args = vec!["fence", kind];
         args.extend_from_slice(scope);
         args.extend_from_slice(&["--reason", reason, "--json", "--force"]);
+        if kind == "block" {
+            // A block on everything or on a host is destructive: it needs --yes.
+            args.push("--yes");
+        }
         let v = self.cli_json(args);
         v["id"].as_i64().unwrap_or_else(|| panic!("fence id in {v}"))
     }

@@ -119,9 +119,9 @@ async fn revocation_takes_effect_at_once_and_after_a_restart() {
     prod.submit_new("c", "k1", &["host-a"]).await;
     assert_eq!(node.claim(1, 0).await.len(), 1);
 
-    let out = hub.cli_ok(["revoke", "prod", "--reason", "laptop stolen"]);
+    let out = hub.cli_ok(["revoke", "prod", "--reason", "laptop stolen", "--yes"]);
     assert!(out.contains("revoked 1"), "{out}");
-    hub.cli_ok(["revoke", "host-a", "--reason", "host compromised"]);
+    hub.cli_ok(["revoke", "host-a", "--reason", "host compromised", "--yes"]);
     // No restart. The hub closes the revoked certificates' open connections (`hub_edges`), so
     // the next requests come on new connections, which are refused.
     let (prod, node) = (hub.client("prod"), hub.node("host-a", "inst-1"));
@@ -152,7 +152,7 @@ async fn revocation_takes_effect_at_once_and_after_a_restart() {
     ]
     .concat();
     hub.client_with_pem(&pem).get("/v1/messages?idempotency_key=k1").await.ok(200);
-    assert_eq!(hub.cli(["revoke", "nobody"]).status.code(), Some(1));
+    assert_eq!(hub.cli(["revoke", "nobody", "--reason", "typo", "--yes"]).status.code(), Some(1));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -183,7 +183,7 @@ async fn a_claim_waiting_when_its_certificate_is_revoked_is_handed_nothing() {
     let n = node.clone();
     let poll = tokio::spawn(async move { n.claim_raw(10, crate::harness::LONG_WAIT_MS).await });
     tokio::time::sleep(crate::harness::SETTLE).await;
-    hub.cli_ok(["revoke", "host-a", "--reason", "compromised"]);
+    hub.cli_ok(["revoke", "host-a", "--reason", "compromised", "--yes"]);
     let s = hub.client("prod").submit_new("c", "after-revoke", &["host-a"]).await;
     let r = poll.await.expect("claim task");
     let handed = if r.status == 200 { Claimed::list(&r.body).len() } else { 0 };

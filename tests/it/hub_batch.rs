@@ -354,8 +354,8 @@ async fn a_revoked_or_wrong_caller_is_refused_whole() {
     let as_producer = Node { api: prod.clone(), instance: "inst-1".into() };
     batch(&as_producer, "mirrored", vec![holder_item(&c)]).await.err(403, "wrong_role");
 
-    hub.cli_ok(["revoke", "prod", "--reason", "laptop stolen"]);
-    hub.cli_ok(["revoke", "host-a", "--reason", "host compromised"]);
+    hub.cli_ok(["revoke", "prod", "--reason", "laptop stolen", "--yes"]);
+    hub.cli_ok(["revoke", "host-a", "--reason", "host compromised", "--yes"]);
     prod.post("/v1/batch/messages", &body).await.err(401, "certificate_revoked");
     batch(&node, "mirrored", vec![holder_item(&c)]).await.err(401, "certificate_revoked");
     let report = node.report_body(&c, "r", "succeeded", 0);

@@ -293,7 +293,7 @@ async fn retire_fails_waiting_and_claimed_work_and_makes_mirrored_unknown() {
     node.mirrored(&claimed[0]).await.ok(200);
     let q1 = prod.submit_new("c", "q1", &["host-a"]).await;
 
-    let out = hub.cli_ok(["retire", "host-a", "--reason", "decommissioned"]);
+    let out = hub.cli_ok(["retire", "host-a", "--reason", "decommissioned", "--yes"]);
     assert!(out.contains("3 failed") && out.contains("1 unknown"), "{out}");
 
     for (id, from, to) in [
@@ -325,7 +325,7 @@ async fn retire_fails_waiting_and_claimed_work_and_makes_mirrored_unknown() {
     let msg = prod.submit("c", "after", json!(1), &["host-a"]).await.err(400, "invalid_field");
     assert!(msg.contains("to[0]") && msg.contains("retired"), "{msg}");
     // Retiring again: not found (exit 1).
-    assert_eq!(hub.cli(["retire", "host-a"]).status.code(), Some(1));
+    assert_eq!(hub.cli(["retire", "host-a", "--reason", "again", "--yes"]).status.code(), Some(1));
     hub.verify_ok();
 }
 

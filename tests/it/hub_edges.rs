@@ -221,7 +221,7 @@ async fn revoking_a_certificate_closes_its_open_connections() {
     for _ in 0..3 {
         conns.push(raw_dial(&hub, &tls).await.expect("handshake"));
     }
-    hub.cli_ok(["revoke", "prod", "--reason", "stolen"]);
+    hub.cli_ok(["revoke", "prod", "--reason", "stolen", "--yes"]);
     for c in &mut conns {
         assert!(read_to_close(c, OUTLAST).await.is_some(), "a revoked certificate's connection stayed open");
     }
@@ -239,7 +239,7 @@ async fn a_read_waiting_when_its_certificate_is_revoked_answers_401() {
     // The read is waiting once nothing settled; give it a moment to start, then revoke and
     // write an outcome it would otherwise return.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    hub.cli_ok(["revoke", "prod", "--reason", "stolen"]);
+    hub.cli_ok(["revoke", "prod", "--reason", "stolen", "--yes"]);
     hub.cli_ok(["deliveries", "cancel", s.to("host-a"), "--reason", "after the revocation"]);
     let r = waiting.await.unwrap();
     r.err(401, "certificate_revoked");

@@ -74,7 +74,7 @@ async fn a_cli_revocation_refuses_the_very_next_request_although_standing_is_cac
     let waiting_read = tokio::spawn(async move { reader.get(&read_path).await });
     tokio::time::sleep(SETTLE).await;
 
-    hub.cli_ok(["revoke", "prod", "--reason", "laptop stolen"]);
+    hub.cli_ok(["revoke", "prod", "--reason", "laptop stolen", "--yes"]);
     // The very next request of that certificate is refused: on the connection the cache was
     // warmed through (unless the hub closed it first) and on a new one.
     match prod.try_get("/v1/messages?idempotency_key=k1").await {
@@ -84,9 +84,9 @@ async fn a_cli_revocation_refuses_the_very_next_request_although_standing_is_cac
         Err(e) => eprintln!("the revoked certificate's connection was closed: {e}"),
     }
     hub.client("prod").get("/v1/messages?idempotency_key=k1").await.err(401, "certificate_revoked");
-    hub.cli_ok(["revoke", "host-b", "--reason", "host compromised"]);
+    hub.cli_ok(["revoke", "host-b", "--reason", "host compromised", "--yes"]);
     hub.node("host-b", "inst-b").claim_raw(1, 0).await.err(401, "certificate_revoked");
-    hub.cli_ok(["revoke", "prod-two", "--reason", "rotated"]);
+    hub.cli_ok(["revoke", "prod-two", "--reason", "rotated", "--yes"]);
     hub.client("prod-two").get(&format!("/v1/messages/{}", mine.message_id)).await.err(401, "certificate_revoked");
 
     // Work for host-b after its revocation: the claim that was waiting hands none of it out.

@@ -224,7 +224,7 @@ async fn a_certificate_revoked_through_one_hub_is_refused_by_the_other() {
     revoked.submit_new("c", "before", &["host-a"]).await;
     other.submit_new("c", "other-before", &["host-a"]).await;
 
-    let out = first.cli_ok(["revoke", "prod", "--reason", "laptop stolen"]);
+    let out = first.cli_ok(["revoke", "prod", "--reason", "laptop stolen", "--yes"]);
     assert!(out.contains("revoked 1"), "{out}");
     // Sent in the moment before the other hub heard of the revocation, a submit may still be
     // accepted: counted, so the record's contents can be checked exactly.

@@ -252,7 +252,7 @@ fn a_node_whose_certificate_is_revoked_exits_with_status_5() {
     let mut node = TurnNode::start(&hub, "host-a", "node-a", "cat", &[]);
     let before = hub.send_one("conv", "k1", "host-a");
     hub.wait_outcome(&before);
-    hub.cli_ok(["revoke", "host-a", "--reason", "host decommissioned"]);
+    hub.cli_ok(["revoke", "host-a", "--reason", "host decommissioned", "--yes"]);
 
     let status = node.wait_exit(NODE_WAIT).expect("the node stops on its own after the revocation");
     assert_eq!(status.code(), Some(5), "{status}: {}", node.logs());
@@ -274,7 +274,7 @@ fn a_node_whose_host_is_retired_exits_with_status_5() {
     let mut node = TurnNode::start(&hub, "host-a", "node-a", "cat", &[]);
     let before = hub.send_one("conv", "k1", "host-a");
     hub.wait_outcome(&before);
-    hub.cli_ok(["retire", "host-a", "--reason", "decommissioned"]);
+    hub.cli_ok(["retire", "host-a", "--reason", "decommissioned", "--yes"]);
 
     let status = node.wait_exit(NODE_WAIT).expect("the node stops on its own after its host is retired");
     assert_eq!(status.code(), Some(5), "{status}: {}", node.logs());
@@ -310,7 +310,7 @@ fn sighup_reloads_a_renewed_certificate_and_the_old_serial_can_then_be_revoked()
     node.wait_log("SIGHUP: read ca_file, cert_file and key_file again");
     assert!(node.running(), "SIGHUP does not end the node");
 
-    hub.cli_ok(["revoke", &old[0], "--reason", "replaced by the renewed certificate"]);
+    hub.cli_ok(["revoke", &old[0], "--reason", "replaced by the renewed certificate", "--yes"]);
     let second = hub.send_one("conv", "k2", "host-a");
     hub.wait_outcome(&second);
     hub.assert_one_attempt(&second, "succeeded");

@@ -53,8 +53,8 @@ async fn hosts_list_and_show_tell_instance_session_holdings_and_standing() {
     let node = hub.node("host-a", "inst-1");
     let got = node.claim(2, 0).await;
     node.mirror_and_ack(&got[0]).await;
-    hub.cli_ok(["revoke", "host-c", "--reason", "lost"]);
-    hub.cli_ok(["retire", "host-b", "--reason", "decommissioned"]);
+    hub.cli_ok(["revoke", "host-c", "--reason", "lost", "--yes"]);
+    hub.cli_ok(["retire", "host-b", "--reason", "decommissioned", "--yes"]);
 
     let list = hub.cli_json(["hosts", "list", "--json"]);
     let a = host(&list, "host-a");
@@ -237,7 +237,7 @@ async fn status_flags_silent_hosts_and_expiring_certificates_and_exits_1() {
     hub.write_config("host_silence_warn = \"1h\"\n");
     let (_, s) = status(&hub);
     assert!(s["attention"].as_array().unwrap().iter().all(|a| a["kind"] != "host_silent"), "{s}");
-    hub.cli_ok(["revoke", "shortlived", "--reason", "done"]);
+    hub.cli_ok(["revoke", "shortlived", "--reason", "done", "--yes"]);
     assert_eq!(status(&hub).0, Some(0));
 
     // Not running: exit 1 too.

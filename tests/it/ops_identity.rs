@@ -48,7 +48,7 @@ async fn a_name_has_one_role_and_renew_can_revoke_the_old_certificate() {
 #[test]
 fn renewing_a_revoked_name_is_refused_unless_forced() {
     let hub = Hub::start();
-    hub.cli_ok(["--operator", "erin", "revoke", "host-a", "--reason", "laptop stolen"]);
+    hub.cli_ok(["--operator", "erin", "revoke", "host-a", "--reason", "laptop stolen", "--yes"]);
     let out_dir = hub.scratch("renew-revoked");
     let dir = out_dir.to_str().unwrap();
     let out = hub.cli(["renew", "host-a", "--out", dir]);
@@ -60,7 +60,7 @@ fn renewing_a_revoked_name_is_refused_unless_forced() {
     assert_eq!(certs_of(&hub, "host-a").len(), 1);
 
     let out = hub.cli_ok(["renew", "host-a", "--out", dir, "--force"]);
-    assert!(out.contains("enrolled node host-a"), "{out}");
+    assert!(out.contains("renewed node host-a"), "{out}");
     let certs = certs_of(&hub, "host-a");
     assert_eq!(certs.iter().filter(|c| c["revoked"] == false).count(), 1, "{certs:?}");
     // host-b was never revoked: renewed as before.

@@ -107,7 +107,14 @@ async fn purge_removes_settled_messages_only_and_is_audited() {
     assert_eq!(hub.deliveries().len(), 2, "a dry run removes nothing");
     assert!(audit_of(&hub, "purge").is_empty());
 
+    // Without --yes, and no terminal to ask: refused (2), saying what it would remove.
     let out = hub.cli(["purge", "--message", &done.message_id, "--reason", "gdpr request"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(stderr(&out).contains("would purge") && stderr(&out).contains("--yes"), "{}", stderr(&out));
+    assert_eq!(hub.deliveries().len(), 2, "a refused purge removes nothing");
+    assert!(audit_of(&hub, "purge").is_empty());
+
+    let out = hub.cli(["purge", "--message", &done.message_id, "--reason", "gdpr request", "--yes"]);
     assert!(out.status.success(), "{out:?}");
     assert!(stdout(&out).contains("purged message"), "{}", stdout(&out));
     assert_eq!(hub.cli(["deliveries", "show", done.to("host-a")]).status.code(), Some(1));
@@ -169,7 +176,7 @@ async fn purge_by_host_removes_its_settled_deliveries_and_the_messages_only_it_r
         "one target at a time"
     );
 
-    let out = hub.cli(["purge", "--host", "host-a", "--reason", "host decommissioned"]);
+    let out = hub.cli(["purge", "--host", "host-a", "--reason", "host decommissioned", "--yes"]);
     assert!(out.status.success(), "{out:?}");
     assert!(stdout(&out).contains("purged host host-a"), "{}", stdout(&out));
     let mut left: Vec<String> =
@@ -191,7 +198,7 @@ async fn purge_by_host_removes_its_settled_deliveries_and_the_messages_only_it_r
     assert_eq!((purges[0]["actor"].as_str(), purges[0]["subject"].as_str()), (Some(OPERATOR), Some("host host-a")));
     let why = purges[0]["reason"].as_str().unwrap();
     assert!(why.contains("host decommissioned") && why.contains("2 deliveries, 1 message(s)"), "{why}");
-    let out = hub.cli(["purge", "--host", "host-a", "--reason", "again"]);
+    let out = hub.cli(["purge", "--host", "host-a", "--reason", "again", "--yes"]);
     assert_eq!(out.status.code(), Some(1), "nothing left to purge: {out:?}");
     assert!(stderr(&out).contains(open.to("host-a")), "the kept one is named: {}", stderr(&out));
     hub.verify_ok();

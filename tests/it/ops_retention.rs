@@ -109,7 +109,7 @@ async fn a_store_over_its_bound_refuses_submissions_and_serves_the_rest() {
     assert!(hub.serve_logs().contains("over limits.store_bytes_max"), "the hub's log says why");
 
     // A purge frees room: submissions are taken again.
-    hub.cli_ok(["purge", "--host", "host-a", "--reason", "make room"]);
+    hub.cli_ok(["purge", "--host", "host-a", "--reason", "make room", "--yes"]);
     wait::until("submissions to be taken again", Duration::from_secs(30), || {
         let r = tokio::task::block_in_place(|| {
             tokio::runtime::Handle::current().block_on(prod.submit("c", "k-after", serde_json::json!({}), &["host-a"]))

@@ -164,7 +164,7 @@ fn a_refused_caller_exits_9_not_the_retryable_4() {
     let out = send("elsewhere", "out-of-scope");
     status(&out, 9);
     assert!(text(&out.stderr).contains("forbidden"), "{}", text(&out.stderr));
-    hub.cli_ok(["revoke", "prod", "--reason", "gone"]);
+    hub.cli_ok(["revoke", "prod", "--reason", "gone", "--yes"]);
     let out = send("team-a", "after-revoke");
     status(&out, 9);
     let help = run(baton(["--help"]));

@@ -60,12 +60,17 @@ pub enum Command {
     #[command(subcommand)]
     Enroll(Enroll),
     /// Revoke every certificate of a name (or one serial). Takes effect on the next request.
+    /// Destructive: names the certificates (serial, role) first, and needs --yes (or a "y" at
+    /// a terminal); --dry-run only names them.
     Revoke {
         /// Host or producer name, or a certificate serial.
         name: String,
         /// Why (recorded).
         #[command(flatten)]
-        why: Reason,
+        why: RequiredReason,
+        /// --dry-run, --yes.
+        #[command(flatten)]
+        confirm: Confirm,
     },
     /// Issue a fresh certificate for an enrolled name, or (`--server`) replace the hub's own
     /// server certificate.
@@ -95,13 +100,18 @@ pub enum Command {
         force: bool,
     },
     /// Retire a host: no more work; its pending deliveries fail (mirrored ones become unknown)
-    /// and it leaves every conversation it is a member of.
+    /// and it leaves every conversation it is a member of. Destructive: says how many
+    /// deliveries fail or become unknown and which conversations it leaves first, and needs
+    /// --yes (or a "y" at a terminal); --dry-run only says it.
     Retire {
         /// The host.
         host: String,
         /// Why (recorded).
         #[command(flatten)]
-        why: Reason,
+        why: RequiredReason,
+        /// --dry-run, --yes.
+        #[command(flatten)]
+        confirm: Confirm,
     },
     /// Requeue what a node instance that is gone for good holds.
     Requeue {
@@ -133,7 +143,9 @@ pub enum Command {
     #[command(subcommand)]
     Deliveries(DeliveriesCmd),
     /// Re-run many final deliveries (failed, unknown or cancelled) as redrives, in bounded
-    /// batches; idempotent by --request-id.
+    /// batches; idempotent by --request-id. Without a filter (--conversation, --host, --since,
+    /// --limit) it re-runs every delivery of the outcome, so it says how many first and needs
+    /// --reason and --yes (or a "y" at a terminal).
     Redrive(super::turns::RedriveArgs),
     /// Submit a message by hand.
     Send {
@@ -271,7 +283,8 @@ pub enum Command {
     /// With `--host H`: the settled deliveries to that host go (with their events, attempts and
     /// routing), and the messages no other host received; its unsettled ones are kept and
     /// counted. Recorded in the audit log with the operator and the reason. Exit 1 when there
-    /// is nothing to purge.
+    /// is nothing to purge. Destructive: says what it removes first, and needs --yes (or a "y"
+    /// at a terminal).
     Purge {
         /// One message, by id.
         #[arg(
@@ -289,9 +302,9 @@ pub enum Command {
         /// them once settled.
         #[arg(long, value_name = "H")]
         host: Option<String>,
-        /// Say what would be removed, remove nothing.
-        #[arg(long)]
-        dry_run: bool,
+        /// --dry-run (say what would be removed, remove nothing), --yes.
+        #[command(flatten)]
+        confirm: Confirm,
         /// Why (recorded).
         #[arg(long)]
         reason: String,
@@ -325,15 +338,19 @@ pub enum CaCmd {
     /// while the hub's server certificate is still the old CA's (run `renew --server` first);
     /// refused (exit 2) while a node or producer holds an unexpired, unrevoked certificate of
     /// the old CA and none of the issuing CA, naming each, unless --force; exit 1 when there
-    /// is no old CA.
+    /// is no old CA. Destructive: says what it retires and who is cut off first, and needs
+    /// --yes (or a "y" at a terminal); with --dry-run the exit status is the one the command
+    /// would have.
     RetireOld {
         /// Retire it even though the nodes and producers named would be refused from then on.
         #[arg(long)]
         force: bool,
-        /// Say what would be retired and who would be cut off, change nothing (the exit
-        /// status is the one the command would have).
-        #[arg(long)]
-        dry_run: bool,
+        /// Why (recorded).
+        #[command(flatten)]
+        why: RequiredReason,
+        /// --dry-run, --yes.
+        #[command(flatten)]
+        confirm: Confirm,
     },
 }
 
@@ -473,8 +490,72 @@ pub struct EnrollArgs {
 #[derive(Debug, Args)]
 pub struct Reason {
     /// Why; recorded with the operator's name.
-    #[arg(long, default_value = "no reason given")]
+    #[arg(long, default_value = REASON_DEFAULT)]
     pub reason: String,
+}
+
+/// What a change that is not destructive records when no `--reason` is given.
+pub const REASON_DEFAULT: &str = "no reason given";
+
+/// `--reason` of a destructive command (`retire`, `revoke`): required, since the audit log is
+/// where an operator looks for why work was failed or a name cut off.
+#[derive(Debug, Args)]
+pub struct RequiredReason {
+    /// Why; recorded with the operator's name. Required.
+    #[arg(long)]
+    pub reason: String,
+}
+
+impl RequiredReason {
+    /// The reason, or a usage error (exit 2) for one that is only whitespace, which says no
+    /// more than none.
+    pub fn checked(&self, what: &str) -> Result<&str, super::CliError> {
+        if self.reason.trim().is_empty() {
+            return Err(super::CliError::usage(format!("{what} needs a --reason that says why; nothing changed")));
+        }
+        Ok(&self.reason)
+    }
+}
+
+/// `--reason` of a command that is destructive in some of its forms only (`fence block --all`
+/// or `--host`, `redrive` without a filter): required there, checked when the command runs;
+/// elsewhere it defaults to "no reason given".
+#[derive(Debug, Args)]
+pub struct ReasonIfDestructive {
+    /// Why; recorded with the operator's name (required for `fence block --all|--host` and
+    /// for `redrive` without a filter; otherwise "no reason given").
+    #[arg(long)]
+    pub reason: Option<String>,
+}
+
+impl ReasonIfDestructive {
+    /// The reason to record: the one given, or the default.
+    pub fn text(&self) -> &str {
+        self.reason.as_deref().unwrap_or(REASON_DEFAULT)
+    }
+
+    /// The reason given, or a usage error (exit 2) saying that `what` needs one.
+    pub fn required(&self, what: &str) -> Result<&str, super::CliError> {
+        match self.reason.as_deref() {
+            Some(r) if !r.trim().is_empty() => Ok(r),
+            _ => Err(super::CliError::usage(format!(
+                "{what} needs --reason TEXT: it is destructive, and the audit log records why; nothing changed"
+            ))),
+        }
+    }
+}
+
+/// `--dry-run` and `--yes`, which every destructive command takes (SPEC §9); `confirm::decide`
+/// acts on them.
+#[derive(Debug, Args, Clone, Copy)]
+pub struct Confirm {
+    /// Say what it would do, change nothing (exit 0).
+    #[arg(long, conflicts_with = "yes")]
+    pub dry_run: bool,
+    /// Do it without asking. Without it, a terminal is asked "Proceed? [y/N]"; anything else
+    /// is refused (exit 2), saying what it would have done.
+    #[arg(long)]
+    pub yes: bool,
 }
 
 /// `fence` subcommands.
@@ -486,8 +567,11 @@ pub enum FenceCmd {
     Pause(FenceSet),
     /// Matching deliveries park in the held queue until released.
     Hold(FenceSet),
-    /// Matching deliveries are refused: failed, naming the fence.
-    Block(FenceSet),
+    /// Matching deliveries are refused: failed, naming the fence. On --all or --host it is
+    /// destructive: it says how many queued deliveries would fail (and how many of them are
+    /// paused now) first, and needs --reason and --yes (or a "y" at a terminal); --dry-run only
+    /// says it.
+    Block(FenceBlock),
     /// Lift a fence.
     Lift {
         /// The fence id.
@@ -530,7 +614,7 @@ pub struct FenceSet {
     pub target: FenceTarget,
     /// Why (recorded).
     #[command(flatten)]
-    pub why: Reason,
+    pub why: ReasonIfDestructive,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -543,6 +627,18 @@ pub struct FenceSet {
     /// The hub lifts it at this time (UTC, "2026-05-01 12:00:00" or RFC 3339).
     #[arg(long, value_name = "TIME")]
     pub until: Option<String>,
+}
+
+/// Arguments of `fence block`: a fence's, and `--dry-run`/`--yes` for a block on everything or
+/// on a host.
+#[derive(Debug, Args)]
+pub struct FenceBlock {
+    /// The fence.
+    #[command(flatten)]
+    pub set: FenceSet,
+    /// --dry-run (any scope), --yes (needed with --all or --host).
+    #[command(flatten)]
+    pub confirm: Confirm,
 }
 
 /// `held` subcommands.
@@ -698,12 +794,14 @@ mod tests {
             vec!["baton-hub", "producers", "scope", "p", "a", "b-*", "--reason", "r"],
             vec!["baton-hub", "producers", "list", "--json"],
             vec!["baton-hub", "send", "--conversation", "c", "--key", "k", "--payload", "{}"],
-            vec!["baton-hub", "revoke", "host-a", "--reason", "lost laptop"],
+            vec!["baton-hub", "revoke", "host-a", "--reason", "lost laptop", "--yes"],
+            vec!["baton-hub", "revoke", "host-a", "--reason", "lost laptop", "--dry-run"],
             vec!["baton-hub", "renew", "host-a", "--out", "d"],
-            vec!["baton-hub", "retire", "host-a"],
+            vec!["baton-hub", "retire", "host-a", "--reason", "r", "--yes"],
             vec!["baton-hub", "fence", "pause", "--conversation", "c"],
             vec!["baton-hub", "fence", "hold", "--host", "h", "--reason", "r"],
-            vec!["baton-hub", "fence", "block", "--all"],
+            vec!["baton-hub", "fence", "block", "--all", "--reason", "r", "--yes"],
+            vec!["baton-hub", "fence", "block", "--host", "h", "--reason", "r", "--dry-run", "--json"],
             vec!["baton-hub", "fence", "pause", "--host", "h", "--for", "30m", "--force"],
             vec!["baton-hub", "fence", "hold", "--all", "--until", "2030-01-01 00:00:00"],
             vec!["baton-hub", "held", "release", "abc", "--force"],
@@ -753,8 +851,8 @@ mod tests {
             vec!["baton-hub", "renew", "host-a", "--out", "d", "--force"],
             vec!["baton-hub", "renew", "--server"],
             vec!["baton-hub", "ca", "rotate"],
-            vec!["baton-hub", "ca", "retire-old"],
-            vec!["baton-hub", "ca", "retire-old", "--dry-run", "--force"],
+            vec!["baton-hub", "ca", "retire-old", "--reason", "r", "--yes"],
+            vec!["baton-hub", "ca", "retire-old", "--reason", "r", "--dry-run", "--force"],
             vec!["baton-hub", "renew", "--server", "--days", "10"],
             vec!["baton-hub", "audit", "--since", "24h", "--actor", "alice", "--json"],
             vec!["baton-hub", "hosts", "show", "host-a", "--json"],
@@ -775,6 +873,10 @@ mod tests {
         assert!(Cli::try_parse_from(["baton-hub", "renew", "host-a", "--server"]).is_err());
         assert!(Cli::try_parse_from(["baton-hub", "renew", "host-a"]).is_err());
         assert!(Cli::try_parse_from(["baton-hub", "renew", "--server", "--out", "d"]).is_err());
+        // A destructive command's reason is required; a dry run and --yes exclude each other.
+        assert!(Cli::try_parse_from(["baton-hub", "retire", "host-a", "--yes"]).is_err());
+        assert!(Cli::try_parse_from(["baton-hub", "revoke", "host-a", "--yes"]).is_err());
+        assert!(Cli::try_parse_from(["baton-hub", "retire", "h", "--reason", "r", "--yes", "--dry-run"]).is_err());
         // Configuration flags belong to `serve` only.
         assert!(Cli::try_parse_from(["baton-hub", "status", "--claim-batch-max", "5"]).is_err());
     }

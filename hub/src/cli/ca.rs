@@ -5,6 +5,8 @@
 //! `ca.key` is the key of the one that issues, whose certificate is found in `ca.crt` by its
 //! public key (`pki::issuing_cert`), so the two files are all the state a rotation has.
 
+use super::args::Confirm;
+use super::confirm::{self, Decision};
 use super::{CliError, CliResult, Context, identity, output};
 use crate::datadir::DataDir;
 use baton_shared::{exit, pki};
@@ -159,10 +161,11 @@ pub(super) fn rotate(ctx: &Context) -> CliResult {
     )
 }
 
-/// `ca retire-old [--force] [--dry-run]`: `ca.crt` keeps only the issuing CA (see
+/// `ca retire-old [--force] --reason R [--dry-run | --yes]`: `ca.crt` keeps only the issuing CA (see
 /// `args::CaCmd`). Refused while the server certificate is the old CA's, and (unless `force`)
-/// while a node or producer would be cut off (`cut_off`).
-pub(super) fn retire_old(ctx: &Context, force: bool, dry_run: bool) -> CliResult {
+/// while a node or producer would be cut off (`cut_off`); otherwise it says what it retires and
+/// who is cut off, and asks (`confirm`).
+pub(super) fn retire_old(ctx: &Context, force: bool, reason: &str, confirm: &Confirm) -> CliResult {
     let dir = &ctx.dir;
     let (current, others) = split_cas(dir)?;
     if others.is_empty() {
@@ -201,20 +204,22 @@ pub(super) fn retire_old(ctx: &Context, force: bool, dry_run: bool) -> CliResult
             stranded.iter().map(|s| format!("  {s}")).collect::<Vec<_>>().join("\n")
         )));
     }
-    if dry_run {
-        output::line(format!(
-            "would retire {} old CA(s): {} would trust only the issuing CA; nothing changed",
-            others.len(),
-            dir.ca_cert().display()
-        ))?;
-        for s in &stranded {
-            output::line(format!("would be cut off: {s}"))?;
-        }
+    let mut plan = format!(
+        "would retire {} old CA(s) (reason: {}): {} would trust only the issuing CA, and certificates of the old \
+         CA would be refused from then on",
+        others.len(),
+        output::esc(reason),
+        dir.ca_cert().display()
+    );
+    for s in &stranded {
+        plan.push_str(&format!("\nwould be cut off: {s}"));
+    }
+    if confirm::decide(confirm, &plan, None)? == Decision::DryRun {
         return Ok(());
     }
     let stamp = aside_stamp(ctx.now_ms());
     let kept = identity::replace_files(&[(dir.ca_cert(), current.as_str(), false)], &stamp)?;
-    let mut note = format!("{} old CA(s) no longer trusted", others.len());
+    let mut note = format!("{reason}; {} old CA(s) no longer trusted", others.len());
     if !stranded.is_empty() {
         let names: Vec<String> = stranded.iter().map(|s| format!("{} {}", s.role, s.name)).collect();
         note.push_str(&format!("; forced, cutting off {}", names.join(", ")));

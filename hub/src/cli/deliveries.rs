@@ -2,7 +2,8 @@
 //! `retire HOST` (which also ends its memberships) and `requeue --instance ID`.
 
 use super::Record;
-use super::args::{DeliveriesCmd, HeldCmd};
+use super::args::{Confirm, DeliveriesCmd, HeldCmd};
+use super::confirm::{self, Decision};
 use super::{CliError, CliResult, Context, output};
 use crate::store::api::{By, Release, Select};
 use crate::store::listing::{self, ListQuery, Resolved};
@@ -153,9 +154,35 @@ pub(super) fn held(ctx: &Context, h: &HeldCmd) -> CliResult {
     }
 }
 
-/// `retire HOST`: its pending work is swept and it leaves every conversation, in one
-/// transaction, so no post after the retirement counts it as a member.
-pub(super) fn retire(ctx: &Context, host: &str, reason: &str) -> CliResult {
+/// `retire HOST --reason R [--dry-run | --yes]`: its pending work is swept and it leaves every
+/// conversation, in one transaction, so no post after the retirement counts it as a member.
+/// It says first what it will sweep and leave, read from the record, and asks (`confirm`): a
+/// retirement is not undone.
+pub(super) fn retire(ctx: &Context, host: &str, reason: &str, confirm: &Confirm) -> CliResult {
+    let record = ctx.open_read()?;
+    let plan = record.run(record.retire_plan(host.to_string()))?;
+    drop(record);
+    let text = format!(
+        "retire host {} (reason: {}): {} deliveries would fail ({} queued, {} held, {} claimed), {} mirrored would \
+         become unknown, {} delivered without outcome would be marked unknown; it would leave {} conversation(s){}",
+        output::esc(host),
+        output::esc(reason),
+        plan.failing(),
+        plan.queued,
+        plan.held,
+        plan.claimed,
+        plan.mirrored,
+        plan.outcome_unknown,
+        plan.leaves.len(),
+        if plan.leaves.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", plan.leaves.iter().map(|c| output::esc(c)).collect::<Vec<_>>().join(", "))
+        }
+    );
+    if confirm::decide(confirm, &text, None)? == Decision::DryRun {
+        return Ok(());
+    }
     let record = ctx.open_write()?;
     let by = By { operator: ctx.operator.clone(), reason: reason.to_string() };
     let (swept, left) = record.run(record.retire(host.to_string(), by))?;

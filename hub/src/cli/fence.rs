@@ -3,14 +3,19 @@
 //!
 //! A fence that could not match anything (a host never enrolled, a conversation with no
 //! messages: most likely a typo) is refused unless `--force`; a fence the same as an active one
-//! is refused naming it (it would change nothing). A time-boxed fence is lifted by the hub at
-//! its expiry; changing fence commands lift expired ones first, so the record never shows a
+//! is refused naming it (it would change nothing). The hub lifts a time-boxed fence at its
+//! expiry; changing fence commands lift expired ones first, so the record never shows a
 //! fence active past its time when the hub is stopped.
+//!
+//! A block on everything or on a host is destructive (every queued delivery it covers fails at
+//! its host's next claim, paused ones included): it needs a reason and `--yes`, and says first
+//! how many deliveries it would fail (`confirm`).
 
-use super::args::{FenceCmd, FenceSet};
+use super::args::{Confirm, FenceCmd, FenceSet};
+use super::confirm::{self, Decision};
 use super::output::esc;
 use super::{CliError, CliResult, Context, output};
-use crate::store::api::{By, FenceSetOutcome, FenceTargetProblem};
+use crate::store::api::{By, FencePlan, FenceSetOutcome, FenceTargetProblem};
 use crate::store::fences::{FenceKind, FenceScope};
 use baton_shared::duration;
 use baton_shared::exit;
@@ -19,9 +24,9 @@ use baton_shared::ids::check_name;
 /// Runs one `fence` subcommand.
 pub(super) fn run(ctx: &Context, f: &FenceCmd) -> CliResult {
     match f {
-        FenceCmd::Pause(s) => set(ctx, FenceKind::Pause, s),
-        FenceCmd::Hold(s) => set(ctx, FenceKind::Hold, s),
-        FenceCmd::Block(s) => set(ctx, FenceKind::Block, s),
+        FenceCmd::Pause(s) => set(ctx, FenceKind::Pause, s, None),
+        FenceCmd::Hold(s) => set(ctx, FenceKind::Hold, s, None),
+        FenceCmd::Block(b) => set(ctx, FenceKind::Block, &b.set, Some(&b.confirm)),
         FenceCmd::Lift { id, why } => {
             let record = ctx.open_write()?;
             let by = By { operator: ctx.operator.clone(), reason: why.reason.clone() };
@@ -58,7 +63,72 @@ fn expiry_ms(ctx: &Context, set: &FenceSet) -> Result<Option<i64>, CliError> {
     Ok(Some(at))
 }
 
-fn set(ctx: &Context, kind: FenceKind, set: &FenceSet) -> CliResult {
+/// The refusal of a fence whose target matches nothing today (a typo?).
+fn target_refusal(problem: &FenceTargetProblem, target: Option<&str>) -> CliError {
+    let t = esc(target.unwrap_or_default());
+    let p = match problem {
+        FenceTargetProblem::NeverEnrolled => format!("host {t} was never enrolled"),
+        FenceTargetProblem::Retired => format!("host {t} is retired"),
+        FenceTargetProblem::NoMessages => format!("conversation {t} has no messages"),
+    };
+    CliError::usage(format!("{p}; a typo? (--force sets the fence anyway)"))
+}
+
+/// The refusal of a fence the same as an active one (`existing`, described): exit 1.
+fn already_active(existing: &str) -> CliError {
+    CliError::new(exit::NOTHING, format!("nothing to do: {} is already active", esc(existing)))
+}
+
+/// "; the hub lifts it at TIME" for a time-boxed fence, as the plan and the answer say it
+/// (before the time: the fence is active until then).
+fn until_text(expires_at_ms: Option<i64>) -> String {
+    expires_at_ms.map(|at| format!("; the hub lifts it at {}", output::fmt_ms(at))).unwrap_or_default()
+}
+
+/// Reads what a block would do and asks (`confirm::decide`); `Ok(false)` for a dry run, which
+/// has printed the plan and must change nothing.
+fn confirm_block(
+    ctx: &Context,
+    set: &FenceSet,
+    (scope, target): (FenceScope, Option<&str>),
+    expires_at_ms: Option<i64>,
+    confirm: &Confirm,
+) -> Result<bool, CliError> {
+    let reason = match scope {
+        FenceScope::Host => set.why.required("fence block --host")?,
+        FenceScope::All => set.why.required("fence block --all")?,
+        FenceScope::Conversation => set.why.text(),
+    };
+    let record = ctx.open_read()?;
+    let FencePlan { problem, already, queued, paused } =
+        record.run(record.fence_plan(FenceKind::Block, scope, target.map(str::to_string)))?;
+    drop(record);
+    if let (Some(problem), false) = (&problem, set.force) {
+        return Err(target_refusal(problem, target));
+    }
+    if let Some(existing) = already {
+        return Err(already_active(&existing));
+    }
+    let on = match target {
+        Some(t) => format!("{} {}", scope.as_str(), esc(t)),
+        None => "everything".to_string(),
+    };
+    let plan = format!(
+        "fence block on {on} (reason: {}): {queued} queued deliveries would fail at their host's next claim, \
+         {paused} of them paused now{}",
+        esc(reason),
+        until_text(expires_at_ms)
+    );
+    let json = set.json.then(|| {
+        serde_json::json!({
+            "kind": "block", "scope": scope.as_str(), "target": target,
+            "expires_at_ms": expires_at_ms, "reason": reason, "queued": queued, "paused": paused,
+        })
+    });
+    Ok(confirm::decide(confirm, &plan, json)? == Decision::Act)
+}
+
+fn set(ctx: &Context, kind: FenceKind, set: &FenceSet, confirm: Option<&Confirm>) -> CliResult {
     let (scope, target) = match (&set.target.conversation, &set.target.host, set.target.all) {
         (Some(c), _, _) => {
             check_name("conversation", c)?;
@@ -71,26 +141,21 @@ fn set(ctx: &Context, kind: FenceKind, set: &FenceSet) -> CliResult {
         _ => (FenceScope::All, None),
     };
     let expires_at_ms = expiry_ms(ctx, set)?;
+    // A block on everything or on a host is always asked about; one on a conversation only
+    // when a dry run asks what it would do.
+    if let Some(confirm) = confirm
+        && (scope != FenceScope::Conversation || confirm.dry_run)
+        && !confirm_block(ctx, set, (scope, target), expires_at_ms, confirm)?
+    {
+        return Ok(());
+    }
     let record = ctx.open_write()?;
-    let by = By { operator: ctx.operator.clone(), reason: set.why.reason.clone() };
+    let by = By { operator: ctx.operator.clone(), reason: set.why.text().to_string() };
     let id =
         match record.run(record.fence_set(kind, scope, target.map(str::to_string), by, expires_at_ms, set.force))? {
             FenceSetOutcome::Set(id) => id,
-            FenceSetOutcome::TargetProblem(problem) => {
-                let t = esc(target.unwrap_or_default());
-                let p = match problem {
-                    FenceTargetProblem::NeverEnrolled => format!("host {t} was never enrolled"),
-                    FenceTargetProblem::Retired => format!("host {t} is retired"),
-                    FenceTargetProblem::NoMessages => format!("conversation {t} has no messages"),
-                };
-                return Err(CliError::usage(format!("{p}; a typo? (--force sets the fence anyway)")));
-            }
-            FenceSetOutcome::AlreadyActive(existing) => {
-                return Err(CliError::new(
-                    exit::NOTHING,
-                    format!("nothing to do: {} is already active", esc(&existing)),
-                ));
-            }
+            FenceSetOutcome::TargetProblem(problem) => return Err(target_refusal(&problem, target)),
+            FenceSetOutcome::AlreadyActive(existing) => return Err(already_active(&existing)),
         };
     ctx.wake_hub();
     if set.json {
@@ -103,6 +168,6 @@ fn set(ctx: &Context, kind: FenceKind, set: &FenceSet) -> CliResult {
         kind.as_str(),
         scope.as_str(),
         target.map(|t| format!(" {t}")).unwrap_or_default(),
-        expires_at_ms.map(|at| format!(", lifted by the hub at {}", output::fmt_ms(at))).unwrap_or_default()
+        until_text(expires_at_ms)
     ))
 }

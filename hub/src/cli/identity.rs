@@ -1,7 +1,8 @@
 //! The hub's identities: `init` (the data directory, the CA, the server certificate, the
 //! database), `enroll` and `renew` (a node's or producer's certificate), `revoke`.
 
-use super::args::Enroll;
+use super::args::{Confirm, Enroll};
+use super::confirm::{self, Decision};
 use super::{CliError, CliResult, Context, Record, output};
 use crate::config::{DATABASE_URL, process_env};
 use crate::store::Store;
@@ -210,7 +211,7 @@ pub(super) fn renew(ctx: &Context, name: &str, o: RenewOptions<'_>) -> CliResult
             output::esc(why)
         )));
     }
-    let revoked = enroll_as(ctx, Enrollment { role, name, out_dir: out, days, scope: None, revoke_old })?;
+    let revoked = enroll_as(ctx, Enrollment { role, name, out_dir: out, days, scope: None, revoke_old }, "renewed")?;
     if !revoked.is_empty() {
         output::line(format!("revoked the old certificate(s) of {name}: {}", revoked.join(", ")))?;
         ctx.wake_hub();
@@ -326,11 +327,12 @@ struct Enrollment<'a> {
 /// in the same transaction), and writes `NAME.crt`, `NAME.key` and `ca.crt` into `out_dir`
 /// (refusing to overwrite a certificate or key).
 fn enroll(ctx: &Context, role: Role, name: &str, out_dir: &Path, days: u32, scope: Option<&[String]>) -> CliResult {
-    enroll_as(ctx, Enrollment { role, name, out_dir, days, scope, revoke_old: false }).map(drop)
+    enroll_as(ctx, Enrollment { role, name, out_dir, days, scope, revoke_old: false }, "enrolled").map(drop)
 }
 
-/// `enroll` with every option; returns the serials it revoked (`revoke_old`).
-fn enroll_as(ctx: &Context, e: Enrollment<'_>) -> Result<Vec<String>, CliError> {
+/// `enroll` with every option; returns the serials it revoked (`revoke_old`). `done` is the
+/// word the answer starts with: "enrolled", or "renewed" for a renewal.
+fn enroll_as(ctx: &Context, e: Enrollment<'_>, done: &str) -> Result<Vec<String>, CliError> {
     let Enrollment { role, name, out_dir, days, scope, revoke_old } = e;
     check_name("name", name)?;
     if pki::is_reserved(name) {
@@ -378,7 +380,7 @@ fn enroll_as(ctx: &Context, e: Enrollment<'_>) -> Result<Vec<String>, CliError> 
         }
         Err(_) => write_new(&ca_out, &ca_cert, false)?,
     }
-    output::line(format!("enrolled {role} {name}: {} (serial {})", cert_path.display(), leaf.serial))?;
+    output::line(format!("{done} {role} {name}: {} (serial {})", cert_path.display(), leaf.serial))?;
     if let Some(patterns) = scope {
         output::line(format!("producer {name} may post into: {}", patterns.join(" ")))?;
     }
@@ -398,8 +400,35 @@ pub(super) fn certs(ctx: &Context, name: Option<&str>, json: bool) -> CliResult 
     output::certs(&rows, &issuers, ctx.now_ms(), json)
 }
 
-/// `revoke NAME|SERIAL`.
-pub(super) fn revoke(ctx: &Context, name: &str, reason: &str) -> CliResult {
+/// `revoke NAME|SERIAL --reason R [--dry-run | --yes]`: names the certificates it revokes
+/// (serial, role, holder) and asks first (`confirm`): a revoked name is cut off at its next
+/// request, and only `renew --force` gives it a certificate again.
+pub(super) fn revoke(ctx: &Context, name: &str, reason: &str, confirm: &Confirm) -> CliResult {
+    let record = ctx.open_read()?;
+    let certs: Vec<_> = record
+        .run(record.certificates())?
+        .into_iter()
+        .filter(|c| c.revoked.is_none() && (c.name == name || c.serial == name))
+        .collect();
+    drop(record);
+    if certs.is_empty() {
+        return Err(CliError::new(
+            baton_shared::exit::NOTHING,
+            format!("nothing to do: no unrevoked certificate for {}", output::esc(name)),
+        ));
+    }
+    let named: Vec<String> =
+        certs.iter().map(|c| format!("{} ({} {})", c.serial, c.role, output::esc(&c.name))).collect();
+    let plan = format!(
+        "revoke {} certificate(s) of {} (reason: {}): {}; each is refused from its next request on",
+        certs.len(),
+        output::esc(name),
+        output::esc(reason),
+        named.join(", ")
+    );
+    if confirm::decide(confirm, &plan, None)? == Decision::DryRun {
+        return Ok(());
+    }
     let record = ctx.open_write()?;
     let by = By { operator: ctx.operator.clone(), reason: reason.to_string() };
     let serials = record.run(record.revoke(name.to_string(), by))?;

@@ -1,9 +1,13 @@
 //! The operator CLI (SPEC §10). Every command takes `--data-dir`; listing commands take
 //! `--json`; changing commands take `--reason` (recorded with the operator's name).
+//! Destructive commands (SPEC §9: `fence block --all|--host`, `retire`, `revoke`, `purge`,
+//! `redrive` without a filter, `ca retire-old`) need their reason, say what they will do, and
+//! go through `confirm`: `--dry-run`, `--yes`, or a question at a terminal.
 //!
 //! Layout:
 //! - `args`: the command line, defined once (clap derive).
 //! - `output`: everything written to stdout (tables, JSON, one-line answers).
+//! - `confirm`: how a destructive command shows its plan and asks (`--dry-run`, `--yes`).
 //! - `identity`: `init`, `enroll`, `renew` (a holder's or the hub's server certificate),
 //!   `revoke`, `certs list`.
 //! - `conversations`: `members add|remove|list`, `producers scope|list`.
@@ -35,6 +39,7 @@
 mod args;
 mod audit;
 mod ca;
+mod confirm;
 mod conversations;
 mod deliveries;
 mod fence;
@@ -346,8 +351,8 @@ pub fn run(cli: &Cli) -> CliResult {
             _ if *server => identity::renew_server(&ctx, *days),
             _ => Err(CliError::usage("renew takes NAME --out DIR, or --server")),
         },
-        Command::Revoke { name, why } => identity::revoke(&ctx, name, &why.reason),
-        Command::Retire { host, why } => deliveries::retire(&ctx, host, &why.reason),
+        Command::Revoke { name, why, confirm } => identity::revoke(&ctx, name, why.checked("revoke")?, confirm),
+        Command::Retire { host, why, confirm } => deliveries::retire(&ctx, host, why.checked("retire")?, confirm),
         Command::Requeue { instance, host, why } => deliveries::requeue(&ctx, instance, host.as_deref(), &why.reason),
         Command::Members(m) => conversations::members(&ctx, m),
         Command::Producers(p) => conversations::producers(&ctx, p),
@@ -374,16 +379,18 @@ pub fn run(cli: &Cli) -> CliResult {
         Command::Man { out } => manuals::man(out),
         Command::Hosts(h) => hosts::run(&ctx, h),
         Command::Ca(CaCmd::Rotate) => ca::rotate(&ctx),
-        Command::Ca(CaCmd::RetireOld { force, dry_run }) => ca::retire_old(&ctx, *force, *dry_run),
+        Command::Ca(CaCmd::RetireOld { force, why, confirm }) => {
+            ca::retire_old(&ctx, *force, why.checked("ca retire-old")?, confirm)
+        }
         Command::Certs(CertsCmd::List { name, json }) => identity::certs(&ctx, name.as_deref(), *json),
         Command::Restore { from } => restore::restore(&ctx, from),
         Command::Migrate { to } => migrate::migrate(&ctx, to),
-        Command::Purge { message, conversation, host: Some(host), dry_run, reason } => {
+        Command::Purge { message, conversation, host: Some(host), confirm, reason } => {
             debug_assert!(message.is_none() && conversation.is_none(), "clap keeps the targets apart");
-            purge::purge_host(&ctx, host, *dry_run, reason)
+            purge::purge_host(&ctx, host, confirm, reason)
         }
-        Command::Purge { message, conversation, host: None, dry_run, reason } => {
-            purge::purge(&ctx, message.as_deref(), conversation.as_deref(), *dry_run, reason)
+        Command::Purge { message, conversation, host: None, confirm, reason } => {
+            purge::purge(&ctx, message.as_deref(), conversation.as_deref(), confirm, reason)
         }
         Command::Audit { since, actor, limit, after, json } => audit::run(
             &ctx,

@@ -1,7 +1,10 @@
-//! `purge --message ID | --conversation C | --host H [--dry-run] --reason R`: settled messages
-//! (or a recipient host's settled deliveries) removed now, never an unsettled delivery
-//! (`store::purge`).
+//! `purge --message ID | --conversation C | --host H --reason R [--dry-run | --yes]`: settled
+//! messages (or a recipient host's settled deliveries) removed now, never an unsettled delivery
+//! (`store::purge`). Destructive: what it removes is read and said first, and it asks
+//! (`confirm`).
 
+use super::args::Confirm;
+use super::confirm::{self, Decision};
 use super::{CliError, CliResult, Context, output};
 use crate::store::api::{By, PurgeOf};
 use crate::store::purge::{self, Plan, Target};
@@ -12,7 +15,7 @@ pub(super) fn purge(
     ctx: &Context,
     message: Option<&str>,
     conversation: Option<&str>,
-    dry_run: bool,
+    confirm: &Confirm,
     reason: &str,
 ) -> CliResult {
     let target = match (message, conversation) {
@@ -21,63 +24,94 @@ pub(super) fn purge(
         _ => return Err(CliError::usage("give --message ID or --conversation C")),
     };
     let subject = target.subject();
-    let plan = if dry_run {
-        let record = ctx.open_read()?;
-        record.run(record.purge_plan(purge_of(target)))?
-    } else {
-        let record = ctx.open_write()?;
-        let by = By { operator: ctx.operator.clone(), reason: reason.to_string() };
-        record.run(record.purge(purge_of(target), by))?
-    };
-    if !plan.allowed() {
-        return Err(refusal(&subject, &plan));
+    let record = ctx.open_read()?;
+    let plan = record.run(record.purge_plan(purge_of(target)))?;
+    drop(record);
+    check(&subject, &plan)?;
+    let text = format!(
+        "would purge {} (reason: {}): {} message(s), {} deliveries (with their events and attempts)",
+        output::esc(&subject),
+        output::esc(reason),
+        plan.messages.len(),
+        plan.deliveries
+    );
+    if confirm::decide(confirm, &text, None)? == Decision::DryRun {
+        return Ok(());
     }
-    if plan.messages.is_empty() {
-        return Err(CliError::new(exit::NOTHING, format!("nothing to do: no messages of {}", output::esc(&subject))));
-    }
-    let verb = if dry_run { "would purge" } else { "purged" };
+    let record = ctx.open_write()?;
+    let by = By { operator: ctx.operator.clone(), reason: reason.to_string() };
+    let plan = record.run(record.purge(purge_of(target), by))?;
+    check(&subject, &plan)?;
     output::line(format!(
-        "{verb} {}: {} message(s), {} deliveries (with their events and attempts){}",
+        "purged {}: {} message(s), {} deliveries (with their events and attempts)",
         output::esc(&subject),
         plan.messages.len(),
-        plan.deliveries,
-        if dry_run { "; nothing was removed" } else { "" }
+        plan.deliveries
     ))
 }
 
 /// Runs `purge --host H`: the host's settled deliveries, and the messages it alone received.
-pub(super) fn purge_host(ctx: &Context, host: &str, dry_run: bool, reason: &str) -> CliResult {
+pub(super) fn purge_host(ctx: &Context, host: &str, confirm: &Confirm, reason: &str) -> CliResult {
     baton_shared::ids::check_name("--host", host).map_err(|e| CliError::usage(e.to_string()))?;
-    let plan = if dry_run {
-        let record = ctx.open_read()?;
-        record.run(record.purge_host_plan(host.to_string()))?
-    } else {
-        let record = ctx.open_write()?;
-        let by = By { operator: ctx.operator.clone(), reason: reason.to_string() };
-        record.run(record.purge_host(host.to_string(), by))?
-    };
-    let kept = if plan.kept > 0 {
-        let named: Vec<String> = plan.kept_shown.iter().map(|(id, state)| format!("{id} ({state})")).collect();
-        let more = if plan.kept > named.len() as i64 { ", …" } else { "" };
-        format!("; kept {} unsettled deliveries: {}{more}", plan.kept, named.join(", "))
-    } else {
-        String::new()
-    };
+    let record = ctx.open_read()?;
+    let plan = record.run(record.purge_host_plan(host.to_string()))?;
+    drop(record);
     if plan.deliveries == 0 {
         return Err(CliError::new(
             exit::NOTHING,
-            format!("nothing to do: no settled deliveries to host {}{kept}", output::esc(host)),
+            format!("nothing to do: no settled deliveries to host {}{}", output::esc(host), kept(&plan)),
         ));
     }
-    let verb = if dry_run { "would purge" } else { "purged" };
-    output::line(format!(
-        "{verb} host {}: {} settled deliveries (with their events and attempts), {} message(s) with no other \
-         recipient{kept}{}",
+    let text = format!(
+        "would purge host {}: {} settled deliveries (with their events and attempts), {} message(s) with no other \
+         recipient{} (reason: {})",
         output::esc(host),
         plan.deliveries,
         plan.messages,
-        if dry_run { "; nothing was removed" } else { "" }
+        kept(&plan),
+        output::esc(reason)
+    );
+    if confirm::decide(confirm, &text, None)? == Decision::DryRun {
+        return Ok(());
+    }
+    let record = ctx.open_write()?;
+    let by = By { operator: ctx.operator.clone(), reason: reason.to_string() };
+    let plan = record.run(record.purge_host(host.to_string(), by))?;
+    if plan.deliveries == 0 {
+        return Err(CliError::new(
+            exit::NOTHING,
+            format!("nothing to do: no settled deliveries to host {}{}", output::esc(host), kept(&plan)),
+        ));
+    }
+    output::line(format!(
+        "purged host {}: {} settled deliveries (with their events and attempts), {} message(s) with no other \
+         recipient{}",
+        output::esc(host),
+        plan.deliveries,
+        plan.messages,
+        kept(&plan)
     ))
+}
+
+/// What a host purge keeps: its unsettled deliveries, counted and the first ones named.
+fn kept(plan: &purge::HostPlan) -> String {
+    if plan.kept == 0 {
+        return String::new();
+    }
+    let named: Vec<String> = plan.kept_shown.iter().map(|(id, state)| format!("{id} ({state})")).collect();
+    let more = if plan.kept > named.len() as i64 { ", …" } else { "" };
+    format!("; kept {} unsettled deliveries: {}{more}", plan.kept, named.join(", "))
+}
+
+/// Refuses a plan that touches unsettled work (exit 2) or finds nothing (exit 1).
+fn check(subject: &str, plan: &Plan) -> CliResult {
+    if !plan.allowed() {
+        return Err(refusal(subject, plan));
+    }
+    if plan.messages.is_empty() {
+        return Err(CliError::new(exit::NOTHING, format!("nothing to do: no messages of {}", output::esc(subject))));
+    }
+    Ok(())
 }
 
 /// The purge target, owned.

@@ -1,7 +1,8 @@
 //! Stopping and repeating turns: `deliveries cancel`, `deliveries retry` and `redrive`.
 
-use super::args::Reason;
-use super::{CliError, CliResult, Context, output};
+use super::args::{Confirm, Reason, ReasonIfDestructive};
+use super::confirm::{self, Decision};
+use super::{CliError, CliResult, Context, Record, output};
 use crate::store::api::{By, CancelOf};
 use crate::store::turns::{self, RedriveFilter};
 use baton_shared::exit;
@@ -42,7 +43,7 @@ pub struct RetryArgs {
     pub why: Reason,
 }
 
-/// `redrive --outcome O [filters] --reason R [--dry-run] [--request-id ID]`.
+/// `redrive --outcome O [filters] --reason R [--dry-run | --yes] [--request-id ID]`.
 #[derive(Debug, clap::Args)]
 pub struct RedriveArgs {
     /// Re-run the deliveries with this outcome: failed, unknown or cancelled, the same set
@@ -61,9 +62,10 @@ pub struct RedriveArgs {
     /// At most this many in all.
     #[arg(long)]
     pub limit: Option<u32>,
-    /// Print what would be re-run, change nothing.
-    #[arg(long)]
-    pub dry_run: bool,
+    /// --dry-run (print what would be re-run, change nothing); --yes, which a redrive without
+    /// a filter needs.
+    #[command(flatten)]
+    pub confirm: Confirm,
     /// Makes the redrive idempotent: a repeat with the same id prints what the first did and
     /// changes nothing.
     #[arg(long)]
@@ -71,9 +73,17 @@ pub struct RedriveArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
-    /// Why (recorded).
+    /// Why (recorded; required without a filter).
     #[command(flatten)]
-    pub why: Reason,
+    pub why: ReasonIfDestructive,
+}
+
+impl RedriveArgs {
+    /// Whether a filter narrows the selection; without one, every delivery that ended with
+    /// the outcome is re-run, which is destructive (it undoes every such ending at once).
+    fn filtered(&self) -> bool {
+        self.conversation.is_some() || self.host.is_some() || self.since.is_some() || self.limit.is_some()
+    }
 }
 
 /// Runs `deliveries cancel`.
@@ -180,8 +190,10 @@ pub(super) fn redrive(ctx: &Context, a: &RedriveArgs) -> CliResult {
         since_ms: a.since,
         limit: a.limit,
     };
+    let reason = if a.filtered() { a.why.text() } else { a.why.required("redrive without a filter")? };
+    let dry_run = a.confirm.dry_run;
     let record = ctx.open_write()?;
-    let by = By { operator: ctx.operator.clone(), reason: a.why.reason.clone() };
+    let by = By { operator: ctx.operator.clone(), reason: reason.to_string() };
     if let Some(request_id) = &a.request_id
         && let Some(done) = record.run(record.recorded_redrive(request_id.clone()))?
     {
@@ -199,17 +211,58 @@ pub(super) fn redrive(ctx: &Context, a: &RedriveArgs) -> CliResult {
             output::line(text)
         };
     }
+    // Nothing to re-run is not worth a question: it ends below with exit 1.
+    if !a.filtered()
+        && !dry_run
+        && let n = select(&record, &filter, batch_max, None)?.len()
+        && n > 0
+    {
+        let plan = format!(
+            "redrive without a filter (reason: {}): {n} deliveries that ended {} would re-run, every one in the \
+             record",
+            output::esc(reason),
+            a.outcome
+        );
+        if confirm::decide(&a.confirm, &plan, None)? == Decision::DryRun {
+            return Ok(());
+        }
+    }
+    let ids = select(&record, &filter, batch_max, (!dry_run).then_some(&by))?;
+    if !dry_run {
+        if let Some(request_id) = &a.request_id {
+            let n = ids.len() as i64;
+            record.run(record.record_redrive(request_id.clone(), by, filter, n))?;
+        }
+        ctx.wake_hub();
+    }
+    if a.json {
+        output::json(&json!({"dry_run": dry_run, "request_id": a.request_id, "repeat": false, "deliveries": ids}))?;
+    } else {
+        for id in &ids {
+            output::line(id)?;
+        }
+        let verb = if dry_run { "would be re-run" } else { "re-run" };
+        output::line(format!("{} deliveries {verb}", ids.len()))?;
+    }
+    if ids.is_empty() {
+        return Err(CliError::new(exit::NOTHING, "nothing matched"));
+    }
+    Ok(())
+}
+
+/// The deliveries `filter` picks, a batch of at most `batch_max` at a time: re-run, one
+/// transaction per batch, when `by` is given; only read otherwise (a dry run, a plan).
+fn select(record: &Record, filter: &RedriveFilter, batch_max: u32, by: Option<&By>) -> Result<Vec<String>, CliError> {
     let mut after = i64::MIN;
     let mut ids: Vec<String> = Vec::new();
     loop {
-        let room = a.limit.map_or(batch_max, |l| batch_max.min(l - ids.len() as u32));
+        let room = filter.limit.map_or(batch_max, |l| batch_max.min(l - ids.len() as u32));
         if room == 0 {
             break;
         }
-        let batch = if a.dry_run {
-            record.run(record.redrive_preview(filter.clone(), after, room))?
-        } else {
-            record.run(record.redrive_batch(filter.clone(), after, room, by.clone()))?
+        let batch = match by {
+            None => record.run(record.redrive_preview(filter.clone(), after, room))?,
+            Some(by) => record.run(record.redrive_batch(filter.clone(), after, room, by.clone()))?,
         };
         let Some((_, last)) = batch.last() else { break };
         after = *last;
@@ -219,24 +272,5 @@ pub(super) fn redrive(ctx: &Context, a: &RedriveArgs) -> CliResult {
             break;
         }
     }
-    if !a.dry_run {
-        if let Some(request_id) = &a.request_id {
-            let n = ids.len() as i64;
-            record.run(record.record_redrive(request_id.clone(), by, filter, n))?;
-        }
-        ctx.wake_hub();
-    }
-    if a.json {
-        output::json(&json!({"dry_run": a.dry_run, "request_id": a.request_id, "repeat": false, "deliveries": ids}))?;
-    } else {
-        for id in &ids {
-            output::line(id)?;
-        }
-        let verb = if a.dry_run { "would be re-run" } else { "re-run" };
-        output::line(format!("{} deliveries {verb}", ids.len()))?;
-    }
-    if ids.is_empty() {
-        return Err(CliError::new(exit::NOTHING, "nothing matched"));
-    }
-    Ok(())
+    Ok(ids)
 }

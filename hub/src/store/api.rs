@@ -1031,6 +1031,20 @@ pub enum FenceSetOutcome {
     AlreadyActive(String),
 }
 
+/// What setting a fence would do, read before it is set, so an operator sees it first (SPEC
+/// §9: a block fails what it covers).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FencePlan {
+    /// Why the target looks like a typo, if it does (`fence_set` refuses it without `force`).
+    pub problem: Option<FenceTargetProblem>,
+    /// The same fence, already active (`fence_set` would set nothing), described.
+    pub already: Option<String>,
+    /// Queued deliveries the fence covers.
+    pub queued: i64,
+    /// Of those, how many an active pause fence holds back now.
+    pub paused: i64,
+}
+
 /// What `release` did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Release {
@@ -1238,6 +1252,40 @@ impl Store {
         }
     }
 
+    /// What `fence_set` of `kind` on `scope` and `target` would find, changing nothing: its
+    /// target's problem, the same fence already active, and the queued deliveries it covers
+    /// (of which how many are paused now).
+    pub async fn fence_plan(
+        &self,
+        kind: fences::FenceKind,
+        scope: fences::FenceScope,
+        target: Option<String>,
+    ) -> StoreResult<FencePlan> {
+        match &self.backend {
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
+                s.read(move |c| {
+                    let problem = match &target {
+                        Some(t) => fence_target_problem(c, scope, t)?,
+                        None => None,
+                    };
+                    let already = fences::active_same(c, kind, scope, target.as_deref())?.map(|f| f.describe());
+                    let active = fences::active(c)?;
+                    let (mut queued, mut paused) = (0, 0);
+                    for (conversation, host, n) in fences::queued_by_pair(c, scope, target.as_deref())? {
+                        queued += n;
+                        if fences::strongest(&active, &conversation, &host).map(|f| f.kind)
+                            == Some(fences::FenceKind::Pause)
+                        {
+                            paused += n;
+                        }
+                    }
+                    Ok(FencePlan { problem, already, queued, paused })
+                })
+                .await
+            }
+        }
+    }
+
     /// Lifts the active fence `id` (after the fences whose time is up); `NotFound` when it is
     /// not active.
     pub async fn fence_lift(&self, id: i64, by: By) -> StoreResult<()> {
@@ -1423,6 +1471,13 @@ impl Store {
                 })
                 .await
             }
+        }
+    }
+
+    /// What `retire` would do to the host, changing nothing (`NotFound` as `retire`).
+    pub async fn retire_plan(&self, host: String) -> StoreResult<operator::RetirePlan> {
+        match &self.backend {
+            Backend::Sqlite(s) | Backend::Postgres(s) => s.read(move |c| operator::retire_plan(c, &host)).await,
         }
     }
 

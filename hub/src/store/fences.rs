@@ -270,6 +270,41 @@ pub fn conversation_has_messages(conn: &dyn Db, conversation: &str) -> StoreResu
         .query_row([conversation], |r| r.get(0))?)
 }
 
+/// The queued deliveries a fence of `scope` on `target` covers, counted by (conversation,
+/// host): what a block there would fail at the hosts' next claims.
+pub fn queued_by_pair(
+    conn: &dyn Db,
+    scope: FenceScope,
+    target: Option<&str>,
+) -> StoreResult<Vec<(String, String, i64)>> {
+    fn row(r: &super::db::Row<'_>) -> rusqlite::Result<(String, String, i64)> {
+        Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+    }
+    let (sql, arg) = match (scope, target) {
+        (FenceScope::Host, Some(h)) => (
+            "SELECT conversation, host, count(*) FROM deliveries WHERE state = 'queued' AND host = ?1
+             GROUP BY conversation, host",
+            h,
+        ),
+        (FenceScope::Conversation, Some(c)) => (
+            "SELECT conversation, host, count(*) FROM deliveries WHERE state = 'queued' AND conversation = ?1
+             GROUP BY conversation, host",
+            c,
+        ),
+        (FenceScope::All, None) => {
+            return Ok(conn
+                .prepare_cached(
+                    "SELECT conversation, host, count(*) FROM deliveries WHERE state = 'queued'
+                     GROUP BY conversation, host",
+                )?
+                .query_map([], row)?
+                .collect::<Result<_, _>>()?);
+        }
+        _ => return Err(StoreError::Invalid("a fence names a conversation or a host, or covers all".into())),
+    };
+    Ok(conn.prepare_cached(sql)?.query_map([arg], row)?.collect::<Result<_, _>>()?)
+}
+
 /// The actor recorded for a fence the hub lifted because its time was up.
 pub const EXPIRY_ACTOR: &str = "hub";
 

@@ -225,16 +225,22 @@ pub fn remove(
 /// does to the registry, so a retired host is no member anywhere. Returns the conversations it
 /// left, by name. Call inside a write transaction.
 pub fn leave_all(conn: &dyn Db, host: &str, operator: &str, reason: &str, now_ms: i64) -> StoreResult<Vec<String>> {
-    let conversations: Vec<String> = conn
-        .prepare_cached(
-            "SELECT conversation FROM memberships WHERE host = ?1 AND leave_seq IS NULL ORDER BY conversation",
-        )?
-        .query_map([host], |r| r.get(0))?
-        .collect::<Result<_, _>>()?;
+    let conversations = memberships_of(conn, host)?;
     for c in &conversations {
         remove(conn, c, &[host.to_string()], operator, reason, now_ms)?;
     }
     Ok(conversations)
+}
+
+/// The conversations `host` is a member of now (open intervals), by name: what `leave_all`
+/// ends, and what a retirement's plan names before it does.
+pub fn memberships_of(conn: &dyn Db, host: &str) -> StoreResult<Vec<String>> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT conversation FROM memberships WHERE host = ?1 AND leave_seq IS NULL ORDER BY conversation",
+        )?
+        .query_map([host], |r| r.get(0))?
+        .collect::<Result<_, _>>()?)
 }
 
 /// The current members (open intervals) of a conversation, by name.

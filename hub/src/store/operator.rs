@@ -125,6 +125,68 @@ pub struct Swept {
     pub outcome_unknown: Vec<String>,
 }
 
+/// What retiring a host would do, read without changing anything: the counts `retire` would
+/// sweep, by the state each delivery is in now, and the conversations it would leave. An
+/// operator is shown this before the retirement (SPEC §9); the retirement itself reports
+/// what it did, which may differ by what changed in between.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RetirePlan {
+    /// Queued deliveries, to fail.
+    pub queued: i64,
+    /// Held deliveries, to fail.
+    pub held: i64,
+    /// Claimed deliveries, to fail.
+    pub claimed: i64,
+    /// Mirrored deliveries, to become unknown.
+    pub mirrored: i64,
+    /// Delivered deliveries whose current run has no outcome, to get an `unknown` attempt.
+    pub outcome_unknown: i64,
+    /// The conversations it is a member of now, which it would leave.
+    pub leaves: Vec<String>,
+}
+
+impl RetirePlan {
+    /// How many deliveries would fail (queued, held and claimed).
+    pub fn failing(&self) -> i64 {
+        self.queued + self.held + self.claimed
+    }
+}
+
+/// What `retire` would do to `host` (see `RetirePlan`); `NotFound`, as `retire`, for a host
+/// that is not enrolled or already retired.
+pub fn retire_plan(conn: &dyn Db, host: &str) -> StoreResult<RetirePlan> {
+    let active: bool = conn
+        .prepare_cached("SELECT EXISTS (SELECT 1 FROM hosts WHERE name = ?1 AND retired_at IS NULL)")?
+        .query_row([host], |r| r.get(0))?;
+    if !active {
+        return Err(StoreError::NotFound(format!("no enrolled, unretired host {host}")));
+    }
+    let mut plan = RetirePlan::default();
+    let counts: Vec<(String, i64)> = conn
+        .prepare_cached(
+            "SELECT state, count(*) FROM deliveries WHERE host = ?1 AND state IN ('queued', 'held', 'claimed', 'mirrored')
+             GROUP BY state",
+        )?
+        .query_map([host], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<Result<_, _>>()?;
+    for (state, n) in counts {
+        match state.as_str() {
+            "queued" => plan.queued = n,
+            "held" => plan.held = n,
+            "claimed" => plan.claimed = n,
+            _ => plan.mirrored = n,
+        }
+    }
+    plan.outcome_unknown = conn
+        .prepare_cached(
+            "SELECT count(*) FROM deliveries d WHERE d.host = ?1 AND d.state = 'delivered'
+               AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)",
+        )?
+        .query_row([host], |r| r.get(0))?;
+    plan.leaves = super::members::memberships_of(conn, host)?;
+    Ok(plan)
+}
+
 /// Retires a host: it takes no more work; its waiting and claimed deliveries fail, its mirrored
 /// ones become unknown, and delivered ones without an outcome get an `unknown` attempt.
 pub fn retire(conn: &dyn Db, host: &str, operator: &str, reason: &str, now_ms: i64) -> StoreResult<Swept> {
@@ -251,4 +313,51 @@ pub fn requeue_host_instance(
         .execute([host, instance_id])?;
     record_operator_event(conn, "requeue_instance", instance_id, operator, Some(reason), now_ms)?;
     Ok(swept)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::accept::testing::accept_one;
+    use crate::store::transition::Holder;
+    use crate::store::{claim, members, testing};
+
+    /// The plan read before a retirement counts exactly what the retirement then sweeps, by
+    /// state, and names the conversations it leaves; a host already retired has no plan.
+    #[test]
+    fn the_retire_plan_counts_what_retire_sweeps() {
+        let db = testing::db();
+        let c = &*db.conn;
+        members::add(c, "team", &["host-a".to_string()], "op", "r", 1).unwrap();
+        for (conversation, key) in [("c1", "k1"), ("c2", "k2"), ("c3", "k3"), ("c4", "k4")] {
+            accept_one(c, conversation, key, &["host-a"]);
+        }
+        let got = claim::claim(c, "host-a", "i", 3, 3).unwrap();
+        assert_eq!(got.len(), 3);
+        let h = Holder { instance_id: "i", claim_token: &got[0].claim_token };
+        claim::mirrored(c, "host-a", &got[0].delivery_id, h, 4).unwrap();
+        let h = Holder { instance_id: "i", claim_token: &got[1].claim_token };
+        claim::mirrored(c, "host-a", &got[1].delivery_id, h, 4).unwrap();
+        claim::ack(c, "host-a", &got[1].delivery_id, h, 5).unwrap();
+
+        let plan = retire_plan(c, "host-a").unwrap();
+        let expected = RetirePlan {
+            queued: 1,
+            held: 0,
+            claimed: 1,
+            mirrored: 1,
+            outcome_unknown: 1,
+            leaves: vec!["team".to_string()],
+        };
+        assert_eq!(plan, expected);
+        assert_eq!(plan.failing(), 2);
+        let swept = retire(c, "host-a", "op", "r", 6).unwrap();
+        let left = members::leave_all(c, "host-a", "op", "r", 6).unwrap();
+        assert_eq!(swept.failed.len() as i64, plan.failing());
+        assert_eq!(swept.unknown.len() as i64, plan.mirrored);
+        assert_eq!(swept.outcome_unknown.len() as i64, plan.outcome_unknown);
+        assert_eq!(left, plan.leaves);
+        assert!(matches!(retire_plan(c, "host-a"), Err(StoreError::NotFound(_))));
+        assert!(matches!(retire_plan(c, "nobody"), Err(StoreError::NotFound(_))));
+    }
 }
