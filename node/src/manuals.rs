@@ -43,4 +43,14 @@ mod tests {
         assert!(paths.iter().any(|p| p == "baton-node-completions"), "{paths:?}");
         assert!(!paths.iter().any(|p| p.contains("turn-gate")), "the hidden gate has no page: {paths:?}");
     }
+
+    /// In the real zsh, a second-level subcommand and a flag complete.
+    #[test]
+    fn zsh_completes_a_second_level_subcommand_and_a_flag() {
+        let script = manuals::completion_script(Cli::command(), BIN_NAME, manuals::Shell::Zsh).unwrap();
+        let Some(subcommands) = manuals::zsh_completes_or_skip(&script, BIN_NAME, "config ") else { return };
+        assert!(subcommands.contains("check"), "config <TAB> lists no check:\n{subcommands}");
+        let flags = manuals::zsh_completes_or_skip(&script, BIN_NAME, "config check --").unwrap_or_default();
+        assert!(flags.contains("--online"), "config check --<TAB>:\n{flags}");
+    }
 }

@@ -47,6 +47,98 @@ pub fn bash_completes(script: &str, bin: &str, words: &[&str]) -> Option<Vec<Str
     out.status.success().then(|| String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect())
 }
 
+/// What the real `zsh` lists for `line` typed after `bin` and a TAB, from `script` (its
+/// completion function, installed as `_BIN` on `fpath`): the screen text, escape sequences
+/// removed. zsh completes only in its line editor, so this drives an interactive `zsh -f`
+/// through a pseudo-terminal (`zsh/zpty`) as a person at a terminal would, and reads the
+/// screen for `ZSH_LISTING_WAIT`. `None` when `zsh` cannot be run here.
+pub fn zsh_completes(script: &str, bin: &str, line: &str) -> Option<String> {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    let dir = TempDir(std::env::temp_dir().join(format!("baton-zsh-{}-{nanos}", std::process::id())));
+    std::fs::create_dir_all(dir.path()).ok()?;
+    std::fs::write(dir.path().join(format!("_{bin}")), script).ok()?;
+    let quote = |s: &str| format!("'{}'", s.replace('\'', "'\\''"));
+    let steps = ZSH_LISTING_WAIT.as_millis() / 100;
+    let driver = format!(
+        "zmodload zsh/zpty\n\
+         zpty z zsh -f -i\n\
+         zpty -w z {setup}\n\
+         zpty -w z {typed}$'\\t'\n\
+         out=''\n\
+         for i in {{1..{steps}}}; do sleep 0.1; while zpty -r -t z chunk 2>/dev/null; do out+=$chunk; done; done\n\
+         print -r -- \"$out\"\n\
+         zpty -d z\n",
+        setup = quote(&format!(
+            "PROMPT='> '; fpath=({} $fpath); autoload -U compinit; compinit -u -D; compdef _{bin} {bin}",
+            dir.path().display()
+        )),
+        typed = quote(&format!("{bin} {line}")),
+    );
+    let out = std::process::Command::new("zsh").arg("-f").arg("-c").arg(driver).output().ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let raw = String::from_utf8_lossy(&out.stdout);
+    // Escape sequences (CSI, and the two-byte ones) and carriage returns are the terminal's.
+    let mut text = String::with_capacity(raw.len());
+    let mut chars = raw.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\x1b' => {
+                if chars.peek() == Some(&'[') {
+                    chars.next();
+                    while let Some(n) = chars.next() {
+                        if n.is_ascii_alphabetic() || n == '~' {
+                            break;
+                        }
+                    }
+                } else {
+                    chars.next();
+                }
+            }
+            '\r' => text.push('\n'),
+            c => text.push(c),
+        }
+    }
+    Some(text)
+}
+
+/// A directory removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Set (to anything) to make a missing `zsh` a failure of the completion tests instead of a
+/// skip (CI sets it, after installing zsh).
+pub const REQUIRE_SHELLS_VAR: &str = "BATON_REQUIRE_SHELLS";
+
+/// `zsh_completes`, or `None` after saying why the caller's test skips; panics when `zsh`
+/// cannot be run and `REQUIRE_SHELLS_VAR` is set.
+pub fn zsh_completes_or_skip(script: &str, bin: &str, line: &str) -> Option<String> {
+    let shown = zsh_completes(script, bin, line);
+    if shown.is_none() {
+        assert!(std::env::var_os(REQUIRE_SHELLS_VAR).is_none(), "{REQUIRE_SHELLS_VAR} is set but zsh cannot be run");
+        eprintln!(
+            "SKIPPED: zsh cannot be run here (apt-get install zsh, or set {REQUIRE_SHELLS_VAR} to make this a failure)"
+        );
+    }
+    shown
+}
+
+/// How long `zsh_completes` reads the screen after the TAB: zsh lists within a fraction of a
+/// second; this is generous for a loaded machine.
+pub const ZSH_LISTING_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// Writes one man page per command and visible subcommand of `cmd` into `out` (created if
 /// missing): `baton-hub.1`, `baton-hub-serve.1`, `baton-hub-enroll-node.1`, … Returns the
 /// `*.1` files now in `out`, sorted.

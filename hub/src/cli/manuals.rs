@@ -39,4 +39,17 @@ mod tests {
         assert!(paths.iter().any(|p| p == "baton-hub-enroll-node"), "{paths:?}");
         assert!(paths.iter().any(|p| p == "baton-hub-completions"), "{paths:?}");
     }
+
+    /// In the real zsh, a second-level subcommand and a flag complete (`missing` holds bash
+    /// to every command and flag; zsh completes only in its line editor, so two probes).
+    #[test]
+    fn zsh_completes_a_second_level_subcommand_and_a_flag() {
+        let script = manuals::completion_script(Cli::command(), BIN_NAME, manuals::Shell::Zsh).unwrap();
+        let Some(subcommands) = manuals::zsh_completes_or_skip(&script, BIN_NAME, "fence ") else { return };
+        for sub in ["block", "hold", "lift", "list", "pause"] {
+            assert!(subcommands.contains(sub), "fence <TAB> lists no {sub}:\n{subcommands}");
+        }
+        let flags = manuals::zsh_completes_or_skip(&script, BIN_NAME, "fence pause --").unwrap_or_default();
+        assert!(flags.contains("--conversation") && flags.contains("--reason"), "fence pause --<TAB>:\n{flags}");
+    }
 }
