@@ -160,6 +160,9 @@ pub enum Command {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// Why (recorded in the audit log with the message it accepted).
+        #[command(flatten)]
+        why: Reason,
     },
     /// Overview of the record, and what needs attention: the hub not running, hosts silent
     /// longer than `host_silence_warn`, certificates expiring within 30 days. Exits 0 when the
@@ -426,6 +429,9 @@ pub struct EnrollArgs {
     /// Validity in days.
     #[arg(long, default_value_t = 365)]
     pub days: u32,
+    /// Why (recorded in the audit log with the enrollment).
+    #[command(flatten)]
+    pub why: Reason,
 }
 
 /// `--reason`, recorded with changes.
@@ -655,6 +661,8 @@ mod tests {
             vec!["baton-hub", "producers", "scope", "p", "a", "b-*", "--reason", "r"],
             vec!["baton-hub", "producers", "list", "--json"],
             vec!["baton-hub", "send", "--conversation", "c", "--key", "k", "--payload", "{}"],
+            vec!["baton-hub", "send", "--conversation", "c", "--key", "k", "--payload", "{}", "--reason", "r"],
+            vec!["baton-hub", "enroll", "node", "host-a", "--out", "d", "--reason", "new rack"],
             vec!["baton-hub", "revoke", "host-a", "--reason", "lost laptop"],
             vec!["baton-hub", "renew", "host-a", "--out", "d"],
             vec!["baton-hub", "retire", "host-a"],

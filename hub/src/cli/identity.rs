@@ -1,7 +1,7 @@
 //! The hub's identities: `init` (the data directory, the CA, the server certificate, the
 //! database), `enroll` and `renew` (a node's or producer's certificate), `revoke`.
 
-use super::args::Enroll;
+use super::args::{Enroll, EnrollArgs};
 use super::{CliError, CliResult, Context, Record, output};
 use crate::config::{DATABASE_URL, process_env};
 use crate::store::Store;
@@ -154,13 +154,13 @@ fn read_ca_from(src: &Path) -> Result<(String, String), CliError> {
 /// `enroll node|producer NAME --out DIR`.
 pub(super) fn enroll_cmd(ctx: &Context, e: &Enroll) -> CliResult {
     match e {
-        Enroll::Node(a) => enroll(ctx, Role::Node, &a.name, &a.out, a.days, None),
+        Enroll::Node(a) => enroll(ctx, Role::Node, a, None),
         Enroll::Producer(p) => {
             let scope = p.conversations.as_deref();
             if let Some(patterns) = scope {
                 super::conversations::check_patterns(patterns)?;
             }
-            enroll(ctx, Role::Producer, &p.common.name, &p.common.out, p.common.days, scope)
+            enroll(ctx, Role::Producer, &p.common, scope)
         }
     }
 }
@@ -210,7 +210,8 @@ pub(super) fn renew(ctx: &Context, name: &str, o: RenewOptions<'_>) -> CliResult
             output::esc(why)
         )));
     }
-    let revoked = enroll_as(ctx, Enrollment { role, name, out_dir: out, days, scope: None, revoke_old })?;
+    let reason = if revoke_old { "renewed; old certificate revoked" } else { "renewed" };
+    let revoked = enroll_as(ctx, Enrollment { role, name, out_dir: out, days, scope: None, revoke_old, reason })?;
     if !revoked.is_empty() {
         output::line(format!("revoked the old certificate(s) of {name}: {}", revoked.join(", ")))?;
         ctx.wake_hub();
@@ -320,18 +321,29 @@ struct Enrollment<'a> {
     scope: Option<&'a [String]>,
     /// Revoke the name's other unrevoked certificates (a renewal that retires the old one).
     revoke_old: bool,
+    /// Why, recorded in the audit log with the enrollment.
+    reason: &'a str,
 }
 
 /// Issues a certificate for `name`, records it (with a producer's publish `scope`, when given,
 /// in the same transaction), and writes `NAME.crt`, `NAME.key` and `ca.crt` into `out_dir`
 /// (refusing to overwrite a certificate or key).
-fn enroll(ctx: &Context, role: Role, name: &str, out_dir: &Path, days: u32, scope: Option<&[String]>) -> CliResult {
-    enroll_as(ctx, Enrollment { role, name, out_dir, days, scope, revoke_old: false }).map(drop)
+fn enroll(ctx: &Context, role: Role, a: &EnrollArgs, scope: Option<&[String]>) -> CliResult {
+    let e = Enrollment {
+        role,
+        name: &a.name,
+        out_dir: &a.out,
+        days: a.days,
+        scope,
+        revoke_old: false,
+        reason: &a.why.reason,
+    };
+    enroll_as(ctx, e).map(drop)
 }
 
 /// `enroll` with every option; returns the serials it revoked (`revoke_old`).
 fn enroll_as(ctx: &Context, e: Enrollment<'_>) -> Result<Vec<String>, CliError> {
-    let Enrollment { role, name, out_dir, days, scope, revoke_old } = e;
+    let Enrollment { role, name, out_dir, days, scope, revoke_old, reason } = e;
     check_name("name", name)?;
     if pki::is_reserved(name) {
         return Err(CliError::usage(format!(
@@ -365,6 +377,7 @@ fn enroll_as(ctx: &Context, e: Enrollment<'_>) -> Result<Vec<String>, CliError> 
         not_after_unix: leaf.not_after_unix,
         scope: scope.map(<[String]>::to_vec),
         revoke_old,
+        reason: reason.to_string(),
     };
     let revoked = record.run(record.enroll(recorded, ctx.operator.clone()))?;
     write_new(&key_path, &leaf.key_pem, true)?;

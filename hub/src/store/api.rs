@@ -1262,15 +1262,35 @@ impl Store {
         }
     }
 
-    /// The operator's `send`: accepts the message and fans it out, in one transaction.
-    pub async fn send(&self, msg: NewMessage, limits: AcceptLimits) -> StoreResult<(Accepted, Vec<DeliverySummary>)> {
+    /// The operator's `send`: accepts the message and fans it out, in one transaction, and
+    /// records a new message in the audit log with the operator's reason.
+    pub async fn send(
+        &self,
+        msg: NewMessage,
+        limits: AcceptLimits,
+        by: By,
+    ) -> StoreResult<(Accepted, Vec<DeliverySummary>)> {
         let clock = self.clock.clone();
         match &self.backend {
             Backend::Sqlite(s) | Backend::Postgres(s) => {
                 s.write(move |c| {
                     let accepted = accept::accept(c, &msg, limits, clock.now_ms())?;
                     let id = match &accepted {
-                        Accepted::New { message_id, .. } | Accepted::Duplicate { message_id, .. } => message_id.clone(),
+                        Accepted::New { message_id, seq } => {
+                            // A message sent by hand is an operator's act: audited, with its
+                            // reason, in the accepting transaction. A replay adds nothing.
+                            let subject = format!("message {message_id} conversation {} seq {seq}", msg.conversation);
+                            hosts::record_operator_event(
+                                c,
+                                "send",
+                                &subject,
+                                &by.operator,
+                                Some(&by.reason),
+                                clock.now_ms(),
+                            )?;
+                            message_id.clone()
+                        }
+                        Accepted::Duplicate { message_id, .. } => message_id.clone(),
                     };
                     let deliveries = accept::fan_out(c, &id, clock.now_ms())?;
                     Ok((accepted, deliveries))
@@ -1451,6 +1471,9 @@ pub struct Enrollment {
     pub scope: Option<Vec<String>>,
     /// Revoke the name's other unrevoked certificates in the same transaction (a renewal).
     pub revoke_old: bool,
+    /// Why, recorded in the audit log with the enrollment (as every changing command's
+    /// `--reason` is).
+    pub reason: String,
 }
 
 /// Operations on identities (the CLI's `enroll`, `renew`, `revoke`, `certs`).
@@ -1485,7 +1508,7 @@ impl Store {
                         )));
                     }
                     let issued = hosts::Issued { role, name, serial: &e.serial, not_after_unix: e.not_after_unix };
-                    hosts::enroll(c, issued, &operator, now_ms)?;
+                    hosts::enroll(c, issued, &operator, &e.reason, now_ms)?;
                     if let Some(patterns) = &e.scope {
                         producers::set_scope(c, name, patterns, &operator, "enrolled", now_ms)?;
                     }
@@ -1723,7 +1746,8 @@ mod tests {
         let Accepted::New { message_id, .. } = accepted else { panic!("not new: {accepted:?}") };
         assert_eq!(deliveries.len(), 1);
         let direct = Store::open_write(&db.path, Synchronous::Normal, clock.clone()).unwrap();
-        let (again, _) = direct.send(message("k"), limits).await.unwrap();
+        let (again, _) =
+            direct.send(message("k"), limits, By { operator: "op".into(), reason: "r".into() }).await.unwrap();
         assert!(matches!(again, Accepted::Duplicate { .. }), "{again:?}");
         assert_eq!(direct.message_by_id(message_id.clone()).await.unwrap().deliveries.len(), 1);
         assert_eq!(served.message_by_id(message_id).await.unwrap().deliveries.len(), 1);
@@ -1759,7 +1783,7 @@ mod tests {
         let clock = baton_shared::clock::system();
         let read_only = Store::open_read(&db.path, clock).unwrap();
         let limits = AcceptLimits { queued_per_host_max: 10 };
-        assert!(read_only.send(message("k"), limits).await.is_err());
+        assert!(read_only.send(message("k"), limits, By { operator: "op".into(), reason: "r".into() }).await.is_err());
         assert_eq!(read_only.status().await.unwrap().pending_fanout, 0);
         assert!(read_only.message_id_by_key("p".into(), "k".into()).await.unwrap().is_none());
     }

@@ -29,6 +29,7 @@ fn node(name: &str, serial: &str) -> Enrollment {
         not_after_unix: i64::from(i32::MAX),
         scope: None,
         revoke_old: false,
+        reason: "link test".into(),
     }
 }
 
