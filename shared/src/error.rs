@@ -47,6 +47,12 @@ pub enum ErrorCode {
     HeadersTooLarge,
     /// 429: a capacity bound is reached.
     OverCapacity,
+    /// 429: the producer's quota of unsettled messages (`unsettled_max`) is used up; it may
+    /// post again once some of its messages settle.
+    QuotaUnsettledMessages,
+    /// 429: the producer's quota of unsettled payload bytes (`unsettled_bytes_max`) leaves no
+    /// room for this payload; it may post again once some of its messages settle.
+    QuotaUnsettledBytes,
     /// 503: the store cannot be written or read right now.
     StorageUnavailable,
     /// 503: the hub is shutting down.
@@ -57,7 +63,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 24] = [
+    pub const ALL: [ErrorCode; 26] = [
         ErrorCode::InvalidJson,
         ErrorCode::InvalidField,
         ErrorCode::NoRecipients,
@@ -79,6 +85,8 @@ impl ErrorCode {
         ErrorCode::TooLarge,
         ErrorCode::HeadersTooLarge,
         ErrorCode::OverCapacity,
+        ErrorCode::QuotaUnsettledMessages,
+        ErrorCode::QuotaUnsettledBytes,
         ErrorCode::StorageUnavailable,
         ErrorCode::ShuttingDown,
         ErrorCode::Internal,
@@ -108,6 +116,8 @@ impl ErrorCode {
             ErrorCode::TooLarge => "too_large",
             ErrorCode::HeadersTooLarge => "headers_too_large",
             ErrorCode::OverCapacity => "over_capacity",
+            ErrorCode::QuotaUnsettledMessages => "quota_unsettled_messages",
+            ErrorCode::QuotaUnsettledBytes => "quota_unsettled_bytes",
             ErrorCode::StorageUnavailable => "storage_unavailable",
             ErrorCode::ShuttingDown => "shutting_down",
             ErrorCode::Internal => "internal",
@@ -136,7 +146,7 @@ impl ErrorCode {
             | ErrorCode::SessionSuperseded => 409,
             ErrorCode::TooLarge => 413,
             ErrorCode::HeadersTooLarge => 431,
-            ErrorCode::OverCapacity => 429,
+            ErrorCode::OverCapacity | ErrorCode::QuotaUnsettledMessages | ErrorCode::QuotaUnsettledBytes => 429,
             ErrorCode::StorageUnavailable | ErrorCode::ShuttingDown => 503,
             ErrorCode::Internal => 500,
         }

@@ -107,6 +107,7 @@ async fn producers_are_enrolled_scoped_and_listed() {
         json!({
             "name": name, "conversations": conversations, "default_scope": default_scope,
             "active_certificates": 1, "revoked_certificates": 0,
+            "max_unsettled": null, "max_unsettled_bytes": null, "unsettled": 0, "unsettled_bytes": 0,
         })
     };
     assert_eq!(
@@ -200,5 +201,52 @@ async fn posts_without_to_run_on_exactly_the_members() {
         .collect();
     assert_eq!(routed.len(), 5, "{routed:?}");
     assert!(!routed.iter().any(|(h, s)| h == "host-c" || (h == "host-b" && *s > 2)), "{routed:?}");
+    hub.verify_ok();
+}
+
+/// A producer's quota at its bound, end to end: set at enrollment and with `producers quota`,
+/// listed, N unsettled messages accepted, the next refused 429 with the quota's code, accepted
+/// again once one settles (its delivery reported); the byte quota likewise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn producer_quotas_refuse_past_the_bound_until_messages_settle() {
+    let hub = Hub::start();
+    let out_dir = hub.scratch("quota-certs");
+    let out = out_dir.to_str().expect("utf-8 path");
+    assert_exit(&hub, &["enroll", "producer", "q", "--out", out, "--max-unsettled", "0"], 2, "--max-unsettled 0");
+    assert_exit(&hub, &["enroll", "producer", "q", "--out", out, "--max-unsettled-bytes", "lots"], 2, "lots");
+    hub.cli_ok(["enroll", "producer", "q", "--out", out, "--max-unsettled", "7", "--reason", "new team"]);
+    assert_exit(&hub, &["producers", "quota", "prod", "--reason", "r"], 2, "--max-unsettled");
+    assert_exit(
+        &hub,
+        &["producers", "quota", "prod", "--max-unsettled", "2", "--reason", "noisy"],
+        0,
+        "max_unsettled 2",
+    );
+    let listed = hub.cli_json(["producers", "list", "--json"]);
+    let q = listed.as_array().unwrap().iter().find(|p| p["name"] == "q").unwrap();
+    assert_eq!((&q["max_unsettled"], &q["max_unsettled_bytes"]), (&json!(7), &Value::Null), "{listed}");
+    assert_eq!(listed[0]["max_unsettled"], 2, "{listed}");
+
+    let prod = hub.client("prod");
+    let first = prod.submit_new("c", "k1", &["host-a"]).await;
+    prod.submit_new("c", "k2", &["host-a"]).await;
+    let m = prod.submit("c", "k3", json!({"key": "k3"}), &["host-a"]).await.err(429, "quota_unsettled_messages");
+    assert!(m.contains("unsettled_max = 2"), "{m}");
+    let table = hub.cli_ok(["producers", "list"]);
+    assert!(table.contains("2 msgs") && table.contains("max_unsettled 2"), "{table}");
+
+    // The first message settles once its only delivery has its outcome.
+    let node = hub.node("host-a", "inst-1");
+    let claimed = node.claim(1, 0).await;
+    assert_eq!(claimed[0].delivery_id, first.to("host-a"));
+    node.mirror_and_ack(&claimed[0]).await;
+    node.report(&claimed[0], "r1", "succeeded", 0).await.ok(201);
+    prod.submit_new("c", "k3", &["host-a"]).await;
+
+    // Bytes: `{"key":"k4"}` is 12 bytes; 24 unsettled bytes hold k2's and k3's, not one more.
+    hub.cli_ok(["producers", "quota", "prod", "--max-unsettled", "unlimited", "--max-unsettled-bytes", "24"]);
+    prod.submit("c", "k4", json!({"key": "k4"}), &["host-a"]).await.err(429, "quota_unsettled_bytes");
+    let audit = hub.cli_ok(["audit"]);
+    assert!(audit.contains("producer_quota") && audit.contains("noisy"), "{audit}");
     hub.verify_ok();
 }

@@ -362,6 +362,23 @@ pub struct EnrollProducerArgs {
     /// keeps its scope.
     #[arg(long, num_args = 1.., value_name = "PATTERN")]
     pub conversations: Option<Vec<String>>,
+    /// The producer's quota settings.
+    #[command(flatten)]
+    pub quota: QuotaArgs,
+}
+
+/// A producer's quota on the command line: each limit a number or `unlimited`; a limit not
+/// given is left as it is (unlimited for a new producer, `QUOTA_DEFAULT`).
+#[derive(Debug, Args)]
+pub struct QuotaArgs {
+    /// Most messages it may have unsettled (not every delivery final) at once; over it a post
+    /// is refused 429 `quota_unsettled_messages` (1..=100000, or `unlimited`).
+    #[arg(long, value_name = "N|unlimited")]
+    pub max_unsettled: Option<String>,
+    /// Most payload bytes its unsettled messages may hold together; over it a post is refused
+    /// 429 `quota_unsettled_bytes` (1..=1073741824, or `unlimited`).
+    #[arg(long, value_name = "BYTES|unlimited")]
+    pub max_unsettled_bytes: Option<String>,
 }
 
 /// Arguments of `members add|remove`.
@@ -410,7 +427,19 @@ pub enum ProducersCmd {
         #[command(flatten)]
         why: Reason,
     },
-    /// Every enrolled producer with its publish scope.
+    /// Change a producer's quota (the limits given; the others stay); takes effect on its
+    /// next post. Messages already accepted are never refused after the fact.
+    Quota {
+        /// The producer.
+        name: String,
+        /// The limits.
+        #[command(flatten)]
+        quota: QuotaArgs,
+        /// Why (recorded).
+        #[command(flatten)]
+        why: Reason,
+    },
+    /// Every enrolled producer with its publish scope, its quota and what it has unsettled.
     List {
         /// Print JSON.
         #[arg(long)]
@@ -660,6 +689,8 @@ mod tests {
             vec!["baton-hub", "members", "list", "--conversation", "c", "--json"],
             vec!["baton-hub", "producers", "scope", "p", "a", "b-*", "--reason", "r"],
             vec!["baton-hub", "producers", "list", "--json"],
+            vec!["baton-hub", "producers", "quota", "p", "--max-unsettled", "5", "--max-unsettled-bytes", "unlimited"],
+            vec!["baton-hub", "enroll", "producer", "p", "--out", "d", "--max-unsettled", "3"],
             vec!["baton-hub", "send", "--conversation", "c", "--key", "k", "--payload", "{}"],
             vec!["baton-hub", "send", "--conversation", "c", "--key", "k", "--payload", "{}", "--reason", "r"],
             vec!["baton-hub", "enroll", "node", "host-a", "--out", "d", "--reason", "new rack"],

@@ -1,9 +1,9 @@
 //! The operator's side of conversations: `members add|remove|list` (the registry, SPEC §6) and
-//! `producers scope|list` (publish scopes, SPEC §3). The store does the checking and the
+//! `producers scope|quota|list` (publish scopes, SPEC §3, and quotas). The store does the checking and the
 //! recording; this module validates the command line, runs one write transaction per change,
 //! wakes a running hub and prints what changed.
 
-use super::args::{MembersChange, MembersCmd, ProducersCmd};
+use super::args::{MembersChange, MembersCmd, ProducersCmd, QuotaArgs};
 use super::{CliError, CliResult, Context, output};
 use crate::store::api::{By, Membership};
 use crate::store::producers;
@@ -80,11 +80,46 @@ pub(super) fn producers(ctx: &Context, p: &ProducersCmd) -> CliResult {
             ctx.wake_hub();
             output::line(format!("producer {name} may post into: {}", scope.join(" ")))
         }
+        ProducersCmd::Quota { name, quota, why } => {
+            check_name("producer", name)?;
+            let change = quota_change(quota)?;
+            if change.is_empty() {
+                return Err(CliError::usage("give --max-unsettled or --max-unsettled-bytes (a number or `unlimited`)"));
+            }
+            let record = ctx.open_write()?;
+            let by = By { operator: ctx.operator.clone(), reason: why.reason.clone() };
+            let q = record.run(record.producer_quota(name.clone(), change, by))?;
+            output::line(format!("producer {name} quota: {}", output::quota(&q)))
+        }
         ProducersCmd::List { json } => {
             let record = ctx.open_read()?;
             output::producers(&record.run(record.producers())?, *json)
         }
     }
+}
+
+/// Reads `--max-unsettled` and `--max-unsettled-bytes` into a quota change, refusing (exit 2,
+/// naming the flag and its range) a value that is neither a number in range nor `unlimited`.
+pub(super) fn quota_change(q: &QuotaArgs) -> Result<producers::QuotaChange, CliError> {
+    fn limit(flag: &str, value: Option<&str>, max: u64) -> Result<Option<Option<u64>>, CliError> {
+        let Some(v) = value else { return Ok(None) };
+        if v == "unlimited" {
+            return Ok(Some(None));
+        }
+        let n: u64 = v
+            .parse()
+            .map_err(|_| CliError::usage(format!("--{flag} {v:?}: give a number in 1..={max} or `unlimited`")))?;
+        producers::check_limit(&format!("--{flag}"), Some(n), max).map_err(CliError::usage)?;
+        Ok(Some(Some(n)))
+    }
+    Ok(producers::QuotaChange {
+        unsettled_max: limit("max-unsettled", q.max_unsettled.as_deref(), producers::QUOTA_UNSETTLED_MAX)?,
+        unsettled_bytes_max: limit(
+            "max-unsettled-bytes",
+            q.max_unsettled_bytes.as_deref(),
+            producers::QUOTA_UNSETTLED_BYTES_MAX,
+        )?,
+    })
 }
 
 /// Checks publish-scope patterns before any work (exit 2 naming the first bad one).

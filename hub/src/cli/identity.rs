@@ -6,6 +6,7 @@ use super::{CliError, CliResult, Context, Record, output};
 use crate::config::{DATABASE_URL, process_env};
 use crate::store::Store;
 use crate::store::api::{By, Enrollment as Recorded};
+use crate::store::producers::QuotaChange;
 use crate::wake;
 use baton_shared::files::read_text_bounded;
 use baton_shared::ids::{Role, check_name};
@@ -154,13 +155,14 @@ fn read_ca_from(src: &Path) -> Result<(String, String), CliError> {
 /// `enroll node|producer NAME --out DIR`.
 pub(super) fn enroll_cmd(ctx: &Context, e: &Enroll) -> CliResult {
     match e {
-        Enroll::Node(a) => enroll(ctx, Role::Node, a, None),
+        Enroll::Node(a) => enroll(ctx, Role::Node, a, None, QuotaChange::default()),
         Enroll::Producer(p) => {
             let scope = p.conversations.as_deref();
             if let Some(patterns) = scope {
                 super::conversations::check_patterns(patterns)?;
             }
-            enroll(ctx, Role::Producer, &p.common, scope)
+            let quota = super::conversations::quota_change(&p.quota)?;
+            enroll(ctx, Role::Producer, &p.common, scope, quota)
         }
     }
 }
@@ -211,7 +213,9 @@ pub(super) fn renew(ctx: &Context, name: &str, o: RenewOptions<'_>) -> CliResult
         )));
     }
     let reason = if revoke_old { "renewed; old certificate revoked" } else { "renewed" };
-    let revoked = enroll_as(ctx, Enrollment { role, name, out_dir: out, days, scope: None, revoke_old, reason })?;
+    let quota = QuotaChange::default();
+    let revoked =
+        enroll_as(ctx, Enrollment { role, name, out_dir: out, days, scope: None, revoke_old, reason, quota })?;
     if !revoked.is_empty() {
         output::line(format!("revoked the old certificate(s) of {name}: {}", revoked.join(", ")))?;
         ctx.wake_hub();
@@ -323,12 +327,14 @@ struct Enrollment<'a> {
     revoke_old: bool,
     /// Why, recorded in the audit log with the enrollment.
     reason: &'a str,
+    /// A producer's quota, when given (empty: unchanged).
+    quota: QuotaChange,
 }
 
 /// Issues a certificate for `name`, records it (with a producer's publish `scope`, when given,
 /// in the same transaction), and writes `NAME.crt`, `NAME.key` and `ca.crt` into `out_dir`
 /// (refusing to overwrite a certificate or key).
-fn enroll(ctx: &Context, role: Role, a: &EnrollArgs, scope: Option<&[String]>) -> CliResult {
+fn enroll(ctx: &Context, role: Role, a: &EnrollArgs, scope: Option<&[String]>, quota: QuotaChange) -> CliResult {
     let e = Enrollment {
         role,
         name: &a.name,
@@ -337,13 +343,14 @@ fn enroll(ctx: &Context, role: Role, a: &EnrollArgs, scope: Option<&[String]>) -
         scope,
         revoke_old: false,
         reason: &a.why.reason,
+        quota,
     };
     enroll_as(ctx, e).map(drop)
 }
 
 /// `enroll` with every option; returns the serials it revoked (`revoke_old`).
 fn enroll_as(ctx: &Context, e: Enrollment<'_>) -> Result<Vec<String>, CliError> {
-    let Enrollment { role, name, out_dir, days, scope, revoke_old, reason } = e;
+    let Enrollment { role, name, out_dir, days, scope, revoke_old, reason, quota } = e;
     check_name("name", name)?;
     if pki::is_reserved(name) {
         return Err(CliError::usage(format!(
@@ -378,6 +385,7 @@ fn enroll_as(ctx: &Context, e: Enrollment<'_>) -> Result<Vec<String>, CliError> 
         scope: scope.map(<[String]>::to_vec),
         revoke_old,
         reason: reason.to_string(),
+        quota,
     };
     let revoked = record.run(record.enroll(recorded, ctx.operator.clone()))?;
     write_new(&key_path, &leaf.key_pem, true)?;
@@ -394,6 +402,9 @@ fn enroll_as(ctx: &Context, e: Enrollment<'_>) -> Result<Vec<String>, CliError> 
     output::line(format!("enrolled {role} {name}: {} (serial {})", cert_path.display(), leaf.serial))?;
     if let Some(patterns) = scope {
         output::line(format!("producer {name} may post into: {}", patterns.join(" ")))?;
+    }
+    if !quota.is_empty() {
+        output::line(format!("producer {name} quota set (see `producers list`)"))?;
     }
     Ok(revoked)
 }

@@ -238,6 +238,10 @@ pub(super) fn producers(rows: &[ProducerRow], as_json: bool) -> CliResult {
                     "default_scope": p.default_scope,
                     "active_certificates": p.active_certificates,
                     "revoked_certificates": p.revoked_certificates,
+                    "max_unsettled": p.quota.unsettled_max,
+                    "max_unsettled_bytes": p.quota.unsettled_bytes_max,
+                    "unsettled": p.unsettled,
+                    "unsettled_bytes": p.unsettled_bytes,
                 })
             })
             .collect();
@@ -251,10 +255,21 @@ pub(super) fn producers(rows: &[ProducerRow], as_json: bool) -> CliResult {
                 p.active_certificates.to_string(),
                 p.revoked_certificates.to_string(),
                 format!("{}{}", p.conversations.join(" "), if p.default_scope { " (default)" } else { "" }),
+                format!("{} msgs, {} bytes", p.unsettled, p.unsettled_bytes),
+                quota(&p.quota),
             ]
         })
         .collect();
-    table(&["PRODUCER", "CERTS", "REVOKED", "MAY POST INTO"], &rows)
+    table(&["PRODUCER", "CERTS", "REVOKED", "MAY POST INTO", "UNSETTLED", "QUOTA"], &rows)
+}
+
+/// A producer's quota in one phrase: `unlimited` (the default), or its limits.
+pub(super) fn quota(q: &crate::store::producers::Quota) -> String {
+    let shown = |v: Option<u64>| v.map_or_else(|| "unlimited".to_string(), |v| v.to_string());
+    if q.unsettled_max.is_none() && q.unsettled_bytes_max.is_none() {
+        return "unlimited".into();
+    }
+    format!("max_unsettled {} max_unsettled_bytes {}", shown(q.unsettled_max), shown(q.unsettled_bytes_max))
 }
 
 fn delivery_json(r: &DeliveryRow) -> Value {

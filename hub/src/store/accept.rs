@@ -145,6 +145,7 @@ pub fn accept_with_retry(
             msg.idempotency_key, msg.producer
         )));
     }
+    producers::check_quota(conn, &msg.producer, msg.payload.len())?;
     let recipients = route(conn, msg)?;
     for host in &recipients {
         let waiting: i64 = conn

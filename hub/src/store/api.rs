@@ -1262,6 +1262,22 @@ impl Store {
         }
     }
 
+    /// Changes the producer's quota; returns the quota now in force.
+    pub async fn producer_quota(
+        &self,
+        producer: String,
+        change: producers::QuotaChange,
+        by: By,
+    ) -> StoreResult<producers::Quota> {
+        let clock = self.clock.clone();
+        match &self.backend {
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
+                s.write(move |c| producers::set_quota(c, &producer, change, &by.operator, &by.reason, clock.now_ms()))
+                    .await
+            }
+        }
+    }
+
     /// The operator's `send`: accepts the message and fans it out, in one transaction, and
     /// records a new message in the audit log with the operator's reason.
     pub async fn send(
@@ -1474,6 +1490,9 @@ pub struct Enrollment {
     /// Why, recorded in the audit log with the enrollment (as every changing command's
     /// `--reason` is).
     pub reason: String,
+    /// A producer's quota, set in the same transaction when it changes anything (an empty
+    /// change leaves the stored quota, or the default, as it is).
+    pub quota: producers::QuotaChange,
 }
 
 /// Operations on identities (the CLI's `enroll`, `renew`, `revoke`, `certs`).
@@ -1511,6 +1530,9 @@ impl Store {
                     hosts::enroll(c, issued, &operator, &e.reason, now_ms)?;
                     if let Some(patterns) = &e.scope {
                         producers::set_scope(c, name, patterns, &operator, "enrolled", now_ms)?;
+                    }
+                    if !e.quota.is_empty() {
+                        producers::set_quota(c, name, e.quota, &operator, &e.reason, now_ms)?;
                     }
                     let mut revoked = Vec::new();
                     if e.revoke_old {

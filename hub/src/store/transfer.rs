@@ -35,6 +35,7 @@ pub const TABLES: &[&str] = &[
     "operator_events",
     "memberships",
     "producer_scopes",
+    "producer_quotas",
     "node_sessions",
     "redrive_requests",
     "conversation_queues",

@@ -72,6 +72,7 @@ pub fn measure(dir: &Path, duration: Duration) -> anyhow::Result<Ceiling> {
             scope: None,
             revoke_old: false,
             reason: "benchmark".into(),
+            quota: Default::default(),
         };
         store.enroll(cycle, "bench".into()).await?;
         let single = cycle_rate(&store, "single", 1, duration).await?;

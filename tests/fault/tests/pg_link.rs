@@ -30,6 +30,7 @@ fn node(name: &str, serial: &str) -> Enrollment {
         scope: None,
         revoke_old: false,
         reason: "link test".into(),
+        quota: Default::default(),
     }
 }
 
