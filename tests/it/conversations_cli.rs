@@ -78,6 +78,7 @@ async fn members_commands_say_what_changed_with_their_exit_codes() {
                     interval(1, "back", None),
                 ]},
             ],
+            "mentions": [],
         }])
     );
     let table = hub.cli_ok(["members", "list"]);
@@ -248,5 +249,48 @@ async fn producer_quotas_refuse_past_the_bound_until_messages_settle() {
     prod.submit("c", "k4", json!({"key": "k4"}), &["host-a"]).await.err(429, "quota_unsettled_bytes");
     let audit = hub.cli_ok(["audit"]);
     assert!(audit.contains("producer_quota") && audit.contains("noisy"), "{audit}");
+    hub.verify_ok();
+}
+
+/// Once a conversation has members, `to` naming a non-member is refused; an operator's
+/// audited `members allow-mention` lets it through, the node claims and acks the post (the
+/// claim's re-check counts the grant as its authorization), `members list` shows the grant, a
+/// post without `to` still reaches the members alone, and `disallow-mention` refuses it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_allowed_mention_reaches_a_non_member_end_to_end() {
+    let hub = Hub::start();
+    hub.cli_ok(["members", "add", "--conversation", "team", "host-a", "--reason", "crew"]);
+    let prod = hub.client("prod");
+    let refused = prod.submit("team", "k1", json!({}), &["host-b"]).await.err(400, "invalid_field");
+    assert!(refused.contains("to[0]") && refused.contains("host-b") && refused.contains("allow-mention"), "{refused}");
+
+    let allow = ["members", "allow-mention", "--conversation", "team", "host-b", "--reason", "escalation"];
+    assert_exit(&hub, &allow, 0, "host-b: may be mentioned in team after seq 0");
+    assert_exit(&hub, &allow, 1, "already allowed");
+    assert_exit(&hub, &["members", "allow-mention", "--conversation", "team", "ghost"], 2, "ghost");
+    let mentioned = prod.submit_new("team", "k2", &["host-b"]).await;
+    let to_members = prod.submit_new("team", "k3", &[]).await;
+    assert_eq!(to_members.deliveries.keys().collect::<Vec<_>>(), ["host-a"], "a grant is no membership");
+
+    let node = hub.node("host-b", "inst-b");
+    let claimed = node.claim(5, 0).await;
+    assert_eq!(claimed.len(), 1, "{claimed:?}");
+    assert_eq!(claimed[0].delivery_id, mentioned.to("host-b"));
+    node.mirror_and_ack(&claimed[0]).await;
+    assert_eq!(hub.state(mentioned.to("host-b")), "delivered");
+
+    let listed = hub.cli_json(["members", "list", "--conversation", "team", "--json"]);
+    let g = &listed[0]["mentions"][0];
+    assert_eq!((&g["host"], &g["grant_seq"], &g["grant_reason"]), (&json!("host-b"), &json!(0), &json!("escalation")));
+    assert!(hub.cli_ok(["members", "list"]).contains("may be mentioned after 0"));
+    let audit = hub.cli_ok(["audit"]);
+    assert!(audit.contains("mention_allow") && audit.contains("escalation"), "{audit}");
+
+    let disallow = ["members", "disallow-mention", "--conversation", "team", "host-b", "--reason", "resolved"];
+    assert_exit(&hub, &disallow, 0, "host-b: may no longer be mentioned in team after seq 2");
+    assert_exit(&hub, &disallow, 1, "not allowed");
+    prod.submit("team", "k4", json!({}), &["host-b"]).await.err(400, "invalid_field");
+    let listed = hub.cli_json(["members", "list", "--conversation", "team", "--json"]);
+    assert_eq!(listed[0]["mentions"][0]["revoke_reason"], "resolved", "{listed}");
     hub.verify_ok();
 }

@@ -402,7 +402,16 @@ pub enum MembersCmd {
     Add(MembersChange),
     /// End hosts' membership after the conversation's last post (exit 1 when none was a member).
     Remove(MembersChange),
-    /// Every member with its intervals: join and leave `seq`, when, who, why.
+    /// Let `to` name hosts that are not members, from the conversation's next post on (once a
+    /// conversation has members, naming a non-member is refused otherwise). Audited; the claim
+    /// still re-checks the host (certificate, retirement) and counts this as its authorization
+    /// for the posts it holds. Exit 1 when all already were allowed.
+    AllowMention(MembersChange),
+    /// End hosts' mention authorization after the conversation's last post: posts up to it keep
+    /// it (exit 1 when none had one).
+    DisallowMention(MembersChange),
+    /// Every member with its intervals: join and leave `seq`, when, who, why; and every mention
+    /// authorization with its cursors, who and why.
     List {
         /// Only this conversation.
         #[arg(long)]
@@ -686,6 +695,8 @@ mod tests {
             vec!["baton-hub", "enroll", "producer", "p", "--out", "d", "--conversations", "a", "b-*"],
             vec!["baton-hub", "members", "add", "--conversation", "c", "h1", "h2", "--reason", "r"],
             vec!["baton-hub", "members", "remove", "--conversation", "c", "h1"],
+            vec!["baton-hub", "members", "allow-mention", "--conversation", "c", "h1", "--reason", "r"],
+            vec!["baton-hub", "members", "disallow-mention", "--conversation", "c", "h1", "--reason", "r"],
             vec!["baton-hub", "members", "list", "--conversation", "c", "--json"],
             vec!["baton-hub", "producers", "scope", "p", "a", "b-*", "--reason", "r"],
             vec!["baton-hub", "producers", "list", "--json"],

@@ -15,6 +15,8 @@ pub(super) fn members(ctx: &Context, m: &MembersCmd) -> CliResult {
     match m {
         MembersCmd::Add(change) => change_members(ctx, change, Direction::Add),
         MembersCmd::Remove(change) => change_members(ctx, change, Direction::Remove),
+        MembersCmd::AllowMention(change) => change_members(ctx, change, Direction::AllowMention),
+        MembersCmd::DisallowMention(change) => change_members(ctx, change, Direction::DisallowMention),
         MembersCmd::List { conversation, json } => {
             if let Some(c) = conversation {
                 check_name("conversation", c)?;
@@ -31,9 +33,12 @@ pub(super) fn members(ctx: &Context, m: &MembersCmd) -> CliResult {
 enum Direction {
     Add,
     Remove,
+    AllowMention,
+    DisallowMention,
 }
 
-/// `members add|remove`: one transaction for every host named; exit 1 when none changed.
+/// `members add|remove|allow-mention|disallow-mention`: one transaction for every host named;
+/// exit 1 when none changed.
 fn change_members(ctx: &Context, m: &MembersChange, direction: Direction) -> CliResult {
     check_name("conversation", &m.conversation)?;
     for h in &m.hosts {
@@ -43,6 +48,8 @@ fn change_members(ctx: &Context, m: &MembersChange, direction: Direction) -> Cli
     let membership = match direction {
         Direction::Add => Membership::Join,
         Direction::Remove => Membership::Leave,
+        Direction::AllowMention => Membership::AllowMention,
+        Direction::DisallowMention => Membership::DisallowMention,
     };
     let by = By { operator: ctx.operator.clone(), reason: m.why.reason.clone() };
     let changes = record.run(record.members_change(membership, m.conversation.clone(), m.hosts.clone(), by))?;
@@ -51,15 +58,17 @@ fn change_members(ctx: &Context, m: &MembersChange, direction: Direction) -> Cli
         ctx.wake_hub();
     }
     let (verb, unchanged) = match direction {
-        Direction::Add => ("joined", "already a member"),
-        Direction::Remove => ("left", "not a member"),
+        Direction::Add => ("joined", "already a member of"),
+        Direction::Remove => ("left", "not a member of"),
+        Direction::AllowMention => ("may be mentioned in", "already allowed to be mentioned in"),
+        Direction::DisallowMention => ("may no longer be mentioned in", "not allowed to be mentioned in"),
     };
     for c in &changes {
         let seq = c.seq.map(|s| s.to_string()).unwrap_or_else(|| "-".into());
         if c.changed {
             output::line(format!("{}: {verb} {} after seq {seq}", c.host, m.conversation))?;
         } else {
-            output::line(format!("{}: {unchanged} of {}, unchanged", c.host, m.conversation))?;
+            output::line(format!("{}: {unchanged} {}, unchanged", c.host, m.conversation))?;
         }
     }
     if changed == 0 {

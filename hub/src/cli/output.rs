@@ -190,11 +190,29 @@ fn conversation_members_json(c: &ConversationMembers) -> Value {
             })
         })
         .collect();
-    json!({"conversation": c.conversation, "last_seq": c.last_seq, "members": members})
+    let mentions: Vec<Value> = c
+        .mentions
+        .iter()
+        .map(|g| {
+            json!({
+                "host": g.host,
+                "grant_seq": g.grant_seq,
+                "granted_at_ms": g.granted_at_ms,
+                "granted_by": g.granted_by,
+                "grant_reason": g.grant_reason,
+                "revoke_seq": g.revoke_seq,
+                "revoked_at_ms": g.revoked_at_ms,
+                "revoked_by": g.revoked_by,
+                "revoke_reason": g.revoke_reason,
+            })
+        })
+        .collect();
+    json!({"conversation": c.conversation, "last_seq": c.last_seq, "members": members, "mentions": mentions})
 }
 
-/// `members list`: one table row per interval, or JSON (`[{"conversation", "last_seq",
-/// "members": [{"host", "current", "intervals": [...]}]}]`).
+/// `members list`: one table row per interval and per mention authorization (its JOINED column
+/// says `may be mentioned`), or JSON (`[{"conversation", "last_seq", "members": [{"host",
+/// "current", "intervals": [...]}], "mentions": [{"host", "grant_seq", ...}]}]`).
 pub(super) fn members(rows: &[ConversationMembers], as_json: bool) -> CliResult {
     if as_json {
         return json(&Value::Array(rows.iter().map(conversation_members_json).collect()));
@@ -220,6 +238,23 @@ pub(super) fn members(rows: &[ConversationMembers], as_json: bool) -> CliResult 
                     },
                 ]);
             }
+        }
+        for g in &c.mentions {
+            table_rows.push(vec![
+                c.conversation.clone(),
+                g.host.clone(),
+                format!("may be mentioned after {}, {}", g.grant_seq, fmt_ms(g.granted_at_ms)),
+                format!("{}: {}", g.granted_by, g.grant_reason),
+                match (g.revoke_seq, g.revoked_at_ms) {
+                    (Some(seq), Some(at)) => format!("after {seq}, {}", fmt_ms(at)),
+                    (Some(seq), None) => format!("after {seq}"),
+                    _ => "allowed".into(),
+                },
+                match (&g.revoked_by, &g.revoke_reason) {
+                    (Some(by), Some(why)) => format!("{by}: {why}"),
+                    _ => "-".into(),
+                },
+            ]);
         }
     }
     table(&["CONVERSATION", "HOST", "JOINED", "JOINED BY", "LEFT", "LEFT BY"], &table_rows)

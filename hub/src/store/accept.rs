@@ -10,8 +10,9 @@
 //! a claim.
 //!
 //! Routing: the message's `to`, or else the conversation's members at the message's `seq`
-//! (`members`). A conversation that has had members accepts only current members in `to`; an
-//! open one (never had members) accepts any enrolled, unretired host.
+//! (`members`). A conversation that has had members accepts in `to` only current members and
+//! hosts an operator allowed to be mentioned there (`members::allow_mention`); an open one
+//! (never had members) accepts any enrolled, unretired host.
 //!
 //! Invariant: a message row exists iff its routing and obligation exist (same transaction), and
 //! an obligation is done iff every routed host has exactly one delivery.
@@ -230,9 +231,11 @@ fn route(conn: &dyn Db, msg: &NewMessage) -> StoreResult<Vec<String>> {
     let current = if managed { members::current_members(conn, &msg.conversation)? } else { Vec::new() };
     for (i, host) in msg.to.iter().enumerate() {
         check_recipient(conn, i, host)?;
-        if managed && current.binary_search(host).is_err() {
+        if managed && current.binary_search(host).is_err() && !members::mention_allowed(conn, &msg.conversation, host)?
+        {
             return Err(StoreError::Invalid(format!(
-                "to[{i}]: host {host:?} is not a member of conversation {:?}",
+                "to[{i}]: host {host:?} is not a member of conversation {:?}, and no operator allowed it to be \
+                 mentioned there (`baton-hub members allow-mention`)",
                 msg.conversation
             )));
         }

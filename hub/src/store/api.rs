@@ -1048,6 +1048,10 @@ pub enum Membership {
     Join,
     /// The hosts leave.
     Leave,
+    /// `to` may name the hosts from now on, though they are not members.
+    AllowMention,
+    /// `to` may no longer name the hosts (unless they are members).
+    DisallowMention,
 }
 
 /// The operator's attribution of a change: who, and why.
@@ -1235,6 +1239,12 @@ impl Store {
                     match direction {
                         Membership::Join => members::add(c, &conversation, &hosts, &by.operator, &by.reason, now),
                         Membership::Leave => members::remove(c, &conversation, &hosts, &by.operator, &by.reason, now),
+                        Membership::AllowMention => {
+                            members::allow_mention(c, &conversation, &hosts, &by.operator, &by.reason, now)
+                        }
+                        Membership::DisallowMention => {
+                            members::disallow_mention(c, &conversation, &hosts, &by.operator, &by.reason, now)
+                        }
                     }
                 })
                 .await

@@ -14,6 +14,13 @@
 //!
 //! Invariant: a (conversation, host) has at most one open interval, and intervals are never
 //! rewritten: a closed interval stays closed, its cursors never move.
+//!
+//! Mention authorizations (`mention_grants`, `members allow-mention|disallow-mention`): an
+//! operator may let `to` name a host that is not a member, with a reason, audited. A grant has
+//! cursors as an interval has (`grant_seq < seq <= revoke_seq`) and the claim's re-check
+//! (`authorized`) counts it as authorization for a post it holds; it never makes the host a
+//! recipient of a post without `to`. The same invariant holds: at most one open grant per
+//! (conversation, host), never rewritten.
 
 use super::db::Db;
 use super::hosts::record_operator_event;
@@ -71,6 +78,29 @@ pub struct MemberRow {
     pub intervals: Vec<IntervalRow>,
 }
 
+/// One mention authorization as the operator sees it: cursors, when, who and why.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct MentionRow {
+    /// The host `to` may name.
+    pub host: String,
+    /// The grant cursor: posts after it may name the host.
+    pub grant_seq: i64,
+    /// When (unix ms).
+    pub granted_at_ms: i64,
+    /// Which operator.
+    pub granted_by: String,
+    /// Why.
+    pub grant_reason: String,
+    /// The revoke cursor, once revoked: posts after it may not name the host.
+    pub revoke_seq: Option<i64>,
+    /// When it was revoked (unix ms).
+    pub revoked_at_ms: Option<i64>,
+    /// Which operator revoked it.
+    pub revoked_by: Option<String>,
+    /// Why.
+    pub revoke_reason: Option<String>,
+}
+
 /// A conversation's registry, for the operator (`members list`).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct ConversationMembers {
@@ -80,6 +110,8 @@ pub struct ConversationMembers {
     pub last_seq: i64,
     /// Every host that is or was a member, by name.
     pub members: Vec<MemberRow>,
+    /// Every mention authorization, current and past, by host then grant cursor.
+    pub mentions: Vec<MentionRow>,
 }
 
 fn name(field: &'static str, value: &str) -> StoreResult<()> {
@@ -234,7 +266,143 @@ pub fn leave_all(conn: &dyn Db, host: &str, operator: &str, reason: &str, now_ms
     for c in &conversations {
         remove(conn, c, &[host.to_string()], operator, reason, now_ms)?;
     }
+    let granted: Vec<String> = conn
+        .prepare_cached(
+            "SELECT conversation FROM mention_grants WHERE host = ?1 AND revoke_seq IS NULL ORDER BY conversation",
+        )?
+        .query_map([host], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    for c in &granted {
+        disallow_mention(conn, c, &[host.to_string()], operator, reason, now_ms)?;
+    }
     Ok(conversations)
+}
+
+/// Lets `to` name `hosts` in `conversation` from its current `last_seq` on, though they are
+/// not members. A host already allowed is left as it is (`changed: false`). Every host must be
+/// enrolled and not retired; all are checked before anything is written. Call inside a write
+/// transaction.
+pub fn allow_mention(
+    conn: &dyn Db,
+    conversation: &str,
+    hosts: &[String],
+    operator: &str,
+    reason: &str,
+    now_ms: i64,
+) -> StoreResult<Vec<MemberChange>> {
+    name("conversation", conversation)?;
+    let hosts = sorted_unique(hosts)?;
+    for host in &hosts {
+        super::hosts::require_active(conn, host, "")?;
+    }
+    let grant_seq = cursor(conn, conversation)?;
+    let mut out = Vec::with_capacity(hosts.len());
+    for host in hosts {
+        if let Some(seq) = open_grant(conn, conversation, host)? {
+            out.push(MemberChange { host: host.into(), changed: false, seq: Some(seq) });
+            continue;
+        }
+        conn.prepare_cached(
+            "INSERT INTO mention_grants (conversation, host, grant_seq, granted_at, granted_by, grant_reason)
+             VALUES (:c, :h, :seq, :now, :op, :why)",
+        )?
+        .execute(named_params! {
+            ":c": conversation, ":h": host, ":seq": grant_seq, ":now": now_ms, ":op": operator, ":why": reason,
+        })?;
+        record_operator_event(
+            conn,
+            "mention_allow",
+            &format!("conversation {conversation} host {host} after seq {grant_seq}"),
+            operator,
+            Some(reason),
+            now_ms,
+        )?;
+        out.push(MemberChange { host: host.into(), changed: true, seq: Some(grant_seq) });
+    }
+    Ok(out)
+}
+
+/// Ends the mention authorization of `hosts` in `conversation` at its current `last_seq`:
+/// posts up to it keep theirs (the claim still hands them out), later ones may not name the
+/// hosts. A host without one is left as it is (`changed: false`); one never enrolled is
+/// refused before anything is written. Call inside a write transaction.
+pub fn disallow_mention(
+    conn: &dyn Db,
+    conversation: &str,
+    hosts: &[String],
+    operator: &str,
+    reason: &str,
+    now_ms: i64,
+) -> StoreResult<Vec<MemberChange>> {
+    name("conversation", conversation)?;
+    let hosts = sorted_unique(hosts)?;
+    for host in &hosts {
+        if super::hosts::standing(conn, host)? == super::hosts::Standing::NotEnrolled {
+            return Err(StoreError::Invalid(format!("host {host:?} is not enrolled")));
+        }
+    }
+    let revoke_seq = existing_cursor(conn, conversation)?;
+    let mut out = Vec::with_capacity(hosts.len());
+    for host in hosts {
+        let n = conn
+            .prepare_cached(
+                "UPDATE mention_grants SET revoke_seq = :seq, revoked_at = :now, revoked_by = :op, revoke_reason = :why
+                 WHERE conversation = :c AND host = :h AND revoke_seq IS NULL",
+            )?
+            .execute(named_params! {
+                ":c": conversation, ":h": host, ":seq": revoke_seq, ":now": now_ms, ":op": operator, ":why": reason,
+            })?;
+        if n == 1 {
+            record_operator_event(
+                conn,
+                "mention_disallow",
+                &format!("conversation {conversation} host {host} after seq {revoke_seq}"),
+                operator,
+                Some(reason),
+                now_ms,
+            )?;
+        }
+        out.push(MemberChange { host: host.into(), changed: n == 1, seq: (n == 1).then_some(revoke_seq) });
+    }
+    Ok(out)
+}
+
+fn open_grant(conn: &dyn Db, conversation: &str, host: &str) -> StoreResult<Option<i64>> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT grant_seq FROM mention_grants WHERE conversation = ?1 AND host = ?2 AND revoke_seq IS NULL",
+        )?
+        .query_row([conversation, host], |r| r.get(0))
+        .optional()?)
+}
+
+/// Whether `to` may name `host` in `conversation` now though it is not a member (an open
+/// mention grant).
+pub fn mention_allowed(conn: &dyn Db, conversation: &str, host: &str) -> StoreResult<bool> {
+    Ok(open_grant(conn, conversation, host)?.is_some())
+}
+
+fn mentions(conn: &dyn Db, conversation: &str) -> StoreResult<Vec<MentionRow>> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT host, grant_seq, granted_at, granted_by, grant_reason, revoke_seq, revoked_at, revoked_by,
+                    revoke_reason
+             FROM mention_grants WHERE conversation = ?1 ORDER BY host, grant_seq, id",
+        )?
+        .query_map([conversation], |r| {
+            Ok(MentionRow {
+                host: r.get(0)?,
+                grant_seq: r.get(1)?,
+                granted_at_ms: r.get(2)?,
+                granted_by: r.get(3)?,
+                grant_reason: r.get(4)?,
+                revoke_seq: r.get(5)?,
+                revoked_at_ms: r.get(6)?,
+                revoked_by: r.get(7)?,
+                revoke_reason: r.get(8)?,
+            })
+        })?
+        .collect::<Result<_, _>>()?)
 }
 
 /// The current members (open intervals) of a conversation, by name.
@@ -253,13 +421,17 @@ pub fn has_membership(conn: &dyn Db, conversation: &str) -> StoreResult<bool> {
 }
 
 /// Whether `host` may receive post `seq` of `conversation`: the conversation was open at that
-/// seq (no interval had begun before it), or one of the host's intervals holds it.
+/// seq (no interval had begun before it), or one of the host's intervals holds it, or one of
+/// its mention grants does (a delivery exists only for a host the post routed to, and a grant
+/// lets only `to` name a non-member, so a grant holding the post authorized that mention).
 pub fn authorized(conn: &dyn Db, conversation: &str, host: &str, seq: i64) -> StoreResult<bool> {
     Ok(conn
         .prepare_cached(
             "SELECT NOT EXISTS (SELECT 1 FROM memberships WHERE conversation = :c AND join_seq < :s)
                  OR EXISTS (SELECT 1 FROM memberships WHERE conversation = :c AND host = :h AND join_seq < :s
-                                AND (leave_seq IS NULL OR :s <= leave_seq))",
+                                AND (leave_seq IS NULL OR :s <= leave_seq))
+                 OR EXISTS (SELECT 1 FROM mention_grants WHERE conversation = :c AND host = :h AND grant_seq < :s
+                                AND (revoke_seq IS NULL OR :s <= revoke_seq))",
         )?
         .query_row(named_params! {":c": conversation, ":h": host, ":s": seq}, |r| r.get(0))?)
 }
@@ -302,16 +474,20 @@ pub fn registry(conn: &dyn Db, conversation: &str) -> StoreResult<ConversationMe
     for m in &mut members {
         m.current = m.intervals.last().is_some_and(|i| i.leave_seq.is_none());
     }
-    Ok(ConversationMembers { conversation: conversation.into(), last_seq, members })
+    let mentions = mentions(conn, conversation)?;
+    Ok(ConversationMembers { conversation: conversation.into(), last_seq, members, mentions })
 }
 
-/// The registries of every conversation that has (had) members, or of the one named.
+/// The registries of every conversation that has (had) members or mention grants, or of the
+/// one named.
 pub fn list(conn: &dyn Db, conversation: Option<&str>) -> StoreResult<Vec<ConversationMembers>> {
     if let Some(c) = conversation {
         return Ok(vec![registry(conn, c)?]);
     }
     let names: Vec<String> = conn
-        .prepare_cached("SELECT DISTINCT conversation FROM memberships ORDER BY conversation")?
+        .prepare_cached(
+            "SELECT conversation FROM memberships UNION SELECT conversation FROM mention_grants ORDER BY 1",
+        )?
         .query_map([], |r| r.get(0))?
         .collect::<Result<_, _>>()?;
     names.iter().map(|c| registry(conn, c)).collect()
@@ -494,6 +670,45 @@ mod tests {
         assert_eq!(r.members[0].intervals[0].leave_seq, Some(1));
         assert!(!r.members[0].current);
         assert!(leave_all(c, "host-a", "op", "again", 3).unwrap().is_empty());
+    }
+
+    /// Once a conversation has members, `to` may name a non-member only under a mention grant;
+    /// the claim counts the grant as the authorization for the posts it holds (also after it
+    /// is revoked, as a leave keeps earlier posts), and a grant never makes its host a
+    /// recipient of posts without `to`.
+    #[test]
+    fn a_mention_grant_lets_to_name_a_non_member() {
+        let db = testing::db();
+        let c = &db.conn;
+        add(c, "c", &hosts(&["host-a"]), "op", "r", 1).unwrap();
+        let e = post(c, "k1", &["host-b"]).unwrap_err();
+        assert!(matches!(e, StoreError::Invalid(_)) && e.to_string().contains("allow-mention"), "{e}");
+        let granted = allow_mention(c, "c", &hosts(&["host-b"]), "op", "escalation", 2).unwrap();
+        assert_eq!(granted, [MemberChange { host: "host-b".into(), changed: true, seq: Some(0) }]);
+        assert!(!allow_mention(c, "c", &hosts(&["host-b"]), "op", "again", 2).unwrap()[0].changed);
+        let m1 = accept_one(c, "c", "k2", &["host-b"]);
+        assert_eq!(routed(c, &m1), ["host-b"]);
+        let m2 = accept_one(c, "c", "k3", &[]);
+        assert_eq!(routed(c, &m2), ["host-a"], "a grant is no membership");
+        let revoked = disallow_mention(c, "c", &hosts(&["host-b"]), "op", "done", 3).unwrap();
+        assert_eq!(revoked, [MemberChange { host: "host-b".into(), changed: true, seq: Some(2) }]);
+        assert!(!disallow_mention(c, "c", &hosts(&["host-b"]), "op", "done", 3).unwrap()[0].changed);
+        assert!(matches!(post(c, "k4", &["host-b"]), Err(StoreError::Invalid(_))));
+        assert!(authorized(c, "c", "host-b", 1).unwrap() && !authorized(c, "c", "host-b", 3).unwrap());
+        let got = crate::store::claim::claim(c, "host-b", "i", 10, 4).unwrap();
+        assert_eq!(got.len(), 1, "the post made under the grant is handed out, not failed `not a member`");
+        assert_eq!(got[0].seq, 1);
+        let r = registry(c, "c").unwrap();
+        let g = &r.mentions[0];
+        assert_eq!((g.host.as_str(), g.grant_seq, g.revoke_seq), ("host-b", 0, Some(2)));
+        assert_eq!((g.grant_reason.as_str(), g.revoke_reason.as_deref()), ("escalation", Some("done")));
+        assert!(r.members.iter().all(|m| m.host != "host-b"));
+        let e = allow_mention(c, "c", &hosts(&["ghost"]), "op", "r", 5).unwrap_err();
+        assert!(e.to_string().contains("ghost"), "{e}");
+        // Retiring a host (`leave_all`, in the retiring transaction) ends its grants too.
+        allow_mention(c, "c", &hosts(&["host-c"]), "op", "r", 5).unwrap();
+        leave_all(c, "host-c", "op", "gone", 6).unwrap();
+        assert!(!mention_allowed(c, "c", "host-c").unwrap());
     }
 
     /// A post and a membership change made in either order land on the same side of the cursor:

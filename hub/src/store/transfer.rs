@@ -34,6 +34,7 @@ pub const TABLES: &[&str] = &[
     "fences",
     "operator_events",
     "memberships",
+    "mention_grants",
     "producer_scopes",
     "producer_quotas",
     "node_sessions",
@@ -48,6 +49,7 @@ pub const SEQUENCES: &[(&str, &str)] = &[
     ("fences", "id"),
     ("operator_events", "id"),
     ("memberships", "id"),
+    ("mention_grants", "id"),
 ];
 
 /// Differences `compare` names before it stops listing.
