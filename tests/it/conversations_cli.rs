@@ -64,6 +64,7 @@ async fn members_commands_say_what_changed_with_their_exit_codes() {
         json!({
             "join_seq": join, "joined_by": OPERATOR, "join_reason": why,
             "leave_seq": leave.map(|l| l.0), "left_by": leave.map(|_| OPERATOR), "leave_reason": leave.map(|l| l.1),
+            "family": null,
         })
     };
     assert_eq!(
@@ -292,5 +293,59 @@ async fn an_allowed_mention_reaches_a_non_member_end_to_end() {
     prod.submit("team", "k4", json!({}), &["host-b"]).await.err(400, "invalid_field");
     let listed = hub.cli_json(["members", "list", "--conversation", "team", "--json"]);
     assert_eq!(listed[0]["mentions"][0]["revoke_reason"], "resolved", "{listed}");
+    hub.verify_ok();
+}
+
+/// A membership family end to end: `members add --conversation 'team-*'` with an exact row for
+/// the same host still gives one delivery per post; a conversation first posted to after the
+/// family join is covered; `members list` says which row matched; the claim hands every such
+/// delivery out (the re-check reads the family's intervals); and one `members remove` of the
+/// family ends it for every conversation it matched, the exact row standing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_membership_family_and_an_exact_row_give_one_delivery_until_the_family_leaves() {
+    let hub = Hub::start();
+    let prod = hub.client("prod");
+    hub.cli_ok(["members", "add", "--conversation", "team-1", "host-a", "--reason", "exact"]);
+    prod.submit_new("team-1", "k0", &[]).await;
+    let family = ["members", "add", "--conversation", "team-*", "host-a", "host-b", "--reason", "family"];
+    assert_exit(&hub, &family, 0, "host-a: joined every conversation matching team-*");
+    assert_exit(&hub, &family, 1, "already a member of team-*");
+    assert_exit(&hub, &["members", "add", "--conversation", "te*m-*", "host-a"], 2, "te*m-*");
+    assert_exit(&hub, &["members", "allow-mention", "--conversation", "team-*", "host-a"], 2, "pattern");
+
+    let hosts = |s: &crate::harness::Submitted| {
+        let mut h: Vec<String> = s.deliveries.keys().cloned().collect();
+        h.sort();
+        h
+    };
+    let both = prod.submit_new("team-1", "k1", &[]).await;
+    assert_eq!(hosts(&both), ["host-a", "host-b"], "one delivery for host-a, matched twice");
+    let new = prod.submit_new("team-2", "k2", &[]).await;
+    assert_eq!(hosts(&new), ["host-a", "host-b"], "a conversation first posted to after the join");
+    let listed = hub.cli_json(["members", "list", "--conversation", "team-1", "--json"]);
+    let a = &listed[0]["members"][0];
+    assert_eq!((&a["intervals"][0]["family"], &a["intervals"][1]["family"]), (&Value::Null, &json!("team-*")), "{a}");
+    assert!(hub.cli_ok(["members", "list"]).contains("(via team-*)"));
+
+    let remove = ["members", "remove", "--conversation", "team-*", "host-a", "host-b", "--reason", "reorg"];
+    assert_exit(&hub, &remove, 0, "host-b: left every conversation matching team-*");
+    let exact = prod.submit_new("team-1", "k3", &[]).await;
+    assert_eq!(hosts(&exact), ["host-a"], "the exact row stands, the family ended");
+    prod.submit("team-2", "k4", json!({}), &[]).await.err(400, "no_recipients");
+    prod.submit("team-3", "k5", json!({}), &[]).await.err(400, "no_recipients");
+
+    // Every delivery made while a row held the host is handed out, none failed `not a member`.
+    let node = hub.node("host-a", "inst-a");
+    let claimed = node.claim(10, 0).await;
+    let mut got: Vec<(String, i64)> = claimed.iter().map(|c| (c.conversation.clone(), c.seq)).collect();
+    got.sort();
+    let want: Vec<(String, i64)> = [("team-1", 1), ("team-1", 2), ("team-1", 3), ("team-2", 1)]
+        .into_iter()
+        .map(|(c, s)| (c.to_string(), s))
+        .collect();
+    assert_eq!(got, want);
+    assert_eq!(node.as_instance("inst-a").claim(10, 0).await.len(), 0);
+    let audit = hub.cli_ok(["audit"]);
+    assert!(audit.contains("member_family_add") && audit.contains("member_family_remove"), "{audit}");
     hub.verify_ok();
 }

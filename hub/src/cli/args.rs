@@ -381,10 +381,13 @@ pub struct QuotaArgs {
     pub max_unsettled_bytes: Option<String>,
 }
 
-/// Arguments of `members add|remove`.
+/// Arguments of `members add|remove|allow-mention|disallow-mention`.
 #[derive(Debug, Args)]
 pub struct MembersChange {
-    /// The conversation.
+    /// The conversation. For `add` and `remove` also a family: a name prefix ending in `*`
+    /// (`support-*`; `*` alone is every conversation), which makes the hosts members of every
+    /// conversation it covers, those first posted to later included, each from its next post
+    /// on; `remove` of the same pattern ends it for all of them.
     #[arg(long)]
     pub conversation: String,
     /// The hosts.
@@ -695,6 +698,7 @@ mod tests {
             vec!["baton-hub", "enroll", "producer", "p", "--out", "d", "--conversations", "a", "b-*"],
             vec!["baton-hub", "members", "add", "--conversation", "c", "h1", "h2", "--reason", "r"],
             vec!["baton-hub", "members", "remove", "--conversation", "c", "h1"],
+            vec!["baton-hub", "members", "add", "--conversation", "support-*", "h1", "--reason", "r"],
             vec!["baton-hub", "members", "allow-mention", "--conversation", "c", "h1", "--reason", "r"],
             vec!["baton-hub", "members", "disallow-mention", "--conversation", "c", "h1", "--reason", "r"],
             vec!["baton-hub", "members", "list", "--conversation", "c", "--json"],

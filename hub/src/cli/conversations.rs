@@ -40,7 +40,20 @@ enum Direction {
 /// `members add|remove|allow-mention|disallow-mention`: one transaction for every host named;
 /// exit 1 when none changed.
 fn change_members(ctx: &Context, m: &MembersChange, direction: Direction) -> CliResult {
-    check_name("conversation", &m.conversation)?;
+    // A family (`support-*`) for add and remove: the publish scopes' grammar.
+    let family = m.conversation.ends_with('*');
+    match (family, direction) {
+        (true, Direction::Add | Direction::Remove) => {
+            producers::check_pattern(&m.conversation).map_err(|e| CliError::usage(format!("--conversation: {e}")))?
+        }
+        (true, _) => {
+            return Err(CliError::usage(format!(
+                "--conversation {:?}: a mention is allowed in one conversation, not a pattern",
+                m.conversation
+            )));
+        }
+        (false, _) => check_name("conversation", &m.conversation)?,
+    }
     for h in &m.hosts {
         check_name("host", h)?;
     }
@@ -65,7 +78,10 @@ fn change_members(ctx: &Context, m: &MembersChange, direction: Direction) -> Cli
     };
     for c in &changes {
         let seq = c.seq.map(|s| s.to_string()).unwrap_or_else(|| "-".into());
-        if c.changed {
+        if c.changed && family {
+            let when = if direction == Direction::Add { "from its next post on" } else { "after its last post" };
+            output::line(format!("{}: {verb} every conversation matching {}, each {when}", c.host, m.conversation))?;
+        } else if c.changed {
             output::line(format!("{}: {verb} {} after seq {seq}", c.host, m.conversation))?;
         } else {
             output::line(format!("{}: {unchanged} {}, unchanged", c.host, m.conversation))?;

@@ -175,6 +175,7 @@ fn interval_json(i: &IntervalRow) -> Value {
         "left_at_ms": i.left_at_ms,
         "left_by": i.left_by,
         "leave_reason": i.leave_reason,
+        "family": i.family,
     })
 }
 
@@ -229,7 +230,10 @@ pub(super) fn members(rows: &[ConversationMembers], as_json: bool) -> CliResult 
                 table_rows.push(vec![
                     c.conversation.clone(),
                     m.host.clone(),
-                    format!("after {}, {}", i.join_seq, fmt_ms(i.joined_at_ms)),
+                    match &i.family {
+                        Some(p) => format!("after {}, {} (via {p})", i.join_seq, fmt_ms(i.joined_at_ms)),
+                        None => format!("after {}, {}", i.join_seq, fmt_ms(i.joined_at_ms)),
+                    },
                     format!("{}: {}", i.joined_by, i.join_reason),
                     left,
                     match (&i.left_by, &i.leave_reason) {

@@ -210,6 +210,8 @@ pub fn accept_and_fan_out(
 /// The recipients of a new message: its `to`, checked, or the conversation's current members
 /// (the members at the `seq` this transaction is about to give it), retired ones left out.
 fn route(conn: &dyn Db, msg: &NewMessage) -> StoreResult<Vec<String>> {
+    // A conversation first posted to now joins the families that cover it, from its first post.
+    members::adopt_families(conn, &msg.conversation)?;
     let managed = members::has_membership(conn, &msg.conversation)?;
     if msg.to.is_empty() {
         let mut current = Vec::new();

@@ -15,6 +15,14 @@
 //! Invariant: a (conversation, host) has at most one open interval, and intervals are never
 //! rewritten: a closed interval stays closed, its cursors never move.
 //!
+//! Families (`member_families`): `members add --conversation 'support-*' HOST` makes a host a
+//! member of every conversation the pattern covers (the publish scopes' grammar,
+//! `producers::check_pattern`), each from its next post on: the join writes an interval
+//! (marked with its family) for each matching conversation that exists, at its `last_seq`;
+//! a matching conversation created later gets one from 0 (`adopt_families`, in the
+//! transaction that creates it); the leave closes them all, each at its `last_seq`. A host
+//! matched by several rows (a family and an exact one) is still one recipient per post.
+//!
 //! Mention authorizations (`mention_grants`, `members allow-mention|disallow-mention`): an
 //! operator may let `to` name a host that is not a member, with a reason, audited. A grant has
 //! cursors as an interval has (`grant_seq < seq <= revoke_seq`) and the claim's re-check
@@ -32,6 +40,10 @@ use rusqlite::{OptionalExtension, named_params};
 /// Most current members one conversation may have: every post without `to` fans out to all of
 /// them, so this bounds one message's fan-out the way `recipients_max` bounds `to`.
 pub const MEMBERS_PER_CONVERSATION_MAX: usize = 256;
+
+/// Most open family rows (pattern, host) the registry may hold: a post into a new conversation
+/// reads them all (`adopt_families`), so this bounds that read.
+pub const MEMBER_FAMILIES_MAX: usize = 64;
 
 /// What one `add` or `remove` did for one host.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -65,6 +77,9 @@ pub struct IntervalRow {
     pub left_by: Option<String>,
     /// Why.
     pub leave_reason: Option<String>,
+    /// The family pattern (`support-*`) this interval is the conversation's share of; `None`
+    /// for an exact membership.
+    pub family: Option<String>,
 }
 
 /// One host's intervals in one conversation, for the operator.
@@ -118,8 +133,10 @@ fn name(field: &'static str, value: &str) -> StoreResult<()> {
     check_name(field, value).map_err(|e| StoreError::Invalid(e.to_string()))
 }
 
-/// The conversation's `last_seq`, creating the conversation (at 0) if it has no message yet.
+/// The conversation's `last_seq`, creating the conversation (at 0, adopting the open families
+/// that cover it) if it has no message yet.
 fn cursor(conn: &dyn Db, conversation: &str) -> StoreResult<i64> {
+    adopt_families(conn, conversation)?;
     Ok(conn
         .prepare_cached(
             "INSERT INTO conversations (name, last_seq) VALUES (?1, 0)
@@ -138,7 +155,10 @@ fn existing_cursor(conn: &dyn Db, conversation: &str) -> StoreResult<i64> {
 
 fn open_interval(conn: &dyn Db, conversation: &str, host: &str) -> StoreResult<Option<i64>> {
     Ok(conn
-        .prepare_cached("SELECT join_seq FROM memberships WHERE conversation = ?1 AND host = ?2 AND leave_seq IS NULL")?
+        .prepare_cached(
+            "SELECT join_seq FROM memberships
+             WHERE conversation = ?1 AND host = ?2 AND leave_seq IS NULL AND family IS NULL",
+        )?
         .query_row([conversation, host], |r| r.get(0))
         .optional()?)
 }
@@ -167,6 +187,9 @@ pub fn add(
     reason: &str,
     now_ms: i64,
 ) -> StoreResult<Vec<MemberChange>> {
+    if conversation.ends_with('*') {
+        return add_family(conn, conversation, hosts, operator, reason, now_ms);
+    }
     name("conversation", conversation)?;
     let hosts = sorted_unique(hosts)?;
     for host in &hosts {
@@ -196,11 +219,185 @@ pub fn add(
         )?;
         out.push(MemberChange { host: host.into(), changed: true, seq: Some(join_seq) });
     }
+    check_member_count(conn, conversation)?;
+    Ok(out)
+}
+
+fn check_member_count(conn: &dyn Db, conversation: &str) -> StoreResult<()> {
     let current = current_members(conn, conversation)?.len();
     if current > MEMBERS_PER_CONVERSATION_MAX {
         return Err(StoreError::OverCapacity(format!(
             "conversation {conversation} would have {current} members; at most {MEMBERS_PER_CONVERSATION_MAX} are allowed"
         )));
+    }
+    Ok(())
+}
+
+fn pattern(value: &str) -> StoreResult<()> {
+    super::producers::check_pattern(value).map_err(|e| StoreError::Invalid(format!("conversation: {e}"))).and_then(
+        |()| match value.ends_with('*') {
+            true => Ok(()),
+            false => Err(StoreError::Invalid(format!("conversation: {value:?} is not a pattern"))),
+        },
+    )
+}
+
+/// The open family rows `(id, pattern)` of the registry, or of one host.
+fn open_families(conn: &dyn Db, host: Option<&str>) -> StoreResult<Vec<(i64, String, String)>> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT id, pattern, host FROM member_families
+             WHERE left_at IS NULL AND (CAST(?1 AS TEXT) IS NULL OR host = ?1) ORDER BY id",
+        )?
+        .query_map([host], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+        .collect::<Result<_, _>>()?)
+}
+
+fn insert_family_interval(conn: &dyn Db, conversation: &str, join_seq: i64, family: i64) -> StoreResult<()> {
+    // The family row carries who and why; each interval repeats them for `members list`.
+    conn.prepare_cached(
+        "INSERT INTO memberships (conversation, host, join_seq, joined_at, joined_by, join_reason, family)
+         SELECT CAST(:c AS TEXT), host, CAST(:seq AS BIGINT), joined_at, joined_by, join_reason, id
+         FROM member_families WHERE id = :f",
+    )?
+    .execute(named_params! {":c": conversation, ":seq": join_seq, ":f": family})?;
+    Ok(())
+}
+
+/// Makes a new conversation's first cursor: when no row names `conversation` yet and an open
+/// family covers it, creates it (at 0) and gives each such family's host an interval from 0,
+/// so a conversation first posted to after a family join is covered from its first post. Does
+/// nothing for a conversation that exists or that no family covers. Call inside a write
+/// transaction, before the conversation is created otherwise.
+pub fn adopt_families(conn: &dyn Db, conversation: &str) -> StoreResult<()> {
+    let exists: bool = conn
+        .prepare_cached("SELECT EXISTS (SELECT 1 FROM conversations WHERE name = ?1)")?
+        .query_row([conversation], |r| r.get(0))?;
+    if exists {
+        return Ok(());
+    }
+    let covering: Vec<(i64, String, String)> =
+        open_families(conn, None)?.into_iter().filter(|(_, p, _)| super::producers::covers(p, conversation)).collect();
+    if covering.is_empty() {
+        return Ok(());
+    }
+    conn.prepare_cached("INSERT INTO conversations (name, last_seq) VALUES (?1, 0)")?.execute([conversation])?;
+    for (family, _, host) in &covering {
+        if super::hosts::standing(conn, host)? == super::hosts::Standing::Active {
+            insert_family_interval(conn, conversation, 0, *family)?;
+        }
+    }
+    check_member_count(conn, conversation)
+}
+
+/// `add` for a pattern: a family row per host, and an interval from its `last_seq` in every
+/// existing conversation the pattern covers. Reads every conversation's name (an operator's
+/// rare change, not a post's path). Call inside a write transaction.
+fn add_family(
+    conn: &dyn Db,
+    family_pattern: &str,
+    hosts: &[String],
+    operator: &str,
+    reason: &str,
+    now_ms: i64,
+) -> StoreResult<Vec<MemberChange>> {
+    pattern(family_pattern)?;
+    let hosts = sorted_unique(hosts)?;
+    for host in &hosts {
+        super::hosts::require_active(conn, host, "")?;
+    }
+    let matched: Vec<(String, i64)> = conn
+        .prepare_cached("SELECT name, last_seq FROM conversations ORDER BY name")?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<Result<Vec<(String, i64)>, _>>()?
+        .into_iter()
+        .filter(|(c, _)| super::producers::covers(family_pattern, c))
+        .collect();
+    let mut out = Vec::with_capacity(hosts.len());
+    for host in hosts {
+        let open = open_families(conn, Some(host))?.into_iter().any(|(_, p, _)| p == family_pattern);
+        if open {
+            out.push(MemberChange { host: host.into(), changed: false, seq: None });
+            continue;
+        }
+        let family: i64 = conn
+            .prepare_cached(
+                "INSERT INTO member_families (pattern, host, joined_at, joined_by, join_reason)
+                 VALUES (:p, :h, :now, :op, :why) RETURNING id",
+            )?
+            .query_row(
+                named_params! {":p": family_pattern, ":h": host, ":now": now_ms, ":op": operator, ":why": reason},
+                |r| r.get(0),
+            )?;
+        for (conversation, last_seq) in &matched {
+            insert_family_interval(conn, conversation, *last_seq, family)?;
+        }
+        record_operator_event(
+            conn,
+            "member_family_add",
+            &format!("pattern {family_pattern} host {host} ({} conversations so far)", matched.len()),
+            operator,
+            Some(reason),
+            now_ms,
+        )?;
+        out.push(MemberChange { host: host.into(), changed: true, seq: None });
+    }
+    if open_families(conn, None)?.len() > MEMBER_FAMILIES_MAX {
+        return Err(StoreError::OverCapacity(format!(
+            "the registry would hold more than {MEMBER_FAMILIES_MAX} open membership families"
+        )));
+    }
+    for (conversation, _) in &matched {
+        check_member_count(conn, conversation)?;
+    }
+    Ok(out)
+}
+
+/// `remove` for a pattern: closes each host's family row and every interval it holds, each at
+/// its conversation's `last_seq`; conversations created later are not covered. Call inside a
+/// write transaction.
+fn remove_family(
+    conn: &dyn Db,
+    family_pattern: &str,
+    hosts: &[String],
+    operator: &str,
+    reason: &str,
+    now_ms: i64,
+) -> StoreResult<Vec<MemberChange>> {
+    pattern(family_pattern)?;
+    let hosts = sorted_unique(hosts)?;
+    for host in &hosts {
+        if super::hosts::standing(conn, host)? == super::hosts::Standing::NotEnrolled {
+            return Err(StoreError::Invalid(format!("host {host:?} is not enrolled")));
+        }
+    }
+    let mut out = Vec::with_capacity(hosts.len());
+    for host in hosts {
+        let family = open_families(conn, Some(host))?.into_iter().find(|(_, p, _)| p == family_pattern);
+        let Some((family, _, _)) = family else {
+            out.push(MemberChange { host: host.into(), changed: false, seq: None });
+            continue;
+        };
+        conn.prepare_cached(
+            "UPDATE member_families SET left_at = :now, left_by = :op, leave_reason = :why WHERE id = :f",
+        )?
+        .execute(named_params! {":f": family, ":now": now_ms, ":op": operator, ":why": reason})?;
+        let closed = conn
+            .prepare_cached(
+                "UPDATE memberships SET leave_seq = (SELECT last_seq FROM conversations WHERE name = memberships.conversation),
+                        left_at = :now, left_by = :op, leave_reason = :why
+                 WHERE family = :f AND leave_seq IS NULL",
+            )?
+            .execute(named_params! {":f": family, ":now": now_ms, ":op": operator, ":why": reason})?;
+        record_operator_event(
+            conn,
+            "member_family_remove",
+            &format!("pattern {family_pattern} host {host} ({closed} conversations)"),
+            operator,
+            Some(reason),
+            now_ms,
+        )?;
+        out.push(MemberChange { host: host.into(), changed: true, seq: None });
     }
     Ok(out)
 }
@@ -217,6 +414,9 @@ pub fn remove(
     reason: &str,
     now_ms: i64,
 ) -> StoreResult<Vec<MemberChange>> {
+    if conversation.ends_with('*') {
+        return remove_family(conn, conversation, hosts, operator, reason, now_ms);
+    }
     name("conversation", conversation)?;
     let hosts = sorted_unique(hosts)?;
     for host in &hosts {
@@ -233,7 +433,7 @@ pub fn remove(
         let n = conn
             .prepare_cached(
                 "UPDATE memberships SET leave_seq = :seq, left_at = :now, left_by = :op, leave_reason = :why
-                 WHERE conversation = :c AND host = :h AND leave_seq IS NULL",
+                 WHERE conversation = :c AND host = :h AND leave_seq IS NULL AND family IS NULL",
             )?
             .execute(named_params! {
                 ":c": conversation, ":h": host, ":seq": leave_seq, ":now": now_ms, ":op": operator, ":why": reason,
@@ -259,11 +459,21 @@ pub fn remove(
 pub fn leave_all(conn: &dyn Db, host: &str, operator: &str, reason: &str, now_ms: i64) -> StoreResult<Vec<String>> {
     let conversations: Vec<String> = conn
         .prepare_cached(
-            "SELECT conversation FROM memberships WHERE host = ?1 AND leave_seq IS NULL ORDER BY conversation",
+            "SELECT DISTINCT conversation FROM memberships WHERE host = ?1 AND leave_seq IS NULL ORDER BY conversation",
         )?
         .query_map([host], |r| r.get(0))?
         .collect::<Result<_, _>>()?;
-    for c in &conversations {
+    for (_, family_pattern, _) in open_families(conn, Some(host))? {
+        remove_family(conn, &family_pattern, &[host.to_string()], operator, reason, now_ms)?;
+    }
+    let exact: Vec<String> = conn
+        .prepare_cached(
+            "SELECT conversation FROM memberships WHERE host = ?1 AND leave_seq IS NULL AND family IS NULL
+             ORDER BY conversation",
+        )?
+        .query_map([host], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    for c in &exact {
         remove(conn, c, &[host.to_string()], operator, reason, now_ms)?;
     }
     let granted: Vec<String> = conn
@@ -408,7 +618,9 @@ fn mentions(conn: &dyn Db, conversation: &str) -> StoreResult<Vec<MentionRow>> {
 /// The current members (open intervals) of a conversation, by name.
 pub fn current_members(conn: &dyn Db, conversation: &str) -> StoreResult<Vec<String>> {
     Ok(conn
-        .prepare_cached("SELECT host FROM memberships WHERE conversation = ?1 AND leave_seq IS NULL ORDER BY host")?
+        .prepare_cached(
+            "SELECT DISTINCT host FROM memberships WHERE conversation = ?1 AND leave_seq IS NULL ORDER BY host",
+        )?
         .query_map([conversation], |r| r.get(0))?
         .collect::<Result<_, _>>()?)
 }
@@ -439,8 +651,10 @@ pub fn authorized(conn: &dyn Db, conversation: &str, host: &str, seq: i64) -> St
 fn intervals(conn: &dyn Db, conversation: &str) -> StoreResult<Vec<(String, IntervalRow)>> {
     Ok(conn
         .prepare_cached(
-            "SELECT host, join_seq, joined_at, joined_by, join_reason, leave_seq, left_at, left_by, leave_reason
-             FROM memberships WHERE conversation = ?1 ORDER BY host, join_seq, id",
+            "SELECT m.host, m.join_seq, m.joined_at, m.joined_by, m.join_reason, m.leave_seq, m.left_at, m.left_by,
+                    m.leave_reason, f.pattern
+             FROM memberships m LEFT JOIN member_families f ON f.id = m.family
+             WHERE m.conversation = ?1 ORDER BY m.host, m.join_seq, m.id",
         )?
         .query_map([conversation], |r| {
             Ok((
@@ -454,6 +668,7 @@ fn intervals(conn: &dyn Db, conversation: &str) -> StoreResult<Vec<(String, Inte
                     left_at_ms: r.get(6)?,
                     left_by: r.get(7)?,
                     leave_reason: r.get(8)?,
+                    family: r.get(9)?,
                 },
             ))
         })?
@@ -472,7 +687,8 @@ pub fn registry(conn: &dyn Db, conversation: &str) -> StoreResult<ConversationMe
         }
     }
     for m in &mut members {
-        m.current = m.intervals.last().is_some_and(|i| i.leave_seq.is_none());
+        // Several rows (an exact one, families) may hold a host at once: current if any is open.
+        m.current = m.intervals.iter().any(|i| i.leave_seq.is_none());
     }
     let mentions = mentions(conn, conversation)?;
     Ok(ConversationMembers { conversation: conversation.into(), last_seq, members, mentions })
@@ -670,6 +886,60 @@ mod tests {
         assert_eq!(r.members[0].intervals[0].leave_seq, Some(1));
         assert!(!r.members[0].current);
         assert!(leave_all(c, "host-a", "op", "again", 3).unwrap().is_empty());
+    }
+
+    fn post_into(conn: &dyn Db, conversation: &str, key: &str) -> StoreResult<Vec<String>> {
+        let msg = NewMessage {
+            producer: "prod".into(),
+            conversation: conversation.into(),
+            idempotency_key: key.into(),
+            payload: "{}".into(),
+            to: vec![],
+        };
+        let limits = AcceptLimits { queued_per_host_max: 1000 };
+        let (_, d) = crate::store::accept::accept_and_fan_out(conn, &msg, Default::default(), limits, 1)?;
+        Ok(d.into_iter().map(|d| d.host).collect())
+    }
+
+    /// A family (`team-*`) makes its hosts members of every conversation it covers from each
+    /// one's next post on, those first posted to later included; with an exact row for the
+    /// same host it is still one delivery per post; its leave ends it everywhere at once and
+    /// leaves the exact row standing; a conversation created after the leave is not covered.
+    #[test]
+    fn a_family_covers_every_matching_conversation_until_it_leaves() {
+        let db = testing::db();
+        let c = &db.conn;
+        add(c, "team-1", &hosts(&["host-a"]), "op", "exact", 1).unwrap();
+        assert_eq!(post_into(c, "team-1", "k0").unwrap(), ["host-a"]);
+        let joined = add(c, "team-*", &hosts(&["host-a", "host-b"]), "op", "family", 2).unwrap();
+        assert!(joined.iter().all(|j| j.changed && j.seq.is_none()), "{joined:?}");
+        assert!(add(c, "team-*", &hosts(&["host-a"]), "op", "again", 2).unwrap().iter().all(|j| !j.changed));
+        assert_eq!(post_into(c, "team-1", "k1").unwrap(), ["host-a", "host-b"], "one delivery for host-a");
+        assert_eq!(post_into(c, "team-2", "k2").unwrap(), ["host-a", "host-b"], "a new conversation is covered");
+        assert!(matches!(post_into(c, "other", "k3"), Err(StoreError::NoRecipients(_))), "not covered");
+        assert!(!authorized(c, "team-1", "host-b", 1).unwrap(), "the family joined team-1 after seq 1");
+        assert!(authorized(c, "team-1", "host-b", 2).unwrap() && authorized(c, "team-2", "host-b", 1).unwrap());
+
+        let r = registry(c, "team-1").unwrap();
+        let families: Vec<Option<&str>> = r.members[0].intervals.iter().map(|i| i.family.as_deref()).collect();
+        assert_eq!(families, [None, Some("team-*")], "members list says which row matched");
+
+        let left = remove(c, "team-*", &hosts(&["host-a", "host-c"]), "op", "done", 3).unwrap();
+        assert_eq!((left[0].changed, left[1].changed), (true, false));
+        assert_eq!(post_into(c, "team-1", "k4").unwrap(), ["host-a", "host-b"], "host-a's exact row stands");
+        assert_eq!(post_into(c, "team-2", "k5").unwrap(), ["host-b"], "host-a left team-2 with its family");
+        assert!(!authorized(c, "team-2", "host-a", 2).unwrap() && authorized(c, "team-2", "host-a", 1).unwrap());
+        remove(c, "team-*", &hosts(&["host-b"]), "op", "done", 4).unwrap();
+        assert!(matches!(post_into(c, "team-3", "k6"), Err(StoreError::NoRecipients(_))), "created after the leave");
+        assert_eq!(post_into(c, "team-1", "k7").unwrap(), ["host-a"]);
+        assert!(matches!(add(c, "te*m-*", &hosts(&["host-a"]), "op", "r", 5), Err(StoreError::Invalid(_))));
+
+        // Retiring a host ends its families.
+        add(c, "ops-*", &hosts(&["host-c"]), "op", "r", 6).unwrap();
+        assert_eq!(post_into(c, "ops-1", "k8").unwrap(), ["host-c"]);
+        leave_all(c, "host-c", "op", "retired", 7).unwrap();
+        assert!(matches!(post_into(c, "ops-2", "k9"), Err(StoreError::NoRecipients(_))));
+        assert_eq!(crate::store::verify::check(c).unwrap(), Vec::new());
     }
 
     /// Once a conversation has members, `to` may name a non-member only under a mention grant;

@@ -33,6 +33,7 @@ pub const TABLES: &[&str] = &[
     "attempts",
     "fences",
     "operator_events",
+    "member_families",
     "memberships",
     "mention_grants",
     "producer_scopes",
@@ -48,6 +49,7 @@ pub const SEQUENCES: &[(&str, &str)] = &[
     ("delivery_events", "id"),
     ("fences", "id"),
     ("operator_events", "id"),
+    ("member_families", "id"),
     ("memberships", "id"),
     ("mention_grants", "id"),
 ];
