@@ -214,9 +214,10 @@ pub enum Command {
     /// (README: "Rotating the CA").
     #[command(subcommand)]
     Ca(CaCmd),
-    /// What operators and the hub did, newest first: enrollments, revocations, renewals,
-    /// retirements, requeues, fences set, lifted and expired, releases, cancels, membership and
-    /// scope changes, with actor and reason. Exit 1 when nothing matches.
+    /// What operators and the hub did, newest first: enrollments, messages sent by hand,
+    /// revocations, renewals, retirements, requeues, fences set, lifted and expired, releases,
+    /// cancels, membership (families included), mention, scope and quota changes, with actor and
+    /// reason. Exit 1 when nothing matches.
     Audit {
         /// Only what happened at or after this time (UTC, "2026-05-01 12:00:00" or RFC 3339) or
         /// this long ago ("24h").

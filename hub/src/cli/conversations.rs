@@ -1,7 +1,8 @@
-//! The operator's side of conversations: `members add|remove|list` (the registry, SPEC §6) and
-//! `producers scope|quota|list` (publish scopes, SPEC §3, and quotas). The store does the checking and the
-//! recording; this module validates the command line, runs one write transaction per change,
-//! wakes a running hub and prints what changed.
+//! The operator's side of conversations: `members add|remove|allow-mention|disallow-mention|list`
+//! (the registry, SPEC §6, with families and mention authorizations) and
+//! `producers scope|quota|list` (publish scopes, SPEC §3, and quotas). The store does the
+//! checking and the recording; this module validates the command line, runs one write
+//! transaction per change, wakes a running hub and prints what changed.
 
 use super::args::{MembersChange, MembersCmd, ProducersCmd, QuotaArgs};
 use super::{CliError, CliResult, Context, output};
