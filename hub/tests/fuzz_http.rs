@@ -66,7 +66,7 @@ fn fixture() -> &'static Fixture {
                 (Role::Node, "host-b", "0c03"),
                 (Role::Producer, PRODUCER, PRODUCER_SERIAL),
             ] {
-                hosts::enroll(c, hosts::Issued { role, name, serial, not_after_unix: far }, "fuzz", 0)?;
+                hosts::enroll(c, hosts::Issued { role, name, serial, not_after_unix: far }, "fuzz", "enrolled", 0)?;
             }
             Ok(())
         })

@@ -47,6 +47,12 @@ pub enum ErrorCode {
     HeadersTooLarge,
     /// 429: a capacity bound is reached.
     OverCapacity,
+    /// 429: the producer's quota of unsettled messages (`unsettled_max`) is used up; it may
+    /// post again once some of its messages settle.
+    QuotaUnsettledMessages,
+    /// 429: the producer's quota of unsettled payload bytes (`unsettled_bytes_max`) leaves no
+    /// room for this payload; it may post again once some of its messages settle.
+    QuotaUnsettledBytes,
     /// 503: the store cannot be written or read right now.
     StorageUnavailable,
     /// 507: the hub's store is over its `limits.store_bytes_max`: submissions are refused until
@@ -60,7 +66,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 25] = [
+    pub const ALL: [ErrorCode; 27] = [
         ErrorCode::InvalidJson,
         ErrorCode::InvalidField,
         ErrorCode::NoRecipients,
@@ -82,6 +88,8 @@ impl ErrorCode {
         ErrorCode::TooLarge,
         ErrorCode::HeadersTooLarge,
         ErrorCode::OverCapacity,
+        ErrorCode::QuotaUnsettledMessages,
+        ErrorCode::QuotaUnsettledBytes,
         ErrorCode::StorageUnavailable,
         ErrorCode::StoreFull,
         ErrorCode::ShuttingDown,
@@ -112,6 +120,8 @@ impl ErrorCode {
             ErrorCode::TooLarge => "too_large",
             ErrorCode::HeadersTooLarge => "headers_too_large",
             ErrorCode::OverCapacity => "over_capacity",
+            ErrorCode::QuotaUnsettledMessages => "quota_unsettled_messages",
+            ErrorCode::QuotaUnsettledBytes => "quota_unsettled_bytes",
             ErrorCode::StorageUnavailable => "storage_unavailable",
             ErrorCode::StoreFull => "store_full",
             ErrorCode::ShuttingDown => "shutting_down",
@@ -141,7 +151,7 @@ impl ErrorCode {
             | ErrorCode::SessionSuperseded => 409,
             ErrorCode::TooLarge => 413,
             ErrorCode::HeadersTooLarge => 431,
-            ErrorCode::OverCapacity => 429,
+            ErrorCode::OverCapacity | ErrorCode::QuotaUnsettledMessages | ErrorCode::QuotaUnsettledBytes => 429,
             ErrorCode::StorageUnavailable | ErrorCode::ShuttingDown => 503,
             ErrorCode::StoreFull => 507,
             ErrorCode::Internal => 500,

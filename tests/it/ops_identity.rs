@@ -125,3 +125,34 @@ async fn audit_reads_operator_and_hub_actions_with_who_and_why() {
     assert_eq!(out.status.code(), Some(2), "a bad cursor is a usage error: {out:?}");
     assert!(hub.cli(["audit", "--since", "2001-01-01 00:00:00"]).status.success());
 }
+
+/// `enroll` and `send` take `--reason` as every other changing command does, and the audit log
+/// keeps it with the operator's name: an enrollment and a message sent by hand are operator
+/// acts, not anonymous ones. A replayed `send` adds no second audit row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enroll_and_send_record_their_reason_in_the_audit_log() {
+    let hub = Hub::start();
+    let dir = hub.scratch("rack-7");
+    let dir = dir.to_str().unwrap();
+    hub.cli_ok(["--operator", "erin", "enroll", "node", "host-n", "--out", dir, "--reason", "rack 7 commissioned"]);
+    hub.cli_ok(["--operator", "erin", "enroll", "producer", "p-new", "--out", dir, "--reason", "team onboarding"]);
+    let send = ["--operator", "erin", "send", "--conversation", "c", "--to", "host-n", "--key", "k1"];
+    let args = |reason: &'static str| send.iter().copied().chain(["--payload", "{}", "--reason", reason]);
+    let sent = hub.cli_json(args("manual replay of ticket 12").chain(["--json"]));
+    let message_id = sent["message_id"].as_str().unwrap().to_string();
+    hub.cli_json(args("sent twice").chain(["--json"]));
+
+    let all = hub.cli_json(["audit", "--actor", "erin", "--json"]);
+    let rows = all.as_array().unwrap();
+    let reason_of = |action: &str, subject_has: &str| -> Vec<String> {
+        rows.iter()
+            .filter(|e| e["action"] == action && e["subject"].as_str().unwrap_or("").contains(subject_has))
+            .map(|e| e["reason"].as_str().unwrap_or("").to_string())
+            .collect()
+    };
+    assert_eq!(reason_of("enroll_node", "host-n"), ["rack 7 commissioned"], "{all}");
+    assert_eq!(reason_of("enroll_producer", "p-new"), ["team onboarding"], "{all}");
+    assert_eq!(reason_of("send", &message_id), ["manual replay of ticket 12"], "one row, for the new message: {all}");
+    let human = hub.cli_ok(["audit", "--actor", "erin"]);
+    assert!(human.contains("manual replay of ticket 12") && human.contains("rack 7 commissioned"), "{human}");
+}

@@ -172,6 +172,9 @@ pub enum Command {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// Why (recorded in the audit log with the message it accepted).
+        #[command(flatten)]
+        why: Reason,
     },
     /// Overview of the record, and what needs attention: the hub not running, every active
     /// fence on a host or on everything, held deliveries, deliveries that ended `unknown` since
@@ -229,9 +232,10 @@ pub enum Command {
     /// (README: "Rotating the CA").
     #[command(subcommand)]
     Ca(CaCmd),
-    /// What operators and the hub did, newest first: enrollments, revocations, renewals,
-    /// retirements, requeues, fences set, lifted and expired, releases, cancels, membership and
-    /// scope changes, with actor and reason. Exit 1 when nothing matches.
+    /// What operators and the hub did, newest first: enrollments, messages sent by hand,
+    /// revocations, renewals, retirements, requeues, fences set, lifted and expired, releases,
+    /// cancels, membership (families included), mention, scope and quota changes, with actor and
+    /// reason. Exit 1 when nothing matches.
     Audit {
         /// Only what happened at or after this time (UTC, "2026-05-01 12:00:00" or RFC 3339) or
         /// this long ago ("24h").
@@ -417,12 +421,32 @@ pub struct EnrollProducerArgs {
     /// keeps its scope.
     #[arg(long, num_args = 1.., value_name = "PATTERN")]
     pub conversations: Option<Vec<String>>,
+    /// The producer's quota settings.
+    #[command(flatten)]
+    pub quota: QuotaArgs,
 }
 
-/// Arguments of `members add|remove`.
+/// A producer's quota on the command line: each limit a number or `unlimited`; a limit not
+/// given is left as it is (unlimited for a new producer, `QUOTA_DEFAULT`).
+#[derive(Debug, Args)]
+pub struct QuotaArgs {
+    /// Most messages it may have unsettled (not every delivery final) at once; over it a post
+    /// is refused 429 `quota_unsettled_messages` (1..=100000, or `unlimited`).
+    #[arg(long, value_name = "N|unlimited")]
+    pub max_unsettled: Option<String>,
+    /// Most payload bytes its unsettled messages may hold together; over it a post is refused
+    /// 429 `quota_unsettled_bytes` (1..=1073741824, or `unlimited`).
+    #[arg(long, value_name = "BYTES|unlimited")]
+    pub max_unsettled_bytes: Option<String>,
+}
+
+/// Arguments of `members add|remove|allow-mention|disallow-mention`.
 #[derive(Debug, Args)]
 pub struct MembersChange {
-    /// The conversation.
+    /// The conversation. For `add` and `remove` also a family: a name prefix ending in `*`
+    /// (`support-*`; `*` alone is every conversation), which makes the hosts members of every
+    /// conversation it covers, those first posted to later included, each from its next post
+    /// on; `remove` of the same pattern ends it for all of them.
     #[arg(long)]
     pub conversation: String,
     /// The hosts.
@@ -440,7 +464,16 @@ pub enum MembersCmd {
     Add(MembersChange),
     /// End hosts' membership after the conversation's last post (exit 1 when none was a member).
     Remove(MembersChange),
-    /// Every member with its intervals: join and leave `seq`, when, who, why.
+    /// Let `to` name hosts that are not members, from the conversation's next post on (once a
+    /// conversation has members, naming a non-member is refused otherwise). Audited; the claim
+    /// still re-checks the host (certificate, retirement) and counts this as its authorization
+    /// for the posts it holds. Exit 1 when all already were allowed.
+    AllowMention(MembersChange),
+    /// End hosts' mention authorization after the conversation's last post: posts up to it keep
+    /// it (exit 1 when none had one).
+    DisallowMention(MembersChange),
+    /// Every member with its intervals: join and leave `seq`, when, who, why; and every mention
+    /// authorization with its cursors, who and why.
     List {
         /// Only this conversation.
         #[arg(long)]
@@ -465,7 +498,19 @@ pub enum ProducersCmd {
         #[command(flatten)]
         why: Reason,
     },
-    /// Every enrolled producer with its publish scope.
+    /// Change a producer's quota (the limits given; the others stay); takes effect on its
+    /// next post. Messages already accepted are never refused after the fact.
+    Quota {
+        /// The producer.
+        name: String,
+        /// The limits.
+        #[command(flatten)]
+        quota: QuotaArgs,
+        /// Why (recorded).
+        #[command(flatten)]
+        why: Reason,
+    },
+    /// Every enrolled producer with its publish scope, its quota and what it has unsettled.
     List {
         /// Print JSON.
         #[arg(long)]
@@ -484,6 +529,9 @@ pub struct EnrollArgs {
     /// Validity in days.
     #[arg(long, default_value_t = 365)]
     pub days: u32,
+    /// Why (recorded in the audit log with the enrollment).
+    #[command(flatten)]
+    pub why: Reason,
 }
 
 /// `--reason`, recorded with changes.
@@ -790,10 +838,17 @@ mod tests {
             vec!["baton-hub", "enroll", "producer", "p", "--out", "d", "--conversations", "a", "b-*"],
             vec!["baton-hub", "members", "add", "--conversation", "c", "h1", "h2", "--reason", "r"],
             vec!["baton-hub", "members", "remove", "--conversation", "c", "h1"],
+            vec!["baton-hub", "members", "add", "--conversation", "support-*", "h1", "--reason", "r"],
+            vec!["baton-hub", "members", "allow-mention", "--conversation", "c", "h1", "--reason", "r"],
+            vec!["baton-hub", "members", "disallow-mention", "--conversation", "c", "h1", "--reason", "r"],
             vec!["baton-hub", "members", "list", "--conversation", "c", "--json"],
             vec!["baton-hub", "producers", "scope", "p", "a", "b-*", "--reason", "r"],
             vec!["baton-hub", "producers", "list", "--json"],
+            vec!["baton-hub", "producers", "quota", "p", "--max-unsettled", "5", "--max-unsettled-bytes", "unlimited"],
+            vec!["baton-hub", "enroll", "producer", "p", "--out", "d", "--max-unsettled", "3"],
             vec!["baton-hub", "send", "--conversation", "c", "--key", "k", "--payload", "{}"],
+            vec!["baton-hub", "send", "--conversation", "c", "--key", "k", "--payload", "{}", "--reason", "r"],
+            vec!["baton-hub", "enroll", "node", "host-a", "--out", "d", "--reason", "new rack"],
             vec!["baton-hub", "revoke", "host-a", "--reason", "lost laptop", "--yes"],
             vec!["baton-hub", "revoke", "host-a", "--reason", "lost laptop", "--dry-run"],
             vec!["baton-hub", "renew", "host-a", "--out", "d"],

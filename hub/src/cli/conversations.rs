@@ -1,9 +1,10 @@
-//! The operator's side of conversations: `members add|remove|list` (the registry, SPEC §6) and
-//! `producers scope|list` (publish scopes, SPEC §3). The store does the checking and the
-//! recording; this module validates the command line, runs one write transaction per change,
-//! wakes a running hub and prints what changed.
+//! The operator's side of conversations: `members add|remove|allow-mention|disallow-mention|list`
+//! (the registry, SPEC §6, with families and mention authorizations) and
+//! `producers scope|quota|list` (publish scopes, SPEC §3, and quotas). The store does the
+//! checking and the recording; this module validates the command line, runs one write
+//! transaction per change, wakes a running hub and prints what changed.
 
-use super::args::{MembersChange, MembersCmd, ProducersCmd};
+use super::args::{MembersChange, MembersCmd, ProducersCmd, QuotaArgs};
 use super::{CliError, CliResult, Context, output};
 use crate::store::api::{By, Membership};
 use crate::store::producers;
@@ -15,6 +16,8 @@ pub(super) fn members(ctx: &Context, m: &MembersCmd) -> CliResult {
     match m {
         MembersCmd::Add(change) => change_members(ctx, change, Direction::Add),
         MembersCmd::Remove(change) => change_members(ctx, change, Direction::Remove),
+        MembersCmd::AllowMention(change) => change_members(ctx, change, Direction::AllowMention),
+        MembersCmd::DisallowMention(change) => change_members(ctx, change, Direction::DisallowMention),
         MembersCmd::List { conversation, json } => {
             if let Some(c) = conversation {
                 check_name("conversation", c)?;
@@ -31,11 +34,27 @@ pub(super) fn members(ctx: &Context, m: &MembersCmd) -> CliResult {
 enum Direction {
     Add,
     Remove,
+    AllowMention,
+    DisallowMention,
 }
 
-/// `members add|remove`: one transaction for every host named; exit 1 when none changed.
+/// `members add|remove|allow-mention|disallow-mention`: one transaction for every host named;
+/// exit 1 when none changed.
 fn change_members(ctx: &Context, m: &MembersChange, direction: Direction) -> CliResult {
-    check_name("conversation", &m.conversation)?;
+    // A family (`support-*`) for add and remove: the publish scopes' grammar.
+    let family = m.conversation.ends_with('*');
+    match (family, direction) {
+        (true, Direction::Add | Direction::Remove) => {
+            producers::check_pattern(&m.conversation).map_err(|e| CliError::usage(format!("--conversation: {e}")))?
+        }
+        (true, _) => {
+            return Err(CliError::usage(format!(
+                "--conversation {:?}: a mention is allowed in one conversation, not a pattern",
+                m.conversation
+            )));
+        }
+        (false, _) => check_name("conversation", &m.conversation)?,
+    }
     for h in &m.hosts {
         check_name("host", h)?;
     }
@@ -43,6 +62,8 @@ fn change_members(ctx: &Context, m: &MembersChange, direction: Direction) -> Cli
     let membership = match direction {
         Direction::Add => Membership::Join,
         Direction::Remove => Membership::Leave,
+        Direction::AllowMention => Membership::AllowMention,
+        Direction::DisallowMention => Membership::DisallowMention,
     };
     let by = By { operator: ctx.operator.clone(), reason: m.why.reason.clone() };
     let changes = record.run(record.members_change(membership, m.conversation.clone(), m.hosts.clone(), by))?;
@@ -51,15 +72,20 @@ fn change_members(ctx: &Context, m: &MembersChange, direction: Direction) -> Cli
         ctx.wake_hub();
     }
     let (verb, unchanged) = match direction {
-        Direction::Add => ("joined", "already a member"),
-        Direction::Remove => ("left", "not a member"),
+        Direction::Add => ("joined", "already a member of"),
+        Direction::Remove => ("left", "not a member of"),
+        Direction::AllowMention => ("may be mentioned in", "already allowed to be mentioned in"),
+        Direction::DisallowMention => ("may no longer be mentioned in", "not allowed to be mentioned in"),
     };
     for c in &changes {
         let seq = c.seq.map(|s| s.to_string()).unwrap_or_else(|| "-".into());
-        if c.changed {
+        if c.changed && family {
+            let when = if direction == Direction::Add { "from its next post on" } else { "after its last post" };
+            output::line(format!("{}: {verb} every conversation matching {}, each {when}", c.host, m.conversation))?;
+        } else if c.changed {
             output::line(format!("{}: {verb} {} after seq {seq}", c.host, m.conversation))?;
         } else {
-            output::line(format!("{}: {unchanged} of {}, unchanged", c.host, m.conversation))?;
+            output::line(format!("{}: {unchanged} {}, unchanged", c.host, m.conversation))?;
         }
     }
     if changed == 0 {
@@ -80,11 +106,46 @@ pub(super) fn producers(ctx: &Context, p: &ProducersCmd) -> CliResult {
             ctx.wake_hub();
             output::line(format!("producer {name} may post into: {}", scope.join(" ")))
         }
+        ProducersCmd::Quota { name, quota, why } => {
+            check_name("producer", name)?;
+            let change = quota_change(quota)?;
+            if change.is_empty() {
+                return Err(CliError::usage("give --max-unsettled or --max-unsettled-bytes (a number or `unlimited`)"));
+            }
+            let record = ctx.open_write()?;
+            let by = By { operator: ctx.operator.clone(), reason: why.reason.clone() };
+            let q = record.run(record.producer_quota(name.clone(), change, by))?;
+            output::line(format!("producer {name} quota: {}", output::quota(&q)))
+        }
         ProducersCmd::List { json } => {
             let record = ctx.open_read()?;
             output::producers(&record.run(record.producers())?, *json)
         }
     }
+}
+
+/// Reads `--max-unsettled` and `--max-unsettled-bytes` into a quota change, refusing (exit 2,
+/// naming the flag and its range) a value that is neither a number in range nor `unlimited`.
+pub(super) fn quota_change(q: &QuotaArgs) -> Result<producers::QuotaChange, CliError> {
+    fn limit(flag: &str, value: Option<&str>, max: u64) -> Result<Option<Option<u64>>, CliError> {
+        let Some(v) = value else { return Ok(None) };
+        if v == "unlimited" {
+            return Ok(Some(None));
+        }
+        let n: u64 = v
+            .parse()
+            .map_err(|_| CliError::usage(format!("--{flag} {v:?}: give a number in 1..={max} or `unlimited`")))?;
+        producers::check_limit(&format!("--{flag}"), Some(n), max).map_err(CliError::usage)?;
+        Ok(Some(Some(n)))
+    }
+    Ok(producers::QuotaChange {
+        unsettled_max: limit("max-unsettled", q.max_unsettled.as_deref(), producers::QUOTA_UNSETTLED_MAX)?,
+        unsettled_bytes_max: limit(
+            "max-unsettled-bytes",
+            q.max_unsettled_bytes.as_deref(),
+            producers::QUOTA_UNSETTLED_BYTES_MAX,
+        )?,
+    })
 }
 
 /// Checks publish-scope patterns before any work (exit 2 naming the first bad one).

@@ -1,12 +1,13 @@
 //! The hub's identities: `init` (the data directory, the CA, the server certificate, the
 //! database), `enroll` and `renew` (a node's or producer's certificate), `revoke`.
 
-use super::args::{Confirm, Enroll};
+use super::args::{Confirm, Enroll, EnrollArgs};
 use super::confirm::{self, Decision};
 use super::{CliError, CliResult, Context, Record, output};
 use crate::config::{DATABASE_URL, process_env};
 use crate::store::Store;
 use crate::store::api::{By, Enrollment as Recorded};
+use crate::store::producers::QuotaChange;
 use crate::wake;
 use baton_shared::files::read_text_bounded;
 use baton_shared::ids::{Role, check_name};
@@ -155,13 +156,14 @@ fn read_ca_from(src: &Path) -> Result<(String, String), CliError> {
 /// `enroll node|producer NAME --out DIR`.
 pub(super) fn enroll_cmd(ctx: &Context, e: &Enroll) -> CliResult {
     match e {
-        Enroll::Node(a) => enroll(ctx, Role::Node, &a.name, &a.out, a.days, None),
+        Enroll::Node(a) => enroll(ctx, Role::Node, a, None, QuotaChange::default()),
         Enroll::Producer(p) => {
             let scope = p.conversations.as_deref();
             if let Some(patterns) = scope {
                 super::conversations::check_patterns(patterns)?;
             }
-            enroll(ctx, Role::Producer, &p.common.name, &p.common.out, p.common.days, scope)
+            let quota = super::conversations::quota_change(&p.quota)?;
+            enroll(ctx, Role::Producer, &p.common, scope, quota)
         }
     }
 }
@@ -211,7 +213,13 @@ pub(super) fn renew(ctx: &Context, name: &str, o: RenewOptions<'_>) -> CliResult
             output::esc(why)
         )));
     }
-    let revoked = enroll_as(ctx, Enrollment { role, name, out_dir: out, days, scope: None, revoke_old }, "renewed")?;
+    let reason = if revoke_old { "renewed; old certificate revoked" } else { "renewed" };
+    let quota = QuotaChange::default();
+    let revoked = enroll_as(
+        ctx,
+        Enrollment { role, name, out_dir: out, days, scope: None, revoke_old, reason, quota },
+        "renewed",
+    )?;
     if !revoked.is_empty() {
         output::line(format!("revoked the old certificate(s) of {name}: {}", revoked.join(", ")))?;
         ctx.wake_hub();
@@ -321,19 +329,33 @@ struct Enrollment<'a> {
     scope: Option<&'a [String]>,
     /// Revoke the name's other unrevoked certificates (a renewal that retires the old one).
     revoke_old: bool,
+    /// Why, recorded in the audit log with the enrollment.
+    reason: &'a str,
+    /// A producer's quota, when given (empty: unchanged).
+    quota: QuotaChange,
 }
 
 /// Issues a certificate for `name`, records it (with a producer's publish `scope`, when given,
 /// in the same transaction), and writes `NAME.crt`, `NAME.key` and `ca.crt` into `out_dir`
 /// (refusing to overwrite a certificate or key).
-fn enroll(ctx: &Context, role: Role, name: &str, out_dir: &Path, days: u32, scope: Option<&[String]>) -> CliResult {
-    enroll_as(ctx, Enrollment { role, name, out_dir, days, scope, revoke_old: false }, "enrolled").map(drop)
+fn enroll(ctx: &Context, role: Role, a: &EnrollArgs, scope: Option<&[String]>, quota: QuotaChange) -> CliResult {
+    let e = Enrollment {
+        role,
+        name: &a.name,
+        out_dir: &a.out,
+        days: a.days,
+        scope,
+        revoke_old: false,
+        reason: &a.why.reason,
+        quota,
+    };
+    enroll_as(ctx, e, "enrolled").map(drop)
 }
 
 /// `enroll` with every option; returns the serials it revoked (`revoke_old`). `done` is the
 /// word the answer starts with: "enrolled", or "renewed" for a renewal.
 fn enroll_as(ctx: &Context, e: Enrollment<'_>, done: &str) -> Result<Vec<String>, CliError> {
-    let Enrollment { role, name, out_dir, days, scope, revoke_old } = e;
+    let Enrollment { role, name, out_dir, days, scope, revoke_old, reason, quota } = e;
     check_name("name", name)?;
     if pki::is_reserved(name) {
         return Err(CliError::usage(format!(
@@ -367,6 +389,8 @@ fn enroll_as(ctx: &Context, e: Enrollment<'_>, done: &str) -> Result<Vec<String>
         not_after_unix: leaf.not_after_unix,
         scope: scope.map(<[String]>::to_vec),
         revoke_old,
+        reason: reason.to_string(),
+        quota,
     };
     let revoked = record.run(record.enroll(recorded, ctx.operator.clone()))?;
     write_new(&key_path, &leaf.key_pem, true)?;
@@ -383,6 +407,9 @@ fn enroll_as(ctx: &Context, e: Enrollment<'_>, done: &str) -> Result<Vec<String>
     output::line(format!("{done} {role} {name}: {} (serial {})", cert_path.display(), leaf.serial))?;
     if let Some(patterns) = scope {
         output::line(format!("producer {name} may post into: {}", patterns.join(" ")))?;
+    }
+    if !quota.is_empty() {
+        output::line(format!("producer {name} quota set (see `producers list`)"))?;
     }
     Ok(revoked)
 }

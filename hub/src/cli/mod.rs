@@ -360,7 +360,7 @@ pub fn run(cli: &Cli) -> CliResult {
         Command::Held(h) => deliveries::held(&ctx, h),
         Command::Deliveries(d) => deliveries::run(&ctx, d),
         Command::Redrive(r) => turns::redrive(&ctx, r),
-        Command::Send { conversation, to, key, payload, payload_file, producer, json } => {
+        Command::Send { conversation, to, key, payload, payload_file, producer, json, why } => {
             let s = send::Submission {
                 conversation,
                 to,
@@ -368,6 +368,7 @@ pub fn run(cli: &Cli) -> CliResult {
                 payload: payload.as_deref(),
                 payload_file: payload_file.as_deref(),
                 producer,
+                reason: &why.reason,
             };
             send::send(&ctx, s, *json)
         }

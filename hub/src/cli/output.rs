@@ -175,6 +175,7 @@ fn interval_json(i: &IntervalRow) -> Value {
         "left_at_ms": i.left_at_ms,
         "left_by": i.left_by,
         "leave_reason": i.leave_reason,
+        "family": i.family,
     })
 }
 
@@ -190,11 +191,29 @@ fn conversation_members_json(c: &ConversationMembers) -> Value {
             })
         })
         .collect();
-    json!({"conversation": c.conversation, "last_seq": c.last_seq, "members": members})
+    let mentions: Vec<Value> = c
+        .mentions
+        .iter()
+        .map(|g| {
+            json!({
+                "host": g.host,
+                "grant_seq": g.grant_seq,
+                "granted_at_ms": g.granted_at_ms,
+                "granted_by": g.granted_by,
+                "grant_reason": g.grant_reason,
+                "revoke_seq": g.revoke_seq,
+                "revoked_at_ms": g.revoked_at_ms,
+                "revoked_by": g.revoked_by,
+                "revoke_reason": g.revoke_reason,
+            })
+        })
+        .collect();
+    json!({"conversation": c.conversation, "last_seq": c.last_seq, "members": members, "mentions": mentions})
 }
 
-/// `members list`: one table row per interval, or JSON (`[{"conversation", "last_seq",
-/// "members": [{"host", "current", "intervals": [...]}]}]`).
+/// `members list`: one table row per interval and per mention authorization (its JOINED column
+/// says `may be mentioned`), or JSON (`[{"conversation", "last_seq", "members": [{"host",
+/// "current", "intervals": [...]}], "mentions": [{"host", "grant_seq", ...}]}]`).
 pub(super) fn members(rows: &[ConversationMembers], as_json: bool) -> CliResult {
     if as_json {
         return json(&Value::Array(rows.iter().map(conversation_members_json).collect()));
@@ -211,7 +230,10 @@ pub(super) fn members(rows: &[ConversationMembers], as_json: bool) -> CliResult 
                 table_rows.push(vec![
                     c.conversation.clone(),
                     m.host.clone(),
-                    format!("after {}, {}", i.join_seq, fmt_ms(i.joined_at_ms)),
+                    match &i.family {
+                        Some(p) => format!("after {}, {} (via {p})", i.join_seq, fmt_ms(i.joined_at_ms)),
+                        None => format!("after {}, {}", i.join_seq, fmt_ms(i.joined_at_ms)),
+                    },
                     format!("{}: {}", i.joined_by, i.join_reason),
                     left,
                     match (&i.left_by, &i.leave_reason) {
@@ -220,6 +242,23 @@ pub(super) fn members(rows: &[ConversationMembers], as_json: bool) -> CliResult 
                     },
                 ]);
             }
+        }
+        for g in &c.mentions {
+            table_rows.push(vec![
+                c.conversation.clone(),
+                g.host.clone(),
+                format!("may be mentioned after {}, {}", g.grant_seq, fmt_ms(g.granted_at_ms)),
+                format!("{}: {}", g.granted_by, g.grant_reason),
+                match (g.revoke_seq, g.revoked_at_ms) {
+                    (Some(seq), Some(at)) => format!("after {seq}, {}", fmt_ms(at)),
+                    (Some(seq), None) => format!("after {seq}"),
+                    _ => "allowed".into(),
+                },
+                match (&g.revoked_by, &g.revoke_reason) {
+                    (Some(by), Some(why)) => format!("{by}: {why}"),
+                    _ => "-".into(),
+                },
+            ]);
         }
     }
     table(&["CONVERSATION", "HOST", "JOINED", "JOINED BY", "LEFT", "LEFT BY"], &table_rows)
@@ -238,6 +277,10 @@ pub(super) fn producers(rows: &[ProducerRow], as_json: bool) -> CliResult {
                     "default_scope": p.default_scope,
                     "active_certificates": p.active_certificates,
                     "revoked_certificates": p.revoked_certificates,
+                    "max_unsettled": p.quota.unsettled_max,
+                    "max_unsettled_bytes": p.quota.unsettled_bytes_max,
+                    "unsettled": p.unsettled,
+                    "unsettled_bytes": p.unsettled_bytes,
                 })
             })
             .collect();
@@ -251,10 +294,21 @@ pub(super) fn producers(rows: &[ProducerRow], as_json: bool) -> CliResult {
                 p.active_certificates.to_string(),
                 p.revoked_certificates.to_string(),
                 format!("{}{}", p.conversations.join(" "), if p.default_scope { " (default)" } else { "" }),
+                format!("{} msgs, {} bytes", p.unsettled, p.unsettled_bytes),
+                quota(&p.quota),
             ]
         })
         .collect();
-    table(&["PRODUCER", "CERTS", "REVOKED", "MAY POST INTO"], &rows)
+    table(&["PRODUCER", "CERTS", "REVOKED", "MAY POST INTO", "UNSETTLED", "QUOTA"], &rows)
+}
+
+/// A producer's quota in one phrase: `unlimited` (the default), or its limits.
+pub(super) fn quota(q: &crate::store::producers::Quota) -> String {
+    let shown = |v: Option<u64>| v.map_or_else(|| "unlimited".to_string(), |v| v.to_string());
+    if q.unsettled_max.is_none() && q.unsettled_bytes_max.is_none() {
+        return "unlimited".into();
+    }
+    format!("max_unsettled {} max_unsettled_bytes {}", shown(q.unsettled_max), shown(q.unsettled_bytes_max))
 }
 
 fn delivery_json(r: &DeliveryRow) -> Value {

@@ -2,6 +2,7 @@
 
 use super::{CliError, CliResult, Context, output};
 use crate::store::accept::{AcceptLimits, Accepted, NewMessage};
+use crate::store::api::By;
 use crate::store::canonical;
 use baton_shared::files::read_text_bounded;
 use baton_shared::ids::{check_key, check_name};
@@ -24,6 +25,8 @@ pub(super) struct Submission<'a> {
     pub(super) payload_file: Option<&'a Path>,
     /// The producer the message is recorded under.
     pub(super) producer: &'a str,
+    /// Why the operator sends it (recorded in the audit log with the operator's name).
+    pub(super) reason: &'a str,
 }
 
 /// Validates the submission into a `NewMessage`, at most `payload_bytes_max` of payload.
@@ -70,7 +73,8 @@ pub(super) fn send(ctx: &Context, s: Submission<'_>, json: bool) -> CliResult {
     let limits = AcceptLimits { queued_per_host_max: config.limits.queued_per_host_max };
     let record = ctx.open_write()?;
     // Accept and fan-out in one transaction: no claim can see this message half routed.
-    let (accepted, deliveries) = record.run(record.send(msg, limits))?;
+    let by = By { operator: ctx.operator.clone(), reason: s.reason.to_string() };
+    let (accepted, deliveries) = record.run(record.send(msg, limits, by))?;
     let (id, seq, duplicate) = match accepted {
         Accepted::New { message_id, seq } => (message_id, seq, false),
         Accepted::Duplicate { message_id, seq } => (message_id, seq, true),

@@ -14,6 +14,9 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../../schema/postgres/0002-sqlite-functions.sql"),
     include_str!("../../../schema/postgres/0003-settlement-plans-kept.sql"),
     include_str!("../../../schema/postgres/0004-start-lease.sql"),
+    include_str!("../../../schema/postgres/0005-producer-quotas.sql"),
+    include_str!("../../../schema/postgres/0006-mention-grants.sql"),
+    include_str!("../../../schema/postgres/0007-member-families.sql"),
 ];
 
 /// The advisory lock key every hub takes while it migrates (the bytes of `baton_mi`). Taken

@@ -10,8 +10,9 @@
 //! a claim.
 //!
 //! Routing: the message's `to`, or else the conversation's members at the message's `seq`
-//! (`members`). A conversation that has had members accepts only current members in `to`; an
-//! open one (never had members) accepts any enrolled, unretired host.
+//! (`members`). A conversation that has had members accepts in `to` only current members and
+//! hosts an operator allowed to be mentioned there (`members::allow_mention`); an open one
+//! (never had members) accepts any enrolled, unretired host.
 //!
 //! Invariant: a message row exists iff its routing and obligation exist (same transaction), and
 //! an obligation is done iff every routed host has exactly one delivery.
@@ -145,6 +146,7 @@ pub fn accept_with_retry(
             msg.idempotency_key, msg.producer
         )));
     }
+    producers::check_quota(conn, &msg.producer, msg.payload.len())?;
     let recipients = route(conn, msg)?;
     for host in &recipients {
         let waiting: i64 = conn
@@ -208,6 +210,8 @@ pub fn accept_and_fan_out(
 /// The recipients of a new message: its `to`, checked, or the conversation's current members
 /// (the members at the `seq` this transaction is about to give it), retired ones left out.
 fn route(conn: &dyn Db, msg: &NewMessage) -> StoreResult<Vec<String>> {
+    // A conversation first posted to now joins the families that cover it, from its first post.
+    members::adopt_families(conn, &msg.conversation)?;
     let managed = members::has_membership(conn, &msg.conversation)?;
     if msg.to.is_empty() {
         let mut current = Vec::new();
@@ -229,9 +233,11 @@ fn route(conn: &dyn Db, msg: &NewMessage) -> StoreResult<Vec<String>> {
     let current = if managed { members::current_members(conn, &msg.conversation)? } else { Vec::new() };
     for (i, host) in msg.to.iter().enumerate() {
         check_recipient(conn, i, host)?;
-        if managed && current.binary_search(host).is_err() {
+        if managed && current.binary_search(host).is_err() && !members::mention_allowed(conn, &msg.conversation, host)?
+        {
             return Err(StoreError::Invalid(format!(
-                "to[{i}]: host {host:?} is not a member of conversation {:?}",
+                "to[{i}]: host {host:?} is not a member of conversation {:?}, and no operator allowed it to be \
+                 mentioned there (`baton-hub members allow-mention`)",
                 msg.conversation
             )));
         }

@@ -1098,6 +1098,10 @@ pub enum Membership {
     Join,
     /// The hosts leave.
     Leave,
+    /// `to` may name the hosts from now on, though they are not members.
+    AllowMention,
+    /// `to` may no longer name the hosts (unless they are members).
+    DisallowMention,
 }
 
 /// The operator's attribution of a change: who, and why.
@@ -1326,6 +1330,12 @@ impl Store {
                     match direction {
                         Membership::Join => members::add(c, &conversation, &hosts, &by.operator, &by.reason, now),
                         Membership::Leave => members::remove(c, &conversation, &hosts, &by.operator, &by.reason, now),
+                        Membership::AllowMention => {
+                            members::allow_mention(c, &conversation, &hosts, &by.operator, &by.reason, now)
+                        }
+                        Membership::DisallowMention => {
+                            members::disallow_mention(c, &conversation, &hosts, &by.operator, &by.reason, now)
+                        }
                     }
                 })
                 .await
@@ -1353,15 +1363,51 @@ impl Store {
         }
     }
 
-    /// The operator's `send`: accepts the message and fans it out, in one transaction.
-    pub async fn send(&self, msg: NewMessage, limits: AcceptLimits) -> StoreResult<(Accepted, Vec<DeliverySummary>)> {
+    /// Changes the producer's quota; returns the quota now in force.
+    pub async fn producer_quota(
+        &self,
+        producer: String,
+        change: producers::QuotaChange,
+        by: By,
+    ) -> StoreResult<producers::Quota> {
+        let clock = self.clock.clone();
+        match &self.backend {
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
+                s.write(move |c| producers::set_quota(c, &producer, change, &by.operator, &by.reason, clock.now_ms()))
+                    .await
+            }
+        }
+    }
+
+    /// The operator's `send`: accepts the message and fans it out, in one transaction, and
+    /// records a new message in the audit log with the operator's reason.
+    pub async fn send(
+        &self,
+        msg: NewMessage,
+        limits: AcceptLimits,
+        by: By,
+    ) -> StoreResult<(Accepted, Vec<DeliverySummary>)> {
         let clock = self.clock.clone();
         match &self.backend {
             Backend::Sqlite(s) | Backend::Postgres(s) => {
                 s.write(move |c| {
                     let accepted = accept::accept(c, &msg, limits, clock.now_ms())?;
                     let id = match &accepted {
-                        Accepted::New { message_id, .. } | Accepted::Duplicate { message_id, .. } => message_id.clone(),
+                        Accepted::New { message_id, seq } => {
+                            // A message sent by hand is an operator's act: audited, with its
+                            // reason, in the accepting transaction. A replay adds nothing.
+                            let subject = format!("message {message_id} conversation {} seq {seq}", msg.conversation);
+                            hosts::record_operator_event(
+                                c,
+                                "send",
+                                &subject,
+                                &by.operator,
+                                Some(&by.reason),
+                                clock.now_ms(),
+                            )?;
+                            message_id.clone()
+                        }
+                        Accepted::Duplicate { message_id, .. } => message_id.clone(),
                     };
                     let deliveries = accept::fan_out(c, &id, clock.now_ms())?;
                     Ok((accepted, deliveries))
@@ -1567,6 +1613,12 @@ pub struct Enrollment {
     pub scope: Option<Vec<String>>,
     /// Revoke the name's other unrevoked certificates in the same transaction (a renewal).
     pub revoke_old: bool,
+    /// Why, recorded in the audit log with the enrollment (as every changing command's
+    /// `--reason` is).
+    pub reason: String,
+    /// A producer's quota, set in the same transaction when it changes anything (an empty
+    /// change leaves the stored quota, or the default, as it is).
+    pub quota: producers::QuotaChange,
 }
 
 /// Operations on identities (the CLI's `enroll`, `renew`, `revoke`, `certs`).
@@ -1601,9 +1653,12 @@ impl Store {
                         )));
                     }
                     let issued = hosts::Issued { role, name, serial: &e.serial, not_after_unix: e.not_after_unix };
-                    hosts::enroll(c, issued, &operator, now_ms)?;
+                    hosts::enroll(c, issued, &operator, &e.reason, now_ms)?;
                     if let Some(patterns) = &e.scope {
                         producers::set_scope(c, name, patterns, &operator, "enrolled", now_ms)?;
+                    }
+                    if !e.quota.is_empty() {
+                        producers::set_quota(c, name, e.quota, &operator, &e.reason, now_ms)?;
                     }
                     let mut revoked = Vec::new();
                     if e.revoke_old {
@@ -1839,7 +1894,8 @@ mod tests {
         let Accepted::New { message_id, .. } = accepted else { panic!("not new: {accepted:?}") };
         assert_eq!(deliveries.len(), 1);
         let direct = Store::open_write(&db.path, Synchronous::Normal, clock.clone()).unwrap();
-        let (again, _) = direct.send(message("k"), limits).await.unwrap();
+        let (again, _) =
+            direct.send(message("k"), limits, By { operator: "op".into(), reason: "r".into() }).await.unwrap();
         assert!(matches!(again, Accepted::Duplicate { .. }), "{again:?}");
         assert_eq!(direct.message_by_id(message_id.clone()).await.unwrap().deliveries.len(), 1);
         assert_eq!(served.message_by_id(message_id).await.unwrap().deliveries.len(), 1);
@@ -1875,7 +1931,7 @@ mod tests {
         let clock = baton_shared::clock::system();
         let read_only = Store::open_read(&db.path, clock).unwrap();
         let limits = AcceptLimits { queued_per_host_max: 10 };
-        assert!(read_only.send(message("k"), limits).await.is_err());
+        assert!(read_only.send(message("k"), limits, By { operator: "op".into(), reason: "r".into() }).await.is_err());
         assert_eq!(read_only.status().await.unwrap().pending_fanout, 0);
         assert!(read_only.message_id_by_key("p".into(), "k".into()).await.unwrap().is_none());
     }

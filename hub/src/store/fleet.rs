@@ -397,7 +397,7 @@ mod tests {
         let db = testing::db();
         let c = &db.conn;
         for (name, serial) in [("host-a", "a1"), ("host-b", "b1"), ("host-c", "c1")] {
-            enroll(c, Issued { role: Role::Node, name, serial, not_after_unix: 10_000 }, "op", 1).unwrap();
+            enroll(c, Issued { role: Role::Node, name, serial, not_after_unix: 10_000 }, "op", "enrolled", 1).unwrap();
         }
         session(c, "host-a", 1, 100, Some("superseded"), None);
         session(c, "host-a", 2, 1_000, None, Some(1));
@@ -434,11 +434,11 @@ mod tests {
         let db = testing::db();
         let c = &db.conn;
         let node = |name, serial, not_after_unix| Issued { role: Role::Node, name, serial, not_after_unix };
-        enroll(c, node("host-a", "a1", 100), "op", 1).unwrap();
-        enroll(c, node("host-a", "a2", 5_000), "op", 1).unwrap();
-        enroll(c, node("host-b", "b1", 100), "op", 1).unwrap();
-        enroll(c, Issued { role: Role::Producer, ..node("prod", "p1", 200) }, "op", 1).unwrap();
-        enroll(c, node("host-r", "r1", 100), "op", 1).unwrap();
+        enroll(c, node("host-a", "a1", 100), "op", "enrolled", 1).unwrap();
+        enroll(c, node("host-a", "a2", 5_000), "op", "enrolled", 1).unwrap();
+        enroll(c, node("host-b", "b1", 100), "op", "enrolled", 1).unwrap();
+        enroll(c, Issued { role: Role::Producer, ..node("prod", "p1", 200) }, "op", "enrolled", 1).unwrap();
+        enroll(c, node("host-r", "r1", 100), "op", "enrolled", 1).unwrap();
         crate::store::operator::retire(c, "host-r", "op", "gone", 2).unwrap();
         let expiring: Vec<(String, String)> =
             expiring_certificates(c, 1_000).unwrap().into_iter().map(|r| (r.name, r.serial)).collect();

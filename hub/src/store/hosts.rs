@@ -92,8 +92,8 @@ pub fn require_active(conn: &dyn Db, host: &str, what: &str) -> StoreResult<()> 
 }
 
 /// Records an enrollment: for a node, the host (refused when it is retired), then the
-/// certificate and an operator event.
-pub fn enroll(conn: &dyn Db, cert: Issued<'_>, operator: &str, now_ms: i64) -> StoreResult<()> {
+/// certificate and an operator event with the reason.
+pub fn enroll(conn: &dyn Db, cert: Issued<'_>, operator: &str, reason: &str, now_ms: i64) -> StoreResult<()> {
     if cert.role == Role::Node {
         if standing(conn, cert.name)? == Standing::Retired {
             return Err(StoreError::Invalid(format!("host {} is retired", cert.name)));
@@ -101,7 +101,7 @@ pub fn enroll(conn: &dyn Db, cert: Issued<'_>, operator: &str, now_ms: i64) -> S
         add_host(conn, cert.name, now_ms)?;
     }
     record_certificate(conn, cert.serial, cert.role, cert.name, cert.not_after_unix, now_ms)?;
-    record_operator_event(conn, &format!("enroll_{}", cert.role), cert.name, operator, None, now_ms)
+    record_operator_event(conn, &format!("enroll_{}", cert.role), cert.name, operator, Some(reason), now_ms)
 }
 
 /// The roles `name` was ever enrolled under (renewal needs exactly one).
@@ -178,8 +178,8 @@ mod tests {
         let db = testing::db();
         let c = &db.conn;
         let node = Issued { role: Role::Node, name: "host-d", serial: "aa01", not_after_unix: 9 };
-        enroll(c, node, "op", 1).unwrap();
-        enroll(c, Issued { role: Role::Producer, name: "prod", serial: "aa02", ..node }, "op", 1).unwrap();
+        enroll(c, node, "op", "enrolled", 1).unwrap();
+        enroll(c, Issued { role: Role::Producer, name: "prod", serial: "aa02", ..node }, "op", "enrolled", 1).unwrap();
         assert_eq!(enrolled_roles(c, "host-d").unwrap(), vec![Role::Node]);
         assert_eq!(enrolled_roles(c, "prod").unwrap(), vec![Role::Producer]);
         assert!(enrolled_roles(c, "nobody").unwrap().is_empty());
@@ -189,14 +189,15 @@ mod tests {
         assert!(cert_status(c, "aa01").unwrap().unwrap().revoked);
         crate::store::operator::retire(c, "host-d", "op", "gone", 3).unwrap();
         let again = Issued { serial: "aa03", ..node };
-        assert!(matches!(enroll(c, again, "op", 4), Err(StoreError::Invalid(_))));
+        assert!(matches!(enroll(c, again, "op", "enrolled", 4), Err(StoreError::Invalid(_))));
     }
 
     #[test]
     fn a_corrupt_role_is_an_error_naming_the_certificate() {
         let db = testing::db();
         let c = &db.conn;
-        enroll(c, Issued { role: Role::Node, name: "host-d", serial: "aa01", not_after_unix: 9 }, "op", 1).unwrap();
+        enroll(c, Issued { role: Role::Node, name: "host-d", serial: "aa01", not_after_unix: 9 }, "op", "enrolled", 1)
+            .unwrap();
         c.execute_batch("PRAGMA ignore_check_constraints = ON; UPDATE certificates SET role = 'admin'").unwrap();
         assert!(
             matches!(cert_status(c, "aa01"), Err(StoreError::Corrupt(t)) if t.contains("aa01") && t.contains("admin"))

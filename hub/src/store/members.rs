@@ -14,6 +14,21 @@
 //!
 //! Invariant: a (conversation, host) has at most one open interval, and intervals are never
 //! rewritten: a closed interval stays closed, its cursors never move.
+//!
+//! Families (`member_families`): `members add --conversation 'support-*' HOST` makes a host a
+//! member of every conversation the pattern covers (the publish scopes' grammar,
+//! `producers::check_pattern`), each from its next post on: the join writes an interval
+//! (marked with its family) for each matching conversation that exists, at its `last_seq`;
+//! a matching conversation created later gets one from 0 (`adopt_families`, in the
+//! transaction that creates it); the leave closes them all, each at its `last_seq`. A host
+//! matched by several rows (a family and an exact one) is still one recipient per post.
+//!
+//! Mention authorizations (`mention_grants`, `members allow-mention|disallow-mention`): an
+//! operator may let `to` name a host that is not a member, with a reason, audited. A grant has
+//! cursors as an interval has (`grant_seq < seq <= revoke_seq`) and the claim's re-check
+//! (`authorized`) counts it as authorization for a post it holds; it never makes the host a
+//! recipient of a post without `to`. The same invariant holds: at most one open grant per
+//! (conversation, host), never rewritten.
 
 use super::db::Db;
 use super::hosts::record_operator_event;
@@ -25,6 +40,10 @@ use rusqlite::{OptionalExtension, named_params};
 /// Most current members one conversation may have: every post without `to` fans out to all of
 /// them, so this bounds one message's fan-out the way `recipients_max` bounds `to`.
 pub const MEMBERS_PER_CONVERSATION_MAX: usize = 256;
+
+/// Most open family rows (pattern, host) the registry may hold: a post into a new conversation
+/// reads them all (`adopt_families`), so this bounds that read.
+pub const MEMBER_FAMILIES_MAX: usize = 64;
 
 /// What one `add` or `remove` did for one host.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -58,6 +77,9 @@ pub struct IntervalRow {
     pub left_by: Option<String>,
     /// Why.
     pub leave_reason: Option<String>,
+    /// The family pattern (`support-*`) this interval is the conversation's share of; `None`
+    /// for an exact membership.
+    pub family: Option<String>,
 }
 
 /// One host's intervals in one conversation, for the operator.
@@ -71,6 +93,29 @@ pub struct MemberRow {
     pub intervals: Vec<IntervalRow>,
 }
 
+/// One mention authorization as the operator sees it: cursors, when, who and why.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct MentionRow {
+    /// The host `to` may name.
+    pub host: String,
+    /// The grant cursor: posts after it may name the host.
+    pub grant_seq: i64,
+    /// When (unix ms).
+    pub granted_at_ms: i64,
+    /// Which operator.
+    pub granted_by: String,
+    /// Why.
+    pub grant_reason: String,
+    /// The revoke cursor, once revoked: posts after it may not name the host.
+    pub revoke_seq: Option<i64>,
+    /// When it was revoked (unix ms).
+    pub revoked_at_ms: Option<i64>,
+    /// Which operator revoked it.
+    pub revoked_by: Option<String>,
+    /// Why.
+    pub revoke_reason: Option<String>,
+}
+
 /// A conversation's registry, for the operator (`members list`).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct ConversationMembers {
@@ -80,14 +125,18 @@ pub struct ConversationMembers {
     pub last_seq: i64,
     /// Every host that is or was a member, by name.
     pub members: Vec<MemberRow>,
+    /// Every mention authorization, current and past, by host then grant cursor.
+    pub mentions: Vec<MentionRow>,
 }
 
 fn name(field: &'static str, value: &str) -> StoreResult<()> {
     check_name(field, value).map_err(|e| StoreError::Invalid(e.to_string()))
 }
 
-/// The conversation's `last_seq`, creating the conversation (at 0) if it has no message yet.
+/// The conversation's `last_seq`, creating the conversation (at 0, adopting the open families
+/// that cover it) if it has no message yet.
 fn cursor(conn: &dyn Db, conversation: &str) -> StoreResult<i64> {
+    adopt_families(conn, conversation)?;
     Ok(conn
         .prepare_cached(
             "INSERT INTO conversations (name, last_seq) VALUES (?1, 0)
@@ -106,7 +155,10 @@ fn existing_cursor(conn: &dyn Db, conversation: &str) -> StoreResult<i64> {
 
 fn open_interval(conn: &dyn Db, conversation: &str, host: &str) -> StoreResult<Option<i64>> {
     Ok(conn
-        .prepare_cached("SELECT join_seq FROM memberships WHERE conversation = ?1 AND host = ?2 AND leave_seq IS NULL")?
+        .prepare_cached(
+            "SELECT join_seq FROM memberships
+             WHERE conversation = ?1 AND host = ?2 AND leave_seq IS NULL AND family IS NULL",
+        )?
         .query_row([conversation, host], |r| r.get(0))
         .optional()?)
 }
@@ -135,6 +187,9 @@ pub fn add(
     reason: &str,
     now_ms: i64,
 ) -> StoreResult<Vec<MemberChange>> {
+    if conversation.ends_with('*') {
+        return add_family(conn, conversation, hosts, operator, reason, now_ms);
+    }
     name("conversation", conversation)?;
     let hosts = sorted_unique(hosts)?;
     for host in &hosts {
@@ -164,11 +219,185 @@ pub fn add(
         )?;
         out.push(MemberChange { host: host.into(), changed: true, seq: Some(join_seq) });
     }
+    check_member_count(conn, conversation)?;
+    Ok(out)
+}
+
+fn check_member_count(conn: &dyn Db, conversation: &str) -> StoreResult<()> {
     let current = current_members(conn, conversation)?.len();
     if current > MEMBERS_PER_CONVERSATION_MAX {
         return Err(StoreError::OverCapacity(format!(
             "conversation {conversation} would have {current} members; at most {MEMBERS_PER_CONVERSATION_MAX} are allowed"
         )));
+    }
+    Ok(())
+}
+
+fn pattern(value: &str) -> StoreResult<()> {
+    super::producers::check_pattern(value).map_err(|e| StoreError::Invalid(format!("conversation: {e}"))).and_then(
+        |()| match value.ends_with('*') {
+            true => Ok(()),
+            false => Err(StoreError::Invalid(format!("conversation: {value:?} is not a pattern"))),
+        },
+    )
+}
+
+/// The open family rows `(id, pattern)` of the registry, or of one host.
+fn open_families(conn: &dyn Db, host: Option<&str>) -> StoreResult<Vec<(i64, String, String)>> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT id, pattern, host FROM member_families
+             WHERE left_at IS NULL AND (CAST(?1 AS TEXT) IS NULL OR host = ?1) ORDER BY id",
+        )?
+        .query_map([host], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+        .collect::<Result<_, _>>()?)
+}
+
+fn insert_family_interval(conn: &dyn Db, conversation: &str, join_seq: i64, family: i64) -> StoreResult<()> {
+    // The family row carries who and why; each interval repeats them for `members list`.
+    conn.prepare_cached(
+        "INSERT INTO memberships (conversation, host, join_seq, joined_at, joined_by, join_reason, family)
+         SELECT CAST(:c AS TEXT), host, CAST(:seq AS BIGINT), joined_at, joined_by, join_reason, id
+         FROM member_families WHERE id = :f",
+    )?
+    .execute(named_params! {":c": conversation, ":seq": join_seq, ":f": family})?;
+    Ok(())
+}
+
+/// Makes a new conversation's first cursor: when no row names `conversation` yet and an open
+/// family covers it, creates it (at 0) and gives each such family's host an interval from 0,
+/// so a conversation first posted to after a family join is covered from its first post. Does
+/// nothing for a conversation that exists or that no family covers. Call inside a write
+/// transaction, before the conversation is created otherwise.
+pub fn adopt_families(conn: &dyn Db, conversation: &str) -> StoreResult<()> {
+    let exists: bool = conn
+        .prepare_cached("SELECT EXISTS (SELECT 1 FROM conversations WHERE name = ?1)")?
+        .query_row([conversation], |r| r.get(0))?;
+    if exists {
+        return Ok(());
+    }
+    let covering: Vec<(i64, String, String)> =
+        open_families(conn, None)?.into_iter().filter(|(_, p, _)| super::producers::covers(p, conversation)).collect();
+    if covering.is_empty() {
+        return Ok(());
+    }
+    conn.prepare_cached("INSERT INTO conversations (name, last_seq) VALUES (?1, 0)")?.execute([conversation])?;
+    for (family, _, host) in &covering {
+        if super::hosts::standing(conn, host)? == super::hosts::Standing::Active {
+            insert_family_interval(conn, conversation, 0, *family)?;
+        }
+    }
+    check_member_count(conn, conversation)
+}
+
+/// `add` for a pattern: a family row per host, and an interval from its `last_seq` in every
+/// existing conversation the pattern covers. Reads every conversation's name (an operator's
+/// rare change, not a post's path). Call inside a write transaction.
+fn add_family(
+    conn: &dyn Db,
+    family_pattern: &str,
+    hosts: &[String],
+    operator: &str,
+    reason: &str,
+    now_ms: i64,
+) -> StoreResult<Vec<MemberChange>> {
+    pattern(family_pattern)?;
+    let hosts = sorted_unique(hosts)?;
+    for host in &hosts {
+        super::hosts::require_active(conn, host, "")?;
+    }
+    let matched: Vec<(String, i64)> = conn
+        .prepare_cached("SELECT name, last_seq FROM conversations ORDER BY name")?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<Result<Vec<(String, i64)>, _>>()?
+        .into_iter()
+        .filter(|(c, _)| super::producers::covers(family_pattern, c))
+        .collect();
+    let mut out = Vec::with_capacity(hosts.len());
+    for host in hosts {
+        let open = open_families(conn, Some(host))?.into_iter().any(|(_, p, _)| p == family_pattern);
+        if open {
+            out.push(MemberChange { host: host.into(), changed: false, seq: None });
+            continue;
+        }
+        let family: i64 = conn
+            .prepare_cached(
+                "INSERT INTO member_families (pattern, host, joined_at, joined_by, join_reason)
+                 VALUES (:p, :h, :now, :op, :why) RETURNING id",
+            )?
+            .query_row(
+                named_params! {":p": family_pattern, ":h": host, ":now": now_ms, ":op": operator, ":why": reason},
+                |r| r.get(0),
+            )?;
+        for (conversation, last_seq) in &matched {
+            insert_family_interval(conn, conversation, *last_seq, family)?;
+        }
+        record_operator_event(
+            conn,
+            "member_family_add",
+            &format!("pattern {family_pattern} host {host} ({} conversations so far)", matched.len()),
+            operator,
+            Some(reason),
+            now_ms,
+        )?;
+        out.push(MemberChange { host: host.into(), changed: true, seq: None });
+    }
+    if open_families(conn, None)?.len() > MEMBER_FAMILIES_MAX {
+        return Err(StoreError::OverCapacity(format!(
+            "the registry would hold more than {MEMBER_FAMILIES_MAX} open membership families"
+        )));
+    }
+    for (conversation, _) in &matched {
+        check_member_count(conn, conversation)?;
+    }
+    Ok(out)
+}
+
+/// `remove` for a pattern: closes each host's family row and every interval it holds, each at
+/// its conversation's `last_seq`; conversations created later are not covered. Call inside a
+/// write transaction.
+fn remove_family(
+    conn: &dyn Db,
+    family_pattern: &str,
+    hosts: &[String],
+    operator: &str,
+    reason: &str,
+    now_ms: i64,
+) -> StoreResult<Vec<MemberChange>> {
+    pattern(family_pattern)?;
+    let hosts = sorted_unique(hosts)?;
+    for host in &hosts {
+        if super::hosts::standing(conn, host)? == super::hosts::Standing::NotEnrolled {
+            return Err(StoreError::Invalid(format!("host {host:?} is not enrolled")));
+        }
+    }
+    let mut out = Vec::with_capacity(hosts.len());
+    for host in hosts {
+        let family = open_families(conn, Some(host))?.into_iter().find(|(_, p, _)| p == family_pattern);
+        let Some((family, _, _)) = family else {
+            out.push(MemberChange { host: host.into(), changed: false, seq: None });
+            continue;
+        };
+        conn.prepare_cached(
+            "UPDATE member_families SET left_at = :now, left_by = :op, leave_reason = :why WHERE id = :f",
+        )?
+        .execute(named_params! {":f": family, ":now": now_ms, ":op": operator, ":why": reason})?;
+        let closed = conn
+            .prepare_cached(
+                "UPDATE memberships SET leave_seq = (SELECT last_seq FROM conversations WHERE name = memberships.conversation),
+                        left_at = :now, left_by = :op, leave_reason = :why
+                 WHERE family = :f AND leave_seq IS NULL",
+            )?
+            .execute(named_params! {":f": family, ":now": now_ms, ":op": operator, ":why": reason})?;
+        record_operator_event(
+            conn,
+            "member_family_remove",
+            &format!("pattern {family_pattern} host {host} ({closed} conversations)"),
+            operator,
+            Some(reason),
+            now_ms,
+        )?;
+        out.push(MemberChange { host: host.into(), changed: true, seq: None });
     }
     Ok(out)
 }
@@ -185,6 +414,9 @@ pub fn remove(
     reason: &str,
     now_ms: i64,
 ) -> StoreResult<Vec<MemberChange>> {
+    if conversation.ends_with('*') {
+        return remove_family(conn, conversation, hosts, operator, reason, now_ms);
+    }
     name("conversation", conversation)?;
     let hosts = sorted_unique(hosts)?;
     for host in &hosts {
@@ -201,7 +433,7 @@ pub fn remove(
         let n = conn
             .prepare_cached(
                 "UPDATE memberships SET leave_seq = :seq, left_at = :now, left_by = :op, leave_reason = :why
-                 WHERE conversation = :c AND host = :h AND leave_seq IS NULL",
+                 WHERE conversation = :c AND host = :h AND leave_seq IS NULL AND family IS NULL",
             )?
             .execute(named_params! {
                 ":c": conversation, ":h": host, ":seq": leave_seq, ":now": now_ms, ":op": operator, ":why": reason,
@@ -226,8 +458,27 @@ pub fn remove(
 /// left, by name. Call inside a write transaction.
 pub fn leave_all(conn: &dyn Db, host: &str, operator: &str, reason: &str, now_ms: i64) -> StoreResult<Vec<String>> {
     let conversations = memberships_of(conn, host)?;
-    for c in &conversations {
+    for (_, family_pattern, _) in open_families(conn, Some(host))? {
+        remove_family(conn, &family_pattern, &[host.to_string()], operator, reason, now_ms)?;
+    }
+    let exact: Vec<String> = conn
+        .prepare_cached(
+            "SELECT conversation FROM memberships WHERE host = ?1 AND leave_seq IS NULL AND family IS NULL
+             ORDER BY conversation",
+        )?
+        .query_map([host], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    for c in &exact {
         remove(conn, c, &[host.to_string()], operator, reason, now_ms)?;
+    }
+    let granted: Vec<String> = conn
+        .prepare_cached(
+            "SELECT conversation FROM mention_grants WHERE host = ?1 AND revoke_seq IS NULL ORDER BY conversation",
+        )?
+        .query_map([host], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    for c in &granted {
+        disallow_mention(conn, c, &[host.to_string()], operator, reason, now_ms)?;
     }
     Ok(conversations)
 }
@@ -237,16 +488,145 @@ pub fn leave_all(conn: &dyn Db, host: &str, operator: &str, reason: &str, now_ms
 pub fn memberships_of(conn: &dyn Db, host: &str) -> StoreResult<Vec<String>> {
     Ok(conn
         .prepare_cached(
-            "SELECT conversation FROM memberships WHERE host = ?1 AND leave_seq IS NULL ORDER BY conversation",
+            "SELECT DISTINCT conversation FROM memberships WHERE host = ?1 AND leave_seq IS NULL ORDER BY conversation",
         )?
         .query_map([host], |r| r.get(0))?
+        .collect::<Result<_, _>>()?)
+}
+
+/// Lets `to` name `hosts` in `conversation` from its current `last_seq` on, though they are
+/// not members. A host already allowed is left as it is (`changed: false`). Every host must be
+/// enrolled and not retired; all are checked before anything is written. Call inside a write
+/// transaction.
+pub fn allow_mention(
+    conn: &dyn Db,
+    conversation: &str,
+    hosts: &[String],
+    operator: &str,
+    reason: &str,
+    now_ms: i64,
+) -> StoreResult<Vec<MemberChange>> {
+    name("conversation", conversation)?;
+    let hosts = sorted_unique(hosts)?;
+    for host in &hosts {
+        super::hosts::require_active(conn, host, "")?;
+    }
+    let grant_seq = cursor(conn, conversation)?;
+    let mut out = Vec::with_capacity(hosts.len());
+    for host in hosts {
+        if let Some(seq) = open_grant(conn, conversation, host)? {
+            out.push(MemberChange { host: host.into(), changed: false, seq: Some(seq) });
+            continue;
+        }
+        conn.prepare_cached(
+            "INSERT INTO mention_grants (conversation, host, grant_seq, granted_at, granted_by, grant_reason)
+             VALUES (:c, :h, :seq, :now, :op, :why)",
+        )?
+        .execute(named_params! {
+            ":c": conversation, ":h": host, ":seq": grant_seq, ":now": now_ms, ":op": operator, ":why": reason,
+        })?;
+        record_operator_event(
+            conn,
+            "mention_allow",
+            &format!("conversation {conversation} host {host} after seq {grant_seq}"),
+            operator,
+            Some(reason),
+            now_ms,
+        )?;
+        out.push(MemberChange { host: host.into(), changed: true, seq: Some(grant_seq) });
+    }
+    Ok(out)
+}
+
+/// Ends the mention authorization of `hosts` in `conversation` at its current `last_seq`:
+/// posts up to it keep theirs (the claim still hands them out), later ones may not name the
+/// hosts. A host without one is left as it is (`changed: false`); one never enrolled is
+/// refused before anything is written. Call inside a write transaction.
+pub fn disallow_mention(
+    conn: &dyn Db,
+    conversation: &str,
+    hosts: &[String],
+    operator: &str,
+    reason: &str,
+    now_ms: i64,
+) -> StoreResult<Vec<MemberChange>> {
+    name("conversation", conversation)?;
+    let hosts = sorted_unique(hosts)?;
+    for host in &hosts {
+        if super::hosts::standing(conn, host)? == super::hosts::Standing::NotEnrolled {
+            return Err(StoreError::Invalid(format!("host {host:?} is not enrolled")));
+        }
+    }
+    let revoke_seq = existing_cursor(conn, conversation)?;
+    let mut out = Vec::with_capacity(hosts.len());
+    for host in hosts {
+        let n = conn
+            .prepare_cached(
+                "UPDATE mention_grants SET revoke_seq = :seq, revoked_at = :now, revoked_by = :op, revoke_reason = :why
+                 WHERE conversation = :c AND host = :h AND revoke_seq IS NULL",
+            )?
+            .execute(named_params! {
+                ":c": conversation, ":h": host, ":seq": revoke_seq, ":now": now_ms, ":op": operator, ":why": reason,
+            })?;
+        if n == 1 {
+            record_operator_event(
+                conn,
+                "mention_disallow",
+                &format!("conversation {conversation} host {host} after seq {revoke_seq}"),
+                operator,
+                Some(reason),
+                now_ms,
+            )?;
+        }
+        out.push(MemberChange { host: host.into(), changed: n == 1, seq: (n == 1).then_some(revoke_seq) });
+    }
+    Ok(out)
+}
+
+fn open_grant(conn: &dyn Db, conversation: &str, host: &str) -> StoreResult<Option<i64>> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT grant_seq FROM mention_grants WHERE conversation = ?1 AND host = ?2 AND revoke_seq IS NULL",
+        )?
+        .query_row([conversation, host], |r| r.get(0))
+        .optional()?)
+}
+
+/// Whether `to` may name `host` in `conversation` now though it is not a member (an open
+/// mention grant).
+pub fn mention_allowed(conn: &dyn Db, conversation: &str, host: &str) -> StoreResult<bool> {
+    Ok(open_grant(conn, conversation, host)?.is_some())
+}
+
+fn mentions(conn: &dyn Db, conversation: &str) -> StoreResult<Vec<MentionRow>> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT host, grant_seq, granted_at, granted_by, grant_reason, revoke_seq, revoked_at, revoked_by,
+                    revoke_reason
+             FROM mention_grants WHERE conversation = ?1 ORDER BY host, grant_seq, id",
+        )?
+        .query_map([conversation], |r| {
+            Ok(MentionRow {
+                host: r.get(0)?,
+                grant_seq: r.get(1)?,
+                granted_at_ms: r.get(2)?,
+                granted_by: r.get(3)?,
+                grant_reason: r.get(4)?,
+                revoke_seq: r.get(5)?,
+                revoked_at_ms: r.get(6)?,
+                revoked_by: r.get(7)?,
+                revoke_reason: r.get(8)?,
+            })
+        })?
         .collect::<Result<_, _>>()?)
 }
 
 /// The current members (open intervals) of a conversation, by name.
 pub fn current_members(conn: &dyn Db, conversation: &str) -> StoreResult<Vec<String>> {
     Ok(conn
-        .prepare_cached("SELECT host FROM memberships WHERE conversation = ?1 AND leave_seq IS NULL ORDER BY host")?
+        .prepare_cached(
+            "SELECT DISTINCT host FROM memberships WHERE conversation = ?1 AND leave_seq IS NULL ORDER BY host",
+        )?
         .query_map([conversation], |r| r.get(0))?
         .collect::<Result<_, _>>()?)
 }
@@ -259,13 +639,17 @@ pub fn has_membership(conn: &dyn Db, conversation: &str) -> StoreResult<bool> {
 }
 
 /// Whether `host` may receive post `seq` of `conversation`: the conversation was open at that
-/// seq (no interval had begun before it), or one of the host's intervals holds it.
+/// seq (no interval had begun before it), or one of the host's intervals holds it, or one of
+/// its mention grants does (a delivery exists only for a host the post routed to, and a grant
+/// lets only `to` name a non-member, so a grant holding the post authorized that mention).
 pub fn authorized(conn: &dyn Db, conversation: &str, host: &str, seq: i64) -> StoreResult<bool> {
     Ok(conn
         .prepare_cached(
             "SELECT NOT EXISTS (SELECT 1 FROM memberships WHERE conversation = :c AND join_seq < :s)
                  OR EXISTS (SELECT 1 FROM memberships WHERE conversation = :c AND host = :h AND join_seq < :s
-                                AND (leave_seq IS NULL OR :s <= leave_seq))",
+                                AND (leave_seq IS NULL OR :s <= leave_seq))
+                 OR EXISTS (SELECT 1 FROM mention_grants WHERE conversation = :c AND host = :h AND grant_seq < :s
+                                AND (revoke_seq IS NULL OR :s <= revoke_seq))",
         )?
         .query_row(named_params! {":c": conversation, ":h": host, ":s": seq}, |r| r.get(0))?)
 }
@@ -273,8 +657,10 @@ pub fn authorized(conn: &dyn Db, conversation: &str, host: &str, seq: i64) -> St
 fn intervals(conn: &dyn Db, conversation: &str) -> StoreResult<Vec<(String, IntervalRow)>> {
     Ok(conn
         .prepare_cached(
-            "SELECT host, join_seq, joined_at, joined_by, join_reason, leave_seq, left_at, left_by, leave_reason
-             FROM memberships WHERE conversation = ?1 ORDER BY host, join_seq, id",
+            "SELECT m.host, m.join_seq, m.joined_at, m.joined_by, m.join_reason, m.leave_seq, m.left_at, m.left_by,
+                    m.leave_reason, f.pattern
+             FROM memberships m LEFT JOIN member_families f ON f.id = m.family
+             WHERE m.conversation = ?1 ORDER BY m.host, m.join_seq, m.id",
         )?
         .query_map([conversation], |r| {
             Ok((
@@ -288,6 +674,7 @@ fn intervals(conn: &dyn Db, conversation: &str) -> StoreResult<Vec<(String, Inte
                     left_at_ms: r.get(6)?,
                     left_by: r.get(7)?,
                     leave_reason: r.get(8)?,
+                    family: r.get(9)?,
                 },
             ))
         })?
@@ -306,18 +693,23 @@ pub fn registry(conn: &dyn Db, conversation: &str) -> StoreResult<ConversationMe
         }
     }
     for m in &mut members {
-        m.current = m.intervals.last().is_some_and(|i| i.leave_seq.is_none());
+        // Several rows (an exact one, families) may hold a host at once: current if any is open.
+        m.current = m.intervals.iter().any(|i| i.leave_seq.is_none());
     }
-    Ok(ConversationMembers { conversation: conversation.into(), last_seq, members })
+    let mentions = mentions(conn, conversation)?;
+    Ok(ConversationMembers { conversation: conversation.into(), last_seq, members, mentions })
 }
 
-/// The registries of every conversation that has (had) members, or of the one named.
+/// The registries of every conversation that has (had) members or mention grants, or of the
+/// one named.
 pub fn list(conn: &dyn Db, conversation: Option<&str>) -> StoreResult<Vec<ConversationMembers>> {
     if let Some(c) = conversation {
         return Ok(vec![registry(conn, c)?]);
     }
     let names: Vec<String> = conn
-        .prepare_cached("SELECT DISTINCT conversation FROM memberships ORDER BY conversation")?
+        .prepare_cached(
+            "SELECT conversation FROM memberships UNION SELECT conversation FROM mention_grants ORDER BY 1",
+        )?
         .query_map([], |r| r.get(0))?
         .collect::<Result<_, _>>()?;
     names.iter().map(|c| registry(conn, c)).collect()
@@ -500,6 +892,99 @@ mod tests {
         assert_eq!(r.members[0].intervals[0].leave_seq, Some(1));
         assert!(!r.members[0].current);
         assert!(leave_all(c, "host-a", "op", "again", 3).unwrap().is_empty());
+    }
+
+    fn post_into(conn: &dyn Db, conversation: &str, key: &str) -> StoreResult<Vec<String>> {
+        let msg = NewMessage {
+            producer: "prod".into(),
+            conversation: conversation.into(),
+            idempotency_key: key.into(),
+            payload: "{}".into(),
+            to: vec![],
+        };
+        let limits = AcceptLimits { queued_per_host_max: 1000 };
+        let (_, d) = crate::store::accept::accept_and_fan_out(conn, &msg, Default::default(), limits, 1)?;
+        Ok(d.into_iter().map(|d| d.host).collect())
+    }
+
+    /// A family (`team-*`) makes its hosts members of every conversation it covers from each
+    /// one's next post on, those first posted to later included; with an exact row for the
+    /// same host it is still one delivery per post; its leave ends it everywhere at once and
+    /// leaves the exact row standing; a conversation created after the leave is not covered.
+    #[test]
+    fn a_family_covers_every_matching_conversation_until_it_leaves() {
+        let db = testing::db();
+        let c = &db.conn;
+        add(c, "team-1", &hosts(&["host-a"]), "op", "exact", 1).unwrap();
+        assert_eq!(post_into(c, "team-1", "k0").unwrap(), ["host-a"]);
+        let joined = add(c, "team-*", &hosts(&["host-a", "host-b"]), "op", "family", 2).unwrap();
+        assert!(joined.iter().all(|j| j.changed && j.seq.is_none()), "{joined:?}");
+        assert!(add(c, "team-*", &hosts(&["host-a"]), "op", "again", 2).unwrap().iter().all(|j| !j.changed));
+        assert_eq!(post_into(c, "team-1", "k1").unwrap(), ["host-a", "host-b"], "one delivery for host-a");
+        assert_eq!(post_into(c, "team-2", "k2").unwrap(), ["host-a", "host-b"], "a new conversation is covered");
+        assert!(matches!(post_into(c, "other", "k3"), Err(StoreError::NoRecipients(_))), "not covered");
+        assert!(!authorized(c, "team-1", "host-b", 1).unwrap(), "the family joined team-1 after seq 1");
+        assert!(authorized(c, "team-1", "host-b", 2).unwrap() && authorized(c, "team-2", "host-b", 1).unwrap());
+
+        let r = registry(c, "team-1").unwrap();
+        let families: Vec<Option<&str>> = r.members[0].intervals.iter().map(|i| i.family.as_deref()).collect();
+        assert_eq!(families, [None, Some("team-*")], "members list says which row matched");
+
+        let left = remove(c, "team-*", &hosts(&["host-a", "host-c"]), "op", "done", 3).unwrap();
+        assert_eq!((left[0].changed, left[1].changed), (true, false));
+        assert_eq!(post_into(c, "team-1", "k4").unwrap(), ["host-a", "host-b"], "host-a's exact row stands");
+        assert_eq!(post_into(c, "team-2", "k5").unwrap(), ["host-b"], "host-a left team-2 with its family");
+        assert!(!authorized(c, "team-2", "host-a", 2).unwrap() && authorized(c, "team-2", "host-a", 1).unwrap());
+        remove(c, "team-*", &hosts(&["host-b"]), "op", "done", 4).unwrap();
+        assert!(matches!(post_into(c, "team-3", "k6"), Err(StoreError::NoRecipients(_))), "created after the leave");
+        assert_eq!(post_into(c, "team-1", "k7").unwrap(), ["host-a"]);
+        assert!(matches!(add(c, "te*m-*", &hosts(&["host-a"]), "op", "r", 5), Err(StoreError::Invalid(_))));
+
+        // Retiring a host ends its families.
+        add(c, "ops-*", &hosts(&["host-c"]), "op", "r", 6).unwrap();
+        assert_eq!(post_into(c, "ops-1", "k8").unwrap(), ["host-c"]);
+        leave_all(c, "host-c", "op", "retired", 7).unwrap();
+        assert!(matches!(post_into(c, "ops-2", "k9"), Err(StoreError::NoRecipients(_))));
+        assert_eq!(crate::store::verify::check(c).unwrap(), Vec::new());
+    }
+
+    /// Once a conversation has members, `to` may name a non-member only under a mention grant;
+    /// the claim counts the grant as the authorization for the posts it holds (also after it
+    /// is revoked, as a leave keeps earlier posts), and a grant never makes its host a
+    /// recipient of posts without `to`.
+    #[test]
+    fn a_mention_grant_lets_to_name_a_non_member() {
+        let db = testing::db();
+        let c = &db.conn;
+        add(c, "c", &hosts(&["host-a"]), "op", "r", 1).unwrap();
+        let e = post(c, "k1", &["host-b"]).unwrap_err();
+        assert!(matches!(e, StoreError::Invalid(_)) && e.to_string().contains("allow-mention"), "{e}");
+        let granted = allow_mention(c, "c", &hosts(&["host-b"]), "op", "escalation", 2).unwrap();
+        assert_eq!(granted, [MemberChange { host: "host-b".into(), changed: true, seq: Some(0) }]);
+        assert!(!allow_mention(c, "c", &hosts(&["host-b"]), "op", "again", 2).unwrap()[0].changed);
+        let m1 = accept_one(c, "c", "k2", &["host-b"]);
+        assert_eq!(routed(c, &m1), ["host-b"]);
+        let m2 = accept_one(c, "c", "k3", &[]);
+        assert_eq!(routed(c, &m2), ["host-a"], "a grant is no membership");
+        let revoked = disallow_mention(c, "c", &hosts(&["host-b"]), "op", "done", 3).unwrap();
+        assert_eq!(revoked, [MemberChange { host: "host-b".into(), changed: true, seq: Some(2) }]);
+        assert!(!disallow_mention(c, "c", &hosts(&["host-b"]), "op", "done", 3).unwrap()[0].changed);
+        assert!(matches!(post(c, "k4", &["host-b"]), Err(StoreError::Invalid(_))));
+        assert!(authorized(c, "c", "host-b", 1).unwrap() && !authorized(c, "c", "host-b", 3).unwrap());
+        let got = crate::store::claim::claim(c, "host-b", "i", 10, 4).unwrap();
+        assert_eq!(got.len(), 1, "the post made under the grant is handed out, not failed `not a member`");
+        assert_eq!(got[0].seq, 1);
+        let r = registry(c, "c").unwrap();
+        let g = &r.mentions[0];
+        assert_eq!((g.host.as_str(), g.grant_seq, g.revoke_seq), ("host-b", 0, Some(2)));
+        assert_eq!((g.grant_reason.as_str(), g.revoke_reason.as_deref()), ("escalation", Some("done")));
+        assert!(r.members.iter().all(|m| m.host != "host-b"));
+        let e = allow_mention(c, "c", &hosts(&["ghost"]), "op", "r", 5).unwrap_err();
+        assert!(e.to_string().contains("ghost"), "{e}");
+        // Retiring a host (`leave_all`, in the retiring transaction) ends its grants too.
+        allow_mention(c, "c", &hosts(&["host-c"]), "op", "r", 5).unwrap();
+        leave_all(c, "host-c", "op", "gone", 6).unwrap();
+        assert!(!mention_allowed(c, "c", "host-c").unwrap());
     }
 
     /// A post and a membership change made in either order land on the same side of the cursor:

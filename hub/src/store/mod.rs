@@ -93,6 +93,9 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../../schema/hub/0005-fence-expiry.sql"),
     include_str!("../../../schema/hub/0006-settled-at.sql"),
     include_str!("../../../schema/hub/0007-start-lease.sql"),
+    include_str!("../../../schema/hub/0008-producer-quotas.sql"),
+    include_str!("../../../schema/hub/0009-mention-grants.sql"),
+    include_str!("../../../schema/hub/0010-member-families.sql"),
 ];
 
 /// Who made a change, as recorded in the event log.
@@ -185,6 +188,9 @@ pub enum StoreError {
     /// A capacity bound is reached.
     #[error("{0}")]
     OverCapacity(String),
+    /// A producer's quota (`producers::Quota`) leaves no room for its post.
+    #[error("{1}")]
+    OverQuota(producers::QuotaKind, String),
     /// The caller's certificate was revoked (found when re-checked inside a transaction).
     #[error("{0}")]
     CertificateRevoked(String),
@@ -224,6 +230,8 @@ impl StoreError {
             StoreError::InstanceConflict(_) => ErrorCode::InstanceConflict,
             StoreError::SessionSuperseded(_) => ErrorCode::SessionSuperseded,
             StoreError::OverCapacity(_) => ErrorCode::OverCapacity,
+            StoreError::OverQuota(producers::QuotaKind::UnsettledMessages, _) => ErrorCode::QuotaUnsettledMessages,
+            StoreError::OverQuota(producers::QuotaKind::UnsettledBytes, _) => ErrorCode::QuotaUnsettledBytes,
             StoreError::CertificateRevoked(_) => ErrorCode::CertificateRevoked,
             StoreError::Forbidden(_) => ErrorCode::Forbidden,
             StoreError::Storage(_) | StoreError::Conflict(_) => ErrorCode::StorageUnavailable,

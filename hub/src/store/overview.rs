@@ -154,8 +154,14 @@ mod tests {
     fn backlogs_count_waiting_deliveries_per_host_and_conversation_with_their_oldest() {
         let db = testing::db();
         let c = &db.conn;
-        enroll(c, Issued { role: Role::Node, name: "host-idle", serial: "s1", not_after_unix: 10_000 }, "op", 1)
-            .unwrap();
+        enroll(
+            c,
+            Issued { role: Role::Node, name: "host-idle", serial: "s1", not_after_unix: 10_000 },
+            "op",
+            "enrolled",
+            1,
+        )
+        .unwrap();
         accept_one(c, "c1", "k1", &["host-a", "host-b"]);
         accept_one(c, "c1", "k2", &["host-a"]);
         accept_one(c, "c2", "k3", &["host-a"]);

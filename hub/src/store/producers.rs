@@ -5,18 +5,210 @@
 //! a producer with no stored scope has the default, `*`. The acceptance transaction checks it,
 //! so a post outside the scope is refused (`forbidden`, naming the conversation) and a scope
 //! change takes effect on the next post.
+//!
+//! Quotas: a producer may also be limited in how much it has unsettled at once — messages not
+//! yet settled (`messages.settled_at IS NULL`) and their payload bytes — so one producer cannot
+//! use up the hosts' shared `queued_per_host_max` for all the others. The accept checks it
+//! (`check_quota`, after the idempotency branch: a replay is never refused by it) and refuses
+//! with `OverQuota` (429, a code naming the quota). `QUOTA_DEFAULT`: none.
 
 use super::db::Db;
 use super::hosts::record_operator_event;
 use super::{StoreError, StoreResult};
 use baton_shared::ids::{NAME_CHARS_MAX, check_name};
-use rusqlite::named_params;
+use rusqlite::{OptionalExtension, named_params};
 
 /// Most patterns one producer's scope may hold; the accept checks them all on every post.
 pub const SCOPE_PATTERNS_MAX: usize = 64;
 
 /// The scope a producer has when none is stored: every conversation.
 pub const SCOPE_DEFAULT: &str = "*";
+
+/// The quota a producer has when none is stored: unlimited. The hub's own bounds
+/// (`queued_per_host_max`, the payload and recipient bounds) already keep the record finite;
+/// a quota is an operator's choice between producers that share hosts, which the hub cannot
+/// guess, so a new producer is limited only when its enrollment (or `producers quota`) says so.
+pub const QUOTA_DEFAULT: Quota = Quota { unsettled_max: None, unsettled_bytes_max: None };
+
+/// The largest `unsettled_max` a quota may name. The accept reads up to that many index
+/// entries of the producer's unsettled messages, so this bounds its cost.
+pub const QUOTA_UNSETTLED_MAX: u64 = 100_000;
+
+/// The largest `unsettled_bytes_max` a quota may name (1 GiB). Every payload has at least one
+/// byte, so the accept reads at most this many entries too; a message quota cuts it further.
+pub const QUOTA_UNSETTLED_BYTES_MAX: u64 = 1 << 30;
+
+/// A producer's quota: each limit `None` for unlimited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub struct Quota {
+    /// Most messages it may have unsettled at once.
+    pub unsettled_max: Option<u64>,
+    /// Most payload bytes (UTF-8) its unsettled messages may hold together.
+    pub unsettled_bytes_max: Option<u64>,
+}
+
+/// A change to a quota: each field `None` to keep the stored limit, `Some(None)` for unlimited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QuotaChange {
+    /// The new message limit, when it changes.
+    pub unsettled_max: Option<Option<u64>>,
+    /// The new byte limit, when it changes.
+    pub unsettled_bytes_max: Option<Option<u64>>,
+}
+
+impl QuotaChange {
+    /// Whether it changes anything.
+    pub fn is_empty(&self) -> bool {
+        self.unsettled_max.is_none() && self.unsettled_bytes_max.is_none()
+    }
+}
+
+/// Which quota refused a post; each is its own error code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuotaKind {
+    /// `unsettled_max`: `quota_unsettled_messages`.
+    UnsettledMessages,
+    /// `unsettled_bytes_max`: `quota_unsettled_bytes`.
+    UnsettledBytes,
+}
+
+/// Checks a limit given for `field` against its range `1..=max` (a CLI flag or a test).
+pub fn check_limit(field: &str, value: Option<u64>, max: u64) -> Result<(), String> {
+    match value {
+        Some(v) if v == 0 || v > max => Err(format!("{field} {v} is out of range; allowed 1..={max} or `unlimited`")),
+        _ => Ok(()),
+    }
+}
+
+fn to_i64(v: Option<u64>) -> Option<i64> {
+    v.map(|v| i64::try_from(v).unwrap_or(i64::MAX))
+}
+
+fn from_i64(v: Option<i64>) -> Option<u64> {
+    v.map(|v| u64::try_from(v).unwrap_or(0))
+}
+
+/// The producer's quota (`QUOTA_DEFAULT` when none is stored).
+pub fn quota_of(conn: &dyn Db, producer: &str) -> StoreResult<Quota> {
+    let row: Option<(Option<i64>, Option<i64>)> = conn
+        .prepare_cached("SELECT unsettled_max, unsettled_bytes_max FROM producer_quotas WHERE producer = ?1")?
+        .query_row([producer], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    Ok(match row {
+        None => QUOTA_DEFAULT,
+        Some((m, b)) => Quota { unsettled_max: from_i64(m), unsettled_bytes_max: from_i64(b) },
+    })
+}
+
+/// What a producer has unsettled: `(messages, payload bytes)`, counting at most `limit`
+/// messages (the index read stops there).
+fn unsettled(conn: &dyn Db, producer: &str, limit: i64) -> StoreResult<(i64, i64)> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT count(*), coalesce(sum(octet_length(payload)), 0) FROM (
+                 SELECT payload FROM messages WHERE producer = ?1 AND settled_at IS NULL LIMIT ?2) AS u",
+        )?
+        .query_row(rusqlite::params![producer, limit], |r| Ok((r.get(0)?, r.get(1)?)))?)
+}
+
+/// Refuses (`OverQuota`, naming the quota, its limit and what is unsettled) a new message of
+/// `payload_bytes` by `producer` that its quota does not leave room for. Reads nothing more
+/// than the quota row for a producer without one.
+pub fn check_quota(conn: &dyn Db, producer: &str, payload_bytes: usize) -> StoreResult<()> {
+    let quota = quota_of(conn, producer)?;
+    if quota == QUOTA_DEFAULT {
+        return Ok(());
+    }
+    // At `unsettled_max` messages the message quota refuses whatever the bytes; at
+    // `unsettled_bytes_max` messages (one byte each at least) the byte quota does.
+    let limit =
+        to_i64(quota.unsettled_max).unwrap_or(i64::MAX).min(to_i64(quota.unsettled_bytes_max).unwrap_or(i64::MAX));
+    let (count, bytes) = unsettled(conn, producer, limit)?;
+    if let Some(max) = quota.unsettled_max
+        && u64::try_from(count).unwrap_or(0) >= max
+    {
+        return Err(StoreError::OverQuota(
+            QuotaKind::UnsettledMessages,
+            format!(
+                "producer {producer} has {count} unsettled messages, its quota unsettled_max = {max}; \
+                 post again once some settle"
+            ),
+        ));
+    }
+    if let Some(max) = quota.unsettled_bytes_max {
+        let after = u64::try_from(bytes).unwrap_or(0).saturating_add(payload_bytes as u64);
+        if after > max {
+            return Err(StoreError::OverQuota(
+                QuotaKind::UnsettledBytes,
+                format!(
+                    "producer {producer} has {bytes} payload bytes unsettled and this payload is {payload_bytes}, \
+                     over its quota unsettled_bytes_max = {max}; post again once some settle"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn require_producer(conn: &dyn Db, producer: &str) -> StoreResult<()> {
+    check_name("producer", producer).map_err(|e| StoreError::Invalid(e.to_string()))?;
+    let enrolled: bool = conn
+        .prepare_cached("SELECT EXISTS (SELECT 1 FROM certificates WHERE role = 'producer' AND name = ?1)")?
+        .query_row([producer], |r| r.get(0))?;
+    if !enrolled {
+        return Err(StoreError::NotFound(format!("no producer {producer} was ever enrolled")));
+    }
+    Ok(())
+}
+
+/// Changes a producer's quota (the fields given; the others keep their stored value) and
+/// records it in the audit log. The producer must have been enrolled; each limit must lie in
+/// its range. Returns the quota now in force. Call inside a write transaction.
+pub fn set_quota(
+    conn: &dyn Db,
+    producer: &str,
+    change: QuotaChange,
+    operator: &str,
+    reason: &str,
+    now_ms: i64,
+) -> StoreResult<Quota> {
+    require_producer(conn, producer)?;
+    if change.is_empty() {
+        return Err(StoreError::Invalid("quota: give --max-unsettled or --max-unsettled-bytes".into()));
+    }
+    let old = quota_of(conn, producer)?;
+    let new = Quota {
+        unsettled_max: change.unsettled_max.unwrap_or(old.unsettled_max),
+        unsettled_bytes_max: change.unsettled_bytes_max.unwrap_or(old.unsettled_bytes_max),
+    };
+    check_limit("max_unsettled", new.unsettled_max, QUOTA_UNSETTLED_MAX).map_err(StoreError::Invalid)?;
+    check_limit("max_unsettled_bytes", new.unsettled_bytes_max, QUOTA_UNSETTLED_BYTES_MAX)
+        .map_err(StoreError::Invalid)?;
+    conn.prepare_cached(
+        "INSERT INTO producer_quotas (producer, unsettled_max, unsettled_bytes_max, set_by, set_at)
+         VALUES (:p, :m, :b, :op, :now)
+         ON CONFLICT (producer) DO UPDATE SET unsettled_max = excluded.unsettled_max,
+             unsettled_bytes_max = excluded.unsettled_bytes_max, set_by = excluded.set_by, set_at = excluded.set_at",
+    )?
+    .execute(named_params! {
+        ":p": producer, ":m": to_i64(new.unsettled_max), ":b": to_i64(new.unsettled_bytes_max),
+        ":op": operator, ":now": now_ms,
+    })?;
+    let shown = |v: Option<u64>| v.map_or_else(|| "unlimited".to_string(), |v| v.to_string());
+    record_operator_event(
+        conn,
+        "producer_quota",
+        &format!(
+            "{producer}: max_unsettled {} max_unsettled_bytes {}",
+            shown(new.unsettled_max),
+            shown(new.unsettled_bytes_max)
+        ),
+        operator,
+        Some(reason),
+        now_ms,
+    )?;
+    Ok(new)
+}
 
 /// Checks one pattern: a conversation name, or a (possibly empty) name prefix and a final `*`.
 pub fn check_pattern(pattern: &str) -> Result<(), String> {
@@ -84,13 +276,7 @@ pub fn set_scope(
     reason: &str,
     now_ms: i64,
 ) -> StoreResult<Vec<String>> {
-    check_name("producer", producer).map_err(|e| StoreError::Invalid(e.to_string()))?;
-    let enrolled: bool = conn
-        .prepare_cached("SELECT EXISTS (SELECT 1 FROM certificates WHERE role = 'producer' AND name = ?1)")?
-        .query_row([producer], |r| r.get(0))?;
-    if !enrolled {
-        return Err(StoreError::NotFound(format!("no producer {producer} was ever enrolled")));
-    }
+    require_producer(conn, producer)?;
     let mut patterns: Vec<&str> = patterns.iter().map(String::as_str).collect();
     patterns.sort_unstable();
     patterns.dedup();
@@ -139,6 +325,12 @@ pub struct ProducerRow {
     pub active_certificates: i64,
     /// Its revoked certificates.
     pub revoked_certificates: i64,
+    /// Its quota (`QUOTA_DEFAULT`, unlimited, when none is stored).
+    pub quota: Quota,
+    /// Its messages not yet settled, now.
+    pub unsettled: i64,
+    /// Their payload bytes.
+    pub unsettled_bytes: i64,
 }
 
 /// Every enrolled producer with its scope and certificate counts, by name.
@@ -154,7 +346,13 @@ pub fn list(conn: &dyn Db) -> StoreResult<Vec<ProducerRow>> {
     for (name, active_certificates, revoked_certificates) in rows {
         let patterns = stored(conn, &name)?;
         let default_scope = patterns.is_empty();
+        let quota = quota_of(conn, &name)?;
+        // Counted in full for the operator's listing (read-only, off the accept's path).
+        let (unsettled, unsettled_bytes) = unsettled(conn, &name, i64::MAX)?;
         out.push(ProducerRow {
+            quota,
+            unsettled,
+            unsettled_bytes,
             conversations: if default_scope { vec![SCOPE_DEFAULT.to_string()] } else { patterns },
             default_scope,
             name,
@@ -234,6 +432,75 @@ mod tests {
         );
         set_scope(c, "prod", &["*".into()], "op", "open again", 3).unwrap();
         post(c, "prod", "anything", "k4").unwrap();
+    }
+
+    fn post_to(conn: &dyn Db, host: &str, key: &str, payload: &str) -> StoreResult<()> {
+        let msg = NewMessage {
+            producer: "prod".into(),
+            conversation: "c".into(),
+            idempotency_key: key.into(),
+            payload: payload.into(),
+            to: vec![host.into()],
+        };
+        crate::store::accept::accept_and_fan_out(
+            conn,
+            &msg,
+            Default::default(),
+            AcceptLimits { queued_per_host_max: 1000 },
+            1,
+        )
+        .map(|_| ())
+    }
+
+    /// At the bound: N unsettled messages are accepted, the next is refused naming the quota
+    /// (a replay of an accepted one is not), and once they settle the producer posts again;
+    /// the byte quota counts payload bytes the same way. Other producers are not limited.
+    #[test]
+    fn quotas_count_what_is_unsettled() {
+        let db = testing::db();
+        let c = &db.conn;
+        record_certificate(c, "aa", baton_shared::ids::Role::Producer, "prod", i64::MAX, 1).unwrap();
+        assert_eq!(quota_of(c, "prod").unwrap(), QUOTA_DEFAULT);
+        let two = QuotaChange { unsettled_max: Some(Some(2)), ..Default::default() };
+        assert_eq!(set_quota(c, "prod", two, "op", "r", 1).unwrap().unsettled_max, Some(2));
+        post_to(c, "host-a", "k1", "{}").unwrap();
+        post_to(c, "host-a", "k2", "{}").unwrap();
+        let e = post_to(c, "host-a", "k3", "{}").unwrap_err();
+        assert!(matches!(e, StoreError::OverQuota(QuotaKind::UnsettledMessages, _)), "{e}");
+        assert_eq!(e.code(), baton_shared::error::ErrorCode::QuotaUnsettledMessages);
+        post_to(c, "host-a", "k2", "{}").unwrap();
+        // Retiring host-a fails its deliveries: both messages settle, room again.
+        crate::store::operator::retire(c, "host-a", "op", "r", 2).unwrap();
+        post_to(c, "host-b", "k3", "{}").unwrap();
+
+        // Bytes: k3's `{}` (2) and 10 more fit in 12, one more byte does not; the message
+        // limit made unlimited.
+        let bytes = QuotaChange { unsettled_max: Some(None), unsettled_bytes_max: Some(Some(12)) };
+        let q = set_quota(c, "prod", bytes, "op", "r", 3).unwrap();
+        assert_eq!(q, Quota { unsettled_max: None, unsettled_bytes_max: Some(12) });
+        post_to(c, "host-b", "k4", "[1,22,333]").unwrap();
+        let rows = list(c).unwrap();
+        assert_eq!((rows[0].unsettled, rows[0].unsettled_bytes), (2, 12));
+        let e = post_to(c, "host-b", "k5", "1").unwrap_err();
+        assert!(matches!(e, StoreError::OverQuota(QuotaKind::UnsettledBytes, _)), "{e}");
+        assert!(e.to_string().contains("unsettled_bytes_max = 12"), "{e}");
+        let other = NewMessage {
+            producer: "other".into(),
+            conversation: "c".into(),
+            idempotency_key: "free".into(),
+            payload: "[1,22,333]".into(),
+            to: vec!["host-b".into()],
+        };
+        accept(c, &other, AcceptLimits { queued_per_host_max: 1000 }, 3).unwrap();
+
+        // Limits are checked before anything is stored, and the producer must exist.
+        let zero = QuotaChange { unsettled_max: Some(Some(0)), ..Default::default() };
+        assert!(matches!(set_quota(c, "prod", zero, "op", "r", 4), Err(StoreError::Invalid(_))));
+        let huge = QuotaChange { unsettled_bytes_max: Some(Some(QUOTA_UNSETTLED_BYTES_MAX + 1)), ..Default::default() };
+        assert!(matches!(set_quota(c, "prod", huge, "op", "r", 4), Err(StoreError::Invalid(_))));
+        assert!(matches!(set_quota(c, "ghost", two, "op", "r", 4), Err(StoreError::NotFound(_))));
+        assert!(matches!(set_quota(c, "prod", QuotaChange::default(), "op", "r", 4), Err(StoreError::Invalid(_))));
+        assert_eq!(quota_of(c, "prod").unwrap(), q, "nothing refused was stored");
     }
 
     #[test]

@@ -33,8 +33,11 @@ pub const TABLES: &[&str] = &[
     "attempts",
     "fences",
     "operator_events",
+    "member_families",
     "memberships",
+    "mention_grants",
     "producer_scopes",
+    "producer_quotas",
     "node_sessions",
     "redrive_requests",
     "conversation_queues",
@@ -46,7 +49,9 @@ pub const SEQUENCES: &[(&str, &str)] = &[
     ("delivery_events", "id"),
     ("fences", "id"),
     ("operator_events", "id"),
+    ("member_families", "id"),
     ("memberships", "id"),
+    ("mention_grants", "id"),
 ];
 
 /// Differences `compare` names before it stops listing.

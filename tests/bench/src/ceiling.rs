@@ -71,6 +71,8 @@ pub fn measure(dir: &Path, duration: Duration) -> anyhow::Result<Ceiling> {
             not_after_unix: i64::from(i32::MAX),
             scope: None,
             revoke_old: false,
+            reason: "benchmark".into(),
+            quota: Default::default(),
         };
         store.enroll(cycle, "bench".into()).await?;
         let single = cycle_rate(&store, "single", 1, duration).await?;

@@ -29,6 +29,8 @@ fn node(name: &str, serial: &str) -> Enrollment {
         not_after_unix: i64::from(i32::MAX),
         scope: None,
         revoke_old: false,
+        reason: "link test".into(),
+        quota: Default::default(),
     }
 }
 
