@@ -382,6 +382,16 @@ impl Hub {
         let text = self.cli_ok(args);
         serde_json::from_str(&text).unwrap_or_else(|e| panic!("CLI output is not JSON ({e}): {text}"))
     }
+    /// `status --json`, whatever it says needs attention: the counts and the attention items.
+    /// Exit 0 (nothing needs attention) and 1 (something does, or the hub is down) both answer
+    /// in full; anything else fails the test.
+    #[track_caller]
+    pub fn status_json(&self) -> Value {
+        let out = self.cli(["status", "--json"]);
+        assert!(matches!(out.status.code(), Some(0 | 1)), "status --json: {out:?}");
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("status is not JSON ({e}): {out:?}"))
+    }
+
     /// `deliveries list --json`: every delivery, oldest first.
     pub fn deliveries(&self) -> Vec<Value> {
         let v = self.cli_json(["deliveries", "list", "--json"]);

@@ -69,7 +69,15 @@ async fn status_counts_by_state_and_sigterm_shuts_down_cleanly() {
     node.report(&got[0], "r", "succeeded", 0).await.ok(201);
     hub.fence("pause", &["--host", "host-b"], "x");
 
-    let s = hub.cli_json(["status", "--json"]);
+    // A fence on a host needs an operator's attention: status names it and exits 1.
+    let out = hub.cli(["status", "--json"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (s["attention"][0]["kind"].as_str(), s["attention"][0]["subject"].as_str()),
+        (Some("fence_active"), Some("host host-b")),
+        "{s}"
+    );
     assert_eq!(s["deliveries"], json!([["claimed", 1], ["delivered", 1], ["queued", 2]]), "{s}");
     assert_eq!((s["messages"].as_i64(), s["attempts"].as_i64()), (Some(3), Some(1)));
     assert_eq!((s["hosts"].as_i64(), s["active_fences"].as_i64()), (Some(2), Some(1)));

@@ -407,7 +407,7 @@ async fn idempotent_accept_replays_conflicts_and_is_scoped_per_producer() {
     assert_eq!(all.len(), 3, "{all:?}");
     let of_first = all.iter().filter(|d| d["message_id"] == first["message_id"]).count();
     assert_eq!(of_first, 2);
-    let status = hub.cli_json(["status", "--json"]);
+    let status = hub.status_json();
     assert_eq!(status["messages"], 2);
     hub.verify_ok();
 }
@@ -436,7 +436,7 @@ async fn a_report_is_counted_once_and_a_conflicting_one_is_refused() {
     let attempts = view.ok(200)["deliveries"][0]["attempts"].as_array().unwrap().clone();
     assert_eq!(attempts.len(), 1, "counted once: {attempts:?}");
     assert_eq!((attempts[0]["outcome"].as_str(), attempts[0]["exit_code"].as_i64()), (Some("failed"), Some(3)));
-    assert_eq!(hub.cli_json(["status", "--json"])["attempts"], 1);
+    assert_eq!(hub.status_json()["attempts"], 1);
     hub.verify_ok();
 }
 

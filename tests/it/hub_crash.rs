@@ -37,7 +37,7 @@ async fn check_accept_crash(point: &str, to: &[&str]) {
     assert!(all.iter().all(|d| d["state"] == "queued"));
     let message_id = all[0]["message_id"].as_str().unwrap().to_string();
     assert!(all.iter().all(|d| d["message_id"] == message_id.as_str()), "one message: {all:?}");
-    assert_eq!(hub.cli_json(["status", "--json"])["pending_fanout"], 0);
+    assert_eq!(hub.status_json()["pending_fanout"], 0);
 
     let replay = hub.client("prod").post("/v1/messages", &body).await;
     let v = replay.ok(200);
@@ -71,7 +71,7 @@ async fn a_crash_in_the_middle_of_fan_out_keeps_nothing_and_the_retry_is_new() {
     assert!(hub.client("prod").try_post("/v1/messages", &body).await.is_err());
     assert_crashed_at(&mut hub, "hub.fanout.after_k");
     hub.serve(None);
-    let status = hub.cli_json(["status", "--json"]);
+    let status = hub.status_json();
     assert_eq!((status["messages"].as_i64(), status["pending_fanout"].as_i64()), (Some(0), Some(0)), "{status}");
     assert!(hub.deliveries().is_empty());
     let again = hub.client("prod").post("/v1/messages", &body).await;
@@ -192,7 +192,7 @@ async fn a_crash_before_the_accept_commits_keeps_nothing() {
     assert_crashed_at(&mut hub, "hub.accept.before_commit");
     hub.serve(None);
     assert!(hub.deliveries().is_empty(), "an uncommitted accept left deliveries");
-    assert_eq!(hub.cli_json(["status", "--json"])["messages"], 0);
+    assert_eq!(hub.status_json()["messages"], 0);
     // The producer's retry is a new accept.
     let again = hub.client("prod").post("/v1/messages", &body).await;
     assert_eq!(again.ok(201)["duplicate"], false);
@@ -210,14 +210,14 @@ async fn a_cli_send_that_crashes_before_fan_out_leaves_nothing_and_its_retry_is_
     let out = crate::harness::output_within(cmd, crate::harness::EVENT_WAIT);
     assert_eq!(out.status.signal(), Some(6), "the send aborted at the crash point: {out:?}");
     // Accept and fan-out are one transaction: the crash left no message and no fan-out due.
-    let status = hub.cli_json(["status", "--json"]);
+    let status = hub.status_json();
     assert_eq!((status["messages"].as_i64(), status["pending_fanout"].as_i64()), (Some(0), Some(0)), "{status}");
     assert!(hub.deliveries().is_empty());
     // The operator's retry is a new accept, fanned out in the same step.
     let again = hub.cli_json(args);
     assert_eq!(again["duplicate"], false);
     assert_eq!(again["deliveries"].as_array().unwrap().len(), 2);
-    assert_eq!(hub.cli_json(["status", "--json"])["pending_fanout"], 0);
+    assert_eq!(hub.status_json()["pending_fanout"], 0);
     assert_eq!(hub.node("host-b", "inst-b").claim(10, 0).await.len(), 1);
     hub.verify_ok();
 }

@@ -54,7 +54,7 @@ fn check(case: Case) {
     assert_eq!(all.len(), 1, "{point}: one delivery: {all:#?}");
     assert_eq!(hub.exec_log().runs_of(&id), runs, "{point}: harness runs:\n{:#?}", hub.exec_log().lines());
     // A late duplicate report (after_response) must not add an attempt either.
-    assert_eq!(hub.cli_json(["status", "--json"])["attempts"], 1, "{point}: one attempt counted");
+    assert_eq!(hub.status_json()["attempts"], 1, "{point}: one attempt counted");
     if outcome == "unknown" {
         assert!(
             node.logs().contains("reporting it unknown, not running it again"),

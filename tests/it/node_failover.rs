@@ -39,7 +39,7 @@ pub(crate) fn assert_each_once(hub: &Hub, expected: &HashMap<String, (String, St
         hub.assert_one_attempt(id, "succeeded");
     }
     assert_eq!(hub.deliveries().len(), expected.len());
-    assert_eq!(hub.cli_json(["status", "--json"])["attempts"], expected.len(), "every report counted exactly once");
+    assert_eq!(hub.status_json()["attempts"], expected.len(), "every report counted exactly once");
     let ran = hub.exec_log().lines();
     assert_eq!(ran.len(), expected.len(), "one turn per delivery");
     for r in &ran {

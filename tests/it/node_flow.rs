@@ -55,7 +55,7 @@ fn two_hosts_three_conversations_fifty_messages_run_once_each_in_order() {
         assert_eq!(hub.entered(id, "claimed"), 1, "claimed once: {id}");
         assert_eq!(hub.entered(id, "delivered"), 1, "delivered once: {id}");
     }
-    assert_eq!(hub.cli_json(["status", "--json"])["attempts"], 75, "reported once each, counted once");
+    assert_eq!(hub.status_json()["attempts"], 75, "reported once each, counted once");
 
     let ran = hub.exec_log().lines();
     assert_eq!(ran.len(), 75, "one turn per delivery: {ran:#?}");

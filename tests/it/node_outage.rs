@@ -51,7 +51,7 @@ fn hub_killed_and_restarted_mid_flight_loses_nothing_and_counts_nothing_twice() 
         hub.assert_one_attempt(id, "succeeded");
     }
     assert_eq!(hub.deliveries().len(), total);
-    assert_eq!(hub.cli_json(["status", "--json"])["attempts"], total, "every report counted exactly once");
+    assert_eq!(hub.status_json()["attempts"], total, "every report counted exactly once");
 
     let ran = hub.exec_log().lines();
     assert_eq!(ran.len(), total, "one turn per delivery");
