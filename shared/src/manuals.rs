@@ -87,7 +87,7 @@ pub fn zsh_completes(script: &str, bin: &str, line: &str) -> Option<String> {
             '\x1b' => {
                 if chars.peek() == Some(&'[') {
                     chars.next();
-                    while let Some(n) = chars.next() {
+                    for n in chars.by_ref() {
                         if n.is_ascii_alphabetic() || n == '~' {
                             break;
                         }
