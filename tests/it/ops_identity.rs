@@ -40,6 +40,12 @@ async fn a_name_has_one_role_and_renew_can_revoke_the_old_certificate() {
     let live: Vec<&Value> = after.iter().filter(|c| c["revoked"] == false).collect();
     assert_eq!((after.len(), live.len()), (3, 1), "{after:?}");
     assert!(hub.cli_ok(["certs", "list"]).contains("renewed; old certificate revoked"));
+
+    // `renew --reason` is what the audit log records for the renewal.
+    let third = hub.scratch("renew-3");
+    hub.cli_ok(["renew", "host-a", "--out", third.to_str().unwrap(), "--reason", "yearly key rotation"]);
+    let audit = hub.cli_ok(["audit", "--json"]);
+    assert!(audit.contains("yearly key rotation"), "{audit}");
 }
 
 /// `renew` of a name whose every certificate was revoked is refused (2), naming when, by whom

@@ -98,6 +98,10 @@ pub enum Command {
         /// refused (exit 2), naming the revocation, since the new certificate would be valid.
         #[arg(long)]
         force: bool,
+        /// Why; recorded in the audit log with the operator's name (default: "renewed", or
+        /// "renewed; old certificate revoked" with --revoke-old).
+        #[arg(long, conflicts_with = "server")]
+        reason: Option<String>,
     },
     /// Retire a host: no more work; its pending deliveries fail (mirrored ones become unknown)
     /// and it leaves every conversation it is a member of. Destructive: says how many
@@ -852,6 +856,7 @@ mod tests {
             vec!["baton-hub", "revoke", "host-a", "--reason", "lost laptop", "--yes"],
             vec!["baton-hub", "revoke", "host-a", "--reason", "lost laptop", "--dry-run"],
             vec!["baton-hub", "renew", "host-a", "--out", "d"],
+            vec!["baton-hub", "renew", "host-a", "--out", "d", "--reason", "key rotation"],
             vec!["baton-hub", "retire", "host-a", "--reason", "r", "--yes"],
             vec!["baton-hub", "fence", "pause", "--conversation", "c"],
             vec!["baton-hub", "fence", "hold", "--host", "h", "--reason", "r"],

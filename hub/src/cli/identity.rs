@@ -179,6 +179,8 @@ pub(super) struct RenewOptions<'a> {
     pub(super) revoke_old: bool,
     /// Renew a name whose every certificate was revoked.
     pub(super) force: bool,
+    /// Why, for the audit log (`None`: what was done, "renewed").
+    pub(super) reason: Option<&'a str>,
 }
 
 /// `renew NAME --out DIR [--revoke-old] [--force]`: a fresh certificate under the role `NAME`
@@ -187,7 +189,7 @@ pub(super) struct RenewOptions<'a> {
 /// name whose every certificate was revoked (`revoke NAME`) is refused unless `force`: a
 /// renewal would silently undo the revocation.
 pub(super) fn renew(ctx: &Context, name: &str, o: RenewOptions<'_>) -> CliResult {
-    let RenewOptions { out, days, revoke_old, force } = o;
+    let RenewOptions { out, days, revoke_old, force, reason: given } = o;
     let days = days.unwrap_or(CERT_DAYS_DEFAULT);
     let record = ctx.open_read()?;
     let roles = record.run(record.enrolled_roles(name.to_string()))?;
@@ -213,7 +215,11 @@ pub(super) fn renew(ctx: &Context, name: &str, o: RenewOptions<'_>) -> CliResult
             output::esc(why)
         )));
     }
-    let reason = if revoke_old { "renewed; old certificate revoked" } else { "renewed" };
+    let reason = match (given, revoke_old) {
+        (Some(why), _) => why,
+        (None, true) => "renewed; old certificate revoked",
+        (None, false) => "renewed",
+    };
     let quota = QuotaChange::default();
     let revoked = enroll_as(
         ctx,

@@ -342,11 +342,17 @@ pub fn run(cli: &Cli) -> CliResult {
         Command::Serve { .. } => Err(CliError::failure("serve is run above")),
         Command::Init { hostnames, ca_from } => identity::init(&ctx, hostnames, ca_from.as_deref()),
         Command::Enroll(e) => identity::enroll_cmd(&ctx, e),
-        Command::Renew { name, server, out, days, revoke_old, force } => match (name, out) {
+        Command::Renew { name, server, out, days, revoke_old, force, reason } => match (name, out) {
             (Some(name), Some(out)) if !*server => identity::renew(
                 &ctx,
                 name,
-                identity::RenewOptions { out, days: *days, revoke_old: *revoke_old, force: *force },
+                identity::RenewOptions {
+                    out,
+                    days: *days,
+                    revoke_old: *revoke_old,
+                    force: *force,
+                    reason: reason.as_deref(),
+                },
             ),
             _ if *server => identity::renew_server(&ctx, *days),
             _ => Err(CliError::usage("renew takes NAME --out DIR, or --server")),
