@@ -41,6 +41,12 @@ async fn a_name_has_one_role_and_renew_can_revoke_the_old_certificate() {
     assert_eq!((after.len(), live.len()), (3, 1), "{after:?}");
     assert!(hub.cli_ok(["certs", "list"]).contains("renewed; old certificate revoked"));
 
+    // Enrolling the name again works, and warns that the old certificate stays valid.
+    let twice = hub.cli(["enroll", "node", "host-a", "--out", hub.scratch("enroll-again").to_str().unwrap()]);
+    let said = String::from_utf8_lossy(&twice.stderr);
+    assert!(twice.status.success(), "{said}");
+    assert!(said.contains("warning: node host-a is already enrolled") && said.contains("--revoke-old"), "{said}");
+
     // `renew --reason` is what the audit log records for the renewal.
     let third = hub.scratch("renew-3");
     hub.cli_ok(["renew", "host-a", "--out", third.to_str().unwrap(), "--reason", "yearly key rotation"]);

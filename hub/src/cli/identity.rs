@@ -373,6 +373,24 @@ fn enroll_as(ctx: &Context, e: Enrollment<'_>, done: &str) -> Result<Vec<String>
         return Err(CliError::usage(format!("--days {days} is out of range; allowed 1..={CERT_DAYS_MAX}")));
     }
     let record = ctx.open_write()?;
+    if done == "enrolled" {
+        // Enrolling a name again is allowed (a lost key), but the old certificate stays valid
+        // beside the new one: say so, and how to end it.
+        let now_unix = ctx.now_ms() / 1000;
+        let live: Vec<String> = record
+            .run(record.certificates())?
+            .into_iter()
+            .filter(|c| c.role == role && c.name == name && c.revoked.is_none() && c.not_after_unix > now_unix)
+            .map(|c| c.serial)
+            .collect();
+        if !live.is_empty() {
+            eprintln!(
+                "warning: {role} {name} is already enrolled (certificate {}); the new certificate works beside it until \
+                 that one is revoked (revoke SERIAL) or expires; `renew {name} --revoke-old` replaces it in one step",
+                live.join(", ")
+            );
+        }
+    }
     let dir = &ctx.dir;
     let (ca_cert, ca_key) = super::ca::issuing_ca(dir)?;
     let lifetime = Duration::from_secs(u64::from(days) * 24 * 3600);
