@@ -1,5 +1,9 @@
 //! The command line, defined once: every command, flag and help text (clap derive; doc
 //! comments are the help). Nothing here does work; `cli::run` dispatches the parsed `Cli`.
+//!
+//! Why one file over 700 lines: it is the whole command line in one place, read top to bottom
+//! as `--help` is; the argument structs that other files own (`turns`, `confirm`) are the start
+//! of splitting it by command, which goes with the CLI's import circle.
 
 use crate::config::Flags;
 use crate::datadir::{DATA_DIR_DEFAULT, DATA_DIR_ENV};

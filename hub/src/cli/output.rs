@@ -2,6 +2,10 @@
 //! one-line answers of changing commands. The JSON field names are a public contract (scripts
 //! and the tests read them); store rows do not derive `Serialize`, so each shape is built here,
 //! explicitly.
+//!
+//! Why one file over 700 lines: every byte a command writes to stdout, with one escaping rule
+//! (`esc`) and one table layout; splitting it by command (identities, deliveries, fleet) waits
+//! on the CLI's import circle, which ties its view types to `inspect` and `ca`.
 
 use super::inspect::{Attention, StoreSize};
 use super::{CliError, CliResult};

@@ -6,6 +6,10 @@
 //! checks the `baton-session` header), `producer` (accept, read and cancel), `batch` (many
 //! submits, holder steps or reports per request, answered per item), `health` (healthz,
 //! readyz, metrics).
+//!
+//! Why one file over 700 lines: beside the router it holds the hub's runtime state (`Shared`,
+//! `Work`, `TurnState`) that `metrics` and the role modules read; that state is to move to a
+//! module of its own, which also ends the `metrics` ⇄ `http` import.
 
 mod batch;
 pub mod certs;

@@ -14,6 +14,10 @@
 //!
 //! Invariant: an operation that composes several steps (a session check, then the step; a
 //! claim, then its cancel notices) runs them in one transaction, as one method.
+//!
+//! Why one file over 700 lines: one forwarding method per operation, an arm per backend. It is
+//! to go: each operation's `impl Store` method belongs at the top of its own module, above its
+//! synchronous body, with every backend difference in one engine folder.
 
 use super::accept::{self, AcceptLimits, Accepted, NewMessage, RetryPolicy};
 use super::claim::{self, Claimant, RebindLimit};

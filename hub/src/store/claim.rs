@@ -35,6 +35,11 @@
 //! Invariant: a host has at most one bound node instance. A claim from another instance is
 //! refused (`InstanceConflict`) while the bound one still holds anything; once it holds
 //! nothing, the new instance takes the binding (recorded as an operator-visible event).
+//!
+//! Why one file over 700 lines: the claim's transaction (fences, order, the retry barrier,
+//! fairness, instance binding, several hubs at once) and the holder's steps after it share
+//! their guards and row readers; the handoff steps (`mirrored`, `ack`, `handoff`, `reject`) are
+//! the part to move out when the store's modules are grouped by concern.
 
 use super::db::{Db, Dialect, Row};
 use super::fences::{self, ClaimScan, Fence, FenceKind};
