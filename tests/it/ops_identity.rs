@@ -128,7 +128,11 @@ async fn audit_reads_operator_and_hub_actions_with_who_and_why() {
         paged.extend(page.as_array().unwrap().iter().cloned());
         let stderr = String::from_utf8_lossy(&out.stderr).to_string();
         match stderr.split("next page: --after ").nth(1) {
-            Some(cursor) => after = Some(cursor.trim().to_string()),
+            Some(cursor) => {
+                let last = page.as_array().unwrap().last().unwrap();
+                assert_eq!(last["cursor"], cursor.trim(), "the JSON carries the next page's cursor: {last}");
+                after = Some(cursor.trim().to_string());
+            }
             None => break,
         }
     }

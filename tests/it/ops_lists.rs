@@ -14,6 +14,11 @@ fn page(hub: &Hub, args: &[&str]) -> (Vec<String>, Option<String>) {
     let ids = rows.as_array().unwrap().iter().map(|d| d["delivery_id"].as_str().unwrap().to_string()).collect();
     let stderr = String::from_utf8_lossy(&out.stderr);
     let cursor = stderr.split("--after ").nth(1).map(|c| c.trim().to_string());
+    // The cursor is in the JSON too: the last row's is the next page's.
+    if let Some(c) = &cursor {
+        let last = rows.as_array().unwrap().last().unwrap();
+        assert_eq!(last["cursor"].to_string(), *c, "{all:?}: {last}");
+    }
     (ids, cursor)
 }
 
@@ -93,6 +98,32 @@ async fn ids_are_taken_by_unique_prefix_and_an_ambiguous_one_lists_the_matches()
         assert!(stderr.contains(&a) && stderr.contains(&b), "the matches are listed: {stderr}");
     }
     assert_eq!(hub.cli(["deliveries", "show", "zzzz"]).status.code(), Some(1));
+
+    // A table shows each id as its shortest unique prefix (at least 8 characters), which every
+    // command taking an id accepts; --wide shows it whole.
+    let table = |wide: bool| {
+        let mut args = vec!["deliveries", "list", "--oldest"];
+        if wide {
+            args.push("--wide");
+        }
+        let out = hub.cli(&args);
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .skip(1)
+            .map(|l| l.split_whitespace().next().unwrap().to_string())
+            .collect::<Vec<_>>()
+    };
+    let short = table(false);
+    assert_eq!(short.len(), 2, "{short:?}");
+    for (s, full) in short.iter().zip([&a, &b]) {
+        assert!(s.len() >= 8 && s.len() < full.len() && full.starts_with(s.as_str()), "{s} of {full}");
+        assert!(s.len() > common, "{s} is unique: longer than the {common} characters the two share");
+        let shown = hub.cli_json(["deliveries", "show", s, "--json"]);
+        assert_eq!(shown["delivery"]["delivery_id"], full.as_str());
+    }
+    assert_eq!(table(true), [a.clone(), b.clone()]);
+
     hub.cli_ok(["deliveries", "cancel", unique, "--reason", "by prefix"]);
     assert_eq!(hub.state(&a), "failed");
 }
@@ -164,4 +195,34 @@ fn outcome_failed_is_one_set_in_the_list_its_filter_and_redrive() {
         would["deliveries"].as_array().unwrap().iter().map(|d| d.as_str().unwrap().to_string()).collect();
     redriven.sort();
     assert_eq!(redriven, expected, "{would}");
+
+    // --since takes a duration ago, RFC 3339, or unix milliseconds; a bad one names the forms.
+    let selected = |since: &str| {
+        let out = hub.cli(["redrive", "--outcome", "failed", "--since", since, "--dry-run", "--json"]);
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        let mut ids: Vec<String> = v["deliveries"]
+            .as_array()
+            .map(|a| a.iter().map(|d| d.as_str().unwrap().to_string()).collect())
+            .unwrap_or_default();
+        ids.sort();
+        (out.status.code(), ids)
+    };
+    assert_eq!(selected("1h"), (Some(0), expected.clone()));
+    assert_eq!(selected("2001-01-01T00:00:00Z"), (Some(0), expected.clone()));
+    assert_eq!(selected("978307200000"), (Some(0), expected.clone()));
+    assert_eq!(selected("2999-01-01T00:00:00Z"), (Some(1), vec![]), "nothing ended after then");
+    let out = hub.cli(["redrive", "--outcome", "failed", "--since", "someday", "--dry-run"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--since") && stderr.contains("duration ago"), "{stderr}");
+
+    // A repeat by request id of a redrive given a duration is the same request, though "1h"
+    // names a later moment the second time.
+    let run = ["redrive", "--outcome", "failed", "--since", "1h", "--request-id", "r-1", "--reason", "again", "--json"];
+    let first = hub.cli_json(run);
+    assert_eq!(first["repeat"], false, "{first}");
+    let again = hub.cli_json(run);
+    assert_eq!((again["repeat"].clone(), again["redriven"].clone()), (Value::Bool(true), Value::from(2)), "{again}");
+    let out = hub.cli(["redrive", "--outcome", "failed", "--since", "2h", "--request-id", "r-1", "--reason", "again"]);
+    assert_eq!(out.status.code(), Some(2), "another duration is another selection: {out:?}");
 }

@@ -709,10 +709,15 @@ pub enum HeldCmd {
         /// At most this many (a page).
         #[arg(long, default_value_t = 1000)]
         limit: u32,
-        /// The next page: the cursor printed after the previous one.
+        /// The next page: the cursor printed after the previous one (in JSON, the last row's
+        /// `cursor`).
         #[arg(long, value_name = "CURSOR")]
         after: Option<i64>,
-        /// Print JSON.
+        /// Show delivery ids whole (a table shows the shortest unique prefix, at least 8
+        /// characters, which every command taking an id accepts).
+        #[arg(long)]
+        wide: bool,
+        /// Print JSON (ids whole; each row with its `cursor`).
         #[arg(long)]
         json: bool,
     },
@@ -772,10 +777,15 @@ pub enum DeliveriesCmd {
         /// At most this many (a page).
         #[arg(long, default_value_t = 1000)]
         limit: u32,
-        /// The next page: the cursor printed after the previous one.
+        /// The next page: the cursor printed after the previous one (in JSON, the last row's
+        /// `cursor`).
         #[arg(long, value_name = "CURSOR")]
         after: Option<i64>,
-        /// Print JSON.
+        /// Show delivery ids whole (a table shows the shortest unique prefix, at least 8
+        /// characters, which every command taking an id accepts).
+        #[arg(long)]
+        wide: bool,
+        /// Print JSON (ids whole; each row with its `cursor`).
         #[arg(long)]
         json: bool,
     },

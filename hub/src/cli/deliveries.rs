@@ -53,17 +53,35 @@ pub(super) fn resolve_id(record: &Record, prefix: &str) -> Result<String, CliErr
 }
 
 /// A moment from `--since`/`--until`: a time, or a duration meaning that long before now.
-fn moment_ms(ctx: &Context, flag: &str, text: &str) -> Result<i64, CliError> {
+pub(super) fn moment_ms(ctx: &Context, flag: &str, text: &str) -> Result<i64, CliError> {
     if let Ok(ago) = duration::parse(flag, text) {
         return Ok(ctx.now_ms().saturating_sub(i64::try_from(ago.as_millis()).unwrap_or(i64::MAX)));
     }
-    duration::parse_time_ms(flag, text).map_err(CliError::usage)
+    duration::parse_time_ms(flag, text).map_err(|_| {
+        CliError::usage(format!(
+            "{flag} {}: neither a time (UTC \"2026-05-01 12:00:00\", RFC 3339 \"2026-05-01T12:00:00Z\") nor a \
+             duration ago (\"2h\", \"30m\")",
+            output::esc(text)
+        ))
+    })
 }
 
 /// `deliveries list`: one page, its cursor on stderr when more remain.
 fn list(ctx: &Context, d: &DeliveriesCmd) -> CliResult {
-    let DeliveriesCmd::List { state, outcome, host, conversation, since, until, newest, oldest, limit, after, json } =
-        d
+    let DeliveriesCmd::List {
+        state,
+        outcome,
+        host,
+        conversation,
+        since,
+        until,
+        newest,
+        oldest,
+        limit,
+        after,
+        wide,
+        json,
+    } = d
     else {
         return Err(CliError::failure("not a list command"));
     };
@@ -99,7 +117,8 @@ fn list(ctx: &Context, d: &DeliveriesCmd) -> CliResult {
         limit: *limit,
     };
     let record = ctx.open_read()?;
-    let (rows, next) = record.run(record.deliveries_page(q, ctx.now_ms(), silence_warn_ms(ctx)?))?;
+    let short = !*json && !*wide;
+    let (rows, next) = record.run(record.deliveries_page(q, ctx.now_ms(), silence_warn_ms(ctx)?, short))?;
     output::deliveries(&rows, *json)?;
     match next {
         Some(next) => output::next_page(if newest { "--newest" } else { "--oldest" }, next),
@@ -110,7 +129,7 @@ fn list(ctx: &Context, d: &DeliveriesCmd) -> CliResult {
 /// Runs one `held` subcommand.
 pub(super) fn held(ctx: &Context, h: &HeldCmd) -> CliResult {
     match h {
-        HeldCmd::List { conversation, limit, after, json } => {
+        HeldCmd::List { conversation, limit, after, wide, json } => {
             let q = ListQuery {
                 state: Some(DeliveryState::Held),
                 conversation: conversation.clone(),
@@ -119,7 +138,8 @@ pub(super) fn held(ctx: &Context, h: &HeldCmd) -> CliResult {
                 ..Default::default()
             };
             let record = ctx.open_read()?;
-            let (rows, next) = record.run(record.deliveries_page(q, ctx.now_ms(), silence_warn_ms(ctx)?))?;
+            let short = !*json && !*wide;
+            let (rows, next) = record.run(record.deliveries_page(q, ctx.now_ms(), silence_warn_ms(ctx)?, short))?;
             output::deliveries(&rows, *json)?;
             match next {
                 Some(next) => output::next_page("", next),

@@ -10,10 +10,11 @@
 use super::inspect::{Attention, StoreSize};
 use super::{CliError, CliResult};
 use crate::lock::Holder;
-use crate::store::audit::AuditEntry;
-use crate::store::explain::{self, Behind, Explanation, FenceHold, Liveness, Reason};
+use crate::store::audit::{AuditCursor, AuditEntry};
+use crate::store::explain::{self, Behind, Explanation, FenceHold, Liveness};
 use crate::store::fences::FenceRow;
 use crate::store::fleet::{CertRow, HostDetail, HostEvent, HostRow, HostState, SessionRow};
+use crate::store::listing::Listed;
 use crate::store::members::{ConversationMembers, IntervalRow};
 use crate::store::producers::ProducerRow;
 use crate::store::read::{DeliveryDetail, DeliveryRow, StatusView};
@@ -330,24 +331,20 @@ fn delivery_json(r: &DeliveryRow) -> Value {
     })
 }
 
-/// One listed delivery with the one-line reason of a row that is not final.
-pub(super) type ListedDelivery = (DeliveryRow, Option<Reason>);
-
-/// `deliveries list` and `held list`: a table, or JSON (each `delivery_json` shape plus
-/// `reason_code` and `stored_reason`). For a row that is not final, `reason` is why it is
-/// where it is (`deliveries explain` in one line); for a final one, the stored reason it ended
-/// with. `stored_reason` is always the stored one.
-pub(super) fn deliveries(rows: &[ListedDelivery], as_json: bool) -> CliResult {
+/// Listed deliveries: each row that is not final with its one-line reason; in JSON each with
+/// its `cursor` (the `--after` of the page after it), in a table with its short id.
+pub(super) fn deliveries(rows: &[Listed], as_json: bool) -> CliResult {
     if as_json {
         let rows = rows
             .iter()
-            .map(|(r, why)| {
-                let mut v = delivery_json(r);
-                v["stored_reason"] = json!(r.reason);
-                v["reason_code"] = json!(why.as_ref().map(|w| w.code));
-                if let Some(w) = why {
+            .map(|l| {
+                let mut v = delivery_json(&l.row);
+                v["stored_reason"] = json!(l.row.reason);
+                v["reason_code"] = json!(l.why.as_ref().map(|w| w.code));
+                if let Some(w) = &l.why {
                     v["reason"] = json!(w.text);
                 }
+                v["cursor"] = json!(l.cursor);
                 v
             })
             .collect();
@@ -355,16 +352,17 @@ pub(super) fn deliveries(rows: &[ListedDelivery], as_json: bool) -> CliResult {
     }
     let rows: Vec<Vec<String>> = rows
         .iter()
-        .map(|(r, why)| {
+        .map(|l| {
+            let r = &l.row;
             vec![
-                r.delivery_id.clone(),
+                l.short_id.clone().unwrap_or_else(|| r.delivery_id.clone()),
                 r.host.clone(),
                 r.conversation.clone(),
                 r.seq.to_string(),
                 r.state.to_string(),
                 r.outcome.map(|o| o.to_string()).unwrap_or_else(|| "-".into()),
                 fmt_ms(r.updated_at_ms),
-                why.as_ref().map(|w| w.text.clone()).or_else(|| r.reason.clone()).unwrap_or_default(),
+                l.why.as_ref().map(|w| w.text.clone()).or_else(|| r.reason.clone()).unwrap_or_default(),
             ]
         })
         .collect();
@@ -574,6 +572,7 @@ pub(super) fn audit(rows: &[AuditEntry], as_json: bool) -> CliResult {
                     "actor_kind": e.actor_kind.as_str(),
                     "actor": e.actor,
                     "reason": e.reason,
+                    "cursor": AuditCursor::after(e).to_string(),
                 })
             })
             .collect();

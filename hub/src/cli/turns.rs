@@ -5,9 +5,9 @@ use super::confirm::{self, Decision};
 use super::{CliError, CliResult, Context, Record, output};
 use crate::store::api::{By, CancelOf};
 use crate::store::turns::{self, RedriveFilter};
-use baton_shared::exit;
 use baton_shared::limits::REASON_CHARS_MAX;
 use baton_shared::wire::CancelResult;
+use baton_shared::{duration, exit};
 use serde_json::json;
 
 /// `deliveries cancel ID | --conversation C | --host H --reason R [--dry-run]`.
@@ -56,9 +56,11 @@ pub struct RedriveArgs {
     /// Only this host.
     #[arg(long)]
     pub host: Option<String>,
-    /// Only deliveries that ended at or after this time (unix milliseconds).
-    #[arg(long)]
-    pub since: Option<i64>,
+    /// Only deliveries that ended at or after this time: UTC ("2026-05-01 12:00:00"), RFC 3339,
+    /// a duration ago ("2h", "30m"), or unix milliseconds. A repeat by --request-id of a
+    /// redrive given a duration compares the duration, not the moment it meant.
+    #[arg(long, value_name = "TIME")]
+    pub since: Option<String>,
     /// At most this many in all.
     #[arg(long)]
     pub limit: Option<u32>,
@@ -159,10 +161,18 @@ pub(super) fn retry(ctx: &Context, a: &RetryArgs) -> CliResult {
 /// the ones it was first run with (`recorded`, the JSON `record_redrive` kept): it would
 /// change nothing, and exiting 0 would say the other selection was re-run.
 fn check_same_filter(request_id: &str, recorded: &str, filter: &RedriveFilter) -> CliResult {
-    let given = serde_json::to_value(filter).map_err(|e| CliError::failure(e.to_string()))?;
-    let first: serde_json::Value = serde_json::from_str(recorded).map_err(|e| {
+    let mut given = serde_json::to_value(filter).map_err(|e| CliError::failure(e.to_string()))?;
+    let mut first: serde_json::Value = serde_json::from_str(recorded).map_err(|e| {
         CliError::failure(format!("redrive request {request_id}: its recorded filters do not parse: {e}"))
     })?;
+    // The same duration ago, given twice, names two moments: the request is the same one.
+    if let (Some(a), Some(b)) = (first.get("since_ago"), given.get("since_ago"))
+        && a == b
+        && let (Some(f), Some(g)) = (first.as_object_mut(), given.as_object_mut())
+    {
+        f.remove("since_ms");
+        g.remove("since_ms");
+    }
     if first == given {
         return Ok(());
     }
@@ -174,6 +184,20 @@ fn check_same_filter(request_id: &str, recorded: &str, filter: &RedriveFilter) -
     )))
 }
 
+/// `redrive --since`: unix milliseconds (digits alone, as before), a duration ago (returned
+/// with its text, for the idempotency check), or a time.
+fn since_moment(ctx: &Context, text: &str) -> Result<(i64, Option<String>), CliError> {
+    let text = text.trim();
+    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+        let ms = text.parse().map_err(|_| CliError::usage(format!("--since {text:?}: too large")))?;
+        return Ok((ms, None));
+    }
+    if duration::parse("--since", text).is_ok() {
+        return Ok((super::deliveries::moment_ms(ctx, "--since", text)?, Some(text.to_string())));
+    }
+    Ok((super::deliveries::moment_ms(ctx, "--since", text)?, None))
+}
+
 /// Runs `redrive`: in transactions of at most `limits.redrive_batch_max` deliveries each.
 pub(super) fn redrive(ctx: &Context, a: &RedriveArgs) -> CliResult {
     if !matches!(a.outcome.as_str(), "failed" | "unknown" | "cancelled") {
@@ -183,11 +207,19 @@ pub(super) fn redrive(ctx: &Context, a: &RedriveArgs) -> CliResult {
         return Err(CliError::usage("--limit must be at least 1"));
     }
     let batch_max = ctx.config(None)?.limits.redrive_batch_max;
+    let (since_ms, since_ago) = match a.since.as_deref() {
+        None => (None, None),
+        Some(text) => {
+            let (ms, ago) = since_moment(ctx, text)?;
+            (Some(ms), ago)
+        }
+    };
     let filter = RedriveFilter {
         outcome: a.outcome.clone(),
         conversation: a.conversation.clone(),
         host: a.host.clone(),
-        since_ms: a.since,
+        since_ms,
+        since_ago,
         limit: a.limit,
     };
     let reason = if a.filtered() { a.why.text() } else { a.why.required("redrive without a filter")? };

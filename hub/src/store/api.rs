@@ -1477,23 +1477,25 @@ impl Store {
         }
     }
 
-    /// One page of deliveries, each that is not final with its one-line reason at `now_ms`, and
-    /// the cursor of the next page.
+    /// One page of deliveries, each that is not final with its one-line reason at `now_ms`
+    /// (and, with `short_ids`, its shortest unique id prefix), and the cursor of the next page.
     pub async fn deliveries_page(
         &self,
         q: listing::ListQuery,
         now_ms: i64,
         silence_warn_ms: i64,
-    ) -> StoreResult<(Vec<(DeliveryRow, Option<explain::Reason>)>, Option<i64>)> {
+        short_ids: bool,
+    ) -> StoreResult<(Vec<listing::Listed>, Option<i64>)> {
         match &self.backend {
             Backend::Sqlite(s) | Backend::Postgres(s) => {
                 s.read(move |c| {
                     let page = listing::page(c, &q)?;
                     let mut explainer = explain::Explainer::new(c, now_ms, silence_warn_ms)?;
                     let mut listed = Vec::with_capacity(page.rows.len());
-                    for r in page.rows {
-                        let why = explainer.reason(&r)?;
-                        listed.push((r, why));
+                    for (row, cursor) in page.rows.into_iter().zip(page.cursors) {
+                        let why = explainer.reason(&row)?;
+                        let short_id = if short_ids { Some(listing::short_id(c, &row.delivery_id)?) } else { None };
+                        listed.push(listing::Listed { row, why, cursor, short_id });
                     }
                     Ok((listed, page.next))
                 })

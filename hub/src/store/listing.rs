@@ -36,11 +36,26 @@ pub struct ListQuery {
     pub limit: u32,
 }
 
+/// A listed delivery, as `deliveries list` and `held list` show it.
+#[derive(Debug, Clone)]
+pub struct Listed {
+    /// The delivery.
+    pub row: DeliveryRow,
+    /// Why a delivery that is not final is where it is (`deliveries explain`'s one line).
+    pub why: Option<super::explain::Reason>,
+    /// The cursor (`--after`) of the page that continues after this row.
+    pub cursor: i64,
+    /// The shortest unique prefix of its id (`short_id`), when the listing asked for it.
+    pub short_id: Option<String>,
+}
+
 /// One page of a listing.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Page {
     /// The rows, in the asked order.
     pub rows: Vec<DeliveryRow>,
+    /// Each row's position: the cursor (`--after`) of the page that continues after it.
+    pub cursors: Vec<i64>,
     /// The cursor of the next page (`--after`), when more rows remain.
     pub next: Option<i64>,
 }
@@ -79,7 +94,8 @@ pub fn page(conn: &dyn Db, q: &ListQuery) -> StoreResult<Page> {
     let more = rows.len() > q.limit as usize;
     rows.truncate(q.limit as usize);
     let next = if more { rows.last().map(|(_, n)| *n) } else { None };
-    Ok(Page { rows: rows.into_iter().map(|(r, _)| r).collect(), next })
+    let (rows, cursors) = rows.into_iter().unzip();
+    Ok(Page { rows, cursors, next })
 }
 
 /// What an id prefix names.
@@ -91,6 +107,47 @@ pub enum Resolved {
     Nothing,
     /// Several: the first `PREFIX_MATCHES_SHOWN_MAX` of them, in id order.
     Many(Vec<String>),
+}
+
+/// The fewest characters a delivery id is shown with in a table (`--wide` shows it whole).
+pub const SHORT_ID_CHARS_MIN: usize = 8;
+
+/// How many deliveries have an id starting with `prefix` (0, 1, or 2 meaning "several").
+fn ids_starting_with(conn: &dyn Db, prefix: &str) -> StoreResult<usize> {
+    // As in `resolve_delivery`: GLOB is SQLite's indexed prefix match; the prefix is a piece
+    // of a stored id, so it holds no GLOB metacharacter.
+    let (sql, pattern) = match conn.dialect() {
+        Dialect::Sqlite => {
+            ("SELECT count(*) FROM (SELECT 1 FROM deliveries WHERE id GLOB ?1 LIMIT 2)", format!("{prefix}*"))
+        }
+        Dialect::Postgres => (
+            "SELECT count(*) FROM (SELECT 1 FROM deliveries WHERE id >= ?1 AND starts_with(id, ?1) LIMIT 2) AS m",
+            prefix.to_string(),
+        ),
+    };
+    let n: i64 = conn.prepare_cached(sql)?.query_row([pattern], |r| r.get(0))?;
+    Ok(usize::try_from(n).unwrap_or(2))
+}
+
+/// The shortest prefix of `id`, at least `SHORT_ID_CHARS_MIN` characters, that names it alone
+/// in the record now: what every command taking a delivery id accepts. Ids made in one
+/// millisecond share their first 13 characters (the time), so it is often longer than the
+/// minimum; it is never longer than the id.
+pub fn short_id(conn: &dyn Db, id: &str) -> StoreResult<String> {
+    if id.len() <= SHORT_ID_CHARS_MIN || !id.is_ascii() {
+        return Ok(id.to_string());
+    }
+    // Fewer ids share a longer prefix, so the shortest unique one is found by halving.
+    let (mut lo, mut hi) = (SHORT_ID_CHARS_MIN, id.len());
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if ids_starting_with(conn, &id[..mid])? <= 1 {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    Ok(id[..lo].to_string())
 }
 
 /// Finds the delivery an id or a unique prefix of one names. A prefix may hold only the
@@ -171,6 +228,40 @@ mod tests {
         assert_eq!((exact.rows.len(), exact.next), (5, None), "a page that holds the rest has no cursor");
         let none = page(c, &ListQuery { limit: 5, outcome: Some(Outcome::Failed), ..Default::default() }).unwrap();
         assert!(none.rows.is_empty());
+        assert_eq!(exact.cursors.len(), 5);
+        let after_second =
+            page(c, &ListQuery { limit: 5, after: Some(exact.cursors[1]), ..Default::default() }).unwrap();
+        assert_eq!(after_second.rows, exact.rows[2..], "a row's cursor continues after it");
+    }
+
+    #[test]
+    fn a_short_id_is_the_shortest_unique_prefix_of_at_least_eight_characters() {
+        let db = testing::db();
+        let c = &db.conn;
+        // Ids made in one millisecond share their time: a burst makes long common prefixes.
+        for i in 0..40 {
+            accept_one(c, "c", &format!("k{i}"), &["host-a", "host-b"]);
+        }
+        let ids: Vec<String> = c
+            .prepare("SELECT id FROM deliveries")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let mut longest = 0;
+        for id in &ids {
+            let short = short_id(c, id).unwrap();
+            assert!(id.starts_with(&short) && short.len() >= SHORT_ID_CHARS_MIN, "{short} of {id}");
+            assert_eq!(resolve_delivery(c, &short).unwrap(), Resolved::One(id.clone()), "{short} names {id} alone");
+            if short.len() > SHORT_ID_CHARS_MIN {
+                let shorter = &id[..short.len() - 1];
+                assert!(ids.iter().filter(|o| o.starts_with(shorter)).count() > 1, "{shorter} was already unique");
+            }
+            longest = longest.max(short.len());
+        }
+        assert!(longest < ids[0].len(), "shorter than a whole id: {longest}");
+        assert_eq!(short_id(c, "short").unwrap(), "short");
     }
 
     #[test]

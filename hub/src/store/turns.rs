@@ -425,6 +425,10 @@ pub struct RedriveFilter {
     pub host: Option<String>,
     /// Only deliveries that ended at or after this time (unix ms).
     pub since_ms: Option<i64>,
+    /// `--since` as given when it was a duration ago (`2h`): a repeat of the same request
+    /// resolves it to another moment, so the idempotency check compares this text instead.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub since_ago: Option<String>,
     /// At most this many in all.
     pub limit: Option<u32>,
 }
