@@ -20,8 +20,10 @@
 //! - `housekeeping`: background tasks beside `server`'s (the audit log's retention sweep,
 //!   `requeue_silent_after`).
 //! - `wake`: the local socket through which CLI changes wake waiting long-polls.
+//! - `attention`: what needs an operator's attention, for `status` and the status page alike.
 //! - `cli`: the operator commands: arguments, output, and the commands by job.
 
+pub mod attention;
 pub mod cli;
 pub mod config;
 pub mod datadir;

@@ -213,7 +213,14 @@ pub async fn start(
     tracing::info!(addr = %addr, "operator listener: /healthz, /readyz, /metrics and the status page");
     let app = router(
         shared,
-        status_page::PageConfig { host_silence_warn: config.host_silence_warn },
+        status_page::PageConfig {
+            host_silence_warn: config.host_silence_warn,
+            store_bytes_max: config.limits.store_bytes_max,
+            dir: dir.clone(),
+            // Failure reasons are shown by default only where nobody but the machine reaches.
+            reasons: config.status_page_reasons.unwrap_or(addr.ip().is_loopback()),
+            rates: Default::default(),
+        },
         Hosts::new(addr.ip(), config.operator_hosts.clone()),
     );
     let conns = Arc::new(Conns::new(config.operator_connections_per_peer_max, OPERATOR_CONNECTIONS_MAX));

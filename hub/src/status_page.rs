@@ -1,44 +1,68 @@
 //! The status page on the operator listener: server-rendered HTML that refreshes itself (no
-//! script at all), read-only. `/` (also `/status`) shows the backlog per host and per
-//! conversation with the oldest waiting age, active fences with who, why and until, hosts with
-//! their last contact (silent ones flagged against `host_silence_warn`), and the recent
-//! deliveries that failed or ended `unknown`; each delivery links to
-//! `/status/deliveries/ID`, its event history and attempts.
+//! script at all), read-only. `/` (also `/status`) shows, top first: a search box (`?q=`: a
+//! delivery id or a prefix of one, a message id, a conversation or a host), what needs
+//! attention (`attention`, exactly what `baton-hub status` flags), the counts by state and by
+//! outcome, messages, deliveries and outcomes per minute over the last hour, the turns running
+//! with their age, hosts with their last contact (silent ones flagged against
+//! `host_silence_warn`) and their backlog (marked paused or held under a fence), the backlog
+//! per conversation, active fences with who, why and until, and the recent deliveries that
+//! failed or ended `unknown`; each delivery links to `/status/deliveries/ID`, its event
+//! history and attempts. Colour marks unknown, failed, held, paused and silent, always with
+//! the word beside it.
 //!
-//! Invariant: no certificate guards this page, so it shows no harness result and no
-//! delivery, event or attempt reason (a harness's or a producer's text, which may hold what the
-//! work was about): states, outcomes, exit statuses and times only. `baton-hub deliveries show`
-//! and `explain` show the rest to an operator on the hub's machine. Fence reasons, which
-//! operators write for each other, are shown.
+//! Invariant: no certificate guards this page, so it never shows a harness's result (what the
+//! work produced). Failure reasons (the delivery's and its run's, which may say what the work
+//! was about) are shown only as `status_page_reasons` says: by default while the listener is
+//! bound to loopback, which only the machine itself reaches. Fence reasons, which operators
+//! write for each other, are always shown.
 //!
 //! Invariant: every stored text reaches the page through `esc` (HTML-escaped, control
-//! characters replaced), and every id in a link through `url_segment`.
+//! characters replaced), and every id in a link or a form through `url_segment` or `esc`.
 
+use crate::attention::{self, Attention};
+use crate::datadir::DataDir;
 use crate::http::AppState;
 use crate::store::StoreError;
 pub use crate::store::api::Overview;
-use crate::store::fences::FenceRow;
-use crate::store::overview::{self, ConversationBacklog};
+use crate::store::fences::{FenceKind, FenceRow, FenceScope};
+use crate::store::overview::{self, ConversationBacklog, Rates, RunningTurn, Trouble};
 use crate::store::read::{DeliveryDetail, DeliveryRow};
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Extension, Router};
 use baton_shared::duration::human_ms;
+use baton_shared::states::{DeliveryState, Outcome};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// How often the page reloads itself.
 pub const PAGE_REFRESH_SECS: u32 = 10;
 /// Longest stored text (a fence reason, a name) shown whole; longer ones are cut and marked.
 pub const TEXT_SHOWN_CHARS_MAX: usize = 2000;
+/// Longest failure reason shown in the failures table (the delivery's page shows it whole).
+pub const REASON_SHOWN_CHARS_MAX: usize = 300;
+/// How long the per-minute rates are kept before they are read again: the outcomes come from a
+/// scan of the attempts, which a page reloading every few seconds must not repeat each time.
+pub const RATES_REFRESH: Duration = Duration::from_secs(60);
+/// Longest search text taken; a longer `q` is refused with 400.
+pub const SEARCH_CHARS_MAX: usize = 200;
 
 /// What the page needs from the configuration.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct PageConfig {
     /// A host whose open node session has been silent longer than this is flagged.
     pub host_silence_warn: Duration,
+    /// `limits.store_bytes_max`, which a record over it needs attention for.
+    pub store_bytes_max: u64,
+    /// The data directory (its CA bundle and server certificate, for what needs attention).
+    pub dir: DataDir,
+    /// Whether failure reasons are shown (`status_page_reasons`).
+    pub reasons: bool,
+    /// The rates last read, and when (unix ms); see `RATES_REFRESH`.
+    pub rates: Arc<Mutex<Option<Rates>>>,
 }
 
 /// The page's routes (state: the hub's shared state).
@@ -50,19 +74,106 @@ pub fn routes(page: PageConfig) -> Router<AppState> {
         .layer(Extension(page))
 }
 
-async fn overview_page(State(shared): State<AppState>, Extension(page): Extension<PageConfig>) -> Response {
+/// The overview's query: `?q=` searches.
+#[derive(Debug, serde::Deserialize)]
+struct PageQuery {
+    q: Option<String>,
+}
+
+/// Everything the overview shows, read at one moment.
+pub struct View<'a> {
+    /// The record's overview.
+    pub overview: &'a Overview,
+    /// What needs attention.
+    pub attention: &'a [Attention],
+    /// The last hour, per minute.
+    pub rates: Option<&'a Rates>,
+    /// A search and what it found.
+    pub search: Option<(&'a str, &'a [DeliveryRow])>,
+    /// Whether failure reasons are shown.
+    pub reasons: bool,
+}
+
+async fn overview_page(
+    State(shared): State<AppState>,
+    Extension(page): Extension<PageConfig>,
+    Query(query): Query<PageQuery>,
+) -> Response {
     let now_ms = shared.clock.now_ms();
     let silence = page.host_silence_warn;
-    match shared.store.overview(now_ms, silence).await {
-        Ok(o) => html(StatusCode::OK, render_overview(&o, now_ms, silence)),
-        Err(e) => failed(&e),
+    let q = query.q.map(|q| q.trim().to_string()).filter(|q| !q.is_empty());
+    if q.as_ref().is_some_and(|q| q.chars().count() > SEARCH_CHARS_MAX) {
+        let body =
+            format!("<p>A search takes at most {SEARCH_CHARS_MAX} characters.</p><p><a href=\"/\">← status</a></p>");
+        return html(StatusCode::BAD_REQUEST, layout("Search too long", &body, false));
+    }
+    let o = match shared.store.overview(now_ms, silence).await {
+        Ok(o) => o,
+        Err(e) => return failed(&e),
+    };
+    let watch = attention::Watch {
+        unknown_since_ms: now_ms
+            .saturating_sub(i64::try_from(attention::UNKNOWN_WINDOW_DEFAULT.as_millis()).unwrap_or(i64::MAX)),
+        host_silence_warn: silence,
+        store_bytes_max: page.store_bytes_max,
+    };
+    let mut items = match attention::from_record(&shared.store, now_ms, watch).await {
+        Ok(items) => items,
+        Err(e) => return failed(&e),
+    };
+    match attention::from_files(&page.dir, now_ms) {
+        Ok(more) => items.extend(more),
+        Err(e) => items.push(Attention { kind: "unreadable", subject: "data directory".into(), detail: e }),
+    }
+    let rates = rates(&shared, &page, now_ms).await;
+    let found = match &q {
+        Some(q) => match shared.store.search(q.clone()).await {
+            Ok(rows) => Some(rows),
+            Err(e) => return failed(&e),
+        },
+        None => None,
+    };
+    let view = View {
+        overview: &o,
+        attention: &items,
+        rates: rates.as_ref(),
+        search: q.as_deref().zip(found.as_deref()),
+        reasons: page.reasons,
+    };
+    html(StatusCode::OK, render_overview(&view, now_ms, silence))
+}
+
+/// The rates, read again when older than `RATES_REFRESH`; `None` (said on the page) when the
+/// read failed.
+async fn rates(shared: &AppState, page: &PageConfig, now_ms: i64) -> Option<Rates> {
+    let fresh_after = now_ms.saturating_sub(i64::try_from(RATES_REFRESH.as_millis()).unwrap_or(i64::MAX));
+    if let Ok(cached) = page.rates.lock()
+        && let Some(r) = cached.as_ref().filter(|r| r.until_ms > fresh_after && r.until_ms <= now_ms)
+    {
+        return Some(r.clone());
+    }
+    match shared.store.rates(now_ms).await {
+        Ok(r) => {
+            if let Ok(mut cached) = page.rates.lock() {
+                *cached = Some(r.clone());
+            }
+            Some(r)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "the status page could not read the rates");
+            None
+        }
     }
 }
 
-async fn delivery_page(State(shared): State<AppState>, Path(delivery_id): Path<String>) -> Response {
+async fn delivery_page(
+    State(shared): State<AppState>,
+    Extension(page): Extension<PageConfig>,
+    Path(delivery_id): Path<String>,
+) -> Response {
     let now_ms = shared.clock.now_ms();
     match shared.store.delivery_detail(delivery_id).await {
-        Ok(d) => html(StatusCode::OK, render_delivery(&d, now_ms)),
+        Ok(d) => html(StatusCode::OK, render_delivery(&d, now_ms, page.reasons)),
         Err(StoreError::NotFound(m)) => {
             html(StatusCode::NOT_FOUND, layout("Not found", &format!("<p>{}</p>", esc(&m)), false))
         }
@@ -141,22 +252,72 @@ fn opt(s: Option<&str>) -> String {
     s.map(esc).unwrap_or_else(|| "—".to_string())
 }
 
+/// Text cut to `max` characters (marked), then escaped.
+fn esc_cut(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        return esc(s);
+    }
+    let cut: String = s.chars().take(max).collect();
+    format!("{}… (cut)", esc(&cut))
+}
+
+/// The colour classes: each marks a word that is always shown beside it, so the page reads
+/// the same without colour.
+const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}\
+     table{border-collapse:collapse;margin-bottom:1.5em}th,td{border:1px solid #ccc;padding:.25em .6em;text-align:left;vertical-align:top}\
+     th{background:#f0f0f0}td.num{text-align:right;font-variant-numeric:tabular-nums}.warn{color:#a00;font-weight:bold}\
+     .muted{color:#777}pre{white-space:pre-wrap;margin:0}\
+     .unknown{background:#ffe8b3}.failed{background:#f8c9cc}.held{background:#e3d7f5}.paused{background:#cfe3f7}\
+     .silent{background:#f8c9cc}.ok{background:#d4edda}.tag{padding:0 .35em;border-radius:.25em;font-size:.9em}\
+     #attention li{margin:.2em 0;padding:.2em .4em;list-style:none}#attention{padding:0}\
+     .bars{display:flex;align-items:flex-end;height:2.2em;gap:1px}.bars span{display:inline-block;width:4px;background:#5b8bd0}\
+     .bars.b-failed span{background:#c33}.bars.b-unknown span{background:#d90}\
+     form{margin:.5em 0 1em}input[name=q]{width:28em;padding:.2em}";
+
 /// The page around `body`; `refresh` adds the self-reload.
 fn layout(title: &str, body: &str, refresh: bool) -> String {
     let refresh =
         if refresh { format!("<meta http-equiv=\"refresh\" content=\"{PAGE_REFRESH_SECS}\">") } else { String::new() };
     format!(
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">{refresh}<title>{} · Baton hub</title>\
-         <style>body{{font-family:system-ui,sans-serif;margin:1.5em;color:#222}}\
-         table{{border-collapse:collapse;margin-bottom:1.5em}}th,td{{border:1px solid #ccc;padding:.25em .6em;text-align:left;vertical-align:top}}\
-         th{{background:#f0f0f0}}td.num{{text-align:right;font-variant-numeric:tabular-nums}}.warn{{color:#a00;font-weight:bold}}\
-         .muted{{color:#777}}pre{{white-space:pre-wrap;margin:0}}</style></head><body>\n{body}\n</body></html>\n",
+         <style>{STYLE}</style></head><body>\n{body}\n</body></html>\n",
         esc(title)
     )
 }
 
+/// The colour class of a state, if it has one.
+fn state_class(s: DeliveryState) -> &'static str {
+    match s {
+        DeliveryState::Failed => "failed",
+        DeliveryState::Unknown => "unknown",
+        DeliveryState::Held => "held",
+        _ => "",
+    }
+}
+
+/// The colour class of an outcome, if it has one.
+fn outcome_class(o: Outcome) -> &'static str {
+    match o {
+        Outcome::Failed => "failed",
+        Outcome::Unknown => "unknown",
+        _ => "",
+    }
+}
+
+/// The colour class of an attention item.
+fn attention_class(kind: &str) -> &'static str {
+    match kind {
+        "held" => "held",
+        "unknown_outcomes" => "unknown",
+        "host_silent" | "store_full" | "unreadable" => "silent",
+        "fence_active" => "paused",
+        _ => "unknown",
+    }
+}
+
 /// Renders the overview page.
-pub fn render_overview(o: &Overview, now_ms: i64, silence: Duration) -> String {
+pub fn render_overview(v: &View<'_>, now_ms: i64, silence: Duration) -> String {
+    let o = v.overview;
     let mut b = format!(
         "<h1>Baton hub</h1><p class=\"muted\">Version {} · read at {} UTC · reloads every {PAGE_REFRESH_SECS} s · \
          hosts silent longer than {} are flagged</p>",
@@ -164,13 +325,24 @@ pub fn render_overview(o: &Overview, now_ms: i64, silence: Duration) -> String {
         when(now_ms),
         human_ms(i64::try_from(silence.as_millis()).unwrap_or(i64::MAX))
     );
+    let q = v.search.map_or("", |(q, _)| q);
+    b.push_str(&format!(
+        "<form method=\"get\" action=\"/status\" id=\"search-form\"><input name=\"q\" value=\"{}\" maxlength=\"{SEARCH_CHARS_MAX}\" \
+         placeholder=\"delivery id (or its start), message id, conversation or host\"> <button type=\"submit\">Search</button></form>",
+        esc(q)
+    ));
+    if let Some((q, rows)) = v.search {
+        b.push_str(&search_table(q, rows, now_ms));
+    }
+    b.push_str(&attention_block(v.attention));
     b.push_str("<h2>Deliveries</h2><table id=\"states\"><tr>");
     for (state, _) in &o.status.deliveries {
         b.push_str(&format!("<th>{}</th>", state.as_str()));
     }
     b.push_str("<th>fences active</th></tr><tr>");
     for (state, n) in &o.status.deliveries {
-        b.push_str(&format!("<td class=\"num\" data-state=\"{}\">{n}</td>", state.as_str()));
+        let class = if *n > 0 { state_class(*state) } else { "" };
+        b.push_str(&format!("<td class=\"num {class}\" data-state=\"{}\">{n}</td>", state.as_str()));
     }
     b.push_str(&format!("<td class=\"num\" id=\"fences-active\">{}</td></tr></table>", o.status.active_fences));
     b.push_str("<p class=\"muted\">By the outcome of their current run:</p><table id=\"outcomes\"><tr>");
@@ -179,14 +351,175 @@ pub fn render_overview(o: &Overview, now_ms: i64, silence: Duration) -> String {
     }
     b.push_str("</tr><tr>");
     for (outcome, n) in &o.outcomes {
-        b.push_str(&format!("<td class=\"num\" data-outcome=\"{}\">{n}</td>", outcome.as_str()));
+        let class = if *n > 0 { outcome_class(*outcome) } else { "" };
+        b.push_str(&format!("<td class=\"num {class}\" data-outcome=\"{}\">{n}</td>", outcome.as_str()));
     }
     b.push_str("</tr></table>");
+    b.push_str(&rates_table(v.rates));
+    b.push_str(&running_table(o.running_total, &o.running, now_ms));
     b.push_str(&hosts_table(o, now_ms));
-    b.push_str(&conversations_table(&o.conversations, now_ms));
+    b.push_str(&conversations_table(&o.conversations, &o.fences, now_ms));
     b.push_str(&fences_table(&o.fences, now_ms));
-    b.push_str(&trouble_table(&o.trouble, now_ms));
-    layout("Status", &b, true)
+    b.push_str(&trouble_table(&o.trouble, now_ms, v.reasons));
+    layout("Status", &b, v.search.is_none())
+}
+
+fn attention_block(items: &[Attention]) -> String {
+    if items.is_empty() {
+        return "<h2>Needs attention</h2><p class=\"ok tag\" id=\"attention-none\">Nothing needs attention.</p>"
+            .to_string();
+    }
+    let mut b = format!(
+        "<h2>Needs attention ({})</h2><p class=\"muted\">What <code>baton-hub status</code> flags (it exits 1 while \
+         any is here).</p><ul id=\"attention\">",
+        items.len()
+    );
+    for a in items {
+        b.push_str(&format!(
+            "<li class=\"{}\" data-kind=\"{}\"><b>{}</b> · {}: {}</li>",
+            attention_class(a.kind),
+            a.kind,
+            a.kind.replace('_', " "),
+            esc(&a.subject),
+            esc(&a.detail)
+        ));
+    }
+    b.push_str("</ul>");
+    b
+}
+
+/// One row of bars, one per minute, scaled to the row's own peak.
+fn bars(slots: &[i64], class: &str) -> String {
+    let peak = slots.iter().copied().max().unwrap_or(0).max(1);
+    let mut b = format!("<div class=\"bars b-{class}\">");
+    for n in slots {
+        let pct = if *n == 0 { 0 } else { (n * 100 / peak).max(4) };
+        b.push_str(&format!("<span style=\"height:{pct}%\" title=\"{n}\"></span>"));
+    }
+    b.push_str("</div>");
+    b
+}
+
+fn rates_table(rates: Option<&Rates>) -> String {
+    let Some(r) = rates else {
+        return "<h2>Last hour</h2><p class=\"muted\" id=\"rates\">The rates could not be read; see the hub's log.</p>"
+            .to_string();
+    };
+    let mut b = format!(
+        "<h2>Last hour</h2><p class=\"muted\">Per minute, from the record, up to {} UTC (read at most every {} s); \
+         the bars are the {} minutes, oldest first.</p><table id=\"rates\"><tr><th></th><th>last hour</th>\
+         <th>per minute</th><th>last 5 minutes, per minute</th><th>minute by minute</th></tr>",
+        when(r.until_ms),
+        RATES_REFRESH.as_secs(),
+        overview::RATE_MINUTES
+    );
+    let mut row = |name: &str, key: &str, slots: &[i64], class: &str| {
+        let total: i64 = slots.iter().sum();
+        let recent: i64 = slots.iter().rev().take(5).sum();
+        let minutes = i64::try_from(slots.len()).unwrap_or(1).max(1);
+        b.push_str(&format!(
+            "<tr><th>{name}</th><td class=\"num\" data-rate=\"{key}\">{total}</td><td class=\"num\">{}</td>\
+             <td class=\"num\">{}</td><td>{}</td></tr>",
+            per_minute(total, minutes),
+            per_minute(recent, 5),
+            bars(slots, class)
+        ));
+    };
+    row("messages accepted", "messages", &r.messages, "");
+    row("deliveries made", "deliveries", &r.deliveries, "");
+    for (outcome, slots) in &r.outcomes {
+        let name = format!("runs {}", outcome.as_str());
+        row(&name, outcome.as_str(), slots, outcome_class(*outcome));
+    }
+    b.push_str("</table>");
+    b
+}
+
+/// `n` over `minutes`, to two decimals.
+fn per_minute(n: i64, minutes: i64) -> String {
+    let hundredths = n.saturating_mul(100) / minutes.max(1);
+    format!("{}.{:02}", hundredths / 100, hundredths % 100)
+}
+
+fn running_table(total: i64, rows: &[RunningTurn], now_ms: i64) -> String {
+    if rows.is_empty() {
+        return "<h2>Running turns</h2><p class=\"muted\" id=\"running\">None.</p>".to_string();
+    }
+    let mut b = format!(
+        "<h2>Running turns ({total})</h2><p class=\"muted\">Started on their node, no report yet; the {} that have \
+         run longest. The node's last contact says whether it is still heard from.</p><table id=\"running\">\
+         <tr><th>delivery</th><th>host</th><th>conversation</th><th>seq</th><th>run</th><th>running for</th>\
+         <th>started (UTC)</th><th>node last heard</th></tr>",
+        overview::RUNNING_SHOWN_MAX
+    );
+    for t in rows {
+        let heard = t.node_last_contact_ms.map_or("—".to_string(), |at| format!("{} ago", ago(now_ms, at)));
+        b.push_str(&format!(
+            "<tr data-running=\"{}\"><td>{}</td><td>{}</td><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>\
+             <td data-running-secs=\"{}\">{}</td><td>{}</td><td>{heard}</td></tr>",
+            esc(&t.delivery_id),
+            delivery_link(&t.delivery_id),
+            esc(&t.host),
+            esc(&t.conversation),
+            t.seq,
+            t.attempt,
+            now_ms.saturating_sub(t.started_at_ms).max(0) / 1000,
+            ago(now_ms, t.started_at_ms),
+            when(t.started_at_ms),
+        ));
+    }
+    b.push_str("</table>");
+    b
+}
+
+/// The fences that stop `host`'s work now: its own and those on everything (a fence past its
+/// time is the hub's to lift and stops nothing).
+fn host_fences<'a>(fences: &'a [FenceRow], host: &str, now_ms: i64) -> impl Iterator<Item = &'a FenceRow> {
+    fences.iter().filter(move |f| {
+        f.expires_at_ms.is_none_or(|at| at > now_ms)
+            && match f.scope {
+                FenceScope::All => true,
+                FenceScope::Host => f.target.as_deref() == Some(host),
+                FenceScope::Conversation => false,
+            }
+    })
+}
+
+/// The fences that stop `conversation`'s work on every host now.
+fn conversation_fences<'a>(
+    fences: &'a [FenceRow],
+    conversation: &str,
+    now_ms: i64,
+) -> impl Iterator<Item = &'a FenceRow> {
+    fences.iter().filter(move |f| {
+        f.expires_at_ms.is_none_or(|at| at > now_ms)
+            && match f.scope {
+                FenceScope::All => true,
+                FenceScope::Conversation => f.target.as_deref() == Some(conversation),
+                FenceScope::Host => false,
+            }
+    })
+}
+
+/// The tags a backlog under these fences carries: `paused`, `held`, `blocked`, each once.
+fn fence_tags<'a>(fences: impl Iterator<Item = &'a FenceRow>) -> String {
+    let mut kinds: Vec<FenceKind> = Vec::new();
+    for f in fences {
+        if !kinds.contains(&f.kind) {
+            kinds.push(f.kind);
+        }
+    }
+    kinds
+        .iter()
+        .map(|k| {
+            let (class, word) = match k {
+                FenceKind::Pause => ("paused", "paused"),
+                FenceKind::Hold => ("held", "held"),
+                FenceKind::Block => ("failed", "blocked"),
+            };
+            format!(" <span class=\"tag {class}\" data-fenced=\"{word}\">{word}</span>")
+        })
+        .collect()
 }
 
 fn hosts_table(o: &Overview, now_ms: i64) -> String {
@@ -198,18 +531,27 @@ fn hosts_table(o: &Overview, now_ms: i64) -> String {
         let backlog = o.backlogs.iter().find(|x| x.host == h.name);
         let waiting = backlog.map_or(h.waiting, |x| x.waiting);
         let oldest = backlog.and_then(|x| x.oldest_created_at_ms).map_or("—".to_string(), |at| ago(now_ms, at));
+        let mut row_class = "";
         let contact = match &h.session {
             None => "<span class=\"muted\">no session</span>".to_string(),
             Some(s) if s.ended_at_ms.is_some() => format!("{} ago (session ended)", ago(now_ms, s.last_contact_at_ms)),
             Some(s) => {
                 let silent = o.silent.iter().any(|x| x.host == h.name);
-                let flag = if silent { " <span class=\"warn\" data-silent=\"true\">silent</span>" } else { "" };
+                let flag = if silent {
+                    row_class = " class=\"silent\"";
+                    " <span class=\"warn\" data-silent=\"true\">silent</span>"
+                } else {
+                    ""
+                };
                 format!("{} ago{flag}", ago(now_ms, s.last_contact_at_ms))
             }
         };
+        let tags = fence_tags(host_fences(&o.fences, &h.name, now_ms));
+        let backlog_class = if tags.is_empty() || waiting == 0 { "num" } else { "num paused" };
         b.push_str(&format!(
-            "<tr data-host=\"{name}\"><td>{name}</td><td>{}</td><td>{}</td><td>{}</td><td>{contact}</td>\
-             <td class=\"num\" data-host-backlog=\"{name}\">{waiting}</td><td>{oldest}</td><td class=\"num\">{} / {} / {}</td></tr>",
+            "<tr data-host=\"{name}\"{row_class}><td>{name}</td><td>{}</td><td>{}</td><td>{}</td><td>{contact}</td>\
+             <td class=\"{backlog_class}\"><span data-host-backlog=\"{name}\">{waiting}</span>{tags}</td><td>{oldest}</td>\
+             <td class=\"num\">{} / {} / {}</td></tr>",
             h.state.as_str(),
             opt(h.instance.as_ref().map(|(i, _)| i.as_str())),
             opt(h.session.as_ref().and_then(|s| s.node_version.as_deref())),
@@ -223,20 +565,24 @@ fn hosts_table(o: &Overview, now_ms: i64) -> String {
     b
 }
 
-fn conversations_table(rows: &[ConversationBacklog], now_ms: i64) -> String {
+fn conversations_table(rows: &[ConversationBacklog], fences: &[FenceRow], now_ms: i64) -> String {
     if rows.is_empty() {
         return "<h2>Backlog by conversation</h2><p class=\"muted\" id=\"conversations\">Nothing waits.</p>"
             .to_string();
     }
     let mut b = format!(
-        "<h2>Backlog by conversation</h2><p class=\"muted\">The {} deepest.</p><table id=\"conversations\">\
+        "<h2>Backlog by conversation</h2><p class=\"muted\">The {} deepest; a fence on the conversation or on \
+         everything marks it (a host's fence marks the host above).</p><table id=\"conversations\">\
          <tr><th>conversation</th><th>waiting</th><th>of them held</th><th>hosts</th><th>oldest waiting</th></tr>",
         overview::CONVERSATIONS_SHOWN_MAX
     );
     for c in rows {
+        let tags = fence_tags(conversation_fences(fences, &c.conversation, now_ms));
+        let class = if tags.is_empty() { "num" } else { "num paused" };
+        let held_class = if c.held > 0 { "num held" } else { "num" };
         b.push_str(&format!(
-            "<tr><td>{name}</td><td class=\"num\" data-conversation-backlog=\"{name}\">{}</td><td class=\"num\">{}</td>\
-             <td class=\"num\">{}</td><td>{}</td></tr>",
+            "<tr><td>{name}</td><td class=\"{class}\"><span data-conversation-backlog=\"{name}\">{}</span>{tags}</td>\
+             <td class=\"{held_class}\">{}</td><td class=\"num\">{}</td><td>{}</td></tr>",
             c.waiting,
             c.held,
             c.hosts,
@@ -265,9 +611,14 @@ fn fences_table(rows: &[FenceRow], now_ms: i64) -> String {
             Some(at) => format!("{} UTC (in {})", when(at), ago(at, now_ms)),
             None => "until lifted".to_string(),
         };
+        let class = match f.kind {
+            FenceKind::Pause => "paused",
+            FenceKind::Hold => "held",
+            FenceKind::Block => "failed",
+        };
         b.push_str(&format!(
-            "<tr data-fence=\"{}\"><td class=\"num\">{}</td><td>{}</td><td>{scope}</td><td>{}</td><td><pre>{}</pre></td>\
-             <td>{} UTC ({} ago)</td><td>{until}</td></tr>",
+            "<tr data-fence=\"{}\"><td class=\"num\">{}</td><td class=\"{class}\">{}</td><td>{scope}</td><td>{}</td>\
+             <td><pre>{}</pre></td><td>{} UTC ({} ago)</td><td>{until}</td></tr>",
             f.id,
             f.id,
             f.kind.as_str(),
@@ -281,56 +632,112 @@ fn fences_table(rows: &[FenceRow], now_ms: i64) -> String {
     b
 }
 
-fn trouble_table(rows: &[DeliveryRow], now_ms: i64) -> String {
+/// A delivery's row in a table of deliveries (search results).
+fn delivery_cells(d: &DeliveryRow, now_ms: i64) -> String {
+    let outcome = d.outcome.map_or("—", |o| o.as_str());
+    format!(
+        "<td>{}</td><td>{}</td><td>{}</td><td class=\"num\">{}</td><td class=\"{}\">{}</td><td class=\"{}\">{outcome}</td>\
+         <td>{} ago</td>",
+        delivery_link(&d.delivery_id),
+        esc(&d.host),
+        esc(&d.conversation),
+        d.seq,
+        state_class(d.state),
+        d.state.as_str(),
+        d.outcome.map_or("", outcome_class),
+        ago(now_ms, d.updated_at_ms),
+    )
+}
+
+fn search_table(q: &str, rows: &[DeliveryRow], now_ms: i64) -> String {
+    if rows.is_empty() {
+        return format!(
+            "<h2>Search</h2><p id=\"search\">No delivery id, message, conversation or host matches “{}”. \
+             <a href=\"/\">Clear</a></p>",
+            esc(q)
+        );
+    }
+    let mut b = format!(
+        "<h2>Search</h2><p class=\"muted\">Deliveries whose id starts with, or whose message, conversation or host \
+         is, “{}”: {} (at most {}, newest first). <a href=\"/\">Clear</a> (the page reloads itself only without a \
+         search)</p><table id=\"search\"><tr><th>delivery</th><th>host</th><th>conversation</th><th>seq</th>\
+         <th>state</th><th>outcome</th><th>changed</th></tr>",
+        esc(q),
+        rows.len(),
+        overview::SEARCH_SHOWN_MAX
+    );
+    for d in rows {
+        b.push_str(&format!("<tr data-found=\"{}\">{}</tr>", esc(&d.delivery_id), delivery_cells(d, now_ms)));
+    }
+    b.push_str("</table>");
+    b
+}
+
+/// A failure's reasons as shown in a cell: the delivery's own (why the hub failed it, or why
+/// it ended `unknown`) and its run's (what its node reported).
+fn reasons_cell(t: &Trouble) -> String {
+    let mut parts = Vec::new();
+    if let Some(r) = t.row.reason.as_deref().filter(|r| !r.is_empty()) {
+        parts.push(esc_cut(r, REASON_SHOWN_CHARS_MAX));
+    }
+    if let Some(r) = t.run_reason.as_deref().filter(|r| !r.is_empty()) {
+        parts.push(esc_cut(r, REASON_SHOWN_CHARS_MAX));
+    }
+    if parts.is_empty() { "—".to_string() } else { format!("<pre>{}</pre>", parts.join("\n")) }
+}
+
+fn trouble_table(rows: &[Trouble], now_ms: i64, reasons: bool) -> String {
     if rows.is_empty() {
         return "<h2>Recent failures and unknown outcomes</h2><p class=\"muted\" id=\"trouble\">None.</p>".to_string();
     }
     let mut b = format!(
         "<h2>Recent failures and unknown outcomes</h2><p class=\"muted\">The {} most recent.</p><table id=\"trouble\">\
          <tr><th>delivery</th><th>host</th><th>conversation</th><th>seq</th><th>state</th><th>outcome</th>\
-         <th>changed</th></tr>",
-        overview::TROUBLE_SHOWN_MAX
+         <th>changed</th>{}</tr>",
+        overview::TROUBLE_SHOWN_MAX,
+        if reasons { "<th>why</th>" } else { "" }
     );
-    for d in rows {
-        b.push_str(&format!(
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td class=\"num\">{}</td><td>{}</td><td>{}</td>\
-             <td>{} ago</td></tr>",
-            delivery_link(&d.delivery_id),
-            esc(&d.host),
-            esc(&d.conversation),
-            d.seq,
-            d.state.as_str(),
-            d.outcome.map_or("—", |o| o.as_str()),
-            ago(now_ms, d.updated_at_ms),
-        ));
+    for t in rows {
+        let why = if reasons { format!("<td class=\"reason\">{}</td>", reasons_cell(t)) } else { String::new() };
+        b.push_str(&format!("<tr>{}{why}</tr>", delivery_cells(&t.row, now_ms)));
     }
     b.push_str("</table>");
-    b.push_str(NOT_SHOWN);
+    b.push_str(if reasons { NOT_SHOWN } else { REASONS_HIDDEN });
     b
 }
 
-/// Where the reasons and results the page leaves out are (see the module docs).
-const NOT_SHOWN: &str = "<p class=\"muted\" id=\"not-shown\">Reasons and harness results are not shown on this page, \
-     which needs no certificate: <code>baton-hub deliveries show ID</code> and <code>deliveries explain ID</code> \
-     show them.</p>";
+/// What the page never shows (see the module docs).
+const NOT_SHOWN: &str = "<p class=\"muted\" id=\"not-shown\">Harness results are not shown on this page, which \
+     needs no certificate: <code>baton-hub deliveries show ID</code> shows them.</p>";
+/// What the page leaves out when `status_page_reasons` hides reasons.
+const REASONS_HIDDEN: &str = "<p class=\"muted\" id=\"not-shown\">Reasons and harness results are not shown on \
+     this page, which needs no certificate and is reachable beyond this machine (status_page_reasons): \
+     <code>baton-hub deliveries show ID</code> and <code>deliveries explain ID</code> show them.</p>";
 
-/// Renders one delivery's page: what it is, its event history and its attempts.
-pub fn render_delivery(d: &DeliveryDetail, now_ms: i64) -> String {
+/// Renders one delivery's page: what it is, its event history and its attempts; with
+/// `reasons`, the delivery's reason and each run's.
+pub fn render_delivery(d: &DeliveryDetail, now_ms: i64, reasons: bool) -> String {
     let r = &d.delivery;
+    let why = match (reasons, r.reason.as_deref()) {
+        (true, Some(why)) => format!("<tr><th>why</th><td id=\"reason\"><pre>{}</pre></td></tr>", esc(why)),
+        _ => String::new(),
+    };
     let mut b = format!(
         "<p><a href=\"/\">← status</a></p><h1>Delivery {}</h1><table id=\"delivery\">\
          <tr><th>message</th><td>{}</td></tr><tr><th>host</th><td>{}</td></tr><tr><th>conversation</th><td>{}</td></tr>\
-         <tr><th>seq</th><td>{}</td></tr><tr><th>state</th><td id=\"state\">{}</td></tr><tr><th>holder</th><td>{}</td></tr>\
-         <tr><th>last change</th><td>{} UTC ({} ago)</td></tr></table>{NOT_SHOWN}",
+         <tr><th>seq</th><td>{}</td></tr><tr><th>state</th><td id=\"state\" class=\"{}\">{}</td></tr>{why}\
+         <tr><th>holder</th><td>{}</td></tr><tr><th>last change</th><td>{} UTC ({} ago)</td></tr></table>{}",
         esc(&r.delivery_id),
         esc(&r.message_id),
         esc(&r.host),
         esc(&r.conversation),
         r.seq,
+        state_class(r.state),
         r.state.as_str(),
         opt(r.instance_id.as_deref()),
         when(r.updated_at_ms),
         ago(now_ms, r.updated_at_ms),
+        if reasons { NOT_SHOWN } else { REASONS_HIDDEN },
     );
     b.push_str("<h2>History</h2><table id=\"events\"><tr><th>at (UTC)</th><th>transition</th><th>by</th><th>instance</th></tr>");
     for e in &d.events {
@@ -348,14 +755,24 @@ pub fn render_delivery(d: &DeliveryDetail, now_ms: i64) -> String {
     if d.attempts.is_empty() {
         b.push_str("<h2>Attempts</h2><p class=\"muted\" id=\"attempts\">None reported.</p>");
     } else {
-        b.push_str(
+        b.push_str(&format!(
             "<h2>Attempts</h2><table id=\"attempts\"><tr><th>run</th><th>outcome</th><th>exit</th><th>took</th>\
-             <th>reported (UTC)</th></tr>",
-        );
+             <th>reported (UTC)</th>{}</tr>",
+            if reasons { "<th>why</th>" } else { "" }
+        ));
         for a in &d.attempts {
+            let why = if reasons {
+                format!(
+                    "<td class=\"reason\">{}</td>",
+                    a.reason.as_deref().map_or("—".to_string(), |w| format!("<pre>{}</pre>", esc(w)))
+                )
+            } else {
+                String::new()
+            };
             b.push_str(&format!(
-                "<tr><td class=\"num\">{}</td><td>{}</td><td class=\"num\">{}</td><td>{}</td><td>{}</td></tr>",
+                "<tr><td class=\"num\">{}</td><td class=\"{}\">{}</td><td class=\"num\">{}</td><td>{}</td><td>{}</td>{why}</tr>",
                 a.attempt,
+                outcome_class(a.outcome),
                 a.outcome.as_str(),
                 a.exit_code.map_or("—".to_string(), |c| c.to_string()),
                 a.duration_ms.map_or("—".to_string(), |ms| human_ms(i64::try_from(ms).unwrap_or(i64::MAX))),
@@ -405,17 +822,26 @@ mod tests {
         c.execute("UPDATE deliveries SET state = 'failed', reason = ?1", [SCRIPT]).unwrap();
         let id: String = c.query_row("SELECT id FROM deliveries", [], |r| r.get(0)).unwrap();
 
-        let page =
-            render_overview(&gather(c, 10_000, Duration::from_secs(60)).unwrap(), 10_000, Duration::from_secs(60));
-        assert!(!page.contains("<script"), "{page}");
-        // The conversation and the fence's reason; the delivery's reason is not shown.
-        assert_eq!(page.matches("&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;").count(), 2, "{page}");
-        assert!(page.contains(&format!("href=\"/status/deliveries/{id}\"")), "{page}");
-        assert!(page.contains("<meta http-equiv=\"refresh\""), "{page}");
+        let o = gather(c, 10_000, Duration::from_secs(60)).unwrap();
+        let attention = [Attention { kind: "held", subject: SCRIPT.to_string(), detail: SCRIPT.to_string() }];
+        let found = read::delivery_detail(c, &id).unwrap().delivery;
+        for reasons in [false, true] {
+            let found = [found.clone()];
+            let v = View { overview: &o, attention: &attention, rates: None, search: Some((SCRIPT, &found)), reasons };
+            let page = render_overview(&v, 10_000, Duration::from_secs(60));
+            assert!(!page.contains("<script"), "{page}");
+            // The search box and its heading, the attention item's subject and detail, the
+            // conversation in the search results and in the failures, the fence's reason; and
+            // the delivery's reason where reasons are shown.
+            let shown = page.matches("&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;").count();
+            assert_eq!(shown, if reasons { 8 } else { 7 }, "{page}");
+            assert!(page.contains(&format!("href=\"/status/deliveries/{id}\"")), "{page}");
+            assert!(!page.contains("<meta http-equiv=\"refresh\""), "a search does not reload: {page}");
 
-        let page = render_delivery(&read::delivery_detail(c, &id).unwrap(), 10_000);
-        assert!(!page.contains("<script"), "{page}");
-        assert!(page.contains("&lt;script&gt;"), "{page}");
+            let page = render_delivery(&read::delivery_detail(c, &id).unwrap(), 10_000, reasons);
+            assert!(!page.contains("<script"), "{page}");
+            assert_eq!(page.matches("&lt;script&gt;").count(), if reasons { 2 } else { 1 }, "{page}");
+        }
     }
 
     /// A host whose open session has been quiet longer than `host_silence_warn` is flagged; one
@@ -435,9 +861,13 @@ mod tests {
             .unwrap();
         }
         let silence = Duration::from_secs(60);
-        let page = render_overview(&gather(c, 100_000, silence).unwrap(), 100_000, silence);
+        let o = gather(c, 100_000, silence).unwrap();
+        let v = View { overview: &o, attention: &[], rates: None, search: None, reasons: false };
+        let page = render_overview(&v, 100_000, silence);
+        assert!(page.contains("<meta http-equiv=\"refresh\""), "{page}");
+        assert!(page.contains("Nothing needs attention"), "{page}");
         let row = |host: &str| {
-            let start = page.find(&format!("<tr data-host=\"{host}\">")).unwrap();
+            let start = page.find(&format!("<tr data-host=\"{host}\"")).unwrap();
             page[start..start + page[start..].find("</tr>").unwrap()].to_string()
         };
         assert!(row("host-a").contains("data-silent"), "{}", row("host-a"));

@@ -65,6 +65,8 @@
 //!   exit statuses, and configuration errors.
 //! - `status_page`: the operator listener (health, readiness and described metrics without a
 //!   client certificate) and the status page in a real headless browser.
+//! - `status_view`: what the status page shows, over HTTP: attention as `status` flags it,
+//!   rates, running turns, fenced backlogs, search, and reasons as configured.
 
 // A test binary exports nothing, so `pub` in its private modules only means "shared between
 // modules"; spelling every item `pub(crate)` would add noise, not safety.
@@ -119,5 +121,6 @@ mod packaging;
 mod power_loss;
 mod producer_cli;
 mod status_page;
+mod status_view;
 mod turn_control;
 mod values;

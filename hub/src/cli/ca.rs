@@ -47,12 +47,6 @@ fn split_cas(dir: &DataDir) -> Result<(String, Vec<String>), CliError> {
     Ok((mine, others))
 }
 
-/// How many CAs `ca.crt` trusts beside the issuing one: more than none while a rotation's
-/// overlap lasts (`ca rotate` until `ca retire-old`), which `status` flags.
-pub(super) fn old_cas_trusted(dir: &DataDir) -> Result<usize, CliError> {
-    Ok(split_cas(dir)?.1.len())
-}
-
 /// Where `enroll` and `renew` keep a copy of every certificate they issue (`SERIAL.crt`), so
 /// that `certs list` can tell which CA issued it.
 pub(super) fn issued_dir(dir: &DataDir) -> std::path::PathBuf {

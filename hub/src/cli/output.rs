@@ -7,8 +7,9 @@
 //! (`esc`) and one table layout; splitting it by command (identities, deliveries, fleet) waits
 //! on the CLI's import circle, which ties its view types to `inspect` and `ca`.
 
-use super::inspect::{Attention, StoreSize};
+use super::inspect::StoreSize;
 use super::{CliError, CliResult};
+use crate::attention::Attention;
 use crate::lock::Holder;
 use crate::store::audit::{AuditCursor, AuditEntry};
 use crate::store::explain::{self, Behind, Explanation, FenceHold, Liveness};

@@ -234,6 +234,14 @@ pub const OPERATOR_HOSTS: Key = Key {
           array): a load balancer's or a proxy's name for it. A request naming any other host is answered 421, \
           so a web page that rebinds its own name to this address cannot read the listener",
 };
+/// `status_page_reasons`.
+pub const STATUS_PAGE_REASONS: Key = Key {
+    name: key_name!(None, "status_page_reasons", "status-page-reasons", "BATON_HUB_STATUS_PAGE_REASONS"),
+    kind: KeyKind::Choice { default: "auto", allowed: &["auto", "shown", "hidden"] },
+    doc: "whether the status page shows failure reasons (a harness's or a node's text, which may say what the \
+          work was about) beside failed and unknown deliveries: \"shown\", \"hidden\", or \"auto\" (shown while \
+          operator_listen is a loopback address, which only the machine itself reaches; hidden otherwise)",
+};
 /// The most operator-listener connections one peer address keeps open by default.
 pub const OPERATOR_CONNECTIONS_PER_PEER_MAX_DEFAULT: u64 = 8;
 /// `operator_connections_per_peer_max`.
@@ -510,7 +518,7 @@ pub const INSTANCE_REBIND_WINDOW_KEY: Key = Key {
 };
 
 /// Every key, in the order of the template.
-pub const KEYS: [&Key; 38] = [
+pub const KEYS: [&Key; 39] = [
     &LISTEN,
     &DATABASE_URL,
     &SYNCHRONOUS,
@@ -521,6 +529,7 @@ pub const KEYS: [&Key; 38] = [
     &HOST_SILENCE_WARN,
     &OPERATOR_LISTEN,
     &OPERATOR_HOSTS,
+    &STATUS_PAGE_REASONS,
     &OPERATOR_CONNECTIONS_PER_PEER_MAX,
     &REQUEUE_SILENT_AFTER,
     &START_LEASE,

@@ -145,6 +145,9 @@ pub struct HubConfig {
     /// Names (lowercase) the operator listener answers to in a Host header, besides its
     /// bound address.
     pub operator_hosts: Vec<String>,
+    /// Whether the status page shows failure reasons; `None`: while the operator listener is
+    /// bound to a loopback address (`status_page_reasons = "auto"`).
+    pub status_page_reasons: Option<bool>,
     /// Most operator-listener connections open at once from one peer IP address.
     pub operator_connections_per_peer_max: usize,
     /// How long a node instance's open session may be silent before the hub requeues its
@@ -299,6 +302,11 @@ impl HubConfig {
             host_silence_warn: host_silence_warn(m.duration(&HOST_SILENCE_WARN)?, limits.long_poll_wait_max)?,
             operator_listen: m.addr_or_off(&OPERATOR_LISTEN)?,
             operator_hosts: m.names(&OPERATOR_HOSTS)?,
+            status_page_reasons: match m.choice(&STATUS_PAGE_REASONS)? {
+                "shown" => Some(true),
+                "hidden" => Some(false),
+                _ => None,
+            },
             operator_connections_per_peer_max: m.int(&OPERATOR_CONNECTIONS_PER_PEER_MAX)? as usize,
             requeue_silent_after: requeue_silent_after(m.duration(&REQUEUE_SILENT_AFTER)?, limits.long_poll_wait_max)?,
         })

@@ -331,12 +331,17 @@ pub struct Overview {
     /// Hosts silent longer than the warning.
     pub silent: Vec<SilentHost>,
     /// Recent failed or `unknown` deliveries.
-    pub trouble: Vec<DeliveryRow>,
+    pub trouble: Vec<overview::Trouble>,
+    /// How many turns run now.
+    pub running_total: i64,
+    /// The turns that have run longest.
+    pub running: Vec<overview::RunningTurn>,
 }
 
 /// Reads the overview at `now_ms` on `conn` (inside one read transaction: one snapshot).
 pub(crate) fn gather(conn: &dyn Db, now_ms: i64, silence: Duration) -> StoreResult<Overview> {
     let silence_ms = i64::try_from(silence.as_millis()).unwrap_or(i64::MAX);
+    let (running_total, running) = overview::running_turns(conn, overview::RUNNING_SHOWN_MAX)?;
     Ok(Overview {
         status: read::status(conn)?,
         outcomes: overview::outcome_counts(conn)?,
@@ -346,6 +351,8 @@ pub(crate) fn gather(conn: &dyn Db, now_ms: i64, silence: Duration) -> StoreResu
         fences: fences::list(conn, false)?,
         silent: fleet::silent_hosts(conn, now_ms, silence_ms)?,
         trouble: overview::recent_trouble(conn, overview::TROUBLE_SHOWN_MAX)?,
+        running_total,
+        running,
     })
 }
 
@@ -605,6 +612,23 @@ impl Store {
     pub async fn overview(&self, now_ms: i64, silence: Duration) -> StoreResult<Overview> {
         match &self.backend {
             Backend::Sqlite(s) | Backend::Postgres(s) => s.read(move |c| gather(c, now_ms, silence)).await,
+        }
+    }
+
+    /// Messages, deliveries and outcomes per minute over the last hour (`overview::rates`).
+    pub async fn rates(&self, now_ms: i64) -> StoreResult<overview::Rates> {
+        match &self.backend {
+            Backend::Sqlite(s) | Backend::Postgres(s) => s.read(move |c| overview::rates(c, now_ms)).await,
+        }
+    }
+
+    /// The deliveries an id prefix, a message id, a conversation or a host names, newest first
+    /// (`overview::search`).
+    pub async fn search(&self, q: String) -> StoreResult<Vec<DeliveryRow>> {
+        match &self.backend {
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
+                s.read(move |c| overview::search(c, &q, overview::SEARCH_SHOWN_MAX)).await
+            }
         }
     }
 

@@ -105,15 +105,25 @@ pub fn outcome_counts(conn: &dyn Db) -> StoreResult<Vec<(Outcome, i64)>> {
     Ok(out)
 }
 
+/// A delivery that failed or ended `unknown`, with what its run said about it.
+#[derive(Debug, Clone)]
+pub struct Trouble {
+    /// The delivery (its `reason`: why the hub failed it, or why it ended `unknown`).
+    pub row: DeliveryRow,
+    /// The reason its current run's report gave (a harness failure's, a node's), if any.
+    pub run_reason: Option<String>,
+}
+
 /// The most recently changed deliveries that failed or ended `unknown` (the delivery's state,
 /// or its current run's outcome), newest first, at most `max`.
-pub fn recent_trouble(conn: &dyn Db, max: u32) -> StoreResult<Vec<DeliveryRow>> {
+pub fn recent_trouble(conn: &dyn Db, max: u32) -> StoreResult<Vec<Trouble>> {
     Ok(conn
         .prepare_cached(
             concat!(
                 "SELECT d.id, d.message_id, d.host, d.conversation, d.seq, d.state, d.instance_id, d.reason, d.updated_at, ",
                 super::read::outcome_sql!(),
-                "
+                ",
+                 (SELECT a.reason FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)
              FROM deliveries d
              WHERE d.state IN ('failed', 'unknown')
                 OR EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt
@@ -121,8 +131,176 @@ pub fn recent_trouble(conn: &dyn Db, max: u32) -> StoreResult<Vec<DeliveryRow>> 
              ORDER BY d.updated_at DESC, d.n DESC LIMIT :max"
             ),
         )?
-        .query_map(named_params! {":max": max}, delivery_row)?
+        .query_map(named_params! {":max": max}, |r| Ok(Trouble { row: delivery_row(r)?, run_reason: r.get(10)? }))?
         .collect::<Result<_, _>>()?)
+}
+
+/// Most running turns the status page lists (the longest running first).
+pub const RUNNING_SHOWN_MAX: u32 = 30;
+
+/// A turn running now: delivered, started on its node, its report outstanding.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunningTurn {
+    /// The delivery.
+    pub delivery_id: String,
+    /// Where it runs.
+    pub host: String,
+    /// Its conversation.
+    pub conversation: String,
+    /// Its sequence in the conversation.
+    pub seq: i64,
+    /// Which run of the delivery (1 for the first).
+    pub attempt: i64,
+    /// When the node said it started (unix ms).
+    pub started_at_ms: i64,
+    /// When the node session that started it was last heard from (unix ms), if known.
+    pub node_last_contact_ms: Option<i64>,
+}
+
+/// How many turns run now, and the `max` that have run longest. A delivered delivery whose
+/// current run started and has no report yet (what `deliveries explain` calls `running`).
+pub fn running_turns(conn: &dyn Db, max: u32) -> StoreResult<(i64, Vec<RunningTurn>)> {
+    const RUNNING: &str = "d.state = 'delivered' AND d.started_at IS NOT NULL
+         AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)";
+    let total: i64 = conn
+        .prepare_cached(&format!("SELECT count(*) FROM deliveries d WHERE {RUNNING}"))?
+        .query_row([], |r| r.get(0))?;
+    let rows = conn
+        .prepare_cached(&format!(
+            "SELECT d.id, d.host, d.conversation, d.seq, d.attempt, d.started_at,
+                    (SELECT s.last_contact_at FROM node_sessions s WHERE s.host = d.host AND s.session = d.started_session)
+             FROM deliveries d WHERE {RUNNING} ORDER BY d.started_at, d.n LIMIT :max"
+        ))?
+        .query_map(named_params! {":max": max}, |r| {
+            Ok(RunningTurn {
+                delivery_id: r.get(0)?,
+                host: r.get(1)?,
+                conversation: r.get(2)?,
+                seq: r.get(3)?,
+                attempt: r.get(4)?,
+                started_at_ms: r.get(5)?,
+                node_last_contact_ms: r.get(6)?,
+            })
+        })?
+        .collect::<Result<_, _>>()?;
+    Ok((total, rows))
+}
+
+/// How far back the rates look, in minutes.
+pub const RATE_MINUTES: usize = 60;
+
+/// The last `RATE_MINUTES` minutes of work, one slot per minute, oldest first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rates {
+    /// The end of the last slot (unix ms, exclusive); slot `i` starts at
+    /// `until_ms - (RATE_MINUTES - i) * 60 000`.
+    pub until_ms: i64,
+    /// Messages accepted.
+    pub messages: Vec<i64>,
+    /// Deliveries made (a message's fan-out), counted at their message's acceptance.
+    pub deliveries: Vec<i64>,
+    /// Runs reported, by outcome, in `OUTCOMES` order.
+    pub outcomes: Vec<(Outcome, Vec<i64>)>,
+}
+
+/// Per-minute counts over the last hour before `now_ms`, from the record (so every hub on a
+/// shared record shows the same, and a restart loses none). Acceptances and fan-out come by
+/// the `accepted_at` index; outcomes by a scan of the attempts, so callers cache the answer
+/// (the status page reads it at most once a minute).
+pub fn rates(conn: &dyn Db, now_ms: i64) -> StoreResult<Rates> {
+    let minutes = i64::try_from(RATE_MINUTES).unwrap_or(60);
+    let from = now_ms - minutes * 60_000;
+    let slot = |at_slot: i64| usize::try_from(at_slot).ok().filter(|i| *i < RATE_MINUTES);
+    let mut messages = vec![0; RATE_MINUTES];
+    let mut deliveries = vec![0; RATE_MINUTES];
+    for (sql, slots) in [
+        (
+            "SELECT (m.accepted_at - :from) / 60000, count(*) FROM messages m
+             WHERE m.accepted_at >= :from AND m.accepted_at < :until GROUP BY 1",
+            &mut messages,
+        ),
+        (
+            "SELECT (m.accepted_at - :from) / 60000, count(*) FROM messages m JOIN deliveries d ON d.message_id = m.id
+             WHERE m.accepted_at >= :from AND m.accepted_at < :until GROUP BY 1",
+            &mut deliveries,
+        ),
+    ] {
+        let mut stmt = conn.prepare_cached(sql)?;
+        let rows = stmt.query_map(named_params! {":from": from, ":until": now_ms}, |r| {
+            Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?))
+        })?;
+        for row in rows {
+            let (at, n) = row?;
+            if let Some(i) = slot(at) {
+                slots[i] = n;
+            }
+        }
+    }
+    let mut outcomes: Vec<(Outcome, Vec<i64>)> = OUTCOMES.iter().map(|o| (*o, vec![0; RATE_MINUTES])).collect();
+    let mut stmt = conn.prepare_cached(
+        "SELECT (reported_at - :from) / 60000, outcome, count(*) FROM attempts
+         WHERE reported_at >= :from AND reported_at < :until GROUP BY 1, 2",
+    )?;
+    let rows = stmt.query_map(named_params! {":from": from, ":until": now_ms}, |r| {
+        Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, i64>(2)?))
+    })?;
+    for row in rows {
+        let (at, outcome, n) = row?;
+        if let (Some(i), Some(slots)) = (slot(at), outcomes.iter_mut().find(|(o, _)| o.as_str() == outcome)) {
+            slots.1[i] = n;
+        }
+    }
+    Ok(Rates { until_ms: now_ms, messages, deliveries, outcomes })
+}
+
+/// Most deliveries a status page search lists.
+pub const SEARCH_SHOWN_MAX: u32 = 50;
+
+/// The deliveries a status page search names, newest first, at most `max`: those whose id
+/// starts with `q`, of the message `q`, in the conversation `q`, or for the host `q`. A search
+/// for text no id, conversation or host holds finds nothing (never an error).
+pub fn search(conn: &dyn Db, q: &str, max: u32) -> StoreResult<Vec<DeliveryRow>> {
+    let q = q.trim();
+    if q.is_empty() {
+        return Ok(Vec::new());
+    }
+    let cols = concat!(
+        "SELECT d.id, d.message_id, d.host, d.conversation, d.seq, d.state, d.instance_id, d.reason, d.updated_at, ",
+        super::read::outcome_sql!(),
+        " FROM deliveries d"
+    );
+    let mut found: Vec<DeliveryRow> = Vec::new();
+    let mut add = |rows: Vec<DeliveryRow>| {
+        for r in rows {
+            if !found.iter().any(|f| f.delivery_id == r.delivery_id) {
+                found.push(r);
+            }
+        }
+    };
+    let id_ok = q.chars().all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c));
+    if id_ok {
+        let ids = match super::listing::resolve_delivery(conn, q)? {
+            super::listing::Resolved::One(id) => vec![id],
+            super::listing::Resolved::Many(ids) => ids,
+            super::listing::Resolved::Nothing => Vec::new(),
+        };
+        let mut one = conn.prepare_cached(&format!("{cols} WHERE d.id = :id"))?;
+        let mut rows = Vec::new();
+        for id in ids {
+            rows.extend(one.query_map(named_params! {":id": id}, delivery_row)?.collect::<Result<Vec<_>, _>>()?);
+        }
+        add(rows);
+    }
+    for filter in ["d.message_id = :q", "d.conversation = :q", "d.host = :q"] {
+        let rows = conn
+            .prepare_cached(&format!("{cols} WHERE {filter} ORDER BY d.n DESC LIMIT :max"))?
+            .query_map(named_params! {":q": q, ":max": max}, delivery_row)?
+            .collect::<Result<Vec<_>, _>>()?;
+        add(rows);
+    }
+    found.sort_by(|a, b| b.updated_at_ms.cmp(&a.updated_at_ms).then_with(|| b.delivery_id.cmp(&a.delivery_id)));
+    found.truncate(usize::try_from(max).unwrap_or(usize::MAX));
+    Ok(found)
 }
 
 /// How many deliveries ended `unknown` at or after `since_ms`: the delivery's state (retired
@@ -219,7 +397,7 @@ mod tests {
             rusqlite::params![ids[1], attempt],
         )
         .unwrap();
-        let trouble: Vec<String> = recent_trouble(c, 10).unwrap().into_iter().map(|r| r.delivery_id).collect();
+        let trouble: Vec<String> = recent_trouble(c, 10).unwrap().into_iter().map(|t| t.row.delivery_id).collect();
         assert_eq!(trouble, [ids[1].clone(), ids[0].clone()]);
         let unknown = outcome_counts(c).unwrap().into_iter().find(|(o, _)| *o == Outcome::Unknown).unwrap();
         assert_eq!(unknown.1, 1);
@@ -235,5 +413,116 @@ mod tests {
             (unknown_since(c, 7).unwrap(), unknown_since(c, 9).unwrap(), unknown_since(c, 10).unwrap()),
             (2, 1, 0)
         );
+    }
+
+    /// A running turn is delivered, started and unreported; one reported or not yet started
+    /// is not. The longest running comes first, with its node session's last contact.
+    #[test]
+    fn running_turns_are_started_and_unreported_longest_first() {
+        let db = testing::db();
+        let c = &db.conn;
+        for k in ["k1", "k2", "k3", "k4"] {
+            accept_one(c, "c", k, &["host-a"]);
+        }
+        let ids: Vec<String> = c
+            .prepare("SELECT id FROM deliveries ORDER BY n")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        c.execute(
+            "INSERT INTO node_sessions (host, session, instance_id, node_version, started_at, last_contact_at)
+             VALUES ('host-a', 1, 'i', '1.0', 1, 900)",
+            [],
+        )
+        .unwrap();
+        // ids[0] started at 500, ids[1] at 300, ids[2] started and reported, ids[3] not started.
+        for (id, started) in [(&ids[0], Some(500)), (&ids[1], Some(300)), (&ids[2], Some(100)), (&ids[3], None)] {
+            c.execute(
+                "UPDATE deliveries SET state = 'delivered', instance_id = 'i', claim_token = 't', started_at = ?2,
+                        started_session = ?3 WHERE id = ?1",
+                rusqlite::params![id, started, started.map(|_| 1i64)],
+            )
+            .unwrap();
+        }
+        c.execute(
+            "INSERT INTO attempts (id, delivery_id, host, instance_id, report_id, request_hash, outcome, reported_at, attempt)
+             VALUES ('att-1', ?1, 'host-a', 'i', 'r1', 'h', 'succeeded', 700, 1)",
+            [&ids[2]],
+        )
+        .unwrap();
+        let (total, rows) = running_turns(c, 10).unwrap();
+        assert_eq!(total, 2);
+        let seen: Vec<(&str, i64, Option<i64>)> =
+            rows.iter().map(|t| (t.delivery_id.as_str(), t.started_at_ms, t.node_last_contact_ms)).collect();
+        assert_eq!(seen, [(ids[1].as_str(), 300, Some(900)), (ids[0].as_str(), 500, Some(900))]);
+        let (total, rows) = running_turns(c, 1).unwrap();
+        assert_eq!((total, rows.len()), (2, 1), "the bound holds, the count does not");
+    }
+
+    /// Each minute of the last hour counts the messages accepted in it, their deliveries and
+    /// the runs reported by outcome; older ones and the current moment's are out.
+    #[test]
+    fn rates_count_each_minute_of_the_last_hour() {
+        let db = testing::db();
+        let c = &db.conn;
+        let now = 10_000_000;
+        accept_one(c, "c", "k1", &["host-a", "host-b"]);
+        accept_one(c, "c", "k2", &["host-a"]);
+        accept_one(c, "c", "k3", &["host-a"]);
+        // k1 (two deliveries) in the last minute, k2 in the first minute of the hour, k3 before it.
+        for (k, at) in [("k1", now - 1), ("k2", now - 3_600_000), ("k3", now - 3_600_001)] {
+            c.execute("UPDATE messages SET accepted_at = ?2 WHERE idempotency_key = ?1", rusqlite::params![k, at])
+                .unwrap();
+        }
+        let first: String = c.query_row("SELECT id FROM deliveries ORDER BY n LIMIT 1", [], |r| r.get(0)).unwrap();
+        for (id, outcome, at, attempt) in
+            [("a1", "failed", now - 61_000, 1), ("a2", "succeeded", now - 60_000, 2), ("a3", "failed", now, 3)]
+        {
+            c.execute(
+                "INSERT INTO attempts (id, delivery_id, host, instance_id, report_id, request_hash, outcome, reported_at, attempt)
+                 VALUES (?1, ?2, 'host-a', 'i', ?1, 'h', ?3, ?4, ?5)",
+                rusqlite::params![id, first, outcome, at, attempt],
+            )
+            .unwrap();
+        }
+        let r = rates(c, now).unwrap();
+        assert_eq!(r.messages.len(), RATE_MINUTES);
+        assert_eq!((r.messages[0], r.messages[RATE_MINUTES - 1], r.messages.iter().sum::<i64>()), (1, 1, 2));
+        assert_eq!((r.deliveries[0], r.deliveries[RATE_MINUTES - 1]), (1, 2));
+        let slots = |o: Outcome| r.outcomes.iter().find(|(x, _)| *x == o).unwrap().1.clone();
+        let failed = slots(Outcome::Failed);
+        assert_eq!((failed[RATE_MINUTES - 2], failed.iter().sum::<i64>()), (1, 1), "the current moment is out");
+        assert_eq!(slots(Outcome::Succeeded)[RATE_MINUTES - 1], 1);
+    }
+
+    /// A search finds deliveries by id prefix, message id, conversation or host, newest first;
+    /// text none of them holds finds nothing, without an error.
+    #[test]
+    fn search_finds_by_id_prefix_message_conversation_or_host() {
+        let db = testing::db();
+        let c = &db.conn;
+        accept_one(c, "conv-1", "k1", &["host-a", "host-b"]);
+        accept_one(c, "conv-2", "k2", &["host-b"]);
+        c.execute("UPDATE deliveries SET updated_at = n", []).unwrap();
+        let (id, message): (String, String) = c
+            .query_row("SELECT id, message_id FROM deliveries ORDER BY n LIMIT 1", [], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap();
+        let found = |q: &str| -> Vec<(String, String)> {
+            search(c, q, 10).unwrap().into_iter().map(|d| (d.host, d.conversation)).collect()
+        };
+        assert_eq!(found(&id), [("host-a".to_string(), "conv-1".to_string())]);
+        assert_eq!(found(&id[..20]).len(), 1, "a long enough prefix names it alone");
+        assert_eq!(found(&message).len(), 2, "both deliveries of the message");
+        assert_eq!(found("conv-2"), [("host-b".to_string(), "conv-2".to_string())]);
+        assert_eq!(
+            found("host-b"),
+            [("host-b".to_string(), "conv-2".to_string()), ("host-b".to_string(), "conv-1".to_string())],
+            "newest first"
+        );
+        assert!(found("no such thing <b>").is_empty());
+        assert!(found("  ").is_empty());
+        assert_eq!(search(c, "host-b", 1).unwrap().len(), 1, "the bound holds");
     }
 }
