@@ -94,7 +94,8 @@ fn the_page_flags_what_status_flags_and_counts_the_last_hour_running_turns_and_s
     };
     assert_eq!(found("waits").len(), 3);
     assert_eq!(found("host-a"), [failed.as_str()]);
-    assert_eq!(found(&failed[..12]), [failed.as_str()]);
+    // A prefix long enough to reach past the time-ordered head names the delivery alone.
+    assert_eq!(found(&failed[..failed.len() - 4]), [failed.as_str()]);
     let message = hub.delivery(&running)["message_id"].as_str().unwrap().to_string();
     assert_eq!(found(&message), [running.as_str()]);
     assert!(found("no-such-thing").is_empty());
