@@ -137,9 +137,13 @@ pub async fn from_record(store: &Store, now_ms: i64, w: Watch) -> StoreResult<Ve
 
 /// What the data directory says needs attention at `now_ms`: a CA rotation not finished
 /// (`ca.crt` trusts more than the issuing CA, from `ca rotate` until `ca retire-old`) and the
-/// hub's server certificate expiring. An unreadable file is an error naming it.
+/// hub's server certificate expiring. An unreadable file is an error naming it, and so is one
+/// over `PEM_FILE_BYTES_MAX` (read within that bound, as every PEM file the hub reads).
 pub fn from_files(dir: &DataDir, now_ms: i64) -> Result<Vec<Attention>, String> {
-    let read = |p: &std::path::Path| std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()));
+    let read = |p: &std::path::Path| {
+        baton_shared::files::read_text_bounded(p, baton_shared::limits::PEM_FILE_BYTES_MAX, "PEM_FILE_BYTES_MAX")
+            .map_err(|e| format!("{}: {e}", p.display()))
+    };
     let mut out = Vec::new();
     let bundle = read(&dir.ca_cert())?;
     let cas = pki::pem_certs(&bundle).map_err(|e| format!("{}: {e}", dir.ca_cert().display()))?.len();
