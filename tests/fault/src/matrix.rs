@@ -13,6 +13,51 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+/// How many crash runs a suite keeps in flight at once. A run is a hub and two nodes that spend
+/// most of their time waiting on each other (an abort, a restart, long polls, the drain), so a
+/// 2-core machine runs several side by side; each has its own directories and ports.
+pub const CRASH_RUNS_AT_ONCE: usize = 3;
+/// The environment variable overriding `CRASH_RUNS_AT_ONCE` (1 runs the points one by one).
+pub const CRASH_RUNS_AT_ONCE_ENV: &str = "BATON_FAULT_RUNS_AT_ONCE";
+/// The most runs at once the override may ask for.
+pub const CRASH_RUNS_AT_ONCE_MAX: usize = 16;
+
+/// The runs a suite keeps in flight: `BATON_FAULT_RUNS_AT_ONCE` (1 to `CRASH_RUNS_AT_ONCE_MAX`),
+/// else `CRASH_RUNS_AT_ONCE`.
+///
+/// # Panics
+/// On a value that is not a number in that range, naming the variable.
+pub fn runs_at_once() -> usize {
+    let Ok(v) = std::env::var(CRASH_RUNS_AT_ONCE_ENV) else { return CRASH_RUNS_AT_ONCE };
+    match v.trim().parse::<usize>() {
+        Ok(n) if (1..=CRASH_RUNS_AT_ONCE_MAX).contains(&n) => n,
+        _ => panic!("{CRASH_RUNS_AT_ONCE_ENV}: {v:?} is not a number of runs from 1 to {CRASH_RUNS_AT_ONCE_MAX}"),
+    }
+}
+
+/// Runs `run` on every job, at most `at_once` at a time (each on a thread of its own, so `run`
+/// may `block_on` a shared runtime), and returns the results in the jobs' order, whatever order
+/// they finished in.
+pub fn run_each<J: Sync, T: Send>(jobs: &[J], at_once: usize, run: impl Fn(&J) -> T + Sync) -> Vec<T> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let done = std::sync::Mutex::new(Vec::with_capacity(jobs.len()));
+    std::thread::scope(|s| {
+        for _ in 0..at_once.clamp(1, jobs.len().max(1)) {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(job) = jobs.get(i) else { break };
+                    let out = run(job);
+                    done.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((i, out));
+                }
+            });
+        }
+    });
+    let mut done = done.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
+    done.sort_by_key(|(i, _)| *i);
+    done.into_iter().map(|(_, out)| out).collect()
+}
+
 /// Whether a crash point must already be compiled into the binaries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Presence {

@@ -209,7 +209,9 @@ impl PgCluster {
         let log = std::fs::File::create(dir.join("server.log"))?;
         let mut cmd = run_as.command(&self.bin.join("postgres"));
         cmd.arg("-D").arg(dir.join("data")).arg("-p").arg(port.to_string()).arg("-k").arg(dir.join("sock"));
-        for setting in ["listen_addresses=127.0.0.1", "fsync=on", "logging_collector=off", "max_connections=50"] {
+        // Room for several runs at once on one cluster: the crash-point matrix keeps a few
+        // two-hub runs in flight, each hub with its writer, readers and notice listener.
+        for setting in ["listen_addresses=127.0.0.1", "fsync=on", "logging_collector=off", "max_connections=200"] {
             cmd.arg("-c").arg(setting);
         }
         if self.ca_file.is_some() {

@@ -22,15 +22,14 @@
 //! Needs `/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1`; otherwise skipped with the reason,
 //! unless `BATON_REQUIRE_FAULTS` is set.
 
-mod support;
-
+use crate::support;
+use crate::support::{Msg, Submitter};
 use baton_fault::cluster::Cluster;
 use baton_testkit::{Binaries, Started};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
-use support::{Msg, Submitter};
 
 /// Where Debian's `faketime` package installs the library.
 const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";

@@ -7,7 +7,7 @@
 //! run on the same day repeats it; the seed is printed with every run). The whole matrix, every
 //! point × every seed, is `BATON_FAULT_SEEDS=1,2,3` (any comma-separated list of seeds).
 
-use baton_fault::matrix::{CRASH_POINTS, CrashPoint, Presence, crash_run, known_by};
+use baton_fault::matrix::{CRASH_POINTS, CrashPoint, Presence, crash_run, known_by, run_each, runs_at_once};
 use baton_testkit::Binaries;
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -78,24 +78,29 @@ fn run_points(filter: impl Fn(&CrashPoint) -> bool) {
     let bins = Binaries::build().unwrap();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let only = std::env::var("BATON_FAULT_POINT").ok();
-    let mut failures = Vec::new();
     let seeds = seeds();
+    let mut runs = Vec::new();
     for p in CRASH_POINTS.iter().filter(|p| filter(p)) {
-        let point = &p.name;
-        if only.as_deref().is_some_and(|o| o != *point) {
+        let point = p.name;
+        if only.as_deref().is_some_and(|o| o != point) {
             continue;
         }
         if p.presence == Presence::Planned && !known_by(&bins, p).unwrap() {
             eprintln!("{point}: skipped (planned; not in this build yet)");
             continue;
         }
-        for &seed in &seeds {
-            let started = std::time::Instant::now();
-            let run = rt.block_on(crash_run(&bins, point, seed)).unwrap();
-            eprintln!("{}", run.summary(point, seed, started.elapsed()));
-            failures.extend(run.failure(point, seed));
-        }
+        runs.extend(seeds.iter().map(|&seed| (point, seed)));
     }
+    // The runs are independent (own directories, own ports): several at once, reported in order.
+    let failures: Vec<String> = run_each(&runs, runs_at_once(), |&(point, seed)| {
+        let started = std::time::Instant::now();
+        let run = rt.block_on(crash_run(&bins, point, seed)).unwrap_or_else(|e| panic!("{point} seed {seed}: {e:#}"));
+        eprintln!("{}", run.summary(point, seed, started.elapsed()));
+        run.failure(point, seed)
+    })
+    .into_iter()
+    .flatten()
+    .collect();
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 

@@ -13,7 +13,9 @@
 //! replayed) is the hub's answer, here read from PostgreSQL.
 
 use baton_fault::checker::HubRecord;
-use baton_fault::matrix::{CRASH_POINTS, CrashPoint, Presence, RecordAt, crash_run_at, known_by};
+use baton_fault::matrix::{
+    CRASH_POINTS, CrashPoint, Presence, RecordAt, crash_run_at, known_by, run_each, runs_at_once,
+};
 use baton_testkit::Binaries;
 
 /// The one seed each point runs with here (the SQLite matrix runs three).
@@ -43,8 +45,7 @@ fn run_points(test: &str, filter: impl Fn(&CrashPoint) -> bool) {
     let bins = Binaries::build().unwrap();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let only = std::env::var("BATON_FAULT_POINT").ok();
-    let mut failures = Vec::new();
-    let mut ran = 0;
+    let mut runs = Vec::new();
     for (i, p) in CRASH_POINTS.iter().enumerate().filter(|(_, p)| filter(p)) {
         let point = p.name;
         if only.as_deref().is_some_and(|o| o != point) {
@@ -54,17 +55,22 @@ fn run_points(test: &str, filter: impl Fn(&CrashPoint) -> bool) {
             eprintln!("{point}: skipped (planned; not in this build yet)");
             continue;
         }
-        let url = pg.create_database(&format!("crash_{i}")).unwrap();
+        runs.push((point, pg.create_database(&format!("crash_{i}")).unwrap()));
+    }
+    // One database per run, so the runs are independent: several at once, reported in order.
+    let failures: Vec<String> = run_each(&runs, runs_at_once(), |(point, url)| {
         let started = std::time::Instant::now();
         let run = rt
-            .block_on(crash_run_at(&bins, point, SEED, RecordAt::Postgres { url: &url, hubs: HUBS }))
+            .block_on(crash_run_at(&bins, point, SEED, RecordAt::Postgres { url, hubs: HUBS }))
             .unwrap_or_else(|e| panic!("{point} seed {SEED}: {e:#}"));
-        ran += 1;
         assert_eq!(run.record, HubRecord::Postgres(url.clone()), "{point}: the checker read another record");
         eprintln!("{}", run.summary(point, SEED, started.elapsed()));
-        failures.extend(run.failure(point, SEED));
-    }
-    assert!(only.is_some() || ran > 0, "{test}: no point ran");
+        run.failure(point, SEED)
+    })
+    .into_iter()
+    .flatten()
+    .collect();
+    assert!(only.is_some() || !runs.is_empty(), "{test}: no point ran");
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
     drop(rt);
     drop(pg);

@@ -18,12 +18,11 @@
 //! Needs root (to mount the `tmpfs`); otherwise skipped with the reason, unless
 //! `BATON_REQUIRE_FAULTS` is set.
 
-mod support;
-
+use crate::support;
+use crate::support::{Msg, Submitter, Tmpfs};
 use baton_fault::cluster::Cluster;
 use baton_testkit::{Binaries, Signal, Started};
 use std::time::{Duration, Instant};
-use support::{Msg, Submitter, Tmpfs};
 
 /// The size of the small filesystem: room for the store, not for a ballast too.
 const FS_SIZE: &str = "16m";

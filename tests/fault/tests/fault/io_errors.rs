@@ -25,13 +25,12 @@
 //! message, nothing delivered or run twice) and `integrity_check` of both stores must pass.
 //! Needs `cc`; otherwise skipped with the reason, unless `BATON_REQUIRE_FAULTS` is set.
 
-mod support;
-
+use crate::support;
+use crate::support::{Msg, Submitter};
 use baton_fault::cluster::Cluster;
 use baton_testkit::{Binaries, Started};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use support::{Msg, Submitter};
 
 /// Highest k of the accept rounds (they stop earlier, once the accept outlives its fault).
 const K_ACCEPT_MAX: u64 = 400;

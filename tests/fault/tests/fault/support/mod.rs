@@ -4,8 +4,7 @@
 //! refusal can be held to `503 storage_unavailable` and checked for leaks) while writing the
 //! client history the checker reads, and the checks run after a fault heals.
 //!
-//! Each test file uses a part of it.
-#![allow(dead_code)]
+//! Each module of the suite uses a part of it.
 
 use baton_fault::checker::{self, Report};
 use baton_fault::cluster::{Cluster, fxhash};
