@@ -4,7 +4,7 @@
 //! value of the wrong type is refused naming its key; whole numbers and durations are accepted
 //! only within their documented range, and any refusal names the key that was set.
 //!
-//! Long run: `BATON_FUZZ_CASES=1000000 cargo test --release -p baton-hub --all-features --test fuzz_config`.
+//! Long run: `BATON_FUZZ_CASES=1000000 cargo test --release -p baton-hub --all-features --test fuzz -- fuzz_config::`.
 
 use baton_hub::config::{HubConfig, KEYS, Key, KeyKind};
 use proptest::prelude::*;

@@ -7,7 +7,7 @@
 //! no internal type. For accepted messages: the payload reads back byte for byte, a replay is a
 //! duplicate, and a payload differing only in one number is a conflict, never a duplicate.
 //!
-//! Long run: `BATON_FUZZ_CASES=1000000 cargo test --release -p baton-hub --all-features --test fuzz_http`.
+//! Long run: `BATON_FUZZ_CASES=1000000 cargo test --release -p baton-hub --all-features --test fuzz -- fuzz_http::`.
 
 use axum::Router;
 use axum::body::Body;

@@ -7,7 +7,7 @@
 //! is a conversation name, `*`, or a name prefix ending in `*`, and covers exactly the names
 //! the documentation says.
 //!
-//! Long run: `BATON_FUZZ_CASES=1000000 cargo test --release -p baton-hub --all-features --test fuzz_cursors`.
+//! Long run: `BATON_FUZZ_CASES=1000000 cargo test --release -p baton-hub --all-features --test fuzz -- fuzz_cursors::`.
 
 use baton_hub::store::ActorKind;
 use baton_hub::store::audit::{AuditCursor, AuditSource};
