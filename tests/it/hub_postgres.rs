@@ -353,10 +353,6 @@ pub const NOT_RERUN_ON_POSTGRES: [(&str, &str); 35] = [
     ("harness::", "fixtures"),
 ];
 
-/// Test threads of the rerun: the default suite's own, so the rerun loads the machine as the
-/// suite does.
-const RERUN_THREADS: &str = "2";
-
 /// The tests of this binary that `args` selects, as `--list` names them.
 fn listed_tests(exe: &Path, args: &[&str]) -> Vec<String> {
     let mut cmd = std::process::Command::new(exe);
@@ -403,7 +399,9 @@ fn the_whole_suite_passes_on_postgres() {
         .filter(|t| RERUN_ON_POSTGRES.iter().any(|m| t.starts_with(m)))
         .collect();
     let mut cmd = std::process::Command::new(&exe);
-    cmd.args(RERUN_ON_POSTGRES).args(["--test-threads", RERUN_THREADS]);
+    // The child inherits this run's test threads (`RUST_TEST_THREADS`, which the workspace's
+    // `.cargo/config.toml` sets), so the rerun loads the machine as the suite does.
+    cmd.args(RERUN_ON_POSTGRES);
     cmd.env(crate::harness::BACKEND_ENV, "postgres");
     let out = baton_testkit::bins::run(cmd, RERUN_LIMIT).unwrap_or_else(|e| panic!("{e:#}"));
     let text = format!("{}{}", stdout(&out), stderr(&out));

@@ -492,7 +492,6 @@ mod tests {
         }
         let out = std::process::Command::new(std::env::current_exe().unwrap())
             .args(&args)
-            .args(["--test-threads", "2"])
             .env(testing::PG_TEMPLATE_ENV, &url)
             .output()
             .unwrap();
