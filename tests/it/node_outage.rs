@@ -8,8 +8,10 @@ use std::collections::HashMap;
 #[test]
 fn hub_killed_and_restarted_mid_flight_loses_nothing_and_counts_nothing_twice() {
     let mut hub = Hub::with_nodes(&["host-a", "host-b"]);
-    let a = hub.node_process("host-a").then("sleep 0.5").trace_ends().start();
-    let b = hub.node_process("host-b").then("sleep 0.5").trace_ends().start();
+    // Turns of a second, ten a conversation: a loaded machine still finds a turn waiting
+    // behind a running one well before the backlog runs out.
+    let a = hub.node_process("host-a").then("sleep 1").trace_ends().start();
+    let b = hub.node_process("host-b").then("sleep 1").trace_ends().start();
     let mut expected: HashMap<String, (String, String)> = HashMap::new();
     for i in 0..30 {
         let conversation = format!("conv-{}", i % 3);
@@ -22,7 +24,7 @@ fn hub_killed_and_restarted_mid_flight_loses_nothing_and_counts_nothing_twice() 
     let done_count = |hub: &Hub| hub.deliveries().iter().filter(|d| !d["outcome"].is_null()).count();
     let at_kill = wait_for("some outcomes before the kill", NODE_WAIT, || {
         let n = done_count(&hub);
-        (n >= 6).then_some(n)
+        (n >= 3).then_some(n)
     });
     // Kill while a node holds a delivered turn that waits behind a running one of its
     // conversation, so there is a turn that can only start while the hub is down.
