@@ -60,6 +60,8 @@
 //! - `turn_control`: cancel reaching a running or waiting turn, retries the harness asks for,
 //!   the operator's retry (a redrive), and a copied data directory that runs nothing twice.
 //! - `examples`: the Python producer and harness of `docs/examples/` against the real binaries.
+//! - `demo`: `baton-demo`, README's quick start, run to its end, and its build of the programs
+//!   resolving features as the `cargo run` before it (so it only links them).
 //! - `packaging`: the Debian packages, their systemd units, and readiness through `sd_notify`.
 //! - `producer_cli`: `baton`, the producer command line: send, get, wait and cancel with their
 //!   exit statuses, and configuration errors.
@@ -77,6 +79,7 @@ mod conversation_fairness;
 mod conversation_order;
 mod conversations_cli;
 mod corruption;
+mod demo;
 mod exact_payloads;
 mod examples;
 mod file_bounds;

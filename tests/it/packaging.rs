@@ -4,15 +4,21 @@
 //! `ExecStart` run by hand from the unpacked package with its packaged configuration, speaking
 //! the `sd_notify` protocol to a socket the test listens on.
 //!
-//! Needs `cargo deb`, `systemd-analyze` and `dpkg-deb`. Without them the tests say so and pass,
-//! unless `BATON_REQUIRE_PACKAGING` is set (CI sets it), when they fail.
+//! As root, `packages_install_remove_and_purge_with_dpkg` installs both packages on this
+//! machine with `dpkg -i`, follows README's steps for a node's certificate files, checks owners
+//! and modes, removes and purges them, and leaves the machine as it found it.
+//!
+//! Needs `cargo deb`, `systemd-analyze` and `dpkg-deb` (the dpkg test also root, `dpkg`,
+//! `adduser` and `runuser`). Without them the tests say so and pass, unless
+//! `BATON_REQUIRE_PACKAGING` is set (CI sets it), when they fail.
 
 use baton_testkit::bins::{self, Binaries};
 use baton_testkit::{EVENT_WAIT, Hub, Proc, Role, Signal, fresh_dir, wait};
 use std::os::unix::fs::PermissionsExt as _;
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 /// Set (to anything) to make missing packaging tools a failure instead of a skip.
@@ -94,6 +100,23 @@ fn build(bins: &Binaries, name: &str, dir: &Path) -> Package {
     let o = Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&root).output().unwrap();
     assert!(o.status.success(), "dpkg-deb -x: {}", text(&o));
     Package { deb, root, contents, info }
+}
+
+/// `name`'s package, built once per test process (the tests of its contents and the dpkg test
+/// share it) under the target directory, next to the binaries it holds.
+fn package(bins: &Binaries, name: &str) -> &'static Package {
+    static HUB: OnceLock<Package> = OnceLock::new();
+    static NODE: OnceLock<Package> = OnceLock::new();
+    let cell = if name == "baton-hub" { &HUB } else { &NODE };
+    cell.get_or_init(|| {
+        let profile_dir = bins.hub.parent().expect("the binaries live in a profile directory");
+        let dir = profile_dir.join("packaging-test").join(name);
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
+        std::fs::create_dir_all(&dir).unwrap();
+        build(bins, name, &dir)
+    })
 }
 
 impl Package {
@@ -280,7 +303,7 @@ fn hub_package_installs_a_service_that_notifies_systemd() {
     }
     let bins = Binaries::build().unwrap();
     let dir = fresh_dir("pkg-hub").unwrap();
-    let pkg = build(&bins, "baton-hub", dir.path());
+    let pkg = package(&bins, "baton-hub");
     pkg.check_common(&bins, "baton-hub", dir.path());
     let (_, unit) = pkg.unit("baton-hub");
     assert!(unit.contains("RestartPreventExitStatus=2 3"), "{unit}");
@@ -307,7 +330,7 @@ fn hub_package_installs_a_service_that_notifies_systemd() {
     assert!(o.status.success() && text(&o).contains("baton"), "{}", text(&o));
 
     let data = dir.path().join("var-lib-baton-hub");
-    postinst_hub_data_dir(&pkg, &data);
+    postinst_hub_data_dir(pkg, &data);
     let notify = NotifySocket::bind(dir.path());
     let mut cmd = pkg.exec_start("baton-hub", &data);
     // The packaged address is fixed (7443); the environment layer moves it for the test.
@@ -338,7 +361,7 @@ fn node_package_installs_a_service_that_notifies_systemd() {
     }
     let bins = Binaries::build().unwrap();
     let dir = fresh_dir("pkg-node").unwrap();
-    let pkg = build(&bins, "baton-node", dir.path());
+    let pkg = package(&bins, "baton-node");
     pkg.check_common(&bins, "baton-node", dir.path());
     let (_, unit) = pkg.unit("baton-node");
     for line in ["RestartPreventExitStatus=2 3 5 6", "KillMode=mixed", "ExecReload="] {
@@ -379,5 +402,356 @@ fn node_package_installs_a_service_that_notifies_systemd() {
         notify.wait_for("STOPPING=1", &mut node);
         let exit = node.wait_exit(EVENT_WAIT).unwrap().expect("the node stops on SIGTERM");
         assert_eq!(exit.code(), Some(0), "{case}: {}", node.stderr());
+    }
+}
+
+/// The quoted value of `key = "…"` in a TOML text (the first line that sets it).
+fn toml_value<'a>(text: &'a str, key: &str) -> Option<&'a str> {
+    text.lines().find_map(|l| l.strip_prefix(&format!("{key} = \""))).and_then(|rest| rest.split('"').next())
+}
+
+/// README's part from `start` up to the next line that begins with `end`.
+fn readme_part<'a>(readme: &'a str, start: &str, end: &str) -> &'a str {
+    let from = readme.find(start).unwrap_or_else(|| panic!("README.md has no {start:?}"));
+    let rest = &readme[from..];
+    let to = rest[1..].find(&format!("\n{end}")).map_or(rest.len(), |i| i + 1);
+    &rest[..to]
+}
+
+/// README's steps that install a node's certificate files: the `sudo install …` lines after
+/// "**A node**".
+fn readme_install_lines(readme: &str) -> Vec<&str> {
+    let part = readme_part(readme, "**A node**", "**Removing");
+    let lines: Vec<&str> = part.lines().filter(|l| l.starts_with("sudo install ")).collect();
+    assert!(!lines.is_empty(), "README.md gives no `sudo install` step for a node's files:\n{part}");
+    lines
+}
+
+/// `readme_install_lines`, each as (mode, group, source, destination).
+fn readme_install_steps(readme: &str) -> Vec<(String, String, String, String)> {
+    readme_install_lines(readme)
+        .into_iter()
+        .map(|l| {
+            let words: Vec<&str> = l.split_whitespace().collect();
+            let flag =
+                |f: &str| words.iter().position(|w| *w == f).map(|i| words[i + 1].to_string()).unwrap_or_default();
+            let [.., src, dst] = words[..] else { panic!("an install step without source and destination: {l}") };
+            (flag("-m"), flag("-g"), src.to_string(), dst.to_string())
+        })
+        .collect()
+}
+
+/// README names the package's paths for a node: its "Running a node" configuration holds the
+/// certificate files and data directory of `node/pkg/node.toml`, its commands read the unit's
+/// `/etc/baton/node.toml`, and its install steps put the files exactly there, the key readable
+/// by the `baton-node` group alone.
+#[test]
+fn readme_gives_the_node_package_paths() {
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let packaged = std::fs::read_to_string(repo().join("node/pkg/node.toml")).unwrap();
+    let unit = std::fs::read_to_string(repo().join("node/pkg/baton-node.service")).unwrap();
+    let config = "/etc/baton/node.toml";
+    assert!(unit.contains(&format!("--config {config}")), "{unit}");
+    assert!(packaged.contains(&format!("as {config}")), "{packaged}");
+    let section = readme_part(&readme, "## Running a node\n", "## ");
+    let example = section.split("```toml\n").nth(1).and_then(|s| s.split("```").next()).expect("a TOML example");
+    let mut files = Vec::new();
+    for key in ["ca_file", "cert_file", "key_file", "data_dir"] {
+        let ours = toml_value(&packaged, key).unwrap_or_else(|| panic!("node/pkg/node.toml lacks {key}"));
+        assert_eq!(toml_value(example, key), Some(ours), "README's \"Running a node\" sets {key} otherwise");
+        files.push((key, ours));
+    }
+    let commands: Vec<&str> = section.lines().filter(|l| l.starts_with("baton-node ")).collect();
+    assert!(!commands.is_empty(), "{section}");
+    for line in commands {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        for (flag, path) in [("--config", config), ("--data-dir", "/var/lib/baton-node")] {
+            if let Some(i) = words.iter().position(|w| *w == flag) {
+                assert_eq!(words.get(i + 1), Some(&path), "README: {line}");
+            }
+        }
+    }
+    let steps = readme_install_steps(&readme);
+    for (key, path) in files.iter().filter(|(k, _)| *k != "data_dir") {
+        let (mode, group, ..) = steps
+            .iter()
+            .find(|(.., dst)| dst == path)
+            .unwrap_or_else(|| panic!("README installs no file as {path} ({key}): {steps:?}"));
+        assert_eq!(group, "baton-node", "{path}");
+        if *key == "key_file" {
+            assert_eq!(mode, "0640", "{path}: readable by root and the baton-node group only");
+        }
+    }
+}
+
+/// How long one `dpkg` or user-management command may take.
+const SYSTEM_WAIT: Duration = Duration::from_secs(300);
+/// Everything the dpkg test installs or creates beyond the packages' own files, removed by its
+/// cleanup: the machine must have none of it before the test.
+const INSTALLED_PATHS: [&str; 3] = ["/var/lib/baton-hub", "/var/lib/baton-node", "/etc/baton"];
+const PACKAGES: [&str; 2] = ["baton-node", "baton-hub"];
+
+/// A system command with a clean environment and the usual root `PATH` (dpkg needs `/sbin`).
+fn system(program: &str, args: &[&str]) -> Command {
+    let mut cmd = Command::new(program);
+    cmd.env_clear().env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin").env("LC_ALL", "C");
+    cmd.args(args).current_dir("/").stdin(std::process::Stdio::null());
+    cmd
+}
+
+/// Runs `cmd` to completion within `SYSTEM_WAIT`.
+fn run_system(cmd: Command) -> Output {
+    bins::run(cmd, SYSTEM_WAIT).unwrap()
+}
+
+/// Runs `program ARGS`, failing the test unless it exits 0; returns stdout and stderr.
+fn must(program: &str, args: &[&str]) -> String {
+    let o = run_system(system(program, args));
+    assert!(o.status.success(), "{program} {} exited {}:\n{}", args.join(" "), o.status, text(&o));
+    text(&o)
+}
+
+/// Whether `getent DATABASE NAME` finds it; its numeric id when it does.
+fn getent_id(database: &str, name: &str) -> Option<u32> {
+    let o = run_system(system("getent", &[database, name]));
+    let line = String::from_utf8_lossy(&o.stdout).into_owned();
+    o.status.success().then(|| line.split(':').nth(2).and_then(|id| id.trim().parse().ok()).expect("an id"))
+}
+
+/// A package's dpkg status (`installed`, `config-files`, …), `None` when dpkg does not know it.
+fn dpkg_status(name: &str) -> Option<String> {
+    let o = run_system(system("dpkg-query", &["-W", "-f", "${db:Status-Status}", name]));
+    let status = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    (o.status.success() && !status.is_empty() && status != "not-installed").then_some(status)
+}
+
+/// Why this machine cannot run the dpkg test, if it cannot: not root, tools missing, or a
+/// package, user or directory of Baton's here already (the test would take it over and remove it).
+fn dpkg_test_blocked() -> Option<String> {
+    let uid = Command::new("id").arg("-u").output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    if uid.as_deref().ok() != Some("0") {
+        return Some("not running as root (dpkg -i installs for real)".into());
+    }
+    let missing: Vec<&str> = ["dpkg", "dpkg-query", "adduser", "deluser", "runuser", "getent"]
+        .into_iter()
+        .filter(|p| !run_system(system("sh", &["-c", &format!("command -v {p}")])).status.success())
+        .collect();
+    if !missing.is_empty() {
+        return Some(format!("missing {}", missing.join(", ")));
+    }
+    let mut present = Vec::new();
+    for name in PACKAGES {
+        if let Some(status) = dpkg_status(name) {
+            present.push(format!("package {name} ({status})"));
+        }
+        for database in ["passwd", "group"] {
+            if getent_id(database, name).is_some() {
+                present.push(format!("{database} entry {name}"));
+            }
+        }
+    }
+    present.extend(INSTALLED_PATHS.iter().filter(|p| Path::new(p).exists()).map(|p| p.to_string()));
+    (!present.is_empty()).then(|| {
+        format!("this machine has {} already; the test installs and purges Baton for real", present.join(", "))
+    })
+}
+
+/// Removes whatever the dpkg test may have left, on every way out of it: both packages purged
+/// with their data, the users and groups, the directories. Runs only after `dpkg_test_blocked`
+/// found none of them, so it restores the machine as it was.
+struct DpkgCleanup;
+
+impl Drop for DpkgCleanup {
+    fn drop(&mut self) {
+        let mut purge = system("dpkg", &["--purge", PACKAGES[0], PACKAGES[1]]);
+        purge.env("BATON_PURGE_DATA", "yes");
+        let _ = bins::run(purge, SYSTEM_WAIT);
+        for name in PACKAGES {
+            if getent_id("passwd", name).is_some() {
+                let _ = bins::run(system("deluser", &["--quiet", "--system", name]), SYSTEM_WAIT);
+            }
+            if getent_id("group", name).is_some() {
+                let _ = bins::run(system("delgroup", &["--quiet", "--system", name]), SYSTEM_WAIT);
+            }
+        }
+        for path in INSTALLED_PATHS {
+            let _ = std::fs::remove_dir_all(path);
+        }
+    }
+}
+
+/// (mode bits, uid, gid) of `path`, not following a last symlink.
+fn owner_mode(path: &str) -> (u32, u32, u32) {
+    use std::os::unix::fs::MetadataExt as _;
+    let m = std::fs::symlink_metadata(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    (m.mode() & 0o7777, m.uid(), m.gid())
+}
+
+/// Fails unless `path` has exactly `mode`, owner `uid` and group `gid`.
+fn assert_owner_mode(path: &str, mode: u32, uid: u32, gid: u32) {
+    let (m, u, g) = owner_mode(path);
+    assert!((m, u, g) == (mode, uid, gid), "{path}: mode {m:04o} owner {u}:{g}, expected {mode:04o} {uid}:{gid}");
+}
+
+/// Whether `user` can read `path` (`runuser -u USER -- cat PATH`).
+fn readable_by(user: &str, path: &str) -> bool {
+    run_system(system("runuser", &["-u", user, "--", "cat", path])).status.success()
+}
+
+/// Files named `NAME.service` left under `dir` (systemd's enablement links and
+/// deb-systemd-helper's state).
+fn unit_traces(dir: &Path, name: &str, found: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.file_name().is_some_and(|n| n.to_string_lossy().starts_with(&format!("{name}.service"))) {
+            found.push(path.clone());
+        }
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            unit_traces(&path, name, found);
+        }
+    }
+}
+
+/// Both packages installed, removed and purged with dpkg on this machine, as CI runs it (root,
+/// systemd not PID 1, so the maintainer scripts must not need it): `hub.toml` is a 0640
+/// root:baton-hub conffile; README's steps give a node key the `baton-node` user reads and no
+/// one else; the unit files are installed; `dpkg -r` keeps configuration and data; `dpkg -P`
+/// keeps both data directories (the CA and the record; the node store) and says so and how to
+/// remove them, and a reinstall uses them as they are; a purge with `BATON_PURGE_DATA=yes`
+/// removes them and the users, leaving nothing behind.
+#[test]
+fn packages_install_remove_and_purge_with_dpkg() {
+    if !tools_present() {
+        return;
+    }
+    if let Some(why) = dpkg_test_blocked() {
+        assert!(std::env::var_os(REQUIRE_VAR).is_none(), "{REQUIRE_VAR} is set but the dpkg test cannot run: {why}");
+        eprintln!("SKIPPED: dpkg install test: {why}; set {REQUIRE_VAR} to make this a failure");
+        return;
+    }
+    let bins = Binaries::build().unwrap();
+    let hub_pkg = package(&bins, "baton-hub");
+    let node_pkg = package(&bins, "baton-node");
+    let debs = [node_pkg.deb.to_str().expect("a UTF-8 path"), hub_pkg.deb.to_str().expect("a UTF-8 path")];
+    let dir = fresh_dir("pkg-dpkg").unwrap();
+    let _cleanup = DpkgCleanup;
+
+    let said = must("dpkg", &["-i", debs[0], debs[1]]);
+    let hub_gid = getent_id("group", "baton-hub").unwrap_or_else(|| panic!("no baton-hub group:\n{said}"));
+    let node_uid = getent_id("passwd", "baton-node").unwrap_or_else(|| panic!("no baton-node user:\n{said}"));
+    let node_gid = getent_id("group", "baton-node").expect("a baton-node group");
+    let hub_uid = getent_id("passwd", "baton-hub").expect("a baton-hub user");
+
+    // The hub's configuration may hold a database password: a conffile only root and the hub read.
+    assert_owner_mode("/etc/baton/hub.toml", 0o640, 0, hub_gid);
+    let conffiles = must("dpkg-query", &["-W", "-f", "${Conffiles}", "baton-hub"]);
+    assert!(conffiles.contains("/etc/baton/hub.toml "), "{conffiles}");
+    assert!(!readable_by("nobody", "/etc/baton/hub.toml"));
+    let check = run_system(system("runuser", &["-u", "baton-hub", "--", "baton-hub", "config", "check"]));
+    assert!(check.status.success(), "the hub's user cannot read its configuration:\n{}", text(&check));
+    assert_owner_mode("/var/lib/baton-hub", 0o700, hub_uid, hub_gid);
+    assert_owner_mode("/var/lib/baton-node", 0o700, node_uid, node_gid);
+    assert_owner_mode("/etc/baton/node", 0o750, 0, node_gid);
+    let ca = std::fs::read("/var/lib/baton-hub/ca.crt").expect("the postinst's init wrote the CA");
+    for name in PACKAGES {
+        let files = must("dpkg", &["-L", name]);
+        let unit = files
+            .lines()
+            .find(|l| l.ends_with(&format!("/systemd/system/{name}.service")))
+            .unwrap_or_else(|| panic!("{name} installs no unit:\n{files}"));
+        assert!(Path::new(unit).is_file(), "{unit}");
+        assert!(Path::new(&format!("/usr/bin/{name}")).is_file());
+    }
+
+    // README's steps: enroll on the hub as its user, install the three files on the node.
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let enroll = readme
+        .lines()
+        .find(|l| l.starts_with("sudo -u baton-hub baton-hub enroll node "))
+        .expect("README's enroll step for a node");
+    let words: Vec<&str> = enroll.split_whitespace().collect();
+    let out = words.iter().position(|w| *w == "--out").map(|i| words[i + 1]).expect("enroll --out DIR");
+    let host = words[6];
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let carried = dir.path().join("carried");
+    must("install", &["-d", "-o", "baton-hub", "-m", "0700", carried.to_str().expect("UTF-8")]);
+    let here = carried.join(host);
+    let here = here.to_str().expect("UTF-8");
+    let mut args: Vec<&str> = vec!["-u", "baton-hub", "--"];
+    args.extend(words[3..].iter().map(|w| if *w == out { here } else { w }));
+    must("runuser", &args);
+    // Each step as written, run as root (`sudo` dropped), from where the directory was carried.
+    for line in readme_install_lines(&readme) {
+        let line = line.trim_start_matches("sudo ").replace(out, here);
+        let words: Vec<&str> = line.split_whitespace().collect();
+        must(words[0], &words[1..]);
+    }
+    let key = toml_value(&std::fs::read_to_string(repo().join("node/pkg/node.toml")).unwrap(), "key_file")
+        .expect("key_file")
+        .to_string();
+    assert_owner_mode(&key, 0o640, 0, node_gid);
+    assert!(readable_by("baton-node", &key), "the node's user cannot read {key}");
+    assert!(!readable_by("nobody", &key), "{key} is readable by others");
+    assert!(!readable_by("baton-hub", &key), "{key} is readable by the hub's user");
+    // The node, as its user, reads all three files and finds the key and certificate a pair.
+    let checked = run_system(system(
+        "runuser",
+        &["-u", "baton-node", "--", "baton-node", "config", "check", "--config", "/etc/baton/node.toml", "--json"],
+    ));
+    let report: serde_json::Value = serde_json::from_slice(&checked.stdout)
+        .unwrap_or_else(|e| panic!("config check --json: {e}:\n{}", text(&checked)));
+    for name in ["files", "key", "identity", "ca"] {
+        let c = report["checks"].as_array().and_then(|cs| cs.iter().find(|c| c["name"] == name));
+        assert_eq!(c.map(|c| &c["status"]), Some(&serde_json::json!("ok")), "{name}: {report}");
+    }
+
+    // Remove: the binaries go; configuration, data and users stay.
+    must("dpkg", &["-r", PACKAGES[0], PACKAGES[1]]);
+    assert!(!Path::new("/usr/bin/baton-hub").exists());
+    for kept in
+        ["/etc/baton/hub.toml", "/etc/baton/node.toml", &key, "/var/lib/baton-hub/hub.db", "/var/lib/baton-node"]
+    {
+        assert!(Path::new(kept).exists(), "dpkg -r removed {kept}");
+    }
+
+    // Purge: the configuration goes; the data directories stay, and the purge says so.
+    let said = must("dpkg", &["-P", PACKAGES[0], PACKAGES[1]]);
+    for gone in ["/etc/baton/hub.toml", "/etc/baton/node.toml", "/etc/baton/node"] {
+        assert!(!Path::new(gone).exists(), "dpkg -P left {gone}:\n{said}");
+    }
+    for data in ["/var/lib/baton-hub", "/var/lib/baton-node"] {
+        assert!(Path::new(data).is_dir(), "dpkg -P removed {data}:\n{said}");
+        assert!(said.contains(&format!("kept {data}")), "the purge does not say it kept {data}:\n{said}");
+    }
+    assert!(said.contains("BATON_PURGE_DATA=yes") && said.contains("rm -rf /var/lib/baton-hub"), "{said}");
+    assert_eq!(std::fs::read("/var/lib/baton-hub/ca.crt").unwrap(), ca, "the purge changed the CA");
+    assert_eq!(getent_id("passwd", "baton-hub"), Some(hub_uid), "the kept data's owner is kept");
+
+    // Installed again, the hub takes the kept directory as it is: the same CA, no new init.
+    must("dpkg", &["-i", debs[0], debs[1]]);
+    assert_eq!(std::fs::read("/var/lib/baton-hub/ca.crt").unwrap(), ca, "a reinstall replaced the CA");
+    assert_owner_mode("/etc/baton/hub.toml", 0o640, 0, hub_gid);
+
+    // Purge with BATON_PURGE_DATA=yes: nothing is left.
+    let mut purge = system("dpkg", &["-P", PACKAGES[0], PACKAGES[1]]);
+    purge.env("BATON_PURGE_DATA", "yes");
+    let o = run_system(purge);
+    assert!(o.status.success(), "{}", text(&o));
+    for gone in INSTALLED_PATHS {
+        assert!(!Path::new(gone).exists(), "BATON_PURGE_DATA=yes left {gone}:\n{}", text(&o));
+    }
+    for name in PACKAGES {
+        assert_eq!(dpkg_status(name), None, "{name}");
+        assert_eq!(getent_id("passwd", name), None, "the user {name} is left");
+        assert_eq!(getent_id("group", name), None, "the group {name} is left");
+        let mut traces = Vec::new();
+        for d in [
+            "/etc/systemd/system",
+            "/var/lib/systemd/deb-systemd-helper-enabled",
+            "/var/lib/systemd/deb-systemd-helper-masked",
+        ] {
+            unit_traces(Path::new(d), name, &mut traces);
+        }
+        assert!(traces.is_empty(), "{name}.service is left in {traces:?}");
     }
 }

@@ -100,13 +100,51 @@ pub const PRODUCER_CLI_BIN_VAR: &str = "BATON_CLI_BIN";
 /// executable once per process, like `Binaries::build` builds the hub and the node (skipped
 /// when it is named by `BATON_CLI_BIN` or `BATON_TESTS_NO_BUILD=1`), then located.
 pub fn producer_cli() -> anyhow::Result<PathBuf> {
-    if let Some(named) = std::env::var_os(PRODUCER_CLI_BIN_VAR) {
-        return existing(PathBuf::from(named), "baton", PRODUCER_CLI_BIN_VAR);
-    }
-    if std::env::var_os(NO_BUILD_VAR).is_none_or(|v| v != "1") {
+    if std::env::var_os(PRODUCER_CLI_BIN_VAR).is_none() && std::env::var_os(NO_BUILD_VAR).is_none_or(|v| v != "1") {
         built_once()?;
     }
-    existing(profile_dir()?.join("baton"), "baton", PRODUCER_CLI_BIN_VAR)
+    locate_producer_cli()
+}
+
+/// `baton` as it is, unbuilt: the one `BATON_CLI_BIN` names, else the one next to the running
+/// executable. Fails when it is not a file.
+pub fn locate_producer_cli() -> anyhow::Result<PathBuf> {
+    match std::env::var_os(PRODUCER_CLI_BIN_VAR) {
+        Some(named) => existing(PathBuf::from(named), "baton", PRODUCER_CLI_BIN_VAR),
+        None => existing(profile_dir()?.join("baton"), "baton", PRODUCER_CLI_BIN_VAR),
+    }
+}
+
+/// Builds the binaries of `packages` next to the running executable (same target directory and
+/// profile) with their default features, cargo's progress going to this process's terminal.
+/// For a program started by `cargo run -p P` whose package depends on the libraries of the
+/// packages it builds here, `P` among them: the feature resolution is then the one of the
+/// `cargo run` that built it, so every library is fresh and only the binaries are linked.
+pub fn build_bins_shown(packages: &[&str]) -> anyhow::Result<()> {
+    let profile_dir = profile_dir()?;
+    let target = profile_dir.parent().ok_or_else(|| anyhow!("no target directory above {}", profile_dir.display()))?;
+    let profile = profile_dir.file_name().and_then(OsStr::to_str).unwrap_or("debug");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.args(["build", "--bins", "--target-dir"]).arg(target).current_dir(env!("CARGO_MANIFEST_DIR"));
+    for p in packages {
+        cmd.args(["-p", p]);
+    }
+    match profile {
+        "debug" => {}
+        "release" => {
+            cmd.arg("--release");
+        }
+        other => {
+            cmd.args(["--profile", other]);
+        }
+    }
+    cmd.stdin(Stdio::null()).stdout(Stdio::inherit()).stderr(Stdio::inherit());
+    let status = cmd.status().context("running cargo build")?;
+    if !status.success() {
+        bail!("cargo build -p {} exited {status}", packages.join(" -p "));
+    }
+    Ok(())
 }
 
 /// `path`, when it is a file; else an error saying how to build or name it.
