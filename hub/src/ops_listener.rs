@@ -66,6 +66,7 @@ pub fn router(shared: AppState, page: status_page::PageConfig, hosts: Hosts) -> 
         .merge(status_page::routes(page))
         .layer(middleware::from_fn(time_limit))
         .layer(middleware::from_fn_with_state(Arc::new(hosts), host_check))
+        .layer(middleware::from_fn(crate::metrics::count_operator_requests))
         .with_state(shared)
 }
 

@@ -139,7 +139,12 @@ impl Hub {
         tokio::spawn(crate::housekeeping::sweep_audit(shared.clone()));
         tokio::spawn(crate::housekeeping::watch_store_size(shared.clone()));
         tokio::spawn(crate::housekeeping::requeue_silent(shared.clone(), self.config.requeue_silent_after));
-        tokio::spawn(publish_gauges(shared.clone()));
+        let gauge_watch = crate::metrics::GaugeWatch {
+            host_silence_warn: self.config.host_silence_warn,
+            hosts_max: self.config.metrics_hosts_max,
+            dir: self.dir.clone(),
+        };
+        tokio::spawn(publish_gauges(shared.clone(), gauge_watch));
         tokio::spawn(flush_contacts(shared.clone()));
         crate::ops_listener::start(&self.config, &self.dir, shared.clone(), shutdown.clone()).await?;
         tracing::info!(addr = %listener.local_addr()?, "serving");
@@ -183,8 +188,10 @@ fn cert_check(shared: Arc<Shared>) -> tls::CertCheck {
 /// How often the delivery-state gauges are refreshed.
 const GAUGE_INTERVAL: Duration = Duration::from_secs(10);
 
-/// Publishes deliveries per state, pending fan-out and active fences as gauges.
-async fn publish_gauges(shared: Arc<Shared>) {
+/// Publishes deliveries per state, pending fan-out and active fences as gauges, and the rest
+/// of the record's and the data directory's gauges (`metrics::publish_record_gauges`,
+/// `metrics::publish_file_gauges`).
+async fn publish_gauges(shared: Arc<Shared>, watch: crate::metrics::GaugeWatch) {
     loop {
         match shared.store.status().await {
             Ok(s) => {
@@ -197,7 +204,8 @@ async fn publish_gauges(shared: Arc<Shared>) {
             }
             Err(e) => tracing::warn!(error = %e, "could not read the status for the gauges"),
         }
-        crate::metrics::publish_record_gauges(&shared).await;
+        crate::metrics::publish_record_gauges(&shared, &watch).await;
+        crate::metrics::publish_file_gauges(&watch.dir, shared.clock.now_ms());
         tokio::select! {
             _ = tokio::time::sleep(GAUGE_INTERVAL) => {}
             _ = shared.shutdown.cancelled() => return,
@@ -291,7 +299,7 @@ fn install_metrics() -> Option<metrics_exporter_prometheus::PrometheusHandle> {
         std::sync::OnceLock::new();
     HANDLE
         .get_or_init(|| {
-            let handle = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder().ok()?;
+            let handle = crate::metrics::builder().ok()?.install_recorder().ok()?;
             crate::metrics::describe();
             let upkeep = handle.clone();
             tokio::spawn(async move {

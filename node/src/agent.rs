@@ -110,7 +110,6 @@ pub async fn run_agent<H: Hub>(
         acked_here: Mutex::new(HashMap::new()),
         lease: Mutex::new(StartLease::default()),
         started_offline: std::sync::atomic::AtomicBool::new(false),
-        hub_lost: Mutex::new(None),
     });
     let token = sh.shutdown.clone();
     let signal = tokio::spawn(async move {
@@ -179,7 +178,6 @@ async fn register_session<H: Hub>(sh: &Arc<Shared<H>>) -> anyhow::Result<bool> {
         };
         match answer {
             Ok(r) => {
-                sh.hub_answered();
                 let _ = sh.session.set(r.session);
                 {
                     let mut lease = sh.start_lease();
@@ -369,7 +367,6 @@ async fn claim_loop<H: Hub>(sh: &Arc<Shared<H>>) -> anyhow::Result<()> {
             }
             match resync(sh).await {
                 Ok(()) => {
-                    sh.hub_answered();
                     need_resync = false;
                     unstarted_at_most = None;
                     backoff.reset();
@@ -426,7 +423,6 @@ async fn claim_loop<H: Hub>(sh: &Arc<Shared<H>>) -> anyhow::Result<()> {
         };
         match answer {
             Ok(answer) => {
-                sh.hub_answered();
                 backoff.reset();
                 for notice in &answer.cancels {
                     cancel_turn(sh, notice).await?;

@@ -199,6 +199,11 @@ keys! {
     /// sends them as two requests, as nodes did before. A hub that predates the combined
     /// request is noticed at its first 404 and gets two.
     handoff: Handoff = Kind::Word(Handoff::WORDS);
+    /// Where the node serves Prometheus metrics (`GET /metrics`, plain HTTP, no certificate):
+    /// `ADDR:PORT`, a port alone (on 127.0.0.1), or `off` (the default: no listener). Port 0
+    /// picks a free port. The bound address is written to `data_dir/metrics.addr`. Bind it
+    /// beyond loopback only on a network you trust.
+    metrics_listen: Option<std::net::SocketAddr> = Kind::Listen;
 }
 
 /// The hubs a node may talk to (`hub_url`), in the order given: at least one, at most

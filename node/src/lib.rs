@@ -27,6 +27,8 @@
 //! - `group`: a harness's process group: its identity (group id, start time, boot id), the
 //!   same-process check, and stopping what a crashed node left behind.
 //! - `report`: the report outbox sender.
+//! - `metrics`: `Watched`, the hub wrapper that notes every request (and logs the hub reachable
+//!   again after an outage), and the `/metrics` listener (`metrics_listen`, off by default).
 //! - `retention`: removes what the hub settled more than `local_retention` ago.
 //! - `service`: systemd's side (`Type=notify`): ready after recovery and the first hub answer,
 //!   the watchdog, stopping.
@@ -48,6 +50,7 @@ pub mod exec;
 pub mod group;
 pub mod limits;
 pub mod manuals;
+pub mod metrics;
 pub mod output;
 pub mod report;
 mod retention;
@@ -95,6 +98,12 @@ pub async fn run(
         );
     }
     let hub = client::HubClient::new(&config, &instance_id)?;
+    let noted = std::sync::Arc::new(metrics::NodeMetrics::new());
+    let scrape = metrics::Scrape { metrics: noted.clone(), store: store.clone(), clock: clock.clone() };
+    let metrics_listener = match config.metrics_listen {
+        Some(addr) => Some(start_metrics(addr, &config.data_dir, scrape).await?),
+        None => None,
+    };
     let reloader = hub.clone();
     let reloads = tokio::spawn(async move {
         while hangups.recv().await.is_some() {
@@ -113,14 +122,51 @@ pub async fn run(
     });
     // systemd (nothing without NOTIFY_SOCKET): ready at the first hub answer, which comes after
     // recovery; stopping as soon as shutdown begins; the watchdog fed meanwhile.
-    let (hub, shutdown, watchdog) =
-        (service::Notifying::new(hub), service::stopping_on(shutdown), service::spawn_watchdog());
+    let (hub, shutdown, watchdog) = (
+        service::Notifying::new(metrics::Watched::new(hub, noted)),
+        service::stopping_on(shutdown),
+        service::spawn_watchdog(),
+    );
+    let data_dir = config.data_dir.clone();
     let ran = agent::run_agent(config, store, hub, instance_id, clock, exec::Gate::this_binary(), shutdown).await;
+    if let Some(task) = metrics_listener {
+        task.abort();
+        let _ = std::fs::remove_file(data_dir.join(limits::METRICS_ADDR_FILE));
+    }
     reloads.abort();
     if let Some(w) = watchdog {
         w.abort();
     }
     ran
+}
+
+/// Binds the metrics listener at `addr` (`metrics_listen`), writes the bound address to
+/// `data_dir/metrics.addr` (whole, then renamed into place) and serves it on a task of its own.
+/// An address that cannot be bound stops the node at start, naming the key.
+async fn start_metrics(
+    addr: std::net::SocketAddr,
+    data_dir: &Path,
+    scrape: metrics::Scrape,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("metrics_listen: cannot listen on {addr}"))?;
+    let bound = listener.local_addr().context("metrics_listen: reading the bound address")?;
+    let file = data_dir.join(limits::METRICS_ADDR_FILE);
+    let tmp = file.with_extension("addr.tmp");
+    std::fs::write(&tmp, format!("{bound}\n"))
+        .and_then(|_| std::fs::rename(&tmp, &file))
+        .with_context(|| format!("writing {}", file.display()))?;
+    if bound.ip().is_loopback() {
+        tracing::info!(addr = %bound, "serving metrics on http://{bound}/metrics");
+    } else {
+        tracing::warn!(
+            addr = %bound,
+            "serving metrics on http://{bound}/metrics, beyond loopback: anyone who reaches it reads them, with no \
+             certificate"
+        );
+    }
+    Ok(tokio::spawn(metrics::serve(listener, scrape)))
 }
 
 /// Holds an exclusive lock on `data_dir/node.lock` for as long as the returned file lives, so

@@ -12,7 +12,7 @@ use baton_shared::clock::SharedClock;
 use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -83,9 +83,6 @@ pub(crate) struct Shared<H> {
     /// session never ends cleanly: a clean end gives its lease up, and with it the hub's rule
     /// that what it acked and did not start (as far as the hub knows) is never started again.
     pub(crate) started_offline: AtomicBool,
-    /// When the hub stopped answering at all (the first of a run of `Unreachable` failures);
-    /// cleared, with one log line, at the next answer.
-    pub(crate) hub_lost: Mutex<Option<Instant>>,
 }
 
 /// This session's start lease, as the node measures it (tokio's monotonic clock).
@@ -227,30 +224,12 @@ impl<H> Shared<H> {
         }
     }
 
-    /// The pause before retrying after `e`: when the hub did not answer at all, it notes when
-    /// it was lost and keeps the pause within `RECONNECT_PAUSE_MAX`, so a restarted hub is
-    /// regained soon after it listens again; otherwise the backoff runs up to `backoff_max`.
+    /// The pause before retrying after `e`: when the hub did not answer at all, within
+    /// `RECONNECT_PAUSE_MAX`, so a restarted hub is regained soon after it listens again;
+    /// otherwise the backoff runs up to `backoff_max`. (That the hub is reachable again is
+    /// logged where every request is noted, `metrics::Watched`.)
     pub(crate) fn retry_pause(&self, backoff: &mut Backoff, e: &ClientError) -> Duration {
-        if e.unreachable() {
-            let mut lost = self.hub_lost.lock().unwrap_or_else(|p| p.into_inner());
-            lost.get_or_insert_with(Instant::now);
-            backoff.next_delay_within(RECONNECT_PAUSE_MAX)
-        } else {
-            backoff.next_delay()
-        }
-    }
-
-    /// The hub answered: if it had been lost, logs once how long it was out of reach.
-    pub(crate) fn hub_answered(&self) {
-        let lost = self.hub_lost.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(since) = lost {
-            let after = since.elapsed();
-            tracing::info!(
-                unreachable_ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX),
-                "hub reachable again after {:.1}s",
-                after.as_secs_f64()
-            );
-        }
+        if e.unreachable() { backoff.next_delay_within(RECONNECT_PAUSE_MAX) } else { backoff.next_delay() }
     }
 
     /// Sleeps for `d`, or less when shutdown begins first.

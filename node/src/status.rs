@@ -109,6 +109,18 @@ mod tests {
         db.mirror(&delivery("d1", "c", 1), false, 1).unwrap();
         db.mirror(&delivery("d2", "c", 2), true, 1).unwrap();
         db.start_attempt("d2", 2).unwrap().unwrap();
+        let g = db.gauges().unwrap();
+        assert_eq!(
+            g,
+            crate::store::Gauges {
+                queued: 1,
+                running: 1,
+                awaiting_report: 0,
+                oldest_awaiting_ms: None,
+                dead_reports: 0
+            },
+            "the gauges count what status lists"
+        );
         drop(db);
         let text = status(dir.path(), false).unwrap();
         assert!(text.contains("running:          1"), "{text}");

@@ -28,7 +28,7 @@ mod summary;
 pub use attempts::{CancelLocal, Ending, ExecState, Folded, Interrupted, QueuedTurn, StartedTurn};
 pub use deliveries::{LocalDelivery, LocalState, Mirrored};
 pub use outbox::{OutboxEntry, ReportState};
-pub use summary::{DeadReport, LastSession, OpenDelivery, StoreSize, Summary};
+pub use summary::{DeadReport, Gauges, LastSession, OpenDelivery, StoreSize, Summary};
 
 use baton_shared::sqlite::{CHECKPOINT_INTERVAL, Checkpointer, OpenError, OpenOptions, Synchronous};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior};

@@ -332,6 +332,7 @@ pub const NOT_RERUN_ON_POSTGRES: [(&str, &str); 36] = [
     ("instance_scope::", "instance binding, covered by the contract's"),
     ("producer_cli::", "the producer command line"),
     ("status_page::", "the operator listener and a browser"),
+    ("metrics::", "the exporters and the alert files; the gauges' reads are store unit tests, run on both"),
     ("examples::", "the Python examples"),
     // The node's own side: its local SQLite store, its processes and its recovery.
     ("node_batch::", "the node's batching"),

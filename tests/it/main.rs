@@ -33,6 +33,9 @@
 //! - `hub_postgres`: the record in PostgreSQL (`database_url`): its layers, `init` migrating the
 //!   database, a second hub joining with the first one's CA, SQLite-only commands refused, and
 //!   two hubs serving one record.
+//! - `metrics`: what the binaries export for alerting (histograms with buckets, requests by
+//!   route and code, record gauges, the node's own `/metrics`), the node's line when the hub
+//!   answers again, and `docs/alerts/` held to promtool and to the names the binaries export.
 //! - `multi_hub`: two hubs over one PostgreSQL record with real nodes: they wake each other,
 //!   one killed with SIGKILL mid-flight loses nothing, PostgreSQL restarting under them
 //!   loses nothing, and a fence set and lifted through one holds and wakes the other.
@@ -97,6 +100,7 @@ mod hub_longpoll;
 mod hub_postgres;
 mod hub_turns;
 mod instance_scope;
+mod metrics;
 mod multi_hub;
 mod node_batch;
 mod node_clone;

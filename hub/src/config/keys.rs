@@ -276,6 +276,16 @@ pub const START_LEASE: Key = Key {
           last granted it (a newer session of the same node instance starts none of them until it ran out)",
 };
 
+/// Most hosts given series of their own on `/metrics` by default.
+pub const METRICS_HOSTS_MAX_DEFAULT: u64 = 1000;
+/// `metrics_hosts_max`.
+pub const METRICS_HOSTS_MAX: Key = Key {
+    name: key_name!(None, "metrics_hosts_max", "metrics-hosts-max", "BATON_HUB_METRICS_HOSTS_MAX"),
+    kind: KeyKind::Int { default: METRICS_HOSTS_MAX_DEFAULT, min: 1, max: 100_000 },
+    doc: "most hosts given per-host series on /metrics (backlog, oldest waiting age, silence, last contact), \
+          the first by name; past it the rest get none and baton_hub_metrics_hosts_omitted counts them, so a \
+          fleet that grows cannot grow the scrape without bound",
+};
 /// `requeue_silent_after`.
 pub const REQUEUE_SILENT_AFTER: Key = Key {
     name: key_name!(None, "requeue_silent_after", "requeue-silent-after", "BATON_HUB_REQUEUE_SILENT_AFTER"),
@@ -518,7 +528,7 @@ pub const INSTANCE_REBIND_WINDOW_KEY: Key = Key {
 };
 
 /// Every key, in the order of the template.
-pub const KEYS: [&Key; 39] = [
+pub const KEYS: [&Key; 40] = [
     &LISTEN,
     &DATABASE_URL,
     &SYNCHRONOUS,
@@ -531,6 +541,7 @@ pub const KEYS: [&Key; 39] = [
     &OPERATOR_HOSTS,
     &STATUS_PAGE_REASONS,
     &OPERATOR_CONNECTIONS_PER_PEER_MAX,
+    &METRICS_HOSTS_MAX,
     &REQUEUE_SILENT_AFTER,
     &START_LEASE,
     &PAYLOAD_BYTES_MAX,

@@ -150,6 +150,8 @@ pub struct HubConfig {
     pub status_page_reasons: Option<bool>,
     /// Most operator-listener connections open at once from one peer IP address.
     pub operator_connections_per_peer_max: usize,
+    /// Most hosts given per-host series on `/metrics` (the first by name).
+    pub metrics_hosts_max: usize,
     /// How long a node instance's open session may be silent before the hub requeues its
     /// claimed and mirrored deliveries; `None`: never (the default).
     pub requeue_silent_after: Option<Duration>,
@@ -308,6 +310,7 @@ impl HubConfig {
                 _ => None,
             },
             operator_connections_per_peer_max: m.int(&OPERATOR_CONNECTIONS_PER_PEER_MAX)? as usize,
+            metrics_hosts_max: usize::try_from(m.int(&METRICS_HOSTS_MAX)?).unwrap_or(usize::MAX),
             requeue_silent_after: requeue_silent_after(m.duration(&REQUEUE_SILENT_AFTER)?, limits.long_poll_wait_max)?,
         })
     }
@@ -599,6 +602,9 @@ mod tests {
             "operator_connections_per_peer_max = 65",
             "operator_connections_per_peer_max = 65 is out of range; allowed 1..=64",
         );
+        assert_eq!(HubConfig::from_toml("").unwrap().metrics_hosts_max, 1000);
+        assert_eq!(HubConfig::from_toml("metrics_hosts_max = 3").unwrap().metrics_hosts_max, 3);
+        check_err("metrics_hosts_max = 0", "metrics_hosts_max = 0 is out of range; allowed 1..=100000");
     }
 
     #[test]

@@ -292,6 +292,7 @@ pub fn app(state: AppState) -> Router {
         .layer(axum::middleware::from_fn_with_state(state.clone(), read_body_in_time))
         .layer(axum::middleware::from_fn_with_state(state.clone(), refuse_large_bodies))
         .layer(axum::extract::DefaultBodyLimit::max(body_max))
+        .layer(axum::middleware::from_fn(crate::metrics::count_api_requests))
         .with_state(state)
 }
 

@@ -24,6 +24,7 @@ use super::claim::{self, Claimant, RebindLimit};
 use super::db::{Db, PgConn};
 use super::fences::{self, FenceRow};
 use super::fleet::{self, HostRow, SilentHost};
+use super::gauges;
 use super::hosts::{self, CertStatus, Standing};
 use super::overview::{self, ConversationBacklog, HostBacklog};
 use super::read::{self, DeliveryDetail, DeliveryRow, StatusView};
@@ -632,12 +633,12 @@ impl Store {
         }
     }
 
-    /// Each host's backlog and the deliveries by current-run outcome, in one snapshot.
-    pub async fn backlog_gauges(&self) -> StoreResult<(Vec<HostBacklog>, Vec<(Outcome, i64)>)> {
+    /// What the periodic gauges read at `now_ms`, in one snapshot (`gauges::gather`), flagging
+    /// hosts silent longer than `silence` as `status` does.
+    pub async fn record_gauges(&self, now_ms: i64, silence: Duration) -> StoreResult<gauges::RecordGauges> {
+        let silence_ms = i64::try_from(silence.as_millis()).unwrap_or(i64::MAX);
         match &self.backend {
-            Backend::Sqlite(s) | Backend::Postgres(s) => {
-                s.read(|c| Ok((overview::host_backlogs(c)?, overview::outcome_counts(c)?))).await
-            }
+            Backend::Sqlite(s) | Backend::Postgres(s) => s.read(move |c| gauges::gather(c, now_ms, silence_ms)).await,
         }
     }
 
@@ -1000,12 +1001,17 @@ impl Store {
         let clock = self.clock.clone();
         match &self.backend {
             Backend::Sqlite(s) | Backend::Postgres(s) => {
-                s.write(move |c| {
-                    sessions::check(c, &node.host, node.session)?;
-                    let run = run_report(&req, node.session, backoff);
-                    report::report_run(c, &node.host, &new_report(&req), &run, clock.now_ms())
-                })
-                .await
+                let (reported, accepted_at_ms) = s
+                    .write(move |c| {
+                        sessions::check(c, &node.host, node.session)?;
+                        let run = run_report(&req, node.session, backoff);
+                        let reported = report::report_run(c, &node.host, &new_report(&req), &run, clock.now_ms())?;
+                        let accepted_at_ms = if reported.1 { None } else { gauges::accepted_at(c, &req.delivery_id)? };
+                        Ok((reported, accepted_at_ms))
+                    })
+                    .await?;
+                observe_turn(&reported.0, accepted_at_ms);
+                Ok(reported)
             }
         }
     }
@@ -1021,19 +1027,47 @@ impl Store {
         let clock = self.clock.clone();
         match &self.backend {
             Backend::Sqlite(s) | Backend::Postgres(s) => {
-                s.write(move |c| {
-                    sessions::check(c, &node.host, node.session)?;
-                    let now = clock.now_ms();
-                    batch::each(c, reports, |c, req| {
-                        let run = run_report(&req, node.session, backoff);
-                        let (attempt, duplicate, retry_at_ms) =
-                            report::report_run(c, &node.host, &new_report(&req), &run, now)?;
-                        Ok(ReportResponse { attempt, delivery_id: req.delivery_id, duplicate, retry_at_ms })
+                let answers = s
+                    .write(move |c| {
+                        sessions::check(c, &node.host, node.session)?;
+                        let now = clock.now_ms();
+                        batch::each(c, reports, |c, req| {
+                            let run = run_report(&req, node.session, backoff);
+                            let (attempt, duplicate, retry_at_ms) =
+                                report::report_run(c, &node.host, &new_report(&req), &run, now)?;
+                            let accepted_at_ms =
+                                if duplicate { None } else { gauges::accepted_at(c, &req.delivery_id)? };
+                            let r = ReportResponse { attempt, delivery_id: req.delivery_id, duplicate, retry_at_ms };
+                            Ok((r, accepted_at_ms))
+                        })
                     })
-                })
-                .await
+                    .await?;
+                Ok(answers
+                    .into_iter()
+                    .map(|a| {
+                        a.map(|(r, accepted_at_ms)| {
+                            observe_turn(&r.attempt, accepted_at_ms);
+                            r
+                        })
+                    })
+                    .collect())
             }
         }
+    }
+}
+
+/// Records a newly recorded attempt (committed: `accepted_at_ms` is `None` for a replay) in the
+/// turn histograms: how long the turn ran, as its node measured it, and, when the outcome
+/// settles the delivery (no retry follows), how long after its message's acceptance.
+fn observe_turn(attempt: &AttemptView, accepted_at_ms: Option<i64>) {
+    let Some(accepted_at_ms) = accepted_at_ms else { return };
+    let outcome = attempt.outcome.as_str();
+    if let Some(ms) = attempt.duration_ms {
+        metrics::histogram!("baton_hub_turn_duration_seconds", "outcome" => outcome).record(ms as f64 / 1000.0);
+    }
+    if !attempt.retryable {
+        let ms = attempt.reported_at_ms.saturating_sub(accepted_at_ms).max(0);
+        metrics::histogram!("baton_hub_accept_to_outcome_seconds", "outcome" => outcome).record(ms as f64 / 1000.0);
     }
 }
 

@@ -417,6 +417,17 @@ pub fn active_count(conn: &dyn Db) -> StoreResult<i64> {
     Ok(conn.prepare_cached("SELECT count(*) FROM fences WHERE lifted_at IS NULL")?.query_row([], |r| r.get(0))?)
 }
 
+/// How many fences are active (as `active_count` counts them) per scope, every scope listed in
+/// `FenceScope::ALL` order, zero included.
+pub fn active_counts_by_scope(conn: &dyn Db) -> StoreResult<Vec<(FenceScope, i64)>> {
+    let mut stmt = conn.prepare_cached("SELECT count(*) FROM fences WHERE lifted_at IS NULL AND scope = ?1")?;
+    let mut out = Vec::with_capacity(FenceScope::ALL.len());
+    for scope in FenceScope::ALL {
+        out.push((scope, stmt.query_row([scope.as_str()], |r| r.get(0))?));
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -33,6 +33,8 @@
 //! - `read`: views for producers, operators and status.
 //! - `overview`: backlogs per host and conversation, outcome counts and recent trouble, for
 //!   the metrics and the status page.
+//! - `gauges`: what the hub's periodic gauges read, in one snapshot, through the definitions
+//!   `status` and the status page use.
 //! - `retention`: removing settled messages older than the retention window.
 //! - `backup`: a consistent copy of the database, checked.
 //! - `verify`: the offline invariant check, returning typed problems.
@@ -52,6 +54,7 @@ pub mod db;
 pub mod explain;
 pub mod fences;
 pub mod fleet;
+pub mod gauges;
 pub mod hosts;
 pub mod listing;
 pub mod members;

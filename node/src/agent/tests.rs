@@ -514,6 +514,7 @@ fn config(dir: &Path, script: &str) -> NodeConfig {
         synchronous: baton_shared::sqlite::Synchronous::Full,
         checkpoint_interval: baton_shared::sqlite::CHECKPOINT_INTERVAL,
         handoff: Handoff::Combined,
+        metrics_listen: None,
     }
 }
 

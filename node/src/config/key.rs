@@ -3,8 +3,9 @@
 //! are checked where they are read, so a message names the key whatever layer it came from.
 
 use super::{ConfigError, Handoff, Harness, HubUrls, KEYS, LogFormat};
-use crate::limits::HUB_URLS_MAX;
+use crate::limits::{HUB_URLS_MAX, METRICS_LOOPBACK};
 use baton_shared::sqlite::Synchronous;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -36,6 +37,9 @@ pub enum Kind {
     },
     /// One word of a fixed list; the first is the default.
     Word(&'static [&'static str]),
+    /// A listening address: `ADDR:PORT`, a port alone (on `METRICS_LOOPBACK`), or `off`, the
+    /// default.
+    Listen,
 }
 
 impl Kind {
@@ -48,6 +52,7 @@ impl Kind {
             Kind::Count { .. } => "N",
             Kind::Duration { .. } => "DURATION",
             Kind::Word(_) => "WORD",
+            Kind::Listen => "ADDR:PORT|PORT|off",
         }
     }
 }
@@ -77,6 +82,8 @@ pub(super) enum Value {
     Count(u64),
     /// A duration within its range.
     Duration(Duration),
+    /// A listening address, or none (`off`).
+    Listen(Option<SocketAddr>),
 }
 
 impl Key {
@@ -107,6 +114,7 @@ impl Key {
                 format!("{}..={}, default {}", shown(min), shown(max), shown(default))
             }
             Kind::Word(words) => format!("{}, default {}", words.join(" or "), words.first().unwrap_or(&"")),
+            Kind::Listen => "ADDR:PORT, PORT (on 127.0.0.1) or off, default off".to_string(),
         };
         format!("{doc} [{allowed}] [env: {}]", self.env_var())
     }
@@ -134,6 +142,7 @@ impl Key {
                 Some(w) => Ok(Value::Text((*w).to_string())),
                 None => Err(self.invalid("allows no value at all")),
             },
+            Kind::Listen => Ok(Value::Listen(None)),
         }
     }
 
@@ -163,7 +172,10 @@ impl Key {
                  hub_url = [\"https://a:7443\", \"https://b:7443\"]"
             ))),
             (Kind::HttpsUrl, toml::Value::String(s)) => self.https_urls(&[s]).map(Value::Urls),
-            (Kind::Path | Kind::Duration { .. } | Kind::Word(_), toml::Value::String(s)) => self.read_text(&s),
+            (Kind::Path | Kind::Duration { .. } | Kind::Word(_) | Kind::Listen, toml::Value::String(s)) => {
+                self.read_text(&s)
+            }
+            (Kind::Listen, toml::Value::Integer(n)) => self.read_text(&n.to_string()),
             (kind, other) => {
                 let expected = match kind {
                     Kind::Count { .. } => "a whole number",
@@ -171,6 +183,7 @@ impl Key {
                     Kind::HttpsUrl => "a string or an array of strings",
                     Kind::Duration { .. } => "a duration string such as \"30s\"",
                     Kind::Path | Kind::Word(_) => "a string",
+                    Kind::Listen => "a string such as \"127.0.0.1:9465\" or \"off\"",
                 };
                 Err(self.invalid(format!("expected {expected}, found a {} ({other})", other.type_str())))
             }
@@ -201,6 +214,7 @@ impl Key {
                 let allowed: Vec<String> = words.iter().map(|w| format!("{w:?}")).collect();
                 Err(self.invalid(format!("{s:?} is not one of {}", allowed.join(", "))))
             }
+            Kind::Listen => listen(s).map(Value::Listen).map_err(|m| self.invalid(m)),
         }
     }
 
@@ -282,6 +296,22 @@ fn https_url(s: &str) -> Result<(String, reqwest::Url), String> {
     Ok((s.trim_end_matches('/').to_string(), url))
 }
 
+/// A listening address as `metrics_listen` takes it: `off`, a port alone (on
+/// `METRICS_LOOPBACK`) or `ADDR:PORT` (an IPv6 address in brackets); else what is wrong.
+fn listen(s: &str) -> Result<Option<SocketAddr>, String> {
+    let s = s.trim();
+    if s == "off" {
+        return Ok(None);
+    }
+    if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
+        let port: u16 = s.parse().map_err(|_| format!("port {s} is out of the range 0..=65535"))?;
+        return Ok(Some(SocketAddr::new(METRICS_LOOPBACK, port)));
+    }
+    s.parse::<SocketAddr>()
+        .map(Some)
+        .map_err(|_| format!("{s:?} is not ADDR:PORT (\"127.0.0.1:9465\", \"[::1]:9465\"), a port alone, or \"off\""))
+}
+
 /// A duration as `--help` and the messages show it (`10m`, `1day`).
 fn shown(d: Duration) -> String {
     humantime::format_duration(d).to_string()
@@ -354,6 +384,15 @@ impl FromValue for u64 {
         match v {
             Value::Count(n) => Ok(n),
             other => mismatch(key, &other, "u64"),
+        }
+    }
+}
+
+impl FromValue for Option<SocketAddr> {
+    fn from_value(key: &'static str, v: Value) -> Result<Self, ConfigError> {
+        match v {
+            Value::Listen(addr) => Ok(addr),
+            other => mismatch(key, &other, "Option<SocketAddr>"),
         }
     }
 }

@@ -44,6 +44,23 @@ fn defaults_fill_the_optional_keys() {
     assert_eq!(c.harness, Harness::Command);
     assert_eq!(c.handoff, Handoff::Combined);
     assert_eq!(parse("handoff = \"separate\"\n").unwrap().handoff, Handoff::Separate);
+    assert_eq!(c.metrics_listen, None, "no metrics listener unless configured");
+}
+
+#[test]
+fn metrics_listen_is_an_address_a_loopback_port_or_off() {
+    let at = |text: &str| parse(&format!("metrics_listen = {text}\n")).map(|c| c.metrics_listen);
+    assert_eq!(at("\"off\"").unwrap(), None);
+    assert_eq!(at("\"127.0.0.1:9465\"").unwrap(), Some("127.0.0.1:9465".parse().unwrap()));
+    assert_eq!(at("\"9465\"").unwrap(), Some("127.0.0.1:9465".parse().unwrap()), "a port alone is loopback");
+    assert_eq!(at("9465").unwrap(), Some("127.0.0.1:9465".parse().unwrap()), "as a TOML integer too");
+    assert_eq!(at("\"[::1]:0\"").unwrap(), Some("[::1]:0".parse().unwrap()));
+    check_refused("metrics_listen = \"localhost:9465\"\n", &["metrics_listen", "is not ADDR:PORT", "\"off\""]);
+    check_refused("metrics_listen = \"70000\"\n", &["metrics_listen", "out of the range 0..=65535"]);
+    check_refused("metrics_listen = true\n", &["metrics_listen", "expected a string"]);
+    let env = Layer::from_env(|k| (k == "BATON_NODE_METRICS_LISTEN").then(|| "9999".to_string())).unwrap();
+    let c = NodeConfig::resolve(Layer::from_toml("t", BASE).unwrap(), env, Layer::default()).unwrap();
+    assert_eq!(c.metrics_listen, Some("127.0.0.1:9999".parse().unwrap()));
 }
 
 #[test]
@@ -248,6 +265,7 @@ fn every_key_is_declared_once_and_reaches_its_field() {
                 vec![humantime::format_duration(min).to_string(), humantime::format_duration(max).to_string()]
             }
             Kind::Word(words) => words.iter().map(|w| w.to_string()).collect(),
+            Kind::Listen => vec!["off".into(), "9465".into(), "127.0.0.1:0".into(), "[::1]:9465".into()],
         };
         for sample in samples {
             let base = Layer::from_toml("t", BASE).unwrap();

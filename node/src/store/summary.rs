@@ -74,10 +74,51 @@ pub struct Summary {
     pub claims_paused: Option<String>,
 }
 
+/// Attempts running: a start marker and no end marker (what `status` lists as running).
+const RUNNING: &str = "FROM attempts WHERE ended_at_ms IS NULL";
+/// Reports waiting for the hub: neither confirmed nor refused for good.
+const AWAITING_REPORT: &str = "FROM outbox WHERE confirmed_at_ms IS NULL AND dead_at_ms IS NULL";
+/// Reports the hub refused for good.
+const DEAD_REPORTS: &str = "FROM outbox WHERE dead_at_ms IS NOT NULL";
+
+/// The counts `/metrics` shows, by the same definitions as `summary`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Gauges {
+    /// Turns waiting here to start (`Db::queued_count`, what `queue_ahead_batches` bounds).
+    pub queued: i64,
+    /// Turns running (`Summary::running`).
+    pub running: i64,
+    /// Reports waiting for the hub's confirmation (`Summary::awaiting_report`).
+    pub awaiting_report: i64,
+    /// When the oldest of them was queued (unix ms).
+    pub oldest_awaiting_ms: Option<i64>,
+    /// Reports the hub refused for good (`Summary::dead_reports`).
+    pub dead_reports: i64,
+}
+
 /// The tables that grow with the turns run (`meta` holds a row or two), as `size` counts them.
 const GROWING_TABLES: [&str; 4] = ["deliveries", "executions", "attempts", "outbox"];
 
 impl Db {
+    /// The counts `/metrics` shows: a few counts over indexed or small sets (the queue, the
+    /// attempts without an end marker, the outbox's waiting index).
+    pub fn gauges(&self) -> Result<Gauges, StoreError> {
+        let count = |from: &str| -> Result<i64, StoreError> {
+            Ok(self.conn.prepare_cached(&format!("SELECT count(*) {from}"))?.query_row([], |r| r.get(0))?)
+        };
+        let oldest_awaiting_ms = self
+            .conn
+            .prepare_cached(&format!("SELECT min(created_at_ms) {AWAITING_REPORT}"))?
+            .query_row([], |r| r.get(0))?;
+        Ok(Gauges {
+            queued: self.queued_count()?,
+            running: count(RUNNING)?,
+            awaiting_report: count(AWAITING_REPORT)?,
+            oldest_awaiting_ms,
+            dead_reports: count(DEAD_REPORTS)?,
+        })
+    }
+
     /// The bytes of the store's pages in use, as `store_bytes_max` counts them: free pages are
     /// reused before the file grows, so they do not count.
     pub fn used_bytes(&self) -> Result<i64, StoreError> {
@@ -144,9 +185,8 @@ impl Db {
             let state = LocalState::parse(&delivery_id, &state)?;
             open.push(OpenDelivery { delivery_id, conversation, seq, state });
         }
-        let mut st = self
-            .conn
-            .prepare("SELECT report_id, dead_reason FROM outbox WHERE dead_at_ms IS NOT NULL ORDER BY created_at_ms")?;
+        let mut st =
+            self.conn.prepare(&format!("SELECT report_id, dead_reason {DEAD_REPORTS} ORDER BY created_at_ms"))?;
         let rows = st.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?)))?;
         let mut dead_reports = Vec::new();
         for row in rows {
@@ -174,10 +214,8 @@ impl Db {
             size: self.size()?,
             instance_id,
             open,
-            running: strings("SELECT delivery_id FROM attempts WHERE ended_at_ms IS NULL ORDER BY started_at_ms")?,
-            awaiting_report: strings(
-                "SELECT report_id FROM outbox WHERE confirmed_at_ms IS NULL AND dead_at_ms IS NULL ORDER BY created_at_ms",
-            )?,
+            running: strings(&format!("SELECT delivery_id {RUNNING} ORDER BY started_at_ms"))?,
+            awaiting_report: strings(&format!("SELECT report_id {AWAITING_REPORT} ORDER BY created_at_ms"))?,
             dead_reports,
             counts,
         })

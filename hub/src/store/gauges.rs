@@ -1,0 +1,132 @@
+//! What the hub's periodic gauges read from the record, in one snapshot (`gather`). Every
+//! figure here reuses the definition `status` and the status page use: the backlog and the
+//! outcome counts of `overview`, the silent hosts of `fleet::silent_hosts` (the same
+//! `host_silence_warn` rule `attention` flags), the running turns of `overview::running_turns`,
+//! the certificates that matter of `fleet::expiring_certificates` and the active fences of
+//! `fences`. Read-only: every function here runs on a read connection.
+
+use super::StoreResult;
+use super::db::Db;
+use super::fences::{self, FenceScope};
+use super::fleet;
+use super::overview::{self, HostBacklog};
+use baton_shared::ids::Role;
+use baton_shared::states::Outcome;
+use rusqlite::named_params;
+
+/// The record's side of the gauges at one moment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordGauges {
+    /// Each host's backlog (`overview::host_backlogs`), by name.
+    pub backlogs: Vec<HostBacklog>,
+    /// Deliveries by current-run outcome (`overview::outcome_counts`).
+    pub outcomes: Vec<(Outcome, i64)>,
+    /// Hosts silent longer than the warning (`fleet::silent_hosts`), by name.
+    pub silent: Vec<String>,
+    /// Each host (not retired) whose node ever opened a session, with its newest session's last
+    /// contact (unix ms), by name.
+    pub contacts: Vec<(String, i64)>,
+    /// How many turns run now (`overview::running_turns`).
+    pub running: i64,
+    /// When the longest-running of them started (unix ms).
+    pub oldest_running_started_ms: Option<i64>,
+    /// When the held delivery first in queue order was created (unix ms).
+    pub oldest_held_created_ms: Option<i64>,
+    /// Active fences per scope, every scope listed (zero included).
+    pub fences: Vec<(FenceScope, i64)>,
+    /// Per role, the earliest expiry (unix seconds) among the certificates that matter: for
+    /// each name in use, its longest-lasting unrevoked certificate (`fleet::expiring_certificates`);
+    /// `None` when the role has none.
+    pub cert_expiry: Vec<(Role, Option<i64>)>,
+}
+
+/// Reads the gauges at `now_ms`, flagging hosts silent longer than `silence_ms`.
+pub fn gather(conn: &dyn Db, now_ms: i64, silence_ms: i64) -> StoreResult<RecordGauges> {
+    let (running, longest) = overview::running_turns(conn, 1)?;
+    let certs = fleet::expiring_certificates(conn, i64::MAX)?;
+    let cert_expiry = [Role::Node, Role::Producer]
+        .into_iter()
+        .map(|role| (role, certs.iter().filter(|c| c.role == role).map(|c| c.not_after_unix).min()))
+        .collect();
+    Ok(RecordGauges {
+        backlogs: overview::host_backlogs(conn)?,
+        outcomes: overview::outcome_counts(conn)?,
+        silent: fleet::silent_hosts(conn, now_ms, silence_ms)?.into_iter().map(|h| h.host).collect(),
+        contacts: contacts(conn)?,
+        running,
+        oldest_running_started_ms: longest.first().map(|t| t.started_at_ms),
+        oldest_held_created_ms: oldest_held(conn)?,
+        fences: fences::active_counts_by_scope(conn)?,
+        cert_expiry,
+    })
+}
+
+/// Each host (not retired) with its newest session's last contact, by name: the session
+/// `fleet::silent_hosts` judges.
+fn contacts(conn: &dyn Db) -> StoreResult<Vec<(String, i64)>> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT s.host, s.last_contact_at FROM node_sessions s JOIN hosts h ON h.name = s.host
+             WHERE h.retired_at IS NULL
+               AND s.session = (SELECT max(session) FROM node_sessions m WHERE m.host = s.host)
+             ORDER BY s.host",
+        )?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<Result<_, _>>()?)
+}
+
+/// When the held delivery first in queue order was created: one step of the state index.
+fn oldest_held(conn: &dyn Db) -> StoreResult<Option<i64>> {
+    let mut stmt =
+        conn.prepare_cached("SELECT created_at FROM deliveries WHERE state = :s ORDER BY state, n LIMIT 1")?;
+    let mut rows = stmt.query_map(named_params! {":s": "held"}, |r| r.get::<_, i64>(0))?;
+    Ok(rows.next().transpose()?)
+}
+
+/// When the message of `delivery_id` was accepted (unix ms): what the accept-to-outcome
+/// latency is measured from. One primary-key step each.
+pub fn accepted_at(conn: &dyn Db, delivery_id: &str) -> StoreResult<Option<i64>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT m.accepted_at FROM deliveries d JOIN messages m ON m.id = d.message_id WHERE d.id = ?1",
+    )?;
+    let mut rows = stmt.query_map([delivery_id], |r| r.get::<_, i64>(0))?;
+    Ok(rows.next().transpose()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::accept::testing::accept_one;
+    use crate::store::hosts::{Issued, enroll};
+    use crate::store::testing;
+
+    #[test]
+    fn the_gauges_read_what_status_reads() {
+        let db = testing::db();
+        let c = &db.conn;
+        for (name, serial, not_after) in [("host-a", "a1", 5_000), ("host-b", "b1", 9_000)] {
+            enroll(c, Issued { role: Role::Node, name, serial, not_after_unix: not_after }, "op", "enrolled", 1)
+                .unwrap();
+        }
+        for (host, last) in [("host-a", 1_000), ("host-b", 90_000)] {
+            c.execute(
+                "INSERT INTO node_sessions (host, session, instance_id, node_version, started_at, last_contact_at)
+                 VALUES (?1, 1, 'i', '0.1.0', ?2, ?2)",
+                rusqlite::params![host, last],
+            )
+            .unwrap();
+        }
+        accept_one(c, "c", "k1", &["host-a"]);
+        let g = gather(c, 100_000, 60_000).unwrap();
+        assert_eq!(g.silent, ["host-a"], "host-b was heard from 10 s ago");
+        assert_eq!(g.contacts, [("host-a".to_string(), 1_000), ("host-b".to_string(), 90_000)]);
+        assert_eq!(g.cert_expiry, [(Role::Node, Some(5_000)), (Role::Producer, None)]);
+        assert_eq!(g.running, 0);
+        assert_eq!(g.oldest_running_started_ms, None);
+        assert_eq!(g.oldest_held_created_ms, None);
+        assert!(g.fences.iter().all(|(_, n)| *n == 0), "{:?}", g.fences);
+        assert_eq!(g.fences.len(), FenceScope::ALL.len());
+        let a = g.backlogs.iter().find(|b| b.host == "host-a").unwrap();
+        assert_eq!(a.waiting, 1);
+    }
+}
