@@ -303,6 +303,23 @@ pub const RESULT_BYTES_MAX: Key = Key {
     kind: KeyKind::Int { default: RESULT_BYTES_MAX_DEFAULT, min: 1, max: 16 * MIB },
     doc: "bytes of a report's result body",
 };
+/// `limits.stderr_tail_bytes_max`.
+pub const STDERR_TAIL_BYTES_MAX: Key = Key {
+    name: key_name!(
+        Some("limits"),
+        "stderr_tail_bytes_max",
+        "stderr-tail-bytes-max",
+        "BATON_HUB_STDERR_TAIL_BYTES_MAX"
+    ),
+    kind: KeyKind::Int {
+        default: STDERR_TAIL_BYTES_MAX_DEFAULT,
+        min: STDERR_TAIL_BYTES_MAX_RANGE.0,
+        max: STDERR_TAIL_BYTES_MAX_RANGE.1,
+    },
+    doc: "bytes of the end of a harness's stderr kept with its attempt (a report's stderr_tail); a longer tail \
+          is cut to its last bytes, from a character boundary, and what was cut is added to \
+          stderr_dropped_bytes: never refused, so an outcome is never lost to its diagnostics; 0 keeps none of it",
+};
 /// `limits.claim_batch_max`.
 pub const CLAIM_BATCH_MAX: Key = Key {
     name: key_name!(Some("limits"), "claim_batch_max", "claim-batch-max", "BATON_HUB_CLAIM_BATCH_MAX"),
@@ -518,7 +535,7 @@ pub const INSTANCE_REBIND_WINDOW_KEY: Key = Key {
 };
 
 /// Every key, in the order of the template.
-pub const KEYS: [&Key; 39] = [
+pub const KEYS: [&Key; 40] = [
     &LISTEN,
     &DATABASE_URL,
     &SYNCHRONOUS,
@@ -535,6 +552,7 @@ pub const KEYS: [&Key; 39] = [
     &START_LEASE,
     &PAYLOAD_BYTES_MAX,
     &RESULT_BYTES_MAX,
+    &STDERR_TAIL_BYTES_MAX,
     &CLAIM_BATCH_MAX,
     &HOLDINGS_PAGE_MAX,
     &MESSAGE_VIEW_BYTES_MAX,
