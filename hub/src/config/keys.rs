@@ -238,8 +238,8 @@ pub const OPERATOR_HOSTS: Key = Key {
 pub const STATUS_PAGE_REASONS: Key = Key {
     name: key_name!(None, "status_page_reasons", "status-page-reasons", "BATON_HUB_STATUS_PAGE_REASONS"),
     kind: KeyKind::Choice { default: "auto", allowed: &["auto", "shown", "hidden"] },
-    doc: "whether the status page shows failure reasons (a harness's or a node's text, which may say what the \
-          work was about) beside failed and unknown deliveries: \"shown\", \"hidden\", or \"auto\" (shown while \
+    doc: "whether the status page shows failure reasons and the end of each run's harness stderr (a harness's \
+          or a node's text, which may say what the work was about) beside failed and unknown deliveries: \"shown\", \"hidden\", or \"auto\" (shown while \
           operator_listen is a loopback address, which only the machine itself reaches; hidden otherwise)",
 };
 /// The most operator-listener connections one peer address keeps open by default.
