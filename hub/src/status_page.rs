@@ -12,9 +12,10 @@
 //!
 //! Invariant: no certificate guards this page, so it never shows a harness's result (what the
 //! work produced). Failure reasons (the delivery's and its run's, which may say what the work
-//! was about) are shown only as `status_page_reasons` says: by default while the listener is
-//! bound to loopback, which only the machine itself reaches. Fence reasons, which operators
-//! write for each other, are always shown.
+//! was about) and the end of a run's harness stderr (which may too) are shown only as
+//! `status_page_reasons` says: by default while the listener is bound to loopback, which only
+//! the machine itself reaches. Fence reasons, which operators write for each other, are always
+//! shown.
 //!
 //! Invariant: every stored text reaches the page through `esc` (HTML-escaped, control
 //! characters replaced), and every id in a link or a form through `url_segment` or `esc`.
@@ -44,6 +45,9 @@ pub const PAGE_REFRESH_SECS: u32 = 10;
 pub const TEXT_SHOWN_CHARS_MAX: usize = 2000;
 /// Longest failure reason shown in the failures table (the delivery's page shows it whole).
 pub const REASON_SHOWN_CHARS_MAX: usize = 300;
+/// Most characters of the end of a run's stderr shown in the failures table: its last ones,
+/// where an error's last lines are (the delivery's page shows up to `TEXT_SHOWN_CHARS_MAX`).
+pub const STDERR_SHOWN_CHARS_MAX: usize = 300;
 /// How long the per-minute rates are kept before they are read again: the outcomes come from a
 /// scan of the attempts, which a page reloading every few seconds must not repeat each time.
 pub const RATES_REFRESH: Duration = Duration::from_secs(60);
@@ -259,6 +263,27 @@ fn esc_cut(s: &str, max: usize) -> String {
     }
     let cut: String = s.chars().take(max).collect();
     format!("{}… (cut)", esc(&cut))
+}
+
+/// `esc` of the last `max` characters of `s` (the end of a stderr, where its last lines are),
+/// marked at the front when the start was cut.
+fn esc_tail(s: &str, max: usize) -> String {
+    let n = s.chars().count();
+    if n <= max {
+        return esc(s);
+    }
+    let cut: String = s.chars().skip(n - max).collect();
+    format!("(cut) …{}", esc(&cut))
+}
+
+/// The end of a run's stderr as a block, with how much came before it when the node or the hub
+/// dropped some.
+fn stderr_block(tail: &str, dropped: Option<u64>, max: usize) -> String {
+    let note = match dropped {
+        Some(n) if n > 0 => format!("<span class=\"muted\">({n} earlier bytes dropped)</span>\n"),
+        _ => String::new(),
+    };
+    format!("<pre class=\"stderr\">{note}{}</pre>", esc_tail(tail, max))
 }
 
 /// The colour classes: each marks a word that is always shown beside it, so the page reads
@@ -674,7 +699,7 @@ fn search_table(q: &str, rows: &[DeliveryRow], now_ms: i64) -> String {
 }
 
 /// A failure's reasons as shown in a cell: the delivery's own (why the hub failed it, or why
-/// it ended `unknown`) and its run's (what its node reported).
+/// it ended `unknown`), its run's (what its node reported) and the end of its run's stderr.
 fn reasons_cell(t: &Trouble) -> String {
     let mut parts = Vec::new();
     if let Some(r) = t.row.reason.as_deref().filter(|r| !r.is_empty()) {
@@ -683,7 +708,15 @@ fn reasons_cell(t: &Trouble) -> String {
     if let Some(r) = t.run_reason.as_deref().filter(|r| !r.is_empty()) {
         parts.push(esc_cut(r, REASON_SHOWN_CHARS_MAX));
     }
-    if parts.is_empty() { "—".to_string() } else { format!("<pre>{}</pre>", parts.join("\n")) }
+    let stderr = match t.run_stderr.as_deref().filter(|s| !s.trim().is_empty()) {
+        Some(tail) => stderr_block(tail.trim_end(), None, STDERR_SHOWN_CHARS_MAX),
+        None => String::new(),
+    };
+    match (parts.is_empty(), stderr.is_empty()) {
+        (true, true) => "—".to_string(),
+        (true, false) => stderr,
+        _ => format!("<pre>{}</pre>{stderr}", parts.join("\n")),
+    }
 }
 
 fn trouble_table(rows: &[Trouble], now_ms: i64, reasons: bool) -> String {
@@ -758,13 +791,20 @@ pub fn render_delivery(d: &DeliveryDetail, now_ms: i64, reasons: bool) -> String
         b.push_str(&format!(
             "<h2>Attempts</h2><table id=\"attempts\"><tr><th>run</th><th>outcome</th><th>exit</th><th>took</th>\
              <th>reported (UTC)</th>{}</tr>",
-            if reasons { "<th>why</th>" } else { "" }
+            if reasons { "<th>why</th><th>stderr (its end)</th>" } else { "" }
         ));
         for a in &d.attempts {
             let why = if reasons {
                 format!(
                     "<td class=\"reason\">{}</td>",
                     a.reason.as_deref().map_or("—".to_string(), |w| format!("<pre>{}</pre>", esc(w)))
+                ) + &format!(
+                    "<td class=\"stderr\">{}</td>",
+                    a.stderr_tail.as_deref().map_or("—".to_string(), |t| stderr_block(
+                        t,
+                        a.stderr_dropped_bytes,
+                        TEXT_SHOWN_CHARS_MAX
+                    ))
                 )
             } else {
                 String::new()
@@ -841,6 +881,51 @@ mod tests {
             let page = render_delivery(&read::delivery_detail(c, &id).unwrap(), 10_000, reasons);
             assert!(!page.contains("<script"), "{page}");
             assert_eq!(page.matches("&lt;script&gt;").count(), if reasons { 2 } else { 1 }, "{page}");
+        }
+    }
+
+    /// The end of a failed run's stderr is on both pages exactly where reasons are, escaped;
+    /// the failures table shows its last characters, the delivery's page how much was dropped.
+    #[test]
+    fn the_end_of_a_runs_stderr_follows_the_reasons_rule() {
+        use crate::store::report::{NewReport, RunReport, report_run};
+        use crate::store::{claim, transition::Holder};
+        let db = testing::db();
+        let c = &db.conn;
+        accept_one(c, "conv", "k", &["host-a"]);
+        let d = claim::claim(c, "host-a", "i", 1, 1).unwrap().remove(0);
+        let holder = Holder { instance_id: "i", claim_token: &d.claim_token };
+        claim::mirrored(c, "host-a", &d.delivery_id, holder, 2).unwrap();
+        claim::ack(c, "host-a", &d.delivery_id, holder, 3).unwrap();
+        let tail = format!("first-line-LOST\n{}\n{SCRIPT}\nlast-line-SHOWN\n", "x".repeat(400));
+        let report = NewReport {
+            delivery_id: &d.delivery_id,
+            holder,
+            report_id: "r1",
+            outcome: Outcome::Failed,
+            exit_code: Some(2),
+            duration_ms: Some(1),
+            result: Some("result-SECRET"),
+            reason: Some("exited with status 2"),
+            stderr_tail: Some(&tail),
+            stderr_dropped_bytes: Some(5000),
+        };
+        report_run(c, "host-a", &report, &RunReport::default(), 4).unwrap();
+        let o = gather(c, 10_000, Duration::from_secs(60)).unwrap();
+        let detail = read::delivery_detail(c, &d.delivery_id).unwrap();
+        for reasons in [false, true] {
+            let v = View { overview: &o, attention: &[], rates: None, search: None, reasons };
+            let overview = render_overview(&v, 10_000, Duration::from_secs(60));
+            let delivery = render_delivery(&detail, 10_000, reasons);
+            for page in [&overview, &delivery] {
+                assert!(!page.contains("<script") && !page.contains("result-SECRET"), "{page}");
+                assert_eq!(page.contains("last-line-SHOWN"), reasons, "{page}");
+                assert_eq!(page.contains("&lt;script&gt;"), reasons, "{page}");
+            }
+            // The failures table keeps the last characters, the delivery's page all of them.
+            assert!(!overview.contains("first-line-LOST"), "{overview}");
+            assert_eq!(delivery.contains("first-line-LOST"), reasons, "{delivery}");
+            assert_eq!(delivery.contains("5000 earlier bytes dropped"), reasons, "{delivery}");
         }
     }
 

@@ -165,6 +165,10 @@ keys! {
     store_bytes_max: u64 = Kind::Count { default: STORE_BYTES_MAX_DEFAULT, range: STORE_BYTES_MAX_RANGE };
     /// Most bytes of stdout kept as an attempt's result (a truncation marker counts inside it).
     result_bytes_max: usize = Kind::Count { default: RESULT_BYTES_MAX_DEFAULT, range: RESULT_BYTES_MAX_RANGE };
+    /// Most bytes of the end of the harness's stderr sent with each attempt's report (the last
+    /// ones, from a character boundary, with how many came before); 0 sends none. The node's log
+    /// still gets its stderr line by line.
+    stderr_tail_bytes: usize = Kind::Count { default: STDERR_TAIL_BYTES_DEFAULT, range: STDERR_TAIL_BYTES_RANGE };
     /// How long running turns may finish after the node gets SIGTERM; then their process groups
     /// get SIGTERM, and SIGKILL after `kill_grace`.
     shutdown_grace: Duration = Kind::Duration { default: SHUTDOWN_GRACE_DEFAULT, range: SHUTDOWN_GRACE_RANGE };

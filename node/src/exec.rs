@@ -4,7 +4,7 @@
 //! stdin and the delivery's ids (and the message's producer, `BATON_PRODUCER`) in the
 //! environment. stdout is kept up to `result_bytes_max` and
 //! the rest drained, so the child never blocks on a full pipe; stderr goes to the node's log,
-//! bounded.
+//! bounded, and its last `stderr_tail_bytes` go with the attempt's report (`tail`).
 //!
 //! The gate. A turn starts as `baton-node turn-gate -- ARGV…` (`Gate`), in a new process group
 //! whose id is its pid. The gate reads one byte from stdin and only then becomes the harness
@@ -22,6 +22,7 @@
 use crate::group::{self, ProcessIdentity};
 use crate::limits::{GROUP_POLL_PACE, PIPE_DRAIN_AFTER_EXIT, STDERR_LOG_BYTES_MAX};
 use crate::store::{Ending, StartedTurn};
+use crate::tail::{StderrTail, Tail};
 use baton_shared::states::Outcome;
 use nix::errno::Errno;
 use nix::sys::signal::Signal;
@@ -144,6 +145,8 @@ pub struct ExecSpec {
     pub cancel_grace: Duration,
     /// Most stdout bytes kept as the result (the truncation marker included).
     pub result_bytes_max: usize,
+    /// Most bytes of the end of stderr sent with the report (`stderr_tail_bytes`; 0: none).
+    pub stderr_tail_bytes: usize,
     /// This node instance, given to the harness as `BATON_INSTANCE_ID`.
     pub instance_id: String,
     /// How the turn's process starts.
@@ -159,7 +162,7 @@ pub struct Spawned {
     started: Instant,
     stdin: Option<ChildStdin>,
     stdout: Option<JoinHandle<(Vec<u8>, u64)>>,
-    stderr: Option<JoinHandle<()>>,
+    stderr: Option<JoinHandle<Option<StderrTail>>>,
 }
 
 /// Spawns the turn's process at the gate, in its own process group. Fails (as the turn's
@@ -173,6 +176,7 @@ pub fn spawn(spec: &ExecSpec, turn: &StartedTurn) -> Result<Spawned, Ending> {
         result: None,
         reason: Some(format!("cannot start {:?}: {why}", spec.argv.first().map_or("", String::as_str))),
         signal: None,
+        stderr: None,
     };
     let Some(program) = spec.argv.first() else { return Err(cannot_start("the command is empty".into())) };
     if find_program(program).is_none() {
@@ -207,7 +211,8 @@ pub fn spawn(spec: &ExecSpec, turn: &StartedTurn) -> Result<Spawned, Ending> {
         return Err(cannot_start("the spawned process has no pid".into()));
     };
     let stdout = child.stdout.take().map(|r| tokio::spawn(read_bounded(r, spec.result_bytes_max)));
-    let stderr = child.stderr.take().map(|r| tokio::spawn(log_stderr(r, turn.delivery_id.clone())));
+    let stderr =
+        child.stderr.take().map(|r| tokio::spawn(read_stderr(r, turn.delivery_id.clone(), spec.stderr_tail_bytes)));
     let stdin = child.stdin.take();
     Ok(Spawned { child, pgid, started, stdin, stdout, stderr })
 }
@@ -323,9 +328,13 @@ impl Spawned {
             },
             None => (Vec::new(), 0),
         };
-        if let Some(h) = self.stderr.take() {
-            let _ = h.await;
-        }
+        let stderr = match self.stderr.take() {
+            Some(h) => h.await.unwrap_or_else(|e| {
+                tracing::error!(delivery_id = %turn.delivery_id, "reading the harness's stderr failed: {e}");
+                None
+            }),
+            None => None,
+        };
         if let Some(h) = stdin {
             h.abort();
         }
@@ -346,7 +355,7 @@ impl Spawned {
             },
             (None, Err(e)) => (Outcome::Failed, None, Some(format!("waiting for the harness failed: {e}"))),
         };
-        Ending { outcome, exit_code, duration_ms, result, reason, signal }
+        Ending { outcome, exit_code, duration_ms, result, reason, signal, stderr }
     }
 }
 
@@ -424,6 +433,7 @@ pub fn run_noop() -> Ending {
         result: Some(String::new()),
         reason: None,
         signal: None,
+        stderr: None,
     }
 }
 
@@ -470,9 +480,10 @@ async fn read_bounded(mut r: impl AsyncRead + Unpin, keep: usize) -> (Vec<u8>, u
     (kept, total)
 }
 
-/// Copies a harness's stderr to the log line by line, up to `STDERR_LOG_BYTES_MAX` bytes;
-/// drains and counts the rest.
-async fn log_stderr(mut r: impl AsyncRead + Unpin, delivery_id: String) {
+/// Copies a harness's stderr to the log line by line, up to `STDERR_LOG_BYTES_MAX` bytes, and
+/// drains and counts the rest; returns its last `tail_bytes` bytes for the report.
+async fn read_stderr(mut r: impl AsyncRead + Unpin, delivery_id: String, tail_bytes: usize) -> Option<StderrTail> {
+    let mut tail = Tail::new(tail_bytes);
     const LINE_BYTES_MAX: usize = 4096;
     let mut logged = 0usize;
     let mut dropped = 0u64;
@@ -495,6 +506,7 @@ async fn log_stderr(mut r: impl AsyncRead + Unpin, delivery_id: String) {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
+        tail.push(&buf[..n]);
         for &b in &buf[..n] {
             if b == b'\n' {
                 emit(&mut line, &mut logged, &mut dropped);
@@ -509,6 +521,7 @@ async fn log_stderr(mut r: impl AsyncRead + Unpin, delivery_id: String) {
     if dropped > 0 {
         tracing::warn!(delivery_id = %delivery_id, "harness stderr: {dropped} more bytes not logged");
     }
+    tail.finish()
 }
 
 /// The result body: stdout as text, at most `max` bytes. When anything was cut, a marker
@@ -570,6 +583,7 @@ mod tests {
             kill_grace: Duration::from_secs(20),
             cancel_grace: Duration::from_secs(20),
             result_bytes_max: max,
+            stderr_tail_bytes: 64,
             instance_id: "inst-1".into(),
             gate: Gate::shell(),
         }
@@ -609,6 +623,20 @@ mod tests {
         assert_eq!((e.outcome, e.exit_code), (Outcome::Failed, Some(3)));
         assert_eq!(e.result.as_deref(), Some("out\n"));
         assert_eq!(e.reason.as_deref(), Some("exited with status 3"));
+    }
+
+    /// The end of stderr comes with the ending: all of it when short, else exactly its last
+    /// `stderr_tail_bytes` with how many came before.
+    #[tokio::test]
+    async fn the_end_of_stderr_comes_with_the_ending() {
+        let e = run("echo out; echo one >&2; echo two >&2; exit 3").await;
+        assert_eq!(e.stderr, Some(StderrTail { text: "one\ntwo\n".into(), dropped_bytes: 0 }));
+        assert_eq!(run("echo quiet").await.stderr, None, "nothing written, no tail");
+        // 100,000 bytes then END: the tail (64 bytes in these tests) is its last 64.
+        let e = run("head -c 100000 /dev/zero | tr '\\0' e >&2; printf END >&2; exit 1").await;
+        let tail = e.stderr.expect("a tail");
+        assert_eq!(tail.text, format!("{}END", "e".repeat(61)));
+        assert_eq!(tail.dropped_bytes, 100_003 - 64);
     }
 
     #[tokio::test]

@@ -24,6 +24,7 @@
 //! - `exec`: runs one turn in its own process group, held at a gate until the group is stored;
 //!   timeout (SIGTERM, then SIGKILL after `kill_grace`), cancel (the same after
 //!   `cancel_grace`), output bounds; the `turn-gate` itself.
+//! - `tail`: the last bytes of a harness's stderr, cut on a character boundary, for its report.
 //! - `group`: a harness's process group: its identity (group id, start time, boot id), the
 //!   same-process check, and stopping what a crashed node left behind.
 //! - `report`: the report outbox sender.
@@ -59,6 +60,7 @@ pub mod service;
 mod shared_state;
 pub mod status;
 pub mod store;
+pub mod tail;
 
 use anyhow::Context as _;
 use baton_shared::clock::SharedClock;

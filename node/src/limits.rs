@@ -62,6 +62,14 @@ pub const RESULT_BYTES_MAX_DEFAULT: u64 = baton_shared::limits::RESULT_BYTES_MAX
 /// Allowed range of `result_bytes_max`.
 pub const RESULT_BYTES_MAX_RANGE: (u64, u64) = (1, 16 * 1024 * 1024);
 
+/// Default for `stderr_tail_bytes`: most bytes of the end of a harness's stderr sent with its
+/// attempt's report, enough for the last few dozen lines of an error.
+pub const STDERR_TAIL_BYTES_DEFAULT: u64 = 4 * 1024;
+/// Allowed range of `stderr_tail_bytes` (0 sends none): at most what a hub keeps at its default
+/// `limits.stderr_tail_bytes_max`.
+pub const STDERR_TAIL_BYTES_RANGE: (u64, u64) = (0, baton_shared::limits::STDERR_TAIL_BYTES_MAX_DEFAULT);
+const _: () = assert!(STDERR_TAIL_BYTES_DEFAULT <= STDERR_TAIL_BYTES_RANGE.1);
+
 /// Default for `shutdown_grace`: how long running turns may finish after SIGTERM.
 pub const SHUTDOWN_GRACE_DEFAULT: Duration = Duration::from_secs(10);
 /// Allowed range of `shutdown_grace`.

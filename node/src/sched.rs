@@ -582,6 +582,7 @@ fn spec<H>(sh: &Shared<H>) -> ExecSpec {
         kill_grace: sh.config.kill_grace,
         cancel_grace: sh.config.cancel_grace,
         result_bytes_max: sh.config.result_bytes_max,
+        stderr_tail_bytes: sh.config.stderr_tail_bytes,
         instance_id: sh.instance_id.clone(),
         gate: sh.gate.clone(),
     }

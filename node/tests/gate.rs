@@ -55,6 +55,7 @@ async fn the_released_gate_becomes_the_harness_in_the_same_process_group() {
         kill_grace: Duration::from_secs(10),
         cancel_grace: Duration::from_secs(10),
         result_bytes_max: 4096,
+        stderr_tail_bytes: 4096,
         instance_id: "inst-1".into(),
         gate: Gate::binary(bin()),
     };

@@ -8,6 +8,14 @@ use std::time::Duration;
 pub const PAYLOAD_BYTES_MAX_DEFAULT: u64 = 256 * 1024;
 /// Largest result body a report may carry.
 pub const RESULT_BYTES_MAX_DEFAULT: u64 = 64 * 1024;
+/// Most bytes of a harness's stderr tail the hub keeps with an attempt (its
+/// `limits.stderr_tail_bytes_max`): a longer tail is cut to its last bytes, never refused, so a
+/// report's outcome is never lost to its diagnostics. Also the top of the node's
+/// `stderr_tail_bytes`, so a hub at its default keeps every node's tail whole.
+pub const STDERR_TAIL_BYTES_MAX_DEFAULT: u64 = 64 * 1024;
+/// Allowed range of the hub's `limits.stderr_tail_bytes_max` (0 keeps none of it, only its
+/// size).
+pub const STDERR_TAIL_BYTES_MAX_RANGE: (u64, u64) = (0, 1024 * 1024);
 /// Largest number of deliveries one claim returns.
 pub const CLAIM_BATCH_MAX_DEFAULT: u32 = 64;
 /// Longest a claim or a message read may wait for news.
@@ -93,6 +101,8 @@ const _: () = assert!(RESULT_BYTES_MAX_DEFAULT < REQUEST_BODY_BYTES_MAX_DEFAULT)
 // batch of `mirrored`, `ack` or reports.
 const _: () = assert!(PAYLOAD_BYTES_MAX_DEFAULT < BATCH_BYTES_MAX);
 const _: () = assert!(RESULT_BYTES_MAX_DEFAULT < BATCH_BYTES_MAX);
+const _: () = assert!(RESULT_BYTES_MAX_DEFAULT + STDERR_TAIL_BYTES_MAX_DEFAULT < BATCH_BYTES_MAX);
+const _: () = assert!(STDERR_TAIL_BYTES_MAX_DEFAULT <= STDERR_TAIL_BYTES_MAX_RANGE.1);
 const _: () = assert!(BATCH_BYTES_MAX <= REQUEST_BODY_BYTES_MAX_DEFAULT);
 const _: () = assert!(CLAIM_BATCH_MAX_DEFAULT as usize <= BATCH_ITEMS_MAX);
 const _: () = assert!(HOLDINGS_PAGE_MAX_RANGE.0 <= HOLDINGS_PAGE_MAX_DEFAULT);

@@ -129,6 +129,15 @@ pub struct AttemptView {
     /// for, `operator:NAME` for a redrive.
     #[serde(default)]
     pub caused_by: Option<String>,
+    /// The end of the harness's stderr as the hub kept it (its last bytes, at most the hub's
+    /// `limits.stderr_tail_bytes_max`, starting on a character boundary), when the node sent one.
+    #[serde(default)]
+    pub stderr_tail: Option<String>,
+    /// How many bytes of the harness's stderr came before `stderr_tail` and are not in it
+    /// (dropped by the node, or cut by the hub); set whenever `stderr_tail` is (and alone when
+    /// the node sent only the count).
+    #[serde(default)]
+    pub stderr_dropped_bytes: Option<u64>,
 }
 
 fn first_attempt() -> u32 {
@@ -487,6 +496,17 @@ pub struct ReportRequest {
     /// The signal that ended the harness, when one did.
     #[serde(default, deserialize_with = "crate::json_int::optional")]
     pub signal: Option<i32>,
+    /// The end of what the harness wrote to stderr: its last bytes (at most the node's
+    /// `stderr_tail_bytes`), starting on a UTF-8 character boundary. Absent when it wrote
+    /// nothing there. The hub keeps at most its `limits.stderr_tail_bytes_max` of it, the last
+    /// ones, and counts what it cut in `stderr_dropped_bytes`. Left out of the JSON when absent,
+    /// so a report without it reads as it did before the field existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stderr_tail: Option<String>,
+    /// How many bytes the harness wrote to stderr before `stderr_tail` that it does not hold
+    /// (0: the tail is all of it); without `stderr_tail`, how many it wrote, none of them sent.
+    #[serde(default, deserialize_with = "crate::json_int::optional", skip_serializing_if = "Option::is_none")]
+    pub stderr_dropped_bytes: Option<u64>,
 }
 
 /// The answer to `POST /delivery-report`.

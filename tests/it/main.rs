@@ -56,6 +56,8 @@
 //!   another instance runs it, the old one never does.
 //! - `ops_truth`: counts that are rows changed, "nothing to do" exits, fence refusals,
 //!   releases a fence would undo, time-boxed fences.
+//! - `harness_stderr`: the end of a harness's stderr in every view, its node-side and hub-side
+//!   bounds, and its way through the node's outbox across restarts.
 //! - `node_config_check`: `baton-node config check` offline and `--online`, each failure named
 //!   with exit 2, and `run` refusing to start on the same failures.
 //! - `node_*`, `power_loss`: the node agent and durability under power loss (see each module);
@@ -87,6 +89,7 @@ mod exact_payloads;
 mod examples;
 mod file_bounds;
 mod harness;
+mod harness_stderr;
 mod hub_auth;
 mod hub_batch;
 mod hub_cli;

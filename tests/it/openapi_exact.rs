@@ -20,7 +20,7 @@ use baton_shared::error::ErrorCode;
 use baton_shared::ids::{INSTANCE_ID_CHARS_MAX, KEY_CHARS_MAX, NAME_CHARS_MAX};
 use baton_shared::limits::{
     BATCH_BYTES_MAX, BATCH_ITEMS_MAX, CLAIM_BATCH_MAX_DEFAULT, PAYLOAD_BYTES_MAX_DEFAULT, PAYLOAD_DEPTH_MAX,
-    REASON_CHARS_MAX, RECIPIENTS_MAX_DEFAULT, RESULT_BYTES_MAX_DEFAULT,
+    REASON_CHARS_MAX, RECIPIENTS_MAX_DEFAULT, RESULT_BYTES_MAX_DEFAULT, STDERR_TAIL_BYTES_MAX_DEFAULT,
 };
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -167,6 +167,7 @@ fn documented_bounds_and_codes_are_the_code_s() {
     let by_limit: BTreeMap<&str, (&str, u64)> = [
         ("limits.payload_bytes_max", ("x-baton-max-bytes", PAYLOAD_BYTES_MAX_DEFAULT)),
         ("limits.result_bytes_max", ("x-baton-max-bytes", RESULT_BYTES_MAX_DEFAULT)),
+        ("limits.stderr_tail_bytes_max", ("x-baton-kept-bytes", STDERR_TAIL_BYTES_MAX_DEFAULT)),
         ("limits.recipients_max", ("maxItems", u64::from(RECIPIENTS_MAX_DEFAULT))),
         ("limits.claim_batch_max", ("maxItems", u64::from(CLAIM_BATCH_MAX_DEFAULT))),
     ]
@@ -429,6 +430,12 @@ fn cases_for(doc: &Value, s: &Value, loc: &Loc, base: Option<&Value>, required: 
             let n = bytes as usize;
             push(format!("{n} bytes"), Change::Set(json_str(&"a".repeat(n))), Expect::Accepted);
             push(format!("{} bytes", n + 1), Change::Set(json_str(&"a".repeat(n + 1))), refused);
+        }
+        // A bound the hub keeps to by cutting, never by refusing.
+        if let Some(bytes) = s.get("x-baton-kept-bytes").and_then(Value::as_u64) {
+            let n = bytes as usize;
+            push(format!("{n} bytes"), Change::Set(json_str(&"a".repeat(n))), Expect::Accepted);
+            push(format!("{} bytes, cut", n + 1), Change::Set(json_str(&"a".repeat(n + 1))), Expect::Accepted);
         }
         if let Some(p) = pattern {
             let base = base.and_then(Value::as_str).expect("a base value for a pattern");
@@ -731,6 +738,8 @@ impl Bases {
             "reason": "why",
             "attempt": 1,
             "signal": 15,
+            "stderr_tail": "err",
+            "stderr_dropped_bytes": 0,
         })
     }
 

@@ -10,12 +10,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 /// The `baton` binary, built once per test process.
-fn baton_bin() -> PathBuf {
+pub fn baton_bin() -> PathBuf {
     baton_testkit::bins::producer_cli().unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 /// A scrubbed `baton ARGS…` command (no `HOME`, no `BATON_*` from the test's environment).
-fn baton<I, S>(args: I) -> Command
+pub fn baton<I, S>(args: I) -> Command
 where
     I: IntoIterator<Item = S>,
     S: AsRef<std::ffi::OsStr>,
@@ -25,22 +25,25 @@ where
     cmd
 }
 
-fn run(cmd: Command) -> Output {
+/// Runs `cmd` within a generous deadline.
+pub fn run(cmd: Command) -> Output {
     output_within(cmd, EVENT_WAIT * 4)
 }
 
-fn text(b: &[u8]) -> String {
+/// Output bytes as text.
+pub fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
+/// Asserts the exit status, showing both outputs when it differs.
 #[track_caller]
-fn status(out: &Output, expected: i32) {
+pub fn status(out: &Output, expected: i32) {
     assert_eq!(out.status.code(), Some(expected), "stdout: {}\nstderr: {}", text(&out.stdout), text(&out.stderr));
 }
 
 /// Writes the producer `prod`'s configuration file into a scratch directory; the certificate
 /// paths are relative to it where `relative` (copies of the enrolled files sit next to it).
-fn config_file(hub: &Hub, relative: bool) -> PathBuf {
+pub fn config_file(hub: &Hub, relative: bool) -> PathBuf {
     let dir = hub.scratch("producer");
     let id = hub.identity("prod");
     let (ca, cert, key) = if relative {
@@ -58,7 +61,8 @@ fn config_file(hub: &Hub, relative: bool) -> PathBuf {
     file
 }
 
-fn json(out: &Output) -> Value {
+/// stdout as JSON.
+pub fn json(out: &Output) -> Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out.stdout)))
 }
 

@@ -15,7 +15,7 @@ use std::time::Duration;
 const RUN_WAIT: Duration = Duration::from_secs(60);
 
 /// The page at `path` (with its headers), answered 200.
-fn page(addr: &str, path: &str) -> String {
+pub fn page(addr: &str, path: &str) -> String {
     let text = get_as(addr, addr, path).unwrap_or_else(|| panic!("no answer for {path}"));
     assert!(text.starts_with("HTTP/1.1 200"), "{path}: {text}");
     text

@@ -671,8 +671,19 @@ pub(super) fn detail(d: &DeliveryDetail, as_json: bool) -> CliResult {
         if let Some(r) = &a.result {
             writeln!(o, "    result: {}", esc_block(r, "            "))?;
         }
+        if let Some(tail) = &a.stderr_tail {
+            writeln!(o, "    stderr{}: {}", dropped_note(a.stderr_dropped_bytes), esc_block(tail, "            "))?;
+        }
     }
     Ok(())
+}
+
+/// What a stderr tail's heading says of the bytes before it: nothing when it is all there was.
+fn dropped_note(dropped: Option<u64>) -> String {
+    match dropped {
+        Some(n) if n > 0 => format!(" (last part; {n} earlier bytes dropped)"),
+        _ => String::new(),
+    }
 }
 
 /// "2026-01-02 03:04:05 (1m 0.003s ago)": a past moment and how long ago it was.

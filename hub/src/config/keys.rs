@@ -238,8 +238,8 @@ pub const OPERATOR_HOSTS: Key = Key {
 pub const STATUS_PAGE_REASONS: Key = Key {
     name: key_name!(None, "status_page_reasons", "status-page-reasons", "BATON_HUB_STATUS_PAGE_REASONS"),
     kind: KeyKind::Choice { default: "auto", allowed: &["auto", "shown", "hidden"] },
-    doc: "whether the status page shows failure reasons (a harness's or a node's text, which may say what the \
-          work was about) beside failed and unknown deliveries: \"shown\", \"hidden\", or \"auto\" (shown while \
+    doc: "whether the status page shows failure reasons and the end of each run's harness stderr (a harness's \
+          or a node's text, which may say what the work was about) beside failed and unknown deliveries: \"shown\", \"hidden\", or \"auto\" (shown while \
           operator_listen is a loopback address, which only the machine itself reaches; hidden otherwise)",
 };
 /// The most operator-listener connections one peer address keeps open by default.
@@ -312,6 +312,23 @@ pub const RESULT_BYTES_MAX: Key = Key {
     name: key_name!(Some("limits"), "result_bytes_max", "result-bytes-max", "BATON_HUB_RESULT_BYTES_MAX"),
     kind: KeyKind::Int { default: RESULT_BYTES_MAX_DEFAULT, min: 1, max: 16 * MIB },
     doc: "bytes of a report's result body",
+};
+/// `limits.stderr_tail_bytes_max`.
+pub const STDERR_TAIL_BYTES_MAX: Key = Key {
+    name: key_name!(
+        Some("limits"),
+        "stderr_tail_bytes_max",
+        "stderr-tail-bytes-max",
+        "BATON_HUB_STDERR_TAIL_BYTES_MAX"
+    ),
+    kind: KeyKind::Int {
+        default: STDERR_TAIL_BYTES_MAX_DEFAULT,
+        min: STDERR_TAIL_BYTES_MAX_RANGE.0,
+        max: STDERR_TAIL_BYTES_MAX_RANGE.1,
+    },
+    doc: "bytes of the end of a harness's stderr kept with its attempt (a report's stderr_tail); a longer tail \
+          is cut to its last bytes, from a character boundary, and what was cut is added to \
+          stderr_dropped_bytes: never refused, so an outcome is never lost to its diagnostics; 0 keeps none of it",
 };
 /// `limits.claim_batch_max`.
 pub const CLAIM_BATCH_MAX: Key = Key {
@@ -528,7 +545,7 @@ pub const INSTANCE_REBIND_WINDOW_KEY: Key = Key {
 };
 
 /// Every key, in the order of the template.
-pub const KEYS: [&Key; 40] = [
+pub const KEYS: [&Key; 41] = [
     &LISTEN,
     &DATABASE_URL,
     &SYNCHRONOUS,
@@ -546,6 +563,7 @@ pub const KEYS: [&Key; 40] = [
     &START_LEASE,
     &PAYLOAD_BYTES_MAX,
     &RESULT_BYTES_MAX,
+    &STDERR_TAIL_BYTES_MAX,
     &CLAIM_BATCH_MAX,
     &HOLDINGS_PAGE_MAX,
     &MESSAGE_VIEW_BYTES_MAX,

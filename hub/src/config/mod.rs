@@ -37,6 +37,8 @@ pub struct Limits {
     pub payload_bytes_max: u64,
     /// Largest result body in a report, bytes.
     pub result_bytes_max: u64,
+    /// Most bytes of a report's stderr tail kept (its last ones; the rest is cut, not refused).
+    pub stderr_tail_bytes_max: u64,
     /// Most deliveries one claim returns.
     pub claim_batch_max: u32,
     /// Most deliveries one page of holdings carries.
@@ -91,6 +93,7 @@ impl Default for Limits {
         Limits {
             payload_bytes_max: PAYLOAD_BYTES_MAX_DEFAULT,
             result_bytes_max: RESULT_BYTES_MAX_DEFAULT,
+            stderr_tail_bytes_max: STDERR_TAIL_BYTES_MAX_DEFAULT,
             claim_batch_max: CLAIM_BATCH_MAX_DEFAULT,
             holdings_page_max: HOLDINGS_PAGE_MAX_DEFAULT,
             message_view_bytes_max: MESSAGE_VIEW_BYTES_MAX_DEFAULT,
@@ -216,6 +219,7 @@ impl HubConfig {
         let limits = Limits {
             payload_bytes_max: m.int(&PAYLOAD_BYTES_MAX)?,
             result_bytes_max: m.int(&RESULT_BYTES_MAX)?,
+            stderr_tail_bytes_max: m.int(&STDERR_TAIL_BYTES_MAX)?,
             claim_batch_max: narrow(&CLAIM_BATCH_MAX)?,
             holdings_page_max: narrow(&HOLDINGS_PAGE_MAX)?,
             message_view_bytes_max: m.int(&MESSAGE_VIEW_BYTES_MAX)?,
@@ -434,6 +438,10 @@ mod tests {
         check_err("[elsewhere]\nx = 1", "elsewhere");
         check_err("[limits]\nconnections_max = 0", "limits.connections_max = 0 is out of range; allowed 1..=1000000");
         check_err(
+            "[limits]\nstderr_tail_bytes_max = 1048577",
+            "limits.stderr_tail_bytes_max = 1048577 is out of range; allowed 0..=1048576",
+        );
+        check_err(
             "[limits]\nheader_read_timeout = \"20s\"\nidle_timeout = \"15s\"",
             "longer than limits.idle_timeout = 15s",
         );
@@ -451,6 +459,9 @@ mod tests {
         assert_eq!(quick.startup_check, baton_shared::sqlite::Check::Quick);
         assert_eq!(c.limits.claim_batch_max, 5);
         assert_eq!(c.limits.long_poll_wait_max, Duration::from_secs(2));
+        assert_eq!(c.limits.stderr_tail_bytes_max, 64 * 1024, "the default keeps every node's tail whole");
+        let none = HubConfig::from_toml("[limits]\nstderr_tail_bytes_max = 0").unwrap();
+        assert_eq!(none.limits.stderr_tail_bytes_max, 0);
     }
 
     /// Each key's flag and variable are derived from its name by the one rule, so the table

@@ -836,6 +836,8 @@ mod openapi_tests {
             retryable: false,
             rerun: None,
             caused_by: Some("producer:p".into()),
+            stderr_tail: Some("traceback".into()),
+            stderr_dropped_bytes: Some(0),
         };
         let delivery = DeliveryView {
             delivery_id: "d".into(),
@@ -989,6 +991,8 @@ mod openapi_tests {
                     reason: Some("y".into()),
                     attempt: Some(1),
                     signal: Some(15),
+                    stderr_tail: Some("z".into()),
+                    stderr_dropped_bytes: Some(0),
                 })
                 .unwrap(),
             ),

@@ -4,7 +4,7 @@
 //! same transaction that acts).
 
 use super::{ApiError, ApiJson, ApiQuery, AppState, NodeCaller, check_path_id};
-use crate::store::api::{Backoff, Claimed, Claimer, HolderOf, NodeAt, Step};
+use crate::store::api::{Backoff, Claimed, Claimer, HolderOf, NodeAt, ReportBounds, Step};
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -419,6 +419,14 @@ pub(super) fn check_report(req: &ReportRequest, state: &AppState) -> Result<(), 
     if req.reason.as_ref().is_some_and(|r| r.chars().count() > REASON_CHARS_MAX) {
         return Err(ApiError::new(ErrorCode::InvalidField, format!("reason: at most {REASON_CHARS_MAX} characters")));
     }
+    if let Some(n) = req.stderr_dropped_bytes
+        && i64::try_from(n).is_err()
+    {
+        return Err(ApiError::new(
+            ErrorCode::InvalidField,
+            format!("stderr_dropped_bytes: {n} is out of range; allowed 0..={}", i64::MAX),
+        ));
+    }
     if req.attempt == Some(0) {
         return Err(ApiError::new(ErrorCode::InvalidField, "attempt: must be at least 1"));
     }
@@ -433,6 +441,14 @@ pub(super) fn check_report(req: &ReportRequest, state: &AppState) -> Result<(), 
     Ok(())
 }
 
+/// The bounds the hub's limits give a report (the single and the batch report).
+pub(super) fn report_bounds(state: &AppState) -> ReportBounds {
+    ReportBounds {
+        backoff: Backoff { base: state.limits.retry_backoff, max: state.limits.retry_backoff_max },
+        stderr_tail_bytes_max: state.limits.stderr_tail_bytes_max,
+    }
+}
+
 /// `POST /delivery-report`.
 pub(super) async fn report(
     NodeCaller(caller): NodeCaller,
@@ -443,9 +459,8 @@ pub(super) async fn report(
     check_report(&req, &state)?;
     let outcome = req.outcome;
     let delivery_id = req.delivery_id.clone();
-    let backoff = Backoff { base: state.limits.retry_backoff, max: state.limits.retry_backoff_max };
     let node = NodeAt { host: caller.name.clone(), session };
-    let (attempt, duplicate, retry_at_ms) = state.store.report(node, req, backoff).await?;
+    let (attempt, duplicate, retry_at_ms) = state.store.report(node, req, report_bounds(&state)).await?;
     crash_point("hub.report.after_commit");
     state.turns.contact(&caller.name, session, state.clock.now_ms());
     if !duplicate {

@@ -318,6 +318,8 @@ mod tests {
             retryable: false,
             rerun: None,
             caused_by: None,
+            stderr_tail: None,
+            stderr_dropped_bytes: None,
         }
     }
 

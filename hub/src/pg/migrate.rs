@@ -17,6 +17,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../../schema/postgres/0005-producer-quotas.sql"),
     include_str!("../../../schema/postgres/0006-mention-grants.sql"),
     include_str!("../../../schema/postgres/0007-member-families.sql"),
+    include_str!("../../../schema/postgres/0008-stderr-tail.sql"),
 ];
 
 /// The advisory lock key every hub takes while it migrates (the bytes of `baton_mi`). Taken

@@ -314,6 +314,23 @@ pub struct Backoff {
     pub max: Duration,
 }
 
+/// The bounds a report applies: its retry's backoff, and how much of its stderr tail the record
+/// keeps (`limits.stderr_tail_bytes_max`).
+#[derive(Debug, Clone, Copy)]
+pub struct ReportBounds {
+    /// The retry bounds.
+    pub backoff: Backoff,
+    /// Most bytes of a stderr tail kept: its last ones, the rest counted as dropped.
+    pub stderr_tail_bytes_max: u64,
+}
+
+impl From<Backoff> for ReportBounds {
+    /// These retry bounds, and the default stderr bound.
+    fn from(backoff: Backoff) -> ReportBounds {
+        ReportBounds { backoff, stderr_tail_bytes_max: baton_shared::limits::STDERR_TAIL_BYTES_MAX_DEFAULT }
+    }
+}
+
 /// Everything the status page's overview shows, read in one snapshot.
 #[derive(Debug, Clone)]
 pub struct Overview {
@@ -368,17 +385,20 @@ fn new_report(req: &ReportRequest) -> NewReport<'_> {
         duration_ms: req.duration_ms,
         result: req.result.as_deref(),
         reason: req.reason.as_deref(),
+        stderr_tail: req.stderr_tail.as_deref(),
+        stderr_dropped_bytes: req.stderr_dropped_bytes,
     }
 }
 
-/// A report's run and retry bounds.
-fn run_report(req: &ReportRequest, session: Option<u64>, backoff: Backoff) -> RunReport {
+/// A report's run and its bounds.
+fn run_report(req: &ReportRequest, session: Option<u64>, bounds: ReportBounds) -> RunReport {
     RunReport {
         attempt: req.attempt,
         signal: req.signal,
         session,
-        retry_backoff: backoff.base,
-        retry_backoff_max: backoff.max,
+        retry_backoff: bounds.backoff.base,
+        retry_backoff_max: bounds.backoff.max,
+        stderr_tail_bytes_max: bounds.stderr_tail_bytes_max,
     }
 }
 
@@ -997,14 +1017,19 @@ impl Store {
     }
 
     /// Records one attempt report (after the session check).
-    pub async fn report(&self, node: NodeAt, req: ReportRequest, backoff: Backoff) -> StoreResult<Reported> {
-        let clock = self.clock.clone();
+    pub async fn report(
+        &self,
+        node: NodeAt,
+        req: ReportRequest,
+        bounds: impl Into<ReportBounds>,
+    ) -> StoreResult<Reported> {
+        let (clock, bounds) = (self.clock.clone(), bounds.into());
         match &self.backend {
             Backend::Sqlite(s) | Backend::Postgres(s) => {
                 let (reported, accepted_at_ms) = s
                     .write(move |c| {
                         sessions::check(c, &node.host, node.session)?;
-                        let run = run_report(&req, node.session, backoff);
+                        let run = run_report(&req, node.session, bounds);
                         let reported = report::report_run(c, &node.host, &new_report(&req), &run, clock.now_ms())?;
                         let accepted_at_ms = if reported.1 { None } else { gauges::accepted_at(c, &req.delivery_id)? };
                         Ok((reported, accepted_at_ms))
@@ -1022,9 +1047,9 @@ impl Store {
         &self,
         node: NodeAt,
         reports: Vec<ReportRequest>,
-        backoff: Backoff,
+        bounds: impl Into<ReportBounds>,
     ) -> StoreResult<Vec<StoreResult<ReportResponse>>> {
-        let clock = self.clock.clone();
+        let (clock, bounds) = (self.clock.clone(), bounds.into());
         match &self.backend {
             Backend::Sqlite(s) | Backend::Postgres(s) => {
                 let answers = s
@@ -1032,7 +1057,7 @@ impl Store {
                         sessions::check(c, &node.host, node.session)?;
                         let now = clock.now_ms();
                         batch::each(c, reports, |c, req| {
-                            let run = run_report(&req, node.session, backoff);
+                            let run = run_report(&req, node.session, bounds);
                             let (attempt, duplicate, retry_at_ms) =
                                 report::report_run(c, &node.host, &new_report(&req), &run, now)?;
                             let accepted_at_ms =

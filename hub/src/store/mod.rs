@@ -99,6 +99,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../../schema/hub/0008-producer-quotas.sql"),
     include_str!("../../../schema/hub/0009-mention-grants.sql"),
     include_str!("../../../schema/hub/0010-member-families.sql"),
+    include_str!("../../../schema/hub/0011-stderr-tail.sql"),
 ];
 
 /// Who made a change, as recorded in the event log.

@@ -112,6 +112,8 @@ pub struct Trouble {
     pub row: DeliveryRow,
     /// The reason its current run's report gave (a harness failure's, a node's), if any.
     pub run_reason: Option<String>,
+    /// The end of its current run's harness stderr, as the node reported it, if any.
+    pub run_stderr: Option<String>,
 }
 
 /// The most recently changed deliveries that failed or ended `unknown` (the delivery's state,
@@ -123,7 +125,8 @@ pub fn recent_trouble(conn: &dyn Db, max: u32) -> StoreResult<Vec<Trouble>> {
                 "SELECT d.id, d.message_id, d.host, d.conversation, d.seq, d.state, d.instance_id, d.reason, d.updated_at, ",
                 super::read::outcome_sql!(),
                 ",
-                 (SELECT a.reason FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)
+                 (SELECT a.reason FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt),
+                 (SELECT a.stderr_tail FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)
              FROM deliveries d
              WHERE d.state IN ('failed', 'unknown')
                 OR EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt
@@ -131,7 +134,9 @@ pub fn recent_trouble(conn: &dyn Db, max: u32) -> StoreResult<Vec<Trouble>> {
              ORDER BY d.updated_at DESC, d.n DESC LIMIT :max"
             ),
         )?
-        .query_map(named_params! {":max": max}, |r| Ok(Trouble { row: delivery_row(r)?, run_reason: r.get(10)? }))?
+        .query_map(named_params! {":max": max}, |r| {
+            Ok(Trouble { row: delivery_row(r)?, run_reason: r.get(10)?, run_stderr: r.get(11)? })
+        })?
         .collect::<Result<_, _>>()?)
 }
 

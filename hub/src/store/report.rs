@@ -32,6 +32,11 @@ pub struct NewReport<'a> {
     pub result: Option<&'a str>,
     /// Why.
     pub reason: Option<&'a str>,
+    /// The end of the harness's stderr, as the node sent it (the store keeps at most
+    /// `RunReport::stderr_tail_bytes_max` of it).
+    pub stderr_tail: Option<&'a str>,
+    /// How many stderr bytes came before `stderr_tail`, as the node counted them.
+    pub stderr_dropped_bytes: Option<u64>,
 }
 
 /// The prefix of a request hash in the canonical encoding (`NewReport::request_hash`). A stored
@@ -52,12 +57,17 @@ impl NewReport<'_> {
     }
 
     /// The request hash of a report that also names its run and the signal that ended it: as
-    /// `request_hash`, followed, only when either is present, by `signal` and `attempt` in the
-    /// same encoding (so a report without them hashes as before).
+    /// `request_hash`, followed, only when either (or a stderr tail) is present, by `signal`
+    /// and `attempt` in the same encoding (so a report without them hashes as before), and then,
+    /// only when the report carries a stderr tail, by `stderr_tail` and `stderr_dropped_bytes`
+    /// as the node sent them (so a replay matches whatever the hub's `stderr_tail_bytes_max`
+    /// keeps of them).
     pub fn request_hash_of_run(&self, attempt: Option<u32>, signal: Option<i32>) -> String {
         let exit_code = self.exit_code.map(|c| c.to_string());
         let duration_ms = self.duration_ms.map(|d| d.to_string());
         let (signal, attempt) = (signal.map(|s| s.to_string()), attempt.map(|a| a.to_string()));
+        let dropped = self.stderr_dropped_bytes.map(|d| d.to_string());
+        let stderr = self.stderr_tail.is_some() || dropped.is_some();
         let mut fields: Vec<Option<&str>> = vec![
             Some(self.delivery_id),
             Some(self.holder.instance_id),
@@ -68,8 +78,11 @@ impl NewReport<'_> {
             self.result,
             self.reason,
         ];
-        if signal.is_some() || attempt.is_some() {
+        if signal.is_some() || attempt.is_some() || stderr {
             fields.extend([signal.as_deref(), attempt.as_deref()]);
+        }
+        if stderr {
+            fields.extend([self.stderr_tail, dropped.as_deref()]);
         }
         let mut h = Sha256::new();
         for field in fields {
@@ -148,6 +161,8 @@ pub struct RunReport {
     pub retry_backoff: Duration,
     /// The longest backoff (`limits.retry_backoff_max`).
     pub retry_backoff_max: Duration,
+    /// Most bytes of the stderr tail kept (`limits.stderr_tail_bytes_max`): the last ones.
+    pub stderr_tail_bytes_max: u64,
 }
 
 impl Default for RunReport {
@@ -158,6 +173,7 @@ impl Default for RunReport {
             session: None,
             retry_backoff: crate::config::RETRY_BACKOFF_DEFAULT,
             retry_backoff_max: crate::config::RETRY_BACKOFF_MAX_DEFAULT,
+            stderr_tail_bytes_max: baton_shared::limits::STDERR_TAIL_BYTES_MAX_DEFAULT,
         }
     }
 }
@@ -304,21 +320,47 @@ pub fn report_run(
         && !d.cancel_requested
         && d.attempt < d.max_attempts;
     let attempt_id = new_id();
+    let (stderr_tail, stderr_dropped) = match r.stderr_tail {
+        Some(tail) => {
+            let (kept, cut) = stderr_kept(tail, run.stderr_tail_bytes_max);
+            let dropped = r.stderr_dropped_bytes.unwrap_or(0).saturating_add(cut);
+            (Some(kept), Some(i64::try_from(dropped).unwrap_or(i64::MAX)))
+        }
+        // A count alone: the harness wrote that much to stderr and none of it was sent.
+        None => (None, r.stderr_dropped_bytes.map(|d| i64::try_from(d).unwrap_or(i64::MAX))),
+    };
     conn.prepare_cached(
         "INSERT INTO attempts (id, delivery_id, host, instance_id, report_id, request_hash, outcome, exit_code,
                                duration_ms, result, reason, reported_at, attempt, signal, retryable, rerun,
-                               caused_by, session)
-         VALUES (:id, :d, :h, :i, :r, :hash, :o, :e, :dur, :res, :why, :now, :n, :sig, :retry, :rerun, :by, :ses)",
+                               caused_by, session, stderr_tail, stderr_dropped_bytes)
+         VALUES (:id, :d, :h, :i, :r, :hash, :o, :e, :dur, :res, :why, :now, :n, :sig, :retry, :rerun, :by, :ses,
+                 :err, :errdrop)",
     )?
     .execute(named_params! {
         ":id": attempt_id, ":d": r.delivery_id, ":h": host, ":i": r.holder.instance_id, ":r": r.report_id,
         ":hash": hash, ":o": r.outcome.as_str(), ":e": r.exit_code, ":dur": r.duration_ms.map(|d| d as i64),
         ":res": r.result, ":why": r.reason, ":now": now_ms, ":n": d.attempt, ":sig": run.signal,
         ":retry": retryable, ":rerun": d.rerun, ":by": d.caused_by, ":ses": run.session.map(|s| s as i64),
+        ":err": stderr_tail, ":errdrop": stderr_dropped,
     })?;
     let retry_at = if retryable { Some(requeue_for_retry(conn, r.delivery_id, &d, run, now_ms)?) } else { None };
     crash_point("hub.report.before_commit");
     Ok((attempt(conn, &attempt_id)?, false, retry_at))
+}
+
+/// What the record keeps of a stderr tail of `tail.len()` bytes under a bound of `max` bytes: its
+/// last bytes, at most `max`, from a character boundary, and how many bytes were cut before
+/// them.
+pub fn stderr_kept(tail: &str, max: u64) -> (&str, u64) {
+    let max = usize::try_from(max).unwrap_or(usize::MAX);
+    if tail.len() <= max {
+        return (tail, 0);
+    }
+    let mut start = tail.len() - max;
+    while !tail.is_char_boundary(start) {
+        start += 1;
+    }
+    (&tail[start..], start as u64)
 }
 
 /// The harness asked for a retry: delivered → queued (by the hub) as the next run, not handed
@@ -367,7 +409,7 @@ pub fn attempt(conn: &dyn Db, attempt_id: &str) -> StoreResult<AttemptView> {
     Ok(conn
         .prepare_cached(
             "SELECT id, report_id, outcome, exit_code, duration_ms, result, reason, reported_at, signal, attempt,
-                    retryable, rerun, caused_by
+                    retryable, rerun, caused_by, stderr_tail, stderr_dropped_bytes
              FROM attempts WHERE id = ?1",
         )?
         .query_row([attempt_id], attempt_row)?)
@@ -375,7 +417,7 @@ pub fn attempt(conn: &dyn Db, attempt_id: &str) -> StoreResult<AttemptView> {
 
 /// The columns `attempt_row` reads, in its order.
 pub const ATTEMPT_COLUMNS: &str = "id, report_id, outcome, exit_code, duration_ms, result, reason, reported_at, signal, attempt, retryable, rerun, \
-     caused_by";
+     caused_by, stderr_tail, stderr_dropped_bytes";
 
 /// Maps an attempts row (in the column order of `ATTEMPT_COLUMNS`) to its view. An outcome that does not
 /// parse, or a negative duration, is an error naming the attempt.
@@ -388,6 +430,13 @@ pub fn attempt_row(r: &Row<'_>) -> rusqlite::Result<AttemptView> {
                 .map_err(|_| corrupt(r, 4, "attempts", &attempt_id, "duration in milliseconds", &d.to_string()))?,
         ),
     };
+    let stderr_dropped =
+        match r.get::<_, Option<i64>>(14)? {
+            None => None,
+            Some(n) => Some(u64::try_from(n).map_err(|_| {
+                corrupt(r, 14, "attempts", &attempt_id, "count of dropped stderr bytes", &n.to_string())
+            })?),
+        };
     Ok(AttemptView {
         report_id: r.get(1)?,
         outcome: parse_column(r, 2, "attempts", &attempt_id, "outcome", Outcome::parse)?,
@@ -401,6 +450,8 @@ pub fn attempt_row(r: &Row<'_>) -> rusqlite::Result<AttemptView> {
         retryable: r.get(10)?,
         rerun: parse_column_opt(r, 11, "attempts", &attempt_id, "rerun", Rerun::parse)?,
         caused_by: r.get(12)?,
+        stderr_tail: r.get(13)?,
+        stderr_dropped_bytes: stderr_dropped,
         attempt_id,
     })
 }
@@ -426,6 +477,8 @@ mod tests {
             duration_ms: Some(5),
             result: Some("ok"),
             reason: None,
+            stderr_tail: None,
+            stderr_dropped_bytes: None,
         };
         assert!(matches!(
             report(&db.conn, "host-a", &r("a1", Outcome::Succeeded), 2),
@@ -467,6 +520,8 @@ mod tests {
             duration_ms: Some(5),
             result: None,
             reason: Some("killed"),
+            stderr_tail: None,
+            stderr_dropped_bytes: None,
         };
         let run = RunReport { attempt: Some(d.attempt), signal: Some(9), ..RunReport::default() };
         let (first, dup, _) = report_run(&db.conn, "host-a", &r, &run, 4).unwrap();
@@ -476,6 +531,78 @@ mod tests {
         assert_eq!(again, first);
         let other_signal = RunReport { signal: Some(15), ..run };
         assert!(matches!(report_run(&db.conn, "host-a", &r, &other_signal, 6), Err(StoreError::ReportConflict(_))));
+    }
+
+    /// The record keeps the last `stderr_tail_bytes_max` bytes of a stderr tail, from a character
+    /// boundary, and adds what it cut to the node's dropped count; the request hash is over what
+    /// the node sent, so a replay under another bound is the same report, and another tail under
+    /// the same report id is not.
+    #[test]
+    fn a_long_stderr_tail_is_cut_to_its_last_bytes_and_counted() {
+        let db = testing::db();
+        accept_one(&db.conn, "c", "k", &["host-a"]);
+        let d = claim::claim(&db.conn, "host-a", "i", 1, 1).unwrap().remove(0);
+        let holder = Holder { instance_id: "i", claim_token: &d.claim_token };
+        claim::mirrored(&db.conn, "host-a", &d.delivery_id, holder, 2).unwrap();
+        claim::ack(&db.conn, "host-a", &d.delivery_id, holder, 3).unwrap();
+        // 11 bytes, "é" the fourth and fifth: the last 7 start inside it, so the 6 after it are
+        // kept and 5 cut.
+        let tail = "abcé123456";
+        let r = NewReport {
+            delivery_id: &d.delivery_id,
+            holder,
+            report_id: "r1",
+            outcome: Outcome::Failed,
+            exit_code: Some(1),
+            duration_ms: Some(5),
+            result: None,
+            reason: Some("exited with status 1"),
+            stderr_tail: Some(tail),
+            stderr_dropped_bytes: Some(100),
+        };
+        let run = RunReport { stderr_tail_bytes_max: 7, ..RunReport::default() };
+        let (first, dup, _) = report_run(&db.conn, "host-a", &r, &run, 4).unwrap();
+        assert!(!dup);
+        assert_eq!(first.stderr_tail.as_deref(), Some("123456"));
+        assert_eq!(first.stderr_dropped_bytes, Some(105));
+        let wider = RunReport { stderr_tail_bytes_max: 1024, ..run };
+        let (again, dup, _) = report_run(&db.conn, "host-a", &r, &wider, 5).unwrap();
+        assert!(dup, "a replay under another bound is the same report");
+        assert_eq!(again, first);
+        let other = NewReport { stderr_tail: Some("abcé123457"), ..r.clone() };
+        assert!(matches!(report_run(&db.conn, "host-a", &other, &run, 6), Err(StoreError::ReportConflict(_))));
+        let fewer = NewReport { stderr_dropped_bytes: Some(99), ..r.clone() };
+        assert!(matches!(report_run(&db.conn, "host-a", &fewer, &run, 6), Err(StoreError::ReportConflict(_))));
+        let none = NewReport { stderr_tail: None, stderr_dropped_bytes: None, ..r.clone() };
+        assert!(matches!(report_run(&db.conn, "host-a", &none, &run, 6), Err(StoreError::ReportConflict(_))));
+        // A bound of 0 keeps none of the text, only how much there was.
+        assert_eq!(stderr_kept(tail, 0), ("", 11));
+        assert_eq!(stderr_kept(tail, 11), (tail, 0));
+        assert_eq!(stderr_kept(tail, 1), ("6", 10));
+        assert_eq!(stderr_kept("😀", 3), ("", 4));
+    }
+
+    /// A report without a stderr tail hashes as before the field existed; one with a tail but no
+    /// signal or run cannot be taken for one whose signal and run spell the same text.
+    #[test]
+    fn the_stderr_tail_extends_the_request_hash_without_ambiguity() {
+        let holder = Holder { instance_id: "inst-1", claim_token: "tok-1" };
+        let bare = NewReport {
+            delivery_id: "d-1",
+            holder,
+            report_id: "r-1",
+            outcome: Outcome::Failed,
+            exit_code: Some(-2),
+            duration_ms: Some(1500),
+            result: Some("out\n\"quoted\""),
+            reason: None,
+            stderr_tail: None,
+            stderr_dropped_bytes: None,
+        };
+        assert_eq!(bare.request_hash(), "v2:7d33baf816950829c40cdcfb9ca3bd418290ae059a7a883e65c0ff26bf91e892");
+        let with_tail = NewReport { stderr_tail: Some("9"), stderr_dropped_bytes: Some(1), ..bare.clone() };
+        assert_ne!(with_tail.request_hash_of_run(None, None), bare.request_hash_of_run(Some(1), Some(9)));
+        assert_ne!(with_tail.request_hash(), bare.request_hash());
     }
 
     /// Regression: the request hash was built from `Debug` output, which a toolchain change can
@@ -493,6 +620,8 @@ mod tests {
             duration_ms: Some(1500),
             result: Some("out\n\"quoted\""),
             reason: None,
+            stderr_tail: None,
+            stderr_dropped_bytes: None,
         };
         assert_eq!(full.request_hash(), "v2:7d33baf816950829c40cdcfb9ca3bd418290ae059a7a883e65c0ff26bf91e892");
         let bare = NewReport {
@@ -545,6 +674,8 @@ mod tests {
             duration_ms: Some(40),
             result: Some("partial \"output\""),
             reason: Some("exit 3"),
+            stderr_tail: None,
+            stderr_dropped_bytes: None,
         };
         let (first, _) = report(&db.conn, "host-a", &r, 4).unwrap();
         db.conn.execute("UPDATE attempts SET request_hash = ?1", [legacy_hash(&r)]).unwrap();

@@ -163,6 +163,8 @@ mod tests {
             duration_ms: None,
             result: None,
             reason: None,
+            stderr_tail: None,
+            stderr_dropped_bytes: None,
         };
         crate::store::report::report(c, "host-a", &r, clock.now_ms()).unwrap();
         let settled = clock.now_ms();
@@ -242,6 +244,8 @@ mod tests {
             duration_ms: None,
             result: None,
             reason: None,
+            stderr_tail: None,
+            stderr_dropped_bytes: None,
         };
         crate::store::report::report(c, "host-a", &r, 3).unwrap();
         crate::store::turns::retry(c, &d.delivery_id, "op", "again", 4).unwrap();

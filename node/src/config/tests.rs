@@ -36,6 +36,8 @@ fn defaults_fill_the_optional_keys() {
     assert_eq!(c.claim_wait, Duration::from_secs(30));
     assert_eq!(c.claim_batch_max, 16);
     assert_eq!(c.result_bytes_max, 65536);
+    assert_eq!(c.stderr_tail_bytes, 4096);
+    assert_eq!(parse("stderr_tail_bytes = 0\n").unwrap().stderr_tail_bytes, 0, "0 sends none");
     assert_eq!(c.shutdown_grace, Duration::from_secs(10));
     assert_eq!(c.backoff_max, Duration::from_secs(30));
     assert_eq!(c.kill_grace, Duration::from_secs(10));
@@ -77,6 +79,7 @@ fn out_of_range_values_name_the_field_and_range() {
     check_refused("handoffs_in_flight = 0\n", &["handoffs_in_flight", "1..=16"]);
     check_refused("handoffs_in_flight = 17\n", &["handoffs_in_flight", "1..=16"]);
     check_refused("result_bytes_max = 16777217\n", &["result_bytes_max", "1..=16777216"]);
+    check_refused("stderr_tail_bytes = 65537\n", &["stderr_tail_bytes", "0..=65536"]);
     check_refused("exec_timeout = \"0s\"\n", &["exec_timeout", "1s..=1day"]);
     check_refused("exec_timeout = \"25h\"\n", &["exec_timeout", "out of the allowed range"]);
     check_refused("claim_wait = \"6m\"\n", &["claim_wait", "0s..=5m"]);

@@ -3,6 +3,7 @@
 
 use super::{Db, REASON_RESTARTED, StoreError};
 use crate::group::ProcessIdentity;
+use crate::tail::StderrTail;
 use baton_shared::crash_point;
 use baton_shared::states::{Outcome, Rerun};
 use baton_shared::wire::ReportRequest;
@@ -111,13 +112,23 @@ pub struct Ending {
     pub reason: Option<String>,
     /// The signal that ended the harness, when one did.
     pub signal: Option<i32>,
+    /// The end of its stderr, sent with the report (kept only in the outbox's report body).
+    pub stderr: Option<StderrTail>,
 }
 
 impl Ending {
     /// An attempt that ends without its harness ever running (a cancel before the start, or a
     /// turn the node must not run): `outcome` and why, nothing else.
     pub fn unstarted(outcome: Outcome, reason: impl Into<String>) -> Ending {
-        Ending { outcome, exit_code: None, duration_ms: None, result: None, reason: Some(reason.into()), signal: None }
+        Ending {
+            outcome,
+            exit_code: None,
+            duration_ms: None,
+            result: None,
+            reason: Some(reason.into()),
+            signal: None,
+            stderr: None,
+        }
     }
 }
 
@@ -552,6 +563,8 @@ fn queue_report(
         reason: e.reason.clone(),
         attempt: Some(run),
         signal: e.signal,
+        stderr_tail: e.stderr.as_ref().map(|t| t.text.clone()),
+        stderr_dropped_bytes: e.stderr.as_ref().map(|t| t.dropped_bytes),
     };
     let body = serde_json::to_string(&body).map_err(|e| {
         StoreError::corrupt(format!("attempt {attempt_id}"), format!("report does not serialise ({e})"))

@@ -2,6 +2,7 @@
 //! corrupt rows that must be refused by name.
 
 use super::*;
+use crate::tail::StderrTail;
 use baton_shared::sqlite::Synchronous;
 use baton_shared::states::{DeliveryState, Outcome};
 use baton_shared::wire::ClaimedDelivery;
@@ -121,6 +122,7 @@ fn markers_and_outbox() {
         result: Some("ok".into()),
         reason: None,
         signal: None,
+        stderr: None,
     };
     db.end_attempt(&turn.attempt_id, &ending, 16).unwrap();
     assert!(db.end_attempt(&turn.attempt_id, &ending, 17).is_err(), "an end marker is written once");
@@ -168,12 +170,30 @@ fn dead_report_is_not_retried() {
         result: None,
         reason: None,
         signal: None,
+        stderr: None,
     };
     db.end_attempt(&turn.attempt_id, &ending, 12).unwrap();
     db.report_dead(&turn.attempt_id, "stale_claim", 13).unwrap();
     assert!(db.pending_reports(10).unwrap().is_empty());
     let dead = DeadReport { report_id: turn.attempt_id, reason: "stale_claim".to_string() };
     assert_eq!(db.summary().unwrap().dead_reports, vec![dead]);
+}
+
+/// The end of the harness's stderr travels in the outbox's report body, and is still there,
+/// byte for byte, when the store is opened again after the node stopped.
+#[test]
+fn the_stderr_tail_is_kept_in_the_outbox_across_a_reopen() {
+    let (dir, mut db) = open_temp();
+    db.mirror(&delivery("d1", "c", 1), true, 10).unwrap();
+    let turn = db.start_attempt("d1", 11).unwrap().unwrap();
+    let tail = StderrTail { text: "traceback:\n  é \0 boom\n".into(), dropped_bytes: 12_345 };
+    let ending = Ending { stderr: Some(tail.clone()), ..ending(Outcome::Failed) };
+    db.end_attempt(&turn.attempt_id, &ending, 12).unwrap();
+    drop(db);
+    let db = Db::open(&dir.path().join("node.db"), Synchronous::Full).unwrap();
+    let pending = db.pending_reports(10).unwrap();
+    assert_eq!(pending[0].body.stderr_tail.as_deref(), Some(tail.text.as_str()));
+    assert_eq!(pending[0].body.stderr_dropped_bytes, Some(12_345));
 }
 
 #[test]
@@ -262,6 +282,7 @@ fn a_dead_report_without_its_reason_is_an_error_naming_the_row() {
         result: None,
         reason: None,
         signal: None,
+        stderr: None,
     };
     db.end_attempt(&turn.attempt_id, &ending, 12).unwrap();
     db.report_dead(&turn.attempt_id, "stale_claim", 13).unwrap();
@@ -370,6 +391,7 @@ fn run_to_end(db: &mut Db, id: &str, conversation: &str, at: i64) -> String {
         result: None,
         reason: None,
         signal: None,
+        stderr: None,
     };
     db.end_attempt(&turn.attempt_id, &ending, at).unwrap();
     turn.attempt_id
@@ -470,7 +492,7 @@ fn a_local_cancel_wins_over_a_later_start_and_leaves_a_started_run_alone() {
 }
 
 fn ending(outcome: Outcome) -> Ending {
-    Ending { outcome, exit_code: Some(0), duration_ms: Some(5), result: None, reason: None, signal: None }
+    Ending { outcome, exit_code: Some(0), duration_ms: Some(5), result: None, reason: None, signal: None, stderr: None }
 }
 
 /// A scheduler pass's end and start markers are one transaction, guarded item by item: an item

@@ -98,6 +98,8 @@ fn a_message_goes_from_submit_through_a_turn_to_its_outcome() {
             reason: None,
             attempt: None,
             signal: None,
+            stderr_tail: Some("warning: low disk\n".into()),
+            stderr_dropped_bytes: Some(0),
         };
         let reporting = async {
             tokio::time::sleep(Duration::from_millis(300)).await;
@@ -111,6 +113,8 @@ fn a_message_goes_from_submit_through_a_turn_to_its_outcome() {
         assert!(started.elapsed() < Duration::from_secs(20), "the wait was not woken by the report");
         let attempts = &view.deliveries[0].attempts;
         assert_eq!((attempts.len(), attempts[0].outcome), (1, Outcome::Succeeded), "{view:?}");
+        assert_eq!(attempts[0].stderr_tail.as_deref(), Some("warning: low disk\n"), "{view:?}");
+        assert_eq!(attempts[0].stderr_dropped_bytes, Some(0), "{view:?}");
         // The same report again is counted once.
         assert!(node.report(&report).await.unwrap().duplicate);
 
@@ -308,6 +312,8 @@ fn node_batches_answer_per_item_and_a_newer_session_supersedes() {
                 reason: None,
                 attempt: Some(1),
                 signal: None,
+                stderr_tail: None,
+                stderr_dropped_bytes: None,
             })
             .collect();
         let first = node.report_batch(reports.clone()).await.unwrap();

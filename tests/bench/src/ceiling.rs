@@ -181,6 +181,8 @@ async fn cycle_rate(store: &Store, tag: &str, per_op: usize, duration: Duration)
                 reason: None,
                 attempt: None,
                 signal: None,
+                stderr_tail: None,
+                stderr_dropped_bytes: None,
             })
             .collect();
         if per_op == 1 {

@@ -69,7 +69,7 @@ fn every_text_round_trips_through_the_connection() {
 }
 
 /// Through the store's operations, every text a node, a producer or an operator hands in: a
-/// node version, a reject reason, a report's result and reason, a producer's cancel reason, a
+/// node version, a reject reason, a report's result, reason and stderr tail, a producer's cancel reason, a
 /// fence's reason, an operator event's reason; each read back as it was sent.
 #[test]
 fn every_stored_text_field_keeps_its_bytes() {
@@ -105,10 +105,14 @@ fn every_stored_text_field_keeps_its_bytes() {
             duration_ms: Some(1),
             result: Some(v),
             reason: Some(v),
+            stderr_tail: Some(v),
+            stderr_dropped_bytes: Some(7),
         };
-        report::report(c, "host-a", &report, 4).unwrap_or_else(|e| panic!("report {}: {e}", shown(v)));
+        // Every byte of the stderr tail kept, however long, to see each come back.
+        let whole = report::RunReport { stderr_tail_bytes_max: u64::MAX, ..Default::default() };
+        report::report_run(c, "host-a", &report, &whole, 4).unwrap_or_else(|e| panic!("report {}: {e}", shown(v)));
         // The replay is recognised as the same report (its hash is over the same bytes).
-        let (_, duplicate) = report::report(c, "host-a", &report, 5).unwrap();
+        let (_, duplicate, _) = report::report_run(c, "host-a", &report, &whole, 5).unwrap();
         assert!(duplicate, "the replay of a report with {} is the same report", shown(v));
         turns::cancel_message(c, &cancelled, "prod", v, 5).unwrap_or_else(|e| panic!("cancel {}: {e}", shown(v)));
 
@@ -118,6 +122,8 @@ fn every_stored_text_field_keeps_its_bytes() {
         let attempt = &view.deliveries[0].attempts[0];
         same("result", attempt.result.as_deref(), v);
         same("report reason", attempt.reason.as_deref(), v);
+        same("stderr tail", attempt.stderr_tail.as_deref(), v);
+        assert_eq!(attempt.stderr_dropped_bytes, Some(7));
         let view = read::message_view(c, &cancelled).unwrap();
         same("cancel reason", view.deliveries[0].cancel_reason.as_deref(), v);
 

@@ -51,6 +51,8 @@ fn report(
         duration_ms: Some(1),
         result: None,
         reason: None,
+        stderr_tail: None,
+        stderr_dropped_bytes: None,
     };
     let run = RunReport {
         attempt: Some(d.attempt),

@@ -83,9 +83,24 @@ pub(crate) fn message(m: &MessageView) -> Vec<String> {
             if let Some(result) = a.result.as_deref().filter(|r| !r.is_empty()) {
                 out.push(format!("      result: {}", esc(result.trim_end())));
             }
+            if let Some(tail) = a.stderr_tail.as_deref().filter(|t| !t.trim().is_empty()) {
+                out.extend(stderr_lines(tail, a.stderr_dropped_bytes));
+            }
         }
     }
     out
+}
+
+/// The end of a run's stderr: a heading saying how much came before it, then each of its lines
+/// on a line of its own, escaped.
+fn stderr_lines(tail: &str, dropped: Option<u64>) -> Vec<String> {
+    let heading = match dropped {
+        Some(n) if n > 0 => format!("      stderr (last part; {n} earlier bytes dropped):"),
+        _ => "      stderr:".to_string(),
+    };
+    std::iter::once(heading)
+        .chain(tail.trim_end().split('\n').map(|l| format!("        {}", esc(l.strip_suffix('\r').unwrap_or(l)))))
+        .collect()
 }
 
 fn delivery(d: &DeliveryView) -> String {
@@ -110,6 +125,15 @@ mod tests {
 
     fn check(input: &str, expected: &str) {
         assert_eq!(esc(input), expected, "{input:?}");
+    }
+
+    #[test]
+    fn a_stderr_tail_is_shown_line_by_line_escaped() {
+        assert_eq!(
+            stderr_lines("first\r\nsecond \x1b[2J\n\n", Some(10)),
+            ["      stderr (last part; 10 earlier bytes dropped):", "        first", "        second \\x1b[2J",]
+        );
+        assert_eq!(stderr_lines("only", Some(0)), ["      stderr:", "        only"]);
     }
 
     #[test]
