@@ -68,6 +68,9 @@ use config::NodeConfig;
 use std::future::Future;
 use std::path::Path;
 
+/// The file, in `data_dir`, that holds the metrics listener's bound address while it listens.
+pub const METRICS_ADDR_FILE: &str = "metrics.addr";
+
 /// Runs a node until `shutdown` completes: opens (or creates) the store in `data_dir`, takes
 /// the data directory's lock, and runs the loop against the hub at `config.hub_url`. Stored
 /// timestamps are read from `clock`. Each arrival on `hangups` (SIGHUP) re-reads the CA,
@@ -133,7 +136,7 @@ pub async fn run(
     let ran = agent::run_agent(config, store, hub, instance_id, clock, exec::Gate::this_binary(), shutdown).await;
     if let Some(task) = metrics_listener {
         task.abort();
-        let _ = std::fs::remove_file(data_dir.join(limits::METRICS_ADDR_FILE));
+        let _ = std::fs::remove_file(data_dir.join(METRICS_ADDR_FILE));
     }
     reloads.abort();
     if let Some(w) = watchdog {
@@ -154,7 +157,7 @@ async fn start_metrics(
         .await
         .with_context(|| format!("metrics_listen: cannot listen on {addr}"))?;
     let bound = listener.local_addr().context("metrics_listen: reading the bound address")?;
-    let file = data_dir.join(limits::METRICS_ADDR_FILE);
+    let file = data_dir.join(METRICS_ADDR_FILE);
     let tmp = file.with_extension("addr.tmp");
     std::fs::write(&tmp, format!("{bound}\n"))
         .and_then(|_| std::fs::rename(&tmp, &file))

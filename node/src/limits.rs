@@ -15,16 +15,12 @@ pub const PARALLEL_CONVERSATIONS_RANGE: (u64, u64) = (1, 256);
 /// hubs over one record is what a deployment has.
 pub const HUB_URLS_MAX: usize = 16;
 
-/// The port `metrics_listen` binds on loopback when it gives a port alone.
-pub const METRICS_LOOPBACK: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
 /// Most connections the metrics listener keeps open at once; one more is closed at accept,
 /// so held-open sockets cannot take the node's file descriptors.
 pub const METRICS_CONNECTIONS_MAX: usize = 8;
 /// Longest a metrics-listener client may take to send a request's headers (slowloris guard),
 /// which is also the longest a kept-alive connection waits for its next request.
 pub const METRICS_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
-/// The file, in `data_dir`, that holds the metrics listener's bound address while it listens.
-pub const METRICS_ADDR_FILE: &str = "metrics.addr";
 
 /// Default for `exec_timeout`: how long one harness turn may run before its group is killed.
 pub const EXEC_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10 * 60);

@@ -74,7 +74,9 @@ impl Toml {
             (kind, self),
             (Kind::Count { .. }, Toml::Int(_))
                 | (Kind::Argv | Kind::HttpsUrl, Toml::Strings(_))
-                | (Kind::HttpsUrl | Kind::Path | Kind::Duration { .. } | Kind::Word(_), Toml::Str(_))
+                | (Kind::HttpsUrl | Kind::Path | Kind::Duration { .. } | Kind::Word(_) | Kind::Listen, Toml::Str(_))
+                // A listening address may be a port alone, written as a number.
+                | (Kind::Listen, Toml::Int(0..=65_535))
         )
     }
 }

@@ -3,11 +3,15 @@
 //! are checked where they are read, so a message names the key whatever layer it came from.
 
 use super::{ConfigError, Handoff, Harness, HubUrls, KEYS, LogFormat};
-use crate::limits::{HUB_URLS_MAX, METRICS_LOOPBACK};
+use crate::limits::HUB_URLS_MAX;
 use baton_shared::sqlite::Synchronous;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
+
+/// The address `metrics_listen` binds when it gives a port alone: loopback, since the
+/// listener is plain HTTP without client certificates.
+const METRICS_LOOPBACK: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
 
 /// How a key's value is written, with its default and its allowed range.
 #[derive(Debug, Clone, Copy)]
