@@ -7,7 +7,9 @@
 //!   docs; unfinished behaviour is asserted as it is today with a FIXME, or it is done.
 //! - Every constant in a `limits` module is documented; integer limits are named with their
 //!   qualifier last (time limits are `Duration`s, which carry their unit).
-//! - `docs/ARCHITECTURE.md` names every module of the hub, the node and the shared crate.
+//! - `docs/ARCHITECTURE.md` names every module of the hub, the node and the shared crate, and
+//!   every repository path it names (a backticked `hub/…`, `tests/…`, … without placeholders)
+//!   exists.
 //! - Migrations in `schema/hub` and `schema/node` are numbered from 0001 without gaps.
 //! - The hub's record is reached only through `Store` (`hub/src/store/api.rs`): the HTTP
 //!   handlers, the CLI, the server and its background tasks, the status page, the metrics and
@@ -146,6 +148,38 @@ fn architecture_names_every_module() {
         }
     }
     assert!(missing.is_empty(), "docs/ARCHITECTURE.md does not name these modules:\n{}", missing.join("\n"));
+}
+
+/// The folders a repository path in the codemap starts with.
+const REPOSITORY_FOLDERS: &[&str] = &["hub/", "node/", "shared/", "schema/", "tests/", "docs/", ".ci/", ".cargo/"];
+
+/// The repository paths `text` names in backticks: a span without spaces that starts with one
+/// of `REPOSITORY_FOLDERS`, with no placeholder in it (`*`, `<`, `{`, `…`, `$`), cut at `::`
+/// (a path followed by an item) and stripped of closing punctuation.
+fn named_paths(text: &str) -> Vec<String> {
+    text.split('`')
+        .skip(1)
+        .step_by(2)
+        .map(|span| span.split("::").next().unwrap_or("").trim_end_matches(['.', ',', ';', ':']).to_string())
+        .filter(|p| !p.contains(char::is_whitespace) && REPOSITORY_FOLDERS.iter().any(|f| p.starts_with(f)))
+        .filter(|p| !p.contains(['*', '<', '>', '{', '}', '…', '$']))
+        .collect()
+}
+
+#[test]
+fn architecture_names_only_paths_that_exist() {
+    let doc = std::fs::read_to_string(root().join("docs/ARCHITECTURE.md")).unwrap();
+    let named = named_paths(&doc);
+    assert!(named.len() > 20, "the codemap names too few paths to be a codemap: {named:?}");
+    let missing: Vec<&String> = named.iter().filter(|p| !root().join(p).exists()).collect();
+    assert!(missing.is_empty(), "docs/ARCHITECTURE.md names paths that do not exist: {missing:?}");
+}
+
+#[test]
+fn named_paths_are_the_backticked_repository_paths() {
+    let text = "see `hub/src/lib.rs`, `tests/it/main.rs::harness` and `docs/`; not `cargo test`, \
+                `hub/src/*.rs`, `node/<x>` or `Store`";
+    assert_eq!(named_paths(text), ["hub/src/lib.rs", "tests/it/main.rs", "docs/"]);
 }
 
 /// The hub's files that must reach the record through `Store` only: every file under these
