@@ -98,6 +98,14 @@ pub(crate) enum Command {
     },
     /// The producer's durable outbox (`--spool DIR`): deliver what waits, show it, or settle a
     /// message the hub refused.
+    ///
+    /// `baton send --spool DIR` commits its message to `DIR/spool.db` before any hub sees it,
+    /// then delivers everything waiting there; `baton spool flush` delivers on demand. Nothing
+    /// runs in the background. Messages go one at a time, oldest first, each with its own
+    /// idempotency key, and leave the spool only once the hub confirmed them (a duplicate
+    /// answer counts). A message the hub refuses for good (a 4xx but 401, 408, 429) is kept,
+    /// failed, and holds back the later messages of its own conversation only, so one
+    /// conversation's messages are never accepted out of spool order: `discard` or `retry` it.
     Spool {
         /// What to do with the spool.
         #[command(subcommand)]
