@@ -40,6 +40,15 @@ pub const TIMED_OUT: u8 = 8;
 /// `FAILURE`, which a wrapper may retry (the hub unreachable), so a retry loop on 4 ends.
 pub const DENIED: u8 = 9;
 
+/// `baton send --spool` and `baton spool flush` (the producer CLI only): the message (flush:
+/// at least one message) is safe in the spool but not yet accepted: no hub answered, or it waits
+/// behind a failed message of its conversation. A later send or flush delivers it.
+pub const SPOOLED: u8 = 10;
+
+/// `baton spool flush` (the producer CLI only): the spool holds messages the hub refused for
+/// good, kept for inspection (`baton spool status`; `baton spool discard` or `retry`).
+pub const SPOOL_FAILED: u8 = 11;
+
 /// The text both binaries print under "Exit status" in `--help`.
 pub const HELP: &str = "\
 Exit status:
@@ -58,7 +67,7 @@ mod tests {
     #[test]
     fn statuses_are_distinct_and_documented() {
         let daemons = [OK, NOTHING, USAGE, REFUSED, FAILURE, REVOKED, SUPERSEDED];
-        let producer_cli = [NOT_SUCCEEDED, TIMED_OUT, DENIED];
+        let producer_cli = [NOT_SUCCEEDED, TIMED_OUT, DENIED, SPOOLED, SPOOL_FAILED];
         for a in daemons {
             assert!(HELP.contains(&format!("  {a}  ")), "status {a} is not in HELP");
         }

@@ -10,7 +10,7 @@
 //! - `docs/ARCHITECTURE.md` names every module of the hub, the node and the shared crate, and
 //!   every repository path it names (a backticked `hub/…`, `tests/…`, … without placeholders)
 //!   exists.
-//! - Migrations in `schema/hub` and `schema/node` are numbered from 0001 without gaps.
+//! - Migrations in `schema/hub`, `schema/node` and `schema/spool` are numbered from 0001 without gaps.
 //! - The hub's record is reached only through `Store` (`hub/src/store/api.rs`): the HTTP
 //!   handlers, the CLI, the server and its background tasks, the status page, the metrics and
 //!   the TLS layer name no `rusqlite`, no connection, writer or reader pool, and no transaction.
@@ -83,7 +83,7 @@ fn no_todo_anywhere() {
     for dir in ["hub", "node", "shared", "tests"] {
         rust_files(&root().join(dir), &mut files);
     }
-    for dir in ["schema/hub", "schema/node", "docs"] {
+    for dir in ["schema/hub", "schema/node", "schema/spool", "docs"] {
         if let Ok(entries) = std::fs::read_dir(root().join(dir)) {
             files.extend(entries.flatten().map(|e| e.path()).filter(|p| p.is_file()));
         }
@@ -234,7 +234,7 @@ fn the_record_is_reached_only_through_the_store() {
 
 #[test]
 fn migrations_are_numbered_without_gaps() {
-    for store in ["hub", "node", "postgres"] {
+    for store in ["hub", "node", "postgres", "spool"] {
         let mut numbers: Vec<u32> = std::fs::read_dir(root().join("schema").join(store))
             .unwrap()
             .flatten()

@@ -130,6 +130,7 @@ mod ops_truth;
 mod packaging;
 mod power_loss;
 mod producer_cli;
+mod producer_spool;
 mod status_page;
 mod status_view;
 mod turn_control;

@@ -18,9 +18,11 @@
 //! - `retry`: `RetryPolicy` and the bounded, paced retry of idempotent calls; `Backoff`, the
 //!   pacing of a caller that retries for as long as it runs.
 //! - `limits`: the client's timeouts and retry bounds.
+//! - `spool`: the producer's durable local outbox (`Spooler`, `Spool`): sends kept while no hub
+//!   answers, delivered later in order, each once.
 //!
-//! Invariant: this crate depends on `baton-shared` alone among Baton's crates; it opens no
-//! store and starts no server.
+//! Invariant: this crate depends on `baton-shared` alone among Baton's crates; it starts no
+//! server and opens no store but the producer's own spool (`spool`).
 
 pub mod client;
 pub mod error;
@@ -28,6 +30,7 @@ mod hubs;
 pub mod limits;
 pub mod node_batch;
 pub mod retry;
+pub mod spool;
 pub mod submit_batch;
 pub mod tls;
 
@@ -37,4 +40,5 @@ pub use error::{ApiError, ClientError};
 pub use node_batch::ItemAnswer;
 pub use retry::Backoff;
 pub use retry::RetryPolicy;
+pub use spool::{SpoolError, SpoolLimits, Spooler};
 pub use tls::{TlsError, TlsFiles};

@@ -23,6 +23,18 @@ pub const RETRY_BACKOFF_BASE: Duration = Duration::from_millis(200);
 /// The longest pause between two tries of an idempotent call.
 pub const RETRY_BACKOFF_MAX: Duration = Duration::from_secs(5);
 
+/// Messages a producer's spool holds at most by default (`baton send --spool-messages-max`,
+/// `BATON_SPOOL_MESSAGES_MAX`): a send past it is refused, nothing spooled.
+pub const SPOOL_MESSAGES_MAX_DEFAULT: u64 = 10_000;
+/// Bytes of spooled requests a producer's spool holds at most by default (`--spool-bytes-max`,
+/// `BATON_SPOOL_BYTES_MAX`): 256 MiB, a few thousand of the largest payloads.
+pub const SPOOL_BYTES_MAX_DEFAULT: u64 = 256 * 1024 * 1024;
+/// The longest pause between two tries of a spooled message while no hub answers: a restarted
+/// hub is found again within it.
+pub const SPOOL_RETRY_PAUSE_MAX: Duration = Duration::from_secs(2);
+// The largest payload `baton` reads fits in an empty spool with room to spare.
+const _: () = assert!(baton_shared::limits::PAYLOAD_FILE_BYTES_MAX * 4 <= SPOOL_BYTES_MAX_DEFAULT);
+
 /// The request timeout of a long-poll of `wait`: the wait plus the margin the hub needs to
 /// answer after it.
 pub fn long_poll_timeout(wait: Duration) -> Duration {

@@ -12,11 +12,16 @@ Exit status:
   0  ok: sent, found, cancelled, or (wait) every delivery succeeded
   1  not found, or (cancel) every delivery had already ended: nothing changed
   2  usage error, invalid input or invalid configuration
-  4  any other failure: the hub unreachable or unable to answer now (worth retrying)
+  3  (--spool, spool) the spool was refused: damaged, or newer than this binary
+  4  any other failure: the hub unreachable or unable to answer now (worth retrying), or the
+     spool full
   7  (wait) every delivery ended, and at least one did not succeed: failed, cancelled or unknown
   8  (wait) the timeout passed before every delivery ended
   9  refused: the certificate is unknown or revoked (401), or the producer may not do this (403:
-     outside its publish scope, not its message); retrying unchanged cannot help";
+     outside its publish scope, not its message); retrying unchanged cannot help
+  10  (send --spool, spool flush) spooled: safe in the spool, not yet accepted (no hub answered,
+      or it waits behind a failed message of its conversation); a later send or flush delivers it
+  11  (spool flush) the spool holds messages the hub refused, kept for inspection (spool status)";
 
 /// `baton`: send messages to a Baton hub and follow them, from any machine holding a producer
 /// certificate (`baton-hub enroll producer NAME`).
@@ -91,6 +96,21 @@ pub(crate) enum Command {
         #[arg(long, default_value = "cancelled by the producer")]
         reason: String,
     },
+    /// The producer's durable outbox (`--spool DIR`): deliver what waits, show it, or settle a
+    /// message the hub refused.
+    ///
+    /// `baton send --spool DIR` commits its message to `DIR/spool.db` before any hub sees it,
+    /// then delivers everything waiting there; `baton spool flush` delivers on demand. Nothing
+    /// runs in the background. Messages go one at a time, oldest first, each with its own
+    /// idempotency key, and leave the spool only once the hub confirmed them (a duplicate
+    /// answer counts). A message the hub refuses for good (a 4xx but 401, 408, 429) is kept,
+    /// failed, and holds back the later messages of its own conversation only, so one
+    /// conversation's messages are never accepted out of spool order: `discard` or `retry` it.
+    Spool {
+        /// What to do with the spool.
+        #[command(subcommand)]
+        command: crate::spool::SpoolCommand,
+    },
     /// Print the shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
     Completions {
         /// The shell.
@@ -135,6 +155,9 @@ pub(crate) struct SendArgs {
     /// The first retry's backoff ("30s"); later ones double it.
     #[arg(long, value_parser = duration("--retry-backoff"), value_name = "DURATION")]
     pub(crate) retry_backoff: Option<Duration>,
+    /// Sending through the spool.
+    #[command(flatten)]
+    pub(crate) spool: crate::spool::SpoolSend,
 }
 
 /// A message by id or by idempotency key.
@@ -149,7 +172,9 @@ pub(crate) struct Which {
 }
 
 /// A value parser for a human duration, naming the flag in its error.
-fn duration(flag: &'static str) -> impl Fn(&str) -> Result<Duration, String> + Clone + Send + Sync + 'static {
+pub(crate) fn duration(
+    flag: &'static str,
+) -> impl Fn(&str) -> Result<Duration, String> + Clone + Send + Sync + 'static {
     move |s| baton_shared::duration::parse(flag, s)
 }
 

@@ -30,17 +30,17 @@ pub(crate) struct CliError {
     pub(crate) message: String,
 }
 
-fn usage(message: impl Into<String>) -> CliError {
+pub(crate) fn usage(message: impl Into<String>) -> CliError {
     CliError { status: exit::USAGE, message: message.into() }
 }
 
-fn failure(message: impl std::fmt::Display) -> CliError {
+pub(crate) fn failure(message: impl std::fmt::Display) -> CliError {
     CliError { status: exit::FAILURE, message: message.to_string() }
 }
 
 /// A call that failed: not found is 1, input the hub refused (or that forms no request) is 2,
 /// the caller refused (401, 403) is 9, anything else 4.
-fn call_failed(e: ClientError) -> CliError {
+pub(crate) fn call_failed(e: ClientError) -> CliError {
     let status = match e.code() {
         Some(ErrorCode::NotFound) => exit::NOTHING,
         Some(
@@ -65,7 +65,7 @@ fn call_failed(e: ClientError) -> CliError {
     CliError { status, message: e.to_string() }
 }
 
-fn printed(r: std::io::Result<()>) -> Result<(), CliError> {
+pub(crate) fn printed(r: std::io::Result<()>) -> Result<(), CliError> {
     r.map_err(|e| failure(format!("writing to stdout: {e}")))
 }
 
@@ -84,6 +84,11 @@ pub(crate) fn run(cli: Cli) -> Result<u8, CliError> {
         }
         _ => {}
     }
+    if let Command::Spool { command } = &cli.command
+        && let Some(status) = crate::spool::run_local(command, cli.json)?
+    {
+        return Ok(status);
+    }
     let settings = config::settings(&cli.connection).map_err(usage)?;
     let client = Client::new(&settings.hub_url, &settings.files).map_err(|e| usage(format!("configuration: {e}")))?;
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -97,6 +102,7 @@ pub(crate) fn run(cli: Cli) -> Result<u8, CliError> {
             Command::Get { which, wait } => get(&client, &which, wait, json).await,
             Command::Wait { which, timeout } => wait(&client, &which, timeout, json).await,
             Command::Cancel { id, reason } => cancel(&client, &id, &reason, json).await,
+            Command::Spool { command } => crate::spool::flush(&client, command, json).await,
             Command::Completions { .. } | Command::Man { .. } => Ok(exit::OK),
         }
     })
@@ -128,6 +134,9 @@ async fn send(client: &Client, args: SendArgs, json: bool) -> Result<u8, CliErro
         max_attempts: args.max_attempts,
         retry_backoff_ms,
     };
+    if args.spool.spool.is_some() {
+        return crate::spool::send(client, req, &args.spool, json).await;
+    }
     let r = client.submit(&req).await.map_err(call_failed)?;
     printed(if json { output::json(&r) } else { output::lines(&output::submitted(&r, &req.conversation)) })?;
     Ok(exit::OK)
@@ -235,6 +244,8 @@ mod tests {
     fn every_exit_status_is_documented() {
         for status in
             [exit::OK, exit::NOTHING, exit::USAGE, exit::FAILURE, exit::NOT_SUCCEEDED, exit::TIMED_OUT, exit::DENIED]
+                .into_iter()
+                .chain([exit::REFUSED, exit::SPOOLED, exit::SPOOL_FAILED])
         {
             assert!(EXIT_HELP.contains(&format!("  {status}  ")), "{status} is not in the help");
         }

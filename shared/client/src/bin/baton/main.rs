@@ -7,6 +7,7 @@
 //! - `config`: the connection settings, file < environment < flag.
 //! - `commands`: what each command does, and its exit status.
 //! - `output`: everything written to stdout, and `esc` for stored text.
+//! - `spool`: `send --spool` and the `spool` commands, over `baton_client::Spooler`.
 //!
 //! `main` owns the exit status: errors are printed once, on stderr.
 
@@ -14,6 +15,7 @@ mod args;
 mod commands;
 mod config;
 mod output;
+mod spool;
 
 use clap::Parser as _;
 use std::process::ExitCode;
