@@ -222,3 +222,19 @@ fn duration_ranges_hold_at_their_ends() {
         }
     }
 }
+
+/// README's example `node.toml` (the block that sets `hub_url`) is a configuration the node
+/// takes: every key known, none twice, every value in range. A key added to the example by hand
+/// (or twice, by a merge) fails here rather than on an operator's host.
+#[test]
+fn readme_node_example_is_a_valid_configuration() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+    let block = readme
+        .split("```toml\n")
+        .skip(1)
+        .filter_map(|b| b.split("```").next())
+        .find(|b| b.lines().any(|l| l.starts_with("hub_url")) && b.lines().any(|l| l.starts_with("command")))
+        .expect("README has the node's example node.toml");
+    let config = Layer::from_toml("README.md", block).and_then(NodeConfig::validate);
+    assert!(config.is_ok(), "README's node.toml is refused: {:?}\n{block}", config.err());
+}
