@@ -135,6 +135,13 @@ pub(crate) struct SendArgs {
     /// The first retry's backoff ("30s"); later ones double it.
     #[arg(long, value_parser = duration("--retry-backoff"), value_name = "DURATION")]
     pub(crate) retry_backoff: Option<Duration>,
+    /// `required`: the message waits held until an operator (or a producer allowed to approve
+    /// in the conversation) approves or rejects it; `none` (the default): it does not.
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(["none", "required"]), value_name = "none|required")]
+    pub(crate) approval: Option<String>,
+    /// With `--approval required`: how long it may wait undecided ("1h") before the hub fails it.
+    #[arg(long, value_parser = duration("--approval-timeout"), value_name = "DURATION", requires = "approval")]
+    pub(crate) approval_timeout: Option<Duration>,
 }
 
 /// A message by id or by idempotency key.
