@@ -117,9 +117,11 @@ pub(super) fn producers(ctx: &Context, p: &ProducersCmd) -> CliResult {
             let q = record.run(record.producer_quota(name.clone(), change, by))?;
             output::line(format!("producer {name} quota: {}", output::quota(&q)))
         }
-        ProducersCmd::Approve { name, patterns, none: _, why } => {
+        ProducersCmd::Approve { name, patterns, none, why } => {
             check_name("producer", name)?;
-            check_patterns(patterns)?;
+            if !none {
+                check_patterns(patterns)?;
+            }
             let record = ctx.open_write()?;
             let by = By { operator: ctx.operator.clone(), reason: why.reason.clone() };
             let right = record.run(record.producer_approve(name.clone(), patterns.clone(), by))?;

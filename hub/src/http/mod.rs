@@ -1075,7 +1075,18 @@ mod openapi_tests {
         let reported: ReportResponse = serde_json::from_value(sample("ReportResponse")).unwrap();
         let submit: SubmitRequest = serde_json::from_value(sample("SubmitRequest")).unwrap();
         let report_item = ItemResult { status: 201, outcome: ItemOutcome::Ok(reported) };
+        let decided = ApprovalResponse {
+            message_id: "m".into(),
+            decision: "approved".into(),
+            deliveries: vec![DeliverySummary {
+                delivery_id: "d".into(),
+                host: "h".into(),
+                state: DeliveryState::Queued,
+            }],
+        };
         samples.extend([
+            ("ApprovalRequest", serde_json::to_value(ApprovalRequest { reason: "r".into() }).unwrap()),
+            ("ApprovalResponse", serde_json::to_value(&decided).unwrap()),
             ("BatchSubmitRequest", serde_json::to_value(BatchSubmitRequest { messages: vec![submit] }).unwrap()),
             ("SubmitItemResult", either(serde_json::to_value(&submit_item).unwrap())),
             ("BatchSubmitResponse", serde_json::to_value(BatchSubmitResponse { results: vec![submit_item] }).unwrap()),

@@ -5,6 +5,8 @@
 
 use super::{ApiError, ApiJson, ApiQuery, AppState, Caller, ProducerCaller, check_path_id};
 use crate::store::accept::{AcceptLimits, Accepted, NewMessage, RetryPolicy};
+use crate::store::api::ApprovalBy;
+use crate::store::approval::Decision;
 use crate::store::{canonical, read};
 use axum::Json;
 use axum::extract::{Path, State};
@@ -14,11 +16,9 @@ use baton_shared::error::ErrorCode;
 use baton_shared::ids::{check_key, check_name};
 use baton_shared::limits::REASON_CHARS_MAX;
 use baton_shared::states::DeliveryState;
-use crate::store::api::ApprovalBy;
-use crate::store::approval::Decision;
 use baton_shared::wire::{
-    ApprovalRequest, ApprovalResponse, CancelRequest, CancelResponse, ConversationView, DeliveryView, MessageView, SubmitRequest, SubmitResponse,
-    ViewOmitted,
+    ApprovalRequest, ApprovalResponse, CancelRequest, CancelResponse, ConversationView, DeliveryView, MessageView,
+    SubmitRequest, SubmitResponse, ViewOmitted,
 };
 use serde::Deserialize;
 use std::time::Duration;
@@ -68,7 +68,9 @@ fn validate_retry(req: &SubmitRequest, state: &AppState) -> Result<RetryPolicy, 
         if !(1..=max_ms).contains(&ms) {
             return Err(ApiError::new(
                 ErrorCode::InvalidField,
-                format!("approval_timeout_ms: {ms} is out of range; allowed 1..={max_ms} (limits.approval_timeout_max)"),
+                format!(
+                    "approval_timeout_ms: {ms} is out of range; allowed 1..={max_ms} (limits.approval_timeout_max)"
+                ),
             ));
         }
     }

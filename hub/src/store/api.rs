@@ -638,12 +638,10 @@ impl Store {
     /// first and writing only when one is due. Returns the messages.
     pub async fn expire_approvals(&self, now_ms: i64) -> StoreResult<Vec<String>> {
         match &self.backend {
-            Backend::Sqlite(s) | Backend::Postgres(s) => {
-                match s.read(approval::next_expiry).await? {
-                    Some(at) if at <= now_ms => s.write(move |c| approval::expire(c, now_ms)).await,
-                    _ => Ok(Vec::new()),
-                }
-            }
+            Backend::Sqlite(s) | Backend::Postgres(s) => match s.read(approval::next_expiry).await? {
+                Some(at) if at <= now_ms => s.write(move |c| approval::expire(c, now_ms)).await,
+                _ => Ok(Vec::new()),
+            },
         }
     }
 

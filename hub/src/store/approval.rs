@@ -215,7 +215,9 @@ pub fn decide(
     now_ms: i64,
 ) -> StoreResult<Decided> {
     let row: Option<(String, String, Option<String>, Option<String>)> = conn
-        .prepare_cached("SELECT conversation, approval, approval_decision, approval_decided_by FROM messages WHERE id = ?1")?
+        .prepare_cached(
+            "SELECT conversation, approval, approval_decision, approval_decided_by FROM messages WHERE id = ?1",
+        )?
         .query_row([message_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
         .optional()?;
     let Some((conversation, approval, decided, decided_by)) = row else {

@@ -13,10 +13,10 @@ use crate::retry::{RetryPolicy, retrying};
 use crate::tls::{TlsError, TlsFiles, http_client};
 use baton_shared::error::ErrorCode;
 use baton_shared::wire::{
-    ApprovalRequest, ApprovalResponse, CancelRequest, CancelResponse, ClaimRequest, ClaimResponse, ClaimedDelivery, ConversationView, ErrorBody,
-    HolderRequest, HoldingsResponse, MessageView, RejectRequest, ReportRequest, ReportResponse, SESSION_HEADER,
-    SessionEndRequest, SessionRequest, SessionResponse, StartItem, StartRequest, StartResponse, StartResult,
-    SubmitRequest, SubmitResponse, TransitionResponse,
+    ApprovalRequest, ApprovalResponse, CancelRequest, CancelResponse, ClaimRequest, ClaimResponse, ClaimedDelivery,
+    ConversationView, ErrorBody, HolderRequest, HoldingsResponse, MessageView, RejectRequest, ReportRequest,
+    ReportResponse, SESSION_HEADER, SessionEndRequest, SessionRequest, SessionResponse, StartItem, StartRequest,
+    StartResponse, StartResult, SubmitRequest, SubmitResponse, TransitionResponse,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
