@@ -74,7 +74,7 @@ pub struct SubmitRequest {
     pub approval: Option<String>,
     /// With `"approval": "required"`: how long the approval may wait undecided before the hub
     /// fails the message's held deliveries, naming the timeout. Bounded by the hub's
-    /// `limits.approval_timeout_max`; absent: no timeout.
+    /// `limits.approval_timeout_max`; absent: no timeout. Left out without an approval.
     #[serde(default, deserialize_with = "crate::json_int::optional", skip_serializing_if = "Option::is_none")]
     pub approval_timeout_ms: Option<u64>,
 }

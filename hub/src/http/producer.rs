@@ -58,27 +58,22 @@ fn validate_retry(req: &SubmitRequest, state: &AppState) -> Result<RetryPolicy, 
         }
     };
     let max_ms = state.limits.approval_timeout_max.as_millis() as u64;
-    if let Some(ms) = req.approval_timeout_ms {
-        if !approval_required {
-            return Err(ApiError::new(
-                ErrorCode::InvalidField,
-                "approval_timeout_ms: only with \"approval\": \"required\"",
-            ));
-        }
-        if !(1..=max_ms).contains(&ms) {
-            return Err(ApiError::new(
-                ErrorCode::InvalidField,
-                format!(
-                    "approval_timeout_ms: {ms} is out of range; allowed 1..={max_ms} (limits.approval_timeout_max)"
-                ),
-            ));
-        }
+    // Without an approval there is nothing to time out: the field is left out (neither stored
+    // nor part of the content), as the document says.
+    let approval_timeout_ms = req.approval_timeout_ms.filter(|_| approval_required);
+    if let Some(ms) = approval_timeout_ms
+        && !(1..=max_ms).contains(&ms)
+    {
+        return Err(ApiError::new(
+            ErrorCode::InvalidField,
+            format!("approval_timeout_ms: {ms} is out of range; allowed 1..={max_ms} (limits.approval_timeout_max)"),
+        ));
     }
     Ok(RetryPolicy {
         max_attempts: req.max_attempts,
         retry_backoff_ms: req.retry_backoff_ms,
         approval_required,
-        approval_timeout_ms: req.approval_timeout_ms,
+        approval_timeout_ms,
     })
 }
 

@@ -72,7 +72,7 @@ impl NewMessage {
             retry.max_attempts.map(|n| format!("max_attempts={n}")),
             retry.retry_backoff_ms.map(|ms| format!("retry_backoff_ms={ms}")),
             retry.approval_required.then(|| "approval=required".to_string()),
-            retry.approval_timeout_ms.map(|ms| format!("approval_timeout_ms={ms}")),
+            retry.approval_timeout_ms.filter(|_| retry.approval_required).map(|ms| format!("approval_timeout_ms={ms}")),
         ];
         for part in given.into_iter().flatten() {
             h.update((part.len() as u64).to_le_bytes());
