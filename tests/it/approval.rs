@@ -144,3 +144,25 @@ async fn the_breaker_holds_a_conversation_that_keeps_failing_until_lifted() {
     hub.cli_ok(["held", "release", "--conversation", "c", "--reason", "fixed"]);
     assert_eq!(node.claim(1, 0).await.len(), 1, "lifted and released, the turn runs");
 }
+
+/// `baton send --approval required` carries the field: a real node runs nothing of the
+/// message until an operator approves it, then runs it.
+#[test]
+fn baton_send_with_approval_waits_for_the_operator_then_runs() {
+    use crate::producer_cli::{baton, config_file, json, run, status};
+    let hub = Hub::with_nodes(&["host-a"]);
+    let _node = hub.node_process("host-a").start();
+    let config = config_file(&hub, true);
+    let mut cmd = baton(["--config", &config.display().to_string(), "--json", "send", "--conversation", "c"]);
+    cmd.args(["--to", "host-a", "--key", "k", "--payload", "{}", "--approval", "required"]);
+    let out = run(cmd);
+    status(&out, 0);
+    let sent = json(&out);
+    let delivery = sent["deliveries"][0]["delivery_id"].as_str().unwrap().to_string();
+    assert_eq!(sent["deliveries"][0]["state"], "held", "{sent}");
+    assert_eq!(hub.state(&delivery), "held");
+    hub.cli_ok(["held", "approve", sent["message_id"].as_str().unwrap(), "--reason", "go"]);
+    wait_for("the approved turn to run", HUB_WAIT, || {
+        hub.show(&delivery).to_string().contains("succeeded").then_some(())
+    });
+}
