@@ -1,7 +1,8 @@
 //! What needs an operator's attention, computed once for `baton-hub status` (which exits 1 when
 //! anything does) and the status page's "Needs attention" block, so the two never disagree.
 //!
-//! From the record (`from_record`): every active fence on a host or on everything, held
+//! From the record (`from_record`): every active fence on a host or on everything, every
+//! conversation the breaker holds (`store::approval`), held
 //! deliveries, deliveries that ended `unknown` since a window, a record over
 //! `limits.store_bytes_max`, silent hosts and node or producer certificates that expire soon.
 //! From the data directory (`from_files`): a CA rotation not finished and the hub's own server
@@ -9,6 +10,7 @@
 //! is served by one).
 
 use crate::datadir::DataDir;
+use crate::store::approval;
 use crate::store::fences::FenceScope;
 use crate::store::{Store, StoreResult};
 use baton_shared::duration::{human, human_ms};
@@ -26,7 +28,8 @@ pub const UNKNOWN_WINDOW_DEFAULT: Duration = Duration::from_secs(24 * 3600);
 /// One thing that needs an operator's attention.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Attention {
-    /// `hub_not_running`, `fence_active` (a host's or everything's), `held`, `unknown_outcomes`,
+    /// `hub_not_running`, `fence_active` (a host's or everything's), `breaker_tripped` (a
+    /// conversation the breaker holds), `held`, `unknown_outcomes`,
     /// `store_full`, `host_silent`, `ca_rotation_unfinished` or `certificate_expiring`.
     pub kind: &'static str,
     /// What it is about: the data directory, a host, a certificate's name.
@@ -62,7 +65,25 @@ pub async fn from_record(store: &Store, now_ms: i64, w: Watch) -> StoreResult<Ve
     // A fence on a host or on everything stops work fleet-wide: one on a conversation is a
     // conversation's business. One past its time is the hub's to lift, not the operator's.
     for f in store.fences(false).await? {
-        if f.scope == FenceScope::Conversation || f.expires_at_ms.is_some_and(|at| at <= now_ms) {
+        if f.expires_at_ms.is_some_and(|at| at <= now_ms) {
+            continue;
+        }
+        // A conversation the breaker held is a runaway the operator should look at.
+        if f.scope == FenceScope::Conversation && approval::is_breaker(&f) {
+            out.push(Attention {
+                kind: "breaker_tripped",
+                subject: format!("conversation {}", f.target.as_deref().unwrap_or_default()),
+                detail: format!(
+                    "fence {} (hold) set by the hub {} ago: {}; `fence lift {}` once it is looked into",
+                    f.id,
+                    human_ms(now_ms.saturating_sub(f.set_at_ms)),
+                    f.reason,
+                    f.id
+                ),
+            });
+            continue;
+        }
+        if f.scope == FenceScope::Conversation {
             continue;
         }
         let subject = match &f.target {

@@ -1,6 +1,6 @@
 //! Background tasks the hub runs beside the ones `server` owns: the audit log's (and lifted
-//! fences') retention sweep, and `requeue_silent_after` (off unless configured; see
-//! `store::silence` for why it is safe). Each holds the shutdown token, reads time from the
+//! fences') retention sweep, approvals past their `approval_timeout_ms`, and
+//! `requeue_silent_after` (off unless configured; see `store::silence` for why it is safe). Each holds the shutdown token, reads time from the
 //! injected clock and writes through the `Store`, one bounded transaction at a time.
 
 use crate::http::Shared;
@@ -124,6 +124,29 @@ pub(crate) async fn requeue_silent(shared: Arc<Shared>, after: Option<Duration>)
                     tracing::warn!(error = %e, host = %who.host, "requeueing a silent instance's deliveries failed")
                 }
             }
+        }
+    }
+}
+
+/// How often the hub looks for approvals past their `approval_timeout_ms` (one indexed read;
+/// a write only when one is due).
+pub(crate) const APPROVAL_EXPIRY_PACE: Duration = Duration::from_secs(1);
+
+/// Fails, by the hub, the held deliveries of every message whose approval timed out undecided
+/// (`store::approval::expire`), every `APPROVAL_EXPIRY_PACE`; waiting reads see the outcome.
+pub(crate) async fn expire_approvals(shared: Arc<Shared>) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(APPROVAL_EXPIRY_PACE) => {}
+            _ = shared.shutdown.cancelled() => return,
+        }
+        match shared.store.expire_approvals(shared.clock.now_ms()).await {
+            Ok(ids) if ids.is_empty() => {}
+            Ok(ids) => {
+                tracing::info!(messages = ids.len(), "approvals timed out: their held deliveries failed");
+                shared.outcome_changed();
+            }
+            Err(e) => tracing::warn!(error = %e, "timing out approvals failed"),
         }
     }
 }

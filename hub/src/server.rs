@@ -137,6 +137,7 @@ impl Hub {
             tokio::spawn(crate::pg::analyze::run(url, shutdown.clone()));
         }
         tokio::spawn(crate::housekeeping::sweep_audit(shared.clone()));
+        tokio::spawn(crate::housekeeping::expire_approvals(shared.clone()));
         tokio::spawn(crate::housekeeping::watch_store_size(shared.clone()));
         tokio::spawn(crate::housekeeping::requeue_silent(shared.clone(), self.config.requeue_silent_after));
         let gauge_watch = crate::metrics::GaugeWatch {

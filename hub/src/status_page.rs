@@ -336,6 +336,7 @@ fn attention_class(kind: &str) -> &'static str {
         "unknown_outcomes" => "unknown",
         "host_silent" | "store_full" | "unreadable" => "silent",
         "fence_active" => "paused",
+        "breaker_tripped" => "held",
         _ => "unknown",
     }
 }

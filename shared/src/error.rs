@@ -19,6 +19,9 @@ pub enum ErrorCode {
     NotYours,
     /// 403: the caller may not do this here (a producer posting outside its publish scope).
     Forbidden,
+    /// 403: the producer may not approve or reject messages in this conversation (an operator
+    /// grants the right with `baton-hub producers approve`).
+    ApprovalForbidden,
     /// 403: the node's host was retired: it takes no more work, and running the node on cannot
     /// help (the node stops, exit status 5).
     HostRetired,
@@ -66,7 +69,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 27] = [
+    pub const ALL: [ErrorCode; 28] = [
         ErrorCode::InvalidJson,
         ErrorCode::InvalidField,
         ErrorCode::NoRecipients,
@@ -75,6 +78,7 @@ impl ErrorCode {
         ErrorCode::WrongRole,
         ErrorCode::NotYours,
         ErrorCode::Forbidden,
+        ErrorCode::ApprovalForbidden,
         ErrorCode::HostRetired,
         ErrorCode::NotFound,
         ErrorCode::MethodNotAllowed,
@@ -107,6 +111,7 @@ impl ErrorCode {
             ErrorCode::WrongRole => "wrong_role",
             ErrorCode::NotYours => "not_yours",
             ErrorCode::Forbidden => "forbidden",
+            ErrorCode::ApprovalForbidden => "approval_forbidden",
             ErrorCode::HostRetired => "host_retired",
             ErrorCode::NotFound => "not_found",
             ErrorCode::MethodNotAllowed => "method_not_allowed",
@@ -139,7 +144,11 @@ impl ErrorCode {
         match self {
             ErrorCode::InvalidJson | ErrorCode::InvalidField | ErrorCode::NoRecipients => 400,
             ErrorCode::UnknownCertificate | ErrorCode::CertificateRevoked => 401,
-            ErrorCode::WrongRole | ErrorCode::NotYours | ErrorCode::Forbidden | ErrorCode::HostRetired => 403,
+            ErrorCode::WrongRole
+            | ErrorCode::NotYours
+            | ErrorCode::Forbidden
+            | ErrorCode::ApprovalForbidden
+            | ErrorCode::HostRetired => 403,
             ErrorCode::NotFound => 404,
             ErrorCode::MethodNotAllowed => 405,
             ErrorCode::RequestTimeout => 408,

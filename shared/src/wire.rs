@@ -67,6 +67,36 @@ pub struct SubmitRequest {
     /// `retry_backoff_max` and jittered. Default: the hub's `retry_backoff`.
     #[serde(default, deserialize_with = "crate::json_int::optional", skip_serializing_if = "Option::is_none")]
     pub retry_backoff_ms: Option<u64>,
+    /// `"required"`: the message's deliveries wait held (`approval required`) until an operator,
+    /// or a producer with the right to approve in the conversation, approves or rejects it.
+    /// Absent or `"none"`: no approval (any other value is refused, naming the field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<String>,
+    /// With `"approval": "required"`: how long the approval may wait undecided before the hub
+    /// fails the message's held deliveries, naming the timeout. Bounded by the hub's
+    /// `limits.approval_timeout_max`; absent: no timeout. Left out without an approval.
+    #[serde(default, deserialize_with = "crate::json_int::optional", skip_serializing_if = "Option::is_none")]
+    pub approval_timeout_ms: Option<u64>,
+}
+
+/// `POST /v1/messages/{message_id}/approve` and `/reject`: a producer with the right to approve
+/// in the message's conversation decides its approval.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalRequest {
+    /// Why (recorded with the decision, the producer's name and the time).
+    pub reason: String,
+}
+
+/// The answer to an approve or reject.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalResponse {
+    /// The message.
+    pub message_id: String,
+    /// `approved` or `rejected`.
+    pub decision: String,
+    /// Its deliveries after the decision (approved: queued; rejected: failed).
+    pub deliveries: Vec<DeliverySummary>,
 }
 
 /// One delivery as summarised in an accept answer.

@@ -79,6 +79,7 @@
 // modules"; spelling every item `pub(crate)` would add noise, not safety.
 #![allow(unreachable_pub)]
 
+mod approval;
 mod cert_rotation;
 mod conversation_fairness;
 mod conversation_order;

@@ -246,6 +246,7 @@ fn reads(name: &str, v: &Value) -> bool {
         "StartItem" => ok::<StartItem>(v),
         "StartRequest" => ok::<StartRequest>(v),
         "CancelRequest" => ok::<CancelRequest>(v),
+        "ApprovalRequest" => ok::<ApprovalRequest>(v),
         "BatchSubmitRequest" => ok::<BatchSubmitRequest>(v),
         "HolderItem" => ok::<HolderItem>(v),
         "BatchHolderRequest" => ok::<BatchHolderRequest>(v),
@@ -313,7 +314,7 @@ fn request_schemas_are_what_serde_reads() {
         assert!(!reads(name, &v), "{name} refuses an unknown field");
         checked += 1;
     }
-    assert_eq!(checked, 16);
+    assert_eq!(checked, 17);
 }
 
 /// The error codes a response lists (none for a success).
@@ -722,6 +723,8 @@ impl Bases {
             "to": ["host-a"],
             "max_attempts": 2,
             "retry_backoff_ms": 10,
+            "approval": "required",
+            "approval_timeout_ms": 60_000,
         })
     }
 
@@ -776,6 +779,12 @@ impl Bases {
             }
             ("post", "/v1/messages/{message_id}/cancel") => {
                 let mut c = producer(Some(json!({"reason": "not needed"})));
+                c.path.insert("message_id".into(), self.message_id.clone());
+                c
+            }
+            // A message that needs no approval: a request the document accepts is answered 409.
+            ("post", "/v1/messages/{message_id}/approve") | ("post", "/v1/messages/{message_id}/reject") => {
+                let mut c = producer(Some(json!({"reason": "looked at it"})));
                 c.path.insert("message_id".into(), self.message_id.clone());
                 c
             }

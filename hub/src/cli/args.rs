@@ -518,6 +518,22 @@ pub enum ProducersCmd {
         #[command(flatten)]
         why: Reason,
     },
+    /// Replace the conversations a producer may approve or reject messages in (`POST
+    /// /v1/messages/{id}/approve` and `/reject`); `--none` takes the right away. A producer
+    /// has none until an operator grants it here.
+    Approve {
+        /// The producer.
+        name: String,
+        /// Exact conversation names, or prefixes ending in `*` (`*` alone is every conversation).
+        #[arg(value_name = "PATTERN", required_unless_present = "none", conflicts_with = "none")]
+        patterns: Vec<String>,
+        /// No right to approve anywhere.
+        #[arg(long)]
+        none: bool,
+        /// Why (recorded).
+        #[command(flatten)]
+        why: Reason,
+    },
     /// Every enrolled producer with its publish scope, its quota and what it has unsettled.
     List {
         /// Print JSON.
@@ -738,6 +754,24 @@ pub enum HeldCmd {
         #[command(flatten)]
         why: Reason,
     },
+    /// Approve a message held awaiting approval: every delivery of it goes back to queued
+    /// (where a fence may still catch it at the claim, like any other). The decision is the
+    /// message's. Exit 2 when it needs no approval or was already decided.
+    Approve(Decide),
+    /// Reject a message held awaiting approval: every delivery of it fails with the reason.
+    /// Exit 2 when it needs no approval or was already decided.
+    Reject(Decide),
+}
+
+/// Arguments of `held approve|reject`.
+#[derive(Debug, Args)]
+pub struct Decide {
+    /// A delivery id (or a unique prefix of it, as `held release` takes) or a message id: the
+    /// message it names is decided, every one of its deliveries with it.
+    pub id: String,
+    /// Why (recorded).
+    #[command(flatten)]
+    pub why: Reason,
 }
 
 /// `deliveries` subcommands.

@@ -117,6 +117,20 @@ pub(super) fn producers(ctx: &Context, p: &ProducersCmd) -> CliResult {
             let q = record.run(record.producer_quota(name.clone(), change, by))?;
             output::line(format!("producer {name} quota: {}", output::quota(&q)))
         }
+        ProducersCmd::Approve { name, patterns, none, why } => {
+            check_name("producer", name)?;
+            if !none {
+                check_patterns(patterns)?;
+            }
+            let record = ctx.open_write()?;
+            let by = By { operator: ctx.operator.clone(), reason: why.reason.clone() };
+            let right = record.run(record.producer_approve(name.clone(), patterns.clone(), by))?;
+            if right.is_empty() {
+                output::line(format!("producer {name} may approve in no conversation"))
+            } else {
+                output::line(format!("producer {name} may approve in: {}", right.join(" ")))
+            }
+        }
         ProducersCmd::List { json } => {
             let record = ctx.open_read()?;
             output::producers(&record.run(record.producers())?, *json)

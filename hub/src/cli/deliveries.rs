@@ -2,10 +2,11 @@
 //! `retire HOST` (which also ends its memberships) and `requeue --instance ID`.
 
 use super::Record;
-use super::args::{Confirm, DeliveriesCmd, HeldCmd};
+use super::args::{Confirm, Decide, DeliveriesCmd, HeldCmd};
 use super::confirm::{self, Decision};
 use super::{CliError, CliResult, Context, output};
-use crate::store::api::{By, Release, Select};
+use crate::store::api::{ApprovalBy, By, Release, Select};
+use crate::store::approval::Decision as Verdict;
 use crate::store::listing::{self, ListQuery, Resolved};
 use baton_shared::states::{DeliveryState, Outcome};
 use baton_shared::{duration, exit};
@@ -171,7 +172,34 @@ pub(super) fn held(ctx: &Context, h: &HeldCmd) -> CliResult {
             ctx.wake_hub();
             output::line(format!("released {} deliveries", ids.len()))
         }
+        HeldCmd::Approve(d) => decide(ctx, d, Verdict::Approve),
+        HeldCmd::Reject(d) => decide(ctx, d, Verdict::Reject),
     }
+}
+
+/// `held approve|reject ID`: the message ID names (a message id, or a delivery id or prefix)
+/// is decided by the operator, every delivery of it with it.
+fn decide(ctx: &Context, d: &Decide, decision: Verdict) -> CliResult {
+    let record = ctx.open_write()?;
+    let message_id = match record.run(record.approval_message(d.id.clone()))? {
+        Some(m) => m,
+        None => {
+            let delivery = resolve_id(&record, &d.id)?;
+            record
+                .run(record.approval_message(delivery.clone()))?
+                .ok_or_else(|| CliError::new(exit::NOTHING, format!("no delivery {}", output::esc(&delivery))))?
+        }
+    };
+    let by = ApprovalBy::Operator(ctx.operator.clone());
+    let done = record.run(record.decide_approval(message_id, by, decision, d.why.reason.clone()))?;
+    ctx.wake_hub();
+    output::line(format!(
+        "message {} {}: {} deliveries {}",
+        done.message_id,
+        done.decision,
+        done.moved.len(),
+        if decision == Verdict::Approve { "queued" } else { "failed" }
+    ))
 }
 
 /// `retire HOST --reason R [--dry-run | --yes]`: its pending work is swept and it leaves every

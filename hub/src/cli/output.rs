@@ -287,6 +287,7 @@ pub(super) fn producers(rows: &[ProducerRow], as_json: bool) -> CliResult {
                     "max_unsettled_bytes": p.quota.unsettled_bytes_max,
                     "unsettled": p.unsettled,
                     "unsettled_bytes": p.unsettled_bytes,
+                    "may_approve": p.may_approve,
                 })
             })
             .collect();

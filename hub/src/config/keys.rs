@@ -522,6 +522,29 @@ pub const REDRIVE_BATCH_MAX: Key = Key {
     doc: "deliveries one redrive transaction re-runs; a larger redrive goes on in further batches",
 };
 
+/// `limits.approval_timeout_max`.
+pub const APPROVAL_TIMEOUT_MAX: Key = Key {
+    name: key_name!(Some("limits"), "approval_timeout_max", "approval-timeout-max", "BATON_HUB_APPROVAL_TIMEOUT_MAX"),
+    kind: KeyKind::Duration {
+        default: Duration::from_secs(7 * 24 * 3600),
+        min: Duration::from_secs(1),
+        max: Duration::from_millis(crate::store::approval::APPROVAL_TIMEOUT_MAX_MS),
+    },
+    doc: "the largest approval_timeout_ms a message may name; past its timeout an undecided approval fails the \
+          message's held deliveries, naming the timeout (a message without approval_timeout_ms waits for a \
+          decision however long it takes)",
+};
+/// `limits.breaker_failures`.
+pub const BREAKER_FAILURES: Key = Key {
+    name: key_name!(Some("limits"), "breaker_failures", "breaker-failures", "BATON_HUB_BREAKER_FAILURES"),
+    kind: KeyKind::Int { default: 0, min: 0, max: 1000 },
+    doc: "off when 0 (the default). Otherwise a conversation whose turns fail this many times in a row (failed \
+          outcomes on any host, a succeeded one starting the count again) gets a hold fence set by the hub, its \
+          reason naming the count, which `status` lists and `fence lift` lifts. Off by default because a failing \
+          harness is not always a runaway one (a flaky dependency, a bad payload the producer retries): an \
+          operator who knows their turns opts in",
+};
+
 /// `limits.instance_rebinds_max`.
 pub const INSTANCE_REBINDS_MAX: Key = Key {
     name: key_name!(Some("limits"), "instance_rebinds_max", "instance-rebinds-max", "BATON_HUB_INSTANCE_REBINDS_MAX"),
@@ -545,7 +568,7 @@ pub const INSTANCE_REBIND_WINDOW_KEY: Key = Key {
 };
 
 /// Every key, in the order of the template.
-pub const KEYS: [&Key; 41] = [
+pub const KEYS: [&Key; 43] = [
     &LISTEN,
     &DATABASE_URL,
     &SYNCHRONOUS,
@@ -585,6 +608,8 @@ pub const KEYS: [&Key; 41] = [
     &RETRY_BACKOFF,
     &RETRY_BACKOFF_MAX,
     &REDRIVE_BATCH_MAX,
+    &APPROVAL_TIMEOUT_MAX,
+    &BREAKER_FAILURES,
     &INSTANCE_REBINDS_MAX,
     &INSTANCE_REBIND_WINDOW_KEY,
 ];

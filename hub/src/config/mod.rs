@@ -81,6 +81,10 @@ pub struct Limits {
     pub retry_backoff_max: Duration,
     /// Most deliveries one redrive transaction re-runs.
     pub redrive_batch_max: u32,
+    /// The largest `approval_timeout_ms` a message may name.
+    pub approval_timeout_max: Duration,
+    /// Failed turns in a row that trip a conversation's breaker (0: off).
+    pub breaker_failures: u32,
     /// How often one host may change its bound node instance, and over what window.
     pub rebind: RebindLimit,
     /// How long a node session may start the turns it acked on its own after the hub last
@@ -115,6 +119,8 @@ impl Default for Limits {
             retry_backoff: RETRY_BACKOFF_DEFAULT,
             retry_backoff_max: RETRY_BACKOFF_MAX_DEFAULT,
             redrive_batch_max: REDRIVE_BATCH_MAX_DEFAULT as u32,
+            approval_timeout_max: Duration::from_secs(7 * 24 * 3600),
+            breaker_failures: 0,
             rebind: RebindLimit::default(),
             start_lease: START_LEASE_DEFAULT,
         }
@@ -241,6 +247,8 @@ impl HubConfig {
             retry_backoff: m.duration(&RETRY_BACKOFF)?,
             retry_backoff_max: m.duration(&RETRY_BACKOFF_MAX)?,
             redrive_batch_max: narrow(&REDRIVE_BATCH_MAX)?,
+            approval_timeout_max: m.duration(&APPROVAL_TIMEOUT_MAX)?,
+            breaker_failures: narrow(&BREAKER_FAILURES)?,
             rebind: RebindLimit {
                 max: m.int(&INSTANCE_REBINDS_MAX)? as i64,
                 window: m.duration(&INSTANCE_REBIND_WINDOW_KEY)?,

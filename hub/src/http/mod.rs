@@ -264,6 +264,8 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/messages", post(producer::submit).get(producer::get_by_key))
         .route("/v1/messages/{message_id}", get(producer::get_by_id))
         .route("/v1/messages/{message_id}/cancel", post(producer::cancel))
+        .route("/v1/messages/{message_id}/approve", post(producer::approve))
+        .route("/v1/messages/{message_id}/reject", post(producer::reject))
         .route("/v1/messages/{message_id}/deliveries/{delivery_id}", get(producer::get_delivery))
         .route("/v1/conversations/{conversation}", get(producer::get_conversation))
         .route("/v1/sessions", post(node::open_session))
@@ -769,6 +771,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/messages"),
     ("GET", "/v1/messages/{message_id}"),
     ("POST", "/v1/messages/{message_id}/cancel"),
+    ("POST", "/v1/messages/{message_id}/approve"),
+    ("POST", "/v1/messages/{message_id}/reject"),
     ("GET", "/v1/messages/{message_id}/deliveries/{delivery_id}"),
     ("GET", "/v1/conversations/{conversation}"),
     ("POST", "/v1/sessions"),
@@ -893,6 +897,8 @@ mod openapi_tests {
                     to: Some(vec!["h".into()]),
                     max_attempts: Some(3),
                     retry_backoff_ms: Some(1000),
+                    approval: Some("required".into()),
+                    approval_timeout_ms: Some(60_000),
                 })
                 .unwrap(),
             ),
@@ -1069,7 +1075,18 @@ mod openapi_tests {
         let reported: ReportResponse = serde_json::from_value(sample("ReportResponse")).unwrap();
         let submit: SubmitRequest = serde_json::from_value(sample("SubmitRequest")).unwrap();
         let report_item = ItemResult { status: 201, outcome: ItemOutcome::Ok(reported) };
+        let decided = ApprovalResponse {
+            message_id: "m".into(),
+            decision: "approved".into(),
+            deliveries: vec![DeliverySummary {
+                delivery_id: "d".into(),
+                host: "h".into(),
+                state: DeliveryState::Queued,
+            }],
+        };
         samples.extend([
+            ("ApprovalRequest", serde_json::to_value(ApprovalRequest { reason: "r".into() }).unwrap()),
+            ("ApprovalResponse", serde_json::to_value(&decided).unwrap()),
             ("BatchSubmitRequest", serde_json::to_value(BatchSubmitRequest { messages: vec![submit] }).unwrap()),
             ("SubmitItemResult", either(serde_json::to_value(&submit_item).unwrap())),
             ("BatchSubmitResponse", serde_json::to_value(BatchSubmitResponse { results: vec![submit_item] }).unwrap()),

@@ -446,6 +446,7 @@ pub(super) fn report_bounds(state: &AppState) -> ReportBounds {
     ReportBounds {
         backoff: Backoff { base: state.limits.retry_backoff, max: state.limits.retry_backoff_max },
         stderr_tail_bytes_max: state.limits.stderr_tail_bytes_max,
+        breaker_failures: state.limits.breaker_failures,
     }
 }
 

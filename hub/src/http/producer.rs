@@ -5,6 +5,8 @@
 
 use super::{ApiError, ApiJson, ApiQuery, AppState, Caller, ProducerCaller, check_path_id};
 use crate::store::accept::{AcceptLimits, Accepted, NewMessage, RetryPolicy};
+use crate::store::api::ApprovalBy;
+use crate::store::approval::Decision;
 use crate::store::{canonical, read};
 use axum::Json;
 use axum::extract::{Path, State};
@@ -15,8 +17,8 @@ use baton_shared::ids::{check_key, check_name};
 use baton_shared::limits::REASON_CHARS_MAX;
 use baton_shared::states::DeliveryState;
 use baton_shared::wire::{
-    CancelRequest, CancelResponse, ConversationView, DeliveryView, MessageView, SubmitRequest, SubmitResponse,
-    ViewOmitted,
+    ApprovalRequest, ApprovalResponse, CancelRequest, CancelResponse, ConversationView, DeliveryView, MessageView,
+    SubmitRequest, SubmitResponse, ViewOmitted,
 };
 use serde::Deserialize;
 use std::time::Duration;
@@ -42,7 +44,37 @@ fn validate_retry(req: &SubmitRequest, state: &AppState) -> Result<RetryPolicy, 
             format!("retry_backoff_ms: {ms} is over {max_ms} (limits.retry_backoff_max)"),
         ));
     }
-    Ok(RetryPolicy { max_attempts: req.max_attempts, retry_backoff_ms: req.retry_backoff_ms })
+    let approval_required = match req.approval.as_deref() {
+        None | Some("none") => false,
+        Some("required") => true,
+        Some(other) => {
+            return Err(ApiError::new(
+                ErrorCode::InvalidField,
+                format!(
+                    "approval: {:?} is neither \"required\" nor \"none\"",
+                    other.chars().take(REASON_CHARS_MAX).collect::<String>()
+                ),
+            ));
+        }
+    };
+    let max_ms = state.limits.approval_timeout_max.as_millis() as u64;
+    // Without an approval there is nothing to time out: the field is left out (neither stored
+    // nor part of the content), as the document says.
+    let approval_timeout_ms = req.approval_timeout_ms.filter(|_| approval_required);
+    if let Some(ms) = approval_timeout_ms
+        && !(1..=max_ms).contains(&ms)
+    {
+        return Err(ApiError::new(
+            ErrorCode::InvalidField,
+            format!("approval_timeout_ms: {ms} is out of range; allowed 1..={max_ms} (limits.approval_timeout_max)"),
+        ));
+    }
+    Ok(RetryPolicy {
+        max_attempts: req.max_attempts,
+        retry_backoff_ms: req.retry_backoff_ms,
+        approval_required,
+        approval_timeout_ms,
+    })
 }
 
 /// Validates a submission into a `NewMessage` and its retry policy.
@@ -144,6 +176,56 @@ pub(super) async fn cancel(
     state.work_for(deliveries.iter().map(|d| d.host.as_str()));
     state.outcome_changed();
     Ok(Json(CancelResponse { message_id, deliveries }))
+}
+
+/// `POST /v1/messages/{message_id}/approve`: a producer with the right to approve in the
+/// message's conversation approves it (403 `approval_forbidden` without it); its held
+/// deliveries go back to queued.
+pub(super) async fn approve(
+    caller: ProducerCaller,
+    state: State<AppState>,
+    message_id: Path<String>,
+    req: ApiJson<ApprovalRequest>,
+) -> Result<Json<ApprovalResponse>, ApiError> {
+    decide(caller, state, message_id, req, Decision::Approve).await
+}
+
+/// `POST /v1/messages/{message_id}/reject`: the same right rejects it; its held deliveries fail
+/// with the reason.
+pub(super) async fn reject(
+    caller: ProducerCaller,
+    state: State<AppState>,
+    message_id: Path<String>,
+    req: ApiJson<ApprovalRequest>,
+) -> Result<Json<ApprovalResponse>, ApiError> {
+    decide(caller, state, message_id, req, Decision::Reject).await
+}
+
+async fn decide(
+    ProducerCaller(caller): ProducerCaller,
+    State(state): State<AppState>,
+    Path(message_id): Path<String>,
+    ApiJson(req): ApiJson<ApprovalRequest>,
+    decision: Decision,
+) -> Result<Json<ApprovalResponse>, ApiError> {
+    check_path_id("message_id", &message_id)?;
+    if req.reason.trim().is_empty() || req.reason.chars().count() > REASON_CHARS_MAX {
+        return Err(ApiError::new(
+            ErrorCode::InvalidField,
+            format!("reason: must be 1..={REASON_CHARS_MAX} characters"),
+        ));
+    }
+    let by = ApprovalBy::Producer(caller.name);
+    let done = state.store.decide_approval(message_id, by, decision, req.reason).await?;
+    match decision {
+        Decision::Approve => state.work_for(done.deliveries.iter().map(|d| d.host.as_str())),
+        Decision::Reject => state.outcome_changed(),
+    }
+    Ok(Json(ApprovalResponse {
+        message_id: done.message_id,
+        decision: done.decision.to_string(),
+        deliveries: done.deliveries,
+    }))
 }
 
 /// Query of the message reads.

@@ -22,7 +22,7 @@
 
 use super::db::Db;
 use super::transition::{self, Change, adjust_backlog, record_event};
-use super::{Actor, StoreError, StoreResult, canonical, hosts, members, new_id, producers, state_column};
+use super::{Actor, StoreError, StoreResult, approval, canonical, hosts, members, new_id, producers, state_column};
 use baton_shared::crash_point;
 use baton_shared::states::DeliveryState;
 use baton_shared::wire::DeliverySummary;
@@ -71,6 +71,8 @@ impl NewMessage {
         let given = [
             retry.max_attempts.map(|n| format!("max_attempts={n}")),
             retry.retry_backoff_ms.map(|ms| format!("retry_backoff_ms={ms}")),
+            retry.approval_required.then(|| "approval=required".to_string()),
+            retry.approval_timeout_ms.filter(|_| retry.approval_required).map(|ms| format!("approval_timeout_ms={ms}")),
         ];
         for part in given.into_iter().flatten() {
             h.update((part.len() as u64).to_le_bytes());
@@ -80,14 +82,20 @@ impl NewMessage {
     }
 }
 
-/// A message's retry policy as submitted (each field absent when not given). Validated by the
-/// caller against the hub's bounds.
+/// A message's turn policy as submitted: its retries and its approval (each field absent, or
+/// false, when not given). Validated by the caller against the hub's bounds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RetryPolicy {
     /// Runs the harness may ask for (default 1).
     pub max_attempts: Option<u32>,
     /// The first retry's backoff (default: the hub's `retry_backoff`).
     pub retry_backoff_ms: Option<u64>,
+    /// `"approval": "required"`: its deliveries are parked held until it is approved or
+    /// rejected (`approval`).
+    pub approval_required: bool,
+    /// How long an undecided approval waits before it fails the message (only with
+    /// `approval_required`); `None` for no timeout.
+    pub approval_timeout_ms: Option<u64>,
 }
 
 /// Bounds checked inside the acceptance transaction.
@@ -170,13 +178,17 @@ pub fn accept_with_retry(
     let message_id = new_id();
     conn.prepare_cached(
         "INSERT INTO messages (id, conversation, seq, producer, idempotency_key, content_hash, payload, accepted_at,
-                               max_attempts, retry_backoff_ms)
-         VALUES (:id, :c, :seq, :p, :k, :h, :payload, :now, :max, :backoff)",
+                               max_attempts, retry_backoff_ms, approval, approval_timeout_ms, approval_expires_at)
+         VALUES (:id, :c, :seq, :p, :k, :h, :payload, :now, :max, :backoff, :approval, :timeout, :expires)",
     )?
     .execute(named_params! {
         ":id": message_id, ":c": msg.conversation, ":seq": seq, ":p": msg.producer, ":k": msg.idempotency_key,
         ":h": hash, ":payload": msg.payload, ":now": now_ms, ":max": retry.max_attempts.unwrap_or(1),
         ":backoff": retry.retry_backoff_ms.map(|ms| ms as i64),
+        ":approval": if retry.approval_required { "required" } else { "none" },
+        ":timeout": retry.approval_timeout_ms.filter(|_| retry.approval_required).map(|ms| ms as i64),
+        ":expires": retry.approval_timeout_ms.filter(|_| retry.approval_required)
+            .map(|ms| now_ms.saturating_add(i64::try_from(ms).unwrap_or(i64::MAX))),
     })?;
     crash_point("hub.accept.after_message_insert");
     let mut route = conn.prepare_cached("INSERT INTO message_recipients (message_id, host) VALUES (?1, ?2)")?;
@@ -292,6 +304,16 @@ pub fn fan_out(conn: &dyn Db, message_id: &str, now_ms: i64) -> StoreResult<Vec<
                     reason: Some(HOST_RETIRED),
                 };
                 transition::apply(conn, change, &hub, now_ms)?;
+            } else if let Some((to, why)) = approval::parking(conn, message_id)? {
+                let change = Change {
+                    delivery_id: &id,
+                    from: DeliveryState::Queued,
+                    to,
+                    expect_holder: None,
+                    new_holder: None,
+                    reason: Some(&why),
+                };
+                transition::apply(conn, change, &hub, now_ms)?;
             }
             crash_point("hub.fanout.after_k");
         }
@@ -396,7 +418,7 @@ mod tests {
         };
         assert_eq!(m.content_hash().unwrap(), before);
         assert_eq!(m.content_hash_with(RetryPolicy::default()).unwrap(), before);
-        let three = RetryPolicy { max_attempts: Some(3), retry_backoff_ms: None };
+        let three = RetryPolicy { max_attempts: Some(3), retry_backoff_ms: None, ..RetryPolicy::default() };
         assert_ne!(m.content_hash_with(three).unwrap(), before);
         let db = testing::db();
         let Accepted::New { message_id, .. } = accept_with_retry(&db.conn, &m, three, BIG, 1).unwrap() else {

@@ -20,6 +20,7 @@
 //! synchronous body, with every backend difference in one engine folder.
 
 use super::accept::{self, AcceptLimits, Accepted, NewMessage, RetryPolicy};
+use super::approval;
 use super::claim::{self, Claimant, RebindLimit};
 use super::db::{Db, PgConn};
 use super::fences::{self, FenceRow};
@@ -322,12 +323,19 @@ pub struct ReportBounds {
     pub backoff: Backoff,
     /// Most bytes of a stderr tail kept: its last ones, the rest counted as dropped.
     pub stderr_tail_bytes_max: u64,
+    /// Failed turns in a row that trip a conversation's breaker (`limits.breaker_failures`;
+    /// 0: off).
+    pub breaker_failures: u32,
 }
 
 impl From<Backoff> for ReportBounds {
     /// These retry bounds, and the default stderr bound.
     fn from(backoff: Backoff) -> ReportBounds {
-        ReportBounds { backoff, stderr_tail_bytes_max: baton_shared::limits::STDERR_TAIL_BYTES_MAX_DEFAULT }
+        ReportBounds {
+            backoff,
+            stderr_tail_bytes_max: baton_shared::limits::STDERR_TAIL_BYTES_MAX_DEFAULT,
+            breaker_failures: 0,
+        }
     }
 }
 
@@ -399,6 +407,7 @@ fn run_report(req: &ReportRequest, session: Option<u64>, bounds: ReportBounds) -
         retry_backoff: bounds.backoff.base,
         retry_backoff_max: bounds.backoff.max,
         stderr_tail_bytes_max: bounds.stderr_tail_bytes_max,
+        breaker_failures: bounds.breaker_failures,
     }
 }
 
@@ -591,6 +600,61 @@ impl Store {
     pub async fn lift_expired_fences(&self, now_ms: i64) -> StoreResult<Vec<i64>> {
         match &self.backend {
             Backend::Sqlite(s) | Backend::Postgres(s) => s.write(move |c| fences::lift_expired(c, now_ms)).await,
+        }
+    }
+
+    /// Approves or rejects a message awaiting approval (`approval::decide`), in one
+    /// transaction.
+    pub async fn decide_approval(
+        &self,
+        message_id: String,
+        by: ApprovalBy,
+        decision: approval::Decision,
+        reason: String,
+    ) -> StoreResult<approval::Decided> {
+        let clock = self.clock.clone();
+        match &self.backend {
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
+                s.write(move |c| {
+                    let decider = match &by {
+                        ApprovalBy::Operator(n) => approval::Decider::Operator(n),
+                        ApprovalBy::Producer(n) => approval::Decider::Producer(n),
+                    };
+                    approval::decide(c, &message_id, decider, decision, &reason, clock.now_ms())
+                })
+                .await
+            }
+        }
+    }
+
+    /// The message `id` names, as a message id or a whole delivery id (`approval::message_of`).
+    pub async fn approval_message(&self, id: String) -> StoreResult<Option<String>> {
+        match &self.backend {
+            Backend::Sqlite(s) | Backend::Postgres(s) => s.read(move |c| approval::message_of(c, &id)).await,
+        }
+    }
+
+    /// Fails what every approval that timed out by `now_ms` holds (`approval::expire`), reading
+    /// first and writing only when one is due. Returns the messages.
+    pub async fn expire_approvals(&self, now_ms: i64) -> StoreResult<Vec<String>> {
+        match &self.backend {
+            Backend::Sqlite(s) | Backend::Postgres(s) => match s.read(approval::next_expiry).await? {
+                Some(at) if at <= now_ms => s.write(move |c| approval::expire(c, now_ms)).await,
+                _ => Ok(Vec::new()),
+            },
+        }
+    }
+
+    /// Replaces the producer's approval right (`producers::set_approvals`); returns it.
+    pub async fn producer_approve(&self, producer: String, patterns: Vec<String>, by: By) -> StoreResult<Vec<String>> {
+        let clock = self.clock.clone();
+        match &self.backend {
+            Backend::Sqlite(s) | Backend::Postgres(s) => {
+                s.write(move |c| {
+                    producers::set_approvals(c, &producer, &patterns, &by.operator, &by.reason, clock.now_ms())
+                })
+                .await
+            }
         }
     }
 
@@ -1685,6 +1749,15 @@ impl Store {
             Backend::Sqlite(s) | Backend::Postgres(s) => s.read(verify::check).await,
         }
     }
+}
+
+/// Who approves or rejects, as `Store::decide_approval` takes it.
+#[derive(Debug, Clone)]
+pub enum ApprovalBy {
+    /// An operator, by name.
+    Operator(String),
+    /// A producer (its approval right is checked), by name.
+    Producer(String),
 }
 
 /// A certificate just issued, to be recorded (owned; see `hosts::Issued`).

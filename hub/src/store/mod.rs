@@ -45,6 +45,7 @@
 
 pub mod accept;
 pub mod api;
+pub mod approval;
 pub mod audit;
 pub mod backup;
 pub mod batch;
@@ -100,6 +101,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../../schema/hub/0009-mention-grants.sql"),
     include_str!("../../../schema/hub/0010-member-families.sql"),
     include_str!("../../../schema/hub/0011-stderr-tail.sql"),
+    include_str!("../../../schema/hub/0012-approval-and-breaker.sql"),
 ];
 
 /// Who made a change, as recorded in the event log.
@@ -201,6 +203,9 @@ pub enum StoreError {
     /// The caller may not do this here (a producer posting outside its publish scope).
     #[error("{0}")]
     Forbidden(String),
+    /// A producer without the approval right in the conversation approved or rejected a message.
+    #[error("{0}")]
+    ApprovalForbidden(String),
     /// SQLite failed (disk full, I/O error, busy past the timeout). Details are logged.
     #[error("storage error: {0}")]
     Storage(String),
@@ -238,6 +243,7 @@ impl StoreError {
             StoreError::OverQuota(producers::QuotaKind::UnsettledBytes, _) => ErrorCode::QuotaUnsettledBytes,
             StoreError::CertificateRevoked(_) => ErrorCode::CertificateRevoked,
             StoreError::Forbidden(_) => ErrorCode::Forbidden,
+            StoreError::ApprovalForbidden(_) => ErrorCode::ApprovalForbidden,
             StoreError::Storage(_) | StoreError::Conflict(_) => ErrorCode::StorageUnavailable,
             StoreError::Corrupt(_) | StoreError::Internal(_) => ErrorCode::Internal,
         }

@@ -22,6 +22,8 @@ fn ids_where(conn: &dyn Db, sql: &str, arg: &str) -> StoreResult<Vec<(String, De
 }
 
 /// Releases held deliveries back to queued: one by id, or all of a conversation. Returns the ids.
+/// A delivery awaiting its message's approval is not released (`held approve` decides it): by
+/// id it is refused naming the commands, in a conversation it is left held.
 pub fn release(
     conn: &dyn Db,
     which: Selector<'_>,
@@ -33,7 +35,10 @@ pub fn release(
         Selector::Delivery(id) => ids_where(conn, "SELECT id, state FROM deliveries WHERE id = ?1", id)?,
         Selector::Conversation(c) => ids_where(
             conn,
-            "SELECT id, state FROM deliveries WHERE conversation = ?1 AND state = 'held' ORDER BY n",
+            "SELECT d.id, d.state FROM deliveries d JOIN messages m ON m.id = d.message_id
+             WHERE d.conversation = ?1 AND d.state = 'held'
+               AND NOT (m.approval = 'required' AND m.approval_decision IS NULL)
+             ORDER BY d.n",
             c,
         )?,
     };
@@ -42,6 +47,11 @@ pub fn release(
             None => return Err(StoreError::NotFound(format!("no delivery {id}"))),
             Some((_, s)) if *s != Held => {
                 return Err(StoreError::InvalidTransition(format!("delivery {id} is {s}, not held")));
+            }
+            _ if super::approval::awaits_approval(conn, id)? => {
+                return Err(StoreError::InvalidTransition(format!(
+                    "delivery {id} awaits its message's approval: `held approve` or `held reject` it"
+                )));
             }
             _ => {}
         }

@@ -312,6 +312,52 @@ pub fn set_scope(
     stored(conn, producer)
 }
 
+/// The conversation patterns `producer` may approve or reject messages in, sorted; empty when
+/// it has no approval right (the default: approving is an operator's until one grants it).
+pub fn approvals_of(conn: &dyn Db, producer: &str) -> StoreResult<Vec<String>> {
+    Ok(conn
+        .prepare_cached("SELECT pattern FROM producer_approvals WHERE producer = ?1 ORDER BY pattern")?
+        .query_map([producer], |r| r.get(0))?
+        .collect::<Result<_, _>>()?)
+}
+
+/// Replaces a producer's approval right with `patterns` (the publish scopes' grammar,
+/// deduplicated, at most `SCOPE_PATTERNS_MAX`; empty: no right), recorded in the audit log.
+/// The producer must have been enrolled. Returns the patterns now stored. Call inside a write
+/// transaction.
+pub fn set_approvals(
+    conn: &dyn Db,
+    producer: &str,
+    patterns: &[String],
+    operator: &str,
+    reason: &str,
+    now_ms: i64,
+) -> StoreResult<Vec<String>> {
+    require_producer(conn, producer)?;
+    let mut patterns: Vec<&str> = patterns.iter().map(String::as_str).collect();
+    patterns.sort_unstable();
+    patterns.dedup();
+    if patterns.len() > SCOPE_PATTERNS_MAX {
+        return Err(StoreError::Invalid(format!(
+            "approve: {} patterns; at most {SCOPE_PATTERNS_MAX} are allowed",
+            patterns.len()
+        )));
+    }
+    for p in &patterns {
+        check_pattern(p).map_err(StoreError::Invalid)?;
+    }
+    conn.prepare_cached("DELETE FROM producer_approvals WHERE producer = ?1")?.execute([producer])?;
+    for p in &patterns {
+        conn.prepare_cached(
+            "INSERT INTO producer_approvals (producer, pattern, set_by, set_at) VALUES (:p, :pattern, :op, :now)",
+        )?
+        .execute(named_params! {":p": producer, ":pattern": p, ":op": operator, ":now": now_ms})?;
+    }
+    let shown = if patterns.is_empty() { "none".to_string() } else { patterns.join(" ") };
+    record_operator_event(conn, "producer_approve", &format!("{producer}: {shown}"), operator, Some(reason), now_ms)?;
+    approvals_of(conn, producer)
+}
+
 /// A producer as listed for operators (`producers list`). Serialised only for the CLI's `--json`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct ProducerRow {
@@ -331,6 +377,8 @@ pub struct ProducerRow {
     pub unsettled: i64,
     /// Their payload bytes.
     pub unsettled_bytes: i64,
+    /// The conversation patterns it may approve or reject messages in (empty: none).
+    pub may_approve: Vec<String>,
 }
 
 /// Every enrolled producer with its scope and certificate counts, by name.
@@ -349,7 +397,9 @@ pub fn list(conn: &dyn Db) -> StoreResult<Vec<ProducerRow>> {
         let quota = quota_of(conn, &name)?;
         // Counted in full for the operator's listing (read-only, off the accept's path).
         let (unsettled, unsettled_bytes) = unsettled(conn, &name, i64::MAX)?;
+        let may_approve = approvals_of(conn, &name)?;
         out.push(ProducerRow {
+            may_approve,
             quota,
             unsettled,
             unsettled_bytes,

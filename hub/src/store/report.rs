@@ -163,6 +163,9 @@ pub struct RunReport {
     pub retry_backoff_max: Duration,
     /// Most bytes of the stderr tail kept (`limits.stderr_tail_bytes_max`): the last ones.
     pub stderr_tail_bytes_max: u64,
+    /// Failed turns in a row that trip the conversation's breaker (`limits.breaker_failures`;
+    /// 0: off).
+    pub breaker_failures: u32,
 }
 
 impl Default for RunReport {
@@ -174,6 +177,7 @@ impl Default for RunReport {
             retry_backoff: crate::config::RETRY_BACKOFF_DEFAULT,
             retry_backoff_max: crate::config::RETRY_BACKOFF_MAX_DEFAULT,
             stderr_tail_bytes_max: baton_shared::limits::STDERR_TAIL_BYTES_MAX_DEFAULT,
+            breaker_failures: 0,
         }
     }
 }
@@ -213,6 +217,7 @@ struct ReportedDelivery {
     retry_backoff_ms: Option<i64>,
     rerun: Option<String>,
     caused_by: String,
+    conversation: String,
 }
 
 /// Records one attempt of a run. Returns the attempt, whether it was already recorded, and,
@@ -244,7 +249,8 @@ pub fn report_run(
     let row: Option<ReportedDelivery> = conn
         .prepare_cached(
             "SELECT d.host, d.state, d.instance_id, d.claim_token, d.attempt, d.cancel_requested_at IS NOT NULL,
-                    m.max_attempts, m.retry_backoff_ms, d.rerun, coalesce(d.rerun_by, 'producer:' || m.producer)
+                    m.max_attempts, m.retry_backoff_ms, d.rerun, coalesce(d.rerun_by, 'producer:' || m.producer),
+                    d.conversation
              FROM deliveries d JOIN messages m ON m.id = d.message_id WHERE d.id = ?1",
         )?
         .query_row([r.delivery_id], |row| {
@@ -259,6 +265,7 @@ pub fn report_run(
                 retry_backoff_ms: row.get(7)?,
                 rerun: row.get(8)?,
                 caused_by: row.get(9)?,
+                conversation: row.get(10)?,
             })
         })
         .optional()?;
@@ -344,6 +351,15 @@ pub fn report_run(
         ":err": stderr_tail, ":errdrop": stderr_dropped,
     })?;
     let retry_at = if retryable { Some(requeue_for_retry(conn, r.delivery_id, &d, run, now_ms)?) } else { None };
+    // The breaker counts each turn's outcome in the same transaction (off unless configured).
+    super::approval::count_outcome(
+        conn,
+        &d.conversation,
+        r.outcome == Outcome::Failed,
+        r.outcome == Outcome::Succeeded,
+        run.breaker_failures,
+        now_ms,
+    )?;
     crash_point("hub.report.before_commit");
     Ok((attempt(conn, &attempt_id)?, false, retry_at))
 }

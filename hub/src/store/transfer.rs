@@ -38,6 +38,8 @@ pub const TABLES: &[&str] = &[
     "mention_grants",
     "producer_scopes",
     "producer_quotas",
+    "producer_approvals",
+    "breaker_counts",
     "node_sessions",
     "redrive_requests",
     "conversation_queues",

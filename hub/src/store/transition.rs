@@ -9,14 +9,16 @@ use super::{Actor, ActorKind, StoreError, StoreResult};
 use baton_shared::states::DeliveryState::{self, *};
 use rusqlite::named_params;
 
-/// Whether `actor` may move a delivery from `from` to `to`: the SPEC §2 table, and nothing else.
+/// Whether `actor` may move a delivery from `from` to `to`: the SPEC §2 table, and nothing else
+/// but what turn control adds to it (the retries, `requeue_silent_after`, and held → failed by
+/// the hub for an approval that timed out, `approval::expire`).
 pub fn allowed(from: DeliveryState, to: DeliveryState, actor: ActorKind) -> bool {
     use ActorKind::*;
     matches!(
         (from, to, actor),
         (Queued, Claimed, Node)
             | (Queued, Held, Hub)
-            | (Queued, Failed, Hub)
+            | (Queued | Held, Failed, Hub)
             | (Held, Queued, Operator)
             | (Queued | Held | Claimed | Mirrored, Failed, Operator)
             | (Mirrored, Unknown, Operator)
@@ -247,8 +249,9 @@ mod tests {
         // The SPEC table has 19 (from, to, actor) rows once the "or" cells are spelled out: 15,
         // and the retry (delivered → queued by the hub) and the operator's retry and redrive
         // (delivered, failed or unknown → queued); and 2 for `requeue_silent_after` (claimed,
-        // mirrored → queued by the hub).
-        assert_eq!(allowed_count, 21);
+        // mirrored → queued by the hub); and 1 for an approval that timed out (held → failed by
+        // the hub).
+        assert_eq!(allowed_count, 22);
     }
 
     #[test]

@@ -13,10 +13,10 @@ use crate::retry::{RetryPolicy, retrying};
 use crate::tls::{TlsError, TlsFiles, http_client};
 use baton_shared::error::ErrorCode;
 use baton_shared::wire::{
-    CancelRequest, CancelResponse, ClaimRequest, ClaimResponse, ClaimedDelivery, ConversationView, ErrorBody,
-    HolderRequest, HoldingsResponse, MessageView, RejectRequest, ReportRequest, ReportResponse, SESSION_HEADER,
-    SessionEndRequest, SessionRequest, SessionResponse, StartItem, StartRequest, StartResponse, StartResult,
-    SubmitRequest, SubmitResponse, TransitionResponse,
+    ApprovalRequest, ApprovalResponse, CancelRequest, CancelResponse, ClaimRequest, ClaimResponse, ClaimedDelivery,
+    ConversationView, ErrorBody, HolderRequest, HoldingsResponse, MessageView, RejectRequest, ReportRequest,
+    ReportResponse, SESSION_HEADER, SessionEndRequest, SessionRequest, SessionResponse, StartItem, StartRequest,
+    StartResponse, StartResult, SubmitRequest, SubmitResponse, TransitionResponse,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -194,6 +194,25 @@ impl Client {
     pub async fn cancel(&self, message_id: &str, reason: &str) -> Result<CancelResponse, ClientError> {
         let url = format!("{}/v1/messages/{}/cancel", self.hub_url(), path_segment(message_id));
         let body = CancelRequest { reason: reason.to_string() };
+        self.send(self.http().post(url).timeout(REQUEST_TIMEOUT).json(&body), 0).await
+    }
+
+    /// `POST /v1/messages/{message_id}/approve`: approves a message awaiting approval (the
+    /// caller needs the right to approve in its conversation: else 403 `approval_forbidden`).
+    /// Sent once.
+    pub async fn approve(&self, message_id: &str, reason: &str) -> Result<ApprovalResponse, ClientError> {
+        self.decide(message_id, "approve", reason).await
+    }
+
+    /// `POST /v1/messages/{message_id}/reject`: rejects a message awaiting approval (its held
+    /// deliveries fail with the reason). Sent once.
+    pub async fn reject(&self, message_id: &str, reason: &str) -> Result<ApprovalResponse, ClientError> {
+        self.decide(message_id, "reject", reason).await
+    }
+
+    async fn decide(&self, message_id: &str, verb: &str, reason: &str) -> Result<ApprovalResponse, ClientError> {
+        let url = format!("{}/v1/messages/{}/{verb}", self.hub_url(), path_segment(message_id));
+        let body = ApprovalRequest { reason: reason.to_string() };
         self.send(self.http().post(url).timeout(REQUEST_TIMEOUT).json(&body), 0).await
     }
 

@@ -135,6 +135,8 @@ mod tests {
             to: None,
             max_attempts: None,
             retry_backoff_ms: None,
+            approval: None,
+            approval_timeout_ms: None,
         }
     }
 

@@ -39,6 +39,8 @@ fn submit(key: &str, payload: &str) -> SubmitRequest {
         to: Some(vec!["host-a".into()]),
         max_attempts: None,
         retry_backoff_ms: None,
+        approval: None,
+        approval_timeout_ms: None,
     }
 }
 

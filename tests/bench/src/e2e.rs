@@ -335,6 +335,8 @@ fn message(pass: &Pass, hosts: &[String], i: usize) -> SubmitRequest {
         to: Some(vec![hosts[i % k].clone()]),
         max_attempts: None,
         retry_backoff_ms: None,
+        approval: None,
+        approval_timeout_ms: None,
     }
 }
 

@@ -117,6 +117,8 @@ async fn submit_light(client: &Client, count: usize) -> anyhow::Result<()> {
             to: Some(vec![HOST.into()]),
             max_attempts: None,
             retry_backoff_ms: None,
+            approval: None,
+            approval_timeout_ms: None,
         };
         let accepted = client.submit(&body).await.context("submitting a light message")?;
         if accepted.duplicate {

@@ -278,6 +278,8 @@ fn submit(
         to: Some(vec![host.to_string()]),
         max_attempts: None,
         retry_backoff_ms: None,
+        approval: None,
+        approval_timeout_ms: None,
     };
     Ok(rt.block_on(producer.submit(&req))?.message_id)
 }
@@ -337,6 +339,8 @@ fn main() -> Result<()> {
                 to: Some(vec!["host-a".into(), "host-b".into()]),
                 max_attempts: None,
                 retry_backoff_ms: None,
+                approval: None,
+                approval_timeout_ms: None,
             };
             let accepted = rt.block_on(producer.submit(&req))?;
             sent.push((format!("{conv} step {i}"), accepted.message_id));

@@ -152,6 +152,8 @@ impl Producer {
             to: Some(to.to_vec()),
             max_attempts: retries.max_attempts,
             retry_backoff_ms: retries.retry_backoff_ms,
+            approval: None,
+            approval_timeout_ms: None,
         };
         // Past the deadline the request is dropped: its answer is lost, like any other.
         let answer = tokio::time::timeout(ACCEPT_TIMEOUT, client.submit(&req)).await;

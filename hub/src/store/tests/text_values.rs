@@ -149,6 +149,35 @@ fn every_stored_text_field_keeps_its_bytes() {
     }
 }
 
+/// An approval's reason, and the delivery reason that quotes it, keep their bytes.
+#[test]
+fn an_approval_reason_keeps_its_bytes() {
+    use super::accept::{NewMessage, RetryPolicy, accept_and_fan_out};
+    use super::approval::{Decider, Decision, decide};
+    let db = testing::db();
+    let c: &dyn Db = &*db.conn;
+    for (n, v) in hostile().iter().enumerate() {
+        let msg = NewMessage {
+            producer: "prod".into(),
+            conversation: "approve".into(),
+            idempotency_key: format!("a{n}"),
+            payload: "{}".into(),
+            to: vec!["host-a".into()],
+        };
+        let policy = RetryPolicy { approval_required: true, ..RetryPolicy::default() };
+        let (accepted, deliveries) = accept_and_fan_out(c, &msg, policy, LIMITS, 1).unwrap();
+        let super::accept::Accepted::New { message_id, .. } = accepted else { panic!("new") };
+        decide(c, &message_id, Decider::Operator("op"), Decision::Reject, v, 2)
+            .unwrap_or_else(|e| panic!("approval reason {}: {e}", shown(v)));
+        let stored: Option<String> =
+            c.query_row("SELECT approval_reason FROM messages WHERE id = ?1", [&message_id], |r| r.get(0)).unwrap();
+        same("approval reason", stored.as_deref(), v);
+        let view = read::message_view(c, &message_id).unwrap();
+        assert_eq!(view.deliveries[0].delivery_id, deliveries[0].delivery_id);
+        same("rejection reason", view.deliveries[0].reason.as_deref(), &format!("rejected by operator:op: {v}"));
+    }
+}
+
 /// What the store refuses for a value it cannot keep is never a storage failure: a text that is
 /// not a string of the payload's JSON (a lone surrogate escape) is refused as the field's.
 #[test]

@@ -158,6 +158,13 @@ pub(crate) struct SendArgs {
     /// Sending through the spool.
     #[command(flatten)]
     pub(crate) spool: crate::spool::SpoolSend,
+    /// `required`: the message waits held until an operator (or a producer allowed to approve
+    /// in the conversation) approves or rejects it; `none` (the default): it does not.
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(["none", "required"]), value_name = "none|required")]
+    pub(crate) approval: Option<String>,
+    /// With `--approval required`: how long it may wait undecided ("1h") before the hub fails it.
+    #[arg(long, value_parser = duration("--approval-timeout"), value_name = "DURATION", requires = "approval")]
+    pub(crate) approval_timeout: Option<Duration>,
 }
 
 /// A message by id or by idempotency key.

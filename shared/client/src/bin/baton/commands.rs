@@ -49,6 +49,7 @@ pub(crate) fn call_failed(e: ClientError) -> CliError {
             | ErrorCode::WrongRole
             | ErrorCode::NotYours
             | ErrorCode::Forbidden
+            | ErrorCode::ApprovalForbidden
             | ErrorCode::HostRetired,
         ) => exit::DENIED,
         _ if matches!(e, ClientError::CertificateRevoked(_)) => exit::DENIED,
@@ -133,6 +134,11 @@ async fn send(client: &Client, args: SendArgs, json: bool) -> Result<u8, CliErro
         to: (!args.to.is_empty()).then_some(args.to),
         max_attempts: args.max_attempts,
         retry_backoff_ms,
+        approval: args.approval,
+        approval_timeout_ms: match args.approval_timeout {
+            Some(d) => Some(u64::try_from(d.as_millis()).map_err(|_| usage("--approval-timeout: too long"))?),
+            None => None,
+        },
     };
     if args.spool.spool.is_some() {
         return crate::spool::send(client, req, &args.spool, json).await;
