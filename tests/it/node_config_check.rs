@@ -247,3 +247,42 @@ fn config_check_online_tells_a_refusal_an_unreachable_hub_and_a_tls_failure_apar
         &["TLS with", "server certificate does not verify against ca_file", "other-ca.crt"],
     );
 }
+
+/// The workspace root.
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
+}
+
+/// README's "Running a node" configuration, copied as an operator copies it with only the
+/// paths and the harness changed to this machine's, is a configuration `config check` passes:
+/// every key in it exists, none is set twice and every value is in range.
+#[test]
+fn readmes_node_configuration_passes_config_check() {
+    let hub = Hub::builder().nodes(&["host-a"]).stopped().start();
+    let readme = std::fs::read_to_string(repo().join("README.md")).expect("README.md");
+    let section = readme.split("## Running a node\n").nth(1).expect("README has \"## Running a node\"");
+    let example = section.split("```toml\n").nth(1).and_then(|s| s.split("```").next()).expect("a TOML example");
+    let dir = hub.scratch("readme");
+    let files = Files::of(&hub, "host-a");
+    let quoted = |p: &Path| serde_json::to_string(&p.display().to_string()).expect("json");
+    let mut copied = String::new();
+    for line in example.lines() {
+        let key = line.split('=').next().unwrap_or_default().trim();
+        let ours = match key {
+            "ca_file" => Some(quoted(&files.ca)),
+            "cert_file" => Some(quoted(&files.cert)),
+            "key_file" => Some(quoted(&files.key)),
+            "data_dir" => Some(quoted(&dir.join("data"))),
+            "command" => Some(r#"["sh"]"#.to_string()),
+            _ => None,
+        };
+        match ours {
+            Some(value) => copied.push_str(&format!("{key} = {value}\n")),
+            None => copied.push_str(&format!("{line}\n")),
+        }
+    }
+    let config = dir.join("node.toml");
+    std::fs::write(&config, &copied).expect("write node.toml");
+    let out = node(&["config", "check"], &config);
+    assert_eq!(out.status.code(), Some(0), "README's node.toml:\n{copied}\n{}{}", text(&out.stdout), text(&out.stderr));
+}
