@@ -295,3 +295,18 @@ async fn a_damaged_database_with_a_wal_is_refused_and_left_alone() {
     // the very file the operator has to inspect or restore.
     check_refused_store(damage_page_two, "damaged", false).await;
 }
+
+/// `baton-hub --help` lists the exit statuses the hub uses, 0 to 4 as README says, and none
+/// of the node's own (5 revoked, 6 taken over), which no hub command ever exits with.
+#[test]
+fn hub_help_lists_only_the_hubs_exit_statuses() {
+    let mut cmd = crate::harness::bins().hub_command();
+    cmd.arg("--help");
+    let out = output_within(cmd, EVENT_WAIT);
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{help}");
+    assert!(help.contains("Exit status:") && help.contains("  4  any other failure"), "{help}");
+    for node_only in ["  5  ", "  6  ", "this node's certificate", "taken over"] {
+        assert!(!help.contains(node_only), "the hub's help lists {node_only:?}:\n{help}");
+    }
+}
