@@ -286,3 +286,19 @@ fn readmes_node_configuration_passes_config_check() {
     let out = node(&["config", "check"], &config);
     assert_eq!(out.status.code(), Some(0), "README's node.toml:\n{copied}\n{}{}", text(&out.stdout), text(&out.stderr));
 }
+
+/// `run` refused by several failed checks names the first and says where to see the rest:
+/// `config check`, since `run` prints no list of checks above its error.
+#[test]
+fn run_refused_by_several_checks_points_at_config_check() {
+    let hub = Hub::builder().nodes(&["host-a"]).stopped().start();
+    let dir = hub.scratch("missing-key");
+    let files = Files { key: dir.join("host-a.key"), ..Files::of(&hub, "host-a") };
+    let config = write_config(&dir, "https://127.0.0.1:9", &files);
+    let run = node(&["run"], &config);
+    let stderr = text(&run.stderr);
+    assert_eq!(run.status.code(), USAGE, "{stderr}");
+    assert!(stderr.contains("key_file") && stderr.contains("host-a.key"), "{stderr}");
+    assert!(!stderr.contains("above"), "run lists no checks above its error: {stderr}");
+    assert!(stderr.contains("1 more failed check") && stderr.contains("baton-node config check"), "{stderr}");
+}
