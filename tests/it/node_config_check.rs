@@ -302,3 +302,15 @@ fn run_refused_by_several_checks_points_at_config_check() {
     assert!(!stderr.contains("above"), "run lists no checks above its error: {stderr}");
     assert!(stderr.contains("1 more failed check") && stderr.contains("baton-node config check"), "{stderr}");
 }
+
+/// A configuration file that is not there is named once, with the reason once.
+#[test]
+fn a_missing_config_file_is_named_with_its_reason_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let missing = dir.path().join("no-such-node.toml");
+    let out = node(&["config", "check"], &missing);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), USAGE, "{stderr}");
+    assert!(stderr.contains("no-such-node.toml"), "{stderr}");
+    assert_eq!(stderr.matches("No such file or directory").count(), 1, "the reason is given once: {stderr}");
+}
