@@ -202,6 +202,10 @@ fn bad_configuration_is_named_and_layers_override_in_order() {
     };
     // Nothing configured at all (no HOME, so no default file either).
     refused(None, &[], &[], &["no hub_url", "BATON_HUB_URL", "--config"]);
+    // Nothing configured, and no file where the default path points: the error names that
+    // path, so a file put in the wrong place is found.
+    let xdg = dir.join("xdg").display().to_string();
+    refused(None, &[("XDG_CONFIG_HOME", &xdg)], &[], &["no hub_url", &format!("{xdg}/baton/baton.toml"), "--config"]);
     // A named file that is not there.
     let absent = dir.join("absent.toml").display().to_string();
     refused(None, &[], &["--config", &absent], &["cannot read", "absent.toml"]);
