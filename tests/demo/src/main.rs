@@ -228,7 +228,7 @@ impl Demo {
                 say("  (exit 0: nothing needs attention. The failed turn is not flagged: a failed outcome is");
                 say("  final and reported to its producer, as `baton wait` exit 7 showed; status flags what an");
                 say("  operator must act on: host-wide fences, held deliveries, `unknown` outcomes, silent hosts,");
-                say("  a full record, expiring certificates.)");
+                say("  hosts whose waiting work no node serves, a full record, expiring certificates.)");
                 Ok(())
             }
             Some(1) => {
