@@ -44,6 +44,12 @@ async fn a_bad_configuration_is_refused_naming_the_field() {
         ("[limits]\nrequest_body_bytes_max = 10\n", "limits.request_body_bytes_max"),
         ("synchronous = \"off\"\n", "synchronous"),
         ("listen = \"nowhere\"\n", "listen"),
+        // An unknown key says where the key of that name lives, or what it resembles: a
+        // top-level key appended to the generated hub.toml lands in its closing [limits].
+        ("[limits]\nlisten = \"127.0.0.1:0\"\n", "listen is a top-level key"),
+        ("claim_batch_max = 3\n", "belongs in the [limits] table (limits.claim_batch_max)"),
+        ("[limits]\nclaim_batch_maxx = 3\n", "did you mean limits.claim_batch_max?"),
+        ("host_silence_warm = \"10m\"\n", "did you mean host_silence_warn?"),
     ] {
         check_bad_config(&hub, toml, field);
     }
