@@ -133,6 +133,10 @@ fn drain_waits_until_the_host_holds_nothing_and_undrain_resumes() {
     let none = hub.cli(["hosts", "undrain", "host-a", "--reason", "done"]);
     assert_eq!(none.status.code(), Some(1), "{none:?}");
     assert!(hub.cli(["hosts", "drain", "nobody", "--reason", "typo"]).status.code() == Some(1));
+    // A typo'd host is named as never enrolled, not as a host with no pause fence.
+    let typo = hub.cli(["hosts", "undrain", "nobody", "--reason", "typo"]);
+    assert_eq!(typo.status.code(), Some(1), "{typo:?}");
+    assert!(String::from_utf8_lossy(&typo.stderr).contains("host nobody was never enrolled"), "{typo:?}");
     // The long turn is stopped rather than waited for.
     hub.cli_ok(["deliveries", "cancel", &waiting, "--reason", "test over"]);
     hub.wait_outcome(&waiting);
