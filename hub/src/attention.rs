@@ -4,7 +4,8 @@
 //! From the record (`from_record`): every active fence on a host or on everything, every
 //! conversation the breaker holds (`store::approval`), held
 //! deliveries, deliveries that ended `unknown` since a window, a record over
-//! `limits.store_bytes_max`, silent hosts and node or producer certificates that expire soon.
+//! `limits.store_bytes_max`, silent hosts, hosts with work waiting and no node serving them, and
+//! node or producer certificates that expire soon.
 //! From the data directory (`from_files`): a CA rotation not finished and the hub's own server
 //! certificate expiring. Whether a hub serves the directory is the CLI's own question (the page
 //! is served by one).
@@ -12,6 +13,7 @@
 use crate::datadir::DataDir;
 use crate::store::approval;
 use crate::store::fences::FenceScope;
+use crate::store::fleet::HostState;
 use crate::store::{Store, StoreResult};
 use baton_shared::duration::{human, human_ms};
 use baton_shared::pki;
@@ -29,8 +31,8 @@ pub const UNKNOWN_WINDOW_DEFAULT: Duration = Duration::from_secs(24 * 3600);
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Attention {
     /// `hub_not_running`, `fence_active` (a host's or everything's), `breaker_tripped` (a
-    /// conversation the breaker holds), `held`, `unknown_outcomes`,
-    /// `store_full`, `host_silent`, `ca_rotation_unfinished` or `certificate_expiring`.
+    /// conversation the breaker holds), `held`, `unknown_outcomes`, `store_full`, `host_silent`,
+    /// `host_no_node`, `ca_rotation_unfinished` or `certificate_expiring`.
     pub kind: &'static str,
     /// What it is about: the data directory, a host, a certificate's name.
     pub subject: String,
@@ -59,7 +61,7 @@ fn utc(ms: i64) -> String {
 }
 
 /// What the record says needs attention at `now_ms`, in this order: fences, held deliveries,
-/// `unknown` outcomes, a full record, silent hosts, expiring certificates.
+/// `unknown` outcomes, a full record, silent hosts, hosts no node serves, expiring certificates.
 pub async fn from_record(store: &Store, now_ms: i64, w: Watch) -> StoreResult<Vec<Attention>> {
     let mut out = Vec::new();
     // A fence on a host or on everything stops work fleet-wide: one on a conversation is a
@@ -144,6 +146,43 @@ pub async fn from_record(store: &Store, now_ms: i64, w: Watch) -> StoreResult<Ve
                 "session {} silent for {} (host_silence_warn {})",
                 h.session,
                 human_ms(now_ms.saturating_sub(h.last_contact_at_ms)),
+                human(w.host_silence_warn)
+            ),
+        });
+    }
+    // Work waiting for a host no node serves: one never started since the host was enrolled,
+    // or one whose session ended (a clean stop included), for longer than `host_silence_warn`,
+    // so a node's restart is not flagged. An open session that went quiet is `host_silent`.
+    for h in store.hosts().await? {
+        if h.state != HostState::Active || h.waiting == 0 {
+            continue;
+        }
+        let (since, what) = match &h.session {
+            None => (h.enrolled_at_ms, "no node has registered since it was enrolled".to_string()),
+            Some(s) => match s.ended_at_ms {
+                Some(ended) => (
+                    ended,
+                    format!(
+                        "its node's session {} ended ({})",
+                        s.session,
+                        s.ended_how.map_or("ended", |how| how.as_str())
+                    ),
+                ),
+                None => continue,
+            },
+        };
+        let ago = now_ms.saturating_sub(since);
+        if ago <= silence_ms {
+            continue;
+        }
+        out.push(Attention {
+            kind: "host_no_node",
+            subject: h.name.clone(),
+            detail: format!(
+                "{} delivery(ies) waiting for it and no node serving it: {what} {} ago (host_silence_warn {}); \
+                 start baton-node there, or retire the host",
+                h.waiting,
+                human_ms(ago),
                 human(w.host_silence_warn)
             ),
         });

@@ -334,7 +334,7 @@ fn attention_class(kind: &str) -> &'static str {
     match kind {
         "held" => "held",
         "unknown_outcomes" => "unknown",
-        "host_silent" | "store_full" | "unreadable" => "silent",
+        "host_silent" | "host_no_node" | "store_full" | "unreadable" => "silent",
         "fence_active" => "paused",
         "breaker_tripped" => "held",
         _ => "unknown",

@@ -101,12 +101,17 @@ impl Report {
     /// The first failure as the error `config check` exits 2 with, naming how many more there
     /// are; `None` when nothing failed.
     pub fn error(&self) -> Option<ConfigError> {
+        self.error_listed("above")
+    }
+
+    /// The first failure, naming how many more there are and where they are `listed`.
+    fn error_listed(&self, listed: &str) -> Option<ConfigError> {
         let mut failed = self.checks.iter().filter(|c| c.status == Status::Fail);
         let first = failed.next()?;
         let more = failed.count();
         let detail = match more {
             0 => first.detail.clone(),
-            n => format!("{} (and {n} more failed check{} above)", first.detail, if n == 1 { "" } else { "s" }),
+            n => format!("{} (and {n} more failed check{} {listed})", first.detail, if n == 1 { "" } else { "s" }),
         };
         Some(ConfigError::Check { field: first.field, detail })
     }
@@ -167,7 +172,8 @@ pub fn offline(config: &NodeConfig, now_ms: i64) -> Report {
 pub fn before_run(config: &NodeConfig) -> Result<(), ConfigError> {
     let files = Files::read(config);
     let checks = [files.check(), harness(config), key_matches(config, &files), identity(config, &files)];
-    match (Report { checks: checks.to_vec() }).error() {
+    // `run` prints no list of checks, so the rest are pointed at where they are listed.
+    match (Report { checks: checks.to_vec() }).error_listed("listed by `baton-node config check`") {
         None => Ok(()),
         Some(e) => Err(e),
     }

@@ -17,7 +17,7 @@ which beats the file, which beats the default. The log filter is BATON_LOG (defa
 
 /// The text under the flags in `--help`: the configuration layering and the exit statuses.
 fn after_help() -> String {
-    format!("{LAYERING_HELP}\n\n{}", exit::HELP)
+    format!("{LAYERING_HELP}\n\n{}", exit::NODE_HELP)
 }
 
 /// baton-node: the Baton worker agent. Claims this host's deliveries from the hub, mirrors
@@ -234,7 +234,7 @@ mod tests {
     #[test]
     fn help_documents_the_shared_exit_statuses_and_the_log_variable() {
         let help = Cli::command().render_long_help().to_string();
-        assert!(help.contains(exit::HELP), "{help}");
+        assert!(help.contains(exit::NODE_HELP), "{help}");
         assert!(help.contains(baton_shared::logging::FILTER_VAR), "{help}");
     }
 

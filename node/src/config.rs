@@ -26,13 +26,13 @@ pub use baton_shared::logging::LogFormat;
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The config file could not be read.
-    #[error("cannot read config file {path}: {source}")]
+    #[error("cannot read config file {path}: {reason}")]
     Read {
         /// The file.
         path: String,
-        /// The I/O error.
-        #[source]
-        source: std::io::Error,
+        /// The I/O error, part of the message (not a chained source, which `{:#}` would print
+        /// a second time).
+        reason: std::io::Error,
     },
     /// The config file is not valid TOML, or names a key that does not exist.
     #[error("config file {path}: {message}")]

@@ -63,6 +63,17 @@ pub fn render_json(s: &Summary, wal_bytes: u64) -> String {
     v.to_string()
 }
 
+/// A stored moment (unix ms) as RFC 3339 UTC to the second, as `config check` prints times;
+/// one before 1970 shows as its number.
+fn utc(ms: i64) -> String {
+    match u64::try_from(ms) {
+        Ok(ms) => {
+            humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms)).to_string()
+        }
+        Err(_) => format!("{ms} ms"),
+    }
+}
+
 /// The summary for a human.
 pub fn render_text(s: &Summary, wal_bytes: u64) -> String {
     let mut out = String::new();
@@ -72,7 +83,7 @@ pub fn render_text(s: &Summary, wal_bytes: u64) -> String {
         Some(l) => {
             let took_over = l.took_over.map(|t| format!(", took over session {t}")).unwrap_or_default();
             let ended = l.ended.as_deref().map_or_else(|| "not ended".to_string(), |h| format!("ended {h}"));
-            format!("{} (registered at {} ms{took_over}; {ended})", l.session, l.started_at_ms)
+            format!("{} (registered {}{took_over}; {ended})", l.session, utc(l.started_at_ms))
         }
     };
     let _ = writeln!(out, "last session:     {session}");

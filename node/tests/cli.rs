@@ -106,7 +106,7 @@ fn help_lists_every_key_with_its_flag_and_environment_variable_and_the_exit_stat
         let env = format!("BATON_NODE_{}", key.name.to_ascii_uppercase());
         assert!(help.contains(&flag) && help.contains(&env), "{}: {help}", key.name);
     }
-    assert!(help.contains(exit::HELP), "{help}");
+    assert!(help.contains(exit::NODE_HELP), "{help}");
 }
 
 #[test]

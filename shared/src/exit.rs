@@ -1,7 +1,8 @@
 //! Exit statuses, the same for `baton-hub` and `baton-node` (and every CLI command of either),
 //! and for `baton`, the producer CLI, which adds `NOT_SUCCEEDED` and `TIMED_OUT` for `wait`.
 //!
-//! Scripts depend on these numbers; they are listed in each binary's `--help` and in README.
+//! Scripts depend on these numbers; they are listed in each binary's `--help` and in README
+//! (the node's `REVOKED` and `SUPERSEDED` only in the node's).
 //! A status means the same thing in every binary: 1 is never "failure" in one and "not found"
 //! in another, and no number is used for two things.
 
@@ -49,8 +50,19 @@ pub const SPOOLED: u8 = 10;
 /// good, kept for inspection (`baton spool status`; `baton spool discard` or `retry`).
 pub const SPOOL_FAILED: u8 = 11;
 
-/// The text both binaries print under "Exit status" in `--help`.
+/// The text `baton-hub` prints under "Exit status" in `--help`: the statuses both binaries
+/// share. The hub never exits `REVOKED` or `SUPERSEDED`, which are the node's alone.
 pub const HELP: &str = "\
+Exit status:
+  0  ok (a clean shutdown on SIGTERM/SIGINT included)
+  1  nothing to do, or not found
+  2  usage error, invalid input or invalid configuration
+  3  store refused (damaged, newer than this binary, not initialised, or not readable)
+  4  any other failure";
+
+/// The text `baton-node` prints under "Exit status" in `--help`: `HELP` and the node's own
+/// `REVOKED` and `SUPERSEDED`.
+pub const NODE_HELP: &str = "\
 Exit status:
   0  ok (a clean shutdown on SIGTERM/SIGINT included)
   1  nothing to do, or not found
@@ -66,16 +78,24 @@ mod tests {
 
     #[test]
     fn statuses_are_distinct_and_documented() {
-        let daemons = [OK, NOTHING, USAGE, REFUSED, FAILURE, REVOKED, SUPERSEDED];
+        let shared = [OK, NOTHING, USAGE, REFUSED, FAILURE];
+        let node_only = [REVOKED, SUPERSEDED];
         let producer_cli = [NOT_SUCCEEDED, TIMED_OUT, DENIED, SPOOLED, SPOOL_FAILED];
-        for a in daemons {
+        assert!(NODE_HELP.starts_with(HELP), "the node's list extends the hub's");
+        for a in shared.into_iter().chain(node_only) {
+            assert!(NODE_HELP.contains(&format!("  {a}  ")), "status {a} is not in NODE_HELP");
+        }
+        for a in shared {
             assert!(HELP.contains(&format!("  {a}  ")), "status {a} is not in HELP");
         }
-        // The producer CLI's own statuses are not the daemons' to print.
-        for a in producer_cli {
+        // The node's and the producer CLI's own statuses are not the hub's to print.
+        for a in node_only.into_iter().chain(producer_cli) {
             assert!(!HELP.contains(&format!("  {a}  ")), "status {a} is in HELP");
         }
-        let all: Vec<u8> = daemons.into_iter().chain(producer_cli).collect();
+        for a in producer_cli {
+            assert!(!NODE_HELP.contains(&format!("  {a}  ")), "status {a} is in NODE_HELP");
+        }
+        let all: Vec<u8> = shared.into_iter().chain(node_only).chain(producer_cli).collect();
         for (i, a) in all.iter().enumerate() {
             for b in &all[i + 1..] {
                 assert_ne!(a, b);

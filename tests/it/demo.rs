@@ -35,6 +35,8 @@ fn the_demo_runs_to_a_clean_end() {
         "  (exit 7)",
         "$ baton --config baton.toml send --conversation delta",
         "--max-attempts 3",
+        // Shown as a shell reads it: an argument with spaces is quoted.
+        r#"--payload '{"task": "delta: flaky tool"}'"#,
         "retry 1 of 2 after exit 75",
         "run 2 (retry)",
         "$ baton --config baton.toml get --idempotency-key delta-1",

@@ -44,6 +44,12 @@ async fn a_bad_configuration_is_refused_naming_the_field() {
         ("[limits]\nrequest_body_bytes_max = 10\n", "limits.request_body_bytes_max"),
         ("synchronous = \"off\"\n", "synchronous"),
         ("listen = \"nowhere\"\n", "listen"),
+        // An unknown key says where the key of that name lives, or what it resembles: a
+        // top-level key appended to the generated hub.toml lands in its closing [limits].
+        ("[limits]\nlisten = \"127.0.0.1:0\"\n", "listen is a top-level key"),
+        ("claim_batch_max = 3\n", "belongs in the [limits] table (limits.claim_batch_max)"),
+        ("[limits]\nclaim_batch_maxx = 3\n", "did you mean limits.claim_batch_max?"),
+        ("host_silence_warm = \"10m\"\n", "did you mean host_silence_warn?"),
     ] {
         check_bad_config(&hub, toml, field);
     }
@@ -294,4 +300,19 @@ async fn a_damaged_database_with_a_wal_is_refused_and_left_alone() {
     // Refusing must not checkpoint the WAL into the damaged file on the way out: that rewrites
     // the very file the operator has to inspect or restore.
     check_refused_store(damage_page_two, "damaged", false).await;
+}
+
+/// `baton-hub --help` lists the exit statuses the hub uses, 0 to 4 as README says, and none
+/// of the node's own (5 revoked, 6 taken over), which no hub command ever exits with.
+#[test]
+fn hub_help_lists_only_the_hubs_exit_statuses() {
+    let mut cmd = crate::harness::bins().hub_command();
+    cmd.arg("--help");
+    let out = output_within(cmd, EVENT_WAIT);
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{help}");
+    assert!(help.contains("Exit status:") && help.contains("  4  any other failure"), "{help}");
+    for node_only in ["  5  ", "  6  ", "this node's certificate", "taken over"] {
+        assert!(!help.contains(node_only), "the hub's help lists {node_only:?}:\n{help}");
+    }
 }

@@ -247,3 +247,70 @@ fn config_check_online_tells_a_refusal_an_unreachable_hub_and_a_tls_failure_apar
         &["TLS with", "server certificate does not verify against ca_file", "other-ca.crt"],
     );
 }
+
+/// The workspace root.
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
+}
+
+/// README's "Running a node" configuration, copied as an operator copies it with only the
+/// paths and the harness changed to this machine's, is a configuration `config check` passes:
+/// every key in it exists, none is set twice and every value is in range.
+#[test]
+fn readmes_node_configuration_passes_config_check() {
+    let hub = Hub::builder().nodes(&["host-a"]).stopped().start();
+    let readme = std::fs::read_to_string(repo().join("README.md")).expect("README.md");
+    let section = readme.split("## Running a node\n").nth(1).expect("README has \"## Running a node\"");
+    let example = section.split("```toml\n").nth(1).and_then(|s| s.split("```").next()).expect("a TOML example");
+    let dir = hub.scratch("readme");
+    let files = Files::of(&hub, "host-a");
+    let quoted = |p: &Path| serde_json::to_string(&p.display().to_string()).expect("json");
+    let mut copied = String::new();
+    for line in example.lines() {
+        let key = line.split('=').next().unwrap_or_default().trim();
+        let ours = match key {
+            "ca_file" => Some(quoted(&files.ca)),
+            "cert_file" => Some(quoted(&files.cert)),
+            "key_file" => Some(quoted(&files.key)),
+            "data_dir" => Some(quoted(&dir.join("data"))),
+            "command" => Some(r#"["sh"]"#.to_string()),
+            _ => None,
+        };
+        match ours {
+            Some(value) => copied.push_str(&format!("{key} = {value}\n")),
+            None => copied.push_str(&format!("{line}\n")),
+        }
+    }
+    let config = dir.join("node.toml");
+    std::fs::write(&config, &copied).expect("write node.toml");
+    let out = node(&["config", "check"], &config);
+    assert_eq!(out.status.code(), Some(0), "README's node.toml:\n{copied}\n{}{}", text(&out.stdout), text(&out.stderr));
+}
+
+/// `run` refused by several failed checks names the first and says where to see the rest:
+/// `config check`, since `run` prints no list of checks above its error.
+#[test]
+fn run_refused_by_several_checks_points_at_config_check() {
+    let hub = Hub::builder().nodes(&["host-a"]).stopped().start();
+    let dir = hub.scratch("missing-key");
+    let files = Files { key: dir.join("host-a.key"), ..Files::of(&hub, "host-a") };
+    let config = write_config(&dir, "https://127.0.0.1:9", &files);
+    let run = node(&["run"], &config);
+    let stderr = text(&run.stderr);
+    assert_eq!(run.status.code(), USAGE, "{stderr}");
+    assert!(stderr.contains("key_file") && stderr.contains("host-a.key"), "{stderr}");
+    assert!(!stderr.contains("above"), "run lists no checks above its error: {stderr}");
+    assert!(stderr.contains("1 more failed check") && stderr.contains("baton-node config check"), "{stderr}");
+}
+
+/// A configuration file that is not there is named once, with the reason once.
+#[test]
+fn a_missing_config_file_is_named_with_its_reason_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let missing = dir.path().join("no-such-node.toml");
+    let out = node(&["config", "check"], &missing);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), USAGE, "{stderr}");
+    assert!(stderr.contains("no-such-node.toml"), "{stderr}");
+    assert_eq!(stderr.matches("No such file or directory").count(), 1, "the reason is given once: {stderr}");
+}

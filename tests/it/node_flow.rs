@@ -91,7 +91,15 @@ fn status_works_with_the_hub_down() {
         assert_eq!((s["open"].as_array().map(Vec::len), s["running"].as_array().map(Vec::len)), (Some(0), Some(0)));
         let text = node.status_output(false);
         assert!(text.status.success(), "status (text) exited {}", text.status);
-        assert!(String::from_utf8_lossy(&text.stdout).contains(&instance));
+        let shown = String::from_utf8_lossy(&text.stdout);
+        assert!(shown.contains(&instance));
+        // The session's registration reads as a UTC time, not a count of milliseconds.
+        let started = s["session"]["started_at_ms"].as_i64().expect("started_at_ms");
+        let session = shown.lines().find(|l| l.starts_with("last session:")).expect("a session line");
+        let at = session.split("registered ").nth(1).and_then(|r| r.split([';', ',', ')']).next());
+        let at_ms = at.and_then(|t| baton_shared::duration::parse_time_ms("registered", t).ok());
+        assert_eq!(at_ms, Some(started - started % 1000), "{session}");
+        assert!(!session.contains(&started.to_string()), "{session}");
         if node.is_running() {
             let st = node.term();
             assert_eq!(st.code(), Some(0), "SIGTERM with the hub down is still a clean exit: {st}");

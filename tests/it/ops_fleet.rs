@@ -133,6 +133,10 @@ fn drain_waits_until_the_host_holds_nothing_and_undrain_resumes() {
     let none = hub.cli(["hosts", "undrain", "host-a", "--reason", "done"]);
     assert_eq!(none.status.code(), Some(1), "{none:?}");
     assert!(hub.cli(["hosts", "drain", "nobody", "--reason", "typo"]).status.code() == Some(1));
+    // A typo'd host is named as never enrolled, not as a host with no pause fence.
+    let typo = hub.cli(["hosts", "undrain", "nobody", "--reason", "typo"]);
+    assert_eq!(typo.status.code(), Some(1), "{typo:?}");
+    assert!(String::from_utf8_lossy(&typo.stderr).contains("host nobody was never enrolled"), "{typo:?}");
     // The long turn is stopped rather than waited for.
     hub.cli_ok(["deliveries", "cancel", &waiting, "--reason", "test over"]);
     hub.wait_outcome(&waiting);
@@ -244,4 +248,65 @@ async fn status_flags_silent_hosts_and_expiring_certificates_and_exits_1() {
     hub.terminate();
     let (code, s) = status(&hub);
     assert_eq!((code, s["attention"][0]["kind"].as_str()), (Some(1), Some("hub_not_running")), "{s}");
+}
+
+/// The attention items of a `status --json` answer, as (kind, subject, detail).
+fn attention(s: &Value) -> Vec<(String, String, String)> {
+    let field = |a: &Value, k: &str| a[k].as_str().unwrap_or_default().to_string();
+    s["attention"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| (field(a, "kind"), field(a, "subject"), field(a, "detail")))
+        .collect()
+}
+
+/// Work waiting for a host that no node serves is flagged (`host_no_node`) once that has lasted
+/// longer than `host_silence_warn`: a host whose node never registered, and one whose node's
+/// session ended (a clean stop too). A host enrolled just now is not, nor one an open session
+/// serves, so a node on its way or restarting raises nothing.
+#[test]
+fn status_flags_work_waiting_for_a_host_no_node_serves() {
+    if crate::harness::skipped_on_postgres("status_flags_work_waiting_for_a_host_no_node_serves") {
+        return;
+    }
+    let hub = Hub::start();
+    hub.cli_ok(["send", "--conversation", "c", "--to", "host-a", "--key", "k1", "--payload", "{}", "--reason", "r"]);
+    let (code, s) = status(&hub);
+    assert_eq!((code, attention(&s)), (Some(0), vec![]), "just enrolled: {s}");
+
+    let db = || {
+        let conn = rusqlite::Connection::open(hub.data_dir().join("hub.db")).unwrap();
+        conn.busy_timeout(std::time::Duration::from_secs(10)).unwrap();
+        conn
+    };
+    let ten_minutes_ago = now_ms() - 600_000;
+    db().execute("UPDATE hosts SET enrolled_at = ?1", [ten_minutes_ago]).unwrap();
+    let (code, s) = status(&hub);
+    let items = attention(&s);
+    assert_eq!(code, Some(1), "{s}");
+    assert_eq!(
+        items.iter().map(|(k, h, _)| (k.as_str(), h.as_str())).collect::<Vec<_>>(),
+        [("host_no_node", "host-a")]
+    );
+    assert!(items[0].2.contains("1 delivery(ies) waiting") && items[0].2.contains("no node has registered"), "{s}");
+    let text = hub.cli(["status"]);
+    assert!(String::from_utf8_lossy(&text.stdout).contains("host_no_node"), "{text:?}");
+
+    // An open session serves it.
+    insert_session(&hub, "host-a", 1, now_ms(), None);
+    let (code, s) = status(&hub);
+    assert_eq!((code, attention(&s)), (Some(0), vec![]), "{s}");
+
+    // Its node stopped cleanly ten minutes ago, the work still waiting.
+    db().execute(
+        "UPDATE node_sessions SET ended_at = ?1, ended_how = 'clean' WHERE host = 'host-a'",
+        [ten_minutes_ago],
+    )
+    .unwrap();
+    let (code, s) = status(&hub);
+    let items = attention(&s);
+    assert_eq!(code, Some(1), "{s}");
+    assert_eq!(items.len(), 1, "{s}");
+    assert!(items[0].0 == "host_no_node" && items[0].2.contains("session 1 ended (clean)"), "{s}");
 }

@@ -202,6 +202,10 @@ fn bad_configuration_is_named_and_layers_override_in_order() {
     };
     // Nothing configured at all (no HOME, so no default file either).
     refused(None, &[], &[], &["no hub_url", "BATON_HUB_URL", "--config"]);
+    // Nothing configured, and no file where the default path points: the error names that
+    // path, so a file put in the wrong place is found.
+    let xdg = dir.join("xdg").display().to_string();
+    refused(None, &[("XDG_CONFIG_HOME", &xdg)], &[], &["no hub_url", &format!("{xdg}/baton/baton.toml"), "--config"]);
     // A named file that is not there.
     let absent = dir.join("absent.toml").display().to_string();
     refused(None, &[], &["--config", &absent], &["cannot read", "absent.toml"]);
@@ -269,4 +273,65 @@ fn wait_reads_through_a_hub_restart() {
     let exited = waiter.wait_exit(EVENT_WAIT).expect("wait for baton wait").expect("baton wait still runs");
     assert_eq!(exited.code(), Some(7), "stdout: {}\nstderr: {}", waiter.stdout(), waiter.stderr());
     assert_eq!(waiter.stderr().matches("reading again").count(), 1, "{}", waiter.stderr());
+}
+
+/// README's part from the line `start` up to the next `## ` heading.
+fn readme_section<'a>(readme: &'a str, start: &str) -> &'a str {
+    let from = readme.find(start).unwrap_or_else(|| panic!("README.md has no {start:?}"));
+    let rest = &readme[from + start.len()..];
+    rest.find("\n## ").map_or(rest, |to| &rest[..to])
+}
+
+/// The first fenced block of `lang` in `part`.
+fn fenced<'a>(part: &'a str, lang: &str) -> &'a str {
+    part.split(&format!("```{lang}\n")).nth(1).and_then(|s| s.split("```").next()).expect("a fenced block")
+}
+
+/// README's steps as an operator types them, in a shell: "Running a hub" after its `init` and
+/// `serve` (this hub did both), then the producer's `baton send` lines of "Producers: the
+/// `baton` CLI" with README's `baton.toml` (its certificate paths relative to the file, the
+/// hub's URL this hub's). Every step exits 0: none names a host the steps never enrolled, and
+/// the send "to the members" finds members.
+#[test]
+fn readmes_hub_and_producer_steps_run_as_written() {
+    let hub = Hub::start();
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md")).expect("README");
+    let dir = hub.scratch("readme");
+    let programs = [crate::harness::bins().hub.clone(), baton_bin()];
+    let mut path: Vec<PathBuf> = programs.iter().filter_map(|p| p.parent().map(Path::to_path_buf)).collect();
+    path.extend(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()));
+    let path = std::env::join_paths(path).expect("PATH");
+    let shell = |line: &str| {
+        let mut cmd = baton_testkit::bins::command(Path::new("sh"));
+        cmd.arg("-c").arg(line).current_dir(&dir).env("PATH", &path);
+        cmd.env("BATON_HUB_DATA_DIR", hub.data_dir()).env("BATON_OPERATOR", "readme");
+        cmd.env("BATON_CONFIG", dir.join("baton.toml"));
+        let out = run(cmd);
+        assert_eq!(out.status.code(), Some(0), "README step `{line}`:\n{}{}", text(&out.stdout), text(&out.stderr));
+    };
+
+    let running = fenced(readme_section(&readme, "## Running a hub\n"), "sh");
+    let steps: Vec<&str> = running
+        .lines()
+        .filter(|l| {
+            l.starts_with("baton-hub ") && !l.starts_with("baton-hub init ") && !l.starts_with("baton-hub serve ")
+        })
+        .collect();
+    assert!(steps.len() >= 4, "{running}");
+    for line in steps {
+        shell(line);
+    }
+
+    let producers = readme_section(&readme, "## Producers: the `baton` CLI\n");
+    let toml: String = fenced(producers, "toml")
+        .lines()
+        .map(|l| if l.starts_with("hub_url") { format!("hub_url = {:?}\n", hub.url()) } else { format!("{l}\n") })
+        .collect();
+    std::fs::write(dir.join("baton.toml"), toml).expect("baton.toml");
+    std::fs::write(dir.join("turn.json"), "{\"ticket\": 43}\n").expect("turn.json");
+    let sends: Vec<&str> = fenced(producers, "sh").lines().filter(|l| l.contains("baton send ")).collect();
+    assert!(sends.len() >= 3, "{producers}");
+    for line in sends {
+        shell(line);
+    }
 }

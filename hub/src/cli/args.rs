@@ -187,7 +187,8 @@ pub enum Command {
     /// Overview of the record, and what needs attention: the hub not running, every active
     /// fence on a host or on everything, held deliveries, deliveries that ended `unknown` since
     /// `--since`, a CA rotation not finished, hosts silent longer than `host_silence_warn`,
-    /// certificates expiring within 30 days. Exits 0 when the hub runs and nothing needs
+    /// hosts with work waiting and no node serving them for as long, certificates expiring
+    /// within 30 days. Exits 0 when the hub runs and nothing needs
     /// attention, 1 otherwise (like `systemctl is-active`).
     Status {
         /// How far back an `unknown` outcome needs attention: a time (UTC, "2026-05-01

@@ -103,6 +103,10 @@ fn undrain(ctx: &Context, host: &str, reason: &str) -> CliResult {
         .map(|f| f.id)
         .collect();
     if pauses.is_empty() {
+        // A name no host ever had is most likely a typo: say that, not that it is unpaused.
+        if record.run(record.host(host.to_string()))?.is_none() {
+            return Err(CliError::new(exit::NOTHING, format!("host {} was never enrolled", esc(host))));
+        }
         return Err(CliError::new(exit::NOTHING, format!("nothing to do: no pause fence on host {}", esc(host))));
     }
     for id in &pauses {

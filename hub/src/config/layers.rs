@@ -308,6 +308,40 @@ fn syntax_error(text: &str, shown: &str, e: &toml::de::Error) -> String {
 /// The name of the one key whose value must never be printed whole.
 const DATABASE_URL_FIELD: &str = "database_url";
 
+/// What an unknown key `name` (in the table `section`, `None` at the top level) most likely
+/// meant, as a clause for its error: a key of that name in another place (a top-level key
+/// written after `[limits]`, which the generated `hub.toml` ends with, lands in that table),
+/// else a key spelt within two edits of it; empty when neither.
+fn unknown_hint(section: Option<&str>, name: &str) -> String {
+    if let Some(key) = KEYS.iter().find(|k| k.name.name == name && k.name.section != section) {
+        return match key.name.section {
+            Some(table) => format!(": {name} belongs in the [{table}] table ({})", key.name.field()),
+            None => format!(": {name} is a top-level key; write it above the first [table] header"),
+        };
+    }
+    let close = KEYS.iter().filter(|k| k.name.section == section).min_by_key(|k| edits(k.name.name, name));
+    match close {
+        Some(key) if edits(key.name.name, name) <= 2 => format!("; did you mean {}?", key.name.field()),
+        _ => String::new(),
+    }
+}
+
+/// The Levenshtein distance between `a` and `b`, in characters.
+fn edits(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let here = row[j + 1];
+            row[j + 1] = if ca == *cb { prev } else { 1 + prev.min(here).min(row[j]) };
+            prev = here;
+        }
+    }
+    row[b.len()]
+}
+
 /// Reads the file's keys into `merged`, refusing a key no `Key` declares.
 pub(super) fn read_file(text: &str, path: &Path, merged: &mut Merged) -> Result<(), String> {
     let shown = path.display();
@@ -318,7 +352,7 @@ pub(super) fn read_file(text: &str, path: &Path, merged: &mut Merged) -> Result<
                 for (leaf, v) in inner {
                     let key = KEYS.iter().find(|k| k.name.section == Some(name.as_str()) && k.name.name == leaf);
                     let Some(key) = key else {
-                        return Err(format!("{shown}: unknown key {name}.{leaf}"));
+                        return Err(format!("{shown}: unknown key {name}.{leaf}{}", unknown_hint(Some(&name), &leaf)));
                     };
                     merged.add(key, Raw::Toml(v), Source::File(path.to_path_buf()));
                 }
@@ -326,7 +360,7 @@ pub(super) fn read_file(text: &str, path: &Path, merged: &mut Merged) -> Result<
             v => {
                 let key = KEYS.iter().find(|k| k.name.section.is_none() && k.name.name == name);
                 let Some(key) = key else {
-                    return Err(format!("{shown}: unknown key {name}"));
+                    return Err(format!("{shown}: unknown key {name}{}", unknown_hint(None, &name)));
                 };
                 merged.add(key, Raw::Toml(v), Source::File(path.to_path_buf()));
             }

@@ -19,7 +19,7 @@ impl Layer {
     pub fn from_file(path: &Path) -> Result<Layer, ConfigError> {
         let shown = path.display().to_string();
         let text = baton_shared::files::read_text_bounded(path, CONFIG_FILE_BYTES_MAX, "CONFIG_FILE_BYTES_MAX")
-            .map_err(|source| ConfigError::Read { path: shown.clone(), source })?;
+            .map_err(|reason| ConfigError::Read { path: shown.clone(), reason })?;
         Layer::from_toml(&shown, &text)
     }
 

@@ -48,6 +48,14 @@ sleep 0.2"#;
 const FAILING_KEY: &str = "gamma-1";
 const RETRIED_KEY: &str = "delta-1";
 
+/// `args` as a shell command line: an argument with anything but letters, digits and `-_./:=,@%+`
+/// in it is single-quoted, so a command the demo shows can be pasted as it reads.
+fn shell_words(args: &[&str]) -> String {
+    let plain = |a: &str| !a.is_empty() && a.chars().all(|c| c.is_ascii_alphanumeric() || "-_./:=,@%+".contains(c));
+    let word = |a: &&str| if plain(a) { a.to_string() } else { format!("'{}'", a.replace('\'', r"'\''")) };
+    args.iter().map(word).collect::<Vec<_>>().join(" ")
+}
+
 fn say(line: &str) {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{line}");
@@ -122,7 +130,7 @@ impl Demo {
     }
 
     fn show(&self, args: &[&str]) -> Result<()> {
-        say(&format!("$ baton-hub {}", args.join(" ")));
+        say(&format!("$ baton-hub {}", shell_words(args)));
         indented(&self.cli(args)?);
         Ok(())
     }
@@ -130,7 +138,7 @@ impl Demo {
     /// Runs `baton ARGS` (the producer command line) in the demo's directory, showing the
     /// command, its output and its exit status; returns the status.
     fn baton(&self, args: &[&str]) -> Result<i32> {
-        say(&format!("$ baton {}", args.join(" ")));
+        say(&format!("$ baton {}", shell_words(args)));
         let mut cmd = bins::command(&self.cli);
         cmd.args(args).current_dir(&self.dir);
         let out = bins::run(cmd, CLI_WAIT)?;
@@ -228,7 +236,7 @@ impl Demo {
                 say("  (exit 0: nothing needs attention. The failed turn is not flagged: a failed outcome is");
                 say("  final and reported to its producer, as `baton wait` exit 7 showed; status flags what an");
                 say("  operator must act on: host-wide fences, held deliveries, `unknown` outcomes, silent hosts,");
-                say("  a full record, expiring certificates.)");
+                say("  hosts whose waiting work no node serves, a full record, expiring certificates.)");
                 Ok(())
             }
             Some(1) => {

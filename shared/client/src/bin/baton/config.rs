@@ -45,9 +45,13 @@ pub(crate) fn settings(conn: &Connection) -> Result<Settings, String> {
     };
     let base = path.as_deref().and_then(Path::parent).map(Path::to_path_buf).unwrap_or_default();
     let from_file = |p: Option<PathBuf>| p.map(|p| base.join(p));
-    let source = match &path {
-        Some(p) => format!("set {{key}} in {}, {{env}} or {{flag}}", p.display()),
-        None => "set {env} or {flag}, or name a configuration file with --config".to_string(),
+    let source = match (&path, default_path()) {
+        (Some(p), _) => format!("set {{key}} in {}, {{env}} or {{flag}}", p.display()),
+        (None, Some(default)) => format!(
+            "set {{env}} or {{flag}}, or name a configuration file with --config; none is at the default {}",
+            default.display()
+        ),
+        (None, None) => "set {env} or {flag}, or name a configuration file with --config".to_string(),
     };
     let missing = |key: &str, env: &str, flag: &str| {
         let how = source.replace("{key}", key).replace("{env}", env).replace("{flag}", flag);
