@@ -110,6 +110,7 @@ async fn producers_are_enrolled_scoped_and_listed() {
             "name": name, "conversations": conversations, "default_scope": default_scope,
             "active_certificates": 1, "revoked_certificates": 0,
             "max_unsettled": null, "max_unsettled_bytes": null, "unsettled": 0, "unsettled_bytes": 0,
+            "may_approve": [],
         })
     };
     assert_eq!(
