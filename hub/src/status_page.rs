@@ -19,6 +19,11 @@
 //!
 //! Invariant: every stored text reaches the page through `esc` (HTML-escaped, control
 //! characters replaced), and every id in a link or a form through `url_segment` or `esc`.
+//!
+//! Why one file over 700 lines: the page is one read of the record rendered as one HTML
+//! document, and the invariants above hold for every cell, so they are checked in one place.
+//! Where it splits when it grows: the handlers and `routes`; the escaping and layout helpers
+//! (`esc`, `url_segment`, `layout`); the overview's tables; the delivery page.
 
 use crate::attention::{self, Attention};
 use crate::datadir::DataDir;

@@ -1,5 +1,9 @@
 //! The configuration keys, each declared once with its names in every layer, its doc, its
 //! default and its allowed range; the `hub.toml` template is generated from them.
+//!
+//! Why one file over 700 lines: it is a table, one declaration a key in the template's order,
+//! read top to bottom like the `hub.toml` it generates; no key's code is here, only its name,
+//! range and doc. Were it to split, the `[limits]` keys would go to a file of their own.
 
 use baton_shared::limits::*;
 use std::time::Duration;

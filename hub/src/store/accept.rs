@@ -22,9 +22,9 @@
 
 use super::db::Db;
 use super::transition::{self, Change, adjust_backlog, record_event};
-use super::{Actor, StoreError, StoreResult, approval, canonical, hosts, members, new_id, producers, state_column};
+use super::{Actor, StoreError, StoreResult, canonical, hosts, members, new_id, producers, state_column};
 use baton_shared::crash_point;
-use baton_shared::states::DeliveryState;
+use baton_shared::states::DeliveryState::{self, Failed, Held};
 use baton_shared::wire::DeliverySummary;
 use rusqlite::{OptionalExtension, named_params};
 use sha2::{Digest, Sha256};
@@ -285,6 +285,8 @@ pub fn fan_out(conn: &dyn Db, message_id: &str, now_ms: i64) -> StoreResult<Vec<
             .query_map([message_id], |r| r.get(0))?
             .collect::<Result<_, _>>()?;
         let hub = Actor::hub();
+        // Read once per message: every delivery of it is parked the same way.
+        let parked = if missing.is_empty() { None } else { parking(conn, message_id)? };
         for host in &missing {
             let id = new_id();
             conn.prepare_cached(
@@ -304,14 +306,14 @@ pub fn fan_out(conn: &dyn Db, message_id: &str, now_ms: i64) -> StoreResult<Vec<
                     reason: Some(HOST_RETIRED),
                 };
                 transition::apply(conn, change, &hub, now_ms)?;
-            } else if let Some((to, why)) = approval::parking(conn, message_id)? {
+            } else if let Some((to, why)) = &parked {
                 let change = Change {
                     delivery_id: &id,
                     from: DeliveryState::Queued,
-                    to,
+                    to: *to,
                     expect_holder: None,
                     new_holder: None,
-                    reason: Some(&why),
+                    reason: Some(why),
                 };
                 transition::apply(conn, change, &hub, now_ms)?;
             }
@@ -322,6 +324,23 @@ pub fn fan_out(conn: &dyn Db, message_id: &str, now_ms: i64) -> StoreResult<Vec<
             .execute(rusqlite::params![message_id, now_ms])?;
     }
     deliveries_of(conn, message_id)
+}
+
+/// The reason a delivery awaiting approval is held with.
+pub const APPROVAL_REQUIRED: &str = "approval required";
+
+/// How fan-out parks a new delivery of `message_id`: held awaiting approval, failed when the
+/// approval was already refused, or `None` (queued) when the message needs none or was approved.
+fn parking(conn: &dyn Db, message_id: &str) -> StoreResult<Option<(DeliveryState, String)>> {
+    let row: Option<(String, Option<String>, Option<String>)> = conn
+        .prepare_cached("SELECT approval, approval_decision, approval_reason FROM messages WHERE id = ?1")?
+        .query_row([message_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .optional()?;
+    Ok(match row {
+        Some((a, None, _)) if a == "required" => Some((Held, APPROVAL_REQUIRED.to_string())),
+        Some((_, Some(d), why)) if d != "approved" => Some((Failed, why.unwrap_or(d))),
+        _ => None,
+    })
 }
 
 /// The reason a delivery for a retired host carries.

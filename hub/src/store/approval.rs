@@ -28,8 +28,8 @@ use baton_shared::states::DeliveryState::{self, Failed, Held, Queued};
 use baton_shared::wire::DeliverySummary;
 use rusqlite::{OptionalExtension, named_params};
 
-/// The reason a delivery awaiting approval is held with.
-pub const APPROVAL_REQUIRED: &str = "approval required";
+/// The reason a delivery awaiting approval is held with (fan-out parks it: `accept`).
+pub use super::accept::APPROVAL_REQUIRED;
 
 /// The name the breaker's fences are set under (the hub, on its own account).
 pub const BREAKER_ACTOR: &str = "hub";
@@ -100,20 +100,6 @@ pub struct Decided {
     pub moved: Vec<String>,
     /// The message's deliveries after it, by host.
     pub deliveries: Vec<DeliverySummary>,
-}
-
-/// How fan-out parks a new delivery of `message_id`: held awaiting approval, failed when the
-/// approval was already refused, or `None` (queued) when the message needs none or was approved.
-pub fn parking(conn: &dyn Db, message_id: &str) -> StoreResult<Option<(DeliveryState, String)>> {
-    let row: Option<(String, Option<String>, Option<String>)> = conn
-        .prepare_cached("SELECT approval, approval_decision, approval_reason FROM messages WHERE id = ?1")?
-        .query_row([message_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-        .optional()?;
-    Ok(match row {
-        Some((a, None, _)) if a == "required" => Some((Held, APPROVAL_REQUIRED.to_string())),
-        Some((_, Some(d), why)) if d != "approved" => Some((Failed, why.unwrap_or(d))),
-        _ => None,
-    })
 }
 
 /// Whether `delivery_id` is held awaiting its message's approval (what `held release` leaves

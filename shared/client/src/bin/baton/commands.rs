@@ -2,9 +2,9 @@
 //! (`config::settings`, then `Client::new`) before any command that talks to the hub.
 
 use crate::args::{Cli, Command, SendArgs, Which};
+use crate::error::{CliError, call_failed, failure, printed, usage};
 use crate::{config, output};
 use baton_client::{Client, ClientError};
-use baton_shared::error::ErrorCode;
 use baton_shared::exit;
 use baton_shared::files::{read_all_text_bounded, read_text_bounded};
 use baton_shared::limits::PAYLOAD_FILE_BYTES_MAX;
@@ -20,55 +20,6 @@ const WAIT_RETRY_PACE: Duration = Duration::from_secs(1);
 
 /// The name the completion scripts and man pages are generated for.
 const BIN_NAME: &str = "baton";
-
-/// A command that failed: what to print on stderr and the exit status.
-#[derive(Debug)]
-pub(crate) struct CliError {
-    /// The exit status (`baton_shared::exit`).
-    pub(crate) status: u8,
-    /// The message, one line.
-    pub(crate) message: String,
-}
-
-pub(crate) fn usage(message: impl Into<String>) -> CliError {
-    CliError { status: exit::USAGE, message: message.into() }
-}
-
-pub(crate) fn failure(message: impl std::fmt::Display) -> CliError {
-    CliError { status: exit::FAILURE, message: message.to_string() }
-}
-
-/// A call that failed: not found is 1, input the hub refused (or that forms no request) is 2,
-/// the caller refused (401, 403) is 9, anything else 4.
-pub(crate) fn call_failed(e: ClientError) -> CliError {
-    let status = match e.code() {
-        Some(ErrorCode::NotFound) => exit::NOTHING,
-        Some(
-            ErrorCode::UnknownCertificate
-            | ErrorCode::CertificateRevoked
-            | ErrorCode::WrongRole
-            | ErrorCode::NotYours
-            | ErrorCode::Forbidden
-            | ErrorCode::ApprovalForbidden
-            | ErrorCode::HostRetired,
-        ) => exit::DENIED,
-        _ if matches!(e, ClientError::CertificateRevoked(_)) => exit::DENIED,
-        Some(
-            ErrorCode::InvalidJson
-            | ErrorCode::InvalidField
-            | ErrorCode::NoRecipients
-            | ErrorCode::IdempotencyConflict
-            | ErrorCode::TooLarge,
-        ) => exit::USAGE,
-        _ if matches!(e, ClientError::Invalid(_)) => exit::USAGE,
-        _ => exit::FAILURE,
-    };
-    CliError { status, message: e.to_string() }
-}
-
-pub(crate) fn printed(r: std::io::Result<()>) -> Result<(), CliError> {
-    r.map_err(|e| failure(format!("writing to stdout: {e}")))
-}
 
 /// Runs the command; returns the exit status of a command that did its job.
 pub(crate) fn run(cli: Cli) -> Result<u8, CliError> {

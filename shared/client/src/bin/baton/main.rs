@@ -6,6 +6,7 @@
 //! - `args`: the command line (`Cli`), defined once, and the exit statuses (`EXIT_HELP`).
 //! - `config`: the connection settings, file < environment < flag.
 //! - `commands`: what each command does, and its exit status.
+//! - `error`: `CliError`, how a command fails and with which exit status.
 //! - `output`: everything written to stdout, and `esc` for stored text.
 //! - `spool`: `send --spool` and the `spool` commands, over `baton_client::Spooler`.
 //!
@@ -14,6 +15,7 @@
 mod args;
 mod commands;
 mod config;
+mod error;
 mod output;
 mod spool;
 

@@ -7,7 +7,7 @@
 //! background. A cron job or a service unit running `baton spool flush --wait 5m` drains a
 //! spool whose producer sends rarely.
 
-use crate::commands::{CliError, call_failed, failure, printed, usage};
+use crate::error::{CliError, call_failed, failure, printed, usage};
 use crate::output::{self, esc};
 use baton_client::spool::{FlushReport, Settled, Spool, SpoolStatus, Spooled};
 use baton_client::{Client, SpoolError, SpoolLimits, Spooler};
@@ -46,7 +46,7 @@ pub(crate) struct SpoolSend {
     pub(crate) spool: Option<PathBuf>,
     /// With --spool: keep trying a hub that does not answer for this long ("1m"); default: one
     /// try.
-    #[arg(long, requires = "spool", value_parser = crate::args::duration("--spool-wait"), value_name = "DURATION")]
+    #[arg(long, requires = "spool", value_parser = |s: &str| baton_shared::duration::parse("--spool-wait", s), value_name = "DURATION")]
     pub(crate) spool_wait: Option<Duration>,
     /// The spool's bounds.
     #[command(flatten)]
@@ -62,7 +62,7 @@ pub(crate) enum SpoolCommand {
         #[arg(long, value_name = "DIR")]
         spool: PathBuf,
         /// Keep trying a hub that does not answer for this long ("5m"); default: one try.
-        #[arg(long, value_parser = crate::args::duration("--wait"), value_name = "DURATION")]
+        #[arg(long, value_parser = |s: &str| baton_shared::duration::parse("--wait", s), value_name = "DURATION")]
         wait: Option<Duration>,
         /// The spool's bounds.
         #[command(flatten)]
