@@ -29,8 +29,8 @@ use crate::attention::{self, Attention};
 use crate::datadir::DataDir;
 use crate::http::AppState;
 use crate::store::StoreError;
-pub use crate::store::api::Overview;
 use crate::store::fences::{FenceKind, FenceRow, FenceScope};
+pub use crate::store::overview::Overview;
 use crate::store::overview::{self, ConversationBacklog, Rates, RunningTurn, Trouble};
 use crate::store::read::{DeliveryDetail, DeliveryRow};
 use axum::extract::{Path, Query, State};
@@ -834,8 +834,8 @@ pub fn render_delivery(d: &DeliveryDetail, now_ms: i64, reasons: bool) -> String
 mod tests {
     use super::*;
     use crate::store::accept::testing::accept_one;
-    use crate::store::api::gather;
     use crate::store::fences::{FenceKind, FenceScope, NewFence};
+    use crate::store::overview::gather;
     use crate::store::testing;
     use crate::store::{fences, read};
 

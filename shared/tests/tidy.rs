@@ -11,7 +11,7 @@
 //!   every repository path it names (a backticked `hub/…`, `tests/…`, … without placeholders)
 //!   exists.
 //! - Migrations in `schema/hub`, `schema/node` and `schema/spool` are numbered from 0001 without gaps.
-//! - The hub's record is reached only through `Store` (`hub/src/store/api.rs`): the HTTP
+//! - The hub's record is reached only through `Store` (`hub/src/store/handle.rs`): the HTTP
 //!   handlers, the CLI, the server and its background tasks, the status page, the metrics and
 //!   the TLS layer name no `rusqlite`, no connection, writer or reader pool, and no transaction.
 

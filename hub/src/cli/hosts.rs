@@ -5,7 +5,8 @@
 use super::args::HostsCmd;
 use super::output::esc;
 use super::{CliError, CliResult, Context, output};
-use crate::store::api::{By, FenceSetOutcome};
+use crate::store::By;
+use crate::store::fences::FenceSetOutcome;
 use crate::store::fences::{FenceKind, FenceScope};
 use crate::store::fleet::Holdings;
 use baton_shared::duration::{self, human};

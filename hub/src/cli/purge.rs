@@ -6,7 +6,8 @@
 use super::args::Confirm;
 use super::confirm::{self, Decision};
 use super::{CliError, CliResult, Context, output};
-use crate::store::api::{By, PurgeOf};
+use crate::store::By;
+use crate::store::purge::PurgeOf;
 use crate::store::purge::{self, Plan, Target};
 use baton_shared::exit;
 

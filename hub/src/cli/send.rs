@@ -1,8 +1,8 @@
 //! `send`: submitting a message by hand, through the same acceptance and fan-out as the API.
 
 use super::{CliError, CliResult, Context, output};
+use crate::store::By;
 use crate::store::accept::{AcceptLimits, Accepted, NewMessage};
-use crate::store::api::By;
 use crate::store::canonical;
 use baton_shared::files::read_text_bounded;
 use baton_shared::ids::{check_key, check_name};

@@ -3,7 +3,8 @@
 use super::args::{Confirm, Reason, ReasonIfDestructive};
 use super::confirm::{self, Decision};
 use super::{CliError, CliResult, Context, Record, output};
-use crate::store::api::{By, CancelOf};
+use crate::store::By;
+use crate::store::turns::CancelOf;
 use crate::store::turns::{self, RedriveFilter};
 use baton_shared::limits::REASON_CHARS_MAX;
 use baton_shared::wire::CancelResult;

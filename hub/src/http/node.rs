@@ -4,7 +4,13 @@
 //! same transaction that acts).
 
 use super::{ApiError, ApiJson, ApiQuery, AppState, NodeCaller, check_path_id};
-use crate::store::api::{Backoff, Claimed, Claimer, HolderOf, NodeAt, ReportBounds, Step};
+use crate::store::claim::Claimed;
+use crate::store::claim::Claimer;
+use crate::store::claim::HolderOf;
+use crate::store::claim::NodeAt;
+use crate::store::claim::Step;
+use crate::store::report::Backoff;
+use crate::store::report::ReportBounds;
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;

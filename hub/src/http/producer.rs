@@ -5,7 +5,7 @@
 
 use super::{ApiError, ApiJson, ApiQuery, AppState, Caller, ProducerCaller, check_path_id};
 use crate::store::accept::{AcceptLimits, Accepted, NewMessage, RetryPolicy};
-use crate::store::api::ApprovalBy;
+use crate::store::approval::ApprovalBy;
 use crate::store::approval::Decision;
 use crate::store::{canonical, read};
 use axum::Json;

@@ -20,6 +20,8 @@
 //! Invariant: fan-out never leaves work queued for a retired host: a recipient retired since the
 //! accept gets its delivery created and, in the same transaction, failed with `host retired`.
 
+use super::By;
+use super::Store;
 use super::db::Db;
 use super::transition::{self, Change, adjust_backlog, record_event};
 use super::{Actor, StoreError, StoreResult, canonical, hosts, members, new_id, producers, state_column};
@@ -28,6 +30,94 @@ use baton_shared::states::DeliveryState::{self, Failed, Held};
 use baton_shared::wire::DeliverySummary;
 use rusqlite::{OptionalExtension, named_params};
 use sha2::{Digest, Sha256};
+
+/// Fan-out obligations startup repair takes per look.
+pub const REPAIR_BATCH: usize = 512;
+
+/// The hosts that accepts gave claimable work: those of their queued deliveries (a duplicate
+/// gave none).
+pub(super) fn gained_hosts<'a>(accepts: impl Iterator<Item = &'a (Accepted, Vec<DeliverySummary>)>) -> Vec<String> {
+    accepts
+        .filter(|(a, _)| matches!(a, Accepted::New { .. }))
+        .flat_map(|(_, ds)| ds.iter().filter(|d| d.state == baton_shared::states::DeliveryState::Queued))
+        .map(|d| d.host.clone())
+        .collect()
+}
+
+impl Store {
+    // ---- Startup and housekeeping ----
+
+    /// Completes every fan-out obligation a crash left pending, one message per transaction.
+    /// Returns how many it completed.
+    pub async fn repair(&self) -> StoreResult<usize> {
+        let mut done = 0;
+        loop {
+            let pending = self.conns.write(|c| pending_obligations(c, REPAIR_BATCH)).await?;
+            if pending.is_empty() {
+                return Ok(done);
+            }
+            for id in pending {
+                let clock = self.clock.clone();
+                self.conns.write(move |c| fan_out(c, &id, clock.now_ms())).await?;
+                done += 1;
+                crash_point("hub.repair.mid");
+            }
+        }
+    }
+
+    // ---- Producers ----
+
+    /// Accepts a message and fans it out, in one transaction.
+    pub async fn submit(
+        &self,
+        msg: NewMessage,
+        retry: RetryPolicy,
+        limits: AcceptLimits,
+    ) -> StoreResult<(Accepted, Vec<DeliverySummary>)> {
+        let clock = self.clock.clone();
+        self.conns
+            .write_gaining(
+                move |c| accept_and_fan_out(c, &msg, retry, limits, clock.now_ms()),
+                |r| gained_hosts(std::iter::once(r)),
+            )
+            .await
+    }
+
+    /// The operator's `send`: accepts the message and fans it out, in one transaction, and
+    /// records a new message in the audit log with the operator's reason.
+    pub async fn send(
+        &self,
+        msg: NewMessage,
+        limits: AcceptLimits,
+        by: By,
+    ) -> StoreResult<(Accepted, Vec<DeliverySummary>)> {
+        let clock = self.clock.clone();
+        self.conns
+            .write(move |c| {
+                let accepted = accept(c, &msg, limits, clock.now_ms())?;
+                let id = match &accepted {
+                    Accepted::New { message_id, seq } => {
+                        // A message sent by hand is an operator's act: audited, with its
+                        // reason, in the accepting transaction. A replay adds nothing.
+                        let subject = format!("message {message_id} conversation {} seq {seq}", msg.conversation);
+                        hosts::record_operator_event(
+                            c,
+                            "send",
+                            &subject,
+                            &by.operator,
+                            Some(&by.reason),
+                            clock.now_ms(),
+                        )?;
+                        message_id.clone()
+                    }
+                    Accepted::Duplicate { message_id, .. } => message_id.clone(),
+                };
+                let deliveries = fan_out(c, &id, clock.now_ms())?;
+                Ok((accepted, deliveries))
+            })
+            .await
+    }
+}
 
 /// A validated submission, ready to be accepted.
 #[derive(Debug, Clone)]

@@ -28,8 +28,55 @@ use baton_shared::states::DeliveryState::{self, Failed, Held, Queued};
 use baton_shared::wire::DeliverySummary;
 use rusqlite::{OptionalExtension, named_params};
 
+use super::Store;
 /// The reason a delivery awaiting approval is held with (fan-out parks it: `accept`).
 pub use super::accept::APPROVAL_REQUIRED;
+
+/// Who approves or rejects, as `Store::decide_approval` takes it.
+#[derive(Debug, Clone)]
+pub enum ApprovalBy {
+    /// An operator, by name.
+    Operator(String),
+    /// A producer (its approval right is checked), by name.
+    Producer(String),
+}
+
+impl Store {
+    /// Approves or rejects a message awaiting approval (`decide`), in one
+    /// transaction.
+    pub async fn decide_approval(
+        &self,
+        message_id: String,
+        by: ApprovalBy,
+        decision: Decision,
+        reason: String,
+    ) -> StoreResult<Decided> {
+        let clock = self.clock.clone();
+        self.conns
+            .write(move |c| {
+                let decider = match &by {
+                    ApprovalBy::Operator(n) => Decider::Operator(n),
+                    ApprovalBy::Producer(n) => Decider::Producer(n),
+                };
+                decide(c, &message_id, decider, decision, &reason, clock.now_ms())
+            })
+            .await
+    }
+
+    /// The message `id` names, as a message id or a whole delivery id (`message_of`).
+    pub async fn approval_message(&self, id: String) -> StoreResult<Option<String>> {
+        self.conns.read(move |c| message_of(c, &id)).await
+    }
+
+    /// Fails what every approval that timed out by `now_ms` holds (`expire`), reading
+    /// first and writing only when one is due. Returns the messages.
+    pub async fn expire_approvals(&self, now_ms: i64) -> StoreResult<Vec<String>> {
+        match self.conns.read(next_expiry).await? {
+            Some(at) if at <= now_ms => self.conns.write(move |c| expire(c, now_ms)).await,
+            _ => Ok(Vec::new()),
+        }
+    }
+}
 
 /// The name the breaker's fences are set under (the hub, on its own account).
 pub const BREAKER_ACTOR: &str = "hub";

@@ -4,9 +4,23 @@
 //! transitions, and a delivery's creation at fan-out, are the delivery flow itself, not
 //! audit, and are left out. Read-only.
 
+use super::Store;
 use super::db::Db;
 use super::{ActorKind, StoreResult, parse_column};
 use rusqlite::named_params;
+
+impl Store {
+    /// The newest audit entries matching the query, newest first, and whether more matched.
+    pub async fn audit(
+        &self,
+        since_ms: Option<i64>,
+        actor: Option<String>,
+        after: Option<AuditCursor>,
+        limit: u32,
+    ) -> StoreResult<(Vec<AuditEntry>, bool)> {
+        self.conns.read(move |c| entries(c, AuditQuery { since_ms, actor: actor.as_deref(), after, limit })).await
+    }
+}
 
 /// Where an audit entry is recorded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -2,9 +2,34 @@
 //! running, and checked before it is reported good; and what `restore` reads of a copy
 //! (`facts`, `checkpoint`).
 
+use super::Store;
+use super::handle::sqlite_conn;
 use super::{StoreError, StoreResult};
 use rusqlite::Connection;
 use std::path::Path;
+
+impl Store {
+    /// A consistent copy of the record at `path`, checked.
+    pub async fn backup_to(&self, path: std::path::PathBuf) -> StoreResult<()> {
+        self.conns.read(move |c| copy_to(sqlite_conn(c, "backup_to")?, &path)).await
+    }
+
+    /// SQLite's full integrity check: what it found wrong (empty when nothing).
+    pub async fn integrity(&self) -> StoreResult<Vec<String>> {
+        self.conns.read(|c| integrity(sqlite_conn(c, "integrity")?)).await
+    }
+
+    /// What the record holds, for a restore's report (`schema_version` as found before any
+    /// migration).
+    pub async fn backup_facts(&self, schema_version: i64) -> StoreResult<Facts> {
+        self.conns.read(move |c| facts(sqlite_conn(c, "backup_facts")?, schema_version)).await
+    }
+
+    /// Folds the write-ahead log into the database file.
+    pub async fn checkpoint(&self) -> StoreResult<()> {
+        self.conns.read(|c| checkpoint(sqlite_conn(c, "checkpoint")?)).await
+    }
+}
 
 /// Writes a consistent copy of the database `conn` reads to `path` (which must not exist), then
 /// opens the copy and runs a full integrity check on it. A read-only connection is enough.

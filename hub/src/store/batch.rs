@@ -12,8 +12,132 @@
 //!
 //! Invariant: a batch's results are one per item, in the order of the items.
 
+use super::Store;
+use super::accept;
+use super::accept::AcceptLimits;
+use super::accept::Accepted;
+use super::accept::NewMessage;
+use super::accept::RetryPolicy;
+use super::accept::gained_hosts;
+use super::claim;
+use super::claim::NodeAt;
+use super::claim::Step;
+use super::claim::apply_step;
 use super::db::Db;
+use super::gauges;
+use super::report;
+use super::report::ReportBounds;
+use super::report::new_report;
+use super::report::observe_turn;
+use super::report::run_report;
+use super::sessions;
+use super::transition::Holder;
 use super::{StoreError, StoreResult, control};
+use baton_shared::wire::DeliverySummary;
+use baton_shared::wire::HolderItem;
+use baton_shared::wire::RejectItem;
+use baton_shared::wire::ReportRequest;
+use baton_shared::wire::ReportResponse;
+use baton_shared::wire::TransitionResponse;
+
+impl Store {
+    /// Accepts and fans out each message as `submit` would, in one transaction; one result per
+    /// message, in order (a refused one is rolled back alone).
+    pub async fn submit_batch(
+        &self,
+        messages: Vec<(NewMessage, RetryPolicy)>,
+        limits: AcceptLimits,
+    ) -> StoreResult<Vec<StoreResult<(Accepted, Vec<DeliverySummary>)>>> {
+        let clock = self.clock.clone();
+        self.conns
+            .write_gaining(
+                move |c| {
+                    let now = clock.now_ms();
+                    each(c, messages, |c, (msg, retry)| accept::accept_and_fan_out(c, &msg, retry, limits, now))
+                },
+                |rs| gained_hosts(rs.iter().filter_map(|r| r.as_ref().ok())),
+            )
+            .await
+    }
+
+    /// A holder's `step` on each delivery, in one transaction after one session check; one
+    /// result per delivery, in order.
+    pub async fn holder_steps(
+        &self,
+        step: Step,
+        node: NodeAt,
+        instance_id: String,
+        items: Vec<HolderItem>,
+    ) -> StoreResult<Vec<StoreResult<TransitionResponse>>> {
+        let clock = self.clock.clone();
+        self.conns
+            .write(move |c| {
+                sessions::check(c, &node.host, node.session)?;
+                let now = clock.now_ms();
+                each(c, items, |c, d| {
+                    let h = Holder { instance_id: &instance_id, claim_token: &d.claim_token };
+                    apply_step(c, step, &node, &d.delivery_id, h, now)
+                })
+            })
+            .await
+    }
+
+    /// `reject` for each delivery, in one transaction after one session check; one result per
+    /// delivery, in order.
+    pub async fn reject_batch(
+        &self,
+        node: NodeAt,
+        instance_id: String,
+        items: Vec<RejectItem>,
+    ) -> StoreResult<Vec<StoreResult<TransitionResponse>>> {
+        let clock = self.clock.clone();
+        self.conns
+            .write(move |c| {
+                sessions::check(c, &node.host, node.session)?;
+                let now = clock.now_ms();
+                each(c, items, |c, d| {
+                    let h = Holder { instance_id: &instance_id, claim_token: &d.claim_token };
+                    claim::reject(c, &node.host, &d.delivery_id, h, &d.reason, now)
+                })
+            })
+            .await
+    }
+
+    /// Records each report as `report` would, in one transaction after one session check; one
+    /// result per report, in order.
+    pub async fn report_batch(
+        &self,
+        node: NodeAt,
+        reports: Vec<ReportRequest>,
+        bounds: impl Into<ReportBounds>,
+    ) -> StoreResult<Vec<StoreResult<ReportResponse>>> {
+        let (clock, bounds) = (self.clock.clone(), bounds.into());
+        let answers = self
+            .conns
+            .write(move |c| {
+                sessions::check(c, &node.host, node.session)?;
+                let now = clock.now_ms();
+                each(c, reports, |c, req| {
+                    let run = run_report(&req, node.session, bounds);
+                    let (attempt, duplicate, retry_at_ms) =
+                        report::report_run(c, &node.host, &new_report(&req), &run, now)?;
+                    let accepted_at_ms = if duplicate { None } else { gauges::accepted_at(c, &req.delivery_id)? };
+                    let r = ReportResponse { attempt, delivery_id: req.delivery_id, duplicate, retry_at_ms };
+                    Ok((r, accepted_at_ms))
+                })
+            })
+            .await?;
+        Ok(answers
+            .into_iter()
+            .map(|a| {
+                a.map(|(r, accepted_at_ms)| {
+                    observe_turn(&r.attempt, accepted_at_ms);
+                    r
+                })
+            })
+            .collect())
+    }
+}
 
 /// The savepoint each item runs in (nested in the writer's job savepoint).
 const ITEM_SAVEPOINT: &str = "SAVEPOINT batch_item";

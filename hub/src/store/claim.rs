@@ -41,17 +41,261 @@
 //! their guards and row readers; the handoff steps (`mirrored`, `ack`, `handoff`, `reject`) are
 //! the part to move out when the store's modules are grouped by concern.
 
+use super::Store;
 use super::db::{Db, Dialect, Row};
 use super::fences::{self, ClaimScan, Fence, FenceKind};
+use super::handle::Conns;
+use super::hosts;
+use super::hosts::Standing;
+use super::sessions;
 use super::transition::{self, Change, Holder};
+use super::turns;
+use super::writer::StandingClaim;
 use super::{Actor, StoreError, StoreResult, json_column, members, new_token, parse_column_opt, state_column};
+use baton_shared::clock::SharedClock;
 use baton_shared::crash_point;
 use baton_shared::limits::{INSTANCE_REBIND_WINDOW, INSTANCE_REBINDS_PER_WINDOW_MAX};
 use baton_shared::states::DeliveryState::{self, *};
 use baton_shared::states::Rerun;
+use baton_shared::wire::CancelNotice;
 use baton_shared::wire::{ClaimedDelivery, TransitionResponse};
 use rusqlite::{OptionalExtension, named_params};
 use std::collections::{HashMap, VecDeque};
+
+/// The claim of `Store::claim` (and `Store::stand_claim`): up to `max` deliveries for the
+/// claimant, with its pending cancel notices and the next retry, in the caller's transaction.
+/// It may run more than once (a claim the server ended in a conflict runs again).
+fn claim_job(
+    who: Claimer,
+    max: u32,
+    clock: SharedClock,
+) -> impl Fn(&dyn Db) -> StoreResult<Claimed> + Clone + Send + 'static {
+    move |c| {
+        let now = clock.now_ms();
+        sessions::check(c, &who.host, who.session)?;
+        let deliveries = claim_as(c, who.claimant(), max, now)?;
+        let cancels = turns::cancels_for(c, &who.host, &who.instance_id)?;
+        // A retired host's claim hands out nothing; only an empty one asks why.
+        let retired = deliveries.is_empty() && hosts::standing(c, &who.host)? == Standing::Retired;
+        let next_retry_at_ms = turns::next_retry_at(c, &who.host, now)?;
+        Ok(Claimed { deliveries, cancels, next_retry_at_ms, retired })
+    }
+}
+
+/// A claimant: the host (from its certificate), the certificate's serial, the node instance and
+/// its node session.
+#[derive(Debug, Clone)]
+pub struct Claimer {
+    /// The host.
+    pub host: String,
+    /// The presenting certificate's serial; re-checked inside the claim.
+    pub serial: String,
+    /// The node instance.
+    pub instance_id: String,
+    /// The request's node session (`None` for a node that predates sessions).
+    pub session: Option<u64>,
+    /// How often the host may change its bound instance.
+    pub rebind: RebindLimit,
+}
+
+impl Claimer {
+    fn claimant(&self) -> Claimant<'_> {
+        Claimant { host: &self.host, serial: Some(&self.serial), instance_id: &self.instance_id, rebind: self.rebind }
+    }
+}
+
+/// What a look before a claim found (a read; nothing changes).
+#[derive(Debug, Clone)]
+pub struct ClaimLook {
+    /// Something may be handed out (or a retired host's work failed, or the instance bound):
+    /// the claim itself must run.
+    pub worth_claiming: bool,
+    /// Cancel notices pending for the instance (empty when `worth_claiming`).
+    pub cancels: Vec<CancelNotice>,
+    /// When the host's next retry becomes due (`None` when `worth_claiming`).
+    pub next_retry_at_ms: Option<i64>,
+}
+
+/// What a claim did.
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    /// The deliveries handed out.
+    pub deliveries: Vec<ClaimedDelivery>,
+    /// Cancel notices pending for the instance.
+    pub cancels: Vec<CancelNotice>,
+    /// When the host's next retry becomes due.
+    pub next_retry_at_ms: Option<i64>,
+    /// Nothing was handed out because the host is retired.
+    pub retired: bool,
+}
+
+/// A holder's step on one delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// claimed → mirrored.
+    Mirrored,
+    /// mirrored → delivered.
+    Ack,
+    /// Both, in one transaction: claimed → mirrored → delivered (from `mirrored`, the ack
+    /// alone). The node's local copy is committed before it asks, as for `mirrored`.
+    Handoff,
+}
+
+/// The node a holder's request comes from: its host and its node session.
+#[derive(Debug, Clone)]
+pub struct NodeAt {
+    /// The host, from the certificate.
+    pub host: String,
+    /// The request's node session (`None` for a node that predates sessions).
+    pub session: Option<u64>,
+}
+
+/// The holder a node's step names: its instance and the claim token.
+#[derive(Debug, Clone)]
+pub struct HolderOf {
+    /// The holding instance.
+    pub instance_id: String,
+    /// The claim token.
+    pub claim_token: String,
+}
+
+impl HolderOf {
+    fn as_holder(&self) -> Holder<'_> {
+        Holder { instance_id: &self.instance_id, claim_token: &self.claim_token }
+    }
+}
+
+/// A holder's step, applied on `conn`.
+pub(super) fn apply_step(
+    conn: &dyn Db,
+    step: Step,
+    node: &NodeAt,
+    id: &str,
+    h: Holder<'_>,
+    now_ms: i64,
+) -> StoreResult<TransitionResponse> {
+    let host = node.host.as_str();
+    let answer = match step {
+        Step::Mirrored => return mirrored(conn, host, id, h, now_ms),
+        Step::Ack => ack(conn, host, id, h, now_ms)?,
+        Step::Handoff => handoff(conn, host, id, h, now_ms)?,
+    };
+    // The session whose ack made the run `delivered`: a newer session is not granted its
+    // start while this one's start lease lasts (`turns::start`).
+    if let Some(session) = node.session
+        && answer.changed
+        && answer.state == baton_shared::states::DeliveryState::Delivered
+    {
+        record_acked_session(conn, id, session)?;
+    }
+    Ok(answer)
+}
+
+impl Store {
+    /// The look before a claim, at `now_ms` (a read): whether a claim may hand something out,
+    /// and otherwise the pending cancel notices and the next retry.
+    pub async fn claim_look(&self, who: Claimer, now_ms: i64) -> StoreResult<ClaimLook> {
+        self.conns
+            .read(move |c| {
+                sessions::check(c, &who.host, who.session)?;
+                if worth_claiming(c, who.claimant(), now_ms)? {
+                    return Ok(ClaimLook { worth_claiming: true, cancels: Vec::new(), next_retry_at_ms: None });
+                }
+                Ok(ClaimLook {
+                    worth_claiming: false,
+                    cancels: turns::cancels_for(c, &who.host, &who.instance_id)?,
+                    next_retry_at_ms: turns::next_retry_at(c, &who.host, now_ms)?,
+                })
+            })
+            .await
+    }
+
+    /// The claim: up to `max` deliveries for the claimant, with its pending cancel notices and
+    /// the next retry, in one transaction.
+    pub async fn claim(&self, who: Claimer, max: u32) -> StoreResult<Claimed> {
+        self.conns.write_claims(who.host.clone(), claim_job(who, max, self.clock.clone())).await
+    }
+
+    /// Leaves the claim `claim` would make with the writer, to run in the transaction of the
+    /// next change that gives the claimant's host claimable work (an accept's fan-out; see
+    /// `Writer::stand_claim`). `None` where there is no writer thread (a one-shot process).
+    pub fn stand_claim(&self, who: Claimer, max: u32) -> Option<StandingClaim<Claimed>> {
+        match &self.conns {
+            Conns::Served { writer, .. } => {
+                Some(writer.stand_claim(who.host.clone(), claim_job(who, max, self.clock.clone())))
+            }
+            Conns::Direct(_) => None,
+        }
+    }
+
+    /// One page of what the instance holds (claimed, mirrored, delivered without an outcome):
+    /// at most `limit` after queue position `after_n`, and where the next page starts.
+    pub async fn holdings(
+        &self,
+        node: NodeAt,
+        instance_id: String,
+        after_n: i64,
+        limit: u32,
+    ) -> StoreResult<(Vec<ClaimedDelivery>, Option<i64>)> {
+        self.conns
+            .read(move |c| {
+                sessions::check(c, &node.host, node.session)?;
+                holdings_page(c, &node.host, &instance_id, after_n, limit)
+            })
+            .await
+    }
+
+    /// The holder recorded its local copy: claimed → mirrored. Repeating it changes nothing.
+    pub async fn mirrored(
+        &self,
+        node: NodeAt,
+        delivery_id: String,
+        holder: HolderOf,
+    ) -> StoreResult<TransitionResponse> {
+        self.holder_step(Step::Mirrored, node, delivery_id, holder).await
+    }
+
+    /// The holder acked the durable handoff: mirrored → delivered. Repeating it changes nothing.
+    pub async fn ack(&self, node: NodeAt, delivery_id: String, holder: HolderOf) -> StoreResult<TransitionResponse> {
+        self.holder_step(Step::Ack, node, delivery_id, holder).await
+    }
+
+    /// A holder's `step` on one delivery, after the session check.
+    pub async fn holder_step(
+        &self,
+        step: Step,
+        node: NodeAt,
+        delivery_id: String,
+        holder: HolderOf,
+    ) -> StoreResult<TransitionResponse> {
+        let clock = self.clock.clone();
+        self.conns
+            .write(move |c| {
+                sessions::check(c, &node.host, node.session)?;
+                let h = holder.as_holder();
+                apply_step(c, step, &node, &delivery_id, h, clock.now_ms())
+            })
+            .await
+    }
+
+    /// The holder refuses the delivery: claimed or mirrored → failed, with its reason.
+    pub async fn reject(
+        &self,
+        node: NodeAt,
+        delivery_id: String,
+        holder: HolderOf,
+        reason: String,
+    ) -> StoreResult<TransitionResponse> {
+        let clock = self.clock.clone();
+        self.conns
+            .write(move |c| {
+                sessions::check(c, &node.host, node.session)?;
+                let h = holder.as_holder();
+                reject(c, &node.host, &delivery_id, h, &reason, clock.now_ms())
+            })
+            .await
+    }
+}
 
 /// The host's row as a claim reads it: its bound instance and when it was retired, or `None`
 /// when it is not enrolled. On PostgreSQL, where claims of several hubs run at once, the row is

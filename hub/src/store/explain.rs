@@ -8,6 +8,7 @@
 //! order of `claim`, the retry barrier, a redrive's exemption), read from the record; they
 //! explain, they decide nothing.
 
+use super::Store;
 use super::db::{Db, Row};
 use super::fences::{self, Fence, FenceKind, FenceScope};
 use super::fleet::{self, HostRow, HostState};
@@ -17,6 +18,13 @@ use baton_shared::duration::human_ms;
 use baton_shared::states::{DeliveryState, Outcome, Rerun};
 use rusqlite::{OptionalExtension, named_params};
 use std::collections::HashMap;
+
+impl Store {
+    /// Why a delivery is where it is, at `now_ms`.
+    pub async fn explain(&self, delivery_id: String, now_ms: i64, silence_warn_ms: i64) -> StoreResult<Explanation> {
+        self.conns.read(move |c| explain_id(c, &delivery_id, now_ms, silence_warn_ms)).await
+    }
+}
 
 /// The fence that keeps a delivery where it is, as the record holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -12,9 +12,152 @@
 //! Invariant: each fence records the last delivery event committed before it was set and before
 //! it was lifted, which places it exactly in the record's commit order.
 
+use super::By;
+use super::Store;
 use super::db::{Db, Dialect};
+use super::hosts;
+use super::hosts::Standing;
 use super::hosts::record_operator_event;
 use super::{StoreError, StoreResult, parse_column};
+
+/// Why a fence's target looks like a typo: it matches nothing today.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FenceTargetProblem {
+    /// The host was never enrolled.
+    NeverEnrolled,
+    /// The host is retired.
+    Retired,
+    /// The conversation has no messages.
+    NoMessages,
+}
+
+/// What `fence_set` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FenceSetOutcome {
+    /// The fence was set, with this id.
+    Set(i64),
+    /// Nothing was set: the target matches nothing today (and `force` was not given).
+    TargetProblem(FenceTargetProblem),
+    /// Nothing was set: the same fence is already active (its description).
+    AlreadyActive(String),
+}
+
+/// What setting a fence would do, read before it is set, so an operator sees it first (SPEC
+/// §9: a block fails what it covers).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FencePlan {
+    /// Why the target looks like a typo, if it does (`fence_set` refuses it without `force`).
+    pub problem: Option<FenceTargetProblem>,
+    /// The same fence, already active (`fence_set` would set nothing), described.
+    pub already: Option<String>,
+    /// Queued deliveries the fence covers.
+    pub queued: i64,
+    /// Of those, how many an active pause fence holds back now.
+    pub paused: i64,
+}
+
+/// Why a fence's target matches nothing today, if it does not.
+fn fence_target_problem(conn: &dyn Db, scope: FenceScope, target: &str) -> StoreResult<Option<FenceTargetProblem>> {
+    Ok(match scope {
+        FenceScope::Host => match hosts::standing(conn, target)? {
+            Standing::NotEnrolled => Some(FenceTargetProblem::NeverEnrolled),
+            Standing::Retired => Some(FenceTargetProblem::Retired),
+            Standing::Active => None,
+        },
+        FenceScope::Conversation if !conversation_has_messages(conn, target)? => Some(FenceTargetProblem::NoMessages),
+        _ => None,
+    })
+}
+
+impl Store {
+    /// When the next time-boxed fence's time is up, if any.
+    pub async fn next_fence_expiry(&self) -> StoreResult<Option<i64>> {
+        self.conns.read(next_expiry).await
+    }
+
+    /// Lifts the fences whose time is up at `now_ms`; returns their ids.
+    pub async fn lift_expired_fences(&self, now_ms: i64) -> StoreResult<Vec<i64>> {
+        self.conns.write(move |c| lift_expired(c, now_ms)).await
+    }
+
+    /// The fences: active ones, or (`all`) every one ever set.
+    pub async fn fences(&self, all: bool) -> StoreResult<Vec<FenceRow>> {
+        self.conns.read(move |c| list(c, all)).await
+    }
+
+    /// Sets a fence lifted by the hub at `expires_at_ms` (`None`: by an operator), after the
+    /// fences whose time is up are lifted; refuses a target that matches nothing today (unless
+    /// `force`) and a fence already active, setting nothing.
+    pub async fn fence_set(
+        &self,
+        kind: FenceKind,
+        scope: FenceScope,
+        target: Option<String>,
+        by: By,
+        expires_at_ms: Option<i64>,
+        force: bool,
+    ) -> StoreResult<FenceSetOutcome> {
+        let clock = self.clock.clone();
+        self.conns
+            .write(move |c| {
+                let now_ms = clock.now_ms();
+                lift_expired(c, now_ms)?;
+                if let (Some(t), false) = (&target, force)
+                    && let Some(problem) = fence_target_problem(c, scope, t)?
+                {
+                    return Ok(FenceSetOutcome::TargetProblem(problem));
+                }
+                if let Some(existing) = active_same(c, kind, scope, target.as_deref())? {
+                    return Ok(FenceSetOutcome::AlreadyActive(existing.describe()));
+                }
+                let new =
+                    NewFence { kind, scope, target: target.as_deref(), operator: &by.operator, reason: &by.reason };
+                set_until(c, new, expires_at_ms, now_ms).map(FenceSetOutcome::Set)
+            })
+            .await
+    }
+
+    /// What `fence_set` of `kind` on `scope` and `target` would find, changing nothing: its
+    /// target's problem, the same fence already active, and the queued deliveries it covers
+    /// (of which how many are paused now).
+    pub async fn fence_plan(
+        &self,
+        kind: FenceKind,
+        scope: FenceScope,
+        target: Option<String>,
+    ) -> StoreResult<FencePlan> {
+        self.conns
+            .read(move |c| {
+                let problem = match &target {
+                    Some(t) => fence_target_problem(c, scope, t)?,
+                    None => None,
+                };
+                let already = active_same(c, kind, scope, target.as_deref())?.map(|f| f.describe());
+                let active = active(c)?;
+                let (mut queued, mut paused) = (0, 0);
+                for (conversation, host, n) in queued_by_pair(c, scope, target.as_deref())? {
+                    queued += n;
+                    if strongest(&active, &conversation, &host).map(|f| f.kind) == Some(FenceKind::Pause) {
+                        paused += n;
+                    }
+                }
+                Ok(FencePlan { problem, already, queued, paused })
+            })
+            .await
+    }
+
+    /// Lifts the active fence `id` (after the fences whose time is up); `NotFound` when it is
+    /// not active.
+    pub async fn fence_lift(&self, id: i64, by: By) -> StoreResult<()> {
+        let clock = self.clock.clone();
+        self.conns
+            .write(move |c| {
+                lift_expired(c, clock.now_ms())?;
+                lift(c, id, &by.operator, &by.reason, clock.now_ms())
+            })
+            .await
+    }
+}
 
 /// What a fence does at claim time. Ordered by strength: `Block` > `Hold` > `Pause`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

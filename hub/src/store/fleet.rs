@@ -3,10 +3,38 @@
 //! events; and the two things `status` flags: hosts gone silent and certificates about to
 //! expire. Read-only: every function here runs on a read connection.
 
+use super::Store;
 use super::db::{Db, Row};
 use super::{StoreResult, parse_column, parse_column_opt};
 use baton_shared::ids::Role;
 use rusqlite::{OptionalExtension, named_params};
+
+impl Store {
+    /// Every host.
+    pub async fn hosts(&self) -> StoreResult<Vec<HostRow>> {
+        self.conns.read(hosts).await
+    }
+
+    /// One host in detail (`None`: never enrolled).
+    pub async fn host(&self, name: String) -> StoreResult<Option<HostDetail>> {
+        self.conns.read(move |c| host(c, &name)).await
+    }
+
+    /// Hosts whose open node session has been silent longer than `silence_ms` at `now_ms`.
+    pub async fn silent_hosts(&self, now_ms: i64, silence_ms: i64) -> StoreResult<Vec<SilentHost>> {
+        self.conns.read(move |c| silent_hosts(c, now_ms, silence_ms)).await
+    }
+
+    /// Certificates not revoked that expire before `until_unix`.
+    pub async fn expiring_certificates(&self, until_unix: i64) -> StoreResult<Vec<CertRow>> {
+        self.conns.read(move |c| expiring_certificates(c, until_unix)).await
+    }
+
+    /// Every certificate.
+    pub async fn certificates(&self) -> StoreResult<Vec<CertRow>> {
+        self.conns.read(|c| certificates(c, None)).await
+    }
+}
 
 /// Most recent events `hosts show` lists, of each kind (operator and delivery events).
 pub const HOST_EVENTS_SHOWN_MAX: u32 = 20;

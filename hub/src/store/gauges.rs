@@ -5,6 +5,7 @@
 //! the certificates that matter of `fleet::expiring_certificates` and the active fences of
 //! `fences`. Read-only: every function here runs on a read connection.
 
+use super::Store;
 use super::StoreResult;
 use super::db::Db;
 use super::fences::{self, FenceScope};
@@ -13,6 +14,16 @@ use super::overview::{self, HostBacklog};
 use baton_shared::ids::Role;
 use baton_shared::states::Outcome;
 use rusqlite::named_params;
+use std::time::Duration;
+
+impl Store {
+    /// What the periodic gauges read at `now_ms`, in one snapshot (`gather`), flagging
+    /// hosts silent longer than `silence` as `status` does.
+    pub async fn record_gauges(&self, now_ms: i64, silence: Duration) -> StoreResult<RecordGauges> {
+        let silence_ms = i64::try_from(silence.as_millis()).unwrap_or(i64::MAX);
+        self.conns.read(move |c| gather(c, now_ms, silence_ms)).await
+    }
+}
 
 /// The record's side of the gauges at one moment.
 #[derive(Debug, Clone, PartialEq, Eq)]

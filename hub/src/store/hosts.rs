@@ -1,10 +1,110 @@
 //! Hosts and certificates: enrolling a host or producer, looking a certificate up, revoking,
 //! and the operator event log for changes that are not delivery transitions.
 
+use super::By;
+use super::Store;
 use super::db::Db;
+use super::fleet;
+use super::producers;
 use super::{StoreError, StoreResult, parse_column};
 use baton_shared::ids::Role;
 use rusqlite::OptionalExtension;
+
+/// A certificate just issued, to be recorded (owned; see `Issued`).
+#[derive(Debug, Clone)]
+pub struct Enrollment {
+    /// Node or producer.
+    pub role: baton_shared::ids::Role,
+    /// The host or producer name.
+    pub name: String,
+    /// The certificate's serial (lowercase hex).
+    pub serial: String,
+    /// When it expires (unix seconds).
+    pub not_after_unix: i64,
+    /// A producer's publish scope, set in the same transaction, when given.
+    pub scope: Option<Vec<String>>,
+    /// Revoke the name's other unrevoked certificates in the same transaction (a renewal).
+    pub revoke_old: bool,
+    /// Why, recorded in the audit log with the enrollment (as every changing command's
+    /// `--reason` is).
+    pub reason: String,
+    /// A producer's quota, set in the same transaction when it changes anything (an empty
+    /// change leaves the stored quota, or the default, as it is).
+    pub quota: producers::QuotaChange,
+}
+
+impl Store {
+    /// A certificate's standing (`None`: not in the record).
+    pub async fn cert_status(&self, serial: String) -> StoreResult<Option<CertStatus>> {
+        self.conns.read(move |c| cert_status(c, &serial)).await
+    }
+
+    /// Records an operator event in the audit log (a CA change).
+    pub async fn record_operator_event(
+        &self,
+        action: String,
+        subject: String,
+        operator: String,
+        note: Option<String>,
+    ) -> StoreResult<()> {
+        let clock = self.clock.clone();
+        self.conns
+            .write(move |c| record_operator_event(c, &action, &subject, &operator, note.as_deref(), clock.now_ms()))
+            .await
+    }
+
+    /// The roles `name` is enrolled in.
+    pub async fn enrolled_roles(&self, name: String) -> StoreResult<Vec<baton_shared::ids::Role>> {
+        self.conns.read(move |c| enrolled_roles(c, &name)).await
+    }
+
+    /// Records an issued certificate, in one transaction: refused (`Invalid`) when the name is
+    /// enrolled in the other role; with the producer's scope when given; revoking the name's
+    /// other certificates when asked. Returns the serials revoked.
+    pub async fn enroll(&self, e: Enrollment, operator: String) -> StoreResult<Vec<String>> {
+        let clock = self.clock.clone();
+        self.conns
+            .write(move |c| {
+                let now_ms = clock.now_ms();
+                let (role, name) = (e.role, e.name.as_str());
+                if let Some(r) = enrolled_roles(c, name)?.into_iter().find(|r| *r != role) {
+                    return Err(StoreError::Invalid(format!(
+                        "{name} is already enrolled as a {r}; a name has one role only"
+                    )));
+                }
+                let issued = Issued { role, name, serial: &e.serial, not_after_unix: e.not_after_unix };
+                enroll(c, issued, &operator, &e.reason, now_ms)?;
+                if let Some(patterns) = &e.scope {
+                    producers::set_scope(c, name, patterns, &operator, "enrolled", now_ms)?;
+                }
+                if !e.quota.is_empty() {
+                    producers::set_quota(c, name, e.quota, &operator, &e.reason, now_ms)?;
+                }
+                let mut revoked = Vec::new();
+                if e.revoke_old {
+                    for old in fleet::certificates(c, Some((role, name)))? {
+                        if old.revoked.is_none() && old.serial != e.serial {
+                            revoked.extend(revoke(
+                                c,
+                                &old.serial,
+                                &operator,
+                                "renewed; old certificate revoked",
+                                now_ms,
+                            )?);
+                        }
+                    }
+                }
+                Ok(revoked)
+            })
+            .await
+    }
+
+    /// Revokes every unrevoked certificate of a name, or one by serial; returns the serials.
+    pub async fn revoke(&self, name_or_serial: String, by: By) -> StoreResult<Vec<String>> {
+        let clock = self.clock.clone();
+        self.conns.write(move |c| revoke(c, &name_or_serial, &by.operator, &by.reason, clock.now_ms())).await
+    }
+}
 
 /// Records an operator action that is not a delivery transition.
 pub fn record_operator_event(

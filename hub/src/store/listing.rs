@@ -3,11 +3,44 @@
 //! costs the same however deep it lies and nothing is silently cut off. And ids taken by a
 //! unique prefix.
 
+use super::Store;
 use super::db::{Db, Dialect};
+use super::explain;
 use super::read::{DeliveryRow, delivery_row};
 use super::{StoreError, StoreResult};
 use baton_shared::states::{DeliveryState, Outcome};
 use rusqlite::named_params;
+
+impl Store {
+    /// The delivery an id or a unique prefix names.
+    pub async fn resolve_delivery(&self, prefix: String) -> StoreResult<Resolved> {
+        self.conns.read(move |c| resolve_delivery(c, &prefix)).await
+    }
+
+    /// One page of deliveries, each that is not final with its one-line reason at `now_ms`
+    /// (and, with `short_ids`, its shortest unique id prefix), and the cursor of the next page.
+    pub async fn deliveries_page(
+        &self,
+        q: ListQuery,
+        now_ms: i64,
+        silence_warn_ms: i64,
+        short_ids: bool,
+    ) -> StoreResult<(Vec<Listed>, Option<i64>)> {
+        self.conns
+            .read(move |c| {
+                let page = page(c, &q)?;
+                let mut explainer = explain::Explainer::new(c, now_ms, silence_warn_ms)?;
+                let mut listed = Vec::with_capacity(page.rows.len());
+                for (row, cursor) in page.rows.into_iter().zip(page.cursors) {
+                    let why = explainer.reason(&row)?;
+                    let short_id = if short_ids { Some(short_id(c, &row.delivery_id)?) } else { None };
+                    listed.push(Listed { row, why, cursor, short_id });
+                }
+                Ok((listed, page.next))
+            })
+            .await
+    }
+}
 
 /// The most matches an ambiguous id prefix reports.
 pub const PREFIX_MATCHES_SHOWN_MAX: usize = 10;

@@ -30,12 +30,58 @@
 //! recipient of a post without `to`. The same invariant holds: at most one open grant per
 //! (conversation, host), never rewritten.
 
+use super::By;
+use super::Store;
 use super::db::Db;
 use super::hosts::record_operator_event;
 use super::{StoreError, StoreResult};
 use baton_shared::ids::check_name;
 use baton_shared::wire::{ConversationView, MemberView, MembershipInterval};
 use rusqlite::{OptionalExtension, named_params};
+
+/// A membership change's direction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Membership {
+    /// The hosts join.
+    Join,
+    /// The hosts leave.
+    Leave,
+    /// `to` may name the hosts from now on, though they are not members.
+    AllowMention,
+    /// `to` may no longer name the hosts (unless they are members).
+    DisallowMention,
+}
+
+impl Store {
+    /// The membership registry: of one conversation, or of all.
+    pub async fn members(&self, conversation: Option<String>) -> StoreResult<Vec<ConversationMembers>> {
+        self.conns.read(move |c| list(c, conversation.as_deref())).await
+    }
+
+    /// The hosts join or leave the conversation, in one transaction; one change per host.
+    pub async fn members_change(
+        &self,
+        direction: Membership,
+        conversation: String,
+        hosts: Vec<String>,
+        by: By,
+    ) -> StoreResult<Vec<MemberChange>> {
+        let clock = self.clock.clone();
+        self.conns
+            .write(move |c| {
+                let now = clock.now_ms();
+                match direction {
+                    Membership::Join => add(c, &conversation, &hosts, &by.operator, &by.reason, now),
+                    Membership::Leave => remove(c, &conversation, &hosts, &by.operator, &by.reason, now),
+                    Membership::AllowMention => allow_mention(c, &conversation, &hosts, &by.operator, &by.reason, now),
+                    Membership::DisallowMention => {
+                        disallow_mention(c, &conversation, &hosts, &by.operator, &by.reason, now)
+                    }
+                }
+            })
+            .await
+    }
+}
 
 /// Most current members one conversation may have: every post without `to` fans out to all of
 /// them, so this bounds one message's fan-out the way `recipients_max` bounds `to`.

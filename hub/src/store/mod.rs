@@ -1,12 +1,12 @@
-//! The hub's record, behind one narrow interface: `Store` (in `api`).
+//! The hub's record, behind one narrow interface: `Store` (in `handle`).
 //!
 //! Everything the HTTP layer, the background tasks, the status page, the metrics and the CLI
 //! may do to the record is an async method of `Store`, named for the operation (`submit`,
 //! `claim`, `ack`, `report`, `fence_set`, `repair`, `verify`, ...), taking and returning plain
 //! Rust and wire types and failing with `StoreError`; nothing outside this module tree writes
-//! SQL or holds a connection. `Store` chooses its backend inside (`Backend`, today SQLite
-//! only); a second backend (SPEC §11) is a new variant with an arm in each method, and no
-//! caller changes.
+//! SQL or holds a connection. Each method stands at the top of the module that does the
+//! operation, above its synchronous body; no method names a backend (SPEC §11): the bodies run
+//! over `db::Db`, which SQLite's connection and PostgreSQL's `PgConn` both are.
 //!
 //! For SQLite, the operations' bodies are the plain synchronous functions of the modules below,
 //! over a `rusqlite::Connection` (inside a write transaction when they change anything), run by
@@ -14,7 +14,8 @@
 //! or in place with `in_write_txn` (the CLI); the unit tests call them directly.
 //!
 //! Layout:
-//! - `api`: `Store`, the one door to the record, and the plain types its operations take.
+//! - `handle`: `Store`, the one door to the record, its constructors, and how its methods
+//!   reach the record (`Conns`: the writer and readers, or one connection in place).
 //! - `writer`: the writer thread (one owner of the write connection, group commit) and the
 //!   reader pool.
 //! - `transition`: the SPEC §2 transition table and the one guarded update every transition uses.
@@ -43,8 +44,16 @@
 //! or payload) is a `StoreError::Corrupt` naming its table, row and column; it never becomes a
 //! default.
 
+/// The operator's attribution of a change: who, and why.
+#[derive(Debug, Clone)]
+pub struct By {
+    /// The operator.
+    pub operator: String,
+    /// The reason recorded.
+    pub reason: String,
+}
+
 pub mod accept;
-pub mod api;
 pub mod approval;
 pub mod audit;
 pub mod backup;
@@ -56,6 +65,7 @@ pub mod explain;
 pub mod fences;
 pub mod fleet;
 pub mod gauges;
+pub mod handle;
 pub mod hosts;
 pub mod listing;
 pub mod members;
@@ -78,7 +88,7 @@ pub mod writer;
 #[path = "tests/text_values.rs"]
 mod text_values;
 
-pub use api::Store;
+pub use handle::Store;
 pub use writer::{Readers, Writer};
 
 use baton_shared::error::ErrorCode;
@@ -211,7 +221,7 @@ pub enum StoreError {
     Storage(String),
     /// PostgreSQL ended the transaction to resolve a conflict with another one (a deadlock,
     /// 40P01, or a serialization failure, 40001): running it again may succeed. The store runs
-    /// such an operation again (`api`, `conflict_retries`); past that it is answered as
+    /// such an operation again (`handle`, `conflict_retries`); past that it is answered as
     /// storage unavailable. Details are logged.
     #[error("storage conflict: {0}")]
     Conflict(String),
@@ -474,7 +484,7 @@ mod tests {
         ("store::tests::a_new_record", "the SQLite file's page size"),
         ("store::backup::", "a copy of the SQLite file"),
         ("store::writer::", "the SQLite writer and reader pool on a file path"),
-        ("store::api::", "served and direct stores over one SQLite file"),
+        ("store::handle::", "served and direct stores over one SQLite file"),
         ("store::transfer::", "copies between an SQLite file and a cluster of its own"),
         ("store::fences::tests::a_corrupt_fence", "damage written past SQLite's CHECK constraints"),
         ("store::hosts::tests::a_corrupt_role", "damage written past SQLite's CHECK constraints"),

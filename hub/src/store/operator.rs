@@ -2,12 +2,120 @@
 //! requeueing what a vanished instance held (cancel, retry and redrive are in `turns`). Each change carries who made it and why.
 //! (Hosts and certificates are in `hosts`, fences in `fences`.)
 
+use super::By;
+use super::Store;
 use super::db::Db;
+use super::fences;
+use super::hosts;
+use super::hosts::Standing;
 use super::hosts::record_operator_event;
+use super::members;
 use super::transition::{self, Change};
 use super::{Actor, StoreError, StoreResult, state_column};
 use baton_shared::states::DeliveryState::{self, *};
 use rusqlite::{OptionalExtension, named_params};
+
+/// What `release` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Release {
+    /// The deliveries released.
+    Released(Vec<String>),
+    /// Nothing was released: these active hold or block fences would catch the release again at
+    /// the next claim (their descriptions).
+    WouldHoldAgain(Vec<String>),
+}
+
+/// What a delivery selector names, owned (see `Selector`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Select {
+    /// One delivery by id.
+    Delivery(String),
+    /// Every matching delivery of a conversation.
+    Conversation(String),
+}
+
+impl Select {
+    fn as_selector(&self) -> Selector<'_> {
+        match self {
+            Select::Delivery(id) => Selector::Delivery(id),
+            Select::Conversation(c) => Selector::Conversation(c),
+        }
+    }
+}
+
+/// The active hold or block fences that would catch the selected held deliveries again at the
+/// next claim, described; empty when a release would stick.
+fn would_hold_again(conn: &dyn Db, sel: Selector<'_>) -> StoreResult<Vec<String>> {
+    let active = fences::active(conn)?;
+    let mut named: Vec<String> = Vec::new();
+    for (conversation, host) in held_targets(conn, sel)? {
+        if let Some(f) = fences::strongest(&active, &conversation, &host)
+            && f.kind != fences::FenceKind::Pause
+        {
+            let d = f.describe();
+            if !named.contains(&d) {
+                named.push(d);
+            }
+        }
+    }
+    Ok(named)
+}
+
+impl Store {
+    /// Releases held deliveries (after the fences whose time is up are lifted); unless `force`,
+    /// refuses, releasing nothing, when an active hold or block fence would catch them again.
+    pub async fn release(&self, sel: Select, by: By, force: bool) -> StoreResult<Release> {
+        let clock = self.clock.clone();
+        self.conns
+            .write(move |c| {
+                let now_ms = clock.now_ms();
+                fences::lift_expired(c, now_ms)?;
+                if !force {
+                    let named = would_hold_again(c, sel.as_selector())?;
+                    if !named.is_empty() {
+                        return Ok(Release::WouldHoldAgain(named));
+                    }
+                }
+                release(c, sel.as_selector(), &by.operator, &by.reason, now_ms).map(Release::Released)
+            })
+            .await
+    }
+
+    /// What `retire` would do to the host, changing nothing (`NotFound` as `retire`).
+    pub async fn retire_plan(&self, host: String) -> StoreResult<RetirePlan> {
+        self.conns.read(move |c| retire_plan(c, &host)).await
+    }
+
+    /// Retires the host: its pending work swept and every membership ended, in one
+    /// transaction. Returns what was swept and the conversations it left.
+    pub async fn retire(&self, host: String, by: By) -> StoreResult<(Swept, Vec<String>)> {
+        let clock = self.clock.clone();
+        self.conns
+            .write(move |c| {
+                let swept = retire(c, &host, &by.operator, &by.reason, clock.now_ms())?;
+                let left = members::leave_all(c, &host, &by.operator, &by.reason, clock.now_ms())?;
+                Ok((swept, left))
+            })
+            .await
+    }
+
+    /// Requeues what the instance holds (on `host` only, when given; an unenrolled host is
+    /// `Invalid`).
+    pub async fn requeue(&self, instance: String, host: Option<String>, by: By) -> StoreResult<Swept> {
+        let clock = self.clock.clone();
+        self.conns
+            .write(move |c| match host {
+                Some(host) => {
+                    if hosts::standing(c, &host)? == Standing::NotEnrolled {
+                        return Err(StoreError::Invalid(format!("host {host:?} is not enrolled")));
+                    }
+                    requeue_host_instance(c, &host, &instance, &by.operator, &by.reason, clock.now_ms())
+                }
+                None => requeue_instance(c, &instance, &by.operator, &by.reason, clock.now_ms()),
+            })
+            .await
+    }
+}
 
 fn ids_where(conn: &dyn Db, sql: &str, arg: &str) -> StoreResult<Vec<(String, DeliveryState)>> {
     let rows = conn

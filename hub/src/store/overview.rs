@@ -3,11 +3,86 @@
 //! counts, and the recent deliveries that failed or ended `unknown`. Read-only: every function
 //! here runs on a read connection. "Waiting" is queued or held, as in `host_backlog`.
 
+use super::Store;
 use super::StoreResult;
 use super::db::Db;
+use super::fences;
+use super::fences::FenceRow;
+use super::fleet;
+use super::fleet::HostRow;
+use super::fleet::SilentHost;
+use super::read;
+use super::read::StatusView;
 use super::read::{DeliveryRow, delivery_row};
 use baton_shared::states::Outcome;
 use rusqlite::named_params;
+use std::time::Duration;
+
+/// Everything the status page's overview shows, read in one snapshot.
+#[derive(Debug, Clone)]
+pub struct Overview {
+    /// Counts per state, fences, hosts.
+    pub status: StatusView,
+    /// Deliveries by their current run's outcome.
+    pub outcomes: Vec<(Outcome, i64)>,
+    /// Every host.
+    pub hosts: Vec<HostRow>,
+    /// Each host's backlog.
+    pub backlogs: Vec<HostBacklog>,
+    /// The deepest conversation backlogs.
+    pub conversations: Vec<ConversationBacklog>,
+    /// Active fences.
+    pub fences: Vec<FenceRow>,
+    /// Hosts silent longer than the warning.
+    pub silent: Vec<SilentHost>,
+    /// Recent failed or `unknown` deliveries.
+    pub trouble: Vec<Trouble>,
+    /// How many turns run now.
+    pub running_total: i64,
+    /// The turns that have run longest.
+    pub running: Vec<RunningTurn>,
+}
+
+/// Reads the overview at `now_ms` on `conn` (inside one read transaction: one snapshot).
+pub(crate) fn gather(conn: &dyn Db, now_ms: i64, silence: Duration) -> StoreResult<Overview> {
+    let silence_ms = i64::try_from(silence.as_millis()).unwrap_or(i64::MAX);
+    let (running_total, running) = running_turns(conn, RUNNING_SHOWN_MAX)?;
+    Ok(Overview {
+        status: read::status(conn)?,
+        outcomes: outcome_counts(conn)?,
+        hosts: fleet::hosts(conn)?,
+        backlogs: host_backlogs(conn)?,
+        conversations: conversation_backlogs(conn, CONVERSATIONS_SHOWN_MAX)?,
+        fences: fences::list(conn, false)?,
+        silent: fleet::silent_hosts(conn, now_ms, silence_ms)?,
+        trouble: recent_trouble(conn, TROUBLE_SHOWN_MAX)?,
+        running_total,
+        running,
+    })
+}
+
+impl Store {
+    /// The status page's overview at `now_ms`, flagging hosts silent longer than `silence`.
+    pub async fn overview(&self, now_ms: i64, silence: Duration) -> StoreResult<Overview> {
+        self.conns.read(move |c| gather(c, now_ms, silence)).await
+    }
+
+    /// Messages, deliveries and outcomes per minute over the last hour (`rates`).
+    pub async fn rates(&self, now_ms: i64) -> StoreResult<Rates> {
+        self.conns.read(move |c| rates(c, now_ms)).await
+    }
+
+    /// The deliveries an id prefix, a message id, a conversation or a host names, newest first
+    /// (`search`).
+    pub async fn search(&self, q: String) -> StoreResult<Vec<DeliveryRow>> {
+        self.conns.read(move |c| search(c, &q, SEARCH_SHOWN_MAX)).await
+    }
+
+    /// How many deliveries ended `unknown` at or after `since_ms` (`unknown_since`).
+    pub async fn unknown_since(&self, since_ms: i64) -> StoreResult<i64> {
+        self.conns.read(move |c| unknown_since(c, since_ms)).await
+    }
+}
 
 /// Most conversations the status page lists in its backlog (deepest first).
 pub const CONVERSATIONS_SHOWN_MAX: u32 = 50;

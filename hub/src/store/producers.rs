@@ -12,11 +12,53 @@
 //! (`check_quota`, after the idempotency branch: a replay is never refused by it) and refuses
 //! with `OverQuota` (429, a code naming the quota). `QUOTA_DEFAULT`: none.
 
+use super::By;
+use super::Store;
 use super::db::Db;
 use super::hosts::record_operator_event;
+use super::members;
 use super::{StoreError, StoreResult};
 use baton_shared::ids::{NAME_CHARS_MAX, check_name};
+use baton_shared::wire::ConversationView;
 use rusqlite::{OptionalExtension, named_params};
+
+impl Store {
+    /// Replaces the producer's approval right (`set_approvals`); returns it.
+    pub async fn producer_approve(&self, producer: String, patterns: Vec<String>, by: By) -> StoreResult<Vec<String>> {
+        let clock = self.clock.clone();
+        self.conns
+            .write(move |c| set_approvals(c, &producer, &patterns, &by.operator, &by.reason, clock.now_ms()))
+            .await
+    }
+
+    /// A conversation's `last_seq` and membership registry, for a producer whose publish scope
+    /// covers it.
+    pub async fn conversation_for(&self, producer: String, conversation: String) -> StoreResult<ConversationView> {
+        self.conns
+            .read(move |c| {
+                check_may_post(c, &producer, &conversation)?;
+                members::view(c, &conversation)
+            })
+            .await
+    }
+
+    /// Every producer's publish scope.
+    pub async fn producers(&self) -> StoreResult<Vec<ProducerRow>> {
+        self.conns.read(list).await
+    }
+
+    /// Sets the producer's publish scope; returns it as stored.
+    pub async fn producer_scope(&self, producer: String, patterns: Vec<String>, by: By) -> StoreResult<Vec<String>> {
+        let clock = self.clock.clone();
+        self.conns.write(move |c| set_scope(c, &producer, &patterns, &by.operator, &by.reason, clock.now_ms())).await
+    }
+
+    /// Changes the producer's quota; returns the quota now in force.
+    pub async fn producer_quota(&self, producer: String, change: QuotaChange, by: By) -> StoreResult<Quota> {
+        let clock = self.clock.clone();
+        self.conns.write(move |c| set_quota(c, &producer, change, &by.operator, &by.reason, clock.now_ms())).await
+    }
+}
 
 /// Most patterns one producer's scope may hold; the accept checks them all on every post.
 pub const SCOPE_PATTERNS_MAX: usize = 64;

@@ -12,12 +12,57 @@
 //! may be many on a live host: they are kept, counted and named, and a later purge takes them
 //! once settled. A message whose fan-out is not done is not touched.
 
+use super::By;
+use super::Store;
 use super::StoreResult;
 use super::db::Db;
 use super::hosts::record_operator_event;
 use super::retention::UNFINISHED;
 use baton_shared::states::DeliveryState;
 use rusqlite::named_params;
+
+/// What a purge names, owned (see `Target`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PurgeOf {
+    /// One message, by id.
+    Message(String),
+    /// Every message of a conversation.
+    Conversation(String),
+}
+
+impl PurgeOf {
+    fn as_target(&self) -> Target<'_> {
+        match self {
+            PurgeOf::Message(m) => Target::Message(m),
+            PurgeOf::Conversation(c) => Target::Conversation(c),
+        }
+    }
+}
+
+impl Store {
+    /// What purging `target` would remove, changing nothing.
+    pub async fn purge_plan(&self, target: PurgeOf) -> StoreResult<Plan> {
+        self.conns.read(move |c| plan(c, target.as_target())).await
+    }
+
+    /// Purges `target` when every delivery of it is settled; returns the plan it followed.
+    pub async fn purge(&self, target: PurgeOf, by: By) -> StoreResult<Plan> {
+        let clock = self.clock.clone();
+        self.conns.write(move |c| purge(c, target.as_target(), &by.operator, &by.reason, clock.now_ms())).await
+    }
+
+    /// What purging the settled deliveries of recipient `host` would remove, changing nothing.
+    pub async fn purge_host_plan(&self, host: String) -> StoreResult<HostPlan> {
+        self.conns.read(move |c| host_plan(c, &host)).await
+    }
+
+    /// Purges the settled deliveries of recipient `host` (and the messages only it received);
+    /// returns the plan it followed.
+    pub async fn purge_host(&self, host: String, by: By) -> StoreResult<HostPlan> {
+        let clock = self.clock.clone();
+        self.conns.write(move |c| purge_host(c, &host, &by.operator, &by.reason, clock.now_ms())).await
+    }
+}
 
 /// The most unfinished deliveries a refusal names.
 pub const UNSETTLED_SHOWN_MAX: usize = 20;

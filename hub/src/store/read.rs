@@ -1,12 +1,57 @@
 //! Read-only views: messages with deliveries and attempts, delivery listings with their event
 //! history, and the status overview.
 
+use super::Store;
 use super::db::{Db, Row};
 use super::report::{ATTEMPT_COLUMNS, attempt_row};
 use super::{ActorKind, StoreError, StoreResult, json_column, parse_column, parse_column_opt, state_column};
 use baton_shared::states::{DeliveryState, Outcome};
 use baton_shared::wire::{AttemptView, DeliveryView, MessageView};
 use rusqlite::{OptionalExtension, named_params};
+
+impl Store {
+    // ---- Reads for operators, status and metrics ----
+
+    /// Whether the record is in use (hosts, certificates, messages): `init` refuses to put a new
+    /// CA over one that is.
+    pub async fn in_use(&self) -> StoreResult<InUse> {
+        self.conns.read(in_use).await
+    }
+
+    /// Counts per state, pending fan-out, fences and hosts.
+    pub async fn status(&self) -> StoreResult<StatusView> {
+        self.conns.read(status).await
+    }
+
+    /// One delivery with its events and attempts.
+    pub async fn delivery_detail(&self, delivery_id: String) -> StoreResult<DeliveryDetail> {
+        self.conns.read(move |c| delivery_detail(c, &delivery_id)).await
+    }
+
+    /// The id of `producer`'s message with idempotency key `key`, if any.
+    pub async fn message_id_by_key(&self, producer: String, key: String) -> StoreResult<Option<String>> {
+        self.conns.read(move |c| message_id_by_key(c, &producer, &key)).await
+    }
+
+    /// A message with its deliveries and attempts.
+    pub async fn message_by_id(&self, message_id: String) -> StoreResult<MessageView> {
+        self.conns.read(move |c| message_view(c, &message_id)).await
+    }
+
+    /// The bytes the record takes (`store_bytes`), for `limits.store_bytes_max`.
+    pub async fn store_bytes(&self) -> StoreResult<i64> {
+        self.conns.read(store_bytes).await
+    }
+
+    /// One delivery of a message with all its attempts, and the message's producer.
+    pub async fn delivery_of_message(
+        &self,
+        message_id: String,
+        delivery_id: String,
+    ) -> StoreResult<(String, DeliveryView)> {
+        self.conns.read(move |c| delivery_view(c, &message_id, &delivery_id)).await
+    }
+}
 
 /// Finds a message id by producer and idempotency key.
 pub fn message_id_by_key(conn: &dyn Db, producer: &str, key: &str) -> StoreResult<Option<String>> {

@@ -3,15 +3,125 @@
 //! Invariant: `(host, report_id)` is unique, so a retried report is counted once; the same id
 //! with different content is refused and changes nothing.
 
+use super::Store;
+use super::claim::NodeAt;
 use super::db::{Db, Row};
+use super::gauges;
+use super::sessions;
 use super::transition::{self, Change, Holder};
 use super::{Actor, StoreError, StoreResult, corrupt, new_id, parse_column, parse_column_opt};
 use baton_shared::crash_point;
 use baton_shared::states::{DeliveryState, Outcome, Rerun};
 use baton_shared::wire::AttemptView;
+use baton_shared::wire::ReportRequest;
 use rusqlite::{OptionalExtension, named_params};
 use sha2::{Digest, Sha256};
 use std::time::Duration;
+
+/// What a report recorded: the attempt, whether it was recorded before (a replay), and when a
+/// retry the harness asked for becomes due.
+pub type Reported = (AttemptView, bool, Option<i64>);
+
+/// The retry bounds a report applies (`limits.retry_backoff`, `limits.retry_backoff_max`).
+#[derive(Debug, Clone, Copy)]
+pub struct Backoff {
+    /// The first retry's backoff when the message names none.
+    pub base: Duration,
+    /// The longest backoff.
+    pub max: Duration,
+}
+
+/// The bounds a report applies: its retry's backoff, and how much of its stderr tail the record
+/// keeps (`limits.stderr_tail_bytes_max`).
+#[derive(Debug, Clone, Copy)]
+pub struct ReportBounds {
+    /// The retry bounds.
+    pub backoff: Backoff,
+    /// Most bytes of a stderr tail kept: its last ones, the rest counted as dropped.
+    pub stderr_tail_bytes_max: u64,
+    /// Failed turns in a row that trip a conversation's breaker (`limits.breaker_failures`;
+    /// 0: off).
+    pub breaker_failures: u32,
+}
+
+impl From<Backoff> for ReportBounds {
+    /// These retry bounds, and the default stderr bound.
+    fn from(backoff: Backoff) -> ReportBounds {
+        ReportBounds {
+            backoff,
+            stderr_tail_bytes_max: baton_shared::limits::STDERR_TAIL_BYTES_MAX_DEFAULT,
+            breaker_failures: 0,
+        }
+    }
+}
+
+/// A report request as the store records it.
+pub(super) fn new_report(req: &ReportRequest) -> NewReport<'_> {
+    NewReport {
+        delivery_id: &req.delivery_id,
+        holder: Holder { instance_id: &req.instance_id, claim_token: &req.claim_token },
+        report_id: &req.report_id,
+        outcome: req.outcome,
+        exit_code: req.exit_code,
+        duration_ms: req.duration_ms,
+        result: req.result.as_deref(),
+        reason: req.reason.as_deref(),
+        stderr_tail: req.stderr_tail.as_deref(),
+        stderr_dropped_bytes: req.stderr_dropped_bytes,
+    }
+}
+
+/// A report's run and its bounds.
+pub(super) fn run_report(req: &ReportRequest, session: Option<u64>, bounds: ReportBounds) -> RunReport {
+    RunReport {
+        attempt: req.attempt,
+        signal: req.signal,
+        session,
+        retry_backoff: bounds.backoff.base,
+        retry_backoff_max: bounds.backoff.max,
+        stderr_tail_bytes_max: bounds.stderr_tail_bytes_max,
+        breaker_failures: bounds.breaker_failures,
+    }
+}
+
+/// Records a newly recorded attempt (committed: `accepted_at_ms` is `None` for a replay) in the
+/// turn histograms: how long the turn ran, as its node measured it, and, when the outcome
+/// settles the delivery (no retry follows), how long after its message's acceptance.
+pub(super) fn observe_turn(attempt: &AttemptView, accepted_at_ms: Option<i64>) {
+    let Some(accepted_at_ms) = accepted_at_ms else { return };
+    let outcome = attempt.outcome.as_str();
+    if let Some(ms) = attempt.duration_ms {
+        metrics::histogram!("baton_hub_turn_duration_seconds", "outcome" => outcome).record(ms as f64 / 1000.0);
+    }
+    if !attempt.retryable {
+        let ms = attempt.reported_at_ms.saturating_sub(accepted_at_ms).max(0);
+        metrics::histogram!("baton_hub_accept_to_outcome_seconds", "outcome" => outcome).record(ms as f64 / 1000.0);
+    }
+}
+
+impl Store {
+    /// Records one attempt report (after the session check).
+    pub async fn report(
+        &self,
+        node: NodeAt,
+        req: ReportRequest,
+        bounds: impl Into<ReportBounds>,
+    ) -> StoreResult<Reported> {
+        let (clock, bounds) = (self.clock.clone(), bounds.into());
+        let (reported, accepted_at_ms) = self
+            .conns
+            .write(move |c| {
+                sessions::check(c, &node.host, node.session)?;
+                let run = run_report(&req, node.session, bounds);
+                let reported = report_run(c, &node.host, &new_report(&req), &run, clock.now_ms())?;
+                let accepted_at_ms = if reported.1 { None } else { gauges::accepted_at(c, &req.delivery_id)? };
+                Ok((reported, accepted_at_ms))
+            })
+            .await?;
+        observe_turn(&reported.0, accepted_at_ms);
+        Ok(reported)
+    }
+}
 
 /// A validated report.
 #[derive(Debug, Clone)]

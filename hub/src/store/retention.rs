@@ -11,8 +11,26 @@
 //! operator history once lifted, and without the sweep the table only ever grew. An active
 //! fence is never removed, however old.
 
+use super::Store;
 use super::StoreResult;
 use super::db::Db;
+
+impl Store {
+    /// Removes up to `max` settled messages settled before `cutoff_ms`; returns how many.
+    pub async fn retention_sweep(&self, cutoff_ms: i64, max: usize) -> StoreResult<usize> {
+        self.conns.write(move |c| sweep(c, cutoff_ms, max)).await
+    }
+
+    /// Removes up to `max` audit rows written before `cutoff_ms`; returns how many.
+    pub async fn audit_sweep(&self, cutoff_ms: i64, max: usize) -> StoreResult<usize> {
+        self.conns.write(move |c| sweep_audit(c, cutoff_ms, max)).await
+    }
+
+    /// Removes up to `max` fences lifted before `cutoff_ms`; returns how many.
+    pub async fn fence_sweep(&self, cutoff_ms: i64, max: usize) -> StoreResult<usize> {
+        self.conns.write(move |c| sweep_fences(c, cutoff_ms, max)).await
+    }
+}
 
 /// Most messages removed per sweep transaction, so a sweep never holds the writer for long.
 pub const SWEEP_MESSAGES_MAX: usize = 5_000;

@@ -19,11 +19,52 @@
 //! the previous row is ended `superseded`, the new row names it in `took_over`, and an operator
 //! event records it.
 
+use super::Store;
+use super::claim::NodeAt;
+use super::claim::RebindLimit;
 use super::claim::bind_instance;
 use super::db::Db;
 use super::hosts::{self, Standing};
 use super::{StoreError, StoreResult};
 use rusqlite::{OptionalExtension, named_params};
+use std::time::Duration;
+
+impl Store {
+    /// Records the node sessions' last contact: `(host, session, at_ms)`.
+    pub async fn record_contacts(&self, contacts: Vec<(String, u64, i64)>) -> StoreResult<()> {
+        self.conns.write(move |c| record_contacts(c, &contacts)).await
+    }
+
+    // ---- Nodes ----
+
+    /// Registers a fresh node session of `host` for `instance_id`.
+    pub async fn open_session(
+        &self,
+        host: String,
+        instance_id: String,
+        node_version: Option<String>,
+        rebind: RebindLimit,
+        start_lease: Duration,
+    ) -> StoreResult<Opened> {
+        let clock = self.clock.clone();
+        let lease_ms = u64::try_from(start_lease.as_millis()).unwrap_or(u64::MAX);
+        self.conns
+            .write(move |c| open(c, &host, &instance_id, node_version.as_deref(), rebind, lease_ms, clock.now_ms()))
+            .await
+    }
+
+    /// Ends the node session `session` of `instance_id` cleanly (the request's own session,
+    /// `node.session`, checked first).
+    pub async fn end_session(&self, node: NodeAt, instance_id: String, session: u64) -> StoreResult<()> {
+        let clock = self.clock.clone();
+        self.conns
+            .write(move |c| {
+                check(c, &node.host, node.session)?;
+                end(c, &node.host, &instance_id, session, clock.now_ms())
+            })
+            .await
+    }
+}
 
 /// What registering a session did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

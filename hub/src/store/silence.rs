@@ -8,11 +8,26 @@
 //! while the requeued delivery is handed out again. Delivered deliveries are never touched:
 //! they may be running on the silent node.
 
+use super::Store;
 use super::db::Db;
 use super::transition::{self, Change, Holder};
 use super::{Actor, StoreResult, state_column};
 use baton_shared::states::DeliveryState;
 use rusqlite::named_params;
+
+impl Store {
+    /// Node instances whose open session was last heard from before `cutoff_ms` and that hold
+    /// claimed or mirrored deliveries.
+    pub async fn silent_holders(&self, cutoff_ms: i64) -> StoreResult<Vec<SilentHolder>> {
+        self.conns.read(move |c| silent_holders(c, cutoff_ms)).await
+    }
+
+    /// Returns to the queue what the silent instance `who` holds, if it is still silent;
+    /// returns the deliveries requeued.
+    pub async fn requeue_silent(&self, who: SilentHolder, cutoff_ms: i64, now_ms: i64) -> StoreResult<Vec<String>> {
+        self.conns.write(move |c| requeue_silent(c, &who, cutoff_ms, now_ms)).await
+    }
+}
 
 /// A silent node instance that holds claimed or mirrored deliveries.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -14,14 +14,140 @@
 //! a new run (`attempt + 1`, `rerun = 'redrive'`), clearing the holder, start and cancel of the
 //! run before; it is the only run handed out out of `seq` order.
 
+use super::By;
+use super::Store;
 use super::db::Db;
 use super::hosts::record_operator_event;
+use super::sessions;
 use super::transition::{self, Change};
 use super::{Actor, StoreError, StoreResult, parse_column_opt, state_column};
 use baton_shared::states::DeliveryState::{self, *};
 use baton_shared::states::Outcome;
 use baton_shared::wire::{CancelNotice, CancelResult, StartItem, StartResult};
 use rusqlite::{OptionalExtension, named_params};
+
+/// Which deliveries a cancel of many picks (owned; see `CancelScope`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CancelOf {
+    /// One delivery, by id.
+    Delivery(String),
+    /// Every delivery of a conversation a cancel can still change.
+    Conversation(String),
+    /// Every delivery to a host a cancel can still change.
+    Host(String),
+}
+
+impl Store {
+    /// The producer `producer` cancels its message `message_id`.
+    pub async fn cancel_message(
+        &self,
+        message_id: String,
+        producer: String,
+        reason: String,
+    ) -> StoreResult<Vec<baton_shared::wire::CancelResult>> {
+        let clock = self.clock.clone();
+        self.conns.write(move |c| cancel_message(c, &message_id, &producer, &reason, clock.now_ms())).await
+    }
+
+    /// Which of the turns the node is about to start may run (recording the starts allowed).
+    pub async fn start_turns(
+        &self,
+        host: String,
+        instance_id: String,
+        session: u64,
+        starts: Vec<StartItem>,
+    ) -> StoreResult<Vec<StartResult>> {
+        let clock = self.clock.clone();
+        self.conns
+            .write(move |c| {
+                sessions::check(c, &host, Some(session))?;
+                let now = clock.now_ms();
+                let results = start(c, &host, &instance_id, session, &starts, now)?;
+                sessions::renew_lease(c, &host, session, now)?;
+                Ok(results)
+            })
+            .await
+    }
+
+    /// The operator cancels the deliveries `which` names (or, with `dry_run`, says what a cancel
+    /// would do, changing nothing), in one transaction; one result per delivery.
+    pub async fn cancel(
+        &self,
+        which: CancelOf,
+        by: By,
+        dry_run: bool,
+    ) -> StoreResult<Vec<baton_shared::wire::CancelResult>> {
+        let clock = self.clock.clone();
+        self.conns
+            .write(move |c| {
+                let ids = match &which {
+                    CancelOf::Delivery(id) => vec![id.clone()],
+                    CancelOf::Conversation(conv) => cancellable(c, CancelScope::Conversation(conv))?,
+                    CancelOf::Host(host) => cancellable(c, CancelScope::Host(host))?,
+                };
+                let canceller = Canceller::Operator(&by.operator);
+                ids.iter().map(|id| cancel(c, id, canceller, &by.reason, dry_run, clock.now_ms())).collect()
+            })
+            .await
+    }
+
+    /// The operator queues a delivery's turn again as a new run; returns the run.
+    pub async fn retry(&self, delivery_id: String, by: By) -> StoreResult<u32> {
+        let clock = self.clock.clone();
+        self.conns.write(move |c| retry(c, &delivery_id, &by.operator, &by.reason, clock.now_ms())).await
+    }
+
+    /// The redrive recorded under `request_id`, if one was.
+    pub async fn recorded_redrive(&self, request_id: String) -> StoreResult<Option<RecordedRedrive>> {
+        self.conns.read(move |c| recorded_redrive(c, &request_id)).await
+    }
+
+    /// The next at most `room` deliveries the redrive `filter` picks after the cursor `after`,
+    /// with their cursors, changing nothing.
+    pub async fn redrive_preview(
+        &self,
+        filter: RedriveFilter,
+        after: i64,
+        room: u32,
+    ) -> StoreResult<Vec<(String, i64)>> {
+        self.conns.read(move |c| redrive_batch(c, &filter, after, room)).await
+    }
+
+    /// Re-runs the next at most `room` deliveries the redrive `filter` picks after the cursor
+    /// `after`, in one transaction; returns them with their cursors.
+    pub async fn redrive_batch(
+        &self,
+        filter: RedriveFilter,
+        after: i64,
+        room: u32,
+        by: By,
+    ) -> StoreResult<Vec<(String, i64)>> {
+        let clock = self.clock.clone();
+        self.conns
+            .write(move |c| {
+                let batch = redrive_batch(c, &filter, after, room)?;
+                for (id, _) in &batch {
+                    retry(c, id, &by.operator, &by.reason, clock.now_ms())?;
+                }
+                Ok(batch)
+            })
+            .await
+    }
+
+    /// Records a finished redrive under its request id.
+    pub async fn record_redrive(
+        &self,
+        request_id: String,
+        by: By,
+        filter: RedriveFilter,
+        redriven: i64,
+    ) -> StoreResult<()> {
+        let clock = self.clock.clone();
+        self.conns
+            .write(move |c| record_redrive(c, &request_id, &by.operator, &by.reason, &filter, redriven, clock.now_ms()))
+            .await
+    }
+}
 
 /// When the hub recorded the ack of `delivery_id`'s current run (its latest `delivered` event).
 fn acked_at(conn: &dyn Db, delivery_id: &str) -> StoreResult<Option<i64>> {

@@ -2,11 +2,19 @@
 //! checker applies to the hub's side. Returns every problem found, each typed by its kind with
 //! its subject and detail, so callers (the CLI's JSON, the fault checker) read a type, not prose.
 
+use super::Store;
 use super::db::{Db, Dialect};
 use super::transition::allowed;
 use super::{ActorKind, StoreResult};
 use baton_shared::states::DeliveryState;
 use std::fmt;
+
+impl Store {
+    /// Every invariant, including a full integrity check; the problems found.
+    pub async fn verify(&self) -> StoreResult<Vec<Problem>> {
+        self.conns.read(check).await
+    }
+}
 
 /// What kind of rule a problem breaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

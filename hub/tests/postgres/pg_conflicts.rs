@@ -8,7 +8,7 @@
 
 use baton_hub::pg::{self, PgUrl};
 use baton_hub::store::accept::{self, AcceptLimits, NewMessage, RetryPolicy};
-use baton_hub::store::api::Claimer;
+use baton_hub::store::claim::Claimer;
 use baton_hub::store::db::{Db, PgConn};
 use baton_hub::store::{Store, hosts};
 use baton_shared::ids::Role;

@@ -10,7 +10,12 @@
 
 use anyhow::Context;
 use baton_hub::store::accept::{AcceptLimits, Accepted, NewMessage, RetryPolicy};
-use baton_hub::store::api::{Backoff, Claimer, Enrollment, HolderOf, NodeAt, Step};
+use baton_hub::store::claim::Claimer;
+use baton_hub::store::claim::HolderOf;
+use baton_hub::store::claim::NodeAt;
+use baton_hub::store::claim::Step;
+use baton_hub::store::hosts::Enrollment;
+use baton_hub::store::report::Backoff;
 use baton_hub::store::{Store, StoreError, StoreResult};
 use baton_shared::ids::Role;
 use baton_shared::sqlite::{self, OpenOptions, Synchronous};

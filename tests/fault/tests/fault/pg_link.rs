@@ -9,8 +9,8 @@
 
 use baton_fault::proxy::{Fault, Proxy};
 use baton_hub::pg::PgUrl;
-use baton_hub::store::api::Enrollment;
 use baton_hub::store::db::{Db, PgConn};
+use baton_hub::store::hosts::Enrollment;
 use baton_hub::store::{Store, StoreError};
 use baton_shared::ids::Role;
 use baton_testkit::pg::{DATABASE, PASSWORD, USER, cluster_or_skip};
