@@ -34,7 +34,7 @@ pub mod lock;
 pub mod metrics;
 pub mod ops_listener;
 /// The record on PostgreSQL: connection (with TLS) and the schema's migrations.
-pub mod pg;
+pub mod peers;
 pub mod server;
 pub mod status_page;
 pub mod store;

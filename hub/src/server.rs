@@ -77,9 +77,8 @@ impl Hub {
         let wake_tx = Arc::new(wake_tx);
         let clock = self.store.clock().clone();
         // Hubs sharing a PostgreSQL record tell each other what each commit made claimable.
-        let origin = crate::pg::notify::Origin::fresh();
-        let peers =
-            self.config.database_url.clone().map(|url| crate::pg::notify::Announcer::start(url, origin, &shutdown));
+        let origin = crate::peers::Origin::fresh();
+        let peers = self.config.database_url.clone().map(|url| crate::peers::Announcer::start(url, origin, &shutdown));
         let shared = Arc::new(Shared {
             store: self.store,
             work: Default::default(),
@@ -99,7 +98,7 @@ impl Hub {
             let (heard, record) = (shared.clone(), wake_tx.clone());
             // What other hubs (and CLI commands against the database) committed wakes the
             // waiters here; a record change is taken as a CLI change is (below).
-            crate::pg::notify::listen(
+            crate::peers::listen(
                 url,
                 origin,
                 move |notice| {
@@ -134,7 +133,7 @@ impl Hub {
         tokio::spawn(sweep_retention(shared.clone(), self.config.limits.retention));
         tokio::spawn(lift_expired_fences(shared.clone()));
         if let Some(url) = self.config.database_url.clone() {
-            tokio::spawn(crate::pg::analyze::run(url, shutdown.clone()));
+            tokio::spawn(crate::store::engine::postgres::analyze::run(url, shutdown.clone()));
         }
         tokio::spawn(crate::housekeeping::sweep_audit(shared.clone()));
         tokio::spawn(crate::housekeeping::expire_approvals(shared.clone()));

@@ -116,7 +116,7 @@ fn server_names(hostnames: &[String]) -> Vec<String> {
 /// no CA, so which one issued its certificates cannot be checked; but a record in use (hosts
 /// enrolled, certificates issued, messages sent) was made under some hub's CA, which a new one
 /// would not verify.
-fn check_joining(ctx: &Context, url: &crate::pg::PgUrl, shared_ca: bool) -> CliResult {
+fn check_joining(ctx: &Context, url: &crate::store::engine::postgres::PgUrl, shared_ca: bool) -> CliResult {
     let record = Record::postgres(url, ctx.clock.clone())?;
     let seen = record.run(record.in_use())?;
     if seen.any() && !shared_ca {

@@ -22,7 +22,8 @@ pub(super) fn migrate(ctx: &Context, target: &str) -> CliResult {
     let to_postgres = target.starts_with("postgres://") || target.starts_with("postgresql://");
     let (from, to) = match (&config.database_url, to_postgres) {
         (None, true) => {
-            let url = crate::pg::PgUrl::parse(target).map_err(|e| CliError::usage(format!("--to: {e}")))?;
+            let url = crate::store::engine::postgres::PgUrl::parse(target)
+                .map_err(|e| CliError::usage(format!("--to: {e}")))?;
             (Place::Sqlite(ctx.dir.db(), config.synchronous), Place::Postgres(Box::new(url)))
         }
         (Some(url), false) => {

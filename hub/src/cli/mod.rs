@@ -108,8 +108,8 @@ impl From<baton_shared::sqlite::OpenError> for CliError {
     }
 }
 
-impl From<crate::pg::PgError> for CliError {
-    fn from(e: crate::pg::PgError) -> Self {
+impl From<crate::store::engine::postgres::PgError> for CliError {
+    fn from(e: crate::store::engine::postgres::PgError) -> Self {
         CliError::new(e.exit_code(), e.to_string())
     }
 }
@@ -243,7 +243,7 @@ impl Context {
             let told =
                 tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string()).and_then(
                     |rt| {
-                        rt.block_on(crate::pg::notify::announce_once(&url, &crate::pg::notify::Notice::record()))
+                        rt.block_on(crate::peers::announce_once(&url, &crate::peers::Notice::record()))
                             .map_err(|e| e.to_string())
                     },
                 );
@@ -269,7 +269,7 @@ impl Record {
 
     /// The record in the PostgreSQL database at `url` (connected, migrated), with a runtime of
     /// its own.
-    pub fn postgres(url: &crate::pg::PgUrl, clock: SharedClock) -> Result<Record, CliError> {
+    pub fn postgres(url: &crate::store::engine::postgres::PgUrl, clock: SharedClock) -> Result<Record, CliError> {
         let rt = runtime()?;
         let store = rt.block_on(Store::open_postgres(url, clock))?;
         Ok(Record { store, rt })

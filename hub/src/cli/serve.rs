@@ -25,7 +25,8 @@ pub(super) fn serve(ctx: &Context, file: Option<&Path>, flags: &Flags) -> CliRes
     let mut hub = Hub::open(dir.clone(), config.clone(), ctx.clock.clone()).map_err(|e| {
         let refused = e.chain().any(|c| c.downcast_ref::<baton_shared::sqlite::OpenError>().is_some());
         let held = e.chain().any(|c| matches!(c.downcast_ref::<LockError>(), Some(LockError::Held { .. })));
-        let pg = e.chain().find_map(|c| c.downcast_ref::<crate::pg::PgError>()).map(|p| p.exit_code());
+        let pg =
+            e.chain().find_map(|c| c.downcast_ref::<crate::store::engine::postgres::PgError>()).map(|p| p.exit_code());
         let files = e.chain().any(|c| c.downcast_ref::<crate::fds::FileLimitError>().is_some());
         let code = match pg {
             _ if files => exit::USAGE,

@@ -119,7 +119,7 @@ pub enum KeyKind {
     },
     /// A `postgres://` URL naming the database that holds the record, or empty (the default)
     /// for the SQLite file in the data directory. It may carry a password, so it is never
-    /// printed whole (see `crate::pg::PgUrl::shown`).
+    /// printed whole (see `crate::store::engine::postgres::PgUrl::shown`).
     DatabaseUrl,
     /// Host names, comma-separated (`"status.example.net,hub-1"`), or empty (the default:
     /// none). In the file also a TOML array of strings.

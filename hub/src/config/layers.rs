@@ -2,7 +2,7 @@
 //! key, and the typed, range-checked reading of each key's values.
 
 use super::keys::{KEYS, Key, KeyKind, LISTEN_DEFAULT, humanize};
-use crate::pg::{PgError, PgUrl};
+use crate::store::engine::postgres::{PgError, PgUrl};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -134,7 +134,7 @@ pub struct HubConfig {
     pub listen: SocketAddr,
     /// Where the record is: `None` for the SQLite file in the data directory, else the
     /// PostgreSQL database several hubs may share.
-    pub database_url: Option<crate::pg::PgUrl>,
+    pub database_url: Option<crate::store::engine::postgres::PgUrl>,
     /// SQLite `synchronous`; anything below full is warned about at start.
     pub synchronous: Synchronous,
     /// What `serve` checks of the database file before it listens.

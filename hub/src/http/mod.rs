@@ -65,7 +65,7 @@ pub struct Shared {
     pub certs: certs::CertCache,
     /// The other hubs serving the same PostgreSQL record, told after each commit what woke
     /// this hub's waiters (`None` on SQLite, which one hub serves alone).
-    pub peers: Option<crate::pg::notify::Announcer>,
+    pub peers: Option<crate::peers::Announcer>,
     /// The TLS configuration the hub serves, for whether the CA that issued a caller's
     /// certificate is still trusted (`ca retire-old` drops one while its certificates'
     /// requests may be in progress); `None` where no TLS is served (socket-free tests), where
@@ -211,16 +211,16 @@ impl Shared {
     /// host: a lift, a release, a CLI change).
     pub fn work_changed(&self) {
         self.work.all();
-        self.tell_peers(crate::pg::notify::Notice::all_hosts());
+        self.tell_peers(crate::peers::Notice::all_hosts());
     }
     /// Tells the waiting claims of these hosts (only) that work may be claimable for them.
     pub fn work_for<'a>(&self, hosts: impl IntoIterator<Item = &'a str>) {
         // The notice for other hubs is built only when there are any (never on SQLite).
-        let mut notice = self.peers.as_ref().map(|_| crate::pg::notify::Notice::default());
+        let mut notice = self.peers.as_ref().map(|_| crate::peers::Notice::default());
         for host in hosts {
             self.work.host(host);
             if let Some(n) = &mut notice {
-                n.merge(crate::pg::notify::Notice::host(host));
+                n.merge(crate::peers::Notice::host(host));
             }
         }
         if let Some(n) = notice.filter(|n| !n.is_empty()) {
@@ -229,7 +229,7 @@ impl Shared {
     }
     /// Applies what another hub on the same record committed, to this hub's waiters only (it is
     /// not told on: each hub tells the others of its own commits).
-    pub fn heard(&self, notice: &crate::pg::notify::Notice) {
+    pub fn heard(&self, notice: &crate::peers::Notice) {
         if notice.is_all_hosts() {
             self.work.all();
         } else {
@@ -241,7 +241,7 @@ impl Shared {
             self.outcomes.send_modify(|n| *n = n.wrapping_add(1));
         }
     }
-    fn tell_peers(&self, notice: crate::pg::notify::Notice) {
+    fn tell_peers(&self, notice: crate::peers::Notice) {
         if let Some(peers) = &self.peers {
             peers.announce(notice);
         }
@@ -249,7 +249,7 @@ impl Shared {
     /// Tells waiting producer reads that a delivery or attempt changed.
     pub fn outcome_changed(&self) {
         self.outcomes.send_modify(|n| *n = n.wrapping_add(1));
-        self.tell_peers(crate::pg::notify::Notice::outcomes());
+        self.tell_peers(crate::peers::Notice::outcomes());
     }
     /// Whether the hub is ready to serve.
     pub fn is_ready(&self) -> bool {

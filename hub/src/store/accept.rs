@@ -22,7 +22,7 @@
 
 use super::By;
 use super::Store;
-use super::db::Db;
+use super::engine::Db;
 use super::transition::{self, Change, adjust_backlog, record_event};
 use super::{Actor, StoreError, StoreResult, canonical, hosts, members, new_id, producers, state_column};
 use baton_shared::crash_point;

@@ -19,7 +19,7 @@
 //! count in its reason (`BREAKER_ACTOR`) and the count starts again, so lifting the fence is an
 //! ordinary `fence lift`.
 
-use super::db::Db;
+use super::engine::Db;
 use super::fences::{self, FenceKind, FenceScope, NewFence};
 use super::hosts::record_operator_event;
 use super::transition::{self, Change};

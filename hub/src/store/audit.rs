@@ -5,7 +5,7 @@
 //! audit, and are left out. Read-only.
 
 use super::Store;
-use super::db::Db;
+use super::engine::Db;
 use super::{ActorKind, StoreResult, parse_column};
 use rusqlite::named_params;
 

@@ -23,7 +23,7 @@ use super::claim;
 use super::claim::NodeAt;
 use super::claim::Step;
 use super::claim::apply_step;
-use super::db::Db;
+use super::engine::Db;
 use super::gauges;
 use super::report;
 use super::report::ReportBounds;
@@ -248,7 +248,7 @@ mod tests {
     #[test]
     fn a_refused_value_fails_its_item_and_a_conflict_the_batch() {
         let server = |code: &str| {
-            StoreError::from(rusqlite::Error::ToSqlConversionFailure(Box::new(crate::store::db::PgFailure {
+            StoreError::from(rusqlite::Error::ToSqlConversionFailure(Box::new(crate::store::engine::PgFailure {
                 code: Some(code.into()),
                 message: format!("database: no ({code})"),
                 closed: false,

@@ -42,7 +42,7 @@
 //! the part to move out when the store's modules are grouped by concern.
 
 use super::Store;
-use super::db::{Db, Dialect, Row};
+use super::engine::{Db, Dialect, Row};
 use super::fences::{self, ClaimScan, Fence, FenceKind};
 use super::handle::Conns;
 use super::hosts;

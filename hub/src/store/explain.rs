@@ -9,7 +9,7 @@
 //! explain, they decide nothing.
 
 use super::Store;
-use super::db::{Db, Row};
+use super::engine::{Db, Row};
 use super::fences::{self, Fence, FenceKind, FenceScope};
 use super::fleet::{self, HostRow, HostState};
 use super::read::DeliveryRow;

@@ -4,7 +4,7 @@
 //! expire. Read-only: every function here runs on a read connection.
 
 use super::Store;
-use super::db::{Db, Row};
+use super::engine::{Db, Row};
 use super::{StoreResult, parse_column, parse_column_opt};
 use baton_shared::ids::Role;
 use rusqlite::{OptionalExtension, named_params};

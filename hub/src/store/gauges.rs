@@ -7,7 +7,7 @@
 
 use super::Store;
 use super::StoreResult;
-use super::db::Db;
+use super::engine::Db;
 use super::fences::{self, FenceScope};
 use super::fleet;
 use super::overview::{self, HostBacklog};

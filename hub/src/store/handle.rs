@@ -19,8 +19,8 @@ use super::Readers;
 use super::StoreError;
 use super::StoreResult;
 use super::Writer;
-use super::db::Db;
-use super::db::PgConn;
+use super::engine::Db;
+use super::engine::PgConn;
 use super::in_write_txn;
 use super::writer::Opener;
 use super::writer::OwnedDb;
@@ -218,9 +218,12 @@ impl Store {
     /// transactions and exclusive for every other, so several hubs' claims overlap and their
     /// other writes run one after another) and a pool of read connections. A connection the
     /// server dropped is replaced at the next transaction.
-    pub async fn open_postgres(url: &crate::pg::PgUrl, clock: SharedClock) -> Result<Store, crate::pg::PgError> {
-        crate::pg::connect_and_migrate(url).await?;
-        let opener = |url: crate::pg::PgUrl| -> Opener {
+    pub async fn open_postgres(
+        url: &crate::store::engine::postgres::PgUrl,
+        clock: SharedClock,
+    ) -> Result<Store, crate::store::engine::postgres::PgError> {
+        crate::store::engine::postgres::connect_and_migrate(url).await?;
+        let opener = |url: crate::store::engine::postgres::PgUrl| -> Opener {
             Box::new(move || {
                 let conn = PgConn::connect(&url).map_err(|e| StoreError::Storage(e.to_string()))?;
                 Ok(Box::new(conn) as OwnedDb)
@@ -230,12 +233,19 @@ impl Store {
         let (first, reopen, readers) = (opener(url.clone()), opener(url.clone()), opener(url.clone()));
         let conn = tokio::task::spawn_blocking(first)
             .await
-            .map_err(|e| crate::pg::PgError::Other { url: url.shown().to_string(), detail: e.to_string() })?
-            .map_err(|e| crate::pg::PgError::Other { url: url.shown().to_string(), detail: e.to_string() })?;
-        let writer = Writer::start_with(conn, Some(reopen))
-            .map_err(|e| crate::pg::PgError::Other { url: url.shown().to_string(), detail: e.to_string() })?;
+            .map_err(|e| crate::store::engine::postgres::PgError::Other {
+                url: url.shown().to_string(),
+                detail: e.to_string(),
+            })?
+            .map_err(|e| crate::store::engine::postgres::PgError::Other {
+                url: url.shown().to_string(),
+                detail: e.to_string(),
+            })?;
+        let writer = Writer::start_with(conn, Some(reopen)).map_err(|e| {
+            crate::store::engine::postgres::PgError::Other { url: url.shown().to_string(), detail: e.to_string() }
+        })?;
         let readers = Arc::new(Readers::with_opener(readers));
-        let conflict_retries = url.conflict_retries().unwrap_or(super::db::PG_CONFLICT_RETRIES);
+        let conflict_retries = url.conflict_retries().unwrap_or(super::engine::PG_CONFLICT_RETRIES);
         let served = Conns::Served { writer, readers, _checkpoints: None, conflict_retries };
         Ok(Store { conns: served, postgres: true, clock })
     }

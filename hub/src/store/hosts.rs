@@ -3,7 +3,7 @@
 
 use super::By;
 use super::Store;
-use super::db::Db;
+use super::engine::Db;
 use super::fleet;
 use super::producers;
 use super::{StoreError, StoreResult, parse_column};

@@ -4,7 +4,7 @@
 //! unique prefix.
 
 use super::Store;
-use super::db::{Db, Dialect};
+use super::engine::{Db, Dialect};
 use super::explain;
 use super::read::{DeliveryRow, delivery_row};
 use super::{StoreError, StoreResult};

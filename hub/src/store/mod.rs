@@ -60,7 +60,7 @@ pub mod backup;
 pub mod batch;
 pub mod canonical;
 pub mod claim;
-pub mod db;
+pub mod engine;
 pub mod explain;
 pub mod fences;
 pub mod fleet;
@@ -94,7 +94,7 @@ pub use writer::{Readers, Writer};
 use baton_shared::error::ErrorCode;
 use baton_shared::sqlite::{self, OpenError, OpenOptions, Synchronous};
 use baton_shared::states::DeliveryState;
-use db::{Db, Row};
+use engine::{Db, Row};
 use rusqlite::Connection;
 use std::path::Path;
 
@@ -280,7 +280,7 @@ impl From<rusqlite::Error> for StoreError {
             return StoreError::Invalid(format!("a value the record cannot hold: {e}"));
         }
         if let rusqlite::Error::ToSqlConversionFailure(inner) = &e
-            && let Some(pg) = inner.downcast_ref::<db::PgFailure>()
+            && let Some(pg) = inner.downcast_ref::<engine::PgFailure>()
         {
             // A value is never a storage error: what the server refuses for a value is the
             // value's refusal (400), which a batch fails one item for and nobody retries.
@@ -431,8 +431,8 @@ pub fn open_read(path: &Path) -> Result<Connection, OpenError> {
 /// PostgreSQL's `baton_schema` row).
 pub fn schema_version(conn: &dyn Db) -> StoreResult<i64> {
     let sql = match conn.dialect() {
-        db::Dialect::Sqlite => "PRAGMA user_version",
-        db::Dialect::Postgres => "SELECT version FROM baton_schema",
+        engine::Dialect::Sqlite => "PRAGMA user_version",
+        engine::Dialect::Postgres => "SELECT version FROM baton_schema",
     };
     Ok(conn.query_row(sql, [], |r| r.get(0))?)
 }
@@ -505,7 +505,10 @@ mod tests {
             return;
         };
         let url = cluster.url();
-        crate::pg::connect_and_migrate_blocking(&crate::pg::PgUrl::parse(&url).unwrap()).unwrap();
+        crate::store::engine::postgres::connect_and_migrate_blocking(
+            &crate::store::engine::postgres::PgUrl::parse(&url).unwrap(),
+        )
+        .unwrap();
         let mut args = vec!["store::".to_string(), "--skip".into(), "store_unit_tests_pass_on_postgres".into()];
         for (test, _why) in SQLITE_ONLY {
             args.extend(["--skip".to_string(), test.to_string()]);
@@ -538,7 +541,7 @@ mod tests {
     }
 
     fn pg_failure(code: &str) -> rusqlite::Error {
-        rusqlite::Error::ToSqlConversionFailure(Box::new(db::PgFailure {
+        rusqlite::Error::ToSqlConversionFailure(Box::new(engine::PgFailure {
             code: Some(code.into()),
             message: format!("database: the server said no ({code}) in: INSERT INTO attempts (result) VALUES ($1)"),
             closed: false,
@@ -632,18 +635,18 @@ pub mod testing {
 
     /// A new database copied from the template at `template_url`, connected (on a thread of
     /// its own: `PgConn` must not be made on an async worker).
-    fn pg_copy(template_url: &str) -> db::PgConn {
+    fn pg_copy(template_url: &str) -> engine::PgConn {
         let template_url = template_url.to_string();
         std::thread::spawn(move || {
-            let template = crate::pg::PgUrl::parse(&template_url).unwrap();
-            let admin = db::PgConn::connect(&template).unwrap();
+            let template = crate::store::engine::postgres::PgUrl::parse(&template_url).unwrap();
+            let admin = engine::PgConn::connect(&template).unwrap();
             let (base, query) = template_url.split_once('?').unwrap_or((&template_url, ""));
             let (server, template_name) = base.rsplit_once('/').unwrap();
             let name = format!("t_{}", uuid::Uuid::new_v4().simple());
             // The template must have no other connection while it is copied.
             drop(admin);
-            let postgres = crate::pg::PgUrl::parse(&format!("{server}/postgres?{query}")).unwrap();
-            let admin = db::PgConn::connect(&postgres).unwrap();
+            let postgres = crate::store::engine::postgres::PgUrl::parse(&format!("{server}/postgres?{query}")).unwrap();
+            let admin = engine::PgConn::connect(&postgres).unwrap();
             let mut tries = 0;
             while let Err(e) = admin.execute_batch(&format!("CREATE DATABASE {name} TEMPLATE {template_name}")) {
                 // Another test's copy may hold the template for a moment.
@@ -652,7 +655,10 @@ pub mod testing {
                 std::thread::sleep(std::time::Duration::from_millis(25));
             }
             drop(admin);
-            db::PgConn::connect(&crate::pg::PgUrl::parse(&format!("{server}/{name}?{query}")).unwrap()).unwrap()
+            engine::PgConn::connect(
+                &crate::store::engine::postgres::PgUrl::parse(&format!("{server}/{name}?{query}")).unwrap(),
+            )
+            .unwrap()
         })
         .join()
         .unwrap()

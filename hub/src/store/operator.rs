@@ -4,7 +4,7 @@
 
 use super::By;
 use super::Store;
-use super::db::Db;
+use super::engine::Db;
 use super::fences;
 use super::hosts;
 use super::hosts::Standing;

@@ -5,7 +5,7 @@
 
 use super::Store;
 use super::StoreResult;
-use super::db::Db;
+use super::engine::Db;
 use super::fences;
 use super::fences::FenceRow;
 use super::fleet;

@@ -15,7 +15,7 @@
 use super::By;
 use super::Store;
 use super::StoreResult;
-use super::db::Db;
+use super::engine::Db;
 use super::hosts::record_operator_event;
 use super::retention::UNFINISHED;
 use baton_shared::states::DeliveryState;

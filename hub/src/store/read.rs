@@ -2,7 +2,7 @@
 //! history, and the status overview.
 
 use super::Store;
-use super::db::{Db, Row};
+use super::engine::{Db, Row};
 use super::report::{ATTEMPT_COLUMNS, attempt_row};
 use super::{ActorKind, StoreError, StoreResult, json_column, parse_column, parse_column_opt, state_column};
 use baton_shared::states::{DeliveryState, Outcome};
@@ -160,11 +160,11 @@ pub fn settled(d: &DeliveryView) -> bool {
 /// PostgreSQL the database's size on disk.
 pub fn store_bytes(conn: &dyn Db) -> StoreResult<i64> {
     let sql = match conn.dialect() {
-        super::db::Dialect::Sqlite => {
+        super::engine::Dialect::Sqlite => {
             "SELECT (p.page_count - f.freelist_count) * s.page_size
              FROM pragma_page_count() p, pragma_freelist_count() f, pragma_page_size() s"
         }
-        super::db::Dialect::Postgres => "SELECT pg_database_size(current_database())",
+        super::engine::Dialect::Postgres => "SELECT pg_database_size(current_database())",
     };
     Ok(conn.prepare_cached(sql)?.query_row([], |r| r.get(0))?)
 }
@@ -480,7 +480,7 @@ mod tests {
         let c = &db.conn;
         let empty = store_bytes(c).unwrap();
         assert!(empty > 0, "{empty}");
-        if c.dialect() != crate::store::db::Dialect::Sqlite {
+        if c.dialect() != crate::store::engine::Dialect::Sqlite {
             return;
         }
         c.execute("INSERT INTO conversations (name, last_seq) VALUES ('c', 0)", []).unwrap();

@@ -2,10 +2,13 @@
 //!
 //! Invariant: `(host, report_id)` is unique, so a retried report is counted once; the same id
 //! with different content is refused and changes nothing.
+//!
+//! Why one file over 700 lines: its operation's method, the report's one transaction and the
+//! unit tests that hold each outcome's effect (retry, breaker, replay) to SPEC §2 read together.
 
 use super::Store;
 use super::claim::NodeAt;
-use super::db::{Db, Row};
+use super::engine::{Db, Row};
 use super::gauges;
 use super::sessions;
 use super::transition::{self, Change, Holder};

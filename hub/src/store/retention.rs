@@ -13,7 +13,7 @@
 
 use super::Store;
 use super::StoreResult;
-use super::db::Db;
+use super::engine::Db;
 
 impl Store {
     /// Removes up to `max` settled messages settled before `cutoff_ms`; returns how many.

@@ -23,7 +23,7 @@ use super::Store;
 use super::claim::NodeAt;
 use super::claim::RebindLimit;
 use super::claim::bind_instance;
-use super::db::Db;
+use super::engine::Db;
 use super::hosts::{self, Standing};
 use super::{StoreError, StoreResult};
 use rusqlite::{OptionalExtension, named_params};

@@ -9,7 +9,7 @@
 //! they may be running on the silent node.
 
 use super::Store;
-use super::db::Db;
+use super::engine::Db;
 use super::transition::{self, Change, Holder};
 use super::{Actor, StoreResult, state_column};
 use baton_shared::states::DeliveryState;

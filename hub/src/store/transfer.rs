@@ -14,7 +14,7 @@
 //! Bound: one table's rows are read into memory at a time (`copy` and `compare` are offline
 //! operations on a stopped hub; a table of a few million rows takes a few GB).
 
-use super::db::{Db, Dialect};
+use super::engine::{Db, Dialect};
 use super::{StoreError, StoreResult};
 use rusqlite::ToSql;
 use rusqlite::types::Value;
@@ -224,7 +224,7 @@ pub fn copy(from: &dyn Db, to: &dyn Db) -> StoreResult<Copied> {
 fn schema_is_latest(conn: &dyn Db, version: i64) -> bool {
     match conn.dialect() {
         Dialect::Sqlite => version == super::MIGRATIONS.len() as i64,
-        Dialect::Postgres => version == crate::pg::known_version(),
+        Dialect::Postgres => version == crate::store::engine::postgres::known_version(),
     }
 }
 
@@ -293,7 +293,7 @@ pub enum Place {
     /// An SQLite file (created when it does not exist), written at this `synchronous`.
     Sqlite(std::path::PathBuf, baton_shared::sqlite::Synchronous),
     /// A PostgreSQL database (its schema created when it is empty).
-    Postgres(Box<crate::pg::PgUrl>),
+    Postgres(Box<crate::store::engine::postgres::PgUrl>),
 }
 
 impl Place {
@@ -314,9 +314,9 @@ impl Place {
                 Ok(Box::new(conn))
             }
             Place::Postgres(url) => {
-                let storage = |e: crate::pg::PgError| StoreError::Storage(e.to_string());
-                crate::pg::connect_and_migrate_blocking(url).map_err(storage)?;
-                Ok(Box::new(super::db::PgConn::connect(url).map_err(storage)?))
+                let storage = |e: crate::store::engine::postgres::PgError| StoreError::Storage(e.to_string());
+                crate::store::engine::postgres::connect_and_migrate_blocking(url).map_err(storage)?;
+                Ok(Box::new(super::engine::PgConn::connect(url).map_err(storage)?))
             }
         }
     }
@@ -373,7 +373,7 @@ mod tests {
     use super::*;
     use crate::store::accept::testing::{accept_one, accept_only};
     use crate::store::claim::claim;
-    use crate::store::db::PgConn;
+    use crate::store::engine::PgConn;
     use crate::store::fences::{self, FenceKind, FenceScope, NewFence};
     use crate::store::operator::{Selector, release, retire};
     use crate::store::{in_write_txn, testing, verify};
@@ -400,8 +400,8 @@ mod tests {
     }
 
     fn pg(url: &str) -> PgConn {
-        let url = crate::pg::PgUrl::parse(url).unwrap();
-        crate::pg::connect_and_migrate_blocking(&url).unwrap();
+        let url = crate::store::engine::postgres::PgUrl::parse(url).unwrap();
+        crate::store::engine::postgres::connect_and_migrate_blocking(&url).unwrap();
         PgConn::connect(&url).unwrap()
     }
 

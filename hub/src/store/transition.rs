@@ -4,7 +4,7 @@
 //! against `allowed`, guards the UPDATE on the expected state (and holder, when given), checks
 //! the affected-row count, and appends the event in the same transaction.
 
-use super::db::Db;
+use super::engine::Db;
 use super::{Actor, ActorKind, StoreError, StoreResult};
 use baton_shared::states::DeliveryState::{self, *};
 use rusqlite::named_params;

@@ -16,7 +16,7 @@
 
 use super::By;
 use super::Store;
-use super::db::Db;
+use super::engine::Db;
 use super::hosts::record_operator_event;
 use super::sessions;
 use super::transition::{self, Change};

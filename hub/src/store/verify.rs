@@ -3,7 +3,7 @@
 //! its subject and detail, so callers (the CLI's JSON, the fault checker) read a type, not prose.
 
 use super::Store;
-use super::db::{Db, Dialect};
+use super::engine::{Db, Dialect};
 use super::transition::allowed;
 use super::{ActorKind, StoreResult};
 use baton_shared::states::DeliveryState;

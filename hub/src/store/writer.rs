@@ -24,8 +24,11 @@
 //! Readers: at most `READERS_MAX` read connections, opened once and kept for the hub's life
 //! (each with its prepared-statement cache, so a burst of reads parses no schema and prepares
 //! no statement again); a read waits for a free connection rather than opening another.
+//!
+//! Why one file over 700 lines: the writer thread and the reader pool share their job and
+//! connection types, and their unit tests are over a third of the file.
 
-use super::db::Db;
+use super::engine::Db;
 use super::{StoreError, StoreResult};
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
@@ -545,7 +548,7 @@ mod tests {
     }
 
     impl Db for Recording {
-        fn prepare_cached(&self, sql: &str) -> rusqlite::Result<super::super::db::Stmt<'_>> {
+        fn prepare_cached(&self, sql: &str) -> rusqlite::Result<super::super::engine::Stmt<'_>> {
             Db::prepare_cached(&self.conn, sql)
         }
         fn execute_batch(&self, sql: &str) -> rusqlite::Result<()> {
@@ -565,7 +568,7 @@ mod tests {
         fn begin_read(&self) -> rusqlite::Result<()> {
             self.conn.begin_read()
         }
-        fn dialect(&self) -> super::super::db::Dialect {
+        fn dialect(&self) -> super::super::engine::Dialect {
             self.conn.dialect()
         }
         fn broken(&self) -> bool {

@@ -4,7 +4,7 @@
 //! the round leaves it to that hub, and the loop a serving hub runs analyzes the table again
 //! once it has doubled.
 
-use baton_hub::pg::{self, PgUrl, analyze};
+use baton_hub::store::engine::postgres::{self as pg, PgUrl, analyze};
 use baton_testkit::pg::cluster_or_skip;
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 //! untouched, hubs migrating at once agree, and connection failures (address, login, TLS) are
 //! named without the password.
 
-use baton_hub::pg::{self, PgError, PgUrl};
+use baton_hub::store::engine::postgres::{self as pg, PgError, PgUrl};
 use baton_testkit::pg::{PASSWORD, cluster_or_skip};
 
 async fn client(url: &str) -> tokio_postgres::Client {

@@ -6,8 +6,8 @@
 //! oversized or unreadable notice becomes "all", and the CLI's one-shot notice works and names
 //! a bad URL without the password.
 
-use baton_hub::pg::notify::{self, Announcer, Notice, Origin};
-use baton_hub::pg::{self, PgUrl};
+use baton_hub::peers::{self as notify, Announcer, Notice, Origin};
+use baton_hub::store::engine::postgres::{self as pg, PgUrl};
 use baton_testkit::pg::{PASSWORD, cluster_or_skip};
 use std::time::Duration;
 use tokio::sync::mpsc;

@@ -5,7 +5,7 @@
 //! migrations; the PostgreSQL side a throwaway cluster (skipped without PostgreSQL server
 //! binaries unless `BATON_REQUIRE_POSTGRES=1`).
 
-use baton_hub::pg::{self, PgUrl};
+use baton_hub::store::engine::postgres::{self as pg, PgUrl};
 use baton_testkit::pg::cluster_or_skip;
 use rusqlite::Connection;
 use std::collections::{BTreeMap, BTreeSet};

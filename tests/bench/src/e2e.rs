@@ -15,7 +15,7 @@ use crate::procfs;
 use crate::stats::{self, Summary};
 use anyhow::{Context, bail};
 use baton_client::Client;
-use baton_hub::store::db::Db;
+use baton_hub::store::engine::Db;
 use baton_shared::wire::{BatchSubmitRequest, SubmitRequest};
 use baton_testkit::{Binaries, Hub, Node};
 use std::path::Path;
@@ -118,7 +118,9 @@ pub fn run_pass(rig: &Rig<'_>, pass: &Pass) -> anyhow::Result<PassResult> {
     let clk = procfs::clock_ticks();
     let db: Box<dyn Db> = match database_url {
         None => Box::new(baton_hub::store::open_read(&hub.db()).context("opening the hub database read-only")?),
-        Some(u) => Box::new(baton_hub::store::db::PgConn::connect(&baton_hub::pg::PgUrl::parse(u)?)?),
+        Some(u) => {
+            Box::new(baton_hub::store::engine::PgConn::connect(&baton_hub::store::engine::postgres::PgUrl::parse(u)?)?)
+        }
     };
     let db = &*db;
     let dir = work_dir.join(format!("nodes-{}", pass.name));

@@ -4,7 +4,7 @@
 //!
 //! The hub's record is either backend (`HubRecord`): an SQLite file, or a PostgreSQL database
 //! named by its `postgres://` URL, which several hubs may share. Both are read through the
-//! store's own connection seam (`baton_hub::store::db::Db`), with the same SQL. Node databases
+//! store's own connection seam (`baton_hub::store::engine::Db`), with the same SQL. Node databases
 //! are always SQLite files.
 //!
 //! Nothing is changed by reading: an SQLite file is opened read-only (`SQLITE_OPEN_READ_ONLY`
@@ -16,11 +16,11 @@
 //!
 //! Event order: I5 and I6 replay `delivery_events` in `id` order as the commit order. On one
 //! SQLite file that holds (one writer). On PostgreSQL it holds because every hub's write
-//! transaction takes the record's write lock (`baton_hub::store::db::WRITE_LOCK_KEY`) before it
+//! transaction takes the record's write lock (`baton_hub::store::engine::WRITE_LOCK_KEY`) before it
 //! draws an event id, so ids are drawn in commit order across every hub sharing the record.
 
 use crate::records::{EffectLine, HistoryLine, read_lines};
-use baton_hub::store::db::{Db, PgConn, Row};
+use baton_hub::store::engine::{Db, PgConn, Row};
 use rusqlite::{Connection, OpenFlags, OptionalExtension};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -53,7 +53,7 @@ impl std::fmt::Display for HubRecord {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             HubRecord::Sqlite(p) => write!(f, "{}", p.display()),
-            HubRecord::Postgres(url) => match baton_hub::pg::PgUrl::parse(url) {
+            HubRecord::Postgres(url) => match baton_hub::store::engine::postgres::PgUrl::parse(url) {
                 Ok(u) => f.write_str(u.shown()),
                 Err(_) => f.write_str("postgres://(an unparsable URL)"),
             },
@@ -71,7 +71,7 @@ impl HubRecord {
             HubRecord::Sqlite(path) => f(&open_read_only(path)?),
             HubRecord::Postgres(url) => std::thread::scope(|s| {
                 s.spawn(|| -> anyhow::Result<T> {
-                    let parsed = baton_hub::pg::PgUrl::parse(url)?;
+                    let parsed = baton_hub::store::engine::postgres::PgUrl::parse(url)?;
                     let conn = PgConn::connect(&parsed).map_err(|e| anyhow::anyhow!("{e}"))?;
                     conn.begin_read()?;
                     let out = f(&conn);

@@ -7,7 +7,7 @@
 
 use crate::checker::{self, HubRecord, Report};
 use crate::cluster::{AcceptOutcome, Cluster};
-use baton_hub::store::db::Db;
+use baton_hub::store::engine::Db;
 use baton_testkit::{Binaries, Started};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use std::collections::VecDeque;
@@ -390,8 +390,9 @@ fn leave_fan_out_pending(record: &HubRecord) -> anyhow::Result<()> {
         // async worker threads.
         HubRecord::Postgres(url) => std::thread::scope(|s| {
             s.spawn(|| -> anyhow::Result<()> {
-                let conn = baton_hub::store::db::PgConn::connect(&baton_hub::pg::PgUrl::parse(url)?)
-                    .map_err(|e| anyhow::anyhow!("{e}"))?;
+                let conn =
+                    baton_hub::store::engine::PgConn::connect(&baton_hub::store::engine::postgres::PgUrl::parse(url)?)
+                        .map_err(|e| anyhow::anyhow!("{e}"))?;
                 undo_fan_out(&conn)
             })
             .join()

@@ -4,7 +4,7 @@
 
 use super::accept::testing::accept_one;
 use super::claim::{self, RebindLimit};
-use super::db::{Db, PG_TEXT_ESCAPE};
+use super::engine::{Db, PG_TEXT_ESCAPE};
 use super::fences::{self, FenceKind, FenceScope, NewFence};
 use super::report::{self, NewReport};
 use super::transition::Holder;

@@ -8,8 +8,8 @@
 //! `BATON_REQUIRE_POSTGRES=1`.
 
 use baton_fault::proxy::{Fault, Proxy};
-use baton_hub::pg::PgUrl;
-use baton_hub::store::db::{Db, PgConn};
+use baton_hub::store::engine::postgres::PgUrl;
+use baton_hub::store::engine::{Db, PgConn};
 use baton_hub::store::hosts::Enrollment;
 use baton_hub::store::{Store, StoreError};
 use baton_shared::ids::Role;

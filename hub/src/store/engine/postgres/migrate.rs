@@ -10,15 +10,15 @@ use super::{PgError, PgUrl};
 
 /// The PostgreSQL schema's migrations, in order. Append-only.
 pub const MIGRATIONS: &[&str] = &[
-    include_str!("../../../schema/postgres/0001-create-hub-store.sql"),
-    include_str!("../../../schema/postgres/0002-sqlite-functions.sql"),
-    include_str!("../../../schema/postgres/0003-settlement-plans-kept.sql"),
-    include_str!("../../../schema/postgres/0004-start-lease.sql"),
-    include_str!("../../../schema/postgres/0005-producer-quotas.sql"),
-    include_str!("../../../schema/postgres/0006-mention-grants.sql"),
-    include_str!("../../../schema/postgres/0007-member-families.sql"),
-    include_str!("../../../schema/postgres/0008-stderr-tail.sql"),
-    include_str!("../../../schema/postgres/0009-approval-and-breaker.sql"),
+    include_str!("../../../../../schema/postgres/0001-create-hub-store.sql"),
+    include_str!("../../../../../schema/postgres/0002-sqlite-functions.sql"),
+    include_str!("../../../../../schema/postgres/0003-settlement-plans-kept.sql"),
+    include_str!("../../../../../schema/postgres/0004-start-lease.sql"),
+    include_str!("../../../../../schema/postgres/0005-producer-quotas.sql"),
+    include_str!("../../../../../schema/postgres/0006-mention-grants.sql"),
+    include_str!("../../../../../schema/postgres/0007-member-families.sql"),
+    include_str!("../../../../../schema/postgres/0008-stderr-tail.sql"),
+    include_str!("../../../../../schema/postgres/0009-approval-and-breaker.sql"),
 ];
 
 /// The advisory lock key every hub takes while it migrates (the bytes of `baton_mi`). Taken

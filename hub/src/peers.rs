@@ -18,7 +18,7 @@
 //! reconnects, an announcer that could not send, a payload this binary does not read), the
 //! receiver is told "everything changed" instead.
 
-use super::{PgError, PgUrl};
+use crate::store::engine::postgres::{PgError, PgUrl};
 use baton_shared::ids;
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -283,7 +283,7 @@ async fn send(client: &Client, statement: &Statement, origin: Origin, notice: &N
     let payload = notice.encode(origin);
     match tokio::time::timeout(SEND_WAIT, client.execute(statement, &[&CHANNEL, &payload])).await {
         Ok(Ok(_)) => Ok(()),
-        Ok(Err(e)) => Err(super::describe(&e)),
+        Ok(Err(e)) => Err(crate::store::engine::postgres::describe(&e)),
         Err(_) => Err(format!("no answer within {SEND_WAIT:?}")),
     }
 }
@@ -418,8 +418,8 @@ async fn connect_and_send(
 ) -> Result<(), String> {
     if conn.as_ref().is_none_or(|(client, _)| client.is_closed()) {
         *conn = None;
-        let client = super::connect(url).await.map_err(|e| e.to_string())?;
-        let statement = prepare_notify(&client).await.map_err(|e| super::describe(&e))?;
+        let client = crate::store::engine::postgres::connect(url).await.map_err(|e| e.to_string())?;
+        let statement = prepare_notify(&client).await.map_err(|e| crate::store::engine::postgres::describe(&e))?;
         *conn = Some((client, statement));
     }
     match conn {
@@ -433,7 +433,7 @@ async fn connect_and_send(
 /// change is committed either way, and the hubs' waiting claims see it at their own timeout.
 pub async fn announce_once(url: &PgUrl, notice: &Notice) -> Result<(), PgError> {
     let other = |detail: String| PgError::Other { url: url.shown().to_owned(), detail };
-    let client = super::connect(url).await?;
+    let client = crate::store::engine::postgres::connect(url).await?;
     let statement = prepare_notify(&client).await.map_err(|e| PgError::from_client(url, &e))?;
     send(&client, &statement, Origin::fresh(), notice).await.map_err(other)
 }
@@ -484,7 +484,7 @@ async fn listen_once<F: FnMut(Notice)>(
     backoff: &mut Backoff,
 ) -> Option<String> {
     let opened = tokio::select! {
-        r = super::open(url) => r,
+        r = crate::store::engine::postgres::open(url) => r,
         _ = shutdown.cancelled() => return None,
     };
     let (client, mut connection) = match opened {
@@ -504,7 +504,7 @@ async fn listen_once<F: FnMut(Notice)>(
                 }
                 Some(Ok(AsyncMessage::Notice(n))) => tracing::debug!(message = %n.message(), "database notice"),
                 Some(Ok(_)) => {}
-                Some(Err(e)) => return Some(super::describe(&e)),
+                Some(Err(e)) => return Some(crate::store::engine::postgres::describe(&e)),
                 None => return None,
             }
         }
@@ -517,7 +517,7 @@ async fn listen_once<F: FnMut(Notice)>(
     };
     match listening {
         Ok(Ok(())) => {}
-        Ok(Err(e)) => return Some(super::describe(&e)),
+        Ok(Err(e)) => return Some(crate::store::engine::postgres::describe(&e)),
         Err(_) => return Some(format!("LISTEN had no answer within {SEND_WAIT:?}")),
     }
     if backoff.next > RECONNECT_BACKOFF_MIN {
@@ -549,7 +549,7 @@ async fn ping(client: &Client) -> String {
         tokio::time::sleep(LISTEN_PING_INTERVAL).await;
         match tokio::time::timeout(SEND_WAIT, client.batch_execute("SELECT 1")).await {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => return super::describe(&e),
+            Ok(Err(e)) => return crate::store::engine::postgres::describe(&e),
             Err(_) => return format!("the connection did not answer within {SEND_WAIT:?}"),
         }
     }

@@ -15,7 +15,6 @@
 
 pub mod analyze;
 pub mod migrate;
-pub mod notify;
 pub mod tls;
 
 pub use migrate::{MIGRATIONS, Migrated, known_version, migrate, schema_version};
@@ -132,7 +131,7 @@ impl PgError {
 }
 
 /// The error and its causes on one line (`a: b: c`), the server's message and hint included.
-fn describe(e: &tokio_postgres::Error) -> String {
+pub(crate) fn describe(e: &tokio_postgres::Error) -> String {
     if let Some(db) = e.as_db_error() {
         let mut s = format!("{} ({})", db.message(), db.code().code());
         if let Some(hint) = db.hint() {
@@ -219,13 +218,13 @@ impl PgUrl {
     }
 
     /// The URL's `call_timeout` (whole seconds): the longest wait for one round trip to the
-    /// server before the connection is taken as lost (`store::db::PG_CALL_WAIT_MAX` when unset).
+    /// server before the connection is taken as lost (`store::engine::PG_CALL_WAIT_MAX` when unset).
     pub fn call_wait(&self) -> Option<Duration> {
         self.call_wait
     }
 
     /// The URL's `write_idle_timeout` (whole seconds): how long a write transaction may sit
-    /// idle, no statement in flight, before the server ends it (`store::db::PG_WRITE_IDLE_MAX`
+    /// idle, no statement in flight, before the server ends it (`store::engine::PG_WRITE_IDLE_MAX`
     /// when unset). It bounds how long a hub that froze or lost its link while holding the
     /// record's write lock keeps every other hub from writing.
     pub fn write_idle(&self) -> Option<Duration> {
@@ -234,7 +233,7 @@ impl PgUrl {
 
     /// The URL's `conflict_retries` (0 to `CONFLICT_RETRIES_MAX`): how many times the hub runs
     /// an operation again after the server ended its transaction in a deadlock or a
-    /// serialization failure (`store::db::PG_CONFLICT_RETRIES` when unset).
+    /// serialization failure (`store::engine::PG_CONFLICT_RETRIES` when unset).
     pub fn conflict_retries(&self) -> Option<u32> {
         self.conflict_retries
     }
@@ -317,7 +316,7 @@ type Connection = tokio_postgres::Connection<
 /// Connects to the database at `url` and hands back both halves, for a caller that must see the
 /// server's asynchronous messages (`notify::listen` reads notifications from the connection);
 /// everyone else uses `connect`.
-async fn open(url: &PgUrl) -> Result<(Client, Connection), PgError> {
+pub(crate) async fn open(url: &PgUrl) -> Result<(Client, Connection), PgError> {
     let tls = tokio_postgres_rustls::MakeRustlsConnect::new(url.ssl.client_config()?);
     url.config.connect(tls).await.map_err(|e| PgError::from_client(url, &e))
 }
