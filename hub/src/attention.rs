@@ -2,7 +2,7 @@
 //! anything does) and the status page's "Needs attention" block, so the two never disagree.
 //!
 //! From the record (`from_record`): every active fence on a host or on everything, every
-//! conversation the breaker holds (`store::approval`), held
+//! conversation the breaker holds (`store::lifecycle::approval`), held
 //! deliveries, deliveries that ended `unknown` since a window, a record over
 //! `limits.store_bytes_max`, silent hosts, hosts with work waiting and no node serving them, and
 //! node or producer certificates that expire soon.
@@ -11,9 +11,9 @@
 //! is served by one).
 
 use crate::datadir::DataDir;
-use crate::store::approval;
-use crate::store::fences::FenceScope;
-use crate::store::fleet::HostState;
+use crate::store::lifecycle::approval;
+use crate::store::registry::fences::FenceScope;
+use crate::store::views::fleet::HostState;
 use crate::store::{Store, StoreResult};
 use baton_shared::duration::{human, human_ms};
 use baton_shared::pki;

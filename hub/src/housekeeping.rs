@@ -1,6 +1,6 @@
 //! Background tasks the hub runs beside the ones `server` owns: the audit log's (and lifted
 //! fences') retention sweep, approvals past their `approval_timeout_ms`, and
-//! `requeue_silent_after` (off unless configured; see `store::silence` for why it is safe). Each holds the shutdown token, reads time from the
+//! `requeue_silent_after` (off unless configured; see `store::lifecycle::silence` for why it is safe). Each holds the shutdown token, reads time from the
 //! injected clock and writes through the `Store`, one bounded transaction at a time.
 
 use crate::http::Shared;
@@ -23,7 +23,7 @@ pub(crate) async fn sweep_audit(shared: Arc<Shared>) {
     loop {
         let cutoff = cutoff_ms(shared.clock.now_ms(), shared.limits.audit_retention);
         loop {
-            match shared.store.audit_sweep(cutoff, store::retention::SWEEP_AUDIT_ROWS_MAX).await {
+            match shared.store.audit_sweep(cutoff, store::upkeep::retention::SWEEP_AUDIT_ROWS_MAX).await {
                 Ok(0) => break,
                 Ok(n) => tracing::info!(removed = n, "retention: removed audit rows"),
                 Err(e) => {
@@ -33,7 +33,7 @@ pub(crate) async fn sweep_audit(shared: Arc<Shared>) {
             }
         }
         loop {
-            match shared.store.fence_sweep(cutoff, store::retention::SWEEP_FENCES_MAX).await {
+            match shared.store.fence_sweep(cutoff, store::upkeep::retention::SWEEP_FENCES_MAX).await {
                 Ok(0) => break,
                 Ok(n) => tracing::info!(removed = n, "retention: removed lifted fences"),
                 Err(e) => {
@@ -133,7 +133,7 @@ pub(crate) async fn requeue_silent(shared: Arc<Shared>, after: Option<Duration>)
 pub(crate) const APPROVAL_EXPIRY_PACE: Duration = Duration::from_secs(1);
 
 /// Fails, by the hub, the held deliveries of every message whose approval timed out undecided
-/// (`store::approval::expire`), every `APPROVAL_EXPIRY_PACE`; waiting reads see the outcome.
+/// (`store::lifecycle::approval::expire`), every `APPROVAL_EXPIRY_PACE`; waiting reads see the outcome.
 pub(crate) async fn expire_approvals(shared: Arc<Shared>) {
     loop {
         tokio::select! {

@@ -3,7 +3,7 @@
 //!
 //! Layout:
 //! - `store`: the record (SQLite), the only code that runs SQL; every state transition, the
-//!   fences and their precedence, and the offline invariant check (`store::verify`).
+//!   fences and their precedence, and the offline invariant check (`store::upkeep::verify`).
 //! - `config`: every configuration key, declared once, layered file < environment < flag into
 //!   the validated `HubConfig`.
 //! - `datadir`: the files in the hub's data directory.
@@ -42,4 +42,4 @@ pub mod tls;
 pub mod wake;
 
 /// The offline invariant check, at the path tools outside the hub (the fault checker) use.
-pub use store::verify;
+pub use store::upkeep::verify;

@@ -249,7 +249,7 @@ async fn sweep_retention(shared: Arc<Shared>, retention: Duration) {
         }
         let cutoff = retention_cutoff_ms(shared.clock.as_ref(), retention);
         loop {
-            match shared.store.retention_sweep(cutoff, store::retention::SWEEP_MESSAGES_MAX).await {
+            match shared.store.retention_sweep(cutoff, store::upkeep::retention::SWEEP_MESSAGES_MAX).await {
                 Ok(0) => break,
                 Ok(n) => tracing::info!(removed = n, "retention: removed settled messages"),
                 Err(e) => {
@@ -361,8 +361,8 @@ fn open_store(dir: &DataDir, config: &HubConfig, clock: SharedClock) -> anyhow::
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::accept::{self, AcceptLimits, Accepted, NewMessage};
     use crate::store::in_write_txn;
+    use crate::store::lifecycle::accept::{self, AcceptLimits, Accepted, NewMessage};
     use baton_shared::clock::ManualClock;
 
     /// Repair stamps what it creates with the injected clock, and the retention cutoff reads it.

@@ -29,10 +29,10 @@ use crate::attention::{self, Attention};
 use crate::datadir::DataDir;
 use crate::http::AppState;
 use crate::store::StoreError;
-use crate::store::fences::{FenceKind, FenceRow, FenceScope};
-pub use crate::store::overview::Overview;
-use crate::store::overview::{self, ConversationBacklog, Rates, RunningTurn, Trouble};
-use crate::store::read::{DeliveryDetail, DeliveryRow};
+use crate::store::registry::fences::{FenceKind, FenceRow, FenceScope};
+pub use crate::store::views::overview::Overview;
+use crate::store::views::overview::{self, ConversationBacklog, Rates, RunningTurn, Trouble};
+use crate::store::views::read::{DeliveryDetail, DeliveryRow};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
@@ -833,11 +833,11 @@ pub fn render_delivery(d: &DeliveryDetail, now_ms: i64, reasons: bool) -> String
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::accept::testing::accept_one;
-    use crate::store::fences::{FenceKind, FenceScope, NewFence};
-    use crate::store::overview::gather;
+    use crate::store::lifecycle::accept::testing::accept_one;
+    use crate::store::registry::fences::{FenceKind, FenceScope, NewFence};
     use crate::store::testing;
-    use crate::store::{fences, read};
+    use crate::store::views::overview::gather;
+    use crate::store::{registry::fences, views::read};
 
     const SCRIPT: &str = "<script>alert('x')</script>";
 
@@ -894,8 +894,8 @@ mod tests {
     /// the failures table shows its last characters, the delivery's page how much was dropped.
     #[test]
     fn the_end_of_a_runs_stderr_follows_the_reasons_rule() {
-        use crate::store::report::{NewReport, RunReport, report_run};
-        use crate::store::{claim, transition::Holder};
+        use crate::store::lifecycle::report::{NewReport, RunReport, report_run};
+        use crate::store::{lifecycle::claim, lifecycle::transition::Holder};
         let db = testing::db();
         let c = &db.conn;
         accept_one(c, "conv", "k", &["host-a"]);

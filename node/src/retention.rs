@@ -1,5 +1,5 @@
 //! The retention sweep: removes the local rows of deliveries the hub settled more than
-//! `local_retention` ago (see `store::retention` for what counts as settled and what is kept),
+//! `local_retention` ago (see `store::upkeep::retention` for what counts as settled and what is kept),
 //! once at start and then every `RETENTION_SWEEP_PACE`, in batches of `RETENTION_BATCH_MAX`.
 //! The age is read from the injected clock, so tests move time instead of waiting.
 

@@ -1,7 +1,7 @@
 //! Retention through the real binary: audit rows older than `limits.audit_retention` are
 //! removed by the running hub (counted from when each was written), newer ones stay; the key is
 //! validated like every other. Retention of messages from their settling time is tested with an
-//! injected clock beside `store::retention`. A store over `limits.store_bytes_max` refuses
+//! injected clock beside `store::upkeep::retention`. A store over `limits.store_bytes_max` refuses
 //! submissions (507 `store_full`) and serves the rest until room is freed.
 
 use crate::harness::Hub;
@@ -53,7 +53,7 @@ async fn audit_rows_past_their_window_are_removed_by_the_hub() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_over_its_bound_refuses_submissions_and_serves_the_rest() {
     // An empty PostgreSQL database alone takes megabytes: the bound's arithmetic below is the
-    // SQLite file's (the size read itself runs on both backends in `store::read`'s tests).
+    // SQLite file's (the size read itself runs on both backends in `store::views::read`'s tests).
     if crate::harness::skipped_on_postgres("a_store_over_its_bound_refuses_submissions_and_serves_the_rest") {
         return;
     }

@@ -2,7 +2,7 @@
 //! newest first, from the operator event log and the delivery transitions they made.
 
 use super::{CliError, CliResult, Context, output};
-use crate::store::audit::AuditCursor;
+use crate::store::registry::audit::AuditCursor;
 use baton_shared::{duration, exit};
 
 /// What `audit` was asked for, as typed.

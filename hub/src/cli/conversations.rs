@@ -7,8 +7,8 @@
 use super::args::{MembersChange, MembersCmd, ProducersCmd, QuotaArgs};
 use super::{CliError, CliResult, Context, output};
 use crate::store::By;
-use crate::store::members::Membership;
-use crate::store::producers;
+use crate::store::registry::members::Membership;
+use crate::store::registry::producers;
 use baton_shared::exit;
 use baton_shared::ids::check_name;
 

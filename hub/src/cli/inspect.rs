@@ -10,7 +10,7 @@ use std::path::Path;
 /// The record's size against its bound, as `status` shows it.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct StoreSize {
-    /// The bytes the record takes (`store::read::store_bytes`).
+    /// The bytes the record takes (`store::views::read::store_bytes`).
     pub(super) bytes: u64,
     /// `limits.store_bytes_max`.
     pub(super) bytes_max: u64,

@@ -1,13 +1,13 @@
 //! `migrate --to TARGET`: moves this hub's whole record to another backend — from its SQLite
 //! file to a PostgreSQL database, or from its PostgreSQL database to a new SQLite file — while
-//! no hub serves this data directory (`store::transfer::move_record`: one transaction into an
+//! no hub serves this data directory (`store::upkeep::transfer::move_record`: one transaction into an
 //! empty record, then both compared row by row and both verified). The source is left as it
 //! was: pointing `database_url` at the target (or removing it) is the operator's step, printed
 //! at the end.
 
 use super::{CliError, CliResult, Context};
 use crate::lock::{DirLock, LockError};
-use crate::store::transfer::{self, Place};
+use crate::store::upkeep::transfer::{self, Place};
 
 /// Runs `migrate --to target`.
 pub(super) fn migrate(ctx: &Context, target: &str) -> CliResult {

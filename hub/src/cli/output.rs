@@ -11,15 +11,15 @@ use super::inspect::StoreSize;
 use super::{CliError, CliResult};
 use crate::attention::Attention;
 use crate::lock::Holder;
-use crate::store::audit::{AuditCursor, AuditEntry};
-use crate::store::explain::{self, Behind, Explanation, FenceHold, Liveness};
-use crate::store::fences::FenceRow;
-use crate::store::fleet::{CertRow, HostDetail, HostEvent, HostRow, HostState, SessionRow};
-use crate::store::listing::Listed;
-use crate::store::members::{ConversationMembers, IntervalRow};
-use crate::store::producers::ProducerRow;
-use crate::store::read::{DeliveryDetail, DeliveryRow, StatusView};
-use crate::store::verify::Problem;
+use crate::store::registry::audit::{AuditCursor, AuditEntry};
+use crate::store::registry::fences::FenceRow;
+use crate::store::registry::members::{ConversationMembers, IntervalRow};
+use crate::store::registry::producers::ProducerRow;
+use crate::store::upkeep::verify::Problem;
+use crate::store::views::explain::{self, Behind, Explanation, FenceHold, Liveness};
+use crate::store::views::fleet::{CertRow, HostDetail, HostEvent, HostRow, HostState, SessionRow};
+use crate::store::views::listing::Listed;
+use crate::store::views::read::{DeliveryDetail, DeliveryRow, StatusView};
 use baton_shared::duration::human_ms;
 use serde_json::{Value, json};
 use std::borrow::Cow;
@@ -310,7 +310,7 @@ pub(super) fn producers(rows: &[ProducerRow], as_json: bool) -> CliResult {
 }
 
 /// A producer's quota in one phrase: `unlimited` (the default), or its limits.
-pub(super) fn quota(q: &crate::store::producers::Quota) -> String {
+pub(super) fn quota(q: &crate::store::registry::producers::Quota) -> String {
     let shown = |v: Option<u64>| v.map_or_else(|| "unlimited".to_string(), |v| v.to_string());
     if q.unsettled_max.is_none() && q.unsettled_bytes_max.is_none() {
         return "unlimited".into();
@@ -742,7 +742,7 @@ fn session_cell(s: Option<&SessionRow>) -> String {
 /// `hosts list`: a table, or JSON (`[{"host", "state", "instance_id", "session": {…} | null,
 /// "holdings": {"claimed", "mirrored", "delivered"}, "waiting", …}]`).
 /// Whether `h` is silent: its newest session is open and has sent nothing for longer than
-/// `silence_warn_ms`, the host not retired (the rule `status` flags by, `store::fleet::silent_hosts`).
+/// `silence_warn_ms`, the host not retired (the rule `status` flags by, `store::views::fleet::silent_hosts`).
 fn host_silent(h: &HostRow, now_ms: i64, silence_warn_ms: i64) -> bool {
     h.state != HostState::Retired
         && h.session

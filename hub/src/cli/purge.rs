@@ -1,14 +1,14 @@
 //! `purge --message ID | --conversation C | --host H --reason R [--dry-run | --yes]`: settled
 //! messages (or a recipient host's settled deliveries) removed now, never an unsettled delivery
-//! (`store::purge`). Destructive: what it removes is read and said first, and it asks
+//! (`store::upkeep::purge`). Destructive: what it removes is read and said first, and it asks
 //! (`confirm`).
 
 use super::args::Confirm;
 use super::confirm::{self, Decision};
 use super::{CliError, CliResult, Context, output};
 use crate::store::By;
-use crate::store::purge::PurgeOf;
-use crate::store::purge::{self, Plan, Target};
+use crate::store::upkeep::purge::PurgeOf;
+use crate::store::upkeep::purge::{self, Plan, Target};
 use baton_shared::exit;
 
 /// Runs `purge`.

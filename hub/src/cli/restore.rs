@@ -10,7 +10,7 @@
 
 use super::{CliError, CliResult, Context, Record, output};
 use crate::lock::{DirLock, LockError};
-use crate::store::{Store, backup};
+use crate::store::{Store, upkeep::backup};
 use baton_shared::exit;
 use std::path::{Path, PathBuf};
 

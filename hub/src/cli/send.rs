@@ -2,8 +2,8 @@
 
 use super::{CliError, CliResult, Context, output};
 use crate::store::By;
-use crate::store::accept::{AcceptLimits, Accepted, NewMessage};
-use crate::store::canonical;
+use crate::store::lifecycle::accept::{AcceptLimits, Accepted, NewMessage};
+use crate::store::upkeep::canonical;
 use baton_shared::files::read_text_bounded;
 use baton_shared::ids::{check_key, check_name};
 use baton_shared::limits::PAYLOAD_FILE_BYTES_MAX;

@@ -532,7 +532,7 @@ pub const APPROVAL_TIMEOUT_MAX: Key = Key {
     kind: KeyKind::Duration {
         default: Duration::from_secs(7 * 24 * 3600),
         min: Duration::from_secs(1),
-        max: Duration::from_millis(crate::store::approval::APPROVAL_TIMEOUT_MAX_MS),
+        max: Duration::from_millis(crate::store::lifecycle::approval::APPROVAL_TIMEOUT_MAX_MS),
     },
     doc: "the largest approval_timeout_ms a message may name; past its timeout an undecided approval fails the \
           message's held deliveries, naming the timeout (a message without approval_timeout_ms waits for a \

@@ -11,7 +11,7 @@
 //! Invariant: an entry read from the record is kept only when the counter did not move while it
 //! was read, so a status read before a revocation is never cached after it.
 
-use crate::store::hosts::CertStatus;
+use crate::store::registry::hosts::CertStatus;
 use crate::store::{Store, StoreResult};
 use std::collections::HashMap;
 use std::sync::Mutex;

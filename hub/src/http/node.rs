@@ -4,13 +4,13 @@
 //! same transaction that acts).
 
 use super::{ApiError, ApiJson, ApiQuery, AppState, NodeCaller, check_path_id};
-use crate::store::claim::Claimed;
-use crate::store::claim::Claimer;
-use crate::store::claim::HolderOf;
-use crate::store::claim::NodeAt;
-use crate::store::claim::Step;
-use crate::store::report::Backoff;
-use crate::store::report::ReportBounds;
+use crate::store::lifecycle::claim::Claimed;
+use crate::store::lifecycle::claim::Claimer;
+use crate::store::lifecycle::claim::HolderOf;
+use crate::store::lifecycle::claim::NodeAt;
+use crate::store::lifecycle::claim::Step;
+use crate::store::lifecycle::report::Backoff;
+use crate::store::lifecycle::report::ReportBounds;
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;

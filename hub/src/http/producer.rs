@@ -4,10 +4,10 @@
 //! membership.
 
 use super::{ApiError, ApiJson, ApiQuery, AppState, Caller, ProducerCaller, check_path_id};
-use crate::store::accept::{AcceptLimits, Accepted, NewMessage, RetryPolicy};
-use crate::store::approval::ApprovalBy;
-use crate::store::approval::Decision;
-use crate::store::{canonical, read};
+use crate::store::lifecycle::accept::{AcceptLimits, Accepted, NewMessage, RetryPolicy};
+use crate::store::lifecycle::approval::ApprovalBy;
+use crate::store::lifecycle::approval::Decision;
+use crate::store::{upkeep::canonical, views::read};
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;

@@ -277,7 +277,7 @@ impl Store {
 mod tests {
     use super::*;
     use crate::store::By;
-    use crate::store::accept::{AcceptLimits, Accepted, NewMessage, RetryPolicy};
+    use crate::store::lifecycle::accept::{AcceptLimits, Accepted, NewMessage, RetryPolicy};
     use crate::store::testing;
     use baton_shared::sqlite::CHECKPOINT_INTERVAL;
 

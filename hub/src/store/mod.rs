@@ -6,7 +6,7 @@
 //! Rust and wire types and failing with `StoreError`; nothing outside this module tree writes
 //! SQL or holds a connection. Each method stands at the top of the module that does the
 //! operation, above its synchronous body; no method names a backend (SPEC §11): the bodies run
-//! over `db::Db`, which SQLite's connection and PostgreSQL's `PgConn` both are.
+//! over `engine::Db`, which SQLite's connection and PostgreSQL's `PgConn` both are.
 //!
 //! For SQLite, the operations' bodies are the plain synchronous functions of the modules below,
 //! over a `rusqlite::Connection` (inside a write transaction when they change anything), run by
@@ -18,27 +18,14 @@
 //!   reach the record (`Conns`: the writer and readers, or one connection in place).
 //! - `writer`: the writer thread (one owner of the write connection, group commit) and the
 //!   reader pool.
-//! - `transition`: the SPEC §2 transition table and the one guarded update every transition uses.
-//! - `accept`: acceptance, fan-out and startup repair.
-//! - `claim`: claims (fences applied through `fences`), order and fairness, holdings, and the
-//!   holder's mirrored/ack/reject.
-//! - `fences`: the fence types, set/lift/list, and the one precedence rule claims apply.
-//! - `members`: the membership registry (join/leave intervals per conversation and host).
-//! - `producers`: producers' publish scopes.
-//! - `report`: attempt reports, and the retry a harness asks for (exit 75).
-//! - `sessions`: node sessions (a fencing epoch per node process) and their check.
-//! - `turns`: hub-confirmed starts, cancel, the claim's cancel notices, operator retry and
-//!   redrive.
-//! - `hosts`: hosts, certificates and operator events (enroll, revoke, renew look-ups).
-//! - `operator`: the operator's delivery transitions: release, cancel, retire, requeue.
-//! - `read`: views for producers, operators and status.
-//! - `overview`: backlogs per host and conversation, outcome counts and recent trouble, for
-//!   the metrics and the status page.
-//! - `gauges`: what the hub's periodic gauges read, in one snapshot, through the definitions
-//!   `status` and the status page use.
-//! - `retention`: removing settled messages older than the retention window.
-//! - `backup`: a consistent copy of the database, checked.
-//! - `verify`: the offline invariant check, returning typed problems.
+//! - `engine`: every difference between SQLite and PostgreSQL (`Db`, PostgreSQL's connection,
+//!   migrations and statistics).
+//! - `lifecycle`: a delivery's life, every SPEC §2 transition: acceptance and fan-out, approval,
+//!   claims and the handoff, starts, reports, the operator's transitions, silence.
+//! - `registry`: who may do what: hosts and certificates, node sessions, members, producers,
+//!   fences, the audit log.
+//! - `views`: read-only views for producers, operators, the status page and the metrics.
+//! - `upkeep`: retention, purge, backup, the offline check, and transfer between backends.
 //!
 //! Invariant: a stored value that does not parse into its type (a state, kind, scope, outcome
 //! or payload) is a `StoreError::Corrupt` naming its table, row and column; it never becomes a
@@ -53,35 +40,12 @@ pub struct By {
     pub reason: String,
 }
 
-pub mod accept;
-pub mod approval;
-pub mod audit;
-pub mod backup;
-pub mod batch;
-pub mod canonical;
-pub mod claim;
 pub mod engine;
-pub mod explain;
-pub mod fences;
-pub mod fleet;
-pub mod gauges;
 pub mod handle;
-pub mod hosts;
-pub mod listing;
-pub mod members;
-pub mod operator;
-pub mod overview;
-pub mod producers;
-pub mod purge;
-pub mod read;
-pub mod report;
-pub mod retention;
-pub mod sessions;
-pub mod silence;
-pub mod transfer;
-pub mod transition;
-pub mod turns;
-pub mod verify;
+pub mod lifecycle;
+pub mod registry;
+pub mod upkeep;
+pub mod views;
 pub mod writer;
 
 #[cfg(test)]
@@ -204,9 +168,9 @@ pub enum StoreError {
     /// A capacity bound is reached.
     #[error("{0}")]
     OverCapacity(String),
-    /// A producer's quota (`producers::Quota`) leaves no room for its post.
+    /// A producer's quota (`registry::producers::Quota`) leaves no room for its post.
     #[error("{1}")]
-    OverQuota(producers::QuotaKind, String),
+    OverQuota(registry::producers::QuotaKind, String),
     /// The caller's certificate was revoked (found when re-checked inside a transaction).
     #[error("{0}")]
     CertificateRevoked(String),
@@ -249,8 +213,10 @@ impl StoreError {
             StoreError::InstanceConflict(_) => ErrorCode::InstanceConflict,
             StoreError::SessionSuperseded(_) => ErrorCode::SessionSuperseded,
             StoreError::OverCapacity(_) => ErrorCode::OverCapacity,
-            StoreError::OverQuota(producers::QuotaKind::UnsettledMessages, _) => ErrorCode::QuotaUnsettledMessages,
-            StoreError::OverQuota(producers::QuotaKind::UnsettledBytes, _) => ErrorCode::QuotaUnsettledBytes,
+            StoreError::OverQuota(registry::producers::QuotaKind::UnsettledMessages, _) => {
+                ErrorCode::QuotaUnsettledMessages
+            }
+            StoreError::OverQuota(registry::producers::QuotaKind::UnsettledBytes, _) => ErrorCode::QuotaUnsettledBytes,
             StoreError::CertificateRevoked(_) => ErrorCode::CertificateRevoked,
             StoreError::Forbidden(_) => ErrorCode::Forbidden,
             StoreError::ApprovalForbidden(_) => ErrorCode::ApprovalForbidden,
@@ -482,14 +448,14 @@ mod tests {
     const SQLITE_ONLY: &[(&str, &str)] = &[
         ("store::tests::damage_sqlite_meets", "SQLite's own error codes"),
         ("store::tests::a_new_record", "the SQLite file's page size"),
-        ("store::backup::", "a copy of the SQLite file"),
+        ("store::upkeep::backup::", "a copy of the SQLite file"),
         ("store::writer::", "the SQLite writer and reader pool on a file path"),
         ("store::handle::", "served and direct stores over one SQLite file"),
-        ("store::transfer::", "copies between an SQLite file and a cluster of its own"),
-        ("store::fences::tests::a_corrupt_fence", "damage written past SQLite's CHECK constraints"),
-        ("store::hosts::tests::a_corrupt_role", "damage written past SQLite's CHECK constraints"),
-        ("store::read::tests::corrupt_values", "damage written past SQLite's CHECK constraints"),
-        ("store::listing::tests::a_prefix_names_one_delivery", "rows written with SQLite's foreign keys off"),
+        ("store::upkeep::transfer::", "copies between an SQLite file and a cluster of its own"),
+        ("store::registry::fences::tests::a_corrupt_fence", "damage written past SQLite's CHECK constraints"),
+        ("store::registry::hosts::tests::a_corrupt_role", "damage written past SQLite's CHECK constraints"),
+        ("store::views::read::tests::corrupt_values", "damage written past SQLite's CHECK constraints"),
+        ("store::views::listing::tests::a_prefix_names_one_delivery", "rows written with SQLite's foreign keys off"),
     ];
 
     /// Every store unit test again, on PostgreSQL: this test binary runs itself with
@@ -628,7 +594,7 @@ pub mod testing {
             Err(_) => Box::new(open_write(&path, Synchronous::Normal).unwrap()),
         };
         for h in ["host-a", "host-b", "host-c"] {
-            hosts::add_host(&*conn, h, 0).unwrap();
+            registry::hosts::add_host(&*conn, h, 0).unwrap();
         }
         (conn, path, dir)
     }

@@ -195,7 +195,7 @@ impl Writer {
         StandingClaim { standing: self.standing.clone(), host, id, answer }
     }
 
-    /// `call` for a job that runs claims of `host` (`store::claim::claim_as` and reads) and
+    /// `call` for a job that runs claims of `host` (`store::lifecycle::claim::claim_as` and reads) and
     /// writes nothing else: a batch of only such jobs begins with `Db::begin_claims` and runs
     /// them in host order, so claim transactions on several hubs take the hosts' row locks in
     /// one order and never wait for each other in a cycle.

@@ -10,9 +10,9 @@
 //! Long run: `BATON_FUZZ_CASES=1000000 cargo test --release -p baton-hub --all-features --test fuzz -- fuzz_cursors::`.
 
 use baton_hub::store::ActorKind;
-use baton_hub::store::audit::{AuditCursor, AuditSource};
-use baton_hub::store::fences::{FenceKind, FenceScope};
-use baton_hub::store::producers::{check_pattern, covers};
+use baton_hub::store::registry::audit::{AuditCursor, AuditSource};
+use baton_hub::store::registry::fences::{FenceKind, FenceScope};
+use baton_hub::store::registry::producers::{check_pattern, covers};
 use baton_shared::ids::{NAME_CHARS_MAX, check_name};
 use baton_shared::states::{DeliveryState, Outcome};
 use proptest::prelude::*;

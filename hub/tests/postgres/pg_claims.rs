@@ -7,11 +7,11 @@
 //! would bind another instance waits for the bound instance's claim in flight and then sees what
 //! it holds; and every other writer waits for the claims in flight, as they wait for it.
 
-use baton_hub::store::accept::{self, AcceptLimits, NewMessage, RetryPolicy};
-use baton_hub::store::claim;
 use baton_hub::store::engine::postgres::{self as pg, PgUrl};
 use baton_hub::store::engine::{Db, PgConn};
-use baton_hub::store::{StoreError, hosts};
+use baton_hub::store::lifecycle::accept::{self, AcceptLimits, NewMessage, RetryPolicy};
+use baton_hub::store::lifecycle::claim;
+use baton_hub::store::{StoreError, registry::hosts};
 use baton_shared::wire::ClaimedDelivery;
 use baton_testkit::pg::{PgCluster, cluster_or_skip};
 use std::sync::mpsc;

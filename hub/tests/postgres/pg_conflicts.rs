@@ -6,11 +6,11 @@
 //! waited first, so its deadlock check runs first); the claim runs again once the other one
 //! committed, hands out the delivery, and `baton_hub_conflict_retries_total` moves.
 
-use baton_hub::store::accept::{self, AcceptLimits, NewMessage, RetryPolicy};
-use baton_hub::store::claim::Claimer;
 use baton_hub::store::engine::postgres::{self as pg, PgUrl};
 use baton_hub::store::engine::{Db, PgConn};
-use baton_hub::store::{Store, hosts};
+use baton_hub::store::lifecycle::accept::{self, AcceptLimits, NewMessage, RetryPolicy};
+use baton_hub::store::lifecycle::claim::Claimer;
+use baton_hub::store::{Store, registry::hosts};
 use baton_shared::ids::Role;
 use baton_testkit::pg::cluster_or_skip;
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! The backlog is prefilled through the hub's own store code (`accept` and `fan_out`, in big
 //! transactions) into a hub data directory made by the real CLI, and grown size by size. At
 //! each size a claim of one delivery is timed two ways: in-process, calling
-//! `baton_hub::store::claim::claim` inside one write transaction that is rolled back (so the
+//! `baton_hub::store::lifecycle::claim::claim` inside one write transaction that is rolled back (so the
 //! backlog is not consumed; the commit is not timed), and through the real hub process
 //! (`POST /v1/claims`, max 1, no wait; durable commit included).
 //!
@@ -16,8 +16,8 @@ use crate::procfs;
 use crate::stats::{self, Summary};
 use anyhow::{Context, bail};
 use baton_client::NodeClient;
-use baton_hub::store::accept::{self, AcceptLimits, Accepted, NewMessage};
-use baton_hub::store::{self, claim, in_write_txn};
+use baton_hub::store::lifecycle::accept::{self, AcceptLimits, Accepted, NewMessage};
+use baton_hub::store::{self, in_write_txn, lifecycle::claim};
 use baton_shared::sqlite::Synchronous;
 use baton_testkit::Binaries;
 use rusqlite::Connection;

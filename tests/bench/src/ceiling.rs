@@ -9,13 +9,13 @@
 //! `synchronous=FULL` are read back, not assumed.
 
 use anyhow::Context;
-use baton_hub::store::accept::{AcceptLimits, Accepted, NewMessage, RetryPolicy};
-use baton_hub::store::claim::Claimer;
-use baton_hub::store::claim::HolderOf;
-use baton_hub::store::claim::NodeAt;
-use baton_hub::store::claim::Step;
-use baton_hub::store::hosts::Enrollment;
-use baton_hub::store::report::Backoff;
+use baton_hub::store::lifecycle::accept::{AcceptLimits, Accepted, NewMessage, RetryPolicy};
+use baton_hub::store::lifecycle::claim::Claimer;
+use baton_hub::store::lifecycle::claim::HolderOf;
+use baton_hub::store::lifecycle::claim::NodeAt;
+use baton_hub::store::lifecycle::claim::Step;
+use baton_hub::store::lifecycle::report::Backoff;
+use baton_hub::store::registry::hosts::Enrollment;
 use baton_hub::store::{Store, StoreError, StoreResult};
 use baton_shared::ids::Role;
 use baton_shared::sqlite::{self, OpenOptions, Synchronous};

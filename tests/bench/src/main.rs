@@ -271,7 +271,7 @@ fn describe(figs: &mut Figures, plan: &Plan, root: &std::path::Path) {
         json!(
             "hub and nodes at synchronous=FULL; backlog prefill connection at synchronous=OFF; \
              latencies from hub timestamps (1 ms resolution); claim_ms_backlog_* from the real hub (p50 of \
-             POST /v1/claims max=1, durable commit included), inproc_* from store::claim::claim without commit"
+             POST /v1/claims max=1, durable commit included), inproc_* from store::lifecycle::claim::claim without commit"
         ),
     );
 }
@@ -350,7 +350,11 @@ fn measure(
             "p50 POST /v1/claims max=1 via the real hub, ms",
         );
         figs.put(&format!("claim_ms_p99_backlog_{l}"), Some(p.hub_ms.p99), "p99 of the same, ms");
-        figs.put(&format!("inproc_claim_ms_backlog_{l}"), Some(p.inproc_ms.p50), "p50 store::claim::claim, ms");
+        figs.put(
+            &format!("inproc_claim_ms_backlog_{l}"),
+            Some(p.inproc_ms.p50),
+            "p50 store::lifecycle::claim::claim, ms",
+        );
         figs.put(&format!("inproc_claim_ms_p99_backlog_{l}"), Some(p.inproc_ms.p99), "p99 of the same, ms");
         figs.put(&format!("hub_start_s_backlog_{l}"), Some(p.hub_start_s), "hub spawn to ready (/readyz answers), s");
         figs.put(&format!("prefill_s_backlog_{l}"), Some(p.prefill_s), "prefill time to this size, s");

@@ -68,7 +68,7 @@ pub trait Db {
     /// Begins a write transaction that runs claims and nothing else. On SQLite it is
     /// `begin_write`. On PostgreSQL it takes the record's write lock in shared mode, so claim
     /// transactions on several hubs run at once while every other writer still waits for all of
-    /// them (and they for it); what keeps two claims apart is row locks (see `store::claim`).
+    /// them (and they for it); what keeps two claims apart is row locks (see `store::lifecycle::claim`).
     fn begin_claims(&self) -> rusqlite::Result<()> {
         self.begin_write()
     }

@@ -2,17 +2,21 @@
 //! of the store tests repeats these): NUL, which PostgreSQL's `text` cannot hold, the character
 //! its store writes NUL with, and texts of a mebibyte. A value is never a storage error.
 
-use super::accept::testing::accept_one;
-use super::claim::{self, RebindLimit};
 use super::engine::{Db, PG_TEXT_ESCAPE};
-use super::fences::{self, FenceKind, FenceScope, NewFence};
-use super::report::{self, NewReport};
-use super::transition::Holder;
-use super::{StoreError, fleet, hosts, read, sessions, testing, turns};
+use super::lifecycle::accept::testing::accept_one;
+use super::lifecycle::claim::{self, RebindLimit};
+use super::lifecycle::report::{self, NewReport};
+use super::lifecycle::transition::Holder;
+use super::lifecycle::turns;
+use super::registry::fences::{self, FenceKind, FenceScope, NewFence};
+use super::registry::{hosts, sessions};
+use super::views::{fleet, read};
+use super::{StoreError, testing};
 use baton_shared::states::Outcome;
 use baton_shared::wire::ClaimedDelivery;
 
-const LIMITS: super::accept::AcceptLimits = super::accept::AcceptLimits { queued_per_host_max: 1 << 40 };
+const LIMITS: super::lifecycle::accept::AcceptLimits =
+    super::lifecycle::accept::AcceptLimits { queued_per_host_max: 1 << 40 };
 
 /// Texts a backend could mangle: NUL alone, inside and at the ends, the escape character and
 /// what it escapes with, both mixed, characters of every UTF-8 length, and a mebibyte of them.
@@ -152,8 +156,8 @@ fn every_stored_text_field_keeps_its_bytes() {
 /// An approval's reason, and the delivery reason that quotes it, keep their bytes.
 #[test]
 fn an_approval_reason_keeps_its_bytes() {
-    use super::accept::{NewMessage, RetryPolicy, accept_and_fan_out};
-    use super::approval::{Decider, Decision, decide};
+    use super::lifecycle::accept::{NewMessage, RetryPolicy, accept_and_fan_out};
+    use super::lifecycle::approval::{Decider, Decision, decide};
     let db = testing::db();
     let c: &dyn Db = &*db.conn;
     for (n, v) in hostile().iter().enumerate() {
@@ -166,7 +170,7 @@ fn an_approval_reason_keeps_its_bytes() {
         };
         let policy = RetryPolicy { approval_required: true, ..RetryPolicy::default() };
         let (accepted, deliveries) = accept_and_fan_out(c, &msg, policy, LIMITS, 1).unwrap();
-        let super::accept::Accepted::New { message_id, .. } = accepted else { panic!("new") };
+        let super::lifecycle::accept::Accepted::New { message_id, .. } = accepted else { panic!("new") };
         decide(c, &message_id, Decider::Operator("op"), Decision::Reject, v, 2)
             .unwrap_or_else(|e| panic!("approval reason {}: {e}", shown(v)));
         let stored: Option<String> =
@@ -184,15 +188,15 @@ fn an_approval_reason_keeps_its_bytes() {
 fn a_payload_with_a_lone_surrogate_is_refused_as_invalid_on_both_backends() {
     let db = testing::db();
     let c: &dyn Db = &*db.conn;
-    let msg = super::accept::NewMessage {
+    let msg = super::lifecycle::accept::NewMessage {
         producer: "prod".into(),
         conversation: "conv".into(),
         idempotency_key: "k".into(),
         payload: r#"{"x":"\ud800"}"#.into(),
         to: vec!["host-a".into()],
     };
-    let e = super::accept::accept(c, &msg, LIMITS, 1).expect_err("a lone surrogate is refused");
+    let e = super::lifecycle::accept::accept(c, &msg, LIMITS, 1).expect_err("a lone surrogate is refused");
     assert!(matches!(&e, StoreError::Invalid(m) if m.starts_with("payload")), "{e:?}");
-    let msg = super::accept::NewMessage { payload: r#"{"x":"\u0000\ud83d\ude00"}"#.into(), ..msg };
-    super::accept::accept(c, &msg, LIMITS, 1).expect("NUL and a surrogate pair escaped are JSON");
+    let msg = super::lifecycle::accept::NewMessage { payload: r#"{"x":"\u0000\ud83d\ude00"}"#.into(), ..msg };
+    super::lifecycle::accept::accept(c, &msg, LIMITS, 1).expect("NUL and a surrogate pair escaped are JSON");
 }

@@ -1,11 +1,11 @@
 //! The turn-control operations' tests (`turns.rs`): starts, the start lease, cancels, retries.
 
 use super::*;
-use crate::store::accept::testing::accept_one;
-use crate::store::claim::{self, ack, mirrored};
-use crate::store::report::{NewReport, RunReport, report_run};
+use crate::store::lifecycle::accept::testing::accept_one;
+use crate::store::lifecycle::claim::{self, ack, mirrored};
+use crate::store::lifecycle::report::{NewReport, RunReport, report_run};
+use crate::store::lifecycle::transition::Holder;
 use crate::store::testing;
-use crate::store::transition::Holder;
 use baton_shared::wire::ClaimedDelivery;
 use std::time::Duration;
 
@@ -121,8 +121,8 @@ fn a_start_is_recorded_once_per_run_and_refused_to_another_session() {
 /// newer session acked itself start at once.
 #[test]
 fn a_newer_session_waits_for_the_older_lease_before_starting_what_the_older_acked() {
-    use crate::store::claim::{RebindLimit, record_acked_session};
-    use crate::store::sessions;
+    use crate::store::lifecycle::claim::{RebindLimit, record_acked_session};
+    use crate::store::registry::sessions;
     let db = testing::db();
     let c = &db.conn;
     message(c, "c", "k1", 1);
@@ -209,7 +209,7 @@ fn cancel_in_every_state_is_idempotent() {
     assert!(retry_at.is_some());
     assert_eq!(state(c, &retrying.delivery_id), Queued);
     // held: park the last one with a hold fence.
-    use crate::store::fences::{FenceKind, FenceScope, NewFence};
+    use crate::store::registry::fences::{FenceKind, FenceScope, NewFence};
     let hold = NewFence {
         kind: FenceKind::Hold,
         scope: FenceScope::Conversation,
@@ -217,7 +217,7 @@ fn cancel_in_every_state_is_idempotent() {
         operator: "op",
         reason: "r",
     };
-    crate::store::fences::set(c, hold, 4).unwrap();
+    crate::store::registry::fences::set(c, hold, 4).unwrap();
     claim::claim(c, "host-a", "i", 5, 5).unwrap();
     assert_eq!(state(c, &ids[4]), Held);
 
@@ -350,7 +350,7 @@ fn messages_without_retries_pipeline_as_before() {
 
 #[test]
 fn backoff_doubles_is_capped_and_jittered_within_a_fifth() {
-    use crate::store::report::backoff_ms;
+    use crate::store::lifecycle::report::backoff_ms;
     assert_eq!(backoff_ms(1000, 1, 60_000, 0), 1000);
     assert_eq!(backoff_ms(1000, 3, 60_000, 0), 4000);
     assert_eq!(backoff_ms(1000, 30, 60_000, 0), 60_000);

@@ -10,7 +10,7 @@
 use baton_fault::proxy::{Fault, Proxy};
 use baton_hub::store::engine::postgres::PgUrl;
 use baton_hub::store::engine::{Db, PgConn};
-use baton_hub::store::hosts::Enrollment;
+use baton_hub::store::registry::hosts::Enrollment;
 use baton_hub::store::{Store, StoreError};
 use baton_shared::ids::Role;
 use baton_testkit::pg::{DATABASE, PASSWORD, USER, cluster_or_skip};

@@ -1,10 +1,10 @@
 //! Read-only views: messages with deliveries and attempts, delivery listings with their event
 //! history, and the status overview.
 
-use super::Store;
-use super::engine::{Db, Row};
-use super::report::{ATTEMPT_COLUMNS, attempt_row};
-use super::{ActorKind, StoreError, StoreResult, json_column, parse_column, parse_column_opt, state_column};
+use crate::store::Store;
+use crate::store::engine::{Db, Row};
+use crate::store::lifecycle::report::{ATTEMPT_COLUMNS, attempt_row};
+use crate::store::{ActorKind, StoreError, StoreResult, json_column, parse_column, parse_column_opt, state_column};
 use baton_shared::states::{DeliveryState, Outcome};
 use baton_shared::wire::{AttemptView, DeliveryView, MessageView};
 use rusqlite::{OptionalExtension, named_params};
@@ -160,11 +160,11 @@ pub fn settled(d: &DeliveryView) -> bool {
 /// PostgreSQL the database's size on disk.
 pub fn store_bytes(conn: &dyn Db) -> StoreResult<i64> {
     let sql = match conn.dialect() {
-        super::engine::Dialect::Sqlite => {
+        crate::store::engine::Dialect::Sqlite => {
             "SELECT (p.page_count - f.freelist_count) * s.page_size
              FROM pragma_page_count() p, pragma_freelist_count() f, pragma_page_size() s"
         }
-        super::engine::Dialect::Postgres => "SELECT pg_database_size(current_database())",
+        crate::store::engine::Dialect::Postgres => "SELECT pg_database_size(current_database())",
     };
     Ok(conn.prepare_cached(sql)?.query_row([], |r| r.get(0))?)
 }
@@ -393,17 +393,17 @@ pub fn status(conn: &dyn Db) -> StoreResult<StatusView> {
         deliveries,
         messages: one("SELECT count(*) FROM messages")?,
         pending_fanout: one("SELECT count(*) FROM fanout_obligations WHERE done_at IS NULL")?,
-        active_fences: super::fences::active_count(conn)?,
-        hosts: super::hosts::active_count(conn)?,
+        active_fences: crate::store::registry::fences::active_count(conn)?,
+        hosts: crate::store::registry::hosts::active_count(conn)?,
         attempts: one("SELECT count(*) FROM attempts")?,
-        schema_version: super::schema_version(conn)?,
+        schema_version: crate::store::schema_version(conn)?,
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::accept::testing::accept_one;
+    use crate::store::lifecycle::accept::testing::accept_one;
     use crate::store::testing;
 
     /// Corrupts one stored value behind the schema's back (as damage would).
@@ -438,7 +438,7 @@ mod tests {
         check(delivery_detail(c, &d), &d, "state");
         check(message_view(c, &msg), &d, "state");
         check(status(c), "deliveries", "state");
-        check(crate::store::transition::state_of(c, &d), &d, "state");
+        check(crate::store::lifecycle::transition::state_of(c, &d), &d, "state");
         corrupt(c, "UPDATE deliveries SET state = 'queued' WHERE id = ?1", &d);
 
         corrupt(c, "UPDATE delivery_events SET actor_kind = 'ghost' WHERE delivery_id = ?1", &d);

@@ -2,16 +2,16 @@
 //! requeueing what a vanished instance held (cancel, retry and redrive are in `turns`). Each change carries who made it and why.
 //! (Hosts and certificates are in `hosts`, fences in `fences`.)
 
-use super::By;
-use super::Store;
-use super::engine::Db;
-use super::fences;
-use super::hosts;
-use super::hosts::Standing;
-use super::hosts::record_operator_event;
-use super::members;
-use super::transition::{self, Change};
-use super::{Actor, StoreError, StoreResult, state_column};
+use crate::store::By;
+use crate::store::Store;
+use crate::store::engine::Db;
+use crate::store::lifecycle::transition::{self, Change};
+use crate::store::registry::fences;
+use crate::store::registry::hosts;
+use crate::store::registry::hosts::Standing;
+use crate::store::registry::hosts::record_operator_event;
+use crate::store::registry::members;
+use crate::store::{Actor, StoreError, StoreResult, state_column};
 use baton_shared::states::DeliveryState::{self, *};
 use rusqlite::{OptionalExtension, named_params};
 
@@ -156,7 +156,7 @@ pub fn release(
             Some((_, s)) if *s != Held => {
                 return Err(StoreError::InvalidTransition(format!("delivery {id} is {s}, not held")));
             }
-            _ if super::approval::awaits_approval(conn, id)? => {
+            _ if crate::store::lifecycle::approval::awaits_approval(conn, id)? => {
                 return Err(StoreError::InvalidTransition(format!(
                     "delivery {id} awaits its message's approval: `held approve` or `held reject` it"
                 )));
@@ -224,7 +224,7 @@ fn unknown_attempt(conn: &dyn Db, delivery_id: &str, why: &str, now_ms: i64) -> 
          VALUES (:id, :d, :h, :i, :r, '', 'unknown', :why, :now, :n, :rerun, :by)",
     )?
     .execute(named_params! {
-        ":id": super::new_id(), ":d": delivery_id, ":h": host, ":i": instance,
+        ":id": crate::store::new_id(), ":d": delivery_id, ":h": host, ":i": instance,
         ":r": report_id, ":why": why, ":now": now_ms, ":n": attempt, ":rerun": rerun, ":by": caused_by,
     })?;
     Ok(true)
@@ -301,7 +301,7 @@ pub fn retire_plan(conn: &dyn Db, host: &str) -> StoreResult<RetirePlan> {
                AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)",
         )?
         .query_row([host], |r| r.get(0))?;
-    plan.leaves = super::members::memberships_of(conn, host)?;
+    plan.leaves = crate::store::registry::members::memberships_of(conn, host)?;
     Ok(plan)
 }
 
@@ -436,9 +436,9 @@ pub fn requeue_host_instance(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::accept::testing::accept_one;
-    use crate::store::transition::Holder;
-    use crate::store::{claim, members, testing};
+    use crate::store::lifecycle::accept::testing::accept_one;
+    use crate::store::lifecycle::transition::Holder;
+    use crate::store::{lifecycle::claim, registry::members, testing};
 
     /// The plan read before a retirement counts exactly what the retirement then sweeps, by
     /// state, and names the conversations it leaves; a host already retired has no plan.

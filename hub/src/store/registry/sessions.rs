@@ -19,13 +19,13 @@
 //! the previous row is ended `superseded`, the new row names it in `took_over`, and an operator
 //! event records it.
 
-use super::Store;
-use super::claim::NodeAt;
-use super::claim::RebindLimit;
-use super::claim::bind_instance;
-use super::engine::Db;
-use super::hosts::{self, Standing};
-use super::{StoreError, StoreResult};
+use crate::store::Store;
+use crate::store::engine::Db;
+use crate::store::lifecycle::claim::NodeAt;
+use crate::store::lifecycle::claim::RebindLimit;
+use crate::store::lifecycle::claim::bind_instance;
+use crate::store::registry::hosts::{self, Standing};
+use crate::store::{StoreError, StoreResult};
 use rusqlite::{OptionalExtension, named_params};
 use std::time::Duration;
 
@@ -84,7 +84,7 @@ pub fn open(
     host: &str,
     instance_id: &str,
     node_version: Option<&str>,
-    rebind: super::claim::RebindLimit,
+    rebind: crate::store::lifecycle::claim::RebindLimit,
     start_lease_ms: u64,
     now_ms: i64,
 ) -> StoreResult<Opened> {
@@ -106,7 +106,7 @@ pub fn open(
                 "UPDATE node_sessions SET ended_at = ?3, ended_how = 'superseded' WHERE host = ?1 AND session = ?2",
             )?
             .execute(rusqlite::params![host, previous, now_ms])?;
-            super::hosts::record_operator_event(
+            crate::store::registry::hosts::record_operator_event(
                 conn,
                 "session_takeover",
                 host,
@@ -267,7 +267,7 @@ pub fn record_contacts(conn: &dyn Db, contacts: &[(String, u64, i64)]) -> StoreR
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::claim::RebindLimit;
+    use crate::store::lifecycle::claim::RebindLimit;
     use crate::store::testing;
 
     fn row(conn: &dyn Db, session: i64) -> (Option<i64>, Option<String>, Option<i64>, i64) {
@@ -333,9 +333,9 @@ mod tests {
     fn another_instance_is_refused_while_the_bound_one_holds_work() {
         let db = testing::db();
         let c = &db.conn;
-        crate::store::accept::testing::accept_one(c, "conv", "k", &["host-a"]);
+        crate::store::lifecycle::accept::testing::accept_one(c, "conv", "k", &["host-a"]);
         open(c, "host-a", "first", None, RebindLimit::default(), 1000, 1).unwrap();
-        assert_eq!(crate::store::claim::claim(c, "host-a", "first", 10, 2).unwrap().len(), 1);
+        assert_eq!(crate::store::lifecycle::claim::claim(c, "host-a", "first", 10, 2).unwrap().len(), 1);
         assert!(matches!(
             open(c, "host-a", "copy", None, RebindLimit::default(), 1000, 3),
             Err(StoreError::InstanceConflict(_))

@@ -12,12 +12,12 @@
 //! may be many on a live host: they are kept, counted and named, and a later purge takes them
 //! once settled. A message whose fan-out is not done is not touched.
 
-use super::By;
-use super::Store;
-use super::StoreResult;
-use super::engine::Db;
-use super::hosts::record_operator_event;
-use super::retention::UNFINISHED;
+use crate::store::By;
+use crate::store::Store;
+use crate::store::StoreResult;
+use crate::store::engine::Db;
+use crate::store::registry::hosts::record_operator_event;
+use crate::store::upkeep::retention::UNFINISHED;
 use baton_shared::states::DeliveryState;
 use rusqlite::named_params;
 
@@ -141,7 +141,7 @@ pub fn plan(conn: &dyn Db, target: Target<'_>) -> StoreResult<Plan> {
         ))?
         .query_map(named_params! {":m": m, ":c": c, ":max": UNSETTLED_SHOWN_MAX as i64}, |r| {
             let id: String = r.get(0)?;
-            Ok((id.clone(), super::state_column(r, 1, "deliveries", &id)?))
+            Ok((id.clone(), crate::store::state_column(r, 1, "deliveries", &id)?))
         })?
         .collect::<Result<_, _>>()?;
     let fan_out_pending: i64 = conn
@@ -218,7 +218,7 @@ pub fn host_plan(conn: &dyn Db, host: &str) -> StoreResult<HostPlan> {
         ))?
         .query_map(named_params! {":h": host, ":max": UNSETTLED_SHOWN_MAX as i64}, |r| {
             let id: String = r.get(0)?;
-            Ok((id.clone(), super::state_column(r, 1, "deliveries", &id)?))
+            Ok((id.clone(), crate::store::state_column(r, 1, "deliveries", &id)?))
         })?
         .collect::<Result<_, _>>()?;
     Ok(HostPlan { deliveries, messages, kept, kept_shown })
@@ -261,7 +261,7 @@ pub fn purge_host(conn: &dyn Db, host: &str, operator: &str, reason: &str, now_m
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::accept::testing::accept_one;
+    use crate::store::lifecycle::accept::testing::accept_one;
     use crate::store::testing;
 
     fn count(c: &dyn Db, sql: &str) -> i64 {
@@ -309,7 +309,7 @@ mod tests {
 
         // The raw updates above leave the record's own bookkeeping behind (backlog counts, event
         // chains): what matters is that the purge adds no problem of its own.
-        let before = crate::store::verify::check(c).unwrap();
+        let before = crate::store::upkeep::verify::check(c).unwrap();
         let dry = host_plan(c, "host-a").unwrap();
         assert_eq!((dry.deliveries, dry.messages, dry.kept), (2, 1, 1));
         assert_eq!(dry.kept_shown[0].1, DeliveryState::Queued);
@@ -344,7 +344,7 @@ mod tests {
             .unwrap();
         assert_eq!(audit.0, "host host-a");
         assert!(audit.1.contains("host gone") && audit.1.contains("2 deliveries, 1 message(s)"), "{}", audit.1);
-        let after = crate::store::verify::check(c).unwrap();
+        let after = crate::store::upkeep::verify::check(c).unwrap();
         assert!(after.iter().all(|p| before.contains(p)), "the purge breaks no invariant: {after:?}");
 
         let again = purge_host(c, "host-a", "op", "again", 8).unwrap();

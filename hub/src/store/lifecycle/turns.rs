@@ -14,13 +14,13 @@
 //! a new run (`attempt + 1`, `rerun = 'redrive'`), clearing the holder, start and cancel of the
 //! run before; it is the only run handed out out of `seq` order.
 
-use super::By;
-use super::Store;
-use super::engine::Db;
-use super::hosts::record_operator_event;
-use super::sessions;
-use super::transition::{self, Change};
-use super::{Actor, StoreError, StoreResult, parse_column_opt, state_column};
+use crate::store::By;
+use crate::store::Store;
+use crate::store::engine::Db;
+use crate::store::lifecycle::transition::{self, Change};
+use crate::store::registry::hosts::record_operator_event;
+use crate::store::registry::sessions;
+use crate::store::{Actor, StoreError, StoreResult, parse_column_opt, state_column};
 use baton_shared::states::DeliveryState::{self, *};
 use baton_shared::states::Outcome;
 use baton_shared::wire::{CancelNotice, CancelResult, StartItem, StartResult};
@@ -259,7 +259,7 @@ pub fn start(
         }
         if turn.started_session.is_none()
             && let Some(acked) = turn.acked_session.filter(|a| *a < session as i64)
-            && let Some(lease) = super::sessions::lease(conn, host, acked as u64)?
+            && let Some(lease) = crate::store::registry::sessions::lease(conn, host, acked as u64)?
             && lease.may_have_started(acked_at(conn, &item.delivery_id)?)
         {
             if lease.until > now_ms {
@@ -497,7 +497,7 @@ pub fn next_retry_at(conn: &dyn Db, host: &str, now_ms: i64) -> StoreResult<Opti
 
 /// The outcome a final delivery ended with, as `retry` and `redrive` select by it, the same
 /// word every listing shows (`read::outcome_sql`). `None` while it is not final.
-const FINAL_OUTCOME_SQL: &str = super::read::outcome_sql!();
+const FINAL_OUTCOME_SQL: &str = crate::store::views::read::outcome_sql!();
 
 /// `deliveries retry ID`: re-runs one final delivery (failed, unknown, or delivered whose current
 /// run failed, ended unknown or was cancelled) as a new run marked as a redrive. Returns the new
@@ -643,5 +643,5 @@ pub fn record_redrive(
 }
 
 #[cfg(test)]
-#[path = "tests/turns.rs"]
+#[path = "../tests/turns.rs"]
 mod tests;

@@ -14,8 +14,8 @@
 //! Bound: one table's rows are read into memory at a time (`copy` and `compare` are offline
 //! operations on a stopped hub; a table of a few million rows takes a few GB).
 
-use super::engine::{Db, Dialect};
-use super::{StoreError, StoreResult};
+use crate::store::engine::{Db, Dialect};
+use crate::store::{StoreError, StoreResult};
 use rusqlite::ToSql;
 use rusqlite::types::Value;
 
@@ -168,7 +168,7 @@ fn insert(conn: &dyn Db, table: &str, cols: &[String], rows: &[Vec<Value>]) -> S
 /// Copies every row of the record `from` into the empty record `to` (same schema version), in
 /// `to`'s current write transaction. Refuses a target that holds anything.
 pub fn copy(from: &dyn Db, to: &dyn Db) -> StoreResult<Copied> {
-    let (have, want) = (super::schema_version(from)?, super::schema_version(to)?);
+    let (have, want) = (crate::store::schema_version(from)?, crate::store::schema_version(to)?);
     let (have_latest, want_latest) = (schema_is_latest(from, have), schema_is_latest(to, want));
     if !(have_latest && want_latest) {
         return Err(StoreError::Invalid(format!(
@@ -223,7 +223,7 @@ pub fn copy(from: &dyn Db, to: &dyn Db) -> StoreResult<Copied> {
 
 fn schema_is_latest(conn: &dyn Db, version: i64) -> bool {
     match conn.dialect() {
-        Dialect::Sqlite => version == super::MIGRATIONS.len() as i64,
+        Dialect::Sqlite => version == crate::store::MIGRATIONS.len() as i64,
         Dialect::Postgres => version == crate::store::engine::postgres::known_version(),
     }
 }
@@ -309,14 +309,14 @@ impl Place {
     fn open(&self) -> StoreResult<Box<dyn Db>> {
         match self {
             Place::Sqlite(path, synchronous) => {
-                let conn = super::open_write(path, *synchronous)
+                let conn = crate::store::open_write(path, *synchronous)
                     .map_err(|e| StoreError::Storage(format!("{}: {e}", path.display())))?;
                 Ok(Box::new(conn))
             }
             Place::Postgres(url) => {
                 let storage = |e: crate::store::engine::postgres::PgError| StoreError::Storage(e.to_string());
                 crate::store::engine::postgres::connect_and_migrate_blocking(url).map_err(storage)?;
-                Ok(Box::new(super::engine::PgConn::connect(url).map_err(storage)?))
+                Ok(Box::new(crate::store::engine::PgConn::connect(url).map_err(storage)?))
             }
         }
     }
@@ -329,7 +329,7 @@ pub fn move_record(from: &Place, to: &Place) -> StoreResult<Copied> {
     let (source, target) = (from.open()?, to.open()?);
     source.begin_read()?;
     unbounded_idle(&*source)?;
-    let copied = super::in_write_txn(&*target, |t| {
+    let copied = crate::store::in_write_txn(&*target, |t| {
         unbounded_idle(t)?;
         copy(&*source, t)
     });
@@ -345,7 +345,7 @@ pub fn move_record(from: &Place, to: &Place) -> StoreResult<Copied> {
         )));
     }
     for (db, place) in [(&source, from), (&target, to)] {
-        let problems = super::verify::check(&**db)?;
+        let problems = crate::store::upkeep::verify::check(&**db)?;
         if !problems.is_empty() {
             let list: Vec<String> = problems.iter().map(|p| format!("{p:?}")).collect();
             return Err(StoreError::Corrupt(format!(
@@ -371,12 +371,12 @@ fn unbounded_idle(conn: &dyn Db) -> StoreResult<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::accept::testing::{accept_one, accept_only};
-    use crate::store::claim::claim;
     use crate::store::engine::PgConn;
-    use crate::store::fences::{self, FenceKind, FenceScope, NewFence};
-    use crate::store::operator::{Selector, release, retire};
-    use crate::store::{in_write_txn, testing, verify};
+    use crate::store::lifecycle::accept::testing::{accept_one, accept_only};
+    use crate::store::lifecycle::claim::claim;
+    use crate::store::lifecycle::operator::{Selector, release, retire};
+    use crate::store::registry::fences::{self, FenceKind, FenceScope, NewFence};
+    use crate::store::{in_write_txn, testing, upkeep::verify};
 
     /// A record with a bit of everything: fences set and lifted, messages fanned out and one
     /// still owed its fan-out, claims, a release, a retired host, and a counter above its
@@ -456,7 +456,7 @@ mod tests {
 
         // The copies draw the number the source would have drawn next.
         for c in [src, &target as &dyn Db, &back] {
-            crate::store::hosts::record_operator_event(c, "t", "next", "op", None, 9).unwrap();
+            crate::store::registry::hosts::record_operator_event(c, "t", "next", "op", None, 9).unwrap();
         }
         let next = |c: &dyn Db| -> i64 {
             c.query_row("SELECT id FROM operator_events WHERE action = 't'", [], |r| r.get(0)).unwrap()

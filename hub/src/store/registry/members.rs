@@ -33,11 +33,11 @@
 //! Why one file over 700 lines: the interval and grant cursors are one invariant (above), and
 //! the unit tests beside them are a third of the file.
 
-use super::By;
-use super::Store;
-use super::engine::Db;
-use super::hosts::record_operator_event;
-use super::{StoreError, StoreResult};
+use crate::store::By;
+use crate::store::Store;
+use crate::store::engine::Db;
+use crate::store::registry::hosts::record_operator_event;
+use crate::store::{StoreError, StoreResult};
 use baton_shared::ids::check_name;
 use baton_shared::wire::{ConversationView, MemberView, MembershipInterval};
 use rusqlite::{OptionalExtension, named_params};
@@ -242,7 +242,7 @@ pub fn add(
     name("conversation", conversation)?;
     let hosts = sorted_unique(hosts)?;
     for host in &hosts {
-        super::hosts::require_active(conn, host, "")?;
+        crate::store::registry::hosts::require_active(conn, host, "")?;
     }
     let join_seq = cursor(conn, conversation)?;
     let mut out = Vec::with_capacity(hosts.len());
@@ -283,12 +283,12 @@ fn check_member_count(conn: &dyn Db, conversation: &str) -> StoreResult<()> {
 }
 
 fn pattern(value: &str) -> StoreResult<()> {
-    super::producers::check_pattern(value).map_err(|e| StoreError::Invalid(format!("conversation: {e}"))).and_then(
-        |()| match value.ends_with('*') {
+    crate::store::registry::producers::check_pattern(value)
+        .map_err(|e| StoreError::Invalid(format!("conversation: {e}")))
+        .and_then(|()| match value.ends_with('*') {
             true => Ok(()),
             false => Err(StoreError::Invalid(format!("conversation: {value:?} is not a pattern"))),
-        },
-    )
+        })
 }
 
 /// The open family rows `(id, pattern)` of the registry, or of one host.
@@ -325,14 +325,16 @@ pub fn adopt_families(conn: &dyn Db, conversation: &str) -> StoreResult<()> {
     if exists {
         return Ok(());
     }
-    let covering: Vec<(i64, String, String)> =
-        open_families(conn, None)?.into_iter().filter(|(_, p, _)| super::producers::covers(p, conversation)).collect();
+    let covering: Vec<(i64, String, String)> = open_families(conn, None)?
+        .into_iter()
+        .filter(|(_, p, _)| crate::store::registry::producers::covers(p, conversation))
+        .collect();
     if covering.is_empty() {
         return Ok(());
     }
     conn.prepare_cached("INSERT INTO conversations (name, last_seq) VALUES (?1, 0)")?.execute([conversation])?;
     for (family, _, host) in &covering {
-        if super::hosts::standing(conn, host)? == super::hosts::Standing::Active {
+        if crate::store::registry::hosts::standing(conn, host)? == crate::store::registry::hosts::Standing::Active {
             insert_family_interval(conn, conversation, 0, *family)?;
         }
     }
@@ -353,14 +355,14 @@ fn add_family(
     pattern(family_pattern)?;
     let hosts = sorted_unique(hosts)?;
     for host in &hosts {
-        super::hosts::require_active(conn, host, "")?;
+        crate::store::registry::hosts::require_active(conn, host, "")?;
     }
     let matched: Vec<(String, i64)> = conn
         .prepare_cached("SELECT name, last_seq FROM conversations ORDER BY name")?
         .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
         .collect::<Result<Vec<(String, i64)>, _>>()?
         .into_iter()
-        .filter(|(c, _)| super::producers::covers(family_pattern, c))
+        .filter(|(c, _)| crate::store::registry::producers::covers(family_pattern, c))
         .collect();
     let mut out = Vec::with_capacity(hosts.len());
     for host in hosts {
@@ -416,7 +418,8 @@ fn remove_family(
     pattern(family_pattern)?;
     let hosts = sorted_unique(hosts)?;
     for host in &hosts {
-        if super::hosts::standing(conn, host)? == super::hosts::Standing::NotEnrolled {
+        if crate::store::registry::hosts::standing(conn, host)? == crate::store::registry::hosts::Standing::NotEnrolled
+        {
             return Err(StoreError::Invalid(format!("host {host:?} is not enrolled")));
         }
     }
@@ -558,7 +561,7 @@ pub fn allow_mention(
     name("conversation", conversation)?;
     let hosts = sorted_unique(hosts)?;
     for host in &hosts {
-        super::hosts::require_active(conn, host, "")?;
+        crate::store::registry::hosts::require_active(conn, host, "")?;
     }
     let grant_seq = cursor(conn, conversation)?;
     let mut out = Vec::with_capacity(hosts.len());
@@ -602,7 +605,8 @@ pub fn disallow_mention(
     name("conversation", conversation)?;
     let hosts = sorted_unique(hosts)?;
     for host in &hosts {
-        if super::hosts::standing(conn, host)? == super::hosts::Standing::NotEnrolled {
+        if crate::store::registry::hosts::standing(conn, host)? == crate::store::registry::hosts::Standing::NotEnrolled
+        {
             return Err(StoreError::Invalid(format!("host {host:?} is not enrolled")));
         }
     }
@@ -796,8 +800,8 @@ pub fn view(conn: &dyn Db, conversation: &str) -> StoreResult<ConversationView> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::accept::testing::{accept_one, accept_only};
-    use crate::store::accept::{AcceptLimits, NewMessage, accept, deliveries_of};
+    use crate::store::lifecycle::accept::testing::{accept_one, accept_only};
+    use crate::store::lifecycle::accept::{AcceptLimits, NewMessage, accept, deliveries_of};
     use crate::store::testing;
 
     fn hosts(names: &[&str]) -> Vec<String> {
@@ -808,7 +812,7 @@ mod tests {
         deliveries_of(conn, message_id).unwrap().into_iter().map(|d| d.host).collect()
     }
 
-    fn post(conn: &dyn Db, key: &str, to: &[&str]) -> StoreResult<crate::store::accept::Accepted> {
+    fn post(conn: &dyn Db, key: &str, to: &[&str]) -> StoreResult<crate::store::lifecycle::accept::Accepted> {
         let msg = NewMessage {
             producer: "prod".into(),
             conversation: "c".into(),
@@ -883,7 +887,7 @@ mod tests {
         let again = add(c, "c", &hosts(&["host-a"]), "op", "r", 2).unwrap();
         assert_eq!(again, [MemberChange { host: "host-a".into(), changed: false, seq: Some(0) }]);
         assert!(matches!(add(c, "c", &hosts(&["nobody"]), "op", "r", 3), Err(StoreError::Invalid(_))));
-        crate::store::operator::retire(c, "host-c", "op", "r", 3).unwrap();
+        crate::store::lifecycle::operator::retire(c, "host-c", "op", "r", 3).unwrap();
         let e = add(c, "c", &hosts(&["host-b", "host-c"]), "op", "r", 3).unwrap_err();
         assert!(e.to_string().contains("host-c") && e.to_string().contains("retired"), "{e}");
         assert!(matches!(add(c, "Bad", &hosts(&["host-a"]), "op", "r", 3), Err(StoreError::Invalid(_))));
@@ -916,7 +920,7 @@ mod tests {
         );
         let m = accept_one(c, "c", "k3", &["host-b"]);
         assert_eq!(routed(c, &m), ["host-b"]);
-        crate::store::operator::retire(c, "host-b", "op", "r", 2).unwrap();
+        crate::store::lifecycle::operator::retire(c, "host-b", "op", "r", 2).unwrap();
         let m = accept_one(c, "c", "k4", &[]);
         assert_eq!(routed(c, &m), ["host-a"], "a retired member gets no new work");
         remove(c, "c", &hosts(&["host-a", "host-b"]), "op", "r", 3).unwrap();
@@ -952,7 +956,7 @@ mod tests {
             to: vec![],
         };
         let limits = AcceptLimits { queued_per_host_max: 1000 };
-        let (_, d) = crate::store::accept::accept_and_fan_out(conn, &msg, Default::default(), limits, 1)?;
+        let (_, d) = crate::store::lifecycle::accept::accept_and_fan_out(conn, &msg, Default::default(), limits, 1)?;
         Ok(d.into_iter().map(|d| d.host).collect())
     }
 
@@ -994,7 +998,7 @@ mod tests {
         assert_eq!(post_into(c, "ops-1", "k8").unwrap(), ["host-c"]);
         leave_all(c, "host-c", "op", "retired", 7).unwrap();
         assert!(matches!(post_into(c, "ops-2", "k9"), Err(StoreError::NoRecipients(_))));
-        assert_eq!(crate::store::verify::check(c).unwrap(), Vec::new());
+        assert_eq!(crate::store::upkeep::verify::check(c).unwrap(), Vec::new());
     }
 
     /// Once a conversation has members, `to` may name a non-member only under a mention grant;
@@ -1020,7 +1024,7 @@ mod tests {
         assert!(!disallow_mention(c, "c", &hosts(&["host-b"]), "op", "done", 3).unwrap()[0].changed);
         assert!(matches!(post(c, "k4", &["host-b"]), Err(StoreError::Invalid(_))));
         assert!(authorized(c, "c", "host-b", 1).unwrap() && !authorized(c, "c", "host-b", 3).unwrap());
-        let got = crate::store::claim::claim(c, "host-b", "i", 10, 4).unwrap();
+        let got = crate::store::lifecycle::claim::claim(c, "host-b", "i", 10, 4).unwrap();
         assert_eq!(got.len(), 1, "the post made under the grant is handed out, not failed `not a member`");
         assert_eq!(got[0].seq, 1);
         let r = registry(c, "c").unwrap();
@@ -1046,11 +1050,11 @@ mod tests {
         let before = accept_only(c, "c", "k1", &[]);
         remove(c, "c", &hosts(&["host-b"]), "op", "r", 2).unwrap();
         let after = accept_only(c, "c", "k2", &[]);
-        crate::store::accept::fan_out(c, &after, 3).unwrap();
-        crate::store::accept::fan_out(c, &before, 3).unwrap();
+        crate::store::lifecycle::accept::fan_out(c, &after, 3).unwrap();
+        crate::store::lifecycle::accept::fan_out(c, &before, 3).unwrap();
         assert_eq!(routed(c, &before), ["host-a", "host-b"]);
         assert_eq!(routed(c, &after), ["host-a"]);
-        let got = crate::store::claim::claim(c, "host-b", "i", 10, 4).unwrap();
+        let got = crate::store::lifecycle::claim::claim(c, "host-b", "i", 10, 4).unwrap();
         assert_eq!(got.len(), 1, "host-b still gets the post from before its leave");
         assert_eq!(got[0].seq, 1);
     }

@@ -19,18 +19,18 @@
 //! count in its reason (`BREAKER_ACTOR`) and the count starts again, so lifting the fence is an
 //! ordinary `fence lift`.
 
-use super::engine::Db;
-use super::fences::{self, FenceKind, FenceScope, NewFence};
-use super::hosts::record_operator_event;
-use super::transition::{self, Change};
-use super::{Actor, StoreError, StoreResult, accept, producers};
+use crate::store::engine::Db;
+use crate::store::lifecycle::transition::{self, Change};
+use crate::store::registry::fences::{self, FenceKind, FenceScope, NewFence};
+use crate::store::registry::hosts::record_operator_event;
+use crate::store::{Actor, StoreError, StoreResult, lifecycle::accept, registry::producers};
 use baton_shared::states::DeliveryState::{self, Failed, Held, Queued};
 use baton_shared::wire::DeliverySummary;
 use rusqlite::{OptionalExtension, named_params};
 
-use super::Store;
+use crate::store::Store;
 /// The reason a delivery awaiting approval is held with (fan-out parks it: `accept`).
-pub use super::accept::APPROVAL_REQUIRED;
+pub use crate::store::lifecycle::accept::APPROVAL_REQUIRED;
 
 /// Who approves or rejects, as `Store::decide_approval` takes it.
 #[derive(Debug, Clone)]
@@ -396,13 +396,13 @@ pub fn count_outcome(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::accept::{AcceptLimits, Accepted, NewMessage, RetryPolicy, accept_and_fan_out};
-    use crate::store::claim::{self, ack, mirrored};
-    use crate::store::hosts::record_certificate;
-    use crate::store::operator::{Selector, release};
-    use crate::store::report::{NewReport, RunReport, report_run};
+    use crate::store::lifecycle::accept::{AcceptLimits, Accepted, NewMessage, RetryPolicy, accept_and_fan_out};
+    use crate::store::lifecycle::claim::{self, ack, mirrored};
+    use crate::store::lifecycle::operator::{Selector, release};
+    use crate::store::lifecycle::report::{NewReport, RunReport, report_run};
+    use crate::store::lifecycle::transition::Holder;
+    use crate::store::registry::hosts::record_certificate;
     use crate::store::testing;
-    use crate::store::transition::Holder;
     use baton_shared::states::Outcome;
 
     const LIMITS: AcceptLimits = AcceptLimits { queued_per_host_max: 1000 };

@@ -8,10 +8,10 @@
 //! while the requeued delivery is handed out again. Delivered deliveries are never touched:
 //! they may be running on the silent node.
 
-use super::Store;
-use super::engine::Db;
-use super::transition::{self, Change, Holder};
-use super::{Actor, StoreResult, state_column};
+use crate::store::Store;
+use crate::store::engine::Db;
+use crate::store::lifecycle::transition::{self, Change, Holder};
+use crate::store::{Actor, StoreResult, state_column};
 use baton_shared::states::DeliveryState;
 use rusqlite::named_params;
 
@@ -106,14 +106,21 @@ pub fn requeue_silent(conn: &dyn Db, who: &SilentHolder, cutoff_ms: i64, now_ms:
         requeued.push(id);
     }
     let note = format!("{}; {} delivery(ies) requeued", why, requeued.len());
-    super::hosts::record_operator_event(conn, "requeue_silent", &who.host, "hub", Some(&note), now_ms)?;
+    crate::store::registry::hosts::record_operator_event(
+        conn,
+        "requeue_silent",
+        &who.host,
+        "hub",
+        Some(&note),
+        now_ms,
+    )?;
     Ok(requeued)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::accept::testing::accept_one;
+    use crate::store::lifecycle::accept::testing::accept_one;
     use crate::store::testing;
 
     #[test]
@@ -123,12 +130,12 @@ mod tests {
         for k in ["k1", "k2", "k3"] {
             accept_one(c, "c", k, &["host-a"]);
         }
-        crate::store::sessions::open(c, "host-a", "i", Some("test"), Default::default(), 15_000, 10).unwrap();
-        let got = crate::store::claim::claim(c, "host-a", "i", 3, 10).unwrap();
+        crate::store::registry::sessions::open(c, "host-a", "i", Some("test"), Default::default(), 15_000, 10).unwrap();
+        let got = crate::store::lifecycle::claim::claim(c, "host-a", "i", 3, 10).unwrap();
         let h = |i: usize| Holder { instance_id: "i", claim_token: &got[i].claim_token };
-        crate::store::claim::mirrored(c, "host-a", &got[1].delivery_id, h(1), 10).unwrap();
-        crate::store::claim::mirrored(c, "host-a", &got[2].delivery_id, h(2), 10).unwrap();
-        crate::store::claim::ack(c, "host-a", &got[2].delivery_id, h(2), 10).unwrap();
+        crate::store::lifecycle::claim::mirrored(c, "host-a", &got[1].delivery_id, h(1), 10).unwrap();
+        crate::store::lifecycle::claim::mirrored(c, "host-a", &got[2].delivery_id, h(2), 10).unwrap();
+        crate::store::lifecycle::claim::ack(c, "host-a", &got[2].delivery_id, h(2), 10).unwrap();
 
         assert!(silent_holders(c, 10).unwrap().is_empty(), "heard from at 10: not silent before 10");
         let silent = silent_holders(c, 11).unwrap();
@@ -139,7 +146,7 @@ mod tests {
         assert_eq!(state(&got[0].delivery_id), DeliveryState::Queued);
         assert_eq!(state(&got[2].delivery_id), DeliveryState::Delivered, "delivered is never touched");
         // The old holder's ack is refused: it can never run the requeued copy.
-        assert!(crate::store::claim::mirrored(c, "host-a", &got[0].delivery_id, h(0), 21).is_err());
+        assert!(crate::store::lifecycle::claim::mirrored(c, "host-a", &got[0].delivery_id, h(0), 21).is_err());
         assert!(silent_holders(c, 11).unwrap().is_empty(), "nothing claimed or mirrored left");
         let by: String = c
             .query_row(

@@ -2,9 +2,9 @@
 //! running, and checked before it is reported good; and what `restore` reads of a copy
 //! (`facts`, `checkpoint`).
 
-use super::Store;
-use super::handle::sqlite_conn;
-use super::{StoreError, StoreResult};
+use crate::store::Store;
+use crate::store::handle::sqlite_conn;
+use crate::store::{StoreError, StoreResult};
 use rusqlite::Connection;
 use std::path::Path;
 
@@ -64,7 +64,7 @@ fn write_copy(conn: &Connection, target: &str, path: &Path) -> StoreResult<()> {
     let copied = conn.execute("VACUUM INTO ?1", [target]);
     conn.pragma_update(None, "query_only", query_only)?;
     copied?;
-    let copy = super::open_read(path).map_err(|e| StoreError::Storage(e.to_string()))?;
+    let copy = crate::store::open_read(path).map_err(|e| StoreError::Storage(e.to_string()))?;
     let problems = integrity(&copy)?;
     if problems.is_empty() {
         Ok(())
@@ -124,7 +124,7 @@ pub fn checkpoint(conn: &Connection) -> StoreResult<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::accept::testing::accept_one;
+    use crate::store::lifecycle::accept::testing::accept_one;
     use crate::store::testing;
 
     #[test]

@@ -3,9 +3,9 @@
 //! events; and the two things `status` flags: hosts gone silent and certificates about to
 //! expire. Read-only: every function here runs on a read connection.
 
-use super::Store;
-use super::engine::{Db, Row};
-use super::{StoreResult, parse_column, parse_column_opt};
+use crate::store::Store;
+use crate::store::engine::{Db, Row};
+use crate::store::{StoreResult, parse_column, parse_column_opt};
 use baton_shared::ids::Role;
 use rusqlite::{OptionalExtension, named_params};
 
@@ -408,7 +408,7 @@ pub fn expiring_certificates(conn: &dyn Db, until_unix: i64) -> StoreResult<Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::hosts::{Issued, enroll};
+    use crate::store::registry::hosts::{Issued, enroll};
     use crate::store::testing;
 
     fn session(c: &dyn Db, host: &str, n: i64, last_contact: i64, ended: Option<&str>, took_over: Option<i64>) {
@@ -430,7 +430,7 @@ mod tests {
         session(c, "host-a", 1, 100, Some("superseded"), None);
         session(c, "host-a", 2, 1_000, None, Some(1));
         session(c, "host-b", 1, 100, Some("clean"), None);
-        crate::store::hosts::revoke(c, "host-c", "op", "lost", 5).unwrap();
+        crate::store::registry::hosts::revoke(c, "host-c", "op", "lost", 5).unwrap();
 
         let all = hosts(c).unwrap();
         let names: Vec<(&str, HostState)> = all.iter().map(|h| (h.name.as_str(), h.state)).collect();
@@ -467,7 +467,7 @@ mod tests {
         enroll(c, node("host-b", "b1", 100), "op", "enrolled", 1).unwrap();
         enroll(c, Issued { role: Role::Producer, ..node("prod", "p1", 200) }, "op", "enrolled", 1).unwrap();
         enroll(c, node("host-r", "r1", 100), "op", "enrolled", 1).unwrap();
-        crate::store::operator::retire(c, "host-r", "op", "gone", 2).unwrap();
+        crate::store::lifecycle::operator::retire(c, "host-r", "op", "gone", 2).unwrap();
         let expiring: Vec<(String, String)> =
             expiring_certificates(c, 1_000).unwrap().into_iter().map(|r| (r.name, r.serial)).collect();
         assert_eq!(expiring, [("host-b".to_string(), "b1".to_string()), ("prod".into(), "p1".into())]);

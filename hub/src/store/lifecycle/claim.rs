@@ -41,17 +41,19 @@
 //! their guards and row readers; the handoff steps (`mirrored`, `ack`, `handoff`, `reject`) are
 //! the part to move out when the store's modules are grouped by concern.
 
-use super::Store;
-use super::engine::{Db, Dialect, Row};
-use super::fences::{self, ClaimScan, Fence, FenceKind};
-use super::handle::Conns;
-use super::hosts;
-use super::hosts::Standing;
-use super::sessions;
-use super::transition::{self, Change, Holder};
-use super::turns;
-use super::writer::StandingClaim;
-use super::{Actor, StoreError, StoreResult, json_column, members, new_token, parse_column_opt, state_column};
+use crate::store::Store;
+use crate::store::engine::{Db, Dialect, Row};
+use crate::store::handle::Conns;
+use crate::store::lifecycle::transition::{self, Change, Holder};
+use crate::store::lifecycle::turns;
+use crate::store::registry::fences::{self, ClaimScan, Fence, FenceKind};
+use crate::store::registry::hosts;
+use crate::store::registry::hosts::Standing;
+use crate::store::registry::sessions;
+use crate::store::writer::StandingClaim;
+use crate::store::{
+    Actor, StoreError, StoreResult, json_column, new_token, parse_column_opt, registry::members, state_column,
+};
 use baton_shared::clock::SharedClock;
 use baton_shared::crash_point;
 use baton_shared::limits::{INSTANCE_REBIND_WINDOW, INSTANCE_REBINDS_PER_WINDOW_MAX};
@@ -1166,10 +1168,10 @@ pub fn reject(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::accept::fan_out;
-    use crate::store::accept::testing::{accept_one, accept_only};
-    use crate::store::fences::{FenceScope, NewFence, lift as fence_lift};
-    use crate::store::operator::{Selector, release};
+    use crate::store::lifecycle::accept::fan_out;
+    use crate::store::lifecycle::accept::testing::{accept_one, accept_only};
+    use crate::store::lifecycle::operator::{Selector, release};
+    use crate::store::registry::fences::{FenceScope, NewFence, lift as fence_lift};
     use crate::store::testing;
     use FenceKind::*;
 
@@ -1434,7 +1436,7 @@ mod tests {
         claim(c, "host-a", "i", 3, 2).unwrap();
         fence_lift(c, hold, "op", "r", 3).unwrap();
         release(c, Selector::Conversation("h"), "op", "r", 4).unwrap();
-        crate::store::operator::retire(c, "host-b", "op", "r", 5).unwrap();
+        crate::store::lifecycle::operator::retire(c, "host-b", "op", "r", 5).unwrap();
         let mismatched: i64 = c
             .query_row(
                 "SELECT count(*) FROM (
@@ -1458,9 +1460,9 @@ mod tests {
         let db = testing::db();
         accept_one(&db.conn, "c", "k1", &["host-a"]);
         let role = baton_shared::ids::Role::Node;
-        crate::store::hosts::record_certificate(&db.conn, "aa01", role, "host-a", i64::MAX, 1).unwrap();
+        crate::store::registry::hosts::record_certificate(&db.conn, "aa01", role, "host-a", i64::MAX, 1).unwrap();
         let who = Claimant { host: "host-a", serial: Some("aa01"), instance_id: "i", rebind: RebindLimit::default() };
-        crate::store::hosts::revoke(&db.conn, "aa01", "op", "lost", 2).unwrap();
+        crate::store::registry::hosts::revoke(&db.conn, "aa01", "op", "lost", 2).unwrap();
         assert!(matches!(claim_as(&db.conn, who, 10, 3), Err(StoreError::CertificateRevoked(_))));
         let unknown = Claimant { serial: Some("bb02"), ..who };
         assert!(matches!(claim_as(&db.conn, unknown, 10, 3), Err(StoreError::CertificateRevoked(_))));
@@ -1565,10 +1567,12 @@ mod tests {
         assert_eq!(holding_count(&db.conn, "host-a", "shared-id").unwrap(), 1);
         assert_eq!(holding_count(&db.conn, "host-b", "shared-id").unwrap(), 1);
         // A requeue of an id two hosts use acts on neither.
-        let e = super::super::operator::requeue_instance(&db.conn, "shared-id", "op", "gone", 3).unwrap_err();
+        let e =
+            crate::store::lifecycle::operator::requeue_instance(&db.conn, "shared-id", "op", "gone", 3).unwrap_err();
         assert!(matches!(&e, StoreError::Invalid(t) if t.contains("host-a") && t.contains("host-b")), "{e:?}");
         let swept =
-            super::super::operator::requeue_host_instance(&db.conn, "host-b", "shared-id", "op", "gone", 4).unwrap();
+            crate::store::lifecycle::operator::requeue_host_instance(&db.conn, "host-b", "shared-id", "op", "gone", 4)
+                .unwrap();
         assert_eq!(swept.requeued.len(), 1);
         assert_eq!(holding_count(&db.conn, "host-a", "shared-id").unwrap(), 1, "host-a's claim is untouched");
         let bound: Option<String> =
@@ -1685,7 +1689,7 @@ mod tests {
         let db = testing::db();
         let c = &db.conn;
         for i in 0..5 {
-            crate::store::accept::testing::accept_one(c, &format!("c{i}"), &format!("k{i}"), &["host-a"]);
+            crate::store::lifecycle::accept::testing::accept_one(c, &format!("c{i}"), &format!("k{i}"), &["host-a"]);
         }
         let got = claim(c, "host-a", "i", 5, 2).unwrap();
         assert_eq!(got.len(), 5);
@@ -1696,7 +1700,7 @@ mod tests {
         );
         let next = next.expect("more follow");
         // The third one leaves the holdings (its node rejects it) before the next page is read.
-        let h = crate::store::transition::Holder { instance_id: "i", claim_token: &got[2].claim_token };
+        let h = crate::store::lifecycle::transition::Holder { instance_id: "i", claim_token: &got[2].claim_token };
         reject(c, "host-a", &got[2].delivery_id, h, "no", 3).unwrap();
         let (second, next) = holdings_page(c, "host-a", "i", next, 2).unwrap();
         assert_eq!(

@@ -15,13 +15,13 @@
 //! Why one file over 700 lines: about 130 of them are unit tests; the fence types, their
 //! set/lift/list and the one precedence rule claims apply are one concept.
 
-use super::By;
-use super::Store;
-use super::engine::{Db, Dialect};
-use super::hosts;
-use super::hosts::Standing;
-use super::hosts::record_operator_event;
-use super::{StoreError, StoreResult, parse_column};
+use crate::store::By;
+use crate::store::Store;
+use crate::store::engine::{Db, Dialect};
+use crate::store::registry::hosts;
+use crate::store::registry::hosts::Standing;
+use crate::store::registry::hosts::record_operator_event;
+use crate::store::{StoreError, StoreResult, parse_column};
 
 /// Why a fence's target looks like a typo: it matches nothing today.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -423,7 +423,7 @@ pub fn queued_by_pair(
     scope: FenceScope,
     target: Option<&str>,
 ) -> StoreResult<Vec<(String, String, i64)>> {
-    fn row(r: &super::engine::Row<'_>) -> rusqlite::Result<(String, String, i64)> {
+    fn row(r: &crate::store::engine::Row<'_>) -> rusqlite::Result<(String, String, i64)> {
         Ok((r.get(0)?, r.get(1)?, r.get(2)?))
     }
     let (sql, arg) = match (scope, target) {

@@ -1,12 +1,12 @@
 //! Hosts and certificates: enrolling a host or producer, looking a certificate up, revoking,
 //! and the operator event log for changes that are not delivery transitions.
 
-use super::By;
-use super::Store;
-use super::engine::Db;
-use super::fleet;
-use super::producers;
-use super::{StoreError, StoreResult, parse_column};
+use crate::store::By;
+use crate::store::Store;
+use crate::store::engine::Db;
+use crate::store::registry::producers;
+use crate::store::views::fleet;
+use crate::store::{StoreError, StoreResult, parse_column};
 use baton_shared::ids::Role;
 use rusqlite::OptionalExtension;
 
@@ -287,7 +287,7 @@ mod tests {
         assert_eq!((s.role, s.name.as_str(), s.revoked), (Role::Node, "host-d", false));
         assert_eq!(revoke(c, "host-d", "op", "lost", 2).unwrap(), vec!["aa01".to_string()]);
         assert!(cert_status(c, "aa01").unwrap().unwrap().revoked);
-        crate::store::operator::retire(c, "host-d", "op", "gone", 3).unwrap();
+        crate::store::lifecycle::operator::retire(c, "host-d", "op", "gone", 3).unwrap();
         let again = Issued { serial: "aa03", ..node };
         assert!(matches!(enroll(c, again, "op", "enrolled", 4), Err(StoreError::Invalid(_))));
     }

@@ -20,11 +20,14 @@
 //! Invariant: fan-out never leaves work queued for a retired host: a recipient retired since the
 //! accept gets its delivery created and, in the same transaction, failed with `host retired`.
 
-use super::By;
-use super::Store;
-use super::engine::Db;
-use super::transition::{self, Change, adjust_backlog, record_event};
-use super::{Actor, StoreError, StoreResult, canonical, hosts, members, new_id, producers, state_column};
+use crate::store::By;
+use crate::store::Store;
+use crate::store::engine::Db;
+use crate::store::lifecycle::transition::{self, Change, adjust_backlog, record_event};
+use crate::store::{
+    Actor, StoreError, StoreResult, new_id, registry::hosts, registry::members, registry::producers, state_column,
+    upkeep::canonical,
+};
 use baton_shared::crash_point;
 use baton_shared::states::DeliveryState::{self, Failed, Held};
 use baton_shared::wire::DeliverySummary;
@@ -634,7 +637,7 @@ mod tests {
         else {
             panic!()
         };
-        crate::store::operator::retire(&db.conn, "host-b", "op", "gone", 6).unwrap();
+        crate::store::lifecycle::operator::retire(&db.conn, "host-b", "op", "gone", 6).unwrap();
         let d = fan_out(&db.conn, &message_id, 7).unwrap();
         let states: Vec<(&str, DeliveryState)> = d.iter().map(|d| (d.host.as_str(), d.state)).collect();
         assert_eq!(states, [("host-a", DeliveryState::Queued), ("host-b", DeliveryState::Failed)]);
@@ -648,7 +651,7 @@ mod tests {
             .unwrap();
         assert_eq!((reason.as_str(), waiting), (HOST_RETIRED, 0));
         assert!(pending_obligations(&db.conn, 10).unwrap().is_empty());
-        assert_eq!(crate::store::verify::check(&db.conn).unwrap(), Vec::new(), "a history verify accepts");
+        assert_eq!(crate::store::upkeep::verify::check(&db.conn).unwrap(), Vec::new(), "a history verify accepts");
     }
 
     #[test]

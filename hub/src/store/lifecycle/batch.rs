@@ -12,27 +12,27 @@
 //!
 //! Invariant: a batch's results are one per item, in the order of the items.
 
-use super::Store;
-use super::accept;
-use super::accept::AcceptLimits;
-use super::accept::Accepted;
-use super::accept::NewMessage;
-use super::accept::RetryPolicy;
-use super::accept::gained_hosts;
-use super::claim;
-use super::claim::NodeAt;
-use super::claim::Step;
-use super::claim::apply_step;
-use super::engine::Db;
-use super::gauges;
-use super::report;
-use super::report::ReportBounds;
-use super::report::new_report;
-use super::report::observe_turn;
-use super::report::run_report;
-use super::sessions;
-use super::transition::Holder;
-use super::{StoreError, StoreResult, control};
+use crate::store::Store;
+use crate::store::engine::Db;
+use crate::store::lifecycle::accept;
+use crate::store::lifecycle::accept::AcceptLimits;
+use crate::store::lifecycle::accept::Accepted;
+use crate::store::lifecycle::accept::NewMessage;
+use crate::store::lifecycle::accept::RetryPolicy;
+use crate::store::lifecycle::accept::gained_hosts;
+use crate::store::lifecycle::claim;
+use crate::store::lifecycle::claim::NodeAt;
+use crate::store::lifecycle::claim::Step;
+use crate::store::lifecycle::claim::apply_step;
+use crate::store::lifecycle::report;
+use crate::store::lifecycle::report::ReportBounds;
+use crate::store::lifecycle::report::new_report;
+use crate::store::lifecycle::report::observe_turn;
+use crate::store::lifecycle::report::run_report;
+use crate::store::lifecycle::transition::Holder;
+use crate::store::registry::sessions;
+use crate::store::views::gauges;
+use crate::store::{StoreError, StoreResult, control};
 use baton_shared::wire::DeliverySummary;
 use baton_shared::wire::HolderItem;
 use baton_shared::wire::RejectItem;

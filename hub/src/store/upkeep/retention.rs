@@ -11,9 +11,9 @@
 //! operator history once lifted, and without the sweep the table only ever grew. An active
 //! fence is never removed, however old.
 
-use super::Store;
-use super::StoreResult;
-use super::engine::Db;
+use crate::store::Store;
+use crate::store::StoreResult;
+use crate::store::engine::Db;
 
 impl Store {
     /// Removes up to `max` settled messages settled before `cutoff_ms`; returns how many.
@@ -89,7 +89,7 @@ pub fn sweep_fences(conn: &dyn Db, cutoff_ms: i64, max: usize) -> StoreResult<us
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::accept::testing::accept_one;
+    use crate::store::lifecycle::accept::testing::accept_one;
     use crate::store::testing;
 
     #[test]
@@ -131,18 +131,18 @@ mod tests {
         c.query_row("SELECT settled_at FROM messages WHERE id = ?1", [m], |r| r.get(0)).unwrap()
     }
 
-    fn accept_again(c: &dyn Db, key: &str, now_ms: i64) -> crate::store::accept::Accepted {
-        let msg = crate::store::accept::NewMessage {
+    fn accept_again(c: &dyn Db, key: &str, now_ms: i64) -> crate::store::lifecycle::accept::Accepted {
+        let msg = crate::store::lifecycle::accept::NewMessage {
             producer: "prod".into(),
             conversation: "c".into(),
             idempotency_key: key.into(),
             payload: "{}".into(),
             to: vec!["host-a".into()],
         };
-        crate::store::accept::accept(
+        crate::store::lifecycle::accept::accept(
             c,
             &msg,
-            crate::store::accept::AcceptLimits { queued_per_host_max: 1 << 40 },
+            crate::store::lifecycle::accept::AcceptLimits { queued_per_host_max: 1 << 40 },
             now_ms,
         )
         .unwrap()
@@ -166,13 +166,13 @@ mod tests {
         // Thirty days later its node takes it and reports.
         clock.set_ms(30 * DAY_MS);
         let now = clock.now_ms();
-        let d = crate::store::claim::claim(c, "host-a", "i", 1, now).unwrap().remove(0);
-        let h = crate::store::transition::Holder { instance_id: "i", claim_token: &d.claim_token };
-        crate::store::claim::mirrored(c, "host-a", &d.delivery_id, h, now).unwrap();
-        crate::store::claim::ack(c, "host-a", &d.delivery_id, h, now).unwrap();
+        let d = crate::store::lifecycle::claim::claim(c, "host-a", "i", 1, now).unwrap().remove(0);
+        let h = crate::store::lifecycle::transition::Holder { instance_id: "i", claim_token: &d.claim_token };
+        crate::store::lifecycle::claim::mirrored(c, "host-a", &d.delivery_id, h, now).unwrap();
+        crate::store::lifecycle::claim::ack(c, "host-a", &d.delivery_id, h, now).unwrap();
         assert_eq!(settled_at(c, &m), None, "delivered without an outcome: not settled");
         clock.advance_ms(1_000);
-        let r = crate::store::report::NewReport {
+        let r = crate::store::lifecycle::report::NewReport {
             delivery_id: &d.delivery_id,
             holder: h,
             report_id: "r1",
@@ -184,20 +184,26 @@ mod tests {
             stderr_tail: None,
             stderr_dropped_bytes: None,
         };
-        crate::store::report::report(c, "host-a", &r, clock.now_ms()).unwrap();
+        crate::store::lifecycle::report::report(c, "host-a", &r, clock.now_ms()).unwrap();
         let settled = clock.now_ms();
         assert_eq!(settled_at(c, &m), Some(settled), "settled by the report, at the report's time");
 
         // Just settled: kept, and its key still answers duplicate.
         assert_eq!(sweep(c, cutoff(&clock), 100).unwrap(), 0);
-        assert!(matches!(accept_again(c, "k1", clock.now_ms()), crate::store::accept::Accepted::Duplicate { .. }));
+        assert!(matches!(
+            accept_again(c, "k1", clock.now_ms()),
+            crate::store::lifecycle::accept::Accepted::Duplicate { .. }
+        ));
         // Until the window has passed since it settled.
         clock.set_ms(settled + window_ms);
         assert_eq!(sweep(c, cutoff(&clock), 100).unwrap(), 0, "exactly one window after settling: kept");
-        assert!(matches!(accept_again(c, "k1", clock.now_ms()), crate::store::accept::Accepted::Duplicate { .. }));
+        assert!(matches!(
+            accept_again(c, "k1", clock.now_ms()),
+            crate::store::lifecycle::accept::Accepted::Duplicate { .. }
+        ));
         clock.advance_ms(1);
         assert_eq!(sweep(c, cutoff(&clock), 100).unwrap(), 1, "past the window: gone");
-        assert!(matches!(accept_again(c, "k1", clock.now_ms()), crate::store::accept::Accepted::New { .. }));
+        assert!(matches!(accept_again(c, "k1", clock.now_ms()), crate::store::lifecycle::accept::Accepted::New { .. }));
     }
 
     /// A retry or redrive reopens a settled message; its next outcome settles it anew.
@@ -206,16 +212,16 @@ mod tests {
         let db = testing::db();
         let c = &db.conn;
         let m = accept_one(c, "c", "k1", &["host-a"]);
-        let d = crate::store::claim::claim(c, "host-a", "i", 1, 2).unwrap().remove(0);
-        let h = crate::store::transition::Holder { instance_id: "i", claim_token: &d.claim_token };
-        crate::store::claim::reject(c, "host-a", &d.delivery_id, h, "no", 3).unwrap();
+        let d = crate::store::lifecycle::claim::claim(c, "host-a", "i", 1, 2).unwrap().remove(0);
+        let h = crate::store::lifecycle::transition::Holder { instance_id: "i", claim_token: &d.claim_token };
+        crate::store::lifecycle::claim::reject(c, "host-a", &d.delivery_id, h, "no", 3).unwrap();
         assert_eq!(settled_at(c, &m), Some(3), "failed by its node: settled");
-        crate::store::turns::retry(c, &d.delivery_id, "op", "again", 4).unwrap();
+        crate::store::lifecycle::turns::retry(c, &d.delivery_id, "op", "again", 4).unwrap();
         assert_eq!(settled_at(c, &m), None, "redriven: open again");
         assert_eq!(sweep(c, 1_000, 100).unwrap(), 0);
-        let d = crate::store::claim::claim(c, "host-a", "i", 1, 5).unwrap().remove(0);
-        let h = crate::store::transition::Holder { instance_id: "i", claim_token: &d.claim_token };
-        crate::store::claim::reject(c, "host-a", &d.delivery_id, h, "no again", 6).unwrap();
+        let d = crate::store::lifecycle::claim::claim(c, "host-a", "i", 1, 5).unwrap().remove(0);
+        let h = crate::store::lifecycle::transition::Holder { instance_id: "i", claim_token: &d.claim_token };
+        crate::store::lifecycle::claim::reject(c, "host-a", &d.delivery_id, h, "no again", 6).unwrap();
         assert_eq!(settled_at(c, &m), Some(6));
     }
 
@@ -245,15 +251,15 @@ mod tests {
         let c = &db.conn;
         let m = accept_one(c, "c", "k1", &["host-a"]);
         let run = |now: i64| {
-            let d = crate::store::claim::claim(c, "host-a", "i", 1, now).unwrap().remove(0);
-            let h = crate::store::transition::Holder { instance_id: "i", claim_token: &d.claim_token };
-            crate::store::claim::mirrored(c, "host-a", &d.delivery_id, h, now).unwrap();
-            crate::store::claim::ack(c, "host-a", &d.delivery_id, h, now).unwrap();
+            let d = crate::store::lifecycle::claim::claim(c, "host-a", "i", 1, now).unwrap().remove(0);
+            let h = crate::store::lifecycle::transition::Holder { instance_id: "i", claim_token: &d.claim_token };
+            crate::store::lifecycle::claim::mirrored(c, "host-a", &d.delivery_id, h, now).unwrap();
+            crate::store::lifecycle::claim::ack(c, "host-a", &d.delivery_id, h, now).unwrap();
             d
         };
         let d = run(2);
-        let h = crate::store::transition::Holder { instance_id: "i", claim_token: &d.claim_token };
-        let r = crate::store::report::NewReport {
+        let h = crate::store::lifecycle::transition::Holder { instance_id: "i", claim_token: &d.claim_token };
+        let r = crate::store::lifecycle::report::NewReport {
             delivery_id: &d.delivery_id,
             holder: h,
             report_id: "r1",
@@ -265,8 +271,8 @@ mod tests {
             stderr_tail: None,
             stderr_dropped_bytes: None,
         };
-        crate::store::report::report(c, "host-a", &r, 3).unwrap();
-        crate::store::turns::retry(c, &d.delivery_id, "op", "again", 4).unwrap();
+        crate::store::lifecycle::report::report(c, "host-a", &r, 3).unwrap();
+        crate::store::lifecycle::turns::retry(c, &d.delivery_id, "op", "again", 4).unwrap();
         run(5);
         assert_eq!(sweep(c, 100, 100).unwrap(), 0, "run 2 has no outcome yet");
         let kept: i64 = c.query_row("SELECT count(*) FROM messages WHERE id = ?1", [&m], |r| r.get(0)).unwrap();
@@ -277,7 +283,7 @@ mod tests {
     /// time-boxed or not, stay however old.
     #[test]
     fn lifted_and_expired_fences_go_after_the_audit_window_active_ones_stay() {
-        use crate::store::fences::{self, FenceKind, FenceScope, NewFence};
+        use crate::store::registry::fences::{self, FenceKind, FenceScope, NewFence};
         let db = testing::db();
         let c = &db.conn;
         let fence = |target: &'static str| NewFence {

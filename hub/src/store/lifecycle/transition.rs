@@ -4,8 +4,8 @@
 //! against `allowed`, guards the UPDATE on the expected state (and holder, when given), checks
 //! the affected-row count, and appends the event in the same transaction.
 
-use super::engine::Db;
-use super::{Actor, ActorKind, StoreError, StoreResult};
+use crate::store::engine::Db;
+use crate::store::{Actor, ActorKind, StoreError, StoreResult};
 use baton_shared::states::DeliveryState::{self, *};
 use rusqlite::named_params;
 
@@ -177,7 +177,7 @@ pub fn state_of(conn: &dyn Db, delivery_id: &str) -> StoreResult<Option<Delivery
     use rusqlite::OptionalExtension;
     Ok(conn
         .prepare_cached("SELECT state FROM deliveries WHERE id = ?1")?
-        .query_row([delivery_id], |r| super::state_column(r, 0, "deliveries", delivery_id))
+        .query_row([delivery_id], |r| crate::store::state_column(r, 0, "deliveries", delivery_id))
         .optional()?)
 }
 
@@ -185,7 +185,7 @@ pub fn state_of(conn: &dyn Db, delivery_id: &str) -> StoreResult<Option<Delivery
 mod tests {
     use super::*;
     use crate::store::testing;
-    use crate::store::{accept, new_token};
+    use crate::store::{lifecycle::accept, new_token};
     use baton_shared::states::DeliveryState;
 
     /// Puts a fresh delivery into `state` directly (bypassing the table, as a fixture).

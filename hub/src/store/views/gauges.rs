@@ -5,12 +5,12 @@
 //! the certificates that matter of `fleet::expiring_certificates` and the active fences of
 //! `fences`. Read-only: every function here runs on a read connection.
 
-use super::Store;
-use super::StoreResult;
-use super::engine::Db;
-use super::fences::{self, FenceScope};
-use super::fleet;
-use super::overview::{self, HostBacklog};
+use crate::store::Store;
+use crate::store::StoreResult;
+use crate::store::engine::Db;
+use crate::store::registry::fences::{self, FenceScope};
+use crate::store::views::fleet;
+use crate::store::views::overview::{self, HostBacklog};
 use baton_shared::ids::Role;
 use baton_shared::states::Outcome;
 use rusqlite::named_params;
@@ -107,8 +107,8 @@ pub fn accepted_at(conn: &dyn Db, delivery_id: &str) -> StoreResult<Option<i64>>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::accept::testing::accept_one;
-    use crate::store::hosts::{Issued, enroll};
+    use crate::store::lifecycle::accept::testing::accept_one;
+    use crate::store::registry::hosts::{Issued, enroll};
     use crate::store::testing;
 
     #[test]

@@ -6,13 +6,13 @@
 //! Why one file over 700 lines: its operation's method, the report's one transaction and the
 //! unit tests that hold each outcome's effect (retry, breaker, replay) to SPEC §2 read together.
 
-use super::Store;
-use super::claim::NodeAt;
-use super::engine::{Db, Row};
-use super::gauges;
-use super::sessions;
-use super::transition::{self, Change, Holder};
-use super::{Actor, StoreError, StoreResult, corrupt, new_id, parse_column, parse_column_opt};
+use crate::store::Store;
+use crate::store::engine::{Db, Row};
+use crate::store::lifecycle::claim::NodeAt;
+use crate::store::lifecycle::transition::{self, Change, Holder};
+use crate::store::registry::sessions;
+use crate::store::views::gauges;
+use crate::store::{Actor, StoreError, StoreResult, corrupt, new_id, parse_column, parse_column_opt};
 use baton_shared::crash_point;
 use baton_shared::states::{DeliveryState, Outcome, Rerun};
 use baton_shared::wire::AttemptView;
@@ -465,7 +465,7 @@ pub fn report_run(
     })?;
     let retry_at = if retryable { Some(requeue_for_retry(conn, r.delivery_id, &d, run, now_ms)?) } else { None };
     // The breaker counts each turn's outcome in the same transaction (off unless configured).
-    super::approval::count_outcome(
+    crate::store::lifecycle::approval::count_outcome(
         conn,
         &d.conversation,
         r.outcome == Outcome::Failed,
@@ -588,8 +588,8 @@ pub fn attempt_row(r: &Row<'_>) -> rusqlite::Result<AttemptView> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::accept::testing::accept_one;
-    use crate::store::{claim, testing};
+    use crate::store::lifecycle::accept::testing::accept_one;
+    use crate::store::{lifecycle::claim, testing};
 
     #[test]
     fn one_outcome_per_delivery_and_per_report_id() {

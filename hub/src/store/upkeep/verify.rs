@@ -2,10 +2,10 @@
 //! checker applies to the hub's side. Returns every problem found, each typed by its kind with
 //! its subject and detail, so callers (the CLI's JSON, the fault checker) read a type, not prose.
 
-use super::Store;
-use super::engine::{Db, Dialect};
-use super::transition::allowed;
-use super::{ActorKind, StoreResult};
+use crate::store::Store;
+use crate::store::engine::{Db, Dialect};
+use crate::store::lifecycle::transition::allowed;
+use crate::store::{ActorKind, StoreResult};
 use baton_shared::states::DeliveryState;
 use std::fmt;
 
@@ -131,7 +131,7 @@ pub fn check(conn: &dyn Db) -> StoreResult<Vec<Problem>> {
     let mut out = Vec::new();
     // The file's own check is SQLite's; a PostgreSQL server checks its pages itself.
     if let Some(file) = conn.sqlite() {
-        for line in super::backup::integrity(file)? {
+        for line in crate::store::upkeep::backup::integrity(file)? {
             out.push(Problem { kind: Integrity, subject: "database".into(), detail: line });
         }
     }
@@ -303,11 +303,11 @@ fn check_event_chains(conn: &dyn Db, out: &mut Vec<Problem>) -> StoreResult<()> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::accept::testing::accept_one;
-    use crate::store::fences::{self, FenceKind, FenceScope, NewFence};
-    use crate::store::operator::{self, Selector};
-    use crate::store::transition::Holder;
-    use crate::store::{claim, testing};
+    use crate::store::lifecycle::accept::testing::accept_one;
+    use crate::store::lifecycle::operator::{self, Selector};
+    use crate::store::lifecycle::transition::Holder;
+    use crate::store::registry::fences::{self, FenceKind, FenceScope, NewFence};
+    use crate::store::{lifecycle::claim, testing};
 
     fn kinds(problems: &[Problem]) -> Vec<ProblemKind> {
         problems.iter().map(|p| p.kind).collect()
@@ -398,7 +398,7 @@ mod tests {
         let c = &db.conn;
         let open = accept_one(c, "a", "k1", &["host-a"]);
         let done = accept_one(c, "b", "k2", &["host-b"]);
-        let unrouted = crate::store::accept::testing::accept_only(c, "c", "k3", &["host-a"]);
+        let unrouted = crate::store::lifecycle::accept::testing::accept_only(c, "c", "k3", &["host-a"]);
         // Retiring host-b fails its queued delivery, which settles that message.
         operator::retire(c, "host-b", "op", "r", 6).unwrap();
         let settled = |id: &str| -> bool {

@@ -4,9 +4,9 @@
 //! transitions, and a delivery's creation at fan-out, are the delivery flow itself, not
 //! audit, and are left out. Read-only.
 
-use super::Store;
-use super::engine::Db;
-use super::{ActorKind, StoreResult, parse_column};
+use crate::store::Store;
+use crate::store::engine::Db;
+use crate::store::{ActorKind, StoreResult, parse_column};
 use rusqlite::named_params;
 
 impl Store {
@@ -178,10 +178,10 @@ pub fn entries(conn: &dyn Db, q: AuditQuery<'_>) -> StoreResult<(Vec<AuditEntry>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::accept::testing::accept_one;
-    use crate::store::hosts::record_operator_event;
+    use crate::store::lifecycle::accept::testing::accept_one;
+    use crate::store::lifecycle::turns::{Canceller, cancel};
+    use crate::store::registry::hosts::record_operator_event;
     use crate::store::testing;
-    use crate::store::turns::{Canceller, cancel};
 
     #[test]
     fn operator_and_hub_actions_newest_first_node_transitions_left_out() {

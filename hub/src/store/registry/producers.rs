@@ -12,12 +12,12 @@
 //! (`check_quota`, after the idempotency branch: a replay is never refused by it) and refuses
 //! with `OverQuota` (429, a code naming the quota). `QUOTA_DEFAULT`: none.
 
-use super::By;
-use super::Store;
-use super::engine::Db;
-use super::hosts::record_operator_event;
-use super::members;
-use super::{StoreError, StoreResult};
+use crate::store::By;
+use crate::store::Store;
+use crate::store::engine::Db;
+use crate::store::registry::hosts::record_operator_event;
+use crate::store::registry::members;
+use crate::store::{StoreError, StoreResult};
 use baton_shared::ids::{NAME_CHARS_MAX, check_name};
 use baton_shared::wire::ConversationView;
 use rusqlite::{OptionalExtension, named_params};
@@ -458,8 +458,8 @@ pub fn list(conn: &dyn Db) -> StoreResult<Vec<ProducerRow>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::accept::{AcceptLimits, NewMessage, accept};
-    use crate::store::hosts::record_certificate;
+    use crate::store::lifecycle::accept::{AcceptLimits, NewMessage, accept};
+    use crate::store::registry::hosts::record_certificate;
     use crate::store::testing;
 
     fn check(pattern: &str, conversation: &str, expected: bool) {
@@ -534,7 +534,7 @@ mod tests {
             payload: payload.into(),
             to: vec![host.into()],
         };
-        crate::store::accept::accept_and_fan_out(
+        crate::store::lifecycle::accept::accept_and_fan_out(
             conn,
             &msg,
             Default::default(),
@@ -562,7 +562,7 @@ mod tests {
         assert_eq!(e.code(), baton_shared::error::ErrorCode::QuotaUnsettledMessages);
         post_to(c, "host-a", "k2", "{}").unwrap();
         // Retiring host-a fails its deliveries: both messages settle, room again.
-        crate::store::operator::retire(c, "host-a", "op", "r", 2).unwrap();
+        crate::store::lifecycle::operator::retire(c, "host-a", "op", "r", 2).unwrap();
         post_to(c, "host-b", "k3", "{}").unwrap();
 
         // Bytes: k3's `{}` (2) and 10 more fit in 12, one more byte does not; the message

@@ -3,11 +3,11 @@
 //! costs the same however deep it lies and nothing is silently cut off. And ids taken by a
 //! unique prefix.
 
-use super::Store;
-use super::engine::{Db, Dialect};
-use super::explain;
-use super::read::{DeliveryRow, delivery_row};
-use super::{StoreError, StoreResult};
+use crate::store::Store;
+use crate::store::engine::{Db, Dialect};
+use crate::store::views::explain;
+use crate::store::views::read::{DeliveryRow, delivery_row};
+use crate::store::{StoreError, StoreResult};
 use baton_shared::states::{DeliveryState, Outcome};
 use rusqlite::named_params;
 
@@ -75,7 +75,7 @@ pub struct Listed {
     /// The delivery.
     pub row: DeliveryRow,
     /// Why a delivery that is not final is where it is (`deliveries explain`'s one line).
-    pub why: Option<super::explain::Reason>,
+    pub why: Option<crate::store::views::explain::Reason>,
     /// The cursor (`--after`) of the page that continues after this row.
     pub cursor: i64,
     /// The shortest unique prefix of its id (`short_id`), when the listing asked for it.
@@ -96,13 +96,13 @@ pub struct Page {
 const SELECT: &str = concat!(
     "SELECT d.id, d.message_id, d.host, d.conversation, d.seq, d.state, d.instance_id, d.reason,
         d.updated_at, ",
-    super::read::outcome_sql!(),
+    crate::store::views::read::outcome_sql!(),
     ", d.n
     FROM deliveries d
     WHERE (CAST(:s AS TEXT) IS NULL OR d.state = :s) AND (CAST(:h AS TEXT) IS NULL OR d.host = :h) AND (CAST(:c AS TEXT) IS NULL OR d.conversation = :c)
       AND (CAST(:since AS BIGINT) IS NULL OR d.updated_at >= :since) AND (CAST(:until AS BIGINT) IS NULL OR d.updated_at < :until)
       AND (CAST(:o AS TEXT) IS NULL OR ",
-    super::read::outcome_sql!(),
+    crate::store::views::read::outcome_sql!(),
     " = :o)"
 );
 
@@ -223,7 +223,7 @@ pub fn resolve_delivery(conn: &dyn Db, prefix: &str) -> StoreResult<Resolved> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::accept::testing::accept_one;
+    use crate::store::lifecycle::accept::testing::accept_one;
     use crate::store::testing;
 
     #[test]

@@ -3,17 +3,17 @@
 //! counts, and the recent deliveries that failed or ended `unknown`. Read-only: every function
 //! here runs on a read connection. "Waiting" is queued or held, as in `host_backlog`.
 
-use super::Store;
-use super::StoreResult;
-use super::engine::Db;
-use super::fences;
-use super::fences::FenceRow;
-use super::fleet;
-use super::fleet::HostRow;
-use super::fleet::SilentHost;
-use super::read;
-use super::read::StatusView;
-use super::read::{DeliveryRow, delivery_row};
+use crate::store::Store;
+use crate::store::StoreResult;
+use crate::store::engine::Db;
+use crate::store::registry::fences;
+use crate::store::registry::fences::FenceRow;
+use crate::store::views::fleet;
+use crate::store::views::fleet::HostRow;
+use crate::store::views::fleet::SilentHost;
+use crate::store::views::read;
+use crate::store::views::read::StatusView;
+use crate::store::views::read::{DeliveryRow, delivery_row};
 use baton_shared::states::Outcome;
 use rusqlite::named_params;
 use std::time::Duration;
@@ -198,7 +198,7 @@ pub fn recent_trouble(conn: &dyn Db, max: u32) -> StoreResult<Vec<Trouble>> {
         .prepare_cached(
             concat!(
                 "SELECT d.id, d.message_id, d.host, d.conversation, d.seq, d.state, d.instance_id, d.reason, d.updated_at, ",
-                super::read::outcome_sql!(),
+                crate::store::views::read::outcome_sql!(),
                 ",
                  (SELECT a.reason FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt),
                  (SELECT a.stderr_tail FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)
@@ -346,7 +346,7 @@ pub fn search(conn: &dyn Db, q: &str, max: u32) -> StoreResult<Vec<DeliveryRow>>
     }
     let cols = concat!(
         "SELECT d.id, d.message_id, d.host, d.conversation, d.seq, d.state, d.instance_id, d.reason, d.updated_at, ",
-        super::read::outcome_sql!(),
+        crate::store::views::read::outcome_sql!(),
         " FROM deliveries d"
     );
     let mut found: Vec<DeliveryRow> = Vec::new();
@@ -359,10 +359,10 @@ pub fn search(conn: &dyn Db, q: &str, max: u32) -> StoreResult<Vec<DeliveryRow>>
     };
     let id_ok = q.chars().all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c));
     if id_ok {
-        let ids = match super::listing::resolve_delivery(conn, q)? {
-            super::listing::Resolved::One(id) => vec![id],
-            super::listing::Resolved::Many(ids) => ids,
-            super::listing::Resolved::Nothing => Vec::new(),
+        let ids = match crate::store::views::listing::resolve_delivery(conn, q)? {
+            crate::store::views::listing::Resolved::One(id) => vec![id],
+            crate::store::views::listing::Resolved::Many(ids) => ids,
+            crate::store::views::listing::Resolved::Nothing => Vec::new(),
         };
         let mut one = conn.prepare_cached(&format!("{cols} WHERE d.id = :id"))?;
         let mut rows = Vec::new();
@@ -403,8 +403,8 @@ pub fn unknown_since(conn: &dyn Db, since_ms: i64) -> StoreResult<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::accept::testing::accept_one;
-    use crate::store::hosts::{Issued, enroll};
+    use crate::store::lifecycle::accept::testing::accept_one;
+    use crate::store::registry::hosts::{Issued, enroll};
     use crate::store::testing;
     use baton_shared::ids::Role;
 

@@ -8,12 +8,12 @@
 //! order of `claim`, the retry barrier, a redrive's exemption), read from the record; they
 //! explain, they decide nothing.
 
-use super::Store;
-use super::engine::{Db, Row};
-use super::fences::{self, Fence, FenceKind, FenceScope};
-use super::fleet::{self, HostRow, HostState};
-use super::read::DeliveryRow;
-use super::{StoreError, StoreResult, parse_column, parse_column_opt, state_column};
+use crate::store::Store;
+use crate::store::engine::{Db, Row};
+use crate::store::registry::fences::{self, Fence, FenceKind, FenceScope};
+use crate::store::views::fleet::{self, HostRow, HostState};
+use crate::store::views::read::DeliveryRow;
+use crate::store::{StoreError, StoreResult, parse_column, parse_column_opt, state_column};
 use baton_shared::duration::human_ms;
 use baton_shared::states::{DeliveryState, Outcome, Rerun};
 use rusqlite::{OptionalExtension, named_params};
@@ -539,11 +539,11 @@ pub fn explain_id(conn: &dyn Db, id: &str, now_ms: i64, silence_warn_ms: i64) ->
         .prepare_cached(
             concat!(
                 "SELECT d.id, d.message_id, d.host, d.conversation, d.seq, d.state, d.instance_id, d.reason, d.updated_at, ",
-                super::read::outcome_sql!(),
+                crate::store::views::read::outcome_sql!(),
                 " FROM deliveries d WHERE d.id = ?1"
             ),
         )?
-        .query_row([id], super::read::delivery_row)
+        .query_row([id], crate::store::views::read::delivery_row)
         .optional()?
         .ok_or_else(|| StoreError::NotFound(format!("no delivery {id}")))?;
     explain(conn, &d, now_ms, silence_warn_ms)

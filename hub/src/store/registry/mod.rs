@@ -1,0 +1,16 @@
+//! Who may do what: hosts and their certificates, node sessions, conversation members, producers, fences and the audit log.
+//!
+//! Layout:
+//! - `hosts`: hosts, certificates and operator events (enroll, revoke, renew look-ups).
+//! - `sessions`: node sessions (a fencing epoch per node process) and their check.
+//! - `members`: the membership registry (join/leave intervals per conversation and host), families and mentions.
+//! - `producers`: producers' publish scopes, quotas and approval rights.
+//! - `fences`: the fence types, set/lift/list, and the one precedence rule claims apply.
+//! - `audit`: the operator audit log.
+
+pub mod audit;
+pub mod fences;
+pub mod hosts;
+pub mod members;
+pub mod producers;
+pub mod sessions;

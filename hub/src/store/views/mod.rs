@@ -1,0 +1,16 @@
+//! Read-only views of the record for producers, operators, the status page and the metrics.
+//!
+//! Layout:
+//! - `read`: the message and delivery views producers and operators read.
+//! - `overview`: backlogs per host and conversation, outcome counts and recent trouble.
+//! - `explain`: why a delivery is where it is (`deliveries explain`).
+//! - `listing`: `deliveries list` with its filters and cursor.
+//! - `gauges`: what the hub's periodic gauges read, in one snapshot.
+//! - `fleet`: hosts, their sessions and silence, for `hosts list|show` and `status`.
+
+pub mod explain;
+pub mod fleet;
+pub mod gauges;
+pub mod listing;
+pub mod overview;
+pub mod read;
