@@ -21,6 +21,7 @@ use super::StoreResult;
 use super::Writer;
 use super::engine::Db;
 use super::engine::PgConn;
+use super::engine::SqliteFile;
 use super::in_write_txn;
 use super::writer::Opener;
 use super::writer::OwnedDb;
@@ -153,9 +154,9 @@ pub(super) fn sqlite_only(operation: &str) -> StoreError {
     ))
 }
 
-/// The SQLite connection under `c`, for `operation`, which works on an SQLite file only.
-pub(super) fn sqlite_conn<'c>(c: &'c dyn Db, operation: &str) -> StoreResult<&'c Connection> {
-    c.sqlite().ok_or_else(|| sqlite_only(operation))
+/// The SQLite file under `c`, for `operation`, which works on an SQLite file only.
+pub(super) fn sqlite_file<'c>(c: &'c dyn Db, operation: &str) -> StoreResult<SqliteFile<'c>> {
+    c.sqlite_file().ok_or_else(|| sqlite_only(operation))
 }
 
 /// The connection of a `Direct` store.
@@ -268,8 +269,7 @@ impl Store {
     /// The schema version of the SQLite file at `path`, opened to read only as it is (older
     /// schemas included: nothing is migrated or checked).
     pub fn file_schema_version(path: &Path) -> StoreResult<i64> {
-        let conn = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)?;
-        super::schema_version(&conn)
+        super::schema_version(&super::engine::open_as_is(path)?)
     }
 }
 

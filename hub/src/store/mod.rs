@@ -58,7 +58,7 @@ pub use writer::{Readers, Writer};
 use baton_shared::error::ErrorCode;
 use baton_shared::sqlite::{self, OpenError, OpenOptions, Synchronous};
 use baton_shared::states::DeliveryState;
-use engine::{Db, Row};
+use engine::{Db, DbError, DbErrorKind, DbResult, Row};
 use rusqlite::Connection;
 use std::path::Path;
 
@@ -226,38 +226,22 @@ impl StoreError {
     }
 }
 
-impl From<rusqlite::Error> for StoreError {
-    fn from(e: rusqlite::Error) -> Self {
-        if let rusqlite::Error::FromSqlConversionFailure(_, _, inner) = &e
-            && let Some(c) = inner.downcast_ref::<CorruptValue>()
-        {
-            return StoreError::Corrupt(c.to_string());
-        }
-        // Damage SQLite meets while reading is a damaged record, not a passing storage fault.
-        if let rusqlite::Error::SqliteFailure(f, _) = &e
-            && matches!(f.code, rusqlite::ErrorCode::DatabaseCorrupt | rusqlite::ErrorCode::NotADatabase)
-        {
-            return StoreError::Corrupt(format!("the database is damaged: {e}"));
-        }
-        // A text or blob over SQLite's own length bound: the value's fault, as on PostgreSQL.
-        if let rusqlite::Error::SqliteFailure(f, _) = &e
-            && f.code == rusqlite::ErrorCode::TooBig
-        {
-            return StoreError::Invalid(format!("a value the record cannot hold: {e}"));
-        }
-        if let rusqlite::Error::ToSqlConversionFailure(inner) = &e
-            && let Some(pg) = inner.downcast_ref::<engine::PgFailure>()
-        {
-            // A value is never a storage error: what the server refuses for a value is the
+impl From<DbError> for StoreError {
+    fn from(e: DbError) -> Self {
+        match e.kind() {
+            DbErrorKind::Unreadable => StoreError::Corrupt(e.to_string()),
+            // Damage the engine meets while reading is a damaged record, not a passing fault.
+            DbErrorKind::Damaged => StoreError::Corrupt(format!("the database is damaged: {e}")),
+            // A value is never a storage error: what the record refuses for a value is the
             // value's refusal (400), which a batch fails one item for and nobody retries.
-            if pg.bad_value() {
-                return StoreError::Invalid(format!("a value the record cannot hold: {}", pg.server_said()));
-            }
-            if pg.retryable() {
-                return StoreError::Conflict(e.to_string());
-            }
+            DbErrorKind::BadValue => StoreError::Invalid(format!("a value the record cannot hold: {}", e.said())),
+            DbErrorKind::Conflict => StoreError::Conflict(e.to_string()),
+            DbErrorKind::NoRows
+            | DbErrorKind::Constraint
+            | DbErrorKind::Busy
+            | DbErrorKind::Lost
+            | DbErrorKind::Other => StoreError::Storage(e.to_string()),
         }
-        StoreError::Storage(e.to_string())
     }
 }
 
@@ -282,7 +266,7 @@ const CORRUPT_VALUE_SHOWN_CHARS_MAX: usize = 80;
 
 /// Reads column `idx` of `row` as text and parses it with `parse`. A value that does not parse is
 /// an error naming `table`, the row (`row_id`) and the column, which `StoreError::from` turns into
-/// `StoreError::Corrupt`; it never becomes a default. For use inside rusqlite row closures.
+/// `StoreError::Corrupt`; it never becomes a default. For use inside row closures.
 pub(crate) fn parse_column<T>(
     row: &Row<'_>,
     idx: usize,
@@ -290,7 +274,7 @@ pub(crate) fn parse_column<T>(
     row_id: &str,
     what: &'static str,
     parse: impl FnOnce(&str) -> Option<T>,
-) -> rusqlite::Result<T> {
+) -> DbResult<T> {
     let text: String = row.get(idx)?;
     parse(&text).ok_or_else(|| corrupt(row, idx, table, row_id, what, &text))
 }
@@ -303,11 +287,10 @@ pub(crate) fn corrupt(
     row_id: &str,
     what: &'static str,
     value: &str,
-) -> rusqlite::Error {
+) -> DbError {
     let column = row.column_name(idx);
     let value = value.chars().take(CORRUPT_VALUE_SHOWN_CHARS_MAX).collect();
-    let c = CorruptValue { table, row: row_id.to_string(), column, value, what };
-    rusqlite::Error::FromSqlConversionFailure(idx, rusqlite::types::Type::Text, Box::new(c))
+    DbError::unreadable(CorruptValue { table, row: row_id.to_string(), column, value, what }.to_string())
 }
 
 /// `parse_column` for a column that may be NULL.
@@ -318,20 +301,15 @@ pub(crate) fn parse_column_opt<T>(
     row_id: &str,
     what: &'static str,
     parse: impl FnOnce(&str) -> Option<T>,
-) -> rusqlite::Result<Option<T>> {
+) -> DbResult<Option<T>> {
     match row.get_ref(idx)? {
-        rusqlite::types::ValueRef::Null => Ok(None),
+        engine::ValueRef::Null => Ok(None),
         _ => parse_column(row, idx, table, row_id, what, parse).map(Some),
     }
 }
 
 /// A delivery state column (`deliveries.state`, `delivery_events.to_state`, …).
-pub(crate) fn state_column(
-    row: &Row<'_>,
-    idx: usize,
-    table: &'static str,
-    row_id: &str,
-) -> rusqlite::Result<DeliveryState> {
+pub(crate) fn state_column(row: &Row<'_>, idx: usize, table: &'static str, row_id: &str) -> DbResult<DeliveryState> {
     parse_column(row, idx, table, row_id, "delivery state", DeliveryState::parse)
 }
 
@@ -341,7 +319,7 @@ pub(crate) fn json_column(
     idx: usize,
     table: &'static str,
     row_id: &str,
-) -> rusqlite::Result<baton_shared::wire::Payload> {
+) -> DbResult<baton_shared::wire::Payload> {
     parse_column(row, idx, table, row_id, "JSON payload", |s| {
         baton_shared::wire::Payload::from_text(s.to_string()).ok()
     })
@@ -425,7 +403,7 @@ pub fn in_write_txn<R>(conn: &dyn Db, f: impl FnOnce(&dyn Db) -> StoreResult<R>)
 /// Runs one transaction-control statement (`BEGIN IMMEDIATE`, `SAVEPOINT x`, `RELEASE x`,
 /// `ROLLBACK TO x`, `COMMIT`) through the connection's statement cache: the writer and every
 /// batch item run these, and `execute_batch` would parse them on every use.
-pub(crate) fn control(conn: &dyn Db, sql: &str) -> rusqlite::Result<()> {
+pub(crate) fn control(conn: &dyn Db, sql: &str) -> DbResult<()> {
     conn.control(sql)
 }
 
@@ -446,7 +424,6 @@ mod tests {
     /// The unit tests that are about SQLite itself (its file, its pragmas, its damage), which
     /// the PostgreSQL run leaves out, each with why.
     const SQLITE_ONLY: &[(&str, &str)] = &[
-        ("store::tests::damage_sqlite_meets", "SQLite's own error codes"),
         ("store::tests::a_new_record", "the SQLite file's page size"),
         ("store::upkeep::backup::", "a copy of the SQLite file"),
         ("store::writer::", "the SQLite writer and reader pool on a file path"),
@@ -495,23 +472,32 @@ mod tests {
         assert!(ran > 50, "only {ran} store tests ran on PostgreSQL:\n{stdout}");
     }
 
-    #[test]
-    fn damage_sqlite_meets_is_corrupt_and_other_failures_are_storage() {
-        let failure = |code| rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(code), None);
-        for code in [rusqlite::ffi::SQLITE_CORRUPT, rusqlite::ffi::SQLITE_NOTADB] {
-            assert!(matches!(StoreError::from(failure(code)), StoreError::Corrupt(_)));
-        }
-        for code in [rusqlite::ffi::SQLITE_IOERR, rusqlite::ffi::SQLITE_FULL, rusqlite::ffi::SQLITE_BUSY] {
-            assert!(matches!(StoreError::from(failure(code)), StoreError::Storage(_)));
-        }
+    fn pg_failure(code: &str) -> DbError {
+        DbError::from_server(
+            engine::pg_error_kind(Some(code), false),
+            format!("the server said no ({code})"),
+            Some("INSERT INTO attempts (result) VALUES ($1)"),
+            Some(code.into()),
+        )
     }
 
-    fn pg_failure(code: &str) -> rusqlite::Error {
-        rusqlite::Error::ToSqlConversionFailure(Box::new(engine::PgFailure {
-            code: Some(code.into()),
-            message: format!("database: the server said no ({code}) in: INSERT INTO attempts (result) VALUES ($1)"),
-            closed: false,
-        }))
+    /// Damage the engine meets is a damaged record, and a stored value that does not parse is
+    /// one named down to its row; every failure that is neither a value's nor a conflict is a
+    /// storage failure (which callers retry).
+    #[test]
+    fn damage_is_corrupt_and_other_failures_are_storage() {
+        let e = StoreError::from(DbError::new(DbErrorKind::Damaged, "database disk image is malformed"));
+        assert!(
+            matches!(&e, StoreError::Corrupt(m) if m == "the database is damaged: database disk image is malformed")
+        );
+        let e = StoreError::from(DbError::unreadable("corrupt record: fences 1: kind holds \"x\""));
+        assert!(matches!(&e, StoreError::Corrupt(m) if m.starts_with("corrupt record: fences 1")));
+        for kind in
+            [DbErrorKind::NoRows, DbErrorKind::Constraint, DbErrorKind::Busy, DbErrorKind::Lost, DbErrorKind::Other]
+        {
+            let e = StoreError::from(DbError::new(kind, "disk I/O error"));
+            assert!(matches!(&e, StoreError::Storage(m) if m == "disk I/O error"), "{kind:?}: {e:?}");
+        }
     }
 
     /// A value PostgreSQL cannot take (its data exceptions, class 22, and program limits, class
@@ -529,7 +515,7 @@ mod tests {
         for code in ["08006", "53100", "53200", "57P01", "58030", "XX000", "25P02"] {
             assert!(matches!(StoreError::from(pg_failure(code)), StoreError::Storage(_)), "{code}");
         }
-        let too_big = rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_TOOBIG), None);
+        let too_big = DbError::new(DbErrorKind::BadValue, "string or blob too big");
         assert_eq!(StoreError::from(too_big).code(), ErrorCode::InvalidField, "SQLite's own length bound");
     }
 

@@ -466,6 +466,7 @@ impl Readers {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::engine::DbResult;
     use baton_shared::sqlite::Synchronous;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -548,24 +549,24 @@ mod tests {
     }
 
     impl Db for Recording {
-        fn prepare_cached(&self, sql: &str) -> rusqlite::Result<super::super::engine::Stmt<'_>> {
+        fn prepare_cached(&self, sql: &str) -> DbResult<super::super::engine::Stmt<'_>> {
             Db::prepare_cached(&self.conn, sql)
         }
-        fn execute_batch(&self, sql: &str) -> rusqlite::Result<()> {
+        fn execute_batch(&self, sql: &str) -> DbResult<()> {
             Db::execute_batch(&self.conn, sql)
         }
-        fn control(&self, sql: &str) -> rusqlite::Result<()> {
+        fn control(&self, sql: &str) -> DbResult<()> {
             self.conn.control(sql)
         }
-        fn begin_write(&self) -> rusqlite::Result<()> {
+        fn begin_write(&self) -> DbResult<()> {
             self.begun.lock().unwrap().push("write");
             self.conn.begin_write()
         }
-        fn begin_claims(&self) -> rusqlite::Result<()> {
+        fn begin_claims(&self) -> DbResult<()> {
             self.begun.lock().unwrap().push("claims");
             self.conn.begin_write()
         }
-        fn begin_read(&self) -> rusqlite::Result<()> {
+        fn begin_read(&self) -> DbResult<()> {
             self.conn.begin_read()
         }
         fn dialect(&self) -> super::super::engine::Dialect {
@@ -574,8 +575,8 @@ mod tests {
         fn broken(&self) -> bool {
             false
         }
-        fn sqlite(&self) -> Option<&rusqlite::Connection> {
-            Some(&self.conn)
+        fn sqlite_file(&self) -> Option<crate::store::engine::SqliteFile<'_>> {
+            self.conn.sqlite_file()
         }
     }
 

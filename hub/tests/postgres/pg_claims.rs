@@ -157,7 +157,7 @@ fn other_writers_and_claims_wait_for_each_other(cluster: &PgCluster) {
 }
 
 /// Begins a claim transaction (`claims`) or an ordinary write transaction.
-fn begin(conn: &PgConn, claims: bool) -> rusqlite::Result<()> {
+fn begin(conn: &PgConn, claims: bool) -> baton_hub::store::engine::DbResult<()> {
     if claims { conn.begin_claims() } else { conn.begin_write() }
 }
 

@@ -282,7 +282,11 @@ pub fn open_read_only(path: &Path) -> anyhow::Result<Connection> {
 }
 
 /// Every row of `sql` (no parameters), mapped by `f`.
-pub fn rows<T>(conn: &dyn Db, sql: &str, f: impl FnMut(&Row<'_>) -> rusqlite::Result<T>) -> anyhow::Result<Vec<T>> {
+pub fn rows<T>(
+    conn: &dyn Db,
+    sql: &str,
+    f: impl FnMut(&Row<'_>) -> baton_hub::store::engine::DbResult<T>,
+) -> anyhow::Result<Vec<T>> {
     let mut stmt = conn.prepare(sql)?;
     let out = stmt.query_map([], f)?.collect::<Result<Vec<_>, _>>()?;
     Ok(out)

@@ -4,9 +4,10 @@
 //! The store's modules were written for rusqlite, and `Db` keeps rusqlite's shape on purpose:
 //! `prepare_cached(sql)` gives a `Stmt` with `execute`, `query_row`, `query_map` and `exists`;
 //! parameters are rusqlite's (`[a, b]`, `params![..]`, `named_params!{..}`); a row is a `Row`
-//! whose `get` takes any `rusqlite::types::FromSql`; errors are `rusqlite::Error` (so
-//! `.optional()` and `StoreError::from` work unchanged). An SQLite `Connection` is a `Db` as it
-//! is; `PgConn` is a `Db` over one PostgreSQL connection:
+//! whose `get` takes any `rusqlite::types::FromSql`. Errors are the engine's own `DbError`
+//! (`error`), each backend's failures classified into the kinds the store acts on, so
+//! `.optional()` (`OptionalExtension`) and `StoreError::from` never ask which backend failed. An
+//! SQLite `Connection` is a `Db` as it is; `PgConn` is a `Db` over one PostgreSQL connection:
 //!
 //! - SQL text is written once, in the dialect both servers accept. `?N` and `:name` parameters
 //!   are rewritten to PostgreSQL's `$N` when a statement is prepared (and cached by its text).
@@ -16,8 +17,8 @@
 //!   integer when it has no fraction), so each column's `FromSql` is the same on both.
 //! - Text crosses escaped (`PG_TEXT_ESCAPE`): PostgreSQL's `text` cannot hold NUL, SQLite's can,
 //!   and a value is never a storage error, so NUL is written as an escape and read back as NUL.
-//! - A PostgreSQL failure travels as `rusqlite::Error::ToSqlConversionFailure` carrying a
-//!   `PgFailure`, which `StoreError::from` recognises.
+//! - A PostgreSQL failure is classified by its SQLSTATE (`pg_error_kind`) and carries the
+//!   server's message and the statement (for logs).
 //!
 //! `PgConn` is synchronous, like rusqlite: it owns a current-thread runtime on which its
 //! connection's I/O runs, and each call waits on it. It is used only on the store's own
@@ -34,10 +35,17 @@
 //! (its value conversions and statement cache) are the engine's one seam; about 90 lines are
 //! unit tests.
 
+pub mod error;
 pub mod postgres;
 
-use rusqlite::types::{FromSql, FromSqlError, Value, ValueRef};
-use rusqlite::{Connection, ToSql};
+pub use error::{DbError, DbErrorKind, DbResult, OptionalExtension};
+/// Values cross the seam as SQLite's five storage classes, on either backend: these are the
+/// conversions into and out of them.
+pub use rusqlite::ToSql;
+pub use rusqlite::types::{FromSql, Value, ValueRef};
+
+use rusqlite::Connection;
+use rusqlite::types::FromSqlError;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -55,49 +63,49 @@ pub enum Dialect {
 /// A connection the store's operations run on. See the module documentation.
 pub trait Db {
     /// A prepared statement for `sql`, from the connection's cache when it has been seen.
-    fn prepare_cached(&self, sql: &str) -> rusqlite::Result<Stmt<'_>>;
+    fn prepare_cached(&self, sql: &str) -> DbResult<Stmt<'_>>;
     /// Runs one or more statements without parameters or results.
-    fn execute_batch(&self, sql: &str) -> rusqlite::Result<()>;
+    fn execute_batch(&self, sql: &str) -> DbResult<()>;
     /// Runs one transaction-control statement (`SAVEPOINT x`, `RELEASE x`, `ROLLBACK TO x`,
     /// `COMMIT`, `ROLLBACK`).
-    fn control(&self, sql: &str) -> rusqlite::Result<()>;
+    fn control(&self, sql: &str) -> DbResult<()>;
     /// Begins a write transaction: on SQLite `BEGIN IMMEDIATE` (the file's write lock); on
     /// PostgreSQL a transaction that first takes the record's write lock (`WRITE_LOCK_KEY`), so
     /// writers on every hub run one after another, as on one SQLite file.
-    fn begin_write(&self) -> rusqlite::Result<()>;
+    fn begin_write(&self) -> DbResult<()>;
     /// Begins a write transaction that runs claims and nothing else. On SQLite it is
     /// `begin_write`. On PostgreSQL it takes the record's write lock in shared mode, so claim
     /// transactions on several hubs run at once while every other writer still waits for all of
     /// them (and they for it); what keeps two claims apart is row locks (see `store::lifecycle::claim`).
-    fn begin_claims(&self) -> rusqlite::Result<()> {
+    fn begin_claims(&self) -> DbResult<()> {
         self.begin_write()
     }
     /// Begins a read transaction: every query in it sees one snapshot.
-    fn begin_read(&self) -> rusqlite::Result<()>;
+    fn begin_read(&self) -> DbResult<()>;
     /// The dialect.
     fn dialect(&self) -> Dialect;
     /// Whether the connection is gone and a new one is needed (a database server restarted).
     fn broken(&self) -> bool;
-    /// The SQLite connection, for the operations that exist only on an SQLite file (backup,
-    /// checkpoint, the file's integrity check).
-    fn sqlite(&self) -> Option<&Connection>;
+    /// The SQLite file under the connection, for the operations that exist only on a file
+    /// (a copy, a checkpoint, the file's integrity check); `None` on PostgreSQL.
+    fn sqlite_file(&self) -> Option<SqliteFile<'_>>;
 }
 
 impl Db for Connection {
-    fn prepare_cached(&self, sql: &str) -> rusqlite::Result<Stmt<'_>> {
-        Ok(Stmt(Inner::Sqlite(Connection::prepare_cached(self, sql)?)))
+    fn prepare_cached(&self, sql: &str) -> DbResult<Stmt<'_>> {
+        Ok(Stmt(Inner::Sqlite(Connection::prepare_cached(self, sql).map_err(sqlite_error)?)))
     }
-    fn execute_batch(&self, sql: &str) -> rusqlite::Result<()> {
-        Connection::execute_batch(self, sql)
+    fn execute_batch(&self, sql: &str) -> DbResult<()> {
+        Connection::execute_batch(self, sql).map_err(sqlite_error)
     }
-    fn control(&self, sql: &str) -> rusqlite::Result<()> {
-        Connection::prepare_cached(self, sql)?.execute([])?;
+    fn control(&self, sql: &str) -> DbResult<()> {
+        Connection::prepare_cached(self, sql).and_then(|mut s| s.execute([])).map_err(sqlite_error)?;
         Ok(())
     }
-    fn begin_write(&self) -> rusqlite::Result<()> {
+    fn begin_write(&self) -> DbResult<()> {
         Db::control(self, "BEGIN IMMEDIATE")
     }
-    fn begin_read(&self) -> rusqlite::Result<()> {
+    fn begin_read(&self) -> DbResult<()> {
         Db::control(self, "BEGIN")
     }
     fn dialect(&self) -> Dialect {
@@ -106,28 +114,86 @@ impl Db for Connection {
     fn broken(&self) -> bool {
         false
     }
-    fn sqlite(&self) -> Option<&Connection> {
-        Some(self)
+    fn sqlite_file(&self) -> Option<SqliteFile<'_>> {
+        Some(SqliteFile(self))
     }
 }
 
+/// The SQLite file under a connection (`Db::sqlite_file`): what only a file has.
+pub struct SqliteFile<'c>(&'c Connection);
+
+impl SqliteFile<'_> {
+    /// SQLite's full `integrity_check` of the whole file: every problem it reports, none when
+    /// the file is sound. Its time grows with the database.
+    pub fn integrity(&self) -> DbResult<Vec<String>> {
+        let mut stmt = self.0.prepare("PRAGMA integrity_check").map_err(sqlite_error)?;
+        let lines: Vec<String> = stmt.query_map([], |r| r.get(0)).and_then(Iterator::collect).map_err(sqlite_error)?;
+        Ok(lines.into_iter().filter(|l| l != "ok").collect())
+    }
+
+    /// Folds the write-ahead log into the database file and empties it (`wal_checkpoint(
+    /// TRUNCATE)`); false when a reader kept it from finishing.
+    pub fn checkpoint(&self) -> DbResult<bool> {
+        let busy: i64 = self.0.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get(0)).map_err(sqlite_error)?;
+        Ok(busy == 0)
+    }
+
+    /// Writes a consistent copy of the database into the (empty) file at `target`
+    /// (`VACUUM INTO`). `VACUUM INTO` writes only the new file, which SQLite allows on a
+    /// read-only connection, but `query_only` (which `open_read` sets) refuses it: it is lifted
+    /// for this one statement.
+    pub fn copy_into(&self, target: &str) -> DbResult<()> {
+        let conn = self.0;
+        let query_only: bool = conn.query_row("PRAGMA query_only", [], |r| r.get(0)).map_err(sqlite_error)?;
+        conn.pragma_update(None, "query_only", false).map_err(sqlite_error)?;
+        let copied = conn.execute("VACUUM INTO ?1", [target]);
+        conn.pragma_update(None, "query_only", query_only).map_err(sqlite_error)?;
+        copied.map_err(sqlite_error)?;
+        Ok(())
+    }
+}
+
+/// Opens the SQLite file at `path` to read only as it is: no pragma set, nothing migrated or
+/// checked (what a restore reads of a file before it decides anything).
+pub fn open_as_is(path: &std::path::Path) -> DbResult<Connection> {
+    Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).map_err(sqlite_error)
+}
+
+/// An SQLite failure as the store needs to tell it apart (see `DbErrorKind`), with SQLite's
+/// own text.
+pub(crate) fn sqlite_error(e: rusqlite::Error) -> DbError {
+    use rusqlite::ErrorCode as Code;
+    let kind = match &e {
+        rusqlite::Error::QueryReturnedNoRows => DbErrorKind::NoRows,
+        rusqlite::Error::SqliteFailure(f, _) => match f.code {
+            Code::DatabaseCorrupt | Code::NotADatabase => DbErrorKind::Damaged,
+            Code::TooBig => DbErrorKind::BadValue,
+            Code::ConstraintViolation => DbErrorKind::Constraint,
+            Code::DatabaseBusy | Code::DatabaseLocked => DbErrorKind::Busy,
+            _ => DbErrorKind::Other,
+        },
+        _ => DbErrorKind::Other,
+    };
+    DbError::new(kind, e.to_string())
+}
+
 impl<T: Db + ?Sized> Db for Box<T> {
-    fn prepare_cached(&self, sql: &str) -> rusqlite::Result<Stmt<'_>> {
+    fn prepare_cached(&self, sql: &str) -> DbResult<Stmt<'_>> {
         (**self).prepare_cached(sql)
     }
-    fn execute_batch(&self, sql: &str) -> rusqlite::Result<()> {
+    fn execute_batch(&self, sql: &str) -> DbResult<()> {
         (**self).execute_batch(sql)
     }
-    fn control(&self, sql: &str) -> rusqlite::Result<()> {
+    fn control(&self, sql: &str) -> DbResult<()> {
         (**self).control(sql)
     }
-    fn begin_write(&self) -> rusqlite::Result<()> {
+    fn begin_write(&self) -> DbResult<()> {
         (**self).begin_write()
     }
-    fn begin_claims(&self) -> rusqlite::Result<()> {
+    fn begin_claims(&self) -> DbResult<()> {
         (**self).begin_claims()
     }
-    fn begin_read(&self) -> rusqlite::Result<()> {
+    fn begin_read(&self) -> DbResult<()> {
         (**self).begin_read()
     }
     fn dialect(&self) -> Dialect {
@@ -136,27 +202,27 @@ impl<T: Db + ?Sized> Db for Box<T> {
     fn broken(&self) -> bool {
         (**self).broken()
     }
-    fn sqlite(&self) -> Option<&Connection> {
-        (**self).sqlite()
+    fn sqlite_file(&self) -> Option<SqliteFile<'_>> {
+        (**self).sqlite_file()
     }
 }
 
 impl dyn Db + '_ {
     /// `prepare_cached` (every statement is cached).
-    pub fn prepare(&self, sql: &str) -> rusqlite::Result<Stmt<'_>> {
+    pub fn prepare(&self, sql: &str) -> DbResult<Stmt<'_>> {
         self.prepare_cached(sql)
     }
 
     /// Runs one statement, returning how many rows it changed.
-    pub fn execute<P: Args>(&self, sql: &str, params: P) -> rusqlite::Result<usize> {
+    pub fn execute<P: Args>(&self, sql: &str, params: P) -> DbResult<usize> {
         self.prepare_cached(sql)?.execute(params)
     }
 
-    /// Runs one query and maps its first row (`QueryReturnedNoRows` when it has none).
-    pub fn query_row<T, P, F>(&self, sql: &str, params: P, f: F) -> rusqlite::Result<T>
+    /// Runs one query and maps its first row (`DbErrorKind::NoRows` when it has none).
+    pub fn query_row<T, P, F>(&self, sql: &str, params: P, f: F) -> DbResult<T>
     where
         P: Args,
-        F: FnOnce(&Row<'_>) -> rusqlite::Result<T>,
+        F: FnOnce(&Row<'_>) -> DbResult<T>,
     {
         self.prepare_cached(sql)?.query_row(params, f)
     }
@@ -170,11 +236,15 @@ enum Inner<'c> {
     Pg { conn: &'c PgConn, prepared: Arc<Prepared> },
 }
 
+fn no_rows() -> DbError {
+    sqlite_error(rusqlite::Error::QueryReturnedNoRows)
+}
+
 impl Stmt<'_> {
     /// Runs the statement, returning how many rows it changed.
-    pub fn execute<P: Args>(&mut self, params: P) -> rusqlite::Result<usize> {
+    pub fn execute<P: Args>(&mut self, params: P) -> DbResult<usize> {
         match &mut self.0 {
-            Inner::Sqlite(s) => s.execute(params),
+            Inner::Sqlite(s) => s.execute(params).map_err(sqlite_error),
             Inner::Pg { conn, prepared } => {
                 let values = params.values(&prepared.names)?;
                 conn.execute(prepared, &values)
@@ -182,48 +252,61 @@ impl Stmt<'_> {
         }
     }
 
-    /// Runs the query and maps its first row (`QueryReturnedNoRows` when it has none).
-    pub fn query_row<T, P, F>(&mut self, params: P, f: F) -> rusqlite::Result<T>
+    /// Runs the query and maps its first row (`DbErrorKind::NoRows` when it has none).
+    pub fn query_row<T, P, F>(&mut self, params: P, f: F) -> DbResult<T>
     where
         P: Args,
-        F: FnOnce(&Row<'_>) -> rusqlite::Result<T>,
+        F: FnOnce(&Row<'_>) -> DbResult<T>,
     {
         match &mut self.0 {
-            Inner::Sqlite(s) => s.query_row(params, |r| f(&Row(RowInner::Sqlite(r)))),
+            Inner::Sqlite(s) => {
+                let mut rows = s.query(params).map_err(sqlite_error)?;
+                let first = rows.next().map_err(sqlite_error)?.ok_or_else(no_rows)?;
+                f(&Row(RowInner::Sqlite(first)))
+            }
             Inner::Pg { conn, prepared } => {
                 let values = params.values(&prepared.names)?;
                 let rows = conn.query(prepared, &values)?;
-                let first = rows.first().ok_or(rusqlite::Error::QueryReturnedNoRows)?;
+                let first = rows.first().ok_or_else(no_rows)?;
                 f(&Row(RowInner::Pg { values: first, columns: &prepared.columns }))
             }
         }
     }
 
     /// Runs the query and maps every row, in order.
-    pub fn query_map<T, P, F>(
-        &mut self,
-        params: P,
-        mut f: F,
-    ) -> rusqlite::Result<std::vec::IntoIter<rusqlite::Result<T>>>
+    pub fn query_map<T, P, F>(&mut self, params: P, mut f: F) -> DbResult<std::vec::IntoIter<DbResult<T>>>
     where
         P: Args,
-        F: FnMut(&Row<'_>) -> rusqlite::Result<T>,
+        F: FnMut(&Row<'_>) -> DbResult<T>,
     {
-        let all: Vec<rusqlite::Result<T>> = match &mut self.0 {
-            Inner::Sqlite(s) => s.query_map(params, |r| f(&Row(RowInner::Sqlite(r))))?.collect(),
+        let mut all: Vec<DbResult<T>> = Vec::new();
+        match &mut self.0 {
+            Inner::Sqlite(s) => {
+                let mut rows = s.query(params).map_err(sqlite_error)?;
+                loop {
+                    match rows.next() {
+                        Ok(Some(r)) => all.push(f(&Row(RowInner::Sqlite(r)))),
+                        Ok(None) => break,
+                        Err(e) => {
+                            all.push(Err(sqlite_error(e)));
+                            break;
+                        }
+                    }
+                }
+            }
             Inner::Pg { conn, prepared } => {
                 let values = params.values(&prepared.names)?;
                 let rows = conn.query(prepared, &values)?;
-                rows.iter().map(|v| f(&Row(RowInner::Pg { values: v, columns: &prepared.columns }))).collect()
+                all.extend(rows.iter().map(|v| f(&Row(RowInner::Pg { values: v, columns: &prepared.columns }))));
             }
-        };
+        }
         Ok(all.into_iter())
     }
 
     /// Whether the query returns at least one row.
-    pub fn exists<P: Args>(&mut self, params: P) -> rusqlite::Result<bool> {
+    pub fn exists<P: Args>(&mut self, params: P) -> DbResult<bool> {
         match &mut self.0 {
-            Inner::Sqlite(s) => s.exists(params),
+            Inner::Sqlite(s) => s.exists(params).map_err(sqlite_error),
             Inner::Pg { conn, prepared } => {
                 let values = params.values(&prepared.names)?;
                 Ok(!conn.query(prepared, &values)?.is_empty())
@@ -254,34 +337,37 @@ enum RowInner<'a> {
 
 impl Row<'_> {
     /// Column `idx`, converted by `T`'s `FromSql` (as rusqlite's `Row::get`).
-    pub fn get<I: ColumnIndex, T: FromSql>(&self, idx: I) -> rusqlite::Result<T> {
+    pub fn get<I: ColumnIndex, T: FromSql>(&self, idx: I) -> DbResult<T> {
         let idx = idx.index();
         match &self.0 {
-            RowInner::Sqlite(r) => r.get(idx),
+            RowInner::Sqlite(r) => r.get(idx).map_err(sqlite_error),
             RowInner::Pg { values, .. } => {
-                let value = values.get(idx).ok_or(rusqlite::Error::InvalidColumnIndex(idx))?;
+                let value = values.get(idx).ok_or_else(|| sqlite_error(rusqlite::Error::InvalidColumnIndex(idx)))?;
                 let value_ref = ValueRef::from(value);
-                T::column_result(value_ref).map_err(|e| match e {
-                    FromSqlError::InvalidType => {
-                        rusqlite::Error::InvalidColumnType(idx, self.column_name(idx), value_ref.data_type())
-                    }
-                    FromSqlError::OutOfRange(i) => rusqlite::Error::IntegralValueOutOfRange(idx, i),
-                    FromSqlError::Other(err) => {
-                        rusqlite::Error::FromSqlConversionFailure(idx, value_ref.data_type(), err)
-                    }
-                    other => rusqlite::Error::FromSqlConversionFailure(idx, value_ref.data_type(), Box::new(other)),
-                })
+                T::column_result(value_ref)
+                    .map_err(|e| match e {
+                        FromSqlError::InvalidType => {
+                            rusqlite::Error::InvalidColumnType(idx, self.column_name(idx), value_ref.data_type())
+                        }
+                        FromSqlError::OutOfRange(i) => rusqlite::Error::IntegralValueOutOfRange(idx, i),
+                        FromSqlError::Other(err) => {
+                            rusqlite::Error::FromSqlConversionFailure(idx, value_ref.data_type(), err)
+                        }
+                        other => rusqlite::Error::FromSqlConversionFailure(idx, value_ref.data_type(), Box::new(other)),
+                    })
+                    .map_err(sqlite_error)
             }
         }
     }
 
     /// Column `idx` as it is stored.
-    pub fn get_ref(&self, idx: usize) -> rusqlite::Result<ValueRef<'_>> {
+    pub fn get_ref(&self, idx: usize) -> DbResult<ValueRef<'_>> {
         match &self.0 {
-            RowInner::Sqlite(r) => r.get_ref(idx),
-            RowInner::Pg { values, .. } => {
-                values.get(idx).map(ValueRef::from).ok_or(rusqlite::Error::InvalidColumnIndex(idx))
-            }
+            RowInner::Sqlite(r) => r.get_ref(idx).map_err(sqlite_error),
+            RowInner::Pg { values, .. } => values
+                .get(idx)
+                .map(ValueRef::from)
+                .ok_or_else(|| sqlite_error(rusqlite::Error::InvalidColumnIndex(idx))),
         }
     }
 
@@ -299,15 +385,15 @@ impl Row<'_> {
 pub trait Args: rusqlite::Params {
     /// The values in the order of the PostgreSQL statement's `$N` (`names` lists the named
     /// parameters in that order; empty for positional ones).
-    fn values(&self, names: &[String]) -> rusqlite::Result<Vec<Value>>;
+    fn values(&self, names: &[String]) -> DbResult<Vec<Value>>;
 }
 
-fn value_of(p: &dyn ToSql) -> rusqlite::Result<Value> {
+fn value_of(p: &dyn ToSql) -> DbResult<Value> {
     use rusqlite::types::ToSqlOutput;
-    match p.to_sql()? {
+    match p.to_sql().map_err(sqlite_error)? {
         ToSqlOutput::Borrowed(v) => Ok(owned(v)),
         ToSqlOutput::Owned(v) => Ok(v),
-        _ => Err(rusqlite::Error::ToSqlConversionFailure("a parameter form PostgreSQL cannot take".into())),
+        _ => Err(DbError::new(DbErrorKind::Other, "a parameter form PostgreSQL cannot take")),
     }
 }
 
@@ -321,41 +407,40 @@ fn owned(v: ValueRef<'_>) -> Value {
     }
 }
 
-fn positional<'a>(names: &[String], ps: impl Iterator<Item = &'a dyn ToSql>) -> rusqlite::Result<Vec<Value>> {
+fn positional<'a>(names: &[String], ps: impl Iterator<Item = &'a dyn ToSql>) -> DbResult<Vec<Value>> {
     if !names.is_empty() {
-        return Err(rusqlite::Error::ToSqlConversionFailure(
-            "positional parameters given to a statement with named ones".into(),
-        ));
+        return Err(DbError::new(DbErrorKind::Other, "positional parameters given to a statement with named ones"));
     }
     ps.map(value_of).collect()
 }
 
 impl Args for &[&dyn ToSql] {
-    fn values(&self, names: &[String]) -> rusqlite::Result<Vec<Value>> {
+    fn values(&self, names: &[String]) -> DbResult<Vec<Value>> {
         positional(names, self.iter().copied())
     }
 }
 
 impl Args for [&(dyn ToSql + Send + Sync); 0] {
-    fn values(&self, names: &[String]) -> rusqlite::Result<Vec<Value>> {
+    fn values(&self, names: &[String]) -> DbResult<Vec<Value>> {
         positional(names, std::iter::empty())
     }
 }
 
 impl Args for () {
-    fn values(&self, names: &[String]) -> rusqlite::Result<Vec<Value>> {
+    fn values(&self, names: &[String]) -> DbResult<Vec<Value>> {
         positional(names, std::iter::empty())
     }
 }
 
 impl Args for &[(&str, &dyn ToSql)] {
-    fn values(&self, names: &[String]) -> rusqlite::Result<Vec<Value>> {
+    fn values(&self, names: &[String]) -> DbResult<Vec<Value>> {
         names
             .iter()
             .map(|name| {
-                let (_, p) = self.iter().find(|(n, _)| n.strip_prefix(':').unwrap_or(n) == name).ok_or_else(|| {
-                    rusqlite::Error::ToSqlConversionFailure(format!("no value for the parameter :{name}").into())
-                })?;
+                let (_, p) = self
+                    .iter()
+                    .find(|(n, _)| n.strip_prefix(':').unwrap_or(n) == name)
+                    .ok_or_else(|| DbError::new(DbErrorKind::Other, format!("no value for the parameter :{name}")))?;
                 value_of(*p)
             })
             .collect()
@@ -365,12 +450,12 @@ impl Args for &[(&str, &dyn ToSql)] {
 macro_rules! array_args {
     ($($n:literal)*) => {$(
         impl<T: ToSql> Args for [T; $n] {
-            fn values(&self, names: &[String]) -> rusqlite::Result<Vec<Value>> {
+            fn values(&self, names: &[String]) -> DbResult<Vec<Value>> {
                 positional(names, self.iter().map(|p| p as &dyn ToSql))
             }
         }
         impl<T: ToSql> Args for &[&T; $n] {
-            fn values(&self, names: &[String]) -> rusqlite::Result<Vec<Value>> {
+            fn values(&self, names: &[String]) -> DbResult<Vec<Value>> {
                 positional(names, self.iter().map(|p| *p as &dyn ToSql))
             }
         }
@@ -378,53 +463,29 @@ macro_rules! array_args {
 }
 array_args!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16);
 
-/// What PostgreSQL said, carried inside a `rusqlite::Error` (see the module documentation).
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("{message}")]
-pub struct PgFailure {
-    /// The SQLSTATE, when the server answered with one.
-    pub code: Option<String>,
-    /// What went wrong, with the statement when there was one.
-    pub message: String,
-    /// The connection is gone: nothing more can run on it.
-    pub closed: bool,
-}
-
-impl PgFailure {
-    /// A serialization failure (40001) or a deadlock (40P01): the server ended the transaction
-    /// to resolve a conflict with another, and running it again may succeed.
-    pub fn retryable(&self) -> bool {
-        matches!(self.code.as_deref(), Some("40001" | "40P01"))
-    }
-
-    /// A value the server cannot take: a data exception (class 22: a character it cannot store,
-    /// a number out of range, a text too long for its column) or a program limit (class 54: a
-    /// key too long for its index). The value is at fault, not the storage.
-    pub fn bad_value(&self) -> bool {
-        self.code.as_deref().is_some_and(|c| c.starts_with("22") || c.starts_with("54"))
-    }
-
-    /// What the server said, without the statement (which callers are never sent).
-    pub fn server_said(&self) -> &str {
-        let said = self.message.split(" in: ").next().unwrap_or(&self.message);
-        said.strip_prefix("database: ").unwrap_or(said)
+/// How the store must tell a PostgreSQL failure apart (see `DbErrorKind`), from its SQLSTATE
+/// and whether the connection is gone.
+pub fn pg_error_kind(code: Option<&str>, closed: bool) -> DbErrorKind {
+    match code {
+        Some("40001" | "40P01") => DbErrorKind::Conflict,
+        Some(c) if c.starts_with("22") || c.starts_with("54") => DbErrorKind::BadValue,
+        Some(c) if c.starts_with("23") => DbErrorKind::Constraint,
+        Some("55P03") => DbErrorKind::Busy,
+        _ if closed => DbErrorKind::Lost,
+        _ => DbErrorKind::Other,
     }
 }
 
-fn pg_error(e: tokio_postgres::Error, sql: &str) -> rusqlite::Error {
+fn pg_error(e: tokio_postgres::Error, sql: &str) -> DbError {
     let code = e.code().map(|c| c.code().to_string());
     let detail = match e.as_db_error() {
         Some(db) => format!("{} ({})", db.message(), db.code().code()),
         None => e.to_string(),
     };
-    let closed = e.is_closed();
+    let kind = pg_error_kind(code.as_deref(), e.is_closed());
     let statement = sql.split_whitespace().collect::<Vec<_>>().join(" ");
     let statement: String = statement.chars().take(160).collect();
-    rusqlite::Error::ToSqlConversionFailure(Box::new(PgFailure {
-        code,
-        message: format!("database: {detail} in: {statement}"),
-        closed,
-    }))
+    DbError::from_server(kind, detail, Some(&statement), code)
 }
 
 /// The character `PgConn` writes NUL with, since PostgreSQL's `text` cannot hold NUL: NUL is
@@ -545,8 +606,9 @@ pub const PG_CONFLICT_RETRIES: u32 = 8;
 /// a connection may be dropped anywhere, an async task included (the reader pool at shutdown).
 struct OwnRuntime(Option<tokio::runtime::Runtime>);
 
-fn closed(message: String) -> rusqlite::Error {
-    rusqlite::Error::ToSqlConversionFailure(Box::new(PgFailure { code: None, message, closed: true }))
+/// The connection is gone: `said` says how.
+fn closed(said: String) -> DbError {
+    DbError::from_server(DbErrorKind::Lost, said, None, None)
 }
 
 impl OwnRuntime {
@@ -556,16 +618,16 @@ impl OwnRuntime {
         f: F,
         wait: std::time::Duration,
         lost: &std::cell::Cell<bool>,
-    ) -> rusqlite::Result<F::Output> {
-        let Some(rt) = &self.0 else { return Err(closed("database: the connection is closed".into())) };
+    ) -> DbResult<F::Output> {
+        let Some(rt) = &self.0 else { return Err(closed("the connection is closed".into())) };
         if lost.get() {
-            return Err(closed("database: the connection was lost".into()));
+            return Err(closed("the connection was lost".into()));
         }
         match rt.block_on(async { tokio::time::timeout(wait, f).await }) {
             Ok(out) => Ok(out),
             Err(_) => {
                 lost.set(true);
-                Err(closed(format!("database: no answer within {wait:?}; the connection is taken as lost")))
+                Err(closed(format!("no answer within {wait:?}; the connection is taken as lost")))
             }
         }
     }
@@ -582,7 +644,7 @@ impl Drop for OwnRuntime {
 impl PgConn {
     /// Begins a READ COMMITTED write transaction bounded by `write_idle` and takes the record's
     /// write lock with `lock` (`pg_advisory_xact_lock` or its `_shared` form).
-    fn begin_locked(&self, lock: &str) -> rusqlite::Result<()> {
+    fn begin_locked(&self, lock: &str) -> DbResult<()> {
         // Nothing of an earlier transaction is left to send.
         self.deferred.borrow_mut().clear();
         Db::execute_batch(
@@ -643,7 +705,7 @@ impl PgConn {
     /// sent before either answer is awaited, and the server runs them in order. A failure of
     /// the deferred statements is the result (`call` then failed too: the transaction is in
     /// error).
-    fn after_deferred<T, F>(&self, call: F, sql: &str) -> rusqlite::Result<T>
+    fn after_deferred<T, F>(&self, call: F, sql: &str) -> DbResult<T>
     where
         F: std::future::Future<Output = Result<T, tokio_postgres::Error>>,
     {
@@ -657,14 +719,14 @@ impl PgConn {
         out.map_err(|e| pg_error(e, sql))
     }
 
-    fn execute(&self, p: &Prepared, values: &[Value]) -> rusqlite::Result<usize> {
+    fn execute(&self, p: &Prepared, values: &[Value]) -> DbResult<usize> {
         let params = pg_params(values);
         let params: Vec<&(dyn PgToSql + Sync)> = params.iter().map(|p| p as &(dyn PgToSql + Sync)).collect();
         let n = self.after_deferred(self.client.execute(&p.stmt, &params), &p.sql)?;
-        usize::try_from(n).map_err(|_| rusqlite::Error::IntegralValueOutOfRange(0, i64::MAX))
+        usize::try_from(n).map_err(|_| sqlite_error(rusqlite::Error::IntegralValueOutOfRange(0, i64::MAX)))
     }
 
-    fn query(&self, p: &Prepared, values: &[Value]) -> rusqlite::Result<Vec<Vec<Value>>> {
+    fn query(&self, p: &Prepared, values: &[Value]) -> DbResult<Vec<Vec<Value>>> {
         let params = pg_params(values);
         let params: Vec<&(dyn PgToSql + Sync)> = params.iter().map(|p| p as &(dyn PgToSql + Sync)).collect();
         let rows = self.after_deferred(self.client.query(&p.stmt, &params), &p.sql)?;
@@ -679,7 +741,7 @@ impl PgConn {
 }
 
 impl Db for PgConn {
-    fn prepare_cached(&self, sql: &str) -> rusqlite::Result<Stmt<'_>> {
+    fn prepare_cached(&self, sql: &str) -> DbResult<Stmt<'_>> {
         if let Some(p) = self.cache.borrow().get(sql) {
             return Ok(Stmt(Inner::Pg { conn: self, prepared: p.clone() }));
         }
@@ -694,10 +756,10 @@ impl Db for PgConn {
         cache.insert(sql.to_string(), prepared.clone());
         Ok(Stmt(Inner::Pg { conn: self, prepared }))
     }
-    fn execute_batch(&self, sql: &str) -> rusqlite::Result<()> {
+    fn execute_batch(&self, sql: &str) -> DbResult<()> {
         self.after_deferred(self.client.batch_execute(sql), sql)
     }
-    fn control(&self, sql: &str) -> rusqlite::Result<()> {
+    fn control(&self, sql: &str) -> DbResult<()> {
         if is_savepoint_statement(sql) {
             let mut deferred = self.deferred.borrow_mut();
             deferred.push_str(sql);
@@ -711,13 +773,13 @@ impl Db for PgConn {
         }
         Db::execute_batch(self, sql)
     }
-    fn begin_write(&self) -> rusqlite::Result<()> {
+    fn begin_write(&self) -> DbResult<()> {
         self.begin_locked("pg_advisory_xact_lock")
     }
-    fn begin_claims(&self) -> rusqlite::Result<()> {
+    fn begin_claims(&self) -> DbResult<()> {
         self.begin_locked("pg_advisory_xact_lock_shared")
     }
-    fn begin_read(&self) -> rusqlite::Result<()> {
+    fn begin_read(&self) -> DbResult<()> {
         self.deferred.borrow_mut().clear();
         Db::execute_batch(self, "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
     }
@@ -727,7 +789,7 @@ impl Db for PgConn {
     fn broken(&self) -> bool {
         self.lost.get() || self.client.is_closed()
     }
-    fn sqlite(&self) -> Option<&Connection> {
+    fn sqlite_file(&self) -> Option<SqliteFile<'_>> {
         None
     }
 }
@@ -1075,6 +1137,46 @@ mod tests {
         let v = args.values(&["a".to_string(), "b".to_string(), "a".to_string()]).unwrap();
         assert_eq!(v, vec![Value::Integer(1), Value::Text("x".into()), Value::Integer(1)]);
         assert!(args.values(&["c".to_string()]).is_err());
+    }
+
+    /// SQLite's failures are told apart by their code: damage, a value too big, a constraint,
+    /// a lock; everything else is `Other`.
+    #[test]
+    fn sqlite_failures_are_classified_by_their_code() {
+        let failure = |code| rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(code), None);
+        for (code, kind) in [
+            (rusqlite::ffi::SQLITE_CORRUPT, DbErrorKind::Damaged),
+            (rusqlite::ffi::SQLITE_NOTADB, DbErrorKind::Damaged),
+            (rusqlite::ffi::SQLITE_TOOBIG, DbErrorKind::BadValue),
+            (rusqlite::ffi::SQLITE_CONSTRAINT, DbErrorKind::Constraint),
+            (rusqlite::ffi::SQLITE_BUSY, DbErrorKind::Busy),
+            (rusqlite::ffi::SQLITE_IOERR, DbErrorKind::Other),
+            (rusqlite::ffi::SQLITE_FULL, DbErrorKind::Other),
+        ] {
+            let e = sqlite_error(failure(code));
+            assert_eq!(e.kind(), kind, "{code}: {e}");
+            assert_eq!(e.to_string(), failure(code).to_string(), "SQLite's own text");
+        }
+        assert_eq!(sqlite_error(rusqlite::Error::QueryReturnedNoRows).kind(), DbErrorKind::NoRows);
+    }
+
+    /// PostgreSQL's failures are told apart by their SQLSTATE, and a lost connection by itself.
+    #[test]
+    fn postgres_failures_are_classified_by_their_sqlstate() {
+        for (code, kind) in [
+            ("40001", DbErrorKind::Conflict),
+            ("40P01", DbErrorKind::Conflict),
+            ("22021", DbErrorKind::BadValue),
+            ("54000", DbErrorKind::BadValue),
+            ("23505", DbErrorKind::Constraint),
+            ("55P03", DbErrorKind::Busy),
+            ("40002", DbErrorKind::Other),
+            ("XX001", DbErrorKind::Other),
+        ] {
+            assert_eq!(pg_error_kind(Some(code), false), kind, "{code}");
+        }
+        assert_eq!(pg_error_kind(None, true), DbErrorKind::Lost);
+        assert_eq!(pg_error_kind(None, false), DbErrorKind::Other);
     }
 
     #[test]

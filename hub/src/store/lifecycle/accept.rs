@@ -23,6 +23,7 @@
 use crate::store::By;
 use crate::store::Store;
 use crate::store::engine::Db;
+use crate::store::engine::OptionalExtension;
 use crate::store::lifecycle::transition::{self, Change, adjust_backlog, record_event};
 use crate::store::{
     Actor, StoreError, StoreResult, new_id, registry::hosts, registry::members, registry::producers, state_column,
@@ -31,7 +32,7 @@ use crate::store::{
 use baton_shared::crash_point;
 use baton_shared::states::DeliveryState::{self, Failed, Held};
 use baton_shared::wire::DeliverySummary;
-use rusqlite::{OptionalExtension, named_params};
+use rusqlite::named_params;
 use sha2::{Digest, Sha256};
 
 /// Fan-out obligations startup repair takes per look.

@@ -20,13 +20,14 @@
 //! ordinary `fence lift`.
 
 use crate::store::engine::Db;
+use crate::store::engine::OptionalExtension;
 use crate::store::lifecycle::transition::{self, Change};
 use crate::store::registry::fences::{self, FenceKind, FenceScope, NewFence};
 use crate::store::registry::hosts::record_operator_event;
 use crate::store::{Actor, StoreError, StoreResult, lifecycle::accept, registry::producers};
 use baton_shared::states::DeliveryState::{self, Failed, Held, Queued};
 use baton_shared::wire::DeliverySummary;
-use rusqlite::{OptionalExtension, named_params};
+use rusqlite::named_params;
 
 use crate::store::Store;
 /// The reason a delivery awaiting approval is held with (fan-out parks it: `accept`).

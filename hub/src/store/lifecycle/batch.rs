@@ -248,11 +248,9 @@ mod tests {
     #[test]
     fn a_refused_value_fails_its_item_and_a_conflict_the_batch() {
         let server = |code: &str| {
-            StoreError::from(rusqlite::Error::ToSqlConversionFailure(Box::new(crate::store::engine::PgFailure {
-                code: Some(code.into()),
-                message: format!("database: no ({code})"),
-                closed: false,
-            })))
+            use crate::store::engine::{DbError, pg_error_kind};
+            let kind = pg_error_kind(Some(code), false);
+            StoreError::from(DbError::from_server(kind, format!("no ({code})"), None, Some(code.into())))
         };
         let db = testing::db();
         let conn = &db.conn;

@@ -42,7 +42,8 @@
 //! the part to move out when the store's modules are grouped by concern.
 
 use crate::store::Store;
-use crate::store::engine::{Db, Dialect, Row};
+use crate::store::engine::OptionalExtension;
+use crate::store::engine::{Db, DbResult, Dialect, Row};
 use crate::store::handle::Conns;
 use crate::store::lifecycle::transition::{self, Change, Holder};
 use crate::store::lifecycle::turns;
@@ -61,7 +62,7 @@ use baton_shared::states::DeliveryState::{self, *};
 use baton_shared::states::Rerun;
 use baton_shared::wire::CancelNotice;
 use baton_shared::wire::{ClaimedDelivery, TransitionResponse};
-use rusqlite::{OptionalExtension, named_params};
+use rusqlite::named_params;
 use std::collections::{HashMap, VecDeque};
 
 /// The claim of `Store::claim` (and `Store::stand_claim`): up to `max` deliveries for the
@@ -582,7 +583,7 @@ struct Head {
 }
 
 impl Head {
-    fn from_row(r: &Row<'_>) -> rusqlite::Result<Head> {
+    fn from_row(r: &Row<'_>) -> DbResult<Head> {
         Ok(Head {
             id: r.get(0)?,
             message_id: r.get(1)?,

@@ -5,6 +5,7 @@
 use crate::store::By;
 use crate::store::Store;
 use crate::store::engine::Db;
+use crate::store::engine::OptionalExtension;
 use crate::store::lifecycle::transition::{self, Change};
 use crate::store::registry::fences;
 use crate::store::registry::hosts;
@@ -13,7 +14,7 @@ use crate::store::registry::hosts::record_operator_event;
 use crate::store::registry::members;
 use crate::store::{Actor, StoreError, StoreResult, state_column};
 use baton_shared::states::DeliveryState::{self, *};
-use rusqlite::{OptionalExtension, named_params};
+use rusqlite::named_params;
 
 /// What `release` did.
 #[derive(Debug, Clone, PartialEq, Eq)]

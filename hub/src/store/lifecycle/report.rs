@@ -7,7 +7,8 @@
 //! unit tests that hold each outcome's effect (retry, breaker, replay) to SPEC §2 read together.
 
 use crate::store::Store;
-use crate::store::engine::{Db, Row};
+use crate::store::engine::OptionalExtension;
+use crate::store::engine::{Db, DbResult, Row};
 use crate::store::lifecycle::claim::NodeAt;
 use crate::store::lifecycle::transition::{self, Change, Holder};
 use crate::store::registry::sessions;
@@ -17,7 +18,7 @@ use baton_shared::crash_point;
 use baton_shared::states::{DeliveryState, Outcome, Rerun};
 use baton_shared::wire::AttemptView;
 use baton_shared::wire::ReportRequest;
-use rusqlite::{OptionalExtension, named_params};
+use rusqlite::named_params;
 use sha2::{Digest, Sha256};
 use std::time::Duration;
 
@@ -550,7 +551,7 @@ pub const ATTEMPT_COLUMNS: &str = "id, report_id, outcome, exit_code, duration_m
 
 /// Maps an attempts row (in the column order of `ATTEMPT_COLUMNS`) to its view. An outcome that does not
 /// parse, or a negative duration, is an error naming the attempt.
-pub fn attempt_row(r: &Row<'_>) -> rusqlite::Result<AttemptView> {
+pub fn attempt_row(r: &Row<'_>) -> DbResult<AttemptView> {
     let attempt_id: String = r.get(0)?;
     let duration = match r.get::<_, Option<i64>>(4)? {
         None => None,

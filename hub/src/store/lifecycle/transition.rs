@@ -174,7 +174,7 @@ pub fn record_event(
 /// Reads a delivery's current state (`None`: no such delivery; a state that does not parse is
 /// `StoreError::Corrupt`).
 pub fn state_of(conn: &dyn Db, delivery_id: &str) -> StoreResult<Option<DeliveryState>> {
-    use rusqlite::OptionalExtension;
+    use crate::store::engine::OptionalExtension;
     Ok(conn
         .prepare_cached("SELECT state FROM deliveries WHERE id = ?1")?
         .query_row([delivery_id], |r| crate::store::state_column(r, 0, "deliveries", delivery_id))

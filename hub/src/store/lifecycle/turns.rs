@@ -17,6 +17,7 @@
 use crate::store::By;
 use crate::store::Store;
 use crate::store::engine::Db;
+use crate::store::engine::OptionalExtension;
 use crate::store::lifecycle::transition::{self, Change};
 use crate::store::registry::hosts::record_operator_event;
 use crate::store::registry::sessions;
@@ -24,7 +25,7 @@ use crate::store::{Actor, StoreError, StoreResult, parse_column_opt, state_colum
 use baton_shared::states::DeliveryState::{self, *};
 use baton_shared::states::Outcome;
 use baton_shared::wire::{CancelNotice, CancelResult, StartItem, StartResult};
-use rusqlite::{OptionalExtension, named_params};
+use rusqlite::named_params;
 
 /// Which deliveries a cancel of many picks (owned; see `CancelScope`).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -17,7 +17,7 @@
 
 use crate::store::By;
 use crate::store::Store;
-use crate::store::engine::{Db, Dialect};
+use crate::store::engine::{Db, DbResult, Dialect};
 use crate::store::registry::hosts;
 use crate::store::registry::hosts::Standing;
 use crate::store::registry::hosts::record_operator_event;
@@ -423,7 +423,7 @@ pub fn queued_by_pair(
     scope: FenceScope,
     target: Option<&str>,
 ) -> StoreResult<Vec<(String, String, i64)>> {
-    fn row(r: &crate::store::engine::Row<'_>) -> rusqlite::Result<(String, String, i64)> {
+    fn row(r: &crate::store::engine::Row<'_>) -> DbResult<(String, String, i64)> {
         Ok((r.get(0)?, r.get(1)?, r.get(2)?))
     }
     let (sql, arg) = match (scope, target) {

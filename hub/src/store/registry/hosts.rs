@@ -4,11 +4,11 @@
 use crate::store::By;
 use crate::store::Store;
 use crate::store::engine::Db;
+use crate::store::engine::OptionalExtension;
 use crate::store::registry::producers;
 use crate::store::views::fleet;
 use crate::store::{StoreError, StoreResult, parse_column};
 use baton_shared::ids::Role;
-use rusqlite::OptionalExtension;
 
 /// A certificate just issued, to be recorded (owned; see `Issued`).
 #[derive(Debug, Clone)]

@@ -36,11 +36,12 @@
 use crate::store::By;
 use crate::store::Store;
 use crate::store::engine::Db;
+use crate::store::engine::OptionalExtension;
 use crate::store::registry::hosts::record_operator_event;
 use crate::store::{StoreError, StoreResult};
 use baton_shared::ids::check_name;
 use baton_shared::wire::{ConversationView, MemberView, MembershipInterval};
-use rusqlite::{OptionalExtension, named_params};
+use rusqlite::named_params;
 
 /// A membership change's direction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -15,12 +15,13 @@
 use crate::store::By;
 use crate::store::Store;
 use crate::store::engine::Db;
+use crate::store::engine::OptionalExtension;
 use crate::store::registry::hosts::record_operator_event;
 use crate::store::registry::members;
 use crate::store::{StoreError, StoreResult};
 use baton_shared::ids::{NAME_CHARS_MAX, check_name};
 use baton_shared::wire::ConversationView;
-use rusqlite::{OptionalExtension, named_params};
+use rusqlite::named_params;
 
 impl Store {
     /// Replaces the producer's approval right (`set_approvals`); returns it.

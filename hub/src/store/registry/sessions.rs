@@ -21,12 +21,13 @@
 
 use crate::store::Store;
 use crate::store::engine::Db;
+use crate::store::engine::OptionalExtension;
 use crate::store::lifecycle::claim::NodeAt;
 use crate::store::lifecycle::claim::RebindLimit;
 use crate::store::lifecycle::claim::bind_instance;
 use crate::store::registry::hosts::{self, Standing};
 use crate::store::{StoreError, StoreResult};
-use rusqlite::{OptionalExtension, named_params};
+use rusqlite::named_params;
 use std::time::Duration;
 
 impl Store {

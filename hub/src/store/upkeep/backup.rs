@@ -3,31 +3,36 @@
 //! (`facts`, `checkpoint`).
 
 use crate::store::Store;
-use crate::store::handle::sqlite_conn;
+use crate::store::engine::{Db, SqliteFile};
+use crate::store::handle::sqlite_file;
 use crate::store::{StoreError, StoreResult};
-use rusqlite::Connection;
 use std::path::Path;
 
 impl Store {
     /// A consistent copy of the record at `path`, checked.
     pub async fn backup_to(&self, path: std::path::PathBuf) -> StoreResult<()> {
-        self.conns.read(move |c| copy_to(sqlite_conn(c, "backup_to")?, &path)).await
+        self.conns.read(move |c| copy_to(sqlite_file(c, "backup_to")?, &path)).await
     }
 
     /// SQLite's full integrity check: what it found wrong (empty when nothing).
     pub async fn integrity(&self) -> StoreResult<Vec<String>> {
-        self.conns.read(|c| integrity(sqlite_conn(c, "integrity")?)).await
+        self.conns.read(|c| Ok(sqlite_file(c, "integrity")?.integrity()?)).await
     }
 
     /// What the record holds, for a restore's report (`schema_version` as found before any
     /// migration).
     pub async fn backup_facts(&self, schema_version: i64) -> StoreResult<Facts> {
-        self.conns.read(move |c| facts(sqlite_conn(c, "backup_facts")?, schema_version)).await
+        self.conns
+            .read(move |c| {
+                sqlite_file(c, "backup_facts")?;
+                facts(c, schema_version)
+            })
+            .await
     }
 
     /// Folds the write-ahead log into the database file.
     pub async fn checkpoint(&self) -> StoreResult<()> {
-        self.conns.read(|c| checkpoint(sqlite_conn(c, "checkpoint")?)).await
+        self.conns.read(|c| checkpoint(sqlite_file(c, "checkpoint")?)).await
     }
 }
 
@@ -37,7 +42,7 @@ impl Store {
 /// The copy holds every payload, so it is created readable by its owner only (mode 0600,
 /// whatever the umask), as the database itself is: the empty file is made first, exclusively,
 /// and SQLite writes into it.
-pub fn copy_to(conn: &Connection, path: &Path) -> StoreResult<()> {
+pub fn copy_to(file: SqliteFile<'_>, path: &Path) -> StoreResult<()> {
     let target = path
         .to_str()
         .ok_or_else(|| StoreError::Invalid(format!("{}: the backup path is not UTF-8", path.display())))?;
@@ -47,7 +52,7 @@ pub fn copy_to(conn: &Connection, path: &Path) -> StoreResult<()> {
             StoreError::Invalid(format!("{}: cannot create the backup file ({e}); it must not exist", path.display()))
         })?;
     }
-    let written = write_copy(conn, target, path);
+    let written = write_copy(file, target, path);
     if written.is_err() {
         // Only the file this call created, which holds nothing usable.
         let _ = std::fs::remove_file(path);
@@ -55,15 +60,9 @@ pub fn copy_to(conn: &Connection, path: &Path) -> StoreResult<()> {
     written
 }
 
-/// `VACUUM INTO` the (empty, owner-only) file at `target`, then the integrity check of the copy.
-fn write_copy(conn: &Connection, target: &str, path: &Path) -> StoreResult<()> {
-    // `VACUUM INTO` writes only the new file, which SQLite allows on a read-only connection, but
-    // `query_only` (set by `open_read`) refuses it; lift it for this one statement.
-    let query_only: bool = conn.query_row("PRAGMA query_only", [], |r| r.get(0))?;
-    conn.pragma_update(None, "query_only", false)?;
-    let copied = conn.execute("VACUUM INTO ?1", [target]);
-    conn.pragma_update(None, "query_only", query_only)?;
-    copied?;
+/// Copies into the (empty, owner-only) file at `target`, then the integrity check of the copy.
+fn write_copy(file: SqliteFile<'_>, target: &str, path: &Path) -> StoreResult<()> {
+    file.copy_into(target)?;
     let copy = crate::store::open_read(path).map_err(|e| StoreError::Storage(e.to_string()))?;
     let problems = integrity(&copy)?;
     if problems.is_empty() {
@@ -73,12 +72,11 @@ fn write_copy(conn: &Connection, target: &str, path: &Path) -> StoreResult<()> {
     }
 }
 
-/// SQLite's full `integrity_check` of the whole file: every problem it reports, none when the
-/// file is sound. Its time grows with the database; only `verify` and `backup` run it.
-pub fn integrity(conn: &Connection) -> StoreResult<Vec<String>> {
-    let mut stmt = conn.prepare("PRAGMA integrity_check")?;
-    let lines: Vec<String> = stmt.query_map([], |r| r.get(0))?.collect::<Result<_, _>>()?;
-    Ok(lines.into_iter().filter(|l| l != "ok").collect())
+/// SQLite's full `integrity_check` of the whole file `conn` reads: every problem it reports,
+/// none when the file is sound. Its time grows with the database; only `verify` and `backup`
+/// run it.
+pub fn integrity(conn: &dyn Db) -> StoreResult<Vec<String>> {
+    Ok(sqlite_file(conn, "integrity")?.integrity()?)
 }
 
 /// What a database holds, as `restore` tells the operator before and after it replaces one.
@@ -95,14 +93,15 @@ pub struct Facts {
 }
 
 /// The facts of a database (`schema_version` as the caller read it before opening for write).
-pub fn facts(conn: &Connection, schema_version: i64) -> StoreResult<Facts> {
+pub fn facts(conn: &dyn Db, schema_version: i64) -> StoreResult<Facts> {
     let (messages, newest_accepted_at_ms) =
         conn.query_row("SELECT count(*), max(accepted_at) FROM messages", [], |r| Ok((r.get(0)?, r.get(1)?)))?;
-    let last_change_at_ms = conn.query_row(
-        "SELECT max(coalesce((SELECT max(at) FROM delivery_events), 0), coalesce((SELECT max(at) FROM operator_events), 0))",
+    let (delivery_event_at, operator_event_at): (i64, i64) = conn.query_row(
+        "SELECT coalesce((SELECT max(at) FROM delivery_events), 0), coalesce((SELECT max(at) FROM operator_events), 0)",
         [],
-        |r| r.get::<_, i64>(0),
+        |r| Ok((r.get(0)?, r.get(1)?)),
     )?;
+    let last_change_at_ms = delivery_event_at.max(operator_event_at);
     Ok(Facts {
         schema_version,
         messages,
@@ -113,9 +112,8 @@ pub fn facts(conn: &Connection, schema_version: i64) -> StoreResult<Facts> {
 
 /// Folds the write-ahead log into the database file and empties it, so the file alone holds
 /// everything (before `restore` moves it).
-pub fn checkpoint(conn: &Connection) -> StoreResult<()> {
-    let busy: i64 = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get(0))?;
-    if busy != 0 {
+pub fn checkpoint(file: SqliteFile<'_>) -> StoreResult<()> {
+    if !file.checkpoint()? {
         return Err(StoreError::Storage("the write-ahead log could not be folded into the database".into()));
     }
     Ok(())
@@ -134,11 +132,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("copy.db");
         let reader = crate::store::open_read(&db.path).unwrap();
-        copy_to(&reader, &path).unwrap();
+        copy_to(reader.sqlite_file().unwrap(), &path).unwrap();
         let copy = crate::store::open_read(&path).unwrap();
         let n: i64 = copy.query_row("SELECT count(*) FROM deliveries", [], |r| r.get(0)).unwrap();
         assert_eq!(n, 1);
-        assert!(copy_to(&reader, &path).is_err(), "an existing file is never overwritten");
+        assert!(copy_to(reader.sqlite_file().unwrap(), &path).is_err(), "an existing file is never overwritten");
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600, "the backup holds every payload: owner-only, whatever the umask");

@@ -130,8 +130,8 @@ pub fn check(conn: &dyn Db) -> StoreResult<Vec<Problem>> {
     use ProblemKind::*;
     let mut out = Vec::new();
     // The file's own check is SQLite's; a PostgreSQL server checks its pages itself.
-    if let Some(file) = conn.sqlite() {
-        for line in crate::store::upkeep::backup::integrity(file)? {
+    if let Some(file) = conn.sqlite_file() {
+        for line in file.integrity()? {
             out.push(Problem { kind: Integrity, subject: "database".into(), detail: line });
         }
     }

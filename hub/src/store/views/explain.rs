@@ -9,14 +9,15 @@
 //! explain, they decide nothing.
 
 use crate::store::Store;
-use crate::store::engine::{Db, Row};
+use crate::store::engine::OptionalExtension;
+use crate::store::engine::{Db, DbResult, Row};
 use crate::store::registry::fences::{self, Fence, FenceKind, FenceScope};
 use crate::store::views::fleet::{self, HostRow, HostState};
 use crate::store::views::read::DeliveryRow;
 use crate::store::{StoreError, StoreResult, parse_column, parse_column_opt, state_column};
 use baton_shared::duration::human_ms;
 use baton_shared::states::{DeliveryState, Outcome, Rerun};
-use rusqlite::{OptionalExtension, named_params};
+use rusqlite::named_params;
 use std::collections::HashMap;
 
 impl Store {
@@ -309,7 +310,7 @@ fn behind_of(conn: &dyn Db, d: &DeliveryRow) -> StoreResult<Option<Behind>> {
     // Each candidate through its own index: the partial queued and held indexes, the small
     // `messages_retryable` for the retry barrier; only a delivered turn waiting on its node
     // (rare in a listing) reads the host's in-flight rows.
-    let row = |r: &Row<'_>| -> rusqlite::Result<(i64, Behind)> {
+    let row = |r: &Row<'_>| -> DbResult<(i64, Behind)> {
         let id: String = r.get(0)?;
         let seq: i64 = r.get(1)?;
         Ok((

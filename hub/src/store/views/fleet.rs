@@ -4,10 +4,11 @@
 //! expire. Read-only: every function here runs on a read connection.
 
 use crate::store::Store;
-use crate::store::engine::{Db, Row};
+use crate::store::engine::OptionalExtension;
+use crate::store::engine::{Db, DbResult, Row};
 use crate::store::{StoreResult, parse_column, parse_column_opt};
 use baton_shared::ids::Role;
-use rusqlite::{OptionalExtension, named_params};
+use rusqlite::named_params;
 
 impl Store {
     /// Every host.
@@ -187,7 +188,7 @@ pub struct HostDetail {
     pub events: Vec<HostEvent>,
 }
 
-fn session_row(r: &Row<'_>, first: usize, host: &str) -> rusqlite::Result<Option<SessionRow>> {
+fn session_row(r: &Row<'_>, first: usize, host: &str) -> DbResult<Option<SessionRow>> {
     let Some(session) = r.get::<_, Option<i64>>(first)? else { return Ok(None) };
     let row = format!("{host} session {session}");
     Ok(Some(SessionRow {
@@ -213,7 +214,7 @@ const HOST_SELECT: &str = "SELECT h.name, h.enrolled_at, h.retired_at, h.retired
     LEFT JOIN node_sessions s ON s.host = h.name
         AND s.session = (SELECT max(session) FROM node_sessions m WHERE m.host = h.name)";
 
-fn host_row(r: &Row<'_>) -> rusqlite::Result<HostRow> {
+fn host_row(r: &Row<'_>) -> DbResult<HostRow> {
     let name: String = r.get(0)?;
     let retired_at: Option<i64> = r.get(2)?;
     let active_certs: i64 = r.get(7)?;
@@ -318,11 +319,11 @@ pub fn host(conn: &dyn Db, name: &str) -> StoreResult<Option<HostDetail>> {
 }
 
 /// A row in the events' column order (at, action, subject, actor, reason) as a `HostEvent`.
-fn host_event(r: &Row<'_>, kind: &'static str) -> rusqlite::Result<HostEvent> {
+fn host_event(r: &Row<'_>, kind: &'static str) -> DbResult<HostEvent> {
     Ok(HostEvent { at_ms: r.get(0)?, kind, action: r.get(1)?, subject: r.get(2)?, actor: r.get(3)?, reason: r.get(4)? })
 }
 
-fn cert_row(r: &Row<'_>) -> rusqlite::Result<CertRow> {
+fn cert_row(r: &Row<'_>) -> DbResult<CertRow> {
     let serial: String = r.get(0)?;
     let revoked = match r.get::<_, Option<i64>>(5)? {
         Some(at) => Some((

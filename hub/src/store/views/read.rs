@@ -2,12 +2,13 @@
 //! history, and the status overview.
 
 use crate::store::Store;
-use crate::store::engine::{Db, Row};
+use crate::store::engine::OptionalExtension;
+use crate::store::engine::{Db, DbResult, Row};
 use crate::store::lifecycle::report::{ATTEMPT_COLUMNS, attempt_row};
 use crate::store::{ActorKind, StoreError, StoreResult, json_column, parse_column, parse_column_opt, state_column};
 use baton_shared::states::{DeliveryState, Outcome};
 use baton_shared::wire::{AttemptView, DeliveryView, MessageView};
-use rusqlite::{OptionalExtension, named_params};
+use rusqlite::named_params;
 
 impl Store {
     // ---- Reads for operators, status and metrics ----
@@ -100,7 +101,7 @@ const DELIVERY_VIEW: &str =
     FROM deliveries d JOIN messages m ON m.id = d.message_id";
 
 /// One delivery of a message view, without its attempts.
-fn delivery_view_row(r: &Row<'_>) -> rusqlite::Result<DeliveryView> {
+fn delivery_view_row(r: &Row<'_>) -> DbResult<DeliveryView> {
     let id: String = r.get(0)?;
     Ok(DeliveryView {
         host: r.get(1)?,
@@ -196,7 +197,7 @@ pub struct DeliveryRow {
 
 /// Maps a row in the listing's column order (id, message, host, conversation, seq, state,
 /// instance, reason, updated, latest outcome) to a `DeliveryRow`.
-pub(super) fn delivery_row(r: &Row<'_>) -> rusqlite::Result<DeliveryRow> {
+pub(super) fn delivery_row(r: &Row<'_>) -> DbResult<DeliveryRow> {
     let delivery_id: String = r.get(0)?;
     Ok(DeliveryRow {
         message_id: r.get(1)?,
