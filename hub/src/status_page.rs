@@ -865,7 +865,7 @@ mod tests {
             reason: SCRIPT,
         };
         fences::set(c, fence, 1).unwrap();
-        c.execute("UPDATE deliveries SET state = 'failed', reason = ?1", [SCRIPT]).unwrap();
+        c.execute("UPDATE deliveries SET state = 'failed', reason = $1", [SCRIPT]).unwrap();
         let id: String = c.query_row("SELECT id FROM deliveries", [], |r| r.get(0)).unwrap();
 
         let o = gather(c, 10_000, Duration::from_secs(60)).unwrap();
@@ -946,7 +946,7 @@ mod tests {
         {
             c.execute(
                 "INSERT INTO node_sessions (host, session, instance_id, node_version, started_at, ended_at, ended_how, last_contact_at)
-                 VALUES (?1, 1, 'inst', '1.0', ?2, ?3, CASE WHEN ?3 IS NULL THEN NULL ELSE 'clean' END, ?2)",
+                 VALUES ($1, 1, 'inst', '1.0', $2, $3, CASE WHEN $3 IS NULL THEN NULL ELSE 'clean' END, $2)",
                 rusqlite::params![host, last_contact, ended],
             )
             .unwrap();

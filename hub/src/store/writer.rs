@@ -481,7 +481,7 @@ mod tests {
             calls.push(tokio::spawn(async move {
                 w.call(move |c| {
                     c.execute(
-                        "INSERT INTO operator_events (action, subject, operator, at) VALUES ('t', ?1, 'x', ?1)",
+                        "INSERT INTO operator_events (action, subject, operator, at) VALUES ('t', $1, 'x', $1)",
                         [i],
                     )?;
                     if i % 5 == 0 { Err(StoreError::Invalid("refused".into())) } else { Ok(i) }
@@ -521,7 +521,7 @@ mod tests {
         for i in 0..40i64 {
             let w = w.clone();
             calls.push(tokio::spawn(async move {
-                w.call(move |c| Ok(c.execute("INSERT INTO writer_probe (n) VALUES (?1)", [i % 20])?)).await
+                w.call(move |c| Ok(c.execute("INSERT INTO writer_probe (n) VALUES ($1)", [i % 20])?)).await
             }));
         }
         let mut refused = 0;
@@ -666,7 +666,7 @@ mod tests {
         // A standing claim notes itself and answers what it saw of the probe.
         let stand = |host: &str, name: &'static str| {
             w.stand_claim(host.to_string(), move |c| {
-                c.execute("INSERT INTO probe (what) VALUES (?1)", [name])?;
+                c.execute("INSERT INTO probe (what) VALUES ($1)", [name])?;
                 let seen: Vec<String> = c
                     .prepare_cached("SELECT what FROM probe ORDER BY rowid")?
                     .query_map([], |r| r.get(0))?
@@ -679,7 +679,7 @@ mod tests {
             async move {
                 w.call_gaining(
                     move |c| {
-                        c.execute("INSERT INTO probe (what) VALUES (?1)", [name])?;
+                        c.execute("INSERT INTO probe (what) VALUES ($1)", [name])?;
                         if fail { Err(StoreError::Invalid("refused".into())) } else { Ok(()) }
                     },
                     move |_| hosts.iter().map(|h| h.to_string()).collect(),
@@ -792,7 +792,7 @@ mod tests {
         let path = dir.path().join("hub.db");
         let w = Writer::start(crate::store::open_write(&path, Synchronous::Normal).unwrap()).unwrap();
         let insert = |c: &dyn Db, i: i64| {
-            c.execute("INSERT INTO operator_events (action, subject, operator, at) VALUES ('t', ?1, 'x', ?1)", [i])
+            c.execute("INSERT INTO operator_events (action, subject, operator, at) VALUES ('t', $1, 'x', $1)", [i])
         };
         let (a, b, c) = tokio::join!(
             w.call(move |c| Ok(insert(c, 1)?)),

@@ -197,7 +197,7 @@ fn wait_bound(db: &dyn Db, nodes: &mut Nodes, hosts: &[String], since_ms: i64) -
         let mut bound = 0;
         for h in hosts {
             let since: Option<i64> =
-                db.query_row("SELECT instance_since FROM hosts WHERE name = ?1", [h], |r| r.get(0))?;
+                db.query_row("SELECT instance_since FROM hosts WHERE name = $1", [h], |r| r.get(0))?;
             bound += usize::from(since.is_some_and(|s| s >= since_ms));
         }
         for n in &mut nodes.0 {
@@ -240,7 +240,7 @@ fn latencies(db: &dyn Db, pass: &str) -> anyhow::Result<Vec<LatencyRow>> {
                 (SELECT min(e.at) FROM delivery_events e WHERE e.delivery_id = d.id AND e.to_state = 'claimed'),
                 (SELECT min(a.reported_at) FROM attempts a WHERE a.delivery_id = d.id)
          FROM messages m JOIN deliveries d ON d.message_id = m.id
-         WHERE m.producer = ?1 AND m.idempotency_key LIKE ?2",
+         WHERE m.producer = $1 AND m.idempotency_key LIKE $2",
     )?;
     let rows = stmt
         .query_map(rusqlite::params![PRODUCER, format!("{pass}-%")], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?

@@ -1,16 +1,19 @@
 //! `Db`: the one connection type the store's operations are written against, so that every
 //! operation's body is the same code on SQLite and on PostgreSQL.
 //!
-//! The store's modules were written for rusqlite, and `Db` keeps rusqlite's shape on purpose:
-//! `prepare_cached(sql)` gives a `Stmt` with `execute`, `query_row`, `query_map` and `exists`;
-//! parameters are rusqlite's (`[a, b]`, `params![..]`, `named_params!{..}`); a row is a `Row`
-//! whose `get` takes any `rusqlite::types::FromSql`. Errors are the engine's own `DbError`
+//! `Db` keeps rusqlite's shape: `prepare_cached(sql)` gives a `Stmt` with `execute`,
+//! `query_row`, `query_map` and `exists`; a row is a `Row` whose `get` takes any `FromSql`.
+//! Parameters are the engine's `Params` (a slice or array of one type, `params![..]` for
+//! several), numbered `$1`, `$2`, ... in the statement, as both servers accept them. Errors are the engine's own `DbError`
 //! (`error`), each backend's failures classified into the kinds the store acts on, so
 //! `.optional()` (`OptionalExtension`) and `StoreError::from` never ask which backend failed. An
 //! SQLite `Connection` is a `Db` as it is; `PgConn` is a `Db` over one PostgreSQL connection:
 //!
-//! - SQL text is written once, in the dialect both servers accept. `?N` and `:name` parameters
-//!   are rewritten to PostgreSQL's `$N` when a statement is prepared (and cached by its text).
+//! - SQL text is written once, in the dialect both servers accept, with `$N` parameters:
+//!   PostgreSQL takes them as they are; SQLite, which numbers named parameters by their first
+//!   appearance, has each bound by its name (`bind_sqlite`), never by position. Only SQLite's
+//!   scalar `max`/`min` and its planner hints are still rewritten for PostgreSQL when a
+//!   statement is prepared (and cached by its text).
 //! - Values cross as SQLite's five storage classes: a parameter is converted into whatever type
 //!   PostgreSQL inferred for its slot (`BIGINT`, `INTEGER`, `BOOLEAN`, `TEXT`, ...), and a column
 //!   is read back as an integer, real, text, blob or null (a `BOOLEAN` as 0/1, a `NUMERIC` as an
@@ -214,14 +217,14 @@ impl dyn Db + '_ {
     }
 
     /// Runs one statement, returning how many rows it changed.
-    pub fn execute<P: Args>(&self, sql: &str, params: P) -> DbResult<usize> {
+    pub fn execute<P: Params>(&self, sql: &str, params: P) -> DbResult<usize> {
         self.prepare_cached(sql)?.execute(params)
     }
 
     /// Runs one query and maps its first row (`DbErrorKind::NoRows` when it has none).
     pub fn query_row<T, P, F>(&self, sql: &str, params: P, f: F) -> DbResult<T>
     where
-        P: Args,
+        P: Params,
         F: FnOnce(&Row<'_>) -> DbResult<T>,
     {
         self.prepare_cached(sql)?.query_row(params, f)
@@ -242,31 +245,31 @@ fn no_rows() -> DbError {
 
 impl Stmt<'_> {
     /// Runs the statement, returning how many rows it changed.
-    pub fn execute<P: Args>(&mut self, params: P) -> DbResult<usize> {
+    pub fn execute<P: Params>(&mut self, params: P) -> DbResult<usize> {
         match &mut self.0 {
-            Inner::Sqlite(s) => s.execute(params).map_err(sqlite_error),
-            Inner::Pg { conn, prepared } => {
-                let values = params.values(&prepared.names)?;
-                conn.execute(prepared, &values)
+            Inner::Sqlite(s) => {
+                bind_sqlite(s, &params)?;
+                s.raw_execute().map_err(sqlite_error)
             }
+            Inner::Pg { conn, prepared } => conn.execute(prepared, &pg_values(&params)?),
         }
     }
 
     /// Runs the query and maps its first row (`DbErrorKind::NoRows` when it has none).
     pub fn query_row<T, P, F>(&mut self, params: P, f: F) -> DbResult<T>
     where
-        P: Args,
+        P: Params,
         F: FnOnce(&Row<'_>) -> DbResult<T>,
     {
         match &mut self.0 {
             Inner::Sqlite(s) => {
-                let mut rows = s.query(params).map_err(sqlite_error)?;
+                bind_sqlite(s, &params)?;
+                let mut rows = s.raw_query();
                 let first = rows.next().map_err(sqlite_error)?.ok_or_else(no_rows)?;
                 f(&Row(RowInner::Sqlite(first)))
             }
             Inner::Pg { conn, prepared } => {
-                let values = params.values(&prepared.names)?;
-                let rows = conn.query(prepared, &values)?;
+                let rows = conn.query(prepared, &pg_values(&params)?)?;
                 let first = rows.first().ok_or_else(no_rows)?;
                 f(&Row(RowInner::Pg { values: first, columns: &prepared.columns }))
             }
@@ -276,13 +279,14 @@ impl Stmt<'_> {
     /// Runs the query and maps every row, in order.
     pub fn query_map<T, P, F>(&mut self, params: P, mut f: F) -> DbResult<std::vec::IntoIter<DbResult<T>>>
     where
-        P: Args,
+        P: Params,
         F: FnMut(&Row<'_>) -> DbResult<T>,
     {
         let mut all: Vec<DbResult<T>> = Vec::new();
         match &mut self.0 {
             Inner::Sqlite(s) => {
-                let mut rows = s.query(params).map_err(sqlite_error)?;
+                bind_sqlite(s, &params)?;
+                let mut rows = s.raw_query();
                 loop {
                     match rows.next() {
                         Ok(Some(r)) => all.push(f(&Row(RowInner::Sqlite(r)))),
@@ -295,8 +299,7 @@ impl Stmt<'_> {
                 }
             }
             Inner::Pg { conn, prepared } => {
-                let values = params.values(&prepared.names)?;
-                let rows = conn.query(prepared, &values)?;
+                let rows = conn.query(prepared, &pg_values(&params)?)?;
                 all.extend(rows.iter().map(|v| f(&Row(RowInner::Pg { values: v, columns: &prepared.columns }))));
             }
         }
@@ -304,15 +307,52 @@ impl Stmt<'_> {
     }
 
     /// Whether the query returns at least one row.
-    pub fn exists<P: Args>(&mut self, params: P) -> DbResult<bool> {
+    pub fn exists<P: Params>(&mut self, params: P) -> DbResult<bool> {
         match &mut self.0 {
-            Inner::Sqlite(s) => s.exists(params).map_err(sqlite_error),
-            Inner::Pg { conn, prepared } => {
-                let values = params.values(&prepared.names)?;
-                Ok(!conn.query(prepared, &values)?.is_empty())
+            Inner::Sqlite(s) => {
+                bind_sqlite(s, &params)?;
+                Ok(s.raw_query().next().map_err(sqlite_error)?.is_some())
             }
+            Inner::Pg { conn, prepared } => Ok(!conn.query(prepared, &pg_values(&params)?)?.is_empty()),
         }
     }
+}
+
+/// Binds `params` to SQLite's statement `s` by name: `$N` takes the Nth parameter. Never by
+/// position: SQLite numbers named parameters by their first appearance, so in `... $2 ... $1`
+/// its first slot is `$2`. Every parameter given must be named by the statement.
+fn bind_sqlite<P: Params + ?Sized>(s: &mut rusqlite::Statement<'_>, params: &P) -> DbResult<()> {
+    let count = s.parameter_count();
+    if count != params.count() {
+        return Err(DbError::new(
+            DbErrorKind::Other,
+            format!("the statement takes {count} parameters ($1 to ${count}); {} were given", params.count()),
+        ));
+    }
+    for slot in 1..=count {
+        let name = s.parameter_name(slot).unwrap_or("?");
+        let arg = name.strip_prefix('$').and_then(|n| n.parse::<usize>().ok()).and_then(|n| params.arg(n));
+        let Some(arg) = arg else {
+            return Err(DbError::new(
+                DbErrorKind::Other,
+                format!("the parameter {name} is not one of $1 to ${count} (statements number their parameters $N)"),
+            ));
+        };
+        match arg {
+            Arg::Value(v) => s.raw_bind_parameter(slot, v).map_err(sqlite_error)?,
+        }
+    }
+    Ok(())
+}
+
+/// `params` as PostgreSQL takes them: the values in `$N` order.
+fn pg_values<P: Params + ?Sized>(params: &P) -> DbResult<Vec<Value>> {
+    (1..=params.count())
+        .map(|n| match params.arg(n) {
+            Some(Arg::Value(v)) => value_of(v),
+            None => Err(DbError::new(DbErrorKind::Other, format!("no parameter ${n}"))),
+        })
+        .collect()
 }
 
 /// A column's position (as rusqlite's `RowIndex`, by number only).
@@ -381,12 +421,33 @@ impl Row<'_> {
     }
 }
 
-/// Statement parameters in any of rusqlite's forms, which can also be handed to PostgreSQL.
-pub trait Args: rusqlite::Params {
-    /// The values in the order of the PostgreSQL statement's `$N` (`names` lists the named
-    /// parameters in that order; empty for positional ones).
-    fn values(&self, names: &[String]) -> DbResult<Vec<Value>>;
+/// One statement parameter, bound to the `$N` its place names.
+///
+/// Today each is one value in one of SQLite's storage classes. A set-based statement could
+/// hand PostgreSQL a whole array for one `$N` (`unnest($1)`): that would be another variant
+/// here, which each backend's binding (`bind_sqlite`, `pg_values`) must then take on.
+pub enum Arg<'a> {
+    /// One value.
+    Value(&'a dyn ToSql),
 }
+
+/// A statement's parameters: the first is `$1`, the second `$2`, and so on; every statement
+/// names each of them. A slice or an array of one type, `()` or `[]` for none, or
+/// `params![a, b, ..]` for values of several types.
+pub trait Params {
+    /// How many there are.
+    fn count(&self) -> usize;
+    /// Parameter `$n` (counted from 1), or `None` past the last.
+    fn arg(&self, n: usize) -> Option<Arg<'_>>;
+}
+
+/// Parameters of several types, `$1` first: `params![host, 3, now_ms]`.
+macro_rules! params {
+    ($($param:expr),* $(,)?) => {
+        &[$(&$param as &dyn $crate::store::engine::ToSql),*] as &[&dyn $crate::store::engine::ToSql]
+    };
+}
+pub(crate) use params;
 
 fn value_of(p: &dyn ToSql) -> DbResult<Value> {
     use rusqlite::types::ToSqlOutput;
@@ -407,61 +468,65 @@ fn owned(v: ValueRef<'_>) -> Value {
     }
 }
 
-fn positional<'a>(names: &[String], ps: impl Iterator<Item = &'a dyn ToSql>) -> DbResult<Vec<Value>> {
-    if !names.is_empty() {
-        return Err(DbError::new(DbErrorKind::Other, "positional parameters given to a statement with named ones"));
+impl Params for () {
+    fn count(&self) -> usize {
+        0
     }
-    ps.map(value_of).collect()
-}
-
-impl Args for &[&dyn ToSql] {
-    fn values(&self, names: &[String]) -> DbResult<Vec<Value>> {
-        positional(names, self.iter().copied())
+    fn arg(&self, _: usize) -> Option<Arg<'_>> {
+        None
     }
 }
 
-impl Args for [&(dyn ToSql + Send + Sync); 0] {
-    fn values(&self, names: &[String]) -> DbResult<Vec<Value>> {
-        positional(names, std::iter::empty())
+/// `[]`: no parameters (the element type a bare `[]` is inferred as).
+impl Params for [&(dyn ToSql + Send + Sync); 0] {
+    fn count(&self) -> usize {
+        0
+    }
+    fn arg(&self, _: usize) -> Option<Arg<'_>> {
+        None
     }
 }
 
-impl Args for () {
-    fn values(&self, names: &[String]) -> DbResult<Vec<Value>> {
-        positional(names, std::iter::empty())
+impl<T: ToSql> Params for [T] {
+    fn count(&self) -> usize {
+        self.len()
+    }
+    fn arg(&self, n: usize) -> Option<Arg<'_>> {
+        self.get(n.checked_sub(1)?).map(|v| Arg::Value(v))
     }
 }
 
-impl Args for &[(&str, &dyn ToSql)] {
-    fn values(&self, names: &[String]) -> DbResult<Vec<Value>> {
-        names
-            .iter()
-            .map(|name| {
-                let (_, p) = self
-                    .iter()
-                    .find(|(n, _)| n.strip_prefix(':').unwrap_or(n) == name)
-                    .ok_or_else(|| DbError::new(DbErrorKind::Other, format!("no value for the parameter :{name}")))?;
-                value_of(*p)
-            })
-            .collect()
+impl<T: ToSql> Params for Vec<T> {
+    fn count(&self) -> usize {
+        self.len()
+    }
+    fn arg(&self, n: usize) -> Option<Arg<'_>> {
+        self.as_slice().arg(n)
     }
 }
 
-macro_rules! array_args {
+impl<P: Params + ?Sized> Params for &P {
+    fn count(&self) -> usize {
+        (**self).count()
+    }
+    fn arg(&self, n: usize) -> Option<Arg<'_>> {
+        (**self).arg(n)
+    }
+}
+
+macro_rules! array_params {
     ($($n:literal)*) => {$(
-        impl<T: ToSql> Args for [T; $n] {
-            fn values(&self, names: &[String]) -> DbResult<Vec<Value>> {
-                positional(names, self.iter().map(|p| p as &dyn ToSql))
+        impl<T: ToSql> Params for [T; $n] {
+            fn count(&self) -> usize {
+                $n
             }
-        }
-        impl<T: ToSql> Args for &[&T; $n] {
-            fn values(&self, names: &[String]) -> DbResult<Vec<Value>> {
-                positional(names, self.iter().map(|p| *p as &dyn ToSql))
+            fn arg(&self, n: usize) -> Option<Arg<'_>> {
+                self.as_slice().arg(n)
             }
         }
     )*};
 }
-array_args!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16);
+array_params!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16);
 
 /// How the store must tell a PostgreSQL failure apart (see `DbErrorKind`), from its SQLSTATE
 /// and whether the connection is gone.
@@ -555,8 +620,6 @@ pub const PG_STATEMENT_CACHE_MAX: usize = 512;
 /// One statement prepared on PostgreSQL.
 pub struct Prepared {
     stmt: tokio_postgres::Statement,
-    /// The named parameters in `$N` order (empty for positional ones).
-    names: Vec<String>,
     /// The result's column names.
     columns: Vec<String>,
     /// The statement's text as PostgreSQL got it.
@@ -745,10 +808,10 @@ impl Db for PgConn {
         if let Some(p) = self.cache.borrow().get(sql) {
             return Ok(Stmt(Inner::Pg { conn: self, prepared: p.clone() }));
         }
-        let (text, names) = translate(sql);
+        let text = sqlite_hints_removed(&scalar_extremes(sql));
         let stmt = self.after_deferred(self.client.prepare(&text), &text)?;
         let columns = stmt.columns().iter().map(|c| c.name().to_string()).collect();
-        let prepared = Arc::new(Prepared { stmt, names, columns, sql: text });
+        let prepared = Arc::new(Prepared { stmt, columns, sql: text });
         let mut cache = self.cache.borrow_mut();
         if cache.len() >= PG_STATEMENT_CACHE_MAX {
             cache.clear();
@@ -801,75 +864,6 @@ fn is_savepoint_statement(sql: &str) -> bool {
     ["SAVEPOINT ", "RELEASE ", "ROLLBACK TO "]
         .iter()
         .any(|p| sql.len() >= p.len() && sql[..p.len()].eq_ignore_ascii_case(p.as_bytes()))
-}
-
-/// Rewrites SQLite's `?N`, `?` and `:name` parameters to PostgreSQL's `$N`, leaving quoted text
-/// and `::` casts alone. Returns the text and the named parameters in `$N` order.
-pub fn translate(sql: &str) -> (String, Vec<String>) {
-    let mut out = String::with_capacity(sql.len() + 8);
-    let mut names: Vec<String> = Vec::new();
-    let mut next_bare = 0usize;
-    let chars: Vec<char> = sql.chars().collect();
-    let mut i = 0;
-    while i < chars.len() {
-        let c = chars[i];
-        match c {
-            '\'' | '"' => {
-                // Quoted text or identifier, copied to its closing quote ('' and "" included).
-                out.push(c);
-                i += 1;
-                while i < chars.len() {
-                    out.push(chars[i]);
-                    if chars[i] == c {
-                        break;
-                    }
-                    i += 1;
-                }
-                i += 1;
-            }
-            '?' => {
-                let start = i + 1;
-                let mut end = start;
-                while end < chars.len() && chars[end].is_ascii_digit() {
-                    end += 1;
-                }
-                if end == start {
-                    next_bare += 1;
-                    out.push_str(&format!("${next_bare}"));
-                } else {
-                    out.push('$');
-                    out.extend(&chars[start..end]);
-                }
-                i = end;
-            }
-            ':' if i + 1 < chars.len() && chars[i + 1] == ':' => {
-                out.push_str("::");
-                i += 2;
-            }
-            ':' if i + 1 < chars.len() && (chars[i + 1].is_ascii_alphabetic() || chars[i + 1] == '_') => {
-                let start = i + 1;
-                let mut end = start;
-                while end < chars.len() && (chars[end].is_ascii_alphanumeric() || chars[end] == '_') {
-                    end += 1;
-                }
-                let name: String = chars[start..end].iter().collect();
-                let n = match names.iter().position(|x| *x == name) {
-                    Some(p) => p + 1,
-                    None => {
-                        names.push(name);
-                        names.len()
-                    }
-                };
-                out.push_str(&format!("${n}"));
-                i = end;
-            }
-            _ => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    (sqlite_hints_removed(&scalar_extremes(&out)), names)
 }
 
 /// Removes what only SQLite's planner reads: `INDEXED BY name`, and the join order `CROSS JOIN`
@@ -1106,37 +1100,52 @@ mod tests {
         assert_eq!(pg_text_unescaped(format!("a{e}b{e}")), format!("a{e}b{e}"));
     }
 
+    /// The two rewrites PostgreSQL's text still gets: SQLite's scalar `max`/`min` and its
+    /// planner hints.
     #[test]
-    fn parameters_are_rewritten_outside_quotes_and_casts() {
-        assert_eq!(translate("SELECT a FROM t WHERE x = ?1 AND y = ?2").0, "SELECT a FROM t WHERE x = $1 AND y = $2");
-        assert_eq!(translate("SELECT ? , ?").0, "SELECT $1 , $2");
-        let (sql, names) = translate("UPDATE q SET s = :t WHERE h = :h AND c = :c AND t2 = :t");
-        assert_eq!(sql, "UPDATE q SET s = $1 WHERE h = $2 AND c = $3 AND t2 = $1");
-        assert_eq!(names, ["t", "h", "c"]);
-        assert_eq!(translate("SELECT ':x', '?1', x::text FROM t").0, "SELECT ':x', '?1', x::text FROM t");
-        assert_eq!(translate("SELECT 'it''s ?1' , ?1").0, "SELECT 'it''s ?1' , $1");
+    fn scalar_extremes_and_planner_hints_are_rewritten_outside_quotes() {
+        let pg = |sql: &str| sqlite_hints_removed(&scalar_extremes(sql));
         assert_eq!(
-            translate("SELECT max(a), max(a, ?1), MIN(f(b, c), 0), maxim(x, y), 'max(1, 2)' FROM t").0,
+            pg("SELECT max(a), max(a, $1), MIN(f(b, c), 0), maxim(x, y), 'max(1, 2)' FROM t"),
             "SELECT max(a), GREATEST(a, $1), LEAST(f(b, c), 0), maxim(x, y), 'max(1, 2)' FROM t"
         );
         assert_eq!(
-            translate("SELECT 1 FROM d INDEXED BY d_by_x CROSS JOIN m ON m.id = d.m").0,
+            pg("SELECT 1 FROM d INDEXED BY d_by_x CROSS JOIN m ON m.id = d.m"),
             "SELECT 1 FROM d JOIN m ON m.id = d.m"
         );
-        assert_eq!(
-            translate("SELECT max((a), min(b, c))").0,
-            "SELECT max((a), LEAST(b, c))".replace("max((", "GREATEST((")
-        );
+        assert_eq!(pg("SELECT max((a), min(b, c))"), "SELECT GREATEST((a), LEAST(b, c))");
     }
 
+    /// `$N` is the Nth parameter on both backends, wherever it first appears (SQLite numbers
+    /// named parameters by first appearance; they are bound by name); a statement must name
+    /// every parameter it is given, and only `$N` parameters.
     #[test]
-    fn named_arguments_follow_the_statement_order() {
-        let a = 1i64;
-        let b = "x";
-        let args: &[(&str, &dyn ToSql)] = &[(":b", &b), (":a", &a)];
-        let v = args.values(&["a".to_string(), "b".to_string(), "a".to_string()]).unwrap();
-        assert_eq!(v, vec![Value::Integer(1), Value::Text("x".into()), Value::Integer(1)]);
-        assert!(args.values(&["c".to_string()]).is_err());
+    fn parameters_are_bound_by_their_number() {
+        let db = crate::store::testing::db();
+        let c = &db.conn;
+        let got: (String, i64, String) = c
+            .query_row(
+                "SELECT CAST($3 AS TEXT), CAST($1 AS BIGINT) + 1, CAST($3 AS TEXT) || CAST($2 AS TEXT)",
+                params![41i64, "b", "c"],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .unwrap();
+        assert_eq!(got, ("c".to_string(), 42, "cb".to_string()));
+        let swapped: (i64, i64) = c
+            .query_row("SELECT CAST($2 AS BIGINT), CAST($1 AS BIGINT)", [1i64, 2], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap();
+        assert_eq!(swapped, (2, 1));
+        assert!(
+            c.query_row("SELECT CAST($1 AS BIGINT)", [1i64, 2], |r| r.get::<_, i64>(0)).is_err(),
+            "$2 named nowhere"
+        );
+        assert!(c.query_row("SELECT CAST($2 AS BIGINT)", [1i64], |r| r.get::<_, i64>(0)).is_err(), "no $2 given");
+        if c.dialect() == Dialect::Sqlite {
+            for sql in ["SELECT ?1", "SELECT :x", "SELECT $x"] {
+                let e = c.query_row(sql, [1i64], |r| r.get::<_, i64>(0)).unwrap_err();
+                assert!(e.to_string().contains("$N"), "{sql}: {e}");
+            }
+        }
     }
 
     /// SQLite's failures are told apart by their code: damage, a value too big, a constraint,

@@ -24,6 +24,7 @@ use crate::store::By;
 use crate::store::Store;
 use crate::store::engine::Db;
 use crate::store::engine::OptionalExtension;
+use crate::store::engine::params;
 use crate::store::lifecycle::transition::{self, Change, adjust_backlog, record_event};
 use crate::store::{
     Actor, StoreError, StoreResult, new_id, registry::hosts, registry::members, registry::producers, state_column,
@@ -32,7 +33,6 @@ use crate::store::{
 use baton_shared::crash_point;
 use baton_shared::states::DeliveryState::{self, Failed, Held};
 use baton_shared::wire::DeliverySummary;
-use rusqlite::named_params;
 use sha2::{Digest, Sha256};
 
 /// Fan-out obligations startup repair takes per look.
@@ -236,7 +236,7 @@ pub fn accept_with_retry(
     producers::check_may_post(conn, &msg.producer, &msg.conversation)?;
     let hash = msg.content_hash_with(retry)?;
     let existing: Option<(String, i64, String)> = conn
-        .prepare_cached("SELECT id, seq, content_hash FROM messages WHERE producer = ?1 AND idempotency_key = ?2")?
+        .prepare_cached("SELECT id, seq, content_hash FROM messages WHERE producer = $1 AND idempotency_key = $2")?
         .query_row([&msg.producer, &msg.idempotency_key], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
         .optional()?;
     if let Some((message_id, seq, old_hash)) = existing {
@@ -252,7 +252,7 @@ pub fn accept_with_retry(
     let recipients = route(conn, msg)?;
     for host in &recipients {
         let waiting: i64 = conn
-            .prepare_cached("SELECT waiting FROM host_backlog WHERE host = ?1")?
+            .prepare_cached("SELECT waiting FROM host_backlog WHERE host = $1")?
             .query_row([host], |r| r.get(0))
             .optional()?
             .unwrap_or(0);
@@ -265,7 +265,7 @@ pub fn accept_with_retry(
     }
     let seq: i64 = conn
         .prepare_cached(
-            "INSERT INTO conversations (name, last_seq) VALUES (?1, 1)
+            "INSERT INTO conversations (name, last_seq) VALUES ($1, 1)
              ON CONFLICT (name) DO UPDATE SET last_seq = conversations.last_seq + 1 RETURNING last_seq",
         )?
         .query_row([&msg.conversation], |r| r.get(0))?;
@@ -273,24 +273,33 @@ pub fn accept_with_retry(
     conn.prepare_cached(
         "INSERT INTO messages (id, conversation, seq, producer, idempotency_key, content_hash, payload, accepted_at,
                                max_attempts, retry_backoff_ms, approval, approval_timeout_ms, approval_expires_at)
-         VALUES (:id, :c, :seq, :p, :k, :h, :payload, :now, :max, :backoff, :approval, :timeout, :expires)",
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
     )?
-    .execute(named_params! {
-        ":id": message_id, ":c": msg.conversation, ":seq": seq, ":p": msg.producer, ":k": msg.idempotency_key,
-        ":h": hash, ":payload": msg.payload, ":now": now_ms, ":max": retry.max_attempts.unwrap_or(1),
-        ":backoff": retry.retry_backoff_ms.map(|ms| ms as i64),
-        ":approval": if retry.approval_required { "required" } else { "none" },
-        ":timeout": retry.approval_timeout_ms.filter(|_| retry.approval_required).map(|ms| ms as i64),
-        ":expires": retry.approval_timeout_ms.filter(|_| retry.approval_required)
-            .map(|ms| now_ms.saturating_add(i64::try_from(ms).unwrap_or(i64::MAX))),
-    })?;
+    .execute(params![
+        message_id,
+        msg.conversation,
+        seq,
+        msg.producer,
+        msg.idempotency_key,
+        hash,
+        msg.payload,
+        now_ms,
+        retry.max_attempts.unwrap_or(1),
+        retry.retry_backoff_ms.map(|ms| ms as i64),
+        if retry.approval_required { "required" } else { "none" },
+        retry.approval_timeout_ms.filter(|_| retry.approval_required).map(|ms| ms as i64),
+        retry
+            .approval_timeout_ms
+            .filter(|_| retry.approval_required)
+            .map(|ms| now_ms.saturating_add(i64::try_from(ms).unwrap_or(i64::MAX)))
+    ])?;
     crash_point("hub.accept.after_message_insert");
-    let mut route = conn.prepare_cached("INSERT INTO message_recipients (message_id, host) VALUES (?1, ?2)")?;
+    let mut route = conn.prepare_cached("INSERT INTO message_recipients (message_id, host) VALUES ($1, $2)")?;
     for host in &recipients {
         route.execute([&message_id, host])?;
     }
-    conn.prepare_cached("INSERT INTO fanout_obligations (message_id, created_at) VALUES (?1, ?2)")?
-        .execute(rusqlite::params![message_id, now_ms])?;
+    conn.prepare_cached("INSERT INTO fanout_obligations (message_id, created_at) VALUES ($1, $2)")?
+        .execute(params![message_id, now_ms])?;
     crash_point("hub.accept.before_commit");
     Ok(Accepted::New { message_id, seq })
 }
@@ -361,18 +370,18 @@ fn check_recipient(conn: &dyn Db, index: usize, host: &str) -> StoreResult<()> {
 /// Idempotent. Returns the message's deliveries.
 pub fn fan_out(conn: &dyn Db, message_id: &str, now_ms: i64) -> StoreResult<Vec<DeliverySummary>> {
     let pending: Option<Option<i64>> = conn
-        .prepare_cached("SELECT done_at FROM fanout_obligations WHERE message_id = ?1")?
+        .prepare_cached("SELECT done_at FROM fanout_obligations WHERE message_id = $1")?
         .query_row([message_id], |r| r.get(0))
         .optional()?;
     if let Some(None) = pending {
         crash_point("hub.fanout.before_first");
         let (conversation, seq): (String, i64) = conn
-            .prepare_cached("SELECT conversation, seq FROM messages WHERE id = ?1")?
+            .prepare_cached("SELECT conversation, seq FROM messages WHERE id = $1")?
             .query_row([message_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
         let missing: Vec<String> = conn
             .prepare_cached(
                 "SELECT r.host FROM message_recipients r
-                 WHERE r.message_id = ?1
+                 WHERE r.message_id = $1
                    AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.message_id = r.message_id AND d.host = r.host)
                  ORDER BY r.host",
             )?
@@ -385,9 +394,9 @@ pub fn fan_out(conn: &dyn Db, message_id: &str, now_ms: i64) -> StoreResult<Vec<
             let id = new_id();
             conn.prepare_cached(
                 "INSERT INTO deliveries (id, message_id, host, conversation, seq, state, created_at, updated_at)
-                 VALUES (:id, :m, :h, :c, :seq, 'queued', :now, :now)",
+                 VALUES ($1, $2, $3, $4, $5, 'queued', $6, $6)",
             )?
-            .execute(named_params! {":id": id, ":m": message_id, ":h": host, ":c": conversation, ":seq": seq, ":now": now_ms})?;
+            .execute(params![id, message_id, host, conversation, seq, now_ms])?;
             record_event(conn, &id, None, DeliveryState::Queued, &hub, None, Some("fan-out"), now_ms)?;
             adjust_backlog(conn, host, 1)?;
             if host_retired(conn, host)? {
@@ -414,8 +423,8 @@ pub fn fan_out(conn: &dyn Db, message_id: &str, now_ms: i64) -> StoreResult<Vec<
             crash_point("hub.fanout.after_k");
         }
         crash_point("hub.fanout.before_mark_done");
-        conn.prepare_cached("UPDATE fanout_obligations SET done_at = ?2 WHERE message_id = ?1 AND done_at IS NULL")?
-            .execute(rusqlite::params![message_id, now_ms])?;
+        conn.prepare_cached("UPDATE fanout_obligations SET done_at = $2 WHERE message_id = $1 AND done_at IS NULL")?
+            .execute(params![message_id, now_ms])?;
     }
     deliveries_of(conn, message_id)
 }
@@ -427,7 +436,7 @@ pub const APPROVAL_REQUIRED: &str = "approval required";
 /// approval was already refused, or `None` (queued) when the message needs none or was approved.
 fn parking(conn: &dyn Db, message_id: &str) -> StoreResult<Option<(DeliveryState, String)>> {
     let row: Option<(String, Option<String>, Option<String>)> = conn
-        .prepare_cached("SELECT approval, approval_decision, approval_reason FROM messages WHERE id = ?1")?
+        .prepare_cached("SELECT approval, approval_decision, approval_reason FROM messages WHERE id = $1")?
         .query_row([message_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
         .optional()?;
     Ok(match row {
@@ -448,7 +457,7 @@ fn host_retired(conn: &dyn Db, host: &str) -> StoreResult<bool> {
 /// The deliveries of one message, by host.
 pub fn deliveries_of(conn: &dyn Db, message_id: &str) -> StoreResult<Vec<DeliverySummary>> {
     let rows = conn
-        .prepare_cached("SELECT id, host, state FROM deliveries WHERE message_id = ?1 ORDER BY host")?
+        .prepare_cached("SELECT id, host, state FROM deliveries WHERE message_id = $1 ORDER BY host")?
         .query_map([message_id], |r| {
             let delivery_id: String = r.get(0)?;
             Ok(DeliverySummary { state: state_column(r, 2, "deliveries", &delivery_id)?, delivery_id, host: r.get(1)? })
@@ -462,7 +471,7 @@ pub fn pending_obligations(conn: &dyn Db, limit: usize) -> StoreResult<Vec<Strin
     let ids = conn
         .prepare_cached(
             "SELECT o.message_id FROM fanout_obligations o JOIN messages m ON m.id = o.message_id
-             WHERE o.done_at IS NULL ORDER BY m.accepted_at, m.id LIMIT ?1",
+             WHERE o.done_at IS NULL ORDER BY m.accepted_at, m.id LIMIT $1",
         )?
         .query_map([limit as i64], |r| r.get(0))?
         .collect::<Result<_, _>>()?;
@@ -541,7 +550,7 @@ mod tests {
         assert!(matches!(accept(&db.conn, &m, BIG, 2), Err(StoreError::IdempotencyConflict(_))));
         let stored: (u32, Option<i64>) = db
             .conn
-            .query_row("SELECT max_attempts, retry_backoff_ms FROM messages WHERE id = ?1", [&message_id], |r| {
+            .query_row("SELECT max_attempts, retry_backoff_ms FROM messages WHERE id = $1", [&message_id], |r| {
                 Ok((r.get(0)?, r.get(1)?))
             })
             .unwrap();

@@ -21,13 +21,13 @@
 
 use crate::store::engine::Db;
 use crate::store::engine::OptionalExtension;
+use crate::store::engine::params;
 use crate::store::lifecycle::transition::{self, Change};
 use crate::store::registry::fences::{self, FenceKind, FenceScope, NewFence};
 use crate::store::registry::hosts::record_operator_event;
 use crate::store::{Actor, StoreError, StoreResult, lifecycle::accept, registry::producers};
 use baton_shared::states::DeliveryState::{self, Failed, Held, Queued};
 use baton_shared::wire::DeliverySummary;
-use rusqlite::named_params;
 
 use crate::store::Store;
 /// The reason a delivery awaiting approval is held with (fan-out parks it: `accept`).
@@ -156,7 +156,7 @@ pub fn awaits_approval(conn: &dyn Db, delivery_id: &str) -> StoreResult<bool> {
     Ok(conn
         .prepare_cached(
             "SELECT EXISTS (SELECT 1 FROM deliveries d JOIN messages m ON m.id = d.message_id
-             WHERE d.id = ?1 AND d.state = 'held' AND m.approval = 'required' AND m.approval_decision IS NULL)",
+             WHERE d.id = $1 AND d.state = 'held' AND m.approval = 'required' AND m.approval_decision IS NULL)",
         )?
         .query_row([delivery_id], |r| r.get(0))?)
 }
@@ -166,8 +166,8 @@ pub fn awaits_approval(conn: &dyn Db, delivery_id: &str) -> StoreResult<bool> {
 pub fn message_of(conn: &dyn Db, id: &str) -> StoreResult<Option<String>> {
     Ok(conn
         .prepare_cached(
-            "SELECT id FROM messages WHERE id = ?1
-             UNION ALL SELECT message_id FROM deliveries WHERE id = ?1 LIMIT 1",
+            "SELECT id FROM messages WHERE id = $1
+             UNION ALL SELECT message_id FROM deliveries WHERE id = $1 LIMIT 1",
         )?
         .query_row([id], |r| r.get(0))
         .optional()?)
@@ -190,7 +190,7 @@ pub fn check_may_approve(conn: &dyn Db, producer: &str, conversation: &str) -> S
 /// The held deliveries of a message awaiting its approval, in queue order.
 fn held_awaiting(conn: &dyn Db, message_id: &str) -> StoreResult<Vec<String>> {
     Ok(conn
-        .prepare_cached("SELECT id FROM deliveries WHERE message_id = ?1 AND state = 'held' ORDER BY n")?
+        .prepare_cached("SELECT id FROM deliveries WHERE message_id = $1 AND state = 'held' ORDER BY n")?
         .query_map([message_id], |r| r.get(0))?
         .collect::<Result<_, _>>()?)
 }
@@ -206,11 +206,11 @@ fn record_decision(
 ) -> StoreResult<()> {
     let n = conn
         .prepare_cached(
-            "UPDATE messages SET approval_decision = :d, approval_decided_at = :now, approval_decided_by = :by,
-                    approval_reason = :why
-             WHERE id = :id AND approval = 'required' AND approval_decision IS NULL",
+            "UPDATE messages SET approval_decision = $1, approval_decided_at = $2, approval_decided_by = $3,
+                    approval_reason = $4
+             WHERE id = $5 AND approval = 'required' AND approval_decision IS NULL",
         )?
-        .execute(named_params! {":d": decision, ":now": now_ms, ":by": by, ":why": reason, ":id": message_id})?;
+        .execute(params![decision, now_ms, by, reason, message_id])?;
     if n != 1 {
         return Err(StoreError::InvalidTransition(format!("message {message_id} is not awaiting approval")));
     }
@@ -250,7 +250,7 @@ pub fn decide(
 ) -> StoreResult<Decided> {
     let row: Option<(String, String, Option<String>, Option<String>)> = conn
         .prepare_cached(
-            "SELECT conversation, approval, approval_decision, approval_decided_by FROM messages WHERE id = ?1",
+            "SELECT conversation, approval, approval_decision, approval_decided_by FROM messages WHERE id = $1",
         )?
         .query_row([message_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
         .optional()?;
@@ -308,10 +308,10 @@ pub fn expire(conn: &dyn Db, now_ms: i64) -> StoreResult<Vec<String>> {
     let due: Vec<(String, i64)> = conn
         .prepare_cached(
             "SELECT id, approval_timeout_ms FROM messages
-             WHERE approval = 'required' AND approval_decision IS NULL AND approval_expires_at <= ?1
-             ORDER BY approval_expires_at, id LIMIT ?2",
+             WHERE approval = 'required' AND approval_decision IS NULL AND approval_expires_at <= $1
+             ORDER BY approval_expires_at, id LIMIT $2",
         )?
-        .query_map(rusqlite::params![now_ms, EXPIRE_BATCH_MAX], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .query_map(params![now_ms, EXPIRE_BATCH_MAX], |r| Ok((r.get(0)?, r.get(1)?)))?
         .collect::<Result<_, _>>()?;
     let hub = Actor::hub();
     for (id, timeout_ms) in &due {
@@ -365,20 +365,20 @@ pub fn count_outcome(
         return Ok(None);
     }
     if succeeded {
-        conn.prepare_cached("DELETE FROM breaker_counts WHERE conversation = ?1")?.execute([conversation])?;
+        conn.prepare_cached("DELETE FROM breaker_counts WHERE conversation = $1")?.execute([conversation])?;
         return Ok(None);
     }
     let failures: i64 = conn
         .prepare_cached(
-            "INSERT INTO breaker_counts AS t (conversation, failures, updated_at) VALUES (?1, 1, ?2)
-             ON CONFLICT (conversation) DO UPDATE SET failures = t.failures + 1, updated_at = ?2 RETURNING failures",
+            "INSERT INTO breaker_counts AS t (conversation, failures, updated_at) VALUES ($1, 1, $2)
+             ON CONFLICT (conversation) DO UPDATE SET failures = t.failures + 1, updated_at = $2 RETURNING failures",
         )?
-        .query_row(rusqlite::params![conversation, now_ms], |r| r.get(0))?;
+        .query_row(params![conversation, now_ms], |r| r.get(0))?;
     let failures = u32::try_from(failures).unwrap_or(u32::MAX);
     if failures < limit {
         return Ok(None);
     }
-    conn.prepare_cached("DELETE FROM breaker_counts WHERE conversation = ?1")?.execute([conversation])?;
+    conn.prepare_cached("DELETE FROM breaker_counts WHERE conversation = $1")?.execute([conversation])?;
     if fences::active_same(conn, FenceKind::Hold, FenceScope::Conversation, Some(conversation))?.is_some() {
         return Ok(None);
     }
@@ -433,7 +433,7 @@ mod tests {
     }
 
     fn delivery(conn: &dyn Db, message_id: &str) -> (String, String, Option<String>) {
-        conn.query_row("SELECT id, state, reason FROM deliveries WHERE message_id = ?1", [message_id], |r| {
+        conn.query_row("SELECT id, state, reason FROM deliveries WHERE message_id = $1", [message_id], |r| {
             Ok((r.get(0)?, r.get(1)?, r.get(2)?))
         })
         .unwrap()
@@ -460,7 +460,7 @@ mod tests {
         assert_eq!(seqs(&claim::claim(c, "host-a", "i", 10, 5).unwrap()), [1, 2], "in order, after the approval");
         let events: i64 = c
             .query_row(
-                "SELECT count(*) FROM delivery_events WHERE delivery_id = ?1 AND actor = 'op'
+                "SELECT count(*) FROM delivery_events WHERE delivery_id = $1 AND actor = 'op'
                    AND reason = 'approved by operator:op: looks fine'",
                 [&d1],
                 |r| r.get(0),
@@ -470,7 +470,7 @@ mod tests {
         let audit: i64 = c
             .query_row(
                 "SELECT count(*) FROM operator_events WHERE action = 'message_approve' AND operator = 'operator:op'
-                   AND reason = 'looks fine' AND subject = ?1",
+                   AND reason = 'looks fine' AND subject = $1",
                 [format!("message {first}")],
                 |r| r.get(0),
             )
@@ -535,7 +535,7 @@ mod tests {
         assert!(reason.unwrap().contains("approval_timeout_ms = 500"));
         assert_eq!(next_expiry(c).unwrap(), None);
         let by: String =
-            c.query_row("SELECT approval_decided_by FROM messages WHERE id = ?1", [&m], |r| r.get(0)).unwrap();
+            c.query_row("SELECT approval_decided_by FROM messages WHERE id = $1", [&m], |r| r.get(0)).unwrap();
         assert_eq!(by, "hub");
     }
 

@@ -189,7 +189,7 @@ mod tests {
         conn.execute_batch("CREATE TEMP TABLE batch_probe (n INTEGER)").unwrap();
         conn.begin_write().unwrap();
         let results = each(conn, [1, 2, 3], |c, n| {
-            c.execute("INSERT INTO batch_probe (n) VALUES (?1)", [n])?;
+            c.execute("INSERT INTO batch_probe (n) VALUES ($1)", [n])?;
             if n == 2 { Err(StoreError::StaleClaim(format!("item {n}"))) } else { Ok(n) }
         })
         .unwrap();
@@ -210,7 +210,7 @@ mod tests {
         let mut seen = Vec::new();
         let r = each(conn, [1, 2, 3], |c, n| {
             seen.push(n);
-            c.execute("INSERT INTO batch_probe (n) VALUES (?1)", [n])?;
+            c.execute("INSERT INTO batch_probe (n) VALUES ($1)", [n])?;
             if n == 2 { Err(StoreError::Storage("disk full".into())) } else { Ok(n) }
         });
         assert!(matches!(r, Err(StoreError::Storage(_))));
@@ -228,7 +228,7 @@ mod tests {
         conn.execute_batch("CREATE TEMP TABLE batch_probe (n INTEGER UNIQUE)").unwrap();
         conn.begin_write().unwrap();
         let results =
-            each(conn, [1, 2, 2, 3], |c, n| match c.execute("INSERT INTO batch_probe (n) VALUES (?1)", [n]) {
+            each(conn, [1, 2, 2, 3], |c, n| match c.execute("INSERT INTO batch_probe (n) VALUES ($1)", [n]) {
                 Ok(_) => Ok(n),
                 Err(e) => Err(StoreError::InvalidTransition(format!("item {n}: {e}"))),
             })
@@ -257,7 +257,7 @@ mod tests {
         conn.execute_batch("CREATE TEMP TABLE batch_probe (n INTEGER)").unwrap();
         conn.begin_write().unwrap();
         let results = each(conn, [1, 2, 3], |c, n| {
-            c.execute("INSERT INTO batch_probe (n) VALUES (?1)", [n])?;
+            c.execute("INSERT INTO batch_probe (n) VALUES ($1)", [n])?;
             if n == 2 { Err(server("22021")) } else { Ok(n) }
         })
         .unwrap();

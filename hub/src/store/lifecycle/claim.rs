@@ -43,6 +43,7 @@
 
 use crate::store::Store;
 use crate::store::engine::OptionalExtension;
+use crate::store::engine::params;
 use crate::store::engine::{Db, DbResult, Dialect, Row};
 use crate::store::handle::Conns;
 use crate::store::lifecycle::transition::{self, Change, Holder};
@@ -62,7 +63,6 @@ use baton_shared::states::DeliveryState::{self, *};
 use baton_shared::states::Rerun;
 use baton_shared::wire::CancelNotice;
 use baton_shared::wire::{ClaimedDelivery, TransitionResponse};
-use rusqlite::named_params;
 use std::collections::{HashMap, VecDeque};
 
 /// The claim of `Store::claim` (and `Store::stand_claim`): up to `max` deliveries for the
@@ -311,19 +311,19 @@ fn host_row(conn: &dyn Db, host: &str, instance_id: &str) -> StoreResult<Option<
         Ok(conn.prepare_cached(sql)?.query_row([host], |r| Ok((r.get(0)?, r.get(1)?))).optional()?)
     };
     if conn.dialect() == Dialect::Sqlite {
-        return read("SELECT instance_id, retired_at FROM hosts WHERE name = ?1");
+        return read("SELECT instance_id, retired_at FROM hosts WHERE name = $1");
     }
-    match read("SELECT instance_id, retired_at FROM hosts WHERE name = ?1 FOR SHARE")? {
+    match read("SELECT instance_id, retired_at FROM hosts WHERE name = $1 FOR SHARE")? {
         Some((bound, None)) if bound.as_deref() == Some(instance_id) => Ok(Some((bound, None))),
         None => Ok(None),
-        Some(_) => read("SELECT instance_id, retired_at FROM hosts WHERE name = ?1 FOR UPDATE"),
+        Some(_) => read("SELECT instance_id, retired_at FROM hosts WHERE name = $1 FOR UPDATE"),
     }
 }
 
 /// A retired host's claim: its queued work fails (`host retired`).
 fn fail_retired_work(conn: &dyn Db, host: &str, now_ms: i64) -> StoreResult<()> {
     let ids: Vec<String> = conn
-        .prepare_cached("SELECT id FROM deliveries WHERE host = ?1 AND state = 'queued'")?
+        .prepare_cached("SELECT id FROM deliveries WHERE host = $1 AND state = 'queued'")?
         .query_map([host], |r| r.get(0))?
         .collect::<Result<_, _>>()?;
     for id in ids {
@@ -346,7 +346,7 @@ fn fail_retired_work(conn: &dyn Db, host: &str, now_ms: i64) -> StoreResult<()> 
 pub fn holding_count(conn: &dyn Db, host: &str, instance_id: &str) -> StoreResult<i64> {
     Ok(conn
         .prepare_cached(
-            "SELECT count(*) FROM deliveries d WHERE d.host = ?1 AND d.instance_id = ?2
+            "SELECT count(*) FROM deliveries d WHERE d.host = $1 AND d.instance_id = $2
                AND (d.state IN ('claimed', 'mirrored')
                     OR (d.state = 'delivered' AND NOT EXISTS (
                         SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)))",
@@ -381,7 +381,7 @@ pub(crate) fn bind_instance(
     now_ms: i64,
 ) -> StoreResult<()> {
     let bound: Option<String> =
-        conn.prepare_cached("SELECT instance_id FROM hosts WHERE name = ?1")?.query_row([host], |r| r.get(0))?;
+        conn.prepare_cached("SELECT instance_id FROM hosts WHERE name = $1")?.query_row([host], |r| r.get(0))?;
     bind_over(conn, host, instance_id, bound, rebind, now_ms)
 }
 
@@ -410,9 +410,9 @@ fn bind_over(
     let since = now_ms.saturating_sub(rebind.window.as_millis() as i64);
     let recent: i64 = conn
         .prepare_cached(
-            "SELECT count(*) FROM operator_events WHERE action = 'bind_instance' AND subject = ?1 AND at > ?2",
+            "SELECT count(*) FROM operator_events WHERE action = 'bind_instance' AND subject = $1 AND at > $2",
         )?
-        .query_row(rusqlite::params![host, since], |r| r.get(0))?;
+        .query_row(params![host, since], |r| r.get(0))?;
     if recent >= rebind.max {
         return Err(StoreError::OverCapacity(format!(
             "host {host} changed its node instance {recent} times in the last {}s; at most {} are allowed \
@@ -422,12 +422,15 @@ fn bind_over(
             rebind.max
         )));
     }
-    conn.prepare_cached("UPDATE hosts SET instance_id = ?2, instance_since = ?3 WHERE name = ?1")?
-        .execute(rusqlite::params![host, instance_id, now_ms])?;
+    conn.prepare_cached("UPDATE hosts SET instance_id = $2, instance_since = $3 WHERE name = $1")?.execute(params![
+        host,
+        instance_id,
+        now_ms
+    ])?;
     conn.prepare_cached(
-        "INSERT INTO operator_events (action, subject, operator, reason, at) VALUES ('bind_instance', ?1, 'hub', ?2, ?3)",
+        "INSERT INTO operator_events (action, subject, operator, reason, at) VALUES ('bind_instance', $1, 'hub', $2, $3)",
     )?
-    .execute(rusqlite::params![
+    .execute(params![
         host,
         format!("instance {instance_id} replaces {}", bound.as_deref().unwrap_or("none")),
         now_ms
@@ -471,7 +474,7 @@ pub fn claim_as(conn: &dyn Db, who: Claimant<'_>, max: u32, now_ms: i64) -> Stor
     let (host, instance_id) = (who.host, who.instance_id);
     if let Some(serial) = who.serial {
         let revoked: Option<bool> = conn
-            .prepare_cached("SELECT revoked_at IS NOT NULL FROM certificates WHERE serial = ?1")?
+            .prepare_cached("SELECT revoked_at IS NOT NULL FROM certificates WHERE serial = $1")?
             .query_row([serial], |r| r.get(0))
             .optional()?;
         if revoked != Some(false) {
@@ -509,7 +512,7 @@ pub fn claim_as(conn: &dyn Db, who: Claimant<'_>, max: u32, now_ms: i64) -> Stor
 pub fn worth_claiming(conn: &dyn Db, who: Claimant<'_>, now_ms: i64) -> StoreResult<bool> {
     if let Some(serial) = who.serial {
         let revoked: Option<bool> = conn
-            .prepare_cached("SELECT revoked_at IS NOT NULL FROM certificates WHERE serial = ?1")?
+            .prepare_cached("SELECT revoked_at IS NOT NULL FROM certificates WHERE serial = $1")?
             .query_row([serial], |r| r.get(0))
             .optional()?;
         if revoked != Some(false) {
@@ -517,7 +520,7 @@ pub fn worth_claiming(conn: &dyn Db, who: Claimant<'_>, now_ms: i64) -> StoreRes
         }
     }
     let bound: Option<(Option<String>, Option<i64>)> = conn
-        .prepare_cached("SELECT instance_id, retired_at FROM hosts WHERE name = ?1")?
+        .prepare_cached("SELECT instance_id, retired_at FROM hosts WHERE name = $1")?
         .query_row([who.host], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?;
     let Some((bound, retired)) = bound else {
@@ -528,10 +531,10 @@ pub fn worth_claiming(conn: &dyn Db, who: Claimant<'_>, now_ms: i64) -> StoreRes
     }
     let due: bool = conn
         .prepare_cached(
-            "SELECT EXISTS (SELECT 1 FROM deliveries WHERE host = ?1 AND state = 'queued'
-                              AND (not_before IS NULL OR not_before <= ?2 OR rerun = 'redrive'))",
+            "SELECT EXISTS (SELECT 1 FROM deliveries WHERE host = $1 AND state = 'queued'
+                              AND (not_before IS NULL OR not_before <= $2 OR rerun = 'redrive'))",
         )?
-        .query_row(rusqlite::params![who.host, now_ms], |r| r.get(0))?;
+        .query_row(params![who.host, now_ms], |r| r.get(0))?;
     if !due {
         return Ok(false);
     }
@@ -548,14 +551,14 @@ const CLAIM_TURNS_CHUNK: i64 = 64;
 
 /// The host's conversation queues with work, least recently served first, after a position.
 const QUEUES: &str = "SELECT served, since, conversation FROM conversation_queues
-     WHERE host = :h AND queued > 0 AND (served, since, conversation) > (:s, :n, :c)
-     ORDER BY served, since, conversation LIMIT :limit";
+     WHERE host = $1 AND queued > 0 AND (served, since, conversation) > ($2, $3, $4)
+     ORDER BY served, since, conversation LIMIT $5";
 
 /// `QUEUES` on PostgreSQL: each queue returned is locked until the claim commits, and one that
 /// another claim of the host holds is skipped (see the module's "claims at once").
 const QUEUES_SKIP_LOCKED: &str = "SELECT served, since, conversation FROM conversation_queues
-     WHERE host = :h AND queued > 0 AND (served, since, conversation) > (:s, :n, :c)
-     ORDER BY served, since, conversation LIMIT :limit FOR UPDATE SKIP LOCKED";
+     WHERE host = $1 AND queued > 0 AND (served, since, conversation) > ($2, $3, $4)
+     ORDER BY served, since, conversation LIMIT $5 FOR UPDATE SKIP LOCKED";
 
 /// What one turn of a conversation in a claim came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -629,7 +632,7 @@ impl<'a> Scan<'a> {
         // The newest tick among the queues with work (read backwards along the index).
         let tick: i64 = conn
             .prepare_cached(
-                "SELECT served FROM conversation_queues WHERE host = ?1 AND queued > 0
+                "SELECT served FROM conversation_queues WHERE host = $1 AND queued > 0
                  ORDER BY served DESC, since DESC, conversation DESC LIMIT 1",
             )?
             .query_row([host], |r| r.get(0))
@@ -686,12 +689,9 @@ impl<'a> Scan<'a> {
                     Dialect::Sqlite => QUEUES,
                     Dialect::Postgres => QUEUES_SKIP_LOCKED,
                 })?
-                .query_map(
-                    named_params! {
-                        ":h": self.host, ":s": after.0, ":n": after.1, ":c": after.2, ":limit": self.chunk(),
-                    },
-                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-                )?
+                .query_map(params![self.host, after.0, after.1, after.2, self.chunk()], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                })?
                 .collect::<Result<_, _>>()?;
             if queues.is_empty() {
                 break;
@@ -736,9 +736,9 @@ impl<'a> Scan<'a> {
     fn finish(self) -> StoreResult<Vec<ClaimedDelivery>> {
         let mut stmt = self
             .conn
-            .prepare_cached("UPDATE conversation_queues SET served = :t WHERE host = :h AND conversation = :c")?;
+            .prepare_cached("UPDATE conversation_queues SET served = $1 WHERE host = $2 AND conversation = $3")?;
         for (conversation, tick) in &self.turned {
-            stmt.execute(named_params! {":t": tick, ":h": self.host, ":c": conversation})?;
+            stmt.execute(params![tick, self.host, conversation])?;
         }
         Ok(self.out)
     }
@@ -749,10 +749,10 @@ impl<'a> Scan<'a> {
             .conn
             .prepare_cached(
                 "SELECT id, message_id, seq, not_before, rerun FROM deliveries
-                 WHERE host = :h AND conversation = :c AND state = 'queued' AND seq > :s
+                 WHERE host = $1 AND conversation = $2 AND state = 'queued' AND seq > $3
                  ORDER BY seq LIMIT 1",
             )?
-            .query_row(named_params! {":h": self.host, ":c": conversation, ":s": seq}, Head::from_row)
+            .query_row(params![self.host, conversation, seq], Head::from_row)
             .optional()?)
     }
 
@@ -762,10 +762,10 @@ impl<'a> Scan<'a> {
             .conn
             .prepare_cached(
                 "SELECT id, message_id, seq, not_before, rerun FROM deliveries
-                 WHERE host = :h AND conversation = :c AND state = 'queued' AND rerun = 'redrive'
+                 WHERE host = $1 AND conversation = $2 AND state = 'queued' AND rerun = 'redrive'
                  ORDER BY seq LIMIT 1",
             )?
-            .query_row(named_params! {":h": self.host, ":c": conversation}, Head::from_row)
+            .query_row(params![self.host, conversation], Head::from_row)
             .optional()?)
     }
 
@@ -780,14 +780,14 @@ impl<'a> Scan<'a> {
             .conn
             .prepare_cached(
                 "SELECT EXISTS (
-                    SELECT 1 FROM messages m JOIN deliveries d ON d.message_id = m.id AND d.host = :h
-                    WHERE m.conversation = :c AND m.seq < :s AND m.max_attempts > 1
+                    SELECT 1 FROM messages m JOIN deliveries d ON d.message_id = m.id AND d.host = $1
+                    WHERE m.conversation = $2 AND m.seq < $3 AND m.max_attempts > 1
                       AND d.state IN ('claimed', 'mirrored', 'delivered')
                       AND (d.rerun IS NULL OR d.rerun <> 'redrive')
                       AND (d.state <> 'delivered' OR NOT EXISTS (
                             SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)))",
             )?
-            .query_row(named_params! {":h": self.host, ":c": conversation, ":s": seq}, |r| r.get(0))?)
+            .query_row(params![self.host, conversation, seq], |r| r.get(0))?)
     }
 
     /// Whether `conversation` has a held delivery on this host before `seq`.
@@ -796,9 +796,9 @@ impl<'a> Scan<'a> {
             .conn
             .prepare_cached(
                 "SELECT EXISTS (SELECT 1 FROM deliveries
-                                WHERE host = :h AND conversation = :c AND state = 'held' AND seq < :s)",
+                                WHERE host = $1 AND conversation = $2 AND state = 'held' AND seq < $3)",
             )?
-            .query_row(named_params! {":h": self.host, ":c": conversation, ":s": seq}, |r| r.get(0))?)
+            .query_row(params![self.host, conversation, seq], |r| r.get(0))?)
     }
 
     /// Whether an earlier message of `conversation` routed to this host is still owed its
@@ -813,10 +813,10 @@ impl<'a> Scan<'a> {
             .prepare_cached(
                 "SELECT EXISTS (
                     SELECT 1 FROM fanout_obligations o CROSS JOIN messages m ON m.id = o.message_id
-                    WHERE o.done_at IS NULL AND m.conversation = :c AND m.seq < :s
-                      AND EXISTS (SELECT 1 FROM message_recipients r WHERE r.message_id = o.message_id AND r.host = :h))",
+                    WHERE o.done_at IS NULL AND m.conversation = $1 AND m.seq < $2
+                      AND EXISTS (SELECT 1 FROM message_recipients r WHERE r.message_id = o.message_id AND r.host = $3))",
             )?
-            .query_row(named_params! {":c": conversation, ":s": seq, ":h": self.host}, |r| r.get(0))?)
+            .query_row(params![conversation, seq, self.host], |r| r.get(0))?)
     }
 
     /// Whether this host may receive post `seq` of `conversation` (the registry's re-check).
@@ -905,7 +905,7 @@ impl<'a> Scan<'a> {
         self.heads += 1;
         let (payload, producer, max_attempts): (baton_shared::wire::Payload, String, u32) = self
             .conn
-            .prepare_cached("SELECT payload, producer, max_attempts FROM messages WHERE id = ?1")?
+            .prepare_cached("SELECT payload, producer, max_attempts FROM messages WHERE id = $1")?
             .query_row([&head.message_id], |r| {
                 Ok((json_column(r, 0, "messages", &head.message_id)?, r.get(1)?, r.get(2)?))
             })?;
@@ -922,7 +922,7 @@ impl<'a> Scan<'a> {
         transition::apply(self.conn, change, &Actor::node(self.host), self.now_ms)?;
         let (attempt, rerun): (u32, Option<Rerun>) = self
             .conn
-            .prepare_cached("SELECT attempt, rerun FROM deliveries WHERE id = ?1")?
+            .prepare_cached("SELECT attempt, rerun FROM deliveries WHERE id = $1")?
             .query_row([&head.id], |r| {
                 Ok((r.get(0)?, parse_column_opt(r, 1, "deliveries", &head.id, "rerun", Rerun::parse)?))
             })?;
@@ -970,37 +970,34 @@ pub fn holdings_page(
             "SELECT d.id, d.message_id, d.conversation, d.seq, m.payload, d.claim_token, d.state, m.producer,
                     d.attempt, m.max_attempts, d.rerun, d.cancel_requested_at IS NOT NULL, d.n
              FROM deliveries d JOIN messages m ON m.id = d.message_id
-             WHERE d.instance_id = :i AND d.host = :h AND d.n > :after
+             WHERE d.instance_id = $1 AND d.host = $2 AND d.n > $3
                AND (d.state IN ('claimed', 'mirrored')
                     OR (d.state = 'delivered' AND NOT EXISTS (
                         SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)))
-             ORDER BY d.n LIMIT :lim",
+             ORDER BY d.n LIMIT $4",
         )?
-        .query_map(
-            named_params! {":i": instance_id, ":h": host, ":after": after_n, ":lim": i64::from(limit).saturating_add(1)},
-            |r| {
-                let delivery_id: String = r.get(0)?;
-                let message_id: String = r.get(1)?;
-                let n: i64 = r.get(12)?;
-                Ok((
-                    n,
-                    ClaimedDelivery {
-                        payload: json_column(r, 4, "messages", &message_id)?,
-                        state: state_column(r, 6, "deliveries", &delivery_id)?,
-                        message_id,
-                        conversation: r.get(2)?,
-                        seq: r.get(3)?,
-                        claim_token: r.get(5)?,
-                        producer: Some(r.get(7)?),
-                        attempt: r.get(8)?,
-                        max_attempts: r.get(9)?,
-                        rerun: parse_column_opt(r, 10, "deliveries", &delivery_id, "rerun", Rerun::parse)?,
-                        cancel_requested: r.get(11)?,
-                        delivery_id,
-                    },
-                ))
-            },
-        )?
+        .query_map(params![instance_id, host, after_n, i64::from(limit).saturating_add(1)], |r| {
+            let delivery_id: String = r.get(0)?;
+            let message_id: String = r.get(1)?;
+            let n: i64 = r.get(12)?;
+            Ok((
+                n,
+                ClaimedDelivery {
+                    payload: json_column(r, 4, "messages", &message_id)?,
+                    state: state_column(r, 6, "deliveries", &delivery_id)?,
+                    message_id,
+                    conversation: r.get(2)?,
+                    seq: r.get(3)?,
+                    claim_token: r.get(5)?,
+                    producer: Some(r.get(7)?),
+                    attempt: r.get(8)?,
+                    max_attempts: r.get(9)?,
+                    rerun: parse_column_opt(r, 10, "deliveries", &delivery_id, "rerun", Rerun::parse)?,
+                    cancel_requested: r.get(11)?,
+                    delivery_id,
+                },
+            ))
+        })?
         .collect::<Result<_, _>>()?;
     // One row past the page says whether another page follows, without a count.
     let more = rows.len() > limit as usize;
@@ -1019,7 +1016,7 @@ struct HeldRow {
 
 fn load(conn: &dyn Db, delivery_id: &str, host: &str) -> StoreResult<HeldRow> {
     let row = conn
-        .prepare_cached("SELECT host, state, instance_id, claim_token FROM deliveries WHERE id = ?1")?
+        .prepare_cached("SELECT host, state, instance_id, claim_token FROM deliveries WHERE id = $1")?
         .query_row([delivery_id], |r| {
             Ok(HeldRow {
                 host: r.get(0)?,
@@ -1091,8 +1088,8 @@ pub fn handoff(
 
 /// Records `session` as the one whose ack made the current run of `delivery_id` delivered.
 pub fn record_acked_session(conn: &dyn Db, delivery_id: &str, session: u64) -> StoreResult<()> {
-    conn.prepare_cached("UPDATE deliveries SET acked_session = ?2 WHERE id = ?1")?
-        .execute(rusqlite::params![delivery_id, session as i64])?;
+    conn.prepare_cached("UPDATE deliveries SET acked_session = $2 WHERE id = $1")?
+        .execute(params![delivery_id, session as i64])?;
     Ok(())
 }
 
@@ -1135,7 +1132,7 @@ pub fn reject(
         // A repeated reject by the same instance is a no-op success.
         let last: Option<(String, Option<String>)> = conn
             .prepare_cached(
-                "SELECT actor_kind, instance_id FROM delivery_events WHERE delivery_id = ?1 ORDER BY id DESC LIMIT 1",
+                "SELECT actor_kind, instance_id FROM delivery_events WHERE delivery_id = $1 ORDER BY id DESC LIMIT 1",
             )?
             .query_row([delivery_id], |r| Ok((r.get(0)?, r.get(1)?)))
             .optional()?;
@@ -1193,7 +1190,7 @@ mod tests {
     }
 
     fn delivery_of(conn: &dyn Db, message_id: &str, host: &str) -> String {
-        conn.query_row("SELECT id FROM deliveries WHERE message_id = ?1 AND host = ?2", [message_id, host], |r| {
+        conn.query_row("SELECT id FROM deliveries WHERE message_id = $1 AND host = $2", [message_id, host], |r| {
             r.get(0)
         })
         .unwrap()
@@ -1380,7 +1377,7 @@ mod tests {
         assert_eq!(state_of_msg(c, &m2).0, "claimed");
         let last: (String, String) = c
             .query_row(
-                "SELECT actor_kind, to_state FROM delivery_events WHERE delivery_id = ?1 ORDER BY id DESC LIMIT 1",
+                "SELECT actor_kind, to_state FROM delivery_events WHERE delivery_id = $1 ORDER BY id DESC LIMIT 1",
                 [delivery_of(c, &m1, "host-a")],
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )
@@ -1472,7 +1469,7 @@ mod tests {
     }
 
     fn state_of_msg(conn: &dyn Db, msg: &str) -> (String, Option<String>) {
-        conn.query_row("SELECT state, reason FROM deliveries WHERE message_id = ?1", [msg], |r| {
+        conn.query_row("SELECT state, reason FROM deliveries WHERE message_id = $1", [msg], |r| {
             Ok((r.get(0)?, r.get(1)?))
         })
         .unwrap()
@@ -1677,7 +1674,7 @@ mod tests {
     fn a_corrupt_payload_is_an_error_naming_the_message() {
         let db = testing::db();
         let msg = accept_one(&db.conn, "c", "k", &["host-a"]);
-        db.conn.execute("UPDATE messages SET payload = '{not json' WHERE id = ?1", [&msg]).unwrap();
+        db.conn.execute("UPDATE messages SET payload = '{not json' WHERE id = $1", [&msg]).unwrap();
         let e = crate::store::in_write_txn(&db.conn, |c| claim(c, "host-a", "inst", 10, 2)).unwrap_err();
         assert!(matches!(&e, StoreError::Corrupt(t) if t.contains(&msg) && t.contains("payload")), "{e:?}");
         assert_eq!(state_of_msg(&db.conn, &msg).0, "queued");

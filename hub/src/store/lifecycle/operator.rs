@@ -6,6 +6,7 @@ use crate::store::By;
 use crate::store::Store;
 use crate::store::engine::Db;
 use crate::store::engine::OptionalExtension;
+use crate::store::engine::params;
 use crate::store::lifecycle::transition::{self, Change};
 use crate::store::registry::fences;
 use crate::store::registry::hosts;
@@ -14,7 +15,6 @@ use crate::store::registry::hosts::record_operator_event;
 use crate::store::registry::members;
 use crate::store::{Actor, StoreError, StoreResult, state_column};
 use baton_shared::states::DeliveryState::{self, *};
-use rusqlite::named_params;
 
 /// What `release` did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -141,11 +141,11 @@ pub fn release(
     now_ms: i64,
 ) -> StoreResult<Vec<String>> {
     let rows = match which {
-        Selector::Delivery(id) => ids_where(conn, "SELECT id, state FROM deliveries WHERE id = ?1", id)?,
+        Selector::Delivery(id) => ids_where(conn, "SELECT id, state FROM deliveries WHERE id = $1", id)?,
         Selector::Conversation(c) => ids_where(
             conn,
             "SELECT d.id, d.state FROM deliveries d JOIN messages m ON m.id = d.message_id
-             WHERE d.conversation = ?1 AND d.state = 'held'
+             WHERE d.conversation = $1 AND d.state = 'held'
                AND NOT (m.approval = 'required' AND m.approval_decision IS NULL)
              ORDER BY d.n",
             c,
@@ -186,10 +186,10 @@ pub fn release(
 pub fn held_targets(conn: &dyn Db, which: Selector<'_>) -> StoreResult<Vec<(String, String)>> {
     let (sql, arg) = match which {
         Selector::Delivery(id) => {
-            ("SELECT DISTINCT conversation, host FROM deliveries WHERE id = ?1 AND state = 'held'", id)
+            ("SELECT DISTINCT conversation, host FROM deliveries WHERE id = $1 AND state = 'held'", id)
         }
         Selector::Conversation(c) => {
-            ("SELECT DISTINCT conversation, host FROM deliveries WHERE conversation = ?1 AND state = 'held'", c)
+            ("SELECT DISTINCT conversation, host FROM deliveries WHERE conversation = $1 AND state = 'held'", c)
         }
     };
     Ok(conn.prepare_cached(sql)?.query_map([arg], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<Result<_, _>>()?)
@@ -211,7 +211,7 @@ fn unknown_attempt(conn: &dyn Db, delivery_id: &str, why: &str, now_ms: i64) -> 
     let row: Option<(String, String, u32, Option<String>, String)> = conn
         .prepare_cached(
             "SELECT d.host, d.instance_id, d.attempt, d.rerun, coalesce(d.rerun_by, 'producer:' || m.producer)
-             FROM deliveries d JOIN messages m ON m.id = d.message_id WHERE d.id = ?1 AND d.state = 'delivered'
+             FROM deliveries d JOIN messages m ON m.id = d.message_id WHERE d.id = $1 AND d.state = 'delivered'
                AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)",
         )?
         .query_row([delivery_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))
@@ -222,12 +222,20 @@ fn unknown_attempt(conn: &dyn Db, delivery_id: &str, why: &str, now_ms: i64) -> 
     conn.prepare_cached(
         "INSERT INTO attempts (id, delivery_id, host, instance_id, report_id, request_hash, outcome, reason,
                                reported_at, attempt, rerun, caused_by)
-         VALUES (:id, :d, :h, :i, :r, '', 'unknown', :why, :now, :n, :rerun, :by)",
+         VALUES ($1, $2, $3, $4, $5, '', 'unknown', $6, $7, $8, $9, $10)",
     )?
-    .execute(named_params! {
-        ":id": crate::store::new_id(), ":d": delivery_id, ":h": host, ":i": instance,
-        ":r": report_id, ":why": why, ":now": now_ms, ":n": attempt, ":rerun": rerun, ":by": caused_by,
-    })?;
+    .execute(params![
+        crate::store::new_id(),
+        delivery_id,
+        host,
+        instance,
+        report_id,
+        why,
+        now_ms,
+        attempt,
+        rerun,
+        caused_by
+    ])?;
     Ok(true)
 }
 
@@ -275,7 +283,7 @@ impl RetirePlan {
 /// that is not enrolled or already retired.
 pub fn retire_plan(conn: &dyn Db, host: &str) -> StoreResult<RetirePlan> {
     let active: bool = conn
-        .prepare_cached("SELECT EXISTS (SELECT 1 FROM hosts WHERE name = ?1 AND retired_at IS NULL)")?
+        .prepare_cached("SELECT EXISTS (SELECT 1 FROM hosts WHERE name = $1 AND retired_at IS NULL)")?
         .query_row([host], |r| r.get(0))?;
     if !active {
         return Err(StoreError::NotFound(format!("no enrolled, unretired host {host}")));
@@ -283,7 +291,7 @@ pub fn retire_plan(conn: &dyn Db, host: &str) -> StoreResult<RetirePlan> {
     let mut plan = RetirePlan::default();
     let counts: Vec<(String, i64)> = conn
         .prepare_cached(
-            "SELECT state, count(*) FROM deliveries WHERE host = ?1 AND state IN ('queued', 'held', 'claimed', 'mirrored')
+            "SELECT state, count(*) FROM deliveries WHERE host = $1 AND state IN ('queued', 'held', 'claimed', 'mirrored')
              GROUP BY state",
         )?
         .query_map([host], |r| Ok((r.get(0)?, r.get(1)?)))?
@@ -298,7 +306,7 @@ pub fn retire_plan(conn: &dyn Db, host: &str) -> StoreResult<RetirePlan> {
     }
     plan.outcome_unknown = conn
         .prepare_cached(
-            "SELECT count(*) FROM deliveries d WHERE d.host = ?1 AND d.state = 'delivered'
+            "SELECT count(*) FROM deliveries d WHERE d.host = $1 AND d.state = 'delivered'
                AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)",
         )?
         .query_row([host], |r| r.get(0))?;
@@ -311,17 +319,17 @@ pub fn retire_plan(conn: &dyn Db, host: &str) -> StoreResult<RetirePlan> {
 pub fn retire(conn: &dyn Db, host: &str, operator: &str, reason: &str, now_ms: i64) -> StoreResult<Swept> {
     let n = conn
         .prepare_cached(
-            "UPDATE hosts SET retired_at = ?2, retired_by = ?3, retired_reason = ?4, instance_id = NULL
-             WHERE name = ?1 AND retired_at IS NULL",
+            "UPDATE hosts SET retired_at = $2, retired_by = $3, retired_reason = $4, instance_id = NULL
+             WHERE name = $1 AND retired_at IS NULL",
         )?
-        .execute(rusqlite::params![host, now_ms, operator, reason])?;
+        .execute(params![host, now_ms, operator, reason])?;
     if n != 1 {
         return Err(StoreError::NotFound(format!("no enrolled, unretired host {host}")));
     }
     record_operator_event(conn, "retire", host, operator, Some(reason), now_ms)?;
     let rows = ids_where(
         conn,
-        "SELECT id, state FROM deliveries WHERE host = ?1 AND state IN ('queued', 'held', 'claimed', 'mirrored', 'delivered') ORDER BY n",
+        "SELECT id, state FROM deliveries WHERE host = $1 AND state IN ('queued', 'held', 'claimed', 'mirrored', 'delivered') ORDER BY n",
         host,
     )?;
     let actor = Actor::operator(operator);
@@ -365,8 +373,8 @@ pub fn requeue_instance(
 ) -> StoreResult<Swept> {
     let hosts: Vec<String> = conn
         .prepare_cached(
-            "SELECT host FROM deliveries WHERE instance_id = ?1 AND state IN ('claimed', 'mirrored', 'delivered')
-             UNION SELECT name FROM hosts WHERE instance_id = ?1 ORDER BY 1",
+            "SELECT host FROM deliveries WHERE instance_id = $1 AND state IN ('claimed', 'mirrored', 'delivered')
+             UNION SELECT name FROM hosts WHERE instance_id = $1 ORDER BY 1",
         )?
         .query_map([instance_id], |r| r.get(0))?
         .collect::<Result<_, _>>()?;
@@ -398,7 +406,7 @@ pub fn requeue_host_instance(
 ) -> StoreResult<Swept> {
     let rows: Vec<(String, DeliveryState)> = conn
         .prepare_cached(
-            "SELECT id, state FROM deliveries WHERE host = ?1 AND instance_id = ?2
+            "SELECT id, state FROM deliveries WHERE host = $1 AND instance_id = $2
                AND state IN ('claimed', 'mirrored', 'delivered') ORDER BY n",
         )?
         .query_map([host, instance_id], |r| {
@@ -428,7 +436,7 @@ pub fn requeue_host_instance(
             swept.requeued.push(id);
         }
     }
-    conn.prepare_cached("UPDATE hosts SET instance_id = NULL WHERE name = ?1 AND instance_id = ?2")?
+    conn.prepare_cached("UPDATE hosts SET instance_id = NULL WHERE name = $1 AND instance_id = $2")?
         .execute([host, instance_id])?;
     record_operator_event(conn, "requeue_instance", instance_id, operator, Some(reason), now_ms)?;
     Ok(swept)

@@ -8,6 +8,7 @@
 
 use crate::store::Store;
 use crate::store::engine::OptionalExtension;
+use crate::store::engine::params;
 use crate::store::engine::{Db, DbResult, Row};
 use crate::store::lifecycle::claim::NodeAt;
 use crate::store::lifecycle::transition::{self, Change, Holder};
@@ -18,7 +19,6 @@ use baton_shared::crash_point;
 use baton_shared::states::{DeliveryState, Outcome, Rerun};
 use baton_shared::wire::AttemptView;
 use baton_shared::wire::ReportRequest;
-use rusqlite::named_params;
 use sha2::{Digest, Sha256};
 use std::time::Duration;
 
@@ -230,7 +230,7 @@ fn same_as_stored(conn: &dyn Db, attempt_id: &str, stored: &str, hash: &str, r: 
         .prepare_cached(
             "SELECT a.delivery_id, a.instance_id, a.outcome, a.exit_code, a.duration_ms, a.result, a.reason,
                     d.claim_token
-             FROM attempts a JOIN deliveries d ON d.id = a.delivery_id WHERE a.id = ?1",
+             FROM attempts a JOIN deliveries d ON d.id = a.delivery_id WHERE a.id = $1",
         )?
         .query_row([attempt_id], |row| {
             Ok((
@@ -346,7 +346,7 @@ pub fn report_run(
 ) -> StoreResult<(AttemptView, bool, Option<i64>)> {
     let hash = r.request_hash_of_run(run.attempt, run.signal);
     let existing: Option<(String, String)> = conn
-        .prepare_cached("SELECT id, request_hash FROM attempts WHERE host = ?1 AND report_id = ?2")?
+        .prepare_cached("SELECT id, request_hash FROM attempts WHERE host = $1 AND report_id = $2")?
         .query_row([host, r.report_id], |row| Ok((row.get(0)?, row.get(1)?)))
         .optional()?;
     if let Some((attempt_id, stored)) = existing {
@@ -365,7 +365,7 @@ pub fn report_run(
             "SELECT d.host, d.state, d.instance_id, d.claim_token, d.attempt, d.cancel_requested_at IS NOT NULL,
                     m.max_attempts, m.retry_backoff_ms, d.rerun, coalesce(d.rerun_by, 'producer:' || m.producer),
                     d.conversation
-             FROM deliveries d JOIN messages m ON m.id = d.message_id WHERE d.id = ?1",
+             FROM deliveries d JOIN messages m ON m.id = d.message_id WHERE d.id = $1",
         )?
         .query_row([r.delivery_id], |row| {
             Ok(ReportedDelivery {
@@ -414,14 +414,14 @@ pub fn report_run(
     // run that already has one would count a turn twice. An outcome the hub wrote itself
     // (`unknown` after a requeue or retire, empty request hash) gives way to the node's.
     let reported: Option<String> = conn
-        .prepare_cached("SELECT request_hash FROM attempts WHERE delivery_id = ?1 AND attempt = ?2")?
-        .query_row(rusqlite::params![r.delivery_id, d.attempt], |row| row.get(0))
+        .prepare_cached("SELECT request_hash FROM attempts WHERE delivery_id = $1 AND attempt = $2")?
+        .query_row(params![r.delivery_id, d.attempt], |row| row.get(0))
         .optional()?;
     match reported.as_deref() {
         None => {}
         Some("") => {
-            conn.prepare_cached("DELETE FROM attempts WHERE delivery_id = ?1 AND attempt = ?2 AND request_hash = ''")?
-                .execute(rusqlite::params![r.delivery_id, d.attempt])?;
+            conn.prepare_cached("DELETE FROM attempts WHERE delivery_id = $1 AND attempt = $2 AND request_hash = ''")?
+                .execute(params![r.delivery_id, d.attempt])?;
         }
         Some(_) => {
             return Err(StoreError::ReportConflict(format!(
@@ -454,16 +454,31 @@ pub fn report_run(
         "INSERT INTO attempts (id, delivery_id, host, instance_id, report_id, request_hash, outcome, exit_code,
                                duration_ms, result, reason, reported_at, attempt, signal, retryable, rerun,
                                caused_by, session, stderr_tail, stderr_dropped_bytes)
-         VALUES (:id, :d, :h, :i, :r, :hash, :o, :e, :dur, :res, :why, :now, :n, :sig, :retry, :rerun, :by, :ses,
-                 :err, :errdrop)",
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18,
+                 $19, $20)",
     )?
-    .execute(named_params! {
-        ":id": attempt_id, ":d": r.delivery_id, ":h": host, ":i": r.holder.instance_id, ":r": r.report_id,
-        ":hash": hash, ":o": r.outcome.as_str(), ":e": r.exit_code, ":dur": r.duration_ms.map(|d| d as i64),
-        ":res": r.result, ":why": r.reason, ":now": now_ms, ":n": d.attempt, ":sig": run.signal,
-        ":retry": retryable, ":rerun": d.rerun, ":by": d.caused_by, ":ses": run.session.map(|s| s as i64),
-        ":err": stderr_tail, ":errdrop": stderr_dropped,
-    })?;
+    .execute(params![
+        attempt_id,
+        r.delivery_id,
+        host,
+        r.holder.instance_id,
+        r.report_id,
+        hash,
+        r.outcome.as_str(),
+        r.exit_code,
+        r.duration_ms.map(|d| d as i64),
+        r.result,
+        r.reason,
+        now_ms,
+        d.attempt,
+        run.signal,
+        retryable,
+        d.rerun,
+        d.caused_by,
+        run.session.map(|s| s as i64),
+        stderr_tail,
+        stderr_dropped
+    ])?;
     let retry_at = if retryable { Some(requeue_for_retry(conn, r.delivery_id, &d, run, now_ms)?) } else { None };
     // The breaker counts each turn's outcome in the same transaction (off unless configured).
     crate::store::lifecycle::approval::count_outcome(
@@ -517,10 +532,10 @@ fn requeue_for_retry(
     transition::apply(conn, change, &Actor::hub(), now_ms)?;
     conn.prepare_cached(
         "UPDATE deliveries SET attempt = attempt + 1, rerun = 'retry', rerun_by = 'hub', rerun_reason = NULL,
-                not_before = ?2, started_session = NULL, started_at = NULL, acked_session = NULL
-         WHERE id = ?1",
+                not_before = $2, started_session = NULL, started_at = NULL, acked_session = NULL
+         WHERE id = $1",
     )?
-    .execute(rusqlite::params![delivery_id, not_before])?;
+    .execute(params![delivery_id, not_before])?;
     Ok(not_before)
 }
 
@@ -528,8 +543,8 @@ fn requeue_for_retry(
 /// retry is still the delivery's current run.
 fn retry_time(conn: &dyn Db, delivery_id: &str, reported_run: u32) -> StoreResult<Option<i64>> {
     Ok(conn
-        .prepare_cached("SELECT not_before FROM deliveries WHERE id = ?1 AND attempt = ?2 AND rerun = 'retry'")?
-        .query_row(rusqlite::params![delivery_id, reported_run + 1], |r| r.get::<_, Option<i64>>(0))
+        .prepare_cached("SELECT not_before FROM deliveries WHERE id = $1 AND attempt = $2 AND rerun = 'retry'")?
+        .query_row(params![delivery_id, reported_run + 1], |r| r.get::<_, Option<i64>>(0))
         .optional()?
         .flatten())
 }
@@ -540,7 +555,7 @@ pub fn attempt(conn: &dyn Db, attempt_id: &str) -> StoreResult<AttemptView> {
         .prepare_cached(
             "SELECT id, report_id, outcome, exit_code, duration_ms, result, reason, reported_at, signal, attempt,
                     retryable, rerun, caused_by, stderr_tail, stderr_dropped_bytes
-             FROM attempts WHERE id = ?1",
+             FROM attempts WHERE id = $1",
         )?
         .query_row([attempt_id], attempt_row)?)
 }
@@ -808,7 +823,7 @@ mod tests {
             stderr_dropped_bytes: None,
         };
         let (first, _) = report(&db.conn, "host-a", &r, 4).unwrap();
-        db.conn.execute("UPDATE attempts SET request_hash = ?1", [legacy_hash(&r)]).unwrap();
+        db.conn.execute("UPDATE attempts SET request_hash = $1", [legacy_hash(&r)]).unwrap();
         let (again, dup) = report(&db.conn, "host-a", &r, 5).unwrap();
         assert!(dup);
         assert_eq!(again, first);

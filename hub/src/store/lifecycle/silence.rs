@@ -10,10 +10,10 @@
 
 use crate::store::Store;
 use crate::store::engine::Db;
+use crate::store::engine::params;
 use crate::store::lifecycle::transition::{self, Change, Holder};
 use crate::store::{Actor, StoreResult, state_column};
 use baton_shared::states::DeliveryState;
-use rusqlite::named_params;
 
 impl Store {
     /// Node instances whose open session was last heard from before `cutoff_ms` and that hold
@@ -49,13 +49,13 @@ pub fn silent_holders(conn: &dyn Db, cutoff_ms: i64) -> StoreResult<Vec<SilentHo
         .prepare_cached(
             "SELECT s.host, s.instance_id, s.session, s.last_contact_at FROM node_sessions s
              JOIN hosts h ON h.name = s.host
-             WHERE h.retired_at IS NULL AND s.ended_at IS NULL AND s.last_contact_at < :cutoff
+             WHERE h.retired_at IS NULL AND s.ended_at IS NULL AND s.last_contact_at < $1
                AND s.session = (SELECT max(session) FROM node_sessions m WHERE m.host = s.host)
                AND EXISTS (SELECT 1 FROM deliveries d WHERE d.host = s.host AND d.instance_id = s.instance_id
                              AND d.state IN ('claimed', 'mirrored'))
              ORDER BY s.host",
         )?
-        .query_map(named_params! {":cutoff": cutoff_ms}, |r| {
+        .query_map(params![cutoff_ms], |r| {
             Ok(SilentHolder {
                 host: r.get(0)?,
                 instance_id: r.get(1)?,
@@ -79,7 +79,7 @@ pub fn requeue_silent(conn: &dyn Db, who: &SilentHolder, cutoff_ms: i64, now_ms:
     let rows: Vec<(String, DeliveryState, String)> = conn
         .prepare_cached(
             "SELECT id, state, claim_token FROM deliveries
-             WHERE host = ?1 AND instance_id = ?2 AND state IN ('claimed', 'mirrored') ORDER BY n",
+             WHERE host = $1 AND instance_id = $2 AND state IN ('claimed', 'mirrored') ORDER BY n",
         )?
         .query_map([&who.host, &who.instance_id], |r| {
             let id: String = r.get(0)?;
@@ -150,7 +150,7 @@ mod tests {
         assert!(silent_holders(c, 11).unwrap().is_empty(), "nothing claimed or mirrored left");
         let by: String = c
             .query_row(
-                "SELECT actor_kind FROM delivery_events WHERE delivery_id = ?1 ORDER BY id DESC",
+                "SELECT actor_kind FROM delivery_events WHERE delivery_id = $1 ORDER BY id DESC",
                 [&got[0].delivery_id],
                 |r| r.get(0),
             )

@@ -5,9 +5,9 @@
 //! the affected-row count, and appends the event in the same transaction.
 
 use crate::store::engine::Db;
+use crate::store::engine::params;
 use crate::store::{Actor, ActorKind, StoreError, StoreResult};
 use baton_shared::states::DeliveryState::{self, *};
-use rusqlite::named_params;
 
 /// Whether `actor` may move a delivery from `from` to `to`: the SPEC §2 table, and nothing else
 /// but what turn control adds to it (the retries, `requeue_silent_after`, and held → failed by
@@ -86,25 +86,36 @@ pub fn apply(conn: &dyn Db, change: Change<'_>, actor: &Actor, now_ms: i64) -> S
     let rows = match change.expect_holder {
         Some(h) => conn
             .prepare_cached(
-                "UPDATE deliveries SET state = :to, instance_id = :ni, claim_token = :nt, reason = :reason,
-                        updated_at = :now
-                 WHERE id = :id AND state = :from AND instance_id = :ei AND claim_token = :et",
+                "UPDATE deliveries SET state = $1, instance_id = $2, claim_token = $3, reason = $4,
+                        updated_at = $5
+                 WHERE id = $6 AND state = $7 AND instance_id = $8 AND claim_token = $9",
             )?
-            .execute(named_params! {
-                ":to": change.to.as_str(), ":ni": new_instance, ":nt": new_token, ":reason": reason_kept,
-                ":now": now_ms, ":id": change.delivery_id, ":from": change.from.as_str(),
-                ":ei": h.instance_id, ":et": h.claim_token,
-            })?,
+            .execute(params![
+                change.to.as_str(),
+                new_instance,
+                new_token,
+                reason_kept,
+                now_ms,
+                change.delivery_id,
+                change.from.as_str(),
+                h.instance_id,
+                h.claim_token
+            ])?,
         None => conn
             .prepare_cached(
-                "UPDATE deliveries SET state = :to, instance_id = :ni, claim_token = :nt, reason = :reason,
-                        updated_at = :now
-                 WHERE id = :id AND state = :from",
+                "UPDATE deliveries SET state = $1, instance_id = $2, claim_token = $3, reason = $4,
+                        updated_at = $5
+                 WHERE id = $6 AND state = $7",
             )?
-            .execute(named_params! {
-                ":to": change.to.as_str(), ":ni": new_instance, ":nt": new_token, ":reason": reason_kept,
-                ":now": now_ms, ":id": change.delivery_id, ":from": change.from.as_str(),
-            })?,
+            .execute(params![
+                change.to.as_str(),
+                new_instance,
+                new_token,
+                reason_kept,
+                now_ms,
+                change.delivery_id,
+                change.from.as_str()
+            ])?,
     };
     if rows != 1 {
         return Err(StoreError::StaleClaim(format!(
@@ -131,20 +142,20 @@ pub fn apply(conn: &dyn Db, change: Change<'_>, actor: &Actor, now_ms: i64) -> S
 /// Moves the waiting count of a delivery's host by `delta`.
 fn adjust_backlog_of(conn: &dyn Db, delivery_id: &str, delta: i64) -> StoreResult<()> {
     conn.prepare_cached(
-        "INSERT INTO host_backlog (host, waiting) SELECT host, max(?2, 0) FROM deliveries WHERE id = ?1
-         ON CONFLICT (host) DO UPDATE SET waiting = host_backlog.waiting + ?2",
+        "INSERT INTO host_backlog (host, waiting) SELECT host, max($2, 0) FROM deliveries WHERE id = $1
+         ON CONFLICT (host) DO UPDATE SET waiting = host_backlog.waiting + $2",
     )?
-    .execute(rusqlite::params![delivery_id, delta])?;
+    .execute(params![delivery_id, delta])?;
     Ok(())
 }
 
 /// Adds `delta` to the waiting count of `host`.
 pub fn adjust_backlog(conn: &dyn Db, host: &str, delta: i64) -> StoreResult<()> {
     conn.prepare_cached(
-        "INSERT INTO host_backlog (host, waiting) VALUES (?1, max(?2, 0))
-         ON CONFLICT (host) DO UPDATE SET waiting = host_backlog.waiting + ?2",
+        "INSERT INTO host_backlog (host, waiting) VALUES ($1, max($2, 0))
+         ON CONFLICT (host) DO UPDATE SET waiting = host_backlog.waiting + $2",
     )?
-    .execute(rusqlite::params![host, delta])?;
+    .execute(params![host, delta])?;
     Ok(())
 }
 
@@ -162,12 +173,18 @@ pub fn record_event(
 ) -> StoreResult<()> {
     conn.prepare_cached(
         "INSERT INTO delivery_events (delivery_id, from_state, to_state, actor_kind, actor, instance_id, reason, at)
-         VALUES (:d, :f, :t, :k, :a, :i, :r, :at)",
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
     )?
-    .execute(named_params! {
-        ":d": delivery_id, ":f": from.map(|s| s.as_str()), ":t": to.as_str(), ":k": actor.kind.as_str(),
-        ":a": actor.name, ":i": instance_id, ":r": reason, ":at": now_ms,
-    })?;
+    .execute(params![
+        delivery_id,
+        from.map(|s| s.as_str()),
+        to.as_str(),
+        actor.kind.as_str(),
+        actor.name,
+        instance_id,
+        reason,
+        now_ms
+    ])?;
     Ok(())
 }
 
@@ -176,7 +193,7 @@ pub fn record_event(
 pub fn state_of(conn: &dyn Db, delivery_id: &str) -> StoreResult<Option<DeliveryState>> {
     use crate::store::engine::OptionalExtension;
     Ok(conn
-        .prepare_cached("SELECT state FROM deliveries WHERE id = ?1")?
+        .prepare_cached("SELECT state FROM deliveries WHERE id = $1")?
         .query_row([delivery_id], |r| crate::store::state_column(r, 0, "deliveries", delivery_id))
         .optional()?)
 }
@@ -192,12 +209,12 @@ mod tests {
     fn delivery_in(conn: &dyn Db, state: DeliveryState, n: usize) -> (String, String, String) {
         let msg = accept::testing::accept_one(conn, "conv", &format!("k{n}"), &["host-a"]);
         let id: String =
-            conn.query_row("SELECT id FROM deliveries WHERE message_id = ?1", [&msg], |r| r.get(0)).unwrap();
+            conn.query_row("SELECT id FROM deliveries WHERE message_id = $1", [&msg], |r| r.get(0)).unwrap();
         let (inst, tok) = ("inst-1".to_string(), new_token());
         let holder = matches!(state, Claimed | Mirrored | Delivered);
         conn.execute(
-            "UPDATE deliveries SET state = ?1, instance_id = ?2, claim_token = ?3 WHERE id = ?4",
-            rusqlite::params![state.as_str(), holder.then_some(&inst), holder.then_some(&tok), id],
+            "UPDATE deliveries SET state = $1, instance_id = $2, claim_token = $3 WHERE id = $4",
+            params![state.as_str(), holder.then_some(&inst), holder.then_some(&tok), id],
         )
         .unwrap();
         if !matches!(state, Queued | Held) {
@@ -236,7 +253,7 @@ mod tests {
                         assert_eq!(after, to);
                         let events: i64 = db
                             .conn
-                            .query_row("SELECT count(*) FROM delivery_events WHERE delivery_id = ?1 AND from_state IS NOT NULL", [&id], |r| r.get(0))
+                            .query_row("SELECT count(*) FROM delivery_events WHERE delivery_id = $1 AND from_state IS NOT NULL", [&id], |r| r.get(0))
                             .unwrap();
                         assert_eq!(events, 1, "one event per transition");
                     } else {

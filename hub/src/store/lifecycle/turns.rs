@@ -18,6 +18,7 @@ use crate::store::By;
 use crate::store::Store;
 use crate::store::engine::Db;
 use crate::store::engine::OptionalExtension;
+use crate::store::engine::params;
 use crate::store::lifecycle::transition::{self, Change};
 use crate::store::registry::hosts::record_operator_event;
 use crate::store::registry::sessions;
@@ -25,7 +26,6 @@ use crate::store::{Actor, StoreError, StoreResult, parse_column_opt, state_colum
 use baton_shared::states::DeliveryState::{self, *};
 use baton_shared::states::Outcome;
 use baton_shared::wire::{CancelNotice, CancelResult, StartItem, StartResult};
-use rusqlite::named_params;
 
 /// Which deliveries a cancel of many picks (owned; see `CancelScope`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -153,7 +153,7 @@ impl Store {
 /// When the hub recorded the ack of `delivery_id`'s current run (its latest `delivered` event).
 fn acked_at(conn: &dyn Db, delivery_id: &str) -> StoreResult<Option<i64>> {
     Ok(conn
-        .prepare_cached("SELECT max(at) FROM delivery_events WHERE delivery_id = ?1 AND to_state = 'delivered'")?
+        .prepare_cached("SELECT max(at) FROM delivery_events WHERE delivery_id = $1 AND to_state = 'delivered'")?
         .query_row([delivery_id], |r| r.get::<_, Option<i64>>(0))?)
 }
 
@@ -179,7 +179,7 @@ fn load(conn: &dyn Db, delivery_id: &str) -> StoreResult<Option<Turn>> {
                     d.cancel_requested_at IS NOT NULL,
                     (SELECT a.outcome FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt),
                     d.acked_session
-             FROM deliveries d WHERE d.id = ?1",
+             FROM deliveries d WHERE d.id = $1",
         )?
         .query_row([delivery_id], |r| {
             Ok(Turn {
@@ -297,9 +297,9 @@ pub fn start(
         match turn.started_session {
             None => {
                 conn.prepare_cached(
-                    "UPDATE deliveries SET started_session = ?2, started_at = ?3 WHERE id = ?1 AND started_session IS NULL",
+                    "UPDATE deliveries SET started_session = $2, started_at = $3 WHERE id = $1 AND started_session IS NULL",
                 )?
-                .execute(rusqlite::params![item.delivery_id, session as i64, now_ms])?;
+                .execute(params![item.delivery_id, session as i64, now_ms])?;
             }
             Some(s) if s == session as i64 => {}
             Some(s) => {
@@ -404,10 +404,10 @@ pub fn cancel(
 
 fn mark_cancelled(conn: &dyn Db, delivery_id: &str, by: &str, reason: &str, now_ms: i64) -> StoreResult<()> {
     conn.prepare_cached(
-        "UPDATE deliveries SET cancel_requested_at = ?2, cancel_by = ?3, cancel_reason = ?4, not_before = NULL
-         WHERE id = ?1",
+        "UPDATE deliveries SET cancel_requested_at = $2, cancel_by = $3, cancel_reason = $4, not_before = NULL
+         WHERE id = $1",
     )?
-    .execute(rusqlite::params![delivery_id, now_ms, by, reason])?;
+    .execute(params![delivery_id, now_ms, by, reason])?;
     Ok(())
 }
 
@@ -430,7 +430,7 @@ pub fn cancellable(conn: &dyn Db, scope: CancelScope<'_>) -> StoreResult<Vec<Str
         CancelScope::Message(m) => ("message_id", m),
     };
     let sql = format!(
-        "SELECT d.id FROM deliveries d WHERE d.{column} = ?1
+        "SELECT d.id FROM deliveries d WHERE d.{column} = $1
            AND (d.state IN ('queued', 'held', 'claimed', 'mirrored')
                 OR (d.state = 'delivered' AND d.cancel_requested_at IS NULL AND NOT EXISTS (
                     SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)))
@@ -450,7 +450,7 @@ pub fn cancel_message(
     now_ms: i64,
 ) -> StoreResult<Vec<CancelResult>> {
     let owner: Option<String> = conn
-        .prepare_cached("SELECT producer FROM messages WHERE id = ?1")?
+        .prepare_cached("SELECT producer FROM messages WHERE id = $1")?
         .query_row([message_id], |r| r.get(0))
         .optional()?;
     match owner {
@@ -461,7 +461,7 @@ pub fn cancel_message(
         Some(_) => {}
     }
     let ids: Vec<String> = conn
-        .prepare_cached("SELECT id FROM deliveries WHERE message_id = ?1 ORDER BY host")?
+        .prepare_cached("SELECT id FROM deliveries WHERE message_id = $1 ORDER BY host")?
         .query_map([message_id], |r| r.get(0))?
         .collect::<Result<_, _>>()?;
     ids.iter().map(|id| cancel(conn, id, Canceller::Producer(producer), reason, false, now_ms)).collect()
@@ -475,7 +475,7 @@ pub fn cancels_for(conn: &dyn Db, host: &str, instance_id: &str) -> StoreResult<
     Ok(conn
         .prepare_cached(
             "SELECT d.id, d.attempt, coalesce(d.cancel_reason, '') FROM deliveries d INDEXED BY deliveries_cancel_pending
-             WHERE d.instance_id = ?1 AND d.host = ?2 AND d.state = 'delivered' AND d.cancel_requested_at IS NOT NULL
+             WHERE d.instance_id = $1 AND d.host = $2 AND d.state = 'delivered' AND d.cancel_requested_at IS NOT NULL
                AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)
              ORDER BY d.n",
         )?
@@ -491,9 +491,9 @@ pub fn next_retry_at(conn: &dyn Db, host: &str, now_ms: i64) -> StoreResult<Opti
     Ok(conn
         .prepare_cached(
             "SELECT min(not_before) FROM deliveries
-             WHERE host = ?1 AND state = 'queued' AND not_before IS NOT NULL AND not_before > ?2",
+             WHERE host = $1 AND state = 'queued' AND not_before IS NOT NULL AND not_before > $2",
         )?
-        .query_row(rusqlite::params![host, now_ms], |r| r.get(0))?)
+        .query_row(params![host, now_ms], |r| r.get(0))?)
 }
 
 /// The outcome a final delivery ended with, as `retry` and `redrive` select by it, the same
@@ -504,7 +504,7 @@ const FINAL_OUTCOME_SQL: &str = crate::store::views::read::outcome_sql!();
 /// run failed, ended unknown or was cancelled) as a new run marked as a redrive. Returns the new
 /// run number.
 pub fn retry(conn: &dyn Db, delivery_id: &str, operator: &str, reason: &str, now_ms: i64) -> StoreResult<u32> {
-    let sql = format!("SELECT d.state, {FINAL_OUTCOME_SQL} FROM deliveries d WHERE d.id = ?1");
+    let sql = format!("SELECT d.state, {FINAL_OUTCOME_SQL} FROM deliveries d WHERE d.id = $1");
     let row: Option<(DeliveryState, Option<String>)> = conn
         .prepare_cached(&sql)?
         .query_row([delivery_id], |r| Ok((state_column(r, 0, "deliveries", delivery_id)?, r.get(1)?)))
@@ -532,12 +532,12 @@ pub fn retry(conn: &dyn Db, delivery_id: &str, operator: &str, reason: &str, now
     transition::apply(conn, change, &Actor::operator(operator), now_ms)?;
     let attempt: u32 = conn
         .prepare_cached(
-            "UPDATE deliveries SET attempt = attempt + 1, rerun = 'redrive', rerun_by = ?2, rerun_reason = ?3,
+            "UPDATE deliveries SET attempt = attempt + 1, rerun = 'redrive', rerun_by = $2, rerun_reason = $3,
                     not_before = NULL, started_session = NULL, started_at = NULL, acked_session = NULL,
                     cancel_requested_at = NULL, cancel_by = NULL, cancel_reason = NULL, reason = NULL
-             WHERE id = ?1 RETURNING attempt",
+             WHERE id = $1 RETURNING attempt",
         )?
-        .query_row(rusqlite::params![delivery_id, format!("operator:{operator}"), reason], |r| r.get(0))?;
+        .query_row(params![delivery_id, format!("operator:{operator}"), reason], |r| r.get(0))?;
     Ok(attempt)
 }
 
@@ -570,20 +570,16 @@ pub fn redrive_batch(
 ) -> StoreResult<Vec<(String, i64)>> {
     let sql = format!(
         "SELECT d.id, d.n FROM deliveries d
-         WHERE d.n > :after AND (CAST(:c AS TEXT) IS NULL OR d.conversation = :c) AND (CAST(:h AS TEXT) IS NULL OR d.host = :h)
-           AND (CAST(:since AS BIGINT) IS NULL OR d.updated_at >= :since) AND d.state IN ('delivered', 'failed', 'unknown')
-           AND {FINAL_OUTCOME_SQL} = :o
-         ORDER BY d.n LIMIT :batch"
+         WHERE d.n > $1 AND (CAST($2 AS TEXT) IS NULL OR d.conversation = $2) AND (CAST($3 AS TEXT) IS NULL OR d.host = $3)
+           AND (CAST($4 AS BIGINT) IS NULL OR d.updated_at >= $4) AND d.state IN ('delivered', 'failed', 'unknown')
+           AND {FINAL_OUTCOME_SQL} = $5
+         ORDER BY d.n LIMIT $6"
     );
     Ok(conn
         .prepare_cached(&sql)?
-        .query_map(
-            named_params! {
-                ":after": after_n, ":c": filter.conversation, ":h": filter.host, ":since": filter.since_ms,
-                ":o": filter.outcome, ":batch": batch,
-            },
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )?
+        .query_map(params![after_n, filter.conversation, filter.host, filter.since_ms, filter.outcome, batch], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })?
         .collect::<Result<_, _>>()?)
 }
 
@@ -605,7 +601,7 @@ pub struct RecordedRedrive {
 /// The redrive recorded under `request_id`, when there is one.
 pub fn recorded_redrive(conn: &dyn Db, request_id: &str) -> StoreResult<Option<RecordedRedrive>> {
     Ok(conn
-        .prepare_cached("SELECT operator, reason, filter, redriven, at FROM redrive_requests WHERE request_id = ?1")?
+        .prepare_cached("SELECT operator, reason, filter, redriven, at FROM redrive_requests WHERE request_id = $1")?
         .query_row([request_id], |r| {
             Ok(RecordedRedrive {
                 operator: r.get(0)?,
@@ -630,9 +626,9 @@ pub fn record_redrive(
 ) -> StoreResult<()> {
     let filter = serde_json::to_string(filter).map_err(|e| StoreError::Internal(e.to_string()))?;
     conn.prepare_cached(
-        "INSERT INTO redrive_requests (request_id, operator, reason, filter, redriven, at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        "INSERT INTO redrive_requests (request_id, operator, reason, filter, redriven, at) VALUES ($1, $2, $3, $4, $5, $6)",
     )?
-    .execute(rusqlite::params![request_id, operator, reason, filter, redriven, now_ms])?;
+    .execute(params![request_id, operator, reason, filter, redriven, now_ms])?;
     record_operator_event(
         conn,
         "redrive",

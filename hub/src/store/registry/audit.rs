@@ -6,8 +6,8 @@
 
 use crate::store::Store;
 use crate::store::engine::Db;
+use crate::store::engine::params;
 use crate::store::{ActorKind, StoreResult, parse_column};
-use rusqlite::named_params;
 
 impl Store {
     /// The newest audit entries matching the query, newest first, and whether more matched.
@@ -131,25 +131,25 @@ pub fn entries(conn: &dyn Db, q: AuditQuery<'_>) -> StoreResult<(Vec<AuditEntry>
                SELECT at AS at, 'o' AS src, id AS id, action, subject,
                       CASE WHEN operator = 'hub' THEN 'hub' ELSE 'operator' END, operator, reason
                  FROM operator_events
-                WHERE (CAST(:since AS BIGINT) IS NULL OR at >= :since) AND (CAST(:actor AS TEXT) IS NULL OR operator = :actor)
+                WHERE (CAST($1 AS BIGINT) IS NULL OR at >= $1) AND (CAST($2 AS TEXT) IS NULL OR operator = $2)
                UNION ALL
                SELECT at, 'd', id, coalesce(from_state, '(new)') || ' -> ' || to_state, delivery_id, actor_kind, actor,
                       reason
                  FROM delivery_events
                 WHERE actor_kind IN ('operator', 'hub') AND from_state IS NOT NULL
-                  AND (CAST(:since AS BIGINT) IS NULL OR at >= :since) AND (CAST(:actor AS TEXT) IS NULL OR actor = :actor)) e
-             WHERE CAST(:cat AS BIGINT) IS NULL OR at < :cat OR (at = :cat AND (src > :csrc OR (src = :csrc AND id < :cid)))
-             ORDER BY at DESC, src, id DESC LIMIT :limit",
+                  AND (CAST($1 AS BIGINT) IS NULL OR at >= $1) AND (CAST($2 AS TEXT) IS NULL OR actor = $2)) e
+             WHERE CAST($3 AS BIGINT) IS NULL OR at < $3 OR (at = $3 AND (src > $4 OR (src = $4 AND id < $5)))
+             ORDER BY at DESC, src, id DESC LIMIT $6",
         )?
         .query_map(
-            named_params! {
-                ":since": q.since_ms,
-                ":actor": q.actor,
-                ":cat": q.after.map(|c| c.at_ms),
-                ":csrc": q.after.map(AuditCursor::source_key),
-                ":cid": q.after.map(|c| c.id),
-                ":limit": i64::from(q.limit) + 1,
-            },
+            params![
+                q.since_ms,
+                q.actor,
+                q.after.map(|c| c.at_ms),
+                q.after.map(AuditCursor::source_key),
+                q.after.map(|c| c.id),
+                i64::from(q.limit) + 1
+            ],
             |r| {
                 let id: i64 = r.get(2)?;
                 let source = if r.get::<_, String>(1)? == "o" { AuditSource::Operator } else { AuditSource::Delivery };

@@ -17,6 +17,7 @@
 
 use crate::store::By;
 use crate::store::Store;
+use crate::store::engine::params;
 use crate::store::engine::{Db, DbResult, Dialect};
 use crate::store::registry::hosts;
 use crate::store::registry::hosts::Standing;
@@ -385,11 +386,11 @@ pub fn set_until(conn: &dyn Db, f: NewFence<'_>, expires_at_ms: Option<i64>, now
     }
     let sql = format!(
         "INSERT INTO fences (kind, scope, target, set_by, set_at, set_after_event, reason, expires_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, {}, ?6, ?7) RETURNING id",
+         VALUES ($1, $2, $3, $4, $5, {}, $6, $7) RETURNING id",
         last_event_seq(conn)
     );
     let id: i64 = conn.prepare_cached(&sql)?.query_row(
-        rusqlite::params![f.kind.as_str(), f.scope.as_str(), f.target, f.operator, now_ms, f.reason, expires_at_ms],
+        params![f.kind.as_str(), f.scope.as_str(), f.target, f.operator, now_ms, f.reason, expires_at_ms],
         |r| r.get(0),
     )?;
     let action = format!("fence_{}", f.kind.as_str());
@@ -412,7 +413,7 @@ pub fn active_same(
 /// most likely a typo).
 pub fn conversation_has_messages(conn: &dyn Db, conversation: &str) -> StoreResult<bool> {
     Ok(conn
-        .prepare_cached("SELECT EXISTS (SELECT 1 FROM messages WHERE conversation = ?1)")?
+        .prepare_cached("SELECT EXISTS (SELECT 1 FROM messages WHERE conversation = $1)")?
         .query_row([conversation], |r| r.get(0))?)
 }
 
@@ -428,12 +429,12 @@ pub fn queued_by_pair(
     }
     let (sql, arg) = match (scope, target) {
         (FenceScope::Host, Some(h)) => (
-            "SELECT conversation, host, count(*) FROM deliveries WHERE state = 'queued' AND host = ?1
+            "SELECT conversation, host, count(*) FROM deliveries WHERE state = 'queued' AND host = $1
              GROUP BY conversation, host",
             h,
         ),
         (FenceScope::Conversation, Some(c)) => (
-            "SELECT conversation, host, count(*) FROM deliveries WHERE state = 'queued' AND conversation = ?1
+            "SELECT conversation, host, count(*) FROM deliveries WHERE state = 'queued' AND conversation = $1
              GROUP BY conversation, host",
             c,
         ),
@@ -467,7 +468,7 @@ pub fn next_expiry(conn: &dyn Db) -> StoreResult<Option<i64>> {
 pub fn lift_expired(conn: &dyn Db, now_ms: i64) -> StoreResult<Vec<i64>> {
     let ids: Vec<i64> = conn
         .prepare_cached(
-            "SELECT id FROM fences WHERE lifted_at IS NULL AND expires_at IS NOT NULL AND expires_at <= ?1 ORDER BY id",
+            "SELECT id FROM fences WHERE lifted_at IS NULL AND expires_at IS NOT NULL AND expires_at <= $1 ORDER BY id",
         )?
         .query_map([now_ms], |r| r.get(0))?
         .collect::<Result<_, _>>()?;
@@ -495,11 +496,11 @@ pub fn lift(conn: &dyn Db, id: i64, operator: &str, reason: &str, now_ms: i64) -
 /// Lifts an active fence, recording `action` in the operator event log.
 fn lift_as(conn: &dyn Db, id: i64, operator: &str, reason: &str, action: &str, now_ms: i64) -> StoreResult<()> {
     let sql = format!(
-        "UPDATE fences SET lifted_at = ?2, lifted_by = ?3, lifted_reason = ?4, lifted_after_event = {}
-         WHERE id = ?1 AND lifted_at IS NULL",
+        "UPDATE fences SET lifted_at = $2, lifted_by = $3, lifted_reason = $4, lifted_after_event = {}
+         WHERE id = $1 AND lifted_at IS NULL",
         last_event_seq(conn)
     );
-    let n = conn.prepare_cached(&sql)?.execute(rusqlite::params![id, now_ms, operator, reason])?;
+    let n = conn.prepare_cached(&sql)?.execute(params![id, now_ms, operator, reason])?;
     if n != 1 {
         return Err(StoreError::NotFound(format!("no active fence {id}")));
     }
@@ -536,7 +537,7 @@ pub fn list(conn: &dyn Db, all: bool) -> StoreResult<Vec<FenceRow>> {
     let rows = conn
         .prepare_cached(
             "SELECT id, kind, scope, target, set_by, set_at, reason, lifted_at, lifted_by, expires_at FROM fences
-             WHERE ?1 OR lifted_at IS NULL ORDER BY id DESC",
+             WHERE $1 OR lifted_at IS NULL ORDER BY id DESC",
         )?
         .query_map([all], |r| {
             let id: i64 = r.get(0)?;
@@ -566,7 +567,7 @@ pub fn active_count(conn: &dyn Db) -> StoreResult<i64> {
 /// How many fences are active (as `active_count` counts them) per scope, every scope listed in
 /// `FenceScope::ALL` order, zero included.
 pub fn active_counts_by_scope(conn: &dyn Db) -> StoreResult<Vec<(FenceScope, i64)>> {
-    let mut stmt = conn.prepare_cached("SELECT count(*) FROM fences WHERE lifted_at IS NULL AND scope = ?1")?;
+    let mut stmt = conn.prepare_cached("SELECT count(*) FROM fences WHERE lifted_at IS NULL AND scope = $1")?;
     let mut out = Vec::with_capacity(FenceScope::ALL.len());
     for scope in FenceScope::ALL {
         out.push((scope, stmt.query_row([scope.as_str()], |r| r.get(0))?));
@@ -679,12 +680,12 @@ mod tests {
         let f = NewFence { kind: Pause, scope: FenceScope::All, target: None, operator: "op", reason: "r" };
         let id = set(c, f, 1).unwrap();
         c.execute_batch("PRAGMA ignore_check_constraints = ON").unwrap();
-        c.execute("UPDATE fences SET kind = 'stop' WHERE id = ?1", [id]).unwrap();
+        c.execute("UPDATE fences SET kind = 'stop' WHERE id = $1", [id]).unwrap();
         for e in [active(c).unwrap_err(), list(c, true).unwrap_err()] {
             let StoreError::Corrupt(text) = &e else { panic!("{e:?}") };
             assert!(text.contains(&format!("fences {id}")) && text.contains("kind") && text.contains("stop"), "{text}");
         }
-        c.execute("UPDATE fences SET kind = 'pause', scope = 'everywhere' WHERE id = ?1", [id]).unwrap();
+        c.execute("UPDATE fences SET kind = 'pause', scope = 'everywhere' WHERE id = $1", [id]).unwrap();
         assert!(matches!(active(c), Err(StoreError::Corrupt(t)) if t.contains("scope")));
     }
 

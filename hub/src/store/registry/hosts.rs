@@ -5,6 +5,7 @@ use crate::store::By;
 use crate::store::Store;
 use crate::store::engine::Db;
 use crate::store::engine::OptionalExtension;
+use crate::store::engine::params;
 use crate::store::registry::producers;
 use crate::store::views::fleet;
 use crate::store::{StoreError, StoreResult, parse_column};
@@ -116,16 +117,16 @@ pub fn record_operator_event(
     now_ms: i64,
 ) -> StoreResult<()> {
     conn.prepare_cached(
-        "INSERT INTO operator_events (action, subject, operator, reason, at) VALUES (?1, ?2, ?3, ?4, ?5)",
+        "INSERT INTO operator_events (action, subject, operator, reason, at) VALUES ($1, $2, $3, $4, $5)",
     )?
-    .execute(rusqlite::params![action, subject, operator, reason, now_ms])?;
+    .execute(params![action, subject, operator, reason, now_ms])?;
     Ok(())
 }
 
 /// Adds a host (idempotent); enrolling a node does this.
 pub fn add_host(conn: &dyn Db, host: &str, now_ms: i64) -> StoreResult<()> {
-    conn.prepare_cached("INSERT INTO hosts (name, enrolled_at) VALUES (?1, ?2) ON CONFLICT (name) DO NOTHING")?
-        .execute(rusqlite::params![host, now_ms])?;
+    conn.prepare_cached("INSERT INTO hosts (name, enrolled_at) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING")?
+        .execute(params![host, now_ms])?;
     Ok(())
 }
 
@@ -139,9 +140,9 @@ pub fn record_certificate(
     now_ms: i64,
 ) -> StoreResult<()> {
     conn.prepare_cached(
-        "INSERT INTO certificates (serial, role, name, issued_at, not_after) VALUES (?1, ?2, ?3, ?4, ?5)",
+        "INSERT INTO certificates (serial, role, name, issued_at, not_after) VALUES ($1, $2, $3, $4, $5)",
     )?
-    .execute(rusqlite::params![serial, role.as_str(), name, now_ms, not_after_unix])?;
+    .execute(params![serial, role.as_str(), name, now_ms, not_after_unix])?;
     Ok(())
 }
 
@@ -172,7 +173,7 @@ pub enum Standing {
 /// How `host` stands: not enrolled, retired, or active.
 pub fn standing(conn: &dyn Db, host: &str) -> StoreResult<Standing> {
     let retired: Option<Option<i64>> = conn
-        .prepare_cached("SELECT retired_at FROM hosts WHERE name = ?1")?
+        .prepare_cached("SELECT retired_at FROM hosts WHERE name = $1")?
         .query_row([host], |r| r.get(0))
         .optional()?;
     Ok(match retired {
@@ -207,7 +208,7 @@ pub fn enroll(conn: &dyn Db, cert: Issued<'_>, operator: &str, reason: &str, now
 /// The roles `name` was ever enrolled under (renewal needs exactly one).
 pub fn enrolled_roles(conn: &dyn Db, name: &str) -> StoreResult<Vec<Role>> {
     let roles = conn
-        .prepare_cached("SELECT DISTINCT role FROM certificates WHERE name = ?1 ORDER BY role")?
+        .prepare_cached("SELECT DISTINCT role FROM certificates WHERE name = $1 ORDER BY role")?
         .query_map([name], |r| parse_column(r, 0, "certificates", &format!("of {name}"), "role", Role::parse))?
         .collect::<Result<_, _>>()?;
     Ok(roles)
@@ -227,7 +228,7 @@ pub struct CertStatus {
 /// Looks a certificate up by serial.
 pub fn cert_status(conn: &dyn Db, serial: &str) -> StoreResult<Option<CertStatus>> {
     Ok(conn
-        .prepare_cached("SELECT role, name, revoked_at IS NOT NULL FROM certificates WHERE serial = ?1")?
+        .prepare_cached("SELECT role, name, revoked_at IS NOT NULL FROM certificates WHERE serial = $1")?
         .query_row([serial], |r| {
             Ok(CertStatus {
                 role: parse_column(r, 0, "certificates", serial, "role", Role::parse)?,
@@ -247,7 +248,7 @@ pub fn revoke(
     now_ms: i64,
 ) -> StoreResult<Vec<String>> {
     let serials: Vec<String> = conn
-        .prepare_cached("SELECT serial FROM certificates WHERE (name = ?1 OR serial = ?1) AND revoked_at IS NULL")?
+        .prepare_cached("SELECT serial FROM certificates WHERE (name = $1 OR serial = $1) AND revoked_at IS NULL")?
         .query_map([name_or_serial], |r| r.get(0))?
         .collect::<Result<_, _>>()?;
     if serials.is_empty() {
@@ -255,9 +256,9 @@ pub fn revoke(
     }
     for s in &serials {
         conn.prepare_cached(
-            "UPDATE certificates SET revoked_at = ?2, revoked_by = ?3, revoked_reason = ?4 WHERE serial = ?1",
+            "UPDATE certificates SET revoked_at = $2, revoked_by = $3, revoked_reason = $4 WHERE serial = $1",
         )?
-        .execute(rusqlite::params![s, now_ms, operator, reason])?;
+        .execute(params![s, now_ms, operator, reason])?;
         record_operator_event(conn, "revoke", s, operator, Some(reason), now_ms)?;
     }
     Ok(serials)

@@ -37,11 +37,11 @@ use crate::store::By;
 use crate::store::Store;
 use crate::store::engine::Db;
 use crate::store::engine::OptionalExtension;
+use crate::store::engine::params;
 use crate::store::registry::hosts::record_operator_event;
 use crate::store::{StoreError, StoreResult};
 use baton_shared::ids::check_name;
 use baton_shared::wire::{ConversationView, MemberView, MembershipInterval};
-use rusqlite::named_params;
 
 /// A membership change's direction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -189,7 +189,7 @@ fn cursor(conn: &dyn Db, conversation: &str) -> StoreResult<i64> {
     adopt_families(conn, conversation)?;
     Ok(conn
         .prepare_cached(
-            "INSERT INTO conversations (name, last_seq) VALUES (?1, 0)
+            "INSERT INTO conversations (name, last_seq) VALUES ($1, 0)
              ON CONFLICT (name) DO UPDATE SET last_seq = conversations.last_seq RETURNING last_seq",
         )?
         .query_row([conversation], |r| r.get(0))?)
@@ -197,7 +197,7 @@ fn cursor(conn: &dyn Db, conversation: &str) -> StoreResult<i64> {
 
 /// The conversation's `last_seq`, or `NotFound`.
 fn existing_cursor(conn: &dyn Db, conversation: &str) -> StoreResult<i64> {
-    conn.prepare_cached("SELECT last_seq FROM conversations WHERE name = ?1")?
+    conn.prepare_cached("SELECT last_seq FROM conversations WHERE name = $1")?
         .query_row([conversation], |r| r.get(0))
         .optional()?
         .ok_or_else(|| StoreError::NotFound(format!("no conversation {conversation:?}")))
@@ -207,7 +207,7 @@ fn open_interval(conn: &dyn Db, conversation: &str, host: &str) -> StoreResult<O
     Ok(conn
         .prepare_cached(
             "SELECT join_seq FROM memberships
-             WHERE conversation = ?1 AND host = ?2 AND leave_seq IS NULL AND family IS NULL",
+             WHERE conversation = $1 AND host = $2 AND leave_seq IS NULL AND family IS NULL",
         )?
         .query_row([conversation, host], |r| r.get(0))
         .optional()?)
@@ -254,11 +254,9 @@ pub fn add(
         }
         conn.prepare_cached(
             "INSERT INTO memberships (conversation, host, join_seq, joined_at, joined_by, join_reason)
-             VALUES (:c, :h, :seq, :now, :op, :why)",
+             VALUES ($1, $2, $3, $4, $5, $6)",
         )?
-        .execute(named_params! {
-            ":c": conversation, ":h": host, ":seq": join_seq, ":now": now_ms, ":op": operator, ":why": reason,
-        })?;
+        .execute(params![conversation, host, join_seq, now_ms, operator, reason])?;
         record_operator_event(
             conn,
             "member_add",
@@ -297,7 +295,7 @@ fn open_families(conn: &dyn Db, host: Option<&str>) -> StoreResult<Vec<(i64, Str
     Ok(conn
         .prepare_cached(
             "SELECT id, pattern, host FROM member_families
-             WHERE left_at IS NULL AND (CAST(?1 AS TEXT) IS NULL OR host = ?1) ORDER BY id",
+             WHERE left_at IS NULL AND (CAST($1 AS TEXT) IS NULL OR host = $1) ORDER BY id",
         )?
         .query_map([host], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
         .collect::<Result<_, _>>()?)
@@ -307,10 +305,10 @@ fn insert_family_interval(conn: &dyn Db, conversation: &str, join_seq: i64, fami
     // The family row carries who and why; each interval repeats them for `members list`.
     conn.prepare_cached(
         "INSERT INTO memberships (conversation, host, join_seq, joined_at, joined_by, join_reason, family)
-         SELECT CAST(:c AS TEXT), host, CAST(:seq AS BIGINT), joined_at, joined_by, join_reason, id
-         FROM member_families WHERE id = :f",
+         SELECT CAST($1 AS TEXT), host, CAST($2 AS BIGINT), joined_at, joined_by, join_reason, id
+         FROM member_families WHERE id = $3",
     )?
-    .execute(named_params! {":c": conversation, ":seq": join_seq, ":f": family})?;
+    .execute(params![conversation, join_seq, family])?;
     Ok(())
 }
 
@@ -321,7 +319,7 @@ fn insert_family_interval(conn: &dyn Db, conversation: &str, join_seq: i64, fami
 /// transaction, before the conversation is created otherwise.
 pub fn adopt_families(conn: &dyn Db, conversation: &str) -> StoreResult<()> {
     let exists: bool = conn
-        .prepare_cached("SELECT EXISTS (SELECT 1 FROM conversations WHERE name = ?1)")?
+        .prepare_cached("SELECT EXISTS (SELECT 1 FROM conversations WHERE name = $1)")?
         .query_row([conversation], |r| r.get(0))?;
     if exists {
         return Ok(());
@@ -333,7 +331,7 @@ pub fn adopt_families(conn: &dyn Db, conversation: &str) -> StoreResult<()> {
     if covering.is_empty() {
         return Ok(());
     }
-    conn.prepare_cached("INSERT INTO conversations (name, last_seq) VALUES (?1, 0)")?.execute([conversation])?;
+    conn.prepare_cached("INSERT INTO conversations (name, last_seq) VALUES ($1, 0)")?.execute([conversation])?;
     for (family, _, host) in &covering {
         if crate::store::registry::hosts::standing(conn, host)? == crate::store::registry::hosts::Standing::Active {
             insert_family_interval(conn, conversation, 0, *family)?;
@@ -375,12 +373,9 @@ fn add_family(
         let family: i64 = conn
             .prepare_cached(
                 "INSERT INTO member_families (pattern, host, joined_at, joined_by, join_reason)
-                 VALUES (:p, :h, :now, :op, :why) RETURNING id",
+                 VALUES ($1, $2, $3, $4, $5) RETURNING id",
             )?
-            .query_row(
-                named_params! {":p": family_pattern, ":h": host, ":now": now_ms, ":op": operator, ":why": reason},
-                |r| r.get(0),
-            )?;
+            .query_row(params![family_pattern, host, now_ms, operator, reason], |r| r.get(0))?;
         for (conversation, last_seq) in &matched {
             insert_family_interval(conn, conversation, *last_seq, family)?;
         }
@@ -431,17 +426,15 @@ fn remove_family(
             out.push(MemberChange { host: host.into(), changed: false, seq: None });
             continue;
         };
-        conn.prepare_cached(
-            "UPDATE member_families SET left_at = :now, left_by = :op, leave_reason = :why WHERE id = :f",
-        )?
-        .execute(named_params! {":f": family, ":now": now_ms, ":op": operator, ":why": reason})?;
+        conn.prepare_cached("UPDATE member_families SET left_at = $1, left_by = $2, leave_reason = $3 WHERE id = $4")?
+            .execute(params![now_ms, operator, reason, family])?;
         let closed = conn
             .prepare_cached(
                 "UPDATE memberships SET leave_seq = (SELECT last_seq FROM conversations WHERE name = memberships.conversation),
-                        left_at = :now, left_by = :op, leave_reason = :why
-                 WHERE family = :f AND leave_seq IS NULL",
+                        left_at = $1, left_by = $2, leave_reason = $3
+                 WHERE family = $4 AND leave_seq IS NULL",
             )?
-            .execute(named_params! {":f": family, ":now": now_ms, ":op": operator, ":why": reason})?;
+            .execute(params![now_ms, operator, reason, family])?;
         record_operator_event(
             conn,
             "member_family_remove",
@@ -474,7 +467,7 @@ pub fn remove(
     let hosts = sorted_unique(hosts)?;
     for host in &hosts {
         let enrolled: bool = conn
-            .prepare_cached("SELECT EXISTS (SELECT 1 FROM hosts WHERE name = ?1)")?
+            .prepare_cached("SELECT EXISTS (SELECT 1 FROM hosts WHERE name = $1)")?
             .query_row([host], |r| r.get(0))?;
         if !enrolled {
             return Err(StoreError::Invalid(format!("host {host:?} is not enrolled")));
@@ -485,12 +478,10 @@ pub fn remove(
     for host in hosts {
         let n = conn
             .prepare_cached(
-                "UPDATE memberships SET leave_seq = :seq, left_at = :now, left_by = :op, leave_reason = :why
-                 WHERE conversation = :c AND host = :h AND leave_seq IS NULL AND family IS NULL",
+                "UPDATE memberships SET leave_seq = $1, left_at = $2, left_by = $3, leave_reason = $4
+                 WHERE conversation = $5 AND host = $6 AND leave_seq IS NULL AND family IS NULL",
             )?
-            .execute(named_params! {
-                ":c": conversation, ":h": host, ":seq": leave_seq, ":now": now_ms, ":op": operator, ":why": reason,
-            })?;
+            .execute(params![leave_seq, now_ms, operator, reason, conversation, host])?;
         if n == 1 {
             record_operator_event(
                 conn,
@@ -516,7 +507,7 @@ pub fn leave_all(conn: &dyn Db, host: &str, operator: &str, reason: &str, now_ms
     }
     let exact: Vec<String> = conn
         .prepare_cached(
-            "SELECT conversation FROM memberships WHERE host = ?1 AND leave_seq IS NULL AND family IS NULL
+            "SELECT conversation FROM memberships WHERE host = $1 AND leave_seq IS NULL AND family IS NULL
              ORDER BY conversation",
         )?
         .query_map([host], |r| r.get(0))?
@@ -526,7 +517,7 @@ pub fn leave_all(conn: &dyn Db, host: &str, operator: &str, reason: &str, now_ms
     }
     let granted: Vec<String> = conn
         .prepare_cached(
-            "SELECT conversation FROM mention_grants WHERE host = ?1 AND revoke_seq IS NULL ORDER BY conversation",
+            "SELECT conversation FROM mention_grants WHERE host = $1 AND revoke_seq IS NULL ORDER BY conversation",
         )?
         .query_map([host], |r| r.get(0))?
         .collect::<Result<_, _>>()?;
@@ -541,7 +532,7 @@ pub fn leave_all(conn: &dyn Db, host: &str, operator: &str, reason: &str, now_ms
 pub fn memberships_of(conn: &dyn Db, host: &str) -> StoreResult<Vec<String>> {
     Ok(conn
         .prepare_cached(
-            "SELECT DISTINCT conversation FROM memberships WHERE host = ?1 AND leave_seq IS NULL ORDER BY conversation",
+            "SELECT DISTINCT conversation FROM memberships WHERE host = $1 AND leave_seq IS NULL ORDER BY conversation",
         )?
         .query_map([host], |r| r.get(0))?
         .collect::<Result<_, _>>()?)
@@ -573,11 +564,9 @@ pub fn allow_mention(
         }
         conn.prepare_cached(
             "INSERT INTO mention_grants (conversation, host, grant_seq, granted_at, granted_by, grant_reason)
-             VALUES (:c, :h, :seq, :now, :op, :why)",
+             VALUES ($1, $2, $3, $4, $5, $6)",
         )?
-        .execute(named_params! {
-            ":c": conversation, ":h": host, ":seq": grant_seq, ":now": now_ms, ":op": operator, ":why": reason,
-        })?;
+        .execute(params![conversation, host, grant_seq, now_ms, operator, reason])?;
         record_operator_event(
             conn,
             "mention_allow",
@@ -616,12 +605,10 @@ pub fn disallow_mention(
     for host in hosts {
         let n = conn
             .prepare_cached(
-                "UPDATE mention_grants SET revoke_seq = :seq, revoked_at = :now, revoked_by = :op, revoke_reason = :why
-                 WHERE conversation = :c AND host = :h AND revoke_seq IS NULL",
+                "UPDATE mention_grants SET revoke_seq = $1, revoked_at = $2, revoked_by = $3, revoke_reason = $4
+                 WHERE conversation = $5 AND host = $6 AND revoke_seq IS NULL",
             )?
-            .execute(named_params! {
-                ":c": conversation, ":h": host, ":seq": revoke_seq, ":now": now_ms, ":op": operator, ":why": reason,
-            })?;
+            .execute(params![revoke_seq, now_ms, operator, reason, conversation, host])?;
         if n == 1 {
             record_operator_event(
                 conn,
@@ -640,7 +627,7 @@ pub fn disallow_mention(
 fn open_grant(conn: &dyn Db, conversation: &str, host: &str) -> StoreResult<Option<i64>> {
     Ok(conn
         .prepare_cached(
-            "SELECT grant_seq FROM mention_grants WHERE conversation = ?1 AND host = ?2 AND revoke_seq IS NULL",
+            "SELECT grant_seq FROM mention_grants WHERE conversation = $1 AND host = $2 AND revoke_seq IS NULL",
         )?
         .query_row([conversation, host], |r| r.get(0))
         .optional()?)
@@ -657,7 +644,7 @@ fn mentions(conn: &dyn Db, conversation: &str) -> StoreResult<Vec<MentionRow>> {
         .prepare_cached(
             "SELECT host, grant_seq, granted_at, granted_by, grant_reason, revoke_seq, revoked_at, revoked_by,
                     revoke_reason
-             FROM mention_grants WHERE conversation = ?1 ORDER BY host, grant_seq, id",
+             FROM mention_grants WHERE conversation = $1 ORDER BY host, grant_seq, id",
         )?
         .query_map([conversation], |r| {
             Ok(MentionRow {
@@ -679,7 +666,7 @@ fn mentions(conn: &dyn Db, conversation: &str) -> StoreResult<Vec<MentionRow>> {
 pub fn current_members(conn: &dyn Db, conversation: &str) -> StoreResult<Vec<String>> {
     Ok(conn
         .prepare_cached(
-            "SELECT DISTINCT host FROM memberships WHERE conversation = ?1 AND leave_seq IS NULL ORDER BY host",
+            "SELECT DISTINCT host FROM memberships WHERE conversation = $1 AND leave_seq IS NULL ORDER BY host",
         )?
         .query_map([conversation], |r| r.get(0))?
         .collect::<Result<_, _>>()?)
@@ -688,7 +675,7 @@ pub fn current_members(conn: &dyn Db, conversation: &str) -> StoreResult<Vec<Str
 /// Whether the conversation has ever had a member (it is then not open any more).
 pub fn has_membership(conn: &dyn Db, conversation: &str) -> StoreResult<bool> {
     Ok(conn
-        .prepare_cached("SELECT EXISTS (SELECT 1 FROM memberships WHERE conversation = ?1)")?
+        .prepare_cached("SELECT EXISTS (SELECT 1 FROM memberships WHERE conversation = $1)")?
         .query_row([conversation], |r| r.get(0))?)
 }
 
@@ -699,13 +686,13 @@ pub fn has_membership(conn: &dyn Db, conversation: &str) -> StoreResult<bool> {
 pub fn authorized(conn: &dyn Db, conversation: &str, host: &str, seq: i64) -> StoreResult<bool> {
     Ok(conn
         .prepare_cached(
-            "SELECT NOT EXISTS (SELECT 1 FROM memberships WHERE conversation = :c AND join_seq < :s)
-                 OR EXISTS (SELECT 1 FROM memberships WHERE conversation = :c AND host = :h AND join_seq < :s
-                                AND (leave_seq IS NULL OR :s <= leave_seq))
-                 OR EXISTS (SELECT 1 FROM mention_grants WHERE conversation = :c AND host = :h AND grant_seq < :s
-                                AND (revoke_seq IS NULL OR :s <= revoke_seq))",
+            "SELECT NOT EXISTS (SELECT 1 FROM memberships WHERE conversation = $1 AND join_seq < $2)
+                 OR EXISTS (SELECT 1 FROM memberships WHERE conversation = $1 AND host = $3 AND join_seq < $2
+                                AND (leave_seq IS NULL OR $2 <= leave_seq))
+                 OR EXISTS (SELECT 1 FROM mention_grants WHERE conversation = $1 AND host = $3 AND grant_seq < $2
+                                AND (revoke_seq IS NULL OR $2 <= revoke_seq))",
         )?
-        .query_row(named_params! {":c": conversation, ":h": host, ":s": seq}, |r| r.get(0))?)
+        .query_row(params![conversation, seq, host], |r| r.get(0))?)
 }
 
 fn intervals(conn: &dyn Db, conversation: &str) -> StoreResult<Vec<(String, IntervalRow)>> {
@@ -714,7 +701,7 @@ fn intervals(conn: &dyn Db, conversation: &str) -> StoreResult<Vec<(String, Inte
             "SELECT m.host, m.join_seq, m.joined_at, m.joined_by, m.join_reason, m.leave_seq, m.left_at, m.left_by,
                     m.leave_reason, f.pattern
              FROM memberships m LEFT JOIN member_families f ON f.id = m.family
-             WHERE m.conversation = ?1 ORDER BY m.host, m.join_seq, m.id",
+             WHERE m.conversation = $1 ORDER BY m.host, m.join_seq, m.id",
         )?
         .query_map([conversation], |r| {
             Ok((

@@ -16,12 +16,12 @@ use crate::store::By;
 use crate::store::Store;
 use crate::store::engine::Db;
 use crate::store::engine::OptionalExtension;
+use crate::store::engine::params;
 use crate::store::registry::hosts::record_operator_event;
 use crate::store::registry::members;
 use crate::store::{StoreError, StoreResult};
 use baton_shared::ids::{NAME_CHARS_MAX, check_name};
 use baton_shared::wire::ConversationView;
-use rusqlite::named_params;
 
 impl Store {
     /// Replaces the producer's approval right (`set_approvals`); returns it.
@@ -134,7 +134,7 @@ fn from_i64(v: Option<i64>) -> Option<u64> {
 /// The producer's quota (`QUOTA_DEFAULT` when none is stored).
 pub fn quota_of(conn: &dyn Db, producer: &str) -> StoreResult<Quota> {
     let row: Option<(Option<i64>, Option<i64>)> = conn
-        .prepare_cached("SELECT unsettled_max, unsettled_bytes_max FROM producer_quotas WHERE producer = ?1")?
+        .prepare_cached("SELECT unsettled_max, unsettled_bytes_max FROM producer_quotas WHERE producer = $1")?
         .query_row([producer], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?;
     Ok(match row {
@@ -149,9 +149,9 @@ fn unsettled(conn: &dyn Db, producer: &str, limit: i64) -> StoreResult<(i64, i64
     Ok(conn
         .prepare_cached(
             "SELECT count(*), coalesce(sum(octet_length(payload)), 0) FROM (
-                 SELECT payload FROM messages WHERE producer = ?1 AND settled_at IS NULL LIMIT ?2) AS u",
+                 SELECT payload FROM messages WHERE producer = $1 AND settled_at IS NULL LIMIT $2) AS u",
         )?
-        .query_row(rusqlite::params![producer, limit], |r| Ok((r.get(0)?, r.get(1)?)))?)
+        .query_row(params![producer, limit], |r| Ok((r.get(0)?, r.get(1)?)))?)
 }
 
 /// Refuses (`OverQuota`, naming the quota, its limit and what is unsettled) a new message of
@@ -196,7 +196,7 @@ pub fn check_quota(conn: &dyn Db, producer: &str, payload_bytes: usize) -> Store
 fn require_producer(conn: &dyn Db, producer: &str) -> StoreResult<()> {
     check_name("producer", producer).map_err(|e| StoreError::Invalid(e.to_string()))?;
     let enrolled: bool = conn
-        .prepare_cached("SELECT EXISTS (SELECT 1 FROM certificates WHERE role = 'producer' AND name = ?1)")?
+        .prepare_cached("SELECT EXISTS (SELECT 1 FROM certificates WHERE role = 'producer' AND name = $1)")?
         .query_row([producer], |r| r.get(0))?;
     if !enrolled {
         return Err(StoreError::NotFound(format!("no producer {producer} was ever enrolled")));
@@ -229,14 +229,11 @@ pub fn set_quota(
         .map_err(StoreError::Invalid)?;
     conn.prepare_cached(
         "INSERT INTO producer_quotas (producer, unsettled_max, unsettled_bytes_max, set_by, set_at)
-         VALUES (:p, :m, :b, :op, :now)
+         VALUES ($1, $2, $3, $4, $5)
          ON CONFLICT (producer) DO UPDATE SET unsettled_max = excluded.unsettled_max,
              unsettled_bytes_max = excluded.unsettled_bytes_max, set_by = excluded.set_by, set_at = excluded.set_at",
     )?
-    .execute(named_params! {
-        ":p": producer, ":m": to_i64(new.unsettled_max), ":b": to_i64(new.unsettled_bytes_max),
-        ":op": operator, ":now": now_ms,
-    })?;
+    .execute(params![producer, to_i64(new.unsettled_max), to_i64(new.unsettled_bytes_max), operator, now_ms])?;
     let shown = |v: Option<u64>| v.map_or_else(|| "unlimited".to_string(), |v| v.to_string());
     record_operator_event(
         conn,
@@ -285,7 +282,7 @@ pub fn covers(pattern: &str, conversation: &str) -> bool {
 /// The producer's stored patterns, sorted; empty when none is stored (the default applies).
 fn stored(conn: &dyn Db, producer: &str) -> StoreResult<Vec<String>> {
     Ok(conn
-        .prepare_cached("SELECT pattern FROM producer_scopes WHERE producer = ?1 ORDER BY pattern")?
+        .prepare_cached("SELECT pattern FROM producer_scopes WHERE producer = $1 ORDER BY pattern")?
         .query_map([producer], |r| r.get(0))?
         .collect::<Result<_, _>>()?)
 }
@@ -337,12 +334,10 @@ pub fn set_scope(
     for p in &patterns {
         check_pattern(p).map_err(StoreError::Invalid)?;
     }
-    conn.prepare_cached("DELETE FROM producer_scopes WHERE producer = ?1")?.execute([producer])?;
+    conn.prepare_cached("DELETE FROM producer_scopes WHERE producer = $1")?.execute([producer])?;
     for p in &patterns {
-        conn.prepare_cached(
-            "INSERT INTO producer_scopes (producer, pattern, set_by, set_at) VALUES (:p, :pattern, :op, :now)",
-        )?
-        .execute(named_params! {":p": producer, ":pattern": p, ":op": operator, ":now": now_ms})?;
+        conn.prepare_cached("INSERT INTO producer_scopes (producer, pattern, set_by, set_at) VALUES ($1, $2, $3, $4)")?
+            .execute(params![producer, p, operator, now_ms])?;
     }
     record_operator_event(
         conn,
@@ -359,7 +354,7 @@ pub fn set_scope(
 /// it has no approval right (the default: approving is an operator's until one grants it).
 pub fn approvals_of(conn: &dyn Db, producer: &str) -> StoreResult<Vec<String>> {
     Ok(conn
-        .prepare_cached("SELECT pattern FROM producer_approvals WHERE producer = ?1 ORDER BY pattern")?
+        .prepare_cached("SELECT pattern FROM producer_approvals WHERE producer = $1 ORDER BY pattern")?
         .query_map([producer], |r| r.get(0))?
         .collect::<Result<_, _>>()?)
 }
@@ -389,12 +384,12 @@ pub fn set_approvals(
     for p in &patterns {
         check_pattern(p).map_err(StoreError::Invalid)?;
     }
-    conn.prepare_cached("DELETE FROM producer_approvals WHERE producer = ?1")?.execute([producer])?;
+    conn.prepare_cached("DELETE FROM producer_approvals WHERE producer = $1")?.execute([producer])?;
     for p in &patterns {
         conn.prepare_cached(
-            "INSERT INTO producer_approvals (producer, pattern, set_by, set_at) VALUES (:p, :pattern, :op, :now)",
+            "INSERT INTO producer_approvals (producer, pattern, set_by, set_at) VALUES ($1, $2, $3, $4)",
         )?
-        .execute(named_params! {":p": producer, ":pattern": p, ":op": operator, ":now": now_ms})?;
+        .execute(params![producer, p, operator, now_ms])?;
     }
     let shown = if patterns.is_empty() { "none".to_string() } else { patterns.join(" ") };
     record_operator_event(conn, "producer_approve", &format!("{producer}: {shown}"), operator, Some(reason), now_ms)?;

@@ -22,12 +22,12 @@
 use crate::store::Store;
 use crate::store::engine::Db;
 use crate::store::engine::OptionalExtension;
+use crate::store::engine::params;
 use crate::store::lifecycle::claim::NodeAt;
 use crate::store::lifecycle::claim::RebindLimit;
 use crate::store::lifecycle::claim::bind_instance;
 use crate::store::registry::hosts::{self, Standing};
 use crate::store::{StoreError, StoreResult};
-use rusqlite::named_params;
 use std::time::Duration;
 
 impl Store {
@@ -97,16 +97,16 @@ pub fn open(
     let lease = i64::try_from(start_lease_ms.max(1)).unwrap_or(i64::MAX);
     bind_instance(conn, host, instance_id, rebind, now_ms)?;
     let last: Option<(i64, Option<i64>)> = conn
-        .prepare_cached("SELECT session, ended_at FROM node_sessions WHERE host = ?1 ORDER BY session DESC LIMIT 1")?
+        .prepare_cached("SELECT session, ended_at FROM node_sessions WHERE host = $1 ORDER BY session DESC LIMIT 1")?
         .query_row([host], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?;
     let session = last.map_or(1, |(s, _)| s + 1);
     let took_over = match last {
         Some((previous, None)) => {
             conn.prepare_cached(
-                "UPDATE node_sessions SET ended_at = ?3, ended_how = 'superseded' WHERE host = ?1 AND session = ?2",
+                "UPDATE node_sessions SET ended_at = $3, ended_how = 'superseded' WHERE host = $1 AND session = $2",
             )?
-            .execute(rusqlite::params![host, previous, now_ms])?;
+            .execute(params![host, previous, now_ms])?;
             crate::store::registry::hosts::record_operator_event(
                 conn,
                 "session_takeover",
@@ -124,12 +124,18 @@ pub fn open(
     conn.prepare_cached(
         "INSERT INTO node_sessions (host, session, instance_id, node_version, started_at, took_over, last_contact_at,
                                     start_lease_ms, start_lease_until)
-         VALUES (:h, :s, :i, :v, :now, :t, :now, :lease, :until)",
+         VALUES ($1, $2, $3, $4, $5, $6, $5, $7, $8)",
     )?
-    .execute(named_params! {
-        ":h": host, ":s": session, ":i": instance_id, ":v": node_version, ":now": now_ms, ":t": took_over,
-        ":lease": lease, ":until": now_ms.saturating_add(lease),
-    })?;
+    .execute(params![
+        host,
+        session,
+        instance_id,
+        node_version,
+        now_ms,
+        took_over,
+        lease,
+        now_ms.saturating_add(lease)
+    ])?;
     Ok(Opened { session: session as u64, took_over: took_over.map(|t| t as u64), start_lease_ms: lease as u64 })
 }
 
@@ -138,8 +144,8 @@ pub fn open(
 pub fn end(conn: &dyn Db, host: &str, instance_id: &str, session: u64, now_ms: i64) -> StoreResult<()> {
     check(conn, host, Some(session))?;
     let row: Option<(String, Option<i64>)> = conn
-        .prepare_cached("SELECT instance_id, ended_at FROM node_sessions WHERE host = ?1 AND session = ?2")?
-        .query_row(rusqlite::params![host, session as i64], |r| Ok((r.get(0)?, r.get(1)?)))
+        .prepare_cached("SELECT instance_id, ended_at FROM node_sessions WHERE host = $1 AND session = $2")?
+        .query_row(params![host, session as i64], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?;
     let Some((owner, ended_at)) = row else {
         return Err(StoreError::NotFound(format!("host {host} has no session {session}")));
@@ -149,10 +155,10 @@ pub fn end(conn: &dyn Db, host: &str, instance_id: &str, session: u64, now_ms: i
     }
     if ended_at.is_none() {
         conn.prepare_cached(
-            "UPDATE node_sessions SET ended_at = ?3, ended_how = 'clean', last_contact_at = ?3, start_lease_until = NULL
-             WHERE host = ?1 AND session = ?2",
+            "UPDATE node_sessions SET ended_at = $3, ended_how = 'clean', last_contact_at = $3, start_lease_until = NULL
+             WHERE host = $1 AND session = $2",
         )?
-        .execute(rusqlite::params![host, session as i64, now_ms])?;
+        .execute(params![host, session as i64, now_ms])?;
     }
     Ok(())
 }
@@ -164,7 +170,7 @@ pub fn end(conn: &dyn Db, host: &str, instance_id: &str, session: u64, now_ms: i
 /// restored from an older backup) is refused as superseded, so the node registers anew.
 pub fn check(conn: &dyn Db, host: &str, session: Option<u64>) -> StoreResult<()> {
     let newest: Option<i64> = conn
-        .prepare_cached("SELECT max(session) FROM node_sessions WHERE host = ?1")?
+        .prepare_cached("SELECT max(session) FROM node_sessions WHERE host = $1")?
         .query_row([host], |r| r.get(0))?;
     let Some(session) = session else {
         return match newest {
@@ -191,10 +197,10 @@ pub fn check(conn: &dyn Db, host: &str, session: Option<u64>) -> StoreResult<()>
 /// (the caller checked that it is the host's newest session).
 pub fn renew_lease(conn: &dyn Db, host: &str, session: u64, now_ms: i64) -> StoreResult<()> {
     conn.prepare_cached(
-        "UPDATE node_sessions SET start_lease_until = ?3 + start_lease_ms
-         WHERE host = ?1 AND session = ?2 AND start_lease_ms IS NOT NULL AND ended_at IS NULL",
+        "UPDATE node_sessions SET start_lease_until = $3 + start_lease_ms
+         WHERE host = $1 AND session = $2 AND start_lease_ms IS NOT NULL AND ended_at IS NULL",
     )?
-    .execute(rusqlite::params![host, session as i64, now_ms])?;
+    .execute(params![host, session as i64, now_ms])?;
     Ok(())
 }
 
@@ -202,8 +208,8 @@ pub fn renew_lease(conn: &dyn Db, host: &str, session: u64, now_ms: i64) -> Stor
 /// on its own; `None` when it holds no lease (never granted, or it ended cleanly).
 pub fn lease_until(conn: &dyn Db, host: &str, session: u64) -> StoreResult<Option<i64>> {
     Ok(conn
-        .prepare_cached("SELECT start_lease_until FROM node_sessions WHERE host = ?1 AND session = ?2")?
-        .query_row(rusqlite::params![host, session as i64], |r| r.get::<_, Option<i64>>(0))
+        .prepare_cached("SELECT start_lease_until FROM node_sessions WHERE host = $1 AND session = $2")?
+        .query_row(params![host, session as i64], |r| r.get::<_, Option<i64>>(0))
         .optional()?
         .flatten())
 }
@@ -242,9 +248,9 @@ impl Lease {
 pub fn lease(conn: &dyn Db, host: &str, session: u64) -> StoreResult<Option<Lease>> {
     Ok(conn
         .prepare_cached(
-            "SELECT start_lease_until, start_lease_ms, started_at FROM node_sessions WHERE host = ?1 AND session = ?2",
+            "SELECT start_lease_until, start_lease_ms, started_at FROM node_sessions WHERE host = $1 AND session = $2",
         )?
-        .query_row(rusqlite::params![host, session as i64], |r| {
+        .query_row(params![host, session as i64], |r| {
             Ok((r.get::<_, Option<i64>>(0)?, r.get::<_, Option<i64>>(1)?, r.get::<_, i64>(2)?))
         })
         .optional()?
@@ -257,10 +263,10 @@ pub fn lease(conn: &dyn Db, host: &str, session: u64) -> StoreResult<Option<Leas
 /// in-memory record of accepted node requests; a time never moves backwards.
 pub fn record_contacts(conn: &dyn Db, contacts: &[(String, u64, i64)]) -> StoreResult<()> {
     let mut stmt = conn.prepare_cached(
-        "UPDATE node_sessions SET last_contact_at = max(last_contact_at, ?3) WHERE host = ?1 AND session = ?2",
+        "UPDATE node_sessions SET last_contact_at = max(last_contact_at, $3) WHERE host = $1 AND session = $2",
     )?;
     for (host, session, at) in contacts {
-        stmt.execute(rusqlite::params![host, *session as i64, at])?;
+        stmt.execute(params![host, *session as i64, at])?;
     }
     Ok(())
 }
@@ -273,7 +279,7 @@ mod tests {
 
     fn row(conn: &dyn Db, session: i64) -> (Option<i64>, Option<String>, Option<i64>, i64) {
         conn.query_row(
-            "SELECT ended_at, ended_how, took_over, last_contact_at FROM node_sessions WHERE host = 'host-a' AND session = ?1",
+            "SELECT ended_at, ended_how, took_over, last_contact_at FROM node_sessions WHERE host = 'host-a' AND session = $1",
             [session],
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
         )

@@ -12,6 +12,7 @@ use super::registry::fences::{self, FenceKind, FenceScope, NewFence};
 use super::registry::{hosts, sessions};
 use super::views::{fleet, read};
 use super::{StoreError, testing};
+use crate::store::engine::params;
 use baton_shared::states::Outcome;
 use baton_shared::wire::ClaimedDelivery;
 
@@ -56,18 +57,17 @@ fn every_text_round_trips_through_the_connection() {
     let c: &dyn Db = &*db.conn;
     c.execute_batch("CREATE TEMP TABLE text_probe (n INTEGER, v TEXT)").unwrap();
     for (n, v) in hostile().iter().enumerate() {
-        c.execute("INSERT INTO text_probe (n, v) VALUES (?1, ?2)", rusqlite::params![n as i64, v])
+        c.execute("INSERT INTO text_probe (n, v) VALUES ($1, $2)", params![n as i64, v])
             .unwrap_or_else(|e| panic!("storing {}: {e}", shown(v)));
-        let back: String = c.query_row("SELECT v FROM text_probe WHERE n = ?1", [n as i64], |r| r.get(0)).unwrap();
+        let back: String = c.query_row("SELECT v FROM text_probe WHERE n = $1", [n as i64], |r| r.get(0)).unwrap();
         same("read back", Some(&back), v);
         let found: i64 =
-            c.query_row("SELECT n FROM text_probe WHERE v = ?1", [v], |r| r.get(0)).expect("found by equality");
+            c.query_row("SELECT n FROM text_probe WHERE v = $1", [v], |r| r.get(0)).expect("found by equality");
         assert_eq!(found, n as i64, "{}", shown(v));
-        let joined: String = c
-            .query_row("SELECT v || ?2 FROM text_probe WHERE n = ?1", rusqlite::params![n as i64, v], |r| r.get(0))
-            .unwrap();
+        let joined: String =
+            c.query_row("SELECT v || $2 FROM text_probe WHERE n = $1", params![n as i64, v], |r| r.get(0)).unwrap();
         same("concatenated", Some(&joined), &format!("{v}{v}"));
-        let param: String = c.query_row("SELECT ?1", [v], |r| r.get(0)).unwrap();
+        let param: String = c.query_row("SELECT $1", [v], |r| r.get(0)).unwrap();
         same("a parameter read back", Some(&param), v);
     }
 }
@@ -143,11 +143,11 @@ fn every_stored_text_field_keeps_its_bytes() {
         let row = fences::list(c, true).unwrap().into_iter().find(|f| f.id == id).expect("the fence");
         same("fence reason", Some(&row.reason), v);
         let lifted: Option<String> =
-            c.query_row("SELECT lifted_reason FROM fences WHERE id = ?1", [id], |r| r.get(0)).unwrap();
+            c.query_row("SELECT lifted_reason FROM fences WHERE id = $1", [id], |r| r.get(0)).unwrap();
         same("lift reason", lifted.as_deref(), v);
         hosts::record_operator_event(c, "probe", &format!("s{n}"), "op", Some(v), 8).unwrap();
         let stored: Option<String> = c
-            .query_row("SELECT reason FROM operator_events WHERE subject = ?1", [format!("s{n}")], |r| r.get(0))
+            .query_row("SELECT reason FROM operator_events WHERE subject = $1", [format!("s{n}")], |r| r.get(0))
             .unwrap();
         same("operator event reason", stored.as_deref(), v);
     }
@@ -174,7 +174,7 @@ fn an_approval_reason_keeps_its_bytes() {
         decide(c, &message_id, Decider::Operator("op"), Decision::Reject, v, 2)
             .unwrap_or_else(|e| panic!("approval reason {}: {e}", shown(v)));
         let stored: Option<String> =
-            c.query_row("SELECT approval_reason FROM messages WHERE id = ?1", [&message_id], |r| r.get(0)).unwrap();
+            c.query_row("SELECT approval_reason FROM messages WHERE id = $1", [&message_id], |r| r.get(0)).unwrap();
         same("approval reason", stored.as_deref(), v);
         let view = read::message_view(c, &message_id).unwrap();
         assert_eq!(view.deliveries[0].delivery_id, deliveries[0].delivery_id);

@@ -1,6 +1,7 @@
 //! The turn-control operations' tests (`turns.rs`): starts, the start lease, cancels, retries.
 
 use super::*;
+use crate::store::engine::params;
 use crate::store::lifecycle::accept::testing::accept_one;
 use crate::store::lifecycle::claim::{self, ack, mirrored};
 use crate::store::lifecycle::report::{NewReport, RunReport, report_run};
@@ -13,11 +14,11 @@ use std::time::Duration;
 fn message(conn: &dyn Db, conv: &str, key: &str, max_attempts: u32) -> String {
     let m = accept_one(conn, conv, key, &["host-a"]);
     conn.execute(
-        "UPDATE messages SET max_attempts = ?2, retry_backoff_ms = 1000 WHERE id = ?1",
-        rusqlite::params![m, max_attempts],
+        "UPDATE messages SET max_attempts = $2, retry_backoff_ms = 1000 WHERE id = $1",
+        params![m, max_attempts],
     )
     .unwrap();
-    conn.query_row("SELECT id FROM deliveries WHERE message_id = ?1", [&m], |r| r.get(0)).unwrap()
+    conn.query_row("SELECT id FROM deliveries WHERE message_id = $1", [&m], |r| r.get(0)).unwrap()
 }
 
 fn claim_all(conn: &dyn Db, now: i64) -> Vec<ClaimedDelivery> {
@@ -68,7 +69,7 @@ fn state(conn: &dyn Db, id: &str) -> DeliveryState {
 }
 
 fn events(conn: &dyn Db, id: &str) -> i64 {
-    conn.query_row("SELECT count(*) FROM delivery_events WHERE delivery_id = ?1", [id], |r| r.get(0)).unwrap()
+    conn.query_row("SELECT count(*) FROM delivery_events WHERE delivery_id = $1", [id], |r| r.get(0)).unwrap()
 }
 
 fn item(d: &ClaimedDelivery) -> StartItem {
@@ -88,7 +89,7 @@ fn a_start_is_recorded_once_per_run_and_refused_to_another_session() {
     assert!(results[0].start, "{results:?}");
     assert_eq!(results[1].code.as_deref(), Some("stale_claim"), "mirrored is not delivered yet");
     let started: (Option<i64>, Option<i64>) = c
-        .query_row("SELECT started_session, started_at FROM deliveries WHERE id = ?1", [&got[0].delivery_id], |r| {
+        .query_row("SELECT started_session, started_at FROM deliveries WHERE id = $1", [&got[0].delivery_id], |r| {
             Ok((r.get(0)?, r.get(1)?))
         })
         .unwrap();
@@ -148,7 +149,7 @@ fn a_newer_session_waits_for_the_older_lease_before_starting_what_the_older_acke
         (false, Some("start_lease_pending"), Some(800))
     );
     let started: Option<i64> = c
-        .query_row("SELECT started_session FROM deliveries WHERE id = ?1", [&got[0].delivery_id], |r| r.get(0))
+        .query_row("SELECT started_session FROM deliveries WHERE id = $1", [&got[0].delivery_id], |r| r.get(0))
         .unwrap();
     assert_eq!(started, None, "a pending start records nothing");
     assert!(start(c, "host-a", "i", copy.session, &[item(&uncovered[0])], 701).unwrap()[0].start);
@@ -171,7 +172,7 @@ fn a_newer_session_waits_for_the_older_lease_before_starting_what_the_older_acke
     let r = start(c, "host-a", "i", copy.session, &[item(&got[0])], 1_500).unwrap();
     assert_eq!((r[0].start, r[0].code.as_deref()), (false, Some("started_elsewhere")), "{:?}", r[0].message);
     let started: Option<i64> = c
-        .query_row("SELECT started_session FROM deliveries WHERE id = ?1", [&got[0].delivery_id], |r| r.get(0))
+        .query_row("SELECT started_session FROM deliveries WHERE id = $1", [&got[0].delivery_id], |r| r.get(0))
         .unwrap();
     assert_eq!(started, None, "a refused start records nothing");
     // A clean end gives the lease up: what that session acked and did not start is the next
@@ -244,7 +245,7 @@ fn cancel_in_every_state_is_idempotent() {
         }
     }
     let (reason, by): (Option<String>, Option<String>) = c
-        .query_row("SELECT reason, cancel_by FROM deliveries WHERE id = ?1", [&claimed.delivery_id], |r| {
+        .query_row("SELECT reason, cancel_by FROM deliveries WHERE id = $1", [&claimed.delivery_id], |r| {
             Ok((r.get(0)?, r.get(1)?))
         })
         .unwrap();
@@ -326,7 +327,7 @@ fn a_retry_waits_for_its_time_keeps_order_and_ends_when_runs_are_spent() {
     assert!(!attempt.retryable && retry_at2.is_none(), "max_attempts spent: final");
     assert_eq!(state(c, &first), Delivered);
     let runs: Vec<(u32, bool, Option<String>)> = c
-        .prepare("SELECT attempt, retryable, caused_by FROM attempts WHERE delivery_id = ?1 ORDER BY attempt")
+        .prepare("SELECT attempt, retryable, caused_by FROM attempts WHERE delivery_id = $1 ORDER BY attempt")
         .unwrap()
         .query_map([&first], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
         .unwrap()
@@ -390,7 +391,7 @@ fn operator_retry_and_redrive_rerun_final_deliveries_out_of_order() {
     expected.sort();
     assert_eq!(ids, expected);
     let (by, why): (String, String) = c
-        .query_row("SELECT rerun_by, rerun_reason FROM deliveries WHERE id = ?1", [&failed], |r| {
+        .query_row("SELECT rerun_by, rerun_reason FROM deliveries WHERE id = $1", [&failed], |r| {
             Ok((r.get(0)?, r.get(1)?))
         })
         .unwrap();
@@ -406,6 +407,6 @@ fn operator_retry_and_redrive_rerun_final_deliveries_out_of_order() {
     assert_eq!(redrive_batch(c, &fc, i64::MIN, 10).unwrap().len(), 1);
     retry(c, &x, "op", "r", 10).unwrap();
     let cancel_cleared: bool =
-        c.query_row("SELECT cancel_requested_at IS NULL FROM deliveries WHERE id = ?1", [&x], |r| r.get(0)).unwrap();
+        c.query_row("SELECT cancel_requested_at IS NULL FROM deliveries WHERE id = $1", [&x], |r| r.get(0)).unwrap();
     assert!(cancel_cleared);
 }

@@ -16,10 +16,10 @@ use crate::store::By;
 use crate::store::Store;
 use crate::store::StoreResult;
 use crate::store::engine::Db;
+use crate::store::engine::params;
 use crate::store::registry::hosts::record_operator_event;
 use crate::store::upkeep::retention::UNFINISHED;
 use baton_shared::states::DeliveryState;
-use rusqlite::named_params;
 
 /// What a purge names, owned (see `Target`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,12 +115,12 @@ impl Plan {
 }
 
 const TARGET: &str =
-    "(CAST(:m AS TEXT) IS NOT NULL AND m.id = :m) OR (CAST(:c AS TEXT) IS NOT NULL AND m.conversation = :c)";
+    "(CAST($1 AS TEXT) IS NOT NULL AND m.id = $1) OR (CAST($2 AS TEXT) IS NOT NULL AND m.conversation = $2)";
 
 /// What purging `target` would do.
 pub fn plan(conn: &dyn Db, target: Target<'_>) -> StoreResult<Plan> {
     let (m, c) = target.params();
-    let p = named_params! {":m": m, ":c": c};
+    let p = params![m, c];
     let messages: Vec<String> = conn
         .prepare_cached(&format!("SELECT m.id FROM messages m WHERE {TARGET} ORDER BY m.seq"))?
         .query_map(p, |r| r.get(0))?
@@ -137,9 +137,9 @@ pub fn plan(conn: &dyn Db, target: Target<'_>) -> StoreResult<Plan> {
                AND (d.state IN ('queued', 'held', 'claimed', 'mirrored')
                     OR (d.state = 'delivered'
                         AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)))
-             ORDER BY d.n LIMIT :max"
+             ORDER BY d.n LIMIT $3"
         ))?
-        .query_map(named_params! {":m": m, ":c": c, ":max": UNSETTLED_SHOWN_MAX as i64}, |r| {
+        .query_map(params![m, c, UNSETTLED_SHOWN_MAX as i64], |r| {
             let id: String = r.get(0)?;
             Ok((id.clone(), crate::store::state_column(r, 1, "deliveries", &id)?))
         })?
@@ -166,7 +166,7 @@ pub fn purge(conn: &dyn Db, target: Target<'_>, operator: &str, reason: &str, no
         .prepare_cached(&format!(
             "DELETE FROM messages WHERE id IN (SELECT m.id FROM messages m WHERE ({TARGET}) AND NOT ({UNFINISHED}))"
         ))?
-        .execute(named_params! {":m": m, ":c": c})?;
+        .execute(params![m, c])?;
     debug_assert_eq!(removed, plan.messages.len(), "the plan and the delete read the same transaction");
     let why = format!("{reason} ({} message(s), {} deliveries removed)", plan.messages.len(), plan.deliveries);
     record_operator_event(conn, "purge", &target.subject(), operator, Some(&why), now_ms)?;
@@ -175,7 +175,7 @@ pub fn purge(conn: &dyn Db, target: Target<'_>, operator: &str, reason: &str, no
 
 /// A host's delivery (`d`) that a host purge removes: settled, of a message whose fan-out is
 /// done.
-const SETTLED_OF_HOST: &str = "d.host = :h
+const SETTLED_OF_HOST: &str = "d.host = $1
     AND NOT (d.state IN ('queued', 'held', 'claimed', 'mirrored')
              OR (d.state = 'delivered'
                  AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)))
@@ -183,8 +183,12 @@ const SETTLED_OF_HOST: &str = "d.host = :h
 
 /// The messages (`m`) a host purge removes whole: one of its deliveries is a settled one of the
 /// host, and no other host has a delivery of it.
-const ONLY_TO_HOST: &str = "EXISTS (SELECT 1 FROM deliveries d WHERE d.message_id = m.id AND {SETTLED_OF_HOST})
-    AND NOT EXISTS (SELECT 1 FROM deliveries d2 WHERE d2.message_id = m.id AND d2.host <> :h)";
+fn only_to_host() -> String {
+    format!(
+        "EXISTS (SELECT 1 FROM deliveries d WHERE d.message_id = m.id AND {SETTLED_OF_HOST})
+         AND NOT EXISTS (SELECT 1 FROM deliveries d2 WHERE d2.message_id = m.id AND d2.host <> $1)"
+    )
+}
 
 /// What a purge by recipient host would remove, and what it keeps.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -202,21 +206,21 @@ pub struct HostPlan {
 
 /// What purging the settled deliveries of recipient `host` would do.
 pub fn host_plan(conn: &dyn Db, host: &str) -> StoreResult<HostPlan> {
-    let p = named_params! {":h": host};
+    let p = params![host];
     let deliveries: i64 = conn
         .prepare_cached(&format!("SELECT count(*) FROM deliveries d WHERE {SETTLED_OF_HOST}"))?
         .query_row(p, |r| r.get(0))?;
-    let only = ONLY_TO_HOST.replace("{SETTLED_OF_HOST}", SETTLED_OF_HOST);
+    let only = only_to_host();
     let messages: i64 =
         conn.prepare_cached(&format!("SELECT count(*) FROM messages m WHERE {only}"))?.query_row(p, |r| r.get(0))?;
     let kept: i64 = conn
-        .prepare_cached(&format!("SELECT count(*) FROM deliveries d WHERE d.host = :h AND NOT ({SETTLED_OF_HOST})"))?
+        .prepare_cached(&format!("SELECT count(*) FROM deliveries d WHERE d.host = $1 AND NOT ({SETTLED_OF_HOST})"))?
         .query_row(p, |r| r.get(0))?;
     let kept_shown = conn
         .prepare_cached(&format!(
-            "SELECT d.id, d.state FROM deliveries d WHERE d.host = :h AND NOT ({SETTLED_OF_HOST}) ORDER BY d.n LIMIT :max"
+            "SELECT d.id, d.state FROM deliveries d WHERE d.host = $1 AND NOT ({SETTLED_OF_HOST}) ORDER BY d.n LIMIT $2"
         ))?
-        .query_map(named_params! {":h": host, ":max": UNSETTLED_SHOWN_MAX as i64}, |r| {
+        .query_map(params![host, UNSETTLED_SHOWN_MAX as i64], |r| {
             let id: String = r.get(0)?;
             Ok((id.clone(), crate::store::state_column(r, 1, "deliveries", &id)?))
         })?
@@ -233,13 +237,13 @@ pub fn purge_host(conn: &dyn Db, host: &str, operator: &str, reason: &str, now_m
     if plan.deliveries == 0 {
         return Ok(plan);
     }
-    let p = named_params! {":h": host};
-    let only = ONLY_TO_HOST.replace("{SETTLED_OF_HOST}", SETTLED_OF_HOST);
+    let p = params![host];
+    let only = only_to_host();
     let messages = conn
         .prepare_cached(&format!("DELETE FROM messages WHERE id IN (SELECT m.id FROM messages m WHERE {only})"))?
         .execute(p)?;
     conn.prepare_cached(&format!(
-        "DELETE FROM message_recipients WHERE host = :h
+        "DELETE FROM message_recipients WHERE host = $1
            AND message_id IN (SELECT d.message_id FROM deliveries d WHERE {SETTLED_OF_HOST})"
     ))?
     .execute(p)?;
@@ -274,7 +278,7 @@ mod tests {
         let c = &db.conn;
         let done = accept_one(c, "c", "k1", &["host-a", "host-b"]);
         let open = accept_one(c, "c", "k2", &["host-a"]);
-        c.execute("UPDATE deliveries SET state = 'failed', reason = 'x' WHERE message_id = ?1", [&done]).unwrap();
+        c.execute("UPDATE deliveries SET state = 'failed', reason = 'x' WHERE message_id = $1", [&done]).unwrap();
 
         let refused = purge(c, Target::Conversation("c"), "op", "gdpr", 5).unwrap();
         assert!(!refused.allowed());
@@ -302,7 +306,7 @@ mod tests {
         let open = accept_one(c, "c", "k3", &["host-a"]);
         let other = accept_one(c, "c", "k4", &["host-b"]);
         c.execute(
-            "UPDATE deliveries SET state = 'failed', reason = 'x' WHERE message_id IN (?1, ?2) OR (message_id = ?3)",
+            "UPDATE deliveries SET state = 'failed', reason = 'x' WHERE message_id IN ($1, $2) OR (message_id = $3)",
             [&shared, &alone, &other],
         )
         .unwrap();

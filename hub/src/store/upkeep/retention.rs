@@ -14,6 +14,7 @@
 use crate::store::Store;
 use crate::store::StoreResult;
 use crate::store::engine::Db;
+use crate::store::engine::params;
 
 impl Store {
     /// Removes up to `max` settled messages settled before `cutoff_ms`; returns how many.
@@ -53,10 +54,10 @@ pub fn sweep(conn: &dyn Db, cutoff_ms: i64, max: usize) -> StoreResult<usize> {
         .prepare_cached(&format!(
             "DELETE FROM messages WHERE id IN (
                 SELECT m.id FROM messages m
-                WHERE m.settled_at IS NOT NULL AND m.settled_at < ?1 AND NOT ({UNFINISHED})
-                ORDER BY m.settled_at LIMIT ?2)"
+                WHERE m.settled_at IS NOT NULL AND m.settled_at < $1 AND NOT ({UNFINISHED})
+                ORDER BY m.settled_at LIMIT $2)"
         ))?
-        .execute(rusqlite::params![cutoff_ms, max as i64])?;
+        .execute(params![cutoff_ms, max as i64])?;
     Ok(n)
 }
 
@@ -65,9 +66,9 @@ pub fn sweep(conn: &dyn Db, cutoff_ms: i64, max: usize) -> StoreResult<usize> {
 pub fn sweep_audit(conn: &dyn Db, cutoff_ms: i64, max: usize) -> StoreResult<usize> {
     let n = conn
         .prepare_cached(
-            "DELETE FROM operator_events WHERE id IN (SELECT id FROM operator_events WHERE at < ?1 ORDER BY id LIMIT ?2)",
+            "DELETE FROM operator_events WHERE id IN (SELECT id FROM operator_events WHERE at < $1 ORDER BY id LIMIT $2)",
         )?
-        .execute(rusqlite::params![cutoff_ms, max as i64])?;
+        .execute(params![cutoff_ms, max as i64])?;
     Ok(n)
 }
 
@@ -80,9 +81,9 @@ pub fn sweep_fences(conn: &dyn Db, cutoff_ms: i64, max: usize) -> StoreResult<us
     let n = conn
         .prepare_cached(
             "DELETE FROM fences WHERE id IN (
-                SELECT id FROM fences WHERE lifted_at IS NOT NULL AND lifted_at < ?1 ORDER BY id LIMIT ?2)",
+                SELECT id FROM fences WHERE lifted_at IS NOT NULL AND lifted_at < $1 ORDER BY id LIMIT $2)",
         )?
-        .execute(rusqlite::params![cutoff_ms, max as i64])?;
+        .execute(params![cutoff_ms, max as i64])?;
     Ok(n)
 }
 
@@ -98,7 +99,7 @@ mod tests {
         let waiting = accept_one(&db.conn, "c", "k1", &["host-a"]);
         let settled = accept_one(&db.conn, "c", "k2", &["host-a"]);
         db.conn
-            .execute("UPDATE deliveries SET state = 'failed', reason = 'x' WHERE message_id = ?1", [&settled])
+            .execute("UPDATE deliveries SET state = 'failed', reason = 'x' WHERE message_id = $1", [&settled])
             .unwrap();
         // Accepted at t=1: a cutoff of 1 keeps everything, a later cutoff removes only the settled one.
         assert_eq!(sweep(&db.conn, 1, 100).unwrap(), 0);
@@ -123,12 +124,12 @@ mod tests {
         assert_eq!(orphans, 0, "the removed message's delivery and events went with it");
         // The conversation's sequence is never reused.
         let next = accept_one(&db.conn, "c", "k3", &["host-a"]);
-        let seq: i64 = db.conn.query_row("SELECT seq FROM messages WHERE id = ?1", [&next], |r| r.get(0)).unwrap();
+        let seq: i64 = db.conn.query_row("SELECT seq FROM messages WHERE id = $1", [&next], |r| r.get(0)).unwrap();
         assert_eq!(seq, 3);
     }
 
     fn settled_at(c: &dyn Db, m: &str) -> Option<i64> {
-        c.query_row("SELECT settled_at FROM messages WHERE id = ?1", [m], |r| r.get(0)).unwrap()
+        c.query_row("SELECT settled_at FROM messages WHERE id = $1", [m], |r| r.get(0)).unwrap()
     }
 
     fn accept_again(c: &dyn Db, key: &str, now_ms: i64) -> crate::store::lifecycle::accept::Accepted {
@@ -232,7 +233,7 @@ mod tests {
         let c = &db.conn;
         for at in [10, 20, 30] {
             c.execute(
-                "INSERT INTO operator_events (action, subject, operator, reason, at) VALUES ('fence_set', 's', 'op', 'r', ?1)",
+                "INSERT INTO operator_events (action, subject, operator, reason, at) VALUES ('fence_set', 's', 'op', 'r', $1)",
                 [at],
             )
             .unwrap();
@@ -275,7 +276,7 @@ mod tests {
         crate::store::lifecycle::turns::retry(c, &d.delivery_id, "op", "again", 4).unwrap();
         run(5);
         assert_eq!(sweep(c, 100, 100).unwrap(), 0, "run 2 has no outcome yet");
-        let kept: i64 = c.query_row("SELECT count(*) FROM messages WHERE id = ?1", [&m], |r| r.get(0)).unwrap();
+        let kept: i64 = c.query_row("SELECT count(*) FROM messages WHERE id = $1", [&m], |r| r.get(0)).unwrap();
         assert_eq!(kept, 1);
     }
 

@@ -14,10 +14,11 @@
 //! Bound: one table's rows are read into memory at a time (`copy` and `compare` are offline
 //! operations on a stopped hub; a table of a few million rows takes a few GB).
 
+use crate::store::engine::ToSql;
+use crate::store::engine::Value;
+use crate::store::engine::params;
 use crate::store::engine::{Db, Dialect};
 use crate::store::{StoreError, StoreResult};
-use rusqlite::ToSql;
-use rusqlite::types::Value;
 
 /// Every table of the record, parents before children (the order a copy inserts them).
 pub const TABLES: &[&str] = &[
@@ -83,7 +84,7 @@ fn columns(conn: &dyn Db, table: &str) -> StoreResult<Vec<String>> {
         Dialect::Postgres => conn
             .prepare_cached(
                 "SELECT column_name::text FROM information_schema.columns
-                 WHERE table_schema = current_schema() AND table_name = ?1 ORDER BY ordinal_position",
+                 WHERE table_schema = current_schema() AND table_name = $1 ORDER BY ordinal_position",
             )?
             .query_map([table], |r| r.get(0))?
             .collect::<Result<_, _>>()?,
@@ -108,7 +109,7 @@ fn rows(conn: &dyn Db, table: &str, cols: &[String]) -> StoreResult<Vec<Vec<Valu
 fn drawn(conn: &dyn Db, table: &str, column: &str) -> StoreResult<i64> {
     Ok(match conn.dialect() {
         Dialect::Sqlite => {
-            conn.query_row("SELECT coalesce(max(seq), 0) FROM sqlite_sequence WHERE name = ?1", [table], |r| r.get(0))?
+            conn.query_row("SELECT coalesce(max(seq), 0) FROM sqlite_sequence WHERE name = $1", [table], |r| r.get(0))?
         }
         Dialect::Postgres => conn.query_row(
             &format!(
@@ -124,7 +125,7 @@ fn drawn(conn: &dyn Db, table: &str, column: &str) -> StoreResult<i64> {
 /// PostgreSQL's name for the sequence behind `table.column`.
 fn sequence_name(conn: &dyn Db, table: &str, column: &str) -> StoreResult<String> {
     let name: Option<String> =
-        conn.query_row("SELECT pg_get_serial_sequence(?1, ?2)", [table, column], |r| r.get(0))?;
+        conn.query_row("SELECT pg_get_serial_sequence($1, $2)", [table, column], |r| r.get(0))?;
     name.ok_or_else(|| StoreError::Corrupt(format!("{table}.{column} has no sequence")))
 }
 
@@ -132,12 +133,9 @@ fn sequence_name(conn: &dyn Db, table: &str, column: &str) -> StoreResult<String
 fn set_drawn(conn: &dyn Db, table: &str, column: &str, drawn: i64) -> StoreResult<()> {
     match conn.dialect() {
         Dialect::Sqlite => {
-            conn.execute("DELETE FROM sqlite_sequence WHERE name = ?1", [table])?;
+            conn.execute("DELETE FROM sqlite_sequence WHERE name = $1", [table])?;
             if drawn > 0 {
-                conn.execute(
-                    "INSERT INTO sqlite_sequence (name, seq) VALUES (?1, ?2)",
-                    rusqlite::params![table, drawn],
-                )?;
+                conn.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ($1, $2)", params![table, drawn])?;
             }
         }
         Dialect::Postgres => {
@@ -153,7 +151,7 @@ fn set_drawn(conn: &dyn Db, table: &str, column: &str, drawn: i64) -> StoreResul
 
 /// Inserts `rows` into `table`.
 fn insert(conn: &dyn Db, table: &str, cols: &[String], rows: &[Vec<Value>]) -> StoreResult<()> {
-    let marks: Vec<String> = (1..=cols.len()).map(|i| format!("?{i}")).collect();
+    let marks: Vec<String> = (1..=cols.len()).map(|i| format!("${i}")).collect();
     let sql = format!("INSERT INTO {table} ({}) VALUES ({})", cols.join(", "), marks.join(", "));
     let mut stmt = conn.prepare(&sql)?;
     for (i, row) in rows.iter().enumerate() {
@@ -210,7 +208,7 @@ pub fn copy(from: &dyn Db, to: &dyn Db) -> StoreResult<Copied> {
         tables.push((*table, data.len() as u64));
     }
     // The deliveries' and attempts' triggers moved `settled_at` as they arrived.
-    let mut put_back = to.prepare("UPDATE messages SET settled_at = ?2 WHERE id = ?1")?;
+    let mut put_back = to.prepare("UPDATE messages SET settled_at = $2 WHERE id = $1")?;
     for row in &settled {
         let args: Vec<&dyn ToSql> = row.iter().map(|v| v as &dyn ToSql).collect();
         put_back.execute(&args[..])?;

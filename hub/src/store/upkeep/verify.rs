@@ -340,9 +340,9 @@ mod tests {
         assert_eq!(check(c).unwrap(), Vec::<Problem>::new());
 
         // A state changed behind the event log's back is found, and so is a broken backlog count.
-        c.execute("UPDATE deliveries SET state = 'failed', reason = 'x' WHERE message_id = ?1", [&held]).unwrap();
+        c.execute("UPDATE deliveries SET state = 'failed', reason = 'x' WHERE message_id = $1", [&held]).unwrap();
         let held_delivery: String =
-            c.query_row("SELECT id FROM deliveries WHERE message_id = ?1", [&held], |r| r.get(0)).unwrap();
+            c.query_row("SELECT id FROM deliveries WHERE message_id = $1", [&held], |r| r.get(0)).unwrap();
         let problems = check(c).unwrap();
         assert!(problems.iter().any(|p| p.kind == ProblemKind::EventLog && p.subject == held_delivery), "{problems:?}");
         assert!(problems.iter().any(|p| p.kind == ProblemKind::BacklogCount && p.subject == "host-a"), "{problems:?}");
@@ -351,7 +351,7 @@ mod tests {
         let problems = check(c).unwrap();
         assert!(problems.iter().any(|p| p.kind == ProblemKind::FanOut && p.subject == fanned), "{problems:?}");
         // A payload that is not JSON is found, naming the message.
-        c.execute("UPDATE messages SET payload = 'nope' WHERE id = ?1", [&fanned]).unwrap();
+        c.execute("UPDATE messages SET payload = 'nope' WHERE id = $1", [&fanned]).unwrap();
         let problems = check(c).unwrap();
         assert!(problems.iter().any(|p| p.kind == ProblemKind::CorruptValue && p.subject == fanned), "{problems:?}");
     }
@@ -364,18 +364,18 @@ mod tests {
         let d: String = c.query_row("SELECT id FROM deliveries", [], |r| r.get(0)).unwrap();
         c.execute(
             "INSERT INTO attempts (id, delivery_id, host, instance_id, report_id, request_hash, outcome, reported_at)
-             VALUES ('a1', ?1, 'host-a', 'i', 'r1', 'h', 'succeeded', 1)",
+             VALUES ('a1', $1, 'host-a', 'i', 'r1', 'h', 'succeeded', 1)",
             [&d],
         )
         .unwrap();
         c.execute(
             "INSERT INTO delivery_events (delivery_id, from_state, to_state, actor_kind, actor, at)
-             VALUES (?1, 'queued', 'delivered', 'operator', 'op', 2)",
+             VALUES ($1, 'queued', 'delivered', 'operator', 'op', 2)",
             [&d],
         )
         .unwrap();
         c.execute(
-            "UPDATE deliveries SET state = 'delivered', instance_id = 'i', claim_token = 't' WHERE id = ?1",
+            "UPDATE deliveries SET state = 'delivered', instance_id = 'i', claim_token = 't' WHERE id = $1",
             [&d],
         )
         .unwrap();
@@ -402,14 +402,14 @@ mod tests {
         // Retiring host-b fails its queued delivery, which settles that message.
         operator::retire(c, "host-b", "op", "r", 6).unwrap();
         let settled = |id: &str| -> bool {
-            c.query_row("SELECT settled_at IS NOT NULL FROM messages WHERE id = ?1", [id], |r| r.get(0)).unwrap()
+            c.query_row("SELECT settled_at IS NOT NULL FROM messages WHERE id = $1", [id], |r| r.get(0)).unwrap()
         };
         assert!(settled(&done) && !settled(&open));
         assert_eq!(check(c).unwrap(), Vec::<Problem>::new());
 
-        c.execute("UPDATE messages SET settled_at = 7 WHERE id = ?1", [&open]).unwrap();
-        c.execute("UPDATE messages SET settled_at = NULL WHERE id = ?1", [&done]).unwrap();
-        c.execute("UPDATE messages SET settled_at = 8 WHERE id = ?1", [&unrouted]).unwrap();
+        c.execute("UPDATE messages SET settled_at = 7 WHERE id = $1", [&open]).unwrap();
+        c.execute("UPDATE messages SET settled_at = NULL WHERE id = $1", [&done]).unwrap();
+        c.execute("UPDATE messages SET settled_at = 8 WHERE id = $1", [&unrouted]).unwrap();
         let problems = check(c).unwrap();
         assert_eq!(kinds(&problems), [ProblemKind::Settlement; 3], "{problems:?}");
         assert!(found_in(&problems, &unrouted, "settled at 8 while its fan-out is pending"), "{problems:?}");

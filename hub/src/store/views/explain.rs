@@ -10,6 +10,7 @@
 
 use crate::store::Store;
 use crate::store::engine::OptionalExtension;
+use crate::store::engine::params;
 use crate::store::engine::{Db, DbResult, Row};
 use crate::store::registry::fences::{self, Fence, FenceKind, FenceScope};
 use crate::store::views::fleet::{self, HostRow, HostState};
@@ -17,7 +18,6 @@ use crate::store::views::read::DeliveryRow;
 use crate::store::{StoreError, StoreResult, parse_column, parse_column_opt, state_column};
 use baton_shared::duration::human_ms;
 use baton_shared::states::{DeliveryState, Outcome, Rerun};
-use rusqlite::named_params;
 use std::collections::HashMap;
 
 impl Store {
@@ -245,7 +245,7 @@ fn run_of(conn: &dyn Db, id: &str) -> StoreResult<Run> {
                 (SELECT outcome FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt
                  ORDER BY reported_at DESC LIMIT 1),
                 d.cancel_requested_at, d.cancel_by, d.cancel_reason
-         FROM deliveries d JOIN messages m ON m.id = d.message_id WHERE d.id = ?1",
+         FROM deliveries d JOIN messages m ON m.id = d.message_id WHERE d.id = $1",
     )?
     .query_row([id], |r| {
         let started = match (r.get::<_, Option<i64>>(4)?, r.get::<_, Option<i64>>(5)?) {
@@ -274,7 +274,7 @@ fn run_of(conn: &dyn Db, id: &str) -> StoreResult<Run> {
 
 fn fence_hold(conn: &dyn Db, id: i64) -> StoreResult<FenceHold> {
     Ok(conn
-        .prepare_cached("SELECT id, kind, scope, target, set_by, set_at, reason, expires_at FROM fences WHERE id = ?1")?
+        .prepare_cached("SELECT id, kind, scope, target, set_by, set_at, reason, expires_at FROM fences WHERE id = $1")?
         .query_row([id], |r| {
             let row = id.to_string();
             Ok(FenceHold {
@@ -297,13 +297,13 @@ fn fence_hold(conn: &dyn Db, id: i64) -> StoreResult<FenceHold> {
 /// any earlier one in flight without an outcome. A redrive holds nothing back.
 fn behind_of(conn: &dyn Db, d: &DeliveryRow) -> StoreResult<Option<Behind>> {
     let handed_out = matches!(d.state, DeliveryState::Claimed | DeliveryState::Mirrored | DeliveryState::Delivered);
-    let p = named_params! {":h": d.host, ":c": d.conversation, ":s": d.seq, ":out": handed_out};
+    let p = params![d.host, d.conversation, d.seq, handed_out];
     let fan_out: Option<(String, i64)> = conn
         .prepare_cached(
             "SELECT m.id, m.seq FROM messages m
              JOIN fanout_obligations o ON o.message_id = m.id AND o.done_at IS NULL
-             JOIN message_recipients r ON r.message_id = m.id AND r.host = :h
-             WHERE m.conversation = :c AND m.seq < :s AND NOT :out ORDER BY m.seq LIMIT 1",
+             JOIN message_recipients r ON r.message_id = m.id AND r.host = $1
+             WHERE m.conversation = $2 AND m.seq < $3 AND NOT $4 ORDER BY m.seq LIMIT 1",
         )?
         .query_row(p, |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?;
@@ -331,22 +331,22 @@ fn behind_of(conn: &dyn Db, d: &DeliveryRow) -> StoreResult<Option<Behind>> {
     let queries: Vec<String> = if handed_out {
         vec![format!(
             "SELECT {COLUMNS} FROM deliveries d
-             WHERE d.host = :h AND d.state IN ('claimed', 'mirrored', 'delivered') AND d.conversation = :c
-               AND d.seq < :s AND d.rerun IS DISTINCT FROM 'redrive' AND {NO_OUTCOME} ORDER BY d.seq LIMIT 1"
+             WHERE d.host = $1 AND d.state IN ('claimed', 'mirrored', 'delivered') AND d.conversation = $2
+               AND d.seq < $3 AND d.rerun IS DISTINCT FROM 'redrive' AND {NO_OUTCOME} ORDER BY d.seq LIMIT 1"
         )]
     } else {
         vec![
             format!(
-                "SELECT {COLUMNS} FROM deliveries d WHERE d.host = :h AND d.conversation = :c AND d.seq < :s
+                "SELECT {COLUMNS} FROM deliveries d WHERE d.host = $1 AND d.conversation = $2 AND d.seq < $3
                    AND d.state = 'queued' AND d.rerun IS DISTINCT FROM 'redrive' ORDER BY d.seq LIMIT 1"
             ),
             format!(
-                "SELECT {COLUMNS} FROM deliveries d WHERE d.host = :h AND d.conversation = :c AND d.seq < :s
+                "SELECT {COLUMNS} FROM deliveries d WHERE d.host = $1 AND d.conversation = $2 AND d.seq < $3
                    AND d.state = 'held' AND d.rerun IS DISTINCT FROM 'redrive' ORDER BY d.seq LIMIT 1"
             ),
             format!(
-                "SELECT {COLUMNS} FROM messages m JOIN deliveries d ON d.message_id = m.id AND d.host = :h
-                 WHERE m.conversation = :c AND m.seq < :s AND m.max_attempts > 1
+                "SELECT {COLUMNS} FROM messages m JOIN deliveries d ON d.message_id = m.id AND d.host = $1
+                 WHERE m.conversation = $2 AND m.seq < $3 AND m.max_attempts > 1
                    AND d.state IN ('claimed', 'mirrored', 'delivered') AND d.rerun IS DISTINCT FROM 'redrive' AND {NO_OUTCOME}
                  ORDER BY m.seq LIMIT 1"
             ),
@@ -354,10 +354,7 @@ fn behind_of(conn: &dyn Db, d: &DeliveryRow) -> StoreResult<Option<Behind>> {
     };
     let mut earlier: Option<(i64, Behind)> = None;
     for sql in &queries {
-        let found = conn
-            .prepare_cached(sql)?
-            .query_row(named_params! {":h": d.host, ":c": d.conversation, ":s": d.seq}, row)
-            .optional()?;
+        let found = conn.prepare_cached(sql)?.query_row(params![d.host, d.conversation, d.seq], row).optional()?;
         if let Some(f) = found
             && earlier.as_ref().is_none_or(|(seq, _)| f.0 < *seq)
         {
@@ -541,7 +538,7 @@ pub fn explain_id(conn: &dyn Db, id: &str, now_ms: i64, silence_warn_ms: i64) ->
             concat!(
                 "SELECT d.id, d.message_id, d.host, d.conversation, d.seq, d.state, d.instance_id, d.reason, d.updated_at, ",
                 crate::store::views::read::outcome_sql!(),
-                " FROM deliveries d WHERE d.id = ?1"
+                " FROM deliveries d WHERE d.id = $1"
             ),
         )?
         .query_row([id], crate::store::views::read::delivery_row)

@@ -5,10 +5,10 @@
 
 use crate::store::Store;
 use crate::store::engine::OptionalExtension;
+use crate::store::engine::params;
 use crate::store::engine::{Db, DbResult, Row};
 use crate::store::{StoreResult, parse_column, parse_column_opt};
 use baton_shared::ids::Role;
-use rusqlite::named_params;
 
 impl Store {
     /// Every host.
@@ -254,12 +254,12 @@ fn holdings(conn: &dyn Db, host: &str) -> StoreResult<Holdings> {
     let mut h = Holdings::default();
     let mut stmt = conn.prepare_cached(
         "SELECT d.state, count(*) FROM deliveries d
-         WHERE d.host = :h AND d.state IN ('claimed', 'mirrored', 'delivered')
+         WHERE d.host = $1 AND d.state IN ('claimed', 'mirrored', 'delivered')
            AND (d.state <> 'delivered'
                 OR NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt))
          GROUP BY d.state",
     )?;
-    let rows = stmt.query_map(named_params! {":h": host}, |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
+    let rows = stmt.query_map(params![host], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
     for row in rows {
         match row? {
             (s, n) if s == "claimed" => h.claimed = n,
@@ -285,7 +285,7 @@ pub fn hosts(conn: &dyn Db) -> StoreResult<Vec<HostRow>> {
 /// One host's row without its holdings (left at zero) or certificates: what `explain` needs
 /// of its liveness, in one indexed read. `None` when it was never enrolled.
 pub fn host_standing(conn: &dyn Db, name: &str) -> StoreResult<Option<HostRow>> {
-    Ok(conn.prepare_cached(&format!("{HOST_SELECT} WHERE h.name = ?1"))?.query_row([name], host_row).optional()?)
+    Ok(conn.prepare_cached(&format!("{HOST_SELECT} WHERE h.name = $1"))?.query_row([name], host_row).optional()?)
 }
 
 /// One host with its certificates and recent events; `None` when it was never enrolled.
@@ -298,20 +298,20 @@ pub fn host(conn: &dyn Db, name: &str) -> StoreResult<Option<HostDetail>> {
     let mut events: Vec<HostEvent> = conn
         .prepare_cached(
             "SELECT at, action, subject, operator, reason FROM operator_events
-             WHERE subject = :h OR subject IN (SELECT serial FROM certificates WHERE role = 'node' AND name = :h)
-                OR subject IN (SELECT instance_id FROM node_sessions WHERE host = :h)
-             ORDER BY id DESC LIMIT :max",
+             WHERE subject = $1 OR subject IN (SELECT serial FROM certificates WHERE role = 'node' AND name = $1)
+                OR subject IN (SELECT instance_id FROM node_sessions WHERE host = $1)
+             ORDER BY id DESC LIMIT $2",
         )?
-        .query_map(named_params! {":h": name, ":max": HOST_EVENTS_SHOWN_MAX}, |r| host_event(r, "operator"))?
+        .query_map(params![name, HOST_EVENTS_SHOWN_MAX], |r| host_event(r, "operator"))?
         .collect::<Result<_, _>>()?;
     let transitions: Vec<HostEvent> = conn
         .prepare_cached(
             "SELECT e.at, coalesce(e.from_state, '(new)') || ' -> ' || e.to_state, e.delivery_id,
                     e.actor_kind || ' ' || e.actor, e.reason
              FROM delivery_events e JOIN deliveries d ON d.id = e.delivery_id
-             WHERE d.host = :h ORDER BY e.id DESC LIMIT :max",
+             WHERE d.host = $1 ORDER BY e.id DESC LIMIT $2",
         )?
-        .query_map(named_params! {":h": name, ":max": HOST_EVENTS_SHOWN_MAX}, |r| host_event(r, "delivery"))?
+        .query_map(params![name, HOST_EVENTS_SHOWN_MAX], |r| host_event(r, "delivery"))?
         .collect::<Result<_, _>>()?;
     events.extend(transitions);
     events.sort_by_key(|e| std::cmp::Reverse(e.at_ms));
@@ -352,10 +352,10 @@ pub fn certificates(conn: &dyn Db, of: Option<(Role, &str)>) -> StoreResult<Vec<
     Ok(conn
         .prepare_cached(
             "SELECT serial, role, name, issued_at, not_after, revoked_at, revoked_by, revoked_reason FROM certificates
-             WHERE (CAST(:r AS TEXT) IS NULL OR role = :r) AND (CAST(:n AS TEXT) IS NULL OR name = :n)
+             WHERE (CAST($1 AS TEXT) IS NULL OR role = $1) AND (CAST($2 AS TEXT) IS NULL OR name = $2)
              ORDER BY name, role, issued_at DESC, serial",
         )?
-        .query_map(named_params! {":r": role, ":n": name}, cert_row)?
+        .query_map(params![role, name], cert_row)?
         .collect::<Result<_, _>>()?)
 }
 
@@ -377,11 +377,11 @@ pub fn silent_hosts(conn: &dyn Db, now_ms: i64, silence_ms: i64) -> StoreResult<
     Ok(conn
         .prepare_cached(
             "SELECT s.host, s.session, s.last_contact_at FROM node_sessions s JOIN hosts h ON h.name = s.host
-             WHERE h.retired_at IS NULL AND s.ended_at IS NULL AND s.last_contact_at < :cutoff
+             WHERE h.retired_at IS NULL AND s.ended_at IS NULL AND s.last_contact_at < $1
                AND s.session = (SELECT max(session) FROM node_sessions m WHERE m.host = s.host)
              ORDER BY s.host",
         )?
-        .query_map(named_params! {":cutoff": now_ms.saturating_sub(silence_ms)}, |r| {
+        .query_map(params![now_ms.saturating_sub(silence_ms)], |r| {
             Ok(SilentHost { host: r.get(0)?, session: r.get(1)?, last_contact_at_ms: r.get(2)? })
         })?
         .collect::<Result<_, _>>()?)
@@ -395,14 +395,14 @@ pub fn expiring_certificates(conn: &dyn Db, until_unix: i64) -> StoreResult<Vec<
         .prepare_cached(
             "SELECT serial, role, name, issued_at, not_after, revoked_at, revoked_by, revoked_reason
              FROM certificates c
-             WHERE revoked_at IS NULL AND not_after < :until
+             WHERE revoked_at IS NULL AND not_after < $1
                AND NOT (role = 'node' AND EXISTS (SELECT 1 FROM hosts h WHERE h.name = c.name AND h.retired_at IS NOT NULL))
                AND NOT EXISTS (SELECT 1 FROM certificates l
                                WHERE l.role = c.role AND l.name = c.name AND l.revoked_at IS NULL
                                  AND (l.not_after > c.not_after OR (l.not_after = c.not_after AND l.serial > c.serial)))
              ORDER BY name, role",
         )?
-        .query_map(named_params! {":until": until_unix}, cert_row)?
+        .query_map(params![until_unix], cert_row)?
         .collect::<Result<_, _>>()?)
 }
 
@@ -415,8 +415,8 @@ mod tests {
     fn session(c: &dyn Db, host: &str, n: i64, last_contact: i64, ended: Option<&str>, took_over: Option<i64>) {
         c.execute(
             "INSERT INTO node_sessions (host, session, instance_id, node_version, started_at, ended_at, ended_how, took_over, last_contact_at)
-             VALUES (?1, ?2, ?6, '0.1.0', ?3, ?7, ?4, ?5, ?3)",
-            rusqlite::params![host, n, last_contact, ended, took_over, format!("inst-{n}"), ended.map(|_| last_contact)],
+             VALUES ($1, $2, $6, '0.1.0', $3, $7, $4, $5, $3)",
+            params![host, n, last_contact, ended, took_over, format!("inst-{n}"), ended.map(|_| last_contact)],
         )
         .unwrap();
     }

@@ -8,12 +8,12 @@
 use crate::store::Store;
 use crate::store::StoreResult;
 use crate::store::engine::Db;
+use crate::store::engine::params;
 use crate::store::registry::fences::{self, FenceScope};
 use crate::store::views::fleet;
 use crate::store::views::overview::{self, HostBacklog};
 use baton_shared::ids::Role;
 use baton_shared::states::Outcome;
-use rusqlite::named_params;
 use std::time::Duration;
 
 impl Store {
@@ -89,8 +89,8 @@ fn contacts(conn: &dyn Db) -> StoreResult<Vec<(String, i64)>> {
 /// When the held delivery first in queue order was created: one step of the state index.
 fn oldest_held(conn: &dyn Db) -> StoreResult<Option<i64>> {
     let mut stmt =
-        conn.prepare_cached("SELECT created_at FROM deliveries WHERE state = :s ORDER BY state, n LIMIT 1")?;
-    let mut rows = stmt.query_map(named_params! {":s": "held"}, |r| r.get::<_, i64>(0))?;
+        conn.prepare_cached("SELECT created_at FROM deliveries WHERE state = $1 ORDER BY state, n LIMIT 1")?;
+    let mut rows = stmt.query_map(params!["held"], |r| r.get::<_, i64>(0))?;
     Ok(rows.next().transpose()?)
 }
 
@@ -98,7 +98,7 @@ fn oldest_held(conn: &dyn Db) -> StoreResult<Option<i64>> {
 /// latency is measured from. One primary-key step each.
 pub fn accepted_at(conn: &dyn Db, delivery_id: &str) -> StoreResult<Option<i64>> {
     let mut stmt = conn.prepare_cached(
-        "SELECT m.accepted_at FROM deliveries d JOIN messages m ON m.id = d.message_id WHERE d.id = ?1",
+        "SELECT m.accepted_at FROM deliveries d JOIN messages m ON m.id = d.message_id WHERE d.id = $1",
     )?;
     let mut rows = stmt.query_map([delivery_id], |r| r.get::<_, i64>(0))?;
     Ok(rows.next().transpose()?)
@@ -122,8 +122,8 @@ mod tests {
         for (host, last) in [("host-a", 1_000), ("host-b", 90_000)] {
             c.execute(
                 "INSERT INTO node_sessions (host, session, instance_id, node_version, started_at, last_contact_at)
-                 VALUES (?1, 1, 'i', '0.1.0', ?2, ?2)",
-                rusqlite::params![host, last],
+                 VALUES ($1, 1, 'i', '0.1.0', $2, $2)",
+                params![host, last],
             )
             .unwrap();
         }

@@ -4,12 +4,12 @@
 //! unique prefix.
 
 use crate::store::Store;
+use crate::store::engine::params;
 use crate::store::engine::{Db, Dialect};
 use crate::store::views::explain;
 use crate::store::views::read::{DeliveryRow, delivery_row};
 use crate::store::{StoreError, StoreResult};
 use baton_shared::states::{DeliveryState, Outcome};
-use rusqlite::named_params;
 
 impl Store {
     /// The delivery an id or a unique prefix names.
@@ -99,28 +99,33 @@ const SELECT: &str = concat!(
     crate::store::views::read::outcome_sql!(),
     ", d.n
     FROM deliveries d
-    WHERE (CAST(:s AS TEXT) IS NULL OR d.state = :s) AND (CAST(:h AS TEXT) IS NULL OR d.host = :h) AND (CAST(:c AS TEXT) IS NULL OR d.conversation = :c)
-      AND (CAST(:since AS BIGINT) IS NULL OR d.updated_at >= :since) AND (CAST(:until AS BIGINT) IS NULL OR d.updated_at < :until)
-      AND (CAST(:o AS TEXT) IS NULL OR ",
+    WHERE (CAST($1 AS TEXT) IS NULL OR d.state = $1) AND (CAST($2 AS TEXT) IS NULL OR d.host = $2) AND (CAST($3 AS TEXT) IS NULL OR d.conversation = $3)
+      AND (CAST($4 AS BIGINT) IS NULL OR d.updated_at >= $4) AND (CAST($5 AS BIGINT) IS NULL OR d.updated_at < $5)
+      AND (CAST($6 AS TEXT) IS NULL OR ",
     crate::store::views::read::outcome_sql!(),
-    " = :o)"
+    " = $6)"
 );
 
 /// One page of deliveries.
 pub fn page(conn: &dyn Db, q: &ListQuery) -> StoreResult<Page> {
     let sql = if q.newest {
-        format!("{SELECT} AND (CAST(:after AS BIGINT) IS NULL OR d.n < :after) ORDER BY d.n DESC LIMIT :limit")
+        format!("{SELECT} AND (CAST($7 AS BIGINT) IS NULL OR d.n < $7) ORDER BY d.n DESC LIMIT $8")
     } else {
-        format!("{SELECT} AND (CAST(:after AS BIGINT) IS NULL OR d.n > :after) ORDER BY d.n LIMIT :limit")
+        format!("{SELECT} AND (CAST($7 AS BIGINT) IS NULL OR d.n > $7) ORDER BY d.n LIMIT $8")
     };
     let mut rows: Vec<(DeliveryRow, i64)> = conn
         .prepare_cached(&sql)?
         .query_map(
-            named_params! {
-                ":s": q.state.map(DeliveryState::as_str), ":h": q.host, ":c": q.conversation,
-                ":since": q.since_ms, ":until": q.until_ms, ":o": q.outcome.map(Outcome::as_str),
-                ":after": q.after, ":limit": i64::from(q.limit) + 1,
-            },
+            params![
+                q.state.map(DeliveryState::as_str),
+                q.host,
+                q.conversation,
+                q.since_ms,
+                q.until_ms,
+                q.outcome.map(Outcome::as_str),
+                q.after,
+                i64::from(q.limit) + 1,
+            ],
             |r| Ok((delivery_row(r)?, r.get(10)?)),
         )?
         .collect::<Result<_, _>>()?;
@@ -151,10 +156,10 @@ fn ids_starting_with(conn: &dyn Db, prefix: &str) -> StoreResult<usize> {
     // of a stored id, so it holds no GLOB metacharacter.
     let (sql, pattern) = match conn.dialect() {
         Dialect::Sqlite => {
-            ("SELECT count(*) FROM (SELECT 1 FROM deliveries WHERE id GLOB ?1 LIMIT 2)", format!("{prefix}*"))
+            ("SELECT count(*) FROM (SELECT 1 FROM deliveries WHERE id GLOB $1 LIMIT 2)", format!("{prefix}*"))
         }
         Dialect::Postgres => (
-            "SELECT count(*) FROM (SELECT 1 FROM deliveries WHERE id >= ?1 AND starts_with(id, ?1) LIMIT 2) AS m",
+            "SELECT count(*) FROM (SELECT 1 FROM deliveries WHERE id >= $1 AND starts_with(id, $1) LIMIT 2) AS m",
             prefix.to_string(),
         ),
     };
@@ -192,7 +197,7 @@ pub fn resolve_delivery(conn: &dyn Db, prefix: &str) -> StoreResult<Resolved> {
         )));
     }
     let exact: bool = conn
-        .prepare_cached("SELECT EXISTS (SELECT 1 FROM deliveries WHERE id = ?1)")?
+        .prepare_cached("SELECT EXISTS (SELECT 1 FROM deliveries WHERE id = $1)")?
         .query_row([prefix], |r| r.get(0))?;
     if exact {
         return Ok(Resolved::One(prefix.to_string()));
@@ -200,15 +205,15 @@ pub fn resolve_delivery(conn: &dyn Db, prefix: &str) -> StoreResult<Resolved> {
     // GLOB 'p*' is SQLite's indexed prefix match; PostgreSQL's is a range start and
     // `starts_with`. The prefix holds no GLOB metacharacter (checked above).
     let (sql, pattern) = match conn.dialect() {
-        Dialect::Sqlite => ("SELECT id FROM deliveries WHERE id GLOB ?1 ORDER BY id LIMIT ?2", format!("{prefix}*")),
+        Dialect::Sqlite => ("SELECT id FROM deliveries WHERE id GLOB $1 ORDER BY id LIMIT $2", format!("{prefix}*")),
         Dialect::Postgres => (
-            "SELECT id FROM deliveries WHERE id >= ?1 AND starts_with(id, ?1) ORDER BY id LIMIT ?2",
+            "SELECT id FROM deliveries WHERE id >= $1 AND starts_with(id, $1) ORDER BY id LIMIT $2",
             prefix.to_string(),
         ),
     };
     let mut found: Vec<String> = conn
         .prepare_cached(sql)?
-        .query_map(rusqlite::params![pattern, PREFIX_MATCHES_SHOWN_MAX as i64 + 1], |r| r.get(0))?
+        .query_map(params![pattern, PREFIX_MATCHES_SHOWN_MAX as i64 + 1], |r| r.get(0))?
         .collect::<Result<_, _>>()?;
     Ok(match found.len() {
         0 => Resolved::Nothing,

@@ -6,6 +6,7 @@
 use crate::store::Store;
 use crate::store::StoreResult;
 use crate::store::engine::Db;
+use crate::store::engine::params;
 use crate::store::registry::fences;
 use crate::store::registry::fences::FenceRow;
 use crate::store::views::fleet;
@@ -15,7 +16,6 @@ use crate::store::views::read;
 use crate::store::views::read::StatusView;
 use crate::store::views::read::{DeliveryRow, delivery_row};
 use baton_shared::states::Outcome;
-use rusqlite::named_params;
 use std::time::Duration;
 
 /// Everything the status page's overview shows, read in one snapshot.
@@ -115,14 +115,14 @@ pub fn host_backlogs(conn: &dyn Db) -> StoreResult<Vec<HostBacklog>> {
     // Queue order (`n`) is creation order, so the first waiting row of each state is the oldest.
     let mut oldest = conn.prepare_cached(
         "SELECT min(created_at) FROM (
-             SELECT created_at FROM (SELECT created_at FROM deliveries WHERE host = :h AND state = 'queued' ORDER BY n LIMIT 1) q
+             SELECT created_at FROM (SELECT created_at FROM deliveries WHERE host = $1 AND state = 'queued' ORDER BY n LIMIT 1) q
              UNION ALL
-             SELECT created_at FROM (SELECT created_at FROM deliveries WHERE host = :h AND state = 'held' ORDER BY n LIMIT 1) h
+             SELECT created_at FROM (SELECT created_at FROM deliveries WHERE host = $1 AND state = 'held' ORDER BY n LIMIT 1) h
          ) f",
     )?;
     for row in &mut rows {
         if row.waiting > 0 {
-            row.oldest_created_at_ms = oldest.query_row(named_params! {":h": row.host}, |r| r.get(0))?;
+            row.oldest_created_at_ms = oldest.query_row(params![row.host], |r| r.get(0))?;
         }
     }
     Ok(rows)
@@ -149,9 +149,9 @@ pub fn conversation_backlogs(conn: &dyn Db, max: u32) -> StoreResult<Vec<Convers
         .prepare_cached(
             "SELECT conversation, count(*), sum(CASE WHEN state = 'held' THEN 1 ELSE 0 END), count(DISTINCT host), min(created_at)
              FROM deliveries WHERE state IN ('queued', 'held')
-             GROUP BY conversation ORDER BY count(*) DESC, conversation LIMIT :max",
+             GROUP BY conversation ORDER BY count(*) DESC, conversation LIMIT $1",
         )?
-        .query_map(named_params! {":max": max}, |r| {
+        .query_map(params![max], |r| {
             Ok(ConversationBacklog {
                 conversation: r.get(0)?,
                 waiting: r.get(1)?,
@@ -171,11 +171,11 @@ pub const OUTCOMES: [Outcome; 4] = [Outcome::Succeeded, Outcome::Failed, Outcome
 pub fn outcome_counts(conn: &dyn Db) -> StoreResult<Vec<(Outcome, i64)>> {
     let mut stmt = conn.prepare_cached(
         "SELECT count(*) FROM deliveries d JOIN attempts a ON a.delivery_id = d.id AND a.attempt = d.attempt
-         WHERE a.outcome = :o",
+         WHERE a.outcome = $1",
     )?;
     let mut out = Vec::with_capacity(OUTCOMES.len());
     for o in OUTCOMES {
-        out.push((o, stmt.query_row(named_params! {":o": o.as_str()}, |r| r.get(0))?));
+        out.push((o, stmt.query_row(params![o.as_str()], |r| r.get(0))?));
     }
     Ok(out)
 }
@@ -206,10 +206,10 @@ pub fn recent_trouble(conn: &dyn Db, max: u32) -> StoreResult<Vec<Trouble>> {
              WHERE d.state IN ('failed', 'unknown')
                 OR EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt
                                                       AND a.outcome IN ('failed', 'unknown'))
-             ORDER BY d.updated_at DESC, d.n DESC LIMIT :max"
+             ORDER BY d.updated_at DESC, d.n DESC LIMIT $1"
             ),
         )?
-        .query_map(named_params! {":max": max}, |r| {
+        .query_map(params![max], |r| {
             Ok(Trouble { row: delivery_row(r)?, run_reason: r.get(10)?, run_stderr: r.get(11)? })
         })?
         .collect::<Result<_, _>>()?)
@@ -249,9 +249,9 @@ pub fn running_turns(conn: &dyn Db, max: u32) -> StoreResult<(i64, Vec<RunningTu
         .prepare_cached(&format!(
             "SELECT d.id, d.host, d.conversation, d.seq, d.attempt, d.started_at,
                     (SELECT s.last_contact_at FROM node_sessions s WHERE s.host = d.host AND s.session = d.started_session)
-             FROM deliveries d WHERE {RUNNING} ORDER BY d.started_at, d.n LIMIT :max"
+             FROM deliveries d WHERE {RUNNING} ORDER BY d.started_at, d.n LIMIT $1"
         ))?
-        .query_map(named_params! {":max": max}, |r| {
+        .query_map(params![max], |r| {
             Ok(RunningTurn {
                 delivery_id: r.get(0)?,
                 host: r.get(1)?,
@@ -295,20 +295,18 @@ pub fn rates(conn: &dyn Db, now_ms: i64) -> StoreResult<Rates> {
     let mut deliveries = vec![0; RATE_MINUTES];
     for (sql, slots) in [
         (
-            "SELECT (m.accepted_at - :from) / 60000, count(*) FROM messages m
-             WHERE m.accepted_at >= :from AND m.accepted_at < :until GROUP BY 1",
+            "SELECT (m.accepted_at - $1) / 60000, count(*) FROM messages m
+             WHERE m.accepted_at >= $1 AND m.accepted_at < $2 GROUP BY 1",
             &mut messages,
         ),
         (
-            "SELECT (m.accepted_at - :from) / 60000, count(*) FROM messages m JOIN deliveries d ON d.message_id = m.id
-             WHERE m.accepted_at >= :from AND m.accepted_at < :until GROUP BY 1",
+            "SELECT (m.accepted_at - $1) / 60000, count(*) FROM messages m JOIN deliveries d ON d.message_id = m.id
+             WHERE m.accepted_at >= $1 AND m.accepted_at < $2 GROUP BY 1",
             &mut deliveries,
         ),
     ] {
         let mut stmt = conn.prepare_cached(sql)?;
-        let rows = stmt.query_map(named_params! {":from": from, ":until": now_ms}, |r| {
-            Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?))
-        })?;
+        let rows = stmt.query_map(params![from, now_ms], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))?;
         for row in rows {
             let (at, n) = row?;
             if let Some(i) = slot(at) {
@@ -318,12 +316,11 @@ pub fn rates(conn: &dyn Db, now_ms: i64) -> StoreResult<Rates> {
     }
     let mut outcomes: Vec<(Outcome, Vec<i64>)> = OUTCOMES.iter().map(|o| (*o, vec![0; RATE_MINUTES])).collect();
     let mut stmt = conn.prepare_cached(
-        "SELECT (reported_at - :from) / 60000, outcome, count(*) FROM attempts
-         WHERE reported_at >= :from AND reported_at < :until GROUP BY 1, 2",
+        "SELECT (reported_at - $1) / 60000, outcome, count(*) FROM attempts
+         WHERE reported_at >= $1 AND reported_at < $2 GROUP BY 1, 2",
     )?;
-    let rows = stmt.query_map(named_params! {":from": from, ":until": now_ms}, |r| {
-        Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, i64>(2)?))
-    })?;
+    let rows = stmt
+        .query_map(params![from, now_ms], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, i64>(2)?)))?;
     for row in rows {
         let (at, outcome, n) = row?;
         if let (Some(i), Some(slots)) = (slot(at), outcomes.iter_mut().find(|(o, _)| o.as_str() == outcome)) {
@@ -364,17 +361,17 @@ pub fn search(conn: &dyn Db, q: &str, max: u32) -> StoreResult<Vec<DeliveryRow>>
             crate::store::views::listing::Resolved::Many(ids) => ids,
             crate::store::views::listing::Resolved::Nothing => Vec::new(),
         };
-        let mut one = conn.prepare_cached(&format!("{cols} WHERE d.id = :id"))?;
+        let mut one = conn.prepare_cached(&format!("{cols} WHERE d.id = $1"))?;
         let mut rows = Vec::new();
         for id in ids {
-            rows.extend(one.query_map(named_params! {":id": id}, delivery_row)?.collect::<Result<Vec<_>, _>>()?);
+            rows.extend(one.query_map(params![id], delivery_row)?.collect::<Result<Vec<_>, _>>()?);
         }
         add(rows);
     }
-    for filter in ["d.message_id = :q", "d.conversation = :q", "d.host = :q"] {
+    for filter in ["d.message_id = $1", "d.conversation = $1", "d.host = $1"] {
         let rows = conn
-            .prepare_cached(&format!("{cols} WHERE {filter} ORDER BY d.n DESC LIMIT :max"))?
-            .query_map(named_params! {":q": q, ":max": max}, delivery_row)?
+            .prepare_cached(&format!("{cols} WHERE {filter} ORDER BY d.n DESC LIMIT $2"))?
+            .query_map(params![q, max], delivery_row)?
             .collect::<Result<Vec<_>, _>>()?;
         add(rows);
     }
@@ -391,13 +388,13 @@ pub fn unknown_since(conn: &dyn Db, since_ms: i64) -> StoreResult<i64> {
     Ok(conn
         .prepare_cached(
             "SELECT count(*) FROM (
-                 SELECT d.id FROM deliveries d WHERE d.state = 'unknown' AND d.updated_at >= :since
+                 SELECT d.id FROM deliveries d WHERE d.state = 'unknown' AND d.updated_at >= $1
                  UNION
                  SELECT a.delivery_id FROM attempts a JOIN deliveries d ON d.id = a.delivery_id AND d.attempt = a.attempt
-                 WHERE a.outcome = 'unknown' AND a.reported_at >= :since
+                 WHERE a.outcome = 'unknown' AND a.reported_at >= $1
              ) u",
         )?
-        .query_row(named_params! {":since": since_ms}, |r| r.get(0))?)
+        .query_row(params![since_ms], |r| r.get(0))?)
 }
 
 #[cfg(test)]
@@ -425,7 +422,7 @@ mod tests {
         accept_one(c, "c2", "k3", &["host-a"]);
         c.execute("UPDATE deliveries SET created_at = 1000 + n", []).unwrap();
         let first_b: String = c.query_row("SELECT id FROM deliveries WHERE host = 'host-b'", [], |r| r.get(0)).unwrap();
-        c.execute("UPDATE deliveries SET state = 'held' WHERE id = ?1; ", [&first_b]).unwrap();
+        c.execute("UPDATE deliveries SET state = 'held' WHERE id = $1; ", [&first_b]).unwrap();
 
         let hosts = host_backlogs(c).unwrap();
         let seen: Vec<(&str, i64, bool)> =
@@ -459,22 +456,22 @@ mod tests {
             .collect::<Result<_, _>>()
             .unwrap();
         c.execute(
-            "UPDATE deliveries SET state = 'failed', reason = 'blocked', updated_at = 5 WHERE id = ?1",
+            "UPDATE deliveries SET state = 'failed', reason = 'blocked', updated_at = 5 WHERE id = $1",
             [&ids[0]],
         )
         .unwrap();
         c.execute(
             "UPDATE deliveries SET state = 'delivered', instance_id = 'i', claim_token = 't', updated_at = 7
-             WHERE id = ?1",
+             WHERE id = $1",
             [&ids[1]],
         )
         .unwrap();
         let attempt: i64 =
-            c.query_row("SELECT attempt FROM deliveries WHERE id = ?1", [&ids[1]], |r| r.get(0)).unwrap();
+            c.query_row("SELECT attempt FROM deliveries WHERE id = $1", [&ids[1]], |r| r.get(0)).unwrap();
         c.execute(
             "INSERT INTO attempts (id, delivery_id, host, instance_id, report_id, request_hash, outcome, reported_at, attempt)
-             VALUES ('att-1', ?1, 'host-a', 'i', 'r1', 'h', 'unknown', 7, ?2)",
-            rusqlite::params![ids[1], attempt],
+             VALUES ('att-1', $1, 'host-a', 'i', 'r1', 'h', 'unknown', 7, $2)",
+            params![ids[1], attempt],
         )
         .unwrap();
         let trouble: Vec<String> = recent_trouble(c, 10).unwrap().into_iter().map(|t| t.row.delivery_id).collect();
@@ -485,7 +482,7 @@ mod tests {
         // whose state is `unknown` from its change.
         assert_eq!((unknown_since(c, 7).unwrap(), unknown_since(c, 8).unwrap()), (1, 0));
         c.execute(
-            "UPDATE deliveries SET state = 'unknown', reason = 'host retired', updated_at = 9 WHERE id = ?1",
+            "UPDATE deliveries SET state = 'unknown', reason = 'host retired', updated_at = 9 WHERE id = $1",
             [&ids[0]],
         )
         .unwrap();
@@ -520,15 +517,15 @@ mod tests {
         // ids[0] started at 500, ids[1] at 300, ids[2] started and reported, ids[3] not started.
         for (id, started) in [(&ids[0], Some(500)), (&ids[1], Some(300)), (&ids[2], Some(100)), (&ids[3], None)] {
             c.execute(
-                "UPDATE deliveries SET state = 'delivered', instance_id = 'i', claim_token = 't', started_at = ?2,
-                        started_session = ?3 WHERE id = ?1",
-                rusqlite::params![id, started, started.map(|_| 1i64)],
+                "UPDATE deliveries SET state = 'delivered', instance_id = 'i', claim_token = 't', started_at = $2,
+                        started_session = $3 WHERE id = $1",
+                params![id, started, started.map(|_| 1i64)],
             )
             .unwrap();
         }
         c.execute(
             "INSERT INTO attempts (id, delivery_id, host, instance_id, report_id, request_hash, outcome, reported_at, attempt)
-             VALUES ('att-1', ?1, 'host-a', 'i', 'r1', 'h', 'succeeded', 700, 1)",
+             VALUES ('att-1', $1, 'host-a', 'i', 'r1', 'h', 'succeeded', 700, 1)",
             [&ids[2]],
         )
         .unwrap();
@@ -553,8 +550,7 @@ mod tests {
         accept_one(c, "c", "k3", &["host-a"]);
         // k1 (two deliveries) in the last minute, k2 in the first minute of the hour, k3 before it.
         for (k, at) in [("k1", now - 1), ("k2", now - 3_600_000), ("k3", now - 3_600_001)] {
-            c.execute("UPDATE messages SET accepted_at = ?2 WHERE idempotency_key = ?1", rusqlite::params![k, at])
-                .unwrap();
+            c.execute("UPDATE messages SET accepted_at = $2 WHERE idempotency_key = $1", params![k, at]).unwrap();
         }
         let first: String = c.query_row("SELECT id FROM deliveries ORDER BY n LIMIT 1", [], |r| r.get(0)).unwrap();
         for (id, outcome, at, attempt) in
@@ -562,8 +558,8 @@ mod tests {
         {
             c.execute(
                 "INSERT INTO attempts (id, delivery_id, host, instance_id, report_id, request_hash, outcome, reported_at, attempt)
-                 VALUES (?1, ?2, 'host-a', 'i', ?1, 'h', ?3, ?4, ?5)",
-                rusqlite::params![id, first, outcome, at, attempt],
+                 VALUES ($1, $2, 'host-a', 'i', $1, 'h', $3, $4, $5)",
+                params![id, first, outcome, at, attempt],
             )
             .unwrap();
         }

@@ -3,12 +3,12 @@
 
 use crate::store::Store;
 use crate::store::engine::OptionalExtension;
+use crate::store::engine::params;
 use crate::store::engine::{Db, DbResult, Row};
 use crate::store::lifecycle::report::{ATTEMPT_COLUMNS, attempt_row};
 use crate::store::{ActorKind, StoreError, StoreResult, json_column, parse_column, parse_column_opt, state_column};
 use baton_shared::states::{DeliveryState, Outcome};
 use baton_shared::wire::{AttemptView, DeliveryView, MessageView};
-use rusqlite::named_params;
 
 impl Store {
     // ---- Reads for operators, status and metrics ----
@@ -57,7 +57,7 @@ impl Store {
 /// Finds a message id by producer and idempotency key.
 pub fn message_id_by_key(conn: &dyn Db, producer: &str, key: &str) -> StoreResult<Option<String>> {
     Ok(conn
-        .prepare_cached("SELECT id FROM messages WHERE producer = ?1 AND idempotency_key = ?2")?
+        .prepare_cached("SELECT id FROM messages WHERE producer = $1 AND idempotency_key = $2")?
         .query_row([producer, key], |r| r.get(0))
         .optional()?)
 }
@@ -66,7 +66,7 @@ pub fn message_id_by_key(conn: &dyn Db, producer: &str, key: &str) -> StoreResul
 pub fn message_view(conn: &dyn Db, message_id: &str) -> StoreResult<MessageView> {
     let mut view = conn
         .prepare_cached(
-            "SELECT id, conversation, seq, producer, idempotency_key, payload, accepted_at FROM messages WHERE id = ?1",
+            "SELECT id, conversation, seq, producer, idempotency_key, payload, accepted_at FROM messages WHERE id = $1",
         )?
         .query_row([message_id], |r| {
             Ok(MessageView {
@@ -84,7 +84,7 @@ pub fn message_view(conn: &dyn Db, message_id: &str) -> StoreResult<MessageView>
         .optional()?
         .ok_or_else(|| StoreError::NotFound(format!("no message {message_id}")))?;
     let mut deliveries: Vec<DeliveryView> = conn
-        .prepare_cached(&format!("{DELIVERY_VIEW} WHERE d.message_id = ?1 ORDER BY d.host"))?
+        .prepare_cached(&format!("{DELIVERY_VIEW} WHERE d.message_id = $1 ORDER BY d.host"))?
         .query_map([message_id], delivery_view_row)?
         .collect::<Result<_, _>>()?;
     for d in &mut deliveries {
@@ -123,7 +123,7 @@ fn delivery_view_row(r: &Row<'_>) -> DbResult<DeliveryView> {
 /// `NotFound` when the message has no such delivery.
 pub fn delivery_view(conn: &dyn Db, message_id: &str, delivery_id: &str) -> StoreResult<(String, DeliveryView)> {
     let found = conn
-        .prepare_cached(&format!("{DELIVERY_VIEW} WHERE d.message_id = ?1 AND d.id = ?2"))?
+        .prepare_cached(&format!("{DELIVERY_VIEW} WHERE d.message_id = $1 AND d.id = $2"))?
         .query_row([message_id, delivery_id], |r| {
             let producer: String = r.get(10)?;
             Ok((producer, delivery_view_row(r)?))
@@ -140,7 +140,7 @@ pub fn delivery_view(conn: &dyn Db, message_id: &str, delivery_id: &str) -> Stor
 pub fn attempts_of(conn: &dyn Db, delivery_id: &str) -> StoreResult<Vec<AttemptView>> {
     Ok(conn
         .prepare_cached(&format!(
-            "SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE delivery_id = ?1 ORDER BY attempt, reported_at, id"
+            "SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE delivery_id = $1 ORDER BY attempt, reported_at, id"
         ))?
         .query_map([delivery_id], attempt_row)?
         .collect::<Result<_, _>>()?)
@@ -252,12 +252,12 @@ pub fn list_deliveries(conn: &dyn Db, f: &DeliveryFilter) -> StoreResult<Vec<Del
                 outcome_sql!(),
                 "
              FROM deliveries d
-             WHERE (CAST(:s AS TEXT) IS NULL OR d.state = :s) AND (CAST(:h AS TEXT) IS NULL OR d.host = :h) AND (CAST(:c AS TEXT) IS NULL OR d.conversation = :c)
-             ORDER BY d.n LIMIT :limit"
+             WHERE (CAST($1 AS TEXT) IS NULL OR d.state = $1) AND (CAST($2 AS TEXT) IS NULL OR d.host = $2) AND (CAST($3 AS TEXT) IS NULL OR d.conversation = $3)
+             ORDER BY d.n LIMIT $4"
             ),
         )?
         .query_map(
-            named_params! {":s": f.state.map(DeliveryState::as_str), ":h": f.host, ":c": f.conversation, ":limit": f.limit},
+            params![f.state.map(DeliveryState::as_str), f.host, f.conversation, f.limit],
             delivery_row,
         )?
         .collect::<Result<_, _>>()?;
@@ -303,7 +303,7 @@ pub fn delivery_detail(conn: &dyn Db, delivery_id: &str) -> StoreResult<Delivery
             concat!(
                 "SELECT d.id, d.message_id, d.host, d.conversation, d.seq, d.state, d.instance_id, d.reason, d.updated_at, ",
                 outcome_sql!(),
-                " FROM deliveries d WHERE d.id = ?1"
+                " FROM deliveries d WHERE d.id = $1"
             ),
         )?
         .query_row([delivery_id], delivery_row)
@@ -312,7 +312,7 @@ pub fn delivery_detail(conn: &dyn Db, delivery_id: &str) -> StoreResult<Delivery
     let events = conn
         .prepare_cached(
             "SELECT id, from_state, to_state, actor_kind, actor, instance_id, reason, at FROM delivery_events
-             WHERE delivery_id = ?1 ORDER BY id",
+             WHERE delivery_id = $1 ORDER BY id",
         )?
         .query_map([delivery_id], |r| {
             let id: i64 = r.get(0)?;
@@ -434,42 +434,42 @@ mod tests {
         let all = DeliveryFilter { limit: 10, ..Default::default() };
         assert_eq!(list_deliveries(c, &all).unwrap()[0].state, DeliveryState::Queued);
 
-        corrupt(c, "UPDATE deliveries SET state = 'lost' WHERE id = ?1", &d);
+        corrupt(c, "UPDATE deliveries SET state = 'lost' WHERE id = $1", &d);
         check(list_deliveries(c, &all), &d, "state");
         check(delivery_detail(c, &d), &d, "state");
         check(message_view(c, &msg), &d, "state");
         check(status(c), "deliveries", "state");
         check(crate::store::lifecycle::transition::state_of(c, &d), &d, "state");
-        corrupt(c, "UPDATE deliveries SET state = 'queued' WHERE id = ?1", &d);
+        corrupt(c, "UPDATE deliveries SET state = 'queued' WHERE id = $1", &d);
 
-        corrupt(c, "UPDATE delivery_events SET actor_kind = 'ghost' WHERE delivery_id = ?1", &d);
+        corrupt(c, "UPDATE delivery_events SET actor_kind = 'ghost' WHERE delivery_id = $1", &d);
         check(delivery_detail(c, &d), "delivery_events", "actor_kind");
-        corrupt(c, "UPDATE delivery_events SET actor_kind = 'hub', to_state = 'gone' WHERE delivery_id = ?1", &d);
+        corrupt(c, "UPDATE delivery_events SET actor_kind = 'hub', to_state = 'gone' WHERE delivery_id = $1", &d);
         check(delivery_detail(c, &d), "delivery_events", "to_state");
-        corrupt(c, "UPDATE delivery_events SET to_state = 'queued' WHERE delivery_id = ?1", &d);
+        corrupt(c, "UPDATE delivery_events SET to_state = 'queued' WHERE delivery_id = $1", &d);
 
         c.execute(
             "INSERT INTO attempts (id, delivery_id, host, instance_id, report_id, request_hash, outcome, reported_at)
-             VALUES ('att-1', ?1, 'host-a', 'i', 'r1', 'h', 'succeeded', 1)",
+             VALUES ('att-1', $1, 'host-a', 'i', 'r1', 'h', 'succeeded', 1)",
             [&d],
         )
         .unwrap();
-        corrupt(c, "UPDATE attempts SET outcome = 'maybe' WHERE delivery_id = ?1", &d);
+        corrupt(c, "UPDATE attempts SET outcome = 'maybe' WHERE delivery_id = $1", &d);
         check(attempts_of(c, &d), "att-1", "outcome");
         // A listing shows the outcome of a delivered delivery's current run.
         corrupt(
             c,
             "UPDATE deliveries SET state = 'delivered', instance_id = 'i', claim_token = 't',
-                                   attempt = (SELECT attempt FROM attempts WHERE id = 'att-1') WHERE id = ?1",
+                                   attempt = (SELECT attempt FROM attempts WHERE id = 'att-1') WHERE id = $1",
             &d,
         );
         check(list_deliveries(c, &all), &d, "outcome");
-        corrupt(c, "UPDATE deliveries SET state = 'queued', instance_id = NULL, claim_token = NULL WHERE id = ?1", &d);
-        corrupt(c, "UPDATE attempts SET outcome = 'failed', duration_ms = -5 WHERE delivery_id = ?1", &d);
+        corrupt(c, "UPDATE deliveries SET state = 'queued', instance_id = NULL, claim_token = NULL WHERE id = $1", &d);
+        corrupt(c, "UPDATE attempts SET outcome = 'failed', duration_ms = -5 WHERE delivery_id = $1", &d);
         check(attempts_of(c, &d), "att-1", "duration_ms");
-        corrupt(c, "UPDATE attempts SET duration_ms = 5 WHERE delivery_id = ?1", &d);
+        corrupt(c, "UPDATE attempts SET duration_ms = 5 WHERE delivery_id = $1", &d);
 
-        c.execute("UPDATE messages SET payload = '{oops' WHERE id = ?1", [&msg]).unwrap();
+        c.execute("UPDATE messages SET payload = '{oops' WHERE id = $1", [&msg]).unwrap();
         check(message_view(c, &msg), &msg, "payload");
     }
 
@@ -489,8 +489,8 @@ mod tests {
             let payload = format!("{{\"pad\": \"{}\"}}", "x".repeat(4000));
             c.execute(
                 "INSERT INTO messages (id, conversation, seq, producer, idempotency_key, content_hash, payload, accepted_at)
-                 VALUES (?1, 'c', ?2, 'p', ?1, 'h', ?3, 1)",
-                rusqlite::params![format!("m{i}"), i + 1, payload],
+                 VALUES ($1, 'c', $2, 'p', $1, 'h', $3, 1)",
+                params![format!("m{i}"), i + 1, payload],
             )
             .unwrap();
         }
