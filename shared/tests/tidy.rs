@@ -14,6 +14,9 @@
 //! - The hub's record is reached only through `Store` (`hub/src/store/handle.rs`): the HTTP
 //!   handlers, the CLI, the server and its background tasks, the status page, the metrics and
 //!   the TLS layer name no `rusqlite`, no connection, writer or reader pool, and no transaction.
+//! - Every difference between SQLite and PostgreSQL lives in the store's engine
+//!   (`hub/src/store/engine/`): no other store file names `rusqlite`, and none asks which
+//!   backend it runs on outside its tests (`Db::dialect`, `Dialect::`).
 
 use std::path::{Path, PathBuf};
 
@@ -228,6 +231,39 @@ fn the_record_is_reached_only_through_the_store() {
     assert!(
         found.is_empty(),
         "the record is reached around `Store` (add an operation to it instead):\n{}",
+        found.join("\n")
+    );
+}
+
+/// The store's engine: the one folder of the store that may name SQLite's crate or ask which
+/// backend it runs on.
+const STORE_ENGINE_DIR: &str = "hub/src/store/engine";
+
+#[test]
+fn backend_differences_live_in_the_store_engine() {
+    let mut files = Vec::new();
+    rust_files(&root().join("hub/src/store"), &mut files);
+    let engine = root().join(STORE_ENGINE_DIR);
+    let files: Vec<PathBuf> = files.into_iter().filter(|p| !p.starts_with(&engine)).collect();
+    assert!(files.len() > 20, "the store's files were found: {}", files.len());
+    let mut found = Vec::new();
+    for p in files {
+        let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", rel(&p)));
+        for (i, line) in text.lines().enumerate() {
+            if line.contains("rusqlite") {
+                found.push(format!("{}:{}: names rusqlite: {}", rel(&p), i + 1, line.trim()));
+            }
+        }
+        for (i, line) in product_part(&p, &text).lines().enumerate() {
+            if line.contains(".dialect()") || line.contains("Dialect::") {
+                found.push(format!("{}:{}: asks for the backend: {}", rel(&p), i + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "a backend difference outside the store's engine (a statement that must differ is a pair in \
+         hub/src/store/engine/dialect.rs; SQLite itself is reached through the engine):\n{}",
         found.join("\n")
     );
 }

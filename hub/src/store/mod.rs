@@ -9,7 +9,7 @@
 //! over `engine::Db`, which SQLite's connection and PostgreSQL's `PgConn` both are.
 //!
 //! For SQLite, the operations' bodies are the plain synchronous functions of the modules below,
-//! over a `rusqlite::Connection` (inside a write transaction when they change anything), run by
+//! over an SQLite connection (inside a write transaction when they change anything), run by
 //! `Store` through `Writer` (the hub's single writer thread with group commit) and `Readers`,
 //! or in place with `in_write_txn` (the CLI); the unit tests call them directly.
 //!
@@ -58,8 +58,8 @@ pub use writer::{Readers, Writer};
 use baton_shared::error::ErrorCode;
 use baton_shared::sqlite::{self, OpenError, OpenOptions, Synchronous};
 use baton_shared::states::DeliveryState;
+use engine::SqliteConnection as Connection;
 use engine::{Db, DbError, DbErrorKind, DbResult, Row};
-use rusqlite::Connection;
 use std::path::Path;
 
 /// The hub schema's migrations, in order. Append-only.
@@ -77,6 +77,12 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../../schema/hub/0011-stderr-tail.sql"),
     include_str!("../../../schema/hub/0012-approval-and-breaker.sql"),
 ];
+
+/// The newest schema version this binary knows, on each backend: how many migrations each
+/// runner has (`MIGRATIONS` here; PostgreSQL's history is numbered apart,
+/// `engine::postgres::MIGRATIONS`).
+pub const KNOWN_SCHEMA_VERSIONS: engine::dialect::Both<i64> =
+    engine::dialect::Both { sqlite: MIGRATIONS.len() as i64, postgres: engine::postgres::MIGRATIONS.len() as i64 };
 
 /// Who made a change, as recorded in the event log.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -344,9 +350,7 @@ pub fn open_serve(path: &Path, synchronous: Synchronous, check: sqlite::Check) -
 
 fn open_write_checked(path: &Path, synchronous: Synchronous, check: sqlite::Check) -> Result<Connection, OpenError> {
     let opts = OpenOptions { synchronous, create: true, read_only: false, check, page_size: Some(RECORD_PAGE_BYTES) };
-    let conn = sqlite::open(path, MIGRATIONS, opts)?;
-    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE_CAPACITY);
-    Ok(conn)
+    engine::open_sqlite(path, MIGRATIONS, opts)
 }
 
 /// The page size of a hub record this binary creates (an existing record keeps its own). Each
@@ -355,30 +359,19 @@ fn open_write_checked(path: &Path, synchronous: Synchronous, check: sqlite::Chec
 /// while batches (many rows per page) cost the same. Measured in `docs/performance.md`.
 pub const RECORD_PAGE_BYTES: u32 = 2048;
 
-/// Prepared statements kept per connection. The store has a few dozen distinct statements and
-/// one message's path alone uses more than rusqlite's default of 16; re-preparing them on every
-/// call was measured to cost more than half of the store's time.
-pub const STATEMENT_CACHE_CAPACITY: usize = 256;
-
 /// Opens an existing hub database for reading only (no migrations; the schema must be current).
 pub fn open_read(path: &Path) -> Result<Connection, OpenError> {
-    let conn = sqlite::open(
+    engine::open_sqlite(
         path,
         MIGRATIONS,
         OpenOptions { create: false, read_only: true, check: sqlite::Check::None, ..Default::default() },
-    )?;
-    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE_CAPACITY);
-    Ok(conn)
+    )
 }
 
 /// The schema version of the database: how many migrations it has (SQLite's `user_version`,
 /// PostgreSQL's `baton_schema` row).
 pub fn schema_version(conn: &dyn Db) -> StoreResult<i64> {
-    let sql = match conn.dialect() {
-        engine::Dialect::Sqlite => "PRAGMA user_version",
-        engine::Dialect::Postgres => "SELECT version FROM baton_schema",
-    };
-    Ok(conn.query_row(sql, [], |r| r.get(0))?)
+    Ok(conn.query_row(engine::dialect::SCHEMA_VERSION.of(conn), [], |r| r.get(0))?)
 }
 
 /// Runs `f` inside one `BEGIN IMMEDIATE` transaction on `conn`, committing only if it succeeds.

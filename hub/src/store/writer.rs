@@ -1,7 +1,8 @@
 //! The single writer thread with group commit, and the pool of read connections.
 //!
-//! Invariant: only the writer thread touches the hub's write connection, and rusqlite never
-//! runs on an async worker thread (readers run inside `spawn_blocking`).
+//! Invariant: only the writer thread touches the hub's write connection, and no connection (an
+//! SQLite one or a `PgConn`) is used on an async worker thread (readers run inside
+//! `spawn_blocking`).
 //!
 //! Group commit: the writer takes every job already waiting (up to `GROUP_COMMIT_JOBS_MAX`),
 //! runs each in its own savepoint inside one `BEGIN IMMEDIATE` transaction, commits once (one
@@ -544,7 +545,7 @@ mod tests {
 
     /// An SQLite connection that records how each write transaction began.
     struct Recording {
-        conn: rusqlite::Connection,
+        conn: crate::store::engine::SqliteConnection,
         begun: std::sync::Arc<Mutex<Vec<&'static str>>>,
     }
 

@@ -38,6 +38,7 @@
 //! (its value conversions and statement cache) are the engine's one seam; about 90 lines are
 //! unit tests.
 
+pub mod dialect;
 pub mod error;
 pub mod postgres;
 
@@ -46,6 +47,10 @@ pub use error::{DbError, DbErrorKind, DbResult, OptionalExtension};
 /// conversions into and out of them.
 pub use rusqlite::ToSql;
 pub use rusqlite::types::{FromSql, Value, ValueRef};
+
+/// An SQLite connection: a `Db` as it is (and what the writer, a one-shot process and the
+/// reader pool hold on an SQLite record).
+pub use rusqlite::Connection as SqliteConnection;
 
 use rusqlite::Connection;
 use rusqlite::types::FromSqlError;
@@ -154,6 +159,24 @@ impl SqliteFile<'_> {
         copied.map_err(sqlite_error)?;
         Ok(())
     }
+}
+
+/// Prepared statements kept per SQLite connection. The store has a few dozen distinct statements
+/// and one message's path alone uses more than rusqlite's default of 16; re-preparing them on
+/// every call was measured to cost more than half of the store's time.
+pub const STATEMENT_CACHE_CAPACITY: usize = 256;
+
+/// Opens the SQLite record at `path` the strict way (`baton_shared::sqlite::open`: pragmas
+/// asserted, `migrations` applied, the file checked as `opts` says), with a statement cache of
+/// `STATEMENT_CACHE_CAPACITY`.
+pub fn open_sqlite(
+    path: &std::path::Path,
+    migrations: &[&'static str],
+    opts: baton_shared::sqlite::OpenOptions,
+) -> Result<Connection, baton_shared::sqlite::OpenError> {
+    let conn = baton_shared::sqlite::open(path, migrations, opts)?;
+    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE_CAPACITY);
+    Ok(conn)
 }
 
 /// Opens the SQLite file at `path` to read only as it is: no pragma set, nothing migrated or
@@ -808,10 +831,9 @@ impl Db for PgConn {
         if let Some(p) = self.cache.borrow().get(sql) {
             return Ok(Stmt(Inner::Pg { conn: self, prepared: p.clone() }));
         }
-        let text = sqlite_hints_removed(&scalar_extremes(sql));
-        let stmt = self.after_deferred(self.client.prepare(&text), &text)?;
+        let stmt = self.after_deferred(self.client.prepare(sql), sql)?;
         let columns = stmt.columns().iter().map(|c| c.name().to_string()).collect();
-        let prepared = Arc::new(Prepared { stmt, columns, sql: text });
+        let prepared = Arc::new(Prepared { stmt, columns, sql: sql.to_string() });
         let mut cache = self.cache.borrow_mut();
         if cache.len() >= PG_STATEMENT_CACHE_MAX {
             cache.clear();
@@ -864,76 +886,6 @@ fn is_savepoint_statement(sql: &str) -> bool {
     ["SAVEPOINT ", "RELEASE ", "ROLLBACK TO "]
         .iter()
         .any(|p| sql.len() >= p.len() && sql[..p.len()].eq_ignore_ascii_case(p.as_bytes()))
-}
-
-/// Removes what only SQLite's planner reads: `INDEXED BY name`, and the join order `CROSS JOIN`
-/// fixes (a `CROSS JOIN ... ON` is an inner join; PostgreSQL plans the order itself).
-fn sqlite_hints_removed(sql: &str) -> String {
-    let mut out = Vec::new();
-    let mut words = sql.split(' ').peekable();
-    while let Some(w) = words.next() {
-        if w == "INDEXED" && words.peek() == Some(&"BY") {
-            words.next();
-            words.next();
-            continue;
-        }
-        if w == "CROSS" && words.peek() == Some(&"JOIN") {
-            continue;
-        }
-        out.push(w);
-    }
-    out.join(" ")
-}
-
-/// Rewrites SQLite's scalar `max(a, b, ...)` and `min(a, b, ...)` (two or more arguments) to
-/// PostgreSQL's `GREATEST` and `LEAST`; the one-argument aggregates stay.
-fn scalar_extremes(sql: &str) -> String {
-    let bytes = sql.as_bytes();
-    let mut out = String::with_capacity(sql.len());
-    let mut i = 0;
-    let mut quote: Option<u8> = None;
-    while i < bytes.len() {
-        let b = bytes[i];
-        if let Some(q) = quote {
-            if b == q {
-                quote = None;
-            }
-        } else if b == b'\'' || b == b'"' {
-            quote = Some(b);
-        } else if (b == b'm' || b == b'M')
-            && (i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'_'))
-            && i + 4 <= bytes.len()
-            && bytes[i + 3] == b'('
-        {
-            let word = sql[i..i + 3].to_ascii_lowercase();
-            if (word == "max" || word == "min") && top_level_commas(&bytes[i + 4..]) > 0 {
-                out.push_str(if word == "max" { "GREATEST" } else { "LEAST" });
-                i += 3;
-                continue;
-            }
-        }
-        out.push(b as char);
-        i += 1;
-    }
-    out
-}
-
-/// Commas at depth zero before the parenthesis that closes the call `rest` starts inside.
-fn top_level_commas(rest: &[u8]) -> usize {
-    let (mut depth, mut commas, mut quote) = (0usize, 0usize, None::<u8>);
-    for &b in rest {
-        match (quote, b) {
-            (Some(q), _) if b == q => quote = None,
-            (Some(_), _) => {}
-            (None, b'\'' | b'"') => quote = Some(b),
-            (None, b'(') => depth += 1,
-            (None, b')') if depth == 0 => return commas,
-            (None, b')') => depth -= 1,
-            (None, b',') if depth == 0 => commas += 1,
-            _ => {}
-        }
-    }
-    commas
 }
 
 /// A parameter converted into the type PostgreSQL inferred for its slot.
@@ -1098,22 +1050,6 @@ mod tests {
         assert!(matches!(pg_text_escaped("no escape"), std::borrow::Cow::Borrowed(_)));
         // What an earlier hub stored with a lone U+FFFF reads as it was.
         assert_eq!(pg_text_unescaped(format!("a{e}b{e}")), format!("a{e}b{e}"));
-    }
-
-    /// The two rewrites PostgreSQL's text still gets: SQLite's scalar `max`/`min` and its
-    /// planner hints.
-    #[test]
-    fn scalar_extremes_and_planner_hints_are_rewritten_outside_quotes() {
-        let pg = |sql: &str| sqlite_hints_removed(&scalar_extremes(sql));
-        assert_eq!(
-            pg("SELECT max(a), max(a, $1), MIN(f(b, c), 0), maxim(x, y), 'max(1, 2)' FROM t"),
-            "SELECT max(a), GREATEST(a, $1), LEAST(f(b, c), 0), maxim(x, y), 'max(1, 2)' FROM t"
-        );
-        assert_eq!(
-            pg("SELECT 1 FROM d INDEXED BY d_by_x CROSS JOIN m ON m.id = d.m"),
-            "SELECT 1 FROM d JOIN m ON m.id = d.m"
-        );
-        assert_eq!(pg("SELECT max((a), min(b, c))"), "SELECT GREATEST((a), LEAST(b, c))");
     }
 
     /// `$N` is the Nth parameter on both backends, wherever it first appears (SQLite numbers

@@ -44,7 +44,7 @@
 use crate::store::Store;
 use crate::store::engine::OptionalExtension;
 use crate::store::engine::params;
-use crate::store::engine::{Db, DbResult, Dialect, Row};
+use crate::store::engine::{Db, DbResult, Row, dialect};
 use crate::store::handle::Conns;
 use crate::store::lifecycle::transition::{self, Change, Holder};
 use crate::store::lifecycle::turns;
@@ -305,18 +305,18 @@ impl Store {
 /// locked: shared while `instance_id` is the bound instance of an active host (nothing about the
 /// host changes then, and claims of that instance may overlap), exclusively otherwise, since the
 /// claim may bind another instance or fail the retired host's queued work (the row is read again
-/// under that lock). On SQLite the claim holds the file's write lock and runs alone.
+/// under that lock). On SQLite the claim holds the file's write lock and runs alone: one read.
 fn host_row(conn: &dyn Db, host: &str, instance_id: &str) -> StoreResult<Option<(Option<String>, Option<i64>)>> {
     let read = |sql: &str| -> StoreResult<Option<(Option<String>, Option<i64>)>> {
         Ok(conn.prepare_cached(sql)?.query_row([host], |r| Ok((r.get(0)?, r.get(1)?))).optional()?)
     };
-    if conn.dialect() == Dialect::Sqlite {
-        return read("SELECT instance_id, retired_at FROM hosts WHERE name = $1");
-    }
-    match read("SELECT instance_id, retired_at FROM hosts WHERE name = $1 FOR SHARE")? {
+    match read(dialect::CLAIM_HOST_ROW.of(conn))? {
         Some((bound, None)) if bound.as_deref() == Some(instance_id) => Ok(Some((bound, None))),
         None => Ok(None),
-        Some(_) => read("SELECT instance_id, retired_at FROM hosts WHERE name = $1 FOR UPDATE"),
+        Some(row) => match dialect::CLAIM_HOST_ROW_TO_CHANGE.of(conn) {
+            Some(sql) => read(sql),
+            None => Ok(Some(row)),
+        },
     }
 }
 
@@ -549,17 +549,6 @@ pub const CLAIM_HEADS_MAX: usize = 4096;
 /// Conversation queues read per step while taking the first round of turns.
 const CLAIM_TURNS_CHUNK: i64 = 64;
 
-/// The host's conversation queues with work, least recently served first, after a position.
-const QUEUES: &str = "SELECT served, since, conversation FROM conversation_queues
-     WHERE host = $1 AND queued > 0 AND (served, since, conversation) > ($2, $3, $4)
-     ORDER BY served, since, conversation LIMIT $5";
-
-/// `QUEUES` on PostgreSQL: each queue returned is locked until the claim commits, and one that
-/// another claim of the host holds is skipped (see the module's "claims at once").
-const QUEUES_SKIP_LOCKED: &str = "SELECT served, since, conversation FROM conversation_queues
-     WHERE host = $1 AND queued > 0 AND (served, since, conversation) > ($2, $3, $4)
-     ORDER BY served, since, conversation LIMIT $5 FOR UPDATE SKIP LOCKED";
-
 /// What one turn of a conversation in a claim came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Turn {
@@ -661,16 +650,11 @@ impl<'a> Scan<'a> {
         })
     }
 
-    /// Queues to read per step: a few more than the batch still needs (some may be blocked).
-    /// On PostgreSQL, where each queue read is locked for the claim, only as many as it still
-    /// needs: a queue read and not turned to would keep another claim of the host from it.
+    /// Queues to read per step: as many as the batch still needs, and a few spare where that
+    /// costs nothing (some may be blocked; see `dialect::CLAIM_QUEUES_SPARE`).
     fn chunk(&self) -> i64 {
         let needed = (self.max - self.out.len()) as i64;
-        let spare = match self.conn.dialect() {
-            Dialect::Sqlite => 8,
-            Dialect::Postgres => 0,
-        };
-        (needed + spare).min(CLAIM_TURNS_CHUNK)
+        (needed + dialect::CLAIM_QUEUES_SPARE.of(self.conn)).min(CLAIM_TURNS_CHUNK)
     }
 
     fn done(&self) -> bool {
@@ -685,10 +669,7 @@ impl<'a> Scan<'a> {
         'first: loop {
             let queues: Vec<(i64, i64, String)> = self
                 .conn
-                .prepare_cached(match self.conn.dialect() {
-                    Dialect::Sqlite => QUEUES,
-                    Dialect::Postgres => QUEUES_SKIP_LOCKED,
-                })?
+                .prepare_cached(dialect::CLAIM_QUEUES.of(self.conn))?
                 .query_map(params![self.host, after.0, after.1, after.2, self.chunk()], |r| {
                     Ok((r.get(0)?, r.get(1)?, r.get(2)?))
                 })?
@@ -807,15 +788,9 @@ impl<'a> Scan<'a> {
         if !self.obligations_pending {
             return Ok(false);
         }
-        // CROSS JOIN keeps the (tiny) pending set as the outer loop.
         Ok(self
             .conn
-            .prepare_cached(
-                "SELECT EXISTS (
-                    SELECT 1 FROM fanout_obligations o CROSS JOIN messages m ON m.id = o.message_id
-                    WHERE o.done_at IS NULL AND m.conversation = $1 AND m.seq < $2
-                      AND EXISTS (SELECT 1 FROM message_recipients r WHERE r.message_id = o.message_id AND r.host = $3))",
-            )?
+            .prepare_cached(dialect::EARLIER_NOT_FANNED_OUT.of(self.conn))?
             .query_row(params![conversation, seq, self.host], |r| r.get(0))?)
     }
 

@@ -5,6 +5,7 @@
 //! the affected-row count, and appends the event in the same transaction.
 
 use crate::store::engine::Db;
+use crate::store::engine::dialect;
 use crate::store::engine::params;
 use crate::store::{Actor, ActorKind, StoreError, StoreResult};
 use baton_shared::states::DeliveryState::{self, *};
@@ -141,21 +142,13 @@ pub fn apply(conn: &dyn Db, change: Change<'_>, actor: &Actor, now_ms: i64) -> S
 
 /// Moves the waiting count of a delivery's host by `delta`.
 fn adjust_backlog_of(conn: &dyn Db, delivery_id: &str, delta: i64) -> StoreResult<()> {
-    conn.prepare_cached(
-        "INSERT INTO host_backlog (host, waiting) SELECT host, max($2, 0) FROM deliveries WHERE id = $1
-         ON CONFLICT (host) DO UPDATE SET waiting = host_backlog.waiting + $2",
-    )?
-    .execute(params![delivery_id, delta])?;
+    conn.prepare_cached(dialect::BACKLOG_OF_DELIVERY.of(conn))?.execute(params![delivery_id, delta])?;
     Ok(())
 }
 
 /// Adds `delta` to the waiting count of `host`.
 pub fn adjust_backlog(conn: &dyn Db, host: &str, delta: i64) -> StoreResult<()> {
-    conn.prepare_cached(
-        "INSERT INTO host_backlog (host, waiting) VALUES ($1, max($2, 0))
-         ON CONFLICT (host) DO UPDATE SET waiting = host_backlog.waiting + $2",
-    )?
-    .execute(params![host, delta])?;
+    conn.prepare_cached(dialect::BACKLOG_OF_HOST.of(conn))?.execute(params![host, delta])?;
     Ok(())
 }
 

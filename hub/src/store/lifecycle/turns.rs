@@ -18,6 +18,7 @@ use crate::store::By;
 use crate::store::Store;
 use crate::store::engine::Db;
 use crate::store::engine::OptionalExtension;
+use crate::store::engine::dialect;
 use crate::store::engine::params;
 use crate::store::lifecycle::transition::{self, Change};
 use crate::store::registry::hosts::record_operator_event;
@@ -469,16 +470,10 @@ pub fn cancel_message(
 
 /// The delivered turns `instance_id` holds whose cancel was asked for and whose current run has
 /// no outcome yet: the claim answer's `cancels`. Read through the partial index of pending
-/// cancels (named, so the planner never walks the instance's whole delivered history instead):
-/// every claim asks.
+/// cancels (`dialect::CANCELS_PENDING`): every claim asks.
 pub fn cancels_for(conn: &dyn Db, host: &str, instance_id: &str) -> StoreResult<Vec<CancelNotice>> {
     Ok(conn
-        .prepare_cached(
-            "SELECT d.id, d.attempt, coalesce(d.cancel_reason, '') FROM deliveries d INDEXED BY deliveries_cancel_pending
-             WHERE d.instance_id = $1 AND d.host = $2 AND d.state = 'delivered' AND d.cancel_requested_at IS NOT NULL
-               AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)
-             ORDER BY d.n",
-        )?
+        .prepare_cached(dialect::CANCELS_PENDING.of(conn))?
         .query_map([instance_id, host], |r| {
             Ok(CancelNotice { delivery_id: r.get(0)?, attempt: r.get(1)?, reason: r.get(2)? })
         })?

@@ -18,7 +18,7 @@
 use crate::store::By;
 use crate::store::Store;
 use crate::store::engine::params;
-use crate::store::engine::{Db, DbResult, Dialect};
+use crate::store::engine::{Db, DbResult, dialect};
 use crate::store::registry::hosts;
 use crate::store::registry::hosts::Standing;
 use crate::store::registry::hosts::record_operator_event;
@@ -384,12 +384,7 @@ pub fn set_until(conn: &dyn Db, f: NewFence<'_>, expires_at_ms: Option<i64>, now
     {
         return Err(StoreError::Invalid("a fence's expiry must lie in the future".into()));
     }
-    let sql = format!(
-        "INSERT INTO fences (kind, scope, target, set_by, set_at, set_after_event, reason, expires_at)
-         VALUES ($1, $2, $3, $4, $5, {}, $6, $7) RETURNING id",
-        last_event_seq(conn)
-    );
-    let id: i64 = conn.prepare_cached(&sql)?.query_row(
+    let id: i64 = conn.prepare_cached(dialect::FENCE_INSERT.of(conn))?.query_row(
         params![f.kind.as_str(), f.scope.as_str(), f.target, f.operator, now_ms, f.reason, expires_at_ms],
         |r| r.get(0),
     )?;
@@ -478,16 +473,6 @@ pub fn lift_expired(conn: &dyn Db, now_ms: i64) -> StoreResult<Vec<i64>> {
     Ok(ids)
 }
 
-/// The SQL for the newest event number ever drawn (0 before the first), whether or not that
-/// event's row is still kept: SQLite's `AUTOINCREMENT` counter, or PostgreSQL's sequence (drawn
-/// in commit order there too, since writers take the record's write lock first).
-fn last_event_seq(conn: &dyn Db) -> &'static str {
-    match conn.dialect() {
-        Dialect::Sqlite => "(SELECT coalesce(max(seq), 0) FROM sqlite_sequence WHERE name = 'delivery_events')",
-        Dialect::Postgres => "(SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM delivery_events_id_seq)",
-    }
-}
-
 /// Lifts an active fence.
 pub fn lift(conn: &dyn Db, id: i64, operator: &str, reason: &str, now_ms: i64) -> StoreResult<()> {
     lift_as(conn, id, operator, reason, "fence_lift", now_ms)
@@ -495,12 +480,7 @@ pub fn lift(conn: &dyn Db, id: i64, operator: &str, reason: &str, now_ms: i64) -
 
 /// Lifts an active fence, recording `action` in the operator event log.
 fn lift_as(conn: &dyn Db, id: i64, operator: &str, reason: &str, action: &str, now_ms: i64) -> StoreResult<()> {
-    let sql = format!(
-        "UPDATE fences SET lifted_at = $2, lifted_by = $3, lifted_reason = $4, lifted_after_event = {}
-         WHERE id = $1 AND lifted_at IS NULL",
-        last_event_seq(conn)
-    );
-    let n = conn.prepare_cached(&sql)?.execute(params![id, now_ms, operator, reason])?;
+    let n = conn.prepare_cached(dialect::FENCE_LIFT.of(conn))?.execute(params![id, now_ms, operator, reason])?;
     if n != 1 {
         return Err(StoreError::NotFound(format!("no active fence {id}")));
     }

@@ -22,6 +22,7 @@
 use crate::store::Store;
 use crate::store::engine::Db;
 use crate::store::engine::OptionalExtension;
+use crate::store::engine::dialect;
 use crate::store::engine::params;
 use crate::store::lifecycle::claim::NodeAt;
 use crate::store::lifecycle::claim::RebindLimit;
@@ -262,9 +263,7 @@ pub fn lease(conn: &dyn Db, host: &str, session: u64) -> StoreResult<Option<Leas
 /// Writes the last time each session was heard from (`last_contact_at`), from the hub's
 /// in-memory record of accepted node requests; a time never moves backwards.
 pub fn record_contacts(conn: &dyn Db, contacts: &[(String, u64, i64)]) -> StoreResult<()> {
-    let mut stmt = conn.prepare_cached(
-        "UPDATE node_sessions SET last_contact_at = max(last_contact_at, $3) WHERE host = $1 AND session = $2",
-    )?;
+    let mut stmt = conn.prepare_cached(dialect::SESSION_CONTACT.of(conn))?;
     for (host, session, at) in contacts {
         stmt.execute(params![host, *session as i64, at])?;
     }

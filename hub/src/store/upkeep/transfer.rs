@@ -17,7 +17,7 @@
 use crate::store::engine::ToSql;
 use crate::store::engine::Value;
 use crate::store::engine::params;
-use crate::store::engine::{Db, Dialect};
+use crate::store::engine::{Db, dialect};
 use crate::store::{StoreError, StoreResult};
 
 /// Every table of the record, parents before children (the order a copy inserts them).
@@ -76,19 +76,10 @@ impl Copied {
 
 /// A table's column names, as the record defines them.
 fn columns(conn: &dyn Db, table: &str) -> StoreResult<Vec<String>> {
-    let cols: Vec<String> = match conn.dialect() {
-        Dialect::Sqlite => conn
-            .prepare_cached(&format!("SELECT name FROM pragma_table_info('{table}') ORDER BY cid"))?
-            .query_map([], |r| r.get(0))?
-            .collect::<Result<_, _>>()?,
-        Dialect::Postgres => conn
-            .prepare_cached(
-                "SELECT column_name::text FROM information_schema.columns
-                 WHERE table_schema = current_schema() AND table_name = $1 ORDER BY ordinal_position",
-            )?
-            .query_map([table], |r| r.get(0))?
-            .collect::<Result<_, _>>()?,
-    };
+    let cols: Vec<String> = conn
+        .prepare_cached(dialect::TABLE_COLUMNS.of(conn))?
+        .query_map([table], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
     if cols.is_empty() {
         return Err(StoreError::Invalid(format!("the record has no table {table}")));
     }
@@ -105,46 +96,16 @@ fn rows(conn: &dyn Db, table: &str, cols: &[String]) -> StoreResult<Vec<Vec<Valu
         .collect::<Result<_, _>>()?)
 }
 
-/// The newest number drawn for `table`'s counter (0 when none was).
+/// The newest number drawn for `table`'s counter, the one behind its key `column` (0 when none
+/// was).
 fn drawn(conn: &dyn Db, table: &str, column: &str) -> StoreResult<i64> {
-    Ok(match conn.dialect() {
-        Dialect::Sqlite => {
-            conn.query_row("SELECT coalesce(max(seq), 0) FROM sqlite_sequence WHERE name = $1", [table], |r| r.get(0))?
-        }
-        Dialect::Postgres => conn.query_row(
-            &format!(
-                "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {}",
-                sequence_name(conn, table, column)?
-            ),
-            [],
-            |r| r.get(0),
-        )?,
-    })
+    Ok(conn.query_row(dialect::COUNTER_DRAWN.of(conn), [table, column], |r| r.get(0))?)
 }
 
-/// PostgreSQL's name for the sequence behind `table.column`.
-fn sequence_name(conn: &dyn Db, table: &str, column: &str) -> StoreResult<String> {
-    let name: Option<String> =
-        conn.query_row("SELECT pg_get_serial_sequence($1, $2)", [table, column], |r| r.get(0))?;
-    name.ok_or_else(|| StoreError::Corrupt(format!("{table}.{column} has no sequence")))
-}
-
-/// Sets `table`'s counter so the next number drawn is `drawn + 1`.
+/// Sets `table`'s counter (behind its key `column`) so the next number drawn is `drawn + 1`.
 fn set_drawn(conn: &dyn Db, table: &str, column: &str, drawn: i64) -> StoreResult<()> {
-    match conn.dialect() {
-        Dialect::Sqlite => {
-            conn.execute("DELETE FROM sqlite_sequence WHERE name = $1", [table])?;
-            if drawn > 0 {
-                conn.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ($1, $2)", params![table, drawn])?;
-            }
-        }
-        Dialect::Postgres => {
-            let seq = sequence_name(conn, table, column)?;
-            // `setval(s, 1, false)`: nothing drawn yet, the next is 1.
-            let (value, called) = if drawn > 0 { (drawn, true) } else { (1, false) };
-            // The name comes from `pg_get_serial_sequence`, quoted by the server.
-            conn.query_row(&format!("SELECT setval('{seq}', {value}, {called})"), [], |r| r.get::<_, i64>(0))?;
-        }
+    for sql in dialect::COUNTER_SET.of(conn) {
+        conn.execute(sql, params![table, column, drawn])?;
     }
     Ok(())
 }
@@ -220,10 +181,7 @@ pub fn copy(from: &dyn Db, to: &dyn Db) -> StoreResult<Copied> {
 }
 
 fn schema_is_latest(conn: &dyn Db, version: i64) -> bool {
-    match conn.dialect() {
-        Dialect::Sqlite => version == crate::store::MIGRATIONS.len() as i64,
-        Dialect::Postgres => version == crate::store::engine::postgres::known_version(),
-    }
+    version == crate::store::KNOWN_SCHEMA_VERSIONS.of(conn)
 }
 
 fn position(cols: &[String], name: &str) -> StoreResult<usize> {
@@ -360,8 +318,8 @@ pub fn move_record(from: &Place, to: &Place) -> StoreResult<Copied> {
 /// side of a copy sits idle while the other reads or writes a whole table, longer than a
 /// serving hub's transactions may (`db::PG_WRITE_IDLE_MAX`). A move runs with the hubs stopped.
 fn unbounded_idle(conn: &dyn Db) -> StoreResult<()> {
-    if conn.dialect() == Dialect::Postgres {
-        conn.execute_batch("SET LOCAL idle_in_transaction_session_timeout = 0")?;
+    if let Some(sql) = dialect::IDLE_UNBOUNDED.of(conn) {
+        conn.execute_batch(sql)?;
     }
     Ok(())
 }

@@ -3,7 +3,7 @@
 //! its subject and detail, so callers (the CLI's JSON, the fault checker) read a type, not prose.
 
 use crate::store::Store;
-use crate::store::engine::{Db, Dialect};
+use crate::store::engine::{Db, dialect};
 use crate::store::lifecycle::transition::allowed;
 use crate::store::{ActorKind, StoreResult};
 use baton_shared::states::DeliveryState;
@@ -135,23 +135,20 @@ pub fn check(conn: &dyn Db) -> StoreResult<Vec<Problem>> {
             out.push(Problem { kind: Integrity, subject: "database".into(), detail: line });
         }
     }
+    // SQLite's foreign keys are checked here; PostgreSQL enforces them at every write.
+    if let Some(sql) = dialect::FOREIGN_KEY_CHECK.of(conn) {
+        collect(conn, ForeignKey, sql, &mut out)?;
+    }
     for (kind, sql) in RULES {
-        // PostgreSQL enforces foreign keys at every write; SQLite's are checked here.
-        if *kind == ProblemKind::ForeignKey && conn.dialect() == Dialect::Postgres {
-            continue;
-        }
         collect(conn, *kind, sql, &mut out)?;
     }
     check_event_chains(conn, &mut out)?;
     Ok(out)
 }
 
-/// The rules that are one query each: (kind, SQL selecting subject and detail).
+/// The rules that are one query each, on either backend: (kind, SQL selecting subject and
+/// detail). Foreign keys are `dialect::FOREIGN_KEY_CHECK`.
 const RULES: &[(ProblemKind, &str)] = &[
-    (
-        ProblemKind::ForeignKey,
-        "SELECT \"table\" || ' row ' || rowid, 'refers to a missing ' || parent || ' row' FROM pragma_foreign_key_check",
-    ),
     (
         ProblemKind::AtomicAccept,
         "SELECT id, 'message without a fan-out obligation' FROM messages m

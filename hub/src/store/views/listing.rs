@@ -5,7 +5,7 @@
 
 use crate::store::Store;
 use crate::store::engine::params;
-use crate::store::engine::{Db, Dialect};
+use crate::store::engine::{Db, dialect};
 use crate::store::views::explain;
 use crate::store::views::read::{DeliveryRow, delivery_row};
 use crate::store::{StoreError, StoreResult};
@@ -152,18 +152,10 @@ pub const SHORT_ID_CHARS_MIN: usize = 8;
 
 /// How many deliveries have an id starting with `prefix` (0, 1, or 2 meaning "several").
 fn ids_starting_with(conn: &dyn Db, prefix: &str) -> StoreResult<usize> {
-    // As in `resolve_delivery`: GLOB is SQLite's indexed prefix match; the prefix is a piece
-    // of a stored id, so it holds no GLOB metacharacter.
-    let (sql, pattern) = match conn.dialect() {
-        Dialect::Sqlite => {
-            ("SELECT count(*) FROM (SELECT 1 FROM deliveries WHERE id GLOB $1 LIMIT 2)", format!("{prefix}*"))
-        }
-        Dialect::Postgres => (
-            "SELECT count(*) FROM (SELECT 1 FROM deliveries WHERE id >= $1 AND starts_with(id, $1) LIMIT 2) AS m",
-            prefix.to_string(),
-        ),
-    };
-    let n: i64 = conn.prepare_cached(sql)?.query_row([pattern], |r| r.get(0))?;
+    // The prefix is a piece of a stored id, so it holds no `*` or other GLOB metacharacter.
+    let n: i64 = conn
+        .prepare_cached(dialect::DELIVERY_PREFIX_COUNT.of(conn))?
+        .query_row([format!("{prefix}*")], |r| r.get(0))?;
     Ok(usize::try_from(n).unwrap_or(2))
 }
 
@@ -202,18 +194,10 @@ pub fn resolve_delivery(conn: &dyn Db, prefix: &str) -> StoreResult<Resolved> {
     if exact {
         return Ok(Resolved::One(prefix.to_string()));
     }
-    // GLOB 'p*' is SQLite's indexed prefix match; PostgreSQL's is a range start and
-    // `starts_with`. The prefix holds no GLOB metacharacter (checked above).
-    let (sql, pattern) = match conn.dialect() {
-        Dialect::Sqlite => ("SELECT id FROM deliveries WHERE id GLOB $1 ORDER BY id LIMIT $2", format!("{prefix}*")),
-        Dialect::Postgres => (
-            "SELECT id FROM deliveries WHERE id >= $1 AND starts_with(id, $1) ORDER BY id LIMIT $2",
-            prefix.to_string(),
-        ),
-    };
+    // The prefix holds no `*` or other GLOB metacharacter (checked above).
     let mut found: Vec<String> = conn
-        .prepare_cached(sql)?
-        .query_map(params![pattern, PREFIX_MATCHES_SHOWN_MAX as i64 + 1], |r| r.get(0))?
+        .prepare_cached(dialect::DELIVERY_PREFIX_MATCHES.of(conn))?
+        .query_map(params![format!("{prefix}*"), PREFIX_MATCHES_SHOWN_MAX as i64 + 1], |r| r.get(0))?
         .collect::<Result<_, _>>()?;
     Ok(match found.len() {
         0 => Resolved::Nothing,

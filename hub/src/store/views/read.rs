@@ -3,6 +3,7 @@
 
 use crate::store::Store;
 use crate::store::engine::OptionalExtension;
+use crate::store::engine::dialect;
 use crate::store::engine::params;
 use crate::store::engine::{Db, DbResult, Row};
 use crate::store::lifecycle::report::{ATTEMPT_COLUMNS, attempt_row};
@@ -160,14 +161,7 @@ pub fn settled(d: &DeliveryView) -> bool {
 /// pages in use (free pages are reused before the file grows, so they do not count); on
 /// PostgreSQL the database's size on disk.
 pub fn store_bytes(conn: &dyn Db) -> StoreResult<i64> {
-    let sql = match conn.dialect() {
-        crate::store::engine::Dialect::Sqlite => {
-            "SELECT (p.page_count - f.freelist_count) * s.page_size
-             FROM pragma_page_count() p, pragma_freelist_count() f, pragma_page_size() s"
-        }
-        crate::store::engine::Dialect::Postgres => "SELECT pg_database_size(current_database())",
-    };
-    Ok(conn.prepare_cached(sql)?.query_row([], |r| r.get(0))?)
+    Ok(conn.prepare_cached(dialect::STORE_BYTES.of(conn))?.query_row([], |r| r.get(0))?)
 }
 
 /// A delivery as listed for operators.
@@ -481,7 +475,7 @@ mod tests {
         let c = &db.conn;
         let empty = store_bytes(c).unwrap();
         assert!(empty > 0, "{empty}");
-        if c.dialect() != crate::store::engine::Dialect::Sqlite {
+        if c.sqlite_file().is_none() {
             return;
         }
         c.execute("INSERT INTO conversations (name, last_seq) VALUES ('c', 0)", []).unwrap();

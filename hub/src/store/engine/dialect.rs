@@ -1,0 +1,298 @@
+//! Every statement whose text must differ between SQLite and PostgreSQL: each a named item
+//! holding both texts side by side, with the reason they differ.
+//!
+//! Every other statement of the store is written once, in the syntax both servers accept
+//! (`$N` parameters, standard SQL), and runs as it is written on both: nothing rewrites SQL at
+//! run time. An operation takes an item's text for its connection with `Both::of` and never asks
+//! which backend it runs on. Both texts of an item take the same parameters (each `$N` used at
+//! least once in each), so one call site binds either.
+//!
+//! A statement one backend does not need is `None` on that side; a value the two backends need
+//! apart (not a statement) is a `Both` of that value.
+
+use super::{Db, Dialect};
+
+/// One item, as SQLite and as PostgreSQL need it.
+#[derive(Debug, Clone, Copy)]
+pub struct Both<T> {
+    /// SQLite's.
+    pub sqlite: T,
+    /// PostgreSQL's.
+    pub postgres: T,
+}
+
+impl<T: Copy> Both<T> {
+    /// The item for `conn`'s backend.
+    pub fn of(&self, conn: &dyn Db) -> T {
+        match conn.dialect() {
+            Dialect::Sqlite => self.sqlite,
+            Dialect::Postgres => self.postgres,
+        }
+    }
+}
+
+// The record's own facts.
+
+/// The record's schema version. SQLite keeps it in the file's header (`user_version`, which
+/// its migration runner sets); PostgreSQL in the one row of `baton_schema`, which its runner
+/// writes.
+pub const SCHEMA_VERSION: Both<&str> =
+    Both { sqlite: "PRAGMA user_version", postgres: "SELECT version FROM baton_schema" };
+
+/// The bytes the record takes, as `limits.store_bytes_max` counts them. On SQLite the file's
+/// pages in use (free pages are reused before the file grows, so they do not count), read from
+/// its pragmas; on PostgreSQL the database's size on disk, which only the server knows.
+pub const STORE_BYTES: Both<&str> = Both {
+    sqlite: "SELECT (p.page_count - f.freelist_count) * s.page_size
+             FROM pragma_page_count() p, pragma_freelist_count() f, pragma_page_size() s",
+    postgres: "SELECT pg_database_size(current_database())",
+};
+
+/// The newest event number ever drawn (0 before the first), whether or not that event's row is
+/// still kept, as a fence records it (`set_after_event`, `lifted_after_event`): SQLite's
+/// `AUTOINCREMENT` counter is a row of `sqlite_sequence`; PostgreSQL's is the identity column's
+/// sequence (drawn in commit order there too, since writers take the record's write lock first).
+/// Both forms of the two fence statements that record it follow.
+///
+/// A new fence: `$1` kind, `$2` scope, `$3` target, `$4` set by, `$5` set at, `$6` reason,
+/// `$7` expiry; returns its id.
+pub const FENCE_INSERT: Both<&str> = Both {
+    sqlite: "INSERT INTO fences (kind, scope, target, set_by, set_at, set_after_event, reason, expires_at)
+             VALUES ($1, $2, $3, $4, $5,
+                     (SELECT coalesce(max(seq), 0) FROM sqlite_sequence WHERE name = 'delivery_events'), $6, $7)
+             RETURNING id",
+    postgres: "INSERT INTO fences (kind, scope, target, set_by, set_at, set_after_event, reason, expires_at)
+               VALUES ($1, $2, $3, $4, $5,
+                       (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM delivery_events_id_seq), $6, $7)
+               RETURNING id",
+};
+
+/// An active fence lifted (see `FENCE_INSERT` for why they differ): `$1` the fence, `$2` lifted
+/// at, `$3` lifted by, `$4` the reason.
+pub const FENCE_LIFT: Both<&str> = Both {
+    sqlite: "UPDATE fences SET lifted_at = $2, lifted_by = $3, lifted_reason = $4,
+                    lifted_after_event = (SELECT coalesce(max(seq), 0) FROM sqlite_sequence WHERE name = 'delivery_events')
+             WHERE id = $1 AND lifted_at IS NULL",
+    postgres: "UPDATE fences SET lifted_at = $2, lifted_by = $3, lifted_reason = $4,
+                      lifted_after_event = (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM delivery_events_id_seq)
+               WHERE id = $1 AND lifted_at IS NULL",
+};
+
+// Claims: on PostgreSQL claims of several hubs run at once and are kept apart by row locks
+// (`store::lifecycle::claim`, "claims at once"); on SQLite a claim holds the file's write lock
+// and runs alone, so it locks no row (SQLite has no row locks).
+
+/// The claimant host's row: its bound instance and when it was retired (`$1` the host). On
+/// PostgreSQL locked shared, so one instance's claims may overlap.
+pub const CLAIM_HOST_ROW: Both<&str> = Both {
+    sqlite: "SELECT instance_id, retired_at FROM hosts WHERE name = $1",
+    postgres: "SELECT instance_id, retired_at FROM hosts WHERE name = $1 FOR SHARE",
+};
+
+/// The claimant host's row again, when the claim may change it (bind another instance, fail a
+/// retired host's work): on PostgreSQL locked exclusively and read anew under that lock. SQLite
+/// reads it once (`CLAIM_HOST_ROW`), under the file's write lock.
+pub const CLAIM_HOST_ROW_TO_CHANGE: Both<Option<&str>> =
+    Both { sqlite: None, postgres: Some("SELECT instance_id, retired_at FROM hosts WHERE name = $1 FOR UPDATE") };
+
+/// The host's conversation queues with work, least recently served first, after a position
+/// (`$1` host, `$2` served, `$3` since, `$4` conversation, `$5` limit). On PostgreSQL each queue
+/// returned is locked until the claim commits, and one another claim of the host holds is
+/// skipped, so no two claims look at one conversation's turns at once.
+pub const CLAIM_QUEUES: Both<&str> = Both {
+    sqlite: "SELECT served, since, conversation FROM conversation_queues
+             WHERE host = $1 AND queued > 0 AND (served, since, conversation) > ($2, $3, $4)
+             ORDER BY served, since, conversation LIMIT $5",
+    postgres: "SELECT served, since, conversation FROM conversation_queues
+               WHERE host = $1 AND queued > 0 AND (served, since, conversation) > ($2, $3, $4)
+               ORDER BY served, since, conversation LIMIT $5 FOR UPDATE SKIP LOCKED",
+};
+
+/// Queues a claim reads beyond as many as it still needs (some may turn out blocked). None on
+/// PostgreSQL: a queue read is locked for the claim (`CLAIM_QUEUES`), and one read and not
+/// turned to would keep another claim of the host from it.
+pub const CLAIM_QUEUES_SPARE: Both<i64> = Both { sqlite: 8, postgres: 0 };
+
+/// Whether an earlier message of a conversation routed to the host is still owed its fan-out
+/// (`$1` conversation, `$2` seq, `$3` host). SQLite's `CROSS JOIN` keeps the (tiny) pending set
+/// as the outer loop, which its planner would not choose itself; PostgreSQL plans the join
+/// order from its statistics and has no such hint (a `CROSS JOIN ... ON` is an inner join).
+pub const EARLIER_NOT_FANNED_OUT: Both<&str> = Both {
+    sqlite: "SELECT EXISTS (
+                 SELECT 1 FROM fanout_obligations o CROSS JOIN messages m ON m.id = o.message_id
+                 WHERE o.done_at IS NULL AND m.conversation = $1 AND m.seq < $2
+                   AND EXISTS (SELECT 1 FROM message_recipients r WHERE r.message_id = o.message_id AND r.host = $3))",
+    postgres:
+        "SELECT EXISTS (
+                   SELECT 1 FROM fanout_obligations o JOIN messages m ON m.id = o.message_id
+                   WHERE o.done_at IS NULL AND m.conversation = $1 AND m.seq < $2
+                     AND EXISTS (SELECT 1 FROM message_recipients r WHERE r.message_id = o.message_id AND r.host = $3))",
+};
+
+/// The delivered turns an instance holds whose cancel was asked for and whose current run has
+/// no outcome yet (`$1` instance, `$2` host): every claim asks. SQLite is told to read them
+/// through the partial index of pending cancels (`INDEXED BY`), so its planner never walks the
+/// instance's whole delivered history instead; PostgreSQL has no index hints and picks the
+/// partial index from its statistics.
+pub const CANCELS_PENDING: Both<&str> = Both {
+    sqlite:
+        "SELECT d.id, d.attempt, coalesce(d.cancel_reason, '') FROM deliveries d INDEXED BY deliveries_cancel_pending
+             WHERE d.instance_id = $1 AND d.host = $2 AND d.state = 'delivered' AND d.cancel_requested_at IS NOT NULL
+               AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)
+             ORDER BY d.n",
+    postgres: "SELECT d.id, d.attempt, coalesce(d.cancel_reason, '') FROM deliveries d
+               WHERE d.instance_id = $1 AND d.host = $2 AND d.state = 'delivered' AND d.cancel_requested_at IS NOT NULL
+                 AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)
+               ORDER BY d.n",
+};
+
+// The larger of two values: SQLite's scalar `max(a, b)` is PostgreSQL's `GREATEST(a, b)`
+// (`max` there is only the aggregate). They differ on NULL (GREATEST skips it, SQLite's `max`
+// returns NULL); the statements below pass them none.
+
+/// The waiting count of a delivery's host moved by `$2` (`$1` the delivery).
+pub const BACKLOG_OF_DELIVERY: Both<&str> = Both {
+    sqlite: "INSERT INTO host_backlog (host, waiting) SELECT host, max($2, 0) FROM deliveries WHERE id = $1
+             ON CONFLICT (host) DO UPDATE SET waiting = host_backlog.waiting + $2",
+    postgres: "INSERT INTO host_backlog (host, waiting) SELECT host, GREATEST($2, 0) FROM deliveries WHERE id = $1
+               ON CONFLICT (host) DO UPDATE SET waiting = host_backlog.waiting + $2",
+};
+
+/// The waiting count of host `$1` moved by `$2`.
+pub const BACKLOG_OF_HOST: Both<&str> = Both {
+    sqlite: "INSERT INTO host_backlog (host, waiting) VALUES ($1, max($2, 0))
+             ON CONFLICT (host) DO UPDATE SET waiting = host_backlog.waiting + $2",
+    postgres: "INSERT INTO host_backlog (host, waiting) VALUES ($1, GREATEST($2, 0))
+               ON CONFLICT (host) DO UPDATE SET waiting = host_backlog.waiting + $2",
+};
+
+/// A session's last contact moved to `$3` unless it is already later (`$1` host, `$2` session).
+pub const SESSION_CONTACT: Both<&str> = Both {
+    sqlite: "UPDATE node_sessions SET last_contact_at = max(last_contact_at, $3) WHERE host = $1 AND session = $2",
+    postgres: "UPDATE node_sessions SET last_contact_at = GREATEST(last_contact_at, $3) WHERE host = $1 AND session = $2",
+};
+
+// Matching a prefix of a delivery id. The parameter is the prefix followed by `*`: SQLite's
+// indexed prefix match is `GLOB 'p*'`, and its planner uses the index only when the pattern is
+// the parameter itself; PostgreSQL has no GLOB and matches from a range start with
+// `starts_with`, on the prefix without its `*` (a prefix never holds one).
+
+/// How many deliveries have an id matching `$1` (0, 1, or 2 meaning "several").
+pub const DELIVERY_PREFIX_COUNT: Both<&str> = Both {
+    sqlite: "SELECT count(*) FROM (SELECT 1 FROM deliveries WHERE id GLOB $1 LIMIT 2)",
+    postgres: "SELECT count(*) FROM (
+                   SELECT 1 FROM deliveries WHERE id >= rtrim($1, '*') AND starts_with(id, rtrim($1, '*')) LIMIT 2
+               ) AS m",
+};
+
+/// The ids of deliveries matching `$1`, in id order, at most `$2`.
+pub const DELIVERY_PREFIX_MATCHES: Both<&str> = Both {
+    sqlite: "SELECT id FROM deliveries WHERE id GLOB $1 ORDER BY id LIMIT $2",
+    postgres: "SELECT id FROM deliveries WHERE id >= rtrim($1, '*') AND starts_with(id, rtrim($1, '*'))
+               ORDER BY id LIMIT $2",
+};
+
+// The offline check and moving a record between backends.
+
+/// Rows whose foreign key points nowhere, as (subject, detail). SQLite checks foreign keys here
+/// (`pragma_foreign_key_check`: a file written with them off may hold such rows); PostgreSQL
+/// enforces them at every write, so it needs no check.
+pub const FOREIGN_KEY_CHECK: Both<Option<&str>> = Both {
+    sqlite: Some(
+        "SELECT \"table\" || ' row ' || rowid, 'refers to a missing ' || parent || ' row' FROM pragma_foreign_key_check",
+    ),
+    postgres: None,
+};
+
+/// A table's column names in their order (`$1` the table): each server's own catalogue.
+pub const TABLE_COLUMNS: Both<&str> = Both {
+    sqlite: "SELECT name FROM pragma_table_info($1) ORDER BY cid",
+    postgres: "SELECT column_name::text FROM information_schema.columns
+               WHERE table_schema = current_schema() AND table_name = $1 ORDER BY ordinal_position",
+};
+
+/// The newest number drawn for a table's key counter, 0 when none was (`$1` the table, `$2`
+/// its key column). SQLite keeps one counter per `AUTOINCREMENT` table, a row of
+/// `sqlite_sequence` once a number was drawn (the column is the table's key, `pk` in its table
+/// info); PostgreSQL a sequence behind the identity column (none drawn: no last value).
+pub const COUNTER_DRAWN: Both<&str> = Both {
+    sqlite: "SELECT coalesce(max(seq), 0) FROM sqlite_sequence
+             WHERE name = $1 AND $2 IN (SELECT name FROM pragma_table_info($1) WHERE pk > 0)",
+    postgres: "SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence($1, $2)), 0)",
+};
+
+/// Sets a table's key counter so the next number drawn is `$3 + 1` (`$1` the table, `$2` its key
+/// column), each statement in turn. SQLite's counter is a row of `sqlite_sequence`, which has no
+/// key to upsert on: the row is updated, and made when there is none and a number was drawn
+/// (a counter at 0 draws 1 next, as one without a row does). PostgreSQL's is `setval` on the
+/// sequence (not called: the next is 1).
+pub const COUNTER_SET: Both<&[&str]> = Both {
+    sqlite: &[
+        "UPDATE sqlite_sequence SET seq = $3
+         WHERE name = $1 AND $2 IN (SELECT name FROM pragma_table_info($1) WHERE pk > 0)",
+        "INSERT INTO sqlite_sequence (name, seq) SELECT $1, $3
+         WHERE $3 > 0 AND NOT EXISTS (SELECT 1 FROM sqlite_sequence WHERE name = $1)
+           AND $2 IN (SELECT name FROM pragma_table_info($1) WHERE pk > 0)",
+    ],
+    postgres: &[
+        "SELECT setval(pg_get_serial_sequence($1, $2), GREATEST(CAST($3 AS BIGINT), 1), CAST($3 AS BIGINT) > 0)",
+    ],
+};
+
+/// Lifts the bound on how long the open transaction may sit idle: each side of a copy sits idle
+/// while the other reads or writes a whole table, longer than a serving hub's transactions may
+/// (`PG_WRITE_IDLE_MAX`). Only PostgreSQL ends an idle transaction; SQLite has no such bound.
+pub const IDLE_UNBOUNDED: Both<Option<&str>> =
+    Both { sqlite: None, postgres: Some("SET LOCAL idle_in_transaction_session_timeout = 0") };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    /// The `$N` a statement names.
+    fn parameters(sql: &str) -> BTreeSet<u32> {
+        sql.split('$')
+            .skip(1)
+            .filter_map(|rest| rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok())
+            .collect()
+    }
+
+    /// Both texts of every pair name the same parameters, `$1` to `$N` without a gap, so one
+    /// call site binds either (each backend refuses a parameter its statement does not name).
+    #[test]
+    fn both_texts_of_a_pair_name_the_same_parameters() {
+        let pairs: &[(&str, Both<&str>)] = &[
+            ("SCHEMA_VERSION", SCHEMA_VERSION),
+            ("STORE_BYTES", STORE_BYTES),
+            ("FENCE_INSERT", FENCE_INSERT),
+            ("FENCE_LIFT", FENCE_LIFT),
+            ("CLAIM_HOST_ROW", CLAIM_HOST_ROW),
+            ("CLAIM_QUEUES", CLAIM_QUEUES),
+            ("EARLIER_NOT_FANNED_OUT", EARLIER_NOT_FANNED_OUT),
+            ("CANCELS_PENDING", CANCELS_PENDING),
+            ("BACKLOG_OF_DELIVERY", BACKLOG_OF_DELIVERY),
+            ("BACKLOG_OF_HOST", BACKLOG_OF_HOST),
+            ("SESSION_CONTACT", SESSION_CONTACT),
+            ("DELIVERY_PREFIX_COUNT", DELIVERY_PREFIX_COUNT),
+            ("DELIVERY_PREFIX_MATCHES", DELIVERY_PREFIX_MATCHES),
+            ("TABLE_COLUMNS", TABLE_COLUMNS),
+            ("COUNTER_DRAWN", COUNTER_DRAWN),
+        ];
+        let gapless = |p: &BTreeSet<u32>| p.iter().copied().eq(1..=p.len() as u32);
+        for (name, pair) in pairs {
+            let (sqlite, postgres) = (parameters(pair.sqlite), parameters(pair.postgres));
+            assert_eq!(sqlite, postgres, "{name}");
+            assert!(gapless(&sqlite), "{name}: {sqlite:?}");
+        }
+        // A lone statement names only what the pair it stands in for would.
+        let host_row = parameters(CLAIM_HOST_ROW.sqlite);
+        assert_eq!(CLAIM_HOST_ROW_TO_CHANGE.postgres.map(parameters), Some(host_row));
+        // Each statement of a sequence names every parameter of the sequence.
+        for sql in COUNTER_SET.sqlite.iter().chain(COUNTER_SET.postgres) {
+            assert_eq!(parameters(sql), BTreeSet::from([1, 2, 3]), "{sql}");
+        }
+        assert!(parameters(SCHEMA_VERSION.sqlite).is_empty());
+        assert_eq!(parameters("a = $12 AND b = $1 OR $12"), BTreeSet::from([1, 12]));
+    }
+}
