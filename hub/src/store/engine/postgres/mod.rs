@@ -1,5 +1,6 @@
 //! The hub's record on PostgreSQL: connecting from a `postgres://` URL (with TLS as the URL's
-//! `sslmode` says) and applying the numbered migrations of `schema/postgres/`.
+//! `sslmode` says), applying the numbered migrations of `schema/postgres/`, and the connection
+//! the store's operations run on.
 //!
 //! - `mod.rs`: `PgUrl` (the parsed URL, and the form of it that is safe to print), `connect`,
 //!   `connect_and_migrate` (and `_blocking`), and `PgError`, the one error type, which names
@@ -8,14 +9,18 @@
 //! - `tls`: `SslMode`, the URL's `sslmode`/`sslrootcert`, and its rustls configuration.
 //! - `migrate`: `MIGRATIONS` and `migrate`, in one transaction under an advisory lock,
 //!   refusing a schema newer than this binary.
-//! - `notify`: hubs sharing one database wake each other after a commit (`LISTEN`/`NOTIFY`):
-//!   `Notice`, the `Announcer` and `announce_once` that send it, and `listen`.
+//! - `conn`: `PgConn`, one connection as the store's `Db`, used synchronously (statement cache,
+//!   deferred savepoints, the record's write lock, failures classified).
+//! - `values`: parameters and columns converted to and from SQLite's storage classes, and the
+//!   escaping of NUL in text.
 //! - `analyze`: each hub's statistics round, `ANALYZE` on the hot tables as they grow, so
 //!   statements are not planned for the empty tables a new record starts with.
 
 pub mod analyze;
+pub mod conn;
 pub mod migrate;
 pub mod tls;
+pub mod values;
 
 pub use migrate::{MIGRATIONS, Migrated, known_version, migrate, schema_version};
 pub use tls::SslMode;
