@@ -901,8 +901,8 @@ mod tests {
         accept_one(c, "conv", "k", &["host-a"]);
         let d = claim::claim(c, "host-a", "i", 1, 1).unwrap().remove(0);
         let holder = Holder { instance_id: "i", claim_token: &d.claim_token };
-        claim::mirrored(c, "host-a", &d.delivery_id, holder, 2).unwrap();
-        claim::ack(c, "host-a", &d.delivery_id, holder, 3).unwrap();
+        crate::store::lifecycle::handoff::mirrored(c, "host-a", &d.delivery_id, holder, 2).unwrap();
+        crate::store::lifecycle::handoff::ack(c, "host-a", &d.delivery_id, holder, 3).unwrap();
         let tail = format!("first-line-LOST\n{}\n{SCRIPT}\nlast-line-SHOWN\n", "x".repeat(400));
         let report = NewReport {
             delivery_id: &d.delivery_id,

@@ -14,7 +14,7 @@
 mod keys;
 mod layers;
 
-pub use crate::store::lifecycle::claim::RebindLimit;
+pub use crate::store::registry::instances::RebindLimit;
 pub use keys::*;
 pub use layers::{Flags, Source};
 

@@ -6,11 +6,11 @@
 use super::{ApiError, ApiJson, ApiQuery, AppState, NodeCaller, check_path_id};
 use crate::store::lifecycle::claim::Claimed;
 use crate::store::lifecycle::claim::Claimer;
-use crate::store::lifecycle::claim::HolderOf;
-use crate::store::lifecycle::claim::NodeAt;
-use crate::store::lifecycle::claim::Step;
+use crate::store::lifecycle::handoff::HolderOf;
+use crate::store::lifecycle::handoff::Step;
 use crate::store::lifecycle::report::Backoff;
 use crate::store::lifecycle::report::ReportBounds;
+use crate::store::registry::sessions::NodeAt;
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;

@@ -11,11 +11,11 @@
 use anyhow::Context;
 use baton_hub::store::lifecycle::accept::{AcceptLimits, Accepted, NewMessage, RetryPolicy};
 use baton_hub::store::lifecycle::claim::Claimer;
-use baton_hub::store::lifecycle::claim::HolderOf;
-use baton_hub::store::lifecycle::claim::NodeAt;
-use baton_hub::store::lifecycle::claim::Step;
+use baton_hub::store::lifecycle::handoff::HolderOf;
+use baton_hub::store::lifecycle::handoff::Step;
 use baton_hub::store::lifecycle::report::Backoff;
 use baton_hub::store::registry::hosts::Enrollment;
+use baton_hub::store::registry::sessions::NodeAt;
 use baton_hub::store::{Store, StoreError, StoreResult};
 use baton_shared::ids::Role;
 use baton_shared::sqlite::{self, OpenOptions, Synchronous};

@@ -398,7 +398,8 @@ pub fn count_outcome(
 mod tests {
     use super::*;
     use crate::store::lifecycle::accept::{AcceptLimits, Accepted, NewMessage, RetryPolicy, accept_and_fan_out};
-    use crate::store::lifecycle::claim::{self, ack, mirrored};
+    use crate::store::lifecycle::claim;
+    use crate::store::lifecycle::handoff::{ack, mirrored};
     use crate::store::lifecycle::operator::{Selector, release};
     use crate::store::lifecycle::report::{NewReport, RunReport, report_run};
     use crate::store::lifecycle::transition::Holder;

@@ -20,10 +20,7 @@ use crate::store::lifecycle::accept::Accepted;
 use crate::store::lifecycle::accept::NewMessage;
 use crate::store::lifecycle::accept::RetryPolicy;
 use crate::store::lifecycle::accept::gained_hosts;
-use crate::store::lifecycle::claim;
-use crate::store::lifecycle::claim::NodeAt;
-use crate::store::lifecycle::claim::Step;
-use crate::store::lifecycle::claim::apply_step;
+use crate::store::lifecycle::handoff::{self, Step, apply_step};
 use crate::store::lifecycle::report;
 use crate::store::lifecycle::report::ReportBounds;
 use crate::store::lifecycle::report::new_report;
@@ -31,6 +28,7 @@ use crate::store::lifecycle::report::observe_turn;
 use crate::store::lifecycle::report::run_report;
 use crate::store::lifecycle::transition::Holder;
 use crate::store::registry::sessions;
+use crate::store::registry::sessions::NodeAt;
 use crate::store::views::gauges;
 use crate::store::{StoreError, StoreResult, control};
 use baton_shared::wire::DeliverySummary;
@@ -97,7 +95,7 @@ impl Store {
                 let now = clock.now_ms();
                 each(c, items, |c, d| {
                     let h = Holder { instance_id: &instance_id, claim_token: &d.claim_token };
-                    claim::reject(c, &node.host, &d.delivery_id, h, &d.reason, now)
+                    handoff::reject(c, &node.host, &d.delivery_id, h, &d.reason, now)
                 })
             })
             .await

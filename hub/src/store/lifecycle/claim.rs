@@ -1,23 +1,8 @@
-//! Claims (with fences evaluated in the claim's own transaction), holdings, and the holder's
-//! mirrored / ack / reject (SPEC §2, §4, §5, §6).
-//!
-//! Invariant (order): for each (host, conversation), a claim hands out a delivery with `seq` s
-//! only when no earlier message of the conversation routed to that host still has a pending
-//! fan-out obligation, none has a delivery that is queued (a retry waiting for its `not_before`
-//! included) or held, and none of a message with `max_attempts > 1` is claimed, mirrored or
-//! delivered without an outcome of its current run (the retry barrier). A redrive is handed out
-//! whatever came before it and holds nothing back: the one run allowed out of order. It is
-//! checked inside the claim transaction for every candidate, after the earlier candidates of the
-//! same claim were handed out, so one batch may carry several turns of a conversation, in
-//! order; a conversation found waiting is skipped for the rest of the claim. A pause or hold of the conversation
-//! therefore keeps everything after it back too, and releasing a later held delivery does not
-//! let it pass an earlier one.
-//!
-//! Invariant (fairness): the conversations with queued work for a host take turns within a
-//! claim, one delivery per turn, least recently served first (`conversation_queues.served`,
-//! a per-host tick; among those not served since they gained work, the one waiting longest),
-//! and a claim looks at no more than `CLAIM_HEADS_MAX` queue heads; each look is one indexed
-//! lookup, so a claim's cost does not grow with the backlog.
+//! Claims (SPEC §5): the claim transaction and its door. A claim re-checks the presenting
+//! certificate and the host's standing, binds the node instance (`registry::instances`), reads
+//! the active fences once, and walks the host's conversation queues (`scan`: order, fairness,
+//! each conversation's fence), all in one transaction; the look before it (`worth_claiming`)
+//! is a read that spares a write job when nothing is claimable.
 //!
 //! Invariant (claims at once): on PostgreSQL a transaction of claims only takes the record's
 //! write lock in shared mode (`Db::begin_claims`), so claims on several hubs run at the same
@@ -31,39 +16,23 @@
 //! Claims of different hosts share no row but a message's (settling it when a fence or the
 //! registry fails its last delivery); a cycle there is the server's deadlock error, retried by
 //! the node like any storage failure.
-//!
-//! Invariant: a host has at most one bound node instance. A claim from another instance is
-//! refused (`InstanceConflict`) while the bound one still holds anything; once it holds
-//! nothing, the new instance takes the binding (recorded as an operator-visible event).
-//!
-//! Why one file over 700 lines: the claim's transaction (fences, order, the retry barrier,
-//! fairness, instance binding, several hubs at once) and the holder's steps after it share
-//! their guards and row readers; the handoff steps (`mirrored`, `ack`, `handoff`, `reject`) are
-//! the part to move out when the store's modules are grouped by concern.
 
 use crate::store::Store;
-use crate::store::engine::OptionalExtension;
-use crate::store::engine::params;
-use crate::store::engine::{Db, DbResult, Row, dialect};
+use crate::store::engine::{Db, OptionalExtension, dialect, params};
 use crate::store::handle::Conns;
-use crate::store::lifecycle::transition::{self, Change, Holder};
+use crate::store::lifecycle::scan::Scan;
+use crate::store::lifecycle::transition::{self, Change};
 use crate::store::lifecycle::turns;
-use crate::store::registry::fences::{self, ClaimScan, Fence, FenceKind};
-use crate::store::registry::hosts;
-use crate::store::registry::hosts::Standing;
+use crate::store::registry::fences::{self, ClaimScan};
+use crate::store::registry::hosts::{self, Standing};
+use crate::store::registry::instances::{RebindLimit, bind_over};
 use crate::store::registry::sessions;
 use crate::store::writer::StandingClaim;
-use crate::store::{
-    Actor, StoreError, StoreResult, json_column, new_token, parse_column_opt, registry::members, state_column,
-};
+use crate::store::{Actor, StoreError, StoreResult};
 use baton_shared::clock::SharedClock;
 use baton_shared::crash_point;
-use baton_shared::limits::{INSTANCE_REBIND_WINDOW, INSTANCE_REBINDS_PER_WINDOW_MAX};
-use baton_shared::states::DeliveryState::{self, *};
-use baton_shared::states::Rerun;
-use baton_shared::wire::CancelNotice;
-use baton_shared::wire::{ClaimedDelivery, TransitionResponse};
-use std::collections::{HashMap, VecDeque};
+use baton_shared::states::DeliveryState::*;
+use baton_shared::wire::{CancelNotice, ClaimedDelivery};
 
 /// The claim of `Store::claim` (and `Store::stand_claim`): up to `max` deliveries for the
 /// claimant, with its pending cancel notices and the next retry, in the caller's transaction.
@@ -132,68 +101,6 @@ pub struct Claimed {
     pub retired: bool,
 }
 
-/// A holder's step on one delivery.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Step {
-    /// claimed → mirrored.
-    Mirrored,
-    /// mirrored → delivered.
-    Ack,
-    /// Both, in one transaction: claimed → mirrored → delivered (from `mirrored`, the ack
-    /// alone). The node's local copy is committed before it asks, as for `mirrored`.
-    Handoff,
-}
-
-/// The node a holder's request comes from: its host and its node session.
-#[derive(Debug, Clone)]
-pub struct NodeAt {
-    /// The host, from the certificate.
-    pub host: String,
-    /// The request's node session (`None` for a node that predates sessions).
-    pub session: Option<u64>,
-}
-
-/// The holder a node's step names: its instance and the claim token.
-#[derive(Debug, Clone)]
-pub struct HolderOf {
-    /// The holding instance.
-    pub instance_id: String,
-    /// The claim token.
-    pub claim_token: String,
-}
-
-impl HolderOf {
-    fn as_holder(&self) -> Holder<'_> {
-        Holder { instance_id: &self.instance_id, claim_token: &self.claim_token }
-    }
-}
-
-/// A holder's step, applied on `conn`.
-pub(super) fn apply_step(
-    conn: &dyn Db,
-    step: Step,
-    node: &NodeAt,
-    id: &str,
-    h: Holder<'_>,
-    now_ms: i64,
-) -> StoreResult<TransitionResponse> {
-    let host = node.host.as_str();
-    let answer = match step {
-        Step::Mirrored => return mirrored(conn, host, id, h, now_ms),
-        Step::Ack => ack(conn, host, id, h, now_ms)?,
-        Step::Handoff => handoff(conn, host, id, h, now_ms)?,
-    };
-    // The session whose ack made the run `delivered`: a newer session is not granted its
-    // start while this one's start lease lasts (`turns::start`).
-    if let Some(session) = node.session
-        && answer.changed
-        && answer.state == baton_shared::states::DeliveryState::Delivered
-    {
-        record_acked_session(conn, id, session)?;
-    }
-    Ok(answer)
-}
-
 impl Store {
     /// The look before a claim, at `now_ms` (a read): whether a claim may hand something out,
     /// and otherwise the pending cancel notices and the next retry.
@@ -229,74 +136,6 @@ impl Store {
             }
             Conns::Direct(_) => None,
         }
-    }
-
-    /// One page of what the instance holds (claimed, mirrored, delivered without an outcome):
-    /// at most `limit` after queue position `after_n`, and where the next page starts.
-    pub async fn holdings(
-        &self,
-        node: NodeAt,
-        instance_id: String,
-        after_n: i64,
-        limit: u32,
-    ) -> StoreResult<(Vec<ClaimedDelivery>, Option<i64>)> {
-        self.conns
-            .read(move |c| {
-                sessions::check(c, &node.host, node.session)?;
-                holdings_page(c, &node.host, &instance_id, after_n, limit)
-            })
-            .await
-    }
-
-    /// The holder recorded its local copy: claimed → mirrored. Repeating it changes nothing.
-    pub async fn mirrored(
-        &self,
-        node: NodeAt,
-        delivery_id: String,
-        holder: HolderOf,
-    ) -> StoreResult<TransitionResponse> {
-        self.holder_step(Step::Mirrored, node, delivery_id, holder).await
-    }
-
-    /// The holder acked the durable handoff: mirrored → delivered. Repeating it changes nothing.
-    pub async fn ack(&self, node: NodeAt, delivery_id: String, holder: HolderOf) -> StoreResult<TransitionResponse> {
-        self.holder_step(Step::Ack, node, delivery_id, holder).await
-    }
-
-    /// A holder's `step` on one delivery, after the session check.
-    pub async fn holder_step(
-        &self,
-        step: Step,
-        node: NodeAt,
-        delivery_id: String,
-        holder: HolderOf,
-    ) -> StoreResult<TransitionResponse> {
-        let clock = self.clock.clone();
-        self.conns
-            .write(move |c| {
-                sessions::check(c, &node.host, node.session)?;
-                let h = holder.as_holder();
-                apply_step(c, step, &node, &delivery_id, h, clock.now_ms())
-            })
-            .await
-    }
-
-    /// The holder refuses the delivery: claimed or mirrored → failed, with its reason.
-    pub async fn reject(
-        &self,
-        node: NodeAt,
-        delivery_id: String,
-        holder: HolderOf,
-        reason: String,
-    ) -> StoreResult<TransitionResponse> {
-        let clock = self.clock.clone();
-        self.conns
-            .write(move |c| {
-                sessions::check(c, &node.host, node.session)?;
-                let h = holder.as_holder();
-                reject(c, &node.host, &delivery_id, h, &reason, clock.now_ms())
-            })
-            .await
     }
 }
 
@@ -337,104 +176,6 @@ fn fail_retired_work(conn: &dyn Db, host: &str, now_ms: i64) -> StoreResult<()> 
         };
         transition::apply(conn, change, &Actor::hub(), now_ms)?;
     }
-    Ok(())
-}
-
-/// How many deliveries `instance_id` holds on `host`: claimed, mirrored, or delivered with no
-/// outcome of the current run. Instance ids are scoped per host: another host's deliveries under
-/// the same id are not counted.
-pub fn holding_count(conn: &dyn Db, host: &str, instance_id: &str) -> StoreResult<i64> {
-    Ok(conn
-        .prepare_cached(
-            "SELECT count(*) FROM deliveries d WHERE d.host = $1 AND d.instance_id = $2
-               AND (d.state IN ('claimed', 'mirrored')
-                    OR (d.state = 'delivered' AND NOT EXISTS (
-                        SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)))",
-        )?
-        .query_row([host, instance_id], |r| r.get(0))?)
-}
-
-/// How often one host may change its bound node instance (`limits.instance_rebinds_max`) and over
-/// what sliding window (`limits.instance_rebind_window`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RebindLimit {
-    /// Most changes within `window`.
-    pub max: i64,
-    /// The window they are counted over.
-    pub window: std::time::Duration,
-}
-
-impl Default for RebindLimit {
-    fn default() -> Self {
-        RebindLimit { max: INSTANCE_REBINDS_PER_WINDOW_MAX, window: INSTANCE_REBIND_WINDOW }
-    }
-}
-
-/// Binds `instance_id` to `host`, or refuses when another instance of the host still holds work
-/// (`InstanceConflict`) or the host changed its binding too often (`OverCapacity`). The same
-/// instance again changes nothing and records nothing; each actual change is one operator event.
-pub(crate) fn bind_instance(
-    conn: &dyn Db,
-    host: &str,
-    instance_id: &str,
-    rebind: RebindLimit,
-    now_ms: i64,
-) -> StoreResult<()> {
-    let bound: Option<String> =
-        conn.prepare_cached("SELECT instance_id FROM hosts WHERE name = $1")?.query_row([host], |r| r.get(0))?;
-    bind_over(conn, host, instance_id, bound, rebind, now_ms)
-}
-
-/// `bind_instance` over the binding `bound` the claim already read (`host_row`).
-fn bind_over(
-    conn: &dyn Db,
-    host: &str,
-    instance_id: &str,
-    bound: Option<String>,
-    rebind: RebindLimit,
-    now_ms: i64,
-) -> StoreResult<()> {
-    if bound.as_deref() == Some(instance_id) {
-        return Ok(());
-    }
-    if let Some(old) = &bound {
-        let held = holding_count(conn, host, old)?;
-        if held > 0 {
-            return Err(StoreError::InstanceConflict(format!(
-                "instance {old} of host {host} still holds {held} deliveries; only one instance of a host may be \
-                 active (restart it with its own data directory, or requeue its claims with \
-                 `baton-hub requeue --instance {old}` if it is gone for good)"
-            )));
-        }
-    }
-    let since = now_ms.saturating_sub(rebind.window.as_millis() as i64);
-    let recent: i64 = conn
-        .prepare_cached(
-            "SELECT count(*) FROM operator_events WHERE action = 'bind_instance' AND subject = $1 AND at > $2",
-        )?
-        .query_row(params![host, since], |r| r.get(0))?;
-    if recent >= rebind.max {
-        return Err(StoreError::OverCapacity(format!(
-            "host {host} changed its node instance {recent} times in the last {}s; at most {} are allowed \
-             (limits.instance_rebinds_max per limits.instance_rebind_window): keep one instance id per data \
-             directory",
-            rebind.window.as_secs(),
-            rebind.max
-        )));
-    }
-    conn.prepare_cached("UPDATE hosts SET instance_id = $2, instance_since = $3 WHERE name = $1")?.execute(params![
-        host,
-        instance_id,
-        now_ms
-    ])?;
-    conn.prepare_cached(
-        "INSERT INTO operator_events (action, subject, operator, reason, at) VALUES ('bind_instance', $1, 'hub', $2, $3)",
-    )?
-    .execute(params![
-        host,
-        format!("instance {instance_id} replaces {}", bound.as_deref().unwrap_or("none")),
-        now_ms
-    ])?;
     Ok(())
 }
 
@@ -541,892 +282,19 @@ pub fn worth_claiming(conn: &dyn Db, who: Claimant<'_>, now_ms: i64) -> StoreRes
     Ok(fences::claim_scan(&fences::active(conn)?, who.host) != ClaimScan::Nothing)
 }
 
-/// Most queue heads one claim looks at (handed out, parked, failed, or found waiting behind an
-/// earlier turn). It bounds the claim's transaction however deep the backlog is and however
-/// many conversations are blocked; what is left is looked at by the next claim.
-pub const CLAIM_HEADS_MAX: usize = 4096;
-
-/// Conversation queues read per step while taking the first round of turns.
-const CLAIM_TURNS_CHUNK: i64 = 64;
-
-/// What one turn of a conversation in a claim came to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Turn {
-    /// One delivery was handed out; the conversation may have more.
-    Claimed,
-    /// Nothing may be handed out now (paused, an earlier turn queued, held or not fanned out,
-    /// or held by the fence); skip it for the rest of this claim.
-    Blocked,
-    /// No queued delivery is left.
-    Empty,
-    /// The claim looked at `CLAIM_HEADS_MAX` heads; it stops here.
-    Spent,
-}
-
-/// A queued delivery of a (host, conversation): the next turn, or one a fence covers.
-struct Head {
-    id: String,
-    message_id: String,
-    seq: i64,
-    /// While waiting for a retry: not handed out before (unix ms).
-    not_before: Option<i64>,
-    /// An operator's redrive: handed out whatever the order rule says.
-    redrive: bool,
-}
-
-impl Head {
-    fn from_row(r: &Row<'_>) -> DbResult<Head> {
-        Ok(Head {
-            id: r.get(0)?,
-            message_id: r.get(1)?,
-            seq: r.get(2)?,
-            not_before: r.get(3)?,
-            redrive: r.get::<_, Option<String>>(4)?.as_deref() == Some("redrive"),
-        })
-    }
-}
-
-/// One claim's walk over the host's conversation queues.
-struct Scan<'a> {
-    conn: &'a dyn Db,
-    host: &'a str,
-    holder_instance: &'a str,
-    fences: &'a [Fence],
-    max: usize,
-    now_ms: i64,
-    out: Vec<ClaimedDelivery>,
-    heads: usize,
-    /// Whether any fan-out obligation is pending at all (then the order rule looks them up).
-    obligations_pending: bool,
-    /// Whether any message may be retried at all (then the retry barrier looks them up).
-    retryable_messages: bool,
-    /// The last tick given out; each turn taken (or found blocked) gets the next one.
-    tick: i64,
-    /// Conversations turned to in this claim, with their new tick, in turn order.
-    turned: Vec<(String, i64)>,
-    /// Whether each conversation looked at has ever had a member (else every host may have
-    /// its posts, and the registry need not be asked per delivery).
-    managed: HashMap<String, bool>,
-}
-
-impl<'a> Scan<'a> {
-    fn new(
-        conn: &'a dyn Db,
-        host: &'a str,
-        holder_instance: &'a str,
-        fences: &'a [Fence],
-        max: usize,
-        now_ms: i64,
-    ) -> StoreResult<Scan<'a>> {
-        // The newest tick among the queues with work (read backwards along the index).
-        let tick: i64 = conn
-            .prepare_cached(
-                "SELECT served FROM conversation_queues WHERE host = $1 AND queued > 0
-                 ORDER BY served DESC, since DESC, conversation DESC LIMIT 1",
-            )?
-            .query_row([host], |r| r.get(0))
-            .optional()?
-            .unwrap_or(0);
-        let obligations_pending: bool = conn
-            .prepare_cached("SELECT EXISTS (SELECT 1 FROM fanout_obligations WHERE done_at IS NULL)")?
-            .query_row([], |r| r.get(0))?;
-        let retryable_messages: bool = conn
-            .prepare_cached("SELECT EXISTS (SELECT 1 FROM messages WHERE max_attempts > 1)")?
-            .query_row([], |r| r.get(0))?;
-        Ok(Scan {
-            conn,
-            host,
-            holder_instance,
-            fences,
-            max,
-            now_ms,
-            out: Vec::new(),
-            heads: 0,
-            obligations_pending,
-            retryable_messages,
-            tick,
-            turned: Vec::new(),
-            managed: HashMap::new(),
-        })
-    }
-
-    /// Queues to read per step: as many as the batch still needs, and a few spare where that
-    /// costs nothing (some may be blocked; see `dialect::CLAIM_QUEUES_SPARE`).
-    fn chunk(&self) -> i64 {
-        let needed = (self.max - self.out.len()) as i64;
-        (needed + dialect::CLAIM_QUEUES_SPARE.of(self.conn)).min(CLAIM_TURNS_CHUNK)
-    }
-
-    fn done(&self) -> bool {
-        self.out.len() >= self.max || self.heads >= CLAIM_HEADS_MAX
-    }
-
-    /// First round: every conversation with queued work, least recently served first, one turn
-    /// each; then further rounds over those that handed one out, until the batch is full.
-    fn run(&mut self) -> StoreResult<()> {
-        let mut again: VecDeque<String> = VecDeque::new();
-        let mut after: (i64, i64, String) = (i64::MIN, i64::MIN, String::new());
-        'first: loop {
-            let queues: Vec<(i64, i64, String)> = self
-                .conn
-                .prepare_cached(dialect::CLAIM_QUEUES.of(self.conn))?
-                .query_map(params![self.host, after.0, after.1, after.2, self.chunk()], |r| {
-                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-                })?
-                .collect::<Result<_, _>>()?;
-            if queues.is_empty() {
-                break;
-            }
-            for (served, since, conversation) in queues {
-                if self.done() {
-                    break 'first;
-                }
-                match self.turn(&conversation)? {
-                    Turn::Claimed => {
-                        self.turned_to(&conversation);
-                        again.push_back(conversation.clone());
-                    }
-                    Turn::Blocked => self.turned_to(&conversation),
-                    Turn::Empty => {}
-                    Turn::Spent => break 'first,
-                }
-                after = (served, since, conversation);
-            }
-        }
-        while !self.done() {
-            let Some(conversation) = again.pop_front() else { break };
-            match self.turn(&conversation)? {
-                Turn::Claimed => {
-                    self.turned_to(&conversation);
-                    again.push_back(conversation);
-                }
-                Turn::Blocked => self.turned_to(&conversation),
-                Turn::Empty => {}
-                Turn::Spent => break,
-            }
-        }
-        Ok(())
-    }
-
-    fn turned_to(&mut self, conversation: &str) {
-        self.tick += 1;
-        self.turned.push((conversation.to_string(), self.tick));
-    }
-
-    /// Records when each conversation was last turned to, and returns the batch.
-    fn finish(self) -> StoreResult<Vec<ClaimedDelivery>> {
-        let mut stmt = self
-            .conn
-            .prepare_cached("UPDATE conversation_queues SET served = $1 WHERE host = $2 AND conversation = $3")?;
-        for (conversation, tick) in &self.turned {
-            stmt.execute(params![tick, self.host, conversation])?;
-        }
-        Ok(self.out)
-    }
-
-    /// The lowest-`seq` queued delivery of `conversation` on this host after `seq`.
-    fn next_queued(&self, conversation: &str, seq: i64) -> StoreResult<Option<Head>> {
-        Ok(self
-            .conn
-            .prepare_cached(
-                "SELECT id, message_id, seq, not_before, rerun FROM deliveries
-                 WHERE host = $1 AND conversation = $2 AND state = 'queued' AND seq > $3
-                 ORDER BY seq LIMIT 1",
-            )?
-            .query_row(params![self.host, conversation, seq], Head::from_row)
-            .optional()?)
-    }
-
-    /// The lowest-`seq` queued redrive of `conversation` on this host (not held back by order).
-    fn next_redrive(&self, conversation: &str) -> StoreResult<Option<Head>> {
-        Ok(self
-            .conn
-            .prepare_cached(
-                "SELECT id, message_id, seq, not_before, rerun FROM deliveries
-                 WHERE host = $1 AND conversation = $2 AND state = 'queued' AND rerun = 'redrive'
-                 ORDER BY seq LIMIT 1",
-            )?
-            .query_row(params![self.host, conversation], Head::from_row)
-            .optional()?)
-    }
-
-    /// The retry barrier: whether an earlier delivery of `conversation` on this host, of a
-    /// message that may be retried, was handed out and has no outcome of its current run yet
-    /// (its retry would come back before this turn). A redrive is no barrier.
-    fn retry_pending_before(&self, conversation: &str, seq: i64) -> StoreResult<bool> {
-        if !self.retryable_messages {
-            return Ok(false);
-        }
-        Ok(self
-            .conn
-            .prepare_cached(
-                "SELECT EXISTS (
-                    SELECT 1 FROM messages m JOIN deliveries d ON d.message_id = m.id AND d.host = $1
-                    WHERE m.conversation = $2 AND m.seq < $3 AND m.max_attempts > 1
-                      AND d.state IN ('claimed', 'mirrored', 'delivered')
-                      AND (d.rerun IS NULL OR d.rerun <> 'redrive')
-                      AND (d.state <> 'delivered' OR NOT EXISTS (
-                            SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)))",
-            )?
-            .query_row(params![self.host, conversation, seq], |r| r.get(0))?)
-    }
-
-    /// Whether `conversation` has a held delivery on this host before `seq`.
-    fn held_before(&self, conversation: &str, seq: i64) -> StoreResult<bool> {
-        Ok(self
-            .conn
-            .prepare_cached(
-                "SELECT EXISTS (SELECT 1 FROM deliveries
-                                WHERE host = $1 AND conversation = $2 AND state = 'held' AND seq < $3)",
-            )?
-            .query_row(params![self.host, conversation, seq], |r| r.get(0))?)
-    }
-
-    /// Whether an earlier message of `conversation` routed to this host is still owed its
-    /// fan-out (its delivery does not exist yet).
-    fn earlier_not_fanned_out(&self, conversation: &str, seq: i64) -> StoreResult<bool> {
-        if !self.obligations_pending {
-            return Ok(false);
-        }
-        Ok(self
-            .conn
-            .prepare_cached(dialect::EARLIER_NOT_FANNED_OUT.of(self.conn))?
-            .query_row(params![conversation, seq, self.host], |r| r.get(0))?)
-    }
-
-    /// Whether this host may receive post `seq` of `conversation` (the registry's re-check).
-    /// A conversation that never had a member (most) is looked up once per claim.
-    fn authorized(&mut self, conversation: &str, seq: i64) -> StoreResult<bool> {
-        let managed = match self.managed.get(conversation) {
-            Some(m) => *m,
-            None => {
-                let m = members::has_membership(self.conn, conversation)?;
-                self.managed.insert(conversation.to_string(), m);
-                m
-            }
-        };
-        if !managed {
-            return Ok(true);
-        }
-        members::authorized(self.conn, conversation, self.host, seq)
-    }
-
-    /// Moves a queued delivery on without handing it out (held by a fence, failed by a fence
-    /// or by the re-authorization).
-    fn settle(&mut self, id: &str, to: DeliveryState, reason: &str) -> StoreResult<()> {
-        self.heads += 1;
-        let change =
-            Change { delivery_id: id, from: Queued, to, expect_holder: None, new_holder: None, reason: Some(reason) };
-        transition::apply(self.conn, change, &Actor::hub(), self.now_ms)
-    }
-
-    /// One turn of `conversation`: hand out its next delivery if the order rule, the fences
-    /// and the registry allow it.
-    fn turn(&mut self, conversation: &str) -> StoreResult<Turn> {
-        match fences::strongest(self.fences, conversation, self.host) {
-            Some(f) if f.kind == FenceKind::Pause => return Ok(Turn::Blocked),
-            Some(f) => {
-                // Every queued delivery the fence covers is parked or failed, in seq order.
-                let (to, reason) = match f.kind {
-                    FenceKind::Hold => (Held, format!("held by {}", f.describe())),
-                    _ => (Failed, format!("blocked by {}", f.describe())),
-                };
-                let mut after = i64::MIN;
-                while let Some(head) = self.next_queued(conversation, after)? {
-                    if self.heads >= CLAIM_HEADS_MAX {
-                        return Ok(Turn::Spent);
-                    }
-                    self.settle(&head.id, to, &reason)?;
-                    after = head.seq;
-                }
-                return Ok(if to == Held { Turn::Blocked } else { Turn::Empty });
-            }
-            None => {}
-        }
-        loop {
-            if self.heads >= CLAIM_HEADS_MAX {
-                return Ok(Turn::Spent);
-            }
-            // Queued turns before this one were handed out or failed already in this loop.
-            let Some(head) = self.next_queued(conversation, i64::MIN)? else { return Ok(Turn::Empty) };
-            // A redrive is handed out whatever came before it; anything else keeps the order,
-            // and a retry waits for its not-before time (holding later turns back).
-            let waits = !head.redrive
-                && (head.not_before.is_some_and(|t| t > self.now_ms)
-                    || self.held_before(conversation, head.seq)?
-                    || self.earlier_not_fanned_out(conversation, head.seq)?
-                    || self.retry_pending_before(conversation, head.seq)?);
-            if waits {
-                self.heads += 1;
-                let Some(redrive) = self.next_redrive(conversation)? else { return Ok(Turn::Blocked) };
-                if !self.authorized(conversation, redrive.seq)? {
-                    self.settle(&redrive.id, Failed, NOT_A_MEMBER)?;
-                    continue;
-                }
-                self.hand_out(conversation, redrive)?;
-                return Ok(Turn::Claimed);
-            }
-            if !self.authorized(conversation, head.seq)? {
-                self.settle(&head.id, Failed, NOT_A_MEMBER)?;
-                continue;
-            }
-            self.hand_out(conversation, head)?;
-            return Ok(Turn::Claimed);
-        }
-    }
-
-    /// queued → claimed for the claiming instance, and into the batch.
-    fn hand_out(&mut self, conversation: &str, head: Head) -> StoreResult<()> {
-        self.heads += 1;
-        let (payload, producer, max_attempts): (baton_shared::wire::Payload, String, u32) = self
-            .conn
-            .prepare_cached("SELECT payload, producer, max_attempts FROM messages WHERE id = $1")?
-            .query_row([&head.message_id], |r| {
-                Ok((json_column(r, 0, "messages", &head.message_id)?, r.get(1)?, r.get(2)?))
-            })?;
-        let token = new_token();
-        let holder = Holder { instance_id: self.holder_instance, claim_token: &token };
-        let change = Change {
-            delivery_id: &head.id,
-            from: Queued,
-            to: Claimed,
-            expect_holder: None,
-            new_holder: Some(holder),
-            reason: None,
-        };
-        transition::apply(self.conn, change, &Actor::node(self.host), self.now_ms)?;
-        let (attempt, rerun): (u32, Option<Rerun>) = self
-            .conn
-            .prepare_cached("SELECT attempt, rerun FROM deliveries WHERE id = $1")?
-            .query_row([&head.id], |r| {
-                Ok((r.get(0)?, parse_column_opt(r, 1, "deliveries", &head.id, "rerun", Rerun::parse)?))
-            })?;
-        self.out.push(ClaimedDelivery {
-            delivery_id: head.id,
-            message_id: head.message_id,
-            conversation: conversation.to_string(),
-            seq: head.seq,
-            payload,
-            claim_token: token,
-            state: Claimed,
-            producer: Some(producer),
-            attempt,
-            max_attempts,
-            rerun,
-            cancel_requested: false,
-        });
-        Ok(())
-    }
-}
-
-/// The reason a delivery fails with when its host is not a member for the message's `seq`.
-pub const NOT_A_MEMBER: &str = "not a member";
-
-/// What `instance_id` holds on `host`: claimed, mirrored, or delivered without an outcome of the
-/// current run; each with its run and whether a cancel was asked for. Every holding, unpaged:
-/// for the store's own checks; the node reads them through `holdings_page`.
-pub fn holdings(conn: &dyn Db, host: &str, instance_id: &str) -> StoreResult<Vec<ClaimedDelivery>> {
-    Ok(holdings_page(conn, host, instance_id, 0, u32::MAX)?.0)
-}
-
-/// One page of `holdings`: at most `limit` deliveries whose queue position (`deliveries.n`) is
-/// after `after_n`, oldest first, and the position the next page starts after while more may
-/// follow. The cursor is a position in the queue order, which never changes for a delivery, so
-/// a holding that stays held is on exactly one page however the others move meanwhile.
-pub fn holdings_page(
-    conn: &dyn Db,
-    host: &str,
-    instance_id: &str,
-    after_n: i64,
-    limit: u32,
-) -> StoreResult<(Vec<ClaimedDelivery>, Option<i64>)> {
-    let mut rows: Vec<(i64, ClaimedDelivery)> = conn
-        .prepare_cached(
-            "SELECT d.id, d.message_id, d.conversation, d.seq, m.payload, d.claim_token, d.state, m.producer,
-                    d.attempt, m.max_attempts, d.rerun, d.cancel_requested_at IS NOT NULL, d.n
-             FROM deliveries d JOIN messages m ON m.id = d.message_id
-             WHERE d.instance_id = $1 AND d.host = $2 AND d.n > $3
-               AND (d.state IN ('claimed', 'mirrored')
-                    OR (d.state = 'delivered' AND NOT EXISTS (
-                        SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)))
-             ORDER BY d.n LIMIT $4",
-        )?
-        .query_map(params![instance_id, host, after_n, i64::from(limit).saturating_add(1)], |r| {
-            let delivery_id: String = r.get(0)?;
-            let message_id: String = r.get(1)?;
-            let n: i64 = r.get(12)?;
-            Ok((
-                n,
-                ClaimedDelivery {
-                    payload: json_column(r, 4, "messages", &message_id)?,
-                    state: state_column(r, 6, "deliveries", &delivery_id)?,
-                    message_id,
-                    conversation: r.get(2)?,
-                    seq: r.get(3)?,
-                    claim_token: r.get(5)?,
-                    producer: Some(r.get(7)?),
-                    attempt: r.get(8)?,
-                    max_attempts: r.get(9)?,
-                    rerun: parse_column_opt(r, 10, "deliveries", &delivery_id, "rerun", Rerun::parse)?,
-                    cancel_requested: r.get(11)?,
-                    delivery_id,
-                },
-            ))
-        })?
-        .collect::<Result<_, _>>()?;
-    // One row past the page says whether another page follows, without a count.
-    let more = rows.len() > limit as usize;
-    rows.truncate(limit as usize);
-    let next = if more { rows.last().map(|(n, _)| *n) } else { None };
-    Ok((rows.into_iter().map(|(_, d)| d).collect(), next))
-}
-
-/// A delivery's host, state and holder, for the holder checks.
-struct HeldRow {
-    host: String,
-    state: DeliveryState,
-    instance_id: Option<String>,
-    claim_token: Option<String>,
-}
-
-fn load(conn: &dyn Db, delivery_id: &str, host: &str) -> StoreResult<HeldRow> {
-    let row = conn
-        .prepare_cached("SELECT host, state, instance_id, claim_token FROM deliveries WHERE id = $1")?
-        .query_row([delivery_id], |r| {
-            Ok(HeldRow {
-                host: r.get(0)?,
-                state: state_column(r, 1, "deliveries", delivery_id)?,
-                instance_id: r.get(2)?,
-                claim_token: r.get(3)?,
-            })
-        })
-        .optional()?
-        .ok_or_else(|| StoreError::NotFound(format!("no delivery {delivery_id}")))?;
-    if row.host != host {
-        return Err(StoreError::NotYours(format!("delivery {delivery_id} is not for host {host}")));
-    }
-    Ok(row)
-}
-
-fn check_holder(row: &HeldRow, delivery_id: &str, holder: Holder<'_>) -> StoreResult<()> {
-    if row.instance_id.as_deref() == Some(holder.instance_id) && row.claim_token.as_deref() == Some(holder.claim_token)
-    {
-        return Ok(());
-    }
-    Err(StoreError::StaleClaim(format!(
-        "delivery {delivery_id} is {} and not held by instance {} with that claim token",
-        row.state, holder.instance_id
-    )))
-}
-
-/// The holder recorded its local copy: claimed → mirrored. Repeating it changes nothing.
-pub fn mirrored(
-    conn: &dyn Db,
-    host: &str,
-    delivery_id: &str,
-    holder: Holder<'_>,
-    now_ms: i64,
-) -> StoreResult<TransitionResponse> {
-    let row = load(conn, delivery_id, host)?;
-    check_holder(&row, delivery_id, holder)?;
-    holder_step(conn, host, delivery_id, holder, row.state, Claimed, Mirrored, &[Mirrored, Delivered], now_ms)
-}
-
-/// The holder acked the durable handoff: mirrored → delivered. Repeating it changes nothing.
-pub fn ack(
-    conn: &dyn Db,
-    host: &str,
-    delivery_id: &str,
-    holder: Holder<'_>,
-    now_ms: i64,
-) -> StoreResult<TransitionResponse> {
-    let row = load(conn, delivery_id, host)?;
-    check_holder(&row, delivery_id, holder)?;
-    holder_step(conn, host, delivery_id, holder, row.state, Mirrored, Delivered, &[Delivered], now_ms)
-}
-
-/// The holder's whole handoff in one step: claimed → mirrored → delivered, each transition
-/// guarded and recorded as `mirrored` and `ack` record it; from `mirrored` only the ack.
-/// Repeating it changes nothing. The answer is the ack's; `changed` when either step changed.
-pub fn handoff(
-    conn: &dyn Db,
-    host: &str,
-    delivery_id: &str,
-    holder: Holder<'_>,
-    now_ms: i64,
-) -> StoreResult<TransitionResponse> {
-    // First `mirrored` itself: its refusal is the answer, word for word.
-    let m = mirrored(conn, host, delivery_id, holder, now_ms)?;
-    let a = holder_step(conn, host, delivery_id, holder, m.state, Mirrored, Delivered, &[Delivered], now_ms)?;
-    Ok(TransitionResponse { changed: m.changed || a.changed, ..a })
-}
-
-/// Records `session` as the one whose ack made the current run of `delivery_id` delivered.
-pub fn record_acked_session(conn: &dyn Db, delivery_id: &str, session: u64) -> StoreResult<()> {
-    conn.prepare_cached("UPDATE deliveries SET acked_session = $2 WHERE id = $1")?
-        .execute(params![delivery_id, session as i64])?;
-    Ok(())
-}
-
-#[allow(clippy::too_many_arguments)]
-fn holder_step(
-    conn: &dyn Db,
-    host: &str,
-    delivery_id: &str,
-    holder: Holder<'_>,
-    state: DeliveryState,
-    from: DeliveryState,
-    to: DeliveryState,
-    already: &[DeliveryState],
-    now_ms: i64,
-) -> StoreResult<TransitionResponse> {
-    if already.contains(&state) {
-        return Ok(TransitionResponse { delivery_id: delivery_id.into(), state, changed: false });
-    }
-    if state != from {
-        return Err(StoreError::InvalidTransition(format!(
-            "delivery {delivery_id} is {state}; it must be {from} to become {to}"
-        )));
-    }
-    let change = Change { delivery_id, from, to, expect_holder: Some(holder), new_holder: None, reason: None };
-    transition::apply(conn, change, &Actor::node(host), now_ms)?;
-    Ok(TransitionResponse { delivery_id: delivery_id.into(), state: to, changed: true })
-}
-
-/// The holder refuses the delivery: claimed or mirrored → failed, with its reason.
-pub fn reject(
-    conn: &dyn Db,
-    host: &str,
-    delivery_id: &str,
-    holder: Holder<'_>,
-    reason: &str,
-    now_ms: i64,
-) -> StoreResult<TransitionResponse> {
-    let row = load(conn, delivery_id, host)?;
-    if row.state == Failed {
-        // A repeated reject by the same instance is a no-op success.
-        let last: Option<(String, Option<String>)> = conn
-            .prepare_cached(
-                "SELECT actor_kind, instance_id FROM delivery_events WHERE delivery_id = $1 ORDER BY id DESC LIMIT 1",
-            )?
-            .query_row([delivery_id], |r| Ok((r.get(0)?, r.get(1)?)))
-            .optional()?;
-        if let Some((kind, Some(inst))) = last
-            && kind == "node"
-            && inst == holder.instance_id
-        {
-            return Ok(TransitionResponse { delivery_id: delivery_id.into(), state: Failed, changed: false });
-        }
-    }
-    check_holder(&row, delivery_id, holder)?;
-    if !matches!(row.state, Claimed | Mirrored) {
-        return Err(StoreError::InvalidTransition(format!(
-            "delivery {delivery_id} is {}; only claimed or mirrored deliveries can be rejected",
-            row.state
-        )));
-    }
-    let why = format!("rejected by node: {reason}");
-    let change = Change {
-        delivery_id,
-        from: row.state,
-        to: Failed,
-        expect_holder: Some(holder),
-        new_holder: None,
-        reason: Some(&why),
-    };
-    transition::apply(conn, change, &Actor::node(host), now_ms)?;
-    Ok(TransitionResponse { delivery_id: delivery_id.into(), state: Failed, changed: true })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::lifecycle::accept::fan_out;
-    use crate::store::lifecycle::accept::testing::{accept_one, accept_only};
-    use crate::store::lifecycle::operator::{Selector, release};
-    use crate::store::registry::fences::{FenceScope, NewFence, lift as fence_lift};
+    use crate::store::lifecycle::accept::testing::accept_one;
+    use crate::store::lifecycle::handoff::{holdings, mirrored, reject};
+    use crate::store::lifecycle::scan::testing::{delivery_of, fence_set, state_of_msg};
+    use crate::store::lifecycle::scan::{self, NOT_A_MEMBER};
+    use crate::store::lifecycle::transition::Holder;
+    use crate::store::registry::fences::{FenceKind, FenceScope, lift as fence_lift};
+    use crate::store::registry::instances::holding_count;
     use crate::store::testing;
     use FenceKind::*;
-
-    fn fence_set(
-        conn: &dyn Db,
-        kind: FenceKind,
-        scope: FenceScope,
-        target: Option<&str>,
-        reason: &str,
-        now_ms: i64,
-    ) -> StoreResult<i64> {
-        fences::set(conn, NewFence { kind, scope, target, operator: "op", reason }, now_ms)
-    }
-
-    /// The (conversation, seq) of each claimed delivery, in batch order.
-    fn turns(got: &[ClaimedDelivery]) -> Vec<(&str, i64)> {
-        got.iter().map(|d| (d.conversation.as_str(), d.seq)).collect()
-    }
-
-    fn delivery_of(conn: &dyn Db, message_id: &str, host: &str) -> String {
-        conn.query_row("SELECT id FROM deliveries WHERE message_id = $1 AND host = $2", [message_id, host], |r| {
-            r.get(0)
-        })
-        .unwrap()
-    }
-
-    /// Accept and fan-out are separate writer jobs: a later message can be fanned out (and its
-    /// delivery be claimable) before an earlier one is. The claim waits for the earlier one.
-    #[test]
-    fn a_later_turn_waits_for_an_earlier_one_still_owed_its_fan_out() {
-        let db = testing::db();
-        let c = &db.conn;
-        let m1 = accept_only(c, "c", "k1", &["host-a", "host-b"]);
-        let m2 = accept_only(c, "c", "k2", &["host-a"]);
-        fan_out(c, &m2, 1).unwrap();
-        // An earlier message routed only elsewhere does not hold host-a back.
-        let other = accept_only(c, "d", "k3", &["host-b"]);
-        let later = accept_only(c, "d", "k4", &["host-a"]);
-        fan_out(c, &later, 1).unwrap();
-        assert_eq!(turns(&claim(c, "host-a", "i", 10, 2).unwrap()), [("d", 2)]);
-        assert!(claim(c, "host-a", "i", 10, 2).unwrap().is_empty(), "c #2 waits for c #1's fan-out");
-        fan_out(c, &m1, 3).unwrap();
-        fan_out(c, &other, 3).unwrap();
-        assert_eq!(turns(&claim(c, "host-a", "i", 10, 4).unwrap()), [("c", 1), ("c", 2)], "both, in seq order");
-        assert_eq!(turns(&claim(c, "host-b", "j", 10, 4).unwrap()), [("c", 1), ("d", 1)]);
-    }
-
-    /// Deliveries created out of seq order (fan-out of #3 before #2) are handed out by seq.
-    #[test]
-    fn turns_are_handed_out_by_seq_not_by_creation() {
-        let db = testing::db();
-        let c = &db.conn;
-        let ids: Vec<String> = (1..=3).map(|i| accept_only(c, "c", &format!("k{i}"), &["host-a"])).collect();
-        for i in [0, 2, 1] {
-            fan_out(c, &ids[i], 1).unwrap();
-        }
-        assert_eq!(turns(&claim(c, "host-a", "i", 2, 2).unwrap()), [("c", 1), ("c", 2)]);
-        assert_eq!(turns(&claim(c, "host-a", "i", 2, 2).unwrap()), [("c", 3)]);
-    }
-
-    /// A hold parks a conversation's queued turns; while an earlier one is held, a later one
-    /// (accepted after the hold was lifted) is not handed out; after the release both go, in order.
-    #[test]
-    fn a_held_earlier_turn_keeps_later_ones_back() {
-        let db = testing::db();
-        let c = &db.conn;
-        let hold = fence_set(c, FenceKind::Hold, FenceScope::Conversation, Some("c"), "look", 1).unwrap();
-        let m1 = accept_one(c, "c", "k1", &["host-a"]);
-        accept_one(c, "x", "k0", &["host-a"]);
-        assert_eq!(turns(&claim(c, "host-a", "i", 10, 2).unwrap()), [("x", 1)]);
-        assert_eq!(state_of_msg(c, &m1).0, "held");
-        fence_lift(c, hold, "op", "done", 3).unwrap();
-        accept_one(c, "c", "k2", &["host-a"]);
-        assert!(claim(c, "host-a", "i", 10, 4).unwrap().is_empty(), "c #2 waits behind the held c #1");
-        release(c, Selector::Conversation("c"), "op", "ok", 5).unwrap();
-        assert_eq!(turns(&claim(c, "host-a", "i", 10, 6).unwrap()), [("c", 1), ("c", 2)]);
-    }
-
-    /// A pause of the conversation keeps every turn back, and the lift lets them go in order.
-    #[test]
-    fn a_paused_conversation_hands_out_nothing_until_the_lift() {
-        let db = testing::db();
-        let c = &db.conn;
-        let pause = fence_set(c, FenceKind::Pause, FenceScope::Conversation, Some("c"), "r", 1).unwrap();
-        for i in 1..=3 {
-            accept_one(c, "c", &format!("k{i}"), &["host-a"]);
-        }
-        assert!(claim(c, "host-a", "i", 10, 2).unwrap().is_empty());
-        fence_lift(c, pause, "op", "r", 3).unwrap();
-        assert_eq!(turns(&claim(c, "host-a", "i", 10, 4).unwrap()), [("c", 1), ("c", 2), ("c", 3)]);
-    }
-
-    /// Releasing a later held turn does not let it pass an earlier one that is still held.
-    #[test]
-    fn releasing_a_later_held_turn_does_not_jump_an_earlier_held_one() {
-        let db = testing::db();
-        let c = &db.conn;
-        let hold = fence_set(c, FenceKind::Hold, FenceScope::Conversation, Some("c"), "r", 1).unwrap();
-        let ms: Vec<String> = (1..=3).map(|i| accept_one(c, "c", &format!("k{i}"), &["host-a"])).collect();
-        assert!(claim(c, "host-a", "i", 10, 2).unwrap().is_empty());
-        for m in &ms {
-            assert_eq!(state_of_msg(c, m).0, "held", "the hold parks every queued turn");
-        }
-        fence_lift(c, hold, "op", "r", 3).unwrap();
-        let d2 = delivery_of(c, &ms[1], "host-a");
-        release(c, Selector::Delivery(&d2), "op", "r", 4).unwrap();
-        assert!(claim(c, "host-a", "i", 10, 5).unwrap().is_empty(), "c #2 must not pass the held c #1");
-        let d1 = delivery_of(c, &ms[0], "host-a");
-        release(c, Selector::Delivery(&d1), "op", "r", 6).unwrap();
-        assert_eq!(turns(&claim(c, "host-a", "i", 10, 7).unwrap()), [("c", 1), ("c", 2)], "c #3 is still held");
-    }
-
-    /// 5,000 queued turns in A and 20 in B on one host: B's turns all go out while A still has
-    /// almost all of its backlog, and each conversation's turns go out in seq order.
-    #[test]
-    fn a_deep_conversation_does_not_starve_a_light_one() {
-        let db = testing::db();
-        let c = &db.conn;
-        c.execute_batch("BEGIN").unwrap();
-        for i in 0..5_000 {
-            accept_one(c, "deep", &format!("a{i}"), &["host-a"]);
-        }
-        for i in 0..20 {
-            accept_one(c, "light", &format!("b{i}"), &["host-a"]);
-        }
-        c.execute_batch("COMMIT").unwrap();
-        let mut seen: Vec<(String, i64)> = Vec::new();
-        while seen.iter().filter(|(conv, _)| conv == "light").count() < 20 {
-            let got = claim(c, "host-a", "i", 16, 2).unwrap();
-            assert!(!got.is_empty());
-            seen.extend(got.iter().map(|d| (d.conversation.clone(), d.seq)));
-        }
-        let deep = seen.iter().filter(|(conv, _)| conv == "deep").count();
-        assert!(deep <= 32, "light finished after {deep} deep turns were handed out");
-        for conv in ["deep", "light"] {
-            let seqs: Vec<i64> = seen.iter().filter(|(c, _)| c == conv).map(|(_, s)| *s).collect();
-            assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{conv} in order: {seqs:?}");
-        }
-    }
-
-    /// Claims of one take turns: the least recently served conversation goes first.
-    #[test]
-    fn single_claims_alternate_between_conversations() {
-        let db = testing::db();
-        let c = &db.conn;
-        for i in 0..3 {
-            accept_one(c, "a", &format!("a{i}"), &["host-a"]);
-        }
-        for i in 0..2 {
-            accept_one(c, "b", &format!("b{i}"), &["host-a"]);
-        }
-        let mut order = Vec::new();
-        for _ in 0..6 {
-            order.extend(claim(c, "host-a", "i", 1, 2).unwrap().into_iter().map(|d| (d.conversation, d.seq)));
-        }
-        let order: Vec<(&str, i64)> = order.iter().map(|(c, s)| (c.as_str(), *s)).collect();
-        assert_eq!(order, [("a", 1), ("b", 1), ("a", 2), ("b", 2), ("a", 3)]);
-    }
-
-    /// A conversation that gains work after being idle is served before those that kept busy;
-    /// among conversations not yet served, the one waiting longest goes first.
-    #[test]
-    fn a_conversation_back_from_idle_goes_first() {
-        let db = testing::db();
-        let c = &db.conn;
-        accept_one(c, "b", "b0", &["host-a"]);
-        for i in 0..4 {
-            accept_one(c, "a", &format!("a{i}"), &["host-a"]);
-        }
-        // Neither served yet: the one waiting longest (b) first.
-        assert_eq!(turns(&claim(c, "host-a", "i", 3, 2).unwrap()), [("b", 1), ("a", 1), ("a", 2)]);
-        accept_one(c, "b", "b1", &["host-a"]);
-        assert_eq!(turns(&claim(c, "host-a", "i", 1, 3).unwrap()), [("b", 2)]);
-    }
-
-    /// The claim carries the producer that wrote the turn.
-    #[test]
-    fn a_claim_names_the_producer() {
-        let db = testing::db();
-        accept_one(&db.conn, "c", "k", &["host-a"]);
-        let got = claim(&db.conn, "host-a", "i", 10, 2).unwrap();
-        assert_eq!(got[0].producer.as_deref(), Some("prod"));
-        assert_eq!(holdings(&db.conn, "host-a", "i").unwrap()[0].producer.as_deref(), Some("prod"));
-    }
-
-    /// Re-authorization at release: a delivery whose host holds no membership interval for its
-    /// seq is failed with `not a member`, never handed out. The registry and routing cannot
-    /// disagree through the store's own functions (routing is decided from the registry in the
-    /// accept's transaction), so this fixture writes a registry that does, as a faulty or older
-    /// writer could have.
-    #[test]
-    fn a_host_not_a_member_at_the_seq_gets_not_a_member() {
-        let db = testing::db();
-        let c = &db.conn;
-        let m1 = accept_one(c, "c", "k1", &["host-a"]);
-        let m2 = accept_one(c, "c", "k2", &["host-a"]);
-        c.execute(
-            "INSERT INTO memberships (conversation, host, join_seq, joined_at, joined_by, join_reason)
-             VALUES ('c', 'host-b', 0, 1, 'op', 'fixture'), ('c', 'host-a', 1, 1, 'op', 'fixture')",
-            [],
-        )
-        .unwrap();
-        assert_eq!(turns(&claim(c, "host-a", "i", 10, 2).unwrap()), [("c", 2)], "seq 2 is in host-a's interval");
-        assert_eq!(state_of_msg(c, &m1), ("failed".to_string(), Some(NOT_A_MEMBER.to_string())));
-        assert_eq!(state_of_msg(c, &m2).0, "claimed");
-        let last: (String, String) = c
-            .query_row(
-                "SELECT actor_kind, to_state FROM delivery_events WHERE delivery_id = $1 ORDER BY id DESC LIMIT 1",
-                [delivery_of(c, &m1, "host-a")],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .unwrap();
-        assert_eq!(last, ("hub".to_string(), "failed".to_string()));
-    }
-
-    /// A store written before the queue bookkeeping existed gets it filled by the migration,
-    /// and its backlog is claimed in seq order.
-    #[test]
-    fn an_older_store_gets_its_queue_counts_on_upgrade() {
-        use baton_shared::sqlite::{OpenOptions, Synchronous};
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("hub.db");
-        {
-            let opts = OpenOptions { synchronous: Synchronous::Normal, ..Default::default() };
-            let old = baton_shared::sqlite::open(&path, &crate::store::MIGRATIONS[..1], opts).unwrap();
-            old.execute_batch(
-                "INSERT INTO hosts (name, enrolled_at) VALUES ('host-a', 1);
-                 INSERT INTO host_backlog (host, waiting) VALUES ('host-a', 2);
-                 INSERT INTO conversations (name, last_seq) VALUES ('c', 3);
-                 INSERT INTO messages (id, conversation, seq, producer, idempotency_key, content_hash, payload, accepted_at)
-                 VALUES ('m1', 'c', 1, 'p', 'k1', 'h', '{}', 1), ('m2', 'c', 2, 'p', 'k2', 'h', '{}', 1),
-                        ('m3', 'c', 3, 'p', 'k3', 'h', '{}', 1);
-                 INSERT INTO message_recipients (message_id, host) VALUES ('m1', 'host-a'), ('m2', 'host-a'), ('m3', 'host-a');
-                 INSERT INTO fanout_obligations (message_id, created_at, done_at) VALUES ('m1', 1, 1), ('m2', 1, 1), ('m3', 1, 1);
-                 INSERT INTO deliveries (id, message_id, host, conversation, seq, state, created_at, updated_at)
-                 VALUES ('d3', 'm3', 'host-a', 'c', 3, 'queued', 1, 1), ('d2', 'm2', 'host-a', 'c', 2, 'queued', 1, 1),
-                        ('d1', 'm1', 'host-a', 'c', 1, 'failed', 1, 1);",
-            )
-            .unwrap();
-        }
-        let c = crate::store::open_write(&path, Synchronous::Normal).unwrap();
-        let queued: i64 = c
-            .query_row("SELECT queued FROM conversation_queues WHERE host = 'host-a' AND conversation = 'c'", [], |r| {
-                r.get(0)
-            })
-            .unwrap();
-        assert_eq!(queued, 2);
-        assert_eq!(turns(&claim(&c, "host-a", "i", 10, 2).unwrap()), [("c", 2), ("c", 3)]);
-    }
-
-    /// The per-(host, conversation) queue counts stay equal to the queued deliveries through
-    /// every kind of change.
-    #[test]
-    fn queue_counts_follow_every_transition() {
-        let db = testing::db();
-        let c = &db.conn;
-        let hold = fence_set(c, FenceKind::Hold, FenceScope::Conversation, Some("h"), "r", 1).unwrap();
-        for i in 0..4 {
-            accept_one(c, "h", &format!("h{i}"), &["host-a", "host-b"]);
-            accept_one(c, "q", &format!("q{i}"), &["host-a"]);
-        }
-        claim(c, "host-a", "i", 3, 2).unwrap();
-        fence_lift(c, hold, "op", "r", 3).unwrap();
-        release(c, Selector::Conversation("h"), "op", "r", 4).unwrap();
-        crate::store::lifecycle::operator::retire(c, "host-b", "op", "r", 5).unwrap();
-        let mismatched: i64 = c
-            .query_row(
-                "SELECT count(*) FROM (
-                    SELECT host, conversation, count(*) AS n FROM deliveries WHERE state = 'queued' GROUP BY host, conversation
-                 ) d FULL JOIN (SELECT host, conversation, queued AS n FROM conversation_queues WHERE queued > 0) q
-                   USING (host, conversation)
-                 WHERE d.n IS DISTINCT FROM q.n",
-                [],
-                |r| r.get(0),
-            )
-            .unwrap();
-        assert_eq!(mismatched, 0);
-        let total: i64 = c.query_row("SELECT sum(queued) FROM conversation_queues", [], |r| r.get(0)).unwrap();
-        // host-a: the 4 of h parked and released, 1 of q left after 3 claims (the hold kept h
-        // out of the claim); host-b's 4 of h failed at retire.
-        assert_eq!(total, 5);
-    }
+    use baton_shared::limits::{INSTANCE_REBIND_WINDOW, INSTANCE_REBINDS_PER_WINDOW_MAX};
 
     #[test]
     fn a_revoked_certificate_is_handed_nothing() {
@@ -1441,13 +309,6 @@ mod tests {
         assert!(matches!(claim_as(&db.conn, unknown, 10, 3), Err(StoreError::CertificateRevoked(_))));
         let state: String = db.conn.query_row("SELECT state FROM deliveries", [], |r| r.get(0)).unwrap();
         assert_eq!(state, "queued", "nothing was handed out or failed");
-    }
-
-    fn state_of_msg(conn: &dyn Db, msg: &str) -> (String, Option<String>) {
-        conn.query_row("SELECT state, reason FROM deliveries WHERE message_id = $1", [msg], |r| {
-            Ok((r.get(0)?, r.get(1)?))
-        })
-        .unwrap()
     }
 
     /// One case: a fence on some scope, a message in conversation `conv` to `host-a`, and the
@@ -1477,31 +338,6 @@ mod tests {
             check(kind, Host, Some("host-b"), "c1", "claimed");
             check(kind, All, None, "c1", covered);
         }
-    }
-
-    #[test]
-    fn paused_conversation_does_not_block_others_and_order_is_oldest_first() {
-        let db = testing::db();
-        let a1 = accept_one(&db.conn, "a", "k1", &["host-a"]);
-        let _b1 = accept_one(&db.conn, "b", "k2", &["host-a"]);
-        let a2 = accept_one(&db.conn, "a", "k3", &["host-a"]);
-        fence_set(&db.conn, FenceKind::Pause, FenceScope::Conversation, Some("b"), "r", 1).unwrap();
-        let got = claim(&db.conn, "host-a", "inst", 10, 2).unwrap();
-        let ids: Vec<&str> = got.iter().map(|d| d.message_id.as_str()).collect();
-        assert_eq!(ids, vec![a1.as_str(), a2.as_str()]);
-        assert!(got.iter().all(|d| d.claim_token.len() == 32));
-    }
-
-    #[test]
-    fn batch_is_bounded_and_other_hosts_get_nothing() {
-        let db = testing::db();
-        for i in 0..5 {
-            accept_one(&db.conn, "c", &format!("k{i}"), &["host-a"]);
-        }
-        assert!(claim(&db.conn, "host-b", "inst-b", 10, 1).unwrap().is_empty());
-        assert_eq!(claim(&db.conn, "host-a", "inst", 2, 1).unwrap().len(), 2);
-        assert_eq!(claim(&db.conn, "host-a", "inst", 10, 1).unwrap().len(), 3);
-        assert!(claim(&db.conn, "host-a", "inst", 10, 1).unwrap().is_empty());
     }
 
     #[test]
@@ -1582,22 +418,6 @@ mod tests {
         claim(&db.conn, "host-a", "one-more", 10, later).unwrap();
     }
 
-    #[test]
-    fn holder_steps_repeat_as_no_ops() {
-        let db = testing::db();
-        accept_one(&db.conn, "c", "k1", &["host-a"]);
-        let d = claim(&db.conn, "host-a", "i", 10, 1).unwrap().remove(0);
-        let h = Holder { instance_id: "i", claim_token: &d.claim_token };
-        assert!(matches!(ack(&db.conn, "host-a", &d.delivery_id, h, 2), Err(StoreError::InvalidTransition(_))));
-        assert!(mirrored(&db.conn, "host-a", &d.delivery_id, h, 2).unwrap().changed);
-        assert!(!mirrored(&db.conn, "host-a", &d.delivery_id, h, 3).unwrap().changed);
-        assert!(ack(&db.conn, "host-a", &d.delivery_id, h, 4).unwrap().changed);
-        assert!(!ack(&db.conn, "host-a", &d.delivery_id, h, 5).unwrap().changed);
-        assert!(matches!(reject(&db.conn, "host-a", &d.delivery_id, h, "x", 6), Err(StoreError::InvalidTransition(_))));
-        assert!(matches!(mirrored(&db.conn, "host-b", &d.delivery_id, h, 6), Err(StoreError::NotYours(_))));
-        assert_eq!(holdings(&db.conn, "host-a", "i").unwrap().len(), 1, "delivered without outcome is still held");
-    }
-
     /// Regression: a covering conversation pause was applied before the precedence rule (the
     /// claim's SQL dropped paused conversations, and a pause on everything or on the host ended
     /// the claim early), so a hold or block under a pause never applied. Block > hold > pause now
@@ -1643,6 +463,65 @@ mod tests {
         assert_eq!(got.iter().map(|d| d.message_id.as_str()).collect::<Vec<_>>(), vec![m2.as_str()]);
     }
 
+    /// Re-authorization at release: a delivery whose host holds no membership interval for its
+    /// seq is failed with `not a member`, never handed out. The registry and routing cannot
+    /// disagree through the store's own functions (routing is decided from the registry in the
+    /// accept's transaction), so this fixture writes a registry that does, as a faulty or older
+    /// writer could have.
+    #[test]
+    fn a_host_not_a_member_at_the_seq_gets_not_a_member() {
+        let db = testing::db();
+        let c = &db.conn;
+        let m1 = accept_one(c, "c", "k1", &["host-a"]);
+        let m2 = accept_one(c, "c", "k2", &["host-a"]);
+        c.execute(
+            "INSERT INTO memberships (conversation, host, join_seq, joined_at, joined_by, join_reason)
+             VALUES ('c', 'host-b', 0, 1, 'op', 'fixture'), ('c', 'host-a', 1, 1, 'op', 'fixture')",
+            [],
+        )
+        .unwrap();
+        assert_eq!(
+            scan::testing::turns(&claim(c, "host-a", "i", 10, 2).unwrap()),
+            [("c", 2)],
+            "seq 2 is in host-a's interval"
+        );
+        assert_eq!(state_of_msg(c, &m1), ("failed".to_string(), Some(NOT_A_MEMBER.to_string())));
+        assert_eq!(state_of_msg(c, &m2).0, "claimed");
+        let last: (String, String) = c
+            .query_row(
+                "SELECT actor_kind, to_state FROM delivery_events WHERE delivery_id = $1 ORDER BY id DESC LIMIT 1",
+                [delivery_of(c, &m1, "host-a")],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        assert_eq!(last, ("hub".to_string(), "failed".to_string()));
+    }
+
+    #[test]
+    fn paused_conversation_does_not_block_others_and_order_is_oldest_first() {
+        let db = testing::db();
+        let a1 = accept_one(&db.conn, "a", "k1", &["host-a"]);
+        let _b1 = accept_one(&db.conn, "b", "k2", &["host-a"]);
+        let a2 = accept_one(&db.conn, "a", "k3", &["host-a"]);
+        fence_set(&db.conn, FenceKind::Pause, FenceScope::Conversation, Some("b"), "r", 1).unwrap();
+        let got = claim(&db.conn, "host-a", "inst", 10, 2).unwrap();
+        let ids: Vec<&str> = got.iter().map(|d| d.message_id.as_str()).collect();
+        assert_eq!(ids, vec![a1.as_str(), a2.as_str()]);
+        assert!(got.iter().all(|d| d.claim_token.len() == 32));
+    }
+
+    #[test]
+    fn batch_is_bounded_and_other_hosts_get_nothing() {
+        let db = testing::db();
+        for i in 0..5 {
+            accept_one(&db.conn, "c", &format!("k{i}"), &["host-a"]);
+        }
+        assert!(claim(&db.conn, "host-b", "inst-b", 10, 1).unwrap().is_empty());
+        assert_eq!(claim(&db.conn, "host-a", "inst", 2, 1).unwrap().len(), 2);
+        assert_eq!(claim(&db.conn, "host-a", "inst", 10, 1).unwrap().len(), 3);
+        assert!(claim(&db.conn, "host-a", "inst", 10, 1).unwrap().is_empty());
+    }
+
     /// A stored payload that is not JSON is an error naming the message, never a `null` payload
     /// handed to a node; nothing is claimed.
     #[test]
@@ -1653,36 +532,5 @@ mod tests {
         let e = crate::store::in_write_txn(&db.conn, |c| claim(c, "host-a", "inst", 10, 2)).unwrap_err();
         assert!(matches!(&e, StoreError::Corrupt(t) if t.contains(&msg) && t.contains("payload")), "{e:?}");
         assert_eq!(state_of_msg(&db.conn, &msg).0, "queued");
-    }
-
-    /// Holdings come in pages in queue order; following the cursor yields each holding once,
-    /// also when one in the middle settles between two pages.
-    #[test]
-    fn holdings_come_in_pages_that_the_cursor_walks_once_each() {
-        let db = testing::db();
-        let c = &db.conn;
-        for i in 0..5 {
-            crate::store::lifecycle::accept::testing::accept_one(c, &format!("c{i}"), &format!("k{i}"), &["host-a"]);
-        }
-        let got = claim(c, "host-a", "i", 5, 2).unwrap();
-        assert_eq!(got.len(), 5);
-        let (first, next) = holdings_page(c, "host-a", "i", 0, 2).unwrap();
-        assert_eq!(
-            first.iter().map(|d| d.delivery_id.as_str()).collect::<Vec<_>>(),
-            [&got[0].delivery_id, &got[1].delivery_id]
-        );
-        let next = next.expect("more follow");
-        // The third one leaves the holdings (its node rejects it) before the next page is read.
-        let h = crate::store::lifecycle::transition::Holder { instance_id: "i", claim_token: &got[2].claim_token };
-        reject(c, "host-a", &got[2].delivery_id, h, "no", 3).unwrap();
-        let (second, next) = holdings_page(c, "host-a", "i", next, 2).unwrap();
-        assert_eq!(
-            second.iter().map(|d| d.delivery_id.as_str()).collect::<Vec<_>>(),
-            [&got[3].delivery_id, &got[4].delivery_id]
-        );
-        assert_eq!(next, None, "the last page says so");
-        let (exact, next) = holdings_page(c, "host-a", "i", 0, 4).unwrap();
-        assert_eq!((exact.len(), next), (4, None), "four holdings, a page of four: no next page");
-        assert_eq!(holdings(c, "host-a", "i").unwrap().len(), 4);
     }
 }

@@ -5,7 +5,9 @@
 //! - `accept`: acceptance, fan-out and startup repair.
 //! - `approval`: approval before a turn runs: parking, decisions, expiry.
 //! - `batch`: many of the steps below in one request, each item answered alone.
-//! - `claim`: claims (fences applied through `registry::fences`), order and fairness, holdings, and the holder's mirrored/ack/reject.
+//! - `claim`: the claim transaction and its door (certificate, standing, instance, fences).
+//! - `scan`: one claim's walk over the host's conversation queues: order and fairness.
+//! - `handoff`: the holder's holdings, mirrored, ack, handoff and reject.
 //! - `report`: attempt reports, and the retry a harness asks for (exit 75), and the breaker.
 //! - `turns`: hub-confirmed starts (the start lease), cancel, the claim's cancel notices, operator retry and redrive.
 //! - `operator`: the operator's delivery transitions: release, cancel, retire, requeue.
@@ -15,8 +17,10 @@ pub mod accept;
 pub mod approval;
 pub mod batch;
 pub mod claim;
+pub mod handoff;
 pub mod operator;
 pub mod report;
+pub mod scan;
 pub mod silence;
 pub mod transition;
 pub mod turns;

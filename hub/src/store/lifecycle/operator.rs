@@ -462,10 +462,10 @@ mod tests {
         let got = claim::claim(c, "host-a", "i", 3, 3).unwrap();
         assert_eq!(got.len(), 3);
         let h = Holder { instance_id: "i", claim_token: &got[0].claim_token };
-        claim::mirrored(c, "host-a", &got[0].delivery_id, h, 4).unwrap();
+        crate::store::lifecycle::handoff::mirrored(c, "host-a", &got[0].delivery_id, h, 4).unwrap();
         let h = Holder { instance_id: "i", claim_token: &got[1].claim_token };
-        claim::mirrored(c, "host-a", &got[1].delivery_id, h, 4).unwrap();
-        claim::ack(c, "host-a", &got[1].delivery_id, h, 5).unwrap();
+        crate::store::lifecycle::handoff::mirrored(c, "host-a", &got[1].delivery_id, h, 4).unwrap();
+        crate::store::lifecycle::handoff::ack(c, "host-a", &got[1].delivery_id, h, 5).unwrap();
 
         let plan = retire_plan(c, "host-a").unwrap();
         let expected = RetirePlan {

@@ -10,9 +10,9 @@ use crate::store::Store;
 use crate::store::engine::OptionalExtension;
 use crate::store::engine::params;
 use crate::store::engine::{Db, DbResult, Row};
-use crate::store::lifecycle::claim::NodeAt;
 use crate::store::lifecycle::transition::{self, Change, Holder};
 use crate::store::registry::sessions;
+use crate::store::registry::sessions::NodeAt;
 use crate::store::views::gauges;
 use crate::store::{Actor, StoreError, StoreResult, corrupt, new_id, parse_column, parse_column_opt};
 use baton_shared::crash_point;
@@ -629,8 +629,8 @@ mod tests {
             report(&db.conn, "host-a", &r("a1", Outcome::Succeeded), 2),
             Err(StoreError::InvalidTransition(_))
         ));
-        claim::mirrored(&db.conn, "host-a", &d.delivery_id, holder, 2).unwrap();
-        claim::ack(&db.conn, "host-a", &d.delivery_id, holder, 3).unwrap();
+        crate::store::lifecycle::handoff::mirrored(&db.conn, "host-a", &d.delivery_id, holder, 2).unwrap();
+        crate::store::lifecycle::handoff::ack(&db.conn, "host-a", &d.delivery_id, holder, 3).unwrap();
         let (first, dup) = report(&db.conn, "host-a", &r("a1", Outcome::Succeeded), 4).unwrap();
         assert!(!dup);
         let (again, dup) = report(&db.conn, "host-a", &r("a1", Outcome::Succeeded), 5).unwrap();
@@ -654,8 +654,8 @@ mod tests {
         accept_one(&db.conn, "c", "k", &["host-a"]);
         let d = claim::claim(&db.conn, "host-a", "i", 1, 1).unwrap().remove(0);
         let holder = Holder { instance_id: "i", claim_token: &d.claim_token };
-        claim::mirrored(&db.conn, "host-a", &d.delivery_id, holder, 2).unwrap();
-        claim::ack(&db.conn, "host-a", &d.delivery_id, holder, 3).unwrap();
+        crate::store::lifecycle::handoff::mirrored(&db.conn, "host-a", &d.delivery_id, holder, 2).unwrap();
+        crate::store::lifecycle::handoff::ack(&db.conn, "host-a", &d.delivery_id, holder, 3).unwrap();
         let r = NewReport {
             delivery_id: &d.delivery_id,
             holder,
@@ -688,8 +688,8 @@ mod tests {
         accept_one(&db.conn, "c", "k", &["host-a"]);
         let d = claim::claim(&db.conn, "host-a", "i", 1, 1).unwrap().remove(0);
         let holder = Holder { instance_id: "i", claim_token: &d.claim_token };
-        claim::mirrored(&db.conn, "host-a", &d.delivery_id, holder, 2).unwrap();
-        claim::ack(&db.conn, "host-a", &d.delivery_id, holder, 3).unwrap();
+        crate::store::lifecycle::handoff::mirrored(&db.conn, "host-a", &d.delivery_id, holder, 2).unwrap();
+        crate::store::lifecycle::handoff::ack(&db.conn, "host-a", &d.delivery_id, holder, 3).unwrap();
         // 11 bytes, "é" the fourth and fifth: the last 7 start inside it, so the 6 after it are
         // kept and 5 cut.
         let tail = "abcé123456";
@@ -808,8 +808,8 @@ mod tests {
         accept_one(&db.conn, "c", "k", &["host-a"]);
         let d = claim::claim(&db.conn, "host-a", "i", 1, 1).unwrap().remove(0);
         let holder = Holder { instance_id: "i", claim_token: &d.claim_token };
-        claim::mirrored(&db.conn, "host-a", &d.delivery_id, holder, 2).unwrap();
-        claim::ack(&db.conn, "host-a", &d.delivery_id, holder, 3).unwrap();
+        crate::store::lifecycle::handoff::mirrored(&db.conn, "host-a", &d.delivery_id, holder, 2).unwrap();
+        crate::store::lifecycle::handoff::ack(&db.conn, "host-a", &d.delivery_id, holder, 3).unwrap();
         let r = NewReport {
             delivery_id: &d.delivery_id,
             holder,

@@ -133,9 +133,9 @@ mod tests {
         crate::store::registry::sessions::open(c, "host-a", "i", Some("test"), Default::default(), 15_000, 10).unwrap();
         let got = crate::store::lifecycle::claim::claim(c, "host-a", "i", 3, 10).unwrap();
         let h = |i: usize| Holder { instance_id: "i", claim_token: &got[i].claim_token };
-        crate::store::lifecycle::claim::mirrored(c, "host-a", &got[1].delivery_id, h(1), 10).unwrap();
-        crate::store::lifecycle::claim::mirrored(c, "host-a", &got[2].delivery_id, h(2), 10).unwrap();
-        crate::store::lifecycle::claim::ack(c, "host-a", &got[2].delivery_id, h(2), 10).unwrap();
+        crate::store::lifecycle::handoff::mirrored(c, "host-a", &got[1].delivery_id, h(1), 10).unwrap();
+        crate::store::lifecycle::handoff::mirrored(c, "host-a", &got[2].delivery_id, h(2), 10).unwrap();
+        crate::store::lifecycle::handoff::ack(c, "host-a", &got[2].delivery_id, h(2), 10).unwrap();
 
         assert!(silent_holders(c, 10).unwrap().is_empty(), "heard from at 10: not silent before 10");
         let silent = silent_holders(c, 11).unwrap();
@@ -146,7 +146,7 @@ mod tests {
         assert_eq!(state(&got[0].delivery_id), DeliveryState::Queued);
         assert_eq!(state(&got[2].delivery_id), DeliveryState::Delivered, "delivered is never touched");
         // The old holder's ack is refused: it can never run the requeued copy.
-        assert!(crate::store::lifecycle::claim::mirrored(c, "host-a", &got[0].delivery_id, h(0), 21).is_err());
+        assert!(crate::store::lifecycle::handoff::mirrored(c, "host-a", &got[0].delivery_id, h(0), 21).is_err());
         assert!(silent_holders(c, 11).unwrap().is_empty(), "nothing claimed or mirrored left");
         let by: String = c
             .query_row(

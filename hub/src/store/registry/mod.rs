@@ -2,6 +2,7 @@
 //!
 //! Layout:
 //! - `hosts`: hosts, certificates and operator events (enroll, revoke, renew look-ups).
+//! - `instances`: the one bound node instance per host, and what it holds.
 //! - `sessions`: node sessions (a fencing epoch per node process) and their check.
 //! - `members`: the membership registry (join/leave intervals per conversation and host), families and mentions.
 //! - `producers`: producers' publish scopes, quotas and approval rights.
@@ -11,6 +12,7 @@
 pub mod audit;
 pub mod fences;
 pub mod hosts;
+pub mod instances;
 pub mod members;
 pub mod producers;
 pub mod sessions;

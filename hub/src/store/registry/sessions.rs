@@ -24,12 +24,19 @@ use crate::store::engine::Db;
 use crate::store::engine::OptionalExtension;
 use crate::store::engine::dialect;
 use crate::store::engine::params;
-use crate::store::lifecycle::claim::NodeAt;
-use crate::store::lifecycle::claim::RebindLimit;
-use crate::store::lifecycle::claim::bind_instance;
 use crate::store::registry::hosts::{self, Standing};
+use crate::store::registry::instances::{RebindLimit, bind_instance};
 use crate::store::{StoreError, StoreResult};
 use std::time::Duration;
+
+/// The node a holder's request comes from: its host and its node session.
+#[derive(Debug, Clone)]
+pub struct NodeAt {
+    /// The host, from the certificate.
+    pub host: String,
+    /// The request's node session (`None` for a node that predates sessions).
+    pub session: Option<u64>,
+}
 
 impl Store {
     /// Records the node sessions' last contact: `(host, session, at_ms)`.
@@ -86,7 +93,7 @@ pub fn open(
     host: &str,
     instance_id: &str,
     node_version: Option<&str>,
-    rebind: crate::store::lifecycle::claim::RebindLimit,
+    rebind: RebindLimit,
     start_lease_ms: u64,
     now_ms: i64,
 ) -> StoreResult<Opened> {
@@ -273,7 +280,6 @@ pub fn record_contacts(conn: &dyn Db, contacts: &[(String, u64, i64)]) -> StoreR
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::lifecycle::claim::RebindLimit;
     use crate::store::testing;
 
     fn row(conn: &dyn Db, session: i64) -> (Option<i64>, Option<String>, Option<i64>, i64) {

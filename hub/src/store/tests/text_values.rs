@@ -4,11 +4,12 @@
 
 use super::engine::{Db, PG_TEXT_ESCAPE};
 use super::lifecycle::accept::testing::accept_one;
-use super::lifecycle::claim::{self, RebindLimit};
+use super::lifecycle::claim;
 use super::lifecycle::report::{self, NewReport};
 use super::lifecycle::transition::Holder;
 use super::lifecycle::turns;
 use super::registry::fences::{self, FenceKind, FenceScope, NewFence};
+use super::registry::instances::RebindLimit;
 use super::registry::{hosts, sessions};
 use super::views::{fleet, read};
 use super::{StoreError, testing};
@@ -96,10 +97,10 @@ fn every_stored_text_field_keeps_its_bytes() {
         fn holder<'a>(instance: &'a str, d: &'a ClaimedDelivery) -> Holder<'a> {
             Holder { instance_id: instance, claim_token: &d.claim_token }
         }
-        claim::reject(c, "host-a", &r.delivery_id, holder(&instance, &r), v, 3)
+        crate::store::lifecycle::handoff::reject(c, "host-a", &r.delivery_id, holder(&instance, &r), v, 3)
             .unwrap_or_else(|e| panic!("reject {}: {e}", shown(v)));
-        claim::mirrored(c, "host-a", &d.delivery_id, holder(&instance, &d), 3).unwrap();
-        claim::ack(c, "host-a", &d.delivery_id, holder(&instance, &d), 3).unwrap();
+        crate::store::lifecycle::handoff::mirrored(c, "host-a", &d.delivery_id, holder(&instance, &d), 3).unwrap();
+        crate::store::lifecycle::handoff::ack(c, "host-a", &d.delivery_id, holder(&instance, &d), 3).unwrap();
         let report = NewReport {
             delivery_id: &d.delivery_id,
             holder: holder(&instance, &d),

@@ -3,7 +3,8 @@
 use super::*;
 use crate::store::engine::params;
 use crate::store::lifecycle::accept::testing::accept_one;
-use crate::store::lifecycle::claim::{self, ack, mirrored};
+use crate::store::lifecycle::claim;
+use crate::store::lifecycle::handoff::{ack, mirrored};
 use crate::store::lifecycle::report::{NewReport, RunReport, report_run};
 use crate::store::lifecycle::transition::Holder;
 use crate::store::testing;
@@ -122,7 +123,8 @@ fn a_start_is_recorded_once_per_run_and_refused_to_another_session() {
 /// newer session acked itself start at once.
 #[test]
 fn a_newer_session_waits_for_the_older_lease_before_starting_what_the_older_acked() {
-    use crate::store::lifecycle::claim::{RebindLimit, record_acked_session};
+    use crate::store::lifecycle::handoff::record_acked_session;
+    use crate::store::registry::instances::RebindLimit;
     use crate::store::registry::sessions;
     let db = testing::db();
     let c = &db.conn;
@@ -256,7 +258,7 @@ fn cancel_in_every_state_is_idempotent() {
     // The node learns of it from the claim and from holdings.
     let notices = cancels_for(c, "host-a", "i").unwrap();
     assert_eq!(notices, [CancelNotice { delivery_id: pending.delivery_id.clone(), attempt: 1, reason: "stop".into() }]);
-    let held = claim::holdings(c, "host-a", "i").unwrap();
+    let held = crate::store::lifecycle::handoff::holdings(c, "host-a", "i").unwrap();
     assert!(held.iter().any(|d| d.delivery_id == pending.delivery_id && d.cancel_requested));
     // `cancelled` is accepted for that run only; then the notice is gone and it is final.
     assert!(matches!(report(c, &finished, "r-x", Outcome::Cancelled, None, 9), Err(StoreError::ReportConflict(_))));

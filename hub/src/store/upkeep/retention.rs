@@ -169,8 +169,8 @@ mod tests {
         let now = clock.now_ms();
         let d = crate::store::lifecycle::claim::claim(c, "host-a", "i", 1, now).unwrap().remove(0);
         let h = crate::store::lifecycle::transition::Holder { instance_id: "i", claim_token: &d.claim_token };
-        crate::store::lifecycle::claim::mirrored(c, "host-a", &d.delivery_id, h, now).unwrap();
-        crate::store::lifecycle::claim::ack(c, "host-a", &d.delivery_id, h, now).unwrap();
+        crate::store::lifecycle::handoff::mirrored(c, "host-a", &d.delivery_id, h, now).unwrap();
+        crate::store::lifecycle::handoff::ack(c, "host-a", &d.delivery_id, h, now).unwrap();
         assert_eq!(settled_at(c, &m), None, "delivered without an outcome: not settled");
         clock.advance_ms(1_000);
         let r = crate::store::lifecycle::report::NewReport {
@@ -215,14 +215,14 @@ mod tests {
         let m = accept_one(c, "c", "k1", &["host-a"]);
         let d = crate::store::lifecycle::claim::claim(c, "host-a", "i", 1, 2).unwrap().remove(0);
         let h = crate::store::lifecycle::transition::Holder { instance_id: "i", claim_token: &d.claim_token };
-        crate::store::lifecycle::claim::reject(c, "host-a", &d.delivery_id, h, "no", 3).unwrap();
+        crate::store::lifecycle::handoff::reject(c, "host-a", &d.delivery_id, h, "no", 3).unwrap();
         assert_eq!(settled_at(c, &m), Some(3), "failed by its node: settled");
         crate::store::lifecycle::turns::retry(c, &d.delivery_id, "op", "again", 4).unwrap();
         assert_eq!(settled_at(c, &m), None, "redriven: open again");
         assert_eq!(sweep(c, 1_000, 100).unwrap(), 0);
         let d = crate::store::lifecycle::claim::claim(c, "host-a", "i", 1, 5).unwrap().remove(0);
         let h = crate::store::lifecycle::transition::Holder { instance_id: "i", claim_token: &d.claim_token };
-        crate::store::lifecycle::claim::reject(c, "host-a", &d.delivery_id, h, "no again", 6).unwrap();
+        crate::store::lifecycle::handoff::reject(c, "host-a", &d.delivery_id, h, "no again", 6).unwrap();
         assert_eq!(settled_at(c, &m), Some(6));
     }
 
@@ -254,8 +254,8 @@ mod tests {
         let run = |now: i64| {
             let d = crate::store::lifecycle::claim::claim(c, "host-a", "i", 1, now).unwrap().remove(0);
             let h = crate::store::lifecycle::transition::Holder { instance_id: "i", claim_token: &d.claim_token };
-            crate::store::lifecycle::claim::mirrored(c, "host-a", &d.delivery_id, h, now).unwrap();
-            crate::store::lifecycle::claim::ack(c, "host-a", &d.delivery_id, h, now).unwrap();
+            crate::store::lifecycle::handoff::mirrored(c, "host-a", &d.delivery_id, h, now).unwrap();
+            crate::store::lifecycle::handoff::ack(c, "host-a", &d.delivery_id, h, now).unwrap();
             d
         };
         let d = run(2);

@@ -330,8 +330,8 @@ mod tests {
         fences::set(c, hold, 1).unwrap();
         let got = claim::claim(c, "host-a", "i", 10, 2).unwrap();
         let h = Holder { instance_id: "i", claim_token: &got[0].claim_token };
-        claim::mirrored(c, "host-a", &got[0].delivery_id, h, 3).unwrap();
-        claim::ack(c, "host-a", &got[0].delivery_id, h, 4).unwrap();
+        crate::store::lifecycle::handoff::mirrored(c, "host-a", &got[0].delivery_id, h, 3).unwrap();
+        crate::store::lifecycle::handoff::ack(c, "host-a", &got[0].delivery_id, h, 4).unwrap();
         operator::release(c, Selector::Conversation("b"), "op", "r", 5).unwrap();
         operator::retire(c, "host-b", "op", "r", 6).unwrap();
         assert_eq!(check(c).unwrap(), Vec::<Problem>::new());
