@@ -104,7 +104,7 @@ impl Store {
                         // A message sent by hand is an operator's act: audited, with its
                         // reason, in the accepting transaction. A replay adds nothing.
                         let subject = format!("message {message_id} conversation {} seq {seq}", msg.conversation);
-                        hosts::record_operator_event(
+                        crate::store::registry::audit::record_operator_event(
                             c,
                             "send",
                             &subject,

@@ -106,7 +106,7 @@ pub fn requeue_silent(conn: &dyn Db, who: &SilentHolder, cutoff_ms: i64, now_ms:
         requeued.push(id);
     }
     let note = format!("{}; {} delivery(ies) requeued", why, requeued.len());
-    crate::store::registry::hosts::record_operator_event(
+    crate::store::registry::audit::record_operator_event(
         conn,
         "requeue_silent",
         &who.host,

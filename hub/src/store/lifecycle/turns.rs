@@ -21,7 +21,7 @@ use crate::store::engine::OptionalExtension;
 use crate::store::engine::dialect;
 use crate::store::engine::params;
 use crate::store::lifecycle::transition::{self, Change};
-use crate::store::registry::hosts::record_operator_event;
+use crate::store::registry::audit::record_operator_event;
 use crate::store::registry::sessions;
 use crate::store::{Actor, StoreError, StoreResult, parse_column_opt, state_column};
 use baton_shared::states::DeliveryState::{self, *};

@@ -1,8 +1,8 @@
 //! The audit log: what operators and the hub did, newest first, from the two places it is
-//! recorded — `operator_events` (certificates, hosts, fences, membership, scopes, sessions) and
-//! the delivery transitions made by an operator or by the hub (`delivery_events`). Node
-//! transitions, and a delivery's creation at fan-out, are the delivery flow itself, not
-//! audit, and are left out. Read-only.
+//! recorded — `operator_events` (certificates, hosts, fences, membership, scopes, sessions),
+//! which every such change writes with `record_operator_event`, and the delivery transitions
+//! made by an operator or by the hub (`delivery_events`). Node transitions, and a delivery's
+//! creation at fan-out, are the delivery flow itself, not audit, and are left out.
 
 use crate::store::Store;
 use crate::store::engine::Db;
@@ -20,6 +20,36 @@ impl Store {
     ) -> StoreResult<(Vec<AuditEntry>, bool)> {
         self.conns.read(move |c| entries(c, AuditQuery { since_ms, actor: actor.as_deref(), after, limit })).await
     }
+
+    /// Records an operator event in the audit log (a CA change).
+    pub async fn record_operator_event(
+        &self,
+        action: String,
+        subject: String,
+        operator: String,
+        note: Option<String>,
+    ) -> StoreResult<()> {
+        let clock = self.clock.clone();
+        self.conns
+            .write(move |c| record_operator_event(c, &action, &subject, &operator, note.as_deref(), clock.now_ms()))
+            .await
+    }
+}
+
+/// Records an operator action that is not a delivery transition.
+pub fn record_operator_event(
+    conn: &dyn Db,
+    action: &str,
+    subject: &str,
+    operator: &str,
+    reason: Option<&str>,
+    now_ms: i64,
+) -> StoreResult<()> {
+    conn.prepare_cached(
+        "INSERT INTO operator_events (action, subject, operator, reason, at) VALUES ($1, $2, $3, $4, $5)",
+    )?
+    .execute(params![action, subject, operator, reason, now_ms])?;
+    Ok(())
 }
 
 /// Where an audit entry is recorded.
@@ -180,7 +210,6 @@ mod tests {
     use super::*;
     use crate::store::lifecycle::accept::testing::accept_one;
     use crate::store::lifecycle::turns::{Canceller, cancel};
-    use crate::store::registry::hosts::record_operator_event;
     use crate::store::testing;
 
     #[test]

@@ -19,9 +19,9 @@ use crate::store::By;
 use crate::store::Store;
 use crate::store::engine::params;
 use crate::store::engine::{Db, DbResult, dialect};
+use crate::store::registry::audit::record_operator_event;
 use crate::store::registry::hosts;
 use crate::store::registry::hosts::Standing;
-use crate::store::registry::hosts::record_operator_event;
 use crate::store::{StoreError, StoreResult, parse_column};
 
 /// Why a fence's target looks like a typo: it matches nothing today.

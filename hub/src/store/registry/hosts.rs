@@ -1,11 +1,11 @@
-//! Hosts and certificates: enrolling a host or producer, looking a certificate up, revoking,
-//! and the operator event log for changes that are not delivery transitions.
+//! Hosts and certificates: enrolling a host or producer, looking a certificate up, revoking.
 
 use crate::store::By;
 use crate::store::Store;
 use crate::store::engine::Db;
 use crate::store::engine::OptionalExtension;
 use crate::store::engine::params;
+use crate::store::registry::audit::record_operator_event;
 use crate::store::registry::producers;
 use crate::store::views::fleet;
 use crate::store::{StoreError, StoreResult, parse_column};
@@ -38,20 +38,6 @@ impl Store {
     /// A certificate's standing (`None`: not in the record).
     pub async fn cert_status(&self, serial: String) -> StoreResult<Option<CertStatus>> {
         self.conns.read(move |c| cert_status(c, &serial)).await
-    }
-
-    /// Records an operator event in the audit log (a CA change).
-    pub async fn record_operator_event(
-        &self,
-        action: String,
-        subject: String,
-        operator: String,
-        note: Option<String>,
-    ) -> StoreResult<()> {
-        let clock = self.clock.clone();
-        self.conns
-            .write(move |c| record_operator_event(c, &action, &subject, &operator, note.as_deref(), clock.now_ms()))
-            .await
     }
 
     /// The roles `name` is enrolled in.
@@ -105,22 +91,6 @@ impl Store {
         let clock = self.clock.clone();
         self.conns.write(move |c| revoke(c, &name_or_serial, &by.operator, &by.reason, clock.now_ms())).await
     }
-}
-
-/// Records an operator action that is not a delivery transition.
-pub fn record_operator_event(
-    conn: &dyn Db,
-    action: &str,
-    subject: &str,
-    operator: &str,
-    reason: Option<&str>,
-    now_ms: i64,
-) -> StoreResult<()> {
-    conn.prepare_cached(
-        "INSERT INTO operator_events (action, subject, operator, reason, at) VALUES ($1, $2, $3, $4, $5)",
-    )?
-    .execute(params![action, subject, operator, reason, now_ms])?;
-    Ok(())
 }
 
 /// Adds a host (idempotent); enrolling a node does this.

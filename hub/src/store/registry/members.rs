@@ -38,7 +38,7 @@ use crate::store::Store;
 use crate::store::engine::Db;
 use crate::store::engine::OptionalExtension;
 use crate::store::engine::params;
-use crate::store::registry::hosts::record_operator_event;
+use crate::store::registry::audit::record_operator_event;
 use crate::store::{StoreError, StoreResult};
 use baton_shared::ids::check_name;
 use baton_shared::wire::{ConversationView, MemberView, MembershipInterval};
@@ -57,6 +57,17 @@ pub enum Membership {
 }
 
 impl Store {
+    /// A conversation's `last_seq` and membership registry, for a producer whose publish scope
+    /// covers it.
+    pub async fn conversation_for(&self, producer: String, conversation: String) -> StoreResult<ConversationView> {
+        self.conns
+            .read(move |c| {
+                crate::store::registry::producers::check_may_post(c, &producer, &conversation)?;
+                view(c, &conversation)
+            })
+            .await
+    }
+
     /// The membership registry: of one conversation, or of all.
     pub async fn members(&self, conversation: Option<String>) -> StoreResult<Vec<ConversationMembers>> {
         self.conns.read(move |c| list(c, conversation.as_deref())).await

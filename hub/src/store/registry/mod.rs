@@ -1,13 +1,13 @@
 //! Who may do what: hosts and their certificates, node sessions, conversation members, producers, fences and the audit log.
 //!
 //! Layout:
-//! - `hosts`: hosts, certificates and operator events (enroll, revoke, renew look-ups).
+//! - `hosts`: hosts and certificates (enroll, revoke, renew look-ups).
 //! - `instances`: the one bound node instance per host, and what it holds.
 //! - `sessions`: node sessions (a fencing epoch per node process) and their check.
 //! - `members`: the membership registry (join/leave intervals per conversation and host), families and mentions.
 //! - `producers`: producers' publish scopes, quotas and approval rights.
 //! - `fences`: the fence types, set/lift/list, and the one precedence rule claims apply.
-//! - `audit`: the operator audit log.
+//! - `audit`: the operator audit log: recording an operator event, and reading the log.
 
 pub mod audit;
 pub mod fences;

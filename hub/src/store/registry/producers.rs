@@ -17,11 +17,9 @@ use crate::store::Store;
 use crate::store::engine::Db;
 use crate::store::engine::OptionalExtension;
 use crate::store::engine::params;
-use crate::store::registry::hosts::record_operator_event;
-use crate::store::registry::members;
+use crate::store::registry::audit::record_operator_event;
 use crate::store::{StoreError, StoreResult};
 use baton_shared::ids::{NAME_CHARS_MAX, check_name};
-use baton_shared::wire::ConversationView;
 
 impl Store {
     /// Replaces the producer's approval right (`set_approvals`); returns it.
@@ -29,17 +27,6 @@ impl Store {
         let clock = self.clock.clone();
         self.conns
             .write(move |c| set_approvals(c, &producer, &patterns, &by.operator, &by.reason, clock.now_ms()))
-            .await
-    }
-
-    /// A conversation's `last_seq` and membership registry, for a producer whose publish scope
-    /// covers it.
-    pub async fn conversation_for(&self, producer: String, conversation: String) -> StoreResult<ConversationView> {
-        self.conns
-            .read(move |c| {
-                check_may_post(c, &producer, &conversation)?;
-                members::view(c, &conversation)
-            })
             .await
     }
 

@@ -115,7 +115,7 @@ pub fn open(
                 "UPDATE node_sessions SET ended_at = $3, ended_how = 'superseded' WHERE host = $1 AND session = $2",
             )?
             .execute(params![host, previous, now_ms])?;
-            crate::store::registry::hosts::record_operator_event(
+            crate::store::registry::audit::record_operator_event(
                 conn,
                 "session_takeover",
                 host,

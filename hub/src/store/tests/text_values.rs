@@ -10,7 +10,7 @@ use super::lifecycle::transition::Holder;
 use super::lifecycle::turns;
 use super::registry::fences::{self, FenceKind, FenceScope, NewFence};
 use super::registry::instances::RebindLimit;
-use super::registry::{hosts, sessions};
+use super::registry::sessions;
 use super::views::{fleet, read};
 use super::{StoreError, testing};
 use crate::store::engine::params;
@@ -146,7 +146,7 @@ fn every_stored_text_field_keeps_its_bytes() {
         let lifted: Option<String> =
             c.query_row("SELECT lifted_reason FROM fences WHERE id = $1", [id], |r| r.get(0)).unwrap();
         same("lift reason", lifted.as_deref(), v);
-        hosts::record_operator_event(c, "probe", &format!("s{n}"), "op", Some(v), 8).unwrap();
+        crate::store::registry::audit::record_operator_event(c, "probe", &format!("s{n}"), "op", Some(v), 8).unwrap();
         let stored: Option<String> = c
             .query_row("SELECT reason FROM operator_events WHERE subject = $1", [format!("s{n}")], |r| r.get(0))
             .unwrap();

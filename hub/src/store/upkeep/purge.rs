@@ -17,7 +17,7 @@ use crate::store::Store;
 use crate::store::StoreResult;
 use crate::store::engine::Db;
 use crate::store::engine::params;
-use crate::store::registry::hosts::record_operator_event;
+use crate::store::registry::audit::record_operator_event;
 use crate::store::upkeep::retention::UNFINISHED;
 use baton_shared::states::DeliveryState;
 

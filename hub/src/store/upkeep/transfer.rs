@@ -412,7 +412,7 @@ mod tests {
 
         // The copies draw the number the source would have drawn next.
         for c in [src, &target as &dyn Db, &back] {
-            crate::store::registry::hosts::record_operator_event(c, "t", "next", "op", None, 9).unwrap();
+            crate::store::registry::audit::record_operator_event(c, "t", "next", "op", None, 9).unwrap();
         }
         let next = |c: &dyn Db| -> i64 {
             c.query_row("SELECT id FROM operator_events WHERE action = 't'", [], |r| r.get(0)).unwrap()
