@@ -11,7 +11,7 @@
 //!
 //! Routing: the message's `to`, or else the conversation's members at the message's `seq`
 //! (`members`). A conversation that has had members accepts in `to` only current members and
-//! hosts an operator allowed to be mentioned there (`members::allow_mention`); an open one
+//! hosts an operator allowed to be mentioned there (`mentions::allow_mention`); an open one
 //! (never had members) accepts any enrolled, unretired host.
 //!
 //! Invariant: a message row exists iff its routing and obligation exist (same transaction), and
@@ -326,11 +326,11 @@ pub fn accept_and_fan_out(
 /// (the members at the `seq` this transaction is about to give it), retired ones left out.
 fn route(conn: &dyn Db, msg: &NewMessage) -> StoreResult<Vec<String>> {
     // A conversation first posted to now joins the families that cover it, from its first post.
-    members::adopt_families(conn, &msg.conversation)?;
+    crate::store::registry::families::adopt_families(conn, &msg.conversation)?;
     let managed = members::has_membership(conn, &msg.conversation)?;
     if msg.to.is_empty() {
         let mut current = Vec::new();
-        for host in members::current_members(conn, &msg.conversation)? {
+        for host in crate::store::registry::roster::current_members(conn, &msg.conversation)? {
             if !host_retired(conn, &host)? {
                 current.push(host);
             }
@@ -345,10 +345,13 @@ fn route(conn: &dyn Db, msg: &NewMessage) -> StoreResult<Vec<String>> {
         }
         return Ok(current);
     }
-    let current = if managed { members::current_members(conn, &msg.conversation)? } else { Vec::new() };
+    let current =
+        if managed { crate::store::registry::roster::current_members(conn, &msg.conversation)? } else { Vec::new() };
     for (i, host) in msg.to.iter().enumerate() {
         check_recipient(conn, i, host)?;
-        if managed && current.binary_search(host).is_err() && !members::mention_allowed(conn, &msg.conversation, host)?
+        if managed
+            && current.binary_search(host).is_err()
+            && !crate::store::registry::mentions::mention_allowed(conn, &msg.conversation, host)?
         {
             return Err(StoreError::Invalid(format!(
                 "to[{i}]: host {host:?} is not a member of conversation {:?}, and no operator allowed it to be \

@@ -15,32 +15,20 @@
 //! Invariant: a (conversation, host) has at most one open interval, and intervals are never
 //! rewritten: a closed interval stays closed, its cursors never move.
 //!
-//! Families (`member_families`): `members add --conversation 'support-*' HOST` makes a host a
-//! member of every conversation the pattern covers (the publish scopes' grammar,
-//! `producers::check_pattern`), each from its next post on: the join writes an interval
-//! (marked with its family) for each matching conversation that exists, at its `last_seq`;
-//! a matching conversation created later gets one from 0 (`adopt_families`, in the
-//! transaction that creates it); the leave closes them all, each at its `last_seq`. A host
-//! matched by several rows (a family and an exact one) is still one recipient per post.
-//!
-//! Mention authorizations (`mention_grants`, `members allow-mention|disallow-mention`): an
-//! operator may let `to` name a host that is not a member, with a reason, audited. A grant has
-//! cursors as an interval has (`grant_seq < seq <= revoke_seq`) and the claim's re-check
-//! (`authorized`) counts it as authorization for a post it holds; it never makes the host a
-//! recipient of a post without `to`. The same invariant holds: at most one open grant per
-//! (conversation, host), never rewritten.
-//!
-//! Why one file over 700 lines: the interval and grant cursors are one invariant (above), and
-//! the unit tests beside them are a third of the file.
+//! This module is the registry's door (`Store::members`, `members_change`, the producer's
+//! `conversation_for`), exact memberships, and what the registry answers (`authorized`, the
+//! views). A pattern's membership is a family (`families`); a non-member `to` may name is a
+//! mention grant (`mentions`); what every change checks is in `roster`. The unit tests here
+//! walk the whole registry, families and grants included, through the door.
 
 use crate::store::By;
 use crate::store::Store;
-use crate::store::engine::Db;
-use crate::store::engine::OptionalExtension;
-use crate::store::engine::params;
+use crate::store::engine::{Db, OptionalExtension, params};
 use crate::store::registry::audit::record_operator_event;
+use crate::store::registry::families::{add_family, cursor, open_families, remove_family};
+use crate::store::registry::mentions::{MentionRow, allow_mention, disallow_mention, mentions};
+use crate::store::registry::roster::{MemberChange, check_member_count, existing_cursor, name, sorted_unique};
 use crate::store::{StoreError, StoreResult};
-use baton_shared::ids::check_name;
 use baton_shared::wire::{ConversationView, MemberView, MembershipInterval};
 
 /// A membership change's direction.
@@ -98,26 +86,6 @@ impl Store {
     }
 }
 
-/// Most current members one conversation may have: every post without `to` fans out to all of
-/// them, so this bounds one message's fan-out the way `recipients_max` bounds `to`.
-pub const MEMBERS_PER_CONVERSATION_MAX: usize = 256;
-
-/// Most open family rows (pattern, host) the registry may hold: a post into a new conversation
-/// reads them all (`adopt_families`), so this bounds that read.
-pub const MEMBER_FAMILIES_MAX: usize = 64;
-
-/// What one `add` or `remove` did for one host.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct MemberChange {
-    /// The host.
-    pub host: String,
-    /// False when nothing changed (already a member, or not a member).
-    pub changed: bool,
-    /// The cursor taken (join or leave `seq`), or for an unchanged add the open interval's
-    /// join cursor; `None` for an unchanged remove.
-    pub seq: Option<i64>,
-}
-
 /// One interval as the operator sees it: cursors, when, who and why. Serialised only for the
 /// CLI's `--json`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -154,29 +122,6 @@ pub struct MemberRow {
     pub intervals: Vec<IntervalRow>,
 }
 
-/// One mention authorization as the operator sees it: cursors, when, who and why.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct MentionRow {
-    /// The host `to` may name.
-    pub host: String,
-    /// The grant cursor: posts after it may name the host.
-    pub grant_seq: i64,
-    /// When (unix ms).
-    pub granted_at_ms: i64,
-    /// Which operator.
-    pub granted_by: String,
-    /// Why.
-    pub grant_reason: String,
-    /// The revoke cursor, once revoked: posts after it may not name the host.
-    pub revoke_seq: Option<i64>,
-    /// When it was revoked (unix ms).
-    pub revoked_at_ms: Option<i64>,
-    /// Which operator revoked it.
-    pub revoked_by: Option<String>,
-    /// Why.
-    pub revoke_reason: Option<String>,
-}
-
 /// A conversation's registry, for the operator (`members list`).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct ConversationMembers {
@@ -190,30 +135,6 @@ pub struct ConversationMembers {
     pub mentions: Vec<MentionRow>,
 }
 
-fn name(field: &'static str, value: &str) -> StoreResult<()> {
-    check_name(field, value).map_err(|e| StoreError::Invalid(e.to_string()))
-}
-
-/// The conversation's `last_seq`, creating the conversation (at 0, adopting the open families
-/// that cover it) if it has no message yet.
-fn cursor(conn: &dyn Db, conversation: &str) -> StoreResult<i64> {
-    adopt_families(conn, conversation)?;
-    Ok(conn
-        .prepare_cached(
-            "INSERT INTO conversations (name, last_seq) VALUES ($1, 0)
-             ON CONFLICT (name) DO UPDATE SET last_seq = conversations.last_seq RETURNING last_seq",
-        )?
-        .query_row([conversation], |r| r.get(0))?)
-}
-
-/// The conversation's `last_seq`, or `NotFound`.
-fn existing_cursor(conn: &dyn Db, conversation: &str) -> StoreResult<i64> {
-    conn.prepare_cached("SELECT last_seq FROM conversations WHERE name = $1")?
-        .query_row([conversation], |r| r.get(0))
-        .optional()?
-        .ok_or_else(|| StoreError::NotFound(format!("no conversation {conversation:?}")))
-}
-
 fn open_interval(conn: &dyn Db, conversation: &str, host: &str) -> StoreResult<Option<i64>> {
     Ok(conn
         .prepare_cached(
@@ -222,19 +143,6 @@ fn open_interval(conn: &dyn Db, conversation: &str, host: &str) -> StoreResult<O
         )?
         .query_row([conversation, host], |r| r.get(0))
         .optional()?)
-}
-
-fn sorted_unique(hosts: &[String]) -> StoreResult<Vec<&str>> {
-    if hosts.is_empty() {
-        return Err(StoreError::Invalid("hosts: name at least one host".into()));
-    }
-    let mut out: Vec<&str> = hosts.iter().map(String::as_str).collect();
-    out.sort_unstable();
-    out.dedup();
-    for h in &out {
-        name("host", h)?;
-    }
-    Ok(out)
 }
 
 /// Makes `hosts` members of `conversation` from its current `last_seq` on. A host that is
@@ -279,183 +187,6 @@ pub fn add(
         out.push(MemberChange { host: host.into(), changed: true, seq: Some(join_seq) });
     }
     check_member_count(conn, conversation)?;
-    Ok(out)
-}
-
-fn check_member_count(conn: &dyn Db, conversation: &str) -> StoreResult<()> {
-    let current = current_members(conn, conversation)?.len();
-    if current > MEMBERS_PER_CONVERSATION_MAX {
-        return Err(StoreError::OverCapacity(format!(
-            "conversation {conversation} would have {current} members; at most {MEMBERS_PER_CONVERSATION_MAX} are allowed"
-        )));
-    }
-    Ok(())
-}
-
-fn pattern(value: &str) -> StoreResult<()> {
-    crate::store::registry::producers::check_pattern(value)
-        .map_err(|e| StoreError::Invalid(format!("conversation: {e}")))
-        .and_then(|()| match value.ends_with('*') {
-            true => Ok(()),
-            false => Err(StoreError::Invalid(format!("conversation: {value:?} is not a pattern"))),
-        })
-}
-
-/// The open family rows `(id, pattern)` of the registry, or of one host.
-fn open_families(conn: &dyn Db, host: Option<&str>) -> StoreResult<Vec<(i64, String, String)>> {
-    Ok(conn
-        .prepare_cached(
-            "SELECT id, pattern, host FROM member_families
-             WHERE left_at IS NULL AND (CAST($1 AS TEXT) IS NULL OR host = $1) ORDER BY id",
-        )?
-        .query_map([host], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
-        .collect::<Result<_, _>>()?)
-}
-
-fn insert_family_interval(conn: &dyn Db, conversation: &str, join_seq: i64, family: i64) -> StoreResult<()> {
-    // The family row carries who and why; each interval repeats them for `members list`.
-    conn.prepare_cached(
-        "INSERT INTO memberships (conversation, host, join_seq, joined_at, joined_by, join_reason, family)
-         SELECT CAST($1 AS TEXT), host, CAST($2 AS BIGINT), joined_at, joined_by, join_reason, id
-         FROM member_families WHERE id = $3",
-    )?
-    .execute(params![conversation, join_seq, family])?;
-    Ok(())
-}
-
-/// Makes a new conversation's first cursor: when no row names `conversation` yet and an open
-/// family covers it, creates it (at 0) and gives each such family's host an interval from 0,
-/// so a conversation first posted to after a family join is covered from its first post. Does
-/// nothing for a conversation that exists or that no family covers. Call inside a write
-/// transaction, before the conversation is created otherwise.
-pub fn adopt_families(conn: &dyn Db, conversation: &str) -> StoreResult<()> {
-    let exists: bool = conn
-        .prepare_cached("SELECT EXISTS (SELECT 1 FROM conversations WHERE name = $1)")?
-        .query_row([conversation], |r| r.get(0))?;
-    if exists {
-        return Ok(());
-    }
-    let covering: Vec<(i64, String, String)> = open_families(conn, None)?
-        .into_iter()
-        .filter(|(_, p, _)| crate::store::registry::producers::covers(p, conversation))
-        .collect();
-    if covering.is_empty() {
-        return Ok(());
-    }
-    conn.prepare_cached("INSERT INTO conversations (name, last_seq) VALUES ($1, 0)")?.execute([conversation])?;
-    for (family, _, host) in &covering {
-        if crate::store::registry::hosts::standing(conn, host)? == crate::store::registry::hosts::Standing::Active {
-            insert_family_interval(conn, conversation, 0, *family)?;
-        }
-    }
-    check_member_count(conn, conversation)
-}
-
-/// `add` for a pattern: a family row per host, and an interval from its `last_seq` in every
-/// existing conversation the pattern covers. Reads every conversation's name (an operator's
-/// rare change, not a post's path). Call inside a write transaction.
-fn add_family(
-    conn: &dyn Db,
-    family_pattern: &str,
-    hosts: &[String],
-    operator: &str,
-    reason: &str,
-    now_ms: i64,
-) -> StoreResult<Vec<MemberChange>> {
-    pattern(family_pattern)?;
-    let hosts = sorted_unique(hosts)?;
-    for host in &hosts {
-        crate::store::registry::hosts::require_active(conn, host, "")?;
-    }
-    let matched: Vec<(String, i64)> = conn
-        .prepare_cached("SELECT name, last_seq FROM conversations ORDER BY name")?
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
-        .collect::<Result<Vec<(String, i64)>, _>>()?
-        .into_iter()
-        .filter(|(c, _)| crate::store::registry::producers::covers(family_pattern, c))
-        .collect();
-    let mut out = Vec::with_capacity(hosts.len());
-    for host in hosts {
-        let open = open_families(conn, Some(host))?.into_iter().any(|(_, p, _)| p == family_pattern);
-        if open {
-            out.push(MemberChange { host: host.into(), changed: false, seq: None });
-            continue;
-        }
-        let family: i64 = conn
-            .prepare_cached(
-                "INSERT INTO member_families (pattern, host, joined_at, joined_by, join_reason)
-                 VALUES ($1, $2, $3, $4, $5) RETURNING id",
-            )?
-            .query_row(params![family_pattern, host, now_ms, operator, reason], |r| r.get(0))?;
-        for (conversation, last_seq) in &matched {
-            insert_family_interval(conn, conversation, *last_seq, family)?;
-        }
-        record_operator_event(
-            conn,
-            "member_family_add",
-            &format!("pattern {family_pattern} host {host} ({} conversations so far)", matched.len()),
-            operator,
-            Some(reason),
-            now_ms,
-        )?;
-        out.push(MemberChange { host: host.into(), changed: true, seq: None });
-    }
-    if open_families(conn, None)?.len() > MEMBER_FAMILIES_MAX {
-        return Err(StoreError::OverCapacity(format!(
-            "the registry would hold more than {MEMBER_FAMILIES_MAX} open membership families"
-        )));
-    }
-    for (conversation, _) in &matched {
-        check_member_count(conn, conversation)?;
-    }
-    Ok(out)
-}
-
-/// `remove` for a pattern: closes each host's family row and every interval it holds, each at
-/// its conversation's `last_seq`; conversations created later are not covered. Call inside a
-/// write transaction.
-fn remove_family(
-    conn: &dyn Db,
-    family_pattern: &str,
-    hosts: &[String],
-    operator: &str,
-    reason: &str,
-    now_ms: i64,
-) -> StoreResult<Vec<MemberChange>> {
-    pattern(family_pattern)?;
-    let hosts = sorted_unique(hosts)?;
-    for host in &hosts {
-        if crate::store::registry::hosts::standing(conn, host)? == crate::store::registry::hosts::Standing::NotEnrolled
-        {
-            return Err(StoreError::Invalid(format!("host {host:?} is not enrolled")));
-        }
-    }
-    let mut out = Vec::with_capacity(hosts.len());
-    for host in hosts {
-        let family = open_families(conn, Some(host))?.into_iter().find(|(_, p, _)| p == family_pattern);
-        let Some((family, _, _)) = family else {
-            out.push(MemberChange { host: host.into(), changed: false, seq: None });
-            continue;
-        };
-        conn.prepare_cached("UPDATE member_families SET left_at = $1, left_by = $2, leave_reason = $3 WHERE id = $4")?
-            .execute(params![now_ms, operator, reason, family])?;
-        let closed = conn
-            .prepare_cached(
-                "UPDATE memberships SET leave_seq = (SELECT last_seq FROM conversations WHERE name = memberships.conversation),
-                        left_at = $1, left_by = $2, leave_reason = $3
-                 WHERE family = $4 AND leave_seq IS NULL",
-            )?
-            .execute(params![now_ms, operator, reason, family])?;
-        record_operator_event(
-            conn,
-            "member_family_remove",
-            &format!("pattern {family_pattern} host {host} ({closed} conversations)"),
-            operator,
-            Some(reason),
-            now_ms,
-        )?;
-        out.push(MemberChange { host: host.into(), changed: true, seq: None });
-    }
     Ok(out)
 }
 
@@ -546,140 +277,6 @@ pub fn memberships_of(conn: &dyn Db, host: &str) -> StoreResult<Vec<String>> {
             "SELECT DISTINCT conversation FROM memberships WHERE host = $1 AND leave_seq IS NULL ORDER BY conversation",
         )?
         .query_map([host], |r| r.get(0))?
-        .collect::<Result<_, _>>()?)
-}
-
-/// Lets `to` name `hosts` in `conversation` from its current `last_seq` on, though they are
-/// not members. A host already allowed is left as it is (`changed: false`). Every host must be
-/// enrolled and not retired; all are checked before anything is written. Call inside a write
-/// transaction.
-pub fn allow_mention(
-    conn: &dyn Db,
-    conversation: &str,
-    hosts: &[String],
-    operator: &str,
-    reason: &str,
-    now_ms: i64,
-) -> StoreResult<Vec<MemberChange>> {
-    name("conversation", conversation)?;
-    let hosts = sorted_unique(hosts)?;
-    for host in &hosts {
-        crate::store::registry::hosts::require_active(conn, host, "")?;
-    }
-    let grant_seq = cursor(conn, conversation)?;
-    let mut out = Vec::with_capacity(hosts.len());
-    for host in hosts {
-        if let Some(seq) = open_grant(conn, conversation, host)? {
-            out.push(MemberChange { host: host.into(), changed: false, seq: Some(seq) });
-            continue;
-        }
-        conn.prepare_cached(
-            "INSERT INTO mention_grants (conversation, host, grant_seq, granted_at, granted_by, grant_reason)
-             VALUES ($1, $2, $3, $4, $5, $6)",
-        )?
-        .execute(params![conversation, host, grant_seq, now_ms, operator, reason])?;
-        record_operator_event(
-            conn,
-            "mention_allow",
-            &format!("conversation {conversation} host {host} after seq {grant_seq}"),
-            operator,
-            Some(reason),
-            now_ms,
-        )?;
-        out.push(MemberChange { host: host.into(), changed: true, seq: Some(grant_seq) });
-    }
-    Ok(out)
-}
-
-/// Ends the mention authorization of `hosts` in `conversation` at its current `last_seq`:
-/// posts up to it keep theirs (the claim still hands them out), later ones may not name the
-/// hosts. A host without one is left as it is (`changed: false`); one never enrolled is
-/// refused before anything is written. Call inside a write transaction.
-pub fn disallow_mention(
-    conn: &dyn Db,
-    conversation: &str,
-    hosts: &[String],
-    operator: &str,
-    reason: &str,
-    now_ms: i64,
-) -> StoreResult<Vec<MemberChange>> {
-    name("conversation", conversation)?;
-    let hosts = sorted_unique(hosts)?;
-    for host in &hosts {
-        if crate::store::registry::hosts::standing(conn, host)? == crate::store::registry::hosts::Standing::NotEnrolled
-        {
-            return Err(StoreError::Invalid(format!("host {host:?} is not enrolled")));
-        }
-    }
-    let revoke_seq = existing_cursor(conn, conversation)?;
-    let mut out = Vec::with_capacity(hosts.len());
-    for host in hosts {
-        let n = conn
-            .prepare_cached(
-                "UPDATE mention_grants SET revoke_seq = $1, revoked_at = $2, revoked_by = $3, revoke_reason = $4
-                 WHERE conversation = $5 AND host = $6 AND revoke_seq IS NULL",
-            )?
-            .execute(params![revoke_seq, now_ms, operator, reason, conversation, host])?;
-        if n == 1 {
-            record_operator_event(
-                conn,
-                "mention_disallow",
-                &format!("conversation {conversation} host {host} after seq {revoke_seq}"),
-                operator,
-                Some(reason),
-                now_ms,
-            )?;
-        }
-        out.push(MemberChange { host: host.into(), changed: n == 1, seq: (n == 1).then_some(revoke_seq) });
-    }
-    Ok(out)
-}
-
-fn open_grant(conn: &dyn Db, conversation: &str, host: &str) -> StoreResult<Option<i64>> {
-    Ok(conn
-        .prepare_cached(
-            "SELECT grant_seq FROM mention_grants WHERE conversation = $1 AND host = $2 AND revoke_seq IS NULL",
-        )?
-        .query_row([conversation, host], |r| r.get(0))
-        .optional()?)
-}
-
-/// Whether `to` may name `host` in `conversation` now though it is not a member (an open
-/// mention grant).
-pub fn mention_allowed(conn: &dyn Db, conversation: &str, host: &str) -> StoreResult<bool> {
-    Ok(open_grant(conn, conversation, host)?.is_some())
-}
-
-fn mentions(conn: &dyn Db, conversation: &str) -> StoreResult<Vec<MentionRow>> {
-    Ok(conn
-        .prepare_cached(
-            "SELECT host, grant_seq, granted_at, granted_by, grant_reason, revoke_seq, revoked_at, revoked_by,
-                    revoke_reason
-             FROM mention_grants WHERE conversation = $1 ORDER BY host, grant_seq, id",
-        )?
-        .query_map([conversation], |r| {
-            Ok(MentionRow {
-                host: r.get(0)?,
-                grant_seq: r.get(1)?,
-                granted_at_ms: r.get(2)?,
-                granted_by: r.get(3)?,
-                grant_reason: r.get(4)?,
-                revoke_seq: r.get(5)?,
-                revoked_at_ms: r.get(6)?,
-                revoked_by: r.get(7)?,
-                revoke_reason: r.get(8)?,
-            })
-        })?
-        .collect::<Result<_, _>>()?)
-}
-
-/// The current members (open intervals) of a conversation, by name.
-pub fn current_members(conn: &dyn Db, conversation: &str) -> StoreResult<Vec<String>> {
-    Ok(conn
-        .prepare_cached(
-            "SELECT DISTINCT host FROM memberships WHERE conversation = $1 AND leave_seq IS NULL ORDER BY host",
-        )?
-        .query_map([conversation], |r| r.get(0))?
         .collect::<Result<_, _>>()?)
 }
 
@@ -801,6 +398,8 @@ mod tests {
     use super::*;
     use crate::store::lifecycle::accept::testing::{accept_one, accept_only};
     use crate::store::lifecycle::accept::{AcceptLimits, NewMessage, accept, deliveries_of};
+    use crate::store::registry::mentions::mention_allowed;
+    use crate::store::registry::roster::current_members;
     use crate::store::testing;
 
     fn hosts(names: &[&str]) -> Vec<String> {
