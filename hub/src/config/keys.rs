@@ -37,13 +37,10 @@ const _: () = assert!(HANDSHAKE_TIMEOUT_DEFAULT.as_millis() <= IDLE_TIMEOUT_DEFA
 
 /// Most runs a message may ask for (`max_attempts` of a submission).
 pub const MAX_ATTEMPTS_MAX_DEFAULT: u64 = 10;
-/// The first retry's backoff when a message names none.
-pub const RETRY_BACKOFF_DEFAULT: Duration = Duration::from_secs(1);
-/// The longest backoff before a retry, however many runs came before.
-pub const RETRY_BACKOFF_MAX_DEFAULT: Duration = Duration::from_secs(300);
+/// The retry backoffs' defaults are the store's, which applies them (`report`).
+pub use crate::store::lifecycle::report::{RETRY_BACKOFF_DEFAULT, RETRY_BACKOFF_MAX_DEFAULT};
 /// Most deliveries one `redrive` transaction re-runs (it goes on in further batches).
 pub const REDRIVE_BATCH_MAX_DEFAULT: u64 = 500;
-const _: () = assert!(RETRY_BACKOFF_DEFAULT.as_millis() <= RETRY_BACKOFF_MAX_DEFAULT.as_millis());
 
 /// How long a node with an open session may be silent before `status` flags it: a few long
 /// polls' worth, so an idle node that keeps polling is never flagged.

@@ -9,6 +9,7 @@
 //! - `scan`: one claim's walk over the host's conversation queues: order and fairness.
 //! - `handoff`: the holder's holdings, mirrored, ack, handoff and reject.
 //! - `report`: attempt reports, and the retry a harness asks for (exit 75), and the breaker.
+//! - `replay`: a report's identity: its request hash, and a report seen again.
 //! - `turns`: hub-confirmed starts (the start lease), cancel, the claim's cancel notices, operator retry and redrive.
 //! - `operator`: the operator's delivery transitions: release, cancel, retire, requeue.
 //! - `silence`: the claims of a silent instance returned to the queue.
@@ -19,6 +20,7 @@ pub mod batch;
 pub mod claim;
 pub mod handoff;
 pub mod operator;
+pub mod replay;
 pub mod report;
 pub mod scan;
 pub mod silence;

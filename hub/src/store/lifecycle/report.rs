@@ -1,26 +1,29 @@
-//! Attempt reports (`POST /delivery-report`): one attempt per node-scoped report id.
+//! Attempt reports (`POST /delivery-report`): one attempt per node-scoped report id, and what
+//! its outcome does to the delivery (a retry the harness asks for, the breaker).
 //!
 //! Invariant: `(host, report_id)` is unique, so a retried report is counted once; the same id
-//! with different content is refused and changes nothing.
-//!
-//! Why one file over 700 lines: its operation's method, the report's one transaction and the
-//! unit tests that hold each outcome's effect (retry, breaker, replay) to SPEC §2 read together.
+//! with different content is refused and changes nothing (how a report is recognised again:
+//! `replay`).
 
 use crate::store::Store;
+use crate::store::engine::Db;
 use crate::store::engine::OptionalExtension;
 use crate::store::engine::params;
-use crate::store::engine::{Db, DbResult, Row};
+use crate::store::lifecycle::replay::same_as_stored;
 use crate::store::lifecycle::transition::{self, Change, Holder};
 use crate::store::registry::sessions;
 use crate::store::registry::sessions::NodeAt;
 use crate::store::views::gauges;
-use crate::store::{Actor, StoreError, StoreResult, corrupt, new_id, parse_column, parse_column_opt};
+use crate::store::views::read::attempt;
+use crate::store::{Actor, StoreError, StoreResult, new_id};
 use baton_shared::crash_point;
-use baton_shared::states::{DeliveryState, Outcome, Rerun};
+use baton_shared::states::{DeliveryState, Outcome};
 use baton_shared::wire::AttemptView;
 use baton_shared::wire::ReportRequest;
-use sha2::{Digest, Sha256};
 use std::time::Duration;
+
+/// A validated report, as the store records it; defined with its identity (`replay`).
+pub use crate::store::lifecycle::replay::NewReport;
 
 /// What a report recorded: the attempt, whether it was recorded before (a replay), and when a
 /// retry the harness asked for becomes due.
@@ -127,134 +130,6 @@ impl Store {
     }
 }
 
-/// A validated report.
-#[derive(Debug, Clone)]
-pub struct NewReport<'a> {
-    /// The delivery the attempt ran.
-    pub delivery_id: &'a str,
-    /// The holder.
-    pub holder: Holder<'a>,
-    /// Node-scoped idempotency key.
-    pub report_id: &'a str,
-    /// How the turn ended.
-    pub outcome: Outcome,
-    /// Exit status.
-    pub exit_code: Option<i32>,
-    /// Duration.
-    pub duration_ms: Option<u64>,
-    /// Bounded result body.
-    pub result: Option<&'a str>,
-    /// Why.
-    pub reason: Option<&'a str>,
-    /// The end of the harness's stderr, as the node sent it (the store keeps at most
-    /// `RunReport::stderr_tail_bytes_max` of it).
-    pub stderr_tail: Option<&'a str>,
-    /// How many stderr bytes came before `stderr_tail`, as the node counted them.
-    pub stderr_dropped_bytes: Option<u64>,
-}
-
-/// The prefix of a request hash in the canonical encoding (`NewReport::request_hash`). A stored
-/// hash without it was written by an earlier version, from `Debug` output; such rows are
-/// compared field by field instead (`same_as_stored`).
-pub const REQUEST_HASH_PREFIX: &str = "v2:";
-
-impl NewReport<'_> {
-    /// The request hash stored with the attempt: `v2:` and the lowercase hex SHA-256 of the
-    /// canonical encoding of, in this order, `delivery_id`, `instance_id`, `claim_token`,
-    /// `outcome`, `exit_code`, `duration_ms`, `result`, `reason` (the report id is the key the
-    /// hash is looked up by, not part of it). Each field is one byte `0x00` when absent, or one
-    /// byte `0x01`, its length in bytes as a little-endian `u64`, and its bytes when present.
-    /// Text is its UTF-8; numbers are their decimal digits (with a leading `-` when negative);
-    /// the outcome is its wire name. Nothing here depends on how Rust formats a value.
-    pub fn request_hash(&self) -> String {
-        self.request_hash_of_run(None, None)
-    }
-
-    /// The request hash of a report that also names its run and the signal that ended it: as
-    /// `request_hash`, followed, only when either (or a stderr tail) is present, by `signal`
-    /// and `attempt` in the same encoding (so a report without them hashes as before), and then,
-    /// only when the report carries a stderr tail, by `stderr_tail` and `stderr_dropped_bytes`
-    /// as the node sent them (so a replay matches whatever the hub's `stderr_tail_bytes_max`
-    /// keeps of them).
-    pub fn request_hash_of_run(&self, attempt: Option<u32>, signal: Option<i32>) -> String {
-        let exit_code = self.exit_code.map(|c| c.to_string());
-        let duration_ms = self.duration_ms.map(|d| d.to_string());
-        let (signal, attempt) = (signal.map(|s| s.to_string()), attempt.map(|a| a.to_string()));
-        let dropped = self.stderr_dropped_bytes.map(|d| d.to_string());
-        let stderr = self.stderr_tail.is_some() || dropped.is_some();
-        let mut fields: Vec<Option<&str>> = vec![
-            Some(self.delivery_id),
-            Some(self.holder.instance_id),
-            Some(self.holder.claim_token),
-            Some(self.outcome.as_str()),
-            exit_code.as_deref(),
-            duration_ms.as_deref(),
-            self.result,
-            self.reason,
-        ];
-        if signal.is_some() || attempt.is_some() || stderr {
-            fields.extend([signal.as_deref(), attempt.as_deref()]);
-        }
-        if stderr {
-            fields.extend([self.stderr_tail, dropped.as_deref()]);
-        }
-        let mut h = Sha256::new();
-        for field in fields {
-            match field {
-                None => h.update([0u8]),
-                Some(text) => {
-                    h.update([1u8]);
-                    h.update((text.len() as u64).to_le_bytes());
-                    h.update(text.as_bytes());
-                }
-            }
-        }
-        let hex: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
-        format!("{REQUEST_HASH_PREFIX}{hex}")
-    }
-}
-
-/// Whether a stored request hash stands for the same report as `r`, whose canonical hash (with
-/// its run and signal when the report named them) is `hash`. A hash in the canonical form is
-/// compared as it is; an empty one marks an outcome the hub wrote itself, which no
-/// node report repeats; any other was written by an earlier version from `Debug` output, so the
-/// stored attempt's fields (and its delivery's claim token) are compared with the report's.
-fn same_as_stored(conn: &dyn Db, attempt_id: &str, stored: &str, hash: &str, r: &NewReport<'_>) -> StoreResult<bool> {
-    if stored.starts_with(REQUEST_HASH_PREFIX) {
-        return Ok(stored == hash);
-    }
-    if stored.is_empty() {
-        return Ok(false);
-    }
-    let row = conn
-        .prepare_cached(
-            "SELECT a.delivery_id, a.instance_id, a.outcome, a.exit_code, a.duration_ms, a.result, a.reason,
-                    d.claim_token
-             FROM attempts a JOIN deliveries d ON d.id = a.delivery_id WHERE a.id = $1",
-        )?
-        .query_row([attempt_id], |row| {
-            Ok((
-                row.get::<_, String>(0)?,
-                row.get::<_, String>(1)?,
-                row.get::<_, String>(2)?,
-                row.get::<_, Option<i32>>(3)?,
-                row.get::<_, Option<i64>>(4)?,
-                row.get::<_, Option<String>>(5)?,
-                row.get::<_, Option<String>>(6)?,
-                row.get::<_, Option<String>>(7)?,
-            ))
-        })?;
-    let (delivery_id, instance_id, outcome, exit_code, duration_ms, result, reason, claim_token) = row;
-    Ok(delivery_id == r.delivery_id
-        && instance_id == r.holder.instance_id
-        && claim_token.as_deref() == Some(r.holder.claim_token)
-        && outcome == r.outcome.as_str()
-        && exit_code == r.exit_code
-        && duration_ms == r.duration_ms.and_then(|d| i64::try_from(d).ok())
-        && result.as_deref() == r.result
-        && reason.as_deref() == r.reason)
-}
-
 /// Records one attempt of the delivery's current run, with the default retry bounds. Returns the
 /// attempt and whether it was already recorded.
 pub fn report(conn: &dyn Db, host: &str, r: &NewReport<'_>, now_ms: i64) -> StoreResult<(AttemptView, bool)> {
@@ -288,8 +163,8 @@ impl Default for RunReport {
             attempt: None,
             signal: None,
             session: None,
-            retry_backoff: crate::config::RETRY_BACKOFF_DEFAULT,
-            retry_backoff_max: crate::config::RETRY_BACKOFF_MAX_DEFAULT,
+            retry_backoff: RETRY_BACKOFF_DEFAULT,
+            retry_backoff_max: RETRY_BACKOFF_MAX_DEFAULT,
             stderr_tail_bytes_max: baton_shared::limits::STDERR_TAIL_BYTES_MAX_DEFAULT,
             breaker_failures: 0,
         }
@@ -298,6 +173,13 @@ impl Default for RunReport {
 
 /// The exit status a harness asks for a retry with (`EX_TEMPFAIL`).
 pub const RETRY_EXIT_CODE: i32 = 75;
+
+/// The first retry's backoff when a message names none (the default of `limits.retry_backoff`).
+pub const RETRY_BACKOFF_DEFAULT: Duration = Duration::from_secs(1);
+/// The longest backoff before a retry, however many runs came before (the default of
+/// `limits.retry_backoff_max`).
+pub const RETRY_BACKOFF_MAX_DEFAULT: Duration = Duration::from_secs(300);
+const _: () = assert!(RETRY_BACKOFF_DEFAULT.as_millis() <= RETRY_BACKOFF_MAX_DEFAULT.as_millis());
 
 /// Jitter applied to a retry's backoff, in parts per ten thousand either way (±20%).
 const RETRY_JITTER_PER_10K: i64 = 2000;
@@ -549,58 +431,6 @@ fn retry_time(conn: &dyn Db, delivery_id: &str, reported_run: u32) -> StoreResul
         .flatten())
 }
 
-/// Reads one attempt.
-pub fn attempt(conn: &dyn Db, attempt_id: &str) -> StoreResult<AttemptView> {
-    Ok(conn
-        .prepare_cached(
-            "SELECT id, report_id, outcome, exit_code, duration_ms, result, reason, reported_at, signal, attempt,
-                    retryable, rerun, caused_by, stderr_tail, stderr_dropped_bytes
-             FROM attempts WHERE id = $1",
-        )?
-        .query_row([attempt_id], attempt_row)?)
-}
-
-/// The columns `attempt_row` reads, in its order.
-pub const ATTEMPT_COLUMNS: &str = "id, report_id, outcome, exit_code, duration_ms, result, reason, reported_at, signal, attempt, retryable, rerun, \
-     caused_by, stderr_tail, stderr_dropped_bytes";
-
-/// Maps an attempts row (in the column order of `ATTEMPT_COLUMNS`) to its view. An outcome that does not
-/// parse, or a negative duration, is an error naming the attempt.
-pub fn attempt_row(r: &Row<'_>) -> DbResult<AttemptView> {
-    let attempt_id: String = r.get(0)?;
-    let duration = match r.get::<_, Option<i64>>(4)? {
-        None => None,
-        Some(d) => Some(
-            u64::try_from(d)
-                .map_err(|_| corrupt(r, 4, "attempts", &attempt_id, "duration in milliseconds", &d.to_string()))?,
-        ),
-    };
-    let stderr_dropped =
-        match r.get::<_, Option<i64>>(14)? {
-            None => None,
-            Some(n) => Some(u64::try_from(n).map_err(|_| {
-                corrupt(r, 14, "attempts", &attempt_id, "count of dropped stderr bytes", &n.to_string())
-            })?),
-        };
-    Ok(AttemptView {
-        report_id: r.get(1)?,
-        outcome: parse_column(r, 2, "attempts", &attempt_id, "outcome", Outcome::parse)?,
-        exit_code: r.get(3)?,
-        duration_ms: duration,
-        result: r.get(5)?,
-        reason: r.get(6)?,
-        reported_at_ms: r.get(7)?,
-        signal: r.get(8)?,
-        attempt: r.get(9)?,
-        retryable: r.get(10)?,
-        rerun: parse_column_opt(r, 11, "attempts", &attempt_id, "rerun", Rerun::parse)?,
-        caused_by: r.get(12)?,
-        stderr_tail: r.get(13)?,
-        stderr_dropped_bytes: stderr_dropped,
-        attempt_id,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -725,120 +555,5 @@ mod tests {
         assert_eq!(stderr_kept(tail, 11), (tail, 0));
         assert_eq!(stderr_kept(tail, 1), ("6", 10));
         assert_eq!(stderr_kept("😀", 3), ("", 4));
-    }
-
-    /// A report without a stderr tail hashes as before the field existed; one with a tail but no
-    /// signal or run cannot be taken for one whose signal and run spell the same text.
-    #[test]
-    fn the_stderr_tail_extends_the_request_hash_without_ambiguity() {
-        let holder = Holder { instance_id: "inst-1", claim_token: "tok-1" };
-        let bare = NewReport {
-            delivery_id: "d-1",
-            holder,
-            report_id: "r-1",
-            outcome: Outcome::Failed,
-            exit_code: Some(-2),
-            duration_ms: Some(1500),
-            result: Some("out\n\"quoted\""),
-            reason: None,
-            stderr_tail: None,
-            stderr_dropped_bytes: None,
-        };
-        assert_eq!(bare.request_hash(), "v2:7d33baf816950829c40cdcfb9ca3bd418290ae059a7a883e65c0ff26bf91e892");
-        let with_tail = NewReport { stderr_tail: Some("9"), stderr_dropped_bytes: Some(1), ..bare.clone() };
-        assert_ne!(with_tail.request_hash_of_run(None, None), bare.request_hash_of_run(Some(1), Some(9)));
-        assert_ne!(with_tail.request_hash(), bare.request_hash());
-    }
-
-    /// Regression: the request hash was built from `Debug` output, which a toolchain change can
-    /// alter. These vectors were computed from the documented encoding by a separate program
-    /// (Python's hashlib), not by this code.
-    #[test]
-    fn the_request_hash_is_the_documented_encoding() {
-        let holder = Holder { instance_id: "inst-1", claim_token: "tok-1" };
-        let full = NewReport {
-            delivery_id: "d-1",
-            holder,
-            report_id: "r-1",
-            outcome: Outcome::Failed,
-            exit_code: Some(-2),
-            duration_ms: Some(1500),
-            result: Some("out\n\"quoted\""),
-            reason: None,
-            stderr_tail: None,
-            stderr_dropped_bytes: None,
-        };
-        assert_eq!(full.request_hash(), "v2:7d33baf816950829c40cdcfb9ca3bd418290ae059a7a883e65c0ff26bf91e892");
-        let bare = NewReport {
-            outcome: Outcome::Succeeded,
-            exit_code: None,
-            duration_ms: None,
-            result: None,
-            report_id: "another id, same hash",
-            ..full
-        };
-        assert_eq!(bare.request_hash(), "v2:784484d2afc51351378009b1a131cb57994120da143cb74bd640e6c3561e4020");
-    }
-
-    /// The hash an earlier version stored (from `Debug` output), reproduced to fake its rows.
-    fn legacy_hash(r: &NewReport<'_>) -> String {
-        let mut h = Sha256::new();
-        let parts = [
-            r.delivery_id.to_string(),
-            r.holder.instance_id.to_string(),
-            r.holder.claim_token.to_string(),
-            r.outcome.as_str().to_string(),
-            format!("{:?}", r.exit_code),
-            format!("{:?}", r.duration_ms),
-            format!("{:?}", r.result),
-            format!("{:?}", r.reason),
-        ];
-        for p in parts {
-            h.update((p.len() as u64).to_le_bytes());
-            h.update(p.as_bytes());
-        }
-        h.finalize().iter().map(|b| format!("{b:02x}")).collect()
-    }
-
-    /// A report replayed after an upgrade, against a row an earlier version wrote, is still the
-    /// same report (compared field by field), and a different one under its id still conflicts.
-    #[test]
-    fn a_row_written_by_an_earlier_version_still_recognises_its_replay() {
-        let db = testing::db();
-        accept_one(&db.conn, "c", "k", &["host-a"]);
-        let d = claim::claim(&db.conn, "host-a", "i", 1, 1).unwrap().remove(0);
-        let holder = Holder { instance_id: "i", claim_token: &d.claim_token };
-        crate::store::lifecycle::handoff::mirrored(&db.conn, "host-a", &d.delivery_id, holder, 2).unwrap();
-        crate::store::lifecycle::handoff::ack(&db.conn, "host-a", &d.delivery_id, holder, 3).unwrap();
-        let r = NewReport {
-            delivery_id: &d.delivery_id,
-            holder,
-            report_id: "a1",
-            outcome: Outcome::Failed,
-            exit_code: Some(3),
-            duration_ms: Some(40),
-            result: Some("partial \"output\""),
-            reason: Some("exit 3"),
-            stderr_tail: None,
-            stderr_dropped_bytes: None,
-        };
-        let (first, _) = report(&db.conn, "host-a", &r, 4).unwrap();
-        db.conn.execute("UPDATE attempts SET request_hash = $1", [legacy_hash(&r)]).unwrap();
-        let (again, dup) = report(&db.conn, "host-a", &r, 5).unwrap();
-        assert!(dup);
-        assert_eq!(again, first);
-        for other in [
-            NewReport { exit_code: Some(4), ..r.clone() },
-            NewReport { duration_ms: None, ..r.clone() },
-            NewReport { result: Some("other"), ..r.clone() },
-            NewReport { reason: None, ..r.clone() },
-            NewReport { outcome: Outcome::Succeeded, ..r.clone() },
-            NewReport { holder: Holder { instance_id: "i", claim_token: "another-token" }, ..r.clone() },
-        ] {
-            assert!(matches!(report(&db.conn, "host-a", &other, 6), Err(StoreError::ReportConflict(_))), "{other:?}");
-        }
-        // An outcome the hub wrote itself (empty hash) is never taken for a node's report.
-        db.conn.execute("UPDATE attempts SET request_hash = ''", []).unwrap();
-        assert!(matches!(report(&db.conn, "host-a", &r, 7), Err(StoreError::ReportConflict(_))));
     }
 }

@@ -6,8 +6,10 @@ use crate::store::engine::OptionalExtension;
 use crate::store::engine::dialect;
 use crate::store::engine::params;
 use crate::store::engine::{Db, DbResult, Row};
-use crate::store::lifecycle::report::{ATTEMPT_COLUMNS, attempt_row};
-use crate::store::{ActorKind, StoreError, StoreResult, json_column, parse_column, parse_column_opt, state_column};
+use crate::store::{
+    ActorKind, StoreError, StoreResult, corrupt, json_column, parse_column, parse_column_opt, state_column,
+};
+use baton_shared::states::Rerun;
 use baton_shared::states::{DeliveryState, Outcome};
 use baton_shared::wire::{AttemptView, DeliveryView, MessageView};
 
@@ -392,6 +394,58 @@ pub fn status(conn: &dyn Db) -> StoreResult<StatusView> {
         hosts: crate::store::registry::hosts::active_count(conn)?,
         attempts: one("SELECT count(*) FROM attempts")?,
         schema_version: crate::store::schema_version(conn)?,
+    })
+}
+
+/// Reads one attempt.
+pub fn attempt(conn: &dyn Db, attempt_id: &str) -> StoreResult<AttemptView> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT id, report_id, outcome, exit_code, duration_ms, result, reason, reported_at, signal, attempt,
+                    retryable, rerun, caused_by, stderr_tail, stderr_dropped_bytes
+             FROM attempts WHERE id = $1",
+        )?
+        .query_row([attempt_id], attempt_row)?)
+}
+
+/// The columns `attempt_row` reads, in its order.
+pub const ATTEMPT_COLUMNS: &str = "id, report_id, outcome, exit_code, duration_ms, result, reason, reported_at, signal, attempt, retryable, rerun, \
+     caused_by, stderr_tail, stderr_dropped_bytes";
+
+/// Maps an attempts row (in the column order of `ATTEMPT_COLUMNS`) to its view. An outcome that does not
+/// parse, or a negative duration, is an error naming the attempt.
+pub fn attempt_row(r: &Row<'_>) -> DbResult<AttemptView> {
+    let attempt_id: String = r.get(0)?;
+    let duration = match r.get::<_, Option<i64>>(4)? {
+        None => None,
+        Some(d) => Some(
+            u64::try_from(d)
+                .map_err(|_| corrupt(r, 4, "attempts", &attempt_id, "duration in milliseconds", &d.to_string()))?,
+        ),
+    };
+    let stderr_dropped =
+        match r.get::<_, Option<i64>>(14)? {
+            None => None,
+            Some(n) => Some(u64::try_from(n).map_err(|_| {
+                corrupt(r, 14, "attempts", &attempt_id, "count of dropped stderr bytes", &n.to_string())
+            })?),
+        };
+    Ok(AttemptView {
+        report_id: r.get(1)?,
+        outcome: parse_column(r, 2, "attempts", &attempt_id, "outcome", Outcome::parse)?,
+        exit_code: r.get(3)?,
+        duration_ms: duration,
+        result: r.get(5)?,
+        reason: r.get(6)?,
+        reported_at_ms: r.get(7)?,
+        signal: r.get(8)?,
+        attempt: r.get(9)?,
+        retryable: r.get(10)?,
+        rerun: parse_column_opt(r, 11, "attempts", &attempt_id, "rerun", Rerun::parse)?,
+        caused_by: r.get(12)?,
+        stderr_tail: r.get(13)?,
+        stderr_dropped_bytes: stderr_dropped,
+        attempt_id,
     })
 }
 
