@@ -16,8 +16,8 @@
 //! Layout:
 //! - `handle`: `Store`, the one door to the record, its constructors, and how its methods
 //!   reach the record (`Conns`: the writer and readers, or one connection in place).
-//! - `writer`: the writer thread (one owner of the write connection, group commit) and the
-//!   reader pool.
+//! - `writer`: the writer thread (one owner of the write connection, group commit).
+//! - `readers`: the pool of read connections.
 //! - `engine`: every difference between SQLite and PostgreSQL (`Db`, PostgreSQL's connection,
 //!   migrations and statistics).
 //! - `lifecycle`: a delivery's life, every SPEC §2 transition: acceptance and fan-out, approval,
@@ -43,6 +43,7 @@ pub struct By {
 pub mod engine;
 pub mod handle;
 pub mod lifecycle;
+pub mod readers;
 pub mod registry;
 pub mod upkeep;
 pub mod views;
@@ -53,7 +54,8 @@ pub mod writer;
 mod text_values;
 
 pub use handle::Store;
-pub use writer::{Readers, Writer};
+pub use readers::Readers;
+pub use writer::Writer;
 
 use baton_shared::error::ErrorCode;
 use baton_shared::sqlite::{self, OpenError, OpenOptions, Synchronous};
@@ -419,7 +421,8 @@ mod tests {
     const SQLITE_ONLY: &[(&str, &str)] = &[
         ("store::tests::a_new_record", "the SQLite file's page size"),
         ("store::upkeep::backup::", "a copy of the SQLite file"),
-        ("store::writer::", "the SQLite writer and reader pool on a file path"),
+        ("store::writer::", "the SQLite writer on a file path"),
+        ("store::readers::", "the SQLite reader pool on a file path"),
         ("store::handle::", "served and direct stores over one SQLite file"),
         ("store::upkeep::transfer::", "copies between an SQLite file and a cluster of its own"),
         ("store::registry::fences::tests::a_corrupt_fence", "damage written past SQLite's CHECK constraints"),

@@ -1,8 +1,7 @@
-//! The single writer thread with group commit, and the pool of read connections.
+//! The single writer thread with group commit (the reader pool is `readers`).
 //!
 //! Invariant: only the writer thread touches the hub's write connection, and no connection (an
-//! SQLite one or a `PgConn`) is used on an async worker thread (readers run inside
-//! `spawn_blocking`).
+//! SQLite one or a `PgConn`) is used on an async worker thread.
 //!
 //! Group commit: the writer takes every job already waiting (up to `GROUP_COMMIT_JOBS_MAX`),
 //! runs each in its own savepoint inside one `BEGIN IMMEDIATE` transaction, commits once (one
@@ -22,19 +21,12 @@
 //! has not taken can be withdrawn (its wait ended, its request went away); one it took is
 //! answered like any job.
 //!
-//! Readers: at most `READERS_MAX` read connections, opened once and kept for the hub's life
-//! (each with its prepared-statement cache, so a burst of reads parses no schema and prepares
-//! no statement again); a read waits for a free connection rather than opening another.
-//!
-//! Why one file over 700 lines: the writer thread and the reader pool share their job and
-//! connection types, and their unit tests are over a third of the file.
 
 use super::engine::Db;
 use super::{StoreError, StoreResult};
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, oneshot};
 
@@ -42,8 +34,6 @@ use tokio::sync::{mpsc, oneshot};
 pub const GROUP_COMMIT_JOBS_MAX: usize = 256;
 /// Most jobs waiting for the writer before callers wait for room.
 pub const WRITE_QUEUE_DEPTH: usize = 4096;
-/// Most read connections open at once; each is kept once opened.
-pub const READERS_MAX: usize = 8;
 
 type Reply = Box<dyn FnOnce(StoreResult<()>) + Send>;
 /// What running a job gave: whether it succeeded (else it is rolled back to its savepoint),
@@ -372,101 +362,10 @@ fn run_job(conn: &dyn Db, job: Job, poisoned: &mut Option<String>, replies: &mut
     if ok { gained } else { Vec::new() }
 }
 
-/// A pool of long-lived read connections, used only inside `spawn_blocking`.
-pub struct Readers {
-    open: Opener,
-    idle: Mutex<Vec<OwnedDb>>,
-    /// One permit per connection that may be in use: at most `READERS_MAX`.
-    permits: std::sync::Arc<tokio::sync::Semaphore>,
-    /// Connections opened so far.
-    opened: AtomicUsize,
-}
-
-impl Readers {
-    /// A pool reading the database at `path`.
-    pub fn new(path: PathBuf) -> Readers {
-        Readers::with_opener(Box::new(move || {
-            let conn = super::open_read(&path).map_err(|e| StoreError::Storage(e.to_string()))?;
-            Ok(Box::new(conn) as OwnedDb)
-        }))
-    }
-
-    /// A pool whose connections `open` makes.
-    pub fn with_opener(open: Opener) -> Readers {
-        Readers {
-            open,
-            idle: Mutex::new(Vec::new()),
-            permits: std::sync::Arc::new(tokio::sync::Semaphore::new(READERS_MAX)),
-            opened: AtomicUsize::new(0),
-        }
-    }
-
-    /// How many read connections the pool has opened (each is kept; a failed one is replaced).
-    pub fn opened(&self) -> usize {
-        self.opened.load(Ordering::Relaxed)
-    }
-
-    fn take(&self) -> StoreResult<OwnedDb> {
-        let pooled = self.idle.lock().map_err(|_| StoreError::Storage("reader pool poisoned".into()))?.pop();
-        match pooled {
-            Some(c) => Ok(c),
-            None => {
-                let conn = (self.open)()?;
-                self.opened.fetch_add(1, Ordering::Relaxed);
-                Ok(conn)
-            }
-        }
-    }
-
-    fn give_back(&self, conn: OwnedDb) {
-        // Never more than `READERS_MAX`: each one in use holds a permit.
-        if let Ok(mut idle) = self.idle.lock() {
-            idle.push(conn);
-        }
-    }
-
-    /// Runs a read-only `f` on a pooled connection off the async threads, waiting for a free
-    /// connection when all `READERS_MAX` are in use.
-    pub async fn read<R, F>(self: &std::sync::Arc<Self>, f: F) -> StoreResult<R>
-    where
-        R: Send + 'static,
-        F: FnOnce(&dyn Db) -> StoreResult<R> + Send + 'static,
-    {
-        let permit = self
-            .permits
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|_| StoreError::Storage("the reader pool is closed".into()))?;
-        let this = self.clone();
-        tokio::task::spawn_blocking(move || {
-            let _permit = permit;
-            let conn = this.take()?;
-            // One read transaction: every query in `f` sees the same snapshot.
-            conn.begin_read()?;
-            let r = f(conn.as_ref());
-            // A read ends with a rollback: it changed nothing, and on PostgreSQL a failed
-            // statement leaves the transaction unable to commit.
-            if conn.control("ROLLBACK").is_ok() && !conn.broken() {
-                this.give_back(conn);
-            }
-            r
-        })
-        .await
-        .map_err(|e| match e.try_into_panic() {
-            Ok(panic) => {
-                let message = panic_message(panic.as_ref());
-                tracing::error!(panic = %message, "a read job panicked");
-                StoreError::Internal(message)
-            }
-            Err(_) => StoreError::Storage("the read task was cancelled".into()),
-        })?
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Readers;
     use crate::store::engine::DbResult;
     use baton_shared::sqlite::Synchronous;
 
@@ -753,35 +652,6 @@ mod tests {
         }
         assert!(!probe().await.contains(&"claim-e".to_string()), "a busy writer took a standing claim");
         assert!(e.withdraw().await.is_none(), "the claim still stood");
-    }
-
-    /// A burst of reads far wider than the pool opens no more than `READERS_MAX` connections,
-    /// and later bursts reuse them: no connection (schema, statements) is built per burst.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn read_connections_are_bounded_and_kept() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("hub.db");
-        drop(crate::store::open_write(&path, Synchronous::Normal).unwrap());
-        let readers = std::sync::Arc::new(Readers::new(path));
-        for _ in 0..3 {
-            let mut reads = Vec::new();
-            for _ in 0..64 {
-                let readers = readers.clone();
-                reads.push(tokio::spawn(async move {
-                    readers
-                        .read(|c| {
-                            std::thread::sleep(std::time::Duration::from_millis(2));
-                            Ok(c.query_row("SELECT count(*) FROM deliveries", [], |r| r.get::<_, i64>(0))?)
-                        })
-                        .await
-                }));
-            }
-            for r in reads {
-                assert_eq!(r.await.unwrap().unwrap(), 0);
-            }
-        }
-        let opened = readers.opened();
-        assert!((1..=READERS_MAX).contains(&opened), "opened {opened}");
     }
 
     /// Regression: a panic inside a write job was answered as `Storage` (503
