@@ -43,7 +43,9 @@ use rusqlite::types::FromSqlError;
 use sqlite::sqlite_error;
 use std::sync::Arc;
 
-/// Which SQL the connection speaks, for the few statements that must differ.
+/// Which SQL the connection speaks: what `dialect::Both::of` picks a statement's text by. The
+/// store's operations never ask it themselves (the tidy test
+/// `backend_differences_live_in_the_store_engine`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dialect {
     /// SQLite.
@@ -74,7 +76,7 @@ pub trait Db {
     }
     /// Begins a read transaction: every query in it sees one snapshot.
     fn begin_read(&self) -> DbResult<()>;
-    /// The dialect.
+    /// The dialect (for `dialect::Both::of`).
     fn dialect(&self) -> Dialect;
     /// Whether the connection is gone and a new one is needed (a database server restarted).
     fn broken(&self) -> bool;
