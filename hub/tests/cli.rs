@@ -239,3 +239,59 @@ fn verify_prints_typed_problems() {
     assert_eq!(v["problems"][0]["kind"], "backlog_count", "{v}");
     assert_eq!(v["problems"][0]["subject"], "host-a", "{v}");
 }
+
+/// `pools add|remove|list|show`: operators keep pools; a change that changes nothing exits 1,
+/// a host never enrolled is refused naming it (exit 2) with nothing written, every change is
+/// audited, and retiring a host removes it from its pools in the same step.
+#[test]
+fn pools_are_kept_by_operators_audited_and_left_at_retire() {
+    let dir = Dir::init();
+    let certs = dir.tmp.path().join("certs");
+    for h in ["w1", "w2"] {
+        let out = dir.run(&["enroll", "node", h, "--out", certs.to_str().unwrap(), "--reason", "r"]);
+        assert!(out.status.success(), "enroll {h}: {}", text(&out.stderr));
+    }
+    let out = dir.run(&["pools", "add", "--pool", "gpu", "w2", "w1", "--reason", "more hands"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "w1: joined pool gpu\nw2: joined pool gpu\n");
+    let out = dir.run(&["pools", "add", "--pool", "gpu", "w1"]);
+    assert_eq!(out.status.code(), Some(1), "already a member: {}", text(&out.stdout));
+    let out = dir.run(&["pools", "add", "--pool", "cpu", "w1", "nobody"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("nobody"), "{}", text(&out.stderr));
+    let out = dir.run(&["pools", "add", "--pool", "Not A Name", "w1"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("pool"), "{}", text(&out.stderr));
+
+    let show = |name: &str| -> serde_json::Value {
+        let out = dir.run(&["pools", "show", name, "--json"]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("JSON")[0].clone()
+    };
+    let gpu = show("gpu");
+    assert_eq!(gpu["members"], serde_json::json!(["w1", "w2"]), "{gpu}");
+    assert_eq!((gpu["queued"].as_i64(), gpu["in_flight"].as_i64()), (Some(0), Some(0)), "{gpu}");
+    let out = dir.run(&["pools", "show", "cpu"]);
+    assert_eq!(out.status.code(), Some(1), "no such pool: nothing was written by the refused add");
+
+    let out = dir.run(&["pools", "remove", "--pool", "gpu", "w1", "--reason", "less"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = dir.run(&["pools", "list", "--json"]);
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(list.as_array().map(Vec::len), Some(1), "{list}");
+    assert_eq!(list[0]["members"], serde_json::json!(["w2"]), "{list}");
+    let out = dir.run(&["pools", "list"]);
+    assert!(text(&out.stdout).starts_with("POOL"), "{}", text(&out.stdout));
+
+    let out = dir.run(&["retire", "w2", "--reason", "gone", "--yes"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("left pool(s): gpu"), "{}", text(&out.stdout));
+    assert_eq!(show("gpu")["members"], serde_json::json!([]));
+
+    let out = dir.run(&["audit", "--json"]);
+    let audit = text(&out.stdout);
+    for action in ["pool_create", "pool_add", "pool_remove"] {
+        assert!(audit.contains(action), "{action} audited: {audit}");
+    }
+    assert!(audit.contains("pool gpu host w2") && audit.contains("gone"), "the retire's removal: {audit}");
+}

@@ -244,8 +244,6 @@ fn open_inner(path: &Path, migrations: &[&'static str], opts: OpenOptions) -> Re
     })?;
     conn.pragma_update(None, "synchronous", opts.synchronous.pragma_value()).map_err(sql_err)?;
     check_pragma(&conn, &shown, "synchronous", &opts.synchronous.pragma_value().to_string())?;
-    conn.pragma_update(None, "foreign_keys", true).map_err(sql_err)?;
-    check_pragma(&conn, &shown, "foreign_keys", "1")?;
     // A savepoint keeps the pages it changes in a statement journal, which SQLite moves into a
     // file of its own (written through the kernel) once it passes 64 KiB: a writer job of a
     // batch did that on every commit. In memory it stays bounded by one job's pages. Temporary
@@ -254,8 +252,15 @@ fn open_inner(path: &Path, migrations: &[&'static str], opts: OpenOptions) -> Re
     conn.pragma_update(None, "temp_store", "MEMORY").map_err(sql_err)?;
     check_pragma(&conn, &shown, "temp_store", TEMP_STORE_MEMORY)?;
     check_pragma(&conn, &shown, "busy_timeout", &BUSY_TIMEOUT.as_millis().to_string())?;
-    let ms = Migrations::new(migrations.iter().map(|s| M::up(s)).collect());
+    // Migrations run as SQLite documents for changes to a table's definition: foreign key
+    // enforcement off (it cannot change inside the migration's transaction), so that rebuilding
+    // a table that others reference cascades into none of them, and every foreign key checked
+    // before each migration commits.
+    conn.pragma_update(None, "foreign_keys", false).map_err(sql_err)?;
+    let ms = Migrations::new(migrations.iter().map(|s| M::up(s).foreign_key_check()).collect());
     ms.to_latest(&mut conn).map_err(|e| OpenError::Migration { path: shown.clone(), detail: e.to_string() })?;
+    conn.pragma_update(None, "foreign_keys", true).map_err(sql_err)?;
+    check_pragma(&conn, &shown, "foreign_keys", "1")?;
     check_schema(&conn, &shown, migrations)?;
     conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, false).map_err(sql_err)?;
     Ok(conn)

@@ -138,6 +138,10 @@ pub enum Command {
     /// Conversation membership: which hosts a post without `--to` reaches.
     #[command(subcommand)]
     Members(MembersCmd),
+    /// Pools: named sets of hosts, any member of which may claim a delivery addressed to the
+    /// pool (kept by operators only; every change audited).
+    #[command(subcommand)]
+    Pools(PoolsCmd),
     /// Producers and their publish scopes.
     #[command(subcommand)]
     Producers(ProducersCmd),
@@ -487,6 +491,45 @@ pub enum MembersCmd {
         /// Only this conversation.
         #[arg(long)]
         conversation: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Arguments of `pools add|remove`.
+#[derive(Debug, Args)]
+pub struct PoolChange {
+    /// The pool (made by its first `add`).
+    #[arg(long)]
+    pub pool: String,
+    /// The hosts.
+    #[arg(required = true, value_name = "HOST")]
+    pub hosts: Vec<String>,
+    /// Why (recorded).
+    #[command(flatten)]
+    pub why: Reason,
+}
+
+/// `pools` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum PoolsCmd {
+    /// Make hosts members of a pool, making the pool if it is new: from their next claim on
+    /// they take its work (exit 1 when all already were members).
+    Add(PoolChange),
+    /// Remove hosts from a pool: from their next claim on they take none of its work; what
+    /// they already claimed stays theirs (exit 1 when none was a member).
+    Remove(PoolChange),
+    /// Every pool: members, queued, oldest queued age, in flight, bound conversations.
+    List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One pool: members, queued, oldest queued age, in flight, bound conversations.
+    Show {
+        /// The pool.
+        name: String,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -895,6 +938,10 @@ mod tests {
             vec!["baton-hub", "members", "allow-mention", "--conversation", "c", "h1", "--reason", "r"],
             vec!["baton-hub", "members", "disallow-mention", "--conversation", "c", "h1", "--reason", "r"],
             vec!["baton-hub", "members", "list", "--conversation", "c", "--json"],
+            vec!["baton-hub", "pools", "add", "--pool", "p", "h1", "h2", "--reason", "r"],
+            vec!["baton-hub", "pools", "remove", "--pool", "p", "h1"],
+            vec!["baton-hub", "pools", "list", "--json"],
+            vec!["baton-hub", "pools", "show", "p", "--json"],
             vec!["baton-hub", "producers", "scope", "p", "a", "b-*", "--reason", "r"],
             vec!["baton-hub", "producers", "list", "--json"],
             vec!["baton-hub", "producers", "quota", "p", "--max-unsettled", "5", "--max-unsettled-bytes", "unlimited"],

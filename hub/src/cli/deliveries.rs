@@ -236,15 +236,16 @@ pub(super) fn retire(ctx: &Context, host: &str, reason: &str, confirm: &Confirm)
     }
     let record = ctx.open_write()?;
     let by = By { operator: ctx.operator.clone(), reason: reason.to_string() };
-    let (swept, left) = record.run(record.retire(host.to_string(), by))?;
+    let (swept, left, pools) = record.run(record.retire(host.to_string(), by))?;
     ctx.wake_hub();
     output::line(format!(
-        "retired {host}: {} failed, {} unknown, {} delivered without outcome marked unknown; left {} conversation(s){}",
+        "retired {host}: {} failed, {} unknown, {} delivered without outcome marked unknown; left {} conversation(s){}{}",
         swept.failed.len(),
         swept.unknown.len(),
         swept.outcome_unknown.len(),
         left.len(),
-        if left.is_empty() { String::new() } else { format!(": {}", left.join(", ")) }
+        if left.is_empty() { String::new() } else { format!(": {}", left.join(", ")) },
+        if pools.is_empty() { String::new() } else { format!("; left pool(s): {}", pools.join(", ")) }
     ))
 }
 

@@ -11,6 +11,7 @@
 //! - `identity`: `init`, `enroll`, `renew` (a holder's or the hub's server certificate),
 //!   `revoke`, `certs list`.
 //! - `conversations`: `members add|remove|list`, `producers scope|list`.
+//! - `pools`: `pools add|remove|list|show`.
 //! - `fence`: `fence pause|hold|block|lift|list`.
 //! - `deliveries`: `deliveries list|show`, `held`, `retire`, `requeue`.
 //! - `turns`: `deliveries cancel|retry`, `redrive`.
@@ -49,6 +50,7 @@ mod inspect;
 mod manuals;
 mod migrate;
 mod output;
+mod pools;
 mod purge;
 mod restore;
 mod send;
@@ -361,6 +363,7 @@ pub fn run(cli: &Cli) -> CliResult {
         Command::Retire { host, why, confirm } => deliveries::retire(&ctx, host, why.checked("retire")?, confirm),
         Command::Requeue { instance, host, why } => deliveries::requeue(&ctx, instance, host.as_deref(), &why.reason),
         Command::Members(m) => conversations::members(&ctx, m),
+        Command::Pools(p) => pools::run(&ctx, p),
         Command::Producers(p) => conversations::producers(&ctx, p),
         Command::Fence(f) => fence::run(&ctx, f),
         Command::Held(h) => deliveries::held(&ctx, h),

@@ -272,6 +272,43 @@ pub(super) fn members(rows: &[ConversationMembers], as_json: bool) -> CliResult 
 
 /// `producers list`: a table, or JSON (`[{"name", "conversations", "default_scope",
 /// "active_certificates", "revoked_certificates"}]`).
+/// Pools: members and work. The oldest queued delivery's age is counted from `now_ms`.
+pub(super) fn pools(rows: &[crate::store::registry::pools::PoolSummary], now_ms: i64, as_json: bool) -> CliResult {
+    let age = |at: Option<i64>| at.map(|at| now_ms.saturating_sub(at).max(0));
+    if as_json {
+        let typed: Vec<Value> = rows
+            .iter()
+            .map(|p| {
+                json!({
+                    "name": p.name,
+                    "created_at_ms": p.created_at_ms,
+                    "members": p.members,
+                    "queued": p.queued,
+                    "oldest_queued_at_ms": p.oldest_queued_at_ms,
+                    "oldest_queued_age_ms": age(p.oldest_queued_at_ms),
+                    "in_flight": p.in_flight,
+                    "bound_conversations": p.bound_conversations,
+                })
+            })
+            .collect();
+        return json(&Value::Array(typed));
+    }
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|p| {
+            vec![
+                p.name.clone(),
+                if p.members.is_empty() { "-".into() } else { p.members.join(" ") },
+                p.queued.to_string(),
+                age(p.oldest_queued_at_ms).map(|ms| format!("{} s", ms / 1000)).unwrap_or_else(|| "-".into()),
+                p.in_flight.to_string(),
+                p.bound_conversations.to_string(),
+            ]
+        })
+        .collect();
+    table(&["POOL", "MEMBERS", "QUEUED", "OLDEST QUEUED", "IN FLIGHT", "BOUND CONVERSATIONS"], &rows)
+}
+
 pub(super) fn producers(rows: &[ProducerRow], as_json: bool) -> CliResult {
     if as_json {
         let typed: Vec<Value> = rows

@@ -78,6 +78,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../../schema/hub/0010-member-families.sql"),
     include_str!("../../../schema/hub/0011-stderr-tail.sql"),
     include_str!("../../../schema/hub/0012-approval-and-breaker.sql"),
+    include_str!("../../../schema/hub/0013-pools.sql"),
 ];
 
 /// The newest schema version this binary knows, on each backend: how many migrations each

@@ -11,10 +11,12 @@
 //! - `pg_claims`: claims of several hubs at once on one record.
 //! - `pg_conflicts`: a deadlocked claim run again inside the hub, never a 503.
 //! - `pg_analyze`: the hub's statistics round.
+//! - `pg_pools`: pools on both backends' records: the migration that brings them.
 
 mod pg_analyze;
 mod pg_claims;
 mod pg_conflicts;
 mod pg_migrate;
 mod pg_notify;
+mod pg_pools;
 mod pg_schema;

@@ -87,17 +87,11 @@ impl Store {
         self.conns.read(move |c| retire_plan(c, &host)).await
     }
 
-    /// Retires the host: its pending work swept and every membership ended, in one
-    /// transaction. Returns what was swept and the conversations it left.
-    pub async fn retire(&self, host: String, by: By) -> StoreResult<(Swept, Vec<String>)> {
+    /// Retires the host: its pending work swept, every membership ended and every pool left,
+    /// in one transaction. Returns what was swept, the conversations and the pools it left.
+    pub async fn retire(&self, host: String, by: By) -> StoreResult<(Swept, Vec<String>, Vec<String>)> {
         let clock = self.clock.clone();
-        self.conns
-            .write(move |c| {
-                let swept = retire(c, &host, &by.operator, &by.reason, clock.now_ms())?;
-                let left = members::leave_all(c, &host, &by.operator, &by.reason, clock.now_ms())?;
-                Ok((swept, left))
-            })
-            .await
+        self.conns.write(move |c| retire_everywhere(c, &host, &by.operator, &by.reason, clock.now_ms())).await
     }
 
     /// Requeues what the instance holds (on `host` only, when given; an unenrolled host is
@@ -116,6 +110,22 @@ impl Store {
             })
             .await
     }
+}
+
+/// `retire`, then the host leaves every conversation (`members::leave_all`) and every pool
+/// (`pools::leave_all`): what was swept, the conversations and the pools it left. Call inside
+/// a write transaction.
+pub fn retire_everywhere(
+    conn: &dyn Db,
+    host: &str,
+    operator: &str,
+    reason: &str,
+    now_ms: i64,
+) -> StoreResult<(Swept, Vec<String>, Vec<String>)> {
+    let swept = retire(conn, host, operator, reason, now_ms)?;
+    let left = members::leave_all(conn, host, operator, reason, now_ms)?;
+    let pools = crate::store::registry::pools::leave_all(conn, host, operator, reason, now_ms)?;
+    Ok((swept, left, pools))
 }
 
 fn ids_where(conn: &dyn Db, sql: &str, arg: &str) -> StoreResult<Vec<(String, DeliveryState)>> {

@@ -7,6 +7,7 @@
 //! - `members`: the membership registry (join/leave intervals per conversation and host), its door and views.
 //! - `families`: memberships by pattern (`support-*`), adopted by conversations created later.
 //! - `mentions`: mention grants: `to` may name a host that is not a member.
+//! - `pools`: pools (named sets of hosts any of which may claim a pool delivery), kept by operators.
 //! - `roster`: what every registry change checks (names, cursors, the member bound).
 //! - `producers`: producers' publish scopes, quotas and approval rights.
 //! - `fences`: the fence types, set/lift/list, and the one precedence rule claims apply.
@@ -19,6 +20,7 @@ pub mod hosts;
 pub mod instances;
 pub mod members;
 pub mod mentions;
+pub mod pools;
 pub mod producers;
 pub mod roster;
 pub mod sessions;

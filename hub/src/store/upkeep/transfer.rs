@@ -5,7 +5,7 @@
 //! The copy goes table by table, parents before children (`TABLES`), inside the target's one
 //! write transaction (the caller's), so a failed copy leaves the target empty. The target's
 //! triggers fire as rows arrive; what they derive is then put back exactly as the source has
-//! it: `conversation_queues` is replaced by the source's rows, and every message's
+//! it: `conversation_queues` and `pool_queues` are replaced by the source's rows, and every message's
 //! `settled_at` is set to the source's value. The counters behind the `AUTOINCREMENT`/identity
 //! columns (`SEQUENCES`) are set to the source's newest drawn number, which may lie above the
 //! largest kept row (retention removes rows, never numbers), so the next number drawn on the
@@ -24,9 +24,12 @@ use crate::store::{StoreError, StoreResult};
 pub const TABLES: &[&str] = &[
     "certificates",
     "hosts",
+    "pools",
+    "pool_members",
     "conversations",
     "messages",
     "message_recipients",
+    "message_pool_recipients",
     "fanout_obligations",
     "deliveries",
     "host_backlog",
@@ -44,6 +47,7 @@ pub const TABLES: &[&str] = &[
     "node_sessions",
     "redrive_requests",
     "conversation_queues",
+    "pool_queues",
 ];
 
 /// The tables whose key numbers are drawn from a counter, and the column.
@@ -156,9 +160,9 @@ pub fn copy(from: &dyn Db, to: &dyn Db) -> StoreResult<Copied> {
             )));
         }
         let data = rows(from, table, &cols)?;
-        if *table == "conversation_queues" {
+        if *table == "conversation_queues" || *table == "pool_queues" {
             // Derived by the target's triggers as the deliveries arrived: the source's rows win.
-            to.execute("DELETE FROM conversation_queues", [])?;
+            to.execute(&format!("DELETE FROM {table}"), [])?;
         }
         if *table == "messages" {
             let id = position(&cols, "id")?;
