@@ -7,7 +7,7 @@
 //! (`esc`) and one table layout; splitting it by command (identities, deliveries, fleet) waits
 //! on the CLI's import circle, which ties its view types to `inspect` and `ca`.
 
-use super::inspect::StoreSize;
+use super::views::StoreSize;
 use super::{CliError, CliResult};
 use crate::attention::Attention;
 use crate::lock::Holder;
@@ -528,7 +528,7 @@ pub(super) fn more_remain(note: &str) -> CliResult {
 
 /// `certs list`: a table, or JSON (`[{"serial", "role", "name", "issued_at_ms",
 /// "not_after_unix", "revoked", "revoked_at_ms", "revoked_by", "revoked_reason"}]`).
-pub(super) fn certs(rows: &[CertRow], issuers: &[super::ca::IssuedBy], now_ms: i64, as_json: bool) -> CliResult {
+pub(super) fn certs(rows: &[CertRow], issuers: &[super::views::IssuedBy], now_ms: i64, as_json: bool) -> CliResult {
     if as_json {
         let typed = rows.iter().zip(issuers).map(|(c, by)| {
             let mut v = cert_json(c);
