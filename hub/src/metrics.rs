@@ -10,7 +10,7 @@
 //! never a conversation, message or delivery id.
 
 use crate::datadir::DataDir;
-use crate::http::Shared;
+use crate::runtime::Shared;
 use axum::extract::{MatchedPath, Request};
 use axum::http::StatusCode;
 use axum::middleware::Next;

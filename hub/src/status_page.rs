@@ -27,7 +27,7 @@
 
 use crate::attention::{self, Attention};
 use crate::datadir::DataDir;
-use crate::http::AppState;
+use crate::runtime::AppState;
 use crate::store::StoreError;
 use crate::store::registry::fences::{FenceKind, FenceRow, FenceScope};
 pub use crate::store::views::overview::Overview;

@@ -5,8 +5,14 @@
 //! read top to bottom like the `hub.toml` it generates; no key's code is here, only its name,
 //! range and doc. Were it to split, the `[limits]` keys would go to a file of their own.
 
+pub use crate::store::lifecycle::report::{RETRY_BACKOFF_DEFAULT, RETRY_BACKOFF_MAX_DEFAULT};
 use baton_shared::limits::*;
 use std::time::Duration;
+
+/// Most operator-listener connections open at once (see `ops_listener`), so a flood on that
+/// port cannot take the hub's file descriptors from nodes and producers: the upper bound of
+/// `operator_connections_per_peer_max`, and a share of the files `fds` reserves.
+pub const OPERATOR_CONNECTIONS_MAX: usize = 64;
 
 /// The listen address used when no layer names one.
 pub const LISTEN_DEFAULT: &str = "127.0.0.1:7443";
@@ -37,13 +43,8 @@ const _: () = assert!(HANDSHAKE_TIMEOUT_DEFAULT.as_millis() <= IDLE_TIMEOUT_DEFA
 
 /// Most runs a message may ask for (`max_attempts` of a submission).
 pub const MAX_ATTEMPTS_MAX_DEFAULT: u64 = 10;
-/// The first retry's backoff when a message names none.
-pub const RETRY_BACKOFF_DEFAULT: Duration = Duration::from_secs(1);
-/// The longest backoff before a retry, however many runs came before.
-pub const RETRY_BACKOFF_MAX_DEFAULT: Duration = Duration::from_secs(300);
 /// Most deliveries one `redrive` transaction re-runs (it goes on in further batches).
 pub const REDRIVE_BATCH_MAX_DEFAULT: u64 = 500;
-const _: () = assert!(RETRY_BACKOFF_DEFAULT.as_millis() <= RETRY_BACKOFF_MAX_DEFAULT.as_millis());
 
 /// How long a node with an open session may be silent before `status` flags it: a few long
 /// polls' worth, so an idle node that keeps polling is never flagged.
@@ -259,14 +260,14 @@ pub const OPERATOR_CONNECTIONS_PER_PEER_MAX: Key = Key {
     kind: KeyKind::Int {
         default: OPERATOR_CONNECTIONS_PER_PEER_MAX_DEFAULT,
         min: 1,
-        max: crate::ops_listener::OPERATOR_CONNECTIONS_MAX as u64,
+        max: OPERATOR_CONNECTIONS_MAX as u64,
     },
     doc: "operator-listener connections open at once from one peer IP address; a new connection from a \
           peer at the bound (or with the listener full) closes that peer's (or the listener's) oldest idle \
           connection, and is closed itself only when none is idle, so held-open sockets cannot keep a health \
           check out",
 };
-const _: () = assert!(OPERATOR_CONNECTIONS_PER_PEER_MAX_DEFAULT < crate::ops_listener::OPERATOR_CONNECTIONS_MAX as u64);
+const _: () = assert!(OPERATOR_CONNECTIONS_PER_PEER_MAX_DEFAULT < OPERATOR_CONNECTIONS_MAX as u64);
 
 /// `start_lease`.
 pub const START_LEASE: Key = Key {

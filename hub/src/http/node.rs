@@ -3,7 +3,8 @@
 //! and refuses a request whose `baton-session` is not the host's newest session (checked in the
 //! same transaction that acts).
 
-use super::{ApiError, ApiJson, ApiQuery, AppState, NodeCaller, check_path_id};
+use super::{ApiError, ApiJson, ApiQuery, NodeCaller, check_path_id};
+use crate::runtime::AppState;
 use crate::store::lifecycle::claim::Claimed;
 use crate::store::lifecycle::claim::Claimer;
 use crate::store::lifecycle::claim::HolderOf;

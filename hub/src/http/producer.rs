@@ -3,7 +3,8 @@
 //! is named, and read one delivery at a time), cancel it, and read a conversation's
 //! membership.
 
-use super::{ApiError, ApiJson, ApiQuery, AppState, Caller, ProducerCaller, check_path_id};
+use super::{ApiError, ApiJson, ApiQuery, Caller, ProducerCaller, check_path_id};
+use crate::runtime::AppState;
 use crate::store::lifecycle::accept::{AcceptLimits, Accepted, NewMessage, RetryPolicy};
 use crate::store::lifecycle::approval::ApprovalBy;
 use crate::store::lifecycle::approval::Decision;

@@ -14,6 +14,13 @@ use crate::store::registry::sessions;
 use crate::store::views::gauges;
 use crate::store::{Actor, StoreError, StoreResult, corrupt, new_id, parse_column, parse_column_opt};
 use baton_shared::crash_point;
+
+/// The first retry's backoff when a message names none (`limits.retry_backoff`'s default).
+pub const RETRY_BACKOFF_DEFAULT: Duration = Duration::from_secs(1);
+/// The longest backoff before a retry, however many runs came before
+/// (`limits.retry_backoff_max`'s default).
+pub const RETRY_BACKOFF_MAX_DEFAULT: Duration = Duration::from_secs(300);
+const _: () = assert!(RETRY_BACKOFF_DEFAULT.as_millis() <= RETRY_BACKOFF_MAX_DEFAULT.as_millis());
 use baton_shared::states::{DeliveryState, Outcome, Rerun};
 use baton_shared::wire::AttemptView;
 use baton_shared::wire::ReportRequest;
@@ -287,8 +294,8 @@ impl Default for RunReport {
             attempt: None,
             signal: None,
             session: None,
-            retry_backoff: crate::config::RETRY_BACKOFF_DEFAULT,
-            retry_backoff_max: crate::config::RETRY_BACKOFF_MAX_DEFAULT,
+            retry_backoff: RETRY_BACKOFF_DEFAULT,
+            retry_backoff_max: RETRY_BACKOFF_MAX_DEFAULT,
             stderr_tail_bytes_max: baton_shared::limits::STDERR_TAIL_BYTES_MAX_DEFAULT,
             breaker_failures: 0,
         }
