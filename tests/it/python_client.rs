@@ -153,8 +153,17 @@ fn the_python_package_works_against_a_real_hub_and_node() {
     hub.kill().unwrap();
     let rust_spool_arg = rust_spool.display().to_string();
     let send = [
-        "send", "--spool", &rust_spool_arg, "--conversation", "py-out-r", "--to", "py-host", "--idempotency-key", "rs-1",
-        "--payload", r#"{"n": 1}"#,
+        "send",
+        "--spool",
+        &rust_spool_arg,
+        "--conversation",
+        "py-out-r",
+        "--to",
+        "py-host",
+        "--idempotency-key",
+        "rs-1",
+        "--payload",
+        r#"{"n": 1}"#,
     ];
     let out = bins::run(baton(&url, &producer, &send), CLI_LIMIT).unwrap();
     assert_eq!(out.status.code(), Some(10), "spooled while the hub is down: {}", String::from_utf8_lossy(&out.stderr));
@@ -163,11 +172,15 @@ fn the_python_package_works_against_a_real_hub_and_node() {
     let out = run_ok(phase, SUITE_LIMIT, "the spool-down phase");
     assert_ran(
         &out,
-        &["test_sends_wait_in_the_spool_while_no_hub_answers", "test_a_spool_baton_wrote_is_read_and_its_messages_recognised"],
+        &[
+            "test_sends_wait_in_the_spool_while_no_hub_answers",
+            "test_a_spool_baton_wrote_is_read_and_its_messages_recognised",
+        ],
     );
     // `baton` reads the spool the package wrote.
     let py_spool_arg = py_spool.display().to_string();
-    let out = run_ok(baton(&url, &producer, &["spool", "status", "--spool", &py_spool_arg, "--json"]), CLI_LIMIT, "status");
+    let out =
+        run_ok(baton(&url, &producer, &["spool", "status", "--spool", &py_spool_arg, "--json"]), CLI_LIMIT, "status");
     let st: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!((st["waiting"].as_i64(), st["failed"].as_array().map(Vec::len)), (Some(PY_SPOOLED), Some(0)), "{st}");
     assert!(st["last_error"]["error"].as_str().is_some_and(|e| e.contains("unreachable")), "{st}");

@@ -60,7 +60,9 @@ impl Python {
 pub fn find_or_skip(modules: &[&str]) -> Option<Python> {
     let missing = |why: String| -> Option<Python> {
         assert!(std::env::var_os(REQUIRE_VAR).is_none(), "{REQUIRE_VAR} is set but {why}");
-        eprintln!("SKIPPED: {why}; run .ci/run's Python step (or set {PYTHON_VAR}), or set {REQUIRE_VAR} to make this a failure");
+        eprintln!(
+            "SKIPPED: {why}; run .ci/run's Python step (or set {PYTHON_VAR}), or set {REQUIRE_VAR} to make this a failure"
+        );
         None
     };
     let exe = match std::env::var_os(PYTHON_VAR) {

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from .errors import BatonError, WaitTimeoutError
-from .limits import CLIENT_TIMEOUT_MARGIN_S, LONG_POLL_WAIT_MAX_S, WAIT_RETRY_PACE_S
+from .limits import CLIENT_TIMEOUT_MARGIN_S, LONG_POLL_WAIT_MAX_S, REQUEST_TIMEOUT_S, WAIT_RETRY_PACE_S
 from ._steps import Call, Flow, RetryPolicy, expect, retrying, sleep
 from .wire import (
     ApprovalResponse,
@@ -59,7 +59,7 @@ def segment(value: str) -> str:
 def long_poll(wait_s: float | None) -> tuple[tuple[tuple[str, str], ...], float]:
     """The query and request timeout of a read that waits up to ``wait_s`` (``None``: none)."""
     if wait_s is None:
-        return (), Call("GET", "").timeout_s
+        return (), REQUEST_TIMEOUT_S
     wait_s = min(max(wait_s, 0.0), LONG_POLL_WAIT_MAX_S)
     return (("wait_ms", str(int(wait_s * 1000))),), wait_s + CLIENT_TIMEOUT_MARGIN_S
 
