@@ -265,69 +265,6 @@ def submit_request(
     )
 
 
-def request_from_body(text: str) -> SubmitRequest:
-    """A submit read back from its JSON text (a spooled request), checked as it was when made.
-    Raises ``ValueError`` (an ``InvalidArgumentError`` for a bad field) when it is not one."""
-    fields: dict[str, Any] = json.loads(text)
-    if not isinstance(fields, dict):
-        raise ValueError("not a JSON object")
-    known = {
-        "conversation",
-        "idempotency_key",
-        "payload",
-        "to",
-        "max_attempts",
-        "retry_backoff_ms",
-        "approval",
-        "approval_timeout_ms",
-    }
-    unknown = sorted(set(fields) - known)
-    if unknown:
-        raise ValueError(f"unknown field {unknown[0]!r}")
-    for required in ("conversation", "idempotency_key", "payload"):
-        if required not in fields:
-            raise ValueError(f"missing field {required!r}")
-    raw = _raw_payload(text)
-    return submit_request(
-        fields["conversation"],
-        RawJson(raw),
-        to=fields.get("to"),
-        idempotency_key=fields["idempotency_key"],
-        max_attempts=fields.get("max_attempts"),
-        retry_backoff_ms=fields.get("retry_backoff_ms"),
-        approval=fields.get("approval"),
-        approval_timeout_ms=fields.get("approval_timeout_ms"),
-    )
-
-
-def _raw_payload(text: str) -> str:
-    """The exact text of the top-level ``payload`` member of the JSON object ``text``."""
-    decoder = json.JSONDecoder()
-    i = _skip_ws(text, 0)
-    if text[i : i + 1] != "{":
-        raise ValueError("not a JSON object")
-    i = _skip_ws(text, i + 1)
-    while i < len(text) and text[i] != "}":
-        key, i = decoder.raw_decode(text, i)
-        i = _skip_ws(text, i)
-        if text[i : i + 1] != ":":
-            raise ValueError("expected ':'")
-        start = _skip_ws(text, i + 1)
-        _, end = decoder.raw_decode(text, start)
-        if key == "payload":
-            return text[start:end]
-        i = _skip_ws(text, end)
-        if text[i : i + 1] == ",":
-            i = _skip_ws(text, i + 1)
-    raise ValueError("missing field 'payload'")
-
-
-def _skip_ws(text: str, i: int) -> int:
-    while i < len(text) and text[i] in _JSON_WHITESPACE:
-        i += 1
-    return i
-
-
 def batch_body(requests: Sequence[SubmitRequest]) -> bytes:
     """The body of ``POST /v1/batch/messages``, when it is within the hub's fixed bounds."""
     n = len(requests)
