@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 import unittest
 from collections.abc import Callable
 
@@ -19,6 +20,8 @@ from support import HubEnv, hub_env, needs_hub
 #: How long a test waits for its turns to end (a loaded machine is slow; a hang still fails).
 WAIT_S = 90.0
 UNKNOWN_ID = "00000000-0000-4000-8000-000000000000"
+#: The pause between two reads of a state that no long-poll waits for (a turn handed off).
+POLL_S = 0.1
 
 
 def env() -> HubEnv:
@@ -114,15 +117,29 @@ class Producer(unittest.TestCase):
         seen = result_of(d)
         self.assertEqual((seen["attempt"], seen["rerun"]), (2, "retry"))
 
-    def test_cancel_stops_a_turn_and_wait_sees_it_end(self) -> None:
+    def test_cancel_stops_a_running_turn_and_wait_sees_it_end(self) -> None:
         sent = self.c.submit("py-cancel", {"do": "sleep", "seconds": 120}, to=[self.host], idempotency_key="py-cancel-1")
+        # Once the turn runs (handed off: delivered, no outcome yet), the cancel reaches the node.
+        deadline = time.monotonic() + WAIT_S
+        while self.c.get(sent.message_id).deliveries[0].state != "delivered":
+            self.assertLess(time.monotonic(), deadline, "the turn was never handed off")
+            time.sleep(POLL_S)
         r = self.c.cancel(sent.message_id, "no longer needed")
-        self.assertEqual(r.message_id, sent.message_id)
-        self.assertIn(r.deliveries[0].effect, ("cancelled", "requested"))
+        self.assertEqual((r.message_id, r.deliveries[0].effect), (sent.message_id, "requested"))
         done = self.c.wait(sent.message_id, timeout_s=WAIT_S)
         self.assertFalse(done.succeeded)
-        self.assertIs(done.deliveries[0].ended(), False)
+        d = done.deliveries[0]
+        self.assertIs(d.ended(), False)
+        current = d.current_attempt()
+        assert current is not None
+        self.assertEqual((current.outcome, d.cancel_reason), ("cancelled", "no longer needed"))
+        # Repeated once the run has its outcome: nothing left to cancel.
         self.assertEqual(self.c.cancel(sent.message_id, "again").deliveries[0].effect, "final")
+        # A message cancelled before it runs fails at once.
+        queued = self.c.submit("py-cancel", {}, to=[self.host], approval="required", idempotency_key="py-cancel-2")
+        r = self.c.cancel(queued.message_id, "not needed either")
+        self.assertEqual([(x.effect, x.state) for x in r.deliveries], [("cancelled", "failed")])
+        self.assertEqual(self.c.cancel(queued.message_id, "again").deliveries, r.deliveries)
 
     def test_refusals_carry_the_apis_code_and_status(self) -> None:
         cases: list[tuple[Callable[[], object], type[b.ApiError], int, str]] = [

@@ -81,7 +81,7 @@ pub fn find_or_skip(modules: &[&str]) -> Option<Python> {
             "{} cannot import {}: {}",
             py.exe.display(),
             modules.join(", "),
-            String::from_utf8_lossy(&out.stderr).trim()
+            String::from_utf8_lossy(&out.stderr).lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").trim()
         )),
         Err(e) => missing(format!("{} does not run: {e:#}", py.exe.display())),
     }
