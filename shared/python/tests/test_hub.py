@@ -198,13 +198,10 @@ class Async(unittest.IsolatedAsyncioTestCase):
             with self.assertRaises(b.NotFoundError):
                 await c.get(UNKNOWN_ID)
             with tempfile.TemporaryDirectory() as d:
-                spooler = c.spooler(os.path.join(d, "spool"))
-                try:
+                async with c.spooler(os.path.join(d, "spool")) as spooler:
                     spooled = await spooler.send("py-async", {"n": 9}, to=[e.host], idempotency_key="py-async-s")
                     self.assertIsNotNone(spooled.accepted)
                     self.assertEqual((await spooler.status()).waiting, 0)
-                finally:
-                    spooler.close()
             view = await c.conversation("py-async")
             self.assertEqual(view.last_seq, 5)
 

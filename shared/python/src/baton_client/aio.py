@@ -155,6 +155,12 @@ class AsyncSpooler:
     def close(self) -> None:
         self.spool.close()
 
+    async def __aenter__(self) -> AsyncSpooler:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
     async def send(
         self,
         conversation: str,
@@ -196,3 +202,11 @@ class AsyncSpooler:
     async def status(self) -> SpoolStatus:
         """``Spooler.status``, on a worker thread."""
         return await asyncio.to_thread(self.spool.status)
+
+    async def discard(self, position: int) -> None:
+        """``Spooler.discard``, on a worker thread."""
+        await asyncio.to_thread(self.spool.discard, position)
+
+    async def retry(self, position: int) -> None:
+        """``Spooler.retry``, on a worker thread."""
+        await asyncio.to_thread(self.spool.retry, position)

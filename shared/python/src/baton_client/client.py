@@ -178,6 +178,7 @@ class Spooler:
         self._api = Api(RetryPolicy.once())
 
     def close(self) -> None:
+        """Closes the spool file."""
         self.spool.close()
 
     def __enter__(self) -> Spooler:
@@ -228,6 +229,7 @@ class Spooler:
         return self.client._driver.run(flush_flow(self.spool, self._api, wait_s))
 
     def status(self) -> SpoolStatus:
+        """What the spool holds."""
         return self.spool.status()
 
     def discard(self, position: int) -> None:
