@@ -27,6 +27,8 @@ const SUITE_LIMIT: Duration = Duration::from_secs(600);
 const MYPY_LIMIT: Duration = Duration::from_secs(300);
 /// How long one `baton` command may take.
 const CLI_LIMIT: Duration = Duration::from_secs(120);
+/// The tests of the outage phases, skipped by the run of the whole suite.
+const OUTAGE_TESTS: usize = 3;
 /// The messages the package spools during the outage (`test_outage.SENT`).
 const PY_SPOOLED: i64 = 5;
 
@@ -48,21 +50,28 @@ fn run_ok(cmd: Command, limit: Duration, what: &str) -> Output {
     out
 }
 
-/// The test names of a verbose `unittest` run that passed (`name (…) ... ok`).
-fn passed(out: &Output) -> Vec<String> {
-    String::from_utf8_lossy(&out.stderr)
-        .lines()
-        .filter(|l| l.ends_with("... ok"))
-        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
-        .collect()
+/// How many tests a `unittest` run that passed ran and skipped, from its summary (`Ran N
+/// tests`, `OK (skipped=K)`), which nothing else printed can split.
+fn summary(out: &Output) -> (usize, usize) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    let ran = err.lines().find_map(|l| l.strip_prefix("Ran ")?.split_whitespace().next()?.parse().ok());
+    let skipped = err.lines().rev().find(|l| l.starts_with("OK")).map(|l| {
+        l.split_once("skipped=").and_then(|(_, n)| n.trim_end_matches(')').split(',').next()?.parse().ok()).unwrap_or(0)
+    });
+    match (ran, skipped) {
+        (Some(ran), Some(skipped)) => (ran, skipped),
+        _ => panic!("no unittest summary in:\n{err}"),
+    }
 }
 
-/// Asserts that every one of `names` ran and passed (not skipped: a misnamed variable would
-/// otherwise skip the hub tests and pass).
-fn assert_ran(out: &Output, names: &[&str]) {
-    let ok = passed(out);
+/// Asserts that a passing run ran every one of `names` and skipped exactly `skipped` tests (the
+/// outage phases outside their run): a misnamed variable would skip the hub tests and pass.
+fn assert_ran(out: &Output, names: &[&str], skipped: usize) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    let (ran, skips) = summary(out);
+    assert!(ran >= names.len() && skips == skipped, "ran {ran}, skipped {skips} (expected {skipped}):\n{err}");
     for name in names {
-        assert!(ok.iter().any(|t| t == name), "{name} did not pass:\n{}", String::from_utf8_lossy(&out.stderr));
+        assert!(err.contains(&format!("{name} (")), "{name} did not run:\n{err}");
     }
 }
 
@@ -145,6 +154,7 @@ fn the_python_package_works_against_a_real_hub_and_node() {
             "test_each_progress_object_is_one_utf8_json_line_on_the_pipe",
             "test_a_harness_process_writes_progress_on_the_descriptor_the_node_names",
         ],
+        OUTAGE_TESTS,
     );
 
     // The outage: sends spooled by the package and by `baton` while no hub answers.
@@ -176,6 +186,7 @@ fn the_python_package_works_against_a_real_hub_and_node() {
             "test_sends_wait_in_the_spool_while_no_hub_answers",
             "test_a_spool_baton_wrote_is_read_and_its_messages_recognised",
         ],
+        0,
     );
     // `baton` reads the spool the package wrote.
     let py_spool_arg = py_spool.display().to_string();
@@ -201,6 +212,6 @@ fn the_python_package_works_against_a_real_hub_and_node() {
     let mut phase = suite(&py, &url, &producer, &spools, &["test_outage.HubBack"]);
     phase.env("BATON_TEST_PHASE", "spool-up");
     let out = run_ok(phase, SUITE_LIMIT, "the spool-up phase");
-    assert_ran(&out, &["test_every_spooled_message_is_accepted_once_in_order"]);
+    assert_ran(&out, &["test_every_spooled_message_is_accepted_once_in_order"], 0);
     eprintln!("the Python client's end-to-end run took {:.1?}", started.elapsed());
 }
