@@ -65,6 +65,8 @@
 //! - `turn_control`: cancel reaching a running or waiting turn, retries the harness asks for,
 //!   the operator's retry (a redrive), and a copied data directory that runs nothing twice.
 //! - `examples`: the Python producer and harness of `docs/examples/` against the real binaries.
+//! - `python_client`: the Python client package's own suite against a real hub and node, its
+//!   spool through a hub outage and interchangeable with `baton`'s, and `mypy --strict`.
 //! - `demo`: `baton-demo`, README's quick start, run to its end, and its build of the programs
 //!   resolving features as the `cargo run` before it (so it only links them).
 //! - `packaging`: the Debian packages, their systemd units, and readiness through `sd_notify`.
@@ -132,6 +134,7 @@ mod packaging;
 mod power_loss;
 mod producer_cli;
 mod producer_spool;
+mod python_client;
 mod status_page;
 mod status_view;
 mod turn_control;
