@@ -17,7 +17,7 @@ pub mod analyze;
 pub mod migrate;
 pub mod tls;
 
-pub use migrate::{MIGRATIONS, Migrated, known_version, migrate, schema_version};
+pub use migrate::{FIRST_ALSO, MIGRATIONS, Migrated, known_version, migrate, schema_version};
 pub use tls::SslMode;
 
 use std::time::Duration;

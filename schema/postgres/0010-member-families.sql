@@ -1,4 +1,4 @@
--- Baton hub store on PostgreSQL, migration 0007: membership families (the same change as the
+-- Baton hub store on PostgreSQL, migration 0010: membership families (the same change as the
 -- SQLite record's migration 0010; see schema/hub/0010-member-families.sql for what each column
 -- means). Append-only: never edit a shipped migration.
 CREATE TABLE member_families (

@@ -1,4 +1,4 @@
--- Baton hub store on PostgreSQL, migration 0008: the end of a harness's stderr kept with its
+-- Baton hub store on PostgreSQL, migration 0011: the end of a harness's stderr kept with its
 -- attempt (the same change as the SQLite record's migration 0011; see
 -- schema/hub/0011-stderr-tail.sql for what each column means). Append-only: never edit a
 -- shipped migration.

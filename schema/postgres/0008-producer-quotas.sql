@@ -1,4 +1,4 @@
--- Baton hub store on PostgreSQL, migration 0005: per-producer quotas (the same change as the
+-- Baton hub store on PostgreSQL, migration 0008: per-producer quotas (the same change as the
 -- SQLite record's migration 0008; see schema/hub/0008-producer-quotas.sql for what each column
 -- means). Append-only: never edit a shipped migration.
 CREATE TABLE producer_quotas (

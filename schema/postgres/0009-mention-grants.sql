@@ -1,4 +1,4 @@
--- Baton hub store on PostgreSQL, migration 0006: mention authorizations (the same change as the
+-- Baton hub store on PostgreSQL, migration 0009: mention authorizations (the same change as the
 -- SQLite record's migration 0009; see schema/hub/0009-mention-grants.sql for what each column
 -- means). Append-only: never edit a shipped migration.
 CREATE TABLE mention_grants (

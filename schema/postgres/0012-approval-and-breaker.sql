@@ -1,4 +1,4 @@
--- Baton hub store on PostgreSQL, migration 0009: approval before a turn runs, and the
+-- Baton hub store on PostgreSQL, migration 0012: approval before a turn runs, and the
 -- breaker's counts (the same change as the SQLite record's migration 0012; see
 -- schema/hub/0012-approval-and-breaker.sql for what each column means). Append-only: never
 -- edit a shipped migration.
