@@ -31,7 +31,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
-/// See `shared/tests/fuzz_ids.rs`: `default` cases unless `BATON_FUZZ_CASES` says otherwise.
+/// See `shared/tests/suite/fuzz_ids.rs`: `default` cases unless `BATON_FUZZ_CASES` says otherwise.
 fn config(default: u32) -> ProptestConfig {
     let cases = std::env::var("BATON_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(default);
     ProptestConfig {

@@ -6,7 +6,7 @@
 //! names the field, and an accepted payload keeps its exact text.
 //!
 //! Short run (the default, part of `cargo test`): a few hundred cases per property. Long run:
-//! `BATON_FUZZ_CASES=1000000 cargo test --release -p baton-shared --all-features --test fuzz_ids`.
+//! `BATON_FUZZ_CASES=1000000 cargo test --release -p baton-shared --all-features --test suite fuzz_ids`.
 //! A failure is saved under `proptest-regressions/` and replayed first on every later run.
 
 use baton_shared::duration;

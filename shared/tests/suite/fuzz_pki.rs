@@ -7,7 +7,7 @@
 //! reserved (never from the common name or any other field), and that identity carries the
 //! certificate's serial; everything else is the typed refusal that says why.
 //!
-//! Long run: `BATON_FUZZ_CASES=1000000 cargo test --release -p baton-shared --all-features --test fuzz_pki`.
+//! Long run: `BATON_FUZZ_CASES=1000000 cargo test --release -p baton-shared --all-features --test suite fuzz_pki`.
 
 use baton_shared::ids::{Role, check_name};
 use baton_shared::pki::{IDENTITY_URI_PREFIX, PeerIdentity, PkiError, is_reserved, peer_identity};

@@ -5,14 +5,14 @@
 //! out of range is refused with the typed error naming its key; a value of the right type within
 //! its range is accepted; text that is not TOML is a parse error naming the file.
 //!
-//! Long run: `BATON_FUZZ_CASES=1000000 cargo test --release -p baton-node --all-features --test fuzz_config`.
+//! Long run: `BATON_FUZZ_CASES=1000000 cargo test --release -p baton-node --all-features --test suite fuzz_config`.
 
 use baton_node::config::{ConfigError, KEYS, Key, Kind, Layer, NodeConfig};
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 use std::time::Duration;
 
-/// See `shared/tests/fuzz_ids.rs`: `default` cases unless `BATON_FUZZ_CASES` says otherwise.
+/// See `shared/tests/suite/fuzz_ids.rs`: `default` cases unless `BATON_FUZZ_CASES` says otherwise.
 fn config(default: u32) -> ProptestConfig {
     let cases = std::env::var("BATON_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(default);
     ProptestConfig {
