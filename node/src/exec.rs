@@ -21,6 +21,7 @@
 
 use crate::group::{self, ProcessIdentity};
 use crate::limits::{GROUP_POLL_PACE, PIPE_DRAIN_AFTER_EXIT, STDERR_LOG_BYTES_MAX};
+use crate::progress::Sink;
 use crate::store::{Ending, StartedTurn};
 use crate::tail::{StderrTail, Tail};
 use baton_shared::states::Outcome;
@@ -151,6 +152,8 @@ pub struct ExecSpec {
     pub instance_id: String,
     /// How the turn's process starts.
     pub gate: Gate,
+    /// Longest progress line kept (`progress_event_bytes_max`).
+    pub progress_line_bytes_max: usize,
 }
 
 /// A turn's process, spawned and held at the gate: it has done nothing yet.
@@ -163,6 +166,8 @@ pub struct Spawned {
     stdin: Option<ChildStdin>,
     stdout: Option<JoinHandle<(Vec<u8>, u64)>>,
     stderr: Option<JoinHandle<Option<StderrTail>>>,
+    /// The read end of the progress channel (`BATON_PROGRESS_FD`), read from the release on.
+    progress: Option<tokio::net::unix::pipe::Receiver>,
 }
 
 /// Spawns the turn's process at the gate, in its own process group. Fails (as the turn's
@@ -205,7 +210,17 @@ pub fn spawn(spec: &ExecSpec, turn: &StartedTurn) -> Result<Spawned, Ending> {
         Some(rerun) => cmd.env("BATON_RERUN", rerun.as_str()),
         None => cmd.env_remove("BATON_RERUN"),
     };
-    let mut child = cmd.spawn().map_err(|e| cannot_start(format!("spawning {gate:?} failed: {e}")))?;
+    let (progress_tx, progress_rx) = tokio::net::unix::pipe::pipe()
+        .map_err(|e| cannot_start(format!("opening the progress channel failed: {e}")))?;
+    // Blocking for the harness: a full pipe makes its write wait, never fail.
+    let progress_tx = progress_tx
+        .into_blocking_fd()
+        .map_err(|e| cannot_start(format!("opening the progress channel failed: {e}")))?;
+    let mut child = spawn_with_progress_fd(&mut cmd, progress_tx)
+        .map_err(|e| cannot_start(format!("spawning {gate:?} failed: {e}")))?;
+    // The child has its own copy; ours goes with the command, so the channel ends when the
+    // harness group's copies do.
+    drop(cmd);
     // With process_group(0) the child leads a new group whose id is its pid.
     let Some(pgid) = child.id().and_then(|pid| i32::try_from(pid).ok()) else {
         return Err(cannot_start("the spawned process has no pid".into()));
@@ -214,7 +229,27 @@ pub fn spawn(spec: &ExecSpec, turn: &StartedTurn) -> Result<Spawned, Ending> {
     let stderr =
         child.stderr.take().map(|r| tokio::spawn(read_stderr(r, turn.delivery_id.clone(), spec.stderr_tail_bytes)));
     let stdin = child.stdin.take();
-    Ok(Spawned { child, pgid, started, stdin, stdout, stderr })
+    Ok(Spawned { child, pgid, started, stdin, stdout, stderr, progress: Some(progress_rx) })
+}
+
+/// The environment variable that names the progress channel's file descriptor in the harness.
+pub const PROGRESS_FD_ENV: &str = "BATON_PROGRESS_FD";
+/// The progress channel's file descriptor in the harness: one digit, so every shell can name it
+/// (`echo … >&3`; dash takes no larger number in a redirection).
+pub const PROGRESS_FD: std::os::fd::RawFd = 3;
+
+/// Spawns `cmd` with `write_end` at `PROGRESS_FD` in the child (put there between fork and
+/// exec, without close-on-exec, so it survives the gate's `exec` into the harness), named in
+/// `PROGRESS_FD_ENV`. Ours stays close-on-exec, so no other turn's spawn inherits it, and it
+/// closes when `cmd` is dropped.
+fn spawn_with_progress_fd(
+    cmd: &mut tokio::process::Command,
+    write_end: std::os::fd::OwnedFd,
+) -> std::io::Result<Child> {
+    use command_fds::{CommandFdExt as _, FdMapping};
+    cmd.fd_mappings(vec![FdMapping { parent_fd: write_end, child_fd: PROGRESS_FD }]).map_err(std::io::Error::other)?;
+    cmd.env(PROGRESS_FD_ENV, PROGRESS_FD.to_string());
+    cmd.spawn()
 }
 
 /// `program` as the gate will find it: a path with a slash as it is, else the first match on
@@ -268,7 +303,10 @@ impl Spawned {
         turn: &StartedTurn,
         kill: &CancellationToken,
         cancel: &CancelHandle,
+        progress: Option<Sink>,
     ) -> Ending {
+        let progress_reader =
+            self.progress.take().map(|r| tokio::spawn(read_progress(r, progress, spec.progress_line_bytes_max)));
         let stdin = self.stdin.take().map(|mut w| {
             let payload = turn.payload.clone().into_bytes();
             tokio::spawn(async move {
@@ -336,6 +374,11 @@ impl Spawned {
             None => None,
         };
         if let Some(h) = stdin {
+            h.abort();
+        }
+        // The channel's last lines were read with the pipes above; a process left holding it
+        // open is not waited for.
+        if let Some(h) = progress_reader {
             h.abort();
         }
         let result = Some(bounded_result(&captured, total, spec.result_bytes_max));
@@ -459,6 +502,52 @@ fn signal_name(sig: i32) -> String {
     match Signal::try_from(sig) {
         Ok(s) => format!("{} ({sig})", s.as_str()),
         Err(_) => format!("{sig}"),
+    }
+}
+
+/// Reads the progress channel to its end, handing each line to `sink` (a line over `line_max`
+/// bytes is skipped and counted, not read whole); without a sink the lines are read and
+/// dropped, so a harness writing progress never blocks on a full pipe or dies of SIGPIPE.
+async fn read_progress(mut r: impl AsyncRead + Unpin, sink: Option<Sink>, line_max: usize) {
+    let mut line = Vec::new();
+    let mut skipping = false;
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match r.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        for chunk in buf[..n].split_inclusive(|b| *b == b'\n') {
+            let (body, ends) = match chunk.split_last() {
+                Some((b'\n', body)) => (body, true),
+                _ => (chunk, false),
+            };
+            if !skipping {
+                if line.len() + body.len() > line_max {
+                    skipping = true;
+                    line.clear();
+                    if let Some(s) = &sink {
+                        s.too_large();
+                    }
+                } else {
+                    line.extend_from_slice(body);
+                }
+            }
+            if ends {
+                if !skipping && let Some(s) = &sink {
+                    s.line(&line);
+                }
+                line.clear();
+                skipping = false;
+            }
+        }
+    }
+    // A last line without its newline (the harness ended mid-line) still counts.
+    if !skipping
+        && !line.is_empty()
+        && let Some(s) = &sink
+    {
+        s.line(&line);
     }
 }
 
@@ -586,6 +675,7 @@ mod tests {
             stderr_tail_bytes: 64,
             instance_id: "inst-1".into(),
             gate: Gate::shell(),
+            progress_line_bytes_max: 4096,
         }
     }
 
@@ -594,7 +684,7 @@ mod tests {
         match spawn(spec, turn) {
             Ok(spawned) => {
                 assert_eq!(spawned.identity().unwrap().pgid, spawned.pgid());
-                spawned.run(spec, turn, kill, &CancelHandle::default()).await
+                spawned.run(spec, turn, kill, &CancelHandle::default(), None).await
             }
             Err(ending) => ending,
         }
@@ -716,9 +806,10 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(300)).await;
             c.request("wrong prompt");
         });
-        let e = tokio::time::timeout(EVENT_WAIT, spawned.run(&s, &turn("{}"), &CancellationToken::new(), &cancel))
-            .await
-            .expect("a cancelled turn ends");
+        let e =
+            tokio::time::timeout(EVENT_WAIT, spawned.run(&s, &turn("{}"), &CancellationToken::new(), &cancel, None))
+                .await
+                .expect("a cancelled turn ends");
         assert_eq!((e.outcome, e.exit_code, e.signal), (Outcome::Cancelled, Some(3), None));
         assert_eq!(e.reason.as_deref(), Some("cancelled: wrong prompt; its process group ended on SIGTERM"));
         assert!(e.duration_ms.is_some());

@@ -549,6 +549,61 @@ pub const BREAKER_FAILURES: Key = Key {
           operator who knows their turns opts in",
 };
 
+/// `limits.progress_event_bytes_max`.
+pub const PROGRESS_EVENT_BYTES_MAX: Key = Key {
+    name: key_name!(
+        Some("limits"),
+        "progress_event_bytes_max",
+        "progress-event-bytes-max",
+        "BATON_HUB_PROGRESS_EVENT_BYTES_MAX"
+    ),
+    kind: KeyKind::Int {
+        default: PROGRESS_EVENT_BYTES_MAX_DEFAULT,
+        min: PROGRESS_EVENT_BYTES_MAX_RANGE.0,
+        max: PROGRESS_EVENT_BYTES_MAX_RANGE.1,
+    },
+    doc: "bytes of one progress event (the JSON object a harness wrote on its progress channel) the hub keeps; a \
+          larger one is dropped and counted with its run (progress_dropped), never refused with the request",
+};
+/// `limits.progress_events_per_turn_max`.
+pub const PROGRESS_EVENTS_PER_TURN_MAX: Key = Key {
+    name: key_name!(
+        Some("limits"),
+        "progress_events_per_turn_max",
+        "progress-events-per-turn-max",
+        "BATON_HUB_PROGRESS_EVENTS_PER_TURN_MAX"
+    ),
+    kind: KeyKind::Int {
+        default: PROGRESS_EVENTS_PER_TURN_MAX_DEFAULT,
+        min: PROGRESS_EVENTS_PER_TURN_MAX_RANGE.0,
+        max: PROGRESS_EVENTS_PER_TURN_MAX_RANGE.1,
+    },
+    doc: "progress events of one run of a delivery the hub keeps (they are kept with the delivery, under the \
+          same retention as its attempts); later ones are dropped and counted; 0 keeps none",
+};
+/// `limits.feed_page_max`.
+pub const FEED_PAGE_MAX: Key = Key {
+    name: key_name!(Some("limits"), "feed_page_max", "feed-page-max", "BATON_HUB_FEED_PAGE_MAX"),
+    kind: KeyKind::Int {
+        default: FEED_PAGE_MAX_DEFAULT as u64,
+        min: FEED_PAGE_MAX_RANGE.0 as u64,
+        max: FEED_PAGE_MAX_RANGE.1 as u64,
+    },
+    doc: "items one answer of an events feed carries at most (a message's or a conversation's events; a \
+          request's limit is capped by it); the answer's next_cursor reads on",
+};
+/// `limits.feed_page_bytes_max`.
+pub const FEED_PAGE_BYTES_MAX: Key = Key {
+    name: key_name!(Some("limits"), "feed_page_bytes_max", "feed-page-bytes-max", "BATON_HUB_FEED_PAGE_BYTES_MAX"),
+    kind: KeyKind::Int {
+        default: FEED_PAGE_BYTES_MAX_DEFAULT,
+        min: FEED_PAGE_BYTES_MAX_RANGE.0,
+        max: FEED_PAGE_BYTES_MAX_RANGE.1,
+    },
+    doc: "bytes of JSON one answer of an events feed carries at most: its items stop before the one that would \
+          pass it (one item always goes)",
+};
+
 /// `limits.instance_rebinds_max`.
 pub const INSTANCE_REBINDS_MAX: Key = Key {
     name: key_name!(Some("limits"), "instance_rebinds_max", "instance-rebinds-max", "BATON_HUB_INSTANCE_REBINDS_MAX"),
@@ -572,7 +627,7 @@ pub const INSTANCE_REBIND_WINDOW_KEY: Key = Key {
 };
 
 /// Every key, in the order of the template.
-pub const KEYS: [&Key; 43] = [
+pub const KEYS: [&Key; 47] = [
     &LISTEN,
     &DATABASE_URL,
     &SYNCHRONOUS,
@@ -614,6 +669,10 @@ pub const KEYS: [&Key; 43] = [
     &REDRIVE_BATCH_MAX,
     &APPROVAL_TIMEOUT_MAX,
     &BREAKER_FAILURES,
+    &PROGRESS_EVENT_BYTES_MAX,
+    &PROGRESS_EVENTS_PER_TURN_MAX,
+    &FEED_PAGE_MAX,
+    &FEED_PAGE_BYTES_MAX,
     &INSTANCE_REBINDS_MAX,
     &INSTANCE_REBIND_WINDOW_KEY,
 ];

@@ -13,6 +13,7 @@
 
 mod batch;
 pub mod certs;
+pub mod feed;
 pub(crate) mod health;
 mod node;
 mod producer;
@@ -66,6 +67,8 @@ pub struct Shared {
     /// The other hubs serving the same PostgreSQL record, told after each commit what woke
     /// this hub's waiters (`None` on SQLite, which one hub serves alone).
     pub peers: Option<crate::peers::Announcer>,
+    /// The events feeds' horizon (PostgreSQL: what barriers moved it to; see `feed`).
+    pub feed_horizon: feed::FeedHorizon,
     /// The TLS configuration the hub serves, for whether the CA that issued a caller's
     /// certificate is still trusted (`ca retire-old` drops one while its certificates'
     /// requests may be in progress); `None` where no TLS is served (socket-free tests), where
@@ -267,7 +270,10 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/messages/{message_id}/approve", post(producer::approve))
         .route("/v1/messages/{message_id}/reject", post(producer::reject))
         .route("/v1/messages/{message_id}/deliveries/{delivery_id}", get(producer::get_delivery))
+        .route("/v1/messages/{message_id}/events", get(feed::message_events))
         .route("/v1/conversations/{conversation}", get(producer::get_conversation))
+        .route("/v1/conversations/{conversation}/events", get(feed::conversation_events))
+        .route("/v1/running", post(feed::running))
         .route("/v1/sessions", post(node::open_session))
         .route("/v1/sessions/end", post(node::end_session))
         .route("/v1/claims", post(node::claim))
@@ -774,7 +780,10 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/messages/{message_id}/approve"),
     ("POST", "/v1/messages/{message_id}/reject"),
     ("GET", "/v1/messages/{message_id}/deliveries/{delivery_id}"),
+    ("GET", "/v1/messages/{message_id}/events"),
     ("GET", "/v1/conversations/{conversation}"),
+    ("GET", "/v1/conversations/{conversation}/events"),
+    ("POST", "/v1/running"),
     ("POST", "/v1/sessions"),
     ("POST", "/v1/sessions/end"),
     ("POST", "/v1/claims"),
@@ -1110,6 +1119,54 @@ mod openapi_tests {
             ("ReportItemResult", either(serde_json::to_value(&report_item).unwrap())),
             ("BatchReportResponse", serde_json::to_value(BatchReportResponse { results: vec![report_item] }).unwrap()),
         ]);
+        // Every field of every kind set at once: the schema documents each one.
+        let event = FeedEvent {
+            cursor: "7".into(),
+            kind: FeedEventKind::Outcome,
+            at_ms: 1,
+            message_id: "m".into(),
+            delivery_id: "d".into(),
+            host: "h".into(),
+            from: Some(DeliveryState::Mirrored),
+            to: Some(DeliveryState::Delivered),
+            actor: Some("hub".into()),
+            reason: Some("r".into()),
+            attempt: Some(1),
+            seq: Some(1),
+            progress: Some(serde_json::json!({"step": 1}).into()),
+            outcome: Some(Outcome::Succeeded),
+            exit_code: Some(0),
+            signal: Some(15),
+            duration_ms: Some(1),
+            retryable: Some(false),
+            progress_events: Some(1),
+            progress_dropped: Some(0),
+        };
+        let progress = ProgressItem { seq: 1, progress: serde_json::json!({"step": 1}).into() };
+        let turn = RunningTurnItem {
+            delivery_id: "d".into(),
+            claim_token: "t".into(),
+            attempt: 1,
+            events: vec![progress.clone()],
+            dropped: Some(0),
+        };
+        let turn_result = RunningTurnResult { delivery_id: "d".into(), running: true, kept: 1, dropped: 0 };
+        samples.extend([
+            ("FeedEvent", serde_json::to_value(&event).unwrap()),
+            (
+                "EventsPage",
+                serde_json::to_value(EventsPage { events: vec![event], next_cursor: "7".into(), settled: Some(true) })
+                    .unwrap(),
+            ),
+            ("ProgressItem", serde_json::to_value(&progress).unwrap()),
+            ("RunningTurnItem", serde_json::to_value(&turn).unwrap()),
+            (
+                "RunningRequest",
+                serde_json::to_value(RunningRequest { instance_id: "i".into(), turns: vec![turn] }).unwrap(),
+            ),
+            ("RunningTurnResult", serde_json::to_value(&turn_result).unwrap()),
+            ("RunningResponse", serde_json::to_value(RunningResponse { turns: vec![turn_result] }).unwrap()),
+        ]);
         let schemas = spec["components"]["schemas"].as_object().unwrap();
         assert_eq!(schemas.len(), samples.len(), "every documented schema has a sample here");
         for (name, value) in samples {
@@ -1139,6 +1196,7 @@ mod openapi_tests {
             turns: TurnState::default(),
             certs: certs::CertCache::new(watch::channel(0).1),
             peers: None,
+            feed_horizon: Default::default(),
             tls: None,
         });
         let app = app(state);

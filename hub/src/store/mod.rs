@@ -62,6 +62,7 @@ pub mod canonical;
 pub mod claim;
 pub mod engine;
 pub mod explain;
+pub mod feed;
 pub mod fences;
 pub mod fleet;
 pub mod gauges;
@@ -72,6 +73,7 @@ pub mod members;
 pub mod operator;
 pub mod overview;
 pub mod producers;
+pub mod progress;
 pub mod purge;
 pub mod read;
 pub mod report;
@@ -112,6 +114,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../../schema/hub/0010-member-families.sql"),
     include_str!("../../../schema/hub/0011-stderr-tail.sql"),
     include_str!("../../../schema/hub/0012-approval-and-breaker.sql"),
+    include_str!("../../../schema/hub/0013-progress-and-feeds.sql"),
 ];
 
 /// Who made a change, as recorded in the event log.
@@ -216,6 +219,12 @@ pub enum StoreError {
     /// A producer without the approval right in the conversation approved or rejected a message.
     #[error("{0}")]
     ApprovalForbidden(String),
+    /// An events feed's cursor is not one this record gave out.
+    #[error("{0}")]
+    BadCursor(String),
+    /// An events feed's cursor lies before events removed since (retention, purge).
+    #[error("{0}")]
+    CursorExpired(String),
     /// SQLite failed (disk full, I/O error, busy past the timeout). Details are logged.
     #[error("storage error: {0}")]
     Storage(String),
@@ -254,6 +263,8 @@ impl StoreError {
             StoreError::CertificateRevoked(_) => ErrorCode::CertificateRevoked,
             StoreError::Forbidden(_) => ErrorCode::Forbidden,
             StoreError::ApprovalForbidden(_) => ErrorCode::ApprovalForbidden,
+            StoreError::BadCursor(_) => ErrorCode::BadCursor,
+            StoreError::CursorExpired(_) => ErrorCode::CursorExpired,
             StoreError::Storage(_) | StoreError::Conflict(_) => ErrorCode::StorageUnavailable,
             StoreError::Corrupt(_) | StoreError::Internal(_) => ErrorCode::Internal,
         }

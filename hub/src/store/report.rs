@@ -452,16 +452,16 @@ pub fn report_run(
     conn.prepare_cached(
         "INSERT INTO attempts (id, delivery_id, host, instance_id, report_id, request_hash, outcome, exit_code,
                                duration_ms, result, reason, reported_at, attempt, signal, retryable, rerun,
-                               caused_by, session, stderr_tail, stderr_dropped_bytes)
+                               caused_by, session, stderr_tail, stderr_dropped_bytes, event_n)
          VALUES (:id, :d, :h, :i, :r, :hash, :o, :e, :dur, :res, :why, :now, :n, :sig, :retry, :rerun, :by, :ses,
-                 :err, :errdrop)",
+                 :err, :errdrop, :pos)",
     )?
     .execute(named_params! {
         ":id": attempt_id, ":d": r.delivery_id, ":h": host, ":i": r.holder.instance_id, ":r": r.report_id,
         ":hash": hash, ":o": r.outcome.as_str(), ":e": r.exit_code, ":dur": r.duration_ms.map(|d| d as i64),
         ":res": r.result, ":why": r.reason, ":now": now_ms, ":n": d.attempt, ":sig": run.signal,
         ":retry": retryable, ":rerun": d.rerun, ":by": d.caused_by, ":ses": run.session.map(|s| s as i64),
-        ":err": stderr_tail, ":errdrop": stderr_dropped,
+        ":err": stderr_tail, ":errdrop": stderr_dropped, ":pos": super::feed::draw(conn, 1)?,
     })?;
     let retry_at = if retryable { Some(requeue_for_retry(conn, r.delivery_id, &d, run, now_ms)?) } else { None };
     // The breaker counts each turn's outcome in the same transaction (off unless configured).

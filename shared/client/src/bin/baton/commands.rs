@@ -54,6 +54,10 @@ pub(crate) fn run(cli: Cli) -> Result<u8, CliError> {
             Command::Get { which, wait } => get(&client, &which, wait, json).await,
             Command::Wait { which, timeout } => wait(&client, &which, timeout, json).await,
             Command::Cancel { id, reason } => cancel(&client, &id, &reason, json).await,
+            Command::Watch { id, after, timeout } => crate::watch::watch(&client, &id, after, timeout, json).await,
+            Command::Follow { conversation, after, for_, once } => {
+                crate::watch::follow(&client, &conversation, after, for_, once, json).await
+            }
             Command::Spool { command } => crate::spool::flush(&client, command, json).await,
             Command::Completions { .. } | Command::Man { .. } => Ok(exit::OK),
         }
