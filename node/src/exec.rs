@@ -24,7 +24,7 @@ use crate::limits::{GROUP_POLL_PACE, PIPE_DRAIN_AFTER_EXIT, STDERR_LOG_BYTES_MAX
 use crate::progress::Sink;
 use crate::store::{Ending, StartedTurn};
 use crate::tail::{StderrTail, Tail};
-use baton_shared::states::Outcome;
+use baton_shared::states::{Outcome, StoppedBy};
 use nix::errno::Errno;
 use nix::sys::signal::Signal;
 use std::io::Write as _;
@@ -182,6 +182,7 @@ pub fn spawn(spec: &ExecSpec, turn: &StartedTurn) -> Result<Spawned, Ending> {
         reason: Some(format!("cannot start {:?}: {why}", spec.argv.first().map_or("", String::as_str))),
         signal: None,
         stderr: None,
+        stopped_by: None,
     };
     let Some(program) = spec.argv.first() else { return Err(cannot_start("the command is empty".into())) };
     if find_program(program).is_none() {
@@ -270,8 +271,45 @@ fn find_program(program: &str) -> Option<PathBuf> {
 enum Waited {
     Exited(std::io::Result<std::process::ExitStatus>),
     TimedOut,
+    /// Past the message's `deadline_ms` (shorter than `exec_timeout`).
+    Deadline(Duration),
+    /// No progress for the message's `stall_ms`.
+    Stalled(Duration),
     Killed,
     Cancelled,
+}
+
+/// The reason recorded when a turn ran past its message's `deadline_ms` starts with this word.
+pub const REASON_DEADLINE: &str = "deadline";
+/// The reason recorded when a turn went without progress for its message's `stall_ms` starts
+/// with this word.
+pub const REASON_STALL: &str = "stall";
+
+/// Waits until the turn has gone `stall` without a progress line (counted from `started`, then
+/// from its last line, as `progress` saw them).
+async fn stalled(stall: Duration, started: tokio::time::Instant, progress: Option<&Sink>) {
+    loop {
+        let last = progress.and_then(Sink::last).map_or(started, |(_, at)| at.max(started));
+        let due = last + stall;
+        if tokio::time::Instant::now() >= due {
+            return;
+        }
+        tokio::time::sleep_until(due).await;
+    }
+}
+
+/// What a stopped turn's reason says of its progress: the last event kept and how long before
+/// the stop, or that there was none.
+fn last_progress(progress: Option<&Sink>) -> String {
+    match progress.and_then(Sink::last) {
+        Some((0, at)) => format!("last progress: none kept (a line {} before)", ago(at)),
+        Some((seq, at)) => format!("last progress: event #{seq}, {} before", ago(at)),
+        None => "last progress: none".to_string(),
+    }
+}
+
+fn ago(at: tokio::time::Instant) -> String {
+    baton_shared::duration::human(tokio::time::Instant::now().saturating_duration_since(at))
 }
 
 impl Spawned {
@@ -305,8 +343,19 @@ impl Spawned {
         cancel: &CancelHandle,
         progress: Option<Sink>,
     ) -> Ending {
+        let sink = progress.clone();
         let progress_reader =
             self.progress.take().map(|r| tokio::spawn(read_progress(r, progress, spec.progress_line_bytes_max)));
+        let began = tokio::time::Instant::now();
+        // The message's deadline when it is shorter than the node's own bound.
+        let deadline = turn.deadline_ms.map(Duration::from_millis).filter(|d| *d < spec.timeout);
+        let stall = turn.stall_ms.map(Duration::from_millis);
+        let stall_watch = async {
+            match stall {
+                Some(stall) => stalled(stall, began, sink.as_ref()).await,
+                None => std::future::pending().await,
+            }
+        };
         let stdin = self.stdin.take().map(|mut w| {
             let payload = turn.payload.clone().into_bytes();
             tokio::spawn(async move {
@@ -321,10 +370,15 @@ impl Spawned {
         });
         let waited = tokio::select! {
             r = self.child.wait() => Waited::Exited(r),
-            _ = tokio::time::sleep(spec.timeout) => Waited::TimedOut,
+            _ = tokio::time::sleep(deadline.unwrap_or(spec.timeout)) => match deadline {
+                Some(d) => Waited::Deadline(d),
+                None => Waited::TimedOut,
+            },
+            _ = stall_watch => Waited::Stalled(stall.unwrap_or_default()),
             _ = kill.cancelled() => Waited::Killed,
             _ = cancel.token.cancelled() => Waited::Cancelled,
         };
+        let mut stopped_by = None;
         let mut outcome_if_stopped = Outcome::Failed;
         let (status, stopped_for) = match waited {
             Waited::Exited(r) => (r, None),
@@ -335,9 +389,40 @@ impl Spawned {
                 (status, Some(format!("{REASON_CANCELLED}: {}; {how}", cancel.reason())))
             }
             Waited::TimedOut => {
+                let ran = ago(began);
                 let (status, how) = stop_group(self.pgid, &mut self.child, spec.kill_grace).await;
                 let why = format!("ran past exec_timeout ({})", humantime::format_duration(spec.timeout));
+                // A message's deadline at or above the node's bound: the node's bound stopped it.
+                let why = match turn.deadline_ms {
+                    Some(ms) => {
+                        stopped_by = Some(StoppedBy::Deadline);
+                        format!("{why}, shorter than deadline_ms = {ms}, after {ran}; {}", last_progress(sink.as_ref()))
+                    }
+                    None => why,
+                };
                 (status, Some(format!("{REASON_TIMEOUT}: {why}; {}", how.describe("kill_grace", spec.kill_grace))))
+            }
+            Waited::Deadline(d) => {
+                let (ran, last) = (ago(began), last_progress(sink.as_ref()));
+                let (status, how) = stop_group(self.pgid, &mut self.child, spec.kill_grace).await;
+                stopped_by = Some(StoppedBy::Deadline);
+                let why = format!(
+                    "ran past deadline_ms = {} after {ran}; {last}; {}",
+                    d.as_millis(),
+                    how.describe("kill_grace", spec.kill_grace)
+                );
+                (status, Some(format!("{REASON_DEADLINE}: {why}")))
+            }
+            Waited::Stalled(d) => {
+                let (ran, last) = (ago(began), last_progress(sink.as_ref()));
+                let (status, how) = stop_group(self.pgid, &mut self.child, spec.kill_grace).await;
+                stopped_by = Some(StoppedBy::Stall);
+                let why = format!(
+                    "no progress for stall_ms = {} (ran {ran}); {last}; {}",
+                    d.as_millis(),
+                    how.describe("kill_grace", spec.kill_grace)
+                );
+                (status, Some(format!("{REASON_STALL}: {why}")))
             }
             Waited::Killed => {
                 let (status, how) = stop_group(self.pgid, &mut self.child, spec.kill_grace).await;
@@ -398,7 +483,7 @@ impl Spawned {
             },
             (None, Err(e)) => (Outcome::Failed, None, Some(format!("waiting for the harness failed: {e}"))),
         };
-        Ending { outcome, exit_code, duration_ms, result, reason, signal, stderr }
+        Ending { outcome, exit_code, duration_ms, result, reason, signal, stderr, stopped_by }
     }
 }
 
@@ -477,6 +562,7 @@ pub fn run_noop() -> Ending {
         reason: None,
         signal: None,
         stderr: None,
+        stopped_by: None,
     }
 }
 
@@ -662,6 +748,8 @@ mod tests {
             run: 1,
             rerun: None,
             claim_token: "tok-1".into(),
+            deadline_ms: None,
+            stall_ms: None,
         }
     }
 
@@ -864,6 +952,77 @@ mod tests {
     }
 
     /// Whether `pid` is gone (or a zombie awaiting its reaper) within `EVENT_WAIT`.
+    /// Runs `script` with the message's bounds `deadline_ms` and `stall_ms` and a progress sink.
+    async fn bounded(script: &str, deadline_ms: Option<u64>, stall_ms: Option<u64>) -> Ending {
+        use crate::progress::{Progress, ProgressLimits};
+        let limits = ProgressLimits {
+            event_bytes_max: 64,
+            events_per_turn_max: 100,
+            events_per_second_max: 100,
+            buffer_events_max: 100,
+        };
+        let progress = std::sync::Arc::new(Progress::new(limits));
+        let t = StartedTurn { deadline_ms, stall_ms, ..turn("{}") };
+        let sink = progress.start(&t.delivery_id, t.run, &t.claim_token);
+        let s = ExecSpec { kill_grace: Duration::from_millis(500), ..spec(script, Duration::from_secs(60), 100) };
+        let spawned = spawn(&s, &t).unwrap();
+        tokio::time::timeout(
+            EVENT_WAIT,
+            spawned.run(&s, &t, &CancellationToken::new(), &CancelHandle::default(), Some(sink)),
+        )
+        .await
+        .expect("a stopped turn ends")
+    }
+
+    /// Past its message's deadline (shorter than exec_timeout) a turn's whole group is stopped
+    /// and it fails naming the deadline, how long it ran and its last progress; the report says
+    /// the deadline stopped it.
+    #[tokio::test]
+    async fn a_deadline_stops_the_group_and_names_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("grandchild.pid");
+        let script = format!("echo '{{\"step\":1}}' >&3; sleep 300 & echo $! > {}; wait", pidfile.display());
+        let e = bounded(&script, Some(400), None).await;
+        assert_eq!((e.outcome, e.exit_code, e.stopped_by), (Outcome::Failed, None, Some(StoppedBy::Deadline)));
+        let reason = e.reason.unwrap();
+        assert!(reason.starts_with("deadline: ran past deadline_ms = 400 after "), "{reason}");
+        assert!(reason.contains("last progress: event #1, "), "{reason}");
+        let pid: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+        assert!(gone(pid).await, "grandchild {pid} outlived the deadline");
+        // A deadline at or past exec_timeout: the node's own bound stops it, and says so.
+        let e = run_command(
+            &spec("sleep 300", Duration::from_millis(300), 100),
+            &StartedTurn { deadline_ms: Some(60_000), ..turn("{}") },
+            &CancellationToken::new(),
+        )
+        .await;
+        let reason = e.reason.unwrap();
+        assert!(
+            reason.starts_with("timeout: ran past exec_timeout (300ms), shorter than deadline_ms = 60000"),
+            "{reason}"
+        );
+        assert_eq!(e.stopped_by, Some(StoppedBy::Deadline));
+    }
+
+    /// A turn that writes progress is not stalled; one that stops writing for stall_ms is
+    /// stopped and fails naming the stall and its last progress.
+    #[tokio::test]
+    async fn a_stall_counts_from_the_last_progress_line() {
+        let script = "for i in 1 2 3 4; do echo \"{\\\"i\\\":$i}\" >&3; sleep 0.2; done; sleep 300";
+        let e = bounded(script, None, Some(600)).await;
+        assert_eq!((e.outcome, e.stopped_by), (Outcome::Failed, Some(StoppedBy::Stall)));
+        let reason = e.reason.unwrap();
+        assert!(reason.starts_with("stall: no progress for stall_ms = 600 (ran "), "{reason}");
+        assert!(reason.contains("last progress: event #4, "), "{reason}");
+        assert!(e.duration_ms.unwrap() >= 1_200, "it ran past its fourth event plus the stall: {:?}", e.duration_ms);
+        // Without progress at all, the stall counts from the start.
+        let e = bounded("sleep 300", None, Some(300)).await;
+        assert!(e.reason.unwrap().contains("last progress: none"));
+        // Ending in time, a bounded turn succeeds.
+        let e = bounded("echo '{}' >&3; echo ok", Some(30_000), Some(30_000)).await;
+        assert_eq!((e.outcome, e.stopped_by), (Outcome::Succeeded, None));
+    }
+
     async fn gone(pid: i32) -> bool {
         let deadline = Instant::now() + EVENT_WAIT;
         while Instant::now() < deadline {

@@ -321,6 +321,12 @@ impl Sink {
         }
     }
 
+    /// The run's events kept so far and when its harness last wrote a line (its start when it
+    /// wrote none): what the stall bound counts from and a stopped turn's reason names.
+    pub fn last(&self) -> Option<(u64, Instant)> {
+        self.progress.state().turns.get(&self.key).map(|t| (t.next_seq - 1, t.last_line))
+    }
+
     /// A line longer than `progress_event_bytes_max` was skipped without being read whole.
     pub fn too_large(&self) {
         let mut st = self.progress.state();

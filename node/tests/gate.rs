@@ -26,6 +26,8 @@ fn turn() -> StartedTurn {
         run: 1,
         rerun: None,
         claim_token: "tok-1".into(),
+        deadline_ms: None,
+        stall_ms: None,
     }
 }
 

@@ -77,6 +77,19 @@ pub struct SubmitRequest {
     /// `limits.approval_timeout_max`; absent: no timeout. Left out without an approval.
     #[serde(default, deserialize_with = "crate::json_int::optional", skip_serializing_if = "Option::is_none")]
     pub approval_timeout_ms: Option<u64>,
+    /// The longest each turn of the message may run: past it (or past its node's own
+    /// `exec_timeout`, whichever is shorter) the node stops the turn's process group and
+    /// reports it `failed`, naming the deadline. Bounded by the hub's `limits.deadline_max`;
+    /// absent: the node's `exec_timeout` alone.
+    #[serde(default, deserialize_with = "crate::json_int::optional", skip_serializing_if = "Option::is_none")]
+    pub deadline_ms: Option<u64>,
+    /// The longest a running turn may go without writing a progress event (counted from its
+    /// start, then from its last line on the progress channel): past it the node stops the
+    /// turn's process group and reports it `failed`, naming the stall; with `max_attempts`
+    /// left, the hub runs it again (as for exit 75). Bounded by the hub's `limits.stall_max`;
+    /// absent: no stall bound.
+    #[serde(default, deserialize_with = "crate::json_int::optional", skip_serializing_if = "Option::is_none")]
+    pub stall_ms: Option<u64>,
 }
 
 /// `POST /v1/messages/{message_id}/approve` and `/reject`: a producer with the right to approve
@@ -292,6 +305,14 @@ pub struct ClaimedDelivery {
     /// True when a cancel was asked for: the node never starts it, and stops it if it runs.
     #[serde(default)]
     pub cancel_requested: bool,
+    /// The message's `deadline_ms`: the node stops the turn at the shorter of it and its own
+    /// `exec_timeout`. Absent from a hub that predates it, or when the message names none.
+    #[serde(default)]
+    pub deadline_ms: Option<u64>,
+    /// The message's `stall_ms`: the node stops the turn when it wrote no progress event for
+    /// this long. Absent from a hub that predates it, or when the message names none.
+    #[serde(default)]
+    pub stall_ms: Option<u64>,
 }
 
 /// The answer to `POST /v1/claims`.
@@ -537,6 +558,12 @@ pub struct ReportRequest {
     /// (0: the tail is all of it); without `stderr_tail`, how many it wrote, none of them sent.
     #[serde(default, deserialize_with = "crate::json_int::optional", skip_serializing_if = "Option::is_none")]
     pub stderr_dropped_bytes: Option<u64>,
+    /// Which of the message's bounds stopped the turn, when one did: `deadline` (its
+    /// `deadline_ms`, or the node's `exec_timeout` when shorter) or `stall` (its `stall_ms`).
+    /// A stalled run is retryable as exit 75 is (the hub requeues it while `max_attempts`
+    /// leaves room); one past its deadline is not. Left out of the JSON when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped_by: Option<String>,
 }
 
 /// The answer to `POST /delivery-report`.

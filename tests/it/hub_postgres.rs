@@ -285,11 +285,12 @@ fn a_record_migrates_to_postgres_and_back() {
 /// hub has: the contract's transitions, turn control, fences, batches, order and fairness,
 /// membership, crash and repair, waiting reads, the node's whole flow, the operator's lists, and
 /// values PostgreSQL's text types treat otherwise (NUL, the largest sizes).
-pub const RERUN_ON_POSTGRES: [&str; 21] = [
+pub const RERUN_ON_POSTGRES: [&str; 22] = [
     "approval::",
     "conversation_fairness::",
     "conversation_order::",
     "conversations_cli::",
+    "deadlines::",
     "harness_stderr::",
     "hub_batch::",
     "hub_contract::",

@@ -72,6 +72,8 @@
 //!   exit statuses, and configuration errors.
 //! - `progress`: a harness's progress events through the node and the hub to `baton watch`,
 //!   cut off and resumed; the conversation feed's reading rule and its cursors.
+//! - `deadlines`: `--deadline` and `--stall` stop a real turn's whole process group, name
+//!   themselves, and a stall is retried while a deadline is final.
 //! - `running_turns`: running turns renewed and shown to the operator, and a node killed
 //!   mid-turn: running on a silent host, given to no other, until retire records it unknown.
 //! - `status_page`: the operator listener (health, readiness and described metrics without a
@@ -89,6 +91,7 @@ mod conversation_fairness;
 mod conversation_order;
 mod conversations_cli;
 mod corruption;
+mod deadlines;
 mod demo;
 mod exact_payloads;
 mod examples;

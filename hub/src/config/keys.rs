@@ -49,6 +49,11 @@ const _: () = assert!(RETRY_BACKOFF_DEFAULT.as_millis() <= RETRY_BACKOFF_MAX_DEF
 /// polls' worth, so an idle node that keeps polling is never flagged.
 pub const HOST_SILENCE_WARN_DEFAULT: Duration = Duration::from_secs(300);
 const _: () = assert!(HOST_SILENCE_WARN_DEFAULT.as_millis() > 2 * LONG_POLL_WAIT_MAX_DEFAULT.as_millis());
+/// Default of `limits.deadline_max` and `limits.stall_max`: a day, longer than any turn of an
+/// agent a producer should wait for, short enough that a forgotten turn ends the same day.
+pub const DEADLINE_MAX_DEFAULT: Duration = Duration::from_secs(24 * 3600);
+/// Default of `limits.stall_max` (see `DEADLINE_MAX_DEFAULT`).
+pub const STALL_MAX_DEFAULT: Duration = Duration::from_secs(24 * 3600);
 /// How long a node session may go on starting the turns it acked on its own, while it cannot
 /// reach the hub, after the hub last granted it a lease (its session registration, each `POST
 /// /v1/starts`): long enough to ride out a hub restart, short enough that the copy of a cut-off
@@ -549,6 +554,29 @@ pub const BREAKER_FAILURES: Key = Key {
           operator who knows their turns opts in",
 };
 
+/// `limits.deadline_max`.
+pub const DEADLINE_MAX: Key = Key {
+    name: key_name!(Some("limits"), "deadline_max", "deadline-max", "BATON_HUB_DEADLINE_MAX"),
+    kind: KeyKind::Duration {
+        default: DEADLINE_MAX_DEFAULT,
+        min: Duration::from_secs(1),
+        max: Duration::from_secs(30 * 24 * 3600),
+    },
+    doc: "the largest deadline_ms a message may name: the longest any of its turns may run (its node stops \
+          it at the shorter of this deadline and its own exec_timeout, SIGTERM then SIGKILL after kill_grace, \
+          and reports it failed naming the deadline)",
+};
+/// `limits.stall_max`.
+pub const STALL_MAX: Key = Key {
+    name: key_name!(Some("limits"), "stall_max", "stall-max", "BATON_HUB_STALL_MAX"),
+    kind: KeyKind::Duration {
+        default: STALL_MAX_DEFAULT,
+        min: Duration::from_secs(1),
+        max: Duration::from_secs(30 * 24 * 3600),
+    },
+    doc: "the largest stall_ms a message may name: the longest a running turn may go without a progress event \
+          before its node stops it and reports it failed naming the stall (retried while max_attempts allows)",
+};
 /// `limits.progress_event_bytes_max`.
 pub const PROGRESS_EVENT_BYTES_MAX: Key = Key {
     name: key_name!(
@@ -627,7 +655,7 @@ pub const INSTANCE_REBIND_WINDOW_KEY: Key = Key {
 };
 
 /// Every key, in the order of the template.
-pub const KEYS: [&Key; 47] = [
+pub const KEYS: [&Key; 49] = [
     &LISTEN,
     &DATABASE_URL,
     &SYNCHRONOUS,
@@ -669,6 +697,8 @@ pub const KEYS: [&Key; 47] = [
     &REDRIVE_BATCH_MAX,
     &APPROVAL_TIMEOUT_MAX,
     &BREAKER_FAILURES,
+    &DEADLINE_MAX,
+    &STALL_MAX,
     &PROGRESS_EVENT_BYTES_MAX,
     &PROGRESS_EVENTS_PER_TURN_MAX,
     &FEED_PAGE_MAX,

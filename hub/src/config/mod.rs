@@ -85,6 +85,10 @@ pub struct Limits {
     pub approval_timeout_max: Duration,
     /// Failed turns in a row that trip a conversation's breaker (0: off).
     pub breaker_failures: u32,
+    /// The largest `deadline_ms` a message may name.
+    pub deadline_max: Duration,
+    /// The largest `stall_ms` a message may name.
+    pub stall_max: Duration,
     /// What the hub keeps of a run's progress events.
     pub progress: crate::store::progress::ProgressBounds,
     /// Most items of one events feed answer.
@@ -127,6 +131,8 @@ impl Default for Limits {
             redrive_batch_max: REDRIVE_BATCH_MAX_DEFAULT as u32,
             approval_timeout_max: Duration::from_secs(7 * 24 * 3600),
             breaker_failures: 0,
+            deadline_max: keys::DEADLINE_MAX_DEFAULT,
+            stall_max: keys::STALL_MAX_DEFAULT,
             progress: crate::store::progress::ProgressBounds::default(),
             feed_page_max: FEED_PAGE_MAX_DEFAULT,
             feed_page_bytes_max: FEED_PAGE_BYTES_MAX_DEFAULT,
@@ -258,6 +264,8 @@ impl HubConfig {
             redrive_batch_max: narrow(&REDRIVE_BATCH_MAX)?,
             approval_timeout_max: m.duration(&APPROVAL_TIMEOUT_MAX)?,
             breaker_failures: narrow(&BREAKER_FAILURES)?,
+            deadline_max: m.duration(&DEADLINE_MAX)?,
+            stall_max: m.duration(&STALL_MAX)?,
             progress: crate::store::progress::ProgressBounds {
                 event_bytes_max: m.int(&PROGRESS_EVENT_BYTES_MAX)?,
                 events_per_turn_max: m.int(&PROGRESS_EVENTS_PER_TURN_MAX)?,

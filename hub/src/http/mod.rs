@@ -878,6 +878,8 @@ mod openapi_tests {
             max_attempts: 1,
             rerun: None,
             cancel_requested: false,
+            deadline_ms: Some(60_000),
+            stall_ms: Some(10_000),
         };
         let interval = MembershipInterval { join_seq: 0, joined_at_ms: 1, leave_seq: Some(2), left_at_ms: Some(3) };
         let summary = DeliverySummary { delivery_id: "d".into(), host: "h".into(), state: DeliveryState::Queued };
@@ -908,6 +910,8 @@ mod openapi_tests {
                     retry_backoff_ms: Some(1000),
                     approval: Some("required".into()),
                     approval_timeout_ms: Some(60_000),
+                    deadline_ms: Some(60_000),
+                    stall_ms: Some(10_000),
                 })
                 .unwrap(),
             ),
@@ -1008,6 +1012,7 @@ mod openapi_tests {
                     signal: Some(15),
                     stderr_tail: Some("z".into()),
                     stderr_dropped_bytes: Some(0),
+                    stopped_by: Some("stall".into()),
                 })
                 .unwrap(),
             ),

@@ -436,6 +436,14 @@ pub(super) fn check_report(req: &ReportRequest, state: &AppState) -> Result<(), 
     if req.attempt == Some(0) {
         return Err(ApiError::new(ErrorCode::InvalidField, "attempt: must be at least 1"));
     }
+    if let Some(by) = &req.stopped_by
+        && crate::store::report::StoppedBy::parse(by).is_none()
+    {
+        return Err(ApiError::new(
+            ErrorCode::InvalidField,
+            format!("stopped_by: {:?} is neither \"deadline\" nor \"stall\"", by.chars().take(40).collect::<String>()),
+        ));
+    }
     if let Some(ms) = req.duration_ms
         && i64::try_from(ms).is_err()
     {

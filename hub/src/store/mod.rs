@@ -115,6 +115,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../../schema/hub/0011-stderr-tail.sql"),
     include_str!("../../../schema/hub/0012-approval-and-breaker.sql"),
     include_str!("../../../schema/hub/0013-progress-and-feeds.sql"),
+    include_str!("../../../schema/hub/0014-deadlines-and-stalls.sql"),
 ];
 
 /// Who made a change, as recorded in the event log.

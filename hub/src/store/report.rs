@@ -84,8 +84,11 @@ pub(super) fn run_report(req: &ReportRequest, session: Option<u64>, bounds: Repo
         retry_backoff_max: bounds.backoff.max,
         stderr_tail_bytes_max: bounds.stderr_tail_bytes_max,
         breaker_failures: bounds.breaker_failures,
+        stopped_by: req.stopped_by.as_deref().and_then(StoppedBy::parse),
     }
 }
+
+pub use baton_shared::states::StoppedBy;
 
 /// Records a newly recorded attempt (committed: `accepted_at_ms` is `None` for a replay) in the
 /// turn histograms: how long the turn ran, as its node measured it, and, when the outcome
@@ -176,6 +179,17 @@ impl NewReport<'_> {
     /// as the node sent them (so a replay matches whatever the hub's `stderr_tail_bytes_max`
     /// keeps of them).
     pub fn request_hash_of_run(&self, attempt: Option<u32>, signal: Option<i32>) -> String {
+        self.request_hash_stopped(attempt, signal, None)
+    }
+
+    /// `request_hash_of_run`, followed, only when the report names the bound that stopped the
+    /// turn, by a field of its wire word (so every other report hashes as before).
+    pub fn request_hash_stopped(
+        &self,
+        attempt: Option<u32>,
+        signal: Option<i32>,
+        stopped: Option<StoppedBy>,
+    ) -> String {
         let exit_code = self.exit_code.map(|c| c.to_string());
         let duration_ms = self.duration_ms.map(|d| d.to_string());
         let (signal, attempt) = (signal.map(|s| s.to_string()), attempt.map(|a| a.to_string()));
@@ -196,6 +210,9 @@ impl NewReport<'_> {
         }
         if stderr {
             fields.extend([self.stderr_tail, dropped.as_deref()]);
+        }
+        if let Some(by) = stopped {
+            fields.push(Some(by.as_str()));
         }
         let mut h = Sha256::new();
         for field in fields {
@@ -279,6 +296,8 @@ pub struct RunReport {
     /// Failed turns in a row that trip the conversation's breaker (`limits.breaker_failures`;
     /// 0: off).
     pub breaker_failures: u32,
+    /// The bound that stopped the turn, when one did (a stall is retryable).
+    pub stopped_by: Option<StoppedBy>,
 }
 
 impl Default for RunReport {
@@ -291,6 +310,7 @@ impl Default for RunReport {
             retry_backoff_max: crate::config::RETRY_BACKOFF_MAX_DEFAULT,
             stderr_tail_bytes_max: baton_shared::limits::STDERR_TAIL_BYTES_MAX_DEFAULT,
             breaker_failures: 0,
+            stopped_by: None,
         }
     }
 }
@@ -343,7 +363,7 @@ pub fn report_run(
     run: &RunReport,
     now_ms: i64,
 ) -> StoreResult<(AttemptView, bool, Option<i64>)> {
-    let hash = r.request_hash_of_run(run.attempt, run.signal);
+    let hash = r.request_hash_stopped(run.attempt, run.signal, run.stopped_by);
     let existing: Option<(String, String)> = conn
         .prepare_cached("SELECT id, request_hash FROM attempts WHERE host = ?1 AND report_id = ?2")?
         .query_row([host, r.report_id], |row| Ok((row.get(0)?, row.get(1)?)))
@@ -435,10 +455,9 @@ pub fn report_run(
             r.delivery_id
         )));
     }
-    let retryable = r.outcome == Outcome::Failed
-        && r.exit_code == Some(RETRY_EXIT_CODE)
-        && !d.cancel_requested
-        && d.attempt < d.max_attempts;
+    // The harness asked for another run (exit 75), or the turn stalled (`StoppedBy::Stall`).
+    let asks_again = r.exit_code == Some(RETRY_EXIT_CODE) || run.stopped_by == Some(StoppedBy::Stall);
+    let retryable = r.outcome == Outcome::Failed && asks_again && !d.cancel_requested && d.attempt < d.max_attempts;
     let attempt_id = new_id();
     let (stderr_tail, stderr_dropped) = match r.stderr_tail {
         Some(tail) => {
@@ -504,7 +523,11 @@ fn requeue_for_retry(
     let base = d.retry_backoff_ms.unwrap_or(run.retry_backoff.as_millis() as i64);
     let wait = backoff_ms(base, d.attempt, run.retry_backoff_max.as_millis() as i64, random_jitter());
     let not_before = now_ms.saturating_add(wait);
-    let why = format!("retry {} of {} after exit {RETRY_EXIT_CODE}", d.attempt, d.max_attempts - 1);
+    let after = match run.stopped_by {
+        Some(StoppedBy::Stall) => "a stall".to_string(),
+        _ => format!("exit {RETRY_EXIT_CODE}"),
+    };
+    let why = format!("retry {} of {} after {after}", d.attempt, d.max_attempts - 1);
     let change = Change {
         delivery_id,
         from: DeliveryState::Delivered,

@@ -339,6 +339,8 @@ fn message(pass: &Pass, hosts: &[String], i: usize) -> SubmitRequest {
         retry_backoff_ms: None,
         approval: None,
         approval_timeout_ms: None,
+        deadline_ms: None,
+        stall_ms: None,
     }
 }
 

@@ -154,6 +154,8 @@ impl Producer {
             retry_backoff_ms: retries.retry_backoff_ms,
             approval: None,
             approval_timeout_ms: None,
+            deadline_ms: None,
+            stall_ms: None,
         };
         // Past the deadline the request is dropped: its answer is lost, like any other.
         let answer = tokio::time::timeout(ACCEPT_TIMEOUT, client.submit(&req)).await;

@@ -70,7 +70,7 @@ pub(crate) struct Connection {
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
     /// Submit a message; sending the same key and content again answers with the same message.
-    Send(SendArgs),
+    Send(Box<SendArgs>),
     /// Show a message with each delivery's state and attempts.
     Get {
         /// Which message.
@@ -197,6 +197,14 @@ pub(crate) struct SendArgs {
     /// With `--approval required`: how long it may wait undecided ("1h") before the hub fails it.
     #[arg(long, value_parser = duration("--approval-timeout"), value_name = "DURATION", requires = "approval")]
     pub(crate) approval_timeout: Option<Duration>,
+    /// The longest each turn may run ("10m"): past it (or past the node's own exec_timeout,
+    /// if shorter) its process group is stopped and the turn fails, naming the deadline.
+    #[arg(long, value_parser = duration("--deadline"), value_name = "DURATION")]
+    pub(crate) deadline: Option<Duration>,
+    /// The longest a running turn may go without a progress event ("2m"): past it the turn
+    /// is stopped and fails, naming the stall, and is run again while --max-attempts allows.
+    #[arg(long, value_parser = duration("--stall"), value_name = "DURATION")]
+    pub(crate) stall: Option<Duration>,
 }
 
 /// A message by id or by idempotency key.
