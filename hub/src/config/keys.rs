@@ -554,6 +554,28 @@ pub const BREAKER_FAILURES: Key = Key {
           operator who knows their turns opts in",
 };
 
+/// `limits.breaker_turns`.
+pub const BREAKER_TURNS: Key = Key {
+    name: key_name!(Some("limits"), "breaker_turns", "breaker-turns", "BATON_HUB_BREAKER_TURNS"),
+    kind: KeyKind::Int { default: 0, min: 0, max: 1_000_000 },
+    doc: "off when 0 (the default). Otherwise a conversation that runs more turns than this within \
+          limits.breaker_period (counted as their outcomes are reported, on any host) gets a hold fence set by \
+          the hub, its reason naming the count and the period, which `status` lists and `fence lift` lifts. Off \
+          by default because how many turns a busy conversation legitimately runs depends on the deployment: any \
+          default would either never trip or hold healthy conversations, so an operator who knows their traffic \
+          opts in",
+};
+/// `limits.breaker_period`.
+pub const BREAKER_PERIOD: Key = Key {
+    name: key_name!(Some("limits"), "breaker_period", "breaker-period", "BATON_HUB_BREAKER_PERIOD"),
+    kind: KeyKind::Duration {
+        default: Duration::from_secs(3600),
+        min: Duration::from_secs(1),
+        max: Duration::from_secs(7 * 24 * 3600),
+    },
+    doc: "the period limits.breaker_turns counts over: a fixed window per conversation, starting at its first \
+          counted turn",
+};
 /// `limits.deadline_max`.
 pub const DEADLINE_MAX: Key = Key {
     name: key_name!(Some("limits"), "deadline_max", "deadline-max", "BATON_HUB_DEADLINE_MAX"),
@@ -655,7 +677,7 @@ pub const INSTANCE_REBIND_WINDOW_KEY: Key = Key {
 };
 
 /// Every key, in the order of the template.
-pub const KEYS: [&Key; 49] = [
+pub const KEYS: [&Key; 51] = [
     &LISTEN,
     &DATABASE_URL,
     &SYNCHRONOUS,
@@ -697,6 +719,8 @@ pub const KEYS: [&Key; 49] = [
     &REDRIVE_BATCH_MAX,
     &APPROVAL_TIMEOUT_MAX,
     &BREAKER_FAILURES,
+    &BREAKER_TURNS,
+    &BREAKER_PERIOD,
     &DEADLINE_MAX,
     &STALL_MAX,
     &PROGRESS_EVENT_BYTES_MAX,

@@ -85,6 +85,10 @@ pub struct Limits {
     pub approval_timeout_max: Duration,
     /// Failed turns in a row that trip a conversation's breaker (0: off).
     pub breaker_failures: u32,
+    /// Turns within `breaker_period` that trip a conversation's breaker (0: off).
+    pub breaker_turns: u32,
+    /// The period `breaker_turns` counts over.
+    pub breaker_period: Duration,
     /// The largest `deadline_ms` a message may name.
     pub deadline_max: Duration,
     /// The largest `stall_ms` a message may name.
@@ -131,6 +135,8 @@ impl Default for Limits {
             redrive_batch_max: REDRIVE_BATCH_MAX_DEFAULT as u32,
             approval_timeout_max: Duration::from_secs(7 * 24 * 3600),
             breaker_failures: 0,
+            breaker_turns: 0,
+            breaker_period: Duration::from_secs(3600),
             deadline_max: keys::DEADLINE_MAX_DEFAULT,
             stall_max: keys::STALL_MAX_DEFAULT,
             progress: crate::store::progress::ProgressBounds::default(),
@@ -264,6 +270,8 @@ impl HubConfig {
             redrive_batch_max: narrow(&REDRIVE_BATCH_MAX)?,
             approval_timeout_max: m.duration(&APPROVAL_TIMEOUT_MAX)?,
             breaker_failures: narrow(&BREAKER_FAILURES)?,
+            breaker_turns: narrow(&BREAKER_TURNS)?,
+            breaker_period: m.duration(&BREAKER_PERIOD)?,
             deadline_max: m.duration(&DEADLINE_MAX)?,
             stall_max: m.duration(&STALL_MAX)?,
             progress: crate::store::progress::ProgressBounds {

@@ -461,6 +461,10 @@ pub(super) fn report_bounds(state: &AppState) -> ReportBounds {
         backoff: Backoff { base: state.limits.retry_backoff, max: state.limits.retry_backoff_max },
         stderr_tail_bytes_max: state.limits.stderr_tail_bytes_max,
         breaker_failures: state.limits.breaker_failures,
+        breaker_turns: crate::store::breaker_period::TurnsPerPeriod {
+            turns: state.limits.breaker_turns,
+            period: state.limits.breaker_period,
+        },
     }
 }
 

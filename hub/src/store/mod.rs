@@ -58,6 +58,7 @@ pub mod approval;
 pub mod audit;
 pub mod backup;
 pub mod batch;
+pub mod breaker_period;
 pub mod canonical;
 pub mod claim;
 pub mod engine;
@@ -116,6 +117,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../../schema/hub/0012-approval-and-breaker.sql"),
     include_str!("../../../schema/hub/0013-progress-and-feeds.sql"),
     include_str!("../../../schema/hub/0014-deadlines-and-stalls.sql"),
+    include_str!("../../../schema/hub/0015-breaker-period.sql"),
 ];
 
 /// Who made a change, as recorded in the event log.

@@ -45,6 +45,9 @@ pub struct ReportBounds {
     /// Failed turns in a row that trip a conversation's breaker (`limits.breaker_failures`;
     /// 0: off).
     pub breaker_failures: u32,
+    /// Turns within a period that trip it (`limits.breaker_turns`, `limits.breaker_period`;
+    /// 0 turns: off).
+    pub breaker_turns: super::breaker_period::TurnsPerPeriod,
 }
 
 impl From<Backoff> for ReportBounds {
@@ -54,6 +57,7 @@ impl From<Backoff> for ReportBounds {
             backoff,
             stderr_tail_bytes_max: baton_shared::limits::STDERR_TAIL_BYTES_MAX_DEFAULT,
             breaker_failures: 0,
+            breaker_turns: Default::default(),
         }
     }
 }
@@ -84,6 +88,7 @@ pub(super) fn run_report(req: &ReportRequest, session: Option<u64>, bounds: Repo
         retry_backoff_max: bounds.backoff.max,
         stderr_tail_bytes_max: bounds.stderr_tail_bytes_max,
         breaker_failures: bounds.breaker_failures,
+        breaker_turns: bounds.breaker_turns,
         stopped_by: req.stopped_by.as_deref().and_then(StoppedBy::parse),
     }
 }
@@ -298,6 +303,8 @@ pub struct RunReport {
     pub breaker_failures: u32,
     /// The bound that stopped the turn, when one did (a stall is retryable).
     pub stopped_by: Option<StoppedBy>,
+    /// Turns within a period that trip the conversation's breaker (off: 0 turns).
+    pub breaker_turns: super::breaker_period::TurnsPerPeriod,
 }
 
 impl Default for RunReport {
@@ -311,6 +318,7 @@ impl Default for RunReport {
             stderr_tail_bytes_max: baton_shared::limits::STDERR_TAIL_BYTES_MAX_DEFAULT,
             breaker_failures: 0,
             stopped_by: None,
+            breaker_turns: Default::default(),
         }
     }
 }
@@ -492,6 +500,8 @@ pub fn report_run(
         run.breaker_failures,
         now_ms,
     )?;
+    // And every turn for the turns-per-period trigger (off unless configured: nothing written).
+    super::breaker_period::count_turn(conn, &d.conversation, run.breaker_turns, now_ms)?;
     crash_point("hub.report.before_commit");
     Ok((attempt(conn, &attempt_id)?, false, retry_at))
 }

@@ -43,6 +43,7 @@ pub const TABLES: &[&str] = &[
     "producer_quotas",
     "producer_approvals",
     "breaker_counts",
+    "breaker_periods",
     "node_sessions",
     "redrive_requests",
     "conversation_queues",

@@ -21,6 +21,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../../../../schema/postgres/0009-approval-and-breaker.sql"),
     include_str!("../../../../../schema/postgres/0010-progress-and-feeds.sql"),
     include_str!("../../../../../schema/postgres/0011-deadlines-and-stalls.sql"),
+    include_str!("../../../../../schema/postgres/0012-breaker-period.sql"),
 ];
 
 /// The advisory lock key every hub takes while it migrates (the bytes of `baton_mi`). Taken
