@@ -69,6 +69,7 @@ fn a_node_killed_mid_turn_leaves_it_running_on_a_silent_host_until_retire_record
     let attempt = hub.assert_one_attempt(&id, "unknown");
     assert!(attempt["reason"].as_str().is_some_and(|r| r.contains("retire")), "{attempt}");
     assert!(running(&hub).is_empty());
-    let _ = pid;
+    // The orphaned harness would tick on for a minute: stop its group.
+    let _ = baton_testkit::proc::signal_group(pid, Signal::SIGKILL);
     hub.verify_ok();
 }
