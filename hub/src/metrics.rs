@@ -84,6 +84,12 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
         "Seconds the longest-running turn has run; 0 when none runs.",
     ),
     (
+        "baton_hub_turns_running_on_silent_hosts",
+        Kind::Gauge,
+        "Turns running on hosts silent longer than host_silence_warn: their node stopped renewing them. Nothing \
+         of them is handed to another host; an operator decides (retire records them unknown).",
+    ),
+    (
         "baton_hub_held_oldest_age_seconds",
         Kind::Gauge,
         "Age, since creation, of the held delivery first in queue order; 0 when none is held.",
@@ -257,6 +263,7 @@ pub async fn publish_record_gauges(shared: &Shared, watch: &GaugeWatch) {
     metrics::gauge!("baton_hub_turns_running").set(g.running as f64);
     let oldest_running = g.oldest_running_started_ms.map_or(0.0, |at| seconds_since(now_ms, at));
     metrics::gauge!("baton_hub_turn_oldest_running_age_seconds").set(oldest_running);
+    metrics::gauge!("baton_hub_turns_running_on_silent_hosts").set(g.running_silent as f64);
     let oldest_held = g.oldest_held_created_ms.map_or(0.0, |at| seconds_since(now_ms, at));
     metrics::gauge!("baton_hub_held_oldest_age_seconds").set(oldest_held);
     for (scope, n) in g.fences {

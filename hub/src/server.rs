@@ -93,6 +93,7 @@ impl Hub {
             turns: Default::default(),
             certs: crate::runtime::certs::CertCache::new(wake_tx.subscribe()),
             peers,
+            feed_horizon: Default::default(),
             tls: Some(tls_config.clone()),
         });
         if let Some(url) = self.config.database_url.clone() {

@@ -820,6 +820,12 @@ pub enum DeliveriesCmd {
         /// characters, which every command taking an id accepts).
         #[arg(long)]
         wide: bool,
+        /// Only the turns running now (delivered, started on their node, no report yet), longest
+        /// running first, at most --limit, with how long each has run, when its node was last
+        /// heard from (SILENT past `host_silence_warn`: it stopped renewing; nothing of it is
+        /// handed to another host) and its last progress. Takes --host and --conversation.
+        #[arg(long, conflicts_with_all = ["state", "outcome", "since", "until", "newest", "oldest", "after"])]
+        running: bool,
         /// Print JSON (ids whole; each row with its `cursor`).
         #[arg(long)]
         json: bool,

@@ -11,6 +11,7 @@ use crate::store::lifecycle::approval::Decision as Verdict;
 use crate::store::lifecycle::operator::Release;
 use crate::store::lifecycle::operator::Select;
 use crate::store::views::listing::ListQuery;
+use crate::store::views::overview::RunningFilter;
 use baton_shared::exit;
 use baton_shared::states::{DeliveryState, Outcome};
 use std::io::IsTerminal;
@@ -50,11 +51,24 @@ fn list(ctx: &Context, d: &DeliveriesCmd) -> CliResult {
         limit,
         after,
         wide,
+        running,
         json,
     } = d
     else {
         return Err(CliError::failure("not a list command"));
     };
+    if *running {
+        let filter = RunningFilter { host: host.clone(), conversation: conversation.clone() };
+        let silence_ms = silence_warn_ms(ctx)?;
+        let record = ctx.open_read()?;
+        let now_ms = ctx.now_ms();
+        let (total, rows, silent) = record.run(record.running_turns(filter, *limit, now_ms, silence_ms))?;
+        output::running(&rows, &silent, now_ms, *json)?;
+        if total > rows.len() as i64 {
+            output::more_remain(&format!("{} more running turn(s) not shown (--limit)", total - rows.len() as i64))?;
+        }
+        return Ok(());
+    }
     let state = match state {
         None => None,
         Some(s) => Some(DeliveryState::parse(s).ok_or_else(|| {

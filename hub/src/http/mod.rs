@@ -10,6 +10,7 @@
 //! The state every handler shares is the hub's runtime (`crate::runtime`), not this module's.
 
 mod batch;
+pub mod feed;
 pub(crate) mod health;
 mod node;
 mod producer;
@@ -60,7 +61,10 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/messages/{message_id}/approve", post(producer::approve))
         .route("/v1/messages/{message_id}/reject", post(producer::reject))
         .route("/v1/messages/{message_id}/deliveries/{delivery_id}", get(producer::get_delivery))
+        .route("/v1/messages/{message_id}/events", get(feed::message_events))
         .route("/v1/conversations/{conversation}", get(producer::get_conversation))
+        .route("/v1/conversations/{conversation}/events", get(feed::conversation_events))
+        .route("/v1/running", post(feed::running))
         .route("/v1/sessions", post(node::open_session))
         .route("/v1/sessions/end", post(node::end_session))
         .route("/v1/claims", post(node::claim))
@@ -476,7 +480,10 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/messages/{message_id}/approve"),
     ("POST", "/v1/messages/{message_id}/reject"),
     ("GET", "/v1/messages/{message_id}/deliveries/{delivery_id}"),
+    ("GET", "/v1/messages/{message_id}/events"),
     ("GET", "/v1/conversations/{conversation}"),
+    ("GET", "/v1/conversations/{conversation}/events"),
+    ("POST", "/v1/running"),
     ("POST", "/v1/sessions"),
     ("POST", "/v1/sessions/end"),
     ("POST", "/v1/claims"),

@@ -142,6 +142,8 @@ mod openapi {
             max_attempts: 1,
             rerun: None,
             cancel_requested: false,
+            deadline_ms: Some(60_000),
+            stall_ms: Some(10_000),
         };
         let interval = MembershipInterval { join_seq: 0, joined_at_ms: 1, leave_seq: Some(2), left_at_ms: Some(3) };
         let summary = DeliverySummary { delivery_id: "d".into(), host: "h".into(), state: DeliveryState::Queued };
@@ -172,6 +174,8 @@ mod openapi {
                     retry_backoff_ms: Some(1000),
                     approval: Some("required".into()),
                     approval_timeout_ms: Some(60_000),
+                    deadline_ms: Some(60_000),
+                    stall_ms: Some(10_000),
                 })
                 .unwrap(),
             ),
@@ -272,6 +276,7 @@ mod openapi {
                     signal: Some(15),
                     stderr_tail: Some("z".into()),
                     stderr_dropped_bytes: Some(0),
+                    stopped_by: Some("stall".into()),
                 })
                 .unwrap(),
             ),
@@ -383,6 +388,54 @@ mod openapi {
             ("ReportItemResult", either(serde_json::to_value(&report_item).unwrap())),
             ("BatchReportResponse", serde_json::to_value(BatchReportResponse { results: vec![report_item] }).unwrap()),
         ]);
+        // Every field of every kind set at once: the schema documents each one.
+        let event = FeedEvent {
+            cursor: "7".into(),
+            kind: FeedEventKind::Outcome,
+            at_ms: 1,
+            message_id: "m".into(),
+            delivery_id: "d".into(),
+            host: "h".into(),
+            from: Some(DeliveryState::Mirrored),
+            to: Some(DeliveryState::Delivered),
+            actor: Some("hub".into()),
+            reason: Some("r".into()),
+            attempt: Some(1),
+            seq: Some(1),
+            progress: Some(serde_json::json!({"step": 1}).into()),
+            outcome: Some(Outcome::Succeeded),
+            exit_code: Some(0),
+            signal: Some(15),
+            duration_ms: Some(1),
+            retryable: Some(false),
+            progress_events: Some(1),
+            progress_dropped: Some(0),
+        };
+        let progress = ProgressItem { seq: 1, progress: serde_json::json!({"step": 1}).into() };
+        let turn = RunningTurnItem {
+            delivery_id: "d".into(),
+            claim_token: "t".into(),
+            attempt: 1,
+            events: vec![progress.clone()],
+            dropped: Some(0),
+        };
+        let turn_result = RunningTurnResult { delivery_id: "d".into(), running: true, kept: 1, dropped: 0 };
+        samples.extend([
+            ("FeedEvent", serde_json::to_value(&event).unwrap()),
+            (
+                "EventsPage",
+                serde_json::to_value(EventsPage { events: vec![event], next_cursor: "7".into(), settled: Some(true) })
+                    .unwrap(),
+            ),
+            ("ProgressItem", serde_json::to_value(&progress).unwrap()),
+            ("RunningTurnItem", serde_json::to_value(&turn).unwrap()),
+            (
+                "RunningRequest",
+                serde_json::to_value(RunningRequest { instance_id: "i".into(), turns: vec![turn] }).unwrap(),
+            ),
+            ("RunningTurnResult", serde_json::to_value(&turn_result).unwrap()),
+            ("RunningResponse", serde_json::to_value(RunningResponse { turns: vec![turn_result] }).unwrap()),
+        ]);
         let schemas = spec["components"]["schemas"].as_object().unwrap();
         assert_eq!(schemas.len(), samples.len(), "every documented schema has a sample here");
         for (name, value) in samples {
@@ -412,6 +465,7 @@ mod openapi {
             turns: TurnState::default(),
             certs: certs::CertCache::new(watch::channel(0).1),
             peers: None,
+            feed_horizon: Default::default(),
             tls: None,
         });
         let app = app(state);

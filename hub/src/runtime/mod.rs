@@ -1,18 +1,21 @@
 //! The serving hub's runtime state: what every request handler, background task, the metrics
 //! and the status page share while the hub runs (`Shared`), and the in-memory parts of it —
 //! who waits for claimable work (`work`), the node sessions' contacts and cancel notices
-//! (`turns`), the certificates' standing (`certs`). The record is the truth; everything here
+//! (`turns`), the certificates' standing (`certs`), the events feeds' horizon (`feed`). The record is the truth; everything here
 //! is a cache or a wake-up that the record can rebuild.
 //!
 //! Layout:
 //! - `work`: waiting claims per host and for all hosts (`Work`, `WorkWatch`).
 //! - `turns`: node sessions' last contact and the cancel notices already answered (`TurnState`).
 //! - `certs`: the certificates' standing, cached until the record changes (`CertCache`).
+//! - `feed`: the events feeds' horizon on PostgreSQL (`FeedHorizon`).
 
 pub mod certs;
+mod feed;
 mod turns;
 mod work;
 
+pub use feed::FeedHorizon;
 pub use turns::{CONTACT_FLUSH_INTERVAL, TurnState};
 pub use work::{Work, WorkWatch};
 
@@ -55,6 +58,8 @@ pub struct Shared {
     /// The other hubs serving the same PostgreSQL record, told after each commit what woke
     /// this hub's waiters (`None` on SQLite, which one hub serves alone).
     pub peers: Option<crate::peers::Announcer>,
+    /// The events feeds' horizon (PostgreSQL: what barriers moved it to; see `FeedHorizon`).
+    pub feed_horizon: FeedHorizon,
     /// The TLS configuration the hub serves, for whether the CA that issued a caller's
     /// certificate is still trusted (`ca retire-old` drops one while its certificates'
     /// requests may be in progress); `None` where no TLS is served (socket-free tests), where

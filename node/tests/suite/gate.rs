@@ -26,6 +26,8 @@ fn turn() -> StartedTurn {
         run: 1,
         rerun: None,
         claim_token: "tok-1".into(),
+        deadline_ms: None,
+        stall_ms: None,
     }
 }
 
@@ -58,13 +60,14 @@ async fn the_released_gate_becomes_the_harness_in_the_same_process_group() {
         stderr_tail_bytes: 4096,
         instance_id: "inst-1".into(),
         gate: Gate::binary(bin()),
+        progress_line_bytes_max: 4096,
     };
     let spawned = exec::spawn(&spec, &turn()).unwrap();
     let identity = spawned.identity().unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!ran.exists(), "the harness ran before it was released");
     let ending =
-        spawned.run(&spec, &turn(), &CancellationToken::new(), &baton_node::exec::CancelHandle::default()).await;
+        spawned.run(&spec, &turn(), &CancellationToken::new(), &baton_node::exec::CancelHandle::default(), None).await;
     assert_eq!(ending.outcome, Outcome::Succeeded, "{ending:?}");
     let out = ending.result.unwrap();
     let (ids, payload) = out.split_once('\n').unwrap();
@@ -109,4 +112,50 @@ fn a_harness_that_cannot_be_started_is_reported_by_the_gate() {
 fn the_gate_is_not_in_the_help() {
     let out = Command::new(bin()).arg("--help").output().unwrap();
     assert!(!String::from_utf8_lossy(&out.stdout).contains(GATE_SUBCOMMAND));
+}
+
+/// The progress channel survives the real gate's `exec` into the harness: what the harness (and
+/// a child it starts) writes to `BATON_PROGRESS_FD` reaches the turn's sink line by line, in
+/// order, a line that is not a JSON object or is too long is dropped, and a harness that writes
+/// nothing more ends normally (the node's copy of the write end is closed).
+#[tokio::test]
+async fn the_progress_channel_reaches_the_sink_through_the_gate() {
+    use baton_node::progress::{Progress, ProgressLimits};
+    let long = "x".repeat(100);
+    let script = format!(
+        "echo '{{\"n\":1}}' >&$BATON_PROGRESS_FD; echo 'not json' >&$BATON_PROGRESS_FD; \
+         echo '{{\"n\":\"{long}\"}}' >&$BATON_PROGRESS_FD; \
+         sh -c 'echo \"{{\\\"n\\\":2}}\" >&$BATON_PROGRESS_FD'; printf '{{\"n\":3}}' >&$BATON_PROGRESS_FD; echo done"
+    );
+    let spec = ExecSpec {
+        argv: vec!["sh".into(), "-c".into(), script],
+        timeout: Duration::from_secs(60),
+        kill_grace: Duration::from_secs(10),
+        cancel_grace: Duration::from_secs(10),
+        result_bytes_max: 4096,
+        stderr_tail_bytes: 4096,
+        instance_id: "inst-1".into(),
+        gate: Gate::binary(bin()),
+        progress_line_bytes_max: 64,
+    };
+    let limits = ProgressLimits {
+        event_bytes_max: 64,
+        events_per_turn_max: 100,
+        events_per_second_max: 100,
+        buffer_events_max: 100,
+    };
+    let progress = std::sync::Arc::new(Progress::new(limits));
+    let sink = progress.start("del-1", 1, "tok-1");
+    let spawned = exec::spawn(&spec, &turn()).unwrap();
+    let ending = tokio::time::timeout(
+        Duration::from_secs(60),
+        spawned.run(&spec, &turn(), &CancellationToken::new(), &exec::CancelHandle::default(), Some(sink)),
+    )
+    .await
+    .expect("the turn ends");
+    assert_eq!((ending.outcome, ending.result.as_deref()), (Outcome::Succeeded, Some("done\n")), "{ending:?}");
+    let events = progress.waiting_events("del-1", 1);
+    let bodies: Vec<&str> = events.iter().map(|e| e.progress.as_str()).collect();
+    assert_eq!(bodies, [r#"{"n":1}"#, r#"{"n":2}"#, r#"{"n":3}"#]);
+    assert_eq!(events.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 2, 3]);
 }

@@ -166,6 +166,8 @@ impl NewMessage {
             retry.retry_backoff_ms.map(|ms| format!("retry_backoff_ms={ms}")),
             retry.approval_required.then(|| "approval=required".to_string()),
             retry.approval_timeout_ms.filter(|_| retry.approval_required).map(|ms| format!("approval_timeout_ms={ms}")),
+            retry.deadline_ms.map(|ms| format!("deadline_ms={ms}")),
+            retry.stall_ms.map(|ms| format!("stall_ms={ms}")),
         ];
         for part in given.into_iter().flatten() {
             h.update((part.len() as u64).to_le_bytes());
@@ -189,6 +191,10 @@ pub struct RetryPolicy {
     /// How long an undecided approval waits before it fails the message (only with
     /// `approval_required`); `None` for no timeout.
     pub approval_timeout_ms: Option<u64>,
+    /// The longest each turn may run (`deadline_ms`); `None`: the node's `exec_timeout` alone.
+    pub deadline_ms: Option<u64>,
+    /// The longest a running turn may go without a progress event (`stall_ms`); `None`: none.
+    pub stall_ms: Option<u64>,
 }
 
 /// Bounds checked inside the acceptance transaction.
@@ -271,8 +277,10 @@ pub fn accept_with_retry(
     let message_id = new_id();
     conn.prepare_cached(
         "INSERT INTO messages (id, conversation, seq, producer, idempotency_key, content_hash, payload, accepted_at,
-                               max_attempts, retry_backoff_ms, approval, approval_timeout_ms, approval_expires_at)
-         VALUES (:id, :c, :seq, :p, :k, :h, :payload, :now, :max, :backoff, :approval, :timeout, :expires)",
+                               max_attempts, retry_backoff_ms, approval, approval_timeout_ms, approval_expires_at,
+                               deadline_ms, stall_ms)
+         VALUES (:id, :c, :seq, :p, :k, :h, :payload, :now, :max, :backoff, :approval, :timeout, :expires,
+                 :deadline, :stall)",
     )?
     .execute(named_params! {
         ":id": message_id, ":c": msg.conversation, ":seq": seq, ":p": msg.producer, ":k": msg.idempotency_key,
@@ -282,6 +290,8 @@ pub fn accept_with_retry(
         ":timeout": retry.approval_timeout_ms.filter(|_| retry.approval_required).map(|ms| ms as i64),
         ":expires": retry.approval_timeout_ms.filter(|_| retry.approval_required)
             .map(|ms| now_ms.saturating_add(i64::try_from(ms).unwrap_or(i64::MAX))),
+        ":deadline": retry.deadline_ms.map(|ms| i64::try_from(ms).unwrap_or(i64::MAX)),
+        ":stall": retry.stall_ms.map(|ms| i64::try_from(ms).unwrap_or(i64::MAX)),
     })?;
     crash_point("hub.accept.after_message_insert");
     let mut route = conn.prepare_cached("INSERT INTO message_recipients (message_id, host) VALUES (?1, ?2)")?;

@@ -902,11 +902,19 @@ impl<'a> Scan<'a> {
     /// queued → claimed for the claiming instance, and into the batch.
     fn hand_out(&mut self, conversation: &str, head: Head) -> StoreResult<()> {
         self.heads += 1;
-        let (payload, producer, max_attempts): (baton_shared::wire::Payload, String, u32) = self
+        let (payload, producer, max_attempts, deadline_ms, stall_ms): MessageTerms = self
             .conn
-            .prepare_cached("SELECT payload, producer, max_attempts FROM messages WHERE id = ?1")?
+            .prepare_cached(
+                "SELECT payload, producer, max_attempts, deadline_ms, stall_ms FROM messages WHERE id = ?1",
+            )?
             .query_row([&head.message_id], |r| {
-                Ok((json_column(r, 0, "messages", &head.message_id)?, r.get(1)?, r.get(2)?))
+                Ok((
+                    json_column(r, 0, "messages", &head.message_id)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    bound(r, 3, &head.message_id)?,
+                    bound(r, 4, &head.message_id)?,
+                ))
             })?;
         let token = new_token();
         let holder = Holder { instance_id: self.holder_instance, claim_token: &token };
@@ -938,8 +946,25 @@ impl<'a> Scan<'a> {
             max_attempts,
             rerun,
             cancel_requested: false,
+            deadline_ms,
+            stall_ms,
         });
         Ok(())
+    }
+}
+
+/// What a claim hands out of its message: the payload, the producer, `max_attempts` and the
+/// turn's bounds (`deadline_ms`, `stall_ms`).
+type MessageTerms = (baton_shared::wire::Payload, String, u32, Option<u64>, Option<u64>);
+
+/// A message's `deadline_ms` or `stall_ms` (column `idx`): positive when set (the schema's
+/// CHECK), else the row is corrupt.
+fn bound(r: &Row<'_>, idx: usize, message_id: &str) -> rusqlite::Result<Option<u64>> {
+    match r.get::<_, Option<i64>>(idx)? {
+        None => Ok(None),
+        Some(ms) => u64::try_from(ms).map(Some).map_err(|_| {
+            crate::store::corrupt(r, idx, "messages", message_id, "bound in milliseconds", &ms.to_string())
+        }),
     }
 }
 
@@ -967,7 +992,8 @@ pub fn holdings_page(
     let mut rows: Vec<(i64, ClaimedDelivery)> = conn
         .prepare_cached(
             "SELECT d.id, d.message_id, d.conversation, d.seq, m.payload, d.claim_token, d.state, m.producer,
-                    d.attempt, m.max_attempts, d.rerun, d.cancel_requested_at IS NOT NULL, d.n
+                    d.attempt, m.max_attempts, d.rerun, d.cancel_requested_at IS NOT NULL, d.n, m.deadline_ms,
+                    m.stall_ms
              FROM deliveries d JOIN messages m ON m.id = d.message_id
              WHERE d.instance_id = :i AND d.host = :h AND d.n > :after
                AND (d.state IN ('claimed', 'mirrored')
@@ -981,6 +1007,7 @@ pub fn holdings_page(
                 let delivery_id: String = r.get(0)?;
                 let message_id: String = r.get(1)?;
                 let n: i64 = r.get(12)?;
+                let (deadline_ms, stall_ms) = (bound(r, 13, &message_id)?, bound(r, 14, &message_id)?);
                 Ok((
                     n,
                     ClaimedDelivery {
@@ -995,6 +1022,8 @@ pub fn holdings_page(
                         max_attempts: r.get(9)?,
                         rerun: parse_column_opt(r, 10, "deliveries", &delivery_id, "rerun", Rerun::parse)?,
                         cancel_requested: r.get(11)?,
+                        deadline_ms,
+                        stall_ms,
                         delivery_id,
                     },
                 ))

@@ -220,12 +220,13 @@ fn unknown_attempt(conn: &dyn Db, delivery_id: &str, why: &str, now_ms: i64) -> 
     let report_id = if attempt == 1 { format!("hub:{delivery_id}") } else { format!("hub:{delivery_id}:{attempt}") };
     conn.prepare_cached(
         "INSERT INTO attempts (id, delivery_id, host, instance_id, report_id, request_hash, outcome, reason,
-                               reported_at, attempt, rerun, caused_by)
-         VALUES (:id, :d, :h, :i, :r, '', 'unknown', :why, :now, :n, :rerun, :by)",
+                               reported_at, attempt, rerun, caused_by, event_n)
+         VALUES (:id, :d, :h, :i, :r, '', 'unknown', :why, :now, :n, :rerun, :by, :pos)",
     )?
     .execute(named_params! {
         ":id": crate::store::new_id(), ":d": delivery_id, ":h": host, ":i": instance,
         ":r": report_id, ":why": why, ":now": now_ms, ":n": attempt, ":rerun": rerun, ":by": caused_by,
+        ":pos": crate::store::views::feed::draw(conn, 1)?,
     })?;
     Ok(true)
 }

@@ -29,6 +29,9 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../../../../schema/postgres/0010-member-families.sql"),
     include_str!("../../../../../schema/postgres/0011-stderr-tail.sql"),
     include_str!("../../../../../schema/postgres/0012-approval-and-breaker.sql"),
+    include_str!("../../../../../schema/postgres/0013-progress-and-feeds.sql"),
+    include_str!("../../../../../schema/postgres/0014-deadlines-and-stalls.sql"),
+    include_str!("../../../../../schema/postgres/0015-breaker-period.sql"),
 ];
 
 const _: () = assert!(
