@@ -43,9 +43,11 @@ mod confirm;
 mod conversations;
 mod deliveries;
 mod fence;
+mod files;
 mod hosts;
 mod identity;
 mod inspect;
+mod lookup;
 mod manuals;
 mod migrate;
 mod output;
@@ -54,6 +56,7 @@ mod restore;
 mod send;
 mod serve;
 mod turns;
+mod views;
 
 pub use args::*;
 

@@ -78,6 +78,9 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../../schema/hub/0010-member-families.sql"),
     include_str!("../../../schema/hub/0011-stderr-tail.sql"),
     include_str!("../../../schema/hub/0012-approval-and-breaker.sql"),
+    include_str!("../../../schema/hub/0013-progress-and-feeds.sql"),
+    include_str!("../../../schema/hub/0014-deadlines-and-stalls.sql"),
+    include_str!("../../../schema/hub/0015-breaker-period.sql"),
 ];
 
 /// The newest schema version this binary knows, on each backend: how many migrations each
@@ -188,6 +191,12 @@ pub enum StoreError {
     /// A producer without the approval right in the conversation approved or rejected a message.
     #[error("{0}")]
     ApprovalForbidden(String),
+    /// An events feed's cursor is not one this record gave out.
+    #[error("{0}")]
+    BadCursor(String),
+    /// An events feed's cursor lies before events removed since (retention, purge).
+    #[error("{0}")]
+    CursorExpired(String),
     /// SQLite failed (disk full, I/O error, busy past the timeout). Details are logged.
     #[error("storage error: {0}")]
     Storage(String),
@@ -228,6 +237,8 @@ impl StoreError {
             StoreError::CertificateRevoked(_) => ErrorCode::CertificateRevoked,
             StoreError::Forbidden(_) => ErrorCode::Forbidden,
             StoreError::ApprovalForbidden(_) => ErrorCode::ApprovalForbidden,
+            StoreError::BadCursor(_) => ErrorCode::BadCursor,
+            StoreError::CursorExpired(_) => ErrorCode::CursorExpired,
             StoreError::Storage(_) | StoreError::Conflict(_) => ErrorCode::StorageUnavailable,
             StoreError::Corrupt(_) | StoreError::Internal(_) => ErrorCode::Internal,
         }

@@ -369,11 +369,19 @@ impl<'a> Scan<'a> {
     /// queued → claimed for the claiming instance, and into the batch.
     fn hand_out(&mut self, conversation: &str, head: Head) -> StoreResult<()> {
         self.heads += 1;
-        let (payload, producer, max_attempts): (baton_shared::wire::Payload, String, u32) = self
+        let (payload, producer, max_attempts, deadline_ms, stall_ms): MessageTerms = self
             .conn
-            .prepare_cached("SELECT payload, producer, max_attempts FROM messages WHERE id = $1")?
+            .prepare_cached(
+                "SELECT payload, producer, max_attempts, deadline_ms, stall_ms FROM messages WHERE id = $1",
+            )?
             .query_row([&head.message_id], |r| {
-                Ok((json_column(r, 0, "messages", &head.message_id)?, r.get(1)?, r.get(2)?))
+                Ok((
+                    json_column(r, 0, "messages", &head.message_id)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    turn_bound(r, 3, &head.message_id)?,
+                    turn_bound(r, 4, &head.message_id)?,
+                ))
             })?;
         let token = new_token();
         let holder = Holder { instance_id: self.holder_instance, claim_token: &token };
@@ -405,8 +413,25 @@ impl<'a> Scan<'a> {
             max_attempts,
             rerun,
             cancel_requested: false,
+            deadline_ms,
+            stall_ms,
         });
         Ok(())
+    }
+}
+
+/// What a claim hands out of its message: the payload, the producer, `max_attempts` and the
+/// turn's bounds (`deadline_ms`, `stall_ms`).
+type MessageTerms = (baton_shared::wire::Payload, String, u32, Option<u64>, Option<u64>);
+
+/// A message's `deadline_ms` or `stall_ms` (column `idx`): positive when set (the schema's
+/// CHECK), else the row is corrupt.
+pub(crate) fn turn_bound(r: &Row<'_>, idx: usize, message_id: &str) -> DbResult<Option<u64>> {
+    match r.get::<_, Option<i64>>(idx)? {
+        None => Ok(None),
+        Some(ms) => u64::try_from(ms).map(Some).map_err(|_| {
+            crate::store::corrupt(r, idx, "messages", message_id, "bound in milliseconds", &ms.to_string())
+        }),
     }
 }
 
