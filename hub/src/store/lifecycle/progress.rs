@@ -74,30 +74,6 @@ impl Store {
     }
 }
 
-impl Store {
-    /// The turns running now (`overview::running_turns_of`: at most `max`, longest running
-    /// first, with the count of all of them), and the hosts silent longer than
-    /// `silence_warn_ms` at `now_ms` (`fleet::silent_hosts`), in one snapshot.
-    pub async fn running_turns(
-        &self,
-        filter: crate::store::views::overview::RunningFilter,
-        max: u32,
-        now_ms: i64,
-        silence_warn_ms: i64,
-    ) -> StoreResult<(i64, Vec<crate::store::views::overview::RunningTurn>, Vec<String>)> {
-        self.conns
-            .read(move |c| {
-                let (total, rows) = crate::store::views::overview::running_turns_of(c, &filter, max)?;
-                let silent = crate::store::views::fleet::silent_hosts(c, now_ms, silence_warn_ms)?
-                    .into_iter()
-                    .map(|h| h.host)
-                    .collect();
-                Ok((total, rows, silent))
-            })
-            .await
-    }
-}
-
 fn result(t: &RunningTurnItem, running: bool, kept: u64, dropped: u64) -> RunningTurnResult {
     RunningTurnResult { delivery_id: t.delivery_id.clone(), running, kept, dropped }
 }

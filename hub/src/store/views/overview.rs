@@ -82,6 +82,28 @@ impl Store {
     pub async fn unknown_since(&self, since_ms: i64) -> StoreResult<i64> {
         self.conns.read(move |c| unknown_since(c, since_ms)).await
     }
+
+    /// The turns running now (`running_turns_of`: at most `max`, longest running
+    /// first, with the count of all of them), and the hosts silent longer than
+    /// `silence_warn_ms` at `now_ms` (`fleet::silent_hosts`), in one snapshot.
+    pub async fn running_turns(
+        &self,
+        filter: RunningFilter,
+        max: u32,
+        now_ms: i64,
+        silence_warn_ms: i64,
+    ) -> StoreResult<(i64, Vec<RunningTurn>, Vec<String>)> {
+        self.conns
+            .read(move |c| {
+                let (total, rows) = running_turns_of(c, &filter, max)?;
+                let silent = fleet::silent_hosts(c, now_ms, silence_warn_ms)?
+                    .into_iter()
+                    .map(|h| h.host)
+                    .collect();
+                Ok((total, rows, silent))
+            })
+            .await
+    }
 }
 
 /// Most conversations the status page lists in its backlog (deepest first).
