@@ -964,7 +964,7 @@ mod tests {
             c.execute(
                 "INSERT INTO node_sessions (host, session, instance_id, node_version, started_at, ended_at, ended_how, last_contact_at)
                  VALUES ($1, 1, 'inst', '1.0', $2, $3, CASE WHEN $3 IS NULL THEN NULL ELSE 'clean' END, $2)",
-                rusqlite::params![host, last_contact, ended],
+                crate::store::engine::params![host, last_contact, ended],
             )
             .unwrap();
         }

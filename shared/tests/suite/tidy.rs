@@ -234,24 +234,29 @@ fn the_record_is_reached_only_through_the_store() {
     );
 }
 
-/// The store's engine: the one folder of the store that may name SQLite's crate or ask which
-/// backend it runs on.
+/// The store's engine: the one folder of the hub's source that may name SQLite's crate, and
+/// the one folder of the store that may ask which backend it runs on.
 const STORE_ENGINE_DIR: &str = "hub/src/store/engine";
 
 #[test]
 fn backend_differences_live_in_the_store_engine() {
     let mut files = Vec::new();
-    rust_files(&root().join("hub/src/store"), &mut files);
+    rust_files(&root().join("hub/src"), &mut files);
     let engine = root().join(STORE_ENGINE_DIR);
+    let store = root().join("hub/src/store");
     let files: Vec<PathBuf> = files.into_iter().filter(|p| !p.starts_with(&engine)).collect();
-    assert!(files.len() > 20, "the store's files were found: {}", files.len());
+    assert!(files.iter().filter(|p| p.starts_with(&store)).count() > 20, "the store's files were found");
     let mut found = Vec::new();
     for p in files {
         let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", rel(&p)));
+        // Anywhere in the hub's source, tests included: SQLite is reached through the engine.
         for (i, line) in text.lines().enumerate() {
             if line.contains("rusqlite") {
                 found.push(format!("{}:{}: names rusqlite: {}", rel(&p), i + 1, line.trim()));
             }
+        }
+        if !p.starts_with(&store) {
+            continue;
         }
         for (i, line) in product_part(&p, &text).lines().enumerate() {
             if line.contains(".dialect()") || line.contains("Dialect::") {
