@@ -1,7 +1,7 @@
 //! The accept loop: every connection's bounds (see the module above), the handshake, and the
 //! verified peer certificate handed to each request.
 
-use super::answer431::Answer431;
+use super::answer431::{Answer431, HEADER_BYTES_MAX};
 use super::config::ServerTls;
 use super::{PeerCerts, PeerIdentityExt};
 use crate::config::Limits;
@@ -35,13 +35,6 @@ pub const HANDSHAKE_REASON_REPEAT: Duration = Duration::from_secs(3600);
 /// Most peer addresses whose refused-handshake reason is remembered; refusals from further
 /// peers are only counted (in the periodic line) until remembered ones age out.
 pub const HANDSHAKE_PEERS_REMEMBERED_MAX: usize = 1024;
-/// Most header fields in a request head (hyper's own bound, kept: a larger one costs every
-/// request a heap allocation); more are answered 431 `headers_too_large`.
-pub const HEADER_FIELDS_MAX: usize = 100;
-/// Most bytes of a request head, the request line included (HTTP/1: hyper's read buffer, which
-/// a head must fit in whole), or of its header list (HTTP/2, announced in SETTINGS); more are
-/// answered 431 `headers_too_large`.
-pub const HEADER_BYTES_MAX: usize = 64 * 1024;
 
 /// The bounds the accept loop puts on every connection (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

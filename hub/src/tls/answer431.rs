@@ -1,10 +1,17 @@
-//! A 431 from hyper (request head over its bounds) rewritten into the `{code, message}` body every
-//! error of the API has.
+//! The request head's bounds, and the 431 hyper answers a head over them with, rewritten into
+//! the `{code, message}` body every error of the API has.
 
-use super::accept::{HEADER_BYTES_MAX, HEADER_FIELDS_MAX};
 use std::pin::Pin;
 use std::task::{Context as TaskContext, Poll, ready};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// Most header fields in a request head (hyper's own bound, kept: a larger one costs every
+/// request a heap allocation); more are answered 431 `headers_too_large`.
+pub const HEADER_FIELDS_MAX: usize = 100;
+/// Most bytes of a request head, the request line included (HTTP/1: hyper's read buffer, which
+/// a head must fit in whole), or of its header list (HTTP/2, announced in SETTINGS); more are
+/// answered 431 `headers_too_large`.
+pub const HEADER_BYTES_MAX: usize = 64 * 1024;
 
 /// The text hyper answers a request head over its bounds with: a 431 head and no body.
 const HYPER_431: &[u8] = b"HTTP/1.1 431 Request Header Fields Too Large\r\n";

@@ -35,6 +35,7 @@ mod answer431;
 mod config;
 
 pub use accept::*;
+pub use answer431::{HEADER_BYTES_MAX, HEADER_FIELDS_MAX};
 pub use config::*;
 
 use rustls_pki_types::CertificateDer;
