@@ -344,6 +344,17 @@ pub(crate) fn json_column(
     })
 }
 
+/// A bound in milliseconds (`messages.deadline_ms`, `stall_ms`): positive when set (the
+/// schema's CHECK), else the row is corrupt.
+pub(crate) fn bound_ms_column(row: &Row<'_>, idx: usize, table: &'static str, row_id: &str) -> DbResult<Option<u64>> {
+    match row.get::<_, Option<i64>>(idx)? {
+        None => Ok(None),
+        Some(ms) => u64::try_from(ms)
+            .map(Some)
+            .map_err(|_| corrupt(row, idx, table, row_id, "bound in milliseconds", &ms.to_string())),
+    }
+}
+
 /// Shorthand for store results.
 pub type StoreResult<T> = Result<T, StoreError>;
 

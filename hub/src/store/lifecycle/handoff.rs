@@ -5,9 +5,8 @@
 use crate::store::Store;
 use crate::store::engine::{Db, OptionalExtension, params};
 use crate::store::lifecycle::transition::{self, Change, Holder};
-use crate::store::lifecycle::scan::turn_bound;
 use crate::store::registry::sessions::{self, NodeAt};
-use crate::store::{Actor, StoreError, StoreResult, json_column, parse_column_opt, state_column};
+use crate::store::{Actor, StoreError, StoreResult, bound_ms_column, json_column, parse_column_opt, state_column};
 use baton_shared::states::DeliveryState::{self, *};
 use baton_shared::states::Rerun;
 use baton_shared::wire::{ClaimedDelivery, TransitionResponse};
@@ -169,7 +168,7 @@ pub fn holdings_page(
             let delivery_id: String = r.get(0)?;
             let message_id: String = r.get(1)?;
             let n: i64 = r.get(12)?;
-            let (deadline_ms, stall_ms) = (turn_bound(r, 13, &message_id)?, turn_bound(r, 14, &message_id)?);
+            let (deadline_ms, stall_ms) = (bound_ms_column(r, 13, "messages", &message_id)?, bound_ms_column(r, 14, "messages", &message_id)?);
             Ok((
                 n,
                 ClaimedDelivery {
