@@ -176,7 +176,8 @@ pub const SESSION_CONTACT: Both<&str> = Both {
 /// kept, `$4` newest seq, `$5` when the newest was kept, `$6` the node's drops so far, `$7` the
 /// hub's drops).
 pub const TURN_PROGRESS_ADD: Both<&str> = Both {
-    sqlite: "INSERT INTO turn_progress AS t (delivery_id, attempt, events, last_seq, last_at, node_dropped, hub_dropped)
+    sqlite:
+        "INSERT INTO turn_progress AS t (delivery_id, attempt, events, last_seq, last_at, node_dropped, hub_dropped)
              VALUES ($1, $2, $3, $4, $5, $6, $7)
              ON CONFLICT (delivery_id, attempt) DO UPDATE SET
                  events = t.events + excluded.events,
@@ -184,7 +185,8 @@ pub const TURN_PROGRESS_ADD: Both<&str> = Both {
                  last_at = coalesce(excluded.last_at, t.last_at),
                  node_dropped = max(t.node_dropped, excluded.node_dropped),
                  hub_dropped = t.hub_dropped + excluded.hub_dropped",
-    postgres: "INSERT INTO turn_progress AS t (delivery_id, attempt, events, last_seq, last_at, node_dropped, hub_dropped)
+    postgres:
+        "INSERT INTO turn_progress AS t (delivery_id, attempt, events, last_seq, last_at, node_dropped, hub_dropped)
                VALUES ($1, $2, $3, $4, $5, $6, $7)
                ON CONFLICT (delivery_id, attempt) DO UPDATE SET
                    events = t.events + excluded.events,

@@ -168,7 +168,8 @@ pub fn holdings_page(
             let delivery_id: String = r.get(0)?;
             let message_id: String = r.get(1)?;
             let n: i64 = r.get(12)?;
-            let (deadline_ms, stall_ms) = (bound_ms_column(r, 13, "messages", &message_id)?, bound_ms_column(r, 14, "messages", &message_id)?);
+            let (deadline_ms, stall_ms) =
+                (bound_ms_column(r, 13, "messages", &message_id)?, bound_ms_column(r, 14, "messages", &message_id)?);
             Ok((
                 n,
                 ClaimedDelivery {

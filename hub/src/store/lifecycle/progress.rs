@@ -16,8 +16,8 @@
 
 use crate::store::Store;
 use crate::store::engine::{Db, OptionalExtension, dialect, params};
-use crate::store::registry::sessions::NodeAt;
 use crate::store::registry::sessions;
+use crate::store::registry::sessions::NodeAt;
 use crate::store::views::feed;
 use crate::store::{StoreError, StoreResult};
 use baton_shared::wire::{RunningTurnItem, RunningTurnResult};
@@ -174,8 +174,7 @@ struct Counts {
 }
 
 fn upsert(conn: &dyn Db, t: &RunningTurnItem, c: Counts) -> StoreResult<()> {
-    conn.prepare_cached(dialect::TURN_PROGRESS_ADD.of(conn))?
-    .execute(params![
+    conn.prepare_cached(dialect::TURN_PROGRESS_ADD.of(conn))?.execute(params![
         t.delivery_id,
         t.attempt,
         c.kept,

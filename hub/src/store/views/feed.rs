@@ -191,7 +191,8 @@ pub fn page(
     };
     let (events, next) = cut(found, upto, bounds);
     let more = events.is_empty() && next < top;
-    let pending_above = dialect::FEED_DRAWN_OUT_OF_COMMIT_ORDER.of(conn) && events.is_empty() && !more && pending(conn, scope, top)?;
+    let pending_above =
+        dialect::FEED_DRAWN_OUT_OF_COMMIT_ORDER.of(conn) && events.is_empty() && !more && pending(conn, scope, top)?;
     Ok(FeedPage { events, next, pending_above, more, settled })
 }
 
@@ -284,9 +285,7 @@ fn read_window(conn: &dyn Db, scope: &FeedScope, w: Window) -> StoreResult<Found
         let rows: Vec<(i64, FeedEvent)> = match who {
             // The conversation's filter names the producer (`$5`); a message's does not.
             None => stmt.query_map(params![w.after, w.upto, key, w.limit], |r| Ok((r.get(0)?, item(r)?)))?,
-            Some(who) => {
-                stmt.query_map(params![w.after, w.upto, key, w.limit, who], |r| Ok((r.get(0)?, item(r)?)))?
-            }
+            Some(who) => stmt.query_map(params![w.after, w.upto, key, w.limit, who], |r| Ok((r.get(0)?, item(r)?)))?,
         }
         .collect::<Result<_, _>>()?;
         if rows.len() as u64 >= u64::from(w.limit)

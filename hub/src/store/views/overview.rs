@@ -96,10 +96,7 @@ impl Store {
         self.conns
             .read(move |c| {
                 let (total, rows) = running_turns_of(c, &filter, max)?;
-                let silent = fleet::silent_hosts(c, now_ms, silence_warn_ms)?
-                    .into_iter()
-                    .map(|h| h.host)
-                    .collect();
+                let silent = fleet::silent_hosts(c, now_ms, silence_warn_ms)?.into_iter().map(|h| h.host).collect();
                 Ok((total, rows, silent))
             })
             .await
