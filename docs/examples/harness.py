@@ -1,53 +1,44 @@
 #!/usr/bin/env python3
-"""A Baton harness: what a node runs for each delivered turn.
+"""A Baton harness, built on `baton_client.harness`: what a node runs for each delivered turn.
 
 The node starts it once per turn, without a shell, with the message's payload (JSON) on stdin
-and the delivery's ids in the environment:
+and the turn's ids in the environment (BATON_DELIVERY_ID, BATON_MESSAGE_ID, BATON_CONVERSATION,
+BATON_SEQ, BATON_PRODUCER, BATON_ATTEMPT_ID, BATON_ATTEMPT, BATON_INSTANCE_ID, and BATON_RERUN
+on a retry or redrive), which `harness.run` reads into a `Turn`. What the turn returns becomes
+the attempt's result (JSON on stdout, bounded by the node's result_bytes_max); raising
+`harness.RetryLater` exits 75 (a retry, when the message allows more attempts); any other error
+fails the turn (exit 1). `harness.progress` sends a progress line when the node takes them.
 
-    BATON_DELIVERY_ID  BATON_MESSAGE_ID  BATON_ATTEMPT_ID  BATON_INSTANCE_ID
-    BATON_CONVERSATION  BATON_SEQ  BATON_PRODUCER
-
-Whatever it writes to stdout becomes the attempt's result (bounded by the node's
-result_bytes_max), and its exit status the outcome: 0 succeeded; 75 failed but retryable
-(when the message allows more attempts); anything else failed. stderr goes to the node's log.
-
-Configure a node with it (node.toml):
+Configure a node with it (node.toml), the package installed for that interpreter:
 
     command = ["/usr/bin/python3", "/opt/baton/harness.py"]
 
 This one answers {"text": "..."} with the text's word count and the text upper-cased.
 """
 
-import json
-import os
-import sys
+from __future__ import annotations
 
-def turn(payload, env):
+from baton_client import harness
+
+
+def turn(t: harness.Turn) -> object:
     """The turn's work: here, a small transformation of the payload's text."""
+    payload = t.payload
+    if not isinstance(payload, dict):
+        raise ValueError("the payload is not a JSON object")
     text = payload.get("text", "")
+    if not isinstance(text, str):
+        raise ValueError("the payload's text is not a string")
+    harness.progress({"step": "counting", "chars": len(text)})
     return {
-        "delivery_id": env.get("BATON_DELIVERY_ID"),
-        "conversation": env.get("BATON_CONVERSATION"),
-        "seq": int(env.get("BATON_SEQ", "0")),
-        "producer": env.get("BATON_PRODUCER"),
+        "delivery_id": t.delivery_id,
+        "conversation": t.conversation,
+        "seq": t.seq,
+        "producer": t.producer,
         "words": len(text.split()),
         "upper": text.upper(),
     }
 
 
-def main():
-    try:
-        payload = json.load(sys.stdin)
-    except json.JSONDecodeError as e:
-        print(f"harness: the payload is not JSON: {e}", file=sys.stderr)
-        return 1
-    if not isinstance(payload, dict):
-        print("harness: the payload is not a JSON object", file=sys.stderr)
-        return 1
-    json.dump(turn(payload, os.environ), sys.stdout)
-    sys.stdout.write("\n")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    harness.run(turn)

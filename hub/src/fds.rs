@@ -3,7 +3,7 @@
 //! `limits.connections_max` and the files the hub keeps for itself (`FILES_RESERVED`) cannot
 //! fit under it, instead of running into "Too many open files" with clients waiting.
 
-use crate::ops_listener::OPERATOR_CONNECTIONS_MAX;
+use crate::config::OPERATOR_CONNECTIONS_MAX;
 use nix::sys::resource::{RLIM_INFINITY, Resource, getrlimit, setrlimit};
 
 /// Files the hub keeps open besides its mTLS connections: the record (each SQLite connection

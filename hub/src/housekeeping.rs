@@ -3,7 +3,7 @@
 //! `requeue_silent_after` (off unless configured; see `store::lifecycle::silence` for why it is safe). Each holds the shutdown token, reads time from the
 //! injected clock and writes through the `Store`, one bounded transaction at a time.
 
-use crate::http::Shared;
+use crate::runtime::Shared;
 use crate::store;
 use std::sync::Arc;
 use std::time::Duration;

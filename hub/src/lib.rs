@@ -35,6 +35,7 @@ pub mod metrics;
 pub mod ops_listener;
 /// The record on PostgreSQL: connection (with TLS) and the schema's migrations.
 pub mod peers;
+pub mod runtime;
 pub mod server;
 pub mod status_page;
 pub mod store;

@@ -10,7 +10,7 @@
 //! never a conversation, message or delivery id.
 
 use crate::datadir::DataDir;
-use crate::http::Shared;
+use crate::runtime::Shared;
 use axum::extract::{MatchedPath, Request};
 use axum::http::StatusCode;
 use axum::middleware::Next;
@@ -82,6 +82,12 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
         "baton_hub_turn_oldest_running_age_seconds",
         Kind::Gauge,
         "Seconds the longest-running turn has run; 0 when none runs.",
+    ),
+    (
+        "baton_hub_turns_running_on_silent_hosts",
+        Kind::Gauge,
+        "Turns running on hosts silent longer than host_silence_warn: their node stopped renewing them. Nothing \
+         of them is handed to another host; an operator decides (retire records them unknown).",
     ),
     (
         "baton_hub_held_oldest_age_seconds",
@@ -257,6 +263,7 @@ pub async fn publish_record_gauges(shared: &Shared, watch: &GaugeWatch) {
     metrics::gauge!("baton_hub_turns_running").set(g.running as f64);
     let oldest_running = g.oldest_running_started_ms.map_or(0.0, |at| seconds_since(now_ms, at));
     metrics::gauge!("baton_hub_turn_oldest_running_age_seconds").set(oldest_running);
+    metrics::gauge!("baton_hub_turns_running_on_silent_hosts").set(g.running_silent as f64);
     let oldest_held = g.oldest_held_created_ms.map_or(0.0, |at| seconds_since(now_ms, at));
     metrics::gauge!("baton_hub_held_oldest_age_seconds").set(oldest_held);
     for (scope, n) in g.fences {

@@ -18,8 +18,10 @@
 //! and is closed only when none is idle, so sockets held open cannot keep a health check out.
 
 use crate::config::HubConfig;
+use crate::config::OPERATOR_CONNECTIONS_MAX;
 use crate::datadir::DataDir;
-use crate::http::{AppState, health};
+use crate::http::health;
+use crate::runtime::AppState;
 use crate::status_page;
 use anyhow::Context;
 use axum::Router;
@@ -43,9 +45,6 @@ pub const OPERATOR_ADDR_FILE: &str = "operator.addr";
 /// Longest an operator-listener request may take (a page over a very large record); it is
 /// answered 503 after.
 pub const OPERATOR_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
-/// Most operator-listener connections open at once (see `Conns`), so a flood on this port
-/// cannot take the hub's file descriptors from nodes and producers.
-pub const OPERATOR_CONNECTIONS_MAX: usize = 64;
 /// Longest a client may take to send a request's headers, which is also the longest a
 /// kept-alive connection waits for its next request (slowloris guard).
 pub const OPERATOR_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);

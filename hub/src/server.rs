@@ -8,8 +8,9 @@
 
 use crate::config::HubConfig;
 use crate::datadir::DataDir;
-use crate::http::{Shared, app};
+use crate::http::app;
 use crate::lock::DirLock;
+use crate::runtime::Shared;
 use crate::store::{self, Store};
 use crate::{tls, wake};
 use anyhow::Context;
@@ -90,8 +91,9 @@ impl Hub {
             metrics,
             clock,
             turns: Default::default(),
-            certs: crate::http::certs::CertCache::new(wake_tx.subscribe()),
+            certs: crate::runtime::certs::CertCache::new(wake_tx.subscribe()),
             peers,
+            feed_horizon: Default::default(),
             tls: Some(tls_config.clone()),
         });
         if let Some(url) = self.config.database_url.clone() {
@@ -226,7 +228,7 @@ fn retention_cutoff_ms(clock: &dyn Clock, retention: Duration) -> i64 {
 async fn flush_contacts(shared: Arc<Shared>) {
     loop {
         let stopping = tokio::select! {
-            _ = tokio::time::sleep(crate::http::CONTACT_FLUSH_INTERVAL) => false,
+            _ = tokio::time::sleep(crate::runtime::CONTACT_FLUSH_INTERVAL) => false,
             _ = shared.shutdown.cancelled() => true,
         };
         let contacts = shared.turns.take_contacts();

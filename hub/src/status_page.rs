@@ -27,9 +27,10 @@
 
 use crate::attention::{self, Attention};
 use crate::datadir::DataDir;
-use crate::http::AppState;
+use crate::runtime::AppState;
 use crate::store::StoreError;
 use crate::store::registry::fences::{FenceKind, FenceRow, FenceScope};
+use crate::store::views::fleet::SilentHost;
 pub use crate::store::views::overview::Overview;
 use crate::store::views::overview::{self, ConversationBacklog, Rates, RunningTurn, Trouble};
 use crate::store::views::read::{DeliveryDetail, DeliveryRow};
@@ -387,7 +388,7 @@ pub fn render_overview(v: &View<'_>, now_ms: i64, silence: Duration) -> String {
     }
     b.push_str("</tr></table>");
     b.push_str(&rates_table(v.rates));
-    b.push_str(&running_table(o.running_total, &o.running, now_ms));
+    b.push_str(&running_table(o.running_total, &o.running, &o.silent, now_ms));
     b.push_str(&hosts_table(o, now_ms));
     b.push_str(&conversations_table(&o.conversations, &o.fences, now_ms));
     b.push_str(&fences_table(&o.fences, now_ms));
@@ -472,22 +473,38 @@ fn per_minute(n: i64, minutes: i64) -> String {
     format!("{}.{:02}", hundredths / 100, hundredths % 100)
 }
 
-fn running_table(total: i64, rows: &[RunningTurn], now_ms: i64) -> String {
+fn running_table(total: i64, rows: &[RunningTurn], silent: &[SilentHost], now_ms: i64) -> String {
     if rows.is_empty() {
         return "<h2>Running turns</h2><p class=\"muted\" id=\"running\">None.</p>".to_string();
     }
     let mut b = format!(
         "<h2>Running turns ({total})</h2><p class=\"muted\">Started on their node, no report yet; the {} that have \
-         run longest. The node's last contact says whether it is still heard from.</p><table id=\"running\">\
+         run longest. The node's last contact (its renewals) says whether it is still heard from: a turn on a \
+         silent host is handed to no other host; an operator decides. Progress: the events the harness sent \
+         and when the last one came (their text is the producer's, not shown here).</p><table id=\"running\">\
          <tr><th>delivery</th><th>host</th><th>conversation</th><th>seq</th><th>run</th><th>running for</th>\
-         <th>started (UTC)</th><th>node last heard</th></tr>",
+         <th>started (UTC)</th><th>node last heard</th><th>progress</th></tr>",
         overview::RUNNING_SHOWN_MAX
     );
     for t in rows {
         let heard = t.node_last_contact_ms.map_or("—".to_string(), |at| format!("{} ago", ago(now_ms, at)));
+        let (row_class, heard) = if silent.iter().any(|h| h.host == t.host) {
+            (" class=\"silent\"", format!("{heard} <span class=\"warn\" data-silent=\"true\">silent</span>"))
+        } else {
+            ("", heard)
+        };
+        let progress = match &t.progress {
+            None => "—".to_string(),
+            Some(p) => {
+                let last =
+                    p.last.as_ref().map(|(_, at, _)| format!(", last {} ago", ago(now_ms, *at))).unwrap_or_default();
+                let dropped = if p.dropped > 0 { format!(", {} dropped", p.dropped) } else { String::new() };
+                format!("<span data-progress-events=\"{}\">{} event(s){last}{dropped}</span>", p.events, p.events)
+            }
+        };
         b.push_str(&format!(
-            "<tr data-running=\"{}\"><td>{}</td><td>{}</td><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>\
-             <td data-running-secs=\"{}\">{}</td><td>{}</td><td>{heard}</td></tr>",
+            "<tr data-running=\"{}\"{row_class}><td>{}</td><td>{}</td><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>\
+             <td data-running-secs=\"{}\">{}</td><td>{}</td><td>{heard}</td><td>{progress}</td></tr>",
             esc(&t.delivery_id),
             delivery_link(&t.delivery_id),
             esc(&t.host),
@@ -947,7 +964,7 @@ mod tests {
             c.execute(
                 "INSERT INTO node_sessions (host, session, instance_id, node_version, started_at, ended_at, ended_how, last_contact_at)
                  VALUES ($1, 1, 'inst', '1.0', $2, $3, CASE WHEN $3 IS NULL THEN NULL ELSE 'clean' END, $2)",
-                rusqlite::params![host, last_contact, ended],
+                crate::store::engine::params![host, last_contact, ended],
             )
             .unwrap();
         }

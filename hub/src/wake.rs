@@ -5,7 +5,7 @@
 //! Each connection bumps the hub's change counter, and only then is answered (one byte when the
 //! socket takes it at once) and closed: the CLI waits for that answer or the close (at most
 //! `WAKE_ACK_WAIT`), so when a command such as `revoke` returns, the hub has already seen the
-//! change (its certificate cache is emptied, see `http::certs`). When the hub is not running the connect fails and nothing is lost: the
+//! change (its certificate cache is emptied, see `runtime::certs`). When the hub is not running the connect fails and nothing is lost: the
 //! change is committed, and the next claim sees it.
 //!
 //! Only the hub that holds the data directory's lock (`lock`) listens, replacing a socket file a

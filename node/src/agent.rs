@@ -1,8 +1,8 @@
 //! The node loop (SPEC §4): startup recovery, holdings resync, long-poll claims, mirror, tell
 //! the hub `mirrored`, ack; and the tasks that run turns (`sched`) and send reports (`report`).
 //!
-//! Tasks: the claim loop runs on the caller's task; the scheduler, the outbox and the retention
-//! sweep each run on their own. They share one `shared_state::Shared` (hub client, store, config, clock) and one
+//! Tasks: the claim loop runs on the caller's task; the scheduler, the outbox, the renewal of
+//! running turns with their progress (`progress`) and the retention sweep each run on their own. They share one `shared_state::Shared` (hub client, store, config, clock) and one
 //! shutdown token.
 //!
 //! Invariant (execution gate): only a delivery the hub confirmed `delivered` is marked
@@ -87,7 +87,14 @@ pub async fn run_agent<H: Hub>(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     recover(&store, config.kill_grace, &clock).await?;
+    let progress = Arc::new(crate::progress::Progress::new(crate::progress::ProgressLimits {
+        event_bytes_max: config.progress_event_bytes_max,
+        events_per_turn_max: config.progress_events_per_turn_max,
+        events_per_second_max: config.progress_events_per_second_max,
+        buffer_events_max: config.progress_buffer_events_max,
+    }));
     let sh = Arc::new(Shared {
+        progress,
         hub,
         store,
         config,
@@ -138,6 +145,7 @@ pub async fn run_agent<H: Hub>(
 async fn run_tasks<H: Hub>(sh: &Arc<Shared<H>>) -> anyhow::Result<()> {
     let sched = tokio::spawn(stop_all_on_error(Arc::clone(sh), sched::scheduler(Arc::clone(sh))));
     let retention = tokio::spawn(stop_all_on_error(Arc::clone(sh), retention::retention_loop(Arc::clone(sh))));
+    let renewal = tokio::spawn(stop_all_on_error(Arc::clone(sh), crate::progress::renewal_loop(Arc::clone(sh))));
     let outbox_stop = CancellationToken::new();
     let outbox =
         tokio::spawn(stop_all_on_error(Arc::clone(sh), report::outbox_loop(Arc::clone(sh), outbox_stop.clone())));
@@ -145,11 +153,13 @@ async fn run_tasks<H: Hub>(sh: &Arc<Shared<H>>) -> anyhow::Result<()> {
     sh.shutdown.cancel();
     let sched = sched.await.map_err(anyhow::Error::from).and_then(|r| r);
     let retention = retention.await.map_err(anyhow::Error::from).and_then(|r| r);
+    let renewal = renewal.await.map_err(anyhow::Error::from).and_then(|r| r);
     outbox_stop.cancel();
     let outbox = outbox.await.map_err(anyhow::Error::from).and_then(|r| r);
     claimed?;
     sched?;
     retention?;
+    renewal?;
     outbox?;
     if sh.superseded.get().is_some() {
         return Ok(());

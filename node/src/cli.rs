@@ -162,8 +162,8 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
             }
             crate::output::print(&text).context("writing to stdout")
         }
-        Command::Completions { shell } => crate::manuals::completions(shell),
-        Command::Man { out } => crate::manuals::man(&out),
+        Command::Completions { shell } => crate::manuals::completions(<Cli as clap::CommandFactory>::command(), shell),
+        Command::Man { out } => crate::manuals::man(<Cli as clap::CommandFactory>::command(), &out),
         Command::TurnGate(gate) => {
             anyhow::bail!("{} runs from main_with ({} arguments)", crate::exec::GATE_SUBCOMMAND, gate.argv.len())
         }

@@ -21,8 +21,8 @@
 use crate::config::{ConfigError, NodeConfig};
 use baton_client::{BuildError, Client, ClientError, ItemAnswer, NodeClient, RetryPolicy, TlsError, TlsFiles};
 use baton_shared::wire::{
-    ClaimResponse, ClaimedDelivery, HolderItem, ReportRequest, ReportResponse, SessionResponse, StartItem, StartResult,
-    TransitionResponse,
+    ClaimResponse, ClaimedDelivery, HolderItem, ReportRequest, ReportResponse, RunningTurnItem, RunningTurnResult,
+    SessionResponse, StartItem, StartResult, TransitionResponse,
 };
 use std::future::Future;
 use std::time::Duration;
@@ -91,6 +91,12 @@ pub trait Hub: Send + Sync + 'static {
         &self,
         reports: Vec<ReportRequest>,
     ) -> impl Future<Output = Result<Vec<ItemAnswer<ReportResponse>>, ClientError>> + Send;
+    /// `POST /v1/running`: the turns running now and their progress events; one result per
+    /// turn, in order. A hub that predates it answers 404 (`ClientError::route_unknown`).
+    fn running(
+        &self,
+        turns: Vec<RunningTurnItem>,
+    ) -> impl Future<Output = Result<Vec<RunningTurnResult>, ClientError>> + Send;
     /// How many times the node moved to another of its hubs (0 with one `hub_url`). The claim
     /// loop resyncs its holdings whenever this changed since it last looked. A wrapper passes
     /// its inner hub's count on.
@@ -232,6 +238,11 @@ impl Hub for HubClient {
     async fn report_batch(&self, reports: Vec<ReportRequest>) -> Result<Vec<ItemAnswer<ReportResponse>>, ClientError> {
         logged("batch/reports", reports.len());
         self.failover(|| self.node.report_batch(reports.clone())).await
+    }
+
+    async fn running(&self, turns: Vec<RunningTurnItem>) -> Result<Vec<RunningTurnResult>, ClientError> {
+        logged("running", turns.len());
+        self.failover(|| self.node.running(turns.clone())).await
     }
 
     fn hub_moves(&self) -> u64 {

@@ -180,6 +180,34 @@ keys! {
     /// hub) may take to end after SIGTERM to its process group before the node sends it SIGKILL;
     /// it is then reported `cancelled` with what the process returned.
     cancel_grace: Duration = Kind::Duration { default: CANCEL_GRACE_DEFAULT, range: CANCEL_GRACE_RANGE };
+    /// How often, at least, the node tells the hub which turns run now (one `POST /v1/running`
+    /// for all of them): a host whose node stops telling it is shown silent, with its running
+    /// turns, once the hub's `host_silence_warn` passes. Keep it well below that.
+    renew_interval: Duration = Kind::Duration { default: RENEW_INTERVAL_DEFAULT, range: RENEW_INTERVAL_RANGE };
+    /// How long progress events may gather before they are forwarded (with the renewal): the
+    /// delay a follower sees, against one request per interval however many events come.
+    progress_flush_interval: Duration =
+        Kind::Duration { default: PROGRESS_FLUSH_INTERVAL_DEFAULT, range: PROGRESS_FLUSH_INTERVAL_RANGE };
+    /// Longest progress line (bytes, its newline excluded) a harness may write on its progress
+    /// channel (`BATON_PROGRESS_FD`); a longer one is dropped and counted.
+    progress_event_bytes_max: usize = Kind::Count {
+        default: baton_shared::limits::PROGRESS_EVENT_BYTES_MAX_DEFAULT,
+        range: baton_shared::limits::PROGRESS_EVENT_BYTES_MAX_RANGE
+    };
+    /// Most progress events of one run forwarded; later ones are dropped and counted (0
+    /// forwards none).
+    progress_events_per_turn_max: u64 = Kind::Count {
+        default: baton_shared::limits::PROGRESS_EVENTS_PER_TURN_MAX_DEFAULT,
+        range: baton_shared::limits::PROGRESS_EVENTS_PER_TURN_MAX_RANGE
+    };
+    /// Most progress events of one run forwarded per second (a burst of as many is allowed);
+    /// beyond it events are dropped and counted.
+    progress_events_per_second_max: u64 =
+        Kind::Count { default: PROGRESS_EVENTS_PER_SECOND_MAX_DEFAULT, range: PROGRESS_EVENTS_PER_SECOND_MAX_RANGE };
+    /// Most progress events waiting in memory to be forwarded, all turns together (while the
+    /// hub does not answer they wait here); beyond it new events are dropped and counted.
+    progress_buffer_events_max: usize =
+        Kind::Count { default: PROGRESS_BUFFER_EVENTS_MAX_DEFAULT, range: PROGRESS_BUFFER_EVENTS_MAX_RANGE };
     /// How long the node keeps the local rows of a turn whose report the hub confirmed (and of
     /// a delivery the hub took back before it ran); older ones are removed, so the store stays
     /// bounded. Within it, a turn the hub hands out again is recognised and never run twice.

@@ -21,9 +21,10 @@
 
 use crate::group::{self, ProcessIdentity};
 use crate::limits::{GROUP_POLL_PACE, PIPE_DRAIN_AFTER_EXIT, STDERR_LOG_BYTES_MAX};
+use crate::progress::Sink;
 use crate::store::{Ending, StartedTurn};
 use crate::tail::{StderrTail, Tail};
-use baton_shared::states::Outcome;
+use baton_shared::states::{Outcome, StoppedBy};
 use nix::errno::Errno;
 use nix::sys::signal::Signal;
 use std::io::Write as _;
@@ -151,6 +152,8 @@ pub struct ExecSpec {
     pub instance_id: String,
     /// How the turn's process starts.
     pub gate: Gate,
+    /// Longest progress line kept (`progress_event_bytes_max`).
+    pub progress_line_bytes_max: usize,
 }
 
 /// A turn's process, spawned and held at the gate: it has done nothing yet.
@@ -163,6 +166,8 @@ pub struct Spawned {
     stdin: Option<ChildStdin>,
     stdout: Option<JoinHandle<(Vec<u8>, u64)>>,
     stderr: Option<JoinHandle<Option<StderrTail>>>,
+    /// The read end of the progress channel (`BATON_PROGRESS_FD`), read from the release on.
+    progress: Option<tokio::net::unix::pipe::Receiver>,
 }
 
 /// Spawns the turn's process at the gate, in its own process group. Fails (as the turn's
@@ -177,6 +182,7 @@ pub fn spawn(spec: &ExecSpec, turn: &StartedTurn) -> Result<Spawned, Ending> {
         reason: Some(format!("cannot start {:?}: {why}", spec.argv.first().map_or("", String::as_str))),
         signal: None,
         stderr: None,
+        stopped_by: None,
     };
     let Some(program) = spec.argv.first() else { return Err(cannot_start("the command is empty".into())) };
     if find_program(program).is_none() {
@@ -205,7 +211,17 @@ pub fn spawn(spec: &ExecSpec, turn: &StartedTurn) -> Result<Spawned, Ending> {
         Some(rerun) => cmd.env("BATON_RERUN", rerun.as_str()),
         None => cmd.env_remove("BATON_RERUN"),
     };
-    let mut child = cmd.spawn().map_err(|e| cannot_start(format!("spawning {gate:?} failed: {e}")))?;
+    let (progress_tx, progress_rx) = tokio::net::unix::pipe::pipe()
+        .map_err(|e| cannot_start(format!("opening the progress channel failed: {e}")))?;
+    // Blocking for the harness: a full pipe makes its write wait, never fail.
+    let progress_tx = progress_tx
+        .into_blocking_fd()
+        .map_err(|e| cannot_start(format!("opening the progress channel failed: {e}")))?;
+    let mut child = spawn_with_progress_fd(&mut cmd, progress_tx)
+        .map_err(|e| cannot_start(format!("spawning {gate:?} failed: {e}")))?;
+    // The child has its own copy; ours goes with the command, so the channel ends when the
+    // harness group's copies do.
+    drop(cmd);
     // With process_group(0) the child leads a new group whose id is its pid.
     let Some(pgid) = child.id().and_then(|pid| i32::try_from(pid).ok()) else {
         return Err(cannot_start("the spawned process has no pid".into()));
@@ -214,7 +230,27 @@ pub fn spawn(spec: &ExecSpec, turn: &StartedTurn) -> Result<Spawned, Ending> {
     let stderr =
         child.stderr.take().map(|r| tokio::spawn(read_stderr(r, turn.delivery_id.clone(), spec.stderr_tail_bytes)));
     let stdin = child.stdin.take();
-    Ok(Spawned { child, pgid, started, stdin, stdout, stderr })
+    Ok(Spawned { child, pgid, started, stdin, stdout, stderr, progress: Some(progress_rx) })
+}
+
+/// The environment variable that names the progress channel's file descriptor in the harness.
+pub const PROGRESS_FD_ENV: &str = "BATON_PROGRESS_FD";
+/// The progress channel's file descriptor in the harness: one digit, so every shell can name it
+/// (`echo … >&3`; dash takes no larger number in a redirection).
+pub const PROGRESS_FD: std::os::fd::RawFd = 3;
+
+/// Spawns `cmd` with `write_end` at `PROGRESS_FD` in the child (put there between fork and
+/// exec, without close-on-exec, so it survives the gate's `exec` into the harness), named in
+/// `PROGRESS_FD_ENV`. Ours stays close-on-exec, so no other turn's spawn inherits it, and it
+/// closes when `cmd` is dropped.
+fn spawn_with_progress_fd(
+    cmd: &mut tokio::process::Command,
+    write_end: std::os::fd::OwnedFd,
+) -> std::io::Result<Child> {
+    use command_fds::{CommandFdExt as _, FdMapping};
+    cmd.fd_mappings(vec![FdMapping { parent_fd: write_end, child_fd: PROGRESS_FD }]).map_err(std::io::Error::other)?;
+    cmd.env(PROGRESS_FD_ENV, PROGRESS_FD.to_string());
+    cmd.spawn()
 }
 
 /// `program` as the gate will find it: a path with a slash as it is, else the first match on
@@ -235,8 +271,45 @@ fn find_program(program: &str) -> Option<PathBuf> {
 enum Waited {
     Exited(std::io::Result<std::process::ExitStatus>),
     TimedOut,
+    /// Past the message's `deadline_ms` (shorter than `exec_timeout`).
+    Deadline(Duration),
+    /// No progress for the message's `stall_ms`.
+    Stalled(Duration),
     Killed,
     Cancelled,
+}
+
+/// The reason recorded when a turn ran past its message's `deadline_ms` starts with this word.
+pub const REASON_DEADLINE: &str = "deadline";
+/// The reason recorded when a turn went without progress for its message's `stall_ms` starts
+/// with this word.
+pub const REASON_STALL: &str = "stall";
+
+/// Waits until the turn has gone `stall` without a progress line (counted from `started`, then
+/// from its last line, as `progress` saw them).
+async fn stalled(stall: Duration, started: tokio::time::Instant, progress: Option<&Sink>) {
+    loop {
+        let last = progress.and_then(Sink::last).map_or(started, |(_, at)| at.max(started));
+        let due = last + stall;
+        if tokio::time::Instant::now() >= due {
+            return;
+        }
+        tokio::time::sleep_until(due).await;
+    }
+}
+
+/// What a stopped turn's reason says of its progress: the last event kept and how long before
+/// the stop, or that there was none.
+fn last_progress(progress: Option<&Sink>) -> String {
+    match progress.and_then(Sink::last) {
+        Some((0, at)) => format!("last progress: none kept (a line {} before)", ago(at)),
+        Some((seq, at)) => format!("last progress: event #{seq}, {} before", ago(at)),
+        None => "last progress: none".to_string(),
+    }
+}
+
+fn ago(at: tokio::time::Instant) -> String {
+    baton_shared::duration::human(tokio::time::Instant::now().saturating_duration_since(at))
 }
 
 impl Spawned {
@@ -268,7 +341,21 @@ impl Spawned {
         turn: &StartedTurn,
         kill: &CancellationToken,
         cancel: &CancelHandle,
+        progress: Option<Sink>,
     ) -> Ending {
+        let sink = progress.clone();
+        let progress_reader =
+            self.progress.take().map(|r| tokio::spawn(read_progress(r, progress, spec.progress_line_bytes_max)));
+        let began = tokio::time::Instant::now();
+        // The message's deadline when it is shorter than the node's own bound.
+        let deadline = turn.deadline_ms.map(Duration::from_millis).filter(|d| *d < spec.timeout);
+        let stall = turn.stall_ms.map(Duration::from_millis);
+        let stall_watch = async {
+            match stall {
+                Some(stall) => stalled(stall, began, sink.as_ref()).await,
+                None => std::future::pending().await,
+            }
+        };
         let stdin = self.stdin.take().map(|mut w| {
             let payload = turn.payload.clone().into_bytes();
             tokio::spawn(async move {
@@ -283,10 +370,15 @@ impl Spawned {
         });
         let waited = tokio::select! {
             r = self.child.wait() => Waited::Exited(r),
-            _ = tokio::time::sleep(spec.timeout) => Waited::TimedOut,
+            _ = tokio::time::sleep(deadline.unwrap_or(spec.timeout)) => match deadline {
+                Some(d) => Waited::Deadline(d),
+                None => Waited::TimedOut,
+            },
+            _ = stall_watch => Waited::Stalled(stall.unwrap_or_default()),
             _ = kill.cancelled() => Waited::Killed,
             _ = cancel.token.cancelled() => Waited::Cancelled,
         };
+        let mut stopped_by = None;
         let mut outcome_if_stopped = Outcome::Failed;
         let (status, stopped_for) = match waited {
             Waited::Exited(r) => (r, None),
@@ -297,9 +389,40 @@ impl Spawned {
                 (status, Some(format!("{REASON_CANCELLED}: {}; {how}", cancel.reason())))
             }
             Waited::TimedOut => {
+                let ran = ago(began);
                 let (status, how) = stop_group(self.pgid, &mut self.child, spec.kill_grace).await;
                 let why = format!("ran past exec_timeout ({})", humantime::format_duration(spec.timeout));
+                // A message's deadline at or above the node's bound: the node's bound stopped it.
+                let why = match turn.deadline_ms {
+                    Some(ms) => {
+                        stopped_by = Some(StoppedBy::Deadline);
+                        format!("{why}, shorter than deadline_ms = {ms}, after {ran}; {}", last_progress(sink.as_ref()))
+                    }
+                    None => why,
+                };
                 (status, Some(format!("{REASON_TIMEOUT}: {why}; {}", how.describe("kill_grace", spec.kill_grace))))
+            }
+            Waited::Deadline(d) => {
+                let (ran, last) = (ago(began), last_progress(sink.as_ref()));
+                let (status, how) = stop_group(self.pgid, &mut self.child, spec.kill_grace).await;
+                stopped_by = Some(StoppedBy::Deadline);
+                let why = format!(
+                    "ran past deadline_ms = {} after {ran}; {last}; {}",
+                    d.as_millis(),
+                    how.describe("kill_grace", spec.kill_grace)
+                );
+                (status, Some(format!("{REASON_DEADLINE}: {why}")))
+            }
+            Waited::Stalled(d) => {
+                let (ran, last) = (ago(began), last_progress(sink.as_ref()));
+                let (status, how) = stop_group(self.pgid, &mut self.child, spec.kill_grace).await;
+                stopped_by = Some(StoppedBy::Stall);
+                let why = format!(
+                    "no progress for stall_ms = {} (ran {ran}); {last}; {}",
+                    d.as_millis(),
+                    how.describe("kill_grace", spec.kill_grace)
+                );
+                (status, Some(format!("{REASON_STALL}: {why}")))
             }
             Waited::Killed => {
                 let (status, how) = stop_group(self.pgid, &mut self.child, spec.kill_grace).await;
@@ -338,6 +461,11 @@ impl Spawned {
         if let Some(h) = stdin {
             h.abort();
         }
+        // The channel's last lines were read with the pipes above; a process left holding it
+        // open is not waited for.
+        if let Some(h) = progress_reader {
+            h.abort();
+        }
         let result = Some(bounded_result(&captured, total, spec.result_bytes_max));
         let signal = status.as_ref().ok().and_then(|s| s.signal());
         let (outcome, exit_code, reason) = match (stopped_for, status) {
@@ -355,7 +483,7 @@ impl Spawned {
             },
             (None, Err(e)) => (Outcome::Failed, None, Some(format!("waiting for the harness failed: {e}"))),
         };
-        Ending { outcome, exit_code, duration_ms, result, reason, signal, stderr }
+        Ending { outcome, exit_code, duration_ms, result, reason, signal, stderr, stopped_by }
     }
 }
 
@@ -434,6 +562,7 @@ pub fn run_noop() -> Ending {
         reason: None,
         signal: None,
         stderr: None,
+        stopped_by: None,
     }
 }
 
@@ -459,6 +588,52 @@ fn signal_name(sig: i32) -> String {
     match Signal::try_from(sig) {
         Ok(s) => format!("{} ({sig})", s.as_str()),
         Err(_) => format!("{sig}"),
+    }
+}
+
+/// Reads the progress channel to its end, handing each line to `sink` (a line over `line_max`
+/// bytes is skipped and counted, not read whole); without a sink the lines are read and
+/// dropped, so a harness writing progress never blocks on a full pipe or dies of SIGPIPE.
+async fn read_progress(mut r: impl AsyncRead + Unpin, sink: Option<Sink>, line_max: usize) {
+    let mut line = Vec::new();
+    let mut skipping = false;
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match r.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        for chunk in buf[..n].split_inclusive(|b| *b == b'\n') {
+            let (body, ends) = match chunk.split_last() {
+                Some((b'\n', body)) => (body, true),
+                _ => (chunk, false),
+            };
+            if !skipping {
+                if line.len() + body.len() > line_max {
+                    skipping = true;
+                    line.clear();
+                    if let Some(s) = &sink {
+                        s.too_large();
+                    }
+                } else {
+                    line.extend_from_slice(body);
+                }
+            }
+            if ends {
+                if !skipping && let Some(s) = &sink {
+                    s.line(&line);
+                }
+                line.clear();
+                skipping = false;
+            }
+        }
+    }
+    // A last line without its newline (the harness ended mid-line) still counts.
+    if !skipping
+        && !line.is_empty()
+        && let Some(s) = &sink
+    {
+        s.line(&line);
     }
 }
 
@@ -573,6 +748,8 @@ mod tests {
             run: 1,
             rerun: None,
             claim_token: "tok-1".into(),
+            deadline_ms: None,
+            stall_ms: None,
         }
     }
 
@@ -586,6 +763,7 @@ mod tests {
             stderr_tail_bytes: 64,
             instance_id: "inst-1".into(),
             gate: Gate::shell(),
+            progress_line_bytes_max: 4096,
         }
     }
 
@@ -594,7 +772,7 @@ mod tests {
         match spawn(spec, turn) {
             Ok(spawned) => {
                 assert_eq!(spawned.identity().unwrap().pgid, spawned.pgid());
-                spawned.run(spec, turn, kill, &CancelHandle::default()).await
+                spawned.run(spec, turn, kill, &CancelHandle::default(), None).await
             }
             Err(ending) => ending,
         }
@@ -716,9 +894,10 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(300)).await;
             c.request("wrong prompt");
         });
-        let e = tokio::time::timeout(EVENT_WAIT, spawned.run(&s, &turn("{}"), &CancellationToken::new(), &cancel))
-            .await
-            .expect("a cancelled turn ends");
+        let e =
+            tokio::time::timeout(EVENT_WAIT, spawned.run(&s, &turn("{}"), &CancellationToken::new(), &cancel, None))
+                .await
+                .expect("a cancelled turn ends");
         assert_eq!((e.outcome, e.exit_code, e.signal), (Outcome::Cancelled, Some(3), None));
         assert_eq!(e.reason.as_deref(), Some("cancelled: wrong prompt; its process group ended on SIGTERM"));
         assert!(e.duration_ms.is_some());
@@ -773,6 +952,77 @@ mod tests {
     }
 
     /// Whether `pid` is gone (or a zombie awaiting its reaper) within `EVENT_WAIT`.
+    /// Runs `script` with the message's bounds `deadline_ms` and `stall_ms` and a progress sink.
+    async fn bounded(script: &str, deadline_ms: Option<u64>, stall_ms: Option<u64>) -> Ending {
+        use crate::progress::{Progress, ProgressLimits};
+        let limits = ProgressLimits {
+            event_bytes_max: 64,
+            events_per_turn_max: 100,
+            events_per_second_max: 100,
+            buffer_events_max: 100,
+        };
+        let progress = std::sync::Arc::new(Progress::new(limits));
+        let t = StartedTurn { deadline_ms, stall_ms, ..turn("{}") };
+        let sink = progress.start(&t.delivery_id, t.run, &t.claim_token);
+        let s = ExecSpec { kill_grace: Duration::from_millis(500), ..spec(script, Duration::from_secs(60), 100) };
+        let spawned = spawn(&s, &t).unwrap();
+        tokio::time::timeout(
+            EVENT_WAIT,
+            spawned.run(&s, &t, &CancellationToken::new(), &CancelHandle::default(), Some(sink)),
+        )
+        .await
+        .expect("a stopped turn ends")
+    }
+
+    /// Past its message's deadline (shorter than exec_timeout) a turn's whole group is stopped
+    /// and it fails naming the deadline, how long it ran and its last progress; the report says
+    /// the deadline stopped it.
+    #[tokio::test]
+    async fn a_deadline_stops_the_group_and_names_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("grandchild.pid");
+        let script = format!("echo '{{\"step\":1}}' >&3; sleep 300 & echo $! > {}; wait", pidfile.display());
+        let e = bounded(&script, Some(400), None).await;
+        assert_eq!((e.outcome, e.exit_code, e.stopped_by), (Outcome::Failed, None, Some(StoppedBy::Deadline)));
+        let reason = e.reason.unwrap();
+        assert!(reason.starts_with("deadline: ran past deadline_ms = 400 after "), "{reason}");
+        assert!(reason.contains("last progress: event #1, "), "{reason}");
+        let pid: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+        assert!(gone(pid).await, "grandchild {pid} outlived the deadline");
+        // A deadline at or past exec_timeout: the node's own bound stops it, and says so.
+        let e = run_command(
+            &spec("sleep 300", Duration::from_millis(300), 100),
+            &StartedTurn { deadline_ms: Some(60_000), ..turn("{}") },
+            &CancellationToken::new(),
+        )
+        .await;
+        let reason = e.reason.unwrap();
+        assert!(
+            reason.starts_with("timeout: ran past exec_timeout (300ms), shorter than deadline_ms = 60000"),
+            "{reason}"
+        );
+        assert_eq!(e.stopped_by, Some(StoppedBy::Deadline));
+    }
+
+    /// A turn that writes progress is not stalled; one that stops writing for stall_ms is
+    /// stopped and fails naming the stall and its last progress.
+    #[tokio::test]
+    async fn a_stall_counts_from_the_last_progress_line() {
+        let script = "for i in 1 2 3 4; do echo \"{\\\"i\\\":$i}\" >&3; sleep 0.2; done; sleep 300";
+        let e = bounded(script, None, Some(600)).await;
+        assert_eq!((e.outcome, e.stopped_by), (Outcome::Failed, Some(StoppedBy::Stall)));
+        let reason = e.reason.unwrap();
+        assert!(reason.starts_with("stall: no progress for stall_ms = 600 (ran "), "{reason}");
+        assert!(reason.contains("last progress: event #4, "), "{reason}");
+        assert!(e.duration_ms.unwrap() >= 1_200, "it ran past its fourth event plus the stall: {:?}", e.duration_ms);
+        // Without progress at all, the stall counts from the start.
+        let e = bounded("sleep 300", None, Some(300)).await;
+        assert!(e.reason.unwrap().contains("last progress: none"));
+        // Ending in time, a bounded turn succeeds.
+        let e = bounded("echo '{}' >&3; echo ok", Some(30_000), Some(30_000)).await;
+        assert_eq!((e.outcome, e.stopped_by), (Outcome::Succeeded, None));
+    }
+
     async fn gone(pid: i32) -> bool {
         let deadline = Instant::now() + EVENT_WAIT;
         while Instant::now() < deadline {

@@ -24,6 +24,8 @@
 //! - `exec`: runs one turn in its own process group, held at a gate until the group is stored;
 //!   timeout (SIGTERM, then SIGKILL after `kill_grace`), cancel (the same after
 //!   `cancel_grace`), output bounds; the `turn-gate` itself.
+//! - `progress`: the progress channel's events (bounded, counted when dropped, kept in memory)
+//!   and the renewal: one `POST /v1/running` per pass for every running turn.
 //! - `tail`: the last bytes of a harness's stderr, cut on a character boundary, for its report.
 //! - `group`: a harness's process group: its identity (group id, start time, boot id), the
 //!   same-process check, and stopping what a crashed node left behind.
@@ -53,6 +55,7 @@ pub mod limits;
 pub mod manuals;
 pub mod metrics;
 pub mod output;
+pub mod progress;
 pub mod report;
 mod retention;
 pub mod sched;

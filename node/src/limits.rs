@@ -169,3 +169,24 @@ pub const START_LEASE_USED_PERCENT_MAX: u32 = 90;
 pub const START_LEASE_RENEW_PERCENT_MARGIN: u32 = 50;
 const _: () =
     assert!(START_LEASE_RENEW_PERCENT_MARGIN < START_LEASE_USED_PERCENT_MAX && START_LEASE_USED_PERCENT_MAX <= 100);
+
+/// Default for `renew_interval`: how often, at least, the node tells the hub which turns run.
+/// Well below the hub's default `host_silence_warn` (5 min), so a live node is never shown silent.
+pub const RENEW_INTERVAL_DEFAULT: Duration = Duration::from_secs(10);
+/// Allowed range of `renew_interval`.
+pub const RENEW_INTERVAL_RANGE: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(600));
+/// Default for `progress_flush_interval`: how long progress events gather before they go.
+pub const PROGRESS_FLUSH_INTERVAL_DEFAULT: Duration = Duration::from_millis(200);
+/// Allowed range of `progress_flush_interval`.
+pub const PROGRESS_FLUSH_INTERVAL_RANGE: (Duration, Duration) = (Duration::from_millis(10), Duration::from_secs(60));
+/// Default for `progress_events_per_second_max`: a harness reporting each step of a fast loop is
+/// thinned to this many events a second per run.
+pub const PROGRESS_EVENTS_PER_SECOND_MAX_DEFAULT: u64 = 50;
+/// Allowed range of `progress_events_per_second_max`.
+pub const PROGRESS_EVENTS_PER_SECOND_MAX_RANGE: (u64, u64) = (1, 100_000);
+/// Default for `progress_buffer_events_max`: events waiting in memory, the whole node. With
+/// events at the default `progress_event_bytes_max` it is at most 40 MiB.
+pub const PROGRESS_BUFFER_EVENTS_MAX_DEFAULT: u64 = 10_000;
+/// Allowed range of `progress_buffer_events_max`.
+pub const PROGRESS_BUFFER_EVENTS_MAX_RANGE: (u64, u64) = (1, 1_000_000);
+const _: () = assert!(PROGRESS_FLUSH_INTERVAL_DEFAULT.as_millis() < RENEW_INTERVAL_DEFAULT.as_millis());

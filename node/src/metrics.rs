@@ -15,8 +15,8 @@ use crate::store::{Gauges, Store};
 use baton_client::{ClientError, ItemAnswer};
 use baton_shared::clock::SharedClock;
 use baton_shared::wire::{
-    ClaimResponse, ClaimedDelivery, HolderItem, ReportRequest, ReportResponse, SessionResponse, StartItem, StartResult,
-    TransitionResponse,
+    ClaimResponse, ClaimedDelivery, HolderItem, ReportRequest, ReportResponse, RunningTurnItem, RunningTurnResult,
+    SessionResponse, StartItem, StartResult, TransitionResponse,
 };
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -82,6 +82,17 @@ pub const NODE_METRICS: &[(&str, Kind, &str)] = &[
         Kind::Counter,
         "Attempt reports sent, by result: confirmed (recorded by the hub), refused (a refusal, passing or for \
          good), unanswered (no answer).",
+    ),
+    (
+        "baton_node_progress_sent_total",
+        Kind::Counter,
+        "Progress events of running turns forwarded to the hub (answered; the hub may still drop some past its own bounds).",
+    ),
+    (
+        "baton_node_progress_dropped_total",
+        Kind::Counter,
+        "Progress events dropped by the node, by reason: too_large, not_an_object, over_count, over_rate, \
+         buffer_full (the hub did not answer for long), not_running (the hub has the run's outcome).",
     ),
 ];
 
@@ -199,6 +210,15 @@ impl NodeMetrics {
             ("baton_node_reports_total", "{result=\"refused\"}".into(), load(&self.reports_refused)),
             ("baton_node_reports_total", "{result=\"unanswered\"}".into(), load(&self.reports_unanswered)),
         ];
+        let (sent, dropped) = crate::progress::counters();
+        samples.push(("baton_node_progress_sent_total", String::new(), sent.to_string()));
+        for (why, n) in dropped {
+            samples.push((
+                "baton_node_progress_dropped_total",
+                format!("{{reason=\"{}\"}}", why.as_str()),
+                n.to_string(),
+            ));
+        }
         if let Some(g) = gauges {
             let oldest = g.oldest_awaiting_ms.map_or(0.0, |at| now_ms.saturating_sub(at).max(0) as f64 / 1000.0);
             samples.extend([
@@ -303,6 +323,9 @@ impl<H: Hub> Hub for Watched<H> {
             Err(e) => self.metrics.reports_failed(n, e),
         }
         answer
+    }
+    async fn running(&self, turns: Vec<RunningTurnItem>) -> Result<Vec<RunningTurnResult>, ClientError> {
+        self.seen(self.inner.running(turns).await)
     }
     fn hub_moves(&self) -> u64 {
         self.inner.hub_moves()

@@ -67,6 +67,8 @@ pub(crate) async fn send_pending<H: Hub>(sh: &Shared<H>) -> Result<Pass, StoreEr
     if batch.is_empty() {
         return Ok(Pass::Idle);
     }
+    // The ended turns' last progress events first: the hub takes none after their outcome.
+    crate::progress::flush_ended(sh).await;
     let answers = send_batch(sh, &batch).await;
     let mut settle: Vec<(String, Option<String>)> = Vec::with_capacity(answers.len());
     let mut pass = Pass::Progress;

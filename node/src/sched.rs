@@ -585,6 +585,7 @@ fn spec<H>(sh: &Shared<H>) -> ExecSpec {
         stderr_tail_bytes: sh.config.stderr_tail_bytes,
         instance_id: sh.instance_id.clone(),
         gate: sh.gate.clone(),
+        progress_line_bytes_max: sh.config.progress_event_bytes_max,
     }
 }
 
@@ -610,7 +611,15 @@ async fn execute<H: Hub>(
             crash_point("node.exec.during_effect");
             run_noop()
         }
-        Start::Command(spawned) => spawned.run(&spec(&sh), &turn, &kill, &cancel).await,
+        Start::Command(spawned) => {
+            let sink = sh.progress.start(&turn.delivery_id, turn.run, &turn.claim_token);
+            let ending = spawned.run(&spec(&sh), &turn, &kill, &cancel, Some(sink)).await;
+            let dropped = sh.progress.end(&turn.delivery_id, turn.run);
+            if dropped > 0 {
+                tracing::warn!(delivery_id = %turn.delivery_id, attempt = turn.run, dropped, "progress events of this turn were dropped (bounds, rate or buffer); the hub counts them with the run");
+            }
+            ending
+        }
         Start::Failed(ending) => ending,
     };
     tracing::info!(

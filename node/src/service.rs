@@ -16,8 +16,8 @@
 use crate::client::Hub;
 use baton_client::{ClientError, ItemAnswer};
 use baton_shared::wire::{
-    ClaimResponse, ClaimedDelivery, HolderItem, ReportRequest, ReportResponse, SessionResponse, StartItem, StartResult,
-    TransitionResponse,
+    ClaimResponse, ClaimedDelivery, HolderItem, ReportRequest, ReportResponse, RunningTurnItem, RunningTurnResult,
+    SessionResponse, StartItem, StartResult, TransitionResponse,
 };
 use sd_notify::NotifyState;
 use std::future::Future;
@@ -102,6 +102,9 @@ impl<H: Hub> Hub for Notifying<H> {
     }
     async fn report_batch(&self, reports: Vec<ReportRequest>) -> Result<Vec<ItemAnswer<ReportResponse>>, ClientError> {
         self.answered(self.inner.report_batch(reports).await)
+    }
+    async fn running(&self, turns: Vec<RunningTurnItem>) -> Result<Vec<RunningTurnResult>, ClientError> {
+        self.answered(self.inner.running(turns).await)
     }
     fn hub_moves(&self) -> u64 {
         self.inner.hub_moves()

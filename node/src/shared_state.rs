@@ -11,7 +11,7 @@ use baton_client::{Backoff, ClientError, RefusedForGood};
 use baton_shared::clock::SharedClock;
 use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -30,6 +30,8 @@ pub(crate) struct Shared<H> {
     pub(crate) gate: Gate,
     /// Wall-clock time for stored timestamps (waits use tokio's monotonic clock instead).
     pub(crate) clock: SharedClock,
+    /// The running turns' progress waiting to be forwarded, and their renewal (`progress`).
+    pub(crate) progress: Arc<crate::progress::Progress>,
     /// Wakes the scheduler: a gate opened or a turn ended.
     pub(crate) wake_scheduler: Notify,
     /// Wakes the outbox: a report was queued.

@@ -9,6 +9,9 @@ pub enum ErrorCode {
     InvalidField,
     /// 400: the message has no recipients.
     NoRecipients,
+    /// 400: an events feed's `after` is not a cursor this hub's record gave out (not a number,
+    /// or past every position drawn so far: a cursor of another record).
+    BadCursor,
     /// 401: the client certificate is not one the hub issued.
     UnknownCertificate,
     /// 401: the client certificate was revoked.
@@ -44,6 +47,9 @@ pub enum ErrorCode {
     /// 409: the request's `baton-session` names a node session older than the host's newest:
     /// another process took over this node instance.
     SessionSuperseded,
+    /// 410: an events feed's `after` lies before events that retention or a purge removed
+    /// since: reading on from it would skip them. Start again without `after`.
+    CursorExpired,
     /// 413: the body or a field is over its size bound.
     TooLarge,
     /// 431: the request's header fields are over the hub's bound (their number or their size).
@@ -69,10 +75,11 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 28] = [
+    pub const ALL: [ErrorCode; 30] = [
         ErrorCode::InvalidJson,
         ErrorCode::InvalidField,
         ErrorCode::NoRecipients,
+        ErrorCode::BadCursor,
         ErrorCode::UnknownCertificate,
         ErrorCode::CertificateRevoked,
         ErrorCode::WrongRole,
@@ -89,6 +96,7 @@ impl ErrorCode {
         ErrorCode::ReportConflict,
         ErrorCode::InstanceConflict,
         ErrorCode::SessionSuperseded,
+        ErrorCode::CursorExpired,
         ErrorCode::TooLarge,
         ErrorCode::HeadersTooLarge,
         ErrorCode::OverCapacity,
@@ -106,6 +114,8 @@ impl ErrorCode {
             ErrorCode::InvalidJson => "invalid_json",
             ErrorCode::InvalidField => "invalid_field",
             ErrorCode::NoRecipients => "no_recipients",
+            ErrorCode::BadCursor => "bad_cursor",
+            ErrorCode::CursorExpired => "cursor_expired",
             ErrorCode::UnknownCertificate => "unknown_certificate",
             ErrorCode::CertificateRevoked => "certificate_revoked",
             ErrorCode::WrongRole => "wrong_role",
@@ -142,7 +152,7 @@ impl ErrorCode {
     /// The HTTP status this code is sent with.
     pub fn status(self) -> u16 {
         match self {
-            ErrorCode::InvalidJson | ErrorCode::InvalidField | ErrorCode::NoRecipients => 400,
+            ErrorCode::InvalidJson | ErrorCode::InvalidField | ErrorCode::NoRecipients | ErrorCode::BadCursor => 400,
             ErrorCode::UnknownCertificate | ErrorCode::CertificateRevoked => 401,
             ErrorCode::WrongRole
             | ErrorCode::NotYours
@@ -158,6 +168,7 @@ impl ErrorCode {
             | ErrorCode::ReportConflict
             | ErrorCode::InstanceConflict
             | ErrorCode::SessionSuperseded => 409,
+            ErrorCode::CursorExpired => 410,
             ErrorCode::TooLarge => 413,
             ErrorCode::HeadersTooLarge => 431,
             ErrorCode::OverCapacity | ErrorCode::QuotaUnsettledMessages | ErrorCode::QuotaUnsettledBytes => 429,

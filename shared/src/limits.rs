@@ -116,3 +116,40 @@ const _: () = assert!(HOLDINGS_PAGE_MAX_DEFAULT <= HOLDINGS_PAGE_MAX_RANGE.1);
 const _: () = assert!(PAYLOAD_BYTES_MAX_RANGE.0 <= PAYLOAD_BYTES_MAX_DEFAULT);
 const _: () = assert!(PAYLOAD_BYTES_MAX_DEFAULT <= PAYLOAD_BYTES_MAX_RANGE.1);
 const _: () = assert!(PAYLOAD_BYTES_MAX_RANGE.1 <= PAYLOAD_FILE_BYTES_MAX);
+
+/// Most progress events one `POST /v1/running` carries, all turns together; the node also stops
+/// adding events before the body would pass `BATCH_BYTES_MAX`, and sends the rest in its next
+/// request. It bounds the work of the one writer job a request is.
+pub const PROGRESS_EVENTS_PER_REQUEST_MAX: usize = 1_000;
+/// Largest progress event (bytes of its JSON line) the hub keeps by default
+/// (`limits.progress_event_bytes_max`; the node's own bound is `progress_event_bytes_max`).
+pub const PROGRESS_EVENT_BYTES_MAX_DEFAULT: u64 = 4 * 1024;
+/// Allowed range of the hub's and the node's `progress_event_bytes_max`.
+pub const PROGRESS_EVENT_BYTES_MAX_RANGE: (u64, u64) = (16, 64 * 1024);
+/// Most progress events of one run the hub keeps by default (`limits.progress_events_per_turn_max`;
+/// 0 keeps none).
+pub const PROGRESS_EVENTS_PER_TURN_MAX_DEFAULT: u64 = 10_000;
+/// Allowed range of the hub's and the node's `progress_events_per_turn_max`.
+pub const PROGRESS_EVENTS_PER_TURN_MAX_RANGE: (u64, u64) = (0, 1_000_000);
+/// Most items one events feed answer carries by default (`limits.feed_page_max`), also the
+/// default of a request's `limit`.
+pub const FEED_PAGE_MAX_DEFAULT: u32 = 500;
+/// Allowed range of `limits.feed_page_max` and of a feed request's `limit`.
+pub const FEED_PAGE_MAX_RANGE: (u32, u32) = (1, 10_000);
+/// Most bytes of JSON one events feed answer carries by default (`limits.feed_page_bytes_max`):
+/// the items stop before the one that would pass it (one item always goes).
+pub const FEED_PAGE_BYTES_MAX_DEFAULT: u64 = 1024 * 1024;
+/// Allowed range of `limits.feed_page_bytes_max`.
+pub const FEED_PAGE_BYTES_MAX_RANGE: (u64, u64) = (16 * 1024, 64 * 1024 * 1024);
+
+const _: () = assert!(PROGRESS_EVENT_BYTES_MAX_RANGE.0 <= PROGRESS_EVENT_BYTES_MAX_DEFAULT);
+const _: () = assert!(PROGRESS_EVENT_BYTES_MAX_DEFAULT <= PROGRESS_EVENT_BYTES_MAX_RANGE.1);
+// The largest event fits in a request, and in a feed answer at the bound's bottom.
+const _: () = assert!(PROGRESS_EVENT_BYTES_MAX_RANGE.1 < BATCH_BYTES_MAX);
+const _: () = assert!(PROGRESS_EVENT_BYTES_MAX_RANGE.1 < FEED_PAGE_BYTES_MAX_RANGE.0 * 8);
+const _: () = assert!(PROGRESS_EVENTS_PER_TURN_MAX_DEFAULT <= PROGRESS_EVENTS_PER_TURN_MAX_RANGE.1);
+const _: () = assert!(FEED_PAGE_MAX_RANGE.0 <= FEED_PAGE_MAX_DEFAULT && FEED_PAGE_MAX_DEFAULT <= FEED_PAGE_MAX_RANGE.1);
+const _: () = assert!(
+    FEED_PAGE_BYTES_MAX_RANGE.0 <= FEED_PAGE_BYTES_MAX_DEFAULT
+        && FEED_PAGE_BYTES_MAX_DEFAULT <= FEED_PAGE_BYTES_MAX_RANGE.1
+);

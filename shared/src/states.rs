@@ -134,6 +134,34 @@ impl Rerun {
     }
 }
 
+/// Which of its message's bounds stopped a turn (a report's `stopped_by`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StoppedBy {
+    /// Its `deadline_ms` (or its node's `exec_timeout`, when shorter): final, never retried.
+    /// The deadline is the producer's budget for the turn; a second run would spend it again
+    /// and most likely overrun again.
+    Deadline,
+    /// Its `stall_ms`: retryable as exit 75 is. A stall is a step that hung (a model or tool
+    /// call that never returned); running the turn again is the usual cure, and
+    /// `max_attempts` bounds what it costs.
+    Stall,
+}
+
+impl StoppedBy {
+    /// The wire word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StoppedBy::Deadline => "deadline",
+            StoppedBy::Stall => "stall",
+        }
+    }
+
+    /// Parses the wire word.
+    pub fn parse(s: &str) -> Option<StoppedBy> {
+        [StoppedBy::Deadline, StoppedBy::Stall].into_iter().find(|b| b.as_str() == s)
+    }
+}
+
 impl fmt::Display for Outcome {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())

@@ -77,6 +77,19 @@ pub struct SubmitRequest {
     /// `limits.approval_timeout_max`; absent: no timeout. Left out without an approval.
     #[serde(default, deserialize_with = "crate::json_int::optional", skip_serializing_if = "Option::is_none")]
     pub approval_timeout_ms: Option<u64>,
+    /// The longest each turn of the message may run: past it (or past its node's own
+    /// `exec_timeout`, whichever is shorter) the node stops the turn's process group and
+    /// reports it `failed`, naming the deadline. Bounded by the hub's `limits.deadline_max`;
+    /// absent: the node's `exec_timeout` alone.
+    #[serde(default, deserialize_with = "crate::json_int::optional", skip_serializing_if = "Option::is_none")]
+    pub deadline_ms: Option<u64>,
+    /// The longest a running turn may go without writing a progress event (counted from its
+    /// start, then from its last line on the progress channel): past it the node stops the
+    /// turn's process group and reports it `failed`, naming the stall; with `max_attempts`
+    /// left, the hub runs it again (as for exit 75). Bounded by the hub's `limits.stall_max`;
+    /// absent: no stall bound.
+    #[serde(default, deserialize_with = "crate::json_int::optional", skip_serializing_if = "Option::is_none")]
+    pub stall_ms: Option<u64>,
 }
 
 /// `POST /v1/messages/{message_id}/approve` and `/reject`: a producer with the right to approve
@@ -292,6 +305,14 @@ pub struct ClaimedDelivery {
     /// True when a cancel was asked for: the node never starts it, and stops it if it runs.
     #[serde(default)]
     pub cancel_requested: bool,
+    /// The message's `deadline_ms`: the node stops the turn at the shorter of it and its own
+    /// `exec_timeout`. Absent from a hub that predates it, or when the message names none.
+    #[serde(default)]
+    pub deadline_ms: Option<u64>,
+    /// The message's `stall_ms`: the node stops the turn when it wrote no progress event for
+    /// this long. Absent from a hub that predates it, or when the message names none.
+    #[serde(default)]
+    pub stall_ms: Option<u64>,
 }
 
 /// The answer to `POST /v1/claims`.
@@ -537,6 +558,12 @@ pub struct ReportRequest {
     /// (0: the tail is all of it); without `stderr_tail`, how many it wrote, none of them sent.
     #[serde(default, deserialize_with = "crate::json_int::optional", skip_serializing_if = "Option::is_none")]
     pub stderr_dropped_bytes: Option<u64>,
+    /// Which of the message's bounds stopped the turn, when one did: `deadline` (its
+    /// `deadline_ms`, or the node's `exec_timeout` when shorter) or `stall` (its `stall_ms`).
+    /// A stalled run is retryable as exit 75 is (the hub requeues it while `max_attempts`
+    /// leaves room); one past its deadline is not. Left out of the JSON when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped_by: Option<String>,
 }
 
 /// The answer to `POST /delivery-report`.
@@ -762,4 +789,170 @@ mod batch_tests {
         assert_eq!(back.error_code(), Some("stale_claim"));
         assert_eq!(back, err);
     }
+}
+
+/// What an events feed item is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FeedEventKind {
+    /// A delivery's state changed (`from` → `to`, by `actor`, with `reason`); a delivery's
+    /// creation has no `from`.
+    State,
+    /// A running turn's harness wrote a progress event (`attempt`, `seq`, `progress`).
+    Progress,
+    /// A run's outcome was recorded (`attempt`, `outcome`, ...): the same attempt a message read
+    /// shows, without its result body (read that with `GET /v1/messages/{message_id}`).
+    Outcome,
+}
+
+/// One item of an events feed (`GET /v1/messages/{message_id}/events`,
+/// `GET /v1/conversations/{conversation}/events`): a delivery's state change, a progress
+/// event of a running turn, or a run's outcome. The fields each kind carries are listed on
+/// them; the others are left out.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FeedEvent {
+    /// This item's position: pass it as `after` to read on from just after it. Opaque (today
+    /// a decimal number), increasing along the feed.
+    pub cursor: String,
+    /// What the item is.
+    pub kind: FeedEventKind,
+    /// When the hub recorded it (unix milliseconds).
+    pub at_ms: i64,
+    /// The message.
+    pub message_id: String,
+    /// The delivery.
+    pub delivery_id: String,
+    /// The delivery's host.
+    pub host: String,
+    /// `state`: the state before (absent when the delivery was created).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<DeliveryState>,
+    /// `state`: the state after.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<DeliveryState>,
+    /// `state`: who made the change: `hub`, `node:HOST` or `operator:NAME` (a producer's cancel
+    /// or decision is `operator:producer:NAME`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub actor: Option<String>,
+    /// `state`: why, when a reason was recorded; `outcome`: why the outcome is what it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// `progress`, `outcome`: the run of the delivery (1 for the first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
+    /// `progress`: the event's number within its run, from 1, in the order the harness wrote
+    /// them (without gaps unless events were dropped: see `progress_dropped` on the outcome).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seq: Option<u64>,
+    /// `progress`: the JSON object the harness wrote, exactly as it wrote it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<Payload>,
+    /// `outcome`: how the run ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<Outcome>,
+    /// `outcome`: the harness's exit status, when it exited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// `outcome`: the signal that ended the harness, when one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    /// `outcome`: how long the run took, as its node measured it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u64>,
+    /// `outcome`: true when the hub requeued the delivery for another run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retryable: Option<bool>,
+    /// `outcome`: how many progress events of the run the hub kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress_events: Option<u64>,
+    /// `outcome`: how many progress events of the run were dropped, by its node (size, count,
+    /// rate, a full buffer while the hub did not answer) and by the hub (its bounds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress_dropped: Option<u64>,
+}
+
+/// One answer of an events feed: the items after the cursor, in order, and where to read on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EventsPage {
+    /// The items, in feed order (at most the request's `limit`, and the hub's
+    /// `limits.feed_page_max` and `limits.feed_page_bytes_max`). Empty when the wait elapsed.
+    pub events: Vec<FeedEvent>,
+    /// Pass it as `after` to read on: every item up to it has been answered, in this page or
+    /// an earlier one. Equal to the last item's `cursor`, or past it when the hub scanned
+    /// further and found nothing more for this feed.
+    pub next_cursor: String,
+    /// Message feeds only: true when every delivery of the message has its final outcome (only
+    /// an operator's redrive adds items after that).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settled: Option<bool>,
+}
+
+/// `POST /v1/running`: the node says which turns run now, and forwards their harnesses'
+/// progress events, in one request per pass for all of them. A node sends it at least every
+/// `renew_interval` while a turn runs: the hub shows a host that stops sending as silent with
+/// its running turns.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunningRequest {
+    /// The holding instance.
+    pub instance_id: String,
+    /// The turns running now (and those that ended and still have events to send), at most
+    /// `BATCH_ITEMS_MAX`.
+    pub turns: Vec<RunningTurnItem>,
+}
+
+/// One running turn and its progress events since the last request the hub answered.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunningTurnItem {
+    /// The delivery.
+    pub delivery_id: String,
+    /// The claim token of the run's claim.
+    pub claim_token: String,
+    /// The run.
+    #[serde(deserialize_with = "crate::json_int::integer")]
+    pub attempt: u32,
+    /// Progress events, in the order the harness wrote them; a resent event (same `seq`) is
+    /// kept once. At most `PROGRESS_EVENTS_PER_REQUEST_MAX` in one request, all turns
+    /// together.
+    #[serde(default)]
+    pub events: Vec<ProgressItem>,
+    /// How many progress events of the run the node dropped so far (its bounds, its buffer),
+    /// when that changed since the hub last answered.
+    #[serde(default, deserialize_with = "crate::json_int::optional", skip_serializing_if = "Option::is_none")]
+    pub dropped: Option<u64>,
+}
+
+/// One progress event as the node forwards it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProgressItem {
+    /// Its number within the run, from 1, increasing.
+    #[serde(deserialize_with = "crate::json_int::integer")]
+    pub seq: u64,
+    /// The JSON object the harness wrote, exactly as it wrote it.
+    pub progress: Payload,
+}
+
+/// The answer to `POST /v1/running`: one result per turn, in request order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunningResponse {
+    /// Per-turn results.
+    pub turns: Vec<RunningTurnResult>,
+}
+
+/// What the hub made of one turn of a `POST /v1/running`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunningTurnResult {
+    /// The delivery.
+    pub delivery_id: String,
+    /// False when the hub no longer takes progress for this run (its outcome is recorded, or
+    /// the claim is no longer this instance's): the node forwards nothing more of it.
+    pub running: bool,
+    /// How many of the request's events the hub kept (a resent one counts once, when first kept).
+    pub kept: u64,
+    /// How many it dropped (over `limits.progress_event_bytes_max` or
+    /// `limits.progress_events_per_turn_max`, not a JSON object, or for a run no longer
+    /// running).
+    pub dropped: u64,
 }

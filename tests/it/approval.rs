@@ -2,8 +2,9 @@
 //! `"approval": "required"` waits held until an operator (`held approve|reject`) or a producer
 //! with the right (`producers approve`, `POST /v1/messages/{id}/approve|reject`) decides, or
 //! its `approval_timeout_ms` fails it; a later turn of its conversation on the same host waits
-//! behind it. A conversation whose turns fail `limits.breaker_failures` times in a row is held
-//! by the hub, shows in `status`, and a `fence lift` lifts it.
+//! behind it. A conversation whose turns fail `limits.breaker_failures` times in a row, or that
+//! runs more than `limits.breaker_turns` turns within `limits.breaker_period`, is held by the
+//! hub, shows in `status`, and a `fence lift` lifts it.
 
 use crate::harness::{Hub, submit_body};
 use crate::node_harness::wait_for;
@@ -142,6 +143,39 @@ async fn the_breaker_holds_a_conversation_that_keeps_failing_until_lifted() {
     assert_eq!(hub.state(next.to("host-a")), "held");
     hub.lift(fence["id"].as_i64().unwrap());
     hub.cli_ok(["held", "release", "--conversation", "c", "--reason", "fixed"]);
+    assert_eq!(node.claim(1, 0).await.len(), 1, "lifted and released, the turn runs");
+}
+
+/// The breaker's second trigger: a conversation that runs more turns within
+/// `limits.breaker_period` than `limits.breaker_turns` allows, each succeeding, is held by the
+/// hub the same way, shows in `status`, and runs again once the fence is lifted and released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_breaker_holds_a_conversation_that_runs_too_many_turns_in_a_period_until_lifted() {
+    let hub = Hub::builder().config("[limits]\nbreaker_turns = 3\nbreaker_period = \"1h\"\n").start();
+    let prod = hub.client("prod");
+    let node = hub.node("host-a", "inst-a");
+    let fenced = || {
+        let fences = hub.cli_json(["fence", "list", "--json"]);
+        fences.as_array().unwrap().iter().find(|f| f["target"] == "busy").cloned()
+    };
+    for (i, key) in ["t1", "t2", "t3", "t4"].into_iter().enumerate() {
+        assert!(fenced().is_none(), "not tripped after {i} turn(s)");
+        prod.submit_new("busy", key, &["host-a"]).await;
+        let got = node.claim(1, 0).await;
+        node.mirror_and_ack(&got[0]).await;
+        node.report(&got[0], key, "succeeded", 0).await.ok(201);
+    }
+    let fence = fenced().expect("the fourth turn within the period trips the breaker");
+    assert_eq!((fence["kind"].as_str(), fence["set_by"].as_str()), (Some("hold"), Some("hub")), "{fence}");
+    let reason = fence["reason"].as_str().unwrap();
+    assert!(reason.contains("4 turns within 1h") && reason.contains("limits.breaker_turns = 3"), "{fence}");
+    let status = hub.cli(["status", "--json"]);
+    assert!(String::from_utf8_lossy(&status.stdout).contains("breaker_tripped"), "status lists it");
+    let next = prod.submit_new("busy", "after", &["host-a"]).await;
+    assert!(node.claim(1, 0).await.is_empty());
+    assert_eq!(hub.state(next.to("host-a")), "held");
+    hub.lift(fence["id"].as_i64().unwrap());
+    hub.cli_ok(["held", "release", "--conversation", "busy", "--reason", "looked at it"]);
     assert_eq!(node.claim(1, 0).await.len(), 1, "lifted and released, the turn runs");
 }
 

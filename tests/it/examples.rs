@@ -1,32 +1,34 @@
 //! The Python examples in `docs/examples/`, run against the real hub and node so they stay
 //! true: `harness.py` is the node's harness command, `producer.py` submits a message over mTLS
-//! and waits for its outcome with the long-poll read.
+//! and waits for its outcome; both are built on the Python client package (`shared/python`),
+//! imported from the source tree.
 //!
-//! Needs `python3`. Without it the test says so and passes, unless `BATON_REQUIRE_PYTHON` is set
-//! (CI sets it), when it fails.
+//! Needs a Python that imports the package (`baton_testkit::python`): without one the test says
+//! `SKIPPED:` and passes, unless `BATON_REQUIRE_PYTHON` is set (CI sets it), when it fails.
 
 use baton_testkit::bins::{self, Binaries};
+use baton_testkit::python::{self, Python};
 use baton_testkit::{EVENT_WAIT, Harness, Hub, Identity, Node, NodeConfig, Role, fresh_dir};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// Set (to anything) to make a missing `python3` a failure instead of a skip.
-const REQUIRE_VAR: &str = "BATON_REQUIRE_PYTHON";
 /// How long the producer may take: submit, the node's claim and turn, the report, the read.
 const PRODUCER_WAIT: Duration = Duration::from_secs(90);
 
-/// `python3` on `PATH`, as an absolute path (the node runs its harness without a shell).
-fn python3() -> Option<PathBuf> {
-    let found = std::env::var_os("PATH").and_then(|path| {
-        std::env::split_paths(&path)
-            .map(|d| d.join("python3"))
-            .find(|p| std::process::Command::new(p).arg("--version").output().is_ok_and(|o| o.status.success()))
-    });
-    if found.is_none() {
-        assert!(std::env::var_os(REQUIRE_VAR).is_none(), "{REQUIRE_VAR} is set but python3 is not on PATH");
-        eprintln!("SKIPPED: python3 is not on PATH; install it, or set {REQUIRE_VAR} to make this a failure");
+/// The interpreter, when it imports the package (else the test skips or, in CI, fails).
+fn python3() -> Option<Python> {
+    python::find_or_skip(&["baton_client"])
+}
+
+/// A node of `hub` running `harness`, with the package importable by its harness.
+fn node_with_package(bins: &Binaries, dir: &Path, url: &str, id: &Identity, harness: Harness, py: &Python) -> Node {
+    let config = NodeConfig::new(url, id, &dir.join("node-data"), harness);
+    let mut node = Node::create(bins, dir, "py-node", &config).unwrap();
+    for (k, v) in py.env() {
+        node.set_env(k, &v);
     }
-    found
+    node.start(None).unwrap();
+    node
 }
 
 fn example(name: &str) -> PathBuf {
@@ -46,10 +48,8 @@ fn python_producer_and_harness_work_against_the_real_hub_and_node() {
     hub.serve(None).unwrap();
     let url = format!("https://localhost:{}", hub.addr().expect("a serving hub").port());
 
-    let harness = vec![python.display().to_string(), example("harness.py").display().to_string()];
-    let config = NodeConfig::new(&url, &node_id, &dir.path().join("node-data"), Harness::Command(harness));
-    let mut node = Node::create(&bins, dir.path(), "py-node", &config).unwrap();
-    node.start(None).unwrap();
+    let harness = vec![python.exe.display().to_string(), example("harness.py").display().to_string()];
+    let node = node_with_package(&bins, dir.path(), &url, &node_id, Harness::Command(harness), &python);
 
     let cmd = producer_command(&python, &url, &producer, "py-1", r#"{"text": "three little words"}"#);
     let out = bins::run(cmd, PRODUCER_WAIT).unwrap();
@@ -101,9 +101,7 @@ fn python_producer_waits_for_the_run_a_redrive_started() {
     // succeeds.
     let script = r#"cat >/dev/null; [ "$BATON_ATTEMPT" = 1 ] && exit 3; sleep 8; echo '{"ok": true}'"#;
     let harness = Harness::Command(vec!["/bin/sh".into(), "-c".into(), script.into()]);
-    let config = NodeConfig::new(&url, &node_id, &dir.path().join("node-data"), harness);
-    let mut node = Node::create(&bins, dir.path(), "py-node", &config).unwrap();
-    node.start(None).unwrap();
+    let node = node_with_package(&bins, dir.path(), &url, &node_id, harness, &python);
 
     let first =
         bins::run(producer_command_to(&python, &url, &producer, "py-slow", "redo", "{}"), PRODUCER_WAIT).unwrap();
@@ -137,20 +135,20 @@ fn python_producer_waits_for_the_run_a_redrive_started() {
 }
 
 /// `producer.py` sending `payload` under `key` to `py-host` in `py-demo`.
-fn producer_command(python: &Path, url: &str, id: &Identity, key: &str, payload: &str) -> std::process::Command {
+fn producer_command(python: &Python, url: &str, id: &Identity, key: &str, payload: &str) -> std::process::Command {
     producer_command_to(python, url, id, "py-host", key, payload)
 }
 
 /// `producer.py` sending `payload` under `key` to `host` in `py-demo`.
 fn producer_command_to(
-    python: &Path,
+    python: &Python,
     url: &str,
     id: &Identity,
     host: &str,
     key: &str,
     payload: &str,
 ) -> std::process::Command {
-    let mut cmd = bins::command(python);
+    let mut cmd = python.command();
     cmd.arg(example("producer.py"))
         .args(["--hub", url, "--conversation", "py-demo", "--to", host, "--idempotency-key", key])
         .arg("--ca")

@@ -285,11 +285,12 @@ fn a_record_migrates_to_postgres_and_back() {
 /// hub has: the contract's transitions, turn control, fences, batches, order and fairness,
 /// membership, crash and repair, waiting reads, the node's whole flow, the operator's lists, and
 /// values PostgreSQL's text types treat otherwise (NUL, the largest sizes).
-pub const RERUN_ON_POSTGRES: [&str; 19] = [
+pub const RERUN_ON_POSTGRES: [&str; 22] = [
     "approval::",
     "conversation_fairness::",
     "conversation_order::",
     "conversations_cli::",
+    "deadlines::",
     "harness_stderr::",
     "hub_batch::",
     "hub_contract::",
@@ -302,6 +303,8 @@ pub const RERUN_ON_POSTGRES: [&str; 19] = [
     "ops_explain::",
     "ops_lists::",
     "ops_truth::",
+    "progress::",
+    "running_turns::",
     "status_view::",
     "turn_control::",
     "values::",
@@ -310,7 +313,7 @@ pub const RERUN_ON_POSTGRES: [&str; 19] = [
 /// The modules not rerun on PostgreSQL, each for one reason. A module of the suite must be in
 /// one list or the other (`the_whole_suite_passes_on_postgres` checks), so a new one is placed
 /// by a decision, not by default.
-pub const NOT_RERUN_ON_POSTGRES: [(&str, &str); 38] = [
+pub const NOT_RERUN_ON_POSTGRES: [(&str, &str); 39] = [
     // They put their hubs on PostgreSQL themselves (this one would also rerun itself).
     ("hub_postgres::", "on PostgreSQL already"),
     ("multi_hub::", "on PostgreSQL already"),
@@ -337,6 +340,7 @@ pub const NOT_RERUN_ON_POSTGRES: [(&str, &str); 38] = [
     ("status_page::", "the operator listener and a browser"),
     ("metrics::", "the exporters and the alert files; the gauges' reads are store unit tests, run on both"),
     ("examples::", "the Python examples"),
+    ("python_client::", "the Python client package, over the HTTP calls the rerun modules make"),
     // The node's own side: its local SQLite store, its processes and its recovery.
     ("node_batch::", "the node's batching"),
     ("node_clone::", "the node's data directory"),

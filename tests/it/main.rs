@@ -65,11 +65,19 @@
 //! - `turn_control`: cancel reaching a running or waiting turn, retries the harness asks for,
 //!   the operator's retry (a redrive), and a copied data directory that runs nothing twice.
 //! - `examples`: the Python producer and harness of `docs/examples/` against the real binaries.
+//! - `python_client`: the Python client package's own suite against a real hub and node, its
+//!   spool through a hub outage and interchangeable with `baton`'s, and `mypy --strict`.
 //! - `demo`: `baton-demo`, README's quick start, run to its end, and its build of the programs
 //!   resolving features as the `cargo run` before it (so it only links them).
 //! - `packaging`: the Debian packages, their systemd units, and readiness through `sd_notify`.
 //! - `producer_cli`: `baton`, the producer command line: send, get, wait and cancel with their
 //!   exit statuses, and configuration errors.
+//! - `progress`: a harness's progress events through the node and the hub to `baton watch`,
+//!   cut off and resumed; the conversation feed's reading rule and its cursors.
+//! - `deadlines`: `--deadline` and `--stall` stop a real turn's whole process group, name
+//!   themselves, and a stall is retried while a deadline is final.
+//! - `running_turns`: running turns renewed and shown to the operator, and a node killed
+//!   mid-turn: running on a silent host, given to no other, until retire records it unknown.
 //! - `status_page`: the operator listener (health, readiness and described metrics without a
 //!   client certificate) and the status page in a real headless browser.
 //! - `status_view`: what the status page shows, over HTTP: attention as `status` flags it,
@@ -85,6 +93,7 @@ mod conversation_fairness;
 mod conversation_order;
 mod conversations_cli;
 mod corruption;
+mod deadlines;
 mod demo;
 mod exact_payloads;
 mod examples;
@@ -132,6 +141,9 @@ mod packaging;
 mod power_loss;
 mod producer_cli;
 mod producer_spool;
+mod progress;
+mod python_client;
+mod running_turns;
 mod status_page;
 mod status_view;
 mod turn_control;

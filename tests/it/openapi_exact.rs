@@ -253,6 +253,9 @@ fn reads(name: &str, v: &Value) -> bool {
         "RejectItem" => ok::<RejectItem>(v),
         "BatchRejectRequest" => ok::<BatchRejectRequest>(v),
         "BatchReportRequest" => ok::<BatchReportRequest>(v),
+        "RunningRequest" => ok::<RunningRequest>(v),
+        "RunningTurnItem" => ok::<RunningTurnItem>(v),
+        "ProgressItem" => ok::<ProgressItem>(v),
         other => panic!("request schema {other} has no wire type here: add it"),
     }
 }
@@ -314,7 +317,7 @@ fn request_schemas_are_what_serde_reads() {
         assert!(!reads(name, &v), "{name} refuses an unknown field");
         checked += 1;
     }
-    assert_eq!(checked, 17);
+    assert_eq!(checked, 20);
 }
 
 /// The error codes a response lists (none for a success).
@@ -793,6 +796,24 @@ impl Bases {
                 c.path.insert("conversation".into(), "talk".into());
                 c
             }
+            ("get", "/v1/messages/{message_id}/events") => {
+                let mut c = producer(None);
+                c.path.insert("message_id".into(), self.message_id.clone());
+                c.query.insert("wait_ms".into(), "0".into());
+                c
+            }
+            ("get", "/v1/conversations/{conversation}/events") => {
+                let mut c = producer(None);
+                c.path.insert("conversation".into(), "talk".into());
+                c.query.insert("wait_ms".into(), "0".into());
+                c
+            }
+            // A turn this instance does not hold: accepted (200), answered `running: false`.
+            ("post", "/v1/running") => node(json!({
+                "instance_id": "inst-b",
+                "turns": [{"delivery_id": id(), "claim_token": "tok-1", "attempt": 1,
+                           "events": [{"seq": 1, "progress": {"step": 1}}], "dropped": 0}],
+            })),
             // Sessions are opened for host-a, which takes nothing else here: once a host has a
             // session, every node request of its must name one, and host-b's cases name none.
             ("post", "/v1/sessions") => {
@@ -837,7 +858,7 @@ impl Bases {
             ("get", "/healthz" | "/readyz" | "/metrics") => producer(None),
             other => panic!("no base request for {other:?}: add one"),
         };
-        if path == "/v1/starts" {
+        if path == "/v1/starts" || path == "/v1/running" {
             // Required there; any session number in range is well-formed.
             c.headers.insert("baton-session".into(), "1".into());
         }

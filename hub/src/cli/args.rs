@@ -158,7 +158,7 @@ pub enum Command {
     /// batches; idempotent by --request-id. Without a filter (--conversation, --host, --since,
     /// --limit) it re-runs every delivery of the outcome, so it says how many first and needs
     /// --reason and --yes (or a "y" at a terminal).
-    Redrive(super::turns::RedriveArgs),
+    Redrive(RedriveArgs),
     /// Submit a message by hand.
     Send {
         /// The conversation.
@@ -863,6 +863,12 @@ pub enum DeliveriesCmd {
         /// characters, which every command taking an id accepts).
         #[arg(long)]
         wide: bool,
+        /// Only the turns running now (delivered, started on their node, no report yet), longest
+        /// running first, at most --limit, with how long each has run, when its node was last
+        /// heard from (SILENT past `host_silence_warn`: it stopped renewing; nothing of it is
+        /// handed to another host) and its last progress. Takes --host and --conversation.
+        #[arg(long, conflicts_with_all = ["state", "outcome", "since", "until", "newest", "oldest", "after"])]
+        running: bool,
         /// Print JSON (ids whole; each row with its `cursor`).
         #[arg(long)]
         json: bool,
@@ -889,9 +895,9 @@ pub enum DeliveriesCmd {
     },
     /// Cancel a delivery, or those of a conversation or host that have not ended: one not yet
     /// delivered fails at once; a delivered one is stopped by its node.
-    Cancel(super::turns::CancelArgs),
+    Cancel(CancelArgs),
     /// Re-run one final delivery (failed, unknown or cancelled) as a new run (a redrive).
-    Retry(super::turns::RetryArgs),
+    Retry(RetryArgs),
 }
 
 /// `config` subcommands.
@@ -1036,4 +1042,74 @@ mod tests {
         // Configuration flags belong to `serve` only.
         assert!(Cli::try_parse_from(["baton-hub", "status", "--claim-batch-max", "5"]).is_err());
     }
+}
+
+/// `deliveries cancel ID | --conversation C | --host H --reason R [--dry-run]`.
+#[derive(Debug, clap::Args)]
+pub struct CancelArgs {
+    /// The delivery id (or give --conversation or --host).
+    pub id: Option<String>,
+    /// Every delivery of this conversation that has not ended.
+    #[arg(long, conflicts_with_all = ["id", "host"])]
+    pub conversation: Option<String>,
+    /// Every delivery to this host that has not ended.
+    #[arg(long, conflicts_with = "id")]
+    pub host: Option<String>,
+    /// Print what would be cancelled, change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Why (recorded).
+    #[command(flatten)]
+    pub why: Reason,
+}
+
+/// `deliveries retry ID --reason R`.
+#[derive(Debug, clap::Args)]
+pub struct RetryArgs {
+    /// The delivery id: failed, unknown, or delivered whose run failed, ended unknown or was
+    /// cancelled.
+    pub id: String,
+    /// Why (recorded).
+    #[command(flatten)]
+    pub why: Reason,
+}
+
+/// `redrive --outcome O [filters] --reason R [--dry-run | --yes] [--request-id ID]`.
+#[derive(Debug, clap::Args)]
+pub struct RedriveArgs {
+    /// Re-run the deliveries with this outcome: failed, unknown or cancelled, the same set
+    /// `deliveries list --outcome` shows (README, "State and outcome").
+    #[arg(long)]
+    pub outcome: String,
+    /// Only this conversation.
+    #[arg(long)]
+    pub conversation: Option<String>,
+    /// Only this host.
+    #[arg(long)]
+    pub host: Option<String>,
+    /// Only deliveries that ended at or after this time: UTC ("2026-05-01 12:00:00"), RFC 3339,
+    /// a duration ago ("2h", "30m"), or unix milliseconds. A repeat by --request-id of a
+    /// redrive given a duration compares the duration, not the moment it meant.
+    #[arg(long, value_name = "TIME")]
+    pub since: Option<String>,
+    /// At most this many in all.
+    #[arg(long)]
+    pub limit: Option<u32>,
+    /// --dry-run (print what would be re-run, change nothing); --yes, which a redrive without
+    /// a filter needs.
+    #[command(flatten)]
+    pub confirm: Confirm,
+    /// Makes the redrive idempotent: a repeat with the same id prints what the first did and
+    /// changes nothing.
+    #[arg(long)]
+    pub request_id: Option<String>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Why (recorded; required without a filter).
+    #[command(flatten)]
+    pub why: ReasonIfDestructive,
 }

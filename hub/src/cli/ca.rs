@@ -7,7 +7,9 @@
 
 use super::args::Confirm;
 use super::confirm::{self, Decision};
-use super::{CliError, CliResult, Context, identity, output};
+use super::files::{self, aside_stamp};
+use super::views::IssuedBy;
+use super::{CliError, CliResult, Context, output};
 use crate::datadir::DataDir;
 use baton_shared::{exit, pki};
 use std::path::Path;
@@ -57,31 +59,8 @@ pub(super) fn issued_dir(dir: &DataDir) -> std::path::PathBuf {
 pub(super) fn keep_issued(dir: &DataDir, serial: &str, cert_pem: &str) -> CliResult {
     let issued = issued_dir(dir);
     std::fs::create_dir_all(&issued).map_err(|e| CliError::failure(format!("{}: {e}", issued.display())))?;
-    identity::write_new(&issued.join(format!("{serial}.crt")), cert_pem, false)
+    files::write_new(&issued.join(format!("{serial}.crt")), cert_pem, false)
 }
-
-/// Which CA issued a certificate, as `certs list` shows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct IssuedBy {
-    /// The issuing CA's key identifier (hex); `None` when no copy of the certificate was kept
-    /// (issued before the hub kept them).
-    pub(super) key_id: Option<String>,
-    /// Whether that CA is in `ca.crt` (false once `ca retire-old` dropped it).
-    pub(super) trusted: bool,
-}
-
-impl std::fmt::Display for IssuedBy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.key_id {
-            None => f.write_str("-"),
-            Some(k) if self.trusted => write!(f, "{}", &k[..k.len().min(KEY_ID_SHOWN_CHARS)]),
-            Some(k) => write!(f, "{} (retired)", &k[..k.len().min(KEY_ID_SHOWN_CHARS)]),
-        }
-    }
-}
-
-/// How much of a CA's key identifier the `certs list` table shows (JSON has all of it).
-const KEY_ID_SHOWN_CHARS: usize = 8;
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
@@ -133,7 +112,7 @@ pub(super) fn rotate(ctx: &Context) -> CliResult {
     let stamp = aside_stamp(ctx.now_ms());
     let new = pki::create_ca(&format!("Baton hub CA {stamp}")).map_err(|e| CliError::failure(e.to_string()))?;
     let bundle = format!("{}{current}", new.cert_pem);
-    let kept = identity::replace_files(
+    let kept = files::replace_files(
         &[(dir.ca_key(), new.key_pem.as_str(), true), (dir.ca_cert(), bundle.as_str(), false)],
         &stamp,
     )?;
@@ -212,7 +191,7 @@ pub(super) fn retire_old(ctx: &Context, force: bool, reason: &str, confirm: &Con
         return Ok(());
     }
     let stamp = aside_stamp(ctx.now_ms());
-    let kept = identity::replace_files(&[(dir.ca_cert(), current.as_str(), false)], &stamp)?;
+    let kept = files::replace_files(&[(dir.ca_cert(), current.as_str(), false)], &stamp)?;
     let mut note = format!("{reason}; {} old CA(s) no longer trusted", others.len());
     if !stranded.is_empty() {
         let names: Vec<String> = stranded.iter().map(|s| format!("{} {}", s.role, s.name)).collect();
@@ -294,16 +273,6 @@ fn read(path: &Path) -> Result<String, CliError> {
 /// them.
 pub(super) fn issuing_ca(dir: &DataDir) -> Result<(String, String), CliError> {
     Ok((read(&dir.ca_cert())?, read(&dir.ca_key())?))
-}
-
-/// The UTC time in the names of files kept aside (`hub.crt.replaced-20260501T120000Z`), as
-/// `restore` names a replaced database.
-pub(super) fn aside_stamp(now_ms: i64) -> String {
-    let f = time::macros::format_description!("[year][month][day]T[hour][minute][second]Z");
-    time::OffsetDateTime::from_unix_timestamp(now_ms / 1000)
-        .ok()
-        .and_then(|t| t.format(&f).ok())
-        .unwrap_or_else(|| now_ms.to_string())
 }
 
 #[cfg(test)]

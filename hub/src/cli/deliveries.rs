@@ -1,18 +1,19 @@
 //! Inspecting and steering deliveries: `deliveries list|show|explain` (cancel and retry are in `turns`), `held list|release`,
 //! `retire HOST` (which also ends its memberships) and `requeue --instance ID`.
 
-use super::Record;
 use super::args::{Confirm, Decide, DeliveriesCmd, HeldCmd};
 use super::confirm::{self, Decision};
+use super::lookup::{moment_ms, resolve_id, silence_warn_ms};
 use super::{CliError, CliResult, Context, output};
 use crate::store::By;
 use crate::store::lifecycle::approval::ApprovalBy;
 use crate::store::lifecycle::approval::Decision as Verdict;
 use crate::store::lifecycle::operator::Release;
 use crate::store::lifecycle::operator::Select;
-use crate::store::views::listing::{self, ListQuery, Resolved};
+use crate::store::views::listing::ListQuery;
+use crate::store::views::overview::RunningFilter;
+use baton_shared::exit;
 use baton_shared::states::{DeliveryState, Outcome};
-use baton_shared::{duration, exit};
 use std::io::IsTerminal;
 
 /// Runs one `deliveries` subcommand.
@@ -36,40 +37,6 @@ pub(super) fn run(ctx: &Context, d: &DeliveriesCmd) -> CliResult {
     }
 }
 
-/// The hub's `host_silence_warn` (ms), against which liveness is told.
-pub(super) fn silence_warn_ms(ctx: &Context) -> Result<i64, CliError> {
-    Ok(i64::try_from(ctx.config(None)?.host_silence_warn.as_millis()).unwrap_or(i64::MAX))
-}
-
-/// The delivery an id or a unique prefix names: exit 1 when none, exit 2 listing the matches
-/// when several.
-pub(super) fn resolve_id(record: &Record, prefix: &str) -> Result<String, CliError> {
-    match record.run(record.resolve_delivery(prefix.to_string()))? {
-        Resolved::One(id) => Ok(id),
-        Resolved::Nothing => Err(CliError::new(exit::NOTHING, format!("no delivery {}", output::esc(prefix)))),
-        Resolved::Many(ids) => Err(CliError::usage(format!(
-            "{} is the start of several delivery ids: {}{}; give more of it",
-            output::esc(prefix),
-            ids.join(", "),
-            if ids.len() >= listing::PREFIX_MATCHES_SHOWN_MAX { ", …" } else { "" }
-        ))),
-    }
-}
-
-/// A moment from `--since`/`--until`: a time, or a duration meaning that long before now.
-pub(super) fn moment_ms(ctx: &Context, flag: &str, text: &str) -> Result<i64, CliError> {
-    if let Ok(ago) = duration::parse(flag, text) {
-        return Ok(ctx.now_ms().saturating_sub(i64::try_from(ago.as_millis()).unwrap_or(i64::MAX)));
-    }
-    duration::parse_time_ms(flag, text).map_err(|_| {
-        CliError::usage(format!(
-            "{flag} {}: neither a time (UTC \"2026-05-01 12:00:00\", RFC 3339 \"2026-05-01T12:00:00Z\") nor a \
-             duration ago (\"2h\", \"30m\")",
-            output::esc(text)
-        ))
-    })
-}
-
 /// `deliveries list`: one page, its cursor on stderr when more remain.
 fn list(ctx: &Context, d: &DeliveriesCmd) -> CliResult {
     let DeliveriesCmd::List {
@@ -84,11 +51,24 @@ fn list(ctx: &Context, d: &DeliveriesCmd) -> CliResult {
         limit,
         after,
         wide,
+        running,
         json,
     } = d
     else {
         return Err(CliError::failure("not a list command"));
     };
+    if *running {
+        let filter = RunningFilter { host: host.clone(), conversation: conversation.clone() };
+        let silence_ms = silence_warn_ms(ctx)?;
+        let record = ctx.open_read()?;
+        let now_ms = ctx.now_ms();
+        let (total, rows, silent) = record.run(record.running_turns(filter, *limit, now_ms, silence_ms))?;
+        output::running(&rows, &silent, now_ms, *json)?;
+        if total > rows.len() as i64 {
+            output::more_remain(&format!("{} more running turn(s) not shown (--limit)", total - rows.len() as i64))?;
+        }
+        return Ok(());
+    }
     let state = match state {
         None => None,
         Some(s) => Some(DeliveryState::parse(s).ok_or_else(|| {

@@ -23,7 +23,7 @@ pub(super) fn run(ctx: &Context, h: &HostsCmd) -> CliResult {
     match h {
         HostsCmd::List { json } => {
             let record = ctx.open_read()?;
-            let silence_warn_ms = super::deliveries::silence_warn_ms(ctx)?;
+            let silence_warn_ms = super::lookup::silence_warn_ms(ctx)?;
             output::hosts(&record.run(record.hosts())?, ctx.now_ms(), silence_warn_ms, *json)
         }
         HostsCmd::Drain { host, deadline, reason } => drain(ctx, host, deadline.as_deref(), reason),

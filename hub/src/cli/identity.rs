@@ -3,6 +3,7 @@
 
 use super::args::{Confirm, Enroll, EnrollArgs};
 use super::confirm::{self, Decision};
+use super::files::{replace_files, write_new};
 use super::{CliError, CliResult, Context, Record, output};
 use crate::config::{DATABASE_URL, process_env};
 use crate::store::By;
@@ -14,7 +15,6 @@ use baton_shared::files::read_text_bounded;
 use baton_shared::ids::{Role, check_name};
 use baton_shared::limits::PEM_FILE_BYTES_MAX;
 use baton_shared::pki::{self, LeafKind};
-use std::io::Write;
 use std::path::Path;
 use std::time::Duration;
 
@@ -22,20 +22,6 @@ use std::time::Duration;
 const CERT_DAYS_MAX: u32 = 3650;
 /// A renewed node's or producer's validity when `--days` is not given (`enroll`'s default).
 const CERT_DAYS_DEFAULT: u32 = 365;
-
-/// Writes a new file (never over an existing one) and syncs it; keys get mode 0600.
-pub(super) fn write_new(path: &Path, contents: &str, private: bool) -> CliResult {
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(if private { 0o600 } else { 0o644 })
-        .open(path)
-        .map_err(|e| CliError::failure(format!("{}: {e}", path.display())))?;
-    f.write_all(contents.as_bytes())?;
-    f.sync_all()?;
-    Ok(())
-}
 
 /// `init`: creates the data directory, the CA (new, or `ca_from` an existing hub's), the server
 /// certificate, the configuration template and the record: the SQLite file, or, when a
@@ -256,7 +242,7 @@ pub(super) fn renew_server(ctx: &Context, days: Option<u32>) -> CliResult {
     let (ca_cert, ca_key) = super::ca::issuing_ca(dir)?;
     let server = pki::issue(&ca_cert, &ca_key, &LeafKind::Server { hostnames: names.clone(), lifetime })
         .map_err(|e| CliError::failure(e.to_string()))?;
-    let stamp = super::ca::aside_stamp(ctx.now_ms());
+    let stamp = super::files::aside_stamp(ctx.now_ms());
     let kept = replace_files(
         &[(dir.server_key(), server.key_pem.as_str(), true), (dir.server_cert(), server.cert_pem.as_str(), false)],
         &stamp,
@@ -274,56 +260,6 @@ pub(super) fn renew_server(ctx: &Context, days: Option<u32>) -> CliResult {
     } else {
         "no hub is running here; the next `serve` uses it"
     })
-}
-
-/// Replaces each `(path, contents, private)` by writing `path.new`, syncing it, keeping the
-/// current file aside as `path.replaced-STAMP` (a hard link, same inode and mode) and renaming
-/// the new one over it; then syncs the directory. Returns the paths kept aside.
-pub(super) fn replace_files(
-    files: &[(std::path::PathBuf, &str, bool)],
-    stamp: &str,
-) -> Result<Vec<std::path::PathBuf>, CliError> {
-    let fail = |what: &str, p: &Path, e: std::io::Error| CliError::failure(format!("{what} {}: {e}", p.display()));
-    let mut staged = Vec::new();
-    for (path, contents, private) in files {
-        let new = suffixed(path, ".new");
-        match std::fs::remove_file(&new) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(fail("removing", &new, e)),
-            _ => {}
-        }
-        write_new(&new, contents, *private)?;
-        staged.push((path, new));
-    }
-    let mut kept = Vec::new();
-    for (path, new) in staged {
-        if path.exists() {
-            let aside = free_name(&suffixed(path, &format!(".replaced-{stamp}")));
-            std::fs::hard_link(path, &aside).map_err(|e| fail("keeping aside", path, e))?;
-            kept.push(aside);
-        }
-        std::fs::rename(&new, path).map_err(|e| fail("replacing", path, e))?;
-    }
-    if let Some(parent) = files.first().and_then(|(p, _, _)| p.parent()) {
-        std::fs::File::open(parent).and_then(|d| d.sync_all()).map_err(|e| fail("syncing", parent, e))?;
-    }
-    Ok(kept)
-}
-
-fn suffixed(path: &Path, suffix: &str) -> std::path::PathBuf {
-    let mut s = path.as_os_str().to_owned();
-    s.push(suffix);
-    std::path::PathBuf::from(s)
-}
-
-/// `base`, or `base.2`, `base.3`, … when taken (two replacements within one second).
-fn free_name(base: &Path) -> std::path::PathBuf {
-    let mut candidate = base.to_path_buf();
-    let mut n = 1;
-    while candidate.exists() {
-        n += 1;
-        candidate = suffixed(base, &format!(".{n}"));
-    }
-    candidate
 }
 
 /// What one enrollment issues and records.
@@ -425,7 +361,7 @@ fn enroll_as(ctx: &Context, e: Enrollment<'_>, done: &str) -> Result<Vec<String>
     match read_text_bounded(&ca_out, PEM_FILE_BYTES_MAX, "PEM_FILE_BYTES_MAX") {
         Ok(old) if old == ca_cert => {}
         Ok(_) => {
-            drop(replace_files(&[(ca_out.clone(), ca_cert.as_str(), false)], &super::ca::aside_stamp(ctx.now_ms()))?)
+            drop(replace_files(&[(ca_out.clone(), ca_cert.as_str(), false)], &super::files::aside_stamp(ctx.now_ms()))?)
         }
         Err(_) => write_new(&ca_out, &ca_cert, false)?,
     }

@@ -1,20 +1,12 @@
 //! Looking at the record without changing it: `status`, `backup`, `verify`, `config check`.
 
+use super::views::StoreSize;
 use super::{CliError, CliResult, Context, output};
 use crate::attention::{self, Attention};
 use crate::lock;
 use baton_shared::duration;
 use baton_shared::exit;
 use std::path::Path;
-
-/// The record's size against its bound, as `status` shows it.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct StoreSize {
-    /// The bytes the record takes (`store::views::read::store_bytes`).
-    pub(super) bytes: u64,
-    /// `limits.store_bytes_max`.
-    pub(super) bytes_max: u64,
-}
 
 /// `status`: the record's counts, whether a hub serves this data directory (from its lock:
 /// side-effect free, it wakes no waiting long-poll), and what needs attention (`attention`,

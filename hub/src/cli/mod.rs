@@ -44,9 +44,11 @@ mod confirm;
 mod conversations;
 mod deliveries;
 mod fence;
+mod files;
 mod hosts;
 mod identity;
 mod inspect;
+mod lookup;
 mod manuals;
 mod migrate;
 mod output;
@@ -56,6 +58,7 @@ mod restore;
 mod send;
 mod serve;
 mod turns;
+mod views;
 
 pub use args::*;
 

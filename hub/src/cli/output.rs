@@ -7,10 +7,11 @@
 //! (`esc`) and one table layout; splitting it by command (identities, deliveries, fleet) waits
 //! on the CLI's import circle, which ties its view types to `inspect` and `ca`.
 
-use super::inspect::StoreSize;
+use super::views::StoreSize;
 use super::{CliError, CliResult};
 use crate::attention::Attention;
 use crate::lock::Holder;
+use crate::store::lifecycle::progress::LastProgress;
 use crate::store::registry::audit::{AuditCursor, AuditEntry};
 use crate::store::registry::fences::FenceRow;
 use crate::store::registry::members::{ConversationMembers, IntervalRow};
@@ -19,6 +20,7 @@ use crate::store::upkeep::verify::Problem;
 use crate::store::views::explain::{self, Behind, Explanation, FenceHold, Liveness};
 use crate::store::views::fleet::{CertRow, HostDetail, HostEvent, HostRow, HostState, SessionRow};
 use crate::store::views::listing::Listed;
+use crate::store::views::overview::RunningTurn;
 use crate::store::views::read::{DeliveryDetail, DeliveryRow, StatusView};
 use baton_shared::duration::human_ms;
 use serde_json::{Value, json};
@@ -480,6 +482,7 @@ pub(super) fn explanation(e: &Explanation, now_ms: i64, as_json: bool) -> CliRes
                 "running_for_ms": run.started.filter(|_| run.outcome.is_none()).map(|(at, _)| (now_ms - at).max(0)),
                 "report_outstanding": run.started.is_some() && run.outcome.is_none(),
                 "outcome": run.outcome.map(|o| o.as_str()),
+                "progress": run.progress.as_ref().map(progress_json),
             },
             "cancel": run.cancel.as_ref().map(|c| json!({"at_ms": c.at_ms, "by": c.by, "reason": c.reason})),
         }));
@@ -545,6 +548,9 @@ pub(super) fn explanation(e: &Explanation, now_ms: i64, as_json: bool) -> CliRes
         run.rerun.map(|r| format!(" ({})", r.as_str())).unwrap_or_default(),
         run.not_before_ms.map(|at| format!("; retry not before {}", fmt_ms(at))).unwrap_or_default()
     )?;
+    if let Some(p) = &run.progress {
+        writeln!(o, "progress      {}", progress_words(p, now_ms))?;
+    }
     if let Some(c) = &run.cancel {
         writeln!(
             o,
@@ -552,6 +558,88 @@ pub(super) fn explanation(e: &Explanation, now_ms: i64, as_json: bool) -> CliRes
             esc(&c.by),
             fmt_ms(c.at_ms),
             c.reason.as_ref().map(|r| format!(": {}", esc(r))).unwrap_or_default()
+        )?;
+    }
+    Ok(())
+}
+
+/// A run's progress as JSON: the events kept and dropped, and the newest one.
+fn progress_json(p: &LastProgress) -> Value {
+    json!({
+        "events": p.events,
+        "dropped": p.dropped,
+        "last_seq": p.last.as_ref().map(|(seq, _, _)| seq),
+        "last_at_ms": p.last.as_ref().map(|(_, at, _)| at),
+        "last": p.last.as_ref().and_then(|(_, _, body)| serde_json::from_str::<Value>(body).ok()),
+    })
+}
+
+/// A run's progress in words: `12 event(s), 0 dropped; last #12 3s ago: {...}` (the event cut to
+/// `PROGRESS_SHOWN_CHARS_MAX` characters, escaped).
+fn progress_words(p: &LastProgress, now_ms: i64) -> String {
+    let last = match &p.last {
+        Some((seq, at, body)) => {
+            let shown: String = body.chars().take(PROGRESS_SHOWN_CHARS_MAX).collect();
+            let cut = if shown.len() < body.len() { "…" } else { "" };
+            format!("; last #{seq} {} ago: {}{cut}", human_secs(now_ms - at), esc(&shown))
+        }
+        None => String::new(),
+    };
+    format!("{} event(s), {} dropped{last}", p.events, p.dropped)
+}
+
+/// Most characters of a progress event a human view shows.
+pub(super) const PROGRESS_SHOWN_CHARS_MAX: usize = 120;
+
+/// `deliveries list --running`: the running turns, longest running first, with their host's
+/// liveness and their progress; a table, or JSON (`[{"delivery_id", "host", "conversation",
+/// "seq", "attempt", "started_at_ms", "running_for_ms", "node_last_contact_ms", "host_silent",
+/// "progress"}]`).
+pub(super) fn running(rows: &[RunningTurn], silent: &[String], now_ms: i64, as_json: bool) -> CliResult {
+    if as_json {
+        let v: Vec<Value> = rows
+            .iter()
+            .map(|t| {
+                json!({
+                    "delivery_id": t.delivery_id,
+                    "host": t.host,
+                    "conversation": t.conversation,
+                    "seq": t.seq,
+                    "attempt": t.attempt,
+                    "started_at_ms": t.started_at_ms,
+                    "running_for_ms": (now_ms - t.started_at_ms).max(0),
+                    "node_last_contact_ms": t.node_last_contact_ms,
+                    "host_silent": silent.contains(&t.host),
+                    "progress": t.progress.as_ref().map(progress_json),
+                })
+            })
+            .collect();
+        return json(&Value::Array(v));
+    }
+    let mut o = out();
+    writeln!(
+        o,
+        "{:<36}  {:<16}  {:<16}  {:>6}  {:>3}  {:<12}  {:<16}  PROGRESS",
+        "DELIVERY", "HOST", "CONVERSATION", "SEQ", "RUN", "RUNNING FOR", "NODE HEARD"
+    )?;
+    for t in rows {
+        let heard = match t.node_last_contact_ms {
+            Some(at) => format!("{} ago", human_secs(now_ms - at)),
+            None => "-".into(),
+        };
+        let heard = if silent.contains(&t.host) { format!("{heard} SILENT") } else { heard };
+        let progress = t.progress.as_ref().map_or("-".to_string(), |p| progress_words(p, now_ms));
+        writeln!(
+            o,
+            "{:<36}  {:<16}  {:<16}  {:>6}  {:>3}  {:<12}  {:<16}  {}",
+            esc(&t.delivery_id),
+            esc(&t.host),
+            esc(&t.conversation),
+            t.seq,
+            t.attempt,
+            human_secs(now_ms - t.started_at_ms),
+            heard,
+            progress
         )?;
     }
     Ok(())
@@ -565,7 +653,7 @@ pub(super) fn more_remain(note: &str) -> CliResult {
 
 /// `certs list`: a table, or JSON (`[{"serial", "role", "name", "issued_at_ms",
 /// "not_after_unix", "revoked", "revoked_at_ms", "revoked_by", "revoked_reason"}]`).
-pub(super) fn certs(rows: &[CertRow], issuers: &[super::ca::IssuedBy], now_ms: i64, as_json: bool) -> CliResult {
+pub(super) fn certs(rows: &[CertRow], issuers: &[super::views::IssuedBy], now_ms: i64, as_json: bool) -> CliResult {
     if as_json {
         let typed = rows.iter().zip(issuers).map(|(c, by)| {
             let mut v = cert_json(c);

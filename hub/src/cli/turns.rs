@@ -1,6 +1,6 @@
 //! Stopping and repeating turns: `deliveries cancel`, `deliveries retry` and `redrive`.
 
-use super::args::{Confirm, Reason, ReasonIfDestructive};
+use super::args::{CancelArgs, RedriveArgs, RetryArgs};
 use super::confirm::{self, Decision};
 use super::{CliError, CliResult, Context, Record, output};
 use crate::store::By;
@@ -10,76 +10,6 @@ use baton_shared::limits::REASON_CHARS_MAX;
 use baton_shared::wire::CancelResult;
 use baton_shared::{duration, exit};
 use serde_json::json;
-
-/// `deliveries cancel ID | --conversation C | --host H --reason R [--dry-run]`.
-#[derive(Debug, clap::Args)]
-pub struct CancelArgs {
-    /// The delivery id (or give --conversation or --host).
-    pub id: Option<String>,
-    /// Every delivery of this conversation that has not ended.
-    #[arg(long, conflicts_with_all = ["id", "host"])]
-    pub conversation: Option<String>,
-    /// Every delivery to this host that has not ended.
-    #[arg(long, conflicts_with = "id")]
-    pub host: Option<String>,
-    /// Print what would be cancelled, change nothing.
-    #[arg(long)]
-    pub dry_run: bool,
-    /// Print JSON.
-    #[arg(long)]
-    pub json: bool,
-    /// Why (recorded).
-    #[command(flatten)]
-    pub why: Reason,
-}
-
-/// `deliveries retry ID --reason R`.
-#[derive(Debug, clap::Args)]
-pub struct RetryArgs {
-    /// The delivery id: failed, unknown, or delivered whose run failed, ended unknown or was
-    /// cancelled.
-    pub id: String,
-    /// Why (recorded).
-    #[command(flatten)]
-    pub why: Reason,
-}
-
-/// `redrive --outcome O [filters] --reason R [--dry-run | --yes] [--request-id ID]`.
-#[derive(Debug, clap::Args)]
-pub struct RedriveArgs {
-    /// Re-run the deliveries with this outcome: failed, unknown or cancelled, the same set
-    /// `deliveries list --outcome` shows (README, "State and outcome").
-    #[arg(long)]
-    pub outcome: String,
-    /// Only this conversation.
-    #[arg(long)]
-    pub conversation: Option<String>,
-    /// Only this host.
-    #[arg(long)]
-    pub host: Option<String>,
-    /// Only deliveries that ended at or after this time: UTC ("2026-05-01 12:00:00"), RFC 3339,
-    /// a duration ago ("2h", "30m"), or unix milliseconds. A repeat by --request-id of a
-    /// redrive given a duration compares the duration, not the moment it meant.
-    #[arg(long, value_name = "TIME")]
-    pub since: Option<String>,
-    /// At most this many in all.
-    #[arg(long)]
-    pub limit: Option<u32>,
-    /// --dry-run (print what would be re-run, change nothing); --yes, which a redrive without
-    /// a filter needs.
-    #[command(flatten)]
-    pub confirm: Confirm,
-    /// Makes the redrive idempotent: a repeat with the same id prints what the first did and
-    /// changes nothing.
-    #[arg(long)]
-    pub request_id: Option<String>,
-    /// Print JSON.
-    #[arg(long)]
-    pub json: bool,
-    /// Why (recorded; required without a filter).
-    #[command(flatten)]
-    pub why: ReasonIfDestructive,
-}
 
 impl RedriveArgs {
     /// Whether a filter narrows the selection; without one, every delivery that ended with
@@ -99,7 +29,7 @@ pub(super) fn cancel(ctx: &Context, a: &CancelArgs) -> CliResult {
         (None, None, None) => return Err(CliError::usage("give a delivery id, --conversation or --host")),
     };
     let record = ctx.open_write()?;
-    let id = a.id.as_deref().map(|id| super::deliveries::resolve_id(&record, id)).transpose()?;
+    let id = a.id.as_deref().map(|id| super::lookup::resolve_id(&record, id)).transpose()?;
     let which = match (id, scope) {
         (Some(id), _) => CancelOf::Delivery(id),
         (None, Some(scope)) => scope,
@@ -151,7 +81,7 @@ fn effect_text(effect: &str) -> &'static str {
 /// Runs `deliveries retry`.
 pub(super) fn retry(ctx: &Context, a: &RetryArgs) -> CliResult {
     let record = ctx.open_write()?;
-    let id = super::deliveries::resolve_id(&record, &a.id)?;
+    let id = super::lookup::resolve_id(&record, &a.id)?;
     let by = By { operator: ctx.operator.clone(), reason: a.why.reason.clone() };
     let run = record.run(record.retry(id.clone(), by))?;
     ctx.wake_hub();
@@ -194,9 +124,9 @@ fn since_moment(ctx: &Context, text: &str) -> Result<(i64, Option<String>), CliE
         return Ok((ms, None));
     }
     if duration::parse("--since", text).is_ok() {
-        return Ok((super::deliveries::moment_ms(ctx, "--since", text)?, Some(text.to_string())));
+        return Ok((super::lookup::moment_ms(ctx, "--since", text)?, Some(text.to_string())));
     }
-    Ok((super::deliveries::moment_ms(ctx, "--since", text)?, None))
+    Ok((super::lookup::moment_ms(ctx, "--since", text)?, None))
 }
 
 /// Runs `redrive`: in transactions of at most `limits.redrive_batch_max` deliveries each.

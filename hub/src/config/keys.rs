@@ -5,8 +5,14 @@
 //! read top to bottom like the `hub.toml` it generates; no key's code is here, only its name,
 //! range and doc. Were it to split, the `[limits]` keys would go to a file of their own.
 
+pub use crate::store::lifecycle::report::{RETRY_BACKOFF_DEFAULT, RETRY_BACKOFF_MAX_DEFAULT};
 use baton_shared::limits::*;
 use std::time::Duration;
+
+/// Most operator-listener connections open at once (see `ops_listener`), so a flood on that
+/// port cannot take the hub's file descriptors from nodes and producers: the upper bound of
+/// `operator_connections_per_peer_max`, and a share of the files `fds` reserves.
+pub const OPERATOR_CONNECTIONS_MAX: usize = 64;
 
 /// The listen address used when no layer names one.
 pub const LISTEN_DEFAULT: &str = "127.0.0.1:7443";
@@ -37,8 +43,6 @@ const _: () = assert!(HANDSHAKE_TIMEOUT_DEFAULT.as_millis() <= IDLE_TIMEOUT_DEFA
 
 /// Most runs a message may ask for (`max_attempts` of a submission).
 pub const MAX_ATTEMPTS_MAX_DEFAULT: u64 = 10;
-/// The retry backoffs' defaults are the store's, which applies them (`report`).
-pub use crate::store::lifecycle::report::{RETRY_BACKOFF_DEFAULT, RETRY_BACKOFF_MAX_DEFAULT};
 /// Most deliveries one `redrive` transaction re-runs (it goes on in further batches).
 pub const REDRIVE_BATCH_MAX_DEFAULT: u64 = 500;
 
@@ -46,6 +50,11 @@ pub const REDRIVE_BATCH_MAX_DEFAULT: u64 = 500;
 /// polls' worth, so an idle node that keeps polling is never flagged.
 pub const HOST_SILENCE_WARN_DEFAULT: Duration = Duration::from_secs(300);
 const _: () = assert!(HOST_SILENCE_WARN_DEFAULT.as_millis() > 2 * LONG_POLL_WAIT_MAX_DEFAULT.as_millis());
+/// Default of `limits.deadline_max` and `limits.stall_max`: a day, longer than any turn of an
+/// agent a producer should wait for, short enough that a forgotten turn ends the same day.
+pub const DEADLINE_MAX_DEFAULT: Duration = Duration::from_secs(24 * 3600);
+/// Default of `limits.stall_max` (see `DEADLINE_MAX_DEFAULT`).
+pub const STALL_MAX_DEFAULT: Duration = Duration::from_secs(24 * 3600);
 /// How long a node session may go on starting the turns it acked on its own, while it cannot
 /// reach the hub, after the hub last granted it a lease (its session registration, each `POST
 /// /v1/starts`): long enough to ride out a hub restart, short enough that the copy of a cut-off
@@ -256,14 +265,14 @@ pub const OPERATOR_CONNECTIONS_PER_PEER_MAX: Key = Key {
     kind: KeyKind::Int {
         default: OPERATOR_CONNECTIONS_PER_PEER_MAX_DEFAULT,
         min: 1,
-        max: crate::ops_listener::OPERATOR_CONNECTIONS_MAX as u64,
+        max: OPERATOR_CONNECTIONS_MAX as u64,
     },
     doc: "operator-listener connections open at once from one peer IP address; a new connection from a \
           peer at the bound (or with the listener full) closes that peer's (or the listener's) oldest idle \
           connection, and is closed itself only when none is idle, so held-open sockets cannot keep a health \
           check out",
 };
-const _: () = assert!(OPERATOR_CONNECTIONS_PER_PEER_MAX_DEFAULT < crate::ops_listener::OPERATOR_CONNECTIONS_MAX as u64);
+const _: () = assert!(OPERATOR_CONNECTIONS_PER_PEER_MAX_DEFAULT < OPERATOR_CONNECTIONS_MAX as u64);
 
 /// `start_lease`.
 pub const START_LEASE: Key = Key {
@@ -546,6 +555,106 @@ pub const BREAKER_FAILURES: Key = Key {
           operator who knows their turns opts in",
 };
 
+/// `limits.breaker_turns`.
+pub const BREAKER_TURNS: Key = Key {
+    name: key_name!(Some("limits"), "breaker_turns", "breaker-turns", "BATON_HUB_BREAKER_TURNS"),
+    kind: KeyKind::Int { default: 0, min: 0, max: 1_000_000 },
+    doc: "off when 0 (the default). Otherwise a conversation that runs more turns than this within \
+          limits.breaker_period (counted as their outcomes are reported, on any host) gets a hold fence set by \
+          the hub, its reason naming the count and the period, which `status` lists and `fence lift` lifts. Off \
+          by default because how many turns a busy conversation legitimately runs depends on the deployment: any \
+          default would either never trip or hold healthy conversations, so an operator who knows their traffic \
+          opts in",
+};
+/// `limits.breaker_period`.
+pub const BREAKER_PERIOD: Key = Key {
+    name: key_name!(Some("limits"), "breaker_period", "breaker-period", "BATON_HUB_BREAKER_PERIOD"),
+    kind: KeyKind::Duration {
+        default: Duration::from_secs(3600),
+        min: Duration::from_secs(1),
+        max: Duration::from_secs(7 * 24 * 3600),
+    },
+    doc: "the period limits.breaker_turns counts over: a fixed window per conversation, starting at its first \
+          counted turn",
+};
+/// `limits.deadline_max`.
+pub const DEADLINE_MAX: Key = Key {
+    name: key_name!(Some("limits"), "deadline_max", "deadline-max", "BATON_HUB_DEADLINE_MAX"),
+    kind: KeyKind::Duration {
+        default: DEADLINE_MAX_DEFAULT,
+        min: Duration::from_secs(1),
+        max: Duration::from_secs(30 * 24 * 3600),
+    },
+    doc: "the largest deadline_ms a message may name: the longest any of its turns may run (its node stops \
+          it at the shorter of this deadline and its own exec_timeout, SIGTERM then SIGKILL after kill_grace, \
+          and reports it failed naming the deadline)",
+};
+/// `limits.stall_max`.
+pub const STALL_MAX: Key = Key {
+    name: key_name!(Some("limits"), "stall_max", "stall-max", "BATON_HUB_STALL_MAX"),
+    kind: KeyKind::Duration {
+        default: STALL_MAX_DEFAULT,
+        min: Duration::from_secs(1),
+        max: Duration::from_secs(30 * 24 * 3600),
+    },
+    doc: "the largest stall_ms a message may name: the longest a running turn may go without a progress event \
+          before its node stops it and reports it failed naming the stall (retried while max_attempts allows)",
+};
+/// `limits.progress_event_bytes_max`.
+pub const PROGRESS_EVENT_BYTES_MAX: Key = Key {
+    name: key_name!(
+        Some("limits"),
+        "progress_event_bytes_max",
+        "progress-event-bytes-max",
+        "BATON_HUB_PROGRESS_EVENT_BYTES_MAX"
+    ),
+    kind: KeyKind::Int {
+        default: PROGRESS_EVENT_BYTES_MAX_DEFAULT,
+        min: PROGRESS_EVENT_BYTES_MAX_RANGE.0,
+        max: PROGRESS_EVENT_BYTES_MAX_RANGE.1,
+    },
+    doc: "bytes of one progress event (the JSON object a harness wrote on its progress channel) the hub keeps; a \
+          larger one is dropped and counted with its run (progress_dropped), never refused with the request",
+};
+/// `limits.progress_events_per_turn_max`.
+pub const PROGRESS_EVENTS_PER_TURN_MAX: Key = Key {
+    name: key_name!(
+        Some("limits"),
+        "progress_events_per_turn_max",
+        "progress-events-per-turn-max",
+        "BATON_HUB_PROGRESS_EVENTS_PER_TURN_MAX"
+    ),
+    kind: KeyKind::Int {
+        default: PROGRESS_EVENTS_PER_TURN_MAX_DEFAULT,
+        min: PROGRESS_EVENTS_PER_TURN_MAX_RANGE.0,
+        max: PROGRESS_EVENTS_PER_TURN_MAX_RANGE.1,
+    },
+    doc: "progress events of one run of a delivery the hub keeps (they are kept with the delivery, under the \
+          same retention as its attempts); later ones are dropped and counted; 0 keeps none",
+};
+/// `limits.feed_page_max`.
+pub const FEED_PAGE_MAX: Key = Key {
+    name: key_name!(Some("limits"), "feed_page_max", "feed-page-max", "BATON_HUB_FEED_PAGE_MAX"),
+    kind: KeyKind::Int {
+        default: FEED_PAGE_MAX_DEFAULT as u64,
+        min: FEED_PAGE_MAX_RANGE.0 as u64,
+        max: FEED_PAGE_MAX_RANGE.1 as u64,
+    },
+    doc: "items one answer of an events feed carries at most (a message's or a conversation's events; a \
+          request's limit is capped by it); the answer's next_cursor reads on",
+};
+/// `limits.feed_page_bytes_max`.
+pub const FEED_PAGE_BYTES_MAX: Key = Key {
+    name: key_name!(Some("limits"), "feed_page_bytes_max", "feed-page-bytes-max", "BATON_HUB_FEED_PAGE_BYTES_MAX"),
+    kind: KeyKind::Int {
+        default: FEED_PAGE_BYTES_MAX_DEFAULT,
+        min: FEED_PAGE_BYTES_MAX_RANGE.0,
+        max: FEED_PAGE_BYTES_MAX_RANGE.1,
+    },
+    doc: "bytes of JSON one answer of an events feed carries at most: its items stop before the one that would \
+          pass it (one item always goes)",
+};
+
 /// `limits.instance_rebinds_max`.
 pub const INSTANCE_REBINDS_MAX: Key = Key {
     name: key_name!(Some("limits"), "instance_rebinds_max", "instance-rebinds-max", "BATON_HUB_INSTANCE_REBINDS_MAX"),
@@ -569,7 +678,7 @@ pub const INSTANCE_REBIND_WINDOW_KEY: Key = Key {
 };
 
 /// Every key, in the order of the template.
-pub const KEYS: [&Key; 43] = [
+pub const KEYS: [&Key; 51] = [
     &LISTEN,
     &DATABASE_URL,
     &SYNCHRONOUS,
@@ -611,6 +720,14 @@ pub const KEYS: [&Key; 43] = [
     &REDRIVE_BATCH_MAX,
     &APPROVAL_TIMEOUT_MAX,
     &BREAKER_FAILURES,
+    &BREAKER_TURNS,
+    &BREAKER_PERIOD,
+    &DEADLINE_MAX,
+    &STALL_MAX,
+    &PROGRESS_EVENT_BYTES_MAX,
+    &PROGRESS_EVENTS_PER_TURN_MAX,
+    &FEED_PAGE_MAX,
+    &FEED_PAGE_BYTES_MAX,
     &INSTANCE_REBINDS_MAX,
     &INSTANCE_REBIND_WINDOW_KEY,
 ];

@@ -85,6 +85,20 @@ pub struct Limits {
     pub approval_timeout_max: Duration,
     /// Failed turns in a row that trip a conversation's breaker (0: off).
     pub breaker_failures: u32,
+    /// Turns within `breaker_period` that trip a conversation's breaker (0: off).
+    pub breaker_turns: u32,
+    /// The period `breaker_turns` counts over.
+    pub breaker_period: Duration,
+    /// The largest `deadline_ms` a message may name.
+    pub deadline_max: Duration,
+    /// The largest `stall_ms` a message may name.
+    pub stall_max: Duration,
+    /// What the hub keeps of a run's progress events.
+    pub progress: crate::store::lifecycle::progress::ProgressBounds,
+    /// Most items of one events feed answer.
+    pub feed_page_max: u32,
+    /// Most bytes of one events feed answer.
+    pub feed_page_bytes_max: u64,
     /// How often one host may change its bound node instance, and over what window.
     pub rebind: RebindLimit,
     /// How long a node session may start the turns it acked on its own after the hub last
@@ -121,6 +135,13 @@ impl Default for Limits {
             redrive_batch_max: REDRIVE_BATCH_MAX_DEFAULT as u32,
             approval_timeout_max: Duration::from_secs(7 * 24 * 3600),
             breaker_failures: 0,
+            breaker_turns: 0,
+            breaker_period: Duration::from_secs(3600),
+            deadline_max: keys::DEADLINE_MAX_DEFAULT,
+            stall_max: keys::STALL_MAX_DEFAULT,
+            progress: crate::store::lifecycle::progress::ProgressBounds::default(),
+            feed_page_max: FEED_PAGE_MAX_DEFAULT,
+            feed_page_bytes_max: FEED_PAGE_BYTES_MAX_DEFAULT,
             rebind: RebindLimit::default(),
             start_lease: START_LEASE_DEFAULT,
         }
@@ -249,6 +270,16 @@ impl HubConfig {
             redrive_batch_max: narrow(&REDRIVE_BATCH_MAX)?,
             approval_timeout_max: m.duration(&APPROVAL_TIMEOUT_MAX)?,
             breaker_failures: narrow(&BREAKER_FAILURES)?,
+            breaker_turns: narrow(&BREAKER_TURNS)?,
+            breaker_period: m.duration(&BREAKER_PERIOD)?,
+            deadline_max: m.duration(&DEADLINE_MAX)?,
+            stall_max: m.duration(&STALL_MAX)?,
+            progress: crate::store::lifecycle::progress::ProgressBounds {
+                event_bytes_max: m.int(&PROGRESS_EVENT_BYTES_MAX)?,
+                events_per_turn_max: m.int(&PROGRESS_EVENTS_PER_TURN_MAX)?,
+            },
+            feed_page_max: narrow(&FEED_PAGE_MAX)?,
+            feed_page_bytes_max: m.int(&FEED_PAGE_BYTES_MAX)?,
             rebind: RebindLimit {
                 max: m.int(&INSTANCE_REBINDS_MAX)? as i64,
                 window: m.duration(&INSTANCE_REBIND_WINDOW_KEY)?,

@@ -11,7 +11,8 @@
 
 use super::node::{Session, check_reason, check_report};
 use super::producer::validate;
-use super::{ApiError, ApiJson, AppState, Caller, NodeCaller, ProducerCaller, check_path_id};
+use super::{ApiError, ApiJson, Caller, NodeCaller, ProducerCaller, check_path_id};
+use crate::runtime::AppState;
 use crate::store::StoreResult;
 use crate::store::lifecycle::accept::{AcceptLimits, Accepted};
 use crate::store::lifecycle::handoff::Step;

@@ -2,7 +2,8 @@
 //! enrolled caller) and, with no client certificate, on the operator listener
 //! (`ops_listener`), where a load balancer or a scraper can reach them.
 
-use super::{AppState, Caller};
+use super::Caller;
+use crate::runtime::AppState;
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;

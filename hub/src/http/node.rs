@@ -3,7 +3,8 @@
 //! and refuses a request whose `baton-session` is not the host's newest session (checked in the
 //! same transaction that acts).
 
-use super::{ApiError, ApiJson, ApiQuery, AppState, NodeCaller, check_path_id};
+use super::{ApiError, ApiJson, ApiQuery, NodeCaller, check_path_id};
+use crate::runtime::AppState;
 use crate::store::lifecycle::claim::Claimed;
 use crate::store::lifecycle::claim::Claimer;
 use crate::store::lifecycle::handoff::HolderOf;
@@ -436,6 +437,14 @@ pub(super) fn check_report(req: &ReportRequest, state: &AppState) -> Result<(), 
     if req.attempt == Some(0) {
         return Err(ApiError::new(ErrorCode::InvalidField, "attempt: must be at least 1"));
     }
+    if let Some(by) = &req.stopped_by
+        && crate::store::lifecycle::report::StoppedBy::parse(by).is_none()
+    {
+        return Err(ApiError::new(
+            ErrorCode::InvalidField,
+            format!("stopped_by: {:?} is neither \"deadline\" nor \"stall\"", by.chars().take(40).collect::<String>()),
+        ));
+    }
     if let Some(ms) = req.duration_ms
         && i64::try_from(ms).is_err()
     {
@@ -453,6 +462,10 @@ pub(super) fn report_bounds(state: &AppState) -> ReportBounds {
         backoff: Backoff { base: state.limits.retry_backoff, max: state.limits.retry_backoff_max },
         stderr_tail_bytes_max: state.limits.stderr_tail_bytes_max,
         breaker_failures: state.limits.breaker_failures,
+        breaker_turns: crate::store::lifecycle::breaker_period::TurnsPerPeriod {
+            turns: state.limits.breaker_turns,
+            period: state.limits.breaker_period,
+        },
     }
 }
 

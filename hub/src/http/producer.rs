@@ -3,7 +3,8 @@
 //! is named, and read one delivery at a time), cancel it, and read a conversation's
 //! membership.
 
-use super::{ApiError, ApiJson, ApiQuery, AppState, Caller, ProducerCaller, check_path_id};
+use super::{ApiError, ApiJson, ApiQuery, Caller, ProducerCaller, check_path_id};
+use crate::runtime::AppState;
 use crate::store::lifecycle::accept::{AcceptLimits, Accepted, NewMessage, RetryPolicy};
 use crate::store::lifecycle::approval::ApprovalBy;
 use crate::store::lifecycle::approval::Decision;
@@ -69,11 +70,22 @@ fn validate_retry(req: &SubmitRequest, state: &AppState) -> Result<RetryPolicy, 
             format!("approval_timeout_ms: {ms} is out of range; allowed 1..={max_ms} (limits.approval_timeout_max)"),
         ));
     }
+    let bounded = |field: &str, value: Option<u64>, max: Duration, key: &str| match value {
+        Some(ms) if !(1..=max.as_millis() as u64).contains(&ms) => Err(ApiError::new(
+            ErrorCode::InvalidField,
+            format!("{field}: {ms} is out of range; allowed 1..={} ({key})", max.as_millis()),
+        )),
+        _ => Ok(value),
+    };
+    let deadline_ms = bounded("deadline_ms", req.deadline_ms, state.limits.deadline_max, "limits.deadline_max")?;
+    let stall_ms = bounded("stall_ms", req.stall_ms, state.limits.stall_max, "limits.stall_max")?;
     Ok(RetryPolicy {
         max_attempts: req.max_attempts,
         retry_backoff_ms: req.retry_backoff_ms,
         approval_required,
         approval_timeout_ms,
+        deadline_ms,
+        stall_ms,
     })
 }
 

@@ -78,7 +78,10 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../../schema/hub/0010-member-families.sql"),
     include_str!("../../../schema/hub/0011-stderr-tail.sql"),
     include_str!("../../../schema/hub/0012-approval-and-breaker.sql"),
-    include_str!("../../../schema/hub/0013-pools.sql"),
+    include_str!("../../../schema/hub/0013-progress-and-feeds.sql"),
+    include_str!("../../../schema/hub/0014-deadlines-and-stalls.sql"),
+    include_str!("../../../schema/hub/0015-breaker-period.sql"),
+    include_str!("../../../schema/hub/0016-pools.sql"),
 ];
 
 /// The newest schema version this binary knows, on each backend: how many migrations each
@@ -189,6 +192,12 @@ pub enum StoreError {
     /// A producer without the approval right in the conversation approved or rejected a message.
     #[error("{0}")]
     ApprovalForbidden(String),
+    /// An events feed's cursor is not one this record gave out.
+    #[error("{0}")]
+    BadCursor(String),
+    /// An events feed's cursor lies before events removed since (retention, purge).
+    #[error("{0}")]
+    CursorExpired(String),
     /// SQLite failed (disk full, I/O error, busy past the timeout). Details are logged.
     #[error("storage error: {0}")]
     Storage(String),
@@ -229,6 +238,8 @@ impl StoreError {
             StoreError::CertificateRevoked(_) => ErrorCode::CertificateRevoked,
             StoreError::Forbidden(_) => ErrorCode::Forbidden,
             StoreError::ApprovalForbidden(_) => ErrorCode::ApprovalForbidden,
+            StoreError::BadCursor(_) => ErrorCode::BadCursor,
+            StoreError::CursorExpired(_) => ErrorCode::CursorExpired,
             StoreError::Storage(_) | StoreError::Conflict(_) => ErrorCode::StorageUnavailable,
             StoreError::Corrupt(_) | StoreError::Internal(_) => ErrorCode::Internal,
         }
@@ -332,6 +343,17 @@ pub(crate) fn json_column(
     parse_column(row, idx, table, row_id, "JSON payload", |s| {
         baton_shared::wire::Payload::from_text(s.to_string()).ok()
     })
+}
+
+/// A bound in milliseconds (`messages.deadline_ms`, `stall_ms`): positive when set (the
+/// schema's CHECK), else the row is corrupt.
+pub(crate) fn bound_ms_column(row: &Row<'_>, idx: usize, table: &'static str, row_id: &str) -> DbResult<Option<u64>> {
+    match row.get::<_, Option<i64>>(idx)? {
+        None => Ok(None),
+        Some(ms) => u64::try_from(ms)
+            .map(Some)
+            .map_err(|_| corrupt(row, idx, table, row_id, "bound in milliseconds", &ms.to_string())),
+    }
 }
 
 /// Shorthand for store results.

@@ -10,7 +10,7 @@ use baton_hub::config::{HubConfig, KEYS, Key, KeyKind};
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 
-/// See `shared/tests/fuzz_ids.rs`: `default` cases unless `BATON_FUZZ_CASES` says otherwise.
+/// See `shared/tests/suite/fuzz_ids.rs`: `default` cases unless `BATON_FUZZ_CASES` says otherwise.
 fn config(default: u32) -> ProptestConfig {
     let cases = std::env::var("BATON_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(default);
     ProptestConfig {

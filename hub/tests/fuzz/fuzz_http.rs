@@ -13,7 +13,8 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use baton_hub::config::Limits;
-use baton_hub::http::{AppState, Shared, TurnState, Work, app, certs::CertCache};
+use baton_hub::http::app;
+use baton_hub::runtime::{AppState, Shared, TurnState, Work, certs::CertCache};
 use baton_hub::store::upkeep::canonical::canonical;
 use baton_hub::store::{self, Store, registry::hosts};
 use baton_hub::tls::PeerIdentityExt;
@@ -30,7 +31,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
-/// See `shared/tests/fuzz_ids.rs`: `default` cases unless `BATON_FUZZ_CASES` says otherwise.
+/// See `shared/tests/suite/fuzz_ids.rs`: `default` cases unless `BATON_FUZZ_CASES` says otherwise.
 fn config(default: u32) -> ProptestConfig {
     let cases = std::env::var("BATON_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(default);
     ProptestConfig {
@@ -93,6 +94,7 @@ fn fixture() -> &'static Fixture {
                 turns: TurnState::default(),
                 certs: CertCache::new(watch::channel(0).1),
                 peers: None,
+                feed_horizon: Default::default(),
                 tls: None,
             })
         });
@@ -409,6 +411,14 @@ fn route_template(i: usize, uuid: &str) -> (&'static str, String, Value) {
             json!({"instance_id": "inst-1", "deliveries": [{"delivery_id": uuid, "claim_token": "tok", "reason": "r"}]}),
         ),
         ("POST", "/v1/batch/reports".to_string(), json!({"reports": [report]})),
+        ("GET", format!("/v1/messages/{uuid}/events"), Value::Null),
+        ("GET", "/v1/conversations/conv-a/events".to_string(), Value::Null),
+        (
+            "POST",
+            "/v1/running".to_string(),
+            json!({"instance_id": "inst-1", "turns": [{"delivery_id": uuid, "claim_token": "tok", "attempt": 1,
+                   "events": [{"seq": 1, "progress": {"step": 1}}], "dropped": 0}]}),
+        ),
         ("GET", "/healthz".to_string(), Value::Null),
         ("GET", "/readyz".to_string(), Value::Null),
         ("GET", "/metrics".to_string(), Value::Null),
@@ -431,7 +441,7 @@ fn segment() -> impl Strategy<Value = String> {
 /// A query string: the real parameters with edge values, unknown ones, and broken encodings.
 fn query() -> impl Strategy<Value = String> {
     let name = prop_oneof![
-        4 => prop::sample::select(vec!["idempotency_key", "wait_ms", "instance_id"]).prop_map(str::to_string),
+        4 => prop::sample::select(vec!["idempotency_key", "wait_ms", "instance_id", "after", "limit"]).prop_map(str::to_string),
         1 => "[a-z_]{1,10}",
         1 => Just(String::new()),
     ];

@@ -1,8 +1,8 @@
 //! The PostgreSQL connection and migrations against a real throwaway cluster (skipped without
 //! PostgreSQL server binaries unless `BATON_REQUIRE_POSTGRES=1`): migrations apply once, re-run
 //! does nothing (and says nothing: no notice for the hub's log), a newer schema is refused
-//! untouched, hubs migrating at once agree, and connection failures (address, login, TLS) are
-//! named without the password.
+//! untouched, a record numbered before the lockstep is renumbered once, hubs migrating at once
+//! agree, and connection failures (address, login, TLS) are named without the password.
 
 use baton_hub::store::engine::postgres::{self as pg, PgError, PgUrl};
 use baton_testkit::pg::{PASSWORD, cluster_or_skip};
@@ -187,4 +187,95 @@ async fn migrating_a_current_database_sends_no_notice() {
     assert!(heard.is_empty(), "notices: {heard:?}");
     drop(c);
     io.await.unwrap();
+}
+
+/// The statements a hub applied while the PostgreSQL history was numbered apart, in its order:
+/// its 0001, 0002 and 0003 (now 0001 with `FIRST_ALSO`), then its 0004 to 0009 (now 0007 to
+/// 0012). Its version `v` meant the first `v` of these.
+fn numbered_apart() -> Vec<&'static str> {
+    let mut steps = vec![pg::MIGRATIONS[0]];
+    steps.extend(pg::FIRST_ALSO);
+    steps.extend(&pg::MIGRATIONS[6..12]);
+    steps
+}
+
+/// Everything the schema is made of, as text to compare: columns with their types, nullability
+/// and defaults; constraints; indexes; triggers; functions' bodies.
+async fn catalog(c: &tokio_postgres::Client) -> Vec<String> {
+    let queries = [
+        "SELECT format('column %s.%s %s %s %s', table_name, column_name, data_type, is_nullable, column_default)
+         FROM information_schema.columns WHERE table_schema = current_schema() AND table_name <> 'baton_schema'",
+        "SELECT format('constraint %s %s', conrelid::regclass, pg_get_constraintdef(oid)) FROM pg_constraint
+         WHERE connamespace = current_schema()::regnamespace AND conrelid <> 'baton_schema'::regclass",
+        "SELECT format('index %s', indexdef) FROM pg_indexes WHERE schemaname = current_schema()
+         AND tablename <> 'baton_schema'",
+        "SELECT format('trigger %s', pg_get_triggerdef(t.oid)) FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+         WHERE NOT t.tgisinternal AND c.relnamespace = current_schema()::regnamespace",
+        "SELECT format('function %s %s', proname, md5(prosrc)) FROM pg_proc
+         WHERE pronamespace = current_schema()::regnamespace",
+    ];
+    let mut all = Vec::new();
+    for q in queries {
+        for row in c.query(q, &[]).await.unwrap() {
+            all.push(row.get::<_, String>(0));
+        }
+    }
+    all.sort();
+    all
+}
+
+/// A record a hub migrated while the PostgreSQL history was numbered apart, at every version it
+/// could be at, is renumbered once into lockstep and brought to this binary's schema: the same
+/// catalog as a record migrated from nothing, its rows kept, and a second start changing
+/// nothing.
+#[tokio::test]
+async fn a_record_numbered_apart_is_renumbered_into_lockstep_at_every_version() {
+    let Some(cluster) = cluster_or_skip("numbered_apart", false) else { return };
+    let url = PgUrl::parse(&cluster.url()).unwrap();
+    let mut c = pg::connect(&url).await.unwrap();
+    pg::migrate(&mut c, &url).await.unwrap();
+    let want = catalog(&c).await;
+    assert!(want.len() > 50, "{want:?}");
+
+    let steps = numbered_apart();
+    for version in 0..=steps.len() {
+        let db = format!("apart_{version}");
+        let url = PgUrl::parse(&cluster.create_database(&db).unwrap()).unwrap();
+        let mut c = pg::connect(&url).await.unwrap();
+        // As the runner before the lockstep left it: its version table, then its migrations.
+        c.batch_execute(
+            "CREATE TABLE baton_schema (one BOOLEAN PRIMARY KEY DEFAULT true CHECK (one),
+                 version BIGINT NOT NULL CHECK (version >= 0));
+             INSERT INTO baton_schema (one, version) VALUES (true, 0);",
+        )
+        .await
+        .unwrap();
+        for step in &steps[..version] {
+            c.batch_execute(step).await.unwrap();
+        }
+        let v = i64::try_from(version).unwrap();
+        c.execute("UPDATE baton_schema SET version = $1", &[&v]).await.unwrap();
+        if version >= 1 {
+            c.execute("INSERT INTO conversations (name, last_seq) VALUES ('kept', 7)", &[]).await.unwrap();
+        }
+        let told = pg::schema_version(&c, &url).await.unwrap().unwrap();
+        assert!(told <= pg::known_version(), "version {version} is told as {told}");
+
+        let done = pg::migrate(&mut c, &url).await.unwrap();
+        assert_eq!(done.to, pg::known_version(), "from version {version} numbered apart");
+        let renumbered = match v {
+            0 => 0,
+            1 | 2 => 6,
+            v => v + 3,
+        };
+        assert_eq!(done.from, renumbered, "version {version} numbered apart is {renumbered} in lockstep");
+        assert_eq!(catalog(&c).await, want, "the schema from version {version} numbered apart");
+        if version >= 1 {
+            let kept: i64 =
+                c.query_one("SELECT last_seq FROM conversations WHERE name = 'kept'", &[]).await.unwrap().get(0);
+            assert_eq!(kept, 7, "rows are kept from version {version}");
+        }
+        let again = pg::migrate(&mut c, &url).await.unwrap();
+        assert!(again.was_current(), "version {version}: {again:?}");
+    }
 }

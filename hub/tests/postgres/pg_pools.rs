@@ -13,9 +13,9 @@ use baton_testkit::pg::cluster_or_skip;
 const RECORD: &str = include_str!("record_before_pools.sql");
 
 /// The SQLite schema version before pools.
-const SQLITE_BEFORE: usize = 12;
-/// The PostgreSQL schema version before pools.
-const POSTGRES_BEFORE: usize = 9;
+const SQLITE_BEFORE: usize = 15;
+/// The PostgreSQL schema version before pools (the histories are numbered in lockstep).
+const POSTGRES_BEFORE: usize = 15;
 
 /// The deliveries' columns before pools, as one text per row (NULL shown as `~`).
 fn deliveries_as_text() -> String {
@@ -167,7 +167,8 @@ async fn the_pools_migration_brings_a_postgres_record_forward_with_its_work() {
     c.batch_execute(
         "CREATE TABLE baton_schema (
              one       BOOLEAN PRIMARY KEY DEFAULT true CHECK (one),
-             version   BIGINT NOT NULL CHECK (version >= 0));",
+             version   BIGINT NOT NULL CHECK (version >= 0),
+             lockstep  BOOLEAN NOT NULL DEFAULT true);",
     )
     .await
     .unwrap();

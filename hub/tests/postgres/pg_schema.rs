@@ -26,19 +26,34 @@ async fn postgres(url: &str) -> tokio_postgres::Client {
     c
 }
 
-/// The schema migrations on disk are numbered from 0001 without gaps, and each is embedded.
-#[test]
-fn postgres_migrations_are_numbered_without_gaps_and_all_embedded() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../schema/postgres");
-    let mut names: Vec<String> =
-        std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+/// The `NNNN-*.sql` files of a schema folder, sorted.
+fn migration_files(folder: &str) -> Vec<String> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../schema").join(folder);
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".sql"))
+        .collect();
     names.sort();
+    names
+}
+
+/// The schema migrations on disk are numbered from 0001 without gaps, each is embedded, and the
+/// two histories are in lockstep: PostgreSQL's migration N has SQLite's name (the same change).
+#[test]
+fn postgres_migrations_are_numbered_in_lockstep_with_sqlite_and_all_embedded() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../schema/postgres");
+    let names = migration_files("postgres");
     for (i, name) in names.iter().enumerate() {
-        assert!(name.starts_with(&format!("{:04}-", i + 1)) && name.ends_with(".sql"), "{name} out of sequence");
+        assert!(name.starts_with(&format!("{:04}-", i + 1)), "{name} out of sequence");
         let text = std::fs::read_to_string(dir.join(name)).unwrap();
         assert_eq!(pg::MIGRATIONS.get(i), Some(&text.as_str()), "{name} is migration {}", i + 1);
     }
     assert_eq!(names.len(), pg::MIGRATIONS.len());
+    assert_eq!(names, migration_files("hub"), "PostgreSQL's history (left) against SQLite's (right)");
+    for (i, also) in pg::FIRST_ALSO.iter().enumerate() {
+        assert!(also.contains(&format!("migration {:04}", i + 2)), "FIRST_ALSO keeps the files as they were");
+    }
 }
 
 /// (table → column → (type, not null)) as SQLite declares it, in PostgreSQL's words.

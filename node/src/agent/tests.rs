@@ -11,8 +11,8 @@ use crate::store::{Db, LocalState};
 use baton_client::{ApiError, ItemAnswer};
 use baton_shared::states::Outcome;
 use baton_shared::wire::{
-    AttemptView, ClaimResponse, HolderItem, ReportRequest, ReportResponse, SessionResponse, StartItem, StartResult,
-    TransitionResponse,
+    AttemptView, ClaimResponse, HolderItem, ReportRequest, ReportResponse, RunningTurnItem, RunningTurnResult,
+    SessionResponse, StartItem, StartResult, TransitionResponse,
 };
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
@@ -84,6 +84,8 @@ struct HubState {
     start_lease_ms: Option<u64>,
     /// When set, each `mirrored` or `handoff` batch waits for a permit of this semaphore first.
     mirrored_gate: Option<Arc<tokio::sync::Semaphore>>,
+    /// Every progress event forwarded (`POST /v1/running`), with its delivery, in arrival order.
+    progress: Vec<(String, baton_shared::wire::ProgressItem)>,
 }
 
 #[derive(Clone, Default)]
@@ -443,6 +445,21 @@ impl Hub for FakeHub {
         Ok(out)
     }
 
+    async fn running(&self, turns: Vec<RunningTurnItem>) -> Result<Vec<RunningTurnResult>, ClientError> {
+        Ok(self.with(|s| {
+            s.progress.extend(turns.iter().flat_map(|t| t.events.iter().map(|e| (t.delivery_id.clone(), e.clone()))));
+            turns
+                .iter()
+                .map(|t| RunningTurnResult {
+                    delivery_id: t.delivery_id.clone(),
+                    running: true,
+                    kept: t.events.len() as u64,
+                    dropped: 0,
+                })
+                .collect()
+        }))
+    }
+
     fn hub_moves(&self) -> u64 {
         self.with(|s| s.moves)
     }
@@ -512,6 +529,12 @@ fn config(dir: &Path, script: &str) -> NodeConfig {
         cancel_grace: Duration::from_secs(5),
         local_retention: Duration::from_secs(24 * 3600),
         backoff_max: Duration::from_millis(200),
+        renew_interval: Duration::from_secs(1),
+        progress_flush_interval: Duration::from_millis(20),
+        progress_event_bytes_max: 4096,
+        progress_events_per_turn_max: 10_000,
+        progress_events_per_second_max: 10_000,
+        progress_buffer_events_max: 10_000,
         log_format: LogFormat::Text,
         harness: Harness::Command,
         synchronous: baton_shared::sqlite::Synchronous::Full,
@@ -1169,6 +1192,9 @@ async fn instance_conflict_backs_off_and_touches_nothing() {
         async fn report_batch(&self, _: Vec<ReportRequest>) -> Result<Vec<ItemAnswer<ReportResponse>>, ClientError> {
             unreachable!("nothing ran")
         }
+        async fn running(&self, _: Vec<RunningTurnItem>) -> Result<Vec<RunningTurnResult>, ClientError> {
+            unreachable!("nothing ran")
+        }
         fn hub_moves(&self) -> u64 {
             0
         }
@@ -1251,6 +1277,9 @@ async fn a_hub_that_does_not_answer_is_retried_within_the_reconnect_cap() {
             unreachable!("nothing is claimed")
         }
         async fn report_batch(&self, _: Vec<ReportRequest>) -> Result<Vec<ItemAnswer<ReportResponse>>, ClientError> {
+            unreachable!("nothing ran")
+        }
+        async fn running(&self, _: Vec<RunningTurnItem>) -> Result<Vec<RunningTurnResult>, ClientError> {
             unreachable!("nothing ran")
         }
         fn hub_moves(&self) -> u64 {

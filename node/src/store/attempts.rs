@@ -84,6 +84,10 @@ pub struct StartedTurn {
     pub rerun: Option<Rerun>,
     /// The claim token of this run's claim (the hub's start and the report name it).
     pub claim_token: String,
+    /// The message's `deadline_ms`: the turn is stopped at the shorter of it and `exec_timeout`.
+    pub deadline_ms: Option<u64>,
+    /// The message's `stall_ms`: the turn is stopped when it wrote no progress for this long.
+    pub stall_ms: Option<u64>,
 }
 
 /// An attempt found started and not ended at startup: the node stopped while it ran.
@@ -114,6 +118,9 @@ pub struct Ending {
     pub signal: Option<i32>,
     /// The end of its stderr, sent with the report (kept only in the outbox's report body).
     pub stderr: Option<StderrTail>,
+    /// The message's bound that stopped it, when one did: `deadline` or `stall` (the report's
+    /// `stopped_by`).
+    pub stopped_by: Option<baton_shared::states::StoppedBy>,
 }
 
 impl Ending {
@@ -128,6 +135,7 @@ impl Ending {
             reason: Some(reason.into()),
             signal: None,
             stderr: None,
+            stopped_by: None,
         }
     }
 }
@@ -192,7 +200,8 @@ impl Db {
         let turn = self
             .conn
             .prepare_cached(
-                "SELECT d.message_id, d.conversation, d.seq, d.payload, d.producer, d.run, d.rerun, d.claim_token
+                "SELECT d.message_id, d.conversation, d.seq, d.payload, d.producer, d.run, d.rerun, d.claim_token,
+                        d.deadline_ms, d.stall_ms
                  FROM deliveries d
                  JOIN executions e ON e.delivery_id = d.delivery_id AND e.run = d.run
                  WHERE d.delivery_id = ?1 AND d.state = 'acked' AND e.state = 'queued'",
@@ -210,6 +219,8 @@ impl Db {
                         run: r.get(5)?,
                         rerun: None,
                         claim_token: r.get(7)?,
+                        deadline_ms: r.get::<_, Option<i64>>(8)?.and_then(|ms| u64::try_from(ms).ok()),
+                        stall_ms: r.get::<_, Option<i64>>(9)?.and_then(|ms| u64::try_from(ms).ok()),
                     },
                     r.get::<_, Option<String>>(6)?,
                 ))
@@ -565,6 +576,7 @@ fn queue_report(
         signal: e.signal,
         stderr_tail: e.stderr.as_ref().map(|t| t.text.clone()),
         stderr_dropped_bytes: e.stderr.as_ref().map(|t| t.dropped_bytes),
+        stopped_by: e.stopped_by.map(|b| b.as_str().to_string()),
     };
     let body = serde_json::to_string(&body).map_err(|e| {
         StoreError::corrupt(format!("attempt {attempt_id}"), format!("report does not serialise ({e})"))

@@ -21,6 +21,8 @@ pub(crate) fn delivery(id: &str, conversation: &str, seq: i64) -> ClaimedDeliver
         max_attempts: 1,
         rerun: None,
         cancel_requested: false,
+        deadline_ms: None,
+        stall_ms: None,
     }
 }
 
@@ -123,6 +125,7 @@ fn markers_and_outbox() {
         reason: None,
         signal: None,
         stderr: None,
+        stopped_by: None,
     };
     db.end_attempt(&turn.attempt_id, &ending, 16).unwrap();
     assert!(db.end_attempt(&turn.attempt_id, &ending, 17).is_err(), "an end marker is written once");
@@ -171,6 +174,7 @@ fn dead_report_is_not_retried() {
         reason: None,
         signal: None,
         stderr: None,
+        stopped_by: None,
     };
     db.end_attempt(&turn.attempt_id, &ending, 12).unwrap();
     db.report_dead(&turn.attempt_id, "stale_claim", 13).unwrap();
@@ -283,6 +287,7 @@ fn a_dead_report_without_its_reason_is_an_error_naming_the_row() {
         reason: None,
         signal: None,
         stderr: None,
+        stopped_by: None,
     };
     db.end_attempt(&turn.attempt_id, &ending, 12).unwrap();
     db.report_dead(&turn.attempt_id, "stale_claim", 13).unwrap();
@@ -392,6 +397,7 @@ fn run_to_end(db: &mut Db, id: &str, conversation: &str, at: i64) -> String {
         reason: None,
         signal: None,
         stderr: None,
+        stopped_by: None,
     };
     db.end_attempt(&turn.attempt_id, &ending, at).unwrap();
     turn.attempt_id
@@ -492,7 +498,16 @@ fn a_local_cancel_wins_over_a_later_start_and_leaves_a_started_run_alone() {
 }
 
 fn ending(outcome: Outcome) -> Ending {
-    Ending { outcome, exit_code: Some(0), duration_ms: Some(5), result: None, reason: None, signal: None, stderr: None }
+    Ending {
+        outcome,
+        exit_code: Some(0),
+        duration_ms: Some(5),
+        result: None,
+        reason: None,
+        signal: None,
+        stderr: None,
+        stopped_by: None,
+    }
 }
 
 /// A scheduler pass's end and start markers are one transaction, guarded item by item: an item

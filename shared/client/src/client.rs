@@ -14,9 +14,10 @@ use crate::tls::{TlsError, TlsFiles, http_client};
 use baton_shared::error::ErrorCode;
 use baton_shared::wire::{
     ApprovalRequest, ApprovalResponse, CancelRequest, CancelResponse, ClaimRequest, ClaimResponse, ClaimedDelivery,
-    ConversationView, ErrorBody, HolderRequest, HoldingsResponse, MessageView, RejectRequest, ReportRequest,
-    ReportResponse, SESSION_HEADER, SessionEndRequest, SessionRequest, SessionResponse, StartItem, StartRequest,
-    StartResponse, StartResult, SubmitRequest, SubmitResponse, TransitionResponse,
+    ConversationView, ErrorBody, EventsPage, HolderRequest, HoldingsResponse, MessageView, RejectRequest,
+    ReportRequest, ReportResponse, RunningRequest, RunningResponse, RunningTurnItem, RunningTurnResult, SESSION_HEADER,
+    SessionEndRequest, SessionRequest, SessionResponse, StartItem, StartRequest, StartResponse, StartResult,
+    SubmitRequest, SubmitResponse, TransitionResponse,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -220,6 +221,59 @@ impl Client {
     pub async fn conversation(&self, name: &str) -> Result<ConversationView, ClientError> {
         let url = format!("{}/v1/conversations/{}", self.hub_url(), path_segment(name));
         self.send(self.http().get(url).timeout(REQUEST_TIMEOUT), 0).await
+    }
+
+    /// `GET /v1/messages/{id}/events`: the message's events after `after` (a `cursor` or
+    /// `next_cursor` of an earlier answer; `None` from the start), at most `limit` (`None`: the
+    /// hub's `limits.feed_page_max`); with `wait`, a long poll that answers as soon as there is
+    /// one (capped as `message`'s). Resuming from the last `next_cursor` after any failure
+    /// neither loses nor repeats an event. Sent once.
+    pub async fn message_events(
+        &self,
+        message_id: &str,
+        after: Option<&str>,
+        wait: Option<Duration>,
+        limit: Option<u32>,
+    ) -> Result<EventsPage, ClientError> {
+        let path = format!("/v1/messages/{}/events", path_segment(message_id));
+        self.feed(&path, after, wait, limit).await
+    }
+
+    /// `GET /v1/conversations/{conversation}/events`: this producer's own messages' events in
+    /// the conversation (403 `forbidden` outside its publish scope), as `message_events`.
+    pub async fn conversation_events(
+        &self,
+        conversation: &str,
+        after: Option<&str>,
+        wait: Option<Duration>,
+        limit: Option<u32>,
+    ) -> Result<EventsPage, ClientError> {
+        let path = format!("/v1/conversations/{}/events", path_segment(conversation));
+        self.feed(&path, after, wait, limit).await
+    }
+
+    async fn feed(
+        &self,
+        path: &str,
+        after: Option<&str>,
+        wait: Option<Duration>,
+        limit: Option<u32>,
+    ) -> Result<EventsPage, ClientError> {
+        let limit = limit.map(|l| l.to_string());
+        let wait_ms = wait.map(|w| w.min(LONG_POLL_WAIT_MAX).as_millis().to_string());
+        let mut query: Vec<(&str, &str)> = Vec::new();
+        if let Some(after) = after {
+            query.push(("after", after));
+        }
+        if let Some(w) = &wait_ms {
+            query.push(("wait_ms", w));
+        }
+        if let Some(l) = &limit {
+            query.push(("limit", l));
+        }
+        let url = self.url(path, &query)?;
+        let timeout = wait.map_or(REQUEST_TIMEOUT, long_poll_timeout);
+        self.send(self.http().get(url).timeout(timeout), 0).await
     }
 
     /// The node side of the API for the node instance `instance_id`, over this client's
@@ -430,6 +484,14 @@ impl NodeClient {
         let body = StartRequest { instance_id: self.instance_id.clone(), starts: items };
         let r: StartResponse = self.post("/v1/starts", &body, REQUEST_TIMEOUT).await?;
         Ok(r.results)
+    }
+
+    /// `POST /v1/running`: the turns running now and their progress events since the last
+    /// answer, in one request for all of them; one result per turn, in order.
+    pub async fn running(&self, turns: Vec<RunningTurnItem>) -> Result<Vec<RunningTurnResult>, ClientError> {
+        let body = RunningRequest { instance_id: self.instance_id.clone(), turns };
+        let r: RunningResponse = self.post("/v1/running", &body, REQUEST_TIMEOUT).await?;
+        Ok(r.turns)
     }
 
     /// `GET /v1/holdings`: everything this instance holds, every page followed (see

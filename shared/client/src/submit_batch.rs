@@ -137,6 +137,8 @@ mod tests {
             retry_backoff_ms: None,
             approval: None,
             approval_timeout_ms: None,
+            deadline_ms: None,
+            stall_ms: None,
         }
     }
 

@@ -41,6 +41,8 @@ fn submit(key: &str, payload: &str) -> SubmitRequest {
         retry_backoff_ms: None,
         approval: None,
         approval_timeout_ms: None,
+        deadline_ms: None,
+        stall_ms: None,
     }
 }
 
@@ -102,6 +104,7 @@ fn a_message_goes_from_submit_through_a_turn_to_its_outcome() {
             signal: None,
             stderr_tail: Some("warning: low disk\n".into()),
             stderr_dropped_bytes: Some(0),
+            stopped_by: None,
         };
         let reporting = async {
             tokio::time::sleep(Duration::from_millis(300)).await;
@@ -316,6 +319,7 @@ fn node_batches_answer_per_item_and_a_newer_session_supersedes() {
                 signal: None,
                 stderr_tail: None,
                 stderr_dropped_bytes: None,
+                stopped_by: None,
             })
             .collect();
         let first = node.report_batch(reports.clone()).await.unwrap();

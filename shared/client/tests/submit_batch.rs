@@ -40,6 +40,8 @@ fn message(conversation: &str, key: &str, payload: &str) -> SubmitRequest {
         retry_backoff_ms: None,
         approval: None,
         approval_timeout_ms: None,
+        deadline_ms: None,
+        stall_ms: None,
     }
 }
 

@@ -188,6 +188,7 @@ async fn cycle_rate(store: &Store, tag: &str, per_op: usize, duration: Duration)
                 signal: None,
                 stderr_tail: None,
                 stderr_dropped_bytes: None,
+                stopped_by: None,
             })
             .collect();
         if per_op == 1 {

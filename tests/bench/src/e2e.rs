@@ -78,6 +78,11 @@ pub struct PassResult {
     /// CPU seconds used by the PostgreSQL server's process tree during the pass, when the
     /// record is there and the server runs on this machine.
     pub db_cpu_s: Option<f64>,
+    /// Progress events the hub kept for the pass's turns.
+    pub progress_events: usize,
+    /// `POST /v1/running` requests the first hub answered during the pass (the nodes'
+    /// renewals, progress included), read from its `/metrics`; `None` when they could not be read.
+    pub running_requests: Option<f64>,
 }
 
 impl PassResult {
@@ -150,6 +155,7 @@ pub fn run_pass(rig: &Rig<'_>, pass: &Pass) -> anyhow::Result<PassResult> {
     };
     let db_cpu = || postmaster.and_then(|pid| procfs::cpu_s_of_tree(pid, clk));
     let (hub0, nodes0, bench0, db0) = (hubs_cpu()?, node_cpu(&nodes)?, cpu(Some(std::process::id()))?, db_cpu());
+    let running0 = running_requests(hub);
 
     let t0_ms = baton_shared::clock::system_now_ms();
     let tally = rt.block_on(submit_all(pass, hosts, producers))?;
@@ -158,7 +164,14 @@ pub fn run_pass(rig: &Rig<'_>, pass: &Pass) -> anyhow::Result<PassResult> {
     }
     wait_reported(db, &mut nodes, base_attempts, tally.ok)?;
     let (hub1, nodes1, bench1, db1) = (hubs_cpu()?, node_cpu(&nodes)?, cpu(Some(std::process::id()))?, db_cpu());
+    let running1 = running_requests(hub);
     drop(nodes);
+    let progress_events = db.query_row(
+        "SELECT count(*) FROM progress_events p JOIN deliveries d ON d.id = p.delivery_id
+         JOIN messages m ON m.id = d.message_id WHERE m.producer = ?1 AND m.idempotency_key LIKE ?2",
+        rusqlite::params![PRODUCER, format!("{}-%", pass.name)],
+        |r| r.get::<_, i64>(0),
+    )? as usize;
 
     let rows = latencies(db, &pass.name)?;
     let last_report_ms = rows.iter().filter_map(|r| r.2).max().unwrap_or(t0_ms);
@@ -179,7 +192,30 @@ pub fn run_pass(rig: &Rig<'_>, pass: &Pass) -> anyhow::Result<PassResult> {
         nodes_cpu_s: nodes1 - nodes0,
         bench_cpu_s: bench1 - bench0,
         db_cpu_s: db0.zip(db1).map(|(a, b)| b - a),
+        progress_events,
+        running_requests: running0.zip(running1).map(|(a, b)| b - a),
     })
+}
+
+/// The `POST /v1/running` requests `hub` answered so far, from its operator listener's
+/// `/metrics` (`baton_hub_http_requests_total` of that route, every status); `None` when the
+/// listener is off or does not answer.
+fn running_requests(hub: &Hub) -> Option<f64> {
+    use std::io::{Read as _, Write as _};
+    let addr = std::fs::read_to_string(hub.data_dir().join("operator.addr")).ok()?;
+    let addr = addr.trim();
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    // HTTP/1.0: the answer is not chunked, so no metric line is split.
+    write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).ok()?;
+    Some(
+        body.lines()
+            .filter(|l| l.starts_with("baton_hub_http_requests_total{") && l.contains("route=\"/v1/running\""))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum(),
+    )
 }
 
 /// The hub list node `i` is given: every hub, starting with hub `i mod n`, so the nodes spread
@@ -339,6 +375,8 @@ fn message(pass: &Pass, hosts: &[String], i: usize) -> SubmitRequest {
         retry_backoff_ms: None,
         approval: None,
         approval_timeout_ms: None,
+        deadline_ms: None,
+        stall_ms: None,
     }
 }
 

@@ -119,6 +119,8 @@ async fn submit_light(client: &Client, count: usize) -> anyhow::Result<()> {
             retry_backoff_ms: None,
             approval: None,
             approval_timeout_ms: None,
+            deadline_ms: None,
+            stall_ms: None,
         };
         let accepted = client.submit(&body).await.context("submitting a light message")?;
         if accepted.duplicate {

@@ -461,6 +461,20 @@ fn end_to_end(
     let t = run(&pass("true", plan.true_messages, None, Harness::Command(vec!["/bin/true".into()])))?;
     record_pass(figs, "true_harness_", &t);
 
+    // Progress: a shell harness writing 10 progress events per turn beside the same shell
+    // writing none, so the difference is the progress alone (its node forwards them with its
+    // renewals, one request per pass for every running turn).
+    let shell = |script: &str| Harness::Command(vec!["sh".into(), "-c".into(), script.into()]);
+    progress(&format!("step 2: sh pass without progress, {} messages", plan.true_messages));
+    let quiet = run(&pass("sh", plan.true_messages, None, shell(":")))?;
+    record_pass(figs, "sh_harness_", &quiet);
+    record_progress(figs, "sh_harness_", &quiet);
+    progress(&format!("step 2: sh pass with 10 progress events per turn, {} messages", plan.true_messages));
+    let emits = "i=0; while [ $i -lt 10 ]; do echo \"{\\\"i\\\":$i}\" >&3; i=$((i+1)); done";
+    let chatty = run(&pass("progress", plan.true_messages, None, shell(emits)))?;
+    record_pass(figs, "progress10_", &chatty);
+    record_progress(figs, "progress10_", &chatty);
+
     let clk = procfs::clock_ticks();
     let rss = procfs::sample(hubs[0].proc().pid().context("the hub is not running")?, clk)?.peak_rss_bytes;
     figs.put("e2e_hub_peak_rss_bytes", Some(rss as f64), "(first) hub VmHWM after the end-to-end passes");
@@ -500,6 +514,24 @@ fn record_pass(figs: &mut Figures, prefix: &str, r: &e2e::PassResult) {
         "PostgreSQL server's CPU us per delivery (its process tree; null on SQLite or a remote server)",
     );
     figs.put(&k("node_cpu_us_per_delivery"), Some(r.per_1k(r.nodes_cpu_s) * 1000.0), "all nodes' CPU us per delivery");
+}
+
+/// Records a pass's progress figures under `prefix`: the events kept, and the renewal requests
+/// (`POST /v1/running`) per delivery, which one request per pass for every running turn keeps
+/// below one.
+fn record_progress(figs: &mut Figures, prefix: &str, r: &e2e::PassResult) {
+    let k = |name: &str| format!("{prefix}{name}");
+    figs.put(&k("progress_events_kept"), Some(r.progress_events as f64), "progress events the hub kept");
+    figs.put(
+        &k("running_requests"),
+        r.running_requests,
+        "POST /v1/running requests the (first) hub answered during the pass: the nodes' renewals, progress included",
+    );
+    figs.put(
+        &k("running_requests_per_delivery"),
+        r.running_requests.map(|n| n / (r.deliveries.max(1) as f64)),
+        "renewal requests per delivery: one request per pass for all running turns, never one per turn",
+    );
 }
 
 /// `10k`, `100k`, `1m` …

@@ -288,6 +288,8 @@ fn submit(
         retry_backoff_ms: None,
         approval: None,
         approval_timeout_ms: None,
+        deadline_ms: None,
+        stall_ms: None,
     };
     Ok(rt.block_on(producer.submit(&req))?.message_id)
 }
@@ -349,6 +351,8 @@ fn main() -> Result<()> {
                 retry_backoff_ms: None,
                 approval: None,
                 approval_timeout_ms: None,
+                deadline_ms: None,
+                stall_ms: None,
             };
             let accepted = rt.block_on(producer.submit(&req))?;
             sent.push((format!("{conv} step {i}"), accepted.message_id));

@@ -103,19 +103,37 @@ pub struct Inputs {
     pub ledger: Option<PathBuf>,
     /// Whether the system is quiescent after heal, so the liveness rules (I10) apply.
     pub liveness: bool,
+    /// What a turn may run past its message's `deadline_ms` (I19): the nodes' `kill_grace`
+    /// plus the stated bound, `DEADLINE_SLACK` (and, in a run that pauses nodes, the longest
+    /// pause: a paused node's timer stands still while its harness runs on).
+    pub deadline_allowance: std::time::Duration,
 }
+
+/// The bound I19 states beyond `kill_grace`: how late past a deadline a node may notice it,
+/// signal the group and reap it (its timer, the group poll, a loaded machine's scheduling).
+pub const DEADLINE_SLACK: std::time::Duration = std::time::Duration::from_secs(2);
+/// The nodes' `kill_grace` when a run does not say (the node's default).
+pub const KILL_GRACE_ASSUMED: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Inputs {
     /// Inputs for a hub's record alone, liveness off.
     pub fn hub_only(hub: HubRecord) -> Inputs {
-        Inputs { hub, node_dbs: Vec::new(), retired_node_dbs: Vec::new(), history: None, ledger: None, liveness: false }
+        Inputs {
+            hub,
+            node_dbs: Vec::new(),
+            retired_node_dbs: Vec::new(),
+            history: None,
+            ledger: None,
+            liveness: false,
+            deadline_allowance: KILL_GRACE_ASSUMED + DEADLINE_SLACK,
+        }
     }
 }
 
 /// One broken rule.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Violation {
-    /// The invariant family: `I1` … `I17`.
+    /// The invariant family: `I1` … `I19`.
     pub invariant: String,
     /// What it is about (a delivery id, a key, a database).
     pub subject: String,
@@ -167,6 +185,8 @@ struct Message {
     key: String,
     /// How many runs a harness may ask for (exit 75) before a failure is final.
     max_attempts: i64,
+    /// The longest each turn may run (I19).
+    deadline_ms: Option<i64>,
 }
 
 struct Delivery {
@@ -220,6 +240,19 @@ struct HubAttempt {
     run: i64,
     /// Why that run happened when it was not the first.
     rerun: Option<String>,
+    /// How long the run took, as its node measured it.
+    duration_ms: Option<i64>,
+    /// Written by the hub itself (an `unknown` after a retire or requeue), not reported by a node.
+    by_hub: bool,
+}
+
+/// A progress event recorded after its run's outcome (I19): the delivery, the run, the event's
+/// position and the outcome's.
+struct LateProgress {
+    delivery_id: String,
+    run: i64,
+    n: i64,
+    outcome_n: i64,
 }
 
 struct Fence {
@@ -265,6 +298,8 @@ struct Model {
     events: Vec<Event>,
     attempts: Vec<HubAttempt>,
     fences: Vec<Fence>,
+    late_progress: Vec<LateProgress>,
+    progress_events: i64,
     nodes: Vec<NodeDb>,
     history: Vec<HistoryLine>,
     ledger: Vec<EffectLine>,
@@ -296,8 +331,17 @@ fn load_hub(conn: &dyn Db, m: &mut Model) -> anyhow::Result<()> {
     // In acceptance order (a PostgreSQL table has no rowid).
     m.messages = rows(
         conn,
-        "SELECT id, producer, idempotency_key, max_attempts FROM messages ORDER BY accepted_at, conversation, seq",
-        |r| Ok(Message { id: r.get(0)?, producer: r.get(1)?, key: r.get(2)?, max_attempts: r.get(3)? }),
+        "SELECT id, producer, idempotency_key, max_attempts, deadline_ms FROM messages
+         ORDER BY accepted_at, conversation, seq",
+        |r| {
+            Ok(Message {
+                id: r.get(0)?,
+                producer: r.get(1)?,
+                key: r.get(2)?,
+                max_attempts: r.get(3)?,
+                deadline_ms: r.get(4)?,
+            })
+        },
     )?;
     m.recipients = rows(conn, "SELECT message_id, host FROM message_recipients", |r| Ok((r.get(0)?, r.get(1)?)))?;
     m.obligations = rows(conn, "SELECT message_id, done_at FROM fanout_obligations", |r| Ok((r.get(0)?, r.get(1)?)))?;
@@ -343,7 +387,8 @@ fn load_hub(conn: &dyn Db, m: &mut Model) -> anyhow::Result<()> {
     )?;
     m.attempts = rows(
         conn,
-        "SELECT id, delivery_id, host, instance_id, report_id, outcome, attempt, rerun FROM attempts
+        "SELECT id, delivery_id, host, instance_id, report_id, outcome, attempt, rerun, duration_ms,
+                request_hash = '' FROM attempts
          ORDER BY reported_at, id",
         |r| {
             Ok(HubAttempt {
@@ -355,9 +400,20 @@ fn load_hub(conn: &dyn Db, m: &mut Model) -> anyhow::Result<()> {
                 outcome: r.get(5)?,
                 run: r.get(6)?,
                 rerun: r.get(7)?,
+                duration_ms: r.get(8)?,
+                by_hub: r.get(9)?,
             })
         },
     )?;
+    // Only the violations are read: a progress event positioned after its run's outcome.
+    m.late_progress = rows(
+        conn,
+        "SELECT p.delivery_id, p.attempt, p.n, a.event_n FROM progress_events p
+         JOIN attempts a ON a.delivery_id = p.delivery_id AND a.attempt = p.attempt
+         WHERE a.event_n IS NOT NULL AND p.n > a.event_n ORDER BY p.n",
+        |r| Ok(LateProgress { delivery_id: r.get(0)?, run: r.get(1)?, n: r.get(2)?, outcome_n: r.get(3)? }),
+    )?;
+    m.progress_events = conn.query_row("SELECT count(*) FROM progress_events", [], |r| r.get(0))?;
     m.fences = rows(
         conn,
         "SELECT id, kind, scope, target, set_at, lifted_at, set_after_event, lifted_after_event FROM fences ORDER BY id",
@@ -458,6 +514,7 @@ pub fn check(inputs: &Inputs) -> anyhow::Result<Report> {
     report.counts.insert("ordered_effects".into(), check_order(&m, &ix, &mut v) as u64);
     report.counts.insert("reruns".into(), check_turn_control(&m, &ix, &mut v) as u64);
     check_one_execution_per_run(&m, &ix, &mut v);
+    report.counts.insert("deadlines_checked".into(), check_progress_and_deadlines(&m, &ix, inputs, &mut v) as u64);
     if inputs.liveness {
         check_liveness(&m, &ix, &mut v);
     }
@@ -479,6 +536,7 @@ pub fn check(inputs: &Inputs) -> anyhow::Result<Report> {
     report.counts.insert("node_dbs".into(), m.nodes.len() as u64);
     report.counts.insert("history_lines".into(), m.history.len() as u64);
     report.counts.insert("effects".into(), m.ledger.len() as u64);
+    report.counts.insert("progress_events".into(), u64::try_from(m.progress_events).unwrap_or(0));
     report.violations = v;
     Ok(report)
 }
@@ -1396,6 +1454,75 @@ fn check_one_execution_per_run(m: &Model, ix: &Index, v: &mut Vec<Violation>) {
             ));
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// I19: progress and deadlines
+
+/// I19 over the hub's record and the effects ledger: no progress event is recorded after its
+/// run's outcome (its feed position is above the outcome's), and no turn of a message with a
+/// `deadline_ms` ran longer than the deadline plus `Inputs::deadline_allowance`, as its node
+/// measured it (the attempt's `duration_ms`) or as the ledger saw it (its start and end). A run
+/// whose outcome is `unknown` is not held to it: its node died, and nothing stopped it then.
+/// Returns how many runs with a deadline were compared.
+fn check_progress_and_deadlines(m: &Model, ix: &Index, inputs: &Inputs, v: &mut Vec<Violation>) -> usize {
+    for p in &m.late_progress {
+        v.push(violation(
+            "I19",
+            &p.delivery_id,
+            format!(
+                "a progress event of run {} is at feed position {}, after the run's outcome at {}: recorded after \
+                 the outcome",
+                p.run, p.n, p.outcome_n
+            ),
+            Vec::new(),
+        ));
+    }
+    let allowance_ms = i64::try_from(inputs.deadline_allowance.as_millis()).unwrap_or(i64::MAX);
+    let deadline_of = |delivery_id: &str| -> Option<i64> {
+        let d = &m.deliveries[*ix.delivery_by_id.get(delivery_id)?];
+        m.messages[*ix.message_by_id.get(&d.message_id)?].deadline_ms
+    };
+    let mut compared = 0;
+    for a in m.attempts.iter().filter(|a| !a.by_hub && a.outcome != "unknown") {
+        let (Some(deadline), Some(ran)) = (deadline_of(&a.delivery_id), a.duration_ms) else { continue };
+        compared += 1;
+        if ran > deadline.saturating_add(allowance_ms) {
+            v.push(violation(
+                "I19",
+                &a.delivery_id,
+                format!(
+                    "run {} ran {ran} ms (its node's measure), past its deadline_ms = {deadline} by more than {allowance_ms} ms",
+                    a.run
+                ),
+                Vec::new(),
+            ));
+        }
+    }
+    for e in &m.ledger {
+        let (Some(start), Some(end)) = (e.started_ns, e.ended_ns) else { continue };
+        let Some(deadline) = deadline_of(&e.delivery_id) else { continue };
+        let unknown = ix.attempts_by_delivery.get(&e.delivery_id).is_some_and(|is| {
+            is.iter().any(|&i| m.attempts[i].run == e.run_number() && m.attempts[i].outcome == "unknown")
+        });
+        if unknown {
+            continue;
+        }
+        let ran = i64::try_from(end.saturating_sub(start) / 1_000_000).unwrap_or(i64::MAX);
+        if ran > deadline.saturating_add(allowance_ms) {
+            v.push(violation(
+                "I19",
+                &e.delivery_id,
+                format!(
+                    "run {} ran {ran} ms (the ledger's measure), past its deadline_ms = {deadline} by more than \
+                     {allowance_ms} ms",
+                    e.run_number()
+                ),
+                Vec::new(),
+            ));
+        }
+    }
+    compared
 }
 
 // ---------------------------------------------------------------------------------------------

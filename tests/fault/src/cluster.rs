@@ -129,8 +129,11 @@ impl Producer {
         retries: Retries,
     ) -> AcceptOutcome {
         let mut content = format!("{conversation}|{payload}|{}", to.join(","));
-        if retries != Retries::default() {
+        if retries.max_attempts.is_some() || retries.retry_backoff_ms.is_some() {
             content.push_str(&format!("|{:?}|{:?}", retries.max_attempts, retries.retry_backoff_ms));
+        }
+        if let Some(ms) = retries.deadline_ms {
+            content.push_str(&format!("|deadline={ms}"));
         }
         let hash = format!("{:x}", fxhash(&content));
         self.record("invoke", key, &hash, None, None, None);
@@ -154,6 +157,8 @@ impl Producer {
             retry_backoff_ms: retries.retry_backoff_ms,
             approval: None,
             approval_timeout_ms: None,
+            deadline_ms: retries.deadline_ms,
+            stall_ms: None,
         };
         // Past the deadline the request is dropped: its answer is lost, like any other.
         let answer = tokio::time::timeout(ACCEPT_TIMEOUT, client.submit(&req)).await;
@@ -200,6 +205,8 @@ pub struct Retries {
     pub max_attempts: Option<u32>,
     /// The base of the backoff before a retry, in milliseconds.
     pub retry_backoff_ms: Option<u64>,
+    /// The longest each turn may run (`deadline_ms`).
+    pub deadline_ms: Option<u64>,
 }
 
 /// A small stable hash (FNV-1a, 64 bits) for the history's payload hash.
@@ -511,6 +518,7 @@ impl Cluster {
             history: Some(self.history.clone()),
             ledger: Some(self.ledger.clone()),
             liveness,
+            deadline_allowance: crate::checker::KILL_GRACE_ASSUMED + crate::checker::DEADLINE_SLACK,
         }
     }
 

@@ -167,6 +167,11 @@ pub const RETRY_FIRST_RUN: &str = "retry_first_run";
 pub const SLOW: &str = "slow";
 /// How long a turn marked `SLOW` runs.
 pub const SLOW_TURN_SECS: u32 = 2;
+/// A payload field that makes the ledger harness write `PROGRESS_EVENTS` progress events on its
+/// progress channel (`BATON_PROGRESS_FD`) before it ends.
+pub const PROGRESS: &str = "progress";
+/// How many progress events a turn marked `PROGRESS` writes.
+pub const PROGRESS_EVENTS: u32 = 5;
 /// A payload field that makes the ledger harness wait, before it ends, until the file
 /// `hold_release(ledger)` exists: a turn the test keeps running until it lets it go.
 pub const HOLD: &str = "hold";
@@ -200,6 +205,7 @@ rec() {{ printf '{{"delivery_id":"%s","attempt_id":"%s","host":"{host}","instanc
 stop() {{ trap '' TERM INT HUP; rec "$1" null; exit "$2"; }}
 trap 'stop TERM 143' TERM; trap 'stop INT 130' INT; trap 'stop HUP 129' HUP
 case "$p" in *'"{retry}":true'*|*'"{retry}": true'*) [ "${{BATON_ATTEMPT:-1}}" = 1 ] && code={exit_retry};; esac
+case "$p" in *'"{progress}":true'*|*'"{progress}": true'*) if [ -n "$BATON_PROGRESS_FD" ]; then i=1; while [ $i -le {events} ]; do echo "{{\"i\":$i}}" >&$BATON_PROGRESS_FD; i=$((i+1)); done; fi;; esac
 case "$p" in *'"{slow}":true'*|*'"{slow}": true'*) sleep {secs} & wait $!;; esac
 case "$p" in *'"{hold}":true'*|*'"{hold}": true'*) while [ ! -e '{release}' ]; do sleep 0.1 & wait $!; done;; esac
 trap '' TERM INT HUP; rec '' "$code"; exit "$code""#,
@@ -208,6 +214,8 @@ trap '' TERM INT HUP; rec '' "$code"; exit "$code""#,
         exit_retry = EXIT_RETRY,
         slow = SLOW,
         secs = SLOW_TURN_SECS,
+        progress = PROGRESS,
+        events = PROGRESS_EVENTS,
         hold = HOLD,
         release = hold_release(ledger).display(),
     );

@@ -18,7 +18,7 @@
 use crate::checker::{self, Report};
 use crate::cluster::{AcceptOutcome, Cluster, Retries};
 use crate::proxy::Fault;
-use crate::records::{RETRY_FIRST_RUN, SLOW};
+use crate::records::{PROGRESS, RETRY_FIRST_RUN, SLOW};
 use baton_testkit::{Binaries, Signal, Started};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use std::net::SocketAddr;
@@ -77,6 +77,15 @@ pub const TURN_CONTROL_BACKOFF_MS: u64 = 200;
 const RETRYABLE_PERCENT: u32 = 20;
 /// Percent of new messages whose turn runs slowly, so that cancels reach running turns.
 const SLOW_PERCENT: u32 = 15;
+/// Percent of new messages whose harness writes progress events (`records::PROGRESS`).
+const PROGRESS_PERCENT: u32 = 30;
+/// Percent of new messages with a `deadline_ms`: `SLOW_DEADLINE_MS` for a slow turn, which it
+/// runs past (its node stops it), `DEADLINE_MS` for the others, which none reaches.
+const DEADLINE_PERCENT: u32 = 20;
+/// A slow turn's deadline: half its `SLOW_TURN_SECS`.
+const SLOW_DEADLINE_MS: u64 = crate::records::SLOW_TURN_SECS as u64 * 500;
+/// Any other turn's deadline: far beyond what it takes.
+const DEADLINE_MS: u64 = 60_000;
 
 /// The figures the soak prints.
 #[derive(Debug, Default)]
@@ -103,6 +112,10 @@ pub struct Figures {
     pub duplicate_submissions: u64,
     /// Harness executions (effects ledger lines).
     pub executions: u64,
+    /// Progress events the hub kept (I19 compared each with its run's outcome).
+    pub progress_events: u64,
+    /// Runs with a deadline that I19 compared with how long they ran.
+    pub deadline_runs: u64,
     /// Executions the order invariant I15 compared (per host and conversation).
     pub ordered_executions: u64,
     /// Cancels the hub accepted (turn-control soak).
@@ -314,7 +327,11 @@ pub async fn run(bins: &Binaries, cfg: SoakConfig, log: &mut dyn FnMut(String)) 
     for n in &mut c.nodes {
         n.proc_mut().kill()?;
     }
-    let report = checker::check(&c.inputs(true))?;
+    let mut inputs = c.inputs(true);
+    // A paused node's timer stands still while its harness runs on: the stated bound of I19
+    // grows by the longest pause.
+    inputs.deadline_allowance += Duration::from_millis(cfg.pause_ms_max);
+    let report = checker::check(&inputs)?;
     f.accepted = counters.accepted.load(Ordering::SeqCst);
     f.accepted_via = counters.accepted_via.iter().map(|a| a.load(Ordering::SeqCst)).collect();
     f.hub_moves = c.nodes.iter().map(|n| n.proc().stderr_all().matches(HUB_MOVE_LOG).count() as u64).sum();
@@ -322,6 +339,8 @@ pub async fn run(bins: &Binaries, cfg: SoakConfig, log: &mut dyn FnMut(String)) 
     f.executions = report.counts.get("effects").copied().unwrap_or(0);
     f.ordered_executions = report.counts.get("ordered_effects").copied().unwrap_or(0);
     f.reruns = report.counts.get("reruns").copied().unwrap_or(0);
+    f.progress_events = report.counts.get("progress_events").copied().unwrap_or(0);
+    f.deadline_runs = report.counts.get("deadlines_checked").copied().unwrap_or(0);
     if !drained {
         log(format!("drain did not finish within {DRAIN_LIMIT:?}; still pending:\n{pending}logs:\n{}", c.logs()));
     }
@@ -580,10 +599,20 @@ async fn produce(
                 retries = Retries {
                     max_attempts: Some(TURN_CONTROL_MAX_ATTEMPTS),
                     retry_backoff_ms: Some(TURN_CONTROL_BACKOFF_MS),
+                    deadline_ms: None,
                 };
             }
-            if turn_control && rng.random_range(0..100u32) < SLOW_PERCENT {
+            let slow = turn_control && rng.random_range(0..100u32) < SLOW_PERCENT;
+            if slow {
                 payload[SLOW] = true.into();
+            }
+            // Part of the traffic writes progress, and part carries a deadline: one a slow turn
+            // runs past (its node stops it, I19), or one no turn reaches.
+            if rng.random_range(0..100u32) < PROGRESS_PERCENT {
+                payload[PROGRESS] = true.into();
+            }
+            if rng.random_range(0..100u32) < DEADLINE_PERCENT {
+                retries.deadline_ms = Some(if slow { SLOW_DEADLINE_MS } else { DEADLINE_MS });
             }
             (format!("p{index}-{seed}-{i}"), format!("c{}", rng.random_range(0..CONVERSATIONS)), payload, to, retries)
         };

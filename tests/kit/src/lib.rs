@@ -24,6 +24,9 @@
 //! - `pg`: `PgCluster`, a throwaway PostgreSQL server from the installed server binaries
 //!   (`initdb` as an unprivileged user, a free port, optional TLS), and `cluster_or_skip`, the
 //!   skip-or-require rule (`BATON_REQUIRE_POSTGRES`).
+//! - `python`: the Python interpreter (`BATON_PYTHON`, else `python3`) that imports what a
+//!   suite needs, commands importing the Python client package from the source tree, and the
+//!   skip-or-require rule (`BATON_REQUIRE_PYTHON`).
 //!
 //! Invariant: every child process started here is owned by a `Proc` (or, for `bins::run`, by
 //! the call), which stops and reaps it; none outlives its owner.
@@ -35,6 +38,7 @@ pub mod identity;
 pub mod node;
 pub mod pg;
 pub mod proc;
+pub mod python;
 pub mod wait;
 
 pub use bins::Binaries;

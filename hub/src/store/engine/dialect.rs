@@ -172,6 +172,30 @@ pub const SESSION_CONTACT: Both<&str> = Both {
     postgres: "UPDATE node_sessions SET last_contact_at = GREATEST(last_contact_at, $3) WHERE host = $1 AND session = $2",
 };
 
+/// What one request adds to a run's progress counts (`$1` delivery, `$2` attempt, `$3` events
+/// kept, `$4` newest seq, `$5` when the newest was kept, `$6` the node's drops so far, `$7` the
+/// hub's drops).
+pub const TURN_PROGRESS_ADD: Both<&str> = Both {
+    sqlite:
+        "INSERT INTO turn_progress AS t (delivery_id, attempt, events, last_seq, last_at, node_dropped, hub_dropped)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)
+             ON CONFLICT (delivery_id, attempt) DO UPDATE SET
+                 events = t.events + excluded.events,
+                 last_seq = max(t.last_seq, excluded.last_seq),
+                 last_at = coalesce(excluded.last_at, t.last_at),
+                 node_dropped = max(t.node_dropped, excluded.node_dropped),
+                 hub_dropped = t.hub_dropped + excluded.hub_dropped",
+    postgres:
+        "INSERT INTO turn_progress AS t (delivery_id, attempt, events, last_seq, last_at, node_dropped, hub_dropped)
+               VALUES ($1, $2, $3, $4, $5, $6, $7)
+               ON CONFLICT (delivery_id, attempt) DO UPDATE SET
+                   events = t.events + excluded.events,
+                   last_seq = GREATEST(t.last_seq, excluded.last_seq),
+                   last_at = coalesce(excluded.last_at, t.last_at),
+                   node_dropped = GREATEST(t.node_dropped, excluded.node_dropped),
+                   hub_dropped = t.hub_dropped + excluded.hub_dropped",
+};
+
 // Matching a prefix of a delivery id. The parameter is the prefix followed by `*`: SQLite's
 // indexed prefix match is `GLOB 'p*'`, and its planner uses the index only when the pattern is
 // the parameter itself; PostgreSQL has no GLOB and matches from a range start with
@@ -245,6 +269,49 @@ pub const COUNTER_SET: Both<&[&str]> = Both {
 pub const IDLE_UNBOUNDED: Both<Option<&str>> =
     Both { sqlite: None, postgres: Some("SET LOCAL idle_in_transaction_session_timeout = 0") };
 
+// The producers' feeds (`store::views::feed`): their positions are drawn from the counter
+// `delivery_events.id` is drawn from, which each server keeps where `COUNTER_DRAWN` says.
+
+/// Draws `$1` consecutive feed positions and returns the last. SQLite's counter is a row of
+/// `sqlite_sequence`, which exists only once a delivery event was written: before that this
+/// returns no row and `FEED_DRAW_FIRST` makes it. PostgreSQL's is the identity column's
+/// sequence, moved on by `$1` numbers at once.
+pub const FEED_DRAW: Both<&str> = Both {
+    sqlite: "UPDATE sqlite_sequence SET seq = seq + $1 WHERE name = 'delivery_events' RETURNING seq",
+    postgres: "SELECT setval(pg_get_serial_sequence('delivery_events', 'id'),
+                             nextval(pg_get_serial_sequence('delivery_events', 'id')) + $1 - 1)",
+};
+
+/// SQLite's feed counter made at `$1`, when `FEED_DRAW` found no row; PostgreSQL's sequence
+/// always exists.
+pub const FEED_DRAW_FIRST: Both<Option<&str>> =
+    Both { sqlite: Some("INSERT INTO sqlite_sequence (name, seq) VALUES ('delivery_events', $1)"), postgres: None };
+
+/// The highest feed position drawn so far, 0 before the first.
+pub const FEED_DRAWN: Both<&str> = Both {
+    sqlite: "SELECT coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'delivery_events'), 0)",
+    postgres: "SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence('delivery_events', 'id')::regclass), 0)",
+};
+
+/// Whether feed positions are drawn out of commit order. On SQLite the one writer draws and
+/// commits in order. A PostgreSQL sequence is not commit order: a claim (which runs beside other
+/// claims) may commit a lower position after a higher one, so a feed reads only up to
+/// `FEED_HORIZON` and moves it with a barrier (see `store::views::feed`).
+pub const FEED_DRAWN_OUT_OF_COMMIT_ORDER: Both<bool> = Both { sqlite: false, postgres: true };
+
+/// The feed's horizon in this snapshot: no position at or below it can still be committed
+/// later. On SQLite every position drawn (`FEED_DRAWN`); on PostgreSQL the highest position seen
+/// among progress events, outcomes and delivery events not from `queued` (everything but a
+/// claim writes under the record's exclusive write lock, and a claim only moves deliveries out
+/// of `queued`).
+pub const FEED_HORIZON: Both<&str> = Both {
+    sqlite: "SELECT coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'delivery_events'), 0)",
+    postgres: "SELECT GREATEST(
+                   coalesce((SELECT max(id) FROM delivery_events WHERE from_state IS NULL OR from_state <> 'queued'), 0),
+                   coalesce((SELECT max(n) FROM progress_events), 0),
+                   coalesce((SELECT max(event_n) FROM attempts), 0))",
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -274,10 +341,14 @@ mod tests {
             ("BACKLOG_OF_DELIVERY", BACKLOG_OF_DELIVERY),
             ("BACKLOG_OF_HOST", BACKLOG_OF_HOST),
             ("SESSION_CONTACT", SESSION_CONTACT),
+            ("TURN_PROGRESS_ADD", TURN_PROGRESS_ADD),
             ("DELIVERY_PREFIX_COUNT", DELIVERY_PREFIX_COUNT),
             ("DELIVERY_PREFIX_MATCHES", DELIVERY_PREFIX_MATCHES),
             ("TABLE_COLUMNS", TABLE_COLUMNS),
             ("COUNTER_DRAWN", COUNTER_DRAWN),
+            ("FEED_DRAW", FEED_DRAW),
+            ("FEED_DRAWN", FEED_DRAWN),
+            ("FEED_HORIZON", FEED_HORIZON),
         ];
         let gapless = |p: &BTreeSet<u32>| p.iter().copied().eq(1..=p.len() as u32);
         for (name, pair) in pairs {
@@ -288,6 +359,7 @@ mod tests {
         // A lone statement names only what the pair it stands in for would.
         let host_row = parameters(CLAIM_HOST_ROW.sqlite);
         assert_eq!(CLAIM_HOST_ROW_TO_CHANGE.postgres.map(parameters), Some(host_row));
+        assert_eq!(FEED_DRAW_FIRST.sqlite.map(parameters), Some(parameters(FEED_DRAW.sqlite)));
         // Each statement of a sequence names every parameter of the sequence.
         for sql in COUNTER_SET.sqlite.iter().chain(COUNTER_SET.postgres) {
             assert_eq!(parameters(sql), BTreeSet::from([1, 2, 3]), "{sql}");

@@ -167,6 +167,8 @@ impl NewMessage {
             retry.retry_backoff_ms.map(|ms| format!("retry_backoff_ms={ms}")),
             retry.approval_required.then(|| "approval=required".to_string()),
             retry.approval_timeout_ms.filter(|_| retry.approval_required).map(|ms| format!("approval_timeout_ms={ms}")),
+            retry.deadline_ms.map(|ms| format!("deadline_ms={ms}")),
+            retry.stall_ms.map(|ms| format!("stall_ms={ms}")),
         ];
         for part in given.into_iter().flatten() {
             h.update((part.len() as u64).to_le_bytes());
@@ -190,6 +192,10 @@ pub struct RetryPolicy {
     /// How long an undecided approval waits before it fails the message (only with
     /// `approval_required`); `None` for no timeout.
     pub approval_timeout_ms: Option<u64>,
+    /// The longest each turn may run (`deadline_ms`); `None`: the node's `exec_timeout` alone.
+    pub deadline_ms: Option<u64>,
+    /// The longest a running turn may go without a progress event (`stall_ms`); `None`: none.
+    pub stall_ms: Option<u64>,
 }
 
 /// Bounds checked inside the acceptance transaction.
@@ -272,8 +278,9 @@ pub fn accept_with_retry(
     let message_id = new_id();
     conn.prepare_cached(
         "INSERT INTO messages (id, conversation, seq, producer, idempotency_key, content_hash, payload, accepted_at,
-                               max_attempts, retry_backoff_ms, approval, approval_timeout_ms, approval_expires_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+                               max_attempts, retry_backoff_ms, approval, approval_timeout_ms, approval_expires_at,
+                               deadline_ms, stall_ms)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
     )?
     .execute(params![
         message_id,
@@ -291,7 +298,9 @@ pub fn accept_with_retry(
         retry
             .approval_timeout_ms
             .filter(|_| retry.approval_required)
-            .map(|ms| now_ms.saturating_add(i64::try_from(ms).unwrap_or(i64::MAX)))
+            .map(|ms| now_ms.saturating_add(i64::try_from(ms).unwrap_or(i64::MAX))),
+        retry.deadline_ms.map(|ms| i64::try_from(ms).unwrap_or(i64::MAX)),
+        retry.stall_ms.map(|ms| i64::try_from(ms).unwrap_or(i64::MAX))
     ])?;
     crash_point("hub.accept.after_message_insert");
     let mut route = conn.prepare_cached("INSERT INTO message_recipients (message_id, host) VALUES ($1, $2)")?;

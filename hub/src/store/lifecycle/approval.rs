@@ -340,8 +340,8 @@ pub fn is_breaker(f: &fences::FenceRow) -> bool {
     f.kind == FenceKind::Hold && f.set_by == BREAKER_ACTOR && f.reason.starts_with(BREAKER_REASON_START)
 }
 
-/// How a breaker's reason starts.
-const BREAKER_REASON_START: &str = "breaker: ";
+/// How a breaker's reason starts (both triggers: `breaker_reason`, `breaker_period::reason`).
+pub(crate) const BREAKER_REASON_START: &str = "breaker: ";
 
 /// The reason a breaker's fence carries: the count and the limit.
 pub fn breaker_reason(failures: u32, limit: u32) -> String {

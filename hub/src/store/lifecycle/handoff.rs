@@ -6,7 +6,7 @@ use crate::store::Store;
 use crate::store::engine::{Db, OptionalExtension, params};
 use crate::store::lifecycle::transition::{self, Change, Holder};
 use crate::store::registry::sessions::{self, NodeAt};
-use crate::store::{Actor, StoreError, StoreResult, json_column, parse_column_opt, state_column};
+use crate::store::{Actor, StoreError, StoreResult, bound_ms_column, json_column, parse_column_opt, state_column};
 use baton_shared::states::DeliveryState::{self, *};
 use baton_shared::states::Rerun;
 use baton_shared::wire::{ClaimedDelivery, TransitionResponse};
@@ -155,7 +155,8 @@ pub fn holdings_page(
     let mut rows: Vec<(i64, ClaimedDelivery)> = conn
         .prepare_cached(
             "SELECT d.id, d.message_id, d.conversation, d.seq, m.payload, d.claim_token, d.state, m.producer,
-                    d.attempt, m.max_attempts, d.rerun, d.cancel_requested_at IS NOT NULL, d.n
+                    d.attempt, m.max_attempts, d.rerun, d.cancel_requested_at IS NOT NULL, d.n, m.deadline_ms,
+                    m.stall_ms
              FROM deliveries d JOIN messages m ON m.id = d.message_id
              WHERE d.instance_id = $1 AND d.host = $2 AND d.n > $3
                AND (d.state IN ('claimed', 'mirrored')
@@ -167,6 +168,8 @@ pub fn holdings_page(
             let delivery_id: String = r.get(0)?;
             let message_id: String = r.get(1)?;
             let n: i64 = r.get(12)?;
+            let (deadline_ms, stall_ms) =
+                (bound_ms_column(r, 13, "messages", &message_id)?, bound_ms_column(r, 14, "messages", &message_id)?);
             Ok((
                 n,
                 ClaimedDelivery {
@@ -181,6 +184,8 @@ pub fn holdings_page(
                     max_attempts: r.get(9)?,
                     rerun: parse_column_opt(r, 10, "deliveries", &delivery_id, "rerun", Rerun::parse)?,
                     cancel_requested: r.get(11)?,
+                    deadline_ms,
+                    stall_ms,
                     delivery_id,
                 },
             ))

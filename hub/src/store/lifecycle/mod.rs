@@ -4,6 +4,7 @@
 //! - `transition`: the SPEC §2 transition table and the one guarded update every transition uses.
 //! - `accept`: acceptance, fan-out and startup repair.
 //! - `approval`: approval before a turn runs: parking, decisions, expiry.
+//! - `breaker_period`: the breaker's turns-per-period trigger.
 //! - `batch`: many of the steps below in one request, each item answered alone.
 //! - `claim`: the claim transaction and its door (certificate, standing, instance, fences).
 //! - `scan`: one claim's walk over the host's conversation queues: order and fairness.
@@ -12,14 +13,17 @@
 //! - `replay`: a report's identity: its request hash, and a report seen again.
 //! - `turns`: hub-confirmed starts (the start lease), cancel, the claim's cancel notices, operator retry and redrive.
 //! - `operator`: the operator's delivery transitions: release, cancel, retire, requeue.
+//! - `progress`: running turns' renewals and their progress events.
 //! - `silence`: the claims of a silent instance returned to the queue.
 
 pub mod accept;
 pub mod approval;
 pub mod batch;
+pub mod breaker_period;
 pub mod claim;
 pub mod handoff;
 pub mod operator;
+pub mod progress;
 pub mod replay;
 pub mod report;
 pub mod scan;

@@ -231,8 +231,8 @@ fn unknown_attempt(conn: &dyn Db, delivery_id: &str, why: &str, now_ms: i64) -> 
     let report_id = if attempt == 1 { format!("hub:{delivery_id}") } else { format!("hub:{delivery_id}:{attempt}") };
     conn.prepare_cached(
         "INSERT INTO attempts (id, delivery_id, host, instance_id, report_id, request_hash, outcome, reason,
-                               reported_at, attempt, rerun, caused_by)
-         VALUES ($1, $2, $3, $4, $5, '', 'unknown', $6, $7, $8, $9, $10)",
+                               reported_at, attempt, rerun, caused_by, event_n)
+         VALUES ($1, $2, $3, $4, $5, '', 'unknown', $6, $7, $8, $9, $10, $11)",
     )?
     .execute(params![
         crate::store::new_id(),
@@ -244,7 +244,8 @@ fn unknown_attempt(conn: &dyn Db, delivery_id: &str, why: &str, now_ms: i64) -> 
         now_ms,
         attempt,
         rerun,
-        caused_by
+        caused_by,
+        crate::store::views::feed::draw(conn, 1)?
     ])?;
     Ok(true)
 }

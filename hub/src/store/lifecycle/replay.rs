@@ -7,7 +7,7 @@
 use crate::store::StoreResult;
 use crate::store::engine::Db;
 use crate::store::lifecycle::transition::Holder;
-use baton_shared::states::Outcome;
+use baton_shared::states::{Outcome, StoppedBy};
 use sha2::{Digest, Sha256};
 
 /// A validated report.
@@ -60,6 +60,17 @@ impl NewReport<'_> {
     /// as the node sent them (so a replay matches whatever the hub's `stderr_tail_bytes_max`
     /// keeps of them).
     pub fn request_hash_of_run(&self, attempt: Option<u32>, signal: Option<i32>) -> String {
+        self.request_hash_stopped(attempt, signal, None)
+    }
+
+    /// `request_hash_of_run`, followed, only when the report names the bound that stopped the
+    /// turn, by a field of its wire word (so every other report hashes as before).
+    pub fn request_hash_stopped(
+        &self,
+        attempt: Option<u32>,
+        signal: Option<i32>,
+        stopped: Option<StoppedBy>,
+    ) -> String {
         let exit_code = self.exit_code.map(|c| c.to_string());
         let duration_ms = self.duration_ms.map(|d| d.to_string());
         let (signal, attempt) = (signal.map(|s| s.to_string()), attempt.map(|a| a.to_string()));
@@ -80,6 +91,9 @@ impl NewReport<'_> {
         }
         if stderr {
             fields.extend([self.stderr_tail, dropped.as_deref()]);
+        }
+        if let Some(by) = stopped {
+            fields.push(Some(by.as_str()));
         }
         let mut h = Sha256::new();
         for field in fields {

@@ -49,6 +49,9 @@ pub struct ReportBounds {
     /// Failed turns in a row that trip a conversation's breaker (`limits.breaker_failures`;
     /// 0: off).
     pub breaker_failures: u32,
+    /// Turns within a period that trip it (`limits.breaker_turns`, `limits.breaker_period`;
+    /// 0 turns: off).
+    pub breaker_turns: crate::store::lifecycle::breaker_period::TurnsPerPeriod,
 }
 
 impl From<Backoff> for ReportBounds {
@@ -58,6 +61,7 @@ impl From<Backoff> for ReportBounds {
             backoff,
             stderr_tail_bytes_max: baton_shared::limits::STDERR_TAIL_BYTES_MAX_DEFAULT,
             breaker_failures: 0,
+            breaker_turns: Default::default(),
         }
     }
 }
@@ -88,8 +92,12 @@ pub(super) fn run_report(req: &ReportRequest, session: Option<u64>, bounds: Repo
         retry_backoff_max: bounds.backoff.max,
         stderr_tail_bytes_max: bounds.stderr_tail_bytes_max,
         breaker_failures: bounds.breaker_failures,
+        breaker_turns: bounds.breaker_turns,
+        stopped_by: req.stopped_by.as_deref().and_then(StoppedBy::parse),
     }
 }
+
+pub use baton_shared::states::StoppedBy;
 
 /// Records a newly recorded attempt (committed: `accepted_at_ms` is `None` for a replay) in the
 /// turn histograms: how long the turn ran, as its node measured it, and, when the outcome
@@ -155,6 +163,10 @@ pub struct RunReport {
     /// Failed turns in a row that trip the conversation's breaker (`limits.breaker_failures`;
     /// 0: off).
     pub breaker_failures: u32,
+    /// The bound that stopped the turn, when one did (a stall is retryable).
+    pub stopped_by: Option<StoppedBy>,
+    /// Turns within a period that trip the conversation's breaker (off: 0 turns).
+    pub breaker_turns: crate::store::lifecycle::breaker_period::TurnsPerPeriod,
 }
 
 impl Default for RunReport {
@@ -167,6 +179,8 @@ impl Default for RunReport {
             retry_backoff_max: RETRY_BACKOFF_MAX_DEFAULT,
             stderr_tail_bytes_max: baton_shared::limits::STDERR_TAIL_BYTES_MAX_DEFAULT,
             breaker_failures: 0,
+            stopped_by: None,
+            breaker_turns: Default::default(),
         }
     }
 }
@@ -226,7 +240,7 @@ pub fn report_run(
     run: &RunReport,
     now_ms: i64,
 ) -> StoreResult<(AttemptView, bool, Option<i64>)> {
-    let hash = r.request_hash_of_run(run.attempt, run.signal);
+    let hash = r.request_hash_stopped(run.attempt, run.signal, run.stopped_by);
     let existing: Option<(String, String)> = conn
         .prepare_cached("SELECT id, request_hash FROM attempts WHERE host = $1 AND report_id = $2")?
         .query_row([host, r.report_id], |row| Ok((row.get(0)?, row.get(1)?)))
@@ -318,10 +332,9 @@ pub fn report_run(
             r.delivery_id
         )));
     }
-    let retryable = r.outcome == Outcome::Failed
-        && r.exit_code == Some(RETRY_EXIT_CODE)
-        && !d.cancel_requested
-        && d.attempt < d.max_attempts;
+    // The harness asked for another run (exit 75), or the turn stalled (`StoppedBy::Stall`).
+    let asks_again = r.exit_code == Some(RETRY_EXIT_CODE) || run.stopped_by == Some(StoppedBy::Stall);
+    let retryable = r.outcome == Outcome::Failed && asks_again && !d.cancel_requested && d.attempt < d.max_attempts;
     let attempt_id = new_id();
     let (stderr_tail, stderr_dropped) = match r.stderr_tail {
         Some(tail) => {
@@ -335,9 +348,9 @@ pub fn report_run(
     conn.prepare_cached(
         "INSERT INTO attempts (id, delivery_id, host, instance_id, report_id, request_hash, outcome, exit_code,
                                duration_ms, result, reason, reported_at, attempt, signal, retryable, rerun,
-                               caused_by, session, stderr_tail, stderr_dropped_bytes)
+                               caused_by, session, stderr_tail, stderr_dropped_bytes, event_n)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18,
-                 $19, $20)",
+                 $19, $20, $21)",
     )?
     .execute(params![
         attempt_id,
@@ -359,7 +372,8 @@ pub fn report_run(
         d.caused_by,
         run.session.map(|s| s as i64),
         stderr_tail,
-        stderr_dropped
+        stderr_dropped,
+        crate::store::views::feed::draw(conn, 1)?
     ])?;
     let retry_at = if retryable { Some(requeue_for_retry(conn, r.delivery_id, &d, run, now_ms)?) } else { None };
     // The breaker counts each turn's outcome in the same transaction (off unless configured).
@@ -371,6 +385,8 @@ pub fn report_run(
         run.breaker_failures,
         now_ms,
     )?;
+    // And every turn for the turns-per-period trigger (off unless configured: nothing written).
+    crate::store::lifecycle::breaker_period::count_turn(conn, &d.conversation, run.breaker_turns, now_ms)?;
     crash_point("hub.report.before_commit");
     Ok((attempt(conn, &attempt_id)?, false, retry_at))
 }
@@ -402,7 +418,11 @@ fn requeue_for_retry(
     let base = d.retry_backoff_ms.unwrap_or(run.retry_backoff.as_millis() as i64);
     let wait = backoff_ms(base, d.attempt, run.retry_backoff_max.as_millis() as i64, random_jitter());
     let not_before = now_ms.saturating_add(wait);
-    let why = format!("retry {} of {} after exit {RETRY_EXIT_CODE}", d.attempt, d.max_attempts - 1);
+    let after = match run.stopped_by {
+        Some(StoppedBy::Stall) => "a stall".to_string(),
+        _ => format!("exit {RETRY_EXIT_CODE}"),
+    };
+    let why = format!("retry {} of {} after {after}", d.attempt, d.max_attempts - 1);
     let change = Change {
         delivery_id,
         from: DeliveryState::Delivered,

@@ -412,3 +412,46 @@ fn operator_retry_and_redrive_rerun_final_deliveries_out_of_order() {
         c.query_row("SELECT cancel_requested_at IS NULL FROM deliveries WHERE id = $1", [&x], |r| r.get(0)).unwrap();
     assert!(cancel_cleared);
 }
+
+/// A turn stopped for a stall is retried as exit 75 is, while `max_attempts` leaves room; one
+/// stopped by its deadline is final; a report naming the bound hashes apart from one that does
+/// not (a replay matches only itself). The claim carries the message's bounds to the node.
+#[test]
+fn a_stall_is_retried_and_a_deadline_is_final() {
+    use crate::store::lifecycle::report::StoppedBy;
+    let db = testing::db();
+    let c = &*db.conn;
+    let stalled = message(c, "c1", "k1", 2);
+    let late = message(c, "c2", "k2", 2);
+    c.execute("UPDATE messages SET deadline_ms = 5000, stall_ms = 700", []).unwrap();
+    let claimed = claim_all(c, 10);
+    assert!(claimed.iter().all(|d| (d.deadline_ms, d.stall_ms) == (Some(5000), Some(700))), "{claimed:?}");
+    for d in &claimed {
+        deliver(c, d, 11);
+    }
+    let stopped = |d: &ClaimedDelivery, by: StoppedBy, id: &str| {
+        let r = NewReport {
+            delivery_id: &d.delivery_id,
+            holder: holder(d),
+            report_id: id,
+            outcome: Outcome::Failed,
+            exit_code: None,
+            duration_ms: Some(700),
+            result: None,
+            reason: Some("stopped"),
+            stderr_tail: None,
+            stderr_dropped_bytes: None,
+        };
+        let run = RunReport { attempt: Some(d.attempt), stopped_by: Some(by), ..RunReport::default() };
+        report_run(c, "host-a", &r, &run, 12)
+    };
+    let d = claimed.iter().find(|d| d.delivery_id == stalled).unwrap();
+    let (attempt, _, retry_at) = stopped(d, StoppedBy::Stall, "r1").unwrap();
+    assert!(attempt.retryable && retry_at.is_some(), "{attempt:?}");
+    assert_eq!(state(c, &stalled), DeliveryState::Queued);
+    let d = claimed.iter().find(|d| d.delivery_id == late).unwrap();
+    let (attempt, _, retry_at) = stopped(d, StoppedBy::Deadline, "r2").unwrap();
+    assert!(!attempt.retryable && retry_at.is_none(), "{attempt:?}");
+    assert_eq!(state(c, &late), DeliveryState::Delivered);
+    assert!(matches!(stopped(d, StoppedBy::Stall, "r2"), Err(StoreError::ReportConflict(_))), "another bound");
+}

@@ -149,6 +149,8 @@ pub struct Run {
     pub outcome: Option<Outcome>,
     /// A cancel asked for.
     pub cancel: Option<CancelAsked>,
+    /// The run's progress, when its harness sent any.
+    pub progress: Option<crate::store::lifecycle::progress::LastProgress>,
 }
 
 /// Why, in one line: a stable code for scripts and a sentence for people (stored text inside
@@ -266,10 +268,15 @@ fn run_of(conn: &dyn Db, id: &str) -> StoreResult<Run> {
             started,
             outcome: parse_column_opt(r, 6, "attempts", &format!("of delivery {id}"), "outcome", Outcome::parse)?,
             cancel,
+            progress: None,
         })
     })
     .optional()?
     .ok_or_else(|| StoreError::NotFound(format!("no delivery {id}")))
+    .and_then(|mut run| {
+        run.progress = crate::store::lifecycle::progress::last_progress(conn, id, run.attempt)?;
+        Ok(run)
+    })
 }
 
 fn fence_hold(conn: &dyn Db, id: i64) -> StoreResult<FenceHold> {
@@ -508,10 +515,17 @@ fn delivered_reason(run: &Run, behind: Option<&Behind>, instance: &str, silent: 
         );
     }
     if let Some((at, session)) = run.started {
+        let progress = match &run.progress {
+            Some(crate::store::lifecycle::progress::LastProgress { events, last: Some((seq, at, _)), .. }) => {
+                format!("; last progress #{seq} of {events} {}", relative(*at, now_ms))
+            }
+            _ => "; no progress sent".to_string(),
+        };
         return r(
             "running",
             format!(
-                "run {} started {} (node session {session}) on instance {instance}; its report is outstanding{silent}",
+                "run {} started {} (node session {session}) on instance {instance}{progress}; its report is \
+                 outstanding{silent}",
                 run.attempt,
                 relative(at, now_ms)
             ),

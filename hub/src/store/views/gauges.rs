@@ -41,6 +41,8 @@ pub struct RecordGauges {
     pub running: i64,
     /// When the longest-running of them started (unix ms).
     pub oldest_running_started_ms: Option<i64>,
+    /// How many of them run on a silent host (its node stopped renewing them).
+    pub running_silent: i64,
     /// When the held delivery first in queue order was created (unix ms).
     pub oldest_held_created_ms: Option<i64>,
     /// Active fences per scope, every scope listed (zero included).
@@ -59,10 +61,14 @@ pub fn gather(conn: &dyn Db, now_ms: i64, silence_ms: i64) -> StoreResult<Record
         .into_iter()
         .map(|role| (role, certs.iter().filter(|c| c.role == role).map(|c| c.not_after_unix).min()))
         .collect();
+    let silent: Vec<String> = fleet::silent_hosts(conn, now_ms, silence_ms)?.into_iter().map(|h| h.host).collect();
+    let running_silent =
+        overview::running_by_host(conn)?.into_iter().filter(|(host, _)| silent.contains(host)).map(|(_, n)| n).sum();
     Ok(RecordGauges {
         backlogs: overview::host_backlogs(conn)?,
         outcomes: overview::outcome_counts(conn)?,
-        silent: fleet::silent_hosts(conn, now_ms, silence_ms)?.into_iter().map(|h| h.host).collect(),
+        silent,
+        running_silent,
         contacts: contacts(conn)?,
         running,
         oldest_running_started_ms: longest.first().map(|t| t.started_at_ms),

@@ -6,9 +6,11 @@
 //! - `explain`: why a delivery is where it is (`deliveries explain`).
 //! - `listing`: `deliveries list` with its filters and cursor.
 //! - `gauges`: what the hub's periodic gauges read, in one snapshot.
+//! - `feed`: the producers' events feeds from a cursor, their positions and horizon.
 //! - `fleet`: hosts, their sessions and silence, for `hosts list|show` and `status`.
 
 pub mod explain;
+pub mod feed;
 pub mod fleet;
 pub mod gauges;
 pub mod listing;

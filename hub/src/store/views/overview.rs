@@ -82,6 +82,25 @@ impl Store {
     pub async fn unknown_since(&self, since_ms: i64) -> StoreResult<i64> {
         self.conns.read(move |c| unknown_since(c, since_ms)).await
     }
+
+    /// The turns running now (`running_turns_of`: at most `max`, longest running
+    /// first, with the count of all of them), and the hosts silent longer than
+    /// `silence_warn_ms` at `now_ms` (`fleet::silent_hosts`), in one snapshot.
+    pub async fn running_turns(
+        &self,
+        filter: RunningFilter,
+        max: u32,
+        now_ms: i64,
+        silence_warn_ms: i64,
+    ) -> StoreResult<(i64, Vec<RunningTurn>, Vec<String>)> {
+        self.conns
+            .read(move |c| {
+                let (total, rows) = running_turns_of(c, &filter, max)?;
+                let silent = fleet::silent_hosts(c, now_ms, silence_warn_ms)?.into_iter().map(|h| h.host).collect();
+                Ok((total, rows, silent))
+            })
+            .await
+    }
 }
 
 /// Most conversations the status page lists in its backlog (deepest first).
@@ -233,25 +252,43 @@ pub struct RunningTurn {
     pub attempt: i64,
     /// When the node said it started (unix ms).
     pub started_at_ms: i64,
-    /// When the node session that started it was last heard from (unix ms), if known.
+    /// When the node session that started it was last heard from (unix ms), if known: its
+    /// renewals (`POST /v1/running`) and every other request it makes.
     pub node_last_contact_ms: Option<i64>,
+    /// Its run's progress, when the harness sent any (`progress::last_progress`).
+    pub progress: Option<crate::store::lifecycle::progress::LastProgress>,
+}
+
+/// The running turns `running_turns_of` lists.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunningFilter {
+    /// Only this host's.
+    pub host: Option<String>,
+    /// Only this conversation's.
+    pub conversation: Option<String>,
 }
 
 /// How many turns run now, and the `max` that have run longest. A delivered delivery whose
 /// current run started and has no report yet (what `deliveries explain` calls `running`).
 pub fn running_turns(conn: &dyn Db, max: u32) -> StoreResult<(i64, Vec<RunningTurn>)> {
+    running_turns_of(conn, &RunningFilter::default(), max)
+}
+
+/// `running_turns` of one host or conversation (`deliveries list --running`).
+pub fn running_turns_of(conn: &dyn Db, f: &RunningFilter, max: u32) -> StoreResult<(i64, Vec<RunningTurn>)> {
     const RUNNING: &str = "d.state = 'delivered' AND d.started_at IS NOT NULL
-         AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)";
+         AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)
+         AND (CAST($1 AS TEXT) IS NULL OR d.host = $1) AND (CAST($2 AS TEXT) IS NULL OR d.conversation = $2)";
     let total: i64 = conn
         .prepare_cached(&format!("SELECT count(*) FROM deliveries d WHERE {RUNNING}"))?
-        .query_row([], |r| r.get(0))?;
-    let rows = conn
+        .query_row(params![f.host, f.conversation], |r| r.get(0))?;
+    let rows: Vec<RunningTurn> = conn
         .prepare_cached(&format!(
             "SELECT d.id, d.host, d.conversation, d.seq, d.attempt, d.started_at,
                     (SELECT s.last_contact_at FROM node_sessions s WHERE s.host = d.host AND s.session = d.started_session)
-             FROM deliveries d WHERE {RUNNING} ORDER BY d.started_at, d.n LIMIT $1"
+             FROM deliveries d WHERE {RUNNING} ORDER BY d.started_at, d.n LIMIT $3"
         ))?
-        .query_map(params![max], |r| {
+        .query_map(params![f.host, f.conversation, max], |r| {
             Ok(RunningTurn {
                 delivery_id: r.get(0)?,
                 host: r.get(1)?,
@@ -260,10 +297,30 @@ pub fn running_turns(conn: &dyn Db, max: u32) -> StoreResult<(i64, Vec<RunningTu
                 attempt: r.get(4)?,
                 started_at_ms: r.get(5)?,
                 node_last_contact_ms: r.get(6)?,
+                progress: None,
             })
         })?
         .collect::<Result<_, _>>()?;
+    let rows = rows
+        .into_iter()
+        .map(|mut t| {
+            t.progress = crate::store::lifecycle::progress::last_progress(conn, &t.delivery_id, t.attempt)?;
+            Ok(t)
+        })
+        .collect::<StoreResult<_>>()?;
     Ok((total, rows))
+}
+
+/// How many turns run now on each host that has any, by host.
+pub fn running_by_host(conn: &dyn Db) -> StoreResult<Vec<(String, i64)>> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT d.host, count(*) FROM deliveries d WHERE d.state = 'delivered' AND d.started_at IS NOT NULL
+               AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)
+             GROUP BY d.host ORDER BY d.host",
+        )?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<Result<_, _>>()?)
 }
 
 /// How far back the rates look, in minutes.

@@ -12,6 +12,8 @@ fn req(conversation: &str, key: &str, payload: &str) -> SubmitRequest {
         retry_backoff_ms: None,
         approval: None,
         approval_timeout_ms: None,
+        deadline_ms: None,
+        stall_ms: None,
     }
 }
 

@@ -42,6 +42,11 @@ struct Cli {
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
+    /// How long a turn may run past its message's deadline_ms before I19 counts it (the
+    /// nodes' kill_grace plus the stated bound, plus the longest pause of a run that paused
+    /// nodes), e.g. "12s".
+    #[arg(long, value_parser = |s: &str| baton_shared::duration::parse("--deadline-allowance", s), default_value = "12s")]
+    deadline_allowance: std::time::Duration,
 }
 
 impl Cli {
@@ -70,6 +75,7 @@ fn main() -> ExitCode {
         history: cli.history,
         ledger: cli.ledger,
         liveness: cli.liveness,
+        deadline_allowance: cli.deadline_allowance,
     };
     let report = match checker::check(&inputs) {
         Ok(r) => r,

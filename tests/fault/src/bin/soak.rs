@@ -94,6 +94,8 @@ fn main() -> ExitCode {
     println!("ordered_executions: {}", f.ordered_executions);
     println!("cancels: {}", f.cancels);
     println!("reruns: {}", f.reruns);
+    println!("progress_events: {}", f.progress_events);
+    println!("deadline_runs: {}", f.deadline_runs);
     println!("copies: {}", f.copies);
     println!("superseded: {}", f.superseded);
     println!("drained: {}", r.drained);

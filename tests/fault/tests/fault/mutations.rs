@@ -643,6 +643,42 @@ fn a_run_the_copy_reported_unknown_is_the_visible_outcome_of_the_originals_execu
     assert_only(&copy_only, "I8");
 }
 
+/// The state a hub that took a node's progress after the run's outcome would leave: a progress
+/// event positioned after the outcome of its run.
+const PROGRESS_AFTER_OUTCOME: &str = "INSERT INTO progress_events (n, delivery_id, attempt, seq, at, body)
+     SELECT a.event_n + 1000000, a.delivery_id, a.attempt, 1, a.reported_at + 1, '{}'
+     FROM attempts a WHERE a.event_n IS NOT NULL ORDER BY a.event_n LIMIT 1";
+
+#[test]
+fn i19_a_progress_event_recorded_after_its_run_s_outcome() {
+    // The bug: `POST /v1/running` without the check that the run has no outcome yet.
+    let report = with_cluster(38, |c| {
+        let n = hub_rw(c).execute(PROGRESS_AFTER_OUTCOME, []).unwrap();
+        assert_eq!(n, 1);
+    });
+    assert_only(&report, "I19");
+    assert!(report.violations[0].message.contains("after the run's outcome"), "{}", report.render());
+}
+
+#[test]
+fn i19_a_turn_that_ran_past_its_deadline() {
+    // The bug: a node that does not stop a turn at its message's deadline (it ran a minute; the
+    // message allowed 50 ms, and kill_grace plus the stated bound are 12 s).
+    let report = with_cluster(39, |c| {
+        let conn = hub_rw(c);
+        let d =
+            one(&conn, "SELECT delivery_id FROM attempts WHERE request_hash <> '' AND outcome <> 'unknown' LIMIT 1");
+        conn.execute(
+            "UPDATE messages SET deadline_ms = 50 WHERE id = (SELECT message_id FROM deliveries WHERE id = ?1)",
+            [&d],
+        )
+        .unwrap();
+        conn.execute("UPDATE attempts SET duration_ms = 60000 WHERE delivery_id = ?1", [&d]).unwrap();
+    });
+    assert_only(&report, "I19");
+    assert!(report.violations.iter().any(|v| v.message.contains("past its deadline_ms = 50")), "{}", report.render());
+}
+
 /// Whether `sql` (one `?1` parameter) finds a row in the SQLite file `db`.
 fn one_or_none(db: &std::path::Path, sql: &str, param: &str) -> bool {
     let conn = Connection::open(db).unwrap();
@@ -742,4 +778,15 @@ fn i14_a_claim_recorded_as_made_by_an_operator_on_postgres() {
         return;
     };
     assert_only(&report, "I14");
+}
+
+#[test]
+fn i19_a_progress_event_recorded_after_its_run_s_outcome_on_postgres() {
+    let Some((report, out)) = with_postgres_cluster("i19_on_postgres", 35, |db| {
+        assert_eq!(db.execute(PROGRESS_AFTER_OUTCOME, []).unwrap(), 1);
+    }) else {
+        return;
+    };
+    assert_only(&report, "I19");
+    assert!(assert_exit(&out, 1).contains("\n[I19] "), "baton-check names the family too");
 }

@@ -22,6 +22,8 @@ fn a_short_fixed_seed_soak_has_no_violations() {
     assert!(r.figures.ordered_executions > 2 * soak::HOSTS.len() as u64, "{:?}", r.figures);
     // A directory was copied while its node was cut off (I17 had a copy to judge).
     assert!(r.figures.copies > 0, "the copy nemesis copied nothing: {:?}", r.figures);
+    // Part of the traffic wrote progress and carried deadlines (I19 had both to judge).
+    assert!(r.figures.progress_events > 0 && r.figures.deadline_runs > 0, "{:?}", r.figures);
     assert!(r.report.violations.is_empty(), "{}", r.report.render());
 }
 

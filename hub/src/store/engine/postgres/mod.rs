@@ -22,7 +22,7 @@ pub mod migrate;
 pub mod tls;
 pub mod values;
 
-pub use migrate::{MIGRATIONS, Migrated, known_version, migrate, schema_version};
+pub use migrate::{FIRST_ALSO, MIGRATIONS, Migrated, known_version, migrate, schema_version};
 pub use tls::SslMode;
 
 use std::time::Duration;

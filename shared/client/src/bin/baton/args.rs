@@ -9,14 +9,15 @@ use std::time::Duration;
 /// The exit statuses, printed under `--help` and listed in README.
 pub(crate) const EXIT_HELP: &str = "\
 Exit status:
-  0  ok: sent, found, cancelled, or (wait) every delivery succeeded
+  0  ok: sent, found, cancelled, or (wait, watch) every delivery succeeded
   1  not found, or (cancel) every delivery had already ended: nothing changed
   2  usage error, invalid input or invalid configuration
   3  (--spool, spool) the spool was refused: damaged, or newer than this binary
   4  any other failure: the hub unreachable or unable to answer now (worth retrying), or the
      spool full
-  7  (wait) every delivery ended, and at least one did not succeed: failed, cancelled or unknown
-  8  (wait) the timeout passed before every delivery ended
+  7  (wait, watch) every delivery ended, and at least one did not succeed: failed, cancelled or
+     unknown
+  8  (wait, watch) the timeout passed before every delivery ended
   9  refused: the certificate is unknown or revoked (401), or the producer may not do this (403:
      outside its publish scope, not its message); retrying unchanged cannot help
   10  (send --spool, spool flush) spooled: safe in the spool, not yet accepted (no hub answered,
@@ -69,7 +70,7 @@ pub(crate) struct Connection {
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
     /// Submit a message; sending the same key and content again answers with the same message.
-    Send(SendArgs),
+    Send(Box<SendArgs>),
     /// Show a message with each delivery's state and attempts.
     Get {
         /// Which message.
@@ -87,6 +88,37 @@ pub(crate) enum Command {
         /// Give up after this long ("2m"); exit status 8.
         #[arg(long, value_parser = duration("--timeout"), value_name = "DURATION")]
         timeout: Duration,
+    },
+    /// Follow a message's events as they happen: its deliveries' state changes, its running
+    /// turns' progress, their outcomes; ends when every delivery has ended (the exit status
+    /// says how, as `wait`'s). After a disconnect it reads on from the last event printed.
+    Watch {
+        /// The message id.
+        id: String,
+        /// Start after this event (a `cursor` an earlier `watch --json` printed); default: the
+        /// message's first event.
+        #[arg(long, value_name = "CURSOR")]
+        after: Option<String>,
+        /// Give up after this long ("10m"); exit status 8.
+        #[arg(long, value_parser = duration("--timeout"), value_name = "DURATION")]
+        timeout: Option<Duration>,
+    },
+    /// Follow this producer's messages' events in a conversation (its publish scope must cover
+    /// it) from a cursor, until interrupted; the last line on stderr says where to read on.
+    Follow {
+        /// The conversation.
+        #[arg(long)]
+        conversation: String,
+        /// Start after this event (a `cursor` an earlier `--json` line carried, or the one the
+        /// last run named); default: the first event kept.
+        #[arg(long, value_name = "CURSOR")]
+        after: Option<String>,
+        /// Stop after this long ("1m").
+        #[arg(long = "for", value_parser = duration("--for"), value_name = "DURATION")]
+        for_: Option<Duration>,
+        /// Print what is there now (one answer, without waiting) and stop.
+        #[arg(long)]
+        once: bool,
     },
     /// Cancel every delivery of a message that has not ended.
     Cancel {
@@ -165,6 +197,14 @@ pub(crate) struct SendArgs {
     /// With `--approval required`: how long it may wait undecided ("1h") before the hub fails it.
     #[arg(long, value_parser = duration("--approval-timeout"), value_name = "DURATION", requires = "approval")]
     pub(crate) approval_timeout: Option<Duration>,
+    /// The longest each turn may run ("10m"): past it (or past the node's own exec_timeout,
+    /// if shorter) its process group is stopped and the turn fails, naming the deadline.
+    #[arg(long, value_parser = duration("--deadline"), value_name = "DURATION")]
+    pub(crate) deadline: Option<Duration>,
+    /// The longest a running turn may go without a progress event ("2m"): past it the turn
+    /// is stopped and fails, naming the stall, and is run again while --max-attempts allows.
+    #[arg(long, value_parser = duration("--stall"), value_name = "DURATION")]
+    pub(crate) stall: Option<Duration>,
 }
 
 /// A message by id or by idempotency key.

@@ -50,10 +50,14 @@ pub(crate) fn run(cli: Cli) -> Result<u8, CliError> {
     let json = cli.json;
     rt.block_on(async move {
         match cli.command {
-            Command::Send(args) => send(&client, args, json).await,
+            Command::Send(args) => send(&client, *args, json).await,
             Command::Get { which, wait } => get(&client, &which, wait, json).await,
             Command::Wait { which, timeout } => wait(&client, &which, timeout, json).await,
             Command::Cancel { id, reason } => cancel(&client, &id, &reason, json).await,
+            Command::Watch { id, after, timeout } => crate::watch::watch(&client, &id, after, timeout, json).await,
+            Command::Follow { conversation, after, for_, once } => {
+                crate::watch::follow(&client, &conversation, after, for_, once, json).await
+            }
             Command::Spool { command } => crate::spool::flush(&client, command, json).await,
             Command::Completions { .. } | Command::Man { .. } => Ok(exit::OK),
         }
@@ -90,6 +94,8 @@ async fn send(client: &Client, args: SendArgs, json: bool) -> Result<u8, CliErro
             Some(d) => Some(u64::try_from(d.as_millis()).map_err(|_| usage("--approval-timeout: too long"))?),
             None => None,
         },
+        deadline_ms: ms(args.deadline, "--deadline")?,
+        stall_ms: ms(args.stall, "--stall")?,
     };
     if args.spool.spool.is_some() {
         return crate::spool::send(client, req, &args.spool, json).await;
@@ -97,6 +103,11 @@ async fn send(client: &Client, args: SendArgs, json: bool) -> Result<u8, CliErro
     let r = client.submit(&req).await.map_err(call_failed)?;
     printed(if json { output::json(&r) } else { output::lines(&output::submitted(&r, &req.conversation)) })?;
     Ok(exit::OK)
+}
+
+/// A duration flag in milliseconds.
+fn ms(d: Option<Duration>, flag: &str) -> Result<Option<u64>, CliError> {
+    d.map(|d| u64::try_from(d.as_millis()).map_err(|_| usage(format!("{flag}: too long")))).transpose()
 }
 
 async fn read(client: &Client, which: &Which, wait: Option<Duration>) -> Result<MessageView, ClientError> {

@@ -18,6 +18,7 @@ mod config;
 mod error;
 mod output;
 mod spool;
+mod watch;
 
 use clap::Parser as _;
 use std::process::ExitCode;

@@ -1,0 +1,7 @@
+-- Baton hub store on PostgreSQL, migration 0002: conversations as first-class things: the
+-- membership registry, publish scopes and the per-(host, conversation) queue bookkeeping, the
+-- same change as the SQLite record's migration 0002 (schema/hub/0002-conversations.sql).
+--
+-- Nothing to apply here: the PostgreSQL record began at the SQLite record's migration 0006, and
+-- its migration 0001 creates the schema as SQLite's 0001 to 0006 left it. This file keeps the two
+-- histories numbered in lockstep, so that migration N is the same change on both.

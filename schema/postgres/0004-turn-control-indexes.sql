@@ -1,0 +1,7 @@
+-- Baton hub store on PostgreSQL, migration 0004: the look-ups turn control makes on every claim,
+-- the same change as the SQLite record's migration 0004 (schema/hub/0004-turn-control-
+-- indexes.sql).
+--
+-- Nothing to apply here: the PostgreSQL record began at the SQLite record's migration 0006, and
+-- its migration 0001 creates the schema as SQLite's 0001 to 0006 left it. This file keeps the two
+-- histories numbered in lockstep, so that migration N is the same change on both.

@@ -1,0 +1,6 @@
+-- Baton hub store on PostgreSQL, migration 0005: time-boxed fences, the same change as the SQLite
+-- record's migration 0005 (schema/hub/0005-fence-expiry.sql).
+--
+-- Nothing to apply here: the PostgreSQL record began at the SQLite record's migration 0006, and
+-- its migration 0001 creates the schema as SQLite's 0001 to 0006 left it. This file keeps the two
+-- histories numbered in lockstep, so that migration N is the same change on both.

@@ -1,0 +1,91 @@
+-- Baton hub store on PostgreSQL, migration 0016: pools (the same change as the SQLite record's
+-- migration 0016; see schema/hub/0016-pools.sql for what each table and column means).
+-- PostgreSQL relaxes `deliveries.host` and swaps its uniqueness in place: no rebuild.
+-- Append-only: never edit a shipped migration.
+CREATE TABLE pools (
+    name          TEXT PRIMARY KEY,
+    created_at    BIGINT NOT NULL,
+    created_by    TEXT NOT NULL
+);
+CREATE TABLE pool_members (
+    pool          TEXT NOT NULL REFERENCES pools (name),
+    host          TEXT NOT NULL REFERENCES hosts (name),
+    added_at      BIGINT NOT NULL,
+    added_by      TEXT NOT NULL,
+    PRIMARY KEY (pool, host)
+);
+CREATE INDEX pool_members_by_host ON pool_members (host, pool);
+CREATE TABLE message_pool_recipients (
+    message_id    TEXT NOT NULL REFERENCES messages (id) ON DELETE CASCADE,
+    pool          TEXT NOT NULL,
+    PRIMARY KEY (message_id, pool)
+);
+
+ALTER TABLE deliveries ALTER COLUMN host DROP NOT NULL;
+ALTER TABLE deliveries ADD COLUMN pool TEXT;
+ALTER TABLE deliveries ADD CONSTRAINT deliveries_host_or_pool CHECK (host IS NOT NULL OR pool IS NOT NULL);
+ALTER TABLE deliveries ADD CONSTRAINT deliveries_pool_held_by_host
+    CHECK (pool IS NULL OR state NOT IN ('claimed', 'mirrored', 'delivered') OR host IS NOT NULL);
+ALTER TABLE deliveries DROP CONSTRAINT deliveries_message_id_host_key;
+CREATE UNIQUE INDEX deliveries_per_host ON deliveries (message_id, host) WHERE pool IS NULL;
+CREATE UNIQUE INDEX deliveries_per_pool ON deliveries (message_id, pool) WHERE pool IS NOT NULL;
+CREATE INDEX deliveries_pool_turns ON deliveries (pool, conversation, seq) WHERE pool IS NOT NULL;
+
+CREATE TABLE pool_queues (
+    pool          TEXT NOT NULL,
+    conversation  TEXT NOT NULL,
+    queued        BIGINT NOT NULL CHECK (queued >= 0),
+    served        BIGINT NOT NULL DEFAULT 0,
+    since         BIGINT NOT NULL,
+    bound_host    TEXT,
+    last_host     TEXT,
+    last_settled_at BIGINT,
+    PRIMARY KEY (pool, conversation)
+);
+CREATE INDEX pool_queues_turns ON pool_queues (pool, served, since, conversation) WHERE queued > 0;
+CREATE INDEX pool_queues_bound ON pool_queues (bound_host) WHERE bound_host IS NOT NULL;
+
+-- Host queues count host deliveries only; pool deliveries count in their pool's queue.
+DROP TRIGGER deliveries_queue_created ON deliveries;
+DROP TRIGGER deliveries_queue_entered ON deliveries;
+DROP TRIGGER deliveries_queue_left ON deliveries;
+DROP TRIGGER deliveries_queue_removed ON deliveries;
+CREATE TRIGGER deliveries_queue_created AFTER INSERT ON deliveries
+    FOR EACH ROW WHEN (NEW.state = 'queued' AND NEW.pool IS NULL) EXECUTE FUNCTION baton_queue_entered();
+CREATE TRIGGER deliveries_queue_entered AFTER UPDATE OF state ON deliveries
+    FOR EACH ROW WHEN (NEW.state = 'queued' AND OLD.state <> 'queued' AND NEW.pool IS NULL)
+    EXECUTE FUNCTION baton_queue_entered();
+CREATE TRIGGER deliveries_queue_left AFTER UPDATE OF state ON deliveries
+    FOR EACH ROW WHEN (OLD.state = 'queued' AND NEW.state <> 'queued' AND OLD.pool IS NULL)
+    EXECUTE FUNCTION baton_queue_left();
+CREATE TRIGGER deliveries_queue_removed AFTER DELETE ON deliveries
+    FOR EACH ROW WHEN (OLD.state = 'queued' AND OLD.pool IS NULL) EXECUTE FUNCTION baton_queue_left();
+
+CREATE FUNCTION baton_pool_queue_entered() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO pool_queues AS q (pool, conversation, queued, since)
+        VALUES (NEW.pool, NEW.conversation, 1, NEW.n)
+        ON CONFLICT (pool, conversation) DO UPDATE
+        SET served = CASE WHEN q.queued = 0 THEN 0 ELSE q.served END,
+            since = CASE WHEN q.queued = 0 THEN excluded.since ELSE q.since END,
+            queued = q.queued + 1;
+    RETURN NULL;
+END;
+$$;
+CREATE FUNCTION baton_pool_queue_left() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE pool_queues SET queued = queued - 1
+        WHERE pool = OLD.pool AND conversation = OLD.conversation;
+    RETURN NULL;
+END;
+$$;
+CREATE TRIGGER deliveries_pool_queue_created AFTER INSERT ON deliveries
+    FOR EACH ROW WHEN (NEW.state = 'queued' AND NEW.pool IS NOT NULL) EXECUTE FUNCTION baton_pool_queue_entered();
+CREATE TRIGGER deliveries_pool_queue_entered AFTER UPDATE OF state ON deliveries
+    FOR EACH ROW WHEN (NEW.state = 'queued' AND OLD.state <> 'queued' AND NEW.pool IS NOT NULL)
+    EXECUTE FUNCTION baton_pool_queue_entered();
+CREATE TRIGGER deliveries_pool_queue_left AFTER UPDATE OF state ON deliveries
+    FOR EACH ROW WHEN (OLD.state = 'queued' AND NEW.state <> 'queued' AND OLD.pool IS NOT NULL)
+    EXECUTE FUNCTION baton_pool_queue_left();
+CREATE TRIGGER deliveries_pool_queue_removed AFTER DELETE ON deliveries
+    FOR EACH ROW WHEN (OLD.state = 'queued' AND OLD.pool IS NOT NULL) EXECUTE FUNCTION baton_pool_queue_left();

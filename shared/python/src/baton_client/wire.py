@@ -1,0 +1,688 @@
+"""The v1 API's bodies: requests checked and written here, answers read and typed here.
+
+Both clients (``Client`` and ``AsyncClient``) and the spool build every request body with this
+module and read every answer with it, so a field is spelled, checked and decoded in one place.
+
+Requests are checked before they are sent, with the hub's grammar and bounds (``docs/api.md``);
+a bad value is an ``InvalidArgumentError`` naming the field. A submit body is written in the
+Rust client's exact text (its field order, compact, the payload's text embedded as given), so
+a message spooled by Python and one spooled by ``baton`` compare byte for byte.
+
+Answers are read strictly: a field missing or of the wrong type is a ``BadAnswerError`` naming
+it, never a silent default (fields a hub older than this client may not send default as the
+Rust client defaults them).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Union
+
+from .errors import ApiError, BadAnswerError, InvalidArgumentError, error_class
+from .limits import (
+    BATCH_BYTES_MAX,
+    BATCH_ITEMS_MAX,
+    KEY_CHARS_MAX,
+    NAME_CHARS_MAX,
+    PAYLOAD_DEPTH_MAX,
+    REASON_CHARS_MAX,
+    U32_MAX,
+    U64_MAX,
+)
+
+#: A JSON value as Python's ``json`` decodes it.
+JsonValue = Union[None, bool, int, float, str, list["JsonValue"], dict[str, "JsonValue"]]
+
+_NAME = re.compile(r"[a-z][a-z0-9_-]*")
+_KEY = re.compile(r"[A-Za-z0-9._:-]+")
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+# JSON's whitespace: what may surround a payload's value and is not part of it.
+_JSON_WHITESPACE = " \t\n\r"
+
+
+# Identifiers.
+
+
+def check_name(field: str, value: object) -> str:
+    """A host, conversation or producer name: ``^[a-z][a-z0-9_-]*$``, at most 64 characters."""
+    if not isinstance(value, str):
+        raise InvalidArgumentError(field, f"must be a string, not {type(value).__name__}")
+    if not value:
+        raise InvalidArgumentError(field, "must not be empty")
+    if len(value) > NAME_CHARS_MAX:
+        raise InvalidArgumentError(field, f"is {len(value)} characters long; at most {NAME_CHARS_MAX} are allowed")
+    if not _NAME.fullmatch(value):
+        raise InvalidArgumentError(field, f"{value[:80]!r} does not match ^[a-z][a-z0-9_-]*$")
+    return value
+
+
+def check_key(field: str, value: object) -> str:
+    """An idempotency key: 1–128 characters of ``[A-Za-z0-9._:-]``."""
+    if not isinstance(value, str):
+        raise InvalidArgumentError(field, f"must be a string, not {type(value).__name__}")
+    if not value:
+        raise InvalidArgumentError(field, "must not be empty")
+    if len(value) > KEY_CHARS_MAX:
+        raise InvalidArgumentError(field, f"is {len(value)} characters long; at most {KEY_CHARS_MAX} are allowed")
+    if not _KEY.fullmatch(value):
+        raise InvalidArgumentError(field, f"{value[:80]!r} does not match [A-Za-z0-9._:-]{{1,128}}")
+    return value
+
+
+def check_id(field: str, value: object) -> str:
+    """A message or delivery id: a UUID in its lowercase hyphenated form (the hub refuses any
+    other spelling)."""
+    if not isinstance(value, str) or not _UUID.fullmatch(value):
+        raise InvalidArgumentError(field, f"{str(value)[:80]!r} is not a lowercase hyphenated UUID")
+    return value
+
+
+def check_reason(field: str, value: object) -> str:
+    """A cancel, approve or reject reason: 1 to ``REASON_CHARS_MAX`` characters."""
+    if not isinstance(value, str) or not value:
+        raise InvalidArgumentError(field, "must be a non-empty string")
+    if len(value) > REASON_CHARS_MAX:
+        raise InvalidArgumentError(field, f"is {len(value)} characters long; at most {REASON_CHARS_MAX} are allowed")
+    return value
+
+
+def check_uint(field: str, value: object, maximum: int, minimum: int = 0) -> int:
+    """An integer field within ``minimum..=maximum`` (a bool is not an integer here)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgumentError(field, f"must be an integer, not {type(value).__name__}")
+    if not minimum <= value <= maximum:
+        raise InvalidArgumentError(field, f"{value} is out of range {minimum}..={maximum}")
+    return value
+
+
+def new_idempotency_key() -> str:
+    """A fresh idempotency key (a random UUID), for a submit whose caller gave none."""
+    return str(uuid.uuid4())
+
+
+# Payloads.
+
+
+@dataclass(frozen=True)
+class RawJson:
+    """A payload given as JSON text, sent exactly as written (numbers of any size or spelling,
+    key order, escapes): the hub stores and hands the harness these bytes. Surrounding
+    whitespace is not part of it."""
+
+    #: The payload's JSON text: exactly one JSON value.
+    text: str
+
+
+def payload_text(payload: object) -> str:
+    """The JSON text of ``payload`` (a ``RawJson``'s own text, or a Python value written
+    compactly), checked as the hub checks it: one JSON value, no key twice in an object, at
+    most ``PAYLOAD_DEPTH_MAX`` levels, no lone surrogate."""
+    if isinstance(payload, RawJson):
+        text = payload.text.strip(_JSON_WHITESPACE)
+    else:
+        try:
+            text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise InvalidArgumentError("payload", f"cannot be written as JSON: {e}") from None
+    check_payload_text(text)
+    return text
+
+
+def check_payload_text(text: str) -> None:
+    """Refuses JSON text the hub would refuse as a payload (``payload_text``)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgumentError("payload", "holds a lone surrogate, which is not UTF-8") from None
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        for k, v in items:
+            if k in seen:
+                raise InvalidArgumentError("payload", f"an object names the key {k[:80]!r} twice")
+            seen[k] = v
+        return seen
+
+    try:
+        value = json.loads(text, object_pairs_hook=pairs)
+    except RecursionError:
+        raise InvalidArgumentError("payload", f"nests deeper than {PAYLOAD_DEPTH_MAX} objects and arrays") from None
+    except ValueError as e:
+        if isinstance(e, InvalidArgumentError):
+            raise
+        raise InvalidArgumentError("payload", f"is not one JSON value: {e}") from None
+    _check_depth_and_strings(value)
+
+
+def _check_depth_and_strings(value: object) -> None:
+    """Walks a decoded payload (without recursion): depth and lone surrogates from escapes."""
+    stack: list[tuple[object, int]] = [(value, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, str):
+            _check_utf8(v)
+        elif isinstance(v, (dict, list)):
+            if depth + 1 > PAYLOAD_DEPTH_MAX:
+                raise InvalidArgumentError("payload", f"nests deeper than {PAYLOAD_DEPTH_MAX} objects and arrays")
+            if isinstance(v, dict):
+                for k, item in v.items():
+                    _check_utf8(k)
+                    stack.append((item, depth + 1))
+            else:
+                stack.extend((item, depth + 1) for item in v)
+
+
+def _check_utf8(s: str) -> None:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgumentError("payload", "holds a lone surrogate escape, which is not UTF-8 text") from None
+
+
+# Requests.
+
+
+@dataclass(frozen=True)
+class SubmitRequest:
+    """One ``POST /v1/messages`` body, checked (``submit_request``). ``body`` is its exact text,
+    the same for every try and the same as the Rust client writes."""
+
+    conversation: str
+    idempotency_key: str
+    #: The payload's JSON text.
+    payload: str
+    to: tuple[str, ...] | None = None
+    max_attempts: int | None = None
+    retry_backoff_ms: int | None = None
+    approval: str | None = None
+    approval_timeout_ms: int | None = None
+
+    @property
+    def body(self) -> str:
+        """The request's JSON text, in the Rust client's field order, compact."""
+        parts = [
+            f'"conversation":{_string(self.conversation)}',
+            f'"idempotency_key":{_string(self.idempotency_key)}',
+            f'"payload":{self.payload}',
+        ]
+        if self.to is not None:
+            parts.append('"to":[' + ",".join(_string(h) for h in self.to) + "]")
+        for name in ("max_attempts", "retry_backoff_ms", "approval", "approval_timeout_ms"):
+            value = getattr(self, name)
+            if value is not None:
+                parts.append(f'"{name}":{_string(value) if isinstance(value, str) else value}')
+        return "{" + ",".join(parts) + "}"
+
+
+def _string(s: str) -> str:
+    # serde_json's escapes: '"', '\\', \b \f \n \r \t, other controls as \u00xx, the rest as is.
+    return json.dumps(s, ensure_ascii=False)
+
+
+def submit_request(
+    conversation: str,
+    payload: object,
+    *,
+    to: Sequence[str] | None = None,
+    idempotency_key: str | None = None,
+    max_attempts: int | None = None,
+    retry_backoff_ms: int | None = None,
+    approval: str | None = None,
+    approval_timeout_ms: int | None = None,
+) -> SubmitRequest:
+    """A checked submit. Without ``idempotency_key`` one is made (``new_idempotency_key``): a
+    submit always carries its key, so every retry of it is the same message."""
+    check_name("conversation", conversation)
+    hosts: tuple[str, ...] | None = None
+    if to is not None:
+        if isinstance(to, str):
+            raise InvalidArgumentError("to", "must be a list of host names, not one string")
+        hosts = tuple(check_name(f"to[{i}]", h) for i, h in enumerate(to))
+    key = check_key("idempotency_key", idempotency_key) if idempotency_key is not None else new_idempotency_key()
+    if max_attempts is not None:
+        check_uint("max_attempts", max_attempts, U32_MAX, minimum=1)
+    if retry_backoff_ms is not None:
+        check_uint("retry_backoff_ms", retry_backoff_ms, U64_MAX)
+    if approval is not None and approval not in ("required", "none"):
+        raise InvalidArgumentError("approval", f'{str(approval)[:80]!r} is neither "required" nor "none"')
+    if approval_timeout_ms is not None:
+        if approval != "required":
+            raise InvalidArgumentError("approval_timeout_ms", 'needs approval="required"')
+        check_uint("approval_timeout_ms", approval_timeout_ms, U64_MAX, minimum=1)
+    return SubmitRequest(
+        conversation=conversation,
+        idempotency_key=key,
+        payload=payload_text(payload),
+        to=hosts,
+        max_attempts=max_attempts,
+        retry_backoff_ms=retry_backoff_ms,
+        approval=approval,
+        approval_timeout_ms=approval_timeout_ms,
+    )
+
+
+def batch_body(requests: Sequence[SubmitRequest]) -> bytes:
+    """The body of ``POST /v1/batch/messages``, when it is within the hub's fixed bounds."""
+    n = len(requests)
+    if n == 0:
+        raise InvalidArgumentError("messages", "a batch needs at least one message")
+    if n > BATCH_ITEMS_MAX:
+        raise InvalidArgumentError("messages", f"{n} messages are more than one batch may carry ({BATCH_ITEMS_MAX})")
+    body = ('{"messages":[' + ",".join(r.body for r in requests) + "]}").encode("utf-8")
+    if len(body) > BATCH_BYTES_MAX:
+        raise InvalidArgumentError(
+            "messages", f"the batch is {len(body)} bytes, over the {BATCH_BYTES_MAX} one batch may have"
+        )
+    return body
+
+
+def reason_body(reason: str) -> bytes:
+    """``{"reason": …}``, the body of a cancel, approve or reject."""
+    return json.dumps({"reason": check_reason("reason", reason)}, ensure_ascii=False).encode("utf-8")
+
+
+# Answers.
+
+
+class _Fields:
+    """Typed access to one JSON object of an answer; a missing or mistyped field is a
+    ``BadAnswerError`` naming its path."""
+
+    def __init__(self, value: object, path: str, status: int) -> None:
+        if not isinstance(value, dict):
+            raise BadAnswerError(status, f"{path or 'the answer'}: expected an object, got {type(value).__name__}")
+        self.d: dict[str, Any] = value
+        self.path = path
+        self.status = status
+
+    def _bad(self, name: str, want: str) -> BadAnswerError:
+        got = type(self.d.get(name)).__name__ if name in self.d else "nothing"
+        return BadAnswerError(self.status, f"{self.path}{'.' if self.path else ''}{name}: expected {want}, got {got}")
+
+    def text(self, name: str) -> str:
+        v = self.d.get(name)
+        if not isinstance(v, str):
+            raise self._bad(name, "a string")
+        return v
+
+    def opt_text(self, name: str) -> str | None:
+        v = self.d.get(name)
+        if v is not None and not isinstance(v, str):
+            raise self._bad(name, "a string or null")
+        return v
+
+    def integer(self, name: str, default: int | None = None) -> int:
+        v = self.d.get(name, default)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise self._bad(name, "an integer")
+        return v
+
+    def opt_integer(self, name: str) -> int | None:
+        v = self.d.get(name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            raise self._bad(name, "an integer or null")
+        return v
+
+    def flag(self, name: str, default: bool | None = None) -> bool:
+        v = self.d.get(name, default)
+        if not isinstance(v, bool):
+            raise self._bad(name, "true or false")
+        return v
+
+    def items(self, name: str) -> list[Any]:
+        v = self.d.get(name)
+        if not isinstance(v, list):
+            raise self._bad(name, "a list")
+        return v
+
+    def at(self, name: str, i: int | None = None) -> str:
+        """The path of a nested value, for its own ``_Fields``."""
+        base = f"{self.path}.{name}" if self.path else name
+        return base if i is None else f"{base}[{i}]"
+
+
+def decode_json(status: int, body: bytes) -> object:
+    """The answer's JSON (an empty body reads as ``null``)."""
+    if not body:
+        return None
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise BadAnswerError(status, f"not JSON: {e}") from None
+
+
+@dataclass(frozen=True)
+class DeliverySummary:
+    """One delivery as an accept, approve or reject answer summarises it."""
+
+    delivery_id: str
+    #: The recipient host.
+    host: str
+    #: Its state when the answer was made (``queued``, ``held`` …).
+    state: str
+
+    @staticmethod
+    def read(f: _Fields) -> DeliverySummary:
+        return DeliverySummary(f.text("delivery_id"), f.text("host"), f.text("state"))
+
+
+def _summaries(f: _Fields, name: str = "deliveries") -> tuple[DeliverySummary, ...]:
+    return tuple(DeliverySummary.read(_Fields(d, f.at(name, i), f.status)) for i, d in enumerate(f.items(name)))
+
+
+@dataclass(frozen=True)
+class SubmitResult:
+    """The hub's answer to a submit: 201 new, or 200 a replay of the same key and content
+    (``duplicate``, the original ids)."""
+
+    message_id: str
+    #: The message's sequence number in its conversation.
+    seq: int
+    #: True when the hub had accepted this key and content before.
+    duplicate: bool
+    deliveries: tuple[DeliverySummary, ...]
+    #: The idempotency key sent (the caller's, or the one made for it).
+    idempotency_key: str
+    #: The HTTP status (201 or 200).
+    status: int
+
+    @staticmethod
+    def read(value: object, status: int, key: str, path: str = "") -> SubmitResult:
+        f = _Fields(value, path, status)
+        return SubmitResult(f.text("message_id"), f.integer("seq"), f.flag("duplicate"), _summaries(f), key, status)
+
+
+def read_submit(status: int, body: bytes, key: str) -> SubmitResult:
+    return SubmitResult.read(decode_json(status, body), status, key)
+
+
+#: One message's answer in a batch: its ``SubmitResult``, or the hub's refusal of it alone.
+BatchItem = Union[SubmitResult, ApiError]
+
+
+def read_batch(status: int, body: bytes, requests: Sequence[SubmitRequest]) -> list[BatchItem]:
+    """One ``BatchItem`` per message, in request order, when the answer is the documented one."""
+    f = _Fields(decode_json(status, body), "", status)
+    results = f.items("results")
+    if len(results) != len(requests):
+        raise BadAnswerError(status, f"{len(results)} results for a batch of {len(requests)} messages")
+    out: list[BatchItem] = []
+    for i, (item, req) in enumerate(zip(results, requests)):
+        r = _Fields(item, f.at("results", i), status)
+        item_status = r.integer("status")
+        if 200 <= item_status < 300 and "ok" in r.d:
+            out.append(SubmitResult.read(r.d["ok"], item_status, req.idempotency_key, r.at("ok")))
+        elif item_status >= 400 and "error" in r.d:
+            e = _Fields(r.d["error"], r.at("error"), status)
+            out.append(error_class(item_status)(item_status, e.text("code"), e.text("message")))
+        else:
+            raise BadAnswerError(status, f"results[{i}]: status {item_status} does not fit its outcome")
+    return out
+
+
+@dataclass(frozen=True)
+class AttemptView:
+    """One run of a delivery and its reported outcome."""
+
+    attempt_id: str
+    #: The node-scoped report id the outcome arrived with.
+    report_id: str
+    #: ``succeeded``, ``failed``, ``unknown`` or ``cancelled``.
+    outcome: str
+    exit_code: int | None
+    duration_ms: int | None
+    signal: int | None
+    #: The harness's stdout, bounded by the node's ``result_bytes_max``.
+    result: str | None
+    reason: str | None
+    reported_at_ms: int
+    #: Which run this was (1 for the first).
+    attempt: int
+    #: True when the harness asked for a retry (exit 75) and the hub requeued the delivery.
+    retryable: bool
+    #: ``retry`` or ``redrive`` for a run that is not the first.
+    rerun: str | None
+    #: ``producer:NAME``, ``hub`` or ``operator:NAME``.
+    caused_by: str | None
+    stderr_tail: str | None
+    stderr_dropped_bytes: int | None
+
+    @staticmethod
+    def read(f: _Fields) -> AttemptView:
+        return AttemptView(
+            attempt_id=f.text("attempt_id"),
+            report_id=f.text("report_id"),
+            outcome=f.text("outcome"),
+            exit_code=f.opt_integer("exit_code"),
+            duration_ms=f.opt_integer("duration_ms"),
+            signal=f.opt_integer("signal"),
+            result=f.opt_text("result"),
+            reason=f.opt_text("reason"),
+            reported_at_ms=f.integer("reported_at_ms"),
+            attempt=f.integer("attempt", 1),
+            retryable=f.flag("retryable", False),
+            rerun=f.opt_text("rerun"),
+            caused_by=f.opt_text("caused_by"),
+            stderr_tail=f.opt_text("stderr_tail"),
+            stderr_dropped_bytes=f.opt_integer("stderr_dropped_bytes"),
+        )
+
+
+@dataclass(frozen=True)
+class DeliveryView:
+    """One delivery with its attempts, oldest first."""
+
+    delivery_id: str
+    host: str
+    #: ``queued``, ``held``, ``claimed``, ``mirrored``, ``delivered``, ``failed`` or ``unknown``.
+    state: str
+    reason: str | None
+    updated_at_ms: int
+    attempts: tuple[AttemptView, ...]
+    #: The current run (1 for the first; a retry or redrive adds one).
+    attempt: int
+    max_attempts: int
+    not_before_ms: int | None
+    cancel_requested_at_ms: int | None
+    cancel_reason: str | None
+
+    @staticmethod
+    def read(f: _Fields) -> DeliveryView:
+        attempts = tuple(
+            AttemptView.read(_Fields(a, f.at("attempts", i), f.status)) for i, a in enumerate(f.items("attempts"))
+        )
+        return DeliveryView(
+            delivery_id=f.text("delivery_id"),
+            host=f.text("host"),
+            state=f.text("state"),
+            reason=f.opt_text("reason"),
+            updated_at_ms=f.integer("updated_at_ms"),
+            attempts=attempts,
+            attempt=f.integer("attempt", 1),
+            max_attempts=f.integer("max_attempts", 1),
+            not_before_ms=f.opt_integer("not_before_ms"),
+            cancel_requested_at_ms=f.opt_integer("cancel_requested_at_ms"),
+            cancel_reason=f.opt_text("cancel_reason"),
+        )
+
+    def current_attempt(self) -> AttemptView | None:
+        """The reported attempt of the current run, or ``None``. A retry or a redrive starts a
+        new run: the attempts of earlier runs stay listed and say nothing of this one."""
+        for a in reversed(self.attempts):
+            if a.attempt == self.attempt:
+                return a
+        return None
+
+    def ended(self) -> bool | None:
+        """How the delivery ended: ``True`` succeeded, ``False`` failed, cancelled or unknown,
+        ``None`` not yet (the hub's "settled": failed, unknown, or delivered with an attempt
+        of its current run), exactly as ``baton wait`` judges it."""
+        if self.state in ("failed", "unknown"):
+            return False
+        if self.state == "delivered":
+            current = self.current_attempt()
+            return None if current is None else current.outcome == "succeeded"
+        return None
+
+
+def read_delivery(status: int, body: bytes) -> DeliveryView:
+    return DeliveryView.read(_Fields(decode_json(status, body), "", status))
+
+
+@dataclass(frozen=True)
+class ViewOmitted:
+    """What a message view left out to stay within the hub's ``message_view_bytes_max``."""
+
+    #: The deliveries whose attempts are not in the view (their ``attempts`` is empty there).
+    attempts_of: tuple[str, ...]
+    view_bytes_max: int
+    #: The path that reads one of them whole, with ``{delivery_id}`` to fill in.
+    read_each_at: str
+
+
+@dataclass(frozen=True)
+class MessageView:
+    """A message with its deliveries and their attempts (``GET /v1/messages/{id}``)."""
+
+    message_id: str
+    conversation: str
+    seq: int
+    producer: str
+    idempotency_key: str
+    #: The payload, decoded by Python's ``json``.
+    payload: JsonValue
+    accepted_at_ms: int
+    deliveries: tuple[DeliveryView, ...]
+    omitted: ViewOmitted | None
+
+    @property
+    def settled(self) -> bool:
+        """Every delivery has ended (``DeliveryView.ended`` is not ``None``)."""
+        return all(d.ended() is not None for d in self.deliveries)
+
+    @property
+    def succeeded(self) -> bool:
+        """Every delivery ended and succeeded."""
+        return all(d.ended() is True for d in self.deliveries)
+
+
+def read_message(status: int, body: bytes) -> MessageView:
+    f = _Fields(decode_json(status, body), "", status)
+    deliveries = tuple(
+        DeliveryView.read(_Fields(d, f.at("deliveries", i), status)) for i, d in enumerate(f.items("deliveries"))
+    )
+    omitted = None
+    if f.d.get("omitted") is not None:
+        o = _Fields(f.d["omitted"], "omitted", status)
+        attempts_of = tuple(str(x) for x in o.items("attempts_of"))
+        omitted = ViewOmitted(attempts_of, o.integer("view_bytes_max"), o.text("read_each_at"))
+    if "payload" not in f.d:
+        raise BadAnswerError(status, "payload: expected a JSON value, got nothing")
+    return MessageView(
+        message_id=f.text("message_id"),
+        conversation=f.text("conversation"),
+        seq=f.integer("seq"),
+        producer=f.text("producer"),
+        idempotency_key=f.text("idempotency_key"),
+        payload=f.d["payload"],
+        accepted_at_ms=f.integer("accepted_at_ms"),
+        deliveries=deliveries,
+        omitted=omitted,
+    )
+
+
+@dataclass(frozen=True)
+class CancelResult:
+    """What a cancel did to one delivery."""
+
+    delivery_id: str
+    host: str
+    #: ``cancelled`` (it never ran), ``requested`` (its node stops it) or ``final`` (it had
+    #: ended; nothing changed).
+    effect: str
+    state: str
+
+
+@dataclass(frozen=True)
+class CancelResponse:
+    """The answer to a cancel: what happened to each delivery."""
+
+    message_id: str
+    deliveries: tuple[CancelResult, ...]
+
+
+def read_cancel(status: int, body: bytes) -> CancelResponse:
+    f = _Fields(decode_json(status, body), "", status)
+    items = []
+    for i, d in enumerate(f.items("deliveries")):
+        g = _Fields(d, f.at("deliveries", i), status)
+        items.append(CancelResult(g.text("delivery_id"), g.text("host"), g.text("effect"), g.text("state")))
+    return CancelResponse(f.text("message_id"), tuple(items))
+
+
+@dataclass(frozen=True)
+class ApprovalResponse:
+    """The answer to an approve or reject."""
+
+    message_id: str
+    #: ``approved`` or ``rejected``.
+    decision: str
+    #: Its deliveries after the decision (approved: queued; rejected: failed).
+    deliveries: tuple[DeliverySummary, ...]
+
+
+def read_approval(status: int, body: bytes) -> ApprovalResponse:
+    f = _Fields(decode_json(status, body), "", status)
+    return ApprovalResponse(f.text("message_id"), f.text("decision"), _summaries(f))
+
+
+@dataclass(frozen=True)
+class MembershipInterval:
+    """The host receives the posts with ``join_seq < seq <= leave_seq`` (no upper bound while
+    ``leave_seq`` is ``None``)."""
+
+    join_seq: int
+    joined_at_ms: int
+    leave_seq: int | None
+    left_at_ms: int | None
+
+
+@dataclass(frozen=True)
+class MemberView:
+    """One host's membership of a conversation."""
+
+    host: str
+    #: True while its latest interval is open.
+    current: bool
+    intervals: tuple[MembershipInterval, ...]
+
+
+@dataclass(frozen=True)
+class ConversationView:
+    """A conversation's position and membership registry."""
+
+    conversation: str
+    #: The highest ``seq`` given so far (0 before the first message).
+    last_seq: int
+    #: True while the conversation never had a member.
+    open: bool
+    members: tuple[MemberView, ...]
+
+
+def read_conversation(status: int, body: bytes) -> ConversationView:
+    f = _Fields(decode_json(status, body), "", status)
+    members = []
+    for i, m in enumerate(f.items("members")):
+        g = _Fields(m, f.at("members", i), status)
+        intervals = []
+        for j, iv in enumerate(g.items("intervals")):
+            h = _Fields(iv, g.at("intervals", j), status)
+            intervals.append(
+                MembershipInterval(h.integer("join_seq"), h.integer("joined_at_ms"), h.opt_integer("leave_seq"), h.opt_integer("left_at_ms"))
+            )
+        members.append(MemberView(g.text("host"), g.flag("current"), tuple(intervals)))
+    return ConversationView(f.text("conversation"), f.integer("last_seq"), f.flag("open"), tuple(members))
