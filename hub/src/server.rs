@@ -377,6 +377,7 @@ mod tests {
             idempotency_key: "k".into(),
             payload: "{}".into(),
             to: vec!["host-a".into()],
+            pools: Vec::new(),
         };
         let limits = AcceptLimits { queued_per_host_max: 10 };
         let Ok(Accepted::New { .. }) = in_write_txn(&db.conn, |c| accept::accept(c, &msg, limits, 1)) else {

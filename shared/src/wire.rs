@@ -59,6 +59,10 @@ pub struct SubmitRequest {
     /// `seq` (a conversation without members then refuses the message).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub to: Option<Vec<String>>,
+    /// The recipient pools: one delivery per pool, which any member host may claim. Beside
+    /// `to` (either or both); a message naming neither goes to the conversation's members.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pools: Option<Vec<String>>,
     /// How many attempts each delivery may get when the harness asks for a retry (exit 75).
     /// Default 1 (no retry); bounded by the hub's `max_attempts_max`.
     #[serde(default, deserialize_with = "crate::json_int::optional", skip_serializing_if = "Option::is_none")]
@@ -117,8 +121,12 @@ pub struct ApprovalResponse {
 pub struct DeliverySummary {
     /// The delivery's id.
     pub delivery_id: String,
-    /// The recipient host.
-    pub host: String,
+    /// The recipient host; for a pool delivery the host whose claim bound it, `None` until one
+    /// did.
+    pub host: Option<String>,
+    /// The recipient pool of a pool delivery (kept for life); absent for a host delivery.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
     /// The delivery's state when the answer was made.
     pub state: DeliveryState,
 }
@@ -192,8 +200,12 @@ fn first_attempt() -> u32 {
 pub struct DeliveryView {
     /// The delivery's id.
     pub delivery_id: String,
-    /// The recipient host.
-    pub host: String,
+    /// The recipient host; for a pool delivery the host whose claim bound it, `None` until one
+    /// did.
+    pub host: Option<String>,
+    /// The recipient pool of a pool delivery (kept for life); absent for a host delivery.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
     /// Its current state.
     pub state: DeliveryState,
     /// Why it is failed, unknown or held, when it is.
@@ -460,8 +472,11 @@ pub struct CancelResponse {
 pub struct CancelResult {
     /// The delivery.
     pub delivery_id: String,
-    /// The host.
-    pub host: String,
+    /// The host; for a pool delivery the host whose claim bound it, `None` until one did.
+    pub host: Option<String>,
+    /// The recipient pool of a pool delivery; absent for a host delivery.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
     /// `cancelled` (done in the hub: it never ran), `requested` (delivered: its node stops
     /// it and reports the attempt), or `final` (it had already ended; nothing changed).
     pub effect: String,

@@ -724,6 +724,7 @@ impl Bases {
             "idempotency_key": self.fresh("k"),
             "payload": {"n": 1},
             "to": ["host-a"],
+            "pools": ["pool-a"],
             "max_attempts": 2,
             "retry_backoff_ms": 10,
             "approval": "required",
@@ -878,6 +879,10 @@ async fn the_hub_enforces_exactly_what_the_document_states() {
         .producers(&["prod"])
         .config("[limits]\nlong_poll_wait_max = \"0s\"\n")
         .start();
+    // Pools by the base's name and the longest, so a boundary `pools` names pools that exist.
+    for pool in ["pool-a", longest.as_str()] {
+        hub.cli_ok(["pools", "add", "--pool", pool, "host-b", "--reason", "openapi"]);
+    }
     let doc = doc();
     let mut clients = BTreeMap::new();
     for name in ["prod", "host-a", "host-b"] {
@@ -1025,6 +1030,7 @@ async fn the_hub_enforces_exactly_what_the_document_states() {
         let body = call.body.as_mut().unwrap();
         body["conversation"] = json!(format!("memberless-{}", bases.fresh("c")));
         body["to"] = to.clone();
+        body.as_object_mut().unwrap().remove("pools");
         let body = call.body.as_ref().map(Value::to_string);
         let a = send(&clients, &url, "post", "/v1/messages", &call, body).await;
         if (a.status, a.body["code"].as_str()) != (400, Some("no_recipients")) {

@@ -63,6 +63,7 @@ fn validate(s: Submission<'_>, payload_bytes_max: u64) -> Result<NewMessage, Cli
         idempotency_key: s.key.into(),
         payload,
         to,
+        pools: Vec::new(),
     })
 }
 
@@ -86,7 +87,12 @@ pub(super) fn send(ctx: &Context, s: Submission<'_>, json: bool) -> CliResult {
     }
     output::line(format!("message {id} seq {seq}{}", if duplicate { " (duplicate: already accepted)" } else { "" }))?;
     for d in deliveries {
-        output::line(format!("  delivery {} -> {} ({})", d.delivery_id, d.host, d.state))?;
+        let to = match (&d.host, &d.pool) {
+            (Some(h), None) => h.clone(),
+            (Some(h), Some(p)) => format!("{h} (pool {p})"),
+            (None, p) => format!("pool {}", p.as_deref().unwrap_or("-")),
+        };
+        output::line(format!("  delivery {} -> {to} ({})", d.delivery_id, d.state))?;
     }
     Ok(())
 }

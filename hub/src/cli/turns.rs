@@ -45,7 +45,11 @@ pub(super) fn cancel(ctx: &Context, a: &CancelArgs) -> CliResult {
     } else {
         let verb = if a.dry_run { "would be" } else { "is" };
         for r in &results {
-            output::line(format!("{} ({}): {} {verb} {}", r.delivery_id, r.host, effect_text(&r.effect), r.state))?;
+            let at = match (&r.host, &r.pool) {
+                (Some(h), _) => h.clone(),
+                (None, p) => format!("pool {}", p.as_deref().unwrap_or("-")),
+            };
+            output::line(format!("{} ({at}): {} {verb} {}", r.delivery_id, effect_text(&r.effect), r.state))?;
         }
     }
     if results.is_empty() {

@@ -159,7 +159,7 @@ pub(super) async fn submit(
         .flatten()
         .filter(|(a, _)| matches!(a, Accepted::New { .. }))
         .flat_map(|(_, deliveries)| deliveries.iter().filter(|d| d.state == DeliveryState::Queued))
-        .map(|d| d.host.clone())
+        .filter_map(|d| d.host.clone())
         .collect();
     let results = sorted.finish(places, outcomes, |(a, deliveries)| submitted(a, deliveries))?;
     metrics::counter!("baton_hub_messages_accepted_total").increment(new as u64);

@@ -125,12 +125,35 @@ pub(super) fn validate(
     }
     to.sort();
     to.dedup();
+    let mut pools = req.pools.unwrap_or_default();
+    if pools.len() > max {
+        return Err(ApiError::new(
+            ErrorCode::InvalidField,
+            format!("pools: {} pools; at most {max} are allowed (limits.recipients_max)", pools.len()),
+        ));
+    }
+    for (i, pool) in pools.iter().enumerate() {
+        check_name("pools", pool).map_err(|e| ApiError::new(ErrorCode::InvalidField, format!("pools[{i}]: {e}")))?;
+    }
+    pools.sort();
+    pools.dedup();
+    if to.len() + pools.len() > max {
+        return Err(ApiError::new(
+            ErrorCode::InvalidField,
+            format!(
+                "pools: {} hosts and {} pools; at most {max} recipients are allowed (limits.recipients_max)",
+                to.len(),
+                pools.len()
+            ),
+        ));
+    }
     let msg = NewMessage {
         producer: producer.to_string(),
         conversation: req.conversation,
         idempotency_key: req.idempotency_key,
         payload,
         to,
+        pools,
     };
     Ok((msg, retry))
 }
@@ -160,7 +183,8 @@ pub(super) async fn submit(
     };
     if !duplicate {
         // Only the hosts that gained claimable work wake their waiting claims.
-        state.work_for(deliveries.iter().filter(|d| d.state == DeliveryState::Queued).map(|d| d.host.as_str()));
+        state
+            .work_for(deliveries.iter().filter(|d| d.state == DeliveryState::Queued).filter_map(|d| d.host.as_deref()));
     }
     let status = if duplicate { StatusCode::OK } else { StatusCode::CREATED };
     Ok((status, Json(SubmitResponse { message_id, seq, duplicate, deliveries })))
@@ -185,7 +209,7 @@ pub(super) async fn cancel(
     let deliveries = state.store.cancel_message(message_id.clone(), caller.name, req.reason).await?;
     // Waiting claims of the hosts concerned carry the cancel notice to the node; waiting reads
     // see the outcome.
-    state.work_for(deliveries.iter().map(|d| d.host.as_str()));
+    state.work_for(deliveries.iter().filter_map(|d| d.host.as_deref()));
     state.outcome_changed();
     Ok(Json(CancelResponse { message_id, deliveries }))
 }
@@ -230,7 +254,7 @@ async fn decide(
     let by = ApprovalBy::Producer(caller.name);
     let done = state.store.decide_approval(message_id, by, decision, req.reason).await?;
     match decision {
-        Decision::Approve => state.work_for(done.deliveries.iter().map(|d| d.host.as_str())),
+        Decision::Approve => state.work_for(done.deliveries.iter().filter_map(|d| d.host.as_deref())),
         Decision::Reject => state.outcome_changed(),
     }
     Ok(Json(ApprovalResponse {
@@ -431,7 +455,8 @@ mod tests {
                 .enumerate()
                 .map(|(i, bytes)| DeliveryView {
                     delivery_id: format!("d{i}"),
-                    host: format!("host-{i}"),
+                    host: Some(format!("host-{i}")),
+                    pool: None,
                     state: baton_shared::states::DeliveryState::Delivered,
                     reason: None,
                     updated_at_ms: 1,

@@ -118,7 +118,8 @@ mod openapi {
         };
         let delivery = DeliveryView {
             delivery_id: "d".into(),
-            host: "h".into(),
+            host: Some("h".into()),
+            pool: Some("p".into()),
             state: DeliveryState::Delivered,
             reason: None,
             updated_at_ms: 1,
@@ -146,7 +147,12 @@ mod openapi {
             stall_ms: Some(10_000),
         };
         let interval = MembershipInterval { join_seq: 0, joined_at_ms: 1, leave_seq: Some(2), left_at_ms: Some(3) };
-        let summary = DeliverySummary { delivery_id: "d".into(), host: "h".into(), state: DeliveryState::Queued };
+        let summary = DeliverySummary {
+            delivery_id: "d".into(),
+            host: Some("h".into()),
+            pool: Some("p".into()),
+            state: DeliveryState::Queued,
+        };
         let notice = CancelNotice { delivery_id: "d".into(), attempt: 1, reason: "r".into() };
         let item = StartItem { delivery_id: "d".into(), claim_token: "t".into(), attempt: 1 };
         let start = StartResult {
@@ -158,7 +164,8 @@ mod openapi {
         };
         let cancelled = CancelResult {
             delivery_id: "d".into(),
-            host: "h".into(),
+            host: Some("h".into()),
+            pool: Some("p".into()),
             effect: "requested".into(),
             state: DeliveryState::Delivered,
         };
@@ -170,6 +177,7 @@ mod openapi {
                     idempotency_key: "k".into(),
                     payload: serde_json::json!(1).into(),
                     to: Some(vec!["h".into()]),
+                    pools: Some(vec!["p".into()]),
                     max_attempts: Some(3),
                     retry_backoff_ms: Some(1000),
                     approval: Some("required".into()),
@@ -358,7 +366,8 @@ mod openapi {
             decision: "approved".into(),
             deliveries: vec![DeliverySummary {
                 delivery_id: "d".into(),
-                host: "h".into(),
+                host: Some("h".into()),
+                pool: Some("p".into()),
                 state: DeliveryState::Queued,
             }],
         };

@@ -312,6 +312,7 @@ mod tests {
             idempotency_key: key.into(),
             payload: "{}".into(),
             to: vec!["host-a".into()],
+            pools: Vec::new(),
         }
     }
 

@@ -190,6 +190,7 @@ fn send(conn: &dyn Db, conversation: &str, key: &str, host: &str) {
         idempotency_key: key.into(),
         payload: "{}".into(),
         to: vec![host.to_string()],
+        pools: Vec::new(),
     };
     let limits = AcceptLimits { queued_per_host_max: 1 << 20 };
     accept::accept_and_fan_out(conn, &msg, RetryPolicy::default(), limits, 1).unwrap();

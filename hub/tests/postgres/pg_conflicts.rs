@@ -37,6 +37,7 @@ fn a_claim_ended_in_a_deadlock_runs_again_and_is_counted() {
             idempotency_key: "k1".into(),
             payload: "{}".into(),
             to: vec!["host-a".into()],
+            pools: Vec::new(),
         };
         accept::accept_and_fan_out(c, &msg, RetryPolicy::default(), AcceptLimits { queued_per_host_max: 1 << 20 }, 1)?;
         Ok(())

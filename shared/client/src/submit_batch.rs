@@ -133,6 +133,7 @@ mod tests {
             idempotency_key: key.into(),
             payload: Payload::from_text(format!("\"{}\"", "x".repeat(payload_bytes))).unwrap(),
             to: None,
+            pools: None,
             max_attempts: None,
             retry_backoff_ms: None,
             approval: None,

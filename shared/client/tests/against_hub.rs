@@ -37,6 +37,7 @@ fn submit(key: &str, payload: &str) -> SubmitRequest {
         idempotency_key: key.into(),
         payload: Payload::from_text(payload.into()).unwrap(),
         to: Some(vec!["host-a".into()]),
+        pools: None,
         max_attempts: None,
         retry_backoff_ms: None,
         approval: None,

@@ -130,6 +130,7 @@ pub(crate) fn accept_range(
                     idempotency_key,
                     payload: format!("{{\"i\":{n}}}"),
                     to: vec![host.into()],
+                    pools: Vec::new(),
                 };
                 let Accepted::New { message_id, .. } = accept::accept(c, &msg, limits, now)? else {
                     return Err(store::StoreError::Invalid("a fresh key was taken as a duplicate".into()));

@@ -146,6 +146,7 @@ async fn cycle_rate(store: &Store, tag: &str, per_op: usize, duration: Duration)
                     idempotency_key: format!("cycle-{tag}-{n}"),
                     payload: format!("{{\"i\":{n}}}"),
                     to: vec![CYCLE_HOST.into()],
+                    pools: Vec::new(),
                 };
                 (msg, RetryPolicy::default())
             })

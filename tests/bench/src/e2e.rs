@@ -371,6 +371,7 @@ fn message(pass: &Pass, hosts: &[String], i: usize) -> SubmitRequest {
         idempotency_key: format!("{}-{i}", pass.name),
         payload: serde_json::json!({ "i": i }).into(),
         to: Some(vec![hosts[i % k].clone()]),
+        pools: None,
         max_attempts: None,
         retry_backoff_ms: None,
         approval: None,

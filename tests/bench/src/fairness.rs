@@ -115,6 +115,7 @@ async fn submit_light(client: &Client, count: usize) -> anyhow::Result<()> {
             idempotency_key: format!("light-{i}"),
             payload: serde_json::json!({ "i": i }).into(),
             to: Some(vec![HOST.into()]),
+            pools: None,
             max_attempts: None,
             retry_backoff_ms: None,
             approval: None,

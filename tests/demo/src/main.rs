@@ -284,6 +284,7 @@ fn submit(
         idempotency_key: key.to_string(),
         payload: Payload::from_text(format!("{{\"task\": \"{task}\"}}"))?,
         to: Some(vec![host.to_string()]),
+        pools: None,
         max_attempts: None,
         retry_backoff_ms: None,
         approval: None,
@@ -347,6 +348,7 @@ fn main() -> Result<()> {
                 idempotency_key: format!("{conv}-{i}"),
                 payload,
                 to: Some(vec!["host-a".into(), "host-b".into()]),
+                pools: None,
                 max_attempts: None,
                 retry_backoff_ms: None,
                 approval: None,
@@ -431,7 +433,7 @@ fn main() -> Result<()> {
             .iter()
             .map(|d| {
                 let outcome = d.attempts.last().map_or(d.state.as_str(), |a| a.outcome.as_str());
-                format!("{} {outcome}", d.host)
+                format!("{} {outcome}", d.host.as_deref().unwrap_or("-"))
             })
             .collect();
         say(&format!("  {what}: {}", ends.join(", ")));

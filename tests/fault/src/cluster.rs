@@ -153,6 +153,7 @@ impl Producer {
             idempotency_key: key.into(),
             payload: payload.clone().into(),
             to: Some(to.to_vec()),
+            pools: None,
             max_attempts: retries.max_attempts,
             retry_backoff_ms: retries.retry_backoff_ms,
             approval: None,

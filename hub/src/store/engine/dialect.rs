@@ -150,11 +150,14 @@ pub const CANCELS_PENDING: Both<&str> = Both {
 // (`max` there is only the aggregate). They differ on NULL (GREATEST skips it, SQLite's `max`
 // returns NULL); the statements below pass them none.
 
-/// The waiting count of a delivery's host moved by `$2` (`$1` the delivery).
+/// The waiting count of a delivery's host moved by `$2` (`$1` the delivery). A pool delivery
+/// no claim has bound has no host and waits in its pool's queue, in no host's backlog.
 pub const BACKLOG_OF_DELIVERY: Both<&str> = Both {
-    sqlite: "INSERT INTO host_backlog (host, waiting) SELECT host, max($2, 0) FROM deliveries WHERE id = $1
+    sqlite: "INSERT INTO host_backlog (host, waiting) SELECT host, max($2, 0) FROM deliveries
+             WHERE id = $1 AND host IS NOT NULL
              ON CONFLICT (host) DO UPDATE SET waiting = host_backlog.waiting + $2",
-    postgres: "INSERT INTO host_backlog (host, waiting) SELECT host, GREATEST($2, 0) FROM deliveries WHERE id = $1
+    postgres: "INSERT INTO host_backlog (host, waiting) SELECT host, GREATEST($2, 0) FROM deliveries
+               WHERE id = $1 AND host IS NOT NULL
                ON CONFLICT (host) DO UPDATE SET waiting = host_backlog.waiting + $2",
 };
 

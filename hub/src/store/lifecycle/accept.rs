@@ -44,7 +44,7 @@ pub(super) fn gained_hosts<'a>(accepts: impl Iterator<Item = &'a (Accepted, Vec<
     accepts
         .filter(|(a, _)| matches!(a, Accepted::New { .. }))
         .flat_map(|(_, ds)| ds.iter().filter(|d| d.state == baton_shared::states::DeliveryState::Queued))
-        .map(|d| d.host.clone())
+        .filter_map(|d| d.host.clone())
         .collect()
 }
 
@@ -134,9 +134,12 @@ pub struct NewMessage {
     pub idempotency_key: String,
     /// The payload's JSON text, exactly as the producer sent it (stored and handed out as is).
     pub payload: String,
-    /// The recipient hosts, deduplicated and sorted; empty for "the conversation's members at
-    /// the message's `seq`".
+    /// The recipient hosts, deduplicated and sorted; empty (with `pools` empty too) for "the
+    /// conversation's members at the message's `seq`".
     pub to: Vec<String>,
+    /// The recipient pools, deduplicated and sorted: one delivery per pool, any member of which
+    /// may claim it.
+    pub pools: Vec<String>,
 }
 
 impl NewMessage {
@@ -161,6 +164,12 @@ impl NewMessage {
         for host in &self.to {
             h.update((host.len() as u64).to_le_bytes());
             h.update(host.as_bytes());
+        }
+        // Only when given: a message without pools hashes exactly as before pools existed.
+        for pool in &self.pools {
+            let part = format!("pool={pool}");
+            h.update((part.len() as u64).to_le_bytes());
+            h.update(part.as_bytes());
         }
         let given = [
             retry.max_attempts.map(|n| format!("max_attempts={n}")),
@@ -256,6 +265,22 @@ pub fn accept_with_retry(
     }
     producers::check_quota(conn, &msg.producer, msg.payload.len())?;
     let recipients = route(conn, msg)?;
+    for (i, pool) in msg.pools.iter().enumerate() {
+        if !crate::store::registry::pools::exists(conn, pool)? {
+            return Err(StoreError::Invalid(format!(
+                "pools[{i}]: no pool {pool:?} (an operator makes one with `baton-hub pools add`)"
+            )));
+        }
+        let queued: i64 = conn
+            .prepare_cached("SELECT coalesce(sum(queued), 0) FROM pool_queues WHERE pool = $1")?
+            .query_row([pool], |r| r.get(0))?;
+        if queued as u64 >= limits.queued_per_host_max {
+            return Err(StoreError::OverCapacity(format!(
+                "pool {pool} already has {queued} deliveries queued (queued_per_host_max = {})",
+                limits.queued_per_host_max
+            )));
+        }
+    }
     for host in &recipients {
         let waiting: i64 = conn
             .prepare_cached("SELECT waiting FROM host_backlog WHERE host = $1")?
@@ -307,6 +332,11 @@ pub fn accept_with_retry(
     for host in &recipients {
         route.execute([&message_id, host])?;
     }
+    let mut route_pools =
+        conn.prepare_cached("INSERT INTO message_pool_recipients (message_id, pool) VALUES ($1, $2)")?;
+    for pool in &msg.pools {
+        route_pools.execute([&message_id, pool])?;
+    }
     conn.prepare_cached("INSERT INTO fanout_obligations (message_id, created_at) VALUES ($1, $2)")?
         .execute(params![message_id, now_ms])?;
     crash_point("hub.accept.before_commit");
@@ -336,6 +366,10 @@ pub fn accept_and_fan_out(
 fn route(conn: &dyn Db, msg: &NewMessage) -> StoreResult<Vec<String>> {
     // A conversation first posted to now joins the families that cover it, from its first post.
     crate::store::registry::families::adopt_families(conn, &msg.conversation)?;
+    if msg.to.is_empty() && !msg.pools.is_empty() {
+        // Addressed to pools alone: no host by name, and not the members.
+        return Ok(Vec::new());
+    }
     let managed = members::has_membership(conn, &msg.conversation)?;
     if msg.to.is_empty() {
         let mut current = Vec::new();
@@ -394,14 +428,47 @@ pub fn fan_out(conn: &dyn Db, message_id: &str, now_ms: i64) -> StoreResult<Vec<
             .prepare_cached(
                 "SELECT r.host FROM message_recipients r
                  WHERE r.message_id = $1
-                   AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.message_id = r.message_id AND d.host = r.host)
+                   AND NOT EXISTS (SELECT 1 FROM deliveries d
+                                   WHERE d.message_id = r.message_id AND d.host = r.host AND d.pool IS NULL)
                  ORDER BY r.host",
+            )?
+            .query_map([message_id], |r| r.get(0))?
+            .collect::<Result<_, _>>()?;
+        let missing_pools: Vec<String> = conn
+            .prepare_cached(
+                "SELECT r.pool FROM message_pool_recipients r
+                 WHERE r.message_id = $1
+                   AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.message_id = r.message_id AND d.pool = r.pool)
+                 ORDER BY r.pool",
             )?
             .query_map([message_id], |r| r.get(0))?
             .collect::<Result<_, _>>()?;
         let hub = Actor::hub();
         // Read once per message: every delivery of it is parked the same way.
-        let parked = if missing.is_empty() { None } else { parking(conn, message_id)? };
+        let parked = if missing.is_empty() && missing_pools.is_empty() { None } else { parking(conn, message_id)? };
+        for pool in &missing_pools {
+            // Its host stays unset until a member's claim binds it; it waits in the pool's
+            // queue, not a host's backlog.
+            let id = new_id();
+            conn.prepare_cached(
+                "INSERT INTO deliveries (id, message_id, pool, conversation, seq, state, created_at, updated_at)
+                 VALUES ($1, $2, $3, $4, $5, 'queued', $6, $6)",
+            )?
+            .execute(params![id, message_id, pool, conversation, seq, now_ms])?;
+            record_event(conn, &id, None, DeliveryState::Queued, &hub, None, Some("fan-out"), now_ms)?;
+            if let Some((to, why)) = &parked {
+                let change = Change {
+                    delivery_id: &id,
+                    from: DeliveryState::Queued,
+                    to: *to,
+                    expect_holder: None,
+                    new_holder: None,
+                    reason: Some(why),
+                };
+                transition::apply(conn, change, &hub, now_ms)?;
+            }
+            crash_point("hub.fanout.after_k");
+        }
         for host in &missing {
             let id = new_id();
             conn.prepare_cached(
@@ -466,13 +533,21 @@ fn host_retired(conn: &dyn Db, host: &str) -> StoreResult<bool> {
     Ok(hosts::standing(conn, host)? != hosts::Standing::Active)
 }
 
-/// The deliveries of one message, by host.
+/// The deliveries of one message: its host deliveries by host, then its pool deliveries by pool.
 pub fn deliveries_of(conn: &dyn Db, message_id: &str) -> StoreResult<Vec<DeliverySummary>> {
     let rows = conn
-        .prepare_cached("SELECT id, host, state FROM deliveries WHERE message_id = $1 ORDER BY host")?
+        .prepare_cached(
+            "SELECT id, host, state, pool FROM deliveries WHERE message_id = $1
+             ORDER BY pool IS NOT NULL, pool, host",
+        )?
         .query_map([message_id], |r| {
             let delivery_id: String = r.get(0)?;
-            Ok(DeliverySummary { state: state_column(r, 2, "deliveries", &delivery_id)?, delivery_id, host: r.get(1)? })
+            Ok(DeliverySummary {
+                state: state_column(r, 2, "deliveries", &delivery_id)?,
+                delivery_id,
+                host: r.get(1)?,
+                pool: r.get(3)?,
+            })
         })?
         .collect::<Result<_, _>>()?;
     Ok(rows)
@@ -510,6 +585,7 @@ pub(crate) mod testing {
             idempotency_key: key.into(),
             payload: "{}".into(),
             to: to.iter().map(|s| s.to_string()).collect(),
+            pools: Vec::new(),
         };
         let Accepted::New { message_id, .. } =
             accept(conn, &msg, AcceptLimits { queued_per_host_max: 1 << 40 }, 1).unwrap()
@@ -532,6 +608,7 @@ mod tests {
             idempotency_key: key.into(),
             payload: payload.into(),
             to: to.iter().map(|s| s.to_string()).collect(),
+            pools: Vec::new(),
         }
     }
     const BIG: AcceptLimits = AcceptLimits { queued_per_host_max: 1000 };
@@ -596,7 +673,7 @@ mod tests {
         let m = msg("k", "{}", &["host-a", "host-b"]);
         let (accepted, deliveries) = accept_and_fan_out(c, &m, RetryPolicy::default(), limits, 1).unwrap();
         assert!(matches!(accepted, Accepted::New { .. }));
-        let hosts: Vec<&str> = deliveries.iter().map(|d| d.host.as_str()).collect();
+        let hosts: Vec<&str> = deliveries.iter().filter_map(|d| d.host.as_deref()).collect();
         assert_eq!(hosts, ["host-a", "host-b"]);
         assert!(pending_obligations(c, 10).unwrap().is_empty(), "the obligation is done");
         let done: i64 =
@@ -661,7 +738,8 @@ mod tests {
         };
         crate::store::lifecycle::operator::retire(&db.conn, "host-b", "op", "gone", 6).unwrap();
         let d = fan_out(&db.conn, &message_id, 7).unwrap();
-        let states: Vec<(&str, DeliveryState)> = d.iter().map(|d| (d.host.as_str(), d.state)).collect();
+        let states: Vec<(&str, DeliveryState)> =
+            d.iter().map(|d| (d.host.as_deref().unwrap_or("-"), d.state)).collect();
         assert_eq!(states, [("host-a", DeliveryState::Queued), ("host-b", DeliveryState::Failed)]);
         let (reason, waiting): (String, i64) = db
             .conn
@@ -687,5 +765,177 @@ mod tests {
         m.conversation = "other".into();
         let Accepted::New { seq: s3, .. } = accept(&db.conn, &m, BIG, 1).unwrap() else { panic!() };
         assert_eq!((s1, s2, s3), (1, 2, 1));
+    }
+}
+
+#[cfg(test)]
+mod pool_tests {
+    use super::*;
+    use crate::store::testing;
+
+    const BIG: AcceptLimits = AcceptLimits { queued_per_host_max: 1000 };
+
+    fn msg(key: &str, to: &[&str], pools: &[&str]) -> NewMessage {
+        NewMessage {
+            producer: "prod".into(),
+            conversation: "c1".into(),
+            idempotency_key: key.into(),
+            payload: "{}".into(),
+            to: to.iter().map(|s| s.to_string()).collect(),
+            pools: pools.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    fn gpu(c: &dyn Db) {
+        crate::store::registry::pools::add(c, "gpu", &["host-a".into(), "host-b".into()], "op", "r", 1).unwrap();
+    }
+
+    fn one(c: &dyn Db, sql: &str, arg: &str) -> i64 {
+        c.query_row(sql, [arg], |r| r.get(0)).unwrap()
+    }
+
+    /// A message to a pool is one queued delivery with no host and the pool set, counted in
+    /// the pool's queue and no host's backlog; beside `to`, one delivery per host as well.
+    #[test]
+    fn a_pool_recipient_is_one_delivery_with_no_host_in_the_pool_s_queue() {
+        let db = testing::db();
+        let c = &*db.conn;
+        gpu(c);
+        let (accepted, ds) =
+            accept_and_fan_out(c, &msg("k1", &["host-c"], &["gpu"]), RetryPolicy::default(), BIG, 5).unwrap();
+        assert!(matches!(accepted, Accepted::New { .. }));
+        assert_eq!(ds.len(), 2, "{ds:?}");
+        assert_eq!((ds[0].host.as_deref(), ds[0].pool.as_deref()), (Some("host-c"), None));
+        assert_eq!((ds[1].host.as_deref(), ds[1].pool.as_deref()), (None, Some("gpu")));
+        assert_eq!(ds[1].state, DeliveryState::Queued);
+        assert_eq!(one(c, "SELECT queued FROM pool_queues WHERE pool = $1", "gpu"), 1);
+        assert_eq!(one(c, "SELECT coalesce(sum(waiting), 0) FROM host_backlog WHERE host <> $1", "host-c"), 0);
+        assert_eq!(gained_hosts(std::iter::once(&(accepted, ds))), vec!["host-c".to_string()]);
+        // Pools alone: not the conversation's members.
+        crate::store::registry::members::add(c, "c2", &["host-a".into()], "op", "r", 1).unwrap();
+        let m = NewMessage { conversation: "c2".into(), ..msg("k2", &[], &["gpu"]) };
+        let (_, ds) = accept_and_fan_out(c, &m, RetryPolicy::default(), BIG, 6).unwrap();
+        assert_eq!(ds.len(), 1, "{ds:?}");
+        assert_eq!(ds[0].pool.as_deref(), Some("gpu"));
+        assert!(crate::store::upkeep::verify::check(c).unwrap().is_empty());
+    }
+
+    /// A pool delivery no member claimed yet reads everywhere a delivery is shown: the
+    /// message view (host null, pool set), the producers' feed, and the operators' listings.
+    #[test]
+    fn an_unclaimed_pool_delivery_reads_in_every_view() {
+        let db = testing::db();
+        let c = &*db.conn;
+        gpu(c);
+        let (Accepted::New { message_id, .. }, _) =
+            accept_and_fan_out(c, &msg("k", &[], &["gpu"]), RetryPolicy::default(), BIG, 5).unwrap()
+        else {
+            panic!("duplicate")
+        };
+        let view = crate::store::views::read::message_view(c, &message_id).unwrap();
+        assert_eq!((view.deliveries[0].host.as_deref(), view.deliveries[0].pool.as_deref()), (None, Some("gpu")));
+        let scope = crate::store::views::feed::FeedScope::Message { message_id, producer: "prod".into() };
+        let bounds = crate::store::views::feed::PageBounds { limit: 100, bytes_max: 1 << 20 };
+        let feed = crate::store::views::feed::page(c, &scope, None, 0, bounds).unwrap();
+        assert!(!feed.events.is_empty());
+        let q = crate::store::views::listing::ListQuery {
+            state: None,
+            outcome: None,
+            host: None,
+            conversation: None,
+            since_ms: None,
+            until_ms: None,
+            newest: false,
+            after: None,
+            limit: 10,
+        };
+        assert_eq!(crate::store::views::listing::page(c, &q).unwrap().rows.len(), 1);
+    }
+
+    /// Its producer cancels a message whose pool delivery waits: it fails, leaves the pool's
+    /// queue, and no host's backlog moves; the record verifies.
+    #[test]
+    fn a_waiting_pool_delivery_is_cancelled_out_of_its_pool_s_queue() {
+        let db = testing::db();
+        let c = &*db.conn;
+        gpu(c);
+        let (Accepted::New { message_id, .. }, _) =
+            accept_and_fan_out(c, &msg("k", &[], &["gpu"]), RetryPolicy::default(), BIG, 5).unwrap()
+        else {
+            panic!("duplicate")
+        };
+        let out = crate::store::lifecycle::turns::cancel_message(c, &message_id, "prod", "not needed", 6).unwrap();
+        assert_eq!((out[0].host.as_deref(), out[0].pool.as_deref()), (None, Some("gpu")));
+        assert_eq!(out[0].state, DeliveryState::Failed);
+        assert_eq!(one(c, "SELECT queued FROM pool_queues WHERE pool = $1", "gpu"), 0);
+        assert_eq!(one(c, "SELECT count(*) FROM host_backlog WHERE host <> $1", "-"), 0);
+        assert!(crate::store::upkeep::verify::check(c).unwrap().is_empty());
+    }
+
+    /// An unknown pool is refused naming it and its place, before anything is written.
+    #[test]
+    fn an_unknown_pool_is_refused_naming_it() {
+        let db = testing::db();
+        let c = &*db.conn;
+        gpu(c);
+        let e = accept(c, &msg("k", &[], &["gpu", "nope"]), BIG, 1).unwrap_err();
+        assert!(matches!(&e, StoreError::Invalid(m) if m.contains("pools[1]") && m.contains("nope")), "{e:?}");
+        assert_eq!(one(c, "SELECT count(*) FROM messages WHERE producer = $1", "prod"), 0);
+        let full = AcceptLimits { queued_per_host_max: 1 };
+        accept_and_fan_out(c, &msg("k1", &[], &["gpu"]), RetryPolicy::default(), full, 1).unwrap();
+        let e = accept(c, &msg("k2", &[], &["gpu"]), full, 2).unwrap_err();
+        assert!(matches!(&e, StoreError::OverCapacity(m) if m.contains("pool gpu")), "{e:?}");
+    }
+
+    /// Pools are part of the content only when given: a message without them hashes as before
+    /// pools existed, and another pool under the same key is a conflict.
+    #[test]
+    fn pools_are_part_of_the_content_only_when_given() {
+        let without = msg("k", &["host-a"], &[]);
+        let legacy = {
+            let payload = canonical::canonical("{}").unwrap();
+            let mut h = Sha256::new();
+            for part in ["c1", payload.as_str(), "host-a"] {
+                h.update((part.len() as u64).to_le_bytes());
+                h.update(part.as_bytes());
+            }
+            h.finalize().iter().map(|b| format!("{b:02x}")).collect::<String>()
+        };
+        assert_eq!(without.content_hash().unwrap(), legacy);
+        assert_ne!(msg("k", &["host-a"], &["gpu"]).content_hash().unwrap(), legacy);
+        let db = testing::db();
+        let c = &*db.conn;
+        gpu(c);
+        crate::store::registry::pools::add(c, "cpu", &["host-c".into()], "op", "r", 1).unwrap();
+        accept(c, &msg("k", &[], &["gpu"]), BIG, 1).unwrap();
+        assert!(matches!(accept(c, &msg("k", &[], &["gpu"]), BIG, 2).unwrap(), Accepted::Duplicate { .. }));
+        assert!(matches!(accept(c, &msg("k", &[], &["cpu"]), BIG, 2), Err(StoreError::IdempotencyConflict(_))));
+    }
+
+    /// A crash between the accept and the fan-out loses no pool delivery: the repair (fan-out
+    /// of the pending obligation) makes it, once, as for a host.
+    #[test]
+    fn the_repair_fills_pool_deliveries_a_crash_left_out() {
+        let db = testing::db();
+        let c = &*db.conn;
+        gpu(c);
+        let Accepted::New { message_id, .. } = accept(c, &msg("k", &["host-c"], &["gpu"]), BIG, 1).unwrap() else {
+            panic!("duplicate")
+        };
+        assert_eq!(pending_obligations(c, 10).unwrap(), vec![message_id.clone()]);
+        let problems = crate::store::upkeep::verify::check(c).unwrap();
+        assert!(problems.is_empty(), "a pending obligation is not a problem: {problems:?}");
+        let ds = fan_out(c, &message_id, 2).unwrap();
+        assert_eq!(ds.len(), 2);
+        assert_eq!(fan_out(c, &message_id, 3).unwrap(), ds, "idempotent");
+        assert!(pending_obligations(c, 10).unwrap().is_empty());
+        c.execute("DELETE FROM deliveries WHERE pool = $1", ["gpu"]).unwrap();
+        let problems = crate::store::upkeep::verify::check(c).unwrap();
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.kind == crate::store::upkeep::verify::ProblemKind::FanOut && p.detail.contains("pool gpu")),
+            "{problems:?}"
+        );
     }
 }

@@ -160,7 +160,10 @@ fn acked_at(conn: &dyn Db, delivery_id: &str) -> StoreResult<Option<i64>> {
 
 /// A delivery's state and control columns, as the turn-control operations read them.
 struct Turn {
-    host: String,
+    /// `None` for a pool delivery no claim has bound yet.
+    host: Option<String>,
+    /// The recipient pool of a pool delivery.
+    pool: Option<String>,
     state: DeliveryState,
     instance_id: Option<String>,
     claim_token: Option<String>,
@@ -179,12 +182,13 @@ fn load(conn: &dyn Db, delivery_id: &str) -> StoreResult<Option<Turn>> {
             "SELECT d.host, d.state, d.instance_id, d.claim_token, d.attempt, d.started_session,
                     d.cancel_requested_at IS NOT NULL,
                     (SELECT a.outcome FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt),
-                    d.acked_session
+                    d.acked_session, d.pool
              FROM deliveries d WHERE d.id = $1",
         )?
         .query_row([delivery_id], |r| {
             Ok(Turn {
                 host: r.get(0)?,
+                pool: r.get(9)?,
                 state: state_column(r, 1, "deliveries", delivery_id)?,
                 instance_id: r.get(2)?,
                 claim_token: r.get(3)?,
@@ -236,7 +240,7 @@ pub fn start(
             retry_after_ms: None,
         };
         let turn = match load(conn, &item.delivery_id)? {
-            Some(t) if t.host == host => t,
+            Some(t) if t.host.as_deref() == Some(host) => t,
             _ => {
                 out.push(refuse("not_found", format!("host {host} has no delivery {}", item.delivery_id)));
                 continue;
@@ -370,6 +374,7 @@ pub fn cancel(
     let answer = |effect: &str, state| CancelResult {
         delivery_id: delivery_id.to_string(),
         host: turn.host.clone(),
+        pool: turn.pool.clone(),
         effect: effect.to_string(),
         state,
     };

@@ -407,7 +407,7 @@ mod tests {
     }
 
     fn routed(conn: &dyn Db, message_id: &str) -> Vec<String> {
-        deliveries_of(conn, message_id).unwrap().into_iter().map(|d| d.host).collect()
+        deliveries_of(conn, message_id).unwrap().into_iter().filter_map(|d| d.host).collect()
     }
 
     fn post(conn: &dyn Db, key: &str, to: &[&str]) -> StoreResult<crate::store::lifecycle::accept::Accepted> {
@@ -417,6 +417,7 @@ mod tests {
             idempotency_key: key.into(),
             payload: "{}".into(),
             to: hosts(to),
+            pools: Vec::new(),
         };
         accept(conn, &msg, AcceptLimits { queued_per_host_max: 1000 }, 1)
     }
@@ -552,10 +553,11 @@ mod tests {
             idempotency_key: key.into(),
             payload: "{}".into(),
             to: vec![],
+            pools: Vec::new(),
         };
         let limits = AcceptLimits { queued_per_host_max: 1000 };
         let (_, d) = crate::store::lifecycle::accept::accept_and_fan_out(conn, &msg, Default::default(), limits, 1)?;
-        Ok(d.into_iter().map(|d| d.host).collect())
+        Ok(d.into_iter().filter_map(|d| d.host).collect())
     }
 
     /// A family (`team-*`) makes its hosts members of every conversation it covers from each

@@ -474,6 +474,7 @@ mod tests {
             idempotency_key: key.into(),
             payload: "{}".into(),
             to: vec!["host-a".into()],
+            pools: Vec::new(),
         };
         accept(conn, &msg, AcceptLimits { queued_per_host_max: 1000 }, 1).map(|_| ())
     }
@@ -516,6 +517,7 @@ mod tests {
             idempotency_key: key.into(),
             payload: payload.into(),
             to: vec![host.into()],
+            pools: Vec::new(),
         };
         crate::store::lifecycle::accept::accept_and_fan_out(
             conn,
@@ -565,6 +567,7 @@ mod tests {
             idempotency_key: "free".into(),
             payload: "[1,22,333]".into(),
             to: vec!["host-b".into()],
+            pools: Vec::new(),
         };
         accept(c, &other, AcceptLimits { queued_per_host_max: 1000 }, 3).unwrap();
 

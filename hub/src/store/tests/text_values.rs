@@ -168,6 +168,7 @@ fn an_approval_reason_keeps_its_bytes() {
             idempotency_key: format!("a{n}"),
             payload: "{}".into(),
             to: vec!["host-a".into()],
+            pools: Vec::new(),
         };
         let policy = RetryPolicy { approval_required: true, ..RetryPolicy::default() };
         let (accepted, deliveries) = accept_and_fan_out(c, &msg, policy, LIMITS, 1).unwrap();
@@ -195,6 +196,7 @@ fn a_payload_with_a_lone_surrogate_is_refused_as_invalid_on_both_backends() {
         idempotency_key: "k".into(),
         payload: r#"{"x":"\ud800"}"#.into(),
         to: vec!["host-a".into()],
+        pools: Vec::new(),
     };
     let e = super::lifecycle::accept::accept(c, &msg, LIMITS, 1).expect_err("a lone surrogate is refused");
     assert!(matches!(&e, StoreError::Invalid(m) if m.starts_with("payload")), "{e:?}");

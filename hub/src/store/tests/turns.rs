@@ -290,7 +290,7 @@ fn a_producer_cancels_its_own_messages_only() {
     assert!(matches!(cancel_message(c, &crate::store::new_id(), "prod", "r", 2), Err(StoreError::NotFound(_))));
     let r = cancel_message(c, &m, "prod", "not needed", 3).unwrap();
     assert_eq!(
-        r.iter().map(|r| (r.host.as_str(), r.effect.as_str())).collect::<Vec<_>>(),
+        r.iter().map(|r| (r.host.as_deref().unwrap_or("-"), r.effect.as_str())).collect::<Vec<_>>(),
         [("host-a", EFFECT_CANCELLED), ("host-b", EFFECT_CANCELLED)]
     );
     assert_eq!(cancel_message(c, &m, "prod", "again", 4).unwrap(), r);

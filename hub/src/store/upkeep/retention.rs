@@ -139,6 +139,7 @@ mod tests {
             idempotency_key: key.into(),
             payload: "{}".into(),
             to: vec!["host-a".into()],
+            pools: Vec::new(),
         };
         crate::store::lifecycle::accept::accept(
             c,

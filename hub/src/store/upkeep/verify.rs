@@ -157,20 +157,36 @@ const RULES: &[(ProblemKind, &str)] = &[
     (
         ProblemKind::AtomicAccept,
         "SELECT id, 'message without routing' FROM messages m
-         WHERE NOT EXISTS (SELECT 1 FROM message_recipients r WHERE r.message_id = m.id)",
+         WHERE NOT EXISTS (SELECT 1 FROM message_recipients r WHERE r.message_id = m.id)
+           AND NOT EXISTS (SELECT 1 FROM message_pool_recipients r WHERE r.message_id = m.id)",
     ),
     (
         ProblemKind::FanOut,
         "SELECT r.message_id, 'obligation done but recipient ' || r.host || ' has no delivery'
          FROM message_recipients r JOIN fanout_obligations o ON o.message_id = r.message_id
          WHERE o.done_at IS NOT NULL
-           AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.message_id = r.message_id AND d.host = r.host)",
+           AND NOT EXISTS (SELECT 1 FROM deliveries d
+                           WHERE d.message_id = r.message_id AND d.host = r.host AND d.pool IS NULL)",
+    ),
+    (
+        ProblemKind::FanOut,
+        "SELECT r.message_id, 'obligation done but recipient pool ' || r.pool || ' has no delivery'
+         FROM message_pool_recipients r JOIN fanout_obligations o ON o.message_id = r.message_id
+         WHERE o.done_at IS NOT NULL
+           AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.message_id = r.message_id AND d.pool = r.pool)",
+    ),
+    (
+        ProblemKind::FanOut,
+        "SELECT d.id, 'delivery for pool ' || d.pool || ', to which message ' || d.message_id || ' was not routed'
+         FROM deliveries d
+         WHERE d.pool IS NOT NULL
+           AND NOT EXISTS (SELECT 1 FROM message_pool_recipients r WHERE r.message_id = d.message_id AND r.pool = d.pool)",
     ),
     (
         ProblemKind::FanOut,
         "SELECT d.id, 'delivery for host ' || d.host || ', to which message ' || d.message_id || ' was not routed'
          FROM deliveries d
-         WHERE NOT EXISTS (SELECT 1 FROM message_recipients r WHERE r.message_id = d.message_id AND r.host = d.host)",
+         WHERE d.pool IS NULL AND NOT EXISTS (SELECT 1 FROM message_recipients r WHERE r.message_id = d.message_id AND r.host = d.host)",
     ),
     (
         ProblemKind::AttemptWithoutDelivery,

@@ -550,7 +550,7 @@ pub fn explain_id(conn: &dyn Db, id: &str, now_ms: i64, silence_warn_ms: i64) ->
     let d = conn
         .prepare_cached(
             concat!(
-                "SELECT d.id, d.message_id, d.host, d.conversation, d.seq, d.state, d.instance_id, d.reason, d.updated_at, ",
+                "SELECT d.id, d.message_id, coalesce(d.host, ''), d.conversation, d.seq, d.state, d.instance_id, d.reason, d.updated_at, ",
                 crate::store::views::read::outcome_sql!(),
                 " FROM deliveries d WHERE d.id = $1"
             ),

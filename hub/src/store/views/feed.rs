@@ -254,7 +254,7 @@ fn read_window(conn: &dyn Db, scope: &FeedScope, w: Window) -> StoreResult<Found
     let kinds: [(String, ItemOf); 3] = [
         (
             format!(
-                "SELECT e.id, e.at, d.message_id, e.delivery_id, d.host, e.from_state, e.to_state, e.actor_kind, e.actor,
+                "SELECT e.id, e.at, d.message_id, e.delivery_id, coalesce(d.host, ''), e.from_state, e.to_state, e.actor_kind, e.actor,
                         e.reason
                  FROM delivery_events e JOIN deliveries d ON d.id = e.delivery_id
                  WHERE e.id > $1 AND e.id <= $2 AND {filter} ORDER BY e.id LIMIT $4"
@@ -566,6 +566,7 @@ mod tests {
             idempotency_key: "k2".into(),
             payload: "{}".into(),
             to: vec!["host-a".into()],
+            pools: Vec::new(),
         };
         crate::store::lifecycle::accept::accept_and_fan_out(
             c,

@@ -94,7 +94,7 @@ pub struct Page {
 }
 
 const SELECT: &str = concat!(
-    "SELECT d.id, d.message_id, d.host, d.conversation, d.seq, d.state, d.instance_id, d.reason,
+    "SELECT d.id, d.message_id, coalesce(d.host, ''), d.conversation, d.seq, d.state, d.instance_id, d.reason,
         d.updated_at, ",
     crate::store::views::read::outcome_sql!(),
     ", d.n

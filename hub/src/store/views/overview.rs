@@ -216,7 +216,7 @@ pub fn recent_trouble(conn: &dyn Db, max: u32) -> StoreResult<Vec<Trouble>> {
     Ok(conn
         .prepare_cached(
             concat!(
-                "SELECT d.id, d.message_id, d.host, d.conversation, d.seq, d.state, d.instance_id, d.reason, d.updated_at, ",
+                "SELECT d.id, d.message_id, coalesce(d.host, ''), d.conversation, d.seq, d.state, d.instance_id, d.reason, d.updated_at, ",
                 crate::store::views::read::outcome_sql!(),
                 ",
                  (SELECT a.reason FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt),
@@ -399,7 +399,7 @@ pub fn search(conn: &dyn Db, q: &str, max: u32) -> StoreResult<Vec<DeliveryRow>>
         return Ok(Vec::new());
     }
     let cols = concat!(
-        "SELECT d.id, d.message_id, d.host, d.conversation, d.seq, d.state, d.instance_id, d.reason, d.updated_at, ",
+        "SELECT d.id, d.message_id, coalesce(d.host, ''), d.conversation, d.seq, d.state, d.instance_id, d.reason, d.updated_at, ",
         crate::store::views::read::outcome_sql!(),
         " FROM deliveries d"
     );

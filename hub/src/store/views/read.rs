@@ -100,7 +100,7 @@ pub fn message_view(conn: &dyn Db, message_id: &str) -> StoreResult<MessageView>
 /// The columns `delivery_view_row` reads.
 const DELIVERY_VIEW: &str =
     "SELECT d.id, d.host, d.state, d.reason, d.updated_at, d.attempt, m.max_attempts, d.not_before,
-        d.cancel_requested_at, d.cancel_reason, m.producer
+        d.cancel_requested_at, d.cancel_reason, m.producer, d.pool
     FROM deliveries d JOIN messages m ON m.id = d.message_id";
 
 /// One delivery of a message view, without its attempts.
@@ -108,6 +108,7 @@ fn delivery_view_row(r: &Row<'_>) -> DbResult<DeliveryView> {
     let id: String = r.get(0)?;
     Ok(DeliveryView {
         host: r.get(1)?,
+        pool: r.get(11)?,
         state: state_column(r, 2, "deliveries", &id)?,
         reason: r.get(3)?,
         updated_at_ms: r.get(4)?,

@@ -167,6 +167,10 @@ pub(crate) struct SendArgs {
     /// A recipient host (repeat, or separate with commas); none: the conversation's members.
     #[arg(long, value_delimiter = ',', value_name = "HOST")]
     pub(crate) to: Vec<String>,
+    /// A recipient pool (repeat, or separate with commas): one delivery any member host of the
+    /// pool may claim. With `--to` or `--pool`, the message goes to those only.
+    #[arg(long = "pool", value_delimiter = ',', value_name = "POOL")]
+    pub(crate) pools: Vec<String>,
     /// The idempotency key: the same key and content is one message, however often sent.
     /// (`--key`, its first spelling, still works, unlisted: it sat beside `--key-file`, the
     /// TLS key.)
@@ -248,6 +252,9 @@ mod tests {
         let cli = parse(&["--to", "a,b", "--to", "c", "--payload", "1"]).unwrap();
         let Command::Send(send) = cli.command else { panic!("not send") };
         assert_eq!(send.to, ["a", "b", "c"]);
+        let cli = parse(&["--pool", "gpu", "--pool", "cpu,arm", "--payload", "1"]).unwrap();
+        let Command::Send(send) = cli.command else { panic!("not send") };
+        assert_eq!(send.pools, ["gpu", "cpu", "arm"]);
     }
 
     #[test]

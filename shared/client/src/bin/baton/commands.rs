@@ -87,6 +87,7 @@ async fn send(client: &Client, args: SendArgs, json: bool) -> Result<u8, CliErro
         idempotency_key: args.key,
         payload,
         to: (!args.to.is_empty()).then_some(args.to),
+        pools: (!args.pools.is_empty()).then_some(args.pools),
         max_attempts: args.max_attempts,
         retry_backoff_ms,
         approval: args.approval,

@@ -50,12 +50,28 @@ pub(crate) fn json<T: Serialize>(value: &T) -> std::io::Result<()> {
     lines(&[text])
 }
 
+/// Who a delivery is for: its host, and for a pool delivery its pool (`pool gpu`, or
+/// `host-a (pool gpu)` once a member's claim bound it).
+fn recipient(host: Option<&str>, pool: Option<&str>) -> String {
+    match (host, pool) {
+        (Some(h), None) => esc(h).into_owned(),
+        (Some(h), Some(p)) => format!("{} (pool {})", esc(h), esc(p)),
+        (None, Some(p)) => format!("pool {}", esc(p)),
+        (None, None) => "-".into(),
+    }
+}
+
 /// `send`'s answer.
 pub(crate) fn submitted(r: &SubmitResponse, conversation: &str) -> Vec<String> {
     let what = if r.duplicate { "already accepted (same key and content)" } else { "accepted" };
     let mut out = vec![format!("message {} {what}: {} #{}", esc(&r.message_id), esc(conversation), r.seq)];
     for d in &r.deliveries {
-        out.push(format!("  {}  {}  {}", esc(&d.host), d.state, esc(&d.delivery_id)));
+        out.push(format!(
+            "  {}  {}  {}",
+            recipient(d.host.as_deref(), d.pool.as_deref()),
+            d.state,
+            esc(&d.delivery_id)
+        ));
     }
     out
 }
@@ -106,7 +122,12 @@ fn stderr_lines(tail: &str, dropped: Option<u64>) -> Vec<String> {
 fn delivery(d: &DeliveryView) -> String {
     let reason = d.reason.as_deref().map(|r| format!(" ({})", esc(r))).unwrap_or_default();
     let runs = format!("run {}/{}", d.attempt, d.max_attempts);
-    format!("  {}  {}{reason}  {runs}  {}", esc(&d.host), d.state, esc(&d.delivery_id))
+    format!(
+        "  {}  {}{reason}  {runs}  {}",
+        recipient(d.host.as_deref(), d.pool.as_deref()),
+        d.state,
+        esc(&d.delivery_id)
+    )
 }
 
 /// `cancel`'s answer.
@@ -114,7 +135,12 @@ pub(crate) fn cancelled(r: &CancelResponse) -> Vec<String> {
     let mut out = vec![format!("message {}", esc(&r.message_id))];
     for d in &r.deliveries {
         let state: DeliveryState = d.state;
-        out.push(format!("  {}  {}  now {state}  {}", esc(&d.host), esc(&d.effect), esc(&d.delivery_id)));
+        out.push(format!(
+            "  {}  {}  now {state}  {}",
+            recipient(d.host.as_deref(), d.pool.as_deref()),
+            esc(&d.effect),
+            esc(&d.delivery_id)
+        ));
     }
     out
 }
