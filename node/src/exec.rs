@@ -1,8 +1,8 @@
 //! The executor: runs one harness turn and says how it ended.
 //!
 //! The configured argv runs directly (no shell) in its own process group, with the payload on
-//! stdin and the delivery's ids (and the message's producer, `BATON_PRODUCER`) in the
-//! environment. stdout is kept up to `result_bytes_max` and
+//! stdin and the delivery's ids (and the message's producer, `BATON_PRODUCER`, and its trace,
+//! `TRACEPARENT`) in the environment. stdout is kept up to `result_bytes_max` and
 //! the rest drained, so the child never blocks on a full pipe; stderr goes to the node's log,
 //! bounded, and its last `stderr_tail_bytes` go with the attempt's report (`tail`).
 //!
@@ -24,6 +24,7 @@ use crate::limits::{GROUP_POLL_PACE, PIPE_DRAIN_AFTER_EXIT, STDERR_LOG_BYTES_MAX
 use crate::store::{Ending, StartedTurn};
 use crate::tail::{StderrTail, Tail};
 use baton_shared::states::Outcome;
+use baton_shared::traceparent::TRACEPARENT_ENV;
 use nix::errno::Errno;
 use nix::sys::signal::Signal;
 use std::io::Write as _;
@@ -204,6 +205,12 @@ pub fn spawn(spec: &ExecSpec, turn: &StartedTurn) -> Result<Spawned, Ending> {
     match turn.rerun {
         Some(rerun) => cmd.env("BATON_RERUN", rerun.as_str()),
         None => cmd.env_remove("BATON_RERUN"),
+    };
+    // The message's trace: the harness's own spans join the producer's trace. Never the node's
+    // own environment's, which belongs to no turn.
+    match &turn.traceparent {
+        Some(tp) => cmd.env(TRACEPARENT_ENV, tp),
+        None => cmd.env_remove(TRACEPARENT_ENV),
     };
     let mut child = cmd.spawn().map_err(|e| cannot_start(format!("spawning {gate:?} failed: {e}")))?;
     // With process_group(0) the child leads a new group whose id is its pid.
@@ -573,6 +580,7 @@ mod tests {
             run: 1,
             rerun: None,
             claim_token: "tok-1".into(),
+            traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
         }
     }
 
@@ -615,6 +623,19 @@ mod tests {
     async fn environment_names_the_delivery() {
         let e = run(r#"printf '%s|%s|%s|%s|%s|%s|%s' "$BATON_DELIVERY_ID" "$BATON_MESSAGE_ID" "$BATON_CONVERSATION" "$BATON_SEQ" "$BATON_ATTEMPT_ID" "$BATON_INSTANCE_ID" "$BATON_PRODUCER""#).await;
         assert_eq!(e.result.as_deref(), Some("del-1|msg-1|conv-a|7|att-1|inst-1|prod-a"));
+    }
+
+    /// The message's trace reaches the harness as `TRACEPARENT`; a turn without one gets none,
+    /// not whatever the node's own environment held.
+    #[tokio::test]
+    async fn the_harness_finds_the_message_s_traceparent() {
+        let script = r#"printf '%s' "${TRACEPARENT-unset}""#;
+        let e = run(script).await;
+        assert_eq!(e.result.as_deref(), Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"));
+        let spec = spec(script, EVENT_WAIT, 1024);
+        let untraced = StartedTurn { traceparent: None, ..turn("{}") };
+        let e = run_command(&spec, &untraced, &CancellationToken::new()).await;
+        assert_eq!(e.result.as_deref(), Some("unset"));
     }
 
     #[tokio::test]

@@ -30,6 +30,9 @@ pub(crate) struct Shared<H> {
     pub(crate) gate: Gate,
     /// Wall-clock time for stored timestamps (waits use tokio's monotonic clock instead).
     pub(crate) clock: SharedClock,
+    /// Where this node's spans of each delivery go (`otlp_endpoint`); off when none is
+    /// configured, and then nothing of a span is built.
+    pub(crate) telemetry: baton_telemetry::Telemetry,
     /// Wakes the scheduler: a gate opened or a turn ended.
     pub(crate) wake_scheduler: Notify,
     /// Wakes the outbox: a report was queued.

@@ -42,6 +42,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../schema/node/0003-attempt-process-group.sql"),
     include_str!("../../schema/node/0004-settled-deliveries-index.sql"),
     include_str!("../../schema/node/0005-runs-and-cancel.sql"),
+    include_str!("../../schema/node/0006-traceparent.sql"),
 ];
 
 /// The reason recorded for an attempt found started but not ended at startup.

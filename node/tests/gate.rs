@@ -26,6 +26,7 @@ fn turn() -> StartedTurn {
         run: 1,
         rerun: None,
         claim_token: "tok-1".into(),
+        traceparent: None,
     }
 }
 

@@ -224,6 +224,11 @@ pub struct MessageView {
     pub payload: Payload,
     /// When it was accepted (unix milliseconds).
     pub accepted_at_ms: i64,
+    /// The W3C `traceparent` kept with the message: the producer's (its submission's
+    /// `traceparent` header) or the one the hub started for it. Absent for a message accepted
+    /// before traces were kept, and from a hub that predates the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
     /// Its deliveries.
     pub deliveries: Vec<DeliveryView>,
     /// What this view left out to stay within the hub's `limits.message_view_bytes_max`, and
@@ -292,6 +297,12 @@ pub struct ClaimedDelivery {
     /// True when a cancel was asked for: the node never starts it, and stops it if it runs.
     #[serde(default)]
     pub cancel_requested: bool,
+    /// The message's W3C `traceparent` (`baton_shared::traceparent`): the node records its
+    /// spans of this delivery in that trace and gives it to the harness as `TRACEPARENT`.
+    /// Left out when the message has none (accepted before traces were kept); a node that
+    /// predates the field ignores it, and a hub that predates it sends none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 /// The answer to `POST /v1/claims`.

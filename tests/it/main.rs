@@ -72,6 +72,8 @@
 //!   exit statuses, and configuration errors.
 //! - `status_page`: the operator listener (health, readiness and described metrics without a
 //!   client certificate) and the status page in a real headless browser.
+//! - `traces`: the producer's `traceparent` kept, shown, handed to the harness, and the hub's and
+//!   the node's spans received by a real OTLP receiver as one trace.
 //! - `status_view`: what the status page shows, over HTTP: attention as `status` flags it,
 //!   rates, running turns, fenced backlogs, search, and reasons as configured.
 
@@ -134,5 +136,6 @@ mod producer_cli;
 mod producer_spool;
 mod status_page;
 mod status_view;
+mod traces;
 mod turn_control;
 mod values;

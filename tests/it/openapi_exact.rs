@@ -120,6 +120,12 @@ fn parse_pattern(p: &str) -> Vec<Atom> {
 }
 
 /// Whether `s` matches the document's `pattern` (ECMA-262, the subset the document uses).
+/// The `traceparent` the base submissions carry.
+const BASE_TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+/// The pattern of a W3C `traceparent` (the `traceparent` header, and the field that shows it).
+const TRACEPARENT_PATTERN: &str = "^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$";
+
 fn matches(pattern: &str, s: &str) -> bool {
     if pattern == r"\S" {
         return s.chars().any(|c| !c.is_whitespace());
@@ -156,6 +162,11 @@ fn the_pattern_matcher_reads_the_document_s_patterns() {
 /// lists is one the code has, under the status the code sends it with.
 #[test]
 fn documented_bounds_and_codes_are_the_code_s() {
+    // What `baton_shared::traceparent::TraceParent::parse` reads as version 00.
+    assert!(
+        baton_shared::traceparent::TraceParent::parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+            .is_ok()
+    );
     let doc = doc();
     let by_pattern: BTreeMap<&str, usize> = [
         ("^[a-z][a-z0-9_-]*$", NAME_CHARS_MAX),
@@ -181,7 +192,10 @@ fn documented_bounds_and_codes_are_the_code_s() {
             assert_eq!(s["maxLength"].as_u64(), Some(*max as u64), "{at}: maxLength of pattern {p}");
             assert_eq!(s["minLength"].as_u64(), Some(1), "{at}: minLength of pattern {p}");
         } else if let Some(p) = s.get("pattern").and_then(Value::as_str) {
-            assert!(p.contains("{8}-"), "{at}: pattern {p} is neither an identifier's nor an id's");
+            assert!(
+                p.contains("{8}-") || p == TRACEPARENT_PATTERN,
+                "{at}: pattern {p} is neither an identifier's, an id's nor a traceparent's"
+            );
             assert!(s.get("maxLength").is_none(), "{at}: an id's length is its pattern's");
         }
         if at.contains("Request/properties/reason") || at.contains("Item/properties/reason") {
@@ -758,7 +772,11 @@ impl Bases {
         let holder = || json!({"delivery_id": uuid::Uuid::now_v7().to_string(), "claim_token": "tok-1"});
         let id = || uuid::Uuid::now_v7().to_string();
         let mut c = match (method, path) {
-            ("post", "/v1/messages") => producer(Some(self.submit())),
+            ("post", "/v1/messages") => {
+                let mut c = producer(Some(self.submit()));
+                c.headers.insert("traceparent".into(), BASE_TRACEPARENT.into());
+                c
+            }
             ("get", "/v1/messages") => {
                 let mut c = producer(None);
                 c.query.insert("idempotency_key".into(), self.key.clone());
@@ -825,7 +843,11 @@ impl Bases {
                 c
             }
             ("post", "/delivery-report") => node(self.report()),
-            ("post", "/v1/batch/messages") => producer(Some(json!({"messages": [self.submit()]}))),
+            ("post", "/v1/batch/messages") => {
+                let mut c = producer(Some(json!({"messages": [self.submit()]})));
+                c.headers.insert("traceparent".into(), BASE_TRACEPARENT.into());
+                c
+            }
             ("post", "/v1/batch/mirrored" | "/v1/batch/ack" | "/v1/batch/handoff") => {
                 node(json!({"instance_id": "inst-b", "deliveries": [holder()]}))
             }

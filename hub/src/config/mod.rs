@@ -161,6 +161,9 @@ pub struct HubConfig {
     pub operator_connections_per_peer_max: usize,
     /// Most hosts given per-host series on `/metrics` (the first by name).
     pub metrics_hosts_max: usize,
+    /// Where the hub exports its spans over OTLP/HTTP; `None` (the default): no spans are
+    /// made.
+    pub otlp_endpoint: Option<baton_telemetry::OtlpEndpoint>,
     /// How long a node instance's open session may be silent before the hub requeues its
     /// claimed and mirrored deliveries; `None`: never (the default).
     pub requeue_silent_after: Option<Duration>,
@@ -323,6 +326,7 @@ impl HubConfig {
             },
             operator_connections_per_peer_max: m.int(&OPERATOR_CONNECTIONS_PER_PEER_MAX)? as usize,
             metrics_hosts_max: usize::try_from(m.int(&METRICS_HOSTS_MAX)?).unwrap_or(usize::MAX),
+            otlp_endpoint: m.otlp_endpoint(&OTLP_ENDPOINT)?,
             requeue_silent_after: requeue_silent_after(m.duration(&REQUEUE_SILENT_AFTER)?, limits.long_poll_wait_max)?,
         })
     }
@@ -518,6 +522,27 @@ mod tests {
 
     /// Where the record is: the SQLite file unless a layer names a PostgreSQL URL; a flag beats
     /// the environment, which beats the file, as for every key.
+    /// `otlp_endpoint`: off by default; an http(s) URL from the file, the environment or the
+    /// flag (highest wins); anything else refused naming the key and where it came from.
+    #[test]
+    fn otlp_endpoint_is_layered_and_checked_like_every_key() {
+        let url = |c: HubConfig| c.otlp_endpoint.map(|e| e.traces_url().to_string());
+        assert_eq!(url(layered("", &[], &[]).unwrap()), None, "off by default");
+        let file = "otlp_endpoint = \"http://file:4318\"\n";
+        assert_eq!(url(layered(file, &[], &[]).unwrap()).as_deref(), Some("http://file:4318/v1/traces"));
+        let env = [("BATON_HUB_OTLP_ENDPOINT", "https://env.example/v1/traces")];
+        assert_eq!(url(layered(file, &env, &[]).unwrap()).as_deref(), Some("https://env.example/v1/traces"));
+        let flag = ["--otlp-endpoint", "http://flag:4318"];
+        assert_eq!(url(layered(file, &env, &flag).unwrap()).as_deref(), Some("http://flag:4318/v1/traces"));
+        for (bad, why) in [("ftp://x", "http:// or https://"), ("http://x/?q=1", "query"), ("x", "not a URL")] {
+            let e = layered(&format!("otlp_endpoint = {bad:?}\n"), &[], &[]).unwrap_err();
+            assert!(e.contains("otlp_endpoint") && e.contains(why) && e.contains("hub.toml"), "{bad}: {e}");
+            let e = layered("", &[("BATON_HUB_OTLP_ENDPOINT", bad)], &[]).unwrap_err();
+            assert!(e.contains("otlp_endpoint") && e.contains("BATON_HUB_OTLP_ENDPOINT"), "{bad}: {e}");
+        }
+        assert!(template().contains("# otlp_endpoint = \"\"\n"), "the template documents the key, unset");
+    }
+
     #[test]
     fn database_url_is_layered_like_every_key() {
         let shown = |c: HubConfig| c.database_url.map(|u| u.shown().to_string());

@@ -4,8 +4,8 @@
 //!
 //! Layout: `node` (sessions, claims, holdings, starts, mirrored/ack/reject, reports; every one
 //! checks the `baton-session` header), `producer` (accept, read and cancel), `batch` (many
-//! submits, holder steps or reports per request, answered per item), `health` (healthz,
-//! readyz, metrics).
+//! submits, holder steps or reports per request, answered per item), `trace` (the producer's
+//! `traceparent` header and the hub's spans of a message), `health` (healthz, readyz, metrics).
 //!
 //! Why one file over 700 lines: beside the router it holds the hub's runtime state (`Shared`,
 //! `Work`, `TurnState`) that `metrics` and the role modules read; that state is to move to a
@@ -16,6 +16,7 @@ pub mod certs;
 pub(crate) mod health;
 mod node;
 mod producer;
+mod trace;
 
 use crate::config::Limits;
 use crate::store::{Store, StoreError};
@@ -71,6 +72,9 @@ pub struct Shared {
     /// requests may be in progress); `None` where no TLS is served (socket-free tests), where
     /// nothing is re-checked against it.
     pub tls: Option<Arc<ServerTls>>,
+    /// Where the hub's spans go (`otlp_endpoint`); off when none is configured, and then no
+    /// span is built.
+    pub telemetry: baton_telemetry::Telemetry,
 }
 
 /// Wakes waiting claims: each waits on its own host's signal and on the one for all hosts, so a
@@ -869,6 +873,7 @@ mod openapi_tests {
             max_attempts: 1,
             rerun: None,
             cancel_requested: false,
+            traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
         };
         let interval = MembershipInterval { join_seq: 0, joined_at_ms: 1, leave_seq: Some(2), left_at_ms: Some(3) };
         let summary = DeliverySummary { delivery_id: "d".into(), host: "h".into(), state: DeliveryState::Queued };
@@ -925,6 +930,7 @@ mod openapi_tests {
                     idempotency_key: "k".into(),
                     payload: serde_json::json!({}).into(),
                     accepted_at_ms: 1,
+                    traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
                     deliveries: vec![delivery.clone()],
                     omitted: Some(ViewOmitted {
                         attempts_of: vec!["d".into()],
@@ -1140,6 +1146,7 @@ mod openapi_tests {
             certs: certs::CertCache::new(watch::channel(0).1),
             peers: None,
             tls: None,
+            telemetry: baton_telemetry::Telemetry::off(),
         });
         let app = app(state);
         for (method, path) in ROUTES {

@@ -3,6 +3,7 @@
 //! is named, and read one delivery at a time), cancel it, and read a conversation's
 //! membership.
 
+use super::trace::{self, MessageTrace, TraceHeader};
 use super::{ApiError, ApiJson, ApiQuery, AppState, Caller, ProducerCaller, check_path_id};
 use crate::store::accept::{AcceptLimits, Accepted, NewMessage, RetryPolicy};
 use crate::store::approval::ApprovalBy;
@@ -114,6 +115,7 @@ pub(super) fn validate(
     to.sort();
     to.dedup();
     let msg = NewMessage {
+        traceparent: None,
         producer: producer.to_string(),
         conversation: req.conversation,
         idempotency_key: req.idempotency_key,
@@ -123,18 +125,27 @@ pub(super) fn validate(
     Ok((msg, retry))
 }
 
-/// `POST /v1/messages`.
+/// `POST /v1/messages`, with the producer's trace in its `traceparent` header (or a trace the
+/// hub starts).
 pub(super) async fn submit(
     ProducerCaller(caller): ProducerCaller,
     State(state): State<AppState>,
+    TraceHeader(given): TraceHeader,
     ApiJson(req): ApiJson<SubmitRequest>,
 ) -> Result<(StatusCode, Json<SubmitResponse>), ApiError> {
-    let (msg, retry) = validate(&caller.name, req, &state)?;
+    let started = state.telemetry.started();
+    let (mut msg, retry) = validate(&caller.name, req, &state)?;
     state.check_room()?;
+    let trace = MessageTrace::begin(&state.telemetry, given, started);
+    msg.traceparent = Some(trace.traceparent.clone());
+    // Kept for the spans only, so not even copied with spans off.
+    let conversation = state.telemetry.is_on().then(|| msg.conversation.clone()).unwrap_or_default();
     let limits = AcceptLimits { queued_per_host_max: state.limits.queued_per_host_max };
     crash_point("hub.accept.before_txn");
     // Accept and fan-out in one transaction: one round trip, one commit.
+    let stored = state.telemetry.started();
     let (accepted, deliveries) = state.store.submit(msg, retry, limits).await?;
+    let committed = state.telemetry.started();
     let (message_id, seq, duplicate) = match accepted {
         Accepted::New { message_id, seq } => {
             crash_point("hub.accept.after_commit");
@@ -150,6 +161,17 @@ pub(super) async fn submit(
         // Only the hosts that gained claimable work wake their waiting claims.
         state.work_for(deliveries.iter().filter(|d| d.state == DeliveryState::Queued).map(|d| d.host.as_str()));
     }
+    let at = trace::Accepted {
+        message_id: message_id.as_str(),
+        conversation: &conversation,
+        seq,
+        duplicate,
+        deliveries: &deliveries,
+        started,
+        stored,
+        committed,
+    };
+    trace.accepted(&state, at);
     let status = if duplicate { StatusCode::OK } else { StatusCode::CREATED };
     Ok((status, Json(SubmitResponse { message_id, seq, duplicate, deliveries })))
 }
@@ -414,6 +436,7 @@ mod tests {
             idempotency_key: "k".into(),
             payload: serde_json::json!({"n": 1}).into(),
             accepted_at_ms: 1,
+            traceparent: None,
             deliveries: results
                 .iter()
                 .enumerate()

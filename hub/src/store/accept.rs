@@ -133,6 +133,9 @@ pub struct NewMessage {
     /// The recipient hosts, deduplicated and sorted; empty for "the conversation's members at
     /// the message's `seq`".
     pub to: Vec<String>,
+    /// The W3C `traceparent` kept with the message (version 00, checked by the caller); not
+    /// part of its content. `None` only where no trace exists (tests, older callers).
+    pub traceparent: Option<String>,
 }
 
 impl NewMessage {
@@ -268,8 +271,9 @@ pub fn accept_with_retry(
     let message_id = new_id();
     conn.prepare_cached(
         "INSERT INTO messages (id, conversation, seq, producer, idempotency_key, content_hash, payload, accepted_at,
-                               max_attempts, retry_backoff_ms, approval, approval_timeout_ms, approval_expires_at)
-         VALUES (:id, :c, :seq, :p, :k, :h, :payload, :now, :max, :backoff, :approval, :timeout, :expires)",
+                               max_attempts, retry_backoff_ms, approval, approval_timeout_ms, approval_expires_at,
+                               traceparent)
+         VALUES (:id, :c, :seq, :p, :k, :h, :payload, :now, :max, :backoff, :approval, :timeout, :expires, :trace)",
     )?
     .execute(named_params! {
         ":id": message_id, ":c": msg.conversation, ":seq": seq, ":p": msg.producer, ":k": msg.idempotency_key,
@@ -279,6 +283,7 @@ pub fn accept_with_retry(
         ":timeout": retry.approval_timeout_ms.filter(|_| retry.approval_required).map(|ms| ms as i64),
         ":expires": retry.approval_timeout_ms.filter(|_| retry.approval_required)
             .map(|ms| now_ms.saturating_add(i64::try_from(ms).unwrap_or(i64::MAX))),
+        ":trace": msg.traceparent,
     })?;
     crash_point("hub.accept.after_message_insert");
     let mut route = conn.prepare_cached("INSERT INTO message_recipients (message_id, host) VALUES (?1, ?2)")?;
@@ -480,6 +485,7 @@ pub(crate) mod testing {
     /// id. An empty `to` routes to the conversation's members.
     pub(crate) fn accept_only(conn: &dyn Db, conversation: &str, key: &str, to: &[&str]) -> String {
         let msg = NewMessage {
+            traceparent: None,
             producer: "prod".into(),
             conversation: conversation.into(),
             idempotency_key: key.into(),
@@ -502,6 +508,7 @@ mod tests {
 
     fn msg(key: &str, payload: &str, to: &[&str]) -> NewMessage {
         NewMessage {
+            traceparent: None,
             producer: "prod".into(),
             conversation: "c1".into(),
             idempotency_key: key.into(),

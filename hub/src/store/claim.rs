@@ -900,12 +900,12 @@ impl<'a> Scan<'a> {
     /// queued → claimed for the claiming instance, and into the batch.
     fn hand_out(&mut self, conversation: &str, head: Head) -> StoreResult<()> {
         self.heads += 1;
-        let (payload, producer, max_attempts): (baton_shared::wire::Payload, String, u32) = self
-            .conn
-            .prepare_cached("SELECT payload, producer, max_attempts FROM messages WHERE id = ?1")?
-            .query_row([&head.message_id], |r| {
-                Ok((json_column(r, 0, "messages", &head.message_id)?, r.get(1)?, r.get(2)?))
-            })?;
+        let (payload, producer, max_attempts, traceparent): (baton_shared::wire::Payload, String, u32, Option<String>) =
+            self.conn
+                .prepare_cached("SELECT payload, producer, max_attempts, traceparent FROM messages WHERE id = ?1")?
+                .query_row([&head.message_id], |r| {
+                    Ok((json_column(r, 0, "messages", &head.message_id)?, r.get(1)?, r.get(2)?, r.get(3)?))
+                })?;
         let token = new_token();
         let holder = Holder { instance_id: self.holder_instance, claim_token: &token };
         let change = Change {
@@ -936,6 +936,7 @@ impl<'a> Scan<'a> {
             max_attempts,
             rerun,
             cancel_requested: false,
+            traceparent,
         });
         Ok(())
     }
@@ -965,7 +966,7 @@ pub fn holdings_page(
     let mut rows: Vec<(i64, ClaimedDelivery)> = conn
         .prepare_cached(
             "SELECT d.id, d.message_id, d.conversation, d.seq, m.payload, d.claim_token, d.state, m.producer,
-                    d.attempt, m.max_attempts, d.rerun, d.cancel_requested_at IS NOT NULL, d.n
+                    d.attempt, m.max_attempts, d.rerun, d.cancel_requested_at IS NOT NULL, d.n, m.traceparent
              FROM deliveries d JOIN messages m ON m.id = d.message_id
              WHERE d.instance_id = :i AND d.host = :h AND d.n > :after
                AND (d.state IN ('claimed', 'mirrored')
@@ -993,6 +994,7 @@ pub fn holdings_page(
                         max_attempts: r.get(9)?,
                         rerun: parse_column_opt(r, 10, "deliveries", &delivery_id, "rerun", Rerun::parse)?,
                         cancel_requested: r.get(11)?,
+                        traceparent: r.get(13)?,
                         delivery_id,
                     },
                 ))

@@ -112,6 +112,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../../schema/hub/0010-member-families.sql"),
     include_str!("../../../schema/hub/0011-stderr-tail.sql"),
     include_str!("../../../schema/hub/0012-approval-and-breaker.sql"),
+    include_str!("../../../schema/hub/0013-traceparent.sql"),
 ];
 
 /// Who made a change, as recorded in the event log.

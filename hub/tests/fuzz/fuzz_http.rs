@@ -93,6 +93,7 @@ fn fixture() -> &'static Fixture {
                 turns: TurnState::default(),
                 certs: CertCache::new(watch::channel(0).1),
                 peers: None,
+                telemetry: baton_telemetry::Telemetry::off(),
                 tls: None,
             })
         });

@@ -84,6 +84,9 @@ pub struct StartedTurn {
     pub rerun: Option<Rerun>,
     /// The claim token of this run's claim (the hub's start and the report name it).
     pub claim_token: String,
+    /// The message's W3C `traceparent` (the claim's), given to the harness as `TRACEPARENT`
+    /// and the parent of this node's spans of the turn; `None` when the hub sent none.
+    pub traceparent: Option<String>,
 }
 
 /// An attempt found started and not ended at startup: the node stopped while it ran.
@@ -192,7 +195,8 @@ impl Db {
         let turn = self
             .conn
             .prepare_cached(
-                "SELECT d.message_id, d.conversation, d.seq, d.payload, d.producer, d.run, d.rerun, d.claim_token
+                "SELECT d.message_id, d.conversation, d.seq, d.payload, d.producer, d.run, d.rerun, d.claim_token,
+                        d.traceparent
                  FROM deliveries d
                  JOIN executions e ON e.delivery_id = d.delivery_id AND e.run = d.run
                  WHERE d.delivery_id = ?1 AND d.state = 'acked' AND e.state = 'queued'",
@@ -210,6 +214,7 @@ impl Db {
                         run: r.get(5)?,
                         rerun: None,
                         claim_token: r.get(7)?,
+                        traceparent: r.get(8)?,
                     },
                     r.get::<_, Option<String>>(6)?,
                 ))

@@ -264,7 +264,7 @@ fn mirror_in(
     let params = named_params! {
         ":id": d.delivery_id, ":message": d.message_id, ":conversation": d.conversation, ":seq": d.seq,
         ":payload": payload, ":token": d.claim_token, ":state": state, ":now": now_ms, ":producer": d.producer,
-        ":run": d.attempt, ":rerun": d.rerun.map(|r| r.as_str()),
+        ":run": d.attempt, ":rerun": d.rerun.map(|r| r.as_str()), ":trace": d.traceparent,
     };
     // A new delivery's execution must not exist yet (a plain insert: a stray row fails the
     // whole mirror); a replaced copy's execution of the same run is queued again.
@@ -286,7 +286,8 @@ fn mirror_in(
             .prepare_cached(
                 "UPDATE deliveries SET message_id = :message, conversation = :conversation, seq = :seq,
                  payload = :payload, claim_token = :token, state = :state, reason = NULL,
-                 mirrored_at_ms = :now, updated_at_ms = :now, producer = :producer, run = :run, rerun = :rerun
+                 mirrored_at_ms = :now, updated_at_ms = :now, producer = :producer, run = :run, rerun = :rerun,
+                 traceparent = :trace
              WHERE delivery_id = :id",
             )?
             .execute(params)?;
@@ -297,9 +298,9 @@ fn mirror_in(
         None => {
             tx.prepare_cached(
                 "INSERT INTO deliveries(delivery_id, message_id, conversation, seq, payload, claim_token, state,
-                     mirrored_at_ms, updated_at_ms, producer, run, rerun)
+                     mirrored_at_ms, updated_at_ms, producer, run, rerun, traceparent)
                  VALUES (:id, :message, :conversation, :seq, :payload, :token, :state, :now, :now, :producer,
-                     :run, :rerun)",
+                     :run, :rerun, :trace)",
             )?
             .execute(params)?;
             queue(tx, false)?;

@@ -12,6 +12,7 @@ use crate::limits::{CLAIM_WAIT_MAX, LONG_POLL_WAIT_MAX, REQUEST_TIMEOUT, claim_t
 use crate::retry::{RetryPolicy, retrying};
 use crate::tls::{TlsError, TlsFiles, http_client};
 use baton_shared::error::ErrorCode;
+use baton_shared::traceparent::{TRACEPARENT_HEADER, TraceParent};
 use baton_shared::wire::{
     ApprovalRequest, ApprovalResponse, CancelRequest, CancelResponse, ClaimRequest, ClaimResponse, ClaimedDelivery,
     ConversationView, ErrorBody, HolderRequest, HoldingsResponse, MessageView, RejectRequest, ReportRequest,
@@ -172,6 +173,24 @@ impl Client {
     pub async fn submit(&self, req: &SubmitRequest) -> Result<SubmitResponse, ClientError> {
         let url = format!("{}/v1/messages", self.hub_url());
         retrying(&self.inner.retry, || self.send(self.http().post(&url).timeout(REQUEST_TIMEOUT).json(req), 0)).await
+    }
+
+    /// `POST /v1/messages` in the producer's trace: `traceparent` (W3C Trace Context, the span
+    /// that sends it) goes as the request's `traceparent` header, so the hub keeps it with the
+    /// message, its spans and the node's are children of that span, and the harness finds it
+    /// as `TRACEPARENT`. Retried as `submit` is (the same header each time).
+    pub async fn submit_traced(
+        &self,
+        req: &SubmitRequest,
+        traceparent: &TraceParent,
+    ) -> Result<SubmitResponse, ClientError> {
+        let url = format!("{}/v1/messages", self.hub_url());
+        let header = traceparent.to_string();
+        retrying(&self.inner.retry, || {
+            let r = self.http().post(&url).timeout(REQUEST_TIMEOUT).header(TRACEPARENT_HEADER, &header).json(req);
+            self.send(r, 0)
+        })
+        .await
     }
 
     /// `GET /v1/messages/{id}`; with `wait`, a long-poll that answers as soon as a delivery

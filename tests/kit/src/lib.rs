@@ -21,6 +21,8 @@
 //!   process, started on loopback and waited for until `/readyz` answers over mTLS.
 //! - `node`: `NodeConfig` (the TOML file) and `Node`, one `baton-node run` process.
 //! - `wait`: `until`, the one polling wait with a deadline.
+//! - `otlp`: `OtlpSink`, a real OTLP/HTTP trace receiver on loopback (decodes what the hub's
+//!   and the node's exporters send), for the trace tests and the benchmark's tracing-on run.
 //! - `pg`: `PgCluster`, a throwaway PostgreSQL server from the installed server binaries
 //!   (`initdb` as an unprivileged user, a free port, optional TLS), and `cluster_or_skip`, the
 //!   skip-or-require rule (`BATON_REQUIRE_POSTGRES`).
@@ -33,6 +35,7 @@ pub mod bins;
 pub mod hub;
 pub mod identity;
 pub mod node;
+pub mod otlp;
 pub mod pg;
 pub mod proc;
 pub mod wait;

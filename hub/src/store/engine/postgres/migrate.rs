@@ -19,6 +19,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../../../../schema/postgres/0007-member-families.sql"),
     include_str!("../../../../../schema/postgres/0008-stderr-tail.sql"),
     include_str!("../../../../../schema/postgres/0009-approval-and-breaker.sql"),
+    include_str!("../../../../../schema/postgres/0010-traceparent.sql"),
 ];
 
 /// The advisory lock key every hub takes while it migrates (the bytes of `baton_mi`). Taken

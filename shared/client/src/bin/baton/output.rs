@@ -73,6 +73,9 @@ pub(crate) fn message(m: &MessageView) -> Vec<String> {
         ),
         format!("  payload {}", esc(m.payload.as_str())),
     ];
+    if let Some(tp) = &m.traceparent {
+        out.push(format!("  traceparent {}", esc(tp)));
+    }
     for d in &m.deliveries {
         out.push(delivery(d));
         for a in &d.attempts {
