@@ -25,12 +25,18 @@ pub enum ErrorCode {
     /// 403: the node's host was retired: it takes no more work, and running the node on cannot
     /// help (the node stops, exit status 5).
     HostRetired,
+    /// 400: a listing's cursor (`after`) is not one the hub gave for this listing: malformed,
+    /// another producer's or conversation's, or past the conversation's last message.
+    InvalidCursor,
     /// 404: no such thing.
     NotFound,
     /// 405: the endpoint exists but not with this method.
     MethodNotAllowed,
     /// 408: the client took longer than `limits.request_body_timeout` to send the body.
     RequestTimeout,
+    /// 410: a listing's cursor points before what the hub still keeps of the conversation
+    /// (retention or a purge removed the messages after it): start again without a cursor.
+    CursorExpired,
     /// 409: the idempotency key was used with different content.
     IdempotencyConflict,
     /// 409: the claim is not held by this instance and token (any more).
@@ -69,10 +75,11 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 28] = [
+    pub const ALL: [ErrorCode; 30] = [
         ErrorCode::InvalidJson,
         ErrorCode::InvalidField,
         ErrorCode::NoRecipients,
+        ErrorCode::InvalidCursor,
         ErrorCode::UnknownCertificate,
         ErrorCode::CertificateRevoked,
         ErrorCode::WrongRole,
@@ -83,6 +90,7 @@ impl ErrorCode {
         ErrorCode::NotFound,
         ErrorCode::MethodNotAllowed,
         ErrorCode::RequestTimeout,
+        ErrorCode::CursorExpired,
         ErrorCode::IdempotencyConflict,
         ErrorCode::StaleClaim,
         ErrorCode::InvalidTransition,
@@ -106,6 +114,7 @@ impl ErrorCode {
             ErrorCode::InvalidJson => "invalid_json",
             ErrorCode::InvalidField => "invalid_field",
             ErrorCode::NoRecipients => "no_recipients",
+            ErrorCode::InvalidCursor => "invalid_cursor",
             ErrorCode::UnknownCertificate => "unknown_certificate",
             ErrorCode::CertificateRevoked => "certificate_revoked",
             ErrorCode::WrongRole => "wrong_role",
@@ -116,6 +125,7 @@ impl ErrorCode {
             ErrorCode::NotFound => "not_found",
             ErrorCode::MethodNotAllowed => "method_not_allowed",
             ErrorCode::RequestTimeout => "request_timeout",
+            ErrorCode::CursorExpired => "cursor_expired",
             ErrorCode::IdempotencyConflict => "idempotency_conflict",
             ErrorCode::StaleClaim => "stale_claim",
             ErrorCode::InvalidTransition => "invalid_transition",
@@ -142,7 +152,9 @@ impl ErrorCode {
     /// The HTTP status this code is sent with.
     pub fn status(self) -> u16 {
         match self {
-            ErrorCode::InvalidJson | ErrorCode::InvalidField | ErrorCode::NoRecipients => 400,
+            ErrorCode::InvalidJson | ErrorCode::InvalidField | ErrorCode::NoRecipients | ErrorCode::InvalidCursor => {
+                400
+            }
             ErrorCode::UnknownCertificate | ErrorCode::CertificateRevoked => 401,
             ErrorCode::WrongRole
             | ErrorCode::NotYours
@@ -152,6 +164,7 @@ impl ErrorCode {
             ErrorCode::NotFound => 404,
             ErrorCode::MethodNotAllowed => 405,
             ErrorCode::RequestTimeout => 408,
+            ErrorCode::CursorExpired => 410,
             ErrorCode::IdempotencyConflict
             | ErrorCode::StaleClaim
             | ErrorCode::InvalidTransition

@@ -237,6 +237,49 @@ pub struct MessageView {
     pub omitted: Option<ViewOmitted>,
 }
 
+/// `GET /v1/messages?conversation=C[&after=CURSOR][&limit=N]`: one page of the producer's
+/// own messages in a conversation, oldest first (`seq` order), from a cursor.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MessagePage {
+    /// The conversation listed.
+    pub conversation: String,
+    /// The producer's messages after the cursor, in `seq` order: at most the `limit` asked for
+    /// (capped by the hub's `limits.message_page_max`) and the hub's
+    /// `limits.message_view_bytes_max` bytes of JSON. Fewer, even none, while `more` is true:
+    /// the page covers a bounded stretch of the conversation, whose other messages are other
+    /// producers'.
+    pub messages: Vec<ListedMessage>,
+    /// Where the next page starts (`after=`): past the last message of this page, or past the
+    /// stretch it looked through. Opaque; valid for this producer and conversation only. Always
+    /// set, so a caller that has seen everything asks again from here for what comes next.
+    pub next_cursor: String,
+    /// True while messages past `next_cursor` exist now (ask again at once); false when the
+    /// page reached the conversation's last message.
+    pub more: bool,
+}
+
+/// One message of a `MessagePage`: the message and its deliveries' states (its attempts and
+/// results are read with `GET /v1/messages/{message_id}`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ListedMessage {
+    /// The hub-assigned message id.
+    pub message_id: String,
+    /// The sequence number in the conversation.
+    pub seq: i64,
+    /// The producer's idempotency key.
+    pub idempotency_key: String,
+    /// The payload, byte for byte as submitted.
+    pub payload: Payload,
+    /// When it was accepted (unix milliseconds).
+    pub accepted_at_ms: i64,
+    /// The W3C `traceparent` kept with it; absent for a message accepted before traces were
+    /// kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
+    /// Its deliveries, by host.
+    pub deliveries: Vec<DeliverySummary>,
+}
+
 /// What a message view left out: the attempts of some deliveries, whose `attempts` is then
 /// empty in that view. Each is read whole by `GET
 /// /v1/messages/{message_id}/deliveries/{delivery_id}`.

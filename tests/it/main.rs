@@ -72,6 +72,8 @@
 //!   exit statuses, and configuration errors.
 //! - `status_page`: the operator listener (health, readiness and described metrics without a
 //!   client certificate) and the status page in a real headless browser.
+//! - `replay`: a producer's listing of its own messages (`GET /v1/messages?conversation=C`,
+//!   `baton list`): pages, cursors, refusals, expiry after a purge.
 //! - `traces`: the producer's `traceparent` kept, shown, handed to the harness, and the hub's and
 //!   the node's spans received by a real OTLP receiver as one trace.
 //! - `status_view`: what the status page shows, over HTTP: attention as `status` flags it,
@@ -134,6 +136,7 @@ mod packaging;
 mod power_loss;
 mod producer_cli;
 mod producer_spool;
+mod replay;
 mod status_page;
 mod status_view;
 mod traces;

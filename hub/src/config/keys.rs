@@ -361,6 +361,17 @@ pub const HOLDINGS_PAGE_MAX: Key = Key {
     },
     doc: "deliveries per page of a node's holdings (GET /v1/holdings); the node follows the pages",
 };
+/// `limits.message_page_max`.
+pub const MESSAGE_PAGE_MAX: Key = Key {
+    name: key_name!(Some("limits"), "message_page_max", "message-page-max", "BATON_HUB_MESSAGE_PAGE_MAX"),
+    kind: KeyKind::Int {
+        default: MESSAGE_PAGE_MAX_DEFAULT as u64,
+        min: MESSAGE_PAGE_MAX_RANGE.0 as u64,
+        max: MESSAGE_PAGE_MAX_RANGE.1 as u64,
+    },
+    doc: "messages per page of a producer's listing (GET /v1/messages?conversation=C, baton list); a larger \
+          limit is capped, and a page also stops at limits.message_view_bytes_max bytes",
+};
 /// `limits.message_view_bytes_max`.
 pub const MESSAGE_VIEW_BYTES_MAX: Key = Key {
     name: key_name!(
@@ -583,7 +594,7 @@ pub const INSTANCE_REBIND_WINDOW_KEY: Key = Key {
 };
 
 /// Every key, in the order of the template.
-pub const KEYS: [&Key; 44] = [
+pub const KEYS: [&Key; 45] = [
     &LISTEN,
     &DATABASE_URL,
     &SYNCHRONOUS,
@@ -605,6 +616,7 @@ pub const KEYS: [&Key; 44] = [
     &STDERR_TAIL_BYTES_MAX,
     &CLAIM_BATCH_MAX,
     &HOLDINGS_PAGE_MAX,
+    &MESSAGE_PAGE_MAX,
     &MESSAGE_VIEW_BYTES_MAX,
     &STORE_BYTES_MAX,
     &LONG_POLL_WAIT_MAX,

@@ -43,6 +43,8 @@ pub struct Limits {
     pub claim_batch_max: u32,
     /// Most deliveries one page of holdings carries.
     pub holdings_page_max: u32,
+    /// Most messages one page of a producer's listing carries (`limits.message_page_max`).
+    pub message_page_max: u32,
     /// Largest answer of a message read, bytes; past it attempts are left out and named.
     pub message_view_bytes_max: u64,
     /// Most bytes the store may hold; past it submissions get 507 `store_full`.
@@ -100,6 +102,7 @@ impl Default for Limits {
             stderr_tail_bytes_max: STDERR_TAIL_BYTES_MAX_DEFAULT,
             claim_batch_max: CLAIM_BATCH_MAX_DEFAULT,
             holdings_page_max: HOLDINGS_PAGE_MAX_DEFAULT,
+            message_page_max: MESSAGE_PAGE_MAX_DEFAULT,
             message_view_bytes_max: MESSAGE_VIEW_BYTES_MAX_DEFAULT,
             store_bytes_max: STORE_BYTES_MAX_DEFAULT,
             long_poll_wait_max: LONG_POLL_WAIT_MAX_DEFAULT,
@@ -231,6 +234,7 @@ impl HubConfig {
             stderr_tail_bytes_max: m.int(&STDERR_TAIL_BYTES_MAX)?,
             claim_batch_max: narrow(&CLAIM_BATCH_MAX)?,
             holdings_page_max: narrow(&HOLDINGS_PAGE_MAX)?,
+            message_page_max: narrow(&MESSAGE_PAGE_MAX)?,
             message_view_bytes_max: m.int(&MESSAGE_VIEW_BYTES_MAX)?,
             store_bytes_max: m.int(&STORE_BYTES_MAX)?,
             long_poll_wait_max: m.duration(&LONG_POLL_WAIT_MAX)?,

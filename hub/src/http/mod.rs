@@ -4,7 +4,8 @@
 //!
 //! Layout: `node` (sessions, claims, holdings, starts, mirrored/ack/reject, reports; every one
 //! checks the `baton-session` header), `producer` (accept, read and cancel), `batch` (many
-//! submits, holder steps or reports per request, answered per item), `trace` (the producer's
+//! submits, holder steps or reports per request, answered per item), `replay` (a producer's
+//! listing of its own messages from a cursor), `trace` (the producer's
 //! `traceparent` header and the hub's spans of a message), `health` (healthz, readyz, metrics).
 //!
 //! Why one file over 700 lines: beside the router it holds the hub's runtime state (`Shared`,
@@ -16,6 +17,7 @@ pub mod certs;
 pub(crate) mod health;
 mod node;
 mod producer;
+mod replay;
 mod trace;
 
 use crate::config::Limits;
@@ -265,7 +267,7 @@ impl Shared {
 pub fn app(state: AppState) -> Router {
     let body_max = state.limits.request_body_bytes_max as usize;
     Router::new()
-        .route("/v1/messages", post(producer::submit).get(producer::get_by_key))
+        .route("/v1/messages", post(producer::submit).get(producer::get_messages))
         .route("/v1/messages/{message_id}", get(producer::get_by_id))
         .route("/v1/messages/{message_id}/cancel", post(producer::cancel))
         .route("/v1/messages/{message_id}/approve", post(producer::approve))
@@ -875,6 +877,19 @@ mod openapi_tests {
             cancel_requested: false,
             traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
         };
+        let listed = ListedMessage {
+            message_id: "m".into(),
+            seq: 7,
+            idempotency_key: "k".into(),
+            payload: serde_json::json!({}).into(),
+            accepted_at_ms: 1,
+            traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
+            deliveries: vec![DeliverySummary {
+                delivery_id: "d".into(),
+                host: "h".into(),
+                state: DeliveryState::Queued,
+            }],
+        };
         let interval = MembershipInterval { join_seq: 0, joined_at_ms: 1, leave_seq: Some(2), left_at_ms: Some(3) };
         let summary = DeliverySummary { delivery_id: "d".into(), host: "h".into(), state: DeliveryState::Queued };
         let notice = CancelNotice { delivery_id: "d".into(), attempt: 1, reason: "r".into() };
@@ -958,6 +973,17 @@ mod openapi_tests {
                 "HoldingsResponse",
                 serde_json::to_value(HoldingsResponse { deliveries: vec![claimed.clone()], next_cursor: Some(7) })
                     .unwrap(),
+            ),
+            ("ListedMessage", serde_json::to_value(&listed).unwrap()),
+            (
+                "MessagePage",
+                serde_json::to_value(MessagePage {
+                    conversation: "c".into(),
+                    messages: vec![listed.clone()],
+                    next_cursor: "7.0123456789abcdef".into(),
+                    more: false,
+                })
+                .unwrap(),
             ),
             (
                 "ClaimResponse",

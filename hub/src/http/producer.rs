@@ -3,6 +3,7 @@
 //! is named, and read one delivery at a time), cancel it, and read a conversation's
 //! membership.
 
+use super::replay;
 use super::trace::{self, MessageTrace, TraceHeader};
 use super::{ApiError, ApiJson, ApiQuery, AppState, Caller, ProducerCaller, check_path_id};
 use crate::store::accept::{AcceptLimits, Accepted, NewMessage, RetryPolicy};
@@ -18,8 +19,8 @@ use baton_shared::ids::{check_key, check_name};
 use baton_shared::limits::REASON_CHARS_MAX;
 use baton_shared::states::DeliveryState;
 use baton_shared::wire::{
-    ApprovalRequest, ApprovalResponse, CancelRequest, CancelResponse, ConversationView, DeliveryView, MessageView,
-    SubmitRequest, SubmitResponse, ViewOmitted,
+    ApprovalRequest, ApprovalResponse, CancelRequest, CancelResponse, ConversationView, DeliveryView, MessagePage,
+    MessageView, SubmitRequest, SubmitResponse, ViewOmitted,
 };
 use serde::Deserialize;
 use std::time::Duration;
@@ -250,12 +251,28 @@ async fn decide(
     }))
 }
 
-/// Query of the message reads.
+/// Query of the message reads, and of the listing (`conversation`, `after`, `limit`) that
+/// shares the path `GET /v1/messages` with the read by key.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct ReadQuery {
     idempotency_key: Option<String>,
     wait_ms: Option<u64>,
+    conversation: Option<String>,
+    after: Option<String>,
+    limit: Option<u32>,
+}
+
+impl ReadQuery {
+    /// The listing's fields given, by name.
+    fn listing_fields(&self) -> Vec<&'static str> {
+        let given = [
+            ("conversation", self.conversation.is_some()),
+            ("after", self.after.is_some()),
+            ("limit", self.limit.is_some()),
+        ];
+        given.into_iter().filter(|(_, g)| *g).map(|(name, _)| name).collect()
+    }
 }
 
 /// `GET /v1/messages/{message_id}`.
@@ -269,16 +286,64 @@ pub(super) async fn get_by_id(
     if q.idempotency_key.is_some() {
         return Err(ApiError::new(ErrorCode::InvalidField, "idempotency_key: not taken with a message id"));
     }
+    if let Some(field) = q.listing_fields().first() {
+        return Err(ApiError::new(ErrorCode::InvalidField, format!("{field}: not taken with a message id")));
+    }
     read_waiting(&state, &caller, message_id, q.wait_ms).await.map(Json)
 }
 
-/// `GET /v1/messages?idempotency_key=K`.
-pub(super) async fn get_by_key(
+/// `GET /v1/messages`: by key (`?idempotency_key=K[&wait_ms=N]`, one message) or the
+/// producer's listing of a conversation (`?conversation=C[&after=CURSOR][&limit=N]`, a page,
+/// `replay`). The two forms never mix: a query naming both is refused, naming the fields.
+pub(super) async fn get_messages(
+    caller: ProducerCaller,
+    state: State<AppState>,
+    ApiQuery(q): ApiQuery<ReadQuery>,
+) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse as _;
+    let listing = q.listing_fields();
+    if let Some(field) = listing.first()
+        && (q.idempotency_key.is_some() || q.wait_ms.is_some())
+    {
+        let other = if q.idempotency_key.is_some() { "idempotency_key" } else { "wait_ms" };
+        return Err(ApiError::new(
+            ErrorCode::InvalidField,
+            format!(
+                "{other} and {field}: a read by idempotency_key (with wait_ms) and a listing of a conversation (with \
+                 after, limit) are two queries; give one"
+            ),
+        ));
+    }
+    if listing.is_empty() {
+        return Ok(get_by_key(caller, state, q).await?.into_response());
+    }
+    Ok(list(caller, state, q).await?.into_response())
+}
+
+/// The listing form of `get_messages`.
+async fn list(
     ProducerCaller(caller): ProducerCaller,
     State(state): State<AppState>,
-    ApiQuery(q): ApiQuery<ReadQuery>,
+    q: ReadQuery,
+) -> Result<Json<MessagePage>, ApiError> {
+    let conversation = q.conversation.ok_or_else(|| {
+        ApiError::new(ErrorCode::InvalidField, "conversation: required to list (or give idempotency_key to read one)")
+    })?;
+    check_name("conversation", &conversation)?;
+    let page = replay::page(&state, &caller.name, conversation, q.after.as_deref(), q.limit).await?;
+    caller.recheck(&state).await?;
+    Ok(Json(page))
+}
+
+/// The read-by-key form of `get_messages`.
+async fn get_by_key(
+    ProducerCaller(caller): ProducerCaller,
+    State(state): State<AppState>,
+    q: ReadQuery,
 ) -> Result<Json<MessageView>, ApiError> {
-    let key = q.idempotency_key.ok_or_else(|| ApiError::new(ErrorCode::InvalidField, "idempotency_key: required"))?;
+    let key = q.idempotency_key.ok_or_else(|| {
+        ApiError::new(ErrorCode::InvalidField, "idempotency_key: required (or give conversation to list messages)")
+    })?;
     check_key("idempotency_key", &key)?;
     let found = state.store.message_id_by_key(caller.name.clone(), key).await?;
     let id = found.ok_or_else(|| ApiError::new(ErrorCode::NotFound, "no message with that idempotency key"))?;

@@ -74,6 +74,7 @@ pub mod overview;
 pub mod producers;
 pub mod purge;
 pub mod read;
+pub mod replay;
 pub mod report;
 pub mod retention;
 pub mod sessions;

@@ -5,6 +5,9 @@
 //! Retries are safe by construction: only submit (its idempotency key makes a repeat the same
 //! message) and report (its report id makes a repeat count once) go through `retry::retrying`;
 //! every other call is sent once.
+//!
+//! Listing (`list_messages`) pages through the producer's own messages of a conversation from
+//! an opaque cursor (`MessagePage::next_cursor`).
 
 use crate::error::{ApiError, ClientError, transport_error};
 use crate::hubs::Hubs;
@@ -15,9 +18,9 @@ use baton_shared::error::ErrorCode;
 use baton_shared::traceparent::{TRACEPARENT_HEADER, TraceParent};
 use baton_shared::wire::{
     ApprovalRequest, ApprovalResponse, CancelRequest, CancelResponse, ClaimRequest, ClaimResponse, ClaimedDelivery,
-    ConversationView, ErrorBody, HolderRequest, HoldingsResponse, MessageView, RejectRequest, ReportRequest,
-    ReportResponse, SESSION_HEADER, SessionEndRequest, SessionRequest, SessionResponse, StartItem, StartRequest,
-    StartResponse, StartResult, SubmitRequest, SubmitResponse, TransitionResponse,
+    ConversationView, ErrorBody, HolderRequest, HoldingsResponse, MessagePage, MessageView, RejectRequest,
+    ReportRequest, ReportResponse, SESSION_HEADER, SessionEndRequest, SessionRequest, SessionResponse, StartItem,
+    StartRequest, StartResponse, StartResult, SubmitRequest, SubmitResponse, TransitionResponse,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -191,6 +194,27 @@ impl Client {
             self.send(r, 0)
         })
         .await
+    }
+
+    /// `GET /v1/messages?conversation=C[&after=CURSOR][&limit=N]`: one page of this producer's
+    /// own messages in `conversation`, oldest first, from `after` (a `next_cursor` of an earlier
+    /// page; none: from the oldest the hub keeps). `limit` is capped by the hub's
+    /// `limits.message_page_max`. Follow `next_cursor` while `more`; at the end, the same
+    /// cursor later gives what came since. A cursor the hub no longer keeps whole is 410
+    /// `cursor_expired` (start again without one); one not of this listing, 400
+    /// `invalid_cursor`. Sent once (a read: the caller repeats it freely).
+    pub async fn list_messages(
+        &self,
+        conversation: &str,
+        after: Option<&str>,
+        limit: Option<u32>,
+    ) -> Result<MessagePage, ClientError> {
+        let limit = limit.map(|n| n.to_string());
+        let mut query = vec![("conversation", conversation)];
+        query.extend(after.map(|a| ("after", a)));
+        query.extend(limit.as_deref().map(|n| ("limit", n)));
+        let url = self.url("/v1/messages", &query)?;
+        self.send(self.http().get(url).timeout(REQUEST_TIMEOUT), 0).await
     }
 
     /// `GET /v1/messages/{id}`; with `wait`, a long-poll that answers as soon as a delivery

@@ -54,6 +54,9 @@ pub(crate) fn run(cli: Cli) -> Result<u8, CliError> {
             Command::Get { which, wait } => get(&client, &which, wait, json).await,
             Command::Wait { which, timeout } => wait(&client, &which, timeout, json).await,
             Command::Cancel { id, reason } => cancel(&client, &id, &reason, json).await,
+            Command::List { conversation, after, limit } => {
+                list(&client, &conversation, after.as_deref(), limit, json).await
+            }
             Command::Spool { command } => crate::spool::flush(&client, command, json).await,
             Command::Completions { .. } | Command::Man { .. } => Ok(exit::OK),
         }
@@ -183,6 +186,18 @@ async fn wait(client: &Client, which: &Which, timeout: Duration, json: bool) -> 
         printed(output::lines(&lines))?;
     }
     Ok(status)
+}
+
+async fn list(
+    client: &Client,
+    conversation: &str,
+    after: Option<&str>,
+    limit: Option<u32>,
+    json: bool,
+) -> Result<u8, CliError> {
+    let page = client.list_messages(conversation, after, limit).await.map_err(call_failed)?;
+    printed(if json { output::json(&page) } else { output::lines(&output::page(&page)) })?;
+    Ok(exit::OK)
 }
 
 async fn cancel(client: &Client, id: &str, reason: &str, json: bool) -> Result<u8, CliError> {

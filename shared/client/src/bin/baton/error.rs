@@ -43,7 +43,9 @@ pub(crate) fn call_failed(e: ClientError) -> CliError {
             | ErrorCode::InvalidField
             | ErrorCode::NoRecipients
             | ErrorCode::IdempotencyConflict
-            | ErrorCode::TooLarge,
+            | ErrorCode::TooLarge
+            | ErrorCode::InvalidCursor
+            | ErrorCode::CursorExpired,
         ) => exit::USAGE,
         _ if matches!(e, ClientError::Invalid(_)) => exit::USAGE,
         _ => exit::FAILURE,
