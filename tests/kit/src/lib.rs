@@ -12,7 +12,8 @@
 //!   running executable; built once per test process), scrubbed commands, and `run`, one
 //!   command to completion under a deadline; `producer_cli`, the producer command line `baton`
 //!   (`BATON_CLI_BIN`), found and built the same way (`locate_producer_cli`: found only);
-//!   `build_bins_shown`, the demo's build of the programs, with cargo's progress shown.
+//!   `build_bins_shown`, the demo's build of the programs, with cargo's progress shown;
+//!   `example`, a workspace example program (the client's), built with the binaries.
 //! - `proc`: `Proc`, one restartable child process: its log files (one per stream, every run
 //!   appended), signals, waiting for its exit, stopping it on drop, and printing its log when a
 //!   test panics. `stop_all_on_signal` for programs that are signalled themselves.
