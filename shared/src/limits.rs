@@ -37,6 +37,8 @@ pub const MESSAGE_PAGE_MAX_RANGE: (u32, u32) = (1, 1000);
 /// stretch of other producers' messages costs a page at most this much reading; the page then
 /// ends early, its cursor past the stretch (`more` says to go on).
 pub const MESSAGE_PAGE_SCAN_SEQS_MAX: i64 = 10_000;
+// A page's stretch holds at least a whole page of the producer's own messages.
+const _: () = assert!(MESSAGE_PAGE_SCAN_SEQS_MAX >= MESSAGE_PAGE_MAX_RANGE.1 as i64);
 /// Largest answer (bytes of JSON) of a message read (`GET /v1/messages/{id}`, and by
 /// idempotency key): the hub's `limits.message_view_bytes_max`. A message's deliveries carry
 /// their attempts, and each attempt its result, so without a bound one answer could be

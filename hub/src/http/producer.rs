@@ -140,7 +140,7 @@ pub(super) async fn submit(
     let trace = MessageTrace::begin(&state.telemetry, given, started);
     msg.traceparent = Some(trace.traceparent.clone());
     // Kept for the spans only, so not even copied with spans off.
-    let conversation = state.telemetry.is_on().then(|| msg.conversation.clone()).unwrap_or_default();
+    let conversation = if state.telemetry.is_on() { msg.conversation.clone() } else { String::new() };
     let limits = AcceptLimits { queued_per_host_max: state.limits.queued_per_host_max };
     crash_point("hub.accept.before_txn");
     // Accept and fan-out in one transaction: one round trip, one commit.
