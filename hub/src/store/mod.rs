@@ -79,6 +79,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../../schema/hub/0013-progress-and-feeds.sql"),
     include_str!("../../../schema/hub/0014-deadlines-and-stalls.sql"),
     include_str!("../../../schema/hub/0015-breaker-period.sql"),
+    include_str!("../../../schema/hub/0016-traceparent.sql"),
 ];
 
 /// Who made a change, as recorded in the event log.

@@ -902,10 +902,10 @@ impl<'a> Scan<'a> {
     /// queued → claimed for the claiming instance, and into the batch.
     fn hand_out(&mut self, conversation: &str, head: Head) -> StoreResult<()> {
         self.heads += 1;
-        let (payload, producer, max_attempts, deadline_ms, stall_ms): MessageTerms = self
+        let (payload, producer, max_attempts, deadline_ms, stall_ms, traceparent): MessageTerms = self
             .conn
             .prepare_cached(
-                "SELECT payload, producer, max_attempts, deadline_ms, stall_ms FROM messages WHERE id = ?1",
+                "SELECT payload, producer, max_attempts, deadline_ms, stall_ms, traceparent FROM messages WHERE id = ?1",
             )?
             .query_row([&head.message_id], |r| {
                 Ok((
@@ -914,6 +914,7 @@ impl<'a> Scan<'a> {
                     r.get(2)?,
                     bound(r, 3, &head.message_id)?,
                     bound(r, 4, &head.message_id)?,
+                    r.get(5)?,
                 ))
             })?;
         let token = new_token();
@@ -948,14 +949,15 @@ impl<'a> Scan<'a> {
             cancel_requested: false,
             deadline_ms,
             stall_ms,
+            traceparent,
         });
         Ok(())
     }
 }
 
 /// What a claim hands out of its message: the payload, the producer, `max_attempts` and the
-/// turn's bounds (`deadline_ms`, `stall_ms`).
-type MessageTerms = (baton_shared::wire::Payload, String, u32, Option<u64>, Option<u64>);
+/// turn's bounds (`deadline_ms`, `stall_ms`) and its trace context (`traceparent`).
+type MessageTerms = (baton_shared::wire::Payload, String, u32, Option<u64>, Option<u64>, Option<String>);
 
 /// A message's `deadline_ms` or `stall_ms` (column `idx`): positive when set (the schema's
 /// CHECK), else the row is corrupt.
@@ -993,7 +995,7 @@ pub fn holdings_page(
         .prepare_cached(
             "SELECT d.id, d.message_id, d.conversation, d.seq, m.payload, d.claim_token, d.state, m.producer,
                     d.attempt, m.max_attempts, d.rerun, d.cancel_requested_at IS NOT NULL, d.n, m.deadline_ms,
-                    m.stall_ms
+                    m.stall_ms, m.traceparent
              FROM deliveries d JOIN messages m ON m.id = d.message_id
              WHERE d.instance_id = :i AND d.host = :h AND d.n > :after
                AND (d.state IN ('claimed', 'mirrored')
@@ -1024,6 +1026,7 @@ pub fn holdings_page(
                         cancel_requested: r.get(11)?,
                         deadline_ms,
                         stall_ms,
+                        traceparent: r.get(15)?,
                         delivery_id,
                     },
                 ))

@@ -58,6 +58,9 @@ pub(crate) fn run(cli: Cli) -> Result<u8, CliError> {
             Command::Follow { conversation, after, for_, once } => {
                 crate::watch::follow(&client, &conversation, after, for_, once, json).await
             }
+            Command::List { conversation, after, limit } => {
+                list(&client, &conversation, after.as_deref(), limit, json).await
+            }
             Command::Spool { command } => crate::spool::flush(&client, command, json).await,
             Command::Completions { .. } | Command::Man { .. } => Ok(exit::OK),
         }
@@ -194,6 +197,18 @@ async fn wait(client: &Client, which: &Which, timeout: Duration, json: bool) -> 
         printed(output::lines(&lines))?;
     }
     Ok(status)
+}
+
+async fn list(
+    client: &Client,
+    conversation: &str,
+    after: Option<&str>,
+    limit: Option<u32>,
+    json: bool,
+) -> Result<u8, CliError> {
+    let page = client.list_messages(conversation, after, limit).await.map_err(call_failed)?;
+    printed(if json { output::json(&page) } else { output::lines(&output::page(&page)) })?;
+    Ok(exit::OK)
 }
 
 async fn cancel(client: &Client, id: &str, reason: &str, json: bool) -> Result<u8, CliError> {
