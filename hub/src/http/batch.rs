@@ -327,19 +327,21 @@ pub(super) async fn reports(
     crash_point("hub.report.after_commit");
     state.turns.contact(&caller.name, session, state.clock.now_ms());
     let mut recorded = false;
-    let mut retries = false;
-    for r in outcomes.iter().flatten().filter(|r| !r.duplicate) {
+    let mut wake = false;
+    for (r, lifts_barrier) in outcomes.iter().flatten().filter(|(r, _)| !r.duplicate) {
         metrics::counter!("baton_hub_attempts_reported_total", "outcome" => r.attempt.outcome.as_str()).increment(1);
         recorded = true;
-        retries |= r.retry_at_ms.is_some();
+        wake |= r.retry_at_ms.is_some() || *lifts_barrier;
     }
     if recorded {
         state.outcome_changed();
     }
-    if retries {
-        // Waiting claims of the host look again, and wake when the retry is due.
+    if wake {
+        // Waiting claims of the host look again: for the turns that waited behind these
+        // outcomes (the retry barrier), or to wake when a retry is due.
         state.work_for([caller.name.as_str()]);
     }
+    let outcomes = outcomes.into_iter().map(|o| o.map(|(r, _)| r)).collect();
     let results = sorted.finish(places, outcomes, |r| {
         let status = if r.duplicate { StatusCode::OK } else { StatusCode::CREATED };
         item_ok(status, r)

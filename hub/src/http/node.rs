@@ -498,14 +498,16 @@ pub(super) async fn report(
     let outcome = req.outcome;
     let delivery_id = req.delivery_id.clone();
     let node = NodeAt { host: caller.name.clone(), session };
-    let (attempt, duplicate, retry_at_ms) = state.store.report(node, req, report_bounds(&state)).await?;
+    let ((attempt, duplicate, retry_at_ms), lifts_barrier) =
+        state.store.report(node, req, report_bounds(&state)).await?;
     crash_point("hub.report.after_commit");
     state.turns.contact(&caller.name, session, state.clock.now_ms());
     if !duplicate {
         metrics::counter!("baton_hub_attempts_reported_total", "outcome" => outcome.as_str()).increment(1);
         state.outcome_changed();
-        if retry_at_ms.is_some() {
-            // Waiting claims of the host look again, and wake when the retry is due.
+        if retry_at_ms.is_some() || lifts_barrier {
+            // Waiting claims of the host look again: for the turns that waited behind this
+            // outcome (the retry barrier), or to wake when the retry is due.
             state.work_for([caller.name.as_str()]);
         }
     }
