@@ -32,6 +32,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../../../../schema/postgres/0013-progress-and-feeds.sql"),
     include_str!("../../../../../schema/postgres/0014-deadlines-and-stalls.sql"),
     include_str!("../../../../../schema/postgres/0015-breaker-period.sql"),
+    include_str!("../../../../../schema/postgres/0016-traceparent.sql"),
 ];
 
 const _: () = assert!(

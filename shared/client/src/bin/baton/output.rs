@@ -3,7 +3,7 @@
 //! through `esc`.
 
 use baton_shared::states::DeliveryState;
-use baton_shared::wire::{CancelResponse, DeliveryView, MessageView, SubmitResponse};
+use baton_shared::wire::{CancelResponse, DeliveryView, MessagePage, MessageView, SubmitResponse};
 use serde::Serialize;
 use std::borrow::Cow;
 use std::io::Write as _;
@@ -73,6 +73,9 @@ pub(crate) fn message(m: &MessageView) -> Vec<String> {
         ),
         format!("  payload {}", esc(m.payload.as_str())),
     ];
+    if let Some(tp) = &m.traceparent {
+        out.push(format!("  traceparent {}", esc(tp)));
+    }
     for d in &m.deliveries {
         out.push(delivery(d));
         for a in &d.attempts {
@@ -107,6 +110,26 @@ fn delivery(d: &DeliveryView) -> String {
     let reason = d.reason.as_deref().map(|r| format!(" ({})", esc(r))).unwrap_or_default();
     let runs = format!("run {}/{}", d.attempt, d.max_attempts);
     format!("  {}  {}{reason}  {runs}  {}", esc(&d.host), d.state, esc(&d.delivery_id))
+}
+
+/// `list`'s page: one line per message (its `seq`, key, id and each delivery's host and state),
+/// then where to continue.
+pub(crate) fn page(p: &MessagePage) -> Vec<String> {
+    let mut out = Vec::with_capacity(p.messages.len() + 1);
+    for m in &p.messages {
+        let deliveries: Vec<String> = m.deliveries.iter().map(|d| format!("{} {}", esc(&d.host), d.state)).collect();
+        out.push(format!(
+            "{} #{}  key {}  {}  {}",
+            esc(&p.conversation),
+            m.seq,
+            esc(&m.idempotency_key),
+            esc(&m.message_id),
+            deliveries.join(", ")
+        ));
+    }
+    let more = if p.more { "more follows: list again --after it" } else { "the end for now" };
+    out.push(format!("next {} ({more})", esc(&p.next_cursor)));
+    out
 }
 
 /// `cancel`'s answer.
