@@ -10,6 +10,10 @@ message as JSON:
         --conversation support --to host-a --idempotency-key order-42 \
         --payload '{"text": "hello"}'
 
+With --watch it prints the message's events on stderr as they happen, one line each (its
+deliveries' state changes, the progress its harness reports, each run's outcome), following the
+message's events feed until the message settled.
+
 The certificate comes from `baton-hub enroll producer NAME --out DIR` (NAME.crt, NAME.key,
 ca.crt). Without --to the message goes to the conversation's members. Without
 --idempotency-key the client makes one (printed on stderr); running again with the same key
@@ -41,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--idempotency-key", help="names this message; a retry reuses it (default: a new one)")
     p.add_argument("--payload", default="{}", help="the payload, JSON text, sent exactly as written (default {})")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the outcome")
+    p.add_argument("--watch", action="store_true", help="print the message's events on stderr as they happen")
     args = p.parse_args(argv)
 
     try:
@@ -50,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
             )
             if args.idempotency_key is None:
                 print(f"producer: idempotency key {sent.idempotency_key}", file=sys.stderr)
+            if args.watch:
+                for event in client.watch(sent.message_id, timeout_s=args.timeout):
+                    print(f"producer: {describe(event)}", file=sys.stderr)
             message = client.wait(sent.message_id, timeout_s=args.timeout)
     except baton.WaitTimeoutError as e:
         print(json.dumps(dataclasses.asdict(e.last), indent=2))
@@ -63,6 +71,19 @@ def main(argv: list[str] | None = None) -> int:
         return 4
     print(json.dumps(dataclasses.asdict(message), indent=2))
     return 0 if message.succeeded else 1
+
+
+def describe(event: baton.FeedEvent) -> str:
+    """One line of an events feed's item."""
+    if isinstance(event, baton.StateEvent):
+        what = f"{event.from_ or 'created'} -> {event.to} by {event.actor}"
+    elif isinstance(event, baton.ProgressEvent):
+        what = f"progress #{event.seq} (run {event.attempt}) {json.dumps(event.progress)}"
+    elif isinstance(event, baton.OutcomeEvent):
+        what = f"run {event.attempt} {event.outcome}"
+    else:
+        what = event.kind
+    return f"{event.host} {event.delivery_id}: {what}"
 
 
 if __name__ == "__main__":

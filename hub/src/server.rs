@@ -80,6 +80,15 @@ impl Hub {
         // Hubs sharing a PostgreSQL record tell each other what each commit made claimable.
         let origin = crate::peers::Origin::fresh();
         let peers = self.config.database_url.clone().map(|url| crate::peers::Announcer::start(url, origin, &shutdown));
+        let telemetry = match &self.config.otlp_endpoint {
+            Some(endpoint) => {
+                let t = baton_telemetry::Telemetry::start(endpoint, "baton-hub")
+                    .map_err(|e| anyhow::anyhow!("otlp_endpoint: {e}"))?;
+                tracing::info!(otlp_endpoint = %endpoint, "exporting spans of each message over OTLP");
+                t
+            }
+            None => baton_telemetry::Telemetry::off(),
+        };
         let shared = Arc::new(Shared {
             store: self.store,
             work: Default::default(),
@@ -95,6 +104,7 @@ impl Hub {
             peers,
             feed_horizon: Default::default(),
             tls: Some(tls_config.clone()),
+            telemetry: telemetry.clone(),
         });
         if let Some(url) = self.config.database_url.clone() {
             let (heard, record) = (shared.clone(), wake_tx.clone());
@@ -161,6 +171,10 @@ impl Hub {
             self.config.shutdown_grace,
         )
         .await;
+        // The last spans leave before the hub does (bounded by the exporter's own timeout).
+        if telemetry.is_on() {
+            let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
+        }
         tracing::info!("stopped");
         // The lock is held to the very end: a second hub cannot start while this one drains.
         drop(self.lock);
@@ -372,6 +386,7 @@ mod tests {
     fn repair_and_retention_read_the_injected_clock() {
         let db = store::testing::db();
         let msg = NewMessage {
+            traceparent: None,
             producer: "p".into(),
             conversation: "c".into(),
             idempotency_key: "k".into(),

@@ -93,10 +93,20 @@ pub async fn run_agent<H: Hub>(
         events_per_second_max: config.progress_events_per_second_max,
         buffer_events_max: config.progress_buffer_events_max,
     }));
+    let telemetry = match &config.otlp_endpoint {
+        Some(endpoint) => {
+            let t = baton_telemetry::Telemetry::start(endpoint, "baton-node")
+                .map_err(|e| anyhow::anyhow!("otlp_endpoint: {e}"))?;
+            tracing::info!(otlp_endpoint = %endpoint, "exporting spans of each delivery over OTLP");
+            t
+        }
+        None => baton_telemetry::Telemetry::off(),
+    };
     let sh = Arc::new(Shared {
         progress,
         hub,
         store,
+        telemetry: telemetry.clone(),
         config,
         instance_id,
         gate,
@@ -124,9 +134,16 @@ pub async fn run_agent<H: Hub>(
         tracing::info!("shutdown requested: no new claims or turns");
         token.cancel();
     });
-    if register_session(&sh).await? {
-        run_tasks(&sh).await?;
+    let ran = match register_session(&sh).await {
+        Ok(true) => run_tasks(&sh).await,
+        Ok(false) => Ok(()),
+        Err(e) => Err(e),
+    };
+    // The last spans leave before the node does (bounded by the exporter's own timeout).
+    if telemetry.is_on() {
+        let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
     }
+    ran?;
     signal.abort();
     if let Some(why) = sh.superseded.get() {
         sh.store.call(|db| db.record_session_end("superseded")).await?;
@@ -612,7 +629,7 @@ async fn resume<H: Hub>(sh: &Arc<Shared<H>>, h: &ClaimedDelivery) -> Result<(), 
             tracing::error!(delivery_id = %h.delivery_id, "the hub lists as not acked a delivery that already ran here; not acking it");
             return Ok(());
         }
-        return handoff_batch(sh, vec![(h.clone(), h.state)]).await;
+        return handoff_batch(sh, vec![(h.clone(), h.state)], sh.telemetry.started()).await;
     }
     match m {
         Mirrored::New | Mirrored::Replaced | Mirrored::NewRun => {

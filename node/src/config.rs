@@ -236,6 +236,11 @@ keys! {
     /// picks a free port. The bound address is written to `data_dir/metrics.addr`. Bind it
     /// beyond loopback only on a network you trust.
     metrics_listen: Option<std::net::SocketAddr> = Kind::Listen;
+    /// Where the node exports its spans of each delivery (handoff, start, run, report, in the
+    /// producer's trace) over OTLP/HTTP: an `http://` or `https://` URL of a collector
+    /// (`http://collector:4318`, to which `/v1/traces` is added, or the full traces URL), or
+    /// empty (the default): no spans are made or exported.
+    otlp_endpoint: Option<baton_telemetry::OtlpEndpoint> = Kind::OtlpUrl;
 }
 
 /// The hubs a node may talk to (`hub_url`), in the order given: at least one, at most

@@ -1,8 +1,8 @@
 //! The executor: runs one harness turn and says how it ended.
 //!
 //! The configured argv runs directly (no shell) in its own process group, with the payload on
-//! stdin and the delivery's ids (and the message's producer, `BATON_PRODUCER`) in the
-//! environment. stdout is kept up to `result_bytes_max` and
+//! stdin and the delivery's ids (and the message's producer, `BATON_PRODUCER`, and its trace,
+//! `TRACEPARENT`) in the environment. stdout is kept up to `result_bytes_max` and
 //! the rest drained, so the child never blocks on a full pipe; stderr goes to the node's log,
 //! bounded, and its last `stderr_tail_bytes` go with the attempt's report (`tail`).
 //!
@@ -25,6 +25,7 @@ use crate::progress::Sink;
 use crate::store::{Ending, StartedTurn};
 use crate::tail::{StderrTail, Tail};
 use baton_shared::states::{Outcome, StoppedBy};
+use baton_shared::traceparent::TRACEPARENT_ENV;
 use nix::errno::Errno;
 use nix::sys::signal::Signal;
 use std::io::Write as _;
@@ -210,6 +211,12 @@ pub fn spawn(spec: &ExecSpec, turn: &StartedTurn) -> Result<Spawned, Ending> {
     match turn.rerun {
         Some(rerun) => cmd.env("BATON_RERUN", rerun.as_str()),
         None => cmd.env_remove("BATON_RERUN"),
+    };
+    // The message's trace: the harness's own spans join the producer's trace. Never the node's
+    // own environment's, which belongs to no turn.
+    match &turn.traceparent {
+        Some(tp) => cmd.env(TRACEPARENT_ENV, tp),
+        None => cmd.env_remove(TRACEPARENT_ENV),
     };
     let (progress_tx, progress_rx) = tokio::net::unix::pipe::pipe()
         .map_err(|e| cannot_start(format!("opening the progress channel failed: {e}")))?;
@@ -750,6 +757,7 @@ mod tests {
             claim_token: "tok-1".into(),
             deadline_ms: None,
             stall_ms: None,
+            traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
         }
     }
 
@@ -793,6 +801,19 @@ mod tests {
     async fn environment_names_the_delivery() {
         let e = run(r#"printf '%s|%s|%s|%s|%s|%s|%s' "$BATON_DELIVERY_ID" "$BATON_MESSAGE_ID" "$BATON_CONVERSATION" "$BATON_SEQ" "$BATON_ATTEMPT_ID" "$BATON_INSTANCE_ID" "$BATON_PRODUCER""#).await;
         assert_eq!(e.result.as_deref(), Some("del-1|msg-1|conv-a|7|att-1|inst-1|prod-a"));
+    }
+
+    /// The message's trace reaches the harness as `TRACEPARENT`; a turn without one gets none,
+    /// not whatever the node's own environment held.
+    #[tokio::test]
+    async fn the_harness_finds_the_message_s_traceparent() {
+        let script = r#"printf '%s' "${TRACEPARENT-unset}""#;
+        let e = run(script).await;
+        assert_eq!(e.result.as_deref(), Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"));
+        let spec = spec(script, EVENT_WAIT, 1024);
+        let untraced = StartedTurn { traceparent: None, ..turn("{}") };
+        let e = run_command(&spec, &untraced, &CancellationToken::new()).await;
+        assert_eq!(e.result.as_deref(), Some("unset"));
     }
 
     #[tokio::test]

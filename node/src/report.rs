@@ -14,6 +14,7 @@ use baton_client::{Backoff, ClientError};
 use baton_shared::crash_point;
 use baton_shared::limits::{BATCH_BYTES_MAX, BATCH_ITEMS_MAX};
 use baton_shared::wire::ReportResponse;
+use baton_telemetry::{Attr, Kind};
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
@@ -69,7 +70,9 @@ pub(crate) async fn send_pending<H: Hub>(sh: &Shared<H>) -> Result<Pass, StoreEr
     }
     // The ended turns' last progress events first: the hub takes none after their outcome.
     crate::progress::flush_ended(sh).await;
+    let started = sh.telemetry.started();
     let answers = send_batch(sh, &batch).await;
+    let answered = sh.telemetry.started();
     let mut settle: Vec<(String, Option<String>)> = Vec::with_capacity(answers.len());
     let mut pass = Pass::Progress;
     let mut tried: Option<(Vec<String>, String)> = None;
@@ -83,6 +86,21 @@ pub(crate) async fn send_pending<H: Hub>(sh: &Shared<H>) -> Result<Pass, StoreEr
                 tracing::info!(
                     delivery_id = %entry.delivery_id, report_id, outcome = %entry.body.outcome,
                     duplicate = resp.duplicate, "report confirmed by the hub"
+                );
+                sh.telemetry.span_ending(
+                    "report",
+                    Kind::Client,
+                    entry.traceparent.as_deref(),
+                    started,
+                    answered,
+                    || {
+                        vec![
+                            Attr::Str("baton.delivery_id", entry.delivery_id.clone()),
+                            Attr::Str("baton.report_id", entry.report_id.clone()),
+                            Attr::Str("baton.outcome", entry.body.outcome.to_string()),
+                            Attr::Int("baton.attempt", i64::from(resp.attempt.attempt)),
+                        ]
+                    },
                 );
                 settle.push((report_id, None));
             }

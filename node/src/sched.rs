@@ -20,6 +20,7 @@ use baton_client::Backoff;
 use baton_shared::crash_point;
 use baton_shared::states::Outcome;
 use baton_shared::wire::{StartItem, StartResult};
+use baton_telemetry::{Attr, Kind};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -378,6 +379,7 @@ async fn confirm_chunk<H: Hub>(sh: &Shared<H>, turns: Vec<StartedTurn>) -> Resul
         .map(|t| StartItem { delivery_id: t.delivery_id.clone(), claim_token: t.claim_token.clone(), attempt: t.run })
         .collect();
     let sent = tokio::time::Instant::now();
+    let started = sh.telemetry.started();
     let results = tokio::select! {
         r = sh.hub.starts(items) => r,
         _ = sh.shutdown.cancelled() => return Ok(Confirmed::Later),
@@ -460,6 +462,15 @@ async fn confirm_chunk<H: Hub>(sh: &Shared<H>, turns: Vec<StartedTurn>) -> Resul
             continue;
         };
         if answer.start {
+            sh.telemetry.span("start", Kind::Client, turn.traceparent.as_deref(), started, || {
+                baton_telemetry::delivery_attrs(
+                    &turn.delivery_id,
+                    &turn.message_id,
+                    &turn.conversation,
+                    turn.seq,
+                    turn.run,
+                )
+            });
             start.push(turn);
             continue;
         }
@@ -599,6 +610,7 @@ async fn execute<H: Hub>(
 ) -> (StartedTurn, Ending) {
     tracing::info!(delivery_id = %turn.delivery_id, attempt_id = %turn.attempt_id, conversation = %turn.conversation, seq = turn.seq, attempt = turn.run, "running turn");
     let cancel = sh.running_turn(&turn.delivery_id, turn.run).unwrap_or_default();
+    let started = sh.telemetry.started();
     let ending = match start {
         // Cancelled between the start marker and the release: the harness never runs.
         Start::Noop | Start::Command(_) if cancel.is_requested() => {
@@ -627,6 +639,18 @@ async fn execute<H: Hub>(
         exit_code = ending.exit_code, duration_ms = ending.duration_ms, signal = ending.signal,
         reason = ending.reason.as_deref(), "turn ended"
     );
+    sh.telemetry.span("run", Kind::Internal, turn.traceparent.as_deref(), started, || {
+        let mut attrs = baton_telemetry::delivery_attrs(
+            &turn.delivery_id,
+            &turn.message_id,
+            &turn.conversation,
+            turn.seq,
+            turn.run,
+        );
+        attrs.push(Attr::Str("baton.outcome", ending.outcome.to_string()));
+        attrs.extend(ending.exit_code.map(|c| Attr::Int("baton.exit_code", i64::from(c))));
+        attrs
+    });
     (turn, ending)
 }
 

@@ -32,6 +32,9 @@ pub(crate) struct Shared<H> {
     pub(crate) clock: SharedClock,
     /// The running turns' progress waiting to be forwarded, and their renewal (`progress`).
     pub(crate) progress: Arc<crate::progress::Progress>,
+    /// Where this node's spans of each delivery go (`otlp_endpoint`); off when none is
+    /// configured, and then nothing of a span is built.
+    pub(crate) telemetry: baton_telemetry::Telemetry,
     /// Wakes the scheduler: a gate opened or a turn ended.
     pub(crate) wake_scheduler: Notify,
     /// Wakes the outbox: a report was queued.

@@ -43,6 +43,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../schema/node/0004-settled-deliveries-index.sql"),
     include_str!("../../schema/node/0005-runs-and-cancel.sql"),
     include_str!("../../schema/node/0006-turn-bounds.sql"),
+    include_str!("../../schema/node/0007-traceparent.sql"),
 ];
 
 /// The reason recorded for an attempt found started but not ended at startup.

@@ -9,8 +9,8 @@ pub enum ErrorCode {
     InvalidField,
     /// 400: the message has no recipients.
     NoRecipients,
-    /// 400: an events feed's `after` is not a cursor this hub's record gave out (not a number,
-    /// or past every position drawn so far: a cursor of another record).
+    /// 400: a cursor (`after`) is not one the hub gave for this feed or listing: malformed, not
+    /// a number, another producer's or conversation's, or past every position drawn so far.
     BadCursor,
     /// 401: the client certificate is not one the hub issued.
     UnknownCertificate,
@@ -47,8 +47,8 @@ pub enum ErrorCode {
     /// 409: the request's `baton-session` names a node session older than the host's newest:
     /// another process took over this node instance.
     SessionSuperseded,
-    /// 410: an events feed's `after` lies before events that retention or a purge removed
-    /// since: reading on from it would skip them. Start again without `after`.
+    /// 410: a feed's or listing's `after` lies before events or messages that retention or a
+    /// purge removed since: reading on from it would skip them. Start again without `after`.
     CursorExpired,
     /// 413: the body or a field is over its size bound.
     TooLarge,

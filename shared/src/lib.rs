@@ -18,6 +18,7 @@
 //! - `logging`: one log filter variable (`BATON_LOG`) and format for both binaries.
 //! - `signal`: the one SIGTERM/SIGINT shutdown path and SIGHUP.
 //! - `files`: reading a file a user named within its bound (`limits::…_FILE_BYTES_MAX`).
+//! - `traceparent`: the W3C trace context a message carries from its producer to the harness.
 //!
 //! Invariant: nothing here opens a socket or a listener.
 
@@ -36,6 +37,7 @@ pub mod pki;
 pub mod signal;
 pub mod sqlite;
 pub mod states;
+pub mod traceparent;
 pub mod wire;
 
 pub use crash::crash_point;

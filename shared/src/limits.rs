@@ -26,6 +26,19 @@ pub const LONG_POLL_WAIT_MAX_DEFAULT: Duration = Duration::from_secs(30);
 pub const HOLDINGS_PAGE_MAX_DEFAULT: u32 = 64;
 /// Allowed range of `limits.holdings_page_max`.
 pub const HOLDINGS_PAGE_MAX_RANGE: (u32, u32) = (1, 1000);
+/// Most messages one page of a producer's listing (`GET /v1/messages?conversation=C`) carries
+/// (the hub's `limits.message_page_max`): each carries its payload, so a page is bounded in
+/// messages as well as in bytes (`limits.message_view_bytes_max`). A larger `limit` is capped.
+pub const MESSAGE_PAGE_MAX_DEFAULT: u32 = 100;
+/// Allowed range of `limits.message_page_max`.
+pub const MESSAGE_PAGE_MAX_RANGE: (u32, u32) = (1, 1000);
+/// Most of a conversation's `seq` numbers one page of a producer's listing looks through: the
+/// listing reads the conversation in `seq` order and keeps the producer's own messages, so a
+/// stretch of other producers' messages costs a page at most this much reading; the page then
+/// ends early, its cursor past the stretch (`more` says to go on).
+pub const MESSAGE_PAGE_SCAN_SEQS_MAX: i64 = 10_000;
+// A page's stretch holds at least a whole page of the producer's own messages.
+const _: () = assert!(MESSAGE_PAGE_SCAN_SEQS_MAX >= MESSAGE_PAGE_MAX_RANGE.1 as i64);
 /// Largest answer (bytes of JSON) of a message read (`GET /v1/messages/{id}`, and by
 /// idempotency key): the hub's `limits.message_view_bytes_max`. A message's deliveries carry
 /// their attempts, and each attempt its result, so without a bound one answer could be

@@ -249,12 +249,60 @@ pub struct MessageView {
     pub payload: Payload,
     /// When it was accepted (unix milliseconds).
     pub accepted_at_ms: i64,
+    /// The W3C `traceparent` kept with the message: the producer's (its submission's
+    /// `traceparent` header) or the one the hub started for it. Absent for a message accepted
+    /// before traces were kept, and from a hub that predates the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
     /// Its deliveries.
     pub deliveries: Vec<DeliveryView>,
     /// What this view left out to stay within the hub's `limits.message_view_bytes_max`, and
     /// where to read it; `null` when nothing was. A hub that predates the bound sends none.
     #[serde(default)]
     pub omitted: Option<ViewOmitted>,
+}
+
+/// `GET /v1/messages?conversation=C[&after=CURSOR][&limit=N]`: one page of the producer's
+/// own messages in a conversation, oldest first (`seq` order), from a cursor.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MessagePage {
+    /// The conversation listed.
+    pub conversation: String,
+    /// The producer's messages after the cursor, in `seq` order: at most the `limit` asked for
+    /// (capped by the hub's `limits.message_page_max`) and the hub's
+    /// `limits.message_view_bytes_max` bytes of JSON. Fewer, even none, while `more` is true:
+    /// the page covers a bounded stretch of the conversation, whose other messages are other
+    /// producers'.
+    pub messages: Vec<ListedMessage>,
+    /// Where the next page starts (`after=`): past the last message of this page, or past the
+    /// stretch it looked through. Opaque; valid for this producer and conversation only. Always
+    /// set, so a caller that has seen everything asks again from here for what comes next.
+    pub next_cursor: String,
+    /// True while messages past `next_cursor` exist now (ask again at once); false when the
+    /// page reached the conversation's last message.
+    pub more: bool,
+}
+
+/// One message of a `MessagePage`: the message and its deliveries' states (its attempts and
+/// results are read with `GET /v1/messages/{message_id}`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ListedMessage {
+    /// The hub-assigned message id.
+    pub message_id: String,
+    /// The sequence number in the conversation.
+    pub seq: i64,
+    /// The producer's idempotency key.
+    pub idempotency_key: String,
+    /// The payload, byte for byte as submitted.
+    pub payload: Payload,
+    /// When it was accepted (unix milliseconds).
+    pub accepted_at_ms: i64,
+    /// The W3C `traceparent` kept with it; absent for a message accepted before traces were
+    /// kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
+    /// Its deliveries, by host.
+    pub deliveries: Vec<DeliverySummary>,
 }
 
 /// What a message view left out: the attempts of some deliveries, whose `attempts` is then
@@ -325,6 +373,12 @@ pub struct ClaimedDelivery {
     /// this long. Absent from a hub that predates it, or when the message names none.
     #[serde(default)]
     pub stall_ms: Option<u64>,
+    /// The message's W3C `traceparent` (`baton_shared::traceparent`): the node records its
+    /// spans of this delivery in that trace and gives it to the harness as `TRACEPARENT`.
+    /// Left out when the message has none (accepted before traces were kept); a node that
+    /// predates the field ignores it, and a hub that predates it sends none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 /// The answer to `POST /v1/claims`.

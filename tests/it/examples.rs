@@ -1,7 +1,7 @@
 //! The Python examples in `docs/examples/`, run against the real hub and node so they stay
-//! true: `harness.py` is the node's harness command, `producer.py` submits a message over mTLS
-//! and waits for its outcome; both are built on the Python client package (`shared/python`),
-//! imported from the source tree.
+//! true: `harness.py` is the node's harness command, `producer.py` submits a message over mTLS,
+//! prints its events as they happen (`--watch`) and waits for its outcome; both are built on
+//! the Python client package (`shared/python`), imported from the source tree.
 //!
 //! Needs a Python that imports the package (`baton_testkit::python`): without one the test says
 //! `SKIPPED:` and passes, unless `BATON_REQUIRE_PYTHON` is set (CI sets it), when it fails.
@@ -51,10 +51,15 @@ fn python_producer_and_harness_work_against_the_real_hub_and_node() {
     let harness = vec![python.exe.display().to_string(), example("harness.py").display().to_string()];
     let node = node_with_package(&bins, dir.path(), &url, &node_id, Harness::Command(harness), &python);
 
-    let cmd = producer_command(&python, &url, &producer, "py-1", r#"{"text": "three little words"}"#);
+    let mut cmd = producer_command(&python, &url, &producer, "py-1", r#"{"text": "three little words"}"#);
+    cmd.arg("--watch");
     let out = bins::run(cmd, PRODUCER_WAIT).unwrap();
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert_eq!(out.status.code(), Some(0), "stdout:\n{stdout}\nstderr:\n{stderr}\nnode log:\n{}", node.proc().stderr());
+    // `--watch` printed the message's events as they came: the harness's progress, then the outcome.
+    let progress = stderr.find(r#"progress #1 (run 1) {"step": "counting", "chars": 18}"#);
+    let outcome = stderr.find("run 1 succeeded");
+    assert!(progress.is_some() && progress < outcome, "{stderr}");
 
     let message: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(message["conversation"], "py-demo", "{message}");

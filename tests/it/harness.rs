@@ -590,6 +590,16 @@ impl Api {
         Self::read(self.http.post(format!("{}{path}", self.base)).json(body).send().await?).await
     }
 
+    /// POST JSON with extra request headers (`traceparent`); a transport error fails the test.
+    pub async fn post_with(&self, path: &str, body: &Value, headers: &[(&str, &str)]) -> Resp {
+        let mut req = self.http.post(format!("{}{path}", self.base)).json(body);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let r = req.send().await.unwrap_or_else(|e| panic!("POST {path}: {e:?}"));
+        Self::read(r).await.expect("read body")
+    }
+
     /// GET; a transport error fails the test.
     pub async fn get(&self, path: &str) -> Resp {
         self.try_get(path).await.unwrap_or_else(|e| panic!("GET {path}: {e:?}"))

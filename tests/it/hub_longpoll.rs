@@ -186,3 +186,47 @@ async fn a_waiting_claim_returns_when_the_hub_shuts_down() {
         assert!((r.status == 200 && Claimed::list(&r.body).is_empty()) || r.status == 503, "{} {}", r.status, r.text);
     }
 }
+
+/// Submits a turn that may be retried (`max_attempts` 3) and a plain one after it in the same
+/// conversation; claims, mirrors and acks the first. The second waits behind it (the retry
+/// barrier: the first's retry would come back before it). Returns the first, claimed, and the
+/// second's delivery id.
+async fn behind_a_retryable_turn(hub: &Hub, node: &Node) -> (Claimed, String) {
+    let prod = hub.client("prod");
+    let mut first = crate::harness::submit_body("c", "k1", serde_json::json!({}), &["host-a"]);
+    first["max_attempts"] = serde_json::json!(3);
+    prod.post("/v1/messages", &first).await.ok(201);
+    let second = prod.submit_new("c", "k2", &["host-a"]).await.to("host-a").to_string();
+    let got = node.claim(10, 0).await;
+    assert_eq!(got.len(), 1, "the turn after a retryable one waits for its outcome");
+    let c = got.into_iter().next().unwrap();
+    node.mirror_and_ack(&c).await;
+    assert!(node.claim(10, 0).await.is_empty(), "still behind the running retryable turn");
+    (c, second)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_claim_wakes_when_a_report_lifts_the_retry_barrier() {
+    let hub = Hub::start();
+    let node = hub.node("host-a", "inst-1");
+    let (c, second) = behind_a_retryable_turn(&hub, &node).await;
+    check_wakes(&node, || async {
+        node.report(&c, "rep-1", "succeeded", 0).await.ok(201);
+        vec![second.clone()]
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_claim_wakes_when_a_batch_report_lifts_the_retry_barrier() {
+    let hub = Hub::start();
+    let node = hub.node("host-a", "inst-1");
+    let (c, second) = behind_a_retryable_turn(&hub, &node).await;
+    check_wakes(&node, || async {
+        let body = serde_json::json!({"reports": [node.report_body(&c, "rep-1", "succeeded", 0)]});
+        let r = node.api.post("/v1/batch/reports", &body).await;
+        assert_eq!(r.ok(200)["results"][0]["status"], 201, "{:?}", r.body);
+        vec![second.clone()]
+    })
+    .await;
+}

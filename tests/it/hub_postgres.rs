@@ -285,7 +285,7 @@ fn a_record_migrates_to_postgres_and_back() {
 /// hub has: the contract's transitions, turn control, fences, batches, order and fairness,
 /// membership, crash and repair, waiting reads, the node's whole flow, the operator's lists, and
 /// values PostgreSQL's text types treat otherwise (NUL, the largest sizes).
-pub const RERUN_ON_POSTGRES: [&str; 22] = [
+pub const RERUN_ON_POSTGRES: [&str; 23] = [
     "approval::",
     "conversation_fairness::",
     "conversation_order::",
@@ -305,6 +305,7 @@ pub const RERUN_ON_POSTGRES: [&str; 22] = [
     "ops_truth::",
     "progress::",
     "running_turns::",
+    "replay::",
     "status_view::",
     "turn_control::",
     "values::",
@@ -313,7 +314,7 @@ pub const RERUN_ON_POSTGRES: [&str; 22] = [
 /// The modules not rerun on PostgreSQL, each for one reason. A module of the suite must be in
 /// one list or the other (`the_whole_suite_passes_on_postgres` checks), so a new one is placed
 /// by a decision, not by default.
-pub const NOT_RERUN_ON_POSTGRES: [(&str, &str); 39] = [
+pub const NOT_RERUN_ON_POSTGRES: [(&str, &str); 40] = [
     // They put their hubs on PostgreSQL themselves (this one would also rerun itself).
     ("hub_postgres::", "on PostgreSQL already"),
     ("multi_hub::", "on PostgreSQL already"),
@@ -341,6 +342,9 @@ pub const NOT_RERUN_ON_POSTGRES: [(&str, &str); 39] = [
     ("metrics::", "the exporters and the alert files; the gauges' reads are store unit tests, run on both"),
     ("examples::", "the Python examples"),
     ("python_client::", "the Python client package, over the HTTP calls the rerun modules make"),
+    // The record keeps a message's traceparent as one more text column of the row the
+    // contract's rerun modules write and read; the rest is the exporters and the node.
+    ("traces::", "a text column; the spans and their exporters"),
     // The node's own side: its local SQLite store, its processes and its recovery.
     ("node_batch::", "the node's batching"),
     ("node_clone::", "the node's data directory"),

@@ -80,6 +80,10 @@
 //!   mid-turn: running on a silent host, given to no other, until retire records it unknown.
 //! - `status_page`: the operator listener (health, readiness and described metrics without a
 //!   client certificate) and the status page in a real headless browser.
+//! - `replay`: a producer's listing of its own messages (`GET /v1/messages?conversation=C`,
+//!   `baton list`): pages, cursors, refusals, expiry after a purge.
+//! - `traces`: the producer's `traceparent` kept, shown, handed to the harness, and the hub's and
+//!   the node's spans received by a real OTLP receiver as one trace.
 //! - `status_view`: what the status page shows, over HTTP: attention as `status` flags it,
 //!   rates, running turns, fenced backlogs, search, and reasons as configured.
 
@@ -143,8 +147,10 @@ mod producer_cli;
 mod producer_spool;
 mod progress;
 mod python_client;
+mod replay;
 mod running_turns;
 mod status_page;
 mod status_view;
+mod traces;
 mod turn_control;
 mod values;

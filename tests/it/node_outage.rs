@@ -8,10 +8,17 @@ use std::collections::HashMap;
 #[test]
 fn hub_killed_and_restarted_mid_flight_loses_nothing_and_counts_nothing_twice() {
     let mut hub = Hub::with_nodes(&["host-a", "host-b"]);
-    // Turns of a second, ten a conversation: a loaded machine still finds a turn waiting
-    // behind a running one well before the backlog runs out.
-    let a = hub.node_process("host-a").then("sleep 1").trace_ends().start();
-    let b = hub.node_process("host-b").then("sleep 1").trace_ends().start();
+    // Turns of a second, ten a conversation. The second turn of conv-0 waits for a gate the test
+    // opens once the hub is down, so a turn behind it is certainly delivered and waiting when
+    // the hub is killed, however slow the machine (no race with the backlog running out).
+    let gate = hub.scratch("gate").join("open");
+    let then = format!(
+        "if [ \"$BATON_CONVERSATION\" = conv-0 ] && [ \"$BATON_SEQ\" = 2 ]; then \
+           while [ ! -e '{}' ]; do sleep 0.1; done; fi; sleep 1",
+        gate.display()
+    );
+    let a = hub.node_process("host-a").then(&then).trace_ends().start();
+    let b = hub.node_process("host-b").then(&then).trace_ends().start();
     let mut expected: HashMap<String, (String, String)> = HashMap::new();
     for i in 0..30 {
         let conversation = format!("conv-{}", i % 3);
@@ -22,27 +29,19 @@ fn hub_killed_and_restarted_mid_flight_loses_nothing_and_counts_nothing_twice() 
     let total = expected.len();
 
     let done_count = |hub: &Hub| hub.deliveries().iter().filter(|d| !d["outcome"].is_null()).count();
-    let at_kill = wait_for("some outcomes before the kill", NODE_WAIT, || {
-        let n = done_count(&hub);
-        (n >= 3).then_some(n)
-    });
     // Kill while a node holds a delivered turn that waits behind a running one of its
-    // conversation, so there is a turn that can only start while the hub is down.
-    let waiting = wait_for("a delivered turn waiting behind a running one", NODE_WAIT, || {
-        [&a, &b].into_iter().find_map(|n| waiting_behind_running(&n.status()))
+    // conversation (conv-0's third, behind the gated second), so there is a turn that can only
+    // start while the hub is down.
+    let waiting = wait_for("a delivered turn waiting behind the gated one", NODE_WAIT, || {
+        [&a, &b].into_iter().find_map(|n| waiting_behind_gated(&n.status()))
     });
+    let at_kill = done_count(&hub);
     hub.kill9();
     let started = |id: &str| hub.exec_log().lines().iter().any(|r| r.delivery_id == id);
-    let ran_at_kill = hub.exec_log().lines().len();
+    assert!(!started(&waiting), "the turn waiting behind the gated one did not start before the gate opened");
+    std::fs::write(&gate, b"").expect("open the gate");
     // Turns already delivered go on running while the hub is down; their reports wait.
-    if started(&waiting) {
-        // It started in the moment between the look and the kill: any later start will do.
-        wait_for("the nodes to run a turn they held while the hub is down", NODE_WAIT, || {
-            (hub.exec_log().lines().len() > ran_at_kill).then_some(())
-        });
-    } else {
-        wait_for("the waiting turn to run while the hub is down", NODE_WAIT, || started(&waiting).then_some(()));
-    }
+    wait_for("the waiting turn to run while the hub is down", NODE_WAIT, || started(&waiting).then_some(()));
     hub.restart();
 
     wait_for("every delivery to have an outcome", NODE_WAIT, || (done_count(&hub) == total).then_some(()));
@@ -69,18 +68,26 @@ fn hub_killed_and_restarted_mid_flight_loses_nothing_and_counts_nothing_twice() 
     hub.verify_ok();
 }
 
-/// A delivery in a node's `status --json` that is delivered (acked) and not running while a turn
-/// of the same conversation runs.
-fn waiting_behind_running(status: &serde_json::Value) -> Option<String> {
+/// A delivery of conv-0 after its gated second turn, in a node's `status --json`, that is
+/// delivered (acked) and not running while that second turn runs: it cannot start before the
+/// gate opens.
+fn waiting_behind_gated(status: &serde_json::Value) -> Option<String> {
     let running: Vec<&str> = status["running"].as_array()?.iter().filter_map(|v| v.as_str()).collect();
     let open = status["open"].as_array()?;
-    let conversation_of = |id: &str| open.iter().find(|o| o["delivery_id"] == id).map(|o| o["conversation"].clone());
-    let busy: Vec<serde_json::Value> = running.iter().filter_map(|id| conversation_of(id)).collect();
+    let of_conv0 = |o: &&serde_json::Value| o["conversation"] == "conv-0";
+    let gated_runs = open
+        .iter()
+        .filter(of_conv0)
+        .any(|o| o["seq"].as_u64() == Some(2) && running.contains(&o["delivery_id"].as_str().unwrap_or_default()));
+    if !gated_runs {
+        return None;
+    }
     open.iter()
+        .filter(of_conv0)
         .find(|o| {
             o["state"] == "acked"
+                && o["seq"].as_u64().is_some_and(|s| s > 2)
                 && !running.contains(&o["delivery_id"].as_str().unwrap_or_default())
-                && busy.contains(&o["conversation"])
         })
         .and_then(|o| o["delivery_id"].as_str().map(str::to_string))
 }

@@ -120,6 +120,12 @@ fn parse_pattern(p: &str) -> Vec<Atom> {
 }
 
 /// Whether `s` matches the document's `pattern` (ECMA-262, the subset the document uses).
+/// The `traceparent` the base submissions carry.
+const BASE_TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+/// The pattern of a W3C `traceparent` (the `traceparent` header, and the field that shows it).
+const TRACEPARENT_PATTERN: &str = "^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$";
+
 fn matches(pattern: &str, s: &str) -> bool {
     if pattern == r"\S" {
         return s.chars().any(|c| !c.is_whitespace());
@@ -156,6 +162,11 @@ fn the_pattern_matcher_reads_the_document_s_patterns() {
 /// lists is one the code has, under the status the code sends it with.
 #[test]
 fn documented_bounds_and_codes_are_the_code_s() {
+    // What `baton_shared::traceparent::TraceParent::parse` reads as version 00.
+    assert!(
+        baton_shared::traceparent::TraceParent::parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+            .is_ok()
+    );
     let doc = doc();
     let by_pattern: BTreeMap<&str, usize> = [
         ("^[a-z][a-z0-9_-]*$", NAME_CHARS_MAX),
@@ -181,7 +192,10 @@ fn documented_bounds_and_codes_are_the_code_s() {
             assert_eq!(s["maxLength"].as_u64(), Some(*max as u64), "{at}: maxLength of pattern {p}");
             assert_eq!(s["minLength"].as_u64(), Some(1), "{at}: minLength of pattern {p}");
         } else if let Some(p) = s.get("pattern").and_then(Value::as_str) {
-            assert!(p.contains("{8}-"), "{at}: pattern {p} is neither an identifier's nor an id's");
+            assert!(
+                p.contains("{8}-") || p == TRACEPARENT_PATTERN,
+                "{at}: pattern {p} is neither an identifier's, an id's nor a traceparent's"
+            );
             assert!(s.get("maxLength").is_none(), "{at}: an id's length is its pattern's");
         }
         if at.contains("Request/properties/reason") || at.contains("Item/properties/reason") {
@@ -540,12 +554,32 @@ fn cases_for(doc: &Value, s: &Value, loc: &Loc, base: Option<&Value>, required: 
     }
 }
 
-/// Every case of one operation: its parameters' and its body's.
-fn cases(doc: &Value, op: &Value, base: &Call) -> Vec<Case> {
+/// The forms of an operation's query (`x-baton-form` of its parameters: `GET /v1/messages` reads
+/// by key or lists), each exercised from a base request of its own; `[None]` for one form.
+fn forms(op: &Value) -> Vec<Option<String>> {
+    let mut forms: Vec<Option<String>> = op["parameters"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["x-baton-form"].as_str().map(|f| Some(f.to_string())))
+        .collect();
+    forms.sort();
+    forms.dedup();
+    if forms.is_empty() { vec![None] } else { forms }
+}
+
+/// Every case of one operation in one form of its query (`forms`): its parameters' (those of
+/// another form left out; `x-baton-form-required` makes one required in its own) and its
+/// body's.
+fn cases(doc: &Value, op: &Value, base: &Call, form: Option<&str>) -> Vec<Case> {
     let mut out = Vec::new();
     for p in op["parameters"].as_array().into_iter().flatten() {
         let name = p["name"].as_str().unwrap().to_string();
-        let required = p["required"] == json!(true);
+        let own = p["x-baton-form"].as_str();
+        if own.is_some() && own != form {
+            continue;
+        }
+        let required = p["required"] == json!(true) || (own.is_some() && p["x-baton-form-required"] == json!(true));
         let (loc, base_v) = match p["in"].as_str().unwrap() {
             "path" => (Loc::Path(name.clone()), base.path.get(&name)),
             "query" => (Loc::Query(name.clone()), base.query.get(&name)),
@@ -750,6 +784,20 @@ impl Bases {
         })
     }
 
+    /// The base request of an operation in one form of its query (see `forms`).
+    fn call_in(&self, method: &str, path: &str, form: Option<&str>) -> Call {
+        match (method, path, form) {
+            ("get", "/v1/messages", Some("list")) => Call {
+                caller: "prod",
+                path: BTreeMap::new(),
+                query: [("conversation".to_string(), "talk".to_string())].into(),
+                headers: BTreeMap::new(),
+                body: None,
+            },
+            _ => self.call(method, path),
+        }
+    }
+
     fn call(&self, method: &str, path: &str) -> Call {
         let producer = |body: Option<Value>| Call {
             caller: "prod",
@@ -762,7 +810,11 @@ impl Bases {
         let holder = || json!({"delivery_id": uuid::Uuid::now_v7().to_string(), "claim_token": "tok-1"});
         let id = || uuid::Uuid::now_v7().to_string();
         let mut c = match (method, path) {
-            ("post", "/v1/messages") => producer(Some(self.submit())),
+            ("post", "/v1/messages") => {
+                let mut c = producer(Some(self.submit()));
+                c.headers.insert("traceparent".into(), BASE_TRACEPARENT.into());
+                c
+            }
             ("get", "/v1/messages") => {
                 let mut c = producer(None);
                 c.query.insert("idempotency_key".into(), self.key.clone());
@@ -847,7 +899,11 @@ impl Bases {
                 c
             }
             ("post", "/delivery-report") => node(self.report()),
-            ("post", "/v1/batch/messages") => producer(Some(json!({"messages": [self.submit()]}))),
+            ("post", "/v1/batch/messages") => {
+                let mut c = producer(Some(json!({"messages": [self.submit()]})));
+                c.headers.insert("traceparent".into(), BASE_TRACEPARENT.into());
+                c
+            }
             ("post", "/v1/batch/mirrored" | "/v1/batch/ack" | "/v1/batch/handoff") => {
                 node(json!({"instance_id": "inst-b", "deliveries": [holder()]}))
             }
@@ -901,97 +957,101 @@ async fn the_hub_enforces_exactly_what_the_document_states() {
     let mut sent = 0;
     for (path, ops) in doc["paths"].as_object().unwrap() {
         for (method, op) in ops.as_object().unwrap() {
-            let template = bases.call(method, path);
-            let responses = &op["responses"];
-            let batch_items = item_errors(&doc, op);
-            let mut all = vec![Case {
-                what: "the base request".into(),
-                loc: Loc::Path(String::new()),
-                change: Change::Remove,
-                expect: Expect::Accepted,
-            }];
-            all.extend(cases(&doc, op, &template));
-            for case in all {
-                let base = bases.call(method, path);
-                let (call, body) = if case.what == "the base request" {
-                    let b = base.body.as_ref().map(Value::to_string);
-                    (base, b)
-                } else {
-                    apply(&base, &case)
-                };
-                let a = send(&clients, &url, method, path, &call, body).await;
-                sent += 1;
-                let label = format!("{} {path} with {:?} {}", method.to_uppercase(), case.loc, case.what);
-                // Whatever the case, the answer is one the document lists.
-                let Some(codes) = listed(responses, a.status) else {
-                    failures.push(format!("{label}: status {} is not listed: {}", a.status, a.text));
-                    continue;
-                };
-                let code = a.body["code"].as_str().map(str::to_string);
-                if a.status >= 400 {
-                    let shape = a.body.as_object().is_some_and(|o| o.len() == 2 && o.contains_key("message"));
-                    if !shape || !code.as_ref().is_some_and(|c| codes.contains(c)) {
-                        failures.push(format!(
-                            "{label}: {} {:?} is not a listed {{code, message}}: {}",
-                            a.status, code, a.text
-                        ));
+            for form in forms(op) {
+                let form = form.as_deref();
+                let template = bases.call_in(method, path, form);
+                let responses = &op["responses"];
+                let batch_items = item_errors(&doc, op);
+                let mut all = vec![Case {
+                    what: "the base request".into(),
+                    loc: Loc::Path(String::new()),
+                    change: Change::Remove,
+                    expect: Expect::Accepted,
+                }];
+                all.extend(cases(&doc, op, &template, form));
+                for case in all {
+                    let base = bases.call_in(method, path, form);
+                    let (call, body) = if case.what == "the base request" {
+                        let b = base.body.as_ref().map(Value::to_string);
+                        (base, b)
+                    } else {
+                        apply(&base, &case)
+                    };
+                    let a = send(&clients, &url, method, path, &call, body).await;
+                    sent += 1;
+                    let label = format!("{} {path} with {:?} {}", method.to_uppercase(), case.loc, case.what);
+                    // Whatever the case, the answer is one the document lists.
+                    let Some(codes) = listed(responses, a.status) else {
+                        failures.push(format!("{label}: status {} is not listed: {}", a.status, a.text));
                         continue;
-                    }
-                }
-                // Every item's answer in a batch is one its item result lists.
-                if let (Some((statuses, codes)), Some(results)) =
-                    (&batch_items, a.body["results"].as_array().filter(|_| a.status == 200))
-                {
-                    for r in results.iter().filter(|r| r.get("error").is_some()) {
-                        let code = r["error"]["code"].as_str().unwrap_or("").to_string();
-                        if !r["status"].as_u64().is_some_and(|s| statuses.contains(&s)) || !codes.contains(&code) {
-                            failures.push(format!("{label}: item answer {r} is not listed"));
-                        }
-                    }
-                }
-                // The first item's own answer, in a batch.
-                let item = a.body.pointer("/results/0").filter(|_| a.status == 200);
-                match case.expect {
-                    Expect::Accepted => {
-                        // Refused as invalid: a shape or value error, not what the record
-                        // makes of a valid request (`no_recipients` for a conversation without
-                        // members, `not_found`, a conflict).
-                        let invalid =
-                            |code: Option<&str>| matches!(code, Some("invalid_json" | "invalid_field" | "too_large"));
-                        let item_refused = item.is_some_and(|i| invalid(i["error"]["code"].as_str()));
-                        if invalid(a.body["code"].as_str()) || item_refused || a.status >= 500 {
+                    };
+                    let code = a.body["code"].as_str().map(str::to_string);
+                    if a.status >= 400 {
+                        let shape = a.body.as_object().is_some_and(|o| o.len() == 2 && o.contains_key("message"));
+                        if !shape || !code.as_ref().is_some_and(|c| codes.contains(c)) {
                             failures.push(format!(
-                                "{label}: a boundary the document accepts was refused: {} {}",
-                                a.status,
-                                &a.text[..a.text.len().min(300)]
-                            ));
-                        }
-                    }
-                    Expect::Refused { names_field } => {
-                        let (status, code, message) = match item {
-                            Some(i) if batch_items.is_some() => {
-                                let (statuses, codes) = batch_items.clone().unwrap();
-                                let s = i["status"].as_u64().unwrap_or(0);
-                                let c = i["error"]["code"].as_str().unwrap_or("").to_string();
-                                if !statuses.contains(&s) || !codes.contains(&c) {
-                                    failures.push(format!("{label}: item answer {s} {c} is not listed: {i}"));
-                                    continue;
-                                }
-                                (s as u16, Some(c), i["error"]["message"].as_str().unwrap_or("").to_string())
-                            }
-                            _ => (a.status, code, a.body["message"].as_str().unwrap_or("").to_string()),
-                        };
-                        if !matches!(status, 400 | 413) {
-                            failures.push(format!(
-                                "{label}: not refused as invalid: {status} {:?} {}",
-                                code,
-                                a.text.chars().take(300).collect::<String>()
+                                "{label}: {} {:?} is not a listed {{code, message}}: {}",
+                                a.status, code, a.text
                             ));
                             continue;
                         }
-                        let field = field_of(&case.loc);
-                        if names_field && !message.contains(&field) {
-                            failures.push(format!("{label}: the message does not name {field}: {message}"));
+                    }
+                    // Every item's answer in a batch is one its item result lists.
+                    if let (Some((statuses, codes)), Some(results)) =
+                        (&batch_items, a.body["results"].as_array().filter(|_| a.status == 200))
+                    {
+                        for r in results.iter().filter(|r| r.get("error").is_some()) {
+                            let code = r["error"]["code"].as_str().unwrap_or("").to_string();
+                            if !r["status"].as_u64().is_some_and(|s| statuses.contains(&s)) || !codes.contains(&code) {
+                                failures.push(format!("{label}: item answer {r} is not listed"));
+                            }
+                        }
+                    }
+                    // The first item's own answer, in a batch.
+                    let item = a.body.pointer("/results/0").filter(|_| a.status == 200);
+                    match case.expect {
+                        Expect::Accepted => {
+                            // Refused as invalid: a shape or value error, not what the record
+                            // makes of a valid request (`no_recipients` for a conversation without
+                            // members, `not_found`, a conflict).
+                            let invalid = |code: Option<&str>| {
+                                matches!(code, Some("invalid_json" | "invalid_field" | "too_large"))
+                            };
+                            let item_refused = item.is_some_and(|i| invalid(i["error"]["code"].as_str()));
+                            if invalid(a.body["code"].as_str()) || item_refused || a.status >= 500 {
+                                failures.push(format!(
+                                    "{label}: a boundary the document accepts was refused: {} {}",
+                                    a.status,
+                                    &a.text[..a.text.len().min(300)]
+                                ));
+                            }
+                        }
+                        Expect::Refused { names_field } => {
+                            let (status, code, message) = match item {
+                                Some(i) if batch_items.is_some() => {
+                                    let (statuses, codes) = batch_items.clone().unwrap();
+                                    let s = i["status"].as_u64().unwrap_or(0);
+                                    let c = i["error"]["code"].as_str().unwrap_or("").to_string();
+                                    if !statuses.contains(&s) || !codes.contains(&c) {
+                                        failures.push(format!("{label}: item answer {s} {c} is not listed: {i}"));
+                                        continue;
+                                    }
+                                    (s as u16, Some(c), i["error"]["message"].as_str().unwrap_or("").to_string())
+                                }
+                                _ => (a.status, code, a.body["message"].as_str().unwrap_or("").to_string()),
+                            };
+                            if !matches!(status, 400 | 413) {
+                                failures.push(format!(
+                                    "{label}: not refused as invalid: {status} {:?} {}",
+                                    code,
+                                    a.text.chars().take(300).collect::<String>()
+                                ));
+                                continue;
+                            }
+                            let field = field_of(&case.loc);
+                            if names_field && !message.contains(&field) {
+                                failures.push(format!("{label}: the message does not name {field}: {message}"));
+                            }
                         }
                     }
                 }

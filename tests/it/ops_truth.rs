@@ -6,7 +6,7 @@
 //! `--dry-run`, are refused (2) without `--yes` when no terminal can be asked, and record the
 //! reason they are given.
 
-use crate::harness::{EVENT_WAIT, Hub};
+use crate::harness::Hub;
 use serde_json::Value;
 
 fn code_and_stderr(out: &std::process::Output) -> (Option<i32>, String) {
@@ -95,15 +95,18 @@ async fn a_time_boxed_fence_is_lifted_by_the_hub_at_its_time() {
     let node = hub.node("host-a", "inst-1");
     assert!(node.claim(5, 0).await.is_empty(), "paused while the fence lasts");
 
-    baton_testkit::wait::until("the hub lifts the fence", EVENT_WAIT, || {
-        Ok(fences(&hub, false).is_empty().then_some(()))
-    })
-    .unwrap();
-    let lifted = fences(&hub, true);
-    assert_eq!(lifted[0]["lifted_by"], "hub", "{lifted:?}");
-    let got = node.claim(5, 0).await;
+    // A claim waiting through the fence's end is answered when the hub lifts it, not at the
+    // end of its wait.
+    let expires_at_ms = set["expires_at_ms"].as_i64().unwrap();
+    let got = node.claim(5, crate::harness::LONG_WAIT_MS).await;
+    let late_ms = now_ms() - expires_at_ms;
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].delivery_id, sent.to("host-a"));
+    let wake_max_ms = crate::harness::WAKE_MAX.as_millis() as i64;
+    assert!(late_ms < wake_max_ms, "the waiting claim answered {late_ms} ms after the fence's end; it was not woken");
+    let lifted = fences(&hub, true);
+    assert!(fences(&hub, false).is_empty());
+    assert_eq!(lifted[0]["lifted_by"], "hub", "{lifted:?}");
 }
 
 /// The audit entries of `action`, newest first.
@@ -303,4 +306,9 @@ fn at_a_terminal_a_destructive_command_asks_and_acts_only_on_yes() {
     assert_eq!(code, Some(0), "{shown}");
     assert!(shown.contains("retired host-b"), "{shown}");
     assert_eq!(audited(&hub, "retire").len(), 1);
+}
+
+/// Milliseconds since the Unix epoch, as the hub stamps its times.
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
 }

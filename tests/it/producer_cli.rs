@@ -148,6 +148,35 @@ fn send_get_wait_and_cancel_with_their_exit_statuses() {
     let out = send(&["send", "--conversation", "ok", "--to", "host-a", "--key", "k1", "--payload", "{}"]);
     status(&out, 2);
     assert!(text(&out.stderr).contains("idempotency_conflict"), "{}", text(&out.stderr));
+
+    // A send inside a turn joins the turn's trace: TRACEPARENT from the environment (as the
+    // node gives it to the harness) is the message's; a malformed one is refused, naming it.
+    let traced = |key: &str, traceparent: &str| {
+        let mut cmd = baton(cfg.iter().map(String::as_str).chain([
+            "--json",
+            "send",
+            "--conversation",
+            "ok",
+            "--to",
+            "host-a",
+            "--key",
+            key,
+            "--payload",
+            "{}",
+        ]));
+        cmd.env("TRACEPARENT", traceparent);
+        run(cmd)
+    };
+    let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let out = traced("k-traced", tp);
+    status(&out, 0);
+    let traced_id = json(&out)["message_id"].as_str().expect("id").to_string();
+    let shown = json(&send(&["--json", "get", &traced_id]));
+    assert_eq!(shown["traceparent"], tp, "{shown}");
+    let out = traced("k-mangled", "00-not-a-trace");
+    status(&out, 2);
+    assert!(text(&out.stderr).contains("TRACEPARENT"), "{}", text(&out.stderr));
+    status(&send(&["get", "--key", "k-mangled"]), 1);
 }
 
 /// A refusal of the caller is its own status (9), apart from the hub being unreachable (4),

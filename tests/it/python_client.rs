@@ -4,7 +4,9 @@
 //!
 //! One hub serves every check: the suite's unit tests and hub tests (submit, replay, conflict,
 //! batch with a bad item, reads, a wait through a retry the harness asked for, cancel, refusals'
-//! codes, approvals, the asyncio client, a spool whose hub answers); then the outage: the hub
+//! codes, approvals, the asyncio client, a spool whose hub answers, a message's events feed
+//! followed to its outcome with its run's progress, a conversation's feed and the replay listing
+//! paged, cursors refused as `bad_cursor`, blocking and asyncio); then the outage: the hub
 //! is killed, the package and `baton send --spool` spool sends, `baton spool status` reads the
 //! package's spool, the hub comes back at the same address, `baton spool flush` delivers the
 //! package's spool and the package delivers the one `baton` wrote, each message accepted once,
@@ -151,6 +153,9 @@ fn the_python_package_works_against_a_real_hub_and_node() {
             "test_refusals_carry_the_apis_code_and_status",
             "test_approve_and_reject",
             "test_the_async_client_submits_waits_batches_and_spools",
+            "test_a_feed_is_followed_to_its_outcome_and_a_conversation_and_listing_paged",
+            "test_the_async_client_follows_feeds_and_lists",
+            "test_a_message_feed_is_followed_to_its_end_through_failures_from_the_last_cursor",
             "test_each_progress_object_is_one_utf8_json_line_on_the_pipe",
             "test_a_harness_process_writes_progress_on_the_descriptor_the_node_names",
         ],

@@ -127,6 +127,9 @@ pub enum KeyKind {
     /// for the SQLite file in the data directory. It may carry a password, so it is never
     /// printed whole (see `crate::store::engine::postgres::PgUrl::shown`).
     DatabaseUrl,
+    /// An OTLP/HTTP receiver's `http://` or `https://` URL (`baton_telemetry::OtlpEndpoint`),
+    /// or empty (the default): no spans are made or exported.
+    OtlpEndpoint,
     /// Host names, comma-separated (`"status.example.net,hub-1"`), or empty (the default:
     /// none). In the file also a TOML array of strings.
     Names,
@@ -222,6 +225,14 @@ pub const HOST_SILENCE_WARN: Key = Key {
         max: Duration::from_secs(7 * 24 * 3600),
     },
     doc: "`status` flags (and `hosts list` marks) a host whose open node session has sent nothing for longer than this; at least limits.long_poll_wait_max plus the 5s contact flush",
+};
+/// `otlp_endpoint`.
+pub const OTLP_ENDPOINT: Key = Key {
+    name: key_name!(None, "otlp_endpoint", "otlp-endpoint", "BATON_HUB_OTLP_ENDPOINT"),
+    kind: KeyKind::OtlpEndpoint,
+    doc: "where the hub exports its spans of each message (accept, fan-out, claim, in the producer's trace) over \
+          OTLP/HTTP: an http:// or https:// URL of a collector (\"http://collector:4318\", to which /v1/traces is \
+          added, or the full traces URL); empty (the default): no spans are made or exported",
 };
 /// The operator listener's address when no layer names one: loopback, on a port the system
 /// picks (written to `DIR/operator.addr`), so that it never collides with another hub on the
@@ -355,6 +366,17 @@ pub const HOLDINGS_PAGE_MAX: Key = Key {
         max: HOLDINGS_PAGE_MAX_RANGE.1 as u64,
     },
     doc: "deliveries per page of a node's holdings (GET /v1/holdings); the node follows the pages",
+};
+/// `limits.message_page_max`.
+pub const MESSAGE_PAGE_MAX: Key = Key {
+    name: key_name!(Some("limits"), "message_page_max", "message-page-max", "BATON_HUB_MESSAGE_PAGE_MAX"),
+    kind: KeyKind::Int {
+        default: MESSAGE_PAGE_MAX_DEFAULT as u64,
+        min: MESSAGE_PAGE_MAX_RANGE.0 as u64,
+        max: MESSAGE_PAGE_MAX_RANGE.1 as u64,
+    },
+    doc: "messages per page of a producer's listing (GET /v1/messages?conversation=C, baton list); a larger \
+          limit is capped, and a page also stops at limits.message_view_bytes_max bytes",
 };
 /// `limits.message_view_bytes_max`.
 pub const MESSAGE_VIEW_BYTES_MAX: Key = Key {
@@ -678,7 +700,7 @@ pub const INSTANCE_REBIND_WINDOW_KEY: Key = Key {
 };
 
 /// Every key, in the order of the template.
-pub const KEYS: [&Key; 51] = [
+pub const KEYS: [&Key; 53] = [
     &LISTEN,
     &DATABASE_URL,
     &SYNCHRONOUS,
@@ -686,6 +708,7 @@ pub const KEYS: [&Key; 51] = [
     &STARTUP_CHECK,
     &SHUTDOWN_GRACE,
     &LOG_FORMAT,
+    &OTLP_ENDPOINT,
     &HOST_SILENCE_WARN,
     &OPERATOR_LISTEN,
     &OPERATOR_HOSTS,
@@ -699,6 +722,7 @@ pub const KEYS: [&Key; 51] = [
     &STDERR_TAIL_BYTES_MAX,
     &CLAIM_BATCH_MAX,
     &HOLDINGS_PAGE_MAX,
+    &MESSAGE_PAGE_MAX,
     &MESSAGE_VIEW_BYTES_MAX,
     &STORE_BYTES_MAX,
     &LONG_POLL_WAIT_MAX,
@@ -752,6 +776,7 @@ impl Key {
             KeyKind::Addr { .. } => "ADDR:PORT".to_string(),
             KeyKind::AddrOrOff { .. } => "ADDR:PORT or \"off\"".to_string(),
             KeyKind::DatabaseUrl => "\"\" or a postgres:// URL".to_string(),
+            KeyKind::OtlpEndpoint => "\"\" or an http:// or https:// URL".to_string(),
             KeyKind::Names => "\"\" or comma-separated host names".to_string(),
             KeyKind::Choice { allowed, .. } => {
                 allowed.iter().map(|a| format!("{a:?}")).collect::<Vec<_>>().join(" or ")
@@ -767,7 +792,7 @@ impl Key {
             KeyKind::Addr { default } | KeyKind::AddrOrOff { default } | KeyKind::Choice { default, .. } => {
                 format!("{default:?}")
             }
-            KeyKind::DatabaseUrl | KeyKind::Names => "\"\"".to_string(),
+            KeyKind::DatabaseUrl | KeyKind::Names | KeyKind::OtlpEndpoint => "\"\"".to_string(),
         }
     }
 
@@ -798,6 +823,7 @@ impl Key {
             KeyKind::AddrOrOff { .. } => "ADDR:PORT|off",
             KeyKind::DatabaseUrl => "URL",
             KeyKind::Names => "NAMES",
+            KeyKind::OtlpEndpoint => "URL",
             KeyKind::Choice { .. } => "WORD",
         }
     }

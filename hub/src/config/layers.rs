@@ -160,6 +160,22 @@ impl Merged {
         })
     }
 
+    /// The `otlp_endpoint` key: `None` when empty (the default), else the checked URL; a bad
+    /// one is refused naming the key, what is wrong and where it came from.
+    pub(super) fn otlp_endpoint(&self, key: &Key) -> Result<Option<baton_telemetry::OtlpEndpoint>, String> {
+        let KeyKind::OtlpEndpoint = key.kind else {
+            return Err(format!("{}: not an OTLP endpoint key", key.name.field()));
+        };
+        let field = key.name.field();
+        self.resolve(key, None, |raw, source| {
+            let value = text(raw, &field, source)?.trim();
+            if value.is_empty() {
+                return Ok(None);
+            }
+            baton_telemetry::OtlpEndpoint::parse(value).map(Some).map_err(|why| source.tell(format!("{field}: {why}")))
+        })
+    }
+
     /// A `Names` key: host names, lowercase, each checked; empty when none is given.
     pub(super) fn names(&self, key: &Key) -> Result<Vec<String>, String> {
         let KeyKind::Names = key.kind else {

@@ -43,6 +43,8 @@ pub struct Limits {
     pub claim_batch_max: u32,
     /// Most deliveries one page of holdings carries.
     pub holdings_page_max: u32,
+    /// Most messages one page of a producer's listing carries (`limits.message_page_max`).
+    pub message_page_max: u32,
     /// Largest answer of a message read, bytes; past it attempts are left out and named.
     pub message_view_bytes_max: u64,
     /// Most bytes the store may hold; past it submissions get 507 `store_full`.
@@ -114,6 +116,7 @@ impl Default for Limits {
             stderr_tail_bytes_max: STDERR_TAIL_BYTES_MAX_DEFAULT,
             claim_batch_max: CLAIM_BATCH_MAX_DEFAULT,
             holdings_page_max: HOLDINGS_PAGE_MAX_DEFAULT,
+            message_page_max: MESSAGE_PAGE_MAX_DEFAULT,
             message_view_bytes_max: MESSAGE_VIEW_BYTES_MAX_DEFAULT,
             store_bytes_max: STORE_BYTES_MAX_DEFAULT,
             long_poll_wait_max: LONG_POLL_WAIT_MAX_DEFAULT,
@@ -182,6 +185,9 @@ pub struct HubConfig {
     pub operator_connections_per_peer_max: usize,
     /// Most hosts given per-host series on `/metrics` (the first by name).
     pub metrics_hosts_max: usize,
+    /// Where the hub exports its spans over OTLP/HTTP; `None` (the default): no spans are
+    /// made.
+    pub otlp_endpoint: Option<baton_telemetry::OtlpEndpoint>,
     /// How long a node instance's open session may be silent before the hub requeues its
     /// claimed and mirrored deliveries; `None`: never (the default).
     pub requeue_silent_after: Option<Duration>,
@@ -249,6 +255,7 @@ impl HubConfig {
             stderr_tail_bytes_max: m.int(&STDERR_TAIL_BYTES_MAX)?,
             claim_batch_max: narrow(&CLAIM_BATCH_MAX)?,
             holdings_page_max: narrow(&HOLDINGS_PAGE_MAX)?,
+            message_page_max: narrow(&MESSAGE_PAGE_MAX)?,
             message_view_bytes_max: m.int(&MESSAGE_VIEW_BYTES_MAX)?,
             store_bytes_max: m.int(&STORE_BYTES_MAX)?,
             long_poll_wait_max: m.duration(&LONG_POLL_WAIT_MAX)?,
@@ -354,6 +361,7 @@ impl HubConfig {
             },
             operator_connections_per_peer_max: m.int(&OPERATOR_CONNECTIONS_PER_PEER_MAX)? as usize,
             metrics_hosts_max: usize::try_from(m.int(&METRICS_HOSTS_MAX)?).unwrap_or(usize::MAX),
+            otlp_endpoint: m.otlp_endpoint(&OTLP_ENDPOINT)?,
             requeue_silent_after: requeue_silent_after(m.duration(&REQUEUE_SILENT_AFTER)?, limits.long_poll_wait_max)?,
         })
     }
@@ -549,6 +557,27 @@ mod tests {
 
     /// Where the record is: the SQLite file unless a layer names a PostgreSQL URL; a flag beats
     /// the environment, which beats the file, as for every key.
+    /// `otlp_endpoint`: off by default; an http(s) URL from the file, the environment or the
+    /// flag (highest wins); anything else refused naming the key and where it came from.
+    #[test]
+    fn otlp_endpoint_is_layered_and_checked_like_every_key() {
+        let url = |c: HubConfig| c.otlp_endpoint.map(|e| e.traces_url().to_string());
+        assert_eq!(url(layered("", &[], &[]).unwrap()), None, "off by default");
+        let file = "otlp_endpoint = \"http://file:4318\"\n";
+        assert_eq!(url(layered(file, &[], &[]).unwrap()).as_deref(), Some("http://file:4318/v1/traces"));
+        let env = [("BATON_HUB_OTLP_ENDPOINT", "https://env.example/v1/traces")];
+        assert_eq!(url(layered(file, &env, &[]).unwrap()).as_deref(), Some("https://env.example/v1/traces"));
+        let flag = ["--otlp-endpoint", "http://flag:4318"];
+        assert_eq!(url(layered(file, &env, &flag).unwrap()).as_deref(), Some("http://flag:4318/v1/traces"));
+        for (bad, why) in [("ftp://x", "http:// or https://"), ("http://x/?q=1", "query"), ("x", "not a URL")] {
+            let e = layered(&format!("otlp_endpoint = {bad:?}\n"), &[], &[]).unwrap_err();
+            assert!(e.contains("otlp_endpoint") && e.contains(why) && e.contains("hub.toml"), "{bad}: {e}");
+            let e = layered("", &[("BATON_HUB_OTLP_ENDPOINT", bad)], &[]).unwrap_err();
+            assert!(e.contains("otlp_endpoint") && e.contains("BATON_HUB_OTLP_ENDPOINT"), "{bad}: {e}");
+        }
+        assert!(template().contains("# otlp_endpoint = \"\"\n"), "the template documents the key, unset");
+    }
+
     #[test]
     fn database_url_is_layered_like_every_key() {
         let shown = |c: HubConfig| c.database_url.map(|u| u.shown().to_string());

@@ -11,6 +11,7 @@
 
 use super::node::{Session, check_reason, check_report};
 use super::producer::validate;
+use super::trace::{MessageTrace, TraceHeader};
 use super::{ApiError, ApiJson, Caller, NodeCaller, ProducerCaller, check_path_id};
 use crate::runtime::AppState;
 use crate::store::StoreResult;
@@ -139,16 +140,34 @@ impl<I, T> Sorted<I, T> {
 pub(super) async fn submit(
     ProducerCaller(caller): ProducerCaller,
     State(state): State<AppState>,
+    TraceHeader(given): TraceHeader,
     BatchJson(req): BatchJson<BatchSubmitRequest>,
 ) -> Result<Json<BatchSubmitResponse>, ApiError> {
+    let started = state.telemetry.started();
     check_count("messages", req.messages.len())?;
     state.check_room()?;
     let mut sorted = Sorted::new(req.messages, |m| validate(&caller.name, m, &state));
-    let (places, messages) = sorted.take();
+    let (places, mut messages) = sorted.take();
+    // The header is the request's: every message of the batch is kept with it (`trace`).
+    let traces: Vec<MessageTrace> = messages
+        .iter_mut()
+        .map(|(msg, _)| {
+            let t = MessageTrace::begin(&state.telemetry, given, started);
+            msg.traceparent = Some(t.traceparent.clone());
+            t
+        })
+        .collect();
+    // Kept for the spans only, so not even copied with spans off.
+    let conversations: Vec<String> = match state.telemetry.is_on() {
+        true => messages.iter().map(|(m, _)| m.conversation.clone()).collect(),
+        false => Vec::new(),
+    };
     let limits = AcceptLimits { queued_per_host_max: state.limits.queued_per_host_max };
     crash_point("hub.accept.before_txn");
     // Accept and fan-out of every message in one transaction: one round trip, one commit.
+    let stored = state.telemetry.started();
     let outcomes = state.store.submit_batch(messages, limits).await?;
+    let committed = state.telemetry.started();
     let new = outcomes.iter().flatten().filter(|(a, _)| matches!(a, Accepted::New { .. })).count();
     if new > 0 {
         crash_point("hub.accept.after_commit");
@@ -161,6 +180,26 @@ pub(super) async fn submit(
         .flat_map(|(_, deliveries)| deliveries.iter().filter(|d| d.state == DeliveryState::Queued))
         .filter_map(|d| d.host.clone())
         .collect();
+    if state.telemetry.is_on() {
+        for ((trace, conversation), outcome) in traces.into_iter().zip(&conversations).zip(&outcomes) {
+            let Ok((accepted, deliveries)) = outcome else { continue };
+            let (message_id, seq, duplicate) = match accepted {
+                Accepted::New { message_id, seq } => (message_id, *seq, false),
+                Accepted::Duplicate { message_id, seq } => (message_id, *seq, true),
+            };
+            let at = super::trace::Accepted {
+                message_id,
+                conversation,
+                seq,
+                duplicate,
+                deliveries,
+                started,
+                stored,
+                committed,
+            };
+            trace.accepted(&state, at);
+        }
+    }
     let results = sorted.finish(places, outcomes, |(a, deliveries)| submitted(a, deliveries))?;
     metrics::counter!("baton_hub_messages_accepted_total").increment(new as u64);
     let duplicates = results.iter().filter(|r| r.status == StatusCode::OK.as_u16()).count();
@@ -288,19 +327,21 @@ pub(super) async fn reports(
     crash_point("hub.report.after_commit");
     state.turns.contact(&caller.name, session, state.clock.now_ms());
     let mut recorded = false;
-    let mut retries = false;
-    for r in outcomes.iter().flatten().filter(|r| !r.duplicate) {
+    let mut wake = false;
+    for (r, lifts_barrier) in outcomes.iter().flatten().filter(|(r, _)| !r.duplicate) {
         metrics::counter!("baton_hub_attempts_reported_total", "outcome" => r.attempt.outcome.as_str()).increment(1);
         recorded = true;
-        retries |= r.retry_at_ms.is_some();
+        wake |= r.retry_at_ms.is_some() || *lifts_barrier;
     }
     if recorded {
         state.outcome_changed();
     }
-    if retries {
-        // Waiting claims of the host look again, and wake when the retry is due.
+    if wake {
+        // Waiting claims of the host look again: for the turns that waited behind these
+        // outcomes (the retry barrier), or to wake when a retry is due.
         state.work_for([caller.name.as_str()]);
     }
+    let outcomes = outcomes.into_iter().map(|o| o.map(|(r, _)| r)).collect();
     let results = sorted.finish(places, outcomes, |r| {
         let status = if r.duplicate { StatusCode::OK } else { StatusCode::CREATED };
         item_ok(status, r)

@@ -4,8 +4,9 @@
 //!
 //! Layout: `node` (sessions, claims, holdings, starts, mirrored/ack/reject, reports; every one
 //! checks the `baton-session` header), `producer` (accept, read and cancel), `batch` (many
-//! submits, holder steps or reports per request, answered per item), `health` (healthz,
-//! readyz, metrics).
+//! submits, holder steps or reports per request, answered per item), `replay` (a producer's
+//! listing of its own messages from a cursor), `trace` (the producer's
+//! `traceparent` header and the hub's spans of a message), `health` (healthz, readyz, metrics).
 //!
 //! The state every handler shares is the hub's runtime (`crate::runtime`), not this module's.
 
@@ -14,6 +15,8 @@ pub mod feed;
 pub(crate) mod health;
 mod node;
 mod producer;
+mod replay;
+mod trace;
 
 use crate::runtime::{AppState, Shared};
 use crate::store::StoreError;
@@ -55,7 +58,7 @@ impl Shared {
 pub fn app(state: AppState) -> Router {
     let body_max = state.limits.request_body_bytes_max as usize;
     Router::new()
-        .route("/v1/messages", post(producer::submit).get(producer::get_by_key))
+        .route("/v1/messages", post(producer::submit).get(producer::get_messages))
         .route("/v1/messages/{message_id}", get(producer::get_by_id))
         .route("/v1/messages/{message_id}/cancel", post(producer::cancel))
         .route("/v1/messages/{message_id}/approve", post(producer::approve))

@@ -24,6 +24,7 @@ use baton_shared::wire::{
     SESSION_HEADER, SessionEndRequest, SessionRequest, SessionResponse, StartRequest, StartResponse,
     TransitionResponse,
 };
+use baton_telemetry::{Attr, Kind};
 use serde::Deserialize;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -192,6 +193,7 @@ pub(super) async fn claim(
             rebind: state.limits.rebind,
         };
         let now = state.clock.now_ms();
+        let looked = state.telemetry.started();
         metrics::counter!("baton_hub_claim_looks_total").increment(1);
         // Read first: a claim with nothing claimable opens no write transaction.
         let look = state.store.claim_look(who.clone(), now).await?;
@@ -206,7 +208,8 @@ pub(super) async fn claim(
             }
         };
         let (next_retry, pending) = (claimed.next_retry_at_ms, claimed.cancels.clone());
-        if let Some(answer) = answer_claim(&state, &caller.name, session, &req.instance_id, claimed, deadline)? {
+        if let Some(answer) = answer_claim(&state, &caller.name, session, &req.instance_id, claimed, deadline, looked)?
+        {
             caller.check_issuer(&state, " while the claim was waiting")?;
             return Ok(answer);
         }
@@ -241,8 +244,12 @@ pub(super) async fn claim(
             (None, Some(s)) => s.withdraw().await,
             (None, None) => None,
         };
+        // Taken by the writer inside another transaction (an accept's): the claim's span is
+        // its answer, from when the wait ended.
+        let answered = state.telemetry.started();
         if let Some(claimed) = taken
-            && let Some(answer) = answer_claim(&state, &caller.name, session, &req.instance_id, claimed?, deadline)?
+            && let Some(answer) =
+                answer_claim(&state, &caller.name, session, &req.instance_id, claimed?, deadline, answered)?
         {
             // Taken by the writer after the CA left `ca.crt`: never sent. What it claimed stays
             // the instance's, which a renewed certificate finds in its holdings (and which
@@ -257,8 +264,9 @@ pub(super) async fn claim(
 }
 
 /// What a claim answers after one look or transaction (`claimed`): an error for a retired
-/// host, the deliveries it handed out, the cancel notices when one is new or the wait is over;
-/// `None` to keep waiting.
+/// host, the deliveries it handed out (each with a `claim` span from `looked`, the start of the
+/// look that found it), the cancel notices when one is new or the wait is over; `None` to keep
+/// waiting.
 fn answer_claim(
     state: &AppState,
     host: &str,
@@ -266,6 +274,7 @@ fn answer_claim(
     instance_id: &str,
     claimed: Claimed,
     deadline: Instant,
+    looked: Option<std::time::SystemTime>,
 ) -> Result<Option<Json<ClaimResponse>>, ApiError> {
     let Claimed { deliveries, cancels, retired, .. } = claimed;
     // Told once its claim's transaction committed (its queued work failed `host retired`):
@@ -278,6 +287,15 @@ fn answer_claim(
     if !deliveries.is_empty() {
         crash_point("hub.claim.after_commit");
         metrics::counter!("baton_hub_deliveries_claimed_total").increment(deliveries.len() as u64);
+        let claimed_at = state.telemetry.started();
+        for d in &deliveries {
+            state.telemetry.span_ending("claim", Kind::Internal, d.traceparent.as_deref(), looked, claimed_at, || {
+                let mut attrs =
+                    baton_telemetry::delivery_attrs(&d.delivery_id, &d.message_id, &d.conversation, d.seq, d.attempt);
+                attrs.push(Attr::Str("baton.host", host.to_string()));
+                attrs
+            });
+        }
         state.outcome_changed();
         return Ok(Some(Json(ClaimResponse { deliveries, cancels })));
     }
@@ -480,14 +498,16 @@ pub(super) async fn report(
     let outcome = req.outcome;
     let delivery_id = req.delivery_id.clone();
     let node = NodeAt { host: caller.name.clone(), session };
-    let (attempt, duplicate, retry_at_ms) = state.store.report(node, req, report_bounds(&state)).await?;
+    let ((attempt, duplicate, retry_at_ms), lifts_barrier) =
+        state.store.report(node, req, report_bounds(&state)).await?;
     crash_point("hub.report.after_commit");
     state.turns.contact(&caller.name, session, state.clock.now_ms());
     if !duplicate {
         metrics::counter!("baton_hub_attempts_reported_total", "outcome" => outcome.as_str()).increment(1);
         state.outcome_changed();
-        if retry_at_ms.is_some() {
-            // Waiting claims of the host look again, and wake when the retry is due.
+        if retry_at_ms.is_some() || lifts_barrier {
+            // Waiting claims of the host look again: for the turns that waited behind this
+            // outcome (the retry barrier), or to wake when the retry is due.
             state.work_for([caller.name.as_str()]);
         }
     }

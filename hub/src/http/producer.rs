@@ -3,6 +3,8 @@
 //! is named, and read one delivery at a time), cancel it, and read a conversation's
 //! membership.
 
+use super::replay;
+use super::trace::{self, MessageTrace, TraceHeader};
 use super::{ApiError, ApiJson, ApiQuery, Caller, ProducerCaller, check_path_id};
 use crate::runtime::AppState;
 use crate::store::lifecycle::accept::{AcceptLimits, Accepted, NewMessage, RetryPolicy};
@@ -18,8 +20,8 @@ use baton_shared::ids::{check_key, check_name};
 use baton_shared::limits::REASON_CHARS_MAX;
 use baton_shared::states::DeliveryState;
 use baton_shared::wire::{
-    ApprovalRequest, ApprovalResponse, CancelRequest, CancelResponse, ConversationView, DeliveryView, MessageView,
-    SubmitRequest, SubmitResponse, ViewOmitted,
+    ApprovalRequest, ApprovalResponse, CancelRequest, CancelResponse, ConversationView, DeliveryView, MessagePage,
+    MessageView, SubmitRequest, SubmitResponse, ViewOmitted,
 };
 use serde::Deserialize;
 use std::time::Duration;
@@ -148,6 +150,7 @@ pub(super) fn validate(
         ));
     }
     let msg = NewMessage {
+        traceparent: None,
         producer: producer.to_string(),
         conversation: req.conversation,
         idempotency_key: req.idempotency_key,
@@ -158,18 +161,27 @@ pub(super) fn validate(
     Ok((msg, retry))
 }
 
-/// `POST /v1/messages`.
+/// `POST /v1/messages`, with the producer's trace in its `traceparent` header (or a trace the
+/// hub starts).
 pub(super) async fn submit(
     ProducerCaller(caller): ProducerCaller,
     State(state): State<AppState>,
+    TraceHeader(given): TraceHeader,
     ApiJson(req): ApiJson<SubmitRequest>,
 ) -> Result<(StatusCode, Json<SubmitResponse>), ApiError> {
-    let (msg, retry) = validate(&caller.name, req, &state)?;
+    let started = state.telemetry.started();
+    let (mut msg, retry) = validate(&caller.name, req, &state)?;
     state.check_room()?;
+    let trace = MessageTrace::begin(&state.telemetry, given, started);
+    msg.traceparent = Some(trace.traceparent.clone());
+    // Kept for the spans only, so not even copied with spans off.
+    let conversation = if state.telemetry.is_on() { msg.conversation.clone() } else { String::new() };
     let limits = AcceptLimits { queued_per_host_max: state.limits.queued_per_host_max };
     crash_point("hub.accept.before_txn");
     // Accept and fan-out in one transaction: one round trip, one commit.
+    let stored = state.telemetry.started();
     let (accepted, deliveries) = state.store.submit(msg, retry, limits).await?;
+    let committed = state.telemetry.started();
     let (message_id, seq, duplicate) = match accepted {
         Accepted::New { message_id, seq } => {
             crash_point("hub.accept.after_commit");
@@ -186,6 +198,17 @@ pub(super) async fn submit(
         state
             .work_for(deliveries.iter().filter(|d| d.state == DeliveryState::Queued).filter_map(|d| d.host.as_deref()));
     }
+    let at = trace::Accepted {
+        message_id: message_id.as_str(),
+        conversation: &conversation,
+        seq,
+        duplicate,
+        deliveries: &deliveries,
+        started,
+        stored,
+        committed,
+    };
+    trace.accepted(&state, at);
     let status = if duplicate { StatusCode::OK } else { StatusCode::CREATED };
     Ok((status, Json(SubmitResponse { message_id, seq, duplicate, deliveries })))
 }
@@ -264,12 +287,28 @@ async fn decide(
     }))
 }
 
-/// Query of the message reads.
+/// Query of the message reads, and of the listing (`conversation`, `after`, `limit`) that
+/// shares the path `GET /v1/messages` with the read by key.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct ReadQuery {
     idempotency_key: Option<String>,
     wait_ms: Option<u64>,
+    conversation: Option<String>,
+    after: Option<String>,
+    limit: Option<u32>,
+}
+
+impl ReadQuery {
+    /// The listing's fields given, by name.
+    fn listing_fields(&self) -> Vec<&'static str> {
+        let given = [
+            ("conversation", self.conversation.is_some()),
+            ("after", self.after.is_some()),
+            ("limit", self.limit.is_some()),
+        ];
+        given.into_iter().filter(|(_, g)| *g).map(|(name, _)| name).collect()
+    }
 }
 
 /// `GET /v1/messages/{message_id}`.
@@ -283,16 +322,64 @@ pub(super) async fn get_by_id(
     if q.idempotency_key.is_some() {
         return Err(ApiError::new(ErrorCode::InvalidField, "idempotency_key: not taken with a message id"));
     }
+    if let Some(field) = q.listing_fields().first() {
+        return Err(ApiError::new(ErrorCode::InvalidField, format!("{field}: not taken with a message id")));
+    }
     read_waiting(&state, &caller, message_id, q.wait_ms).await.map(Json)
 }
 
-/// `GET /v1/messages?idempotency_key=K`.
-pub(super) async fn get_by_key(
+/// `GET /v1/messages`: by key (`?idempotency_key=K[&wait_ms=N]`, one message) or the
+/// producer's listing of a conversation (`?conversation=C[&after=CURSOR][&limit=N]`, a page,
+/// `replay`). The two forms never mix: a query naming both is refused, naming the fields.
+pub(super) async fn get_messages(
+    caller: ProducerCaller,
+    state: State<AppState>,
+    ApiQuery(q): ApiQuery<ReadQuery>,
+) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse as _;
+    let listing = q.listing_fields();
+    if let Some(field) = listing.first()
+        && (q.idempotency_key.is_some() || q.wait_ms.is_some())
+    {
+        let other = if q.idempotency_key.is_some() { "idempotency_key" } else { "wait_ms" };
+        return Err(ApiError::new(
+            ErrorCode::InvalidField,
+            format!(
+                "{other} and {field}: a read by idempotency_key (with wait_ms) and a listing of a conversation (with \
+                 after, limit) are two queries; give one"
+            ),
+        ));
+    }
+    if listing.is_empty() {
+        return Ok(get_by_key(caller, state, q).await?.into_response());
+    }
+    Ok(list(caller, state, q).await?.into_response())
+}
+
+/// The listing form of `get_messages`.
+async fn list(
     ProducerCaller(caller): ProducerCaller,
     State(state): State<AppState>,
-    ApiQuery(q): ApiQuery<ReadQuery>,
+    q: ReadQuery,
+) -> Result<Json<MessagePage>, ApiError> {
+    let conversation = q.conversation.ok_or_else(|| {
+        ApiError::new(ErrorCode::InvalidField, "conversation: required to list (or give idempotency_key to read one)")
+    })?;
+    check_name("conversation", &conversation)?;
+    let page = replay::page(&state, &caller.name, conversation, q.after.as_deref(), q.limit).await?;
+    caller.recheck(&state).await?;
+    Ok(Json(page))
+}
+
+/// The read-by-key form of `get_messages`.
+async fn get_by_key(
+    ProducerCaller(caller): ProducerCaller,
+    State(state): State<AppState>,
+    q: ReadQuery,
 ) -> Result<Json<MessageView>, ApiError> {
-    let key = q.idempotency_key.ok_or_else(|| ApiError::new(ErrorCode::InvalidField, "idempotency_key: required"))?;
+    let key = q.idempotency_key.ok_or_else(|| {
+        ApiError::new(ErrorCode::InvalidField, "idempotency_key: required (or give conversation to list messages)")
+    })?;
     check_key("idempotency_key", &key)?;
     let found = state.store.message_id_by_key(caller.name.clone(), key).await?;
     let id = found.ok_or_else(|| ApiError::new(ErrorCode::NotFound, "no message with that idempotency key"))?;
@@ -450,6 +537,7 @@ mod tests {
             idempotency_key: "k".into(),
             payload: serde_json::json!({"n": 1}).into(),
             accepted_at_ms: 1,
+            traceparent: None,
             deliveries: results
                 .iter()
                 .enumerate()

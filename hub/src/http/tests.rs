@@ -145,6 +145,21 @@ mod openapi {
             cancel_requested: false,
             deadline_ms: Some(60_000),
             stall_ms: Some(10_000),
+            traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
+        };
+        let listed = ListedMessage {
+            message_id: "m".into(),
+            seq: 7,
+            idempotency_key: "k".into(),
+            payload: serde_json::json!({}).into(),
+            accepted_at_ms: 1,
+            traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
+            deliveries: vec![DeliverySummary {
+                delivery_id: "d".into(),
+                host: Some("h".into()),
+                pool: Some("p".into()),
+                state: DeliveryState::Queued,
+            }],
         };
         let interval = MembershipInterval { join_seq: 0, joined_at_ms: 1, leave_seq: Some(2), left_at_ms: Some(3) };
         let summary = DeliverySummary {
@@ -210,6 +225,7 @@ mod openapi {
                     idempotency_key: "k".into(),
                     payload: serde_json::json!({}).into(),
                     accepted_at_ms: 1,
+                    traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
                     deliveries: vec![delivery.clone()],
                     omitted: Some(ViewOmitted {
                         attempts_of: vec!["d".into()],
@@ -237,6 +253,17 @@ mod openapi {
                 "HoldingsResponse",
                 serde_json::to_value(HoldingsResponse { deliveries: vec![claimed.clone()], next_cursor: Some(7) })
                     .unwrap(),
+            ),
+            ("ListedMessage", serde_json::to_value(&listed).unwrap()),
+            (
+                "MessagePage",
+                serde_json::to_value(MessagePage {
+                    conversation: "c".into(),
+                    messages: vec![listed.clone()],
+                    next_cursor: "7.0123456789abcdef".into(),
+                    more: false,
+                })
+                .unwrap(),
             ),
             (
                 "ClaimResponse",
@@ -476,6 +503,7 @@ mod openapi {
             peers: None,
             feed_horizon: Default::default(),
             tls: None,
+            telemetry: baton_telemetry::Telemetry::off(),
         });
         let app = app(state);
         for (method, path) in ROUTES {

@@ -65,6 +65,9 @@ pub struct Shared {
     /// requests may be in progress); `None` where no TLS is served (socket-free tests), where
     /// nothing is re-checked against it.
     pub tls: Option<Arc<ServerTls>>,
+    /// Where the hub's spans go (`otlp_endpoint`); off when none is configured, and then no
+    /// span is built.
+    pub telemetry: baton_telemetry::Telemetry,
 }
 
 /// The router's state.

@@ -307,6 +307,7 @@ mod tests {
 
     fn message(key: &str) -> NewMessage {
         NewMessage {
+            traceparent: None,
             producer: "p".into(),
             conversation: "c".into(),
             idempotency_key: key.into(),

@@ -81,7 +81,8 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../../schema/hub/0013-progress-and-feeds.sql"),
     include_str!("../../../schema/hub/0014-deadlines-and-stalls.sql"),
     include_str!("../../../schema/hub/0015-breaker-period.sql"),
-    include_str!("../../../schema/hub/0016-pools.sql"),
+    include_str!("../../../schema/hub/0016-traceparent.sql"),
+    include_str!("../../../schema/hub/0017-pools.sql"),
 ];
 
 /// The newest schema version this binary knows, on each backend: how many migrations each

@@ -95,6 +95,7 @@ fn fixture() -> &'static Fixture {
                 certs: CertCache::new(watch::channel(0).1),
                 peers: None,
                 feed_horizon: Default::default(),
+                telemetry: baton_telemetry::Telemetry::off(),
                 tls: None,
             })
         });

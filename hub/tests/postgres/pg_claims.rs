@@ -185,6 +185,7 @@ fn write<R>(conn: &PgConn, f: impl FnOnce(&dyn Db) -> Result<R, StoreError>) -> 
 /// Accepts one message of `conversation` to `host` and fans it out.
 fn send(conn: &dyn Db, conversation: &str, key: &str, host: &str) {
     let msg = NewMessage {
+        traceparent: None,
         producer: "prod".into(),
         conversation: conversation.into(),
         idempotency_key: key.into(),

@@ -32,6 +32,7 @@ fn a_claim_ended_in_a_deadlock_runs_again_and_is_counted() {
             hosts::Issued { role: Role::Node, name: "host-a", serial: SERIAL, not_after_unix: i64::from(i32::MAX) };
         hosts::enroll(c, issued, "op", "enrolled", 0)?;
         let msg = NewMessage {
+            traceparent: None,
             producer: "prod".into(),
             conversation: "c1".into(),
             idempotency_key: "k1".into(),

@@ -13,9 +13,9 @@ use baton_testkit::pg::cluster_or_skip;
 const RECORD: &str = include_str!("record_before_pools.sql");
 
 /// The SQLite schema version before pools.
-const SQLITE_BEFORE: usize = 15;
+const SQLITE_BEFORE: usize = 16;
 /// The PostgreSQL schema version before pools (the histories are numbered in lockstep).
-const POSTGRES_BEFORE: usize = 15;
+const POSTGRES_BEFORE: usize = 16;
 
 /// The deliveries' columns before pools, as one text per row (NULL shown as `~`).
 fn deliveries_as_text() -> String {

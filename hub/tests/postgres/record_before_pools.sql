@@ -1,4 +1,4 @@
--- A record of the schema before pools (migration 15 on both backends) holding work in every state:
+-- A record of the schema before pools (migration 16 on both backends) holding work in every state:
 -- queued, queued for a retry (with a failed attempt), held, claimed, mirrored, delivered with
 -- and without an outcome, failed and unknown, with their events and attempts, and one message
 -- whose fan-out has not run. Plain statements both backends run as written.

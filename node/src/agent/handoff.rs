@@ -14,6 +14,7 @@ use baton_shared::crash_point;
 use baton_shared::limits::BATCH_ITEMS_MAX;
 use baton_shared::states::DeliveryState;
 use baton_shared::wire::{ClaimedDelivery, HolderItem, TransitionResponse};
+use baton_telemetry::Kind;
 use std::collections::HashSet;
 use std::sync::Arc;
 use tokio::task::JoinSet;
@@ -46,6 +47,8 @@ pub(super) async fn reject<H: Hub>(sh: &Shared<H>, d: &ClaimedDelivery, why: &st
 /// Mirrors a fresh claim batch in one local transaction, then hands the batch off
 /// (`handoff_batch`).
 pub(super) async fn take_batch<H: Hub>(sh: &Arc<Shared<H>>, batch: Vec<ClaimedDelivery>) -> Result<(), Stop> {
+    // The handoff's span covers the local mirror too.
+    let started = sh.telemetry.started();
     let mut good = Vec::with_capacity(batch.len());
     for d in batch {
         match validate(&d) {
@@ -64,7 +67,7 @@ pub(super) async fn take_batch<H: Hub>(sh: &Arc<Shared<H>>, batch: Vec<ClaimedDe
         }
         items.push((d, DeliveryState::Claimed));
     }
-    handoff_batch(sh, items).await
+    handoff_batch(sh, items, started).await
 }
 
 /// One step of the handoff the hub records for a delivery.
@@ -93,10 +96,12 @@ impl Step {
 /// `handoff = "combined"` (a hub that knows it) one request asks for `mirrored` and `ack`
 /// together; otherwise the node tells the hub `mirrored` for those still `claimed`, then acks
 /// them all. Transient failures are retried; a refusal of one item drops that local copy only,
-/// exactly as the single answer would.
+/// exactly as the single answer would. Each delivery the hub confirmed gets a `handoff` span
+/// from `started` (when tracing is on).
 pub(super) async fn handoff_batch<H: Hub>(
     sh: &Arc<Shared<H>>,
     items: Vec<(ClaimedDelivery, DeliveryState)>,
+    started: Option<std::time::SystemTime>,
 ) -> Result<(), Stop> {
     if items.is_empty() {
         return Ok(());
@@ -105,7 +110,7 @@ pub(super) async fn handoff_batch<H: Hub>(
         let all: Vec<ClaimedDelivery> = items.into_iter().map(|(d, _)| d).collect();
         let answers = transition_all(sh, Step::Handoff, &all).await?;
         crash_point("node.handoff.after_response");
-        return open_gates(sh, Step::Handoff, all, answers).await;
+        return open_gates(sh, Step::Handoff, all, answers, started).await;
     }
     let to_mirror: Vec<ClaimedDelivery> =
         items.iter().filter(|(_, st)| *st == DeliveryState::Claimed).map(|(d, _)| d.clone()).collect();
@@ -127,7 +132,7 @@ pub(super) async fn handoff_batch<H: Hub>(
     }
     let answers = transition_all(sh, Step::Ack, &to_ack).await?;
     crash_point("node.ack.after_response");
-    open_gates(sh, Step::Ack, to_ack, answers).await
+    open_gates(sh, Step::Ack, to_ack, answers, started).await
 }
 
 /// After the hub's answers to the `ack` (or the combined handoff, `step`) of `acked`: drops
@@ -138,6 +143,7 @@ async fn open_gates<H: Hub>(
     step: Step,
     acked: Vec<ClaimedDelivery>,
     answers: Vec<ItemAnswer<TransitionResponse>>,
+    started: Option<std::time::SystemTime>,
 ) -> Result<(), Stop> {
     let mut open = Vec::with_capacity(acked.len());
     for (d, answer) in acked.iter().zip(answers) {
@@ -166,6 +172,12 @@ async fn open_gates<H: Hub>(
         }
     }
     sh.wake_scheduler.notify_one();
+    let ended = sh.telemetry.started();
+    for d in &open {
+        sh.telemetry.span_ending("handoff", Kind::Client, d.traceparent.as_deref(), started, ended, || {
+            baton_telemetry::delivery_attrs(&d.delivery_id, &d.message_id, &d.conversation, d.seq, d.attempt)
+        });
+    }
     Ok(())
 }
 

@@ -541,6 +541,7 @@ fn config(dir: &Path, script: &str) -> NodeConfig {
         checkpoint_interval: baton_shared::sqlite::CHECKPOINT_INTERVAL,
         handoff: Handoff::Combined,
         metrics_listen: None,
+        otlp_endpoint: None,
     }
 }
 

@@ -5,6 +5,7 @@
 use super::{ConfigError, Handoff, Harness, HubUrls, KEYS, LogFormat};
 use crate::limits::HUB_URLS_MAX;
 use baton_shared::sqlite::Synchronous;
+use baton_telemetry::OtlpEndpoint;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -44,6 +45,9 @@ pub enum Kind {
     /// A listening address: `ADDR:PORT`, a port alone (on `METRICS_LOOPBACK`), or `off`, the
     /// default.
     Listen,
+    /// An OTLP/HTTP receiver's `http://` or `https://` URL (`baton_telemetry::OtlpEndpoint`),
+    /// or empty, the default: none.
+    OtlpUrl,
 }
 
 impl Kind {
@@ -57,6 +61,7 @@ impl Kind {
             Kind::Duration { .. } => "DURATION",
             Kind::Word(_) => "WORD",
             Kind::Listen => "ADDR:PORT|PORT|off",
+            Kind::OtlpUrl => "URL",
         }
     }
 }
@@ -88,6 +93,8 @@ pub(super) enum Value {
     Duration(Duration),
     /// A listening address, or none (`off`).
     Listen(Option<SocketAddr>),
+    /// An OTLP endpoint, or none (empty).
+    Otlp(Option<OtlpEndpoint>),
 }
 
 impl Key {
@@ -119,6 +126,7 @@ impl Key {
             }
             Kind::Word(words) => format!("{}, default {}", words.join(" or "), words.first().unwrap_or(&"")),
             Kind::Listen => "ADDR:PORT, PORT (on 127.0.0.1) or off, default off".to_string(),
+            Kind::OtlpUrl => "an http:// or https:// URL, or empty; default empty (no export)".to_string(),
         };
         format!("{doc} [{allowed}] [env: {}]", self.env_var())
     }
@@ -147,6 +155,7 @@ impl Key {
                 None => Err(self.invalid("allows no value at all")),
             },
             Kind::Listen => Ok(Value::Listen(None)),
+            Kind::OtlpUrl => Ok(Value::Otlp(None)),
         }
     }
 
@@ -176,9 +185,10 @@ impl Key {
                  hub_url = [\"https://a:7443\", \"https://b:7443\"]"
             ))),
             (Kind::HttpsUrl, toml::Value::String(s)) => self.https_urls(&[s]).map(Value::Urls),
-            (Kind::Path | Kind::Duration { .. } | Kind::Word(_) | Kind::Listen, toml::Value::String(s)) => {
-                self.read_text(&s)
-            }
+            (
+                Kind::Path | Kind::Duration { .. } | Kind::Word(_) | Kind::Listen | Kind::OtlpUrl,
+                toml::Value::String(s),
+            ) => self.read_text(&s),
             (Kind::Listen, toml::Value::Integer(n)) => self.read_text(&n.to_string()),
             (kind, other) => {
                 let expected = match kind {
@@ -188,6 +198,7 @@ impl Key {
                     Kind::Duration { .. } => "a duration string such as \"30s\"",
                     Kind::Path | Kind::Word(_) => "a string",
                     Kind::Listen => "a string such as \"127.0.0.1:9465\" or \"off\"",
+                    Kind::OtlpUrl => "a string such as \"http://127.0.0.1:4318\"",
                 };
                 Err(self.invalid(format!("expected {expected}, found a {} ({other})", other.type_str())))
             }
@@ -219,6 +230,8 @@ impl Key {
                 Err(self.invalid(format!("{s:?} is not one of {}", allowed.join(", "))))
             }
             Kind::Listen => listen(s).map(Value::Listen).map_err(|m| self.invalid(m)),
+            Kind::OtlpUrl if s.trim().is_empty() => Ok(Value::Otlp(None)),
+            Kind::OtlpUrl => OtlpEndpoint::parse(s.trim()).map(|e| Value::Otlp(Some(e))).map_err(|m| self.invalid(m)),
         }
     }
 
@@ -397,6 +410,15 @@ impl FromValue for Option<SocketAddr> {
         match v {
             Value::Listen(addr) => Ok(addr),
             other => mismatch(key, &other, "Option<SocketAddr>"),
+        }
+    }
+}
+
+impl FromValue for Option<OtlpEndpoint> {
+    fn from_value(key: &'static str, v: Value) -> Result<Self, ConfigError> {
+        match v {
+            Value::Otlp(endpoint) => Ok(endpoint),
+            other => mismatch(key, &other, "Option<OtlpEndpoint>"),
         }
     }
 }

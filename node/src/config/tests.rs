@@ -269,6 +269,9 @@ fn every_key_is_declared_once_and_reaches_its_field() {
             }
             Kind::Word(words) => words.iter().map(|w| w.to_string()).collect(),
             Kind::Listen => vec!["off".into(), "9465".into(), "127.0.0.1:0".into(), "[::1]:9465".into()],
+            Kind::OtlpUrl => {
+                vec!["".into(), "http://127.0.0.1:4318".into(), "https://otel.example.net/v1/traces".into()]
+            }
         };
         for sample in samples {
             let base = Layer::from_toml("t", BASE).unwrap();
@@ -303,4 +306,24 @@ fn flags_are_generated_from_the_table() {
     assert_eq!(probe.flags.layer().unwrap(), expected);
     let bad = Probe::try_parse_from(["probe", "--claim-wait", "forever"]).unwrap();
     assert!(bad.flags.layer().unwrap_err().to_string().starts_with("claim_wait:"));
+}
+
+/// `otlp_endpoint`: empty (no export) by default; an http(s) URL from any layer; anything else
+/// refused naming the key and what is wrong.
+#[test]
+fn otlp_endpoint_is_an_http_url_or_nothing() {
+    let base = || Layer::from_toml("t", BASE).unwrap();
+    let config = NodeConfig::resolve(base(), Layer::default(), Layer::default()).unwrap();
+    assert!(config.otlp_endpoint.is_none(), "off unless configured");
+    let file = Layer::from_toml("t", &format!("{BASE}\notlp_endpoint = \"http://127.0.0.1:4318\"\n")).unwrap();
+    let config = NodeConfig::resolve(file, Layer::default(), Layer::default()).unwrap();
+    assert_eq!(
+        config.otlp_endpoint.map(|e| e.traces_url().to_string()).as_deref(),
+        Some("http://127.0.0.1:4318/v1/traces")
+    );
+    for (bad, why) in [("grpc://c:4317", "http:// or https://"), ("http://c:4318/?x=1", "query"), ("c", "not a URL")] {
+        let mut flags = Layer::default();
+        let e = flags.set("otlp_endpoint", bad).unwrap_err().to_string();
+        assert!(e.starts_with("otlp_endpoint:") && e.contains(why), "{bad}: {e}");
+    }
 }

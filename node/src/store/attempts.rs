@@ -88,6 +88,9 @@ pub struct StartedTurn {
     pub deadline_ms: Option<u64>,
     /// The message's `stall_ms`: the turn is stopped when it wrote no progress for this long.
     pub stall_ms: Option<u64>,
+    /// The message's W3C `traceparent` (the claim's), given to the harness as `TRACEPARENT`
+    /// and the parent of this node's spans of the turn; `None` when the hub sent none.
+    pub traceparent: Option<String>,
 }
 
 /// An attempt found started and not ended at startup: the node stopped while it ran.
@@ -201,7 +204,7 @@ impl Db {
             .conn
             .prepare_cached(
                 "SELECT d.message_id, d.conversation, d.seq, d.payload, d.producer, d.run, d.rerun, d.claim_token,
-                        d.deadline_ms, d.stall_ms
+                        d.deadline_ms, d.stall_ms, d.traceparent
                  FROM deliveries d
                  JOIN executions e ON e.delivery_id = d.delivery_id AND e.run = d.run
                  WHERE d.delivery_id = ?1 AND d.state = 'acked' AND e.state = 'queued'",
@@ -221,6 +224,7 @@ impl Db {
                         claim_token: r.get(7)?,
                         deadline_ms: r.get::<_, Option<i64>>(8)?.and_then(|ms| u64::try_from(ms).ok()),
                         stall_ms: r.get::<_, Option<i64>>(9)?.and_then(|ms| u64::try_from(ms).ok()),
+                        traceparent: r.get(10)?,
                     },
                     r.get::<_, Option<String>>(6)?,
                 ))

@@ -267,6 +267,7 @@ fn mirror_in(
         ":run": d.attempt, ":rerun": d.rerun.map(|r| r.as_str()),
         ":deadline": d.deadline_ms.and_then(|ms| i64::try_from(ms).ok()),
         ":stall": d.stall_ms.and_then(|ms| i64::try_from(ms).ok()),
+        ":trace": d.traceparent,
     };
     // A new delivery's execution must not exist yet (a plain insert: a stray row fails the
     // whole mirror); a replaced copy's execution of the same run is queued again.
@@ -289,7 +290,7 @@ fn mirror_in(
                 "UPDATE deliveries SET message_id = :message, conversation = :conversation, seq = :seq,
                  payload = :payload, claim_token = :token, state = :state, reason = NULL,
                  mirrored_at_ms = :now, updated_at_ms = :now, producer = :producer, run = :run, rerun = :rerun,
-                 deadline_ms = :deadline, stall_ms = :stall
+                 deadline_ms = :deadline, stall_ms = :stall, traceparent = :trace
              WHERE delivery_id = :id",
             )?
             .execute(params)?;
@@ -300,9 +301,9 @@ fn mirror_in(
         None => {
             tx.prepare_cached(
                 "INSERT INTO deliveries(delivery_id, message_id, conversation, seq, payload, claim_token, state,
-                     mirrored_at_ms, updated_at_ms, producer, run, rerun, deadline_ms, stall_ms)
+                     mirrored_at_ms, updated_at_ms, producer, run, rerun, deadline_ms, stall_ms, traceparent)
                  VALUES (:id, :message, :conversation, :seq, :payload, :token, :state, :now, :now, :producer,
-                     :run, :rerun, :deadline, :stall)",
+                     :run, :rerun, :deadline, :stall, :trace)",
             )?
             .execute(params)?;
             queue(tx, false)?;

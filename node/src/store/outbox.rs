@@ -26,27 +26,32 @@ pub struct OutboxEntry {
     pub delivery_id: String,
     /// The exact request body.
     pub body: ReportRequest,
+    /// The delivery's W3C `traceparent`, the parent of the report's span (`None` when the hub
+    /// sent none, or the local copy is gone).
+    pub traceparent: Option<String>,
 }
 
 impl Db {
     /// Up to `limit` reports not yet confirmed nor dead, oldest first.
     pub fn pending_reports(&self, limit: u32) -> Result<Vec<OutboxEntry>, StoreError> {
         let mut st = self.conn.prepare_cached(
-            "SELECT report_id, delivery_id, body FROM outbox
-             WHERE confirmed_at_ms IS NULL AND dead_at_ms IS NULL ORDER BY created_at_ms, report_id LIMIT ?1",
+            "SELECT o.report_id, o.delivery_id, o.body, d.traceparent FROM outbox o
+             LEFT JOIN deliveries d ON d.delivery_id = o.delivery_id
+             WHERE o.confirmed_at_ms IS NULL AND o.dead_at_ms IS NULL ORDER BY o.created_at_ms, o.report_id LIMIT ?1",
         )?;
-        let rows =
-            st.query_map([limit], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?)))?;
+        let rows = st.query_map([limit], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?, r.get::<_, Option<String>>(3)?))
+        })?;
         let mut out = Vec::new();
         for row in rows {
-            let (report_id, delivery_id, body) = row?;
+            let (report_id, delivery_id, body, traceparent) = row?;
             let body: ReportRequest = serde_json::from_str(&body).map_err(|e| {
                 StoreError::corrupt(format!("outbox {report_id}"), format!("body is not a report ({e})"))
             })?;
             if body.report_id != report_id || body.delivery_id != delivery_id {
                 return Err(StoreError::corrupt(format!("outbox {report_id}"), "body names another report"));
             }
-            out.push(OutboxEntry { report_id, delivery_id, body });
+            out.push(OutboxEntry { report_id, delivery_id, body, traceparent });
         }
         Ok(out)
     }

@@ -23,6 +23,7 @@ pub(crate) fn delivery(id: &str, conversation: &str, seq: i64) -> ClaimedDeliver
         cancel_requested: false,
         deadline_ms: None,
         stall_ms: None,
+        traceparent: None,
     }
 }
 
@@ -142,6 +143,32 @@ fn markers_and_outbox() {
     let local = db.local("d1").unwrap().unwrap();
     assert_eq!(local.state, LocalState::Done);
     assert_eq!(local.report, Some((turn.attempt_id.clone(), ReportState::Confirmed)));
+}
+
+/// The claim's traceparent is mirrored with the delivery, comes back with the turn (for the
+/// harness's `TRACEPARENT`) and with its report (the parent of the report's span); a later
+/// claim of the same delivery replaces it; a delivery without one has none.
+#[test]
+fn the_traceparent_is_mirrored_and_read_back_with_the_turn_and_its_report() {
+    let (_dir, mut db) = open_temp();
+    let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let traced = ClaimedDelivery { traceparent: Some(tp.into()), ..delivery("d1", "c", 1) };
+    db.mirror(&traced, true, 10).unwrap();
+    db.mirror(&delivery("d2", "e", 1), true, 10).unwrap();
+    let turn = db.start_attempt("d1", 11).unwrap().unwrap();
+    assert_eq!(turn.traceparent.as_deref(), Some(tp));
+    assert_eq!(db.start_attempt("d2", 11).unwrap().unwrap().traceparent, None);
+    let ending = Ending::unstarted(Outcome::Succeeded, "done");
+    db.end_attempt(&turn.attempt_id, &ending, 12).unwrap();
+    let pending = db.pending_reports(10).unwrap();
+    assert_eq!(pending.iter().find(|e| e.delivery_id == "d1").and_then(|e| e.traceparent.as_deref()), Some(tp));
+    let other = "00-4bf92f3577b34da6a3ce929d0e0e4737-00f067aa0ba902b8-00";
+    let again =
+        ClaimedDelivery { traceparent: Some(other.into()), claim_token: "tok-2".into(), ..delivery("d3", "f", 1) };
+    db.mirror(&ClaimedDelivery { claim_token: "tok-1".into(), ..again.clone() }, false, 13).unwrap();
+    db.drop_delivery("d3", "gone", 14).unwrap();
+    assert_eq!(db.mirror(&again, true, 15).unwrap(), Mirrored::Replaced);
+    assert_eq!(db.start_attempt("d3", 16).unwrap().unwrap().traceparent.as_deref(), Some(other));
 }
 
 #[test]

@@ -100,7 +100,7 @@ fn help_lists_every_key_with_its_flag_and_environment_variable_and_the_exit_stat
     let out = node().args(["run", "--help"]).output().unwrap();
     assert_eq!(out.status.code(), Some(0));
     let help = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(baton_node::config::KEYS.len(), 32);
+    assert_eq!(baton_node::config::KEYS.len(), 33);
     for key in baton_node::config::KEYS {
         let flag = format!("--{}", key.name.replace('_', "-"));
         let env = format!("BATON_NODE_{}", key.name.to_ascii_uppercase());

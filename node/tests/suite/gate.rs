@@ -28,6 +28,7 @@ fn turn() -> StartedTurn {
         claim_token: "tok-1".into(),
         deadline_ms: None,
         stall_ms: None,
+        traceparent: None,
     }
 }
 

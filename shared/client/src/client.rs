@@ -5,6 +5,9 @@
 //! Retries are safe by construction: only submit (its idempotency key makes a repeat the same
 //! message) and report (its report id makes a repeat count once) go through `retry::retrying`;
 //! every other call is sent once.
+//!
+//! Listing (`list_messages`) pages through the producer's own messages of a conversation from
+//! an opaque cursor (`MessagePage::next_cursor`).
 
 use crate::error::{ApiError, ClientError, transport_error};
 use crate::hubs::Hubs;
@@ -12,9 +15,10 @@ use crate::limits::{CLAIM_WAIT_MAX, LONG_POLL_WAIT_MAX, REQUEST_TIMEOUT, claim_t
 use crate::retry::{RetryPolicy, retrying};
 use crate::tls::{TlsError, TlsFiles, http_client};
 use baton_shared::error::ErrorCode;
+use baton_shared::traceparent::{TRACEPARENT_HEADER, TraceParent};
 use baton_shared::wire::{
     ApprovalRequest, ApprovalResponse, CancelRequest, CancelResponse, ClaimRequest, ClaimResponse, ClaimedDelivery,
-    ConversationView, ErrorBody, EventsPage, HolderRequest, HoldingsResponse, MessageView, RejectRequest,
+    ConversationView, ErrorBody, EventsPage, HolderRequest, HoldingsResponse, MessagePage, MessageView, RejectRequest,
     ReportRequest, ReportResponse, RunningRequest, RunningResponse, RunningTurnItem, RunningTurnResult, SESSION_HEADER,
     SessionEndRequest, SessionRequest, SessionResponse, StartItem, StartRequest, StartResponse, StartResult,
     SubmitRequest, SubmitResponse, TransitionResponse,
@@ -173,6 +177,45 @@ impl Client {
     pub async fn submit(&self, req: &SubmitRequest) -> Result<SubmitResponse, ClientError> {
         let url = format!("{}/v1/messages", self.hub_url());
         retrying(&self.inner.retry, || self.send(self.http().post(&url).timeout(REQUEST_TIMEOUT).json(req), 0)).await
+    }
+
+    /// `POST /v1/messages` in the producer's trace: `traceparent` (W3C Trace Context, the span
+    /// that sends it) goes as the request's `traceparent` header, so the hub keeps it with the
+    /// message, its spans and the node's are children of that span, and the harness finds it
+    /// as `TRACEPARENT`. Retried as `submit` is (the same header each time).
+    pub async fn submit_traced(
+        &self,
+        req: &SubmitRequest,
+        traceparent: &TraceParent,
+    ) -> Result<SubmitResponse, ClientError> {
+        let url = format!("{}/v1/messages", self.hub_url());
+        let header = traceparent.to_string();
+        retrying(&self.inner.retry, || {
+            let r = self.http().post(&url).timeout(REQUEST_TIMEOUT).header(TRACEPARENT_HEADER, &header).json(req);
+            self.send(r, 0)
+        })
+        .await
+    }
+
+    /// `GET /v1/messages?conversation=C[&after=CURSOR][&limit=N]`: one page of this producer's
+    /// own messages in `conversation`, oldest first, from `after` (a `next_cursor` of an earlier
+    /// page; none: from the oldest the hub keeps). `limit` is capped by the hub's
+    /// `limits.message_page_max`. Follow `next_cursor` while `more`; at the end, the same
+    /// cursor later gives what came since. A cursor the hub no longer keeps whole is 410
+    /// `cursor_expired` (start again without one); one not of this listing, 400
+    /// `bad_cursor`. Sent once (a read: the caller repeats it freely).
+    pub async fn list_messages(
+        &self,
+        conversation: &str,
+        after: Option<&str>,
+        limit: Option<u32>,
+    ) -> Result<MessagePage, ClientError> {
+        let limit = limit.map(|n| n.to_string());
+        let mut query = vec![("conversation", conversation)];
+        query.extend(after.map(|a| ("after", a)));
+        query.extend(limit.as_deref().map(|n| ("limit", n)));
+        let url = self.url("/v1/messages", &query)?;
+        self.send(self.http().get(url).timeout(REQUEST_TIMEOUT), 0).await
     }
 
     /// `GET /v1/messages/{id}`; with `wait`, a long-poll that answers as soon as a delivery

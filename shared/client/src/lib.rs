@@ -7,8 +7,48 @@
 //! that keeps the hub's refusals (typed by `baton_shared::error::ErrorCode`) apart from
 //! transport failures. Only idempotent calls are retried.
 //!
+//! Examples, runnable programs in `shared/client/examples/` (built by the test command and run
+//! against a real hub by `tests/examples.rs`), each connecting through the variables `baton`
+//! reads (`BATON_HUB_URL`, `BATON_CA_FILE`, `BATON_CERT_FILE`, `BATON_KEY_FILE`):
+//! - `submit_and_wait`: `Client::submit_traced` (the producer's `traceparent` kept with the
+//!   message), then long-poll reads (`Client::message` with a wait) until every delivery ended:
+//!   `cargo run -p baton-client --example submit_and_wait -- CONVERSATION HOST KEY`.
+//! - `list_messages`: `Client::list_messages` from a cursor, following `next_cursor` while
+//!   `more`, starting over when the cursor expired:
+//!   `cargo run -p baton-client --example list_messages -- CONVERSATION [CURSOR]`.
+//! - `spool`: `Spooler::open`, `Spooler::spool` (durable when it returns), `Spooler::flush`:
+//!   `cargo run -p baton-client --example spool -- DIR CONVERSATION HOST KEY`.
+//!
+//! In short, a producer that submits and waits:
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use baton_client::{Client, TlsFiles};
+//! use baton_shared::wire::{Payload, SubmitRequest};
+//! use std::time::Duration;
+//!
+//! let files = TlsFiles { ca_file: "ca.crt".into(), cert_file: "billing.crt".into(), key_file: "billing.key".into() };
+//! let client = Client::new("https://hub.example.net:7443", &files)?;
+//! let request = SubmitRequest {
+//!     conversation: "support".into(),
+//!     idempotency_key: "order-42".into(),
+//!     payload: Payload::from_text(r#"{"ticket": 42}"#.into())?,
+//!     to: Some(vec!["worker-1".into()]),
+//!     max_attempts: None,
+//!     retry_backoff_ms: None,
+//!     approval: None,
+//!     approval_timeout_ms: None,
+//! };
+//! let accepted = client.submit(&request).await?; // retried: the key makes a repeat the same message
+//! let view = client.message(&accepted.message_id, Some(Duration::from_secs(20))).await?;
+//! println!("{:?}", view.deliveries.iter().map(|d| d.state).collect::<Vec<_>>());
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! Layout:
-//! - `client`: `Client` (producer calls) and `NodeClient` (node calls), `BuildError`.
+//! - `client`: `Client` (producer calls, the listing `list_messages` among them) and
+//!   `NodeClient` (node calls), `BuildError`.
 //! - `hubs`: the hub URLs a client may talk to and the one in use (`Client::with_hubs`,
 //!   `Client::advance_from`): a node moves on, round robin, from a hub that cannot answer.
 //! - `node_batch`: the node's batch calls (`NodeClient::mirrored_batch`, `ack_batch`,

@@ -6,12 +6,13 @@ Each test uses conversations of its own, so a slow turn in one holds back no oth
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import tempfile
 import time
 import unittest
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import baton_client as b
 
@@ -33,6 +34,52 @@ def env() -> HubEnv:
 def client() -> b.Client:
     e = env()
     return b.Client(e.url, ca=e.ca, cert=e.cert, key=e.key)
+
+
+#: What a message whose harness (``e2e_harness.py``) succeeds at once shows in its feed, in
+#: order: its delivery's states, the two progress events of its run, the run's outcome.
+ONE_RUN = [
+    ("state", "queued"),
+    ("state", "claimed"),
+    ("state", "mirrored"),
+    ("state", "delivered"),
+    ("progress", "start"),
+    ("progress", "done"),
+    ("outcome", "succeeded"),
+]
+
+
+def steps(events: Sequence[b.FeedEvent]) -> list[tuple[str, object]]:
+    """Each item as its kind and what it says: a state's new state, a progress event's step,
+    an outcome."""
+    out: list[tuple[str, object]] = []
+    for e in events:
+        if isinstance(e, b.StateEvent):
+            out.append((e.kind, e.to))
+        elif isinstance(e, b.ProgressEvent):
+            out.append((e.kind, e.progress.get("step")))
+        elif isinstance(e, b.OutcomeEvent):
+            out.append((e.kind, e.outcome))
+    return out
+
+
+def check_one_run(case: unittest.TestCase, events: Sequence[b.FeedEvent], host: str) -> None:
+    """``events`` are one message's whole feed for a run that succeeded at once, typed."""
+    case.assertEqual(steps(events), ONE_RUN)
+    cursors = [int(e.cursor) for e in events]
+    case.assertEqual(cursors, sorted(set(cursors)), "in order, none twice")
+    created, delivered = events[0], events[3]
+    assert isinstance(created, b.StateEvent) and isinstance(delivered, b.StateEvent)
+    case.assertEqual((created.from_, delivered.from_, delivered.actor), (None, "mirrored", f"node:{host}"))
+    progress = [e for e in events if isinstance(e, b.ProgressEvent)]
+    case.assertEqual([(p.attempt, p.seq) for p in progress], [(1, 1), (1, 2)])
+    case.assertEqual(progress[0].progress, {"attempt": 1, "step": "start"})
+    outcome = events[-1]
+    assert isinstance(outcome, b.OutcomeEvent)
+    case.assertEqual(
+        (outcome.attempt, outcome.exit_code, outcome.retryable, outcome.progress_events, outcome.progress_dropped),
+        (1, 0, False, 2, 0),
+    )
 
 
 def result_of(d: b.DeliveryView) -> dict[str, object]:
@@ -171,6 +218,68 @@ class Producer(unittest.TestCase):
         view = self.c.conversation("py-approve")
         self.assertEqual((view.conversation, view.last_seq, view.open), ("py-approve", 2, True))
 
+    def test_a_feed_is_followed_to_its_outcome_and_a_conversation_and_listing_paged(self) -> None:
+        sent = self.c.submit("py-feed", {"n": 1}, to=[self.host], idempotency_key="py-feed-1")
+        feed = self.c.watch(sent.message_id, timeout_s=WAIT_S)
+        events = list(feed)
+        self.assertTrue(feed.settled, events)
+        check_one_run(self, events, self.host)
+        assert feed.cursor is not None
+        self.assertGreaterEqual(int(feed.cursor), int(events[-1].cursor))
+        whole = self.c.message_events(sent.message_id)
+        self.assertEqual((whole.events, whole.settled), (tuple(events), True))
+
+        # The conversation's feed, two items a page: the run's items, then the held message's
+        # (created, then held).
+        held = self.c.submit("py-feed", {"n": 2}, to=[self.host], approval="required", idempotency_key="py-feed-2")
+        paged: list[b.FeedEvent] = []
+        after = None
+        while True:
+            p = self.c.conversation_events("py-feed", after=after, limit=2)
+            self.assertLessEqual(len(p.events), 2)
+            self.assertIsNone(p.settled)
+            if not p.events:
+                break
+            paged.extend(p.events)
+            after = p.next_cursor
+        self.assertEqual(paged[: len(events)], events)
+        self.assertEqual({e.message_id for e in paged[len(events) :]}, {held.message_id})
+        last = paged[-1]
+        assert isinstance(last, b.StateEvent)
+        self.assertEqual(last.to, "held")
+        followed = self.c.follow("py-feed", limit=3)
+        self.assertEqual(list(itertools.islice(followed, len(paged))), paged)
+        self.assertEqual(followed.cursor, last.cursor)
+        self.assertEqual(list(self.c.follow("py-feed", after=followed.cursor, timeout_s=0.5)), [])
+
+        # The listing, one message a page.
+        first = self.c.list_messages("py-feed", limit=1)
+        self.assertEqual(([m.message_id for m in first.messages], first.more), ([sent.message_id], True))
+        listing = self.c.iter_messages("py-feed", limit=1)
+        listed = list(listing)
+        self.assertEqual(
+            [(m.message_id, m.seq, m.idempotency_key, m.payload) for m in listed],
+            [(sent.message_id, sent.seq, "py-feed-1", {"n": 1}), (held.message_id, held.seq, "py-feed-2", {"n": 2})],
+        )
+        self.assertEqual([[d.state for d in m.deliveries] for m in listed], [["delivered"], ["held"]])
+        self.assertTrue(listed[0].traceparent)
+        assert listing.cursor is not None
+        after_all = self.c.list_messages("py-feed", after=listing.cursor)
+        self.assertEqual((after_all.messages, after_all.more), ((), False))
+
+        # Cursors this hub never gave out.
+        refusals: list[Callable[[], object]] = [
+            lambda: self.c.message_events(sent.message_id, after="x1"),
+            lambda: list(self.c.watch(sent.message_id, after="9000000000000")),
+            lambda: self.c.conversation_events("py-feed", after="x1"),
+            lambda: self.c.list_messages("py-feed", after="x1"),
+        ]
+        for refused in refusals:
+            with self.assertRaises(b.BadCursorError) as caught:
+                refused()
+            self.assertEqual((caught.exception.status, caught.exception.code), (400, "bad_cursor"))
+        self.c.cancel(held.message_id, "the feed test is done with it")
+
     def test_a_spool_whose_hub_answers_delivers_at_once(self) -> None:
         with tempfile.TemporaryDirectory() as d, self.c.spooler(os.path.join(d, "spool")) as spool:
             sent = spool.send("py-spool-up", {"n": 1}, to=[self.host], idempotency_key="py-spool-up-1")
@@ -204,6 +313,30 @@ class Async(unittest.IsolatedAsyncioTestCase):
                     self.assertEqual((await spooler.status()).waiting, 0)
             view = await c.conversation("py-async")
             self.assertEqual(view.last_seq, 5)
+
+    async def test_the_async_client_follows_feeds_and_lists(self) -> None:
+        e = env()
+        async with b.AsyncClient(e.url, ca=e.ca, cert=e.cert, key=e.key) as c:
+            sent = await c.submit("py-afeed", {"n": 1}, to=[e.host], idempotency_key="py-afeed-1")
+            feed = c.watch(sent.message_id, timeout_s=WAIT_S)
+            events = [ev async for ev in feed]
+            self.assertTrue(feed.settled, events)
+            check_one_run(self, events, e.host)
+            paged: list[b.FeedEvent] = []
+            page = await c.conversation_events("py-afeed", limit=3)
+            while page.events:
+                self.assertLessEqual(len(page.events), 3)
+                paged.extend(page.events)
+                page = await c.conversation_events("py-afeed", after=page.next_cursor, limit=3)
+            self.assertEqual(paged, events)
+            followed = c.follow("py-afeed", limit=2)
+            self.assertEqual([await followed.__anext__() for _ in events], events)
+            listed = [m async for m in c.iter_messages("py-afeed", limit=1)]
+            self.assertEqual([(m.message_id, m.idempotency_key) for m in listed], [(sent.message_id, "py-afeed-1")])
+            self.assertFalse((await c.list_messages("py-afeed")).more)
+            with self.assertRaises(b.BadCursorError) as caught:
+                await c.message_events(sent.message_id, after="x1")
+            self.assertEqual(caught.exception.code, "bad_cursor")
 
 
 if __name__ == "__main__":

@@ -125,6 +125,7 @@ pub(crate) fn accept_range(
             for n in i..end {
                 let (conversation, idempotency_key) = name(n);
                 let msg = NewMessage {
+                    traceparent: None,
                     producer: producer.into(),
                     conversation,
                     idempotency_key,

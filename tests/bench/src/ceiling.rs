@@ -141,6 +141,7 @@ async fn cycle_rate(store: &Store, tag: &str, per_op: usize, duration: Duration)
             .map(|i| {
                 let n = done + i;
                 let msg = NewMessage {
+                    traceparent: None,
                     producer: "bench".into(),
                     conversation: format!("cycle-{}", n % 64),
                     idempotency_key: format!("cycle-{tag}-{n}"),

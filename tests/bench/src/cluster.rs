@@ -85,6 +85,8 @@ pub struct NodeSettings {
     pub handoff: String,
     /// `handoffs_in_flight`, when not the node's default.
     pub handoffs_in_flight: Option<u32>,
+    /// `otlp_endpoint`: where the node exports its spans; `None` (the default) for none.
+    pub otlp_endpoint: Option<String>,
 }
 
 /// Writes a node config for `host` under `dir` (data directory `dir/HOST`) and starts
@@ -110,6 +112,9 @@ pub fn start_node(
         .set("backoff_max", "\"1s\"");
     if let Some(n) = settings.handoffs_in_flight {
         config = config.set("handoffs_in_flight", &n.to_string());
+    }
+    if let Some(endpoint) = &settings.otlp_endpoint {
+        config = config.set("otlp_endpoint", &format!("{endpoint:?}"));
     }
     let mut node = Node::create(bins, dir, host, &config)?;
     node.proc_mut().set_drop_grace(STOP_GRACE);

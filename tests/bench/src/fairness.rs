@@ -50,6 +50,7 @@ pub fn node_settings(parallel_conversations: u32, handoff: &str, handoffs_in_fli
         claim_batch_max: 8,
         handoff: handoff.to_string(),
         handoffs_in_flight,
+        otlp_endpoint: None,
     }
 }
 

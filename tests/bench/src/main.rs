@@ -403,6 +403,7 @@ fn end_to_end(
         claim_batch_max: plan.node_batch,
         handoff: plan.node_handoff.clone(),
         handoffs_in_flight: plan.node_handoffs_in_flight,
+        otlp_endpoint: None,
     };
     let convs_per_host = (plan.node_parallel as usize * 2).max(1);
     let pass = |name: &str, messages, rate_per_s, harness| e2e::Pass {
@@ -479,10 +480,50 @@ fn end_to_end(
     let rss = procfs::sample(hubs[0].proc().pid().context("the hub is not running")?, clk)?.peak_rss_bytes;
     figs.put("e2e_hub_peak_rss_bytes", Some(rss as f64), "(first) hub VmHWM after the end-to-end passes");
     figs.put("hub_peak_rss_bytes", Some(rss as f64), "hub VmHWM (e2e hub; replaced by the largest backlog below)");
+
+    // The cost of traces: the single-submit pass again, the hubs and the nodes exporting every
+    // span to a local OTLP receiver, beside the same pass without (the default) above.
+    progress(&format!("step 2: no-op pass, {single_messages} messages, one per request, tracing on"));
+    let sink = baton_testkit::otlp::OtlpSink::start(baton_testkit::otlp::Keep::Counts)?;
+    for hub in &mut hubs {
+        let addr = hub.addr().context("a hub is not serving")?;
+        let status = hub.proc_mut().stop(cluster::STOP_GRACE)?.context("a hub never ran")?;
+        anyhow::ensure!(status.success(), "a hub exited with {status} at the end of the untraced passes");
+        hub.set_env("BATON_HUB_OTLP_ENDPOINT", &sink.endpoint());
+        hub.listen_on(addr);
+        cluster::start_hub(hub)?;
+    }
+    let traced_producers: Vec<baton_client::Client> = (0..plan.producers)
+        .map(|j| cluster::client(&hubs[0], &urls[j % urls.len()], e2e::PRODUCER))
+        .collect::<anyhow::Result<_>>()?;
+    let traced_rig = e2e::Rig {
+        rt,
+        bins,
+        hubs: &hubs,
+        urls: &urls,
+        hosts: &plan.hosts,
+        producers: &traced_producers,
+        work_dir: e2e_root,
+        database_url: plan.database_url.as_deref(),
+    };
+    let mut traced = e2e::Pass { submit_batch: 1, ..pass("traced", single_messages, None, Harness::Noop) };
+    traced.node.otlp_endpoint = Some(sink.endpoint());
+    let t = e2e::run_pass(&traced_rig, &traced)?;
+    record_pass(figs, "traced_single_submit_", &t);
+    // The spans leave in batches; the hubs' last ones at their stop.
     for hub in &mut hubs {
         let status = hub.proc_mut().stop(cluster::STOP_GRACE)?.context("a hub never ran")?;
         anyhow::ensure!(status.success(), "a hub exited with {status} at the end of the passes");
     }
+    let (spans, exports) = sink.counts();
+    figs.put("trace_spans_exported", Some(spans as f64), "spans the traced pass's hubs and nodes exported");
+    figs.put("trace_export_requests", Some(exports as f64), "OTLP/HTTP export requests that carried them");
+    figs.put(
+        "trace_spans_per_delivery",
+        Some(spans as f64 / (t.deliveries.max(1) as f64)),
+        "spans per delivery with tracing on (accept, fan-out, claim, handoff, start, run, report)",
+    );
+    anyhow::ensure!(sink.refused().is_empty(), "the OTLP receiver refused exports: {:?}", sink.refused());
     Ok(())
 }
 
@@ -569,6 +610,12 @@ fn derive(figs: &mut Figures, plan: &Plan) {
         ("e2e_deliveries_per_s", "e2e_single_submit_deliveries_per_s"),
     ] {
         figs.ratio(key, ceiling);
+    }
+    // Tracing on beside tracing off: the same pass, one per request.
+    for key in
+        ["e2e_deliveries_per_s", "hub_cpu_us_per_delivery", "node_cpu_us_per_delivery", "accept_to_report_p99_ms"]
+    {
+        figs.ratio(&format!("traced_single_submit_{key}"), &format!("single_submit_{key}"));
     }
     for prefix in ["", "half_load_", "true_harness_", "single_submit_"] {
         for (key, ceiling) in [

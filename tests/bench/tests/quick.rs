@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 /// The figures `--json` must always carry (step results may be `null` only when skipped).
-const KEYS: [&str; 20] = [
+const KEYS: [&str; 23] = [
     "sqlite_commits_per_s",
     "sqlite_rows_per_s_batch64",
     "accepted_per_s",
@@ -28,6 +28,9 @@ const KEYS: [&str; 20] = [
     "progress10_e2e_deliveries_per_s",
     "progress10_progress_events_kept",
     "progress10_running_requests_per_delivery",
+    "traced_single_submit_e2e_deliveries_per_s",
+    "traced_single_submit_hub_cpu_us_per_delivery",
+    "trace_spans_exported",
 ];
 
 /// How long the reduced run may take before the test fails: it takes well under a minute

@@ -161,7 +161,17 @@ fn built_once() -> anyhow::Result<()> {
     BUILT.get_or_init(|| cargo_build().map_err(|e| format!("{e:#}"))).clone().map_err(|e| anyhow!(e))
 }
 
-/// Builds the workspace's binaries into the target directory of the running executable, with
+/// The example program `name` of the workspace (`shared/client/examples/NAME.rs`), built with
+/// the binaries (`Binaries::build`, skipped as it is) into `examples/` beside them; fails when
+/// it is not there.
+pub fn example(name: &str) -> anyhow::Result<PathBuf> {
+    if std::env::var_os(NO_BUILD_VAR).is_none_or(|v| v != "1") {
+        built_once()?;
+    }
+    existing(profile_dir()?.join("examples").join(name), name, NO_BUILD_VAR)
+}
+
+/// Builds the workspace's binaries (and its examples) into the target directory of the running executable, with
 /// the same profile, `--all-features`; in a debug build with the test targets too, so that the
 /// dependencies' features are resolved exactly as `cargo test --workspace --all-features`
 /// resolves them (and what it built is reused, not built again with other features).
@@ -171,7 +181,7 @@ fn cargo_build() -> anyhow::Result<()> {
     let profile = profile_dir.file_name().and_then(OsStr::to_str).unwrap_or("debug");
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
-    cmd.args(["build", "--quiet", "--workspace", "--bins", "--all-features", "--target-dir"])
+    cmd.args(["build", "--quiet", "--workspace", "--bins", "--examples", "--all-features", "--target-dir"])
         .arg(target)
         .current_dir(env!("CARGO_MANIFEST_DIR"));
     match profile {

@@ -12,7 +12,8 @@
 //!   running executable; built once per test process), scrubbed commands, and `run`, one
 //!   command to completion under a deadline; `producer_cli`, the producer command line `baton`
 //!   (`BATON_CLI_BIN`), found and built the same way (`locate_producer_cli`: found only);
-//!   `build_bins_shown`, the demo's build of the programs, with cargo's progress shown.
+//!   `build_bins_shown`, the demo's build of the programs, with cargo's progress shown;
+//!   `example`, a workspace example program (the client's), built with the binaries.
 //! - `proc`: `Proc`, one restartable child process: its log files (one per stream, every run
 //!   appended), signals, waiting for its exit, stopping it on drop, and printing its log when a
 //!   test panics. `stop_all_on_signal` for programs that are signalled themselves.
@@ -21,6 +22,8 @@
 //!   process, started on loopback and waited for until `/readyz` answers over mTLS.
 //! - `node`: `NodeConfig` (the TOML file) and `Node`, one `baton-node run` process.
 //! - `wait`: `until`, the one polling wait with a deadline.
+//! - `otlp`: `OtlpSink`, a real OTLP/HTTP trace receiver on loopback (decodes what the hub's
+//!   and the node's exporters send), for the trace tests and the benchmark's tracing-on run.
 //! - `pg`: `PgCluster`, a throwaway PostgreSQL server from the installed server binaries
 //!   (`initdb` as an unprivileged user, a free port, optional TLS), and `cluster_or_skip`, the
 //!   skip-or-require rule (`BATON_REQUIRE_POSTGRES`).
@@ -36,6 +39,7 @@ pub mod bins;
 pub mod hub;
 pub mod identity;
 pub mod node;
+pub mod otlp;
 pub mod pg;
 pub mod proc;
 pub mod python;

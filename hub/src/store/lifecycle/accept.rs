@@ -137,6 +137,9 @@ pub struct NewMessage {
     /// The recipient hosts, deduplicated and sorted; empty (with `pools` empty too) for "the
     /// conversation's members at the message's `seq`".
     pub to: Vec<String>,
+    /// The W3C `traceparent` kept with the message (version 00, checked by the caller); not
+    /// part of its content. `None` only where no trace exists (tests, older callers).
+    pub traceparent: Option<String>,
     /// The recipient pools, deduplicated and sorted: one delivery per pool, any member of which
     /// may claim it.
     pub pools: Vec<String>,
@@ -304,8 +307,8 @@ pub fn accept_with_retry(
     conn.prepare_cached(
         "INSERT INTO messages (id, conversation, seq, producer, idempotency_key, content_hash, payload, accepted_at,
                                max_attempts, retry_backoff_ms, approval, approval_timeout_ms, approval_expires_at,
-                               deadline_ms, stall_ms)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
+                               deadline_ms, stall_ms, traceparent)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
     )?
     .execute(params![
         message_id,
@@ -325,7 +328,8 @@ pub fn accept_with_retry(
             .filter(|_| retry.approval_required)
             .map(|ms| now_ms.saturating_add(i64::try_from(ms).unwrap_or(i64::MAX))),
         retry.deadline_ms.map(|ms| i64::try_from(ms).unwrap_or(i64::MAX)),
-        retry.stall_ms.map(|ms| i64::try_from(ms).unwrap_or(i64::MAX))
+        retry.stall_ms.map(|ms| i64::try_from(ms).unwrap_or(i64::MAX)),
+        msg.traceparent,
     ])?;
     crash_point("hub.accept.after_message_insert");
     let mut route = conn.prepare_cached("INSERT INTO message_recipients (message_id, host) VALUES ($1, $2)")?;
@@ -580,6 +584,7 @@ pub(crate) mod testing {
     /// id. An empty `to` routes to the conversation's members.
     pub(crate) fn accept_only(conn: &dyn Db, conversation: &str, key: &str, to: &[&str]) -> String {
         let msg = NewMessage {
+            traceparent: None,
             producer: "prod".into(),
             conversation: conversation.into(),
             idempotency_key: key.into(),
@@ -603,6 +608,7 @@ mod tests {
 
     fn msg(key: &str, payload: &str, to: &[&str]) -> NewMessage {
         NewMessage {
+            traceparent: None,
             producer: "prod".into(),
             conversation: "c1".into(),
             idempotency_key: key.into(),
@@ -783,6 +789,7 @@ mod pool_tests {
             payload: "{}".into(),
             to: to.iter().map(|s| s.to_string()).collect(),
             pools: pools.iter().map(|s| s.to_string()).collect(),
+            traceparent: None,
         }
     }
 

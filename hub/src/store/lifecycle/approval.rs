@@ -411,6 +411,7 @@ mod tests {
 
     fn msg(conv: &str, key: &str) -> NewMessage {
         NewMessage {
+            traceparent: None,
             producer: "prod".into(),
             conversation: conv.into(),
             idempotency_key: key.into(),

@@ -102,13 +102,13 @@ impl Store {
     }
 
     /// Records each report as `report` would, in one transaction after one session check; one
-    /// result per report, in order.
+    /// result per report, in order, each with whether it lifted the retry barrier.
     pub async fn report_batch(
         &self,
         node: NodeAt,
         reports: Vec<ReportRequest>,
         bounds: impl Into<ReportBounds>,
-    ) -> StoreResult<Vec<StoreResult<ReportResponse>>> {
+    ) -> StoreResult<Vec<StoreResult<(ReportResponse, bool)>>> {
         let (clock, bounds) = (self.clock.clone(), bounds.into());
         let answers = self
             .conns
@@ -117,11 +117,11 @@ impl Store {
                 let now = clock.now_ms();
                 each(c, reports, |c, req| {
                     let run = run_report(&req, node.session, bounds);
-                    let (attempt, duplicate, retry_at_ms) =
-                        report::report_run(c, &node.host, &new_report(&req), &run, now)?;
+                    let ((attempt, duplicate, retry_at_ms), lifts) =
+                        report::report_run_lifting(c, &node.host, &new_report(&req), &run, now)?;
                     let accepted_at_ms = if duplicate { None } else { gauges::accepted_at(c, &req.delivery_id)? };
                     let r = ReportResponse { attempt, delivery_id: req.delivery_id, duplicate, retry_at_ms };
-                    Ok((r, accepted_at_ms))
+                    Ok(((r, lifts), accepted_at_ms))
                 })
             })
             .await?;
@@ -129,7 +129,7 @@ impl Store {
             .into_iter()
             .map(|a| {
                 a.map(|(r, accepted_at_ms)| {
-                    observe_turn(&r.attempt, accepted_at_ms);
+                    observe_turn(&r.0.attempt, accepted_at_ms);
                     r
                 })
             })

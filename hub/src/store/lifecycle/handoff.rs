@@ -156,7 +156,7 @@ pub fn holdings_page(
         .prepare_cached(
             "SELECT d.id, d.message_id, d.conversation, d.seq, m.payload, d.claim_token, d.state, m.producer,
                     d.attempt, m.max_attempts, d.rerun, d.cancel_requested_at IS NOT NULL, d.n, m.deadline_ms,
-                    m.stall_ms
+                    m.stall_ms, m.traceparent
              FROM deliveries d JOIN messages m ON m.id = d.message_id
              WHERE d.instance_id = $1 AND d.host = $2 AND d.n > $3
                AND (d.state IN ('claimed', 'mirrored')
@@ -186,6 +186,7 @@ pub fn holdings_page(
                     cancel_requested: r.get(11)?,
                     deadline_ms,
                     stall_ms,
+                    traceparent: r.get(15)?,
                     delivery_id,
                 },
             ))

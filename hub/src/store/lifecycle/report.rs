@@ -115,25 +115,26 @@ pub(super) fn observe_turn(attempt: &AttemptView, accepted_at_ms: Option<i64>) {
 }
 
 impl Store {
-    /// Records one attempt report (after the session check).
+    /// Records one attempt report (after the session check); with it, whether it lifted the
+    /// retry barrier (`report_run_lifting`).
     pub async fn report(
         &self,
         node: NodeAt,
         req: ReportRequest,
         bounds: impl Into<ReportBounds>,
-    ) -> StoreResult<Reported> {
+    ) -> StoreResult<(Reported, bool)> {
         let (clock, bounds) = (self.clock.clone(), bounds.into());
         let (reported, accepted_at_ms) = self
             .conns
             .write(move |c| {
                 sessions::check(c, &node.host, node.session)?;
                 let run = run_report(&req, node.session, bounds);
-                let reported = report_run(c, &node.host, &new_report(&req), &run, clock.now_ms())?;
-                let accepted_at_ms = if reported.1 { None } else { gauges::accepted_at(c, &req.delivery_id)? };
+                let reported = report_run_lifting(c, &node.host, &new_report(&req), &run, clock.now_ms())?;
+                let accepted_at_ms = if reported.0.1 { None } else { gauges::accepted_at(c, &req.delivery_id)? };
                 Ok((reported, accepted_at_ms))
             })
             .await?;
-        observe_turn(&reported.0, accepted_at_ms);
+        observe_turn(&reported.0.0, accepted_at_ms);
         Ok(reported)
     }
 }
@@ -233,13 +234,22 @@ struct ReportedDelivery {
 /// Records one attempt of a run. Returns the attempt, whether it was already recorded, and,
 /// when the harness asked for a retry (failed with exit 75, no cancel asked for, runs left) and
 /// the hub requeued the delivery, the time before which it is not handed out again.
-pub fn report_run(
+pub fn report_run(conn: &dyn Db, host: &str, r: &NewReport<'_>, run: &RunReport, now_ms: i64) -> StoreResult<Reported> {
+    Ok(report_run_lifting(conn, host, r, run, now_ms)?.0)
+}
+
+/// `report_run`, and whether the report lifted the retry barrier: it recorded the last run of a
+/// message that may be retried (`max_attempts > 1`), so the later turns of its conversation on
+/// the host, which waited for that outcome, may be claimable now; the caller wakes the host's
+/// waiting claims. A report that asks for a retry lifts nothing (the retry comes back first and
+/// `retry_at_ms` says when), nor does a replay (its first recording woke them).
+pub fn report_run_lifting(
     conn: &dyn Db,
     host: &str,
     r: &NewReport<'_>,
     run: &RunReport,
     now_ms: i64,
-) -> StoreResult<(AttemptView, bool, Option<i64>)> {
+) -> StoreResult<(Reported, bool)> {
     let hash = r.request_hash_stopped(run.attempt, run.signal, run.stopped_by);
     let existing: Option<(String, String)> = conn
         .prepare_cached("SELECT id, request_hash FROM attempts WHERE host = $1 AND report_id = $2")?
@@ -254,7 +264,7 @@ pub fn report_run(
         }
         let view = attempt(conn, &attempt_id)?;
         let retry_at = if view.retryable { retry_time(conn, r.delivery_id, view.attempt)? } else { None };
-        return Ok((view, true, retry_at));
+        return Ok(((view, true, retry_at), false));
     }
     let row: Option<ReportedDelivery> = conn
         .prepare_cached(
@@ -388,7 +398,8 @@ pub fn report_run(
     // And every turn for the turns-per-period trigger (off unless configured: nothing written).
     crate::store::lifecycle::breaker_period::count_turn(conn, &d.conversation, run.breaker_turns, now_ms)?;
     crash_point("hub.report.before_commit");
-    Ok((attempt(conn, &attempt_id)?, false, retry_at))
+    let lifts_barrier = d.max_attempts > 1 && retry_at.is_none();
+    Ok(((attempt(conn, &attempt_id)?, false, retry_at), lifts_barrier))
 }
 
 /// What the record keeps of a stderr tail of `tail.len()` bytes under a bound of `max` bytes: its

@@ -372,10 +372,10 @@ impl<'a> Scan<'a> {
     /// queued → claimed for the claiming instance, and into the batch.
     fn hand_out(&mut self, conversation: &str, head: Head) -> StoreResult<()> {
         self.heads += 1;
-        let (payload, producer, max_attempts, deadline_ms, stall_ms): MessageTerms = self
+        let (payload, producer, max_attempts, deadline_ms, stall_ms, traceparent): MessageTerms = self
             .conn
             .prepare_cached(
-                "SELECT payload, producer, max_attempts, deadline_ms, stall_ms FROM messages WHERE id = $1",
+                "SELECT payload, producer, max_attempts, deadline_ms, stall_ms, traceparent FROM messages WHERE id = $1",
             )?
             .query_row([&head.message_id], |r| {
                 Ok((
@@ -384,6 +384,7 @@ impl<'a> Scan<'a> {
                     r.get(2)?,
                     bound_ms_column(r, 3, "messages", &head.message_id)?,
                     bound_ms_column(r, 4, "messages", &head.message_id)?,
+                    r.get(5)?,
                 ))
             })?;
         let token = new_token();
@@ -418,14 +419,15 @@ impl<'a> Scan<'a> {
             cancel_requested: false,
             deadline_ms,
             stall_ms,
+            traceparent,
         });
         Ok(())
     }
 }
 
 /// What a claim hands out of its message: the payload, the producer, `max_attempts` and the
-/// turn's bounds (`deadline_ms`, `stall_ms`).
-type MessageTerms = (baton_shared::wire::Payload, String, u32, Option<u64>, Option<u64>);
+/// turn's bounds (`deadline_ms`, `stall_ms`) and its trace context (`traceparent`).
+type MessageTerms = (baton_shared::wire::Payload, String, u32, Option<u64>, Option<u64>, Option<String>);
 
 /// The reason a delivery fails with when its host is not a member for the message's `seq`.
 pub const NOT_A_MEMBER: &str = "not a member";

@@ -412,6 +412,7 @@ mod tests {
 
     fn post(conn: &dyn Db, key: &str, to: &[&str]) -> StoreResult<crate::store::lifecycle::accept::Accepted> {
         let msg = NewMessage {
+            traceparent: None,
             producer: "prod".into(),
             conversation: "c".into(),
             idempotency_key: key.into(),
@@ -548,6 +549,7 @@ mod tests {
 
     fn post_into(conn: &dyn Db, conversation: &str, key: &str) -> StoreResult<Vec<String>> {
         let msg = NewMessage {
+            traceparent: None,
             producer: "prod".into(),
             conversation: conversation.into(),
             idempotency_key: key.into(),

@@ -469,6 +469,7 @@ mod tests {
 
     fn post(conn: &dyn Db, producer: &str, conversation: &str, key: &str) -> StoreResult<()> {
         let msg = NewMessage {
+            traceparent: None,
             producer: producer.into(),
             conversation: conversation.into(),
             idempotency_key: key.into(),
@@ -512,6 +513,7 @@ mod tests {
 
     fn post_to(conn: &dyn Db, host: &str, key: &str, payload: &str) -> StoreResult<()> {
         let msg = NewMessage {
+            traceparent: None,
             producer: "prod".into(),
             conversation: "c".into(),
             idempotency_key: key.into(),
@@ -562,6 +564,7 @@ mod tests {
         assert!(matches!(e, StoreError::OverQuota(QuotaKind::UnsettledBytes, _)), "{e}");
         assert!(e.to_string().contains("unsettled_bytes_max = 12"), "{e}");
         let other = NewMessage {
+            traceparent: None,
             producer: "other".into(),
             conversation: "c".into(),
             idempotency_key: "free".into(),

@@ -163,6 +163,7 @@ fn an_approval_reason_keeps_its_bytes() {
     let c: &dyn Db = &*db.conn;
     for (n, v) in hostile().iter().enumerate() {
         let msg = NewMessage {
+            traceparent: None,
             producer: "prod".into(),
             conversation: "approve".into(),
             idempotency_key: format!("a{n}"),
@@ -191,6 +192,7 @@ fn a_payload_with_a_lone_surrogate_is_refused_as_invalid_on_both_backends() {
     let db = testing::db();
     let c: &dyn Db = &*db.conn;
     let msg = super::lifecycle::accept::NewMessage {
+        traceparent: None,
         producer: "prod".into(),
         conversation: "conv".into(),
         idempotency_key: "k".into(),

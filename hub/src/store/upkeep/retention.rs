@@ -134,6 +134,7 @@ mod tests {
 
     fn accept_again(c: &dyn Db, key: &str, now_ms: i64) -> crate::store::lifecycle::accept::Accepted {
         let msg = crate::store::lifecycle::accept::NewMessage {
+            traceparent: None,
             producer: "prod".into(),
             conversation: "c".into(),
             idempotency_key: key.into(),

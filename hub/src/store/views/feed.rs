@@ -561,6 +561,7 @@ mod tests {
         let c = &*db.conn;
         let mine = accept_one(c, "c", "k1", &["host-a"]);
         let msg = crate::store::lifecycle::accept::NewMessage {
+            traceparent: None,
             producer: "other".into(),
             conversation: "c".into(),
             idempotency_key: "k2".into(),

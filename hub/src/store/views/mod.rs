@@ -8,6 +8,7 @@
 //! - `gauges`: what the hub's periodic gauges read, in one snapshot.
 //! - `feed`: the producers' events feeds from a cursor, their positions and horizon.
 //! - `fleet`: hosts, their sessions and silence, for `hosts list|show` and `status`.
+//! - `replay`: a producer's own messages of a conversation, a page at a time from a `seq`.
 
 pub mod explain;
 pub mod feed;
@@ -16,3 +17,4 @@ pub mod gauges;
 pub mod listing;
 pub mod overview;
 pub mod read;
+pub mod replay;

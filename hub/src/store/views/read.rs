@@ -69,7 +69,8 @@ pub fn message_id_by_key(conn: &dyn Db, producer: &str, key: &str) -> StoreResul
 pub fn message_view(conn: &dyn Db, message_id: &str) -> StoreResult<MessageView> {
     let mut view = conn
         .prepare_cached(
-            "SELECT id, conversation, seq, producer, idempotency_key, payload, accepted_at FROM messages WHERE id = $1",
+            "SELECT id, conversation, seq, producer, idempotency_key, payload, accepted_at, traceparent
+             FROM messages WHERE id = $1",
         )?
         .query_row([message_id], |r| {
             Ok(MessageView {
@@ -80,6 +81,7 @@ pub fn message_view(conn: &dyn Db, message_id: &str) -> StoreResult<MessageView>
                 idempotency_key: r.get(4)?,
                 payload: json_column(r, 5, "messages", message_id)?,
                 accepted_at_ms: r.get(6)?,
+                traceparent: r.get(7)?,
                 deliveries: Vec::new(),
                 omitted: None,
             })

@@ -4,9 +4,11 @@ file as ``baton send --spool``) and helpers for a node's harness (``baton_client
 
 Layout:
 
-- ``client``: ``Client`` (blocking) and ``Spooler``; ``aio``: ``AsyncClient`` and
-  ``AsyncSpooler``. Both run the same flows; neither builds a request or decodes an answer.
-- ``_api``: one flow per endpoint (request, retry rule, decoding; ``wait``'s loop).
+- ``client``: ``Client`` (blocking), ``Feed`` (a followed feed's iterator) and ``Spooler``;
+  ``aio``: ``AsyncClient``, ``AsyncFeed`` and ``AsyncSpooler``. Both run the same flows;
+  neither builds a request or decodes an answer.
+- ``_api``: one flow per endpoint (request, retry rule, decoding; ``wait``'s loop), and
+  ``Pages``, how a feed is followed from a cursor (events feeds, the replay listing).
 - ``_steps``: what a flow is (the steps it yields), ``RetryPolicy``, ``retrying``, ``Backoff``.
 - ``_transport``: the two drivers over httpx, the mTLS context, failure classification.
 - ``wire``: requests checked and written, answers read into typed dataclasses.
@@ -20,14 +22,16 @@ idempotency keys, and reads); a spooled message leaves the spool only after the 
 """
 
 from ._steps import RetryPolicy
-from .aio import AsyncClient, AsyncSpooler
-from .client import Client, Spooler
+from .aio import AsyncClient, AsyncFeed, AsyncSpooler
+from .client import Client, Feed, Spooler
 from .errors import (
     ApiError,
     BadAnswerError,
+    BadCursorError,
     BatonError,
     CertificateRevokedError,
     ConflictError,
+    CursorExpiredError,
     DeniedError,
     HubUnavailableError,
     InvalidArgumentError,
@@ -50,9 +54,17 @@ from .wire import (
     BatchItem,
     CancelResponse,
     ConversationView,
+    DeliverySummary,
     DeliveryView,
+    EventsPage,
+    FeedEvent,
+    ListedMessage,
+    MessagePage,
     MessageView,
+    OutcomeEvent,
+    ProgressEvent,
     RawJson,
+    StateEvent,
     SubmitRequest,
     SubmitResult,
 )
@@ -65,9 +77,11 @@ __all__ = [
     "ApiError",
     "ApprovalResponse",
     "AsyncClient",
+    "AsyncFeed",
     "AsyncSpooler",
     "AttemptView",
     "BadAnswerError",
+    "BadCursorError",
     "BatchItem",
     "BatonError",
     "CancelResponse",
@@ -75,17 +89,26 @@ __all__ = [
     "Client",
     "ConflictError",
     "ConversationView",
+    "CursorExpiredError",
+    "DeliverySummary",
     "DeliveryView",
     "DeniedError",
+    "EventsPage",
+    "Feed",
+    "FeedEvent",
     "FlushReport",
     "HubUnavailableError",
     "InvalidArgumentError",
     "InvalidRequestError",
+    "ListedMessage",
+    "MessagePage",
     "MessageView",
     "NotFoundError",
+    "OutcomeEvent",
+    "ProgressEvent",
     "RawJson",
-    "RefusedError",
     "Refused",
+    "RefusedError",
     "RetryPolicy",
     "Spool",
     "SpoolError",
@@ -98,6 +121,7 @@ __all__ = [
     "SpoolStatus",
     "Spooled",
     "Spooler",
+    "StateEvent",
     "SubmitRequest",
     "SubmitResult",
     "TransportError",

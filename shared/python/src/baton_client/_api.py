@@ -6,8 +6,11 @@ Retried (``retrying``): submit and batch submit (their idempotency keys make a r
 message) and the reads (a read changes nothing). Sent once: cancel, approve and reject (the
 caller decides, knowing what a repeat would mean; a repeated approve is refused as decided).
 
-A new endpoint (the events feed, the replay feed) is one method here, returning a flow, and
-one line in each client that runs it.
+A new endpoint is one method here, returning a flow, and one line in each client that runs it.
+
+Following a feed (``Pages``: ``EventPages`` for the events feeds, ``ListingPages`` for the
+replay listing) is a state machine both clients' iterators drive: it names the next page's
+flow (a retried read from the last cursor), takes the page, and says when the feed has ended.
 """
 
 from __future__ import annotations
@@ -15,10 +18,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 from .errors import BatonError, WaitTimeoutError
-from .limits import CLIENT_TIMEOUT_MARGIN_S, LONG_POLL_WAIT_MAX_S, REQUEST_TIMEOUT_S, WAIT_RETRY_PACE_S
+from .limits import CLIENT_TIMEOUT_MARGIN_S, FEED_WAIT_S, LONG_POLL_WAIT_MAX_S, REQUEST_TIMEOUT_S, WAIT_RETRY_PACE_S
 from ._steps import Call, Flow, RetryPolicy, expect, retrying, sleep
 from .wire import (
     ApprovalResponse,
@@ -26,6 +29,10 @@ from .wire import (
     CancelResponse,
     ConversationView,
     DeliveryView,
+    EventsPage,
+    FeedEvent,
+    ListedMessage,
+    MessagePage,
     MessageView,
     SubmitRequest,
     SubmitResult,
@@ -33,12 +40,16 @@ from .wire import (
     check_id,
     check_key,
     check_name,
+    feed_query,
+    listing_query,
     read_approval,
     read_batch,
     read_cancel,
     read_conversation,
     read_delivery,
+    read_events,
     read_message,
+    read_message_page,
     read_submit,
     reason_body,
 )
@@ -46,6 +57,10 @@ from .wire import (
 log = logging.getLogger("baton_client")
 
 T_ = TypeVar("T_")
+#: A followed feed's page (``EventsPage``, ``MessagePage``) and what it yields (``FeedEvent``,
+#: ``ListedMessage``).
+Page = TypeVar("Page")
+Item = TypeVar("Item")
 
 _SEGMENT_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-")
 
@@ -111,6 +126,35 @@ class Api:
         """``GET /v1/conversations/{conversation}``."""
         c = Call("GET", f"/v1/conversations/{segment(check_name('conversation', name))}")
         return self._read(c, read_conversation, True)
+
+    def message_events(
+        self, message_id: str, after: str | None = None, wait_s: float | None = None, limit: int | None = None
+    ) -> Flow[EventsPage]:
+        """``GET /v1/messages/{id}/events``: the message's items after ``after`` (none: from
+        the first), at most ``limit``; with ``wait_s``, a long poll answered as soon as there
+        is one. Retried (a read)."""
+        path = f"/v1/messages/{segment(check_id('message_id', message_id))}/events"
+        return self._feed(path, after, wait_s, limit)
+
+    def conversation_events(
+        self, conversation: str, after: str | None = None, wait_s: float | None = None, limit: int | None = None
+    ) -> Flow[EventsPage]:
+        """``GET /v1/conversations/{conversation}/events``: this producer's own messages' items
+        in the conversation, as ``message_events``."""
+        path = f"/v1/conversations/{segment(check_name('conversation', conversation))}/events"
+        return self._feed(path, after, wait_s, limit)
+
+    def _feed(self, path: str, after: str | None, wait_s: float | None, limit: int | None) -> Flow[EventsPage]:
+        query = feed_query(after, limit)
+        wait, timeout_s = long_poll(wait_s)
+        return self._read(Call("GET", path, (*query, *wait), None, timeout_s), read_events, True)
+
+    def list_messages(self, conversation: str, after: str | None = None, limit: int | None = None) -> Flow[MessagePage]:
+        """``GET /v1/messages?conversation=C``: one page of this producer's own messages in
+        ``conversation``, oldest first, after ``after`` (a ``next_cursor``; none: from the
+        oldest kept). Retried (a read)."""
+        c = Call("GET", "/v1/messages", listing_query(conversation, after, limit))
+        return self._read(c, read_message_page, True)
 
     def cancel(self, message_id: str, reason: str) -> Flow[CancelResponse]:
         """``POST /v1/messages/{id}/cancel``; sent once."""
@@ -204,3 +248,109 @@ class Api:
             tuple(deliveries),
             view.omitted,
         )
+
+
+class Pages(Generic[Page, Item]):
+    """Following a paged feed from a cursor: ``read`` names the next page's flow (``None``
+    once the feed has ended), ``take`` takes its answer and gives its items. The clients'
+    iterators drive it; each page is a read retried by the client's ``RetryPolicy``, always
+    from the cursor of the last page taken, so a failure repeats or loses nothing."""
+
+    def __init__(self, after: str | None) -> None:
+        #: Where the next page starts: the ``next_cursor`` of the last page taken.
+        self.after = after
+        #: True once the feed has ended (no more ``read``).
+        self.ended = False
+
+    def read(self) -> Flow[Page] | None:
+        """The next page's flow, or ``None`` when the feed has ended."""
+        raise NotImplementedError
+
+    def take(self, page: Page) -> Sequence[Item]:
+        """The page's items, in order; moves ``after`` past them."""
+        raise NotImplementedError
+
+    def cursor_of(self, item: Item) -> str | None:
+        """The cursor to read on from just after ``item``, when items carry one."""
+        return None
+
+
+class EventPages(Pages[EventsPage, FeedEvent]):
+    """Follows an events feed with long polls of ``FEED_WAIT_S``. A message's feed
+    (``message_id``) ends when an answer is empty and ``settled``: after a settled answer the
+    next read does not wait, as only the items already recorded can follow. A conversation's
+    feed ends only when ``timeout_s`` (if any) has run out; so does a message's that has not
+    settled by then (``settled`` stays false)."""
+
+    def __init__(
+        self,
+        api: Api,
+        message_id: str | None,
+        conversation: str | None,
+        after: str | None,
+        timeout_s: float | None,
+        limit: int | None,
+    ) -> None:
+        super().__init__(after)
+        if (message_id is None) == (conversation is None):
+            raise ValueError("follow a message's feed or a conversation's, not both")
+        # Checked here, so a bad argument is raised by the call, not by the first iteration.
+        feed_query(after, limit)
+        if message_id is not None:
+            check_id("message_id", message_id)
+        if conversation is not None:
+            check_name("conversation", conversation)
+        self.api = api
+        self.message_id = message_id
+        self.conversation = conversation
+        self.limit = limit
+        self.deadline = None if timeout_s is None else api.monotonic() + timeout_s
+        #: A message's feed: true when it ended because every delivery has its final outcome.
+        self.settled = False
+        self._last_settled = False
+
+    def read(self) -> Flow[EventsPage] | None:
+        if self.ended:
+            return None
+        wait_s: float | None = None if self._last_settled else FEED_WAIT_S
+        if self.deadline is not None:
+            left = self.deadline - self.api.monotonic()
+            if left <= 0:
+                self.ended = True
+                return None
+            wait_s = None if wait_s is None else min(wait_s, left)
+        if self.message_id is not None:
+            return self.api.message_events(self.message_id, self.after, wait_s, self.limit)
+        return self.api.conversation_events(self.conversation or "", self.after, wait_s, self.limit)
+
+    def take(self, page: EventsPage) -> Sequence[FeedEvent]:
+        self.after = page.next_cursor
+        self._last_settled = page.settled is True
+        if self._last_settled and not page.events:
+            self.ended = self.settled = True
+        return page.events
+
+    def cursor_of(self, item: FeedEvent) -> str | None:
+        return item.cursor
+
+
+class ListingPages(Pages[MessagePage, ListedMessage]):
+    """Follows the replay listing's ``next_cursor`` while ``more``; ends at the page that says
+    no more (its ``next_cursor`` later gives what came since)."""
+
+    def __init__(self, api: Api, conversation: str, after: str | None, limit: int | None) -> None:
+        super().__init__(after)
+        listing_query(conversation, after, limit)
+        self.api = api
+        self.conversation = conversation
+        self.limit = limit
+
+    def read(self) -> Flow[MessagePage] | None:
+        if self.ended:
+            return None
+        return self.api.list_messages(self.conversation, self.after, self.limit)
+
+    def take(self, page: MessagePage) -> Sequence[ListedMessage]:
+        self.after = page.next_cursor
+        self.ended = not page.more
+        return page.messages

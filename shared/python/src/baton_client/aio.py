@@ -2,18 +2,21 @@
 
 The same flows as ``Client`` (``_api``, ``spool``), run by the asyncio driver: the requests,
 checks, retries, decoding and loops are the blocking client's, only the waiting differs. The
-spool's SQLite work runs on a worker thread, never on the event loop.
+spool's SQLite work runs on a worker thread, never on the event loop. ``AsyncFeed`` is
+``Feed`` as an async iterator.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import os
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from typing import Generic
 
 import httpx
 
-from ._api import Api
+from ._api import Api, EventPages, Item, ListingPages, Page, Pages
 from ._steps import RetryPolicy
 from ._transport import AsyncDriver, check_hub_url, tls_context
 from .client import connection_from_env
@@ -25,6 +28,10 @@ from .wire import (
     CancelResponse,
     ConversationView,
     DeliveryView,
+    EventsPage,
+    FeedEvent,
+    ListedMessage,
+    MessagePage,
     MessageView,
     SubmitRequest,
     SubmitResult,
@@ -138,10 +145,80 @@ class AsyncClient:
         """``Client.conversation``."""
         return await self._driver.run(self._api.conversation(name))
 
+    async def message_events(
+        self, message_id: str, *, after: str | None = None, wait_s: float | None = None, limit: int | None = None
+    ) -> EventsPage:
+        """``Client.message_events``."""
+        return await self._driver.run(self._api.message_events(message_id, after, wait_s, limit))
+
+    async def conversation_events(
+        self, conversation: str, *, after: str | None = None, wait_s: float | None = None, limit: int | None = None
+    ) -> EventsPage:
+        """``Client.conversation_events``."""
+        return await self._driver.run(self._api.conversation_events(conversation, after, wait_s, limit))
+
+    def watch(
+        self, message_id: str, *, after: str | None = None, timeout_s: float | None = None, limit: int | None = None
+    ) -> AsyncFeed[EventsPage, FeedEvent]:
+        """``Client.watch``, iterated with ``async for``."""
+        return AsyncFeed(self, EventPages(self._api, message_id, None, after, timeout_s, limit))
+
+    def follow(
+        self, conversation: str, *, after: str | None = None, timeout_s: float | None = None, limit: int | None = None
+    ) -> AsyncFeed[EventsPage, FeedEvent]:
+        """``Client.follow``, iterated with ``async for``."""
+        return AsyncFeed(self, EventPages(self._api, None, conversation, after, timeout_s, limit))
+
+    async def list_messages(
+        self, conversation: str, *, after: str | None = None, limit: int | None = None
+    ) -> MessagePage:
+        """``Client.list_messages``."""
+        return await self._driver.run(self._api.list_messages(conversation, after, limit))
+
+    def iter_messages(
+        self, conversation: str, *, after: str | None = None, limit: int | None = None
+    ) -> AsyncFeed[MessagePage, ListedMessage]:
+        """``Client.iter_messages``, iterated with ``async for``."""
+        return AsyncFeed(self, ListingPages(self._api, conversation, after, limit))
+
     def spooler(self, directory: str | os.PathLike[str], limits: SpoolLimits = SpoolLimits()) -> AsyncSpooler:
         """The spool in ``directory``, delivered through this client (opened here, in place:
         a few local reads and writes)."""
         return AsyncSpooler(self, Spool(directory, limits))
+
+
+class AsyncFeed(AsyncIterator[Item], Generic[Page, Item]):
+    """``Feed`` for an ``AsyncClient``: an async iterator of a followed feed's items."""
+
+    def __init__(self, client: AsyncClient, pages: Pages[Page, Item]) -> None:
+        self._client = client
+        self._pages = pages
+        self._buffer: collections.deque[Item] = collections.deque()
+        self._cursor = pages.after
+
+    @property
+    def cursor(self) -> str | None:
+        """``Feed.cursor``."""
+        return self._cursor
+
+    @property
+    def settled(self) -> bool:
+        """``Feed.settled``."""
+        return isinstance(self._pages, EventPages) and self._pages.settled and not self._buffer
+
+    def __aiter__(self) -> AsyncFeed[Page, Item]:
+        return self
+
+    async def __anext__(self) -> Item:
+        while not self._buffer:
+            self._cursor = self._pages.after
+            flow = self._pages.read()
+            if flow is None:
+                raise StopAsyncIteration
+            self._buffer.extend(self._pages.take(await self._client._driver.run(flow)))
+        item = self._buffer.popleft()
+        self._cursor = self._pages.cursor_of(item) or self._cursor
+        return item
 
 
 class AsyncSpooler:

@@ -1,17 +1,20 @@
 """``Client``, the blocking client of the producer endpoints, and ``Spooler``, its spool.
 
 Every method runs one flow of ``_api`` (shared with ``AsyncClient``) with the blocking driver:
-the request is built, checked, retried and decoded there, not here.
+the request is built, checked, retried and decoded there, not here. ``Feed`` iterates a
+followed feed (``_api.Pages``) page by page with the same driver.
 """
 
 from __future__ import annotations
 
+import collections
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Generic
 
 import httpx
 
-from ._api import Api
+from ._api import Api, EventPages, Item, ListingPages, Page, Pages
 from ._steps import RetryPolicy
 from ._transport import SyncDriver, check_hub_url, tls_context
 from .errors import InvalidArgumentError
@@ -23,6 +26,10 @@ from .wire import (
     CancelResponse,
     ConversationView,
     DeliveryView,
+    EventsPage,
+    FeedEvent,
+    ListedMessage,
+    MessagePage,
     MessageView,
     SubmitRequest,
     SubmitResult,
@@ -161,10 +168,102 @@ class Client:
         """``GET /v1/conversations/{name}``: its position and membership registry."""
         return self._driver.run(self._api.conversation(name))
 
+    def message_events(
+        self, message_id: str, *, after: str | None = None, wait_s: float | None = None, limit: int | None = None
+    ) -> EventsPage:
+        """``GET /v1/messages/{id}/events``: one page of the message's events feed (its
+        deliveries' state changes, its turns' progress, its runs' outcomes) after ``after`` (an
+        item's ``cursor`` or a page's ``next_cursor``; none: from the first), at most
+        ``limit``; with ``wait_s``, a long poll answered as soon as there is an item. A cursor
+        the hub did not give is ``BadCursorError``, one below removed items
+        ``CursorExpiredError``."""
+        return self._driver.run(self._api.message_events(message_id, after, wait_s, limit))
+
+    def conversation_events(
+        self, conversation: str, *, after: str | None = None, wait_s: float | None = None, limit: int | None = None
+    ) -> EventsPage:
+        """``GET /v1/conversations/{conversation}/events``: one page of this producer's own
+        messages' events in the conversation (``DeniedError`` outside its publish scope), as
+        ``message_events``."""
+        return self._driver.run(self._api.conversation_events(conversation, after, wait_s, limit))
+
+    def watch(
+        self, message_id: str, *, after: str | None = None, timeout_s: float | None = None, limit: int | None = None
+    ) -> Feed[EventsPage, FeedEvent]:
+        """Follows the message's events feed from ``after`` with long polls, as ``baton watch``
+        does: iterating yields each item once, in order, and ends once the message settled and
+        every item was yielded (``settled`` is then true), or when ``timeout_s`` ran out first.
+        Transient failures are retried from the last cursor as reads are; ``cursor`` is where
+        to read on."""
+        return Feed(self, EventPages(self._api, message_id, None, after, timeout_s, limit))
+
+    def follow(
+        self, conversation: str, *, after: str | None = None, timeout_s: float | None = None, limit: int | None = None
+    ) -> Feed[EventsPage, FeedEvent]:
+        """Follows this producer's events feed of ``conversation`` from ``after``, as ``baton
+        follow`` does: until ``timeout_s`` ran out (none: for as long as it is iterated)."""
+        return Feed(self, EventPages(self._api, None, conversation, after, timeout_s, limit))
+
+    def list_messages(self, conversation: str, *, after: str | None = None, limit: int | None = None) -> MessagePage:
+        """``GET /v1/messages?conversation=C``: one page of this producer's own messages in
+        ``conversation``, oldest first, after ``after`` (a page's ``next_cursor``; none: from
+        the oldest kept), at most ``limit`` (capped by the hub's ``limits.message_page_max``).
+        Read on from ``next_cursor`` while ``more``."""
+        return self._driver.run(self._api.list_messages(conversation, after, limit))
+
+    def iter_messages(
+        self, conversation: str, *, after: str | None = None, limit: int | None = None
+    ) -> Feed[MessagePage, ListedMessage]:
+        """Every one of this producer's messages in ``conversation`` after ``after``, oldest
+        first, page by page (``limit`` each) while ``more``; at the end ``cursor`` is where a
+        later listing gives what came since."""
+        return Feed(self, ListingPages(self._api, conversation, after, limit))
+
     def spooler(self, directory: str | os.PathLike[str], limits: SpoolLimits = SpoolLimits()) -> Spooler:
         """The spool in ``directory`` (``DIR/spool.db``, created when missing), delivered
         through this client."""
         return Spooler(self, Spool(directory, limits))
+
+
+class Feed(Iterator[Item], Generic[Page, Item]):
+    """A followed feed (``Client.watch``, ``Client.follow``, ``Client.iter_messages``): an
+    iterator of its items, read a page at a time. A failure that outlasts the retries is
+    raised from the iteration; iterating again reads on from ``cursor``, repeating and losing
+    nothing."""
+
+    def __init__(self, client: Client, pages: Pages[Page, Item]) -> None:
+        self._client = client
+        self._pages = pages
+        self._buffer: collections.deque[Item] = collections.deque()
+        self._cursor = pages.after
+
+    @property
+    def cursor(self) -> str | None:
+        """Where to read on (``after``) to get exactly the items not yielded yet: the last
+        yielded event's ``cursor``, or the ``next_cursor`` of the last page whose items were
+        all yielded. ``None`` before anything was read from a feed started at its
+        beginning."""
+        return self._cursor
+
+    @property
+    def settled(self) -> bool:
+        """A message's feed (``watch``): true when it ended because every delivery has its
+        final outcome and every item was yielded."""
+        return isinstance(self._pages, EventPages) and self._pages.settled and not self._buffer
+
+    def __iter__(self) -> Feed[Page, Item]:
+        return self
+
+    def __next__(self) -> Item:
+        while not self._buffer:
+            self._cursor = self._pages.after
+            flow = self._pages.read()
+            if flow is None:
+                raise StopIteration
+            self._buffer.extend(self._pages.take(self._client._driver.run(flow)))
+        item = self._buffer.popleft()
+        self._cursor = self._pages.cursor_of(item) or self._cursor
+        return item
 
 
 class Spooler:

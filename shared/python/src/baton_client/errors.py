@@ -81,6 +81,16 @@ class InvalidRequestError(RefusedError):
     ``no_recipients``); the message names the field."""
 
 
+class BadCursorError(InvalidRequestError):
+    """400 ``bad_cursor``: a feed's or a listing's ``after`` is not a cursor that feed or
+    listing gave out (mangled, another producer's or conversation's, or of another record)."""
+
+
+class CursorExpiredError(RefusedError):
+    """410 ``cursor_expired``: items after the cursor were removed (retention or a purge), so
+    reading on from it would skip them; read again without ``after``."""
+
+
 class DeniedError(RefusedError):
     """401 or 403: the certificate is unknown or revoked, or this producer may not do this
     (``forbidden``, ``not_yours``, ``approval_forbidden``, ``wrong_role``)."""
@@ -213,17 +223,20 @@ def api_error(status: int, body: bytes) -> ApiError:
         code, message = parsed["code"], parsed["message"]
     else:
         message = body[:ERROR_QUOTE_BYTES_MAX].decode("utf-8", errors="replace")
-    return error_class(status)(status, code, message)
+    return error_class(status, code)(status, code, message)
 
 
-def error_class(status: int) -> type[ApiError]:
-    """The class of an error answer with ``status``."""
+def error_class(status: int, code: str = "") -> type[ApiError]:
+    """The class of an error answer with ``status`` and ``code``."""
     if status >= 500 or status in (408, 429):
         return HubUnavailableError
+    if status == 400 and code == "bad_cursor":
+        return BadCursorError
     return {
         400: InvalidRequestError,
         401: DeniedError,
         403: DeniedError,
         404: NotFoundError,
         409: ConflictError,
+        410: CursorExpiredError,
     }.get(status, RefusedError)

@@ -19,6 +19,10 @@ LONG_POLL_WAIT_MAX_S = 30.0
 #: Added to a long-poll's wait for its request timeout: the time the hub needs to answer after
 #: the wait ran out.
 CLIENT_TIMEOUT_MARGIN_S = 15.0
+#: How long one long poll of an events feed waits for the next item when following it
+#: (``Client.watch``, ``Client.follow``), as ``baton watch`` waits; the hub caps it by its
+#: ``long_poll_wait_max``.
+FEED_WAIT_S = 25.0
 
 # Retries of idempotent calls (submit, batch submit, reads).
 
@@ -47,6 +51,9 @@ REASON_CHARS_MAX = 1024
 NAME_CHARS_MAX = 64
 #: Characters of an idempotency key at most (``KEY_CHARS_MAX``).
 KEY_CHARS_MAX = 128
+#: Items one events feed page may be asked for at most (``FEED_PAGE_MAX_RANGE``); the hub also
+#: caps it by its ``limits.feed_page_max``.
+FEED_PAGE_LIMIT_MAX = 10_000
 #: The largest value of a 32-bit unsigned field (``max_attempts``).
 U32_MAX = 2**32 - 1
 #: The largest value of a 64-bit unsigned field (``retry_backoff_ms``, ``approval_timeout_ms``).
@@ -80,4 +87,5 @@ assert RETRY_BACKOFF_BASE_S <= RETRY_BACKOFF_MAX_S
 assert RETRY_BACKOFF_MAX_S * RETRY_ATTEMPTS_MAX < 4 * REQUEST_TIMEOUT_S
 # A long poll never waits longer than a request that does not wait may take in total.
 assert LONG_POLL_WAIT_MAX_S <= REQUEST_TIMEOUT_S
+assert FEED_WAIT_S <= LONG_POLL_WAIT_MAX_S
 assert SPOOL_RETRY_PAUSE_BASE_S <= SPOOL_RETRY_PAUSE_MAX_S

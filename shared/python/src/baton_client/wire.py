@@ -26,6 +26,7 @@ from .errors import ApiError, BadAnswerError, InvalidArgumentError, error_class
 from .limits import (
     BATCH_BYTES_MAX,
     BATCH_ITEMS_MAX,
+    FEED_PAGE_LIMIT_MAX,
     KEY_CHARS_MAX,
     NAME_CHARS_MAX,
     PAYLOAD_DEPTH_MAX,
@@ -97,6 +98,36 @@ def check_uint(field: str, value: object, maximum: int, minimum: int = 0) -> int
     if not minimum <= value <= maximum:
         raise InvalidArgumentError(field, f"{value} is out of range {minimum}..={maximum}")
     return value
+
+
+def check_cursor(field: str, value: object) -> str:
+    """A feed's or a listing's cursor, as the hub gave it: a non-empty string (its meaning is
+    the hub's, which refuses one it did not give out as ``bad_cursor``)."""
+    if not isinstance(value, str) or not value:
+        raise InvalidArgumentError(field, f"{str(value)[:80]!r} is not a cursor (a non-empty string the hub gave)")
+    return value
+
+
+def feed_query(after: str | None, limit: int | None) -> tuple[tuple[str, str], ...]:
+    """The ``after`` and ``limit`` of an events feed read, checked (``limit``: 1 to
+    ``FEED_PAGE_LIMIT_MAX``)."""
+    query: list[tuple[str, str]] = []
+    if after is not None:
+        query.append(("after", check_cursor("after", after)))
+    if limit is not None:
+        query.append(("limit", str(check_uint("limit", limit, FEED_PAGE_LIMIT_MAX, minimum=1))))
+    return tuple(query)
+
+
+def listing_query(conversation: str, after: str | None, limit: int | None) -> tuple[tuple[str, str], ...]:
+    """The query of a listing page, checked (``limit``: at least 1; the hub caps a larger one
+    by its ``limits.message_page_max``)."""
+    query = [("conversation", check_name("conversation", conversation))]
+    if after is not None:
+        query.append(("after", check_cursor("after", after)))
+    if limit is not None:
+        query.append(("limit", str(check_uint("limit", limit, U32_MAX, minimum=1))))
+    return tuple(query)
 
 
 def new_idempotency_key() -> str:
@@ -333,6 +364,12 @@ class _Fields:
             raise self._bad(name, "true or false")
         return v
 
+    def obj(self, name: str) -> dict[str, JsonValue]:
+        v = self.d.get(name)
+        if not isinstance(v, dict):
+            raise self._bad(name, "an object")
+        return v
+
     def items(self, name: str) -> list[Any]:
         v = self.d.get(name)
         if not isinstance(v, list):
@@ -418,7 +455,8 @@ def read_batch(status: int, body: bytes, requests: Sequence[SubmitRequest]) -> l
             out.append(SubmitResult.read(r.d["ok"], item_status, req.idempotency_key, r.at("ok")))
         elif item_status >= 400 and "error" in r.d:
             e = _Fields(r.d["error"], r.at("error"), status)
-            out.append(error_class(item_status)(item_status, e.text("code"), e.text("message")))
+            code = e.text("code")
+            out.append(error_class(item_status, code)(item_status, code, e.text("message")))
         else:
             raise BadAnswerError(status, f"results[{i}]: status {item_status} does not fit its outcome")
     return out
@@ -686,3 +724,171 @@ def read_conversation(status: int, body: bytes) -> ConversationView:
             )
         members.append(MemberView(g.text("host"), g.flag("current"), tuple(intervals)))
     return ConversationView(f.text("conversation"), f.integer("last_seq"), f.flag("open"), tuple(members))
+
+
+# Events feeds and the replay listing.
+
+
+@dataclass(frozen=True)
+class FeedEvent:
+    """One item of an events feed (``GET /v1/messages/{id}/events``, ``GET
+    /v1/conversations/{conversation}/events``): a ``StateEvent``, a ``ProgressEvent`` or an
+    ``OutcomeEvent``, each with these fields and its own."""
+
+    #: This item's position: pass it as ``after`` to read on from just after it. Opaque,
+    #: increasing along the feed.
+    cursor: str
+    #: ``state``, ``progress`` or ``outcome``.
+    kind: str
+    #: When the hub recorded it (unix milliseconds).
+    at_ms: int
+    message_id: str
+    delivery_id: str
+    #: The delivery's host.
+    host: str
+
+
+@dataclass(frozen=True)
+class StateEvent(FeedEvent):
+    """A delivery's state changed."""
+
+    #: The state before; ``None`` when the delivery was created (the API's ``from``).
+    from_: str | None
+    #: The state after.
+    to: str
+    #: Who changed it: ``hub``, ``node:HOST`` or ``operator:NAME`` (a producer's cancel or
+    #: decision is ``operator:producer:NAME``).
+    actor: str
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class ProgressEvent(FeedEvent):
+    """A running turn's harness wrote a progress event."""
+
+    #: The run of the delivery (1 for the first).
+    attempt: int
+    #: Its number within the run, from 1, in the order the harness wrote them (a gap means
+    #: events were dropped: the run's ``OutcomeEvent.progress_dropped`` counts them).
+    seq: int
+    #: The JSON object the harness wrote, decoded by Python's ``json``.
+    progress: dict[str, JsonValue]
+
+
+@dataclass(frozen=True)
+class OutcomeEvent(FeedEvent):
+    """A run's outcome was recorded (its result body is not in the feed: ``Client.get`` reads
+    it)."""
+
+    #: The run (1 for the first).
+    attempt: int
+    #: ``succeeded``, ``failed``, ``unknown`` or ``cancelled``.
+    outcome: str
+    exit_code: int | None
+    signal: int | None
+    duration_ms: int | None
+    reason: str | None
+    #: True when the hub requeued the delivery for another run.
+    retryable: bool
+    #: The run's progress events the hub kept.
+    progress_events: int
+    #: The run's progress events dropped, by its node and by the hub.
+    progress_dropped: int
+
+
+def read_feed_event(f: _Fields) -> FeedEvent:
+    """One feed item, typed by its ``kind``; an unknown kind is a ``BadAnswerError``."""
+    common = (f.text("cursor"), f.text("kind"), f.integer("at_ms"), f.text("message_id"), f.text("delivery_id"), f.text("host"))
+    kind = common[1]
+    if kind == "state":
+        return StateEvent(*common, f.opt_text("from"), f.text("to"), f.text("actor"), f.opt_text("reason"))
+    if kind == "progress":
+        return ProgressEvent(*common, f.integer("attempt"), f.integer("seq"), f.obj("progress"))
+    if kind == "outcome":
+        return OutcomeEvent(
+            *common,
+            attempt=f.integer("attempt"),
+            outcome=f.text("outcome"),
+            exit_code=f.opt_integer("exit_code"),
+            signal=f.opt_integer("signal"),
+            duration_ms=f.opt_integer("duration_ms"),
+            reason=f.opt_text("reason"),
+            retryable=f.flag("retryable"),
+            progress_events=f.integer("progress_events"),
+            progress_dropped=f.integer("progress_dropped"),
+        )
+    raise BadAnswerError(f.status, f"{f.path}.kind: expected state, progress or outcome, got {kind[:80]!r}")
+
+
+@dataclass(frozen=True)
+class EventsPage:
+    """One answer of an events feed: the items after the cursor, in order, and where to read
+    on."""
+
+    events: tuple[FeedEvent, ...]
+    #: Pass it as ``after`` to read on: every item up to it has been answered (it may lie past
+    #: the last item, when the hub looked further and found nothing more for this feed).
+    next_cursor: str
+    #: A message's feed: ``True`` once every delivery has its final outcome (then only an
+    #: operator's redrive adds items); ``None`` for a conversation's feed.
+    settled: bool | None
+
+
+def read_events(status: int, body: bytes) -> EventsPage:
+    f = _Fields(decode_json(status, body), "", status)
+    events = tuple(read_feed_event(_Fields(e, f.at("events", i), status)) for i, e in enumerate(f.items("events")))
+    settled = None if f.d.get("settled") is None else f.flag("settled")
+    return EventsPage(events, f.text("next_cursor"), settled)
+
+
+@dataclass(frozen=True)
+class ListedMessage:
+    """One message of a ``MessagePage``: the message and its deliveries' states (its attempts
+    and results: ``Client.get``)."""
+
+    message_id: str
+    #: Its sequence number in the conversation.
+    seq: int
+    idempotency_key: str
+    #: The payload, decoded by Python's ``json``.
+    payload: JsonValue
+    accepted_at_ms: int
+    #: The W3C ``traceparent`` kept with it; ``None`` for a message accepted before traces were
+    #: kept.
+    traceparent: str | None
+    deliveries: tuple[DeliverySummary, ...]
+
+
+@dataclass(frozen=True)
+class MessagePage:
+    """One page of the producer's own messages in a conversation, oldest first (``GET
+    /v1/messages?conversation=C``)."""
+
+    conversation: str
+    messages: tuple[ListedMessage, ...]
+    #: Where the next page starts (``after``); opaque, for this producer and conversation only.
+    #: At the end, the same cursor later gives what came since.
+    next_cursor: str
+    #: True while messages past ``next_cursor`` exist now (read on at once).
+    more: bool
+
+
+def read_message_page(status: int, body: bytes) -> MessagePage:
+    f = _Fields(decode_json(status, body), "", status)
+    messages = []
+    for i, m in enumerate(f.items("messages")):
+        g = _Fields(m, f.at("messages", i), status)
+        if "payload" not in g.d:
+            raise BadAnswerError(status, f"{g.path}.payload: expected a JSON value, got nothing")
+        messages.append(
+            ListedMessage(
+                message_id=g.text("message_id"),
+                seq=g.integer("seq"),
+                idempotency_key=g.text("idempotency_key"),
+                payload=g.d["payload"],
+                accepted_at_ms=g.integer("accepted_at_ms"),
+                traceparent=g.opt_text("traceparent"),
+                deliveries=_summaries(g),
+            )
+        )
+    return MessagePage(f.text("conversation"), tuple(messages), f.text("next_cursor"), f.flag("more"))

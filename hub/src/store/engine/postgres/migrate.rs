@@ -32,7 +32,8 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../../../../schema/postgres/0013-progress-and-feeds.sql"),
     include_str!("../../../../../schema/postgres/0014-deadlines-and-stalls.sql"),
     include_str!("../../../../../schema/postgres/0015-breaker-period.sql"),
-    include_str!("../../../../../schema/postgres/0016-pools.sql"),
+    include_str!("../../../../../schema/postgres/0016-traceparent.sql"),
+    include_str!("../../../../../schema/postgres/0017-pools.sql"),
 ];
 
 const _: () = assert!(

@@ -9,9 +9,10 @@ use std::time::Duration;
 /// The exit statuses, printed under `--help` and listed in README.
 pub(crate) const EXIT_HELP: &str = "\
 Exit status:
-  0  ok: sent, found, cancelled, or (wait, watch) every delivery succeeded
+  0  ok: sent, found, listed, cancelled, or (wait, watch) every delivery succeeded
   1  not found, or (cancel) every delivery had already ended: nothing changed
-  2  usage error, invalid input or invalid configuration
+  2  usage error, invalid input (a list cursor not of this listing, or expired) or invalid
+     configuration
   3  (--spool, spool) the spool was refused: damaged, or newer than this binary
   4  any other failure: the hub unreachable or unable to answer now (worth retrying), or the
      spool full
@@ -119,6 +120,23 @@ pub(crate) enum Command {
         /// Print what is there now (one answer, without waiting) and stop.
         #[arg(long)]
         once: bool,
+    },
+    /// List this producer's own messages in a conversation, oldest first, a page at a time.
+    ///
+    /// Prints the page and the cursor to continue from (`--after`); with `--json`, the API's
+    /// page (`messages`, `next_cursor`, `more`). Without `--after` it starts at the oldest
+    /// message the hub keeps. A cursor past which the hub removed messages (retention, a purge)
+    /// is refused as expired: list again without it.
+    List {
+        /// The conversation.
+        #[arg(long)]
+        conversation: String,
+        /// Continue after this cursor (a `next` of an earlier listing).
+        #[arg(long, value_name = "CURSOR")]
+        after: Option<String>,
+        /// At most this many messages (the hub caps it at its limits.message_page_max).
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        limit: Option<u32>,
     },
     /// Cancel every delivery of a message that has not ended.
     Cancel {

@@ -10,6 +10,7 @@ use baton_shared::files::{read_all_text_bounded, read_text_bounded};
 use baton_shared::limits::PAYLOAD_FILE_BYTES_MAX;
 use baton_shared::manuals;
 use baton_shared::states::{DeliveryState, Outcome};
+use baton_shared::traceparent::{TRACEPARENT_ENV, TraceParent};
 use baton_shared::wire::{DeliveryView, MessageView, Payload, SubmitRequest};
 use clap::CommandFactory as _;
 use std::time::{Duration, Instant};
@@ -58,6 +59,9 @@ pub(crate) fn run(cli: Cli) -> Result<u8, CliError> {
             Command::Follow { conversation, after, for_, once } => {
                 crate::watch::follow(&client, &conversation, after, for_, once, json).await
             }
+            Command::List { conversation, after, limit } => {
+                list(&client, &conversation, after.as_deref(), limit, json).await
+            }
             Command::Spool { command } => crate::spool::flush(&client, command, json).await,
             Command::Completions { .. } | Command::Man { .. } => Ok(exit::OK),
         }
@@ -101,9 +105,28 @@ async fn send(client: &Client, args: SendArgs, json: bool) -> Result<u8, CliErro
     if args.spool.spool.is_some() {
         return crate::spool::send(client, req, &args.spool, json).await;
     }
-    let r = client.submit(&req).await.map_err(call_failed)?;
+    let trace = trace_from_env()?;
+    let r = match &trace {
+        Some(tp) => client.submit_traced(&req, tp).await,
+        None => client.submit(&req).await,
+    }
+    .map_err(call_failed)?;
     printed(if json { output::json(&r) } else { output::lines(&output::submitted(&r, &req.conversation)) })?;
     Ok(exit::OK)
+}
+
+/// The trace a send joins: `TRACEPARENT` from the environment (W3C Trace Context, as the node
+/// gives it to a turn's harness), so a turn that hands work on with `baton send` keeps its
+/// trace; `None` when unset or empty (the hub starts a trace). A malformed one is refused, naming
+/// the variable, rather than silently dropped. A spooled send keeps no trace: the spool's record
+/// of a message is its request alone.
+fn trace_from_env() -> Result<Option<TraceParent>, CliError> {
+    match std::env::var(TRACEPARENT_ENV) {
+        Ok(text) if !text.trim().is_empty() => TraceParent::parse(text.trim())
+            .map(Some)
+            .map_err(|e| usage(format!("{TRACEPARENT_ENV}: {e} (a W3C traceparent, or unset)"))),
+        _ => Ok(None),
+    }
 }
 
 /// A duration flag in milliseconds.
@@ -195,6 +218,18 @@ async fn wait(client: &Client, which: &Which, timeout: Duration, json: bool) -> 
         printed(output::lines(&lines))?;
     }
     Ok(status)
+}
+
+async fn list(
+    client: &Client,
+    conversation: &str,
+    after: Option<&str>,
+    limit: Option<u32>,
+    json: bool,
+) -> Result<u8, CliError> {
+    let page = client.list_messages(conversation, after, limit).await.map_err(call_failed)?;
+    printed(if json { output::json(&page) } else { output::lines(&output::page(&page)) })?;
+    Ok(exit::OK)
 }
 
 async fn cancel(client: &Client, id: &str, reason: &str, json: bool) -> Result<u8, CliError> {

@@ -3,7 +3,7 @@
 //! through `esc`.
 
 use baton_shared::states::DeliveryState;
-use baton_shared::wire::{CancelResponse, DeliveryView, MessageView, SubmitResponse};
+use baton_shared::wire::{CancelResponse, DeliveryView, MessagePage, MessageView, SubmitResponse};
 use serde::Serialize;
 use std::borrow::Cow;
 use std::io::Write as _;
@@ -89,6 +89,9 @@ pub(crate) fn message(m: &MessageView) -> Vec<String> {
         ),
         format!("  payload {}", esc(m.payload.as_str())),
     ];
+    if let Some(tp) = &m.traceparent {
+        out.push(format!("  traceparent {}", esc(tp)));
+    }
     for d in &m.deliveries {
         out.push(delivery(d));
         for a in &d.attempts {
@@ -128,6 +131,30 @@ fn delivery(d: &DeliveryView) -> String {
         d.state,
         esc(&d.delivery_id)
     )
+}
+
+/// `list`'s page: one line per message (its `seq`, key, id and each delivery's host and state),
+/// then where to continue.
+pub(crate) fn page(p: &MessagePage) -> Vec<String> {
+    let mut out = Vec::with_capacity(p.messages.len() + 1);
+    for m in &p.messages {
+        let deliveries: Vec<String> = m
+            .deliveries
+            .iter()
+            .map(|d| format!("{} {}", recipient(d.host.as_deref(), d.pool.as_deref()), d.state))
+            .collect();
+        out.push(format!(
+            "{} #{}  key {}  {}  {}",
+            esc(&p.conversation),
+            m.seq,
+            esc(&m.idempotency_key),
+            esc(&m.message_id),
+            deliveries.join(", ")
+        ));
+    }
+    let more = if p.more { "more follows: list again --after it" } else { "the end for now" };
+    out.push(format!("next {} ({more})", esc(&p.next_cursor)));
+    out
 }
 
 /// `cancel`'s answer.

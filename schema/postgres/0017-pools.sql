@@ -1,5 +1,5 @@
--- Baton hub store on PostgreSQL, migration 0016: pools (the same change as the SQLite record's
--- migration 0016; see schema/hub/0016-pools.sql for what each table and column means).
+-- Baton hub store on PostgreSQL, migration 0017: pools (the same change as the SQLite record's
+-- migration 0017; see schema/hub/0017-pools.sql for what each table and column means).
 -- PostgreSQL relaxes `deliveries.host` and swaps its uniqueness in place: no rebuild.
 -- Append-only: never edit a shipped migration.
 CREATE TABLE pools (
