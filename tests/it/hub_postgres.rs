@@ -285,7 +285,7 @@ fn a_record_migrates_to_postgres_and_back() {
 /// hub has: the contract's transitions, turn control, fences, batches, order and fairness,
 /// membership, crash and repair, waiting reads, the node's whole flow, the operator's lists, and
 /// values PostgreSQL's text types treat otherwise (NUL, the largest sizes).
-pub const RERUN_ON_POSTGRES: [&str; 23] = [
+pub const RERUN_ON_POSTGRES: [&str; 24] = [
     "approval::",
     "conversation_fairness::",
     "conversation_order::",
@@ -303,6 +303,7 @@ pub const RERUN_ON_POSTGRES: [&str; 23] = [
     "ops_explain::",
     "ops_lists::",
     "ops_truth::",
+    "pools::",
     "progress::",
     "running_turns::",
     "replay::",

@@ -70,6 +70,8 @@
 //! - `demo`: `baton-demo`, README's quick start, run to its end, and its build of the programs
 //!   resolving features as the `cargo run` before it (so it only links them).
 //! - `packaging`: the Debian packages, their systemd units, and readiness through `sd_notify`.
+//! - `pools`: a pool an operator made, addressed by `"pools"` and `baton send --pool`: one
+//!   delivery no host holds yet, in every view; a replay, a conflict and an unknown pool.
 //! - `producer_cli`: `baton`, the producer command line: send, get, wait and cancel with their
 //!   exit statuses, and configuration errors.
 //! - `progress`: a harness's progress events through the node and the hub to `baton watch`,
@@ -142,6 +144,7 @@ mod ops_retention;
 mod ops_silence;
 mod ops_truth;
 mod packaging;
+mod pools;
 mod power_loss;
 mod producer_cli;
 mod producer_spool;
