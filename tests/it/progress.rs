@@ -139,8 +139,12 @@ fn a_follower_cut_off_three_times_reads_every_progress_event_once_in_order() {
     let failing = json(&out)["message_id"].as_str().expect("message_id").to_string();
     let out = run(baton(["--config", cfg.as_str(), "wait", &failing, "--timeout", "120s"]));
     status(&out, 7);
+    // It ends once the feed is read, not after another long poll (25 s) of a settled message.
+    let began = std::time::Instant::now();
     let out = run(baton(["--config", cfg.as_str(), "--json", "watch", &failing]));
     status(&out, 7);
+    let took = began.elapsed();
+    assert!(took < std::time::Duration::from_secs(15), "watch of a settled message lingered {took:?}");
     let lines: Vec<Value> = text(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(lines.last().map(|e| e["outcome"].clone()), Some(Value::from("failed")), "{lines:?}");
 

@@ -168,7 +168,7 @@ pub fn run_pass(rig: &Rig<'_>, pass: &Pass) -> anyhow::Result<PassResult> {
     drop(nodes);
     let progress_events = db.query_row(
         "SELECT count(*) FROM progress_events p JOIN deliveries d ON d.id = p.delivery_id
-         JOIN messages m ON m.id = d.message_id WHERE m.producer = ?1 AND m.idempotency_key LIKE ?2",
+         JOIN messages m ON m.id = d.message_id WHERE m.producer = $1 AND m.idempotency_key LIKE $2",
         rusqlite::params![PRODUCER, format!("{}-%", pass.name)],
         |r| r.get::<_, i64>(0),
     )? as usize;

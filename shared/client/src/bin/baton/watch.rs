@@ -36,12 +36,15 @@ async fn pages(
     mut stop: impl FnMut(&EventsPage) -> bool,
 ) -> Result<Option<EventsPage>, CliError> {
     let mut said = false;
+    // After an answer that says the message settled, the next read does not wait: the hub would
+    // hold an empty answer for the whole wait (only an operator's redrive adds items then).
+    let mut settled = false;
     loop {
         let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
         if left.is_some_and(|l| l.is_zero()) {
             return Ok(None);
         }
-        let wait = left.map_or(wait_each, |l| l.min(wait_each));
+        let wait = if settled { Duration::ZERO } else { left.map_or(wait_each, |l| l.min(wait_each)) };
         let read = match feed {
             Feed::Message(id) => client.message_events(id, after.as_deref(), Some(wait), None).await,
             Feed::Conversation(c) => client.conversation_events(c, after.as_deref(), Some(wait), None).await,
@@ -59,6 +62,7 @@ async fn pages(
             Err(e) => return Err(call_failed(e)),
         };
         said = false;
+        settled = page.settled == Some(true);
         printed(print(&page.events, json))?;
         *after = Some(page.next_cursor.clone());
         if stop(&page) {
