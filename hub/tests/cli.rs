@@ -274,6 +274,11 @@ fn pools_are_kept_by_operators_audited_and_left_at_retire() {
     let out = dir.run(&["pools", "show", "cpu"]);
     assert_eq!(out.status.code(), Some(1), "no such pool: nothing was written by the refused add");
 
+    let out = dir.run(&["hosts", "list", "--json"]);
+    let hosts: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(hosts[0]["pools"], serde_json::json!(["gpu"]), "hosts list shows each host's pools: {hosts}");
+    let out = dir.run(&["hosts", "list"]);
+    assert!(text(&out.stdout).lines().next().is_some_and(|h| h.ends_with("POOLS")), "{}", text(&out.stdout));
     let out = dir.run(&["pools", "remove", "--pool", "gpu", "w1", "--reason", "less"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let out = dir.run(&["pools", "list", "--json"]);

@@ -850,6 +850,7 @@ fn host_json(h: &HostRow) -> Value {
         "holdings": {"claimed": h.holdings.claimed, "mirrored": h.holdings.mirrored, "delivered": h.holdings.delivered},
         "waiting": h.waiting,
         "certificates_active": h.certificates_active,
+        "pools": h.pools,
     })
 }
 
@@ -905,11 +906,22 @@ pub(super) fn hosts(rows: &[HostRow], now_ms: i64, silence_warn_ms: i64, as_json
                 },
                 format!("{}/{}/{}", h.holdings.claimed, h.holdings.mirrored, h.holdings.delivered),
                 h.waiting.to_string(),
+                if h.pools.is_empty() { "-".into() } else { h.pools.join(" ") },
             ]
         })
         .collect();
     table(
-        &["HOST", "STATE", "INSTANCE", "SESSION", "VERSION", "LAST CONTACT", "CLAIMED/MIRRORED/RUNNING", "WAITING"],
+        &[
+            "HOST",
+            "STATE",
+            "INSTANCE",
+            "SESSION",
+            "VERSION",
+            "LAST CONTACT",
+            "CLAIMED/MIRRORED/RUNNING",
+            "WAITING",
+            "POOLS",
+        ],
         &rows,
     )
 }

@@ -140,6 +140,8 @@ pub struct HostRow {
     pub waiting: i64,
     /// Unrevoked certificates.
     pub certificates_active: i64,
+    /// The pools it is a member of, by name (filled by `hosts` and `host`; empty otherwise).
+    pub pools: Vec<String>,
 }
 
 /// A certificate as the record keeps it.
@@ -246,6 +248,7 @@ fn host_row(r: &Row<'_>) -> DbResult<HostRow> {
         holdings: Holdings::default(),
         waiting: r.get(9)?,
         certificates_active: active_certs,
+        pools: Vec::new(),
     })
 }
 
@@ -278,6 +281,7 @@ pub fn hosts(conn: &dyn Db) -> StoreResult<Vec<HostRow>> {
         .collect::<Result<_, _>>()?;
     for row in &mut rows {
         row.holdings = holdings(conn, &row.name)?;
+        row.pools = crate::store::registry::pools::pools_of(conn, &row.name)?;
     }
     Ok(rows)
 }
@@ -294,6 +298,7 @@ pub fn host(conn: &dyn Db, name: &str) -> StoreResult<Option<HostDetail>> {
         return Ok(None);
     };
     host.holdings = holdings(conn, name)?;
+    host.pools = crate::store::registry::pools::pools_of(conn, name)?;
     let certificates = certificates(conn, Some((Role::Node, name)))?;
     let mut events: Vec<HostEvent> = conn
         .prepare_cached(
