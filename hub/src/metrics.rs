@@ -45,6 +45,12 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
     ("baton_hub_fences_active", Kind::Gauge, "Fences (pause, hold, block) not lifted."),
     ("baton_hub_fences_active_by_scope", Kind::Gauge, "Fences (pause, hold, block) not lifted, by scope."),
     ("baton_hub_host_backlog", Kind::Gauge, "Deliveries waiting for this host (queued or held)."),
+    ("baton_hub_pool_queued", Kind::Gauge, "Deliveries queued for this pool, which any member host may claim."),
+    (
+        "baton_hub_pool_oldest_queued_age_seconds",
+        Kind::Gauge,
+        "Age, since creation, of the oldest delivery queued for this pool; 0 when none is queued.",
+    ),
     (
         "baton_hub_host_oldest_waiting_age_seconds",
         Kind::Gauge,
@@ -255,6 +261,12 @@ pub async fn publish_record_gauges(shared: &Shared, watch: &GaugeWatch) {
         let silent = if g.silent.contains(&host) { 1.0 } else { 0.0 };
         metrics::gauge!("baton_hub_host_silent", "host" => host.clone()).set(silent);
         metrics::gauge!("baton_hub_host_last_contact_age_seconds", "host" => host).set(seconds_since(now_ms, last_ms));
+    }
+    // Pools are operator-made and few; the same bound as the hosts keeps the label bounded.
+    for p in g.pools.into_iter().take(watch.hosts_max) {
+        let age = p.oldest_queued_at_ms.map_or(0.0, |at| seconds_since(now_ms, at));
+        metrics::gauge!("baton_hub_pool_queued", "pool" => p.name.clone()).set(p.queued as f64);
+        metrics::gauge!("baton_hub_pool_oldest_queued_age_seconds", "pool" => p.name).set(age);
     }
     metrics::gauge!("baton_hub_hosts_silent").set(g.silent.len() as f64);
     for (outcome, n) in g.outcomes {

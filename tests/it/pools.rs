@@ -1,8 +1,9 @@
 //! Pools through the real binaries: an operator makes a pool (`baton-hub pools add`); a
 //! message addressed to it (`"pools"` on `POST /v1/messages`, `baton send --pool`) is one
 //! delivery with no host and the pool set, shown so in the answer, the message view, the
-//! operators' listing and `pools show`; a replay is a duplicate, an unknown pool a 400 naming
-//! it; the record verifies. One hub serves every check.
+//! operators' listing, `pools show`, `hosts list` and the pool's gauges on `/metrics`; a replay
+//! is a duplicate, an unknown pool a 400 naming it; the record verifies. One hub serves every
+//! check.
 
 use crate::harness::Hub;
 use serde_json::json;
@@ -45,5 +46,15 @@ fn a_message_to_a_pool_is_one_delivery_no_host_holds_yet() {
     assert_eq!(sent["deliveries"][0]["host"], "host-a", "{sent}");
     assert_eq!((&sent["deliveries"][1]["host"], &sent["deliveries"][1]["pool"]), (&json!(null), &json!("gpu")));
     assert_eq!(hub.cli_json(["pools", "show", "gpu", "--json"])[0]["queued"], 2);
+    assert_eq!(hub.cli_json(["hosts", "list", "--json"])[0]["pools"], json!(["gpu"]));
     hub.verify_ok();
+
+    // The pool's queue on /metrics (from the hub's periodic read of the record).
+    let metrics = format!("http://{}/metrics", crate::status_page::operator_addr(&hub));
+    crate::node_harness::wait_for("the pool's queue on /metrics", std::time::Duration::from_secs(60), || {
+        let text = rt.block_on(async { reqwest::get(&metrics).await.ok()?.text().await.ok() })?;
+        (text.contains("baton_hub_pool_queued{pool=\"gpu\"} 2")
+            && text.contains("baton_hub_pool_oldest_queued_age_seconds{pool=\"gpu\"}"))
+        .then_some(())
+    });
 }

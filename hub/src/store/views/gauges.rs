@@ -51,6 +51,8 @@ pub struct RecordGauges {
     /// each name in use, its longest-lasting unrevoked certificate (`fleet::expiring_certificates`);
     /// `None` when the role has none.
     pub cert_expiry: Vec<(Role, Option<i64>)>,
+    /// Each pool, by name: its queued deliveries and the oldest one's creation (`pools::show`).
+    pub pools: Vec<crate::store::registry::pools::PoolSummary>,
 }
 
 /// Reads the gauges at `now_ms`, flagging hosts silent longer than `silence_ms`.
@@ -75,6 +77,7 @@ pub fn gather(conn: &dyn Db, now_ms: i64, silence_ms: i64) -> StoreResult<Record
         oldest_held_created_ms: oldest_held(conn)?,
         fences: fences::active_counts_by_scope(conn)?,
         cert_expiry,
+        pools: crate::store::registry::pools::list(conn)?,
     })
 }
 
@@ -116,6 +119,29 @@ mod tests {
     use crate::store::lifecycle::accept::testing::accept_one;
     use crate::store::registry::hosts::{Issued, enroll};
     use crate::store::testing;
+
+    /// A pool's queued deliveries and the oldest one's creation reach the gauges.
+    #[test]
+    fn the_gauges_read_each_pool_s_queue() {
+        let db = testing::db();
+        let c = &*db.conn;
+        crate::store::registry::pools::add(c, "gpu", &["host-a".into()], "op", "r", 1).unwrap();
+        let msg = crate::store::lifecycle::accept::NewMessage {
+            producer: "prod".into(),
+            conversation: "c".into(),
+            idempotency_key: "k".into(),
+            payload: "{}".into(),
+            to: Vec::new(),
+            traceparent: None,
+            pools: vec!["gpu".into()],
+        };
+        let limits = crate::store::lifecycle::accept::AcceptLimits { queued_per_host_max: 10 };
+        let retry = crate::store::lifecycle::accept::RetryPolicy::default();
+        crate::store::lifecycle::accept::accept_and_fan_out(c, &msg, retry, limits, 7).unwrap();
+        let g = gather(c, 10, 1_000).unwrap();
+        assert_eq!(g.pools.len(), 1);
+        assert_eq!((g.pools[0].name.as_str(), g.pools[0].queued, g.pools[0].oldest_queued_at_ms), ("gpu", 1, Some(7)));
+    }
 
     #[test]
     fn the_gauges_read_what_status_reads() {
