@@ -586,7 +586,7 @@ impl Cluster {
              WHERE d.state IN ('queued', 'claimed', 'mirrored', 'held')
                 OR (d.state = 'delivered'
                     AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt))
-             LIMIT ?1",
+             LIMIT $1",
             )?;
             let rows = st.query_map([PENDING_SHOWN_MAX], |r| {
                 Ok(format!(
