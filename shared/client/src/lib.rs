@@ -38,6 +38,8 @@
 //!     retry_backoff_ms: None,
 //!     approval: None,
 //!     approval_timeout_ms: None,
+//!     deadline_ms: None,
+//!     stall_ms: None,
 //! };
 //! let accepted = client.submit(&request).await?; // retried: the key makes a repeat the same message
 //! let view = client.message(&accepted.message_id, Some(Duration::from_secs(20))).await?;

@@ -121,6 +121,9 @@ class Producer(unittest.TestCase):
         self.assertEqual((by_key.conversation, by_key.idempotency_key, by_key.payload), ("py-basic", "py-basic-1", {"text": "hello", "n": 1}))
         one = self.c.delivery(sent.message_id, sent.deliveries[0].delivery_id)
         self.assertEqual(one, by_id.deliveries[0])
+        # The hub started a trace for a message sent without one, and keeps it with the message.
+        self.assertIsNotNone(by_id.traceparent)
+        self.assertRegex(by_id.traceparent or "", r"^00-[0-9a-f]{32}-[0-9a-f]{16}-0[01]$")
 
     def test_a_submit_without_a_key_gets_one_and_can_be_read_by_it(self) -> None:
         sent = self.c.submit("py-keyless", b.RawJson('{"exact": 1.50}'), to=[self.host])

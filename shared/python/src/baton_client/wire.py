@@ -596,6 +596,9 @@ class MessageView:
     accepted_at_ms: int
     deliveries: tuple[DeliveryView, ...]
     omitted: ViewOmitted | None
+    #: The W3C ``traceparent`` kept with it (the producer's, or one the hub started); ``None``
+    #: for a message accepted before traces were kept, or from a hub that predates them.
+    traceparent: str | None = None
 
     @property
     def settled(self) -> bool:
@@ -630,6 +633,7 @@ def read_message(status: int, body: bytes) -> MessageView:
         accepted_at_ms=f.integer("accepted_at_ms"),
         deliveries=deliveries,
         omitted=omitted,
+        traceparent=f.opt_text("traceparent"),
     )
 
 
