@@ -34,6 +34,7 @@
 //!     idempotency_key: "order-42".into(),
 //!     payload: Payload::from_text(r#"{"ticket": 42}"#.into())?,
 //!     to: Some(vec!["worker-1".into()]),
+//!     pools: None,
 //!     max_attempts: None,
 //!     retry_backoff_ms: None,
 //!     approval: None,
