@@ -162,7 +162,7 @@ pub async fn run_agent<H: Hub>(
 async fn run_tasks<H: Hub>(sh: &Arc<Shared<H>>) -> anyhow::Result<()> {
     let sched = tokio::spawn(stop_all_on_error(Arc::clone(sh), sched::scheduler(Arc::clone(sh))));
     let retention = tokio::spawn(stop_all_on_error(Arc::clone(sh), retention::retention_loop(Arc::clone(sh))));
-    let renewal = tokio::spawn(stop_all_on_error(Arc::clone(sh), crate::progress::renewal_loop(Arc::clone(sh))));
+    let renewal = tokio::spawn(stop_all_on_error(Arc::clone(sh), crate::renewal::renewal_loop(Arc::clone(sh))));
     let outbox_stop = CancellationToken::new();
     let outbox =
         tokio::spawn(stop_all_on_error(Arc::clone(sh), report::outbox_loop(Arc::clone(sh), outbox_stop.clone())));

@@ -26,6 +26,8 @@
 //!   `cancel_grace`), output bounds; the `turn-gate` itself.
 //! - `progress`: the progress channel's events (bounded, counted when dropped, kept in memory)
 //!   and the renewal: one `POST /v1/running` per pass for every running turn.
+//! - `renewal`: the renewal of running turns with the hub, one request per pass, carrying their
+//!   progress; the events of ended turns sent before their reports.
 //! - `tail`: the last bytes of a harness's stderr, cut on a character boundary, for its report.
 //! - `turn_gate`: the gate a turn's process starts behind (`turn-gate`) and the handle a hub's
 //!   cancel of a running turn arrives through.
@@ -58,6 +60,7 @@ pub mod manuals;
 pub mod metrics;
 pub mod output;
 pub mod progress;
+pub mod renewal;
 pub mod report;
 mod retention;
 pub mod sched;
