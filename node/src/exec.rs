@@ -18,6 +18,12 @@
 //! Stopping. A timeout or a shutdown sends SIGTERM to the whole group, waits up to `kill_grace`
 //! for it to end, then sends SIGKILL to what is left (`nix::sys::signal::killpg`, a safe
 //! wrapper, since this crate forbids `unsafe`).
+//!
+//! Why one file over 700 lines: one turn's life from spawn to its ending (the gate's release,
+//! the pipes read while it runs, the limits that stop it, the stop itself) shares the turn's
+//! private state, and every way a turn ends is decided in `Spawned::run`; a third of the file is
+//! its unit tests' harness scripts. Where it splits when it grows: the stop (`Stop`, the
+//! signals) from the spawn and the reading of the pipes.
 
 use crate::group::{self, ProcessIdentity};
 use crate::limits::{GROUP_POLL_PACE, PIPE_DRAIN_AFTER_EXIT, STDERR_LOG_BYTES_MAX};
