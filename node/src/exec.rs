@@ -18,6 +18,12 @@
 //! Stopping. A timeout or a shutdown sends SIGTERM to the whole group, waits up to `kill_grace`
 //! for it to end, then sends SIGKILL to what is left (`nix::sys::signal::killpg`, a safe
 //! wrapper, since this crate forbids `unsafe`).
+//!
+//! Why one file over 700 lines: one turn's life from spawn to its ending (the gate's release,
+//! the pipes read while it runs, the limits that stop it, the stop itself) shares the turn's
+//! private state, and every way a turn ends is decided in `Spawned::run`; a third of the file is
+//! its unit tests' harness scripts. Where it splits when it grows: the stop (`Stop`, the
+//! signals) from the spawn and the reading of the pipes.
 
 use crate::group::{self, ProcessIdentity};
 use crate::limits::{GROUP_POLL_PACE, PIPE_DRAIN_AFTER_EXIT, STDERR_LOG_BYTES_MAX};
@@ -26,14 +32,10 @@ use crate::store::{Ending, StartedTurn};
 use crate::tail::{StderrTail, Tail};
 use baton_shared::states::{Outcome, StoppedBy};
 use baton_shared::traceparent::TRACEPARENT_ENV;
-use nix::errno::Errno;
 use nix::sys::signal::Signal;
-use std::io::Write as _;
-use std::os::fd::AsFd as _;
-use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
+use std::os::unix::process::ExitStatusExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::process::{Child, ChildStdin};
@@ -47,92 +49,7 @@ pub const REASON_SHUTDOWN: &str = "shutdown";
 /// The reason recorded when a running turn was cancelled starts with this word.
 pub const REASON_CANCELLED: &str = "cancelled";
 
-/// A cancel of one running turn, asked for by the hub (an operator or the producer): set once
-/// with its reason; the turn's `Spawned::run` then stops its process group (SIGTERM, SIGKILL
-/// after `cancel_grace`) and ends it `cancelled`.
-#[derive(Debug, Clone, Default)]
-pub struct CancelHandle {
-    token: CancellationToken,
-    reason: Arc<OnceLock<String>>,
-}
-
-impl CancelHandle {
-    /// Asks for the cancel (the first reason given is kept).
-    pub fn request(&self, reason: &str) {
-        let _ = self.reason.set(reason.to_string());
-        self.token.cancel();
-    }
-
-    /// Whether a cancel was asked for.
-    pub fn is_requested(&self) -> bool {
-        self.token.is_cancelled()
-    }
-
-    /// Why, once asked for.
-    pub fn reason(&self) -> String {
-        self.reason.get().cloned().unwrap_or_default()
-    }
-}
-
-/// The hidden subcommand that runs the gate (`baton-node turn-gate -- ARGV…`).
-pub const GATE_SUBCOMMAND: &str = "turn-gate";
-/// The byte the node writes to the gate's stdin to let it become the harness. A newline, so a
-/// shell's `read` (the `Gate::shell` stand-in) takes exactly it and leaves the payload.
-pub const GATE_RELEASE: u8 = b'\n';
-/// The gate's exit status when it could not become the harness (the shell's "cannot run").
-pub const GATE_EXEC_FAILED_STATUS: u8 = 127;
-
-/// How a turn's process starts: the argv put before the harness argv. The program it names
-/// must wait for `GATE_RELEASE` on stdin and then become the rest of its argv.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Gate {
-    argv: Vec<String>,
-}
-
-impl Gate {
-    /// This very binary's `turn-gate`, through `/proc/self/exe`: the running executable even when
-    /// the file on disk was replaced by an upgrade since the node started.
-    pub fn this_binary() -> Gate {
-        Gate::binary(Path::new("/proc/self/exe"))
-    }
-
-    /// The `turn-gate` of the `baton-node` binary at `path` (tests that run the executor from
-    /// another program).
-    pub fn binary(path: &Path) -> Gate {
-        Gate { argv: vec![path.display().to_string(), GATE_SUBCOMMAND.into(), "--".into()] }
-    }
-
-    /// The same protocol in `sh`: `read` takes the release line, `exec` becomes the harness.
-    /// For unit tests, which run inside a test binary rather than `baton-node`.
-    pub fn shell() -> Gate {
-        Gate { argv: vec!["sh".into(), "-c".into(), "read -r _ || exit 1; exec \"$@\"".into(), "turn-gate".into()] }
-    }
-}
-
-/// The `turn-gate` subcommand: waits for the release byte on stdin, then replaces itself with
-/// `argv` (same pid, group and start time). Returns only when it does not: the node never
-/// released it (end of file: nothing runs) or `argv` cannot be run.
-pub fn gate(argv: &[String]) -> u8 {
-    let Some((program, args)) = argv.split_first() else {
-        return baton_shared::exit::USAGE;
-    };
-    let stdin = std::io::stdin();
-    let mut byte = [0u8; 1];
-    // One byte, unbuffered: whatever follows on stdin is the harness's payload.
-    let read = loop {
-        match nix::unistd::read(stdin.as_fd(), &mut byte) {
-            Err(Errno::EINTR) => continue,
-            other => break other,
-        }
-    };
-    if read != Ok(1) || byte[0] != GATE_RELEASE {
-        return baton_shared::exit::NOTHING;
-    }
-    let err = std::process::Command::new(program).args(args).exec();
-    // stderr is the harness's stderr pipe: the node logs this line with the turn.
-    let _ = writeln!(std::io::stderr(), "baton-node {GATE_SUBCOMMAND}: cannot start {program:?}: {err}");
-    GATE_EXEC_FAILED_STATUS
-}
+pub use crate::turn_gate::{CancelHandle, GATE_EXEC_FAILED_STATUS, GATE_RELEASE, GATE_SUBCOMMAND, Gate, gate};
 
 /// How to run turns.
 #[derive(Debug, Clone)]
@@ -189,7 +106,7 @@ pub fn spawn(spec: &ExecSpec, turn: &StartedTurn) -> Result<Spawned, Ending> {
     if find_program(program).is_none() {
         return Err(cannot_start("no such executable file".into()));
     }
-    let Some((gate, gate_args)) = spec.gate.argv.split_first() else {
+    let Some((gate, gate_args)) = spec.gate.argv().split_first() else {
         return Err(cannot_start("the gate is empty".into()));
     };
     let mut cmd = tokio::process::Command::new(gate);
@@ -383,7 +300,7 @@ impl Spawned {
             },
             _ = stall_watch => Waited::Stalled(stall.unwrap_or_default()),
             _ = kill.cancelled() => Waited::Killed,
-            _ = cancel.token.cancelled() => Waited::Cancelled,
+            _ = cancel.requested() => Waited::Cancelled,
         };
         let mut stopped_by = None;
         let mut outcome_if_stopped = Outcome::Failed;

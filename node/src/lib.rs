@@ -26,7 +26,11 @@
 //!   `cancel_grace`), output bounds; the `turn-gate` itself.
 //! - `progress`: the progress channel's events (bounded, counted when dropped, kept in memory)
 //!   and the renewal: one `POST /v1/running` per pass for every running turn.
+//! - `renewal`: the renewal of running turns with the hub, one request per pass, carrying their
+//!   progress; the events of ended turns sent before their reports.
 //! - `tail`: the last bytes of a harness's stderr, cut on a character boundary, for its report.
+//! - `turn_gate`: the gate a turn's process starts behind (`turn-gate`) and the handle a hub's
+//!   cancel of a running turn arrives through.
 //! - `group`: a harness's process group: its identity (group id, start time, boot id), the
 //!   same-process check, and stopping what a crashed node left behind.
 //! - `report`: the report outbox sender.
@@ -56,6 +60,7 @@ pub mod manuals;
 pub mod metrics;
 pub mod output;
 pub mod progress;
+pub mod renewal;
 pub mod report;
 mod retention;
 pub mod sched;
@@ -64,6 +69,7 @@ mod shared_state;
 pub mod status;
 pub mod store;
 pub mod tail;
+pub mod turn_gate;
 
 use anyhow::Context as _;
 use baton_shared::clock::SharedClock;

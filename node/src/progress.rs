@@ -21,11 +21,11 @@
 //! dies loses what it had not sent (at most one `progress_flush_interval`'s worth while the hub
 //! answers), and its turn is reported `unknown` anyway.
 //!
-//! The renewal (`renewal_loop`): one `POST /v1/running` per pass lists every turn running now,
+//! The renewal (`renewal::renewal_loop`): one `POST /v1/running` per pass lists every turn running now,
 //! with its events waiting (at most `PROGRESS_EVENTS_PER_REQUEST_MAX` and `BATCH_BYTES_MAX` bytes
 //! per request), at least every `renew_interval` while a turn runs, and every
 //! `progress_flush_interval` while events wait. A pass with no events costs the hub no write.
-//! The outbox sends the events of ended turns (`flush_ended`) before their reports, so the hub
+//! The outbox sends the events of ended turns (`renewal::flush_ended`) before their reports, so the hub
 //! has them before the outcome it would refuse them after.
 //!
 //! Invariant: each run's events carry `seq` 1, 2, ... in the order the harness wrote them (a
@@ -33,14 +33,11 @@
 //! request that carried it, so a failed request is sent again with the same numbers and the hub
 //! keeps each once.
 
-use crate::client::Hub;
-use crate::shared_state::Shared;
 use baton_shared::limits::{BATCH_BYTES_MAX, BATCH_ITEMS_MAX, PROGRESS_EVENTS_PER_REQUEST_MAX};
 use baton_shared::wire::{Payload, ProgressItem, RunningTurnItem, RunningTurnResult};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -193,14 +190,14 @@ impl Progress {
     }
 
     /// Whether a turn is running (the renewal is due while one is).
-    fn any_running(&self) -> bool {
+    pub(crate) fn any_running(&self) -> bool {
         self.state().turns.values().any(|t| !t.ended)
     }
 
     /// The next request: every running turn, and the ended ones with events or a drop count
     /// to tell, with their waiting events (within the request's bounds). `only_ended` leaves
     /// out the running ones (the outbox's flush before reports).
-    fn request(&self, only_ended: bool) -> Vec<(RunningTurnItem, usize, u64)> {
+    pub(crate) fn request(&self, only_ended: bool) -> Vec<(RunningTurnItem, usize, u64)> {
         let st = self.state();
         let mut out = Vec::new();
         let (mut events, mut bytes) = (0usize, 0u64);
@@ -239,7 +236,7 @@ impl Progress {
 
     /// The hub answered a request: its events leave the buffer, its drop counts are told, and
     /// a run the hub no longer takes progress for drops what waits of it.
-    fn answered(&self, sent: &[(RunningTurnItem, usize, u64)], results: &[RunningTurnResult]) {
+    pub(crate) fn answered(&self, sent: &[(RunningTurnItem, usize, u64)], results: &[RunningTurnResult]) {
         let mut st = self.state();
         let mut freed = 0usize;
         for ((item, n, dropped), result) in sent.iter().zip(results) {
@@ -374,102 +371,10 @@ pub fn counters() -> (u64, Vec<(Dropped, u64)>) {
     (SENT_TOTAL.load(Ordering::Relaxed), dropped)
 }
 
-/// Sends one request with `only_ended` (see `Progress::request`) and settles its answer.
-/// Returns whether the hub answered.
-async fn send<H: Hub>(sh: &Shared<H>, only_ended: bool) -> bool {
-    let sent = sh.progress.request(only_ended);
-    if sent.is_empty() {
-        return true;
-    }
-    let turns: Vec<RunningTurnItem> = sent.iter().map(|(t, _, _)| t.clone()).collect();
-    let events: usize = sent.iter().map(|(_, n, _)| n).sum();
-    match sh.hub.running(turns).await {
-        Ok(results) => {
-            SENT_TOTAL.fetch_add(events as u64, Ordering::Relaxed);
-            sh.progress.answered(&sent, &results);
-            true
-        }
-        Err(e) if let Some(why) = e.refused_for_good() => {
-            sh.finish(why);
-            false
-        }
-        Err(e) if let Some(message) = e.superseded() => {
-            sh.supersede(&message);
-            false
-        }
-        Err(e) if e.route_unknown() => {
-            // A hub from before progress: nothing it could keep; what waits is dropped.
-            tracing::warn!("the hub does not take progress or renewals ({e}); the node's progress is dropped");
-            let results: Vec<RunningTurnResult> = sent
-                .iter()
-                .map(|(t, _, _)| RunningTurnResult {
-                    delivery_id: t.delivery_id.clone(),
-                    running: false,
-                    kept: 0,
-                    dropped: 0,
-                })
-                .collect();
-            sh.progress.answered(&sent, &results);
-            true
-        }
-        Err(e) => {
-            tracing::debug!(events, "forwarding progress failed; sending it again later: {e}");
-            false
-        }
-    }
+/// Counts `n` events the hub answered for (`counters`).
+pub(crate) fn count_sent(n: usize) {
+    SENT_TOTAL.fetch_add(n as u64, Ordering::Relaxed);
 }
-
-/// Before the outbox sends reports: the events of ended runs go first, so the hub has them
-/// before their outcome (it takes none after). Stops at the first failure.
-pub(crate) async fn flush_ended<H: Hub>(sh: &Shared<H>) {
-    for _ in 0..FLUSH_REQUESTS_MAX {
-        let before = sh.progress.request(true);
-        if before.is_empty() || !send(sh, true).await {
-            return;
-        }
-    }
-}
-
-/// Most requests one `flush_ended` sends (a run with more waiting sends the rest later, and
-/// the hub counts what came after its outcome as dropped).
-pub const FLUSH_REQUESTS_MAX: usize = 16;
-
-/// The renewal: one request per pass, while turns run or events wait: every
-/// `progress_flush_interval` while events wait, else every `renew_interval` while a turn runs;
-/// after a request the hub did not answer, again after `RENEW_RETRY_PACE` at the soonest.
-pub(crate) async fn renewal_loop<H: Hub>(sh: Arc<Shared<H>>) -> anyhow::Result<()> {
-    let (renew, flush) = (sh.config.renew_interval, sh.config.progress_flush_interval);
-    let mut last = Instant::now();
-    let mut failing = false;
-    while !sh.shutdown.is_cancelled() {
-        let pace = |p: Duration| if failing { p.max(RENEW_RETRY_PACE) } else { p };
-        let due = if sh.progress.waiting() {
-            Some(last + pace(flush))
-        } else if sh.progress.any_running() {
-            Some(last + pace(renew))
-        } else {
-            None
-        };
-        let sleep = async {
-            match due {
-                Some(at) => tokio::time::sleep_until(at).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            _ = sleep => {}
-            // An event, or a turn that started or ended: look at what is due again.
-            _ = sh.progress.wake.notified() => continue,
-            _ = sh.shutdown.cancelled() => return Ok(()),
-        }
-        last = Instant::now();
-        failing = !send(&sh, false).await;
-    }
-    Ok(())
-}
-
-/// How soon a renewal the hub did not answer is sent again (at least).
-const RENEW_RETRY_PACE: Duration = Duration::from_secs(1);
 
 #[cfg(test)]
 mod tests {

@@ -69,7 +69,7 @@ pub(crate) async fn send_pending<H: Hub>(sh: &Shared<H>) -> Result<Pass, StoreEr
         return Ok(Pass::Idle);
     }
     // The ended turns' last progress events first: the hub takes none after their outcome.
-    crate::progress::flush_ended(sh).await;
+    crate::renewal::flush_ended(sh).await;
     let started = sh.telemetry.started();
     let answers = send_batch(sh, &batch).await;
     let answered = sh.telemetry.started();

@@ -4,9 +4,9 @@
 //! that none of them imports another for it.
 
 use crate::config::NodeConfig;
-use crate::exec::{CancelHandle, Gate};
 use crate::limits::RECONNECT_PAUSE_MAX;
 use crate::store::Store;
+use crate::turn_gate::{CancelHandle, Gate};
 use baton_client::{Backoff, ClientError, RefusedForGood};
 use baton_shared::clock::SharedClock;
 use std::collections::HashMap;

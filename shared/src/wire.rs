@@ -1,6 +1,10 @@
 //! The HTTP API's request and response bodies (SPEC §12). These are the public contract:
 //! fields may be added, none renamed. Requests refuse unknown fields so that a typo is an
 //! error instead of a silently ignored option.
+//!
+//! Why one file over 700 lines: it is the whole v1 contract, every body of every endpoint, in
+//! one place to read against `docs/openapi.json` (which a test holds to these types); each type
+//! is small and stands alone. Where it splits when it grows: producer bodies, node bodies, feeds.
 
 use crate::states::{DeliveryState, Outcome, Rerun};
 use serde::{Deserialize, Serialize};

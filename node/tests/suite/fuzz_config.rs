@@ -74,7 +74,10 @@ impl Toml {
             (kind, self),
             (Kind::Count { .. }, Toml::Int(_))
                 | (Kind::Argv | Kind::HttpsUrl, Toml::Strings(_))
-                | (Kind::HttpsUrl | Kind::Path | Kind::Duration { .. } | Kind::Word(_) | Kind::Listen, Toml::Str(_))
+                | (
+                    Kind::HttpsUrl | Kind::OtlpUrl | Kind::Path | Kind::Duration { .. } | Kind::Word(_) | Kind::Listen,
+                    Toml::Str(_)
+                )
                 // A listening address may be a port alone, written as a number.
                 | (Kind::Listen, Toml::Int(0..=65_535))
         )

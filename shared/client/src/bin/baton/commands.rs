@@ -3,15 +3,15 @@
 
 use crate::args::{Cli, Command, SendArgs, Which};
 use crate::error::{CliError, call_failed, failure, printed, usage};
+use crate::verdict::{ended, verdict};
 use crate::{config, output};
 use baton_client::{Client, ClientError};
 use baton_shared::exit;
 use baton_shared::files::{read_all_text_bounded, read_text_bounded};
 use baton_shared::limits::PAYLOAD_FILE_BYTES_MAX;
 use baton_shared::manuals;
-use baton_shared::states::{DeliveryState, Outcome};
 use baton_shared::traceparent::{TRACEPARENT_ENV, TraceParent};
-use baton_shared::wire::{DeliveryView, MessageView, Payload, SubmitRequest};
+use baton_shared::wire::{MessageView, Payload, SubmitRequest};
 use clap::CommandFactory as _;
 use std::time::{Duration, Instant};
 
@@ -172,25 +172,6 @@ async fn get(client: &Client, which: &Which, wait: Option<Duration>, json: bool)
     Ok(exit::OK)
 }
 
-/// How a delivery ended: `Some(true)` succeeded, `Some(false)` failed, cancelled or unknown,
-/// `None` not yet (the hub's "settled": failed, unknown, or delivered with an attempt of its
-/// current run).
-pub(crate) fn ended(d: &DeliveryView) -> Option<bool> {
-    match d.state {
-        DeliveryState::Failed | DeliveryState::Unknown => Some(false),
-        DeliveryState::Delivered => {
-            d.attempts.iter().rev().find(|a| a.attempt == d.attempt).map(|a| a.outcome == Outcome::Succeeded)
-        }
-        DeliveryState::Queued | DeliveryState::Claimed | DeliveryState::Mirrored | DeliveryState::Held => None,
-    }
-}
-
-/// The exit status `wait` ends with for `view`, or `None` while a delivery has not ended.
-pub(crate) fn verdict(view: &MessageView) -> Option<u8> {
-    let ends: Option<Vec<bool>> = view.deliveries.iter().map(ended).collect();
-    ends.map(|ends| if ends.iter().all(|ok| *ok) { exit::OK } else { exit::NOT_SUCCEEDED })
-}
-
 async fn wait(client: &Client, which: &Which, timeout: Duration, json: bool) -> Result<u8, CliError> {
     let deadline = Instant::now() + timeout;
     let mut view = read_until(client, which, None, deadline).await?;
@@ -243,6 +224,7 @@ async fn cancel(client: &Client, id: &str, reason: &str, json: bool) -> Result<u
 mod tests {
     use super::*;
     use crate::args::EXIT_HELP;
+    use baton_shared::wire::DeliveryView;
 
     #[test]
     fn every_exit_status_is_documented() {

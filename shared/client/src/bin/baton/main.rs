@@ -9,6 +9,8 @@
 //! - `error`: `CliError`, how a command fails and with which exit status.
 //! - `output`: everything written to stdout, and `esc` for stored text.
 //! - `spool`: `send --spool` and the `spool` commands, over `baton_client::Spooler`.
+//! - `verdict`: how a message's deliveries ended, as `wait`'s and `watch`'s exit status.
+//! - `watch`: `watch` and `follow`, an events feed followed from a cursor.
 //!
 //! `main` owns the exit status: errors are printed once, on stderr.
 
@@ -18,6 +20,7 @@ mod config;
 mod error;
 mod output;
 mod spool;
+mod verdict;
 mod watch;
 
 use clap::Parser as _;

@@ -97,7 +97,7 @@ pub(crate) async fn watch(
             other => break other.map_err(call_failed)?,
         }
     };
-    Ok(crate::commands::verdict(&view).unwrap_or(exit::NOT_SUCCEEDED))
+    Ok(crate::verdict::verdict(&view).unwrap_or(exit::NOT_SUCCEEDED))
 }
 
 /// `baton follow --conversation C`: this producer's messages' events in the conversation,
