@@ -528,7 +528,7 @@ fn host_fences<'a>(fences: &'a [FenceRow], host: &str, now_ms: i64) -> impl Iter
             && match f.scope {
                 FenceScope::All => true,
                 FenceScope::Host => f.target.as_deref() == Some(host),
-                FenceScope::Conversation => false,
+                FenceScope::Conversation | FenceScope::Pool => false,
             }
     })
 }
@@ -544,7 +544,7 @@ fn conversation_fences<'a>(
             && match f.scope {
                 FenceScope::All => true,
                 FenceScope::Conversation => f.target.as_deref() == Some(conversation),
-                FenceScope::Host => false,
+                FenceScope::Host | FenceScope::Pool => false,
             }
     })
 }

@@ -61,7 +61,9 @@ CREATE TABLE deliveries_pools (
     pool          TEXT,                         -- the recipient pool, for life; NULL for a host delivery
     CHECK (host IS NOT NULL OR pool IS NOT NULL),
     CHECK ((state IN ('claimed', 'mirrored', 'delivered')) = (instance_id IS NOT NULL AND claim_token IS NOT NULL)),
-    CHECK (pool IS NULL OR state NOT IN ('claimed', 'mirrored', 'delivered') OR host IS NOT NULL)
+    CHECK (pool IS NULL OR state NOT IN ('claimed', 'mirrored', 'delivered') OR host IS NOT NULL),
+    -- A pool delivery waiting in its pool belongs to no host: a requeue or retry returns it.
+    CHECK (pool IS NULL OR state NOT IN ('queued', 'held') OR host IS NULL)
 ) STRICT;
 
 INSERT INTO deliveries_pools (n, id, message_id, host, conversation, seq, state, instance_id, claim_token, reason,
@@ -100,24 +102,33 @@ CREATE INDEX deliveries_held_turns ON deliveries (host, conversation, seq) WHERE
 CREATE INDEX deliveries_cancel_pending ON deliveries (instance_id)
     WHERE state = 'delivered' AND cancel_requested_at IS NOT NULL;
 CREATE INDEX deliveries_retry_wait ON deliveries (host, not_before) WHERE state = 'queued' AND not_before IS NOT NULL;
--- A pool's deliveries of one conversation in seq order (the claim's order and affinity checks).
-CREATE INDEX deliveries_pool_turns ON deliveries (pool, conversation, seq) WHERE pool IS NOT NULL;
+-- A pool's queued and held deliveries of one conversation in seq order (the claim's order
+-- checks), and its retries waiting for their not-before time (when a member's claim wakes).
+CREATE INDEX deliveries_pool_queued ON deliveries (pool, conversation, seq) WHERE state = 'queued' AND pool IS NOT NULL;
+CREATE INDEX deliveries_pool_held ON deliveries (pool, conversation, seq) WHERE state = 'held' AND pool IS NOT NULL;
+CREATE INDEX deliveries_pool_retry_wait ON deliveries (pool, not_before)
+    WHERE state = 'queued' AND not_before IS NOT NULL AND pool IS NOT NULL;
 
 -- Per (pool, conversation), as `conversation_queues` per (host, conversation): how many pool
 -- deliveries are queued, when the claim last turned to it (`served`) and since when it has had
 -- queued work (`since`), kept in step by the triggers below. Beside them the affinity state the
--- claim keeps: the host a turn of the conversation is in flight on (`bound_host`), and the host
--- whose turn settled last and when (`last_host`, `last_settled_at`; `limits.pool_affinity_wait`).
+-- claim and every end of a turn keep (`lifecycle::pool_flight`): how many pool deliveries of the
+-- conversation are in flight (claimed, mirrored, or delivered without an outcome of their
+-- current run) and the host they are all on (`bound_host`, set exactly while `in_flight > 0`),
+-- and the host whose turn left flight last and when (`last_host`, `last_settled_at`;
+-- `limits.pool_affinity_wait`).
 CREATE TABLE pool_queues (
     pool          TEXT NOT NULL,
     conversation  TEXT NOT NULL,
     queued        INTEGER NOT NULL CHECK (queued >= 0),
     served        INTEGER NOT NULL DEFAULT 0,
     since         INTEGER NOT NULL,
+    in_flight     INTEGER NOT NULL DEFAULT 0 CHECK (in_flight >= 0),
     bound_host    TEXT,
     last_host     TEXT,
     last_settled_at INTEGER,
-    PRIMARY KEY (pool, conversation)
+    PRIMARY KEY (pool, conversation),
+    CHECK ((in_flight > 0) = (bound_host IS NOT NULL))
 ) STRICT;
 CREATE INDEX pool_queues_turns ON pool_queues (pool, served, since, conversation) WHERE queued > 0;
 CREATE INDEX pool_queues_bound ON pool_queues (bound_host) WHERE bound_host IS NOT NULL;
@@ -214,3 +225,38 @@ BEGIN
         WHERE x > 0
         ON CONFLICT (scope) DO UPDATE SET removed_through = max(removed_through, excluded.removed_through);
 END;
+
+-- Fences take a pool as their scope (`fence --pool NAME`): the scope's CHECK changes, which
+-- SQLite cannot do in place, so `fences` is rebuilt as `deliveries` was above.
+CREATE TABLE fences_pools (
+    id            INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind          TEXT NOT NULL CHECK (kind IN ('pause', 'hold', 'block')),
+    scope         TEXT NOT NULL CHECK (scope IN ('conversation', 'host', 'pool', 'all')),
+    target        TEXT,                         -- conversation, host or pool name; NULL for all
+    set_by        TEXT NOT NULL,
+    set_at        INTEGER NOT NULL,
+    set_after_event INTEGER NOT NULL,
+    reason        TEXT NOT NULL,
+    lifted_at     INTEGER,
+    lifted_after_event INTEGER,
+    lifted_by     TEXT,
+    lifted_reason TEXT,
+    expires_at    INTEGER,
+    CHECK ((scope = 'all') = (target IS NULL))
+) STRICT;
+INSERT INTO fences_pools (id, kind, scope, target, set_by, set_at, set_after_event, reason, lifted_at,
+        lifted_after_event, lifted_by, lifted_reason, expires_at)
+    SELECT id, kind, scope, target, set_by, set_at, set_after_event, reason, lifted_at,
+        lifted_after_event, lifted_by, lifted_reason, expires_at
+    FROM fences ORDER BY id;
+UPDATE sqlite_sequence SET seq = max(seq, coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'fences'), 0))
+    WHERE name = 'fences_pools';
+INSERT INTO sqlite_sequence (name, seq)
+    SELECT 'fences_pools', seq FROM sqlite_sequence WHERE name = 'fences'
+    AND NOT EXISTS (SELECT 1 FROM sqlite_sequence WHERE name = 'fences_pools');
+DROP TABLE fences;
+PRAGMA legacy_alter_table = ON;
+ALTER TABLE fences_pools RENAME TO fences;
+PRAGMA legacy_alter_table = OFF;
+CREATE INDEX fences_active ON fences (scope, target) WHERE lifted_at IS NULL;
+CREATE INDEX fences_expiring ON fences (expires_at) WHERE lifted_at IS NULL AND expires_at IS NOT NULL;

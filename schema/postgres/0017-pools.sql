@@ -26,10 +26,15 @@ ALTER TABLE deliveries ADD COLUMN pool TEXT;
 ALTER TABLE deliveries ADD CONSTRAINT deliveries_host_or_pool CHECK (host IS NOT NULL OR pool IS NOT NULL);
 ALTER TABLE deliveries ADD CONSTRAINT deliveries_pool_held_by_host
     CHECK (pool IS NULL OR state NOT IN ('claimed', 'mirrored', 'delivered') OR host IS NOT NULL);
+ALTER TABLE deliveries ADD CONSTRAINT deliveries_pool_waits_unheld
+    CHECK (pool IS NULL OR state NOT IN ('queued', 'held') OR host IS NULL);
 ALTER TABLE deliveries DROP CONSTRAINT deliveries_message_id_host_key;
 CREATE UNIQUE INDEX deliveries_per_host ON deliveries (message_id, host) WHERE pool IS NULL;
 CREATE UNIQUE INDEX deliveries_per_pool ON deliveries (message_id, pool) WHERE pool IS NOT NULL;
-CREATE INDEX deliveries_pool_turns ON deliveries (pool, conversation, seq) WHERE pool IS NOT NULL;
+CREATE INDEX deliveries_pool_queued ON deliveries (pool, conversation, seq) WHERE state = 'queued' AND pool IS NOT NULL;
+CREATE INDEX deliveries_pool_held ON deliveries (pool, conversation, seq) WHERE state = 'held' AND pool IS NOT NULL;
+CREATE INDEX deliveries_pool_retry_wait ON deliveries (pool, not_before)
+    WHERE state = 'queued' AND not_before IS NOT NULL AND pool IS NOT NULL;
 
 CREATE TABLE pool_queues (
     pool          TEXT NOT NULL,
@@ -37,10 +42,12 @@ CREATE TABLE pool_queues (
     queued        BIGINT NOT NULL CHECK (queued >= 0),
     served        BIGINT NOT NULL DEFAULT 0,
     since         BIGINT NOT NULL,
+    in_flight     BIGINT NOT NULL DEFAULT 0 CHECK (in_flight >= 0),
     bound_host    TEXT,
     last_host     TEXT,
     last_settled_at BIGINT,
-    PRIMARY KEY (pool, conversation)
+    PRIMARY KEY (pool, conversation),
+    CHECK ((in_flight > 0) = (bound_host IS NOT NULL))
 );
 CREATE INDEX pool_queues_turns ON pool_queues (pool, served, since, conversation) WHERE queued > 0;
 CREATE INDEX pool_queues_bound ON pool_queues (bound_host) WHERE bound_host IS NOT NULL;
@@ -89,3 +96,7 @@ CREATE TRIGGER deliveries_pool_queue_left AFTER UPDATE OF state ON deliveries
     EXECUTE FUNCTION baton_pool_queue_left();
 CREATE TRIGGER deliveries_pool_queue_removed AFTER DELETE ON deliveries
     FOR EACH ROW WHEN (OLD.state = 'queued' AND OLD.pool IS NOT NULL) EXECUTE FUNCTION baton_pool_queue_left();
+
+-- Fences take a pool as their scope (`fence --pool NAME`).
+ALTER TABLE fences DROP CONSTRAINT fences_scope_check;
+ALTER TABLE fences ADD CONSTRAINT fences_scope_check CHECK (scope IN ('conversation', 'host', 'pool', 'all'));

@@ -20,6 +20,14 @@ pub const STDERR_TAIL_BYTES_MAX_RANGE: (u64, u64) = (0, 1024 * 1024);
 pub const CLAIM_BATCH_MAX_DEFAULT: u32 = 64;
 /// Longest a claim or a message read may wait for news.
 pub const LONG_POLL_WAIT_MAX_DEFAULT: Duration = Duration::from_secs(30);
+/// How long a pool conversation's last host is preferred once nothing of it is in flight (the
+/// hub's `limits.pool_affinity_wait`): its next turn usually comes within seconds of the last
+/// one's outcome, and the host that ran the last turn has the conversation's files warm and is
+/// polling already, so it takes the turn at once; two seconds is short enough that a host that
+/// went away delays the conversation little before another member takes it.
+pub const POOL_AFFINITY_WAIT: Duration = Duration::from_secs(2);
+/// Longest `limits.pool_affinity_wait` the hub accepts.
+pub const POOL_AFFINITY_WAIT_MAX: Duration = Duration::from_secs(300);
 /// Most deliveries one page of `GET /v1/holdings` carries (the hub's
 /// `limits.holdings_page_max`): each carries its payload, so a node holding thousands reads
 /// them in pages of bounded size instead of one answer of any size.

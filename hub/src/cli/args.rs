@@ -717,6 +717,9 @@ pub struct FenceTarget {
     /// One host.
     #[arg(long, group = "scope")]
     pub host: Option<String>,
+    /// One pool: its deliveries, whichever member would claim them.
+    #[arg(long, group = "scope")]
+    pub pool: Option<String>,
     /// Everything.
     #[arg(long, group = "scope")]
     pub all: bool,

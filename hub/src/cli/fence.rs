@@ -73,6 +73,7 @@ fn target_refusal(problem: &FenceTargetProblem, target: Option<&str>) -> CliErro
         FenceTargetProblem::NeverEnrolled => format!("host {t} was never enrolled"),
         FenceTargetProblem::Retired => format!("host {t} is retired"),
         FenceTargetProblem::NoMessages => format!("conversation {t} has no messages"),
+        FenceTargetProblem::NoSuchPool => format!("there is no pool {t}"),
     };
     CliError::usage(format!("{p}; a typo? (--force sets the fence anyway)"))
 }
@@ -99,6 +100,7 @@ fn confirm_block(
 ) -> Result<bool, CliError> {
     let reason = match scope {
         FenceScope::Host => set.why.required("fence block --host")?,
+        FenceScope::Pool => set.why.required("fence block --pool")?,
         FenceScope::All => set.why.required("fence block --all")?,
         FenceScope::Conversation => set.why.text(),
     };
@@ -132,7 +134,7 @@ fn confirm_block(
 }
 
 fn set(ctx: &Context, kind: FenceKind, set: &FenceSet, confirm: Option<&Confirm>) -> CliResult {
-    let (scope, target) = match (&set.target.conversation, &set.target.host, set.target.all) {
+    let (scope, target) = match (&set.target.conversation, &set.target.host, &set.target.pool) {
         (Some(c), _, _) => {
             check_name("conversation", c)?;
             (FenceScope::Conversation, Some(c.as_str()))
@@ -140,6 +142,10 @@ fn set(ctx: &Context, kind: FenceKind, set: &FenceSet, confirm: Option<&Confirm>
         (_, Some(h), _) => {
             check_name("host", h)?;
             (FenceScope::Host, Some(h.as_str()))
+        }
+        (_, _, Some(p)) => {
+            check_name("pool", p)?;
+            (FenceScope::Pool, Some(p.as_str()))
         }
         _ => (FenceScope::All, None),
     };

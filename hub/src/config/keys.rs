@@ -408,6 +408,13 @@ pub const LONG_POLL_WAIT_MAX: Key = Key {
     kind: KeyKind::Duration { default: LONG_POLL_WAIT_MAX_DEFAULT, min: Duration::ZERO, max: Duration::from_secs(300) },
     doc: "longest wait of a claim or a message read",
 };
+/// `limits.pool_affinity_wait`.
+pub const POOL_AFFINITY_WAIT_KEY: Key = Key {
+    name: key_name!(Some("limits"), "pool_affinity_wait", "pool-affinity-wait", "BATON_HUB_POOL_AFFINITY_WAIT"),
+    kind: KeyKind::Duration { default: POOL_AFFINITY_WAIT, min: Duration::ZERO, max: POOL_AFFINITY_WAIT_MAX },
+    doc: "how long a pool conversation's next turn waits for the host that ran its last one before any member may \
+          take it (0s: any member at once)",
+};
 /// `limits.recipients_max`.
 pub const RECIPIENTS_MAX: Key = Key {
     name: key_name!(Some("limits"), "recipients_max", "recipients-max", "BATON_HUB_RECIPIENTS_MAX"),
@@ -700,7 +707,7 @@ pub const INSTANCE_REBIND_WINDOW_KEY: Key = Key {
 };
 
 /// Every key, in the order of the template.
-pub const KEYS: [&Key; 53] = [
+pub const KEYS: [&Key; 54] = [
     &LISTEN,
     &DATABASE_URL,
     &SYNCHRONOUS,
@@ -726,6 +733,7 @@ pub const KEYS: [&Key; 53] = [
     &MESSAGE_VIEW_BYTES_MAX,
     &STORE_BYTES_MAX,
     &LONG_POLL_WAIT_MAX,
+    &POOL_AFFINITY_WAIT_KEY,
     &RECIPIENTS_MAX,
     &QUEUED_PER_HOST_MAX,
     &RETENTION,

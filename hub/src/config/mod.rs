@@ -51,6 +51,8 @@ pub struct Limits {
     pub store_bytes_max: u64,
     /// Longest a long-poll (claim or message read) waits.
     pub long_poll_wait_max: Duration,
+    /// How long a pool conversation's last host is preferred (`limits.pool_affinity_wait`).
+    pub pool_affinity_wait: Duration,
     /// Most recipients one message may name.
     pub recipients_max: u32,
     /// Most deliveries waiting (queued or held) per host.
@@ -120,6 +122,7 @@ impl Default for Limits {
             message_view_bytes_max: MESSAGE_VIEW_BYTES_MAX_DEFAULT,
             store_bytes_max: STORE_BYTES_MAX_DEFAULT,
             long_poll_wait_max: LONG_POLL_WAIT_MAX_DEFAULT,
+            pool_affinity_wait: baton_shared::limits::POOL_AFFINITY_WAIT,
             recipients_max: RECIPIENTS_MAX_DEFAULT,
             queued_per_host_max: QUEUED_PER_HOST_MAX_DEFAULT,
             retention: RETENTION_DEFAULT,
@@ -259,6 +262,7 @@ impl HubConfig {
             message_view_bytes_max: m.int(&MESSAGE_VIEW_BYTES_MAX)?,
             store_bytes_max: m.int(&STORE_BYTES_MAX)?,
             long_poll_wait_max: m.duration(&LONG_POLL_WAIT_MAX)?,
+            pool_affinity_wait: m.duration(&POOL_AFFINITY_WAIT_KEY)?,
             recipients_max: narrow(&RECIPIENTS_MAX)?,
             queued_per_host_max: m.int(&QUEUED_PER_HOST_MAX)?,
             retention: m.duration(&RETENTION)?,

@@ -172,14 +172,17 @@ pub(super) async fn submit(
     if new > 0 {
         crash_point("hub.accept.after_commit");
     }
-    // Only the hosts that gained claimable work wake their waiting claims.
-    let woken: std::collections::BTreeSet<String> = outcomes
-        .iter()
-        .flatten()
-        .filter(|(a, _)| matches!(a, Accepted::New { .. }))
-        .flat_map(|(_, deliveries)| deliveries.iter().filter(|d| d.state == DeliveryState::Queued))
-        .filter_map(|d| d.host.clone())
-        .collect();
+    // Only the hosts that gained claimable work (and the pools' members) wake their waiting claims.
+    let queued = || {
+        outcomes
+            .iter()
+            .flatten()
+            .filter(|(a, _)| matches!(a, Accepted::New { .. }))
+            .flat_map(|(_, deliveries)| deliveries.iter().filter(|d| d.state == DeliveryState::Queued))
+    };
+    let woken: std::collections::BTreeSet<String> =
+        queued().filter(|d| d.pool.is_none()).filter_map(|d| d.host.clone()).collect();
+    let woken_pools: std::collections::BTreeSet<String> = queued().filter_map(|d| d.pool.clone()).collect();
     if state.telemetry.is_on() {
         for ((trace, conversation), outcome) in traces.into_iter().zip(&conversations).zip(&outcomes) {
             let Ok((accepted, deliveries)) = outcome else { continue };
@@ -205,6 +208,7 @@ pub(super) async fn submit(
     let duplicates = results.iter().filter(|r| r.status == StatusCode::OK.as_u16()).count();
     metrics::counter!("baton_hub_messages_duplicate_total").increment(duplicates as u64);
     state.work_for(woken.iter().map(String::as_str));
+    state.work_for_pools(woken_pools.iter().map(String::as_str));
     Ok(Json(BatchSubmitResponse { results }))
 }
 
@@ -306,6 +310,9 @@ pub(super) async fn reject(
     let outcomes = state.store.reject_batch(node, req.instance_id, items).await?;
     state.turns.contact(&caller.name, session, state.clock.now_ms());
     state.outcome_changed();
+    // A rejected pool turn frees its conversation for the pool's other members.
+    let pools = state.store.pools_of_host(caller.name.clone()).await?;
+    state.work_for_pools(pools.iter().map(String::as_str));
     let results = sorted.finish(places, outcomes, |r| item_ok(StatusCode::OK, r))?;
     Ok(Json(BatchTransitionResponse { results }))
 }
@@ -328,11 +335,15 @@ pub(super) async fn reports(
     state.turns.contact(&caller.name, session, state.clock.now_ms());
     let mut recorded = false;
     let mut wake = false;
-    for (r, lifts_barrier) in outcomes.iter().flatten().filter(|(r, _)| !r.duplicate) {
+    let mut pools = std::collections::BTreeSet::new();
+    for (r, freed) in outcomes.iter().flatten().filter(|(r, _)| !r.duplicate) {
         metrics::counter!("baton_hub_attempts_reported_total", "outcome" => r.attempt.outcome.as_str()).increment(1);
         recorded = true;
-        wake |= r.retry_at_ms.is_some() || *lifts_barrier;
+        wake |= r.retry_at_ms.is_some() || freed.barrier;
+        pools.extend(freed.pool.clone());
     }
+    // A pool turn's outcome may free its conversation for the pool's other members.
+    state.work_for_pools(pools.iter().map(String::as_str));
     if recorded {
         state.outcome_changed();
     }

@@ -184,13 +184,15 @@ pub(super) async fn claim(
         caller.check_issuer(&state, " while the claim was waiting")?;
         // Subscribe before looking, so a change between the look and the wait is not missed;
         // only changes for this host (or for all hosts) wake it.
-        let mut rx = state.work.watch(&caller.name);
+        let pools = state.store.pools_of_host(caller.name.clone()).await?;
+        let mut rx = state.work.watch(&caller.name, pools);
         let who = Claimer {
             host: caller.name.clone(),
             serial: caller.serial.clone(),
             instance_id: req.instance_id.clone(),
             session,
             rebind: state.limits.rebind,
+            pool_affinity_wait: state.limits.pool_affinity_wait,
         };
         let now = state.clock.now_ms();
         let looked = state.telemetry.started();
@@ -423,6 +425,9 @@ pub(super) async fn reject(
     let r = state.store.reject(node, id, holder, req.reason).await?;
     state.turns.contact(&caller.name, session, state.clock.now_ms());
     state.outcome_changed();
+    // A rejected pool turn frees its conversation for the pool's other members.
+    let pools = state.store.pools_of_host(caller.name.clone()).await?;
+    state.work_for_pools(pools.iter().map(String::as_str));
     Ok(Json(r))
 }
 
@@ -498,18 +503,19 @@ pub(super) async fn report(
     let outcome = req.outcome;
     let delivery_id = req.delivery_id.clone();
     let node = NodeAt { host: caller.name.clone(), session };
-    let ((attempt, duplicate, retry_at_ms), lifts_barrier) =
-        state.store.report(node, req, report_bounds(&state)).await?;
+    let ((attempt, duplicate, retry_at_ms), freed) = state.store.report(node, req, report_bounds(&state)).await?;
     crash_point("hub.report.after_commit");
     state.turns.contact(&caller.name, session, state.clock.now_ms());
     if !duplicate {
         metrics::counter!("baton_hub_attempts_reported_total", "outcome" => outcome.as_str()).increment(1);
         state.outcome_changed();
-        if retry_at_ms.is_some() || lifts_barrier {
+        if retry_at_ms.is_some() || freed.barrier {
             // Waiting claims of the host look again: for the turns that waited behind this
             // outcome (the retry barrier), or to wake when the retry is due.
             state.work_for([caller.name.as_str()]);
         }
+        // A pool turn's outcome may free its conversation for the pool's other members.
+        state.work_for_pools(freed.pool.as_deref());
     }
     let status = if duplicate { StatusCode::OK } else { StatusCode::CREATED };
     Ok((status, Json(ReportResponse { attempt, delivery_id, duplicate, retry_at_ms })))

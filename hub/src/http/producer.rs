@@ -18,7 +18,6 @@ use baton_shared::crash_point;
 use baton_shared::error::ErrorCode;
 use baton_shared::ids::{check_key, check_name};
 use baton_shared::limits::REASON_CHARS_MAX;
-use baton_shared::states::DeliveryState;
 use baton_shared::wire::{
     ApprovalRequest, ApprovalResponse, CancelRequest, CancelResponse, ConversationView, DeliveryView, MessagePage,
     MessageView, SubmitRequest, SubmitResponse, ViewOmitted,
@@ -195,8 +194,7 @@ pub(super) async fn submit(
     };
     if !duplicate {
         // Only the hosts that gained claimable work wake their waiting claims.
-        state
-            .work_for(deliveries.iter().filter(|d| d.state == DeliveryState::Queued).filter_map(|d| d.host.as_deref()));
+        state.work_for_deliveries(&deliveries);
     }
     let at = trace::Accepted {
         message_id: message_id.as_str(),
@@ -277,7 +275,7 @@ async fn decide(
     let by = ApprovalBy::Producer(caller.name);
     let done = state.store.decide_approval(message_id, by, decision, req.reason).await?;
     match decision {
-        Decision::Approve => state.work_for(done.deliveries.iter().filter_map(|d| d.host.as_deref())),
+        Decision::Approve => state.work_for_deliveries(&done.deliveries),
         Decision::Reject => state.outcome_changed(),
     }
     Ok(Json(ApprovalResponse {

@@ -94,6 +94,26 @@ impl Shared {
             self.tell_peers(n);
         }
     }
+    /// Tells the waiting claims that these deliveries (an accept's, a release's) may concern:
+    /// their hosts', and for pool deliveries not yet bound to a host, their pools' members'.
+    pub fn work_for_deliveries(&self, deliveries: &[baton_shared::wire::DeliverySummary]) {
+        let waiting = || deliveries.iter().filter(|d| d.state == baton_shared::states::DeliveryState::Queued);
+        self.work_for(waiting().filter(|d| d.pool.is_none()).filter_map(|d| d.host.as_deref()));
+        self.work_for_pools(waiting().filter_map(|d| d.pool.as_deref()));
+    }
+    /// Tells the waiting claims of these pools' members that pool work may be claimable. Other
+    /// hubs are told of work for all hosts (a notice names hosts, not pools: it wakes too many,
+    /// never too few).
+    pub fn work_for_pools<'a>(&self, pools: impl IntoIterator<Item = &'a str>) {
+        let mut any = false;
+        for pool in pools {
+            self.work.pool(pool);
+            any = true;
+        }
+        if any && self.peers.is_some() {
+            self.tell_peers(crate::peers::Notice::all_hosts());
+        }
+    }
     /// Applies what another hub on the same record committed, to this hub's waiters only (it is
     /// not told on: each hub tells the others of its own commits).
     pub fn heard(&self, notice: &crate::peers::Notice) {

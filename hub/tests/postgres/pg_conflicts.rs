@@ -62,6 +62,7 @@ fn a_claim_ended_in_a_deadlock_runs_again_and_is_counted() {
         instance_id: "i".into(),
         session: None,
         rebind: Default::default(),
+        pool_affinity_wait: baton_shared::limits::POOL_AFFINITY_WAIT,
     };
     let claim = rt.spawn({
         let store = store.clone();

@@ -135,6 +135,7 @@ async fn cycle_rate(store: &Store, tag: &str, per_op: usize, duration: Duration)
         instance_id: CYCLE_INSTANCE.into(),
         session: None,
         rebind: Default::default(),
+        pool_affinity_wait: baton_shared::limits::POOL_AFFINITY_WAIT,
     };
     while start.elapsed() < duration {
         let messages: Vec<(NewMessage, RetryPolicy)> = (0..per_op as u64)

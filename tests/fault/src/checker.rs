@@ -551,6 +551,7 @@ fn hub_problem(p: &baton_hub::verify::Problem) -> Violation {
         K::FanOut => "I4",
         K::AttemptWithoutDelivery => "I8",
         K::Settlement => "I9",
+        K::PoolFlight => "I18",
         K::SequenceBehind | K::BacklogCount | K::EventLog | K::IllegalTransition | K::CorruptValue => "I14",
     };
     violation(family, &p.subject, format!("hub verify: {p}"), Vec::new())

@@ -108,6 +108,42 @@ pub const CLAIM_QUEUES: Both<&str> = Both {
                ORDER BY served, since, conversation LIMIT $5 FOR UPDATE SKIP LOCKED",
 };
 
+/// A pool's conversation queues with work that `$6` (the claiming host) may take now, least
+/// recently served first, after a position (`$1` pool, `$2` served, `$3` since, `$4`
+/// conversation, `$5` limit, `$7` now less the affinity wait): not bound to another host,
+/// and not within the affinity wait of another host's last turn while that host is still a
+/// member (a host that left the pool or was retired is waited for no longer). On PostgreSQL each returned
+/// queue is locked until the claim commits and one another claim (of any member, on any hub)
+/// holds is skipped, so no two claims look at one pool conversation's turns at once.
+pub const CLAIM_POOL_QUEUES: Both<&str> = Both {
+    sqlite: "SELECT served, since, conversation FROM pool_queues
+             WHERE pool = $1 AND queued > 0 AND (served, since, conversation) > ($2, $3, $4)
+               AND (bound_host IS NULL OR bound_host = $6)
+               AND (bound_host IS NOT NULL OR last_host IS NULL OR last_host = $6 OR last_settled_at <= $7
+                    OR NOT EXISTS (SELECT 1 FROM pool_members m WHERE m.pool = $1 AND m.host = last_host))
+             ORDER BY served, since, conversation LIMIT $5",
+    postgres: "SELECT served, since, conversation FROM pool_queues
+               WHERE pool = $1 AND queued > 0 AND (served, since, conversation) > ($2, $3, $4)
+                 AND (bound_host IS NULL OR bound_host = $6)
+                 AND (bound_host IS NOT NULL OR last_host IS NULL OR last_host = $6 OR last_settled_at <= $7
+                      OR NOT EXISTS (SELECT 1 FROM pool_members m WHERE m.pool = $1 AND m.host = last_host))
+               ORDER BY served, since, conversation LIMIT $5 FOR UPDATE SKIP LOCKED",
+};
+
+/// Whether an earlier message of a conversation routed to a pool is still owed its fan-out
+/// (`$1` conversation, `$2` seq, `$3` pool); as `EARLIER_NOT_FANNED_OUT` for hosts.
+pub const EARLIER_NOT_FANNED_OUT_TO_POOL: Both<&str> = Both {
+    sqlite: "SELECT EXISTS (
+                 SELECT 1 FROM fanout_obligations o CROSS JOIN messages m ON m.id = o.message_id
+                 WHERE o.done_at IS NULL AND m.conversation = $1 AND m.seq < $2
+                   AND EXISTS (SELECT 1 FROM message_pool_recipients r WHERE r.message_id = o.message_id AND r.pool = $3))",
+    postgres:
+        "SELECT EXISTS (
+                   SELECT 1 FROM fanout_obligations o JOIN messages m ON m.id = o.message_id
+                   WHERE o.done_at IS NULL AND m.conversation = $1 AND m.seq < $2
+                     AND EXISTS (SELECT 1 FROM message_pool_recipients r WHERE r.message_id = o.message_id AND r.pool = $3))",
+};
+
 /// Queues a claim reads beyond as many as it still needs (some may turn out blocked). None on
 /// PostgreSQL: a queue read is locked for the claim (`CLAIM_QUEUES`), and one read and not
 /// turned to would keep another claim of the host from it.
@@ -151,13 +187,13 @@ pub const CANCELS_PENDING: Both<&str> = Both {
 // returns NULL); the statements below pass them none.
 
 /// The waiting count of a delivery's host moved by `$2` (`$1` the delivery). A pool delivery
-/// no claim has bound has no host and waits in its pool's queue, in no host's backlog.
+/// counts in no host's backlog: while it waits it has no host and is in its pool's queue.
 pub const BACKLOG_OF_DELIVERY: Both<&str> = Both {
     sqlite: "INSERT INTO host_backlog (host, waiting) SELECT host, max($2, 0) FROM deliveries
-             WHERE id = $1 AND host IS NOT NULL
+             WHERE id = $1 AND host IS NOT NULL AND pool IS NULL
              ON CONFLICT (host) DO UPDATE SET waiting = host_backlog.waiting + $2",
     postgres: "INSERT INTO host_backlog (host, waiting) SELECT host, GREATEST($2, 0) FROM deliveries
-               WHERE id = $1 AND host IS NOT NULL
+               WHERE id = $1 AND host IS NOT NULL AND pool IS NULL
                ON CONFLICT (host) DO UPDATE SET waiting = host_backlog.waiting + $2",
 };
 
@@ -339,7 +375,9 @@ mod tests {
             ("FENCE_LIFT", FENCE_LIFT),
             ("CLAIM_HOST_ROW", CLAIM_HOST_ROW),
             ("CLAIM_QUEUES", CLAIM_QUEUES),
+            ("CLAIM_POOL_QUEUES", CLAIM_POOL_QUEUES),
             ("EARLIER_NOT_FANNED_OUT", EARLIER_NOT_FANNED_OUT),
+            ("EARLIER_NOT_FANNED_OUT_TO_POOL", EARLIER_NOT_FANNED_OUT_TO_POOL),
             ("CANCELS_PENDING", CANCELS_PENDING),
             ("BACKLOG_OF_DELIVERY", BACKLOG_OF_DELIVERY),
             ("BACKLOG_OF_HOST", BACKLOG_OF_HOST),

@@ -102,13 +102,13 @@ impl Store {
     }
 
     /// Records each report as `report` would, in one transaction after one session check; one
-    /// result per report, in order, each with whether it lifted the retry barrier.
+    /// result per report, in order, each with which waiting claims it may have given work to.
     pub async fn report_batch(
         &self,
         node: NodeAt,
         reports: Vec<ReportRequest>,
         bounds: impl Into<ReportBounds>,
-    ) -> StoreResult<Vec<StoreResult<(ReportResponse, bool)>>> {
+    ) -> StoreResult<Vec<StoreResult<(ReportResponse, report::Freed)>>> {
         let (clock, bounds) = (self.clock.clone(), bounds.into());
         let answers = self
             .conns

@@ -49,7 +49,7 @@ fn claim_job(
         let cancels = turns::cancels_for(c, &who.host, &who.instance_id)?;
         // A retired host's claim hands out nothing; only an empty one asks why.
         let retired = deliveries.is_empty() && hosts::standing(c, &who.host)? == Standing::Retired;
-        let next_retry_at_ms = turns::next_retry_at(c, &who.host, now)?;
+        let next_retry_at_ms = next_due_at(c, &who.host, now, who.affinity_wait_ms())?;
         Ok(Claimed { deliveries, cancels, next_retry_at_ms, retired })
     }
 }
@@ -68,11 +68,23 @@ pub struct Claimer {
     pub session: Option<u64>,
     /// How often the host may change its bound instance.
     pub rebind: RebindLimit,
+    /// `limits.pool_affinity_wait`: how long a pool conversation's last host is preferred.
+    pub pool_affinity_wait: std::time::Duration,
 }
 
 impl Claimer {
+    fn affinity_wait_ms(&self) -> i64 {
+        i64::try_from(self.pool_affinity_wait.as_millis()).unwrap_or(i64::MAX)
+    }
+
     fn claimant(&self) -> Claimant<'_> {
-        Claimant { host: &self.host, serial: Some(&self.serial), instance_id: &self.instance_id, rebind: self.rebind }
+        Claimant {
+            host: &self.host,
+            serial: Some(&self.serial),
+            instance_id: &self.instance_id,
+            rebind: self.rebind,
+            affinity_wait_ms: self.affinity_wait_ms(),
+        }
     }
 }
 
@@ -114,7 +126,7 @@ impl Store {
                 Ok(ClaimLook {
                     worth_claiming: false,
                     cancels: turns::cancels_for(c, &who.host, &who.instance_id)?,
-                    next_retry_at_ms: turns::next_retry_at(c, &who.host, now_ms)?,
+                    next_retry_at_ms: next_due_at(c, &who.host, now_ms, who.affinity_wait_ms())?,
                 })
             })
             .await
@@ -179,9 +191,36 @@ fn fail_retired_work(conn: &dyn Db, host: &str, now_ms: i64) -> StoreResult<()> 
     Ok(())
 }
 
-/// `claim_as` without a certificate to re-check (in-process callers: tests, benchmarks).
+/// `claim_as` without a certificate to re-check (in-process callers: tests, benchmarks), with
+/// the default pool affinity wait.
 pub fn claim(conn: &dyn Db, host: &str, instance_id: &str, max: u32, now_ms: i64) -> StoreResult<Vec<ClaimedDelivery>> {
-    claim_as(conn, Claimant { host, serial: None, instance_id, rebind: RebindLimit::default() }, max, now_ms)
+    let affinity_wait_ms = i64::try_from(baton_shared::limits::POOL_AFFINITY_WAIT.as_millis()).unwrap_or(i64::MAX);
+    let who = Claimant { host, serial: None, instance_id, rebind: RebindLimit::default(), affinity_wait_ms };
+    claim_as(conn, who, max, now_ms)
+}
+
+/// When something may become claimable for `host` without any other change: its next retry's
+/// not-before time, a retry's in one of its pools, or the end of another member's affinity
+/// wait on a pool conversation with queued work (`None`: nothing is waiting for a time).
+pub fn next_due_at(conn: &dyn Db, host: &str, now_ms: i64, affinity_wait_ms: i64) -> StoreResult<Option<i64>> {
+    let own = turns::next_retry_at(conn, host, now_ms)?;
+    let pool_retry: Option<i64> = conn
+        .prepare_cached(
+            "SELECT min(d.not_before) FROM pool_members pm
+             JOIN deliveries d ON d.pool = pm.pool AND d.state = 'queued' AND d.not_before IS NOT NULL
+             WHERE pm.host = $1 AND d.not_before > $2",
+        )?
+        .query_row(params![host, now_ms], |r| r.get(0))?;
+    let affinity_end: Option<i64> = conn
+        .prepare_cached(
+            "SELECT min(q.last_settled_at) FROM pool_members pm JOIN pool_queues q ON q.pool = pm.pool
+             WHERE pm.host = $1 AND q.queued > 0 AND q.bound_host IS NULL AND q.last_host <> $1
+               AND q.last_settled_at > $2
+               AND EXISTS (SELECT 1 FROM pool_members m WHERE m.pool = q.pool AND m.host = q.last_host)",
+        )?
+        .query_row(params![host, now_ms.saturating_sub(affinity_wait_ms)], |r| r.get::<_, Option<i64>>(0))?
+        .map(|settled| settled.saturating_add(affinity_wait_ms));
+    Ok([own, pool_retry, affinity_end].into_iter().flatten().min())
 }
 
 /// Who is claiming: the host, the certificate it presented, and its instance.
@@ -195,6 +234,8 @@ pub struct Claimant<'a> {
     pub instance_id: &'a str,
     /// How often the host may change its bound instance.
     pub rebind: RebindLimit,
+    /// `limits.pool_affinity_wait` in milliseconds.
+    pub affinity_wait_ms: i64,
 }
 
 /// The claim transaction: up to `max` queued deliveries for the claimant's host, taken in turns
@@ -238,7 +279,7 @@ pub fn claim_as(conn: &dyn Db, who: Claimant<'_>, max: u32, now_ms: i64) -> Stor
     if fences::claim_scan(&fences, host) == ClaimScan::Nothing || max == 0 {
         return Ok(Vec::new());
     }
-    let mut scan = Scan::new(conn, host, instance_id, &fences, max as usize, now_ms)?;
+    let mut scan = Scan::new(conn, host, instance_id, &fences, max as usize, now_ms, who.affinity_wait_ms)?;
     scan.run()?;
     scan.finish()
 }
@@ -276,7 +317,21 @@ pub fn worth_claiming(conn: &dyn Db, who: Claimant<'_>, now_ms: i64) -> StoreRes
                               AND (not_before IS NULL OR not_before <= $2 OR rerun = 'redrive'))",
         )?
         .query_row(params![who.host, now_ms], |r| r.get(0))?;
-    if !due {
+    // A pool conversation with queued work this host may take now (the claim decides whether
+    // its next turn may go: a retry's time, the order rule, the fences).
+    let pool_due = || -> StoreResult<bool> {
+        Ok(conn
+            .prepare_cached(
+                "SELECT EXISTS (
+                    SELECT 1 FROM pool_members pm JOIN pool_queues q ON q.pool = pm.pool
+                    WHERE pm.host = $1 AND q.queued > 0 AND (q.bound_host IS NULL OR q.bound_host = $1)
+                      AND (q.bound_host IS NOT NULL OR q.last_host IS NULL OR q.last_host = $1
+                           OR q.last_settled_at <= $2
+                           OR NOT EXISTS (SELECT 1 FROM pool_members m WHERE m.pool = q.pool AND m.host = q.last_host)))",
+            )?
+            .query_row(params![who.host, now_ms.saturating_sub(who.affinity_wait_ms)], |r| r.get(0))?)
+    };
+    if !due && !pool_due()? {
         return Ok(false);
     }
     Ok(fences::claim_scan(&fences::active(conn)?, who.host) != ClaimScan::Nothing)
@@ -302,7 +357,13 @@ mod tests {
         accept_one(&db.conn, "c", "k1", &["host-a"]);
         let role = baton_shared::ids::Role::Node;
         crate::store::registry::hosts::record_certificate(&db.conn, "aa01", role, "host-a", i64::MAX, 1).unwrap();
-        let who = Claimant { host: "host-a", serial: Some("aa01"), instance_id: "i", rebind: RebindLimit::default() };
+        let who = Claimant {
+            host: "host-a",
+            serial: Some("aa01"),
+            instance_id: "i",
+            rebind: RebindLimit::default(),
+            affinity_wait_ms: 2_000,
+        };
         crate::store::registry::hosts::revoke(&db.conn, "aa01", "op", "lost", 2).unwrap();
         assert!(matches!(claim_as(&db.conn, who, 10, 3), Err(StoreError::CertificateRevoked(_))));
         let unknown = Claimant { serial: Some("bb02"), ..who };

@@ -7,7 +7,8 @@
 //! - `breaker_period`: the breaker's turns-per-period trigger.
 //! - `batch`: many of the steps below in one request, each item answered alone.
 //! - `claim`: the claim transaction and its door (certificate, standing, instance, fences).
-//! - `scan`: one claim's walk over the host's conversation queues: order and fairness.
+//! - `scan`: one claim's walk over the host's conversation queues and its pools': order and fairness.
+//! - `pool_flight`: a pool conversation's flight: the host its turns are bound to, the last host.
 //! - `handoff`: the holder's holdings, mirrored, ack, handoff and reject.
 //! - `report`: attempt reports, and the retry a harness asks for (exit 75), and the breaker.
 //! - `replay`: a report's identity: its request hash, and a report seen again.
@@ -23,6 +24,7 @@ pub mod breaker_period;
 pub mod claim;
 pub mod handoff;
 pub mod operator;
+pub mod pool_flight;
 pub mod progress;
 pub mod replay;
 pub mod report;

@@ -227,6 +227,9 @@ fn unknown_attempt(conn: &dyn Db, delivery_id: &str, why: &str, now_ms: i64) -> 
         .query_row([delivery_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))
         .optional()?;
     let Some((host, instance, attempt, rerun, caused_by)) = row else { return Ok(false) };
+    // The run's outcome: a pool delivery's run leaves flight (a node's report replacing this
+    // one later ends nothing again).
+    crate::store::lifecycle::pool_flight::ended_delivery(conn, delivery_id, now_ms)?;
     // The first run keeps the report id an earlier version gave it; later runs name theirs.
     let report_id = if attempt == 1 { format!("hub:{delivery_id}") } else { format!("hub:{delivery_id}:{attempt}") };
     conn.prepare_cached(
@@ -326,7 +329,9 @@ pub fn retire_plan(conn: &dyn Db, host: &str) -> StoreResult<RetirePlan> {
 }
 
 /// Retires a host: it takes no more work; its waiting and claimed deliveries fail, its mirrored
-/// ones become unknown, and delivered ones without an outcome get an `unknown` attempt.
+/// ones become unknown, and delivered ones without an outcome get an `unknown` attempt. A pool
+/// delivery it claimed or mirrored (never delivered, so never run) goes back to its pool for
+/// the other members instead.
 pub fn retire(conn: &dyn Db, host: &str, operator: &str, reason: &str, now_ms: i64) -> StoreResult<Swept> {
     let n = conn
         .prepare_cached(
@@ -343,6 +348,12 @@ pub fn retire(conn: &dyn Db, host: &str, operator: &str, reason: &str, now_ms: i
         "SELECT id, state FROM deliveries WHERE host = $1 AND state IN ('queued', 'held', 'claimed', 'mirrored', 'delivered') ORDER BY n",
         host,
     )?;
+    let pooled: Vec<String> = conn
+        .prepare_cached(
+            "SELECT id FROM deliveries WHERE host = $1 AND pool IS NOT NULL AND state IN ('claimed', 'mirrored')",
+        )?
+        .query_map([host], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
     let actor = Actor::operator(operator);
     let why = format!("host retired by operator {operator}: {reason}");
     let mut swept = Swept::default();
@@ -352,6 +363,18 @@ pub fn retire(conn: &dyn Db, host: &str, operator: &str, reason: &str, now_ms: i
                 if unknown_attempt(conn, &id, &why, now_ms)? {
                     swept.outcome_unknown.push(id);
                 }
+            }
+            Claimed | Mirrored if pooled.contains(&id) => {
+                let change = Change {
+                    delivery_id: &id,
+                    from: state,
+                    to: Queued,
+                    expect_holder: None,
+                    new_holder: None,
+                    reason: Some(&why),
+                };
+                transition::apply(conn, change, &actor, now_ms)?;
+                swept.requeued.push(id);
             }
             _ => {
                 let to = if state == Mirrored { Unknown } else { Failed };

@@ -9,6 +9,7 @@ use crate::store::Store;
 use crate::store::engine::Db;
 use crate::store::engine::OptionalExtension;
 use crate::store::engine::params;
+use crate::store::lifecycle::pool_flight;
 use crate::store::lifecycle::replay::same_as_stored;
 use crate::store::lifecycle::transition::{self, Change, Holder};
 use crate::store::registry::sessions;
@@ -115,14 +116,14 @@ pub(super) fn observe_turn(attempt: &AttemptView, accepted_at_ms: Option<i64>) {
 }
 
 impl Store {
-    /// Records one attempt report (after the session check); with it, whether it lifted the
-    /// retry barrier (`report_run_lifting`).
+    /// Records one attempt report (after the session check); with it, which waiting claims it
+    /// may have given work to (`report_run_lifting`).
     pub async fn report(
         &self,
         node: NodeAt,
         req: ReportRequest,
         bounds: impl Into<ReportBounds>,
-    ) -> StoreResult<(Reported, bool)> {
+    ) -> StoreResult<(Reported, Freed)> {
         let (clock, bounds) = (self.clock.clone(), bounds.into());
         let (reported, accepted_at_ms) = self
             .conns
@@ -229,6 +230,18 @@ struct ReportedDelivery {
     rerun: Option<String>,
     caused_by: String,
     conversation: String,
+    pool: Option<String>,
+}
+
+/// Which waiting claims a recorded report may have given work to.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Freed {
+    /// The reporting host's: the report lifted the retry barrier (it recorded the last run of
+    /// a message that may be retried, so later turns of its conversation may go now).
+    pub barrier: bool,
+    /// A pool's members': the report ended a pool delivery's run, so its conversation may be
+    /// free for them (after the affinity wait), or its retry waits in the pool.
+    pub pool: Option<String>,
 }
 
 /// Records one attempt of a run. Returns the attempt, whether it was already recorded, and,
@@ -238,7 +251,8 @@ pub fn report_run(conn: &dyn Db, host: &str, r: &NewReport<'_>, run: &RunReport,
     Ok(report_run_lifting(conn, host, r, run, now_ms)?.0)
 }
 
-/// `report_run`, and whether the report lifted the retry barrier: it recorded the last run of a
+/// `report_run`, and which waiting claims it may have given work to (`Freed`): the host's when it
+/// lifted the retry barrier, a pool's when it ended a pool delivery's run. The barrier: it recorded the last run of a
 /// message that may be retried (`max_attempts > 1`), so the later turns of its conversation on
 /// the host, which waited for that outcome, may be claimable now; the caller wakes the host's
 /// waiting claims. A report that asks for a retry lifts nothing (the retry comes back first and
@@ -249,7 +263,7 @@ pub fn report_run_lifting(
     r: &NewReport<'_>,
     run: &RunReport,
     now_ms: i64,
-) -> StoreResult<(Reported, bool)> {
+) -> StoreResult<(Reported, Freed)> {
     let hash = r.request_hash_stopped(run.attempt, run.signal, run.stopped_by);
     let existing: Option<(String, String)> = conn
         .prepare_cached("SELECT id, request_hash FROM attempts WHERE host = $1 AND report_id = $2")?
@@ -264,13 +278,13 @@ pub fn report_run_lifting(
         }
         let view = attempt(conn, &attempt_id)?;
         let retry_at = if view.retryable { retry_time(conn, r.delivery_id, view.attempt)? } else { None };
-        return Ok(((view, true, retry_at), false));
+        return Ok(((view, true, retry_at), Freed::default()));
     }
     let row: Option<ReportedDelivery> = conn
         .prepare_cached(
             "SELECT d.host, d.state, d.instance_id, d.claim_token, d.attempt, d.cancel_requested_at IS NOT NULL,
                     m.max_attempts, m.retry_backoff_ms, d.rerun, coalesce(d.rerun_by, 'producer:' || m.producer),
-                    d.conversation
+                    d.conversation, d.pool
              FROM deliveries d JOIN messages m ON m.id = d.message_id WHERE d.id = $1",
         )?
         .query_row([r.delivery_id], |row| {
@@ -286,6 +300,7 @@ pub fn report_run_lifting(
                 rerun: row.get(8)?,
                 caused_by: row.get(9)?,
                 conversation: row.get(10)?,
+                pool: row.get(11)?,
             })
         })
         .optional()?;
@@ -324,7 +339,12 @@ pub fn report_run_lifting(
         .query_row(params![r.delivery_id, d.attempt], |row| row.get(0))
         .optional()?;
     match reported.as_deref() {
-        None => {}
+        None => {
+            // The run's first outcome: a pool delivery's run leaves flight.
+            if let Some(pool) = &d.pool {
+                pool_flight::ended(conn, pool, &d.conversation, host, now_ms)?;
+            }
+        }
         Some("") => {
             conn.prepare_cached("DELETE FROM attempts WHERE delivery_id = $1 AND attempt = $2 AND request_hash = ''")?
                 .execute(params![r.delivery_id, d.attempt])?;
@@ -398,8 +418,8 @@ pub fn report_run_lifting(
     // And every turn for the turns-per-period trigger (off unless configured: nothing written).
     crate::store::lifecycle::breaker_period::count_turn(conn, &d.conversation, run.breaker_turns, now_ms)?;
     crash_point("hub.report.before_commit");
-    let lifts_barrier = d.max_attempts > 1 && retry_at.is_none();
-    Ok(((attempt(conn, &attempt_id)?, false, retry_at), lifts_barrier))
+    let freed = Freed { barrier: d.max_attempts > 1 && retry_at.is_none(), pool: d.pool.clone() };
+    Ok(((attempt(conn, &attempt_id)?, false, retry_at), freed))
 }
 
 /// What the record keeps of a stderr tail of `tail.len()` bytes under a bound of `max` bytes: its

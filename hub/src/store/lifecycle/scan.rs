@@ -1,5 +1,6 @@
-//! One claim's walk over the host's conversation queues (SPEC §5): which queued deliveries a
-//! claim hands out, in what order, with each conversation's fences applied on the way.
+//! One claim's walk over the host's conversation queues and those of the pools it belongs to
+//! (SPEC §5, §2 "Order in a pool"): which queued deliveries a claim hands out, in what order,
+//! with each conversation's fences applied on the way.
 //!
 //! Invariant (order): for each (host, conversation), a claim hands out a delivery with `seq` s
 //! only when no earlier message of the conversation routed to that host still has a pending
@@ -13,21 +14,34 @@
 //! the conversation therefore keeps everything after it back too, and releasing a later held
 //! delivery does not let it pass an earlier one.
 //!
+//! Invariant (order in a pool): the same rule holds per (pool, conversation) across all member
+//! hosts, the pool's deliveries and a host's own keeping their orders apart. Besides, while a
+//! turn of the conversation is in flight on a host (`pool_flight`), only that host's claims see
+//! the conversation's queue, and once nothing is in flight the last host's claims alone see it
+//! for `limits.pool_affinity_wait` (`dialect::CLAIM_POOL_QUEUES`). The pools are the host's
+//! memberships read in the claim's transaction: a host removed from a pool claims none of its
+//! work. A fence on the host keeps it from pool work (the other members take it) and never
+//! parks or fails a pool delivery; the pool's, the conversation's and everything's fences apply
+//! to it as to a host's (`fences::pool_turn`).
+//!
 //! Invariant (fairness): the conversations with queued work for a host take turns within a
 //! claim, one delivery per turn, least recently served first (`conversation_queues.served`,
 //! a per-host tick; among those not served since they gained work, the one waiting longest),
 //! and a claim looks at no more than `CLAIM_HEADS_MAX` queue heads; each look is one indexed
-//! lookup, so a claim's cost does not grow with the backlog. On PostgreSQL each queue the claim
-//! turns to is locked for it, and one another claim of the host holds is skipped
-//! (`dialect::CLAIM_QUEUES`; see `claim`, "claims at once").
+//! lookup, so a claim's cost does not grow with the backlog. The host's own queues and each
+//! pool's (`pool_queues.served`, a per-pool tick) are lanes that take turns in the first round,
+//! so a deep pool cannot starve the host's own work nor the reverse. On PostgreSQL each queue
+//! the claim turns to is locked for it, and one another claim holds is skipped
+//! (`dialect::CLAIM_QUEUES`, `dialect::CLAIM_POOL_QUEUES`; see `claim`, "claims at once").
 //!
 //! Why one file over 700 lines: the walk is one type's steps, and the unit tests that hold each
-//! order and fairness rule to SPEC §5 read beside them; without its tests it is about 430 lines.
+//! order and fairness rule to SPEC §5 read beside them; without its tests it is about 560 lines.
 
 use crate::store::Actor;
 use crate::store::engine::{Db, DbResult, OptionalExtension, Row, dialect, params};
+use crate::store::lifecycle::pool_flight;
 use crate::store::lifecycle::transition::{self, Change, Holder};
-use crate::store::registry::fences::{self, Fence, FenceKind};
+use crate::store::registry::fences::{self, Fence, FenceKind, PoolTurn};
 use crate::store::registry::members;
 use crate::store::{StoreResult, bound_ms_column, json_column, new_token, parse_column_opt};
 use baton_shared::states::DeliveryState::{self, *};
@@ -80,7 +94,28 @@ impl Head {
     }
 }
 
-/// One claim's walk over the host's conversation queues.
+/// Where a claim takes a turn from: the claiming host's own queue of a conversation, or the
+/// queue of a conversation in one of the pools the host belongs to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Lane {
+    /// The host's own deliveries.
+    Host,
+    /// A pool's deliveries (not yet bound to a host).
+    Pool(String),
+}
+
+/// One lane's queues with work, read in chunks during the first round.
+struct Source {
+    lane: Lane,
+    /// The last queue position read.
+    after: (i64, i64, String),
+    /// Read and not yet turned to.
+    ready: VecDeque<(i64, i64, String)>,
+    /// Nothing more to read.
+    exhausted: bool,
+}
+
+/// One claim's walk over the host's conversation queues and its pools'.
 pub(super) struct Scan<'a> {
     conn: &'a dyn Db,
     host: &'a str,
@@ -88,16 +123,21 @@ pub(super) struct Scan<'a> {
     fences: &'a [Fence],
     max: usize,
     now_ms: i64,
+    /// `limits.pool_affinity_wait`: how long a pool conversation's last host is preferred.
+    affinity_wait_ms: i64,
     out: Vec<ClaimedDelivery>,
     heads: usize,
     /// Whether any fan-out obligation is pending at all (then the order rule looks them up).
     obligations_pending: bool,
     /// Whether any message may be retried at all (then the retry barrier looks them up).
     retryable_messages: bool,
-    /// The last tick given out; each turn taken (or found blocked) gets the next one.
-    tick: i64,
-    /// Conversations turned to in this claim, with their new tick, in turn order.
-    turned: Vec<(String, i64)>,
+    /// The pools the host belongs to, read in the claim's transaction.
+    pools: Vec<String>,
+    /// The last tick given out per lane (the host's, then each pool's in `pools` order); each
+    /// turn taken (or found blocked) gets the next one of its lane.
+    ticks: Vec<i64>,
+    /// Queues turned to in this claim, with their new tick, in turn order.
+    turned: Vec<(Lane, String, i64)>,
     /// Whether each conversation looked at has ever had a member (else every host may have
     /// its posts, and the registry need not be asked per delivery).
     managed: HashMap<String, bool>,
@@ -111,6 +151,7 @@ impl<'a> Scan<'a> {
         fences: &'a [Fence],
         max: usize,
         now_ms: i64,
+        affinity_wait_ms: i64,
     ) -> StoreResult<Scan<'a>> {
         // The newest tick among the queues with work (read backwards along the index).
         let tick: i64 = conn
@@ -121,6 +162,22 @@ impl<'a> Scan<'a> {
             .query_row([host], |r| r.get(0))
             .optional()?
             .unwrap_or(0);
+        let pools: Vec<String> = conn
+            .prepare_cached("SELECT pool FROM pool_members WHERE host = $1 ORDER BY pool")?
+            .query_map([host], |r| r.get(0))?
+            .collect::<Result<_, _>>()?;
+        let mut ticks = vec![tick];
+        for pool in &pools {
+            ticks.push(
+                conn.prepare_cached(
+                    "SELECT served FROM pool_queues WHERE pool = $1 AND queued > 0
+                     ORDER BY served DESC, since DESC, conversation DESC LIMIT 1",
+                )?
+                .query_row([pool], |r| r.get(0))
+                .optional()?
+                .unwrap_or(0),
+            );
+        }
         let obligations_pending: bool = conn
             .prepare_cached("SELECT EXISTS (SELECT 1 FROM fanout_obligations WHERE done_at IS NULL)")?
             .query_row([], |r| r.get(0))?;
@@ -134,11 +191,13 @@ impl<'a> Scan<'a> {
             fences,
             max,
             now_ms,
+            affinity_wait_ms,
             out: Vec::new(),
             heads: 0,
             obligations_pending,
             retryable_messages,
-            tick,
+            pools,
+            ticks,
             turned: Vec::new(),
             managed: HashMap::new(),
         })
@@ -155,46 +214,86 @@ impl<'a> Scan<'a> {
         self.out.len() >= self.max || self.heads >= CLAIM_HEADS_MAX
     }
 
-    /// First round: every conversation with queued work, least recently served first, one turn
-    /// each; then further rounds over those that handed one out, until the batch is full.
-    pub(super) fn run(&mut self) -> StoreResult<()> {
-        let mut again: VecDeque<String> = VecDeque::new();
-        let mut after: (i64, i64, String) = (i64::MIN, i64::MIN, String::new());
-        'first: loop {
-            let queues: Vec<(i64, i64, String)> = self
+    /// The next chunk of a lane's queues with work after `after`, least recently served first.
+    fn read_queues(&self, lane: &Lane, after: &(i64, i64, String)) -> StoreResult<Vec<(i64, i64, String)>> {
+        let row = |r: &Row<'_>| Ok((r.get(0)?, r.get(1)?, r.get(2)?));
+        Ok(match lane {
+            Lane::Host => self
                 .conn
                 .prepare_cached(dialect::CLAIM_QUEUES.of(self.conn))?
-                .query_map(params![self.host, after.0, after.1, after.2, self.chunk()], |r| {
-                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-                })?
-                .collect::<Result<_, _>>()?;
-            if queues.is_empty() {
-                break;
-            }
-            for (served, since, conversation) in queues {
+                .query_map(params![self.host, after.0, after.1, after.2, self.chunk()], row)?
+                .collect::<Result<_, _>>()?,
+            Lane::Pool(pool) => self
+                .conn
+                .prepare_cached(dialect::CLAIM_POOL_QUEUES.of(self.conn))?
+                .query_map(
+                    params![
+                        pool,
+                        after.0,
+                        after.1,
+                        after.2,
+                        self.chunk(),
+                        self.host,
+                        self.now_ms.saturating_sub(self.affinity_wait_ms)
+                    ],
+                    row,
+                )?
+                .collect::<Result<_, _>>()?,
+        })
+    }
+
+    /// First round: every conversation with queued work, of the host and of each of its pools,
+    /// one turn each, the lanes taking turns (so neither the host's own work nor any pool's can
+    /// starve the others) and within a lane least recently served first; then further rounds
+    /// over those that handed one out, until the batch is full.
+    pub(super) fn run(&mut self) -> StoreResult<()> {
+        let mut again: VecDeque<(Lane, String)> = VecDeque::new();
+        let mut sources: Vec<Source> = std::iter::once(Lane::Host)
+            .chain(self.pools.iter().cloned().map(Lane::Pool))
+            .map(|lane| Source {
+                lane,
+                after: (i64::MIN, i64::MIN, String::new()),
+                ready: VecDeque::new(),
+                exhausted: false,
+            })
+            .collect();
+        'first: loop {
+            let mut turned_any = false;
+            for source in sources.iter_mut() {
                 if self.done() {
                     break 'first;
                 }
-                match self.turn(&conversation)? {
+                if source.ready.is_empty() && !source.exhausted {
+                    let read = self.read_queues(&source.lane, &source.after)?;
+                    source.exhausted = read.is_empty();
+                    source.ready.extend(read);
+                }
+                let Some(queue) = source.ready.pop_front() else { continue };
+                turned_any = true;
+                let conversation = queue.2.clone();
+                source.after = queue;
+                match self.turn(&source.lane, &conversation)? {
                     Turn::Claimed => {
-                        self.turned_to(&conversation);
-                        again.push_back(conversation.clone());
+                        self.turned_to(&source.lane, &conversation);
+                        again.push_back((source.lane.clone(), conversation));
                     }
-                    Turn::Blocked => self.turned_to(&conversation),
+                    Turn::Blocked => self.turned_to(&source.lane, &conversation),
                     Turn::Empty => {}
                     Turn::Spent => break 'first,
                 }
-                after = (served, since, conversation);
+            }
+            if !turned_any {
+                break;
             }
         }
         while !self.done() {
-            let Some(conversation) = again.pop_front() else { break };
-            match self.turn(&conversation)? {
+            let Some((lane, conversation)) = again.pop_front() else { break };
+            match self.turn(&lane, &conversation)? {
                 Turn::Claimed => {
-                    self.turned_to(&conversation);
-                    again.push_back(conversation);
+                    self.turned_to(&lane, &conversation);
+                    again.push_back((lane, conversation));
                 }
-                Turn::Blocked => self.turned_to(&conversation),
+                Turn::Blocked => self.turned_to(&lane, &conversation),
                 Turn::Empty => {}
                 Turn::Spent => break,
             }
@@ -202,95 +301,149 @@ impl<'a> Scan<'a> {
         Ok(())
     }
 
-    fn turned_to(&mut self, conversation: &str) {
-        self.tick += 1;
-        self.turned.push((conversation.to_string(), self.tick));
+    fn lane_index(&self, lane: &Lane) -> usize {
+        match lane {
+            Lane::Host => 0,
+            Lane::Pool(p) => 1 + self.pools.iter().position(|x| x == p).unwrap_or(0),
+        }
     }
 
-    /// Records when each conversation was last turned to, and returns the batch.
+    fn turned_to(&mut self, lane: &Lane, conversation: &str) {
+        let i = self.lane_index(lane);
+        self.ticks[i] += 1;
+        self.turned.push((lane.clone(), conversation.to_string(), self.ticks[i]));
+    }
+
+    /// Records when each queue was last turned to, and returns the batch.
     pub(super) fn finish(self) -> StoreResult<Vec<ClaimedDelivery>> {
-        let mut stmt = self
-            .conn
-            .prepare_cached("UPDATE conversation_queues SET served = $1 WHERE host = $2 AND conversation = $3")?;
-        for (conversation, tick) in &self.turned {
-            stmt.execute(params![tick, self.host, conversation])?;
+        for (lane, conversation, tick) in &self.turned {
+            match lane {
+                Lane::Host => self
+                    .conn
+                    .prepare_cached("UPDATE conversation_queues SET served = $1 WHERE host = $2 AND conversation = $3")?
+                    .execute(params![tick, self.host, conversation])?,
+                Lane::Pool(pool) => self
+                    .conn
+                    .prepare_cached("UPDATE pool_queues SET served = $1 WHERE pool = $2 AND conversation = $3")?
+                    .execute(params![tick, pool, conversation])?,
+            };
         }
         Ok(self.out)
     }
 
-    /// The lowest-`seq` queued delivery of `conversation` on this host after `seq`.
-    fn next_queued(&self, conversation: &str, seq: i64) -> StoreResult<Option<Head>> {
-        Ok(self
-            .conn
-            .prepare_cached(
-                "SELECT id, message_id, seq, not_before, rerun FROM deliveries
-                 WHERE host = $1 AND conversation = $2 AND state = 'queued' AND seq > $3
-                 ORDER BY seq LIMIT 1",
-            )?
-            .query_row(params![self.host, conversation, seq], Head::from_row)
-            .optional()?)
+    /// Runs the lane's form of a statement whose `$1` is the host (own deliveries) or the pool.
+    fn lane_query<T>(
+        &self,
+        lane: &Lane,
+        host_sql: &str,
+        pool_sql: &str,
+        rest: &[&dyn crate::store::engine::ToSql],
+        f: impl FnOnce(&Row<'_>) -> DbResult<T>,
+    ) -> StoreResult<Option<T>> {
+        let (sql, key) = match lane {
+            Lane::Host => (host_sql, self.host),
+            Lane::Pool(pool) => (pool_sql, pool.as_str()),
+        };
+        let mut args: Vec<&dyn crate::store::engine::ToSql> = vec![&key];
+        args.extend_from_slice(rest);
+        Ok(self.conn.prepare_cached(sql)?.query_row(args.as_slice(), f).optional()?)
     }
 
-    /// The lowest-`seq` queued redrive of `conversation` on this host (not held back by order).
-    fn next_redrive(&self, conversation: &str) -> StoreResult<Option<Head>> {
-        Ok(self
-            .conn
-            .prepare_cached(
-                "SELECT id, message_id, seq, not_before, rerun FROM deliveries
-                 WHERE host = $1 AND conversation = $2 AND state = 'queued' AND rerun = 'redrive'
-                 ORDER BY seq LIMIT 1",
-            )?
-            .query_row(params![self.host, conversation], Head::from_row)
-            .optional()?)
+    /// The lowest-`seq` queued delivery of `conversation` in the lane after `seq`.
+    fn next_queued(&self, lane: &Lane, conversation: &str, seq: i64) -> StoreResult<Option<Head>> {
+        self.lane_query(
+            lane,
+            "SELECT id, message_id, seq, not_before, rerun FROM deliveries
+             WHERE host = $1 AND conversation = $2 AND state = 'queued' AND seq > $3
+             ORDER BY seq LIMIT 1",
+            "SELECT id, message_id, seq, not_before, rerun FROM deliveries
+             WHERE pool = $1 AND conversation = $2 AND state = 'queued' AND seq > $3
+             ORDER BY seq LIMIT 1",
+            &[&conversation, &seq],
+            Head::from_row,
+        )
     }
 
-    /// The retry barrier: whether an earlier delivery of `conversation` on this host, of a
+    /// The lowest-`seq` queued redrive of `conversation` in the lane (not held back by order).
+    fn next_redrive(&self, lane: &Lane, conversation: &str) -> StoreResult<Option<Head>> {
+        self.lane_query(
+            lane,
+            "SELECT id, message_id, seq, not_before, rerun FROM deliveries
+             WHERE host = $1 AND conversation = $2 AND state = 'queued' AND rerun = 'redrive'
+             ORDER BY seq LIMIT 1",
+            "SELECT id, message_id, seq, not_before, rerun FROM deliveries
+             WHERE pool = $1 AND conversation = $2 AND state = 'queued' AND rerun = 'redrive'
+             ORDER BY seq LIMIT 1",
+            &[&conversation],
+            Head::from_row,
+        )
+    }
+
+    /// The retry barrier: whether an earlier delivery of `conversation` in the lane, of a
     /// message that may be retried, was handed out and has no outcome of its current run yet
-    /// (its retry would come back before this turn). A redrive is no barrier.
-    fn retry_pending_before(&self, conversation: &str, seq: i64) -> StoreResult<bool> {
+    /// (its retry would come back before this turn). A redrive is no barrier. A host's own
+    /// deliveries and a pool's keep their orders apart.
+    fn retry_pending_before(&self, lane: &Lane, conversation: &str, seq: i64) -> StoreResult<bool> {
         if !self.retryable_messages {
             return Ok(false);
         }
-        Ok(self
-            .conn
-            .prepare_cached(
-                "SELECT EXISTS (
-                    SELECT 1 FROM messages m JOIN deliveries d ON d.message_id = m.id AND d.host = $1
-                    WHERE m.conversation = $2 AND m.seq < $3 AND m.max_attempts > 1
-                      AND d.state IN ('claimed', 'mirrored', 'delivered')
-                      AND (d.rerun IS NULL OR d.rerun <> 'redrive')
-                      AND (d.state <> 'delivered' OR NOT EXISTS (
-                            SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)))",
-            )?
-            .query_row(params![self.host, conversation, seq], |r| r.get(0))?)
+        let pending = self.lane_query(
+            lane,
+            "SELECT EXISTS (
+                SELECT 1 FROM messages m JOIN deliveries d ON d.message_id = m.id AND d.host = $1 AND d.pool IS NULL
+                WHERE m.conversation = $2 AND m.seq < $3 AND m.max_attempts > 1
+                  AND d.state IN ('claimed', 'mirrored', 'delivered')
+                  AND (d.rerun IS NULL OR d.rerun <> 'redrive')
+                  AND (d.state <> 'delivered' OR NOT EXISTS (
+                        SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)))",
+            "SELECT EXISTS (
+                SELECT 1 FROM messages m JOIN deliveries d ON d.message_id = m.id AND d.pool = $1
+                WHERE m.conversation = $2 AND m.seq < $3 AND m.max_attempts > 1
+                  AND d.state IN ('claimed', 'mirrored', 'delivered')
+                  AND (d.rerun IS NULL OR d.rerun <> 'redrive')
+                  AND (d.state <> 'delivered' OR NOT EXISTS (
+                        SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)))",
+            &[&conversation, &seq],
+            |r| r.get(0),
+        )?;
+        Ok(pending.unwrap_or(false))
     }
 
-    /// Whether `conversation` has a held delivery on this host before `seq`.
-    fn held_before(&self, conversation: &str, seq: i64) -> StoreResult<bool> {
-        Ok(self
-            .conn
-            .prepare_cached(
-                "SELECT EXISTS (SELECT 1 FROM deliveries
-                                WHERE host = $1 AND conversation = $2 AND state = 'held' AND seq < $3)",
-            )?
-            .query_row(params![self.host, conversation, seq], |r| r.get(0))?)
+    /// Whether `conversation` has a held delivery in the lane before `seq`.
+    fn held_before(&self, lane: &Lane, conversation: &str, seq: i64) -> StoreResult<bool> {
+        let held = self.lane_query(
+            lane,
+            "SELECT EXISTS (SELECT 1 FROM deliveries
+                            WHERE host = $1 AND conversation = $2 AND state = 'held' AND seq < $3)",
+            "SELECT EXISTS (SELECT 1 FROM deliveries
+                            WHERE pool = $1 AND conversation = $2 AND state = 'held' AND seq < $3)",
+            &[&conversation, &seq],
+            |r| r.get(0),
+        )?;
+        Ok(held.unwrap_or(false))
     }
 
-    /// Whether an earlier message of `conversation` routed to this host is still owed its
-    /// fan-out (its delivery does not exist yet).
-    fn earlier_not_fanned_out(&self, conversation: &str, seq: i64) -> StoreResult<bool> {
+    /// Whether an earlier message of `conversation` routed to the lane's host or pool is still
+    /// owed its fan-out (its delivery does not exist yet).
+    fn earlier_not_fanned_out(&self, lane: &Lane, conversation: &str, seq: i64) -> StoreResult<bool> {
         if !self.obligations_pending {
             return Ok(false);
         }
-        Ok(self
-            .conn
-            .prepare_cached(dialect::EARLIER_NOT_FANNED_OUT.of(self.conn))?
-            .query_row(params![conversation, seq, self.host], |r| r.get(0))?)
+        let (sql, key) = match lane {
+            Lane::Host => (dialect::EARLIER_NOT_FANNED_OUT.of(self.conn), self.host),
+            Lane::Pool(pool) => (dialect::EARLIER_NOT_FANNED_OUT_TO_POOL.of(self.conn), pool.as_str()),
+        };
+        Ok(self.conn.prepare_cached(sql)?.query_row(params![conversation, seq, key], |r| r.get(0))?)
     }
 
     /// Whether this host may receive post `seq` of `conversation` (the registry's re-check).
-    /// A conversation that never had a member (most) is looked up once per claim.
-    fn authorized(&mut self, conversation: &str, seq: i64) -> StoreResult<bool> {
+    /// A conversation that never had a member (most) is looked up once per claim. A pool's
+    /// delivery was routed to the pool, and the host is a member of the pool at this claim
+    /// (the lane exists only for its pools).
+    fn authorized(&mut self, lane: &Lane, conversation: &str, seq: i64) -> StoreResult<bool> {
+        if let Lane::Pool(_) = lane {
+            return Ok(true);
+        }
         let managed = match self.managed.get(conversation) {
             Some(m) => *m,
             None => {
@@ -314,19 +467,36 @@ impl<'a> Scan<'a> {
         transition::apply(self.conn, change, &Actor::hub(), self.now_ms)
     }
 
-    /// One turn of `conversation`: hand out its next delivery if the order rule, the fences
-    /// and the registry allow it.
-    fn turn(&mut self, conversation: &str) -> StoreResult<Turn> {
-        match fences::strongest(self.fences, conversation, self.host) {
-            Some(f) if f.kind == FenceKind::Pause => return Ok(Turn::Blocked),
-            Some(f) => {
+    /// The fence that decides a turn of `conversation` in the lane: `None` when it may be
+    /// handed out, `Err(())` when this claim skips it (paused, or a pool's work for a fenced
+    /// host), or the hold or block that parks or fails it.
+    fn fence_of(&self, lane: &Lane, conversation: &str) -> Result<Option<&'a Fence>, ()> {
+        match lane {
+            Lane::Host => match fences::strongest(self.fences, conversation, self.host) {
+                Some(f) if f.kind == FenceKind::Pause => Err(()),
+                other => Ok(other),
+            },
+            Lane::Pool(pool) => match fences::pool_turn(self.fences, conversation, pool, self.host) {
+                PoolTurn::Open => Ok(None),
+                PoolTurn::Skip => Err(()),
+                PoolTurn::Fenced(f) => Ok(Some(f)),
+            },
+        }
+    }
+
+    /// One turn of `conversation` in the lane: hand out its next delivery if the order rule,
+    /// the fences and the registry allow it.
+    fn turn(&mut self, lane: &Lane, conversation: &str) -> StoreResult<Turn> {
+        match self.fence_of(lane, conversation) {
+            Err(()) => return Ok(Turn::Blocked),
+            Ok(Some(f)) => {
                 // Every queued delivery the fence covers is parked or failed, in seq order.
                 let (to, reason) = match f.kind {
                     FenceKind::Hold => (Held, format!("held by {}", f.describe())),
                     _ => (Failed, format!("blocked by {}", f.describe())),
                 };
                 let mut after = i64::MIN;
-                while let Some(head) = self.next_queued(conversation, after)? {
+                while let Some(head) = self.next_queued(lane, conversation, after)? {
                     if self.heads >= CLAIM_HEADS_MAX {
                         return Ok(Turn::Spent);
                     }
@@ -335,42 +505,42 @@ impl<'a> Scan<'a> {
                 }
                 return Ok(if to == Held { Turn::Blocked } else { Turn::Empty });
             }
-            None => {}
+            Ok(None) => {}
         }
         loop {
             if self.heads >= CLAIM_HEADS_MAX {
                 return Ok(Turn::Spent);
             }
             // Queued turns before this one were handed out or failed already in this loop.
-            let Some(head) = self.next_queued(conversation, i64::MIN)? else { return Ok(Turn::Empty) };
+            let Some(head) = self.next_queued(lane, conversation, i64::MIN)? else { return Ok(Turn::Empty) };
             // A redrive is handed out whatever came before it; anything else keeps the order,
             // and a retry waits for its not-before time (holding later turns back).
             let waits = !head.redrive
                 && (head.not_before.is_some_and(|t| t > self.now_ms)
-                    || self.held_before(conversation, head.seq)?
-                    || self.earlier_not_fanned_out(conversation, head.seq)?
-                    || self.retry_pending_before(conversation, head.seq)?);
+                    || self.held_before(lane, conversation, head.seq)?
+                    || self.earlier_not_fanned_out(lane, conversation, head.seq)?
+                    || self.retry_pending_before(lane, conversation, head.seq)?);
             if waits {
                 self.heads += 1;
-                let Some(redrive) = self.next_redrive(conversation)? else { return Ok(Turn::Blocked) };
-                if !self.authorized(conversation, redrive.seq)? {
+                let Some(redrive) = self.next_redrive(lane, conversation)? else { return Ok(Turn::Blocked) };
+                if !self.authorized(lane, conversation, redrive.seq)? {
                     self.settle(&redrive.id, Failed, NOT_A_MEMBER)?;
                     continue;
                 }
-                self.hand_out(conversation, redrive)?;
+                self.hand_out(lane, conversation, redrive)?;
                 return Ok(Turn::Claimed);
             }
-            if !self.authorized(conversation, head.seq)? {
+            if !self.authorized(lane, conversation, head.seq)? {
                 self.settle(&head.id, Failed, NOT_A_MEMBER)?;
                 continue;
             }
-            self.hand_out(conversation, head)?;
+            self.hand_out(lane, conversation, head)?;
             return Ok(Turn::Claimed);
         }
     }
 
     /// queued → claimed for the claiming instance, and into the batch.
-    fn hand_out(&mut self, conversation: &str, head: Head) -> StoreResult<()> {
+    fn hand_out(&mut self, lane: &Lane, conversation: &str, head: Head) -> StoreResult<()> {
         self.heads += 1;
         let (payload, producer, max_attempts, deadline_ms, stall_ms, traceparent): MessageTerms = self
             .conn
@@ -398,6 +568,9 @@ impl<'a> Scan<'a> {
             reason: None,
         };
         transition::apply(self.conn, change, &Actor::node(self.host), self.now_ms)?;
+        if let Lane::Pool(pool) = lane {
+            pool_flight::began(self.conn, pool, conversation, self.host)?;
+        }
         let (attempt, rerun): (u32, Option<Rerun>) = self
             .conn
             .prepare_cached("SELECT attempt, rerun FROM deliveries WHERE id = $1")?
@@ -710,3 +883,7 @@ mod tests {
         assert_eq!(total, 5);
     }
 }
+
+#[cfg(test)]
+#[path = "../tests/pool_claims.rs"]
+mod pool_claims;

@@ -7,6 +7,7 @@
 use crate::store::engine::Db;
 use crate::store::engine::dialect;
 use crate::store::engine::params;
+use crate::store::lifecycle::pool_flight;
 use crate::store::{Actor, ActorKind, StoreError, StoreResult};
 use baton_shared::states::DeliveryState::{self, *};
 
@@ -84,11 +85,19 @@ pub fn apply(conn: &dyn Db, change: Change<'_>, actor: &Actor, now_ms: i64) -> S
         Failed | Unknown | Held => change.reason,
         _ => None,
     };
+    // A pool delivery's host: the claimant's once claimed, none while it waits in its pool
+    // again (a requeue or retry returns it to the pool), unchanged otherwise (the host that ran
+    // it stays named on its outcome).
+    let rehost = matches!(change.to, Claimed | Queued | Held);
+    let pool_host: Option<&str> = (change.to == Claimed).then_some(actor.name.as_str());
+    // A claimed or mirrored run that leaves flight ends its pool conversation's flight.
+    let flight_ends = matches!(change.from, Claimed | Mirrored) && !matches!(change.to, Claimed | Mirrored | Delivered);
+    let flight = if flight_ends { pool_flight::of_delivery(conn, change.delivery_id)? } else { None };
     let rows = match change.expect_holder {
         Some(h) => conn
             .prepare_cached(
                 "UPDATE deliveries SET state = $1, instance_id = $2, claim_token = $3, reason = $4,
-                        updated_at = $5
+                        updated_at = $5, host = CASE WHEN pool IS NOT NULL AND $10 THEN $11 ELSE host END
                  WHERE id = $6 AND state = $7 AND instance_id = $8 AND claim_token = $9",
             )?
             .execute(params![
@@ -100,12 +109,14 @@ pub fn apply(conn: &dyn Db, change: Change<'_>, actor: &Actor, now_ms: i64) -> S
                 change.delivery_id,
                 change.from.as_str(),
                 h.instance_id,
-                h.claim_token
+                h.claim_token,
+                rehost,
+                pool_host
             ])?,
         None => conn
             .prepare_cached(
                 "UPDATE deliveries SET state = $1, instance_id = $2, claim_token = $3, reason = $4,
-                        updated_at = $5
+                        updated_at = $5, host = CASE WHEN pool IS NOT NULL AND $8 THEN $9 ELSE host END
                  WHERE id = $6 AND state = $7",
             )?
             .execute(params![
@@ -115,7 +126,9 @@ pub fn apply(conn: &dyn Db, change: Change<'_>, actor: &Actor, now_ms: i64) -> S
                 reason_kept,
                 now_ms,
                 change.delivery_id,
-                change.from.as_str()
+                change.from.as_str(),
+                rehost,
+                pool_host
             ])?,
     };
     if rows != 1 {
@@ -123,6 +136,9 @@ pub fn apply(conn: &dyn Db, change: Change<'_>, actor: &Actor, now_ms: i64) -> S
             "delivery {} is not {} with the expected holder any more",
             change.delivery_id, change.from
         )));
+    }
+    if let Some((pool, conversation, host)) = flight {
+        pool_flight::ended(conn, &pool, &conversation, &host, now_ms)?;
     }
     let (was_waiting, now_waiting) = (matches!(change.from, Queued | Held), matches!(change.to, Queued | Held));
     if was_waiting != now_waiting {
@@ -140,7 +156,8 @@ pub fn apply(conn: &dyn Db, change: Change<'_>, actor: &Actor, now_ms: i64) -> S
     )
 }
 
-/// Moves the waiting count of a delivery's host by `delta`.
+/// Moves the waiting count of a delivery's host by `delta` (host deliveries only: a pool's
+/// waiting deliveries count in its pool's queue).
 fn adjust_backlog_of(conn: &dyn Db, delivery_id: &str, delta: i64) -> StoreResult<()> {
     conn.prepare_cached(dialect::BACKLOG_OF_DELIVERY.of(conn))?.execute(params![delivery_id, delta])?;
     Ok(())

@@ -33,6 +33,8 @@ pub enum FenceTargetProblem {
     Retired,
     /// The conversation has no messages.
     NoMessages,
+    /// No pool of that name exists.
+    NoSuchPool,
 }
 
 /// What `fence_set` did.
@@ -69,6 +71,9 @@ fn fence_target_problem(conn: &dyn Db, scope: FenceScope, target: &str) -> Store
             Standing::Active => None,
         },
         FenceScope::Conversation if !conversation_has_messages(conn, target)? => Some(FenceTargetProblem::NoMessages),
+        FenceScope::Pool if !crate::store::registry::pools::exists(conn, target)? => {
+            Some(FenceTargetProblem::NoSuchPool)
+        }
         _ => None,
     })
 }
@@ -200,19 +205,22 @@ pub enum FenceScope {
     Conversation,
     /// One host.
     Host,
+    /// One pool: its deliveries, whichever member would claim them.
+    Pool,
     /// Everything.
     All,
 }
 
 impl FenceScope {
     /// Every scope.
-    pub const ALL: [FenceScope; 3] = [FenceScope::Conversation, FenceScope::Host, FenceScope::All];
+    pub const ALL: [FenceScope; 4] = [FenceScope::Conversation, FenceScope::Host, FenceScope::Pool, FenceScope::All];
 
     /// The stored name.
     pub fn as_str(self) -> &'static str {
         match self {
             FenceScope::Conversation => "conversation",
             FenceScope::Host => "host",
+            FenceScope::Pool => "pool",
             FenceScope::All => "all",
         }
     }
@@ -245,6 +253,18 @@ impl Fence {
             FenceScope::All => true,
             FenceScope::Host => self.target.as_deref() == Some(host),
             FenceScope::Conversation => self.target.as_deref() == Some(conversation),
+            FenceScope::Pool => false,
+        }
+    }
+
+    /// Whether the fence covers a delivery of `conversation` to `pool` (whichever member would
+    /// claim it: a fence on a host keeps that host from pool work instead, `pool_turn`).
+    pub fn covers_pool(&self, conversation: &str, pool: &str) -> bool {
+        match self.scope {
+            FenceScope::All => true,
+            FenceScope::Pool => self.target.as_deref() == Some(pool),
+            FenceScope::Conversation => self.target.as_deref() == Some(conversation),
+            FenceScope::Host => false,
         }
     }
 
@@ -253,7 +273,7 @@ impl Fence {
         match self.scope {
             FenceScope::All => true,
             FenceScope::Host => self.target.as_deref() == Some(host),
-            FenceScope::Conversation => false,
+            FenceScope::Conversation | FenceScope::Pool => false,
         }
     }
 
@@ -272,6 +292,35 @@ impl Fence {
 /// (block over hold over pause; the oldest of that kind), or `None` when it is claimable.
 pub fn strongest<'a>(fences: &'a [Fence], conversation: &str, host: &str) -> Option<&'a Fence> {
     fences.iter().filter(|f| f.covers(conversation, host)).max_by_key(|f| (f.kind, std::cmp::Reverse(f.id)))
+}
+
+/// What a claim by `host` does with a pool delivery of `conversation` to `pool`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolTurn<'a> {
+    /// It may be handed to this host.
+    Open,
+    /// Not by this host, not now: a fence on the host (any kind: a held or blocked host drains
+    /// its own deliveries, and the pool's other members take the pool's work), or a pause of
+    /// the pool, the conversation or everything.
+    Skip,
+    /// The strongest fence covering it holds or blocks it, whoever would claim it.
+    Fenced(&'a Fence),
+}
+
+/// The precedence rule for pool deliveries: the strongest fence covering the delivery itself
+/// (its conversation, its pool, everything) decides as for a host delivery, except that any
+/// fence on the claiming host keeps that host from the pool's work without touching it.
+pub fn pool_turn<'a>(fences: &'a [Fence], conversation: &str, pool: &str, host: &str) -> PoolTurn<'a> {
+    let own =
+        fences.iter().filter(|f| f.covers_pool(conversation, pool)).max_by_key(|f| (f.kind, std::cmp::Reverse(f.id)));
+    match own {
+        Some(f) if f.kind != FenceKind::Pause => PoolTurn::Fenced(f),
+        Some(_) => PoolTurn::Skip,
+        None if fences.iter().any(|f| f.scope == FenceScope::Host && f.target.as_deref() == Some(host)) => {
+            PoolTurn::Skip
+        }
+        None => PoolTurn::Open,
+    }
 }
 
 /// Which of a host's queued deliveries a claim must read: exactly those `strongest` does not
@@ -429,20 +478,29 @@ pub fn queued_by_pair(
             h,
         ),
         (FenceScope::Conversation, Some(c)) => (
-            "SELECT conversation, host, count(*) FROM deliveries WHERE state = 'queued' AND conversation = $1
-             GROUP BY conversation, host",
+            "SELECT conversation, coalesce(host, 'pool ' || pool), count(*) FROM deliveries
+             WHERE state = 'queued' AND conversation = $1 GROUP BY conversation, coalesce(host, 'pool ' || pool)",
             c,
         ),
+        (FenceScope::Pool, Some(p)) => {
+            return Ok(conn
+                .prepare_cached(
+                    "SELECT conversation, 'pool ' || pool, count(*) FROM deliveries WHERE state = 'queued' AND pool = $1
+                     GROUP BY conversation, pool",
+                )?
+                .query_map([p], row)?
+                .collect::<Result<_, _>>()?);
+        }
         (FenceScope::All, None) => {
             return Ok(conn
                 .prepare_cached(
-                    "SELECT conversation, host, count(*) FROM deliveries WHERE state = 'queued'
-                     GROUP BY conversation, host",
+                    "SELECT conversation, coalesce(host, 'pool ' || pool), count(*) FROM deliveries WHERE state = 'queued'
+                     GROUP BY conversation, coalesce(host, 'pool ' || pool)",
                 )?
                 .query_map([], row)?
                 .collect::<Result<_, _>>()?);
         }
-        _ => return Err(StoreError::Invalid("a fence names a conversation or a host, or covers all".into())),
+        _ => return Err(StoreError::Invalid("a fence names a conversation, a host or a pool, or covers all".into())),
     };
     Ok(conn.prepare_cached(sql)?.query_map([arg], row)?.collect::<Result<_, _>>()?)
 }

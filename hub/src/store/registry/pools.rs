@@ -64,6 +64,11 @@ impl Store {
             .await
     }
 
+    /// The pools `host` is a member of now, by name.
+    pub async fn pools_of_host(&self, host: String) -> StoreResult<Vec<String>> {
+        self.conns.read(move |c| pools_of(c, &host)).await
+    }
+
     /// Every pool, by name.
     pub async fn pools(&self) -> StoreResult<Vec<PoolSummary>> {
         self.conns.read(list).await

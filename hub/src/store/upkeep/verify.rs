@@ -49,11 +49,15 @@ pub enum ProblemKind {
     /// though every delivery is final and its fan-out done (retention would keep it for ever).
     /// Subject: the message.
     Settlement,
+    /// A pool conversation's flight disagrees with its deliveries: the count of its pool
+    /// deliveries in flight, or the one host they must all be on (`lifecycle::pool_flight`).
+    /// Subject: the pool and conversation.
+    PoolFlight,
 }
 
 impl ProblemKind {
     /// Every kind.
-    pub const ALL: [ProblemKind; 11] = [
+    pub const ALL: [ProblemKind; 12] = [
         ProblemKind::Integrity,
         ProblemKind::ForeignKey,
         ProblemKind::AtomicAccept,
@@ -65,6 +69,7 @@ impl ProblemKind {
         ProblemKind::IllegalTransition,
         ProblemKind::CorruptValue,
         ProblemKind::Settlement,
+        ProblemKind::PoolFlight,
     ];
 
     /// The stable name (`verify --json` prints it).
@@ -81,6 +86,7 @@ impl ProblemKind {
             ProblemKind::IllegalTransition => "illegal_transition",
             ProblemKind::CorruptValue => "corrupt_value",
             ProblemKind::Settlement => "settlement",
+            ProblemKind::PoolFlight => "pool_flight",
         }
     }
 
@@ -149,6 +155,21 @@ pub fn check(conn: &dyn Db) -> StoreResult<Vec<Problem>> {
 /// The rules that are one query each, on either backend: (kind, SQL selecting subject and
 /// detail). Foreign keys are `dialect::FOREIGN_KEY_CHECK`.
 const RULES: &[(ProblemKind, &str)] = &[
+    (
+        ProblemKind::PoolFlight,
+        "SELECT q.pool || ' ' || q.conversation,
+                'in flight recorded ' || q.in_flight || ' on ' || coalesce(q.bound_host, 'no host') || ', actual ' ||
+                count(d.id) || ' on ' || coalesce(min(d.host), 'no host') ||
+                CASE WHEN count(DISTINCT d.host) > 1 THEN ' and others' ELSE '' END
+         FROM pool_queues q LEFT JOIN deliveries d
+           ON d.pool = q.pool AND d.conversation = q.conversation
+          AND (d.state IN ('claimed', 'mirrored')
+               OR (d.state = 'delivered'
+                   AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)))
+         GROUP BY q.pool, q.conversation, q.in_flight, q.bound_host
+         HAVING q.in_flight <> count(d.id) OR count(DISTINCT d.host) > 1
+             OR (count(d.id) > 0 AND q.bound_host IS DISTINCT FROM min(d.host))",
+    ),
     (
         ProblemKind::AtomicAccept,
         "SELECT id, 'message without a fan-out obligation' FROM messages m
