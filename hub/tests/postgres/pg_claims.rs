@@ -5,13 +5,22 @@
 //! one host take disjoint conversations (the queue one holds is skipped by the other, `FOR UPDATE
 //! SKIP LOCKED`) and neither hands out a delivery twice or out of `seq` order; a claim that
 //! would bind another instance waits for the bound instance's claim in flight and then sees what
-//! it holds; and every other writer waits for the claims in flight, as they wait for it.
+//! it holds; and every other writer waits for the claims in flight, as they wait for it. Pool
+//! work too: two members' claims on two connections skip the pool conversation the other
+//! holds, and many members claiming and reporting at once hand out every pool delivery once,
+//! each conversation's turns in order and on one host at a time.
 
 use baton_hub::store::engine::postgres::{self as pg, PgUrl};
 use baton_hub::store::engine::{Db, PgConn};
 use baton_hub::store::lifecycle::accept::{self, AcceptLimits, NewMessage, RetryPolicy};
 use baton_hub::store::lifecycle::claim;
+use baton_hub::store::lifecycle::handoff;
+use baton_hub::store::lifecycle::report::{self, NewReport, RunReport};
+use baton_hub::store::lifecycle::transition::Holder;
+use baton_hub::store::registry::pools;
+use baton_hub::store::upkeep::verify;
 use baton_hub::store::{StoreError, registry::hosts};
+use baton_shared::states::Outcome;
 use baton_shared::wire::ClaimedDelivery;
 use baton_testkit::pg::{PgCluster, cluster_or_skip};
 use std::sync::mpsc;
@@ -28,6 +37,151 @@ fn claims_on_several_connections_run_at_once_and_stay_exclusive() {
     two_hosts_claim_at_once(&cluster);
     another_instance_waits_for_the_bound_one(&cluster);
     other_writers_and_claims_wait_for_each_other(&cluster);
+    two_members_skip_the_pool_conversation_the_other_holds(&cluster);
+    members_racing_on_several_connections_hand_out_each_pool_turn_once(&cluster);
+}
+
+/// host-a's claim holds pool conversation c1 (its queue row locked); host-b's claim on another
+/// connection skips it and takes c2, both its turns; after host-a committed, c1 is bound to
+/// host-a and host-b takes nothing of it.
+fn two_members_skip_the_pool_conversation_the_other_holds(cluster: &PgCluster) {
+    let url = record(cluster, "pool_members");
+    let (first, second) = (connect(&url), connect(&url));
+    write(&first, |c| {
+        pools::add(c, "gpu", &["host-a".into(), "host-b".into()], "op", "r", 1)?;
+        for (key, conversation) in [("a1", "c1"), ("b1", "c2"), ("a2", "c1"), ("b2", "c2")] {
+            send_to_pool(c, conversation, key, "gpu");
+        }
+        Ok(())
+    });
+    first.begin_claims().unwrap();
+    let held = claim::claim(&first, "host-a", "i", 1, 2).unwrap();
+    assert_eq!(turns(&held), [("c1".to_string(), 1)]);
+    let (done, result) = mpsc::channel();
+    let other = std::thread::spawn(move || {
+        second.begin_claims().unwrap();
+        let got = claim::claim(&second, "host-b", "j", 10, 2).map_err(|e| e.to_string());
+        second.control("COMMIT").unwrap();
+        done.send(got).unwrap();
+        second
+    });
+    let got = result.recv_timeout(WAIT).expect("host-b's claim ends while host-a's is open").unwrap();
+    assert_eq!(turns(&got), [("c2".to_string(), 1), ("c2".to_string(), 2)], "c1 was skipped, not waited for");
+    first.control("COMMIT").unwrap();
+    let second = other.join().unwrap();
+    assert!(write(&second, |c| claim::claim(c, "host-b", "j", 10, 3)).is_empty(), "c1 is bound to host-a");
+    assert_eq!(turns(&write(&first, |c| claim::claim(c, "host-a", "i", 10, 3))), [("c1".to_string(), 2)]);
+    assert!(write(&first, verify::check).is_empty());
+}
+
+/// Three members, two connections each (six hubs' writers), claim and run pool turns of eight
+/// conversations at once: every delivery is handed out once, each conversation's turns are
+/// handed out in increasing seq and never while another host's turn of it is in flight (the
+/// turns of a claim are run before the next claim, so a host's claims are its runs), and the
+/// record verifies.
+fn members_racing_on_several_connections_hand_out_each_pool_turn_once(cluster: &PgCluster) {
+    const MESSAGES: usize = 96;
+    let url = record(cluster, "pool_race");
+    let setup = connect(&url);
+    write(&setup, |c| {
+        hosts::add_host(c, "host-c", 0)?;
+        pools::add(c, "gpu", &["host-a".into(), "host-b".into(), "host-c".into()], "op", "r", 1)?;
+        for i in 0..MESSAGES {
+            send_to_pool(c, &format!("c{}", i % 8), &format!("k{i}"), "gpu");
+        }
+        Ok(())
+    });
+    // Each handed-out turn: (conversation, seq, host, when its claim committed, when it ran).
+    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::<(String, i64, String)>::new()));
+    let threads: Vec<_> = ["host-a", "host-b", "host-c", "host-a", "host-b", "host-c"]
+        .into_iter()
+        .map(|host| {
+            let (conn, log) = (connect(&url), log.clone());
+            std::thread::spawn(move || {
+                let deadline = Instant::now() + Duration::from_secs(120);
+                let instance = format!("i-{host}");
+                let mut now = 10;
+                while log.lock().unwrap().len() < MESSAGES && Instant::now() < deadline {
+                    now += 1;
+                    let got = match claim_once(&conn, host, &instance, now) {
+                        Ok(got) => got,
+                        // Two hubs' claims of one host may meet on its row: the server's
+                        // deadlock error, which a node retries like any storage failure.
+                        Err(_) => continue,
+                    };
+                    for d in got {
+                        log.lock().unwrap().push((d.conversation.clone(), d.seq, host.to_string()));
+                        run_to_outcome(&conn, host, &instance, &d, now);
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let log = log.lock().unwrap().clone();
+    assert_eq!(log.len(), MESSAGES, "every pool delivery was handed out");
+    let mut seen = std::collections::HashSet::new();
+    assert!(log.iter().all(|(c, s, _)| seen.insert((c.clone(), *s))), "none twice: {log:?}");
+    for conversation in (0..8).map(|i| format!("c{i}")) {
+        let seqs: Vec<i64> = log.iter().filter(|(c, _, _)| *c == conversation).map(|(_, s, _)| *s).collect();
+        assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{conversation} handed out in order: {seqs:?}");
+    }
+    let problems = write(&setup, verify::check);
+    assert!(problems.is_empty(), "{problems:?}");
+}
+
+/// One claim transaction of `host` (at most 3 turns), committed.
+fn claim_once(conn: &PgConn, host: &str, instance: &str, now: i64) -> Result<Vec<ClaimedDelivery>, String> {
+    conn.begin_claims().map_err(|e| e.to_string())?;
+    match claim::claim(conn, host, instance, 3, now) {
+        Ok(got) => {
+            conn.control("COMMIT").map_err(|e| e.to_string())?;
+            Ok(got)
+        }
+        Err(e) => {
+            let _ = conn.control("ROLLBACK");
+            Err(e.to_string())
+        }
+    }
+}
+
+/// Mirrors, acks and reports a claimed turn (succeeded) in one write transaction.
+fn run_to_outcome(conn: &PgConn, host: &str, instance: &str, d: &ClaimedDelivery, now: i64) {
+    let h = Holder { instance_id: instance, claim_token: &d.claim_token };
+    write(conn, |c| {
+        handoff::mirrored(c, host, &d.delivery_id, h, now)?;
+        handoff::ack(c, host, &d.delivery_id, h, now)?;
+        let r = NewReport {
+            delivery_id: &d.delivery_id,
+            holder: h,
+            report_id: &format!("r-{}", d.delivery_id),
+            outcome: Outcome::Succeeded,
+            exit_code: Some(0),
+            duration_ms: Some(1),
+            result: None,
+            reason: None,
+            stderr_tail: None,
+            stderr_dropped_bytes: None,
+        };
+        report::report_run(c, host, &r, &RunReport { attempt: Some(d.attempt), ..RunReport::default() }, now)
+    });
+}
+
+/// Accepts one message of `conversation` to the pool `pool` and fans it out.
+fn send_to_pool(conn: &dyn Db, conversation: &str, key: &str, pool: &str) {
+    let msg = NewMessage {
+        traceparent: None,
+        producer: "prod".into(),
+        conversation: conversation.into(),
+        idempotency_key: key.into(),
+        payload: "{}".into(),
+        to: Vec::new(),
+        pools: vec![pool.to_string()],
+    };
+    let limits = AcceptLimits { queued_per_host_max: 1 << 20 };
+    accept::accept_and_fan_out(conn, &msg, RetryPolicy::default(), limits, 1).unwrap();
 }
 
 /// Two claims of one instance, the first still open: the second skips the conversation the
