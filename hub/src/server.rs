@@ -394,7 +394,7 @@ mod tests {
             to: vec!["host-a".into()],
             pools: Vec::new(),
         };
-        let limits = AcceptLimits { queued_per_host_max: 10 };
+        let limits = AcceptLimits { queued_per_host_max: 10, queued_per_pool_max: 10 };
         let Ok(Accepted::New { .. }) = in_write_txn(&db.conn, |c| accept::accept(c, &msg, limits, 1)) else {
             panic!("not accepted")
         };

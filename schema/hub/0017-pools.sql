@@ -260,3 +260,26 @@ ALTER TABLE fences_pools RENAME TO fences;
 PRAGMA legacy_alter_table = OFF;
 CREATE INDEX fences_active ON fences (scope, target) WHERE lifted_at IS NULL;
 CREATE INDEX fences_expiring ON fences (expires_at) WHERE lifted_at IS NULL AND expires_at IS NOT NULL;
+
+-- Pools as members of a conversation (`members add --conversation C --pool NAME`): a post
+-- without `to` or `pools` reaches one host of each current member pool as well as the member
+-- hosts. Intervals as `memberships` has them for hosts: member for posts after `join_seq` up to
+-- and including `leave_seq`.
+CREATE TABLE conversation_pools (
+    id            INTEGER PRIMARY KEY AUTOINCREMENT,
+    conversation  TEXT NOT NULL REFERENCES conversations (name),
+    pool          TEXT NOT NULL REFERENCES pools (name),
+    join_seq      INTEGER NOT NULL CHECK (join_seq >= 0),
+    joined_at     INTEGER NOT NULL,
+    joined_by     TEXT NOT NULL,
+    join_reason   TEXT NOT NULL,
+    leave_seq     INTEGER,
+    left_at       INTEGER,
+    left_by       TEXT,
+    leave_reason  TEXT,
+    CHECK (leave_seq IS NULL OR leave_seq >= join_seq),
+    CHECK ((leave_seq IS NULL) = (left_at IS NULL) AND (left_at IS NULL) = (left_by IS NULL)
+           AND (left_by IS NULL) = (leave_reason IS NULL))
+) STRICT;
+CREATE UNIQUE INDEX conversation_pools_open ON conversation_pools (conversation, pool) WHERE leave_seq IS NULL;
+CREATE INDEX conversation_pools_by_conversation ON conversation_pools (conversation, pool, join_seq);

@@ -65,6 +65,9 @@ pub const STORE_BYTES_MAX_RANGE: (u64, u64) = (64 * 1024, 1 << 50);
 pub const RECIPIENTS_MAX_DEFAULT: u32 = 64;
 /// Most deliveries waiting (queued or held) for one host before accepts are refused with 429.
 pub const QUEUED_PER_HOST_MAX_DEFAULT: u64 = 1_000_000;
+/// Most deliveries queued for one pool before accepts addressed to it are refused with 429 (the
+/// hub's `limits.queued_per_pool_max`): as a host's bound, for the work any member may take.
+pub const QUEUED_PER_POOL_MAX_DEFAULT: u64 = 1_000_000;
 /// How long idempotency keys (and the messages behind them) are kept.
 pub const RETENTION_DEFAULT: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Largest request body the hub reads; bigger bodies get 413 before they are buffered.

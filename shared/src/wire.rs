@@ -666,6 +666,10 @@ pub struct ConversationView {
     pub open: bool,
     /// Every host that is or was a member, by name, each with its intervals.
     pub members: Vec<MemberView>,
+    /// The pools that are members now, by name: a post without `to` or `pools` reaches one host
+    /// of each (absent when there are none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pools: Vec<String>,
 }
 
 /// One host's membership of a conversation.

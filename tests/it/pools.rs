@@ -201,11 +201,29 @@ fn a_message_to_a_pool_is_one_delivery_no_host_holds_yet() {
     assert_eq!(hub.cli_json(["hosts", "list", "--json"])[0]["pools"], json!(["gpu"]));
     hub.verify_ok();
 
+    // A pool as a conversation's member: a post naming no recipients reaches it.
+    hub.cli_ok(["members", "add", "--conversation", "team", "--pool", "gpu", "--reason", "the team's queue"]);
+    let listed = hub.cli_json(["members", "list", "--conversation", "team", "--json"]);
+    assert_eq!((&listed[0]["pools"][0]["pool"], &listed[0]["pools"][0]["current"]), (&json!("gpu"), &json!(true)));
+    let body = json!({"conversation": "team", "idempotency_key": "t1", "payload": {}});
+    let posted = rt.block_on(prod.post("/v1/messages", &body));
+    let posted = posted.ok(201).clone();
+    assert_eq!((&posted["deliveries"][0]["host"], &posted["deliveries"][0]["pool"]), (&json!(null), &json!("gpu")));
+    let view = rt.block_on(prod.get("/v1/conversations/team"));
+    assert_eq!((&view.ok(200)["open"], &view.ok(200)["pools"]), (&json!(false), &json!(["gpu"])));
+    // A fence on the pool, by name; a pool that does not exist is refused as a typo.
+    hub.cli_ok(["fence", "pause", "--pool", "gpu", "--reason", "maintenance"]);
+    let fences = hub.cli_json(["fence", "list", "--json"]);
+    assert!(fences.as_array().unwrap().iter().any(|f| f["scope"] == "pool" && f["target"] == "gpu"), "{fences}");
+    let typo = hub.cli(["fence", "pause", "--pool", "gpux", "--reason", "maintenance"]);
+    assert_eq!(typo.status.code(), Some(2), "{}", String::from_utf8_lossy(&typo.stderr));
+    assert!(String::from_utf8_lossy(&typo.stderr).contains("there is no pool gpux"));
+
     // The pool's queue on /metrics (from the hub's periodic read of the record).
     let metrics = format!("http://{}/metrics", crate::status_page::operator_addr(&hub));
     crate::node_harness::wait_for("the pool's queue on /metrics", std::time::Duration::from_secs(60), || {
         let text = rt.block_on(async { reqwest::get(&metrics).await.ok()?.text().await.ok() })?;
-        (text.contains("baton_hub_pool_queued{pool=\"gpu\"} 2")
+        (text.contains("baton_hub_pool_queued{pool=\"gpu\"} 3")
             && text.contains("baton_hub_pool_oldest_queued_age_seconds{pool=\"gpu\"}"))
         .then_some(())
     });

@@ -463,8 +463,12 @@ pub struct MembersChange {
     #[arg(long)]
     pub conversation: String,
     /// The hosts.
-    #[arg(required = true, value_name = "HOST")]
+    #[arg(value_name = "HOST", required_unless_present = "pools")]
     pub hosts: Vec<String>,
+    /// A pool (repeatable; `add` and `remove` only): a post without `to` or `pools` reaches one
+    /// host of each member pool.
+    #[arg(long = "pool", value_name = "NAME")]
+    pub pools: Vec<String>,
     /// Why (recorded).
     #[command(flatten)]
     pub why: Reason,

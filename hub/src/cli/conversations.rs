@@ -59,6 +59,14 @@ fn change_members(ctx: &Context, m: &MembersChange, direction: Direction) -> Cli
     for h in &m.hosts {
         check_name("host", h)?;
     }
+    for p in &m.pools {
+        check_name("pool", p)?;
+    }
+    if !m.pools.is_empty() && (family || !matches!(direction, Direction::Add | Direction::Remove)) {
+        return Err(CliError::usage(
+            "--pool: a pool is made a member (or not) of one conversation with `members add|remove`",
+        ));
+    }
     let record = ctx.open_write()?;
     let membership = match direction {
         Direction::Add => Membership::Join,
@@ -67,7 +75,16 @@ fn change_members(ctx: &Context, m: &MembersChange, direction: Direction) -> Cli
         Direction::DisallowMention => Membership::DisallowMention,
     };
     let by = By { operator: ctx.operator.clone(), reason: m.why.reason.clone() };
-    let changes = record.run(record.members_change(membership, m.conversation.clone(), m.hosts.clone(), by))?;
+    let mut changes = Vec::new();
+    if !m.hosts.is_empty() {
+        changes = record.run(record.members_change(membership, m.conversation.clone(), m.hosts.clone(), by.clone()))?;
+    }
+    // Pools after hosts, each line naming it as a pool.
+    let hosts_changed = changes.len();
+    if !m.pools.is_empty() {
+        let join = direction == Direction::Add;
+        changes.extend(record.run(record.member_pools_change(join, m.conversation.clone(), m.pools.clone(), by))?);
+    }
     let changed = changes.iter().filter(|c| c.changed).count();
     if changed > 0 {
         ctx.wake_hub();
@@ -78,8 +95,17 @@ fn change_members(ctx: &Context, m: &MembersChange, direction: Direction) -> Cli
         Direction::AllowMention => ("may be mentioned in", "already allowed to be mentioned in"),
         Direction::DisallowMention => ("may no longer be mentioned in", "not allowed to be mentioned in"),
     };
-    for c in &changes {
+    for (i, c) in changes.iter().enumerate() {
         let seq = c.seq.map(|s| s.to_string()).unwrap_or_else(|| "-".into());
+        if i >= hosts_changed {
+            let line = if c.changed {
+                format!("pool {}: {verb} {} after seq {seq}", c.host, m.conversation)
+            } else {
+                format!("pool {}: {unchanged} {}, unchanged", c.host, m.conversation)
+            };
+            output::line(line)?;
+            continue;
+        }
         if c.changed && family {
             let when = if direction == Direction::Add { "from its next post on" } else { "after its last post" };
             output::line(format!("{}: {verb} every conversation matching {}, each {when}", c.host, m.conversation))?;

@@ -216,12 +216,25 @@ fn conversation_members_json(c: &ConversationMembers) -> Value {
             })
         })
         .collect();
-    json!({"conversation": c.conversation, "last_seq": c.last_seq, "members": members, "mentions": mentions})
+    let pools: Vec<Value> = c
+        .pools
+        .iter()
+        .map(|p| {
+            json!({
+                "pool": p.pool,
+                "current": p.current,
+                "intervals": p.intervals.iter().map(interval_json).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    json!({"conversation": c.conversation, "last_seq": c.last_seq, "members": members, "pools": pools,
+           "mentions": mentions})
 }
 
 /// `members list`: one table row per interval and per mention authorization (its JOINED column
-/// says `may be mentioned`), or JSON (`[{"conversation", "last_seq", "members": [{"host",
-/// "current", "intervals": [...]}], "mentions": [{"host", "grant_seq", ...}]}]`).
+/// says `may be mentioned`; a member pool's HOST column says `pool NAME`), or JSON
+/// (`[{"conversation", "last_seq", "members": [{"host", "current", "intervals": [...]}], "pools":
+/// [{"pool", "current", "intervals": [...]}], "mentions": [{"host", "grant_seq", ...}]}]`).
 pub(super) fn members(rows: &[ConversationMembers], as_json: bool) -> CliResult {
     if as_json {
         return json(&Value::Array(rows.iter().map(conversation_members_json).collect()));
@@ -250,6 +263,24 @@ pub(super) fn members(rows: &[ConversationMembers], as_json: bool) -> CliResult 
                     },
                 ]);
             }
+        }
+        let pools = c.pools.iter().flat_map(|p| p.intervals.iter().map(move |i| (format!("pool {}", p.pool), i)));
+        for (who, i) in pools {
+            table_rows.push(vec![
+                c.conversation.clone(),
+                who,
+                format!("after {}, {}", i.join_seq, fmt_ms(i.joined_at_ms)),
+                format!("{}: {}", i.joined_by, i.join_reason),
+                match (i.leave_seq, i.left_at_ms) {
+                    (Some(seq), Some(at)) => format!("after {seq}, {}", fmt_ms(at)),
+                    (Some(seq), None) => format!("after {seq}"),
+                    _ => "member".into(),
+                },
+                match (&i.left_by, &i.leave_reason) {
+                    (Some(by), Some(why)) => format!("{by}: {why}"),
+                    _ => "-".into(),
+                },
+            ]);
         }
         for g in &c.mentions {
             table_rows.push(vec![

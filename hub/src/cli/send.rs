@@ -74,7 +74,10 @@ fn validate(s: Submission<'_>, payload_bytes_max: u64) -> Result<NewMessage, Cli
 pub(super) fn send(ctx: &Context, s: Submission<'_>, json: bool) -> CliResult {
     let config = ctx.config(None)?;
     let msg = validate(s, config.limits.payload_bytes_max)?;
-    let limits = AcceptLimits { queued_per_host_max: config.limits.queued_per_host_max };
+    let limits = AcceptLimits {
+        queued_per_host_max: config.limits.queued_per_host_max,
+        queued_per_pool_max: config.limits.queued_per_pool_max,
+    };
     let record = ctx.open_write()?;
     // Accept and fan-out in one transaction: no claim can see this message half routed.
     let by = By { operator: ctx.operator.clone(), reason: s.reason.to_string() };

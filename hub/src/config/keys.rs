@@ -427,6 +427,12 @@ pub const QUEUED_PER_HOST_MAX: Key = Key {
     kind: KeyKind::Int { default: QUEUED_PER_HOST_MAX_DEFAULT, min: 1, max: 1_000_000_000 },
     doc: "deliveries waiting (queued or held) per host before submissions get 429",
 };
+/// `limits.queued_per_pool_max`.
+pub const QUEUED_PER_POOL_MAX: Key = Key {
+    name: key_name!(Some("limits"), "queued_per_pool_max", "queued-per-pool-max", "BATON_HUB_QUEUED_PER_POOL_MAX"),
+    kind: KeyKind::Int { default: QUEUED_PER_POOL_MAX_DEFAULT, min: 1, max: 1_000_000_000 },
+    doc: "deliveries queued per pool before submissions addressed to it get 429",
+};
 /// `limits.retention`.
 pub const RETENTION: Key = Key {
     name: key_name!(Some("limits"), "retention", "retention", "BATON_HUB_RETENTION"),
@@ -707,7 +713,7 @@ pub const INSTANCE_REBIND_WINDOW_KEY: Key = Key {
 };
 
 /// Every key, in the order of the template.
-pub const KEYS: [&Key; 54] = [
+pub const KEYS: [&Key; 55] = [
     &LISTEN,
     &DATABASE_URL,
     &SYNCHRONOUS,
@@ -736,6 +742,7 @@ pub const KEYS: [&Key; 54] = [
     &POOL_AFFINITY_WAIT_KEY,
     &RECIPIENTS_MAX,
     &QUEUED_PER_HOST_MAX,
+    &QUEUED_PER_POOL_MAX,
     &RETENTION,
     &AUDIT_RETENTION,
     &REQUEST_BODY_BYTES_MAX,

@@ -57,6 +57,8 @@ pub struct Limits {
     pub recipients_max: u32,
     /// Most deliveries waiting (queued or held) per host.
     pub queued_per_host_max: u64,
+    /// Most deliveries queued per pool.
+    pub queued_per_pool_max: u64,
     /// How long messages (and their idempotency keys) are kept once settled.
     pub retention: Duration,
     /// How long audit rows (`operator_events`) are kept, from when each was written.
@@ -125,6 +127,7 @@ impl Default for Limits {
             pool_affinity_wait: baton_shared::limits::POOL_AFFINITY_WAIT,
             recipients_max: RECIPIENTS_MAX_DEFAULT,
             queued_per_host_max: QUEUED_PER_HOST_MAX_DEFAULT,
+            queued_per_pool_max: QUEUED_PER_POOL_MAX_DEFAULT,
             retention: RETENTION_DEFAULT,
             audit_retention: AUDIT_RETENTION_DEFAULT,
             request_body_bytes_max: REQUEST_BODY_BYTES_MAX_DEFAULT,
@@ -265,6 +268,7 @@ impl HubConfig {
             pool_affinity_wait: m.duration(&POOL_AFFINITY_WAIT_KEY)?,
             recipients_max: narrow(&RECIPIENTS_MAX)?,
             queued_per_host_max: m.int(&QUEUED_PER_HOST_MAX)?,
+            queued_per_pool_max: m.int(&QUEUED_PER_POOL_MAX)?,
             retention: m.duration(&RETENTION)?,
             audit_retention: m.duration(&AUDIT_RETENTION)?,
             request_body_bytes_max: m.int(&REQUEST_BODY_BYTES_MAX)?,

@@ -162,7 +162,10 @@ pub(super) async fn submit(
         true => messages.iter().map(|(m, _)| m.conversation.clone()).collect(),
         false => Vec::new(),
     };
-    let limits = AcceptLimits { queued_per_host_max: state.limits.queued_per_host_max };
+    let limits = AcceptLimits {
+        queued_per_host_max: state.limits.queued_per_host_max,
+        queued_per_pool_max: state.limits.queued_per_pool_max,
+    };
     crash_point("hub.accept.before_txn");
     // Accept and fan-out of every message in one transaction: one round trip, one commit.
     let stored = state.telemetry.started();

@@ -175,7 +175,10 @@ pub(super) async fn submit(
     msg.traceparent = Some(trace.traceparent.clone());
     // Kept for the spans only, so not even copied with spans off.
     let conversation = if state.telemetry.is_on() { msg.conversation.clone() } else { String::new() };
-    let limits = AcceptLimits { queued_per_host_max: state.limits.queued_per_host_max };
+    let limits = AcceptLimits {
+        queued_per_host_max: state.limits.queued_per_host_max,
+        queued_per_pool_max: state.limits.queued_per_pool_max,
+    };
     crash_point("hub.accept.before_txn");
     // Accept and fan-out in one transaction: one round trip, one commit.
     let stored = state.telemetry.started();

@@ -332,6 +332,7 @@ mod openapi {
                     last_seq: 3,
                     open: false,
                     members: vec![MemberView { host: "h".into(), current: true, intervals: vec![interval.clone()] }],
+                    pools: vec!["gpu".into()],
                 })
                 .unwrap(),
             ),

@@ -323,7 +323,7 @@ mod tests {
     async fn served_and_direct_stores_see_one_record() {
         let db = testing::db();
         let clock = baton_shared::clock::system();
-        let limits = AcceptLimits { queued_per_host_max: 10 };
+        let limits = AcceptLimits { queued_per_host_max: 10, queued_per_pool_max: 10 };
         let conn = super::super::open_write(&db.path, Synchronous::Normal).unwrap();
         let served = Store::sqlite(conn, &db.path, CHECKPOINT_INTERVAL, clock.clone()).unwrap();
         let (accepted, deliveries) = served.submit(message("k"), RetryPolicy::default(), limits).await.unwrap();
@@ -347,7 +347,7 @@ mod tests {
         let served = Store::sqlite(conn, &db.path, CHECKPOINT_INTERVAL, baton_shared::clock::system()).unwrap();
         let len = || std::fs::metadata(&db.path).unwrap().len();
         let before = len();
-        let limits = AcceptLimits { queued_per_host_max: 100 };
+        let limits = AcceptLimits { queued_per_host_max: 100, queued_per_pool_max: 100 };
         for i in 0..20 {
             // Each payload needs pages of its own, so the file must grow to hold them.
             let m = NewMessage { payload: format!("\"{}\"", "x".repeat(3000)), ..message(&format!("k{i}")) };
@@ -366,7 +366,7 @@ mod tests {
         let db = testing::db();
         let clock = baton_shared::clock::system();
         let read_only = Store::open_read(&db.path, clock).unwrap();
-        let limits = AcceptLimits { queued_per_host_max: 10 };
+        let limits = AcceptLimits { queued_per_host_max: 10, queued_per_pool_max: 10 };
         assert!(read_only.send(message("k"), limits, By { operator: "op".into(), reason: "r".into() }).await.is_err());
         assert_eq!(read_only.status().await.unwrap().pending_fanout, 0);
         assert!(read_only.message_id_by_key("p".into(), "k".into()).await.unwrap().is_none());

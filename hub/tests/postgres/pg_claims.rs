@@ -180,7 +180,7 @@ fn send_to_pool(conn: &dyn Db, conversation: &str, key: &str, pool: &str) {
         to: Vec::new(),
         pools: vec![pool.to_string()],
     };
-    let limits = AcceptLimits { queued_per_host_max: 1 << 20 };
+    let limits = AcceptLimits { queued_per_host_max: 1 << 20, queued_per_pool_max: 1 << 20 };
     accept::accept_and_fan_out(conn, &msg, RetryPolicy::default(), limits, 1).unwrap();
 }
 
@@ -347,7 +347,7 @@ fn send(conn: &dyn Db, conversation: &str, key: &str, host: &str) {
         to: vec![host.to_string()],
         pools: Vec::new(),
     };
-    let limits = AcceptLimits { queued_per_host_max: 1 << 20 };
+    let limits = AcceptLimits { queued_per_host_max: 1 << 20, queued_per_pool_max: 1 << 20 };
     accept::accept_and_fan_out(conn, &msg, RetryPolicy::default(), limits, 1).unwrap();
 }
 

@@ -40,7 +40,13 @@ fn a_claim_ended_in_a_deadlock_runs_again_and_is_counted() {
             to: vec!["host-a".into()],
             pools: Vec::new(),
         };
-        accept::accept_and_fan_out(c, &msg, RetryPolicy::default(), AcceptLimits { queued_per_host_max: 1 << 20 }, 1)?;
+        accept::accept_and_fan_out(
+            c,
+            &msg,
+            RetryPolicy::default(),
+            AcceptLimits { queued_per_host_max: 1 << 20, queued_per_pool_max: 1 << 20 },
+            1,
+        )?;
         Ok(())
     })
     .unwrap();

@@ -116,7 +116,7 @@ pub(crate) fn accept_range(
     host: &str,
     name: impl Fn(usize) -> (String, String),
 ) -> anyhow::Result<()> {
-    let limits = AcceptLimits { queued_per_host_max: u64::MAX };
+    let limits = AcceptLimits { queued_per_host_max: u64::MAX, queued_per_pool_max: u64::MAX };
     let mut i = range.start;
     while i < range.end {
         let end = (i + PREFILL_TXN_MESSAGES).min(range.end);

@@ -126,7 +126,7 @@ const CYCLE_SERIAL: &str = "0c0c1e";
 async fn cycle_rate(store: &Store, tag: &str, per_op: usize, duration: Duration) -> anyhow::Result<f64> {
     let start = Instant::now();
     let mut done = 0u64;
-    let limits = AcceptLimits { queued_per_host_max: u64::MAX };
+    let limits = AcceptLimits { queued_per_host_max: u64::MAX, queued_per_pool_max: u64::MAX };
     let node = NodeAt { host: CYCLE_HOST.into(), session: None };
     let backoff = Backoff { base: Duration::from_secs(1), max: Duration::from_secs(60) };
     let who = Claimer {

@@ -215,6 +215,8 @@ pub struct RetryPolicy {
 pub struct AcceptLimits {
     /// Most deliveries waiting (queued or held) per host.
     pub queued_per_host_max: u64,
+    /// Most deliveries queued per pool (`limits.queued_per_pool_max`).
+    pub queued_per_pool_max: u64,
 }
 
 /// What an accept did.
@@ -267,8 +269,8 @@ pub fn accept_with_retry(
         )));
     }
     producers::check_quota(conn, &msg.producer, msg.payload.len())?;
-    let recipients = route(conn, msg)?;
-    for (i, pool) in msg.pools.iter().enumerate() {
+    let (recipients, pools) = route(conn, msg)?;
+    for (i, pool) in pools.iter().enumerate() {
         if !crate::store::registry::pools::exists(conn, pool)? {
             return Err(StoreError::Invalid(format!(
                 "pools[{i}]: no pool {pool:?} (an operator makes one with `baton-hub pools add`)"
@@ -277,10 +279,10 @@ pub fn accept_with_retry(
         let queued: i64 = conn
             .prepare_cached("SELECT coalesce(sum(queued), 0) FROM pool_queues WHERE pool = $1")?
             .query_row([pool], |r| r.get(0))?;
-        if queued as u64 >= limits.queued_per_host_max {
+        if queued as u64 >= limits.queued_per_pool_max {
             return Err(StoreError::OverCapacity(format!(
-                "pool {pool} already has {queued} deliveries queued (queued_per_host_max = {})",
-                limits.queued_per_host_max
+                "pool {pool} already has {queued} deliveries queued (queued_per_pool_max = {})",
+                limits.queued_per_pool_max
             )));
         }
     }
@@ -338,7 +340,7 @@ pub fn accept_with_retry(
     }
     let mut route_pools =
         conn.prepare_cached("INSERT INTO message_pool_recipients (message_id, pool) VALUES ($1, $2)")?;
-    for pool in &msg.pools {
+    for pool in &pools {
         route_pools.execute([&message_id, pool])?;
     }
     conn.prepare_cached("INSERT INTO fanout_obligations (message_id, created_at) VALUES ($1, $2)")?
@@ -365,14 +367,15 @@ pub fn accept_and_fan_out(
     Ok((accepted, deliveries))
 }
 
-/// The recipients of a new message: its `to`, checked, or the conversation's current members
-/// (the members at the `seq` this transaction is about to give it), retired ones left out.
-fn route(conn: &dyn Db, msg: &NewMessage) -> StoreResult<Vec<String>> {
+/// The recipients of a new message, hosts and pools: its `to`, checked, and its `pools`; or,
+/// when it names neither, the conversation's current members (the members at the `seq` this
+/// transaction is about to give it, retired hosts left out) and its current member pools.
+fn route(conn: &dyn Db, msg: &NewMessage) -> StoreResult<(Vec<String>, Vec<String>)> {
     // A conversation first posted to now joins the families that cover it, from its first post.
     crate::store::registry::families::adopt_families(conn, &msg.conversation)?;
     if msg.to.is_empty() && !msg.pools.is_empty() {
         // Addressed to pools alone: no host by name, and not the members.
-        return Ok(Vec::new());
+        return Ok((Vec::new(), msg.pools.clone()));
     }
     let managed = members::has_membership(conn, &msg.conversation)?;
     if msg.to.is_empty() {
@@ -382,15 +385,16 @@ fn route(conn: &dyn Db, msg: &NewMessage) -> StoreResult<Vec<String>> {
                 current.push(host);
             }
         }
-        if current.is_empty() {
+        let pools = crate::store::registry::member_pools::current(conn, &msg.conversation)?;
+        if current.is_empty() && pools.is_empty() {
             let why = if managed { "has no current members" } else { "has no members" };
             return Err(StoreError::NoRecipients(format!(
                 "to: the message names no recipient hosts and conversation {:?} {why} \
-                 (give \"to\": [\"host\", …], or make hosts members of the conversation)",
+                 (give \"to\": [\"host\", …] or \"pools\", or make hosts or pools members of the conversation)",
                 msg.conversation
             )));
         }
-        return Ok(current);
+        return Ok((current, pools));
     }
     let current =
         if managed { crate::store::registry::roster::current_members(conn, &msg.conversation)? } else { Vec::new() };
@@ -407,7 +411,7 @@ fn route(conn: &dyn Db, msg: &NewMessage) -> StoreResult<Vec<String>> {
             )));
         }
     }
-    Ok(msg.to.clone())
+    Ok((msg.to.clone(), msg.pools.clone()))
 }
 
 fn check_recipient(conn: &dyn Db, index: usize, host: &str) -> StoreResult<()> {
@@ -593,7 +597,7 @@ pub(crate) mod testing {
             pools: Vec::new(),
         };
         let Accepted::New { message_id, .. } =
-            accept(conn, &msg, AcceptLimits { queued_per_host_max: 1 << 40 }, 1).unwrap()
+            accept(conn, &msg, AcceptLimits { queued_per_host_max: 1 << 40, queued_per_pool_max: 1 << 40 }, 1).unwrap()
         else {
             panic!("duplicate")
         };
@@ -617,7 +621,7 @@ mod tests {
             pools: Vec::new(),
         }
     }
-    const BIG: AcceptLimits = AcceptLimits { queued_per_host_max: 1000 };
+    const BIG: AcceptLimits = AcceptLimits { queued_per_host_max: 1000, queued_per_pool_max: 1000 };
 
     /// A message without a retry policy hashes as before the policy existed (stored keys keep
     /// matching their replays); a policy is part of the content once given, and stored.
@@ -675,7 +679,7 @@ mod tests {
     fn accept_and_fan_out_completes_the_obligation_in_the_same_transaction() {
         let db = testing::db();
         let c = &db.conn;
-        let limits = AcceptLimits { queued_per_host_max: 10 };
+        let limits = AcceptLimits { queued_per_host_max: 10, queued_per_pool_max: 10 };
         let m = msg("k", "{}", &["host-a", "host-b"]);
         let (accepted, deliveries) = accept_and_fan_out(c, &m, RetryPolicy::default(), limits, 1).unwrap();
         assert!(matches!(accepted, Accepted::New { .. }));
@@ -724,7 +728,7 @@ mod tests {
         let db = testing::db();
         let e = accept(&db.conn, &msg("k", "1", &["host-a", "nope"]), BIG, 5).unwrap_err();
         assert!(e.to_string().contains("to[1]") && e.to_string().contains("nope"), "{e}");
-        let small = AcceptLimits { queued_per_host_max: 1 };
+        let small = AcceptLimits { queued_per_host_max: 1, queued_per_pool_max: 1 };
         let Accepted::New { message_id, .. } = accept(&db.conn, &msg("k1", "1", &["host-a"]), small, 5).unwrap() else {
             panic!()
         };
@@ -779,7 +783,7 @@ mod pool_tests {
     use super::*;
     use crate::store::testing;
 
-    const BIG: AcceptLimits = AcceptLimits { queued_per_host_max: 1000 };
+    const BIG: AcceptLimits = AcceptLimits { queued_per_host_max: 1000, queued_per_pool_max: 1000 };
 
     fn msg(key: &str, to: &[&str], pools: &[&str]) -> NewMessage {
         NewMessage {
@@ -888,7 +892,7 @@ mod pool_tests {
         let e = accept(c, &msg("k", &[], &["gpu", "nope"]), BIG, 1).unwrap_err();
         assert!(matches!(&e, StoreError::Invalid(m) if m.contains("pools[1]") && m.contains("nope")), "{e:?}");
         assert_eq!(one(c, "SELECT count(*) FROM messages WHERE producer = $1", "prod"), 0);
-        let full = AcceptLimits { queued_per_host_max: 1 };
+        let full = AcceptLimits { queued_per_host_max: 1, queued_per_pool_max: 1 };
         accept_and_fan_out(c, &msg("k1", &[], &["gpu"]), RetryPolicy::default(), full, 1).unwrap();
         let e = accept(c, &msg("k2", &[], &["gpu"]), full, 2).unwrap_err();
         assert!(matches!(&e, StoreError::OverCapacity(m) if m.contains("pool gpu")), "{e:?}");

@@ -407,7 +407,7 @@ mod tests {
     use crate::store::testing;
     use baton_shared::states::Outcome;
 
-    const LIMITS: AcceptLimits = AcceptLimits { queued_per_host_max: 1000 };
+    const LIMITS: AcceptLimits = AcceptLimits { queued_per_host_max: 1000, queued_per_pool_max: 1000 };
 
     fn msg(conv: &str, key: &str) -> NewMessage {
         NewMessage {

@@ -26,6 +26,7 @@ use crate::store::Store;
 use crate::store::engine::{Db, OptionalExtension, params};
 use crate::store::registry::audit::record_operator_event;
 use crate::store::registry::families::{add_family, cursor, open_families, remove_family};
+use crate::store::registry::member_pools;
 use crate::store::registry::mentions::{MentionRow, allow_mention, disallow_mention, mentions};
 use crate::store::registry::roster::{MemberChange, check_member_count, existing_cursor, name, sorted_unique};
 use crate::store::{StoreError, StoreResult};
@@ -59,6 +60,25 @@ impl Store {
     /// The membership registry: of one conversation, or of all.
     pub async fn members(&self, conversation: Option<String>) -> StoreResult<Vec<ConversationMembers>> {
         self.conns.read(move |c| list(c, conversation.as_deref())).await
+    }
+
+    /// Makes pools members of the conversation (`join`) or ends their membership, in one
+    /// transaction; one change per pool.
+    pub async fn member_pools_change(
+        &self,
+        join: bool,
+        conversation: String,
+        pools: Vec<String>,
+        by: By,
+    ) -> StoreResult<Vec<MemberChange>> {
+        let clock = self.clock.clone();
+        self.conns
+            .write(move |c| {
+                let now = clock.now_ms();
+                let change = if join { member_pools::add } else { member_pools::remove };
+                change(c, &conversation, &pools, &by.operator, &by.reason, now)
+            })
+            .await
     }
 
     /// The hosts join or leave the conversation, in one transaction; one change per host.
@@ -131,6 +151,8 @@ pub struct ConversationMembers {
     pub last_seq: i64,
     /// Every host that is or was a member, by name.
     pub members: Vec<MemberRow>,
+    /// Every pool that is or was a member, by name.
+    pub pools: Vec<crate::store::registry::member_pools::PoolMemberRow>,
     /// Every mention authorization, current and past, by host then grant cursor.
     pub mentions: Vec<MentionRow>,
 }
@@ -280,10 +302,14 @@ pub fn memberships_of(conn: &dyn Db, host: &str) -> StoreResult<Vec<String>> {
         .collect::<Result<_, _>>()?)
 }
 
-/// Whether the conversation has ever had a member (it is then not open any more).
+/// Whether the conversation has ever had a member, a host or a pool (it is then not open any
+/// more).
 pub fn has_membership(conn: &dyn Db, conversation: &str) -> StoreResult<bool> {
     Ok(conn
-        .prepare_cached("SELECT EXISTS (SELECT 1 FROM memberships WHERE conversation = $1)")?
+        .prepare_cached(
+            "SELECT EXISTS (SELECT 1 FROM memberships WHERE conversation = $1)
+                 OR EXISTS (SELECT 1 FROM conversation_pools WHERE conversation = $1)",
+        )?
         .query_row([conversation], |r| r.get(0))?)
 }
 
@@ -294,7 +320,8 @@ pub fn has_membership(conn: &dyn Db, conversation: &str) -> StoreResult<bool> {
 pub fn authorized(conn: &dyn Db, conversation: &str, host: &str, seq: i64) -> StoreResult<bool> {
     Ok(conn
         .prepare_cached(
-            "SELECT NOT EXISTS (SELECT 1 FROM memberships WHERE conversation = $1 AND join_seq < $2)
+            "SELECT (NOT EXISTS (SELECT 1 FROM memberships WHERE conversation = $1 AND join_seq < $2)
+                     AND NOT EXISTS (SELECT 1 FROM conversation_pools WHERE conversation = $1 AND join_seq < $2))
                  OR EXISTS (SELECT 1 FROM memberships WHERE conversation = $1 AND host = $3 AND join_seq < $2
                                 AND (leave_seq IS NULL OR $2 <= leave_seq))
                  OR EXISTS (SELECT 1 FROM mention_grants WHERE conversation = $1 AND host = $3 AND grant_seq < $2
@@ -346,7 +373,8 @@ pub fn registry(conn: &dyn Db, conversation: &str) -> StoreResult<ConversationMe
         m.current = m.intervals.iter().any(|i| i.leave_seq.is_none());
     }
     let mentions = mentions(conn, conversation)?;
-    Ok(ConversationMembers { conversation: conversation.into(), last_seq, members, mentions })
+    let pools = crate::store::registry::member_pools::rows(conn, conversation)?;
+    Ok(ConversationMembers { conversation: conversation.into(), last_seq, members, pools, mentions })
 }
 
 /// The registries of every conversation that has (had) members or mention grants, or of the
@@ -357,7 +385,8 @@ pub fn list(conn: &dyn Db, conversation: Option<&str>) -> StoreResult<Vec<Conver
     }
     let names: Vec<String> = conn
         .prepare_cached(
-            "SELECT conversation FROM memberships UNION SELECT conversation FROM mention_grants ORDER BY 1",
+            "SELECT conversation FROM memberships UNION SELECT conversation FROM mention_grants
+             UNION SELECT conversation FROM conversation_pools ORDER BY 1",
         )?
         .query_map([], |r| r.get(0))?
         .collect::<Result<_, _>>()?;
@@ -371,7 +400,8 @@ pub fn view(conn: &dyn Db, conversation: &str) -> StoreResult<ConversationView> 
     Ok(ConversationView {
         conversation: r.conversation,
         last_seq: r.last_seq,
-        open: r.members.is_empty(),
+        open: r.members.is_empty() && r.pools.is_empty(),
+        pools: r.pools.iter().filter(|p| p.current).map(|p| p.pool.clone()).collect(),
         members: r
             .members
             .into_iter()
@@ -420,7 +450,7 @@ mod tests {
             to: hosts(to),
             pools: Vec::new(),
         };
-        accept(conn, &msg, AcceptLimits { queued_per_host_max: 1000 }, 1)
+        accept(conn, &msg, AcceptLimits { queued_per_host_max: 1000, queued_per_pool_max: 1000 }, 1)
     }
 
     /// Joins and leaves are cursors at the conversation's `last_seq`; a post goes to the members
@@ -557,7 +587,7 @@ mod tests {
             to: vec![],
             pools: Vec::new(),
         };
-        let limits = AcceptLimits { queued_per_host_max: 1000 };
+        let limits = AcceptLimits { queued_per_host_max: 1000, queued_per_pool_max: 1000 };
         let (_, d) = crate::store::lifecycle::accept::accept_and_fan_out(conn, &msg, Default::default(), limits, 1)?;
         Ok(d.into_iter().filter_map(|d| d.host).collect())
     }

@@ -8,6 +8,7 @@
 //! - `families`: memberships by pattern (`support-*`), adopted by conversations created later.
 //! - `mentions`: mention grants: `to` may name a host that is not a member.
 //! - `pools`: pools (named sets of hosts any of which may claim a pool delivery), kept by operators.
+//! - `member_pools`: pools as members of a conversation (join/leave intervals per conversation and pool).
 //! - `roster`: what every registry change checks (names, cursors, the member bound).
 //! - `producers`: producers' publish scopes, quotas and approval rights.
 //! - `fences`: the fence types, set/lift/list, and the one precedence rule claims apply.
@@ -18,6 +19,7 @@ pub mod families;
 pub mod fences;
 pub mod hosts;
 pub mod instances;
+pub mod member_pools;
 pub mod members;
 pub mod mentions;
 pub mod pools;

@@ -477,7 +477,7 @@ mod tests {
             to: vec!["host-a".into()],
             pools: Vec::new(),
         };
-        accept(conn, &msg, AcceptLimits { queued_per_host_max: 1000 }, 1).map(|_| ())
+        accept(conn, &msg, AcceptLimits { queued_per_host_max: 1000, queued_per_pool_max: 1000 }, 1).map(|_| ())
     }
 
     /// A producer posts anywhere by default; once scoped, only where its patterns allow, and a
@@ -525,7 +525,7 @@ mod tests {
             conn,
             &msg,
             Default::default(),
-            AcceptLimits { queued_per_host_max: 1000 },
+            AcceptLimits { queued_per_host_max: 1000, queued_per_pool_max: 1000 },
             1,
         )
         .map(|_| ())
@@ -572,7 +572,7 @@ mod tests {
             to: vec!["host-b".into()],
             pools: Vec::new(),
         };
-        accept(c, &other, AcceptLimits { queued_per_host_max: 1000 }, 3).unwrap();
+        accept(c, &other, AcceptLimits { queued_per_host_max: 1000, queued_per_pool_max: 1000 }, 3).unwrap();
 
         // Limits are checked before anything is stored, and the producer must exist.
         let zero = QuotaChange { unsettled_max: Some(Some(0)), ..Default::default() };

@@ -22,7 +22,7 @@ use std::time::Duration;
 /// The affinity wait these tests claim with.
 const WAIT_MS: i64 = 2_000;
 
-const BIG: AcceptLimits = AcceptLimits { queued_per_host_max: 1_000_000 };
+const BIG: AcceptLimits = AcceptLimits { queued_per_host_max: 1_000_000, queued_per_pool_max: 1_000_000 };
 
 /// `gpu` = host-a and host-b; host-c is in no pool.
 fn gpu(c: &dyn Db) {

@@ -18,7 +18,7 @@ use baton_shared::states::Outcome;
 use baton_shared::wire::ClaimedDelivery;
 
 const LIMITS: super::lifecycle::accept::AcceptLimits =
-    super::lifecycle::accept::AcceptLimits { queued_per_host_max: 1 << 40 };
+    super::lifecycle::accept::AcceptLimits { queued_per_host_max: 1 << 40, queued_per_pool_max: 1 << 40 };
 
 /// Texts a backend could mangle: NUL alone, inside and at the ends, the escape character and
 /// what it escapes with, both mixed, characters of every UTF-8 length, and a mebibyte of them.

@@ -145,7 +145,10 @@ mod tests {
         crate::store::lifecycle::accept::accept(
             c,
             &msg,
-            crate::store::lifecycle::accept::AcceptLimits { queued_per_host_max: 1 << 40 },
+            crate::store::lifecycle::accept::AcceptLimits {
+                queued_per_host_max: 1 << 40,
+                queued_per_pool_max: 1 << 40,
+            },
             now_ms,
         )
         .unwrap()

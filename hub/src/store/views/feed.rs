@@ -573,7 +573,7 @@ mod tests {
             c,
             &msg,
             crate::store::lifecycle::accept::RetryPolicy::default(),
-            crate::store::lifecycle::accept::AcceptLimits { queued_per_host_max: 100 },
+            crate::store::lifecycle::accept::AcceptLimits { queued_per_host_max: 100, queued_per_pool_max: 100 },
             1,
         )
         .unwrap();

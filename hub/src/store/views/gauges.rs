@@ -135,7 +135,7 @@ mod tests {
             traceparent: None,
             pools: vec!["gpu".into()],
         };
-        let limits = crate::store::lifecycle::accept::AcceptLimits { queued_per_host_max: 10 };
+        let limits = crate::store::lifecycle::accept::AcceptLimits { queued_per_host_max: 10, queued_per_pool_max: 10 };
         let retry = crate::store::lifecycle::accept::RetryPolicy::default();
         crate::store::lifecycle::accept::accept_and_fan_out(c, &msg, retry, limits, 7).unwrap();
         let g = gather(c, 10, 1_000).unwrap();

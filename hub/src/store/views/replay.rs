@@ -160,8 +160,9 @@ mod tests {
             pools: Vec::new(),
             traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
         };
-        let Accepted::New { message_id, seq } = accept(conn, &msg, AcceptLimits { queued_per_host_max: 1 << 40 }, 1)
-            .unwrap_or_else(|e| panic!("{producer} {key}: {e}"))
+        let Accepted::New { message_id, seq } =
+            accept(conn, &msg, AcceptLimits { queued_per_host_max: 1 << 40, queued_per_pool_max: 1 << 40 }, 1)
+                .unwrap_or_else(|e| panic!("{producer} {key}: {e}"))
         else {
             panic!("duplicate")
         };
