@@ -195,7 +195,8 @@ pub(super) fn retire(ctx: &Context, host: &str, reason: &str, confirm: &Confirm)
     drop(record);
     let text = format!(
         "retire host {} (reason: {}): {} deliveries would fail ({} queued, {} held, {} claimed), {} mirrored would \
-         become unknown, {} delivered without outcome would be marked unknown; it would leave {} conversation(s){}",
+         become unknown, {} delivered without outcome would be marked unknown, {} pool deliveries it claimed would go \
+         back to their pools; it would leave {} conversation(s){}",
         output::esc(host),
         output::esc(reason),
         plan.failing(),
@@ -204,6 +205,7 @@ pub(super) fn retire(ctx: &Context, host: &str, reason: &str, confirm: &Confirm)
         plan.claimed,
         plan.mirrored,
         plan.outcome_unknown,
+        plan.to_pools,
         plan.leaves.len(),
         if plan.leaves.is_empty() {
             String::new()
@@ -219,10 +221,12 @@ pub(super) fn retire(ctx: &Context, host: &str, reason: &str, confirm: &Confirm)
     let (swept, left, pools) = record.run(record.retire(host.to_string(), by))?;
     ctx.wake_hub();
     output::line(format!(
-        "retired {host}: {} failed, {} unknown, {} delivered without outcome marked unknown; left {} conversation(s){}{}",
+        "retired {host}: {} failed, {} unknown, {} delivered without outcome marked unknown, {} back to their pools; \
+         left {} conversation(s){}{}",
         swept.failed.len(),
         swept.unknown.len(),
         swept.outcome_unknown.len(),
+        swept.requeued.len(),
         left.len(),
         if left.is_empty() { String::new() } else { format!(": {}", left.join(", ")) },
         if pools.is_empty() { String::new() } else { format!("; left pool(s): {}", pools.join(", ")) }

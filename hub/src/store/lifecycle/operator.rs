@@ -282,6 +282,8 @@ pub struct RetirePlan {
     pub mirrored: i64,
     /// Delivered deliveries whose current run has no outcome, to get an `unknown` attempt.
     pub outcome_unknown: i64,
+    /// Pool deliveries it claimed or mirrored (never run), to go back to their pools.
+    pub to_pools: i64,
     /// The conversations it is a member of now, which it would leave.
     pub leaves: Vec<String>,
 }
@@ -305,8 +307,9 @@ pub fn retire_plan(conn: &dyn Db, host: &str) -> StoreResult<RetirePlan> {
     let mut plan = RetirePlan::default();
     let counts: Vec<(String, i64)> = conn
         .prepare_cached(
-            "SELECT state, count(*) FROM deliveries WHERE host = $1 AND state IN ('queued', 'held', 'claimed', 'mirrored')
-             GROUP BY state",
+            "SELECT CASE WHEN pool IS NULL THEN state ELSE 'to_pools' END, count(*) FROM deliveries
+             WHERE host = $1 AND state IN ('queued', 'held', 'claimed', 'mirrored')
+             GROUP BY CASE WHEN pool IS NULL THEN state ELSE 'to_pools' END",
         )?
         .query_map([host], |r| Ok((r.get(0)?, r.get(1)?)))?
         .collect::<Result<_, _>>()?;
@@ -315,6 +318,7 @@ pub fn retire_plan(conn: &dyn Db, host: &str) -> StoreResult<RetirePlan> {
             "queued" => plan.queued = n,
             "held" => plan.held = n,
             "claimed" => plan.claimed = n,
+            "to_pools" => plan.to_pools = n,
             _ => plan.mirrored = n,
         }
     }
@@ -508,6 +512,7 @@ mod tests {
             claimed: 1,
             mirrored: 1,
             outcome_unknown: 1,
+            to_pools: 0,
             leaves: vec!["team".to_string()],
         };
         assert_eq!(plan, expected);

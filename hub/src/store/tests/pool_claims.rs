@@ -259,6 +259,8 @@ fn retiring_a_member_frees_its_conversations() {
     let h = Holder { instance_id: &instance, claim_token: &token };
     mirrored(c, "host-a", &got[0].delivery_id, h, 3).unwrap();
     ack(c, "host-a", &got[0].delivery_id, h, 3).unwrap();
+    let plan = crate::store::lifecycle::operator::retire_plan(c, "host-a").unwrap();
+    assert_eq!((plan.claimed, plan.to_pools, plan.failing()), (0, 1, 0), "{plan:?}");
     retire_everywhere(c, "host-a", "op", "gone", 4).unwrap();
     assert_eq!(where_is(c, &got[0].delivery_id).0.as_deref(), Some("host-a"), "its run stays named on host-a");
     assert_eq!(where_is(c, &second), (None, "queued".into()), "the claimed turn never ran: back in the pool");
