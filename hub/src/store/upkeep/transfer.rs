@@ -42,6 +42,7 @@ pub const TABLES: &[&str] = &[
     "operator_events",
     "member_families",
     "memberships",
+    "conversation_pools",
     "mention_grants",
     "producer_scopes",
     "producer_quotas",
@@ -62,6 +63,7 @@ pub const SEQUENCES: &[(&str, &str)] = &[
     ("operator_events", "id"),
     ("member_families", "id"),
     ("memberships", "id"),
+    ("conversation_pools", "id"),
     ("mention_grants", "id"),
 ];
 
