@@ -1283,7 +1283,8 @@ fn check_effect_visible(
 ///   delivered (failed, reason `cancelled…`), or — when the hub recorded no start at all — when
 ///   the harness started after the cancel was recorded (wall clocks of one machine);
 /// - a running turn ended by a signal after its cancel was requested ends with the attempt
-///   `cancelled`, and an attempt `cancelled` needs a cancel;
+///   `cancelled` (or `unknown`, from a node that restarted while it was out), and an attempt
+///   `cancelled` needs a cancel;
 /// - a retry is handed out no earlier than its not-before time: every claim after the requeue
 ///   of the current run (`rerun = retry`) is at or after `not_before` (hub clock: exact), and
 ///   its execution starts no earlier. Only the current run's not-before is stored (a later
@@ -1374,9 +1375,13 @@ fn check_cancel(d: &Delivery, current: &[&&EffectLine], attempts: &[&HubAttempt]
     }
     let outcome = attempts.iter().find(|a| a.run == d.run).map(|a| a.outcome.as_str());
     let cancel_asked = d.cancel_requested_at.is_some() || d.cancelled_before_delivery();
+    // A run's process ended by a signal after its cancel was asked must not claim a result of
+    // its own: `cancelled`, or `unknown` from a node that restarted while the run was out (it
+    // cannot tell why the process it found ended, and it may itself have stopped the orphaned
+    // process group after the cancel was asked).
     if d.cancel_requested_at.is_some()
         && let Some(l) = current.iter().find(|l| l.signal.is_some())
-        && outcome.is_some_and(|o| o != "cancelled")
+        && outcome.is_some_and(|o| o != "cancelled" && o != "unknown")
     {
         v.push(violation(
             "I16",
