@@ -91,8 +91,8 @@ fn members_racing_on_several_connections_hand_out_each_pool_turn_once(cluster: &
         }
         Ok(())
     });
-    // Each handed-out turn: (conversation, seq, host, when its claim committed, when it ran).
-    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::<(String, i64, String)>::new()));
+    // Each handed-out turn: (conversation, seq, host), in the order claims handed them out.
+    let log: HandedOut = Default::default();
     let threads: Vec<_> = ["host-a", "host-b", "host-c", "host-a", "host-b", "host-c"]
         .into_iter()
         .map(|host| {
@@ -103,14 +103,13 @@ fn members_racing_on_several_connections_hand_out_each_pool_turn_once(cluster: &
                 let mut now = 10;
                 while log.lock().unwrap().len() < MESSAGES && Instant::now() < deadline {
                     now += 1;
-                    let got = match claim_once(&conn, host, &instance, now) {
+                    let got = match claim_once(&conn, host, &instance, now, &log) {
                         Ok(got) => got,
                         // Two hubs' claims of one host may meet on its row: the server's
                         // deadlock error, which a node retries like any storage failure.
                         Err(_) => continue,
                     };
                     for d in got {
-                        log.lock().unwrap().push((d.conversation.clone(), d.seq, host.to_string()));
                         run_to_outcome(&conn, host, &instance, &d, now);
                     }
                 }
@@ -132,12 +131,24 @@ fn members_racing_on_several_connections_hand_out_each_pool_turn_once(cluster: &
     assert!(problems.is_empty(), "{problems:?}");
 }
 
-/// One claim transaction of `host` (at most 3 turns), committed.
-fn claim_once(conn: &PgConn, host: &str, instance: &str, now: i64) -> Result<Vec<ClaimedDelivery>, String> {
+/// What each claim handed out, logged before its commit: a pool conversation's queue row stays
+/// locked by the claim until then, so the log is in the order claims handed turns out.
+type HandedOut = std::sync::Arc<std::sync::Mutex<Vec<(String, i64, String)>>>;
+
+/// One claim transaction of `host` (at most 3 turns), logged and committed.
+fn claim_once(
+    conn: &PgConn,
+    host: &str,
+    instance: &str,
+    now: i64,
+    log: &HandedOut,
+) -> Result<Vec<ClaimedDelivery>, String> {
     conn.begin_claims().map_err(|e| e.to_string())?;
     match claim::claim(conn, host, instance, 3, now) {
         Ok(got) => {
-            conn.control("COMMIT").map_err(|e| e.to_string())?;
+            let mut log = log.lock().unwrap();
+            log.extend(got.iter().map(|d| (d.conversation.clone(), d.seq, host.to_string())));
+            conn.control("COMMIT").expect("a claim that handed turns out commits");
             Ok(got)
         }
         Err(e) => {
