@@ -79,6 +79,7 @@ async fn members_commands_say_what_changed_with_their_exit_codes() {
                     interval(1, "back", None),
                 ]},
             ],
+            "pools": [],
             "mentions": [],
         }])
     );
