@@ -1,8 +1,8 @@
 //! The operator listener through the real binary: `/healthz`, `/readyz` and `/metrics` over
 //! plain HTTP with no client certificate, every metric with its `# HELP` and `# TYPE`, the
 //! listener turned off, and the status page loaded in a real headless browser (Debian's
-//! `chromium`), whose numbers (a pool's among them) must match the record and whose screenshot is kept under the
-//! target directory (`status-page/`).
+//! `chromium`), whose numbers (a pool's among them) must match the record and whose screenshot
+//! is kept under the target directory (`status-page/`).
 //!
 //! Without `chromium` the browser test says so and passes, unless `BATON_REQUIRE_BROWSER` is
 //! set (CI sets it), when it fails.
