@@ -13,6 +13,12 @@
 //! per-(host, conversation) and per-(pool, conversation) order of `claim`, the retry barrier,
 //! a redrive's exemption, a pool conversation's binding), read from the record; they explain,
 //! they decide nothing.
+//!
+//! Why one file over 700 lines: every reason is told by the one rule set the claim applies, and
+//! a pool delivery's reason falls back to a host's once a member holds it, so the two read side
+//! by side. Where it splits when it grows: the pool's words (`pool_reason`, `member_hindrance`)
+//! beside `pool_standing`, once the words both use (`relative`, `liveness_words`) move below
+//! them.
 
 use crate::store::Store;
 use crate::store::engine::OptionalExtension;
