@@ -209,10 +209,14 @@ pub enum Binding {
     },
 }
 
+/// A pool conversation's queue row as the claim keeps it: `in_flight`, `bound_host`,
+/// `last_host`, `last_settled_at`.
+type QueueFlight = (i64, Option<String>, Option<String>, Option<i64>);
+
 /// Whether `conversation` in `pool` is bound to a host, kept for its last host, or free, at
 /// `judging` (the claim's `dialect::CLAIM_POOL_QUEUES` rule).
 pub fn binding(conn: &dyn Db, pool: &str, conversation: &str, judging: Judging) -> StoreResult<Binding> {
-    let row: Option<(i64, Option<String>, Option<String>, Option<i64>)> = conn
+    let row: Option<QueueFlight> = conn
         .prepare_cached(
             "SELECT in_flight, bound_host, last_host, last_settled_at FROM pool_queues
              WHERE pool = $1 AND conversation = $2",
