@@ -4,8 +4,9 @@
 //! attention (`attention`, exactly what `baton-hub status` flags), the counts by state and by
 //! outcome, messages, deliveries and outcomes per minute over the last hour, the turns running
 //! with their age, hosts with their last contact (silent ones flagged against
-//! `host_silence_warn`) and their backlog (marked paused or held under a fence), the backlog
-//! per conversation, active fences with who, why and until, and the recent deliveries that
+//! `host_silence_warn`) and their backlog (marked paused or held under a fence), the pools
+//! (each member active, fenced, silent or without a node, and busy when it holds pool work;
+//! queued, the oldest queued age, in flight, bound conversations), the backlog per conversation, active fences with who, why and until, and the recent deliveries that
 //! failed or ended `unknown`; each delivery links to `/status/deliveries/ID`, its event
 //! history and attempts. Colour marks unknown, failed, held, paused and silent, always with
 //! the word beside it.
@@ -33,6 +34,7 @@ use crate::store::registry::fences::{FenceKind, FenceRow, FenceScope};
 use crate::store::views::fleet::SilentHost;
 pub use crate::store::views::overview::Overview;
 use crate::store::views::overview::{self, ConversationBacklog, Rates, RunningTurn, Trouble};
+use crate::store::views::pool_standing::PoolStanding;
 use crate::store::views::read::{DeliveryDetail, DeliveryRow};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
@@ -390,6 +392,7 @@ pub fn render_overview(v: &View<'_>, now_ms: i64, silence: Duration) -> String {
     b.push_str(&rates_table(v.rates));
     b.push_str(&running_table(o.running_total, &o.running, &o.silent, now_ms));
     b.push_str(&hosts_table(o, now_ms));
+    b.push_str(&pools_table(&o.pools, now_ms));
     b.push_str(&conversations_table(&o.conversations, &o.fences, now_ms));
     b.push_str(&fences_table(&o.fences, now_ms));
     b.push_str(&trouble_table(&o.trouble, now_ms, v.reasons));
@@ -613,6 +616,53 @@ fn hosts_table(o: &Overview, now_ms: i64) -> String {
     b
 }
 
+/// The pools: each member tagged with what keeps it from the pool's work (`fenced`, `silent`,
+/// `no node`, not active) or `active`, and `busy` when it holds pool work in flight; the
+/// pool's queue, its oldest queued delivery's age, its turns in flight and the conversations
+/// bound to a member.
+fn pools_table(pools: &[PoolStanding], now_ms: i64) -> String {
+    if pools.is_empty() {
+        return "<h2>Pools</h2><p class=\"muted\" id=\"pools\">No pools.</p>".to_string();
+    }
+    let mut b = String::from(
+        "<h2>Pools</h2><table id=\"pools\"><tr><th>pool</th><th>members</th><th>queued</th><th>oldest queued</th>\
+         <th>in flight</th><th>bound conversations</th></tr>",
+    );
+    for p in pools {
+        let s = &p.summary;
+        let name = esc(&s.name);
+        let members: Vec<String> = p
+            .members
+            .iter()
+            .map(|m| {
+                let word = m.words();
+                let class = match word.split(',').next().unwrap_or("") {
+                    "active" => "",
+                    "fenced" => "paused",
+                    _ => "silent",
+                };
+                format!(
+                    "<span class=\"tag {class}\" data-pool-member=\"{name}/{host}\">{host} {word}</span>",
+                    host = esc(&m.liveness.host),
+                    word = esc(&word),
+                )
+            })
+            .collect();
+        let members =
+            if members.is_empty() { "<span class=\"muted\">none</span>".to_string() } else { members.join(" ") };
+        let oldest = s.oldest_queued_at_ms.map_or("—".to_string(), |at| ago(now_ms, at));
+        b.push_str(&format!(
+            "<tr data-pool=\"{name}\"><td>{name}</td><td>{members}</td>\
+             <td class=\"num\"><span data-pool-queued=\"{name}\">{}</span></td><td>{oldest}</td>\
+             <td class=\"num\"><span data-pool-in-flight=\"{name}\">{}</span></td>\
+             <td class=\"num\"><span data-pool-bound=\"{name}\">{}</span></td></tr>",
+            s.queued, s.in_flight, s.bound_conversations,
+        ));
+    }
+    b.push_str("</table>");
+    b
+}
+
 fn conversations_table(rows: &[ConversationBacklog], fences: &[FenceRow], now_ms: i64) -> String {
     if rows.is_empty() {
         return "<h2>Backlog by conversation</h2><p class=\"muted\" id=\"conversations\">Nothing waits.</p>"
@@ -681,13 +731,24 @@ fn fences_table(rows: &[FenceRow], now_ms: i64) -> String {
 }
 
 /// A delivery's row in a table of deliveries (search results).
+/// Where a delivery goes: its host, `pool P` while it waits in pool P, or `H (pool P)` once
+/// member H took it (escaped).
+fn recipient(d: &DeliveryRow) -> String {
+    match (&d.host, &d.pool) {
+        (Some(h), None) => esc(h),
+        (Some(h), Some(p)) => format!("{} (pool {})", esc(h), esc(p)),
+        (None, Some(p)) => format!("pool {}", esc(p)),
+        (None, None) => "—".to_string(),
+    }
+}
+
 fn delivery_cells(d: &DeliveryRow, now_ms: i64) -> String {
     let outcome = d.outcome.map_or("—", |o| o.as_str());
     format!(
         "<td>{}</td><td>{}</td><td>{}</td><td class=\"num\">{}</td><td class=\"{}\">{}</td><td class=\"{}\">{outcome}</td>\
          <td>{} ago</td>",
         delivery_link(&d.delivery_id),
-        esc(&d.host),
+        recipient(d),
         esc(&d.conversation),
         d.seq,
         state_class(d.state),
@@ -785,7 +846,7 @@ pub fn render_delivery(d: &DeliveryDetail, now_ms: i64, reasons: bool) -> String
          <tr><th>holder</th><td>{}</td></tr><tr><th>last change</th><td>{} UTC ({} ago)</td></tr></table>{}",
         esc(&r.delivery_id),
         esc(&r.message_id),
-        esc(&r.host),
+        recipient(r),
         esc(&r.conversation),
         r.seq,
         state_class(r.state),

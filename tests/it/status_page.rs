@@ -1,8 +1,8 @@
 //! The operator listener through the real binary: `/healthz`, `/readyz` and `/metrics` over
 //! plain HTTP with no client certificate, every metric with its `# HELP` and `# TYPE`, the
 //! listener turned off, and the status page loaded in a real headless browser (Debian's
-//! `chromium`), whose numbers must match the record and whose screenshot is kept under the
-//! target directory (`status-page/`).
+//! `chromium`), whose numbers (a pool's among them) must match the record and whose screenshot
+//! is kept under the target directory (`status-page/`).
 //!
 //! Without `chromium` the browser test says so and passes, unless `BATON_REQUIRE_BROWSER` is
 //! set (CI sets it), when it fails.
@@ -285,6 +285,15 @@ fn the_status_page_in_a_real_browser_matches_the_record() {
     }
     let failed = hub.send_one("work", "k4", "host-a");
     assert_eq!(hub.wait_outcome(&failed)["delivery"]["outcome"], "failed");
+    // A pool whose one member, host-b, is fenced: its two deliveries wait in it.
+    hub.cli_ok(["pools", "add", "--pool", "gpu", "host-b", "--reason", "one queue"]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let prod = hub.client("prod");
+    for k in ["p1", "p2"] {
+        let body = serde_json::json!({"conversation": "pooled", "idempotency_key": k, "payload": {}, "pools": ["gpu"]});
+        rt.block_on(prod.post("/v1/messages", &body)).ok(201);
+    }
+    let gpu = hub.cli_json(["pools", "show", "gpu", "--json"]);
 
     let list = hub.cli_json(["deliveries", "list", "--host", "host-b", "--json"]);
     let waiting =
@@ -297,6 +306,10 @@ fn the_status_page_in_a_real_browser_matches_the_record() {
     assert_eq!(number_at(&dom, "data-host-backlog", "host-a"), 0);
     assert_eq!(number_at(&dom, "id", "fences-active"), 1);
     assert!(dom.contains(&format!("data-fence=\"{fence}\"")), "the fence is listed:\n{dom}");
+    assert_eq!(number_at(&dom, "data-pool-queued", "gpu"), gpu[0]["queued"].as_i64().unwrap(), "the pool's queue");
+    assert_eq!(number_at(&dom, "data-pool-queued", "gpu"), 2);
+    assert_eq!(number_at(&dom, "data-pool-in-flight", "gpu"), 0);
+    assert!(dom.contains("class=\"tag paused\" data-pool-member=\"gpu/host-b\">host-b fenced<"), "{dom}");
     let failed_runs = hub.cli_json(["deliveries", "list", "--outcome", "failed", "--json"]);
     assert_eq!(number_at(&dom, "data-outcome", "failed"), failed_runs.as_array().unwrap().len() as i64);
     assert_eq!(number_at(&dom, "data-outcome", "failed"), 1);

@@ -3,7 +3,7 @@
 
 use super::args::{Confirm, Decide, DeliveriesCmd, HeldCmd};
 use super::confirm::{self, Decision};
-use super::lookup::{moment_ms, resolve_id, silence_warn_ms};
+use super::lookup::{judging, moment_ms, resolve_id, silence_warn_ms};
 use super::{CliError, CliResult, Context, output};
 use crate::store::By;
 use crate::store::lifecycle::approval::ApprovalBy;
@@ -26,11 +26,10 @@ pub(super) fn run(ctx: &Context, d: &DeliveriesCmd) -> CliResult {
             output::detail(&record.run(record.delivery_detail(id))?, *json)
         }
         DeliveriesCmd::Explain { id, json } => {
-            let silence_ms = silence_warn_ms(ctx)?;
+            let judging = judging(ctx)?;
             let record = ctx.open_read()?;
             let id = resolve_id(&record, id)?;
-            let now_ms = ctx.now_ms();
-            output::explanation(&record.run(record.explain(id, now_ms, silence_ms))?, now_ms, *json)
+            output::explanation(&record.run(record.explain(id, judging))?, judging.now_ms, *json)
         }
         DeliveriesCmd::Cancel(a) => super::turns::cancel(ctx, a),
         DeliveriesCmd::Retry(a) => super::turns::retry(ctx, a),
@@ -102,7 +101,7 @@ fn list(ctx: &Context, d: &DeliveriesCmd) -> CliResult {
     };
     let record = ctx.open_read()?;
     let short = !*json && !*wide;
-    let (rows, next) = record.run(record.deliveries_page(q, ctx.now_ms(), silence_warn_ms(ctx)?, short))?;
+    let (rows, next) = record.run(record.deliveries_page(q, judging(ctx)?, short))?;
     output::deliveries(&rows, *json)?;
     match next {
         Some(next) => output::next_page(if newest { "--newest" } else { "--oldest" }, next),
@@ -123,7 +122,7 @@ pub(super) fn held(ctx: &Context, h: &HeldCmd) -> CliResult {
             };
             let record = ctx.open_read()?;
             let short = !*json && !*wide;
-            let (rows, next) = record.run(record.deliveries_page(q, ctx.now_ms(), silence_warn_ms(ctx)?, short))?;
+            let (rows, next) = record.run(record.deliveries_page(q, judging(ctx)?, short))?;
             output::deliveries(&rows, *json)?;
             match next {
                 Some(next) => output::next_page("", next),

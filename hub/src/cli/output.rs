@@ -21,6 +21,7 @@ use crate::store::views::explain::{self, Behind, Explanation, FenceHold, Livenes
 use crate::store::views::fleet::{CertRow, HostDetail, HostEvent, HostRow, HostState, SessionRow};
 use crate::store::views::listing::Listed;
 use crate::store::views::overview::RunningTurn;
+use crate::store::views::pool_standing::{Binding, MemberStanding, PoolStanding};
 use crate::store::views::read::{DeliveryDetail, DeliveryRow, StatusView};
 use baton_shared::duration::human_ms;
 use serde_json::{Value, json};
@@ -303,24 +304,47 @@ pub(super) fn members(rows: &[ConversationMembers], as_json: bool) -> CliResult 
     table(&["CONVERSATION", "HOST", "JOINED", "JOINED BY", "LEFT", "LEFT BY"], &table_rows)
 }
 
-/// `producers list`: a table, or JSON (`[{"name", "conversations", "default_scope",
-/// "active_certificates", "revoked_certificates"}]`).
-/// Pools: members and work. The oldest queued delivery's age is counted from `now_ms`.
-pub(super) fn pools(rows: &[crate::store::registry::pools::PoolSummary], now_ms: i64, as_json: bool) -> CliResult {
+/// A pool member's standing as JSON: its host's standing, whether it may take the pool's work
+/// and why not (`fenced` names the fence), and the pool work it holds.
+fn member_json(m: &MemberStanding) -> Value {
+    json!({
+        "host": m.liveness.host,
+        "state": m.liveness.state.map(|s| s.as_str()),
+        "active": m.active(),
+        "busy": m.busy(),
+        "in_flight": m.in_flight,
+        "bound_conversations": m.bound_conversations,
+        "fenced": m.fenced(),
+        "fence": m.fence.as_ref().map(|f| json!({"id": f.id, "kind": f.kind.as_str(), "reason": f.reason})),
+        "silent": m.silent(),
+        "connected": m.connected(),
+        "session": m.liveness.session,
+        "last_contact_at_ms": m.liveness.last_contact_at_ms,
+    })
+}
+
+/// `pools list|show`: a table, or JSON (`[{"name", "created_at_ms", "members": [{"host",
+/// "state", "active", "busy", "in_flight", "bound_conversations", "fenced", "fence", "silent",
+/// "connected", "session", "last_contact_at_ms"}], "members_may_claim", "queued",
+/// "oldest_queued_at_ms", "oldest_queued_age_ms", "in_flight", "bound_conversations"}]`). The
+/// oldest queued delivery's age is counted from `now_ms`.
+pub(super) fn pools(rows: &[PoolStanding], now_ms: i64, as_json: bool) -> CliResult {
     let age = |at: Option<i64>| at.map(|at| now_ms.saturating_sub(at).max(0));
     if as_json {
         let typed: Vec<Value> = rows
             .iter()
             .map(|p| {
+                let s = &p.summary;
                 json!({
-                    "name": p.name,
-                    "created_at_ms": p.created_at_ms,
-                    "members": p.members,
-                    "queued": p.queued,
-                    "oldest_queued_at_ms": p.oldest_queued_at_ms,
-                    "oldest_queued_age_ms": age(p.oldest_queued_at_ms),
-                    "in_flight": p.in_flight,
-                    "bound_conversations": p.bound_conversations,
+                    "name": s.name,
+                    "created_at_ms": s.created_at_ms,
+                    "members": p.members.iter().map(member_json).collect::<Vec<_>>(),
+                    "members_may_claim": p.may_claim(),
+                    "queued": s.queued,
+                    "oldest_queued_at_ms": s.oldest_queued_at_ms,
+                    "oldest_queued_age_ms": age(s.oldest_queued_at_ms),
+                    "in_flight": s.in_flight,
+                    "bound_conversations": s.bound_conversations,
                 })
             })
             .collect();
@@ -329,19 +353,24 @@ pub(super) fn pools(rows: &[crate::store::registry::pools::PoolSummary], now_ms:
     let rows: Vec<Vec<String>> = rows
         .iter()
         .map(|p| {
+            let s = &p.summary;
+            let members: Vec<String> =
+                p.members.iter().map(|m| format!("{} ({})", esc(&m.liveness.host), m.words())).collect();
             vec![
-                p.name.clone(),
-                if p.members.is_empty() { "-".into() } else { p.members.join(" ") },
-                p.queued.to_string(),
-                age(p.oldest_queued_at_ms).map(|ms| format!("{} s", ms / 1000)).unwrap_or_else(|| "-".into()),
-                p.in_flight.to_string(),
-                p.bound_conversations.to_string(),
+                esc(&s.name).into_owned(),
+                if members.is_empty() { "-".into() } else { members.join(" ") },
+                s.queued.to_string(),
+                age(s.oldest_queued_at_ms).map(|ms| format!("{} s", ms / 1000)).unwrap_or_else(|| "-".into()),
+                s.in_flight.to_string(),
+                s.bound_conversations.to_string(),
             ]
         })
         .collect();
     table(&["POOL", "MEMBERS", "QUEUED", "OLDEST QUEUED", "IN FLIGHT", "BOUND CONVERSATIONS"], &rows)
 }
 
+/// `producers list`: a table, or JSON (`[{"name", "conversations", "default_scope",
+/// "active_certificates", "revoked_certificates"}]`).
 pub(super) fn producers(rows: &[ProducerRow], as_json: bool) -> CliResult {
     if as_json {
         let typed: Vec<Value> = rows
@@ -388,11 +417,23 @@ pub(super) fn quota(q: &crate::store::registry::producers::Quota) -> String {
     format!("max_unsettled {} max_unsettled_bytes {}", shown(q.unsettled_max), shown(q.unsettled_bytes_max))
 }
 
+/// Where a delivery goes, in a cell: its host, `pool P` while it waits in pool P, or
+/// `H (pool P)` once member H took it.
+fn recipient(r: &DeliveryRow) -> String {
+    match (&r.host, &r.pool) {
+        (Some(h), None) => esc(h).into_owned(),
+        (Some(h), Some(p)) => format!("{} (pool {})", esc(h), esc(p)),
+        (None, Some(p)) => format!("pool {}", esc(p)),
+        (None, None) => "-".into(),
+    }
+}
+
 fn delivery_json(r: &DeliveryRow) -> Value {
     json!({
         "delivery_id": r.delivery_id,
         "message_id": r.message_id,
         "host": r.host,
+        "pool": r.pool,
         "conversation": r.conversation,
         "seq": r.seq,
         "state": r.state.as_str(),
@@ -428,7 +469,7 @@ pub(super) fn deliveries(rows: &[Listed], as_json: bool) -> CliResult {
             let r = &l.row;
             vec![
                 l.short_id.clone().unwrap_or_else(|| r.delivery_id.clone()),
-                r.host.clone(),
+                recipient(r),
                 r.conversation.clone(),
                 r.seq.to_string(),
                 r.state.to_string(),
@@ -456,13 +497,14 @@ fn fence_hold_json(f: &FenceHold) -> Value {
 
 fn behind_json(b: &Behind) -> Value {
     match b {
-        Behind::Delivery { delivery_id, seq, state, host, has_outcome } => json!({
+        Behind::Delivery { delivery_id, seq, state, host, pool, has_outcome } => json!({
             "kind": "delivery",
             "delivery_id": delivery_id,
             "message_id": Value::Null,
             "seq": seq,
             "state": state.as_str(),
             "host": host,
+            "pool": pool,
             "has_outcome": has_outcome,
         }),
         Behind::FanOut { message_id, seq } => json!({
@@ -472,6 +514,7 @@ fn behind_json(b: &Behind) -> Value {
             "seq": seq,
             "state": Value::Null,
             "host": Value::Null,
+            "pool": Value::Null,
             "has_outcome": false,
         }),
     }
@@ -491,8 +534,61 @@ fn liveness_json(l: &Liveness) -> Value {
     })
 }
 
+/// A pool conversation's binding as JSON: `{"kind": "bound"|"preferred"|"free", "host",
+/// "in_flight", "turn", "until_ms", "last_host"}` (what a kind lacks is `null`).
+fn binding_json(b: &Binding) -> Value {
+    match b {
+        Binding::Bound { host, in_flight, turn } => json!({
+            "kind": "bound",
+            "host": host,
+            "in_flight": in_flight,
+            "turn": turn.as_ref().map(|t| json!({"delivery_id": t.delivery_id, "seq": t.seq, "state": t.state.as_str()})),
+            "until_ms": Value::Null,
+            "last_host": Value::Null,
+        }),
+        Binding::Preferred { host, until_ms } => json!({
+            "kind": "preferred",
+            "host": host,
+            "in_flight": 0,
+            "turn": Value::Null,
+            "until_ms": until_ms,
+            "last_host": host,
+        }),
+        Binding::Free { last_host } => json!({
+            "kind": "free",
+            "host": Value::Null,
+            "in_flight": 0,
+            "turn": Value::Null,
+            "until_ms": Value::Null,
+            "last_host": last_host,
+        }),
+    }
+}
+
+/// A pool conversation's binding in words.
+fn binding_words(b: &Binding) -> String {
+    match b {
+        Binding::Bound { host, in_flight, turn } => {
+            let turn = turn
+                .as_ref()
+                .map(|t| format!(": turn seq {} (delivery {}, {})", t.seq, esc(&t.delivery_id), t.state))
+                .unwrap_or_default();
+            format!("bound to {} ({in_flight} turn(s) in flight there{turn})", esc(host))
+        }
+        Binding::Preferred { host, until_ms } => {
+            format!("kept for its last host {} until {} (pool_affinity_wait)", esc(host), fmt_ms(*until_ms))
+        }
+        Binding::Free { last_host } => format!(
+            "free: any member may take the next turn{}",
+            last_host.as_ref().map(|h| format!(" (last host {})", esc(h))).unwrap_or_default()
+        ),
+    }
+}
+
 /// `deliveries explain`: one screen, or JSON (`{"delivery", "reason", "reason_code", "fence",
-/// "behind", "host", "run", "cancel"}`; absent parts are `null`).
+/// "behind", "host", "pool", "run", "cancel"}`; absent parts are `null`: `host` for a pool
+/// delivery no member has claimed, `pool` for a host's own delivery). `pool` is `{"name",
+/// "members": [...as pools show...], "members_may_claim", "conversation": binding}`.
 pub(super) fn explanation(e: &Explanation, now_ms: i64, as_json: bool) -> CliResult {
     let run = &e.run;
     if as_json {
@@ -502,7 +598,13 @@ pub(super) fn explanation(e: &Explanation, now_ms: i64, as_json: bool) -> CliRes
             "reason_code": e.reason.code,
             "fence": e.fence.as_ref().map(fence_hold_json),
             "behind": e.behind.as_ref().map(behind_json),
-            "host": liveness_json(&e.host),
+            "host": e.host.as_ref().map(liveness_json),
+            "pool": e.pool.as_ref().map(|p| json!({
+                "name": p.name,
+                "members": p.members.iter().map(member_json).collect::<Vec<_>>(),
+                "members_may_claim": p.members.iter().filter(|m| m.may_claim()).count(),
+                "conversation": binding_json(&p.binding),
+            })),
             "run": {
                 "attempt": run.attempt,
                 "max_attempts": run.max_attempts,
@@ -545,23 +647,44 @@ pub(super) fn explanation(e: &Explanation, now_ms: i64, as_json: bool) -> CliRes
         None => writeln!(o, "fence         none")?,
     }
     match &e.behind {
-        Some(Behind::Delivery { delivery_id, seq, state, host, .. }) => {
-            writeln!(o, "behind        seq {seq}: delivery {}, {state} on {}", esc(delivery_id), esc(host))?
+        Some(Behind::Delivery { delivery_id, seq, state, host, pool, .. }) => {
+            let at = match (host, pool) {
+                (Some(h), _) => format!("on {}", esc(h)),
+                (None, p) => format!("in pool {}", esc(p.as_deref().unwrap_or("?"))),
+            };
+            writeln!(o, "behind        seq {seq}: delivery {}, {state} {at}", esc(delivery_id))?
         }
         Some(Behind::FanOut { message_id, seq }) => {
             writeln!(o, "behind        seq {seq}: message {}, fan-out pending", esc(message_id))?
         }
         None => writeln!(o, "behind        nothing")?,
     }
-    let h = &e.host;
-    writeln!(
-        o,
-        "host          {} {}{}; {}",
-        esc(&h.host),
-        h.state.map(|s| s.as_str()).unwrap_or("not enrolled"),
-        h.instance_id.as_ref().map(|i| format!(", bound instance {}", esc(i))).unwrap_or_default(),
-        esc(&explain::liveness_words(h, now_ms))
-    )?;
+    match &e.host {
+        Some(h) => writeln!(
+            o,
+            "host          {} {}{}; {}",
+            esc(&h.host),
+            h.state.map(|s| s.as_str()).unwrap_or("not enrolled"),
+            h.instance_id.as_ref().map(|i| format!(", bound instance {}", esc(i))).unwrap_or_default(),
+            esc(&explain::liveness_words(h, now_ms))
+        )?,
+        None => writeln!(o, "host          none yet: it waits in its pool for a member's claim")?,
+    }
+    if let Some(p) = &e.pool {
+        let may = p.members.iter().filter(|m| m.may_claim()).count();
+        writeln!(o, "pool          {}: {} member(s), {may} may take pool work", esc(&p.name), p.members.len())?;
+        for m in &p.members {
+            let busy = if m.busy() {
+                format!(", busy ({} in flight, {} bound conversation(s))", m.in_flight, m.bound_conversations)
+            } else {
+                String::new()
+            };
+            let why =
+                explain::member_hindrance(m, now_ms).unwrap_or_else(|| explain::liveness_words(&m.liveness, now_ms));
+            writeln!(o, "  member      {} {}{busy}; {}", esc(&m.liveness.host), m.words(), esc(&why))?;
+        }
+        writeln!(o, "conversation  {}", binding_words(&p.binding))?;
+    }
     let started = match (run.started, run.outcome) {
         (_, Some(outcome)) => format!("ended {outcome}"),
         (Some((at, session)), None) => format!(
@@ -784,7 +907,7 @@ pub(super) fn detail(d: &DeliveryDetail, as_json: bool) -> CliResult {
     let mut o = out();
     writeln!(o, "delivery      {}", esc(&r.delivery_id))?;
     writeln!(o, "message       {}", esc(&r.message_id))?;
-    writeln!(o, "host          {}", esc(&r.host))?;
+    writeln!(o, "host          {}", recipient(r))?;
     writeln!(o, "conversation  {} (seq {})", esc(&r.conversation), r.seq)?;
     writeln!(o, "state         {}", r.state)?;
     if let Some(i) = &r.instance_id {

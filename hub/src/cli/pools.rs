@@ -1,8 +1,10 @@
 //! The operator's side of pools: `pools add|remove` (one write transaction per change, audited
 //! by the store, then a running hub is woken so its members' waiting claims look again) and
-//! `pools list|show` (members, queued, oldest queued age, in flight, bound conversations).
+//! `pools list|show` (members with their standing for pool work, queued, oldest queued age,
+//! in flight, bound conversations).
 
 use super::args::{PoolChange, PoolsCmd};
+use super::lookup::judging;
 use super::{CliError, CliResult, Context, output};
 use crate::store::By;
 use baton_shared::exit;
@@ -14,15 +16,17 @@ pub(super) fn run(ctx: &Context, p: &PoolsCmd) -> CliResult {
         PoolsCmd::Add(change) => change_members(ctx, change, true),
         PoolsCmd::Remove(change) => change_members(ctx, change, false),
         PoolsCmd::List { json } => {
+            let judging = judging(ctx)?;
             let record = ctx.open_read()?;
-            let rows = record.run(record.pools())?;
-            output::pools(&rows, ctx.now_ms(), *json)
+            let rows = record.run(record.pool_standings(None, judging))?;
+            output::pools(&rows, judging.now_ms, *json)
         }
         PoolsCmd::Show { name, json } => {
             check_name("pool", name)?;
+            let judging = judging(ctx)?;
             let record = ctx.open_read()?;
-            let pool = record.run(record.pool(name.clone()))?;
-            output::pools(std::slice::from_ref(&pool), ctx.now_ms(), *json)
+            let pool = record.run(record.pool_standings(Some(name.clone()), judging))?;
+            output::pools(&pool, judging.now_ms, *json)
         }
     }
 }

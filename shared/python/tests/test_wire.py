@@ -8,9 +8,9 @@ import unittest
 import baton_client as b
 from baton_client._api import long_poll, segment
 from baton_client.errors import api_error
-from baton_client.wire import read_batch, read_message
+from baton_client.wire import read_batch, read_message, read_submit
 
-from support import accepted, attempt, delivery, view
+from support import DELIVERY_ID, accepted, attempt, delivery, view
 
 
 class Requests(unittest.TestCase):
@@ -156,6 +156,21 @@ class Answers(unittest.TestCase):
         del d["attempt"]
         old = view(d)
         self.assertEqual(read_message(200, json.dumps(old).encode()).deliveries[0].attempt, 1)
+
+    def test_a_pool_delivery_has_no_host_until_a_member_claims_it(self) -> None:
+        waiting = {"delivery_id": DELIVERY_ID, "host": None, "pool": "gpu", "state": "queued"}
+        sent = read_submit(201, json.dumps({**accepted(), "deliveries": [waiting]}).encode(), "k")
+        host: str | None = sent.deliveries[0].host
+        self.assertEqual((host, sent.deliveries[0].pool), (None, "gpu"))
+        self.assertIsNone(read_submit(201, json.dumps(accepted()).encode(), "k").deliveries[0].pool, "a host's own")
+        claimed = view({**delivery("claimed"), "host": "host-b", "pool": "gpu"})
+        d = read_message(200, json.dumps(claimed).encode()).deliveries[0]
+        self.assertEqual((d.host, d.pool), ("host-b", "gpu"))
+        queued = read_message(200, json.dumps(view({**delivery("queued"), "host": None, "pool": "gpu"})).encode())
+        self.assertIsNone(queued.deliveries[0].host)
+        with self.assertRaises(b.BadAnswerError) as caught:
+            read_submit(201, json.dumps({**accepted(), "deliveries": [{**waiting, "pool": 7}]}).encode(), "k")
+        self.assertIn("deliveries[0].pool", str(caught.exception))
 
     def test_a_batch_answer_is_one_result_per_message(self) -> None:
         reqs = [b.message("c", {}, idempotency_key=k) for k in ("a", "b")]

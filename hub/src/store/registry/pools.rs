@@ -34,11 +34,15 @@ pub struct PoolSummary {
     pub members: Vec<String>,
     /// Its deliveries waiting to be claimed.
     pub queued: i64,
-    /// When the oldest of them was made (unix ms), if any waits.
+    /// When the oldest of them was made (unix ms), if any waits: the oldest head of its
+    /// conversations' queues (within a conversation the lowest `seq` was made first, but for a
+    /// fan-out that ran a moment out of order).
     pub oldest_queued_at_ms: Option<i64>,
-    /// Its deliveries claimed, mirrored, or delivered without an outcome of their run.
+    /// Its deliveries claimed, mirrored, or delivered without an outcome of their run
+    /// (`pool_queues.in_flight`, as the claim keeps it).
     pub in_flight: i64,
-    /// Conversations with a turn in flight on one member: their next turns go to that host.
+    /// Conversations with a turn in flight on one member (`pool_queues.bound_host`): their next
+    /// turns go to that host.
     pub bound_conversations: i64,
 }
 
@@ -224,19 +228,25 @@ pub fn show(conn: &dyn Db, pool: &str) -> StoreResult<PoolSummary> {
         .query_row([pool], |r| r.get(0))
         .optional()?
         .ok_or_else(|| StoreError::NotFound(format!("no pool {pool:?}")))?;
-    let queued: i64 = conn
-        .prepare_cached("SELECT coalesce(sum(queued), 0) FROM pool_queues WHERE pool = $1")?
-        .query_row([pool], |r| r.get(0))?;
-    let oldest_queued_at_ms: Option<i64> = conn
-        .prepare_cached("SELECT min(created_at) FROM deliveries WHERE state = 'queued' AND pool = $1")?
-        .query_row([pool], |r| r.get(0))?;
-    let (in_flight, bound_conversations): (i64, i64) = conn
+    // Every count from the pool's queue rows (one per conversation that ever had work in it),
+    // kept in step by the claim, `pool_flight` and the triggers: no scan of its deliveries.
+    let (queued, in_flight, bound_conversations): (i64, i64, i64) = conn
         .prepare_cached(
-            "SELECT count(*), count(DISTINCT d.conversation) FROM deliveries d
-             WHERE d.state IN ('claimed', 'mirrored', 'delivered') AND d.pool = $1
-               AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)",
+            "SELECT coalesce(sum(queued), 0), coalesce(sum(in_flight), 0),
+                    coalesce(sum(CASE WHEN in_flight > 0 THEN 1 ELSE 0 END), 0)
+             FROM pool_queues WHERE pool = $1",
         )?
-        .query_row([pool], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        .query_row([pool], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+    // The oldest queued delivery is the head (lowest `seq`) of one of the conversations' queues:
+    // one indexed look-up per conversation with queued work, not a read of the whole backlog.
+    let oldest_queued_at_ms: Option<i64> = conn
+        .prepare_cached(
+            "SELECT min((SELECT d.created_at FROM deliveries d
+                         WHERE d.pool = q.pool AND d.conversation = q.conversation AND d.state = 'queued'
+                         ORDER BY d.seq LIMIT 1))
+             FROM pool_queues q WHERE q.pool = $1 AND q.queued > 0",
+        )?
+        .query_row([pool], |r| r.get(0))?;
     Ok(PoolSummary {
         name: pool.into(),
         created_at_ms,

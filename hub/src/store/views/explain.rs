@@ -4,9 +4,21 @@
 //! `Explanation` per delivery (`deliveries explain`), and its one-line `Reason` for every row
 //! `deliveries list` shows that is not final. Read-only.
 //!
-//! The reasons follow the claim's own rules (`fences::strongest`, the per-(host, conversation)
-//! order of `claim`, the retry barrier, a redrive's exemption), read from the record; they
-//! explain, they decide nothing.
+//! A pool delivery is explained by the pool's rules: its pool, each member's standing (active,
+//! busy, fenced, silent) and whether its conversation is bound to one member, kept for its
+//! last host or free (`pool_standing`); while it waits in the pool no host's liveness is its
+//! own, and once a member claimed it, it is that host's as any delivery.
+//!
+//! The reasons follow the claim's own rules (`fences::strongest` and `fences::pool_turn`, the
+//! per-(host, conversation) and per-(pool, conversation) order of `claim`, the retry barrier,
+//! a redrive's exemption, a pool conversation's binding), read from the record; they explain,
+//! they decide nothing.
+//!
+//! Why one file over 700 lines: every reason is told by the one rule set the claim applies, and
+//! a pool delivery's reason falls back to a host's once a member holds it, so the two read side
+//! by side. Where it splits when it grows: the pool's words (`pool_reason`, `member_hindrance`)
+//! beside `pool_standing`, once the words both use (`relative`, `liveness_words`) move below
+//! them.
 
 use crate::store::Store;
 use crate::store::engine::OptionalExtension;
@@ -14,6 +26,7 @@ use crate::store::engine::params;
 use crate::store::engine::{Db, DbResult, Row};
 use crate::store::registry::fences::{self, Fence, FenceKind, FenceScope};
 use crate::store::views::fleet::{self, HostRow, HostState};
+use crate::store::views::pool_standing::{self, Binding, Judging, MemberStanding, PoolStanding};
 use crate::store::views::read::DeliveryRow;
 use crate::store::{StoreError, StoreResult, parse_column, parse_column_opt, state_column};
 use baton_shared::duration::human_ms;
@@ -21,9 +34,9 @@ use baton_shared::states::{DeliveryState, Outcome, Rerun};
 use std::collections::HashMap;
 
 impl Store {
-    /// Why a delivery is where it is, at `now_ms`.
-    pub async fn explain(&self, delivery_id: String, now_ms: i64, silence_warn_ms: i64) -> StoreResult<Explanation> {
-        self.conns.read(move |c| explain_id(c, &delivery_id, now_ms, silence_warn_ms)).await
+    /// Why a delivery is where it is, judged by `judging`.
+    pub async fn explain(&self, delivery_id: String, judging: Judging) -> StoreResult<Explanation> {
+        self.conns.read(move |c| explain_id(c, &delivery_id, judging)).await
     }
 }
 
@@ -34,9 +47,9 @@ pub struct FenceHold {
     pub id: i64,
     /// Pause, hold or block.
     pub kind: FenceKind,
-    /// Conversation, host or all.
+    /// Conversation, host, pool or all.
     pub scope: FenceScope,
-    /// The conversation or host it names (none for all).
+    /// The conversation, host or pool it names (none for all).
     pub target: Option<String>,
     /// Who set it.
     pub set_by: String,
@@ -59,12 +72,16 @@ pub enum Behind {
         seq: i64,
         /// Its state.
         state: DeliveryState,
-        /// Its host (the same host: order is per host).
-        host: String,
+        /// Its host (the same host: order is per host); `None` for a pool's delivery no member
+        /// has claimed.
+        host: Option<String>,
+        /// Its pool, when it is the same pool's (order is per pool too).
+        pool: Option<String>,
         /// Whether its current run has an outcome (it is then past the retry barrier).
         has_outcome: bool,
     },
-    /// An earlier message routed to the host whose fan-out has not created its delivery yet.
+    /// An earlier message routed to the host (or pool) whose fan-out has not created its
+    /// delivery yet.
     FanOut {
         /// The message.
         message_id: String,
@@ -101,11 +118,12 @@ impl Liveness {
     }
 
     /// Whether a node of the host is connected: an open session, not silent, host active.
-    fn connected(&self) -> bool {
+    pub fn connected(&self) -> bool {
         self.state == Some(HostState::Active) && self.silent_for_ms.is_some() && !self.silent()
     }
 
-    fn from_row(host: &str, row: Option<&HostRow>, now_ms: i64, silence_warn_ms: i64) -> Liveness {
+    /// The liveness of `host` from its fleet row (`None`: never enrolled), at `now_ms`.
+    pub fn from_row(host: &str, row: Option<&HostRow>, now_ms: i64, silence_warn_ms: i64) -> Liveness {
         let session = row.and_then(|r| r.session.as_ref());
         let ended = session.and_then(|s| s.ended_at_ms);
         Liveness {
@@ -159,7 +177,10 @@ pub struct Run {
 pub struct Reason {
     /// `final`, `paused`, `will_hold`, `will_block`, `retry_wait`, `behind`, `host_retired`,
     /// `host_revoked`, `no_node`, `host_silent`, `claimable`, `held`, `claimed`, `mirrored`,
-    /// `cancel_requested`, `running`, `not_started`.
+    /// `cancel_requested`, `running`, `not_started`; for a pool delivery waiting in its pool
+    /// also `pool_empty` (no members), `pool_bound` (its conversation is bound to the member a
+    /// turn is in flight on), `pool_affinity` (kept for the last host a while) and
+    /// `pool_fenced` (no member may take pool work: each is fenced or not active).
     pub code: &'static str,
     /// The sentence.
     pub text: String,
@@ -176,10 +197,23 @@ pub struct Explanation {
     pub fence: Option<FenceHold>,
     /// The earlier turn it waits behind, if any.
     pub behind: Option<Behind>,
-    /// Its host's liveness.
-    pub host: Liveness,
+    /// Its host's liveness; `None` for a pool delivery no member has claimed.
+    pub host: Option<Liveness>,
+    /// For a pool delivery: its pool, members and conversation's binding.
+    pub pool: Option<PoolExplain>,
     /// The one-line reason.
     pub reason: Reason,
+}
+
+/// What `deliveries explain` shows of a pool delivery's pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolExplain {
+    /// The pool's name.
+    pub name: String,
+    /// Its members' standing, by host name (none when the pool was left empty).
+    pub members: Vec<MemberStanding>,
+    /// Whether the delivery's conversation is bound to a member, kept for its last host, or free.
+    pub binding: Binding,
 }
 
 /// What explaining many rows shares: the active fences, and each host's liveness read once.
@@ -187,14 +221,47 @@ pub struct Explainer<'c> {
     conn: &'c dyn Db,
     now_ms: i64,
     silence_warn_ms: i64,
+    judging: Judging,
     fences: Vec<Fence>,
     hosts: HashMap<String, Liveness>,
+    /// Each pool's members' standing, read once (`None`: the pool no longer exists).
+    pools: HashMap<String, Option<PoolStanding>>,
 }
 
 impl<'c> Explainer<'c> {
-    /// Reads the active fences; `silence_warn_ms` is the hub's `host_silence_warn`.
-    pub fn new(conn: &'c dyn Db, now_ms: i64, silence_warn_ms: i64) -> StoreResult<Explainer<'c>> {
-        Ok(Explainer { conn, now_ms, silence_warn_ms, fences: fences::active(conn)?, hosts: HashMap::new() })
+    /// Reads the active fences; `judging` holds the moment and the hub's thresholds.
+    pub fn new(conn: &'c dyn Db, judging: Judging) -> StoreResult<Explainer<'c>> {
+        Ok(Explainer {
+            conn,
+            now_ms: judging.now_ms,
+            silence_warn_ms: judging.silence_warn_ms,
+            judging,
+            fences: fences::active(conn)?,
+            hosts: HashMap::new(),
+            pools: HashMap::new(),
+        })
+    }
+
+    fn pool_standing(&mut self, pool: &str) -> StoreResult<Option<PoolStanding>> {
+        if let Some(p) = self.pools.get(pool) {
+            return Ok(p.clone());
+        }
+        let found = match crate::store::registry::pools::show(self.conn, pool) {
+            Ok(summary) => {
+                Some(pool_standing::standing(self.conn, summary, &self.fences, self.now_ms, self.silence_warn_ms)?)
+            }
+            Err(StoreError::NotFound(_)) => None,
+            Err(e) => return Err(e),
+        };
+        self.pools.insert(pool.to_string(), found.clone());
+        Ok(found)
+    }
+
+    /// The pool part of a pool delivery's explanation.
+    fn pool_explain(&mut self, pool: &str, conversation: &str) -> StoreResult<PoolExplain> {
+        let members = self.pool_standing(pool)?.map(|p| p.members).unwrap_or_default();
+        let binding = pool_standing::binding(self.conn, pool, conversation, self.judging)?;
+        Ok(PoolExplain { name: pool.to_string(), members, binding })
     }
 
     fn liveness(&mut self, host: &str) -> StoreResult<Liveness> {
@@ -210,15 +277,36 @@ impl<'c> Explainer<'c> {
     /// The whole explanation of one listed delivery.
     pub fn explain(&mut self, d: &DeliveryRow) -> StoreResult<Explanation> {
         let run = run_of(self.conn, &d.delivery_id)?;
-        let fence = match fences::strongest(&self.fences, &d.conversation, &d.host) {
+        // A pool delivery is covered by its pool's, its conversation's and everything's fences
+        // whoever holds it; a fence on a host keeps that host from it (the members' part).
+        let covering = match (&d.pool, &d.host) {
+            (Some(pool), _) => strongest_for_pool(&self.fences, &d.conversation, pool),
+            (None, Some(host)) => fences::strongest(&self.fences, &d.conversation, host),
+            (None, None) => None,
+        };
+        let fence = match covering {
             Some(f) => Some(fence_hold(self.conn, f.id)?),
             None => None,
         };
         let behind =
             if run.rerun == Some(Rerun::Redrive) || settled(d.state, &run) { None } else { behind_of(self.conn, d)? };
-        let host = self.liveness(&d.host)?;
-        let reason = reason(d, &run, fence.as_ref(), behind.as_ref(), &host, self.now_ms);
-        Ok(Explanation { delivery: d.clone(), run, fence, behind, host, reason })
+        let host = match &d.host {
+            Some(h) => Some(self.liveness(h)?),
+            None => None,
+        };
+        let pool = match &d.pool {
+            Some(p) => Some(self.pool_explain(p, &d.conversation)?),
+            None => None,
+        };
+        let at = Facts {
+            run: &run,
+            fence: fence.as_ref(),
+            behind: behind.as_ref(),
+            host: host.as_ref(),
+            pool: pool.as_ref(),
+        };
+        let reason = reason(d, &at, self.now_ms);
+        Ok(Explanation { delivery: d.clone(), run, fence, behind, host, pool, reason })
     }
 
     /// The one-line reason of a listed delivery that is not final; `None` for a final one
@@ -297,22 +385,43 @@ fn fence_hold(conn: &dyn Db, id: i64) -> StoreResult<FenceHold> {
         })?)
 }
 
-/// The earliest earlier turn of the same (host, conversation) that holds this one back. For a
-/// delivery not yet handed out: a pending fan-out, a queued or held delivery, or one of a
-/// retryable message (`max_attempts > 1`) in flight without its current run's outcome (the
-/// retry barrier); once delivered, the node runs the conversation's turns one at a time, so
-/// any earlier one in flight without an outcome. A redrive holds nothing back.
+/// The strongest active fence covering a pool delivery itself (its pool, its conversation,
+/// everything), by the precedence of `fences::strongest`: block over hold over pause, the
+/// oldest of that kind. A fence on a host is its members' part (`pool_standing`).
+fn strongest_for_pool<'f>(fences: &'f [Fence], conversation: &str, pool: &str) -> Option<&'f Fence> {
+    fences.iter().filter(|f| f.covers_pool(conversation, pool)).max_by_key(|f| (f.kind, std::cmp::Reverse(f.id)))
+}
+
+/// The earliest earlier turn of the same (host, conversation) — for a pool delivery waiting in
+/// its pool, of the same (pool, conversation) — that holds this one back. For a delivery not
+/// yet handed out: a pending fan-out, a queued or held delivery, or one of a retryable message
+/// (`max_attempts > 1`) in flight without its current run's outcome (the retry barrier); once
+/// delivered, the node runs the conversation's turns one at a time, so any earlier one in
+/// flight without an outcome. A redrive holds nothing back.
 fn behind_of(conn: &dyn Db, d: &DeliveryRow) -> StoreResult<Option<Behind>> {
     let handed_out = matches!(d.state, DeliveryState::Claimed | DeliveryState::Mirrored | DeliveryState::Delivered);
-    let p = params![d.host, d.conversation, d.seq, handed_out];
+    // The lane whose order the delivery keeps: its pool's until a member holds it (a pool
+    // delivery back in its pool, by a requeue or a retry, is the pool's again), else its host's.
+    let (in_pool, key) = match (&d.pool, &d.host) {
+        (Some(pool), _) if !handed_out => (true, pool.as_str()),
+        (_, Some(host)) => (false, host.as_str()),
+        // Handed out without a host: the record's CHECK forbids it; nothing to wait behind.
+        (_, None) => return Ok(None),
+    };
+    let fan_out_sql = if in_pool {
+        "SELECT m.id, m.seq FROM messages m
+         JOIN fanout_obligations o ON o.message_id = m.id AND o.done_at IS NULL
+         JOIN message_pool_recipients r ON r.message_id = m.id AND r.pool = $1
+         WHERE m.conversation = $2 AND m.seq < $3 AND NOT $4 ORDER BY m.seq LIMIT 1"
+    } else {
+        "SELECT m.id, m.seq FROM messages m
+         JOIN fanout_obligations o ON o.message_id = m.id AND o.done_at IS NULL
+         JOIN message_recipients r ON r.message_id = m.id AND r.host = $1
+         WHERE m.conversation = $2 AND m.seq < $3 AND NOT $4 ORDER BY m.seq LIMIT 1"
+    };
     let fan_out: Option<(String, i64)> = conn
-        .prepare_cached(
-            "SELECT m.id, m.seq FROM messages m
-             JOIN fanout_obligations o ON o.message_id = m.id AND o.done_at IS NULL
-             JOIN message_recipients r ON r.message_id = m.id AND r.host = $1
-             WHERE m.conversation = $2 AND m.seq < $3 AND NOT $4 ORDER BY m.seq LIMIT 1",
-        )?
-        .query_row(p, |r| Ok((r.get(0)?, r.get(1)?)))
+        .prepare_cached(fan_out_sql)?
+        .query_row(params![key, d.conversation, d.seq, handed_out], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?;
     // Each candidate through its own index: the partial queued and held indexes, the small
     // `messages_retryable` for the retry barrier; only a delivered turn waiting on its node
@@ -326,15 +435,19 @@ fn behind_of(conn: &dyn Db, d: &DeliveryRow) -> StoreResult<Option<Behind>> {
                 seq,
                 state: state_column(r, 2, "deliveries", &id)?,
                 host: r.get(3)?,
+                pool: r.get(5)?,
                 has_outcome: r.get(4)?,
                 delivery_id: id,
             },
         ))
     };
     const COLUMNS: &str = "d.id, d.seq, d.state, d.host,
-        EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)";
+        EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt), d.pool";
     const NO_OUTCOME: &str =
         "NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)";
+    // The lane's column: a pool's deliveries and a host's own keep their orders apart.
+    let lane = if in_pool { "d.pool = $1" } else { "d.host = $1" };
+    let own = if in_pool { "" } else { " AND d.pool IS NULL" };
     let queries: Vec<String> = if handed_out {
         vec![format!(
             "SELECT {COLUMNS} FROM deliveries d
@@ -344,15 +457,15 @@ fn behind_of(conn: &dyn Db, d: &DeliveryRow) -> StoreResult<Option<Behind>> {
     } else {
         vec![
             format!(
-                "SELECT {COLUMNS} FROM deliveries d WHERE d.host = $1 AND d.conversation = $2 AND d.seq < $3
+                "SELECT {COLUMNS} FROM deliveries d WHERE {lane} AND d.conversation = $2 AND d.seq < $3
                    AND d.state = 'queued' AND d.rerun IS DISTINCT FROM 'redrive' ORDER BY d.seq LIMIT 1"
             ),
             format!(
-                "SELECT {COLUMNS} FROM deliveries d WHERE d.host = $1 AND d.conversation = $2 AND d.seq < $3
+                "SELECT {COLUMNS} FROM deliveries d WHERE {lane} AND d.conversation = $2 AND d.seq < $3
                    AND d.state = 'held' AND d.rerun IS DISTINCT FROM 'redrive' ORDER BY d.seq LIMIT 1"
             ),
             format!(
-                "SELECT {COLUMNS} FROM messages m JOIN deliveries d ON d.message_id = m.id AND d.host = $1
+                "SELECT {COLUMNS} FROM messages m JOIN deliveries d ON d.message_id = m.id AND {lane}{own}
                  WHERE m.conversation = $2 AND m.seq < $3 AND m.max_attempts > 1
                    AND d.state IN ('claimed', 'mirrored', 'delivered') AND d.rerun IS DISTINCT FROM 'redrive' AND {NO_OUTCOME}
                  ORDER BY m.seq LIMIT 1"
@@ -361,7 +474,7 @@ fn behind_of(conn: &dyn Db, d: &DeliveryRow) -> StoreResult<Option<Behind>> {
     };
     let mut earlier: Option<(i64, Behind)> = None;
     for sql in &queries {
-        let found = conn.prepare_cached(sql)?.query_row(params![d.host, d.conversation, d.seq], row).optional()?;
+        let found = conn.prepare_cached(sql)?.query_row(params![key, d.conversation, d.seq], row).optional()?;
         if let Some(f) = found
             && earlier.as_ref().is_none_or(|(seq, _)| f.0 < *seq)
         {
@@ -397,23 +510,33 @@ fn fence_words(f: &FenceHold, now_ms: i64) -> String {
 
 fn behind_words(b: &Behind) -> String {
     match b {
-        Behind::Delivery { delivery_id, seq, state, host, .. } => {
+        Behind::Delivery { delivery_id, seq, state, host: Some(host), .. } => {
             format!("waits behind seq {seq} (delivery {delivery_id}, {state} on {host})")
+        }
+        Behind::Delivery { delivery_id, seq, state, host: None, pool, .. } => {
+            format!(
+                "waits behind seq {seq} (delivery {delivery_id}, {state} in pool {})",
+                pool.as_deref().unwrap_or("?")
+            )
         }
         Behind::FanOut { message_id, seq } => format!("waits behind seq {seq} (message {message_id}, fan-out pending)"),
     }
 }
 
+/// What one delivery's reason is made of.
+struct Facts<'a> {
+    run: &'a Run,
+    fence: Option<&'a FenceHold>,
+    behind: Option<&'a Behind>,
+    host: Option<&'a Liveness>,
+    pool: Option<&'a PoolExplain>,
+}
+
 /// Why a queued delivery has not been handed out.
-fn queued_reason(
-    run: &Run,
-    fence: Option<&FenceHold>,
-    behind: Option<&Behind>,
-    host: &Liveness,
-    now_ms: i64,
-) -> Reason {
+fn queued_reason(at: &Facts<'_>, now_ms: i64) -> Reason {
     let r = |code: &'static str, text: String| Reason { code, text };
-    if let Some(f) = fence {
+    let run = at.run;
+    if let Some(f) = at.fence {
         return match f.kind {
             FenceKind::Pause => r("paused", format!("paused by {}", fence_words(f, now_ms))),
             FenceKind::Hold => r("will_hold", format!("the next claim holds it: {}", fence_words(f, now_ms))),
@@ -426,9 +549,14 @@ fn queued_reason(
             format!("run {} of {} waits for its retry time, {}", run.attempt, run.max_attempts, relative(at, now_ms)),
         );
     }
-    if let Some(b) = behind {
+    if let Some(b) = at.behind {
         return r("behind", behind_words(b));
     }
+    let host = match (at.host, at.pool) {
+        (Some(host), _) => host,
+        (None, Some(pool)) => return pool_reason(pool, now_ms),
+        (None, None) => return r("no_node", "it has neither a host nor a pool".into()),
+    };
     match host.state {
         Some(HostState::Retired) => return r("host_retired", format!("host {} is retired", host.host)),
         Some(HostState::Revoked) => {
@@ -462,17 +590,104 @@ pub fn liveness_words(host: &Liveness, now_ms: i64) -> String {
     }
 }
 
-/// The one-line reason.
-fn reason(
-    d: &DeliveryRow,
-    run: &Run,
-    fence: Option<&FenceHold>,
-    behind: Option<&Behind>,
-    host: &Liveness,
-    now_ms: i64,
-) -> Reason {
+/// Why a pool delivery waiting in its pool (no fence, retry time or earlier turn in the way)
+/// has not been claimed: where its conversation is bound, and what its members can do.
+fn pool_reason(pool: &PoolExplain, now_ms: i64) -> Reason {
     let r = |code: &'static str, text: String| Reason { code, text };
-    let silent = if host.silent() { format!("; {}", liveness_words(host, now_ms)) } else { String::new() };
+    let name = &pool.name;
+    let member = |host: &str| pool.members.iter().find(|m| m.liveness.host == host);
+    // A member's standing as the claim sees it, after its name: "" when it may claim now.
+    let standing = |host: &str| match member(host) {
+        None => format!("; {host} is no longer a member of the pool"),
+        Some(m) => member_hindrance(m, now_ms).map(|w| format!("; {host} {w}")).unwrap_or_default(),
+    };
+    match &pool.binding {
+        Binding::Bound { host, turn, .. } => {
+            let turn = match turn {
+                Some(t) => format!("seq {} (delivery {}, {})", t.seq, t.delivery_id, t.state),
+                None => "a turn".to_string(),
+            };
+            return r(
+                "pool_bound",
+                format!(
+                    "its conversation is bound to {host} in pool {name}: its turn {turn} is in flight there, and \
+                     only {host} takes the next ones{}",
+                    standing(host)
+                ),
+            );
+        }
+        Binding::Preferred { host, until_ms } => {
+            return r(
+                "pool_affinity",
+                format!(
+                    "kept for {host}, which ran its conversation's last turn in pool {name}, until {} \
+                     (pool_affinity_wait); then any member{}",
+                    relative(*until_ms, now_ms),
+                    standing(host)
+                ),
+            );
+        }
+        Binding::Free { .. } => {}
+    }
+    if pool.members.is_empty() {
+        return r("pool_empty", format!("pool {name} has no members: no host may claim it"));
+    }
+    let may: Vec<&MemberStanding> = pool.members.iter().filter(|m| m.may_claim()).collect();
+    let others = || {
+        pool.members
+            .iter()
+            .map(|m| {
+                format!("{} {}", m.liveness.host, member_hindrance(m, now_ms).unwrap_or_else(|| "connected".into()))
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    if may.is_empty() {
+        return r("pool_fenced", format!("no member of pool {name} may take its work: {}", others()));
+    }
+    let connected: Vec<&str> = may.iter().filter(|m| m.connected()).map(|m| m.liveness.host.as_str()).collect();
+    if connected.is_empty() {
+        let code = if may.iter().any(|m| m.silent()) { "host_silent" } else { "no_node" };
+        return r(code, format!("waiting for a node of a member of pool {name}: {}", others()));
+    }
+    r(
+        "claimable",
+        format!(
+            "waiting for the next claim of a member of pool {name} ({} of {} connected: {})",
+            connected.len(),
+            pool.members.len(),
+            connected.join(", ")
+        ),
+    )
+}
+
+/// What keeps a member from claiming pool work now, in words: not active, fenced, silent, no
+/// node; `None` when its node is connected and nothing keeps it.
+pub fn member_hindrance(m: &MemberStanding, now_ms: i64) -> Option<String> {
+    let l = &m.liveness;
+    match l.state {
+        Some(HostState::Retired) => return Some("is retired".into()),
+        Some(HostState::Revoked) => return Some("has no valid certificate".into()),
+        None => return Some("is not enrolled".into()),
+        Some(HostState::Active) => {}
+    }
+    if let Some(f) = &m.fence {
+        return Some(format!("is fenced, so it takes no pool work ({})", f.describe()));
+    }
+    if !m.connected() {
+        return Some(format!("has no node connected: {}", liveness_words(l, now_ms)));
+    }
+    None
+}
+
+/// The one-line reason.
+fn reason(d: &DeliveryRow, at: &Facts<'_>, now_ms: i64) -> Reason {
+    let r = |code: &'static str, text: String| Reason { code, text };
+    let (run, fence, behind) = (at.run, at.fence, at.behind);
+    let silent = match at.host {
+        Some(host) if host.silent() => format!("; {}", liveness_words(host, now_ms)),
+        _ => String::new(),
+    };
     let instance = d.instance_id.as_deref().unwrap_or("?");
     if settled(d.state, run) {
         let outcome = run.outcome.map(|o| format!(" ({o})")).unwrap_or_default();
@@ -480,7 +695,7 @@ fn reason(
         return r("final", format!("{}{outcome}{why}", d.state));
     }
     match d.state {
-        DeliveryState::Queued => queued_reason(run, fence, behind, host, now_ms),
+        DeliveryState::Queued => queued_reason(at, now_ms),
         DeliveryState::Held => {
             let still = match fence {
                 Some(f) if f.kind == FenceKind::Hold => format!("; {} is still active", fence_words(f, now_ms)),
@@ -541,22 +756,20 @@ fn delivered_reason(run: &Run, behind: Option<&Behind>, instance: &str, silent: 
 }
 
 /// The explanation of one delivery.
-pub fn explain(conn: &dyn Db, d: &DeliveryRow, now_ms: i64, silence_warn_ms: i64) -> StoreResult<Explanation> {
-    Explainer::new(conn, now_ms, silence_warn_ms)?.explain(d)
+pub fn explain(conn: &dyn Db, d: &DeliveryRow, judging: Judging) -> StoreResult<Explanation> {
+    Explainer::new(conn, judging)?.explain(d)
 }
 
 /// The explanation of the delivery with this id.
-pub fn explain_id(conn: &dyn Db, id: &str, now_ms: i64, silence_warn_ms: i64) -> StoreResult<Explanation> {
+pub fn explain_id(conn: &dyn Db, id: &str, judging: Judging) -> StoreResult<Explanation> {
     let d = conn
-        .prepare_cached(
-            concat!(
-                "SELECT d.id, d.message_id, coalesce(d.host, ''), d.conversation, d.seq, d.state, d.instance_id, d.reason, d.updated_at, ",
-                crate::store::views::read::outcome_sql!(),
-                " FROM deliveries d WHERE d.id = $1"
-            ),
-        )?
+        .prepare_cached(concat!(
+            "SELECT ",
+            crate::store::views::read::delivery_columns!(),
+            " FROM deliveries d WHERE d.id = $1"
+        ))?
         .query_row([id], crate::store::views::read::delivery_row)
         .optional()?
         .ok_or_else(|| StoreError::NotFound(format!("no delivery {id}")))?;
-    explain(conn, &d, now_ms, silence_warn_ms)
+    explain(conn, &d, judging)
 }

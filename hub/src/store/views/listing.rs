@@ -17,19 +17,18 @@ impl Store {
         self.conns.read(move |c| resolve_delivery(c, &prefix)).await
     }
 
-    /// One page of deliveries, each that is not final with its one-line reason at `now_ms`
+    /// One page of deliveries, each that is not final with its one-line reason judged by `judging`
     /// (and, with `short_ids`, its shortest unique id prefix), and the cursor of the next page.
     pub async fn deliveries_page(
         &self,
         q: ListQuery,
-        now_ms: i64,
-        silence_warn_ms: i64,
+        judging: crate::store::views::pool_standing::Judging,
         short_ids: bool,
     ) -> StoreResult<(Vec<Listed>, Option<i64>)> {
         self.conns
             .read(move |c| {
                 let page = page(c, &q)?;
-                let mut explainer = explain::Explainer::new(c, now_ms, silence_warn_ms)?;
+                let mut explainer = explain::Explainer::new(c, judging)?;
                 let mut listed = Vec::with_capacity(page.rows.len());
                 for (row, cursor) in page.rows.into_iter().zip(page.cursors) {
                     let why = explainer.reason(&row)?;
@@ -94,9 +93,8 @@ pub struct Page {
 }
 
 const SELECT: &str = concat!(
-    "SELECT d.id, d.message_id, coalesce(d.host, ''), d.conversation, d.seq, d.state, d.instance_id, d.reason,
-        d.updated_at, ",
-    crate::store::views::read::outcome_sql!(),
+    "SELECT ",
+    crate::store::views::read::delivery_columns!(),
     ", d.n
     FROM deliveries d
     WHERE (CAST($1 AS TEXT) IS NULL OR d.state = $1) AND (CAST($2 AS TEXT) IS NULL OR d.host = $2) AND (CAST($3 AS TEXT) IS NULL OR d.conversation = $3)
@@ -126,7 +124,7 @@ pub fn page(conn: &dyn Db, q: &ListQuery) -> StoreResult<Page> {
                 q.after,
                 i64::from(q.limit) + 1,
             ],
-            |r| Ok((delivery_row(r)?, r.get(10)?)),
+            |r| Ok((delivery_row(r)?, r.get(11)?)),
         )?
         .collect::<Result<_, _>>()?;
     let more = rows.len() > q.limit as usize;

@@ -8,6 +8,8 @@
 //! - `gauges`: what the hub's periodic gauges read, in one snapshot.
 //! - `feed`: the producers' events feeds from a cursor, their positions and horizon.
 //! - `fleet`: hosts, their sessions and silence, for `hosts list|show` and `status`.
+//! - `pool_standing`: a pool's members' standing and a pool conversation's binding, for
+//!   `deliveries explain`, `pools list|show` and the status page.
 //! - `replay`: a producer's own messages of a conversation, a page at a time from a `seq`.
 
 pub mod explain;
@@ -16,5 +18,6 @@ pub mod fleet;
 pub mod gauges;
 pub mod listing;
 pub mod overview;
+pub mod pool_standing;
 pub mod read;
 pub mod replay;

@@ -41,6 +41,8 @@ pub struct Overview {
     pub running_total: i64,
     /// The turns that have run longest.
     pub running: Vec<RunningTurn>,
+    /// Every pool with its members' standing and its counts (`pool_standing`).
+    pub pools: Vec<crate::store::views::pool_standing::PoolStanding>,
 }
 
 /// Reads the overview at `now_ms` on `conn` (inside one read transaction: one snapshot).
@@ -58,6 +60,13 @@ pub(crate) fn gather(conn: &dyn Db, now_ms: i64, silence: Duration) -> StoreResu
         trouble: recent_trouble(conn, TROUBLE_SHOWN_MAX)?,
         running_total,
         running,
+        pools: {
+            let active = fences::active(conn)?;
+            crate::store::registry::pools::list(conn)?
+                .into_iter()
+                .map(|p| crate::store::views::pool_standing::standing(conn, p, &active, now_ms, silence_ms))
+                .collect::<StoreResult<_>>()?
+        },
     })
 }
 
@@ -214,11 +223,10 @@ pub struct Trouble {
 /// or its current run's outcome), newest first, at most `max`.
 pub fn recent_trouble(conn: &dyn Db, max: u32) -> StoreResult<Vec<Trouble>> {
     Ok(conn
-        .prepare_cached(
-            concat!(
-                "SELECT d.id, d.message_id, coalesce(d.host, ''), d.conversation, d.seq, d.state, d.instance_id, d.reason, d.updated_at, ",
-                crate::store::views::read::outcome_sql!(),
-                ",
+        .prepare_cached(concat!(
+            "SELECT ",
+            crate::store::views::read::delivery_columns!(),
+            ",
                  (SELECT a.reason FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt),
                  (SELECT a.stderr_tail FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)
              FROM deliveries d
@@ -226,10 +234,9 @@ pub fn recent_trouble(conn: &dyn Db, max: u32) -> StoreResult<Vec<Trouble>> {
                 OR EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt
                                                       AND a.outcome IN ('failed', 'unknown'))
              ORDER BY d.updated_at DESC, d.n DESC LIMIT $1"
-            ),
-        )?
+        ))?
         .query_map(params![max], |r| {
-            Ok(Trouble { row: delivery_row(r)?, run_reason: r.get(10)?, run_stderr: r.get(11)? })
+            Ok(Trouble { row: delivery_row(r)?, run_reason: r.get(11)?, run_stderr: r.get(12)? })
         })?
         .collect::<Result<_, _>>()?)
 }
@@ -398,11 +405,7 @@ pub fn search(conn: &dyn Db, q: &str, max: u32) -> StoreResult<Vec<DeliveryRow>>
     if q.is_empty() {
         return Ok(Vec::new());
     }
-    let cols = concat!(
-        "SELECT d.id, d.message_id, coalesce(d.host, ''), d.conversation, d.seq, d.state, d.instance_id, d.reason, d.updated_at, ",
-        crate::store::views::read::outcome_sql!(),
-        " FROM deliveries d"
-    );
+    let cols = concat!("SELECT ", crate::store::views::read::delivery_columns!(), " FROM deliveries d");
     let mut found: Vec<DeliveryRow> = Vec::new();
     let mut add = |rows: Vec<DeliveryRow>| {
         for r in rows {
@@ -643,7 +646,7 @@ mod tests {
             .query_row("SELECT id, message_id FROM deliveries ORDER BY n LIMIT 1", [], |r| Ok((r.get(0)?, r.get(1)?)))
             .unwrap();
         let found = |q: &str| -> Vec<(String, String)> {
-            search(c, q, 10).unwrap().into_iter().map(|d| (d.host, d.conversation)).collect()
+            search(c, q, 10).unwrap().into_iter().map(|d| (d.host.unwrap_or_default(), d.conversation)).collect()
         };
         assert_eq!(found(&id), [("host-a".to_string(), "conv-1".to_string())]);
         // Ids made in one millisecond share their time-ordered head (and a counter after it), so

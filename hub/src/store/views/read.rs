@@ -176,8 +176,11 @@ pub struct DeliveryRow {
     pub delivery_id: String,
     /// Its message.
     pub message_id: String,
-    /// Recipient host.
-    pub host: String,
+    /// The host it is for: its recipient host, or the pool member whose claim took it; `None`
+    /// for a pool delivery no member has claimed yet.
+    pub host: Option<String>,
+    /// The recipient pool, for a pool delivery (kept for life, also once a member holds it).
+    pub pool: Option<String>,
     /// Conversation.
     pub conversation: String,
     /// Sequence in the conversation.
@@ -194,8 +197,21 @@ pub struct DeliveryRow {
     pub outcome: Option<Outcome>,
 }
 
-/// Maps a row in the listing's column order (id, message, host, conversation, seq, state,
-/// instance, reason, updated, latest outcome) to a `DeliveryRow`.
+/// The columns `delivery_row` reads, in its order (id, message, host, conversation, seq, state,
+/// instance, reason, updated, latest outcome, pool), over the alias `d` of `deliveries`; a
+/// statement's own columns follow them from index 11.
+macro_rules! delivery_columns {
+    () => {
+        concat!(
+            "d.id, d.message_id, d.host, d.conversation, d.seq, d.state, d.instance_id, d.reason, d.updated_at, ",
+            crate::store::views::read::outcome_sql!(),
+            ", d.pool"
+        )
+    };
+}
+pub(crate) use delivery_columns;
+
+/// Maps a row in `delivery_columns`' order to a `DeliveryRow`.
 pub(super) fn delivery_row(r: &Row<'_>) -> DbResult<DeliveryRow> {
     let delivery_id: String = r.get(0)?;
     Ok(DeliveryRow {
@@ -208,6 +224,7 @@ pub(super) fn delivery_row(r: &Row<'_>) -> DbResult<DeliveryRow> {
         reason: r.get(7)?,
         updated_at_ms: r.get(8)?,
         outcome: parse_column_opt(r, 9, "attempts", &format!("of delivery {delivery_id}"), "outcome", Outcome::parse)?,
+        pool: r.get(10)?,
         delivery_id,
     })
 }
@@ -247,8 +264,8 @@ pub fn list_deliveries(conn: &dyn Db, f: &DeliveryFilter) -> StoreResult<Vec<Del
     let rows = conn
         .prepare_cached(
             concat!(
-                "SELECT d.id, d.message_id, d.host, d.conversation, d.seq, d.state, d.instance_id, d.reason, d.updated_at, ",
-                outcome_sql!(),
+                "SELECT ",
+                delivery_columns!(),
                 "
              FROM deliveries d
              WHERE (CAST($1 AS TEXT) IS NULL OR d.state = $1) AND (CAST($2 AS TEXT) IS NULL OR d.host = $2) AND (CAST($3 AS TEXT) IS NULL OR d.conversation = $3)
@@ -298,13 +315,7 @@ pub struct DeliveryDetail {
 /// One delivery with its event history and attempts.
 pub fn delivery_detail(conn: &dyn Db, delivery_id: &str) -> StoreResult<DeliveryDetail> {
     let delivery = conn
-        .prepare_cached(
-            concat!(
-                "SELECT d.id, d.message_id, d.host, d.conversation, d.seq, d.state, d.instance_id, d.reason, d.updated_at, ",
-                outcome_sql!(),
-                " FROM deliveries d WHERE d.id = $1"
-            ),
-        )?
+        .prepare_cached(concat!("SELECT ", delivery_columns!(), " FROM deliveries d WHERE d.id = $1"))?
         .query_row([delivery_id], delivery_row)
         .optional()?
         .ok_or_else(|| StoreError::NotFound(format!("no delivery {delivery_id}")))?;

@@ -397,14 +397,18 @@ class DeliverySummary:
     """One delivery as an accept, approve or reject answer summarises it."""
 
     delivery_id: str
-    #: The recipient host.
-    host: str
+    #: The recipient host; ``None`` for a pool delivery no member has claimed yet (then
+    #: ``pool`` names the pool).
+    host: str | None
     #: Its state when the answer was made (``queued``, ``held`` …).
     state: str
+    #: The recipient pool, for a pool delivery (kept once a member claims it); ``None`` for a
+    #: host's own delivery.
+    pool: str | None = None
 
     @staticmethod
     def read(f: _Fields) -> DeliverySummary:
-        return DeliverySummary(f.text("delivery_id"), f.text("host"), f.text("state"))
+        return DeliverySummary(f.text("delivery_id"), f.opt_text("host"), f.text("state"), f.opt_text("pool"))
 
 
 def _summaries(f: _Fields, name: str = "deliveries") -> tuple[DeliverySummary, ...]:
@@ -515,7 +519,8 @@ class DeliveryView:
     """One delivery with its attempts, oldest first."""
 
     delivery_id: str
-    host: str
+    #: The host it is for; ``None`` for a pool delivery no member has claimed yet.
+    host: str | None
     #: ``queued``, ``held``, ``claimed``, ``mirrored``, ``delivered``, ``failed`` or ``unknown``.
     state: str
     reason: str | None
@@ -527,6 +532,9 @@ class DeliveryView:
     not_before_ms: int | None
     cancel_requested_at_ms: int | None
     cancel_reason: str | None
+    #: The recipient pool, for a pool delivery (kept once a member claims it); ``None`` for a
+    #: host's own delivery.
+    pool: str | None = None
 
     @staticmethod
     def read(f: _Fields) -> DeliveryView:
@@ -535,7 +543,7 @@ class DeliveryView:
         )
         return DeliveryView(
             delivery_id=f.text("delivery_id"),
-            host=f.text("host"),
+            host=f.opt_text("host"),
             state=f.text("state"),
             reason=f.opt_text("reason"),
             updated_at_ms=f.integer("updated_at_ms"),
@@ -545,6 +553,7 @@ class DeliveryView:
             not_before_ms=f.opt_integer("not_before_ms"),
             cancel_requested_at_ms=f.opt_integer("cancel_requested_at_ms"),
             cancel_reason=f.opt_text("cancel_reason"),
+            pool=f.opt_text("pool"),
         )
 
     def current_attempt(self) -> AttemptView | None:
