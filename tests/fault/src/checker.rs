@@ -887,8 +887,11 @@ fn check_fanout(m: &Model, ix: &Index, v: &mut Vec<Violation>) {
         routed_pools.entry(mid.as_str()).or_default().insert(pool.as_str());
     }
     for msg in &m.messages {
-        let of_message: Vec<&Delivery> =
-            ix.deliveries_by_message.get(&msg.id).map(|ds| ds.iter().map(|&d| &m.deliveries[d]).collect()).unwrap_or_default();
+        let of_message: Vec<&Delivery> = ix
+            .deliveries_by_message
+            .get(&msg.id)
+            .map(|ds| ds.iter().map(|&d| &m.deliveries[d]).collect())
+            .unwrap_or_default();
         // A pool's delivery is the pool's, whichever host claimed it: it is matched against the
         // routed pools, the host deliveries against the routed hosts.
         let hosts: Vec<&str> = of_message.iter().filter(|d| d.pool.is_none()).map(|d| d.host.as_str()).collect();
@@ -1702,7 +1705,10 @@ fn pool_runs<'m>(
                     v.push(violation(
                         "I18",
                         &d.id,
-                        format!("pool {pool}: event #{}: run {run} claimed by host {host} while host {other} held it", e.id),
+                        format!(
+                            "pool {pool}: event #{}: run {run} claimed by host {host} while host {other} held it",
+                            e.id
+                        ),
                         Vec::new(),
                     ));
                 }
@@ -1813,7 +1819,9 @@ fn check_pool_order(m: &Model, ix: &Index, v: &mut Vec<Violation>, counts: &mut 
                 ));
             }
             let unknown_by_hub = ix.attempts_by_delivery.get(&a.delivery_id).is_some_and(|is| {
-                is.iter().map(|&i| &m.attempts[i]).any(|h| h.run == a.run_number() && h.by_hub && h.outcome == "unknown")
+                is.iter()
+                    .map(|&i| &m.attempts[i])
+                    .any(|h| h.run == a.run_number() && h.by_hub && h.outcome == "unknown")
             });
             let exempt =
                 unknown_by_hub || reported_unknown_by_copy(m, ix, &a.delivery_id, a.run_number(), Some(&a.instance));

@@ -54,11 +54,15 @@ pub const POOL: &str = "soak";
 pub const POOL_MEMBERS: [&str; 2] = ["host-b", "host-c"];
 /// Percent of new messages addressed to `POOL` alone instead of to hosts.
 const POOL_PERCENT: u32 = 30;
-/// The hubs' `limits.pool_affinity_wait` in the soak (the default is 2 s): short, so that a
-/// pool conversation's next turn goes to another member soon after its last host stopped
-/// claiming (killed, paused, cut off), and the order across hosts is put to the test in a
-/// short run.
-const POOL_AFFINITY_WAIT: &str = "250ms";
+/// Conversations beyond the shared ones that only the pool's messages go to (`c2`, `c3`, …; a
+/// pool message picks among these and the shared ones): each gets a turn every second or so,
+/// so it is often free between turns and its next turn goes to either member, while the
+/// shared ones mix pool turns with the hosts' own under the nemesis's fences.
+const POOL_CONVERSATIONS: u32 = 4;
+/// The hubs' `limits.pool_affinity_wait` in the soak (the default is 2 s): none, so that every
+/// turn of a free pool conversation goes to whichever member claims first, and its order
+/// passes between hosts often in a short run (with 250 ms, a 30 s soak passed it once).
+const POOL_AFFINITY_WAIT: &str = "0s";
 /// How long the drain after heal may take before liveness counts as violated.
 pub const DRAIN_LIMIT: Duration = Duration::from_secs(60);
 
@@ -648,9 +652,11 @@ async fn produce(
                 to.push(HOSTS[rng.random_range(0..HOSTS.len())].to_string());
             }
             let mut pools = Vec::new();
+            let mut conversations = CONVERSATIONS;
             if rng.random_range(0..100u32) < POOL_PERCENT {
                 to.clear();
                 pools.push(POOL.to_string());
+                conversations += POOL_CONVERSATIONS;
             }
             let mut payload = serde_json::json!({"p": index, "i": i});
             let mut retries = Retries::default();
@@ -674,7 +680,7 @@ async fn produce(
             if rng.random_range(0..100u32) < DEADLINE_PERCENT {
                 retries.deadline_ms = Some(if slow { SLOW_DEADLINE_MS } else { DEADLINE_MS });
             }
-            let (key, conv) = (format!("p{index}-{seed}-{i}"), format!("c{}", rng.random_range(0..CONVERSATIONS)));
+            let (key, conv) = (format!("p{index}-{seed}-{i}"), format!("c{}", rng.random_range(0..conversations)));
             Submission { key, conv, payload, to, pools, retries }
         };
         if replay {

@@ -712,7 +712,15 @@ fn with_pool_cluster(mutate: impl FnOnce(&Cluster)) -> Report {
                 let payload = serde_json::json!({"n": n});
                 let got = c
                     .producer
-                    .accept_with(c.hub.addr(), POOL_CONVERSATION, &format!("pool-{n}"), &payload, &[], &pools, Retries::default())
+                    .accept_with(
+                        c.hub.addr(),
+                        POOL_CONVERSATION,
+                        &format!("pool-{n}"),
+                        &payload,
+                        &[],
+                        &pools,
+                        Retries::default(),
+                    )
                     .await;
                 assert!(matches!(got, AcceptOutcome::Ok(_)), "{got:?}");
             }
@@ -801,7 +809,11 @@ fn i18_a_pool_conversation_out_of_seq_order_across_hosts() {
         });
     });
     assert_only(&report, "I18");
-    assert!(report.violations.iter().any(|v| v.message.contains("started on host host-b after")), "{}", report.render());
+    assert!(
+        report.violations.iter().any(|v| v.message.contains("started on host host-b after")),
+        "{}",
+        report.render()
+    );
 }
 
 #[test]
