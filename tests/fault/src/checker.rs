@@ -192,7 +192,11 @@ struct Message {
 struct Delivery {
     id: String,
     message_id: String,
+    /// The host it is for; for a pool delivery the host whose claim bound it, empty while it
+    /// waits in its pool (host NULL on the record).
     host: String,
+    /// The recipient pool of a pool delivery (for life); `None` for a host delivery.
+    pool: Option<String>,
     conversation: String,
     state: String,
     instance_id: Option<String>,
@@ -289,10 +293,30 @@ struct NodeDb {
     attempts: Vec<NodeAttempt>,
 }
 
+/// A change of a pool's membership, as the hub audited it in `operator_events`.
+struct PoolAudit {
+    id: i64,
+    /// Joined (`pool_add`) or left (`pool_remove`, also a retire's).
+    joined: bool,
+    pool: String,
+    host: String,
+    /// Hub clock, unix ms.
+    at: i64,
+}
+
+/// The audit actions of pool membership (`baton_hub::store::registry::pools`), and the subject
+/// they record: `pool NAME host HOST`.
+const POOL_ADD: &str = "pool_add";
+const POOL_REMOVE: &str = "pool_remove";
+
 #[derive(Default)]
 struct Model {
     messages: Vec<Message>,
     recipients: Vec<(String, String)>,
+    /// Routing to pools: (message, pool).
+    pool_recipients: Vec<(String, String)>,
+    /// Every audited change of pool membership, in id order.
+    pool_audit: Vec<PoolAudit>,
     obligations: Vec<(String, Option<i64>)>,
     deliveries: Vec<Delivery>,
     events: Vec<Event>,
@@ -345,10 +369,30 @@ fn load_hub(conn: &dyn Db, m: &mut Model) -> anyhow::Result<()> {
     )?;
     m.recipients = rows(conn, "SELECT message_id, host FROM message_recipients", |r| Ok((r.get(0)?, r.get(1)?)))?;
     m.obligations = rows(conn, "SELECT message_id, done_at FROM fanout_obligations", |r| Ok((r.get(0)?, r.get(1)?)))?;
+    m.pool_recipients =
+        rows(conn, "SELECT message_id, pool FROM message_pool_recipients", |r| Ok((r.get(0)?, r.get(1)?)))?;
+    let audit: Vec<(i64, String, String, i64)> = rows(
+        conn,
+        &format!(
+            "SELECT id, action, subject, at FROM operator_events WHERE action IN ('{POOL_ADD}', '{POOL_REMOVE}')
+             ORDER BY id"
+        ),
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+    )?;
+    for (id, action, subject, at) in audit {
+        // An audit row this reader cannot place is kept as a membership of nobody: the claims
+        // it would explain then show up as claims by non-members.
+        let (pool, host) = subject
+            .strip_prefix("pool ")
+            .and_then(|rest| rest.split_once(" host "))
+            .map(|(p, h)| (p.to_string(), h.to_string()))
+            .unwrap_or_default();
+        m.pool_audit.push(PoolAudit { id, joined: action == POOL_ADD, pool, host, at });
+    }
     m.deliveries = rows(
         conn,
-        "SELECT id, message_id, host, conversation, state, instance_id, reason, attempt, rerun, not_before,
-                started_at, cancel_requested_at
+        "SELECT id, message_id, coalesce(host, ''), conversation, state, instance_id, reason, attempt, rerun,
+                not_before, started_at, cancel_requested_at, pool
          FROM deliveries ORDER BY n",
         |r| {
             Ok(Delivery {
@@ -364,6 +408,7 @@ fn load_hub(conn: &dyn Db, m: &mut Model) -> anyhow::Result<()> {
                 not_before: r.get(9)?,
                 started_at: r.get(10)?,
                 cancel_requested_at: r.get(11)?,
+                pool: r.get(12)?,
             })
         },
     )?;
@@ -514,6 +559,10 @@ pub fn check(inputs: &Inputs) -> anyhow::Result<Report> {
     report.counts.insert("ordered_effects".into(), check_order(&m, &ix, &mut v) as u64);
     report.counts.insert("reruns".into(), check_turn_control(&m, &ix, &mut v) as u64);
     check_one_execution_per_run(&m, &ix, &mut v);
+    let pools = check_pools(&m, &ix, &mut v);
+    report.counts.insert("pool_claims".into(), pools.claims as u64);
+    report.counts.insert("pool_ordered_effects".into(), pools.ordered as u64);
+    report.counts.insert("pool_handovers".into(), pools.handovers as u64);
     report.counts.insert("deadlines_checked".into(), check_progress_and_deadlines(&m, &ix, inputs, &mut v) as u64);
     if inputs.liveness {
         check_liveness(&m, &ix, &mut v);
@@ -686,10 +735,11 @@ impl Index {
         for &d in &deliveries {
             let del = &m.deliveries[d];
             out.push(format!(
-                "hub delivery {} host={} conversation={} state={} holder={:?} run={} rerun={:?} not_before={:?} \
-                 started_at={:?} cancel_requested_at={:?} reason={:?}",
+                "hub delivery {} host={} pool={:?} conversation={} state={} holder={:?} run={} rerun={:?} \
+                 not_before={:?} started_at={:?} cancel_requested_at={:?} reason={:?}",
                 del.id,
                 del.host,
+                del.pool,
                 del.conversation,
                 del.state,
                 del.instance_id,
@@ -832,12 +882,39 @@ fn check_fanout(m: &Model, ix: &Index, v: &mut Vec<Violation>) {
             v.push(violation("I3", mid, "routing without its message".into(), Vec::new()));
         }
     }
+    let mut routed_pools: HashMap<&str, BTreeSet<&str>> = HashMap::new();
+    for (mid, pool) in &m.pool_recipients {
+        routed_pools.entry(mid.as_str()).or_default().insert(pool.as_str());
+    }
     for msg in &m.messages {
-        let hosts: Vec<&str> = ix
+        let of_message: Vec<&Delivery> = ix
             .deliveries_by_message
             .get(&msg.id)
-            .map(|ds| ds.iter().map(|&d| m.deliveries[d].host.as_str()).collect())
+            .map(|ds| ds.iter().map(|&d| &m.deliveries[d]).collect())
             .unwrap_or_default();
+        // A pool's delivery is the pool's, whichever host claimed it: it is matched against the
+        // routed pools, the host deliveries against the routed hosts.
+        let hosts: Vec<&str> = of_message.iter().filter(|d| d.pool.is_none()).map(|d| d.host.as_str()).collect();
+        let pools: Vec<&str> = of_message.iter().filter_map(|d| d.pool.as_deref()).collect();
+        let unique_pools: BTreeSet<&str> = pools.iter().copied().collect();
+        if unique_pools.len() != pools.len() {
+            v.push(violation("I4", &msg.id, "two deliveries of one message for the same pool".into(), Vec::new()));
+        }
+        let want_pools = routed_pools.get(msg.id.as_str()).cloned().unwrap_or_default();
+        if let Some(Some(_done)) = obligations.get(msg.id.as_str())
+            && unique_pools != want_pools
+        {
+            v.push(violation(
+                "I4",
+                &msg.id,
+                format!("fan-out marked done but pool deliveries {unique_pools:?} differ from routing {want_pools:?}"),
+                Vec::new(),
+            ));
+        }
+        let extra_pools: Vec<&&str> = unique_pools.difference(&want_pools).collect();
+        if !extra_pools.is_empty() {
+            v.push(violation("I4", &msg.id, format!("deliveries for pools never routed: {extra_pools:?}"), Vec::new()));
+        }
         let unique: BTreeSet<&str> = hosts.iter().copied().collect();
         if unique.len() != hosts.len() {
             v.push(violation("I4", &msg.id, "two deliveries of one message for the same host".into(), Vec::new()));
@@ -868,9 +945,20 @@ fn check_exclusivity(m: &Model, ix: &Index, v: &mut Vec<Violation>) {
     // Per host: which instance holds which delivery (claimed or mirrored) right now.
     let mut active: HashMap<&str, HashMap<&str, &str>> = HashMap::new();
     let mut flagged: BTreeSet<&str> = BTreeSet::new();
+    // A pool delivery's host is the one whose claim bound it, claim by claim (a requeue returns
+    // it to the pool, and another member may claim it next).
+    let mut pool_host: HashMap<&str, &str> = HashMap::new();
     for e in &m.events {
         let Some(&di) = ix.delivery_by_id.get(&e.delivery_id) else { continue };
         let d = &m.deliveries[di];
+        let host: &str = match d.pool {
+            None => d.host.as_str(),
+            Some(_) if e.to == "claimed" && e.actor_kind == "node" => {
+                pool_host.insert(d.id.as_str(), e.actor.as_str());
+                e.actor.as_str()
+            }
+            Some(_) => pool_host.get(d.id.as_str()).copied().unwrap_or(d.host.as_str()),
+        };
         let cur = holder.entry(e.delivery_id.as_str()).or_insert(None);
         let inst = e.instance_id.as_deref();
         let mut bad = |msg: String| {
@@ -878,20 +966,19 @@ fn check_exclusivity(m: &Model, ix: &Index, v: &mut Vec<Violation>) {
                 v.push(violation("I5", &d.id, format!("event #{}: {msg}", e.id), Vec::new()));
             }
         };
-        if e.actor_kind == "node" && e.actor != d.host {
-            bad(format!("node {} moved a delivery of host {}", e.actor, d.host));
+        if e.actor_kind == "node" && e.actor != host {
+            bad(format!("node {} moved a delivery of host {host}", e.actor));
         }
         let from_held = matches!(e.from.as_deref(), Some("claimed" | "mirrored" | "delivered"));
         if e.to == "claimed" {
             if let Some(h) = cur {
                 bad(format!("claimed by {inst:?} while {h} still held it"));
             }
-            if let (Some(i), Some(hosts)) = (inst, active.get(d.host.as_str()))
+            if let (Some(i), Some(hosts)) = (inst, active.get(host))
                 && let Some((other_d, other_i)) = hosts.iter().find(|(_, hi)| **hi != i)
             {
                 bad(format!(
-                    "instance {i} claimed on host {} while instance {other_i} still held delivery {other_d} (clone)",
-                    d.host
+                    "instance {i} claimed on host {host} while instance {other_i} still held delivery {other_d} (clone)"
                 ));
             }
         } else if from_held && e.actor_kind == "node" && inst != *cur {
@@ -911,7 +998,7 @@ fn check_exclusivity(m: &Model, ix: &Index, v: &mut Vec<Violation>) {
             "mirrored" | "delivered" => *cur,
             _ => None,
         };
-        let host_map = active.entry(d.host.as_str()).or_default();
+        let host_map = active.entry(host).or_default();
         match (e.to.as_str(), *cur) {
             ("claimed" | "mirrored", Some(h)) => {
                 host_map.insert(d.id.as_str(), h);
@@ -938,11 +1025,15 @@ fn check_exclusivity(m: &Model, ix: &Index, v: &mut Vec<Violation>) {
 // ---------------------------------------------------------------------------------------------
 // I6: no claim under an active fence
 
-fn covers(f: &Fence, d: &Delivery) -> bool {
+/// Whether fence `f` keeps delivery `d` from a claim by `host`: a fence on everything, on its
+/// conversation, on the claiming host (for a pool delivery, any kind of fence on the host keeps
+/// the host from the pool's work), or on its pool.
+fn covers(f: &Fence, d: &Delivery, host: &str) -> bool {
     match f.scope.as_str() {
         "all" => true,
         "conversation" => f.target.as_deref() == Some(d.conversation.as_str()),
-        "host" => f.target.as_deref() == Some(d.host.as_str()),
+        "host" => f.target.as_deref() == Some(host),
+        "pool" => d.pool.is_some() && f.target.as_deref() == d.pool.as_deref(),
         _ => false,
     }
 }
@@ -951,12 +1042,14 @@ fn check_fences(m: &Model, ix: &Index, v: &mut Vec<Violation>) {
     for e in m.events.iter().filter(|e| e.to == "claimed") {
         let Some(&di) = ix.delivery_by_id.get(&e.delivery_id) else { continue };
         let d = &m.deliveries[di];
+        // The claiming host: a pool delivery's is the claim's actor.
+        let host = if d.pool.is_some() { e.actor.as_str() } else { d.host.as_str() };
         // Fences sit in the commit order: active for every event after `set_after_event` up to
         // and including `lifted_after_event`.
         let fence = m
             .fences
             .iter()
-            .find(|f| covers(f, d) && f.set_after_event < e.id && f.lifted_after_event.is_none_or(|l| e.id <= l));
+            .find(|f| covers(f, d, host) && f.set_after_event < e.id && f.lifted_after_event.is_none_or(|l| e.id <= l));
         if let Some(f) = fence {
             v.push(violation(
                 "I6",
@@ -1013,7 +1106,8 @@ fn check_effects(m: &Model, ix: &Index, inputs: &Inputs, v: &mut Vec<Violation>)
                     Vec::new(),
                 ));
             }
-            if eff.host != d.host {
+            // (A pool delivery's host is the one each run was handed to: I18's finding.)
+            if d.pool.is_none() && eff.host != d.host {
                 v.push(violation("I7", did, format!("executed on host {} for host {}", eff.host, d.host), Vec::new()));
             }
             let node = ix.node_attempt.get(&eff.attempt_id).map(|&(n, a)| (&m.nodes[n], &m.nodes[n].attempts[a]));
@@ -1125,13 +1219,19 @@ fn current_run_reported(m: &Model, ix: &Index, d: &Delivery) -> bool {
 /// reported there). The exemptions: a line the record marks as an operator's redrive
 /// (`rerun = redrive`), and, for the overlap half only, a turn that follows one the original of
 /// a copied data directory ran cut off from the hub and the copy reported `unknown`
-/// (`reported_unknown_by_copy`); a retry keeps the order and is checked like a first run. Returns how
-/// many lines were checked.
+/// (`reported_unknown_by_copy`); a retry keeps the order and is checked like a first run. The
+/// turns of pool deliveries are left to I18 (`check_pools`): a host's own turns and a pool's
+/// keep their orders apart. Returns how many lines were checked.
 fn check_order(m: &Model, ix: &Index, v: &mut Vec<Violation>) -> usize {
     let mut groups: BTreeMap<(&str, &str), Vec<usize>> = BTreeMap::new();
     let mut seen = BTreeSet::new();
     for (i, l) in m.ledger.iter().enumerate() {
         if l.is_redrive() || l.seq.is_none() || !seen.insert((l.delivery_id.as_str(), l.run_number())) {
+            continue;
+        }
+        // A pool's turns keep their order per (pool, conversation), apart from the host's own
+        // (I18, `check_pools`).
+        if pool_of(m, ix, &l.delivery_id).is_some() {
             continue;
         }
         groups.entry((l.host.as_str(), l.conversation.as_str())).or_default().push(i);
@@ -1463,6 +1563,299 @@ fn check_one_execution_per_run(m: &Model, ix: &Index, v: &mut Vec<Violation>) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// I18: pools
+
+/// The pool of delivery `did`, when the record knows it as a pool delivery.
+fn pool_of<'m>(m: &'m Model, ix: &Index, did: &str) -> Option<&'m str> {
+    ix.delivery_by_id.get(did).and_then(|&i| m.deliveries[i].pool.as_deref())
+}
+
+/// Whether `host` was a member of `pool` at `at` (hub clock, unix ms) by the audit: some
+/// `pool_add` at or before `at` not followed by a `pool_remove` before `at`. The audit rows and
+/// the delivery events are numbered apart, so only their times place them against each other;
+/// a change in the same millisecond as the claim is taken to be on the claim's side (the one
+/// order the record cannot tell).
+fn member_at(m: &Model, pool: &str, host: &str, at: i64) -> bool {
+    let mut since: Option<i64> = None;
+    for a in m.pool_audit.iter().filter(|a| a.pool == pool && a.host == host) {
+        if a.joined {
+            since = since.or(Some(a.at));
+        } else if let Some(joined) = since.take()
+            && joined <= at
+            && at <= a.at
+        {
+            return true;
+        }
+    }
+    since.is_some_and(|joined| joined <= at)
+}
+
+/// One run of a pool delivery as its events tell it: every host that claimed it (a requeue
+/// returns a run that never ran to the pool, so a run may be claimed again, by another
+/// member), and the host whose claim went on to `delivered` (the run's handoff), if any.
+#[derive(Default)]
+struct PoolRun<'m> {
+    claimants: Vec<&'m str>,
+    handed_to: Option<&'m str>,
+}
+
+/// What I18 compared, for the counts.
+#[derive(Default)]
+struct PoolCounts {
+    /// Claims of pool deliveries whose claimant's membership was checked.
+    claims: usize,
+    /// Executions of pool turns ordered per (pool, conversation).
+    ordered: usize,
+    /// Consecutive executions of one (pool, conversation) on two different hosts: how often
+    /// the order across hosts was put to the test.
+    handovers: usize,
+}
+
+/// I18 over the hub's record, the pool membership audit and the effects ledger:
+///
+/// - one host per run, a member at its claim: replaying each pool delivery's events in commit
+///   order, a run is claimed only while no other host holds it (a requeue or retire releases
+///   it), every claimant was a member of the pool at its claim (`member_at`: the audit of
+///   `pools add`, `pools remove` and retire, by time), at most one host's claim of a run goes
+///   on to `delivered`, the record names the host of the current claim, and every execution
+///   (ledger line) and every node-reported attempt row of a run is that host's;
+/// - order across hosts: per (pool, conversation), the ledger's executions taken in the order
+///   they started run in increasing `seq`, whichever hosts ran them (a later run of the same
+///   turn, a retry, may follow its earlier run), with the exemptions of I15 (`check_order`):
+///   a redrive, lines without a `seq`, a second execution of one run (I17's finding);
+/// - never at once: per (pool, conversation), each execution starts no earlier than the
+///   previous one ended, on whatever host. The ledger records both the start and the end
+///   (`started_ns`, `ended_ns`, one machine's wall clock), so this is the rule itself, not a
+///   stand-in; a ledger without those readings is taken in file order and only the order half
+///   applies. Exempt, as the contract makes them visible instead: a turn after one whose run
+///   the hub knows only as `unknown` written by itself (the operator retired or requeued the
+///   host that ran it, so its conversation was freed for the other members while that run's
+///   end is not known), and a turn after one the original of a copied data directory ran cut
+///   off (`reported_unknown_by_copy`, as in I15).
+fn check_pools(m: &Model, ix: &Index, v: &mut Vec<Violation>) -> PoolCounts {
+    let mut counts = PoolCounts::default();
+    for d in m.deliveries.iter() {
+        let Some(pool) = d.pool.as_deref() else { continue };
+        let runs = pool_runs(m, ix, d, pool, &mut counts, v);
+        for &l in ix.ledger_by_delivery.get(&d.id).map(Vec::as_slice).unwrap_or(&[]) {
+            let eff = &m.ledger[l];
+            let run = eff.run_number();
+            let known = runs.get(&run);
+            let wrong = match known.and_then(|r| r.handed_to) {
+                Some(h) => (h != eff.host).then(|| format!("it was handed to host {h}")),
+                None if known.is_some_and(|r| r.claimants.contains(&eff.host.as_str())) => None,
+                None => Some(format!(
+                    "host {} never claimed that run (its claimants: {:?})",
+                    eff.host,
+                    known.map(|r| r.claimants.clone()).unwrap_or_default()
+                )),
+            };
+            if let Some(why) = wrong {
+                v.push(violation(
+                    "I18",
+                    &d.id,
+                    format!("pool {pool}: run {run} executed on host {}, but {why}", eff.host),
+                    Vec::new(),
+                ));
+            }
+        }
+        for &a in ix.attempts_by_delivery.get(&d.id).map(Vec::as_slice).unwrap_or(&[]) {
+            let at = &m.attempts[a];
+            if let Some(h) = runs.get(&at.run).and_then(|r| r.handed_to)
+                && !at.by_hub
+                && at.host != h
+            {
+                v.push(violation(
+                    "I18",
+                    &d.id,
+                    format!("pool {pool}: run {} reported by host {}, but it was handed to host {h}", at.run, at.host),
+                    Vec::new(),
+                ));
+            }
+        }
+    }
+    check_pool_order(m, ix, v, &mut counts);
+    counts
+}
+
+/// The runs of pool delivery `d` from its events (see `check_pools`), reporting on the way a
+/// claim while another host held the run, a claimant that was no member of the pool, a second
+/// host's handoff in one run, and a record that names another host than the current claim's.
+fn pool_runs<'m>(
+    m: &'m Model,
+    ix: &Index,
+    d: &Delivery,
+    pool: &str,
+    counts: &mut PoolCounts,
+    v: &mut Vec<Violation>,
+) -> BTreeMap<i64, PoolRun<'m>> {
+    let mut runs: BTreeMap<i64, PoolRun<'m>> = BTreeMap::new();
+    let mut run = 1;
+    let mut holder: Option<&'m str> = None;
+    for &i in ix.events_by_delivery.get(&d.id).map(Vec::as_slice).unwrap_or(&[]) {
+        let e = &m.events[i];
+        // A new run begins where the hub requeues a retry or an operator a redrive: into
+        // queued from delivered, failed or unknown (a requeue of a claim is the same run).
+        if e.to == "queued" && matches!(e.from.as_deref(), Some("delivered" | "failed" | "unknown")) {
+            run += 1;
+            holder = None;
+            continue;
+        }
+        let this = runs.entry(run).or_default();
+        match e.to.as_str() {
+            "claimed" => {
+                let host = e.actor.as_str();
+                counts.claims += 1;
+                if let Some(other) = holder.filter(|h| *h != host) {
+                    v.push(violation(
+                        "I18",
+                        &d.id,
+                        format!(
+                            "pool {pool}: event #{}: run {run} claimed by host {host} while host {other} held it",
+                            e.id
+                        ),
+                        Vec::new(),
+                    ));
+                }
+                if !member_at(m, pool, host, e.at) {
+                    let mut chain: Vec<String> = m
+                        .pool_audit
+                        .iter()
+                        .filter(|a| a.pool == pool && a.host == host)
+                        .map(|a| {
+                            let action = if a.joined { POOL_ADD } else { POOL_REMOVE };
+                            format!("audit #{} at={} {action} pool {} host {}", a.id, a.at, a.pool, a.host)
+                        })
+                        .collect();
+                    if chain.is_empty() {
+                        chain.push(format!("audit: no change of pool {pool} names host {host}"));
+                    }
+                    chain.extend(ix.chain_for(m, &d.id));
+                    v.push(violation(
+                        "I18",
+                        &d.id,
+                        format!(
+                            "pool {pool}: event #{} at {}: run {run} claimed by host {host}, not a member of the pool then",
+                            e.id, e.at
+                        ),
+                        chain,
+                    ));
+                }
+                this.claimants.push(host);
+                holder = Some(host);
+            }
+            "mirrored" => {}
+            "delivered" => {
+                if let (Some(first), Some(now)) = (this.handed_to, holder)
+                    && first != now
+                {
+                    v.push(violation(
+                        "I18",
+                        &d.id,
+                        format!("pool {pool}: run {run} was handed off to host {first} and to host {now}"),
+                        Vec::new(),
+                    ));
+                }
+                this.handed_to = this.handed_to.or(holder);
+            }
+            _ => holder = None,
+        }
+    }
+    if matches!(d.state.as_str(), "claimed" | "mirrored" | "delivered")
+        && let Some(h) = holder
+        && h != d.host
+    {
+        v.push(violation(
+            "I18",
+            &d.id,
+            format!("pool {pool}: the record names host {:?}, but the current claim is host {h}'s", d.host),
+            Vec::new(),
+        ));
+    }
+    runs
+}
+
+/// The order and never-at-once halves of I18 (see `check_pools`).
+fn check_pool_order(m: &Model, ix: &Index, v: &mut Vec<Violation>, counts: &mut PoolCounts) {
+    let mut groups: BTreeMap<(&str, &str), Vec<usize>> = BTreeMap::new();
+    let mut seen = BTreeSet::new();
+    for (i, l) in m.ledger.iter().enumerate() {
+        let Some(pool) = pool_of(m, ix, &l.delivery_id) else { continue };
+        if l.is_redrive() || l.seq.is_none() || !seen.insert((l.delivery_id.as_str(), l.run_number())) {
+            continue;
+        }
+        groups.entry((pool, l.conversation.as_str())).or_default().push(i);
+    }
+    for ((pool, conversation), mut lines) in groups {
+        counts.ordered += lines.len();
+        if lines.iter().all(|&i| m.ledger[i].started_ns.is_some()) {
+            lines.sort_by_key(|&i| (m.ledger[i].started_ns, i));
+        }
+        for pair in lines.windows(2) {
+            let (a, b) = (&m.ledger[pair[0]], &m.ledger[pair[1]]);
+            if a.host != b.host {
+                counts.handovers += 1;
+            }
+            let chain = || {
+                let mut out: Vec<String> = [a, b]
+                    .iter()
+                    .map(|l| format!("ledger: {}", serde_json::to_string(l).unwrap_or_default()))
+                    .collect();
+                out.extend(ix.chain_for(m, &a.delivery_id));
+                out.extend(ix.chain_for(m, &b.delivery_id));
+                out
+            };
+            let rerun_of_a = b.seq == a.seq && b.delivery_id == a.delivery_id && b.run_number() > a.run_number();
+            if b.seq <= a.seq && !rerun_of_a {
+                v.push(violation(
+                    "I18",
+                    &b.delivery_id,
+                    format!(
+                        "pool {pool}, conversation {conversation:?}: seq {} (run {}{}) started on host {} after seq {}                          (run {}) on host {}",
+                        b.seq.unwrap_or_default(),
+                        b.run_number(),
+                        b.rerun.as_deref().map(|r| format!(", a {r}")).unwrap_or_default(),
+                        b.host,
+                        a.seq.unwrap_or_default(),
+                        a.run_number(),
+                        a.host
+                    ),
+                    chain(),
+                ));
+            }
+            let unknown_by_hub = ix.attempts_by_delivery.get(&a.delivery_id).is_some_and(|is| {
+                is.iter()
+                    .map(|&i| &m.attempts[i])
+                    .any(|h| h.run == a.run_number() && h.by_hub && h.outcome == "unknown")
+            });
+            let exempt =
+                unknown_by_hub || reported_unknown_by_copy(m, ix, &a.delivery_id, a.run_number(), Some(&a.instance));
+            if let (Some(end), Some(start)) = (a.ended_ns, b.started_ns)
+                && start < end
+                && !exempt
+            {
+                let hosts = if a.host == b.host {
+                    format!("both on host {}", a.host)
+                } else {
+                    format!("on hosts {} and {} at once", a.host, b.host)
+                };
+                v.push(violation(
+                    "I18",
+                    &b.delivery_id,
+                    format!(
+                        "pool {pool}, conversation {conversation:?}: seq {} started {} ns before seq {} ended, {hosts}",
+                        b.seq.unwrap_or_default(),
+                        end - start,
+                        a.seq.unwrap_or_default()
+                    ),
+                    chain(),
+                ));
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // I19: progress and deadlines
 
 /// I19 over the hub's record and the effects ledger: no progress event is recorded after its
@@ -1631,7 +2024,7 @@ fn check_liveness(m: &Model, ix: &Index, v: &mut Vec<Violation>) {
         }
     }
     for d in &m.deliveries {
-        let paused = m.fences.iter().any(|f| f.lifted_at.is_none() && covers(f, d));
+        let paused = m.fences.iter().any(|f| f.lifted_at.is_none() && covers(f, d, &d.host));
         match d.state.as_str() {
             "queued" if paused => {}
             "queued" | "claimed" | "mirrored" => {
@@ -1657,5 +2050,32 @@ fn check_liveness(m: &Model, ix: &Index, v: &mut Vec<Violation>) {
                 Vec::new(),
             ));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn audit(m: &mut Model, joined: bool, pool: &str, host: &str, at: i64) {
+        let id = m.pool_audit.len() as i64 + 1;
+        m.pool_audit.push(PoolAudit { id, joined, pool: pool.into(), host: host.into(), at });
+    }
+
+    /// Membership at a claim follows the audit by time: joined at or before the claim and not
+    /// left before it; a change in the claim's millisecond counts on the claim's side.
+    #[test]
+    fn membership_at_a_claim_follows_the_audit_by_time() {
+        let mut m = Model::default();
+        audit(&mut m, true, "p", "h", 10);
+        audit(&mut m, false, "p", "h", 20);
+        audit(&mut m, true, "p", "h", 30);
+        audit(&mut m, true, "q", "other", 0);
+        assert!(!member_at(&m, "p", "h", 9));
+        assert!(member_at(&m, "p", "h", 10) && member_at(&m, "p", "h", 15) && member_at(&m, "p", "h", 20));
+        assert!(!member_at(&m, "p", "h", 25));
+        assert!(member_at(&m, "p", "h", 30) && member_at(&m, "p", "h", i64::MAX));
+        assert!(!member_at(&m, "q", "h", 15) && !member_at(&m, "p", "other", 15));
+        assert!(!member_at(&m, "none", "h", 15), "no audit row, no membership");
     }
 }

@@ -115,10 +115,12 @@ impl Producer {
         payload: &serde_json::Value,
         to: &[String],
     ) -> AcceptOutcome {
-        self.accept_with(hub, conversation, key, payload, to, Retries::default()).await
+        self.accept_with(hub, conversation, key, payload, to, &[], Retries::default()).await
     }
 
-    /// One accept attempt of a message that may be run again when its harness asks (`retries`).
+    /// One accept attempt of a message to the hosts `to` and the pools `pools` (either may be
+    /// empty, not both) that may be run again when its harness asks (`retries`).
+    #[allow(clippy::too_many_arguments)]
     pub async fn accept_with(
         &self,
         hub: Option<SocketAddr>,
@@ -126,9 +128,13 @@ impl Producer {
         key: &str,
         payload: &serde_json::Value,
         to: &[String],
+        pools: &[String],
         retries: Retries,
     ) -> AcceptOutcome {
         let mut content = format!("{conversation}|{payload}|{}", to.join(","));
+        if !pools.is_empty() {
+            content.push_str(&format!("|pools={}", pools.join(",")));
+        }
         if retries.max_attempts.is_some() || retries.retry_backoff_ms.is_some() {
             content.push_str(&format!("|{:?}|{:?}", retries.max_attempts, retries.retry_backoff_ms));
         }
@@ -152,8 +158,9 @@ impl Producer {
             conversation: conversation.into(),
             idempotency_key: key.into(),
             payload: payload.clone().into(),
-            to: Some(to.to_vec()),
-            pools: None,
+            // Only the recipients named: a message to pools alone has no `to`.
+            to: (!to.is_empty() || pools.is_empty()).then(|| to.to_vec()),
+            pools: (!pools.is_empty()).then(|| pools.to_vec()),
             max_attempts: retries.max_attempts,
             retry_backoff_ms: retries.retry_backoff_ms,
             approval: None,
@@ -540,8 +547,11 @@ impl Cluster {
         for id in read("SELECT CAST(id AS TEXT) FROM fences WHERE lifted_at IS NULL")? {
             run(&["fence", "lift", &id, "--reason", "heal"])?;
         }
+        // `--force`: every fence was lifted just above, so the check it skips (would an active
+        // fence catch them again?) has nothing to find; it also reads a held delivery's host,
+        // which a held pool delivery has none of, and fails on it.
         for c in read("SELECT DISTINCT conversation FROM deliveries WHERE state = 'held'")? {
-            run(&["held", "release", "--conversation", &c, "--reason", "heal"])?;
+            run(&["held", "release", "--conversation", &c, "--force", "--reason", "heal"])?;
         }
         anyhow::ensure!(failed.is_empty(), "heal commands failed: {}", failed.join("; "));
         Ok(())
@@ -580,7 +590,7 @@ impl Cluster {
         let mut items = self.record.read(|conn| {
             let mut items = Vec::new();
             let mut st = conn.prepare(
-                "SELECT d.id, d.host, d.conversation, d.seq, d.state, d.attempt, coalesce(d.reason, ''),
+                "SELECT d.id, coalesce(d.host, 'pool ' || d.pool), d.conversation, d.seq, d.state, d.attempt, coalesce(d.reason, ''),
                     coalesce(d.started_session, -1), coalesce(d.cancel_requested_at, -1)
              FROM deliveries d
              WHERE d.state IN ('queued', 'claimed', 'mirrored', 'held')

@@ -4,7 +4,7 @@
 //! Layout:
 //! - `records`: the client history and effects-ledger JSON lines, and the ledger harness command.
 //! - `checker`: loads hub and node databases read-only plus the records, checks RELIABILITY.md
-//!   §6.3 (I1–I10, I12–I17) and explains every violation with its chain of events.
+//!   §6.3 (I1–I10, I12–I19) and explains every violation with its chain of events.
 //! - `proxy`: the loopback TCP fault proxy (blackhole, reset, cut after N bytes, delay).
 //! - `cluster`: the hub and its nodes as test-kit processes (`baton_testkit`, killed and reaped
 //!   on drop), each node behind its own proxy, and the producer that writes the client history.

@@ -14,6 +14,11 @@
 //! the original, cut off, still holds what it acked. The copy takes the node's place; the
 //! original's links heal later, and it must find out that it was taken over and exit 6. The
 //! checker reads both directories.
+//!
+//! Part of the traffic (`POOL_PERCENT`) is addressed to a pool (`POOL`) of some of the hosts
+//! (`POOL_MEMBERS`) instead of to hosts (RELIABILITY.md I18): the kills, pauses and cuts of the
+//! nemesis hit its members while they hold its conversations, and the host outside it must
+//! never take its work.
 
 use crate::checker::{self, Report};
 use crate::cluster::{AcceptOutcome, Cluster, Retries};
@@ -42,6 +47,22 @@ const PRODUCER_PACE: Duration = Duration::from_millis(200);
 /// measures recovery, not a backlog. (At `PRODUCER_PACE` two hubs offered about 40 deliveries/s
 /// and the drain never finished.)
 const TURN_CONTROL_PRODUCER_PACE: Duration = Duration::from_millis(1000);
+/// The pool part of the traffic is addressed to.
+pub const POOL: &str = "soak";
+/// The pool's members: two of the three hosts, so that one host that is no member runs beside
+/// them (and must take none of the pool's work), and two of every three node kills hit one.
+pub const POOL_MEMBERS: [&str; 2] = ["host-b", "host-c"];
+/// Percent of new messages addressed to `POOL` alone instead of to hosts.
+const POOL_PERCENT: u32 = 30;
+/// Conversations beyond the shared ones that only the pool's messages go to (`c2`, `c3`, …; a
+/// pool message picks among these and the shared ones): each gets a turn every second or so,
+/// so it is often free between turns and its next turn goes to either member, while the
+/// shared ones mix pool turns with the hosts' own under the nemesis's fences.
+const POOL_CONVERSATIONS: u32 = 4;
+/// The hubs' `limits.pool_affinity_wait` in the soak (the default is 2 s): none, so that every
+/// turn of a free pool conversation goes to whichever member claims first, and its order
+/// passes between hosts often in a short run (with 250 ms, a 30 s soak passed it once).
+const POOL_AFFINITY_WAIT: &str = "0s";
 /// How long the drain after heal may take before liveness counts as violated.
 pub const DRAIN_LIMIT: Duration = Duration::from_secs(60);
 
@@ -124,6 +145,15 @@ pub struct Figures {
     pub reruns: u64,
     /// Node data directories copied while the node was cut off, the copy started elsewhere.
     pub copies: u64,
+    /// Distinct keys answered ok that were addressed to the pool.
+    pub pool_accepted: u64,
+    /// Claims of pool deliveries whose claimant's membership I18 checked.
+    pub pool_claims: u64,
+    /// Executions of pool turns I18 ordered per (pool, conversation).
+    pub pool_ordered_executions: u64,
+    /// Consecutive executions of one pool conversation on two different hosts (I18 compared
+    /// each pair across hosts).
+    pub pool_handovers: u64,
     /// Originals of copied directories that found out they were taken over and exited 6.
     pub superseded: u64,
 }
@@ -141,6 +171,8 @@ pub struct SoakResult {
 
 struct Counters {
     accepted: AtomicU64,
+    /// Of `accepted`, those addressed to the pool.
+    pool_accepted: AtomicU64,
     duplicates: AtomicU64,
     /// Per hub, in hub order.
     accepted_via: Vec<AtomicU64>,
@@ -158,6 +190,15 @@ pub async fn run(bins: &Binaries, cfg: SoakConfig, log: &mut dyn FnMut(String)) 
     };
     let hubs = c.hub_count();
     for h in 0..hubs {
+        if let Some(hub) = c.hub_at_mut(h) {
+            hub.set_env("BATON_HUB_POOL_AFFINITY_WAIT", POOL_AFFINITY_WAIT);
+        }
+    }
+    let mut members = vec!["pools", "add", "--pool", POOL];
+    members.extend(POOL_MEMBERS);
+    members.extend(["--reason", "soak"]);
+    c.hub.cli(members)?;
+    for h in 0..hubs {
         if matches!(c.start_hub_at(h, None)?, Started::Exited(_)) {
             anyhow::bail!("hub {h} did not start:\n{}", c.logs());
         }
@@ -169,6 +210,7 @@ pub async fn run(bins: &Binaries, cfg: SoakConfig, log: &mut dyn FnMut(String)) 
     let stop = Arc::new(AtomicBool::new(false));
     let counters = Arc::new(Counters {
         accepted: AtomicU64::new(0),
+        pool_accepted: AtomicU64::new(0),
         duplicates: AtomicU64::new(0),
         accepted_via: (0..hubs).map(|_| AtomicU64::new(0)).collect(),
     });
@@ -333,6 +375,10 @@ pub async fn run(bins: &Binaries, cfg: SoakConfig, log: &mut dyn FnMut(String)) 
     inputs.deadline_allowance += Duration::from_millis(cfg.pause_ms_max);
     let report = checker::check(&inputs)?;
     f.accepted = counters.accepted.load(Ordering::SeqCst);
+    f.pool_accepted = counters.pool_accepted.load(Ordering::SeqCst);
+    f.pool_claims = report.counts.get("pool_claims").copied().unwrap_or(0);
+    f.pool_ordered_executions = report.counts.get("pool_ordered_effects").copied().unwrap_or(0);
+    f.pool_handovers = report.counts.get("pool_handovers").copied().unwrap_or(0);
     f.accepted_via = counters.accepted_via.iter().map(|a| a.load(Ordering::SeqCst)).collect();
     f.hub_moves = c.nodes.iter().map(|n| n.proc().stderr_all().matches(HUB_MOVE_LOG).count() as u64).sum();
     f.duplicate_submissions = counters.duplicates.load(Ordering::SeqCst);
@@ -571,6 +617,19 @@ struct Workload {
     turn_control: bool,
 }
 
+/// One new message of a producer, kept to be sent again with the same key.
+#[derive(Debug, Clone)]
+struct Submission {
+    key: String,
+    conv: String,
+    payload: serde_json::Value,
+    /// Its hosts (empty when it is addressed to the pool).
+    to: Vec<String>,
+    /// Its pools: `POOL`, or none.
+    pools: Vec<String>,
+    retries: Retries,
+}
+
 async fn produce(
     producer: Arc<crate::cluster::Producer>,
     addr: HubAddrs,
@@ -580,17 +639,24 @@ async fn produce(
 ) {
     let Workload { index, seed, turn_control } = work;
     let mut rng = StdRng::seed_from_u64(seed);
-    let mut done: Vec<(String, String, serde_json::Value, Vec<String>, Retries)> = Vec::new();
+    let mut done: Vec<Submission> = Vec::new();
     let mut i = 0u64;
     while !stop.load(Ordering::SeqCst) {
         let replay = !done.is_empty() && rng.random_bool(0.2);
-        let (key, conv, payload, to, retries) = if replay {
+        let Submission { key, conv, payload, to, pools, retries } = if replay {
             done[rng.random_range(0..done.len())].clone()
         } else {
             i += 1;
             let mut to: Vec<String> = HOSTS.iter().filter(|_| rng.random_bool(0.5)).map(|h| h.to_string()).collect();
             if to.is_empty() {
                 to.push(HOSTS[rng.random_range(0..HOSTS.len())].to_string());
+            }
+            let mut pools = Vec::new();
+            let mut conversations = CONVERSATIONS;
+            if rng.random_range(0..100u32) < POOL_PERCENT {
+                to.clear();
+                pools.push(POOL.to_string());
+                conversations += POOL_CONVERSATIONS;
             }
             let mut payload = serde_json::json!({"p": index, "i": i});
             let mut retries = Retries::default();
@@ -614,7 +680,8 @@ async fn produce(
             if rng.random_range(0..100u32) < DEADLINE_PERCENT {
                 retries.deadline_ms = Some(if slow { SLOW_DEADLINE_MS } else { DEADLINE_MS });
             }
-            (format!("p{index}-{seed}-{i}"), format!("c{}", rng.random_range(0..CONVERSATIONS)), payload, to, retries)
+            let (key, conv) = (format!("p{index}-{seed}-{i}"), format!("c{}", rng.random_range(0..conversations)));
+            Submission { key, conv, payload, to, pools, retries }
         };
         if replay {
             counters.duplicates.fetch_add(1, Ordering::Relaxed);
@@ -633,14 +700,24 @@ async fn produce(
                 0 | 1 => up.first().copied(),
                 n => Some(up[rng.random_range(0..n)]),
             };
-            match producer.accept_with(via.map(|(_, a)| a), &conv, &key, &payload, &to, retries).await {
+            match producer.accept_with(via.map(|(_, a)| a), &conv, &key, &payload, &to, &pools, retries).await {
                 AcceptOutcome::Ok(_) => {
                     if !replay {
                         counters.accepted.fetch_add(1, Ordering::Relaxed);
+                        if !pools.is_empty() {
+                            counters.pool_accepted.fetch_add(1, Ordering::Relaxed);
+                        }
                         if let Some(c) = via.and_then(|(h, _)| counters.accepted_via.get(h)) {
                             c.fetch_add(1, Ordering::Relaxed);
                         }
-                        done.push((key.clone(), conv.clone(), payload.clone(), to.clone(), retries));
+                        done.push(Submission {
+                            key: key.clone(),
+                            conv: conv.clone(),
+                            payload: payload.clone(),
+                            to: to.clone(),
+                            pools: pools.clone(),
+                            retries,
+                        });
                         // Offer a steady load the cluster can drain while it is being killed, so
                         // the liveness check after heal measures recovery, not a backlog.
                         tokio::time::sleep(if turn_control { TURN_CONTROL_PRODUCER_PACE } else { PRODUCER_PACE }).await;

@@ -98,6 +98,10 @@ fn main() -> ExitCode {
     println!("deadline_runs: {}", f.deadline_runs);
     println!("copies: {}", f.copies);
     println!("superseded: {}", f.superseded);
+    println!("pool_accepted: {}", f.pool_accepted);
+    println!("pool_claims: {}", f.pool_claims);
+    println!("pool_ordered_executions: {}", f.pool_ordered_executions);
+    println!("pool_handovers: {}", f.pool_handovers);
     println!("drained: {}", r.drained);
     println!("violations: {}", r.report.violations.len());
     if r.report.violations.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) }

@@ -9,7 +9,7 @@
 //! must name the family.
 
 use baton_fault::checker::{self, HubRecord, Report};
-use baton_fault::cluster::Cluster;
+use baton_fault::cluster::{AcceptOutcome, Cluster, Retries};
 use baton_fault::matrix::{clean_cluster, clean_cluster_on_postgres};
 use baton_fault::records::{EffectLine, HistoryLine, LineWriter, read_lines};
 use baton_hub::store::engine::postgres::PgUrl;
@@ -677,6 +677,157 @@ fn i19_a_turn_that_ran_past_its_deadline() {
     });
     assert_only(&report, "I19");
     assert!(report.violations.iter().any(|v| v.message.contains("past its deadline_ms = 50")), "{}", report.render());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pools (I18)
+
+/// The pool of the pool fixture, and its one conversation.
+const POOL: &str = "p";
+const POOL_CONVERSATION: &str = "pc";
+/// Turns of the pool conversation each host runs in the pool fixture.
+const POOL_TURNS_PER_HOST: usize = 2;
+
+/// A clean run with pool traffic, checked clean, then `mutate`, then the checker again. Hub and
+/// two nodes, both hosts members of `POOL`: the first turns of `POOL_CONVERSATION` (addressed
+/// to the pool) run while only host-a's node is up, the next ones while only host-b's is (so
+/// the conversation's order passes from one host to the other), each batch drained; one
+/// message to a host rides along.
+fn with_pool_cluster(mutate: impl FnOnce(&Cluster)) -> Report {
+    let bins = Binaries::build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let c = rt.block_on(async {
+        let mut c = Cluster::new(&bins, &["host-a", "host-b"]).await.unwrap();
+        // Any member may take a free conversation at once: host-b need not wait out host-a's
+        // affinity.
+        c.hub.set_env("BATON_HUB_POOL_AFFINITY_WAIT", "0s");
+        c.hub.cli(["pools", "add", "--pool", POOL, "host-a", "host-b", "--reason", "fixture"]).unwrap();
+        assert!(matches!(c.start_hub(None).unwrap(), baton_testkit::Started::Ready(_)), "{}", c.logs());
+        let pools = [POOL.to_string()];
+        let mut n = 0;
+        for node in 0..2 {
+            c.nodes[node].start(None).unwrap();
+            for _ in 0..POOL_TURNS_PER_HOST {
+                n += 1;
+                let payload = serde_json::json!({"n": n});
+                let got = c
+                    .producer
+                    .accept_with(
+                        c.hub.addr(),
+                        POOL_CONVERSATION,
+                        &format!("pool-{n}"),
+                        &payload,
+                        &[],
+                        &pools,
+                        Retries::default(),
+                    )
+                    .await;
+                assert!(matches!(got, AcceptOutcome::Ok(_)), "{got:?}");
+            }
+            if node == 0 {
+                let to = ["host-a".to_string()];
+                let got = c.producer.accept(c.hub.addr(), "own", "own-1", &serde_json::json!({}), &to).await;
+                assert!(matches!(got, AcceptOutcome::Ok(_)), "{got:?}");
+            }
+            assert!(c.quiesce(std::time::Duration::from_secs(60)).await, "not drained:\n{}", c.pending());
+            c.nodes[node].proc_mut().kill().unwrap();
+        }
+        c.hub.kill().unwrap();
+        c
+    });
+    let before = checker::check(&c.inputs(true)).unwrap();
+    assert!(before.violations.is_empty(), "the baseline run is not clean:\n{}", before.render());
+    let turns = POOL_TURNS_PER_HOST as u64 * 2;
+    assert_eq!(before.counts["pool_ordered_effects"], turns, "{:?}", before.counts);
+    assert_eq!(before.counts["pool_handovers"], 1, "the conversation passed from host-a to host-b once");
+    mutate(&c);
+    let report = checker::check(&c.inputs(true)).unwrap();
+    drop(rt);
+    report
+}
+
+/// The pool fixture's ledger lines of `host`, in start order.
+fn pool_lines_of(lines: &[EffectLine], host: &str) -> Vec<usize> {
+    let mut idx: Vec<usize> =
+        (0..lines.len()).filter(|&i| lines[i].conversation == POOL_CONVERSATION && lines[i].host == host).collect();
+    idx.sort_by_key(|&i| lines[i].started_ns);
+    assert_eq!(idx.len(), POOL_TURNS_PER_HOST, "{lines:?}");
+    idx
+}
+
+#[test]
+fn i18_a_pool_turn_claimed_by_a_host_removed_from_the_pool() {
+    // The bug: the claim reads the host's pools outside its transaction, so a host removed
+    // from the pool still takes its work.
+    let report = with_pool_cluster(|c| {
+        let conn = hub_rw(c);
+        let first_claim: i64 = conn
+            .query_row(
+                "SELECT min(e.at) FROM delivery_events e JOIN deliveries d ON d.id = e.delivery_id
+                 WHERE d.pool = ?1 AND e.to_state = 'claimed' AND e.actor = 'host-b'",
+                [POOL],
+                |r| r.get(0),
+            )
+            .unwrap();
+        let subject = format!("pool {POOL} host host-b");
+        conn.execute(
+            "INSERT INTO operator_events (action, subject, operator, reason, at) VALUES
+                 ('pool_remove', ?1, 'op', 'mutation', ?2),
+                 ('pool_add', ?1, 'op', 'mutation', (SELECT max(at) + 1 FROM delivery_events))",
+            rusqlite::params![subject, first_claim - 1],
+        )
+        .unwrap();
+    });
+    assert_only(&report, "I18");
+    assert!(report.violations.iter().all(|v| v.message.contains("not a member")), "{}", report.render());
+    assert_eq!(report.violations.len(), POOL_TURNS_PER_HOST, "each of host-b's claims:\n{}", report.render());
+}
+
+#[test]
+fn i18_a_pool_run_executed_by_a_host_it_was_not_handed_to() {
+    // The bug: a pool turn handed to one member runs on another (two members took one run).
+    let report = with_pool_cluster(|c| {
+        rewrite_ledger(c, |lines| {
+            let i = pool_lines_of(lines, "host-a")[0];
+            lines[i].host = "host-b".into();
+        });
+    });
+    assert_only(&report, "I18");
+    assert!(report.violations[0].message.contains("handed to host host-a"), "{}", report.render());
+}
+
+#[test]
+fn i18_a_pool_conversation_out_of_seq_order_across_hosts() {
+    // The bug: a later turn of a pool conversation is handed to a free member while an earlier
+    // one still waits, so the next host runs it first.
+    let report = with_pool_cluster(|c| {
+        rewrite_ledger(c, |lines| {
+            let (a, b) = (*pool_lines_of(lines, "host-a").last().unwrap(), pool_lines_of(lines, "host-b")[0]);
+            let (x, y) = (lines[a].seq, lines[b].seq);
+            lines[a].seq = y;
+            lines[b].seq = x;
+        });
+    });
+    assert_only(&report, "I18");
+    assert!(
+        report.violations.iter().any(|v| v.message.contains("started on host host-b after")),
+        "{}",
+        report.render()
+    );
+}
+
+#[test]
+fn i18_two_hosts_ran_turns_of_one_pool_conversation_at_once() {
+    // The bug: the conversation is freed while its turn still runs (its flight ended early),
+    // and another member starts the next turn beside it.
+    let report = with_pool_cluster(|c| {
+        rewrite_ledger(c, |lines| {
+            let (a, b) = (*pool_lines_of(lines, "host-a").last().unwrap(), pool_lines_of(lines, "host-b")[0]);
+            lines[a].ended_ns = Some(lines[b].started_ns.unwrap() + 1);
+        });
+    });
+    assert_only(&report, "I18");
+    assert!(report.violations[0].message.contains("on hosts host-a and host-b at once"), "{}", report.render());
 }
 
 /// Whether `sql` (one `?1` parameter) finds a row in the SQLite file `db`.

@@ -44,6 +44,8 @@ fn a_short_two_hub_postgres_soak_has_no_violations() {
     // At times neither hub ran: the nodes and producers waited for one to come back.
     assert!(f.all_hubs_down > 0, "{f:?}");
     assert!(f.ordered_executions > 2 * soak::HOSTS.len() as u64, "{f:?}");
+    // Pool work claimed through both hubs at once: I18 had claims and order to judge.
+    assert!(f.pool_claims > 0 && f.pool_ordered_executions > 0, "{f:?}");
 
     // Turn control on two hubs: a retry's run, a start or a cancel made through one hub holds
     // through the other, and I16 and I17 have runs and cancels to judge.
