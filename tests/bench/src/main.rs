@@ -461,6 +461,11 @@ fn end_to_end(
     remove.extend(plan.hosts.iter().map(String::as_str));
     remove.extend(["--reason", "benchmark: the pool pass is over"]);
     hubs[0].cli(remove).context("baton-hub pools remove")?;
+    // The host-addressed pass once more, after the pool pass: every pass runs on a larger record
+    // than the one before it, and the pool pass sits between these two.
+    progress(&format!("step 2: no-op pass again, {} messages, each to one host", plan.messages));
+    let again = run(&pass("again", plan.messages, None, Harness::Noop))?;
+    record_pass(figs, "host_again_", &again);
     record_pass(figs, "pool_", &p);
     let reported = p.per_host.iter().sum::<usize>().max(1);
     figs.put("pool_hosts_working", Some(p.per_host.len() as f64), "members that ran at least one pool delivery");
@@ -670,6 +675,7 @@ fn derive(figs: &mut Figures, plan: &Plan) {
         "node_cpu_us_per_delivery",
     ] {
         figs.ratio(&format!("pool_{key}"), key);
+        figs.ratio(&format!("pool_{key}"), &format!("host_again_{key}"));
     }
     // Tracing on beside tracing off: the same pass, one per request.
     for key in
