@@ -341,14 +341,8 @@ fn measure(
         return Ok(());
     }
     progress("step 3: claim latency with a backlog");
-    let points = backlog::run(
-        rt,
-        bins,
-        &root.join("backlog"),
-        &plan.backlog_sizes,
-        plan.backlog_claims,
-        backlog::Queue::Host,
-    )?;
+    let points =
+        backlog::run(rt, bins, &root.join("backlog"), &plan.backlog_sizes, plan.backlog_claims, backlog::Queue::Host)?;
     record_backlog(figs, "", &points);
     if let Some(last) = points.last() {
         figs.put(
@@ -376,9 +370,17 @@ fn record_backlog(figs: &mut Figures, prefix: &str, points: &[backlog::BacklogPo
     let queue = if prefix.is_empty() { "the host's own queue" } else { "a pool's queue (one member)" };
     for p in points {
         let k = |name: &str| format!("{prefix}{name}_backlog_{}", size_label(p.size));
-        figs.put(&k("claim_ms"), Some(p.hub_ms.p50), &format!("p50 POST /v1/claims max=1 via the real hub, {queue}, ms"));
+        figs.put(
+            &k("claim_ms"),
+            Some(p.hub_ms.p50),
+            &format!("p50 POST /v1/claims max=1 via the real hub, {queue}, ms"),
+        );
         figs.put(&k("claim_ms_p99"), Some(p.hub_ms.p99), "p99 of the same, ms");
-        figs.put(&k("inproc_claim_ms"), Some(p.inproc_ms.p50), &format!("p50 store::lifecycle::claim::claim, {queue}, ms"));
+        figs.put(
+            &k("inproc_claim_ms"),
+            Some(p.inproc_ms.p50),
+            &format!("p50 store::lifecycle::claim::claim, {queue}, ms"),
+        );
         figs.put(&k("inproc_claim_ms_p99"), Some(p.inproc_ms.p99), "p99 of the same, ms");
         figs.put(&k("hub_start_s"), Some(p.hub_start_s), "hub spawn to ready (/readyz answers), s");
         figs.put(&k("prefill_s"), Some(p.prefill_s), &format!("prefill time to this size, {queue}, s"));
