@@ -383,7 +383,11 @@ fn record_backlog(figs: &mut Figures, prefix: &str, points: &[backlog::BacklogPo
         );
         figs.put(&k("inproc_claim_ms_p99"), Some(p.inproc_ms.p99), "p99 of the same, ms");
         figs.put(&k("hub_start_s"), Some(p.hub_start_s), "hub spawn to ready (/readyz answers), s");
-        figs.put(&k("prefill_s"), Some(p.prefill_s), &format!("prefill time to this size, {queue}, s"));
+        figs.put(
+            &k("prefill_s"),
+            Some(p.prefill_s),
+            &format!("prefill time to this size, {queue}, with the prefill's own index, s"),
+        );
         figs.put(&k("hub_peak_rss_bytes"), Some(p.hub_peak_rss_bytes as f64), "hub VmHWM, bytes");
     }
 }
