@@ -1,4 +1,5 @@
-//! Step 3: the cost of one claim against a backlog of queued deliveries for one host.
+//! Step 3: the cost of one claim against a backlog of queued deliveries for one host, and
+//! against the same backlog queued in a pool whose one member claims it.
 //!
 //! The backlog is prefilled through the hub's own store code (`accept` and `fan_out`, in big
 //! transactions) into a hub data directory made by the real CLI, and grown size by size. At
@@ -6,6 +7,18 @@
 //! `baton_hub::store::lifecycle::claim::claim` inside one write transaction that is rolled back (so the
 //! backlog is not consumed; the commit is not timed), and through the real hub process
 //! (`POST /v1/claims`, max 1, no wait; durable commit included).
+//!
+//! A pool's backlog is the same messages, in the same conversations, addressed to a pool
+//! (`pools` instead of `to`) that the claiming host is the one member of, made in its own data
+//! directory (`store::registry::pools::add` before the prefill): the claim then walks the
+//! pool's conversation queues, not the host's.
+//!
+//! The record has no index on `deliveries (message_id)` alone (only partial ones, per host
+//! delivery and per pool delivery), so every fan-out's check for a delivery of its message
+//! (the `messages_settled_by_fan_out` trigger) scans the whole table, and a prefill to 1M
+//! would take a time quadratic in its size. The prefill connection therefore adds such an index
+//! (`PREFILL_INDEX`) for the prefill alone and drops it before anything is timed: the claims
+//! run on the record's own schema, and `prefill_s` is not the accept's cost.
 //!
 //! The prefill connection alone runs with `synchronous=OFF`: a crash during the prefill would
 //! only lose benchmark data, and it keeps a 1M prefill to seconds. The hub itself opens the
@@ -17,6 +30,7 @@ use crate::stats::{self, Summary};
 use anyhow::{Context, bail};
 use baton_client::NodeClient;
 use baton_hub::store::lifecycle::accept::{self, AcceptLimits, Accepted, NewMessage};
+use baton_hub::store::registry::pools;
 use baton_hub::store::{self, in_write_txn, lifecycle::claim};
 use baton_shared::sqlite::Synchronous;
 use baton_testkit::Binaries;
@@ -24,16 +38,39 @@ use rusqlite::Connection;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+/// The index the prefill adds while it runs, dropped before the claims are timed.
+const PREFILL_INDEX: &str = "bench_prefill_deliveries_by_message";
+
 /// Messages accepted and fanned out per prefill transaction.
 const PREFILL_TXN_MESSAGES: usize = 20_000;
 /// Conversations the backlog is spread over.
 const PREFILL_CONVERSATIONS: usize = 1_000;
 /// Claims made and not timed before the timed ones (caches, connection setup).
 const WARMUP_CLAIMS: usize = 10;
-/// The one host the backlog is queued for.
+/// The one host the backlog is queued for (by name, or as the pool's one member).
 const HOST: &str = "backlog-host";
+/// The pool a pool backlog is queued in.
+const POOL: &str = "backlog-pool";
 /// The node instance that claims.
 const INSTANCE: &str = "bench-backlog-instance";
+
+/// Where a backlog waits, and the claim that takes from it looks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Queue {
+    /// The host's own queue: every message addressed to the host by name.
+    Host,
+    /// A pool's queue: every message addressed to a pool the host is the one member of.
+    Pool,
+}
+
+/// Whom a prefilled message is addressed to.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Recipient<'a> {
+    /// One host, by name (`to`).
+    Host(&'a str),
+    /// One pool (`pools`).
+    Pool(&'a str),
+}
 
 /// The figures at one backlog size.
 #[derive(Debug, Clone)]
@@ -52,13 +89,14 @@ pub struct BacklogPoint {
     pub hub_peak_rss_bytes: u64,
 }
 
-/// Prefills `sizes` (ascending) in turn and times `claims` claims of one at each.
+/// Prefills `sizes` (ascending) in turn, in `queue`, and times `claims` claims of one at each.
 pub fn run(
     rt: &tokio::runtime::Runtime,
     bins: &Binaries,
     root: &Path,
     sizes: &[usize],
     claims: usize,
+    queue: Queue,
 ) -> anyhow::Result<Vec<BacklogPoint>> {
     let mut hub = cluster::create_hub(bins, root, &[HOST.to_string()], &[], None)?;
     let conn = store::open_write(&hub.db(), Synchronous::Normal).context("opening the backlog database")?;
@@ -67,13 +105,22 @@ pub fn run(
     if sync != 0 {
         bail!("the prefill connection reads back synchronous = {sync}, expected 0 (off)");
     }
+    if queue == Queue::Pool {
+        let now = baton_shared::clock::system_now_ms();
+        in_write_txn(&conn, |c| pools::add(c, POOL, &[HOST.to_string()], "bench", "benchmark backlog", now))
+            .context("making the backlog pool")?;
+    }
     let clk = procfs::clock_ticks();
     let mut filled = 0;
     let mut points = Vec::new();
     for &size in sizes {
-        eprintln!("baton-bench: backlog: prefilling to {size} queued deliveries");
+        let place = match queue {
+            Queue::Host => "",
+            Queue::Pool => " in a pool",
+        };
+        eprintln!("baton-bench: backlog: prefilling to {size} queued deliveries{place}");
         let started = Instant::now();
-        prefill(&conn, filled, size)?;
+        prefill(&conn, filled, size, queue)?;
         let prefill_s = started.elapsed().as_secs_f64();
         filled = size;
         let inproc_ms = claim_in_process(&conn, claims)?;
@@ -93,29 +140,43 @@ pub fn run(
     Ok(points)
 }
 
-/// Accepts and fans out messages `from..to` for the backlog host.
-fn prefill(conn: &Connection, from: usize, to: usize) -> anyhow::Result<()> {
-    accept_range(conn, from..to, "bench", HOST, |n| {
+/// Accepts and fans out messages `from..to` for the backlog host, by name or in its pool.
+fn prefill(conn: &Connection, from: usize, to: usize, queue: Queue) -> anyhow::Result<()> {
+    let (recipient, count) = match queue {
+        Queue::Host => (Recipient::Host(HOST), "SELECT count(*) FROM deliveries WHERE host = ?1 AND state = 'queued'"),
+        Queue::Pool => (Recipient::Pool(POOL), "SELECT count(*) FROM deliveries WHERE pool = ?1 AND state = 'queued'"),
+    };
+    let key = match recipient {
+        Recipient::Host(h) | Recipient::Pool(h) => h,
+    };
+    conn.execute_batch(&format!("CREATE INDEX {PREFILL_INDEX} ON deliveries (message_id)"))?;
+    let filled = accept_range(conn, from..to, "bench", recipient, |n| {
         (format!("backlog-{}", n % PREFILL_CONVERSATIONS), format!("backlog-{n}-{}", uuid::Uuid::new_v4().simple()))
-    })?;
-    let queued: i64 =
-        conn.query_row("SELECT count(*) FROM deliveries WHERE host = ?1 AND state = 'queued'", [HOST], |r| r.get(0))?;
+    });
+    conn.execute_batch(&format!("DROP INDEX {PREFILL_INDEX}"))?;
+    filled?;
+    let queued: i64 = conn.query_row(count, [key], |r| r.get(0))?;
     if queued as usize != to {
         bail!("the backlog holds {queued} queued deliveries, expected {to}");
     }
     Ok(())
 }
 
-/// Accepts and fans out one message per `n` in `range` from `producer` to `host` through the hub's own store
-/// functions, `PREFILL_TXN_MESSAGES` to a transaction; `name(n)` gives its conversation and
-/// idempotency key. The benchmark's backlog and fairness steps both fill their queues with it.
+/// Accepts and fans out one message per `n` in `range` from `producer` to `recipient` through
+/// the hub's own store functions, `PREFILL_TXN_MESSAGES` to a transaction; `name(n)` gives its
+/// conversation and idempotency key. The benchmark's backlog and fairness steps both fill their
+/// queues with it.
 pub(crate) fn accept_range(
     conn: &Connection,
     range: std::ops::Range<usize>,
     producer: &str,
-    host: &str,
+    recipient: Recipient<'_>,
     name: impl Fn(usize) -> (String, String),
 ) -> anyhow::Result<()> {
+    let (to, to_pools) = match recipient {
+        Recipient::Host(host) => (vec![host.to_string()], Vec::new()),
+        Recipient::Pool(pool) => (Vec::new(), vec![pool.to_string()]),
+    };
     let limits = AcceptLimits { queued_per_host_max: u64::MAX, queued_per_pool_max: u64::MAX };
     let mut i = range.start;
     while i < range.end {
@@ -130,8 +191,8 @@ pub(crate) fn accept_range(
                     conversation,
                     idempotency_key,
                     payload: format!("{{\"i\":{n}}}"),
-                    to: vec![host.into()],
-                    pools: Vec::new(),
+                    to: to.clone(),
+                    pools: to_pools.clone(),
                 };
                 let Accepted::New { message_id, .. } = accept::accept(c, &msg, limits, now)? else {
                     return Err(store::StoreError::Invalid("a fresh key was taken as a duplicate".into()));

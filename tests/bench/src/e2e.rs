@@ -3,6 +3,8 @@
 //! A pass starts fresh nodes (new data directories, so new instances), waits until each has
 //! bound its host with a first claim, then C producer tasks submit N messages, each to one
 //! host round-robin, over many conversations per host so each node can run turns in parallel.
+//! A pool pass sends the same messages, in the same conversations, to one pool of every host
+//! instead (`pools`, no `to`), so any member's claim may take each of them.
 //! Producers either go as fast as the hub answers or follow a fixed schedule (`rate_per_s`),
 //! and send either one message per request (`POST /v1/messages`) or batches of
 //! `submit_batch` messages (`POST /v1/batch/messages`).
@@ -29,6 +31,8 @@ const STALL_TIMEOUT: Duration = Duration::from_secs(60);
 const POLL_INTERVAL: Duration = Duration::from_millis(100);
 /// The producer every benchmark message is submitted as.
 pub const PRODUCER: &str = "bench";
+/// The pool of every host that the pool pass addresses.
+pub const POOL: &str = "bench-pool";
 
 /// What one pass does.
 #[derive(Debug, Clone)]
@@ -48,6 +52,9 @@ pub struct Pass {
     pub submit_batch: usize,
     /// How each node is configured.
     pub node: NodeSettings,
+    /// Address every message to this pool instead of to one host by name (the conversations
+    /// stay those of the host-addressed pass).
+    pub pool: Option<String>,
 }
 
 /// What one pass measured.
@@ -83,6 +90,9 @@ pub struct PassResult {
     /// `POST /v1/running` requests the first hub answered during the pass (the nodes'
     /// renewals, progress included), read from its `/metrics`; `None` when they could not be read.
     pub running_requests: Option<f64>,
+    /// Deliveries reported per host that ran them, busiest first: how a pool pass spread its
+    /// work over the members (a host-addressed pass spreads it evenly by construction).
+    pub per_host: Vec<usize>,
 }
 
 impl PassResult {
@@ -173,6 +183,7 @@ pub fn run_pass(rig: &Rig<'_>, pass: &Pass) -> anyhow::Result<PassResult> {
         |r| r.get::<_, i64>(0),
     )? as usize;
 
+    let per_host = per_host(db, &pass.name)?;
     let rows = latencies(db, &pass.name)?;
     let last_report_ms = rows.iter().filter_map(|r| r.2).max().unwrap_or(t0_ms);
     let deliveries = rows.iter().filter(|r| r.2.is_some()).count();
@@ -194,6 +205,7 @@ pub fn run_pass(rig: &Rig<'_>, pass: &Pass) -> anyhow::Result<PassResult> {
         db_cpu_s: db0.zip(db1).map(|(a, b)| b - a),
         progress_events,
         running_requests: running0.zip(running1).map(|(a, b)| b - a),
+        per_host,
     })
 }
 
@@ -284,6 +296,20 @@ fn latencies(db: &dyn Db, pass: &str) -> anyhow::Result<Vec<LatencyRow>> {
     Ok(rows)
 }
 
+/// The deliveries of a pass's messages that were reported, counted per host, busiest first.
+fn per_host(db: &dyn Db, pass: &str) -> anyhow::Result<Vec<usize>> {
+    let mut stmt = db.prepare(
+        "SELECT count(*) FROM messages m JOIN deliveries d ON d.message_id = m.id
+         WHERE m.producer = $1 AND m.idempotency_key LIKE $2
+           AND EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id)
+         GROUP BY d.host ORDER BY count(*) DESC",
+    )?;
+    let counts = stmt
+        .query_map(rusqlite::params![PRODUCER, format!("{pass}-%")], |r| r.get::<_, i64>(0))?
+        .collect::<Result<Vec<i64>, _>>()?;
+    Ok(counts.into_iter().map(|n| n as usize).collect())
+}
+
 /// What the producers got back.
 #[derive(Debug, Default)]
 struct Tally {
@@ -363,15 +389,20 @@ async fn produce(
     }
 }
 
-/// Message number `i` of a pass: to one host round-robin, in one of its conversations.
+/// Message number `i` of a pass: to one host round-robin, in one of its conversations; in a
+/// pool pass, the same conversation, to the pool.
 fn message(pass: &Pass, hosts: &[String], i: usize) -> SubmitRequest {
     let k = hosts.len();
+    let (to, pools) = match &pass.pool {
+        None => (Some(vec![hosts[i % k].clone()]), None),
+        Some(pool) => (None, Some(vec![pool.clone()])),
+    };
     SubmitRequest {
         conversation: format!("{}-{}-{}", pass.name, i % k, (i / k) % pass.convs_per_host),
         idempotency_key: format!("{}-{i}", pass.name),
         payload: serde_json::json!({ "i": i }).into(),
-        to: Some(vec![hosts[i % k].clone()]),
-        pools: None,
+        to,
+        pools,
         max_attempts: None,
         retry_backoff_ms: None,
         approval: None,

@@ -105,7 +105,9 @@ pub fn run(
 fn prefill(db: &Path, count: usize) -> anyhow::Result<()> {
     let conn: Connection = store::open_write(db, Synchronous::Normal).context("opening the fairness database")?;
     conn.execute_batch("PRAGMA synchronous = OFF")?;
-    crate::backlog::accept_range(&conn, 0..count, PRODUCER, HOST, |n| (HEAVY.to_string(), format!("heavy-{n}")))
+    crate::backlog::accept_range(&conn, 0..count, PRODUCER, crate::backlog::Recipient::Host(HOST), |n| {
+        (HEAVY.to_string(), format!("heavy-{n}"))
+    })
 }
 
 /// Submits the light messages one at a time, `LIGHT_GAP` apart.

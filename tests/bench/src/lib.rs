@@ -7,9 +7,11 @@
 //! - `cluster`: the real `baton-hub` and `baton-node` processes through the test kit (stopped
 //!   gracefully and reaped on drop), their data directories and certificates, and the
 //!   `baton_client` clients the producers and the timed claims use.
-//! - `e2e`: step 2, passes with producers against the hub and K nodes.
+//! - `e2e`: step 2, passes with producers against the hub and K nodes, addressed to each host
+//!   by name or to one pool of every host.
 //! - `fairness`: step 2b, a light conversation's latency while a heavy one drains on its host.
-//! - `backlog`: step 3, claim latency with 10k, 100k and 1M queued deliveries.
+//! - `backlog`: step 3, claim latency with 10k, 100k and 1M queued deliveries, in the host's own
+//!   queue and in a pool's.
 //! - `figures`: the table, the JSON, the targets.
 //! - `stats`, `procfs`: percentiles; CPU time and peak RSS from `/proc`.
 

@@ -341,25 +341,9 @@ fn measure(
         return Ok(());
     }
     progress("step 3: claim latency with a backlog");
-    let points = backlog::run(rt, bins, &root.join("backlog"), &plan.backlog_sizes, plan.backlog_claims)?;
-    for p in &points {
-        let l = size_label(p.size);
-        figs.put(
-            &format!("claim_ms_backlog_{l}"),
-            Some(p.hub_ms.p50),
-            "p50 POST /v1/claims max=1 via the real hub, ms",
-        );
-        figs.put(&format!("claim_ms_p99_backlog_{l}"), Some(p.hub_ms.p99), "p99 of the same, ms");
-        figs.put(
-            &format!("inproc_claim_ms_backlog_{l}"),
-            Some(p.inproc_ms.p50),
-            "p50 store::lifecycle::claim::claim, ms",
-        );
-        figs.put(&format!("inproc_claim_ms_p99_backlog_{l}"), Some(p.inproc_ms.p99), "p99 of the same, ms");
-        figs.put(&format!("hub_start_s_backlog_{l}"), Some(p.hub_start_s), "hub spawn to ready (/readyz answers), s");
-        figs.put(&format!("prefill_s_backlog_{l}"), Some(p.prefill_s), "prefill time to this size, s");
-        figs.put(&format!("hub_peak_rss_bytes_backlog_{l}"), Some(p.hub_peak_rss_bytes as f64), "hub VmHWM, bytes");
-    }
+    let points =
+        backlog::run(rt, bins, &root.join("backlog"), &plan.backlog_sizes, plan.backlog_claims, backlog::Queue::Host)?;
+    record_backlog(figs, "", &points);
     if let Some(last) = points.last() {
         figs.put(
             "hub_peak_rss_bytes",
@@ -367,7 +351,45 @@ fn measure(
             &format!("hub VmHWM serving the {} backlog", size_label(last.size)),
         );
     }
+    progress("step 3: claim latency with a backlog in a pool");
+    let points = backlog::run(
+        rt,
+        bins,
+        &root.join("backlog-pool"),
+        &plan.backlog_sizes,
+        plan.backlog_claims,
+        backlog::Queue::Pool,
+    )?;
+    record_backlog(figs, "pool_", &points);
     Ok(())
+}
+
+/// Records step 3's figures at each backlog size under `prefix` (`pool_` for the pool's
+/// backlog).
+fn record_backlog(figs: &mut Figures, prefix: &str, points: &[backlog::BacklogPoint]) {
+    let queue = if prefix.is_empty() { "the host's own queue" } else { "a pool's queue (one member)" };
+    for p in points {
+        let k = |name: &str| format!("{prefix}{name}_backlog_{}", size_label(p.size));
+        figs.put(
+            &k("claim_ms"),
+            Some(p.hub_ms.p50),
+            &format!("p50 POST /v1/claims max=1 via the real hub, {queue}, ms"),
+        );
+        figs.put(&k("claim_ms_p99"), Some(p.hub_ms.p99), "p99 of the same, ms");
+        figs.put(
+            &k("inproc_claim_ms"),
+            Some(p.inproc_ms.p50),
+            &format!("p50 store::lifecycle::claim::claim, {queue}, ms"),
+        );
+        figs.put(&k("inproc_claim_ms_p99"), Some(p.inproc_ms.p99), "p99 of the same, ms");
+        figs.put(&k("hub_start_s"), Some(p.hub_start_s), "hub spawn to ready (/readyz answers), s");
+        figs.put(
+            &k("prefill_s"),
+            Some(p.prefill_s),
+            &format!("prefill time to this size, {queue}, with the prefill's own index, s"),
+        );
+        figs.put(&k("hub_peak_rss_bytes"), Some(p.hub_peak_rss_bytes as f64), "hub VmHWM, bytes");
+    }
 }
 
 /// Step 2: the hub and its nodes, three passes (no-op, half load, /bin/true).
@@ -413,6 +435,7 @@ fn end_to_end(
         convs_per_host,
         submit_batch: plan.submit_batch,
         node: settings(harness),
+        pool: None,
     };
     let rig = e2e::Rig {
         rt,
@@ -429,6 +452,34 @@ fn end_to_end(
     progress(&format!("step 2: no-op pass, {} messages", plan.messages));
     let r = run(&pass("noop", plan.messages, None, Harness::Noop))?;
     record_pass(figs, "", &r);
+
+    // The same pass addressed to one pool of every host: the same messages, conversations and
+    // nodes, each message one delivery any member's claim may take. It runs right after the
+    // host-addressed pass, on the same hub, so the two figures are of one run.
+    progress(&format!("step 2: no-op pass to a pool of {} hosts, {} messages", plan.hosts.len(), plan.messages));
+    let mut add = vec!["pools", "add", "--pool", e2e::POOL];
+    add.extend(plan.hosts.iter().map(String::as_str));
+    add.extend(["--reason", "benchmark: one pool of every host"]);
+    hubs[0].cli(add).context("baton-hub pools add")?;
+    let p = run(&e2e::Pass { pool: Some(e2e::POOL.into()), ..pass("pool", plan.messages, None, Harness::Noop) })?;
+    // The later passes address hosts by name and measure claims that look at no pool.
+    let mut remove = vec!["pools", "remove", "--pool", e2e::POOL];
+    remove.extend(plan.hosts.iter().map(String::as_str));
+    remove.extend(["--reason", "benchmark: the pool pass is over"]);
+    hubs[0].cli(remove).context("baton-hub pools remove")?;
+    // The host-addressed pass once more, after the pool pass: every pass runs on a larger record
+    // than the one before it, and the pool pass sits between these two.
+    progress(&format!("step 2: no-op pass again, {} messages, each to one host", plan.messages));
+    let again = run(&pass("again", plan.messages, None, Harness::Noop))?;
+    record_pass(figs, "host_again_", &again);
+    record_pass(figs, "pool_", &p);
+    let reported = p.per_host.iter().sum::<usize>().max(1);
+    figs.put("pool_hosts_working", Some(p.per_host.len() as f64), "members that ran at least one pool delivery");
+    figs.put(
+        "pool_busiest_host_share",
+        p.per_host.first().map(|n| *n as f64 / reported as f64),
+        "share of the pool's deliveries the busiest member ran (1/hosts is an even spread)",
+    );
     let single_messages = (plan.messages / 4).max(100);
     progress(&format!("step 2: no-op pass, {single_messages} messages, one per request"));
     let single = e2e::Pass { submit_batch: 1, ..pass("single", single_messages, None, Harness::Noop) };
@@ -588,7 +639,16 @@ fn size_label(n: usize) -> String {
 
 /// The ratios to the ceiling and the targets, from whatever was measured.
 fn derive(figs: &mut Figures, plan: &Plan) {
-    for key in ["claim_ms_backlog_10k", "claim_ms_backlog_100k", "claim_ms_backlog_1m", "hub_peak_rss_bytes"] {
+    for key in [
+        "claim_ms_backlog_10k",
+        "claim_ms_backlog_100k",
+        "claim_ms_backlog_1m",
+        "hub_peak_rss_bytes",
+        "pool_claim_ms_backlog_10k",
+        "pool_claim_ms_backlog_1m",
+        "pool_inproc_claim_ms_backlog_10k",
+        "pool_inproc_claim_ms_backlog_1m",
+    ] {
         if figs.get(key).is_none() {
             figs.put(key, None, "not measured in this run");
         }
@@ -610,6 +670,18 @@ fn derive(figs: &mut Figures, plan: &Plan) {
         ("e2e_deliveries_per_s", "e2e_single_submit_deliveries_per_s"),
     ] {
         figs.ratio(key, ceiling);
+    }
+    // Addressed to a pool of every host beside addressed to each host by name, the same run.
+    for key in [
+        "e2e_deliveries_per_s",
+        "accepted_per_s",
+        "accept_to_claim_p99_ms",
+        "accept_to_report_p99_ms",
+        "hub_cpu_us_per_delivery",
+        "node_cpu_us_per_delivery",
+    ] {
+        figs.ratio(&format!("pool_{key}"), key);
+        figs.ratio(&format!("pool_{key}"), &format!("host_again_{key}"));
     }
     // Tracing on beside tracing off: the same pass, one per request.
     for key in
@@ -638,6 +710,15 @@ fn derive(figs: &mut Figures, plan: &Plan) {
     }
     figs.ratio("claim_ms_backlog_1m", "claim_ms_backlog_10k");
     figs.ratio("inproc_claim_ms_backlog_1m", "inproc_claim_ms_backlog_10k");
+    // A pool's backlog beside the host's own of the same size, and its growth from 10k to 1M.
+    for size in &plan.backlog_sizes {
+        let l = size_label(*size);
+        for key in ["claim_ms", "inproc_claim_ms", "prefill_s"] {
+            figs.ratio(&format!("pool_{key}_backlog_{l}"), &format!("{key}_backlog_{l}"));
+        }
+    }
+    figs.ratio("pool_claim_ms_backlog_1m", "pool_claim_ms_backlog_10k");
+    figs.ratio("pool_inproc_claim_ms_backlog_1m", "pool_inproc_claim_ms_backlog_10k");
     figs.target("e2e_deliveries_per_s >= 10000", "e2e_deliveries_per_s", 10_000.0, true);
     figs.target("half_load_accept_to_claim_p99_ms < 5", "half_load_accept_to_claim_p99_ms", 5.0, false);
     figs.target(
