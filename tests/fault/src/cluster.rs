@@ -547,11 +547,10 @@ impl Cluster {
         for id in read("SELECT CAST(id AS TEXT) FROM fences WHERE lifted_at IS NULL")? {
             run(&["fence", "lift", &id, "--reason", "heal"])?;
         }
-        // `--force`: every fence was lifted just above, so the check it skips (would an active
-        // fence catch them again?) has nothing to find; it also reads a held delivery's host,
-        // which a held pool delivery has none of, and fails on it.
+        // Every fence was lifted just above: the release's check (would an active fence catch
+        // them again?) finds nothing, for host and pool deliveries alike.
         for c in read("SELECT DISTINCT conversation FROM deliveries WHERE state = 'held'")? {
-            run(&["held", "release", "--conversation", &c, "--force", "--reason", "heal"])?;
+            run(&["held", "release", "--conversation", &c, "--reason", "heal"])?;
         }
         anyhow::ensure!(failed.is_empty(), "heal commands failed: {}", failed.join("; "));
         Ok(())

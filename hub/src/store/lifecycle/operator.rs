@@ -49,8 +49,17 @@ impl Select {
 fn would_hold_again(conn: &dyn Db, sel: Selector<'_>) -> StoreResult<Vec<String>> {
     let active = fences::active(conn)?;
     let mut named: Vec<String> = Vec::new();
-    for (conversation, host) in held_targets(conn, sel)? {
-        if let Some(f) = fences::strongest(&active, &conversation, &host)
+    for (conversation, target) in held_targets(conn, sel)? {
+        // A pool delivery waits with no host: the fences on its pool, its conversation and
+        // everything decide for it, whichever member would claim it (`fences::pool_turn`).
+        let strongest = match target {
+            HeldFor::Host(host) => fences::strongest(&active, &conversation, &host),
+            HeldFor::Pool(pool) => match fences::pool_turn(&active, &conversation, &pool, "") {
+                fences::PoolTurn::Fenced(f) => Some(f),
+                _ => None,
+            },
+        };
+        if let Some(f) = strongest
             && f.kind != fences::FenceKind::Pause
         {
             let d = f.describe();
@@ -191,18 +200,39 @@ pub fn release(
     Ok(rows.into_iter().map(|(id, _)| id).collect())
 }
 
-/// The (conversation, host) of each held delivery `which` picks: what a release would put back
-/// in front of the fences.
-pub fn held_targets(conn: &dyn Db, which: Selector<'_>) -> StoreResult<Vec<(String, String)>> {
+/// The conversation and the host or pool of each held delivery `which` picks: what a release
+/// would put back in front of the fences.
+pub fn held_targets(conn: &dyn Db, which: Selector<'_>) -> StoreResult<Vec<(String, HeldFor)>> {
     let (sql, arg) = match which {
         Selector::Delivery(id) => {
-            ("SELECT DISTINCT conversation, host FROM deliveries WHERE id = $1 AND state = 'held'", id)
+            ("SELECT DISTINCT conversation, host, pool FROM deliveries WHERE id = $1 AND state = 'held'", id)
         }
         Selector::Conversation(c) => {
-            ("SELECT DISTINCT conversation, host FROM deliveries WHERE conversation = $1 AND state = 'held'", c)
+            ("SELECT DISTINCT conversation, host, pool FROM deliveries WHERE conversation = $1 AND state = 'held'", c)
         }
     };
-    Ok(conn.prepare_cached(sql)?.query_map([arg], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<Result<_, _>>()?)
+    let rows: Vec<(String, Option<String>, Option<String>)> = conn
+        .prepare_cached(sql)?
+        .query_map([arg], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+        .collect::<Result<_, _>>()?;
+    rows.into_iter()
+        .map(|(conversation, host, pool)| match (pool, host) {
+            (Some(pool), _) => Ok((conversation, HeldFor::Pool(pool))),
+            (None, Some(host)) => Ok((conversation, HeldFor::Host(host))),
+            (None, None) => Err(StoreError::Corrupt(format!(
+                "a held delivery of conversation {conversation} has neither a host nor a pool"
+            ))),
+        })
+        .collect()
+}
+
+/// Whom a held delivery waits for: its host, or its pool (no host until a member claims it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HeldFor {
+    /// A host delivery.
+    Host(String),
+    /// A pool delivery.
+    Pool(String),
 }
 
 /// Picks deliveries for an operator command.

@@ -346,3 +346,30 @@ fn verify_finds_a_wrong_flight() {
         verify_clean(c);
     }
 }
+
+/// A pool delivery held by its pool's hold fence is released like a host's: what a release
+/// would put back names the pool (it has no host), the pool's hold still active would catch it
+/// again, and once the hold is lifted the release returns it to the pool for any member.
+#[test]
+fn a_held_pool_delivery_is_released_to_its_pool() {
+    use crate::store::lifecycle::operator::{HeldFor, Selector, held_targets, release};
+    let db = testing::db();
+    let c = &*db.conn;
+    gpu(c);
+    let id = post(c, "c", "k1", 1);
+    let hold = fence_set(c, FenceKind::Hold, FenceScope::Pool, Some("gpu"), "look", 2).unwrap();
+    claim(c, "host-a", 10, 3);
+    assert_eq!(where_is(c, &id), (None, "held".into()));
+    let targets = held_targets(c, Selector::Conversation("c")).unwrap();
+    assert_eq!(targets, [("c".to_string(), HeldFor::Pool("gpu".into()))]);
+    let active = crate::store::registry::fences::active(c).unwrap();
+    assert!(matches!(
+        crate::store::registry::fences::pool_turn(&active, "c", "gpu", ""),
+        crate::store::registry::fences::PoolTurn::Fenced(f) if f.id == hold
+    ));
+    crate::store::registry::fences::lift(c, hold, "op", "done", 4).unwrap();
+    release(c, Selector::Conversation("c"), "op", "go", 5).unwrap();
+    assert_eq!(where_is(c, &id), (None, "queued".into()));
+    assert_eq!(turns(&claim(c, "host-b", 10, 6)), [("c", 1)]);
+    verify_clean(c);
+}
