@@ -93,6 +93,9 @@ PRAGMA legacy_alter_table = OFF;
 -- deliveries: a pool delivery claimed by a host that is also a named recipient is a second one.
 CREATE UNIQUE INDEX deliveries_per_host ON deliveries (message_id, host) WHERE pool IS NULL;
 CREATE UNIQUE INDEX deliveries_per_pool ON deliveries (message_id, pool) WHERE pool IS NOT NULL;
+-- A message's deliveries, whatever their kind: the two partial indexes above serve neither a
+-- lookup by message alone (fan-out, settlement, the cascades) nor each other's rows.
+CREATE INDEX deliveries_by_message ON deliveries (message_id);
 CREATE INDEX deliveries_claimable ON deliveries (host, state, n);
 CREATE INDEX deliveries_by_instance ON deliveries (instance_id, state) WHERE instance_id IS NOT NULL;
 CREATE INDEX deliveries_by_conversation ON deliveries (conversation, state);

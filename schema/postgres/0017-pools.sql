@@ -31,6 +31,8 @@ ALTER TABLE deliveries ADD CONSTRAINT deliveries_pool_waits_unheld
 ALTER TABLE deliveries DROP CONSTRAINT deliveries_message_id_host_key;
 CREATE UNIQUE INDEX deliveries_per_host ON deliveries (message_id, host) WHERE pool IS NULL;
 CREATE UNIQUE INDEX deliveries_per_pool ON deliveries (message_id, pool) WHERE pool IS NOT NULL;
+-- A message's deliveries, whatever their kind (the unique constraint dropped above served that).
+CREATE INDEX deliveries_by_message ON deliveries (message_id);
 CREATE INDEX deliveries_pool_queued ON deliveries (pool, conversation, seq) WHERE state = 'queued' AND pool IS NOT NULL;
 CREATE INDEX deliveries_pool_held ON deliveries (pool, conversation, seq) WHERE state = 'held' AND pool IS NOT NULL;
 CREATE INDEX deliveries_pool_retry_wait ON deliveries (pool, not_before)

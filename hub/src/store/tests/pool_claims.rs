@@ -373,3 +373,23 @@ fn a_held_pool_delivery_is_released_to_its_pool() {
     assert_eq!(turns(&claim(c, "host-b", 10, 6)), [("c", 1)]);
     verify_clean(c);
 }
+
+/// A message's deliveries are found through an index, whatever their kind: the pools migration
+/// replaced the (message, host) uniqueness with two partial indexes that a lookup by message
+/// alone cannot use, and every fan-out and settlement then scanned the whole table.
+#[test]
+fn a_message_s_deliveries_are_looked_up_by_index() {
+    let db = testing::db();
+    let c = &*db.conn;
+    if c.sqlite_file().is_none() {
+        return; // PostgreSQL plans from its statistics; the index exists on both (same migration).
+    }
+    let plan: Vec<String> = c
+        .prepare_cached("EXPLAIN QUERY PLAN SELECT id, state FROM deliveries WHERE message_id = $1")
+        .unwrap()
+        .query_map(["m"], |r| r.get(3))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert!(plan.iter().any(|l| l.contains("deliveries_by_message")), "{plan:?}");
+}
