@@ -13,13 +13,6 @@
 //! directory (`store::registry::pools::add` before the prefill): the claim then walks the
 //! pool's conversation queues, not the host's.
 //!
-//! The record has no index on `deliveries (message_id)` alone (only partial ones, per host
-//! delivery and per pool delivery), so every fan-out's check for a delivery of its message
-//! (the `messages_settled_by_fan_out` trigger) scans the whole table, and a prefill to 1M
-//! would take a time quadratic in its size. The prefill connection therefore adds such an index
-//! (`PREFILL_INDEX`) for the prefill alone and drops it before anything is timed: the claims
-//! run on the record's own schema, and `prefill_s` is not the accept's cost.
-//!
 //! The prefill connection alone runs with `synchronous=OFF`: a crash during the prefill would
 //! only lose benchmark data, and it keeps a 1M prefill to seconds. The hub itself opens the
 //! database with `synchronous=FULL` as always.
@@ -37,9 +30,6 @@ use baton_testkit::Binaries;
 use rusqlite::Connection;
 use std::path::Path;
 use std::time::{Duration, Instant};
-
-/// The index the prefill adds while it runs, dropped before the claims are timed.
-const PREFILL_INDEX: &str = "bench_prefill_deliveries_by_message";
 
 /// Messages accepted and fanned out per prefill transaction.
 const PREFILL_TXN_MESSAGES: usize = 20_000;
@@ -149,12 +139,9 @@ fn prefill(conn: &Connection, from: usize, to: usize, queue: Queue) -> anyhow::R
     let key = match recipient {
         Recipient::Host(h) | Recipient::Pool(h) => h,
     };
-    conn.execute_batch(&format!("CREATE INDEX {PREFILL_INDEX} ON deliveries (message_id)"))?;
-    let filled = accept_range(conn, from..to, "bench", recipient, |n| {
+    accept_range(conn, from..to, "bench", recipient, |n| {
         (format!("backlog-{}", n % PREFILL_CONVERSATIONS), format!("backlog-{n}-{}", uuid::Uuid::new_v4().simple()))
-    });
-    conn.execute_batch(&format!("DROP INDEX {PREFILL_INDEX}"))?;
-    filled?;
+    })?;
     let queued: i64 = conn.query_row(count, [key], |r| r.get(0))?;
     if queued as usize != to {
         bail!("the backlog holds {queued} queued deliveries, expected {to}");
