@@ -3,13 +3,11 @@
 //! before the hub does any work. The node follows the same rule.
 //!
 //! Every key is declared once (in `keys`) with its doc, default and range; the file parser, the
-//! environment, `serve`'s flags (`Flags`), the template `init` writes and `--help` are all
-//! derived from that one declaration. Unknown keys in the file and out-of-range values are
-//! refused with a message that names the field, its allowed range, and where the value came
-//! from.
+//! environment, `serve`'s flags (`Flags`), the template `init` writes and `--help` derive from
+//! it. Unknown keys and out-of-range values are refused naming the field, its range and where
+//! the value came from.
 //!
-//! Layout: `keys` (the declarations and the template), `layers` (reading and merging the
-//! layers, `Flags`).
+//! Layout: `keys` (the declarations, the template), `layers` (reading, merging, `Flags`).
 
 mod keys;
 mod layers;
@@ -191,8 +189,7 @@ pub struct HubConfig {
     pub operator_connections_per_peer_max: usize,
     /// Most hosts given per-host series on `/metrics` (the first by name).
     pub metrics_hosts_max: usize,
-    /// Where the hub exports its spans over OTLP/HTTP; `None` (the default): no spans are
-    /// made.
+    /// Where the hub exports its spans over OTLP/HTTP; `None` (the default): no spans.
     pub otlp_endpoint: Option<baton_telemetry::OtlpEndpoint>,
     /// How long a node instance's open session may be silent before the hub requeues its
     /// claimed and mirrored deliveries; `None`: never (the default).

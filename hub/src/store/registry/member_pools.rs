@@ -7,8 +7,7 @@
 use crate::store::engine::{Db, OptionalExtension, params};
 use crate::store::registry::audit::record_operator_event;
 use crate::store::registry::families::cursor;
-use crate::store::registry::members::IntervalRow;
-use crate::store::registry::roster::{MemberChange, existing_cursor, name, sorted_unique};
+use crate::store::registry::roster::{IntervalRow, MemberChange, existing_cursor, name, sorted_unique};
 use crate::store::{StoreError, StoreResult};
 
 /// One pool's membership of a conversation, as `members list` shows it.

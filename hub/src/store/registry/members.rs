@@ -28,6 +28,7 @@ use crate::store::registry::audit::record_operator_event;
 use crate::store::registry::families::{add_family, cursor, open_families, remove_family};
 use crate::store::registry::member_pools;
 use crate::store::registry::mentions::{MentionRow, allow_mention, disallow_mention, mentions};
+pub use crate::store::registry::roster::IntervalRow;
 use crate::store::registry::roster::{MemberChange, check_member_count, existing_cursor, name, sorted_unique};
 use crate::store::{StoreError, StoreResult};
 use baton_shared::wire::{ConversationView, MemberView, MembershipInterval};
@@ -104,31 +105,6 @@ impl Store {
             })
             .await
     }
-}
-
-/// One interval as the operator sees it: cursors, when, who and why. Serialised only for the
-/// CLI's `--json`.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct IntervalRow {
-    /// The join cursor.
-    pub join_seq: i64,
-    /// When (unix ms).
-    pub joined_at_ms: i64,
-    /// Which operator.
-    pub joined_by: String,
-    /// Why.
-    pub join_reason: String,
-    /// The leave cursor, once it left.
-    pub leave_seq: Option<i64>,
-    /// When it left (unix ms).
-    pub left_at_ms: Option<i64>,
-    /// Which operator removed it.
-    pub left_by: Option<String>,
-    /// Why.
-    pub leave_reason: Option<String>,
-    /// The family pattern (`support-*`) this interval is the conversation's share of; `None`
-    /// for an exact membership.
-    pub family: Option<String>,
 }
 
 /// One host's intervals in one conversation, for the operator.

@@ -89,13 +89,8 @@ pub fn exists(conn: &dyn Db, pool: &str) -> StoreResult<bool> {
     Ok(conn.prepare_cached("SELECT EXISTS (SELECT 1 FROM pools WHERE name = $1)")?.query_row([pool], |r| r.get(0))?)
 }
 
-/// The pools `host` is a member of, by name.
-pub fn pools_of(conn: &dyn Db, host: &str) -> StoreResult<Vec<String>> {
-    Ok(conn
-        .prepare_cached("SELECT pool FROM pool_members WHERE host = $1 ORDER BY pool")?
-        .query_map([host], |r| r.get(0))?
-        .collect::<Result<_, _>>()?)
-}
+/// The pools `host` is a member of, by name (read with the rest of a host's view, `fleet`).
+pub use crate::store::views::fleet::pools_of;
 
 /// The pool's member hosts, by name.
 pub fn members(conn: &dyn Db, pool: &str) -> StoreResult<Vec<String>> {

@@ -70,3 +70,28 @@ pub(crate) fn check_member_count(conn: &dyn Db, conversation: &str) -> StoreResu
     }
     Ok(())
 }
+
+/// One interval as the operator sees it: cursors, when, who and why. Serialised only for the
+/// CLI's `--json`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct IntervalRow {
+    /// The join cursor.
+    pub join_seq: i64,
+    /// When (unix ms).
+    pub joined_at_ms: i64,
+    /// Which operator.
+    pub joined_by: String,
+    /// Why.
+    pub join_reason: String,
+    /// The leave cursor, once it left.
+    pub leave_seq: Option<i64>,
+    /// When it left (unix ms).
+    pub left_at_ms: Option<i64>,
+    /// Which operator removed it.
+    pub left_by: Option<String>,
+    /// Why.
+    pub leave_reason: Option<String>,
+    /// The family pattern (`support-*`) this interval is the conversation's share of; `None`
+    /// for an exact membership.
+    pub family: Option<String>,
+}

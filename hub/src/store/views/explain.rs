@@ -25,7 +25,8 @@ use crate::store::engine::OptionalExtension;
 use crate::store::engine::params;
 use crate::store::engine::{Db, DbResult, Row};
 use crate::store::registry::fences::{self, Fence, FenceKind, FenceScope};
-use crate::store::views::fleet::{self, HostRow, HostState};
+pub use crate::store::views::fleet::Liveness;
+use crate::store::views::fleet::{self, HostState};
 use crate::store::views::pool_standing::{self, Binding, Judging, MemberStanding, PoolStanding};
 use crate::store::views::read::DeliveryRow;
 use crate::store::{StoreError, StoreResult, parse_column, parse_column_opt, state_column};
@@ -88,66 +89,6 @@ pub enum Behind {
         /// Its sequence number.
         seq: i64,
     },
-}
-
-/// What the record knows of the host's node.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Liveness {
-    /// The host.
-    pub host: String,
-    /// Active, revoked or retired (`None`: never enrolled).
-    pub state: Option<HostState>,
-    /// The node instance bound to the host.
-    pub instance_id: Option<String>,
-    /// Its newest node session.
-    pub session: Option<i64>,
-    /// That session's last contact (unix ms; flushed every few seconds, so a little behind).
-    pub last_contact_at_ms: Option<i64>,
-    /// When that session ended (unix ms), if it did.
-    pub session_ended_at_ms: Option<i64>,
-    /// How long the open session has been silent (ms), when one is open.
-    pub silent_for_ms: Option<i64>,
-    /// The `host_silence_warn` it is measured against (ms).
-    pub silence_warn_ms: i64,
-}
-
-impl Liveness {
-    /// Whether an open session has been silent longer than the warning (as `status` flags it).
-    pub fn silent(&self) -> bool {
-        self.silent_for_ms.is_some_and(|s| s > self.silence_warn_ms)
-    }
-
-    /// Whether a node of the host is connected: an open session, not silent, host active.
-    pub fn connected(&self) -> bool {
-        self.state == Some(HostState::Active) && self.silent_for_ms.is_some() && !self.silent()
-    }
-
-    /// The liveness of `host` from its fleet row (`None`: never enrolled), at `now_ms`.
-    pub fn from_row(host: &str, row: Option<&HostRow>, now_ms: i64, silence_warn_ms: i64) -> Liveness {
-        let session = row.and_then(|r| r.session.as_ref());
-        let ended = session.and_then(|s| s.ended_at_ms);
-        Liveness {
-            host: host.to_string(),
-            state: row.map(|r| r.state),
-            instance_id: row.and_then(|r| r.instance.as_ref().map(|(i, _)| i.clone())),
-            session: session.map(|s| s.session),
-            last_contact_at_ms: session.map(|s| s.last_contact_at_ms),
-            session_ended_at_ms: ended,
-            silent_for_ms: session.filter(|s| s.ended_at_ms.is_none()).map(|s| (now_ms - s.last_contact_at_ms).max(0)),
-            silence_warn_ms,
-        }
-    }
-}
-
-/// A cancel asked for and not yet taken effect.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CancelAsked {
-    /// When (unix ms).
-    pub at_ms: i64,
-    /// Who.
-    pub by: String,
-    /// Why.
-    pub reason: Option<String>,
 }
 
 /// The delivery's current run.
@@ -772,4 +713,15 @@ pub fn explain_id(conn: &dyn Db, id: &str, judging: Judging) -> StoreResult<Expl
         .optional()?
         .ok_or_else(|| StoreError::NotFound(format!("no delivery {id}")))?;
     explain(conn, &d, judging)
+}
+
+/// A cancel asked for and not yet taken effect.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CancelAsked {
+    /// When (unix ms).
+    pub at_ms: i64,
+    /// Who.
+    pub by: String,
+    /// Why.
+    pub reason: Option<String>,
 }

@@ -281,7 +281,7 @@ pub fn hosts(conn: &dyn Db) -> StoreResult<Vec<HostRow>> {
         .collect::<Result<_, _>>()?;
     for row in &mut rows {
         row.holdings = holdings(conn, &row.name)?;
-        row.pools = crate::store::registry::pools::pools_of(conn, &row.name)?;
+        row.pools = pools_of(conn, &row.name)?;
     }
     Ok(rows)
 }
@@ -298,7 +298,7 @@ pub fn host(conn: &dyn Db, name: &str) -> StoreResult<Option<HostDetail>> {
         return Ok(None);
     };
     host.holdings = holdings(conn, name)?;
-    host.pools = crate::store::registry::pools::pools_of(conn, name)?;
+    host.pools = pools_of(conn, name)?;
     let certificates = certificates(conn, Some((Role::Node, name)))?;
     let mut events: Vec<HostEvent> = conn
         .prepare_cached(
@@ -408,6 +408,63 @@ pub fn expiring_certificates(conn: &dyn Db, until_unix: i64) -> StoreResult<Vec<
              ORDER BY name, role",
         )?
         .query_map(params![until_unix], cert_row)?
+        .collect::<Result<_, _>>()?)
+}
+
+/// What the record knows of the host's node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Liveness {
+    /// The host.
+    pub host: String,
+    /// Active, revoked or retired (`None`: never enrolled).
+    pub state: Option<HostState>,
+    /// The node instance bound to the host.
+    pub instance_id: Option<String>,
+    /// Its newest node session.
+    pub session: Option<i64>,
+    /// That session's last contact (unix ms; flushed every few seconds, so a little behind).
+    pub last_contact_at_ms: Option<i64>,
+    /// When that session ended (unix ms), if it did.
+    pub session_ended_at_ms: Option<i64>,
+    /// How long the open session has been silent (ms), when one is open.
+    pub silent_for_ms: Option<i64>,
+    /// The `host_silence_warn` it is measured against (ms).
+    pub silence_warn_ms: i64,
+}
+
+impl Liveness {
+    /// Whether an open session has been silent longer than the warning (as `status` flags it).
+    pub fn silent(&self) -> bool {
+        self.silent_for_ms.is_some_and(|s| s > self.silence_warn_ms)
+    }
+
+    /// Whether a node of the host is connected: an open session, not silent, host active.
+    pub fn connected(&self) -> bool {
+        self.state == Some(HostState::Active) && self.silent_for_ms.is_some() && !self.silent()
+    }
+
+    /// The liveness of `host` from its fleet row (`None`: never enrolled), at `now_ms`.
+    pub fn from_row(host: &str, row: Option<&HostRow>, now_ms: i64, silence_warn_ms: i64) -> Liveness {
+        let session = row.and_then(|r| r.session.as_ref());
+        let ended = session.and_then(|s| s.ended_at_ms);
+        Liveness {
+            host: host.to_string(),
+            state: row.map(|r| r.state),
+            instance_id: row.and_then(|r| r.instance.as_ref().map(|(i, _)| i.clone())),
+            session: session.map(|s| s.session),
+            last_contact_at_ms: session.map(|s| s.last_contact_at_ms),
+            session_ended_at_ms: ended,
+            silent_for_ms: session.filter(|s| s.ended_at_ms.is_none()).map(|s| (now_ms - s.last_contact_at_ms).max(0)),
+            silence_warn_ms,
+        }
+    }
+}
+
+/// The pools `host` is a member of, by name (`pool_members`).
+pub fn pools_of(conn: &dyn Db, host: &str) -> StoreResult<Vec<String>> {
+    Ok(conn
+        .prepare_cached("SELECT pool FROM pool_members WHERE host = $1 ORDER BY pool")?
+        .query_map([host], |r| r.get(0))?
         .collect::<Result<_, _>>()?)
 }
 

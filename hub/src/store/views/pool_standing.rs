@@ -16,8 +16,7 @@ use crate::store::Store;
 use crate::store::engine::{Db, OptionalExtension, params};
 use crate::store::registry::fences::{self, Fence, FenceScope};
 use crate::store::registry::pools::{self, PoolSummary};
-use crate::store::views::explain::Liveness;
-use crate::store::views::fleet::{self, HostState};
+use crate::store::views::fleet::{self, HostState, Liveness};
 use crate::store::{StoreResult, state_column};
 use baton_shared::states::DeliveryState;
 
