@@ -155,10 +155,40 @@ fn existing(path: PathBuf, name: &str, var: &str) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
+/// Set by cargo-nextest in every test process of one run, the same in all of them.
+const NEXTEST_RUN_ID_VAR: &str = "NEXTEST_RUN_ID";
+
 /// `cargo_build`, once per process (the hub, the node and `baton` come from the one build).
+/// Under cargo-nextest, which runs every test in a process of its own, once per run instead:
+/// the first process of the run whose build succeeds leaves a marker named by the run's id in
+/// the target directory, and the others find it and take the binaries as they are (a build
+/// that finds nothing to do still costs every process a pass over the workspace, one process
+/// at a time under cargo's lock).
 fn built_once() -> anyhow::Result<()> {
     static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
-    BUILT.get_or_init(|| cargo_build().map_err(|e| format!("{e:#}"))).clone().map_err(|e| anyhow!(e))
+    BUILT
+        .get_or_init(|| {
+            let marker = nextest_run_marker();
+            if marker.as_ref().is_some_and(|m| m.is_file()) {
+                return Ok(());
+            }
+            cargo_build().map_err(|e| format!("{e:#}"))?;
+            if let Some(marker) = marker {
+                // Only a shortcut for the run's later processes: without it they build again.
+                let _ = marker.parent().map(std::fs::create_dir_all);
+                let _ = std::fs::write(&marker, b"");
+            }
+            Ok(())
+        })
+        .clone()
+        .map_err(|e| anyhow!(e))
+}
+
+/// The file saying this cargo-nextest run already built the binaries:
+/// `target/<profile>/baton-built/<run id>`, or `None` outside nextest.
+fn nextest_run_marker() -> Option<PathBuf> {
+    let run = std::env::var(NEXTEST_RUN_ID_VAR).ok().filter(|r| !r.is_empty() && !r.contains(['/', '.']))?;
+    Some(profile_dir().ok()?.join("baton-built").join(run))
 }
 
 /// The example program `name` of the workspace (`shared/client/examples/NAME.rs`), built with
