@@ -1,5 +1,5 @@
-//! R1 with the hub's record in PostgreSQL: every crash point, the hub's and the node's, one seed
-//! each, on two hubs whose record is a fresh database of one throwaway PostgreSQL cluster. Each run is the same as
+//! R1 with the hub's record in PostgreSQL: every crash point of the hub and a daily share of the
+//! node's (all of them in the whole matrix's run), one seed each, on two hubs whose record is a fresh database of one throwaway PostgreSQL cluster. Each run is the same as
 //! in `crash_points.rs` (seeded workload, the point firing, restart, the client's retries,
 //! quiescence); the checker then reads the PostgreSQL record and every node database, and must
 //! find nothing, and the armed point must actually have fired. Skipped without PostgreSQL
@@ -35,9 +35,35 @@ fn hub_crash_points_on_postgres_one_seed_each() {
 /// The node's points: what the node recovers (holdings, a stale claim refused, a report
 /// replayed) is the hub's answer, read from PostgreSQL. Beside the hub's points (two tests, as
 /// in `crash_points.rs`): each run waits on processes far more than it computes.
+///
+/// The node's side of each run is the node's own SQLite store, and the hub's answers are
+/// statements the store's tests run on PostgreSQL, so the test command runs the day's third of
+/// the node's points here (by the UTC day: three days in a row cover them all, the points are
+/// named in the output); with `BATON_FAULT_SEEDS` set, the whole matrix's command, every one.
 #[test]
 fn node_crash_points_on_postgres_one_seed_each() {
-    run_points("node_crash_points_on_postgres", |p| !p.on_hub());
+    let node_points: Vec<&str> = CRASH_POINTS.iter().filter(|p| !p.on_hub()).map(|p| p.name).collect();
+    let todays = todays_share(&node_points);
+    run_points("node_crash_points_on_postgres", |p| !p.on_hub() && todays.contains(&p.name));
+}
+
+/// Runs that share a day's part of a matrix: three.
+const DAILY_SHARES: usize = 3;
+
+/// The points of `points` this run takes: all of them with `BATON_FAULT_SEEDS` set (the whole
+/// matrix), else every `DAILY_SHARES`th from the UTC day's offset, said on stderr.
+fn todays_share<'a>(points: &[&'a str]) -> Vec<&'a str> {
+    if std::env::var("BATON_FAULT_SEEDS").is_ok() {
+        return points.to_vec();
+    }
+    let day = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() / 86_400);
+    let offset = (day % DAILY_SHARES as u64) as usize;
+    let share: Vec<&str> = points.iter().skip(offset).step_by(DAILY_SHARES).copied().collect();
+    eprintln!(
+        "node crash points on PostgreSQL: today's share {}/{DAILY_SHARES}, {share:?} (BATON_FAULT_SEEDS=1,2,3 runs them all)",
+        offset + 1
+    );
+    share
 }
 
 fn run_points(test: &str, filter: impl Fn(&CrashPoint) -> bool) {

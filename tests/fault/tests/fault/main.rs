@@ -7,7 +7,7 @@
 //! Layout:
 //! - `crash_points`, `crash_points_postgres`: R1, every crash point of hub and node, on SQLite
 //!   at the run's seed (the three-seed matrix by `BATON_FAULT_SEEDS`) and once on two hubs over
-//!   PostgreSQL.
+//!   PostgreSQL (the node's points a daily third of them, all with `BATON_FAULT_SEEDS`).
 //! - `mutations`: each checker invariant, broken on purpose, is caught.
 //! - `proxy`: the TCP fault proxy between nodes and hub: cuts, partitions, copies of a node's
 //!   directory started while the original is cut off.
