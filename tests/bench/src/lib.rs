@@ -4,6 +4,8 @@
 
 //! Layout:
 //! - `ceiling`: step 1, bare SQLite commits/s and rows/s, and the hub's store cycle in-process.
+//! - `pg_ceiling`: step 1 on PostgreSQL, a bare `FOR UPDATE SKIP LOCKED` job queue on the
+//!   server the record is on.
 //! - `cluster`: the real `baton-hub` and `baton-node` processes through the test kit (stopped
 //!   gracefully and reaped on drop), their data directories and certificates, and the
 //!   `baton_client` clients the producers and the timed claims use.
@@ -21,5 +23,6 @@ pub mod cluster;
 pub mod e2e;
 pub mod fairness;
 pub mod figures;
+pub mod pg_ceiling;
 pub mod procfs;
 pub mod stats;

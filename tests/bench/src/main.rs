@@ -5,7 +5,7 @@
 use anyhow::Context;
 use baton_bench::cluster::{self, NodeSettings};
 use baton_bench::figures::Figures;
-use baton_bench::{backlog, ceiling, e2e, fairness, procfs, stats};
+use baton_bench::{backlog, ceiling, e2e, fairness, pg_ceiling, procfs, stats};
 use baton_testkit::{Binaries, Harness};
 use clap::Parser;
 use serde_json::json;
@@ -312,6 +312,20 @@ fn measure(
         "the same, 64 messages per operation (the batch operations)",
     );
 
+    if let Some(url) = plan.database_url.as_deref() {
+        progress("step 1: the PostgreSQL queue ceiling");
+        let jobs_per_s = pg_ceiling::measure(rt, url, plan.ceiling)?;
+        figs.put(
+            "pg_ceiling_jobs_per_s",
+            Some(jobs_per_s),
+            &format!(
+                "bare PostgreSQL queue, same server: {} connections each enqueue {} jobs (one commit), then take, \
+                 delete and complete them with FOR UPDATE SKIP LOCKED (one commit)",
+                pg_ceiling::PG_CEILING_WORKERS,
+                pg_ceiling::PG_CEILING_BATCH
+            ),
+        );
+    }
     if !plan.skip_e2e {
         end_to_end(rt, bins, plan, &e2e_root, figs)?;
     }
@@ -670,6 +684,12 @@ fn derive(figs: &mut Figures, plan: &Plan) {
         ("e2e_deliveries_per_s", "e2e_single_submit_deliveries_per_s"),
     ] {
         figs.ratio(key, ceiling);
+    }
+    // On PostgreSQL: Baton's deliveries beside a bare job queue on the same server.
+    if plan.database_url.is_some() {
+        for key in ["e2e_deliveries_per_s", "e2e_single_submit_deliveries_per_s"] {
+            figs.ratio(key, "pg_ceiling_jobs_per_s");
+        }
     }
     // Addressed to a pool of every host beside addressed to each host by name, the same run.
     for key in [

@@ -76,7 +76,8 @@ fn the_quick_benchmark_runs_and_reports_every_figure() {
 
 /// The reduced benchmark on PostgreSQL with two hubs (`--database-url`, `--hubs 2`), so the
 /// several-hub path cannot rot either: every end-to-end figure is measured, the database
-/// server's CPU is counted, and the run says it drove two hubs. Skipped without PostgreSQL
+/// server's CPU is counted, the bare queue ceiling of the same server is measured and set
+/// against Baton's deliveries, and the run says it drove two hubs. Skipped without PostgreSQL
 /// unless `BATON_REQUIRE_POSTGRES=1`.
 #[test]
 fn the_quick_benchmark_runs_on_postgres_with_two_hubs() {
@@ -113,6 +114,8 @@ fn the_quick_benchmark_runs_on_postgres_with_two_hubs() {
         "node_cpu_us_per_delivery",
         "db_cpu_us_per_delivery",
         "pool_e2e_deliveries_per_s",
+        "pg_ceiling_jobs_per_s",
+        "e2e_deliveries_per_s_over_pg_ceiling_jobs_per_s",
     ] {
         let v = figures[key].as_f64().unwrap_or_else(|| panic!("{key} is not a number: {}", figures[key]));
         assert!(v.is_finite() && v > 0.0, "{key} = {v}");
