@@ -321,7 +321,10 @@ pub const NOT_RERUN_ON_POSTGRES: [(&str, &str); 55] = [
     ("running_turns::", "turns in flight and retire, store::tests::turns"),
     ("replay::", "reads by key and cursor, store::views::replay's tests"),
     ("status_view::", "the overview, store::views::overview's tests"),
-    ("turn_control::", "cancel and the start lease, store::tests::turns; a copy's takeover on PostgreSQL is the fault suite's proxy test"),
+    (
+        "turn_control::",
+        "cancel and the start lease, store::tests::turns; a copy's takeover on PostgreSQL is the fault suite's proxy test",
+    ),
     // The transport, the request and answer shapes, the CLI's parsing and printing: code above
     // `Store`, the same on both backends, whose reads and writes the rerun modules make too.
     ("cert_rotation::", "TLS"),

@@ -48,10 +48,7 @@ pub fn measure(rt: &tokio::runtime::Runtime, url: &str, duration: Duration) -> a
             done += r.context("a ceiling worker")??;
         }
         let rate = done as f64 / start.elapsed().as_secs_f64();
-        admin
-            .batch_execute(&format!("DROP SCHEMA {SCHEMA} CASCADE"))
-            .await
-            .context("dropping the ceiling's tables")?;
+        admin.batch_execute(&format!("DROP SCHEMA {SCHEMA} CASCADE")).await.context("dropping the ceiling's tables")?;
         Ok(rate)
     })
 }
