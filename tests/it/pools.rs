@@ -72,6 +72,9 @@ fn pool_order_problems(events: &[(Ran, bool)]) -> Vec<String> {
 fn three_members_take_a_backlog_in_order_across_hosts() {
     let hub = Hub::with_nodes(&MEMBERS);
     hub.cli_ok(["pools", "add", "--pool", "gpu", "host-a", "host-b", "host-c", "--reason", "one queue"]);
+    // The pool paused until every member is polling: a member that started first would
+    // otherwise bind the conversations before the others could claim (affinity keeps them).
+    let paused = hub.fence("pause", &["--pool", "gpu"], "the members start first");
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     let producers: Vec<Api> = (0..PRODUCERS).map(|_| hub.client("prod")).collect();
     let seqs: Vec<(String, i64)> = rt.block_on(async {
@@ -95,11 +98,23 @@ fn three_members_take_a_backlog_in_order_across_hosts() {
     });
     let expected = PRODUCERS * MESSAGES_PER_PRODUCER;
     assert_eq!(seqs.iter().collect::<HashSet<_>>().len(), expected, "each seq given once");
-    // Small claim batches and a short turn: the members' claims interleave.
+    // Small claim batches, a third of the conversations at a time and a short turn: the
+    // members' claims interleave.
     let _nodes: Vec<_> = MEMBERS
         .iter()
-        .map(|h| hub.node_process(h).set("claim_batch_max", "2").then("sleep 0.02").trace_ends().start())
+        .map(|h| {
+            let node = hub.node_process(h).set("claim_batch_max", "2").set("parallel_conversations", "4");
+            node.then("sleep 0.02").trace_ends().start()
+        })
         .collect();
+    wait_for("every member to have claimed once", ALL_RAN_WAIT, || {
+        let hosts = hub.cli_json(["hosts", "list", "--json"]);
+        let polled = |h: &str| {
+            hosts.as_array().is_some_and(|l| l.iter().any(|e| e["host"] == h && e["instance_id"].is_string()))
+        };
+        MEMBERS.iter().all(|h| polled(h)).then_some(())
+    });
+    hub.lift(paused);
     let events = wait_for("every pool delivery to run", ALL_RAN_WAIT, || {
         let events = hub.exec_log().events();
         (events.iter().filter(|(_, end)| *end).count() >= expected).then_some(events)
