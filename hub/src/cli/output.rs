@@ -4,8 +4,9 @@
 //! explicitly.
 //!
 //! Why one file over 700 lines: every byte a command writes to stdout, with one escaping rule
-//! (`esc`) and one table layout; splitting it by command (identities, deliveries, fleet) waits
-//! on the CLI's import circle, which ties its view types to `inspect` and `ca`.
+//! (`esc`) and one table layout, read in one place. Where it splits when it grows: a folder
+//! with `esc` and the table layout at its top and one file per thing shown (identities,
+//! deliveries, the fleet and its pools, fences and audit), each taking only those two.
 
 use super::views::StoreSize;
 use super::{CliError, CliResult};
