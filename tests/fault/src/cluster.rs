@@ -301,23 +301,27 @@ impl Cluster {
 
     async fn build(bins: &Binaries, hosts: &[&str], url: Option<&str>, hubs: usize) -> anyhow::Result<Cluster> {
         let root = baton_testkit::fresh_dir("baton-fault-")?;
-        let (mut hub, record) = match url {
+        let (hub, record) = match url {
             None => {
-                let hub = Hub::init(bins, root.path(), OPERATOR)?;
+                // Enrolled as it is made (a copy of the run's template: `Hub::init_enrolled`).
+                let ids: Vec<(Role, &str)> =
+                    hosts.iter().map(|h| (Role::Node, *h)).chain([(Role::Producer, "prod")]).collect();
+                let hub = Hub::init_enrolled(bins, root.path(), OPERATOR, &ids)?;
                 let record = HubRecord::Sqlite(hub.db());
                 (hub, record)
             }
             Some(url) => {
-                let hub = Hub::new(bins, root.path(), OPERATOR)?;
+                let mut hub = Hub::new(bins, root.path(), OPERATOR)?;
                 hub.cli(["init", "--database-url", url])?;
+                for h in hosts {
+                    hub.enroll(Role::Node, h)?;
+                }
+                hub.enroll(Role::Producer, "prod")?;
                 (hub, HubRecord::Postgres(url.to_string()))
             }
         };
-        let mut identities = Vec::new();
-        for h in hosts {
-            identities.push(hub.enroll(Role::Node, h)?);
-        }
-        let prod = hub.enroll(Role::Producer, "prod")?;
+        let identities: Vec<_> = hosts.iter().map(|h| hub.identity(h).cloned()).collect::<Result<_, _>>()?;
+        let prod = hub.identity("prod")?.clone();
         let second = match url {
             Some(url) if hubs > 1 => Some(Hub::join(bins, &root.path().join("second"), OPERATOR, &hub, url)?),
             _ => None,

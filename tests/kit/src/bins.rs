@@ -191,6 +191,29 @@ fn nextest_run_marker() -> Option<PathBuf> {
     Some(profile_dir().ok()?.join("baton-built").join(run))
 }
 
+/// A directory the test processes of this cargo-nextest run share (made on first use), beside
+/// the run's build marker: `target/<profile>/baton-built/<run id>.shared`; `None` outside
+/// nextest, where every process starts from nothing. Other runs' directories are removed when
+/// this run's is made.
+pub fn run_shared_dir() -> Option<PathBuf> {
+    let marker = nextest_run_marker()?;
+    let dir = marker.with_extension("shared");
+    if !dir.is_dir() {
+        if let Some(parent) = dir.parent()
+            && let Ok(entries) = std::fs::read_dir(parent)
+        {
+            for e in entries.flatten() {
+                let p = e.path();
+                if p != dir && p.extension().is_some_and(|x| x == "shared") {
+                    let _ = std::fs::remove_dir_all(&p);
+                }
+            }
+        }
+        std::fs::create_dir_all(&dir).ok()?;
+    }
+    Some(dir)
+}
+
 /// The example program `name` of the workspace (`shared/client/examples/NAME.rs`), built with
 /// the binaries (`Binaries::build`, skipped as it is) into `examples/` beside them; fails when
 /// it is not there.

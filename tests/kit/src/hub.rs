@@ -87,6 +87,48 @@ impl Hub {
         Ok(hub)
     }
 
+    /// `init`, then `enroll` of each of `identities` in order: a hub on an SQLite record with
+    /// those certificates. Under cargo-nextest the first process of the run that asks for a
+    /// given operator and list makes it once, in the run's shared directory
+    /// (`bins::run_shared_dir`), and every process copies it (the data directory and the
+    /// certificates), the first hub it asks for only: a second hub of the same test has a CA of
+    /// its own, as two hubs made from nothing do. What a copy differs in from a hub made here is
+    /// only when: its certificates and the record's enrollments are minutes older.
+    pub fn init_enrolled(
+        bins: &Binaries,
+        root: &Path,
+        operator: &str,
+        identities: &[(Role, &str)],
+    ) -> anyhow::Result<Hub> {
+        static COPIED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        let first = !COPIED.swap(true, std::sync::atomic::Ordering::SeqCst);
+        if first && let Some(shared) = bins::run_shared_dir() {
+            match template(bins, &shared, operator, identities)
+                .and_then(|t| copy_hub(&t, root).with_context(|| format!("copying the hub made in {}", t.display())))
+            {
+                Ok(()) => {
+                    let mut hub = Hub::new(bins, root, operator)?;
+                    for (role, name) in identities {
+                        hub.enrolled(*role, name)?;
+                    }
+                    return Ok(hub);
+                }
+                Err(e) => {
+                    // A shortcut only: made from nothing below.
+                    eprintln!("a hub from the run's template: {e:#}; making one from nothing");
+                    for d in ["hub", "certs"] {
+                        let _ = std::fs::remove_dir_all(root.join(d));
+                    }
+                }
+            }
+        }
+        let mut hub = Hub::init(bins, root, operator)?;
+        for (role, name) in identities {
+            hub.enroll(*role, name)?;
+        }
+        Ok(hub)
+    }
+
     /// Another hub on the PostgreSQL record at `database_url` that `first` keeps, rooted at
     /// `root`: `new`, then `baton-hub init --database-url URL --ca-from FIRST_DATA_DIR` (the
     /// same CA, so every identity enrolled through `first` works here too), then one producer
@@ -318,4 +360,59 @@ fn probe_ready(ca: &[u8], identity: &[u8], addr: SocketAddr, timeout: Duration) 
         .join()
         .map_err(|_| anyhow!("the readiness probe panicked"))?
     })
+}
+
+/// The hub made once per run for `operator` and `identities` (see `Hub::init_enrolled`):
+/// `SHARED/hub-<hash>/` with `hub/` and `certs/`. Made under a name of its own and renamed into
+/// place, so a process never sees half of one; when two make it at once, one rename wins and the
+/// other's copy is removed.
+fn template(bins: &Binaries, shared: &Path, operator: &str, identities: &[(Role, &str)]) -> anyhow::Result<PathBuf> {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    operator.hash(&mut h);
+    for (role, name) in identities {
+        role.as_str().hash(&mut h);
+        name.hash(&mut h);
+    }
+    let dir = shared.join(format!("hub-{:016x}", h.finish()));
+    if dir.join("done").is_file() {
+        return Ok(dir);
+    }
+    let making = tempfile::Builder::new().prefix(".making-").tempdir_in(shared)?;
+    let mut hub = Hub::init(bins, making.path(), operator)?;
+    for (role, name) in identities {
+        hub.enroll(*role, name)?;
+    }
+    std::fs::write(making.path().join("done"), b"")?;
+    let making = making.keep();
+    if std::fs::rename(&making, &dir).is_err() {
+        let _ = std::fs::remove_dir_all(&making);
+        if !dir.join("done").is_file() {
+            bail!("{} was not made", dir.display());
+        }
+    }
+    Ok(dir)
+}
+
+/// Copies a template's `hub/` and `certs/` under `root`, files with their modes.
+fn copy_hub(template: &Path, root: &Path) -> anyhow::Result<()> {
+    for d in ["hub", "certs"] {
+        copy_tree(&template.join(d), &root.join(d))?;
+    }
+    Ok(())
+}
+
+fn copy_tree(from: &Path, to: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(to)?;
+    std::fs::set_permissions(to, std::fs::metadata(from)?.permissions())?;
+    for e in std::fs::read_dir(from)? {
+        let e = e?;
+        let target = to.join(e.file_name());
+        if e.file_type()?.is_dir() {
+            copy_tree(&e.path(), &target)?;
+        } else {
+            std::fs::copy(e.path(), &target)?;
+        }
+    }
+    Ok(())
 }
