@@ -4,8 +4,11 @@
 //! things is done one way and fixed in one place.
 //!
 //! In the style of ripgrep's `tests/util.rs`: the binaries run in fresh directories with a
-//! scrubbed environment, nothing is shared between two hubs (port 0, own CA, own certificates),
-//! and every wait is for an event (a file, an answer, an exit) with a generous deadline.
+//! scrubbed environment, nothing is shared between two hubs of a test (port 0, own CA, own
+//! certificates), and every wait is for an event (a file, an answer, an exit) with a generous
+//! deadline. Hubs of different tests may share a CA: under cargo-nextest a test's first hub
+//! on SQLite is a copy of one made and enrolled once per run (`Hub::init_enrolled`); they never
+//! share a port or a directory.
 //!
 //! Layout:
 //! - `bins`: `Binaries` (found through `BATON_HUB_BIN` / `BATON_NODE_BIN`, else next to the
@@ -18,8 +21,9 @@
 //!   appended), signals, waiting for its exit, stopping it on drop, and printing its log when a
 //!   test panics. `stop_all_on_signal` for programs that are signalled themselves.
 //! - `identity`: `Identity`, an enrolled certificate on disk, and the mTLS reqwest clients.
-//! - `hub`: `Hub`, a hub data directory (`init`, `enroll`, the operator CLI) and its `serve`
-//!   process, started on loopback and waited for until `/readyz` answers over mTLS.
+//! - `hub`: `Hub`, a hub data directory (`init`, `enroll`, the operator CLI; `init_enrolled`,
+//!   both at once, from the run's template under nextest) and its `serve` process, started on
+//!   loopback and waited for until `/readyz` answers over mTLS.
 //! - `node`: `NodeConfig` (the TOML file) and `Node`, one `baton-node run` process.
 //! - `wait`: `until`, the one polling wait with a deadline.
 //! - `otlp`: `OtlpSink`, a real OTLP/HTTP trace receiver on loopback (decodes what the hub's
