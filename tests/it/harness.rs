@@ -119,19 +119,20 @@ impl HubBuilder {
     pub fn start(self) -> Hub {
         let root = baton_testkit::fresh_dir("baton-it-").expect("tempdir");
         let database_url = self.database_url.clone().or_else(suite_database);
-        // On SQLite the hub comes enrolled (a copy of the run's template, see
-        // `Hub::init_enrolled`; enrolling reads nothing of the configuration written below but
-        // where the record is).
-        let enrolled = database_url.is_none();
         let kit = match &database_url {
-            None if enrolled => {
-                let ids: Vec<(Role, &str)> = (self.nodes.iter().map(|n| (Role::Node, n.as_str())))
+            // On SQLite the hub comes enrolled (a copy of the run's template, see
+            // `Hub::init_enrolled`; enrolling reads nothing of the configuration written below
+            // but where the record is).
+            None => {
+                let ids: Vec<(Role, &str)> = self
+                    .nodes
+                    .iter()
+                    .map(|n| (Role::Node, n.as_str()))
                     .chain(self.producers.iter().map(|p| (Role::Producer, p.as_str())))
                     .collect();
                 baton_testkit::Hub::init_enrolled(bins(), root.path(), OPERATOR, &ids)
                     .unwrap_or_else(|e| panic!("{e:#}"))
             }
-            None => baton_testkit::Hub::init(bins(), root.path(), OPERATOR).unwrap_or_else(|e| panic!("{e:#}")),
             Some(url) => {
                 let kit = baton_testkit::Hub::new(bins(), root.path(), OPERATOR).unwrap_or_else(|e| panic!("{e:#}"));
                 let mut args = vec!["init".to_string(), "--database-url".into(), url.clone()];
@@ -147,7 +148,7 @@ impl HubBuilder {
         if let Some(text) = &self.config {
             hub.write_config(text);
         }
-        if !enrolled {
+        if database_url.is_some() {
             for n in &self.nodes {
                 hub.enroll_node(n);
             }

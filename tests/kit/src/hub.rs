@@ -122,11 +122,7 @@ impl Hub {
                 }
             }
         }
-        let mut hub = Hub::init(bins, root, operator)?;
-        for (role, name) in identities {
-            hub.enroll(*role, name)?;
-        }
-        Ok(hub)
+        made_enrolled(bins, root, operator, identities)
     }
 
     /// Another hub on the PostgreSQL record at `database_url` that `first` keeps, rooted at
@@ -379,10 +375,7 @@ fn template(bins: &Binaries, shared: &Path, operator: &str, identities: &[(Role,
         return Ok(dir);
     }
     let making = tempfile::Builder::new().prefix(".making-").tempdir_in(shared)?;
-    let mut hub = Hub::init(bins, making.path(), operator)?;
-    for (role, name) in identities {
-        hub.enroll(*role, name)?;
-    }
+    made_enrolled(bins, making.path(), operator, identities)?;
     std::fs::write(making.path().join("done"), b"")?;
     let making = making.keep();
     if std::fs::rename(&making, &dir).is_err() {
@@ -392,6 +385,15 @@ fn template(bins: &Binaries, shared: &Path, operator: &str, identities: &[(Role,
         }
     }
     Ok(dir)
+}
+
+/// `Hub::init` at `root`, then `enroll` of each of `identities` in order.
+fn made_enrolled(bins: &Binaries, root: &Path, operator: &str, identities: &[(Role, &str)]) -> anyhow::Result<Hub> {
+    let mut hub = Hub::init(bins, root, operator)?;
+    for (role, name) in identities {
+        hub.enroll(*role, name)?;
+    }
+    Ok(hub)
 }
 
 /// Copies a template's `hub/` and `certs/` under `root`, files with their modes.
