@@ -233,9 +233,17 @@ pub async fn run(bins: &Binaries, cfg: SoakConfig, log: &mut dyn FnMut(String)) 
     while Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(rng.random_range(KILL_EVERY_MS.0..KILL_EVERY_MS.1))).await;
         n.settle(&mut c, &addr)?;
+        // Every soak with copies copies at least once: past half its time without one, each tick
+        // tries a copy and kills nothing, so that the nodes come back up and register (a busy
+        // machine slows both) until one qualifies.
+        let copy_due = cfg.copies && f.copies == 0 && started.elapsed() > Duration::from_secs(cfg.seconds) / 2;
+        if copy_due && let Some(line) = n.copy_partitioned(&mut c, &mut rng).await? {
+            log(line);
+            f.copies += 1;
+        }
         // One kill in most ticks (R5: a kill every few hundred milliseconds), never blocking:
         // the victim comes back after a random delay, while the next faults are already going.
-        if rng.random_range(0..100u32) < KILL_PERCENT {
+        if !copy_due && rng.random_range(0..100u32) < KILL_PERCENT {
             let victims: Vec<usize> = (0..nodes + hubs).filter(|&i| n.restart_at[i].is_none()).collect();
             if !victims.is_empty() {
                 let i = victims[rng.random_range(0..victims.len())];
@@ -312,13 +320,6 @@ pub async fn run(bins: &Binaries, cfg: SoakConfig, log: &mut dyn FnMut(String)) 
                 let _ = c.lift_all_fences();
             }
             52..55 if cfg.copies => {
-                if let Some(line) = n.copy_partitioned(&mut c, &mut rng).await? {
-                    log(line);
-                    f.copies += 1;
-                }
-            }
-            _ if cfg.copies && f.copies == 0 && started.elapsed() > Duration::from_secs(cfg.seconds) / 2 => {
-                // Every soak copies at least once: past half its time, the first chance is taken.
                 if let Some(line) = n.copy_partitioned(&mut c, &mut rng).await? {
                     log(line);
                     f.copies += 1;
