@@ -140,6 +140,16 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
     ),
     ("baton_hub_write_transaction_failures_total", Kind::Counter, "Write transactions that failed and rolled back."),
     (
+        "baton_hub_postgres_round_trips_total",
+        Kind::Counter,
+        "Round trips to PostgreSQL: each waits for the server's answers to the statements sent in it (none on SQLite).",
+    ),
+    (
+        "baton_hub_postgres_statements_total",
+        Kind::Counter,
+        "Statements sent to PostgreSQL, those pipelined ahead of another in one round trip included (none on SQLite).",
+    ),
+    (
         "baton_hub_conflict_retries_total",
         Kind::Counter,
         "Operations run again because PostgreSQL ended their transaction in a deadlock (40P01) or a serialization failure (40001).",

@@ -221,7 +221,8 @@ impl Queued {
                 return (false, Vec::new(), reply);
             };
             let result = match std::panic::catch_unwind(AssertUnwindSafe(|| f(conn))) {
-                Ok(r) => r,
+                // A write the job left unread fails the job, not the next one.
+                Ok(r) => r.and_then(|v| conn.flush().map(|()| v).map_err(StoreError::from)),
                 Err(panic) => {
                     // A bug, not a storage failure: answered 500 `internal` (which nodes do not
                     // retry forever), and only this job is rolled back.
@@ -422,6 +423,39 @@ mod tests {
             let w = w.clone();
             calls.push(tokio::spawn(async move {
                 w.call(move |c| Ok(c.execute("INSERT INTO writer_probe (n) VALUES ($1)", [i % 20])?)).await
+            }));
+        }
+        let mut refused = 0;
+        for c in calls {
+            if c.await.unwrap().is_err() {
+                refused += 1;
+            }
+        }
+        assert_eq!(refused, 20, "each second insert of a number breaks the key");
+        let kept: (i64, i64) = w
+            .call(|c| {
+                Ok(c.query_row("SELECT count(*), count(DISTINCT n) FROM writer_probe", [], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })?)
+            })
+            .await
+            .unwrap();
+        assert_eq!(kept, (20, 20), "every accepted insert committed, no refused one left a row");
+    }
+
+    /// A job whose unread write the database refuses (on PostgreSQL sent after the job's last
+    /// statement) fails alone, and the job after it in the same transaction commits.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_job_whose_unread_write_is_refused_fails_alone() {
+        let (conn, _path, _dir) = crate::store::testing::owned_db();
+        let w = Writer::start_with(conn, None).unwrap();
+        w.call(|c| Ok(c.execute_batch("CREATE TEMP TABLE writer_probe (n INTEGER UNIQUE)")?)).await.unwrap();
+        let mut calls = Vec::new();
+        for i in 0..40i64 {
+            let w = w.clone();
+            calls.push(tokio::spawn(async move {
+                w.call(move |c| Ok(c.prepare("INSERT INTO writer_probe (n) VALUES ($1)")?.execute_unread([i % 20])?))
+                    .await
             }));
         }
         let mut refused = 0;

@@ -83,6 +83,11 @@ pub trait Db {
     /// The SQLite file under the connection, for the operations that exist only on a file
     /// (a copy, a checkpoint, the file's integrity check); `None` on PostgreSQL.
     fn sqlite_file(&self) -> Option<SqliteFile<'_>>;
+    /// Sends the writes `Stmt::execute_unread` kept and waits for them: their failure is then
+    /// this call's. Nothing to do on SQLite (they ran at once) or when none wait.
+    fn flush(&self) -> DbResult<()> {
+        Ok(())
+    }
 }
 
 impl<T: Db + ?Sized> Db for Box<T> {
@@ -112,6 +117,9 @@ impl<T: Db + ?Sized> Db for Box<T> {
     }
     fn sqlite_file(&self) -> Option<SqliteFile<'_>> {
         (**self).sqlite_file()
+    }
+    fn flush(&self) -> DbResult<()> {
+        (**self).flush()
     }
 }
 
@@ -157,6 +165,26 @@ impl Stmt<'_> {
                 s.raw_execute().map_err(sqlite_error)
             }
             Inner::Pg { conn, prepared } => conn.execute(prepared, &postgres::values::pg_values(&params)?),
+        }
+    }
+
+    /// Runs a write whose answer the caller does not read: an append or a counter's move that
+    /// nothing decides on. On SQLite it runs at once, as `execute`. On PostgreSQL it is sent
+    /// ahead of the connection's next call, in that call's round trip, and its failure is that
+    /// call's failure, at the latest the `RELEASE` of the savepoint it was made in or the
+    /// `COMMIT` (see `postgres/conn.rs`). Use it only where a failure is not an answer the
+    /// caller acts on (not for a write that a unique key may refuse, nor one whose row count
+    /// is checked).
+    pub fn execute_unread<P: Params>(&mut self, params: P) -> DbResult<()> {
+        match &mut self.0 {
+            Inner::Sqlite(s) => {
+                sqlite::bind(s, &params)?;
+                s.raw_execute().map(drop).map_err(sqlite_error)
+            }
+            Inner::Pg { conn, prepared } => {
+                conn.execute_unread(prepared, postgres::values::pg_values(&params)?);
+                Ok(())
+            }
         }
     }
 

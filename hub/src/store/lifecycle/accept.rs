@@ -312,7 +312,7 @@ pub fn accept_with_retry(
                                deadline_ms, stall_ms, traceparent)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
     )?
-    .execute(params![
+    .execute_unread(params![
         message_id,
         msg.conversation,
         seq,
@@ -336,15 +336,15 @@ pub fn accept_with_retry(
     crash_point("hub.accept.after_message_insert");
     let mut route = conn.prepare_cached("INSERT INTO message_recipients (message_id, host) VALUES ($1, $2)")?;
     for host in &recipients {
-        route.execute([&message_id, host])?;
+        route.execute_unread([&message_id, host])?;
     }
     let mut route_pools =
         conn.prepare_cached("INSERT INTO message_pool_recipients (message_id, pool) VALUES ($1, $2)")?;
     for pool in &pools {
-        route_pools.execute([&message_id, pool])?;
+        route_pools.execute_unread([&message_id, pool])?;
     }
     conn.prepare_cached("INSERT INTO fanout_obligations (message_id, created_at) VALUES ($1, $2)")?
-        .execute(params![message_id, now_ms])?;
+        .execute_unread(params![message_id, now_ms])?;
     crash_point("hub.accept.before_commit");
     Ok(Accepted::New { message_id, seq })
 }
@@ -462,7 +462,7 @@ pub fn fan_out(conn: &dyn Db, message_id: &str, now_ms: i64) -> StoreResult<Vec<
                 "INSERT INTO deliveries (id, message_id, pool, conversation, seq, state, created_at, updated_at)
                  VALUES ($1, $2, $3, $4, $5, 'queued', $6, $6)",
             )?
-            .execute(params![id, message_id, pool, conversation, seq, now_ms])?;
+            .execute_unread(params![id, message_id, pool, conversation, seq, now_ms])?;
             record_event(conn, &id, None, DeliveryState::Queued, &hub, None, Some("fan-out"), now_ms)?;
             if let Some((to, why)) = &parked {
                 let change = Change {
@@ -483,7 +483,7 @@ pub fn fan_out(conn: &dyn Db, message_id: &str, now_ms: i64) -> StoreResult<Vec<
                 "INSERT INTO deliveries (id, message_id, host, conversation, seq, state, created_at, updated_at)
                  VALUES ($1, $2, $3, $4, $5, 'queued', $6, $6)",
             )?
-            .execute(params![id, message_id, host, conversation, seq, now_ms])?;
+            .execute_unread(params![id, message_id, host, conversation, seq, now_ms])?;
             record_event(conn, &id, None, DeliveryState::Queued, &hub, None, Some("fan-out"), now_ms)?;
             adjust_backlog(conn, host, 1)?;
             if host_retired(conn, host)? {
@@ -511,7 +511,7 @@ pub fn fan_out(conn: &dyn Db, message_id: &str, now_ms: i64) -> StoreResult<Vec<
         }
         crash_point("hub.fanout.before_mark_done");
         conn.prepare_cached("UPDATE fanout_obligations SET done_at = $2 WHERE message_id = $1 AND done_at IS NULL")?
-            .execute(params![message_id, now_ms])?;
+            .execute_unread(params![message_id, now_ms])?;
     }
     deliveries_of(conn, message_id)
 }

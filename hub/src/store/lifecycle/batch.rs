@@ -156,7 +156,8 @@ pub fn each<I, T>(
     let mut results = Vec::with_capacity(items.size_hint().0);
     for item in items {
         control(conn, ITEM_SAVEPOINT)?;
-        let result = apply(conn, item);
+        // A write the item left unread fails this item, not the next one.
+        let result = apply(conn, item).and_then(|v| conn.flush().map(|()| v).map_err(StoreError::from));
         if result.is_err() {
             control(conn, ITEM_ROLLBACK)?;
         }
@@ -238,6 +239,52 @@ mod tests {
         );
         conn.control("COMMIT").unwrap();
         assert_eq!(count(conn), 3);
+    }
+
+    /// A write left unread (on PostgreSQL sent with a later statement) that the server refuses
+    /// is the failure of its own item: a unique key broken is a storage failure, which ends the
+    /// batch there, and no later item runs.
+    #[test]
+    fn an_unread_write_that_fails_fails_its_own_item() {
+        let db = testing::db();
+        let conn = &db.conn;
+        conn.execute_batch("CREATE TEMP TABLE batch_probe (n INTEGER UNIQUE)").unwrap();
+        conn.begin_write().unwrap();
+        let mut seen = Vec::new();
+        let r = each(conn, [1, 2, 2, 3], |c, n| {
+            seen.push(n);
+            c.prepare("INSERT INTO batch_probe (n) VALUES ($1)")?.execute_unread([n])?;
+            Ok(n)
+        });
+        assert!(matches!(&r, Err(StoreError::Storage(m)) if m.contains("batch_probe")), "{r:?}");
+        assert_eq!(seen, [1, 2, 2], "the item whose write failed is the last one run");
+        conn.control("ROLLBACK").unwrap();
+    }
+
+    /// The unread writes of an item that fails are undone with it, and those of the others kept.
+    #[test]
+    fn the_unread_writes_of_a_failed_item_are_undone_with_it() {
+        let db = testing::db();
+        let conn = &db.conn;
+        conn.execute_batch("CREATE TEMP TABLE batch_probe (n INTEGER UNIQUE)").unwrap();
+        conn.begin_write().unwrap();
+        let results = each(conn, [1, 7, 2], |c, n| {
+            c.prepare("INSERT INTO batch_probe (n) VALUES ($1)")?.execute_unread([n])?;
+            c.prepare("INSERT INTO batch_probe (n) VALUES ($1)")?.execute_unread([n + 100])?;
+            if n == 7 { Err(StoreError::StaleClaim(format!("item {n}"))) } else { Ok(n) }
+        })
+        .unwrap();
+        assert!(matches!(&results[1], Err(StoreError::StaleClaim(m)) if m == "item 7"), "{results:?}");
+        assert_eq!([&results[0], &results[2]].map(|r| r.as_ref().ok().copied()), [Some(1), Some(2)]);
+        conn.control("COMMIT").unwrap();
+        let kept: Vec<i64> = conn
+            .prepare("SELECT n FROM batch_probe ORDER BY n")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(kept, [1, 2, 101, 102], "the failed item's writes are gone, the others' kept");
     }
 
     /// A value the server refused (a data exception, as PostgreSQL raises for a value it cannot

@@ -282,7 +282,7 @@ pub fn handoff(
 /// Records `session` as the one whose ack made the current run of `delivery_id` delivered.
 pub fn record_acked_session(conn: &dyn Db, delivery_id: &str, session: u64) -> StoreResult<()> {
     conn.prepare_cached("UPDATE deliveries SET acked_session = $2 WHERE id = $1")?
-        .execute(params![delivery_id, session as i64])?;
+        .execute_unread(params![delivery_id, session as i64])?;
     Ok(())
 }
 

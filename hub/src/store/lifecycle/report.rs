@@ -382,7 +382,7 @@ pub fn report_run_lifting(
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18,
                  $19, $20, $21)",
     )?
-    .execute(params![
+    .execute_unread(params![
         attempt_id,
         r.delivery_id,
         host,

@@ -321,11 +321,11 @@ impl<'a> Scan<'a> {
                 Lane::Host => self
                     .conn
                     .prepare_cached("UPDATE conversation_queues SET served = $1 WHERE host = $2 AND conversation = $3")?
-                    .execute(params![tick, self.host, conversation])?,
+                    .execute_unread(params![tick, self.host, conversation])?,
                 Lane::Pool(pool) => self
                     .conn
                     .prepare_cached("UPDATE pool_queues SET served = $1 WHERE pool = $2 AND conversation = $3")?
-                    .execute(params![tick, pool, conversation])?,
+                    .execute_unread(params![tick, pool, conversation])?,
             };
         }
         Ok(self.out)

@@ -159,13 +159,13 @@ pub fn apply(conn: &dyn Db, change: Change<'_>, actor: &Actor, now_ms: i64) -> S
 /// Moves the waiting count of a delivery's host by `delta` (host deliveries only: a pool's
 /// waiting deliveries count in its pool's queue).
 fn adjust_backlog_of(conn: &dyn Db, delivery_id: &str, delta: i64) -> StoreResult<()> {
-    conn.prepare_cached(dialect::BACKLOG_OF_DELIVERY.of(conn))?.execute(params![delivery_id, delta])?;
+    conn.prepare_cached(dialect::BACKLOG_OF_DELIVERY.of(conn))?.execute_unread(params![delivery_id, delta])?;
     Ok(())
 }
 
 /// Adds `delta` to the waiting count of `host`.
 pub fn adjust_backlog(conn: &dyn Db, host: &str, delta: i64) -> StoreResult<()> {
-    conn.prepare_cached(dialect::BACKLOG_OF_HOST.of(conn))?.execute(params![host, delta])?;
+    conn.prepare_cached(dialect::BACKLOG_OF_HOST.of(conn))?.execute_unread(params![host, delta])?;
     Ok(())
 }
 
@@ -185,7 +185,7 @@ pub fn record_event(
         "INSERT INTO delivery_events (delivery_id, from_state, to_state, actor_kind, actor, instance_id, reason, at)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
     )?
-    .execute(params![
+    .execute_unread(params![
         delivery_id,
         from.map(|s| s.as_str()),
         to.as_str(),

@@ -304,7 +304,7 @@ pub fn start(
                 conn.prepare_cached(
                     "UPDATE deliveries SET started_session = $2, started_at = $3 WHERE id = $1 AND started_session IS NULL",
                 )?
-                .execute(params![item.delivery_id, session as i64, now_ms])?;
+                .execute_unread(params![item.delivery_id, session as i64, now_ms])?;
             }
             Some(s) if s == session as i64 => {}
             Some(s) => {

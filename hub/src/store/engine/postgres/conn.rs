@@ -13,6 +13,15 @@
 //! failure of one of them is the error of that next call (at the latest the `COMMIT`, which
 //! then fails and rolls everything back). A writer job's savepoint and a batch item's each were
 //! a round trip before: about a third of the statements of a delivery.
+//!
+//! Writes whose answer no one reads (`Stmt::execute_unread`: an event appended, a counter moved)
+//! are kept the same way, in order with the savepoint statements. Where they fail, the failure
+//! must still be the failure of the part of the work they belong to, so a `RELEASE` with writes
+//! waiting is not kept: it is sent with them at once, and a failure of any of them is the
+//! failure of that `RELEASE` (the item's or the job's, whose caller then fails). A `ROLLBACK TO`
+//! drops the waiting writes made after its savepoint instead of sending them: the server would
+//! undo them anyway. Every round trip and every statement sent is counted
+//! (`baton_hub_postgres_round_trips_total`, `baton_hub_postgres_statements_total`).
 
 use super::values::{Cell, pg_params};
 use crate::store::engine::sqlite::sqlite_error;
@@ -63,6 +72,14 @@ pub struct Prepared {
     sql: String,
 }
 
+/// What waits to be sent ahead of a connection's next call (see the module documentation).
+enum Deferred {
+    /// A savepoint statement (`SAVEPOINT x`, `RELEASE x`, `ROLLBACK TO x`).
+    Control(String),
+    /// A write whose answer no one reads.
+    Write { prepared: Arc<Prepared>, values: Vec<Value> },
+}
+
 /// One PostgreSQL connection, used synchronously (see the module documentation).
 pub struct PgConn {
     rt: OwnRuntime,
@@ -74,8 +91,9 @@ pub struct PgConn {
     cache: RefCell<HashMap<String, Arc<Prepared>>>,
     /// How long a write transaction may sit idle before the server ends it.
     write_idle: std::time::Duration,
-    /// Savepoint statements not sent yet: they go ahead of the next call, in its round trip.
-    deferred: RefCell<String>,
+    /// Savepoint statements and unread writes not sent yet, in order: they go ahead of the next
+    /// call, in its round trip.
+    deferred: RefCell<Vec<Deferred>>,
     /// The URL without its password, for messages.
     shown: String,
 }
@@ -190,7 +208,7 @@ impl PgConn {
             wait,
             client,
             cache: RefCell::new(HashMap::new()),
-            deferred: RefCell::new(String::new()),
+            deferred: RefCell::new(Vec::new()),
             write_idle: url.write_idle().unwrap_or(PG_WRITE_IDLE_MAX),
             shown: url.shown().to_string(),
         })
@@ -201,22 +219,61 @@ impl PgConn {
         &self.shown
     }
 
-    /// Runs `call` after the deferred savepoint statements, in the same round trip: both are
-    /// sent before either answer is awaited, and the server runs them in order. A failure of
-    /// the deferred statements is the result (`call` then failed too: the transaction is in
-    /// error).
+    /// Runs `call` after the deferred statements, in the same round trip: all are sent before
+    /// any answer is awaited, and the server runs them in order. The first failure among the
+    /// deferred statements is the result (`call` then failed too: the transaction is in error).
     fn after_deferred<T, F>(&self, call: F, sql: &str) -> DbResult<T>
     where
         F: std::future::Future<Output = Result<T, tokio_postgres::Error>>,
     {
         let deferred = self.deferred.take();
+        metrics::counter!("baton_hub_postgres_round_trips_total").increment(1);
+        metrics::counter!("baton_hub_postgres_statements_total").increment(1 + deferred.len() as u64);
         if deferred.is_empty() {
             return self.rt.block_on(call, self.wait, &self.lost)?.map_err(|e| pg_error(e, sql));
         }
-        let both = async { tokio::join!(self.client.batch_execute(&deferred), call) };
-        let (first, out) = self.rt.block_on(both, self.wait, &self.lost)?;
-        first.map_err(|e| pg_error(e, &deferred))?;
+        // Consecutive savepoint statements go as one simple query, as before writes were kept.
+        let mut ahead: Vec<Ahead<'_>> = Vec::new();
+        let mut controls = String::new();
+        for d in &deferred {
+            match d {
+                Deferred::Control(c) => {
+                    controls.push_str(c);
+                    controls.push(';');
+                }
+                Deferred::Write { prepared, values } => {
+                    if !controls.is_empty() {
+                        ahead.push(self.simple(std::mem::take(&mut controls)));
+                    }
+                    ahead.push(Box::pin(async move {
+                        let params = pg_params(values);
+                        let params: Vec<&(dyn PgToSql + Sync)> =
+                            params.iter().map(|p| p as &(dyn PgToSql + Sync)).collect();
+                        self.client
+                            .execute(&prepared.stmt, &params)
+                            .await
+                            .map(drop)
+                            .map_err(|e| pg_error(e, &prepared.sql))
+                    }));
+                }
+            }
+        }
+        if !controls.is_empty() {
+            ahead.push(self.simple(controls));
+        }
+        let (ahead, out) = self.rt.block_on(in_order(ahead, call), self.wait, &self.lost)?;
+        ahead.into_iter().collect::<DbResult<Vec<()>>>()?;
         out.map_err(|e| pg_error(e, sql))
+    }
+
+    /// `sql` sent as one simple query, failing with its own text.
+    fn simple(&self, sql: String) -> Ahead<'_> {
+        Box::pin(async move { self.client.batch_execute(&sql).await.map_err(|e| pg_error(e, &sql)) })
+    }
+
+    /// Keeps a write whose answer no one reads, to be sent ahead of the next call.
+    pub(in crate::store::engine) fn execute_unread(&self, p: &Arc<Prepared>, values: Vec<Value>) {
+        self.deferred.borrow_mut().push(Deferred::Write { prepared: p.clone(), values });
     }
 
     pub(in crate::store::engine) fn execute(&self, p: &Prepared, values: &[Value]) -> DbResult<usize> {
@@ -259,10 +316,31 @@ impl Db for PgConn {
         self.after_deferred(self.client.batch_execute(sql), sql)
     }
     fn control(&self, sql: &str) -> DbResult<()> {
-        if is_savepoint_statement(sql) {
+        if let Some(kind) = savepoint_statement(sql) {
             let mut deferred = self.deferred.borrow_mut();
-            deferred.push_str(sql);
-            deferred.push(';');
+            let writes_wait = deferred.iter().any(|d| matches!(d, Deferred::Write { .. }));
+            match kind {
+                // Its writes' failures are its part of the work's: sent now, with them.
+                Savepoint::Release if writes_wait => {
+                    drop(deferred);
+                    return Db::execute_batch(self, sql);
+                }
+                Savepoint::RollbackTo(name) => {
+                    // The writes made since that savepoint are undone anyway: never sent. When
+                    // the savepoint itself was sent already, every waiting write is younger.
+                    let since = deferred
+                        .iter()
+                        .rposition(|d| matches!(d, Deferred::Control(c) if savepoint_statement(c) == Some(Savepoint::Make(name))))
+                        .map_or(0, |at| at + 1);
+                    let mut at = 0;
+                    deferred.retain(|d| {
+                        at += 1;
+                        at <= since || !matches!(d, Deferred::Write { .. })
+                    });
+                }
+                _ => {}
+            }
+            deferred.push(Deferred::Control(sql.to_string()));
             return Ok(());
         }
         if sql.trim().eq_ignore_ascii_case("ROLLBACK") {
@@ -291,15 +369,71 @@ impl Db for PgConn {
     fn sqlite_file(&self) -> Option<SqliteFile<'_>> {
         None
     }
+    fn flush(&self) -> DbResult<()> {
+        if !self.deferred.borrow().iter().any(|d| matches!(d, Deferred::Write { .. })) {
+            return Ok(());
+        }
+        self.after_deferred(async { Ok::<(), tokio_postgres::Error>(()) }, "(unread writes)")
+    }
+}
+
+/// A savepoint statement, with the savepoint's name as written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Savepoint<'a> {
+    /// `SAVEPOINT x`.
+    Make(&'a str),
+    /// `RELEASE x`.
+    Release,
+    /// `ROLLBACK TO x`.
+    RollbackTo(&'a str),
 }
 
 /// Whether `sql` is a savepoint statement (`SAVEPOINT x`, `RELEASE x`, `ROLLBACK TO x`), which
-/// `PgConn` sends ahead of the next call instead of on its own.
-fn is_savepoint_statement(sql: &str) -> bool {
-    let sql = sql.trim_start().as_bytes();
-    ["SAVEPOINT ", "RELEASE ", "ROLLBACK TO "]
-        .iter()
-        .any(|p| sql.len() >= p.len() && sql[..p.len()].eq_ignore_ascii_case(p.as_bytes()))
+/// `PgConn` sends ahead of the next call instead of on its own, and which.
+fn savepoint_statement(sql: &str) -> Option<Savepoint<'_>> {
+    let sql = sql.trim();
+    let after = |prefix: &str| {
+        let head = sql.get(..prefix.len())?;
+        let name = sql[prefix.len()..].trim();
+        (head.eq_ignore_ascii_case(prefix) && !name.is_empty()).then_some(name)
+    };
+    if let Some(name) = after("SAVEPOINT ") {
+        Some(Savepoint::Make(name))
+    } else if after("RELEASE ").is_some() {
+        Some(Savepoint::Release)
+    } else {
+        after("ROLLBACK TO ").map(Savepoint::RollbackTo)
+    }
+}
+
+/// A statement kept for the next round trip, on its way.
+type Ahead<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = DbResult<()>> + 'a>>;
+
+/// Runs `ahead` and then `call`, each first polled in that order, so their requests reach the
+/// server in that order (tokio-postgres sends a request when its future is first polled), and
+/// waits for all of them.
+async fn in_order<T, F: std::future::Future<Output = T>>(mut ahead: Vec<Ahead<'_>>, call: F) -> (Vec<DbResult<()>>, T) {
+    use std::task::Poll;
+    let mut done: Vec<Option<DbResult<()>>> = ahead.iter().map(|_| None).collect();
+    let mut call = std::pin::pin!(call);
+    let mut out = None;
+    std::future::poll_fn(|cx| {
+        for (f, d) in ahead.iter_mut().zip(done.iter_mut()) {
+            if d.is_none()
+                && let Poll::Ready(r) = f.as_mut().poll(cx)
+            {
+                *d = Some(r);
+            }
+        }
+        if out.is_none()
+            && let Poll::Ready(r) = call.as_mut().poll(cx)
+        {
+            out = Some(r);
+        }
+        if out.is_some() && done.iter().all(Option::is_some) { Poll::Ready(()) } else { Poll::Pending }
+    })
+    .await;
+    (done.into_iter().flatten().collect(), out.expect("ready"))
 }
 
 #[cfg(test)]
@@ -310,11 +444,12 @@ mod tests {
     /// at once.
     #[test]
     fn savepoint_statements_are_told_from_the_others() {
-        for sql in ["SAVEPOINT job", "release job", "  ROLLBACK TO job", "Rollback To item"] {
-            assert!(is_savepoint_statement(sql), "{sql}");
-        }
+        assert_eq!(savepoint_statement("SAVEPOINT job"), Some(Savepoint::Make("job")));
+        assert_eq!(savepoint_statement("release job"), Some(Savepoint::Release));
+        assert_eq!(savepoint_statement("  ROLLBACK TO job"), Some(Savepoint::RollbackTo("job")));
+        assert_eq!(savepoint_statement("Rollback To item"), Some(Savepoint::RollbackTo("item")));
         for sql in ["ROLLBACK", "COMMIT", "RELEASE", "SELECT 1", "SAVEPOINTS", ""] {
-            assert!(!is_savepoint_statement(sql), "{sql}");
+            assert_eq!(savepoint_statement(sql), None, "{sql}");
         }
     }
 
