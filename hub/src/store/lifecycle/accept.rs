@@ -253,6 +253,28 @@ pub fn accept_with_retry(
     limits: AcceptLimits,
     now_ms: i64,
 ) -> StoreResult<Accepted> {
+    accept_routed(conn, msg, retry, limits, now_ms).map(|(accepted, _)| accepted)
+}
+
+/// What the accept of a new message wrote about its fan-out, so that a fan-out in the same
+/// transaction need not read it back.
+struct Routed {
+    /// The recipient hosts, each active (`route` checked them), in order, without repeats.
+    hosts: Vec<String>,
+    /// The recipient pools, in order, without repeats.
+    pools: Vec<String>,
+    /// Whether its deliveries wait for an approval (held).
+    held: bool,
+}
+
+/// `accept_with_retry`, and for a new message what it routed.
+fn accept_routed(
+    conn: &dyn Db,
+    msg: &NewMessage,
+    retry: RetryPolicy,
+    limits: AcceptLimits,
+    now_ms: i64,
+) -> StoreResult<(Accepted, Option<Routed>)> {
     producers::check_may_post(conn, &msg.producer, &msg.conversation)?;
     let hash = msg.content_hash_with(retry)?;
     let existing: Option<(String, i64, String)> = conn
@@ -261,7 +283,7 @@ pub fn accept_with_retry(
         .optional()?;
     if let Some((message_id, seq, old_hash)) = existing {
         if old_hash == hash {
-            return Ok(Accepted::Duplicate { message_id, seq });
+            return Ok((Accepted::Duplicate { message_id, seq }, None));
         }
         return Err(StoreError::IdempotencyConflict(format!(
             "idempotency_key {:?} was already used by producer {} for different content (message {message_id})",
@@ -346,7 +368,13 @@ pub fn accept_with_retry(
     conn.prepare_cached("INSERT INTO fanout_obligations (message_id, created_at) VALUES ($1, $2)")?
         .execute_unread(params![message_id, now_ms])?;
     crash_point("hub.accept.before_commit");
-    Ok(Accepted::New { message_id, seq })
+    let sorted = |mut v: Vec<String>| {
+        v.sort_unstable();
+        v.dedup();
+        v
+    };
+    let routed = Routed { hosts: sorted(recipients), pools: sorted(pools), held: retry.approval_required };
+    Ok((Accepted::New { message_id, seq }, Some(routed)))
 }
 
 /// Accepts a message and fans it out in the same transaction: one writer job for both. A
@@ -359,11 +387,20 @@ pub fn accept_and_fan_out(
     limits: AcceptLimits,
     now_ms: i64,
 ) -> StoreResult<(Accepted, Vec<DeliverySummary>)> {
-    let accepted = accept_with_retry(conn, msg, retry, limits, now_ms)?;
-    let message_id = match &accepted {
-        Accepted::New { message_id, .. } | Accepted::Duplicate { message_id, .. } => message_id,
+    let (accepted, routed) = accept_routed(conn, msg, retry, limits, now_ms)?;
+    let deliveries = match (&accepted, routed) {
+        // Just written: its obligation pending, no delivery yet, no approval decided.
+        (Accepted::New { message_id, seq }, Some(routed)) => {
+            crash_point("hub.fanout.before_first");
+            let parked = routed.held.then(|| (Held, APPROVAL_REQUIRED.to_string()));
+            let to = Recipients { hosts: &routed.hosts, pools: &routed.pools, hosts_active: true };
+            create_deliveries(conn, message_id, &msg.conversation, *seq, to, parked.as_ref(), now_ms)?;
+            deliveries_of(conn, message_id)?
+        }
+        (Accepted::New { message_id, .. } | Accepted::Duplicate { message_id, .. }, _) => {
+            fan_out(conn, message_id, now_ms)?
+        }
     };
-    let deliveries = fan_out(conn, message_id, now_ms)?;
     Ok((accepted, deliveries))
 }
 
@@ -451,69 +488,95 @@ pub fn fan_out(conn: &dyn Db, message_id: &str, now_ms: i64) -> StoreResult<Vec<
             )?
             .query_map([message_id], |r| r.get(0))?
             .collect::<Result<_, _>>()?;
-        let hub = Actor::hub();
         // Read once per message: every delivery of it is parked the same way.
         let parked = if missing.is_empty() && missing_pools.is_empty() { None } else { parking(conn, message_id)? };
-        for pool in &missing_pools {
-            // Its host stays unset until a member's claim binds it; it waits in the pool's
-            // queue, not a host's backlog.
-            let id = new_id();
-            conn.prepare_cached(
-                "INSERT INTO deliveries (id, message_id, pool, conversation, seq, state, created_at, updated_at)
-                 VALUES ($1, $2, $3, $4, $5, 'queued', $6, $6)",
-            )?
-            .execute_unread(params![id, message_id, pool, conversation, seq, now_ms])?;
-            record_event(conn, &id, None, DeliveryState::Queued, &hub, None, Some("fan-out"), now_ms)?;
-            if let Some((to, why)) = &parked {
-                let change = Change {
-                    delivery_id: &id,
-                    from: DeliveryState::Queued,
-                    to: *to,
-                    expect_holder: None,
-                    new_holder: None,
-                    reason: Some(why),
-                };
-                transition::apply(conn, change, &hub, now_ms)?;
-            }
-            crash_point("hub.fanout.after_k");
-        }
-        for host in &missing {
-            let id = new_id();
-            conn.prepare_cached(
-                "INSERT INTO deliveries (id, message_id, host, conversation, seq, state, created_at, updated_at)
-                 VALUES ($1, $2, $3, $4, $5, 'queued', $6, $6)",
-            )?
-            .execute_unread(params![id, message_id, host, conversation, seq, now_ms])?;
-            record_event(conn, &id, None, DeliveryState::Queued, &hub, None, Some("fan-out"), now_ms)?;
-            adjust_backlog(conn, host, 1)?;
-            if host_retired(conn, host)? {
-                let change = Change {
-                    delivery_id: &id,
-                    from: DeliveryState::Queued,
-                    to: DeliveryState::Failed,
-                    expect_holder: None,
-                    new_holder: None,
-                    reason: Some(HOST_RETIRED),
-                };
-                transition::apply(conn, change, &hub, now_ms)?;
-            } else if let Some((to, why)) = &parked {
-                let change = Change {
-                    delivery_id: &id,
-                    from: DeliveryState::Queued,
-                    to: *to,
-                    expect_holder: None,
-                    new_holder: None,
-                    reason: Some(why),
-                };
-                transition::apply(conn, change, &hub, now_ms)?;
-            }
-            crash_point("hub.fanout.after_k");
-        }
-        crash_point("hub.fanout.before_mark_done");
-        conn.prepare_cached("UPDATE fanout_obligations SET done_at = $2 WHERE message_id = $1 AND done_at IS NULL")?
-            .execute_unread(params![message_id, now_ms])?;
+        let to = Recipients { hosts: &missing, pools: &missing_pools, hosts_active: false };
+        create_deliveries(conn, message_id, &conversation, seq, to, parked.as_ref(), now_ms)?;
     }
     deliveries_of(conn, message_id)
+}
+
+/// The recipients a fan-out makes deliveries for (each has none yet).
+struct Recipients<'a> {
+    hosts: &'a [String],
+    pools: &'a [String],
+    /// Whether every host is known to be active in this transaction (the accept's routing
+    /// checked them), so none needs checking again.
+    hosts_active: bool,
+}
+
+/// Makes one delivery per recipient of `to`, each queued and then parked as `parked` says (a
+/// host retired since the accept fails its delivery instead), and marks the message's fan-out
+/// done.
+fn create_deliveries(
+    conn: &dyn Db,
+    message_id: &str,
+    conversation: &str,
+    seq: i64,
+    to: Recipients<'_>,
+    parked: Option<&(DeliveryState, String)>,
+    now_ms: i64,
+) -> StoreResult<()> {
+    let hub = Actor::hub();
+    for pool in to.pools {
+        // Its host stays unset until a member's claim binds it; it waits in the pool's
+        // queue, not a host's backlog.
+        let id = new_id();
+        conn.prepare_cached(
+            "INSERT INTO deliveries (id, message_id, pool, conversation, seq, state, created_at, updated_at)
+             VALUES ($1, $2, $3, $4, $5, 'queued', $6, $6)",
+        )?
+        .execute_unread(params![id, message_id, pool, conversation, seq, now_ms])?;
+        record_event(conn, &id, None, DeliveryState::Queued, &hub, None, Some("fan-out"), now_ms)?;
+        if let Some((state, why)) = parked {
+            let change = Change {
+                delivery_id: &id,
+                from: DeliveryState::Queued,
+                to: *state,
+                expect_holder: None,
+                new_holder: None,
+                reason: Some(why),
+            };
+            transition::apply(conn, change, &hub, now_ms)?;
+        }
+        crash_point("hub.fanout.after_k");
+    }
+    for host in to.hosts {
+        let id = new_id();
+        conn.prepare_cached(
+            "INSERT INTO deliveries (id, message_id, host, conversation, seq, state, created_at, updated_at)
+             VALUES ($1, $2, $3, $4, $5, 'queued', $6, $6)",
+        )?
+        .execute_unread(params![id, message_id, host, conversation, seq, now_ms])?;
+        record_event(conn, &id, None, DeliveryState::Queued, &hub, None, Some("fan-out"), now_ms)?;
+        adjust_backlog(conn, host, 1)?;
+        if !to.hosts_active && host_retired(conn, host)? {
+            let change = Change {
+                delivery_id: &id,
+                from: DeliveryState::Queued,
+                to: DeliveryState::Failed,
+                expect_holder: None,
+                new_holder: None,
+                reason: Some(HOST_RETIRED),
+            };
+            transition::apply(conn, change, &hub, now_ms)?;
+        } else if let Some((state, why)) = parked {
+            let change = Change {
+                delivery_id: &id,
+                from: DeliveryState::Queued,
+                to: *state,
+                expect_holder: None,
+                new_holder: None,
+                reason: Some(why),
+            };
+            transition::apply(conn, change, &hub, now_ms)?;
+        }
+        crash_point("hub.fanout.after_k");
+    }
+    crash_point("hub.fanout.before_mark_done");
+    conn.prepare_cached("UPDATE fanout_obligations SET done_at = $2 WHERE message_id = $1 AND done_at IS NULL")?
+        .execute_unread(params![message_id, now_ms])?;
+    Ok(())
 }
 
 /// The reason a delivery awaiting approval is held with.
