@@ -90,6 +90,12 @@ pub struct PassResult {
     /// `POST /v1/running` requests the first hub answered during the pass (the nodes'
     /// renewals, progress included), read from its `/metrics`; `None` when they could not be read.
     pub running_requests: Option<f64>,
+    /// Round trips every hub made to PostgreSQL during the pass, and the statements sent in
+    /// them (`baton_hub_postgres_round_trips_total`, `_statements_total`, from each hub's
+    /// `/metrics`); `None` on SQLite or when a hub's metrics could not be read.
+    pub db_round_trips: Option<f64>,
+    /// See `db_round_trips`.
+    pub db_statements: Option<f64>,
     /// Deliveries reported per host that ran them, busiest first: how a pool pass spread its
     /// work over the members (a host-addressed pass spreads it evenly by construction).
     pub per_host: Vec<usize>,
@@ -166,6 +172,20 @@ pub fn run_pass(rig: &Rig<'_>, pass: &Pass) -> anyhow::Result<PassResult> {
     let db_cpu = || postmaster.and_then(|pid| procfs::cpu_s_of_tree(pid, clk));
     let (hub0, nodes0, bench0, db0) = (hubs_cpu()?, node_cpu(&nodes)?, cpu(Some(std::process::id()))?, db_cpu());
     let running0 = running_requests(hub);
+    let pg_counters = || {
+        let each: Option<Vec<(f64, f64)>> = hubs
+            .iter()
+            .map(|h| {
+                let body = scrape(h)?;
+                Some((
+                    counter(&body, "baton_hub_postgres_round_trips_total")?,
+                    counter(&body, "baton_hub_postgres_statements_total")?,
+                ))
+            })
+            .collect();
+        each.map(|v| v.iter().fold((0.0, 0.0), |(a, b), (x, y)| (a + x, b + y)))
+    };
+    let pg0 = pg_counters();
 
     let t0_ms = baton_shared::clock::system_now_ms();
     let tally = rt.block_on(submit_all(pass, hosts, producers))?;
@@ -175,6 +195,7 @@ pub fn run_pass(rig: &Rig<'_>, pass: &Pass) -> anyhow::Result<PassResult> {
     wait_reported(db, &mut nodes, base_attempts, tally.ok)?;
     let (hub1, nodes1, bench1, db1) = (hubs_cpu()?, node_cpu(&nodes)?, cpu(Some(std::process::id()))?, db_cpu());
     let running1 = running_requests(hub);
+    let pg1 = pg_counters();
     drop(nodes);
     let progress_events = db.query_row(
         "SELECT count(*) FROM progress_events p JOIN deliveries d ON d.id = p.delivery_id
@@ -205,6 +226,8 @@ pub fn run_pass(rig: &Rig<'_>, pass: &Pass) -> anyhow::Result<PassResult> {
         db_cpu_s: db0.zip(db1).map(|(a, b)| b - a),
         progress_events,
         running_requests: running0.zip(running1).map(|(a, b)| b - a),
+        db_round_trips: pg0.zip(pg1).map(|(a, b)| b.0 - a.0),
+        db_statements: pg0.zip(pg1).map(|(a, b)| b.1 - a.1),
         per_host,
     })
 }
@@ -213,6 +236,18 @@ pub fn run_pass(rig: &Rig<'_>, pass: &Pass) -> anyhow::Result<PassResult> {
 /// `/metrics` (`baton_hub_http_requests_total` of that route, every status); `None` when the
 /// listener is off or does not answer.
 fn running_requests(hub: &Hub) -> Option<f64> {
+    Some(
+        scrape(hub)?
+            .lines()
+            .filter(|l| l.starts_with("baton_hub_http_requests_total{") && l.contains("route=\"/v1/running\""))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum(),
+    )
+}
+
+/// `hub`'s `/metrics` page from its operator listener; `None` when the listener is off or does
+/// not answer.
+fn scrape(hub: &Hub) -> Option<String> {
     use std::io::{Read as _, Write as _};
     let addr = std::fs::read_to_string(hub.data_dir().join("operator.addr")).ok()?;
     let addr = addr.trim();
@@ -222,12 +257,13 @@ fn running_requests(hub: &Hub) -> Option<f64> {
     write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
     let mut body = String::new();
     s.read_to_string(&mut body).ok()?;
-    Some(
-        body.lines()
-            .filter(|l| l.starts_with("baton_hub_http_requests_total{") && l.contains("route=\"/v1/running\""))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum(),
-    )
+    Some(body)
+}
+
+/// The value of the unlabelled counter `name` on a `/metrics` page; `None` when it is not there
+/// (never counted: a hub on SQLite has no PostgreSQL round trips).
+fn counter(body: &str, name: &str) -> Option<f64> {
+    body.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
 /// The hub list node `i` is given: every hub, starting with hub `i mod n`, so the nodes spread

@@ -620,6 +620,17 @@ fn record_pass(figs: &mut Figures, prefix: &str, r: &e2e::PassResult) {
         "PostgreSQL server's CPU us per delivery (its process tree; null on SQLite or a remote server)",
     );
     figs.put(&k("node_cpu_us_per_delivery"), Some(r.per_1k(r.nodes_cpu_s) * 1000.0), "all nodes' CPU us per delivery");
+    let per_delivery = |n: Option<f64>| n.map(|n| n / (r.deliveries.max(1) as f64));
+    figs.put(
+        &k("db_round_trips_per_delivery"),
+        per_delivery(r.db_round_trips),
+        "round trips to PostgreSQL per delivery, every hub (null on SQLite)",
+    );
+    figs.put(
+        &k("db_statements_per_delivery"),
+        per_delivery(r.db_statements),
+        "statements sent to PostgreSQL per delivery, pipelined ones included, every hub (null on SQLite)",
+    );
 }
 
 /// Records a pass's progress figures under `prefix`: the events kept, and the renewal requests

@@ -116,10 +116,20 @@ fn the_quick_benchmark_runs_on_postgres_with_two_hubs() {
         "pool_e2e_deliveries_per_s",
         "pg_ceiling_jobs_per_s",
         "e2e_deliveries_per_s_over_pg_ceiling_jobs_per_s",
+        "db_round_trips_per_delivery",
+        "db_statements_per_delivery",
     ] {
         let v = figures[key].as_f64().unwrap_or_else(|| panic!("{key} is not a number: {}", figures[key]));
         assert!(v.is_finite() && v > 0.0, "{key} = {v}");
     }
+    // Unread writes and savepoints ride ahead of other statements: fewer round trips than
+    // statements sent.
+    assert!(
+        figures["db_round_trips_per_delivery"].as_f64() < figures["db_statements_per_delivery"].as_f64(),
+        "round trips {} against statements {}",
+        figures["db_round_trips_per_delivery"],
+        figures["db_statements_per_delivery"]
+    );
     // The backlog step fills an SQLite file directly: on PostgreSQL it is skipped, and says so.
     assert!(figures.get("claim_ms_backlog_10k").is_some_and(|v| v.is_null()), "the backlog step runs on SQLite only");
 }
