@@ -19,6 +19,12 @@
 //!
 //! Invariant: fan-out never leaves work queued for a retired host: a recipient retired since the
 //! accept gets its delivery created and, in the same transaction, failed with `host retired`.
+//!
+//! A new message's fan-out in the same job takes what its accept just wrote and checked
+//! (`Routed`: hosts, pools, whether it waits for approval) instead of reading it back; `fan_out`
+//! reads it, for an obligation a crash left pending. Both make the deliveries through
+//! `create_deliveries`, so the two paths cannot drift apart, which is why acceptance and fan-out
+//! share this file (about 640 lines of code; the rest is its tests).
 
 use crate::store::By;
 use crate::store::Store;
