@@ -417,7 +417,7 @@ async fn in_order<T, F: std::future::Future<Output = T>>(mut ahead: Vec<Ahead<'_
     let mut done: Vec<Option<DbResult<()>>> = ahead.iter().map(|_| None).collect();
     let mut call = std::pin::pin!(call);
     let mut out = None;
-    std::future::poll_fn(|cx| {
+    let out = std::future::poll_fn(|cx| {
         for (f, d) in ahead.iter_mut().zip(done.iter_mut()) {
             if d.is_none()
                 && let Poll::Ready(r) = f.as_mut().poll(cx)
@@ -430,10 +430,13 @@ async fn in_order<T, F: std::future::Future<Output = T>>(mut ahead: Vec<Ahead<'_
         {
             out = Some(r);
         }
-        if out.is_some() && done.iter().all(Option::is_some) { Poll::Ready(()) } else { Poll::Pending }
+        match out.take_if(|_| done.iter().all(Option::is_some)) {
+            Some(out) => Poll::Ready(out),
+            None => Poll::Pending,
+        }
     })
     .await;
-    (done.into_iter().flatten().collect(), out.expect("ready"))
+    (done.into_iter().flatten().collect(), out)
 }
 
 #[cfg(test)]
