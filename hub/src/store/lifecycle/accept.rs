@@ -900,6 +900,64 @@ mod pool_tests {
         assert!(crate::store::upkeep::verify::check(c).unwrap().is_empty());
     }
 
+    /// A new message fanned out in its accept's job, from what the accept wrote, gets the same
+    /// deliveries, events and queue counts as one whose fan-out reads its routing back (the
+    /// repair's way), with and without an approval, hosts and a pool alike.
+    #[test]
+    fn a_fan_out_from_the_accept_matches_one_that_reads_the_routing_back() {
+        let db = testing::db();
+        let c = &*db.conn;
+        gpu(c);
+        type Shape = (Option<String>, Option<String>, DeliveryState, i64);
+        let shape = |message_id: &str| -> Vec<Shape> {
+            deliveries_of(c, message_id)
+                .unwrap()
+                .into_iter()
+                .map(|d| {
+                    let events = one(c, "SELECT count(*) FROM delivery_events WHERE delivery_id = $1", &d.delivery_id);
+                    (d.host, d.pool, d.state, events)
+                })
+                .collect()
+        };
+        let queues = |conversation: &str| -> Vec<(String, i64)> {
+            c.prepare(
+                "SELECT host, queued FROM conversation_queues WHERE conversation = $1
+                 UNION ALL SELECT pool, queued FROM pool_queues WHERE conversation = $1 ORDER BY 1",
+            )
+            .unwrap()
+            .query_map([conversation], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+        };
+        let held = RetryPolicy { approval_required: true, ..RetryPolicy::default() };
+        for (name, policy) in [("plain", RetryPolicy::default()), ("held", held)] {
+            let to = |way: &str| NewMessage {
+                conversation: format!("{way}-{name}"),
+                ..msg(&format!("{way}-{name}"), &["host-c", "host-a"], &["gpu"])
+            };
+            let (Accepted::New { message_id: fast, .. }, _) =
+                accept_and_fan_out(c, &to("fast"), policy, BIG, 5).unwrap()
+            else {
+                panic!("duplicate")
+            };
+            let Accepted::New { message_id: read_back, .. } =
+                accept_with_retry(c, &to("read"), policy, BIG, 5).unwrap()
+            else {
+                panic!("duplicate")
+            };
+            fan_out(c, &read_back, 5).unwrap();
+            let made = shape(&fast);
+            assert_eq!(made.len(), 3, "{made:?}");
+            assert_eq!(made, shape(&read_back), "{name}");
+            assert_eq!(queues(&format!("fast-{name}")), queues(&format!("read-{name}")), "{name}");
+        }
+        for host in ["host-a", "host-c"] {
+            assert_eq!(one(c, "SELECT waiting FROM host_backlog WHERE host = $1", host), 4, "{host}");
+        }
+        assert!(crate::store::upkeep::verify::check(c).unwrap().is_empty());
+    }
+
     /// A pool delivery no member claimed yet reads everywhere a delivery is shown: the
     /// message view (host null, pool set), the producers' feed, and the operators' listings.
     #[test]
