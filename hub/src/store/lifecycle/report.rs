@@ -231,6 +231,8 @@ struct ReportedDelivery {
     caused_by: String,
     conversation: String,
     pool: Option<String>,
+    /// The request hash of the outcome its current run already has, if any.
+    run_reported: Option<String>,
 }
 
 /// Which waiting claims a recorded report may have given work to.
@@ -284,7 +286,8 @@ pub fn report_run_lifting(
         .prepare_cached(
             "SELECT d.host, d.state, d.instance_id, d.claim_token, d.attempt, d.cancel_requested_at IS NOT NULL,
                     m.max_attempts, m.retry_backoff_ms, d.rerun, coalesce(d.rerun_by, 'producer:' || m.producer),
-                    d.conversation, d.pool
+                    d.conversation, d.pool,
+                    (SELECT a.request_hash FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)
              FROM deliveries d JOIN messages m ON m.id = d.message_id WHERE d.id = $1",
         )?
         .query_row([r.delivery_id], |row| {
@@ -301,6 +304,7 @@ pub fn report_run_lifting(
                 caused_by: row.get(9)?,
                 conversation: row.get(10)?,
                 pool: row.get(11)?,
+                run_reported: row.get(12)?,
             })
         })
         .optional()?;
@@ -334,11 +338,8 @@ pub fn report_run_lifting(
     // One execution, one outcome per run: a second node report (under another report id) for a
     // run that already has one would count a turn twice. An outcome the hub wrote itself
     // (`unknown` after a requeue or retire, empty request hash) gives way to the node's.
-    let reported: Option<String> = conn
-        .prepare_cached("SELECT request_hash FROM attempts WHERE delivery_id = $1 AND attempt = $2")?
-        .query_row(params![r.delivery_id, d.attempt], |row| row.get(0))
-        .optional()?;
-    match reported.as_deref() {
+    // (`request_hash` is never null: a null here is no outcome yet.)
+    match d.run_reported.as_deref() {
         None => {
             // The run's first outcome: a pool delivery's run leaves flight.
             if let Some(pool) = &d.pool {
