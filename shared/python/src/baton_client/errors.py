@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from .limits import ERROR_QUOTE_BYTES_MAX
 
 if TYPE_CHECKING:
-    from .wire import MessageView
+    from ._views import MessageView
 
 
 class BatonError(Exception):

@@ -22,6 +22,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Union
 
+# The views live in their own module (see it); they are this module's as before.
+from ._views import AttemptView as AttemptView
+from ._views import DeliveryView as DeliveryView
+from ._views import JsonValue as JsonValue
+from ._views import MessageView as MessageView
+from ._views import ViewOmitted as ViewOmitted
 from .errors import ApiError, BadAnswerError, InvalidArgumentError, error_class
 from .limits import (
     BATCH_BYTES_MAX,
@@ -34,9 +40,6 @@ from .limits import (
     U32_MAX,
     U64_MAX,
 )
-
-#: A JSON value as Python's ``json`` decodes it.
-JsonValue = Union[None, bool, int, float, str, list["JsonValue"], dict[str, "JsonValue"]]
 
 _NAME = re.compile(r"[a-z][a-z0-9_-]*")
 _KEY = re.compile(r"[A-Za-z0-9._:-]+")
@@ -466,164 +469,54 @@ def read_batch(status: int, body: bytes, requests: Sequence[SubmitRequest]) -> l
     return out
 
 
-@dataclass(frozen=True)
-class AttemptView:
-    """One run of a delivery and its reported outcome."""
-
-    attempt_id: str
-    #: The node-scoped report id the outcome arrived with.
-    report_id: str
-    #: ``succeeded``, ``failed``, ``unknown`` or ``cancelled``.
-    outcome: str
-    exit_code: int | None
-    duration_ms: int | None
-    signal: int | None
-    #: The harness's stdout, bounded by the node's ``result_bytes_max``.
-    result: str | None
-    reason: str | None
-    reported_at_ms: int
-    #: Which run this was (1 for the first).
-    attempt: int
-    #: True when the harness asked for a retry (exit 75) and the hub requeued the delivery.
-    retryable: bool
-    #: ``retry`` or ``redrive`` for a run that is not the first.
-    rerun: str | None
-    #: ``producer:NAME``, ``hub`` or ``operator:NAME``.
-    caused_by: str | None
-    stderr_tail: str | None
-    stderr_dropped_bytes: int | None
-
-    @staticmethod
-    def read(f: _Fields) -> AttemptView:
-        return AttemptView(
-            attempt_id=f.text("attempt_id"),
-            report_id=f.text("report_id"),
-            outcome=f.text("outcome"),
-            exit_code=f.opt_integer("exit_code"),
-            duration_ms=f.opt_integer("duration_ms"),
-            signal=f.opt_integer("signal"),
-            result=f.opt_text("result"),
-            reason=f.opt_text("reason"),
-            reported_at_ms=f.integer("reported_at_ms"),
-            attempt=f.integer("attempt", 1),
-            retryable=f.flag("retryable", False),
-            rerun=f.opt_text("rerun"),
-            caused_by=f.opt_text("caused_by"),
-            stderr_tail=f.opt_text("stderr_tail"),
-            stderr_dropped_bytes=f.opt_integer("stderr_dropped_bytes"),
-        )
+def _read_attempt(f: _Fields) -> AttemptView:
+    return AttemptView(
+        attempt_id=f.text("attempt_id"),
+        report_id=f.text("report_id"),
+        outcome=f.text("outcome"),
+        exit_code=f.opt_integer("exit_code"),
+        duration_ms=f.opt_integer("duration_ms"),
+        signal=f.opt_integer("signal"),
+        result=f.opt_text("result"),
+        reason=f.opt_text("reason"),
+        reported_at_ms=f.integer("reported_at_ms"),
+        attempt=f.integer("attempt", 1),
+        retryable=f.flag("retryable", False),
+        rerun=f.opt_text("rerun"),
+        caused_by=f.opt_text("caused_by"),
+        stderr_tail=f.opt_text("stderr_tail"),
+        stderr_dropped_bytes=f.opt_integer("stderr_dropped_bytes"),
+    )
 
 
-@dataclass(frozen=True)
-class DeliveryView:
-    """One delivery with its attempts, oldest first."""
-
-    delivery_id: str
-    #: The host it is for; ``None`` for a pool delivery no member has claimed yet.
-    host: str | None
-    #: ``queued``, ``held``, ``claimed``, ``mirrored``, ``delivered``, ``failed`` or ``unknown``.
-    state: str
-    reason: str | None
-    updated_at_ms: int
-    attempts: tuple[AttemptView, ...]
-    #: The current run (1 for the first; a retry or redrive adds one).
-    attempt: int
-    max_attempts: int
-    not_before_ms: int | None
-    cancel_requested_at_ms: int | None
-    cancel_reason: str | None
-    #: The recipient pool, for a pool delivery (kept once a member claims it); ``None`` for a
-    #: host's own delivery.
-    pool: str | None = None
-
-    @staticmethod
-    def read(f: _Fields) -> DeliveryView:
-        attempts = tuple(
-            AttemptView.read(_Fields(a, f.at("attempts", i), f.status)) for i, a in enumerate(f.items("attempts"))
-        )
-        return DeliveryView(
-            delivery_id=f.text("delivery_id"),
-            host=f.opt_text("host"),
-            state=f.text("state"),
-            reason=f.opt_text("reason"),
-            updated_at_ms=f.integer("updated_at_ms"),
-            attempts=attempts,
-            attempt=f.integer("attempt", 1),
-            max_attempts=f.integer("max_attempts", 1),
-            not_before_ms=f.opt_integer("not_before_ms"),
-            cancel_requested_at_ms=f.opt_integer("cancel_requested_at_ms"),
-            cancel_reason=f.opt_text("cancel_reason"),
-            pool=f.opt_text("pool"),
-        )
-
-    def current_attempt(self) -> AttemptView | None:
-        """The reported attempt of the current run, or ``None``. A retry or a redrive starts a
-        new run: the attempts of earlier runs stay listed and say nothing of this one."""
-        for a in reversed(self.attempts):
-            if a.attempt == self.attempt:
-                return a
-        return None
-
-    def ended(self) -> bool | None:
-        """How the delivery ended: ``True`` succeeded, ``False`` failed, cancelled or unknown,
-        ``None`` not yet (the hub's "settled": failed, unknown, or delivered with an attempt
-        of its current run), exactly as ``baton wait`` judges it."""
-        if self.state in ("failed", "unknown"):
-            return False
-        if self.state == "delivered":
-            current = self.current_attempt()
-            return None if current is None else current.outcome == "succeeded"
-        return None
+def _read_delivery_view(f: _Fields) -> DeliveryView:
+    attempts = tuple(
+        _read_attempt(_Fields(a, f.at("attempts", i), f.status)) for i, a in enumerate(f.items("attempts"))
+    )
+    return DeliveryView(
+        delivery_id=f.text("delivery_id"),
+        host=f.opt_text("host"),
+        state=f.text("state"),
+        reason=f.opt_text("reason"),
+        updated_at_ms=f.integer("updated_at_ms"),
+        attempts=attempts,
+        attempt=f.integer("attempt", 1),
+        max_attempts=f.integer("max_attempts", 1),
+        not_before_ms=f.opt_integer("not_before_ms"),
+        cancel_requested_at_ms=f.opt_integer("cancel_requested_at_ms"),
+        cancel_reason=f.opt_text("cancel_reason"),
+        pool=f.opt_text("pool"),
+    )
 
 
 def read_delivery(status: int, body: bytes) -> DeliveryView:
-    return DeliveryView.read(_Fields(decode_json(status, body), "", status))
-
-
-@dataclass(frozen=True)
-class ViewOmitted:
-    """What a message view left out to stay within the hub's ``message_view_bytes_max``."""
-
-    #: The deliveries whose attempts are not in the view (their ``attempts`` is empty there).
-    attempts_of: tuple[str, ...]
-    view_bytes_max: int
-    #: The path that reads one of them whole, with ``{delivery_id}`` to fill in.
-    read_each_at: str
-
-
-@dataclass(frozen=True)
-class MessageView:
-    """A message with its deliveries and their attempts (``GET /v1/messages/{id}``)."""
-
-    message_id: str
-    conversation: str
-    seq: int
-    producer: str
-    idempotency_key: str
-    #: The payload, decoded by Python's ``json``.
-    payload: JsonValue
-    accepted_at_ms: int
-    deliveries: tuple[DeliveryView, ...]
-    omitted: ViewOmitted | None
-    #: The W3C ``traceparent`` kept with it (the producer's, or one the hub started); ``None``
-    #: for a message accepted before traces were kept, or from a hub that predates them.
-    traceparent: str | None = None
-
-    @property
-    def settled(self) -> bool:
-        """Every delivery has ended (``DeliveryView.ended`` is not ``None``)."""
-        return all(d.ended() is not None for d in self.deliveries)
-
-    @property
-    def succeeded(self) -> bool:
-        """Every delivery ended and succeeded."""
-        return all(d.ended() is True for d in self.deliveries)
+    return _read_delivery_view(_Fields(decode_json(status, body), "", status))
 
 
 def read_message(status: int, body: bytes) -> MessageView:
     f = _Fields(decode_json(status, body), "", status)
     deliveries = tuple(
-        DeliveryView.read(_Fields(d, f.at("deliveries", i), status)) for i, d in enumerate(f.items("deliveries"))
+        _read_delivery_view(_Fields(d, f.at("deliveries", i), status)) for i, d in enumerate(f.items("deliveries"))
     )
     omitted = None
     if f.d.get("omitted") is not None:
