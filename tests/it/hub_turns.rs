@@ -245,7 +245,8 @@ async fn an_older_session_is_refused_on_every_node_route() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn starts_are_recorded_once_and_refused_to_another_session() {
-    let hub = Hub::start();
+    // A short start lease, so the later session sees it run out.
+    let hub = Hub::builder().config("start_lease = \"1s\"\n").start();
     let mut node = SessionNode::new(&hub, "host-a", "inst-1");
     node.open_session().await;
     submit(&hub, "c", "k1", None).await;
@@ -263,8 +264,16 @@ async fn starts_are_recorded_once_and_refused_to_another_session() {
     assert_eq!(node.starts(&[&turns[0]]).await.ok()["results"][0]["start"], true, "idempotent for the session");
     // Without a session a start is refused outright.
     node.with_session(None).starts(&[&turns[0]]).await.err(400, "invalid_field");
-    // A later session of the same instance did not start this run.
+    // A later session of the same instance did not start this run. While the first session's
+    // start lease (renewed by its accepted start) lasts, the first process may still be starting
+    // it on its own (had the grant's answer been lost on its way), so the later one waits; once
+    // the lease ran out, the run is the first session's for good.
     node.open_session().await;
+    let pending = node.starts(&[&turns[0]]).await.ok()["results"][0].clone();
+    assert_eq!(pending["code"], "start_lease_pending", "{pending}");
+    let wait_ms = pending["retry_after_ms"].as_u64().unwrap_or_else(|| panic!("no retry_after_ms: {pending}"));
+    assert!((1..=1_000).contains(&wait_ms), "{pending}");
+    tokio::time::sleep(std::time::Duration::from_millis(wait_ms + 50)).await;
     let again = node.starts(&[&turns[0]]).await;
     assert_eq!(again.ok()["results"][0]["code"], "started_elsewhere");
 }

@@ -217,7 +217,10 @@ fn load(conn: &dyn Db, delivery_id: &str) -> StoreResult<Option<Turn>> {
 /// older session's start lease lasts (`start_lease_pending`, with when to ask again): until
 /// then the older process, if it still runs cut off from the hub, may start it on its own.
 /// Once the lease has run out the run is `started_elsewhere` (the newer session reports it
-/// `unknown`): the hub cannot know whether the older process started it within its lease. The
+/// `unknown`): the hub cannot know whether the older process started it within its lease. A
+/// run whose start the hub granted to an older session waits the same way while that
+/// session's lease lasts (the grant's answer may never have reached it, and then it starts the
+/// run on its own), and is `started_elsewhere` after. The
 /// run is the newer session's to start at once when the older could never have started it on
 /// its own: it ended cleanly (which gives its lease up, and which a node does only when it
 /// started nothing without the hub), it never held a lease, or it renewed none after the run's
@@ -307,6 +310,29 @@ pub fn start(
                 .execute_unread(params![item.delivery_id, session as i64, now_ms])?;
             }
             Some(s) if s == session as i64 => {}
+            // Granted to an older session of the instance whose start lease lasts: if that
+            // grant's answer was lost on a cut-off link, the older process starts the run on its
+            // own within its lease, so the newer one waits (and reports nothing) until the lease
+            // ran out, as for a run the older session acked and never asked to start.
+            Some(s)
+                if s < session as i64
+                    && let Some(lease) = crate::store::registry::sessions::lease(conn, host, s as u64)?
+                    && lease.until > now_ms =>
+            {
+                let wait_ms = lease.until - now_ms;
+                out.push(StartResult {
+                    retry_after_ms: Some(wait_ms as u64),
+                    ..refuse(
+                        "start_lease_pending",
+                        format!(
+                            "run {} of delivery {} was started by session {s} of this node instance, which may still \
+                             be starting it on its own for {wait_ms} ms (its start lease); ask again then",
+                            turn.attempt, item.delivery_id
+                        ),
+                    )
+                });
+                continue;
+            }
             Some(s) => {
                 out.push(refuse(
                     "started_elsewhere",
