@@ -8,6 +8,8 @@
 //! Producers either go as fast as the hub answers or follow a fixed schedule (`rate_per_s`),
 //! and send either one message per request (`POST /v1/messages`) or batches of
 //! `submit_batch` messages (`POST /v1/batch/messages`).
+//! Each hub's PostgreSQL round trips and statements (its `/metrics` counters) are read before
+//! and after the pass.
 //! When every delivery's report is in, the figures are read from the hub's database: accept
 //! time (`messages.accepted_at`), claim time (the `claimed` event) and report time
 //! (`attempts.reported_at`), all unix milliseconds from the hub's one clock.

@@ -1,6 +1,11 @@
 //! `baton-bench`: parses the flags into a `Plan`, runs the steps of `baton_bench`, prints the
 //! table and writes the JSON. Exit status: 0 the run completed; 1 the run failed (the error
 //! chain is printed); 2 usage.
+//!
+//! Its length is the figures' names: every figure the table prints is named, described and
+//! set against its ceiling here, in the order of the run, so that one file reads as the table
+//! does. The work of each step lives in the library (`ceiling`, `e2e`, `backlog`, …); a step
+//! that grows figures of its own would move its `record_*` function beside it.
 
 use anyhow::Context;
 use baton_bench::cluster::{self, NodeSettings};
