@@ -524,6 +524,18 @@ fn create_deliveries(
     now_ms: i64,
 ) -> StoreResult<()> {
     let hub = Actor::hub();
+    // A new delivery moved on from queued at once: parked, or failed for a retired host.
+    let park = |id: &str, to: DeliveryState, why: &str| {
+        let change = Change {
+            delivery_id: id,
+            from: DeliveryState::Queued,
+            to,
+            expect_holder: None,
+            new_holder: None,
+            reason: Some(why),
+        };
+        transition::apply(conn, change, &hub, now_ms)
+    };
     for pool in to.pools {
         // Its host stays unset until a member's claim binds it; it waits in the pool's
         // queue, not a host's backlog.
@@ -535,15 +547,7 @@ fn create_deliveries(
         .execute_unread(params![id, message_id, pool, conversation, seq, now_ms])?;
         record_event(conn, &id, None, DeliveryState::Queued, &hub, None, Some("fan-out"), now_ms)?;
         if let Some((state, why)) = parked {
-            let change = Change {
-                delivery_id: &id,
-                from: DeliveryState::Queued,
-                to: *state,
-                expect_holder: None,
-                new_holder: None,
-                reason: Some(why),
-            };
-            transition::apply(conn, change, &hub, now_ms)?;
+            park(&id, *state, why)?;
         }
         crash_point("hub.fanout.after_k");
     }
@@ -557,25 +561,9 @@ fn create_deliveries(
         record_event(conn, &id, None, DeliveryState::Queued, &hub, None, Some("fan-out"), now_ms)?;
         adjust_backlog(conn, host, 1)?;
         if !to.hosts_active && host_retired(conn, host)? {
-            let change = Change {
-                delivery_id: &id,
-                from: DeliveryState::Queued,
-                to: DeliveryState::Failed,
-                expect_holder: None,
-                new_holder: None,
-                reason: Some(HOST_RETIRED),
-            };
-            transition::apply(conn, change, &hub, now_ms)?;
+            park(&id, DeliveryState::Failed, HOST_RETIRED)?;
         } else if let Some((state, why)) = parked {
-            let change = Change {
-                delivery_id: &id,
-                from: DeliveryState::Queued,
-                to: *state,
-                expect_holder: None,
-                new_holder: None,
-                reason: Some(why),
-            };
-            transition::apply(conn, change, &hub, now_ms)?;
+            park(&id, *state, why)?;
         }
         crash_point("hub.fanout.after_k");
     }

@@ -262,6 +262,19 @@ pub fn start(
             ));
             continue;
         }
+        // An older session of the instance `who` may still start the run on its own for
+        // `wait_ms` (its start lease): ask again then.
+        let lease_pending = |wait_ms: i64, who: &str| StartResult {
+            retry_after_ms: Some(wait_ms as u64),
+            ..refuse(
+                "start_lease_pending",
+                format!(
+                    "run {} of delivery {} was {who} of this node instance, which may still start it on its own \
+                     for {wait_ms} ms (its start lease); ask again then",
+                    turn.attempt, item.delivery_id
+                ),
+            )
+        };
         if turn.cancel_requested {
             out.push(refuse("cancelled", format!("delivery {} was cancelled before it started", item.delivery_id)));
             continue;
@@ -272,18 +285,7 @@ pub fn start(
             && lease.may_have_started(acked_at(conn, &item.delivery_id)?)
         {
             if lease.until > now_ms {
-                let wait_ms = lease.until - now_ms;
-                out.push(StartResult {
-                    retry_after_ms: Some(wait_ms as u64),
-                    ..refuse(
-                        "start_lease_pending",
-                        format!(
-                            "run {} of delivery {} was acked by session {acked} of this node instance, which may \
-                             still start it on its own for {wait_ms} ms (its start lease); ask again then",
-                            turn.attempt, item.delivery_id
-                        ),
-                    )
-                });
+                out.push(lease_pending(lease.until - now_ms, &format!("acked by session {acked}")));
                 continue;
             }
             if !baton_shared::crash::mutation("hub.start.grant_after_lease") {
@@ -319,18 +321,7 @@ pub fn start(
                     && let Some(lease) = crate::store::registry::sessions::lease(conn, host, s as u64)?
                     && lease.until > now_ms =>
             {
-                let wait_ms = lease.until - now_ms;
-                out.push(StartResult {
-                    retry_after_ms: Some(wait_ms as u64),
-                    ..refuse(
-                        "start_lease_pending",
-                        format!(
-                            "run {} of delivery {} was started by session {s} of this node instance, which may still \
-                             be starting it on its own for {wait_ms} ms (its start lease); ask again then",
-                            turn.attempt, item.delivery_id
-                        ),
-                    )
-                });
+                out.push(lease_pending(lease.until - now_ms, &format!("started by session {s}")));
                 continue;
             }
             Some(s) => {
