@@ -287,6 +287,40 @@ mod tests {
         assert_eq!(kept, [1, 2, 101, 102], "the failed item's writes are gone, the others' kept");
     }
 
+    /// Around one savepoint, by hand: a write left unread before it survives a `ROLLBACK TO`
+    /// (on PostgreSQL only the writes after the savepoint are dropped unsent), and a refused
+    /// write fails the `RELEASE` of its savepoint at the latest, never a later statement alone.
+    #[test]
+    fn a_rollback_to_undoes_only_the_writes_after_its_savepoint_and_a_release_carries_its_failures() {
+        let db = testing::db();
+        let conn = &db.conn;
+        conn.execute_batch("CREATE TEMP TABLE batch_probe (n INTEGER UNIQUE)").unwrap();
+        let insert = |n: i64| conn.prepare("INSERT INTO batch_probe (n) VALUES ($1)")?.execute_unread([n]);
+        conn.begin_write().unwrap();
+        insert(1).unwrap();
+        conn.control("SAVEPOINT s").unwrap();
+        insert(2).unwrap();
+        conn.control("ROLLBACK TO s").unwrap();
+        conn.control("RELEASE s").unwrap();
+        let refused = conn
+            .control("SAVEPOINT s")
+            .and_then(|()| insert(1))
+            .and_then(|()| conn.control("RELEASE s"))
+            .expect_err("the second 1 breaks the key, by the RELEASE at the latest");
+        assert!(refused.to_string().contains("batch_probe"), "{refused}");
+        conn.control("ROLLBACK TO s").unwrap();
+        conn.control("RELEASE s").unwrap();
+        conn.control("COMMIT").unwrap();
+        let kept: Vec<i64> = conn
+            .prepare("SELECT n FROM batch_probe ORDER BY n")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(kept, [1]);
+    }
+
     /// A value the server refused (a data exception, as PostgreSQL raises for a value it cannot
     /// hold) fails its item alone; a conflict (a deadlock) ends the batch, which is run again
     /// whole or not at all.

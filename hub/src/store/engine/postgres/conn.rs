@@ -332,11 +332,8 @@ impl Db for PgConn {
                         .iter()
                         .rposition(|d| matches!(d, Deferred::Control(c) if savepoint_statement(c) == Some(Savepoint::Make(name))))
                         .map_or(0, |at| at + 1);
-                    let mut at = 0;
-                    deferred.retain(|d| {
-                        at += 1;
-                        at <= since || !matches!(d, Deferred::Write { .. })
-                    });
+                    let younger = deferred.split_off(since);
+                    deferred.extend(younger.into_iter().filter(|d| matches!(d, Deferred::Control(_))));
                 }
                 _ => {}
             }
