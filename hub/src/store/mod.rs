@@ -83,6 +83,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../../schema/hub/0015-breaker-period.sql"),
     include_str!("../../../schema/hub/0016-traceparent.sql"),
     include_str!("../../../schema/hub/0017-pools.sql"),
+    include_str!("../../../schema/hub/0018-settlement.sql"),
 ];
 
 /// The newest schema version this binary knows, on each backend: how many migrations each

@@ -12,6 +12,7 @@
 //! - `pg_conflicts`: a deadlocked claim run again inside the hub, never a 503.
 //! - `pg_analyze`: the hub's statistics round.
 //! - `pg_pools`: pools on both backends' records: the migration that brings them.
+//! - `pg_settlement`: the settlement migration on both backends, and settling on the migrated record.
 
 mod pg_analyze;
 mod pg_claims;
@@ -20,3 +21,4 @@ mod pg_migrate;
 mod pg_notify;
 mod pg_pools;
 mod pg_schema;
+mod pg_settlement;

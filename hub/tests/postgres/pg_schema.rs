@@ -198,6 +198,12 @@ fn to_state(id: &str, state: &str, at: i64) -> String {
     )
 }
 
+/// What the hub runs after a change that may settle `message` (`lifecycle::settle`), with its
+/// values written in.
+fn settle(message: &str, at: i64) -> String {
+    baton_hub::store::lifecycle::settle::SETTLE.replace("$1", &format!("'{message}'")).replace("$2", &at.to_string())
+}
+
 /// How a step ends on both stores.
 enum Expect {
     /// It succeeds; optionally with this message's `settled_at`.
@@ -217,7 +223,7 @@ async fn the_same_writes_leave_the_same_counters_and_settlement_on_both_stores()
         (
             "setup",
             format!(
-                "INSERT INTO conversations (name, last_seq) VALUES ('c', 3);
+                "INSERT INTO conversations (name, last_seq) VALUES ('c', 4);
                  INSERT INTO hosts (name, enrolled_at) VALUES ('h1', 1), ('h2', 1);
                  {} {} {}",
                 message("m1", 1),
@@ -240,9 +246,11 @@ async fn the_same_writes_leave_the_same_counters_and_settlement_on_both_stores()
         ("the ack: delivered, no outcome yet", to_state("d1", "delivered", 30), Done(Some(("m1", None)))),
         (
             "the run's outcome settles the message",
-            "INSERT INTO attempts (id, delivery_id, host, instance_id, report_id, request_hash, outcome, reported_at)
-             VALUES ('a1', 'd1', 'h1', 'i1', 'r1', 'x', 'succeeded', 40)"
-                .into(),
+            format!(
+                "INSERT INTO attempts (id, delivery_id, host, instance_id, report_id, request_hash, outcome, reported_at)
+                 VALUES ('a1', 'd1', 'h1', 'i1', 'r1', 'x', 'succeeded', 40); {}",
+                settle("m1", 40)
+            ),
             Done(Some(("m1", Some(40)))),
         ),
         (
@@ -273,9 +281,28 @@ async fn the_same_writes_leave_the_same_counters_and_settlement_on_both_stores()
         ("m3's only delivery", delivery("d4", "m3", "h2", 3), Done(None)),
         ("fails before its fan-out is done", to_state("d4", "failed", 70), Done(Some(("m3", None)))),
         (
-            "the fan-out completing settles it",
+            "the fan-out completing does not settle it by itself",
             "UPDATE fanout_obligations SET done_at = 80 WHERE message_id = 'm3'".into(),
-            Done(Some(("m3", Some(80)))),
+            Done(Some(("m3", None))),
+        ),
+        ("the hub's settling statement settles it", settle("m3", 80), Done(Some(("m3", Some(80))))),
+        ("m4's deliveries", format!("{} {}; {}", message("m4", 4), delivery("d5", "m4", "h1", 4), delivery("d6", "m4", "h2", 4)), Done(None)),
+        ("m4's fan-out done", "UPDATE fanout_obligations SET done_at = 81 WHERE message_id = 'm4'".into(), Done(Some(("m4", None)))),
+        ("m4 runs on h1", to_state("d5", "claimed", 82), Done(None)),
+        ("m4 runs on h1: delivered", to_state("d5", "delivered", 83), Done(None)),
+        (
+            "an outcome with another delivery queued does not settle",
+            format!(
+                "INSERT INTO attempts (id, delivery_id, host, instance_id, report_id, request_hash, outcome, reported_at)
+                 VALUES ('a2', 'd5', 'h1', 'i1', 'r2', 'x', 'succeeded', 84); {}",
+                settle("m4", 84)
+            ),
+            Done(Some(("m4", None))),
+        ),
+        (
+            "a move between states that are not final leaves it unsettled",
+            to_state("d6", "held", 85),
+            Done(Some(("m4", None))),
         ),
     ];
 
@@ -306,18 +333,18 @@ async fn the_same_writes_leave_the_same_counters_and_settlement_on_both_stores()
     let seen = seen_postgres(&pgc).await;
     assert_eq!(
         seen.queues,
-        vec![("h1".into(), "c".into(), 0, 0, 1), ("h2".into(), "c".into(), 0, 0, 4)],
-        "h1/c: reset by the requeue after idle (served 0, since d1's position), then emptied by the delete; \
-         h2/c: restarted by d4 after idle"
+        vec![("h1".into(), "c".into(), 0, 0, 5), ("h2".into(), "c".into(), 0, 0, 6)],
+        "h1/c and h2/c: restarted after idle by m4's deliveries (served 0, since d5's and d6's positions), \
+         then emptied by d5's claim and d6's hold"
     );
 }
 
-/// Two hubs end the last two deliveries of one message at once: neither sees the other's change
-/// in its own snapshot, yet the message settles, because the settling trigger locks the message
-/// row first and looks again once the other has committed.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_final_outcomes_settle_their_message() {
-    let Some(cluster) = cluster_or_skip("concurrent_settlement", false) else { return };
+/// Two hubs end the last two deliveries of one message at once, each with `end` (the delivery,
+/// the time): neither sees the other's change in its own snapshot, yet the message settles,
+/// because what settles it locks the message row first and looks again once the other has
+/// committed.
+async fn race(name: &str, end: fn(&str, i64) -> String) {
+    let Some(cluster) = cluster_or_skip(name, false) else { return };
     let first = postgres(&cluster.url()).await;
     first
         .batch_execute(&format!(
@@ -335,11 +362,11 @@ async fn concurrent_final_outcomes_settle_their_message() {
         .await
         .unwrap();
 
-    first.batch_execute(&format!("BEGIN; {};", to_state("d1", "failed", 10))).await.unwrap();
+    first.batch_execute(&format!("BEGIN; {};", end("d1", 10))).await.unwrap();
     let url = cluster.url();
     let second = tokio::spawn(async move {
         let c = postgres(&url).await;
-        c.batch_execute(&format!("BEGIN; {}; COMMIT;", to_state("d2", "failed", 11))).await.unwrap();
+        c.batch_execute(&format!("BEGIN; {}; COMMIT;", end("d2", 11))).await.unwrap();
     });
     // Commit the first only once the second is inside its statement: waiting for the lock or,
     // were there none, already done.
@@ -365,4 +392,26 @@ async fn concurrent_final_outcomes_settle_their_message() {
     let settled: Option<i64> =
         watcher.query_one("SELECT settled_at FROM messages WHERE id = 'm1'", &[]).await.unwrap().get(0);
     assert_eq!(settled, Some(11), "settled by the second outcome, once it saw the first");
+}
+
+/// Both fail: the schema's `messages_settled_by_state` trigger settles.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_final_outcomes_settle_their_message() {
+    race("concurrent_settlement", |d, at| to_state(d, "failed", at)).await;
+}
+
+/// Both runs end with an outcome: the hub's own statements (`lifecycle::settle`: the message row
+/// locked, then the settling update) settle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_run_outcomes_settle_their_message_through_the_hubs_statements() {
+    race("concurrent_outcomes", |d, at| {
+        let lock = baton_hub::store::engine::dialect::SETTLE_LOCK.postgres.unwrap_or_default().replace("$1", "'m1'");
+        format!(
+            "{}; INSERT INTO attempts (id, delivery_id, host, instance_id, report_id, request_hash, outcome, reported_at)
+             VALUES ('a-{d}', '{d}', 'h', 'i1', 'r-{d}', 'x', 'succeeded', {at}); {lock}; {}",
+            to_state(d, "delivered", at),
+            settle("m1", at)
+        )
+    })
+    .await;
 }

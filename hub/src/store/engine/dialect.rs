@@ -95,6 +95,12 @@ pub const CLAIM_HOST_ROW: Both<&str> = Both {
 pub const CLAIM_HOST_ROW_TO_CHANGE: Both<Option<&str>> =
     Both { sqlite: None, postgres: Some("SELECT instance_id, retired_at FROM hosts WHERE name = $1 FOR UPDATE") };
 
+/// Before a message may be settled (`lifecycle::settle`, `$1` the message): on PostgreSQL its row
+/// locked, so that of two transactions ending its last two deliveries at once the second waits
+/// and then sees the first's commit. SQLite has one writer.
+pub const SETTLE_LOCK: Both<Option<&str>> =
+    Both { sqlite: None, postgres: Some("SELECT 1 FROM messages WHERE id = $1 FOR UPDATE") };
+
 /// The host's conversation queues with work, least recently served first, after a position
 /// (`$1` host, `$2` served, `$3` since, `$4` conversation, `$5` limit). On PostgreSQL each queue
 /// returned is locked until the claim commits, and one another claim of the host holds is

@@ -513,7 +513,7 @@ struct Recipients<'a> {
 
 /// Makes one delivery per recipient of `to`, each queued and then parked as `parked` says (a
 /// host retired since the accept fails its delivery instead), and marks the message's fan-out
-/// done.
+/// done; a message whose deliveries are then all final settles (`settle`).
 fn create_deliveries(
     conn: &dyn Db,
     message_id: &str,
@@ -524,6 +524,8 @@ fn create_deliveries(
     now_ms: i64,
 ) -> StoreResult<()> {
     let hub = Actor::hub();
+    // Whether a delivery made here is left queued or held: then the message cannot settle.
+    let mut any_open = false;
     // A new delivery moved on from queued at once: parked, or failed for a retired host.
     let park = |id: &str, to: DeliveryState, why: &str| {
         let change = Change {
@@ -546,8 +548,12 @@ fn create_deliveries(
         )?
         .execute_unread(params![id, message_id, pool, conversation, seq, now_ms])?;
         record_event(conn, &id, None, DeliveryState::Queued, &hub, None, Some("fan-out"), now_ms)?;
-        if let Some((state, why)) = parked {
-            park(&id, *state, why)?;
+        match parked {
+            Some((state, why)) => {
+                park(&id, *state, why)?;
+                any_open |= *state == Held;
+            }
+            None => any_open = true,
         }
         crash_point("hub.fanout.after_k");
     }
@@ -564,12 +570,20 @@ fn create_deliveries(
             park(&id, DeliveryState::Failed, HOST_RETIRED)?;
         } else if let Some((state, why)) = parked {
             park(&id, *state, why)?;
+            any_open |= *state == Held;
+        } else {
+            any_open = true;
         }
         crash_point("hub.fanout.after_k");
     }
     crash_point("hub.fanout.before_mark_done");
     conn.prepare_cached("UPDATE fanout_obligations SET done_at = $2 WHERE message_id = $1 AND done_at IS NULL")?
         .execute_unread(params![message_id, now_ms])?;
+    // Every delivery made here final (each recipient retired, or the approval refused), or none
+    // made (a repair that found them all): the message may be settled now.
+    if !any_open {
+        crate::store::lifecycle::settle::message(conn, message_id, now_ms)?;
+    }
     Ok(())
 }
 

@@ -15,6 +15,7 @@
 //! - `turns`: hub-confirmed starts (the start lease), cancel, the claim's cancel notices, operator retry and redrive.
 //! - `operator`: the operator's delivery transitions: release, cancel, retire, requeue.
 //! - `progress`: running turns' renewals and their progress events.
+//! - `settle`: when a message settles (`settled_at`), decided by the change that may make it so.
 //! - `silence`: the claims of a silent instance returned to the queue.
 
 pub mod accept;
@@ -29,6 +30,7 @@ pub mod progress;
 pub mod replay;
 pub mod report;
 pub mod scan;
+pub mod settle;
 pub mod silence;
 pub mod transition;
 pub mod turns;

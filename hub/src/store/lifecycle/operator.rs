@@ -248,15 +248,16 @@ pub enum Selector<'a> {
 /// for it yet, written by the hub for an operator, so a delivery whose node is gone does not
 /// stall silently. Returns whether it wrote one (a delivery with its outcome is left alone).
 fn unknown_attempt(conn: &dyn Db, delivery_id: &str, why: &str, now_ms: i64) -> StoreResult<bool> {
-    let row: Option<(String, String, u32, Option<String>, String)> = conn
+    let row: Option<(String, String, u32, Option<String>, String, String)> = conn
         .prepare_cached(
-            "SELECT d.host, d.instance_id, d.attempt, d.rerun, coalesce(d.rerun_by, 'producer:' || m.producer)
+            "SELECT d.host, d.instance_id, d.attempt, d.rerun, coalesce(d.rerun_by, 'producer:' || m.producer),
+                    d.message_id
              FROM deliveries d JOIN messages m ON m.id = d.message_id WHERE d.id = $1 AND d.state = 'delivered'
                AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)",
         )?
-        .query_row([delivery_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))
+        .query_row([delivery_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?)))
         .optional()?;
-    let Some((host, instance, attempt, rerun, caused_by)) = row else { return Ok(false) };
+    let Some((host, instance, attempt, rerun, caused_by, message_id)) = row else { return Ok(false) };
     // The run's outcome: a pool delivery's run leaves flight (a node's report replacing this
     // one later ends nothing again).
     crate::store::lifecycle::pool_flight::ended_delivery(conn, delivery_id, now_ms)?;
@@ -280,6 +281,8 @@ fn unknown_attempt(conn: &dyn Db, delivery_id: &str, why: &str, now_ms: i64) -> 
         caused_by,
         crate::store::views::feed::draw(conn, 1)?
     ])?;
+    // The run's outcome makes the delivery final: its message may be settled now.
+    crate::store::lifecycle::settle::message(conn, &message_id, now_ms)?;
     Ok(true)
 }
 

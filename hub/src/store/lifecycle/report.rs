@@ -219,6 +219,7 @@ fn random_jitter() -> i64 {
 
 /// The delivery row a report is checked against.
 struct ReportedDelivery {
+    message_id: String,
     host: String,
     state: String,
     instance_id: Option<String>,
@@ -287,7 +288,8 @@ pub fn report_run_lifting(
             "SELECT d.host, d.state, d.instance_id, d.claim_token, d.attempt, d.cancel_requested_at IS NOT NULL,
                     m.max_attempts, m.retry_backoff_ms, d.rerun, coalesce(d.rerun_by, 'producer:' || m.producer),
                     d.conversation, d.pool,
-                    (SELECT a.request_hash FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)
+                    (SELECT a.request_hash FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt),
+                    d.message_id
              FROM deliveries d JOIN messages m ON m.id = d.message_id WHERE d.id = $1",
         )?
         .query_row([r.delivery_id], |row| {
@@ -305,6 +307,7 @@ pub fn report_run_lifting(
                 conversation: row.get(10)?,
                 pool: row.get(11)?,
                 run_reported: row.get(12)?,
+                message_id: row.get(13)?,
             })
         })
         .optional()?;
@@ -406,7 +409,13 @@ pub fn report_run_lifting(
         stderr_dropped,
         crate::store::views::feed::draw(conn, 1)?
     ])?;
-    let retry_at = if retryable { Some(requeue_for_retry(conn, r.delivery_id, &d, run, now_ms)?) } else { None };
+    let retry_at = if retryable {
+        Some(requeue_for_retry(conn, r.delivery_id, &d, run, now_ms)?)
+    } else {
+        // The run's outcome makes the delivery final: its message may be settled now.
+        crate::store::lifecycle::settle::message(conn, &d.message_id, now_ms)?;
+        None
+    };
     // The breaker counts each turn's outcome in the same transaction (off unless configured).
     crate::store::lifecycle::approval::count_outcome(
         conn,

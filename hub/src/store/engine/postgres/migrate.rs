@@ -34,6 +34,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../../../../schema/postgres/0015-breaker-period.sql"),
     include_str!("../../../../../schema/postgres/0016-traceparent.sql"),
     include_str!("../../../../../schema/postgres/0017-pools.sql"),
+    include_str!("../../../../../schema/postgres/0018-settlement.sql"),
 ];
 
 const _: () = assert!(
