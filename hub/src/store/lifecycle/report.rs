@@ -379,6 +379,30 @@ pub fn report_run_lifting(
         // A count alone: the harness wrote that much to stderr and none of it was sent.
         None => (None, r.stderr_dropped_bytes.map(|d| i64::try_from(d).unwrap_or(i64::MAX))),
     };
+    // The attempt as the row below will read, built from what is written rather than read back.
+    let rerun = match d.rerun.as_deref() {
+        None => None,
+        Some(kind) => Some(baton_shared::states::Rerun::parse(kind).ok_or_else(|| {
+            StoreError::Corrupt(format!("deliveries {}: rerun {kind:?} is not a kind of rerun", r.delivery_id))
+        })?),
+    };
+    let view = AttemptView {
+        attempt_id: attempt_id.clone(),
+        report_id: r.report_id.to_string(),
+        outcome: r.outcome,
+        exit_code: r.exit_code,
+        duration_ms: r.duration_ms,
+        signal: run.signal,
+        result: r.result.map(str::to_string),
+        reason: r.reason.map(str::to_string),
+        reported_at_ms: now_ms,
+        attempt: d.attempt,
+        retryable,
+        rerun,
+        caused_by: Some(d.caused_by.clone()),
+        stderr_tail: stderr_tail.map(str::to_string),
+        stderr_dropped_bytes: stderr_dropped.map(|n| n.unsigned_abs()),
+    };
     conn.prepare_cached(
         "INSERT INTO attempts (id, delivery_id, host, instance_id, report_id, request_hash, outcome, exit_code,
                                duration_ms, result, reason, reported_at, attempt, signal, retryable, rerun,
@@ -429,7 +453,7 @@ pub fn report_run_lifting(
     crate::store::lifecycle::breaker_period::count_turn(conn, &d.conversation, run.breaker_turns, now_ms)?;
     crash_point("hub.report.before_commit");
     let freed = Freed { barrier: d.max_attempts > 1 && retry_at.is_none(), pool: d.pool.clone() };
-    Ok(((attempt(conn, &attempt_id)?, false, retry_at), freed))
+    Ok(((view, false, retry_at), freed))
 }
 
 /// What the record keeps of a stderr tail of `tail.len()` bytes under a bound of `max` bytes: its
@@ -567,6 +591,43 @@ mod tests {
         assert_eq!(again, first);
         let other_signal = RunReport { signal: Some(15), ..run };
         assert!(matches!(report_run(&db.conn, "host-a", &r, &other_signal, 6), Err(StoreError::ReportConflict(_))));
+    }
+
+    /// The attempt a report answers is built from what it writes, not read back: it must be the
+    /// row the record keeps, field for field, for a first run, a run that asks for a retry, and
+    /// the retry's own run.
+    #[test]
+    fn the_attempt_a_report_answers_is_the_row_the_record_keeps() {
+        let db = testing::db();
+        let m = accept_one(&db.conn, "c", "k", &["host-a"]);
+        db.conn.execute("UPDATE messages SET max_attempts = 3 WHERE id = $1", [&m]).unwrap();
+        let mut now = 2;
+        for (run, exit_code) in [(1, Some(RETRY_EXIT_CODE)), (2, Some(0))] {
+            let d = claim::claim(&db.conn, "host-a", "i", 1, now + 10_000_000).unwrap().remove(0);
+            let holder = Holder { instance_id: "i", claim_token: &d.claim_token };
+            crate::store::lifecycle::handoff::mirrored(&db.conn, "host-a", &d.delivery_id, holder, now).unwrap();
+            crate::store::lifecycle::handoff::ack(&db.conn, "host-a", &d.delivery_id, holder, now + 1).unwrap();
+            let report_id = format!("r{run}");
+            let r = NewReport {
+                delivery_id: &d.delivery_id,
+                holder,
+                report_id: &report_id,
+                outcome: if run == 1 { Outcome::Failed } else { Outcome::Succeeded },
+                exit_code,
+                duration_ms: Some(1234),
+                result: Some("out\u{0}put"),
+                reason: Some("why"),
+                stderr_tail: Some("the tail"),
+                stderr_dropped_bytes: Some(3),
+            };
+            let bounds =
+                RunReport { attempt: Some(run), signal: Some(15), stderr_tail_bytes_max: 4, ..Default::default() };
+            let (answered, dup, _) = report_run(&db.conn, "host-a", &r, &bounds, now + 2).unwrap();
+            assert!(!dup);
+            assert_eq!(answered, attempt(&db.conn, &answered.attempt_id).unwrap(), "run {run}");
+            assert_eq!(answered.retryable, run == 1);
+            now += 20_000_000;
+        }
     }
 
     /// The record keeps the last `stderr_tail_bytes_max` bytes of a stderr tail, from a character
