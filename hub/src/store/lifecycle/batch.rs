@@ -29,7 +29,6 @@ use crate::store::lifecycle::report::run_report;
 use crate::store::lifecycle::transition::Holder;
 use crate::store::registry::sessions;
 use crate::store::registry::sessions::NodeAt;
-use crate::store::views::gauges;
 use crate::store::{StoreError, StoreResult, control};
 use baton_shared::wire::DeliverySummary;
 use baton_shared::wire::HolderItem;
@@ -117,9 +116,8 @@ impl Store {
                 let now = clock.now_ms();
                 each(c, reports, |c, req| {
                     let run = run_report(&req, node.session, bounds);
-                    let ((attempt, duplicate, retry_at_ms), lifts) =
+                    let ((attempt, duplicate, retry_at_ms), lifts, accepted_at_ms) =
                         report::report_run_lifting(c, &node.host, &new_report(&req), &run, now)?;
-                    let accepted_at_ms = if duplicate { None } else { gauges::accepted_at(c, &req.delivery_id)? };
                     let r = ReportResponse { attempt, delivery_id: req.delivery_id, duplicate, retry_at_ms };
                     Ok(((r, lifts), accepted_at_ms))
                 })

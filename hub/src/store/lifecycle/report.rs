@@ -14,7 +14,6 @@ use crate::store::lifecycle::replay::same_as_stored;
 use crate::store::lifecycle::transition::{self, Change, Holder};
 use crate::store::registry::sessions;
 use crate::store::registry::sessions::NodeAt;
-use crate::store::views::gauges;
 use crate::store::views::read::attempt;
 use crate::store::{Actor, StoreError, StoreResult, new_id};
 use baton_shared::crash_point;
@@ -130,9 +129,9 @@ impl Store {
             .write(move |c| {
                 sessions::check(c, &node.host, node.session)?;
                 let run = run_report(&req, node.session, bounds);
-                let reported = report_run_lifting(c, &node.host, &new_report(&req), &run, clock.now_ms())?;
-                let accepted_at_ms = if reported.0.1 { None } else { gauges::accepted_at(c, &req.delivery_id)? };
-                Ok((reported, accepted_at_ms))
+                let (reported, freed, accepted_at_ms) =
+                    report_run_lifting(c, &node.host, &new_report(&req), &run, clock.now_ms())?;
+                Ok(((reported, freed), accepted_at_ms))
             })
             .await?;
         observe_turn(&reported.0.0, accepted_at_ms);
@@ -220,6 +219,8 @@ fn random_jitter() -> i64 {
 /// The delivery row a report is checked against.
 struct ReportedDelivery {
     message_id: String,
+    /// When its message was accepted (unix ms).
+    accepted_at: i64,
     host: String,
     state: String,
     instance_id: Option<String>,
@@ -259,14 +260,16 @@ pub fn report_run(conn: &dyn Db, host: &str, r: &NewReport<'_>, run: &RunReport,
 /// message that may be retried (`max_attempts > 1`), so the later turns of its conversation on
 /// the host, which waited for that outcome, may be claimable now; the caller wakes the host's
 /// waiting claims. A report that asks for a retry lifts nothing (the retry comes back first and
-/// `retry_at_ms` says when), nor does a replay (its first recording woke them).
+/// `retry_at_ms` says when), nor does a replay (its first recording woke them). Last, for a
+/// newly recorded attempt, when its message was accepted (unix ms: what the accept-to-outcome
+/// latency is measured from, read with the delivery); `None` for a replay.
 pub fn report_run_lifting(
     conn: &dyn Db,
     host: &str,
     r: &NewReport<'_>,
     run: &RunReport,
     now_ms: i64,
-) -> StoreResult<(Reported, Freed)> {
+) -> StoreResult<(Reported, Freed, Option<i64>)> {
     let hash = r.request_hash_stopped(run.attempt, run.signal, run.stopped_by);
     let existing: Option<(String, String)> = conn
         .prepare_cached("SELECT id, request_hash FROM attempts WHERE host = $1 AND report_id = $2")?
@@ -281,7 +284,7 @@ pub fn report_run_lifting(
         }
         let view = attempt(conn, &attempt_id)?;
         let retry_at = if view.retryable { retry_time(conn, r.delivery_id, view.attempt)? } else { None };
-        return Ok(((view, true, retry_at), Freed::default()));
+        return Ok(((view, true, retry_at), Freed::default(), None));
     }
     let row: Option<ReportedDelivery> = conn
         .prepare_cached(
@@ -289,7 +292,7 @@ pub fn report_run_lifting(
                     m.max_attempts, m.retry_backoff_ms, d.rerun, coalesce(d.rerun_by, 'producer:' || m.producer),
                     d.conversation, d.pool,
                     (SELECT a.request_hash FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt),
-                    d.message_id
+                    d.message_id, m.accepted_at
              FROM deliveries d JOIN messages m ON m.id = d.message_id WHERE d.id = $1",
         )?
         .query_row([r.delivery_id], |row| {
@@ -308,6 +311,7 @@ pub fn report_run_lifting(
                 pool: row.get(11)?,
                 run_reported: row.get(12)?,
                 message_id: row.get(13)?,
+                accepted_at: row.get(14)?,
             })
         })
         .optional()?;
@@ -453,7 +457,7 @@ pub fn report_run_lifting(
     crate::store::lifecycle::breaker_period::count_turn(conn, &d.conversation, run.breaker_turns, now_ms)?;
     crash_point("hub.report.before_commit");
     let freed = Freed { barrier: d.max_attempts > 1 && retry_at.is_none(), pool: d.pool.clone() };
-    Ok(((view, false, retry_at), freed))
+    Ok(((view, false, retry_at), freed, Some(d.accepted_at)))
 }
 
 /// What the record keeps of a stderr tail of `tail.len()` bytes under a bound of `max` bytes: its
@@ -595,7 +599,7 @@ mod tests {
 
     /// The attempt a report answers is built from what it writes, not read back: it must be the
     /// row the record keeps, field for field, for a first run, a run that asks for a retry, and
-    /// the retry's own run.
+    /// the retry's own run; and the message's acceptance time comes with it.
     #[test]
     fn the_attempt_a_report_answers_is_the_row_the_record_keeps() {
         let db = testing::db();
@@ -622,10 +626,18 @@ mod tests {
             };
             let bounds =
                 RunReport { attempt: Some(run), signal: Some(15), stderr_tail_bytes_max: 4, ..Default::default() };
-            let (answered, dup, _) = report_run(&db.conn, "host-a", &r, &bounds, now + 2).unwrap();
+            let ((answered, dup, _), _, accepted_at) =
+                report_run_lifting(&db.conn, "host-a", &r, &bounds, now + 2).unwrap();
             assert!(!dup);
             assert_eq!(answered, attempt(&db.conn, &answered.attempt_id).unwrap(), "run {run}");
             assert_eq!(answered.retryable, run == 1);
+            // With it, when its message was accepted (the accept-to-outcome latency's start);
+            // nothing for a replay.
+            let accepted: i64 =
+                db.conn.query_row("SELECT accepted_at FROM messages WHERE id = $1", [&m], |row| row.get(0)).unwrap();
+            assert_eq!(accepted_at, Some(accepted));
+            let (_, _, again) = report_run_lifting(&db.conn, "host-a", &r, &bounds, now + 3).unwrap();
+            assert_eq!(again, None);
             now += 20_000_000;
         }
     }

@@ -103,16 +103,6 @@ fn oldest_held(conn: &dyn Db) -> StoreResult<Option<i64>> {
     Ok(rows.next().transpose()?)
 }
 
-/// When the message of `delivery_id` was accepted (unix ms): what the accept-to-outcome
-/// latency is measured from. One primary-key step each.
-pub fn accepted_at(conn: &dyn Db, delivery_id: &str) -> StoreResult<Option<i64>> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT m.accepted_at FROM deliveries d JOIN messages m ON m.id = d.message_id WHERE d.id = $1",
-    )?;
-    let mut rows = stmt.query_map([delivery_id], |r| r.get::<_, i64>(0))?;
-    Ok(rows.next().transpose()?)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
