@@ -226,9 +226,18 @@ impl PgConn {
     where
         F: std::future::Future<Output = Result<T, tokio_postgres::Error>>,
     {
+        self.sent_after_deferred(call, sql, 1)
+    }
+
+    /// `after_deferred`, counting `call` as `own` statements (0 for `flush`, whose call sends
+    /// nothing of its own).
+    fn sent_after_deferred<T, F>(&self, call: F, sql: &str, own: u64) -> DbResult<T>
+    where
+        F: std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+    {
         let deferred = self.deferred.take();
         metrics::counter!("baton_hub_postgres_round_trips_total").increment(1);
-        metrics::counter!("baton_hub_postgres_statements_total").increment(1 + deferred.len() as u64);
+        metrics::counter!("baton_hub_postgres_statements_total").increment(own + deferred.len() as u64);
         if deferred.is_empty() {
             return self.rt.block_on(call, self.wait, &self.lost)?.map_err(|e| pg_error(e, sql));
         }
@@ -370,7 +379,7 @@ impl Db for PgConn {
         if !self.deferred.borrow().iter().any(|d| matches!(d, Deferred::Write { .. })) {
             return Ok(());
         }
-        self.after_deferred(async { Ok::<(), tokio_postgres::Error>(()) }, "(unread writes)")
+        self.sent_after_deferred(async { Ok::<(), tokio_postgres::Error>(()) }, "(unread writes)", 0)
     }
 }
 
