@@ -525,6 +525,8 @@ fn create_deliveries(
 ) -> StoreResult<()> {
     let hub = Actor::hub();
     // Whether a delivery made here is left queued or held: then the message cannot settle.
+    // Each is, but for one failed for a retired host or by a refused approval.
+    let parked_open = !matches!(parked, Some((Failed, _)));
     let mut any_open = false;
     // A new delivery moved on from queued at once: parked, or failed for a retired host.
     let park = |id: &str, to: DeliveryState, why: &str| {
@@ -548,13 +550,10 @@ fn create_deliveries(
         )?
         .execute_unread(params![id, message_id, pool, conversation, seq, now_ms])?;
         record_event(conn, &id, None, DeliveryState::Queued, &hub, None, Some("fan-out"), now_ms)?;
-        match parked {
-            Some((state, why)) => {
-                park(&id, *state, why)?;
-                any_open |= *state == Held;
-            }
-            None => any_open = true,
+        if let Some((state, why)) = parked {
+            park(&id, *state, why)?;
         }
+        any_open |= parked_open;
         crash_point("hub.fanout.after_k");
     }
     for host in to.hosts {
@@ -568,11 +567,11 @@ fn create_deliveries(
         adjust_backlog(conn, host, 1)?;
         if !to.hosts_active && host_retired(conn, host)? {
             park(&id, DeliveryState::Failed, HOST_RETIRED)?;
-        } else if let Some((state, why)) = parked {
-            park(&id, *state, why)?;
-            any_open |= *state == Held;
         } else {
-            any_open = true;
+            if let Some((state, why)) = parked {
+                park(&id, *state, why)?;
+            }
+            any_open |= parked_open;
         }
         crash_point("hub.fanout.after_k");
     }
@@ -833,6 +832,19 @@ mod tests {
         assert_eq!((reason.as_str(), waiting), (HOST_RETIRED, 0));
         assert!(pending_obligations(&db.conn, 10).unwrap().is_empty());
         assert_eq!(crate::store::upkeep::verify::check(&db.conn).unwrap(), Vec::new(), "a history verify accepts");
+        // A message for the retired host alone: its only delivery is final at once, so the
+        // fan-out settles it (host-a's message above stays unsettled).
+        let Accepted::New { message_id: lone, .. } = accept(&db.conn, &msg("k2", "2", &["host-a"]), BIG, 8).unwrap()
+        else {
+            panic!()
+        };
+        db.conn.execute("UPDATE message_recipients SET host = 'host-b' WHERE message_id = $1", [&lone]).unwrap();
+        fan_out(&db.conn, &lone, 9).unwrap();
+        let settled = |id: &str| -> Option<i64> {
+            db.conn.query_row("SELECT settled_at FROM messages WHERE id = $1", [id], |r| r.get(0)).unwrap()
+        };
+        assert_eq!((settled(&message_id), settled(&lone)), (None, Some(9)));
+        assert_eq!(crate::store::upkeep::verify::check(&db.conn).unwrap(), Vec::new());
     }
 
     #[test]
