@@ -591,6 +591,41 @@ pub mod testing {
         TestDb { conn, path, _dir: dir }
     }
 
+    /// How many rows of `table` `f` inserts or updates (an upsert that updates counts once), in
+    /// one write transaction of its own: on SQLite by triggers of the connection's own, on
+    /// PostgreSQL by the transaction's table statistics.
+    pub(crate) fn row_writes(c: &dyn Db, table: &str, f: impl FnOnce()) -> i64 {
+        // What earlier steps left unsent goes first: a new transaction drops it.
+        c.flush().unwrap();
+        c.begin_write().unwrap();
+        let n = if c.sqlite_file().is_some() {
+            c.execute_batch(&format!(
+                "CREATE TEMP TABLE row_writes (n INTEGER);
+                 CREATE TEMP TRIGGER row_writes_ins AFTER INSERT ON {table} BEGIN INSERT INTO row_writes VALUES (1); END;
+                 CREATE TEMP TRIGGER row_writes_upd AFTER UPDATE ON {table} BEGIN INSERT INTO row_writes VALUES (1); END;"
+            ))
+            .unwrap();
+            f();
+            let n = c.query_row("SELECT count(*) FROM row_writes", [], |r| r.get(0)).unwrap();
+            c.execute_batch("DROP TRIGGER row_writes_ins; DROP TRIGGER row_writes_upd; DROP TABLE row_writes;")
+                .unwrap();
+            n
+        } else {
+            // The transaction's own counts so far (a test connection may be in one already).
+            let count = || -> i64 {
+                c.flush().unwrap();
+                let sql = "SELECT coalesce(sum(n_tup_ins + n_tup_upd), 0)::int8 FROM pg_stat_xact_user_tables
+                           WHERE relname = $1";
+                c.query_row(sql, [table], |r| r.get(0)).unwrap()
+            };
+            let before = count();
+            f();
+            count() - before
+        };
+        control(c, "COMMIT").unwrap();
+        n
+    }
+
     /// As `db`, as a connection a writer thread can own, its path, and the directory it must
     /// not outlive.
     pub(crate) fn owned_db() -> (Box<dyn Db + Send>, std::path::PathBuf, tempfile::TempDir) {

@@ -48,20 +48,14 @@ pub(super) fn apply_step(
     now_ms: i64,
 ) -> StoreResult<TransitionResponse> {
     let host = node.host.as_str();
-    let answer = match step {
-        Step::Mirrored => return mirrored(conn, host, id, h, now_ms),
-        Step::Ack => ack(conn, host, id, h, now_ms)?,
-        Step::Handoff => handoff(conn, host, id, h, now_ms)?,
-    };
-    // The session whose ack made the run `delivered`: a newer session is not granted its
-    // start while this one's start lease lasts (`turns::start`).
-    if let Some(session) = node.session
-        && answer.changed
-        && answer.state == baton_shared::states::DeliveryState::Delivered
-    {
-        record_acked_session(conn, id, session)?;
+    // The session whose ack makes the run `delivered` is written with it: a newer session is
+    // not granted its start while this one's start lease lasts (`turns::start`).
+    let session = node.session.map(|s| s as i64);
+    match step {
+        Step::Mirrored => mirrored(conn, host, id, h, now_ms),
+        Step::Ack => deliver(conn, host, id, h, session, Mirrored, now_ms),
+        Step::Handoff => deliver(conn, host, id, h, session, Claimed, now_ms),
     }
-    Ok(answer)
 }
 
 impl Store {
@@ -258,14 +252,12 @@ pub fn ack(
     holder: Holder<'_>,
     now_ms: i64,
 ) -> StoreResult<TransitionResponse> {
-    let row = load(conn, delivery_id, host)?;
-    check_holder(&row, delivery_id, holder)?;
-    holder_step(conn, host, delivery_id, holder, row.state, Mirrored, Delivered, &[Delivered], now_ms)
+    deliver(conn, host, delivery_id, holder, None, Mirrored, now_ms)
 }
 
 /// The holder's whole handoff in one step: claimed → mirrored → delivered, each transition
 /// guarded and recorded as `mirrored` and `ack` record it; from `mirrored` only the ack.
-/// Repeating it changes nothing. The answer is the ack's; `changed` when either step changed.
+/// Repeating it changes nothing. `changed` when either step changed.
 pub fn handoff(
     conn: &dyn Db,
     host: &str,
@@ -273,10 +265,46 @@ pub fn handoff(
     holder: Holder<'_>,
     now_ms: i64,
 ) -> StoreResult<TransitionResponse> {
-    // First `mirrored` itself: its refusal is the answer, word for word.
-    let m = mirrored(conn, host, delivery_id, holder, now_ms)?;
-    let a = holder_step(conn, host, delivery_id, holder, m.state, Mirrored, Delivered, &[Delivered], now_ms)?;
-    Ok(TransitionResponse { changed: m.changed || a.changed, ..a })
+    deliver(conn, host, delivery_id, holder, None, Claimed, now_ms)
+}
+
+/// `ack` (`earliest` mirrored) or `handoff` (`earliest` claimed): the row written once,
+/// `delivered`, with `session` as the one whose ack it is (`transition::deliver`). A refusal is
+/// the first step's, word for word: `mirrored`'s for a handoff, the ack's own for an ack.
+fn deliver(
+    conn: &dyn Db,
+    host: &str,
+    delivery_id: &str,
+    holder: Holder<'_>,
+    session: Option<i64>,
+    earliest: DeliveryState,
+    now_ms: i64,
+) -> StoreResult<TransitionResponse> {
+    let unchanged = TransitionResponse { delivery_id: delivery_id.into(), state: Delivered, changed: false };
+    let changed = TransitionResponse { changed: true, ..unchanged.clone() };
+    let node = Actor::node(host);
+    // The common case in one statement: the step from the state it starts at, by its holder.
+    // Anything else (a repeat, a refusal, a handoff of a delivery already mirrored) reads the
+    // row to answer as each step would.
+    match transition::deliver(conn, host, delivery_id, earliest, holder, session, &node, now_ms) {
+        Err(StoreError::StaleClaim(_)) => {}
+        done => return done.map(|()| changed),
+    }
+    let row = load(conn, delivery_id, host)?;
+    check_holder(&row, delivery_id, holder)?;
+    match (row.state, earliest) {
+        (Delivered, _) => Ok(unchanged),
+        (Claimed, Claimed) | (Mirrored, _) => {
+            transition::deliver(conn, host, delivery_id, row.state, holder, session, &node, now_ms)?;
+            Ok(changed)
+        }
+        (other, _) => {
+            let to = if earliest == Claimed { Mirrored } else { Delivered };
+            Err(StoreError::InvalidTransition(format!(
+                "delivery {delivery_id} is {other}; it must be {earliest} to become {to}"
+            )))
+        }
+    }
 }
 
 /// Records `session` as the one whose ack made the current run of `delivery_id` delivered.
@@ -377,6 +405,90 @@ mod tests {
         assert!(matches!(reject(&db.conn, "host-a", &d.delivery_id, h, "x", 6), Err(StoreError::InvalidTransition(_))));
         assert!(matches!(mirrored(&db.conn, "host-b", &d.delivery_id, h, 6), Err(StoreError::NotYours(_))));
         assert_eq!(holdings(&db.conn, "host-a", "i").unwrap().len(), 1, "delivered without outcome is still held");
+    }
+
+    /// A delivery row's `(state, instance_id, acked_session)`.
+    type Row = (String, Option<String>, Option<i64>);
+    /// An event's `(from_state, to_state, instance_id)`.
+    type Event = (Option<String>, String, Option<String>);
+
+    /// What the record keeps of a delivery: its row, and its events in order.
+    fn written(c: &dyn Db, id: &str) -> (Row, Vec<Event>) {
+        let row = c
+            .prepare_cached("SELECT state, instance_id, acked_session FROM deliveries WHERE id = $1")
+            .unwrap()
+            .query_row([id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .unwrap();
+        let events = c
+            .prepare_cached(
+                "SELECT from_state, to_state, instance_id FROM delivery_events WHERE delivery_id = $1 ORDER BY id",
+            )
+            .unwrap()
+            .query_map([id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        (row, events)
+    }
+
+    /// The handoff writes the delivery's row once, `delivered`, with the session whose ack it
+    /// is, and records both transitions it passes, as `mirrored` then `ack` record them.
+    #[test]
+    fn the_handoff_writes_the_row_once_and_records_each_step() {
+        let db = testing::db();
+        let c = &*db.conn;
+        accept_one(c, "c", "k1", &["host-a"]);
+        accept_one(c, "d", "k2", &["host-a"]);
+        let got = claim(c, "host-a", "i", 10, 2).unwrap();
+        let node = NodeAt { host: "host-a".into(), session: Some(7) };
+        let writes = |f: &dyn Fn()| testing::row_writes(c, "deliveries", f);
+        let h = |i: usize| Holder { instance_id: "i", claim_token: &got[i].claim_token };
+        let n = writes(&|| {
+            assert!(apply_step(c, Step::Handoff, &node, &got[0].delivery_id, h(0), 5).unwrap().changed);
+        });
+        assert_eq!(n, 1, "one write of the row for the whole handoff");
+        let step = |from: &str, to: &str| (Some(from.to_string()), to.to_string(), Some("i".to_string()));
+        let (row, events) = written(c, &got[0].delivery_id);
+        assert_eq!(row, ("delivered".to_string(), Some("i".to_string()), Some(7)));
+        assert_eq!(
+            events[1..],
+            [step("queued", "claimed"), step("claimed", "mirrored"), step("mirrored", "delivered")]
+        );
+        // Repeated: no write, no event.
+        let n = writes(&|| {
+            assert!(!apply_step(c, Step::Handoff, &node, &got[0].delivery_id, h(0), 6).unwrap().changed);
+        });
+        assert_eq!((n, written(c, &got[0].delivery_id).1.len()), (0, 4));
+        // The two steps apart: the ack writes the session too; a node without sessions keeps
+        // what the row had.
+        mirrored(c, "host-a", &got[1].delivery_id, h(1), 5).unwrap();
+        let old = NodeAt { host: "host-a".into(), session: None };
+        let n = writes(&|| {
+            assert!(apply_step(c, Step::Ack, &old, &got[1].delivery_id, h(1), 6).unwrap().changed);
+        });
+        assert_eq!(n, 1);
+        let (row, events) = written(c, &got[1].delivery_id);
+        assert_eq!(row, ("delivered".to_string(), Some("i".to_string()), None));
+        assert_eq!(events[2..], [step("claimed", "mirrored"), step("mirrored", "delivered")], "{events:?}");
+    }
+
+    /// A handoff's refusals are `mirrored`'s, an ack's its own, and change nothing.
+    #[test]
+    fn the_handoff_refuses_as_its_first_step_would() {
+        let db = testing::db();
+        let c = &*db.conn;
+        accept_one(c, "c", "k1", &["host-a"]);
+        let d = claim(c, "host-a", "i", 10, 1).unwrap().remove(0);
+        let h = Holder { instance_id: "i", claim_token: &d.claim_token };
+        let wrong = Holder { instance_id: "j", claim_token: &d.claim_token };
+        assert!(matches!(handoff(c, "host-a", &d.delivery_id, wrong, 2), Err(StoreError::StaleClaim(_))));
+        assert!(matches!(handoff(c, "host-b", &d.delivery_id, h, 2), Err(StoreError::NotYours(_))));
+        let e = ack(c, "host-a", &d.delivery_id, h, 2).unwrap_err();
+        assert!(e.to_string().contains("is claimed; it must be mirrored to become delivered"), "{e}");
+        reject(c, "host-a", &d.delivery_id, h, "no", 3).unwrap();
+        // A failed delivery has no holder any more: the holder check refuses first.
+        assert!(matches!(handoff(c, "host-a", &d.delivery_id, h, 4), Err(StoreError::StaleClaim(_))));
+        assert_eq!(written(c, &d.delivery_id).0.0, "failed");
     }
 
     /// Holdings come in pages in queue order; following the cursor yields each holding once,

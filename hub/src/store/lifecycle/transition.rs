@@ -2,7 +2,8 @@
 //!
 //! Invariant: every change of `deliveries.state` goes through `apply`, which checks the pair
 //! against `allowed`, guards the UPDATE on the expected state (and holder, when given), checks
-//! the affected-row count, and appends the event in the same transaction.
+//! the affected-row count, and appends the event in the same transaction; or through
+//! `deliver`, the holder's handoff, which does the same for each step it passes in one UPDATE.
 
 use crate::store::engine::Db;
 use crate::store::engine::dialect;
@@ -154,6 +155,65 @@ pub fn apply(conn: &dyn Db, change: Change<'_>, actor: &Actor, now_ms: i64) -> S
         change.reason,
         now_ms,
     )
+}
+
+/// The holder's durable handoff in one write of the row: `from` (claimed or mirrored) →
+/// delivered, guarded on the state and holder as `apply` guards it, with one event for each
+/// transition of the table it passes (claimed → mirrored → delivered), and the node session
+/// whose ack it is (`acked_session`, kept as it was when `None`); guarded on `host` too. The same record as `apply`
+/// once per step, without writing the row (and its state's index entries) for the state in
+/// between, which nothing outside the transaction sees. Nothing waits or flies differently
+/// between these states, so no count moves.
+#[allow(clippy::too_many_arguments)]
+pub fn deliver(
+    conn: &dyn Db,
+    host: &str,
+    delivery_id: &str,
+    from: DeliveryState,
+    holder: Holder<'_>,
+    acked_session: Option<i64>,
+    actor: &Actor,
+    now_ms: i64,
+) -> StoreResult<()> {
+    let steps: &[(DeliveryState, DeliveryState)] = match from {
+        Claimed => &[(Claimed, Mirrored), (Mirrored, Delivered)],
+        Mirrored => &[(Mirrored, Delivered)],
+        other => {
+            return Err(StoreError::InvalidTransition(format!(
+                "delivery {delivery_id} is {other}; it must be claimed or mirrored to become delivered"
+            )));
+        }
+    };
+    if let Some((a, b)) = steps.iter().find(|(a, b)| !allowed(*a, *b, actor.kind)) {
+        return Err(StoreError::InvalidTransition(format!(
+            "a {} may not move a delivery from {a} to {b}",
+            actor.kind.as_str()
+        )));
+    }
+    let rows = conn
+        .prepare_cached(
+            "UPDATE deliveries SET state = 'delivered', reason = NULL, updated_at = $1,
+                    acked_session = coalesce($2, acked_session)
+             WHERE id = $3 AND state = $4 AND instance_id = $5 AND claim_token = $6 AND host = $7",
+        )?
+        .execute(params![
+            now_ms,
+            acked_session,
+            delivery_id,
+            from.as_str(),
+            holder.instance_id,
+            holder.claim_token,
+            host
+        ])?;
+    if rows != 1 {
+        return Err(StoreError::StaleClaim(format!(
+            "delivery {delivery_id} is not {from} on host {host} with the expected holder any more"
+        )));
+    }
+    for (a, b) in steps {
+        record_event(conn, delivery_id, Some(*a), *b, actor, Some(holder.instance_id), None, now_ms)?;
+    }
+    Ok(())
 }
 
 /// Moves the waiting count of a delivery's host by `delta` (host deliveries only: a pool's
