@@ -78,19 +78,46 @@ struct Head {
     seq: i64,
     /// While waiting for a retry: not handed out before (unix ms).
     not_before: Option<i64>,
-    /// An operator's redrive: handed out whatever the order rule says.
-    redrive: bool,
+    /// Why this run is a rerun, if it is (an operator's redrive is handed out whatever the
+    /// order rule says).
+    rerun: Option<Rerun>,
+    /// The run a claim hands out (the claim changes neither this nor `rerun`).
+    attempt: u32,
+    /// Its message's terms, which the claim answers with.
+    terms: MessageTerms,
+    /// Whether a held delivery of its conversation in the lane comes before it.
+    held_before: bool,
 }
 
 impl Head {
+    /// From `id, message_id, seq, not_before, rerun, attempt`, the message's `payload,
+    /// producer, max_attempts, deadline_ms, stall_ms, traceparent`, and whether one is held
+    /// before it.
     fn from_row(r: &Row<'_>) -> DbResult<Head> {
+        let id: String = r.get(0)?;
+        let message_id: String = r.get(1)?;
+        let terms = (
+            json_column(r, 6, "messages", &message_id)?,
+            r.get(7)?,
+            r.get(8)?,
+            bound_ms_column(r, 9, "messages", &message_id)?,
+            bound_ms_column(r, 10, "messages", &message_id)?,
+            r.get(11)?,
+        );
         Ok(Head {
-            id: r.get(0)?,
-            message_id: r.get(1)?,
             seq: r.get(2)?,
             not_before: r.get(3)?,
-            redrive: r.get::<_, Option<String>>(4)?.as_deref() == Some("redrive"),
+            rerun: parse_column_opt(r, 4, "deliveries", &id, "rerun", Rerun::parse)?,
+            attempt: r.get(5)?,
+            terms,
+            held_before: r.get(12)?,
+            message_id,
+            id,
         })
+    }
+
+    fn redrive(&self) -> bool {
+        self.rerun == Some(Rerun::Redrive)
     }
 }
 
@@ -141,6 +168,9 @@ pub(super) struct Scan<'a> {
     /// Whether each conversation looked at has ever had a member (else every host may have
     /// its posts, and the registry need not be asked per delivery).
     managed: HashMap<String, bool>,
+    /// The host's own deliveries handed out so far: its waiting count moves by as many at
+    /// `finish`.
+    host_claimed: i64,
 }
 
 impl<'a> Scan<'a> {
@@ -200,6 +230,7 @@ impl<'a> Scan<'a> {
             ticks,
             turned: Vec::new(),
             managed: HashMap::new(),
+            host_claimed: 0,
         })
     }
 
@@ -314,8 +345,12 @@ impl<'a> Scan<'a> {
         self.turned.push((lane.clone(), conversation.to_string(), self.ticks[i]));
     }
 
-    /// Records when each queue was last turned to, and returns the batch.
+    /// Records when each queue was last turned to and how many of the host's own deliveries
+    /// stopped waiting, and returns the batch.
     pub(super) fn finish(self) -> StoreResult<Vec<ClaimedDelivery>> {
+        if self.host_claimed > 0 {
+            transition::adjust_backlog(self.conn, self.host, -self.host_claimed)?;
+        }
         for (lane, conversation, tick) in &self.turned {
             match lane {
                 Lane::Host => self
@@ -349,31 +384,45 @@ impl<'a> Scan<'a> {
         Ok(self.conn.prepare_cached(sql)?.query_row(args.as_slice(), f).optional()?)
     }
 
-    /// The lowest-`seq` queued delivery of `conversation` in the lane after `seq`.
+    /// The lowest-`seq` queued delivery of `conversation` in the lane after `seq`, with its
+    /// message's terms and whether a held delivery of the lane comes before it.
     fn next_queued(&self, lane: &Lane, conversation: &str, seq: i64) -> StoreResult<Option<Head>> {
         self.lane_query(
             lane,
-            "SELECT id, message_id, seq, not_before, rerun FROM deliveries
-             WHERE host = $1 AND conversation = $2 AND state = 'queued' AND seq > $3
-             ORDER BY seq LIMIT 1",
-            "SELECT id, message_id, seq, not_before, rerun FROM deliveries
-             WHERE pool = $1 AND conversation = $2 AND state = 'queued' AND seq > $3
-             ORDER BY seq LIMIT 1",
+            "SELECT d.id, d.message_id, d.seq, d.not_before, d.rerun, d.attempt,
+                    m.payload, m.producer, m.max_attempts, m.deadline_ms, m.stall_ms, m.traceparent,
+                    EXISTS (SELECT 1 FROM deliveries h
+                            WHERE h.host = $1 AND h.conversation = $2 AND h.state = 'held' AND h.seq < d.seq)
+             FROM deliveries d JOIN messages m ON m.id = d.message_id
+             WHERE d.host = $1 AND d.conversation = $2 AND d.state = 'queued' AND d.seq > $3
+             ORDER BY d.seq LIMIT 1",
+            "SELECT d.id, d.message_id, d.seq, d.not_before, d.rerun, d.attempt,
+                    m.payload, m.producer, m.max_attempts, m.deadline_ms, m.stall_ms, m.traceparent,
+                    EXISTS (SELECT 1 FROM deliveries h
+                            WHERE h.pool = $1 AND h.conversation = $2 AND h.state = 'held' AND h.seq < d.seq)
+             FROM deliveries d JOIN messages m ON m.id = d.message_id
+             WHERE d.pool = $1 AND d.conversation = $2 AND d.state = 'queued' AND d.seq > $3
+             ORDER BY d.seq LIMIT 1",
             &[&conversation, &seq],
             Head::from_row,
         )
     }
 
-    /// The lowest-`seq` queued redrive of `conversation` in the lane (not held back by order).
+    /// The lowest-`seq` queued redrive of `conversation` in the lane (not held back by order),
+    /// with its message's terms.
     fn next_redrive(&self, lane: &Lane, conversation: &str) -> StoreResult<Option<Head>> {
         self.lane_query(
             lane,
-            "SELECT id, message_id, seq, not_before, rerun FROM deliveries
-             WHERE host = $1 AND conversation = $2 AND state = 'queued' AND rerun = 'redrive'
-             ORDER BY seq LIMIT 1",
-            "SELECT id, message_id, seq, not_before, rerun FROM deliveries
-             WHERE pool = $1 AND conversation = $2 AND state = 'queued' AND rerun = 'redrive'
-             ORDER BY seq LIMIT 1",
+            "SELECT d.id, d.message_id, d.seq, d.not_before, d.rerun, d.attempt,
+                    m.payload, m.producer, m.max_attempts, m.deadline_ms, m.stall_ms, m.traceparent, FALSE
+             FROM deliveries d JOIN messages m ON m.id = d.message_id
+             WHERE d.host = $1 AND d.conversation = $2 AND d.state = 'queued' AND d.rerun = 'redrive'
+             ORDER BY d.seq LIMIT 1",
+            "SELECT d.id, d.message_id, d.seq, d.not_before, d.rerun, d.attempt,
+                    m.payload, m.producer, m.max_attempts, m.deadline_ms, m.stall_ms, m.traceparent, FALSE
+             FROM deliveries d JOIN messages m ON m.id = d.message_id
+             WHERE d.pool = $1 AND d.conversation = $2 AND d.state = 'queued' AND d.rerun = 'redrive'
+             ORDER BY d.seq LIMIT 1",
             &[&conversation],
             Head::from_row,
         )
@@ -407,20 +456,6 @@ impl<'a> Scan<'a> {
             |r| r.get(0),
         )?;
         Ok(pending.unwrap_or(false))
-    }
-
-    /// Whether `conversation` has a held delivery in the lane before `seq`.
-    fn held_before(&self, lane: &Lane, conversation: &str, seq: i64) -> StoreResult<bool> {
-        let held = self.lane_query(
-            lane,
-            "SELECT EXISTS (SELECT 1 FROM deliveries
-                            WHERE host = $1 AND conversation = $2 AND state = 'held' AND seq < $3)",
-            "SELECT EXISTS (SELECT 1 FROM deliveries
-                            WHERE pool = $1 AND conversation = $2 AND state = 'held' AND seq < $3)",
-            &[&conversation, &seq],
-            |r| r.get(0),
-        )?;
-        Ok(held.unwrap_or(false))
     }
 
     /// Whether an earlier message of `conversation` routed to the lane's host or pool is still
@@ -515,9 +550,9 @@ impl<'a> Scan<'a> {
             let Some(head) = self.next_queued(lane, conversation, i64::MIN)? else { return Ok(Turn::Empty) };
             // A redrive is handed out whatever came before it; anything else keeps the order,
             // and a retry waits for its not-before time (holding later turns back).
-            let waits = !head.redrive
+            let waits = !head.redrive()
                 && (head.not_before.is_some_and(|t| t > self.now_ms)
-                    || self.held_before(lane, conversation, head.seq)?
+                    || head.held_before
                     || self.earlier_not_fanned_out(lane, conversation, head.seq)?
                     || self.retry_pending_before(lane, conversation, head.seq)?);
             if waits {
@@ -542,21 +577,7 @@ impl<'a> Scan<'a> {
     /// queued → claimed for the claiming instance, and into the batch.
     fn hand_out(&mut self, lane: &Lane, conversation: &str, head: Head) -> StoreResult<()> {
         self.heads += 1;
-        let (payload, producer, max_attempts, deadline_ms, stall_ms, traceparent): MessageTerms = self
-            .conn
-            .prepare_cached(
-                "SELECT payload, producer, max_attempts, deadline_ms, stall_ms, traceparent FROM messages WHERE id = $1",
-            )?
-            .query_row([&head.message_id], |r| {
-                Ok((
-                    json_column(r, 0, "messages", &head.message_id)?,
-                    r.get(1)?,
-                    r.get(2)?,
-                    bound_ms_column(r, 3, "messages", &head.message_id)?,
-                    bound_ms_column(r, 4, "messages", &head.message_id)?,
-                    r.get(5)?,
-                ))
-            })?;
+        let (payload, producer, max_attempts, deadline_ms, stall_ms, traceparent) = head.terms;
         let token = new_token();
         let holder = Holder { instance_id: self.holder_instance, claim_token: &token };
         let change = Change {
@@ -567,16 +588,13 @@ impl<'a> Scan<'a> {
             new_holder: Some(holder),
             reason: None,
         };
-        transition::apply(self.conn, change, &Actor::node(self.host), self.now_ms)?;
-        if let Lane::Pool(pool) = lane {
-            pool_flight::began(self.conn, pool, conversation, self.host)?;
+        // The host's waiting count moves once for the batch (`finish`); a pool's deliveries
+        // wait in their pool's queue, not in a host's count.
+        transition::apply_uncounted(self.conn, change, &Actor::node(self.host), self.now_ms)?;
+        match lane {
+            Lane::Host => self.host_claimed += 1,
+            Lane::Pool(pool) => pool_flight::began(self.conn, pool, conversation, self.host)?,
         }
-        let (attempt, rerun): (u32, Option<Rerun>) = self
-            .conn
-            .prepare_cached("SELECT attempt, rerun FROM deliveries WHERE id = $1")?
-            .query_row([&head.id], |r| {
-                Ok((r.get(0)?, parse_column_opt(r, 1, "deliveries", &head.id, "rerun", Rerun::parse)?))
-            })?;
         self.out.push(ClaimedDelivery {
             delivery_id: head.id,
             message_id: head.message_id,
@@ -586,9 +604,9 @@ impl<'a> Scan<'a> {
             claim_token: token,
             state: Claimed,
             producer: Some(producer),
-            attempt,
+            attempt: head.attempt,
             max_attempts,
-            rerun,
+            rerun: head.rerun,
             cancel_requested: false,
             deadline_ms,
             stall_ms,
@@ -881,6 +899,37 @@ mod tests {
         // host-a: the 4 of h parked and released, 1 of q left after 3 claims (the hold kept h
         // out of the claim); host-b's 4 of h failed at retire.
         assert_eq!(total, 5);
+    }
+
+    /// A claim moves its host's waiting count once for all it hands out, by as many, and
+    /// answers each delivery's run and rerun as the record keeps them.
+    #[test]
+    fn a_claim_moves_its_host_s_waiting_count_once_for_its_batch() {
+        let db = testing::db();
+        let c = &*db.conn;
+        for i in 0..5 {
+            accept_one(c, &format!("c{i}"), &format!("k{i}"), &["host-a"]);
+        }
+        let waiting = || -> i64 {
+            c.query_row("SELECT waiting FROM host_backlog WHERE host = 'host-a'", [], |r| r.get(0)).unwrap()
+        };
+        assert_eq!(waiting(), 5);
+        let mut got = Vec::new();
+        let writes = testing::row_writes(c, "host_backlog", || got = claim(c, "host-a", "i", 3, 1).unwrap());
+        assert_eq!((got.len(), writes, waiting()), (3, 1, 2));
+        for d in &got {
+            let (attempt, rerun): (u32, Option<String>) = c
+                .query_row("SELECT attempt, rerun FROM deliveries WHERE id = $1", [&d.delivery_id], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })
+                .unwrap();
+            assert_eq!((d.attempt, d.rerun.map(|r| r.as_str().to_string())), (attempt, rerun));
+        }
+        // A claim that finds nothing moves nothing.
+        let writes =
+            testing::row_writes(c, "host_backlog", || assert!(claim(c, "host-b", "j", 3, 1).unwrap().is_empty()));
+        assert_eq!(writes, 0);
+        assert!(crate::store::upkeep::verify::check(c).unwrap().is_empty());
     }
 }
 

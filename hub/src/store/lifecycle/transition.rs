@@ -64,6 +64,16 @@ pub struct Change<'a> {
 /// when the table forbids it, and `StaleClaim` when the delivery is not (any more) in `from` with
 /// the expected holder.
 pub fn apply(conn: &dyn Db, change: Change<'_>, actor: &Actor, now_ms: i64) -> StoreResult<()> {
+    apply_counting(conn, change, actor, now_ms, true)
+}
+
+/// As `apply`, except that the host's waiting count (`host_backlog`) is the caller's to move:
+/// a claim moves it once for all it hands out (`adjust_backlog`) instead of once per delivery.
+pub fn apply_uncounted(conn: &dyn Db, change: Change<'_>, actor: &Actor, now_ms: i64) -> StoreResult<()> {
+    apply_counting(conn, change, actor, now_ms, false)
+}
+
+fn apply_counting(conn: &dyn Db, change: Change<'_>, actor: &Actor, now_ms: i64, backlog: bool) -> StoreResult<()> {
     if !allowed(change.from, change.to, actor.kind) {
         return Err(StoreError::InvalidTransition(format!(
             "a {} may not move a delivery from {} to {}",
@@ -142,7 +152,7 @@ pub fn apply(conn: &dyn Db, change: Change<'_>, actor: &Actor, now_ms: i64) -> S
         pool_flight::ended(conn, &pool, &conversation, &host, now_ms)?;
     }
     let (was_waiting, now_waiting) = (matches!(change.from, Queued | Held), matches!(change.to, Queued | Held));
-    if was_waiting != now_waiting {
+    if backlog && was_waiting != now_waiting {
         adjust_backlog_of(conn, change.delivery_id, if now_waiting { 1 } else { -1 })?;
     }
     record_event(
