@@ -400,8 +400,8 @@ pub fn accept_and_fan_out(
             crash_point("hub.fanout.before_first");
             let parked = routed.held.then(|| (Held, APPROVAL_REQUIRED.to_string()));
             let to = Recipients { hosts: &routed.hosts, pools: &routed.pools, hosts_active: true };
-            create_deliveries(conn, message_id, &msg.conversation, *seq, to, parked.as_ref(), now_ms)?;
-            deliveries_of(conn, message_id)?
+            // The answer is what was made (the message is new: it has no other delivery).
+            create_deliveries(conn, message_id, &msg.conversation, *seq, to, parked.as_ref(), now_ms)?
         }
         (Accepted::New { message_id, .. } | Accepted::Duplicate { message_id, .. }, _) => {
             fan_out(conn, message_id, now_ms)?
@@ -499,6 +499,7 @@ pub fn fan_out(conn: &dyn Db, message_id: &str, now_ms: i64) -> StoreResult<Vec<
         let to = Recipients { hosts: &missing, pools: &missing_pools, hosts_active: false };
         create_deliveries(conn, message_id, &conversation, seq, to, parked.as_ref(), now_ms)?;
     }
+    // A repair may have made some of them: all of the message's, read.
     deliveries_of(conn, message_id)
 }
 
@@ -513,7 +514,8 @@ struct Recipients<'a> {
 
 /// Makes one delivery per recipient of `to`, each queued and then parked as `parked` says (a
 /// host retired since the accept fails its delivery instead), and marks the message's fan-out
-/// done; a message whose deliveries are then all final settles (`settle`).
+/// done; a message whose deliveries are then all final settles (`settle`). Returns the
+/// deliveries made, as `deliveries_of` orders them when `to`'s hosts and pools are sorted.
 fn create_deliveries(
     conn: &dyn Db,
     message_id: &str,
@@ -522,8 +524,13 @@ fn create_deliveries(
     to: Recipients<'_>,
     parked: Option<&(DeliveryState, String)>,
     now_ms: i64,
-) -> StoreResult<()> {
+) -> StoreResult<Vec<DeliverySummary>> {
     let hub = Actor::hub();
+    let mut made = Vec::with_capacity(to.hosts.len() + to.pools.len());
+    let mut made_pools = Vec::with_capacity(to.pools.len());
+    let summary = |delivery_id: String, host: Option<&String>, pool: Option<&String>, state: DeliveryState| {
+        DeliverySummary { delivery_id, host: host.cloned(), pool: pool.cloned(), state }
+    };
     // Whether a delivery made here is left queued or held: then the message cannot settle.
     // Each is, but for one failed for a retired host or by a refused approval.
     let parked_open = !matches!(parked, Some((Failed, _)));
@@ -550,10 +557,13 @@ fn create_deliveries(
         )?
         .execute_unread(params![id, message_id, pool, conversation, seq, now_ms])?;
         record_event(conn, &id, None, DeliveryState::Queued, &hub, None, Some("fan-out"), now_ms)?;
-        if let Some((state, why)) = parked {
-            park(&id, *state, why)?;
+        let mut state = DeliveryState::Queued;
+        if let Some((to, why)) = parked {
+            park(&id, *to, why)?;
+            state = *to;
         }
         any_open |= parked_open;
+        made_pools.push(summary(id, None, Some(pool), state));
         crash_point("hub.fanout.after_k");
     }
     for host in to.hosts {
@@ -565,16 +575,21 @@ fn create_deliveries(
         .execute_unread(params![id, message_id, host, conversation, seq, now_ms])?;
         record_event(conn, &id, None, DeliveryState::Queued, &hub, None, Some("fan-out"), now_ms)?;
         adjust_backlog(conn, host, 1)?;
+        let mut state = DeliveryState::Queued;
         if !to.hosts_active && host_retired(conn, host)? {
             park(&id, DeliveryState::Failed, HOST_RETIRED)?;
+            state = DeliveryState::Failed;
         } else {
-            if let Some((state, why)) = parked {
-                park(&id, *state, why)?;
+            if let Some((to, why)) = parked {
+                park(&id, *to, why)?;
+                state = *to;
             }
             any_open |= parked_open;
         }
+        made.push(summary(id, Some(host), None, state));
         crash_point("hub.fanout.after_k");
     }
+    made.append(&mut made_pools);
     crash_point("hub.fanout.before_mark_done");
     conn.prepare_cached("UPDATE fanout_obligations SET done_at = $2 WHERE message_id = $1 AND done_at IS NULL")?
         .execute_unread(params![message_id, now_ms])?;
@@ -583,7 +598,7 @@ fn create_deliveries(
     if !any_open {
         crate::store::lifecycle::settle::message(conn, message_id, now_ms)?;
     }
-    Ok(())
+    Ok(made)
 }
 
 /// The reason a delivery awaiting approval is held with.
@@ -916,7 +931,8 @@ mod pool_tests {
 
     /// A new message fanned out in its accept's job, from what the accept wrote, gets the same
     /// deliveries, events and queue counts as one whose fan-out reads its routing back (the
-    /// repair's way), with and without an approval, hosts and a pool alike.
+    /// repair's way), with and without an approval, hosts and a pool alike; and its answer,
+    /// built from what it made, is the record's deliveries in the record's order.
     #[test]
     fn a_fan_out_from_the_accept_matches_one_that_reads_the_routing_back() {
         let db = testing::db();
@@ -950,11 +966,13 @@ mod pool_tests {
                 conversation: format!("{way}-{name}"),
                 ..msg(&format!("{way}-{name}"), &["host-c", "host-a"], &["gpu"])
             };
-            let (Accepted::New { message_id: fast, .. }, _) =
+            let (Accepted::New { message_id: fast, .. }, answered) =
                 accept_and_fan_out(c, &to("fast"), policy, BIG, 5).unwrap()
             else {
                 panic!("duplicate")
             };
+            // The answer is built from what was made, and is what the record reads.
+            assert_eq!(answered, deliveries_of(c, &fast).unwrap(), "{name}");
             let Accepted::New { message_id: read_back, .. } =
                 accept_with_retry(c, &to("read"), policy, BIG, 5).unwrap()
             else {
