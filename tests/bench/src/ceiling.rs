@@ -2,10 +2,10 @@
 //!
 //! Two bare-SQLite figures (one small insert per transaction; 64 per transaction), and the
 //! hub's own store cycle run in-process through the hub's `Store` as the hub serves it (writer
-//! thread, group commit): accept with fan-out, claim, mirrored, ack, report, each one
-//! operation and one transaction, for one message at a time, and for 64 messages at a time
-//! through the batch operations (`submit_batch`, a claim of 64, `holder_steps`,
-//! `report_batch`). Every database is opened by `baton_shared::sqlite::open`, so WAL and
+//! thread, group commit): accept with fan-out, claim, the handoff (`mirrored` and `ack` in
+//! one operation, as a node hands off by default), report, each one operation and one
+//! transaction, for one message at a time, and for 64 messages at a time through the batch
+//! operations (`submit_batch`, a claim of 64, `holder_steps`, `report_batch`). Every database is opened by `baton_shared::sqlite::open`, so WAL and
 //! `synchronous=FULL` are read back, not assumed.
 
 use anyhow::Context;
@@ -196,16 +196,12 @@ async fn cycle_rate(store: &Store, tag: &str, per_op: usize, duration: Duration)
             .collect();
         if per_op == 1 {
             for (item, report) in items.into_iter().zip(reports) {
-                for step in [Step::Mirrored, Step::Ack] {
-                    let holder = HolderOf { instance_id: CYCLE_INSTANCE.into(), claim_token: item.claim_token.clone() };
-                    store.holder_step(step, node.clone(), item.delivery_id.clone(), holder).await?;
-                }
+                let holder = HolderOf { instance_id: CYCLE_INSTANCE.into(), claim_token: item.claim_token.clone() };
+                store.holder_step(Step::Handoff, node.clone(), item.delivery_id.clone(), holder).await?;
                 store.report(node.clone(), report, backoff).await?;
             }
         } else {
-            for step in [Step::Mirrored, Step::Ack] {
-                all_ok(store.holder_steps(step, node.clone(), CYCLE_INSTANCE.into(), items.clone()).await?)?;
-            }
+            all_ok(store.holder_steps(Step::Handoff, node.clone(), CYCLE_INSTANCE.into(), items).await?)?;
             all_ok(store.report_batch(node.clone(), reports, backoff).await?)?;
         }
         done += per_op as u64;

@@ -309,7 +309,7 @@ fn measure(
     figs.put(
         "hub_store_cycle_per_s_single",
         Some(c.store_cycle_per_s_single),
-        "accept+fan-out+claim+mirrored+ack+report via the hub's Store, 1 message per operation (a commit each)",
+        "accept+fan-out+claim+handoff+report via the hub's Store, 1 message per operation (a commit each)",
     );
     figs.put(
         "hub_store_cycle_per_s_batch64",
