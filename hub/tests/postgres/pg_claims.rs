@@ -196,9 +196,10 @@ fn send_to_pool(conn: &dyn Db, conversation: &str, key: &str, pool: &str) {
 }
 
 /// Two claims of one instance, the first still open: the second skips the conversation the
-/// first holds and takes the other one's turn, waiting for the first to commit before its own
-/// transition lands (they share the host's backlog row); then it sees the first's claim and
-/// goes on in order. Nothing is handed out twice.
+/// first holds and takes the other one's turns in order, then waits for the first to commit
+/// before its own end lands (they share the host's waiting count, which a claim moves once, at
+/// its end). The conversation the first held is left for the next claim, in order. Nothing is
+/// handed out twice.
 fn one_host_two_claims_take_disjoint_conversations(cluster: &PgCluster) {
     let url = record(cluster, "one_host");
     let (first, second, admin) = (connect(&url), connect(&url), connect(&url));
@@ -226,18 +227,19 @@ fn one_host_two_claims_take_disjoint_conversations(cluster: &PgCluster) {
     first.control("COMMIT").unwrap();
     let got = result.recv_timeout(WAIT).expect("the second claim ends once the first committed").unwrap();
     waiter.join().unwrap();
-    // Its first turn was c2's while c1 was held; once the first claim committed (which the
-    // second waited for), c1's next turn was free to take, then c2's again.
+    // c1 was held by the first claim throughout the second's walk: c2's turns, in order.
     assert_eq!(
         turns(&got),
-        [("c2".to_string(), 1), ("c1".to_string(), 2), ("c2".to_string(), 2)],
-        "the second claim skipped the conversation the first held, and kept each one's order"
+        [("c2".to_string(), 1), ("c2".to_string(), 2)],
+        "the second claim skipped the conversation the first held, and kept its order"
     );
-    let mut ids: Vec<&str> = held.iter().chain(&got).map(|d| d.delivery_id.as_str()).collect();
+    let rest = write(&first, |c| claim::claim(c, "host-a", "i", 10, 3));
+    assert_eq!(turns(&rest), [("c1".to_string(), 2)], "the held conversation's next turn is next");
+    let mut ids: Vec<&str> = held.iter().chain(&got).chain(&rest).map(|d| d.delivery_id.as_str()).collect();
     ids.sort_unstable();
     ids.dedup();
     assert_eq!(ids.len(), 4, "every delivery handed out exactly once");
-    assert!(write(&first, |c| claim::claim(c, "host-a", "i", 10, 3)).is_empty(), "nothing is left to hand out");
+    assert!(write(&first, |c| claim::claim(c, "host-a", "i", 10, 4)).is_empty(), "nothing is left to hand out");
 }
 
 /// A claim of host-a is open; a claim of host-b on another connection does not wait for it.
