@@ -338,6 +338,25 @@ pub const FEED_DRAWN: Both<&str> = Both {
     postgres: "SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence('delivery_events', 'id')::regclass), 0)",
 };
 
+/// A run's outcome (`attempts`), `$21` its feed position. SQLite's is drawn before
+/// (`feed::draw`); PostgreSQL draws it in the statement when `$21` is null, the identity
+/// sequence's next number (what `feed::draw(1)` returns), without a round trip of its own.
+pub const ATTEMPT_INSERT: Both<&str> = Both {
+    sqlite: "INSERT INTO attempts (id, delivery_id, host, instance_id, report_id, request_hash, outcome, exit_code,
+                                   duration_ms, result, reason, reported_at, attempt, signal, retryable, rerun,
+                                   caused_by, session, stderr_tail, stderr_dropped_bytes, event_n)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18,
+                     $19, $20, $21)",
+    postgres: "INSERT INTO attempts (id, delivery_id, host, instance_id, report_id, request_hash, outcome, exit_code,
+                                     duration_ms, result, reason, reported_at, attempt, signal, retryable, rerun,
+                                     caused_by, session, stderr_tail, stderr_dropped_bytes, event_n)
+               VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18,
+                       $19, $20, coalesce($21, nextval(pg_get_serial_sequence('delivery_events', 'id'))))",
+};
+
+/// Whether `ATTEMPT_INSERT` draws its own feed position when given none.
+pub const ATTEMPT_DRAWS_ITS_POSITION: Both<bool> = Both { sqlite: false, postgres: true };
+
 /// Whether feed positions are drawn out of commit order. On SQLite the one writer draws and
 /// commits in order. A PostgreSQL sequence is not commit order: a claim (which runs beside other
 /// claims) may commit a lower position after a higher one, so a feed reads only up to
@@ -395,6 +414,7 @@ mod tests {
             ("COUNTER_DRAWN", COUNTER_DRAWN),
             ("FEED_DRAW", FEED_DRAW),
             ("FEED_DRAWN", FEED_DRAWN),
+            ("ATTEMPT_INSERT", ATTEMPT_INSERT),
             ("FEED_HORIZON", FEED_HORIZON),
         ];
         let gapless = |p: &BTreeSet<u32>| p.iter().copied().eq(1..=p.len() as u32);

@@ -8,6 +8,7 @@
 use crate::store::Store;
 use crate::store::engine::Db;
 use crate::store::engine::OptionalExtension;
+use crate::store::engine::dialect;
 use crate::store::engine::params;
 use crate::store::lifecycle::pool_flight;
 use crate::store::lifecycle::replay::same_as_stored;
@@ -271,10 +272,48 @@ pub fn report_run_lifting(
     now_ms: i64,
 ) -> StoreResult<(Reported, Freed, Option<i64>)> {
     let hash = r.request_hash_stopped(run.attempt, run.signal, run.stopped_by);
-    let existing: Option<(String, String)> = conn
-        .prepare_cached("SELECT id, request_hash FROM attempts WHERE host = $1 AND report_id = $2")?
-        .query_row([host, r.report_id], |row| Ok((row.get(0)?, row.get(1)?)))
-        .optional()?;
+    // One read for both: an outcome this host already recorded under the report id (a replay),
+    // and the delivery with its message's terms. Either may be missing; the row always is.
+    let (existing, row): (Option<(String, String)>, Option<ReportedDelivery>) = conn
+        .prepare_cached(
+            "SELECT e.id, e.request_hash, m.id,
+                    d.host, d.state, d.instance_id, d.claim_token, d.attempt, d.cancel_requested_at IS NOT NULL,
+                    m.max_attempts, m.retry_backoff_ms, d.rerun, coalesce(d.rerun_by, 'producer:' || m.producer),
+                    d.conversation, d.pool,
+                    (SELECT a.request_hash FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt),
+                    d.message_id, m.accepted_at
+             FROM (SELECT 1 AS one) q
+             LEFT JOIN attempts e ON e.host = $2 AND e.report_id = $3
+             LEFT JOIN deliveries d ON d.id = $1
+             LEFT JOIN messages m ON m.id = d.message_id",
+        )?
+        .query_row([r.delivery_id, host, r.report_id], |row| {
+            let existing = match row.get::<_, Option<String>>(0)? {
+                Some(id) => Some((id, row.get(1)?)),
+                None => None,
+            };
+            if row.get::<_, Option<String>>(2)?.is_none() {
+                return Ok((existing, None));
+            }
+            let d = ReportedDelivery {
+                host: row.get(3)?,
+                state: row.get(4)?,
+                instance_id: row.get(5)?,
+                claim_token: row.get(6)?,
+                attempt: row.get(7)?,
+                cancel_requested: row.get(8)?,
+                max_attempts: row.get(9)?,
+                retry_backoff_ms: row.get(10)?,
+                rerun: row.get(11)?,
+                caused_by: row.get(12)?,
+                conversation: row.get(13)?,
+                pool: row.get(14)?,
+                run_reported: row.get(15)?,
+                message_id: row.get(16)?,
+                accepted_at: row.get(17)?,
+            };
+            Ok((existing, Some(d)))
+        })?;
     if let Some((attempt_id, stored)) = existing {
         if !same_as_stored(conn, &attempt_id, &stored, &hash, r)? {
             return Err(StoreError::ReportConflict(format!(
@@ -286,35 +325,6 @@ pub fn report_run_lifting(
         let retry_at = if view.retryable { retry_time(conn, r.delivery_id, view.attempt)? } else { None };
         return Ok(((view, true, retry_at), Freed::default(), None));
     }
-    let row: Option<ReportedDelivery> = conn
-        .prepare_cached(
-            "SELECT d.host, d.state, d.instance_id, d.claim_token, d.attempt, d.cancel_requested_at IS NOT NULL,
-                    m.max_attempts, m.retry_backoff_ms, d.rerun, coalesce(d.rerun_by, 'producer:' || m.producer),
-                    d.conversation, d.pool,
-                    (SELECT a.request_hash FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt),
-                    d.message_id, m.accepted_at
-             FROM deliveries d JOIN messages m ON m.id = d.message_id WHERE d.id = $1",
-        )?
-        .query_row([r.delivery_id], |row| {
-            Ok(ReportedDelivery {
-                host: row.get(0)?,
-                state: row.get(1)?,
-                instance_id: row.get(2)?,
-                claim_token: row.get(3)?,
-                attempt: row.get(4)?,
-                cancel_requested: row.get(5)?,
-                max_attempts: row.get(6)?,
-                retry_backoff_ms: row.get(7)?,
-                rerun: row.get(8)?,
-                caused_by: row.get(9)?,
-                conversation: row.get(10)?,
-                pool: row.get(11)?,
-                run_reported: row.get(12)?,
-                message_id: row.get(13)?,
-                accepted_at: row.get(14)?,
-            })
-        })
-        .optional()?;
     let Some(d) = row else {
         return Err(StoreError::NotFound(format!("no delivery {}", r.delivery_id)));
     };
@@ -407,14 +417,13 @@ pub fn report_run_lifting(
         stderr_tail: stderr_tail.map(str::to_string),
         stderr_dropped_bytes: stderr_dropped.map(|n| n.unsigned_abs()),
     };
-    conn.prepare_cached(
-        "INSERT INTO attempts (id, delivery_id, host, instance_id, report_id, request_hash, outcome, exit_code,
-                               duration_ms, result, reason, reported_at, attempt, signal, retryable, rerun,
-                               caused_by, session, stderr_tail, stderr_dropped_bytes, event_n)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18,
-                 $19, $20, $21)",
-    )?
-    .execute_unread(params![
+    // Its feed position: drawn here, or by the statement itself where it can.
+    let event_n = if dialect::ATTEMPT_DRAWS_ITS_POSITION.of(conn) {
+        None
+    } else {
+        Some(crate::store::views::feed::draw(conn, 1)?)
+    };
+    conn.prepare_cached(dialect::ATTEMPT_INSERT.of(conn))?.execute_unread(params![
         attempt_id,
         r.delivery_id,
         host,
@@ -435,7 +444,7 @@ pub fn report_run_lifting(
         run.session.map(|s| s as i64),
         stderr_tail,
         stderr_dropped,
-        crate::store::views::feed::draw(conn, 1)?
+        event_n
     ])?;
     let retry_at = if retryable {
         Some(requeue_for_retry(conn, r.delivery_id, &d, run, now_ms)?)
