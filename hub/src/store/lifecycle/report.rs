@@ -4,6 +4,10 @@
 //! Invariant: `(host, report_id)` is unique, so a retried report is counted once; the same id
 //! with different content is refused and changes nothing (how a report is recognised again:
 //! `replay`).
+//!
+//! Why one file over 700 lines: a report is one transaction's steps, read top to bottom, and
+//! the tests that hold its answers to the row the record keeps sit beside them; without its
+//! tests it is about 530 lines.
 
 use crate::store::Store;
 use crate::store::engine::Db;
