@@ -33,8 +33,8 @@ use crate::store::engine::OptionalExtension;
 use crate::store::engine::params;
 use crate::store::lifecycle::transition::{self, Change, adjust_backlog, record_event};
 use crate::store::{
-    Actor, StoreError, StoreResult, new_id, registry::hosts, registry::members, registry::producers, state_column,
-    upkeep::canonical,
+    Actor, StoreError, StoreResult, new_id, registry::hosts, registry::members, registry::producers::PostingTerms,
+    state_column, upkeep::canonical,
 };
 use baton_shared::crash_point;
 use baton_shared::states::DeliveryState::{self, Failed, Held};
@@ -259,7 +259,7 @@ pub fn accept_with_retry(
     limits: AcceptLimits,
     now_ms: i64,
 ) -> StoreResult<Accepted> {
-    accept_routed(conn, msg, retry, limits, now_ms).map(|(accepted, _)| accepted)
+    accept_routed(conn, msg, retry, limits, now_ms, &mut PostingTerms::default()).map(|(accepted, _)| accepted)
 }
 
 /// What the accept of a new message wrote about its fan-out, so that a fan-out in the same
@@ -280,8 +280,9 @@ fn accept_routed(
     retry: RetryPolicy,
     limits: AcceptLimits,
     now_ms: i64,
+    terms: &mut PostingTerms,
 ) -> StoreResult<(Accepted, Option<Routed>)> {
-    producers::check_may_post(conn, &msg.producer, &msg.conversation)?;
+    terms.check_may_post(conn, &msg.producer, &msg.conversation)?;
     let hash = msg.content_hash_with(retry)?;
     let existing: Option<(String, i64, String)> = conn
         .prepare_cached("SELECT id, seq, content_hash FROM messages WHERE producer = $1 AND idempotency_key = $2")?
@@ -296,7 +297,7 @@ fn accept_routed(
             msg.idempotency_key, msg.producer
         )));
     }
-    producers::check_quota(conn, &msg.producer, msg.payload.len())?;
+    terms.check_quota(conn, &msg.producer, msg.payload.len())?;
     let (recipients, pools) = route(conn, msg)?;
     for (i, pool) in pools.iter().enumerate() {
         if !crate::store::registry::pools::exists(conn, pool)? {
@@ -393,7 +394,20 @@ pub fn accept_and_fan_out(
     limits: AcceptLimits,
     now_ms: i64,
 ) -> StoreResult<(Accepted, Vec<DeliverySummary>)> {
-    let (accepted, routed) = accept_routed(conn, msg, retry, limits, now_ms)?;
+    accept_and_fan_out_with(conn, msg, retry, limits, now_ms, &mut PostingTerms::default())
+}
+
+/// `accept_and_fan_out` checking the post against `terms`, which a batch of one producer's
+/// posts reads once for all of them.
+pub fn accept_and_fan_out_with(
+    conn: &dyn Db,
+    msg: &NewMessage,
+    retry: RetryPolicy,
+    limits: AcceptLimits,
+    now_ms: i64,
+    terms: &mut PostingTerms,
+) -> StoreResult<(Accepted, Vec<DeliverySummary>)> {
+    let (accepted, routed) = accept_routed(conn, msg, retry, limits, now_ms, terms)?;
     let deliveries = match (&accepted, routed) {
         // Just written: its obligation pending, no delivery yet, no approval decided.
         (Accepted::New { message_id, seq }, Some(routed)) => {

@@ -50,7 +50,11 @@ impl Store {
             .write_gaining(
                 move |c| {
                     let now = clock.now_ms();
-                    each(c, messages, |c, (msg, retry)| accept::accept_and_fan_out(c, &msg, retry, limits, now))
+                    // The producer's scope and quota, read once for the batch.
+                    let mut terms = crate::store::registry::producers::PostingTerms::default();
+                    each(c, messages, |c, (msg, retry)| {
+                        accept::accept_and_fan_out_with(c, &msg, retry, limits, now, &mut terms)
+                    })
                 },
                 |rs| gained_hosts(rs.iter().filter_map(|r| r.as_ref().ok())),
             )

@@ -145,7 +145,11 @@ fn unsettled(conn: &dyn Db, producer: &str, limit: i64) -> StoreResult<(i64, i64
 /// `payload_bytes` by `producer` that its quota does not leave room for. Reads nothing more
 /// than the quota row for a producer without one.
 pub fn check_quota(conn: &dyn Db, producer: &str, payload_bytes: usize) -> StoreResult<()> {
-    let quota = quota_of(conn, producer)?;
+    check_quota_of(conn, producer, quota_of(conn, producer)?, payload_bytes)
+}
+
+/// `check_quota` against `quota`, the producer's as read before.
+fn check_quota_of(conn: &dyn Db, producer: &str, quota: Quota, payload_bytes: usize) -> StoreResult<()> {
     if quota == QUOTA_DEFAULT {
         return Ok(());
     }
@@ -283,7 +287,11 @@ pub fn scope_of(conn: &dyn Db, producer: &str) -> StoreResult<Vec<String>> {
 /// Refuses (`Forbidden`, naming the conversation and the scope) a post by `producer` into a
 /// conversation its scope does not cover.
 pub fn check_may_post(conn: &dyn Db, producer: &str, conversation: &str) -> StoreResult<()> {
-    let scope = scope_of(conn, producer)?;
+    may_post(producer, &scope_of(conn, producer)?, conversation)
+}
+
+/// `check_may_post` against `scope`, the producer's as read before.
+fn may_post(producer: &str, scope: &[String], conversation: &str) -> StoreResult<()> {
     if scope.iter().any(|p| covers(p, conversation)) {
         return Ok(());
     }
@@ -291,6 +299,44 @@ pub fn check_may_post(conn: &dyn Db, producer: &str, conversation: &str) -> Stor
         "producer {producer} may not post into conversation {conversation:?} (its publish scope is {})",
         scope.join(" ")
     )))
+}
+
+/// What a producer's posts are checked against, its publish scope and its quota, read once
+/// for a batch of posts instead of once per post. Neither changes inside a writer's
+/// transaction but by an operator's own job; what is unsettled, which each accepted post
+/// changes, is still counted per post.
+#[derive(Debug, Default)]
+pub struct PostingTerms {
+    /// The producer the terms were read for, with its scope and quota.
+    read: Option<(String, Vec<String>, Quota)>,
+}
+
+impl PostingTerms {
+    /// Reads the producer's scope and quota unless they are what was read last.
+    fn refresh(&mut self, conn: &dyn Db, producer: &str) -> StoreResult<()> {
+        if self.read.as_ref().is_none_or(|(p, _, _)| p != producer) {
+            self.read = Some((producer.to_string(), scope_of(conn, producer)?, quota_of(conn, producer)?));
+        }
+        Ok(())
+    }
+
+    /// `check_may_post` on the terms.
+    pub fn check_may_post(&mut self, conn: &dyn Db, producer: &str, conversation: &str) -> StoreResult<()> {
+        self.refresh(conn, producer)?;
+        match &self.read {
+            Some((_, scope, _)) => may_post(producer, scope, conversation),
+            None => check_may_post(conn, producer, conversation),
+        }
+    }
+
+    /// `check_quota` on the terms.
+    pub fn check_quota(&mut self, conn: &dyn Db, producer: &str, payload_bytes: usize) -> StoreResult<()> {
+        self.refresh(conn, producer)?;
+        match &self.read {
+            Some((_, _, quota)) => check_quota_of(conn, producer, *quota, payload_bytes),
+            None => check_quota(conn, producer, payload_bytes),
+        }
+    }
 }
 
 /// Replaces a producer's scope with `patterns` (deduplicated). The producer must have been
@@ -529,6 +575,54 @@ mod tests {
             1,
         )
         .map(|_| ())
+    }
+
+    /// Terms read once for a batch of one producer's posts answer as the per-post checks do:
+    /// the scope refuses by name, and the quota still counts what each accepted post added.
+    /// Another producer's post in the same batch is checked against its own terms.
+    #[test]
+    fn terms_read_once_for_a_batch_count_what_each_post_adds() {
+        let db = testing::db();
+        let c = &*db.conn;
+        record_certificate(c, "aa", baton_shared::ids::Role::Producer, "prod", i64::MAX, 1).unwrap();
+        set_scope(c, "prod", &["c*".into()], "op", "r", 1).unwrap();
+        let two = QuotaChange { unsettled_max: Some(Some(2)), ..Default::default() };
+        set_quota(c, "prod", two, "op", "r", 1).unwrap();
+        let msg = |producer: &str, conversation: &str, key: &str| NewMessage {
+            traceparent: None,
+            producer: producer.into(),
+            conversation: conversation.into(),
+            idempotency_key: key.into(),
+            payload: "{}".into(),
+            to: vec!["host-a".into()],
+            pools: Vec::new(),
+        };
+        let posts = [
+            msg("prod", "c1", "k1"),
+            msg("prod", "d1", "k2"),
+            msg("prod", "c2", "k3"),
+            msg("other", "d2", "k4"),
+            msg("prod", "c3", "k5"),
+        ];
+        let limits = AcceptLimits { queued_per_host_max: 1000, queued_per_pool_max: 1000 };
+        let mut terms = PostingTerms::default();
+        c.begin_write().unwrap();
+        let results = crate::store::lifecycle::batch::each(c, posts, |c, m| {
+            crate::store::lifecycle::accept::accept_and_fan_out_with(c, &m, Default::default(), limits, 1, &mut terms)
+        })
+        .unwrap();
+        crate::store::control(c, "COMMIT").unwrap();
+        let kinds: Vec<String> = results
+            .iter()
+            .map(|r| match r {
+                Ok(_) => "ok".to_string(),
+                Err(e) => format!("{:?}", e.code()),
+            })
+            .collect();
+        assert_eq!(kinds, ["ok", "Forbidden", "ok", "ok", "QuotaUnsettledMessages"], "{results:?}");
+        assert!(results[1].as_ref().unwrap_err().to_string().contains("\"d1\""));
+        let n: i64 = c.query_row("SELECT count(*) FROM messages", [], |r| r.get(0)).unwrap();
+        assert_eq!(n, 3);
     }
 
     /// At the bound: N unsettled messages are accepted, the next is refused naming the quota
