@@ -135,12 +135,21 @@ fn the_hub_exports_histograms_requests_by_route_and_the_record_gauges() {
     let addr = operator_addr(&hub);
 
     // A scrape is counted once it is answered, so the operator listener's own series shows
-    // from the second scrape on: wait for it too.
-    let text = scrape_until(&addr, GAUGE_WAIT, "the turn's report, host-a's contact and an earlier scrape", |s| {
-        value(s, "baton_hub_accept_to_outcome_seconds_count", &[("outcome", "succeeded")]) == Some(1.0)
-            && value(s, "baton_hub_host_last_contact_age_seconds", &[("host", "host-a")]).is_some()
-            && value(s, "baton_hub_http_requests_total", &[("listener", "operator"), ("route", "/metrics")]).is_some()
-    });
+    // from the second scrape on: wait for it too. The record gauges are read every few
+    // seconds, so a reading taken while the message still waited shows until the next one:
+    // wait for one taken after the claim (host-a's backlog empty again).
+    let text = scrape_until(
+        &addr,
+        GAUGE_WAIT,
+        "the turn's report, host-a's contact, its backlog empty again and an earlier scrape",
+        |s| {
+            value(s, "baton_hub_accept_to_outcome_seconds_count", &[("outcome", "succeeded")]) == Some(1.0)
+                && value(s, "baton_hub_host_last_contact_age_seconds", &[("host", "host-a")]).is_some()
+                && value(s, "baton_hub_host_backlog", &[("host", "host-a")]) == Some(0.0)
+                && value(s, "baton_hub_http_requests_total", &[("listener", "operator"), ("route", "/metrics")])
+                    .is_some()
+        },
+    );
     let s = samples(&text);
     for name in [
         "baton_hub_turn_duration_seconds",
