@@ -24,7 +24,7 @@
 //! (`Routed`: hosts, pools, whether it waits for approval) instead of reading it back; `fan_out`
 //! reads it, for an obligation a crash left pending. Both make the deliveries through
 //! `create_deliveries`, so the two paths cannot drift apart, which is why acceptance and fan-out
-//! share this file (about 640 lines of code; the rest is its tests).
+//! share this file (about 670 lines of code; the rest is its tests).
 
 use crate::store::By;
 use crate::store::Store;

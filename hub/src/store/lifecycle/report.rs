@@ -7,7 +7,7 @@
 //!
 //! Why one file over 700 lines: a report is one transaction's steps, read top to bottom, and
 //! the tests that hold its answers to the row the record keeps sit beside them; without its
-//! tests it is about 530 lines.
+//! tests it is about 540 lines.
 
 use crate::store::Store;
 use crate::store::engine::Db;
@@ -573,6 +573,14 @@ mod tests {
             report(&db.conn, "host-a", &r("a2", Outcome::Succeeded), 6),
             Err(StoreError::ReportConflict(_))
         ));
+        // The one read that finds a replay and the delivery: a delivery that does not exist,
+        // or is another host's, is refused by name, and a replay is still answered after the
+        // delivery moved on.
+        let missing = crate::store::new_id();
+        let e = report(&db.conn, "host-a", &NewReport { delivery_id: &missing, ..r("a3", Outcome::Succeeded) }, 7);
+        assert!(matches!(&e, Err(StoreError::NotFound(m)) if m.contains(&missing)), "{e:?}");
+        let e = report(&db.conn, "host-b", &r("b1", Outcome::Succeeded), 7);
+        assert!(matches!(e, Err(StoreError::NotYours(_))), "{e:?}");
         let n: i64 = db.conn.query_row("SELECT count(*) FROM attempts", [], |row| row.get(0)).unwrap();
         assert_eq!(n, 1);
     }

@@ -35,7 +35,7 @@
 //! (`dialect::CLAIM_QUEUES`, `dialect::CLAIM_POOL_QUEUES`; see `claim`, "claims at once").
 //!
 //! Why one file over 700 lines: the walk is one type's steps, and the unit tests that hold each
-//! order and fairness rule to SPEC §5 read beside them; without its tests it is about 560 lines.
+//! order and fairness rule to SPEC §5 read beside them; without its tests it is about 630 lines.
 
 use crate::store::Actor;
 use crate::store::engine::{Db, DbResult, OptionalExtension, Row, dialect, params};

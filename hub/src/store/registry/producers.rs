@@ -312,30 +312,25 @@ pub struct PostingTerms {
 }
 
 impl PostingTerms {
-    /// Reads the producer's scope and quota unless they are what was read last.
-    fn refresh(&mut self, conn: &dyn Db, producer: &str) -> StoreResult<()> {
-        if self.read.as_ref().is_none_or(|(p, _, _)| p != producer) {
-            self.read = Some((producer.to_string(), scope_of(conn, producer)?, quota_of(conn, producer)?));
-        }
-        Ok(())
+    /// The producer's scope and quota: those read last if they are its, else read now.
+    fn of(&mut self, conn: &dyn Db, producer: &str) -> StoreResult<&(String, Vec<String>, Quota)> {
+        let read = match self.read.take() {
+            Some(read) if read.0 == producer => read,
+            _ => (producer.to_string(), scope_of(conn, producer)?, quota_of(conn, producer)?),
+        };
+        Ok(self.read.insert(read))
     }
 
     /// `check_may_post` on the terms.
     pub fn check_may_post(&mut self, conn: &dyn Db, producer: &str, conversation: &str) -> StoreResult<()> {
-        self.refresh(conn, producer)?;
-        match &self.read {
-            Some((_, scope, _)) => may_post(producer, scope, conversation),
-            None => check_may_post(conn, producer, conversation),
-        }
+        let (_, scope, _) = self.of(conn, producer)?;
+        may_post(producer, scope, conversation)
     }
 
     /// `check_quota` on the terms.
     pub fn check_quota(&mut self, conn: &dyn Db, producer: &str, payload_bytes: usize) -> StoreResult<()> {
-        self.refresh(conn, producer)?;
-        match &self.read {
-            Some((_, _, quota)) => check_quota_of(conn, producer, *quota, payload_bytes),
-            None => check_quota(conn, producer, payload_bytes),
-        }
+        let quota = self.of(conn, producer)?.2;
+        check_quota_of(conn, producer, quota, payload_bytes)
     }
 }
 
@@ -513,8 +508,9 @@ mod tests {
         assert!(check_pattern(&format!("{}*", "a".repeat(63))).is_ok());
     }
 
-    fn post(conn: &dyn Db, producer: &str, conversation: &str, key: &str) -> StoreResult<()> {
-        let msg = NewMessage {
+    /// A post of `{}` to host-a.
+    fn message(producer: &str, conversation: &str, key: &str) -> NewMessage {
+        NewMessage {
             traceparent: None,
             producer: producer.into(),
             conversation: conversation.into(),
@@ -522,7 +518,11 @@ mod tests {
             payload: "{}".into(),
             to: vec!["host-a".into()],
             pools: Vec::new(),
-        };
+        }
+    }
+
+    fn post(conn: &dyn Db, producer: &str, conversation: &str, key: &str) -> StoreResult<()> {
+        let msg = message(producer, conversation, key);
         accept(conn, &msg, AcceptLimits { queued_per_host_max: 1000, queued_per_pool_max: 1000 }, 1).map(|_| ())
     }
 
@@ -588,15 +588,7 @@ mod tests {
         set_scope(c, "prod", &["c*".into()], "op", "r", 1).unwrap();
         let two = QuotaChange { unsettled_max: Some(Some(2)), ..Default::default() };
         set_quota(c, "prod", two, "op", "r", 1).unwrap();
-        let msg = |producer: &str, conversation: &str, key: &str| NewMessage {
-            traceparent: None,
-            producer: producer.into(),
-            conversation: conversation.into(),
-            idempotency_key: key.into(),
-            payload: "{}".into(),
-            to: vec!["host-a".into()],
-            pools: Vec::new(),
-        };
+        let msg = message;
         let posts = [
             msg("prod", "c1", "k1"),
             msg("prod", "d1", "k2"),
