@@ -1,7 +1,7 @@
 //! Step 3: the cost of one claim against a backlog of queued deliveries for one host, and
 //! against the same backlog queued in a pool whose one member claims it.
 //!
-//! The backlog is prefilled through the hub's own store code (`accept` and `fan_out`, in big
+//! The backlog is prefilled through the hub's own store code (`accept_and_fan_out`, in big
 //! transactions) into a hub data directory made by the real CLI, and grown size by size. At
 //! each size a claim of one delivery is timed two ways: in-process, calling
 //! `baton_hub::store::lifecycle::claim::claim` inside one write transaction that is rolled back (so the
@@ -181,10 +181,12 @@ pub(crate) fn accept_range(
                     to: to.clone(),
                     pools: to_pools.clone(),
                 };
-                let Accepted::New { message_id, .. } = accept::accept(c, &msg, limits, now)? else {
+                // As the hub accepts a post: fanned out in the accept's own transaction.
+                let (Accepted::New { .. }, _) =
+                    accept::accept_and_fan_out(c, &msg, accept::RetryPolicy::default(), limits, now)?
+                else {
                     return Err(store::StoreError::Invalid("a fresh key was taken as a duplicate".into()));
                 };
-                accept::fan_out(c, &message_id, now)?;
             }
             Ok(())
         })?;

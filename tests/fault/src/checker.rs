@@ -886,6 +886,14 @@ fn check_fanout(m: &Model, ix: &Index, v: &mut Vec<Violation>) {
     for (mid, pool) in &m.pool_recipients {
         routed_pools.entry(mid.as_str()).or_default().insert(pool.as_str());
     }
+    // Routing rows belong to a fan-out that ran after its accept's transaction, with its
+    // obligation; a message fanned out in its accept's transaction keeps neither, and its
+    // deliveries are its routing.
+    for mid in routed.keys().chain(routed_pools.keys()).collect::<BTreeSet<_>>() {
+        if ix.message_by_id.contains_key(*mid) && !obligations.contains_key(*mid) {
+            v.push(violation("I3", mid, "routing without its fan-out obligation".into(), Vec::new()));
+        }
+    }
     for msg in &m.messages {
         let of_message: Vec<&Delivery> = ix
             .deliveries_by_message
@@ -899,6 +907,18 @@ fn check_fanout(m: &Model, ix: &Index, v: &mut Vec<Violation>) {
         let unique_pools: BTreeSet<&str> = pools.iter().copied().collect();
         if unique_pools.len() != pools.len() {
             v.push(violation("I4", &msg.id, "two deliveries of one message for the same pool".into(), Vec::new()));
+        }
+        let unique: BTreeSet<&str> = hosts.iter().copied().collect();
+        if unique.len() != hosts.len() {
+            v.push(violation("I4", &msg.id, "two deliveries of one message for the same host".into(), Vec::new()));
+        }
+        if !obligations.contains_key(msg.id.as_str()) {
+            // Fanned out in its accept's transaction: its deliveries are its routing.
+            if of_message.is_empty() {
+                let why = "a message with neither a delivery nor a fan-out obligation";
+                v.push(violation("I3", &msg.id, why.into(), Vec::new()));
+            }
+            continue;
         }
         let want_pools = routed_pools.get(msg.id.as_str()).cloned().unwrap_or_default();
         if let Some(Some(_done)) = obligations.get(msg.id.as_str())
@@ -914,10 +934,6 @@ fn check_fanout(m: &Model, ix: &Index, v: &mut Vec<Violation>) {
         let extra_pools: Vec<&&str> = unique_pools.difference(&want_pools).collect();
         if !extra_pools.is_empty() {
             v.push(violation("I4", &msg.id, format!("deliveries for pools never routed: {extra_pools:?}"), Vec::new()));
-        }
-        let unique: BTreeSet<&str> = hosts.iter().copied().collect();
-        if unique.len() != hosts.len() {
-            v.push(violation("I4", &msg.id, "two deliveries of one message for the same host".into(), Vec::new()));
         }
         let want = routed.get(msg.id.as_str()).cloned().unwrap_or_default();
         if let Some(Some(_done)) = obligations.get(msg.id.as_str())

@@ -406,11 +406,18 @@ fn undo_fan_out(db: &dyn Db) -> anyhow::Result<()> {
     let not_queued: i64 = db.query_row("SELECT count(*) FROM deliveries WHERE state <> 'queued'", [], |r| r.get(0))?;
     anyhow::ensure!(not_queued == 0, "{not_queued} deliveries left the queue before any node ran");
     db.begin_write()?;
+    // A message fanned out in its accept's transaction keeps no routing or obligation: they are
+    // written here from its deliveries, as an accept that left its fan-out for later writes them.
     for sql in [
+        "INSERT INTO message_recipients (message_id, host)
+         SELECT DISTINCT message_id, host FROM deliveries WHERE pool IS NULL ON CONFLICT DO NOTHING",
+        "INSERT INTO message_pool_recipients (message_id, pool)
+         SELECT DISTINCT message_id, pool FROM deliveries WHERE pool IS NOT NULL ON CONFLICT DO NOTHING",
+        "INSERT INTO fanout_obligations (message_id, created_at)
+         SELECT id, accepted_at FROM messages WHERE true ON CONFLICT (message_id) DO UPDATE SET done_at = NULL",
         "UPDATE host_backlog SET waiting = waiting - (SELECT count(*) FROM deliveries d WHERE d.host = host_backlog.host)",
         "DELETE FROM delivery_events",
         "DELETE FROM deliveries",
-        "UPDATE fanout_obligations SET done_at = NULL",
     ] {
         if let Err(e) = db.execute(sql, []) {
             let _ = db.control("ROLLBACK");

@@ -1,28 +1,31 @@
 //! Acceptance, fan-out and startup repair (SPEC §3).
 //!
-//! Acceptance writes the message, its routing (recipient hosts) and a durable fan-out
-//! obligation, after the publish-scope check. Fan-out creates one delivery per recipient and
-//! marks the obligation done. The API and the CLI run both in one write job
-//! (`accept_and_fan_out`: one writer round trip, one commit), so an accepted message is never
-//! seen half routed and a crash inside leaves neither. The obligation stays the unit of repair:
-//! fan-out is idempotent and keyed by it, and startup repair completes every obligation found
-//! pending (one written by a hub that fanned out in a later transaction) before the hub serves
-//! a claim.
+//! Acceptance writes the message after the publish-scope check and routes it. The API and the
+//! CLI fan it out in the same write job (`accept_and_fan_out`: one writer round trip, one
+//! commit): one delivery per recipient, committed with the message, so an accepted message is
+//! never seen half routed and a crash inside leaves neither. Its deliveries are then its
+//! routing, and it keeps no routing rows and no obligation: they would be written and marked
+//! done in the same transaction, protecting nothing. An accept whose fan-out runs in a later
+//! transaction (`accept`, `accept_with_retry`) writes the routing (`message_recipients`,
+//! `message_pool_recipients`) and a pending fan-out obligation instead; the obligation is the
+//! unit of repair: fan-out is idempotent and keyed by it, and startup repair completes every
+//! obligation found pending before the hub serves a claim.
 //!
 //! Routing: the message's `to`, or else the conversation's members at the message's `seq`
 //! (`members`). A conversation that has had members accepts in `to` only current members and
 //! hosts an operator allowed to be mentioned there (`mentions::allow_mention`); an open one
 //! (never had members) accepts any enrolled, unretired host.
 //!
-//! Invariant: a message row exists iff its routing and obligation exist (same transaction), and
-//! an obligation is done iff every routed host has exactly one delivery.
+//! Invariant: a message row exists iff its deliveries or its routing and obligation exist (same
+//! transaction); routing rows exist only with an obligation; an obligation is done iff every
+//! routed host and pool has exactly one delivery.
 //!
 //! Invariant: fan-out never leaves work queued for a retired host: a recipient retired since the
 //! accept gets its delivery created and, in the same transaction, failed with `host retired`.
 //!
-//! A new message's fan-out in the same job takes what its accept just wrote and checked
-//! (`Routed`: hosts, pools, whether it waits for approval) instead of reading it back; `fan_out`
-//! reads it, for an obligation a crash left pending. Both make the deliveries through
+//! A new message's fan-out in the same job takes what its accept just routed and checked
+//! (`Routed`: hosts, pools, whether it waits for approval); `fan_out` reads the routing rows,
+//! for an obligation left pending. Both make the deliveries through
 //! `create_deliveries`, so the two paths cannot drift apart, which is why acceptance and fan-out
 //! share this file (about 670 lines of code; the rest is its tests).
 
@@ -259,11 +262,35 @@ pub fn accept_with_retry(
     limits: AcceptLimits,
     now_ms: i64,
 ) -> StoreResult<Accepted> {
-    accept_routed(conn, msg, retry, limits, now_ms, &mut PostingTerms::default()).map(|(accepted, _)| accepted)
+    let (accepted, routed) = accept_routed(conn, msg, retry, limits, now_ms, &mut PostingTerms::default())?;
+    if let (Accepted::New { message_id, .. }, Some(routed)) = (&accepted, routed) {
+        // Its fan-out runs in a later transaction: what it owes is written down for it.
+        owe_fan_out(conn, message_id, &routed, now_ms)?;
+    }
+    Ok(accepted)
 }
 
-/// What the accept of a new message wrote about its fan-out, so that a fan-out in the same
-/// transaction need not read it back.
+/// Writes a new message's routing (its recipient hosts and pools) and its pending fan-out
+/// obligation, for a fan-out that runs after this transaction commits (`fan_out`, or the
+/// start-up repair). A message fanned out in its accept's own transaction has neither: its
+/// deliveries are its routing, committed with it.
+fn owe_fan_out(conn: &dyn Db, message_id: &str, routed: &Routed, now_ms: i64) -> StoreResult<()> {
+    let mut route = conn.prepare_cached("INSERT INTO message_recipients (message_id, host) VALUES ($1, $2)")?;
+    for host in &routed.hosts {
+        route.execute_unread([message_id, host])?;
+    }
+    let mut route_pools =
+        conn.prepare_cached("INSERT INTO message_pool_recipients (message_id, pool) VALUES ($1, $2)")?;
+    for pool in &routed.pools {
+        route_pools.execute_unread([message_id, pool])?;
+    }
+    conn.prepare_cached("INSERT INTO fanout_obligations (message_id, created_at) VALUES ($1, $2)")?
+        .execute_unread(params![message_id, now_ms])?;
+    Ok(())
+}
+
+/// What the accept of a new message routed: the deliveries a fan-out in the same transaction
+/// makes, or the routing a later fan-out owes (`owe_fan_out`).
 struct Routed {
     /// The recipient hosts, each active (`route` checked them), in order, without repeats.
     hosts: Vec<String>,
@@ -363,17 +390,6 @@ fn accept_routed(
         msg.traceparent,
     ])?;
     crash_point("hub.accept.after_message_insert");
-    let mut route = conn.prepare_cached("INSERT INTO message_recipients (message_id, host) VALUES ($1, $2)")?;
-    for host in &recipients {
-        route.execute_unread([&message_id, host])?;
-    }
-    let mut route_pools =
-        conn.prepare_cached("INSERT INTO message_pool_recipients (message_id, pool) VALUES ($1, $2)")?;
-    for pool in &pools {
-        route_pools.execute_unread([&message_id, pool])?;
-    }
-    conn.prepare_cached("INSERT INTO fanout_obligations (message_id, created_at) VALUES ($1, $2)")?
-        .execute_unread(params![message_id, now_ms])?;
     crash_point("hub.accept.before_commit");
     let sorted = |mut v: Vec<String>| {
         v.sort_unstable();
@@ -409,11 +425,11 @@ pub fn accept_and_fan_out_with(
 ) -> StoreResult<(Accepted, Vec<DeliverySummary>)> {
     let (accepted, routed) = accept_routed(conn, msg, retry, limits, now_ms, terms)?;
     let deliveries = match (&accepted, routed) {
-        // Just written: its obligation pending, no delivery yet, no approval decided.
+        // Just written: no delivery yet, no approval decided, no obligation (this is its fan-out).
         (Accepted::New { message_id, seq }, Some(routed)) => {
             crash_point("hub.fanout.before_first");
             let parked = routed.held.then(|| (Held, APPROVAL_REQUIRED.to_string()));
-            let to = Recipients { hosts: &routed.hosts, pools: &routed.pools, hosts_active: true };
+            let to = Recipients { hosts: &routed.hosts, pools: &routed.pools, in_accept: true };
             // The answer is what was made (the message is new: it has no other delivery).
             create_deliveries(conn, message_id, &msg.conversation, *seq, to, parked.as_ref(), now_ms)?
         }
@@ -510,7 +526,7 @@ pub fn fan_out(conn: &dyn Db, message_id: &str, now_ms: i64) -> StoreResult<Vec<
             .collect::<Result<_, _>>()?;
         // Read once per message: every delivery of it is parked the same way.
         let parked = if missing.is_empty() && missing_pools.is_empty() { None } else { parking(conn, message_id)? };
-        let to = Recipients { hosts: &missing, pools: &missing_pools, hosts_active: false };
+        let to = Recipients { hosts: &missing, pools: &missing_pools, in_accept: false };
         create_deliveries(conn, message_id, &conversation, seq, to, parked.as_ref(), now_ms)?;
     }
     // A repair may have made some of them: all of the message's, read.
@@ -521,9 +537,10 @@ pub fn fan_out(conn: &dyn Db, message_id: &str, now_ms: i64) -> StoreResult<Vec<
 struct Recipients<'a> {
     hosts: &'a [String],
     pools: &'a [String],
-    /// Whether every host is known to be active in this transaction (the accept's routing
-    /// checked them), so none needs checking again.
-    hosts_active: bool,
+    /// Whether the fan-out runs in its message's accept transaction: every host is then known
+    /// to be active (the routing checked them), and the message owes no obligation to mark
+    /// done (it has none: its deliveries are its routing).
+    in_accept: bool,
 }
 
 /// Makes one delivery per recipient of `to`, each queued and then parked as `parked` says (a
@@ -590,7 +607,7 @@ fn create_deliveries(
         record_event(conn, &id, None, DeliveryState::Queued, &hub, None, Some("fan-out"), now_ms)?;
         adjust_backlog(conn, host, 1)?;
         let mut state = DeliveryState::Queued;
-        if !to.hosts_active && host_retired(conn, host)? {
+        if !to.in_accept && host_retired(conn, host)? {
             park(&id, DeliveryState::Failed, HOST_RETIRED)?;
             state = DeliveryState::Failed;
         } else {
@@ -605,8 +622,10 @@ fn create_deliveries(
     }
     made.append(&mut made_pools);
     crash_point("hub.fanout.before_mark_done");
-    conn.prepare_cached("UPDATE fanout_obligations SET done_at = $2 WHERE message_id = $1 AND done_at IS NULL")?
-        .execute_unread(params![message_id, now_ms])?;
+    if !to.in_accept {
+        conn.prepare_cached("UPDATE fanout_obligations SET done_at = $2 WHERE message_id = $1 AND done_at IS NULL")?
+            .execute_unread(params![message_id, now_ms])?;
+    }
     // Every delivery made here final (each recipient retired, or the approval refused), or none
     // made (a repair that found them all): the message may be settled now.
     if !any_open {
@@ -784,10 +803,13 @@ mod tests {
         assert!(matches!(accepted, Accepted::New { .. }));
         let hosts: Vec<&str> = deliveries.iter().filter_map(|d| d.host.as_deref()).collect();
         assert_eq!(hosts, ["host-a", "host-b"]);
-        assert!(pending_obligations(c, 10).unwrap().is_empty(), "the obligation is done");
-        let done: i64 =
-            c.query_row("SELECT count(*) FROM fanout_obligations WHERE done_at IS NOT NULL", [], |r| r.get(0)).unwrap();
-        assert_eq!(done, 1, "the obligation was written and completed");
+        // Made in the accept's own transaction, its deliveries are its routing: no obligation
+        // and no routing rows were written for it.
+        let count = |sql: &str| -> i64 { c.query_row(sql, [], |r| r.get(0)).unwrap() };
+        assert_eq!(count("SELECT count(*) FROM fanout_obligations"), 0);
+        assert_eq!(count("SELECT count(*) FROM message_recipients"), 0);
+        assert_eq!(count("SELECT count(*) FROM message_pool_recipients"), 0);
+        assert_eq!(crate::store::upkeep::verify::check(c).unwrap(), Vec::new());
         // A replay answers the same deliveries and adds none.
         let (again, same) = accept_and_fan_out(c, &m, RetryPolicy::default(), limits, 2).unwrap();
         assert!(matches!(again, Accepted::Duplicate { .. }));

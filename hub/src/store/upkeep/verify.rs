@@ -23,11 +23,14 @@ pub enum ProblemKind {
     Integrity,
     /// A foreign key points nowhere. Subject: the table and row.
     ForeignKey,
-    /// A message exists without its routing or its fan-out obligation. Subject: the message.
+    /// An accept left half written: a message with neither a delivery nor a fan-out obligation,
+    /// an obligation without routing, or routing without an obligation (a message fanned out in
+    /// its accept's transaction keeps neither; one fanned out later keeps both). Subject: the
+    /// message.
     AtomicAccept,
     /// Fan-out is incomplete or went astray: an obligation marked done while a recipient has no
-    /// delivery (subject: the message), or a delivery for a host the message was not routed to
-    /// (subject: the delivery).
+    /// delivery (subject: the message), or, for a message that kept its routing, a delivery for
+    /// a host or pool it was not routed to (subject: the delivery).
     FanOut,
     /// An attempt of a run that was never delivered: the delivery's current run while it is not
     /// delivered, or a run after it. (Earlier runs of a retried or redriven delivery keep their
@@ -172,14 +175,28 @@ const RULES: &[(ProblemKind, &str)] = &[
     ),
     (
         ProblemKind::AtomicAccept,
-        "SELECT id, 'message without a fan-out obligation' FROM messages m
-         WHERE NOT EXISTS (SELECT 1 FROM fanout_obligations o WHERE o.message_id = m.id)",
+        "SELECT id, 'message with neither a delivery nor a fan-out obligation' FROM messages m
+         WHERE NOT EXISTS (SELECT 1 FROM fanout_obligations o WHERE o.message_id = m.id)
+           AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.message_id = m.id)",
     ),
     (
         ProblemKind::AtomicAccept,
-        "SELECT id, 'message without routing' FROM messages m
+        "SELECT m.id, 'fan-out obligation without routing' FROM messages m
+         JOIN fanout_obligations o ON o.message_id = m.id
          WHERE NOT EXISTS (SELECT 1 FROM message_recipients r WHERE r.message_id = m.id)
            AND NOT EXISTS (SELECT 1 FROM message_pool_recipients r WHERE r.message_id = m.id)",
+    ),
+    (
+        ProblemKind::AtomicAccept,
+        "SELECT r.message_id, 'routing to host ' || r.host || ' without a fan-out obligation'
+         FROM message_recipients r
+         WHERE NOT EXISTS (SELECT 1 FROM fanout_obligations o WHERE o.message_id = r.message_id)",
+    ),
+    (
+        ProblemKind::AtomicAccept,
+        "SELECT r.message_id, 'routing to pool ' || r.pool || ' without a fan-out obligation'
+         FROM message_pool_recipients r
+         WHERE NOT EXISTS (SELECT 1 FROM fanout_obligations o WHERE o.message_id = r.message_id)",
     ),
     (
         ProblemKind::FanOut,
@@ -201,13 +218,16 @@ const RULES: &[(ProblemKind, &str)] = &[
         "SELECT d.id, 'delivery for pool ' || d.pool || ', to which message ' || d.message_id || ' was not routed'
          FROM deliveries d
          WHERE d.pool IS NOT NULL
+           AND EXISTS (SELECT 1 FROM fanout_obligations o WHERE o.message_id = d.message_id)
            AND NOT EXISTS (SELECT 1 FROM message_pool_recipients r WHERE r.message_id = d.message_id AND r.pool = d.pool)",
     ),
     (
         ProblemKind::FanOut,
         "SELECT d.id, 'delivery for host ' || d.host || ', to which message ' || d.message_id || ' was not routed'
          FROM deliveries d
-         WHERE d.pool IS NULL AND NOT EXISTS (SELECT 1 FROM message_recipients r WHERE r.message_id = d.message_id AND r.host = d.host)",
+         WHERE d.pool IS NULL
+           AND EXISTS (SELECT 1 FROM fanout_obligations o WHERE o.message_id = d.message_id)
+           AND NOT EXISTS (SELECT 1 FROM message_recipients r WHERE r.message_id = d.message_id AND r.host = d.host)",
     ),
     (
         ProblemKind::AttemptWithoutDelivery,
@@ -388,6 +408,57 @@ mod tests {
         c.execute("UPDATE messages SET payload = 'nope' WHERE id = $1", [&fanned]).unwrap();
         let problems = check(c).unwrap();
         assert!(problems.iter().any(|p| p.kind == ProblemKind::CorruptValue && p.subject == fanned), "{problems:?}");
+    }
+
+    /// A message fanned out in its accept's transaction keeps no routing rows and no
+    /// obligation: it verifies, and each way its accept could be left half written is found.
+    #[test]
+    fn an_accept_fanned_out_at_once_verifies_and_a_half_written_one_is_found() {
+        use crate::store::lifecycle::accept::{AcceptLimits, RetryPolicy, accept_and_fan_out};
+        let db = testing::db();
+        let c = &db.conn;
+        let limits = AcceptLimits { queued_per_host_max: 10, queued_per_pool_max: 10 };
+        let mut ids = Vec::new();
+        for key in ["k1", "k2", "k3"] {
+            let msg = crate::store::lifecycle::accept::NewMessage {
+                traceparent: None,
+                producer: "prod".into(),
+                conversation: key.into(),
+                idempotency_key: key.into(),
+                payload: "{}".into(),
+                to: vec!["host-a".into()],
+                pools: Vec::new(),
+            };
+            let (accepted, _) = accept_and_fan_out(c, &msg, RetryPolicy::default(), limits, 1).unwrap();
+            let (crate::store::lifecycle::accept::Accepted::New { message_id, .. }
+            | crate::store::lifecycle::accept::Accepted::Duplicate { message_id, .. }) = accepted;
+            ids.push(message_id);
+        }
+        assert_eq!(check(c).unwrap(), Vec::<Problem>::new());
+        let atomic = |problems: &[Problem], subject: &str, detail: &str| {
+            problems.iter().any(|p| p.kind == ProblemKind::AtomicAccept && p.subject == subject && p.detail == detail)
+        };
+        // Routing beside deliveries without the obligation it belongs to.
+        c.execute("INSERT INTO message_recipients (message_id, host) VALUES ($1, 'host-b')", [&ids[0]]).unwrap();
+        // An obligation with no routing.
+        c.execute("INSERT INTO fanout_obligations (message_id, created_at, done_at) VALUES ($1, 1, 1)", [&ids[1]])
+            .unwrap();
+        // A message that lost its deliveries and has no obligation to repair them from.
+        c.execute_batch(&format!(
+            "DELETE FROM delivery_events WHERE delivery_id IN (SELECT id FROM deliveries WHERE message_id = '{0}');
+             DELETE FROM deliveries WHERE message_id = '{0}';
+             UPDATE host_backlog SET waiting = waiting - 1 WHERE host = 'host-a'",
+            ids[2]
+        ))
+        .unwrap();
+        let problems = check(c).unwrap();
+        assert!(atomic(&problems, &ids[0], "routing to host host-b without a fan-out obligation"), "{problems:?}");
+        assert!(atomic(&problems, &ids[1], "fan-out obligation without routing"), "{problems:?}");
+        assert!(atomic(&problems, &ids[2], "message with neither a delivery nor a fan-out obligation"), "{problems:?}");
+        // The obligation makes the routing rows the reference: its delivery was routed nowhere.
+        let mut found = kinds(&problems);
+        found.sort_by_key(|k| format!("{k:?}"));
+        assert_eq!(found, [[ProblemKind::AtomicAccept; 3].as_slice(), &[ProblemKind::FanOut]].concat(), "{problems:?}");
     }
 
     #[test]
