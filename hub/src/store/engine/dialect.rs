@@ -95,6 +95,27 @@ pub const CLAIM_HOST_ROW: Both<&str> = Both {
 pub const CLAIM_HOST_ROW_TO_CHANGE: Both<Option<&str>> =
     Both { sqlite: None, postgres: Some("SELECT instance_id, retired_at FROM hosts WHERE name = $1 FOR UPDATE") };
 
+/// The holder's handoff (`transition::deliver`) with its events, in one statement: the guarded
+/// update and, for the row it moved, one event per step from `$4` (claimed: claimed → mirrored
+/// → delivered; mirrored: mirrored → delivered), in step order. The rows it answers are the
+/// events written: none when the guard did not hold. On SQLite the update and the events are
+/// separate statements in the one writer's transaction, at no round trip's cost.
+pub const DELIVER_WITH_EVENTS: Both<Option<&str>> = Both {
+    sqlite: None,
+    postgres: Some(
+        "WITH moved AS (
+             UPDATE deliveries SET state = 'delivered', reason = NULL, updated_at = $1,
+                    acked_session = coalesce($2, acked_session)
+             WHERE id = $3 AND state = $4 AND instance_id = $5 AND claim_token = $6 AND host = $7
+             RETURNING id)
+         INSERT INTO delivery_events (delivery_id, from_state, to_state, actor_kind, actor, instance_id, reason, at)
+         SELECT moved.id, s.from_state, s.to_state, $8, $9, $5, NULL, $1
+         FROM moved CROSS JOIN (VALUES ('claimed', 'mirrored', 1), ('mirrored', 'delivered', 2)) AS s (from_state, to_state, k)
+         WHERE s.k >= CASE WHEN $4 = 'claimed' THEN 1 ELSE 2 END
+         ORDER BY s.k",
+    ),
+};
+
 /// Before a message may be settled (`lifecycle::settle`, `$1` the message): on PostgreSQL its row
 /// locked, so that of two transactions ending its last two deliveries at once the second waits
 /// and then sees the first's commit. SQLite has one writer.
@@ -427,6 +448,7 @@ mod tests {
         let host_row = parameters(CLAIM_HOST_ROW.sqlite);
         assert_eq!(CLAIM_HOST_ROW_TO_CHANGE.postgres.map(parameters), Some(host_row));
         assert_eq!(FEED_DRAW_FIRST.sqlite.map(parameters), Some(parameters(FEED_DRAW.sqlite)));
+        assert_eq!(DELIVER_WITH_EVENTS.postgres.map(parameters), Some((1..=9).collect()));
         // Each statement of a sequence names every parameter of the sequence.
         for sql in COUNTER_SET.sqlite.iter().chain(COUNTER_SET.postgres) {
             assert_eq!(parameters(sql), BTreeSet::from([1, 2, 3]), "{sql}");

@@ -173,7 +173,8 @@ fn apply_counting(conn: &dyn Db, change: Change<'_>, actor: &Actor, now_ms: i64,
 /// whose ack it is (`acked_session`, kept as it was when `None`); guarded on `host` too. The same record as `apply`
 /// once per step, without writing the row (and its state's index entries) for the state in
 /// between, which nothing outside the transaction sees. Nothing waits or flies differently
-/// between these states, so no count moves.
+/// between these states, so no count moves. On PostgreSQL the update and its events are one
+/// statement (`dialect::DELIVER_WITH_EVENTS`), one round trip.
 #[allow(clippy::too_many_arguments)]
 pub fn deliver(
     conn: &dyn Db,
@@ -200,6 +201,28 @@ pub fn deliver(
             actor.kind.as_str()
         )));
     }
+    if let Some(sql) = dialect::DELIVER_WITH_EVENTS.of(conn) {
+        // The update and its events in one round trip; the events written say it moved.
+        let events = conn.prepare_cached(sql)?.execute(params![
+            now_ms,
+            acked_session,
+            delivery_id,
+            from.as_str(),
+            holder.instance_id,
+            holder.claim_token,
+            host,
+            actor.kind.as_str(),
+            actor.name
+        ])?;
+        return match events {
+            0 => Err(stale_deliver(delivery_id, from, host)),
+            n if n == steps.len() => Ok(()),
+            n => Err(StoreError::Corrupt(format!(
+                "delivery {delivery_id}: its handoff from {from} wrote {n} events, not {}",
+                steps.len()
+            ))),
+        };
+    }
     let rows = conn
         .prepare_cached(
             "UPDATE deliveries SET state = 'delivered', reason = NULL, updated_at = $1,
@@ -216,14 +239,19 @@ pub fn deliver(
             host
         ])?;
     if rows != 1 {
-        return Err(StoreError::StaleClaim(format!(
-            "delivery {delivery_id} is not {from} on host {host} with the expected holder any more"
-        )));
+        return Err(stale_deliver(delivery_id, from, host));
     }
     for (a, b) in steps {
         record_event(conn, delivery_id, Some(*a), *b, actor, Some(holder.instance_id), None, now_ms)?;
     }
     Ok(())
+}
+
+/// `deliver`'s refusal when its guard did not hold (its caller reads the row to say why).
+fn stale_deliver(delivery_id: &str, from: DeliveryState, host: &str) -> StoreError {
+    StoreError::StaleClaim(format!(
+        "delivery {delivery_id} is not {from} on host {host} with the expected holder any more"
+    ))
 }
 
 /// Moves the waiting count of a delivery's host by `delta` (host deliveries only: a pool's
