@@ -311,11 +311,22 @@ fn accept_routed(
 ) -> StoreResult<(Accepted, Option<Routed>)> {
     terms.check_may_post(conn, &msg.producer, &msg.conversation)?;
     let hash = msg.content_hash_with(retry)?;
-    let existing: Option<(String, i64, String)> = conn
-        .prepare_cached("SELECT id, seq, content_hash FROM messages WHERE producer = $1 AND idempotency_key = $2")?
-        .query_row([&msg.producer, &msg.idempotency_key], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-        .optional()?;
-    if let Some((message_id, seq, old_hash)) = existing {
+    // What the accept reads before it writes, in one statement: the message already accepted
+    // under this key, whether the conversation exists, and whether it has members.
+    type Prelude = (Option<String>, Option<i64>, Option<String>, bool, bool);
+    let (id, seq, old_hash, conversation_known, managed): Prelude = conn
+        .prepare_cached(
+            "SELECT m.id, m.seq, m.content_hash,
+                    EXISTS (SELECT 1 FROM conversations WHERE name = $3),
+                    EXISTS (SELECT 1 FROM memberships WHERE conversation = $3)
+                        OR EXISTS (SELECT 1 FROM conversation_pools WHERE conversation = $3)
+             FROM (SELECT 1 AS one) o
+             LEFT JOIN messages m ON m.producer = $1 AND m.idempotency_key = $2",
+        )?
+        .query_row([&msg.producer, &msg.idempotency_key, &msg.conversation], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+        })?;
+    if let (Some(message_id), Some(seq), Some(old_hash)) = (id, seq, old_hash) {
         if old_hash == hash {
             return Ok((Accepted::Duplicate { message_id, seq }, None));
         }
@@ -325,7 +336,7 @@ fn accept_routed(
         )));
     }
     terms.check_quota(conn, &msg.producer, msg.payload.len())?;
-    let (recipients, pools) = route(conn, msg)?;
+    let (recipients, pools) = route(conn, msg, Conversation { known: conversation_known, managed })?;
     for (i, pool) in pools.iter().enumerate() {
         if !crate::store::registry::pools::exists(conn, pool)? {
             return Err(StoreError::Invalid(format!(
@@ -440,17 +451,28 @@ pub fn accept_and_fan_out_with(
     Ok((accepted, deliveries))
 }
 
+/// What the accept read of a message's conversation before routing it.
+#[derive(Debug, Clone, Copy)]
+struct Conversation {
+    /// It has a row (a message, a member, a family adopted it).
+    known: bool,
+    /// It has had members, hosts or pools (`members::has_membership`).
+    managed: bool,
+}
+
 /// The recipients of a new message, hosts and pools: its `to`, checked, and its `pools`; or,
 /// when it names neither, the conversation's current members (the members at the `seq` this
 /// transaction is about to give it, retired hosts left out) and its current member pools.
-fn route(conn: &dyn Db, msg: &NewMessage) -> StoreResult<(Vec<String>, Vec<String>)> {
-    // A conversation first posted to now joins the families that cover it, from its first post.
-    crate::store::registry::families::adopt_families(conn, &msg.conversation)?;
+fn route(conn: &dyn Db, msg: &NewMessage, conversation: Conversation) -> StoreResult<(Vec<String>, Vec<String>)> {
+    // A conversation first posted to now joins the families that cover it, from its first post
+    // (and then has members it did not have when read).
+    let adopted =
+        !conversation.known && crate::store::registry::families::adopt_families_of_new(conn, &msg.conversation)?;
     if msg.to.is_empty() && !msg.pools.is_empty() {
         // Addressed to pools alone: no host by name, and not the members.
         return Ok((Vec::new(), msg.pools.clone()));
     }
-    let managed = members::has_membership(conn, &msg.conversation)?;
+    let managed = if adopted { members::has_membership(conn, &msg.conversation)? } else { conversation.managed };
     if msg.to.is_empty() {
         let mut current = Vec::new();
         for host in crate::store::registry::roster::current_members(conn, &msg.conversation)? {

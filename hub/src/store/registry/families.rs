@@ -70,15 +70,21 @@ pub fn adopt_families(conn: &dyn Db, conversation: &str) -> StoreResult<()> {
     let exists: bool = conn
         .prepare_cached("SELECT EXISTS (SELECT 1 FROM conversations WHERE name = $1)")?
         .query_row([conversation], |r| r.get(0))?;
-    if exists {
-        return Ok(());
+    if !exists {
+        adopt_families_of_new(conn, conversation)?;
     }
+    Ok(())
+}
+
+/// `adopt_families` for a conversation the caller read has no row yet (in this transaction):
+/// whether any family covered it (it now exists, with their intervals).
+pub(crate) fn adopt_families_of_new(conn: &dyn Db, conversation: &str) -> StoreResult<bool> {
     let covering: Vec<(i64, String, String)> = open_families(conn, None)?
         .into_iter()
         .filter(|(_, p, _)| crate::store::registry::producers::covers(p, conversation))
         .collect();
     if covering.is_empty() {
-        return Ok(());
+        return Ok(false);
     }
     conn.prepare_cached("INSERT INTO conversations (name, last_seq) VALUES ($1, 0)")?.execute([conversation])?;
     for (family, _, host) in &covering {
@@ -86,7 +92,8 @@ pub fn adopt_families(conn: &dyn Db, conversation: &str) -> StoreResult<()> {
             insert_family_interval(conn, conversation, 0, *family)?;
         }
     }
-    check_member_count(conn, conversation)
+    check_member_count(conn, conversation)?;
+    Ok(true)
 }
 
 /// `add` for a pattern: a family row per host, and an interval from its `last_seq` in every
