@@ -353,13 +353,8 @@ fn accept_routed(
             )));
         }
     }
-    for host in &recipients {
-        let waiting: i64 = conn
-            .prepare_cached("SELECT waiting FROM host_backlog WHERE host = $1")?
-            .query_row([host], |r| r.get(0))
-            .optional()?
-            .unwrap_or(0);
-        if waiting as u64 >= limits.queued_per_host_max {
+    for (host, waiting) in &recipients {
+        if *waiting as u64 >= limits.queued_per_host_max {
             return Err(StoreError::OverCapacity(format!(
                 "host {host} already has {waiting} deliveries waiting (queued_per_host_max = {})",
                 limits.queued_per_host_max
@@ -407,7 +402,8 @@ fn accept_routed(
         v.dedup();
         v
     };
-    let routed = Routed { hosts: sorted(recipients), pools: sorted(pools), held: retry.approval_required };
+    let hosts = recipients.into_iter().map(|(host, _)| host).collect();
+    let routed = Routed { hosts: sorted(hosts), pools: sorted(pools), held: retry.approval_required };
     Ok((Accepted::New { message_id, seq }, Some(routed)))
 }
 
@@ -451,6 +447,9 @@ pub fn accept_and_fan_out_with(
     Ok((accepted, deliveries))
 }
 
+/// A recipient host and how many deliveries wait for it.
+type Waiting = (String, i64);
+
 /// What the accept read of a message's conversation before routing it.
 #[derive(Debug, Clone, Copy)]
 struct Conversation {
@@ -462,8 +461,9 @@ struct Conversation {
 
 /// The recipients of a new message, hosts and pools: its `to`, checked, and its `pools`; or,
 /// when it names neither, the conversation's current members (the members at the `seq` this
-/// transaction is about to give it, retired hosts left out) and its current member pools.
-fn route(conn: &dyn Db, msg: &NewMessage, conversation: Conversation) -> StoreResult<(Vec<String>, Vec<String>)> {
+/// transaction is about to give it, retired hosts left out) and its current member pools. Each
+/// host comes with its waiting count, read with its standing.
+fn route(conn: &dyn Db, msg: &NewMessage, conversation: Conversation) -> StoreResult<(Vec<Waiting>, Vec<String>)> {
     // A conversation first posted to now joins the families that cover it, from its first post
     // (and then has members it did not have when read).
     let adopted =
@@ -476,8 +476,8 @@ fn route(conn: &dyn Db, msg: &NewMessage, conversation: Conversation) -> StoreRe
     if msg.to.is_empty() {
         let mut current = Vec::new();
         for host in crate::store::registry::roster::current_members(conn, &msg.conversation)? {
-            if !host_retired(conn, &host)? {
-                current.push(host);
+            if let (hosts::Standing::Active, waiting) = standing_and_waiting(conn, &host)? {
+                current.push((host, waiting));
             }
         }
         let pools = crate::store::registry::member_pools::current(conn, &msg.conversation)?;
@@ -493,8 +493,9 @@ fn route(conn: &dyn Db, msg: &NewMessage, conversation: Conversation) -> StoreRe
     }
     let current =
         if managed { crate::store::registry::roster::current_members(conn, &msg.conversation)? } else { Vec::new() };
+    let mut checked = Vec::with_capacity(msg.to.len());
     for (i, host) in msg.to.iter().enumerate() {
-        check_recipient(conn, i, host)?;
+        checked.push((host.clone(), check_recipient(conn, i, host)?));
         if managed
             && current.binary_search(host).is_err()
             && !crate::store::registry::mentions::mention_allowed(conn, &msg.conversation, host)?
@@ -506,11 +507,38 @@ fn route(conn: &dyn Db, msg: &NewMessage, conversation: Conversation) -> StoreRe
             )));
         }
     }
-    Ok((msg.to.clone(), msg.pools.clone()))
+    Ok((checked, msg.pools.clone()))
 }
 
-fn check_recipient(conn: &dyn Db, index: usize, host: &str) -> StoreResult<()> {
-    hosts::require_active(conn, host, &format!("to[{index}]: "))
+/// Refuses `to[index]` when its host is not enrolled or is retired (as
+/// `hosts::require_active`); else its waiting count.
+fn check_recipient(conn: &dyn Db, index: usize, host: &str) -> StoreResult<i64> {
+    match standing_and_waiting(conn, host)? {
+        (hosts::Standing::NotEnrolled, _) => {
+            Err(StoreError::Invalid(format!("to[{index}]: host {host:?} is not enrolled")))
+        }
+        (hosts::Standing::Retired, _) => Err(StoreError::Invalid(format!("to[{index}]: host {host:?} is retired"))),
+        (hosts::Standing::Active, waiting) => Ok(waiting),
+    }
+}
+
+/// A recipient host's standing (`hosts::standing`) and its waiting count (`host_backlog`; 0
+/// without a row), in one read.
+fn standing_and_waiting(conn: &dyn Db, host: &str) -> StoreResult<(hosts::Standing, i64)> {
+    let (enrolled, retired, waiting): (bool, bool, i64) = conn
+        .prepare_cached(
+            "SELECT h.name IS NOT NULL, h.retired_at IS NOT NULL, coalesce(b.waiting, 0)
+             FROM (SELECT 1 AS one) o
+             LEFT JOIN hosts h ON h.name = $1
+             LEFT JOIN host_backlog b ON b.host = $1",
+        )?
+        .query_row([host], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+    let standing = match (enrolled, retired) {
+        (false, _) => hosts::Standing::NotEnrolled,
+        (true, true) => hosts::Standing::Retired,
+        (true, false) => hosts::Standing::Active,
+    };
+    Ok((standing, waiting))
 }
 
 /// Fan-out for one message: one queued delivery per routed host that has none yet, then the
@@ -762,6 +790,38 @@ mod tests {
         }
     }
     const BIG: AcceptLimits = AcceptLimits { queued_per_host_max: 1000, queued_per_pool_max: 1000 };
+
+    /// Each recipient's standing and waiting count are read together: an unknown or retired
+    /// host in `to` is refused by its place, a full host is over capacity, and a retired member
+    /// is left out of a post to the members.
+    #[test]
+    fn recipients_are_checked_for_standing_and_room() {
+        let db = testing::db();
+        let c = &*db.conn;
+        let one = AcceptLimits { queued_per_host_max: 1, queued_per_pool_max: 1000 };
+        let post = |m: &NewMessage| accept_and_fan_out(c, m, RetryPolicy::default(), one, 1).map(|(a, _)| a);
+        let refused = |m: &NewMessage| match post(m) {
+            Err(StoreError::Invalid(e)) => e,
+            other => panic!("not refused as invalid: {other:?}"),
+        };
+        assert_eq!(refused(&msg("k1", "{}", &["host-a", "nope"])), "to[1]: host \"nope\" is not enrolled");
+        let both = ["host-b".to_string(), "host-c".to_string()];
+        crate::store::registry::members::add(c, "c2", &both, "op", "r", 1).unwrap();
+        crate::store::lifecycle::operator::retire(c, "host-c", "op", "r", 1).unwrap();
+        assert_eq!(refused(&msg("k2", "{}", &["host-c"])), "to[0]: host \"host-c\" is retired");
+        assert!(matches!(post(&msg("k3", "{}", &["host-a"])).unwrap(), Accepted::New { .. }));
+        match post(&msg("k4", "{}", &["host-b", "host-a"])) {
+            Err(StoreError::OverCapacity(e)) => {
+                assert_eq!(e, "host host-a already has 1 deliveries waiting (queued_per_host_max = 1)")
+            }
+            other => panic!("not over capacity: {other:?}"),
+        }
+        // To the members: the retired one gets nothing.
+        let members = NewMessage { conversation: "c2".into(), ..msg("k5", "{}", &[]) };
+        let (_, made) = accept_and_fan_out(c, &members, RetryPolicy::default(), one, 3).unwrap();
+        let hosts: Vec<&str> = made.iter().filter_map(|d| d.host.as_deref()).collect();
+        assert_eq!(hosts, ["host-b"]);
+    }
 
     /// A message without a retry policy hashes as before the policy existed (stored keys keep
     /// matching their replays); a policy is part of the content once given, and stored.
