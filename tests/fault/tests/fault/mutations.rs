@@ -104,6 +104,20 @@ fn i3_accept_with_routing_but_no_obligation_is_not_atomic() {
     assert_only(&report, "I3");
 }
 
+/// Writes message `mid`'s obligation with `obligation` (`?1` the message) and its routing from
+/// its deliveries, as an accept that leaves its fan-out to a later transaction keeps them.
+fn keep_routing(conn: &Connection, mid: &str, obligation: &str) {
+    for sql in [
+        obligation,
+        "INSERT INTO message_recipients (message_id, host)
+         SELECT DISTINCT message_id, host FROM deliveries WHERE message_id = ?1 AND pool IS NULL",
+        "INSERT INTO message_pool_recipients (message_id, pool)
+         SELECT DISTINCT message_id, pool FROM deliveries WHERE message_id = ?1 AND pool IS NOT NULL",
+    ] {
+        conn.execute(sql, [mid]).unwrap();
+    }
+}
+
 #[test]
 fn i4_fan_out_done_with_a_recipient_missing() {
     let report = with_cluster(15, |c| {
@@ -111,16 +125,8 @@ fn i4_fan_out_done_with_a_recipient_missing() {
         let mid = one(&conn, "SELECT id FROM messages LIMIT 1");
         // Its routing kept with a done obligation, as a later fan-out keeps it, naming one host
         // more than it has deliveries for.
-        for sql in [
-            "INSERT INTO fanout_obligations (message_id, created_at, done_at) VALUES (?1, 1, 1)",
-            "INSERT INTO message_recipients (message_id, host)
-             SELECT DISTINCT message_id, host FROM deliveries WHERE message_id = ?1 AND pool IS NULL",
-            "INSERT INTO message_pool_recipients (message_id, pool)
-             SELECT DISTINCT message_id, pool FROM deliveries WHERE message_id = ?1 AND pool IS NOT NULL",
-            "INSERT INTO message_recipients (message_id, host) VALUES (?1, 'host-z')",
-        ] {
-            conn.execute(sql, [&mid]).unwrap();
-        }
+        keep_routing(&conn, &mid, "INSERT INTO fanout_obligations (message_id, created_at, done_at) VALUES (?1, 1, 1)");
+        conn.execute("INSERT INTO message_recipients (message_id, host) VALUES (?1, 'host-z')", [&mid]).unwrap();
     });
     assert_only(&report, "I4");
 }
@@ -216,16 +222,8 @@ fn i10_an_obligation_left_pending_after_heal() {
         // A message whose fan-out is still owed is not settled either.
         // (Its routing written with it, as an accept that leaves its fan-out for later writes it.)
         let mid = one(&conn, "SELECT id FROM messages WHERE rowid = (SELECT min(rowid) FROM messages)");
-        for sql in [
-            "INSERT INTO fanout_obligations (message_id, created_at) VALUES (?1, 1)",
-            "INSERT INTO message_recipients (message_id, host)
-             SELECT DISTINCT message_id, host FROM deliveries WHERE message_id = ?1 AND pool IS NULL",
-            "INSERT INTO message_pool_recipients (message_id, pool)
-             SELECT DISTINCT message_id, pool FROM deliveries WHERE message_id = ?1 AND pool IS NOT NULL",
-            "UPDATE messages SET settled_at = NULL WHERE id = ?1",
-        ] {
-            conn.execute(sql, [&mid]).unwrap();
-        }
+        keep_routing(&conn, &mid, "INSERT INTO fanout_obligations (message_id, created_at) VALUES (?1, 1)");
+        conn.execute("UPDATE messages SET settled_at = NULL WHERE id = ?1", [&mid]).unwrap();
     });
     assert_only(&report, "I10");
 }
