@@ -27,7 +27,7 @@
 //! (`Routed`: hosts, pools, whether it waits for approval); `fan_out` reads the routing rows,
 //! for an obligation left pending. Both make the deliveries through
 //! `create_deliveries`, so the two paths cannot drift apart, which is why acceptance and fan-out
-//! share this file (about 670 lines of code; the rest is its tests).
+//! share this file (about 740 lines of code; the rest is its tests).
 
 use crate::store::By;
 use crate::store::Store;
