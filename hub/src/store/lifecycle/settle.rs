@@ -14,8 +14,8 @@
 //! What undoes it stays in the schema too: `messages_unsettled_by_state` clears `settled_at` when
 //! a delivery leaves a final state (a retry or a redrive). A delivery that leaves a state that is
 //! not final needs nothing: its message was not settled. A new delivery needs nothing either:
-//! deliveries are made only while the message's fan-out is pending, and a message with a pending
-//! fan-out is never settled. `upkeep::verify` checks `settled_at` against the deliveries both
+//! deliveries are made only by a fan-out, in the accept's own transaction (the message is new)
+//! or while the message's fan-out is pending, and neither message is settled. `upkeep::verify` checks `settled_at` against the deliveries both
 //! ways.
 //!
 //! On PostgreSQL two hubs may end the last two deliveries of one message at once, each seeing the
