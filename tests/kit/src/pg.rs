@@ -225,8 +225,15 @@ impl PgCluster {
             if let Some(status) = child.try_wait()? {
                 bail!("postgres exited at start ({status}): {}", self.log_tail());
             }
+            // Asked through this cluster's own socket directory, never the TCP port: another
+            // cluster started at the same moment may have been handed the same free port, and
+            // its server answering there must not pass for this one (which then fails to bind
+            // and exits, and is tried again on another port).
             let ready = Command::new(self.bin.join("pg_isready"))
-                .args(["-q", "-h", "127.0.0.1", "-t", "1", "-p", &port.to_string()])
+                .arg("-q")
+                .arg("-h")
+                .arg(dir.join("sock"))
+                .args(["-t", "1", "-p", &port.to_string()])
                 .env_clear()
                 .status()
                 .context("running pg_isready")?;
@@ -254,8 +261,12 @@ impl PgCluster {
 
     /// Creates the database `name` and returns its URL.
     pub fn create_database(&self, name: &str) -> anyhow::Result<String> {
+        // Through the socket directory, like the readiness check: only this cluster's server
+        // listens there.
         let out = Command::new(self.bin.join("createdb"))
-            .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", USER, name])
+            .arg("-h")
+            .arg(self.path().join("sock"))
+            .args(["-p", &self.port.to_string(), "-U", USER, name])
             .env_clear()
             .env("PGPASSWORD", PASSWORD)
             .env("PGSSLMODE", "disable")
