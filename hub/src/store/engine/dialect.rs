@@ -116,6 +116,23 @@ pub const DELIVER_WITH_EVENTS: Both<Option<&str>> = Both {
     ),
 };
 
+/// The turns of the deliveries whose ids the JSON array `$1` lists (`lifecycle::turns`' start
+/// batch, one statement for the batch), each row the turn's columns and then the id. The list
+/// is unpacked by each backend's JSON function: SQLite's `json_each`, PostgreSQL's
+/// `jsonb_array_elements_text` (the parameter bound as text).
+pub const TURNS_OF: Both<&str> = Both {
+    sqlite: concat!(
+        "SELECT ",
+        crate::store::lifecycle::turns::turn_columns!(),
+        ", d.id FROM deliveries d WHERE d.id IN (SELECT value FROM json_each($1))"
+    ),
+    postgres: concat!(
+        "SELECT ",
+        crate::store::lifecycle::turns::turn_columns!(),
+        ", d.id FROM deliveries d WHERE d.id IN (SELECT jsonb_array_elements_text($1::text::jsonb))"
+    ),
+};
+
 /// Before a message may be settled (`lifecycle::settle`, `$1` the message): on PostgreSQL its row
 /// locked, so that of two transactions ending its last two deliveries at once the second waits
 /// and then sees the first's commit. SQLite has one writer.
@@ -437,6 +454,7 @@ mod tests {
             ("FEED_DRAWN", FEED_DRAWN),
             ("ATTEMPT_INSERT", ATTEMPT_INSERT),
             ("FEED_HORIZON", FEED_HORIZON),
+            ("TURNS_OF", TURNS_OF),
         ];
         let gapless = |p: &BTreeSet<u32>| p.iter().copied().eq(1..=p.len() as u32);
         for (name, pair) in pairs {

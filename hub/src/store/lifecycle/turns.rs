@@ -176,37 +176,65 @@ struct Turn {
     outcome: Option<Outcome>,
 }
 
+/// The columns a `Turn` is read from, `d` the delivery (its id is `turn_of`'s `id`); a macro
+/// so that the statements reading them (`dialect::TURNS_OF` among them) are whole at compile
+/// time.
+macro_rules! turn_columns {
+    () => {
+        "d.host, d.state, d.instance_id, d.claim_token, d.attempt, d.started_session,
+         d.cancel_requested_at IS NOT NULL,
+         (SELECT a.outcome FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt),
+         d.acked_session, d.pool"
+    };
+}
+pub(crate) use turn_columns;
+
+/// A `Turn` from a row of `turn_columns!`, of the delivery `id`.
+fn turn_of(r: &crate::store::engine::Row<'_>, id: &str) -> crate::store::engine::DbResult<Turn> {
+    Ok(Turn {
+        host: r.get(0)?,
+        pool: r.get(9)?,
+        state: state_column(r, 1, "deliveries", id)?,
+        instance_id: r.get(2)?,
+        claim_token: r.get(3)?,
+        attempt: r.get(4)?,
+        started_session: r.get(5)?,
+        acked_session: r.get(8)?,
+        cancel_requested: r.get(6)?,
+        outcome: parse_column_opt(r, 7, "attempts", &format!("of delivery {id}"), "outcome", Outcome::parse)?,
+    })
+}
+
 fn load(conn: &dyn Db, delivery_id: &str) -> StoreResult<Option<Turn>> {
     Ok(conn
-        .prepare_cached(
-            "SELECT d.host, d.state, d.instance_id, d.claim_token, d.attempt, d.started_session,
-                    d.cancel_requested_at IS NOT NULL,
-                    (SELECT a.outcome FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt),
-                    d.acked_session, d.pool
-             FROM deliveries d WHERE d.id = $1",
-        )?
-        .query_row([delivery_id], |r| {
-            Ok(Turn {
-                host: r.get(0)?,
-                pool: r.get(9)?,
-                state: state_column(r, 1, "deliveries", delivery_id)?,
-                instance_id: r.get(2)?,
-                claim_token: r.get(3)?,
-                attempt: r.get(4)?,
-                started_session: r.get(5)?,
-                acked_session: r.get(8)?,
-                cancel_requested: r.get(6)?,
-                outcome: parse_column_opt(
-                    r,
-                    7,
-                    "attempts",
-                    &format!("of delivery {delivery_id}"),
-                    "outcome",
-                    Outcome::parse,
-                )?,
-            })
-        })
+        .prepare_cached(concat!("SELECT ", turn_columns!(), " FROM deliveries d WHERE d.id = $1"))?
+        .query_row([delivery_id], |r| turn_of(r, delivery_id))
         .optional()?)
+}
+
+/// The turns of `ids` the record holds, by id, read in one statement (`dialect::TURNS_OF`):
+/// a start batch's reads cost one round trip, not one per item. An id PostgreSQL stores
+/// escaped (`PG_TEXT_ESCAPE`; no delivery id the hub makes has one) is left out, and read
+/// alone by the caller like any id missing here.
+fn load_many(conn: &dyn Db, ids: &[&str]) -> StoreResult<std::collections::HashMap<String, Turn>> {
+    let plain: Vec<&str> =
+        ids.iter().copied().filter(|id| !id.contains(['\0', crate::store::engine::PG_TEXT_ESCAPE])).collect();
+    let mut turns = std::collections::HashMap::with_capacity(plain.len());
+    if plain.is_empty() {
+        return Ok(turns);
+    }
+    let list = serde_json::to_string(&plain).map_err(|e| StoreError::Invalid(format!("delivery ids: {e}")))?;
+    let mut stmt = conn.prepare_cached(dialect::TURNS_OF.of(conn))?;
+    let rows = stmt.query_map([list], |r| {
+        let id: String = r.get(10)?;
+        let turn = turn_of(r, &id)?;
+        Ok((id, turn))
+    })?;
+    for row in rows {
+        let (id, turn) = row?;
+        turns.insert(id, turn);
+    }
+    Ok(turns)
 }
 
 /// `POST /v1/starts`: for each item, whether the caller's session may start that run (and the
@@ -234,6 +262,8 @@ pub fn start(
     now_ms: i64,
 ) -> StoreResult<Vec<StartResult>> {
     let mut out = Vec::with_capacity(items.len());
+    let ids: Vec<&str> = items.iter().map(|i| i.delivery_id.as_str()).collect();
+    let mut read = load_many(conn, &ids)?;
     for item in items {
         let refuse = |code: &str, message: String| StartResult {
             delivery_id: item.delivery_id.clone(),
@@ -242,7 +272,13 @@ pub fn start(
             message: Some(message),
             retry_after_ms: None,
         };
-        let turn = match load(conn, &item.delivery_id)? {
+        // Each id read once for the batch; an item repeated in it is read again, after the
+        // first one's start.
+        let turn = match read.remove(&item.delivery_id) {
+            Some(t) => Some(t),
+            None => load(conn, &item.delivery_id)?,
+        };
+        let turn = match turn {
             Some(t) if t.host.as_deref() == Some(host) => t,
             _ => {
                 out.push(refuse("not_found", format!("host {host} has no delivery {}", item.delivery_id)));

@@ -116,6 +116,58 @@ fn a_start_is_recorded_once_per_run_and_refused_to_another_session() {
     assert_eq!((r[0].start, r[0].code.as_deref()), (false, Some("cancelled")));
 }
 
+/// A start batch reads its deliveries together and still answers each item in order as if
+/// alone: a repeated item sees the first one's start, an unknown id (one PostgreSQL stores
+/// escaped among them) is not found, and nothing one item reads is another's.
+#[test]
+fn a_start_batch_answers_each_item_as_if_alone() {
+    let db = testing::db();
+    let c = &db.conn;
+    message(c, "c", "k1", 1);
+    message(c, "d", "k2", 1);
+    let got = claim_all(c, 1);
+    deliver(c, &got[0], 2);
+    deliver(c, &got[1], 2);
+    let mut unknown = item(&got[0]);
+    unknown.delivery_id = crate::store::new_id();
+    let mut escaped = item(&got[0]);
+    escaped.delivery_id = format!("{}\0{}", got[0].delivery_id, crate::store::engine::PG_TEXT_ESCAPE);
+    let batch = [item(&got[0]), unknown, item(&got[0]), escaped, item(&got[1])];
+    let ids: Vec<&str> = batch.iter().map(|i| i.delivery_id.as_str()).collect();
+    let mut read: Vec<String> = load_many(c, &ids).unwrap().into_keys().collect();
+    read.sort();
+    let mut held: Vec<String> = got.iter().map(|d| d.delivery_id.clone()).collect();
+    held.sort();
+    assert_eq!(read, held, "one read finds the batch's deliveries the record holds");
+    let r = start(c, "host-a", "i", 7, &batch, 3).unwrap();
+    let answers: Vec<_> = r.iter().map(|r| (r.delivery_id.as_str(), r.start, r.code.as_deref())).collect();
+    assert_eq!(
+        answers,
+        [
+            (got[0].delivery_id.as_str(), true, None),
+            (batch[1].delivery_id.as_str(), false, Some("not_found")),
+            (got[0].delivery_id.as_str(), true, None),
+            (batch[3].delivery_id.as_str(), false, Some("not_found")),
+            (got[1].delivery_id.as_str(), true, None),
+        ]
+    );
+    for d in &got {
+        let started: Option<i64> = c
+            .query_row("SELECT started_session FROM deliveries WHERE id = $1", [&d.delivery_id], |r| r.get(0))
+            .unwrap();
+        assert_eq!(started, Some(7), "{}", d.delivery_id);
+    }
+    let later = start(c, "host-a", "i", 8, &[item(&got[1]), item(&got[0])], 4).unwrap();
+    let codes: Vec<_> = later.iter().map(|r| (r.delivery_id.as_str(), r.code.as_deref())).collect();
+    assert_eq!(
+        codes,
+        [
+            (got[1].delivery_id.as_str(), Some("started_elsewhere")),
+            (got[0].delivery_id.as_str(), Some("started_elsewhere"))
+        ]
+    );
+}
+
 /// The start lease: a run the older session acked is not started for a newer session (a
 /// copy of the data directory) while the older session's lease lasts, and is
 /// `started_elsewhere` once it ran out; renewals extend it, a superseded session renews
