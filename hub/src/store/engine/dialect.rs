@@ -133,6 +133,44 @@ pub const TURNS_OF: Both<&str> = Both {
     ),
 };
 
+/// What an accept reads before it writes (`lifecycle::accept`; `$1` producer, `$2` idempotency
+/// key, `$3` conversation, `$4` the first named recipient host or null), in one row: the
+/// message accepted earlier under the key (id, seq, content hash, or nulls), whether the
+/// conversation exists, whether it has members, `$4`'s enrolment, retirement and waiting count,
+/// and the new message's `seq` or null. PostgreSQL draws that `seq` in the same statement (a
+/// data-modifying `WITH`: one round trip fewer per post) when the conversation exists and the
+/// key is new; a refusal after it rolls the draw back with the rest of the accept. SQLite,
+/// whose statements cost no round trip, answers null and the accept draws it later as before,
+/// as PostgreSQL does for a conversation's first post (whose row a family may make first).
+pub const ACCEPT_PRELUDE: Both<&str> = Both {
+    sqlite: "SELECT m.id, m.seq, m.content_hash,
+                    EXISTS (SELECT 1 FROM conversations WHERE name = $3),
+                    EXISTS (SELECT 1 FROM memberships WHERE conversation = $3)
+                        OR EXISTS (SELECT 1 FROM conversation_pools WHERE conversation = $3),
+                    h.name IS NOT NULL, h.retired_at IS NOT NULL, coalesce(b.waiting, 0),
+                    NULL
+             FROM (SELECT 1 AS one) o
+             LEFT JOIN messages m ON m.producer = $1 AND m.idempotency_key = $2
+             LEFT JOIN hosts h ON h.name = $4
+             LEFT JOIN host_backlog b ON b.host = $4",
+    postgres: "WITH earlier AS (
+                   SELECT id, seq, content_hash FROM messages WHERE producer = $1 AND idempotency_key = $2),
+               drawn AS (
+                   UPDATE conversations SET last_seq = last_seq + 1
+                   WHERE name = $3 AND NOT EXISTS (SELECT 1 FROM earlier)
+                   RETURNING last_seq)
+               SELECT m.id, m.seq, m.content_hash,
+                      EXISTS (SELECT 1 FROM conversations WHERE name = $3),
+                      EXISTS (SELECT 1 FROM memberships WHERE conversation = $3)
+                          OR EXISTS (SELECT 1 FROM conversation_pools WHERE conversation = $3),
+                      h.name IS NOT NULL, h.retired_at IS NOT NULL, coalesce(b.waiting, 0),
+                      (SELECT last_seq FROM drawn)
+               FROM (SELECT 1 AS one) o
+               LEFT JOIN earlier m ON true
+               LEFT JOIN hosts h ON h.name = $4
+               LEFT JOIN host_backlog b ON b.host = $4",
+};
+
 /// Before a message may be settled (`lifecycle::settle`, `$1` the message): on PostgreSQL its row
 /// locked, so that of two transactions ending its last two deliveries at once the second waits
 /// and then sees the first's commit. SQLite has one writer.
@@ -455,6 +493,7 @@ mod tests {
             ("ATTEMPT_INSERT", ATTEMPT_INSERT),
             ("FEED_HORIZON", FEED_HORIZON),
             ("TURNS_OF", TURNS_OF),
+            ("ACCEPT_PRELUDE", ACCEPT_PRELUDE),
         ];
         let gapless = |p: &BTreeSet<u32>| p.iter().copied().eq(1..=p.len() as u32);
         for (name, pair) in pairs {

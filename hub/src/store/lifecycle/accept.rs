@@ -20,6 +20,11 @@
 //! transaction); routing rows exist only with an obligation; an obligation is done iff every
 //! routed host and pool has exactly one delivery.
 //!
+//! A refused accept may have written before it was refused (a family adopting a new
+//! conversation; on PostgreSQL the `seq` its first read drew): every caller runs it in a
+//! transaction or savepoint that a refusal rolls back (the writer's job, a batch's item, the
+//! CLI's transaction), so a refused post leaves no trace, not even a gap in `seq`.
+//!
 //! Invariant: fan-out never leaves work queued for a retired host: a recipient retired since the
 //! accept gets its delivery created and, in the same transaction, failed with `host retired`.
 //!
@@ -27,12 +32,13 @@
 //! (`Routed`: hosts, pools, whether it waits for approval); `fan_out` reads the routing rows,
 //! for an obligation left pending. Both make the deliveries through
 //! `create_deliveries`, so the two paths cannot drift apart, which is why acceptance and fan-out
-//! share this file (about 740 lines of code; the rest is its tests).
+//! share this file (about 780 lines of code; the rest is its tests).
 
 use crate::store::By;
 use crate::store::Store;
 use crate::store::engine::Db;
 use crate::store::engine::OptionalExtension;
+use crate::store::engine::dialect;
 use crate::store::engine::params;
 use crate::store::lifecycle::transition::{self, Change, adjust_backlog, record_event};
 use crate::store::{
@@ -311,21 +317,23 @@ fn accept_routed(
 ) -> StoreResult<(Accepted, Option<Routed>)> {
     terms.check_may_post(conn, &msg.producer, &msg.conversation)?;
     let hash = msg.content_hash_with(retry)?;
-    // What the accept reads before it writes, in one statement: the message already accepted
-    // under this key, whether the conversation exists, and whether it has members.
-    type Prelude = (Option<String>, Option<i64>, Option<String>, bool, bool);
-    let (id, seq, old_hash, conversation_known, managed): Prelude = conn
-        .prepare_cached(
-            "SELECT m.id, m.seq, m.content_hash,
-                    EXISTS (SELECT 1 FROM conversations WHERE name = $3),
-                    EXISTS (SELECT 1 FROM memberships WHERE conversation = $3)
-                        OR EXISTS (SELECT 1 FROM conversation_pools WHERE conversation = $3)
-             FROM (SELECT 1 AS one) o
-             LEFT JOIN messages m ON m.producer = $1 AND m.idempotency_key = $2",
-        )?
-        .query_row([&msg.producer, &msg.idempotency_key, &msg.conversation], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
-        })?;
+    // What the accept reads before it writes, in one statement (`dialect::ACCEPT_PRELUDE`): the
+    // message already accepted under this key, whether the conversation exists, whether it has
+    // members, the first named recipient's standing and waiting count, and on PostgreSQL the
+    // new message's `seq`, drawn there when the conversation exists and the key is new.
+    let first_to = msg.to.first();
+    let p = conn.prepare_cached(dialect::ACCEPT_PRELUDE.of(conn))?.query_row(
+        params![msg.producer, msg.idempotency_key, msg.conversation, first_to],
+        |r| {
+            let read = standing_of(r.get(5)?, r.get(6)?, r.get(7)?);
+            Ok(Prelude {
+                earlier: (r.get(0)?, r.get(1)?, r.get(2)?),
+                conversation: Conversation { known: r.get(3)?, managed: r.get(4)?, first_to: first_to.map(|_| read) },
+                drawn_seq: r.get(8)?,
+            })
+        },
+    )?;
+    let (id, seq, old_hash) = p.earlier;
     if let (Some(message_id), Some(seq), Some(old_hash)) = (id, seq, old_hash) {
         if old_hash == hash {
             return Ok((Accepted::Duplicate { message_id, seq }, None));
@@ -336,7 +344,7 @@ fn accept_routed(
         )));
     }
     terms.check_quota(conn, &msg.producer, msg.payload.len())?;
-    let (recipients, pools) = route(conn, msg, Conversation { known: conversation_known, managed })?;
+    let (recipients, pools) = route(conn, msg, p.conversation)?;
     for (i, pool) in pools.iter().enumerate() {
         if !crate::store::registry::pools::exists(conn, pool)? {
             return Err(StoreError::Invalid(format!(
@@ -361,12 +369,16 @@ fn accept_routed(
             )));
         }
     }
-    let seq: i64 = conn
-        .prepare_cached(
-            "INSERT INTO conversations (name, last_seq) VALUES ($1, 1)
-             ON CONFLICT (name) DO UPDATE SET last_seq = conversations.last_seq + 1 RETURNING last_seq",
-        )?
-        .query_row([&msg.conversation], |r| r.get(0))?;
+    // A refusal above undoes a `seq` the prelude drew, with the rest of the job or batch item.
+    let seq: i64 = match p.drawn_seq {
+        Some(seq) => seq,
+        None => conn
+            .prepare_cached(
+                "INSERT INTO conversations (name, last_seq) VALUES ($1, 1)
+                 ON CONFLICT (name) DO UPDATE SET last_seq = conversations.last_seq + 1 RETURNING last_seq",
+            )?
+            .query_row([&msg.conversation], |r| r.get(0))?,
+    };
     let message_id = new_id();
     conn.prepare_cached(
         "INSERT INTO messages (id, conversation, seq, producer, idempotency_key, content_hash, payload, accepted_at,
@@ -457,6 +469,28 @@ struct Conversation {
     known: bool,
     /// It has had members, hosts or pools (`members::has_membership`).
     managed: bool,
+    /// The standing and waiting count of `to[0]`, when the message names hosts.
+    first_to: Option<(hosts::Standing, i64)>,
+}
+
+/// What `dialect::ACCEPT_PRELUDE` answers.
+struct Prelude {
+    /// The message accepted earlier under the key: its id, `seq` and content hash.
+    earlier: (Option<String>, Option<i64>, Option<String>),
+    conversation: Conversation,
+    /// The new message's `seq`, when the statement drew it (PostgreSQL, an existing
+    /// conversation, a new key).
+    drawn_seq: Option<i64>,
+}
+
+/// A host's standing from whether it is enrolled and retired, with its waiting count.
+fn standing_of(enrolled: bool, retired: bool, waiting: i64) -> (hosts::Standing, i64) {
+    let standing = match (enrolled, retired) {
+        (false, _) => hosts::Standing::NotEnrolled,
+        (true, true) => hosts::Standing::Retired,
+        (true, false) => hosts::Standing::Active,
+    };
+    (standing, waiting)
 }
 
 /// The recipients of a new message, hosts and pools: its `to`, checked, and its `pools`; or,
@@ -495,7 +529,8 @@ fn route(conn: &dyn Db, msg: &NewMessage, conversation: Conversation) -> StoreRe
         if managed { crate::store::registry::roster::current_members(conn, &msg.conversation)? } else { Vec::new() };
     let mut checked = Vec::with_capacity(msg.to.len());
     for (i, host) in msg.to.iter().enumerate() {
-        checked.push((host.clone(), check_recipient(conn, i, host)?));
+        let read = if i == 0 { conversation.first_to } else { None };
+        checked.push((host.clone(), check_recipient(conn, i, host, read)?));
         if managed
             && current.binary_search(host).is_err()
             && !crate::store::registry::mentions::mention_allowed(conn, &msg.conversation, host)?
@@ -511,9 +546,14 @@ fn route(conn: &dyn Db, msg: &NewMessage, conversation: Conversation) -> StoreRe
 }
 
 /// Refuses `to[index]` when its host is not enrolled or is retired (as
-/// `hosts::require_active`); else its waiting count.
-fn check_recipient(conn: &dyn Db, index: usize, host: &str) -> StoreResult<i64> {
-    match standing_and_waiting(conn, host)? {
+/// `hosts::require_active`); else its waiting count. `read` is its standing and waiting count
+/// when already read in this transaction (the prelude reads `to[0]`'s).
+fn check_recipient(conn: &dyn Db, index: usize, host: &str, read: Option<(hosts::Standing, i64)>) -> StoreResult<i64> {
+    let read = match read {
+        Some(read) => read,
+        None => standing_and_waiting(conn, host)?,
+    };
+    match read {
         (hosts::Standing::NotEnrolled, _) => {
             Err(StoreError::Invalid(format!("to[{index}]: host {host:?} is not enrolled")))
         }
@@ -533,12 +573,7 @@ fn standing_and_waiting(conn: &dyn Db, host: &str) -> StoreResult<(hosts::Standi
              LEFT JOIN host_backlog b ON b.host = $1",
         )?
         .query_row([host], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
-    let standing = match (enrolled, retired) {
-        (false, _) => hosts::Standing::NotEnrolled,
-        (true, true) => hosts::Standing::Retired,
-        (true, false) => hosts::Standing::Active,
-    };
-    Ok((standing, waiting))
+    Ok(standing_of(enrolled, retired, waiting))
 }
 
 /// Fan-out for one message: one queued delivery per routed host that has none yet, then the
@@ -924,6 +959,18 @@ mod tests {
         ));
         let n: i64 = db.conn.query_row("SELECT count(*) FROM messages", [], |r| r.get(0)).unwrap();
         assert_eq!(n, 1);
+        // A replay and a conflict draw no `seq` (nothing rolls them back: they write nothing).
+        let last: i64 = db
+            .conn
+            .query_row("SELECT c.last_seq FROM conversations c JOIN messages m ON m.conversation = c.name", [], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        assert_eq!(last, seq);
+        let Accepted::New { seq: next, .. } = accept(&db.conn, &msg("k2", "1", &["host-a"]), BIG, 7).unwrap() else {
+            panic!("a new key is a new message")
+        };
+        assert_eq!(next, seq + 1);
     }
 
     #[test]

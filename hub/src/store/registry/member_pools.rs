@@ -176,7 +176,8 @@ mod tests {
             pools: Vec::new(),
             traceparent: None,
         };
-        Ok(accept_and_fan_out(c, &m, RetryPolicy::default(), BIG, 2)?.1)
+        // In a transaction, as the writer runs it: a refusal leaves nothing behind.
+        Ok(crate::store::in_write_txn(c, |c| accept_and_fan_out(c, &m, RetryPolicy::default(), BIG, 2))?.1)
     }
 
     fn recipients(ds: &[DeliverySummary]) -> Vec<(Option<&str>, Option<&str>)> {

@@ -426,7 +426,10 @@ mod tests {
             to: hosts(to),
             pools: Vec::new(),
         };
-        accept(conn, &msg, AcceptLimits { queued_per_host_max: 1000, queued_per_pool_max: 1000 }, 1)
+        // In a transaction, as the writer runs it: a refusal leaves nothing behind.
+        crate::store::in_write_txn(conn, |c| {
+            accept(c, &msg, AcceptLimits { queued_per_host_max: 1000, queued_per_pool_max: 1000 }, 1)
+        })
     }
 
     /// Joins and leaves are cursors at the conversation's `last_seq`; a post goes to the members
