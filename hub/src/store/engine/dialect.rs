@@ -133,6 +133,30 @@ pub const TURNS_OF: Both<&str> = Both {
     ),
 };
 
+/// What each report of a batch of a host's reads (`lifecycle::report::read_reports`; `$1` the
+/// host, `$2` a JSON array of `[delivery id, report id]` pairs), one row per pair: the report's
+/// columns and then the pair. Unpacked as `TURNS_OF` is.
+pub const REPORTS_OF: Both<&str> = Both {
+    sqlite: concat!(
+        "SELECT ",
+        crate::store::lifecycle::report::report_columns!(),
+        ", j.d, j.r
+         FROM (SELECT json_extract(value, '$[0]') AS d, json_extract(value, '$[1]') AS r FROM json_each($2)) j
+         LEFT JOIN attempts e ON e.host = $1 AND e.report_id = j.r
+         LEFT JOIN deliveries d ON d.id = j.d
+         LEFT JOIN messages m ON m.id = d.message_id"
+    ),
+    postgres: concat!(
+        "SELECT ",
+        crate::store::lifecycle::report::report_columns!(),
+        ", j.d, j.r
+         FROM (SELECT v ->> 0 AS d, v ->> 1 AS r FROM jsonb_array_elements($2::text::jsonb) AS v) j
+         LEFT JOIN attempts e ON e.host = $1 AND e.report_id = j.r
+         LEFT JOIN deliveries d ON d.id = j.d
+         LEFT JOIN messages m ON m.id = d.message_id"
+    ),
+};
+
 /// What an accept reads before it writes (`lifecycle::accept`; `$1` producer, `$2` idempotency
 /// key, `$3` conversation, `$4` the first named recipient host or null), in one row: the
 /// message accepted earlier under the key (id, seq, content hash, or nulls), whether the
@@ -494,6 +518,7 @@ mod tests {
             ("FEED_HORIZON", FEED_HORIZON),
             ("TURNS_OF", TURNS_OF),
             ("ACCEPT_PRELUDE", ACCEPT_PRELUDE),
+            ("REPORTS_OF", REPORTS_OF),
         ];
         let gapless = |p: &BTreeSet<u32>| p.iter().copied().eq(1..=p.len() as u32);
         for (name, pair) in pairs {

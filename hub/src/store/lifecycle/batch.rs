@@ -118,11 +118,15 @@ impl Store {
             .write(move |c| {
                 sessions::check(c, &node.host, node.session)?;
                 let now = clock.now_ms();
-                each(c, reports, |c, req| {
-                    let run = run_report(&req, node.session, bounds);
+                let pairs: Vec<(&str, &str)> =
+                    reports.iter().map(|q| (q.delivery_id.as_str(), q.report_id.as_str())).collect();
+                let mut read = report::read_reports(c, &node.host, &pairs)?;
+                each(c, reports.iter(), |c, req| {
+                    let run = run_report(req, node.session, bounds);
+                    let pre = read.remove(&(req.delivery_id.clone(), req.report_id.clone()));
                     let ((attempt, duplicate, retry_at_ms), lifts, accepted_at_ms) =
-                        report::report_run_lifting(c, &node.host, &new_report(&req), &run, now)?;
-                    let r = ReportResponse { attempt, delivery_id: req.delivery_id, duplicate, retry_at_ms };
+                        report::report_run_read(c, &node.host, &new_report(req), &run, now, pre)?;
+                    let r = ReportResponse { attempt, delivery_id: req.delivery_id.clone(), duplicate, retry_at_ms };
                     Ok(((r, lifts), accepted_at_ms))
                 })
             })

@@ -7,11 +7,13 @@
 //!
 //! Why one file over 700 lines: a report is one transaction's steps, read top to bottom, and
 //! the tests that hold its answers to the row the record keeps sit beside them; without its
-//! tests it is about 540 lines.
+//! tests it is about 620 lines.
 
 use crate::store::Store;
 use crate::store::engine::Db;
+use crate::store::engine::DbResult;
 use crate::store::engine::OptionalExtension;
+use crate::store::engine::Row;
 use crate::store::engine::dialect;
 use crate::store::engine::params;
 use crate::store::lifecycle::pool_flight;
@@ -25,6 +27,7 @@ use baton_shared::crash_point;
 use baton_shared::states::{DeliveryState, Outcome};
 use baton_shared::wire::AttemptView;
 use baton_shared::wire::ReportRequest;
+use std::collections::HashMap;
 use std::time::Duration;
 
 /// A validated report, as the store records it; defined with its identity (`replay`).
@@ -242,6 +245,112 @@ struct ReportedDelivery {
     run_reported: Option<String>,
 }
 
+/// What a report reads before it writes: an outcome the host already recorded under the report
+/// id (a replay: its attempt id and request hash), and the delivery with its message's terms.
+/// Either may be missing.
+pub struct ReportRead {
+    existing: Option<(String, String)>,
+    row: Option<ReportedDelivery>,
+}
+
+/// The columns a `ReportRead` is read from: `e` the attempt under the report id, `d` the
+/// delivery, `m` its message; a macro so the statements reading them (`dialect::REPORTS_OF`
+/// among them) are whole at compile time.
+macro_rules! report_columns {
+    () => {
+        "e.id, e.request_hash, m.id,
+         d.host, d.state, d.instance_id, d.claim_token, d.attempt, d.cancel_requested_at IS NOT NULL,
+         m.max_attempts, m.retry_backoff_ms, d.rerun, coalesce(d.rerun_by, 'producer:' || m.producer),
+         d.conversation, d.pool,
+         (SELECT a.request_hash FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt),
+         d.message_id, m.accepted_at"
+    };
+}
+pub(crate) use report_columns;
+
+/// A `ReportRead` from a row of `report_columns!`.
+fn report_read_of(row: &Row<'_>) -> DbResult<ReportRead> {
+    let existing = match row.get::<_, Option<String>>(0)? {
+        Some(id) => Some((id, row.get(1)?)),
+        None => None,
+    };
+    if row.get::<_, Option<String>>(2)?.is_none() {
+        return Ok(ReportRead { existing, row: None });
+    }
+    let d = ReportedDelivery {
+        host: row.get(3)?,
+        state: row.get(4)?,
+        instance_id: row.get(5)?,
+        claim_token: row.get(6)?,
+        attempt: row.get(7)?,
+        cancel_requested: row.get(8)?,
+        max_attempts: row.get(9)?,
+        retry_backoff_ms: row.get(10)?,
+        rerun: row.get(11)?,
+        caused_by: row.get(12)?,
+        conversation: row.get(13)?,
+        pool: row.get(14)?,
+        run_reported: row.get(15)?,
+        message_id: row.get(16)?,
+        accepted_at: row.get(17)?,
+    };
+    Ok(ReportRead { existing, row: Some(d) })
+}
+
+/// What the report `report_id` of `host` for `delivery_id` reads, in one statement.
+fn read_report(conn: &dyn Db, host: &str, delivery_id: &str, report_id: &str) -> StoreResult<ReportRead> {
+    Ok(conn
+        .prepare_cached(concat!(
+            "SELECT ",
+            report_columns!(),
+            " FROM (SELECT 1 AS one) q
+              LEFT JOIN attempts e ON e.host = $2 AND e.report_id = $3
+              LEFT JOIN deliveries d ON d.id = $1
+              LEFT JOIN messages m ON m.id = d.message_id"
+        ))?
+        .query_row([delivery_id, host, report_id], report_read_of)?)
+}
+
+/// What each report of a batch of `host`'s reads (`(delivery id, report id)` pairs), in one
+/// statement (`dialect::REPORTS_OF`): a batch's reads cost one round trip, not one per report.
+/// Read before any report of the batch is recorded, so a pair whose delivery or report id
+/// comes more than once in the batch is left out (an earlier report of the batch may change
+/// what it reads), as is one with an id PostgreSQL stores escaped (`PG_TEXT_ESCAPE`); the
+/// caller reads those alone, in turn. Nothing else a report of the batch records is read by
+/// another's: each moves its own delivery and attempt.
+pub fn read_reports(
+    conn: &dyn Db,
+    host: &str,
+    pairs: &[(&str, &str)],
+) -> StoreResult<HashMap<(String, String), ReportRead>> {
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    for (d, r) in pairs {
+        *seen.entry(d).or_default() += 1;
+        *seen.entry(r).or_default() += 1;
+    }
+    let plain = |id: &str| !id.contains(['\0', crate::store::engine::PG_TEXT_ESCAPE]);
+    let once: Vec<[&str; 2]> = pairs
+        .iter()
+        .filter(|(d, r)| seen[d] == 1 && seen[r] == 1 && plain(d) && plain(r))
+        .map(|(d, r)| [*d, *r])
+        .collect();
+    let mut reads = HashMap::with_capacity(once.len());
+    if once.is_empty() {
+        return Ok(reads);
+    }
+    let list = serde_json::to_string(&once).map_err(|e| StoreError::Invalid(format!("report ids: {e}")))?;
+    let mut stmt = conn.prepare_cached(dialect::REPORTS_OF.of(conn))?;
+    let rows = stmt.query_map(params![host, list], |row| {
+        let key: (String, String) = (row.get(18)?, row.get(19)?);
+        Ok((key, report_read_of(row)?))
+    })?;
+    for row in rows {
+        let (key, read) = row?;
+        reads.insert(key, read);
+    }
+    Ok(reads)
+}
+
 /// Which waiting claims a recorded report may have given work to.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Freed {
@@ -275,49 +384,24 @@ pub fn report_run_lifting(
     run: &RunReport,
     now_ms: i64,
 ) -> StoreResult<(Reported, Freed, Option<i64>)> {
+    report_run_read(conn, host, r, run, now_ms, None)
+}
+
+/// `report_run_lifting` with what it reads before it writes, when the caller read it already
+/// in this transaction (`read_reports`, for a batch).
+pub fn report_run_read(
+    conn: &dyn Db,
+    host: &str,
+    r: &NewReport<'_>,
+    run: &RunReport,
+    now_ms: i64,
+    read: Option<ReportRead>,
+) -> StoreResult<(Reported, Freed, Option<i64>)> {
     let hash = r.request_hash_stopped(run.attempt, run.signal, run.stopped_by);
-    // One read for both: an outcome this host already recorded under the report id (a replay),
-    // and the delivery with its message's terms. Either may be missing; the row always is.
-    let (existing, row): (Option<(String, String)>, Option<ReportedDelivery>) = conn
-        .prepare_cached(
-            "SELECT e.id, e.request_hash, m.id,
-                    d.host, d.state, d.instance_id, d.claim_token, d.attempt, d.cancel_requested_at IS NOT NULL,
-                    m.max_attempts, m.retry_backoff_ms, d.rerun, coalesce(d.rerun_by, 'producer:' || m.producer),
-                    d.conversation, d.pool,
-                    (SELECT a.request_hash FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt),
-                    d.message_id, m.accepted_at
-             FROM (SELECT 1 AS one) q
-             LEFT JOIN attempts e ON e.host = $2 AND e.report_id = $3
-             LEFT JOIN deliveries d ON d.id = $1
-             LEFT JOIN messages m ON m.id = d.message_id",
-        )?
-        .query_row([r.delivery_id, host, r.report_id], |row| {
-            let existing = match row.get::<_, Option<String>>(0)? {
-                Some(id) => Some((id, row.get(1)?)),
-                None => None,
-            };
-            if row.get::<_, Option<String>>(2)?.is_none() {
-                return Ok((existing, None));
-            }
-            let d = ReportedDelivery {
-                host: row.get(3)?,
-                state: row.get(4)?,
-                instance_id: row.get(5)?,
-                claim_token: row.get(6)?,
-                attempt: row.get(7)?,
-                cancel_requested: row.get(8)?,
-                max_attempts: row.get(9)?,
-                retry_backoff_ms: row.get(10)?,
-                rerun: row.get(11)?,
-                caused_by: row.get(12)?,
-                conversation: row.get(13)?,
-                pool: row.get(14)?,
-                run_reported: row.get(15)?,
-                message_id: row.get(16)?,
-                accepted_at: row.get(17)?,
-            };
-            Ok((existing, Some(d)))
-        })?;
+    let ReportRead { existing, row } = match read {
+        Some(read) => read,
+        None => read_report(conn, host, r.delivery_id, r.report_id)?,
+    };
     if let Some((attempt_id, stored)) = existing {
         if !same_as_stored(conn, &attempt_id, &stored, &hash, r)? {
             return Err(StoreError::ReportConflict(format!(
@@ -710,5 +794,56 @@ mod tests {
         assert_eq!(stderr_kept(tail, 11), (tail, 0));
         assert_eq!(stderr_kept(tail, 1), ("6", 10));
         assert_eq!(stderr_kept("😀", 3), ("", 4));
+    }
+
+    /// A batch's reports read together answer as each would alone: a replay of an outcome
+    /// recorded before the batch is a replay, a report repeated in the batch is read after its
+    /// first and answered as its replay, an unknown delivery is refused by name, and the one
+    /// read leaves out what an earlier report of the batch may change.
+    #[test]
+    fn a_report_batch_read_together_answers_as_each_alone() {
+        let db = testing::db();
+        let c = &*db.conn;
+        accept_one(c, "c", "k1", &["host-a"]);
+        accept_one(c, "d", "k2", &["host-a"]);
+        let got = claim::claim(c, "host-a", "i", 10, 1).unwrap();
+        let holder = |i: usize| Holder { instance_id: "i", claim_token: &got[i].claim_token };
+        for (i, d) in got.iter().enumerate() {
+            crate::store::lifecycle::handoff::mirrored(c, "host-a", &d.delivery_id, holder(i), 2).unwrap();
+            crate::store::lifecycle::handoff::ack(c, "host-a", &d.delivery_id, holder(i), 2).unwrap();
+        }
+        let r = |i: usize, delivery_id: &'static str, id: &'static str| NewReport {
+            delivery_id: if delivery_id.is_empty() { &got[i].delivery_id } else { delivery_id },
+            holder: holder(i),
+            report_id: id,
+            outcome: Outcome::Succeeded,
+            exit_code: Some(0),
+            duration_ms: Some(5),
+            result: None,
+            reason: None,
+            stderr_tail: None,
+            stderr_dropped_bytes: None,
+        };
+        let (recorded, _) = report(c, "host-a", &r(1, "", "r1"), 3).unwrap();
+        let batch = [r(0, "", "r0"), r(1, "", "r1"), r(0, "", "r0"), r(0, "nope", "r9")];
+        let pairs: Vec<(&str, &str)> = batch.iter().map(|b| (b.delivery_id, b.report_id)).collect();
+        let mut read = read_reports(c, "host-a", &pairs).unwrap();
+        let mut keys: Vec<(String, String)> = read.keys().cloned().collect();
+        keys.sort();
+        let mut expected = vec![(got[1].delivery_id.clone(), "r1".to_string()), ("nope".into(), "r9".into())];
+        expected.sort();
+        assert_eq!(keys, expected, "the repeated pair is left out");
+        c.begin_write().unwrap();
+        let answers = crate::store::lifecycle::batch::each(c, batch.iter(), |c, b| {
+            let pre = read.remove(&(b.delivery_id.to_string(), b.report_id.to_string()));
+            report_run_read(c, "host-a", b, &RunReport::default(), 4, pre)
+        })
+        .unwrap();
+        c.control("COMMIT").unwrap();
+        let (first, dup) = answers[0].as_ref().map(|a| (&a.0.0, a.0.1)).unwrap();
+        assert!(!dup);
+        assert_eq!(answers[1].as_ref().map(|a| (&a.0.0, a.0.1)).unwrap(), (&recorded, true));
+        assert_eq!(answers[2].as_ref().map(|a| (&a.0.0, a.0.1)).unwrap(), (first, true), "read after its first");
+        assert!(matches!(&answers[3], Err(StoreError::NotFound(m)) if m.contains("nope")), "{:?}", answers[3]);
     }
 }
