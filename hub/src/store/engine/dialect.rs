@@ -157,6 +157,20 @@ pub const REPORTS_OF: Both<&str> = Both {
     ),
 };
 
+/// How many of a claim's hand-outs (`$1` a JSON array of `[delivery id, claim token]` pairs)
+/// are claimed by the instance `$2` (`lifecycle::transition::check_handed_out`), one statement
+/// for the claim. Unpacked as `TURNS_OF` is.
+pub const HANDED_OUT: Both<&str> = Both {
+    sqlite: "SELECT count(*) FROM deliveries d
+             JOIN (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS token
+                   FROM json_each($1)) j ON d.id = j.id AND d.claim_token = j.token
+             WHERE d.state = 'claimed' AND d.instance_id = $2",
+    postgres: "SELECT count(*) FROM deliveries d
+               JOIN (SELECT v ->> 0 AS id, v ->> 1 AS token
+                     FROM jsonb_array_elements($1::text::jsonb) AS v) j ON d.id = j.id AND d.claim_token = j.token
+               WHERE d.state = 'claimed' AND d.instance_id = $2",
+};
+
 /// What an accept reads before it writes (`lifecycle::accept`; `$1` producer, `$2` idempotency
 /// key, `$3` conversation, `$4` the first named recipient host or null), in one row: the
 /// message accepted earlier under the key (id, seq, content hash, or nulls), whether the
@@ -519,6 +533,7 @@ mod tests {
             ("TURNS_OF", TURNS_OF),
             ("ACCEPT_PRELUDE", ACCEPT_PRELUDE),
             ("REPORTS_OF", REPORTS_OF),
+            ("HANDED_OUT", HANDED_OUT),
         ];
         let gapless = |p: &BTreeSet<u32>| p.iter().copied().eq(1..=p.len() as u32);
         for (name, pair) in pairs {

@@ -12,7 +12,9 @@
 //! may change the binding or fail a retired host's work), then each conversation queue the
 //! claim turns to, `FOR UPDATE SKIP LOCKED`: a queue another claim of the host holds is skipped
 //! for this claim, so no two claims look at one conversation's turns at once and `seq` order
-//! holds; then the queue's deliveries, moved by guarded transitions (row counts checked).
+//! holds; then the queue's deliveries, moved by guarded transitions, sent unread and all
+//! checked in one read before the claim commits (`transition::check_handed_out`: one found
+//! unmoved fails the claim as a conflict).
 //! Claims of different hosts share no row but a message's (settling it when a fence or the
 //! registry fails its last delivery); a cycle there is the server's deadlock error, retried by
 //! the node like any storage failure.

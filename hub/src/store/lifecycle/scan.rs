@@ -348,6 +348,11 @@ impl<'a> Scan<'a> {
     /// Records when each queue was last turned to and how many of the host's own deliveries
     /// stopped waiting, and returns the batch.
     pub(super) fn finish(self) -> StoreResult<Vec<ClaimedDelivery>> {
+        if !self.out.is_empty() {
+            let handed: Vec<(&str, &str)> =
+                self.out.iter().map(|d| (d.delivery_id.as_str(), d.claim_token.as_str())).collect();
+            transition::check_handed_out(self.conn, self.holder_instance, &handed)?;
+        }
         if self.host_claimed > 0 {
             transition::adjust_backlog(self.conn, self.host, -self.host_claimed)?;
         }
@@ -590,7 +595,7 @@ impl<'a> Scan<'a> {
         };
         // The host's waiting count moves once for the batch (`finish`); a pool's deliveries
         // wait in their pool's queue, not in a host's count.
-        transition::apply_uncounted(self.conn, change, &Actor::node(self.host), self.now_ms)?;
+        transition::apply_handed_out(self.conn, change, &Actor::node(self.host), self.now_ms)?;
         match lane {
             Lane::Host => self.host_claimed += 1,
             Lane::Pool(pool) => pool_flight::began(self.conn, pool, conversation, self.host)?,

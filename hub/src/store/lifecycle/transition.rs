@@ -67,10 +67,48 @@ pub fn apply(conn: &dyn Db, change: Change<'_>, actor: &Actor, now_ms: i64) -> S
     apply_counting(conn, change, actor, now_ms, true)
 }
 
-/// As `apply`, except that the host's waiting count (`host_backlog`) is the caller's to move:
-/// a claim moves it once for all it hands out (`adjust_backlog`) instead of once per delivery.
-pub fn apply_uncounted(conn: &dyn Db, change: Change<'_>, actor: &Actor, now_ms: i64) -> StoreResult<()> {
+/// As `apply`, for a claim's hand-out (queued → claimed): the host's waiting count
+/// (`host_backlog`) is the caller's to move, once for all it hands out (`adjust_backlog`)
+/// instead of once per delivery, and the guarded update is sent unread (on PostgreSQL with the
+/// connection's next statement, at no round trip of its own). The caller checks every row it
+/// moved at once before the claim commits (`check_handed_out`): under the claim's queue locks
+/// nothing else moves them, so that check finding one unmoved fails the claim as a conflict.
+pub fn apply_handed_out(conn: &dyn Db, change: Change<'_>, actor: &Actor, now_ms: i64) -> StoreResult<()> {
     apply_counting(conn, change, actor, now_ms, false)
+}
+
+/// Checks that every `(delivery id, claim token)` of `handed` is claimed by `instance_id`, in one
+/// statement (`dialect::HANDED_OUT`; an id PostgreSQL stores escaped checked alone): the check
+/// `apply_handed_out` leaves to its caller. A delivery that is not fails the claim
+/// (`StoreError::Conflict`: nothing of it commits, and the node claims again).
+pub fn check_handed_out(conn: &dyn Db, instance_id: &str, handed: &[(&str, &str)]) -> StoreResult<()> {
+    let plain = |t: &str| !t.contains(['\0', crate::store::engine::PG_TEXT_ESCAPE]);
+    let (listed, alone): (Vec<_>, Vec<_>) = handed.iter().partition(|(id, token)| plain(id) && plain(token));
+    let mut found: i64 = 0;
+    if !listed.is_empty() {
+        let list: Vec<[&str; 2]> = listed.iter().map(|(id, token)| [*id, *token]).collect();
+        let list = serde_json::to_string(&list).map_err(|e| StoreError::Invalid(format!("delivery ids: {e}")))?;
+        found += conn
+            .prepare_cached(dialect::HANDED_OUT.of(conn))?
+            .query_row(params![list, instance_id], |r| r.get::<_, i64>(0))?;
+    }
+    for (id, token) in &alone {
+        found += conn
+            .prepare_cached(
+                "SELECT count(*) FROM deliveries
+                 WHERE id = $1 AND claim_token = $2 AND state = 'claimed' AND instance_id = $3",
+            )?
+            .query_row(params![id, token, instance_id], |r| r.get::<_, i64>(0))?;
+    }
+    if found != handed.len() as i64 {
+        return Err(StoreError::Conflict(format!(
+            "{} of the {} deliveries this claim handed out to instance {instance_id} were moved meanwhile; \
+             the claim is not kept",
+            handed.len() as i64 - found,
+            handed.len()
+        )));
+    }
+    Ok(())
 }
 
 fn apply_counting(conn: &dyn Db, change: Change<'_>, actor: &Actor, now_ms: i64, backlog: bool) -> StoreResult<()> {
@@ -124,13 +162,13 @@ fn apply_counting(conn: &dyn Db, change: Change<'_>, actor: &Actor, now_ms: i64,
                 rehost,
                 pool_host
             ])?,
-        None => conn
-            .prepare_cached(
+        None => {
+            let mut update = conn.prepare_cached(
                 "UPDATE deliveries SET state = $1, instance_id = $2, claim_token = $3, reason = $4,
                         updated_at = $5, host = CASE WHEN pool IS NOT NULL AND $8 THEN $9 ELSE host END
                  WHERE id = $6 AND state = $7",
-            )?
-            .execute(params![
+            )?;
+            let values = params![
                 change.to.as_str(),
                 new_instance,
                 new_token,
@@ -140,7 +178,15 @@ fn apply_counting(conn: &dyn Db, change: Change<'_>, actor: &Actor, now_ms: i64,
                 change.from.as_str(),
                 rehost,
                 pool_host
-            ])?,
+            ];
+            if backlog {
+                update.execute(values)?
+            } else {
+                // A claim's hand-out: its caller checks the row moved (`check_handed_out`).
+                update.execute_unread(values)?;
+                1
+            }
+        }
     };
     if rows != 1 {
         return Err(StoreError::StaleClaim(format!(
@@ -400,5 +446,37 @@ mod tests {
         apply(&db.conn, change(right), &node, 1).unwrap();
         // Now it is mirrored: the same change again no longer matches the guard.
         assert!(matches!(apply(&db.conn, change(right), &node, 1), Err(StoreError::StaleClaim(_))));
+    }
+
+    /// A claim's hand-outs are checked together before it commits: all still claimed with their
+    /// tokens by the instance passes; one moved meanwhile (or another token, or another
+    /// instance) fails the claim as a conflict naming how many.
+    #[test]
+    fn a_claim_checks_every_delivery_it_handed_out() {
+        let db = testing::db();
+        let c = &*db.conn;
+        for n in 0..3 {
+            accept::testing::accept_one(c, &format!("conv{n}"), &format!("k{n}"), &["host-a"]);
+        }
+        let got = crate::store::lifecycle::claim::claim(c, "host-a", "i", 10, 1).unwrap();
+        assert_eq!(got.len(), 3);
+        let handed: Vec<(&str, &str)> = got.iter().map(|d| (d.delivery_id.as_str(), d.claim_token.as_str())).collect();
+        check_handed_out(c, "i", &handed).unwrap();
+        let conflict = |r: StoreResult<()>| matches!(&r, Err(StoreError::Conflict(m)) if m.contains("1 of the 3"));
+        let other = check_handed_out(c, "other", &handed);
+        assert!(matches!(&other, Err(StoreError::Conflict(m)) if m.contains("3 of the 3")), "{other:?}");
+        let mut wrong = handed.clone();
+        wrong[1].1 = "0000";
+        assert!(conflict(check_handed_out(c, "i", &wrong)), "another token");
+        let escaped = format!("{}\0", handed[2].0);
+        let mut alone = handed.clone();
+        alone[2].0 = &escaped;
+        assert!(conflict(check_handed_out(c, "i", &alone)), "an id checked alone, and not found");
+        c.execute(
+            "UPDATE deliveries SET state = 'queued', instance_id = NULL, claim_token = NULL WHERE id = $1",
+            [handed[0].0],
+        )
+        .unwrap();
+        assert!(conflict(check_handed_out(c, "i", &handed)), "moved meanwhile");
     }
 }
