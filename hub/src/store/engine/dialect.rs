@@ -159,11 +159,14 @@ pub const REPORTS_OF: Both<&str> = Both {
 
 /// How many of a claim's hand-outs (`$1` a JSON array of `[delivery id, claim token]` pairs)
 /// are claimed by the instance `$2` (`lifecycle::transition::check_handed_out`), one statement
-/// for the claim. Unpacked as `TURNS_OF` is.
+/// for the claim. Unpacked as `TURNS_OF` is; on SQLite `CROSS JOIN` keeps the list the outer
+/// loop (its planner would otherwise walk the instance's claimed deliveries, the list for
+/// each).
 pub const HANDED_OUT: Both<&str> = Both {
-    sqlite: "SELECT count(*) FROM deliveries d
-             JOIN (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS token
-                   FROM json_each($1)) j ON d.id = j.id AND d.claim_token = j.token
+    sqlite: "SELECT count(*)
+             FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS token
+                   FROM json_each($1)) j
+             CROSS JOIN deliveries d ON d.id = j.id AND d.claim_token = j.token
              WHERE d.state = 'claimed' AND d.instance_id = $2",
     postgres: "SELECT count(*) FROM deliveries d
                JOIN (SELECT v ->> 0 AS id, v ->> 1 AS token

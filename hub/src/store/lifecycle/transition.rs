@@ -64,7 +64,7 @@ pub struct Change<'a> {
 /// when the table forbids it, and `StaleClaim` when the delivery is not (any more) in `from` with
 /// the expected holder.
 pub fn apply(conn: &dyn Db, change: Change<'_>, actor: &Actor, now_ms: i64) -> StoreResult<()> {
-    apply_counting(conn, change, actor, now_ms, true)
+    apply_as(conn, change, actor, now_ms, Mode::Checked)
 }
 
 /// As `apply`, for a claim's hand-out (queued → claimed): the host's waiting count
@@ -74,7 +74,16 @@ pub fn apply(conn: &dyn Db, change: Change<'_>, actor: &Actor, now_ms: i64) -> S
 /// moved at once before the claim commits (`check_handed_out`): under the claim's queue locks
 /// nothing else moves them, so that check finding one unmoved fails the claim as a conflict.
 pub fn apply_handed_out(conn: &dyn Db, change: Change<'_>, actor: &Actor, now_ms: i64) -> StoreResult<()> {
-    apply_counting(conn, change, actor, now_ms, false)
+    apply_as(conn, change, actor, now_ms, Mode::HandedOut)
+}
+
+/// How `apply_as` writes a transition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// `apply`: the row count checked at once, the host's waiting count moved.
+    Checked,
+    /// `apply_handed_out`: sent unread, checked by the caller; the waiting count is the caller's.
+    HandedOut,
 }
 
 /// Checks that every `(delivery id, claim token)` of `handed` is claimed by `instance_id`, in one
@@ -111,7 +120,7 @@ pub fn check_handed_out(conn: &dyn Db, instance_id: &str, handed: &[(&str, &str)
     Ok(())
 }
 
-fn apply_counting(conn: &dyn Db, change: Change<'_>, actor: &Actor, now_ms: i64, backlog: bool) -> StoreResult<()> {
+fn apply_as(conn: &dyn Db, change: Change<'_>, actor: &Actor, now_ms: i64, mode: Mode) -> StoreResult<()> {
     if !allowed(change.from, change.to, actor.kind) {
         return Err(StoreError::InvalidTransition(format!(
             "a {} may not move a delivery from {} to {}",
@@ -179,7 +188,7 @@ fn apply_counting(conn: &dyn Db, change: Change<'_>, actor: &Actor, now_ms: i64,
                 rehost,
                 pool_host
             ];
-            if backlog {
+            if mode == Mode::Checked {
                 update.execute(values)?
             } else {
                 // A claim's hand-out: its caller checks the row moved (`check_handed_out`).
@@ -198,7 +207,7 @@ fn apply_counting(conn: &dyn Db, change: Change<'_>, actor: &Actor, now_ms: i64,
         pool_flight::ended(conn, &pool, &conversation, &host, now_ms)?;
     }
     let (was_waiting, now_waiting) = (matches!(change.from, Queued | Held), matches!(change.to, Queued | Held));
-    if backlog && was_waiting != now_waiting {
+    if mode == Mode::Checked && was_waiting != now_waiting {
         adjust_backlog_of(conn, change.delivery_id, if now_waiting { 1 } else { -1 })?;
     }
     record_event(
