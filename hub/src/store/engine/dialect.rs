@@ -116,6 +116,14 @@ pub const DELIVER_WITH_EVENTS: Both<Option<&str>> = Both {
     ),
 };
 
+/// Whether `text` may go in a JSON list that a statement below unpacks (`TURNS_OF`,
+/// `REPORTS_OF`, `HANDED_OUT`) and still match the record: PostgreSQL stores a text with NUL or
+/// `PG_TEXT_ESCAPE` escaped (and its JSON cannot hold NUL), so such a text is looked up alone,
+/// by a parameter of its own. No id or token the hub makes has either.
+pub fn listable(text: &str) -> bool {
+    !text.contains(['\0', super::PG_TEXT_ESCAPE])
+}
+
 /// The turns of the deliveries whose ids the JSON array `$1` lists (`lifecycle::turns`' start
 /// batch, one statement for the batch), each row the turn's columns and then the id. The list
 /// is unpacked by each backend's JSON function: SQLite's `json_each`, PostgreSQL's

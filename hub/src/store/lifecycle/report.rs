@@ -328,10 +328,9 @@ pub fn read_reports(
         *seen.entry(d).or_default() += 1;
         *seen.entry(r).or_default() += 1;
     }
-    let plain = |id: &str| !id.contains(['\0', crate::store::engine::PG_TEXT_ESCAPE]);
     let once: Vec<[&str; 2]> = pairs
         .iter()
-        .filter(|(d, r)| seen[d] == 1 && seen[r] == 1 && plain(d) && plain(r))
+        .filter(|(d, r)| seen[d] == 1 && seen[r] == 1 && dialect::listable(d) && dialect::listable(r))
         .map(|(d, r)| [*d, *r])
         .collect();
     let mut reads = HashMap::with_capacity(once.len());

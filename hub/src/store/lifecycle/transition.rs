@@ -91,8 +91,8 @@ enum Mode {
 /// `apply_handed_out` leaves to its caller. A delivery that is not fails the claim
 /// (`StoreError::Conflict`: nothing of it commits, and the node claims again).
 pub fn check_handed_out(conn: &dyn Db, instance_id: &str, handed: &[(&str, &str)]) -> StoreResult<()> {
-    let plain = |t: &str| !t.contains(['\0', crate::store::engine::PG_TEXT_ESCAPE]);
-    let (listed, alone): (Vec<_>, Vec<_>) = handed.iter().partition(|(id, token)| plain(id) && plain(token));
+    let (listed, alone): (Vec<_>, Vec<_>) =
+        handed.iter().partition(|(id, token)| dialect::listable(id) && dialect::listable(token));
     let mut found: i64 = 0;
     if !listed.is_empty() {
         let list: Vec<[&str; 2]> = listed.iter().map(|(id, token)| [*id, *token]).collect();

@@ -217,8 +217,7 @@ fn load(conn: &dyn Db, delivery_id: &str) -> StoreResult<Option<Turn>> {
 /// escaped (`PG_TEXT_ESCAPE`; no delivery id the hub makes has one) is left out, and read
 /// alone by the caller like any id missing here.
 fn load_many(conn: &dyn Db, ids: &[&str]) -> StoreResult<std::collections::HashMap<String, Turn>> {
-    let plain: Vec<&str> =
-        ids.iter().copied().filter(|id| !id.contains(['\0', crate::store::engine::PG_TEXT_ESCAPE])).collect();
+    let plain: Vec<&str> = ids.iter().copied().filter(|id| dialect::listable(id)).collect();
     let mut turns = std::collections::HashMap::with_capacity(plain.len());
     if plain.is_empty() {
         return Ok(turns);
