@@ -107,6 +107,7 @@ impl Hub {
                 .and_then(|t| copy_hub(&t, root).with_context(|| format!("copying the hub made in {}", t.display())))
             {
                 Ok(()) => {
+                    enrolled_now(&root.join("hub"))?;
                     let mut hub = Hub::new(bins, root, operator)?;
                     for (role, name) in identities {
                         hub.enrolled(*role, name)?;
@@ -397,6 +398,18 @@ fn made_enrolled(bins: &Binaries, root: &Path, operator: &str, identities: &[(Ro
 }
 
 /// Copies a template's `hub/` and `certs/` under `root`, files with their modes.
+/// Dates the hosts of a hub copied from the run's template (`data`, its data directory) as
+/// enrolled now, as a hub made from nothing would have them: the template may have been made
+/// minutes before, and what a host's age decides (a host no node has served for longer than
+/// `host_silence_warn`) must read the test's own time, not the run's.
+fn enrolled_now(data: &Path) -> anyhow::Result<()> {
+    let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis() as i64;
+    let db = data.join("hub.db");
+    let conn = rusqlite::Connection::open(&db).with_context(|| format!("opening {}", db.display()))?;
+    conn.execute("UPDATE hosts SET enrolled_at = ?1", [now_ms]).with_context(|| format!("dating {}", db.display()))?;
+    Ok(())
+}
+
 fn copy_hub(template: &Path, root: &Path) -> anyhow::Result<()> {
     for d in ["hub", "certs"] {
         copy_tree(&template.join(d), &root.join(d))?;
