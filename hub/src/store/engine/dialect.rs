@@ -124,6 +124,34 @@ pub fn listable(text: &str) -> bool {
     !text.contains(['\0', super::PG_TEXT_ESCAPE])
 }
 
+/// The columns a turn is read from (`lifecycle::turns`' `Turn`), `d` the delivery: here beside
+/// `TURNS_OF`, which reads them, and a macro so that every statement reading them is whole at
+/// compile time.
+macro_rules! turn_columns {
+    () => {
+        "d.host, d.state, d.instance_id, d.claim_token, d.attempt, d.started_session,
+         d.cancel_requested_at IS NOT NULL,
+         (SELECT a.outcome FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt),
+         d.acked_session, d.pool"
+    };
+}
+pub(crate) use turn_columns;
+
+/// The columns a report's read is read from (`lifecycle::report`'s `ReportRead`): `e` the
+/// attempt under the report id, `d` the delivery, `m` its message; here beside `REPORTS_OF`,
+/// which reads them, and a macro so that every statement reading them is whole at compile time.
+macro_rules! report_columns {
+    () => {
+        "e.id, e.request_hash, m.id,
+         d.host, d.state, d.instance_id, d.claim_token, d.attempt, d.cancel_requested_at IS NOT NULL,
+         m.max_attempts, m.retry_backoff_ms, d.rerun, coalesce(d.rerun_by, 'producer:' || m.producer),
+         d.conversation, d.pool,
+         (SELECT a.request_hash FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt),
+         d.message_id, m.accepted_at"
+    };
+}
+pub(crate) use report_columns;
+
 /// The turns of the deliveries whose ids the JSON array `$1` lists (`lifecycle::turns`' start
 /// batch, one statement for the batch), each row the turn's columns and then the id. The list
 /// is unpacked by each backend's JSON function: SQLite's `json_each`, PostgreSQL's
@@ -131,12 +159,12 @@ pub fn listable(text: &str) -> bool {
 pub const TURNS_OF: Both<&str> = Both {
     sqlite: concat!(
         "SELECT ",
-        crate::store::lifecycle::turns::turn_columns!(),
+        turn_columns!(),
         ", d.id FROM deliveries d WHERE d.id IN (SELECT value FROM json_each($1))"
     ),
     postgres: concat!(
         "SELECT ",
-        crate::store::lifecycle::turns::turn_columns!(),
+        turn_columns!(),
         ", d.id FROM deliveries d WHERE d.id IN (SELECT jsonb_array_elements_text($1::text::jsonb))"
     ),
 };
@@ -147,7 +175,7 @@ pub const TURNS_OF: Both<&str> = Both {
 pub const REPORTS_OF: Both<&str> = Both {
     sqlite: concat!(
         "SELECT ",
-        crate::store::lifecycle::report::report_columns!(),
+        report_columns!(),
         ", j.d, j.r
          FROM (SELECT json_extract(value, '$[0]') AS d, json_extract(value, '$[1]') AS r FROM json_each($2)) j
          LEFT JOIN attempts e ON e.host = $1 AND e.report_id = j.r
@@ -156,7 +184,7 @@ pub const REPORTS_OF: Both<&str> = Both {
     ),
     postgres: concat!(
         "SELECT ",
-        crate::store::lifecycle::report::report_columns!(),
+        report_columns!(),
         ", j.d, j.r
          FROM (SELECT v ->> 0 AS d, v ->> 1 AS r FROM jsonb_array_elements($2::text::jsonb) AS v) j
          LEFT JOIN attempts e ON e.host = $1 AND e.report_id = j.r

@@ -7,7 +7,7 @@
 //!
 //! Why one file over 700 lines: a report is one transaction's steps, read top to bottom, and
 //! the tests that hold its answers to the row the record keeps sit beside them; without its
-//! tests it is about 620 lines.
+//! tests it is about 600 lines.
 
 use crate::store::Store;
 use crate::store::engine::Db;
@@ -253,22 +253,7 @@ pub struct ReportRead {
     row: Option<ReportedDelivery>,
 }
 
-/// The columns a `ReportRead` is read from: `e` the attempt under the report id, `d` the
-/// delivery, `m` its message; a macro so the statements reading them (`dialect::REPORTS_OF`
-/// among them) are whole at compile time.
-macro_rules! report_columns {
-    () => {
-        "e.id, e.request_hash, m.id,
-         d.host, d.state, d.instance_id, d.claim_token, d.attempt, d.cancel_requested_at IS NOT NULL,
-         m.max_attempts, m.retry_backoff_ms, d.rerun, coalesce(d.rerun_by, 'producer:' || m.producer),
-         d.conversation, d.pool,
-         (SELECT a.request_hash FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt),
-         d.message_id, m.accepted_at"
-    };
-}
-pub(crate) use report_columns;
-
-/// A `ReportRead` from a row of `report_columns!`.
+/// A `ReportRead` from a row of `dialect::report_columns!`.
 fn report_read_of(row: &Row<'_>) -> DbResult<ReportRead> {
     let existing = match row.get::<_, Option<String>>(0)? {
         Some(id) => Some((id, row.get(1)?)),
@@ -302,7 +287,7 @@ fn read_report(conn: &dyn Db, host: &str, delivery_id: &str, report_id: &str) ->
     Ok(conn
         .prepare_cached(concat!(
             "SELECT ",
-            report_columns!(),
+            dialect::report_columns!(),
             " FROM (SELECT 1 AS one) q
               LEFT JOIN attempts e ON e.host = $2 AND e.report_id = $3
               LEFT JOIN deliveries d ON d.id = $1

@@ -176,20 +176,7 @@ struct Turn {
     outcome: Option<Outcome>,
 }
 
-/// The columns a `Turn` is read from, `d` the delivery (its id is `turn_of`'s `id`); a macro
-/// so that the statements reading them (`dialect::TURNS_OF` among them) are whole at compile
-/// time.
-macro_rules! turn_columns {
-    () => {
-        "d.host, d.state, d.instance_id, d.claim_token, d.attempt, d.started_session,
-         d.cancel_requested_at IS NOT NULL,
-         (SELECT a.outcome FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt),
-         d.acked_session, d.pool"
-    };
-}
-pub(crate) use turn_columns;
-
-/// A `Turn` from a row of `turn_columns!`, of the delivery `id`.
+/// A `Turn` from a row of `dialect::turn_columns!`, of the delivery `id`.
 fn turn_of(r: &crate::store::engine::Row<'_>, id: &str) -> crate::store::engine::DbResult<Turn> {
     Ok(Turn {
         host: r.get(0)?,
@@ -207,7 +194,7 @@ fn turn_of(r: &crate::store::engine::Row<'_>, id: &str) -> crate::store::engine:
 
 fn load(conn: &dyn Db, delivery_id: &str) -> StoreResult<Option<Turn>> {
     Ok(conn
-        .prepare_cached(concat!("SELECT ", turn_columns!(), " FROM deliveries d WHERE d.id = $1"))?
+        .prepare_cached(concat!("SELECT ", dialect::turn_columns!(), " FROM deliveries d WHERE d.id = $1"))?
         .query_row([delivery_id], |r| turn_of(r, delivery_id))
         .optional()?)
 }
