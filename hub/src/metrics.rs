@@ -156,6 +156,11 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
     ),
     ("baton_hub_writer_jobs_total", Kind::Counter, "Write jobs run by the writer (each request step or batch is one)."),
     (
+        "baton_hub_batches_run_item_by_item_total",
+        Kind::Counter,
+        "Batches (submits, holder steps, reports) run again item by item, each in its own savepoint, because an item failed when they ran together.",
+    ),
+    (
         "baton_hub_claim_looks_total",
         Kind::Counter,
         "Looks for claimable work by waiting claims (reads; only a look that finds work writes).",

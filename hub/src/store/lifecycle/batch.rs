@@ -52,8 +52,8 @@ impl Store {
                     let now = clock.now_ms();
                     // The producer's scope and quota, read once for the batch.
                     let mut terms = crate::store::registry::producers::PostingTerms::default();
-                    each(c, messages, |c, (msg, retry)| {
-                        accept::accept_and_fan_out_with(c, &msg, retry, limits, now, &mut terms)
+                    each(c, &messages, |c, (msg, retry)| {
+                        accept::accept_and_fan_out_with(c, msg, *retry, limits, now, &mut terms)
                     })
                 },
                 |rs| gained_hosts(rs.iter().filter_map(|r| r.as_ref().ok())),
@@ -75,7 +75,7 @@ impl Store {
             .write(move |c| {
                 sessions::check(c, &node.host, node.session)?;
                 let now = clock.now_ms();
-                each(c, items, |c, d| {
+                each(c, &items, |c, d| {
                     let h = Holder { instance_id: &instance_id, claim_token: &d.claim_token };
                     apply_step(c, step, &node, &d.delivery_id, h, now)
                 })
@@ -96,7 +96,7 @@ impl Store {
             .write(move |c| {
                 sessions::check(c, &node.host, node.session)?;
                 let now = clock.now_ms();
-                each(c, items, |c, d| {
+                each(c, &items, |c, d| {
                     let h = Holder { instance_id: &instance_id, claim_token: &d.claim_token };
                     handoff::reject(c, &node.host, &d.delivery_id, h, &d.reason, now)
                 })
@@ -121,7 +121,7 @@ impl Store {
                 let pairs: Vec<(&str, &str)> =
                     reports.iter().map(|q| (q.delivery_id.as_str(), q.report_id.as_str())).collect();
                 let mut read = report::read_reports(c, &node.host, &pairs)?;
-                each(c, reports.iter(), |c, req| {
+                each(c, &reports, |c, req| {
                     let run = run_report(req, node.session, bounds);
                     let pre = read.remove(&(req.delivery_id.clone(), req.report_id.clone()));
                     let ((attempt, duplicate, retry_at_ms), lifts, accepted_at_ms) =
@@ -143,23 +143,70 @@ impl Store {
     }
 }
 
-/// The savepoint each item runs in (nested in the writer's job savepoint).
+/// The savepoint a batch runs in first, its items without savepoints of their own (nested in
+/// the writer's job savepoint).
+const BATCH_SAVEPOINT: &str = "SAVEPOINT batch";
+/// Keeps the batch's changes.
+const BATCH_RELEASE: &str = "RELEASE batch";
+/// Drops the batch's changes (then `BATCH_RELEASE` ends its savepoint).
+const BATCH_ROLLBACK: &str = "ROLLBACK TO batch";
+/// The savepoint each item runs in when the batch is run again item by item.
 const ITEM_SAVEPOINT: &str = "SAVEPOINT batch_item";
 /// Keeps an item's changes.
 const ITEM_RELEASE: &str = "RELEASE batch_item";
 /// Drops an item's changes (then `ITEM_RELEASE` ends its savepoint).
 const ITEM_ROLLBACK: &str = "ROLLBACK TO batch_item";
 
-/// Runs `apply` on every item in its own savepoint, in order, and returns one result per item.
-/// An item's error (other than a storage failure or conflict) rolls back that item only; a
-/// storage failure or conflict ends the batch with that error. Call inside a write transaction.
+/// Runs `apply` on every item in order, and returns one result per item, each as if the item
+/// ran in its own savepoint: an item's error (other than a storage failure or conflict) rolls
+/// back that item only; a storage failure or conflict ends the batch with that error. Call
+/// inside a write transaction.
+///
+/// Most batches fail no item, so the items first run together in one savepoint, without one
+/// of their own and without waiting for their unread writes: on PostgreSQL an item's unread
+/// writes ride with the next item's first statement instead of a round trip per item, and no
+/// item pays for its savepoint's statements. Any error in that pass (an item's, or an unread
+/// write's, which may surface in a later item) rolls the whole pass back, and the batch runs
+/// again item by item, each in its own savepoint with its writes waited for (`one_by_one`):
+/// every error is then its own item's, as the results say. `apply` must therefore give the same
+/// answer when run again on an item whose first run was rolled back (what it keeps between
+/// items may only save reads).
 pub fn each<I, T>(
     conn: &dyn Db,
-    items: impl IntoIterator<Item = I>,
-    mut apply: impl FnMut(&dyn Db, I) -> StoreResult<T>,
+    items: &[I],
+    mut apply: impl FnMut(&dyn Db, &I) -> StoreResult<T>,
 ) -> StoreResult<Vec<StoreResult<T>>> {
-    let items = items.into_iter();
-    let mut results = Vec::with_capacity(items.size_hint().0);
+    control(conn, BATCH_SAVEPOINT)?;
+    let together = items
+        .iter()
+        .map(|item| apply(conn, item))
+        .collect::<StoreResult<Vec<T>>>()
+        .and_then(|values| conn.flush().map(|()| values).map_err(StoreError::from));
+    match together {
+        Ok(values) => {
+            control(conn, BATCH_RELEASE)?;
+            Ok(values.into_iter().map(Ok).collect())
+        }
+        Err(first) => {
+            // Where the pass cannot even be rolled back (the connection is gone, or SQLite
+            // ended the transaction), its error is the batch's.
+            if control(conn, BATCH_ROLLBACK).and_then(|()| control(conn, BATCH_RELEASE)).is_err() {
+                return Err(first);
+            }
+            metrics::counter!("baton_hub_batches_run_item_by_item_total").increment(1);
+            one_by_one(conn, items, apply)
+        }
+    }
+}
+
+/// `each`'s second pass: every item in its own savepoint, its unread writes waited for before
+/// the next item runs, so that each failure is its own item's.
+fn one_by_one<I, T>(
+    conn: &dyn Db,
+    items: &[I],
+    mut apply: impl FnMut(&dyn Db, &I) -> StoreResult<T>,
+) -> StoreResult<Vec<StoreResult<T>>> {
+    let mut results = Vec::with_capacity(items.len());
     for item in items {
         control(conn, ITEM_SAVEPOINT)?;
         // A write the item left unread fails this item, not the next one.
@@ -193,7 +240,7 @@ mod tests {
         let conn = &db.conn;
         conn.execute_batch("CREATE TEMP TABLE batch_probe (n INTEGER)").unwrap();
         conn.begin_write().unwrap();
-        let results = each(conn, [1, 2, 3], |c, n| {
+        let results = each(conn, &[1, 2, 3], |c, &n| {
             c.execute("INSERT INTO batch_probe (n) VALUES ($1)", [n])?;
             if n == 2 { Err(StoreError::StaleClaim(format!("item {n}"))) } else { Ok(n) }
         })
@@ -213,13 +260,13 @@ mod tests {
         conn.execute_batch("CREATE TEMP TABLE batch_probe (n INTEGER)").unwrap();
         conn.begin_write().unwrap();
         let mut seen = Vec::new();
-        let r = each(conn, [1, 2, 3], |c, n| {
+        let r = each(conn, &[1, 2, 3], |c, &n| {
             seen.push(n);
             c.execute("INSERT INTO batch_probe (n) VALUES ($1)", [n])?;
             if n == 2 { Err(StoreError::Storage("disk full".into())) } else { Ok(n) }
         });
         assert!(matches!(r, Err(StoreError::Storage(_))));
-        assert_eq!(seen, vec![1, 2], "no item runs after a storage failure");
+        assert_eq!(seen, vec![1, 2, 1, 2], "run together, then item by item; no item runs after the failure");
         conn.execute_batch("ROLLBACK").unwrap();
     }
 
@@ -233,7 +280,7 @@ mod tests {
         conn.execute_batch("CREATE TEMP TABLE batch_probe (n INTEGER UNIQUE)").unwrap();
         conn.begin_write().unwrap();
         let results =
-            each(conn, [1, 2, 2, 3], |c, n| match c.execute("INSERT INTO batch_probe (n) VALUES ($1)", [n]) {
+            each(conn, &[1, 2, 2, 3], |c, &n| match c.execute("INSERT INTO batch_probe (n) VALUES ($1)", [n]) {
                 Ok(_) => Ok(n),
                 Err(e) => Err(StoreError::InvalidTransition(format!("item {n}: {e}"))),
             })
@@ -249,7 +296,7 @@ mod tests {
 
     /// A write left unread (on PostgreSQL sent with a later statement) that the server refuses
     /// is the failure of its own item: a unique key broken is a storage failure, which ends the
-    /// batch there, and no later item runs.
+    /// batch there, and once the batch runs item by item no later item runs.
     #[test]
     fn an_unread_write_that_fails_fails_its_own_item() {
         let db = testing::db();
@@ -257,13 +304,13 @@ mod tests {
         conn.execute_batch("CREATE TEMP TABLE batch_probe (n INTEGER UNIQUE)").unwrap();
         conn.begin_write().unwrap();
         let mut seen = Vec::new();
-        let r = each(conn, [1, 2, 2, 3], |c, n| {
+        let r = each(conn, &[1, 2, 2, 3], |c, &n| {
             seen.push(n);
             c.prepare("INSERT INTO batch_probe (n) VALUES ($1)")?.execute_unread([n])?;
             Ok(n)
         });
         assert!(matches!(&r, Err(StoreError::Storage(m)) if m.contains("batch_probe")), "{r:?}");
-        assert_eq!(seen, [1, 2, 2], "the item whose write failed is the last one run");
+        assert!(seen.ends_with(&[1, 2, 2]), "the item whose write failed is the last one run: {seen:?}");
         conn.control("ROLLBACK").unwrap();
     }
 
@@ -274,7 +321,7 @@ mod tests {
         let conn = &db.conn;
         conn.execute_batch("CREATE TEMP TABLE batch_probe (n INTEGER UNIQUE)").unwrap();
         conn.begin_write().unwrap();
-        let results = each(conn, [1, 7, 2], |c, n| {
+        let results = each(conn, &[1, 7, 2], |c, &n| {
             c.prepare("INSERT INTO batch_probe (n) VALUES ($1)")?.execute_unread([n])?;
             c.prepare("INSERT INTO batch_probe (n) VALUES ($1)")?.execute_unread([n + 100])?;
             if n == 7 { Err(StoreError::StaleClaim(format!("item {n}"))) } else { Ok(n) }
@@ -341,7 +388,7 @@ mod tests {
         let conn = &db.conn;
         conn.execute_batch("CREATE TEMP TABLE batch_probe (n INTEGER)").unwrap();
         conn.begin_write().unwrap();
-        let results = each(conn, [1, 2, 3], |c, n| {
+        let results = each(conn, &[1, 2, 3], |c, &n| {
             c.execute("INSERT INTO batch_probe (n) VALUES ($1)", [n])?;
             if n == 2 { Err(server("22021")) } else { Ok(n) }
         })
@@ -349,7 +396,7 @@ mod tests {
         assert!(matches!(&results[1], Err(StoreError::Invalid(_))), "{results:?}");
         assert_eq!([&results[0], &results[2]].map(|r| r.as_ref().ok().copied()), [Some(1), Some(3)]);
         assert_eq!(count(conn), 2);
-        let r = each(conn, [4, 5], |_, n| if n == 4 { Err(server("40P01")) } else { Ok(n) });
+        let r = each(conn, &[4, 5], |_, &n| if n == 4 { Err(server("40P01")) } else { Ok(n) });
         assert!(matches!(r, Err(StoreError::Conflict(_))), "{r:?}");
         conn.execute_batch("ROLLBACK").unwrap();
     }
@@ -370,4 +417,108 @@ mod tests {
         conn.control("ROLLBACK").unwrap();
         assert_eq!(count(conn), 0);
     }
+
+    /// A connection that notes every savepoint statement its caller sends.
+    struct Noting<'a> {
+        conn: &'a dyn Db,
+        controls: std::cell::RefCell<Vec<String>>,
+    }
+
+    impl Db for Noting<'_> {
+        fn prepare_cached(&self, sql: &str) -> crate::store::engine::DbResult<crate::store::engine::Stmt<'_>> {
+            self.conn.prepare_cached(sql)
+        }
+        fn execute_batch(&self, sql: &str) -> crate::store::engine::DbResult<()> {
+            self.conn.execute_batch(sql)
+        }
+        fn control(&self, sql: &str) -> crate::store::engine::DbResult<()> {
+            self.controls.borrow_mut().push(sql.to_string());
+            self.conn.control(sql)
+        }
+        fn begin_write(&self) -> crate::store::engine::DbResult<()> {
+            self.conn.begin_write()
+        }
+        fn begin_read(&self) -> crate::store::engine::DbResult<()> {
+            self.conn.begin_read()
+        }
+        fn dialect(&self) -> crate::store::engine::Dialect {
+            self.conn.dialect()
+        }
+        fn broken(&self) -> bool {
+            self.conn.broken()
+        }
+        fn sqlite_file(&self) -> Option<crate::store::engine::SqliteFile<'_>> {
+            self.conn.sqlite_file()
+        }
+        fn flush(&self) -> crate::store::engine::DbResult<()> {
+            self.conn.flush()
+        }
+    }
+
+    /// A batch no item of which fails runs in one savepoint, its items without their own; one
+    /// that fails an item is rolled back and run again item by item, each in its own savepoint,
+    /// with the same answers as if it had run so from the start.
+    #[test]
+    fn items_run_together_and_again_one_by_one_only_when_one_fails() {
+        let db = testing::db();
+        let conn = Noting { conn: &*db.conn, controls: Default::default() };
+        conn.execute_batch("CREATE TEMP TABLE batch_probe (n INTEGER)").unwrap();
+        conn.begin_write().unwrap();
+        let insert = |c: &dyn Db, n: i64| c.prepare("INSERT INTO batch_probe (n) VALUES ($1)")?.execute_unread([n]);
+        let ok = each(&conn, &[1, 2, 3], |c, &n| Ok(insert(c, n)?)).unwrap();
+        assert_eq!(ok.iter().map(|r| *r.as_ref().unwrap()).collect::<Vec<_>>(), [(), (), ()]);
+        assert_eq!(*conn.controls.borrow(), ["SAVEPOINT batch", "RELEASE batch"]);
+        conn.controls.borrow_mut().clear();
+        let mut runs = Vec::new();
+        let answers = each(&conn, &[10, 11, 12], |c, &n| {
+            runs.push(n);
+            insert(c, n)?;
+            if n == 11 { Err(StoreError::StaleClaim(format!("item {n}"))) } else { Ok(n) }
+        })
+        .unwrap();
+        assert_eq!(runs, [10, 11, 10, 11, 12], "together up to the failure, then each alone");
+        assert!(matches!(&answers[1], Err(StoreError::StaleClaim(m)) if m == "item 11"), "{answers:?}");
+        assert_eq!([&answers[0], &answers[2]].map(|r| r.as_ref().ok().copied()), [Some(10), Some(12)]);
+        let controls = conn.controls.borrow().clone();
+        assert_eq!(controls[..3], ["SAVEPOINT batch", "ROLLBACK TO batch", "RELEASE batch"], "{controls:?}");
+        assert_eq!(controls.iter().filter(|c| *c == "SAVEPOINT batch_item").count(), 3, "{controls:?}");
+        assert_eq!(controls.iter().filter(|c| *c == "ROLLBACK TO batch_item").count(), 1, "{controls:?}");
+        conn.control("COMMIT").unwrap();
+        let kept: Vec<i64> = db
+            .conn
+            .prepare("SELECT n FROM batch_probe ORDER BY n")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(kept, [1, 2, 3, 10, 12], "the first pass left nothing; the failed item's write is gone");
+    }
+
+    /// An item's unread write refused as a value the record cannot hold fails that item alone,
+    /// though the refusal comes back with a later item's statement (PostgreSQL's; on SQLite
+    /// nothing is left unread and each write fails at once).
+    #[test]
+    fn an_unread_write_refused_in_a_later_items_round_trip_fails_its_own_item() {
+        let db = testing::db();
+        let conn = &*db.conn;
+        if conn.dialect() == crate::store::engine::Dialect::Sqlite {
+            return;
+        }
+        conn.execute_batch("CREATE TEMP TABLE batch_probe (n INTEGER)").unwrap();
+        conn.begin_write().unwrap();
+        // The server refuses 100 / 0 (a division by zero is a data exception).
+        let answers = each(conn, &[1, 0, 2], |c, &n| {
+            // The earlier item's unread write goes in this read's round trip.
+            let seen: i64 = c.query_row("SELECT count(*) FROM batch_probe", [], |r| r.get(0))?;
+            c.prepare("INSERT INTO batch_probe (n) VALUES (100 / $1)")?.execute_unread([n])?;
+            Ok(seen)
+        })
+        .unwrap();
+        assert!(matches!(&answers[1], Err(StoreError::Invalid(_))), "{answers:?}");
+        assert_eq!([&answers[0], &answers[2]].map(|r| r.as_ref().ok().copied()), [Some(0), Some(1)]);
+        conn.control("COMMIT").unwrap();
+        assert_eq!(count(conn), 2);
+    }
+
 }

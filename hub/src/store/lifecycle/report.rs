@@ -818,7 +818,7 @@ mod tests {
         expected.sort();
         assert_eq!(keys, expected, "the repeated pair is left out");
         c.begin_write().unwrap();
-        let answers = crate::store::lifecycle::batch::each(c, batch.iter(), |c, b| {
+        let answers = crate::store::lifecycle::batch::each(c, &batch, |c, b| {
             let pre = read.remove(&(b.delivery_id.to_string(), b.report_id.to_string()));
             report_run_read(c, "host-a", b, &RunReport::default(), 4, pre)
         })

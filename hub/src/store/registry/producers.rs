@@ -599,8 +599,8 @@ mod tests {
         let limits = AcceptLimits { queued_per_host_max: 1000, queued_per_pool_max: 1000 };
         let mut terms = PostingTerms::default();
         c.begin_write().unwrap();
-        let results = crate::store::lifecycle::batch::each(c, posts, |c, m| {
-            crate::store::lifecycle::accept::accept_and_fan_out_with(c, &m, Default::default(), limits, 1, &mut terms)
+        let results = crate::store::lifecycle::batch::each(c, &posts, |c, m| {
+            crate::store::lifecycle::accept::accept_and_fan_out_with(c, m, Default::default(), limits, 1, &mut terms)
         })
         .unwrap();
         crate::store::control(c, "COMMIT").unwrap();
