@@ -116,6 +116,33 @@ pub const DELIVER_WITH_EVENTS: Both<Option<&str>> = Both {
     ),
 };
 
+/// `DELIVER_WITH_EVENTS` for a batch of one holder instance's deliveries
+/// (`transition::deliver_many`; `$3` a JSON array of `[delivery id, claim token]` pairs, each
+/// delivery once), in one statement: the rows it answers are the ids it moved, and each moved
+/// delivery's events are written in the list's order, each in step order. PostgreSQL's alone:
+/// on SQLite each delivery's statements cost no round trip.
+pub const DELIVER_MANY_WITH_EVENTS: Both<Option<&str>> = Both {
+    sqlite: None,
+    postgres: Some(
+        "WITH j AS (
+             SELECT v ->> 0 AS id, v ->> 1 AS token, o AS pos
+             FROM jsonb_array_elements($3::text::jsonb) WITH ORDINALITY AS t (v, o)),
+         moved AS (
+             UPDATE deliveries d SET state = 'delivered', reason = NULL, updated_at = $1,
+                    acked_session = coalesce($2, d.acked_session)
+             FROM j
+             WHERE d.id = j.id AND d.state = $4 AND d.instance_id = $5 AND d.claim_token = j.token AND d.host = $6
+             RETURNING d.id, j.pos),
+         written AS (
+             INSERT INTO delivery_events (delivery_id, from_state, to_state, actor_kind, actor, instance_id, reason, at)
+             SELECT moved.id, s.from_state, s.to_state, $7, $8, $5, NULL, $1
+             FROM moved CROSS JOIN (VALUES ('claimed', 'mirrored', 1), ('mirrored', 'delivered', 2)) AS s (from_state, to_state, k)
+             WHERE s.k >= CASE WHEN $4 = 'claimed' THEN 1 ELSE 2 END
+             ORDER BY moved.pos, s.k)
+         SELECT id FROM moved",
+    ),
+};
+
 /// Whether `text` may go in a JSON list that a statement below unpacks (`TURNS_OF`,
 /// `REPORTS_OF`, `HANDED_OUT`) and still match the record: PostgreSQL stores a text with NUL or
 /// `PG_TEXT_ESCAPE` escaped (and its JSON cannot hold NUL), so such a text is looked up alone,
@@ -585,6 +612,7 @@ mod tests {
         assert_eq!(CLAIM_HOST_ROW_TO_CHANGE.postgres.map(parameters), Some(host_row));
         assert_eq!(FEED_DRAW_FIRST.sqlite.map(parameters), Some(parameters(FEED_DRAW.sqlite)));
         assert_eq!(DELIVER_WITH_EVENTS.postgres.map(parameters), Some((1..=9).collect()));
+        assert_eq!(DELIVER_MANY_WITH_EVENTS.postgres.map(parameters), Some((1..=8).collect()));
         // Each statement of a sequence names every parameter of the sequence.
         for sql in COUNTER_SET.sqlite.iter().chain(COUNTER_SET.postgres) {
             assert_eq!(parameters(sql), BTreeSet::from([1, 2, 3]), "{sql}");

@@ -62,7 +62,8 @@ impl Store {
     }
 
     /// A holder's `step` on each delivery, in one transaction after one session check; one
-    /// result per delivery, in order.
+    /// result per delivery, in order. Acks and handoffs are moved in one statement first where
+    /// the backend can (`handoff::deliver_many`), the rest stepped one by one.
     pub async fn holder_steps(
         &self,
         step: Step,
@@ -74,11 +75,7 @@ impl Store {
         self.conns
             .write(move |c| {
                 sessions::check(c, &node.host, node.session)?;
-                let now = clock.now_ms();
-                each(c, &items, |c, d| {
-                    let h = Holder { instance_id: &instance_id, claim_token: &d.claim_token };
-                    apply_step(c, step, &node, &d.delivery_id, h, now)
-                })
+                holder_steps_in(c, step, &node, &instance_id, &items, clock.now_ms())
             })
             .await
     }
@@ -141,6 +138,26 @@ impl Store {
             })
             .collect())
     }
+}
+
+/// `Store::holder_steps`' body, in the writer's transaction after the session check.
+fn holder_steps_in(
+    c: &dyn Db,
+    step: Step,
+    node: &NodeAt,
+    instance_id: &str,
+    items: &[HolderItem],
+    now: i64,
+) -> StoreResult<Vec<StoreResult<TransitionResponse>>> {
+    let moved = handoff::deliver_many(c, step, node, instance_id, items, now)?;
+    each(c, items, |c, d| {
+        if moved.contains(&d.delivery_id) {
+            let state = baton_shared::states::DeliveryState::Delivered;
+            return Ok(TransitionResponse { delivery_id: d.delivery_id.clone(), state, changed: true });
+        }
+        let h = Holder { instance_id, claim_token: &d.claim_token };
+        apply_step(c, step, node, &d.delivery_id, h, now)
+    })
 }
 
 /// The savepoint a batch runs in first, its items without savepoints of their own (nested in
@@ -521,4 +538,73 @@ mod tests {
         assert_eq!(count(conn), 2);
     }
 
+    /// A batch of handoffs answers each item as if stepped alone, in order (on PostgreSQL those
+    /// named once and still claimed by the instance move in one statement first): a delivery
+    /// named twice is handed off once and then unchanged, one already mirrored is acked, a
+    /// wrong token and an unknown delivery are refused, and each handed-off delivery has each
+    /// step's event once, in order, with the ack's session.
+    #[test]
+    fn a_batch_of_handoffs_answers_each_item_as_if_alone() {
+        use crate::store::lifecycle::{accept::testing::accept_one, claim::claim};
+        let db = testing::db();
+        let c = &*db.conn;
+        for n in 0..4 {
+            accept_one(c, &format!("c{n}"), &format!("k{n}"), &["host-a"]);
+        }
+        let got = claim(c, "host-a", "i", 10, 1).unwrap();
+        let node = NodeAt { host: "host-a".into(), session: Some(7) };
+        let h = Holder { instance_id: "i", claim_token: &got[2].claim_token };
+        c.begin_write().unwrap();
+        handoff::mirrored(c, "host-a", &got[2].delivery_id, h, 2).unwrap();
+        c.control("COMMIT").unwrap();
+        let item =
+            |i: usize| HolderItem { delivery_id: got[i].delivery_id.clone(), claim_token: got[i].claim_token.clone() };
+        let wrong = HolderItem { claim_token: "0000".into(), ..item(3) };
+        let unknown = HolderItem { delivery_id: crate::store::new_id(), ..item(3) };
+        let items = [item(0), item(1), item(0), item(2), wrong, unknown];
+        c.begin_write().unwrap();
+        let answers = holder_steps_in(c, Step::Handoff, &node, "i", &items, 3).unwrap();
+        c.control("COMMIT").unwrap();
+        let changed: Vec<Option<bool>> = answers.iter().map(|a| a.as_ref().ok().map(|r| r.changed)).collect();
+        assert_eq!(changed, [Some(true), Some(true), Some(false), Some(true), None, None], "{answers:?}");
+        assert!(
+            answers[..4].iter().all(|a| a.as_ref().unwrap().state == baton_shared::states::DeliveryState::Delivered)
+        );
+        assert!(matches!(&answers[5], Err(StoreError::NotFound(_))), "{:?}", answers[5]);
+        for (i, steps) in [
+            (0, ["claimed", "mirrored", "delivered"].as_slice()),
+            (1, &["claimed", "mirrored", "delivered"]),
+            (2, &["claimed", "mirrored", "delivered"]),
+            (3, &["claimed"]),
+        ] {
+            let (session, events): (Option<i64>, Vec<String>) = (
+                c.query_row("SELECT acked_session FROM deliveries WHERE id = $1", [&got[i].delivery_id], |r| r.get(0))
+                    .unwrap(),
+                c.prepare("SELECT to_state FROM delivery_events WHERE delivery_id = $1 AND from_state IS NOT NULL ORDER BY id")
+                    .unwrap()
+                    .query_map([&got[i].delivery_id], |r| r.get(0))
+                    .unwrap()
+                    .collect::<Result<_, _>>()
+                    .unwrap(),
+            );
+            assert_eq!(events, steps, "delivery {i}");
+            assert_eq!(session, (i < 3).then_some(7), "delivery {i}");
+        }
+        // On PostgreSQL the one statement moves what it can: both of two fresh claims here.
+        accept_one(c, "e", "k5", &["host-a"]);
+        accept_one(c, "f", "k6", &["host-a"]);
+        let more = claim(c, "host-a", "i", 10, 4).unwrap();
+        let items: Vec<HolderItem> = more
+            .iter()
+            .map(|d| HolderItem { delivery_id: d.delivery_id.clone(), claim_token: d.claim_token.clone() })
+            .collect();
+        c.begin_write().unwrap();
+        let moved = handoff::deliver_many(c, Step::Handoff, &node, "i", &items, 5).unwrap();
+        c.control("COMMIT").unwrap();
+        let expected: std::collections::HashSet<String> = match c.dialect() {
+            crate::store::engine::Dialect::Postgres => more.iter().map(|d| d.delivery_id.clone()).collect(),
+            crate::store::engine::Dialect::Sqlite => Default::default(),
+        };
+        assert_eq!(moved, expected);
+    }
 }

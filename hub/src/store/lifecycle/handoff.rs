@@ -58,6 +58,36 @@ pub(super) fn apply_step(
     }
 }
 
+/// Holders' steps of a batch (`Store::holder_steps`: one instance's acks or handoffs) moved at
+/// once where the backend can (`transition::deliver_many`): the ids moved, each to be answered
+/// `changed`, as `apply_step` would have answered it. The rest are `apply_step`'s, in turn:
+/// every `mirrored` step, a delivery the batch names more than once, one not moved.
+pub(super) fn deliver_many(
+    conn: &dyn Db,
+    step: Step,
+    node: &NodeAt,
+    instance_id: &str,
+    items: &[baton_shared::wire::HolderItem],
+    now_ms: i64,
+) -> StoreResult<std::collections::HashSet<String>> {
+    let from = match step {
+        Step::Mirrored => return Ok(Default::default()),
+        Step::Ack => Mirrored,
+        Step::Handoff => Claimed,
+    };
+    let mut named: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for item in items {
+        *named.entry(item.delivery_id.as_str()).or_default() += 1;
+    }
+    let once: Vec<(&str, &str)> = items
+        .iter()
+        .filter(|i| named[i.delivery_id.as_str()] == 1)
+        .map(|i| (i.delivery_id.as_str(), i.claim_token.as_str()))
+        .collect();
+    let session = node.session.map(|s| s as i64);
+    transition::deliver_many(conn, &node.host, &once, from, instance_id, session, &Actor::node(&node.host), now_ms)
+}
+
 impl Store {
     /// One page of what the instance holds (claimed, mirrored, delivered without an outcome):
     /// at most `limit` after queue position `after_n`, and where the next page starts.

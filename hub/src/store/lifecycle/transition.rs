@@ -302,6 +302,53 @@ pub fn deliver(
     Ok(())
 }
 
+/// `deliver` for many deliveries of one holder instance at once, each from `from` (claimed or
+/// mirrored), in one statement where the backend has one (`dialect::DELIVER_MANY_WITH_EVENTS`;
+/// `handed` the `(delivery id, claim token)` pairs, each delivery once): returns the ids it
+/// moved, each recorded as `deliver` records it. A delivery it did not move is the caller's to
+/// step alone, as is one whose id or token PostgreSQL stores escaped (left out here); on SQLite,
+/// where a statement costs no round trip, it moves none.
+#[allow(clippy::too_many_arguments)]
+pub fn deliver_many(
+    conn: &dyn Db,
+    host: &str,
+    handed: &[(&str, &str)],
+    from: DeliveryState,
+    instance_id: &str,
+    acked_session: Option<i64>,
+    actor: &Actor,
+    now_ms: i64,
+) -> StoreResult<std::collections::HashSet<String>> {
+    let mut moved = std::collections::HashSet::new();
+    let Some(sql) = dialect::DELIVER_MANY_WITH_EVENTS.of(conn) else { return Ok(moved) };
+    let steps: &[(DeliveryState, DeliveryState)] = match from {
+        Claimed => &[(Claimed, Mirrored), (Mirrored, Delivered)],
+        Mirrored => &[(Mirrored, Delivered)],
+        _ => return Ok(moved),
+    };
+    if steps.iter().any(|(a, b)| !allowed(*a, *b, actor.kind)) {
+        return Ok(moved);
+    }
+    let listed: Vec<[&str; 2]> = handed
+        .iter()
+        .filter(|(id, token)| dialect::listable(id) && dialect::listable(token))
+        .map(|(id, token)| [*id, *token])
+        .collect();
+    if listed.is_empty() {
+        return Ok(moved);
+    }
+    let list = serde_json::to_string(&listed).map_err(|e| StoreError::Invalid(format!("delivery ids: {e}")))?;
+    let mut stmt = conn.prepare_cached(sql)?;
+    let rows = stmt.query_map(
+        params![now_ms, acked_session, list, from.as_str(), instance_id, host, actor.kind.as_str(), actor.name],
+        |r| r.get::<_, String>(0),
+    )?;
+    for id in rows {
+        moved.insert(id?);
+    }
+    Ok(moved)
+}
+
 /// `deliver`'s refusal when its guard did not hold (its caller reads the row to say why).
 fn stale_deliver(delivery_id: &str, from: DeliveryState, host: &str) -> StoreError {
     StoreError::StaleClaim(format!(
