@@ -80,10 +80,13 @@ fn a_hub_killed_at_one_address_and_served_at_another_loses_nothing() {
     let port_b = free_port();
     let url_b = format!("https://localhost:{port_b}");
     let hubs = format!("{},{url_b}", hub.url());
-    let a = hub.node_process("host-a").then("sleep 0.3").trace_ends().env("BATON_NODE_HUB_URL", &hubs).start();
-    let b = hub.node_process("host-b").then("sleep 0.3").trace_ends().env("BATON_NODE_HUB_URL", &hubs).start();
+    // Everything is sent before the nodes start, and each turn takes a second (three
+    // conversations a host, so about eight seconds of turns each): the kill falls mid-way
+    // however slowly a loaded machine sends and polls.
     let expected = send_many(&hub, 24, &["host-a", "host-b"]);
     let total = expected.len();
+    let a = hub.node_process("host-a").then("sleep 1").trace_ends().env("BATON_NODE_HUB_URL", &hubs).start();
+    let b = hub.node_process("host-b").then("sleep 1").trace_ends().env("BATON_NODE_HUB_URL", &hubs).start();
 
     let at_kill = wait_for("some outcomes before the kill", NODE_WAIT, || {
         let n = done_count(&hub);
