@@ -251,6 +251,16 @@ mod tests {
         conn.query_row("SELECT count(*) FROM batch_probe", [], |r| r.get(0)).unwrap()
     }
 
+    /// The numbers `batch_probe` holds, in order.
+    fn kept(conn: &dyn Db) -> Vec<i64> {
+        conn.prepare("SELECT n FROM batch_probe ORDER BY n")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+    }
+
     #[test]
     fn a_failed_item_is_rolled_back_alone_and_results_keep_the_order() {
         let db = testing::db();
@@ -347,13 +357,7 @@ mod tests {
         assert!(matches!(&results[1], Err(StoreError::StaleClaim(m)) if m == "item 7"), "{results:?}");
         assert_eq!([&results[0], &results[2]].map(|r| r.as_ref().ok().copied()), [Some(1), Some(2)]);
         conn.control("COMMIT").unwrap();
-        let kept: Vec<i64> = conn
-            .prepare("SELECT n FROM batch_probe ORDER BY n")
-            .unwrap()
-            .query_map([], |r| r.get(0))
-            .unwrap()
-            .collect::<Result<_, _>>()
-            .unwrap();
+        let kept = kept(conn);
         assert_eq!(kept, [1, 2, 101, 102], "the failed item's writes are gone, the others' kept");
     }
 
@@ -381,13 +385,7 @@ mod tests {
         conn.control("ROLLBACK TO s").unwrap();
         conn.control("RELEASE s").unwrap();
         conn.control("COMMIT").unwrap();
-        let kept: Vec<i64> = conn
-            .prepare("SELECT n FROM batch_probe ORDER BY n")
-            .unwrap()
-            .query_map([], |r| r.get(0))
-            .unwrap()
-            .collect::<Result<_, _>>()
-            .unwrap();
+        let kept = kept(conn);
         assert_eq!(kept, [1]);
     }
 
@@ -501,14 +499,7 @@ mod tests {
         assert_eq!(controls.iter().filter(|c| *c == "SAVEPOINT batch_item").count(), 3, "{controls:?}");
         assert_eq!(controls.iter().filter(|c| *c == "ROLLBACK TO batch_item").count(), 1, "{controls:?}");
         conn.control("COMMIT").unwrap();
-        let kept: Vec<i64> = db
-            .conn
-            .prepare("SELECT n FROM batch_probe ORDER BY n")
-            .unwrap()
-            .query_map([], |r| r.get(0))
-            .unwrap()
-            .collect::<Result<_, _>>()
-            .unwrap();
+        let kept = kept(&*db.conn);
         assert_eq!(kept, [1, 2, 3, 10, 12], "the first pass left nothing; the failed item's write is gone");
     }
 
