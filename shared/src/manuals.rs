@@ -51,21 +51,27 @@ pub fn bash_completes(script: &str, bin: &str, words: &[&str]) -> Option<Vec<Str
 /// completion function, installed as `_BIN` on `fpath`): the screen text, escape sequences
 /// removed. zsh completes only in its line editor, so this drives an interactive `zsh -f`
 /// through a pseudo-terminal (`zsh/zpty`) as a person at a terminal would, and reads the
-/// screen for `ZSH_LISTING_WAIT`. `None` when `zsh` cannot be run here.
-pub fn zsh_completes(script: &str, bin: &str, line: &str) -> Option<String> {
+/// screen until every word of `expected` is on it, or for `ZSH_LISTING_WAIT` at most (the
+/// caller then names what is missing). `None` when `zsh` cannot be run here.
+pub fn zsh_completes(script: &str, bin: &str, line: &str, expected: &[&str]) -> Option<String> {
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
     let dir = TempDir(std::env::temp_dir().join(format!("baton-zsh-{}-{nanos}", std::process::id())));
     std::fs::create_dir_all(dir.path()).ok()?;
     std::fs::write(dir.path().join(format!("_{bin}")), script).ok()?;
     let quote = |s: &str| format!("'{}'", s.replace('\'', "'\\''"));
     let steps = ZSH_LISTING_WAIT.as_millis() / 100;
+    let listed = if expected.is_empty() {
+        "1 == 0".to_string()
+    } else {
+        expected.iter().map(|w| format!("$out == *{}*", quote(w))).collect::<Vec<_>>().join(" && ")
+    };
     let driver = format!(
         "zmodload zsh/zpty\n\
          zpty z zsh -f -i\n\
          zpty -w z {setup}\n\
          zpty -w z {typed}$'\\t'\n\
          out=''\n\
-         for i in {{1..{steps}}}; do sleep 0.1; while zpty -r -t z chunk 2>/dev/null; do out+=$chunk; done; done\n\
+         for i in {{1..{steps}}}; do sleep 0.1; while zpty -r -t z chunk 2>/dev/null; do out+=$chunk; done; [[ {listed} ]] && break; done\n\
          print -r -- \"$out\"\n\
          zpty -d z\n",
         setup = quote(&format!(
@@ -124,8 +130,8 @@ pub const REQUIRE_SHELLS_VAR: &str = "BATON_REQUIRE_SHELLS";
 
 /// `zsh_completes`, or `None` after saying why the caller's test skips; panics when `zsh`
 /// cannot be run and `REQUIRE_SHELLS_VAR` is set.
-pub fn zsh_completes_or_skip(script: &str, bin: &str, line: &str) -> Option<String> {
-    let shown = zsh_completes(script, bin, line);
+pub fn zsh_completes_or_skip(script: &str, bin: &str, line: &str, expected: &[&str]) -> Option<String> {
+    let shown = zsh_completes(script, bin, line, expected);
     if shown.is_none() {
         assert!(std::env::var_os(REQUIRE_SHELLS_VAR).is_none(), "{REQUIRE_SHELLS_VAR} is set but zsh cannot be run");
         eprintln!(
@@ -135,9 +141,10 @@ pub fn zsh_completes_or_skip(script: &str, bin: &str, line: &str) -> Option<Stri
     shown
 }
 
-/// How long `zsh_completes` reads the screen after the TAB: zsh lists within a fraction of a
-/// second; this is generous for a loaded machine.
-pub const ZSH_LISTING_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+/// How long `zsh_completes` reads the screen after the TAB for a listing that has not come:
+/// zsh lists within a fraction of a second, but a loaded machine has been seen to take more
+/// than three (the reading stops as soon as the expected words are on the screen).
+pub const ZSH_LISTING_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Writes one man page per command and visible subcommand of `cmd` into `out` (created if
 /// missing): `baton-hub.1`, `baton-hub-serve.1`, `baton-hub-enroll-node.1`, … Returns the

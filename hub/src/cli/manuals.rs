@@ -45,11 +45,14 @@ mod tests {
     #[test]
     fn zsh_completes_a_second_level_subcommand_and_a_flag() {
         let script = manuals::completion_script(Cli::command(), BIN_NAME, manuals::Shell::Zsh).unwrap();
-        let Some(subcommands) = manuals::zsh_completes_or_skip(&script, BIN_NAME, "fence ") else { return };
-        for sub in ["block", "hold", "lift", "list", "pause"] {
+        let subs = ["block", "hold", "lift", "list", "pause"];
+        let Some(subcommands) = manuals::zsh_completes_or_skip(&script, BIN_NAME, "fence ", &subs) else { return };
+        for sub in subs {
             assert!(subcommands.contains(sub), "fence <TAB> lists no {sub}:\n{subcommands}");
         }
-        let flags = manuals::zsh_completes_or_skip(&script, BIN_NAME, "fence pause --").unwrap_or_default();
+        let flags =
+            manuals::zsh_completes_or_skip(&script, BIN_NAME, "fence pause --", &["--conversation", "--reason"])
+                .unwrap_or_default();
         assert!(flags.contains("--conversation") && flags.contains("--reason"), "fence pause --<TAB>:\n{flags}");
     }
 }
