@@ -9,7 +9,7 @@
 //! outcomes in the same conversation are never shown to it.
 //!
 //! The horizon (`store::views::feed`): on PostgreSQL a feed answers only positions no later commit can
-//! go below. When only claims' events wait above the horizon, the hub moves it with one barrier
+//! go below. When only claims' and holders' steps' events wait above the horizon, the hub moves it with one barrier
 //! transaction, shared by every feed reader of this hub (`FeedHorizon`): the highest horizon a
 //! barrier gave is kept and used by every later read, and at most one barrier runs at a time
 //! (`runtime::FeedHorizon`).
@@ -113,8 +113,8 @@ async fn follow(
             return Ok(page);
         }
         if page.more || page.pending_above {
-            // More positions to look through, or claims' events wait above the horizon (then
-            // move it): read again at once.
+            // More positions to look through, or events of claims or holders' steps wait above
+            // the horizon (then move it): read again at once.
             if page.pending_above {
                 state.feed_horizon.move_past(&state.store, page.next).await?;
             }

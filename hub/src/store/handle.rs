@@ -112,6 +112,22 @@ impl Conns {
         }
     }
 
+    /// `write` for a job of holders' handoff steps and reads (see `Writer::call_holder_steps`):
+    /// on PostgreSQL they run at once with other hubs' claims and steps, and a job the server
+    /// ended in a deadlock is run again (`again_after_conflicts`), in a new transaction.
+    pub(super) async fn write_holder_steps<R, F>(&self, f: F) -> StoreResult<R>
+    where
+        R: Send + 'static,
+        F: Fn(&dyn Db) -> StoreResult<R> + Clone + Send + 'static,
+    {
+        match self {
+            Conns::Served { writer, conflict_retries, .. } => {
+                again_after_conflicts(*conflict_retries, || writer.call_holder_steps(f.clone())).await
+            }
+            Conns::Direct(conn) => in_write_txn(&*lock(conn)?, f),
+        }
+    }
+
     /// Runs a read-only `f` (in one read transaction when served; see `Readers::read`).
     pub(super) async fn read<R, F>(&self, f: F) -> StoreResult<R>
     where

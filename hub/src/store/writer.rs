@@ -7,9 +7,10 @@
 //! runs each in its own savepoint inside one `BEGIN IMMEDIATE` transaction, commits once (one
 //! fsync), and only then answers each caller. A job that fails is rolled back to its savepoint
 //! and does not disturb the others; a failed commit fails them all. Every job is counted in
-//! `baton_hub_writer_jobs_total`. A batch made only of claims (`Writer::call_claims`) begins
-//! with `Db::begin_claims` instead: on PostgreSQL claim transactions of several hubs then run at
-//! once; any other job in the batch makes it an ordinary write transaction.
+//! `baton_hub_writer_jobs_total`. A batch made only of claims (`Writer::call_claims`) and
+//! holders' handoff steps (`Writer::call_holder_steps`) begins with `Db::begin_shared` instead:
+//! on PostgreSQL such transactions of several hubs then run at once; any other job in the batch
+//! makes it an ordinary write transaction.
 //!
 //! Standing claims: a long-poll claim with nothing to claim leaves its job with the writer
 //! (`Writer::stand_claim`). A job that gives hosts claimable work names them (`Writer::call_gaining`:
@@ -50,13 +51,27 @@ pub type OwnedDb = Box<dyn Db + Send>;
 /// Opens a new connection (the reader pool's, or the writer's after its connection broke).
 pub type Opener = Box<dyn Fn() -> StoreResult<OwnedDb> + Send + Sync>;
 
-/// A job waiting for the writer, and, for a job that runs claims and nothing else, the host
-/// whose claim it is.
+/// A job waiting for the writer, and, for a job that may share the record's write lock, which
+/// kind it is.
 struct Queued {
     /// When it was queued (`baton_hub_write_queue_wait_seconds`).
     at: std::time::Instant,
     job: Job,
-    claims: Option<String>,
+    shared: Option<Shared>,
+}
+
+/// A job that may run under the record's write lock in shared mode (`Db::begin_shared`), beside
+/// the same kinds of jobs of other hubs: what it writes is kept apart from theirs by row locks.
+/// The order is the order a batch of them runs in (one lock order for every hub): claims by
+/// host, then holders' steps.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Shared {
+    /// Claims of this host, and reads (`store::lifecycle::claim`).
+    Claims(String),
+    /// Holders' handoff steps, claimed → mirrored → delivered, and reads: the guarded update of
+    /// each delivery row the holder names and its events, nothing else
+    /// (`store::lifecycle::handoff`).
+    HolderSteps,
 }
 
 /// Handle to the writer thread. Cloning shares the thread.
@@ -189,7 +204,7 @@ impl Writer {
     }
 
     /// `call` for a job that runs claims of `host` (`store::lifecycle::claim::claim_as` and reads) and
-    /// writes nothing else: a batch of only such jobs begins with `Db::begin_claims` and runs
+    /// writes nothing else: a batch of only such jobs begins with `Db::begin_shared` and runs
     /// them in host order, so claim transactions on several hubs take the hosts' row locks in
     /// one order and never wait for each other in a cycle.
     pub async fn call_claims<R, F>(&self, host: String, f: F) -> StoreResult<R>
@@ -197,7 +212,18 @@ impl Writer {
         R: Send + 'static,
         F: FnOnce(&dyn Db) -> StoreResult<R> + Send + 'static,
     {
-        self.submit(Queued::new(f, Some(host), None)).await
+        self.submit(Queued::new(f, Some(Shared::Claims(host)), None)).await
+    }
+
+    /// `call` for a job of holders' handoff steps (`store::lifecycle::handoff`: mirrored, ack,
+    /// handoff) and reads, writing nothing else: it may share a batch begun with
+    /// `Db::begin_shared` with claims, after them.
+    pub async fn call_holder_steps<R, F>(&self, f: F) -> StoreResult<R>
+    where
+        R: Send + 'static,
+        F: FnOnce(&dyn Db) -> StoreResult<R> + Send + 'static,
+    {
+        self.submit(Queued::new(f, Some(Shared::HolderSteps), None)).await
     }
 
     async fn submit<R>(&self, (queued, answer): (Queued, oneshot::Receiver<StoreResult<R>>)) -> StoreResult<R> {
@@ -209,7 +235,7 @@ impl Writer {
 impl Queued {
     /// `f` as a job for the writer, and where its answer will come once its transaction ended;
     /// `gains` names the hosts a successful result gave claimable work.
-    fn new<R, F>(f: F, claims: Option<String>, gains: Option<Gains<R>>) -> (Queued, oneshot::Receiver<StoreResult<R>>)
+    fn new<R, F>(f: F, shared: Option<Shared>, gains: Option<Gains<R>>) -> (Queued, oneshot::Receiver<StoreResult<R>>)
     where
         R: Send + 'static,
         F: FnOnce(&dyn Db) -> StoreResult<R> + Send + 'static,
@@ -243,7 +269,7 @@ impl Queued {
             });
             (ok, gained, reply)
         });
-        (Queued { at: std::time::Instant::now(), job, claims }, orx)
+        (Queued { at: std::time::Instant::now(), job, shared }, orx)
     }
 }
 
@@ -290,9 +316,9 @@ fn run_batch(conn: &dyn Db, jobs: &mut Vec<Queued>, standing: &Standing, queue: 
     }
     metrics::histogram!("baton_hub_write_batch_jobs").record(jobs.len() as f64);
     metrics::counter!("baton_hub_writer_jobs_total").increment(jobs.len() as u64);
-    let begun = if jobs.iter().all(|j| j.claims.is_some()) {
-        jobs.sort_by(|a, b| a.claims.cmp(&b.claims));
-        conn.begin_claims()
+    let begun = if jobs.iter().all(|j| j.shared.is_some()) {
+        jobs.sort_by(|a, b| a.shared.cmp(&b.shared));
+        conn.begin_shared()
     } else {
         conn.begin_write()
     };
@@ -487,8 +513,8 @@ mod tests {
             self.begun.lock().unwrap().push("write");
             self.conn.begin_write()
         }
-        fn begin_claims(&self) -> DbResult<()> {
-            self.begun.lock().unwrap().push("claims");
+        fn begin_shared(&self) -> DbResult<()> {
+            self.begun.lock().unwrap().push("shared");
             self.conn.begin_write()
         }
         fn begin_read(&self) -> DbResult<()> {
@@ -531,11 +557,11 @@ mod tests {
         (Writer::start(Recording { conn, begun: begun.clone() }).unwrap(), begun, dir)
     }
 
-    /// A batch made only of claim jobs begins as a claim transaction and runs them in host
-    /// order (one lock order for every hub); a batch with any other job begins as an ordinary
-    /// write transaction.
+    /// A batch made only of claim jobs and holders' steps begins shared and runs the claims in
+    /// host order, then the holders' steps (one lock order for every hub); a batch with any
+    /// other job begins as an ordinary write transaction.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_batch_of_claims_only_begins_as_claims_in_host_order() {
+    async fn a_batch_of_claims_and_holder_steps_only_begins_shared_claims_first_in_host_order() {
         let (w, begun, _dir) = recording_writer();
         let order = std::sync::Arc::new(Mutex::new(Vec::<String>::new()));
         // Jobs sent while a first one holds the writer (in a batch of its own) are in its queue,
@@ -551,32 +577,43 @@ mod tests {
                 first.await.unwrap().unwrap();
             }
         };
-        let claim = |host: &'static str| {
+        let noting = |what: &'static str, shared: Option<Shared>| {
             let order = order.clone();
             Queued::new(
                 move |_| {
-                    order.lock().unwrap().push(host.to_string());
+                    order.lock().unwrap().push(what.to_string());
                     Ok(())
                 },
-                Some(host.to_string()),
+                shared,
                 None,
             )
         };
-        let (jobs, answers): (Vec<Queued>, Vec<_>) = ["host-c", "host-a", "host-b"].map(claim).into_iter().unzip();
+        let claim = |host: &'static str| noting(host, Some(Shared::Claims(host.to_string())));
+        let steps = || noting("steps", Some(Shared::HolderSteps));
+        let (jobs, answers): (Vec<Queued>, Vec<_>) =
+            [steps(), claim("host-c"), claim("host-a"), steps(), claim("host-b")].into_iter().unzip();
         behind_a_held_job(jobs).await;
         for answer in answers {
             answer.await.unwrap().unwrap();
         }
-        assert_eq!(*order.lock().unwrap(), ["host-a", "host-b", "host-c"]);
-        assert_eq!(*begun.lock().unwrap(), ["write", "claims"]);
+        assert_eq!(*order.lock().unwrap(), ["host-a", "host-b", "host-c", "steps", "steps"]);
+        assert_eq!(*begun.lock().unwrap(), ["write", "shared"]);
 
-        // A claim and another job queued together: one ordinary write transaction.
+        // Holders' steps alone: shared too.
+        let (alone, stepped) = steps();
+        behind_a_held_job(vec![alone]).await;
+        stepped.await.unwrap().unwrap();
+        assert_eq!(*begun.lock().unwrap(), ["write", "shared", "write", "shared"]);
+
+        // A claim, holders' steps and another job queued together: one ordinary write transaction.
         let (a_claim, claimed) = claim("host-a");
-        let (other, done) = Queued::new(|_| Ok(()), None, None);
-        behind_a_held_job(vec![a_claim, other]).await;
+        let (a_step, stepped) = steps();
+        let (other, done) = noting("other", None);
+        behind_a_held_job(vec![a_claim, a_step, other]).await;
         claimed.await.unwrap().unwrap();
+        stepped.await.unwrap().unwrap();
         done.await.unwrap().unwrap();
-        assert_eq!(*begun.lock().unwrap(), ["write", "claims", "write", "write"]);
+        assert_eq!(*begun.lock().unwrap(), ["write", "shared", "write", "shared", "write", "write"]);
     }
 
     /// A claim standing with the writer runs in the transaction of the first job that names its

@@ -1,27 +1,31 @@
 //! Claims at once on one PostgreSQL record, as several hubs make them (against a real throwaway
 //! cluster; skipped without PostgreSQL server binaries unless `BATON_REQUIRE_POSTGRES=1`). Each
 //! connection stands for one hub's writer. A claim transaction takes the record's write lock in
-//! shared mode (`Db::begin_claims`), so: claims of two hosts run at the same time; two claims of
+//! shared mode (`Db::begin_shared`), so: claims of two hosts run at the same time; two claims of
 //! one host take disjoint conversations (the queue one holds is skipped by the other, `FOR UPDATE
 //! SKIP LOCKED`) and neither hands out a delivery twice or out of `seq` order; a claim that
 //! would bind another instance waits for the bound instance's claim in flight and then sees what
 //! it holds; and every other writer waits for the claims in flight, as they wait for it. Pool
 //! work too: two members' claims on two connections skip the pool conversation the other
 //! holds, and many members claiming and reporting at once hand out every pool delivery once,
-//! each conversation's turns in order and on one host at a time.
+//! each conversation's turns in order and on one host at a time. Holders' handoff steps share
+//! the lock as claims do: a served store hands off while another hub's steps are open, and the
+//! feeds' horizon stays below the open steps' events.
 
 use baton_hub::store::engine::postgres::{self as pg, PgUrl};
 use baton_hub::store::engine::{Db, PgConn};
 use baton_hub::store::lifecycle::accept::{self, AcceptLimits, NewMessage, RetryPolicy};
 use baton_hub::store::lifecycle::claim;
-use baton_hub::store::lifecycle::handoff;
+use baton_hub::store::lifecycle::handoff::{self, Step};
 use baton_hub::store::lifecycle::report::{self, NewReport, RunReport};
 use baton_hub::store::lifecycle::transition::Holder;
 use baton_hub::store::registry::pools;
+use baton_hub::store::registry::sessions::NodeAt;
 use baton_hub::store::upkeep::verify;
-use baton_hub::store::{StoreError, registry::hosts};
+use baton_hub::store::views::feed;
+use baton_hub::store::{Store, StoreError, registry::hosts};
 use baton_shared::states::Outcome;
-use baton_shared::wire::ClaimedDelivery;
+use baton_shared::wire::{ClaimedDelivery, HolderItem};
 use baton_testkit::pg::{PgCluster, cluster_or_skip};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -39,6 +43,62 @@ fn claims_on_several_connections_run_at_once_and_stay_exclusive() {
     other_writers_and_claims_wait_for_each_other(&cluster);
     two_members_skip_the_pool_conversation_the_other_holds(&cluster);
     members_racing_on_several_connections_hand_out_each_pool_turn_once(&cluster);
+    holder_steps_run_beside_another_hubs_and_the_horizon_stays_below_theirs(&cluster);
+}
+
+/// Another hub's transaction of holders' steps is open: it handed off d1 (its events drawn,
+/// not committed). A served store's batch of handoffs hands off d2 meanwhile and answers (its
+/// job shares the record's lock); d2's events, committed, are numbered above d1's, and the
+/// horizon a reader sees stays below d1's until they commit; a barrier then moves past both.
+fn holder_steps_run_beside_another_hubs_and_the_horizon_stays_below_theirs(cluster: &PgCluster) {
+    let url = record(cluster, "holder_steps");
+    let setup = connect(&url);
+    write(&setup, |c| {
+        send(c, "c1", "k1", "host-a");
+        send(c, "c2", "k2", "host-a");
+        Ok(())
+    });
+    let got = write(&setup, |c| claim::claim(c, "host-a", "i", 10, 2));
+    let [d1, d2] = got.as_slice() else { panic!("two deliveries claimed: {got:?}") };
+    let handed_off = |c: &PgConn, d: &ClaimedDelivery| -> i64 {
+        c.prepare_cached("SELECT min(id) FROM delivery_events WHERE delivery_id = $1 AND to_state = 'mirrored'")
+            .unwrap()
+            .query_row([&d.delivery_id], |r| r.get(0))
+            .unwrap()
+    };
+    // Opened first: opening may write, which waits for any transaction sharing the lock.
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let store = rt.block_on(Store::open_postgres(&PgUrl::parse(&url).unwrap(), baton_shared::clock::system())).unwrap();
+    // Idle in its transaction for as long as the test may take on a loaded machine.
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let other = connect(&format!("{url}{sep}write_idle_timeout=300"));
+    other.begin_shared().unwrap();
+    let holder = Holder { instance_id: "i", claim_token: &d1.claim_token };
+    assert!(handoff::handoff(&other, "host-a", &d1.delivery_id, holder, 11).unwrap().changed);
+    let d1_first = handed_off(&other, d1);
+
+    let node = NodeAt { host: "host-a".into(), session: None };
+    let items = vec![HolderItem { delivery_id: d2.delivery_id.clone(), claim_token: d2.claim_token.clone() }];
+    let answered = rt
+        .block_on(async {
+            tokio::time::timeout(WAIT, store.holder_steps(Step::Handoff, node, "i".into(), items)).await
+        })
+        .expect("the handoff is answered while another hub's steps are open");
+    assert!(answered.unwrap()[0].as_ref().unwrap().changed);
+    let reader = connect(&url);
+    assert!(handed_off(&reader, d2) > d1_first, "d2's events are numbered above d1's, still open");
+    let horizon = |c: &PgConn| {
+        c.begin_read().unwrap();
+        let h = feed::horizon(c).unwrap();
+        c.control("COMMIT").unwrap();
+        h
+    };
+    assert!(horizon(&reader) < d1_first, "the horizon stays below the open steps' events");
+
+    other.control("COMMIT").unwrap();
+    let passed = rt.block_on(store.feed_barrier()).unwrap();
+    assert!(passed > handed_off(&reader, d2), "a barrier moves the horizon past both");
+    assert!(write(&setup, verify::check).is_empty());
 }
 
 /// host-a's claim holds pool conversation c1 (its queue row locked); host-b's claim on another
@@ -54,12 +114,12 @@ fn two_members_skip_the_pool_conversation_the_other_holds(cluster: &PgCluster) {
         }
         Ok(())
     });
-    first.begin_claims().unwrap();
+    first.begin_shared().unwrap();
     let held = claim::claim(&first, "host-a", "i", 1, 2).unwrap();
     assert_eq!(turns(&held), [("c1".to_string(), 1)]);
     let (done, result) = mpsc::channel();
     let other = std::thread::spawn(move || {
-        second.begin_claims().unwrap();
+        second.begin_shared().unwrap();
         let got = claim::claim(&second, "host-b", "j", 10, 2).map_err(|e| e.to_string());
         second.control("COMMIT").unwrap();
         done.send(got).unwrap();
@@ -143,7 +203,7 @@ fn claim_once(
     now: i64,
     log: &HandedOut,
 ) -> Result<Vec<ClaimedDelivery>, String> {
-    conn.begin_claims().map_err(|e| e.to_string())?;
+    conn.begin_shared().map_err(|e| e.to_string())?;
     match claim::claim(conn, host, instance, 3, now) {
         Ok(got) => {
             let mut log = log.lock().unwrap();
@@ -211,13 +271,13 @@ fn one_host_two_claims_take_disjoint_conversations(cluster: &PgCluster) {
         claim::claim(c, "host-a", "i", 0, 1).map(drop)
     });
 
-    first.begin_claims().unwrap();
+    first.begin_shared().unwrap();
     let held = claim::claim(&first, "host-a", "i", 1, 2).unwrap();
     assert_eq!(turns(&held), [("c1".to_string(), 1)], "the least recently served conversation goes first");
 
     let (done, result) = mpsc::channel();
     let waiter = std::thread::spawn(move || {
-        second.begin_claims().unwrap();
+        second.begin_shared().unwrap();
         let got = claim::claim(&second, "host-a", "i", 10, 2);
         second.control("COMMIT").unwrap();
         done.send(got.map_err(|e| e.to_string())).unwrap();
@@ -251,12 +311,12 @@ fn two_hosts_claim_at_once(cluster: &PgCluster) {
         send(c, "c1", "b", "host-b");
         Ok(())
     });
-    first.begin_claims().unwrap();
+    first.begin_shared().unwrap();
     let a = claim::claim(&first, "host-a", "i", 10, 2).unwrap();
     assert_eq!(a.len(), 1);
     let (done, result) = mpsc::channel();
     let other = std::thread::spawn(move || {
-        second.begin_claims().unwrap();
+        second.begin_shared().unwrap();
         let got = claim::claim(&second, "host-b", "j", 10, 2).map_err(|e| e.to_string());
         second.control("COMMIT").unwrap();
         done.send(got).unwrap();
@@ -279,11 +339,11 @@ fn another_instance_waits_for_the_bound_one(cluster: &PgCluster) {
         send(c, "c2", "b1", "host-a");
         claim::claim(c, "host-a", "i", 0, 1).map(drop)
     });
-    first.begin_claims().unwrap();
+    first.begin_shared().unwrap();
     assert_eq!(claim::claim(&first, "host-a", "i", 1, 2).unwrap().len(), 1);
     let (done, result) = mpsc::channel();
     let other = std::thread::spawn(move || {
-        second.begin_claims().unwrap();
+        second.begin_shared().unwrap();
         let got = claim::claim(&second, "host-a", "j", 10, 2);
         let _ = second.control(if got.is_ok() { "COMMIT" } else { "ROLLBACK" });
         done.send(got).unwrap();
@@ -325,7 +385,7 @@ fn other_writers_and_claims_wait_for_each_other(cluster: &PgCluster) {
 
 /// Begins a claim transaction (`claims`) or an ordinary write transaction.
 fn begin(conn: &PgConn, claims: bool) -> baton_hub::store::engine::DbResult<()> {
-    if claims { conn.begin_claims() } else { conn.begin_write() }
+    if claims { conn.begin_shared() } else { conn.begin_write() }
 }
 
 /// A new database `name` in the cluster, migrated, with hosts host-a and host-b enrolled.

@@ -545,13 +545,17 @@ pub const FEED_DRAWN_OUT_OF_COMMIT_ORDER: Both<bool> = Both { sqlite: false, pos
 
 /// The feed's horizon in this snapshot: no position at or below it can still be committed
 /// later. On SQLite every position drawn (`FEED_DRAWN`); on PostgreSQL the highest position seen
-/// among progress events, outcomes and delivery events not from `queued` (everything but a
-/// claim writes under the record's exclusive write lock, and a claim only moves deliveries out
-/// of `queued`).
+/// among progress events, outcomes and delivery events written only under the record's
+/// exclusive write lock: all but a claim's (out of `queued`) and a holder's handoff steps
+/// (claimed or mirrored → mirrored or delivered), which share it.
 pub const FEED_HORIZON: Both<&str> = Both {
     sqlite: "SELECT coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'delivery_events'), 0)",
     postgres: "SELECT GREATEST(
-                   coalesce((SELECT max(id) FROM delivery_events WHERE from_state IS NULL OR from_state <> 'queued'), 0),
+                   coalesce((SELECT max(id) FROM delivery_events
+                             WHERE from_state IS NULL
+                                OR NOT (from_state = 'queued'
+                                        OR (from_state IN ('claimed', 'mirrored')
+                                            AND to_state IN ('mirrored', 'delivered')))), 0),
                    coalesce((SELECT max(n) FROM progress_events), 0),
                    coalesce((SELECT max(event_n) FROM attempts), 0))",
 };

@@ -67,11 +67,12 @@ pub trait Db {
     /// PostgreSQL a transaction that first takes the record's write lock (`WRITE_LOCK_KEY`), so
     /// writers on every hub run one after another, as on one SQLite file.
     fn begin_write(&self) -> DbResult<()>;
-    /// Begins a write transaction that runs claims and nothing else. On SQLite it is
-    /// `begin_write`. On PostgreSQL it takes the record's write lock in shared mode, so claim
-    /// transactions on several hubs run at once while every other writer still waits for all of
-    /// them (and they for it); what keeps two claims apart is row locks (see `store::lifecycle::claim`).
-    fn begin_claims(&self) -> DbResult<()> {
+    /// Begins a write transaction that runs claims and holders' handoff steps and nothing else
+    /// (`store::writer`'s shared jobs). On SQLite it is `begin_write`. On PostgreSQL it takes
+    /// the record's write lock in shared mode, so such transactions on several hubs run at once
+    /// while every other writer still waits for all of them (and they for it); what keeps them
+    /// apart is row locks (see `store::lifecycle::claim` and `store::lifecycle::handoff`).
+    fn begin_shared(&self) -> DbResult<()> {
         self.begin_write()
     }
     /// Begins a read transaction: every query in it sees one snapshot.
@@ -103,8 +104,8 @@ impl<T: Db + ?Sized> Db for Box<T> {
     fn begin_write(&self) -> DbResult<()> {
         (**self).begin_write()
     }
-    fn begin_claims(&self) -> DbResult<()> {
-        (**self).begin_claims()
+    fn begin_shared(&self) -> DbResult<()> {
+        (**self).begin_shared()
     }
     fn begin_read(&self) -> DbResult<()> {
         (**self).begin_read()

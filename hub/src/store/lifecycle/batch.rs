@@ -73,7 +73,7 @@ impl Store {
     ) -> StoreResult<Vec<StoreResult<TransitionResponse>>> {
         let clock = self.clock.clone();
         self.conns
-            .write(move |c| {
+            .write_holder_steps(move |c| {
                 sessions::check(c, &node.host, node.session)?;
                 holder_steps_in(c, step, &node, &instance_id, &items, clock.now_ms())
             })

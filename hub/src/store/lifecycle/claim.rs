@@ -5,7 +5,7 @@
 //! is a read that spares a write job when nothing is claimable.
 //!
 //! Invariant (claims at once): on PostgreSQL a transaction of claims only takes the record's
-//! write lock in shared mode (`Db::begin_claims`), so claims on several hubs run at the same
+//! write lock in shared mode (`Db::begin_shared`), so claims on several hubs run at the same
 //! time, and every other writer still runs alone. What keeps claims apart are row locks, taken
 //! in one order: the host's row first (`host_row`: shared while the claimant is the bound
 //! instance of an active host, so one instance's claims may overlap; exclusive when the claim

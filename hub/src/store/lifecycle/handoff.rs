@@ -1,6 +1,16 @@
 //! What the holder of a claimed delivery does with it (SPEC §2, §4, §6): reads its holdings,
 //! then `mirrored`, `ack` (or both at once, the `handoff`) or `reject`, each guarded by the
 //! claim's instance and token and repeated as a no-op.
+//!
+//! Invariant (steps at once): on PostgreSQL a job of holders' steps (mirrored, ack, handoff;
+//! not a reject, which settles) takes the record's write lock in shared mode with claims
+//! (`Store::holder_step`, `Store::holder_steps`: `Writer::call_holder_steps`), so the handoffs of
+//! several hubs run at once. It writes nothing but the rows of the deliveries it names, each
+//! guarded on its state and holder (row locks keep two steps on one delivery apart, and the
+//! second is answered as a repeat or a refusal), and their events; it moves no count, flight or
+//! queue, and reads the node's session, which only an exclusive writer changes. Its events may
+//! commit out of position order, so the feeds' horizon leaves them out
+//! (`engine::dialect::FEED_HORIZON`).
 
 use crate::store::Store;
 use crate::store::engine::{Db, OptionalExtension, params};
@@ -131,7 +141,7 @@ impl Store {
     ) -> StoreResult<TransitionResponse> {
         let clock = self.clock.clone();
         self.conns
-            .write(move |c| {
+            .write_holder_steps(move |c| {
                 sessions::check(c, &node.host, node.session)?;
                 let h = holder.as_holder();
                 apply_step(c, step, &node, &delivery_id, h, clock.now_ms())

@@ -10,12 +10,15 @@
 //!
 //! Commit order (`horizon`). On SQLite the one writer draws and commits in order: every position
 //! drawn is committed in the snapshot that sees the counter. On PostgreSQL a sequence is not
-//! commit order, but everything except a claim is written under the record's exclusive write
-//! lock, and a claim only moves deliveries out of `queued`: the highest position a snapshot
-//! sees among progress events, outcomes and delivery events not from `queued` is a horizon no
-//! later commit can go below. A feed answers only up to the horizon; `pending_above` says when
-//! items of the feed wait above it (claims' events), and the hub then moves the horizon with
-//! `barrier` (an exclusive transaction that draws a position: every lower one has ended).
+//! commit order, but everything except claims and holders' handoff steps is written under the
+//! record's exclusive write lock, and those two only move deliveries out of `queued` (a claim)
+//! or from claimed or mirrored to mirrored or delivered (a step): the highest position a
+//! snapshot sees among progress events, outcomes and the other delivery events is a horizon no
+//! later commit can go below (an exclusive writer drew it after every transaction sharing the
+//! lock before it had ended). A feed answers only up to the horizon; `pending_above` says when
+//! items of the feed wait above it (claims' and steps' events), and the hub then moves the
+//! horizon with `barrier` (an exclusive transaction that draws a position: every lower one has
+//! ended).
 //!
 //! Removal (`feed_removals`, written by the triggers of migration 0013): a cursor below the
 //! highest position retention or a purge removed from the feed would skip what was removed,
@@ -88,7 +91,8 @@ pub struct FeedPage {
     pub events: Vec<FeedEvent>,
     /// Every item of the feed up to here is in this page or before it.
     pub next: i64,
-    /// Items of the feed wait above the horizon (PostgreSQL: claims' events; see `barrier`).
+    /// Items of the feed wait above the horizon (PostgreSQL: claims' and holders' steps' events;
+    /// see `barrier`).
     pub pending_above: bool,
     /// The read stopped looking before the horizon (`FEED_SCAN_WINDOWS_MAX`): read on from
     /// `next` at once.
@@ -107,7 +111,7 @@ pub const FEED_SCAN_WINDOWS_MAX: u32 = 8;
 
 /// Draws `count` consecutive feed positions (at least one) from the counter `delivery_events.id`
 /// is drawn from; returns the first. Must run in a write transaction that holds the record's
-/// write lock exclusively (every writer but a claim does).
+/// write lock exclusively (every writer but a claim and a holder's step does).
 pub fn draw(conn: &dyn Db, count: u32) -> StoreResult<i64> {
     let count = i64::from(count.max(1));
     let bumped: Option<i64> =
@@ -323,7 +327,8 @@ fn cut(found: Found, upto: i64, bounds: PageBounds) -> (Vec<FeedEvent>, i64) {
     (events, complete_to)
 }
 
-/// Whether the feed has items above `top` (only claims' delivery events can be there).
+/// Whether the feed has items above `top` (only claims' and holders' steps' delivery events can
+/// be there).
 fn pending(conn: &dyn Db, scope: &FeedScope, top: i64) -> StoreResult<bool> {
     Ok(match scope {
         FeedScope::Message { message_id, .. } => conn

@@ -115,8 +115,8 @@ pub const PG_WRITE_IDLE_MAX: std::time::Duration = std::time::Duration::from_sec
 
 /// How many times an operation is run again after PostgreSQL ended its transaction to resolve
 /// a conflict with another (a deadlock, 40P01, or a serialization failure, 40001), unless the
-/// URL's `conflict_retries` says otherwise: claims of several hubs run at once (`begin_claims`)
-/// and may meet in a deadlock, which the server resolves by ending one of them. Past it the
+/// URL's `conflict_retries` says otherwise: claims and holders' steps of several hubs run at
+/// once (`begin_shared`) and may meet in a deadlock, which the server resolves by ending one of them. Past it the
 /// operation fails as storage unavailable (which callers retry later).
 pub const PG_CONFLICT_RETRIES: u32 = 8;
 
@@ -359,7 +359,7 @@ impl Db for PgConn {
     fn begin_write(&self) -> DbResult<()> {
         self.begin_locked("pg_advisory_xact_lock")
     }
-    fn begin_claims(&self) -> DbResult<()> {
+    fn begin_shared(&self) -> DbResult<()> {
         self.begin_locked("pg_advisory_xact_lock_shared")
     }
     fn begin_read(&self) -> DbResult<()> {
