@@ -1,14 +1,18 @@
 //! Several hubs over one PostgreSQL record, with real nodes: work sent through one hub is
 //! claimed through the other at once (the hubs wake each other through the database, not at
 //! the end of a long-poll), a hub killed with SIGKILL mid-flight loses nothing (its nodes move
-//! to the other hub and resync), every message runs exactly once, and fences, cancels, releases,
+//! to the other hub and resync), every message runs exactly once, a producer following a feed
+//! meanwhile reads every item once in order, and fences, cancels, releases,
 //! revocations and membership changes made through one hub hold on the other. Skipped without PostgreSQL unless
 //! `BATON_REQUIRE_POSTGRES=1`.
 
-use crate::harness::{Hub, submit_body};
+use crate::harness::{Api, Hub, submit_body};
 use crate::node_failover::{assert_each_once, done_count, send_many};
 use crate::node_harness::{NODE_WAIT, lines, long_turn, wait_for, wait_started};
 use baton_testkit::pg::cluster_or_skip;
+use serde_json::Value;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 /// The long-poll both the nodes and the second hub allow: far longer than any wait below, so
@@ -50,6 +54,14 @@ fn two_hubs_one_record_wake_each_other_and_a_killed_hub_loses_nothing() {
     });
     first.assert_one_attempt(&one, "succeeded");
 
+    // A producer follows a conversation's feed through the first hub while both hubs commit
+    // claims and handoffs at once (their events commit out of position order).
+    let stop = Arc::new(AtomicBool::new(false));
+    let follower = {
+        let (api, stop) = (first.client("prod"), stop.clone());
+        std::thread::spawn(move || follow_feed(&api, "conv-0", &stop))
+    };
+
     // Mid-flight, the second hub is killed: the nodes move to the first and resync there.
     let mut expected = send_many(&first, 24, &["host-a", "host-b"]);
     for id in [&one, &two] {
@@ -66,9 +78,35 @@ fn two_hubs_one_record_wake_each_other_and_a_killed_hub_loses_nothing() {
     b.wait_idle();
     assert!(at_kill < total, "the kill happened mid-way ({at_kill} of {total} done)");
     assert_each_once(&first, &expected);
+    // What the follower read as it happened is the feed read again from the start, item for
+    // item: no item was passed over while an earlier one was still to commit, none repeated.
+    stop.store(true, Ordering::SeqCst);
+    let followed = follower.join().expect("the follower");
+    let again = follow_feed(&first.client("prod"), "conv-0", &AtomicBool::new(true));
+    assert!(again.len() >= 8 * 5, "every turn of conv-0 has its events: {again:#?}");
+    assert_eq!(followed, again, "the feed followed live is the feed read afterwards");
     for node in [&a, &b] {
         let logs = node.logs();
         assert!(logs.contains(&format!("now using the hub at {}", first.url())), "the node moved:\n{logs}");
+    }
+}
+
+/// Reads `conversation`'s events feed from its start as `api`'s producer, each read waiting
+/// up to a second for more, until `stop` is set and a read then finds nothing new; returns
+/// every item, as the hub wrote it, in the order read.
+fn follow_feed(api: &Api, conversation: &str, stop: &AtomicBool) -> Vec<Value> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+    let (mut items, mut after) = (Vec::new(), String::new());
+    loop {
+        let stopping = stop.load(Ordering::SeqCst);
+        let page = rt.block_on(api.get(&format!("/v1/conversations/{conversation}/events?wait_ms=1000{after}")));
+        let page = page.ok(200);
+        let events = page["events"].as_array().expect("events");
+        items.extend(events.iter().cloned());
+        after = format!("&after={}", page["next_cursor"].as_str().expect("next_cursor"));
+        if stopping && events.is_empty() {
+            return items;
+        }
     }
 }
 
