@@ -99,6 +99,39 @@ fn holder_steps_run_beside_another_hubs_and_the_horizon_stays_below_theirs(clust
     let passed = rt.block_on(store.feed_barrier()).unwrap();
     assert!(passed > handed_off(&reader, d2), "a barrier moves the horizon past both");
     assert!(write(&setup, verify::check).is_empty());
+    the_same_step_on_two_hubs_at_once_is_answered_as_a_repeat(&url);
+}
+
+/// One holder's `mirrored` of one delivery through two hubs at once (a node that asked again
+/// through another hub): the second reads the delivery claimed, then waits for the first's row
+/// lock, and is answered as the repeat it is, not as a stale claim.
+fn the_same_step_on_two_hubs_at_once_is_answered_as_a_repeat(url: &str) {
+    let setup = connect(url);
+    write(&setup, |c| {
+        send(c, "c3", "k3", "host-b");
+        Ok(())
+    });
+    let got = write(&setup, |c| claim::claim(c, "host-b", "j", 20, 1));
+    let [d] = got.as_slice() else { panic!("one delivery claimed: {got:?}") };
+    let (first, second, admin) = (connect(url), connect(url), connect(url));
+    first.begin_shared().unwrap();
+    let holder = Holder { instance_id: "j", claim_token: &d.claim_token };
+    assert!(handoff::mirrored(&first, "host-b", &d.delivery_id, holder, 21).unwrap().changed);
+    let (done, answered) = mpsc::channel();
+    let (id, token) = (d.delivery_id.clone(), d.claim_token.clone());
+    let again = std::thread::spawn(move || {
+        second.begin_shared().unwrap();
+        let holder = Holder { instance_id: "j", claim_token: &token };
+        let got = handoff::mirrored(&second, "host-b", &id, holder, 22).map(|r| r.changed).map_err(|e| e.to_string());
+        second.control("COMMIT").unwrap();
+        done.send(got).unwrap();
+    });
+    wait_until_waiting(&admin, &answered);
+    first.control("COMMIT").unwrap();
+    let changed = answered.recv_timeout(WAIT).expect("the second step ends once the first committed");
+    again.join().unwrap();
+    assert_eq!(changed, Ok(false), "the second step is a repeat");
+    assert!(write(&setup, verify::check).is_empty());
 }
 
 /// host-a's claim holds pool conversation c1 (its queue row locked); host-b's claim on another

@@ -281,7 +281,17 @@ pub fn mirrored(
 ) -> StoreResult<TransitionResponse> {
     let row = load(conn, delivery_id, host)?;
     check_holder(&row, delivery_id, holder)?;
-    holder_step(conn, host, delivery_id, holder, row.state, Claimed, Mirrored, &[Mirrored, Delivered], now_ms)
+    match holder_step(conn, host, delivery_id, holder, row.state, Claimed, Mirrored, &[Mirrored, Delivered], now_ms) {
+        // Moved between the read and the write by a transaction sharing the record's lock (the
+        // same holder's step through another hub): answered from the row as it is now, as if
+        // this one had come after it.
+        Err(StoreError::StaleClaim(_)) => {
+            let row = load(conn, delivery_id, host)?;
+            check_holder(&row, delivery_id, holder)?;
+            holder_step(conn, host, delivery_id, holder, row.state, Claimed, Mirrored, &[Mirrored, Delivered], now_ms)
+        }
+        done => done,
+    }
 }
 
 /// The holder acked the durable handoff: mirrored → delivered. Repeating it changes nothing.
