@@ -22,8 +22,9 @@
 //! has not taken can be withdrawn (its wait ended, its request went away); one it took is
 //! answered like any job.
 //!
-//! Why one file over 700 lines: the writer is about 360 lines; the rest is its tests (group
-//! commit, jobs refused alone, standing claims), which read beside the loop they hold.
+//! Why one file over 700 lines: the writer is about 390 lines; the rest is its tests (group
+//! commit, jobs refused alone, shared batches, standing claims), which read beside the loop
+//! they hold.
 
 use super::engine::Db;
 use super::{StoreError, StoreResult};
