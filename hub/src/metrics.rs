@@ -41,6 +41,11 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
         Kind::Gauge,
         "Deliveries whose current run ended with this outcome (a run in progress or not yet reported is not counted).",
     ),
+    (
+        "baton_hub_gauges_read_seconds",
+        Kind::Gauge,
+        "How long the last read of the record's gauges took; the next waits at least gauge_interval, longer when reads take more than gauge_read_share of the time.",
+    ),
     ("baton_hub_fanout_pending", Kind::Gauge, "Accepted messages whose fan-out to deliveries is not done yet."),
     ("baton_hub_fences_active", Kind::Gauge, "Fences (pause, hold, block) not lifted."),
     ("baton_hub_fences_active_by_scope", Kind::Gauge, "Fences (pause, hold, block) not lifted, by scope."),
@@ -231,8 +236,21 @@ pub struct GaugeWatch {
     pub host_silence_warn: Duration,
     /// `metrics_hosts_max`: most hosts given per-host series.
     pub hosts_max: usize,
+    /// `gauge_interval`: the least wait between two reads of the gauges.
+    pub interval: Duration,
+    /// `gauge_read_share`: most of the time, in percent, the reads may take.
+    pub read_share: u32,
     /// The data directory, for the server certificate and the CA bundle.
     pub dir: DataDir,
+}
+
+/// How long the gauges wait after a read of the record that took `took`: at least `interval`,
+/// and long enough that reading takes at most `read_share` percent of the time
+/// (`took x (100 - share) / share`), so a record too large to count cheaply (the outcome
+/// counts read every finished delivery kept) is read less often instead of keeping a core busy.
+pub fn gauge_wait(interval: Duration, read_share: u32, took: Duration) -> Duration {
+    let share = read_share.clamp(1, 100);
+    interval.max(took.saturating_mul(100 - share) / share)
 }
 
 /// Set once the per-host series were first cut at `metrics_hosts_max` (logged once).
@@ -372,6 +390,23 @@ pub fn render(shared: &Shared) -> Response {
 
 #[cfg(test)]
 mod tests {
+    /// The gauges wait `gauge_interval` after a quick read, and after a slow one long enough
+    /// that reading takes no more than `gauge_read_share` of the time.
+    #[test]
+    fn a_slow_gauge_read_stretches_the_wait_to_its_share() {
+        use super::gauge_wait;
+        let s = std::time::Duration::from_secs;
+        let ms = std::time::Duration::from_millis;
+        assert_eq!(gauge_wait(s(10), 5, ms(20)), s(10), "a quick read waits the interval");
+        assert_eq!(gauge_wait(s(10), 5, s(2)), s(38), "2 s at 5 %: 38 s of wait");
+        let took = ms(2_345);
+        let wait = gauge_wait(s(10), 5, took);
+        assert!(took.as_secs_f64() / (took + wait).as_secs_f64() <= 0.05 + 1e-9);
+        assert_eq!(gauge_wait(s(10), 100, s(30)), s(10), "a share of 100 % never waits longer");
+        assert_eq!(gauge_wait(s(1), 50, s(3)), s(3));
+        assert_eq!(gauge_wait(s(10), 0, s(1)), s(99), "a share below 1 % counts as 1 %");
+    }
+
     use super::*;
 
     /// Every `metrics::counter!/gauge!/histogram!` name in the hub's source is described, with

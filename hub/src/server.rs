@@ -154,6 +154,8 @@ impl Hub {
         let gauge_watch = crate::metrics::GaugeWatch {
             host_silence_warn: self.config.host_silence_warn,
             hosts_max: self.config.metrics_hosts_max,
+            interval: self.config.gauge_interval,
+            read_share: self.config.gauge_read_share,
             dir: self.dir.clone(),
         };
         tokio::spawn(publish_gauges(shared.clone(), gauge_watch));
@@ -201,14 +203,13 @@ fn cert_check(shared: Arc<Shared>) -> tls::CertCheck {
     })
 }
 
-/// How often the delivery-state gauges are refreshed.
-const GAUGE_INTERVAL: Duration = Duration::from_secs(10);
-
 /// Publishes deliveries per state, pending fan-out and active fences as gauges, and the rest
 /// of the record's and the data directory's gauges (`metrics::publish_record_gauges`,
-/// `metrics::publish_file_gauges`).
+/// `metrics::publish_file_gauges`), then waits as `metrics::gauge_wait` says: at least
+/// `gauge_interval`, longer when the read took more than `gauge_read_share` of the time.
 async fn publish_gauges(shared: Arc<Shared>, watch: crate::metrics::GaugeWatch) {
     loop {
+        let began = std::time::Instant::now();
         match shared.store.status().await {
             Ok(s) => {
                 for st in baton_shared::states::DeliveryState::ALL {
@@ -221,9 +222,11 @@ async fn publish_gauges(shared: Arc<Shared>, watch: crate::metrics::GaugeWatch) 
             Err(e) => tracing::warn!(error = %e, "could not read the status for the gauges"),
         }
         crate::metrics::publish_record_gauges(&shared, &watch).await;
+        let took = began.elapsed();
+        metrics::gauge!("baton_hub_gauges_read_seconds").set(took.as_secs_f64());
         crate::metrics::publish_file_gauges(&watch.dir, shared.clock.now_ms());
         tokio::select! {
-            _ = tokio::time::sleep(GAUGE_INTERVAL) => {}
+            _ = tokio::time::sleep(crate::metrics::gauge_wait(watch.interval, watch.read_share, took)) => {}
             _ = shared.shutdown.cancelled() => return,
         }
     }

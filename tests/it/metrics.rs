@@ -198,6 +198,8 @@ fn the_hub_exports_histograms_requests_by_route_and_the_record_gauges() {
     assert_eq!(value(&s, "baton_hub_turns_running", &[]), Some(0.0), "{text}");
     assert_eq!(value(&s, "baton_hub_turn_oldest_running_age_seconds", &[]), Some(0.0), "{text}");
     assert_eq!(value(&s, "baton_hub_held_oldest_age_seconds", &[]), Some(0.0), "{text}");
+    let read = value(&s, "baton_hub_gauges_read_seconds", &[]);
+    assert!(read.is_some_and(|r| (0.0..60.0).contains(&r)), "the last gauge read's time: {read:?}\n{text}");
     for scope in ["conversation", "host", "all"] {
         assert_eq!(value(&s, "baton_hub_fences_active_by_scope", &[("scope", scope)]), Some(0.0), "{text}");
     }

@@ -307,6 +307,29 @@ pub const METRICS_HOSTS_MAX: Key = Key {
           the first by name; past it the rest get none and baton_hub_metrics_hosts_omitted counts them, so a \
           fleet that grows cannot grow the scrape without bound",
 };
+/// The least time between two reads of the record's gauges by default.
+pub const GAUGE_INTERVAL_DEFAULT: Duration = Duration::from_secs(10);
+/// `gauge_interval`.
+pub const GAUGE_INTERVAL: Key = Key {
+    name: key_name!(None, "gauge_interval", "gauge-interval", "BATON_HUB_GAUGE_INTERVAL"),
+    kind: KeyKind::Duration {
+        default: GAUGE_INTERVAL_DEFAULT,
+        min: Duration::from_secs(1),
+        max: Duration::from_secs(3600),
+    },
+    doc: "the least time between two reads of the gauges /metrics takes from the record (deliveries by state \
+          and by outcome, backlogs, running turns, ...); a large record's read waits longer (gauge_read_share)",
+};
+/// Most of the hub's time, in percent, that reading the record's gauges may take by default.
+pub const GAUGE_READ_SHARE_DEFAULT: u64 = 5;
+/// `gauge_read_share`.
+pub const GAUGE_READ_SHARE: Key = Key {
+    name: key_name!(None, "gauge_read_share", "gauge-read-share", "BATON_HUB_GAUGE_READ_SHARE"),
+    kind: KeyKind::Int { default: GAUGE_READ_SHARE_DEFAULT, min: 1, max: 100 },
+    doc: "most of the time, in percent, that reading the record's gauges may take: some gauges count the whole \
+          record (deliveries by outcome), so after a read that took t the next waits at least t x (100 - share) \
+          / share, and never less than gauge_interval; baton_hub_gauges_read_seconds shows the last read's time",
+};
 /// `requeue_silent_after`.
 pub const REQUEUE_SILENT_AFTER: Key = Key {
     name: key_name!(None, "requeue_silent_after", "requeue-silent-after", "BATON_HUB_REQUEUE_SILENT_AFTER"),
@@ -713,7 +736,7 @@ pub const INSTANCE_REBIND_WINDOW_KEY: Key = Key {
 };
 
 /// Every key, in the order of the template.
-pub const KEYS: [&Key; 55] = [
+pub const KEYS: [&Key; 57] = [
     &LISTEN,
     &DATABASE_URL,
     &SYNCHRONOUS,
@@ -728,6 +751,8 @@ pub const KEYS: [&Key; 55] = [
     &STATUS_PAGE_REASONS,
     &OPERATOR_CONNECTIONS_PER_PEER_MAX,
     &METRICS_HOSTS_MAX,
+    &GAUGE_INTERVAL,
+    &GAUGE_READ_SHARE,
     &REQUEUE_SILENT_AFTER,
     &START_LEASE,
     &PAYLOAD_BYTES_MAX,

@@ -189,6 +189,10 @@ pub struct HubConfig {
     pub operator_connections_per_peer_max: usize,
     /// Most hosts given per-host series on `/metrics` (the first by name).
     pub metrics_hosts_max: usize,
+    /// The least time between two reads of the record's gauges.
+    pub gauge_interval: Duration,
+    /// Most of the time, in percent (1..=100), that reading the record's gauges may take.
+    pub gauge_read_share: u32,
     /// Where the hub exports its spans over OTLP/HTTP; `None` (the default): no spans.
     pub otlp_endpoint: Option<baton_telemetry::OtlpEndpoint>,
     /// How long a node instance's open session may be silent before the hub requeues its
@@ -366,6 +370,8 @@ impl HubConfig {
             },
             operator_connections_per_peer_max: m.int(&OPERATOR_CONNECTIONS_PER_PEER_MAX)? as usize,
             metrics_hosts_max: usize::try_from(m.int(&METRICS_HOSTS_MAX)?).unwrap_or(usize::MAX),
+            gauge_interval: m.duration(&GAUGE_INTERVAL)?,
+            gauge_read_share: u32::try_from(m.int(&GAUGE_READ_SHARE)?).unwrap_or(100),
             otlp_endpoint: m.otlp_endpoint(&OTLP_ENDPOINT)?,
             requeue_silent_after: requeue_silent_after(m.duration(&REQUEUE_SILENT_AFTER)?, limits.long_poll_wait_max)?,
         })

@@ -57,23 +57,24 @@ pub struct RecordGauges {
 
 /// Reads the gauges at `now_ms`, flagging hosts silent longer than `silence_ms`.
 pub fn gather(conn: &dyn Db, now_ms: i64, silence_ms: i64) -> StoreResult<RecordGauges> {
-    let (running, longest) = overview::running_turns(conn, 1)?;
+    // Running turns per host, counted once: the total, the earliest start and the silent
+    // hosts' share all come from it.
+    let running_by_host = overview::running_by_host(conn)?;
     let certs = fleet::expiring_certificates(conn, i64::MAX)?;
     let cert_expiry = [Role::Node, Role::Producer]
         .into_iter()
         .map(|role| (role, certs.iter().filter(|c| c.role == role).map(|c| c.not_after_unix).min()))
         .collect();
     let silent: Vec<String> = fleet::silent_hosts(conn, now_ms, silence_ms)?.into_iter().map(|h| h.host).collect();
-    let running_silent =
-        overview::running_by_host(conn)?.into_iter().filter(|(host, _)| silent.contains(host)).map(|(_, n)| n).sum();
+    let running_silent = running_by_host.iter().filter(|(host, _, _)| silent.contains(host)).map(|(_, n, _)| n).sum();
     Ok(RecordGauges {
         backlogs: overview::host_backlogs(conn)?,
         outcomes: overview::outcome_counts(conn)?,
         silent,
         running_silent,
         contacts: contacts(conn)?,
-        running,
-        oldest_running_started_ms: longest.first().map(|t| t.started_at_ms),
+        running: running_by_host.iter().map(|(_, n, _)| n).sum(),
+        oldest_running_started_ms: running_by_host.iter().map(|(_, _, at)| *at).min(),
         oldest_held_created_ms: oldest_held(conn)?,
         fences: fences::active_counts_by_scope(conn)?,
         cert_expiry,
@@ -131,6 +132,64 @@ mod tests {
         let g = gather(c, 10, 1_000).unwrap();
         assert_eq!(g.pools.len(), 1);
         assert_eq!((g.pools[0].name.as_str(), g.pools[0].queued, g.pools[0].oldest_queued_at_ms), ("gpu", 1, Some(7)));
+    }
+
+    /// Running turns on two hosts (one silent), a finished one and one not started: the total,
+    /// the earliest start and the silent host's share come from one count per host, and the
+    /// outcomes of the current runs from one grouped count, a retried run's old outcome left out.
+    #[test]
+    fn the_gauges_count_running_turns_per_host_and_outcomes_once() {
+        let db = testing::db();
+        let c = &db.conn;
+        for (host, last) in [("host-a", 1_000), ("host-b", 90_000)] {
+            c.execute(
+                "INSERT INTO node_sessions (host, session, instance_id, node_version, started_at, last_contact_at)
+                 VALUES ($1, 1, 'i', '0.1.0', $2, $2)",
+                params![host, last],
+            )
+            .unwrap();
+        }
+        let mut ids = Vec::new();
+        for (k, host) in [("k1", "host-a"), ("k2", "host-b"), ("k3", "host-b"), ("k4", "host-a"), ("k5", "host-a")] {
+            accept_one(c, "c", k, &[host]);
+            ids.push(
+                c.query_row("SELECT id FROM deliveries ORDER BY n DESC LIMIT 1", [], |r| r.get::<_, String>(0))
+                    .unwrap(),
+            );
+        }
+        // k1 runs on host-a (silent) since 500, k2 on host-b since 300, k3 on host-b since 800;
+        // k4 finished (failed) on host-a; k5 is delivered, not started. k2 is its second run:
+        // its first ended `unknown`, which no longer counts.
+        for (id, started, attempt) in [
+            (&ids[0], Some(500), 1),
+            (&ids[1], Some(300), 2),
+            (&ids[2], Some(800), 1),
+            (&ids[3], Some(100), 1),
+            (&ids[4], None, 1),
+        ] {
+            c.execute(
+                "UPDATE deliveries SET state = 'delivered', instance_id = 'i', claim_token = 't', started_at = $2,
+                        started_session = $3, attempt = $4 WHERE id = $1",
+                params![id, started, started.map(|_| 1i64), attempt],
+            )
+            .unwrap();
+        }
+        for (att, id, outcome, attempt) in [("a1", &ids[3], "failed", 1), ("a2", &ids[1], "unknown", 1)] {
+            c.execute(
+                "INSERT INTO attempts (id, delivery_id, host, instance_id, report_id, request_hash, outcome, reported_at, attempt)
+                 VALUES ($1, $2, 'host-a', 'i', $1, 'h', $3, 700, $4)",
+                params![att, id, outcome, attempt],
+            )
+            .unwrap();
+        }
+        let g = gather(c, 100_000, 60_000).unwrap();
+        assert_eq!(g.silent, ["host-a"]);
+        assert_eq!(g.running, 3);
+        assert_eq!(g.oldest_running_started_ms, Some(300));
+        assert_eq!(g.running_silent, 1, "k1 runs on the silent host");
+        let count = |o: Outcome| g.outcomes.iter().find(|(x, _)| *x == o).unwrap().1;
+        assert_eq!(g.outcomes.len(), overview::OUTCOMES.len());
+        assert_eq!((count(Outcome::Failed), count(Outcome::Unknown), count(Outcome::Succeeded)), (1, 0, 0));
     }
 
     #[test]

@@ -197,15 +197,17 @@ pub const OUTCOMES: [Outcome; 4] = [Outcome::Succeeded, Outcome::Failed, Outcome
 /// How many deliveries' current run ended with each outcome (outcomes with none included, as
 /// zero), in `OUTCOMES` order.
 pub fn outcome_counts(conn: &dyn Db) -> StoreResult<Vec<(Outcome, i64)>> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT count(*) FROM deliveries d JOIN attempts a ON a.delivery_id = d.id AND a.attempt = d.attempt
-         WHERE a.outcome = $1",
-    )?;
-    let mut out = Vec::with_capacity(OUTCOMES.len());
-    for o in OUTCOMES {
-        out.push((o, stmt.query_row(params![o.as_str()], |r| r.get(0))?));
-    }
-    Ok(out)
+    // One pass over the current runs' attempts (the gauges read this every `gauge_interval`,
+    // and it reads every finished delivery the record keeps).
+    let counted: Vec<(String, i64)> = conn
+        .prepare_cached(
+            "SELECT a.outcome, count(*) FROM deliveries d JOIN attempts a ON a.delivery_id = d.id AND a.attempt = d.attempt
+             GROUP BY a.outcome",
+        )?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<Result<_, _>>()?;
+    let of = |o: Outcome| counted.iter().find(|(name, _)| name == o.as_str()).map_or(0, |(_, n)| *n);
+    Ok(OUTCOMES.into_iter().map(|o| (o, of(o))).collect())
 }
 
 /// A delivery that failed or ended `unknown`, with what its run said about it.
@@ -318,15 +320,17 @@ pub fn running_turns_of(conn: &dyn Db, f: &RunningFilter, max: u32) -> StoreResu
     Ok((total, rows))
 }
 
-/// How many turns run now on each host that has any, by host.
-pub fn running_by_host(conn: &dyn Db) -> StoreResult<Vec<(String, i64)>> {
+/// How many turns run now on each host that has any, with the earliest start among them
+/// (unix ms), by host: what `running_turns` counts, in one pass over the delivered rows.
+pub fn running_by_host(conn: &dyn Db) -> StoreResult<Vec<(String, i64, i64)>> {
     Ok(conn
         .prepare_cached(
-            "SELECT d.host, count(*) FROM deliveries d WHERE d.state = 'delivered' AND d.started_at IS NOT NULL
+            "SELECT d.host, count(*), min(d.started_at) FROM deliveries d
+             WHERE d.state = 'delivered' AND d.started_at IS NOT NULL
                AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)
              GROUP BY d.host ORDER BY d.host",
         )?
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
         .collect::<Result<_, _>>()?)
 }
 
