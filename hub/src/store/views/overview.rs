@@ -232,9 +232,11 @@ pub fn recent_trouble(conn: &dyn Db, max: u32) -> StoreResult<Vec<Trouble>> {
                  (SELECT a.reason FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt),
                  (SELECT a.stderr_tail FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)
              FROM deliveries d
-             WHERE d.state IN ('failed', 'unknown')
-                OR EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt
-                                                      AND a.outcome IN ('failed', 'unknown'))
+             WHERE d.n IN (
+                 SELECT n FROM deliveries WHERE state IN ('failed', 'unknown')
+                 UNION
+                 SELECT t.n FROM attempts a JOIN deliveries t ON t.id = a.delivery_id AND t.attempt = a.attempt
+                 WHERE a.outcome IN ('failed', 'unknown'))
              ORDER BY d.updated_at DESC, d.n DESC LIMIT $1"
         ))?
         .query_map(params![max], |r| {
@@ -288,16 +290,25 @@ pub fn running_turns_of(conn: &dyn Db, f: &RunningFilter, max: u32) -> StoreResu
     const RUNNING: &str = "d.state = 'delivered' AND d.started_at IS NOT NULL
          AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.delivery_id = d.id AND a.attempt = d.attempt)
          AND (CAST($1 AS TEXT) IS NULL OR d.host = $1) AND (CAST($2 AS TEXT) IS NULL OR d.conversation = $2)";
-    let total: i64 = conn
-        .prepare_cached(&format!("SELECT count(*) FROM deliveries d WHERE {RUNNING}"))?
-        .query_row(params![f.host, f.conversation], |r| r.get(0))?;
+    // The running set is found by reading every delivered row the record keeps, so the count
+    // rides on the listing's one pass (a window over the rows before the limit); a listing of
+    // none counts alone.
+    if max == 0 {
+        let total: i64 = conn
+            .prepare_cached(&format!("SELECT count(*) FROM deliveries d WHERE {RUNNING}"))?
+            .query_row(params![f.host, f.conversation], |r| r.get(0))?;
+        return Ok((total, Vec::new()));
+    }
+    let mut total = 0;
     let rows: Vec<RunningTurn> = conn
         .prepare_cached(&format!(
             "SELECT d.id, d.host, d.conversation, d.seq, d.attempt, d.started_at,
-                    (SELECT s.last_contact_at FROM node_sessions s WHERE s.host = d.host AND s.session = d.started_session)
+                    (SELECT s.last_contact_at FROM node_sessions s WHERE s.host = d.host AND s.session = d.started_session),
+                    count(*) OVER ()
              FROM deliveries d WHERE {RUNNING} ORDER BY d.started_at, d.n LIMIT $3"
         ))?
         .query_map(params![f.host, f.conversation, max], |r| {
+            total = r.get(7)?;
             Ok(RunningTurn {
                 delivery_id: r.get(0)?,
                 host: r.get(1)?,
@@ -538,8 +549,23 @@ mod tests {
             params![ids[1], attempt],
         )
         .unwrap();
+        // k3 runs again (its second run): its first run's failure is no trouble now.
+        c.execute(
+            "UPDATE deliveries SET state = 'delivered', instance_id = 'i', claim_token = 't', updated_at = 8, attempt = 2
+             WHERE id = $1",
+            [&ids[2]],
+        )
+        .unwrap();
+        c.execute(
+            "INSERT INTO attempts (id, delivery_id, host, instance_id, report_id, request_hash, outcome, reported_at, attempt)
+             VALUES ('att-3', $1, 'host-a', 'i', 'r3', 'h', 'failed', 6, 1)",
+            [&ids[2]],
+        )
+        .unwrap();
         let trouble: Vec<String> = recent_trouble(c, 10).unwrap().into_iter().map(|t| t.row.delivery_id).collect();
         assert_eq!(trouble, [ids[1].clone(), ids[0].clone()]);
+        let newest: Vec<String> = recent_trouble(c, 1).unwrap().into_iter().map(|t| t.row.delivery_id).collect();
+        assert_eq!(newest, [ids[1].clone()], "newest first, at most max");
         let unknown = outcome_counts(c).unwrap().into_iter().find(|(o, _)| *o == Outcome::Unknown).unwrap();
         assert_eq!(unknown.1, 1);
         // `status` counts the current run's `unknown` from its report's time on, and a delivery
