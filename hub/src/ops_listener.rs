@@ -220,6 +220,7 @@ pub async fn start(
             // Failure reasons are shown by default only where nobody but the machine reaches.
             reasons: config.status_page_reasons.unwrap_or(addr.ip().is_loopback()),
             rates: Default::default(),
+            read_share: config.gauge_read_share,
         },
         Hosts::new(addr.ip(), config.operator_hosts.clone()),
     );

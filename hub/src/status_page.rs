@@ -47,7 +47,8 @@ use baton_shared::states::{DeliveryState, Outcome};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// How often the page reloads itself.
+/// How often the page reloads itself, at the most: the overview waits longer when reading it
+/// took more than `gauge_read_share` of the time (`reload_secs`).
 pub const PAGE_REFRESH_SECS: u32 = 10;
 /// Longest stored text (a fence reason, a name) shown whole; longer ones are cut and marked.
 pub const TEXT_SHOWN_CHARS_MAX: usize = 2000;
@@ -75,6 +76,9 @@ pub struct PageConfig {
     pub reasons: bool,
     /// The rates last read, and when (unix ms); see `RATES_REFRESH`.
     pub rates: Arc<Mutex<Option<Rates>>>,
+    /// `gauge_read_share`: most of the time, in percent, that reading the record for an open
+    /// page reloading itself may take.
+    pub read_share: u32,
 }
 
 /// The page's routes (state: the hub's shared state).
@@ -104,6 +108,17 @@ pub struct View<'a> {
     pub search: Option<(&'a str, &'a [DeliveryRow])>,
     /// Whether failure reasons are shown.
     pub reasons: bool,
+    /// After how many seconds the page reloads itself (`reload_secs`).
+    pub reload_secs: u32,
+}
+
+/// After how many seconds the overview reloads itself when reading the record for it took
+/// `took`: `PAGE_REFRESH_SECS`, or longer, so that a page left open spends at most
+/// `read_share` percent of the time reading (on a record that keeps millions of finished
+/// deliveries, counting their outcomes and finding the running turns takes seconds).
+pub fn reload_secs(took: Duration, read_share: u32) -> u32 {
+    let wait = crate::metrics::gauge_wait(Duration::from_secs(PAGE_REFRESH_SECS.into()), read_share, took);
+    u32::try_from(wait.as_secs() + u64::from(wait.subsec_nanos() > 0)).unwrap_or(u32::MAX)
 }
 
 async fn overview_page(
@@ -117,8 +132,9 @@ async fn overview_page(
     if q.as_ref().is_some_and(|q| q.chars().count() > SEARCH_CHARS_MAX) {
         let body =
             format!("<p>A search takes at most {SEARCH_CHARS_MAX} characters.</p><p><a href=\"/\">← status</a></p>");
-        return html(StatusCode::BAD_REQUEST, layout("Search too long", &body, false));
+        return html(StatusCode::BAD_REQUEST, layout("Search too long", &body, None));
     }
+    let began = std::time::Instant::now();
     let o = match shared.store.overview(now_ms, silence).await {
         Ok(o) => o,
         Err(e) => return failed(&e),
@@ -151,6 +167,7 @@ async fn overview_page(
         rates: rates.as_ref(),
         search: q.as_deref().zip(found.as_deref()),
         reasons: page.reasons,
+        reload_secs: reload_secs(began.elapsed(), page.read_share),
     };
     html(StatusCode::OK, render_overview(&view, now_ms, silence))
 }
@@ -187,7 +204,7 @@ async fn delivery_page(
     match shared.store.delivery_detail(delivery_id).await {
         Ok(d) => html(StatusCode::OK, render_delivery(&d, now_ms, page.reasons)),
         Err(StoreError::NotFound(m)) => {
-            html(StatusCode::NOT_FOUND, layout("Not found", &format!("<p>{}</p>", esc(&m)), false))
+            html(StatusCode::NOT_FOUND, layout("Not found", &format!("<p>{}</p>", esc(&m)), None))
         }
         Err(e) => failed(&e),
     }
@@ -202,7 +219,7 @@ fn failed(e: &StoreError) -> Response {
     tracing::warn!(error = %e, "the status page could not read the record");
     html(
         StatusCode::INTERNAL_SERVER_ERROR,
-        layout("Cannot read the record", "<p>The record could not be read; see the hub's log.</p>", false),
+        layout("Cannot read the record", "<p>The record could not be read; see the hub's log.</p>", None),
     )
 }
 
@@ -307,10 +324,9 @@ const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:1.5em;color:#2
      .bars.b-failed span{background:#c33}.bars.b-unknown span{background:#d90}\
      form{margin:.5em 0 1em}input[name=q]{width:28em;padding:.2em}";
 
-/// The page around `body`; `refresh` adds the self-reload.
-fn layout(title: &str, body: &str, refresh: bool) -> String {
-    let refresh =
-        if refresh { format!("<meta http-equiv=\"refresh\" content=\"{PAGE_REFRESH_SECS}\">") } else { String::new() };
+/// The page around `body`; `refresh` adds the self-reload after that many seconds.
+fn layout(title: &str, body: &str, refresh: Option<u32>) -> String {
+    let refresh = refresh.map(|secs| format!("<meta http-equiv=\"refresh\" content=\"{secs}\">")).unwrap_or_default();
     format!(
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">{refresh}<title>{} · Baton hub</title>\
          <style>{STYLE}</style></head><body>\n{body}\n</body></html>\n",
@@ -353,10 +369,11 @@ fn attention_class(kind: &str) -> &'static str {
 pub fn render_overview(v: &View<'_>, now_ms: i64, silence: Duration) -> String {
     let o = v.overview;
     let mut b = format!(
-        "<h1>Baton hub</h1><p class=\"muted\">Version {} · read at {} UTC · reloads every {PAGE_REFRESH_SECS} s · \
+        "<h1>Baton hub</h1><p class=\"muted\">Version {} · read at {} UTC · reloads every {} s · \
          hosts silent longer than {} are flagged</p>",
         env!("CARGO_PKG_VERSION"),
         when(now_ms),
+        v.reload_secs,
         human_ms(i64::try_from(silence.as_millis()).unwrap_or(i64::MAX))
     );
     let q = v.search.map_or("", |(q, _)| q);
@@ -396,7 +413,7 @@ pub fn render_overview(v: &View<'_>, now_ms: i64, silence: Duration) -> String {
     b.push_str(&conversations_table(&o.conversations, &o.fences, now_ms));
     b.push_str(&fences_table(&o.fences, now_ms));
     b.push_str(&trouble_table(&o.trouble, now_ms, v.reasons));
-    layout("Status", &b, v.search.is_none())
+    layout("Status", &b, v.search.is_none().then_some(v.reload_secs))
 }
 
 fn attention_block(items: &[Attention]) -> String {
@@ -905,11 +922,21 @@ pub fn render_delivery(d: &DeliveryDetail, now_ms: i64, reasons: bool) -> String
         }
         b.push_str("</table>");
     }
-    layout(&format!("Delivery {}", r.delivery_id), &b, true)
+    layout(&format!("Delivery {}", r.delivery_id), &b, Some(PAGE_REFRESH_SECS))
 }
 
 #[cfg(test)]
 mod tests {
+    /// A page read in milliseconds reloads every `PAGE_REFRESH_SECS`; one whose read took
+    /// seconds waits long enough that reading stays within its share, rounded up.
+    #[test]
+    fn a_slow_overview_reloads_less_often() {
+        let ms = Duration::from_millis;
+        assert_eq!(super::reload_secs(ms(40), 5), PAGE_REFRESH_SECS);
+        assert_eq!(super::reload_secs(ms(3_300), 5), 63, "3.3 s at 5 %: 62.7 s, rounded up");
+        assert_eq!(super::reload_secs(ms(3_300), 100), PAGE_REFRESH_SECS);
+    }
+
     use super::*;
     use crate::store::lifecycle::accept::testing::accept_one;
     use crate::store::registry::fences::{FenceKind, FenceScope, NewFence};
@@ -951,7 +978,14 @@ mod tests {
         let found = read::delivery_detail(c, &id).unwrap().delivery;
         for reasons in [false, true] {
             let found = [found.clone()];
-            let v = View { overview: &o, attention: &attention, rates: None, search: Some((SCRIPT, &found)), reasons };
+            let v = View {
+                overview: &o,
+                attention: &attention,
+                rates: None,
+                search: Some((SCRIPT, &found)),
+                reasons,
+                reload_secs: PAGE_REFRESH_SECS,
+            };
             let page = render_overview(&v, 10_000, Duration::from_secs(60));
             assert!(!page.contains("<script"), "{page}");
             // The search box and its heading, the attention item's subject and detail, the
@@ -998,7 +1032,14 @@ mod tests {
         let o = gather(c, 10_000, Duration::from_secs(60)).unwrap();
         let detail = read::delivery_detail(c, &d.delivery_id).unwrap();
         for reasons in [false, true] {
-            let v = View { overview: &o, attention: &[], rates: None, search: None, reasons };
+            let v = View {
+                overview: &o,
+                attention: &[],
+                rates: None,
+                search: None,
+                reasons,
+                reload_secs: PAGE_REFRESH_SECS,
+            };
             let overview = render_overview(&v, 10_000, Duration::from_secs(60));
             let delivery = render_delivery(&detail, 10_000, reasons);
             for page in [&overview, &delivery] {
@@ -1031,9 +1072,10 @@ mod tests {
         }
         let silence = Duration::from_secs(60);
         let o = gather(c, 100_000, silence).unwrap();
-        let v = View { overview: &o, attention: &[], rates: None, search: None, reasons: false };
+        let v = View { overview: &o, attention: &[], rates: None, search: None, reasons: false, reload_secs: 47 };
         let page = render_overview(&v, 100_000, silence);
-        assert!(page.contains("<meta http-equiv=\"refresh\""), "{page}");
+        assert!(page.contains("<meta http-equiv=\"refresh\" content=\"47\">"), "{page}");
+        assert!(page.contains("reloads every 47 s"), "{page}");
         assert!(page.contains("Nothing needs attention"), "{page}");
         let row = |host: &str| {
             let start = page.find(&format!("<tr data-host=\"{host}\"")).unwrap();

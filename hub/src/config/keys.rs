@@ -328,7 +328,8 @@ pub const GAUGE_READ_SHARE: Key = Key {
     kind: KeyKind::Int { default: GAUGE_READ_SHARE_DEFAULT, min: 1, max: 100 },
     doc: "most of the time, in percent, that reading the record's gauges may take: some gauges count the whole \
           record (deliveries by outcome), so after a read that took t the next waits at least t x (100 - share) \
-          / share, and never less than gauge_interval; baton_hub_gauges_read_seconds shows the last read's time",
+          / share, and never less than gauge_interval (the status page's reload is paced the same way, from 10s); \
+          baton_hub_gauges_read_seconds shows the last read's time",
 };
 /// `requeue_silent_after`.
 pub const REQUEUE_SILENT_AFTER: Key = Key {
