@@ -695,6 +695,12 @@ mod tests {
         assert_eq!(HubConfig::from_toml("").unwrap().metrics_hosts_max, 1000);
         assert_eq!(HubConfig::from_toml("metrics_hosts_max = 3").unwrap().metrics_hosts_max, 3);
         check_err("metrics_hosts_max = 0", "metrics_hosts_max = 0 is out of range; allowed 1..=100000");
+        let d = HubConfig::from_toml("").unwrap();
+        assert_eq!((d.gauge_interval, d.gauge_read_share), (Duration::from_secs(10), 5));
+        let set = HubConfig::from_toml("gauge_interval = \"30s\"\ngauge_read_share = 20").unwrap();
+        assert_eq!((set.gauge_interval, set.gauge_read_share), (Duration::from_secs(30), 20));
+        check_err("gauge_read_share = 0", "gauge_read_share = 0 is out of range; allowed 1..=100");
+        check_err("gauge_interval = \"500ms\"", "gauge_interval");
     }
 
     #[test]
