@@ -390,11 +390,12 @@ pub fn render(shared: &Shared) -> Response {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     /// The gauges wait `gauge_interval` after a quick read, and after a slow one long enough
     /// that reading takes no more than `gauge_read_share` of the time.
     #[test]
     fn a_slow_gauge_read_stretches_the_wait_to_its_share() {
-        use super::gauge_wait;
         let s = std::time::Duration::from_secs;
         let ms = std::time::Duration::from_millis;
         assert_eq!(gauge_wait(s(10), 5, ms(20)), s(10), "a quick read waits the interval");
@@ -406,8 +407,6 @@ mod tests {
         assert_eq!(gauge_wait(s(1), 50, s(3)), s(3));
         assert_eq!(gauge_wait(s(10), 0, s(1)), s(99), "a share below 1 % counts as 1 %");
     }
-
-    use super::*;
 
     /// Every `metrics::counter!/gauge!/histogram!` name in the hub's source is described, with
     /// the kind it is recorded as; a new metric without a description fails here first.

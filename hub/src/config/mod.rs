@@ -8,6 +8,9 @@
 //! the value came from.
 //!
 //! Layout: `keys` (the declarations, the template), `layers` (reading, merging, `Flags`).
+//!
+//! Why one file over 700 lines: the validation into `HubConfig` and the checks between keys are
+//! about 420 lines; the rest is their tests, one per rule, beside the rule they hold.
 
 mod keys;
 mod layers;

@@ -111,6 +111,18 @@ mod tests {
     use crate::store::registry::hosts::{Issued, enroll};
     use crate::store::testing;
 
+    /// A node session of each host, last heard from at the given moment (unix ms).
+    fn sessions(c: &dyn Db, last_contacts: &[(&str, i64)]) {
+        for (host, last) in last_contacts {
+            c.execute(
+                "INSERT INTO node_sessions (host, session, instance_id, node_version, started_at, last_contact_at)
+                 VALUES ($1, 1, 'i', '0.1.0', $2, $2)",
+                params![host, last],
+            )
+            .unwrap();
+        }
+    }
+
     /// A pool's queued deliveries and the oldest one's creation reach the gauges.
     #[test]
     fn the_gauges_read_each_pool_s_queue() {
@@ -141,14 +153,7 @@ mod tests {
     fn the_gauges_count_running_turns_per_host_and_outcomes_once() {
         let db = testing::db();
         let c = &db.conn;
-        for (host, last) in [("host-a", 1_000), ("host-b", 90_000)] {
-            c.execute(
-                "INSERT INTO node_sessions (host, session, instance_id, node_version, started_at, last_contact_at)
-                 VALUES ($1, 1, 'i', '0.1.0', $2, $2)",
-                params![host, last],
-            )
-            .unwrap();
-        }
+        sessions(c, &[("host-a", 1_000), ("host-b", 90_000)]);
         let mut ids = Vec::new();
         for (k, host) in [("k1", "host-a"), ("k2", "host-b"), ("k3", "host-b"), ("k4", "host-a"), ("k5", "host-a")] {
             accept_one(c, "c", k, &[host]);
@@ -200,14 +205,7 @@ mod tests {
             enroll(c, Issued { role: Role::Node, name, serial, not_after_unix: not_after }, "op", "enrolled", 1)
                 .unwrap();
         }
-        for (host, last) in [("host-a", 1_000), ("host-b", 90_000)] {
-            c.execute(
-                "INSERT INTO node_sessions (host, session, instance_id, node_version, started_at, last_contact_at)
-                 VALUES ($1, 1, 'i', '0.1.0', $2, $2)",
-                params![host, last],
-            )
-            .unwrap();
-        }
+        sessions(c, &[("host-a", 1_000), ("host-b", 90_000)]);
         accept_one(c, "c", "k1", &["host-a"]);
         let g = gather(c, 100_000, 60_000).unwrap();
         assert_eq!(g.silent, ["host-a"], "host-b was heard from 10 s ago");
