@@ -113,8 +113,8 @@ async fn follow(
             return Ok(page);
         }
         if page.more || page.pending_above {
-            // More positions to look through, or events of claims or holders' steps wait above
-            // the horizon (then move it): read again at once.
+            // More positions to look through, or events or outcomes of claims, holders' steps
+            // or reports wait above the horizon (then move it): read again at once.
             if page.pending_above {
                 state.feed_horizon.move_past(&state.store, page.next).await?;
             }

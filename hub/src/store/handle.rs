@@ -128,6 +128,39 @@ impl Conns {
         }
     }
 
+    /// `write` for a job of starts and reads (see `Writer::call_starts`): on PostgreSQL they run
+    /// at once with other hubs' claims, holders' steps and starts, and a job the server ended
+    /// in a deadlock is run again (`again_after_conflicts`), in a new transaction.
+    pub(super) async fn write_starts<R, F>(&self, f: F) -> StoreResult<R>
+    where
+        R: Send + 'static,
+        F: Fn(&dyn Db) -> StoreResult<R> + Clone + Send + 'static,
+    {
+        match self {
+            Conns::Served { writer, conflict_retries, .. } => {
+                again_after_conflicts(*conflict_retries, || writer.call_starts(f.clone())).await
+            }
+            Conns::Direct(conn) => in_write_txn(&*lock(conn)?, f),
+        }
+    }
+
+    /// `write` for a job of reports and reads (see `Writer::call_reports`) when `shared`: on
+    /// PostgreSQL they run at once with other hubs' claims, holders' steps, starts and reports,
+    /// and a job the server ended in a deadlock is run again (`again_after_conflicts`), in a new
+    /// transaction; else an ordinary `write`.
+    pub(super) async fn write_reports<R, F>(&self, shared: bool, f: F) -> StoreResult<R>
+    where
+        R: Send + 'static,
+        F: Fn(&dyn Db) -> StoreResult<R> + Clone + Send + 'static,
+    {
+        match self {
+            Conns::Served { writer, conflict_retries, .. } if shared => {
+                again_after_conflicts(*conflict_retries, || writer.call_reports(f.clone())).await
+            }
+            _ => self.write(f).await,
+        }
+    }
+
     /// Runs a read-only `f` (in one read transaction when served; see `Readers::read`).
     pub(super) async fn read<R, F>(&self, f: F) -> StoreResult<R>
     where

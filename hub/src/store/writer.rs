@@ -7,10 +7,10 @@
 //! runs each in its own savepoint inside one `BEGIN IMMEDIATE` transaction, commits once (one
 //! fsync), and only then answers each caller. A job that fails is rolled back to its savepoint
 //! and does not disturb the others; a failed commit fails them all. Every job is counted in
-//! `baton_hub_writer_jobs_total`. A batch made only of claims (`Writer::call_claims`) and
-//! holders' handoff steps (`Writer::call_holder_steps`) begins with `Db::begin_shared` instead:
-//! on PostgreSQL such transactions of several hubs then run at once; any other job in the batch
-//! makes it an ordinary write transaction.
+//! `baton_hub_writer_jobs_total`. A batch made only of claims (`Writer::call_claims`),
+//! holders' handoff steps (`Writer::call_holder_steps`), starts (`Writer::call_starts`) and
+//! reports (`Writer::call_reports`) begins with `Db::begin_shared` instead: on PostgreSQL such transactions of several hubs then
+//! run at once; any other job in the batch makes it an ordinary write transaction.
 //!
 //! Standing claims: a long-poll claim with nothing to claim leaves its job with the writer
 //! (`Writer::stand_claim`). A job that gives hosts claimable work names them (`Writer::call_gaining`:
@@ -64,7 +64,7 @@ struct Queued {
 /// A job that may run under the record's write lock in shared mode (`Db::begin_shared`), beside
 /// the same kinds of jobs of other hubs: what it writes is kept apart from theirs by row locks.
 /// The order is the order a batch of them runs in (one lock order for every hub): claims by
-/// host, then holders' steps.
+/// host, then holders' steps, then starts, then reports.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 enum Shared {
     /// Claims of this host, and reads (`store::lifecycle::claim`).
@@ -73,6 +73,13 @@ enum Shared {
     /// each delivery row the holder names and its events, nothing else
     /// (`store::lifecycle::handoff`).
     HolderSteps,
+    /// Starts of delivered runs, and reads: the start recorded on each delivery row
+    /// (`started_session`) and the session's lease renewed, nothing else
+    /// (`store::lifecycle::turns::start`).
+    Starts,
+    /// Reports of runs' outcomes by a host without a breaker to trip, and reads: each run's
+    /// delivery row locked first (`store::lifecycle::report`).
+    Reports,
 }
 
 /// Handle to the writer thread. Cloning shares the thread.
@@ -225,6 +232,28 @@ impl Writer {
         F: FnOnce(&dyn Db) -> StoreResult<R> + Send + 'static,
     {
         self.submit(Queued::new(f, Some(Shared::HolderSteps), None)).await
+    }
+
+    /// `call` for a job of starts (`store::lifecycle::turns::start`: `POST /v1/starts`) and
+    /// reads, writing nothing else: it may share a batch begun with `Db::begin_shared` with
+    /// claims and holders' steps, after them.
+    pub async fn call_starts<R, F>(&self, f: F) -> StoreResult<R>
+    where
+        R: Send + 'static,
+        F: FnOnce(&dyn Db) -> StoreResult<R> + Send + 'static,
+    {
+        self.submit(Queued::new(f, Some(Shared::Starts), None)).await
+    }
+
+    /// `call` for a job of reports (`store::lifecycle::report`, when no breaker may trip) and
+    /// reads, writing nothing else: it may share a batch begun with `Db::begin_shared` with
+    /// claims, holders' steps and starts, after them.
+    pub async fn call_reports<R, F>(&self, f: F) -> StoreResult<R>
+    where
+        R: Send + 'static,
+        F: FnOnce(&dyn Db) -> StoreResult<R> + Send + 'static,
+    {
+        self.submit(Queued::new(f, Some(Shared::Reports), None)).await
     }
 
     async fn submit<R>(&self, (queued, answer): (Queued, oneshot::Receiver<StoreResult<R>>)) -> StoreResult<R> {
@@ -558,11 +587,11 @@ mod tests {
         (Writer::start(Recording { conn, begun: begun.clone() }).unwrap(), begun, dir)
     }
 
-    /// A batch made only of claim jobs and holders' steps begins shared and runs the claims in
-    /// host order, then the holders' steps (one lock order for every hub); a batch with any
-    /// other job begins as an ordinary write transaction.
+    /// A batch made only of claim jobs, holders' steps, starts and reports begins shared and runs
+    /// the claims in host order, then the holders' steps, the starts and the reports (one lock
+    /// order for every hub); a batch with any other job begins as an ordinary write transaction.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_batch_of_claims_and_holder_steps_only_begins_shared_claims_first_in_host_order() {
+    async fn a_batch_of_shared_jobs_only_begins_shared_claims_first_in_host_order() {
         let (w, begun, _dir) = recording_writer();
         let order = std::sync::Arc::new(Mutex::new(Vec::<String>::new()));
         // Jobs sent while a first one holds the writer (in a batch of its own) are in its queue,
@@ -591,30 +620,43 @@ mod tests {
         };
         let claim = |host: &'static str| noting(host, Some(Shared::Claims(host.to_string())));
         let steps = || noting("steps", Some(Shared::HolderSteps));
+        let starts = || noting("starts", Some(Shared::Starts));
+        let reports = || noting("reports", Some(Shared::Reports));
         let (jobs, answers): (Vec<Queued>, Vec<_>) =
-            [steps(), claim("host-c"), claim("host-a"), steps(), claim("host-b")].into_iter().unzip();
+            [reports(), starts(), steps(), claim("host-c"), claim("host-a"), steps(), claim("host-b")]
+                .into_iter()
+                .unzip();
         behind_a_held_job(jobs).await;
         for answer in answers {
             answer.await.unwrap().unwrap();
         }
-        assert_eq!(*order.lock().unwrap(), ["host-a", "host-b", "host-c", "steps", "steps"]);
+        assert_eq!(*order.lock().unwrap(), ["host-a", "host-b", "host-c", "steps", "steps", "starts", "reports"]);
         assert_eq!(*begun.lock().unwrap(), ["write", "shared"]);
 
-        // Holders' steps alone: shared too.
-        let (alone, stepped) = steps();
-        behind_a_held_job(vec![alone]).await;
-        stepped.await.unwrap().unwrap();
-        assert_eq!(*begun.lock().unwrap(), ["write", "shared", "write", "shared"]);
+        // Holders' steps alone, starts alone, reports alone: shared too.
+        for alone in [steps(), starts(), reports()] {
+            let (alone, answered) = alone;
+            behind_a_held_job(vec![alone]).await;
+            answered.await.unwrap().unwrap();
+        }
+        assert_eq!(
+            *begun.lock().unwrap(),
+            ["write", "shared", "write", "shared", "write", "shared", "write", "shared"]
+        );
 
-        // A claim, holders' steps and another job queued together: one ordinary write transaction.
+        // A claim, holders' steps, a start and another job queued together: one ordinary write
+        // transaction.
         let (a_claim, claimed) = claim("host-a");
         let (a_step, stepped) = steps();
+        let (a_start, started) = starts();
         let (other, done) = noting("other", None);
-        behind_a_held_job(vec![a_claim, a_step, other]).await;
+        behind_a_held_job(vec![a_claim, a_step, a_start, other]).await;
         claimed.await.unwrap().unwrap();
         stepped.await.unwrap().unwrap();
+        started.await.unwrap().unwrap();
         done.await.unwrap().unwrap();
-        assert_eq!(*begun.lock().unwrap(), ["write", "shared", "write", "shared", "write", "write"]);
+        let tail = &begun.lock().unwrap()[8..];
+        assert_eq!(tail, ["write", "write"]);
     }
 
     /// A claim standing with the writer runs in the transaction of the first job that names its

@@ -10,7 +10,11 @@
 //! holds, and many members claiming and reporting at once hand out every pool delivery once,
 //! each conversation's turns in order and on one host at a time. Holders' handoff steps share
 //! the lock as claims do: a served store hands off while another hub's steps are open, and the
-//! feeds' horizon stays below the open steps' events.
+//! feeds' horizon stays below the open steps' events. Starts and reports share it as well: a
+//! served store starts or reports a run while another hub's start or report is open, the same
+//! run started or reported through both at once is started or recorded once and answered as a
+//! repeat by the second, and an outcome committed above an open one waits above the feeds'
+//! horizon until a barrier.
 
 use baton_hub::store::engine::postgres::{self as pg, PgUrl};
 use baton_hub::store::engine::{Db, PgConn};
@@ -19,13 +23,14 @@ use baton_hub::store::lifecycle::claim;
 use baton_hub::store::lifecycle::handoff::{self, Step};
 use baton_hub::store::lifecycle::report::{self, NewReport, RunReport};
 use baton_hub::store::lifecycle::transition::Holder;
+use baton_hub::store::lifecycle::turns;
 use baton_hub::store::registry::pools;
 use baton_hub::store::registry::sessions::NodeAt;
 use baton_hub::store::upkeep::verify;
-use baton_hub::store::views::feed;
+use baton_hub::store::views::feed::{self, FeedScope, PageBounds};
 use baton_hub::store::{Store, StoreError, registry::hosts};
 use baton_shared::states::Outcome;
-use baton_shared::wire::{ClaimedDelivery, HolderItem};
+use baton_shared::wire::{ClaimedDelivery, FeedEventKind, HolderItem, ReportRequest, StartItem};
 use baton_testkit::pg::{PgCluster, cluster_or_skip};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -44,6 +49,207 @@ fn claims_on_several_connections_run_at_once_and_stay_exclusive() {
     two_members_skip_the_pool_conversation_the_other_holds(&cluster);
     members_racing_on_several_connections_hand_out_each_pool_turn_once(&cluster);
     holder_steps_run_beside_another_hubs_and_the_horizon_stays_below_theirs(&cluster);
+    starts_run_beside_another_hubs_and_one_run_is_started_once(&cluster);
+    reports_run_beside_another_hubs_and_their_outcomes_wait_above_the_horizon(&cluster);
+}
+
+/// Another hub's report of d1 is open (its outcome's position drawn, not committed). A served
+/// store records d2's report meanwhile and answers (its job shares the record's lock); d2's
+/// feed then holds its outcome above the horizon and says so, until the open report committed
+/// and a barrier moved the horizon. The same report of d1 sent through the served store waits
+/// for the open one's row and is answered as its repeat: one attempt.
+fn reports_run_beside_another_hubs_and_their_outcomes_wait_above_the_horizon(cluster: &PgCluster) {
+    let url = record(cluster, "reports");
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let store = rt.block_on(Store::open_postgres(&PgUrl::parse(&url).unwrap(), baton_shared::clock::system())).unwrap();
+    let rebind = baton_hub::store::registry::instances::RebindLimit::default();
+    let opened =
+        rt.block_on(store.open_session("host-a".into(), "i".into(), None, rebind, Duration::from_secs(60))).unwrap();
+    let session = opened.session;
+    let setup = connect(&url);
+    write(&setup, |c| {
+        send(c, "c1", "k1", "host-a");
+        send(c, "c2", "k2", "host-a");
+        Ok(())
+    });
+    let got = write(&setup, |c| claim::claim(c, "host-a", "i", 10, 2));
+    let [d1, d2] = got.as_slice() else { panic!("two deliveries claimed: {got:?}") };
+    for d in [d1, d2] {
+        let holder = Holder { instance_id: "i", claim_token: &d.claim_token };
+        write(&setup, |c| handoff::handoff(c, "host-a", &d.delivery_id, holder, 11));
+    }
+    let request = |d: &ClaimedDelivery, report_id: &str| ReportRequest {
+        delivery_id: d.delivery_id.clone(),
+        instance_id: "i".into(),
+        claim_token: d.claim_token.clone(),
+        report_id: report_id.into(),
+        attempt: Some(d.attempt),
+        outcome: Outcome::Succeeded,
+        exit_code: Some(0),
+        duration_ms: Some(1),
+        signal: None,
+        result: Some("ok".into()),
+        reason: None,
+        stderr_tail: None,
+        stderr_dropped_bytes: None,
+        stopped_by: None,
+    };
+    let report = |req: ReportRequest| {
+        let store = store.clone();
+        let node = NodeAt { host: "host-a".into(), session: Some(session) };
+        let bounds = report::Backoff { base: report::RETRY_BACKOFF_DEFAULT, max: report::RETRY_BACKOFF_MAX_DEFAULT };
+        rt.spawn(async move { store.report(node, req, bounds).await })
+    };
+    let outcome_at = |c: &PgConn, d: &ClaimedDelivery| -> i64 {
+        c.prepare_cached("SELECT event_n FROM attempts WHERE delivery_id = $1")
+            .unwrap()
+            .query_row([&d.delivery_id], |r| r.get(0))
+            .unwrap()
+    };
+
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let other = connect(&format!("{url}{sep}write_idle_timeout=300"));
+    other.begin_shared().unwrap();
+    let first = request(d1, "r1");
+    let recorded = NewReport {
+        delivery_id: &first.delivery_id,
+        holder: Holder { instance_id: "i", claim_token: &first.claim_token },
+        report_id: &first.report_id,
+        outcome: first.outcome,
+        exit_code: first.exit_code,
+        duration_ms: first.duration_ms,
+        result: first.result.as_deref(),
+        reason: None,
+        stderr_tail: None,
+        stderr_dropped_bytes: None,
+    };
+    let run = RunReport { attempt: first.attempt, session: Some(session), ..RunReport::default() };
+    report::report_run(&other, "host-a", &recorded, &run, 12).unwrap();
+    other.flush().unwrap();
+    let d1_outcome = outcome_at(&other, d1);
+
+    let (answer, freed) = rt
+        .block_on(async { tokio::time::timeout(WAIT, report(request(d2, "r2"))).await })
+        .expect("the report is answered while another hub's report is open")
+        .unwrap()
+        .unwrap();
+    assert!(!answer.1, "a first report: {answer:?} {freed:?}");
+    let reader = connect(&url);
+    assert!(outcome_at(&reader, d2) > d1_outcome, "d2's outcome is numbered above d1's, still open");
+    let horizon = |c: &PgConn| {
+        c.begin_read().unwrap();
+        let h = feed::horizon(c).unwrap();
+        c.control("COMMIT").unwrap();
+        h
+    };
+    assert!(horizon(&reader) < d1_outcome, "the horizon stays below the open report's outcome");
+    let scope = FeedScope::Message { message_id: d2.message_id.clone(), producer: "prod".into() };
+    let bounds = PageBounds { limit: 100, bytes_max: 1 << 20 };
+    let page =
+        |after: Option<i64>, known: i64| rt.block_on(store.feed_page(scope.clone(), after, known, bounds)).unwrap();
+    let below = page(None, 0);
+    assert!(below.events.iter().all(|e| e.kind != FeedEventKind::Outcome), "{below:?}");
+    let above = page(Some(below.next), 0);
+    assert!(above.events.is_empty() && above.pending_above, "d2's outcome waits above the horizon: {above:?}");
+
+    // d1's report again, through the served store: it waits for the open report's row.
+    let again = report(first);
+    let admin = connect(&url);
+    let (done, waited) = mpsc::channel::<()>();
+    wait_until_waiting(&admin, &waited);
+    drop(done);
+    other.control("COMMIT").unwrap();
+    let (repeated, _) = rt
+        .block_on(async { tokio::time::timeout(WAIT, again).await })
+        .expect("the repeated report ends once the open one committed")
+        .unwrap()
+        .unwrap();
+    assert!(repeated.1, "the repeat is answered as a duplicate: {repeated:?}");
+    let attempts: i64 =
+        reader.prepare_cached("SELECT count(*) FROM attempts").unwrap().query_row([], |r| r.get(0)).unwrap();
+    assert_eq!(attempts, 2, "one attempt per run");
+
+    let passed = rt.block_on(store.feed_barrier()).unwrap();
+    assert!(passed >= outcome_at(&reader, d2), "a barrier moves the horizon past both outcomes");
+    let after_barrier = page(Some(below.next), passed);
+    assert!(
+        after_barrier.events.iter().any(|e| e.kind == FeedEventKind::Outcome),
+        "d2's outcome is answered once the horizon passed it: {after_barrier:?}"
+    );
+    assert!(write(&setup, verify::check).is_empty());
+}
+
+/// Another hub's start of d1 is open (not committed). A served store starts d2 meanwhile and
+/// answers (its job shares the record's lock); its start of d1 itself waits for the open one's
+/// row, and once that committed answers `start` as the repeat it is: d1 is started once, for
+/// the session.
+fn starts_run_beside_another_hubs_and_one_run_is_started_once(cluster: &PgCluster) {
+    let url = record(cluster, "starts");
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let store = rt.block_on(Store::open_postgres(&PgUrl::parse(&url).unwrap(), baton_shared::clock::system())).unwrap();
+    let rebind = baton_hub::store::registry::instances::RebindLimit::default();
+    let opened =
+        rt.block_on(store.open_session("host-a".into(), "i".into(), None, rebind, Duration::from_secs(60))).unwrap();
+    let session = opened.session;
+    let setup = connect(&url);
+    write(&setup, |c| {
+        send(c, "c1", "k1", "host-a");
+        send(c, "c2", "k2", "host-a");
+        Ok(())
+    });
+    let got = write(&setup, |c| claim::claim(c, "host-a", "i", 10, 2));
+    let [d1, d2] = got.as_slice() else { panic!("two deliveries claimed: {got:?}") };
+    for d in [d1, d2] {
+        let holder = Holder { instance_id: "i", claim_token: &d.claim_token };
+        write(&setup, |c| handoff::handoff(c, "host-a", &d.delivery_id, holder, 11));
+    }
+    let item = |d: &ClaimedDelivery| StartItem {
+        delivery_id: d.delivery_id.clone(),
+        claim_token: d.claim_token.clone(),
+        attempt: d.attempt,
+    };
+    let start = |items: Vec<StartItem>| {
+        let (store, session) = (store.clone(), session);
+        rt.spawn(async move { store.start_turns("host-a".into(), "i".into(), session, items).await })
+    };
+
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let other = connect(&format!("{url}{sep}write_idle_timeout=300"));
+    other.begin_shared().unwrap();
+    let begun = turns::start(&other, "host-a", "i", session, &[item(d1)], 12).unwrap();
+    assert!(begun[0].start, "{begun:?}");
+    // Its start written (sent now, not with a next statement): d1's row is locked.
+    other.flush().unwrap();
+
+    let answered = rt
+        .block_on(async { tokio::time::timeout(WAIT, start(vec![item(d2)])).await })
+        .expect("the start is answered while another hub's start is open")
+        .unwrap()
+        .unwrap();
+    assert!(answered[0].start, "{answered:?}");
+
+    // The same run through the served store: it waits for the open start's row, then repeats it.
+    let again = start(vec![item(d1)]);
+    let admin = connect(&url);
+    let (done, waited) = mpsc::channel::<()>();
+    wait_until_waiting(&admin, &waited);
+    drop(done);
+    other.control("COMMIT").unwrap();
+    let repeated = rt
+        .block_on(async { tokio::time::timeout(WAIT, again).await })
+        .expect("the repeated start ends once the open one committed")
+        .unwrap()
+        .unwrap();
+    assert!(repeated[0].start && repeated[0].code.is_none(), "the repeat is answered start: {repeated:?}");
+    let started: Vec<Option<i64>> = setup
+        .prepare_cached("SELECT started_session FROM deliveries ORDER BY id")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(started, [Some(session as i64); 2], "each run started once, for the session");
+    assert!(write(&setup, verify::check).is_empty());
 }
 
 /// Another hub's transaction of holders' steps is open: it handed off d1 (its events drawn,
@@ -467,12 +673,7 @@ fn turns(got: &[ClaimedDelivery]) -> Vec<(String, i64)> {
 fn wait_until_waiting<T: std::fmt::Debug>(admin: &PgConn, answered: &mpsc::Receiver<T>) {
     let deadline = Instant::now() + WAIT;
     loop {
-        let waiting: i64 = admin
-            .prepare_cached("SELECT count(*) FROM pg_locks WHERE NOT granted")
-            .unwrap()
-            .query_row([], |r| r.get(0))
-            .unwrap();
-        if waiting > 0 {
+        if waiting_locks(admin) > 0 {
             return;
         }
         if let Ok(got) = answered.try_recv() {
@@ -481,4 +682,13 @@ fn wait_until_waiting<T: std::fmt::Debug>(admin: &PgConn, answered: &mpsc::Recei
         assert!(Instant::now() < deadline, "no connection was seen waiting for a lock");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// How many locks connections of the cluster wait for (seen by `admin` in `pg_locks`).
+fn waiting_locks(admin: &PgConn) -> i64 {
+    admin
+        .prepare_cached("SELECT count(*) FROM pg_locks WHERE NOT granted")
+        .unwrap()
+        .query_row([], |r| r.get(0))
+        .unwrap()
 }

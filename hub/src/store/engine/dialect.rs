@@ -281,6 +281,23 @@ pub const ACCEPT_PRELUDE: Both<&str> = Both {
 pub const SETTLE_LOCK: Both<Option<&str>> =
     Both { sqlite: None, postgres: Some("SELECT 1 FROM messages WHERE id = $1 FOR UPDATE") };
 
+/// Before a job that shares the record's write lock reads the deliveries whose ids the JSON
+/// array `$1` lists (`transition::lock_rows`: a start or report batch): on PostgreSQL their rows
+/// locked, in id order, so that the read after it (a fresh snapshot under READ COMMITTED) sees
+/// every other hub's change of them committed and none comes in before this job commits.
+/// SQLite has one writer.
+pub const DELIVERIES_LOCK: Both<Option<&str>> = Both {
+    sqlite: None,
+    postgres: Some(
+        "SELECT 1 FROM deliveries WHERE id IN (SELECT jsonb_array_elements_text($1::text::jsonb)) ORDER BY id
+         FOR NO KEY UPDATE",
+    ),
+};
+
+/// `DELIVERIES_LOCK` for one delivery `$1` (an id that cannot go in a JSON list, `listable`).
+pub const DELIVERY_LOCK: Both<Option<&str>> =
+    Both { sqlite: None, postgres: Some("SELECT 1 FROM deliveries WHERE id = $1 FOR NO KEY UPDATE") };
+
 /// The host's conversation queues with work, least recently served first, after a position
 /// (`$1` host, `$2` served, `$3` since, `$4` conversation, `$5` limit). On PostgreSQL each queue
 /// returned is locked until the claim commits, and one another claim of the host holds is
@@ -545,9 +562,10 @@ pub const FEED_DRAWN_OUT_OF_COMMIT_ORDER: Both<bool> = Both { sqlite: false, pos
 
 /// The feed's horizon in this snapshot: no position at or below it can still be committed
 /// later. On SQLite every position drawn (`FEED_DRAWN`); on PostgreSQL the highest position seen
-/// among progress events, outcomes and delivery events written only under the record's
-/// exclusive write lock: all but a claim's (out of `queued`) and a holder's handoff steps
-/// (claimed or mirrored → mirrored or delivered), which share it.
+/// among progress events and the delivery events written only under the record's exclusive
+/// write lock: all but a claim's (out of `queued`), a holder's handoff steps (claimed or
+/// mirrored → mirrored or delivered) and a report's retry (delivered → queued), which share it.
+/// Outcomes are left out whole: reports share it.
 pub const FEED_HORIZON: Both<&str> = Both {
     sqlite: "SELECT coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'delivery_events'), 0)",
     postgres: "SELECT GREATEST(
@@ -555,9 +573,9 @@ pub const FEED_HORIZON: Both<&str> = Both {
                              WHERE from_state IS NULL
                                 OR NOT (from_state = 'queued'
                                         OR (from_state IN ('claimed', 'mirrored')
-                                            AND to_state IN ('mirrored', 'delivered')))), 0),
-                   coalesce((SELECT max(n) FROM progress_events), 0),
-                   coalesce((SELECT max(event_n) FROM attempts), 0))",
+                                            AND to_state IN ('mirrored', 'delivered'))
+                                        OR (from_state = 'delivered' AND to_state = 'queued'))), 0),
+                   coalesce((SELECT max(n) FROM progress_events), 0))",
 };
 
 #[cfg(test)]

@@ -112,11 +112,13 @@ impl Store {
         let (clock, bounds) = (self.clock.clone(), bounds.into());
         let answers = self
             .conns
-            .write(move |c| {
+            .write_reports(bounds.shared(), move |c| {
                 sessions::check(c, &node.host, node.session)?;
                 let now = clock.now_ms();
                 let pairs: Vec<(&str, &str)> =
                     reports.iter().map(|q| (q.delivery_id.as_str(), q.report_id.as_str())).collect();
+                let ids: Vec<&str> = pairs.iter().map(|(d, _)| *d).collect();
+                crate::store::lifecycle::transition::lock_rows(c, &ids)?;
                 let mut read = report::read_reports(c, &node.host, &pairs)?;
                 each(c, &reports, |c, req| {
                     let run = run_report(req, node.session, bounds);

@@ -5,6 +5,17 @@
 //! with different content is refused and changes nothing (how a report is recognised again:
 //! `replay`).
 //!
+//! Invariant (reports at once): on PostgreSQL a report job takes the record's write lock in
+//! shared mode (`Writer::call_reports`), beside other hubs' claims, holders' steps, starts and
+//! reports, unless a breaker is configured (`ReportBounds::shared`: a trip writes a fence and an
+//! operator event, which stay with the exclusive writers). It locks the rows of the deliveries
+//! it reports on first (`transition::lock_rows`), then reads them with their attempts: a report
+//! or start of the same run on another hub committed before (and is read: a repeat is answered
+//! as one) or waits for this job. What else it writes is kept apart by row locks too: the
+//! message row before settling (`settle`), a pool conversation's flight row (`pool_flight`), a
+//! retry's queue counters (their upserts). Its outcome's feed position and a retry's event are
+//! drawn out of commit order, so the feeds' horizon leaves them out (`views::feed`).
+//!
 //! Why one file over 700 lines: a report is one transaction's steps, read top to bottom, and
 //! the tests that hold its answers to the row the record keeps sit beside them; without its
 //! tests it is about 600 lines.
@@ -60,6 +71,15 @@ pub struct ReportBounds {
     /// Turns within a period that trip it (`limits.breaker_turns`, `limits.breaker_period`;
     /// 0 turns: off).
     pub breaker_turns: crate::store::lifecycle::breaker_period::TurnsPerPeriod,
+}
+
+impl ReportBounds {
+    /// Whether reports under these bounds may share the record's write lock: neither breaker
+    /// is on, so none trips (a trip sets a fence and records an operator event, written only by
+    /// exclusive writers).
+    pub fn shared(&self) -> bool {
+        self.breaker_failures == 0 && self.breaker_turns.turns == 0
+    }
 }
 
 impl From<Backoff> for ReportBounds {
@@ -134,7 +154,7 @@ impl Store {
         let (clock, bounds) = (self.clock.clone(), bounds.into());
         let (reported, accepted_at_ms) = self
             .conns
-            .write(move |c| {
+            .write_reports(bounds.shared(), move |c| {
                 sessions::check(c, &node.host, node.session)?;
                 let run = run_report(&req, node.session, bounds);
                 let (reported, freed, accepted_at_ms) =
@@ -384,7 +404,10 @@ pub fn report_run_read(
     let hash = r.request_hash_stopped(run.attempt, run.signal, run.stopped_by);
     let ReportRead { existing, row } = match read {
         Some(read) => read,
-        None => read_report(conn, host, r.delivery_id, r.report_id)?,
+        None => {
+            transition::lock_rows(conn, &[r.delivery_id])?;
+            read_report(conn, host, r.delivery_id, r.report_id)?
+        }
     };
     if let Some((attempt_id, stored)) = existing {
         if !same_as_stored(conn, &attempt_id, &stored, &hash, r)? {

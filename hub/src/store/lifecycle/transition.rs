@@ -12,6 +12,29 @@ use crate::store::lifecycle::pool_flight;
 use crate::store::{Actor, ActorKind, StoreError, StoreResult};
 use baton_shared::states::DeliveryState::{self, *};
 
+/// Locks the rows of the deliveries `ids` names, in id order, before a job that shares the
+/// record's write lock reads them (a start or report batch; `dialect::DELIVERIES_LOCK`, nothing
+/// on SQLite, whose writer is alone). Another hub's job that changed one of them has committed
+/// when the lock is granted, and the statements after it (each a fresh snapshot under READ
+/// COMMITTED) see that change; one that comes later waits for this job. Sent unread: it rides
+/// with the next statement, which runs once the locks are granted.
+pub fn lock_rows(conn: &dyn Db, ids: &[&str]) -> StoreResult<()> {
+    let (Some(many), Some(one)) = (dialect::DELIVERIES_LOCK.of(conn), dialect::DELIVERY_LOCK.of(conn)) else {
+        return Ok(());
+    };
+    let mut plain: Vec<&str> = ids.iter().copied().filter(|id| dialect::listable(id)).collect();
+    plain.sort_unstable();
+    plain.dedup();
+    if !plain.is_empty() {
+        let list = serde_json::to_string(&plain).map_err(|e| StoreError::Invalid(format!("delivery ids: {e}")))?;
+        conn.prepare_cached(many)?.execute_unread([list])?;
+    }
+    for id in ids.iter().filter(|id| !dialect::listable(id)) {
+        conn.prepare_cached(one)?.execute_unread([*id])?;
+    }
+    Ok(())
+}
+
 /// Whether `actor` may move a delivery from `from` to `to`: the SPEC §2 table, and nothing else
 /// but what turn control adds to it (the retries, `requeue_silent_after`, and held → failed by
 /// the hub for an approval that timed out, `approval::expire`).

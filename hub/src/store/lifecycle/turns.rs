@@ -5,6 +5,16 @@
 //! recorded its start for the caller's session (`started_session`); a run already started by
 //! another session, or whose cancel was asked for, is never started.
 //!
+//! Invariant (starts at once): on PostgreSQL a start job takes the record's write lock in shared
+//! mode (`Writer::call_starts`), beside other hubs' claims, holders' steps, starts and reports.
+//! It locks the rows of the deliveries it names first (`transition::lock_rows`), then reads
+//! them: another hub's report or start of one of those runs either committed before (and is
+//! read) or waits for this job. A session's lease changes under it only by its own renewal:
+//! registrations and clean ends are exclusive, and every shared job first passes the host's
+//! session check, whose newest session cannot change while any shared job runs. So two starts
+//! of one run at once are the same session's (one request sent again through another hub): the
+//! second reads the first's start and answers `start` as a repeat.
+//!
 //! Invariant (cancel): a delivery not yet delivered is failed at once; a delivered one without
 //! an outcome of its current run gets `cancel_requested_*`, which its node learns from claims
 //! and holdings; a final one is left as it is. Repeating a cancel answers the same and records
@@ -61,7 +71,7 @@ impl Store {
     ) -> StoreResult<Vec<StartResult>> {
         let clock = self.clock.clone();
         self.conns
-            .write(move |c| {
+            .write_starts(move |c| {
                 sessions::check(c, &host, Some(session))?;
                 let now = clock.now_ms();
                 let results = start(c, &host, &instance_id, session, &starts, now)?;
@@ -249,6 +259,7 @@ pub fn start(
 ) -> StoreResult<Vec<StartResult>> {
     let mut out = Vec::with_capacity(items.len());
     let ids: Vec<&str> = items.iter().map(|i| i.delivery_id.as_str()).collect();
+    transition::lock_rows(conn, &ids)?;
     let mut read = load_many(conn, &ids)?;
     for item in items {
         let refuse = |code: &str, message: String| StartResult {

@@ -10,15 +10,16 @@
 //!
 //! Commit order (`horizon`). On SQLite the one writer draws and commits in order: every position
 //! drawn is committed in the snapshot that sees the counter. On PostgreSQL a sequence is not
-//! commit order, but everything except claims and holders' handoff steps is written under the
-//! record's exclusive write lock, and those two only move deliveries out of `queued` (a claim)
-//! or from claimed or mirrored to mirrored or delivered (a step): the highest position a
-//! snapshot sees among progress events, outcomes and the other delivery events is a horizon no
-//! later commit can go below (an exclusive writer drew it after every transaction sharing the
-//! lock before it had ended). A feed answers only up to the horizon; `pending_above` says when
-//! items of the feed wait above it (claims' and steps' events), and the hub then moves the
-//! horizon with `barrier` (an exclusive transaction that draws a position: every lower one has
-//! ended).
+//! commit order, but everything except claims, holders' handoff steps, starts and reports is
+//! written under the record's exclusive write lock; of those, starts write no feed item, claims
+//! only move deliveries out of `queued`, steps from claimed or mirrored to mirrored or
+//! delivered, and reports record outcomes and move a retried run from delivered to queued: the
+//! highest position a snapshot sees among progress events and the other delivery events is a
+//! horizon no later commit can go below (an exclusive writer drew it after every transaction
+//! sharing the lock before it had ended). A feed answers only up to the horizon;
+//! `pending_above` says when items of the feed wait above it (claims', steps' and reports'
+//! events and outcomes), and the hub then moves the horizon with `barrier` (an exclusive
+//! transaction that draws a position: every lower one has ended).
 //!
 //! Removal (`feed_removals`, written by the triggers of migration 0013): a cursor below the
 //! highest position retention or a purge removed from the feed would skip what was removed,
@@ -91,8 +92,8 @@ pub struct FeedPage {
     pub events: Vec<FeedEvent>,
     /// Every item of the feed up to here is in this page or before it.
     pub next: i64,
-    /// Items of the feed wait above the horizon (PostgreSQL: claims' and holders' steps' events;
-    /// see `barrier`).
+    /// Items of the feed wait above the horizon (PostgreSQL: the events and outcomes of claims,
+    /// holders' steps and reports; see `barrier`).
     pub pending_above: bool,
     /// The read stopped looking before the horizon (`FEED_SCAN_WINDOWS_MAX`): read on from
     /// `next` at once.
@@ -327,21 +328,28 @@ fn cut(found: Found, upto: i64, bounds: PageBounds) -> (Vec<FeedEvent>, i64) {
     (events, complete_to)
 }
 
-/// Whether the feed has items above `top` (only claims' and holders' steps' delivery events can
-/// be there).
+/// Whether the feed has items above `top` (only the delivery events and outcomes of the jobs
+/// that share the record's write lock can be there).
 fn pending(conn: &dyn Db, scope: &FeedScope, top: i64) -> StoreResult<bool> {
     Ok(match scope {
         FeedScope::Message { message_id, .. } => conn
             .prepare_cached(
-                "SELECT 1 FROM deliveries d JOIN delivery_events e ON e.delivery_id = d.id
-                 WHERE d.message_id = $1 AND e.id > $2 LIMIT 1",
+                "SELECT 1 WHERE
+                   EXISTS (SELECT 1 FROM deliveries d JOIN delivery_events e ON e.delivery_id = d.id
+                           WHERE d.message_id = $1 AND e.id > $2)
+                   OR EXISTS (SELECT 1 FROM deliveries d JOIN attempts a ON a.delivery_id = d.id
+                              WHERE d.message_id = $1 AND a.event_n > $2)",
             )?
             .exists(params![message_id, top])?,
         FeedScope::Conversation { conversation, producer } => conn
             .prepare_cached(
-                "SELECT 1 FROM delivery_events e JOIN deliveries d ON d.id = e.delivery_id
-                 WHERE e.id > $1 AND d.conversation = $2
-                   AND EXISTS (SELECT 1 FROM messages m WHERE m.id = d.message_id AND m.producer = $3) LIMIT 1",
+                "SELECT 1 WHERE
+                   EXISTS (SELECT 1 FROM delivery_events e JOIN deliveries d ON d.id = e.delivery_id
+                           WHERE e.id > $1 AND d.conversation = $2
+                             AND EXISTS (SELECT 1 FROM messages m WHERE m.id = d.message_id AND m.producer = $3))
+                   OR EXISTS (SELECT 1 FROM attempts a JOIN deliveries d ON d.id = a.delivery_id
+                              WHERE a.event_n > $1 AND d.conversation = $2
+                                AND EXISTS (SELECT 1 FROM messages m WHERE m.id = d.message_id AND m.producer = $3))",
             )?
             .exists(params![top, conversation, producer])?,
     })
@@ -461,9 +469,11 @@ mod tests {
 
     const WIDE: PageBounds = PageBounds { limit: 1000, bytes_max: 1 << 20 };
 
+    /// A page of `m`'s feed read after a barrier, as the hub reads it when items wait above
+    /// the horizon (reports' outcomes on PostgreSQL): every item written so far is below it.
     fn of(conn: &dyn Db, m: &str, after: Option<i64>, bounds: PageBounds) -> FeedPage {
         let scope = FeedScope::Message { message_id: m.into(), producer: "prod".into() };
-        page(conn, &scope, after, 0, bounds).unwrap()
+        page(conn, &scope, after, barrier(conn).unwrap(), bounds).unwrap()
     }
 
     fn kinds(events: &[FeedEvent]) -> Vec<String> {
