@@ -18,7 +18,7 @@
 //!
 //! Why one file over 700 lines: a report is one transaction's steps, read top to bottom, and
 //! the tests that hold its answers to the row the record keeps sit beside them; without its
-//! tests it is about 600 lines.
+//! tests it is about 630 lines.
 
 use crate::store::Store;
 use crate::store::engine::Db;
@@ -629,6 +629,19 @@ mod tests {
     use super::*;
     use crate::store::lifecycle::accept::testing::accept_one;
     use crate::store::{lifecycle::claim, testing};
+
+    /// Reports share the record's write lock only while no breaker can trip (a trip writes a
+    /// fence and an operator event, which only exclusive writers write).
+    #[test]
+    fn reports_share_the_write_lock_only_without_a_breaker() {
+        let backoff = Backoff { base: RETRY_BACKOFF_DEFAULT, max: RETRY_BACKOFF_MAX_DEFAULT };
+        let plain = ReportBounds::from(backoff);
+        assert!(plain.shared());
+        assert!(!ReportBounds { breaker_failures: 3, ..plain }.shared());
+        let turns =
+            crate::store::lifecycle::breaker_period::TurnsPerPeriod { turns: 10, period: Duration::from_secs(60) };
+        assert!(!ReportBounds { breaker_turns: turns, ..plain }.shared());
+    }
 
     #[test]
     fn one_outcome_per_delivery_and_per_report_id() {
