@@ -60,24 +60,8 @@ fn claims_on_several_connections_run_at_once_and_stay_exclusive() {
 /// for the open one's row and is answered as its repeat: one attempt.
 fn reports_run_beside_another_hubs_and_their_outcomes_wait_above_the_horizon(cluster: &PgCluster) {
     let url = record(cluster, "reports");
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let store = rt.block_on(Store::open_postgres(&PgUrl::parse(&url).unwrap(), baton_shared::clock::system())).unwrap();
-    let rebind = baton_hub::store::registry::instances::RebindLimit::default();
-    let opened =
-        rt.block_on(store.open_session("host-a".into(), "i".into(), None, rebind, Duration::from_secs(60))).unwrap();
-    let session = opened.session;
-    let setup = connect(&url);
-    write(&setup, |c| {
-        send(c, "c1", "k1", "host-a");
-        send(c, "c2", "k2", "host-a");
-        Ok(())
-    });
-    let got = write(&setup, |c| claim::claim(c, "host-a", "i", 10, 2));
-    let [d1, d2] = got.as_slice() else { panic!("two deliveries claimed: {got:?}") };
-    for d in [d1, d2] {
-        let holder = Holder { instance_id: "i", claim_token: &d.claim_token };
-        write(&setup, |c| handoff::handoff(c, "host-a", &d.delivery_id, holder, 11));
-    }
+    let Delivered { rt, store, session, setup, runs } = two_delivered_runs(&url);
+    let [d1, d2] = &runs;
     let request = |d: &ClaimedDelivery, report_id: &str| ReportRequest {
         delivery_id: d.delivery_id.clone(),
         instance_id: "i".into(),
@@ -179,30 +163,46 @@ fn reports_run_beside_another_hubs_and_their_outcomes_wait_above_the_horizon(clu
     assert!(write(&setup, verify::check).is_empty());
 }
 
-/// Another hub's start of d1 is open (not committed). A served store starts d2 meanwhile and
-/// answers (its job shares the record's lock); its start of d1 itself waits for the open one's
-/// row, and once that committed answers `start` as the repeat it is: d1 is started once, for
-/// the session.
-fn starts_run_beside_another_hubs_and_one_run_is_started_once(cluster: &PgCluster) {
-    let url = record(cluster, "starts");
+/// A served store on the record at `url` and what it serves: a session of host-a's instance
+/// `i`, and two runs handed off to it (conversations c1 and c2), not started.
+struct Delivered {
+    rt: tokio::runtime::Runtime,
+    store: Store,
+    session: u64,
+    /// A connection for setting up and checking the record.
+    setup: PgConn,
+    runs: [ClaimedDelivery; 2],
+}
+
+fn two_delivered_runs(url: &str) -> Delivered {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let store = rt.block_on(Store::open_postgres(&PgUrl::parse(&url).unwrap(), baton_shared::clock::system())).unwrap();
+    let store = rt.block_on(Store::open_postgres(&PgUrl::parse(url).unwrap(), baton_shared::clock::system())).unwrap();
     let rebind = baton_hub::store::registry::instances::RebindLimit::default();
     let opened =
         rt.block_on(store.open_session("host-a".into(), "i".into(), None, rebind, Duration::from_secs(60))).unwrap();
-    let session = opened.session;
-    let setup = connect(&url);
+    let setup = connect(url);
     write(&setup, |c| {
         send(c, "c1", "k1", "host-a");
         send(c, "c2", "k2", "host-a");
         Ok(())
     });
     let got = write(&setup, |c| claim::claim(c, "host-a", "i", 10, 2));
-    let [d1, d2] = got.as_slice() else { panic!("two deliveries claimed: {got:?}") };
-    for d in [d1, d2] {
+    let runs: [ClaimedDelivery; 2] = got.try_into().unwrap_or_else(|got| panic!("two deliveries claimed: {got:?}"));
+    for d in &runs {
         let holder = Holder { instance_id: "i", claim_token: &d.claim_token };
         write(&setup, |c| handoff::handoff(c, "host-a", &d.delivery_id, holder, 11));
     }
+    Delivered { rt, store, session: opened.session, setup, runs }
+}
+
+/// Another hub's start of d1 is open (not committed). A served store starts d2 meanwhile and
+/// answers (its job shares the record's lock); its start of d1 itself waits for the open one's
+/// row, and once that committed answers `start` as the repeat it is: d1 is started once, for
+/// the session.
+fn starts_run_beside_another_hubs_and_one_run_is_started_once(cluster: &PgCluster) {
+    let url = record(cluster, "starts");
+    let Delivered { rt, store, session, setup, runs } = two_delivered_runs(&url);
+    let [d1, d2] = &runs;
     let item = |d: &ClaimedDelivery| StartItem {
         delivery_id: d.delivery_id.clone(),
         claim_token: d.claim_token.clone(),
