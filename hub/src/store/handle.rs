@@ -26,6 +26,7 @@ use super::engine::SqliteFile;
 use super::in_write_txn;
 use super::writer::Opener;
 use super::writer::OwnedDb;
+use super::writer::SharedJob;
 use baton_shared::clock::SharedClock;
 use baton_shared::sqlite::Checkpointer;
 use baton_shared::sqlite::OpenError;
@@ -112,50 +113,17 @@ impl Conns {
         }
     }
 
-    /// `write` for a job of holders' handoff steps and reads (see `Writer::call_holder_steps`):
-    /// on PostgreSQL they run at once with other hubs' claims and steps, and a job the server
-    /// ended in a deadlock is run again (`again_after_conflicts`), in a new transaction.
-    pub(super) async fn write_holder_steps<R, F>(&self, f: F) -> StoreResult<R>
+    /// `write` for a job of `kind` (see `Writer::call_shared`; `None`: an ordinary `write`): on
+    /// PostgreSQL it runs at once with other hubs' claims and jobs of those kinds, and a job the
+    /// server ended in a deadlock is run again (`again_after_conflicts`), in a new transaction.
+    pub(super) async fn write_shared<R, F>(&self, kind: Option<SharedJob>, f: F) -> StoreResult<R>
     where
         R: Send + 'static,
         F: Fn(&dyn Db) -> StoreResult<R> + Clone + Send + 'static,
     {
-        match self {
-            Conns::Served { writer, conflict_retries, .. } => {
-                again_after_conflicts(*conflict_retries, || writer.call_holder_steps(f.clone())).await
-            }
-            Conns::Direct(conn) => in_write_txn(&*lock(conn)?, f),
-        }
-    }
-
-    /// `write` for a job of starts and reads (see `Writer::call_starts`): on PostgreSQL they run
-    /// at once with other hubs' claims, holders' steps and starts, and a job the server ended
-    /// in a deadlock is run again (`again_after_conflicts`), in a new transaction.
-    pub(super) async fn write_starts<R, F>(&self, f: F) -> StoreResult<R>
-    where
-        R: Send + 'static,
-        F: Fn(&dyn Db) -> StoreResult<R> + Clone + Send + 'static,
-    {
-        match self {
-            Conns::Served { writer, conflict_retries, .. } => {
-                again_after_conflicts(*conflict_retries, || writer.call_starts(f.clone())).await
-            }
-            Conns::Direct(conn) => in_write_txn(&*lock(conn)?, f),
-        }
-    }
-
-    /// `write` for a job of reports and reads (see `Writer::call_reports`) when `shared`: on
-    /// PostgreSQL they run at once with other hubs' claims, holders' steps, starts and reports,
-    /// and a job the server ended in a deadlock is run again (`again_after_conflicts`), in a new
-    /// transaction; else an ordinary `write`.
-    pub(super) async fn write_reports<R, F>(&self, shared: bool, f: F) -> StoreResult<R>
-    where
-        R: Send + 'static,
-        F: Fn(&dyn Db) -> StoreResult<R> + Clone + Send + 'static,
-    {
-        match self {
-            Conns::Served { writer, conflict_retries, .. } if shared => {
-                again_after_conflicts(*conflict_retries, || writer.call_reports(f.clone())).await
+        match (self, kind) {
+            (Conns::Served { writer, conflict_retries, .. }, Some(kind)) => {
+                again_after_conflicts(*conflict_retries, || writer.call_shared(kind, f.clone())).await
             }
             _ => self.write(f).await,
         }

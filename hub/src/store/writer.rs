@@ -7,9 +7,9 @@
 //! runs each in its own savepoint inside one `BEGIN IMMEDIATE` transaction, commits once (one
 //! fsync), and only then answers each caller. A job that fails is rolled back to its savepoint
 //! and does not disturb the others; a failed commit fails them all. Every job is counted in
-//! `baton_hub_writer_jobs_total`. A batch made only of claims (`Writer::call_claims`),
-//! holders' handoff steps (`Writer::call_holder_steps`), starts (`Writer::call_starts`) and
-//! reports (`Writer::call_reports`) begins with `Db::begin_shared` instead: on PostgreSQL such transactions of several hubs then
+//! `baton_hub_writer_jobs_total`. A batch made only of claims (`Writer::call_claims`) and
+//! holders' handoff steps, starts and reports (`Writer::call_shared`, `SharedJob`) begins with
+//! `Db::begin_shared` instead: on PostgreSQL such transactions of several hubs then
 //! run at once; any other job in the batch makes it an ordinary write transaction.
 //!
 //! Standing claims: a long-poll claim with nothing to claim leaves its job with the writer
@@ -22,7 +22,7 @@
 //! has not taken can be withdrawn (its wait ended, its request went away); one it took is
 //! answered like any job.
 //!
-//! Why one file over 700 lines: the writer is about 420 lines; the rest is its tests (group
+//! Why one file over 700 lines: the writer is about 410 lines; the rest is its tests (group
 //! commit, jobs refused alone, shared batches, standing claims), which read beside the loop
 //! they hold.
 
@@ -69,13 +69,21 @@ struct Queued {
 enum Shared {
     /// Claims of this host, and reads (`store::lifecycle::claim`).
     Claims(String),
+    /// Jobs of one of the other kinds.
+    Job(SharedJob),
+}
+
+/// The kinds of jobs besides claims that may share the record's write lock (`Writer::call_shared`),
+/// in the order a batch runs them, after its claims.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum SharedJob {
     /// Holders' handoff steps, claimed → mirrored → delivered, and reads: the guarded update of
     /// each delivery row the holder names and its events, nothing else
-    /// (`store::lifecycle::handoff`).
+    /// (`store::lifecycle::handoff`: mirrored, ack, handoff).
     HolderSteps,
     /// Starts of delivered runs, and reads: the start recorded on each delivery row
     /// (`started_session`) and the session's lease renewed, nothing else
-    /// (`store::lifecycle::turns::start`).
+    /// (`store::lifecycle::turns::start`: `POST /v1/starts`).
     Starts,
     /// Reports of runs' outcomes by a host without a breaker to trip, and reads: each run's
     /// delivery row locked first (`store::lifecycle::report`).
@@ -223,37 +231,14 @@ impl Writer {
         self.submit(Queued::new(f, Some(Shared::Claims(host)), None)).await
     }
 
-    /// `call` for a job of holders' handoff steps (`store::lifecycle::handoff`: mirrored, ack,
-    /// handoff) and reads, writing nothing else: it may share a batch begun with
-    /// `Db::begin_shared` with claims, after them.
-    pub async fn call_holder_steps<R, F>(&self, f: F) -> StoreResult<R>
+    /// `call` for a job of `kind` that writes nothing else (see `SharedJob`): it may share a
+    /// batch begun with `Db::begin_shared` with claims and the other kinds, after the claims.
+    pub async fn call_shared<R, F>(&self, kind: SharedJob, f: F) -> StoreResult<R>
     where
         R: Send + 'static,
         F: FnOnce(&dyn Db) -> StoreResult<R> + Send + 'static,
     {
-        self.submit(Queued::new(f, Some(Shared::HolderSteps), None)).await
-    }
-
-    /// `call` for a job of starts (`store::lifecycle::turns::start`: `POST /v1/starts`) and
-    /// reads, writing nothing else: it may share a batch begun with `Db::begin_shared` with
-    /// claims and holders' steps, after them.
-    pub async fn call_starts<R, F>(&self, f: F) -> StoreResult<R>
-    where
-        R: Send + 'static,
-        F: FnOnce(&dyn Db) -> StoreResult<R> + Send + 'static,
-    {
-        self.submit(Queued::new(f, Some(Shared::Starts), None)).await
-    }
-
-    /// `call` for a job of reports (`store::lifecycle::report`, when no breaker may trip) and
-    /// reads, writing nothing else: it may share a batch begun with `Db::begin_shared` with
-    /// claims, holders' steps and starts, after them.
-    pub async fn call_reports<R, F>(&self, f: F) -> StoreResult<R>
-    where
-        R: Send + 'static,
-        F: FnOnce(&dyn Db) -> StoreResult<R> + Send + 'static,
-    {
-        self.submit(Queued::new(f, Some(Shared::Reports), None)).await
+        self.submit(Queued::new(f, Some(Shared::Job(kind)), None)).await
     }
 
     async fn submit<R>(&self, (queued, answer): (Queued, oneshot::Receiver<StoreResult<R>>)) -> StoreResult<R> {
@@ -619,9 +604,9 @@ mod tests {
             )
         };
         let claim = |host: &'static str| noting(host, Some(Shared::Claims(host.to_string())));
-        let steps = || noting("steps", Some(Shared::HolderSteps));
-        let starts = || noting("starts", Some(Shared::Starts));
-        let reports = || noting("reports", Some(Shared::Reports));
+        let steps = || noting("steps", Some(Shared::Job(SharedJob::HolderSteps)));
+        let starts = || noting("starts", Some(Shared::Job(SharedJob::Starts)));
+        let reports = || noting("reports", Some(Shared::Job(SharedJob::Reports)));
         let (jobs, answers): (Vec<Queued>, Vec<_>) =
             [reports(), starts(), steps(), claim("host-c"), claim("host-a"), steps(), claim("host-b")]
                 .into_iter()

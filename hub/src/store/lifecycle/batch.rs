@@ -29,6 +29,7 @@ use crate::store::lifecycle::report::run_report;
 use crate::store::lifecycle::transition::Holder;
 use crate::store::registry::sessions;
 use crate::store::registry::sessions::NodeAt;
+use crate::store::writer::SharedJob;
 use crate::store::{StoreError, StoreResult, control};
 use baton_shared::wire::DeliverySummary;
 use baton_shared::wire::HolderItem;
@@ -73,7 +74,7 @@ impl Store {
     ) -> StoreResult<Vec<StoreResult<TransitionResponse>>> {
         let clock = self.clock.clone();
         self.conns
-            .write_holder_steps(move |c| {
+            .write_shared(Some(SharedJob::HolderSteps), move |c| {
                 sessions::check(c, &node.host, node.session)?;
                 holder_steps_in(c, step, &node, &instance_id, &items, clock.now_ms())
             })
@@ -112,7 +113,7 @@ impl Store {
         let (clock, bounds) = (self.clock.clone(), bounds.into());
         let answers = self
             .conns
-            .write_reports(bounds.shared(), move |c| {
+            .write_shared(bounds.shared().then_some(SharedJob::Reports), move |c| {
                 sessions::check(c, &node.host, node.session)?;
                 let now = clock.now_ms();
                 let pairs: Vec<(&str, &str)> =

@@ -4,7 +4,7 @@
 //!
 //! Invariant (steps at once): on PostgreSQL a job of holders' steps (mirrored, ack, handoff;
 //! not a reject, which settles) takes the record's write lock in shared mode with claims
-//! (`Store::holder_step`, `Store::holder_steps`: `Writer::call_holder_steps`), so the handoffs of
+//! (`Store::holder_step`, `Store::holder_steps`: `Writer::call_shared`), so the handoffs of
 //! several hubs run at once. It writes nothing but the rows of the deliveries it names, each
 //! guarded on its state and holder (row locks keep two steps on one delivery apart, and the
 //! second is answered as a repeat or a refusal), and their events; it moves no count, flight or
@@ -16,6 +16,7 @@ use crate::store::Store;
 use crate::store::engine::{Db, OptionalExtension, params};
 use crate::store::lifecycle::transition::{self, Change, Holder};
 use crate::store::registry::sessions::{self, NodeAt};
+use crate::store::writer::SharedJob;
 use crate::store::{Actor, StoreError, StoreResult, bound_ms_column, json_column, parse_column_opt, state_column};
 use baton_shared::states::DeliveryState::{self, *};
 use baton_shared::states::Rerun;
@@ -141,7 +142,7 @@ impl Store {
     ) -> StoreResult<TransitionResponse> {
         let clock = self.clock.clone();
         self.conns
-            .write_holder_steps(move |c| {
+            .write_shared(Some(SharedJob::HolderSteps), move |c| {
                 sessions::check(c, &node.host, node.session)?;
                 let h = holder.as_holder();
                 apply_step(c, step, &node, &delivery_id, h, clock.now_ms())

@@ -6,7 +6,7 @@
 //! `replay`).
 //!
 //! Invariant (reports at once): on PostgreSQL a report job takes the record's write lock in
-//! shared mode (`Writer::call_reports`), beside other hubs' claims, holders' steps, starts and
+//! shared mode (`Writer::call_shared`), beside other hubs' claims, holders' steps, starts and
 //! reports, unless a breaker is configured (`ReportBounds::shared`: a trip writes a fence and an
 //! operator event, which stay with the exclusive writers). It locks the rows of the deliveries
 //! it reports on first (`transition::lock_rows`), then reads them with their attempts: a report
@@ -33,6 +33,7 @@ use crate::store::lifecycle::transition::{self, Change, Holder};
 use crate::store::registry::sessions;
 use crate::store::registry::sessions::NodeAt;
 use crate::store::views::read::attempt;
+use crate::store::writer::SharedJob;
 use crate::store::{Actor, StoreError, StoreResult, new_id};
 use baton_shared::crash_point;
 use baton_shared::states::{DeliveryState, Outcome};
@@ -154,7 +155,7 @@ impl Store {
         let (clock, bounds) = (self.clock.clone(), bounds.into());
         let (reported, accepted_at_ms) = self
             .conns
-            .write_reports(bounds.shared(), move |c| {
+            .write_shared(bounds.shared().then_some(SharedJob::Reports), move |c| {
                 sessions::check(c, &node.host, node.session)?;
                 let run = run_report(&req, node.session, bounds);
                 let (reported, freed, accepted_at_ms) =

@@ -6,7 +6,7 @@
 //! another session, or whose cancel was asked for, is never started.
 //!
 //! Invariant (starts at once): on PostgreSQL a start job takes the record's write lock in shared
-//! mode (`Writer::call_starts`), beside other hubs' claims, holders' steps, starts and reports.
+//! mode (`Writer::call_shared`), beside other hubs' claims, holders' steps, starts and reports.
 //! It locks the rows of the deliveries it names first (`transition::lock_rows`), then reads
 //! them: another hub's report or start of one of those runs either committed before (and is
 //! read) or waits for this job. A session's lease changes under it only by its own renewal:
@@ -33,6 +33,7 @@ use crate::store::engine::params;
 use crate::store::lifecycle::transition::{self, Change};
 use crate::store::registry::audit::record_operator_event;
 use crate::store::registry::sessions;
+use crate::store::writer::SharedJob;
 use crate::store::{Actor, StoreError, StoreResult, parse_column_opt, state_column};
 use baton_shared::states::DeliveryState::{self, *};
 use baton_shared::states::Outcome;
@@ -71,7 +72,7 @@ impl Store {
     ) -> StoreResult<Vec<StartResult>> {
         let clock = self.clock.clone();
         self.conns
-            .write_starts(move |c| {
+            .write_shared(Some(SharedJob::Starts), move |c| {
                 sessions::check(c, &host, Some(session))?;
                 let now = clock.now_ms();
                 let results = start(c, &host, &instance_id, session, &starts, now)?;

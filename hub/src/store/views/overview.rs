@@ -480,6 +480,17 @@ mod tests {
     use crate::store::testing;
     use baton_shared::ids::Role;
 
+    /// Records outcome `outcome` of run `attempt` of `delivery_id` on host-a at `at`, as attempt
+    /// `id` (its report id too).
+    fn record_attempt(c: &dyn Db, id: &str, delivery_id: &str, outcome: &str, at: i64, attempt: i64) {
+        c.execute(
+            "INSERT INTO attempts (id, delivery_id, host, instance_id, report_id, request_hash, outcome, reported_at, attempt)
+             VALUES ($1, $2, 'host-a', 'i', $1, 'h', $3, $4, $5)",
+            params![id, delivery_id, outcome, at, attempt],
+        )
+        .unwrap();
+    }
+
     #[test]
     fn backlogs_count_waiting_deliveries_per_host_and_conversation_with_their_oldest() {
         let db = testing::db();
@@ -543,12 +554,7 @@ mod tests {
         .unwrap();
         let attempt: i64 =
             c.query_row("SELECT attempt FROM deliveries WHERE id = $1", [&ids[1]], |r| r.get(0)).unwrap();
-        c.execute(
-            "INSERT INTO attempts (id, delivery_id, host, instance_id, report_id, request_hash, outcome, reported_at, attempt)
-             VALUES ('att-1', $1, 'host-a', 'i', 'r1', 'h', 'unknown', 7, $2)",
-            params![ids[1], attempt],
-        )
-        .unwrap();
+        record_attempt(c, "att-1", &ids[1], "unknown", 7, attempt);
         // k3 runs again (its second run): its first run's failure is no trouble now.
         c.execute(
             "UPDATE deliveries SET state = 'delivered', instance_id = 'i', claim_token = 't', updated_at = 8, attempt = 2
@@ -556,12 +562,7 @@ mod tests {
             [&ids[2]],
         )
         .unwrap();
-        c.execute(
-            "INSERT INTO attempts (id, delivery_id, host, instance_id, report_id, request_hash, outcome, reported_at, attempt)
-             VALUES ('att-3', $1, 'host-a', 'i', 'r3', 'h', 'failed', 6, 1)",
-            [&ids[2]],
-        )
-        .unwrap();
+        record_attempt(c, "att-3", &ids[2], "failed", 6, 1);
         let trouble: Vec<String> = recent_trouble(c, 10).unwrap().into_iter().map(|t| t.row.delivery_id).collect();
         assert_eq!(trouble, [ids[1].clone(), ids[0].clone()]);
         let newest: Vec<String> = recent_trouble(c, 1).unwrap().into_iter().map(|t| t.row.delivery_id).collect();
@@ -613,12 +614,7 @@ mod tests {
             )
             .unwrap();
         }
-        c.execute(
-            "INSERT INTO attempts (id, delivery_id, host, instance_id, report_id, request_hash, outcome, reported_at, attempt)
-             VALUES ('att-1', $1, 'host-a', 'i', 'r1', 'h', 'succeeded', 700, 1)",
-            [&ids[2]],
-        )
-        .unwrap();
+        record_attempt(c, "att-1", &ids[2], "succeeded", 700, 1);
         let (total, rows) = running_turns(c, 10).unwrap();
         assert_eq!(total, 2);
         let seen: Vec<(&str, i64, Option<i64>)> =
@@ -646,12 +642,7 @@ mod tests {
         for (id, outcome, at, attempt) in
             [("a1", "failed", now - 61_000, 1), ("a2", "succeeded", now - 60_000, 2), ("a3", "failed", now, 3)]
         {
-            c.execute(
-                "INSERT INTO attempts (id, delivery_id, host, instance_id, report_id, request_hash, outcome, reported_at, attempt)
-                 VALUES ($1, $2, 'host-a', 'i', $1, 'h', $3, $4, $5)",
-                params![id, first, outcome, at, attempt],
-            )
-            .unwrap();
+            record_attempt(c, id, &first, outcome, at, attempt);
         }
         let r = rates(c, now).unwrap();
         assert_eq!(r.messages.len(), RATE_MINUTES);
