@@ -278,6 +278,30 @@ fn stored(conn: &dyn Db, producer: &str) -> StoreResult<Vec<String>> {
         .collect::<Result<_, _>>()?)
 }
 
+/// The producer's scope (as `scope_of`) and quota (as `quota_of`) in one read: one round trip
+/// on PostgreSQL for a post's terms instead of two.
+fn terms_of(conn: &dyn Db, producer: &str) -> StoreResult<(Vec<String>, Quota)> {
+    /// A row of the read: a stored pattern, whether a quota is stored, its two limits.
+    type TermsRow = (Option<String>, bool, Option<i64>, Option<i64>);
+    let rows: Vec<TermsRow> = conn
+        .prepare_cached(
+            "SELECT s.pattern, q.producer IS NOT NULL, q.unsettled_max, q.unsettled_bytes_max
+             FROM (SELECT 1 AS one) o
+             LEFT JOIN producer_quotas q ON q.producer = $1
+             LEFT JOIN producer_scopes s ON s.producer = $1
+             ORDER BY s.pattern",
+        )?
+        .query_map([producer], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
+        .collect::<Result<_, _>>()?;
+    let quota = match rows.first() {
+        Some((_, true, m, b)) => Quota { unsettled_max: from_i64(*m), unsettled_bytes_max: from_i64(*b) },
+        _ => QUOTA_DEFAULT,
+    };
+    let patterns: Vec<String> = rows.into_iter().filter_map(|(p, ..)| p).collect();
+    let scope = if patterns.is_empty() { vec![SCOPE_DEFAULT.to_string()] } else { patterns };
+    Ok((scope, quota))
+}
+
 /// The producer's scope: its stored patterns, or `[SCOPE_DEFAULT]` when none is stored.
 pub fn scope_of(conn: &dyn Db, producer: &str) -> StoreResult<Vec<String>> {
     let patterns = stored(conn, producer)?;
@@ -316,7 +340,10 @@ impl PostingTerms {
     fn of(&mut self, conn: &dyn Db, producer: &str) -> StoreResult<&(String, Vec<String>, Quota)> {
         let read = match self.read.take() {
             Some(read) if read.0 == producer => read,
-            _ => (producer.to_string(), scope_of(conn, producer)?, quota_of(conn, producer)?),
+            _ => {
+                let (scope, quota) = terms_of(conn, producer)?;
+                (producer.to_string(), scope, quota)
+            }
         };
         Ok(self.read.insert(read))
     }
@@ -506,6 +533,31 @@ mod tests {
             assert!(check_pattern(bad).is_err(), "{bad:?} must be refused");
         }
         assert!(check_pattern(&format!("{}*", "a".repeat(63))).is_ok());
+    }
+
+    /// The terms read in one statement are the scope and quota read apart, whatever of them is
+    /// stored: nothing, a scope of several patterns, a quota, both.
+    #[test]
+    fn a_posts_terms_read_at_once_are_its_scope_and_quota() {
+        let db = testing::db();
+        let c = &*db.conn;
+        record_certificate(c, "aa", baton_shared::ids::Role::Producer, "prod", i64::MAX, 1).unwrap();
+        let apart = |c: &dyn Db| (scope_of(c, "prod").unwrap(), quota_of(c, "prod").unwrap());
+        assert_eq!(terms_of(c, "prod").unwrap(), (vec![SCOPE_DEFAULT.to_string()], QUOTA_DEFAULT));
+        set_scope(c, "prod", &["b-*".into(), "a".into()], "op", "why", 2).unwrap();
+        assert_eq!(terms_of(c, "prod").unwrap(), apart(c));
+        assert_eq!(terms_of(c, "prod").unwrap().0, ["a", "b-*"]);
+        let change = QuotaChange { unsettled_max: Some(Some(5)), unsettled_bytes_max: None };
+        set_quota(c, "prod", change, "op", "why", 3).unwrap();
+        let both = terms_of(c, "prod").unwrap();
+        assert_eq!(both, apart(c));
+        assert_eq!(both.1.unsettled_max, Some(5));
+        record_certificate(c, "bb", baton_shared::ids::Role::Producer, "other", i64::MAX, 1).unwrap();
+        let change = QuotaChange { unsettled_max: None, unsettled_bytes_max: Some(Some(100)) };
+        set_quota(c, "other", change, "op", "why", 4).unwrap();
+        let quota_only = terms_of(c, "other").unwrap();
+        assert_eq!(quota_only, (scope_of(c, "other").unwrap(), quota_of(c, "other").unwrap()));
+        assert_eq!((quota_only.0, quota_only.1.unsettled_bytes_max), (vec![SCOPE_DEFAULT.to_string()], Some(100)));
     }
 
     /// A post of `{}` to host-a.
